@@ -1,0 +1,161 @@
+/* info.c — `luainfer info MODEL`: what a GGUF holds and what its KV costs. */
+#include "cli/args.h"
+#include "cli/cli.h"
+#include "kv/kv_cache.h"
+#include "tokenizer/tokenizer.h"
+
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct type_stat {
+    int count;
+    size_t bytes;
+    int64_t elems;
+} type_stat;
+
+static const char *human(double b, char *buf, size_t n) {
+    const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    int i = 0;
+    while (b >= 1024 && i < 4) b /= 1024, i++;
+    snprintf(buf, n, "%.2f %s", b, u[i]);
+    return buf;
+}
+
+int li_cmd_info(int argc, char **argv) {
+    const char *model = NULL;
+    bool json = false, kv = false, help = false, tensors = false;
+    double budget_gib = 1.0;
+    int64_t block_size = 16;
+    li_opt opts[] = {
+        {"model", LI_OPT_STR, &model, "GGUF model (or give it as the argument)"},
+        {"kv", LI_OPT_FLAG, &kv, "print KV-cache bytes per token per dtype and tokens per budget"},
+        {"kv-memory-gib", LI_OPT_FLOAT, &budget_gib, "budget for --kv (default 1 GiB)"},
+        {"block-size", LI_OPT_INT, &block_size, "KV block size for --kv (default 16)"},
+        {"tensors", LI_OPT_FLAG, &tensors, "list every tensor"},
+        {"json", LI_OPT_FLAG, &json, "print a JSON object"},
+        {"help", LI_OPT_FLAG, &help, "show this help"},
+    };
+    const int n_opts = (int)LI_ARRAY_LEN(opts);
+    li_error err = {0};
+    const char *pos[1];
+    int n_pos, rc;
+    if ((rc = li_args_parse(opts, n_opts, argc, argv, pos, 1, &n_pos, &err))) return li_cli_fail(&err);
+    if (help) {
+        li_args_usage("info", "[MODEL.gguf] [options]", opts, n_opts);
+        return 0;
+    }
+    if (n_pos == 1) model = pos[0];
+    if (!(budget_gib > 0) || budget_gib > 1 << 20 || block_size <= 0 || block_size > 1024)
+        return li_cli_fail(&(li_error){LI_EINVAL, "info: --kv-memory-gib must be > 0 and --block-size in [1, 1024]"});
+    li_model *m;
+    if ((rc = li_model_load(&m, li_model_default_path(model), &err))) return li_cli_fail(&err);
+    const li_hparams *hp = &m->hp;
+    type_stat st[LI_TYPE_COUNT] = {0};
+    int64_t n_params = 0;
+    for (uint64_t i = 0; i < m->gguf.n_tensors; i++) {
+        const li_gguf_tensor *t = &m->gguf.tensors[i];
+        int64_t ne = t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3];
+        if (t->type < LI_TYPE_COUNT) {
+            st[t->type].count++;
+            st[t->type].bytes += t->nbytes;
+            st[t->type].elems += ne;
+        }
+        n_params += ne;
+    }
+    static const li_type kv_types[] = {LI_TYPE_F32, LI_TYPE_F16, LI_TYPE_BF16};
+    const size_t budget = (size_t)(budget_gib * 1024.0 * 1024.0 * 1024.0);
+    char b1[32], b2[32];
+    if (json) {
+        cJSON *j = cJSON_CreateObject();
+        cJSON_AddStringToObject(j, "path", m->path);
+        cJSON_AddStringToObject(j, "architecture", hp->arch);
+        cJSON_AddNumberToObject(j, "n_params", (double)n_params);
+        cJSON_AddNumberToObject(j, "file_bytes", (double)m->gguf.size);
+        cJSON *h = cJSON_AddObjectToObject(j, "hparams");
+        cJSON_AddNumberToObject(h, "n_vocab", hp->n_vocab);
+        cJSON_AddNumberToObject(h, "n_ctx_train", hp->n_ctx_train);
+        cJSON_AddNumberToObject(h, "n_embd", hp->n_embd);
+        cJSON_AddNumberToObject(h, "n_layer", hp->n_layer);
+        cJSON_AddNumberToObject(h, "n_head", hp->n_head);
+        cJSON_AddNumberToObject(h, "n_head_kv", hp->n_head_kv);
+        cJSON_AddNumberToObject(h, "head_dim", hp->head_dim);
+        cJSON_AddNumberToObject(h, "n_ff", hp->n_ff);
+        cJSON_AddNumberToObject(h, "n_rot", hp->n_rot);
+        cJSON_AddNumberToObject(h, "rope_theta", hp->rope_theta);
+        cJSON_AddNumberToObject(h, "norm_eps", hp->norm_eps);
+        cJSON *ty = cJSON_AddObjectToObject(j, "tensor_types");
+        for (int t = 0; t < LI_TYPE_COUNT; t++)
+            if (st[t].count) {
+                cJSON *e = cJSON_AddObjectToObject(ty, li_type_name((uint32_t)t));
+                cJSON_AddNumberToObject(e, "count", st[t].count);
+                cJSON_AddNumberToObject(e, "bytes", (double)st[t].bytes);
+            }
+        if (tensors) {
+            cJSON *tl = cJSON_AddArrayToObject(j, "tensors");
+            for (uint64_t i = 0; i < m->gguf.n_tensors; i++) {
+                const li_gguf_tensor *t = &m->gguf.tensors[i];
+                cJSON *e = cJSON_CreateObject();
+                char name[256];
+                snprintf(name, sizeof name, "%.*s", (int)LI_MIN(t->name.len, 255), t->name.ptr);
+                cJSON_AddStringToObject(e, "name", name);
+                cJSON_AddStringToObject(e, "type", li_type_name(t->type));
+                cJSON *sh = cJSON_AddArrayToObject(e, "shape");
+                for (uint32_t d = 0; d < t->n_dims; d++) cJSON_AddItemToArray(sh, cJSON_CreateNumber((double)t->ne[d]));
+                cJSON_AddNumberToObject(e, "bytes", (double)t->nbytes);
+                cJSON_AddItemToArray(tl, e);
+            }
+        }
+        if (kv) {
+            cJSON *k = cJSON_AddObjectToObject(j, "kv");
+            cJSON_AddNumberToObject(k, "budget_bytes", (double)budget);
+            cJSON_AddNumberToObject(k, "block_size", (double)block_size);
+            for (size_t i = 0; i < LI_ARRAY_LEN(kv_types); i++) {
+                cJSON *e = cJSON_AddObjectToObject(k, li_type_name(kv_types[i]));
+                int32_t nb = li_kv_blocks_for_budget(hp, kv_types[i], (int)block_size, budget);
+                cJSON_AddNumberToObject(e, "bytes_per_token", (double)li_kv_bytes_per_token(hp, kv_types[i]));
+                cJSON_AddNumberToObject(e, "blocks", nb);
+                cJSON_AddNumberToObject(e, "tokens", (double)nb * block_size);
+            }
+        }
+        char *s = cJSON_Print(j);
+        printf("%s\n", s);
+        free(s);
+        cJSON_Delete(j);
+    } else {
+        printf("model:        %s\n", m->path);
+        printf("architecture: %s\n", hp->arch);
+        printf("parameters:   %.1f M   file: %s\n", n_params / 1e6, human((double)m->gguf.size, b1, sizeof b1));
+        printf("vocab %d, context %d, hidden %d, layers %d, heads %d (kv %d, dim %d), ffn %d\n", hp->n_vocab,
+               hp->n_ctx_train, hp->n_embd, hp->n_layer, hp->n_head, hp->n_head_kv, hp->head_dim, hp->n_ff);
+        printf("rope: %d dims, theta %g; rms eps %g; output %s\n", hp->n_rot, hp->rope_theta, hp->norm_eps,
+               m->output.data == m->tok_embd.data ? "tied to embeddings" : "separate");
+        printf("tokenizer: %d tokens, bos %d, eos %d, add_bos %s; chat template: %s\n",
+               li_tokenizer_n_vocab(m->tok), li_tokenizer_bos(m->tok), li_tokenizer_eos(m->tok),
+               li_tokenizer_add_bos(m->tok) ? "yes" : "no", m->chat_template ? "yes" : "none");
+        printf("tensor types:\n");
+        for (int t = 0; t < LI_TYPE_COUNT; t++)
+            if (st[t].count)
+                printf("  %-6s %4d tensors  %12lld params  %s\n", li_type_name((uint32_t)t), st[t].count,
+                       (long long)st[t].elems, human((double)st[t].bytes, b1, sizeof b1));
+        if (tensors)
+            for (uint64_t i = 0; i < m->gguf.n_tensors; i++) {
+                const li_gguf_tensor *t = &m->gguf.tensors[i];
+                printf("  %-32.*s %-5s [%lld, %lld] %s\n", (int)LI_MIN(t->name.len, 64), t->name.ptr,
+                       li_type_name(t->type), (long long)t->ne[0], (long long)t->ne[1],
+                       human((double)t->nbytes, b1, sizeof b1));
+            }
+        if (kv) {
+            printf("KV cache (block size %lld, budget %s):\n", (long long)block_size, human((double)budget, b1, sizeof b1));
+            for (size_t i = 0; i < LI_ARRAY_LEN(kv_types); i++) {
+                int32_t nb = li_kv_blocks_for_budget(hp, kv_types[i], (int)block_size, budget);
+                printf("  %-5s %s per token  -> %lld tokens (%d blocks)\n", li_type_name(kv_types[i]),
+                       human((double)li_kv_bytes_per_token(hp, kv_types[i]), b2, sizeof b2),
+                       (long long)nb * block_size, nb);
+            }
+        }
+    }
+    li_model_free(m);
+    return 0;
+}

@@ -1,0 +1,706 @@
+/* engine.c — the step loop. Owns: requests, the KV pool, the flat batch.
+ *
+ * C owns every byte of state; the policy only proposes a plan. Validation
+ * drops unknown or finished ids, clamps token counts to what remains, trims
+ * to the step budgets and the free KV blocks, and counts every change. A plan
+ * that ends up computing nothing while work is pending is replaced by the
+ * built-in FCFS for that step, so a broken policy slows nothing down and
+ * loses no request. */
+#define _GNU_SOURCE
+#include "engine/engine.h"
+#include "tokenizer/tokenizer.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- requests ------------------------------------------------------------ */
+
+typedef struct req {
+    li_request_result res;    /* public view: tokens/text point into this struct */
+    li_req_state state;
+    bool live;                /* false once finished or cancelled */
+    bool cancel_pending;      /* cancel asked during a step */
+    int32_t *toks;            /* (cap) prompt then generated tokens */
+    int64_t n_toks, cap;
+    int64_t n_prompt, num_computed, max_tokens;
+    li_kv_seq seq;
+    li_sampler smp;
+    li_detok dt;
+    char *text;               /* generated text */
+    size_t text_len, text_cap, emitted;
+    char **stop;
+    int n_stop;
+    bool ignore_eos;
+    int32_t priority;
+    char *tenant;
+    li_event_fn on_event;
+    void *ud;
+    li_token_logprob *top;    /* (n_logprobs) scratch */
+} req;
+
+struct li_engine {
+    li_model *model;
+    li_backend *be;
+    li_engine_config cfg;
+    li_kv_cache kv;
+    li_forward fw;
+    li_policy *policy;
+    double t0;
+    int64_t next_id, step_no;
+    bool in_step;
+
+    req **reqs;               /* arrival order; live and finished-unreleased */
+    int32_t n_reqs, cap_reqs;
+
+    /* per-step scratch, sized once */
+    li_req_view *views;       /* (cap_views) */
+    int32_t cap_views;
+    li_plan plan, fallback;
+    req **batch_req;          /* (max_num_seqs) */
+    int32_t *batch_n;         /* (max_num_seqs) tokens per scheduled request */
+    int32_t *b_tokens, *b_pos, *b_seq, *b_rows;   /* (max_batched_tokens) */
+    int64_t *b_slot;
+    int32_t **b_tables;       /* (max_num_seqs) */
+    float *logits;            /* (max_num_seqs, n_vocab) */
+    li_engine_stats st;
+};
+
+void li_engine_config_default(li_engine_config *c) {
+    *c = (li_engine_config){
+        .block_size = 16, .kv_dtype = LI_TYPE_F16, .kv_memory = (size_t)256 << 20,
+        .max_num_seqs = 64, .max_batched_tokens = 512, .max_model_len = 0,
+    };
+}
+
+double li_engine_now(const li_engine *e) { return li_time_now() - e->t0; }
+
+static req *find(li_engine *e, int64_t id) {
+    /* ids increase with arrival: binary search the arrival-ordered array */
+    int32_t lo = 0, hi = e->n_reqs - 1;
+    while (lo <= hi) {
+        int32_t mid = (lo + hi) / 2;
+        int64_t v = e->reqs[mid]->res.id;
+        if (v == id) return e->reqs[mid];
+        if (v < id) lo = mid + 1;
+        else hi = mid - 1;
+    }
+    return NULL;
+}
+
+static void req_free(req *r) {
+    li_sampler_free(&r->smp);
+    li_kv_seq_free(&r->seq);
+    for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
+    free(r->stop);
+    free(r->toks);
+    free(r->text);
+    free(r->tenant);
+    free(r->top);
+    free(r);
+}
+
+static void text_append(req *r, const char *s, size_t n) {
+    if (r->text_len + n + 1 > r->text_cap) {
+        r->text_cap = LI_MAX(r->text_cap * 2, r->text_len + n + 64);
+        r->text = li_xrealloc(r->text, r->text_cap);
+    }
+    memcpy(r->text + r->text_len, s, n);
+    r->text_len += n;
+    r->text[r->text_len] = 0;
+}
+
+static void push_token(req *r, int32_t t) {
+    if (r->n_toks == r->cap) {
+        r->cap = r->cap * 2 + 16;
+        r->toks = li_xrealloc(r->toks, (size_t)r->cap * sizeof *r->toks);
+    }
+    r->toks[r->n_toks++] = t;
+}
+
+static void sync_result(req *r) {
+    r->res.tokens = r->toks + r->n_prompt;
+    r->res.n_tokens = r->n_toks - r->n_prompt;
+    r->res.text = r->text ? r->text : "";
+    r->res.text_len = r->text_len;
+}
+
+/* Ends a request: frees its blocks now, keeps its result until released. */
+static void finish(li_engine *e, req *r, const char *reason) {
+    if (!r->live) return;
+    li_kv_seq_release(&e->kv, &r->seq);
+    r->live = false;
+    r->res.finished = true;
+    r->res.finish_reason = reason;
+    r->res.t_finish = li_engine_now(e);
+    sync_result(r);
+    e->st.requests_finished++;
+    if (e->policy && e->policy->ops->on_finish) {
+        li_req_view v = {.id = r->res.id, .state = r->state, .arrival = r->res.t_arrival,
+                         .priority = r->priority, .tenant = r->tenant, .prompt_len = r->n_prompt,
+                         .num_tokens = r->n_toks, .num_computed = r->num_computed,
+                         .num_generated = r->n_toks - r->n_prompt, .max_tokens = r->max_tokens,
+                         .n_preemptions = r->res.n_preemptions, .spec_acceptance = -1};
+        e->policy->ops->on_finish(e->policy, &v, reason);
+    }
+    if (r->on_event) {
+        li_event ev = {.kind = LI_EVENT_FINISH, .id = r->res.id, .finish_reason = reason};
+        r->on_event(r->ud, &ev);
+    }
+}
+
+static void preempt(li_engine *e, req *r) {
+    li_kv_seq_release(&e->kv, &r->seq);
+    r->num_computed = 0;
+    r->state = LI_REQ_PREEMPTED;
+    r->res.n_preemptions++;
+    e->st.preemptions++;
+}
+
+/* ---- init / free ------------------------------------------------------------ */
+
+int li_engine_init(li_engine **out, li_model *m, li_backend *be, const li_engine_config *cfg, li_error *err) {
+    *out = NULL;
+    li_engine_config c = *cfg;
+    if (c.block_size <= 0 || c.block_size > 1024)
+        return li_error_set(err, LI_EINVAL, "engine: block_size must be in [1, 1024], got %d", c.block_size);
+    if (c.max_num_seqs <= 0 || c.max_num_seqs > 4096)
+        return li_error_set(err, LI_EINVAL, "engine: max_num_seqs must be in [1, 4096], got %d", c.max_num_seqs);
+    if (c.max_batched_tokens <= 0 || c.max_batched_tokens > 65536)
+        return li_error_set(err, LI_EINVAL, "engine: max_batched_tokens must be in [1, 65536], got %d",
+                            c.max_batched_tokens);
+    if (c.max_model_len <= 0 || c.max_model_len > m->hp.n_ctx_train) c.max_model_len = m->hp.n_ctx_train;
+    int32_t nblocks = li_kv_blocks_for_budget(&m->hp, c.kv_dtype, c.block_size, c.kv_memory);
+    if (nblocks <= 0)
+        return li_error_set(err, LI_ENOMEM, "engine: KV budget of %zu bytes holds no block of %d tokens (%zu bytes/token)",
+                            c.kv_memory, c.block_size, li_kv_bytes_per_token(&m->hp, c.kv_dtype));
+    li_engine *e = li_xcalloc(1, sizeof *e);
+    e->model = m;
+    e->be = be;
+    e->cfg = c;
+    int rc = li_kv_cache_init(&e->kv, &m->hp, c.kv_dtype, c.block_size, nblocks, err);
+    if (rc) {
+        free(e);
+        return rc;
+    }
+    if ((rc = li_forward_init(&e->fw, m, c.max_batched_tokens, err))) {
+        li_kv_cache_free(&e->kv);
+        free(e);
+        return rc;
+    }
+    e->t0 = li_time_now();
+    e->next_id = 1;
+    li_plan_init(&e->plan);
+    li_plan_init(&e->fallback);
+    const size_t S = (size_t)c.max_num_seqs, T = (size_t)c.max_batched_tokens;
+    e->batch_req = li_xmalloc(S * sizeof *e->batch_req);
+    e->batch_n = li_xmalloc(S * sizeof *e->batch_n);
+    e->b_tables = li_xmalloc(S * sizeof *e->b_tables);
+    e->b_tokens = li_xmalloc(T * sizeof(int32_t));
+    e->b_pos = li_xmalloc(T * sizeof(int32_t));
+    e->b_seq = li_xmalloc(T * sizeof(int32_t));
+    e->b_rows = li_xmalloc(S * sizeof(int32_t));
+    e->b_slot = li_xmalloc(T * sizeof(int64_t));
+    e->logits = li_xmalloc(S * (size_t)m->hp.n_vocab * sizeof(float));
+    *out = e;
+    return 0;
+}
+
+void li_engine_free(li_engine *e) {
+    if (!e) return;
+    for (int32_t i = 0; i < e->n_reqs; i++) {
+        li_kv_seq_release(&e->kv, &e->reqs[i]->seq);
+        req_free(e->reqs[i]);
+    }
+    free(e->reqs);
+    free(e->views);
+    li_plan_free(&e->plan);
+    li_plan_free(&e->fallback);
+    free(e->batch_req);
+    free(e->batch_n);
+    free(e->b_tables);
+    free(e->b_tokens);
+    free(e->b_pos);
+    free(e->b_seq);
+    free(e->b_rows);
+    free(e->b_slot);
+    free(e->logits);
+    li_forward_free(&e->fw);
+    li_kv_cache_free(&e->kv);
+    free(e);
+}
+
+void li_engine_set_policy(li_engine *e, li_policy *p) { e->policy = p; }
+li_policy *li_engine_policy(li_engine *e) { return e->policy; }
+const li_engine_config *li_engine_get_config(const li_engine *e) { return &e->cfg; }
+li_model *li_engine_model(li_engine *e) { return e->model; }
+
+/* ---- state for the policy ------------------------------------------------------ */
+
+static void view_of(const li_engine *e, const req *r, li_req_view *v) {
+    *v = (li_req_view){
+        .id = r->res.id, .state = r->state, .arrival = r->res.t_arrival, .priority = r->priority,
+        .tenant = r->tenant, .prompt_len = r->n_prompt, .num_tokens = r->n_toks,
+        .num_computed = r->num_computed, .num_generated = r->n_toks - r->n_prompt,
+        .max_tokens = r->max_tokens, .cached_len = 0, .n_blocks = r->seq.n_blocks,
+        .n_preemptions = r->res.n_preemptions, .spec_acceptance = -1,
+    };
+    (void)e;
+}
+
+static void gather(li_engine *e, li_step_state *st) {
+    if (e->cap_views < e->n_reqs) {
+        e->cap_views = e->n_reqs * 2 + 16;
+        e->views = li_xrealloc(e->views, (size_t)e->cap_views * sizeof *e->views);
+    }
+    int32_t n = 0;
+    for (int32_t i = 0; i < e->n_reqs; i++)
+        if (e->reqs[i]->live) view_of(e, e->reqs[i], &e->views[n++]);
+    *st = (li_step_state){
+        .step = e->step_no, .now = li_engine_now(e), .reqs = e->views, .n_reqs = n,
+        .kv_free_blocks = e->kv.n_free, .kv_total_blocks = e->kv.num_blocks, .kv_cached_blocks = 0,
+        .block_size = e->kv.block_size, .max_num_seqs = e->cfg.max_num_seqs,
+        .max_batched_tokens = e->cfg.max_batched_tokens,
+    };
+}
+
+/* ---- admission ----------------------------------------------------------------- */
+
+int li_engine_add(li_engine *e, const li_request_params *p, int64_t *id, li_error *err) {
+    if (!p->prompt || p->n_prompt <= 0) return li_error_set(err, LI_EINVAL, "request: the prompt is empty");
+    const int32_t nv = e->model->hp.n_vocab;
+    for (int64_t i = 0; i < p->n_prompt; i++)
+        if (p->prompt[i] < 0 || p->prompt[i] >= nv)
+            return li_error_set(err, LI_EINVAL, "request: prompt token %lld = %d is outside the vocabulary [0, %d)",
+                                (long long)i, p->prompt[i], nv);
+    if (p->n_prompt >= e->cfg.max_model_len)
+        return li_error_set(err, LI_ERANGE, "request: the prompt has %lld tokens, the context holds %lld",
+                            (long long)p->n_prompt, (long long)e->cfg.max_model_len);
+    const int64_t kv_tokens = (int64_t)e->kv.num_blocks * e->kv.block_size;
+    if (p->n_prompt + 1 > kv_tokens)
+        return li_error_set(err, LI_ENOMEM, "request: the prompt (%lld tokens) does not fit in the KV cache (%lld tokens)",
+                            (long long)p->n_prompt, (long long)kv_tokens);
+    if (p->max_tokens < 0) return li_error_set(err, LI_EINVAL, "request: max_tokens must be >= 0");
+    if (p->n_stop < 0 || p->n_stop > 16) return li_error_set(err, LI_EINVAL, "request: at most 16 stop strings");
+    for (int i = 0; i < p->n_stop; i++)
+        if (!p->stop[i] || !p->stop[i][0] || strlen(p->stop[i]) > 256)
+            return li_error_set(err, LI_EINVAL, "request: stop strings must be 1..256 bytes");
+    req *r = li_xcalloc(1, sizeof *r);
+    int rc = li_sampler_init(&r->smp, &p->sampling, nv, err);
+    if (rc) {
+        free(r);
+        return rc;
+    }
+    r->cap = p->n_prompt + LI_MIN(p->max_tokens, 4096) + 1;
+    r->toks = li_xmalloc((size_t)r->cap * sizeof *r->toks);
+    memcpy(r->toks, p->prompt, (size_t)p->n_prompt * sizeof *r->toks);
+    r->n_toks = r->n_prompt = p->n_prompt;
+    r->max_tokens = p->max_tokens;
+    for (int64_t i = 0; i < p->n_prompt; i++) li_sampler_accept(&r->smp, p->prompt[i]);
+    li_kv_seq_init(&r->seq);
+    li_detok_init(&r->dt);
+    r->n_stop = p->n_stop;
+    if (p->n_stop) {
+        r->stop = li_xmalloc((size_t)p->n_stop * sizeof *r->stop);
+        for (int i = 0; i < p->n_stop; i++) r->stop[i] = strdup(p->stop[i]);
+    }
+    r->ignore_eos = p->ignore_eos;
+    r->priority = p->priority;
+    r->tenant = strdup(p->tenant ? p->tenant : "");
+    r->on_event = p->on_event;
+    r->ud = p->ud;
+    r->top = li_xmalloc((size_t)LI_MAX(p->sampling.n_logprobs, 1) * sizeof *r->top);
+    r->state = LI_REQ_WAITING;
+    r->live = true;
+    r->res.id = e->next_id;
+    r->res.n_prompt = p->n_prompt;
+    r->res.t_arrival = li_engine_now(e);
+    r->res.t_first_token = -1;
+    sync_result(r);
+
+    if (e->policy && e->policy->ops->admit) {
+        li_step_state st;
+        gather(e, &st);
+        li_req_view v;
+        view_of(e, r, &v);
+        bool accept = true;
+        char reason[256] = "";
+        li_error perr = {0};
+        if (e->policy->ops->admit(e->policy, &v, &st, &accept, reason, sizeof reason, &perr) != 0) {
+            li_log_warn("policy admit failed (request accepted): %s", perr.msg);
+            e->st.policy_errors++;
+        } else if (!accept) {
+            e->st.requests_rejected++;
+            req_free(r);
+            return li_error_set(err, LI_EINVAL, "request rejected by policy: %s", reason[0] ? reason : "no reason given");
+        }
+    }
+    e->next_id++;
+    if (e->n_reqs == e->cap_reqs) {
+        e->cap_reqs = e->cap_reqs * 2 + 16;
+        e->reqs = li_xrealloc(e->reqs, (size_t)e->cap_reqs * sizeof *e->reqs);
+    }
+    e->reqs[e->n_reqs++] = r;
+    if (p->max_tokens == 0) finish(e, r, "length");
+    *id = r->res.id;
+    return 0;
+}
+
+int li_engine_cancel(li_engine *e, int64_t id) {
+    req *r = find(e, id);
+    if (!r || !r->live) return 1;
+    if (e->in_step) r->cancel_pending = true;
+    else finish(e, r, "cancelled");
+    return 0;
+}
+
+const li_request_result *li_engine_result(li_engine *e, int64_t id) {
+    req *r = find(e, id);
+    if (!r) return NULL;
+    sync_result(r);
+    return &r->res;
+}
+
+void li_engine_release(li_engine *e, int64_t id) {
+    req *r = find(e, id);
+    if (!r) return;
+    if (r->live) {
+        r->on_event = NULL; /* the owner is going away: no more callbacks */
+        finish(e, r, "cancelled");
+    }
+    int32_t i = 0;
+    while (e->reqs[i] != r) i++;
+    memmove(&e->reqs[i], &e->reqs[i + 1], (size_t)(e->n_reqs - i - 1) * sizeof *e->reqs);
+    e->n_reqs--;
+    req_free(r);
+}
+
+bool li_engine_has_work(const li_engine *e) {
+    for (int32_t i = 0; i < e->n_reqs; i++)
+        if (e->reqs[i]->live) return true;
+    return false;
+}
+
+/* ---- the built-in FCFS: the fallback and the reference policy ------------------ */
+
+static int32_t blocks_needed(const li_engine *e, const req *r, int64_t n) {
+    int64_t need = (r->num_computed + n + e->kv.block_size - 1) / e->kv.block_size - r->seq.n_blocks;
+    return need > 0 ? (int32_t)need : 0;
+}
+
+/* Running requests first (arrival order), then preempted, then waiting; a
+ * running request short of blocks preempts the latest-arrived running one. */
+static void fcfs_plan(li_engine *e, li_plan *plan) {
+    li_plan_clear(plan);
+    int64_t budget = e->cfg.max_batched_tokens;
+    int32_t seqs = e->cfg.max_num_seqs, free_blocks = e->kv.n_free;
+    /* marks: 1 = scheduled, 2 = preempted in this plan (reuses res.n_tokens? no: local array) */
+    int32_t n = e->n_reqs;
+    uint8_t *mark = li_xcalloc((size_t)n + 1, 1);
+    for (int32_t i = 0; i < n && budget > 0 && seqs > 0; i++) {
+        req *r = e->reqs[i];
+        if (!r->live || r->state != LI_REQ_RUNNING || mark[i]) continue;
+        int64_t want = LI_MIN(r->n_toks - r->num_computed, budget);
+        if (want <= 0) continue;
+        int32_t need = blocks_needed(e, r, want);
+        for (int32_t j = n - 1; need > free_blocks && j > i; j--) {
+            req *v = e->reqs[j];
+            if (!v->live || v->state != LI_REQ_RUNNING || mark[j]) continue;
+            li_plan_add_preempt(plan, v->res.id);
+            mark[j] = 2;
+            free_blocks += v->seq.n_blocks;
+        }
+        if (need > free_blocks) {
+            /* a prefill chunk can shrink to what fits; a decode cannot */
+            int64_t fit = (int64_t)(r->seq.n_blocks + free_blocks) * e->kv.block_size - r->num_computed;
+            if (fit <= 0) {
+                li_plan_add_preempt(plan, r->res.id);
+                mark[i] = 2;
+                free_blocks += r->seq.n_blocks;
+                continue;
+            }
+            want = fit;
+            need = blocks_needed(e, r, want);
+        }
+        li_plan_add_run(plan, r->res.id, (int32_t)want);
+        mark[i] = 1;
+        budget -= want;
+        seqs--;
+        free_blocks -= need;
+    }
+    for (int pass = 0; pass < 2; pass++) {
+        li_req_state want_state = pass == 0 ? LI_REQ_PREEMPTED : LI_REQ_WAITING;
+        for (int32_t i = 0; i < n && budget > 0 && seqs > 0; i++) {
+            req *r = e->reqs[i];
+            if (!r->live || r->state != want_state || mark[i]) continue;
+            int64_t want = LI_MIN(r->n_toks - r->num_computed, budget);
+            int32_t need = blocks_needed(e, r, want);
+            if (need > free_blocks) {
+                want = (int64_t)(r->seq.n_blocks + free_blocks) * e->kv.block_size - r->num_computed;
+                if (want <= 0) goto out; /* FCFS: nobody overtakes the head of the queue */
+                need = blocks_needed(e, r, want);
+            }
+            li_plan_add_run(plan, r->res.id, (int32_t)want);
+            mark[i] = 1;
+            budget -= want;
+            seqs--;
+            free_blocks -= need;
+        }
+    }
+out:
+    free(mark);
+}
+
+/* ---- validate + apply ------------------------------------------------------------ */
+
+/* Applies a plan; returns the number of requests scheduled into the batch. */
+static int32_t apply_plan(li_engine *e, const li_plan *plan, int64_t *n_batch_tokens) {
+    int64_t trimmed = 0;
+    for (int32_t i = 0; i < plan->n_preempt; i++) {
+        req *r = find(e, plan->preempt[i]);
+        if (!r || !r->live || r->state != LI_REQ_RUNNING) {
+            trimmed++;
+            continue;
+        }
+        preempt(e, r);
+    }
+    int32_t nb = 0;
+    int64_t budget = e->cfg.max_batched_tokens;
+    for (int32_t i = 0; i < plan->n_run; i++) {
+        const li_plan_run *pr = &plan->run[i];
+        req *r = find(e, pr->id);
+        if (!r || !r->live || nb == e->cfg.max_num_seqs || budget == 0) {
+            trimmed++;
+            continue;
+        }
+        bool dup = false;
+        for (int32_t j = 0; j < nb; j++) dup |= e->batch_req[j] == r;
+        int64_t remaining = r->n_toks - r->num_computed;
+        if (dup || remaining <= 0 || pr->n_tokens <= 0) {
+            trimmed++;
+            continue;
+        }
+        int64_t n = LI_MIN((int64_t)pr->n_tokens, remaining);
+        n = LI_MIN(n, budget);
+        if (n != pr->n_tokens) trimmed++;
+        if (li_kv_seq_reserve(&e->kv, &r->seq, r->num_computed + n) != 0) {
+            /* shrink to the blocks the sequence managed to get */
+            int64_t fit = (int64_t)r->seq.n_blocks * e->kv.block_size - r->num_computed;
+            trimmed++;
+            if (fit <= 0) continue;
+            n = LI_MIN(n, fit);
+        }
+        r->state = LI_REQ_RUNNING;
+        e->batch_req[nb] = r;
+        e->batch_n[nb] = (int32_t)n;
+        nb++;
+        budget -= n;
+    }
+    e->st.plans_trimmed += trimmed;
+    *n_batch_tokens = e->cfg.max_batched_tokens - budget;
+    return nb;
+}
+
+/* ---- sampling and output ---------------------------------------------------------- */
+
+static bool find_stop(req *r, size_t from, size_t *at) {
+    bool hit = false;
+    for (int i = 0; i < r->n_stop; i++) {
+        size_t sl = strlen(r->stop[i]);
+        size_t start = from >= sl ? from - sl + 1 : 0;
+        if (r->text_len < sl) continue;
+        const char *p = memmem(r->text + start, r->text_len - start, r->stop[i], sl);
+        if (p && (!hit || (size_t)(p - r->text) < *at)) {
+            *at = (size_t)(p - r->text);
+            hit = true;
+        }
+    }
+    return hit;
+}
+
+/* Bytes at the end of the text that might still grow into a stop string. */
+static size_t stop_holdback(const req *r) {
+    size_t hold = 0;
+    for (int i = 0; i < r->n_stop; i++) {
+        size_t sl = strlen(r->stop[i]);
+        for (size_t k = LI_MIN(sl - 1, r->text_len); k > hold; k--)
+            if (!memcmp(r->text + r->text_len - k, r->stop[i], k)) {
+                hold = k;
+                break;
+            }
+    }
+    return hold;
+}
+
+static void emit_token(li_engine *e, req *r, int32_t tok, float lp, const float *logits) {
+    const li_tokenizer *tk = e->model->tok;
+    char piece[256];
+    size_t before = r->text_len;
+    int nb = li_detok_push(&r->dt, tk, tok, false, piece, sizeof piece);
+    if (nb > 0) text_append(r, piece, (size_t)nb);
+    size_t at = 0;
+    bool stopped = r->n_stop && find_stop(r, before, &at);
+    if (stopped) {
+        r->text_len = at;
+        r->text[at] = 0;
+    }
+    size_t safe = stopped ? r->text_len : r->text_len - stop_holdback(r);
+    while (safe > r->emitted && safe < r->text_len && (r->text[safe] & 0xC0) == 0x80) safe--;
+    if (safe < r->emitted) safe = r->emitted;
+    if (r->on_event) {
+        li_event ev = {.kind = LI_EVENT_TOKEN, .id = r->res.id, .token = tok, .logprob = lp, .top = r->top,
+                       .n_top = r->smp.p.n_logprobs, .logits = logits, .n_vocab = e->model->hp.n_vocab,
+                       .text = r->text ? r->text + r->emitted : "", .text_len = safe - r->emitted};
+        r->on_event(r->ud, &ev);
+    }
+    r->emitted = safe;
+    if (stopped) finish(e, r, "stop");
+}
+
+/* Flushes held-back text (a partial stop string that never completed). */
+static void flush_text(li_engine *e, req *r) {
+    char piece[16];
+    int nb = li_detok_flush(&r->dt, piece, sizeof piece);
+    if (nb > 0) text_append(r, piece, (size_t)nb);
+    if (r->on_event && r->text_len > r->emitted) {
+        li_event ev = {.kind = LI_EVENT_TOKEN, .id = r->res.id, .token = -1, .text = r->text + r->emitted,
+                       .text_len = r->text_len - r->emitted, .n_vocab = e->model->hp.n_vocab};
+        r->on_event(r->ud, &ev);
+    }
+    r->emitted = r->text_len;
+}
+
+static void sample_one(li_engine *e, req *r, const float *logits) {
+    float lp = 0;
+    int32_t tok = li_sampler_sample(&r->smp, logits, r->smp.p.n_logprobs ? r->top : NULL, &lp);
+    if (r->res.t_first_token < 0) r->res.t_first_token = li_engine_now(e);
+    if (!r->ignore_eos && li_tokenizer_is_eog(e->model->tok, tok)) {
+        flush_text(e, r);
+        finish(e, r, "stop");
+        return;
+    }
+    li_sampler_accept(&r->smp, tok);
+    push_token(r, tok);
+    e->st.tokens_generated++;
+    emit_token(e, r, tok, lp, logits);
+    if (!r->live) return;
+    if (r->n_toks - r->n_prompt >= r->max_tokens || r->n_toks >= e->cfg.max_model_len) {
+        flush_text(e, r);
+        finish(e, r, "length");
+    }
+}
+
+/* ---- the step ------------------------------------------------------------------------ */
+
+int li_engine_step(li_engine *e, li_error *err) {
+    double t_start = li_time_now();
+    e->step_no++;
+    e->st.steps++;
+    if (!li_engine_has_work(e)) return 0;
+    e->in_step = true;
+
+    /* 1-2: state and plan */
+    li_step_state st;
+    gather(e, &st);
+    const li_plan *plan = NULL;
+    if (e->policy && e->policy->has_schedule) {
+        li_plan_clear(&e->plan);
+        li_error perr = {0};
+        double tp = li_time_now();
+        int rc = e->policy->ops->schedule(e->policy, &st, &e->plan, &perr);
+        e->st.time_policy += li_time_now() - tp;
+        if (rc == 0) plan = &e->plan;
+        else {
+            e->st.policy_errors++;
+            li_log_warn("policy %s: schedule failed, using FCFS for step %lld: %s", e->policy->name,
+                        (long long)e->step_no, perr.msg);
+        }
+    }
+    /* 3: validate + apply */
+    int64_t n_tokens = 0;
+    int32_t nb = 0;
+    if (plan) nb = apply_plan(e, plan, &n_tokens);
+    if (nb == 0) {
+        /* no plan, or one that schedules nothing: the built-in FCFS runs
+         * this step so that no request starves behind a broken policy */
+        if (plan) e->st.fallback_steps++;
+        fcfs_plan(e, &e->fallback);
+        nb = apply_plan(e, &e->fallback, &n_tokens);
+    }
+    if (nb == 0) {
+        /* nothing fits even after preempting: the oldest live request can
+         * never get its next block (KV budget too small for it) */
+        for (int32_t i = 0; i < e->n_reqs; i++)
+            if (e->reqs[i]->live) {
+                flush_text(e, e->reqs[i]);
+                finish(e, e->reqs[i], "length");
+                li_log_warn("request %lld stopped: the KV cache cannot hold its next token",
+                            (long long)e->reqs[i]->res.id);
+                break;
+            }
+        e->in_step = false;
+        e->st.time_total += li_time_now() - t_start;
+        return 0;
+    }
+
+    /* 4: one flat batch */
+    int64_t k = 0;
+    int32_t n_logits = 0;
+    for (int32_t i = 0; i < nb; i++) {
+        req *r = e->batch_req[i];
+        e->b_tables[i] = r->seq.blocks;
+        for (int32_t j = 0; j < e->batch_n[i]; j++, k++) {
+            int64_t p = r->num_computed + j;
+            e->b_tokens[k] = r->toks[p];
+            e->b_pos[k] = (int32_t)p;
+            e->b_seq[k] = i;
+            e->b_slot[k] = li_kv_seq_slot(&e->kv, &r->seq, p);
+        }
+        if (r->num_computed + e->batch_n[i] == r->n_toks) e->b_rows[n_logits++] = (int32_t)k - 1;
+    }
+    li_batch b = {.n = k, .tokens = e->b_tokens, .pos = e->b_pos, .seq = e->b_seq, .slot = e->b_slot,
+                  .block_tables = e->b_tables, .logit_rows = e->b_rows, .n_logits = n_logits};
+    /* 5: forward */
+    double tf = li_time_now();
+    int rc = li_forward_run(&e->fw, e->model, e->be, &e->kv, &b, e->logits, err);
+    e->st.time_forward += li_time_now() - tf;
+    if (rc) {
+        for (int32_t i = 0; i < nb; i++) finish(e, e->batch_req[i], "error");
+        e->in_step = false;
+        return rc;
+    }
+    e->st.tokens_computed += k;
+    /* 6-7: sample and emit */
+    int32_t li = 0;
+    for (int32_t i = 0; i < nb; i++) {
+        req *r = e->batch_req[i];
+        r->num_computed += e->batch_n[i];
+        if (r->num_computed == r->n_toks) sample_one(e, r, e->logits + (size_t)li++ * e->model->hp.n_vocab);
+    }
+    /* 8: cancellations asked for during the step */
+    for (int32_t i = 0; i < e->n_reqs; i++)
+        if (e->reqs[i]->cancel_pending) {
+            e->reqs[i]->cancel_pending = false;
+            finish(e, e->reqs[i], "cancelled");
+        }
+    e->in_step = false;
+    e->st.time_total += li_time_now() - t_start;
+    return 0;
+}
+
+void li_engine_stats_get(const li_engine *e, li_engine_stats *st) {
+    *st = e->st;
+    st->n_waiting = st->n_running = st->n_preempted = 0;
+    for (int32_t i = 0; i < e->n_reqs; i++) {
+        const req *r = e->reqs[i];
+        if (!r->live) continue;
+        if (r->state == LI_REQ_WAITING) st->n_waiting++;
+        else if (r->state == LI_REQ_RUNNING) st->n_running++;
+        else st->n_preempted++;
+    }
+    st->kv_free_blocks = e->kv.n_free;
+    st->kv_total_blocks = e->kv.num_blocks;
+    st->block_size = e->kv.block_size;
+    st->kv_bytes = e->kv.bytes;
+    st->kv_bytes_per_token = li_kv_bytes_per_token(&e->model->hp, e->kv.dtype);
+}

@@ -1,0 +1,120 @@
+/* engine.h — continuous batching over a paged KV cache, steered by a policy.
+ *
+ * A request is `num_computed` catching up with `num_tokens`: prompt tokens
+ * wait to be computed (chunked prefill), each sampled token adds one more.
+ * Every li_engine_step():
+ *   1 gather state  2 ask the policy for a plan  3 validate + apply it
+ *   4 build one flat batch  5 forward  6 sample  7 emit  8 free finished
+ * The engine is single-threaded: callers (CLI, server's engine thread, Lua
+ * scripts) own the thread that steps it. */
+#ifndef LI_ENGINE_H
+#define LI_ENGINE_H
+
+#include "kv/kv_cache.h"
+#include "model/forward.h"
+#include "policy/policy.h"
+#include "sample/sampler.h"
+
+typedef struct li_engine li_engine;
+
+typedef struct li_engine_config {
+    int32_t block_size;          /* tokens per KV block (default 16) */
+    li_type kv_dtype;            /* default F16 */
+    size_t kv_memory;            /* KV budget in bytes (default 256 MiB) */
+    int32_t max_num_seqs;        /* requests per step (default 64) */
+    int32_t max_batched_tokens;  /* tokens per step (default 512) */
+    int64_t max_model_len;       /* positions per request (default: the model's context) */
+} li_engine_config;
+
+void li_engine_config_default(li_engine_config *c);
+
+typedef enum li_event_kind {
+    LI_EVENT_TOKEN = 0,  /* one generated token (text may be empty while a character is incomplete) */
+    LI_EVENT_FINISH = 1, /* the request ended; finish_reason says why */
+} li_event_kind;
+
+typedef struct li_event {
+    li_event_kind kind;
+    int64_t id;
+    int32_t token;           /* TOKEN */
+    float logprob;           /* TOKEN: raw logprob of the token */
+    const li_token_logprob *top; /* TOKEN: n_logprobs alternatives */
+    int32_t n_top;
+    const float *logits;     /* TOKEN: the (n_vocab) logits the token came from; valid during the call */
+    int32_t n_vocab;
+    const char *text;        /* TOKEN: new text; FINISH: NULL */
+    size_t text_len;
+    const char *finish_reason; /* FINISH: "stop", "length", "cancelled", "error" */
+} li_event;
+
+typedef void (*li_event_fn)(void *ud, const li_event *ev);
+
+typedef struct li_request_params {
+    const int32_t *prompt;   /* (n_prompt) token ids, copied */
+    int64_t n_prompt;
+    li_sampling_params sampling;
+    int64_t max_tokens;
+    const char *const *stop; /* stop strings, copied */
+    int n_stop;
+    bool ignore_eos;
+    int32_t priority;
+    const char *tenant;      /* copied; NULL = "" */
+    li_event_fn on_event;    /* called on the engine's thread; may be NULL */
+    void *ud;
+} li_request_params;
+
+/* Per-request result, kept until li_engine_release(). */
+typedef struct li_request_result {
+    int64_t id;
+    bool finished;
+    const char *finish_reason;
+    const int32_t *tokens;   /* generated ids */
+    int64_t n_tokens;
+    const char *text;        /* generated text (stop string removed) */
+    size_t text_len;
+    int64_t n_prompt;
+    double t_arrival, t_first_token, t_finish; /* engine clock, seconds */
+    int32_t n_preemptions;
+} li_request_result;
+
+typedef struct li_engine_stats {
+    int64_t steps;
+    int64_t tokens_computed;   /* forward-pass tokens (prefill + decode) */
+    int64_t tokens_generated;  /* sampled tokens */
+    int64_t preemptions;
+    int64_t policy_errors;     /* schedule() failed: fallback used */
+    int64_t plans_trimmed;     /* plan entries dropped or shortened by validation */
+    int64_t fallback_steps;    /* steps run by the built-in FCFS */
+    int64_t requests_finished;
+    int64_t requests_rejected;
+    int32_t n_waiting, n_running, n_preempted;
+    int32_t kv_free_blocks, kv_total_blocks, block_size;
+    size_t kv_bytes, kv_bytes_per_token;
+    double time_policy;        /* seconds in the policy */
+    double time_forward;       /* seconds in forward passes */
+    double time_total;         /* seconds in li_engine_step */
+} li_engine_stats;
+
+int li_engine_init(li_engine **out, li_model *m, li_backend *be, const li_engine_config *cfg, li_error *err);
+void li_engine_free(li_engine *e);
+/* The policy steering the engine (NULL: built-in FCFS). Not owned. */
+void li_engine_set_policy(li_engine *e, li_policy *p);
+li_policy *li_engine_policy(li_engine *e);
+
+/* Queues a request; *id receives its id. A rejection by the policy's admit
+ * hook returns LI_EINVAL with the policy's reason in err. */
+int li_engine_add(li_engine *e, const li_request_params *p, int64_t *id, li_error *err);
+/* Cancels a live request (its blocks are freed now); 1 if unknown. */
+int li_engine_cancel(li_engine *e, int64_t id);
+/* One engine step; returns 0, or an error that failed the step's requests. */
+int li_engine_step(li_engine *e, li_error *err);
+bool li_engine_has_work(const li_engine *e);
+/* Result of a request (live or finished); NULL if unknown or released. */
+const li_request_result *li_engine_result(li_engine *e, int64_t id);
+void li_engine_release(li_engine *e, int64_t id);
+void li_engine_stats_get(const li_engine *e, li_engine_stats *st);
+const li_engine_config *li_engine_get_config(const li_engine *e);
+li_model *li_engine_model(li_engine *e);
+double li_engine_now(const li_engine *e);
+
+#endif

@@ -1,0 +1,461 @@
+/* lua_engine.c — the `luainfer` Lua module's C half: an engine object for
+ * scripts (`luainfer run`), the REPL and tests.
+ *
+ *   local luainfer = require("luainfer")
+ *   local e = luainfer.engine{ policy = "policies/default.lua", max_num_seqs = 8 }
+ *   local id = e:add{ prompt = "Hello", max_tokens = 16, temperature = 0 }
+ *   e:run()
+ *   print(e:result(id).text)
+ *
+ * The engine runs on the calling thread; every call is synchronous. */
+#include "lua/lua_engine.h"
+#include "cli/cli.h"
+#include "engine/engine.h"
+#include "lua/lua_env.h"
+#include "policy/policy_lua.h"
+#include "tokenizer/tokenizer.h"
+
+#include <lauxlib.h>
+#include <lua.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define ENGINE_MT "luainfer.engine"
+
+typedef struct lua_engine {
+    li_runtime rt;
+    li_engine *eng;
+    li_policy *policy;
+    bool open;
+} lua_engine;
+
+static lua_engine *check_engine(lua_State *L) {
+    lua_engine *le = luaL_checkudata(L, 1, ENGINE_MT);
+    if (!le->open) luaL_error(L, "engine is closed");
+    return le;
+}
+
+/* ---- option readers: clear errors for wrong types ------------------------- */
+
+static double opt_num(lua_State *L, int t, const char *k, double def) {
+    lua_getfield(L, t, k);
+    double v = def;
+    if (!lua_isnil(L, -1)) {
+        if (!lua_isnumber(L, -1)) luaL_error(L, "option '%s' must be a number, got %s", k, luaL_typename(L, -1));
+        v = lua_tonumber(L, -1);
+    }
+    lua_pop(L, 1);
+    return v;
+}
+
+static int64_t opt_int(lua_State *L, int t, const char *k, int64_t def, int64_t lo, int64_t hi) {
+    double v = opt_num(L, t, k, (double)def);
+    if (v != (double)(int64_t)v || v < (double)lo || v > (double)hi)
+        luaL_error(L, "option '%s' must be an integer in [%lld, %lld], got %g", k, (long long)lo, (long long)hi, v);
+    return (int64_t)v;
+}
+
+static const char *opt_str(lua_State *L, int t, const char *k, const char *def) {
+    lua_getfield(L, t, k);
+    const char *v = def;
+    if (!lua_isnil(L, -1)) {
+        if (lua_type(L, -1) != LUA_TSTRING) luaL_error(L, "option '%s' must be a string, got %s", k, luaL_typename(L, -1));
+        v = lua_tostring(L, -1);
+    }
+    lua_pop(L, 1); /* strings stay alive: the caller's table holds them */
+    return v;
+}
+
+static bool opt_bool(lua_State *L, int t, const char *k, bool def) {
+    lua_getfield(L, t, k);
+    bool v = lua_isnil(L, -1) ? def : lua_toboolean(L, -1);
+    lua_pop(L, 1);
+    return v;
+}
+
+/* ---- engine lifecycle --------------------------------------------------------- */
+
+static int install_policy(lua_State *L, lua_engine *le, const char *path, const char *source) {
+    li_error err = {0};
+    li_policy *p = NULL;
+    li_policy_lua_opts po = {0};
+    if (li_policy_lua_open(&p, path, source, &po, &err) != 0) return luaL_error(L, "%s", err.msg);
+    if (le->policy) le->policy->ops->free(le->policy);
+    le->policy = p;
+    li_engine_set_policy(le->eng, p);
+    return 0;
+}
+
+static int l_engine_new(lua_State *L) {
+    if (lua_isnoneornil(L, 1)) lua_newtable(L);
+    luaL_checktype(L, 1, LUA_TTABLE);
+    li_engine_config cfg;
+    li_engine_config_default(&cfg);
+    const char *model = opt_str(L, 1, "model", NULL);
+    const char *isa = opt_str(L, 1, "isa", "auto");
+    const char *policy = opt_str(L, 1, "policy", NULL);
+    const char *policy_source = opt_str(L, 1, "policy_source", NULL);
+    const char *kv_dtype = opt_str(L, 1, "kv_dtype", "f16");
+    int64_t threads = opt_int(L, 1, "threads", 0, 0, 1024);
+    cfg.block_size = (int32_t)opt_int(L, 1, "block_size", cfg.block_size, 1, 1024);
+    cfg.max_num_seqs = (int32_t)opt_int(L, 1, "max_num_seqs", cfg.max_num_seqs, 1, 4096);
+    cfg.max_batched_tokens = (int32_t)opt_int(L, 1, "max_batched_tokens", cfg.max_batched_tokens, 1, 65536);
+    cfg.kv_memory = (size_t)opt_int(L, 1, "kv_memory", (int64_t)cfg.kv_memory, 1, (int64_t)1 << 40);
+    cfg.max_model_len = opt_int(L, 1, "max_model_len", 0, 0, 1 << 24);
+    li_error err = {0};
+    if (li_kv_dtype_parse(kv_dtype, &cfg.kv_dtype, &err)) return luaL_error(L, "%s", err.msg);
+
+    lua_engine *le = lua_newuserdata(L, sizeof *le);
+    memset(le, 0, sizeof *le);
+    luaL_getmetatable(L, ENGINE_MT);
+    lua_setmetatable(L, -2);
+    if (li_runtime_open(&le->rt, model, threads, isa, &err)) return luaL_error(L, "%s", err.msg);
+    le->open = true;
+    if (li_engine_init(&le->eng, le->rt.model, &le->rt.be, &cfg, &err)) {
+        li_runtime_close(&le->rt);
+        le->open = false;
+        return luaL_error(L, "%s", err.msg);
+    }
+    if (policy || policy_source) install_policy(L, le, policy, policy_source);
+    return 1;
+}
+
+static void engine_close(lua_engine *le) {
+    if (!le->open) return;
+    li_engine_free(le->eng);
+    if (le->policy) le->policy->ops->free(le->policy);
+    li_runtime_close(&le->rt);
+    le->open = false;
+}
+
+static int l_engine_gc(lua_State *L) {
+    engine_close(luaL_checkudata(L, 1, ENGINE_MT));
+    return 0;
+}
+
+static int l_engine_close(lua_State *L) {
+    engine_close(luaL_checkudata(L, 1, ENGINE_MT));
+    return 0;
+}
+
+/* ---- requests ---------------------------------------------------------------------- */
+
+static int l_engine_add(lua_State *L) {
+    lua_engine *le = check_engine(L);
+    luaL_checktype(L, 2, LUA_TTABLE);
+    li_request_params p = {0};
+    li_sampling_params_default(&p.sampling);
+    p.sampling.temperature = (float)opt_num(L, 2, "temperature", p.sampling.temperature);
+    p.sampling.top_k = (int32_t)opt_int(L, 2, "top_k", p.sampling.top_k, 0, 1 << 20);
+    p.sampling.top_p = (float)opt_num(L, 2, "top_p", p.sampling.top_p);
+    p.sampling.min_p = (float)opt_num(L, 2, "min_p", p.sampling.min_p);
+    p.sampling.repeat_penalty = (float)opt_num(L, 2, "repetition_penalty", 1.0);
+    p.sampling.presence_penalty = (float)opt_num(L, 2, "presence_penalty", 0.0);
+    p.sampling.frequency_penalty = (float)opt_num(L, 2, "frequency_penalty", 0.0);
+    p.sampling.seed = (uint64_t)opt_int(L, 2, "seed", 0, 0, INT64_MAX);
+    p.sampling.n_logprobs = (int32_t)opt_int(L, 2, "logprobs", 0, 0, 20);
+    p.max_tokens = opt_int(L, 2, "max_tokens", 16, 0, 1 << 20);
+    p.priority = (int32_t)opt_int(L, 2, "priority", 0, INT32_MIN, INT32_MAX);
+    p.tenant = opt_str(L, 2, "tenant", "");
+    p.ignore_eos = opt_bool(L, 2, "ignore_eos", false);
+    const char *stops[16];
+    lua_getfield(L, 2, "stop");
+    if (lua_type(L, -1) == LUA_TSTRING) {
+        stops[0] = lua_tostring(L, -1);
+        p.n_stop = 1;
+    } else if (lua_istable(L, -1)) {
+        int n = (int)lua_objlen(L, -1);
+        if (n > 16) return luaL_error(L, "option 'stop': at most 16 strings");
+        for (int i = 0; i < n; i++) {
+            lua_rawgeti(L, -1, i + 1);
+            if (lua_type(L, -1) != LUA_TSTRING) return luaL_error(L, "option 'stop' must hold strings");
+            stops[i] = lua_tostring(L, -1);
+            lua_pop(L, 1);
+        }
+        p.n_stop = n;
+    } else if (!lua_isnil(L, -1)) {
+        return luaL_error(L, "option 'stop' must be a string or a list of strings");
+    }
+    p.stop = stops;
+    li_error err = {0};
+    int32_t *toks = NULL;
+    size_t n = 0;
+    lua_getfield(L, 2, "tokens");
+    if (lua_istable(L, -1)) {
+        n = lua_objlen(L, -1);
+        toks = li_xmalloc((n ? n : 1) * sizeof *toks);
+        for (size_t i = 0; i < n; i++) {
+            lua_rawgeti(L, -1, (int)i + 1);
+            if (!lua_isnumber(L, -1)) {
+                free(toks);
+                return luaL_error(L, "option 'tokens' must be a list of token ids");
+            }
+            toks[i] = (int32_t)lua_tointeger(L, -1);
+            lua_pop(L, 1);
+        }
+    } else {
+        size_t len;
+        lua_getfield(L, 2, "prompt");
+        const char *prompt = lua_tolstring(L, -1, &len);
+        if (!prompt) return luaL_error(L, "request needs 'prompt' (string) or 'tokens' (list)");
+        if (li_tokenizer_encode(le->rt.model->tok, prompt, len, true, true, &toks, &n, &err))
+            return luaL_error(L, "%s", err.msg);
+        lua_pop(L, 1);
+    }
+    lua_pop(L, 1);
+    p.prompt = toks;
+    p.n_prompt = (int64_t)n;
+    int64_t id;
+    int rc = li_engine_add(le->eng, &p, &id, &err);
+    free(toks);
+    lua_pop(L, 1); /* stop */
+    if (rc) return luaL_error(L, "%s", err.msg);
+    lua_pushnumber(L, (lua_Number)id);
+    return 1;
+}
+
+static int l_engine_step(lua_State *L) {
+    lua_engine *le = check_engine(L);
+    li_error err = {0};
+    if (li_engine_step(le->eng, &err)) return luaL_error(L, "%s", err.msg);
+    lua_pushboolean(L, li_engine_has_work(le->eng));
+    return 1;
+}
+
+static int l_engine_run(lua_State *L) {
+    lua_engine *le = check_engine(L);
+    int64_t max_steps = luaL_optinteger(L, 2, 0), steps = 0;
+    li_error err = {0};
+    while (li_engine_has_work(le->eng) && (max_steps <= 0 || steps < max_steps)) {
+        if (li_engine_step(le->eng, &err)) return luaL_error(L, "%s", err.msg);
+        steps++;
+    }
+    lua_pushnumber(L, (lua_Number)steps);
+    return 1;
+}
+
+static int l_engine_has_work(lua_State *L) {
+    lua_pushboolean(L, li_engine_has_work(check_engine(L)->eng));
+    return 1;
+}
+
+static int l_engine_result(lua_State *L) {
+    lua_engine *le = check_engine(L);
+    const li_request_result *r = li_engine_result(le->eng, (int64_t)luaL_checknumber(L, 2));
+    if (!r) {
+        lua_pushnil(L);
+        return 1;
+    }
+    lua_createtable(L, 0, 10);
+    lua_pushnumber(L, (lua_Number)r->id);
+    lua_setfield(L, -2, "id");
+    lua_pushboolean(L, r->finished);
+    lua_setfield(L, -2, "finished");
+    if (r->finish_reason) {
+        lua_pushstring(L, r->finish_reason);
+        lua_setfield(L, -2, "finish_reason");
+    }
+    lua_pushlstring(L, r->text, r->text_len);
+    lua_setfield(L, -2, "text");
+    lua_createtable(L, (int)r->n_tokens, 0);
+    for (int64_t i = 0; i < r->n_tokens; i++) {
+        lua_pushinteger(L, r->tokens[i]);
+        lua_rawseti(L, -2, (int)i + 1);
+    }
+    lua_setfield(L, -2, "tokens");
+    lua_pushnumber(L, (lua_Number)r->n_prompt);
+    lua_setfield(L, -2, "prompt_tokens");
+    lua_pushnumber(L, r->n_preemptions);
+    lua_setfield(L, -2, "preemptions");
+    if (r->t_first_token >= 0) {
+        lua_pushnumber(L, r->t_first_token - r->t_arrival);
+        lua_setfield(L, -2, "ttft");
+    }
+    if (r->finished) {
+        lua_pushnumber(L, r->t_finish - r->t_arrival);
+        lua_setfield(L, -2, "latency");
+        lua_pushnumber(L, r->t_finish);
+        lua_setfield(L, -2, "finish_time");
+    }
+    return 1;
+}
+
+static int l_engine_release(lua_State *L) {
+    li_engine_release(check_engine(L)->eng, (int64_t)luaL_checknumber(L, 2));
+    return 0;
+}
+
+static int l_engine_cancel(lua_State *L) {
+    lua_pushboolean(L, li_engine_cancel(check_engine(L)->eng, (int64_t)luaL_checknumber(L, 2)) == 0);
+    return 1;
+}
+
+#define SET_NUM(name, v)            \
+    do {                            \
+        lua_pushnumber(L, (lua_Number)(v)); \
+        lua_setfield(L, -2, name);  \
+    } while (0)
+
+static int l_engine_stats(lua_State *L) {
+    lua_engine *le = check_engine(L);
+    li_engine_stats s;
+    li_engine_stats_get(le->eng, &s);
+    lua_createtable(L, 0, 24);
+    SET_NUM("steps", s.steps);
+    SET_NUM("tokens_computed", s.tokens_computed);
+    SET_NUM("tokens_generated", s.tokens_generated);
+    SET_NUM("preemptions", s.preemptions);
+    SET_NUM("policy_errors", s.policy_errors);
+    SET_NUM("plans_trimmed", s.plans_trimmed);
+    SET_NUM("fallback_steps", s.fallback_steps);
+    SET_NUM("requests_finished", s.requests_finished);
+    SET_NUM("requests_rejected", s.requests_rejected);
+    SET_NUM("waiting", s.n_waiting);
+    SET_NUM("running", s.n_running);
+    SET_NUM("preempted", s.n_preempted);
+    SET_NUM("kv_free_blocks", s.kv_free_blocks);
+    SET_NUM("kv_total_blocks", s.kv_total_blocks);
+    SET_NUM("block_size", s.block_size);
+    SET_NUM("kv_bytes", s.kv_bytes);
+    SET_NUM("kv_bytes_per_token", s.kv_bytes_per_token);
+    SET_NUM("time_policy", s.time_policy);
+    SET_NUM("time_forward", s.time_forward);
+    SET_NUM("time_total", s.time_total);
+    return 1;
+}
+
+static int l_engine_tokenize(lua_State *L) {
+    lua_engine *le = check_engine(L);
+    size_t len;
+    const char *s = luaL_checklstring(L, 2, &len);
+    bool special = lua_isnoneornil(L, 3) ? true : lua_toboolean(L, 3);
+    int32_t *ids;
+    size_t n;
+    li_error err = {0};
+    if (li_tokenizer_encode(le->rt.model->tok, s, len, special, special, &ids, &n, &err))
+        return luaL_error(L, "%s", err.msg);
+    lua_createtable(L, (int)n, 0);
+    for (size_t i = 0; i < n; i++) {
+        lua_pushinteger(L, ids[i]);
+        lua_rawseti(L, -2, (int)i + 1);
+    }
+    free(ids);
+    return 1;
+}
+
+static int l_engine_detokenize(lua_State *L) {
+    lua_engine *le = check_engine(L);
+    luaL_checktype(L, 2, LUA_TTABLE);
+    luaL_Buffer b;
+    luaL_buffinit(L, &b);
+    char piece[256];
+    int n = (int)lua_objlen(L, 2);
+    for (int i = 1; i <= n; i++) {
+        lua_rawgeti(L, 2, i);
+        int32_t id = (int32_t)lua_tointeger(L, -1);
+        lua_pop(L, 1);
+        int k = li_tokenizer_token_to_piece(le->rt.model->tok, id, true, piece, sizeof piece);
+        if (k < 0) return luaL_error(L, "detokenize: token id %d is outside the vocabulary", id);
+        luaL_addlstring(&b, piece, (size_t)LI_MIN(k, (int)sizeof piece));
+    }
+    luaL_pushresult(&b);
+    return 1;
+}
+
+static int l_engine_set_policy(lua_State *L) {
+    lua_engine *le = check_engine(L);
+    if (lua_isnoneornil(L, 2)) {
+        if (le->policy) le->policy->ops->free(le->policy);
+        le->policy = NULL;
+        li_engine_set_policy(le->eng, NULL);
+        return 0;
+    }
+    const char *path = luaL_checkstring(L, 2);
+    return install_policy(L, le, path, NULL);
+}
+
+/* Hot reload: path or source; the old policy stays on failure. */
+static int l_engine_reload_policy(lua_State *L) {
+    lua_engine *le = check_engine(L);
+    luaL_checktype(L, 2, LUA_TTABLE);
+    const char *path = opt_str(L, 2, "path", NULL), *source = opt_str(L, 2, "source", NULL);
+    if (!le->policy) return install_policy(L, le, path, source);
+    li_error err = {0};
+    if (le->policy->ops->reload(le->policy, path, source, &err) != 0) {
+        lua_pushnil(L);
+        lua_pushstring(L, err.msg);
+        return 2;
+    }
+    lua_pushboolean(L, 1);
+    return 1;
+}
+
+static int l_engine_info(lua_State *L) {
+    lua_engine *le = check_engine(L);
+    const li_hparams *hp = &le->rt.model->hp;
+    const li_engine_config *c = li_engine_get_config(le->eng);
+    lua_createtable(L, 0, 12);
+    lua_pushstring(L, le->rt.model->path);
+    lua_setfield(L, -2, "model");
+    lua_pushstring(L, hp->arch);
+    lua_setfield(L, -2, "architecture");
+    SET_NUM("n_vocab", hp->n_vocab);
+    SET_NUM("n_layer", hp->n_layer);
+    SET_NUM("n_embd", hp->n_embd);
+    SET_NUM("n_ctx_train", hp->n_ctx_train);
+    SET_NUM("block_size", c->block_size);
+    SET_NUM("max_num_seqs", c->max_num_seqs);
+    SET_NUM("max_batched_tokens", c->max_batched_tokens);
+    SET_NUM("max_model_len", c->max_model_len);
+    lua_pushstring(L, li_type_name(c->kv_dtype));
+    lua_setfield(L, -2, "kv_dtype");
+    lua_pushstring(L, le->policy ? le->policy->name : "builtin-fcfs");
+    lua_setfield(L, -2, "policy");
+    lua_pushstring(L, li_backend_cpu_isa(&le->rt.be));
+    lua_setfield(L, -2, "isa");
+    SET_NUM("threads", le->rt.be.n_threads);
+    return 1;
+}
+
+static const luaL_Reg engine_methods[] = {
+    {"add", l_engine_add},
+    {"step", l_engine_step},
+    {"run", l_engine_run},
+    {"has_work", l_engine_has_work},
+    {"result", l_engine_result},
+    {"release", l_engine_release},
+    {"cancel", l_engine_cancel},
+    {"stats", l_engine_stats},
+    {"info", l_engine_info},
+    {"tokenize", l_engine_tokenize},
+    {"detokenize", l_engine_detokenize},
+    {"set_policy", l_engine_set_policy},
+    {"reload_policy", l_engine_reload_policy},
+    {"close", l_engine_close},
+    {NULL, NULL},
+};
+
+int li_lua_open_core(lua_State *L) {
+    if (luaL_newmetatable(L, ENGINE_MT)) {
+        lua_newtable(L);
+        luaL_register(L, NULL, engine_methods);
+        lua_setfield(L, -2, "__index");
+        lua_pushcfunction(L, l_engine_gc);
+        lua_setfield(L, -2, "__gc");
+    }
+    lua_pop(L, 1);
+    lua_newtable(L);
+    lua_pushcfunction(L, l_engine_new);
+    lua_setfield(L, -2, "engine");
+    lua_pushstring(L, li_model_default_path(NULL));
+    lua_setfield(L, -2, "default_model");
+    return 1;
+}
+
+void li_lua_preload_core(lua_State *L) {
+    lua_getglobal(L, "package");
+    lua_getfield(L, -1, "preload");
+    lua_pushcfunction(L, li_lua_open_core);
+    lua_setfield(L, -2, "luainfer.core");
+    lua_pop(L, 2);
+}

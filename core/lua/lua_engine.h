@@ -1,0 +1,12 @@
+/* lua_engine.h — registers the C half of the `luainfer` Lua module
+ * (`luainfer.core`: engine objects) in a Lua state. */
+#ifndef LI_LUA_ENGINE_H
+#define LI_LUA_ENGINE_H
+
+typedef struct lua_State lua_State;
+
+int li_lua_open_core(lua_State *L);
+/* Makes require("luainfer.core") available in L. */
+void li_lua_preload_core(lua_State *L);
+
+#endif

@@ -1,0 +1,43 @@
+/* main.c — the luainfer binary: one executable, many subcommands. */
+#include "cli/cli.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: luainfer COMMAND [options]\n\n"
+            "commands:\n"
+            "  generate     generate text from a prompt\n"
+            "  perplexity   perplexity of a text file (llama.cpp's scheme)\n"
+            "  info         what a GGUF model holds; --kv for KV-cache sizing\n"
+            "  run          run a Lua script with the luainfer module (engines, policies)\n"
+            "\n'luainfer COMMAND --help' lists a command's options.\n"
+            "The model defaults to $LUAINFER_MODEL, else models/SmolLM2-135M-Instruct.Q4_1.gguf.\n");
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    const char *cmd = argv[1];
+    if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) {
+        usage(stdout);
+        return 0;
+    }
+    static const struct {
+        const char *name;
+        int (*fn)(int, char **);
+    } cmds[] = {
+        {"generate", li_cmd_generate},
+        {"perplexity", li_cmd_perplexity},
+        {"info", li_cmd_info},
+        {"run", li_cmd_run},
+    };
+    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
+        if (!strcmp(cmd, cmds[i].name)) return cmds[i].fn(argc - 2, argv + 2);
+    fprintf(stderr, "luainfer: error: unknown command '%s'\n", cmd);
+    usage(stderr);
+    return 2;
+}

@@ -1,0 +1,265 @@
+/* model.c — loading a Llama-family GGUF: read hyper-parameters, find and
+ * shape-check every weight tensor, build the tokenizer. Owns: li_model. */
+#define _GNU_SOURCE
+#include "model/model.h"
+#include "tokenizer/tokenizer.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int get_u32_req(const li_gguf *g, const char *arch, const char *suffix, int32_t *out,
+                       li_error *err) {
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    uint32_t v;
+    int rc = li_gguf_get_u32(g, key, &v, err);
+    if (rc == 1) return li_error_set(err, LI_EINVAL, "model: missing metadata key '%s'", key);
+    if (rc) return rc;
+    if (v == 0 || v > (1u << 24)) return li_error_set(err, LI_EINVAL, "model: %s = %u is out of range", key, v);
+    *out = (int32_t)v;
+    return 0;
+}
+
+static int get_u32_opt(const li_gguf *g, const char *arch, const char *suffix, int32_t *out,
+                       li_error *err) {
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    uint32_t v;
+    int rc = li_gguf_get_u32(g, key, &v, err);
+    if (rc == 1) return 0;
+    if (rc) return rc;
+    if (v == 0 || v > (1u << 24)) return li_error_set(err, LI_EINVAL, "model: %s = %u is out of range", key, v);
+    *out = (int32_t)v;
+    return 0;
+}
+
+static int get_f32_opt(const li_gguf *g, const char *arch, const char *suffix, float *out, li_error *err) {
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    int rc = li_gguf_get_f32(g, key, out, err);
+    return rc == 1 ? 0 : rc;
+}
+
+static int read_hparams(li_model *m, li_error *err) {
+    const li_gguf *g = &m->gguf;
+    li_hparams *hp = &m->hp;
+    li_str arch;
+    int rc = li_gguf_get_str(g, "general.architecture", &arch, err);
+    if (rc == 1) return li_error_set(err, LI_EINVAL, "model: missing general.architecture");
+    if (rc) return rc;
+    if (arch.len >= sizeof hp->arch) return li_error_set(err, LI_EINVAL, "model: architecture name too long");
+    memcpy(hp->arch, arch.ptr, arch.len);
+    hp->arch[arch.len] = 0;
+    /* Llama-family layouts: same tensors, same math */
+    static const char *supported[] = {"llama", "mistral", "granite"};
+    bool ok = false;
+    for (size_t i = 0; i < LI_ARRAY_LEN(supported); i++) ok |= !strcmp(hp->arch, supported[i]);
+    if (!ok) return li_error_set(err, LI_EUNSUP, "model: architecture '%s' is not supported (llama family only)", hp->arch);
+    const char *a = hp->arch;
+    if ((rc = get_u32_req(g, a, "embedding_length", &hp->n_embd, err)) ||
+        (rc = get_u32_req(g, a, "block_count", &hp->n_layer, err)) ||
+        (rc = get_u32_req(g, a, "attention.head_count", &hp->n_head, err)) ||
+        (rc = get_u32_req(g, a, "feed_forward_length", &hp->n_ff, err)))
+        return rc;
+    hp->n_head_kv = hp->n_head;
+    hp->n_ctx_train = 2048;
+    hp->rope_theta = 10000.0f;
+    hp->norm_eps = 1e-5f;
+    if ((rc = get_u32_opt(g, a, "attention.head_count_kv", &hp->n_head_kv, err)) ||
+        (rc = get_u32_opt(g, a, "context_length", &hp->n_ctx_train, err)) ||
+        (rc = get_f32_opt(g, a, "rope.freq_base", &hp->rope_theta, err)) ||
+        (rc = get_f32_opt(g, a, "attention.layer_norm_rms_epsilon", &hp->norm_eps, err)))
+        return rc;
+    if (hp->n_embd % hp->n_head != 0)
+        return li_error_set(err, LI_EINVAL, "model: embedding_length %d is not a multiple of head_count %d",
+                            hp->n_embd, hp->n_head);
+    hp->head_dim = hp->n_embd / hp->n_head;
+    if ((rc = get_u32_opt(g, a, "attention.key_length", &hp->head_dim, err))) return rc;
+    hp->n_rot = hp->head_dim;
+    if ((rc = get_u32_opt(g, a, "rope.dimension_count", &hp->n_rot, err))) return rc;
+    if (hp->n_head % hp->n_head_kv != 0)
+        return li_error_set(err, LI_EINVAL, "model: head_count %d is not a multiple of head_count_kv %d",
+                            hp->n_head, hp->n_head_kv);
+    if (hp->n_rot > hp->head_dim || hp->n_rot % 2)
+        return li_error_set(err, LI_EINVAL, "model: rope.dimension_count %d is invalid for head size %d",
+                            hp->n_rot, hp->head_dim);
+    if (!(hp->rope_theta > 0) || !(hp->norm_eps > 0))
+        return li_error_set(err, LI_EINVAL, "model: rope.freq_base and rms epsilon must be positive");
+    li_str st;
+    rc = li_gguf_get_str(g, "llama.rope.scaling.type", &st, err);
+    if (rc < 0) return rc;
+    if (rc == 0 && !li_str_eq(st, "none"))
+        return li_error_set(err, LI_EUNSUP, "model: rope scaling '%.*s' is not supported yet", (int)st.len, st.ptr);
+    if (li_gguf_find_tensor(g, "rope_freqs.weight"))
+        return li_error_set(err, LI_EUNSUP, "model: rope frequency factors (Llama 3.1 scaling) are not supported yet");
+    hp->rope_neox = 0;
+    return 0;
+}
+
+/* Binds a 2-D weight of shape (m rows, k) and checks its type is usable. */
+static int bind_weight(li_model *m, li_weight *w, const char *name, int64_t k, int64_t rows, li_error *err) {
+    const li_gguf_tensor *t = li_gguf_find_tensor(&m->gguf, name);
+    if (!t) return li_error_set(err, LI_EINVAL, "model: missing tensor '%s'", name);
+    if (t->n_dims > 2 || t->ne[0] != k || t->ne[1] != rows)
+        return li_error_set(err, LI_EINVAL, "model: tensor '%s' has shape [%lld, %lld], expected [%lld, %lld]", name,
+                            (long long)t->ne[0], (long long)t->ne[1], (long long)k, (long long)rows);
+    const li_type_traits *tr = li_type_get(t->type);
+    if (!tr || !tr->to_float)
+        return li_error_set(err, LI_EUNSUP, "model: tensor '%s' has type %s, which is not supported yet", name,
+                            li_type_name(t->type));
+    w->type = (li_type)t->type;
+    w->k = k;
+    w->m = rows;
+    li_type_row_size(t->type, k, &w->row_bytes);
+    w->data = t->data;
+    w->packed = NULL;
+    w->name = NULL;
+    m->weight_bytes += t->nbytes;
+    return 0;
+}
+
+/* A 1-D norm weight as f32: points into the file when stored F32. */
+static int bind_norm(li_model *m, const float **out, const char *name, int64_t n, li_error *err) {
+    const li_gguf_tensor *t = li_gguf_find_tensor(&m->gguf, name);
+    if (!t) return li_error_set(err, LI_EINVAL, "model: missing tensor '%s'", name);
+    if (t->n_dims != 1 || t->ne[0] != n)
+        return li_error_set(err, LI_EINVAL, "model: tensor '%s' has %lld elements, expected %lld", name,
+                            (long long)t->ne[0], (long long)n);
+    m->weight_bytes += t->nbytes;
+    if (t->type == LI_TYPE_F32 && ((uintptr_t)t->data % 4) == 0) {
+        *out = t->data;
+        return 0;
+    }
+    const li_type_traits *tr = li_type_get(t->type);
+    if (!tr || !tr->to_float)
+        return li_error_set(err, LI_EUNSUP, "model: tensor '%s' has unsupported type %s", name, li_type_name(t->type));
+    float *f = li_xmalloc((size_t)n * sizeof(float));
+    tr->to_float(t->data, f, n);
+    m->owned = li_xrealloc(m->owned, (size_t)(m->n_owned + 1) * sizeof *m->owned);
+    m->owned[m->n_owned++] = f;
+    *out = f;
+    return 0;
+}
+
+static int bind_weights(li_model *m, li_error *err) {
+    const li_hparams *hp = &m->hp;
+    int rc;
+    const li_gguf_tensor *emb = li_gguf_find_tensor(&m->gguf, "token_embd.weight");
+    if (!emb) return li_error_set(err, LI_EINVAL, "model: missing tensor 'token_embd.weight'");
+    hp = &m->hp;
+    m->hp.n_vocab = (int32_t)emb->ne[1];
+    if ((rc = bind_weight(m, &m->tok_embd, "token_embd.weight", hp->n_embd, hp->n_vocab, err))) return rc;
+    if ((rc = bind_norm(m, &m->output_norm, "output_norm.weight", hp->n_embd, err))) return rc;
+    if (li_gguf_find_tensor(&m->gguf, "output.weight")) {
+        if ((rc = bind_weight(m, &m->output, "output.weight", hp->n_embd, hp->n_vocab, err))) return rc;
+    } else {
+        m->output = m->tok_embd; /* tied embeddings */
+    }
+    m->layers = li_xcalloc((size_t)hp->n_layer, sizeof *m->layers);
+    const int64_t q_dim = (int64_t)hp->n_head * hp->head_dim, kv_dim = (int64_t)hp->n_head_kv * hp->head_dim;
+    char name[96];
+#define BIND_W(field, tname, k, rows)                                                        \
+    do {                                                                                     \
+        snprintf(name, sizeof name, "blk.%d." tname ".weight", l);                           \
+        if ((rc = bind_weight(m, &L->field, name, k, rows, err))) return rc;                 \
+    } while (0)
+#define BIND_N(field, tname)                                                                 \
+    do {                                                                                     \
+        snprintf(name, sizeof name, "blk.%d." tname ".weight", l);                           \
+        if ((rc = bind_norm(m, &L->field, name, hp->n_embd, err))) return rc;                \
+    } while (0)
+    for (int l = 0; l < hp->n_layer; l++) {
+        li_layer *L = &m->layers[l];
+        BIND_N(attn_norm, "attn_norm");
+        BIND_W(wq, "attn_q", hp->n_embd, q_dim);
+        BIND_W(wk, "attn_k", hp->n_embd, kv_dim);
+        BIND_W(wv, "attn_v", hp->n_embd, kv_dim);
+        BIND_W(wo, "attn_output", q_dim, hp->n_embd);
+        BIND_N(ffn_norm, "ffn_norm");
+        BIND_W(w_gate, "ffn_gate", hp->n_embd, hp->n_ff);
+        BIND_W(w_up, "ffn_up", hp->n_embd, hp->n_ff);
+        BIND_W(w_down, "ffn_down", hp->n_ff, hp->n_embd);
+    }
+#undef BIND_W
+#undef BIND_N
+    return 0;
+}
+
+int li_model_load(li_model **out, const char *path, li_error *err) {
+    *out = NULL;
+    li_model *m = li_xcalloc(1, sizeof *m);
+    int rc = li_gguf_open(&m->gguf, path, err);
+    if (rc) {
+        free(m);
+        return rc;
+    }
+    m->path = strdup(path);
+    if ((rc = read_hparams(m, err)) || (rc = bind_weights(m, err))) goto fail;
+    if ((rc = li_tokenizer_init(&m->tok, &m->gguf, err))) goto fail;
+    if (li_tokenizer_n_vocab(m->tok) != m->hp.n_vocab) {
+        rc = li_error_set(err, LI_EINVAL, "model: tokenizer has %d tokens but the embedding has %d rows",
+                          li_tokenizer_n_vocab(m->tok), m->hp.n_vocab);
+        goto fail;
+    }
+    li_str tmpl;
+    rc = li_gguf_get_str(&m->gguf, "tokenizer.chat_template", &tmpl, err);
+    if (rc < 0) goto fail;
+    if (rc == 0) {
+        m->chat_template = li_xmalloc(tmpl.len + 1);
+        memcpy(m->chat_template, tmpl.ptr, tmpl.len);
+        m->chat_template[tmpl.len] = 0;
+    }
+    *out = m;
+    return 0;
+fail:
+    li_model_free(m);
+    return rc;
+}
+
+void li_model_free(li_model *m) {
+    if (!m) return;
+    if (m->tok) li_tokenizer_free(m->tok);
+    for (int i = 0; i < m->n_owned; i++) free(m->owned[i]);
+    free(m->owned);
+    free(m->layers);
+    free(m->chat_template);
+    free(m->path);
+    li_gguf_free(&m->gguf);
+    free(m);
+}
+
+#define FOR_EACH_WEIGHT(m, w, body)                                                   \
+    do {                                                                              \
+        li_weight *w;                                                                 \
+        w = &(m)->tok_embd; body;                                                     \
+        if ((m)->output.data != (m)->tok_embd.data) { w = &(m)->output; body; }      \
+        for (int l_ = 0; l_ < (m)->hp.n_layer; l_++) {                               \
+            li_layer *L_ = &(m)->layers[l_];                                          \
+            li_weight *all_[] = {&L_->wq, &L_->wk, &L_->wv, &L_->wo,                  \
+                                 &L_->w_gate, &L_->w_up, &L_->w_down};                \
+            for (size_t i_ = 0; i_ < LI_ARRAY_LEN(all_); i_++) { w = all_[i_]; body; } \
+        }                                                                             \
+    } while (0)
+
+int li_model_prepare(li_model *m, li_backend *be, li_error *err) {
+    if (!be->ops->weight_prepare) return 0;
+    int rc = 0;
+    FOR_EACH_WEIGHT(m, w, if (!rc) rc = be->ops->weight_prepare(be, w));
+    if (rc) return li_error_set(err, rc, "model: backend %s failed to prepare weights", be->ops->name);
+    if (m->output.data == m->tok_embd.data) m->output = m->tok_embd;
+    return 0;
+}
+
+void li_model_release(li_model *m, li_backend *be) {
+    if (!be->ops->weight_release) return;
+    FOR_EACH_WEIGHT(m, w, be->ops->weight_release(be, w));
+    if (m->output.data == m->tok_embd.data) m->output.packed = NULL;
+}
+
+const char *li_model_default_path(const char *explicit_path) {
+    if (explicit_path && *explicit_path) return explicit_path;
+    const char *env = getenv("LUAINFER_MODEL");
+    if (env && *env) return env;
+    return LI_SOURCE_DIR "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
+}

@@ -1,0 +1,64 @@
+/* model.h — a loaded Llama-family model: hyper-parameters from GGUF metadata
+ * and weight views into the mapped file. The model owns the GGUF mapping and
+ * its tokenizer; weights are read-only and shared by every sequence. */
+#ifndef LI_MODEL_H
+#define LI_MODEL_H
+
+#include "util/common.h"
+#include "model/gguf.h"
+#include "backend.h"
+
+struct li_tokenizer;
+
+typedef struct li_hparams {
+    char arch[32];       /* general.architecture, e.g. "llama" */
+    int32_t n_vocab;
+    int32_t n_ctx_train; /* context length the model was trained for */
+    int32_t n_embd;      /* hidden size */
+    int32_t n_layer;
+    int32_t n_head;
+    int32_t n_head_kv;
+    int32_t head_dim;    /* n_embd / n_head unless the file says otherwise */
+    int32_t n_ff;        /* FFN inner size */
+    int32_t n_rot;       /* rotary dims per head */
+    float rope_theta;
+    float norm_eps;
+    int rope_neox;       /* 0: adjacent pairs (llama), 1: halves (neox) */
+} li_hparams;
+
+typedef struct li_layer {
+    const float *attn_norm;              /* (n_embd) */
+    li_weight wq;                        /* (n_head*head_dim, n_embd) */
+    li_weight wk, wv;                    /* (n_head_kv*head_dim, n_embd) */
+    li_weight wo;                        /* (n_embd, n_head*head_dim) */
+    const float *ffn_norm;               /* (n_embd) */
+    li_weight w_gate, w_up;              /* (n_ff, n_embd) */
+    li_weight w_down;                    /* (n_embd, n_ff) */
+} li_layer;
+
+typedef struct li_model {
+    li_gguf gguf;
+    li_hparams hp;
+    li_weight tok_embd;        /* (n_vocab, n_embd) */
+    const float *output_norm;  /* (n_embd) */
+    li_weight output;          /* (n_vocab, n_embd); the embedding when tied */
+    li_layer *layers;          /* (n_layer) */
+    struct li_tokenizer *tok;
+    char *chat_template;       /* tokenizer.chat_template, NUL-terminated, or NULL */
+    char *path;
+    float **owned;             /* f32 copies of non-F32 norm weights, freed with the model */
+    int n_owned;
+    size_t weight_bytes;       /* bytes of all weight tensors */
+} li_model;
+
+int li_model_load(li_model **out, const char *path, li_error *err);
+void li_model_free(li_model *m);
+/* Let the backend repack weights for its kernels (optional). */
+int li_model_prepare(li_model *m, li_backend *be, li_error *err);
+void li_model_release(li_model *m, li_backend *be);
+
+/* The model path to use: explicit path, else $LUAINFER_MODEL, else the
+ * default model under the source tree's models/. */
+const char *li_model_default_path(const char *explicit_path);
+
+#endif

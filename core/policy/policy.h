@@ -1,0 +1,100 @@
+/* policy.h — the contract between the engine and a scheduling policy.
+ *
+ * Each step the engine fills an li_step_state (a read-only view of every
+ * live request and of the KV pool), asks the policy for an li_plan, then
+ * validates and applies the plan itself: a policy proposes, C disposes.
+ * Two implementations share this vtable: in-process LuaJIT (policy_lua.c)
+ * and an isolated `luainfer policy-host` child over a Unix socket
+ * (policy_proc.c). The msgpack form of both structs is documented in
+ * docs/policy-protocol.md. */
+#ifndef LI_POLICY_H
+#define LI_POLICY_H
+
+#include "util/common.h"
+
+typedef enum li_req_state {
+    LI_REQ_WAITING = 0,   /* admitted, nothing computed yet */
+    LI_REQ_RUNNING = 1,   /* holds KV blocks, being computed or decoded */
+    LI_REQ_PREEMPTED = 2, /* lost its blocks; recomputes from scratch when scheduled */
+} li_req_state;
+
+/* One live request as a policy sees it. */
+typedef struct li_req_view {
+    int64_t id;
+    li_req_state state;
+    double arrival;          /* seconds since engine start */
+    int32_t priority;        /* larger = more important (default 0) */
+    const char *tenant;      /* never NULL ("" by default) */
+    int64_t prompt_len;
+    int64_t num_tokens;      /* prompt + generated so far */
+    int64_t num_computed;    /* tokens whose KV is cached; catches up with num_tokens */
+    int64_t num_generated;
+    int64_t max_tokens;
+    int64_t cached_len;      /* prefix-cache hit at admission, tokens */
+    int32_t n_blocks;        /* KV blocks held */
+    int32_t n_preemptions;
+    double spec_acceptance;  /* speculative acceptance rate, -1 when unknown */
+} li_req_view;
+
+typedef struct li_step_state {
+    int64_t step;
+    double now;              /* seconds since engine start */
+    const li_req_view *reqs; /* waiting, running and preempted requests */
+    int32_t n_reqs;
+    int32_t kv_free_blocks, kv_total_blocks, kv_cached_blocks, block_size;
+    int32_t max_num_seqs, max_batched_tokens;
+} li_step_state;
+
+typedef struct li_plan_run {
+    int64_t id;
+    int32_t n_tokens; /* new tokens to compute this step (>= 1) */
+} li_plan_run;
+
+typedef struct li_plan {
+    li_plan_run *run;  /* in the order they should be batched */
+    int32_t n_run, cap_run;
+    int64_t *preempt;  /* running requests to preempt first (recompute) */
+    int32_t n_preempt, cap_preempt;
+} li_plan;
+
+void li_plan_init(li_plan *p);
+void li_plan_free(li_plan *p);
+void li_plan_clear(li_plan *p);
+void li_plan_add_run(li_plan *p, int64_t id, int32_t n_tokens);
+void li_plan_add_preempt(li_plan *p, int64_t id);
+
+/* Engine settings a policy file may set in its `config` table. */
+typedef struct li_policy_config {
+    int32_t block_size;        /* 0 = engine default */
+    char kv_dtype[8];          /* "" = engine default */
+    int32_t max_num_seqs;      /* 0 = engine default */
+    int32_t max_batched_tokens;/* 0 = engine default */
+} li_policy_config;
+
+typedef struct li_policy li_policy;
+
+typedef struct li_policy_ops {
+    const char *kind; /* "lua", "process" */
+    /* Fills plan (cleared by the caller). An error means: use the fallback
+     * for this step. */
+    int (*schedule)(li_policy *p, const li_step_state *st, li_plan *plan, li_error *err);
+    /* Admission: *accept = false rejects the request with `reason`. Errors
+     * mean accept. Optional (NULL: accept all). */
+    int (*admit)(li_policy *p, const li_req_view *req, const li_step_state *st, bool *accept, char *reason,
+                 size_t reason_cap, li_error *err);
+    /* Called once per finished request. Optional. */
+    void (*on_finish)(li_policy *p, const li_req_view *req, const char *finish_reason);
+    /* Replaces the policy with a new file (path) or source text; on failure
+     * the old one stays in place and err says why. */
+    int (*reload)(li_policy *p, const char *path, const char *source, li_error *err);
+    void (*free)(li_policy *p);
+} li_policy_ops;
+
+struct li_policy {
+    const li_policy_ops *ops;
+    li_policy_config config;
+    char name[256];    /* file the policy came from, for logs */
+    bool has_schedule; /* false: the engine uses its built-in FCFS */
+};
+
+#endif

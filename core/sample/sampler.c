@@ -1,0 +1,242 @@
+/* sampler.c — the sampling chain. See sampler.h for the order. */
+#include "sample/sampler.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- RNG: splitmix64 seeding, xoshiro256** draws --------------------------- */
+
+static uint64_t splitmix64(uint64_t *x) {
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+static uint64_t rng_next(uint64_t s[4]) {
+    uint64_t r = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = rotl(s[3], 45);
+    return r;
+}
+
+/* uniform in [0, 1) with 53 random bits */
+static double rng_uniform(uint64_t s[4]) { return (double)(rng_next(s) >> 11) * (1.0 / 9007199254740992.0); }
+
+/* ---- params ---------------------------------------------------------------- */
+
+void li_sampling_params_default(li_sampling_params *p) {
+    *p = (li_sampling_params){
+        .temperature = 0.8f, .top_k = 40, .top_p = 0.95f, .min_p = 0.05f, .repeat_penalty = 1.0f,
+        .presence_penalty = 0.0f, .frequency_penalty = 0.0f, .penalty_last_n = 64, .seed = 0, .n_logprobs = 0,
+    };
+}
+
+int li_sampling_params_validate(const li_sampling_params *p, li_error *err) {
+    if (!(p->temperature >= 0 && p->temperature <= 100))
+        return li_error_set(err, LI_EINVAL, "temperature must be in [0, 100], got %g", p->temperature);
+    if (p->top_k < 0) return li_error_set(err, LI_EINVAL, "top_k must be >= 0, got %d", p->top_k);
+    if (!(p->top_p > 0 && p->top_p <= 1))
+        return li_error_set(err, LI_EINVAL, "top_p must be in (0, 1], got %g", p->top_p);
+    if (!(p->min_p >= 0 && p->min_p <= 1))
+        return li_error_set(err, LI_EINVAL, "min_p must be in [0, 1], got %g", p->min_p);
+    if (!(p->repeat_penalty > 0 && p->repeat_penalty <= 10))
+        return li_error_set(err, LI_EINVAL, "repetition penalty must be in (0, 10], got %g", p->repeat_penalty);
+    if (!(p->presence_penalty >= -2 && p->presence_penalty <= 2))
+        return li_error_set(err, LI_EINVAL, "presence penalty must be in [-2, 2], got %g", p->presence_penalty);
+    if (!(p->frequency_penalty >= -2 && p->frequency_penalty <= 2))
+        return li_error_set(err, LI_EINVAL, "frequency penalty must be in [-2, 2], got %g", p->frequency_penalty);
+    if (p->penalty_last_n < -1 || p->penalty_last_n > (1 << 20))
+        return li_error_set(err, LI_EINVAL, "penalty window must be in [-1, 1048576], got %d", p->penalty_last_n);
+    if (p->n_logprobs < 0 || p->n_logprobs > 20)
+        return li_error_set(err, LI_EINVAL, "logprobs must be in [0, 20], got %d", p->n_logprobs);
+    return 0;
+}
+
+/* ---- sampler state --------------------------------------------------------- */
+
+int li_sampler_init(li_sampler *s, const li_sampling_params *p, int32_t n_vocab, li_error *err) {
+    memset(s, 0, sizeof *s);
+    int rc = li_sampling_params_validate(p, err);
+    if (rc) return rc;
+    s->p = *p;
+    s->n_vocab = n_vocab;
+    uint64_t x = p->seed;
+    for (int i = 0; i < 4; i++) s->rng[i] = splitmix64(&x);
+    s->cand = li_xmalloc((size_t)n_vocab * sizeof *s->cand);
+    s->counts = li_xcalloc((size_t)n_vocab, sizeof *s->counts);
+    s->cap_recent = p->penalty_last_n < 0 ? 1024 : p->penalty_last_n;
+    s->recent = li_xmalloc((size_t)(s->cap_recent ? s->cap_recent : 1) * sizeof *s->recent);
+    return 0;
+}
+
+void li_sampler_free(li_sampler *s) {
+    free(s->cand);
+    free(s->counts);
+    free(s->recent);
+    memset(s, 0, sizeof *s);
+}
+
+static bool penalties_on(const li_sampling_params *p) {
+    return p->penalty_last_n != 0 &&
+           (p->repeat_penalty != 1.0f || p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f);
+}
+
+void li_sampler_accept(li_sampler *s, int32_t t) {
+    if (t < 0 || t >= s->n_vocab || !penalties_on(&s->p)) return;
+    if (s->p.penalty_last_n < 0) { /* unbounded window: grow */
+        if (s->n_recent == s->cap_recent) {
+            s->cap_recent *= 2;
+            s->recent = li_xrealloc(s->recent, (size_t)s->cap_recent * sizeof *s->recent);
+        }
+        s->recent[s->n_recent++] = t;
+        if (s->counts[t] < UINT16_MAX) s->counts[t]++;
+        return;
+    }
+    if (s->n_recent == s->cap_recent) { /* evict the oldest */
+        int32_t old = s->recent[s->head_recent];
+        if (s->counts[old] > 0) s->counts[old]--;
+        s->recent[s->head_recent] = t;
+        s->head_recent = (s->head_recent + 1) % s->cap_recent;
+    } else {
+        s->recent[(s->head_recent + s->n_recent) % s->cap_recent] = t;
+        s->n_recent++;
+    }
+    if (s->counts[t] < UINT16_MAX) s->counts[t]++;
+}
+
+static int cmp_desc(const void *a, const void *b) {
+    const li_token_logprob *x = a, *y = b;
+    if (x->logprob > y->logprob) return -1;
+    if (x->logprob < y->logprob) return 1;
+    return (x->id > y->id) - (x->id < y->id);
+}
+
+void li_logits_top(const float *logits, int32_t n_vocab, int32_t n, li_token_logprob *out, bool as_logprob) {
+    if (n <= 0) return;
+    if (n > n_vocab) n = n_vocab;
+    int32_t k = 0; /* insertion into a small sorted array: n is tiny */
+    for (int32_t i = 0; i < n_vocab; i++) {
+        float v = logits[i];
+        if (k == n && !(v > out[k - 1].logprob)) continue;
+        int32_t j = k < n ? k++ : n - 1;
+        while (j > 0 && out[j - 1].logprob < v) {
+            out[j] = out[j - 1];
+            j--;
+        }
+        out[j] = (li_token_logprob){i, v};
+    }
+    if (as_logprob) {
+        float mx = out[0].logprob;
+        double sum = 0;
+        for (int32_t i = 0; i < n_vocab; i++) sum += exp((double)logits[i] - mx);
+        float lse = mx + (float)log(sum);
+        for (int32_t i = 0; i < k; i++) out[i].logprob -= lse;
+    }
+}
+
+static float raw_logprob(const float *logits, int32_t n_vocab, int32_t id) {
+    float mx = logits[0];
+    for (int32_t i = 1; i < n_vocab; i++) mx = logits[i] > mx ? logits[i] : mx;
+    double sum = 0;
+    for (int32_t i = 0; i < n_vocab; i++) sum += exp((double)logits[i] - mx);
+    return logits[id] - mx - (float)log(sum);
+}
+
+/* Keeps the k largest candidates at the front (quickselect), unsorted. */
+static void select_top_k(li_token_logprob *c, int32_t n, int32_t k) {
+    int32_t lo = 0, hi = n - 1;
+    while (lo < hi) {
+        float pivot = c[lo + (hi - lo) / 2].logprob;
+        int32_t i = lo, j = hi;
+        while (i <= j) {
+            while (c[i].logprob > pivot) i++;
+            while (c[j].logprob < pivot) j--;
+            if (i <= j) {
+                li_token_logprob t = c[i];
+                c[i++] = c[j];
+                c[j--] = t;
+            }
+        }
+        if (k - 1 <= j) hi = j;
+        else if (k - 1 >= i) lo = i;
+        else break;
+    }
+}
+
+int32_t li_sampler_sample(li_sampler *s, const float *logits, li_token_logprob *top, float *chosen_logprob) {
+    const li_sampling_params *p = &s->p;
+    const int32_t nv = s->n_vocab;
+    li_token_logprob *c = s->cand;
+    float mx = -INFINITY;
+    for (int32_t i = 0; i < nv; i++) {
+        float v = logits[i];
+        if (penalties_on(p) && s->counts[i]) {
+            /* llama.cpp's rule: divide positive logits, multiply negative ones */
+            v = v > 0 ? v / p->repeat_penalty : v * p->repeat_penalty;
+            v -= (float)s->counts[i] * p->frequency_penalty + p->presence_penalty;
+        }
+        c[i] = (li_token_logprob){i, v};
+        if (v > mx) mx = v;
+    }
+    int32_t chosen = 0;
+    if (p->temperature <= 0) {
+        for (int32_t i = 1; i < nv; i++)
+            if (c[i].logprob > c[chosen].logprob) chosen = i;
+    } else {
+        int32_t n = nv;
+        if (p->top_k > 0 && p->top_k < n) {
+            select_top_k(c, n, p->top_k);
+            n = p->top_k;
+        } else {
+            /* tokens 40 nats below the best carry < 1e-17 of the mass each:
+             * dropping them first keeps the sort short and changes nothing */
+            int32_t w = 0;
+            for (int32_t i = 0; i < n; i++)
+                if (c[i].logprob >= mx - 40.0f) c[w++] = c[i];
+            n = w;
+        }
+        qsort(c, (size_t)n, sizeof *c, cmp_desc);
+        /* probabilities at temperature 1 for top-p and min-p */
+        double sum = 0;
+        for (int32_t i = 0; i < n; i++) sum += exp((double)c[i].logprob - mx);
+        if (p->top_p < 1.0f) {
+            double cum = 0;
+            for (int32_t i = 0; i < n; i++) {
+                cum += exp((double)c[i].logprob - mx) / sum;
+                if (cum >= p->top_p) {
+                    n = i + 1;
+                    break;
+                }
+            }
+        }
+        if (p->min_p > 0.0f) {
+            float cut = mx + logf(p->min_p);
+            int32_t w = 1;
+            while (w < n && c[w].logprob >= cut) w++;
+            n = w;
+        }
+        /* temperature, then a draw */
+        double z = 0;
+        for (int32_t i = 0; i < n; i++) z += exp(((double)c[i].logprob - mx) / p->temperature);
+        double r = rng_uniform(s->rng) * z, acc = 0;
+        chosen = c[n - 1].id;
+        for (int32_t i = 0; i < n; i++) {
+            acc += exp(((double)c[i].logprob - mx) / p->temperature);
+            if (r < acc) {
+                chosen = c[i].id;
+                break;
+            }
+        }
+    }
+    if (top && p->n_logprobs > 0) li_logits_top(logits, nv, p->n_logprobs, top, true);
+    if (chosen_logprob) *chosen_logprob = raw_logprob(logits, nv, chosen);
+    return chosen;
+}

@@ -1,0 +1,56 @@
+/* sampler.h — turning logits into the next token.
+ *
+ * The chain, in llama.cpp's order: penalties (repetition, presence,
+ * frequency over the last `penalty_last_n` tokens), top-k, top-p, min-p (all
+ * on the temperature-1 distribution), then temperature and a draw from a
+ * seeded RNG. temperature <= 0 is greedy (argmax after penalties; ties go to
+ * the lowest id). Top-N logprobs are reported from the raw model logits. */
+#ifndef LI_SAMPLER_H
+#define LI_SAMPLER_H
+
+#include "util/common.h"
+
+typedef struct li_sampling_params {
+    float temperature;       /* <= 0: greedy */
+    int32_t top_k;           /* <= 0: off */
+    float top_p;             /* >= 1: off */
+    float min_p;             /* <= 0: off */
+    float repeat_penalty;    /* 1: off; >1 pushes seen tokens down */
+    float presence_penalty;  /* 0: off; subtracted once per seen token */
+    float frequency_penalty; /* 0: off; subtracted per occurrence */
+    int32_t penalty_last_n;  /* window of recent tokens the penalties look at; -1 = all */
+    uint64_t seed;           /* same seed, same logits -> same tokens */
+    int32_t n_logprobs;      /* top-N logprobs to report (0..20) */
+} li_sampling_params;
+
+/* llama.cpp's defaults: temperature 0.8, top_k 40, top_p 0.95, min_p 0.05. */
+void li_sampling_params_default(li_sampling_params *p);
+int li_sampling_params_validate(const li_sampling_params *p, li_error *err);
+
+typedef struct li_token_logprob {
+    int32_t id;
+    float logprob;
+} li_token_logprob;
+
+typedef struct li_sampler {
+    li_sampling_params p;
+    int32_t n_vocab;
+    uint64_t rng[4];       /* xoshiro256** state */
+    li_token_logprob *cand;/* (n_vocab) scratch candidates */
+    int32_t *recent;       /* ring of the last penalty_last_n tokens */
+    int32_t n_recent, cap_recent, head_recent;
+    uint16_t *counts;      /* (n_vocab) occurrences inside the window */
+} li_sampler;
+
+int li_sampler_init(li_sampler *s, const li_sampling_params *p, int32_t n_vocab, li_error *err);
+void li_sampler_free(li_sampler *s);
+/* Records a token (prompt or generated) into the penalty window. */
+void li_sampler_accept(li_sampler *s, int32_t token);
+/* Picks the next token from logits (n_vocab). When top is non-NULL it
+ * receives p.n_logprobs entries; *chosen_logprob (if non-NULL) gets the
+ * chosen token's raw logprob. Does not accept the token. */
+int32_t li_sampler_sample(li_sampler *s, const float *logits, li_token_logprob *top, float *chosen_logprob);
+/* Raw log-softmax of one id, and the top-n ids by logit (sorted). */
+void li_logits_top(const float *logits, int32_t n_vocab, int32_t n, li_token_logprob *out, bool as_logprob);
+
+#endif

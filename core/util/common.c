@@ -1,0 +1,83 @@
+/* common.c — errors, logging, allocation and clock helpers. */
+#define _POSIX_C_SOURCE 200809L
+#include "common.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+int li_error_set(li_error *err, int code, const char *fmt, ...) {
+    if (err) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+        va_end(ap);
+        err->code = code;
+    }
+    return code;
+}
+
+static int log_level = -1;
+
+static int log_level_get(void) {
+    if (log_level < 0) {
+        const char *s = getenv("LUAINFER_LOG");
+        log_level = LI_LOG_WARN;
+        if (s) {
+            if (!strcmp(s, "error")) log_level = LI_LOG_ERROR;
+            else if (!strcmp(s, "info")) log_level = LI_LOG_INFO;
+            else if (!strcmp(s, "debug")) log_level = LI_LOG_DEBUG;
+        }
+    }
+    return log_level;
+}
+
+void li_log(int level, const char *fmt, ...) {
+    static const char *names[] = {"error", "warn", "info", "debug"};
+    if (level > log_level_get()) return;
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "luainfer: %s: ", names[level]);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+}
+
+static void oom(size_t n) {
+    fprintf(stderr, "luainfer: out of memory allocating %zu bytes\n", n);
+    abort();
+}
+
+void *li_xmalloc(size_t n) {
+    void *p = malloc(n ? n : 1);
+    if (!p) oom(n);
+    return p;
+}
+
+void *li_xcalloc(size_t n, size_t size) {
+    void *p = calloc(n ? n : 1, size ? size : 1);
+    if (!p) oom(n * size);
+    return p;
+}
+
+void *li_xrealloc(void *p, size_t n) {
+    void *q = realloc(p, n ? n : 1);
+    if (!q) oom(n);
+    return q;
+}
+
+void *li_aligned_alloc(size_t n) {
+    void *p = NULL;
+    if (posix_memalign(&p, 64, n ? n : 64) != 0) oom(n);
+    return p;
+}
+
+void li_aligned_free(void *p) { free(p); }
+
+double li_time_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}

@@ -1,0 +1,67 @@
+/* common.h — error reporting, logging and small helpers shared by every
+ * subsystem. Errors travel in an `li_error *` out-parameter (Neovim's
+ * `Error *err` habit): a function returns 0 on success or a negative code and
+ * fills the message, so callers can print one clear line. */
+#ifndef LI_COMMON_H
+#define LI_COMMON_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdbool.h>
+
+enum {
+    LI_OK = 0,
+    LI_EINVAL = -1,   /* bad argument or malformed input */
+    LI_EIO = -2,      /* file or socket I/O */
+    LI_ENOMEM = -3,   /* allocation failed or budget exhausted */
+    LI_ERANGE = -4,   /* a value out of its allowed range */
+    LI_EUNSUP = -5,   /* valid input we do not implement */
+};
+
+typedef struct li_error {
+    int code;
+    char msg[512];
+} li_error;
+
+#if defined(__GNUC__)
+#define LI_PRINTF(a, b) __attribute__((format(printf, a, b)))
+#else
+#define LI_PRINTF(a, b)
+#endif
+
+/* Sets err (if non-NULL) and returns code, so `return li_error_set(...)`. */
+int li_error_set(li_error *err, int code, const char *fmt, ...) LI_PRINTF(3, 4);
+
+/* Logging to stderr; level from LUAINFER_LOG (error, warn, info, debug). */
+enum { LI_LOG_ERROR, LI_LOG_WARN, LI_LOG_INFO, LI_LOG_DEBUG };
+void li_log(int level, const char *fmt, ...) LI_PRINTF(2, 3);
+#define li_log_error(...) li_log(LI_LOG_ERROR, __VA_ARGS__)
+#define li_log_warn(...) li_log(LI_LOG_WARN, __VA_ARGS__)
+#define li_log_info(...) li_log(LI_LOG_INFO, __VA_ARGS__)
+#define li_log_debug(...) li_log(LI_LOG_DEBUG, __VA_ARGS__)
+
+/* Allocation that aborts with a message on failure: for sizes we control.
+ * Sizes derived from outside input must be checked before calling. */
+void *li_xmalloc(size_t n);
+void *li_xcalloc(size_t n, size_t size);
+void *li_xrealloc(void *p, size_t n);
+/* 64-byte aligned, for SIMD buffers; release with li_aligned_free. */
+void *li_aligned_alloc(size_t n);
+void li_aligned_free(void *p);
+
+/* Monotonic clock in seconds. */
+double li_time_now(void);
+
+#define LI_MIN(a, b) ((a) < (b) ? (a) : (b))
+#define LI_MAX(a, b) ((a) > (b) ? (a) : (b))
+#define LI_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
+
+/* Overflow-checked size arithmetic for values read from files. */
+static inline bool li_mul_overflow(size_t a, size_t b, size_t *out) {
+    return __builtin_mul_overflow(a, b, out);
+}
+static inline bool li_add_overflow(size_t a, size_t b, size_t *out) {
+    return __builtin_add_overflow(a, b, out);
+}
+
+#endif

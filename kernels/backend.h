@@ -1,0 +1,91 @@
+/* backend.h — the compute backend vtable.
+ *
+ * The engine calls ops only through this table, so a CUDA backend slots in
+ * without touching the engine. Every op has a scalar reference
+ * (kernels/cpu/ops_ref.c); SIMD and device versions are checked against it.
+ * All float buffers here are host memory for the CPU backend and device
+ * memory for device backends (allocated via the backend). Shapes are written
+ * beside each argument, row-major, innermost last. */
+#ifndef LI_BACKEND_H
+#define LI_BACKEND_H
+
+#include "types.h"
+
+typedef struct li_backend li_backend;
+
+/* A weight matrix of m rows of k elements: y = W·x. */
+typedef struct li_weight {
+    li_type type;
+    int64_t k, m;       /* (m, k) */
+    size_t row_bytes;   /* bytes per row of `data` */
+    const void *data;   /* original GGUF rows (mmap) */
+    void *packed;       /* backend-specific repacked layout, or NULL */
+    const char *name;
+} li_weight;
+
+/* One layer's paged KV storage. Each block holds block_size token slots;
+ * slot layout [block][slot][kv_head][head_dim]. */
+typedef struct li_kv_layer {
+    li_type dtype;        /* F16, BF16, F32 (issue 3 adds FP8/INT8 with scales) */
+    void *k, *v;          /* (num_blocks, block_size, n_head_kv, head_dim) */
+    float *k_scale, *v_scale; /* (num_blocks, block_size, n_head_kv) for 8-bit dtypes, else NULL */
+} li_kv_layer;
+
+typedef struct li_attn_args {
+    int64_t n_tokens;
+    int n_head, n_head_kv, head_dim, block_size;
+    const float *q;        /* (n_tokens, n_head, head_dim) */
+    float *out;            /* (n_tokens, n_head, head_dim) */
+    const int32_t *pos;    /* (n_tokens) position of each token in its sequence */
+    const int32_t *seq;    /* (n_tokens) which sequence: index into block_tables */
+    int32_t *const *block_tables; /* per sequence: block ids, position p in block p/block_size */
+    const li_kv_layer *kv;
+    float scale;           /* usually 1/sqrt(head_dim) */
+} li_attn_args;
+
+typedef struct li_backend_ops {
+    const char *name;
+    /* y(n, m) = x(n, k) · W(m, k)^T */
+    void (*matmul)(li_backend *be, const li_weight *w, const float *x, float *y, int64_t n);
+    /* out(n, k) = rows `ids` of W, dequantized (embedding lookup) */
+    void (*get_rows)(li_backend *be, const li_weight *w, const int32_t *ids, int64_t n, float *out);
+    /* y(n, dim) = x / rms(x) * w(dim) */
+    void (*rmsnorm)(li_backend *be, const float *x, const float *w, float *y, int64_t n, int64_t dim,
+                    float eps);
+    /* in place on x(n, n_heads, head_dim): rotate the first n_rot dims of each
+     * head by pos[i]·theta^(-2j/n_rot); neox=0 pairs (2j, 2j+1), neox=1 pairs
+     * (j, j+n_rot/2) */
+    void (*rope)(li_backend *be, float *x, const int32_t *pos, int64_t n, int n_heads, int head_dim,
+                 int n_rot, float theta, int neox);
+    /* g(n, dim) = silu(g) * u */
+    void (*silu_mul)(li_backend *be, float *g, const float *u, int64_t n, int64_t dim);
+    /* y += x, (n) elements */
+    void (*add)(li_backend *be, float *y, const float *x, int64_t n);
+    /* write k, v (n_tokens, n_head_kv, head_dim) into slots slot[i] = block*block_size + offset */
+    void (*kv_store)(li_backend *be, const li_kv_layer *kv, const float *k, const float *v,
+                     const int64_t *slot, int64_t n_tokens, int n_head_kv, int head_dim);
+    /* causal paged attention, see li_attn_args */
+    void (*attention)(li_backend *be, const li_attn_args *a);
+    /* repack a weight for this backend (optional; may be NULL) */
+    int (*weight_prepare)(li_backend *be, li_weight *w);
+    void (*weight_release)(li_backend *be, li_weight *w);
+} li_backend_ops;
+
+struct li_backend {
+    const li_backend_ops *ops;
+    int n_threads;
+    void *impl;   /* backend private state (thread pool, device handles) */
+};
+
+/* CPU backend: n_threads <= 0 means the cores available. isa: NULL or "auto"
+ * picks the best the CPU has (CPUID); "scalar", "avx2", "avx512" force one
+ * (an unavailable one is an error). */
+int li_backend_cpu_init(li_backend *be, int n_threads, const char *isa, struct li_error *err);
+void li_backend_cpu_free(li_backend *be);
+/* The scalar reference ops, single-threaded: what every other path is
+ * tested against. */
+const li_backend_ops *li_backend_ref_ops(void);
+/* Name of the ISA level chosen at init ("scalar", "avx2", "avx512"). */
+const char *li_backend_cpu_isa(const li_backend *be);
+
+#endif

@@ -1,0 +1,135 @@
+"""Bad command lines must fail cleanly.
+
+Each case: a non-zero exit (never death by a signal: a negative returncode
+from subprocess), and a message on stderr that names the problem. Nothing is
+printed on stdout that could be mistaken for a result.
+"""
+
+import re
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+PPL_TEXT = REPO_ROOT / "tests" / "data" / "alice_ch1.txt"
+MODEL_CONTEXT = 8192  # llama.context_length of SmolLM2-135M
+
+
+def assert_clean_failure(r, *patterns):
+    """r failed with an exit code > 0 and stderr matches one of patterns."""
+    assert r.returncode >= 0, (f"killed by signal {-r.returncode}: {r.describe()}\n"
+                               f"stderr:\n{r.stderr[-2000:]}")
+    assert r.returncode != 0, (f"exit 0 for a bad command line: {r.describe()}\n"
+                               f"stdout[:300]={r.stdout[:300]!r}")
+    err = r.stderr.strip()
+    assert err, f"no message on stderr: {r.describe()}"
+    assert any(re.search(p, err, re.IGNORECASE) for p in patterns), (
+        f"stderr does not name the problem (wanted one of {patterns}): {r.describe()}\n"
+        f"stderr:\n{err[:2000]}")
+    assert "Traceback" not in err and "Segmentation" not in err
+
+
+def gen(model, *extra):
+    return ["generate", "--model", model, "--temperature", "0", "--max-tokens", "4", *extra]
+
+
+def test_unknown_flag(run_cli, model_path):
+    r = run_cli(gen(model_path, "--prompt", "hi", "--no-such-flag"))
+    assert_clean_failure(r, r"no-such-flag")
+
+
+def test_unknown_flag_perplexity(run_cli, model_path):
+    r = run_cli(["perplexity", "--model", model_path, "--file", PPL_TEXT, "--bogus", "1"])
+    assert_clean_failure(r, r"bogus")
+
+
+def test_unknown_subcommand(run_cli, model_path):
+    r = run_cli(["frobnicate", "--model", model_path])
+    assert_clean_failure(r, r"frobnicate", r"command", r"usage")
+
+
+def test_no_arguments(run_cli):
+    r = run_cli([])
+    assert r.returncode > 0, f"exit {r.returncode} with no arguments"
+    assert r.stderr.strip(), "no usage message on stderr"
+
+
+def test_missing_model_file(run_cli, tmp_path):
+    missing = tmp_path / "does-not-exist.gguf"
+    r = run_cli(gen(missing, "--prompt", "hi"))
+    assert_clean_failure(r, re.escape(missing.name), r"model")
+
+
+def test_model_not_a_gguf(run_cli, tmp_path):
+    bad = tmp_path / "garbage.gguf"
+    bad.write_bytes(b"this is not a gguf file\n" * 100)
+    r = run_cli(gen(bad, "--prompt", "hi"))
+    assert_clean_failure(r, r"gguf", r"magic", r"garbage", r"model", r"invalid")
+
+
+def test_missing_model_flag(run_cli):
+    r = run_cli(["generate", "--prompt", "hi", "--max-tokens", "4"])
+    assert_clean_failure(r, r"model")
+
+
+def test_missing_prompt(run_cli, model_path):
+    r = run_cli(gen(model_path))
+    assert_clean_failure(r, r"prompt")
+
+
+def test_empty_prompt(run_cli, model_path):
+    r = run_cli(gen(model_path, "--prompt", ""))
+    assert_clean_failure(r, r"prompt", r"empty")
+
+
+def test_flag_without_value(run_cli, model_path):
+    r = run_cli(gen(model_path, "--prompt"))
+    assert_clean_failure(r, r"prompt", r"value", r"argument")
+
+
+def test_prompt_longer_than_context(run_cli, model_path):
+    # " the" is one token; 10000 of them exceed the model's 8192 context.
+    prompt = " the" * (MODEL_CONTEXT + 1808)
+    r = run_cli(gen(model_path, "--prompt", prompt), timeout=600)
+    assert_clean_failure(r, r"context", r"too long", r"exceed", r"n_ctx", r"ctx")
+
+
+@pytest.mark.parametrize("value", ["-1", "abc", "1.5"])
+def test_bad_max_tokens(run_cli, model_path, value):
+    r = run_cli(["generate", "--model", model_path, "--prompt", "hi", "--max-tokens", value])
+    assert_clean_failure(r, r"max[-_ ]tokens")
+
+
+@pytest.mark.parametrize("value", ["-1", "nan", "x"])
+def test_bad_temperature(run_cli, model_path, value):
+    r = run_cli(["generate", "--model", model_path, "--prompt", "hi", "--max-tokens", "4",
+                 "--temperature", value])
+    assert_clean_failure(r, r"temperature")
+
+
+@pytest.mark.parametrize("flag,value", [("--top-p", "-0.1"), ("--top-p", "abc"),
+                                        ("--seed", "abc"), ("--threads", "-2"),
+                                        ("--top-logits", "-1")])
+def test_bad_sampling_values(run_cli, model_path, flag, value):
+    r = run_cli(["generate", "--model", model_path, "--prompt", "hi", "--max-tokens", "4",
+                 flag, value])
+    assert_clean_failure(r, re.escape(flag.lstrip("-")))
+
+
+def test_perplexity_missing_file(run_cli, model_path, tmp_path):
+    missing = tmp_path / "no-such-text.txt"
+    r = run_cli(["perplexity", "--model", model_path, "--file", missing, "--ctx", "128"])
+    assert_clean_failure(r, re.escape(missing.name), r"file")
+
+
+def test_perplexity_text_shorter_than_ctx(run_cli, model_path, tmp_path):
+    short = tmp_path / "short.txt"
+    short.write_text("Just a few words.\n")
+    r = run_cli(["perplexity", "--model", model_path, "--file", short, "--ctx", "128"])
+    assert_clean_failure(r, r"token", r"short", r"chunk", r"ctx", r"context")
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "1"])
+def test_perplexity_bad_ctx(run_cli, model_path, value):
+    r = run_cli(["perplexity", "--model", model_path, "--file", PPL_TEXT, "--ctx", value])
+    assert_clean_failure(r, r"ctx", r"context")

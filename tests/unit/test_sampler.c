@@ -1,0 +1,155 @@
+/* test_sampler.c — the sampling chain: greedy, top-k/p, min-p, penalties,
+ * seeds, logprobs, and that draws follow the softmax they should. */
+#include "sample/sampler.h"
+#include "test_util.h"
+
+#include <math.h>
+#include <string.h>
+
+#define NV 50
+
+static void fill(float *l, int n, unsigned seed) {
+    for (int i = 0; i < n; i++) {
+        seed = seed * 1103515245u + 12345u;
+        l[i] = (float)((seed >> 8) % 2000) / 200.0f - 5.0f;
+    }
+}
+
+static li_sampling_params greedy(void) {
+    li_sampling_params p;
+    li_sampling_params_default(&p);
+    p.temperature = 0;
+    return p;
+}
+
+int main(void) {
+    li_error err = {0};
+    float l[NV];
+    fill(l, NV, 7);
+    int best = 0;
+    for (int i = 1; i < NV; i++)
+        if (l[i] > l[best]) best = i;
+
+    /* greedy is argmax; ties go to the lowest id */
+    li_sampler s;
+    li_sampling_params p = greedy();
+    CHECK(li_sampler_init(&s, &p, NV, &err) == 0, "%s", err.msg);
+    CHECK(li_sampler_sample(&s, l, NULL, NULL) == best, "greedy picks argmax");
+    float tie[4] = {1, 3, 3, 0};
+    li_sampler_free(&s);
+    CHECK(li_sampler_init(&s, &p, 4, &err) == 0, "%s", err.msg);
+    CHECK(li_sampler_sample(&s, tie, NULL, NULL) == 1, "tie -> lowest id");
+    li_sampler_free(&s);
+
+    /* top_k = 1 at any temperature is greedy */
+    li_sampling_params_default(&p);
+    p.top_k = 1;
+    p.temperature = 5;
+    p.seed = 3;
+    li_sampler_init(&s, &p, NV, &err);
+    int ok = 1;
+    for (int i = 0; i < 50; i++) ok &= li_sampler_sample(&s, l, NULL, NULL) == best;
+    CHECK(ok, "top_k=1 always argmax");
+    li_sampler_free(&s);
+
+    /* the same seed gives the same draws; another seed differs somewhere */
+    int a[64], b[64], c[64];
+    li_sampling_params_default(&p);
+    p.top_k = 0;
+    p.top_p = 1;
+    p.min_p = 0;
+    p.temperature = 1.5f;
+    for (int run = 0; run < 3; run++) {
+        p.seed = run == 2 ? 99 : 42;
+        li_sampler_init(&s, &p, NV, &err);
+        for (int i = 0; i < 64; i++) (run == 0 ? a : run == 1 ? b : c)[i] = li_sampler_sample(&s, l, NULL, NULL);
+        li_sampler_free(&s);
+    }
+    CHECK(!memcmp(a, b, sizeof a), "seeded draws reproducible");
+    CHECK(memcmp(a, c, sizeof a) != 0, "different seeds differ");
+
+    /* draws follow softmax(l / T): compare counts with expectations */
+    p.seed = 1;
+    p.temperature = 1.0f;
+    float small[4] = {0.0f, 1.0f, 2.0f, -1.0f};
+    li_sampler_init(&s, &p, 4, &err);
+    int cnt[4] = {0};
+    const int N = 40000;
+    for (int i = 0; i < N; i++) cnt[li_sampler_sample(&s, small, NULL, NULL)]++;
+    li_sampler_free(&s);
+    double z = 0;
+    for (int i = 0; i < 4; i++) z += exp(small[i]);
+    for (int i = 0; i < 4; i++) {
+        double e = N * exp(small[i]) / z, sd = sqrt(e);
+        CHECK(fabs(cnt[i] - e) < 5 * sd, "token %d drawn %d times, expected %.0f", i, cnt[i], e);
+    }
+
+    /* top_p keeps the smallest set reaching p: {2} has 0.64 of the mass */
+    p.top_p = 0.6f;
+    li_sampler_init(&s, &p, 4, &err);
+    ok = 1;
+    for (int i = 0; i < 200; i++) ok &= li_sampler_sample(&s, small, NULL, NULL) == 2;
+    CHECK(ok, "top_p=0.6 keeps only the top token");
+    li_sampler_free(&s);
+    p.top_p = 0.8f; /* 0.64 + 0.24 -> {2, 1} */
+    li_sampler_init(&s, &p, 4, &err);
+    int seen[4] = {0};
+    for (int i = 0; i < 2000; i++) seen[li_sampler_sample(&s, small, NULL, NULL)]++;
+    CHECK(seen[0] == 0 && seen[3] == 0 && seen[1] > 0 && seen[2] > 0, "top_p=0.8 keeps {2,1}: %d %d %d %d",
+          seen[0], seen[1], seen[2], seen[3]);
+    li_sampler_free(&s);
+
+    /* min_p = 0.3: tokens below 0.3 * p_max (e^-1.2) drop: keep {2, 1} */
+    p.top_p = 1;
+    p.min_p = 0.3f;
+    li_sampler_init(&s, &p, 4, &err);
+    memset(seen, 0, sizeof seen);
+    for (int i = 0; i < 2000; i++) seen[li_sampler_sample(&s, small, NULL, NULL)]++;
+    CHECK(seen[0] == 0 && seen[3] == 0 && seen[1] > 0, "min_p keeps {2,1}");
+    li_sampler_free(&s);
+
+    /* repetition penalty pushes a seen token below the next one */
+    p = greedy();
+    p.repeat_penalty = 3.0f;
+    li_sampler_init(&s, &p, 4, &err);
+    li_sampler_accept(&s, 2);
+    CHECK(li_sampler_sample(&s, small, NULL, NULL) == 1, "penalised 2 (2/3 < 1)");
+    li_sampler_free(&s);
+    /* presence/frequency: subtract per occurrence, only inside the window */
+    p = greedy();
+    p.frequency_penalty = 0.6f;
+    p.penalty_last_n = 2;
+    li_sampler_init(&s, &p, 4, &err);
+    li_sampler_accept(&s, 2);
+    CHECK(li_sampler_sample(&s, small, NULL, NULL) == 2, "one occurrence: 2-0.6 > 1");
+    li_sampler_accept(&s, 2);
+    CHECK(li_sampler_sample(&s, small, NULL, NULL) == 1, "two occurrences: 2-1.2 < 1");
+    li_sampler_accept(&s, 0);
+    li_sampler_accept(&s, 0); /* window of 2 forgets both 2s */
+    CHECK(li_sampler_sample(&s, small, NULL, NULL) == 2, "window slides");
+    li_sampler_free(&s);
+
+    /* logprobs: sorted, and exp sums to <= 1 with the top one right */
+    p = greedy();
+    p.n_logprobs = 3;
+    li_sampler_init(&s, &p, 4, &err);
+    li_token_logprob top[3];
+    float clp;
+    int id = li_sampler_sample(&s, small, top, &clp);
+    CHECK(id == 2 && top[0].id == 2 && top[1].id == 1 && top[2].id == 0, "top logprob order");
+    CHECK(fabs(top[0].logprob - log(exp(2) / z)) < 1e-5, "logprob value %f", top[0].logprob);
+    CHECK(fabs(clp - top[0].logprob) < 1e-6, "chosen logprob");
+    li_sampler_free(&s);
+
+    /* invalid parameters are refused with a message */
+    p = greedy();
+    p.top_p = 0;
+    CHECK(li_sampler_init(&s, &p, 4, &err) != 0 && strstr(err.msg, "top_p"), "top_p=0 refused");
+    p = greedy();
+    p.temperature = -1;
+    CHECK(li_sampling_params_validate(&p, &err) != 0 && strstr(err.msg, "temperature"), "negative temperature");
+    p = greedy();
+    p.temperature = NAN;
+    CHECK(li_sampling_params_validate(&p, &err) != 0, "NaN temperature refused");
+    return t_summary("sampler");
+}
