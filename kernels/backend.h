@@ -12,6 +12,7 @@
 #include "types.h"
 
 typedef struct li_backend li_backend;
+struct li_error; /* util/common.h */
 
 /* A weight matrix of m rows of k elements: y = W·x. */
 typedef struct li_weight {

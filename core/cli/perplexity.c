@@ -71,8 +71,8 @@ int li_cmd_perplexity(int argc, char **argv) {
     if (max_chunks < 0) return li_cli_fail(&(li_error){LI_EINVAL, "perplexity: --chunks must be >= 0"});
     li_type kv_dtype;
     if ((rc = li_kv_dtype_parse(kv_dtype_s, &kv_dtype, &err))) return li_cli_fail(&err);
-    char *text;
-    size_t len;
+    char *text = NULL;
+    size_t len = 0;
     if ((rc = read_file(file, &text, &len, &err))) return li_cli_fail(&err);
 
     li_runtime rt;

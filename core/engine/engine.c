@@ -37,6 +37,11 @@ typedef struct req {
     li_event_fn on_event;
     void *ud;
     li_token_logprob *top;    /* (n_logprobs) scratch */
+    struct req *fork_of;      /* n > 1: waits for this parent's prompt, then shares its blocks */
+    char *cache_salt;
+    li_block_hash *bh;        /* hashes of the full blocks of toks computed so far */
+    int32_t n_bh, cap_bh;
+    int32_t n_registered;     /* leading blocks of seq already in the prefix cache */
 } req;
 
 struct li_engine {
@@ -69,7 +74,7 @@ struct li_engine {
 void li_engine_config_default(li_engine_config *c) {
     *c = (li_engine_config){
         .block_size = 16, .kv_dtype = LI_TYPE_F16, .kv_memory = (size_t)256 << 20,
-        .max_num_seqs = 64, .max_batched_tokens = 512, .max_model_len = 0,
+        .max_num_seqs = 64, .max_batched_tokens = 512, .max_model_len = 0, .prefix_caching = true,
     };
 }
 
@@ -96,6 +101,8 @@ static void req_free(req *r) {
     free(r->toks);
     free(r->text);
     free(r->tenant);
+    free(r->cache_salt);
+    free(r->bh);
     free(r->top);
     free(r);
 }
@@ -128,6 +135,9 @@ static void sync_result(req *r) {
 /* Ends a request: frees its blocks now, keeps its result until released. */
 static void finish(li_engine *e, req *r, const char *reason) {
     if (!r->live) return;
+    /* samples still waiting to fork from this request go on alone */
+    for (int32_t i = 0; i < e->n_reqs; i++)
+        if (e->reqs[i]->fork_of == r) e->reqs[i]->fork_of = NULL;
     li_kv_seq_release(&e->kv, &r->seq);
     r->live = false;
     r->res.finished = true;
@@ -152,6 +162,7 @@ static void finish(li_engine *e, req *r, const char *reason) {
 static void preempt(li_engine *e, req *r) {
     li_kv_seq_release(&e->kv, &r->seq);
     r->num_computed = 0;
+    r->n_registered = 0;
     r->state = LI_REQ_PREEMPTED;
     r->res.n_preemptions++;
     e->st.preemptions++;
@@ -183,6 +194,7 @@ int li_engine_init(li_engine **out, li_model *m, li_backend *be, const li_engine
         free(e);
         return rc;
     }
+    if (c.prefix_caching) li_kv_prefix_enable(&e->kv);
     if ((rc = li_forward_init(&e->fw, m, c.max_batched_tokens, err))) {
         li_kv_cache_free(&e->kv);
         free(e);
@@ -235,17 +247,80 @@ li_policy *li_engine_policy(li_engine *e) { return e->policy; }
 const li_engine_config *li_engine_get_config(const li_engine *e) { return &e->cfg; }
 li_model *li_engine_model(li_engine *e) { return e->model; }
 
+/* ---- prefix cache ------------------------------------------------------------- */
+
+/* Hashes of the first n full blocks of the request's tokens, computed once. */
+static void ensure_hashes(li_engine *e, req *r, int32_t n) {
+    const int bs = e->kv.block_size;
+    if (n > r->cap_bh) {
+        r->cap_bh = n + 16;
+        r->bh = li_xrealloc(r->bh, (size_t)r->cap_bh * sizeof *r->bh);
+    }
+    for (int32_t b = r->n_bh; b < n; b++) {
+        li_block_hash parent = b ? r->bh[b - 1] : (li_block_hash){0, 0};
+        r->bh[b] = li_kv_block_hash(parent, r->toks + (int64_t)b * bs, bs, b == 0 ? r->cache_salt : NULL);
+    }
+    if (n > r->n_bh) r->n_bh = n;
+}
+
+/* Leading blocks of a request with no KV found in the cache. At least one
+ * token is always left to compute: its logits give the next token. */
+static int32_t prefix_probe(li_engine *e, req *r) {
+    if (!e->kv.prefix_caching || r->seq.n_blocks || r->num_computed) return 0;
+    int32_t max_blocks = (int32_t)((r->n_toks - 1) / e->kv.block_size);
+    ensure_hashes(e, r, max_blocks);
+    int32_t hits = 0;
+    while (hits < max_blocks && li_kv_prefix_lookup(&e->kv, r->bh[hits]) >= 0) hits++;
+    return hits;
+}
+
+/* Takes the cached prefix: the request starts with num_computed at its end. */
+static void prefix_acquire(li_engine *e, req *r) {
+    int32_t hits = prefix_probe(e, r);
+    if (!e->kv.prefix_caching || r->seq.n_blocks || r->num_computed) return;
+    e->st.prefix_query_tokens += r->n_toks;
+    if (hits == 0) return;
+    if (r->seq.cap < hits) {
+        r->seq.cap = hits + 8;
+        r->seq.blocks = li_xrealloc(r->seq.blocks, (size_t)r->seq.cap * sizeof(int32_t));
+    }
+    double now = li_engine_now(e);
+    for (int32_t b = 0; b < hits; b++) {
+        int32_t id = li_kv_prefix_lookup(&e->kv, r->bh[b]);
+        li_kv_prefix_acquire(&e->kv, id, now);
+        r->seq.blocks[b] = id;
+    }
+    r->seq.n_blocks = hits;
+    r->n_registered = hits;
+    r->num_computed = (int64_t)hits * e->kv.block_size;
+    r->res.cached_tokens = r->num_computed;
+    e->st.prefix_hit_tokens += r->num_computed;
+}
+
+/* Blocks the step just filled join the cache (all tokens here are verified:
+ * speculative tokens must be accepted before they reach this point). */
+static void prefix_register(li_engine *e, req *r) {
+    if (!e->kv.prefix_caching) return;
+    int32_t full = (int32_t)(r->num_computed / e->kv.block_size);
+    if (full <= r->n_registered) return;
+    ensure_hashes(e, r, full);
+    for (int32_t b = r->n_registered; b < full; b++) li_kv_prefix_register(&e->kv, r->seq.blocks[b], r->bh[b], b);
+    r->n_registered = full;
+}
+
 /* ---- state for the policy ------------------------------------------------------ */
 
-static void view_of(const li_engine *e, const req *r, li_req_view *v) {
+static void view_of(li_engine *e, req *r, li_req_view *v) {
+    /* a request about to start sees its cache hit as already computed */
+    int64_t hit = (int64_t)prefix_probe(e, r) * e->kv.block_size;
     *v = (li_req_view){
         .id = r->res.id, .state = r->state, .arrival = r->res.t_arrival, .priority = r->priority,
         .tenant = r->tenant, .prompt_len = r->n_prompt, .num_tokens = r->n_toks,
-        .num_computed = r->num_computed, .num_generated = r->n_toks - r->n_prompt,
-        .max_tokens = r->max_tokens, .cached_len = 0, .n_blocks = r->seq.n_blocks,
+        .num_computed = r->num_computed + hit, .num_generated = r->n_toks - r->n_prompt,
+        .max_tokens = r->max_tokens, .cached_len = hit ? hit : r->res.cached_tokens,
+        .n_blocks = r->seq.n_blocks + (int32_t)(hit / e->kv.block_size),
         .n_preemptions = r->res.n_preemptions, .spec_acceptance = -1,
     };
-    (void)e;
 }
 
 static void gather(li_engine *e, li_step_state *st) {
@@ -255,16 +330,56 @@ static void gather(li_engine *e, li_step_state *st) {
     }
     int32_t n = 0;
     for (int32_t i = 0; i < e->n_reqs; i++)
-        if (e->reqs[i]->live) view_of(e, e->reqs[i], &e->views[n++]);
+        if (e->reqs[i]->live && !e->reqs[i]->fork_of) view_of(e, e->reqs[i], &e->views[n++]);
     *st = (li_step_state){
         .step = e->step_no, .now = li_engine_now(e), .reqs = e->views, .n_reqs = n,
-        .kv_free_blocks = e->kv.n_free, .kv_total_blocks = e->kv.num_blocks, .kv_cached_blocks = 0,
+        .kv_free_blocks = li_kv_available(&e->kv), .kv_total_blocks = e->kv.num_blocks,
+        .kv_cached_blocks = e->kv.n_hashed,
         .block_size = e->kv.block_size, .max_num_seqs = e->cfg.max_num_seqs,
         .max_batched_tokens = e->cfg.max_batched_tokens,
     };
 }
 
 /* ---- admission ----------------------------------------------------------------- */
+
+/* A new request from validated params; sample i of n uses seed + i. */
+static req *req_new(li_engine *e, const li_request_params *p, int32_t i, li_error *err) {
+    req *r = li_xcalloc(1, sizeof *r);
+    li_sampling_params sp = p->sampling;
+    sp.seed += (uint64_t)i;
+    if (li_sampler_init(&r->smp, &sp, e->model->hp.n_vocab, err) != 0) {
+        free(r);
+        return NULL;
+    }
+    r->cap = p->n_prompt + LI_MIN(p->max_tokens, 4096) + 1;
+    r->toks = li_xmalloc((size_t)r->cap * sizeof *r->toks);
+    memcpy(r->toks, p->prompt, (size_t)p->n_prompt * sizeof *r->toks);
+    r->n_toks = r->n_prompt = p->n_prompt;
+    r->max_tokens = p->max_tokens;
+    for (int64_t k = 0; k < p->n_prompt; k++) li_sampler_accept(&r->smp, p->prompt[k]);
+    li_kv_seq_init(&r->seq);
+    li_detok_init(&r->dt);
+    r->n_stop = p->n_stop;
+    if (p->n_stop) {
+        r->stop = li_xmalloc((size_t)p->n_stop * sizeof *r->stop);
+        for (int k = 0; k < p->n_stop; k++) r->stop[k] = strdup(p->stop[k]);
+    }
+    r->ignore_eos = p->ignore_eos;
+    r->priority = p->priority;
+    r->tenant = strdup(p->tenant ? p->tenant : "");
+    r->cache_salt = strdup(p->cache_salt ? p->cache_salt : "");
+    r->on_event = p->on_event;
+    r->ud = p->ud;
+    r->top = li_xmalloc((size_t)LI_MAX(p->sampling.n_logprobs, 1) * sizeof *r->top);
+    r->state = LI_REQ_WAITING;
+    r->live = true;
+    r->res.id = e->next_id + i;
+    r->res.n_prompt = p->n_prompt;
+    r->res.t_arrival = li_engine_now(e);
+    r->res.t_first_token = -1;
+    sync_result(r);
+    return r;
+}
 
 int li_engine_add(li_engine *e, const li_request_params *p, int64_t *id, li_error *err) {
     if (!p->prompt || p->n_prompt <= 0) return li_error_set(err, LI_EINVAL, "request: the prompt is empty");
@@ -281,48 +396,20 @@ int li_engine_add(li_engine *e, const li_request_params *p, int64_t *id, li_erro
         return li_error_set(err, LI_ENOMEM, "request: the prompt (%lld tokens) does not fit in the KV cache (%lld tokens)",
                             (long long)p->n_prompt, (long long)kv_tokens);
     if (p->max_tokens < 0) return li_error_set(err, LI_EINVAL, "request: max_tokens must be >= 0");
+    const int32_t n = p->n <= 0 ? 1 : p->n;
+    if (n > 64) return li_error_set(err, LI_EINVAL, "request: n must be in [1, 64], got %d", p->n);
     if (p->n_stop < 0 || p->n_stop > 16) return li_error_set(err, LI_EINVAL, "request: at most 16 stop strings");
     for (int i = 0; i < p->n_stop; i++)
         if (!p->stop[i] || !p->stop[i][0] || strlen(p->stop[i]) > 256)
             return li_error_set(err, LI_EINVAL, "request: stop strings must be 1..256 bytes");
-    req *r = li_xcalloc(1, sizeof *r);
-    int rc = li_sampler_init(&r->smp, &p->sampling, nv, err);
-    if (rc) {
-        free(r);
-        return rc;
-    }
-    r->cap = p->n_prompt + LI_MIN(p->max_tokens, 4096) + 1;
-    r->toks = li_xmalloc((size_t)r->cap * sizeof *r->toks);
-    memcpy(r->toks, p->prompt, (size_t)p->n_prompt * sizeof *r->toks);
-    r->n_toks = r->n_prompt = p->n_prompt;
-    r->max_tokens = p->max_tokens;
-    for (int64_t i = 0; i < p->n_prompt; i++) li_sampler_accept(&r->smp, p->prompt[i]);
-    li_kv_seq_init(&r->seq);
-    li_detok_init(&r->dt);
-    r->n_stop = p->n_stop;
-    if (p->n_stop) {
-        r->stop = li_xmalloc((size_t)p->n_stop * sizeof *r->stop);
-        for (int i = 0; i < p->n_stop; i++) r->stop[i] = strdup(p->stop[i]);
-    }
-    r->ignore_eos = p->ignore_eos;
-    r->priority = p->priority;
-    r->tenant = strdup(p->tenant ? p->tenant : "");
-    r->on_event = p->on_event;
-    r->ud = p->ud;
-    r->top = li_xmalloc((size_t)LI_MAX(p->sampling.n_logprobs, 1) * sizeof *r->top);
-    r->state = LI_REQ_WAITING;
-    r->live = true;
-    r->res.id = e->next_id;
-    r->res.n_prompt = p->n_prompt;
-    r->res.t_arrival = li_engine_now(e);
-    r->res.t_first_token = -1;
-    sync_result(r);
+    req *first = req_new(e, p, 0, err);
+    if (!first) return err ? err->code : LI_EINVAL;
 
     if (e->policy && e->policy->ops->admit) {
         li_step_state st;
         gather(e, &st);
         li_req_view v;
-        view_of(e, r, &v);
+        view_of(e, first, &v);
         bool accept = true;
         char reason[256] = "";
         li_error perr = {0};
@@ -331,18 +418,24 @@ int li_engine_add(li_engine *e, const li_request_params *p, int64_t *id, li_erro
             e->st.policy_errors++;
         } else if (!accept) {
             e->st.requests_rejected++;
-            req_free(r);
+            req_free(first);
             return li_error_set(err, LI_EINVAL, "request rejected by policy: %s", reason[0] ? reason : "no reason given");
         }
     }
-    e->next_id++;
-    if (e->n_reqs == e->cap_reqs) {
-        e->cap_reqs = e->cap_reqs * 2 + 16;
+    if (e->n_reqs + n > e->cap_reqs) {
+        e->cap_reqs = (e->cap_reqs + n) * 2 + 16;
         e->reqs = li_xrealloc(e->reqs, (size_t)e->cap_reqs * sizeof *e->reqs);
     }
-    e->reqs[e->n_reqs++] = r;
-    if (p->max_tokens == 0) finish(e, r, "length");
-    *id = r->res.id;
+    e->reqs[e->n_reqs++] = first;
+    for (int32_t i = 1; i < n; i++) {
+        req *c = req_new(e, p, i, err); /* cannot fail: same params as the first */
+        c->fork_of = first;
+        e->reqs[e->n_reqs++] = c;
+    }
+    e->next_id += n;
+    if (p->max_tokens == 0)
+        for (int32_t i = 0; i < n; i++) finish(e, e->reqs[e->n_reqs - n + i], "length");
+    *id = first->res.id;
     return 0;
 }
 
@@ -393,13 +486,13 @@ static int32_t blocks_needed(const li_engine *e, const req *r, int64_t n) {
 static void fcfs_plan(li_engine *e, li_plan *plan) {
     li_plan_clear(plan);
     int64_t budget = e->cfg.max_batched_tokens;
-    int32_t seqs = e->cfg.max_num_seqs, free_blocks = e->kv.n_free;
+    int32_t seqs = e->cfg.max_num_seqs, free_blocks = li_kv_available(&e->kv);
     /* marks: 1 = scheduled, 2 = preempted in this plan (reuses res.n_tokens? no: local array) */
     int32_t n = e->n_reqs;
     uint8_t *mark = li_xcalloc((size_t)n + 1, 1);
     for (int32_t i = 0; i < n && budget > 0 && seqs > 0; i++) {
         req *r = e->reqs[i];
-        if (!r->live || r->state != LI_REQ_RUNNING || mark[i]) continue;
+        if (!r->live || r->fork_of || r->state != LI_REQ_RUNNING || mark[i]) continue;
         int64_t want = LI_MIN(r->n_toks - r->num_computed, budget);
         if (want <= 0) continue;
         int32_t need = blocks_needed(e, r, want);
@@ -432,13 +525,17 @@ static void fcfs_plan(li_engine *e, li_plan *plan) {
         li_req_state want_state = pass == 0 ? LI_REQ_PREEMPTED : LI_REQ_WAITING;
         for (int32_t i = 0; i < n && budget > 0 && seqs > 0; i++) {
             req *r = e->reqs[i];
-            if (!r->live || r->state != want_state || mark[i]) continue;
-            int64_t want = LI_MIN(r->n_toks - r->num_computed, budget);
-            int32_t need = blocks_needed(e, r, want);
+            if (!r->live || r->fork_of || r->state != want_state || mark[i]) continue;
+            /* a cache hit starts the request at the end of its cached prefix */
+            const int64_t bs = e->kv.block_size;
+            int64_t base = r->num_computed + (int64_t)prefix_probe(e, r) * bs;
+            int64_t held = r->seq.n_blocks + (base - r->num_computed) / bs;
+            int64_t want = LI_MIN(r->n_toks - base, budget);
+            int32_t need = (int32_t)LI_MAX((base + want + bs - 1) / bs - held, 0);
             if (need > free_blocks) {
-                want = (int64_t)(r->seq.n_blocks + free_blocks) * e->kv.block_size - r->num_computed;
+                want = (held + free_blocks) * bs - base;
                 if (want <= 0) goto out; /* FCFS: nobody overtakes the head of the queue */
-                need = blocks_needed(e, r, want);
+                need = (int32_t)LI_MAX((base + want + bs - 1) / bs - held, 0);
             }
             li_plan_add_run(plan, r->res.id, (int32_t)want);
             mark[i] = 1;
@@ -469,12 +566,13 @@ static int32_t apply_plan(li_engine *e, const li_plan *plan, int64_t *n_batch_to
     for (int32_t i = 0; i < plan->n_run; i++) {
         const li_plan_run *pr = &plan->run[i];
         req *r = find(e, pr->id);
-        if (!r || !r->live || nb == e->cfg.max_num_seqs || budget == 0) {
+        if (!r || !r->live || r->fork_of || nb == e->cfg.max_num_seqs || budget == 0) {
             trimmed++;
             continue;
         }
         bool dup = false;
         for (int32_t j = 0; j < nb; j++) dup |= e->batch_req[j] == r;
+        if (!dup) prefix_acquire(e, r);
         int64_t remaining = r->n_toks - r->num_computed;
         if (dup || remaining <= 0 || pr->n_tokens <= 0) {
             trimmed++;
@@ -489,6 +587,11 @@ static int32_t apply_plan(li_engine *e, const li_plan *plan, int64_t *n_batch_to
             trimmed++;
             if (fit <= 0) continue;
             n = LI_MIN(n, fit);
+        }
+        /* samples of one prompt share blocks: copy the ones about to be written */
+        if (li_kv_seq_cow(&e->kv, &r->seq, r->num_computed, r->num_computed + n) != 0) {
+            trimmed++;
+            continue;
         }
         r->state = LI_REQ_RUNNING;
         e->batch_req[nb] = r;
@@ -590,6 +693,21 @@ static void sample_one(li_engine *e, req *r, const float *logits) {
     }
 }
 
+/* The parent's prompt is computed: its waiting samples take its blocks
+ * (shared, copy-on-write) and draw their first token from the same logits. */
+static void fork_samples(li_engine *e, req *parent, const float *logits) {
+    for (int32_t i = 0; i < e->n_reqs; i++) {
+        req *c = e->reqs[i];
+        if (c->fork_of != parent || !c->live) continue;
+        c->fork_of = NULL;
+        li_kv_seq_fork(&e->kv, &parent->seq, &c->seq);
+        c->num_computed = parent->num_computed;
+        c->n_registered = parent->n_registered;
+        c->state = LI_REQ_RUNNING;
+        sample_one(e, c, logits);
+    }
+}
+
 /* ---- the step ------------------------------------------------------------------------ */
 
 int li_engine_step(li_engine *e, li_error *err) {
@@ -675,7 +793,11 @@ int li_engine_step(li_engine *e, li_error *err) {
     for (int32_t i = 0; i < nb; i++) {
         req *r = e->batch_req[i];
         r->num_computed += e->batch_n[i];
-        if (r->num_computed == r->n_toks) sample_one(e, r, e->logits + (size_t)li++ * e->model->hp.n_vocab);
+        prefix_register(e, r);
+        if (r->num_computed != r->n_toks) continue;
+        const float *lg = e->logits + (size_t)li++ * e->model->hp.n_vocab;
+        if (r->num_computed == r->n_prompt) fork_samples(e, r, lg);
+        sample_one(e, r, lg);
     }
     /* 8: cancellations asked for during the step */
     for (int32_t i = 0; i < e->n_reqs; i++)
@@ -698,7 +820,9 @@ void li_engine_stats_get(const li_engine *e, li_engine_stats *st) {
         else if (r->state == LI_REQ_RUNNING) st->n_running++;
         else st->n_preempted++;
     }
-    st->kv_free_blocks = e->kv.n_free;
+    st->kv_free_blocks = li_kv_available(&e->kv);
+    st->kv_cached_blocks = e->kv.n_hashed;
+    st->prefix_evictions = e->kv.n_evictions;
     st->kv_total_blocks = e->kv.num_blocks;
     st->block_size = e->kv.block_size;
     st->kv_bytes = e->kv.bytes;

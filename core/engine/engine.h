@@ -24,6 +24,7 @@ typedef struct li_engine_config {
     int32_t max_num_seqs;        /* requests per step (default 64) */
     int32_t max_batched_tokens;  /* tokens per step (default 512) */
     int64_t max_model_len;       /* positions per request (default: the model's context) */
+    bool prefix_caching;         /* reuse full KV blocks across requests (default on) */
 } li_engine_config;
 
 void li_engine_config_default(li_engine_config *c);
@@ -54,11 +55,16 @@ typedef struct li_request_params {
     int64_t n_prompt;
     li_sampling_params sampling;
     int64_t max_tokens;
+    int32_t n;               /* samples of this prompt (0 or 1: one). Ids are
+                              * consecutive from *id; the samples share the
+                              * prompt's KV blocks (copy-on-write) */
     const char *const *stop; /* stop strings, copied */
     int n_stop;
     bool ignore_eos;
     int32_t priority;
     const char *tenant;      /* copied; NULL = "" */
+    const char *cache_salt;  /* copied; requests with different salts never share
+                              * prefix-cache blocks (tenant isolation). NULL = "" */
     li_event_fn on_event;    /* called on the engine's thread; may be NULL */
     void *ud;
 } li_request_params;
@@ -75,6 +81,7 @@ typedef struct li_request_result {
     int64_t n_prompt;
     double t_arrival, t_first_token, t_finish; /* engine clock, seconds */
     int32_t n_preemptions;
+    int64_t cached_tokens;   /* prompt tokens served from the prefix cache */
 } li_request_result;
 
 typedef struct li_engine_stats {
@@ -90,6 +97,10 @@ typedef struct li_engine_stats {
     int32_t n_waiting, n_running, n_preempted;
     int32_t kv_free_blocks, kv_total_blocks, block_size;
     size_t kv_bytes, kv_bytes_per_token;
+    int64_t prefix_query_tokens; /* tokens looked up in the prefix cache */
+    int64_t prefix_hit_tokens;   /* of those, found cached */
+    int64_t prefix_evictions;    /* cached blocks evicted */
+    int32_t kv_cached_blocks;    /* blocks holding hashed (reusable) content */
     double time_policy;        /* seconds in the policy */
     double time_forward;       /* seconds in forward passes */
     double time_total;         /* seconds in li_engine_step */

@@ -3,6 +3,8 @@
 
 #include <stdlib.h>
 #include <string.h>
+#define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack */
+#include <xxhash.h>
 
 static size_t dtype_bytes(li_type t) {
     switch (t) {
@@ -63,6 +65,14 @@ int li_kv_cache_init(li_kv_cache *kv, const li_hparams *hp, li_type dtype, int b
 }
 
 void li_kv_cache_free(li_kv_cache *kv) {
+    free(kv->hash);
+    free(kv->hashed);
+    free(kv->lru_prev);
+    free(kv->lru_next);
+    free(kv->last_access);
+    free(kv->hit_count);
+    free(kv->depth);
+    free(kv->map);
     li_aligned_free(kv->storage);
     free(kv->scales);
     free(kv->layers);
@@ -71,7 +81,124 @@ void li_kv_cache_free(li_kv_cache *kv) {
     memset(kv, 0, sizeof *kv);
 }
 
+/* ---- prefix cache ---------------------------------------------------------- */
+
+void li_kv_prefix_enable(li_kv_cache *kv) {
+    if (kv->prefix_caching) return;
+    const size_t n = (size_t)kv->num_blocks;
+    kv->prefix_caching = true;
+    kv->hash = li_xcalloc(n, sizeof *kv->hash);
+    kv->hashed = li_xcalloc(n, 1);
+    kv->lru_prev = li_xmalloc(n * sizeof(int32_t));
+    kv->lru_next = li_xmalloc(n * sizeof(int32_t));
+    for (size_t i = 0; i < n; i++) kv->lru_prev[i] = kv->lru_next[i] = -1;
+    kv->lru_head = kv->lru_tail = -1;
+    kv->last_access = li_xcalloc(n, sizeof *kv->last_access);
+    kv->hit_count = li_xcalloc(n, sizeof *kv->hit_count);
+    kv->depth = li_xcalloc(n, sizeof *kv->depth);
+    size_t cap = 16;
+    while (cap < 2 * n) cap *= 2;
+    kv->map = li_xmalloc(cap * sizeof(int32_t));
+    for (size_t i = 0; i < cap; i++) kv->map[i] = -1;
+    kv->map_mask = cap - 1;
+}
+
+li_block_hash li_kv_block_hash(li_block_hash parent, const int32_t *tokens, int n, const char *salt) {
+    XXH3_state_t st;
+    XXH3_INITSTATE(&st);
+    XXH3_128bits_reset(&st);
+    XXH3_128bits_update(&st, &parent, sizeof parent);
+    XXH3_128bits_update(&st, tokens, (size_t)n * sizeof *tokens);
+    if (salt && *salt) XXH3_128bits_update(&st, salt, strlen(salt));
+    XXH128_hash_t h = XXH3_128bits_digest(&st);
+    return (li_block_hash){h.low64, h.high64};
+}
+
+static bool hash_eq(li_block_hash a, li_block_hash b) { return a.lo == b.lo && a.hi == b.hi; }
+
+int32_t li_kv_prefix_lookup(const li_kv_cache *kv, li_block_hash h) {
+    if (!kv->prefix_caching) return -1;
+    for (size_t i = (size_t)h.lo & kv->map_mask;; i = (i + 1) & kv->map_mask) {
+        int32_t id = kv->map[i];
+        if (id < 0) return -1;
+        if (hash_eq(kv->hash[id], h)) return id;
+    }
+}
+
+static void map_remove(li_kv_cache *kv, int32_t id) {
+    size_t i = (size_t)kv->hash[id].lo & kv->map_mask;
+    while (kv->map[i] != id) i = (i + 1) & kv->map_mask;
+    /* backward-shift deletion keeps every probe chain unbroken */
+    for (size_t j = (i + 1) & kv->map_mask; kv->map[j] >= 0; j = (j + 1) & kv->map_mask) {
+        size_t home = (size_t)kv->hash[kv->map[j]].lo & kv->map_mask;
+        bool movable = i <= j ? (home <= i || home > j) : (home <= i && home > j);
+        if (movable) {
+            kv->map[i] = kv->map[j];
+            i = j;
+        }
+    }
+    kv->map[i] = -1;
+}
+
+static void lru_unlink(li_kv_cache *kv, int32_t id) {
+    int32_t p = kv->lru_prev[id], n = kv->lru_next[id];
+    if (p >= 0) kv->lru_next[p] = n;
+    else kv->lru_head = n;
+    if (n >= 0) kv->lru_prev[n] = p;
+    else kv->lru_tail = p;
+    kv->lru_prev[id] = kv->lru_next[id] = -1;
+    kv->n_evictable--;
+}
+
+static void lru_push_tail(li_kv_cache *kv, int32_t id) {
+    kv->lru_prev[id] = kv->lru_tail;
+    kv->lru_next[id] = -1;
+    if (kv->lru_tail >= 0) kv->lru_next[kv->lru_tail] = id;
+    else kv->lru_head = id;
+    kv->lru_tail = id;
+    kv->n_evictable++;
+}
+
+void li_kv_prefix_acquire(li_kv_cache *kv, int32_t id, double now) {
+    if (kv->refcount[id] == 0) lru_unlink(kv, id);
+    kv->refcount[id]++;
+    kv->hit_count[id]++;
+    kv->last_access[id] = now;
+}
+
+bool li_kv_prefix_register(li_kv_cache *kv, int32_t id, li_block_hash h, int32_t depth) {
+    if (!kv->prefix_caching || kv->hashed[id] || li_kv_prefix_lookup(kv, h) >= 0) return false;
+    kv->hash[id] = h;
+    kv->hashed[id] = 1;
+    kv->hit_count[id] = 0;
+    kv->depth[id] = depth;
+    kv->n_hashed++;
+    size_t i = (size_t)h.lo & kv->map_mask;
+    while (kv->map[i] >= 0) i = (i + 1) & kv->map_mask;
+    kv->map[i] = id;
+    return true;
+}
+
+bool li_kv_prefix_evict(li_kv_cache *kv, int32_t id) {
+    if (!kv->prefix_caching || id < 0 || id >= kv->num_blocks || !kv->hashed[id] || kv->refcount[id] != 0)
+        return false;
+    lru_unlink(kv, id);
+    map_remove(kv, id);
+    kv->hashed[id] = 0;
+    kv->n_hashed--;
+    kv->n_evictions++;
+    kv->free_list[kv->n_free++] = id;
+    return true;
+}
+
+void li_kv_prefix_touch(li_kv_cache *kv, int32_t id, double now) {
+    if (kv->prefix_caching) kv->last_access[id] = now;
+}
+
+/* ---- allocation ---------------------------------------------------------------- */
+
 int32_t li_kv_block_alloc(li_kv_cache *kv) {
+    if (kv->n_free == 0 && kv->n_evictable > 0) li_kv_prefix_evict(kv, kv->lru_head);
     if (kv->n_free == 0) return -1;
     int32_t id = kv->free_list[--kv->n_free];
     kv->refcount[id] = 1;
@@ -85,7 +212,10 @@ void li_kv_block_unref(li_kv_cache *kv, int32_t id) {
         li_log_error("kv: block %d released twice (ignored)", id);
         return;
     }
-    if (--kv->refcount[id] == 0) kv->free_list[kv->n_free++] = id;
+    if (--kv->refcount[id] > 0) return;
+    /* a cached block stays findable until its slot is needed */
+    if (kv->prefix_caching && kv->hashed[id]) lru_push_tail(kv, id);
+    else kv->free_list[kv->n_free++] = id;
 }
 
 void li_kv_seq_init(li_kv_seq *s) { memset(s, 0, sizeof *s); }
@@ -103,6 +233,46 @@ int li_kv_seq_reserve(li_kv_cache *kv, li_kv_seq *s, int64_t n_tokens) {
         int32_t id = li_kv_block_alloc(kv);
         if (id < 0) return LI_ENOMEM;
         s->blocks[s->n_blocks++] = id;
+    }
+    return 0;
+}
+
+void li_kv_seq_fork(li_kv_cache *kv, const li_kv_seq *src, li_kv_seq *dst) {
+    if (dst->cap < src->n_blocks) {
+        dst->cap = src->n_blocks + 8;
+        dst->blocks = li_xrealloc(dst->blocks, (size_t)dst->cap * sizeof(int32_t));
+    }
+    for (int32_t i = 0; i < src->n_blocks; i++) {
+        dst->blocks[i] = src->blocks[i];
+        li_kv_block_ref(kv, src->blocks[i]);
+    }
+    dst->n_blocks = src->n_blocks;
+}
+
+void li_kv_block_copy(li_kv_cache *kv, int32_t dst, int32_t src) {
+    const size_t per_block = (size_t)kv->block_size * kv->n_head_kv * kv->head_dim * dtype_bytes(kv->dtype);
+    for (int l = 0; l < kv->n_layer; l++) {
+        memcpy((char *)kv->layers[l].k + (size_t)dst * per_block, (char *)kv->layers[l].k + (size_t)src * per_block, per_block);
+        memcpy((char *)kv->layers[l].v + (size_t)dst * per_block, (char *)kv->layers[l].v + (size_t)src * per_block, per_block);
+        const size_t sb = (size_t)kv->block_size * kv->n_head_kv * sizeof(float);
+        if (kv->layers[l].k_scale) {
+            memcpy((char *)kv->layers[l].k_scale + (size_t)dst * sb, (char *)kv->layers[l].k_scale + (size_t)src * sb, sb);
+            memcpy((char *)kv->layers[l].v_scale + (size_t)dst * sb, (char *)kv->layers[l].v_scale + (size_t)src * sb, sb);
+        }
+    }
+}
+
+int li_kv_seq_cow(li_kv_cache *kv, li_kv_seq *s, int64_t from, int64_t to) {
+    if (to <= from) return 0;
+    int64_t b0 = from / kv->block_size, b1 = LI_MIN((to - 1) / kv->block_size, (int64_t)s->n_blocks - 1);
+    for (int64_t b = b0; b <= b1; b++) {
+        int32_t old = s->blocks[b];
+        if (kv->refcount[old] <= 1) continue;
+        int32_t fresh = li_kv_block_alloc(kv);
+        if (fresh < 0) return LI_ENOMEM;
+        li_kv_block_copy(kv, fresh, old);
+        li_kv_block_unref(kv, old);
+        s->blocks[b] = fresh;
     }
     return 0;
 }

@@ -8,6 +8,12 @@
 #include "util/common.h"
 #include "model/model.h"
 
+/* A full block's identity for prefix caching: a 128-bit hash of its
+ * parent's hash, its tokens and (first block only) the request's cache_salt. */
+typedef struct li_block_hash {
+    uint64_t lo, hi;
+} li_block_hash;
+
 typedef struct li_kv_cache {
     li_type dtype;
     int n_layer, n_head_kv, head_dim, block_size;
@@ -17,8 +23,25 @@ typedef struct li_kv_cache {
     float *scales;         /* for 8-bit dtypes: (n_layer, 2, num_blocks, block_size, n_head_kv) */
     size_t bytes;          /* total bytes of storage + scales */
     int32_t *refcount;     /* (num_blocks) */
-    int32_t *free_list;    /* stack of free block ids, (num_blocks) */
-    int32_t n_free;
+    int32_t *free_list;    /* stack of empty free block ids, (num_blocks) */
+    int32_t n_free;        /* empty blocks: no cached content */
+
+    /* prefix cache: full blocks keep their hash; at refcount 0 a hashed
+     * block is not freed but parked in the evictable list (LRU order:
+     * head = least recently released) until its slot is needed */
+    bool prefix_caching;
+    li_block_hash *hash;   /* (num_blocks) valid where hashed[] */
+    uint8_t *hashed;       /* (num_blocks) */
+    int32_t *lru_prev, *lru_next; /* (num_blocks) evictable list links, -1 = none */
+    int32_t lru_head, lru_tail;
+    int32_t n_evictable;   /* hashed blocks with refcount 0 */
+    int32_t n_hashed;      /* hashed blocks, in use or not */
+    double *last_access;   /* (num_blocks) engine clock of the last hit or release */
+    uint32_t *hit_count;   /* (num_blocks) prefix hits since the block was filled */
+    int32_t *depth;        /* (num_blocks) block index within its sequence */
+    int32_t *map;          /* hash -> block: open addressing, -1 = empty */
+    size_t map_mask;
+    int64_t n_evictions;
 } li_kv_cache;
 
 /* A sequence's block table: position p lives in blocks[p / block_size]. */
@@ -37,7 +60,31 @@ int li_kv_cache_init(li_kv_cache *kv, const li_hparams *hp, li_type dtype, int b
                      li_error *err);
 void li_kv_cache_free(li_kv_cache *kv);
 
-/* Takes a free block (refcount 1), or -1 when none is free. */
+/* Blocks that can be handed out now: empty plus evictable cached ones. */
+static inline int32_t li_kv_available(const li_kv_cache *kv) { return kv->n_free + kv->n_evictable; }
+
+/* Turns prefix caching on (allocates its tables); off by default. */
+void li_kv_prefix_enable(li_kv_cache *kv);
+/* Hash of a full block: parent (zero for the first block), its tokens, and
+ * salt (only hashed into the first block; the chain carries it on). */
+li_block_hash li_kv_block_hash(li_block_hash parent, const int32_t *tokens, int n, const char *salt);
+/* The block holding this hash, or -1. */
+int32_t li_kv_prefix_lookup(const li_kv_cache *kv, li_block_hash h);
+/* Takes a reference on a cached block found by lookup (removing it from the
+ * evictable list when it was idle) and counts the hit. */
+void li_kv_prefix_acquire(li_kv_cache *kv, int32_t id, double now);
+/* Records a just-filled block under hash h; false (block left unhashed) when
+ * another block already holds that content. */
+bool li_kv_prefix_register(li_kv_cache *kv, int32_t id, li_block_hash h, int32_t depth);
+/* Evicts one idle cached block (refcount 0): its hash is forgotten and it
+ * becomes empty. False if the block is not evictable. */
+bool li_kv_prefix_evict(li_kv_cache *kv, int32_t id);
+/* Marks the release time used by LRU ordering. */
+void li_kv_prefix_touch(li_kv_cache *kv, int32_t id, double now);
+
+/* Takes a free block (refcount 1), or -1 when none is free. With prefix
+ * caching an empty block is preferred; else the least recently used idle
+ * cached block is evicted. */
 int32_t li_kv_block_alloc(li_kv_cache *kv);
 void li_kv_block_ref(li_kv_cache *kv, int32_t id);
 /* Drops one reference; the block returns to the free list at zero. */
@@ -47,6 +94,14 @@ void li_kv_seq_init(li_kv_seq *s);
 /* Ensures blocks for positions [0, n_tokens); LI_ENOMEM when the pool runs
  * out (blocks taken so far stay with the sequence). */
 int li_kv_seq_reserve(li_kv_cache *kv, li_kv_seq *s, int64_t n_tokens);
+/* dst (empty) shares every block of src (refcounts +1): n > 1 samples of one
+ * prompt keep a single copy of its KV. */
+void li_kv_seq_fork(li_kv_cache *kv, const li_kv_seq *src, li_kv_seq *dst);
+/* Copy-on-write before writing positions [from, to): any block in that range
+ * that is shared gets a private copy. LI_ENOMEM when no block is free. */
+int li_kv_seq_cow(li_kv_cache *kv, li_kv_seq *s, int64_t from, int64_t to);
+/* Copies one block's K/V (and scales) in every layer. */
+void li_kv_block_copy(li_kv_cache *kv, int32_t dst, int32_t src);
 /* Returns every block of the sequence to the pool. */
 void li_kv_seq_release(li_kv_cache *kv, li_kv_seq *s);
 void li_kv_seq_free(li_kv_seq *s);

@@ -102,6 +102,7 @@ static int l_engine_new(lua_State *L) {
     cfg.max_batched_tokens = (int32_t)opt_int(L, 1, "max_batched_tokens", cfg.max_batched_tokens, 1, 65536);
     cfg.kv_memory = (size_t)opt_int(L, 1, "kv_memory", (int64_t)cfg.kv_memory, 1, (int64_t)1 << 40);
     cfg.max_model_len = opt_int(L, 1, "max_model_len", 0, 0, 1 << 24);
+    cfg.prefix_caching = opt_bool(L, 1, "prefix_caching", cfg.prefix_caching);
     li_error err = {0};
     if (li_kv_dtype_parse(kv_dtype, &cfg.kv_dtype, &err)) return luaL_error(L, "%s", err.msg);
 
@@ -155,8 +156,10 @@ static int l_engine_add(lua_State *L) {
     p.sampling.seed = (uint64_t)opt_int(L, 2, "seed", 0, 0, INT64_MAX);
     p.sampling.n_logprobs = (int32_t)opt_int(L, 2, "logprobs", 0, 0, 20);
     p.max_tokens = opt_int(L, 2, "max_tokens", 16, 0, 1 << 20);
+    p.n = (int32_t)opt_int(L, 2, "n", 1, 1, 64);
     p.priority = (int32_t)opt_int(L, 2, "priority", 0, INT32_MIN, INT32_MAX);
     p.tenant = opt_str(L, 2, "tenant", "");
+    p.cache_salt = opt_str(L, 2, "cache_salt", "");
     p.ignore_eos = opt_bool(L, 2, "ignore_eos", false);
     const char *stops[16];
     lua_getfield(L, 2, "stop");
@@ -267,6 +270,8 @@ static int l_engine_result(lua_State *L) {
     lua_setfield(L, -2, "prompt_tokens");
     lua_pushnumber(L, r->n_preemptions);
     lua_setfield(L, -2, "preemptions");
+    lua_pushnumber(L, (lua_Number)r->cached_tokens);
+    lua_setfield(L, -2, "cached_tokens");
     if (r->t_first_token >= 0) {
         lua_pushnumber(L, r->t_first_token - r->t_arrival);
         lua_setfield(L, -2, "ttft");
@@ -318,6 +323,11 @@ static int l_engine_stats(lua_State *L) {
     SET_NUM("block_size", s.block_size);
     SET_NUM("kv_bytes", s.kv_bytes);
     SET_NUM("kv_bytes_per_token", s.kv_bytes_per_token);
+    SET_NUM("prefix_query_tokens", s.prefix_query_tokens);
+    SET_NUM("prefix_hit_tokens", s.prefix_hit_tokens);
+    SET_NUM("prefix_hit_rate", s.prefix_query_tokens ? (double)s.prefix_hit_tokens / (double)s.prefix_query_tokens : 0.0);
+    SET_NUM("prefix_evictions", s.prefix_evictions);
+    SET_NUM("kv_cached_blocks", s.kv_cached_blocks);
     SET_NUM("time_policy", s.time_policy);
     SET_NUM("time_forward", s.time_forward);
     SET_NUM("time_total", s.time_total);

@@ -36,6 +36,7 @@ enum { LI_TOK_PRE_GPT2, LI_TOK_PRE_SMOLLM, LI_TOK_PRE_LLAMA3 };
 struct li_tokenizer {
     int model;             /* LI_TOK_MODEL_* */
     int pre;               /* LI_TOK_PRE_* (BPE only) */
+    bool ignore_merges;    /* BPE: a word that is a whole token is taken as is */
     int32_t n_vocab;
 
     char *text;            /* every token's GGUF text, back to back */
@@ -101,6 +102,8 @@ void li_tok_work_free(li_tok_work *w);
 /* Byte-level BPE of one pre-tokenized word (raw bytes). */
 void li_tok_bpe_word(const li_tokenizer *t, li_tok_work *w, const uint8_t *s, size_t n,
                      li_tok_ids *out);
+/* The token whose byte-level spelling is the whole word, or -1. */
+int32_t li_tok_bpe_whole(const li_tokenizer *t, li_tok_work *w, const uint8_t *s, size_t n);
 /* SentencePiece BPE of one raw-text fragment; `prefix_space` prepends " ". */
 void li_tok_spm_fragment(const li_tokenizer *t, li_tok_work *w, const char *s, size_t n,
                          bool prefix_space, li_tok_ids *out);

@@ -54,25 +54,20 @@ static uint32_t utf8_decode(const uint8_t *s, int len) {
 /* ---- GPT-2 byte alphabet ---------------------------------------------------- */
 
 /* Printable Latin-1 bytes stand for themselves; the other 68 bytes map, in
- * order, to U+0100 upward, so every byte has a visible, non-space char. */
-static bool byte_is_printable(uint8_t b) {
-    return (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE;
-}
-
+ * order, to U+0100 upward, so every byte has a visible, non-space char:
+ * 0x00-0x20 -> U+0100-U+0120, 0x7F-0xA0 -> U+0121-U+0142, 0xAD -> U+0143. */
 uint32_t li_tok_byte_to_cp(uint8_t b) {
-    if (byte_is_printable(b)) return b;
-    uint32_t k = 0;
-    for (int i = 0; i < b; i++)
-        if (!byte_is_printable((uint8_t)i)) k++;
-    return 0x100 + k;
+    if (b <= 0x20) return 0x100 + b;
+    if (b >= 0x7F && b <= 0xA0) return 0x121 + (b - 0x7F);
+    if (b == 0xAD) return 0x143;
+    return b;
 }
 
 int li_tok_cp_to_byte(uint32_t cp) {
-    if (cp < 0x100) return byte_is_printable((uint8_t)cp) ? (int)cp : -1;
-    if (cp >= 0x100 + 68) return -1;
-    uint32_t k = cp - 0x100;
-    for (int i = 0; i < 256; i++)
-        if (!byte_is_printable((uint8_t)i) && k-- == 0) return i;
+    if (cp < 0x100) return (cp > 0x20 && cp < 0x7F) || (cp > 0xA0 && cp != 0xAD) ? (int)cp : -1;
+    if (cp <= 0x120) return (int)(cp - 0x100);
+    if (cp <= 0x142) return (int)(0x7F + cp - 0x121);
+    if (cp == 0x143) return 0xAD;
     return -1;
 }
 

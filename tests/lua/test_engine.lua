@@ -18,7 +18,7 @@ end
 local N = 32
 local reqs = {}
 for i = 1, N do
-  reqs[i] = { prompt = prompt(i), max_tokens = 4 + (i * 13) % 44, temperature = 0, ignore_eos = (i % 3 == 0) }
+  reqs[i] = { prompt = prompt(i), max_tokens = 4 + (i * 7) % 24, temperature = 0, ignore_eos = (i % 3 == 0) }
 end
 
 -- each alone

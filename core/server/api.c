@@ -1,0 +1,1149 @@
+/* api.c — the server's methods, each declared once in `methods[]` with its
+ * doc line. rpc.c dispatches msgpack-RPC calls here; http.c reuses the
+ * same `generate` parser (li_api_gen_parse, after turning its JSON body into
+ * msgpack) and the same request lifecycle (li_api_gen_start), so a
+ * parameter means the same thing on both transports.
+ *
+ * A generate request travels:
+ *   parse (loop) → prepare: chat template + tokenizer (libuv worker pool)
+ *   → add (engine thread) → events (loop) → the owner's sink → free (loop).
+ * The owner (an RPC connection or an HTTP exchange) may go away at any
+ * point: li_api_gen_orphan cancels the request and nothing is sent after. */
+#include "server/server.h"
+#include "tokenizer/tokenizer.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* ---- small helpers -------------------------------------------------------- */
+
+void li_mp_pack_strn(msgpack_packer *pk, const char *s, size_t n) {
+    msgpack_pack_str(pk, n);
+    msgpack_pack_str_body(pk, s, n);
+}
+
+void li_mp_pack_str(msgpack_packer *pk, const char *s) { li_mp_pack_strn(pk, s, strlen(s)); }
+
+static bool key_is(const msgpack_object *k, const char *key) {
+    size_t n = strlen(key);
+    if (k->type == MSGPACK_OBJECT_STR) return k->via.str.size == n && !memcmp(k->via.str.ptr, key, n);
+    if (k->type == MSGPACK_OBJECT_BIN) return k->via.bin.size == n && !memcmp(k->via.bin.ptr, key, n);
+    return false;
+}
+
+const msgpack_object *li_mp_get(const msgpack_object *map, const char *key) {
+    if (!map || map->type != MSGPACK_OBJECT_MAP) return NULL;
+    for (uint32_t i = 0; i < map->via.map.size; i++)
+        if (key_is(&map->via.map.ptr[i].key, key)) return &map->via.map.ptr[i].val;
+    return NULL;
+}
+
+bool li_utf8_valid(const char *str, size_t n) {
+    const unsigned char *s = (const unsigned char *)str;
+    size_t i = 0;
+    while (i < n) {
+        unsigned c = s[i];
+        if (c < 0x80) {
+            i++;
+            continue;
+        }
+        int len;
+        unsigned cp;
+        if (c >= 0xc2 && c <= 0xdf) len = 2, cp = c & 0x1f;
+        else if (c >= 0xe0 && c <= 0xef) len = 3, cp = c & 0x0f;
+        else if (c >= 0xf0 && c <= 0xf4) len = 4, cp = c & 0x07;
+        else return false;
+        if (i + (size_t)len > n) return false;
+        for (int k = 1; k < len; k++) {
+            if ((s[i + k] & 0xc0) != 0x80) return false;
+            cp = cp << 6 | (s[i + k] & 0x3f);
+        }
+        if ((len == 3 && cp < 0x800) || (len == 4 && (cp < 0x10000 || cp > 0x10ffff)) ||
+            (cp >= 0xd800 && cp <= 0xdfff))
+            return false;
+        i += (size_t)len;
+    }
+    return true;
+}
+
+/* The bytes of a str or bin object. */
+static bool as_bytes(const msgpack_object *o, const char **p, size_t *n) {
+    if (o->type == MSGPACK_OBJECT_STR) {
+        *p = o->via.str.ptr;
+        *n = o->via.str.size;
+        return true;
+    }
+    if (o->type == MSGPACK_OBJECT_BIN) {
+        *p = o->via.bin.ptr;
+        *n = o->via.bin.size;
+        return true;
+    }
+    return false;
+}
+
+static bool as_int(const msgpack_object *o, int64_t *v) {
+    if (o->type == MSGPACK_OBJECT_POSITIVE_INTEGER) {
+        if (o->via.u64 > (uint64_t)INT64_MAX) return false;
+        *v = (int64_t)o->via.u64;
+        return true;
+    }
+    if (o->type == MSGPACK_OBJECT_NEGATIVE_INTEGER) {
+        *v = o->via.i64;
+        return true;
+    }
+    if (o->type == MSGPACK_OBJECT_FLOAT32 || o->type == MSGPACK_OBJECT_FLOAT64) {
+        double d = o->via.f64;
+        if (d != d || d < -9.2e18 || d > 9.2e18 || d != (double)(int64_t)d) return false;
+        *v = (int64_t)d;
+        return true;
+    }
+    return false;
+}
+
+static bool as_num(const msgpack_object *o, double *v) {
+    int64_t i;
+    if (o->type == MSGPACK_OBJECT_FLOAT32 || o->type == MSGPACK_OBJECT_FLOAT64) {
+        *v = o->via.f64;
+        return *v == *v && *v > -1e300 && *v < 1e300;
+    }
+    if (as_int(o, &i)) {
+        *v = (double)i;
+        return true;
+    }
+    return false;
+}
+
+static char *dup_n(const char *s, size_t n) {
+    char *p = li_xmalloc(n + 1);
+    if (n) memcpy(p, s, n);
+    p[n] = 0;
+    return p;
+}
+
+/* ---- calls ------------------------------------------------------------------ */
+
+void li_call_init(li_call *c, li_server *srv) {
+    memset(c, 0, sizeof *c);
+    c->srv = srv;
+    msgpack_sbuffer_init(&c->result);
+    msgpack_packer_init(&c->pk, &c->result, msgpack_sbuffer_write);
+}
+
+void li_call_free(li_call *c) { msgpack_sbuffer_destroy(&c->result); }
+
+int li_call_fail(li_call *c, int code, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c->msg, sizeof c->msg, fmt, ap);
+    va_end(ap);
+    c->code = code;
+    msgpack_sbuffer_clear(&c->result);
+    return code;
+}
+
+/* Parameter readers: each failure is an "invalid params" error naming the key. */
+static bool get_str(li_call *c, const msgpack_object *params, const char *key, const char **p, size_t *n, bool required) {
+    const msgpack_object *o = li_mp_get(params, key);
+    if (!o || o->type == MSGPACK_OBJECT_NIL) {
+        if (required) li_call_fail(c, LI_RPC_INVALID_PARAMS, "invalid params: '%s' is required", key);
+        *p = NULL;
+        *n = 0;
+        return !required;
+    }
+    if (!as_bytes(o, p, n)) {
+        li_call_fail(c, LI_RPC_INVALID_PARAMS, "invalid params: '%s' must be a string", key);
+        return false;
+    }
+    if (!li_utf8_valid(*p, *n)) {
+        li_call_fail(c, LI_RPC_INVALID_PARAMS, "invalid params: '%s' is not valid UTF-8", key);
+        return false;
+    }
+    return true;
+}
+
+static bool consttime_eq(const char *a, size_t an, const char *b) {
+    size_t bn = strlen(b);
+    unsigned char d = an != bn;
+    for (size_t i = 0; i < an; i++) d |= (unsigned char)(a[i] ^ b[i % (bn ? bn : 1)]);
+    return d == 0;
+}
+
+static bool check_admin(li_call *c, const msgpack_object *params) {
+    if (!c->srv->admin_token) {
+        li_call_fail(c, LI_RPC_FORBIDDEN, "forbidden: admin methods are disabled (start the server with --admin-token)");
+        return false;
+    }
+    const msgpack_object *o = li_mp_get(params, "admin_token");
+    const char *p;
+    size_t n;
+    if (!o || !as_bytes(o, &p, &n) || !consttime_eq(p, n, c->srv->admin_token)) {
+        li_call_fail(c, LI_RPC_UNAUTHORIZED, "unauthorized: wrong or missing 'admin_token'");
+        return false;
+    }
+    return true;
+}
+
+/* ---- generate: parameters ------------------------------------------------------ */
+
+void li_gen_params_free(li_gen_params *g) {
+    free(g->prompt);
+    for (int i = 0; i < g->n_msgs; i++) {
+        free((char *)g->msgs[i].role);
+        free((char *)g->msgs[i].content);
+    }
+    free(g->msgs);
+    free(g->tokens);
+    for (int i = 0; i < g->n_stop; i++) free(g->stop[i]);
+    free(g->tenant);
+    free(g->cache_salt);
+    memset(g, 0, sizeof *g);
+}
+
+static uint64_t random_seed(void) {
+    static uint64_t counter;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t z = (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 30) ^ (++counter * 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+#define BAD(...) return li_error_set(err, LI_RPC_INVALID_PARAMS, "invalid params: " __VA_ARGS__)
+
+static int parse_tokens(const msgpack_object *o, const char *key, int32_t **out, size_t *n_out, li_error *err) {
+    if (o->type != MSGPACK_OBJECT_ARRAY) BAD("'%s' must be a list of token ids", key);
+    uint32_t n = o->via.array.size;
+    int32_t *t = li_xmalloc(((size_t)n + 1) * sizeof *t);
+    for (uint32_t i = 0; i < n; i++) {
+        int64_t v;
+        if (!as_int(&o->via.array.ptr[i], &v) || v < 0 || v > INT32_MAX) {
+            free(t);
+            BAD("'%s'[%u] must be a token id (an integer >= 0)", key, i);
+        }
+        t[i] = (int32_t)v;
+    }
+    *out = t;
+    *n_out = n;
+    return 0;
+}
+
+/* Chat message content: a string, or OpenAI's list of {type = "text", text}. */
+static int parse_content(const msgpack_object *o, char **out, li_error *err, uint32_t mi) {
+    const char *p;
+    size_t n;
+    if (as_bytes(o, &p, &n)) {
+        if (!li_utf8_valid(p, n)) BAD("messages[%u].content is not valid UTF-8", mi);
+        *out = dup_n(p, n);
+        return 0;
+    }
+    if (o->type == MSGPACK_OBJECT_NIL) {
+        *out = dup_n("", 0);
+        return 0;
+    }
+    if (o->type != MSGPACK_OBJECT_ARRAY) BAD("messages[%u].content must be a string or a list of text parts", mi);
+    size_t total = 0;
+    for (uint32_t i = 0; i < o->via.array.size; i++) {
+        const msgpack_object *t = li_mp_get(&o->via.array.ptr[i], "text");
+        if (!t || !as_bytes(t, &p, &n)) BAD("messages[%u].content[%u] must be {type = \"text\", text = ...}", mi, i);
+        if (!li_utf8_valid(p, n)) BAD("messages[%u].content[%u].text is not valid UTF-8", mi, i);
+        total += n;
+    }
+    char *s = li_xmalloc(total + 1);
+    size_t k = 0;
+    for (uint32_t i = 0; i < o->via.array.size; i++) {
+        as_bytes(li_mp_get(&o->via.array.ptr[i], "text"), &p, &n);
+        memcpy(s + k, p, n);
+        k += n;
+    }
+    s[k] = 0;
+    *out = s;
+    return 0;
+}
+
+static int parse_messages(const msgpack_object *o, li_gen_params *g, li_error *err) {
+    if (o->type != MSGPACK_OBJECT_ARRAY || o->via.array.size == 0) BAD("'messages' must be a non-empty list of {role, content}");
+    if (o->via.array.size > 4096) BAD("'messages' holds more than 4096 messages");
+    uint32_t n = o->via.array.size;
+    g->msgs = li_xcalloc(n, sizeof *g->msgs);
+    for (uint32_t i = 0; i < n; i++) {
+        const msgpack_object *m = &o->via.array.ptr[i];
+        if (m->type != MSGPACK_OBJECT_MAP) BAD("messages[%u] must be a map {role, content}", i);
+        const msgpack_object *role = li_mp_get(m, "role"), *content = li_mp_get(m, "content");
+        const char *p;
+        size_t len;
+        if (!role || !as_bytes(role, &p, &len) || len == 0 || len > 64 || !li_utf8_valid(p, len))
+            BAD("messages[%u].role must be a string such as \"system\", \"user\" or \"assistant\"", i);
+        if (!content) BAD("messages[%u].content is required", i);
+        char *text;
+        int rc = parse_content(content, &text, err, i);
+        if (rc) return rc;
+        g->msgs[i].role = dup_n(p, len);
+        g->msgs[i].content = text;
+        g->n_msgs = (int)i + 1;
+    }
+    return 0;
+}
+
+static int parse_stop(const msgpack_object *o, li_gen_params *g, li_error *err) {
+    const char *p;
+    size_t n;
+    if (o->type == MSGPACK_OBJECT_NIL) return 0;
+    const msgpack_object *items = o;
+    uint32_t count = 1;
+    if (o->type == MSGPACK_OBJECT_ARRAY) {
+        items = o->via.array.ptr;
+        count = o->via.array.size;
+    }
+    if (count > LI_SRV_MAX_STOP) BAD("'stop' holds more than %d strings", LI_SRV_MAX_STOP);
+    for (uint32_t i = 0; i < count; i++) {
+        if (!as_bytes(&items[i], &p, &n)) BAD("'stop' must be a string or a list of strings");
+        if (n == 0 || n > 256) BAD("'stop' strings must be 1..256 bytes");
+        if (!li_utf8_valid(p, n)) BAD("'stop' is not valid UTF-8");
+        g->stop[g->n_stop++] = dup_n(p, n);
+    }
+    return 0;
+}
+
+/* Reads a number key into *v within [lo, hi]. */
+#define NUM_IN(key, dst, lo, hi)                                                        \
+    do {                                                                                \
+        double v_;                                                                      \
+        if (!as_num(val, &v_) || !(v_ >= (lo) && v_ <= (hi)))                           \
+            BAD("'%s' must be a number in [%g, %g]", key, (double)(lo), (double)(hi));  \
+        dst = v_;                                                                       \
+    } while (0)
+#define INT_IN(key, dst, lo, hi)                                                        \
+    do {                                                                                \
+        int64_t v_;                                                                     \
+        if (!as_int(val, &v_) || v_ < (lo) || v_ > (hi))                                \
+            BAD("'%s' must be an integer in [%lld, %lld]", key, (long long)(lo), (long long)(hi)); \
+        dst = v_;                                                                       \
+    } while (0)
+#define BOOL(key, dst)                                                                  \
+    do {                                                                                \
+        if (val->type != MSGPACK_OBJECT_BOOLEAN) BAD("'%s' must be true or false", key); \
+        dst = val->via.boolean;                                                         \
+    } while (0)
+
+static int gen_parse(li_server *srv, const msgpack_object *params, const li_gen_defaults *d, li_gen_params *g,
+                     li_error *err) {
+    memset(g, 0, sizeof *g);
+    li_sampling_params_default(&g->sp);
+    g->max_tokens = 128;
+    if (d->openai) {
+        g->sp.temperature = 1.0f;
+        g->sp.top_p = 1.0f;
+        g->sp.top_k = 0;
+        g->sp.min_p = 0.0f;
+        g->max_tokens = d->chat ? -1 : 16;
+    }
+    g->n = 1;
+    g->logprobs = -1;
+    bool have_seed = false, logprobs_bool = false;
+    int64_t top_logprobs = -1;
+    if (!params || params->type != MSGPACK_OBJECT_MAP) BAD("want a map of parameters");
+    for (uint32_t i = 0; i < params->via.map.size; i++) {
+        const msgpack_object *key = &params->via.map.ptr[i].key, *val = &params->via.map.ptr[i].val;
+        const char *k;
+        size_t kn;
+        if (!as_bytes(key, &k, &kn)) BAD("parameter names must be strings");
+        char name[40];
+        if (kn >= sizeof name) {
+            if (d->openai) continue;
+            BAD("unknown parameter '%.*s...'", 32, k);
+        }
+        memcpy(name, k, kn);
+        name[kn] = 0;
+        if (memchr(k, 0, kn)) BAD("parameter names must not contain NUL");
+        if (val->type == MSGPACK_OBJECT_NIL && strcmp(name, "prompt") && strcmp(name, "messages") &&
+            strcmp(name, "tokens"))
+            continue; /* null = the default */
+        int64_t iv;
+        double dv;
+        const char *p;
+        size_t n;
+        if (!strcmp(name, "prompt")) {
+            if (g->prompt || g->tokens) BAD("'prompt' given twice");
+            if (as_bytes(val, &p, &n)) {
+                if (!li_utf8_valid(p, n)) BAD("'prompt' is not valid UTF-8");
+                g->prompt = dup_n(p, n);
+                g->prompt_len = n;
+            } else if (val->type == MSGPACK_OBJECT_ARRAY && val->via.array.size == 1 && as_bytes(&val->via.array.ptr[0], &p, &n)) {
+                /* OpenAI: a list of one prompt */
+                if (!li_utf8_valid(p, n)) BAD("'prompt' is not valid UTF-8");
+                g->prompt = dup_n(p, n);
+                g->prompt_len = n;
+            } else if (val->type == MSGPACK_OBJECT_ARRAY && d->openai) {
+                int rc = parse_tokens(val, "prompt", &g->tokens, &g->n_tokens, err);
+                if (rc) return rc;
+            } else {
+                BAD("'prompt' must be a string");
+            }
+        } else if (!strcmp(name, "messages")) {
+            int rc = parse_messages(val, g, err);
+            if (rc) return rc;
+        } else if (!strcmp(name, "tokens")) {
+            if (g->tokens) BAD("'tokens' given twice");
+            int rc = parse_tokens(val, "tokens", &g->tokens, &g->n_tokens, err);
+            if (rc) return rc;
+        } else if (!strcmp(name, "max_tokens") || !strcmp(name, "max_completion_tokens")) {
+            INT_IN(name, g->max_tokens, 0, 1 << 20);
+        } else if (!strcmp(name, "temperature")) {
+            NUM_IN(name, g->sp.temperature, 0, 100);
+        } else if (!strcmp(name, "top_p")) {
+            NUM_IN(name, g->sp.top_p, 0, 1);
+            if (g->sp.top_p <= 0) BAD("'top_p' must be in (0, 1]");
+        } else if (!strcmp(name, "top_k")) {
+            INT_IN(name, g->sp.top_k, -1, 1 << 20);
+        } else if (!strcmp(name, "min_p")) {
+            NUM_IN(name, g->sp.min_p, 0, 1);
+        } else if (!strcmp(name, "repetition_penalty") || !strcmp(name, "repeat_penalty")) {
+            NUM_IN(name, g->sp.repeat_penalty, 0.01, 100);
+        } else if (!strcmp(name, "presence_penalty")) {
+            NUM_IN(name, g->sp.presence_penalty, -2, 2);
+        } else if (!strcmp(name, "frequency_penalty")) {
+            NUM_IN(name, g->sp.frequency_penalty, -2, 2);
+        } else if (!strcmp(name, "penalty_last_n")) {
+            INT_IN(name, g->sp.penalty_last_n, -1, 1 << 20);
+        } else if (!strcmp(name, "seed")) {
+            if (!as_int(val, &iv) || iv < 0) BAD("'seed' must be an integer >= 0");
+            g->sp.seed = (uint64_t)iv;
+            have_seed = true;
+        } else if (!strcmp(name, "stop")) {
+            int rc = parse_stop(val, g, err);
+            if (rc) return rc;
+        } else if (!strcmp(name, "n")) {
+            INT_IN(name, g->n, 1, LI_SRV_MAX_N);
+        } else if (!strcmp(name, "logprobs")) {
+            if (val->type == MSGPACK_OBJECT_BOOLEAN) {
+                logprobs_bool = true;
+                g->logprobs = val->via.boolean ? 0 : -1;
+            } else {
+                INT_IN(name, g->logprobs, 0, 20);
+            }
+        } else if (!strcmp(name, "top_logprobs")) {
+            INT_IN(name, top_logprobs, 0, 20);
+        } else if (!strcmp(name, "stream")) {
+            BOOL(name, g->stream);
+        } else if (!strcmp(name, "ignore_eos")) {
+            BOOL(name, g->ignore_eos);
+        } else if (!strcmp(name, "priority")) {
+            INT_IN(name, g->priority, INT32_MIN, INT32_MAX);
+        } else if (!strcmp(name, "tenant") || !strcmp(name, "cache_salt")) {
+            if (!as_bytes(val, &p, &n) || n > 256 || !li_utf8_valid(p, n)) BAD("'%s' must be a UTF-8 string of at most 256 bytes", name);
+            char **dst = name[0] == 't' ? &g->tenant : &g->cache_salt;
+            free(*dst);
+            *dst = dup_n(p, n);
+        } else if (!strcmp(name, "model")) {
+            /* one model per server: any name is accepted */
+        } else if (!d->openai) {
+            BAD("unknown parameter '%s'", name);
+        }
+        (void)dv;
+    }
+    if (logprobs_bool && g->logprobs >= 0 && top_logprobs > 0) g->logprobs = (int32_t)top_logprobs;
+    int given = (g->prompt != NULL) + (g->msgs != NULL) + (g->tokens != NULL);
+    if (d->chat && !g->msgs) BAD("'messages' is required");
+    if (given == 0) BAD("one of 'prompt', 'messages' or 'tokens' is required");
+    if (given > 1) BAD("give only one of 'prompt', 'messages' and 'tokens'");
+    if (g->prompt && g->prompt_len == 0) BAD("'prompt' is empty");
+    if (g->tokens && g->n_tokens == 0) BAD("'tokens' is empty");
+    if (srv->model && g->tokens) {
+        int32_t nv = srv->model->hp.n_vocab;
+        for (size_t i = 0; i < g->n_tokens; i++)
+            if (g->tokens[i] >= nv) BAD("token %d is outside the vocabulary [0, %d)", g->tokens[i], nv);
+    }
+    if (!have_seed) g->sp.seed = random_seed();
+    li_sampling_params sp = g->sp;
+    sp.n_logprobs = g->logprobs > 0 ? g->logprobs : 0;
+    li_error verr = {0};
+    if (li_sampling_params_validate(&sp, &verr)) BAD("%s", verr.msg);
+    return 0;
+}
+
+int li_api_gen_parse(li_server *srv, const msgpack_object *params, const li_gen_defaults *d, li_gen_params *g,
+                     li_error *err) {
+    int rc = gen_parse(srv, params, d, g, err);
+    if (rc) li_gen_params_free(g);
+    return rc;
+}
+
+/* ---- generate: preparation on the worker pool --------------------------------------- */
+
+static lua_State *lua_get(li_server *srv, li_error *err) {
+    uv_mutex_lock(&srv->lua_mu);
+    lua_State *L = srv->n_lua_free ? srv->lua_free[--srv->n_lua_free] : NULL;
+    uv_mutex_unlock(&srv->lua_mu);
+    return L ? L : li_lua_new(err);
+}
+
+static void lua_put(li_server *srv, lua_State *L) {
+    uv_mutex_lock(&srv->lua_mu);
+    if (srv->n_lua_free == srv->cap_lua_free) {
+        srv->cap_lua_free = srv->cap_lua_free * 2 + 4;
+        srv->lua_free = li_xrealloc(srv->lua_free, (size_t)srv->cap_lua_free * sizeof *srv->lua_free);
+    }
+    srv->lua_free[srv->n_lua_free++] = L;
+    uv_mutex_unlock(&srv->lua_mu);
+}
+
+static void prep_work(uv_work_t *w) {
+    li_srv_req *r = w->data;
+    li_server *srv = r->srv;
+    li_gen_params *g = &r->g;
+    li_error err = {0};
+    char *chat = NULL;
+    const char *text = g->prompt;
+    size_t len = g->prompt_len;
+    if (g->msgs) {
+        lua_State *L = lua_get(srv, &err);
+        if (!L) goto fail;
+        int rc = li_chat_format(L, srv->model->chat_template, g->msgs, g->n_msgs, true, &chat, &err);
+        lua_put(srv, L);
+        if (rc) goto fail;
+        text = chat;
+        len = strlen(chat);
+    }
+    if (g->tokens) {
+        r->prompt = li_xmalloc(g->n_tokens * sizeof *r->prompt);
+        memcpy(r->prompt, g->tokens, g->n_tokens * sizeof *r->prompt);
+        r->n_prompt = g->n_tokens;
+    } else if (li_tokenizer_encode(srv->model->tok, text, len, true, true, &r->prompt, &r->n_prompt, &err)) {
+        goto fail;
+    }
+    free(chat);
+    chat = NULL;
+    if (r->n_prompt == 0) {
+        li_error_set(&err, LI_RPC_INVALID_PARAMS, "invalid params: the prompt has no tokens");
+        goto fail;
+    }
+    if ((int64_t)r->n_prompt >= srv->cfg.max_model_len) {
+        li_error_set(&err, LI_RPC_INVALID_PARAMS, "invalid params: the prompt has %zu tokens, the context holds %lld",
+                     r->n_prompt, (long long)srv->cfg.max_model_len);
+        goto fail;
+    }
+    if (g->max_tokens < 0) g->max_tokens = srv->cfg.max_model_len - (int64_t)r->n_prompt;
+    r->prep_code = 0;
+    return;
+fail:
+    free(chat);
+    r->prep_code = err.code < 0 && err.code > -100 ? LI_RPC_INVALID_PARAMS : err.code;
+    if (!r->prep_code) r->prep_code = LI_RPC_INTERNAL;
+    snprintf(r->prep_msg, sizeof r->prep_msg, "%s", err.msg);
+}
+
+static void finish_metrics(li_server *srv, li_srv_req *r);
+
+/* Ends a request that never reached the engine (cancelled or failed). */
+static void end_locally(li_srv_req *r, int code, const char *msg) {
+    li_server *srv = r->srv;
+    r->state = LI_REQ_FINISHED;
+    r->t_finish = li_time_now();
+    if (code) {
+        srv->m.requests_by_reason[code == LI_RPC_REJECTED ? 4 : 3]++;
+        if (r->sink) r->sink->error(r, code, msg);
+    } else {
+        for (int32_t i = 0; i < r->g.n; i++) r->out[i].finish_reason = "cancelled";
+        finish_metrics(srv, r);
+        if (r->sink) r->sink->done(r);
+    }
+    li_srv_req_free(r);
+}
+
+static void prep_done(uv_work_t *w, int status) {
+    li_srv_req *r = w->data;
+    li_server *srv = r->srv;
+    if (status == UV_ECANCELED || r->cancelled) end_locally(r, 0, NULL);
+    else if (r->prep_code) end_locally(r, r->prep_code, r->prep_msg);
+    else if (!srv->eng || srv->stopping) end_locally(r, LI_RPC_UNAVAILABLE, "server is shutting down");
+    else {
+        r->state = LI_REQ_QUEUED;
+        li_engine_thread_add(srv->eng, r);
+    }
+}
+
+li_srv_req *li_api_gen_start(li_server *srv, li_gen_params *g, const li_sink_ops *sink, void *owner, li_error *err) {
+    if (!srv->eng || !srv->model) {
+        li_gen_params_free(g);
+        li_error_set(err, LI_RPC_UNAVAILABLE, "no engine is running");
+        return NULL;
+    }
+    if (srv->draining) {
+        li_gen_params_free(g);
+        li_error_set(err, LI_RPC_UNAVAILABLE, "server is shutting down: no new requests");
+        return NULL;
+    }
+    li_srv_req *r = li_xcalloc(1, sizeof *r);
+    r->srv = srv;
+    r->g = *g;
+    memset(g, 0, sizeof *g);
+    r->sink = sink;
+    r->owner = owner;
+    r->id = -1;
+    r->eng_id = -1;
+    r->state = LI_REQ_PREP;
+    r->t_recv = li_time_now();
+    r->out = li_xcalloc((size_t)r->g.n, sizeof *r->out);
+    for (int32_t i = 0; i < r->g.n; i++) msgpack_sbuffer_init(&r->out[i].logprobs);
+    r->work.data = r;
+    srv->n_live++;
+    int rc = uv_queue_work(&srv->loop.uv, &r->work, prep_work, prep_done);
+    if (rc) {
+        li_error_set(err, LI_RPC_INTERNAL, "cannot queue the request: %s", uv_strerror(rc));
+        r->sink = NULL;
+        li_srv_req_free(r);
+        return NULL;
+    }
+    return r;
+}
+
+void li_srv_req_free(li_srv_req *r) {
+    r->srv->n_live--;
+    if (r->out)
+        for (int32_t k = 0; k < r->g.n; k++) {
+            free(r->out[k].text);
+            free(r->out[k].tokens);
+            msgpack_sbuffer_destroy(&r->out[k].logprobs);
+        }
+    li_gen_params_free(&r->g);
+    free(r->prompt);
+    free(r->out);
+    free(r);
+}
+
+void li_api_gen_cancel(li_srv_req *r) {
+    if (r->cancelled || r->state == LI_REQ_FINISHED) return;
+    r->cancelled = true;
+    if (r->state == LI_REQ_QUEUED) {
+        if (r->srv->eng) li_engine_thread_cancel(r->srv->eng, r);
+    }
+    /* PREP: prep_done sees `cancelled` and ends it */
+}
+
+void li_api_gen_orphan(li_srv_req *r) {
+    r->sink = NULL;
+    r->owner = NULL;
+    li_api_gen_cancel(r);
+}
+
+/* ---- events from the engine thread ---------------------------------------------------- */
+
+static const char *const reasons[] = {"stop", "length", "cancelled", "error"};
+
+static void finish_metrics(li_server *srv, li_srv_req *r) {
+    li_metrics *m = &srv->m;
+    for (int32_t i = 0; i < r->g.n; i++) {
+        const char *fr = r->out[i].finish_reason ? r->out[i].finish_reason : "error";
+        int k = 3;
+        for (int j = 0; j < 4; j++)
+            if (!strcmp(fr, reasons[j])) k = j;
+        m->requests_by_reason[k]++;
+    }
+    m->prompt_tokens += (uint64_t)r->n_prompt_tokens;
+    if (r->t_first > 0) {
+        li_hist_add(&m->ttft, r->t_first - r->t_recv);
+        int64_t per = r->n_generated / r->g.n;
+        if (per > 1) li_hist_add(&m->tpot, (r->t_finish - r->t_first) / (double)(per - 1));
+    }
+    li_hist_add(&m->e2e, r->t_finish - r->t_recv);
+}
+
+static void count_token(li_metrics *m, double t) {
+    int64_t sec = (int64_t)t;
+    if (sec != m->tok_ring_sec) {
+        for (int64_t s = LI_MAX(m->tok_ring_sec + 1, sec - 15); s <= sec; s++) m->tok_ring[s & 15] = 0;
+        m->tok_ring_sec = sec;
+    }
+    m->tok_ring[sec & 15]++;
+    m->generation_tokens++;
+}
+
+static void free_event(li_srv_event *e) {
+    free(e->text);
+    free(e->top);
+    free(e->tokens);
+}
+
+void li_server_on_events(li_server *srv, li_event_batch *b) {
+    for (int32_t i = 0; i < b->n; i++) {
+        li_srv_event *e = &b->ev[i];
+        li_srv_req *r = e->req;
+        if (e->kind == LI_EV_ERROR) {
+            end_locally(r, e->code, e->text ? e->text : "error");
+            free_event(e);
+            continue;
+        }
+        if (r->id < 0 || e->id < r->id) r->id = e->id - e->index;
+        if (e->index < 0 || e->index >= r->g.n) { /* cannot happen; never index out of range */
+            free_event(e);
+            continue;
+        }
+        li_sample_out *o = &r->out[e->index];
+        if (e->kind == LI_EV_DELTA) {
+            if (e->token >= 0) {
+                if (r->t_first <= 0) r->t_first = e->t;
+                r->n_generated++;
+                count_token(&srv->m, e->t);
+                if (r->g.logprobs >= 0) {
+                    msgpack_packer pk;
+                    msgpack_packer_init(&pk, &o->logprobs, msgpack_sbuffer_write);
+                    msgpack_pack_map(&pk, 3);
+                    li_mp_pack_str(&pk, "token");
+                    msgpack_pack_int32(&pk, e->token);
+                    li_mp_pack_str(&pk, "logprob");
+                    msgpack_pack_double(&pk, e->logprob);
+                    li_mp_pack_str(&pk, "top");
+                    msgpack_pack_array(&pk, (size_t)e->n_top);
+                    for (int32_t k = 0; k < e->n_top; k++) {
+                        msgpack_pack_array(&pk, 2);
+                        msgpack_pack_int32(&pk, e->top[k].id);
+                        msgpack_pack_double(&pk, e->top[k].logprob);
+                    }
+                    o->n_logprobs++;
+                }
+            }
+            if (r->sink && !r->cancelled && r->g.stream)
+                r->sink->delta(r, e->index, e->text ? e->text : "", e->text_len, e->token, e->logprob, e->top, e->n_top);
+            free_event(e);
+            continue;
+        }
+        /* FINISH of one sample */
+        o->finish_reason = e->finish_reason;
+        o->text = e->text;
+        o->text_len = e->text_len;
+        o->tokens = e->tokens;
+        o->n_tokens = e->n_tokens;
+        e->text = NULL;
+        e->tokens = NULL;
+        r->n_prompt_tokens = e->n_prompt;
+        r->n_preemptions += e->n_preemptions;
+        free_event(e);
+        if (e->t_first > 0 && (r->t_first <= 0 || e->t_first < r->t_first)) r->t_first = e->t_first;
+        if (++r->n_done < r->g.n) continue;
+        r->state = LI_REQ_FINISHED;
+        r->t_finish = e->t;
+        finish_metrics(srv, r);
+        if (r->sink) r->sink->done(r);
+        li_srv_req_free(r);
+    }
+}
+
+/* ---- the methods ----------------------------------------------------------------------- */
+
+li_srv_req *li_rpc_start_generate(li_rpc_session *s, uint32_t msgid, li_gen_params *g, li_error *err);
+li_srv_req *li_rpc_find(li_rpc_session *s, int64_t id, int64_t msgid);
+
+const char *li_api_model_name(li_server *srv) { return srv->model_name[0] ? srv->model_name : "luainfer"; }
+
+/** auth {token}: authenticates the connection (needed first when the server runs with --auth-token). */
+static void api_auth(li_call *c, const msgpack_object *params) {
+    const char *p;
+    size_t n;
+    if (!get_str(c, params, "token", &p, &n, true)) return;
+    li_rpc_session *s = c->session;
+    if (c->srv->auth_token && !consttime_eq(p, n, c->srv->auth_token)) {
+        li_call_fail(c, LI_RPC_UNAUTHORIZED, "unauthorized: wrong token");
+        return;
+    }
+    if (s) s->authed = true;
+    msgpack_pack_map(&c->pk, 1);
+    li_mp_pack_str(&c->pk, "ok");
+    msgpack_pack_true(&c->pk);
+}
+
+/** generate {prompt | messages | tokens, max_tokens, temperature, ...}: text from the model;
+ *  stream = true sends ["generate.delta", {...}] notifications before the response. */
+static void api_generate(li_call *c, const msgpack_object *params) {
+    li_gen_params g;
+    li_error err = {0};
+    li_gen_defaults d = {0};
+    if (li_api_gen_parse(c->srv, params, &d, &g, &err)) {
+        li_call_fail(c, err.code, "%s", err.msg);
+        return;
+    }
+    if (!c->session) {
+        li_gen_params_free(&g);
+        li_call_fail(c, LI_RPC_INTERNAL, "generate needs a connection");
+        return;
+    }
+    if (c->notification) g.stream = false; /* nobody to answer: run it, send nothing */
+    if (!li_rpc_start_generate(c->session, c->msgid, &g, &err)) {
+        li_call_fail(c, err.code ? err.code : LI_RPC_INTERNAL, "%s", err.msg);
+        return;
+    }
+    c->pending = true;
+}
+
+/** cancel {id | request_id}: stops a generate of this connection (engine id, or the msgid that started it). */
+static void api_cancel(li_call *c, const msgpack_object *params) {
+    const msgpack_object *oid = li_mp_get(params, "id"), *omsg = li_mp_get(params, "request_id");
+    int64_t id = -1, msgid = -1;
+    if (oid && oid->type != MSGPACK_OBJECT_NIL && (!as_int(oid, &id) || id < 0)) {
+        li_call_fail(c, LI_RPC_INVALID_PARAMS, "invalid params: 'id' must be an integer >= 0");
+        return;
+    }
+    if (omsg && omsg->type != MSGPACK_OBJECT_NIL && (!as_int(omsg, &msgid) || msgid < 0)) {
+        li_call_fail(c, LI_RPC_INVALID_PARAMS, "invalid params: 'request_id' must be an integer >= 0");
+        return;
+    }
+    if (id < 0 && msgid < 0) {
+        li_call_fail(c, LI_RPC_INVALID_PARAMS, "invalid params: 'id' or 'request_id' is required");
+        return;
+    }
+    li_srv_req *r = c->session ? li_rpc_find(c->session, id, msgid) : NULL;
+    if (r) li_api_gen_cancel(r);
+    msgpack_pack_map(&c->pk, 1);
+    li_mp_pack_str(&c->pk, "cancelled");
+    if (r) msgpack_pack_true(&c->pk);
+    else msgpack_pack_false(&c->pk);
+}
+
+static bool need_model(li_call *c) {
+    if (c->srv->model) return true;
+    li_call_fail(c, LI_RPC_UNAVAILABLE, "no model is loaded");
+    return false;
+}
+
+/** tokenize {text, special = true}: token ids (special: add BOS and match special-token text). */
+static void api_tokenize(li_call *c, const msgpack_object *params) {
+    const char *p;
+    size_t n;
+    if (!get_str(c, params, "text", &p, &n, true)) return;
+    bool special = true;
+    const msgpack_object *o = li_mp_get(params, "special");
+    if (o && o->type != MSGPACK_OBJECT_NIL) {
+        if (o->type != MSGPACK_OBJECT_BOOLEAN) {
+            li_call_fail(c, LI_RPC_INVALID_PARAMS, "invalid params: 'special' must be true or false");
+            return;
+        }
+        special = o->via.boolean;
+    }
+    if (!need_model(c)) return;
+    int32_t *ids;
+    size_t k;
+    li_error err = {0};
+    if (li_tokenizer_encode(c->srv->model->tok, p, n, special, special, &ids, &k, &err)) {
+        li_call_fail(c, LI_RPC_INVALID_PARAMS, "%s", err.msg);
+        return;
+    }
+    msgpack_pack_map(&c->pk, 2);
+    li_mp_pack_str(&c->pk, "tokens");
+    msgpack_pack_array(&c->pk, k);
+    for (size_t i = 0; i < k; i++) msgpack_pack_int32(&c->pk, ids[i]);
+    li_mp_pack_str(&c->pk, "count");
+    msgpack_pack_uint64(&c->pk, k);
+    free(ids);
+}
+
+/** detokenize {tokens, special = false}: the text of token ids (invalid UTF-8 bytes become U+FFFD). */
+static void api_detokenize(li_call *c, const msgpack_object *params) {
+    const msgpack_object *o = li_mp_get(params, "tokens");
+    if (!o) {
+        li_call_fail(c, LI_RPC_INVALID_PARAMS, "invalid params: 'tokens' is required");
+        return;
+    }
+    int32_t *ids = NULL;
+    size_t n = 0;
+    li_error err = {0};
+    if (parse_tokens(o, "tokens", &ids, &n, &err)) {
+        li_call_fail(c, err.code, "%s", err.msg);
+        return;
+    }
+    bool special = false;
+    const msgpack_object *so = li_mp_get(params, "special");
+    if (so && so->type == MSGPACK_OBJECT_BOOLEAN) special = so->via.boolean;
+    if (!need_model(c)) {
+        free(ids);
+        return;
+    }
+    const li_tokenizer *tok = c->srv->model->tok;
+    li_detok dt;
+    li_detok_init(&dt);
+    size_t cap = 64 + n * 32, len = 0;
+    char *text = li_xmalloc(cap);
+    for (size_t i = 0; i < n; i++) {
+        if (cap - len < 256) text = li_xrealloc(text, cap *= 2);
+        int k = li_detok_push(&dt, tok, ids[i], special, text + len, cap - len);
+        if (k < 0) {
+            li_call_fail(c, LI_RPC_INVALID_PARAMS, "invalid params: token %d is outside the vocabulary", ids[i]);
+            free(ids);
+            free(text);
+            return;
+        }
+        len += (size_t)k;
+    }
+    if (cap - len < 16) text = li_xrealloc(text, cap += 16);
+    int k = li_detok_flush(&dt, text + len, cap - len);
+    if (k > 0) len += (size_t)k;
+    msgpack_pack_map(&c->pk, 1);
+    li_mp_pack_str(&c->pk, "text");
+    li_mp_pack_strn(&c->pk, text, len);
+    free(ids);
+    free(text);
+}
+
+/** models {}: the model this server runs (a list of one). */
+static void api_models(li_call *c, const msgpack_object *params) {
+    (void)params;
+    li_server *srv = c->srv;
+    msgpack_packer *pk = &c->pk;
+    msgpack_pack_array(pk, 1);
+    msgpack_pack_map(pk, srv->model ? 6 : 1);
+    li_mp_pack_str(pk, "id");
+    li_mp_pack_str(pk, li_api_model_name(srv));
+    if (srv->model) {
+        li_mp_pack_str(pk, "path");
+        li_mp_pack_str(pk, srv->model->path ? srv->model->path : "");
+        li_mp_pack_str(pk, "architecture");
+        li_mp_pack_str(pk, srv->model->hp.arch);
+        li_mp_pack_str(pk, "n_vocab");
+        msgpack_pack_int32(pk, srv->model->hp.n_vocab);
+        li_mp_pack_str(pk, "n_ctx_train");
+        msgpack_pack_int32(pk, srv->model->hp.n_ctx_train);
+        li_mp_pack_str(pk, "max_model_len");
+        msgpack_pack_int64(pk, srv->cfg.max_model_len);
+    }
+}
+
+/** health {}: {status = "ok" | "draining", uptime_s}. */
+static void api_health(li_call *c, const msgpack_object *params) {
+    (void)params;
+    msgpack_pack_map(&c->pk, 2);
+    li_mp_pack_str(&c->pk, "status");
+    li_mp_pack_str(&c->pk, c->srv->draining ? "draining" : "ok");
+    li_mp_pack_str(&c->pk, "uptime_s");
+    msgpack_pack_double(&c->pk, c->srv->eng ? li_time_now() - c->srv->t_start : 0);
+}
+
+/** stats {}: queues, KV usage, preemptions, policy errors and fallbacks, throughput, requests. */
+static void api_stats(li_call *c, const msgpack_object *params) {
+    (void)params;
+    li_api_pack_stats(c->srv, &c->pk);
+}
+
+typedef struct reload_ctx {
+    li_server *srv;
+    li_rpc_session *s; /* NULL if the connection closed meanwhile */
+    uint32_t msgid;
+    uint64_t serial;
+} reload_ctx;
+
+static void reload_done(void *ud, int code, const char *msg) {
+    reload_ctx *rc = ud;
+    li_server *srv = rc->srv;
+    /* the connection may be gone: find it by serial */
+    li_conn *conn = NULL;
+    for (li_conn *k = srv->conns; k; k = k->next)
+        if (k->serial == rc->serial && !k->closing) conn = k;
+    if (conn) {
+        msgpack_sbuffer sb;
+        msgpack_sbuffer_init(&sb);
+        msgpack_packer pk;
+        msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+        msgpack_pack_array(&pk, 4);
+        msgpack_pack_int(&pk, 1);
+        msgpack_pack_uint32(&pk, rc->msgid);
+        if (code) {
+            msgpack_pack_map(&pk, 2);
+            li_mp_pack_str(&pk, "code");
+            msgpack_pack_int(&pk, LI_RPC_INVALID_PARAMS);
+            li_mp_pack_str(&pk, "message");
+            char m[600];
+            snprintf(m, sizeof m, "policy.reload failed (the old policy stays): %s", msg);
+            li_mp_pack_str(&pk, m);
+            msgpack_pack_nil(&pk);
+        } else {
+            msgpack_pack_nil(&pk);
+            msgpack_pack_map(&pk, 1);
+            li_mp_pack_str(&pk, "policy");
+            li_mp_pack_str(&pk, msg);
+        }
+        li_conn_write(conn, sb.data, sb.size);
+        msgpack_sbuffer_destroy(&sb);
+    }
+    free(rc);
+}
+
+/** policy.reload {path | source, admin_token}: swaps the scheduling policy live; on error the old one stays. */
+static void api_policy_reload(li_call *c, const msgpack_object *params) {
+    if (!check_admin(c, params)) return;
+    const char *path, *source;
+    size_t np, ns;
+    if (!get_str(c, params, "path", &path, &np, false) || !get_str(c, params, "source", &source, &ns, false)) return;
+    if (!path == !source) {
+        li_call_fail(c, LI_RPC_INVALID_PARAMS, "invalid params: give exactly one of 'path' and 'source'");
+        return;
+    }
+    if ((path && memchr(path, 0, np)) || (source && memchr(source, 0, ns))) {
+        li_call_fail(c, LI_RPC_INVALID_PARAMS, "invalid params: NUL byte in 'path' or 'source'");
+        return;
+    }
+    if (!c->srv->eng || !c->conn) {
+        li_call_fail(c, LI_RPC_UNAVAILABLE, "no engine is running");
+        return;
+    }
+    char *p = path ? dup_n(path, np) : NULL, *s = source ? dup_n(source, ns) : NULL;
+    reload_ctx *rc = li_xcalloc(1, sizeof *rc);
+    rc->srv = c->srv;
+    rc->msgid = c->msgid;
+    rc->serial = c->conn->serial;
+    li_engine_thread_reload(c->srv->eng, p, s, reload_done, rc);
+    free(p);
+    free(s);
+    c->pending = true;
+}
+
+/** shutdown {admin_token}: stops accepting, lets requests in flight finish (--drain-seconds), exits 0. */
+static void api_shutdown(li_call *c, const msgpack_object *params) {
+    if (!check_admin(c, params)) return;
+    msgpack_pack_map(&c->pk, 1);
+    li_mp_pack_str(&c->pk, "ok");
+    msgpack_pack_true(&c->pk);
+    li_server_begin_drain(c->srv, "shutdown requested over RPC");
+}
+
+static void api_methods(li_call *c, const msgpack_object *params);
+
+typedef struct li_method {
+    const char *name;
+    void (*fn)(li_call *c, const msgpack_object *params);
+    const char *doc;
+} li_method;
+
+/* Every method, once. */
+static const li_method methods[] = {
+    {"auth", api_auth, "auth {token}: authenticate the connection (first call when the server has --auth-token)"},
+    {"generate", api_generate, "generate {prompt|messages|tokens, max_tokens, temperature, top_p, top_k, min_p, "
+                               "repetition_penalty, presence_penalty, frequency_penalty, seed, stop, n, logprobs, "
+                               "stream, priority, tenant, cache_salt, ignore_eos}"},
+    {"cancel", api_cancel, "cancel {id | request_id}: stop a generate of this connection"},
+    {"tokenize", api_tokenize, "tokenize {text, special=true}: token ids"},
+    {"detokenize", api_detokenize, "detokenize {tokens, special=false}: text"},
+    {"models", api_models, "models {}: the served model"},
+    {"health", api_health, "health {}: status and uptime"},
+    {"stats", api_stats, "stats {}: queues, KV usage, preemptions, policy errors, throughput"},
+    {"methods", api_methods, "methods {}: this list"},
+    {"policy.reload", api_policy_reload, "policy.reload {path|source, admin_token}: swap the policy live"},
+    {"shutdown", api_shutdown, "shutdown {admin_token}: drain and exit"},
+};
+
+/** methods {}: every method name with its one-line doc. */
+static void api_methods(li_call *c, const msgpack_object *params) {
+    (void)params;
+    msgpack_pack_map(&c->pk, LI_ARRAY_LEN(methods));
+    for (size_t i = 0; i < LI_ARRAY_LEN(methods); i++) {
+        li_mp_pack_str(&c->pk, methods[i].name);
+        li_mp_pack_str(&c->pk, methods[i].doc);
+    }
+}
+
+void li_api_dispatch(li_call *c, const char *method, size_t len, const msgpack_object *params) {
+    for (size_t i = 0; i < LI_ARRAY_LEN(methods); i++)
+        if (strlen(methods[i].name) == len && !memcmp(methods[i].name, method, len)) {
+            methods[i].fn(c, params);
+            return;
+        }
+    char shown[80];
+    size_t k = 0;
+    for (size_t i = 0; i < len && k < 64; i++) /* never echo raw bytes back */
+        shown[k++] = method[i] >= 0x20 && method[i] < 0x7f ? method[i] : '?';
+    shown[k] = 0;
+    li_call_fail(c, LI_RPC_METHOD_NOT_FOUND, "unknown method '%s' (call 'methods' for the list)", shown);
+}
+
+/* ---- stats ------------------------------------------------------------------------------- */
+
+#define KV(name, packfn, v)                 \
+    do {                                    \
+        li_mp_pack_str(pk, name);           \
+        packfn(pk, v);                      \
+    } while (0)
+
+void li_api_pack_stats(li_server *srv, msgpack_packer *pk) {
+    li_engine_snapshot snap;
+    memset(&snap, 0, sizeof snap);
+    if (srv->eng) li_engine_thread_snapshot(srv->eng, &snap);
+    const li_engine_stats *st = &snap.st;
+    const li_metrics *m = &srv->m;
+    double now = li_time_now();
+    double up = srv->eng ? now - srv->t_start : 0;
+    uint64_t recent = 0;
+    int64_t sec = (int64_t)now;
+    for (int64_t s = sec - 10; s < sec; s++)
+        if (s > m->tok_ring_sec - 16 && s <= m->tok_ring_sec) recent += m->tok_ring[s & 15];
+
+    msgpack_pack_map(pk, 10);
+    KV("uptime_s", msgpack_pack_double, up);
+    li_mp_pack_str(pk, "requests");
+    msgpack_pack_map(pk, 8);
+    KV("live", msgpack_pack_int64, srv->n_live);
+    for (int i = 0; i < 4; i++) KV(reasons[i], msgpack_pack_uint64, m->requests_by_reason[i]);
+    KV("rejected", msgpack_pack_uint64, m->requests_by_reason[4]);
+    KV("inflight_refused", msgpack_pack_uint64, m->inflight_refused);
+    KV("engine_finished", msgpack_pack_int64, st->requests_finished);
+    li_mp_pack_str(pk, "queues");
+    msgpack_pack_map(pk, 3);
+    KV("waiting", msgpack_pack_int32, st->n_waiting);
+    KV("running", msgpack_pack_int32, st->n_running);
+    KV("preempted", msgpack_pack_int32, st->n_preempted);
+    li_mp_pack_str(pk, "kv");
+    msgpack_pack_map(pk, 6);
+    KV("blocks_total", msgpack_pack_int32, st->kv_total_blocks);
+    KV("blocks_free", msgpack_pack_int32, st->kv_free_blocks);
+    KV("blocks_used", msgpack_pack_int32, st->kv_total_blocks - st->kv_free_blocks);
+    KV("usage", msgpack_pack_double, st->kv_total_blocks ? 1.0 - (double)st->kv_free_blocks / st->kv_total_blocks : 0.0);
+    KV("block_size", msgpack_pack_int32, st->block_size);
+    KV("bytes", msgpack_pack_uint64, st->kv_bytes);
+    li_mp_pack_str(pk, "engine");
+    msgpack_pack_map(pk, 10);
+    KV("steps", msgpack_pack_int64, snap.steps_busy);
+    KV("tokens_computed", msgpack_pack_int64, st->tokens_computed);
+    KV("tokens_generated", msgpack_pack_int64, st->tokens_generated);
+    KV("preemptions", msgpack_pack_int64, st->preemptions);
+    KV("requests_finished", msgpack_pack_int64, st->requests_finished);
+    KV("requests_rejected", msgpack_pack_int64, st->requests_rejected);
+    KV("time_step_s", msgpack_pack_double, st->time_total);
+    KV("time_forward_s", msgpack_pack_double, st->time_forward);
+    KV("time_policy_s", msgpack_pack_double, st->time_policy);
+    KV("busy_s", msgpack_pack_double, snap.busy_seconds);
+    li_mp_pack_str(pk, "policy");
+    msgpack_pack_map(pk, 6);
+    li_mp_pack_str(pk, "name");
+    li_mp_pack_str(pk, snap.policy[0] ? snap.policy : "none");
+    KV("errors", msgpack_pack_int64, st->policy_errors);
+    KV("fallback_steps", msgpack_pack_int64, st->fallback_steps);
+    KV("plans_trimmed", msgpack_pack_int64, st->plans_trimmed);
+    KV("reloads", msgpack_pack_int64, snap.policy_reloads);
+    KV("reload_errors", msgpack_pack_int64, snap.policy_reload_errors);
+    li_mp_pack_str(pk, "throughput");
+    msgpack_pack_map(pk, 3);
+    KV("generated_tokens_per_s", msgpack_pack_double, (double)recent / 10.0);
+    KV("generated_tokens_per_s_avg", msgpack_pack_double, up > 0 ? (double)m->generation_tokens / up : 0.0);
+    KV("prompt_tokens_total", msgpack_pack_uint64, m->prompt_tokens);
+    li_mp_pack_str(pk, "connections");
+    msgpack_pack_map(pk, 4);
+    KV("open", msgpack_pack_int, srv->n_conns);
+    KV("total", msgpack_pack_uint64, m->connections_total);
+    KV("refused", msgpack_pack_uint64, m->connections_refused);
+    KV("slow_closed", msgpack_pack_uint64, m->slow_clients_closed);
+    li_mp_pack_str(pk, "calls");
+    msgpack_pack_map(pk, 4);
+    KV("rpc", msgpack_pack_uint64, m->rpc_calls);
+    KV("rpc_errors", msgpack_pack_uint64, m->rpc_errors);
+    KV("http", msgpack_pack_uint64, m->http_requests);
+    KV("http_errors", msgpack_pack_uint64, m->http_errors);
+    li_mp_pack_str(pk, "config");
+    msgpack_pack_map(pk, 6);
+    KV("max_num_seqs", msgpack_pack_int32, srv->cfg.max_num_seqs);
+    KV("max_batched_tokens", msgpack_pack_int32, srv->cfg.max_batched_tokens);
+    KV("block_size", msgpack_pack_int32, srv->cfg.block_size);
+    li_mp_pack_str(pk, "kv_dtype");
+    li_mp_pack_str(pk, li_type_name(srv->cfg.kv_dtype));
+    KV("max_model_len", msgpack_pack_int64, srv->cfg.max_model_len);
+    KV("draining", msgpack_pack_int, srv->draining ? 1 : 0);
+    li_hist_free(&snap.step_time);
+}

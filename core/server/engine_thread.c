@@ -1,0 +1,444 @@
+/* engine_thread.c — the one thread that steps the engine.
+ *
+ * Everything that touches the li_engine or the policy happens here. The
+ * loop thread hands work over through a mutex-protected command queue and
+ * wakes this thread with a condition variable; this thread answers with
+ * batches of events posted to the loop (li_loop_post: mutex +
+ * uv_async_send), one batch per step, so a step with 128 decodes costs one
+ * wake-up of the loop, not 128.
+ *
+ *   for (;;) {
+ *       wait until: a command, or the engine has work, or quit
+ *       run the commands (add, cancel, reload) in order
+ *       one li_engine_step() if there is work
+ *       release finished requests, publish the stats snapshot, post events
+ *   }
+ *
+ * Lifetimes: a li_srv_req belongs to the loop thread, which frees it only
+ * after the FINISH event of its last sample (or its ERROR) arrived. A
+ * cancel command may still be queued by then, so commands name requests by
+ * pointer and this thread only dereferences one that is in its own list of
+ * live requests (checked by address; the queue is FIFO, so a freed and
+ * reused address is added back only after the stale cancel ran). */
+#include "server/server.h"
+#include "policy/policy_lua.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef enum { CMD_ADD, CMD_CANCEL, CMD_RELOAD } cmd_kind;
+
+typedef struct cmd {
+    cmd_kind kind;
+    li_srv_req *req;
+    char *path, *source;
+    li_reload_done_fn done;
+    void *ud;
+    struct cmd *next;
+} cmd;
+
+struct li_engine_thread {
+    li_server *srv;
+    li_engine *eng;
+    li_policy *policy;
+    uv_thread_t tid;
+    bool started;
+    /* loop → engine */
+    uv_mutex_t mu;
+    uv_cond_t cv;
+    cmd *head, *tail;
+    bool quit;
+    /* engine thread only */
+    li_event_batch *batch;
+    li_srv_req **live;
+    int32_t n_live, cap_live;
+    int64_t *release;
+    int32_t n_release, cap_release;
+    li_hist step_time;
+    double busy;
+    int64_t commands, steps_busy, reloads, reload_errors;
+    /* engine → anyone: the stats snapshot */
+    uv_mutex_t snap_mu;
+    li_engine_snapshot snap;
+};
+
+static const double step_buckets[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5};
+
+/* ---- histograms (shared with the server's metrics) ------------------------ */
+
+void li_hist_init(li_hist *h, const double *le, int n) {
+    h->n = n;
+    h->le = le;
+    h->count = li_xcalloc((size_t)n + 1, sizeof *h->count);
+    h->sum = 0;
+    h->total = 0;
+}
+
+void li_hist_free(li_hist *h) {
+    free(h->count);
+    h->count = NULL;
+}
+
+void li_hist_add(li_hist *h, double v) {
+    int i = 0;
+    while (i < h->n && v > h->le[i]) i++;
+    h->count[i]++;
+    h->sum += v;
+    h->total++;
+}
+
+void li_hist_copy(li_hist *dst, const li_hist *src) {
+    memcpy(dst->count, src->count, ((size_t)src->n + 1) * sizeof *src->count);
+    dst->sum = src->sum;
+    dst->total = src->total;
+}
+
+/* ---- events -------------------------------------------------------------------- */
+
+static li_srv_event *push_event(li_engine_thread *t) {
+    li_event_batch *b = t->batch;
+    if (!b) {
+        b = t->batch = li_xcalloc(1, sizeof *b);
+        b->srv = t->srv;
+    }
+    if (b->n == b->cap) {
+        b->cap = b->cap * 2 + 16;
+        b->ev = li_xrealloc(b->ev, (size_t)b->cap * sizeof *b->ev);
+    }
+    li_srv_event *e = &b->ev[b->n++];
+    memset(e, 0, sizeof *e);
+    e->t = li_time_now();
+    return e;
+}
+
+static void deliver(void *data) {
+    li_event_batch *b = data;
+    li_server_on_events(b->srv, b);
+    free(b->ev);
+    free(b);
+}
+
+static void flush_events(li_engine_thread *t) {
+    if (!t->batch) return;
+    li_loop_post(&t->srv->loop, deliver, t->batch);
+    t->batch = NULL;
+}
+
+static char *dup_bytes(const char *s, size_t n) {
+    char *p = li_xmalloc(n + 1);
+    if (n) memcpy(p, s, n);
+    p[n] = 0;
+    return p;
+}
+
+static int live_index(li_engine_thread *t, const li_srv_req *r) {
+    for (int32_t i = 0; i < t->n_live; i++)
+        if (t->live[i] == r) return i;
+    return -1;
+}
+
+static void live_remove(li_engine_thread *t, const li_srv_req *r) {
+    int i = live_index(t, r);
+    if (i >= 0) t->live[i] = t->live[--t->n_live];
+}
+
+/* The engine's callback (this thread, inside add/step/cancel). */
+static void on_engine_event(void *ud, const li_event *ev) {
+    li_srv_req *r = ud;
+    li_engine_thread *t = r->srv->eng;
+    if (r->eng_id < 0) r->eng_id = ev->id; /* events during li_engine_add (max_tokens = 0) */
+    int32_t index = (int32_t)(ev->id - r->eng_id);
+    if (ev->kind == LI_EVENT_TOKEN) {
+        /* non-streamed requests without logprobs need nothing until the end,
+         * except the first token's time and the token count */
+        li_srv_event *e = push_event(t);
+        e->kind = LI_EV_DELTA;
+        e->req = r;
+        e->id = ev->id;
+        e->index = index;
+        e->token = ev->token;
+        e->logprob = ev->logprob;
+        if (r->g.stream) e->text = dup_bytes(ev->text ? ev->text : "", ev->text_len), e->text_len = ev->text_len;
+        if (r->g.logprobs >= 0 && ev->token >= 0 && ev->n_top > 0 && ev->top) {
+            e->n_top = ev->n_top;
+            e->top = li_xmalloc((size_t)ev->n_top * sizeof *e->top);
+            memcpy(e->top, ev->top, (size_t)ev->n_top * sizeof *e->top);
+        }
+        return;
+    }
+    const li_request_result *res = li_engine_result(t->eng, ev->id);
+    li_srv_event *e = push_event(t);
+    e->kind = LI_EV_FINISH;
+    e->req = r;
+    e->id = ev->id;
+    e->index = index;
+    e->finish_reason = ev->finish_reason;
+    e->t_first = -1;
+    if (res) {
+        e->text = dup_bytes(res->text, res->text_len);
+        e->text_len = res->text_len;
+        e->n_tokens = res->n_tokens;
+        if (res->n_tokens > 0) {
+            e->tokens = li_xmalloc((size_t)res->n_tokens * sizeof *e->tokens);
+            memcpy(e->tokens, res->tokens, (size_t)res->n_tokens * sizeof *e->tokens);
+        }
+        e->n_prompt = res->n_prompt;
+        e->n_preemptions = res->n_preemptions;
+        if (res->t_first_token >= 0) e->t_first = e->t - (li_engine_now(t->eng) - res->t_first_token);
+    }
+    if (t->n_release == t->cap_release) {
+        t->cap_release = t->cap_release * 2 + 16;
+        t->release = li_xrealloc(t->release, (size_t)t->cap_release * sizeof *t->release);
+    }
+    t->release[t->n_release++] = ev->id;
+    if (++r->n_fin_engine == r->g.n) live_remove(t, r);
+}
+
+static void push_error(li_engine_thread *t, li_srv_req *r, int code, const char *msg) {
+    li_srv_event *e = push_event(t);
+    e->kind = LI_EV_ERROR;
+    e->req = r;
+    e->code = code;
+    e->text = dup_bytes(msg, strlen(msg));
+    e->text_len = strlen(msg);
+}
+
+/* ---- commands ------------------------------------------------------------------- */
+
+static void run_add(li_engine_thread *t, li_srv_req *r) {
+    li_gen_params *g = &r->g;
+    li_request_params p = {
+        .prompt = r->prompt, .n_prompt = (int64_t)r->n_prompt, .sampling = g->sp, .max_tokens = g->max_tokens,
+        .n = g->n, .stop = (const char *const *)g->stop, .n_stop = g->n_stop, .ignore_eos = g->ignore_eos,
+        .priority = g->priority, .tenant = g->tenant, .on_event = on_engine_event, .ud = r,
+    };
+    p.sampling.n_logprobs = g->logprobs > 0 ? g->logprobs : 0;
+    r->eng_id = -1;
+    r->n_fin_engine = 0;
+    if (t->n_live == t->cap_live) {
+        t->cap_live = t->cap_live * 2 + 16;
+        t->live = li_xrealloc(t->live, (size_t)t->cap_live * sizeof *t->live);
+    }
+    t->live[t->n_live++] = r;
+    li_error err = {0};
+    int64_t id;
+    if (li_engine_add(t->eng, &p, &id, &err) != 0) {
+        live_remove(t, r);
+        int code = strstr(err.msg, "rejected by policy") ? LI_RPC_REJECTED
+                   : err.code == LI_EINVAL || err.code == LI_ERANGE ? LI_RPC_INVALID_PARAMS
+                                                                    : LI_RPC_ENGINE;
+        push_error(t, r, code, err.msg);
+        return;
+    }
+    r->eng_id = id;
+}
+
+static void run_cancel(li_engine_thread *t, li_srv_req *r) {
+    if (live_index(t, r) < 0) return; /* finished already (or never added) */
+    int64_t first = r->eng_id;
+    int32_t n = r->g.n;
+    for (int32_t i = 0; i < n; i++) li_engine_cancel(t->eng, first + i);
+}
+
+typedef struct reload_reply {
+    li_reload_done_fn done;
+    void *ud;
+    int code;
+    char msg[512];
+} reload_reply;
+
+static void deliver_reload(void *data) {
+    reload_reply *rr = data;
+    rr->done(rr->ud, rr->code, rr->msg);
+    free(rr);
+}
+
+static void run_reload(li_engine_thread *t, cmd *c) {
+    li_error err = {0};
+    int rc;
+    if (t->policy) {
+        rc = t->policy->ops->reload(t->policy, c->path, c->source, &err);
+    } else {
+        li_policy *p = NULL;
+        rc = li_policy_lua_open(&p, c->path, c->source, NULL, &err);
+        if (rc == 0) {
+            t->policy = p;
+            li_engine_set_policy(t->eng, p);
+        }
+    }
+    if (rc) t->reload_errors++;
+    else t->reloads++;
+    /* the reply goes after this step's events, so the caller sees order kept */
+    flush_events(t);
+    reload_reply *rr = li_xcalloc(1, sizeof *rr);
+    rr->done = c->done;
+    rr->ud = c->ud;
+    rr->code = rc;
+    snprintf(rr->msg, sizeof rr->msg, "%s", rc ? err.msg : (t->policy ? t->policy->name : ""));
+    li_loop_post(&t->srv->loop, deliver_reload, rr);
+}
+
+static void release_finished(li_engine_thread *t) {
+    for (int32_t i = 0; i < t->n_release; i++) li_engine_release(t->eng, t->release[i]);
+    t->n_release = 0;
+}
+
+static void publish(li_engine_thread *t) {
+    uv_mutex_lock(&t->snap_mu);
+    li_engine_stats_get(t->eng, &t->snap.st);
+    t->snap.commands = t->commands;
+    t->snap.steps_busy = t->steps_busy;
+    t->snap.busy_seconds = t->busy;
+    li_hist_copy(&t->snap.step_time, &t->step_time);
+    snprintf(t->snap.policy, sizeof t->snap.policy, "%s", t->policy ? t->policy->name : "builtin-fcfs");
+    t->snap.policy_reloads = t->reloads;
+    t->snap.policy_reload_errors = t->reload_errors;
+    uv_mutex_unlock(&t->snap_mu);
+}
+
+static void thread_main(void *arg) {
+    li_engine_thread *t = arg;
+    for (;;) {
+        uv_mutex_lock(&t->mu);
+        while (!t->head && !t->quit && !li_engine_has_work(t->eng)) uv_cond_wait(&t->cv, &t->mu);
+        cmd *list = t->head;
+        t->head = t->tail = NULL;
+        bool quit = t->quit;
+        uv_mutex_unlock(&t->mu);
+
+        for (cmd *c = list, *next; c; c = next) {
+            next = c->next;
+            t->commands++;
+            if (c->kind == CMD_ADD) run_add(t, c->req);
+            else if (c->kind == CMD_CANCEL) run_cancel(t, c->req);
+            else run_reload(t, c);
+            free(c->path);
+            free(c->source);
+            free(c);
+        }
+        if (quit) {
+            /* stop: whatever is still live ends as cancelled */
+            while (t->n_live > 0) {
+                int32_t before = t->n_live;
+                run_cancel(t, t->live[t->n_live - 1]);
+                if (t->n_live == before) t->n_live--; /* cannot happen; never spin */
+            }
+            release_finished(t);
+            publish(t);
+            flush_events(t);
+            return;
+        }
+        if (li_engine_has_work(t->eng)) {
+            li_error err = {0};
+            double t0 = li_time_now();
+            if (li_engine_step(t->eng, &err) != 0) li_log_error("serve: engine step failed: %s", err.msg);
+            double dt = li_time_now() - t0;
+            li_hist_add(&t->step_time, dt);
+            t->busy += dt;
+            t->steps_busy++;
+        }
+        release_finished(t);
+        publish(t);
+        flush_events(t);
+    }
+}
+
+/* ---- the loop thread's side -------------------------------------------------------- */
+
+static void push_cmd(li_engine_thread *t, cmd *c) {
+    uv_mutex_lock(&t->mu);
+    if (t->tail) t->tail->next = c;
+    else t->head = c;
+    t->tail = c;
+    uv_cond_signal(&t->cv);
+    uv_mutex_unlock(&t->mu);
+}
+
+void li_engine_thread_add(li_engine_thread *t, li_srv_req *r) {
+    cmd *c = li_xcalloc(1, sizeof *c);
+    c->kind = CMD_ADD;
+    c->req = r;
+    push_cmd(t, c);
+}
+
+void li_engine_thread_cancel(li_engine_thread *t, li_srv_req *r) {
+    cmd *c = li_xcalloc(1, sizeof *c);
+    c->kind = CMD_CANCEL;
+    c->req = r;
+    push_cmd(t, c);
+}
+
+void li_engine_thread_reload(li_engine_thread *t, const char *path, const char *source, li_reload_done_fn done,
+                             void *ud) {
+    cmd *c = li_xcalloc(1, sizeof *c);
+    c->kind = CMD_RELOAD;
+    c->path = path ? strdup(path) : NULL;
+    c->source = source ? strdup(source) : NULL;
+    c->done = done;
+    c->ud = ud;
+    push_cmd(t, c);
+}
+
+void li_engine_thread_snapshot(li_engine_thread *t, li_engine_snapshot *out) {
+    uv_mutex_lock(&t->snap_mu);
+    *out = t->snap;
+    li_hist_init(&out->step_time, t->snap.step_time.le, t->snap.step_time.n);
+    li_hist_copy(&out->step_time, &t->snap.step_time);
+    uv_mutex_unlock(&t->snap_mu);
+}
+
+int li_engine_thread_start(li_engine_thread **out, li_server *srv, const li_engine_thread_opts *o, li_error *err) {
+    *out = NULL;
+    li_engine_thread *t = li_xcalloc(1, sizeof *t);
+    t->srv = srv;
+    int rc = li_engine_init(&t->eng, o->model, o->be, &o->cfg, err);
+    if (rc) {
+        free(t);
+        return rc;
+    }
+    t->policy = o->policy;
+    li_engine_set_policy(t->eng, t->policy);
+    li_hist_init(&t->step_time, step_buckets, (int)LI_ARRAY_LEN(step_buckets));
+    li_hist_init(&t->snap.step_time, step_buckets, (int)LI_ARRAY_LEN(step_buckets));
+    uv_mutex_init(&t->mu);
+    uv_cond_init(&t->cv);
+    uv_mutex_init(&t->snap_mu);
+    publish(t);
+    srv->eng = t; /* the callback finds the thread through the server */
+    if ((rc = uv_thread_create(&t->tid, thread_main, t)) != 0) {
+        srv->eng = NULL;
+        li_engine_thread_stop(t);
+        return li_error_set(err, LI_EIO, "serve: cannot start the engine thread: %s", uv_strerror(rc));
+    }
+    t->started = true;
+    *out = t;
+    return 0;
+}
+
+void li_engine_thread_stop(li_engine_thread *t) {
+    if (!t) return;
+    if (t->started) {
+        uv_mutex_lock(&t->mu);
+        t->quit = true;
+        uv_cond_signal(&t->cv);
+        uv_mutex_unlock(&t->mu);
+        uv_thread_join(&t->tid);
+    }
+    for (cmd *c = t->head, *next; c; c = next) { /* commands that came too late */
+        next = c->next;
+        free(c->path);
+        free(c->source);
+        free(c);
+    }
+    li_engine_free(t->eng);
+    if (t->policy) t->policy->ops->free(t->policy);
+    uv_mutex_destroy(&t->mu);
+    uv_cond_destroy(&t->cv);
+    uv_mutex_destroy(&t->snap_mu);
+    li_hist_free(&t->step_time);
+    li_hist_free(&t->snap.step_time);
+    free(t->live);
+    free(t->release);
+    free(t);
+}

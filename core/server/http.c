@@ -1,0 +1,780 @@
+/* http.c — the HTTP face of the server: OpenAI-compatible completions and
+ * chat completions (JSON or Server-Sent Events), /v1/models, /health and
+ * /metrics (Prometheus text format).
+ *
+ * One request at a time per connection (HTTP/1.1 keep-alive; pipelined
+ * requests wait: the parser pauses at the end of each message and reading
+ * stops until the response is complete). A JSON body is converted to
+ * msgpack and parsed by the same li_api_gen_parse as the RPC `generate`,
+ * with OpenAI's defaults (temperature 1, top_p 1, max_tokens 16 for
+ * completions, up to the context for chat). Streamed responses use
+ * chunked transfer encoding: `data: {json}\n\n` per delta, then
+ * `data: [DONE]\n\n`.
+ *
+ * Errors are OpenAI-style: {"error": {"message", "type", "param", "code"}}
+ * with the HTTP status (400 bad JSON or parameters, 401, 404, 405, 413,
+ * 429, 503). */
+#include "server/server.h"
+
+#include <cjson/cJSON.h>
+#include <http_parser.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+
+#define MAX_URL 8192
+#define MAX_HEADER_VALUE 1024
+
+/* ---- a growable byte buffer with printf ------------------------------------- */
+
+static void sb_printf(msgpack_sbuffer *sb, const char *fmt, ...) LI_PRINTF(2, 3);
+static void sb_printf(msgpack_sbuffer *sb, const char *fmt, ...) {
+    char small[512];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(small, sizeof small, fmt, ap);
+    va_end(ap);
+    if (n < 0) return;
+    if ((size_t)n < sizeof small) {
+        msgpack_sbuffer_write(sb, small, (size_t)n);
+        return;
+    }
+    char *big = li_xmalloc((size_t)n + 1);
+    va_start(ap, fmt);
+    vsnprintf(big, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    msgpack_sbuffer_write(sb, big, (size_t)n);
+    free(big);
+}
+
+/* ---- the HTTP session (socket-independent) --------------------------------------- */
+
+typedef enum { H_NONE, H_AUTH, H_OTHER } hdr_kind;
+
+typedef struct http_sess {
+    li_server *srv;
+    li_conn *conn;             /* NULL when detached: output goes to `out` */
+    msgpack_sbuffer *out;
+    http_parser p;
+    bool closed;
+    /* the request being parsed */
+    char *url;
+    size_t url_len;
+    char field[32];
+    size_t field_len;
+    bool field_done;
+    hdr_kind cur;
+    char auth[MAX_HEADER_VALUE];
+    size_t auth_len;
+    char *body;
+    size_t body_len;
+    bool too_large;
+    bool keep_alive;
+    /* the response in progress */
+    bool busy;
+    char *pending;             /* bytes that arrived while busy */
+    size_t n_pending;
+    li_srv_req *req;
+    bool chat, sse, include_usage;
+    long created;
+} http_sess;
+
+static void hwrite(http_sess *h, const void *buf, size_t n) {
+    if (h->conn) li_conn_write(h->conn, buf, n);
+    else if (h->out) msgpack_sbuffer_write(h->out, buf, n);
+}
+
+static const char *status_text(int status) {
+    switch (status) {
+    case 200: return "OK";
+    case 400: return "Bad Request";
+    case 401: return "Unauthorized";
+    case 404: return "Not Found";
+    case 405: return "Method Not Allowed";
+    case 413: return "Payload Too Large";
+    case 429: return "Too Many Requests";
+    case 500: return "Internal Server Error";
+    case 503: return "Service Unavailable";
+    default: return "Error";
+    }
+}
+
+static void http_done(http_sess *h);
+
+static void respond(http_sess *h, int status, const char *ctype, const char *body, size_t n) {
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    sb_printf(&sb,
+              "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\nConnection: %s\r\n%s\r\n", status,
+              status_text(status), ctype, n, h->keep_alive ? "keep-alive" : "close",
+              status == 401 ? "WWW-Authenticate: Bearer\r\n" : "");
+    msgpack_sbuffer_write(&sb, body, n);
+    hwrite(h, sb.data, sb.size);
+    msgpack_sbuffer_destroy(&sb);
+    if (status >= 400) h->srv->m.http_errors++;
+    http_done(h);
+}
+
+static void respond_json(http_sess *h, int status, cJSON *j) {
+    char *s = cJSON_PrintUnformatted(j);
+    respond(h, status, "application/json", s, strlen(s));
+    free(s);
+    cJSON_Delete(j);
+}
+
+static cJSON *error_object(int status, const char *msg) {
+    const char *type = status == 401 ? "authentication_error"
+                       : status == 404 ? "not_found_error"
+                       : status == 429 ? "rate_limit_error"
+                       : status >= 500 ? "server_error"
+                                       : "invalid_request_error";
+    cJSON *j = cJSON_CreateObject();
+    cJSON *e = cJSON_AddObjectToObject(j, "error");
+    cJSON_AddStringToObject(e, "message", msg);
+    cJSON_AddStringToObject(e, "type", type);
+    cJSON_AddNullToObject(e, "param");
+    cJSON_AddNullToObject(e, "code");
+    return j;
+}
+
+static void respond_error(http_sess *h, int status, const char *fmt, ...) LI_PRINTF(3, 4);
+static void respond_error(http_sess *h, int status, const char *fmt, ...) {
+    char msg[600];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    respond_json(h, status, error_object(status, msg));
+}
+
+/* RPC error codes → HTTP statuses. */
+static int http_status_of(int code) {
+    switch (code) {
+    case LI_RPC_UNAUTHORIZED: return 401;
+    case LI_RPC_NOT_FOUND: return 404;
+    case LI_RPC_TOO_LARGE: return 413;
+    case LI_RPC_TOO_MANY: return 429;
+    case LI_RPC_UNAVAILABLE: return 503;
+    case LI_RPC_INTERNAL: case LI_RPC_ENGINE: return 500;
+    default: return 400;
+    }
+}
+
+/* ---- SSE ----------------------------------------------------------------------------- */
+
+static void sse_begin(http_sess *h) {
+    static const char hdr[] = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
+                              "Transfer-Encoding: chunked\r\n";
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    sb_printf(&sb, "%sConnection: %s\r\n\r\n", hdr, h->keep_alive ? "keep-alive" : "close");
+    hwrite(h, sb.data, sb.size);
+    msgpack_sbuffer_destroy(&sb);
+    h->sse = true;
+}
+
+/* One chunk holding `data: <json>\n\n`. */
+static void sse_send(http_sess *h, const char *data, size_t n) {
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    sb_printf(&sb, "%zx\r\ndata: ", n + 8);
+    msgpack_sbuffer_write(&sb, data, n);
+    msgpack_sbuffer_write(&sb, "\n\n\r\n", 4);
+    hwrite(h, sb.data, sb.size);
+    msgpack_sbuffer_destroy(&sb);
+}
+
+static void sse_json(http_sess *h, cJSON *j) {
+    char *s = cJSON_PrintUnformatted(j);
+    sse_send(h, s, strlen(s));
+    free(s);
+    cJSON_Delete(j);
+}
+
+static void sse_end(http_sess *h) {
+    sse_send(h, "[DONE]", 6);
+    hwrite(h, "0\r\n\r\n", 5);
+    http_done(h);
+}
+
+/* ---- OpenAI response objects ------------------------------------------------------------ */
+
+static cJSON *base_object(http_sess *h, const li_srv_req *r, bool chunk) {
+    char id[64];
+    snprintf(id, sizeof id, "%s-%lld", h->chat ? "chatcmpl" : "cmpl", (long long)(r->id >= 0 ? r->id : 0));
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "id", id);
+    cJSON_AddStringToObject(j, "object", h->chat ? (chunk ? "chat.completion.chunk" : "chat.completion")
+                                                 : "text_completion");
+    cJSON_AddNumberToObject(j, "created", (double)h->created);
+    cJSON_AddStringToObject(j, "model", li_api_model_name(h->srv));
+    return j;
+}
+
+static cJSON *usage_object(const li_srv_req *r) {
+    int64_t completion = 0;
+    for (int32_t i = 0; i < r->g.n; i++) completion += r->out[i].n_tokens;
+    cJSON *u = cJSON_CreateObject();
+    cJSON_AddNumberToObject(u, "prompt_tokens", (double)r->n_prompt_tokens);
+    cJSON_AddNumberToObject(u, "completion_tokens", (double)completion);
+    cJSON_AddNumberToObject(u, "total_tokens", (double)(r->n_prompt_tokens + completion));
+    return u;
+}
+
+/* Text that is valid JSON-string material (cJSON escapes; invalid UTF-8
+ * cannot occur: the engine emits whole characters or U+FFFD). */
+static cJSON *str_n(const char *s, size_t n) {
+    char *z = li_xmalloc(n + 1);
+    memcpy(z, s, n);
+    z[n] = 0;
+    cJSON *j = cJSON_CreateString(z);
+    free(z);
+    return j;
+}
+
+static void http_delta(li_srv_req *r, int32_t index, const char *text, size_t n, int32_t token, float logprob,
+                       const li_token_logprob *top, int32_t n_top) {
+    (void)token, (void)logprob, (void)top, (void)n_top;
+    http_sess *h = r->owner;
+    if (!h->sse) sse_begin(h);
+    if (n == 0) return;
+    cJSON *j = base_object(h, r, true);
+    cJSON *choices = cJSON_AddArrayToObject(j, "choices");
+    cJSON *c = cJSON_CreateObject();
+    cJSON_AddNumberToObject(c, "index", index);
+    if (h->chat) {
+        cJSON *d = cJSON_AddObjectToObject(c, "delta");
+        cJSON_AddItemToObject(d, "content", str_n(text, n));
+    } else {
+        cJSON_AddItemToObject(c, "text", str_n(text, n));
+    }
+    cJSON_AddNullToObject(c, "logprobs");
+    cJSON_AddNullToObject(c, "finish_reason");
+    cJSON_AddItemToArray(choices, c);
+    sse_json(h, j);
+}
+
+static void http_done_req(li_srv_req *r) {
+    http_sess *h = r->owner;
+    h->req = NULL;
+    if (r->g.stream) {
+        if (!h->sse) sse_begin(h);
+        for (int32_t i = 0; i < r->g.n; i++) {
+            cJSON *j = base_object(h, r, true);
+            cJSON *choices = cJSON_AddArrayToObject(j, "choices");
+            cJSON *c = cJSON_CreateObject();
+            cJSON_AddNumberToObject(c, "index", i);
+            if (h->chat) cJSON_AddObjectToObject(c, "delta");
+            else cJSON_AddStringToObject(c, "text", "");
+            cJSON_AddNullToObject(c, "logprobs");
+            cJSON_AddStringToObject(c, "finish_reason", r->out[i].finish_reason ? r->out[i].finish_reason : "error");
+            cJSON_AddItemToArray(choices, c);
+            sse_json(h, j);
+        }
+        if (h->include_usage) {
+            cJSON *j = base_object(h, r, true);
+            cJSON_AddArrayToObject(j, "choices");
+            cJSON_AddItemToObject(j, "usage", usage_object(r));
+            sse_json(h, j);
+        }
+        sse_end(h);
+        return;
+    }
+    cJSON *j = base_object(h, r, false);
+    cJSON *choices = cJSON_AddArrayToObject(j, "choices");
+    for (int32_t i = 0; i < r->g.n; i++) {
+        const li_sample_out *o = &r->out[i];
+        cJSON *c = cJSON_CreateObject();
+        cJSON_AddNumberToObject(c, "index", i);
+        if (h->chat) {
+            cJSON *m = cJSON_AddObjectToObject(c, "message");
+            cJSON_AddStringToObject(m, "role", "assistant");
+            cJSON_AddItemToObject(m, "content", str_n(o->text ? o->text : "", o->text_len));
+        } else {
+            cJSON_AddItemToObject(c, "text", str_n(o->text ? o->text : "", o->text_len));
+        }
+        cJSON_AddNullToObject(c, "logprobs");
+        cJSON_AddStringToObject(c, "finish_reason", o->finish_reason ? o->finish_reason : "error");
+        cJSON_AddItemToArray(choices, c);
+    }
+    cJSON_AddItemToObject(j, "usage", usage_object(r));
+    respond_json(h, 200, j);
+}
+
+static void http_error_req(li_srv_req *r, int code, const char *msg) {
+    http_sess *h = r->owner;
+    h->req = NULL;
+    if (h->sse) { /* headers are out: report in-band, then end the stream */
+        cJSON *j = error_object(http_status_of(code), msg);
+        sse_json(h, j);
+        sse_end(h);
+        return;
+    }
+    respond_error(h, http_status_of(code), "%s", msg);
+}
+
+static const li_sink_ops http_sink = {http_delta, http_done_req, http_error_req};
+
+/* ---- JSON → msgpack, so that one parser reads both transports ------------------------------ */
+
+static bool pack_json(msgpack_packer *pk, const cJSON *j, int depth) {
+    if (depth > LI_SRV_MAX_DEPTH) return false;
+    if (cJSON_IsNull(j)) msgpack_pack_nil(pk);
+    else if (cJSON_IsTrue(j)) msgpack_pack_true(pk);
+    else if (cJSON_IsFalse(j)) msgpack_pack_false(pk);
+    else if (cJSON_IsNumber(j)) {
+        double v = j->valuedouble;
+        if (isfinite(v) && v == floor(v) && fabs(v) < 9007199254740992.0) msgpack_pack_int64(pk, (int64_t)v);
+        else msgpack_pack_double(pk, v);
+    } else if (cJSON_IsString(j)) li_mp_pack_str(pk, j->valuestring);
+    else if (cJSON_IsArray(j)) {
+        msgpack_pack_array(pk, (size_t)cJSON_GetArraySize(j));
+        for (const cJSON *c = j->child; c; c = c->next)
+            if (!pack_json(pk, c, depth + 1)) return false;
+    } else if (cJSON_IsObject(j)) {
+        msgpack_pack_map(pk, (size_t)cJSON_GetArraySize(j));
+        for (const cJSON *c = j->child; c; c = c->next) {
+            li_mp_pack_str(pk, c->string ? c->string : "");
+            if (!pack_json(pk, c, depth + 1)) return false;
+        }
+    } else {
+        msgpack_pack_nil(pk);
+    }
+    return true;
+}
+
+/* ---- routes ------------------------------------------------------------------------------------ */
+
+static void route_completions(http_sess *h, bool chat) {
+    li_server *srv = h->srv;
+    if (!h->body_len) {
+        respond_error(h, 400, "the request body must be a JSON object");
+        return;
+    }
+    if (!li_utf8_valid(h->body, h->body_len)) {
+        respond_error(h, 400, "the request body is not valid UTF-8");
+        return;
+    }
+    cJSON *j = cJSON_ParseWithLength(h->body, h->body_len);
+    if (!j) {
+        respond_error(h, 400, "the request body is not valid JSON");
+        return;
+    }
+    if (!cJSON_IsObject(j)) {
+        cJSON_Delete(j);
+        respond_error(h, 400, "the request body must be a JSON object");
+        return;
+    }
+    const cJSON *so = cJSON_GetObjectItemCaseSensitive(j, "stream_options");
+    h->include_usage = so && cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(so, "include_usage"));
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    bool ok = pack_json(&pk, j, 0);
+    cJSON_Delete(j);
+    msgpack_unpacked u;
+    msgpack_unpacked_init(&u);
+    size_t off = 0;
+    if (!ok || msgpack_unpack_next(&u, sb.data, sb.size, &off) != MSGPACK_UNPACK_SUCCESS) {
+        msgpack_unpacked_destroy(&u);
+        msgpack_sbuffer_destroy(&sb);
+        respond_error(h, 400, "the request body nests deeper than %d levels", LI_SRV_MAX_DEPTH);
+        return;
+    }
+    li_gen_params g;
+    li_error err = {0};
+    li_gen_defaults d = {.openai = true, .chat = chat};
+    int rc = li_api_gen_parse(srv, &u.data, &d, &g, &err);
+    msgpack_unpacked_destroy(&u);
+    msgpack_sbuffer_destroy(&sb);
+    if (rc) {
+        respond_error(h, http_status_of(err.code), "%s", err.msg);
+        return;
+    }
+    if (!chat && g.msgs) {
+        li_gen_params_free(&g);
+        respond_error(h, 400, "/v1/completions takes 'prompt'; use /v1/chat/completions for 'messages'");
+        return;
+    }
+    h->chat = chat;
+    h->sse = false;
+    h->created = (long)time(NULL);
+    li_srv_req *r = li_api_gen_start(srv, &g, &http_sink, h, &err);
+    if (!r) {
+        respond_error(h, http_status_of(err.code), "%s", err.msg);
+        return;
+    }
+    h->req = r; /* the sink answers; h->busy stays set until then */
+}
+
+static void route_models(http_sess *h) {
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "object", "list");
+    cJSON *data = cJSON_AddArrayToObject(j, "data");
+    cJSON *m = cJSON_CreateObject();
+    cJSON_AddStringToObject(m, "id", li_api_model_name(h->srv));
+    cJSON_AddStringToObject(m, "object", "model");
+    cJSON_AddNumberToObject(m, "created", (double)(long)time(NULL));
+    cJSON_AddStringToObject(m, "owned_by", "luainfer");
+    if (h->srv->model) cJSON_AddNumberToObject(m, "max_model_len", (double)h->srv->cfg.max_model_len);
+    cJSON_AddItemToArray(data, m);
+    respond_json(h, 200, j);
+}
+
+static void route_health(http_sess *h) {
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "status", h->srv->draining ? "draining" : "ok");
+    respond_json(h, h->srv->draining ? 503 : 200, j);
+}
+
+static void route_metrics(http_sess *h) {
+    char *text;
+    size_t n;
+    li_server_metrics_text(h->srv, &text, &n);
+    respond(h, 200, "text/plain; version=0.0.4; charset=utf-8", text, n);
+    free(text);
+}
+
+static bool path_is(const char *path, size_t n, const char *want) {
+    return strlen(want) == n && !memcmp(path, want, n);
+}
+
+static bool authorized(http_sess *h) {
+    const char *tok = h->srv->auth_token;
+    if (!tok) return true;
+    size_t n = strlen(tok);
+    if (h->auth_len != n + 7 || strncasecmp(h->auth, "Bearer ", 7)) return false;
+    unsigned char d = 0;
+    for (size_t i = 0; i < n; i++) d |= (unsigned char)(h->auth[7 + i] ^ tok[i]);
+    return d == 0;
+}
+
+static void route(http_sess *h) {
+    li_server *srv = h->srv;
+    srv->m.http_requests++;
+    struct http_parser_url pu;
+    http_parser_url_init(&pu);
+    const char *path = "";
+    size_t plen = 0;
+    if (h->url && http_parser_parse_url(h->url, h->url_len, 0, &pu) == 0 && (pu.field_set & (1 << UF_PATH))) {
+        path = h->url + pu.field_data[UF_PATH].off;
+        plen = pu.field_data[UF_PATH].len;
+    }
+    int method = h->p.method;
+    if (path_is(path, plen, "/health")) {
+        if (method != HTTP_GET && method != HTTP_HEAD) respond_error(h, 405, "use GET /health");
+        else route_health(h);
+        return;
+    }
+    if (!authorized(h)) {
+        respond_error(h, 401, "missing or wrong 'Authorization: Bearer' token");
+        return;
+    }
+    if (path_is(path, plen, "/metrics")) {
+        if (method != HTTP_GET) respond_error(h, 405, "use GET /metrics");
+        else route_metrics(h);
+    } else if (path_is(path, plen, "/v1/models")) {
+        if (method != HTTP_GET) respond_error(h, 405, "use GET /v1/models");
+        else route_models(h);
+    } else if (path_is(path, plen, "/v1/completions") || path_is(path, plen, "/v1/chat/completions")) {
+        if (method != HTTP_POST) respond_error(h, 405, "use POST");
+        else route_completions(h, plen > 10 && path[4] == 'c' && path[5] == 'h');
+    } else {
+        char shown[80];
+        size_t k = 0;
+        for (size_t i = 0; i < plen && k < 64; i++) shown[k++] = path[i] >= 0x20 && path[i] < 0x7f && path[i] != '"' ? path[i] : '?';
+        shown[k] = 0;
+        respond_error(h, 404, "no route for '%s' (try /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics)", shown);
+    }
+}
+
+/* ---- http_parser callbacks ---------------------------------------------------------------------- */
+
+static int on_message_begin(http_parser *p) {
+    http_sess *h = p->data;
+    free(h->url);
+    free(h->body);
+    h->url = h->body = NULL;
+    h->url_len = h->body_len = h->auth_len = h->field_len = 0;
+    h->field_done = false;
+    h->cur = H_NONE;
+    h->too_large = false;
+    return 0;
+}
+
+static int on_url(http_parser *p, const char *at, size_t n) {
+    http_sess *h = p->data;
+    if (h->url_len + n > MAX_URL) return -1;
+    h->url = li_xrealloc(h->url, h->url_len + n + 1);
+    memcpy(h->url + h->url_len, at, n);
+    h->url_len += n;
+    h->url[h->url_len] = 0;
+    return 0;
+}
+
+static int on_header_field(http_parser *p, const char *at, size_t n) {
+    http_sess *h = p->data;
+    if (h->field_done) { /* a new header begins */
+        h->field_len = 0;
+        h->field_done = false;
+    }
+    size_t k = LI_MIN(n, sizeof h->field - 1 - h->field_len);
+    memcpy(h->field + h->field_len, at, k);
+    h->field_len += k;
+    h->field[h->field_len] = 0;
+    return 0;
+}
+
+static int on_header_value(http_parser *p, const char *at, size_t n) {
+    http_sess *h = p->data;
+    if (!h->field_done) {
+        h->field_done = true;
+        h->cur = !strcasecmp(h->field, "authorization") ? H_AUTH : H_OTHER;
+        if (h->cur == H_AUTH) h->auth_len = 0;
+    }
+    if (h->cur == H_AUTH) {
+        size_t k = LI_MIN(n, sizeof h->auth - 1 - h->auth_len);
+        memcpy(h->auth + h->auth_len, at, k);
+        h->auth_len += k;
+    }
+    return 0;
+}
+
+static int on_headers_complete(http_parser *p) {
+    http_sess *h = p->data;
+    if ((p->flags & F_CONTENTLENGTH) && p->content_length > h->srv->lim.max_frame) {
+        h->too_large = true;
+        return -1;
+    }
+    return 0;
+}
+
+static int on_body(http_parser *p, const char *at, size_t n) {
+    http_sess *h = p->data;
+    if (h->body_len + n > h->srv->lim.max_frame) {
+        h->too_large = true;
+        return -1;
+    }
+    h->body = li_xrealloc(h->body, h->body_len + n + 1);
+    memcpy(h->body + h->body_len, at, n);
+    h->body_len += n;
+    h->body[h->body_len] = 0;
+    return 0;
+}
+
+static int on_message_complete(http_parser *p) {
+    http_sess *h = p->data;
+    h->keep_alive = http_should_keep_alive(p) && !h->srv->draining;
+    h->busy = true;
+    http_parser_pause(p, 1); /* one request at a time: the rest waits */
+    route(h);
+    return 0;
+}
+
+static const http_parser_settings settings = {
+    .on_message_begin = on_message_begin,
+    .on_url = on_url,
+    .on_header_field = on_header_field,
+    .on_header_value = on_header_value,
+    .on_headers_complete = on_headers_complete,
+    .on_body = on_body,
+    .on_message_complete = on_message_complete,
+};
+
+static void sess_init(http_sess *h, li_server *srv, li_conn *conn, msgpack_sbuffer *out) {
+    memset(h, 0, sizeof *h);
+    h->srv = srv;
+    h->conn = conn;
+    h->out = out;
+    http_parser_init(&h->p, HTTP_REQUEST);
+    h->p.data = h;
+}
+
+static void sess_free(http_sess *h) {
+    if (h->req) {
+        li_api_gen_orphan(h->req);
+        h->req = NULL;
+    }
+    free(h->url);
+    free(h->body);
+    free(h->pending);
+    h->url = h->body = h->pending = NULL;
+    h->n_pending = 0;
+}
+
+static void sess_feed(http_sess *h, const char *data, size_t n);
+
+static void close_sess(http_sess *h) {
+    h->closed = true;
+    if (h->conn) li_conn_close(h->conn);
+}
+
+/* The response is complete: next request, or close. */
+static void http_done(http_sess *h) {
+    h->busy = false;
+    h->sse = false;
+    if (!h->keep_alive) {
+        close_sess(h);
+        return;
+    }
+    if (h->conn) li_conn_set_reading(h->conn, true);
+    if (h->n_pending && !h->closed) {
+        char *buf = h->pending;
+        size_t n = h->n_pending;
+        h->pending = NULL;
+        h->n_pending = 0;
+        sess_feed(h, buf, n);
+        free(buf);
+    }
+}
+
+static void sess_feed(http_sess *h, const char *data, size_t n) {
+    while (n > 0 && !h->closed) {
+        if (h->busy) {
+            if (h->n_pending + n > h->srv->lim.max_frame + MAX_URL + 65536) {
+                close_sess(h); /* a pipelining client far ahead of us */
+                return;
+            }
+            h->pending = li_xrealloc(h->pending, h->n_pending + n);
+            memcpy(h->pending + h->n_pending, data, n);
+            h->n_pending += n;
+            if (h->conn) li_conn_set_reading(h->conn, false);
+            return;
+        }
+        size_t done = http_parser_execute(&h->p, &settings, data, n);
+        enum http_errno e = HTTP_PARSER_ERRNO(&h->p);
+        if (e == HPE_PAUSED) {
+            http_parser_pause(&h->p, 0);
+            data += done;
+            n -= done;
+            continue;
+        }
+        if (e != HPE_OK) {
+            if (h->closed) return;
+            h->keep_alive = false;
+            h->busy = true;
+            if (h->too_large) respond_error(h, 413, "request body larger than %zu bytes", h->srv->lim.max_frame);
+            else respond_error(h, 400, "malformed HTTP request: %s", http_errno_description(e));
+            return;
+        }
+        data += done;
+        n -= done;
+        if (done == 0) break;
+    }
+}
+
+/* ---- sockets ------------------------------------------------------------------------------------ */
+
+typedef struct http_conn {
+    li_conn base;
+    http_sess h;
+} http_conn;
+
+static void hc_on_data(li_conn *c, const char *buf, size_t n) { sess_feed(&((http_conn *)c)->h, buf, n); }
+static void hc_on_close(li_conn *c) { sess_free(&((http_conn *)c)->h); }
+static void hc_free(li_conn *c) { free(c); }
+static const li_conn_ops http_conn_ops = {hc_on_data, hc_on_close, hc_free};
+
+li_conn *li_http_conn_new(li_server *srv) {
+    http_conn *hc = li_xcalloc(1, sizeof *hc);
+    hc->base.ops = &http_conn_ops;
+    sess_init(&hc->h, srv, &hc->base, NULL);
+    return &hc->base;
+}
+
+void li_http_process_bytes(const uint8_t *data, size_t n, char **out, size_t *out_n) {
+    li_server srv;
+    li_server_init_detached(&srv);
+    if (n > 0 && (data[n - 1] & 1)) srv.auth_token = "secret";
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    http_sess h;
+    sess_init(&h, &srv, NULL, &sb);
+    size_t off = 0, step = 1;
+    while (off < n && !h.closed) {
+        size_t k = LI_MIN(step, n - off);
+        sess_feed(&h, (const char *)data + off, k);
+        off += k;
+        step = step * 2 + 3;
+    }
+    sess_free(&h);
+    li_server_free_detached(&srv);
+    *out_n = sb.size;
+    *out = sb.data ? sb.data : li_xmalloc(1);
+}
+
+/* ---- /metrics ------------------------------------------------------------------------------------ */
+
+static void prom_hist(msgpack_sbuffer *sb, const char *name, const char *help, const li_hist *h) {
+    sb_printf(sb, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
+    uint64_t cum = 0;
+    for (int i = 0; i < h->n; i++) {
+        cum += h->count[i];
+        sb_printf(sb, "%s_bucket{le=\"%g\"} %llu\n", name, h->le[i], (unsigned long long)cum);
+    }
+    cum += h->count[h->n];
+    sb_printf(sb, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.9g\n%s_count %llu\n", name, (unsigned long long)cum, name,
+              h->sum, name, (unsigned long long)h->total);
+}
+
+static void prom(msgpack_sbuffer *sb, const char *name, const char *type, const char *help, double v) {
+    sb_printf(sb, "# HELP %s %s\n# TYPE %s %s\n%s %.17g\n", name, help, name, type, name, v);
+}
+
+static const double step_le[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5};
+
+void li_server_metrics_text(li_server *srv, char **out, size_t *n) {
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    const li_metrics *m = &srv->m;
+    li_engine_snapshot snap;
+    memset(&snap, 0, sizeof snap);
+    if (srv->eng) li_engine_thread_snapshot(srv->eng, &snap);
+    else li_hist_init(&snap.step_time, step_le, (int)LI_ARRAY_LEN(step_le));
+    const li_engine_stats *st = &snap.st;
+    static const char *const reasons[] = {"stop", "length", "cancelled", "error", "rejected"};
+    sb_printf(&sb, "# HELP luainfer_requests_total Finished requests (samples) by finish reason.\n"
+                   "# TYPE luainfer_requests_total counter\n");
+    for (int i = 0; i < 5; i++)
+        sb_printf(&sb, "luainfer_requests_total{finish_reason=\"%s\"} %llu\n", reasons[i],
+                  (unsigned long long)m->requests_by_reason[i]);
+    prom(&sb, "luainfer_prompt_tokens_total", "counter", "Prompt tokens of finished requests.", (double)m->prompt_tokens);
+    prom(&sb, "luainfer_generation_tokens_total", "counter", "Generated tokens delivered.", (double)m->generation_tokens);
+    prom_hist(&sb, "luainfer_time_to_first_token_seconds", "From receipt to the first generated token.", &m->ttft);
+    prom_hist(&sb, "luainfer_time_per_output_token_seconds", "Mean time between tokens after the first, per request.", &m->tpot);
+    prom_hist(&sb, "luainfer_e2e_request_latency_seconds", "From receipt to the last token.", &m->e2e);
+    prom_hist(&sb, "luainfer_step_duration_seconds", "Wall time of one engine step with work.", &snap.step_time);
+    prom(&sb, "luainfer_kv_blocks_used", "gauge", "KV blocks in use.", st->kv_total_blocks - st->kv_free_blocks);
+    prom(&sb, "luainfer_kv_blocks_total", "gauge", "KV blocks in the pool.", st->kv_total_blocks);
+    prom(&sb, "luainfer_kv_usage_ratio", "gauge", "Fraction of KV blocks in use.",
+         st->kv_total_blocks ? 1.0 - (double)st->kv_free_blocks / st->kv_total_blocks : 0.0);
+    prom(&sb, "luainfer_requests_running", "gauge", "Requests holding KV blocks.", st->n_running);
+    prom(&sb, "luainfer_requests_waiting", "gauge", "Requests waiting for their first step.", st->n_waiting);
+    prom(&sb, "luainfer_requests_preempted", "gauge", "Requests preempted, waiting to recompute.", st->n_preempted);
+    prom(&sb, "luainfer_preemptions_total", "counter", "Preemptions (recompute).", (double)st->preemptions);
+    prom(&sb, "luainfer_policy_errors_total", "counter", "Policy hook failures.", (double)st->policy_errors);
+    prom(&sb, "luainfer_policy_fallback_steps_total", "counter", "Steps planned by the built-in FCFS after a bad plan.",
+         (double)st->fallback_steps);
+    prom(&sb, "luainfer_policy_plans_trimmed_total", "counter", "Plan entries dropped or shortened by validation.",
+         (double)st->plans_trimmed);
+    prom(&sb, "luainfer_engine_steps_total", "counter", "Engine steps that computed something.", (double)snap.steps_busy);
+    prom(&sb, "luainfer_engine_tokens_computed_total", "counter", "Tokens through the forward pass.", (double)st->tokens_computed);
+    prom(&sb, "luainfer_connections_open", "gauge", "Open client connections.", srv->n_conns);
+    prom(&sb, "luainfer_connections_refused_total", "counter", "Connections refused (limit or draining).",
+         (double)m->connections_refused);
+    prom(&sb, "luainfer_slow_clients_closed_total", "counter", "Connections closed for not reading their output.",
+         (double)m->slow_clients_closed);
+    prom(&sb, "luainfer_rpc_calls_total", "counter", "msgpack-RPC calls.", (double)m->rpc_calls);
+    prom(&sb, "luainfer_rpc_errors_total", "counter", "msgpack-RPC errors sent.", (double)m->rpc_errors);
+    prom(&sb, "luainfer_http_requests_total", "counter", "HTTP requests.", (double)m->http_requests);
+    prom(&sb, "luainfer_http_errors_total", "counter", "HTTP error responses.", (double)m->http_errors);
+    prom(&sb, "luainfer_requests_live", "gauge", "Requests received and not yet finished.", (double)srv->n_live);
+    li_hist_free(&snap.step_time);
+    *n = sb.size;
+    *out = sb.data ? sb.data : li_xmalloc(1);
+}

@@ -1,0 +1,208 @@
+/* ops_ref.c — the scalar reference backend.
+ *
+ * Every op of li_backend_ops in plain C, single-threaded, written to read like
+ * the math. It is what the threaded and SIMD CPU paths (and later device
+ * backends) are tested against, so clarity beats speed here. Where llama.cpp
+ * fixes an order of float operations (rmsnorm sums in double, rope steps
+ * theta by repeated multiplication, quantized matmul goes through the integer
+ * vec_dot) we do the same, so our logits track theirs. */
+#include "util/common.h"
+#include "cpu/cpu_kernels.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef float (*vec_dot_fn)(int64_t n, const void *w, const void *a);
+
+static vec_dot_fn vec_dot_for(li_type w_type) {
+    switch (w_type) {
+    case LI_TYPE_Q4_0: return li_vec_dot_q4_0_q8_0_ref;
+    case LI_TYPE_Q4_1: return li_vec_dot_q4_1_q8_1_ref;
+    case LI_TYPE_Q8_0: return li_vec_dot_q8_0_q8_0_ref;
+    default: return NULL;
+    }
+}
+
+static float dot_f32(int64_t n, const float *a, const float *b) {
+    float sum = 0.0f;
+    for (int64_t j = 0; j < n; j++) sum += a[j] * b[j];
+    return sum;
+}
+
+/* ------------------------------------------------------------------------
+ * matmul: y(n, m) = x(n, k) · W(m, k)^T
+ * ---------------------------------------------------------------------- */
+
+static void ref_matmul(li_backend *be, const li_weight *w, const float *x, float *y, int64_t n) {
+    const int64_t k = w->k, m = w->m;
+    const li_type at = li_type_vec_dot_type(w->type);
+    if (at != LI_TYPE_F32) {
+        /* quantized weights: quantize each activation row once, then the
+         * integer dot of every weight row with it */
+        const li_type_traits *qt = li_type_get(at);
+        size_t arow = (size_t)(k / qt->blck_size) * qt->type_size;
+        char *qa = li_xmalloc(arow * (size_t)n);
+        for (int64_t r = 0; r < n; r++) qt->from_float(x + r * k, qa + r * arow, k);
+        const vec_dot_fn dot = vec_dot_for(w->type);
+        for (int64_t r = 0; r < n; r++)
+            for (int64_t i = 0; i < m; i++)
+                y[r * m + i] = dot(k, (const char *)w->data + i * w->row_bytes, qa + r * arow);
+        free(qa);
+        return;
+    }
+    /* float (or any other dequantizable) weights: convert a row to f32, dot */
+    const li_type_traits *wt = li_type_get(w->type);
+    float *wf = li_xmalloc((size_t)k * sizeof(float));
+    for (int64_t i = 0; i < m; i++) {
+        wt->to_float((const char *)w->data + i * w->row_bytes, wf, k);
+        for (int64_t r = 0; r < n; r++) y[r * m + i] = dot_f32(k, x + r * k, wf);
+    }
+    free(wf);
+}
+
+/* out(n, k) = dequantized rows ids of W */
+static void ref_get_rows(li_backend *be, const li_weight *w, const int32_t *ids, int64_t n, float *out) {
+    const li_type_traits *wt = li_type_get(w->type);
+    for (int64_t r = 0; r < n; r++)
+        wt->to_float((const char *)w->data + (int64_t)ids[r] * w->row_bytes, out + r * w->k, w->k);
+}
+
+/* ------------------------------------------------------------------------
+ * elementwise and per-row ops
+ * ---------------------------------------------------------------------- */
+
+static void ref_rmsnorm(li_backend *be, const float *x, const float *w, float *y, int64_t n, int64_t dim,
+                        float eps) {
+    for (int64_t r = 0; r < n; r++) {
+        const float *xr = x + r * dim;
+        float *yr = y + r * dim;
+        double sum = 0.0; /* as ggml: squares summed in double */
+        for (int64_t j = 0; j < dim; j++) sum += (double)(xr[j] * xr[j]);
+        const float scale = 1.0f / sqrtf((float)(sum / (double)dim) + eps);
+        for (int64_t j = 0; j < dim; j++) yr[j] = (xr[j] * scale) * w[j];
+    }
+}
+
+static void ref_rope(li_backend *be, float *x, const int32_t *pos, int64_t n, int n_heads, int head_dim,
+                     int n_rot, float theta, int neox) {
+    /* theta_j = pos * theta^(-2j/n_rot), stepped by one multiply per pair as
+     * ggml does, so the rounding of the angles matches llama.cpp */
+    const float theta_scale = powf(theta, -2.0f / (float)n_rot);
+    const int half = n_rot / 2;
+    for (int64_t i = 0; i < n; i++) {
+        for (int h = 0; h < n_heads; h++) {
+            float *v = x + (i * n_heads + h) * head_dim;
+            float angle = (float)pos[i];
+            for (int j = 0; j < half; j++, angle *= theta_scale) {
+                const float c = cosf(angle), s = sinf(angle);
+                const int i0 = neox ? j : 2 * j, i1 = neox ? j + half : 2 * j + 1;
+                const float x0 = v[i0], x1 = v[i1];
+                v[i0] = x0 * c - x1 * s;
+                v[i1] = x0 * s + x1 * c;
+            }
+        }
+    }
+}
+
+void li_ref_silu_mul(float *g, const float *u, int64_t n) {
+    for (int64_t j = 0; j < n; j++) g[j] = g[j] / (1.0f + expf(-g[j])) * u[j];
+}
+
+static void ref_silu_mul(li_backend *be, float *g, const float *u, int64_t n, int64_t dim) {
+    li_ref_silu_mul(g, u, n * dim);
+}
+
+static void ref_add(li_backend *be, float *y, const float *x, int64_t n) {
+    for (int64_t j = 0; j < n; j++) y[j] += x[j];
+}
+
+/* ------------------------------------------------------------------------
+ * paged KV and attention
+ * ---------------------------------------------------------------------- */
+
+static void kv_store_row(li_type dtype, void *dst, const float *src, int64_t n) {
+    switch (dtype) {
+    case LI_TYPE_F32: memcpy(dst, src, (size_t)n * sizeof(float)); break;
+    case LI_TYPE_F16:
+        for (int64_t j = 0; j < n; j++) ((uint16_t *)dst)[j] = li_fp32_to_fp16(src[j]);
+        break;
+    case LI_TYPE_BF16:
+        for (int64_t j = 0; j < n; j++) ((uint16_t *)dst)[j] = li_fp32_to_bf16(src[j]);
+        break;
+    default:
+        /* kv_cache_init refuses other dtypes: reaching here is a bug */
+        fprintf(stderr, "luainfer: kv_store: unsupported KV dtype %s\n", li_type_name(dtype));
+        abort();
+    }
+}
+
+static void ref_kv_store(li_backend *be, const li_kv_layer *kv, const float *k, const float *v, const int64_t *slot,
+                         int64_t n_tokens, int n_head_kv, int head_dim) {
+    const int64_t row = (int64_t)n_head_kv * head_dim; /* one token's K (or V), all kv heads */
+    const size_t es = li_kv_elem_size(kv->dtype);
+    for (int64_t i = 0; i < n_tokens; i++) {
+        kv_store_row(kv->dtype, (char *)kv->k + slot[i] * row * es, k + i * row, row);
+        kv_store_row(kv->dtype, (char *)kv->v + slot[i] * row * es, v + i * row, row);
+    }
+}
+
+/* Token i, head h: out = softmax(scale * q·K^T) · V over positions 0..pos[i]
+ * of the token's sequence, K/V read through its block table. GQA: query
+ * heads are grouped, n_head / n_head_kv per kv head. */
+void li_ref_attn_head(const li_attn_args *a, int64_t i, int h, float *scores) {
+    const int D = a->head_dim;
+    const int kvh = h / (a->n_head / a->n_head_kv);
+    const li_type dt = a->kv->dtype;
+    const float *q = a->q + (i * a->n_head + h) * D;
+    float *out = a->out + (i * a->n_head + h) * D;
+    const int64_t n_pos = (int64_t)a->pos[i] + 1;
+
+    float max = -INFINITY;
+    for (int64_t p = 0; p < n_pos; p++) {
+        const void *k = li_kv_row(a, a->kv->k, i, p, kvh);
+        float s = 0.0f;
+        for (int d = 0; d < D; d++) s += q[d] * li_kv_load(dt, k, d);
+        scores[p] = s * a->scale;
+        if (scores[p] > max) max = scores[p];
+    }
+    /* softmax, shifted by the max so exp never overflows */
+    float sum = 0.0f;
+    for (int64_t p = 0; p < n_pos; p++) {
+        scores[p] = expf(scores[p] - max);
+        sum += scores[p];
+    }
+    for (int64_t p = 0; p < n_pos; p++) scores[p] /= sum;
+
+    for (int d = 0; d < D; d++) out[d] = 0.0f;
+    for (int64_t p = 0; p < n_pos; p++) {
+        const void *v = li_kv_row(a, a->kv->v, i, p, kvh);
+        for (int d = 0; d < D; d++) out[d] += scores[p] * li_kv_load(dt, v, d);
+    }
+}
+
+static void ref_attention(li_backend *be, const li_attn_args *a) {
+    int64_t max_pos = 0;
+    for (int64_t i = 0; i < a->n_tokens; i++) max_pos = LI_MAX(max_pos, (int64_t)a->pos[i]);
+    float *scores = li_xmalloc((size_t)(max_pos + 1) * sizeof(float));
+    for (int64_t i = 0; i < a->n_tokens; i++)
+        for (int h = 0; h < a->n_head; h++) li_ref_attn_head(a, i, h, scores);
+    free(scores);
+}
+
+static const li_backend_ops ref_ops = {
+    .name = "ref",
+    .matmul = ref_matmul,
+    .get_rows = ref_get_rows,
+    .rmsnorm = ref_rmsnorm,
+    .rope = ref_rope,
+    .silu_mul = ref_silu_mul,
+    .add = ref_add,
+    .kv_store = ref_kv_store,
+    .attention = ref_attention,
+    .weight_prepare = NULL,
+    .weight_release = NULL,
+};
+
+const li_backend_ops *li_backend_ref_ops(void) { return &ref_ops; }

@@ -1,0 +1,31 @@
+/* threadpool.h — a persistent pool of worker threads for the CPU backend.
+ *
+ * Threads are created once at init. li_threadpool_run opens a job, the
+ * calling thread works on it as thread 0, and workers join while it is
+ * open; it returns once the caller is done and every worker that joined has
+ * left. A worker that is slow to wake (descheduled by another process) finds
+ * the job closed and skips it, so nobody waits for it. Hence the rule for
+ * job functions: take work dynamically (an atomic counter), never by thread
+ * index; the caller alone may end up doing all of it. ith is unique among
+ * the threads running a job (use it for per-thread scratch).
+ *
+ * Between jobs workers spin briefly (a decode step issues hundreds of small
+ * jobs microseconds apart, and a futex wake-up costs more than the job),
+ * then park on a condition variable. */
+#ifndef LI_THREADPOOL_H
+#define LI_THREADPOOL_H
+
+/* fn(ctx, ith, nth): ith in [0, nth), nth the most threads that may join. */
+typedef void (*li_threadpool_fn)(void *ctx, int ith, int nth);
+
+typedef struct li_threadpool li_threadpool;
+
+/* n_threads counts the caller; n_threads - 1 workers are started. NULL when
+ * a thread cannot be created. */
+li_threadpool *li_threadpool_init(int n_threads);
+void li_threadpool_free(li_threadpool *tp);
+int li_threadpool_size(const li_threadpool *tp);
+/* Runs fn on the caller and up to nth - 1 workers (nth <= size). */
+void li_threadpool_run(li_threadpool *tp, li_threadpool_fn fn, void *ctx, int nth);
+
+#endif
