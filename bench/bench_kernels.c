@@ -3,11 +3,10 @@
  * SmolLM2-135M-shaped model (30 layers, 576 hidden, 1536 FFN, 9/3 heads,
  * Q4_1 layers, 49152-vocab Q8_0 output).
  *
- * Not built by CMake. Build (from the repo root, after building the core
- * library in build/):
+ * Not built by CMake. Build from the repo root, after `cmake --build build
+ * --target luainfer_core` (only the kernel objects get linked in):
  *   gcc -std=c11 -O2 -Icore -Ikernels bench/bench_kernels.c build/libluainfer_core.a \
- *       $(pkg-config --libs luajit libuv msgpack libutf8proc libcjson libxxhash libedit zlib) \
- *       -lpthread -lm -ldl -o build/bench_kernels
+ *       -lpthread -lm -o build/bench_kernels
  * Run: build/bench_kernels [threads] [isa]     (defaults: all cores, auto) */
 #include "util/common.h"
 #include "backend.h"

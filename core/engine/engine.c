@@ -308,6 +308,38 @@ static void prefix_register(li_engine *e, req *r) {
     r->n_registered = full;
 }
 
+/* Frees at least `need` empty blocks ahead of allocation, in the order the
+ * policy's evict hook chooses. Asking for a batch (at least 1/16 of the
+ * pool) keeps the hook off the per-block path. Without a hook, or for what
+ * the hook leaves, allocation evicts in LRU order by itself. */
+static void prefix_evict_for(li_engine *e, int32_t need) {
+    li_kv_cache *kv = &e->kv;
+    if (!kv->prefix_caching || !e->policy || !e->policy->ops->evict || kv->n_free >= need || !kv->n_evictable)
+        return;
+    int32_t want = LI_MIN(LI_MAX(need - kv->n_free, kv->num_blocks / 16), kv->n_evictable);
+    int32_t n = kv->n_evictable;
+    li_evict_candidate *c = li_xmalloc((size_t)n * sizeof *c);
+    int32_t *order = li_xmalloc((size_t)n * sizeof *order);
+    int32_t k = 0;
+    for (int32_t id = kv->lru_head; id >= 0 && k < n; id = kv->lru_next[id])
+        c[k++] = (li_evict_candidate){id, kv->last_access[id], kv->hit_count[id], kv->depth[id]};
+    int32_t n_order = 0;
+    li_error perr = {0};
+    double tp = li_time_now();
+    int rc = e->policy->ops->evict(e->policy, c, k, want, order, &n_order, &perr);
+    e->st.time_policy += li_time_now() - tp;
+    if (rc) {
+        e->st.policy_errors++;
+        li_log_warn("policy %s: evict failed, using LRU: %s", e->policy->name, perr.msg);
+    } else {
+        int32_t done = 0;
+        for (int32_t i = 0; i < n_order && i < n && done < want; i++) done += li_kv_prefix_evict(kv, order[i]);
+        if (done < LI_MIN(want, n_order)) e->st.plans_trimmed++;
+    }
+    free(c);
+    free(order);
+}
+
 /* ---- state for the policy ------------------------------------------------------ */
 
 static void view_of(li_engine *e, req *r, li_req_view *v) {
@@ -574,6 +606,8 @@ static int32_t apply_plan(li_engine *e, const li_plan *plan, int64_t *n_batch_to
         for (int32_t j = 0; j < nb; j++) dup |= e->batch_req[j] == r;
         if (!dup) prefix_acquire(e, r);
         int64_t remaining = r->n_toks - r->num_computed;
+        if (!dup && remaining > 0)
+            prefix_evict_for(e, blocks_needed(e, r, LI_MIN((int64_t)LI_MAX(pr->n_tokens, 1), remaining)));
         if (dup || remaining <= 0 || pr->n_tokens <= 0) {
             trimmed++;
             continue;

@@ -71,6 +71,14 @@ typedef struct li_policy_config {
     int32_t max_batched_tokens;/* 0 = engine default */
 } li_policy_config;
 
+/* An idle cached KV block the prefix cache may evict. */
+typedef struct li_evict_candidate {
+    int32_t block;
+    double last_access; /* engine clock of its last hit or release */
+    uint32_t hits;      /* prefix hits since it was filled */
+    int32_t depth;      /* block index in its sequence (0 = first block of a prompt) */
+} li_evict_candidate;
+
 typedef struct li_policy li_policy;
 
 typedef struct li_policy_ops {
@@ -82,6 +90,13 @@ typedef struct li_policy_ops {
      * mean accept. Optional (NULL: accept all). */
     int (*admit)(li_policy *p, const li_req_view *req, const li_step_state *st, bool *accept, char *reason,
                  size_t reason_cap, li_error *err);
+    /* Eviction order for the prefix cache: fills order[0..*n_order) with
+     * candidate block ids, most evictable first (at least `need` wanted).
+     * Ids that are not candidates are ignored; blocks in use are never
+     * evicted whatever comes back; a short answer is completed in LRU order.
+     * Optional (NULL: LRU). */
+    int (*evict)(li_policy *p, const li_evict_candidate *cands, int32_t n_cands, int32_t need, int32_t *order,
+                 int32_t *n_order, li_error *err);
     /* Called once per finished request. Optional. */
     void (*on_finish)(li_policy *p, const li_req_view *req, const char *finish_reason);
     /* Replaces the policy with a new file (path) or source text; on failure

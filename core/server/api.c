@@ -9,6 +9,7 @@
  *   → add (engine thread) → events (loop) → the owner's sink → free (loop).
  * The owner (an RPC connection or an HTTP exchange) may go away at any
  * point: li_api_gen_orphan cancels the request and nothing is sent after. */
+#define _GNU_SOURCE
 #include "server/server.h"
 #include "tokenizer/tokenizer.h"
 
@@ -233,8 +234,8 @@ static int parse_tokens(const msgpack_object *o, const char *key, int32_t **out,
 
 /* Chat message content: a string, or OpenAI's list of {type = "text", text}. */
 static int parse_content(const msgpack_object *o, char **out, li_error *err, uint32_t mi) {
-    const char *p;
-    size_t n;
+    const char *p = NULL;
+    size_t n = 0;
     if (as_bytes(o, &p, &n)) {
         if (!li_utf8_valid(p, n)) BAD("messages[%u].content is not valid UTF-8", mi);
         *out = dup_n(p, n);
@@ -278,7 +279,7 @@ static int parse_messages(const msgpack_object *o, li_gen_params *g, li_error *e
         if (!role || !as_bytes(role, &p, &len) || len == 0 || len > 64 || !li_utf8_valid(p, len))
             BAD("messages[%u].role must be a string such as \"system\", \"user\" or \"assistant\"", i);
         if (!content) BAD("messages[%u].content is required", i);
-        char *text;
+        char *text = NULL;
         int rc = parse_content(content, &text, err, i);
         if (rc) return rc;
         g->msgs[i].role = dup_n(p, len);
@@ -384,6 +385,7 @@ static int gen_parse(li_server *srv, const msgpack_object *params, const li_gen_
                 BAD("'prompt' must be a string");
             }
         } else if (!strcmp(name, "messages")) {
+            if (g->msgs) BAD("'messages' given twice");
             int rc = parse_messages(val, g, err);
             if (rc) return rc;
         } else if (!strcmp(name, "tokens")) {

@@ -20,6 +20,7 @@
  * pointer and this thread only dereferences one that is in its own list of
  * live requests (checked by address; the queue is FIFO, so a freed and
  * reused address is added back only after the stale cancel ran). */
+#define _GNU_SOURCE
 #include "server/server.h"
 #include "policy/policy_lua.h"
 
@@ -394,6 +395,7 @@ int li_engine_thread_start(li_engine_thread **out, li_server *srv, const li_engi
     t->srv = srv;
     int rc = li_engine_init(&t->eng, o->model, o->be, &o->cfg, err);
     if (rc) {
+        if (o->policy) o->policy->ops->free(o->policy); /* owned from the call on */
         free(t);
         return rc;
     }

@@ -14,6 +14,7 @@
  * Errors are OpenAI-style: {"error": {"message", "type", "param", "code"}}
  * with the HTTP status (400 bad JSON or parameters, 401, 404, 405, 413,
  * 429, 503). */
+#define _GNU_SOURCE
 #include "server/server.h"
 
 #include <cjson/cJSON.h>

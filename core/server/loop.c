@@ -12,6 +12,7 @@
  * A connection that stays over for lim.slow_client_seconds has its requests
  * cancelled and is closed (li_conn_check_slow, from the server's tick). The
  * engine never waits for a socket: it posts events, the loop queues bytes. */
+#define _GNU_SOURCE
 #include "server/server.h"
 
 #include <errno.h>
@@ -314,7 +315,7 @@ int li_listener_open(li_server *srv, const char *spec, li_conn_kind kind, li_err
         snprintf(l->addr, sizeof l->addr, "unix:%s", path);
     } else {
         char host[256];
-        int port;
+        int port = 0;
         if ((rc = parse_hostport(spec, host, sizeof host, &port, err))) {
             free(l);
             return rc;

@@ -20,6 +20,7 @@
  * The session (framing state + in-flight requests) is independent of
  * sockets: li_rpc_process_bytes runs it on a detached server for the fuzz
  * target. */
+#define _GNU_SOURCE
 #include "server/server.h"
 
 #include <stdarg.h>

@@ -10,7 +10,10 @@
  * disagree the choice is written next to the code that makes it.
  *
  * Special tokens (GGUF token_type CONTROL, USER_DEFINED, UNKNOWN) are matched
- * whole in the input, leftmost-longest, before pre-tokenization. */
+ * whole in the input, leftmost-longest, before pre-tokenization.
+ *
+ * A tokenizer is immutable after init: any number of threads may encode and
+ * decode with it at once (each li_detok belongs to one stream). */
 #ifndef LI_TOKENIZER_H
 #define LI_TOKENIZER_H
 

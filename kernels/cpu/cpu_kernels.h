@@ -53,8 +53,8 @@ extern const li_cpu_kernels li_cpu_kernels_avx512; /* needs AVX-512 F/BW/VL/DQ/V
 /* ---- pieces of the scalar reference shared with the scalar kernels (ops_ref.c) ---- */
 void li_ref_attn_head(const li_attn_args *a, int64_t i, int h, float *scores);
 void li_ref_silu_mul(float *g, const float *u, int64_t n);
-/* One value of a K/V row stored as dtype (F32, F16, BF16). */
-static inline float li_kv_load(li_type dtype, const void *base, int64_t idx) {
+/* Element idx of an array stored as F32, F16 or BF16 (a K/V row, a weight row). */
+static inline float li_float_load(li_type dtype, const void *base, int64_t idx) {
     switch (dtype) {
     case LI_TYPE_F16: return li_fp16_to_fp32(((const uint16_t *)base)[idx]);
     case LI_TYPE_BF16: return li_bf16_to_fp32(((const uint16_t *)base)[idx]);

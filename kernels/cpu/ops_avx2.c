@@ -216,7 +216,7 @@ static inline __m256 load_f(li_type t, const void *p, int64_t j) {
 /* the same for the n < 8 elements left at j (no reads past them) */
 static inline __m256 load_f_tail(li_type t, const void *p, int64_t j, int64_t n) {
     float tmp[8] = {0};
-    for (int64_t l = 0; l < n; l++) tmp[l] = li_kv_load(t, p, j + l);
+    for (int64_t l = 0; l < n; l++) tmp[l] = li_float_load(t, p, j + l);
     return _mm256_loadu_ps(tmp);
 }
 
@@ -287,7 +287,7 @@ static inline __attribute__((always_inline)) float kv_dot(li_type t, const float
     int d = 0;
     for (; d + 8 <= D; d += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), load_f(t, k, d), acc);
     float s = hsum256(acc);
-    for (; d < D; d++) s += q[d] * li_kv_load(t, k, d);
+    for (; d < D; d++) s += q[d] * li_float_load(t, k, d);
     return s;
 }
 
@@ -296,7 +296,7 @@ static inline __attribute__((always_inline)) void kv_axpy(li_type t, float *out,
     int d = 0;
     for (; d + 8 <= D; d += 8)
         _mm256_storeu_ps(out + d, _mm256_fmadd_ps(vp, load_f(t, v, d), _mm256_loadu_ps(out + d)));
-    for (; d < D; d++) out[d] += p * li_kv_load(t, v, d);
+    for (; d < D; d++) out[d] += p * li_float_load(t, v, d);
 }
 
 static inline __attribute__((always_inline)) void attn_head_t(li_type t, const li_attn_args *a, int64_t i, int h,

@@ -163,7 +163,7 @@ void li_ref_attn_head(const li_attn_args *a, int64_t i, int h, float *scores) {
     for (int64_t p = 0; p < n_pos; p++) {
         const void *k = li_kv_row(a, a->kv->k, i, p, kvh);
         float s = 0.0f;
-        for (int d = 0; d < D; d++) s += q[d] * li_kv_load(dt, k, d);
+        for (int d = 0; d < D; d++) s += q[d] * li_float_load(dt, k, d);
         scores[p] = s * a->scale;
         if (scores[p] > max) max = scores[p];
     }
@@ -178,7 +178,7 @@ void li_ref_attn_head(const li_attn_args *a, int64_t i, int h, float *scores) {
     for (int d = 0; d < D; d++) out[d] = 0.0f;
     for (int64_t p = 0; p < n_pos; p++) {
         const void *v = li_kv_row(a, a->kv->v, i, p, kvh);
-        for (int d = 0; d < D; d++) out[d] += scores[p] * li_kv_load(dt, v, d);
+        for (int d = 0; d < D; d++) out[d] += scores[p] * li_float_load(dt, v, d);
     }
 }
 

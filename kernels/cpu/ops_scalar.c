@@ -79,7 +79,7 @@ static void scalar_gemm_f(li_type wt, int64_t k, const void *w, size_t w_stride,
         for (int64_t r = 0; r < n; r++) {
             const float *xr = x + r * ldx;
             float sum = 0.0f;
-            for (int64_t j = 0; j < k; j++) sum += xr[j] * li_kv_load(wt, wr, j);
+            for (int64_t j = 0; j < k; j++) sum += xr[j] * li_float_load(wt, wr, j);
             y[r * ldy + i] = sum;
         }
     }

@@ -296,7 +296,7 @@ static void test_handmade(void) {
         CHECK(n == 5 && memcmp(ids, want, sizeof want) == 0, "odd vocab ids (%zu)", n);
         char dec[32];
         long dn = li_tokenizer_decode(t, ids, n, true, dec, sizeof dec);
-        CHECK(dn == 9 && memcmp(dec, "ab<|x|>ba ", 9) == 0, "odd vocab decode (%ld)", dn);
+        CHECK(dn == 10 && memcmp(dec, "ab<|x|>ba ", 10) == 0, "odd vocab decode (%ld)", dn);
         free(ids);
         li_tokenizer_free(t);
     }

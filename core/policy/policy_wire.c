@@ -1,0 +1,397 @@
+/* policy_wire.c — msgpack packing and strict unpacking of the policy
+ * contract (see policy_wire.h and docs/policy-protocol.md). */
+#include "policy/policy_wire.h"
+
+#include "policy/policy_lua.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *const state_names[3] = {"waiting", "running", "preempted"};
+static const struct {
+    unsigned bit;
+    const char *name;
+} hook_names[] = {
+    {LI_POLICY_HOOK_SCHEDULE, "schedule"}, {LI_POLICY_HOOK_ADMIT, "admit"},
+    {LI_POLICY_HOOK_ON_FINISH, "on_finish"}, {LI_POLICY_HOOK_EVICT, "evict"},
+    {LI_POLICY_HOOK_SPECULATE, "speculate"},
+};
+
+/* ======================================================================
+ * Packing
+ * ====================================================================== */
+
+void li_wire_frame_begin(msgpack_sbuffer *sb) {
+    sb->size = 0;
+    static const char zero[4] = {0};
+    msgpack_sbuffer_write(sb, zero, 4);
+}
+
+void li_wire_frame_end(msgpack_sbuffer *sb) {
+    uint32_t n = (uint32_t)(sb->size - 4);
+    unsigned char *b = (unsigned char *)sb->data;
+    b[0] = (unsigned char)(n >> 24);
+    b[1] = (unsigned char)(n >> 16);
+    b[2] = (unsigned char)(n >> 8);
+    b[3] = (unsigned char)n;
+}
+
+void li_wire_pack_str(msgpack_packer *pk, const char *s) {
+    size_t n = strlen(s);
+    msgpack_pack_str(pk, n);
+    msgpack_pack_str_body(pk, s, n);
+}
+
+static void kv_int(msgpack_packer *pk, const char *k, int64_t v) {
+    li_wire_pack_str(pk, k);
+    msgpack_pack_int64(pk, v);
+}
+
+static void kv_num(msgpack_packer *pk, const char *k, double v) {
+    li_wire_pack_str(pk, k);
+    msgpack_pack_double(pk, v);
+}
+
+static void kv_str(msgpack_packer *pk, const char *k, const char *v) {
+    li_wire_pack_str(pk, k);
+    li_wire_pack_str(pk, v);
+}
+
+void li_wire_pack_req(msgpack_packer *pk, const li_req_view *r) {
+    bool spec = r->spec_acceptance >= 0;
+    msgpack_pack_map(pk, 13 + (spec ? 1 : 0));
+    kv_int(pk, "id", r->id);
+    kv_str(pk, "state", state_names[(unsigned)r->state < 3 ? r->state : 0]);
+    kv_num(pk, "arrival", r->arrival);
+    kv_int(pk, "priority", r->priority);
+    kv_str(pk, "tenant", r->tenant ? r->tenant : "");
+    kv_int(pk, "prompt_len", r->prompt_len);
+    kv_int(pk, "num_tokens", r->num_tokens);
+    kv_int(pk, "num_computed", r->num_computed);
+    kv_int(pk, "num_generated", r->num_generated);
+    kv_int(pk, "max_tokens", r->max_tokens);
+    kv_int(pk, "cached_len", r->cached_len);
+    kv_int(pk, "blocks", r->n_blocks);
+    kv_int(pk, "preemptions", r->n_preemptions);
+    if (spec) kv_num(pk, "spec_acceptance", r->spec_acceptance);
+}
+
+void li_wire_pack_state(msgpack_packer *pk, const li_step_state *st) {
+    msgpack_pack_map(pk, 5);
+    kv_int(pk, "step", st->step);
+    kv_num(pk, "now", st->now);
+    li_wire_pack_str(pk, "kv");
+    msgpack_pack_map(pk, 4);
+    kv_int(pk, "free_blocks", st->kv_free_blocks);
+    kv_int(pk, "total_blocks", st->kv_total_blocks);
+    kv_int(pk, "cached_blocks", st->kv_cached_blocks);
+    kv_int(pk, "block_size", st->block_size);
+    li_wire_pack_str(pk, "budget");
+    msgpack_pack_map(pk, 2);
+    kv_int(pk, "max_num_seqs", st->max_num_seqs);
+    kv_int(pk, "max_batched_tokens", st->max_batched_tokens);
+    li_wire_pack_str(pk, "requests");
+    int32_t n = st->n_reqs > 0 ? st->n_reqs : 0;
+    msgpack_pack_array(pk, (size_t)n);
+    for (int32_t i = 0; i < n; i++) li_wire_pack_req(pk, &st->reqs[i]);
+}
+
+void li_wire_pack_plan(msgpack_packer *pk, const li_plan *p) {
+    msgpack_pack_map(pk, 2);
+    li_wire_pack_str(pk, "run");
+    msgpack_pack_array(pk, (size_t)p->n_run);
+    for (int32_t i = 0; i < p->n_run; i++) {
+        msgpack_pack_map(pk, 2);
+        kv_int(pk, "id", p->run[i].id);
+        kv_int(pk, "tokens", p->run[i].n_tokens);
+    }
+    li_wire_pack_str(pk, "preempt");
+    msgpack_pack_array(pk, (size_t)p->n_preempt);
+    for (int32_t i = 0; i < p->n_preempt; i++) msgpack_pack_int64(pk, p->preempt[i]);
+}
+
+void li_wire_pack_config(msgpack_packer *pk, const li_policy_config *c) {
+    int n = (c->block_size > 0) + (c->kv_dtype[0] != 0) + (c->max_num_seqs > 0) + (c->max_batched_tokens > 0);
+    msgpack_pack_map(pk, (size_t)n);
+    if (c->block_size > 0) kv_int(pk, "block_size", c->block_size);
+    if (c->kv_dtype[0]) kv_str(pk, "kv_dtype", c->kv_dtype);
+    if (c->max_num_seqs > 0) kv_int(pk, "max_num_seqs", c->max_num_seqs);
+    if (c->max_batched_tokens > 0) kv_int(pk, "max_batched_tokens", c->max_batched_tokens);
+}
+
+void li_wire_pack_hooks(msgpack_packer *pk, unsigned hooks) {
+    size_t n = 0;
+    for (size_t i = 0; i < LI_ARRAY_LEN(hook_names); i++) n += (hooks & hook_names[i].bit) != 0;
+    msgpack_pack_array(pk, n);
+    for (size_t i = 0; i < LI_ARRAY_LEN(hook_names); i++)
+        if (hooks & hook_names[i].bit) li_wire_pack_str(pk, hook_names[i].name);
+}
+
+/* ======================================================================
+ * Unpacking (outside bytes: everything checked)
+ * ====================================================================== */
+
+const msgpack_object *li_wire_get(const msgpack_object *map, const char *key) {
+    if (!map || map->type != MSGPACK_OBJECT_MAP) return NULL;
+    size_t kl = strlen(key);
+    for (uint32_t i = 0; i < map->via.map.size; i++) {
+        const msgpack_object *k = &map->via.map.ptr[i].key;
+        if (k->type == MSGPACK_OBJECT_STR && k->via.str.size == kl && memcmp(k->via.str.ptr, key, kl) == 0)
+            return &map->via.map.ptr[i].val;
+    }
+    return NULL;
+}
+
+bool li_wire_str(const msgpack_object *o, const char **s, size_t *len) {
+    if (!o || o->type != MSGPACK_OBJECT_STR) return false;
+    *s = o->via.str.ptr;
+    if (len) *len = o->via.str.size;
+    return true;
+}
+
+bool li_wire_int(const msgpack_object *o, int64_t *v) {
+    if (!o) return false;
+    switch (o->type) {
+    case MSGPACK_OBJECT_POSITIVE_INTEGER:
+        if (o->via.u64 > (uint64_t)INT64_MAX) return false;
+        *v = (int64_t)o->via.u64;
+        return true;
+    case MSGPACK_OBJECT_NEGATIVE_INTEGER:
+        *v = o->via.i64;
+        return true;
+    case MSGPACK_OBJECT_FLOAT32:
+    case MSGPACK_OBJECT_FLOAT64: {
+        double d = o->via.f64;
+        if (!(d >= -9007199254740992.0 && d <= 9007199254740992.0) || d != floor(d)) return false;
+        *v = (int64_t)d;
+        return true;
+    }
+    default:
+        return false;
+    }
+}
+
+bool li_wire_num(const msgpack_object *o, double *v) {
+    if (!o) return false;
+    switch (o->type) {
+    case MSGPACK_OBJECT_POSITIVE_INTEGER:
+        *v = (double)o->via.u64;
+        return true;
+    case MSGPACK_OBJECT_NEGATIVE_INTEGER:
+        *v = (double)o->via.i64;
+        return true;
+    case MSGPACK_OBJECT_FLOAT32:
+    case MSGPACK_OBJECT_FLOAT64:
+        *v = o->via.f64;
+        return isfinite(*v);
+    default:
+        return false;
+    }
+}
+
+bool li_wire_is(const msgpack_object *msg, const char *type) {
+    const char *s;
+    size_t n;
+    if (!li_wire_str(li_wire_get(msg, "type"), &s, &n)) return false;
+    return n == strlen(type) && memcmp(s, type, n) == 0;
+}
+
+void li_wire_state_free(li_wire_state *ws) {
+    free(ws->reqs);
+    free(ws->strs);
+    memset(ws, 0, sizeof *ws);
+}
+
+/* Reads an integer field into *out within [lo, hi]; absent = dflt (or an
+ * error when required). */
+static int field_int(const msgpack_object *m, const char *key, int64_t lo, int64_t hi, bool required, int64_t dflt,
+                     int64_t *out, const char *what, li_error *err) {
+    const msgpack_object *o = li_wire_get(m, key);
+    if (!o || o->type == MSGPACK_OBJECT_NIL) {
+        if (required) return li_error_set(err, LI_EINVAL, "%s: missing integer field '%s'", what, key);
+        *out = dflt;
+        return 0;
+    }
+    int64_t v;
+    if (!li_wire_int(o, &v) || v < lo || v > hi)
+        return li_error_set(err, LI_EINVAL, "%s: field '%s' must be an integer in [%lld, %lld]", what, key,
+                            (long long)lo, (long long)hi);
+    *out = v;
+    return 0;
+}
+
+int li_wire_unpack_req(const msgpack_object *o, li_req_view *v, li_wire_state *ws, li_error *err) {
+    if (!o || o->type != MSGPACK_OBJECT_MAP) return li_error_set(err, LI_EINVAL, "request: expected a map");
+    memset(v, 0, sizeof *v);
+    const int64_t BIG = (int64_t)1 << 53;
+    int64_t x;
+    if (field_int(o, "id", 0, BIG, true, 0, &x, "request", err)) return err->code;
+    v->id = x;
+    const char *s;
+    size_t n;
+    if (!li_wire_str(li_wire_get(o, "state"), &s, &n))
+        return li_error_set(err, LI_EINVAL, "request %lld: missing 'state'", (long long)v->id);
+    int st = -1;
+    for (int i = 0; i < 3; i++)
+        if (n == strlen(state_names[i]) && !memcmp(s, state_names[i], n)) st = i;
+    if (st < 0) return li_error_set(err, LI_EINVAL, "request %lld: unknown state", (long long)v->id);
+    v->state = (li_req_state)st;
+    double d = 0;
+    const msgpack_object *a = li_wire_get(o, "arrival");
+    if (a && !li_wire_num(a, &d)) return li_error_set(err, LI_EINVAL, "request: 'arrival' must be a number");
+    v->arrival = d;
+    struct {
+        const char *key;
+        int64_t lo, hi;
+        int64_t *dst64;
+        int32_t *dst32;
+    } f[] = {
+        {"priority", INT32_MIN, INT32_MAX, NULL, &v->priority},
+        {"prompt_len", 0, BIG, &v->prompt_len, NULL},
+        {"num_tokens", 0, BIG, &v->num_tokens, NULL},
+        {"num_computed", 0, BIG, &v->num_computed, NULL},
+        {"num_generated", 0, BIG, &v->num_generated, NULL},
+        {"max_tokens", 0, BIG, &v->max_tokens, NULL},
+        {"cached_len", 0, BIG, &v->cached_len, NULL},
+        {"blocks", 0, INT32_MAX, NULL, &v->n_blocks},
+        {"preemptions", 0, INT32_MAX, NULL, &v->n_preemptions},
+    };
+    for (size_t i = 0; i < LI_ARRAY_LEN(f); i++) {
+        if (field_int(o, f[i].key, f[i].lo, f[i].hi, false, 0, &x, "request", err)) return err->code;
+        if (f[i].dst64) *f[i].dst64 = x;
+        else *f[i].dst32 = (int32_t)x;
+    }
+    v->spec_acceptance = -1;
+    const msgpack_object *sa = li_wire_get(o, "spec_acceptance");
+    if (sa && sa->type != MSGPACK_OBJECT_NIL && !li_wire_num(sa, &v->spec_acceptance))
+        return li_error_set(err, LI_EINVAL, "request: 'spec_acceptance' must be a number");
+    /* tenant: copied, NUL-terminated; stored as an offset until the arena stops growing */
+    const char *t = "";
+    size_t tl = 0;
+    const msgpack_object *to = li_wire_get(o, "tenant");
+    if (to && to->type != MSGPACK_OBJECT_NIL && !li_wire_str(to, &t, &tl))
+        return li_error_set(err, LI_EINVAL, "request: 'tenant' must be a string");
+    if (tl > 4096) return li_error_set(err, LI_EINVAL, "request: tenant longer than 4096 bytes");
+    if (memchr(t, 0, tl)) return li_error_set(err, LI_EINVAL, "request: tenant contains a NUL byte");
+    if (ws->n_strs + tl + 1 > ws->cap_strs) {
+        ws->cap_strs = (ws->n_strs + tl + 1) * 2 + 256;
+        ws->strs = li_xrealloc(ws->strs, ws->cap_strs);
+    }
+    memcpy(ws->strs + ws->n_strs, t, tl);
+    ws->strs[ws->n_strs + tl] = 0;
+    v->tenant = (const char *)(uintptr_t)ws->n_strs; /* fixed up by the caller */
+    ws->n_strs += tl + 1;
+    return 0;
+}
+
+int li_wire_unpack_state(const msgpack_object *o, li_wire_state *ws, li_step_state *st, li_error *err) {
+    if (!o || o->type != MSGPACK_OBJECT_MAP) return li_error_set(err, LI_EINVAL, "state: expected a map");
+    memset(st, 0, sizeof *st);
+    int64_t x;
+    if (field_int(o, "step", INT64_MIN, INT64_MAX, false, 0, &x, "state", err)) return err->code;
+    st->step = x;
+    const msgpack_object *now = li_wire_get(o, "now");
+    if (now && !li_wire_num(now, &st->now)) return li_error_set(err, LI_EINVAL, "state: 'now' must be a number");
+    const msgpack_object *kv = li_wire_get(o, "kv"), *bu = li_wire_get(o, "budget");
+    if (!kv || kv->type != MSGPACK_OBJECT_MAP || !bu || bu->type != MSGPACK_OBJECT_MAP)
+        return li_error_set(err, LI_EINVAL, "state: 'kv' and 'budget' must be maps");
+    struct {
+        const msgpack_object *m;
+        const char *key;
+        int32_t *dst;
+    } f[] = {
+        {kv, "free_blocks", &st->kv_free_blocks},   {kv, "total_blocks", &st->kv_total_blocks},
+        {kv, "cached_blocks", &st->kv_cached_blocks}, {kv, "block_size", &st->block_size},
+        {bu, "max_num_seqs", &st->max_num_seqs},    {bu, "max_batched_tokens", &st->max_batched_tokens},
+    };
+    for (size_t i = 0; i < LI_ARRAY_LEN(f); i++) {
+        if (field_int(f[i].m, f[i].key, 0, INT32_MAX, false, 0, &x, "state", err)) return err->code;
+        *f[i].dst = (int32_t)x;
+    }
+    const msgpack_object *rs = li_wire_get(o, "requests");
+    if (!rs || rs->type != MSGPACK_OBJECT_ARRAY) return li_error_set(err, LI_EINVAL, "state: 'requests' must be an array");
+    uint32_t n = rs->via.array.size;
+    if (n > LI_WIRE_MAX_REQS) return li_error_set(err, LI_ERANGE, "state: more than %d requests", LI_WIRE_MAX_REQS);
+    if ((int32_t)n > ws->cap_reqs) {
+        ws->cap_reqs = (int32_t)n * 2 + 16;
+        ws->reqs = li_xrealloc(ws->reqs, (size_t)ws->cap_reqs * sizeof *ws->reqs);
+    }
+    ws->n_strs = 0;
+    for (uint32_t i = 0; i < n; i++)
+        if (li_wire_unpack_req(&rs->via.array.ptr[i], &ws->reqs[i], ws, err)) return err->code;
+    for (uint32_t i = 0; i < n; i++) ws->reqs[i].tenant = ws->strs + (uintptr_t)ws->reqs[i].tenant;
+    st->reqs = ws->reqs;
+    st->n_reqs = (int32_t)n;
+    return 0;
+}
+
+int li_wire_unpack_plan(const msgpack_object *o, li_plan *plan, li_error *err) {
+    if (!o || o->type != MSGPACK_OBJECT_MAP) return li_error_set(err, LI_EINVAL, "plan: expected a map");
+    const msgpack_object *run = li_wire_get(o, "run"), *pre = li_wire_get(o, "preempt");
+    const int64_t BIG = (int64_t)1 << 53;
+    if (run && run->type != MSGPACK_OBJECT_NIL) {
+        if (run->type != MSGPACK_OBJECT_ARRAY) return li_error_set(err, LI_EINVAL, "plan: 'run' must be an array");
+        if (run->via.array.size > LI_WIRE_MAX_ENTRIES)
+            return li_error_set(err, LI_ERANGE, "plan: more than %d run entries", LI_WIRE_MAX_ENTRIES);
+        for (uint32_t i = 0; i < run->via.array.size; i++) {
+            const msgpack_object *e = &run->via.array.ptr[i];
+            int64_t id, tok;
+            if (e->type != MSGPACK_OBJECT_MAP) return li_error_set(err, LI_EINVAL, "plan: run[%u] must be a map", i + 1);
+            if (!li_wire_int(li_wire_get(e, "id"), &id) || id < 0 || id > BIG)
+                return li_error_set(err, LI_EINVAL, "plan: run[%u].id must be a request id", i + 1);
+            if (!li_wire_int(li_wire_get(e, "tokens"), &tok) || tok < 0 || tok > INT32_MAX)
+                return li_error_set(err, LI_EINVAL, "plan: run[%u].tokens must be an integer in [0, 2^31)", i + 1);
+            if (tok > 0) li_plan_add_run(plan, id, (int32_t)tok);
+        }
+    }
+    if (pre && pre->type != MSGPACK_OBJECT_NIL) {
+        if (pre->type != MSGPACK_OBJECT_ARRAY) return li_error_set(err, LI_EINVAL, "plan: 'preempt' must be an array");
+        if (pre->via.array.size > LI_WIRE_MAX_ENTRIES)
+            return li_error_set(err, LI_ERANGE, "plan: more than %d preempt entries", LI_WIRE_MAX_ENTRIES);
+        for (uint32_t i = 0; i < pre->via.array.size; i++) {
+            int64_t id;
+            if (!li_wire_int(&pre->via.array.ptr[i], &id) || id < 0 || id > BIG)
+                return li_error_set(err, LI_EINVAL, "plan: preempt[%u] must be a request id", i + 1);
+            li_plan_add_preempt(plan, id);
+        }
+    }
+    return 0;
+}
+
+int li_wire_unpack_config(const msgpack_object *o, li_policy_config *c, li_error *err) {
+    memset(c, 0, sizeof *c);
+    if (!o || o->type == MSGPACK_OBJECT_NIL) return 0;
+    if (o->type != MSGPACK_OBJECT_MAP) return li_error_set(err, LI_EINVAL, "config: expected a map");
+    int64_t x;
+    if (field_int(o, "block_size", 0, 1 << 16, false, 0, &x, "config", err)) return err->code;
+    c->block_size = (int32_t)x;
+    if (field_int(o, "max_num_seqs", 0, 1 << 20, false, 0, &x, "config", err)) return err->code;
+    c->max_num_seqs = (int32_t)x;
+    if (field_int(o, "max_batched_tokens", 0, 1 << 24, false, 0, &x, "config", err)) return err->code;
+    c->max_batched_tokens = (int32_t)x;
+    const msgpack_object *d = li_wire_get(o, "kv_dtype");
+    if (d && d->type != MSGPACK_OBJECT_NIL) {
+        const char *s;
+        size_t n;
+        if (!li_wire_str(d, &s, &n) || n >= sizeof c->kv_dtype || memchr(s, 0, n))
+            return li_error_set(err, LI_EINVAL, "config: 'kv_dtype' must be a short string");
+        memcpy(c->kv_dtype, s, n);
+        c->kv_dtype[n] = 0;
+    }
+    return 0;
+}
+
+unsigned li_wire_unpack_hooks(const msgpack_object *o) {
+    unsigned bits = 0;
+    if (!o || o->type != MSGPACK_OBJECT_ARRAY) return 0;
+    for (uint32_t i = 0; i < o->via.array.size; i++) {
+        const char *s;
+        size_t n;
+        if (!li_wire_str(&o->via.array.ptr[i], &s, &n)) continue;
+        for (size_t k = 0; k < LI_ARRAY_LEN(hook_names); k++)
+            if (n == strlen(hook_names[k].name) && !memcmp(s, hook_names[k].name, n)) bits |= hook_names[k].bit;
+    }
+    return bits;
+}

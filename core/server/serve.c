@@ -1,0 +1,362 @@
+/* serve.c — `luainfer serve [POLICY.lua] [options]`: the model, the engine
+ * thread, the listeners, signals and the graceful stop.
+ *
+ * Start-up order: load the model (slow; nothing listens yet), load the
+ * policy, bind every listener (a bad address fails before the engine
+ * allocates its KV pool), start the engine thread, run the loop. Each
+ * listener prints one line to stdout, e.g.
+ *   luainfer: listening on 127.0.0.1:7700 (msgpack-rpc)
+ * with the real port when the requested one was 0.
+ *
+ * Stop (SIGINT, SIGTERM or the `shutdown` method): listeners close, new
+ * requests get 503, requests in flight finish for up to --drain-seconds,
+ * then the rest are cancelled, connections flushed and closed, exit 0. A
+ * second signal skips the wait. */
+#define _GNU_SOURCE
+#include "server/server.h"
+#include "cli/args.h"
+#include "cli/cli.h"
+#include "policy/policy_lua.h"
+
+#include <lua.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#if defined(__has_include)
+#if __has_include("policy/policy_proc.h")
+#include "policy/policy_proc.h"
+#define LI_HAVE_POLICY_PROC 1
+#endif
+#endif
+
+static const double ttft_le[] = {0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 30};
+static const double tpot_le[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1, 2.5};
+static const double e2e_le[] = {0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120};
+
+void li_server_limits_default(li_server_limits *l) {
+    *l = (li_server_limits){
+        .max_frame = LI_SRV_MAX_FRAME, .max_depth = LI_SRV_MAX_DEPTH, .max_inflight = LI_SRV_MAX_INFLIGHT,
+        .max_connections = LI_SRV_MAX_CONNECTIONS, .write_buffer = LI_SRV_WRITE_BUFFER,
+        .slow_client_seconds = LI_SRV_SLOW_CLIENT_SECONDS, .drain_seconds = LI_SRV_DRAIN_SECONDS,
+    };
+}
+
+static void server_init_common(li_server *srv) {
+    memset(srv, 0, sizeof *srv);
+    li_server_limits_default(&srv->lim);
+    li_hist_init(&srv->m.ttft, ttft_le, (int)LI_ARRAY_LEN(ttft_le));
+    li_hist_init(&srv->m.tpot, tpot_le, (int)LI_ARRAY_LEN(tpot_le));
+    li_hist_init(&srv->m.e2e, e2e_le, (int)LI_ARRAY_LEN(e2e_le));
+    uv_mutex_init(&srv->lua_mu);
+    srv->t_start = li_time_now();
+    li_engine_config_default(&srv->cfg);
+}
+
+static void server_free_common(li_server *srv) {
+    li_hist_free(&srv->m.ttft);
+    li_hist_free(&srv->m.tpot);
+    li_hist_free(&srv->m.e2e);
+    for (int i = 0; i < srv->n_lua_free; i++) lua_close(srv->lua_free[i]);
+    free(srv->lua_free);
+    uv_mutex_destroy(&srv->lua_mu);
+    free(srv->policy_name);
+}
+
+void li_server_init_detached(li_server *srv) { server_init_common(srv); }
+void li_server_free_detached(li_server *srv) { server_free_common(srv); }
+
+/* ---- stopping --------------------------------------------------------------- */
+
+static void on_handle_closed(uv_handle_t *h) { (void)h; }
+
+/* Everything in flight is done (or out of time): close up. */
+static void stop_now(li_server *srv) {
+    if (srv->stopping) return;
+    srv->stopping = true;
+    if (srv->eng) {
+        li_engine_thread *t = srv->eng;
+        li_engine_thread_stop(t); /* cancels what is left; its last events are posted */
+        srv->eng = NULL;
+        li_loop_run_posted(&srv->loop); /* deliver them while the connections still exist */
+    }
+    for (li_conn *c = srv->conns; c; c = c->next) li_conn_close(c);
+    srv->stop_deadline = li_time_now() + 2.0; /* time for the last bytes to leave */
+}
+
+static void on_tick(uv_timer_t *t) {
+    li_server *srv = t->data;
+    double now = li_time_now();
+    if (srv->stopping) {
+        if (srv->n_conns > 0 && now < srv->stop_deadline) return;
+        for (li_conn *c = srv->conns, *next; c; c = next) {
+            next = c->next;
+            li_conn_force_close(c);
+        }
+        uv_timer_stop(&srv->tick);
+        uv_stop(&srv->loop.uv);
+        return;
+    }
+    /* slow clients: over the write buffer for too long */
+    for (li_conn *c = srv->conns, *next; c; c = next) {
+        next = c->next;
+        if (c->paused && !c->closing && now - c->over_since > srv->lim.slow_client_seconds) {
+            li_log_warn("serve: closing connection %llu: %zu bytes unread for %.0f s",
+                        (unsigned long long)c->serial, c->wbuf, now - c->over_since);
+            srv->m.slow_clients_closed++;
+            li_conn_force_close(c);
+        }
+    }
+    if (srv->draining && (srv->n_live == 0 || now >= srv->drain_deadline)) {
+        if (srv->n_live) fprintf(stderr, "luainfer: drain time is up: cancelling %lld requests\n", (long long)srv->n_live);
+        stop_now(srv);
+    }
+}
+
+void li_server_begin_drain(li_server *srv, const char *why) {
+    if (!srv->handles_open) return; /* detached (fuzz): nothing to stop */
+    if (srv->draining) {
+        srv->drain_deadline = li_time_now(); /* asked again: stop waiting */
+        return;
+    }
+    srv->draining = true;
+    srv->drain_deadline = li_time_now() + srv->lim.drain_seconds;
+    fprintf(stderr, "luainfer: %s: draining %lld requests in flight (at most %.0f s)\n", why,
+            (long long)srv->n_live, srv->lim.drain_seconds);
+    li_listeners_close(srv);
+}
+
+static void on_signal(uv_signal_t *s, int signum) {
+    li_server *srv = s->data;
+    li_server_begin_drain(srv, signum == SIGINT ? "SIGINT" : "SIGTERM");
+}
+
+/* ---- options ------------------------------------------------------------------ */
+
+static int parse_bytes(const char *s, size_t *out, li_error *err) {
+    char *end;
+    double v = strtod(s, &end);
+    double mul = 1;
+    if (*end == 'k' || *end == 'K') mul = 1024, end++;
+    else if (*end == 'm' || *end == 'M') mul = 1024.0 * 1024, end++;
+    else if (*end == 'g' || *end == 'G') mul = 1024.0 * 1024 * 1024, end++;
+    if (*end == 'i' || *end == 'B') end++;
+    if (*end == 'B') end++;
+    if (end == s || *end || !(v > 0) || v * mul > 1e13)
+        return li_error_set(err, LI_EINVAL, "--kv-memory expects bytes such as 268435456, 256M or 2G, got '%s'", s);
+    *out = (size_t)(v * mul);
+    return 0;
+}
+
+static const char *default_policy(void) {
+    static char path[4096];
+    struct stat st;
+    if (stat("policies/default.lua", &st) == 0) return "policies/default.lua";
+    snprintf(path, sizeof path, "%s/policies/default.lua", LI_SOURCE_DIR);
+    if (stat(path, &st) == 0) return path;
+    return NULL;
+}
+
+typedef struct serve_opts {
+    const char *model, *kv_dtype, *kv_memory, *isolation, *admin_token, *auth_token, *isa;
+    li_str_list listen, http;
+    int64_t block_size, max_num_seqs, max_batched_tokens, threads, max_frame, max_inflight, max_connections,
+        ctx_size, write_buffer;
+    double drain_seconds, slow_seconds;
+    bool help, policy_unsafe;
+} serve_opts;
+
+static int check_range(const char *name, int64_t v, int64_t lo, int64_t hi, li_error *err) {
+    if (v < lo || v > hi)
+        return li_error_set(err, LI_EINVAL, "--%s must be in [%lld, %lld], got %lld", name, (long long)lo, (long long)hi,
+                            (long long)v);
+    return 0;
+}
+
+int li_cmd_serve(int argc, char **argv) {
+    serve_opts o = {
+        .isolation = "inprocess", .isa = "auto", .block_size = -1, .max_num_seqs = -1, .max_batched_tokens = -1,
+        .max_frame = LI_SRV_MAX_FRAME, .max_inflight = LI_SRV_MAX_INFLIGHT, .max_connections = LI_SRV_MAX_CONNECTIONS,
+        .write_buffer = LI_SRV_WRITE_BUFFER, .drain_seconds = LI_SRV_DRAIN_SECONDS,
+        .slow_seconds = LI_SRV_SLOW_CLIENT_SECONDS,
+    };
+    li_opt opts[] = {
+        {"model", LI_OPT_STR, &o.model, "GGUF model (default: $LUAINFER_MODEL or the bundled SmolLM2)"},
+        {"listen", LI_OPT_STR_LIST, &o.listen, "msgpack-RPC on HOST:PORT or unix:PATH (repeatable; default 127.0.0.1:7700)"},
+        {"http", LI_OPT_STR_LIST, &o.http, "OpenAI-compatible HTTP on HOST:PORT (repeatable; default: off)"},
+        {"kv-dtype", LI_OPT_STR, &o.kv_dtype, "KV cache dtype: f16, bf16, f32 (default: the policy's, else f16)"},
+        {"kv-memory", LI_OPT_STR, &o.kv_memory, "KV cache budget in bytes, e.g. 256M (default 256M)"},
+        {"block-size", LI_OPT_INT, &o.block_size, "tokens per KV block (default: the policy's, else 16)"},
+        {"max-num-seqs", LI_OPT_INT, &o.max_num_seqs, "requests per step (default: the policy's, else 64)"},
+        {"max-batched-tokens", LI_OPT_INT, &o.max_batched_tokens, "tokens per step (default: the policy's, else 512)"},
+        {"ctx-size", LI_OPT_INT, &o.ctx_size, "positions per request (default: the model's, at most 8192)"},
+        {"threads", LI_OPT_INT, &o.threads, "compute threads (default: all cores)"},
+        {"isa", LI_OPT_STR, &o.isa, "CPU kernels: auto, scalar, avx2, avx512 (default auto)"},
+        {"policy-isolation", LI_OPT_STR, &o.isolation, "inprocess (default) or process (a policy-host child)"},
+        {"policy-unsafe", LI_OPT_FLAG, &o.policy_unsafe, "give the policy the full Lua standard library"},
+        {"admin-token", LI_OPT_STR, &o.admin_token, "token for policy.reload and shutdown (default: those are refused)"},
+        {"auth-token", LI_OPT_STR, &o.auth_token, "clients must present it (RPC: auth {token}; HTTP: Bearer)"},
+        {"max-frame-bytes", LI_OPT_INT, &o.max_frame, "largest msgpack frame / HTTP body (default 1048576)"},
+        {"max-inflight", LI_OPT_INT, &o.max_inflight, "requests in flight per connection (default 64)"},
+        {"max-connections", LI_OPT_INT, &o.max_connections, "open connections (default 256)"},
+        {"write-buffer", LI_OPT_INT, &o.write_buffer, "unsent bytes per connection before reads stop (default 8 MiB)"},
+        {"slow-client-seconds", LI_OPT_FLOAT, &o.slow_seconds, "over the write buffer this long: close (default 30)"},
+        {"drain-seconds", LI_OPT_FLOAT, &o.drain_seconds, "on SIGTERM, wait this long for requests (default 30)"},
+        {"help", LI_OPT_FLAG, &o.help, "show this help"},
+    };
+    const int n_opts = (int)LI_ARRAY_LEN(opts);
+    li_error err = {0};
+    const char *pos[1] = {NULL};
+    int n_pos, rc;
+    if ((rc = li_args_parse(opts, n_opts, argc, argv, pos, 1, &n_pos, &err))) return li_cli_fail(&err);
+    if (o.help) {
+        li_args_usage("serve", "[POLICY.lua] [options]", opts, n_opts);
+        printf("\nWith no options: the default model, policies/default.lua, msgpack-RPC on 127.0.0.1:7700.\n"
+               "Port 0 picks a free port; each listener prints 'luainfer: listening on ADDR (PROTOCOL)'.\n");
+        return 0;
+    }
+    int status = 1;
+    li_server srv;
+    server_init_common(&srv);
+    li_runtime rt = {0};
+    bool rt_open = false, loop_open = false;
+    li_policy *policy = NULL;
+    if ((rc = check_range("max-frame-bytes", o.max_frame, 64, (int64_t)1 << 30, &err)) ||
+        (rc = check_range("max-inflight", o.max_inflight, 1, 1 << 20, &err)) ||
+        (rc = check_range("max-connections", o.max_connections, 1, 1 << 20, &err)) ||
+        (rc = check_range("write-buffer", o.write_buffer, 4096, (int64_t)1 << 40, &err)))
+        goto done;
+    if (!(o.drain_seconds >= 0 && o.drain_seconds <= 86400) || !(o.slow_seconds > 0 && o.slow_seconds <= 86400)) {
+        li_error_set(&err, LI_EINVAL, "--drain-seconds must be in [0, 86400] and --slow-client-seconds in (0, 86400]");
+        goto done;
+    }
+    if (strcmp(o.isolation, "inprocess") && strcmp(o.isolation, "process")) {
+        li_error_set(&err, LI_EINVAL, "--policy-isolation must be 'inprocess' or 'process', got '%s'", o.isolation);
+        goto done;
+    }
+    srv.lim.max_frame = (size_t)o.max_frame;
+    srv.lim.max_inflight = (int)o.max_inflight;
+    srv.lim.max_connections = (int)o.max_connections;
+    srv.lim.write_buffer = (size_t)o.write_buffer;
+    srv.lim.slow_client_seconds = o.slow_seconds;
+    srv.lim.drain_seconds = o.drain_seconds;
+    srv.admin_token = o.admin_token && *o.admin_token ? o.admin_token : NULL;
+    srv.auth_token = o.auth_token && *o.auth_token ? o.auth_token : NULL;
+
+    /* the policy first: its config table may set engine defaults */
+    const char *policy_path = pos[0] ? pos[0] : default_policy();
+    if (policy_path) {
+        if (!strcmp(o.isolation, "process")) {
+#ifdef LI_HAVE_POLICY_PROC
+            rc = li_policy_proc_open(&policy, policy_path, NULL, &err);
+#else
+            rc = li_error_set(&err, LI_EUNSUP, "--policy-isolation process is not available in this build");
+#endif
+        } else {
+            li_policy_lua_opts po = {.allow_unsafe = o.policy_unsafe};
+            rc = li_policy_lua_open(&policy, policy_path, NULL, &po, &err);
+        }
+        if (rc) goto done;
+    } else {
+        fprintf(stderr, "luainfer: no policies/default.lua found: using the built-in FCFS\n");
+    }
+
+    if ((rc = li_runtime_open(&rt, o.model, o.threads, o.isa, &err))) goto done;
+    rt_open = true;
+    srv.model = rt.model;
+    {
+        const char *base = strrchr(rt.model->path ? rt.model->path : "", '/');
+        snprintf(srv.model_name, sizeof srv.model_name, "%s", base ? base + 1 : rt.model->path ? rt.model->path : "model");
+        char *dot = strstr(srv.model_name, ".gguf");
+        if (dot) *dot = 0;
+    }
+
+    /* engine config: flags > the policy's config table > defaults */
+    li_engine_config *cfg = &srv.cfg;
+    const li_policy_config *pc = policy ? &policy->config : NULL;
+    cfg->block_size = (int32_t)(o.block_size > 0 ? o.block_size : pc && pc->block_size ? pc->block_size : cfg->block_size);
+    cfg->max_num_seqs = (int32_t)(o.max_num_seqs > 0 ? o.max_num_seqs : pc && pc->max_num_seqs ? pc->max_num_seqs : cfg->max_num_seqs);
+    cfg->max_batched_tokens = (int32_t)(o.max_batched_tokens > 0 ? o.max_batched_tokens
+                                        : pc && pc->max_batched_tokens ? pc->max_batched_tokens
+                                                                       : cfg->max_batched_tokens);
+    const char *dt = o.kv_dtype ? o.kv_dtype : pc && pc->kv_dtype[0] ? pc->kv_dtype : "f16";
+    if ((rc = li_kv_dtype_parse(dt, &cfg->kv_dtype, &err))) goto done;
+    if (o.kv_memory && (rc = parse_bytes(o.kv_memory, &cfg->kv_memory, &err))) goto done;
+    if ((o.block_size != -1 && (rc = check_range("block-size", o.block_size, 1, 1024, &err))) ||
+        (o.max_num_seqs != -1 && (rc = check_range("max-num-seqs", o.max_num_seqs, 1, 4096, &err))) ||
+        (o.max_batched_tokens != -1 && (rc = check_range("max-batched-tokens", o.max_batched_tokens, 1, 65536, &err))) ||
+        (rc = check_range("ctx-size", o.ctx_size, 0, 1 << 20, &err)))
+        goto done;
+    cfg->max_model_len = o.ctx_size > 0 ? o.ctx_size : LI_MIN(rt.model->hp.n_ctx_train, 8192);
+    if (cfg->max_model_len > rt.model->hp.n_ctx_train) cfg->max_model_len = rt.model->hp.n_ctx_train;
+
+    if ((rc = li_loop_init(&srv.loop, &err))) goto done;
+    loop_open = true;
+    signal(SIGPIPE, SIG_IGN);
+    if (o.listen.n == 0) {
+        char def[32];
+        snprintf(def, sizeof def, "127.0.0.1:%d", LI_SRV_DEFAULT_PORT);
+        if ((rc = li_listener_open(&srv, def, LI_CONN_RPC, &err))) goto done;
+    }
+    for (int i = 0; i < o.listen.n; i++)
+        if ((rc = li_listener_open(&srv, o.listen.items[i], LI_CONN_RPC, &err))) goto done;
+    for (int i = 0; i < o.http.n; i++)
+        if ((rc = li_listener_open(&srv, o.http.items[i], LI_CONN_HTTP, &err))) goto done;
+
+    li_engine_thread_opts eo = {.model = rt.model, .be = &rt.be, .cfg = *cfg, .policy = policy};
+    li_engine_thread *eng;
+    if ((rc = li_engine_thread_start(&eng, &srv, &eo, &err))) {
+        policy = NULL; /* the engine thread owned and freed it */
+        goto done;
+    }
+    policy = NULL;
+    {
+        li_engine_snapshot snap;
+        li_engine_thread_snapshot(eng, &snap);
+        fprintf(stderr,
+                "luainfer: serving %s with %s (KV %d blocks x %d tokens %s, max_num_seqs %d, max_batched_tokens %d, "
+                "context %lld)\n",
+                srv.model_name, snap.policy, snap.st.kv_total_blocks, snap.st.block_size, li_type_name(cfg->kv_dtype),
+                cfg->max_num_seqs, cfg->max_batched_tokens, (long long)cfg->max_model_len);
+        li_hist_free(&snap.step_time);
+    }
+    uv_timer_init(&srv.loop.uv, &srv.tick);
+    srv.tick.data = &srv;
+    uv_timer_start(&srv.tick, on_tick, 100, 100);
+    uv_signal_init(&srv.loop.uv, &srv.sig_int);
+    uv_signal_init(&srv.loop.uv, &srv.sig_term);
+    srv.sig_int.data = srv.sig_term.data = &srv;
+    uv_signal_start(&srv.sig_int, on_signal, SIGINT);
+    uv_signal_start(&srv.sig_term, on_signal, SIGTERM);
+    srv.handles_open = true;
+    srv.t_start = li_time_now();
+
+    uv_run(&srv.loop.uv, UV_RUN_DEFAULT);
+
+    if (srv.eng) { /* the loop ended some other way: still stop cleanly */
+        li_engine_thread_stop(srv.eng);
+        srv.eng = NULL;
+    }
+    fprintf(stderr, "luainfer: stopped\n");
+    status = 0;
+done:
+    if (status) li_cli_fail(&err);
+    if (srv.eng) {
+        li_engine_thread_stop(srv.eng);
+        srv.eng = NULL;
+    }
+    if (loop_open) {
+        li_listeners_close(&srv);
+        for (li_conn *c = srv.conns; c; c = c->next) li_conn_force_close(c);
+        li_loop_close(&srv.loop);
+    }
+    if (policy) policy->ops->free(policy);
+    if (rt_open) li_runtime_close(&rt);
+    server_free_common(&srv);
+    free((void *)o.listen.items);
+    free((void *)o.http.items);
+    (void)on_handle_closed;
+    return status;
+}
