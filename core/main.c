@@ -1,5 +1,6 @@
 /* main.c — the luainfer binary: one executable, many subcommands. */
 #include "cli/cli.h"
+#include "policy/policy_proc.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -34,6 +35,7 @@ int main(int argc, char **argv) {
         {"perplexity", li_cmd_perplexity},
         {"info", li_cmd_info},
         {"run", li_cmd_run},
+        {"policy-host", li_cmd_policy_host},
     };
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
         if (!strcmp(cmd, cmds[i].name)) return cmds[i].fn(argc - 2, argv + 2);

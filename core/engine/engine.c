@@ -132,13 +132,22 @@ static void sync_result(req *r) {
     r->res.text_len = r->text_len;
 }
 
+/* Returns a sequence's blocks; cached ones remember when, for LRU/LFU. */
+static void release_seq(li_engine *e, req *r) {
+    if (e->kv.prefix_caching) {
+        double now = li_engine_now(e);
+        for (int32_t b = 0; b < r->seq.n_blocks; b++) li_kv_prefix_touch(&e->kv, r->seq.blocks[b], now);
+    }
+    li_kv_seq_release(&e->kv, &r->seq);
+}
+
 /* Ends a request: frees its blocks now, keeps its result until released. */
 static void finish(li_engine *e, req *r, const char *reason) {
     if (!r->live) return;
     /* samples still waiting to fork from this request go on alone */
     for (int32_t i = 0; i < e->n_reqs; i++)
         if (e->reqs[i]->fork_of == r) e->reqs[i]->fork_of = NULL;
-    li_kv_seq_release(&e->kv, &r->seq);
+    release_seq(e, r);
     r->live = false;
     r->res.finished = true;
     r->res.finish_reason = reason;
@@ -160,7 +169,7 @@ static void finish(li_engine *e, req *r, const char *reason) {
 }
 
 static void preempt(li_engine *e, req *r) {
-    li_kv_seq_release(&e->kv, &r->seq);
+    release_seq(e, r);
     r->num_computed = 0;
     r->n_registered = 0;
     r->state = LI_REQ_PREEMPTED;
@@ -304,7 +313,9 @@ static void prefix_register(li_engine *e, req *r) {
     int32_t full = (int32_t)(r->num_computed / e->kv.block_size);
     if (full <= r->n_registered) return;
     ensure_hashes(e, r, full);
-    for (int32_t b = r->n_registered; b < full; b++) li_kv_prefix_register(&e->kv, r->seq.blocks[b], r->bh[b], b);
+    double now = li_engine_now(e);
+    for (int32_t b = r->n_registered; b < full; b++)
+        if (li_kv_prefix_register(&e->kv, r->seq.blocks[b], r->bh[b], b)) li_kv_prefix_touch(&e->kv, r->seq.blocks[b], now);
     r->n_registered = full;
 }
 
@@ -314,7 +325,8 @@ static void prefix_register(li_engine *e, req *r) {
  * the hook leaves, allocation evicts in LRU order by itself. */
 static void prefix_evict_for(li_engine *e, int32_t need) {
     li_kv_cache *kv = &e->kv;
-    if (!kv->prefix_caching || !e->policy || !e->policy->ops->evict || kv->n_free >= need || !kv->n_evictable)
+    if (!kv->prefix_caching || !e->policy || !e->policy->has_evict || !e->policy->ops->evict || kv->n_free >= need ||
+        !kv->n_evictable)
         return;
     int32_t want = LI_MIN(LI_MAX(need - kv->n_free, kv->num_blocks / 16), kv->n_evictable);
     int32_t n = kv->n_evictable;

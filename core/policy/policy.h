@@ -110,6 +110,7 @@ struct li_policy {
     li_policy_config config;
     char name[256];    /* file the policy came from, for logs */
     bool has_schedule; /* false: the engine uses its built-in FCFS */
+    bool has_evict;    /* false: the prefix cache evicts in LRU order */
 };
 
 #endif

@@ -12,7 +12,7 @@
  *     while the thunk runs;
  *   - luaL_checkstack before pushing; the stack is reset after the call.
  *
- * Files are divided by banner comments: allocator and hook, sandbox, state
+ * The file is divided by banner comments: allocator and hook, sandbox, state
  * tables, plan conversion, loading, the li_policy vtable. */
 #define _POSIX_C_SOURCE 200809L
 #include "policy/policy_lua.h"
@@ -282,10 +282,23 @@ static void sb_build_env(lua_State *L, const li_policy_lua_opts *o) {
     sb_copy_lib(L, env, "math", NULL);
     sb_copy_lib(L, env, "bit", NULL);
     sb_copy_lib(L, env, "os", os_ok);
-    /* string.dump is useless without load and leaks bytecode: drop it */
+    /* string.dump is useless without load and leaks bytecode: drop it, from
+     * the copy and from the real table that string methods (s:rep()) use */
     lua_getfield(L, env, "string");
     lua_pushnil(L);
     lua_setfield(L, -2, "dump");
+    lua_pop(L, 1);
+    lua_getglobal(L, "string");
+    lua_pushnil(L);
+    lua_setfield(L, -2, "dump");
+    lua_pop(L, 1);
+    /* getmetatable("") would hand out the real string table: hide it */
+    lua_pushliteral(L, "");
+    if (lua_getmetatable(L, -1)) {
+        lua_pushliteral(L, "string");
+        lua_setfield(L, -2, "__metatable");
+        lua_pop(L, 1);
+    }
     lua_pop(L, 1);
     lua_pushcfunction(L, sb_print);
     lua_setfield(L, env, "print");
@@ -541,14 +554,14 @@ static void update_state(lua_State *L, li_policy_lua *p, const li_step_state *st
     bool same = p->n_ids == n;
     for (int32_t i = 0; same && i < n; i++) same = p->ids[i] == st->reqs[i].id;
     if (!same) {
-        ids_reserve(&p->cur, &p->cap_cur, n);
+        ids_reserve(&p->cur, &p->cap_cur, n + 1);
         for (int32_t i = 0; i < n; i++) p->cur[i] = st->reqs[i].id;
-        qsort(p->cur, (size_t)n, sizeof *p->cur, cmp_i64);
+        if (n > 1) qsort(p->cur, (size_t)n, sizeof *p->cur, cmp_i64);
         for (int32_t i = 0; i < p->n_ids; i++)
-            if (!bsearch(&p->ids[i], p->cur, (size_t)n, sizeof *p->cur, cmp_i64)) p->ids[n_gone++] = p->ids[i];
-        ids_reserve(&p->gone, &p->cap_gone, n_gone);
-        memcpy(p->gone, p->ids, (size_t)n_gone * sizeof *p->gone);
-        ids_reserve(&p->ids, &p->cap_ids, n);
+            if (n == 0 || !bsearch(&p->ids[i], p->cur, (size_t)n, sizeof *p->cur, cmp_i64)) p->ids[n_gone++] = p->ids[i];
+        ids_reserve(&p->gone, &p->cap_gone, n_gone + 1);
+        if (n_gone) memcpy(p->gone, p->ids, (size_t)n_gone * sizeof *p->gone);
+        ids_reserve(&p->ids, &p->cap_ids, n + 1);
         for (int32_t i = 0; i < n; i++) p->ids[i] = st->reqs[i].id;
         p->n_ids = n;
     }
@@ -588,7 +601,6 @@ static void note_id(li_policy_lua *p, int64_t id) {
  * never consulted, so no policy code runs during the conversion.
  * ====================================================================== */
 
-#define ID_MAX 9007199254740992.0 /* 2^53: larger ids do not survive a double */
 
 static const char *lua_kind(lua_State *L, int idx) { return lua_typename(L, lua_type(L, idx)); }
 
@@ -972,6 +984,58 @@ static void lua_on_finish(li_policy *pp, const li_req_view *req, const char *fin
     }
 }
 
+typedef struct evict_ctx {
+    li_policy_lua *p;
+    const li_evict_candidate *c;
+    int32_t n, need;
+    int32_t *order, n_order;
+} evict_ctx;
+
+static int evict_thunk(lua_State *L) {
+    evict_ctx *x = lua_touserdata(L, 1);
+    lua_core *c = x->p->core;
+    luaL_checkstack(L, 8, "evict");
+    getref(L, c->ref_hook[H_EVICT]);
+    lua_createtable(L, x->n, 0);
+    for (int32_t i = 0; i < x->n; i++) {
+        lua_createtable(L, 0, 4);
+        lua_pushnumber(L, x->c[i].block);
+        lua_setfield(L, -2, "block");
+        lua_pushnumber(L, x->c[i].last_access);
+        lua_setfield(L, -2, "last_access");
+        lua_pushnumber(L, x->c[i].hits);
+        lua_setfield(L, -2, "hits");
+        lua_pushnumber(L, x->c[i].depth);
+        lua_setfield(L, -2, "depth");
+        lua_rawseti(L, -2, i + 1);
+    }
+    lua_pushnumber(L, x->need);
+    lua_call(L, 2, 1);
+    if (!lua_istable(L, -1)) return luaL_error(L, "evict must return a list of block ids, got %s", luaL_typename(L, -1));
+    int32_t n = (int32_t)lua_objlen(L, -1);
+    for (int32_t i = 0; i < n && x->n_order < x->n; i++) {
+        lua_rawgeti(L, -1, i + 1);
+        bool is_num = lua_type(L, -1) == LUA_TNUMBER;
+        lua_Number v = lua_tonumber(L, -1);
+        lua_pop(L, 1);
+        /* anything but a block id is skipped: C validates what remains */
+        if (!is_num || v != v || v < 0 || v > INT32_MAX || v != (lua_Number)(int32_t)v) continue;
+        x->order[x->n_order++] = (int32_t)v;
+    }
+    return 0;
+}
+
+static int lua_evict(li_policy *pp, const li_evict_candidate *cands, int32_t n_cands, int32_t need, int32_t *order,
+                     int32_t *n_order, li_error *err) {
+    li_policy_lua *p = (li_policy_lua *)pp;
+    *n_order = 0;
+    if (!(p->core->hooks & LI_POLICY_HOOK_EVICT)) return 0;
+    evict_ctx x = {.p = p, .c = cands, .n = n_cands, .need = need, .order = order};
+    int rc = core_call(p->core, evict_thunk, &x, "evict", err);
+    *n_order = rc ? 0 : x.n_order;
+    return rc;
+}
+
 static void set_name(li_policy_lua *p, const char *path) {
     snprintf(p->base.name, sizeof p->base.name, "%s", path ? path : "policy");
 }
@@ -981,6 +1045,7 @@ static void install(li_policy_lua *p, lua_core *c) {
     p->core = c;
     p->base.config = c->config;
     p->base.has_schedule = (c->hooks & LI_POLICY_HOOK_SCHEDULE) != 0;
+    p->base.has_evict = (c->hooks & LI_POLICY_HOOK_EVICT) != 0;
     p->n_ids = 0; /* the new state has an empty pool */
 }
 
@@ -1009,6 +1074,7 @@ static const li_policy_ops lua_ops = {
     .schedule = lua_schedule,
     .admit = lua_admit,
     .on_finish = lua_on_finish,
+    .evict = lua_evict,
     .reload = lua_reload,
     .free = lua_free,
 };

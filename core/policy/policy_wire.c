@@ -222,57 +222,85 @@ static int field_int(const msgpack_object *m, const char *key, int64_t lo, int64
     return 0;
 }
 
+/* Request fields, decoded in one pass over the map (a request is the bulk
+ * of a state message: no per-field key search). */
+enum {
+    RF_ID, RF_STATE, RF_ARRIVAL, RF_PRIORITY, RF_TENANT, RF_PROMPT_LEN, RF_NUM_TOKENS, RF_NUM_COMPUTED,
+    RF_NUM_GENERATED, RF_MAX_TOKENS, RF_CACHED_LEN, RF_BLOCKS, RF_PREEMPTIONS, RF_SPEC, RF__N
+};
+static const char *const req_keys[RF__N] = {
+    "id", "state", "arrival", "priority", "tenant", "prompt_len", "num_tokens", "num_computed",
+    "num_generated", "max_tokens", "cached_len", "blocks", "preemptions", "spec_acceptance",
+};
+
+static int req_key(const msgpack_object *k) {
+    if (k->type != MSGPACK_OBJECT_STR) return -1;
+    for (int i = 0; i < RF__N; i++)
+        if (k->via.str.size == strlen(req_keys[i]) && !memcmp(k->via.str.ptr, req_keys[i], k->via.str.size)) return i;
+    return -1;
+}
+
 int li_wire_unpack_req(const msgpack_object *o, li_req_view *v, li_wire_state *ws, li_error *err) {
     if (!o || o->type != MSGPACK_OBJECT_MAP) return li_error_set(err, LI_EINVAL, "request: expected a map");
     memset(v, 0, sizeof *v);
+    v->spec_acceptance = -1;
     const int64_t BIG = (int64_t)1 << 53;
+    const msgpack_object *f[RF__N] = {0};
+    for (uint32_t i = 0; i < o->via.map.size; i++) {
+        int k = req_key(&o->via.map.ptr[i].key);
+        if (k >= 0) f[k] = &o->via.map.ptr[i].val; /* unknown keys: ignored (newer engines may add some) */
+    }
+    for (int k = 0; k < RF__N; k++)
+        if (f[k] && f[k]->type == MSGPACK_OBJECT_NIL) f[k] = NULL;
     int64_t x;
-    if (field_int(o, "id", 0, BIG, true, 0, &x, "request", err)) return err->code;
+    if (!f[RF_ID] || !li_wire_int(f[RF_ID], &x) || x < 0 || x > BIG)
+        return li_error_set(err, LI_EINVAL, "request: 'id' must be an integer in [0, 2^53]");
     v->id = x;
     const char *s;
     size_t n;
-    if (!li_wire_str(li_wire_get(o, "state"), &s, &n))
+    if (!li_wire_str(f[RF_STATE], &s, &n))
         return li_error_set(err, LI_EINVAL, "request %lld: missing 'state'", (long long)v->id);
     int st = -1;
     for (int i = 0; i < 3; i++)
         if (n == strlen(state_names[i]) && !memcmp(s, state_names[i], n)) st = i;
     if (st < 0) return li_error_set(err, LI_EINVAL, "request %lld: unknown state", (long long)v->id);
     v->state = (li_req_state)st;
-    double d = 0;
-    const msgpack_object *a = li_wire_get(o, "arrival");
-    if (a && !li_wire_num(a, &d)) return li_error_set(err, LI_EINVAL, "request: 'arrival' must be a number");
-    v->arrival = d;
-    struct {
-        const char *key;
+    if (f[RF_ARRIVAL] && !li_wire_num(f[RF_ARRIVAL], &v->arrival))
+        return li_error_set(err, LI_EINVAL, "request %lld: 'arrival' must be a number", (long long)v->id);
+    if (f[RF_SPEC] && !li_wire_num(f[RF_SPEC], &v->spec_acceptance))
+        return li_error_set(err, LI_EINVAL, "request %lld: 'spec_acceptance' must be a number", (long long)v->id);
+    static const struct {
+        int k;
         int64_t lo, hi;
-        int64_t *dst64;
-        int32_t *dst32;
-    } f[] = {
-        {"priority", INT32_MIN, INT32_MAX, NULL, &v->priority},
-        {"prompt_len", 0, BIG, &v->prompt_len, NULL},
-        {"num_tokens", 0, BIG, &v->num_tokens, NULL},
-        {"num_computed", 0, BIG, &v->num_computed, NULL},
-        {"num_generated", 0, BIG, &v->num_generated, NULL},
-        {"max_tokens", 0, BIG, &v->max_tokens, NULL},
-        {"cached_len", 0, BIG, &v->cached_len, NULL},
-        {"blocks", 0, INT32_MAX, NULL, &v->n_blocks},
-        {"preemptions", 0, INT32_MAX, NULL, &v->n_preemptions},
+    } ints[] = {
+        {RF_PRIORITY, INT32_MIN, INT32_MAX}, {RF_PROMPT_LEN, 0, (int64_t)1 << 53}, {RF_NUM_TOKENS, 0, (int64_t)1 << 53},
+        {RF_NUM_COMPUTED, 0, (int64_t)1 << 53}, {RF_NUM_GENERATED, 0, (int64_t)1 << 53},
+        {RF_MAX_TOKENS, 0, (int64_t)1 << 53}, {RF_CACHED_LEN, 0, (int64_t)1 << 53}, {RF_BLOCKS, 0, INT32_MAX},
+        {RF_PREEMPTIONS, 0, INT32_MAX},
     };
-    for (size_t i = 0; i < LI_ARRAY_LEN(f); i++) {
-        if (field_int(o, f[i].key, f[i].lo, f[i].hi, false, 0, &x, "request", err)) return err->code;
-        if (f[i].dst64) *f[i].dst64 = x;
-        else *f[i].dst32 = (int32_t)x;
+    int64_t val[RF__N] = {0};
+    for (size_t i = 0; i < LI_ARRAY_LEN(ints); i++) {
+        const msgpack_object *fo = f[ints[i].k];
+        if (!fo) continue;
+        if (!li_wire_int(fo, &x) || x < ints[i].lo || x > ints[i].hi)
+            return li_error_set(err, LI_EINVAL, "request %lld: '%s' must be an integer in [%lld, %lld]",
+                                (long long)v->id, req_keys[ints[i].k], (long long)ints[i].lo, (long long)ints[i].hi);
+        val[ints[i].k] = x;
     }
-    v->spec_acceptance = -1;
-    const msgpack_object *sa = li_wire_get(o, "spec_acceptance");
-    if (sa && sa->type != MSGPACK_OBJECT_NIL && !li_wire_num(sa, &v->spec_acceptance))
-        return li_error_set(err, LI_EINVAL, "request: 'spec_acceptance' must be a number");
+    v->priority = (int32_t)val[RF_PRIORITY];
+    v->prompt_len = val[RF_PROMPT_LEN];
+    v->num_tokens = val[RF_NUM_TOKENS];
+    v->num_computed = val[RF_NUM_COMPUTED];
+    v->num_generated = val[RF_NUM_GENERATED];
+    v->max_tokens = val[RF_MAX_TOKENS];
+    v->cached_len = val[RF_CACHED_LEN];
+    v->n_blocks = (int32_t)val[RF_BLOCKS];
+    v->n_preemptions = (int32_t)val[RF_PREEMPTIONS];
     /* tenant: copied, NUL-terminated; stored as an offset until the arena stops growing */
     const char *t = "";
     size_t tl = 0;
-    const msgpack_object *to = li_wire_get(o, "tenant");
-    if (to && to->type != MSGPACK_OBJECT_NIL && !li_wire_str(to, &t, &tl))
-        return li_error_set(err, LI_EINVAL, "request: 'tenant' must be a string");
+    if (f[RF_TENANT] && !li_wire_str(f[RF_TENANT], &t, &tl))
+        return li_error_set(err, LI_EINVAL, "request %lld: 'tenant' must be a string", (long long)v->id);
     if (tl > 4096) return li_error_set(err, LI_EINVAL, "request: tenant longer than 4096 bytes");
     if (memchr(t, 0, tl)) return li_error_set(err, LI_EINVAL, "request: tenant contains a NUL byte");
     if (ws->n_strs + tl + 1 > ws->cap_strs) {
@@ -283,6 +311,7 @@ int li_wire_unpack_req(const msgpack_object *o, li_req_view *v, li_wire_state *w
     ws->strs[ws->n_strs + tl] = 0;
     v->tenant = (const char *)(uintptr_t)ws->n_strs; /* fixed up by the caller */
     ws->n_strs += tl + 1;
+    (void)BIG;
     return 0;
 }
 

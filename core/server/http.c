@@ -81,6 +81,7 @@ typedef struct http_sess {
     size_t n_pending;
     li_srv_req *req;
     bool chat, sse, include_usage;
+    uint64_t role_sent;        /* chat streams: the first delta of sample i carries the role */
     long created;
 } http_sess;
 
@@ -242,13 +243,16 @@ static void http_delta(li_srv_req *r, int32_t index, const char *text, size_t n,
     (void)token, (void)logprob, (void)top, (void)n_top;
     http_sess *h = r->owner;
     if (!h->sse) sse_begin(h);
-    if (n == 0) return;
+    bool first = h->chat && index < 64 && !(h->role_sent >> index & 1);
+    if (n == 0 && !first) return;
+    if (first) h->role_sent |= 1ull << index;
     cJSON *j = base_object(h, r, true);
     cJSON *choices = cJSON_AddArrayToObject(j, "choices");
     cJSON *c = cJSON_CreateObject();
     cJSON_AddNumberToObject(c, "index", index);
     if (h->chat) {
         cJSON *d = cJSON_AddObjectToObject(c, "delta");
+        if (first) cJSON_AddStringToObject(d, "role", "assistant");
         cJSON_AddItemToObject(d, "content", str_n(text, n));
     } else {
         cJSON_AddItemToObject(c, "text", str_n(text, n));
@@ -404,6 +408,7 @@ static void route_completions(http_sess *h, bool chat) {
     }
     h->chat = chat;
     h->sse = false;
+    h->role_sent = 0;
     h->created = (long)time(NULL);
     li_srv_req *r = li_api_gen_start(srv, &g, &http_sink, h, &err);
     if (!r) {

@@ -10,6 +10,8 @@ package.path = arg[0]:match("^(.*)/[^/]*$") .. "/?.lua;" .. package.path
 local H = require("harness")
 local luainfer = require("luainfer")
 
+local words = { "apple", "river", "stone", "cloud", "maple", "lantern", "harbor", "meadow", "copper", "violet",
+                "thunder", "garden", "silver", "window", "forest", "candle" }
 local system = "You are a careful assistant. Answer in one short sentence, cite no sources, and never " ..
                "invent facts. If you do not know, say so. Keep a friendly tone and avoid jargon. "
 local questions = { "What is a cache?", "Why is the sky blue?", "What is a prime number?", "Name a river.",
@@ -104,5 +106,33 @@ for i = 1, #reqs do if H.eq_list(small[i].tokens, off[i].tokens) then same = sam
 H.check(same == #reqs, "under pressure: %d/%d identical", same, #reqs)
 H.check(ss.prefix_evictions > 0, "under pressure the cache evicted (%d)", ss.prefix_evictions)
 H.check(ss.kv_free_blocks == ss.kv_total_blocks, "all blocks available at the end")
+
+-- eviction order under pressure: LRU (built in) vs LFU (policies/lfu.lua).
+-- A prompt is used three times, B once, then C needs one cached block
+-- evicted: LRU drops A's (released earlier), LFU drops B's (never hit), so
+-- the next A finds its whole prefix only under LFU.
+local root = H.repo_root()
+local function evict_run(policy_file)
+  local e = luainfer.engine{ max_num_seqs = 1, kv_memory = per_token * 16 * 6, policy = policy_file }
+  -- prompts of 40 tokens: 2 full blocks cached, a third block for the rest
+  local function prompt(head)
+    local t, i = { head }, 0
+    while #e:tokenize(table.concat(t, " ")) < 40 do i = i + 1; t[#t + 1] = words[(i * 5) % #words + 1] end
+    return table.concat(t, " ")
+  end
+  local A, B, C = prompt("Alpha"), prompt("Beta"), prompt("Gamma")
+  local n = #e:tokenize(A)
+  H.check(n > 33 and n < 46, "prompt A is 3 blocks with 2 full (%d tokens)", n)
+  local g = function(p) local _, r = luainfer.generate(e, p, { max_tokens = 2, temperature = 0, ignore_eos = true }); return r end
+  g(A); g(A); g(A); g(B); g(C)
+  local r = g(A)
+  e:close()
+  return r.cached_tokens
+end
+local lru = evict_run(nil)
+local lfu = evict_run(root .. "/policies/lfu.lua")
+print(("eviction: A's cached tokens after B and C: LRU %d, LFU %d"):format(lru, lfu))
+H.check(lru == 16, "LRU evicted A's deepest block (%d cached)", lru)
+H.check(lfu == 32, "LFU kept A's blocks (%d cached)", lfu)
 
 H.finish("prefix_cache")

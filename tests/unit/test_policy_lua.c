@@ -286,6 +286,11 @@ static void test_sandbox(void) {
                             "return {}",
                             NULL);
     if (p) p->ops->free(p);
+    /* the real string table stays out of reach; string methods still work */
+    p = open_src("assert(getmetatable('') == 'string'); assert(('ab'):rep(2) == 'abab'); assert(('x').dump == nil)\n"
+                 "return {}",
+                 NULL);
+    if (p) p->ops->free(p);
     /* unsafe mode gives the whole library */
     li_policy_lua_opts unsafe = {.allow_unsafe = true};
     p = open_src("assert(io and os.execute and require('ffi') and jit and debug); "

@@ -1,0 +1,749 @@
+"""End-to-end tests of `luainfer serve` with real clients.
+
+The server runs the real model on loopback with port 0 (the printed port is
+parsed). Clients: raw `msgpack` over a socket (streaming and not), the
+third-party msgpack-rpc client `aio-msgpack-rpc`, the official `openai`
+client, the Lua client (lua/luainfer/client.lua via `luainfer run`), the
+Python and C examples, and the REPL through a pseudo-terminal.
+
+Greedy outputs are compared with what a request gets alone. Where the lone
+run's top-2 logprob gap is under GAP_NATS the greedy choice is a near tie
+that a different batch shape may flip (batched and single-row kernels sum
+in different orders), so comparisons stop at the first such step; every
+comparison still requires the streamed deltas to rebuild the final text
+exactly and each client to get its own prompt's continuation.
+
+Environment: LUAINFER_BIN (default build/luainfer), LUAINFER_MODEL.
+"""
+
+import asyncio
+import json
+import os
+import pty
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import msgpack
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+GAP_NATS = 0.15
+THREADS = os.environ.get("LUAINFER_THREADS", "2")
+PROMPTS = ["The capital of France is", "Once upon a time", "def fibonacci(n):", "The three primary colors are"]
+
+
+# ---------------------------------------------------------------------------
+# Starting servers
+# ---------------------------------------------------------------------------
+class Server:
+    """One `luainfer serve` process; .rpc/.http/.unix are the printed addresses."""
+
+    def __init__(self, binary, args, n_listeners, tmp):
+        self.log = open(Path(tmp) / f"server-{time.time_ns()}.log", "w+")
+        self.proc = subprocess.Popen([str(binary), "serve", *args], stdout=subprocess.PIPE,
+                                     stderr=self.log, cwd=REPO, text=True)
+        self.addrs = []
+        lines, got_line = [], threading.Condition()
+
+        def read_stdout():  # a thread: select() on a buffered text pipe can miss lines
+            for line in self.proc.stdout:
+                with got_line:
+                    lines.append(line)
+                    got_line.notify()
+            with got_line:
+                lines.append(None)
+                got_line.notify()
+
+        threading.Thread(target=read_stdout, daemon=True).start()
+        deadline = time.time() + 180
+        with got_line:
+            while len(self.addrs) < n_listeners:
+                while not lines and time.time() < deadline:
+                    got_line.wait(0.5)
+                line = lines.pop(0) if lines else None
+                if line is None:
+                    self.stop()
+                    pytest.fail(f"server did not start: {self.stderr()[-3000:]}")
+                if "listening on" in line:
+                    addr, proto = line.split("listening on ")[1].strip().rsplit(" ", 1)
+                    self.addrs.append((addr, proto.strip("()")))
+        self.rpc = next((a for a, p in self.addrs if p == "msgpack-rpc" and not a.startswith("unix:")), None)
+        self.unix = next((a for a, p in self.addrs if a.startswith("unix:")), None)
+        self.http = next((a for a, p in self.addrs if p == "http"), None)
+
+    @property
+    def port(self):
+        return int(self.rpc.rsplit(":", 1)[1])
+
+    def stderr(self):
+        self.log.flush()
+        self.log.seek(0)
+        return self.log.read()
+
+    def stop(self, sig=signal.SIGTERM, timeout=60):
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+
+@pytest.fixture(scope="module")
+def serve_bin(luainfer_bin, model_path):
+    r = subprocess.run([str(luainfer_bin), "serve", "--help"], capture_output=True, text=True, timeout=30)
+    if r.returncode != 0:
+        pytest.skip(f"{luainfer_bin} has no 'serve' command yet: {r.stderr.strip()[:200]}")
+    return luainfer_bin
+
+
+@pytest.fixture(scope="module")
+def tmpdir_mod():
+    d = tempfile.mkdtemp(prefix="luainfer-serve-")
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def server(serve_bin, tmpdir_mod):
+    sock = os.path.join(tmpdir_mod, "rpc.sock")
+    s = Server(serve_bin, ["--listen", "127.0.0.1:0", "--listen", f"unix:{sock}", "--http", "127.0.0.1:0",
+                           "--threads", THREADS, "--kv-memory", "96M", "--admin-token", "admintok",
+                           "--max-frame-bytes", "65536", "--max-inflight", "8"], 3, tmpdir_mod)
+    yield s
+    rc = s.stop()
+    assert rc == 0, f"server exited {rc}: {s.stderr()[-2000:]}"
+
+
+# ---------------------------------------------------------------------------
+# A raw msgpack-RPC connection
+# ---------------------------------------------------------------------------
+class Rpc:
+    def __init__(self, addr, timeout=60):
+        if addr.startswith("unix:"):
+            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self.sock.connect(addr[5:])
+        else:
+            host, port = addr.rsplit(":", 1)
+            self.sock = socket.create_connection((host, int(port)))
+        self.sock.settimeout(timeout)
+        self.unpacker = msgpack.Unpacker(raw=False)
+        self.next_id = 1
+        self.notes = []
+
+    def send(self, obj, **kw):
+        self.sock.sendall(msgpack.packb(obj, **kw))
+
+    def read(self):
+        """Next message, or None when the server closed the connection."""
+        while True:
+            for m in self.unpacker:
+                return m
+            try:
+                data = self.sock.recv(65536)
+            except ConnectionResetError:
+                return None
+            if not data:
+                return None
+            self.unpacker.feed(data)
+
+    def call(self, method, params=None, **kw):
+        """-> (error, result); notifications go to self.notes."""
+        msgid = self.next_id
+        self.next_id += 1
+        self.send([0, msgid, method, {} if params is None else params], **kw)
+        while True:
+            m = self.read()
+            if m is None:
+                raise ConnectionError("closed")
+            if m[0] == 2:
+                self.notes.append(m)
+            elif m[0] == 1 and m[1] == msgid:
+                return m[2], m[3]
+
+    def ok(self, method, params=None):
+        err, res = self.call(method, params)
+        assert err is None, f"{method} failed: {err}"
+        return res
+
+    def closed(self, timeout=10):
+        """True once the server closed the connection (unread messages skipped)."""
+        self.sock.settimeout(timeout)
+        try:
+            while True:
+                d = self.sock.recv(65536)
+                if not d:
+                    return True
+                self.unpacker.feed(d)
+        except (ConnectionResetError, BrokenPipeError):
+            return True
+        except socket.timeout:
+            return False
+
+    def close(self):
+        self.sock.close()
+
+
+def stream(addr, params):
+    """A streamed generate on a fresh connection -> (delta text, delta tokens, result)."""
+    c = Rpc(addr)
+    err, res = c.call("generate", dict(params, stream=True))
+    c.close()
+    assert err is None, err
+    text = "".join(n[2]["text"] for n in c.notes if n[1] == "generate.delta")
+    toks = [t for n in c.notes if n[1] == "generate.delta" for t in n[2]["tokens"]]
+    return text, toks, res
+
+
+def reliable_prefix(res):
+    """Tokens of a lone greedy run before its first near tie (see the module doc)."""
+    n = 0
+    for e in res["logprobs"]:
+        top = e["top"]
+        if len(top) > 1 and top[0][1] - top[1][1] < GAP_NATS:
+            break
+        n += 1
+    return n
+
+
+def wait_idle(rpc, timeout=30):
+    deadline = time.time() + timeout
+    while True:
+        st = rpc.ok("stats")
+        if st["requests"]["live"] == 0 and st["kv"]["blocks_used"] == 0:
+            return st
+        if time.time() > deadline:
+            pytest.fail(f"server not idle: {st}")
+        time.sleep(0.05)
+
+
+# ---------------------------------------------------------------------------
+# msgpack over a raw socket
+# ---------------------------------------------------------------------------
+def test_generate_matches_cli(server, run_ok):
+    """A plain generate returns what `luainfer generate` computes for one request."""
+    c = Rpc(server.rpc)
+    res = c.ok("generate", {"prompt": PROMPTS[0], "max_tokens": 8, "temperature": 0})
+    assert res["finish_reason"] == "length"
+    assert res["usage"]["completion_tokens"] == 8 and res["usage"]["prompt_tokens"] > 0
+    assert set(res["timings"]) == {"ttft_ms", "tpot_ms", "total_ms"}
+    assert res["timings"]["total_ms"] >= res["timings"]["ttft_ms"] > 0
+    cli = run_ok(["generate", "--prompt", PROMPTS[0], "--max-tokens", "8", "--temperature", "0", "--json",
+                  "--threads", THREADS]).json()
+    assert res["tokens"] == cli["tokens"] and res["text"] == cli["text"]
+    c.close()
+
+
+def test_stream_deltas_rebuild_the_result(server):
+    text, toks, res = stream(server.rpc, {"prompt": PROMPTS[1], "max_tokens": 12, "temperature": 0})
+    assert text == res["text"] and toks == res["tokens"] and len(toks) == 12
+    c = Rpc(server.rpc)
+    err, _ = c.call("generate", {"prompt": PROMPTS[1], "max_tokens": 3, "temperature": 0, "stream": True})
+    assert err is None
+    deltas = [n for n in c.notes if n[1] == "generate.delta"]
+    assert [d[2]["request_id"] for d in deltas] == [1] * 3  # request_id = the msgid
+    assert all(set(d[2]) >= {"id", "request_id", "text", "tokens", "index"} for d in deltas)
+    c.close()
+
+
+def test_params_forms_and_unix_socket(server):
+    """params as a map, as [map] (what msgpack-rpc libraries send), over TCP and a Unix socket."""
+    for addr in (server.rpc, server.unix):
+        c = Rpc(addr)
+        a = c.ok("generate", {"prompt": PROMPTS[0], "max_tokens": 4, "temperature": 0})
+        b = c.ok("generate", [{"prompt": PROMPTS[0], "max_tokens": 4, "temperature": 0}])
+        assert a["tokens"] == b["tokens"]
+        assert c.ok("health", [])["status"] == "ok"
+        c.close()
+
+
+def test_chat_tokens_n_stop_logprobs(server):
+    c = Rpc(server.rpc)
+    chat = c.ok("generate", {"messages": [{"role": "system", "content": "Be brief."},
+                                          {"role": "user", "content": "Say hello."}],
+                             "max_tokens": 8, "temperature": 0})
+    assert chat["text"] and chat["usage"]["prompt_tokens"] > 10
+    toks = c.ok("tokenize", {"text": PROMPTS[0]})["tokens"]
+    by_tokens = c.ok("generate", {"tokens": toks, "max_tokens": 6, "temperature": 0})
+    by_text = c.ok("generate", {"prompt": PROMPTS[0], "max_tokens": 6, "temperature": 0})
+    assert by_tokens["tokens"] == by_text["tokens"]
+    assert c.ok("detokenize", {"tokens": by_text["tokens"]})["text"] == by_text["text"]
+    multi = c.ok("generate", {"prompt": PROMPTS[1], "max_tokens": 5, "n": 3, "temperature": 0.9, "seed": 7})
+    assert len(multi["choices"]) == 3 and [ch["index"] for ch in multi["choices"]] == [0, 1, 2]
+    assert multi["usage"]["completion_tokens"] == sum(len(ch["tokens"]) for ch in multi["choices"])
+    again = c.ok("generate", {"prompt": PROMPTS[1], "max_tokens": 5, "n": 3, "temperature": 0.9, "seed": 7})
+    assert [ch["tokens"] for ch in again["choices"]] == [ch["tokens"] for ch in multi["choices"]]
+    full = by_text["text"]
+    stop_at = full.strip().split()[0] if full.strip() else None
+    if stop_at:
+        stopped = c.ok("generate", {"prompt": PROMPTS[0], "max_tokens": 6, "temperature": 0, "stop": [stop_at]})
+        assert stopped["finish_reason"] == "stop" and stop_at not in stopped["text"]
+    lp = c.ok("generate", {"prompt": PROMPTS[0], "max_tokens": 3, "temperature": 0, "logprobs": 2})
+    assert len(lp["logprobs"]) == 3 and all(len(e["top"]) == 2 for e in lp["logprobs"])
+    assert [e["token"] for e in lp["logprobs"]] == lp["tokens"]
+    zero = c.ok("generate", {"prompt": PROMPTS[0], "max_tokens": 0})
+    assert zero["finish_reason"] == "length" and zero["tokens"] == []
+    c.close()
+
+
+def test_info_methods(server):
+    c = Rpc(server.rpc)
+    models = c.ok("models")
+    assert models[0]["id"] and models[0]["n_vocab"] > 1000
+    assert c.ok("health")["status"] == "ok"
+    st = c.ok("stats")
+    for k in ("requests", "queues", "kv", "engine", "policy", "throughput", "connections"):
+        assert k in st
+    assert st["kv"]["blocks_total"] > 0 and st["policy"]["name"]
+    assert set(c.ok("methods")) >= {"generate", "cancel", "tokenize", "detokenize", "stats", "policy.reload"}
+    c.close()
+
+
+def test_cancel(server):
+    c = Rpc(server.rpc)
+    c.send([0, 1, "generate", {"prompt": PROMPTS[2], "max_tokens": 500, "ignore_eos": True, "stream": True}])
+    first = c.read()
+    assert first[0] == 2 and first[1] == "generate.delta"
+    c.send([0, 2, "cancel", {"id": first[2]["id"]}])
+    got = {}
+    while len(got) < 2:
+        m = c.read()
+        if m[0] == 1:
+            got[m[1]] = m
+    assert got[2][3] == {"cancelled": True}
+    assert got[1][3]["finish_reason"] == "cancelled" and len(got[1][3]["tokens"]) < 500
+    assert c.ok("cancel", {"request_id": 12345}) == {"cancelled": False}
+    c.close()
+
+
+# ---------------------------------------------------------------------------
+# A third-party msgpack-rpc client
+# ---------------------------------------------------------------------------
+def test_third_party_msgpack_rpc_client(server):
+    """aio-msgpack-rpc (asyncio; msgpack 1.x) for plain calls. It sends params as
+    an array of arguments, so one map argument arrives as [map]."""
+    aio = pytest.importorskip("aio_msgpack_rpc")
+
+    async def main():
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        client = aio.Client(reader, writer, response_timeout=60)
+        health = await client.call("health")
+        toks = await client.call("tokenize", {"text": "hello world"})
+        res = await client.call("generate", {"prompt": PROMPTS[0], "max_tokens": 4, "temperature": 0})
+        with pytest.raises(aio.error.RPCResponseError):
+            await client.call("no.such.method")
+        client.close()
+        return health, toks, res
+
+    health, toks, res = asyncio.run(main())
+    assert health["status"] == "ok" and toks["count"] == len(toks["tokens"]) > 0
+    assert res["finish_reason"] == "length" and len(res["tokens"]) == 4
+
+
+# ---------------------------------------------------------------------------
+# HTTP: the official openai client, raw requests
+# ---------------------------------------------------------------------------
+def test_openai_client(server):
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=f"http://{server.http}/v1", api_key="unused", max_retries=0, timeout=60)
+    models = client.models.list()
+    model = models.data[0].id
+    c = client.completions.create(model=model, prompt=PROMPTS[0], max_tokens=8, temperature=0)
+    rpc = Rpc(server.rpc).ok("generate", {"prompt": PROMPTS[0], "max_tokens": 8, "temperature": 0})
+    assert c.choices[0].text == rpc["text"] and c.choices[0].finish_reason == "length"
+    assert c.usage.completion_tokens == 8
+    parts, roles, finish = [], [], None
+    for chunk in client.chat.completions.create(model=model, stream=True, max_tokens=10, temperature=0,
+                                                messages=[{"role": "user", "content": "Name a color."}]):
+        if chunk.choices:
+            d = chunk.choices[0].delta
+            roles.append(d.role)
+            parts.append(d.content or "")
+            finish = chunk.choices[0].finish_reason or finish
+    assert roles[0] == "assistant" and finish in ("stop", "length")
+    whole = client.chat.completions.create(model=model, max_tokens=10, temperature=0,
+                                           messages=[{"role": "user", "content": "Name a color."}])
+    assert "".join(parts) == whole.choices[0].message.content
+
+
+def http(server, method, path, body=None, headers=None):
+    req = urllib.request.Request(f"http://{server.http}{path}", data=body, method=method, headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def test_http_errors_health_metrics(server):
+    for body, want in [(b"{not json", 400), (b"[1,2]", 400), (b'{"prompt": 5}', 400),
+                       (b'{"prompt": "x", "temperature": -1}', 400), (b'{"prompt": "x", "n": 1000}', 400),
+                       (b"{" + b'"a":[' * 100 + b"]" * 100 + b"}", 400)]:
+        status, out = http(server, "POST", "/v1/completions", body, {"Content-Type": "application/json"})
+        assert status == want, (body[:40], status, out)
+        assert json.loads(out)["error"]["message"]
+    status, out = http(server, "POST", "/v1/completions", b'{"prompt":"' + b"a" * 70000 + b'"}')
+    assert status == 413
+    assert http(server, "GET", "/nope")[0] == 404
+    assert http(server, "GET", "/v1/completions")[0] == 405
+    status, out = http(server, "GET", "/health")
+    assert status == 200 and json.loads(out)["status"] == "ok"
+    status, out = http(server, "GET", "/metrics")
+    text = out.decode()
+    assert status == 200
+    for name in ("luainfer_requests_total{finish_reason=\"length\"}", "luainfer_prompt_tokens_total",
+                 "luainfer_generation_tokens_total", "luainfer_time_to_first_token_seconds_bucket",
+                 "luainfer_time_per_output_token_seconds_bucket", "luainfer_kv_blocks_used",
+                 "luainfer_kv_blocks_total", "luainfer_preemptions_total", "luainfer_policy_errors_total",
+                 "luainfer_policy_fallback_steps_total", "luainfer_step_duration_seconds_bucket"):
+        assert name in text, name
+
+
+# ---------------------------------------------------------------------------
+# Concurrency: 128 streaming clients
+# ---------------------------------------------------------------------------
+def test_128_concurrent_streams_match_lone_runs(server):
+    alone = []
+    c = Rpc(server.rpc)
+    for p in PROMPTS:
+        alone.append(c.ok("generate", {"prompt": p, "max_tokens": 8, "temperature": 0, "logprobs": 2}))
+    c.close()
+    out, errors = [None] * 128, []
+
+    def worker(i):
+        try:
+            out[i] = stream(server.rpc, {"prompt": PROMPTS[i % 4], "max_tokens": 8, "temperature": 0})
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(128)]
+    t0 = time.time()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors[:3]
+    compared = 0
+    for i, (text, toks, res) in enumerate(out):
+        ref = alone[i % 4]
+        assert text == res["text"] and toks == res["tokens"], f"client {i}: stream != its result"
+        k = reliable_prefix(ref)
+        assert res["tokens"][:k] == ref["tokens"][:k], f"client {i} ({PROMPTS[i % 4]!r}) got another output"
+        if k == len(ref["tokens"]):
+            assert res["text"] == ref["text"]
+        compared += k
+    assert compared >= 128 * 8 // 2, "too few tokens were far from a tie to compare"
+    print(f"128 streams in {time.time() - t0:.1f}s; {compared} tokens compared exactly")
+
+
+# ---------------------------------------------------------------------------
+# Bad input, while another client keeps being served
+# ---------------------------------------------------------------------------
+def test_bad_input_while_serving(server):
+    ref = Rpc(server.rpc).ok("generate", {"prompt": PROMPTS[3], "max_tokens": 6, "temperature": 0})
+    stop, good, problems = threading.Event(), [0], []
+
+    def steady():
+        while not stop.is_set():
+            text, _, res = stream(server.rpc, {"prompt": PROMPTS[3], "max_tokens": 6, "temperature": 0})
+            if res["tokens"] != ref["tokens"] or text != res["text"]:
+                problems.append(res)
+            good[0] += 1
+
+    t = threading.Thread(target=steady)
+    t.start()
+    try:
+        def expect_error(params_or_frame, code, method="generate", raw=False, **kw):
+            c = Rpc(server.rpc)
+            if raw:
+                c.sock.sendall(params_or_frame)
+                m = c.read()
+                assert m is not None and m[0] in (1, 2), m
+                err = m[2] if m[0] == 1 else m[2]
+            else:
+                err, res = c.call(method, params_or_frame, **kw)
+            assert err is not None and err["code"] == code, (params_or_frame, err)
+            assert isinstance(err["message"], str) and err["message"]
+            return c
+
+        # wrong types and absurd values: an error reply, the connection stays usable
+        for params in [{"prompt": 5}, {"prompt": "x", "max_tokens": "ten"}, {"prompt": "x", "temperature": -1},
+                       {"prompt": "x", "top_p": 2}, {"prompt": "x", "n": 1000}, {"prompt": "x", "max_tokens": 10**12},
+                       {"prompt": "x", "seed": -5}, {"prompt": "x", "stop": ["a"] * 100}, {"tokens": [-1]},
+                       {"tokens": [10**9]}, {"prompt": ""}, {}, {"prompt": "x", "bogus": 1},
+                       {"prompt": "x", "messages": [{"role": "user", "content": "y"}]},
+                       {"messages": [{"role": 1, "content": "y"}]}, {"prompt": "x", "top_k": -7},
+                       {"prompt": "x", "temperature": float("nan")}]:
+            c = expect_error(params, -32602)
+            assert c.ok("health")["status"] == "ok"
+            c.close()
+        expect_error({}, -32601, method="no.such.method").close()
+        expect_error([1, 2, 3], -32602, method="health").close()
+        # invalid UTF-8 in the prompt (a str with raw bytes)
+        c = Rpc(server.rpc)
+        c.sock.sendall(b"\x94\x00\x01\xa8generate\x81\xa6prompt\xa2\xff\xfe")
+        m = c.read()
+        assert m[0] == 1 and m[2]["code"] == -32602 and "UTF-8" in m[2]["message"]
+        c.close()
+        # well-formed msgpack that is not a message: error notification, still open
+        for frame in [msgpack.packb({"a": 1}), msgpack.packb([0, "x", "health", {}]), msgpack.packb([1, 1, None, 2]),
+                      msgpack.packb([0, 1, 5, {}]), msgpack.packb([7, 1, "health", {}])]:
+            c = expect_error(frame, -32600, raw=True)
+            assert c.ok("health")["status"] == "ok"
+            c.close()
+        # framing errors: an error notification, then the server hangs up
+        for frame, code in [(b"\xc1\xc1\xc1\xc1", -32700), (b"\xdb\xff\xff\xff\xff", 413), (b"\xdd\xff\xff\xff\xff", 413),
+                            (b"\x91" * 100 + b"\xc0", -32700),
+                            (msgpack.packb([0, 1, "generate", {"prompt": "a" * 70000}]), 413)]:
+            c = expect_error(frame, code, raw=True)
+            assert c.closed(), frame[:8]
+        # a truncated frame, then the client hangs up: no reply, no harm
+        c = Rpc(server.rpc)
+        c.sock.sendall(msgpack.packb([0, 1, "generate", {"prompt": "abc" * 10}])[:12])
+        c.sock.shutdown(socket.SHUT_WR)
+        assert c.read() is None
+        c.close()
+        # garbage to the HTTP port
+        host, port = server.http.rsplit(":", 1)
+        s = socket.create_connection((host, int(port)))
+        s.sendall(b"\x00\x01GARBAGE\r\n\r\n")
+        assert b"400" in s.recv(4096).split(b"\r\n")[0]
+        s.close()
+        # too many in flight on one connection (--max-inflight 8)
+        c = Rpc(server.rpc)
+        for i in range(12):
+            c.send([0, 100 + i, "generate", {"prompt": PROMPTS[0], "max_tokens": 40, "ignore_eos": True}])
+        codes = []
+        while len(codes) < 12:
+            m = c.read()
+            if m[0] == 1:
+                codes.append(m[2]["code"] if m[2] else 0)
+        assert codes.count(429) >= 4 and codes.count(0) >= 1
+        c.close()
+    finally:
+        stop.set()
+        t.join(120)
+    assert not problems, problems[:2]
+    assert good[0] >= 2
+    wait_idle(Rpc(server.rpc))
+
+
+def test_disconnect_mid_stream_frees_blocks(server):
+    probe = Rpc(server.rpc)
+    before = wait_idle(probe)
+    c = Rpc(server.rpc)
+    c.send([0, 1, "generate", {"prompt": PROMPTS[2] * 20, "max_tokens": 400, "ignore_eos": True, "stream": True}])
+    for _ in range(3):
+        assert c.read()[1] == "generate.delta"
+    busy = probe.ok("stats")
+    assert busy["kv"]["blocks_used"] > 0 and busy["requests"]["live"] == 1
+    c.sock.close()
+    after = wait_idle(probe)
+    assert after["requests"]["cancelled"] == before["requests"]["cancelled"] + 1
+    assert after["kv"]["blocks_free"] == after["kv"]["blocks_total"]
+    probe.close()
+
+
+def test_admin_methods(server, tmp_path):
+    c = Rpc(server.rpc)
+    assert c.call("policy.reload", {"path": "policies/default.lua"})[0]["code"] == 401
+    assert c.call("shutdown", {"admin_token": "wrong"})[0]["code"] == 401
+    assert c.ok("policy.reload", {"path": "policies/default.lua", "admin_token": "admintok"})["policy"]
+    err, _ = c.call("policy.reload", {"source": "return {", "admin_token": "admintok"})
+    assert err and err["code"] == -32602
+    assert c.ok("generate", {"prompt": PROMPTS[0], "max_tokens": 2})["finish_reason"] == "length"
+    assert c.ok("stats")["policy"]["reload_errors"] >= 1
+    c.close()
+
+
+# ---------------------------------------------------------------------------
+# Separate servers: auth + limits, SIGTERM drain
+# ---------------------------------------------------------------------------
+def test_auth_and_connection_limit(serve_bin, tmp_path):
+    s = Server(serve_bin, ["--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--threads", THREADS,
+                           "--kv-memory", "32M", "--auth-token", "sekrit", "--max-connections", "3"], 2, tmp_path)
+    try:
+        c = Rpc(s.rpc)
+        err, _ = c.call("health")
+        assert err["code"] == 401 and c.closed()
+        c = Rpc(s.rpc)
+        assert c.call("auth", {"token": "nope"})[0]["code"] == 401 and c.closed()
+        c = Rpc(s.rpc)
+        assert c.ok("auth", {"token": "sekrit"}) == {"ok": True}
+        assert c.ok("health")["status"] == "ok"
+        assert http(s, "GET", "/v1/models")[0] == 401
+        assert http(s, "GET", "/v1/models", headers={"Authorization": "Bearer sekrit"})[0] == 200
+        assert http(s, "GET", "/health")[0] == 200
+        # max 3 connections: c is one; two more fit, the fourth is refused
+        extra = [Rpc(s.rpc), Rpc(s.rpc)]
+        time.sleep(0.2)
+        over = Rpc(s.rpc)
+        m = over.read()
+        assert m is not None and m[0] == 2 and m[2]["code"] == 503 and over.closed()
+        for e in extra:
+            e.close()
+        c.close()
+    finally:
+        assert s.stop() == 0
+
+
+def test_sigterm_drains_then_exits_zero(serve_bin, tmp_path):
+    s = Server(serve_bin, ["--listen", "127.0.0.1:0", "--threads", THREADS, "--kv-memory", "32M",
+                           "--drain-seconds", "60"], 1, tmp_path)
+    c = Rpc(s.rpc)
+    c.send([0, 1, "generate", {"prompt": PROMPTS[0], "max_tokens": 48, "ignore_eos": True, "stream": True}])
+    assert c.read()[1] == "generate.delta"
+    s.proc.send_signal(signal.SIGTERM)
+    res = None
+    while res is None:
+        m = c.read()
+        assert m is not None, "connection closed before the request finished"
+        if m[0] == 1:
+            res = m
+    assert res[2] is None and res[3]["finish_reason"] == "length" and len(res[3]["tokens"]) == 48
+    assert s.proc.wait(timeout=60) == 0
+    assert "draining" in s.stderr()
+    with pytest.raises(OSError):
+        Rpc(s.rpc).ok("health")
+
+
+# ---------------------------------------------------------------------------
+# The Lua client, the examples, the REPL
+# ---------------------------------------------------------------------------
+def test_lua_client(server, serve_bin, tmp_path):
+    script = tmp_path / "client_test.lua"
+    script.write_text(f"""
+local client = require("luainfer.client")
+local c = assert(client.connect("{server.rpc}"))
+local r = assert(c:generate{{ prompt = {json.dumps(PROMPTS[0])}, max_tokens = 6, temperature = 0 }})
+local parts = {{}}
+local s = assert(c:generate{{ prompt = {json.dumps(PROMPTS[0])}, max_tokens = 6, temperature = 0,
+                             on_delta = function(d) parts[#parts + 1] = d.text end }})
+assert(table.concat(parts) == s.text and s.text == r.text, "stream differs")
+local toks = assert(c:tokenize("hello world"))
+assert(c:detokenize(toks):find("hello world", 1, true))
+local _, err = c:call("no.such.method")
+assert(err and err.code == -32601, "expected an error")
+assert(c:stats().kv.blocks_total > 0)
+c:close()
+local u = assert(client.connect("{server.unix}"))
+assert(u:health().status == "ok")
+print("LUA-CLIENT-OK " .. r.text:gsub("\\n", " "))
+""")
+    r = subprocess.run([str(serve_bin), "run", str(script)], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert r.returncode == 0 and "LUA-CLIENT-OK" in r.stdout, r.stderr
+
+
+def test_python_example(server):
+    r = subprocess.run([sys.executable, str(REPO / "examples" / "python_client.py"), "--addr", server.rpc,
+                        "--max-tokens", "8", PROMPTS[0]], capture_output=True, text=True, timeout=120)
+    ref = Rpc(server.rpc).ok("generate", {"prompt": PROMPTS[0], "max_tokens": 8, "temperature": 0})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith(ref["text"]) and "[length]" in r.stdout
+
+
+def test_c_example(server, tmp_path):
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if not cc or subprocess.run(["pkg-config", "--exists", "msgpack"]).returncode != 0:
+        pytest.skip("no C compiler or msgpack-c pkg-config")
+    flags = subprocess.run(["pkg-config", "--cflags", "--libs", "msgpack"], capture_output=True, text=True).stdout.split()
+    exe = tmp_path / "client"
+    b = subprocess.run([cc, "-Wall", "-Werror", str(REPO / "examples" / "client.c"), *flags, "-o", str(exe)],
+                       capture_output=True, text=True)
+    assert b.returncode == 0, b.stderr
+    host, port = server.rpc.rsplit(":", 1)
+    r = subprocess.run([str(exe), host, port, PROMPTS[0], "8"], capture_output=True, text=True, timeout=120)
+    ref = Rpc(server.rpc).ok("generate", {"prompt": PROMPTS[0], "max_tokens": 8, "temperature": 0})
+    assert r.returncode == 0 and r.stdout.startswith(ref["text"]) and "[finish: length]" in r.stdout, r.stderr
+
+
+class Pty:
+    """A program on a pseudo-terminal: send keys, wait for text."""
+
+    def __init__(self, argv, env):
+        self.pid, self.fd = pty.fork()
+        if self.pid == 0:
+            os.chdir(REPO)
+            os.execve(argv[0], argv, env)
+        self.out = b""
+
+    def send(self, s):
+        os.write(self.fd, s.encode())
+
+    def expect(self, needle, timeout=120):
+        deadline = time.time() + timeout
+        while needle.encode() not in self.out:
+            r, _, _ = select.select([self.fd], [], [], max(0, deadline - time.time()))
+            if not r:
+                raise AssertionError(f"timed out waiting for {needle!r}; got:\n{self.out.decode(errors='replace')[-2000:]}")
+            try:
+                self.out += os.read(self.fd, 65536)
+            except OSError:
+                raise AssertionError(f"EOF waiting for {needle!r}; got:\n{self.out.decode(errors='replace')[-2000:]}")
+        i = self.out.index(needle.encode()) + len(needle)
+        seen, self.out = self.out[:i], self.out[i:]
+        return seen.decode(errors="replace")
+
+    def wait(self, timeout=60):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                return os.waitstatus_to_exitcode(status)
+            try:
+                r, _, _ = select.select([self.fd], [], [], 0.1)
+                if r:
+                    os.read(self.fd, 65536)
+            except OSError:
+                pass
+        os.kill(self.pid, signal.SIGKILL)
+        raise AssertionError("the REPL did not exit")
+
+
+def test_repl_through_a_pty(serve_bin, tmp_path, server):
+    env = dict(os.environ, TERM="xterm", LUAINFER_HISTORY=str(tmp_path / "hist"), HOME=str(tmp_path))
+    p = Pty([str(serve_bin), "repl", "--threads", THREADS, "--kv-memory", "32M"], env)
+    p.expect("help() lists")
+    p.send("engine:info()\r")
+    info = p.expect("threads")
+    assert "n_vocab = " in info and "architecture = \"llama\"" in info
+    p.send(f'generate("{PROMPTS[0]}", {{max_tokens = 4}})\r')
+    p.expect("Paris")
+    p.send("engine:inf\t")  # Tab completes the method name
+    p.expect("engine:info")
+    p.send("()\r")
+    p.expect("architecture")
+    p.send("x = {1, 2, {a = 'b'}}\r")
+    p.send("x\r")
+    p.expect('a = "b"')
+    p.send("for i = 1, 2 do\r")
+    p.expect(">> ")
+    p.send("print('loop', i) end\r")
+    p.expect("loop\t2")
+    p.send("help()\r")
+    p.expect("engine:add")
+    p.send("\x04")  # Ctrl-D
+    assert p.wait() == 0
+    assert "engine:info()" in (tmp_path / "hist").read_text()
+
+    # --connect: the same prompt bound to a server
+    p = Pty([str(serve_bin), "repl", "--connect", server.rpc], env)
+    p.expect("connected to")
+    p.send("server:health().status\r")
+    p.expect('"ok"')
+    p.send(f'generate("{PROMPTS[0]}", {{max_tokens = 4}}).finish_reason\r')
+    p.expect('"length"')
+    p.send("\x04")
+    assert p.wait() == 0
