@@ -13,6 +13,7 @@
 #include "engine/engine.h"
 #include "lua/lua_env.h"
 #include "policy/policy_lua.h"
+#include "policy/policy_proc.h"
 #include "tokenizer/tokenizer.h"
 
 #include <lauxlib.h>
@@ -27,6 +28,8 @@ typedef struct lua_engine {
     li_engine *eng;
     li_policy *policy;
     bool open;
+    bool isolated;      /* policies run in a policy-host child process */
+    int32_t deadline_ms;
 } lua_engine;
 
 static lua_engine *check_engine(lua_State *L) {
@@ -79,7 +82,13 @@ static int install_policy(lua_State *L, lua_engine *le, const char *path, const 
     li_error err = {0};
     li_policy *p = NULL;
     li_policy_lua_opts po = {0};
-    if (li_policy_lua_open(&p, path, source, &po, &err) != 0) return luaL_error(L, "%s", err.msg);
+    if (le->isolated) {
+        if (!path) return luaL_error(L, "policy_isolation = 'process' needs a policy file path");
+        li_policy_proc_opts pp = {.deadline_ms = le->deadline_ms, .lua = po};
+        if (li_policy_proc_open(&p, path, &pp, &err) != 0) return luaL_error(L, "%s", err.msg);
+    } else if (li_policy_lua_open(&p, path, source, &po, &err) != 0) {
+        return luaL_error(L, "%s", err.msg);
+    }
     if (le->policy) le->policy->ops->free(le->policy);
     le->policy = p;
     li_engine_set_policy(le->eng, p);
@@ -96,6 +105,10 @@ static int l_engine_new(lua_State *L) {
     const char *policy = opt_str(L, 1, "policy", NULL);
     const char *policy_source = opt_str(L, 1, "policy_source", NULL);
     const char *kv_dtype = opt_str(L, 1, "kv_dtype", "f16");
+    const char *isolation = opt_str(L, 1, "policy_isolation", "inprocess");
+    int64_t deadline_ms = opt_int(L, 1, "policy_deadline_ms", 50, 1, 60000);
+    if (strcmp(isolation, "inprocess") && strcmp(isolation, "process"))
+        return luaL_error(L, "option 'policy_isolation' must be \"inprocess\" or \"process\", got \"%s\"", isolation);
     int64_t threads = opt_int(L, 1, "threads", 0, 0, 1024);
     cfg.block_size = (int32_t)opt_int(L, 1, "block_size", cfg.block_size, 1, 1024);
     cfg.max_num_seqs = (int32_t)opt_int(L, 1, "max_num_seqs", cfg.max_num_seqs, 1, 4096);
@@ -112,6 +125,8 @@ static int l_engine_new(lua_State *L) {
     lua_setmetatable(L, -2);
     if (li_runtime_open(&le->rt, model, threads, isa, &err)) return luaL_error(L, "%s", err.msg);
     le->open = true;
+    le->isolated = !strcmp(isolation, "process");
+    le->deadline_ms = (int32_t)deadline_ms;
     if (li_engine_init(&le->eng, le->rt.model, &le->rt.be, &cfg, &err)) {
         li_runtime_close(&le->rt);
         le->open = false;

@@ -736,8 +736,6 @@ void li_server_on_events(li_server *srv, li_event_batch *b) {
 
 /* ---- the methods ----------------------------------------------------------------------- */
 
-li_srv_req *li_rpc_start_generate(li_rpc_session *s, uint32_t msgid, li_gen_params *g, li_error *err);
-li_srv_req *li_rpc_find(li_rpc_session *s, int64_t id, int64_t msgid);
 
 const char *li_api_model_name(li_server *srv) { return srv->model_name[0] ? srv->model_name : "luainfer"; }
 
@@ -772,8 +770,8 @@ static void api_generate(li_call *c, const msgpack_object *params) {
         li_call_fail(c, LI_RPC_INTERNAL, "generate needs a connection");
         return;
     }
-    if (c->notification) g.stream = false; /* nobody to answer: run it, send nothing */
-    if (!li_rpc_start_generate(c->session, c->msgid, &g, &err)) {
+    /* a notification runs it and sends nothing back */
+    if (!li_rpc_start_generate(c->session, c->msgid, c->notification, &g, &err)) {
         li_call_fail(c, err.code ? err.code : LI_RPC_INTERNAL, "%s", err.msg);
         return;
     }
@@ -929,6 +927,7 @@ static void api_stats(li_call *c, const msgpack_object *params) {
 
 typedef struct reload_ctx {
     li_server *srv;
+    bool no_reply;
     li_rpc_session *s; /* NULL if the connection closed meanwhile */
     uint32_t msgid;
     uint64_t serial;
@@ -941,7 +940,7 @@ static void reload_done(void *ud, int code, const char *msg) {
     li_conn *conn = NULL;
     for (li_conn *k = srv->conns; k; k = k->next)
         if (k->serial == rc->serial && !k->closing) conn = k;
-    if (conn) {
+    if (conn && !rc->no_reply) {
         msgpack_sbuffer sb;
         msgpack_sbuffer_init(&sb);
         msgpack_packer pk;
@@ -992,6 +991,7 @@ static void api_policy_reload(li_call *c, const msgpack_object *params) {
     reload_ctx *rc = li_xcalloc(1, sizeof *rc);
     rc->srv = c->srv;
     rc->msgid = c->msgid;
+    rc->no_reply = c->notification;
     rc->serial = c->conn->serial;
     li_engine_thread_reload(c->srv->eng, p, s, reload_done, rc);
     free(p);

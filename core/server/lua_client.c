@@ -356,7 +356,9 @@ static int mark(lua_State *L, const char *kind) {
 static int l_array(lua_State *L) { return mark(L, "array"); }
 static int l_map(lua_State *L) { return mark(L, "map"); }
 
-static int open_net(lua_State *L) {
+/* The module table (the standard luaopen_ name, so that a binary built with
+ * exported symbols can also load it with package.loadlib("", ...)). */
+int luaopen_luainfer_net(lua_State *L) {
     if (luaL_newmetatable(L, SOCK_MT)) {
         static const luaL_Reg m[] = {{"send", l_send}, {"recv", l_recv}, {"close", l_close}, {"fileno", l_fileno}, {NULL, NULL}};
         lua_newtable(L);
@@ -384,7 +386,7 @@ static int open_net(lua_State *L) {
 void li_lua_preload_net(lua_State *L) {
     lua_getglobal(L, "package");
     lua_getfield(L, -1, "preload");
-    lua_pushcfunction(L, open_net);
+    lua_pushcfunction(L, luaopen_luainfer_net);
     lua_setfield(L, -2, "luainfer.net");
     lua_pop(L, 2);
 }

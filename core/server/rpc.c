@@ -247,7 +247,7 @@ static void pack_logprob_entry(msgpack_packer *pk, int32_t token, float logprob,
 static void rpc_delta(li_srv_req *r, int32_t index, const char *text, size_t n, int32_t token, float logprob,
                       const li_token_logprob *top, int32_t n_top) {
     li_rpc_session *s = r->owner;
-    if (!r->g.stream) return;
+    if (!r->g.stream || r->no_reply) return;
     msgpack_sbuffer sb;
     msgpack_sbuffer_init(&sb);
     msgpack_packer pk;
@@ -315,6 +315,7 @@ static void pack_sample(msgpack_packer *pk, const li_srv_req *r, const li_sample
 static void rpc_done(li_srv_req *r) {
     li_rpc_session *s = r->owner;
     untrack(s, r);
+    if (r->no_reply) return;
     msgpack_sbuffer res;
     msgpack_sbuffer_init(&res);
     msgpack_packer pk;
@@ -373,13 +374,13 @@ static void rpc_error(li_srv_req *r, int code, const char *msg) {
     li_rpc_session *s = r->owner;
     untrack(s, r);
     s->srv->m.rpc_errors++;
-    send_error_response(s, r->msgid, code, msg);
+    if (!r->no_reply) send_error_response(s, r->msgid, code, msg);
 }
 
 static const li_sink_ops rpc_sink = {rpc_delta, rpc_done, rpc_error};
 
 /* Used by api.c's generate/cancel for calls that came over RPC. */
-li_srv_req *li_rpc_start_generate(li_rpc_session *s, uint32_t msgid, li_gen_params *g, li_error *err) {
+li_srv_req *li_rpc_start_generate(li_rpc_session *s, uint32_t msgid, bool no_reply, li_gen_params *g, li_error *err) {
     if (s->inflight >= s->srv->lim.max_inflight) {
         li_gen_params_free(g);
         s->srv->m.inflight_refused++;
@@ -390,6 +391,7 @@ li_srv_req *li_rpc_start_generate(li_rpc_session *s, uint32_t msgid, li_gen_para
     li_srv_req *r = li_api_gen_start(s->srv, g, &rpc_sink, s, err);
     if (!r) return NULL;
     r->msgid = msgid;
+    r->no_reply = no_reply;
     r->next = s->reqs;
     if (s->reqs) s->reqs->prev = r;
     s->reqs = r;
@@ -399,7 +401,8 @@ li_srv_req *li_rpc_start_generate(li_rpc_session *s, uint32_t msgid, li_gen_para
 
 li_srv_req *li_rpc_find(li_rpc_session *s, int64_t id, int64_t msgid) {
     for (li_srv_req *r = s->reqs; r; r = r->next)
-        if ((id >= 0 && r->id >= 0 && id >= r->id && id < r->id + r->g.n) || (msgid >= 0 && r->msgid == (uint64_t)msgid))
+        if ((id >= 0 && r->id >= 0 && id >= r->id && id < r->id + r->g.n) ||
+            (msgid >= 0 && !r->no_reply && r->msgid == (uint64_t)msgid))
             return r;
     return NULL;
 }

@@ -210,6 +210,7 @@ struct li_srv_req {
     const li_sink_ops *sink; /* NULL once the owner went away */
     void *owner;             /* li_conn (RPC) or the HTTP exchange */
     uint32_t msgid;
+    bool no_reply;           /* started by a notification: nothing is sent back */
     int64_t id;              /* engine id (known after the first event) */
     bool cancelled;
     int32_t n_done;
@@ -468,6 +469,11 @@ void li_rpc_process_bytes(const uint8_t *data, size_t n, char **out, size_t *out
 void li_rpc_session_send(li_rpc_session *s, const char *buf, size_t n);
 
 li_conn *li_rpc_conn_new(li_server *srv);
+/* generate over RPC: checks --max-inflight, tracks the request on the
+ * session (cancelled when it closes). no_reply: started by a notification. */
+li_srv_req *li_rpc_start_generate(li_rpc_session *s, uint32_t msgid, bool no_reply, li_gen_params *g, li_error *err);
+/* A request of this session by engine id (any sample) or by msgid (-1: unused). */
+li_srv_req *li_rpc_find(li_rpc_session *s, int64_t id, int64_t msgid);
 
 /* ============================================================================
  * http.c
@@ -484,5 +490,6 @@ void li_http_process_bytes(const uint8_t *data, size_t n, char **out, size_t *ou
 
 /* Makes require("luainfer.net") available in L (sockets + msgpack). */
 void li_lua_preload_net(lua_State *L);
+int luaopen_luainfer_net(lua_State *L);
 
 #endif

@@ -16,7 +16,17 @@
 -- per client object; notifications that arrive meanwhile are handed to the
 -- call's on_delta (generate) or to c.on_notification(method, params).
 
-local net = require("luainfer.net")
+local function load_net()
+  local ok, net = pcall(require, "luainfer.net")
+  if ok then return net end
+  -- a binary that did not preload it may still export it (luainfer does)
+  local open = package.loadlib("", "luaopen_luainfer_net")
+  if not open then error(net, 0) end
+  net = open()
+  package.loaded["luainfer.net"] = net
+  return net
+end
+local net = load_net()
 
 local M = { net = net }
 local Client = {}

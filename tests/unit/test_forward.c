@@ -17,6 +17,16 @@ static double max_abs_diff(const float *a, const float *b, int64_t n) {
     return m;
 }
 
+/* Normalized mean squared error: sum (a-b)^2 / sum b^2. */
+static double nmse(const float *a, const float *b, int64_t n) {
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++) {
+        num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+        den += (double)b[i] * b[i];
+    }
+    return den > 0 ? num / den : num;
+}
+
 static int argmax(const float *a, int64_t n) {
     int b = 0;
     for (int64_t i = 1; i < n; i++)
@@ -56,11 +66,32 @@ int main(void) {
     CHECK(li_session_init(&s, m, &ref, 256, LI_TYPE_F16, 512, &err) == 0, "%s", err.msg);
     CHECK(li_session_eval(&s, toks, (int64_t)n, false, last_ref, &err) == 0, "%s", err.msg);
     li_session_free(&s);
+    /* SIMD sums in another order than the reference; with 8-bit activations
+     * a last-bit change can flip a rounding and move a logit by ~0.2 (the
+     * model has a few huge activation channels), so the bound is on NMSE and
+     * the argmax, not on bits. The scalar ISA must match the reference bit
+     * for bit (checked below). */
     const float *last_cpu = all + (n - 1) * nv;
-    double d = max_abs_diff(last_cpu, last_ref, nv);
-    printf("cpu vs reference: max |dlogit| = %.2e, argmax %d vs %d\n", d, argmax(last_cpu, nv), argmax(last_ref, nv));
-    CHECK(d < 2e-2, "cpu vs ref logits differ by %g", d);
+    double d = max_abs_diff(last_cpu, last_ref, nv), e = nmse(last_cpu, last_ref, nv);
+    printf("cpu (%s) vs reference: max |dlogit| = %.2e, nmse %.2e, argmax %d vs %d\n", li_backend_cpu_isa(&cpu), d, e,
+           argmax(last_cpu, nv), argmax(last_ref, nv));
+    CHECK(e < 1e-3, "cpu vs ref logits nmse %g", e);
     CHECK(argmax(last_cpu, nv) == argmax(last_ref, nv), "argmax agrees");
+    {
+        li_backend sc;
+        CHECK(li_backend_cpu_init(&sc, 2, "scalar", &err) == 0, "%s", err.msg);
+        CHECK(li_model_prepare(m, &sc, &err) == 0, "%s", err.msg);
+        float *last_sc = malloc(sizeof(float) * nv);
+        CHECK(li_session_init(&s, m, &sc, 256, LI_TYPE_F16, 512, &err) == 0, "%s", err.msg);
+        CHECK(li_session_eval(&s, toks, (int64_t)n, false, last_sc, &err) == 0, "%s", err.msg);
+        li_session_free(&s);
+        li_model_release(m, &sc);
+        li_backend_cpu_free(&sc);
+        double ds = max_abs_diff(last_sc, last_ref, nv);
+        printf("cpu (scalar, 2 threads) vs reference: max |dlogit| = %.2e\n", ds);
+        CHECK(ds == 0, "the scalar CPU path is the reference, bit for bit (%g)", ds);
+        free(last_sc);
+    }
 
     /* 3. chunked prefill (chunks of 5) and token-by-token decode */
     CHECK(li_model_prepare(m, &cpu, &err) == 0, "%s", err.msg);
@@ -68,7 +99,7 @@ int main(void) {
     CHECK(li_session_eval(&s, toks, (int64_t)n, true, chunked, &err) == 0, "%s", err.msg);
     d = max_abs_diff(all, chunked, (int64_t)n * nv);
     printf("one batch vs chunks of 5: max |dlogit| = %.2e\n", d);
-    CHECK(d < 1e-3, "chunked prefill differs by %g", d);
+    CHECK(d == 0, "chunked prefill differs by %g (must be bit-identical: batch invariance)", d);
     li_session_reset(&s);
     double dstep = 0;
     for (size_t i = 0; i < n; i++) {
@@ -76,7 +107,7 @@ int main(void) {
         dstep = fmax(dstep, max_abs_diff(all + i * nv, step, nv));
     }
     printf("one batch vs token by token: max |dlogit| = %.2e\n", dstep);
-    CHECK(dstep < 1e-3, "token-by-token differs by %g", dstep);
+    CHECK(dstep == 0, "token-by-token differs by %g (must be bit-identical)", dstep);
     li_session_free(&s);
 
     /* 4. two sequences in one flat batch, interleaved, non-contiguous blocks */
@@ -113,7 +144,7 @@ int main(void) {
         CHECK(li_forward_run(&fw, m, &cpu, &kv, &b, two, &err) == 0, "%s", err.msg);
         double da = max_abs_diff(two, all + (n - 1) * nv, nv), db = max_abs_diff(two + nv, all + (nb - 1) * nv, nv);
         printf("two sequences in one batch: max |dlogit| a %.2e, b %.2e\n", da, db);
-        CHECK(da < 1e-3 && db < 1e-3, "batched sequences differ: %g %g", da, db);
+        CHECK(da == 0 && db == 0, "batched sequences differ: %g %g (must be bit-identical)", da, db);
         free(two); free(bt); free(bp); free(bs); free(sl);
         li_kv_seq_release(&kv, &sa);
         li_kv_seq_release(&kv, &sb);
