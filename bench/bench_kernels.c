@@ -24,6 +24,9 @@ static float rnd(void) {
     return (float)(rng >> 40) / 8388608.0f - 1.0f;
 }
 
+static li_backend be;
+
+/* A random weight, prepared (repacked) for the backend as the model's are. */
 static li_weight weight_new(li_type t, int64_t k, int64_t m) {
     li_weight w = {.type = t, .k = k, .m = m};
     li_type_row_size(t, k, &w.row_bytes);
@@ -35,6 +38,7 @@ static li_weight weight_new(li_type t, int64_t k, int64_t m) {
     }
     free(row);
     w.data = data;
+    if (be.ops->weight_prepare) be.ops->weight_prepare(&be, &w);
     return w;
 }
 
@@ -52,7 +56,6 @@ static double time_matmul(li_backend *be, const li_weight *w, const float *x, fl
 int main(int argc, char **argv) {
     const int n_threads = argc > 1 ? atoi(argv[1]) : 0;
     const char *isa = argc > 2 ? argv[2] : "auto";
-    li_backend be;
     li_error err = {0};
     if (li_backend_cpu_init(&be, n_threads, isa, &err)) {
         fprintf(stderr, "%s\n", err.msg);
@@ -84,6 +87,7 @@ int main(int argc, char **argv) {
                    li_type_name(w.type), (long long)w.m, (long long)w.k, (long long)n, ms,
                    (double)(w.m * w.k * n) / ms * 1e-6, (double)w.row_bytes * w.m / ms * 1e-6);
         }
+        be.ops->weight_release(&be, &w);
         li_aligned_free((void *)w.data);
     }
 

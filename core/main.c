@@ -13,6 +13,7 @@ static void usage(FILE *f) {
             "  perplexity   perplexity of a text file (llama.cpp's scheme)\n"
             "  info         what a GGUF model holds; --kv for KV-cache sizing\n"
             "  run          run a Lua script with the luainfer module (engines, policies)\n"
+            "  bench        run a benchmark from bench/ (batching, prefix, policy_overhead, ...)\n"
             "\n'luainfer COMMAND --help' lists a command's options.\n"
             "The model defaults to $LUAINFER_MODEL, else models/SmolLM2-135M-Instruct.Q4_1.gguf.\n");
 }
@@ -35,6 +36,7 @@ int main(int argc, char **argv) {
         {"perplexity", li_cmd_perplexity},
         {"info", li_cmd_info},
         {"run", li_cmd_run},
+        {"bench", li_cmd_bench},
         {"policy-host", li_cmd_policy_host},
     };
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)

@@ -42,7 +42,15 @@ typedef enum li_type {
     LI_TYPE_F64 = 28,
     LI_TYPE_IQ1_M = 29,
     LI_TYPE_BF16 = 30,
-    LI_TYPE_COUNT = 31
+    LI_TYPE_COUNT = 31,
+
+    /* KV-cache-only storage types. GGUF has no FP8 id, so these live outside
+     * the GGUF table: li_type_get() returns NULL for them and they never
+     * appear in a file, only in li_kv_layer.dtype and the engine's kv_dtype.
+     * Both keep one f32 scale per (token, kv head) next to the 8-bit codes
+     * (li_kv_layer.k_scale / v_scale; see docs/kv-cache.md). */
+    LI_KV_TYPE_FP8_E4M3 = 64, /* x = e4m3(code) * scale, scale = amax / 448 */
+    LI_KV_TYPE_INT8 = 65      /* x = (int8)code * scale, scale = amax / 127 */
 } li_type;
 
 typedef void (*li_to_float_fn)(const void *src, float *dst, int64_t n);
@@ -82,6 +90,12 @@ float li_fp16_to_fp32(uint16_t h);
 uint16_t li_fp32_to_fp16(float f);  /* round to nearest even */
 float li_bf16_to_fp32(uint16_t h);
 uint16_t li_fp32_to_bf16(float f);  /* round to nearest even */
+/* FP8 E4M3 ("FN": bias 7, no infinities, S.1111.111 is NaN, max finite 448,
+ * smallest subnormal 2^-9). Encoding rounds to nearest even and saturates:
+ * anything beyond ±448, infinities included, becomes ±448; NaN becomes
+ * 0x7f with the input's sign. Scalar references in kernels/cpu/kv_ref.c. */
+float li_fp8_e4m3_to_fp32(uint8_t c);
+uint8_t li_fp32_to_fp8_e4m3(float f);
 
 /* ---- scalar references (kernels/cpu/quant_ref.c) ---- */
 void li_quantize_row_q8_0_ref(const float *x, void *y, int64_t n);

@@ -10,6 +10,13 @@ Writes two files (both compact JSON, meant to be committed):
       llama.cpp, their text, and at every generated position the top-40
       (token id, raw logit) pairs of the logits that produced that token.
 
+      Next to each top-40 row it also stores "ref_logits": the logits of the
+      same 40 ids from an exact float64 forward pass of the same GGUF weights
+      (dequantized; no activation quantization, no F16 KV cache -- see
+      RefLlama below). llama.cpp itself rounds activations to 8 bits inside
+      its matmuls, so its logits carry an error of a few tenths; the exact
+      values let a test tell that rounding noise from an engine bug.
+
   tests/golden/llama_cpp_perplexity.json
       Perplexity of tests/data/alice_ch1.txt at ctx 128 and 512, computed with
       the chunk scheme of llama.cpp's `perplexity` tool (see ppl_chunks below).
@@ -24,7 +31,8 @@ recorded -- the same rule as `luainfer generate --temperature 0`.
 Argmax ties (never seen in practice with float logits) are broken toward the
 lower token id, like a plain first-max scan.
 
-Needs llama-cpp-python and jinja2 (jinja2 comes with llama-cpp-python).
+Needs llama-cpp-python, jinja2 (comes with llama-cpp-python) and gguf
+(for the reference pass).
 """
 
 import argparse
@@ -185,6 +193,93 @@ def dump(path, obj):
 
 
 # ---------------------------------------------------------------------------
+# Exact reference: float64 forward pass over the dequantized GGUF weights
+# ---------------------------------------------------------------------------
+class RefLlama:
+    """The Llama architecture written as plain math, in float64.
+
+    Weights are the GGUF's own, dequantized (so quantization of the weights
+    is part of the model); everything else is exact: no 8-bit activations,
+    no F16 KV cache, float64 accumulation. Rope is llama.cpp's "normal" mode
+    (adjacent pairs), which is what GGUF llama checkpoints are permuted for.
+    """
+
+    def __init__(self, path):
+        import gguf
+
+        r = gguf.GGUFReader(path)
+
+        def meta(key):
+            f = r.fields[key]
+            return f.parts[f.data[0]][0]
+
+        self.n_layer = int(meta("llama.block_count"))
+        self.n_head = int(meta("llama.attention.head_count"))
+        self.n_head_kv = int(meta("llama.attention.head_count_kv"))
+        self.eps = float(meta("llama.attention.layer_norm_rms_epsilon"))
+        self.rope_base = float(meta("llama.rope.freq_base"))
+        self.w = {t.name: gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float64)
+                  for t in r.tensors}
+        self.dim = self.w["token_embd.weight"].shape[1]
+        self.head_dim = self.dim // self.n_head
+        # tied embeddings: no output.weight, the token embedding is the head
+        self.out = self.w.get("output.weight", self.w["token_embd.weight"])
+
+    def _rms(self, x, g):
+        return x / np.sqrt((x * x).mean(-1, keepdims=True) + self.eps) * g
+
+    def _rope(self, x, pos):            # x: (T, heads, head_dim)
+        hd = self.head_dim
+        theta = pos[:, None] * self.rope_base ** (-np.arange(0, hd, 2) / hd)
+        c, s = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]
+        x0, x1 = x[..., 0::2], x[..., 1::2]
+        out = np.empty_like(x)
+        out[..., 0::2] = x0 * c - x1 * s
+        out[..., 1::2] = x0 * s + x1 * c
+        return out
+
+    def logits(self, tokens):
+        """(len(tokens), n_vocab) logits, causal, from an empty cache."""
+        w, T = self.w, len(tokens)
+        hd, nh, nkv = self.head_dim, self.n_head, self.n_head_kv
+        pos = np.arange(T, dtype=np.float64)
+        mask = np.triu(np.full((T, T), -np.inf), 1)
+        x = w["token_embd.weight"][tokens]
+        for l in range(self.n_layer):
+            p = f"blk.{l}."
+            h = self._rms(x, w[p + "attn_norm.weight"])
+            q = self._rope((h @ w[p + "attn_q.weight"].T).reshape(T, nh, hd), pos)
+            k = self._rope((h @ w[p + "attn_k.weight"].T).reshape(T, nkv, hd), pos)
+            v = (h @ w[p + "attn_v.weight"].T).reshape(T, nkv, hd)
+            att = np.empty((T, nh, hd))
+            for i in range(nh):
+                j = i // (nh // nkv)                      # grouped-query attention
+                sc = q[:, i] @ k[:, j].T / math.sqrt(hd) + mask
+                sc = np.exp(sc - sc.max(-1, keepdims=True))
+                att[:, i] = (sc / sc.sum(-1, keepdims=True)) @ v[:, j]
+            x = x + att.reshape(T, -1) @ w[p + "attn_output.weight"].T
+            h = self._rms(x, w[p + "ffn_norm.weight"])
+            g = h @ w[p + "ffn_gate.weight"].T
+            u = h @ w[p + "ffn_up.weight"].T
+            x = x + (g / (1.0 + np.exp(-g)) * u) @ w[p + "ffn_down.weight"].T
+        return self._rms(x, w["output_norm.weight"]) @ self.out.T
+
+
+def ref_rows(ref, rec):
+    """Exact logits of the ids in each top-40 row of rec, aligned with it."""
+    L = ref.logits(rec["prompt_tokens"] + rec["tokens"])
+    P = len(rec["prompt_tokens"])
+
+    def pick(row, pairs):
+        return [round(float(row[i]), LOGIT_DECIMALS) for i, _ in pairs]
+
+    rows = [pick(L[P - 1 + i], pairs) for i, pairs in enumerate(rec["top_logits"])]
+    stop = pick(L[-1], rec["stop_top_logits"]) if rec["stop_top_logits"] else None
+    top1 = [int(np.argmax(L[P - 1 + i])) for i in range(len(rec["tokens"]))]
+    return rows, stop, top1
+
+
+# ---------------------------------------------------------------------------
 # Main
 # ---------------------------------------------------------------------------
 def main():
@@ -233,6 +328,8 @@ def main():
         "sampling": "greedy argmax over raw logits (first max on ties)",
         "stop": "first token with llama_vocab_is_eog; not recorded",
         "logit_decimals": LOGIT_DECIMALS,
+        "ref_logits": "RefLlama in this script: float64 forward over the "
+                      "dequantized GGUF weights, aligned with top_logits ids",
     }
 
     # ---- greedy continuations -------------------------------------------
@@ -266,6 +363,18 @@ def main():
         print(f"{p['name']:>20}: {len(prompt_ids):3d} prompt tokens, "
               f"{len(gen):2d} generated ({finish}): {rec['text'][:60]!r}")
 
+    del llm
+    ref = RefLlama(args.model)
+    agree = total = 0
+    for rec in out_prompts:
+        rows, stop, top1 = ref_rows(ref, rec)
+        rec["ref_logits"] = rows
+        rec["stop_ref_logits"] = stop
+        agree += sum(a == b for a, b in zip(top1, rec["tokens"]))
+        total += len(top1)
+    del ref
+    print(f"exact reference: argmax equals llama.cpp's token at {agree}/{total} positions")
+
     greedy_doc = {
         "source": source,
         "chat_template": template_src,
@@ -276,7 +385,6 @@ def main():
     }
     os.makedirs(GOLDEN_DIR, exist_ok=True)
     dump(os.path.join(GOLDEN_DIR, "llama_cpp_greedy.json"), greedy_doc)
-    del llm
 
     # ---- perplexity ------------------------------------------------------
     if args.skip_ppl:
@@ -293,9 +401,12 @@ def main():
               f"({r['n_chunks']} chunks, {r['n_scored']} scored, {len(toks)} tokens)")
         results.append(r)
         del llm
+    ppl_source = dict(source, llama_flags=dict(source["llama_flags"], n_ctx="max(ctx, 512)"),
+                      tokenize={"add_bos": False, "special": False})
+    for key in ("sampling", "stop", "ref_logits"):
+        ppl_source.pop(key)
     ppl_doc = {
-        "source": dict(source, llama_flags=dict(source["llama_flags"], n_ctx="max(ctx, 512)"),
-                       tokenize={"add_bos": False, "special": False}),
+        "source": ppl_source,
         "text_file": os.path.relpath(PPL_TEXT, ROOT),
         "scheme": "llama.cpp perplexity: floor(n/ctx) chunks of ctx tokens, each "
                   "from an empty cache; score j = ctx/2 .. ctx-2 with "

@@ -22,5 +22,6 @@ int li_cmd_generate(int argc, char **argv);
 int li_cmd_info(int argc, char **argv);
 int li_cmd_perplexity(int argc, char **argv);
 int li_cmd_run(int argc, char **argv);
+int li_cmd_bench(int argc, char **argv);
 
 #endif

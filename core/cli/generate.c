@@ -98,7 +98,7 @@ int li_cmd_generate(int argc, char **argv) {
         {"threads", LI_OPT_INT, &o.threads, "compute threads (default: all cores)"},
         {"ctx-size", LI_OPT_INT, &o.ctx_size, "context length (default: the model's, at most 8192)"},
         {"batch-size", LI_OPT_INT, &o.batch_size, "prompt tokens per forward pass (default 512)"},
-        {"kv-dtype", LI_OPT_STR, &o.kv_dtype, "KV cache dtype: f16, bf16, f32 (default f16)"},
+        {"kv-dtype", LI_OPT_STR, &o.kv_dtype, "KV cache dtype: f16, bf16, f32, fp8 (E4M3) or int8; 8-bit ones keep an f32 scale per token and kv head (default f16)"},
         {"isa", LI_OPT_STR, &o.isa, "CPU kernels: auto, scalar, avx2, avx512 (default auto)"},
         {"help", LI_OPT_FLAG, &o.help, "show this help"},
     };

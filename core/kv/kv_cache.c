@@ -6,11 +6,23 @@
 #define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack */
 #include <xxhash.h>
 
+/* bytes per stored element (0: not a KV dtype) */
 static size_t dtype_bytes(li_type t) {
     switch (t) {
     case LI_TYPE_F32: return 4;
     case LI_TYPE_F16: case LI_TYPE_BF16: return 2;
+    case LI_KV_TYPE_FP8_E4M3: case LI_KV_TYPE_INT8: return 1;
     default: return 0;
+    }
+}
+
+bool li_kv_dtype_has_scales(li_type t) { return t == LI_KV_TYPE_FP8_E4M3 || t == LI_KV_TYPE_INT8; }
+
+const char *li_kv_dtype_name(li_type t) {
+    switch (t) {
+    case LI_KV_TYPE_FP8_E4M3: return "fp8";
+    case LI_KV_TYPE_INT8: return "int8";
+    default: return li_type_name(t);
     }
 }
 
@@ -18,12 +30,17 @@ int li_kv_dtype_parse(const char *s, li_type *out, li_error *err) {
     if (!strcmp(s, "f16")) *out = LI_TYPE_F16;
     else if (!strcmp(s, "bf16")) *out = LI_TYPE_BF16;
     else if (!strcmp(s, "f32")) *out = LI_TYPE_F32;
-    else return li_error_set(err, LI_EINVAL, "unknown KV dtype '%s' (expected f16, bf16 or f32)", s);
+    else if (!strcmp(s, "fp8") || !strcmp(s, "fp8_e4m3") || !strcmp(s, "e4m3")) *out = LI_KV_TYPE_FP8_E4M3;
+    else if (!strcmp(s, "int8") || !strcmp(s, "i8")) *out = LI_KV_TYPE_INT8;
+    else return li_error_set(err, LI_EINVAL, "unknown KV dtype '%s' (expected f16, bf16, f32, fp8 or int8)", s);
     return 0;
 }
 
 size_t li_kv_bytes_per_token(const li_hparams *hp, li_type dtype) {
-    return 2u * (size_t)hp->n_layer * (size_t)hp->n_head_kv * (size_t)hp->head_dim * dtype_bytes(dtype);
+    /* per layer, K and V: n_head_kv rows of head_dim elements, plus one f32
+     * scale per row for the 8-bit dtypes */
+    const size_t row = (size_t)hp->head_dim * dtype_bytes(dtype) + (li_kv_dtype_has_scales(dtype) ? sizeof(float) : 0);
+    return 2u * (size_t)hp->n_layer * (size_t)hp->n_head_kv * row;
 }
 
 int32_t li_kv_blocks_for_budget(const li_hparams *hp, li_type dtype, int block_size, size_t budget) {
@@ -47,14 +64,26 @@ int li_kv_cache_init(li_kv_cache *kv, const li_hparams *hp, li_type dtype, int b
     kv->block_size = block_size;
     kv->num_blocks = num_blocks;
     size_t per_layer_one = (size_t)num_blocks * block_size * hp->n_head_kv * hp->head_dim * es;
-    kv->bytes = per_layer_one * 2 * hp->n_layer;
-    kv->storage = li_aligned_alloc(kv->bytes);
-    memset(kv->storage, 0, kv->bytes);
+    size_t data_bytes = per_layer_one * 2 * hp->n_layer;
+    kv->storage = li_aligned_alloc(data_bytes);
+    memset(kv->storage, 0, data_bytes);
+    /* 8-bit dtypes: one f32 scale per (slot, kv head) for K and for V,
+     * (n_layer, 2, num_blocks, block_size, n_head_kv); zero = an empty row */
+    size_t scales_one = 0;
+    if (li_kv_dtype_has_scales(dtype)) {
+        scales_one = (size_t)num_blocks * block_size * hp->n_head_kv;
+        kv->scales = li_xcalloc(scales_one * 2 * hp->n_layer, sizeof(float));
+    }
+    kv->bytes = data_bytes + scales_one * 2 * hp->n_layer * sizeof(float);
     kv->layers = li_xcalloc((size_t)hp->n_layer, sizeof *kv->layers);
     for (int l = 0; l < hp->n_layer; l++) {
         kv->layers[l].dtype = dtype;
         kv->layers[l].k = (char *)kv->storage + per_layer_one * (2 * (size_t)l);
         kv->layers[l].v = (char *)kv->storage + per_layer_one * (2 * (size_t)l + 1);
+        if (kv->scales) {
+            kv->layers[l].k_scale = kv->scales + scales_one * (2 * (size_t)l);
+            kv->layers[l].v_scale = kv->scales + scales_one * (2 * (size_t)l + 1);
+        }
     }
     kv->refcount = li_xcalloc((size_t)num_blocks, sizeof(int32_t));
     kv->free_list = li_xmalloc((size_t)num_blocks * sizeof(int32_t));

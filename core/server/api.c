@@ -1113,9 +1113,15 @@ void li_api_pack_stats(li_server *srv, msgpack_packer *pk) {
     KV("time_policy_s", msgpack_pack_double, st->time_policy);
     KV("busy_s", msgpack_pack_double, snap.busy_seconds);
     li_mp_pack_str(pk, "policy");
-    msgpack_pack_map(pk, 6);
+    msgpack_pack_map(pk, 11);
     li_mp_pack_str(pk, "name");
     li_mp_pack_str(pk, snap.policy[0] ? snap.policy : "none");
+    li_mp_pack_str(pk, "kind");
+    li_mp_pack_str(pk, snap.policy_kind[0] ? snap.policy_kind : "builtin");
+    KV("host_calls", msgpack_pack_int64, snap.host_calls);
+    KV("host_timeouts", msgpack_pack_int64, snap.host_timeouts);
+    KV("host_crashes", msgpack_pack_int64, snap.host_crashes);
+    KV("host_restarts", msgpack_pack_int64, snap.host_restarts);
     KV("errors", msgpack_pack_int64, st->policy_errors);
     KV("fallback_steps", msgpack_pack_int64, st->fallback_steps);
     KV("plans_trimmed", msgpack_pack_int64, st->plans_trimmed);

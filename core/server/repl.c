@@ -331,6 +331,7 @@ int li_cmd_repl(int argc, char **argv) {
     if (help) {
         li_args_usage("repl", "[POLICY.lua] [options]", opts, n_opts);
         printf("\nA LuaJIT prompt with a live engine bound as `engine` (or `server` with --connect).\n"
+               "The policy defaults to policies/default.lua, as for serve.\n"
                "Type help() inside. History: $LUAINFER_HISTORY, else ~/.luainfer_history.\n");
         return 0;
     }
@@ -340,7 +341,8 @@ int li_cmd_repl(int argc, char **argv) {
     li_lua_preload_net(L);
     lua_createtable(L, 0, 8);
     if (model) lua_pushstring(L, model), lua_setfield(L, -2, "model");
-    if (pos[0]) lua_pushstring(L, pos[0]), lua_setfield(L, -2, "policy");
+    const char *policy = pos[0] ? pos[0] : li_server_default_policy();
+    if (policy) lua_pushstring(L, policy), lua_setfield(L, -2, "policy");
     if (connect) lua_pushstring(L, connect), lua_setfield(L, -2, "connect");
     if (auth) lua_pushstring(L, auth), lua_setfield(L, -2, "auth_token");
     if (threads > 0) lua_pushnumber(L, (lua_Number)threads), lua_setfield(L, -2, "threads");

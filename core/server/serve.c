@@ -150,7 +150,7 @@ static int parse_bytes(const char *s, size_t *out, li_error *err) {
     return 0;
 }
 
-static const char *default_policy(void) {
+const char *li_server_default_policy(void) {
     static char path[4096];
     struct stat st;
     if (stat("policies/default.lua", &st) == 0) return "policies/default.lua";
@@ -246,11 +246,12 @@ int li_cmd_serve(int argc, char **argv) {
     srv.auth_token = o.auth_token && *o.auth_token ? o.auth_token : NULL;
 
     /* the policy first: its config table may set engine defaults */
-    const char *policy_path = pos[0] ? pos[0] : default_policy();
+    const char *policy_path = pos[0] ? pos[0] : li_server_default_policy();
     if (policy_path) {
         if (!strcmp(o.isolation, "process")) {
 #ifdef LI_HAVE_POLICY_PROC
-            rc = li_policy_proc_open(&policy, policy_path, NULL, &err);
+            li_policy_proc_opts po = {.lua = {.allow_unsafe = o.policy_unsafe}};
+            rc = li_policy_proc_open(&policy, policy_path, &po, &err);
 #else
             rc = li_error_set(&err, LI_EUNSUP, "--policy-isolation process is not available in this build");
 #endif

@@ -246,7 +246,10 @@ typedef struct li_engine_snapshot {
     double busy_seconds;     /* wall time inside steps */
     li_hist step_time;
     char policy[256];
+    char policy_kind[16];    /* "lua", "process", "builtin" */
     int64_t policy_reloads, policy_reload_errors;
+    /* --policy-isolation process: the host's round trips */
+    int64_t host_calls, host_timeouts, host_crashes, host_restarts;
 } li_engine_snapshot;
 
 typedef struct li_engine_thread li_engine_thread;
@@ -318,6 +321,9 @@ typedef struct li_server_limits {
 } li_server_limits;
 
 void li_server_limits_default(li_server_limits *l);
+/* policies/default.lua in the working directory, else in the source tree;
+ * NULL when neither exists. */
+const char *li_server_default_policy(void);
 
 typedef struct li_metrics {
     uint64_t requests_by_reason[5];     /* stop, length, cancelled, error, rejected */

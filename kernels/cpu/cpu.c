@@ -14,6 +14,7 @@
 #define _GNU_SOURCE
 #include "util/common.h"
 #include "cpu/cpu_kernels.h"
+#include "cpu/kv_kernels.h"
 #include "cpu/threadpool.h"
 
 #include <math.h>
@@ -84,20 +85,34 @@ static int cpus_online(void) {
 
 /* ------------------------------------------------------------------------
  * matmul
+ *
+ * Work items are (a run of weight panels, a tile of activation rows); every
+ * output is computed whole by one kernel call, with the same arithmetic
+ * whatever the tile, so neither n nor the thread split changes a bit of it.
  * ---------------------------------------------------------------------- */
+
+#define LI_CPU_MAX_LANES 64
+#ifndef MATMUL_WARM_BYTES
+#define MATMUL_WARM_BYTES 16384
+#endif
 
 typedef struct {
     const li_cpu_kernels *kern;
     const li_weight *w;
+    const li_cpu_packed *pw; /* panels, or NULL: the scalar kernels on w->data */
     const float *x;        /* (n, k) */
     float *y;              /* (n, m) */
     int64_t n;
     li_type at;            /* activation type: Q8_0, Q8_1, or F32 for float weights */
     void *act;             /* (n) packed rows of act_stride bytes */
     size_t act_stride;
-    int64_t tile_m, tile_n, n_tiles_m, n_tiles;
+    int64_t units;         /* panels (packed) or weight rows */
+    int64_t chunk, tile_n, n_chunks, n_items;
+    int n_lanes;           /* the items split into this many contiguous runs */
+    const uint8_t *next_data; /* the next weight's panels, to warm up (or NULL) */
+    size_t next_bytes;
     atomic_long next_row;  /* next activation row to quantize */
-    atomic_long next;      /* next tile to take */
+    atomic_long next[LI_CPU_MAX_LANES]; /* next item of each lane */
 } matmul_job;
 
 static void matmul_quantize(void *p, int ith, int nth) {
@@ -110,41 +125,65 @@ static void matmul_quantize(void *p, int ith, int nth) {
     }
 }
 
-static void matmul_tiles(void *p, int ith, int nth) {
-    matmul_job *j = p;
+static void matmul_item(const matmul_job *j, int64_t t) {
     const li_weight *w = j->w;
-    for (;;) {
-        const int64_t t = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
-        if (t >= j->n_tiles) break;
-        const int64_t i0 = (t % j->n_tiles_m) * j->tile_m, r0 = (t / j->n_tiles_m) * j->tile_n;
-        const int64_t mi = LI_MIN(j->tile_m, w->m - i0), nr = LI_MIN(j->tile_n, j->n - r0);
-        const char *wrows = (const char *)w->data + i0 * w->row_bytes;
-        float *y = j->y + r0 * w->m + i0;
-        if (j->at == LI_TYPE_F32)
-            j->kern->gemm_f(w->type, w->k, wrows, w->row_bytes, mi, j->x + r0 * w->k, w->k, nr, y, w->m);
-        else
-            j->kern->gemm_q(w->type, w->k, wrows, w->row_bytes, mi, (const char *)j->act + r0 * j->act_stride,
-                            j->act_stride, nr, y, w->m);
+    const int64_t u0 = (t % j->n_chunks) * j->chunk, r0 = (t / j->n_chunks) * j->tile_n;
+    const int64_t u1 = LI_MIN(u0 + j->chunk, j->units), nr = LI_MIN(j->tile_n, j->n - r0);
+    float *y = j->y + r0 * w->m;
+    const char *act = (const char *)j->act + r0 * j->act_stride;
+    if (j->pw) {
+        if (j->at == LI_TYPE_F32) j->kern->gemm_f_packed(j->pw, u0, u1, j->x + r0 * w->k, w->k, nr, y, w->m);
+        else j->kern->gemm_q_packed(j->pw, u0, u1, act, j->act_stride, nr, y, w->m);
+        return;
     }
+    const char *wrows = (const char *)w->data + u0 * w->row_bytes;
+    if (j->at == LI_TYPE_F32)
+        li_cpu_kernels_scalar.gemm_f(w->type, w->k, wrows, w->row_bytes, u1 - u0, j->x + r0 * w->k, w->k, nr, y + u0,
+                                     w->m);
+    else
+        li_cpu_kernels_scalar.gemm_q(w->type, w->k, wrows, w->row_bytes, u1 - u0, act, j->act_stride, nr, y + u0,
+                                     w->m);
 }
 
-/* Tile shape: a weight tile small enough to stay in L1/L2 while a block of
- * activation rows sweeps over it, and enough tiles to balance the threads. */
+/* Thread ith works through lane ith first, front to back, then helps the
+ * others: each thread streams one contiguous run of weights (what the
+ * hardware prefetcher follows best), and a thread that never shows up only
+ * means the others drain its lane. */
+static void matmul_work(void *p, int ith, int nth) {
+    matmul_job *j = p;
+    const int L = j->n_lanes;
+    for (int d = 0; d < L; d++) {
+        const int lane = (ith + d) % L;
+        const int64_t end = j->n_items * (lane + 1) / L;
+        for (;;) {
+            const int64_t t = atomic_fetch_add_explicit(&j->next[lane], 1, memory_order_relaxed);
+            if (t >= end) break;
+            matmul_item(j, t);
+        }
+    }
+    /* Decode streams every weight from memory once per token, and each
+     * matmul would start with cold misses: prefetch (into L2) the start of
+     * the part of the next weight this thread will likely take. */
+    if (j->next_data && ith < L)
+        for (size_t o = 0; o < MATMUL_WARM_BYTES; o += 64)
+            __builtin_prefetch((const char *)j->next_data + j->next_bytes * (size_t)ith / (size_t)L + o, 0, 2);
+}
+
+/* Item shape: activation tiles of up to 64 rows (they stay in L2 while the
+ * weight panels stream past), and enough items for every thread to take
+ * several, so one slowed down by another process just takes fewer. */
 static void matmul_plan(matmul_job *j, int nth) {
-    const int64_t m = j->w->m, n = j->n;
-    const size_t row_bytes = j->w->row_bytes ? j->w->row_bytes : 1;
+    const int64_t n = j->n;
     j->tile_n = n <= 64 ? n : 64;
-    int64_t tm = (int64_t)(32768 / row_bytes); /* ~32 KiB of weights */
-    tm = LI_MAX(tm, 4);
     const int64_t n_tn = (n + j->tile_n - 1) / j->tile_n;
-    /* at least ~4 tiles per thread when there are few activation blocks */
-    const int64_t want = (int64_t)nth * 4;
-    if (n_tn * ((m + tm - 1) / tm) < want) tm = LI_MAX((m * n_tn + want - 1) / want, 4);
-    tm = (tm + 3) & ~(int64_t)3;
-    j->tile_m = LI_MIN(tm, m);
-    j->n_tiles_m = (m + j->tile_m - 1) / j->tile_m;
-    j->n_tiles = j->n_tiles_m * n_tn;
-    atomic_init(&j->next, 0);
+    const int64_t want = (int64_t)nth * 8;
+    int64_t chunk = (j->units * n_tn + want - 1) / want;
+    if (!j->pw) chunk = (chunk + 3) & ~(int64_t)3;
+    j->chunk = LI_MAX(LI_MIN(chunk, j->units), 1);
+    j->n_chunks = (j->units + j->chunk - 1) / j->chunk;
+    j->n_items = j->n_chunks * n_tn;
+    j->n_lanes = (int)LI_MIN((int64_t)LI_MIN(nth, LI_CPU_MAX_LANES), j->n_items);
+    for (int l = 0; l < j->n_lanes; l++) atomic_init(&j->next[l], j->n_items * l / j->n_lanes);
 }
 
 static void cpu_matmul(li_backend *be, const li_weight *w, const float *x, float *y, int64_t n) {
@@ -158,10 +197,16 @@ static void cpu_matmul(li_backend *be, const li_weight *w, const float *x, float
         return;
     }
     matmul_job j = {.kern = c->kern, .w = w, .x = x, .y = y, .n = n, .at = at};
+    j.pw = c->kern->gemm_q_packed ? li_cpu_packed_of(w) : NULL;
+    j.units = j.pw ? j.pw->n_panels : w->m;
+    if (j.pw && n <= 8) { /* memory-bound: warm up the next weight */
+        li_cpu_packed_next(j.pw, &j.next_data, &j.next_bytes);
+        if (!j.next_bytes) j.next_data = NULL;
+    }
     const int64_t work = w->m * n * w->k;
     int nth = work < 65536 ? 1 : c->n_threads; /* tiny products: not worth a wake-up */
     if (at != LI_TYPE_F32) {
-        j.act_stride = li_qact_row_bytes(at, w->k);
+        j.act_stride = li_qact_row_bytes(w->k);
         const size_t need = j.act_stride * (size_t)n;
         if (need > c->act_cap) {
             li_aligned_free(c->act);
@@ -170,11 +215,21 @@ static void cpu_matmul(li_backend *be, const li_weight *w, const float *x, float
         }
         j.act = c->act;
         atomic_init(&j.next_row, 0);
-        li_threadpool_run(c->tp, matmul_quantize, &j, n >= 4 ? nth : 1);
+        li_threadpool_run(c->tp, matmul_quantize, &j, n >= 8 ? nth : 1);
     }
     matmul_plan(&j, nth);
-    li_threadpool_run(c->tp, matmul_tiles, &j, (int)LI_MIN((int64_t)nth, j.n_tiles));
+    li_threadpool_run(c->tp, matmul_work, &j, (int)LI_MIN((int64_t)nth, j.n_items));
 }
+
+static int cpu_weight_prepare(li_backend *be, li_weight *w) {
+    const li_cpu *c = cpu_of(be);
+    if (!c->kern->gemm_q_packed || !li_cpu_pack_supported(w->type) || li_cpu_packed_of(w)) return 0;
+    if (w->packed) return 0; /* another backend's layout: leave it */
+    const int rc = li_cpu_pack(w);
+    return rc == LI_EUNSUP ? 0 : rc; /* odd shapes keep the row path */
+}
+
+static void cpu_weight_release(li_backend *be, li_weight *w) { li_cpu_pack_free(w); }
 
 /* ------------------------------------------------------------------------
  * attention and silu
@@ -183,6 +238,7 @@ static void cpu_matmul(li_backend *be, const li_weight *w, const float *x, float
 typedef struct {
     const li_cpu_kernels *kern;
     const li_attn_args *a;
+    li_kv8_attn_head_fn attn_head; /* kern->attn_head, or the 8-bit KV one (kv_kernels.h) */
     float **scores;
     atomic_long next;      /* next (token, head) pair */
 } attn_job;
@@ -194,7 +250,7 @@ static void attn_work(void *p, int ith, int nth) {
     for (;;) {
         const int64_t t = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
         if (t >= total) break;
-        j->kern->attn_head(a, t / a->n_head, (int)(t % a->n_head), j->scores[ith]);
+        j->attn_head(a, t / a->n_head, (int)(t % a->n_head), j->scores[ith]);
     }
 }
 
@@ -213,7 +269,8 @@ static void cpu_attention(li_backend *be, const li_attn_args *a) {
         }
         c->scores_cap = cap;
     }
-    attn_job j = {.kern = c->kern, .a = a, .scores = c->scores};
+    attn_job j = {.kern = c->kern, .a = a, .scores = c->scores,
+                  .attn_head = li_kv_is_8bit(a->kv->dtype) ? li_kv8_attn_head_for(c->kern->isa) : c->kern->attn_head};
     atomic_init(&j.next, 0);
     work *= (int64_t)a->n_head * a->head_dim;
     li_threadpool_run(c->tp, attn_work, &j, work < 32768 ? 1 : c->n_threads);
@@ -248,7 +305,13 @@ static void cpu_silu_mul(li_backend *be, float *g, const float *u, int64_t n, in
  * ---------------------------------------------------------------------- */
 
 static void cpu_get_rows(li_backend *be, const li_weight *w, const int32_t *ids, int64_t n, float *out) {
-    li_backend_ref_ops()->get_rows(be, w, ids, n, out);
+    const li_cpu_packed *pw = li_cpu_packed_of(w);
+    if (!pw) {
+        li_backend_ref_ops()->get_rows(be, w, ids, n, out);
+        return;
+    }
+    /* the original rows' pages were let go after packing: read the panels */
+    for (int64_t r = 0; r < n; r++) li_cpu_packed_get_row(pw, ids[r], out + r * w->k);
 }
 
 static void cpu_rmsnorm(li_backend *be, const float *x, const float *w, float *y, int64_t n, int64_t dim,
@@ -288,6 +351,10 @@ static void cpu_add(li_backend *be, float *y, const float *x, int64_t n) {
 
 static void cpu_kv_store(li_backend *be, const li_kv_layer *kv, const float *k, const float *v, const int64_t *slot,
                          int64_t n_tokens, int n_head_kv, int head_dim) {
+    if (li_kv_is_8bit(kv->dtype)) { /* FP8 / INT8: quantize with this ISA (same bytes as the reference) */
+        li_kv8_store_for(cpu_of(be)->kern->isa)(kv, k, v, slot, n_tokens, n_head_kv, head_dim);
+        return;
+    }
     li_backend_ref_ops()->kv_store(be, kv, k, v, slot, n_tokens, n_head_kv, head_dim);
 }
 
@@ -301,8 +368,8 @@ static const li_backend_ops cpu_ops = {
     .add = cpu_add,
     .kv_store = cpu_kv_store,
     .attention = cpu_attention,
-    .weight_prepare = NULL,
-    .weight_release = NULL,
+    .weight_prepare = cpu_weight_prepare,
+    .weight_release = cpu_weight_release,
 };
 
 /* ------------------------------------------------------------------------

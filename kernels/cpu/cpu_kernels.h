@@ -3,43 +3,111 @@
  * Internal to kernels/cpu: each ISA file (ops_scalar.c, ops_avx2.c,
  * ops_avx512.c) fills one li_cpu_kernels table; cpu.c picks one by CPUID and
  * splits the work over threads. Every entry is checked against the scalar
- * reference (ops_ref.c, quant_ref.c) by tests/unit/test_kernels.c. */
+ * reference (ops_ref.c, quant_ref.c) by tests/unit/test_kernels.c.
+ *
+ * Batch invariance. A row's matmul result must not depend on how many rows
+ * are in the call, where the row sits in a register block, or how the work
+ * is split over threads (a sequence's logits are the same alone or batched).
+ * The matmul kernels get it the simplest way: every ISA computes each output
+ * with exactly the reference's float operations in the reference's order
+ * (per block, in block order; integer dot products are exact), so every
+ * path is bit-identical to li_backend_ref_ops(). The SIMD kernels get their
+ * width from the weight rows instead: one vector lane per weight row, 16
+ * rows at a time, over a repacked ("panel") layout, see below. */
 #ifndef LI_CPU_KERNELS_H
 #define LI_CPU_KERNELS_H
 
 #include "backend.h"
 
+#include <stdatomic.h>
+
 /* ---- packed quantized activations ----
  * matmul quantizes each activation row once (to the weight's vec_dot type,
  * Q8_0 or Q8_1, bit-identical to the ggml blocks) and stores it unpacked so
- * SIMD loads need no gathers:
+ * SIMD loads need no gathers; per row, nb = k/32 blocks:
  *
- *   int8_t qs[k]               the quants, contiguous   (offset 0)
- *   float  d8[k/32][8]         block scale (fp16-rounded), 8 copies: one
- *                              load gives a per-lane scale vector (offset li_qact_qs_bytes(k))
- *   float  s8[k/32][8]         Q8_1 only: block s = d*sum(q) (fp16-rounded)
- *                              in lane 0, zeros in 1..7, so a lane sum adds it once
+ *   int8_t  qs[k]     the quants, contiguous           (offset 0, padded to 64)
+ *   float   d[nb]     block scale (fp16-rounded)        li_qact_d()
+ *   float   s[nb]     Q8_1: block s = d*sum(q) (fp16-rounded)   li_qact_s()
+ *   int32_t sum[nb]   sum(q) of the block (Q4_0 and Q8_0 weights are
+ *                     multiplied as unsigned q+8 / q+128 and corrected by
+ *                     -8*sum, -128*sum: exact integers)      li_qact_sum()
  *
- * Row stride li_qact_row_bytes(type, k) is a multiple of 64. */
+ * Row stride li_qact_row_bytes(k) is a multiple of 64. */
 static inline size_t li_qact_qs_bytes(int64_t k) { return ((size_t)k + 63) & ~(size_t)63; }
-static inline size_t li_qact_row_bytes(li_type act_type, int64_t k) {
-    size_t nb = (size_t)k / 32;
-    return li_qact_qs_bytes(k) + nb * 32 * (act_type == LI_TYPE_Q8_1 ? 2 : 1);
+static inline size_t li_qact_row_bytes(int64_t k) {
+    return (li_qact_qs_bytes(k) + (size_t)(k / 32) * 12 + 63) & ~(size_t)63;
 }
-static inline float *li_qact_d8(void *row, int64_t k) { return (float *)((char *)row + li_qact_qs_bytes(k)); }
-static inline float *li_qact_s8(void *row, int64_t k) { return li_qact_d8(row, k) + (k / 32) * 8; }
+static inline float *li_qact_d(void *row, int64_t k) { return (float *)((char *)row + li_qact_qs_bytes(k)); }
+static inline float *li_qact_s(void *row, int64_t k) { return li_qact_d(row, k) + k / 32; }
+static inline int32_t *li_qact_sum(void *row, int64_t k) { return (int32_t *)(li_qact_s(row, k) + k / 32); }
+
+/* ---- packed weights (repack.c) ----
+ * weight_prepare copies a weight into panels of LI_PANEL = 16 rows, so one
+ * 64-byte load holds the same 4 bytes of 16 rows (one per 32-bit lane) and
+ * a vpdpbusd with a broadcast activation word does 4 multiply-adds per row.
+ * The last panel is padded with zero rows. Panel p, quantized (nb blocks):
+ *
+ *   qs  [nb][QS]       Q4_0/Q4_1: QS = 256: 4 chunks of 64 bytes; chunk t,
+ *                      lane l = bytes 4t..4t+3 of row l's block qs, so the
+ *                      low nibbles are elements 4t.., the high ones 16+4t..
+ *                      Q8_0: QS = 512: 8 chunks, chunk t lane l = elements
+ *                      4t..4t+3 of row l, stored as q+128 (unsigned)
+ *   d   [nb][16]       fp16 scale of each row's block
+ *   m   [nb][16]       Q4_1 only: fp16 min of each row's block
+ *
+ * float (F32, F16, BF16): [k][16] elements, lane l = row l.
+ * AVX2 reads the same panels as two halves of 8 lanes. */
+#define LI_PANEL 16
+#define LI_PACKED_MAGIC 0x4c49504b43505531ull /* "LIPKCPU1" */
+
+typedef struct li_cpu_packed {
+    uint64_t magic;
+    li_type type;
+    int64_t k, m;
+    int64_t nb;            /* blocks per row (quantized), else 0 */
+    int64_t n_panels;      /* ceil(m / 16) */
+    size_t qs_bytes;       /* per block: 256 (Q4), 512 (Q8_0); float: element size */
+    size_t panel_bytes;    /* multiple of 64 */
+    uint8_t *data;         /* (n_panels, panel_bytes), 64-byte aligned */
+    void *chunk;           /* the arena chunk holding data (repack.c) */
+} li_cpu_packed;
+
+/* The packed form of w, or NULL when w was not prepared by a CPU backend. */
+static inline const li_cpu_packed *li_cpu_packed_of(const li_weight *w) {
+    const li_cpu_packed *p = w->packed;
+    return p && p->magic == LI_PACKED_MAGIC ? p : NULL;
+}
+/* true for the types repack.c packs: Q4_0, Q4_1, Q8_0, F32, F16, BF16 */
+bool li_cpu_pack_supported(li_type t);
+/* Builds w's panels (0, or LI_ENOMEM / LI_EUNSUP); li_cpu_pack_free undoes it. */
+int li_cpu_pack(li_weight *w);
+void li_cpu_pack_free(li_weight *w);
+/* The panels packed right after p's (the next weight the forward pass
+ * uses), as *bytes at *data; *bytes = 0 when none. Only for prefetching. */
+void li_cpu_packed_next(const li_cpu_packed *p, const uint8_t **data, size_t *bytes);
+/* Row `row` of a packed weight, dequantized exactly as the type's to_float. */
+void li_cpu_packed_get_row(const li_cpu_packed *p, int64_t row, float *out);
 
 typedef struct li_cpu_kernels {
     const char *isa;
     /* x(k) -> one packed activation row; act_type Q8_0 or Q8_1, k % 32 == 0 */
     void (*quantize_act)(li_type act_type, const float *x, void *dst, int64_t k);
-    /* y[r*ldy + i] = W_i · a_r for i < m, r < n. W rows are w_stride bytes
+    /* Unpacked weights (the scalar ISA, or a weight never prepared):
+     * y[r*ldy + i] = W_i · a_r for i < m, r < n. W rows are w_stride bytes
      * apart, of type Q4_0, Q4_1 or Q8_0; act rows act_stride bytes apart */
     void (*gemm_q)(li_type w_type, int64_t k, const void *w, size_t w_stride, int64_t m, const void *act,
                    size_t act_stride, int64_t n, float *y, int64_t ldy);
     /* the same for W of type F32, F16 or BF16 and f32 activations x(n, ldx) */
     void (*gemm_f)(li_type w_type, int64_t k, const void *w, size_t w_stride, int64_t m, const float *x,
                    int64_t ldx, int64_t n, float *y, int64_t ldy);
+    /* Packed weights, panels [p0, p1) against n activation rows: writes
+     * y[r*ldy + i] for the rows i < m of those panels. NULL: no packed path
+     * (cpu.c then uses gemm_q / gemm_f on the original rows). */
+    void (*gemm_q_packed)(const li_cpu_packed *w, int64_t p0, int64_t p1, const void *act, size_t act_stride,
+                          int64_t n, float *y, int64_t ldy);
+    void (*gemm_f_packed)(const li_cpu_packed *w, int64_t p0, int64_t p1, const float *x, int64_t ldx, int64_t n,
+                          float *y, int64_t ldy);
     /* attention output of token i, head h; scores: scratch of pos[i]+1 floats */
     void (*attn_head)(const li_attn_args *a, int64_t i, int h, float *scores);
     /* g(n) = silu(g) * u */

@@ -1,26 +1,16 @@
 /* ops_avx2.c — the CPU kernels for AVX2 + FMA + F16C.
  *
  * Compiled with -mavx2 -mfma -mf16c; cpu.c calls in only after CPUID says
- * yes. One 32-element block per 256-bit vector. The integer block dot is
- * vpmaddubsw (u8 x s8 -> pairs of s16) then vpmaddwd with ones (-> s32):
- * Q4_1 nibbles are unsigned as they are; for Q4_0 (q-8) and Q8_0 the sign
- * of w moves onto the activation (|w| x sign(w)*a). No overflow: a pair sum
- * is at most 2 x 128 x 127 < 32768. Each pass over a weight row serves up to
- * 4 activation rows. */
+ * yes. Matmul reads the packed weight panels (cpu_kernels.h) 8 lanes at a
+ * time and is bit-identical to the reference, like the AVX-512 kernels;
+ * attention and silu use FMA and a SIMD exp (the same arithmetic for a token
+ * whatever else is in the batch). */
 #include "util/common.h"
 #include "cpu/cpu_kernels.h"
 
 #include <immintrin.h>
 #include <math.h>
 #include <string.h>
-
-#define NR 4 /* activation rows per weight-row pass */
-
-static inline uint16_t load_u16(const void *p) {
-    uint16_t v;
-    memcpy(&v, p, 2);
-    return v;
-}
 
 static inline float hsum256(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -82,7 +72,8 @@ static inline __m256i tail_mask(int64_t n) {
 
 static void avx2_quantize_act(li_type at, const float *x, void *dst, int64_t k) {
     int8_t *qs = dst;
-    float *d8 = li_qact_d8(dst, k), *s8 = li_qact_s8(dst, k);
+    float *dd = li_qact_d(dst, k), *ss = li_qact_s(dst, k);
+    int32_t *sum = li_qact_sum(dst, k);
     const __m256 absm = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
     for (int64_t b = 0; b < k / 32; b++) {
         __m256 v[4], m = _mm256_setzero_ps();
@@ -101,106 +92,192 @@ static void avx2_quantize_act(li_type at, const float *x, void *dst, int64_t k) 
         __m256i p8 = _mm256_packs_epi16(p16, p16b);
         p8 = _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
         _mm256_storeu_si256((__m256i *)(qs + b * 32), p8);
-        _mm256_storeu_ps(d8 + b * 8, _mm256_set1_ps(_cvtsh_ss(_cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT))));
-        if (at == LI_TYPE_Q8_1) {
-            const __m256i s4 = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
-            const float s = _cvtsh_ss(_cvtss_sh((float)hsum256_epi32(s4) * d, _MM_FROUND_TO_NEAREST_INT));
-            _mm256_storeu_ps(s8 + b * 8, _mm256_setr_ps(s, 0, 0, 0, 0, 0, 0, 0));
-        }
+        dd[b] = _cvtsh_ss(_cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT));
+        const __m256i s4 = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+        const int s = hsum256_epi32(s4);
+        sum[b] = s;
+        ss[b] = at == LI_TYPE_Q8_1 ? _cvtsh_ss(_cvtss_sh((float)s * d, _MM_FROUND_TO_NEAREST_INT)) : 0.0f;
     }
 }
 
 /* ------------------------------------------------------------------------
- * quantized GEMM
+ * quantized GEMM on panels
+ *
+ * The AVX-512 kernel's scheme (see ops_avx512.c) on 8 lanes: a 16-row panel
+ * is two halves, lanes 0-7 and 8-15 (the low and high 32 bytes of each
+ * 64-byte chunk). Without VNNI the 4-byte dot per lane is vpmaddubsw
+ * (u8 x s8 -> s16 pairs) then vpmaddwd by ones (-> s32). Q4 nibbles are
+ * unsigned and a pair sum stays below 2 x 15 x 127; Q8_0 (stored q+128)
+ * would overflow s16, so it is turned back into signed q and its sign moved
+ * onto the activation: |q| x sign(q)*a, at most 2 x 128 x 127 < 32768.
+ * The float steps are the reference's, in its order: bit-identical.
  * ---------------------------------------------------------------------- */
 
-static inline size_t block_bytes(li_type t) {
-    return t == LI_TYPE_Q4_0 ? sizeof(li_block_q4_0) : t == LI_TYPE_Q4_1 ? sizeof(li_block_q4_1) : sizeof(li_block_q8_0);
+#define NR 2 /* activation rows per pass over a half panel */
+
+static inline __m256i bcast32(const int8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm256_set1_epi32(v);
 }
 
-/* The 32 weights of the block at p as int8, in element order: Q4_0 q-8,
- * Q4_1 q, Q8_0 q. */
-static inline __m256i load_w(li_type t, const char *p) {
-    if (t == LI_TYPE_Q8_0) return _mm256_loadu_si256((const __m256i *)(p + 2));
-    const __m128i q = _mm_loadu_si128((const __m128i *)(p + (t == LI_TYPE_Q4_0 ? 2 : 4)));
-    __m256i z = _mm256_inserti128_si256(_mm256_castsi128_si256(q), _mm_srli_epi16(q, 4), 1);
-    z = _mm256_and_si256(z, _mm256_set1_epi8(0x0f));
-    if (t == LI_TYPE_Q4_0) z = _mm256_sub_epi8(z, _mm256_set1_epi8(8));
-    return z;
+/* y[0..rows) (rows <= 8) from the lanes of v */
+static inline void store_rows(float *y, __m256 v, int rows) {
+    if (rows >= 8) _mm256_storeu_ps(y, v);
+    else _mm256_maskstore_ps(y, tail_mask(rows), v);
 }
 
-static inline __attribute__((always_inline)) void gemm_q_rows(li_type t, int nr, int64_t k, const char *w,
-                                                              size_t w_stride, int64_t m, const char *act,
-                                                              size_t act_stride, float *y, int64_t ldy) {
-    const size_t bs = block_bytes(t);
-    const int64_t nb = k / 32;
-    const size_t d8off = li_qact_qs_bytes(k), s8off = d8off + (size_t)nb * 32;
+static inline __attribute__((always_inline)) __m256i dot4(li_type t, __m256i acc, __m256i w, __m256i a) {
     const __m256i ones = _mm256_set1_epi16(1);
-    for (int64_t i = 0; i < m; i++) {
-        const char *wr = w + i * w_stride;
-        /* acc: d_w*d_a*sum(q_w*q_a); accm: Q4_1's m_w*s_a, a separate chain */
-        __m256 acc[NR], accm[NR];
+    if (t == LI_TYPE_Q8_0) {
+        const __m256i q = _mm256_xor_si256(w, _mm256_set1_epi8((char)0x80));
+        return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(q), _mm256_sign_epi8(a, q)), ones));
+    }
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, a), ones));
+}
+
+/* half h of a panel (lanes 8h..8h+7) x nr activation rows */
+static inline __attribute__((always_inline)) void q_half(li_type t, int nr, int64_t k, const uint8_t *panel, int h,
+                                                         const char *act, size_t as, float *y, int64_t ldy, int rows) {
+    const int64_t nb = k / 32;
+    const size_t qsb = t == LI_TYPE_Q8_0 ? 512 : 256;
+    const uint8_t *qs = panel + 32 * h, *dd = panel + nb * qsb + 16 * h, *mm = dd + nb * 32;
+    const size_t d_off = li_qact_qs_bytes(k), s_off = d_off + (size_t)nb * 4, sum_off = s_off + (size_t)nb * 4;
+    const __m256i low4 = _mm256_set1_epi8(0x0f);
+    __m256 acc[NR];
 #pragma GCC unroll 4
-        for (int r = 0; r < NR; r++) acc[r] = accm[r] = _mm256_setzero_ps();
-        for (int64_t b = 0; b < nb; b++) {
-            const char *p = wr + b * bs;
-            const __m256i wv = load_w(t, p);
-            const __m256i u = t == LI_TYPE_Q4_1 ? wv : _mm256_sign_epi8(wv, wv); /* |w| */
-            const __m256 dw = _mm256_set1_ps(_cvtsh_ss(load_u16(p)));
-            __m256 mw = _mm256_setzero_ps();
-            if (t == LI_TYPE_Q4_1) mw = _mm256_set1_ps(_cvtsh_ss(load_u16(p + 2)));
-            /* one activation row: odd blocks go to a second accumulator so
-             * the FMA latency of one block overlaps the next */
-            const int alt = nr == 1 ? (int)(b & 1) : 0;
+    for (int r = 0; r < nr; r++) acc[r] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *q = qs + b * qsb;
+        __m256i w[8];
+        if (t == LI_TYPE_Q8_0) {
+#pragma GCC unroll 8
+            for (int c = 0; c < 8; c++) w[c] = _mm256_load_si256((const __m256i *)(q + 64 * c));
+        } else {
 #pragma GCC unroll 4
-            for (int r = 0; r < nr; r++) {
-                const char *ar = act + r * act_stride;
-                __m256i a = _mm256_loadu_si256((const __m256i *)(ar + b * 32));
-                if (t != LI_TYPE_Q4_1) a = _mm256_sign_epi8(a, wv);
-                const __m256i dp = _mm256_madd_epi16(_mm256_maddubs_epi16(u, a), ones);
-                const __m256 da = _mm256_loadu_ps((const float *)(ar + d8off) + b * 8);
-                acc[r + alt] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dp), _mm256_mul_ps(dw, da), acc[r + alt]);
-                if (t == LI_TYPE_Q4_1)
-                    accm[r] = _mm256_fmadd_ps(mw, _mm256_loadu_ps((const float *)(ar + s8off) + b * 8), accm[r]);
+            for (int c = 0; c < 4; c++) {
+                const __m256i raw = _mm256_load_si256((const __m256i *)(q + 64 * c));
+                w[2 * c] = _mm256_and_si256(raw, low4);
+                w[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
             }
         }
-        if (nr == 1) acc[0] = _mm256_add_ps(acc[0], acc[1]);
+        const __m256 dw = _mm256_cvtph_ps(_mm_load_si128((const __m128i *)(dd + b * 32)));
+        __m256 mw = _mm256_setzero_ps();
+        if (t == LI_TYPE_Q4_1) mw = _mm256_cvtph_ps(_mm_load_si128((const __m128i *)(mm + b * 32)));
 #pragma GCC unroll 4
-        for (int r = 0; r < nr; r++) y[r * ldy + i] = hsum256(_mm256_add_ps(acc[r], accm[r]));
+        for (int r = 0; r < nr; r++) {
+            const char *a = act + r * as;
+            const int8_t *aq = (const int8_t *)a + b * 32;
+            const int32_t asum = ((const int32_t *)(a + sum_off))[b];
+            __m256i i0 = t == LI_TYPE_Q4_0 ? _mm256_set1_epi32(-8 * asum) : _mm256_setzero_si256();
+            __m256i i1 = _mm256_setzero_si256();
+            if (t == LI_TYPE_Q8_0) {
+#pragma GCC unroll 4
+                for (int c = 0; c < 8; c += 2) {
+                    i0 = dot4(t, i0, w[c], bcast32(aq + 4 * c));
+                    i1 = dot4(t, i1, w[c + 1], bcast32(aq + 4 * c + 4));
+                }
+            } else {
+#pragma GCC unroll 4
+                for (int c = 0; c < 4; c++) {
+                    i0 = dot4(t, i0, w[2 * c], bcast32(aq + 4 * c));
+                    i1 = dot4(t, i1, w[2 * c + 1], bcast32(aq + 16 + 4 * c));
+                }
+            }
+            const __m256 isum = _mm256_cvtepi32_ps(_mm256_add_epi32(i0, i1));
+            const __m256 dwa = _mm256_mul_ps(dw, _mm256_set1_ps(((const float *)(a + d_off))[b]));
+            __m256 term = _mm256_mul_ps(dwa, isum);
+            if (t == LI_TYPE_Q4_1)
+                term = _mm256_add_ps(term, _mm256_mul_ps(mw, _mm256_set1_ps(((const float *)(a + s_off))[b])));
+            acc[r] = _mm256_add_ps(acc[r], term);
+        }
     }
+#pragma GCC unroll 4
+    for (int r = 0; r < nr; r++) store_rows(y + r * ldy, acc[r], rows);
 }
 
-#define GEMM_Q_TYPE(T, name)                                                                                   \
-    static void name(int nr, int64_t k, const char *w, size_t ws, int64_t m, const char *act, size_t as,     \
-                     float *y, int64_t ldy) {                                                                \
-        switch (nr) {                                                                                        \
-        case 4: gemm_q_rows(T, 4, k, w, ws, m, act, as, y, ldy); break;                                      \
-        case 3: gemm_q_rows(T, 3, k, w, ws, m, act, as, y, ldy); break;                                      \
-        case 2: gemm_q_rows(T, 2, k, w, ws, m, act, as, y, ldy); break;                                      \
-        default: gemm_q_rows(T, 1, k, w, ws, m, act, as, y, ldy); break;                                     \
-        }                                                                                                    \
-    }
-GEMM_Q_TYPE(LI_TYPE_Q4_0, gemm_q4_0)
-GEMM_Q_TYPE(LI_TYPE_Q4_1, gemm_q4_1)
-GEMM_Q_TYPE(LI_TYPE_Q8_0, gemm_q8_0)
-
-static void avx2_gemm_q(li_type wt, int64_t k, const void *w, size_t w_stride, int64_t m, const void *act,
-                        size_t act_stride, int64_t n, float *y, int64_t ldy) {
-    for (int64_t r0 = 0; r0 < n; r0 += NR) {
-        const int nr = (int)LI_MIN((int64_t)NR, n - r0);
-        const char *a = (const char *)act + r0 * act_stride;
-        float *yr = y + r0 * ldy;
-        switch (wt) {
-        case LI_TYPE_Q4_0: gemm_q4_0(nr, k, w, w_stride, m, a, act_stride, yr, ldy); break;
-        case LI_TYPE_Q4_1: gemm_q4_1(nr, k, w, w_stride, m, a, act_stride, yr, ldy); break;
-        default: gemm_q8_0(nr, k, w, w_stride, m, a, act_stride, yr, ldy); break;
+static inline __attribute__((always_inline)) void gemm_q_t(li_type t, const li_cpu_packed *w, int64_t p0, int64_t p1,
+                                                           const char *act, size_t as, int64_t n, float *y,
+                                                           int64_t ldy) {
+    for (int64_t p = p0; p < p1; p++) {
+        const uint8_t *panel = w->data + p * w->panel_bytes;
+        for (int h = 0; h < 2; h++) {
+            const int rows = (int)LI_MIN((int64_t)8, w->m - p * LI_PANEL - 8 * h);
+            if (rows <= 0) break;
+            float *yp = y + p * LI_PANEL + 8 * h;
+            int64_t r = 0;
+            for (; r + NR <= n; r += NR) q_half(t, NR, w->k, panel, h, act + r * as, as, yp + r * ldy, ldy, rows);
+            if (r < n) q_half(t, 1, w->k, panel, h, act + r * as, as, yp + r * ldy, ldy, rows);
         }
     }
 }
 
+static void avx2_gemm_q_packed(const li_cpu_packed *w, int64_t p0, int64_t p1, const void *act, size_t as,
+                               int64_t n, float *y, int64_t ldy) {
+    switch (w->type) {
+    case LI_TYPE_Q4_0: gemm_q_t(LI_TYPE_Q4_0, w, p0, p1, act, as, n, y, ldy); break;
+    case LI_TYPE_Q4_1: gemm_q_t(LI_TYPE_Q4_1, w, p0, p1, act, as, n, y, ldy); break;
+    default: gemm_q_t(LI_TYPE_Q8_0, w, p0, p1, act, as, n, y, ldy); break;
+    }
+}
+
 /* ------------------------------------------------------------------------
- * float GEMM (F32 / F16 / BF16 weights)
+ * float GEMM on panels: as ops_avx512.c, 8 lanes (half a panel) at a time
  * ---------------------------------------------------------------------- */
+
+/* 8 elements of an F32/F16/BF16 vector as f32 */
+static inline __m256 load8(li_type t, const void *p) {
+    switch (t) {
+    case LI_TYPE_F16: return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+    case LI_TYPE_BF16:
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+    default: return _mm256_loadu_ps((const float *)p);
+    }
+}
+
+static inline __attribute__((always_inline)) void f_half(li_type t, int nr, const li_cpu_packed *w, int64_t p, int h,
+                                                         const float *x, int64_t ldx, float *y, int64_t ldy,
+                                                         int rows) {
+    const size_t es = w->qs_bytes, step = (size_t)LI_PANEL * es;
+    const uint8_t *base = w->data + p * w->panel_bytes + 8 * h * es;
+    __m256 acc[4];
+#pragma GCC unroll 4
+    for (int r = 0; r < nr; r++) acc[r] = _mm256_setzero_ps();
+    for (int64_t j = 0; j < w->k; j++) {
+        const __m256 wv = load8(t, base + (size_t)j * step);
+#pragma GCC unroll 4
+        for (int r = 0; r < nr; r++) acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(wv, _mm256_set1_ps(x[r * ldx + j])));
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < nr; r++) store_rows(y + r * ldy + p * LI_PANEL + 8 * h, acc[r], rows);
+}
+
+static inline __attribute__((always_inline)) void gemm_f_t(li_type t, const li_cpu_packed *w, int64_t p0, int64_t p1,
+                                                           const float *x, int64_t ldx, int64_t n, float *y,
+                                                           int64_t ldy) {
+    for (int64_t p = p0; p < p1; p++)
+        for (int h = 0; h < 2; h++) {
+            const int rows = (int)LI_MIN((int64_t)8, w->m - p * LI_PANEL - 8 * h);
+            if (rows <= 0) break;
+            int64_t r = 0;
+            for (; r + 4 <= n; r += 4) f_half(t, 4, w, p, h, x + r * ldx, ldx, y + r * ldy, ldy, rows);
+            switch (n - r) {
+            case 3: f_half(t, 3, w, p, h, x + r * ldx, ldx, y + r * ldy, ldy, rows); break;
+            case 2: f_half(t, 2, w, p, h, x + r * ldx, ldx, y + r * ldy, ldy, rows); break;
+            case 1: f_half(t, 1, w, p, h, x + r * ldx, ldx, y + r * ldy, ldy, rows); break;
+            default: break;
+            }
+        }
+}
+
+static void avx2_gemm_f_packed(const li_cpu_packed *w, int64_t p0, int64_t p1, const float *x, int64_t ldx,
+                               int64_t n, float *y, int64_t ldy) {
+    switch (w->type) {
+    case LI_TYPE_F16: gemm_f_t(LI_TYPE_F16, w, p0, p1, x, ldx, n, y, ldy); break;
+    case LI_TYPE_BF16: gemm_f_t(LI_TYPE_BF16, w, p0, p1, x, ldx, n, y, ldy); break;
+    default: gemm_f_t(LI_TYPE_F32, w, p0, p1, x, ldx, n, y, ldy); break;
+    }
+}
 
 /* 8 elements j.. of an F32/F16/BF16 row as f32 */
 static inline __m256 load_f(li_type t, const void *p, int64_t j) {
@@ -210,71 +287,6 @@ static inline __m256 load_f(li_type t, const void *p, int64_t j) {
         return _mm256_castsi256_ps(_mm256_slli_epi32(
             _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + j))), 16));
     default: return _mm256_loadu_ps((const float *)p + j);
-    }
-}
-
-/* the same for the n < 8 elements left at j (no reads past them) */
-static inline __m256 load_f_tail(li_type t, const void *p, int64_t j, int64_t n) {
-    float tmp[8] = {0};
-    for (int64_t l = 0; l < n; l++) tmp[l] = li_float_load(t, p, j + l);
-    return _mm256_loadu_ps(tmp);
-}
-
-static inline __attribute__((always_inline)) void gemm_f_rows(li_type t, int nr, int64_t k, const char *w,
-                                                              size_t w_stride, int64_t m, const float *x,
-                                                              int64_t ldx, float *y, int64_t ldy) {
-    for (int64_t i = 0; i < m; i++) {
-        const char *wr = w + i * w_stride;
-        __m256 acc0[NR], acc1[NR];
-#pragma GCC unroll 4
-        for (int r = 0; r < nr; r++) acc0[r] = acc1[r] = _mm256_setzero_ps();
-        int64_t j = 0;
-        for (; j + 16 <= k; j += 16) {
-            const __m256 w0 = load_f(t, wr, j), w1 = load_f(t, wr, j + 8);
-#pragma GCC unroll 4
-            for (int r = 0; r < nr; r++) {
-                acc0[r] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + r * ldx + j), acc0[r]);
-                acc1[r] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + r * ldx + j + 8), acc1[r]);
-            }
-        }
-        for (; j < k; j += 8) {
-            const int64_t left = k - j;
-            const __m256 w0 = left >= 8 ? load_f(t, wr, j) : load_f_tail(t, wr, j, left);
-            const __m256i mask = tail_mask(left);
-#pragma GCC unroll 4
-            for (int r = 0; r < nr; r++)
-                acc0[r] = _mm256_fmadd_ps(w0, _mm256_maskload_ps(x + r * ldx + j, mask), acc0[r]);
-        }
-#pragma GCC unroll 4
-        for (int r = 0; r < nr; r++) y[r * ldy + i] = hsum256(_mm256_add_ps(acc0[r], acc1[r]));
-    }
-}
-
-#define GEMM_F_TYPE(T, name)                                                                                   \
-    static void name(int nr, int64_t k, const char *w, size_t ws, int64_t m, const float *x, int64_t ldx,    \
-                     float *y, int64_t ldy) {                                                                \
-        switch (nr) {                                                                                        \
-        case 4: gemm_f_rows(T, 4, k, w, ws, m, x, ldx, y, ldy); break;                                       \
-        case 3: gemm_f_rows(T, 3, k, w, ws, m, x, ldx, y, ldy); break;                                       \
-        case 2: gemm_f_rows(T, 2, k, w, ws, m, x, ldx, y, ldy); break;                                       \
-        default: gemm_f_rows(T, 1, k, w, ws, m, x, ldx, y, ldy); break;                                      \
-        }                                                                                                    \
-    }
-GEMM_F_TYPE(LI_TYPE_F32, gemm_f32)
-GEMM_F_TYPE(LI_TYPE_F16, gemm_f16)
-GEMM_F_TYPE(LI_TYPE_BF16, gemm_bf16)
-
-static void avx2_gemm_f(li_type wt, int64_t k, const void *w, size_t w_stride, int64_t m, const float *x,
-                        int64_t ldx, int64_t n, float *y, int64_t ldy) {
-    for (int64_t r0 = 0; r0 < n; r0 += NR) {
-        const int nr = (int)LI_MIN((int64_t)NR, n - r0);
-        const float *xr = x + r0 * ldx;
-        float *yr = y + r0 * ldy;
-        switch (wt) {
-        case LI_TYPE_F16: gemm_f16(nr, k, w, w_stride, m, xr, ldx, yr, ldy); break;
-        case LI_TYPE_BF16: gemm_bf16(nr, k, w, w_stride, m, xr, ldx, yr, ldy); break;
-        default: gemm_f32(nr, k, w, w_stride, m, xr, ldx, yr, ldy); break;
-        }
     }
 }
 
@@ -371,8 +383,10 @@ static void avx2_silu_mul(float *g, const float *u, int64_t n) {
 const li_cpu_kernels li_cpu_kernels_avx2 = {
     .isa = "avx2",
     .quantize_act = avx2_quantize_act,
-    .gemm_q = avx2_gemm_q,
-    .gemm_f = avx2_gemm_f,
+    .gemm_q = NULL, /* unprepared weights: cpu.c uses the scalar kernels */
+    .gemm_f = NULL,
+    .gemm_q_packed = avx2_gemm_q_packed,
+    .gemm_f_packed = avx2_gemm_f_packed,
     .attn_head = avx2_attn_head,
     .silu_mul = avx2_silu_mul,
 };

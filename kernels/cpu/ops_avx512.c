@@ -2,31 +2,19 @@
  *
  * Compiled with -mavx512*; cpu.c calls in only after CPUID says yes.
  *
- * Quantized matmul: a 512-bit vector holds two 32-element blocks. The
- * integer dot of a block pair is one vpdpbusd (u8 x s8 -> s32, 4 products
- * per lane), which needs one unsigned operand:
- *   Q4_1   nibbles q are already unsigned:            dpbusd(q, a)
- *   Q4_0   w = q - 8, Q8_0 w = q are signed: the sign moves onto the
- *          activation:                                 dpbusd(|w|, sign(w)*a)
- * (activations lie in [-127, 127], so negating one never overflows).
- * Lanes 0-7 hold block b, lanes 8-15 block b+1; the per-lane scale vector is
- * d_w pair x d_a pair (the packed activation stores d_a 8 times per block).
- * Each pass over a weight row serves up to 4 activation rows, so a prefill
- * batch reads its weights once per 4 rows instead of once per row. */
+ * Matmul runs on packed weight panels (cpu_kernels.h, repack.c): a vector
+ * lane per weight row, 16 rows per vector, so each output is summed in its
+ * own lane in the reference's order and the result is bit-identical to
+ * li_backend_ref_ops() for any number of activation rows (batch
+ * invariance). Integer block dots are vpdpbusd (u8 x s8 -> s32).
+ * Attention and silu use FMA and a SIMD exp: not the reference's bits, but
+ * the same arithmetic for a token whatever else is in the batch. */
 #include "util/common.h"
 #include "cpu/cpu_kernels.h"
 
 #include <immintrin.h>
 #include <math.h>
 #include <string.h>
-
-#define NR 4 /* activation rows per weight-row pass */
-
-static inline uint16_t load_u16(const void *p) {
-    uint16_t v;
-    memcpy(&v, p, 2);
-    return v;
-}
 
 static inline float hsum256(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -71,7 +59,8 @@ static inline __m512 exp512(__m512 x) {
 
 static void avx512_quantize_act(li_type at, const float *x, void *dst, int64_t k) {
     int8_t *qs = dst;
-    float *d8 = li_qact_d8(dst, k), *s8 = li_qact_s8(dst, k);
+    float *dd = li_qact_d(dst, k), *ss = li_qact_s(dst, k);
+    int32_t *sum = li_qact_sum(dst, k);
     for (int64_t b = 0; b < k / 32; b++) {
         const __m512 v0 = _mm512_loadu_ps(x + b * 32), v1 = _mm512_loadu_ps(x + b * 32 + 16);
         const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
@@ -82,155 +71,215 @@ static void avx512_quantize_act(li_type at, const float *x, void *dst, int64_t k
         const __m512i q1 = _mm512_cvtps_epi32(round_away(_mm512_mul_ps(v1, vid)));
         _mm_storeu_si128((__m128i *)(qs + b * 32), _mm512_cvtsepi32_epi8(q0));
         _mm_storeu_si128((__m128i *)(qs + b * 32 + 16), _mm512_cvtsepi32_epi8(q1));
-        _mm256_storeu_ps(d8 + b * 8, _mm256_set1_ps(_cvtsh_ss(_cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT))));
-        if (at == LI_TYPE_Q8_1) {
-            const int sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
-            const float s = _cvtsh_ss(_cvtss_sh((float)sum * d, _MM_FROUND_TO_NEAREST_INT));
-            _mm256_storeu_ps(s8 + b * 8, _mm256_setr_ps(s, 0, 0, 0, 0, 0, 0, 0));
-        }
+        dd[b] = _cvtsh_ss(_cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT));
+        const int s = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+        sum[b] = s;
+        ss[b] = at == LI_TYPE_Q8_1 ? _cvtsh_ss(_cvtss_sh((float)s * d, _MM_FROUND_TO_NEAREST_INT)) : 0.0f;
     }
 }
 
 /* ------------------------------------------------------------------------
- * quantized GEMM
+ * quantized GEMM on panels
+ *
+ * Lane l of every vector is weight row l of the panel. Per block b and
+ * activation row r:
+ *   isum = sum over the block of w*a, integers: 8 vpdpbusd, each taking 4
+ *          weight bytes per lane and one broadcast activation word. The
+ *          weights must be the unsigned operand: Q4_1 nibbles are; Q4_0 is
+ *          multiplied as q (not q-8) and Q8_0 as q+128, the accumulator
+ *          starting at -8*sum(a), -128*sum(a) instead of 0 (exact);
+ *   y   += isum * (d_w * d_a)  [+ m_w * s_a for Q4_1], one float operation
+ *          at a time in the reference's order (li_vec_dot_*_ref), so the
+ *          result is the reference's, bit for bit, whatever n is.
+ * The weight panel is unpacked once per block and serves NR activation rows.
  * ---------------------------------------------------------------------- */
 
-static inline size_t block_bytes(li_type t) {
-    return t == LI_TYPE_Q4_0 ? sizeof(li_block_q4_0) : t == LI_TYPE_Q4_1 ? sizeof(li_block_q4_1) : sizeof(li_block_q8_0);
+#define NR 4 /* activation rows per pass over a panel */
+#ifndef PF_DIST
+#define PF_DIST 4096
+#endif
+
+static inline __m512i bcast32(const int8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm512_set1_epi32(v);
 }
 
-/* The 64 weights of blocks at p0, p1 (!full: only p0, the rest zero) as
- * int8: Q4_0 q-8, Q4_1 q, Q8_0 q, in element order. */
-static inline __m512i load_w_pair(li_type t, int full, const char *p0, const char *p1) {
-    if (t == LI_TYPE_Q8_0) {
-        const __m512i lo = _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)(p0 + 2)));
-        return full ? _mm512_inserti64x4(lo, _mm256_loadu_si256((const __m256i *)(p1 + 2)), 1) : lo;
-    }
-    const size_t off = t == LI_TYPE_Q4_0 ? 2 : 4;
-    __m256i q = _mm256_zextsi128_si256(_mm_loadu_si128((const __m128i *)(p0 + off)));
-    if (full) q = _mm256_inserti128_si256(q, _mm_loadu_si128((const __m128i *)(p1 + off)), 1);
-    /* 128-bit lanes [q0, q0, q1, q1]; lanes 1 and 3 take the high nibbles
-     * (byte j: element j low, element j+16 high) */
-    __m512i z = _mm512_permutexvar_epi64(_mm512_set_epi64(3, 2, 3, 2, 1, 0, 1, 0), _mm512_castsi256_si512(q));
-    z = _mm512_mask_srli_epi16(z, 0xFF00FF00u, z, 4);
-    z = _mm512_and_si512(z, _mm512_set1_epi8(0x0f));
-    if (t == LI_TYPE_Q4_0) z = _mm512_sub_epi8(z, _mm512_set1_epi8(8));
-    return z;
+static inline __mmask16 panel_mask(int64_t m, int64_t p) {
+    const int64_t left = m - p * LI_PANEL;
+    return left >= LI_PANEL ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
 }
 
-/* Scale vectors of a block pair: dw = [d0 x8, d1 x8] and, for Q4_1,
- * mw = [m0 x8, m1 x8], from the fp16 fields at the block starts (d at 0, m
- * at 2); !full: block 1 absent, its lanes zero. One conversion for all. */
-static inline __attribute__((always_inline)) void pair_scales(li_type t, int full, const char *p0, const char *p1,
-                                                              __m512 *dw, __m512 *mw) {
-    const __m512i lo8 = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
-    if (t == LI_TYPE_Q4_1) {
-        uint32_t h0, h1 = 0; /* (d, m) of each block */
-        memcpy(&h0, p0, 4);
-        if (full) memcpy(&h1, p1, 4);
-        const __m128 f = _mm_cvtph_ps(_mm_cvtsi64_si128((long long)(h0 | (uint64_t)h1 << 32))); /* d0 m0 d1 m1 */
-        const __m512 f5 = _mm512_castps128_ps512(f);
-        *dw = _mm512_permutexvar_ps(_mm512_set_epi32(2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 0, 0, 0), f5);
-        *mw = _mm512_permutexvar_ps(_mm512_set_epi32(3, 3, 3, 3, 3, 3, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1), f5);
-    } else {
-        const uint32_t h = load_u16(p0) | (uint32_t)(full ? load_u16(p1) : 0) << 16;
-        *dw = _mm512_permutexvar_ps(lo8, _mm512_castps128_ps512(_mm_cvtph_ps(_mm_cvtsi32_si128((int)h))));
-    }
-}
-
-/* One block pair (or, !full, the last lone block) of a weight row against
- * nr activation rows: acc[r] gathers d_w*d_a*sum(q_w*q_a), accm[r] the Q4_1
- * m_w*s_a terms (a separate chain, so the two FMAs do not wait on each
- * other). t, nr and full are constants after inlining. */
-static inline __attribute__((always_inline)) void
-qpair_step(li_type t, int nr, int full, const char *p0, const char *p1, const char *act, size_t act_stride,
-           size_t d8off, size_t s8off, int64_t b, __m512 *acc, __m512 *accm) {
-    const __m512i w = load_w_pair(t, full, p0, p1);
-    __m512 dw, mw = _mm512_setzero_ps();
-    pair_scales(t, full, p0, p1, &dw, &mw);
-    __m512i u = w;
-    __mmask64 neg = 0;
-    if (t != LI_TYPE_Q4_1) {
-        u = _mm512_abs_epi8(w);
-        neg = _mm512_movepi8_mask(w);
-    }
-    const __mmask64 qmask = full ? ~(__mmask64)0 : 0xffffffffu;
-    const __mmask16 fmask = full ? 0xffff : 0x00ff;
-#pragma GCC unroll 4
-    for (int r = 0; r < nr; r++) {
-        const char *ar = act + r * act_stride;
-        __m512i a = _mm512_maskz_loadu_epi8(qmask, ar + b * 32);
-        if (t != LI_TYPE_Q4_1) a = _mm512_mask_sub_epi8(a, neg, _mm512_setzero_si512(), a);
-        const __m512i dp = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, a);
-        const __m512 da = _mm512_maskz_loadu_ps(fmask, ar + d8off + b * 32);
-        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dp), _mm512_mul_ps(dw, da), acc[r]);
-        if (t == LI_TYPE_Q4_1)
-            accm[r] = _mm512_fmadd_ps(mw, _mm512_maskz_loadu_ps(fmask, ar + s8off + b * 32), accm[r]);
-    }
-}
-
-static inline __attribute__((always_inline)) void gemm_q_rows(li_type t, int nr, int64_t k, const char *w,
-                                                              size_t w_stride, int64_t m, const char *act,
-                                                              size_t act_stride, float *y, int64_t ldy) {
-    const size_t bs = block_bytes(t);
+static inline __attribute__((always_inline)) void q_panel(li_type t, int nr, int64_t k, const uint8_t *panel,
+                                                          const char *act, size_t as, float *y, int64_t ldy,
+                                                          __mmask16 mask) {
     const int64_t nb = k / 32;
-    const size_t d8off = li_qact_qs_bytes(k), s8off = d8off + (size_t)nb * 32;
-    for (int64_t i = 0; i < m; i++) {
-        const char *wr = w + i * w_stride;
-        __m512 acc[NR], accm[NR];
+    const size_t qsb = t == LI_TYPE_Q8_0 ? 512 : 256;
+    const uint8_t *qs = panel, *dd = panel + nb * qsb, *mm = dd + nb * 32;
+    const size_t d_off = li_qact_qs_bytes(k);
+    const size_t s_off = d_off + (size_t)nb * 4, sum_off = s_off + (size_t)nb * 4;
+    const __m512i low4 = _mm512_set1_epi8(0x0f);
+    __m512 acc[NR];
+#pragma GCC unroll 8
+    for (int r = 0; r < nr; r++) acc[r] = _mm512_setzero_ps();
+    const size_t step = qsb + 32 * (t == LI_TYPE_Q4_1 ? 2 : 1); /* panel bytes per block */
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *q = qs + b * qsb;
+        if (nr == 1) /* GEMV: streaming from memory; run ahead of the hardware prefetcher */
+            for (size_t o = 0; o < step; o += 64) _mm_prefetch((const char *)panel + PF_DIST + b * step + o, _MM_HINT_T0);
+        __m512i w[8];
+        if (t == LI_TYPE_Q8_0) {
+#pragma GCC unroll 8
+            for (int c = 0; c < 8; c++) w[c] = _mm512_load_si512(q + 64 * c);
+        } else {
 #pragma GCC unroll 4
-        for (int r = 0; r < NR; r++) acc[r] = accm[r] = _mm512_setzero_ps();
-        int64_t b = 0;
-        if (nr == 1) {
-            /* one activation row: alternate two accumulators so the FMA
-             * latency of one pair overlaps the next */
-            for (; b + 4 <= nb; b += 4) {
-                qpair_step(t, 1, 1, wr + b * bs, wr + (b + 1) * bs, act, act_stride, d8off, s8off, b, acc, accm);
-                qpair_step(t, 1, 1, wr + (b + 2) * bs, wr + (b + 3) * bs, act, act_stride, d8off, s8off, b + 2,
-                           acc + 1, accm + 1);
+            for (int c = 0; c < 4; c++) {
+                const __m512i raw = _mm512_load_si512(q + 64 * c);
+                w[2 * c] = _mm512_and_si512(raw, low4);                         /* elements 4c.. */
+                w[2 * c + 1] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4); /* elements 16+4c.. */
             }
-            acc[0] = _mm512_add_ps(acc[0], acc[1]);
-            accm[0] = _mm512_add_ps(accm[0], accm[1]);
         }
-        for (; b + 2 <= nb; b += 2)
-            qpair_step(t, nr, 1, wr + b * bs, wr + (b + 1) * bs, act, act_stride, d8off, s8off, b, acc, accm);
-        if (b < nb) qpair_step(t, nr, 0, wr + b * bs, NULL, act, act_stride, d8off, s8off, b, acc, accm);
+        const __m512 dw = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(dd + b * 32)));
+        __m512 mw = _mm512_setzero_ps();
+        if (t == LI_TYPE_Q4_1) mw = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(mm + b * 32)));
+#pragma GCC unroll 8
+        for (int r = 0; r < nr; r++) {
+            const char *a = act + r * as;
+            const int8_t *aq = (const int8_t *)a + b * 32;
+            const int32_t asum = ((const int32_t *)(a + sum_off))[b];
+            __m512i i0 = t == LI_TYPE_Q4_1 ? _mm512_setzero_si512()
+                                           : _mm512_set1_epi32((t == LI_TYPE_Q4_0 ? -8 : -128) * asum);
+            __m512i i1 = _mm512_setzero_si512(); /* a second chain: half the latency */
+            if (t == LI_TYPE_Q8_0) {
 #pragma GCC unroll 4
-        for (int r = 0; r < nr; r++) y[r * ldy + i] = hsum512(t == LI_TYPE_Q4_1 ? _mm512_add_ps(acc[r], accm[r]) : acc[r]);
+                for (int c = 0; c < 8; c += 2) {
+                    i0 = _mm512_dpbusd_epi32(i0, w[c], bcast32(aq + 4 * c));
+                    i1 = _mm512_dpbusd_epi32(i1, w[c + 1], bcast32(aq + 4 * c + 4));
+                }
+            } else {
+#pragma GCC unroll 4
+                for (int c = 0; c < 4; c++) {
+                    i0 = _mm512_dpbusd_epi32(i0, w[2 * c], bcast32(aq + 4 * c));
+                    i1 = _mm512_dpbusd_epi32(i1, w[2 * c + 1], bcast32(aq + 16 + 4 * c));
+                }
+            }
+            const __m512 isum = _mm512_cvtepi32_ps(_mm512_add_epi32(i0, i1));
+            const __m512 dwa = _mm512_mul_ps(dw, _mm512_set1_ps(((const float *)(a + d_off))[b]));
+            __m512 term = _mm512_mul_ps(dwa, isum);
+            if (t == LI_TYPE_Q4_1)
+                term = _mm512_add_ps(term, _mm512_mul_ps(mw, _mm512_set1_ps(((const float *)(a + s_off))[b])));
+            acc[r] = _mm512_add_ps(acc[r], term);
+        }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < nr; r++) _mm512_mask_storeu_ps(y + r * ldy, mask, acc[r]);
+}
+
+/* panels [p0, p1) x all n rows, NR rows per pass; t constant after inlining */
+static inline __attribute__((always_inline)) void gemm_q_t(li_type t, const li_cpu_packed *w, int64_t p0, int64_t p1,
+                                                           const char *act, size_t as, int64_t n, float *y,
+                                                           int64_t ldy) {
+    for (int64_t p = p0; p < p1; p++) {
+        const uint8_t *panel = w->data + p * w->panel_bytes;
+        const __mmask16 mask = panel_mask(w->m, p);
+        float *yp = y + p * LI_PANEL;
+        int64_t r = 0;
+        for (; r + NR <= n; r += NR) q_panel(t, NR, w->k, panel, act + r * as, as, yp + r * ldy, ldy, mask);
+        switch (n - r) {
+        case 3: q_panel(t, 3, w->k, panel, act + r * as, as, yp + r * ldy, ldy, mask); break;
+        case 2: q_panel(t, 2, w->k, panel, act + r * as, as, yp + r * ldy, ldy, mask); break;
+        case 1: q_panel(t, 1, w->k, panel, act + r * as, as, yp + r * ldy, ldy, mask); break;
+        default: break;
+        }
     }
 }
 
-#define GEMM_Q_TYPE(T, name)                                                                                   \
-    static void name(int nr, int64_t k, const char *w, size_t ws, int64_t m, const char *act, size_t as,     \
-                     float *y, int64_t ldy) {                                                                \
-        switch (nr) {                                                                                        \
-        case 4: gemm_q_rows(T, 4, k, w, ws, m, act, as, y, ldy); break;                                      \
-        case 3: gemm_q_rows(T, 3, k, w, ws, m, act, as, y, ldy); break;                                      \
-        case 2: gemm_q_rows(T, 2, k, w, ws, m, act, as, y, ldy); break;                                      \
-        default: gemm_q_rows(T, 1, k, w, ws, m, act, as, y, ldy); break;                                     \
-        }                                                                                                    \
-    }
-GEMM_Q_TYPE(LI_TYPE_Q4_0, gemm_q4_0)
-GEMM_Q_TYPE(LI_TYPE_Q4_1, gemm_q4_1)
-GEMM_Q_TYPE(LI_TYPE_Q8_0, gemm_q8_0)
-
-static void avx512_gemm_q(li_type wt, int64_t k, const void *w, size_t w_stride, int64_t m, const void *act,
-                          size_t act_stride, int64_t n, float *y, int64_t ldy) {
-    for (int64_t r0 = 0; r0 < n; r0 += NR) {
-        const int nr = (int)LI_MIN((int64_t)NR, n - r0);
-        const char *a = (const char *)act + r0 * act_stride;
-        float *yr = y + r0 * ldy;
-        switch (wt) {
-        case LI_TYPE_Q4_0: gemm_q4_0(nr, k, w, w_stride, m, a, act_stride, yr, ldy); break;
-        case LI_TYPE_Q4_1: gemm_q4_1(nr, k, w, w_stride, m, a, act_stride, yr, ldy); break;
-        default: gemm_q8_0(nr, k, w, w_stride, m, a, act_stride, yr, ldy); break;
-        }
+static void avx512_gemm_q_packed(const li_cpu_packed *w, int64_t p0, int64_t p1, const void *act, size_t as,
+                                 int64_t n, float *y, int64_t ldy) {
+    switch (w->type) {
+    case LI_TYPE_Q4_0: gemm_q_t(LI_TYPE_Q4_0, w, p0, p1, act, as, n, y, ldy); break;
+    case LI_TYPE_Q4_1: gemm_q_t(LI_TYPE_Q4_1, w, p0, p1, act, as, n, y, ldy); break;
+    default: gemm_q_t(LI_TYPE_Q8_0, w, p0, p1, act, as, n, y, ldy); break;
     }
 }
 
 /* ------------------------------------------------------------------------
- * float GEMM (F32 / F16 / BF16 weights)
+ * float GEMM on panels (F32 / F16 / BF16 weights): y += x_j * w_j, one
+ * element at a time in order, a multiply then an add (the reference's
+ * dot, bit for bit). Lane-parallel over rows, so np panels x nr rows of
+ * independent sums hide the add latency.
  * ---------------------------------------------------------------------- */
+
+/* 16 elements of an F32/F16/BF16 vector as f32 */
+static inline __m512 load16(li_type t, const void *p) {
+    switch (t) {
+    case LI_TYPE_F16: return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+    case LI_TYPE_BF16:
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+    default: return _mm512_loadu_ps((const float *)p);
+    }
+}
+
+static inline __attribute__((always_inline)) void f_panels(li_type t, int np, int nr, const li_cpu_packed *w,
+                                                           int64_t p, const float *x, int64_t ldx, float *y,
+                                                           int64_t ldy) {
+    const size_t es = w->qs_bytes, step = (size_t)LI_PANEL * es;
+    const int64_t k = w->k;
+    __m512 acc[4][4];
+#pragma GCC unroll 4
+    for (int i = 0; i < np; i++)
+#pragma GCC unroll 4
+        for (int r = 0; r < nr; r++) acc[i][r] = _mm512_setzero_ps();
+    for (int64_t j = 0; j < k; j++) {
+#pragma GCC unroll 4
+        for (int i = 0; i < np; i++) {
+            const __m512 wv = load16(t, w->data + (p + i) * w->panel_bytes + (size_t)j * step);
+#pragma GCC unroll 4
+            for (int r = 0; r < nr; r++)
+                acc[i][r] = _mm512_add_ps(acc[i][r], _mm512_mul_ps(wv, _mm512_set1_ps(x[r * ldx + j])));
+        }
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < np; i++)
+#pragma GCC unroll 4
+        for (int r = 0; r < nr; r++)
+            _mm512_mask_storeu_ps(y + r * ldy + (p + i) * LI_PANEL, panel_mask(w->m, p + i), acc[i][r]);
+}
+
+static inline __attribute__((always_inline)) void gemm_f_t(li_type t, const li_cpu_packed *w, int64_t p0, int64_t p1,
+                                                           const float *x, int64_t ldx, int64_t n, float *y,
+                                                           int64_t ldy) {
+    for (int64_t p = p0; p < p1;) {
+        if (n == 1) { /* one row: 4 panels at a time for independent sums */
+            if (p + 4 <= p1) {
+                f_panels(t, 4, 1, w, p, x, ldx, y, ldy);
+                p += 4;
+            } else {
+                f_panels(t, 1, 1, w, p, x, ldx, y, ldy);
+                p++;
+            }
+            continue;
+        }
+        int64_t r = 0;
+        for (; r + 4 <= n; r += 4) f_panels(t, 1, 4, w, p, x + r * ldx, ldx, y + r * ldy, ldy);
+        switch (n - r) {
+        case 3: f_panels(t, 1, 3, w, p, x + r * ldx, ldx, y + r * ldy, ldy); break;
+        case 2: f_panels(t, 1, 2, w, p, x + r * ldx, ldx, y + r * ldy, ldy); break;
+        case 1: f_panels(t, 1, 1, w, p, x + r * ldx, ldx, y + r * ldy, ldy); break;
+        default: break;
+        }
+        p++;
+    }
+}
+
+static void avx512_gemm_f_packed(const li_cpu_packed *w, int64_t p0, int64_t p1, const float *x, int64_t ldx,
+                                 int64_t n, float *y, int64_t ldy) {
+    switch (w->type) {
+    case LI_TYPE_F16: gemm_f_t(LI_TYPE_F16, w, p0, p1, x, ldx, n, y, ldy); break;
+    case LI_TYPE_BF16: gemm_f_t(LI_TYPE_BF16, w, p0, p1, x, ldx, n, y, ldy); break;
+    default: gemm_f_t(LI_TYPE_F32, w, p0, p1, x, ldx, n, y, ldy); break;
+    }
+}
 
 /* 16 elements j.. of an F32/F16/BF16 row as f32; mask selects a tail */
 static inline __m512 load_f(li_type t, const void *p, int64_t j, __mmask16 mask) {
@@ -240,64 +289,6 @@ static inline __m512 load_f(li_type t, const void *p, int64_t j, __mmask16 mask)
         return _mm512_castsi512_ps(
             _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, (const uint16_t *)p + j)), 16));
     default: return _mm512_maskz_loadu_ps(mask, (const float *)p + j);
-    }
-}
-
-static inline __attribute__((always_inline)) void gemm_f_rows(li_type t, int nr, int64_t k, const char *w,
-                                                              size_t w_stride, int64_t m, const float *x,
-                                                              int64_t ldx, float *y, int64_t ldy) {
-    for (int64_t i = 0; i < m; i++) {
-        const char *wr = w + i * w_stride;
-        /* two accumulators per row: one FMA chain alone is latency-bound */
-        __m512 acc0[NR], acc1[NR];
-#pragma GCC unroll 4
-        for (int r = 0; r < nr; r++) acc0[r] = acc1[r] = _mm512_setzero_ps();
-        int64_t j = 0;
-        for (; j + 32 <= k; j += 32) {
-            const __m512 w0 = load_f(t, wr, j, 0xffff), w1 = load_f(t, wr, j + 16, 0xffff);
-#pragma GCC unroll 4
-            for (int r = 0; r < nr; r++) {
-                acc0[r] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x + r * ldx + j), acc0[r]);
-                acc1[r] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x + r * ldx + j + 16), acc1[r]);
-            }
-        }
-        for (; j < k; j += 16) {
-            const __mmask16 mask = k - j >= 16 ? 0xffff : (__mmask16)((1u << (k - j)) - 1);
-            const __m512 w0 = load_f(t, wr, j, mask);
-#pragma GCC unroll 4
-            for (int r = 0; r < nr; r++)
-                acc0[r] = _mm512_fmadd_ps(w0, _mm512_maskz_loadu_ps(mask, x + r * ldx + j), acc0[r]);
-        }
-#pragma GCC unroll 4
-        for (int r = 0; r < nr; r++) y[r * ldy + i] = hsum512(_mm512_add_ps(acc0[r], acc1[r]));
-    }
-}
-
-#define GEMM_F_TYPE(T, name)                                                                                   \
-    static void name(int nr, int64_t k, const char *w, size_t ws, int64_t m, const float *x, int64_t ldx,    \
-                     float *y, int64_t ldy) {                                                                \
-        switch (nr) {                                                                                        \
-        case 4: gemm_f_rows(T, 4, k, w, ws, m, x, ldx, y, ldy); break;                                       \
-        case 3: gemm_f_rows(T, 3, k, w, ws, m, x, ldx, y, ldy); break;                                       \
-        case 2: gemm_f_rows(T, 2, k, w, ws, m, x, ldx, y, ldy); break;                                       \
-        default: gemm_f_rows(T, 1, k, w, ws, m, x, ldx, y, ldy); break;                                      \
-        }                                                                                                    \
-    }
-GEMM_F_TYPE(LI_TYPE_F32, gemm_f32)
-GEMM_F_TYPE(LI_TYPE_F16, gemm_f16)
-GEMM_F_TYPE(LI_TYPE_BF16, gemm_bf16)
-
-static void avx512_gemm_f(li_type wt, int64_t k, const void *w, size_t w_stride, int64_t m, const float *x,
-                          int64_t ldx, int64_t n, float *y, int64_t ldy) {
-    for (int64_t r0 = 0; r0 < n; r0 += NR) {
-        const int nr = (int)LI_MIN((int64_t)NR, n - r0);
-        const float *xr = x + r0 * ldx;
-        float *yr = y + r0 * ldy;
-        switch (wt) {
-        case LI_TYPE_F16: gemm_f16(nr, k, w, w_stride, m, xr, ldx, yr, ldy); break;
-        case LI_TYPE_BF16: gemm_bf16(nr, k, w, w_stride, m, xr, ldx, yr, ldy); break;
-        default: gemm_f32(nr, k, w, w_stride, m, xr, ldx, yr, ldy); break;
-        }
     }
 }
 
@@ -394,8 +385,10 @@ static void avx512_silu_mul(float *g, const float *u, int64_t n) {
 const li_cpu_kernels li_cpu_kernels_avx512 = {
     .isa = "avx512",
     .quantize_act = avx512_quantize_act,
-    .gemm_q = avx512_gemm_q,
-    .gemm_f = avx512_gemm_f,
+    .gemm_q = NULL, /* unprepared weights: cpu.c uses the scalar kernels */
+    .gemm_f = NULL,
+    .gemm_q_packed = avx512_gemm_q_packed,
+    .gemm_f_packed = avx512_gemm_f_packed,
     .attn_head = avx512_attn_head,
     .silu_mul = avx512_silu_mul,
 };

@@ -8,6 +8,7 @@
  * vec_dot) we do the same, so our logits track theirs. */
 #include "util/common.h"
 #include "cpu/cpu_kernels.h"
+#include "cpu/kv_kernels.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -140,6 +141,10 @@ static void kv_store_row(li_type dtype, void *dst, const float *src, int64_t n) 
 
 static void ref_kv_store(li_backend *be, const li_kv_layer *kv, const float *k, const float *v, const int64_t *slot,
                          int64_t n_tokens, int n_head_kv, int head_dim) {
+    if (li_kv_is_8bit(kv->dtype)) { /* FP8 / INT8 with scales: kv_ref.c */
+        li_kv8_store_ref(kv, k, v, slot, n_tokens, n_head_kv, head_dim);
+        return;
+    }
     const int64_t row = (int64_t)n_head_kv * head_dim; /* one token's K (or V), all kv heads */
     const size_t es = li_kv_elem_size(kv->dtype);
     for (int64_t i = 0; i < n_tokens; i++) {
@@ -152,6 +157,10 @@ static void ref_kv_store(li_backend *be, const li_kv_layer *kv, const float *k, 
  * of the token's sequence, K/V read through its block table. GQA: query
  * heads are grouped, n_head / n_head_kv per kv head. */
 void li_ref_attn_head(const li_attn_args *a, int64_t i, int h, float *scores) {
+    if (li_kv_is_8bit(a->kv->dtype)) { /* FP8 / INT8 with scales: kv_ref.c */
+        li_kv8_attn_head_ref(a, i, h, scores);
+        return;
+    }
     const int D = a->head_dim;
     const int kvh = h / (a->n_head / a->n_head_kv);
     const li_type dt = a->kv->dtype;

@@ -13,32 +13,37 @@
 
 static void scalar_quantize_act(li_type at, const float *x, void *dst, int64_t k) {
     int8_t *qs = dst;
-    float *d8 = li_qact_d8(dst, k), *s8 = li_qact_s8(dst, k);
+    float *d = li_qact_d(dst, k), *s = li_qact_s(dst, k);
+    int32_t *sum = li_qact_sum(dst, k);
     for (int64_t b = 0; b < k / 32; b++) {
         /* one ggml block at a time, then unpacked */
+        li_block_q8_1 blk; /* the Q8_0 block is its prefix {d, qs} with s unused */
         if (at == LI_TYPE_Q8_1) {
-            li_block_q8_1 blk;
             li_quantize_row_q8_1_ref(x + b * 32, &blk, 32);
-            memcpy(qs + b * 32, blk.qs, 32);
-            for (int l = 0; l < 8; l++) d8[b * 8 + l] = FP16(blk.d);
-            for (int l = 0; l < 8; l++) s8[b * 8 + l] = l == 0 ? FP16(blk.s) : 0.0f;
+            s[b] = FP16(blk.s);
         } else {
-            li_block_q8_0 blk;
-            li_quantize_row_q8_0_ref(x + b * 32, &blk, 32);
-            memcpy(qs + b * 32, blk.qs, 32);
-            for (int l = 0; l < 8; l++) d8[b * 8 + l] = FP16(blk.d);
+            li_block_q8_0 b0;
+            li_quantize_row_q8_0_ref(x + b * 32, &b0, 32);
+            blk.d = b0.d;
+            memcpy(blk.qs, b0.qs, 32);
+            s[b] = 0.0f;
         }
+        memcpy(qs + b * 32, blk.qs, 32);
+        d[b] = FP16(blk.d);
+        int32_t t = 0;
+        for (int j = 0; j < 32; j++) t += blk.qs[j];
+        sum[b] = t;
     }
 }
 
 /* W_i · a, as li_vec_dot_*_ref but reading the packed activation row */
 static float dot_q(li_type wt, int64_t k, const void *w, const void *act) {
     const int8_t *a = act;
-    const float *d8 = li_qact_d8((void *)act, k), *s8 = li_qact_s8((void *)act, k);
+    const float *d8 = li_qact_d((void *)act, k), *s8 = li_qact_s((void *)act, k);
     float sum = 0.0f;
     for (int64_t b = 0; b < k / 32; b++) {
         const int8_t *ab = a + b * 32;
-        const float da = d8[b * 8];
+        const float da = d8[b];
         int sumi = 0;
         switch (wt) {
         case LI_TYPE_Q4_0: {
@@ -51,7 +56,7 @@ static float dot_q(li_type wt, int64_t k, const void *w, const void *act) {
         case LI_TYPE_Q4_1: {
             const li_block_q4_1 *x = (const li_block_q4_1 *)w + b;
             for (int j = 0; j < 16; j++) sumi += (x->qs[j] & 0x0f) * ab[j] + (x->qs[j] >> 4) * ab[j + 16];
-            sum += (FP16(x->d) * da) * (float)sumi + FP16(x->m) * s8[b * 8];
+            sum += (FP16(x->d) * da) * (float)sumi + FP16(x->m) * s8[b];
             break;
         }
         default: { /* Q8_0 */
@@ -90,6 +95,8 @@ const li_cpu_kernels li_cpu_kernels_scalar = {
     .quantize_act = scalar_quantize_act,
     .gemm_q = scalar_gemm_q,
     .gemm_f = scalar_gemm_f,
+    .gemm_q_packed = NULL, /* the scalar ISA reads the original rows */
+    .gemm_f_packed = NULL,
     .attn_head = li_ref_attn_head,
     .silu_mul = li_ref_silu_mul,
 };

@@ -22,7 +22,8 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_MODEL = REPO_ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_TIMEOUT_S = 300
 
-# Filled by test_parity.py: {"generate": {name: row}, "perplexity": {ctx: row}}
+# Filled by test_parity.py: {"generate": {name: row}, "perplexity": {ctx: row},
+# "pooled_vs_exact": {...}}
 PARITY_REPORT = {"generate": {}, "perplexity": {}}
 
 
@@ -138,22 +139,32 @@ def _report_lines():
     ppl = PARITY_REPORT["perplexity"]
     lines = []
     if gen:
-        lines.append("luainfer vs llama.cpp, greedy 64 tokens, top-40 logits")
-        lines.append(f"{'prompt':<20} {'gold':>4} {'ours':>4} {'same':>4} "
-                     f"{'diverge':>7} {'tie_gap':>7} {'max|dl|':>8} {'mean|dl|':>8} {'top1':>6}")
+        lines.append("luainfer vs llama.cpp, greedy 64 tokens, top-40 logits "
+                     "(gap: llama.cpp/exact logit gap to our token at the divergence; "
+                     "|d|: on ids in both top-40s)")
+        lines.append(f"{'prompt':<19} {'gold':>4} {'ours':>4} {'same':>4} {'div':>4} "
+                     f"{'gap':>7} {'gap_ex':>7} {'max|d|':>7} {'mean|d|':>7} "
+                     f"{'us-ex':>6} {'cpp-ex':>6} {'top1':>5}")
         for name, r in gen.items():
             lines.append(
-                f"{name:<20} {r['n_golden']:>4} {r['n_ours']:>4} {r['n_identical']:>4} "
-                f"{_fmt(r['diverged_at'], 'd'):>7} {_fmt(r['tie_gap'], '.4f'):>7} "
-                f"{_fmt(r['max_abs_logit_diff'], '.4f'):>8} "
-                f"{_fmt(r['mean_abs_logit_diff'], '.4f'):>8} "
-                f"{_fmt(r['top1_agreement'], '.3f'):>6}")
+                f"{name[:19]:<19} {r['n_golden']:>4} {r['n_ours']:>4} {r['n_identical']:>4} "
+                f"{_fmt(r['diverged_at'], 'd'):>4} {_fmt(r['tie_gap'], '.4f'):>7} "
+                f"{_fmt(r.get('ref_gap'), '.4f'):>7} "
+                f"{_fmt(r['max_abs_logit_diff'], '.4f'):>7} "
+                f"{_fmt(r['mean_abs_logit_diff'], '.4f'):>7} "
+                f"{_fmt(r.get('mean_abs_diff_ours_vs_exact'), '.3f'):>6} "
+                f"{_fmt(r.get('mean_abs_diff_llama_vs_exact'), '.3f'):>6} "
+                f"{_fmt(r['top1_agreement'], '.3f'):>5}")
         diffs = [r["max_abs_logit_diff"] for r in gen.values()
                  if r["max_abs_logit_diff"] is not None]
         if diffs:
             lines.append(f"overall max |logit diff| = {max(diffs):.4f}; "
                          f"identical tokens {sum(r['n_identical'] for r in gen.values())}"
                          f"/{sum(r['n_golden'] for r in gen.values())}")
+    pooled = PARITY_REPORT.get("pooled_vs_exact")
+    if pooled:
+        lines.append(f"mean |logit - exact| over {pooled['n_pairs']} logits: luainfer "
+                     f"{pooled['ours_mean']:.4f}, llama.cpp {pooled['llama_cpp_mean']:.4f}")
     if ppl:
         lines.append("perplexity (tests/data/alice_ch1.txt)")
         for ctx, r in sorted(ppl.items()):

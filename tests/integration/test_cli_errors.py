@@ -67,11 +67,6 @@ def test_model_not_a_gguf(run_cli, tmp_path):
     assert_clean_failure(r, r"gguf", r"magic", r"garbage", r"model", r"invalid")
 
 
-def test_missing_model_flag(run_cli):
-    r = run_cli(["generate", "--prompt", "hi", "--max-tokens", "4"])
-    assert_clean_failure(r, r"model")
-
-
 def test_missing_prompt(run_cli, model_path):
     r = run_cli(gen(model_path))
     assert_clean_failure(r, r"prompt")
@@ -113,7 +108,8 @@ def test_bad_temperature(run_cli, model_path, value):
 def test_bad_sampling_values(run_cli, model_path, flag, value):
     r = run_cli(["generate", "--model", model_path, "--prompt", "hi", "--max-tokens", "4",
                  flag, value])
-    assert_clean_failure(r, re.escape(flag.lstrip("-")))
+    # the message may spell the flag top-p or top_p
+    assert_clean_failure(r, re.escape(flag.lstrip("-")).replace("\\-", "[-_ ]"))
 
 
 def test_perplexity_missing_file(run_cli, model_path, tmp_path):

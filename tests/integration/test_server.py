@@ -599,6 +599,31 @@ def test_auth_and_connection_limit(serve_bin, tmp_path):
         assert s.stop() == 0
 
 
+def test_slow_client_is_cut_off(serve_bin, tmp_path):
+    """A client that never reads: past --write-buffer its reads stop; past
+    --slow-client-seconds its requests are cancelled and it is closed. (A Unix
+    socket: its kernel buffer is fixed, where TCP's grows to megabytes.)"""
+    sock = str(tmp_path / "slow.sock")
+    s = Server(serve_bin, ["--listen", "127.0.0.1:0", "--listen", f"unix:{sock}", "--threads", THREADS,
+                           "--kv-memory", "32M", "--write-buffer", "4096", "--slow-client-seconds", "1"], 2, tmp_path)
+    try:
+        slow = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        slow.connect(sock)
+        slow.sendall(msgpack.packb([0, 1, "generate", {"prompt": PROMPTS[0], "max_tokens": 2000, "ignore_eos": True,
+                                                        "stream": True, "logprobs": 20, "n": 8}]))
+        probe = Rpc(s.rpc)
+        deadline = time.time() + 90
+        while probe.ok("stats")["connections"]["slow_closed"] == 0:
+            assert time.time() < deadline, f"the slow client was never closed: {probe.ok('stats')}"
+            time.sleep(0.2)
+        st = wait_idle(probe)
+        assert st["requests"]["cancelled"] == 8 and st["requests"]["length"] == 0
+        probe.close()
+        slow.close()
+    finally:
+        assert s.stop() == 0
+
+
 def test_sigterm_drains_then_exits_zero(serve_bin, tmp_path):
     s = Server(serve_bin, ["--listen", "127.0.0.1:0", "--threads", THREADS, "--kv-memory", "32M",
                            "--drain-seconds", "60"], 1, tmp_path)
@@ -682,6 +707,11 @@ class Pty:
     def send(self, s):
         os.write(self.fd, s.encode())
 
+    def prompt(self, s):
+        """Waits for the "> " prompt, then types s."""
+        self.expect("> ")
+        self.send(s)
+
     def expect(self, needle, timeout=120):
         deadline = time.time() + timeout
         while needle.encode() not in self.out:
@@ -705,45 +735,46 @@ class Pty:
             try:
                 r, _, _ = select.select([self.fd], [], [], 0.1)
                 if r:
-                    os.read(self.fd, 65536)
+                    self.out += os.read(self.fd, 65536)
             except OSError:
                 pass
         os.kill(self.pid, signal.SIGKILL)
-        raise AssertionError("the REPL did not exit")
+        raise AssertionError(f"the REPL did not exit; output:\n{self.out.decode(errors='replace')[-1500:]}")
 
 
 def test_repl_through_a_pty(serve_bin, tmp_path, server):
     env = dict(os.environ, TERM="xterm", LUAINFER_HISTORY=str(tmp_path / "hist"), HOME=str(tmp_path))
     p = Pty([str(serve_bin), "repl", "--threads", THREADS, "--kv-memory", "32M"], env)
     p.expect("help() lists")
-    p.send("engine:info()\r")
+    # each line is typed at a prompt: keys sent before libedit enters raw mode may be flushed
+    p.prompt("engine:info()\r")
     info = p.expect("threads")
     assert "n_vocab = " in info and "architecture = \"llama\"" in info
-    p.send(f'generate("{PROMPTS[0]}", {{max_tokens = 4}})\r')
+    p.prompt(f'generate("{PROMPTS[0]}", {{max_tokens = 4}})\r')
     p.expect("Paris")
-    p.send("engine:inf\t")  # Tab completes the method name: "engine:inf()" would fail
+    p.prompt("engine:inf\t")  # Tab completes the method name: "engine:inf()" would fail
     time.sleep(0.3)
     p.send("()\r")
     assert "attempt to call" not in p.expect("architecture")
-    p.send("x = {1, 2, {a = 'b'}}\r")
-    p.send("x\r")
+    p.prompt("x = {1, 2, {a = 'b'}}\r")
+    p.prompt("x\r")
     p.expect('a = "b"')
-    p.send("for i = 1, 2 do\r")
+    p.prompt("for i = 1, 2 do\r")
     p.expect(">> ")
     p.send("print('loop', i) end\r")
     p.expect("loop\t2")
-    p.send("help()\r")
+    p.prompt("help()\r")
     p.expect("engine:add")
-    p.send("\x04")  # Ctrl-D
+    p.prompt("\x04")  # Ctrl-D
     assert p.wait() == 0
     assert "engine:info()" in (tmp_path / "hist").read_text()
 
     # --connect: the same prompt bound to a server
     p = Pty([str(serve_bin), "repl", "--connect", server.rpc], env)
     p.expect("connected to")
-    p.send("server:health().status\r")
+    p.prompt("server:health().status\r")
     p.expect('"ok"')
-    p.send(f'generate("{PROMPTS[0]}", {{max_tokens = 4}}).finish_reason\r')
+    p.prompt(f'generate("{PROMPTS[0]}", {{max_tokens = 4}}).finish_reason\r')
     p.expect('"length"')
-    p.send("\x04")
+    p.prompt("\x04")
     assert p.wait() == 0

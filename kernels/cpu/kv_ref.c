@@ -1,0 +1,135 @@
+/* kv_ref.c — the scalar reference for the 8-bit KV cache: FP8 E4M3 <-> f32,
+ * the quantizing kv_store and paged attention over FP8 / INT8 codes with
+ * per-(token, kv head) scales. Layout and scale rules: kv_kernels.h. */
+#include "util/common.h"
+#include "cpu/kv_kernels.h"
+
+#include <math.h>
+#include <string.h>
+
+/* ------------------------------------------------------------------------
+ * FP8 E4M3 (bias 7, no infinities, NaN = S.1111.111, max 448)
+ * ---------------------------------------------------------------------- */
+
+float li_fp8_e4m3_to_fp32(uint8_t c) {
+    const uint32_t sign = (uint32_t)(c & 0x80) << 24, e = (c >> 3) & 15, m = c & 7;
+    float v;
+    if (e == 15 && m == 7) {
+        v = NAN;
+    } else if (e == 0) {
+        v = (float)m * 0x1p-9f; /* subnormal: m/8 * 2^(1-7) */
+    } else {
+        const uint32_t bits = ((e + 120u) << 23) | (m << 20); /* 2^(e-7) * (1 + m/8) as an f32 */
+        memcpy(&v, &bits, 4);
+    }
+    uint32_t u;
+    memcpy(&u, &v, 4);
+    u |= sign;
+    memcpy(&v, &u, 4);
+    return v;
+}
+
+uint8_t li_fp32_to_fp8_e4m3(float f) {
+    uint32_t bits;
+    memcpy(&bits, &f, 4);
+    const uint8_t sign = (uint8_t)((bits >> 24) & 0x80);
+    if (f != f) return sign | 0x7f;
+    const float a = fabsf(f);
+    /* saturate: beyond 448 (the next step, 480, would be the NaN code) */
+    if (a >= 448.0f) return sign | 0x7e;
+    /* below 2^-6 the codes are evenly spaced by 2^-9: code = round(a * 2^9),
+     * 0..8, where 8 is 2^-6, the smallest normal (exponent 1, mantissa 0) */
+    if (a < 0x1p-6f) return sign | (uint8_t)nearbyintf(a * 512.0f);
+    /* normal: keep the top 3 of the 23 mantissa bits, rounding the other 20
+     * to nearest even (a carry moves into the exponent), then re-bias the
+     * exponent from 127 to 7 */
+    uint32_t u;
+    memcpy(&u, &a, 4);
+    u += 0x7ffffu + ((u >> 20) & 1);
+    return sign | (uint8_t)((u >> 20) - (120u << 3));
+}
+
+/* ------------------------------------------------------------------------
+ * kv_store
+ * ---------------------------------------------------------------------- */
+
+static void quant_head(li_type t, const float *x, uint8_t *dst, float *scale, int D) {
+    float amax = 0.0f;
+    for (int d = 0; d < D; d++) {
+        const float ax = fabsf(x[d]);
+        if (ax > amax) amax = ax; /* NaN compares false: skipped */
+    }
+    float inv;
+    *scale = li_kv8_scale(t, amax, &inv);
+    for (int d = 0; d < D; d++) {
+        const float y = x[d] * inv;
+        dst[d] = t == LI_KV_TYPE_INT8 ? (uint8_t)li_kv_int8_encode(y) : li_fp32_to_fp8_e4m3(y);
+    }
+}
+
+void li_kv8_store_ref(const li_kv_layer *kv, const float *k, const float *v, const int64_t *slot, int64_t n_tokens,
+                      int n_head_kv, int head_dim) {
+    const int64_t row = (int64_t)n_head_kv * head_dim;
+    for (int64_t i = 0; i < n_tokens; i++)
+        for (int h = 0; h < n_head_kv; h++) {
+            const int64_t e = slot[i] * n_head_kv + h; /* (slot, head) */
+            quant_head(kv->dtype, k + i * row + (int64_t)h * head_dim, (uint8_t *)kv->k + e * head_dim,
+                       kv->k_scale + e, head_dim);
+            quant_head(kv->dtype, v + i * row + (int64_t)h * head_dim, (uint8_t *)kv->v + e * head_dim,
+                       kv->v_scale + e, head_dim);
+        }
+}
+
+/* ------------------------------------------------------------------------
+ * attention: token i, head h, the math of li_ref_attn_head with
+ * K[p][d] = code_value(k[p][d]) * k_scale[p] (and the same for V); the
+ * scale is taken out of the sums: q·K[p] = k_scale[p] * (q·codes[p]).
+ * ---------------------------------------------------------------------- */
+
+void li_kv8_attn_head_ref(const li_attn_args *a, int64_t i, int h, float *scores) {
+    const int D = a->head_dim, nkv = a->n_head_kv;
+    const int kvh = h / (a->n_head / nkv);
+    const li_type t = a->kv->dtype;
+    const float *q = a->q + (i * a->n_head + h) * D;
+    float *out = a->out + (i * a->n_head + h) * D;
+    const int64_t n_pos = (int64_t)a->pos[i] + 1;
+    const int32_t *bt = a->block_tables[a->seq[i]];
+
+    float max = -INFINITY;
+    for (int64_t p = 0; p < n_pos; p++) {
+        const int64_t e = ((int64_t)bt[p / a->block_size] * a->block_size + p % a->block_size) * nkv + kvh;
+        const uint8_t *k = (const uint8_t *)a->kv->k + e * D;
+        float s = 0.0f;
+        for (int d = 0; d < D; d++) s += q[d] * li_kv8_code_value(t, k[d]);
+        scores[p] = s * a->kv->k_scale[e] * a->scale;
+        if (scores[p] > max) max = scores[p];
+    }
+    float sum = 0.0f;
+    for (int64_t p = 0; p < n_pos; p++) {
+        scores[p] = expf(scores[p] - max);
+        sum += scores[p];
+    }
+    for (int d = 0; d < D; d++) out[d] = 0.0f;
+    for (int64_t p = 0; p < n_pos; p++) {
+        const int64_t e = ((int64_t)bt[p / a->block_size] * a->block_size + p % a->block_size) * nkv + kvh;
+        const uint8_t *v = (const uint8_t *)a->kv->v + e * D;
+        const float w = scores[p] / sum * a->kv->v_scale[e];
+        for (int d = 0; d < D; d++) out[d] += w * li_kv8_code_value(t, v[d]);
+    }
+}
+
+/* ------------------------------------------------------------------------
+ * per-ISA choice (cpu.c asks with its kernel table's isa name)
+ * ---------------------------------------------------------------------- */
+
+li_kv8_store_fn li_kv8_store_for(const char *isa) {
+    if (!strcmp(isa, "avx512")) return li_kv8_store_avx512;
+    if (!strcmp(isa, "avx2")) return li_kv8_store_avx2;
+    return li_kv8_store_ref;
+}
+
+li_kv8_attn_head_fn li_kv8_attn_head_for(const char *isa) {
+    if (!strcmp(isa, "avx512")) return li_kv8_attn_head_avx512;
+    if (!strcmp(isa, "avx2")) return li_kv8_attn_head_avx2;
+    return li_kv8_attn_head_ref;
+}
