@@ -432,7 +432,7 @@ static int l_engine_info(lua_State *L) {
     SET_NUM("max_num_seqs", c->max_num_seqs);
     SET_NUM("max_batched_tokens", c->max_batched_tokens);
     SET_NUM("max_model_len", c->max_model_len);
-    lua_pushstring(L, li_type_name(c->kv_dtype));
+    lua_pushstring(L, li_kv_dtype_name(c->kv_dtype));
     lua_setfield(L, -2, "kv_dtype");
     lua_pushstring(L, le->policy ? le->policy->name : "builtin-fcfs");
     lua_setfield(L, -2, "policy");

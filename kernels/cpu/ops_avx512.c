@@ -96,7 +96,7 @@ static void avx512_quantize_act(li_type at, const float *x, void *dst, int64_t k
 
 #define NR 4 /* activation rows per pass over a panel */
 #ifndef PF_DIST
-#define PF_DIST 4096
+#define PF_DIST 8192
 #endif
 
 static inline __m512i bcast32(const int8_t *p) {
