@@ -7,11 +7,14 @@
  * --target luainfer_core` (only the kernel objects get linked in):
  *   gcc -std=c11 -O2 -Icore -Ikernels bench/bench_kernels.c build/libluainfer_core.a \
  *       -lpthread -lm -o build/bench_kernels
- * Run: build/bench_kernels [threads] [isa]     (defaults: all cores, auto) */
+ * Run: build/bench_kernels [threads] [isa]     (defaults: all cores, auto)
+ *      build/bench_kernels --peak [threads]   machine limits (bench_llama_cpp.py) */
 #include "util/common.h"
 #include "backend.h"
 
+#include <immintrin.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,7 +56,120 @@ static double time_matmul(li_backend *be, const li_weight *w, const float *x, fl
     return best * 1e3;
 }
 
+/* ------------------------------------------------------------------------
+ * --peak: what this machine can do at most, for bench_llama_cpp.py
+ *   bw_gbs      DRAM read bandwidth: n threads streaming 512 MiB
+ *   vnni_gmacs  int8 multiply-adds/s of vpdpbusd zmm on n threads
+ *   fma_gflops  f32 FLOP/s of vfmadd zmm on n threads
+ * ---------------------------------------------------------------------- */
+
+typedef struct {
+    const char *buf;
+    size_t bytes;
+    int kind; /* 0 read, 1 vnni, 2 fma */
+    double result;
+} peak_arg;
+
+/* 12 independent chains (more than latency x throughput), named one by
+ * one so they live in registers */
+#define PEAK_REPS 12
+#define PEAK_X12(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11)
+
+__attribute__((target("avx512f,avx512vnni"))) static double peak_vnni(long iters) {
+    const __m512i w = _mm512_set1_epi8(3), x = _mm512_set1_epi8(5);
+#define PEAK_DECL(i) __m512i a##i = _mm512_set1_epi32(i);
+#define PEAK_DP(i) a##i = _mm512_dpbusd_epi32(a##i, w, x);
+#define PEAK_KEEP(i) __asm__ volatile("" : "+v"(a##i));
+#define PEAK_SUM(i) s += _mm512_reduce_add_epi32(a##i);
+    PEAK_X12(PEAK_DECL)
+    for (long n = 0; n < iters; n++) {
+        PEAK_X12(PEAK_DP)
+        PEAK_X12(PEAK_KEEP)
+    }
+    int s = 0;
+    PEAK_X12(PEAK_SUM)
+    return (double)s;
+}
+
+__attribute__((target("avx512f,fma"))) static double peak_fma(long iters) {
+    const __m512 m = _mm512_set1_ps(1.0000001f), c = _mm512_set1_ps(1e-7f);
+#define PEAK_FDECL(i) __m512 f##i = _mm512_set1_ps((float)i);
+#define PEAK_FMA(i) f##i = _mm512_fmadd_ps(f##i, m, c);
+#define PEAK_FKEEP(i) __asm__ volatile("" : "+v"(f##i));
+#define PEAK_FSUM(i) s += _mm512_reduce_add_ps(f##i);
+    PEAK_X12(PEAK_FDECL)
+    for (long n = 0; n < iters; n++) {
+        PEAK_X12(PEAK_FMA)
+        PEAK_X12(PEAK_FKEEP)
+    }
+    float s = 0;
+    PEAK_X12(PEAK_FSUM)
+    return (double)s;
+}
+
+__attribute__((target("avx512f"))) static double peak_read(const char *b, size_t bytes) {
+    __m512i acc0 = _mm512_setzero_si512(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
+    for (size_t i = 0; i + 256 <= bytes; i += 256) {
+        acc0 = _mm512_xor_si512(acc0, _mm512_load_si512(b + i));
+        acc1 = _mm512_xor_si512(acc1, _mm512_load_si512(b + i + 64));
+        acc2 = _mm512_xor_si512(acc2, _mm512_load_si512(b + i + 128));
+        acc3 = _mm512_xor_si512(acc3, _mm512_load_si512(b + i + 192));
+    }
+    return (double)_mm512_reduce_add_epi32(_mm512_xor_si512(_mm512_xor_si512(acc0, acc1), _mm512_xor_si512(acc2, acc3)));
+}
+
+enum { PEAK_ITERS = 20000000 };
+
+static void *peak_thread(void *p) {
+    peak_arg *a = p;
+    a->result = a->kind == 0 ? peak_read(a->buf, a->bytes) : a->kind == 1 ? peak_vnni(PEAK_ITERS) : peak_fma(PEAK_ITERS);
+    return NULL;
+}
+
+/* best of 5: seconds for n threads to each run `kind` (reading its share of buf) */
+static double peak_time(int nt, int kind, const char *buf, size_t bytes) {
+    double best = 1e30;
+    for (int rep = 0; rep < 5; rep++) {
+        pthread_t th[64];
+        peak_arg args[64];
+        const double t0 = li_time_now();
+        for (int i = 0; i < nt; i++) {
+            args[i] = (peak_arg){buf + bytes / nt * i, bytes / nt, kind, 0};
+            pthread_create(&th[i], NULL, peak_thread, &args[i]);
+        }
+        double sink = 0;
+        for (int i = 0; i < nt; i++) {
+            pthread_join(th[i], NULL);
+            sink += args[i].result;
+        }
+        const double t = li_time_now() - t0;
+        if (t < best) best = t;
+        if (sink == 12345.678) puts(""); /* keep the results alive */
+    }
+    return best;
+}
+
+static int peak_main(int nt) {
+    __builtin_cpu_init();
+    if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512vnni")) {
+        fprintf(stderr, "--peak needs AVX-512 VNNI\n");
+        return 1;
+    }
+    nt = nt > 0 && nt <= 64 ? nt : 2;
+    const size_t bytes = (size_t)512 << 20;
+    char *buf = li_aligned_alloc(bytes);
+    memset(buf, 1, bytes);
+    const double tr = peak_time(nt, 0, buf, bytes);
+    printf("RESULT bw_gbs %.2f\n", (double)bytes / tr * 1e-9);
+    li_aligned_free(buf);
+    const double tv = peak_time(nt, 1, NULL, 0), tf = peak_time(nt, 2, NULL, 0);
+    printf("RESULT vnni_gmacs %.1f\n", (double)nt * PEAK_ITERS * PEAK_REPS * 64 / tv * 1e-9);
+    printf("RESULT fma_gflops %.1f\n", (double)nt * PEAK_ITERS * PEAK_REPS * 32 / tf * 1e-9);
+    return 0;
+}
+
 int main(int argc, char **argv) {
+    if (argc > 1 && !strcmp(argv[1], "--peak")) return peak_main(argc > 2 ? atoi(argv[2]) : 2);
     const int n_threads = argc > 1 ? atoi(argv[1]) : 0;
     const char *isa = argc > 2 ? argv[2] : "auto";
     li_error err = {0};

@@ -9,6 +9,8 @@ static void usage(FILE *f) {
     fprintf(f,
             "usage: luainfer COMMAND [options]\n\n"
             "commands:\n"
+            "  serve        serve a model: msgpack-RPC (TCP/Unix) and OpenAI-style HTTP\n"
+            "  repl         a LuaJIT prompt with a live engine (or --connect to a server)\n"
             "  generate     generate text from a prompt\n"
             "  perplexity   perplexity of a text file (llama.cpp's scheme)\n"
             "  info         what a GGUF model holds; --kv for KV-cache sizing\n"
@@ -38,6 +40,8 @@ int main(int argc, char **argv) {
         {"run", li_cmd_run},
         {"bench", li_cmd_bench},
         {"policy-host", li_cmd_policy_host},
+        {"serve", li_cmd_serve},
+        {"repl", li_cmd_repl},
     };
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
         if (!strcmp(cmd, cmds[i].name)) return cmds[i].fn(argc - 2, argv + 2);

@@ -75,7 +75,7 @@ if compgen -G 'tests/integration/test_*.py' >/dev/null || compgen -G 'tests/inte
     printf '\n== pytest tests/integration\n'
     xml=$RESULTS/pytest.xml
     LUAINFER_BIN=$PWD/build/luainfer LUAINFER_SOURCE_DIR=$PWD \
-        "$PY" -m pytest tests/integration -q --junitxml="$xml"
+        "$PY" -m pytest tests/integration -q -rs --junitxml="$xml"
     rc=$?
     # exit 5 = no tests collected: a failure here, since test files exist
     record "pytest" "$rc" "$xml"

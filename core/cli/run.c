@@ -5,6 +5,8 @@
 #include "lua/lua_engine.h"
 #include "lua/lua_env.h"
 
+void li_lua_preload_net(lua_State *L); /* core/server/lua_client.c */
+
 #include <lauxlib.h>
 #include <lua.h>
 #include <stdio.h>
@@ -21,6 +23,7 @@ int li_cmd_run(int argc, char **argv) {
     lua_State *L = li_lua_new(&err);
     if (!L) return li_cli_fail(&err);
     li_lua_preload_core(L);
+    li_lua_preload_net(L);
     lua_createtable(L, argc, 1);
     for (int i = 0; i < argc; i++) {
         lua_pushstring(L, argv[i]);

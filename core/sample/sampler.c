@@ -119,6 +119,16 @@ static int cmp_desc(const void *a, const void *b) {
     return (x->id > y->id) - (x->id < y->id);
 }
 
+/* log(sum(exp(logits))), the one normalizer every reported logprob uses, so
+ * a token's logprob is the same number wherever it is reported. */
+static float log_sum_exp(const float *logits, int32_t n_vocab) {
+    float mx = logits[0];
+    for (int32_t i = 1; i < n_vocab; i++) mx = logits[i] > mx ? logits[i] : mx;
+    double sum = 0;
+    for (int32_t i = 0; i < n_vocab; i++) sum += exp((double)logits[i] - mx);
+    return mx + (float)log(sum);
+}
+
 void li_logits_top(const float *logits, int32_t n_vocab, int32_t n, li_token_logprob *out, bool as_logprob) {
     if (n <= 0) return;
     if (n > n_vocab) n = n_vocab;
@@ -134,20 +144,13 @@ void li_logits_top(const float *logits, int32_t n_vocab, int32_t n, li_token_log
         out[j] = (li_token_logprob){i, v};
     }
     if (as_logprob) {
-        float mx = out[0].logprob;
-        double sum = 0;
-        for (int32_t i = 0; i < n_vocab; i++) sum += exp((double)logits[i] - mx);
-        float lse = mx + (float)log(sum);
-        for (int32_t i = 0; i < k; i++) out[i].logprob -= lse;
+        float lse = log_sum_exp(logits, n_vocab);
+        for (int32_t i = 0; i < k; i++) out[i].logprob = logits[out[i].id] - lse;
     }
 }
 
 static float raw_logprob(const float *logits, int32_t n_vocab, int32_t id) {
-    float mx = logits[0];
-    for (int32_t i = 1; i < n_vocab; i++) mx = logits[i] > mx ? logits[i] : mx;
-    double sum = 0;
-    for (int32_t i = 0; i < n_vocab; i++) sum += exp((double)logits[i] - mx);
-    return logits[id] - mx - (float)log(sum);
+    return logits[id] - log_sum_exp(logits, n_vocab);
 }
 
 /* Keeps the k largest candidates at the front (quickselect), unsorted. */

@@ -722,6 +722,7 @@ void li_server_on_events(li_server *srv, li_event_batch *b) {
         e->text = NULL;
         e->tokens = NULL;
         r->n_prompt_tokens = e->n_prompt;
+        if (e->index == 0) r->n_cached_tokens = e->n_cached;
         r->n_preemptions += e->n_preemptions;
         free_event(e);
         if (e->t_first > 0 && (r->t_first <= 0 || e->t_first < r->t_first)) r->t_first = e->t_first;

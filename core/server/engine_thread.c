@@ -191,6 +191,7 @@ static void on_engine_event(void *ud, const li_event *ev) {
             memcpy(e->tokens, res->tokens, (size_t)res->n_tokens * sizeof *e->tokens);
         }
         e->n_prompt = res->n_prompt;
+        e->n_cached = res->cached_tokens;
         e->n_preemptions = res->n_preemptions;
         if (res->t_first_token >= 0) e->t_first = e->t - (li_engine_now(t->eng) - res->t_first_token);
     }
@@ -218,7 +219,8 @@ static void run_add(li_engine_thread *t, li_srv_req *r) {
     li_request_params p = {
         .prompt = r->prompt, .n_prompt = (int64_t)r->n_prompt, .sampling = g->sp, .max_tokens = g->max_tokens,
         .n = g->n, .stop = (const char *const *)g->stop, .n_stop = g->n_stop, .ignore_eos = g->ignore_eos,
-        .priority = g->priority, .tenant = g->tenant, .on_event = on_engine_event, .ud = r,
+        .priority = g->priority, .tenant = g->tenant, .cache_salt = g->cache_salt, .on_event = on_engine_event,
+        .ud = r,
     };
     p.sampling.n_logprobs = g->logprobs > 0 ? g->logprobs : 0;
     r->eng_id = -1;

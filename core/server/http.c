@@ -16,6 +16,7 @@
  * 429, 503). */
 #define _GNU_SOURCE
 #include "server/server.h"
+#include "tokenizer/tokenizer.h"
 
 #include <cjson/cJSON.h>
 #include <http_parser.h>
@@ -224,6 +225,8 @@ static cJSON *usage_object(const li_srv_req *r) {
     cJSON_AddNumberToObject(u, "prompt_tokens", (double)r->n_prompt_tokens);
     cJSON_AddNumberToObject(u, "completion_tokens", (double)completion);
     cJSON_AddNumberToObject(u, "total_tokens", (double)(r->n_prompt_tokens + completion));
+    cJSON *d = cJSON_AddObjectToObject(u, "prompt_tokens_details");
+    cJSON_AddNumberToObject(d, "cached_tokens", (double)r->n_cached_tokens);
     return u;
 }
 
@@ -238,13 +241,126 @@ static cJSON *str_n(const char *s, size_t n) {
     return j;
 }
 
+/* ---- logprobs in OpenAI's two shapes ---------------------------------------------------- */
+
+/* A token's text: its bytes, invalid UTF-8 replaced by U+FFFD (a byte-level
+ * token may hold part of a character). */
+static cJSON *token_string(li_server *srv, int32_t id, cJSON **bytes_out) {
+    char piece[256];
+    int k = srv->model ? li_tokenizer_token_to_piece(srv->model->tok, id, true, piece, sizeof piece) : -1;
+    size_t n = k < 0 ? 0 : LI_MIN((size_t)k, sizeof piece);
+    if (bytes_out) {
+        *bytes_out = cJSON_CreateArray();
+        for (size_t i = 0; i < n; i++) cJSON_AddItemToArray(*bytes_out, cJSON_CreateNumber((unsigned char)piece[i]));
+    }
+    char out[4 * sizeof piece + 1];
+    size_t o = 0;
+    for (size_t i = 0; i < n;) {
+        size_t len = 1;
+        unsigned char c = (unsigned char)piece[i];
+        if (c >= 0xc2 && c <= 0xdf) len = 2;
+        else if (c >= 0xe0 && c <= 0xef) len = 3;
+        else if (c >= 0xf0 && c <= 0xf4) len = 4;
+        if (c != 0 && (c < 0x80 || (i + len <= n && li_utf8_valid(piece + i, len)))) {
+            memcpy(out + o, piece + i, len);
+            o += len;
+            i += len;
+        } else {
+            memcpy(out + o, "\xef\xbf\xbd", 3);
+            o += 3;
+            i++;
+        }
+    }
+    out[o] = 0;
+    return cJSON_CreateString(out);
+}
+
+typedef struct lp_acc {
+    cJSON *obj;                 /* the "logprobs" value */
+    cJSON *content;             /* chat: [{token, logprob, bytes, top_logprobs}] */
+    cJSON *tokens, *token_logprobs, *top_logprobs, *text_offset; /* completions */
+    double offset;
+} lp_acc;
+
+static void lp_init(lp_acc *a, bool chat, double offset) {
+    memset(a, 0, sizeof *a);
+    a->obj = cJSON_CreateObject();
+    a->offset = offset;
+    if (chat) {
+        a->content = cJSON_AddArrayToObject(a->obj, "content");
+    } else {
+        a->tokens = cJSON_AddArrayToObject(a->obj, "tokens");
+        a->token_logprobs = cJSON_AddArrayToObject(a->obj, "token_logprobs");
+        a->top_logprobs = cJSON_AddArrayToObject(a->obj, "top_logprobs");
+        a->text_offset = cJSON_AddArrayToObject(a->obj, "text_offset");
+    }
+}
+
+static void lp_add(li_server *srv, lp_acc *a, int32_t token, double lp, const li_token_logprob *top, int32_t n_top) {
+    if (a->content) {
+        cJSON *e = cJSON_CreateObject(), *bytes;
+        cJSON_AddItemToObject(e, "token", token_string(srv, token, &bytes));
+        cJSON_AddNumberToObject(e, "logprob", lp);
+        cJSON_AddItemToObject(e, "bytes", bytes);
+        cJSON *tl = cJSON_AddArrayToObject(e, "top_logprobs");
+        for (int32_t i = 0; i < n_top; i++) {
+            cJSON *t = cJSON_CreateObject(), *tb;
+            cJSON_AddItemToObject(t, "token", token_string(srv, top[i].id, &tb));
+            cJSON_AddNumberToObject(t, "logprob", top[i].logprob);
+            cJSON_AddItemToObject(t, "bytes", tb);
+            cJSON_AddItemToArray(tl, t);
+        }
+        cJSON_AddItemToArray(a->content, e);
+        return;
+    }
+    cJSON *ts = token_string(srv, token, NULL);
+    double len = (double)strlen(ts->valuestring);
+    cJSON_AddItemToArray(a->tokens, ts);
+    cJSON_AddItemToArray(a->token_logprobs, cJSON_CreateNumber(lp));
+    cJSON *m = cJSON_CreateObject();
+    for (int32_t i = 0; i < n_top; i++) {
+        cJSON *t = token_string(srv, top[i].id, NULL);
+        if (!cJSON_GetObjectItemCaseSensitive(m, t->valuestring))
+            cJSON_AddNumberToObject(m, t->valuestring, top[i].logprob);
+        cJSON_Delete(t);
+    }
+    cJSON_AddItemToArray(a->top_logprobs, m);
+    cJSON_AddItemToArray(a->text_offset, cJSON_CreateNumber(a->offset));
+    a->offset += len;
+}
+
+/* The sample's packed logprob entries ({token, logprob, top = [[id, lp]...]}, see api.c). */
+static cJSON *lp_of_sample(li_server *srv, const li_sample_out *o, bool chat) {
+    lp_acc a;
+    lp_init(&a, chat, 0);
+    msgpack_unpacked u;
+    msgpack_unpacked_init(&u);
+    size_t off = 0;
+    while (o->logprobs.size && msgpack_unpack_next(&u, o->logprobs.data, o->logprobs.size, &off) == MSGPACK_UNPACK_SUCCESS) {
+        const msgpack_object *tok = li_mp_get(&u.data, "token"), *lp = li_mp_get(&u.data, "logprob"),
+                             *top = li_mp_get(&u.data, "top");
+        li_token_logprob t[20];
+        int32_t nt = 0;
+        for (uint32_t i = 0; top && top->type == MSGPACK_OBJECT_ARRAY && i < top->via.array.size && nt < 20; i++) {
+            const msgpack_object *pair = &top->via.array.ptr[i];
+            if (pair->type != MSGPACK_OBJECT_ARRAY || pair->via.array.size != 2) continue;
+            t[nt].id = (int32_t)pair->via.array.ptr[0].via.i64;
+            t[nt].logprob = (float)pair->via.array.ptr[1].via.f64;
+            nt++;
+        }
+        lp_add(srv, &a, tok ? (int32_t)tok->via.i64 : -1, lp ? lp->via.f64 : 0, t, nt);
+    }
+    msgpack_unpacked_destroy(&u);
+    return a.obj;
+}
+
 static void http_delta(li_srv_req *r, int32_t index, const char *text, size_t n, int32_t token, float logprob,
                        const li_token_logprob *top, int32_t n_top) {
-    (void)token, (void)logprob, (void)top, (void)n_top;
     http_sess *h = r->owner;
     if (!h->sse) sse_begin(h);
     bool first = h->chat && index < 64 && !(h->role_sent >> index & 1);
-    if (n == 0 && !first) return;
+    bool lp = r->g.logprobs >= 0 && token >= 0;
+    if (n == 0 && !first && !lp) return;
     if (first) h->role_sent |= 1ull << index;
     cJSON *j = base_object(h, r, true);
     cJSON *choices = cJSON_AddArrayToObject(j, "choices");
@@ -257,7 +373,14 @@ static void http_delta(li_srv_req *r, int32_t index, const char *text, size_t n,
     } else {
         cJSON_AddItemToObject(c, "text", str_n(text, n));
     }
-    cJSON_AddNullToObject(c, "logprobs");
+    if (lp) {
+        lp_acc a;
+        lp_init(&a, h->chat, 0);
+        lp_add(h->srv, &a, token, logprob, top, n_top);
+        cJSON_AddItemToObject(c, "logprobs", a.obj);
+    } else {
+        cJSON_AddNullToObject(c, "logprobs");
+    }
     cJSON_AddNullToObject(c, "finish_reason");
     cJSON_AddItemToArray(choices, c);
     sse_json(h, j);
@@ -302,7 +425,8 @@ static void http_done_req(li_srv_req *r) {
         } else {
             cJSON_AddItemToObject(c, "text", str_n(o->text ? o->text : "", o->text_len));
         }
-        cJSON_AddNullToObject(c, "logprobs");
+        if (r->g.logprobs >= 0) cJSON_AddItemToObject(c, "logprobs", lp_of_sample(h->srv, o, h->chat));
+        else cJSON_AddNullToObject(c, "logprobs");
         cJSON_AddStringToObject(c, "finish_reason", o->finish_reason ? o->finish_reason : "error");
         cJSON_AddItemToArray(choices, c);
     }

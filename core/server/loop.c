@@ -283,7 +283,7 @@ static int parse_hostport(const char *spec, char *host, size_t host_cap, int *po
         snprintf(host, host_cap, "%s", "127.0.0.1");
         colon = spec - 1; /* the whole spec is the port */
     }
-    if (!host[0]) snprintf(host, host_cap, "%s", "127.0.0.1");
+    if (!host[0] || !strcmp(host, "localhost")) snprintf(host, host_cap, "%s", "127.0.0.1");
     char *end;
     long p = strtol(colon + 1, &end, 10);
     if (end == colon + 1 || *end || p < 0 || p > 65535)

@@ -347,9 +347,11 @@ static void rpc_done(li_srv_req *r) {
         }
     }
     li_mp_pack_str(&pk, "usage");
-    msgpack_pack_map(&pk, 3);
+    msgpack_pack_map(&pk, 4);
     li_mp_pack_str(&pk, "prompt_tokens");
     msgpack_pack_int64(&pk, r->n_prompt_tokens);
+    li_mp_pack_str(&pk, "cached_tokens");
+    msgpack_pack_int64(&pk, r->n_cached_tokens);
     li_mp_pack_str(&pk, "completion_tokens");
     msgpack_pack_int64(&pk, completion);
     li_mp_pack_str(&pk, "preemptions");

@@ -62,15 +62,12 @@ static void server_free_common(li_server *srv) {
     for (int i = 0; i < srv->n_lua_free; i++) lua_close(srv->lua_free[i]);
     free(srv->lua_free);
     uv_mutex_destroy(&srv->lua_mu);
-    free(srv->policy_name);
 }
 
 void li_server_init_detached(li_server *srv) { server_init_common(srv); }
 void li_server_free_detached(li_server *srv) { server_free_common(srv); }
 
 /* ---- stopping --------------------------------------------------------------- */
-
-static void on_handle_closed(uv_handle_t *h) { (void)h; }
 
 /* Everything in flight is done (or out of time): close up. */
 static void stop_now(li_server *srv) {
@@ -186,7 +183,7 @@ int li_cmd_serve(int argc, char **argv) {
         {"model", LI_OPT_STR, &o.model, "GGUF model (default: $LUAINFER_MODEL or the bundled SmolLM2)"},
         {"listen", LI_OPT_STR_LIST, &o.listen, "msgpack-RPC on HOST:PORT or unix:PATH (repeatable; default 127.0.0.1:7700)"},
         {"http", LI_OPT_STR_LIST, &o.http, "OpenAI-compatible HTTP on HOST:PORT (repeatable; default: off)"},
-        {"kv-dtype", LI_OPT_STR, &o.kv_dtype, "KV cache dtype: f16, bf16, f32 (default: the policy's, else f16)"},
+        {"kv-dtype", LI_OPT_STR, &o.kv_dtype, "KV cache dtype: f16, bf16, f32, fp8, int8 (default: the policy's, else f16)"},
         {"kv-memory", LI_OPT_STR, &o.kv_memory, "KV cache budget in bytes, e.g. 256M (default 256M)"},
         {"block-size", LI_OPT_INT, &o.block_size, "tokens per KV block (default: the policy's, else 16)"},
         {"max-num-seqs", LI_OPT_INT, &o.max_num_seqs, "requests per step (default: the policy's, else 64)"},
@@ -358,6 +355,5 @@ done:
     server_free_common(&srv);
     free((void *)o.listen.items);
     free((void *)o.http.items);
-    (void)on_handle_closed;
     return status;
 }

@@ -215,7 +215,7 @@ struct li_srv_req {
     bool cancelled;
     int32_t n_done;
     li_sample_out *out;      /* (g.n) */
-    int64_t n_prompt_tokens;
+    int64_t n_prompt_tokens, n_cached_tokens;
     int32_t n_preemptions;
     double t_recv, t_first, t_finish; /* li_time_now() seconds */
     int64_t n_generated;
@@ -293,7 +293,7 @@ typedef struct li_srv_event {
     /* FINISH */
     const char *finish_reason;
     int32_t *tokens;         /* malloc'd (n_tokens) */
-    int64_t n_tokens, n_prompt;
+    int64_t n_tokens, n_prompt, n_cached;
     int32_t n_preemptions;
     double t_first;          /* li_time_now() clock; -1 if none */
     /* ERROR */
@@ -359,9 +359,6 @@ struct li_server {
     uv_mutex_t lua_mu;
     lua_State **lua_free;
     int n_lua_free, cap_lua_free;
-    char *policy_name;
-    /* the fuzz targets capture output here instead of sockets */
-    void (*on_shutdown)(li_server *srv);
 };
 
 /* A server with no sockets, no model and no engine thread: what the fuzz
@@ -380,8 +377,6 @@ void li_server_metrics_text(li_server *srv, char **out, size_t *n);
 /* ============================================================================
  * api.c — every method once
  * ========================================================================== */
-
-typedef enum { LI_ORIGIN_RPC, LI_ORIGIN_HTTP } li_origin;
 
 /* One call in progress. Sync results are packed into `result`; an error
  * fills code/msg; async methods set `pending` and reply later. */

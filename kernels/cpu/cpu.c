@@ -31,6 +31,8 @@ typedef struct li_cpu {
     size_t act_cap;
     float **scores;        /* (n_threads) attention scratch, scores_cap floats each */
     size_t scores_cap;
+    int64_t *tiles;        /* attention tiles: first token of each, tiles_cap entries */
+    int64_t tiles_cap;
 } li_cpu;
 
 static li_cpu *cpu_of(li_backend *be) { return be->impl; }
@@ -254,8 +256,74 @@ static void attn_work(void *p, int ith, int nth) {
     }
 }
 
+/* The tile path (F16/BF16/F32 KV, an ISA with attn_tile): runs of up to
+ * LI_ATTN_TILE consecutive batch tokens of one sequence (a prefill chunk;
+ * a decode token is a run of one) x kv heads, so K/V rows are read once for
+ * all the query heads and tokens that share them. */
+typedef struct {
+    const li_cpu_kernels *kern;
+    const li_attn_args *a;
+    float **scratch;
+    const int64_t *tile0;  /* (n_tiles + 1) first token of each tile */
+    int64_t n_tiles;
+    int split;             /* query heads of a group per item: G, or 1 when items are few */
+    atomic_long next;      /* next (tile, kv head, head run) */
+} attn_tile_job;
+
+static void attn_tile_work(void *p, int ith, int nth) {
+    attn_tile_job *j = p;
+    const li_attn_args *a = j->a;
+    const int G = a->n_head / a->n_head_kv, runs = G / j->split;
+    const int64_t total = j->n_tiles * a->n_head_kv * runs;
+    for (;;) {
+        const int64_t t = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
+        if (t >= total) break;
+        const int64_t tile = t / (a->n_head_kv * runs), r = t % (a->n_head_kv * runs);
+        j->kern->attn_tile(a, j->tile0[tile], (int)(j->tile0[tile + 1] - j->tile0[tile]), (int)(r / runs),
+                           (int)(r % runs) * j->split, j->split, j->scratch[ith]);
+    }
+}
+
+static bool cpu_attention_tiles(li_cpu *c, const li_attn_args *a) {
+    const int G = a->n_head / a->n_head_kv;
+    if (!c->kern->attn_tile || li_kv_is_8bit(a->kv->dtype) || G > 64 || a->head_dim > 256) return false;
+    const int max_nt = LI_MIN(LI_ATTN_TILE, 64 / G);
+    int64_t max_pos = 0, work = 0;
+    if (a->n_tokens + 1 > c->tiles_cap) {
+        c->tiles_cap = 2 * (a->n_tokens + 1);
+        free(c->tiles);
+        c->tiles = li_xmalloc((size_t)c->tiles_cap * sizeof *c->tiles);
+    }
+    int64_t n_tiles = 0;
+    for (int64_t i = 0; i < a->n_tokens; i++) {
+        max_pos = LI_MAX(max_pos, (int64_t)a->pos[i]);
+        work += (int64_t)a->pos[i] + 1;
+        if (i == 0 || a->seq[i] != a->seq[i - 1] || i - c->tiles[n_tiles - 1] >= max_nt) c->tiles[n_tiles++] = i;
+    }
+    c->tiles[n_tiles] = a->n_tokens;
+    const size_t need = li_attn_tile_scratch(a, max_pos);
+    if (need > c->scores_cap) {
+        const size_t cap = LI_MAX(need, 2 * c->scores_cap);
+        for (int t = 0; t < c->n_threads; t++) {
+            li_aligned_free(c->scores[t]);
+            c->scores[t] = li_aligned_alloc(cap * sizeof(float));
+        }
+        c->scores_cap = cap;
+    }
+    /* a decode step of one sequence has only n_head_kv items: split the
+     * groups so every thread gets a share (the results do not change) */
+    const int split = n_tiles * a->n_head_kv < 4 * c->n_threads ? 1 : G;
+    attn_tile_job j = {.kern = c->kern, .a = a, .scratch = c->scores, .tile0 = c->tiles, .n_tiles = n_tiles,
+                       .split = split};
+    atomic_init(&j.next, 0);
+    work *= (int64_t)a->n_head * a->head_dim;
+    li_threadpool_run(c->tp, attn_tile_work, &j, work < 32768 ? 1 : c->n_threads);
+    return true;
+}
+
 static void cpu_attention(li_backend *be, const li_attn_args *a) {
     li_cpu *c = cpu_of(be);
+    if (cpu_attention_tiles(c, a)) return;
     int64_t max_pos = 0, work = 0;
     for (int64_t i = 0; i < a->n_tokens; i++) {
         max_pos = LI_MAX(max_pos, (int64_t)a->pos[i]);
@@ -301,7 +369,7 @@ static void cpu_silu_mul(li_backend *be, float *g, const float *u, int64_t n, in
 }
 
 /* ------------------------------------------------------------------------
- * small ops: single-threaded, shared with the reference
+ * small ops
  * ---------------------------------------------------------------------- */
 
 static void cpu_get_rows(li_backend *be, const li_weight *w, const int32_t *ids, int64_t n, float *out) {
@@ -314,39 +382,135 @@ static void cpu_get_rows(li_backend *be, const li_weight *w, const int32_t *ids,
     for (int64_t r = 0; r < n; r++) li_cpu_packed_get_row(pw, ids[r], out + r * w->k);
 }
 
-static void cpu_rmsnorm(li_backend *be, const float *x, const float *w, float *y, int64_t n, int64_t dim,
-                        float eps) {
-    li_backend_ref_ops()->rmsnorm(be, x, w, y, n, dim, eps);
+/* The small per-row ops keep the reference's arithmetic exactly (so every
+ * ISA matches ops_ref.c bit for bit); what changes is that big batches
+ * (prefill) split rows over the threads, and rmsnorm works on 4 rows at a
+ * time so their double-precision sums (a chain of dependent adds each) run
+ * side by side. */
+
+typedef struct {
+    void (*rows)(void *ctx, int64_t r0, int64_t r1);
+    void *ctx;
+    int64_t n, chunk;
+    atomic_long next;      /* next chunk */
+} rows_job;
+
+static void rows_work(void *p, int ith, int nth) {
+    rows_job *j = p;
+    for (;;) {
+        const int64_t r0 = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed) * j->chunk;
+        if (r0 >= j->n) break;
+        j->rows(j->ctx, r0, LI_MIN(r0 + j->chunk, j->n));
+    }
 }
 
-static void cpu_rope(li_backend *be, float *x, const int32_t *pos, int64_t n, int n_heads, int head_dim, int n_rot,
-                     float theta, int neox) {
+/* rows(ctx, r0, r1) over [0, n), on the threads when there are `elems`
+ * elements of work or more */
+static void rows_run(li_cpu *c, void (*rows)(void *, int64_t, int64_t), void *ctx, int64_t n, int64_t elems) {
+    const int nth = elems >= 65536 && n > 1 ? (int)LI_MIN((int64_t)c->n_threads, n) : 1;
+    if (nth == 1) {
+        rows(ctx, 0, n);
+        return;
+    }
+    rows_job j = {.rows = rows, .ctx = ctx, .n = n, .chunk = LI_MAX((n + 4 * nth - 1) / (4 * nth), 1)};
+    atomic_init(&j.next, 0);
+    li_threadpool_run(c->tp, rows_work, &j, nth);
+}
+
+typedef struct {
+    const float *x, *w;
+    float *y;
+    int64_t dim;
+    float eps;
+} rmsnorm_ctx;
+
+static void rmsnorm_rows(void *p, int64_t r0, int64_t r1) {
+    const rmsnorm_ctx *c = p;
+    const int64_t dim = c->dim;
+    for (int64_t r = r0; r < r1; r += 4) {
+        const int nr = (int)LI_MIN((int64_t)4, r1 - r);
+        double sum[4] = {0, 0, 0, 0}; /* as the reference: squares summed in double, in order */
+        if (nr == 4) {
+            const float *x0 = c->x + r * dim, *x1 = x0 + dim, *x2 = x1 + dim, *x3 = x2 + dim;
+            for (int64_t j = 0; j < dim; j++) {
+                sum[0] += (double)(x0[j] * x0[j]);
+                sum[1] += (double)(x1[j] * x1[j]);
+                sum[2] += (double)(x2[j] * x2[j]);
+                sum[3] += (double)(x3[j] * x3[j]);
+            }
+        } else {
+            for (int i = 0; i < nr; i++) {
+                const float *xr = c->x + (r + i) * dim;
+                for (int64_t j = 0; j < dim; j++) sum[i] += (double)(xr[j] * xr[j]);
+            }
+        }
+        for (int i = 0; i < nr; i++) {
+            const float *xr = c->x + (r + i) * dim;
+            float *yr = c->y + (r + i) * dim;
+            const float scale = 1.0f / sqrtf((float)(sum[i] / (double)dim) + c->eps);
+            for (int64_t j = 0; j < dim; j++) yr[j] = (xr[j] * scale) * c->w[j];
+        }
+    }
+}
+
+static void cpu_rmsnorm(li_backend *be, const float *x, const float *w, float *y, int64_t n, int64_t dim,
+                        float eps) {
+    rmsnorm_ctx ctx = {.x = x, .w = w, .y = y, .dim = dim, .eps = eps};
+    rows_run(cpu_of(be), rmsnorm_rows, &ctx, n, n * dim);
+}
+
+typedef struct {
+    float *x;
+    const int32_t *pos;
+    int n_heads, head_dim, n_rot, neox;
+    float theta_scale;
+} rope_ctx;
+
+static void rope_rows(void *p, int64_t i0, int64_t i1) {
+    const rope_ctx *c = p;
     /* the reference's angles, computed once per token instead of per head */
-    const float theta_scale = powf(theta, -2.0f / (float)n_rot);
-    const int half = n_rot / 2;
+    const int half = c->n_rot / 2;
     float cs[2 * 256], *cache = half <= 256 ? cs : li_xmalloc(2 * (size_t)half * sizeof(float));
-    for (int64_t i = 0; i < n; i++) {
-        float angle = (float)pos[i];
-        for (int j = 0; j < half; j++, angle *= theta_scale) {
+    for (int64_t i = i0; i < i1; i++) {
+        float angle = (float)c->pos[i];
+        for (int j = 0; j < half; j++, angle *= c->theta_scale) {
             cache[2 * j] = cosf(angle);
             cache[2 * j + 1] = sinf(angle);
         }
-        for (int h = 0; h < n_heads; h++) {
-            float *v = x + (i * n_heads + h) * head_dim;
+        for (int h = 0; h < c->n_heads; h++) {
+            float *v = c->x + (i * c->n_heads + h) * c->head_dim;
             for (int j = 0; j < half; j++) {
-                const float c = cache[2 * j], s = cache[2 * j + 1];
-                const int i0 = neox ? j : 2 * j, i1 = neox ? j + half : 2 * j + 1;
-                const float x0 = v[i0], x1 = v[i1];
-                v[i0] = x0 * c - x1 * s;
-                v[i1] = x0 * s + x1 * c;
+                const float cj = cache[2 * j], sj = cache[2 * j + 1];
+                const int a = c->neox ? j : 2 * j, b = c->neox ? j + half : 2 * j + 1;
+                const float x0 = v[a], x1 = v[b];
+                v[a] = x0 * cj - x1 * sj;
+                v[b] = x0 * sj + x1 * cj;
             }
         }
     }
     if (cache != cs) free(cache);
 }
 
+static void cpu_rope(li_backend *be, float *x, const int32_t *pos, int64_t n, int n_heads, int head_dim, int n_rot,
+                     float theta, int neox) {
+    rope_ctx ctx = {.x = x, .pos = pos, .n_heads = n_heads, .head_dim = head_dim, .n_rot = n_rot, .neox = neox,
+                    .theta_scale = powf(theta, -2.0f / (float)n_rot)};
+    rows_run(cpu_of(be), rope_rows, &ctx, n, n * n_heads * n_rot * 8);
+}
+
+typedef struct {
+    float *y;
+    const float *x;
+} add_ctx;
+
+static void add_rows(void *p, int64_t j0, int64_t j1) {
+    const add_ctx *c = p;
+    for (int64_t j = j0; j < j1; j++) c->y[j] += c->x[j];
+}
+
 static void cpu_add(li_backend *be, float *y, const float *x, int64_t n) {
-    li_backend_ref_ops()->add(be, y, x, n);
+    add_ctx ctx = {.y = y, .x = x};
+    rows_run(cpu_of(be), add_rows, &ctx, n, n / 4); /* cheap per element: only big ones */
 }
 
 static void cpu_kv_store(li_backend *be, const li_kv_layer *kv, const float *k, const float *v, const int64_t *slot,
@@ -405,6 +569,7 @@ void li_backend_cpu_free(li_backend *be) {
     li_threadpool_free(c->tp);
     for (int t = 0; t < c->n_threads; t++) li_aligned_free(c->scores[t]);
     free(c->scores);
+    free(c->tiles);
     li_aligned_free(c->act);
     free(c);
     memset(be, 0, sizeof *be);

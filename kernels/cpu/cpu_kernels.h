@@ -110,9 +110,21 @@ typedef struct li_cpu_kernels {
                           float *y, int64_t ldy);
     /* attention output of token i, head h; scores: scratch of pos[i]+1 floats */
     void (*attn_head)(const li_attn_args *a, int64_t i, int h, float *scores);
+    /* F16/BF16/F32 KV (optional): tokens [i0, i0+nt) of one sequence
+     * (nt <= LI_ATTN_TILE), query heads g0..g0+ng-1 of kv head kvh's group
+     * (nt * ng <= 64). Each (token, head) gets the same bits as alone, in
+     * any tile. scratch: li_attn_tile_scratch() floats, 64-byte aligned */
+    void (*attn_tile)(const li_attn_args *a, int64_t i0, int nt, int kvh, int g0, int ng, float *scratch);
     /* g(n) = silu(g) * u */
     void (*silu_mul)(float *g, const float *u, int64_t n);
 } li_cpu_kernels;
+
+#define LI_ATTN_TILE 8
+/* floats of scratch attn_tile needs for positions up to max_pos */
+static inline size_t li_attn_tile_scratch(const li_attn_args *a, int64_t max_pos) {
+    const size_t nq = (size_t)(a->n_head / a->n_head_kv) * LI_ATTN_TILE;
+    return nq * (((size_t)max_pos + 16) & ~(size_t)15) + nq * 256 + 16;
+}
 
 extern const li_cpu_kernels li_cpu_kernels_scalar;
 extern const li_cpu_kernels li_cpu_kernels_avx2;   /* needs AVX2, FMA, F16C */

@@ -94,7 +94,9 @@ static void avx512_quantize_act(li_type at, const float *x, void *dst, int64_t k
  * The weight panel is unpacked once per block and serves NR activation rows.
  * ---------------------------------------------------------------------- */
 
-#define NR 4 /* activation rows per pass over a panel */
+#ifndef NR
+#define NR 8 /* activation rows per pass over a panel */
+#endif
 #ifndef PF_DIST
 #define PF_DIST 8192
 #endif
@@ -185,6 +187,7 @@ static inline __attribute__((always_inline)) void gemm_q_t(li_type t, const li_c
         float *yp = y + p * LI_PANEL;
         int64_t r = 0;
         for (; r + NR <= n; r += NR) q_panel(t, NR, w->k, panel, act + r * as, as, yp + r * ldy, ldy, mask);
+        for (; r + 4 <= n; r += 4) q_panel(t, 4, w->k, panel, act + r * as, as, yp + r * ldy, ldy, mask);
         switch (n - r) {
         case 3: q_panel(t, 3, w->k, panel, act + r * as, as, yp + r * ldy, ldy, mask); break;
         case 2: q_panel(t, 2, w->k, panel, act + r * as, as, yp + r * ldy, ldy, mask); break;
@@ -360,6 +363,202 @@ static inline __attribute__((always_inline)) void attn_head_t(li_type t, const l
     }
 }
 
+/* ------------------------------------------------------------------------
+ * attention tiles: several tokens of one sequence x the query heads of one
+ * kv head, so each K/V row is loaded and converted once for all of them.
+ *
+ * The arithmetic of one (token, head) is fixed, whatever else shares its
+ * tile (batch invariance):
+ *   score_p = scale * T(q·k_p), the 16-lane products summed over the
+ *             head_dim chunks in order (a multiply, then FMAs), then the
+ *             lanes by the fixed tree T (lane j + lane j+8, then +4, +2, +1),
+ *             16 positions at a time;
+ *   e_p     = exp(score_p - max), sum = T(16-lane partial sums in order);
+ *   out     = (sum_p e_p v_p, an FMA per position in order) * (1/sum).
+ * ---------------------------------------------------------------------- */
+
+/* lane j of the result = T(a[j]): the 16 lane sums of a[0..15] */
+static inline __m512 reduce16(const __m512 *a) {
+    __m512 x[8], y[4], z[2];
+    for (int i = 0; i < 8; i++) /* lanes j + j+8 */
+        x[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0x44),
+                             _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0xee));
+    for (int i = 0; i < 4; i++) /* + j+4: block k of y[i] holds a[4i+k] */
+        y[i] = _mm512_add_ps(_mm512_shuffle_f32x4(x[2 * i], x[2 * i + 1], 0x88),
+                             _mm512_shuffle_f32x4(x[2 * i], x[2 * i + 1], 0xdd));
+    for (int i = 0; i < 2; i++) /* + j+2 */
+        z[i] = _mm512_add_ps(_mm512_shuffle_ps(y[2 * i], y[2 * i + 1], 0x44),
+                             _mm512_shuffle_ps(y[2 * i], y[2 * i + 1], 0xee));
+    /* + j+1; lane 4k+m now holds a[4m+k] (for z: y[2i] = a[8i..8i+3]...) */
+    const __m512 w = _mm512_add_ps(_mm512_shuffle_ps(z[0], z[1], 0x88), _mm512_shuffle_ps(z[0], z[1], 0xdd));
+    return _mm512_permutexvar_ps(_mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0), w);
+}
+
+/* K/V row chunk c of ND (16 lanes each, the last one masked to D) */
+#define ATT_CHUNK_MASK(c, ND, dlast) ((c) == (ND) - 1 ? (dlast) : (__mmask16)0xffff)
+
+/* Scores of nq queries (rows qp[]) against positions [0, n_max), 16 at a
+ * time, into S (nq, ncap). ND = head_dim chunks, constant after inlining
+ * (0: the generic loop for odd head sizes). */
+static inline __attribute__((always_inline)) void
+attn_scores(li_type t, int ND, int nd, const li_attn_args *a, const char *K, size_t row, const int32_t *bt,
+            const float *const *qp, int nq, int64_t n_max, int64_t ncap, __mmask16 dlast, float *S, __m512 *tmp) {
+    const int bs = a->block_size;
+    const int n = ND ? ND : nd;
+    const __m512 vscale = _mm512_set1_ps(a->scale);
+    for (int64_t c0 = 0; c0 < n_max; c0 += 16) {
+        const int np = (int)LI_MIN((int64_t)16, n_max - c0);
+        for (int pp = 0; pp < 16; pp++) {
+            __m512 kv[16];
+            if (pp < np) {
+                const int64_t p = c0 + pp;
+                const char *kr = K + ((size_t)bt[p / bs] * bs + p % bs) * row;
+#pragma GCC unroll 16
+                for (int c = n; c < 16; c++) kv[c] = _mm512_setzero_ps();
+#pragma GCC unroll 16
+                for (int c = 0; c < n; c++) kv[c] = load_f(t, kr, 16 * c, ATT_CHUNK_MASK(c, n, dlast));
+            } else {
+#pragma GCC unroll 16
+                for (int c = 0; c < n; c++) kv[c] = _mm512_setzero_ps();
+            }
+            for (int qi = 0; qi < nq; qi++) {
+                const float *q = qp[qi];
+                __m512 acc = _mm512_mul_ps(_mm512_maskz_loadu_ps(ATT_CHUNK_MASK(0, n, dlast), q), kv[0]);
+#pragma GCC unroll 16
+                for (int c = 1; c < n; c++)
+                    acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(ATT_CHUNK_MASK(c, n, dlast), q + 16 * c), kv[c], acc);
+                tmp[qi * 16 + pp] = acc;
+            }
+        }
+        for (int qi = 0; qi < nq; qi++) _mm512_store_ps(S + qi * ncap + c0, _mm512_mul_ps(reduce16(tmp + qi * 16), vscale));
+    }
+}
+
+/* out_v = sum_p e_p v_p over the positions [0, npos[v]) of QV queries
+ * (rows S + qs[v] of e_p), one FMA per position in order. */
+static inline __attribute__((always_inline)) void
+attn_pv(li_type t, int ND, int nd, int QV, const li_attn_args *a, const char *V, size_t row, const int32_t *bt,
+        const float *const *sp, const int64_t *npos, __mmask16 dlast, float *const *outp, const float *inv) {
+    const int bs = a->block_size;
+    const int n = ND ? ND : nd;
+    int64_t lo = INT64_MAX, hi = 0; /* every query needs the positions below lo */
+#pragma GCC unroll 8
+    for (int v = 0; v < QV; v++) {
+        lo = LI_MIN(lo, npos[v]);
+        hi = LI_MAX(hi, npos[v]);
+    }
+    __m512 acc[8][16];
+#pragma GCC unroll 8
+    for (int v = 0; v < QV; v++)
+#pragma GCC unroll 16
+        for (int c = 0; c < 16; c++) acc[v][c] = _mm512_setzero_ps(); /* (the generic head size may use all) */
+    for (int64_t p = 0; p < hi; p++) {
+        const char *vr = V + ((size_t)bt[p / bs] * bs + p % bs) * row;
+        __m512 vv[16];
+#pragma GCC unroll 16
+        for (int c = n; c < 16; c++) vv[c] = _mm512_setzero_ps();
+#pragma GCC unroll 16
+        for (int c = 0; c < n; c++) vv[c] = load_f(t, vr, 16 * c, ATT_CHUNK_MASK(c, n, dlast));
+        if (p < lo) {
+#pragma GCC unroll 8
+            for (int v = 0; v < QV; v++) {
+                const __m512 e = _mm512_set1_ps(sp[v][p]);
+#pragma GCC unroll 16
+                for (int c = 0; c < n; c++) acc[v][c] = _mm512_fmadd_ps(e, vv[c], acc[v][c]);
+            }
+        } else {
+#pragma GCC unroll 8
+            for (int v = 0; v < QV; v++) {
+                if (p >= npos[v]) continue;
+                const __m512 e = _mm512_set1_ps(sp[v][p]);
+#pragma GCC unroll 16
+                for (int c = 0; c < n; c++) acc[v][c] = _mm512_fmadd_ps(e, vv[c], acc[v][c]);
+            }
+        }
+    }
+#pragma GCC unroll 8
+    for (int v = 0; v < QV; v++) {
+        const __m512 vi = _mm512_set1_ps(inv[v]);
+#pragma GCC unroll 16
+        for (int c = 0; c < n; c++)
+            _mm512_mask_storeu_ps(outp[v] + 16 * c, ATT_CHUNK_MASK(c, n, dlast), _mm512_mul_ps(acc[v][c], vi));
+    }
+}
+
+static inline __attribute__((always_inline)) void attn_tile_t(li_type t, int ND, const li_attn_args *a, int64_t i0,
+                                                              int nt, int kvh, int g0, int ng, float *scratch) {
+    const int D = a->head_dim, nd = (D + 15) / 16, G = a->n_head / a->n_head_kv, nq = ng * nt;
+    const __mmask16 dlast = (D % 16) ? (__mmask16)((1u << (D % 16)) - 1) : (__mmask16)0xffff;
+    const int32_t *bt = a->block_tables[a->seq[i0]];
+    const size_t es = li_kv_elem_size(t), row = (size_t)a->n_head_kv * D * es; /* bytes per slot */
+    const char *K = (const char *)a->kv->k + (size_t)kvh * D * es, *V = (const char *)a->kv->v + (size_t)kvh * D * es;
+    /* query qi: token i0 + qi / ng, head kvh*G + g0 + qi % ng */
+    int64_t npos[64], n_max = 0;
+    const float *qp[64];
+    float *outp[64];
+    for (int qi = 0; qi < nq; qi++) {
+        const int64_t i = i0 + qi / ng, h = (int64_t)kvh * G + g0 + qi % ng;
+        npos[qi] = (int64_t)a->pos[i] + 1;
+        n_max = LI_MAX(n_max, npos[qi]);
+        qp[qi] = a->q + (i * a->n_head + h) * D;
+        outp[qi] = a->out + (i * a->n_head + h) * D;
+    }
+    const int64_t ncap = (n_max + 15) & ~(int64_t)15;
+    float *S = scratch;                                                         /* (nq, ncap) */
+    __m512 *tmp = (__m512 *)(((uintptr_t)(S + nq * ncap) + 63) & ~(uintptr_t)63); /* (nq, 16) */
+    attn_scores(t, ND, nd, a, K, row, bt, qp, nq, n_max, ncap, dlast, S, tmp);
+
+    /* softmax numerators and 1/sum, per query over its own positions */
+    float inv[64];
+    const float *sp[64];
+    for (int qi = 0; qi < nq; qi++) {
+        float *sq = S + qi * ncap;
+        sp[qi] = sq;
+        const int64_t n = npos[qi];
+        __m512 vmax = _mm512_set1_ps(-INFINITY);
+        for (int64_t p = 0; p < n; p += 16) {
+            const __mmask16 m = n - p >= 16 ? 0xffff : (__mmask16)((1u << (n - p)) - 1);
+            vmax = _mm512_mask_max_ps(vmax, m, vmax, _mm512_load_ps(sq + p));
+        }
+        const __m512 mx = _mm512_set1_ps(_mm512_reduce_max_ps(vmax));
+        __m512 vsum = _mm512_setzero_ps();
+        for (int64_t p = 0; p < n; p += 16) {
+            const __mmask16 m = n - p >= 16 ? 0xffff : (__mmask16)((1u << (n - p)) - 1);
+            const __m512 e = _mm512_maskz_mov_ps(m, exp512(_mm512_sub_ps(_mm512_load_ps(sq + p), mx)));
+            _mm512_store_ps(sq + p, e);
+            vsum = _mm512_add_ps(vsum, e);
+        }
+        inv[qi] = 1.0f / hsum512(vsum);
+    }
+
+    /* out = sum_p e_p v_p / sum, QV queries per pass over V */
+    const int QV = ND ? LI_MAX(1, 24 / ND) : 1;
+    int q0 = 0;
+    for (; q0 + QV <= nq; q0 += QV)
+        attn_pv(t, ND, nd, QV, a, V, row, bt, sp + q0, npos + q0, dlast, outp + q0, inv + q0);
+    for (; q0 < nq; q0++) attn_pv(t, ND, nd, 1, a, V, row, bt, sp + q0, npos + q0, dlast, outp + q0, inv + q0);
+}
+
+#define ATTN_TILE_DTYPE(T)                                                                                     \
+    static void attn_tile_##T(const li_attn_args *a, int64_t i0, int nt, int kvh, int g0, int ng, float *scratch) { \
+        switch (a->head_dim) {                                                                               \
+        case 64: attn_tile_t(LI_TYPE_##T, 4, a, i0, nt, kvh, g0, ng, scratch); break;                       \
+        case 128: attn_tile_t(LI_TYPE_##T, 8, a, i0, nt, kvh, g0, ng, scratch); break;                      \
+        default: attn_tile_t(LI_TYPE_##T, 0, a, i0, nt, kvh, g0, ng, scratch); break;                       \
+        }                                                                                                    \
+    }
+ATTN_TILE_DTYPE(F16)
+ATTN_TILE_DTYPE(BF16)
+ATTN_TILE_DTYPE(F32)
+
+static void avx512_attn_tile(const li_attn_args *a, int64_t i0, int nt, int kvh, int g0, int ng, float *scratch) {
+    switch (a->kv->dtype) {
+    case LI_TYPE_F16: attn_tile_F16(a, i0, nt, kvh, g0, ng, scratch); break;
+    case LI_TYPE_BF16: attn_tile_BF16(a, i0, nt, kvh, g0, ng, scratch); break;
+    default: attn_tile_F32(a, i0, nt, kvh, g0, ng, scratch); break;
+    }
+}
+
 static void avx512_attn_head(const li_attn_args *a, int64_t i, int h, float *scores) {
     switch (a->kv->dtype) {
     case LI_TYPE_F16: attn_head_t(LI_TYPE_F16, a, i, h, scores); break;
@@ -390,5 +589,6 @@ const li_cpu_kernels li_cpu_kernels_avx512 = {
     .gemm_q_packed = avx512_gemm_q_packed,
     .gemm_f_packed = avx512_gemm_f_packed,
     .attn_head = avx512_attn_head,
+    .attn_tile = avx512_attn_tile,
     .silu_mul = avx512_silu_mul,
 };

@@ -8,11 +8,11 @@
  * then the scales, so both are read as straight streams.
  *
  * After packing, the original rows are not read again by the CPU backend
- * (get_rows reads the panels too), so their pages are handed back to the
- * kernel with MADV_PAGEOUT: a file mapping's pages drop out of the resident
- * set instead of doubling the model's memory, and come back from the file if
- * anything reads them again. On anonymous memory without swap the hint does
- * nothing, so it never loses data. */
+ * (get_rows reads the panels too). When they lie in a read-only file
+ * mapping (the GGUF), their pages are dropped from this process with
+ * MADV_DONTNEED, so the model is not resident twice; they come back from the
+ * page cache if anything reads them again. Any other memory is left alone
+ * (DONTNEED would zero anonymous memory). */
 #define _GNU_SOURCE
 #include "util/common.h"
 #include "cpu/cpu_kernels.h"
@@ -23,9 +23,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#ifndef MADV_PAGEOUT
-#define MADV_PAGEOUT 21
-#endif
+#include <stdio.h>
 
 /* ------------------------------------------------------------------------
  * the arena: panels of successive weights back to back
@@ -172,6 +170,26 @@ static void pack_panel_f(const li_weight *w, const li_cpu_packed *p, int64_t r0,
     }
 }
 
+/* true when [p, p + n) lies in one read-only private mapping of a file
+ * (/proc/self/maps: "start-end perms offset dev inode path") */
+static bool in_readonly_file_map(const void *p, size_t n) {
+    FILE *f = fopen("/proc/self/maps", "r");
+    if (!f) return false;
+    const uintptr_t lo = (uintptr_t)p, hi = lo + n;
+    char line[512], perms[8];
+    bool ok = false;
+    unsigned long long start, end, inode;
+    while (fgets(line, sizeof line, f)) {
+        if (sscanf(line, "%llx-%llx %7s %*s %*s %llu", &start, &end, perms, &inode) != 4) continue;
+        if (lo >= start && lo < end) {
+            ok = hi <= end && inode != 0 && perms[0] == 'r' && perms[1] == '-' && perms[3] == 'p';
+            break;
+        }
+    }
+    fclose(f);
+    return ok;
+}
+
 /* ------------------------------------------------------------------------
  * prepare / release
  * ---------------------------------------------------------------------- */
@@ -211,7 +229,7 @@ int li_cpu_pack(li_weight *w) {
     const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
     const uintptr_t lo = ((uintptr_t)w->data + page - 1) & ~(page - 1);
     const uintptr_t hi = ((uintptr_t)w->data + w->row_bytes * (size_t)w->m) & ~(page - 1);
-    if (hi > lo) (void)madvise((void *)lo, hi - lo, MADV_PAGEOUT);
+    if (hi > lo && in_readonly_file_map((const void *)lo, hi - lo)) (void)madvise((void *)lo, hi - lo, MADV_DONTNEED);
     w->packed = p;
     return 0;
 }

@@ -671,6 +671,57 @@ static void test_small_ops(li_backend *bes, int n_be) {
     report(ok, "add: the reference is y += x, every backend identical");
 }
 
+/* The same ops at prefill sizes, where the CPU backend splits rows over its
+ * threads (and rmsnorm runs 4 rows at a time): still the reference's bits. */
+static void test_small_ops_big(li_backend *bes, int n_be) {
+    const li_backend_ops *ref = li_backend_ref_ops();
+    li_backend ref_be = {.ops = ref, .n_threads = 1};
+    const int64_t n = 203, dim = 579; /* odd: 4-row groups and thread chunks have tails */
+    float *x = li_xmalloc((size_t)(n * dim) * sizeof(float)), *w = li_xmalloc((size_t)dim * sizeof(float));
+    float *want = li_xmalloc((size_t)(n * dim) * sizeof(float)), *got = li_xmalloc((size_t)(n * dim) * sizeof(float));
+    int32_t *pos = li_xmalloc((size_t)n * sizeof(int32_t));
+    fill(x, n * dim, 3.0f);
+    fill(w, dim, 1.0f);
+    for (int64_t i = 0; i < n; i++) pos[i] = (int32_t)(i * 7 % 300);
+    bool ok_norm = true, ok_rope = true, ok_add = true;
+    ref->rmsnorm(&ref_be, x, w, want, n, dim, 1e-5f);
+    for (int b = 0; b < n_be; b++) {
+        bes[b].ops->rmsnorm(&bes[b], x, w, got, n, dim, 1e-5f);
+        ok_norm &= memcmp(got, want, (size_t)(n * dim) * sizeof(float)) == 0;
+    }
+    /* rope over (n, 9, 64): 203 tokens of 9 heads */
+    const int64_t len = n * 9 * 64;
+    memcpy(want, x, (size_t)len * sizeof(float));
+    ref->rope(&ref_be, want, pos, n, 9, 64, 64, 10000.0f, 0);
+    for (int b = 0; b < n_be; b++) {
+        memcpy(got, x, (size_t)len * sizeof(float));
+        bes[b].ops->rope(&bes[b], got, pos, n, 9, 64, 64, 10000.0f, 0);
+        ok_rope &= memcmp(got, want, (size_t)len * sizeof(float)) == 0;
+    }
+    /* add: a short one, then one long enough to be split */
+    const int64_t na = 300007;
+    float *ya = li_xmalloc((size_t)na * sizeof(float)), *xa = li_xmalloc((size_t)na * sizeof(float));
+    float *wa = li_xmalloc((size_t)na * sizeof(float));
+    fill(xa, na, 2.0f);
+    fill(ya, na, 2.0f);
+    memcpy(wa, ya, (size_t)na * sizeof(float));
+    ref->add(&ref_be, wa, w, dim);
+    ref->add(&ref_be, wa, xa, na);
+    for (int b = 0; b < n_be; b++) {
+        float *ga = li_xmalloc((size_t)na * sizeof(float));
+        memcpy(ga, ya, (size_t)na * sizeof(float));
+        bes[b].ops->add(&bes[b], ga, w, dim);
+        bes[b].ops->add(&bes[b], ga, xa, na);
+        ok_add &= memcmp(ga, wa, (size_t)na * sizeof(float)) == 0;
+        free(ga);
+    }
+    free(ya); free(xa); free(wa);
+    report(ok_norm, "rmsnorm 203 x 579 (threaded, 4 rows at a time): every backend identical to the reference");
+    report(ok_rope, "rope 203 tokens x 9 heads (threaded): every backend identical to the reference");
+    report(ok_add, "add 300007 elements (threaded): every backend identical to the reference");
+    free(x); free(w); free(want); free(got); free(pos);
+}
+
 /* ------------------------------------------------------------------------
  * paged attention
  * ---------------------------------------------------------------------- */
@@ -955,6 +1006,7 @@ int main(void) {
     }
     test_matmul(bes, n_be);
     test_small_ops(bes, n_be);
+    test_small_ops_big(bes, n_be);
     test_attention(bes, n_be);
     test_matmul_batch_invariance();
     test_attention_batch_invariance();
