@@ -11,34 +11,10 @@
 #include "tokenizer/tokenizer.h"
 
 #include <cjson/cJSON.h>
-#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static int read_file(const char *path, char **out, size_t *len, li_error *err) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return li_error_set(err, LI_EIO, "cannot open '%s': %s", path, strerror(errno));
-    size_t cap = 1 << 16, n = 0;
-    char *buf = li_xmalloc(cap);
-    for (;;) {
-        if (n + 4096 > cap) buf = li_xrealloc(buf, cap *= 2);
-        size_t r = fread(buf + n, 1, cap - n - 1, f);
-        n += r;
-        if (r == 0) break;
-    }
-    int bad = ferror(f);
-    fclose(f);
-    if (bad) {
-        free(buf);
-        return li_error_set(err, LI_EIO, "error reading '%s'", path);
-    }
-    buf[n] = 0;
-    *out = buf;
-    *len = n;
-    return 0;
-}
 
 int li_cmd_perplexity(int argc, char **argv) {
     const char *model = NULL, *file = NULL, *isa = "auto", *kv_dtype_s = "f16";
@@ -73,7 +49,7 @@ int li_cmd_perplexity(int argc, char **argv) {
     if ((rc = li_kv_dtype_parse(kv_dtype_s, &kv_dtype, &err))) return li_cli_fail(&err);
     char *text = NULL;
     size_t len = 0;
-    if ((rc = read_file(file, &text, &len, &err))) return li_cli_fail(&err);
+    if ((rc = li_read_file(file, (size_t)1 << 30, "text file", &text, &len, &err))) return li_cli_fail(&err);
 
     li_runtime rt;
     if ((rc = li_runtime_open(&rt, model, threads, isa, &err))) {

@@ -802,34 +802,7 @@ static void core_free(lua_core *c) {
 }
 
 static int read_file(const char *path, char **out, size_t *len, li_error *err) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return li_error_set(err, LI_EIO, "cannot open policy file %s", path);
-    size_t cap = 4096, n = 0;
-    char *buf = li_xmalloc(cap);
-    for (;;) {
-        if (n + 1 >= cap) {
-            if (cap >= POLICY_FILE_MAX) {
-                free(buf);
-                fclose(f);
-                return li_error_set(err, LI_ERANGE, "policy file %s is larger than %zu MiB", path, POLICY_FILE_MAX >> 20);
-            }
-            cap *= 2;
-            buf = li_xrealloc(buf, cap);
-        }
-        size_t r = fread(buf + n, 1, cap - n - 1, f);
-        n += r;
-        if (r == 0) break;
-    }
-    bool bad = ferror(f);
-    fclose(f);
-    if (bad) {
-        free(buf);
-        return li_error_set(err, LI_EIO, "cannot read policy file %s", path);
-    }
-    buf[n] = 0;
-    *out = buf;
-    *len = n;
-    return 0;
+    return li_read_file(path, POLICY_FILE_MAX, "policy file", out, len, err);
 }
 
 /* A new core with the policy loaded, or NULL with err set. */

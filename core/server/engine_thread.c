@@ -23,12 +23,7 @@
 #define _GNU_SOURCE
 #include "server/server.h"
 #include "policy/policy_lua.h"
-#if defined(__has_include)
-#if __has_include("policy/policy_proc.h")
 #include "policy/policy_proc.h"
-#define LI_HAVE_POLICY_PROC 1
-#endif
-#endif
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -303,7 +298,6 @@ static void publish(li_engine_thread *t) {
     snprintf(t->snap.policy, sizeof t->snap.policy, "%s", t->policy ? t->policy->name : "builtin-fcfs");
     snprintf(t->snap.policy_kind, sizeof t->snap.policy_kind, "%s",
              t->policy && t->policy->ops->kind ? t->policy->ops->kind : "builtin");
-#ifdef LI_HAVE_POLICY_PROC
     if (t->policy && t->policy->ops->kind && !strcmp(t->policy->ops->kind, "process")) {
         li_policy_proc_stats ps;
         li_policy_proc_stats_get(t->policy, &ps);
@@ -312,7 +306,6 @@ static void publish(li_engine_thread *t) {
         t->snap.host_crashes = ps.crashes;
         t->snap.host_restarts = ps.restarts;
     }
-#endif
     t->snap.policy_reloads = t->reloads;
     t->snap.policy_reload_errors = t->reload_errors;
     uv_mutex_unlock(&t->snap_mu);

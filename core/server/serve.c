@@ -25,12 +25,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#if defined(__has_include)
-#if __has_include("policy/policy_proc.h")
 #include "policy/policy_proc.h"
-#define LI_HAVE_POLICY_PROC 1
-#endif
-#endif
 
 static const double ttft_le[] = {0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 30};
 static const double tpot_le[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1, 2.5};
@@ -246,12 +241,8 @@ int li_cmd_serve(int argc, char **argv) {
     const char *policy_path = pos[0] ? pos[0] : li_server_default_policy();
     if (policy_path) {
         if (!strcmp(o.isolation, "process")) {
-#ifdef LI_HAVE_POLICY_PROC
             li_policy_proc_opts po = {.lua = {.allow_unsafe = o.policy_unsafe}};
             rc = li_policy_proc_open(&policy, policy_path, &po, &err);
-#else
-            rc = li_error_set(&err, LI_EUNSUP, "--policy-isolation process is not available in this build");
-#endif
         } else {
             li_policy_lua_opts po = {.allow_unsafe = o.policy_unsafe};
             rc = li_policy_lua_open(&policy, policy_path, NULL, &po, &err);

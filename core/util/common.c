@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <errno.h>
 #include <time.h>
 
 int li_error_set(li_error *err, int code, const char *fmt, ...) {
@@ -80,4 +81,37 @@ double li_time_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+int li_read_file(const char *path, size_t max_bytes, const char *what, char **out, size_t *len, li_error *err) {
+    *out = NULL;
+    *len = 0;
+    FILE *f = fopen(path, "rb");
+    if (!f) return li_error_set(err, LI_EIO, "cannot open %s '%s': %s", what, path, strerror(errno));
+    size_t cap = 4096, n = 0;
+    char *buf = li_xmalloc(cap);
+    for (;;) {
+        if (n + 1 >= cap) {
+            if (cap > max_bytes) {
+                free(buf);
+                fclose(f);
+                return li_error_set(err, LI_ERANGE, "%s '%s' is larger than %zu bytes", what, path, max_bytes);
+            }
+            cap *= 2;
+            buf = li_xrealloc(buf, cap);
+        }
+        size_t r = fread(buf + n, 1, cap - n - 1, f);
+        n += r;
+        if (r == 0) break;
+    }
+    bool bad = ferror(f);
+    fclose(f);
+    if (bad) {
+        free(buf);
+        return li_error_set(err, LI_EIO, "cannot read %s '%s'", what, path);
+    }
+    buf[n] = 0;
+    *out = buf;
+    *len = n;
+    return 0;
 }

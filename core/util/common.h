@@ -49,6 +49,11 @@ void *li_xrealloc(void *p, size_t n);
 void *li_aligned_alloc(size_t n);
 void li_aligned_free(void *p);
 
+/* Reads a whole file into a NUL-terminated malloc'd buffer; files over
+ * max_bytes are refused (LI_ERANGE). `what` names the file in messages
+ * ("policy file", "text file"). */
+int li_read_file(const char *path, size_t max_bytes, const char *what, char **out, size_t *len, li_error *err);
+
 /* Monotonic clock in seconds. */
 double li_time_now(void);
 
