@@ -2,7 +2,8 @@
 -- four workloads; prints TTFT p50/p90 for each and the reduction, plus the
 -- end-to-end throughput effect at concurrency 8.
 --
---   ./build/luainfer run bench/bench_prefix.lua [REQUESTS_PER_SCENARIO]
+--   ./build/luainfer run bench/bench_prefix.lua [REQUESTS_PER_SCENARIO] [ttft|lpm]
+-- (the optional last argument runs only one of the two parts)
 --
 -- TTFT is measured in the engine (first token time - arrival) with requests
 -- arriving one after another (concurrency 1), so it is the prefill the cache
@@ -82,6 +83,8 @@ local function run_tput(sc, caching)
   return gen / s.time_total
 end
 
+local only = arg[2]
+if only ~= "lpm" then
 print(("prefix caching, %d requests per scenario, TTFT over requests 2..N (ms)"):format(N))
 print(("%-16s %-9s %7s | %8s %8s | %8s %8s | %7s %7s | %6s | %s"):format("scenario", "shared", "prompt",
   "off p50", "off p90", "on p50", "on p90", "red p50", "red p90", "hit", "tput on/off @8"))
@@ -91,6 +94,7 @@ for _, sc in ipairs(scenarios) do
   print(("%-16s %-9s %7.0f | %8.1f %8.1f | %8.1f %8.1f | %6.0f%% %6.0f%% | %5.0f%% | %.2fx"):format(
     sc.name, sc.shared, on.prompt, off.p50, off.p90, on.p50, on.p90,
     100 * (1 - on.p50 / off.p50), 100 * (1 - on.p90 / off.p90), 100 * on.hit, t_on / t_off))
+end
 end
 
 -- lpm.lua versus default.lua: several distinct shared prefixes interleaved
@@ -102,7 +106,7 @@ local function run_lpm(policy)
   local prefixes = {}
   for k = 1, 4 do prefixes[k] = "Context " .. k .. ": " .. text(260) .. "\n" end
   local e = luainfer.engine{ policy = root .. "/policies/" .. policy .. ".lua", max_num_seqs = 4,
-                             max_batched_tokens = 512, kv_memory = 2 * 30 * 3 * 64 * 2 * 16 * 72 }
+                             max_batched_tokens = 512, kv_memory = 2 * 30 * 3 * 64 * 2 * 16 * 48 }
   local ids = {}
   for i = 1, 4 * N do
     ids[i] = e:add{ prompt = prefixes[(i - 1) % 4 + 1] .. "Q" .. i .. ": " .. text(6) .. "?", max_tokens = 8,
@@ -115,9 +119,10 @@ local function run_lpm(policy)
   e:close()
   return s, pct(ttft, 0.5), pct(ttft, 0.9)
 end
+if only == "ttft" then return end
 local sd, d50, d90 = run_lpm("default")
 local sl, l50, l90 = run_lpm("lpm")
-print(("\nmixed prefixes (%d requests, 4 prefixes of ~300 tokens, pool of 72 blocks):"):format(4 * N))
+print(("\nmixed prefixes (%d requests, 4 prefixes of ~300 tokens, pool of 48 blocks):"):format(4 * N))
 print(("  default.lua: %.1f s, hit rate %.0f%%, TTFT p50 %.2f s p90 %.2f s"):format(sd.time_total, 100 * sd.prefix_hit_rate, d50, d90))
 print(("  lpm.lua:     %.1f s, hit rate %.0f%%, TTFT p50 %.2f s p90 %.2f s"):format(sl.time_total, 100 * sl.prefix_hit_rate, l50, l90))
 print(("  lpm/default throughput: %.2fx"):format(sd.time_total / sl.time_total))
