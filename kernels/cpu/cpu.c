@@ -1,16 +1,19 @@
 /* cpu.c — the CPU compute backend.
  *
  * Owns: the thread pool, the choice of ISA level (CPUID at init, or forced),
- * and how each op is split over threads. The arithmetic lives in the ISA
- * kernel tables (ops_scalar.c, ops_avx2.c, ops_avx512.c, see
- * cpu_kernels.h); small elementwise ops reuse the reference single-threaded.
+ * weight repacking (weight_prepare: panels, repack.c) and how each op is
+ * split over threads. The arithmetic lives in the ISA kernel tables
+ * (ops_scalar.c, ops_avx2.c, ops_avx512.c, see cpu_kernels.h).
  *
  *   matmul     quantize the activations once (rows over threads), then
- *              tiles of (weight rows x activation rows)
- *   attention  (token, head) pairs
- *   silu_mul   rows, when the batch is large
- * Every split hands out work from an atomic counter: a thread slowed down
- * by another process simply takes less (see threadpool.h). */
+ *              (weight panels x activation rows) items, each thread
+ *              streaming its own contiguous run of panels first
+ *   attention  (tile of a sequence's tokens, kv head) items
+ *   small ops  rows over threads when the batch is large
+ * Every split hands out work from atomic counters: a thread slowed down by
+ * another process simply takes less (see threadpool.h). No split changes a
+ * result: each output is computed whole, the same way, by one thread
+ * (batch invariance, cpu_kernels.h). */
 #define _GNU_SOURCE
 #include "util/common.h"
 #include "cpu/cpu_kernels.h"
@@ -93,10 +96,17 @@ static int cpus_online(void) {
  * whatever the tile, so neither n nor the thread split changes a bit of it.
  * ---------------------------------------------------------------------- */
 
-#define LI_CPU_MAX_LANES 64
-#ifndef MATMUL_WARM_BYTES
-#define MATMUL_WARM_BYTES 16384
+/* A prefetch into L2 that the compiler keeps (GCC may drop a loop of
+ * nothing but __builtin_prefetch as a loop without effects). */
+static inline void prefetch_l2(const void *p) {
+#if defined(__x86_64__) || defined(__i386__)
+    __asm__ volatile("prefetcht1 %0" : : "m"(*(const char *)p));
+#else
+    __builtin_prefetch(p, 0, 2);
 #endif
+}
+
+#define LI_CPU_MAX_LANES 64
 
 typedef struct {
     const li_cpu_kernels *kern;
@@ -114,7 +124,9 @@ typedef struct {
     const uint8_t *next_data; /* the next weight's panels, to warm up (or NULL) */
     size_t next_bytes;
     atomic_long next_row;  /* next activation row to quantize */
-    atomic_long next[LI_CPU_MAX_LANES]; /* next item of each lane */
+    struct {
+        _Alignas(64) atomic_long v; /* a line each: threads claim from different lanes at once */
+    } next[LI_CPU_MAX_LANES];       /* next item of each lane */
 } matmul_job;
 
 static void matmul_quantize(void *p, int ith, int nth) {
@@ -158,17 +170,18 @@ static void matmul_work(void *p, int ith, int nth) {
         const int lane = (ith + d) % L;
         const int64_t end = j->n_items * (lane + 1) / L;
         for (;;) {
-            const int64_t t = atomic_fetch_add_explicit(&j->next[lane], 1, memory_order_relaxed);
+            const int64_t t = atomic_fetch_add_explicit(&j->next[lane].v, 1, memory_order_relaxed);
             if (t >= end) break;
             matmul_item(j, t);
         }
+        /* Decode streams every weight from memory once per token, and the
+         * GEMV kernel prefetches only LI_GEMV_PREFETCH bytes ahead of itself:
+         * once its own lane is done, a thread warms (into L2) the start of
+         * its lane of the next weight, which would otherwise begin cold. */
+        if (d == 0 && j->next_data && ith < L)
+            for (size_t o = 0; o < LI_GEMV_PREFETCH; o += 64)
+                prefetch_l2((const char *)j->next_data + j->next_bytes * (size_t)ith / (size_t)L + o);
     }
-    /* Decode streams every weight from memory once per token, and each
-     * matmul would start with cold misses: prefetch (into L2) the start of
-     * the part of the next weight this thread will likely take. */
-    if (j->next_data && ith < L)
-        for (size_t o = 0; o < MATMUL_WARM_BYTES; o += 64)
-            __builtin_prefetch((const char *)j->next_data + j->next_bytes * (size_t)ith / (size_t)L + o, 0, 2);
 }
 
 /* Item shape: activation tiles of up to 64 rows (they stay in L2 while the
@@ -185,7 +198,7 @@ static void matmul_plan(matmul_job *j, int nth) {
     j->n_chunks = (j->units + j->chunk - 1) / j->chunk;
     j->n_items = j->n_chunks * n_tn;
     j->n_lanes = (int)LI_MIN((int64_t)LI_MIN(nth, LI_CPU_MAX_LANES), j->n_items);
-    for (int l = 0; l < j->n_lanes; l++) atomic_init(&j->next[l], j->n_items * l / j->n_lanes);
+    for (int l = 0; l < j->n_lanes; l++) atomic_init(&j->next[l].v, j->n_items * l / j->n_lanes);
 }
 
 static void cpu_matmul(li_backend *be, const li_weight *w, const float *x, float *y, int64_t n) {
@@ -310,9 +323,10 @@ static bool cpu_attention_tiles(li_cpu *c, const li_attn_args *a) {
         }
         c->scores_cap = cap;
     }
-    /* a decode step of one sequence has only n_head_kv items: split the
-     * groups so every thread gets a share (the results do not change) */
-    const int split = n_tiles * a->n_head_kv < 4 * c->n_threads ? 1 : G;
+    /* fewer (tile, kv head) items than threads: split the query groups so
+     * every thread gets a share (the results do not change). Not more
+     * eagerly: a whole group shares each K/V row's load and conversion. */
+    const int split = n_tiles * a->n_head_kv < c->n_threads ? 1 : G;
     attn_tile_job j = {.kern = c->kern, .a = a, .scratch = c->scores, .tile0 = c->tiles, .n_tiles = n_tiles,
                        .split = split};
     atomic_init(&j.next, 0);
@@ -441,7 +455,9 @@ static void rmsnorm_rows(void *p, int64_t r0, int64_t r1) {
         } else {
             for (int i = 0; i < nr; i++) {
                 const float *xr = c->x + (r + i) * dim;
-                for (int64_t j = 0; j < dim; j++) sum[i] += (double)(xr[j] * xr[j]);
+                double s = 0.0; /* a register, not sum[i]: the chain would wait on memory */
+                for (int64_t j = 0; j < dim; j++) s += (double)(xr[j] * xr[j]);
+                sum[i] = s;
             }
         }
         for (int i = 0; i < nr; i++) {

@@ -59,6 +59,9 @@ static inline int32_t *li_qact_sum(void *row, int64_t k) { return (int32_t *)(li
  * float (F32, F16, BF16): [k][16] elements, lane l = row l.
  * AVX2 reads the same panels as two halves of 8 lanes. */
 #define LI_PANEL 16
+/* How far ahead (bytes of panels) the GEMV kernels prefetch their stream:
+ * about DRAM latency x one core's streaming rate (4-16 KiB measured alike) */
+#define LI_GEMV_PREFETCH 8192
 #define LI_PACKED_MAGIC 0x4c49504b43505531ull /* "LIPKCPU1" */
 
 typedef struct li_cpu_packed {

@@ -147,8 +147,12 @@ static inline __attribute__((always_inline)) void q_half(li_type t, int nr, int6
     __m256 acc[NR];
 #pragma GCC unroll 4
     for (int r = 0; r < nr; r++) acc[r] = _mm256_setzero_ps();
+    const size_t step = qsb + 32 * (t == LI_TYPE_Q4_1 ? 2 : 1); /* panel bytes per block */
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *q = qs + b * qsb;
+        if (nr == 1 && h == 0) /* GEMV: streaming from memory; run ahead of the hardware prefetcher */
+            for (size_t o = 0; o < step; o += 64)
+                __asm__ volatile("prefetcht0 %0" : : "m"(*(panel + LI_GEMV_PREFETCH + b * step + o)));
         __m256i w[8];
         if (t == LI_TYPE_Q8_0) {
 #pragma GCC unroll 8

@@ -27,6 +27,10 @@ static inline float hsum512(__m512 v) {
     return hsum256(_mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1)));
 }
 
+/* A prefetch the compiler keeps: GCC drops a loop of nothing but
+ * __builtin_prefetch (C11 lets it assume such a loop does nothing). */
+static inline void prefetch_l1(const void *p) { __asm__ volatile("prefetcht0 %0" : : "m"(*(const char *)p)); }
+
 /* roundf() semantics (halves away from zero), which the ggml reference
  * quantizer uses; the FPU's own mode would round halves to even */
 static inline __m512 round_away(__m512 y) {
@@ -94,12 +98,7 @@ static void avx512_quantize_act(li_type at, const float *x, void *dst, int64_t k
  * The weight panel is unpacked once per block and serves NR activation rows.
  * ---------------------------------------------------------------------- */
 
-#ifndef NR
-#define NR 8 /* activation rows per pass over a panel */
-#endif
-#ifndef PF_DIST
-#define PF_DIST 8192
-#endif
+#define NR 8         /* activation rows per pass over a panel: 8 x 16 sums in registers */
 
 static inline __m512i bcast32(const int8_t *p) {
     int32_t v;
@@ -128,7 +127,7 @@ static inline __attribute__((always_inline)) void q_panel(li_type t, int nr, int
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *q = qs + b * qsb;
         if (nr == 1) /* GEMV: streaming from memory; run ahead of the hardware prefetcher */
-            for (size_t o = 0; o < step; o += 64) _mm_prefetch((const char *)panel + PF_DIST + b * step + o, _MM_HINT_T0);
+            for (size_t o = 0; o < step; o += 64) prefetch_l1(panel + LI_GEMV_PREFETCH + b * step + o);
         __m512i w[8];
         if (t == LI_TYPE_Q8_0) {
 #pragma GCC unroll 8
@@ -389,10 +388,29 @@ static inline __m512 reduce16(const __m512 *a) {
     for (int i = 0; i < 2; i++) /* + j+2 */
         z[i] = _mm512_add_ps(_mm512_shuffle_ps(y[2 * i], y[2 * i + 1], 0x44),
                              _mm512_shuffle_ps(y[2 * i], y[2 * i + 1], 0xee));
-    /* + j+1; lane 4k+m now holds a[4m+k] (for z: y[2i] = a[8i..8i+3]...) */
+    /* + j+1: lane 4k+m of w holds the sum of a[4m+k]; put lane j at j */
     const __m512 w = _mm512_add_ps(_mm512_shuffle_ps(z[0], z[1], 0x88), _mm512_shuffle_ps(z[0], z[1], 0xdd));
     return _mm512_permutexvar_ps(_mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0), w);
 }
+
+/* Prefetch the rows of positions [p0, p1) (`bytes` each, one kv head's
+ * part of a slot): in decode the cache was last touched a whole layer ago,
+ * and a block table scatters it, so the hardware prefetcher does not help. */
+static inline void kv_prefetch(const char *base, const int32_t *bt, int bs, size_t row, size_t bytes, int64_t p0,
+                               int64_t p1) {
+    if (p0 >= p1) return;
+    int64_t blk = p0 / bs, off = p0 % bs;
+    for (int64_t p = p0; p < p1; p++) {
+        const char *r = base + ((size_t)bt[blk] * bs + off) * row;
+        for (size_t o = 0; o < bytes; o += 64) prefetch_l1(r + o);
+        if (++off == bs) {
+            off = 0;
+            blk++;
+        }
+    }
+}
+
+#define ATT_PF_AHEAD 64 /* positions of K (V) rows prefetched ahead of use */
 
 /* K/V row chunk c of ND (16 lanes each, the last one masked to D) */
 #define ATT_CHUNK_MASK(c, ND, dlast) ((c) == (ND) - 1 ? (dlast) : (__mmask16)0xffff)
@@ -406,13 +424,21 @@ attn_scores(li_type t, int ND, int nd, const li_attn_args *a, const char *K, siz
     const int bs = a->block_size;
     const int n = ND ? ND : nd;
     const __m512 vscale = _mm512_set1_ps(a->scale);
+    const size_t bytes = (size_t)a->head_dim * li_kv_elem_size(t);
+    kv_prefetch(K, bt, bs, row, bytes, 0, LI_MIN(n_max, (int64_t)ATT_PF_AHEAD));
+    int64_t blk = 0, off = 0; /* position c0 + pp = blk * bs + off, walked without divisions */
     for (int64_t c0 = 0; c0 < n_max; c0 += 16) {
         const int np = (int)LI_MIN((int64_t)16, n_max - c0);
+        if (c0 + ATT_PF_AHEAD < n_max)
+            kv_prefetch(K, bt, bs, row, bytes, c0 + ATT_PF_AHEAD, LI_MIN(n_max, c0 + ATT_PF_AHEAD + 16));
         for (int pp = 0; pp < 16; pp++) {
             __m512 kv[16];
             if (pp < np) {
-                const int64_t p = c0 + pp;
-                const char *kr = K + ((size_t)bt[p / bs] * bs + p % bs) * row;
+                const char *kr = K + ((size_t)bt[blk] * bs + off) * row;
+                if (++off == bs) {
+                    off = 0;
+                    blk++;
+                }
 #pragma GCC unroll 16
                 for (int c = n; c < 16; c++) kv[c] = _mm512_setzero_ps();
 #pragma GCC unroll 16
@@ -430,12 +456,13 @@ attn_scores(li_type t, int ND, int nd, const li_attn_args *a, const char *K, siz
                 tmp[qi * 16 + pp] = acc;
             }
         }
-        for (int qi = 0; qi < nq; qi++) _mm512_store_ps(S + qi * ncap + c0, _mm512_mul_ps(reduce16(tmp + qi * 16), vscale));
+        for (int qi = 0; qi < nq; qi++)
+            _mm512_store_ps(S + qi * ncap + c0, _mm512_mul_ps(reduce16(tmp + qi * 16), vscale));
     }
 }
 
-/* out_v = sum_p e_p v_p over the positions [0, npos[v]) of QV queries
- * (rows S + qs[v] of e_p), one FMA per position in order. */
+/* For QV queries (e_p of query v at sp[v]): out_v = (sum over its positions
+ * [0, npos[v]) of e_p v_p, one FMA per position in order) * inv[v]. */
 static inline __attribute__((always_inline)) void
 attn_pv(li_type t, int ND, int nd, int QV, const li_attn_args *a, const char *V, size_t row, const int32_t *bt,
         const float *const *sp, const int64_t *npos, __mmask16 dlast, float *const *outp, const float *inv) {
@@ -452,8 +479,16 @@ attn_pv(li_type t, int ND, int nd, int QV, const li_attn_args *a, const char *V,
     for (int v = 0; v < QV; v++)
 #pragma GCC unroll 16
         for (int c = 0; c < 16; c++) acc[v][c] = _mm512_setzero_ps(); /* (the generic head size may use all) */
+    const size_t bytes = (size_t)a->head_dim * li_kv_elem_size(t);
+    int64_t blk = 0, off = 0; /* p = blk * bs + off */
     for (int64_t p = 0; p < hi; p++) {
-        const char *vr = V + ((size_t)bt[p / bs] * bs + p % bs) * row;
+        if (p % 16 == 0 && p + ATT_PF_AHEAD < hi)
+            kv_prefetch(V, bt, bs, row, bytes, p + ATT_PF_AHEAD, LI_MIN(hi, p + ATT_PF_AHEAD + 16));
+        const char *vr = V + ((size_t)bt[blk] * bs + off) * row;
+        if (++off == bs) {
+            off = 0;
+            blk++;
+        }
         __m512 vv[16];
 #pragma GCC unroll 16
         for (int c = n; c < 16; c++) vv[c] = _mm512_setzero_ps();
@@ -504,6 +539,7 @@ static inline __attribute__((always_inline)) void attn_tile_t(li_type t, int ND,
         outp[qi] = a->out + (i * a->n_head + h) * D;
     }
     const int64_t ncap = (n_max + 15) & ~(int64_t)15;
+    kv_prefetch(V, bt, a->block_size, row, (size_t)D * es, 0, LI_MIN(n_max, (int64_t)ATT_PF_AHEAD));
     float *S = scratch;                                                         /* (nq, ncap) */
     __m512 *tmp = (__m512 *)(((uintptr_t)(S + nq * ncap) + 63) & ~(uintptr_t)63); /* (nq, 16) */
     attn_scores(t, ND, nd, a, K, row, bt, qp, nq, n_max, ncap, dlast, S, tmp);
@@ -531,12 +567,23 @@ static inline __attribute__((always_inline)) void attn_tile_t(li_type t, int ND,
         inv[qi] = 1.0f / hsum512(vsum);
     }
 
-    /* out = sum_p e_p v_p / sum, QV queries per pass over V */
+    /* out = sum_p e_p v_p / sum, up to 24 / ND queries per pass over V
+     * (their accumulators fill the registers) */
     const int QV = ND ? LI_MAX(1, 24 / ND) : 1;
-    int q0 = 0;
-    for (; q0 + QV <= nq; q0 += QV)
-        attn_pv(t, ND, nd, QV, a, V, row, bt, sp + q0, npos + q0, dlast, outp + q0, inv + q0);
-    for (; q0 < nq; q0++) attn_pv(t, ND, nd, 1, a, V, row, bt, sp + q0, npos + q0, dlast, outp + q0, inv + q0);
+    for (int q0 = 0; q0 < nq;) {
+        const int nv = LI_MIN(QV, nq - q0);
+#define ATT_PV(NV) attn_pv(t, ND, nd, NV, a, V, row, bt, sp + q0, npos + q0, dlast, outp + q0, inv + q0)
+        switch (ND ? nv : 1) {
+        case 6: ATT_PV(6); break;
+        case 5: ATT_PV(5); break;
+        case 4: ATT_PV(4); break;
+        case 3: ATT_PV(3); break;
+        case 2: ATT_PV(2); break;
+        default: ATT_PV(1); break;
+        }
+#undef ATT_PV
+        q0 += ND ? nv : 1;
+    }
 }
 
 #define ATTN_TILE_DTYPE(T)                                                                                     \
