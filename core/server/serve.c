@@ -155,9 +155,9 @@ typedef struct serve_opts {
     const char *model, *kv_dtype, *kv_memory, *isolation, *admin_token, *auth_token, *isa;
     li_str_list listen, http;
     int64_t block_size, max_num_seqs, max_batched_tokens, threads, max_frame, max_inflight, max_connections,
-        ctx_size, write_buffer;
+        ctx_size, write_buffer, max_depth;
     double drain_seconds, slow_seconds;
-    bool help, policy_unsafe;
+    bool help, policy_unsafe, no_prefix_cache;
 } serve_opts;
 
 static int check_range(const char *name, int64_t v, int64_t lo, int64_t hi, li_error *err) {
@@ -171,7 +171,7 @@ int li_cmd_serve(int argc, char **argv) {
     serve_opts o = {
         .isolation = "inprocess", .isa = "auto", .block_size = -1, .max_num_seqs = -1, .max_batched_tokens = -1,
         .max_frame = LI_SRV_MAX_FRAME, .max_inflight = LI_SRV_MAX_INFLIGHT, .max_connections = LI_SRV_MAX_CONNECTIONS,
-        .write_buffer = LI_SRV_WRITE_BUFFER, .drain_seconds = LI_SRV_DRAIN_SECONDS,
+        .max_depth = LI_SRV_MAX_DEPTH, .write_buffer = LI_SRV_WRITE_BUFFER, .drain_seconds = LI_SRV_DRAIN_SECONDS,
         .slow_seconds = LI_SRV_SLOW_CLIENT_SECONDS,
     };
     li_opt opts[] = {
@@ -193,6 +193,8 @@ int li_cmd_serve(int argc, char **argv) {
         {"max-frame-bytes", LI_OPT_INT, &o.max_frame, "largest msgpack frame / HTTP body (default 1048576)"},
         {"max-inflight", LI_OPT_INT, &o.max_inflight, "requests in flight per connection (default 64)"},
         {"max-connections", LI_OPT_INT, &o.max_connections, "open connections (default 256)"},
+        {"max-depth", LI_OPT_INT, &o.max_depth, "nesting of msgpack arrays/maps in a frame (default 32, at most 32)"},
+        {"no-prefix-cache", LI_OPT_FLAG, &o.no_prefix_cache, "turn prefix caching off (default on)"},
         {"write-buffer", LI_OPT_INT, &o.write_buffer, "unsent bytes per connection before reads stop (default 8 MiB)"},
         {"slow-client-seconds", LI_OPT_FLOAT, &o.slow_seconds, "over the write buffer this long: close (default 30)"},
         {"drain-seconds", LI_OPT_FLOAT, &o.drain_seconds, "on SIGTERM, wait this long for requests (default 30)"},
@@ -218,6 +220,7 @@ int li_cmd_serve(int argc, char **argv) {
     if ((rc = check_range("max-frame-bytes", o.max_frame, 64, (int64_t)1 << 30, &err)) ||
         (rc = check_range("max-inflight", o.max_inflight, 1, 1 << 20, &err)) ||
         (rc = check_range("max-connections", o.max_connections, 1, 1 << 20, &err)) ||
+        (rc = check_range("max-depth", o.max_depth, 2, LI_SRV_MAX_DEPTH, &err)) ||
         (rc = check_range("write-buffer", o.write_buffer, 4096, (int64_t)1 << 40, &err)))
         goto done;
     if (!(o.drain_seconds >= 0 && o.drain_seconds <= 86400) || !(o.slow_seconds > 0 && o.slow_seconds <= 86400)) {
@@ -231,6 +234,7 @@ int li_cmd_serve(int argc, char **argv) {
     srv.lim.max_frame = (size_t)o.max_frame;
     srv.lim.max_inflight = (int)o.max_inflight;
     srv.lim.max_connections = (int)o.max_connections;
+    srv.lim.max_depth = (int)o.max_depth;
     srv.lim.write_buffer = (size_t)o.write_buffer;
     srv.lim.slow_client_seconds = o.slow_seconds;
     srv.lim.drain_seconds = o.drain_seconds;
@@ -273,6 +277,7 @@ int li_cmd_serve(int argc, char **argv) {
     const char *dt = o.kv_dtype ? o.kv_dtype : pc && pc->kv_dtype[0] ? pc->kv_dtype : "f16";
     if ((rc = li_kv_dtype_parse(dt, &cfg->kv_dtype, &err))) goto done;
     if (o.kv_memory && (rc = parse_bytes(o.kv_memory, &cfg->kv_memory, &err))) goto done;
+    if (o.no_prefix_cache) cfg->prefix_caching = false;
     if ((o.block_size != -1 && (rc = check_range("block-size", o.block_size, 1, 1024, &err))) ||
         (o.max_num_seqs != -1 && (rc = check_range("max-num-seqs", o.max_num_seqs, 1, 4096, &err))) ||
         (o.max_batched_tokens != -1 && (rc = check_range("max-batched-tokens", o.max_batched_tokens, 1, 65536, &err))) ||

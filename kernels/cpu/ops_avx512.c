@@ -113,7 +113,7 @@ static inline __mmask16 panel_mask(int64_t m, int64_t p) {
 
 static inline __attribute__((always_inline)) void q_panel(li_type t, int nr, int64_t k, const uint8_t *panel,
                                                           const char *act, size_t as, float *y, int64_t ldy,
-                                                          __mmask16 mask) {
+                                                          __mmask16 mask, bool pf) {
     const int64_t nb = k / 32;
     const size_t qsb = t == LI_TYPE_Q8_0 ? 512 : 256;
     const uint8_t *qs = panel, *dd = panel + nb * qsb, *mm = dd + nb * 32;
@@ -126,7 +126,7 @@ static inline __attribute__((always_inline)) void q_panel(li_type t, int nr, int
     const size_t step = qsb + 32 * (t == LI_TYPE_Q4_1 ? 2 : 1); /* panel bytes per block */
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *q = qs + b * qsb;
-        if (nr == 1) /* GEMV: streaming from memory; run ahead of the hardware prefetcher */
+        if (pf) /* the first pass over this panel: run ahead of the hardware prefetcher */
             for (size_t o = 0; o < step; o += 64) prefetch_l1(panel + LI_GEMV_PREFETCH + b * step + o);
         __m512i w[8];
         if (t == LI_TYPE_Q8_0) {
@@ -184,13 +184,15 @@ static inline __attribute__((always_inline)) void gemm_q_t(li_type t, const li_c
         const uint8_t *panel = w->data + p * w->panel_bytes;
         const __mmask16 mask = panel_mask(w->m, p);
         float *yp = y + p * LI_PANEL;
+        /* the weights stream from memory once per call: the first pass over
+         * each panel prefetches ahead, the others find it in L1 */
         int64_t r = 0;
-        for (; r + NR <= n; r += NR) q_panel(t, NR, w->k, panel, act + r * as, as, yp + r * ldy, ldy, mask);
-        for (; r + 4 <= n; r += 4) q_panel(t, 4, w->k, panel, act + r * as, as, yp + r * ldy, ldy, mask);
+        for (; r + NR <= n; r += NR) q_panel(t, NR, w->k, panel, act + r * as, as, yp + r * ldy, ldy, mask, r == 0);
+        for (; r + 4 <= n; r += 4) q_panel(t, 4, w->k, panel, act + r * as, as, yp + r * ldy, ldy, mask, r == 0);
         switch (n - r) {
-        case 3: q_panel(t, 3, w->k, panel, act + r * as, as, yp + r * ldy, ldy, mask); break;
-        case 2: q_panel(t, 2, w->k, panel, act + r * as, as, yp + r * ldy, ldy, mask); break;
-        case 1: q_panel(t, 1, w->k, panel, act + r * as, as, yp + r * ldy, ldy, mask); break;
+        case 3: q_panel(t, 3, w->k, panel, act + r * as, as, yp + r * ldy, ldy, mask, r == 0); break;
+        case 2: q_panel(t, 2, w->k, panel, act + r * as, as, yp + r * ldy, ldy, mask, r == 0); break;
+        case 1: q_panel(t, 1, w->k, panel, act + r * as, as, yp + r * ldy, ldy, mask, r == 0); break;
         default: break;
         }
     }
