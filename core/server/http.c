@@ -883,6 +883,15 @@ void li_server_metrics_text(li_server *srv, char **out, size_t *n) {
     prom(&sb, "luainfer_kv_blocks_total", "gauge", "KV blocks in the pool.", st->kv_total_blocks);
     prom(&sb, "luainfer_kv_usage_ratio", "gauge", "Fraction of KV blocks in use.",
          st->kv_total_blocks ? 1.0 - (double)st->kv_free_blocks / st->kv_total_blocks : 0.0);
+    prom(&sb, "luainfer_kv_cached_blocks", "gauge", "KV blocks holding reusable prefix-cache content.",
+         st->kv_cached_blocks);
+    prom(&sb, "luainfer_prefix_cache_query_tokens_total", "counter", "Prompt tokens looked up in the prefix cache.",
+         (double)st->prefix_query_tokens);
+    prom(&sb, "luainfer_prefix_cache_hit_tokens_total", "counter", "Prompt tokens served from the prefix cache.",
+         (double)st->prefix_hit_tokens);
+    prom(&sb, "luainfer_prefix_cache_hit_ratio", "gauge", "Prefix-cache hit tokens / query tokens.",
+         st->prefix_query_tokens ? (double)st->prefix_hit_tokens / (double)st->prefix_query_tokens : 0.0);
+    prom(&sb, "luainfer_prefix_cache_evictions_total", "counter", "Cached blocks evicted.", (double)st->prefix_evictions);
     prom(&sb, "luainfer_requests_running", "gauge", "Requests holding KV blocks.", st->n_running);
     prom(&sb, "luainfer_requests_waiting", "gauge", "Requests waiting for their first step.", st->n_waiting);
     prom(&sb, "luainfer_requests_preempted", "gauge", "Requests preempted, waiting to recompute.", st->n_preempted);
