@@ -1,16 +1,21 @@
 /* bench_kernels.c — micro benchmark of the CPU backend's matmul and
  * attention, and of one decode token's full set of matvecs for a
  * SmolLM2-135M-shaped model (30 layers, 576 hidden, 1536 FFN, 9/3 heads,
- * Q4_1 layers, 49152-vocab Q8_0 output).
+ * Q4_1 layers, 49152-vocab Q8_0 output); the machine's limits; and where a
+ * real decode step's time goes, op by op.
  *
- * Not built by CMake. Build from the repo root, after `cmake --build build
- * --target luainfer_core` (only the kernel objects get linked in):
- *   gcc -std=c11 -O2 -Icore -Ikernels bench/bench_kernels.c build/libluainfer_core.a \
- *       -lpthread -lm -o build/bench_kernels
- * Run: build/bench_kernels [threads] [isa]     (defaults: all cores, auto)
- *      build/bench_kernels --peak [threads]   machine limits (bench_llama_cpp.py) */
+ * Not built by CMake. Build from the repo root, after `cmake --build build`:
+ *   gcc -std=c11 -O2 -Icore -Ikernels -I. bench/bench_kernels.c build/libluainfer_core.a \
+ *       $(pkg-config --libs luajit libuv msgpack libutf8proc libcjson libxxhash libedit zlib) \
+ *       -lhttp_parser -lpthread -lm -ldl -o build/bench_kernels
+ * Run: build/bench_kernels [threads] [isa]     kernels (defaults: all cores, auto)
+ *      build/bench_kernels --peak [threads]   machine limits (bench_llama_cpp.py)
+ *      build/bench_kernels --forward S STEPS  the default model decoding S
+ *                                             sequences in lockstep (2 threads,
+ *                                             F16 KV): time per op per step */
 #include "util/common.h"
 #include "backend.h"
+#include "model/forward.h"
 
 #include <immintrin.h>
 #include <math.h>
@@ -168,8 +173,144 @@ static int peak_main(int nt) {
     return 0;
 }
 
+/* ------------------------------------------------------------------------
+ * --forward: a timing wrapper around the backend's ops, driving the real
+ * forward pass (model/forward.c) through batched decode steps
+ * ---------------------------------------------------------------------- */
+
+enum { OP_MATMUL, OP_GET_ROWS, OP_RMSNORM, OP_ROPE, OP_SILU, OP_ADD, OP_KV_STORE, OP_ATTENTION, OP_COUNT };
+static const char *op_names[OP_COUNT] = {"matmul", "get_rows", "rmsnorm", "rope", "silu_mul", "add", "kv_store",
+                                         "attention"};
+static const li_backend_ops *op_real;
+static double op_time[OP_COUNT];
+static long op_calls[OP_COUNT];
+
+#define OP_TIMED(idx, call)                                                                                    \
+    do {                                                                                                       \
+        const double t0_ = li_time_now();                                                                      \
+        call;                                                                                                  \
+        op_time[idx] += li_time_now() - t0_;                                                                   \
+        op_calls[idx]++;                                                                                       \
+    } while (0)
+
+static void t_matmul(li_backend *b, const li_weight *w, const float *x, float *y, int64_t n) {
+    OP_TIMED(OP_MATMUL, op_real->matmul(b, w, x, y, n));
+}
+static void t_get_rows(li_backend *b, const li_weight *w, const int32_t *ids, int64_t n, float *out) {
+    OP_TIMED(OP_GET_ROWS, op_real->get_rows(b, w, ids, n, out));
+}
+static void t_rmsnorm(li_backend *b, const float *x, const float *w, float *y, int64_t n, int64_t dim, float eps) {
+    OP_TIMED(OP_RMSNORM, op_real->rmsnorm(b, x, w, y, n, dim, eps));
+}
+static void t_rope(li_backend *b, float *x, const int32_t *pos, int64_t n, int nh, int hd, int nr, float th, int neox) {
+    OP_TIMED(OP_ROPE, op_real->rope(b, x, pos, n, nh, hd, nr, th, neox));
+}
+static void t_silu(li_backend *b, float *g, const float *u, int64_t n, int64_t dim) {
+    OP_TIMED(OP_SILU, op_real->silu_mul(b, g, u, n, dim));
+}
+static void t_add(li_backend *b, float *y, const float *x, int64_t n) { OP_TIMED(OP_ADD, op_real->add(b, y, x, n)); }
+static void t_kv_store(li_backend *b, const li_kv_layer *kv, const float *k, const float *v, const int64_t *slot,
+                       int64_t n, int nkv, int hd) {
+    OP_TIMED(OP_KV_STORE, op_real->kv_store(b, kv, k, v, slot, n, nkv, hd));
+}
+static void t_attention(li_backend *b, const li_attn_args *a) { OP_TIMED(OP_ATTENTION, op_real->attention(b, a)); }
+
+static int forward_main(int S, int steps) {
+    enum { P0 = 16 }; /* prompt tokens of each sequence */
+    li_error err = {0};
+    li_model *m;
+    if (S < 1 || S > 512 / P0 || steps < 1) {
+        fprintf(stderr, "--forward S STEPS: 1 <= S <= %d, STEPS >= 1\n", 512 / P0);
+        return 1;
+    }
+    if (li_model_load(&m, li_model_default_path(NULL), &err) || li_backend_cpu_init(&be, 2, "auto", &err) ||
+        li_model_prepare(m, &be, &err)) {
+        fprintf(stderr, "%s\n", err.msg);
+        return 1;
+    }
+    op_real = be.ops;
+    static li_backend_ops timed;
+    timed = *op_real;
+    timed.matmul = t_matmul;
+    timed.get_rows = t_get_rows;
+    timed.rmsnorm = t_rmsnorm;
+    timed.rope = t_rope;
+    timed.silu_mul = t_silu;
+    timed.add = t_add;
+    timed.kv_store = t_kv_store;
+    timed.attention = t_attention;
+    be.ops = &timed;
+
+    li_kv_cache kv;
+    li_forward fw;
+    const int32_t blocks = (int32_t)(S * ((P0 + steps + 16) / 16 + 1));
+    if (li_kv_cache_init(&kv, &m->hp, LI_TYPE_F16, 16, blocks, &err) || li_forward_init(&fw, m, 512, &err)) {
+        fprintf(stderr, "%s\n", err.msg);
+        return 1;
+    }
+    li_kv_seq *seqs = li_xcalloc((size_t)S, sizeof *seqs);
+    int32_t **tables = li_xcalloc((size_t)S, sizeof *tables);
+    for (int s = 0; s < S; s++) {
+        li_kv_seq_init(&seqs[s]);
+        li_kv_seq_reserve(&kv, &seqs[s], P0 + steps + 1);
+        tables[s] = seqs[s].blocks;
+    }
+    int32_t tok[512], pos[512], sq[512], rows[512];
+    int64_t slot[512];
+    const int64_t nv = m->hp.n_vocab;
+    float *logits = li_xmalloc(sizeof(float) * (size_t)(nv * S));
+    int64_t n = 0; /* the prompts, one batch */
+    for (int s = 0; s < S; s++)
+        for (int i = 0; i < P0; i++, n++) {
+            tok[n] = 100 + (i * 7919 + s * 104729) % 40000;
+            pos[n] = i;
+            sq[n] = s;
+            slot[n] = li_kv_seq_slot(&kv, &seqs[s], i);
+            if (i == P0 - 1) rows[s] = (int32_t)n;
+        }
+    li_batch b = {.n = n, .tokens = tok, .pos = pos, .seq = sq, .slot = slot, .block_tables = tables,
+                  .logit_rows = rows, .n_logits = S};
+    if (li_forward_run(&fw, m, &be, &kv, &b, logits, &err)) {
+        fprintf(stderr, "%s\n", err.msg);
+        return 1;
+    }
+    memset(op_time, 0, sizeof op_time);
+    memset(op_calls, 0, sizeof op_calls);
+    double t_fwd = 0;
+    for (int st = 0; st < steps; st++) {
+        for (int s = 0; s < S; s++) { /* greedy, outside the timed forward pass */
+            const float *l = logits + s * nv;
+            int32_t best = 0;
+            for (int32_t j = 1; j < nv; j++)
+                if (l[j] > l[best]) best = j;
+            tok[s] = best;
+            pos[s] = P0 + st;
+            sq[s] = s;
+            slot[s] = li_kv_seq_slot(&kv, &seqs[s], P0 + st);
+            rows[s] = s;
+        }
+        li_batch d = {.n = S, .tokens = tok, .pos = pos, .seq = sq, .slot = slot, .block_tables = tables,
+                      .logit_rows = rows, .n_logits = S};
+        const double t0 = li_time_now();
+        li_forward_run(&fw, m, &be, &kv, &d, logits, &err);
+        t_fwd += li_time_now() - t0;
+    }
+    printf("decode, %d sequence%s x %d steps (contexts %d..%d): forward %.3f ms per step = %.1f tok/s\n", S,
+           S > 1 ? "s" : "", steps, P0, P0 + steps, t_fwd / steps * 1e3, S * steps / t_fwd);
+    double sum = 0;
+    for (int i = 0; i < OP_COUNT; i++) {
+        printf("  %-10s %8.3f ms per step (%3ld calls, %8.2f us each)\n", op_names[i], op_time[i] / steps * 1e3,
+               op_calls[i] / steps, op_calls[i] ? op_time[i] / op_calls[i] * 1e6 : 0.0);
+        sum += op_time[i];
+    }
+    printf("  %-10s %8.3f ms per step\n", "the rest", (t_fwd - sum) / steps * 1e3);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "--peak")) return peak_main(argc > 2 ? atoi(argv[2]) : 2);
+    if (argc > 1 && !strcmp(argv[1], "--forward"))
+        return forward_main(argc > 2 ? atoi(argv[2]) : 1, argc > 3 ? atoi(argv[3]) : 128);
     const int n_threads = argc > 1 ? atoi(argv[1]) : 0;
     const char *isa = argc > 2 ? argv[2] : "auto";
     li_error err = {0};

@@ -280,20 +280,55 @@ typedef struct {
     const int64_t *tile0;  /* (n_tiles + 1) first token of each tile */
     int64_t n_tiles;
     int split;             /* query heads of a group per item: G, or 1 when items are few */
-    atomic_long next;      /* next (tile, kv head, head run) */
+    int n_lanes;           /* items (tile, kv head, head run) split into contiguous runs */
+    int64_t total;
+    struct {
+        _Alignas(64) atomic_long v;
+    } next[LI_CPU_MAX_LANES]; /* next item of each lane */
 } attn_tile_job;
 
+/* The first K and V rows item t reads. In decode every item's cache rows
+ * come cold from memory (a whole model's weights streamed through since the
+ * last step) and an item alone cannot keep enough misses in flight, so a
+ * thread fetches its next item's rows while it computes the current one. */
+static void attn_item_prefetch(const attn_tile_job *j, int64_t t) {
+    const li_attn_args *a = j->a;
+    const int runs = a->n_head / a->n_head_kv / j->split;
+    const int64_t tile = t / (a->n_head_kv * runs), i0 = j->tile0[tile], i1 = j->tile0[tile + 1];
+    const int kvh = (int)(t % (a->n_head_kv * runs) / runs);
+    int64_t n_max = 0;
+    for (int64_t i = i0; i < i1; i++) n_max = LI_MAX(n_max, (int64_t)a->pos[i] + 1);
+    const size_t bytes = (size_t)a->head_dim * li_kv_elem_size(a->kv->dtype);
+    for (int64_t p = 0; p < LI_MIN(n_max, (int64_t)64); p++) {
+        const char *k = li_kv_row(a, a->kv->k, i0, p, kvh), *v = li_kv_row(a, a->kv->v, i0, p, kvh);
+        for (size_t o = 0; o < bytes; o += 64) {
+            prefetch_l2(k + o);
+            prefetch_l2(v + o);
+        }
+    }
+}
+
+static void attn_tile_item(attn_tile_job *j, int64_t t, float *scratch) {
+    const li_attn_args *a = j->a;
+    const int runs = a->n_head / a->n_head_kv / j->split;
+    const int64_t tile = t / (a->n_head_kv * runs), r = t % (a->n_head_kv * runs);
+    j->kern->attn_tile(a, j->tile0[tile], (int)(j->tile0[tile + 1] - j->tile0[tile]), (int)(r / runs),
+                       (int)(r % runs) * j->split, j->split, scratch);
+}
+
+/* As matmul_work: lane ith first, front to back, then the others. */
 static void attn_tile_work(void *p, int ith, int nth) {
     attn_tile_job *j = p;
-    const li_attn_args *a = j->a;
-    const int G = a->n_head / a->n_head_kv, runs = G / j->split;
-    const int64_t total = j->n_tiles * a->n_head_kv * runs;
-    for (;;) {
-        const int64_t t = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
-        if (t >= total) break;
-        const int64_t tile = t / (a->n_head_kv * runs), r = t % (a->n_head_kv * runs);
-        j->kern->attn_tile(a, j->tile0[tile], (int)(j->tile0[tile + 1] - j->tile0[tile]), (int)(r / runs),
-                           (int)(r % runs) * j->split, j->split, j->scratch[ith]);
+    const int L = j->n_lanes;
+    for (int d = 0; d < L; d++) {
+        const int lane = (ith + d) % L;
+        const int64_t end = j->total * (lane + 1) / L;
+        for (;;) {
+            const int64_t t = atomic_fetch_add_explicit(&j->next[lane].v, 1, memory_order_relaxed);
+            if (t >= end) break;
+            if (t + 1 < end) attn_item_prefetch(j, t + 1);
+            attn_tile_item(j, t, j->scratch[ith]);
+        }
     }
 }
 
@@ -328,10 +363,12 @@ static bool cpu_attention_tiles(li_cpu *c, const li_attn_args *a) {
      * eagerly: a whole group shares each K/V row's load and conversion. */
     const int split = n_tiles * a->n_head_kv < c->n_threads ? 1 : G;
     attn_tile_job j = {.kern = c->kern, .a = a, .scratch = c->scores, .tile0 = c->tiles, .n_tiles = n_tiles,
-                       .split = split};
-    atomic_init(&j.next, 0);
+                       .split = split, .total = n_tiles * a->n_head_kv * (G / split)};
     work *= (int64_t)a->n_head * a->head_dim;
-    li_threadpool_run(c->tp, attn_tile_work, &j, work < 32768 ? 1 : c->n_threads);
+    const int nth = work < 32768 ? 1 : c->n_threads;
+    j.n_lanes = (int)LI_MIN((int64_t)LI_MIN(nth, LI_CPU_MAX_LANES), j.total);
+    for (int l = 0; l < j.n_lanes; l++) atomic_init(&j.next[l].v, j.total * l / j.n_lanes);
+    li_threadpool_run(c->tp, attn_tile_work, &j, nth);
     return true;
 }
 
@@ -418,10 +455,10 @@ static void rows_work(void *p, int ith, int nth) {
     }
 }
 
-/* rows(ctx, r0, r1) over [0, n), on the threads when there are `elems`
- * elements of work or more */
-static void rows_run(li_cpu *c, void (*rows)(void *, int64_t, int64_t), void *ctx, int64_t n, int64_t elems) {
-    const int nth = elems >= 65536 && n > 1 ? (int)LI_MIN((int64_t)c->n_threads, n) : 1;
+/* rows(ctx, r0, r1) over [0, n), on the threads when the work is worth a
+ * hand-off: `cycles`, a rough cost estimate, of 32768 or more (~10 us) */
+static void rows_run(li_cpu *c, void (*rows)(void *, int64_t, int64_t), void *ctx, int64_t n, int64_t cycles) {
+    const int nth = cycles >= 32768 && n > 1 ? (int)LI_MIN((int64_t)c->n_threads, n) : 1;
     if (nth == 1) {
         rows(ctx, 0, n);
         return;
@@ -472,7 +509,7 @@ static void rmsnorm_rows(void *p, int64_t r0, int64_t r1) {
 static void cpu_rmsnorm(li_backend *be, const float *x, const float *w, float *y, int64_t n, int64_t dim,
                         float eps) {
     rmsnorm_ctx ctx = {.x = x, .w = w, .y = y, .dim = dim, .eps = eps};
-    rows_run(cpu_of(be), rmsnorm_rows, &ctx, n, n * dim);
+    rows_run(cpu_of(be), rmsnorm_rows, &ctx, n, n * dim * 2); /* a dependent double add per element */
 }
 
 typedef struct {
@@ -511,7 +548,7 @@ static void cpu_rope(li_backend *be, float *x, const int32_t *pos, int64_t n, in
                      float theta, int neox) {
     rope_ctx ctx = {.x = x, .pos = pos, .n_heads = n_heads, .head_dim = head_dim, .n_rot = n_rot, .neox = neox,
                     .theta_scale = powf(theta, -2.0f / (float)n_rot)};
-    rows_run(cpu_of(be), rope_rows, &ctx, n, n * n_heads * n_rot * 8);
+    rows_run(cpu_of(be), rope_rows, &ctx, n, n * (n_heads * n_rot + n_rot * 20)); /* + cosf/sinf per token */
 }
 
 typedef struct {
@@ -526,7 +563,7 @@ static void add_rows(void *p, int64_t j0, int64_t j1) {
 
 static void cpu_add(li_backend *be, float *y, const float *x, int64_t n) {
     add_ctx ctx = {.y = y, .x = x};
-    rows_run(cpu_of(be), add_rows, &ctx, n, n / 4); /* cheap per element: only big ones */
+    rows_run(cpu_of(be), add_rows, &ctx, n, n / 2); /* memory-bound: only big ones */
 }
 
 static void cpu_kv_store(li_backend *be, const li_kv_layer *kv, const float *k, const float *v, const int64_t *slot,

@@ -18,12 +18,11 @@
 #include "cpu/cpu_kernels.h"
 
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
-
-#include <stdio.h>
 
 /* ------------------------------------------------------------------------
  * the arena: panels of successive weights back to back
@@ -85,7 +84,7 @@ static void *arena_alloc(size_t bytes, arena_chunk **owner) {
             munmap(c->base, c->size);
             free(c);
         }
-        c = arena_cur = chunk_new(bytes);
+        c = arena_cur = chunk_new(bytes + ARENA_HDR);
     }
     void *p = NULL;
     if (c) {
