@@ -4,10 +4,7 @@
  * Q4_1 layers, 49152-vocab Q8_0 output); the machine's limits; and where a
  * real decode step's time goes, op by op.
  *
- * Not built by CMake. Build from the repo root, after `cmake --build build`:
- *   gcc -std=c11 -O2 -Icore -Ikernels -I. bench/bench_kernels.c build/libluainfer_core.a \
- *       $(pkg-config --libs luajit libuv msgpack libutf8proc libcjson libxxhash libedit zlib) \
- *       -lhttp_parser -lpthread -lm -ldl -o build/bench_kernels
+ * Built by CMake as build/bench_kernels (x86-64).
  * Run: build/bench_kernels [threads] [isa]     kernels (defaults: all cores, auto)
  *      build/bench_kernels --peak [threads]   machine limits (bench_llama_cpp.py)
  *      build/bench_kernels --forward S STEPS  the default model decoding S
@@ -196,6 +193,10 @@ static long op_calls[OP_COUNT];
 static void t_matmul(li_backend *b, const li_weight *w, const float *x, float *y, int64_t n) {
     OP_TIMED(OP_MATMUL, op_real->matmul(b, w, x, y, n));
 }
+static void t_matmul_multi(li_backend *b, const li_weight *const *w, int n_w, const float *x, float *const *y,
+                           int64_t n) {
+    OP_TIMED(OP_MATMUL, op_real->matmul_multi(b, w, n_w, x, y, n));
+}
 static void t_get_rows(li_backend *b, const li_weight *w, const int32_t *ids, int64_t n, float *out) {
     OP_TIMED(OP_GET_ROWS, op_real->get_rows(b, w, ids, n, out));
 }
@@ -232,6 +233,9 @@ static int forward_main(int S, int steps) {
     static li_backend_ops timed;
     timed = *op_real;
     timed.matmul = t_matmul;
+    /* LI_BENCH_SEPARATE=1: q/k/v and gate/up as separate matmuls (A/B) */
+    const char *sep = getenv("LI_BENCH_SEPARATE");
+    timed.matmul_multi = op_real->matmul_multi && !(sep && *sep == '1') ? t_matmul_multi : NULL;
     timed.get_rows = t_get_rows;
     timed.rmsnorm = t_rmsnorm;
     timed.rope = t_rope;

@@ -48,6 +48,11 @@ typedef struct li_backend_ops {
     const char *name;
     /* y(n, m) = x(n, k) · W(m, k)^T */
     void (*matmul)(li_backend *be, const li_weight *w, const float *x, float *y, int64_t n);
+    /* optional (NULL: matmul per weight): y[i](n, m_i) = x(n, k) · W[i](m_i, k)^T
+     * for n_w weights reading the same input (q/k/v, gate/up); results are
+     * the same as matmul's, one weight at a time */
+    void (*matmul_multi)(li_backend *be, const li_weight *const *w, int n_w, const float *x, float *const *y,
+                         int64_t n);
     /* out(n, k) = rows `ids` of W, dequantized (embedding lookup) */
     void (*get_rows)(li_backend *be, const li_weight *w, const int32_t *ids, int64_t n, float *out);
     /* y(n, dim) = x / rms(x) * w(dim) */

@@ -42,6 +42,9 @@ typedef struct req {
     li_block_hash *bh;        /* hashes of the full blocks of toks computed so far */
     int32_t n_bh, cap_bh;
     int32_t n_registered;     /* leading blocks of seq already in the prefix cache */
+    int32_t probe_hits;       /* prefix_probe's last answer, valid while the cache */
+    uint64_t probe_version;   /* map is at this version and n_toks is probe_toks */
+    int64_t probe_toks;
 } req;
 
 struct li_engine {
@@ -68,6 +71,10 @@ struct li_engine {
     int64_t *b_slot;
     int32_t **b_tables;       /* (max_num_seqs) */
     float *logits;            /* (max_num_seqs, n_vocab) */
+    uint8_t *mark;            /* (cap_mark) fcfs_plan's per-request marks */
+    int32_t cap_mark;
+    li_evict_candidate *ev_cand; /* (cap_ev) evict hook candidates and order */
+    int32_t *ev_order, cap_ev;
     li_engine_stats st;
 };
 
@@ -246,6 +253,9 @@ void li_engine_free(li_engine *e) {
     free(e->b_rows);
     free(e->b_slot);
     free(e->logits);
+    free(e->mark);
+    free(e->ev_cand);
+    free(e->ev_order);
     li_forward_free(&e->fw);
     li_kv_cache_free(&e->kv);
     free(e);
@@ -276,10 +286,16 @@ static void ensure_hashes(li_engine *e, req *r, int32_t n) {
  * token is always left to compute: its logits give the next token. */
 static int32_t prefix_probe(li_engine *e, req *r) {
     if (!e->kv.prefix_caching || r->seq.n_blocks || r->num_computed) return 0;
+    /* a waiting request is probed every step (state for the policy, FCFS,
+     * admission): the answer only changes with the cache's map */
+    if (r->probe_version == e->kv.map_version && r->probe_toks == r->n_toks) return r->probe_hits;
     int32_t max_blocks = (int32_t)((r->n_toks - 1) / e->kv.block_size);
     ensure_hashes(e, r, max_blocks);
     int32_t hits = 0;
     while (hits < max_blocks && li_kv_prefix_lookup(&e->kv, r->bh[hits]) >= 0) hits++;
+    r->probe_hits = hits;
+    r->probe_version = e->kv.map_version;
+    r->probe_toks = r->n_toks;
     return hits;
 }
 
@@ -330,8 +346,13 @@ static void prefix_evict_for(li_engine *e, int32_t need) {
         return;
     int32_t want = LI_MIN(LI_MAX(need - kv->n_free, kv->num_blocks / 16), kv->n_evictable);
     int32_t n = kv->n_evictable;
-    li_evict_candidate *c = li_xmalloc((size_t)n * sizeof *c);
-    int32_t *order = li_xmalloc((size_t)n * sizeof *order);
+    if (n > e->cap_ev) { /* grows to the pool size at most, then stays */
+        e->cap_ev = LI_MAX(n, e->cap_ev * 2);
+        e->ev_cand = li_xrealloc(e->ev_cand, (size_t)e->cap_ev * sizeof *e->ev_cand);
+        e->ev_order = li_xrealloc(e->ev_order, (size_t)e->cap_ev * sizeof *e->ev_order);
+    }
+    li_evict_candidate *c = e->ev_cand;
+    int32_t *order = e->ev_order;
     int32_t k = 0;
     for (int32_t id = kv->lru_head; id >= 0 && k < n; id = kv->lru_next[id])
         c[k++] = (li_evict_candidate){id, kv->last_access[id], kv->hit_count[id], kv->depth[id]};
@@ -348,8 +369,6 @@ static void prefix_evict_for(li_engine *e, int32_t need) {
         for (int32_t i = 0; i < n_order && i < n && done < want; i++) done += li_kv_prefix_evict(kv, order[i]);
         if (done < LI_MIN(want, n_order)) e->st.plans_trimmed++;
     }
-    free(c);
-    free(order);
 }
 
 /* ---- state for the policy ------------------------------------------------------ */
@@ -531,9 +550,14 @@ static void fcfs_plan(li_engine *e, li_plan *plan) {
     li_plan_clear(plan);
     int64_t budget = e->cfg.max_batched_tokens;
     int32_t seqs = e->cfg.max_num_seqs, free_blocks = li_kv_available(&e->kv);
-    /* marks: 1 = scheduled, 2 = preempted in this plan (reuses res.n_tokens? no: local array) */
+    /* marks: 1 = scheduled, 2 = preempted in this plan */
     int32_t n = e->n_reqs;
-    uint8_t *mark = li_xcalloc((size_t)n + 1, 1);
+    if (n + 1 > e->cap_mark) {
+        e->cap_mark = LI_MAX(n + 1, e->cap_mark * 2);
+        e->mark = li_xrealloc(e->mark, (size_t)e->cap_mark);
+    }
+    uint8_t *mark = e->mark;
+    memset(mark, 0, (size_t)n + 1);
     for (int32_t i = 0; i < n && budget > 0 && seqs > 0; i++) {
         req *r = e->reqs[i];
         if (!r->live || r->fork_of || r->state != LI_REQ_RUNNING || mark[i]) continue;
@@ -588,8 +612,7 @@ static void fcfs_plan(li_engine *e, li_plan *plan) {
             free_blocks -= need;
         }
     }
-out:
-    free(mark);
+out:;
 }
 
 /* ---- validate + apply ------------------------------------------------------------ */

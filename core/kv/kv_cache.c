@@ -155,6 +155,7 @@ int32_t li_kv_prefix_lookup(const li_kv_cache *kv, li_block_hash h) {
 }
 
 static void map_remove(li_kv_cache *kv, int32_t id) {
+    kv->map_version++;
     size_t i = (size_t)kv->hash[id].lo & kv->map_mask;
     while (kv->map[i] != id) i = (i + 1) & kv->map_mask;
     /* backward-shift deletion keeps every probe chain unbroken */
@@ -202,6 +203,7 @@ bool li_kv_prefix_register(li_kv_cache *kv, int32_t id, li_block_hash h, int32_t
     kv->hit_count[id] = 0;
     kv->depth[id] = depth;
     kv->n_hashed++;
+    kv->map_version++;
     size_t i = (size_t)h.lo & kv->map_mask;
     while (kv->map[i] >= 0) i = (i + 1) & kv->map_mask;
     kv->map[i] = id;

@@ -34,6 +34,16 @@ void li_forward_free(li_forward *f) {
     memset(f, 0, sizeof *f);
 }
 
+/* Weights that read the same input in one call when the backend can. */
+static void matmul_shared(li_backend *be, const li_weight *const *w, int n_w, const float *x, float *const *y,
+                          int64_t n) {
+    if (be->ops->matmul_multi) {
+        be->ops->matmul_multi(be, w, n_w, x, y, n);
+        return;
+    }
+    for (int i = 0; i < n_w; i++) be->ops->matmul(be, w[i], x, y[i], n);
+}
+
 int li_forward_run(li_forward *f, const li_model *m, li_backend *be, li_kv_cache *kv, const li_batch *b,
                    float *logits, li_error *err) {
     const li_hparams *hp = &m->hp;
@@ -59,9 +69,8 @@ int li_forward_run(li_forward *f, const li_model *m, li_backend *be, li_kv_cache
         const li_layer *L = &m->layers[l];
         /* attention block */
         op->rmsnorm(be, f->x, L->attn_norm, f->h, n, d, hp->norm_eps);
-        op->matmul(be, &L->wq, f->h, f->q, n);
-        op->matmul(be, &L->wk, f->h, f->k, n);
-        op->matmul(be, &L->wv, f->h, f->v, n);
+        matmul_shared(be, (const li_weight *const[]){&L->wq, &L->wk, &L->wv}, 3, f->h,
+                      (float *const[]){f->q, f->k, f->v}, n);
         op->rope(be, f->q, b->pos, n, hp->n_head, hp->head_dim, hp->n_rot, hp->rope_theta, hp->rope_neox);
         op->rope(be, f->k, b->pos, n, hp->n_head_kv, hp->head_dim, hp->n_rot, hp->rope_theta, hp->rope_neox);
         op->kv_store(be, &kv->layers[l], f->k, f->v, b->slot, n, hp->n_head_kv, hp->head_dim);
@@ -71,8 +80,8 @@ int li_forward_run(li_forward *f, const li_model *m, li_backend *be, li_kv_cache
         op->add(be, f->x, f->h, n * d);
         /* feed-forward block */
         op->rmsnorm(be, f->x, L->ffn_norm, f->h, n, d, hp->norm_eps);
-        op->matmul(be, &L->w_gate, f->h, f->g, n);
-        op->matmul(be, &L->w_up, f->h, f->u, n);
+        matmul_shared(be, (const li_weight *const[]){&L->w_gate, &L->w_up}, 2, f->h, (float *const[]){f->g, f->u},
+                      n);
         op->silu_mul(be, f->g, f->u, n, hp->n_ff);
         op->matmul(be, &L->w_down, f->g, f->h, n);
         op->add(be, f->x, f->h, n * d);

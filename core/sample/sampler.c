@@ -112,6 +112,29 @@ void li_sampler_accept(li_sampler *s, int32_t t) {
     if (s->counts[t] < UINT16_MAX) s->counts[t]++;
 }
 
+/* Largest value; 16 independent lanes so the compiler vectorizes it (max is
+ * exact, so the lane order cannot change the result). */
+static float max_of(const float *x, int32_t n) {
+    float m[16];
+    for (int j = 0; j < 16; j++) m[j] = -INFINITY;
+    int32_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int j = 0; j < 16; j++) m[j] = x[i + j] > m[j] ? x[i + j] : m[j];
+    float r = -INFINITY;
+    for (int j = 0; j < 16; j++) r = m[j] > r ? m[j] : r;
+    for (; i < n; i++) r = x[i] > r ? x[i] : r;
+    return r;
+}
+
+/* Lowest index holding the largest value (greedy's tie rule). NaN logits
+ * never win, as in the candidate loop below. */
+static int32_t argmax_of(const float *x, int32_t n) {
+    const float mx = max_of(x, n);
+    for (int32_t i = 0; i < n; i++)
+        if (x[i] == mx) return i;
+    return 0;
+}
+
 static int cmp_desc(const void *a, const void *b) {
     const li_token_logprob *x = a, *y = b;
     if (x->logprob > y->logprob) return -1;
@@ -120,10 +143,11 @@ static int cmp_desc(const void *a, const void *b) {
 }
 
 /* log(sum(exp(logits))), the one normalizer every reported logprob uses, so
- * a token's logprob is the same number wherever it is reported. */
+ * a token's logprob is the same number wherever it is reported. The max is
+ * taken 16 lanes wide; the sum stays in double, in index order, so the value
+ * does not depend on the ISA. Only computed when a logprob is asked for. */
 static float log_sum_exp(const float *logits, int32_t n_vocab) {
-    float mx = logits[0];
-    for (int32_t i = 1; i < n_vocab; i++) mx = logits[i] > mx ? logits[i] : mx;
+    float mx = max_of(logits, n_vocab);
     double sum = 0;
     for (int32_t i = 0; i < n_vocab; i++) sum += exp((double)logits[i] - mx);
     return mx + (float)log(sum);
@@ -177,6 +201,14 @@ static void select_top_k(li_token_logprob *c, int32_t n, int32_t k) {
 int32_t li_sampler_sample(li_sampler *s, const float *logits, li_token_logprob *top, float *chosen_logprob) {
     const li_sampling_params *p = &s->p;
     const int32_t nv = s->n_vocab;
+    const bool want_lp = p->logprob || p->n_logprobs > 0;
+    if (p->temperature <= 0 && !penalties_on(p)) {
+        /* plain greedy: one pass over the logits, no candidate list */
+        int32_t chosen = argmax_of(logits, nv);
+        if (top && p->n_logprobs > 0) li_logits_top(logits, nv, p->n_logprobs, top, true);
+        if (chosen_logprob) *chosen_logprob = want_lp ? raw_logprob(logits, nv, chosen) : 0.0f;
+        return chosen;
+    }
     li_token_logprob *c = s->cand;
     float mx = -INFINITY;
     for (int32_t i = 0; i < nv; i++) {
@@ -240,6 +272,6 @@ int32_t li_sampler_sample(li_sampler *s, const float *logits, li_token_logprob *
         }
     }
     if (top && p->n_logprobs > 0) li_logits_top(logits, nv, p->n_logprobs, top, true);
-    if (chosen_logprob) *chosen_logprob = raw_logprob(logits, nv, chosen);
+    if (chosen_logprob) *chosen_logprob = want_lp ? raw_logprob(logits, nv, chosen) : 0.0f;
     return chosen;
 }

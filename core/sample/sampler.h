@@ -21,6 +21,8 @@ typedef struct li_sampling_params {
     int32_t penalty_last_n;  /* window of recent tokens the penalties look at; -1 = all */
     uint64_t seed;           /* same seed, same logits -> same tokens */
     int32_t n_logprobs;      /* top-N logprobs to report (0..20) */
+    bool logprob;            /* report the chosen token's logprob (implied by n_logprobs > 0);
+                                off, the sampler skips the normalizer over the vocabulary */
 } li_sampling_params;
 
 /* llama.cpp's defaults: temperature 0.8, top_k 40, top_p 0.95, min_p 0.05. */
@@ -48,7 +50,8 @@ void li_sampler_free(li_sampler *s);
 void li_sampler_accept(li_sampler *s, int32_t token);
 /* Picks the next token from logits (n_vocab). When top is non-NULL it
  * receives p.n_logprobs entries; *chosen_logprob (if non-NULL) gets the
- * chosen token's raw logprob. Does not accept the token. */
+ * chosen token's raw logprob when p.logprob or p.n_logprobs asks for it,
+ * else 0. Does not accept the token. */
 int32_t li_sampler_sample(li_sampler *s, const float *logits, li_token_logprob *top, float *chosen_logprob);
 /* Raw log-softmax of one id, and the top-n ids by logit (sorted). */
 void li_logits_top(const float *logits, int32_t n_vocab, int32_t n, li_token_logprob *out, bool as_logprob);

@@ -218,6 +218,7 @@ static void run_add(li_engine_thread *t, li_srv_req *r) {
         .ud = r,
     };
     p.sampling.n_logprobs = g->logprobs > 0 ? g->logprobs : 0;
+    p.sampling.logprob = g->logprobs >= 0;
     r->eng_id = -1;
     r->n_fin_engine = 0;
     if (t->n_live == t->cap_live) {

@@ -107,19 +107,30 @@ static inline void prefetch_l2(const void *p) {
 }
 
 #define LI_CPU_MAX_LANES 64
+#define LI_CPU_MAX_PARTS 4
+
+/* One weight of a matmul job. Several weights that read the same input
+ * (q/k/v, gate/up) run as one job: the activations are quantized once and
+ * the threads meet once, instead of once per weight. */
+typedef struct {
+    const li_weight *w;
+    const li_cpu_packed *pw; /* panels, or NULL: the scalar kernels on w->data */
+    float *y;              /* (n, w->m) */
+    int64_t units;         /* panels (packed) or weight rows */
+    int64_t chunk, n_chunks;
+    int64_t item0;         /* the job's first item that belongs to this weight */
+} matmul_part;
 
 typedef struct {
     const li_cpu_kernels *kern;
-    const li_weight *w;
-    const li_cpu_packed *pw; /* panels, or NULL: the scalar kernels on w->data */
-    const float *x;        /* (n, k) */
-    float *y;              /* (n, m) */
-    int64_t n;
+    matmul_part part[LI_CPU_MAX_PARTS];
+    int n_parts;
+    const float *x;        /* (n, k), k shared by every part */
+    int64_t k, n;
     li_type at;            /* activation type: Q8_0, Q8_1, or F32 for float weights */
     void *act;             /* (n) packed rows of act_stride bytes */
     size_t act_stride;
-    int64_t units;         /* panels (packed) or weight rows */
-    int64_t chunk, tile_n, n_chunks, n_items;
+    int64_t tile_n, n_items;
     int n_lanes;           /* the items split into this many contiguous runs */
     const uint8_t *next_data; /* the next weight's panels, to warm up (or NULL) */
     size_t next_bytes;
@@ -131,7 +142,7 @@ typedef struct {
 
 static void matmul_quantize(void *p, int ith, int nth) {
     matmul_job *j = p;
-    const int64_t k = j->w->k;
+    const int64_t k = j->k;
     for (;;) {
         const int64_t r = atomic_fetch_add_explicit(&j->next_row, 1, memory_order_relaxed);
         if (r >= j->n) break;
@@ -140,14 +151,18 @@ static void matmul_quantize(void *p, int ith, int nth) {
 }
 
 static void matmul_item(const matmul_job *j, int64_t t) {
-    const li_weight *w = j->w;
-    const int64_t u0 = (t % j->n_chunks) * j->chunk, r0 = (t / j->n_chunks) * j->tile_n;
-    const int64_t u1 = LI_MIN(u0 + j->chunk, j->units), nr = LI_MIN(j->tile_n, j->n - r0);
-    float *y = j->y + r0 * w->m;
+    int pi = 0;
+    while (pi + 1 < j->n_parts && t >= j->part[pi + 1].item0) pi++;
+    const matmul_part *pt = &j->part[pi];
+    const li_weight *w = pt->w;
+    t -= pt->item0;
+    const int64_t u0 = (t % pt->n_chunks) * pt->chunk, r0 = (t / pt->n_chunks) * j->tile_n;
+    const int64_t u1 = LI_MIN(u0 + pt->chunk, pt->units), nr = LI_MIN(j->tile_n, j->n - r0);
+    float *y = pt->y + r0 * w->m;
     const char *act = (const char *)j->act + r0 * j->act_stride;
-    if (j->pw) {
-        if (j->at == LI_TYPE_F32) j->kern->gemm_f_packed(j->pw, u0, u1, j->x + r0 * w->k, w->k, nr, y, w->m);
-        else j->kern->gemm_q_packed(j->pw, u0, u1, act, j->act_stride, nr, y, w->m);
+    if (pt->pw) {
+        if (j->at == LI_TYPE_F32) j->kern->gemm_f_packed(pt->pw, u0, u1, j->x + r0 * w->k, w->k, nr, y, w->m);
+        else j->kern->gemm_q_packed(pt->pw, u0, u1, act, j->act_stride, nr, y, w->m);
         return;
     }
     const char *wrows = (const char *)w->data + u0 * w->row_bytes;
@@ -185,43 +200,58 @@ static void matmul_work(void *p, int ith, int nth) {
 }
 
 /* Item shape: activation tiles of up to 64 rows (they stay in L2 while the
- * weight panels stream past), and enough items for every thread to take
- * several, so one slowed down by another process just takes fewer. */
+ * weight panels stream past), and enough items per weight for every thread
+ * to take several, so one slowed down by another process just takes fewer.
+ * The parts' items follow each other in weight order: packed weights lie
+ * back to back in forward order, so a lane is still one contiguous run. */
 static void matmul_plan(matmul_job *j, int nth) {
     const int64_t n = j->n;
     j->tile_n = n <= 64 ? n : 64;
     const int64_t n_tn = (n + j->tile_n - 1) / j->tile_n;
     const int64_t want = (int64_t)nth * 8;
-    int64_t chunk = (j->units * n_tn + want - 1) / want;
-    if (!j->pw) chunk = (chunk + 3) & ~(int64_t)3;
-    j->chunk = LI_MAX(LI_MIN(chunk, j->units), 1);
-    j->n_chunks = (j->units + j->chunk - 1) / j->chunk;
-    j->n_items = j->n_chunks * n_tn;
+    j->n_items = 0;
+    for (int pi = 0; pi < j->n_parts; pi++) {
+        matmul_part *pt = &j->part[pi];
+        int64_t chunk = (pt->units * n_tn + want - 1) / want;
+        if (!pt->pw) chunk = (chunk + 3) & ~(int64_t)3;
+        pt->chunk = LI_MAX(LI_MIN(chunk, pt->units), 1);
+        pt->n_chunks = (pt->units + pt->chunk - 1) / pt->chunk;
+        pt->item0 = j->n_items;
+        j->n_items += pt->n_chunks * n_tn;
+    }
     j->n_lanes = (int)LI_MIN((int64_t)LI_MIN(nth, LI_CPU_MAX_LANES), j->n_items);
     for (int l = 0; l < j->n_lanes; l++) atomic_init(&j->next[l].v, j->n_items * l / j->n_lanes);
 }
 
-static void cpu_matmul(li_backend *be, const li_weight *w, const float *x, float *y, int64_t n) {
-    li_cpu *c = cpu_of(be);
-    if (n <= 0 || w->m <= 0) return;
+/* The activation type, or LI_TYPE_COUNT when the kernels do not know the
+ * weight type (e.g. Q8_1 weights: the reference dequantizes them). */
+static li_type matmul_act_type(const li_weight *w) {
     li_type at = li_type_vec_dot_type(w->type);
     const bool is_float = w->type == LI_TYPE_F32 || w->type == LI_TYPE_F16 || w->type == LI_TYPE_BF16;
-    if (at == LI_TYPE_F32 && !is_float) {
-        /* a type the kernels do not know (e.g. Q8_1 weights): dequantize */
-        li_backend_ref_ops()->matmul(be, w, x, y, n);
-        return;
+    return at == LI_TYPE_F32 && !is_float ? LI_TYPE_COUNT : at;
+}
+
+/* y[i](n, m_i) = x(n, k) · W[i](m_i, k)^T for the n_w weights of one job;
+ * the caller checked they share k and the activation type. */
+static void matmul_run(li_cpu *c, const li_weight *const *w, int n_w, const float *x, float *const *y, int64_t n) {
+    matmul_job j = {.kern = c->kern, .x = x, .k = w[0]->k, .n = n, .at = matmul_act_type(w[0]), .n_parts = n_w};
+    int64_t work = 0;
+    for (int i = 0; i < n_w; i++) {
+        matmul_part *pt = &j.part[i];
+        pt->w = w[i];
+        pt->y = y[i];
+        pt->pw = c->kern->gemm_q_packed ? li_cpu_packed_of(w[i]) : NULL;
+        pt->units = pt->pw ? pt->pw->n_panels : w[i]->m;
+        work += w[i]->m * n * w[i]->k;
     }
-    matmul_job j = {.kern = c->kern, .w = w, .x = x, .y = y, .n = n, .at = at};
-    j.pw = c->kern->gemm_q_packed ? li_cpu_packed_of(w) : NULL;
-    j.units = j.pw ? j.pw->n_panels : w->m;
-    if (j.pw && n <= 8) { /* memory-bound: warm up the next weight */
-        li_cpu_packed_next(j.pw, &j.next_data, &j.next_bytes);
+    const matmul_part *last = &j.part[n_w - 1];
+    if (last->pw && n <= 8) { /* memory-bound: warm up the next weight */
+        li_cpu_packed_next(last->pw, &j.next_data, &j.next_bytes);
         if (!j.next_bytes) j.next_data = NULL;
     }
-    const int64_t work = w->m * n * w->k;
     int nth = work < 65536 ? 1 : c->n_threads; /* tiny products: not worth a wake-up */
-    if (at != LI_TYPE_F32) {
-        j.act_stride = li_qact_row_bytes(w->k);
+    if (j.at != LI_TYPE_F32) {
+        j.act_stride = li_qact_row_bytes(j.k);
         const size_t need = j.act_stride * (size_t)n;
         if (need > c->act_cap) {
             li_aligned_free(c->act);
@@ -234,6 +264,31 @@ static void cpu_matmul(li_backend *be, const li_weight *w, const float *x, float
     }
     matmul_plan(&j, nth);
     li_threadpool_run(c->tp, matmul_work, &j, (int)LI_MIN((int64_t)nth, j.n_items));
+}
+
+static void cpu_matmul(li_backend *be, const li_weight *w, const float *x, float *y, int64_t n) {
+    if (n <= 0 || w->m <= 0) return;
+    if (matmul_act_type(w) == LI_TYPE_COUNT) {
+        li_backend_ref_ops()->matmul(be, w, x, y, n);
+        return;
+    }
+    matmul_run(cpu_of(be), &w, 1, x, &y, n);
+}
+
+/* Weights that share an input run as one job when they agree on k and on
+ * the activation type; otherwise one by one. Every output is the same
+ * either way (each is computed whole by the same kernel). */
+static void cpu_matmul_multi(li_backend *be, const li_weight *const *w, int n_w, const float *x, float *const *y,
+                             int64_t n) {
+    bool same = n_w <= LI_CPU_MAX_PARTS && n > 0;
+    for (int i = 0; same && i < n_w; i++)
+        same = w[i]->m > 0 && w[i]->k == w[0]->k && matmul_act_type(w[i]) == matmul_act_type(w[0]) &&
+               matmul_act_type(w[i]) != LI_TYPE_COUNT;
+    if (!same) {
+        for (int i = 0; i < n_w; i++) cpu_matmul(be, w[i], x, y[i], n);
+        return;
+    }
+    matmul_run(cpu_of(be), w, n_w, x, y, n);
 }
 
 static int cpu_weight_prepare(li_backend *be, li_weight *w) {
@@ -578,6 +633,7 @@ static void cpu_kv_store(li_backend *be, const li_kv_layer *kv, const float *k, 
 static const li_backend_ops cpu_ops = {
     .name = "cpu",
     .matmul = cpu_matmul,
+    .matmul_multi = cpu_matmul_multi,
     .get_rows = cpu_get_rows,
     .rmsnorm = cpu_rmsnorm,
     .rope = cpu_rope,

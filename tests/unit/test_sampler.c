@@ -141,6 +141,38 @@ int main(void) {
     CHECK(fabs(clp - top[0].logprob) < 1e-6, "chosen logprob");
     li_sampler_free(&s);
 
+    /* the chosen logprob alone (logprobs=0 in the API) is computed on
+     * request, and skipped (0) otherwise */
+    p = greedy();
+    p.logprob = true;
+    li_sampler_init(&s, &p, 4, &err);
+    clp = 1;
+    CHECK(li_sampler_sample(&s, small, NULL, &clp) == 2 && fabs(clp - log(exp(2) / z)) < 1e-5,
+          "chosen logprob on request: %f", clp);
+    li_sampler_free(&s);
+    p = greedy();
+    li_sampler_init(&s, &p, 4, &err);
+    clp = 1;
+    CHECK(li_sampler_sample(&s, small, NULL, &clp) == 2 && clp == 0.0f, "no logprob unless asked");
+    li_sampler_free(&s);
+
+    /* greedy's one-pass argmax against a plain loop at odd sizes, with ties
+     * placed at both ends of the 16-wide lanes and NaNs that must not win */
+    for (int n = 1; n <= 100; n += 3) {
+        float big[100];
+        fill(big, n, 11u + (unsigned)n);
+        if (n > 20) big[n - 1] = big[17] = 9.0f;   /* tie: 17 wins */
+        if (n > 5) big[3] = NAN;
+        int want = -1;
+        for (int i = 0; i < n; i++)
+            if (!isnan(big[i]) && (want < 0 || big[i] > big[want])) want = i;
+        p = greedy();
+        li_sampler_init(&s, &p, n, &err);
+        int got = li_sampler_sample(&s, big, NULL, NULL);
+        CHECK(got == (want < 0 ? 0 : want), "argmax n=%d: %d vs %d", n, got, want);
+        li_sampler_free(&s);
+    }
+
     /* invalid parameters are refused with a message */
     p = greedy();
     p.top_p = 0;
