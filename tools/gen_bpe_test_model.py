@@ -17,13 +17,14 @@ are printed.
 
 Usage: .venv/bin/python tools/gen_bpe_test_model.py
 """
-import gzip
 import json
 import os
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tools"))
+from gguf_writer import write_golden, write_vocab_gguf  # noqa: E402  (tools/ is on the path now)
+
 OUT_GGUF = os.path.join(ROOT, "tests", "golden", "tokenizer_llama3_tiny.gguf")
 OUT_GOLDEN = os.path.join(ROOT, "tests", "golden", "tokenizer_llama3_tiny.jsonl.gz")
 
@@ -74,30 +75,9 @@ def write_gguf(tok, path):
     assert all(t is not None for t in tokens)
     types = [gguf.TokenType.CONTROL if t in SPECIALS else gguf.TokenType.NORMAL for t in tokens]
     merges = [m if isinstance(m, str) else " ".join(m) for m in j["model"]["merges"]]
-    w = gguf.GGUFWriter(path, "llama")
-    w.add_name("llama3-tiny")
-    w.add_context_length(128)
-    w.add_embedding_length(64)
-    w.add_block_count(1)
-    w.add_feed_forward_length(128)
-    w.add_head_count(4)
-    w.add_head_count_kv(4)
-    w.add_layer_norm_rms_eps(1e-5)
-    w.add_rope_dimension_count(16)
-    w.add_vocab_size(len(tokens))
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("llama-bpe")
-    w.add_token_list(tokens)
-    w.add_token_types(types)
-    w.add_token_merges(merges)
-    w.add_bos_token_id(vocab["<|begin_of_text|>"])
-    w.add_eos_token_id(vocab["<|end_of_text|>"])
-    w.add_eot_token_id(vocab["<|eot_id|>"])
-    w.add_add_bos_token(True)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    write_vocab_gguf(path, "llama3-tiny", model="gpt2", pre="llama-bpe", tokens=tokens, types=types,
+                     merges=merges, bos_id=vocab["<|begin_of_text|>"], eos_id=vocab["<|end_of_text|>"],
+                     eot_id=vocab["<|eot_id|>"], add_bos=True)
 
 
 def main():
@@ -136,12 +116,7 @@ def main():
     for i in diff[:5]:
         print(f"  {corpus[i][:50]!r}: hf={golden[i][:12]} lc={lc[i][:12]}")
 
-    with open(OUT_GOLDEN, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, filename="") as f:
-        for s, ids, ok in zip(corpus, golden, rt):
-            rec = {"text": s, "ids": ids}
-            if not ok:
-                rec["rt"] = False
-            f.write((json.dumps(rec, ensure_ascii=False, separators=(",", ":")) + "\n").encode("utf-8"))
+    write_golden(OUT_GOLDEN, corpus, golden, rt)
     print(f"wrote {OUT_GOLDEN} ({os.path.getsize(OUT_GOLDEN)} bytes, {len(corpus)} strings, "
           f"{len(rt) - sum(rt)} do not round-trip)")
 

@@ -23,15 +23,15 @@ Needs: gguf, llama-cpp-python, transformers, sentencepiece
 (`.venv/bin/pip install sentencepiece`).
 Usage: .venv/bin/python tools/gen_spm_test_model.py
 """
-import gzip
 import io
-import json
 import os
 import random
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tools"))
+from gguf_writer import write_golden, write_vocab_gguf  # noqa: E402  (tools/ is on the path now)
+
 OUT_GGUF = os.path.join(ROOT, "tests", "golden", "spm_tiny.gguf")
 OUT_GOLDEN = os.path.join(ROOT, "tests", "golden", "spm_tiny.jsonl.gz")
 
@@ -77,33 +77,8 @@ def write_gguf(sp, path):
         else:
             t = gguf.TokenType.NORMAL
         types.append(t)
-    w = gguf.GGUFWriter(path, "llama")
-    w.add_name("spm-tiny")
-    # Minimal hyper-parameters so llama.cpp accepts the file (vocab_only).
-    w.add_context_length(128)
-    w.add_embedding_length(64)
-    w.add_block_count(1)
-    w.add_feed_forward_length(128)
-    w.add_head_count(4)
-    w.add_head_count_kv(4)
-    w.add_layer_norm_rms_eps(1e-5)
-    w.add_rope_dimension_count(16)
-    w.add_vocab_size(len(tokens))
-    w.add_tokenizer_model("llama")
-    w.add_tokenizer_pre("default")
-    w.add_token_list(tokens)
-    w.add_token_scores(scores)
-    w.add_token_types(types)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_unk_token_id(0)
-    w.add_add_bos_token(True)
-    w.add_add_eos_token(False)
-    w.add_add_space_prefix(True)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    write_vocab_gguf(path, "spm-tiny", model="llama", pre="default", tokens=tokens, types=types, scores=scores,
+                     bos_id=1, eos_id=2, unk_id=0, add_bos=True, add_eos=False, add_space_prefix=True)
 
 
 def lc_detokenize(llm, ids):
@@ -174,12 +149,7 @@ def main():
         print(f"  {corpus[i][:50]!r}: lc={golden[i][:12]} hf={hf_ids[i][:12]}")
     print(f"llama.cpp round-trip: {sum(rt)}/{len(rt)}")
 
-    with open(OUT_GOLDEN, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, filename="") as f:
-        for s, ids, ok in zip(corpus, golden, rt):
-            rec = {"text": s, "ids": ids}
-            if not ok:
-                rec["rt"] = False
-            f.write((json.dumps(rec, ensure_ascii=False, separators=(",", ":")) + "\n").encode("utf-8"))
+    write_golden(OUT_GOLDEN, corpus, golden, rt)
     print(f"wrote {OUT_GOLDEN} ({os.path.getsize(OUT_GOLDEN)} bytes, {len(corpus)} strings)")
 
 

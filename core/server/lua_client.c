@@ -203,8 +203,13 @@ static const char *table_kind(lua_State *L, int idx) {
     return k;
 }
 
+/* pack and unpack raise (luaL_error, or Lua running out of memory) only
+ * inside pack_protected / unpack_protected, which l_pack / l_unpack run
+ * under lua_pcall: the msgpack buffer or zone is freed before the error is
+ * passed on, whatever raised. */
 static void pack_value(lua_State *L, msgpack_packer *pk, int idx, int depth) {
     if (depth > 64) luaL_error(L, "net.pack: nesting deeper than 64 (a cycle?)");
+    luaL_checkstack(L, 3, "net.pack: nesting too deep");
     idx = idx < 0 ? lua_gettop(L) + idx + 1 : idx;
     switch (lua_type(L, idx)) {
     case LUA_TNIL: msgpack_pack_nil(pk); return;
@@ -266,16 +271,41 @@ static void pack_value(lua_State *L, msgpack_packer *pk, int idx, int depth) {
     luaL_error(L, "net.pack: cannot pack a %s", luaL_typename(L, idx));
 }
 
+typedef struct pack_buf {
+    msgpack_sbuffer sb;
+    bool failed; /* a write could not grow the buffer */
+} pack_buf;
+
+static int pack_write(void *data, const char *buf, size_t len) {
+    pack_buf *b = data;
+    if (msgpack_sbuffer_write(&b->sb, buf, len) == 0) return 0;
+    b->failed = true;
+    return -1;
+}
+
+/* (value, pack_buf) → the packed bytes; may raise */
+static int pack_protected(lua_State *L) {
+    pack_buf *b = lua_touserdata(L, 2);
+    lua_settop(L, 1);
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, b, pack_write);
+    pack_value(L, &pk, 1, 0);
+    if (b->failed) luaL_error(L, "net.pack: out of memory");
+    lua_pushlstring(L, b->sb.data ? b->sb.data : "", b->sb.size);
+    return 1;
+}
+
 static int l_pack(lua_State *L) {
     luaL_checkany(L, 1);
-    msgpack_sbuffer sb;
-    msgpack_sbuffer_init(&sb);
-    msgpack_packer pk;
-    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
     lua_settop(L, 1);
-    pack_value(L, &pk, 1, 0); /* may raise: the buffer then leaks once; inputs are the caller's */
-    lua_pushlstring(L, sb.data ? sb.data : "", sb.size);
-    msgpack_sbuffer_destroy(&sb);
+    pack_buf b = {.failed = false};
+    msgpack_sbuffer_init(&b.sb);
+    lua_pushvalue(L, lua_upvalueindex(1)); /* pack_protected */
+    lua_pushvalue(L, 1);
+    lua_pushlightuserdata(L, &b);
+    int rc = lua_pcall(L, 2, 1, 0);
+    msgpack_sbuffer_destroy(&b.sb);
+    if (rc != 0) return lua_error(L); /* the message, as raised */
     return 1;
 }
 
@@ -313,6 +343,12 @@ static void push_object(lua_State *L, const msgpack_object *o, int depth) {
     }
 }
 
+/* (msgpack_object) → its Lua value; may raise */
+static int unpack_protected(lua_State *L) {
+    push_object(L, lua_touserdata(L, 1), 0);
+    return 1;
+}
+
 /* unpack(s, [pos]) → value, next_pos | nil, nil (incomplete); malformed raises */
 static int l_unpack(lua_State *L) {
     size_t n;
@@ -338,8 +374,11 @@ static int l_unpack(lua_State *L) {
         msgpack_unpacked_destroy(&u);
         return luaL_error(L, "net.unpack: malformed msgpack at byte %d", (int)start + 1);
     }
-    push_object(L, &u.data, 0);
+    lua_pushvalue(L, lua_upvalueindex(1)); /* unpack_protected */
+    lua_pushlightuserdata(L, &u.data);
+    int prc = lua_pcall(L, 1, 1, 0);
     msgpack_unpacked_destroy(&u);
+    if (prc != 0) return lua_error(L);
     lua_pushinteger(L, (lua_Integer)off + 1);
     return 2;
 }
@@ -374,10 +413,16 @@ int luaopen_luainfer_net(lua_State *L) {
         lua_setfield(L, -2, KIND_FIELD);
         lua_setfield(L, LUA_REGISTRYINDEX, i == 0 ? "luainfer.net.array_mt" : "luainfer.net.map_mt");
     }
-    static const luaL_Reg f[] = {{"connect", l_connect}, {"pack", l_pack}, {"unpack", l_unpack},
-                                 {"array", l_array},     {"map", l_map},   {NULL, NULL}};
+    static const luaL_Reg f[] = {{"connect", l_connect}, {"array", l_array}, {"map", l_map}, {NULL, NULL}};
     lua_newtable(L);
     luaL_register(L, NULL, f);
+    /* pack / unpack keep their protected halves as upvalues (no closure per call) */
+    lua_pushcfunction(L, pack_protected);
+    lua_pushcclosure(L, l_pack, 1);
+    lua_setfield(L, -2, "pack");
+    lua_pushcfunction(L, unpack_protected);
+    lua_pushcclosure(L, l_unpack, 1);
+    lua_setfield(L, -2, "unpack");
     lua_pushlightuserdata(L, null_key());
     lua_setfield(L, -2, "null");
     return 1;

@@ -9,6 +9,15 @@
  * line with the ">> " prompt. When stdin is not a terminal, lines are read
  * plainly (no editing), so `luainfer repl < script.lua` works too.
  *
+ * Ctrl-C: while a chunk runs, it is interrupted ("interrupted" is raised
+ * in it, as lua.c does: the SIGINT handler arms a count hook) and the
+ * prompt comes back; a second Ctrl-C before the chunk notices the first
+ * (stuck in one long C call) quits. At the prompt, Ctrl-C drops the line
+ * and any unfinished multi-line chunk. Ctrl-D (EOF) quits. The REPL's Lua
+ * state runs with the JIT off: LuaJIT runs no hooks inside compiled traces,
+ * so a compiled `while true do end` could not be interrupted otherwise
+ * (jit.on() gives speed back, and takes that guarantee away).
+ *
  * The Lua half (pretty printer, help, completion, eval) is the REPL_LUA
  * string below; it needs nothing from C but `__repl_opts`. */
 #define _GNU_SOURCE
@@ -18,8 +27,11 @@
 #include "lua/lua_engine.h"
 
 #include <editline/readline.h>
+#include <errno.h>
 #include <lauxlib.h>
 #include <lua.h>
+#include <luajit.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -112,7 +124,7 @@ static const char REPL_LUA[] =
     "  print('  generate(prompt, opts)   generate text (greedy, 64 tokens unless opts say otherwise)')\n"
     "  print('  chat(message, opts)      generate with the model\\'s chat template')\n"
     "  print('  pp(...)                  pretty-print values (results are printed this way)')\n"
-    "  print('  help()                   this text;  Tab completes names;  Ctrl-D quits')\n"
+    "  print('  help()                   this text;  Tab completes names;  Ctrl-C interrupts;  Ctrl-D quits')\n"
     "  for _, h in ipairs(engine and HELP.engine or HELP.server) do print(string.format('  %-48s %s', h[1], h[2])) end\n"
     "  print('  luainfer.chat.format(template, messages, opts), luainfer.generate(engine, prompt, opts)')\n"
     "end\n"
@@ -282,6 +294,53 @@ static char **complete(const char *text, int start, int end) {
     return rl_completion_matches(text, match_generator);
 }
 
+/* ---- Ctrl-C ------------------------------------------------------------------------------ */
+
+static volatile sig_atomic_t G_sigint;  /* a Ctrl-C nobody has acted on yet */
+static volatile sig_atomic_t G_running; /* a chunk is being evaluated (G_L is in use) */
+static bool G_line_cancelled;           /* the line just read was cut short by Ctrl-C */
+
+/* Runs in the chunk, at the next call, return or instruction after a Ctrl-C:
+ * one shot, as in lua.c (a pcall in the chunk may catch it). */
+static void interrupt_hook(lua_State *L, lua_Debug *ar) {
+    (void)ar;
+    lua_sethook(L, NULL, 0, 0);
+    G_sigint = 0;
+    luaL_error(L, "interrupted");
+}
+
+/* Only async-signal-safe work: flags, and lua_sethook, which LuaJIT's
+ * lj_dispatch.c marks as callable asynchronously, e.g. from a signal
+ * handler (lua.c and luajit.c arm their Ctrl-C hook the same way). */
+static void on_sigint(int sig) {
+    if (G_running) {
+        if (G_sigint) { /* the first one was not noticed: stuck in C, quit */
+            signal(sig, SIG_DFL);
+            raise(sig);
+            return;
+        }
+        lua_sethook(G_L, interrupt_hook, LUA_MASKCALL | LUA_MASKRET | LUA_MASKCOUNT, 1);
+    }
+    G_sigint = 1;
+}
+
+/* libedit's character source: read() without SA_RESTART returns EINTR on
+ * Ctrl-C; the line is then ended ("\n") and marked cancelled. */
+static int getc_interruptible(FILE *f) {
+    for (;;) {
+        if (G_sigint) {
+            G_sigint = 0;
+            G_line_cancelled = true;
+            return '\n';
+        }
+        unsigned char c;
+        ssize_t n = read(fileno(f), &c, 1);
+        if (n == 1) return c;
+        if (n < 0 && errno == EINTR) continue;
+        return EOF;
+    }
+}
+
 /* ---- the loop ------------------------------------------------------------------------- */
 
 static char *read_plain(const char *prompt, bool echo_prompt) {
@@ -291,12 +350,23 @@ static char *read_plain(const char *prompt, bool echo_prompt) {
     }
     size_t cap = 0;
     char *line = NULL;
-    ssize_t n = getline(&line, &cap, stdin);
+    ssize_t n;
+    while ((n = getline(&line, &cap, stdin)) < 0 && ferror(stdin) && errno == EINTR) {
+        clearerr(stdin); /* Ctrl-C (what getline had read of the line is gone) */
+        if (G_sigint) {
+            G_sigint = 0;
+            G_line_cancelled = true;
+            n = 0;
+            break;
+        }
+    }
     if (n < 0) {
         free(line);
         return NULL;
     }
+    if (!line) line = li_xcalloc(1, 1);
     if (n > 0 && line[n - 1] == '\n') line[n - 1] = 0;
+    if (G_line_cancelled) line[0] = 0;
     return line;
 }
 
@@ -364,10 +434,17 @@ int li_cmd_repl(int argc, char **argv) {
     G_repl_ref = luaL_ref(L, LUA_REGISTRYINDEX);
     G_L = L;
 
+    /* See the top of the file: hooks do not run in compiled traces. */
+    luaJIT_setmode(L, 0, LUAJIT_MODE_ENGINE | LUAJIT_MODE_OFF);
+    struct sigaction sa = {.sa_handler = on_sigint}, old_sa; /* no SA_RESTART: reads return EINTR */
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, &old_sa);
+
     bool tty = isatty(STDIN_FILENO);
     const char *hist = history_path();
     if (tty) {
         rl_readline_name = "luainfer";
+        rl_getc_function = getc_interruptible;
         rl_attempted_completion_function = complete;
         rl_completer_word_break_characters = (char *)" \t\n\"'`<>=;,+-*/%^~#()[]{}|&";
         rl_completion_append_character = '\0';
@@ -378,8 +455,17 @@ int li_cmd_repl(int argc, char **argv) {
     size_t chunk_len = 0;
     for (;;) {
         const char *prompt = chunk ? ">> " : "> ";
+        G_sigint = 0; /* a Ctrl-C that came after the last chunk ended */
+        G_line_cancelled = false;
         char *line = tty ? readline(prompt) : read_plain(prompt, false);
         if (!line) break;
+        if (G_line_cancelled) { /* Ctrl-C at the prompt: drop the line and any unfinished chunk */
+            free(line);
+            free(chunk);
+            chunk = NULL;
+            chunk_len = 0;
+            continue;
+        }
         if (tty && *line) add_history(line);
         size_t n = strlen(line);
         chunk = li_xrealloc(chunk, chunk_len + n + 2);
@@ -397,7 +483,13 @@ int li_cmd_repl(int argc, char **argv) {
         lua_getfield(L, -1, "eval");
         lua_pushlstring(L, chunk, chunk_len);
         const char *status = "error";
-        if (lua_pcall(L, 1, 1, 0) == 0) status = lua_tostring(L, -1);
+        G_sigint = 0;
+        G_running = 1;
+        int rc = lua_pcall(L, 1, 1, 0);
+        G_running = 0;
+        lua_sethook(L, NULL, 0, 0); /* a Ctrl-C at the very end may have armed it */
+        G_sigint = 0;
+        if (rc == 0) status = lua_tostring(L, -1);
         else printf("%s\n", lua_tostring(L, -1));
         bool more = status && !strcmp(status, "incomplete");
         lua_settop(L, 0);
@@ -409,6 +501,7 @@ int li_cmd_repl(int argc, char **argv) {
         }
     }
     free(chunk);
+    sigaction(SIGINT, &old_sa, NULL);
     if (tty) {
         printf("\n");
         if (hist) write_history(hist);
