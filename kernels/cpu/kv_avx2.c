@@ -164,6 +164,49 @@ void li_kv8_store_avx2(const li_kv_layer *kv, const float *k, const float *v, co
 }
 
 /* ------------------------------------------------------------------------
+ * F16 / BF16 store (kv_kernels.h): the reference's bytes
+ * ---------------------------------------------------------------------- */
+
+/* bf16 bits of 8 floats in the low 128 bits, as li_fp32_to_bf16 (see
+ * kv_avx512.c) */
+static inline __m128i bf16_encode(__m256 x) {
+    const __m256i u = _mm256_castps_si256(x);
+    const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    const __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7fff)));
+    const __m256i nan = _mm256_or_si256(u, _mm256_set1_epi32(0x400000));
+    const __m256i b = _mm256_srli_epi32(
+        _mm256_blendv_epi8(r, nan, _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q))), 16);
+    /* 32 -> 16 bits (no saturation: every lane is below 2^16), lanes in order */
+    return _mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_packus_epi32(b, b), 0x08));
+}
+
+static inline __attribute__((always_inline)) void store16_row(li_type t, uint16_t *dst, const float *src, int64_t n) {
+    int64_t j = 0;
+    for (; j + 8 <= n; j += 8) {
+        const __m256 x = _mm256_loadu_ps(src + j);
+        _mm_storeu_si128((__m128i *)(dst + j),
+                         t == LI_TYPE_F16 ? _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT) : bf16_encode(x));
+    }
+    for (; j < n; j++) dst[j] = t == LI_TYPE_F16 ? li_fp32_to_fp16(src[j]) : li_fp32_to_bf16(src[j]);
+}
+
+static inline __attribute__((always_inline)) void store16_t(li_type t, const li_kv_layer *kv, const float *k,
+                                                            const float *v, const int64_t *slot, int64_t n_tokens,
+                                                            int64_t row) {
+    for (int64_t i = 0; i < n_tokens; i++) {
+        store16_row(t, (uint16_t *)kv->k + slot[i] * row, k + i * row, row);
+        store16_row(t, (uint16_t *)kv->v + slot[i] * row, v + i * row, row);
+    }
+}
+
+void li_kv16_store_avx2(const li_kv_layer *kv, const float *k, const float *v, const int64_t *slot,
+                        int64_t n_tokens, int n_head_kv, int head_dim) {
+    const int64_t row = (int64_t)n_head_kv * head_dim; /* one token's K (or V), all kv heads */
+    if (kv->dtype == LI_TYPE_F16) store16_t(LI_TYPE_F16, kv, k, v, slot, n_tokens, row);
+    else store16_t(LI_TYPE_BF16, kv, k, v, slot, n_tokens, row);
+}
+
+/* ------------------------------------------------------------------------
  * attention: one (token, head)
  * ---------------------------------------------------------------------- */
 

@@ -140,6 +140,46 @@ void li_kv8_store_avx512(const li_kv_layer *kv, const float *k, const float *v, 
 }
 
 /* ------------------------------------------------------------------------
+ * F16 / BF16 store (kv_kernels.h): the reference's bytes
+ * ---------------------------------------------------------------------- */
+
+/* bf16 bits of 16 floats, as li_fp32_to_bf16: round to nearest even by an
+ * integer add, NaN -> its top half with the quiet bit set */
+static inline __m256i bf16_encode(__m512 x) {
+    const __m512i u = _mm512_castps_si512(x);
+    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    const __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff)));
+    const __m512i nan = _mm512_or_si512(u, _mm512_set1_epi32(0x400000));
+    const __m512i b = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), nan);
+    return _mm512_cvtepi32_epi16(_mm512_srli_epi32(b, 16));
+}
+
+static inline __attribute__((always_inline)) void store16_row(li_type t, uint16_t *dst, const float *src, int64_t n) {
+    for (int64_t j = 0; j < n; j += 16) {
+        const __mmask16 m = tail16(n - j);
+        const __m512 x = _mm512_maskz_loadu_ps(m, src + j);
+        _mm256_mask_storeu_epi16(dst + j, m,
+                                 t == LI_TYPE_F16 ? _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT) : bf16_encode(x));
+    }
+}
+
+static inline __attribute__((always_inline)) void store16_t(li_type t, const li_kv_layer *kv, const float *k,
+                                                            const float *v, const int64_t *slot, int64_t n_tokens,
+                                                            int64_t row) {
+    for (int64_t i = 0; i < n_tokens; i++) {
+        store16_row(t, (uint16_t *)kv->k + slot[i] * row, k + i * row, row);
+        store16_row(t, (uint16_t *)kv->v + slot[i] * row, v + i * row, row);
+    }
+}
+
+void li_kv16_store_avx512(const li_kv_layer *kv, const float *k, const float *v, const int64_t *slot,
+                          int64_t n_tokens, int n_head_kv, int head_dim) {
+    const int64_t row = (int64_t)n_head_kv * head_dim; /* one token's K (or V), all kv heads */
+    if (kv->dtype == LI_TYPE_F16) store16_t(LI_TYPE_F16, kv, k, v, slot, n_tokens, row);
+    else store16_t(LI_TYPE_BF16, kv, k, v, slot, n_tokens, row);
+}
+
+/* ------------------------------------------------------------------------
  * attention: one (token, head)
  * ---------------------------------------------------------------------- */
 

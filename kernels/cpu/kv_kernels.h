@@ -14,6 +14,9 @@
  *   kv_avx2.c    AVX2 + FMA + F16C store and attention
  *   kv_avx512.c  AVX-512 F/BW/VL store and attention
  *
+ * The F16 / BF16 stores per ISA live in kv_avx2.c / kv_avx512.c too (their
+ * reference is kv_store in ops_ref.c).
+ *
  * The SIMD stores write the reference's bytes exactly (the tests compare
  * them with memcmp); the SIMD attention differs from the reference only in
  * the order of float additions. A token's output depends on nothing but its
@@ -71,8 +74,20 @@ void li_kv8_attn_head_ref(const li_attn_args *a, int64_t i, int h, float *scores
 void li_kv8_attn_head_avx2(const li_attn_args *a, int64_t i, int h, float *scores);
 void li_kv8_attn_head_avx512(const li_attn_args *a, int64_t i, int h, float *scores);
 
-/* The functions for an ISA level name ("scalar", "avx2", "avx512"). */
+/* kv_store for F16 / BF16 (same contract), writing exactly the scalar
+ * reference's bytes (ops_ref.c: li_fp32_to_fp16 / li_fp32_to_bf16, round to
+ * nearest even, NaNs quieted): F16 by F16C, BF16 by integer ops (AVX512-BF16's
+ * conversion flushes subnormals, so it is not used). */
+typedef li_kv8_store_fn li_kv16_store_fn;
+void li_kv16_store_avx2(const li_kv_layer *kv, const float *k, const float *v, const int64_t *slot,
+                        int64_t n_tokens, int n_head_kv, int head_dim);
+void li_kv16_store_avx512(const li_kv_layer *kv, const float *k, const float *v, const int64_t *slot,
+                          int64_t n_tokens, int n_head_kv, int head_dim);
+
+/* The functions for an ISA level name ("scalar", "avx2", "avx512").
+ * li_kv16_store_for gives NULL for the scalar level (use the reference). */
 li_kv8_store_fn li_kv8_store_for(const char *isa);
 li_kv8_attn_head_fn li_kv8_attn_head_for(const char *isa);
+li_kv16_store_fn li_kv16_store_for(const char *isa);
 
 #endif

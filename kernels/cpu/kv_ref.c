@@ -133,3 +133,9 @@ li_kv8_attn_head_fn li_kv8_attn_head_for(const char *isa) {
     if (!strcmp(isa, "avx2")) return li_kv8_attn_head_avx2;
     return li_kv8_attn_head_ref;
 }
+
+li_kv16_store_fn li_kv16_store_for(const char *isa) {
+    if (!strcmp(isa, "avx512")) return li_kv16_store_avx512;
+    if (!strcmp(isa, "avx2")) return li_kv16_store_avx2;
+    return NULL;
+}

@@ -17,15 +17,7 @@ static double max_abs_diff(const float *a, const float *b, int64_t n) {
     return m;
 }
 
-/* Normalized mean squared error: sum (a-b)^2 / sum b^2. */
-static double nmse(const float *a, const float *b, int64_t n) {
-    double num = 0, den = 0;
-    for (int64_t i = 0; i < n; i++) {
-        num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
-        den += (double)b[i] * b[i];
-    }
-    return den > 0 ? num / den : num;
-}
+/* nmse(): test_util.h */
 
 static int argmax(const float *a, int64_t n) {
     int b = 0;

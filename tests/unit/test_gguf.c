@@ -8,6 +8,7 @@
  * default model is checked when present. */
 #define _GNU_SOURCE
 #include "model/gguf.h"
+#include "test_util.h"
 #include "types.h"
 
 #include <errno.h>
@@ -17,20 +18,6 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-static int n_pass, n_fail;
-
-#define CHECK(cond, ...)                                              \
-    do {                                                              \
-        if (cond) {                                                   \
-            n_pass++;                                                 \
-        } else {                                                      \
-            n_fail++;                                                 \
-            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
-            fprintf(stderr, __VA_ARGS__);                             \
-            fputc('\n', stderr);                                      \
-        }                                                             \
-    } while (0)
 
 /* ==== GGUF writer ======================================================== */
 
@@ -151,9 +138,9 @@ static void expect_reject(gbuild *g, const char *needle, int line) {
     if (rc == 0) li_gguf_free(&gg);
     bool ok = rc == LI_EINVAL && strstr(err.msg, needle) != NULL && strncmp(err.msg, "gguf: ", 6) == 0;
     if (ok) {
-        n_pass++;
+        t_passed++;
     } else {
-        n_fail++;
+        t_failed++;
         fprintf(stderr, "FAIL %s:%d: expected rejection mentioning '%s', got rc=%d msg='%s'\n", __FILE__, line,
                 needle, rc, err.msg);
     }
@@ -646,7 +633,7 @@ static void test_tensors(void) {
         uint8_t *buf;
         li_error err;
         if (gb_parse(&g, &gg, &buf, &err) == 0) li_gguf_free(&gg);
-        n_pass++;
+        t_passed++;
         free(buf);
         gb_free(&g);
     }
@@ -812,6 +799,5 @@ int main(void) {
     test_tensors();
     test_open();
     test_real_model();
-    printf("gguf: %d passed, %d failed\n", n_pass, n_fail);
-    return n_fail ? 1 : 0;
+    return t_summary("gguf");
 }

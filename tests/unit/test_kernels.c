@@ -3,7 +3,8 @@
  * Every fast path (each ISA level this CPU has, 2 threads) is run against
  * ops_ref.c at odd sizes so SIMD tails and thread splits are exercised.
  * matmul (packed panels and raw rows), get_rows, rmsnorm, rope and add are
- * bit-identical to the reference on every ISA; attention and silu (FMA,
+ * bit-identical to the reference on every ISA, and so are kv_store and
+ * attention over an F16 / BF16 cache; attention over F32 and silu (FMA,
  * SIMD exp) agree to NMSE < 1e-9. Batch invariance is checked bit for bit:
  * every row of an n-row matmul equals the row alone (n = 1..450, 1 and 2
  * threads, every weight type and ISA), and every token's attention is the
@@ -28,42 +29,10 @@
  * harness
  * ---------------------------------------------------------------------- */
 
-static void report(bool ok, const char *fmt, ...) LI_PRINTF(2, 3);
-static void report(bool ok, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    printf("%s ", ok ? "ok  " : "FAIL");
-    vprintf(fmt, ap);
-    putchar('\n');
-    va_end(ap);
-    if (ok) t_passed++;
-    else t_failed++;
-}
-
-static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
-static uint32_t rng_u32(void) {
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (uint32_t)(rng_state >> 16);
-}
-/* uniform in [-1, 1) */
-static float rng_f(void) { return (float)rng_u32() / 2147483648.0f - 1.0f; }
+/* report(), rng_u32() / rng_f() (default seed), nmse(): test_util.h */
 
 static void fill(float *x, int64_t n, float scale) {
     for (int64_t i = 0; i < n; i++) x[i] = rng_f() * scale;
-}
-
-/* normalized mean squared error of got against want */
-static double nmse(const float *got, const float *want, int64_t n) {
-    double err = 0, ref = 0;
-    for (int64_t i = 0; i < n; i++) {
-        const double d = (double)got[i] - (double)want[i];
-        err += d * d;
-        ref += (double)want[i] * want[i];
-    }
-    if (err != err) return INFINITY; /* nan */
-    return ref > 0 ? err / ref : err;
 }
 
 static uint32_t f32_bits(float f) {
@@ -789,7 +758,7 @@ static void test_attention(li_backend *bes, int n_be) {
     const int64_t n_tokens = LI_ARRAY_LEN(seq);
     const struct {
         int n_head, n_head_kv, head_dim;
-    } shapes[] = {{6, 2, 64}, {4, 4, 36}, {8, 1, 72}};
+    } shapes[] = {{6, 2, 64}, {4, 4, 36}, {8, 1, 72}, {2, 1, 264}}; /* 264: past the tile path's 256 */
     const li_type dtypes[] = {LI_TYPE_F16, LI_TYPE_BF16, LI_TYPE_F32};
     for (size_t si = 0; si < LI_ARRAY_LEN(shapes); si++) {
         const int nh = shapes[si].n_head, nkv = shapes[si].n_head_kv, D = shapes[si].head_dim;
@@ -837,21 +806,27 @@ static void test_attention(li_backend *bes, int n_be) {
             float *want = li_xmalloc((size_t)n_tokens * nh * D * sizeof(float));
             float *got = li_xmalloc((size_t)n_tokens * nh * D * sizeof(float));
             fill(q, n_tokens * nh * D, 1.5f);
-            li_attn_args a = {.n_tokens = n_tokens, .n_head = nh, .n_head_kv = nkv, .head_dim = D,
-                              .block_size = block_size, .q = q, .out = want, .pos = pos, .seq = seq,
-                              .block_tables = tables, .kv = &kv, .scale = 1.0f / sqrtf((float)D)};
-            ref->attention(&ref_be, &a);
-            attn_naive(&a, got);
-            const int64_t len = n_tokens * nh * D;
-            report(nmse(want, got, len) < 1e-10, "attention ref %s heads %d/%d dim %d: matches double precision (nmse %.1e)",
-                   li_type_name(dt), nh, nkv, D, nmse(want, got, len));
-            for (int b = 0; b < n_be; b++) {
-                a.out = got;
-                for (int64_t j = 0; j < len; j++) got[j] = NAN;
-                bes[b].ops->attention(&bes[b], &a);
-                const double e = nmse(got, want, len);
-                report(e < 1e-9, "attention %-6s %-4s heads %d/%d dim %d: nmse %.1e", li_backend_cpu_isa(&bes[b]),
-                       li_type_name(dt), nh, nkv, D, e);
+            /* the usual scale, and one that spreads the scores over hundreds
+             * (exp underflows to subnormals and to 0) */
+            const float scales[] = {1.0f / sqrtf((float)D), 40.0f};
+            for (int sc = 0; sc < 2; sc++) {
+                li_attn_args a = {.n_tokens = n_tokens, .n_head = nh, .n_head_kv = nkv, .head_dim = D,
+                                  .block_size = block_size, .q = q, .out = want, .pos = pos, .seq = seq,
+                                  .block_tables = tables, .kv = &kv, .scale = scales[sc]};
+                ref->attention(&ref_be, &a);
+                attn_naive(&a, got);
+                const int64_t len = n_tokens * nh * D;
+                report(nmse(want, got, len) < 1e-10,
+                       "attention ref %s heads %d/%d dim %d scale %g: matches double precision (nmse %.1e)",
+                       li_type_name(dt), nh, nkv, D, scales[sc], nmse(want, got, len));
+                for (int b = 0; b < n_be; b++) {
+                    a.out = got;
+                    for (int64_t j = 0; j < len; j++) got[j] = NAN;
+                    bes[b].ops->attention(&bes[b], &a);
+                    const double e = nmse(got, want, len);
+                    report(e < 1e-9, "attention %-6s %-4s heads %d/%d dim %d scale %g: nmse %.1e",
+                           li_backend_cpu_isa(&bes[b]), li_type_name(dt), nh, nkv, D, scales[sc], e);
+                }
             }
             free(q);
             free(want);
@@ -860,6 +835,64 @@ static void test_attention(li_backend *bes, int n_be) {
             li_aligned_free(kv.v);
         }
     }
+}
+
+/* kv_store to F16 / BF16: every backend writes the reference's bytes for
+ * every float (random bit patterns: NaNs with payloads, infinities,
+ * subnormals, overflow and halfway cases; plus chosen edges), at odd row
+ * sizes and scattered slots. */
+static void test_kv_store_bits(li_backend *bes, int n_be) {
+    const li_backend_ops *ref = li_backend_ref_ops();
+    li_backend ref_be = {.ops = ref, .n_threads = 1};
+    static const uint32_t edges[] = {
+        0x00000000, 0x80000000, 0x7f800000, 0xff800000, 0x7fc00000, 0xffc00001, 0x7f800001, 0x7fa0e000,
+        0xff8fffff, 0x00000001, 0x807fffff, 0x00400000, 0x33000000, 0x33000001, 0x337fffff, 0x387fc000,
+        0x387fe000, 0x38800000, 0x477fe000, 0x477fefff, 0x477ff000, 0x477ff001, 0x7f7fffff, 0xff7f8000,
+        0x3f808000, 0x3f818000, 0x3f80ffff, 0x3f800fff, 0x3f801000, 0x3f803000, 0xbf801000, 0x00018000};
+    const struct {
+        int nkv, D;
+        int64_t n_tokens;
+    } shapes[] = {{3, 21, 7}, {1, 5, 3}, {2, 64, 33}, {1, 136, 2}};
+    const li_type dtypes[] = {LI_TYPE_F16, LI_TYPE_BF16};
+    bool ok = true;
+    for (size_t si = 0; si < LI_ARRAY_LEN(shapes); si++)
+        for (size_t di = 0; di < LI_ARRAY_LEN(dtypes); di++) {
+            const int nkv = shapes[si].nkv, D = shapes[si].D;
+            const int64_t nt = shapes[si].n_tokens, row = (int64_t)nkv * D, slots = 3 * nt + 5;
+            const size_t bytes = (size_t)(slots * row) * 2;
+            float *k = li_xmalloc((size_t)(nt * row) * sizeof(float)), *v = li_xmalloc((size_t)(nt * row) * sizeof(float));
+            for (int64_t j = 0; j < nt * row; j++) {
+                k[j] = f32_from(j < (int64_t)LI_ARRAY_LEN(edges) ? edges[j] : rng_u32());
+                v[j] = f32_from(j < (int64_t)LI_ARRAY_LEN(edges) ? edges[LI_ARRAY_LEN(edges) - 1 - j] ^ 0x80000000u
+                                                                 : rng_u32());
+            }
+            int64_t *slot = li_xmalloc((size_t)nt * sizeof(int64_t));
+            for (int64_t i = 0; i < nt; i++) slot[i] = (i * 7 + 3) % slots; /* scattered, distinct */
+            li_kv_layer want = {.dtype = dtypes[di], .k = li_aligned_alloc(bytes), .v = li_aligned_alloc(bytes)};
+            memset(want.k, 0x5a, bytes);
+            memset(want.v, 0x5a, bytes);
+            ref->kv_store(&ref_be, &want, k, v, slot, nt, nkv, D);
+            for (int b = 0; b < n_be; b++) {
+                li_kv_layer got = {.dtype = dtypes[di], .k = li_aligned_alloc(bytes), .v = li_aligned_alloc(bytes)};
+                memset(got.k, 0x5a, bytes); /* untouched slots must stay untouched */
+                memset(got.v, 0x5a, bytes);
+                bes[b].ops->kv_store(&bes[b], &got, k, v, slot, nt, nkv, D);
+                const bool same = !memcmp(got.k, want.k, bytes) && !memcmp(got.v, want.v, bytes);
+                if (!same)
+                    printf("  kv_store %s %s heads %d dim %d: bytes differ from the reference\n",
+                           li_backend_cpu_isa(&bes[b]), li_type_name(dtypes[di]), nkv, D);
+                ok &= same;
+                li_aligned_free(got.k);
+                li_aligned_free(got.v);
+            }
+            li_aligned_free(want.k);
+            li_aligned_free(want.v);
+            free(k);
+            free(v);
+            free(slot);
+        }
+    report(ok, "kv_store f16/bf16, rows of 63/5/128/136 floats, every bit class: every backend writes the "
+               "reference bytes");
 }
 
 /* A token's attention output must not depend on the other tokens of the
@@ -1029,6 +1062,7 @@ int main(void) {
     test_small_ops(bes, n_be);
     test_small_ops_big(bes, n_be);
     test_attention(bes, n_be);
+    test_kv_store_bits(bes, n_be);
     test_matmul_batch_invariance();
     test_attention_batch_invariance(9, 3, 64); /* SmolLM2's shape */
     test_attention_batch_invariance(8, 1, 72); /* one kv head: a token alone splits its query group */

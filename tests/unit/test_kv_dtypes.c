@@ -24,29 +24,10 @@
 #include "test_util.h"
 
 #include <math.h>
-#include <stdarg.h>
 #include <string.h>
 
-static void report(bool ok, const char *fmt, ...) LI_PRINTF(2, 3);
-static void report(bool ok, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    printf("%s ", ok ? "ok  " : "FAIL");
-    vprintf(fmt, ap);
-    putchar('\n');
-    va_end(ap);
-    if (ok) t_passed++;
-    else t_failed++;
-}
-
-static uint64_t rng_state = 0x2545f4914f6cdd1dull;
-static uint32_t rng_u32(void) {
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (uint32_t)(rng_state >> 16);
-}
-static float rng_f(void) { return (float)rng_u32() / 2147483648.0f - 1.0f; } /* [-1, 1) */
+/* report(), rng_u32() / rng_f() (seeded in main), nmse(): test_util.h */
+#define RNG_SEED 0x2545f4914f6cdd1dull
 
 /* values with a wide spread per row, like real K: a few large channels */
 static void fill_kv(float *x, int64_t n, float scale) {
@@ -55,17 +36,6 @@ static void fill_kv(float *x, int64_t n, float scale) {
         if (rng_u32() % 16 == 0) v *= 8.0f; /* outlier channel */
         x[i] = v;
     }
-}
-
-static double nmse(const float *got, const float *want, int64_t n) {
-    double err = 0, ref = 0;
-    for (int64_t i = 0; i < n; i++) {
-        const double d = (double)got[i] - (double)want[i];
-        err += d * d;
-        ref += (double)want[i] * want[i];
-    }
-    if (err != err) return INFINITY;
-    return ref > 0 ? err / ref : err;
 }
 
 static const li_type kv8_types[] = {LI_KV_TYPE_FP8_E4M3, LI_KV_TYPE_INT8};
@@ -559,6 +529,7 @@ static void test_kv_cache(void) {
 }
 
 int main(void) {
+    rng_seed(RNG_SEED);
     test_fp8_conversions();
     backends_init();
     test_decode_all_isas();

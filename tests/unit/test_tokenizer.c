@@ -9,6 +9,7 @@
  * models/SmolLM2-135M-Instruct.Q4_1.gguf relative to the working directory;
  * without it the test prints SKIP and exits 77. */
 #define _POSIX_C_SOURCE 200809L
+#include "test_util.h"
 #include "tokenizer/tokenizer.h"
 
 #include <cjson/cJSON.h>
@@ -18,18 +19,6 @@
 #include <sys/stat.h>
 
 #define GOLDEN "tests/golden/tokenizer_smollm2.jsonl.gz"
-
-static int n_fail;
-
-#define CHECK(cond, ...)                                                 \
-    do {                                                                 \
-        if (!(cond)) {                                                   \
-            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
-            fprintf(stderr, __VA_ARGS__);                                \
-            fprintf(stderr, "\n");                                       \
-            n_fail++;                                                    \
-        }                                                                \
-    } while (0)
 
 static void print_ids(const char *label, const int32_t *ids, size_t n) {
     fprintf(stderr, "    %s:", label);
@@ -193,14 +182,6 @@ static void test_streaming(const li_tokenizer *t) {
     CHECK(li_detok_push(&d, t, -5, true, out, sizeof out) == -1, "bad id");
 }
 
-static uint64_t rng_state = 0x9E3779B97F4A7C15ULL;
-static uint32_t rng(void) {
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (uint32_t)(rng_state >> 16);
-}
-
 static void test_invalid_utf8(const li_tokenizer *t) {
     static const char *cases[] = {"\xFF", "\xC3", "\xE2\x82", "abc\x80\x80 def", "\xED\xA0\x80 surrogate",
                                   "\xF4\x90\x80\x80", "\xC0\xAF overlong", "x\xF0\x9F\x98", "\xFE\xFF<|im_end|>\xFF"};
@@ -222,10 +203,10 @@ static void test_invalid_utf8(const li_tokenizer *t) {
     size_t ok = 0, tried = 0;
     for (int it = 0; it < 2000; it++) {
         char buf[64];
-        size_t len = rng() % sizeof buf;
+        size_t len = rng_u32() % sizeof buf;
         for (size_t i = 0; i < len; i++) {
             uint8_t b;
-            do b = (uint8_t)rng(); while (!spellable[b]);
+            do b = (uint8_t)rng_u32(); while (!spellable[b]);
             buf[i] = (char)b;
         }
         size_t n;
@@ -322,8 +303,8 @@ int main(void) {
     test_invalid_utf8(t);
     test_golden(t);
     li_tokenizer_free(t);
-    if (n_fail) {
-        fprintf(stderr, "test_tokenizer: %d check(s) failed\n", n_fail);
+    if (t_failed) {
+        fprintf(stderr, "test_tokenizer: %d check(s) failed\n", t_failed);
         return 1;
     }
     printf("test_tokenizer: OK\n");

@@ -11,24 +11,13 @@
  *                                 llama.cpp agrees with
  *                                 (tools/gen_bpe_test_model.py). */
 #define _POSIX_C_SOURCE 200809L
+#include "test_util.h"
 #include "tokenizer/tokenizer.h"
 
 #include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static int n_fail;
-
-#define CHECK(cond, ...)                                                    \
-    do {                                                                    \
-        if (!(cond)) {                                                      \
-            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
-            fprintf(stderr, __VA_ARGS__);                                   \
-            fprintf(stderr, "\n");                                          \
-            n_fail++;                                                       \
-        }                                                                   \
-    } while (0)
 
 static void src_path(char *out, size_t cap, const char *rel) {
     const char *root = getenv("LUAINFER_SOURCE_DIR");
@@ -363,8 +352,8 @@ int main(void) {
     test_golden(l3, "llama3", "tests/golden/tokenizer_llama3_tiny.jsonl.gz");
     li_tokenizer_free(spm);
     li_tokenizer_free(l3);
-    if (n_fail) {
-        fprintf(stderr, "test_tokenizer_small: %d check(s) failed\n", n_fail);
+    if (t_failed) {
+        fprintf(stderr, "test_tokenizer_small: %d check(s) failed\n", t_failed);
         return 1;
     }
     printf("test_tokenizer_small: OK\n");
