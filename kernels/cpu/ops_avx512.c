@@ -30,6 +30,7 @@ static inline float hsum512(__m512 v) {
 /* A prefetch the compiler keeps: GCC drops a loop of nothing but
  * __builtin_prefetch (C11 lets it assume such a loop does nothing). */
 static inline void prefetch_l1(const void *p) { __asm__ volatile("prefetcht0 %0" : : "m"(*(const char *)p)); }
+static inline void prefetch_l2(const void *p) { __asm__ volatile("prefetcht1 %0" : : "m"(*(const char *)p)); }
 
 /* roundf() semantics (halves away from zero), which the ggml reference
  * quantizer uses; the FPU's own mode would round halves to even */
@@ -185,7 +186,11 @@ static inline __attribute__((always_inline)) void gemm_q_t(li_type t, const li_c
         const __mmask16 mask = panel_mask(w->m, p);
         float *yp = y + p * LI_PANEL;
         /* the weights stream from memory once per call: the first pass over
-         * each panel prefetches ahead, the others find it in L1 */
+         * each panel prefetches ahead, the others find it in L1. With
+         * several passes, the next panel is also fetched into L2 while this
+         * one is computed, so its first pass does not wait on memory. */
+        if (n > NR && p + 1 < p1)
+            for (size_t o = LI_GEMV_PREFETCH; o < w->panel_bytes; o += 64) prefetch_l2(panel + w->panel_bytes + o);
         int64_t r = 0;
         for (; r + NR <= n; r += NR) q_panel(t, NR, w->k, panel, act + r * as, as, yp + r * ldy, ldy, mask, r == 0);
         for (; r + 4 <= n; r += 4) q_panel(t, 4, w->k, panel, act + r * as, as, yp + r * ldy, ldy, mask, r == 0);
