@@ -3,7 +3,7 @@
 
 Both load the same GGUF with the same thread count and are measured in one
 run, alternating round by round (luainfer, then llama.cpp, R times; the
-table shows medians over rounds):
+table shows medians over rounds, and the median of the per-round ratios):
 
   prefill   tokens/s of one 512-token prompt (one forward pass)
   decode    tokens/s of one sequence decoding 128 tokens (greedy)
@@ -267,13 +267,16 @@ def main():
     for s in args.seqs:
         labels[f"batched{s}"] = f"batched decode, {s} sequences"
     print()
-    print("| measurement (tokens/s, median) | luainfer | llama.cpp | ratio |")
-    print("| --- | ---: | ---: | ---: |")
+    # the rounds alternate, so a round's two numbers share the machine's
+    # state: the median of per-round ratios resists drift better
+    print("| measurement (tokens/s, median) | luainfer | llama.cpp | ratio of medians | median of round ratios |")
+    print("| --- | ---: | ---: | ---: | ---: |")
     med = {}
     for n in names:
         a, b = statistics.median(ours[n]), statistics.median(theirs[n])
+        rr = statistics.median(x / y for x, y in zip(ours[n], theirs[n]))
         med[n] = a
-        print(f"| {labels[n]} | {a:.1f} | {b:.1f} | {a / b:.2f}x |")
+        print(f"| {labels[n]} | {a:.1f} | {b:.1f} | {a / b:.2f}x | {rr:.2f}x |")
 
     lim = {k: max(v, lim.get(k, 0.0)) for k, v in machine_limits(build_dir, args.threads).items()}
     wb = weight_bytes(args.model)
