@@ -197,6 +197,9 @@ static void t_matmul_multi(li_backend *b, const li_weight *const *w, int n_w, co
                            int64_t n) {
     OP_TIMED(OP_MATMUL, op_real->matmul_multi(b, w, n_w, x, y, n));
 }
+static void t_matmul_add(li_backend *b, const li_weight *w, const float *x, float *y, float *res, int64_t n) {
+    OP_TIMED(OP_MATMUL, op_real->matmul_add(b, w, x, y, res, n));
+}
 static void t_get_rows(li_backend *b, const li_weight *w, const int32_t *ids, int64_t n, float *out) {
     OP_TIMED(OP_GET_ROWS, op_real->get_rows(b, w, ids, n, out));
 }
@@ -233,9 +236,11 @@ static int forward_main(int S, int steps) {
     static li_backend_ops timed;
     timed = *op_real;
     timed.matmul = t_matmul;
-    /* LI_BENCH_SEPARATE=1: q/k/v and gate/up as separate matmuls (A/B) */
+    /* LI_BENCH_SEPARATE=1: q/k/v and gate/up as separate matmuls, and the
+     * residual adds as separate ops (A/B of the fused forms) */
     const char *sep = getenv("LI_BENCH_SEPARATE");
     timed.matmul_multi = op_real->matmul_multi && !(sep && *sep == '1') ? t_matmul_multi : NULL;
+    timed.matmul_add = op_real->matmul_add && !(sep && *sep == '1') ? t_matmul_add : NULL;
     timed.get_rows = t_get_rows;
     timed.rmsnorm = t_rmsnorm;
     timed.rope = t_rope;

@@ -53,6 +53,9 @@ typedef struct li_backend_ops {
      * the same as matmul's, one weight at a time */
     void (*matmul_multi)(li_backend *be, const li_weight *const *w, int n_w, const float *x, float *const *y,
                          int64_t n);
+    /* optional (NULL: matmul, then add): y(n, m) = x · W^T, then res(n, m) += y
+     * (a residual connection), the same bits as the two ops */
+    void (*matmul_add)(li_backend *be, const li_weight *w, const float *x, float *y, float *res, int64_t n);
     /* out(n, k) = rows `ids` of W, dequantized (embedding lookup) */
     void (*get_rows)(li_backend *be, const li_weight *w, const int32_t *ids, int64_t n, float *out);
     /* y(n, dim) = x / rms(x) * w(dim) */

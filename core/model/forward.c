@@ -44,6 +44,16 @@ static void matmul_shared(li_backend *be, const li_weight *const *w, int n_w, co
     for (int i = 0; i < n_w; i++) be->ops->matmul(be, w[i], x, y[i], n);
 }
 
+/* y = x · W^T and the residual stream res += y, fused when the backend can. */
+static void matmul_residual(li_backend *be, const li_weight *w, const float *x, float *y, float *res, int64_t n) {
+    if (be->ops->matmul_add) {
+        be->ops->matmul_add(be, w, x, y, res, n);
+        return;
+    }
+    be->ops->matmul(be, w, x, y, n);
+    be->ops->add(be, res, y, n * w->m);
+}
+
 int li_forward_run(li_forward *f, const li_model *m, li_backend *be, li_kv_cache *kv, const li_batch *b,
                    float *logits, li_error *err) {
     const li_hparams *hp = &m->hp;
@@ -76,15 +86,13 @@ int li_forward_run(li_forward *f, const li_model *m, li_backend *be, li_kv_cache
         op->kv_store(be, &kv->layers[l], f->k, f->v, b->slot, n, hp->n_head_kv, hp->head_dim);
         aa.kv = &kv->layers[l];
         op->attention(be, &aa);
-        op->matmul(be, &L->wo, f->att, f->h, n);
-        op->add(be, f->x, f->h, n * d);
+        matmul_residual(be, &L->wo, f->att, f->h, f->x, n);
         /* feed-forward block */
         op->rmsnorm(be, f->x, L->ffn_norm, f->h, n, d, hp->norm_eps);
         matmul_shared(be, (const li_weight *const[]){&L->w_gate, &L->w_up}, 2, f->h, (float *const[]){f->g, f->u},
                       n);
         op->silu_mul(be, f->g, f->u, n, hp->n_ff);
-        op->matmul(be, &L->w_down, f->g, f->h, n);
-        op->add(be, f->x, f->h, n * d);
+        matmul_residual(be, &L->w_down, f->g, f->h, f->x, n);
     }
     (void)q_dim;
     if (b->n_logits <= 0) return 0;

@@ -116,6 +116,7 @@ typedef struct {
     const li_weight *w;
     const li_cpu_packed *pw; /* panels, or NULL: the scalar kernels on w->data */
     float *y;              /* (n, w->m) */
+    float *res;            /* (n, w->m) residual: res += y, tile by tile while hot (or NULL) */
     int64_t units;         /* panels (packed) or weight rows */
     int64_t chunk, n_chunks;
     int64_t item0;         /* the job's first item that belongs to this weight */
@@ -160,18 +161,27 @@ static void matmul_item(const matmul_job *j, int64_t t) {
     const int64_t u1 = LI_MIN(u0 + pt->chunk, pt->units), nr = LI_MIN(j->tile_n, j->n - r0);
     float *y = pt->y + r0 * w->m;
     const char *act = (const char *)j->act + r0 * j->act_stride;
+    int64_t c0 = u0, c1 = u1; /* the output columns of this item */
     if (pt->pw) {
         if (j->at == LI_TYPE_F32) j->kern->gemm_f_packed(pt->pw, u0, u1, j->x + r0 * w->k, w->k, nr, y, w->m);
         else j->kern->gemm_q_packed(pt->pw, u0, u1, act, j->act_stride, nr, y, w->m);
-        return;
+        c0 = u0 * LI_PANEL;
+        c1 = LI_MIN(u1 * LI_PANEL, w->m);
+    } else {
+        const char *wrows = (const char *)w->data + u0 * w->row_bytes;
+        if (j->at == LI_TYPE_F32)
+            li_cpu_kernels_scalar.gemm_f(w->type, w->k, wrows, w->row_bytes, u1 - u0, j->x + r0 * w->k, w->k, nr,
+                                         y + u0, w->m);
+        else
+            li_cpu_kernels_scalar.gemm_q(w->type, w->k, wrows, w->row_bytes, u1 - u0, act, j->act_stride, nr,
+                                         y + u0, w->m);
     }
-    const char *wrows = (const char *)w->data + u0 * w->row_bytes;
-    if (j->at == LI_TYPE_F32)
-        li_cpu_kernels_scalar.gemm_f(w->type, w->k, wrows, w->row_bytes, u1 - u0, j->x + r0 * w->k, w->k, nr, y + u0,
-                                     w->m);
-    else
-        li_cpu_kernels_scalar.gemm_q(w->type, w->k, wrows, w->row_bytes, u1 - u0, act, j->act_stride, nr, y + u0,
-                                     w->m);
+    if (pt->res) /* the residual add of the reference (res += y), on the tile still in L1 */
+        for (int64_t r = 0; r < nr; r++) {
+            float *dst = pt->res + (r0 + r) * w->m;
+            const float *src = y + r * w->m;
+            for (int64_t c = c0; c < c1; c++) dst[c] += src[c];
+        }
 }
 
 /* Thread ith works through lane ith first, front to back, then helps the
@@ -233,13 +243,15 @@ static li_type matmul_act_type(const li_weight *w) {
 
 /* y[i](n, m_i) = x(n, k) · W[i](m_i, k)^T for the n_w weights of one job;
  * the caller checked they share k and the activation type. */
-static void matmul_run(li_cpu *c, const li_weight *const *w, int n_w, const float *x, float *const *y, int64_t n) {
+static void matmul_run(li_cpu *c, const li_weight *const *w, int n_w, const float *x, float *const *y, float *res,
+                       int64_t n) {
     matmul_job j = {.kern = c->kern, .x = x, .k = w[0]->k, .n = n, .at = matmul_act_type(w[0]), .n_parts = n_w};
     int64_t work = 0;
     for (int i = 0; i < n_w; i++) {
         matmul_part *pt = &j.part[i];
         pt->w = w[i];
         pt->y = y[i];
+        pt->res = n_w == 1 ? res : NULL;
         pt->pw = c->kern->gemm_q_packed ? li_cpu_packed_of(w[i]) : NULL;
         pt->units = pt->pw ? pt->pw->n_panels : w[i]->m;
         work += w[i]->m * n * w[i]->k;
@@ -272,7 +284,17 @@ static void cpu_matmul(li_backend *be, const li_weight *w, const float *x, float
         li_backend_ref_ops()->matmul(be, w, x, y, n);
         return;
     }
-    matmul_run(cpu_of(be), &w, 1, x, &y, n);
+    matmul_run(cpu_of(be), &w, 1, x, &y, NULL, n);
+}
+
+static void cpu_matmul_add(li_backend *be, const li_weight *w, const float *x, float *y, float *res, int64_t n) {
+    if (n <= 0 || w->m <= 0) return;
+    if (matmul_act_type(w) == LI_TYPE_COUNT) {
+        li_backend_ref_ops()->matmul(be, w, x, y, n);
+        for (int64_t i = 0; i < n * w->m; i++) res[i] += y[i];
+        return;
+    }
+    matmul_run(cpu_of(be), &w, 1, x, &y, res, n);
 }
 
 /* Weights that share an input run as one job when they agree on k and on
@@ -288,7 +310,7 @@ static void cpu_matmul_multi(li_backend *be, const li_weight *const *w, int n_w,
         for (int i = 0; i < n_w; i++) cpu_matmul(be, w[i], x, y[i], n);
         return;
     }
-    matmul_run(cpu_of(be), w, n_w, x, y, n);
+    matmul_run(cpu_of(be), w, n_w, x, y, NULL, n);
 }
 
 static int cpu_weight_prepare(li_backend *be, li_weight *w) {
@@ -639,6 +661,7 @@ static const li_backend_ops cpu_ops = {
     .name = "cpu",
     .matmul = cpu_matmul,
     .matmul_multi = cpu_matmul_multi,
+    .matmul_add = cpu_matmul_add,
     .get_rows = cpu_get_rows,
     .rmsnorm = cpu_rmsnorm,
     .rope = cpu_rope,

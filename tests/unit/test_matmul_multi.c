@@ -1,6 +1,7 @@
 /* test_matmul_multi.c — the backend's matmul_multi (weights that share an
- * input, as q/k/v and gate/up do, run as one job) gives every output bit
- * for bit what matmul gives one weight at a time, and what the scalar
+ * input, as q/k/v and gate/up do, run as one job) and matmul_add (the
+ * residual add fused into the matmul) give every output bit for bit what
+ * matmul (then add) gives one weight at a time, and what the scalar
  * reference gives: on every ISA level this CPU has, 1 and 2 threads, packed
  * and raw weights, at odd sizes, and when the weights disagree on type (the
  * backend then falls back to one matmul per weight). */
@@ -77,6 +78,34 @@ static bool run_case(li_backend *be, int n_w, const li_type *types, const int64_
     return ok;
 }
 
+/* matmul_add: y = x · W^T and res += y, against the reference's matmul
+ * then add, bit for bit (y and res both). */
+static bool run_add_case(li_backend *be, li_type type, int64_t k, int64_t m, int64_t n, bool packed) {
+    const li_backend_ops *ref = li_backend_ref_ops();
+    li_backend ref_be = {.ops = ref, .n_threads = 1};
+    tw w;
+    tw_make(&w, type, k, m);
+    li_weight wb = w.w;
+    if (packed && be->ops->weight_prepare) be->ops->weight_prepare(be, &wb);
+    float *x = li_xmalloc((size_t)(n * k) * sizeof(float));
+    float *y0 = li_xmalloc((size_t)(n * m) * sizeof(float)), *y1 = li_xmalloc((size_t)(n * m) * sizeof(float));
+    float *r0 = li_xmalloc((size_t)(n * m) * sizeof(float)), *r1 = li_xmalloc((size_t)(n * m) * sizeof(float));
+    for (int64_t j = 0; j < n * k; j++) x[j] = rnd() * 3.0f;
+    for (int64_t j = 0; j < n * m; j++) r0[j] = r1[j] = rnd() * 50.0f, y1[j] = NAN;
+    ref->matmul(&ref_be, &w.w, x, y0, n);
+    ref->add(&ref_be, r0, y0, n * m);
+    be->ops->matmul_add(be, &wb, x, y1, r1, n);
+    const bool ok = !memcmp(y0, y1, (size_t)(n * m) * sizeof(float)) && !memcmp(r0, r1, (size_t)(n * m) * sizeof(float));
+    if (packed && be->ops->weight_release) be->ops->weight_release(be, &wb);
+    li_aligned_free(w.data);
+    free(x);
+    free(y0);
+    free(y1);
+    free(r0);
+    free(r1);
+    return ok;
+}
+
 int main(void) {
     const char *isas[] = {"scalar", "avx2", "avx512"};
     const int64_t ns[] = {1, 3, 8, 17, 33, 70};
@@ -117,13 +146,21 @@ int main(void) {
                     mixed &= run_case(&be, 2, (li_type[]){LI_TYPE_Q8_1, LI_TYPE_Q4_1}, (int64_t[]){32, 32},
                                       (int64_t[]){7, 18}, n, packed);
                 }
+                bool add = be.ops->matmul_add != NULL;
+                for (size_t ni = 0; add && ni < LI_ARRAY_LEN(ns); ni++) {
+                    add &= run_add_case(&be, LI_TYPE_Q4_1, 1536, 40, ns[ni], packed);
+                    add &= run_add_case(&be, LI_TYPE_Q8_0, 96, 17, ns[ni], packed);
+                    add &= run_add_case(&be, LI_TYPE_F32, 37, 23, ns[ni], packed);
+                    add &= run_add_case(&be, LI_TYPE_Q8_1, 64, 9, ns[ni], packed); /* reference fallback */
+                }
                 const char *how = packed ? "packed" : "raw";
+                CHECK(add, "%s %d thr %s: matmul_add differs from matmul then add", isas[ii], nt, how);
                 CHECK(qkv, "%s %d thr %s: q/k/v-like Q4_1 group differs from the reference", isas[ii], nt, how);
                 CHECK(gu, "%s %d thr %s: gate/up-like Q4_0/Q8_0 group differs", isas[ii], nt, how);
                 CHECK(f, "%s %d thr %s: F16 group differs", isas[ii], nt, how);
                 CHECK(mixed, "%s %d thr %s: mixed-type fallback differs", isas[ii], nt, how);
-                printf("%s %d thread(s) %s: q/k/v, gate/up, f16 and mixed groups at n = 1..70 %s\n", isas[ii], nt,
-                       how, qkv && gu && f && mixed ? "bit-identical to the reference" : "DIFFER");
+                printf("%s %d thread(s) %s: q/k/v, gate/up, f16 and mixed groups, and matmul_add, at n = 1..70 %s\n",
+                       isas[ii], nt, how, qkv && gu && f && mixed && add ? "bit-identical to the reference" : "DIFFER");
             }
             li_backend_cpu_free(&be);
         }
