@@ -409,7 +409,7 @@ static inline void kv_prefetch(const char *base, const int32_t *bt, int bs, size
     int64_t blk = p0 / bs, off = p0 % bs;
     for (int64_t p = p0; p < p1; p++) {
         const char *r = base + ((size_t)bt[blk] * bs + off) * row;
-        for (size_t o = 0; o < bytes; o += 64) prefetch_l1(r + o);
+        for (size_t o = 0; o < bytes; o += 64) prefetch_l2(r + o);
         if (++off == bs) {
             off = 0;
             blk++;
@@ -417,7 +417,7 @@ static inline void kv_prefetch(const char *base, const int32_t *bt, int bs, size
     }
 }
 
-#define ATT_PF_AHEAD 64 /* positions of K (V) rows prefetched ahead of use */
+#define ATT_PF_AHEAD 128 /* positions of K (V) rows prefetched ahead of use */
 
 /* K/V row chunk c of ND (16 lanes each, the last one masked to D) */
 #define ATT_CHUNK_MASK(c, ND, dlast) ((c) == (ND) - 1 ? (dlast) : (__mmask16)0xffff)
