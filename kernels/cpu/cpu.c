@@ -649,9 +649,9 @@ static void cpu_kv_store(li_backend *be, const li_kv_layer *kv, const float *k, 
         li_kv8_store_for(cpu_of(be)->kern->isa)(kv, k, v, slot, n_tokens, n_head_kv, head_dim);
         return;
     }
-    const li_kv16_store_fn store16 = li_kv16_store_for(cpu_of(be)->kern->isa); /* same bytes as the reference */
-    if (store16 && (kv->dtype == LI_TYPE_F16 || kv->dtype == LI_TYPE_BF16)) {
-        store16(kv, k, v, slot, n_tokens, n_head_kv, head_dim);
+    const li_kv16_row_fn row16 = li_kv16_row_for(cpu_of(be)->kern->isa); /* same bytes as the reference */
+    if (row16 && (kv->dtype == LI_TYPE_F16 || kv->dtype == LI_TYPE_BF16)) {
+        li_kv16_store_rows(kv, k, v, slot, n_tokens, (int64_t)n_head_kv * head_dim, row16);
         return;
     }
     li_backend_ref_ops()->kv_store(be, kv, k, v, slot, n_tokens, n_head_kv, head_dim);

@@ -190,20 +190,10 @@ static inline __attribute__((always_inline)) void store16_row(li_type t, uint16_
     for (; j < n; j++) dst[j] = t == LI_TYPE_F16 ? li_fp32_to_fp16(src[j]) : li_fp32_to_bf16(src[j]);
 }
 
-static inline __attribute__((always_inline)) void store16_t(li_type t, const li_kv_layer *kv, const float *k,
-                                                            const float *v, const int64_t *slot, int64_t n_tokens,
-                                                            int64_t row) {
-    for (int64_t i = 0; i < n_tokens; i++) {
-        store16_row(t, (uint16_t *)kv->k + slot[i] * row, k + i * row, row);
-        store16_row(t, (uint16_t *)kv->v + slot[i] * row, v + i * row, row);
-    }
-}
-
-void li_kv16_store_avx2(const li_kv_layer *kv, const float *k, const float *v, const int64_t *slot,
-                        int64_t n_tokens, int n_head_kv, int head_dim) {
-    const int64_t row = (int64_t)n_head_kv * head_dim; /* one token's K (or V), all kv heads */
-    if (kv->dtype == LI_TYPE_F16) store16_t(LI_TYPE_F16, kv, k, v, slot, n_tokens, row);
-    else store16_t(LI_TYPE_BF16, kv, k, v, slot, n_tokens, row);
+/* One row of a token's K or V into an F16 / BF16 cache (kv_kernels.h). */
+void li_kv16_row_avx2(li_type t, uint16_t *dst, const float *src, int64_t n) {
+    if (t == LI_TYPE_F16) store16_row(LI_TYPE_F16, dst, src, n);
+    else store16_row(LI_TYPE_BF16, dst, src, n);
 }
 
 /* ------------------------------------------------------------------------

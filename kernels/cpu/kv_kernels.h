@@ -78,16 +78,17 @@ void li_kv8_attn_head_avx512(const li_attn_args *a, int64_t i, int h, float *sco
  * reference's bytes (ops_ref.c: li_fp32_to_fp16 / li_fp32_to_bf16, round to
  * nearest even, NaNs quieted): F16 by F16C, BF16 by integer ops (AVX512-BF16's
  * conversion flushes subnormals, so it is not used). */
-typedef li_kv8_store_fn li_kv16_store_fn;
-void li_kv16_store_avx2(const li_kv_layer *kv, const float *k, const float *v, const int64_t *slot,
-                        int64_t n_tokens, int n_head_kv, int head_dim);
-void li_kv16_store_avx512(const li_kv_layer *kv, const float *k, const float *v, const int64_t *slot,
-                          int64_t n_tokens, int n_head_kv, int head_dim);
+typedef void (*li_kv16_row_fn)(li_type t, uint16_t *dst, const float *src, int64_t n);
+void li_kv16_row_avx2(li_type t, uint16_t *dst, const float *src, int64_t n);
+void li_kv16_row_avx512(li_type t, uint16_t *dst, const float *src, int64_t n);
+/* Every token's K and V rows (row = n_head_kv * head_dim floats) through fn. */
+void li_kv16_store_rows(const li_kv_layer *kv, const float *k, const float *v, const int64_t *slot,
+                        int64_t n_tokens, int64_t row, li_kv16_row_fn fn);
 
 /* The functions for an ISA level name ("scalar", "avx2", "avx512").
- * li_kv16_store_for gives NULL for the scalar level (use the reference). */
+ * li_kv16_row_for gives NULL for the scalar level (use the reference). */
 li_kv8_store_fn li_kv8_store_for(const char *isa);
 li_kv8_attn_head_fn li_kv8_attn_head_for(const char *isa);
-li_kv16_store_fn li_kv16_store_for(const char *isa);
+li_kv16_row_fn li_kv16_row_for(const char *isa);
 
 #endif

@@ -134,8 +134,16 @@ li_kv8_attn_head_fn li_kv8_attn_head_for(const char *isa) {
     return li_kv8_attn_head_ref;
 }
 
-li_kv16_store_fn li_kv16_store_for(const char *isa) {
-    if (!strcmp(isa, "avx512")) return li_kv16_store_avx512;
-    if (!strcmp(isa, "avx2")) return li_kv16_store_avx2;
+li_kv16_row_fn li_kv16_row_for(const char *isa) {
+    if (!strcmp(isa, "avx512")) return li_kv16_row_avx512;
+    if (!strcmp(isa, "avx2")) return li_kv16_row_avx2;
     return NULL;
+}
+
+void li_kv16_store_rows(const li_kv_layer *kv, const float *k, const float *v, const int64_t *slot,
+                        int64_t n_tokens, int64_t row, li_kv16_row_fn fn) {
+    for (int64_t i = 0; i < n_tokens; i++) {
+        fn(kv->dtype, (uint16_t *)kv->k + slot[i] * row, k + i * row, row);
+        fn(kv->dtype, (uint16_t *)kv->v + slot[i] * row, v + i * row, row);
+    }
 }

@@ -17,6 +17,7 @@
 #include "cpu/cpu_kernels.h"
 #include "cpu/threadpool.h"
 #include "test_util.h"
+#include "test_weight.h"
 
 #include <immintrin.h>
 #include <math.h>
@@ -377,26 +378,14 @@ static void test_quantize_act(void) {
  * matmul and get_rows: every ISA (2 threads) against the reference
  * ---------------------------------------------------------------------- */
 
-typedef struct {
-    li_weight w;
-    void *data;
-} test_weight;
+/* block-structured values (fill_blocks), a ragged tail uniform */
+static void fill_weight_row(float *row, int64_t k) {
+    fill_blocks(row, k - k % 32);
+    for (int64_t j = k - k % 32; j < k; j++) row[j] = rng_f();
+}
 
 static void weight_make(test_weight *tw, li_type t, int64_t k, int64_t m) {
-    memset(tw, 0, sizeof *tw);
-    tw->w.type = t;
-    tw->w.k = k;
-    tw->w.m = m;
-    li_type_row_size(t, k, &tw->w.row_bytes);
-    tw->data = li_aligned_alloc(tw->w.row_bytes * (size_t)m);
-    float *row = li_xmalloc((size_t)k * sizeof(float));
-    for (int64_t i = 0; i < m; i++) {
-        fill_blocks(row, k - k % 32);
-        for (int64_t j = k - k % 32; j < k; j++) row[j] = rng_f();
-        li_type_get(t)->from_float(row, (char *)tw->data + i * tw->w.row_bytes, k);
-    }
-    free(row);
-    tw->w.data = tw->data;
+    test_weight_make(tw, t, k, m, fill_weight_row);
 }
 
 /* One backend's matmul of a weight it prepared itself (packed panels), or

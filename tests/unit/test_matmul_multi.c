@@ -8,6 +8,7 @@
 #include "util/common.h"
 #include "backend.h"
 #include "test_util.h"
+#include "test_weight.h"
 
 #include <math.h>
 #include <string.h>
@@ -20,25 +21,8 @@ static float rnd(void) {
     return (float)(uint32_t)(seed >> 16) / 2147483648.0f - 1.0f;
 }
 
-typedef struct {
-    li_weight w;
-    void *data;
-} tw;
-
-static void tw_make(tw *t, li_type type, int64_t k, int64_t m) {
-    memset(t, 0, sizeof *t);
-    t->w.type = type;
-    t->w.k = k;
-    t->w.m = m;
-    li_type_row_size(type, k, &t->w.row_bytes);
-    t->data = li_aligned_alloc(t->w.row_bytes * (size_t)m);
-    float *row = li_xmalloc((size_t)k * sizeof(float));
-    for (int64_t i = 0; i < m; i++) {
-        for (int64_t j = 0; j < k; j++) row[j] = rnd() * (1.0f + (float)(j % 7));
-        li_type_get(type)->from_float(row, (char *)t->data + i * t->w.row_bytes, k);
-    }
-    free(row);
-    t->w.data = t->data;
+static void fill_row(float *row, int64_t k) {
+    for (int64_t j = 0; j < k; j++) row[j] = rnd() * (1.0f + (float)(j % 7));
 }
 
 /* One case: n_w weights (types[i], k[i], m[i]) on backend be against the
@@ -47,7 +31,7 @@ static bool run_case(li_backend *be, int n_w, const li_type *types, const int64_
                      bool packed) {
     const li_backend_ops *ref = li_backend_ref_ops();
     li_backend ref_be = {.ops = ref, .n_threads = 1};
-    tw w[4];
+    test_weight w[4];
     li_weight wb[4];
     const li_weight *wp[4];
     float *want[4], *got[4];
@@ -56,7 +40,7 @@ static bool run_case(li_backend *be, int n_w, const li_type *types, const int64_
     float *x = li_xmalloc((size_t)(n * kmax) * sizeof(float));
     for (int64_t j = 0; j < n * kmax; j++) x[j] = rnd() * 3.0f;
     for (int i = 0; i < n_w; i++) {
-        tw_make(&w[i], types[i], ks[i], ms[i]);
+        test_weight_make(&w[i], types[i], ks[i], ms[i], fill_row);
         wb[i] = w[i].w;
         if (packed && be->ops->weight_prepare) be->ops->weight_prepare(be, &wb[i]);
         wp[i] = &wb[i];
@@ -83,8 +67,8 @@ static bool run_case(li_backend *be, int n_w, const li_type *types, const int64_
 static bool run_add_case(li_backend *be, li_type type, int64_t k, int64_t m, int64_t n, bool packed) {
     const li_backend_ops *ref = li_backend_ref_ops();
     li_backend ref_be = {.ops = ref, .n_threads = 1};
-    tw w;
-    tw_make(&w, type, k, m);
+    test_weight w;
+    test_weight_make(&w, type, k, m, fill_row);
     li_weight wb = w.w;
     if (packed && be->ops->weight_prepare) be->ops->weight_prepare(be, &wb);
     float *x = li_xmalloc((size_t)(n * k) * sizeof(float));
