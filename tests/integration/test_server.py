@@ -390,6 +390,19 @@ def test_openai_client(server):
     content = ch.choices[0].logprobs.content
     assert len(content) == 3 and all(len(e.top_logprobs) == 2 for e in content)
     assert content[0].logprob == pytest.approx(content[0].top_logprobs[0].logprob, abs=1e-4)
+    # logprobs=True without top_logprobs: the chosen tokens' logprobs alone
+    # (the sampler computes the normalizer only when asked), the same values
+    bare = client.chat.completions.create(model=model, max_tokens=3, temperature=0, logprobs=True,
+                                          messages=[{"role": "user", "content": "Name a color."}])
+    bc = bare.choices[0].logprobs.content
+    assert [e.token for e in bc] == [e.token for e in content]
+    assert all(e.logprob < 0 or e.logprob == pytest.approx(0, abs=1e-6) for e in bc)
+    assert [e.logprob for e in bc] == pytest.approx([e.logprob for e in content], abs=1e-4)
+    assert all(e.top_logprobs == [] for e in bc)
+    # without logprobs there is no logprobs object at all
+    none = client.chat.completions.create(model=model, max_tokens=3, temperature=0,
+                                          messages=[{"role": "user", "content": "Name a color."}])
+    assert none.choices[0].logprobs is None
 
 
 def http(server, method, path, body=None, headers=None):
