@@ -646,7 +646,7 @@ static void cpu_add(li_backend *be, float *y, const float *x, int64_t n) {
 static void cpu_kv_store(li_backend *be, const li_kv_layer *kv, const float *k, const float *v, const int64_t *slot,
                          int64_t n_tokens, int n_head_kv, int head_dim) {
     if (li_kv_is_8bit(kv->dtype)) { /* FP8 / INT8: quantize with this ISA (same bytes as the reference) */
-        li_kv8_store_for(cpu_of(be)->kern->isa)(kv, k, v, slot, n_tokens, n_head_kv, head_dim);
+        li_kv8_store(kv, k, v, slot, n_tokens, n_head_kv, head_dim, li_kv8_head_for(cpu_of(be)->kern->isa));
         return;
     }
     const li_kv16_row_fn row16 = li_kv16_row_for(cpu_of(be)->kern->isa); /* same bytes as the reference */

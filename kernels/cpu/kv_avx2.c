@@ -9,46 +9,16 @@
  * reference functions. */
 #include "util/common.h"
 #include "cpu/kv_kernels.h"
+#include "cpu/simd_avx2.h"
 
 #include <immintrin.h>
 #include <math.h>
 #include <string.h>
 
-static inline float hsum256(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
 
-static inline float hmax256(__m256 v) {
-    __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_max_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
 
 static inline __m256 abs_ps(__m256 x) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), x); }
 
-/* e^x for x <= 0, as exp_ps in kv_avx512.c; 2^n through the exponent field
- * (x >= -87.3 keeps n >= -126) */
-static inline __m256 exp_ps(__m256 x) {
-    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.0f));
-    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.0f / 5040.0f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-}
 
 /* ------------------------------------------------------------------------
  * decode
@@ -145,22 +115,9 @@ static inline __attribute__((always_inline)) void quant_head(li_type t, const fl
     }
 }
 
-static inline __attribute__((always_inline)) void store_t(li_type t, const li_kv_layer *kv, const float *k,
-                                                          const float *v, const int64_t *slot, int64_t n_tokens,
-                                                          int n_head_kv, int D) {
-    const int64_t row = (int64_t)n_head_kv * D;
-    for (int64_t i = 0; i < n_tokens; i++)
-        for (int h = 0; h < n_head_kv; h++) {
-            const int64_t e = slot[i] * n_head_kv + h;
-            quant_head(t, k + i * row + (int64_t)h * D, (uint8_t *)kv->k + e * D, kv->k_scale + e, D);
-            quant_head(t, v + i * row + (int64_t)h * D, (uint8_t *)kv->v + e * D, kv->v_scale + e, D);
-        }
-}
-
-void li_kv8_store_avx2(const li_kv_layer *kv, const float *k, const float *v, const int64_t *slot, int64_t n_tokens,
-                       int n_head_kv, int head_dim) {
-    if (kv->dtype == LI_KV_TYPE_INT8) store_t(LI_KV_TYPE_INT8, kv, k, v, slot, n_tokens, n_head_kv, head_dim);
-    else store_t(LI_KV_TYPE_FP8_E4M3, kv, k, v, slot, n_tokens, n_head_kv, head_dim);
+void li_kv8_head_avx2(li_type t, const float *x, uint8_t *dst, float *scale, int D) {
+    if (t == LI_KV_TYPE_INT8) quant_head(LI_KV_TYPE_INT8, x, dst, scale, D);
+    else quant_head(LI_KV_TYPE_FP8_E4M3, x, dst, scale, D);
 }
 
 /* ------------------------------------------------------------------------
@@ -264,7 +221,7 @@ static inline __attribute__((always_inline)) void attn_t(li_type t, const int D,
     __m256 vsum = _mm256_setzero_ps();
     int64_t p = 0;
     for (; p + 8 <= n_pos; p += 8) {
-        const __m256 e = exp_ps(_mm256_sub_ps(_mm256_loadu_ps(scores + p), vmax));
+        const __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(scores + p), vmax));
         _mm256_storeu_ps(scores + p, e);
         vsum = _mm256_add_ps(vsum, e);
     }
@@ -272,7 +229,7 @@ static inline __attribute__((always_inline)) void attn_t(li_type t, const int D,
     if (p < n_pos) { /* the last < 8 through a padded buffer */
         float tmp[8];
         for (int j = 0; j < 8; j++) tmp[j] = p + j < n_pos ? scores[p + j] - max : -INFINITY;
-        _mm256_storeu_ps(tmp, exp_ps(_mm256_loadu_ps(tmp)));
+        _mm256_storeu_ps(tmp, exp256(_mm256_loadu_ps(tmp)));
         for (int j = 0; p + j < n_pos; j++) {
             scores[p + j] = tmp[j];
             sum += tmp[j];

@@ -16,40 +16,14 @@
  * 1/scale, same rounding), so the bytes match the reference exactly. */
 #include "util/common.h"
 #include "cpu/kv_kernels.h"
+#include "cpu/simd_avx512.h"
 
 #include <immintrin.h>
 #include <math.h>
 #include <string.h>
 
-static inline __mmask16 tail16(int64_t n) { return n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1); }
 
-static inline float hsum512(__m512 v) {
-    __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
 
-/* e^x for x <= 0 (softmax numerators): x = n ln2 + r, |r| <= ln2/2, e^r by
- * its Taylor series to r^7 (truncation error below 1e-8 relative), times
- * 2^n. Inputs below -87.3 give ~1e-38 instead of 0. */
-static inline __m512 exp_ps(__m512 x) {
-    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.3f)), _mm512_set1_ps(88.0f));
-    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x); /* ln2 in two parts */
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(p, n);
-}
 
 /* ------------------------------------------------------------------------
  * decode: 16 codes (lanes outside m read as 0)
@@ -121,22 +95,9 @@ static inline __attribute__((always_inline)) void quant_head(li_type t, const fl
     }
 }
 
-static inline __attribute__((always_inline)) void store_t(li_type t, const li_kv_layer *kv, const float *k,
-                                                          const float *v, const int64_t *slot, int64_t n_tokens,
-                                                          int n_head_kv, int D) {
-    const int64_t row = (int64_t)n_head_kv * D;
-    for (int64_t i = 0; i < n_tokens; i++)
-        for (int h = 0; h < n_head_kv; h++) {
-            const int64_t e = slot[i] * n_head_kv + h;
-            quant_head(t, k + i * row + (int64_t)h * D, (uint8_t *)kv->k + e * D, kv->k_scale + e, D);
-            quant_head(t, v + i * row + (int64_t)h * D, (uint8_t *)kv->v + e * D, kv->v_scale + e, D);
-        }
-}
-
-void li_kv8_store_avx512(const li_kv_layer *kv, const float *k, const float *v, const int64_t *slot,
-                         int64_t n_tokens, int n_head_kv, int head_dim) {
-    if (kv->dtype == LI_KV_TYPE_INT8) store_t(LI_KV_TYPE_INT8, kv, k, v, slot, n_tokens, n_head_kv, head_dim);
-    else store_t(LI_KV_TYPE_FP8_E4M3, kv, k, v, slot, n_tokens, n_head_kv, head_dim);
+void li_kv8_head_avx512(li_type t, const float *x, uint8_t *dst, float *scale, int D) {
+    if (t == LI_KV_TYPE_INT8) quant_head(LI_KV_TYPE_INT8, x, dst, scale, D);
+    else quant_head(LI_KV_TYPE_FP8_E4M3, x, dst, scale, D);
 }
 
 /* ------------------------------------------------------------------------
@@ -209,7 +170,7 @@ static inline __attribute__((always_inline)) void attn_t(li_type t, const int D,
     __m512 vsum = _mm512_setzero_ps();
     for (int64_t p = 0; p < n_pos; p += 16) {
         const __mmask16 m = tail16(n_pos - p);
-        const __m512 e = exp_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, scores + p), vmax));
+        const __m512 e = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, scores + p), vmax));
         _mm512_mask_storeu_ps(scores + p, m, e);
         vsum = _mm512_add_ps(vsum, _mm512_maskz_mov_ps(m, e));
     }

@@ -58,15 +58,15 @@ static inline float li_kv8_code_value(li_type t, uint8_t c) {
     return t == LI_KV_TYPE_INT8 ? (float)(int8_t)c : li_fp8_e4m3_to_fp32(c);
 }
 
-/* kv_store for 8-bit dtypes: the same contract as li_backend_ops.kv_store */
-typedef void (*li_kv8_store_fn)(const li_kv_layer *kv, const float *k, const float *v, const int64_t *slot,
-                                int64_t n_tokens, int n_head_kv, int head_dim);
-void li_kv8_store_ref(const li_kv_layer *kv, const float *k, const float *v, const int64_t *slot, int64_t n_tokens,
-                      int n_head_kv, int head_dim);
-void li_kv8_store_avx2(const li_kv_layer *kv, const float *k, const float *v, const int64_t *slot,
-                       int64_t n_tokens, int n_head_kv, int head_dim);
-void li_kv8_store_avx512(const li_kv_layer *kv, const float *k, const float *v, const int64_t *slot,
-                         int64_t n_tokens, int n_head_kv, int head_dim);
+/* One kv head's D values of one token -> D codes and their scale. */
+typedef void (*li_kv8_head_fn)(li_type t, const float *x, uint8_t *dst, float *scale, int D);
+void li_kv8_head_ref(li_type t, const float *x, uint8_t *dst, float *scale, int D);
+void li_kv8_head_avx2(li_type t, const float *x, uint8_t *dst, float *scale, int D);
+void li_kv8_head_avx512(li_type t, const float *x, uint8_t *dst, float *scale, int D);
+/* kv_store for 8-bit dtypes (the contract of li_backend_ops.kv_store), every
+ * (token, kv head) of K and V through fn */
+void li_kv8_store(const li_kv_layer *kv, const float *k, const float *v, const int64_t *slot, int64_t n_tokens,
+                  int n_head_kv, int head_dim, li_kv8_head_fn fn);
 
 /* Attention of token i, head h over an 8-bit cache (li_cpu_kernels.attn_head contract). */
 typedef void (*li_kv8_attn_head_fn)(const li_attn_args *a, int64_t i, int h, float *scores);
@@ -87,7 +87,7 @@ void li_kv16_store_rows(const li_kv_layer *kv, const float *k, const float *v, c
 
 /* The functions for an ISA level name ("scalar", "avx2", "avx512").
  * li_kv16_row_for gives NULL for the scalar level (use the reference). */
-li_kv8_store_fn li_kv8_store_for(const char *isa);
+li_kv8_head_fn li_kv8_head_for(const char *isa);
 li_kv8_attn_head_fn li_kv8_attn_head_for(const char *isa);
 li_kv16_row_fn li_kv16_row_for(const char *isa);
 

@@ -53,7 +53,7 @@ uint8_t li_fp32_to_fp8_e4m3(float f) {
  * kv_store
  * ---------------------------------------------------------------------- */
 
-static void quant_head(li_type t, const float *x, uint8_t *dst, float *scale, int D) {
+void li_kv8_head_ref(li_type t, const float *x, uint8_t *dst, float *scale, int D) {
     float amax = 0.0f;
     for (int d = 0; d < D; d++) {
         const float ax = fabsf(x[d]);
@@ -67,16 +67,16 @@ static void quant_head(li_type t, const float *x, uint8_t *dst, float *scale, in
     }
 }
 
-void li_kv8_store_ref(const li_kv_layer *kv, const float *k, const float *v, const int64_t *slot, int64_t n_tokens,
-                      int n_head_kv, int head_dim) {
+void li_kv8_store(const li_kv_layer *kv, const float *k, const float *v, const int64_t *slot, int64_t n_tokens,
+                  int n_head_kv, int head_dim, li_kv8_head_fn fn) {
     const int64_t row = (int64_t)n_head_kv * head_dim;
     for (int64_t i = 0; i < n_tokens; i++)
         for (int h = 0; h < n_head_kv; h++) {
             const int64_t e = slot[i] * n_head_kv + h; /* (slot, head) */
-            quant_head(kv->dtype, k + i * row + (int64_t)h * head_dim, (uint8_t *)kv->k + e * head_dim,
-                       kv->k_scale + e, head_dim);
-            quant_head(kv->dtype, v + i * row + (int64_t)h * head_dim, (uint8_t *)kv->v + e * head_dim,
-                       kv->v_scale + e, head_dim);
+            fn(kv->dtype, k + i * row + (int64_t)h * head_dim, (uint8_t *)kv->k + e * head_dim, kv->k_scale + e,
+               head_dim);
+            fn(kv->dtype, v + i * row + (int64_t)h * head_dim, (uint8_t *)kv->v + e * head_dim, kv->v_scale + e,
+               head_dim);
         }
 }
 
@@ -122,10 +122,10 @@ void li_kv8_attn_head_ref(const li_attn_args *a, int64_t i, int h, float *scores
  * per-ISA choice (cpu.c asks with its kernel table's isa name)
  * ---------------------------------------------------------------------- */
 
-li_kv8_store_fn li_kv8_store_for(const char *isa) {
-    if (!strcmp(isa, "avx512")) return li_kv8_store_avx512;
-    if (!strcmp(isa, "avx2")) return li_kv8_store_avx2;
-    return li_kv8_store_ref;
+li_kv8_head_fn li_kv8_head_for(const char *isa) {
+    if (!strcmp(isa, "avx512")) return li_kv8_head_avx512;
+    if (!strcmp(isa, "avx2")) return li_kv8_head_avx2;
+    return li_kv8_head_ref;
 }
 
 li_kv8_attn_head_fn li_kv8_attn_head_for(const char *isa) {

@@ -142,7 +142,7 @@ static void kv_store_row(li_type dtype, void *dst, const float *src, int64_t n) 
 static void ref_kv_store(li_backend *be, const li_kv_layer *kv, const float *k, const float *v, const int64_t *slot,
                          int64_t n_tokens, int n_head_kv, int head_dim) {
     if (li_kv_is_8bit(kv->dtype)) { /* FP8 / INT8 with scales: kv_ref.c */
-        li_kv8_store_ref(kv, k, v, slot, n_tokens, n_head_kv, head_dim);
+        li_kv8_store(kv, k, v, slot, n_tokens, n_head_kv, head_dim, li_kv8_head_ref);
         return;
     }
     const int64_t row = (int64_t)n_head_kv * head_dim; /* one token's K (or V), all kv heads */
