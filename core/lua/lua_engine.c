@@ -477,10 +477,12 @@ int li_lua_open_core(lua_State *L) {
     return 1;
 }
 
-void li_lua_preload_core(lua_State *L) {
+void li_lua_preload(lua_State *L, const char *name, int (*open)(lua_State *L)) {
     lua_getglobal(L, "package");
     lua_getfield(L, -1, "preload");
-    lua_pushcfunction(L, li_lua_open_core);
-    lua_setfield(L, -2, "luainfer.core");
+    lua_pushcfunction(L, open);
+    lua_setfield(L, -2, name);
     lua_pop(L, 2);
 }
+
+void li_lua_preload_core(lua_State *L) { li_lua_preload(L, "luainfer.core", li_lua_open_core); }

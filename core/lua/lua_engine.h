@@ -8,5 +8,7 @@ typedef struct lua_State lua_State;
 int li_lua_open_core(lua_State *L);
 /* Makes require("luainfer.core") available in L. */
 void li_lua_preload_core(lua_State *L);
+/* package.preload[name] = open: require(name) opens the module on first use */
+void li_lua_preload(lua_State *L, const char *name, int (*open)(lua_State *L));
 
 #endif

@@ -15,6 +15,7 @@
  * a map unless marked). Unpacking: nil → nil (array holes keep their
  * indices), bin → string, ext → nil. */
 #define _GNU_SOURCE
+#include "lua/lua_engine.h"
 #include "server/server.h"
 
 #include <errno.h>
@@ -428,10 +429,4 @@ int luaopen_luainfer_net(lua_State *L) {
     return 1;
 }
 
-void li_lua_preload_net(lua_State *L) {
-    lua_getglobal(L, "package");
-    lua_getfield(L, -1, "preload");
-    lua_pushcfunction(L, luaopen_luainfer_net);
-    lua_setfield(L, -2, "luainfer.net");
-    lua_pop(L, 2);
-}
+void li_lua_preload_net(lua_State *L) { li_lua_preload(L, "luainfer.net", luaopen_luainfer_net); }
