@@ -89,3 +89,18 @@ void li_args_usage(const char *cmd, const char *synopsis, const li_opt *opts, in
         printf("  %-26s %s\n", left, opts[i].help);
     }
 }
+
+int li_parse_bytes(const char *what, const char *s, size_t *out, li_error *err) {
+    char *end;
+    double v = strtod(s, &end);
+    double mul = 1;
+    if (*end == 'k' || *end == 'K') mul = 1024, end++;
+    else if (*end == 'm' || *end == 'M') mul = 1024.0 * 1024, end++;
+    else if (*end == 'g' || *end == 'G') mul = 1024.0 * 1024 * 1024, end++;
+    if (*end == 'i' || *end == 'B') end++;
+    if (*end == 'B') end++;
+    if (end == s || *end || !(v > 0) || v * mul > 1e13)
+        return li_error_set(err, LI_EINVAL, "%s expects bytes such as 268435456, 256M or 2G, got '%s'", what, s);
+    *out = (size_t)(v * mul);
+    return 0;
+}

@@ -24,6 +24,9 @@ typedef struct li_opt {
  * collected into positional (up to max_pos); more is an error. */
 int li_args_parse(li_opt *opts, int n_opts, int argc, char **argv, const char **positional, int max_pos,
                   int *n_pos, li_error *err);
+/* A byte count: digits with an optional K/M/G (binary) suffix, "KiB"/"MB" style
+ * spellings accepted; `what` names the option in the error. */
+int li_parse_bytes(const char *what, const char *s, size_t *out, li_error *err);
 void li_args_usage(const char *cmd, const char *synopsis, const li_opt *opts, int n_opts);
 
 #endif

@@ -53,8 +53,13 @@ static double opt_num(lua_State *L, int t, const char *k, double def) {
 
 static int64_t opt_int(lua_State *L, int t, const char *k, int64_t def, int64_t lo, int64_t hi) {
     double v = opt_num(L, t, k, (double)def);
-    if (v != (double)(int64_t)v || v < (double)lo || v > (double)hi)
-        luaL_error(L, "option '%s' must be an integer in [%lld, %lld], got %g", k, (long long)lo, (long long)hi, v);
+    if (v != (double)(int64_t)v || v < (double)lo || v > (double)hi) {
+        /* lua_pushfstring knows no %lld / %g: format here */
+        char msg[160];
+        snprintf(msg, sizeof msg, "option '%s' must be an integer in [%lld, %lld], got %.17g", k, (long long)lo,
+                 (long long)hi, v);
+        luaL_error(L, "%s", msg);
+    }
     return (int64_t)v;
 }
 
@@ -404,7 +409,11 @@ static int l_engine_reload_policy(lua_State *L) {
     lua_engine *le = check_engine(L);
     luaL_checktype(L, 2, LUA_TTABLE);
     const char *path = opt_str(L, 2, "path", NULL), *source = opt_str(L, 2, "source", NULL);
-    if (!le->policy) return install_policy(L, le, path, source);
+    if (!le->policy) {
+        install_policy(L, le, path, source); /* raises on failure */
+        lua_pushboolean(L, 1);
+        return 1;
+    }
     li_error err = {0};
     if (le->policy->ops->reload(le->policy, path, source, &err) != 0) {
         lua_pushnil(L);

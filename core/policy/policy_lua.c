@@ -31,7 +31,6 @@
 
 #define HOOK_EVERY 1000                /* instructions between two count-hook calls */
 #define PLAN_MAX_ENTRIES (1 << 20)     /* a run or preempt list longer than this is garbage */
-#define POLICY_FILE_MAX ((size_t)16 << 20)
 
 enum { H_CONFIG, H_ADMIT, H_SCHEDULE, H_EVICT, H_SPECULATE, H_ON_FINISH, H__N };
 static const char *const hook_names[H__N] = {"config", "admit", "schedule", "evict", "speculate", "on_finish"};
@@ -802,7 +801,7 @@ static void core_free(lua_core *c) {
 }
 
 static int read_file(const char *path, char **out, size_t *len, li_error *err) {
-    return li_read_file(path, POLICY_FILE_MAX, "policy file", out, len, err);
+    return li_read_file(path, LI_POLICY_FILE_MAX, "policy file", out, len, err);
 }
 
 /* A new core with the policy loaded, or NULL with err set. */

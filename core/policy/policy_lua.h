@@ -18,6 +18,7 @@
 #define LI_POLICY_LUA_DEFAULT_BUDGET (20 * 1000 * 1000) /* VM instructions per hook call */
 #define LI_POLICY_LUA_DEFAULT_MEM ((size_t)64 << 20)    /* bytes per policy state */
 #define LI_POLICY_LUA_DEFAULT_SEED 0x5eedu
+#define LI_POLICY_FILE_MAX ((size_t)16 << 20)           /* bytes of a policy file */
 
 typedef struct li_policy_lua_opts {
     bool allow_unsafe;    /* --policy-unsafe: the full standard library (io, os, require, ffi, jit, debug) */

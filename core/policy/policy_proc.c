@@ -531,31 +531,16 @@ static void proc_on_finish(li_policy *pp, const li_req_view *req, const char *fi
     }
 }
 
+/* The policy file's text (the host reads it again; this copy is for the
+ * engine's checks and errors): li_read_file with policy_lua's limit. */
 static int read_file(const char *path, char **out, li_error *err) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return li_error_set(err, LI_EIO, "cannot open policy file %s", path);
-    size_t cap = 4096, n = 0;
-    char *buf = li_xmalloc(cap);
-    size_t r;
-    while ((r = fread(buf + n, 1, cap - n - 1, f)) > 0) {
-        n += r;
-        if (n + 1 == cap) {
-            if (cap >= ((size_t)16 << 20)) {
-                free(buf);
-                fclose(f);
-                return li_error_set(err, LI_ERANGE, "policy file %s is larger than 16 MiB", path);
-            }
-            cap *= 2;
-            buf = li_xrealloc(buf, cap);
-        }
-    }
-    fclose(f);
-    buf[n] = 0;
-    if (memchr(buf, 0, n)) {
-        free(buf);
+    size_t len;
+    if (li_read_file(path, LI_POLICY_FILE_MAX, "policy file", out, &len, err)) return err->code;
+    if (memchr(*out, 0, len)) {
+        free(*out);
+        *out = NULL;
         return li_error_set(err, LI_EINVAL, "policy file %s is not text", path);
     }
-    *out = buf;
     return 0;
 }
 

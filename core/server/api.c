@@ -347,11 +347,20 @@ static int gen_parse(li_server *srv, const msgpack_object *params, const li_gen_
     bool have_seed = false, logprobs_bool = false;
     int64_t top_logprobs = -1;
     if (!params || params->type != MSGPACK_OBJECT_MAP) BAD("want a map of parameters");
+    if (params->via.map.size > 256) BAD("more than 256 parameters");
     for (uint32_t i = 0; i < params->via.map.size; i++) {
         const msgpack_object *key = &params->via.map.ptr[i].key, *val = &params->via.map.ptr[i].val;
         const char *k;
         size_t kn;
         if (!as_bytes(key, &k, &kn)) BAD("parameter names must be strings");
+        /* msgpack maps and JSON objects may repeat a key; every parser below
+         * fills its field once (stop strings, messages, ... into fixed room) */
+        for (uint32_t j = 0; j < i; j++) {
+            const char *k2;
+            size_t kn2;
+            if (as_bytes(&params->via.map.ptr[j].key, &k2, &kn2) && kn2 == kn && !memcmp(k, k2, kn))
+                BAD("parameter '%.*s' given twice", (int)LI_MIN(kn, (size_t)32), k);
+        }
         char name[40];
         if (kn >= sizeof name) {
             if (d->openai) continue;
@@ -401,10 +410,11 @@ static int gen_parse(li_server *srv, const msgpack_object *params, const li_gen_
             if (g->sp.top_p <= 0) BAD("'top_p' must be in (0, 1]");
         } else if (!strcmp(name, "top_k")) {
             INT_IN(name, g->sp.top_k, -1, 1 << 20);
+            if (g->sp.top_k < 0) g->sp.top_k = 0; /* -1 = off, as 0 */
         } else if (!strcmp(name, "min_p")) {
             NUM_IN(name, g->sp.min_p, 0, 1);
         } else if (!strcmp(name, "repetition_penalty") || !strcmp(name, "repeat_penalty")) {
-            NUM_IN(name, g->sp.repeat_penalty, 0.01, 100);
+            NUM_IN(name, g->sp.repeat_penalty, 0.01, 10); /* the sampler's range */
         } else if (!strcmp(name, "presence_penalty")) {
             NUM_IN(name, g->sp.presence_penalty, -2, 2);
         } else if (!strcmp(name, "frequency_penalty")) {
@@ -771,7 +781,12 @@ static void api_generate(li_call *c, const msgpack_object *params) {
         li_call_fail(c, LI_RPC_INTERNAL, "generate needs a connection");
         return;
     }
-    /* a notification runs it and sends nothing back */
+    /* a notification runs it and sends nothing back: no per-token text or
+     * logprobs to prepare for nobody */
+    if (c->notification) {
+        g.stream = false;
+        g.logprobs = -1;
+    }
     if (!li_rpc_start_generate(c->session, c->msgid, c->notification, &g, &err)) {
         li_call_fail(c, err.code ? err.code : LI_RPC_INTERNAL, "%s", err.msg);
         return;
@@ -1158,7 +1173,7 @@ void li_api_pack_stats(li_server *srv, msgpack_packer *pk) {
     KV("max_batched_tokens", msgpack_pack_int32, srv->cfg.max_batched_tokens);
     KV("block_size", msgpack_pack_int32, srv->cfg.block_size);
     li_mp_pack_str(pk, "kv_dtype");
-    li_mp_pack_str(pk, li_type_name(srv->cfg.kv_dtype));
+    li_mp_pack_str(pk, li_kv_dtype_name(srv->cfg.kv_dtype));
     KV("max_model_len", msgpack_pack_int64, srv->cfg.max_model_len);
     KV("draining", msgpack_pack_int, srv->draining ? 1 : 0);
     li_hist_free(&snap.step_time);

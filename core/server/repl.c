@@ -418,11 +418,12 @@ int li_cmd_repl(int argc, char **argv) {
     if (threads > 0) lua_pushnumber(L, (lua_Number)threads), lua_setfield(L, -2, "threads");
     if (max_num_seqs > 0) lua_pushnumber(L, (lua_Number)max_num_seqs), lua_setfield(L, -2, "max_num_seqs");
     if (kv_memory) {
-        char *end;
-        double v = strtod(kv_memory, &end);
-        if (*end == 'M' || *end == 'm') v *= 1 << 20;
-        else if (*end == 'G' || *end == 'g') v *= 1 << 30;
-        lua_pushnumber(L, v);
+        size_t bytes;
+        if (li_parse_bytes("--kv-memory", kv_memory, &bytes, &err)) {
+            lua_close(L);
+            return li_cli_fail(&err);
+        }
+        lua_pushnumber(L, (lua_Number)bytes);
         lua_setfield(L, -2, "kv_memory");
     }
     lua_setglobal(L, "__repl_opts");

@@ -127,20 +127,6 @@ static void on_signal(uv_signal_t *s, int signum) {
 
 /* ---- options ------------------------------------------------------------------ */
 
-static int parse_bytes(const char *s, size_t *out, li_error *err) {
-    char *end;
-    double v = strtod(s, &end);
-    double mul = 1;
-    if (*end == 'k' || *end == 'K') mul = 1024, end++;
-    else if (*end == 'm' || *end == 'M') mul = 1024.0 * 1024, end++;
-    else if (*end == 'g' || *end == 'G') mul = 1024.0 * 1024 * 1024, end++;
-    if (*end == 'i' || *end == 'B') end++;
-    if (*end == 'B') end++;
-    if (end == s || *end || !(v > 0) || v * mul > 1e13)
-        return li_error_set(err, LI_EINVAL, "--kv-memory expects bytes such as 268435456, 256M or 2G, got '%s'", s);
-    *out = (size_t)(v * mul);
-    return 0;
-}
 
 const char *li_server_default_policy(void) {
     static char path[4096];
@@ -276,7 +262,7 @@ int li_cmd_serve(int argc, char **argv) {
                                                                        : cfg->max_batched_tokens);
     const char *dt = o.kv_dtype ? o.kv_dtype : pc && pc->kv_dtype[0] ? pc->kv_dtype : "f16";
     if ((rc = li_kv_dtype_parse(dt, &cfg->kv_dtype, &err))) goto done;
-    if (o.kv_memory && (rc = parse_bytes(o.kv_memory, &cfg->kv_memory, &err))) goto done;
+    if (o.kv_memory && (rc = li_parse_bytes("--kv-memory", o.kv_memory, &cfg->kv_memory, &err))) goto done;
     if (o.no_prefix_cache) cfg->prefix_caching = false;
     if ((o.block_size != -1 && (rc = check_range("block-size", o.block_size, 1, 1024, &err))) ||
         (o.max_num_seqs != -1 && (rc = check_range("max-num-seqs", o.max_num_seqs, 1, 4096, &err))) ||
@@ -312,7 +298,7 @@ int li_cmd_serve(int argc, char **argv) {
         fprintf(stderr,
                 "luainfer: serving %s with %s (KV %d blocks x %d tokens %s, max_num_seqs %d, max_batched_tokens %d, "
                 "context %lld)\n",
-                srv.model_name, snap.policy, snap.st.kv_total_blocks, snap.st.block_size, li_type_name(cfg->kv_dtype),
+                srv.model_name, snap.policy, snap.st.kv_total_blocks, snap.st.block_size, li_kv_dtype_name(cfg->kv_dtype),
                 cfg->max_num_seqs, cfg->max_batched_tokens, (long long)cfg->max_model_len);
         li_hist_free(&snap.step_time);
     }
