@@ -72,33 +72,48 @@ function Client:_read()
 end
 
 -- request(method, params, on_note) → result | nil, err. on_note(method,
--- params) receives notifications that arrive before the response.
+-- params, id) receives notifications that arrive before the response (id:
+-- this request's msgid). If waiting is cut short by an error (an error in
+-- on_note, or Ctrl-C in the REPL), the request is cancelled on the server
+-- before the error goes on, so it does not keep generating for nobody.
 function Client:request(method, params, on_note)
   if not self.sock then return nil, errtab("client is closed") end
   local id = self.next_id
   self.next_id = (id + 1) % 4294967296
   local frame = net.pack(net.array{ 0, id, method, params or net.map{} })
   local ok, err = self.sock:send(frame)
-  if not ok then return nil, errtab("send: " .. err) end
-  while true do
-    local msg, rerr = self:_read()
-    if not msg then return nil, rerr end
-    if msg[1] == 1 and msg[2] == id then
-      if msg[3] ~= nil then
-        local e = msg[3]
-        if type(e) ~= "table" then e = { message = tostring(e) } end
-        return nil, errtab(e.message or "error", e.code)
-      end
-      return msg[4]
-    elseif msg[1] == 2 then
-      if on_note then on_note(msg[2], msg[3])
-      elseif self.on_notification then self.on_notification(msg[2], msg[3]) end
-      if msg[2] == "error" and type(msg[3]) == "table" then
-        -- the server reports a fatal protocol error and closes
-        return nil, errtab(msg[3].message or "error", msg[3].code)
+  if not ok then
+    -- a frame cut short would garble every later one: this connection is done
+    self:close()
+    return nil, errtab("send: " .. err)
+  end
+  local function wait()
+    while true do
+      local msg, rerr = self:_read()
+      if not msg then return nil, rerr end
+      if msg[1] == 1 and msg[2] == id then
+        if msg[3] ~= nil then
+          local e = msg[3]
+          if type(e) ~= "table" then e = { message = tostring(e) } end
+          return nil, errtab(e.message or "error", e.code)
+        end
+        return msg[4]
+      elseif msg[1] == 2 then
+        if on_note then on_note(msg[2], msg[3], id)
+        elseif self.on_notification then self.on_notification(msg[2], msg[3]) end
+        if msg[2] == "error" and type(msg[3]) == "table" then
+          -- the server reports a fatal protocol error and closes
+          return nil, errtab(msg[3].message or "error", msg[3].code)
+        end
       end
     end
   end
+  local res = { pcall(wait) }
+  if not res[1] then
+    if self.sock then pcall(self.notify, self, "cancel", { request_id = id }) end
+    error(res[2], 0)
+  end
+  return res[2], res[3]
 end
 
 Client.call = Client.request
@@ -119,8 +134,9 @@ function Client:generate(opts)
   end
   if on_delta then params.stream = true end
   if params.tokens then params.tokens = net.array(params.tokens) end
-  return self:request("generate", params, function(method, p)
-    if method == "generate.delta" and on_delta then on_delta(p) end
+  return self:request("generate", params, function(method, p, id)
+    -- deltas of an earlier, abandoned generate may still be in flight
+    if method == "generate.delta" and on_delta and p.request_id == id then on_delta(p) end
   end)
 end
 

@@ -15,20 +15,28 @@ local M = {
 }
 
 -- Adds one request, runs the engine until it finishes, returns text and the
--- full result table.
+-- full result table (the first sample's when n > 1). Every sample is
+-- released, and an error or Ctrl-C while stepping cancels them first, so
+-- nothing is left running or held.
 function M.generate(engine, prompt, opts)
   local req = {}
   for k, v in pairs(opts or {}) do req[k] = v end
   if type(prompt) == "table" then req.tokens = prompt else req.prompt = prompt end
   local id = engine:add(req)
-  while true do
-    local r = engine:result(id)
-    if r.finished then
-      engine:release(id)
-      return r.text, r
+  local n = tonumber(req.n) or 1 -- samples take ids id .. id + n - 1
+  local ok, r = pcall(function()
+    while true do
+      local r = engine:result(id)
+      if r.finished then return r end
+      engine:step()
     end
-    engine:step()
+  end)
+  for k = id, id + n - 1 do
+    if not ok then pcall(engine.cancel, engine, k) end
+    pcall(engine.release, engine, k)
   end
+  if not ok then error(r, 0) end
+  return r.text, r
 end
 
 return M

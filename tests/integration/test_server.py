@@ -702,6 +702,17 @@ assert(c:detokenize(toks):find("hello world", 1, true))
 local _, err = c:call("no.such.method")
 assert(err and err.code == -32601, "expected an error")
 assert(c:stats().kv.blocks_total > 0)
+-- an on_delta that raises: the error goes on, the request is cancelled on
+-- the server, and the next generate sees none of its deltas
+local seen = 0
+local ok, e = pcall(c.generate, c, {{ prompt = {json.dumps(PROMPTS[0])}, max_tokens = 200, temperature = 0,
+                                     ignore_eos = true, on_delta = function(d) seen = seen + 1; error("stop here") end }})
+assert(not ok and tostring(e):find("stop here"), "the on_delta error is raised")
+local parts2 = {{}}
+local t = assert(c:generate{{ prompt = {json.dumps(PROMPTS[0])}, max_tokens = 6, temperature = 0,
+                             on_delta = function(d) parts2[#parts2 + 1] = d.text end }})
+assert(table.concat(parts2) == t.text and t.text == r.text, "the next generate sees only its own deltas")
+assert(c:stats().requests.live == 0, "the abandoned generate was cancelled")
 c:close()
 local u = assert(client.connect("{server.unix}"))
 assert(u:health().status == "ok")
