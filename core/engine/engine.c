@@ -42,9 +42,8 @@ typedef struct req {
     li_block_hash *bh;        /* hashes of the full blocks of toks computed so far */
     int32_t n_bh, cap_bh;
     int32_t n_registered;     /* leading blocks of seq already in the prefix cache */
-    int32_t probe_hits;       /* prefix_probe's last answer, valid while the cache */
-    uint64_t probe_version;   /* map is at this version and n_toks is probe_toks */
-    int64_t probe_toks;
+    int32_t probe_hits;       /* prefix_probe's last answer: a lower bound while */
+    uint64_t probe_version;   /* the cache map's removal count is this */
 } req;
 
 struct li_engine {
@@ -75,6 +74,7 @@ struct li_engine {
     int32_t cap_mark;
     li_evict_candidate *ev_cand; /* (cap_ev) evict hook candidates and order */
     int32_t *ev_order, cap_ev;
+    int64_t ev_warned_step;   /* the last step that logged an evict failure */
     li_engine_stats st;
 };
 
@@ -287,15 +287,15 @@ static void ensure_hashes(li_engine *e, req *r, int32_t n) {
 static int32_t prefix_probe(li_engine *e, req *r) {
     if (!e->kv.prefix_caching || r->seq.n_blocks || r->num_computed) return 0;
     /* a waiting request is probed every step (state for the policy, FCFS,
-     * admission): the answer only changes with the cache's map */
-    if (r->probe_version == e->kv.map_version && r->probe_toks == r->n_toks) return r->probe_hits;
+     * admission). Blocks only join the map between removals, so while no
+     * hash has left it the last answer still holds and the walk goes on
+     * from there (one lookup); the tokens before it never change. */
     int32_t max_blocks = (int32_t)((r->n_toks - 1) / e->kv.block_size);
     ensure_hashes(e, r, max_blocks);
-    int32_t hits = 0;
+    int32_t hits = r->probe_version == e->kv.map_version ? LI_MIN(r->probe_hits, max_blocks) : 0;
     while (hits < max_blocks && li_kv_prefix_lookup(&e->kv, r->bh[hits]) >= 0) hits++;
     r->probe_hits = hits;
     r->probe_version = e->kv.map_version;
-    r->probe_toks = r->n_toks;
     return hits;
 }
 
@@ -361,14 +361,20 @@ static void prefix_evict_for(li_engine *e, int32_t need) {
     double tp = li_time_now();
     int rc = e->policy->ops->evict(e->policy, c, k, want, order, &n_order, &perr);
     e->st.time_policy += li_time_now() - tp;
+    int32_t done = 0;
     if (rc) {
         e->st.policy_errors++;
-        li_log_warn("policy %s: evict failed, using LRU: %s", e->policy->name, perr.msg);
+        /* once per step at most: a broken hook would otherwise log per request */
+        if (e->ev_warned_step != e->step_no)
+            li_log_warn("policy %s: evict failed, using LRU: %s", e->policy->name, perr.msg);
+        e->ev_warned_step = e->step_no;
     } else {
-        int32_t done = 0;
         for (int32_t i = 0; i < n_order && i < n && done < want; i++) done += li_kv_prefix_evict(kv, order[i]);
         if (done < LI_MIN(want, n_order)) e->st.plans_trimmed++;
     }
+    /* a short, empty or failed answer is completed in LRU order here, so the
+     * batch is whole and the hook is not asked again for every request */
+    while (done < want && kv->lru_head >= 0) done += li_kv_prefix_evict(kv, kv->lru_head);
 }
 
 /* ---- state for the policy ------------------------------------------------------ */

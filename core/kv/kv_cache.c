@@ -203,7 +203,6 @@ bool li_kv_prefix_register(li_kv_cache *kv, int32_t id, li_block_hash h, int32_t
     kv->hit_count[id] = 0;
     kv->depth[id] = depth;
     kv->n_hashed++;
-    kv->map_version++;
     size_t i = (size_t)h.lo & kv->map_mask;
     while (kv->map[i] >= 0) i = (i + 1) & kv->map_mask;
     kv->map[i] = id;

@@ -42,8 +42,8 @@ typedef struct li_kv_cache {
     int32_t *depth;        /* (num_blocks) block index within its sequence */
     int32_t *map;          /* hash -> block: open addressing, -1 = empty */
     size_t map_mask;
-    uint64_t map_version;  /* bumped whenever a hash enters or leaves the map:
-                            * a lookup result is valid while it is unchanged */
+    uint64_t map_version;  /* bumped whenever a hash leaves the map: a run of
+                            * hits found stays a run of hits while it is unchanged */
     int64_t n_evictions;
 } li_kv_cache;
 

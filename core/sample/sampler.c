@@ -153,7 +153,9 @@ static float log_sum_exp(const float *logits, int32_t n_vocab) {
     return mx + (float)log(sum);
 }
 
-void li_logits_top(const float *logits, int32_t n_vocab, int32_t n, li_token_logprob *out, bool as_logprob) {
+/* The top n ids by logit (sorted); as logprobs when lse (the normalizer)
+ * is given. */
+static void logits_top(const float *logits, int32_t n_vocab, int32_t n, li_token_logprob *out, const float *lse) {
     if (n <= 0) return;
     if (n > n_vocab) n = n_vocab;
     int32_t k = 0; /* insertion into a small sorted array: n is tiny */
@@ -167,14 +169,26 @@ void li_logits_top(const float *logits, int32_t n_vocab, int32_t n, li_token_log
         }
         out[j] = (li_token_logprob){i, v};
     }
-    if (as_logprob) {
-        float lse = log_sum_exp(logits, n_vocab);
-        for (int32_t i = 0; i < k; i++) out[i].logprob = logits[out[i].id] - lse;
-    }
+    if (lse)
+        for (int32_t i = 0; i < k; i++) out[i].logprob = logits[out[i].id] - *lse;
 }
 
-static float raw_logprob(const float *logits, int32_t n_vocab, int32_t id) {
-    return logits[id] - log_sum_exp(logits, n_vocab);
+void li_logits_top(const float *logits, int32_t n_vocab, int32_t n, li_token_logprob *out, bool as_logprob) {
+    const float lse = as_logprob && n > 0 ? log_sum_exp(logits, n_vocab) : 0.0f;
+    logits_top(logits, n_vocab, n, out, as_logprob ? &lse : NULL);
+}
+
+/* What a sampled token reports: top-N logprobs and its own logprob, from one
+ * normalizer, computed only when one of them is asked for. */
+static void report_logprobs(const li_sampler *s, const float *logits, int32_t chosen, li_token_logprob *top,
+                            float *chosen_logprob) {
+    const li_sampling_params *p = &s->p;
+    const bool want_top = top && p->n_logprobs > 0, want_lp = chosen_logprob && (p->logprob || p->n_logprobs > 0);
+    if (chosen_logprob) *chosen_logprob = 0.0f;
+    if (!want_top && !want_lp) return;
+    const float lse = log_sum_exp(logits, s->n_vocab);
+    if (want_top) logits_top(logits, s->n_vocab, p->n_logprobs, top, &lse);
+    if (want_lp) *chosen_logprob = logits[chosen] - lse;
 }
 
 /* Keeps the k largest candidates at the front (quickselect), unsorted. */
@@ -201,12 +215,10 @@ static void select_top_k(li_token_logprob *c, int32_t n, int32_t k) {
 int32_t li_sampler_sample(li_sampler *s, const float *logits, li_token_logprob *top, float *chosen_logprob) {
     const li_sampling_params *p = &s->p;
     const int32_t nv = s->n_vocab;
-    const bool want_lp = p->logprob || p->n_logprobs > 0;
     if (p->temperature <= 0 && !penalties_on(p)) {
-        /* plain greedy: one pass over the logits, no candidate list */
+        /* plain greedy: the argmax, no candidate list */
         int32_t chosen = argmax_of(logits, nv);
-        if (top && p->n_logprobs > 0) li_logits_top(logits, nv, p->n_logprobs, top, true);
-        if (chosen_logprob) *chosen_logprob = want_lp ? raw_logprob(logits, nv, chosen) : 0.0f;
+        report_logprobs(s, logits, chosen, top, chosen_logprob);
         return chosen;
     }
     li_token_logprob *c = s->cand;
@@ -223,8 +235,8 @@ int32_t li_sampler_sample(li_sampler *s, const float *logits, li_token_logprob *
     }
     int32_t chosen = 0;
     if (p->temperature <= 0) {
-        for (int32_t i = 1; i < nv; i++)
-            if (c[i].logprob > c[chosen].logprob) chosen = i;
+        for (int32_t i = 1; i < nv; i++) /* as argmax_of: a NaN never wins */
+            if (c[i].logprob > c[chosen].logprob || isnan(c[chosen].logprob)) chosen = i;
     } else {
         int32_t n = nv;
         if (p->top_k > 0 && p->top_k < n) {
@@ -271,7 +283,6 @@ int32_t li_sampler_sample(li_sampler *s, const float *logits, li_token_logprob *
             }
         }
     }
-    if (top && p->n_logprobs > 0) li_logits_top(logits, nv, p->n_logprobs, top, true);
-    if (chosen_logprob) *chosen_logprob = want_lp ? raw_logprob(logits, nv, chosen) : 0.0f;
+    report_logprobs(s, logits, chosen, top, chosen_logprob);
     return chosen;
 }
