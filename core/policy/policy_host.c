@@ -28,6 +28,8 @@ typedef struct host {
     msgpack_packer pk;
     li_wire_state ws;
     li_plan plan;
+    li_evict_candidate *cands; /* (cap_cands) evict candidates and order */
+    int32_t *order, cap_cands;
     char *buf;
     size_t cap;
 } host;
@@ -123,6 +125,46 @@ static int on_schedule(host *h, const msgpack_object *msg, int64_t seq) {
     msgpack_pack_int64(&h->pk, seq);
     li_wire_pack_str(&h->pk, "plan");
     li_wire_pack_plan(&h->pk, &h->plan);
+    return send_frame(h);
+}
+
+static int on_evict(host *h, const msgpack_object *msg, int64_t seq) {
+    if (!h->pol) return reply_error(h, seq, "no policy loaded");
+    const msgpack_object *c = li_wire_get(msg, "cands");
+    int64_t need;
+    if (!c || c->type != MSGPACK_OBJECT_ARRAY || c->via.array.size > INT32_MAX ||
+        !li_wire_int(li_wire_get(msg, "need"), &need) || need < 0 || need > INT32_MAX)
+        return reply_error(h, seq, "evict: want 'cands' (a list) and 'need' (an integer)");
+    const int32_t n = (int32_t)c->via.array.size;
+    if (n > h->cap_cands) {
+        h->cap_cands = n;
+        h->cands = li_xrealloc(h->cands, (size_t)n * sizeof *h->cands);
+        h->order = li_xrealloc(h->order, (size_t)n * sizeof *h->order);
+    }
+    for (int32_t i = 0; i < n; i++) {
+        const msgpack_object *r = &c->via.array.ptr[i];
+        int64_t block, hits, depth;
+        double last;
+        if (r->type != MSGPACK_OBJECT_ARRAY || r->via.array.size != 4 || !li_wire_int(&r->via.array.ptr[0], &block) ||
+            !li_wire_num(&r->via.array.ptr[1], &last) || !li_wire_int(&r->via.array.ptr[2], &hits) ||
+            !li_wire_int(&r->via.array.ptr[3], &depth) || block < 0 || block > INT32_MAX || hits < 0 ||
+            hits > UINT32_MAX || depth < 0 || depth > INT32_MAX)
+            return reply_error(h, seq, "evict: a candidate must be [block, last_access, hits, depth]");
+        h->cands[i] = (li_evict_candidate){(int32_t)block, last, (uint32_t)hits, (int32_t)depth};
+    }
+    int32_t n_order = 0;
+    li_error err = {0};
+    if (h->pol->ops->evict(h->pol, h->cands, n, (int32_t)need, h->order, &n_order, &err))
+        return reply_error(h, seq, err.msg);
+    li_wire_frame_begin(&h->sb);
+    msgpack_pack_map(&h->pk, 3);
+    li_wire_pack_str(&h->pk, "type");
+    li_wire_pack_str(&h->pk, "order");
+    li_wire_pack_str(&h->pk, "seq");
+    msgpack_pack_int64(&h->pk, seq);
+    li_wire_pack_str(&h->pk, "order");
+    msgpack_pack_array(&h->pk, (size_t)n_order);
+    for (int32_t i = 0; i < n_order; i++) msgpack_pack_int32(&h->pk, h->order[i]);
     return send_frame(h);
 }
 
@@ -316,6 +358,7 @@ int li_cmd_policy_host(int argc, char **argv) {
         int wr = 0;
         if (li_wire_is(msg, "schedule")) wr = on_schedule(&h, msg, seq);
         else if (li_wire_is(msg, "admit")) wr = on_admit(&h, msg, seq);
+        else if (li_wire_is(msg, "evict")) wr = on_evict(&h, msg, seq);
         else if (li_wire_is(msg, "on_finish")) on_finish(&h, msg);
         else if (li_wire_is(msg, "reload")) wr = on_reload(&h, msg, seq);
         else wr = reply_error(&h, seq, "unknown message type");
@@ -324,6 +367,8 @@ int li_cmd_policy_host(int argc, char **argv) {
     }
     if (h.pol) h.pol->ops->free(h.pol);
     li_plan_free(&h.plan);
+    free(h.cands);
+    free(h.order);
     li_wire_state_free(&h.ws);
     msgpack_sbuffer_destroy(&h.sb);
     free(h.buf);

@@ -337,7 +337,7 @@ static void fail_message(int kind, int deadline_ms, char *buf, size_t cap) {
 /* Takes in a hello or the reply to the pending load; false on a failed load
  * or a wrong protocol version (p->load_error says why). */
 static bool take_async(li_policy_proc *p, const msgpack_object *m) {
-    int64_t v, seq;
+    int64_t v = -1, seq; /* -1: the version field is missing */
     if (li_wire_is(m, "hello")) {
         if (!li_wire_int(li_wire_get(m, "version"), &v) || v != LI_WIRE_VERSION) {
             snprintf(p->load_error, sizeof p->load_error, "policy host speaks protocol %lld, not %d",
@@ -506,6 +506,50 @@ static int proc_admit(li_policy *pp, const li_req_view *req, const li_step_state
     return 0;
 }
 
+/* Eviction order: candidates go as [block, last_access, hits, depth] rows,
+ * the host answers {order = [block, ...]}; the engine checks every id. */
+static int proc_evict(li_policy *pp, const li_evict_candidate *cands, int32_t n_cands, int32_t need, int32_t *order,
+                      int32_t *n_order, li_error *err) {
+    li_policy_proc *p = (li_policy_proc *)pp;
+    *n_order = 0;
+    if (!(p->hooks & LI_POLICY_HOOK_EVICT)) return 0;
+    double deadline = now_s() + p->opts.deadline_ms / 1000.0;
+    p->st.calls++;
+    if (ensure_ready(p, deadline, err)) return err->code;
+    li_wire_frame_begin(&p->sb);
+    msgpack_pack_map(&p->pk, 4);
+    li_wire_pack_str(&p->pk, "type");
+    li_wire_pack_str(&p->pk, "evict");
+    li_wire_pack_str(&p->pk, "seq");
+    int64_t seq = ++p->seq;
+    msgpack_pack_int64(&p->pk, seq);
+    li_wire_pack_str(&p->pk, "need");
+    msgpack_pack_int32(&p->pk, need);
+    li_wire_pack_str(&p->pk, "cands");
+    msgpack_pack_array(&p->pk, (size_t)n_cands);
+    for (int32_t i = 0; i < n_cands; i++) {
+        msgpack_pack_array(&p->pk, 4);
+        msgpack_pack_int32(&p->pk, cands[i].block);
+        msgpack_pack_double(&p->pk, cands[i].last_access);
+        msgpack_pack_uint32(&p->pk, cands[i].hits);
+        msgpack_pack_int32(&p->pk, cands[i].depth);
+    }
+    if (round_trip(p, seq, deadline, p->opts.deadline_ms, err)) return err->code;
+    if (check_reply(p, "order", err)) return err->code;
+    const msgpack_object *o = li_wire_get(&p->msg.data, "order");
+    if (!o || o->type != MSGPACK_OBJECT_ARRAY) {
+        host_fail(p, IO_PROTO, "sent an evict reply without 'order'");
+        return li_error_set(err, LI_EIO, "policy host sent a malformed evict reply");
+    }
+    for (uint32_t i = 0; i < o->via.array.size && *n_order < n_cands; i++) {
+        int64_t id;
+        if (!li_wire_int(&o->via.array.ptr[i], &id) || id < 0 || id > INT32_MAX) continue; /* not a block id */
+        order[(*n_order)++] = (int32_t)id;
+    }
+    p->fails = 0;
+    return 0;
+}
+
 static void proc_on_finish(li_policy *pp, const li_req_view *req, const char *finish_reason) {
     li_policy_proc *p = (li_policy_proc *)pp;
     if (!(p->hooks & LI_POLICY_HOOK_ON_FINISH)) return;
@@ -550,6 +594,7 @@ static void apply_info(li_policy_proc *p, const msgpack_object *m) {
     if (li_wire_unpack_config(li_wire_get(m, "config"), &cfg, &e) == 0) p->base.config = cfg;
     p->hooks = li_wire_unpack_hooks(li_wire_get(m, "hooks"));
     p->base.has_schedule = (p->hooks & LI_POLICY_HOOK_SCHEDULE) != 0;
+    p->base.has_evict = (p->hooks & LI_POLICY_HOOK_EVICT) != 0;
 }
 
 static int proc_reload(li_policy *pp, const char *path, const char *source, li_error *err) {
@@ -615,6 +660,7 @@ static const li_policy_ops proc_ops = {
     .kind = "process",
     .schedule = proc_schedule,
     .admit = proc_admit,
+    .evict = proc_evict,
     .on_finish = proc_on_finish,
     .reload = proc_reload,
     .free = proc_free,

@@ -112,8 +112,9 @@ H.check(ss.kv_free_blocks == ss.kv_total_blocks, "all blocks available at the en
 -- evicted: LRU drops A's (released earlier), LFU drops B's (never hit), so
 -- the next A finds its whole prefix only under LFU.
 local root = H.repo_root()
-local function evict_run(policy_file)
-  local e = luainfer.engine{ max_num_seqs = 1, kv_memory = per_token * 16 * 6, policy = policy_file }
+local function evict_run(policy_file, isolation)
+  local e = luainfer.engine{ max_num_seqs = 1, kv_memory = per_token * 16 * 6, policy = policy_file,
+                             policy_isolation = isolation }
   -- prompts of 40 tokens: 2 full blocks cached, a third block for the rest
   local function prompt(head)
     local t, i = { head }, 0
@@ -134,5 +135,8 @@ local lfu = evict_run(root .. "/policies/lfu.lua")
 print(("eviction: A's cached tokens after B and C: LRU %d, LFU %d"):format(lru, lfu))
 H.check(lru == 16, "LRU evicted A's deepest block (%d cached)", lru)
 H.check(lfu == 32, "LFU kept A's blocks (%d cached)", lfu)
+-- the same evict hook in an isolated policy host (msgpack round trip)
+local lfu_proc = evict_run(root .. "/policies/lfu.lua", "process")
+H.check(lfu_proc == 32, "LFU in a policy-host process kept A's blocks (%d cached)", lfu_proc)
 
 H.finish("prefix_cache")
