@@ -62,6 +62,12 @@ int li_sampling_params_validate(const li_sampling_params *p, li_error *err) {
 
 /* ---- sampler state --------------------------------------------------------- */
 
+static bool penalties_on(const li_sampling_params *p) {
+    return p->penalty_last_n != 0 &&
+           (p->repeat_penalty != 1.0f || p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f);
+}
+
+
 int li_sampler_init(li_sampler *s, const li_sampling_params *p, int32_t n_vocab, li_error *err) {
     memset(s, 0, sizeof *s);
     int rc = li_sampling_params_validate(p, err);
@@ -70,8 +76,11 @@ int li_sampler_init(li_sampler *s, const li_sampling_params *p, int32_t n_vocab,
     s->n_vocab = n_vocab;
     uint64_t x = p->seed;
     for (int i = 0; i < 4; i++) s->rng[i] = splitmix64(&x);
-    s->cand = li_xmalloc((size_t)n_vocab * sizeof *s->cand);
-    s->counts = li_xcalloc((size_t)n_vocab, sizeof *s->counts);
+    /* vocabulary-sized buffers (~0.5 MB at 49k tokens) only when used: the
+     * candidate list at the first non-plain-greedy draw, the counts only
+     * with penalties, so a queued request holds neither */
+    s->cand = NULL;
+    s->counts = penalties_on(p) ? li_xcalloc((size_t)n_vocab, sizeof *s->counts) : NULL;
     s->cap_recent = p->penalty_last_n < 0 ? 1024 : p->penalty_last_n;
     s->recent = li_xmalloc((size_t)(s->cap_recent ? s->cap_recent : 1) * sizeof *s->recent);
     return 0;
@@ -84,10 +93,6 @@ void li_sampler_free(li_sampler *s) {
     memset(s, 0, sizeof *s);
 }
 
-static bool penalties_on(const li_sampling_params *p) {
-    return p->penalty_last_n != 0 &&
-           (p->repeat_penalty != 1.0f || p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f);
-}
 
 void li_sampler_accept(li_sampler *s, int32_t t) {
     if (t < 0 || t >= s->n_vocab || !penalties_on(&s->p)) return;
@@ -221,6 +226,7 @@ int32_t li_sampler_sample(li_sampler *s, const float *logits, li_token_logprob *
         report_logprobs(s, logits, chosen, top, chosen_logprob);
         return chosen;
     }
+    if (!s->cand) s->cand = li_xmalloc((size_t)nv * sizeof *s->cand);
     li_token_logprob *c = s->cand;
     float mx = -INFINITY;
     for (int32_t i = 0; i < nv; i++) {
