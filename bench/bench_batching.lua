@@ -53,21 +53,23 @@ local function make_requests()
 end
 
 -- padded: raise every member of each static batch (arrival order, SEQS at a
--- time, as static.lua forms them) to the batch's longest output
+-- time, as static.lua forms them) to the batch's longest output; returns
+-- each request's own length
 local function pad(reqs)
+  local useful = {}
   for b = 1, #reqs, SEQS do
     local mx = 0
     for i = b, math.min(b + SEQS - 1, #reqs) do mx = math.max(mx, reqs[i].max_tokens) end
-    for i = b, math.min(b + SEQS - 1, #reqs) do reqs[i].useful = reqs[i].max_tokens; reqs[i].max_tokens = mx end
+    for i = b, math.min(b + SEQS - 1, #reqs) do useful[i] = reqs[i].max_tokens; reqs[i].max_tokens = mx end
   end
-  return reqs
+  return useful
 end
 
 local function run(policy, padded)
   local e = luainfer.engine{ policy = root .. "/policies/" .. policy .. ".lua", max_num_seqs = SEQS,
                              max_batched_tokens = 512, kv_memory = 512 * 1024 * 1024 }
   local reqs = make_requests()
-  if padded then pad(reqs) end
+  local useful = padded and pad(reqs) or {}
   local ids = {}
   local t0 = os.clock()
   local wall0 = os.time()
@@ -77,7 +79,7 @@ local function run(policy, padded)
   local gen = 0
   for i, id in ipairs(ids) do
     local n = #e:result(id).tokens
-    gen = gen + (reqs[i].useful and math.min(n, reqs[i].useful) or n)
+    gen = gen + (useful[i] and math.min(n, useful[i]) or n)
   end
   local secs = s.time_total
   e:close()

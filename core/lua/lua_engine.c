@@ -100,9 +100,27 @@ static int install_policy(lua_State *L, lua_engine *le, const char *path, const 
     return 0;
 }
 
+/* Raises on a string key of table t not in known (NULL-ended): a typo such
+ * as max_token would otherwise be ignored without a word. */
+static void check_keys(lua_State *L, int t, const char *what, const char *const *known) {
+    lua_pushnil(L);
+    while (lua_next(L, t)) {
+        lua_pop(L, 1);
+        if (lua_type(L, -1) != LUA_TSTRING) continue;
+        const char *k = lua_tostring(L, -1);
+        bool ok = false;
+        for (int i = 0; known[i] && !ok; i++) ok = !strcmp(k, known[i]);
+        if (!ok) luaL_error(L, "%s: unknown option '%s'", what, k);
+    }
+}
+
 static int l_engine_new(lua_State *L) {
     if (lua_isnoneornil(L, 1)) lua_newtable(L);
     luaL_checktype(L, 1, LUA_TTABLE);
+    static const char *const known[] = {"model", "isa", "policy", "policy_source", "policy_isolation",
+                                        "policy_deadline_ms", "kv_dtype", "kv_memory", "block_size", "max_num_seqs",
+                                        "max_batched_tokens", "max_model_len", "prefix_caching", "threads", NULL};
+    check_keys(L, 1, "luainfer.engine", known);
     li_engine_config cfg;
     li_engine_config_default(&cfg);
     const char *model = opt_str(L, 1, "model", NULL);
@@ -164,6 +182,11 @@ static int l_engine_close(lua_State *L) {
 static int l_engine_add(lua_State *L) {
     lua_engine *le = check_engine(L);
     luaL_checktype(L, 2, LUA_TTABLE);
+    static const char *const known[] = {"prompt", "tokens", "max_tokens", "temperature", "top_k", "top_p", "min_p",
+                                        "repetition_penalty", "presence_penalty", "frequency_penalty", "seed",
+                                        "logprobs", "n", "stop", "ignore_eos", "priority", "tenant", "cache_salt",
+                                        NULL};
+    check_keys(L, 2, "engine:add", known);
     li_request_params p = {0};
     li_sampling_params_default(&p.sampling);
     p.sampling.temperature = (float)opt_num(L, 2, "temperature", p.sampling.temperature);
