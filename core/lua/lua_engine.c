@@ -7,6 +7,13 @@
  *   e:run()
  *   print(e:result(id).text)
  *
+ * e:result(id) is {id, finished, finish_reason, text, tokens, prompt_tokens,
+ * preemptions, cached_tokens, ttft, latency, finish_time}, plus, when the
+ * request was added with `logprobs = k` (0..20; true = 0), `logprobs`: one
+ * {token, logprob, top = {{id, logprob}, ...k}} per generated token, the
+ * shape msgpack-RPC's generate returns. logprob is the chosen token's raw
+ * log-softmax (before penalties and temperature); top lists the k likeliest.
+ *
  * The engine runs on the calling thread; every call is synchronous. */
 #include "lua/lua_engine.h"
 #include "cli/cli.h"
@@ -23,6 +30,17 @@
 
 #define ENGINE_MT "luainfer.engine"
 
+/* The logprobs of one request that asked for them: the engine reports
+ * them only to its event callback, so they are kept here until release. */
+typedef struct lp_rec {
+    int64_t id;
+    int32_t n_top;            /* alternatives per token */
+    int64_t n, cap;           /* tokens recorded */
+    int32_t *token;
+    float *logprob;
+    li_token_logprob *top;    /* (cap * n_top) */
+} lp_rec;
+
 typedef struct lua_engine {
     li_runtime rt;
     li_engine *eng;
@@ -30,6 +48,8 @@ typedef struct lua_engine {
     bool open;
     bool isolated;      /* policies run in a policy-host child process */
     int32_t deadline_ms;
+    lp_rec *lps;        /* requests added with logprobs */
+    int32_t n_lps, cap_lps;
 } lua_engine;
 
 static lua_engine *check_engine(lua_State *L) {
@@ -79,6 +99,80 @@ static bool opt_bool(lua_State *L, int t, const char *k, bool def) {
     bool v = lua_isnil(L, -1) ? def : lua_toboolean(L, -1);
     lua_pop(L, 1);
     return v;
+}
+
+/* ---- logprobs ------------------------------------------------------------------ */
+
+static lp_rec *lp_find(lua_engine *le, int64_t id) {
+    for (int32_t i = 0; i < le->n_lps; i++)
+        if (le->lps[i].id == id) return &le->lps[i];
+    return NULL;
+}
+
+static lp_rec *lp_get(lua_engine *le, int64_t id, int32_t n_top) {
+    lp_rec *r = lp_find(le, id);
+    if (r) return r;
+    if (le->n_lps == le->cap_lps) {
+        le->cap_lps = le->cap_lps * 2 + 8;
+        le->lps = li_xrealloc(le->lps, (size_t)le->cap_lps * sizeof *le->lps);
+    }
+    r = &le->lps[le->n_lps++];
+    memset(r, 0, sizeof *r);
+    r->id = id;
+    r->n_top = n_top;
+    return r;
+}
+
+static void lp_remove(lua_engine *le, int64_t id) {
+    lp_rec *r = lp_find(le, id);
+    if (!r) return;
+    free(r->token);
+    free(r->logprob);
+    free(r->top);
+    *r = le->lps[--le->n_lps];
+}
+
+/* The engine's callback for requests with logprobs (runs inside add/step). */
+static void lp_on_event(void *ud, const li_event *ev) {
+    if (ev->kind != LI_EVENT_TOKEN || ev->token < 0) return; /* < 0: a text flush */
+    lua_engine *le = ud;
+    lp_rec *r = lp_get(le, ev->id, ev->n_top);
+    if (r->n == r->cap) {
+        r->cap = r->cap * 2 + 16;
+        r->token = li_xrealloc(r->token, (size_t)r->cap * sizeof *r->token);
+        r->logprob = li_xrealloc(r->logprob, (size_t)r->cap * sizeof *r->logprob);
+        if (r->n_top) r->top = li_xrealloc(r->top, (size_t)(r->cap * r->n_top) * sizeof *r->top);
+    }
+    r->token[r->n] = ev->token;
+    r->logprob[r->n] = ev->logprob;
+    int32_t k = LI_MIN(ev->n_top, r->n_top);
+    if (k > 0 && ev->top) memcpy(r->top + r->n * r->n_top, ev->top, (size_t)k * sizeof *r->top);
+    for (int32_t i = LI_MAX(k, 0); i < r->n_top; i++) r->top[r->n * r->n_top + i] = (li_token_logprob){-1, 0};
+    r->n++;
+}
+
+/* Pushes {{token, logprob, top = {{id, logprob}...}}...}. */
+static void lp_push(lua_State *L, const lp_rec *r) {
+    lua_createtable(L, (int)r->n, 0);
+    for (int64_t i = 0; i < r->n; i++) {
+        lua_createtable(L, 0, 3);
+        lua_pushinteger(L, r->token[i]);
+        lua_setfield(L, -2, "token");
+        lua_pushnumber(L, r->logprob[i]);
+        lua_setfield(L, -2, "logprob");
+        lua_createtable(L, r->n_top, 0);
+        for (int32_t k = 0; k < r->n_top; k++) {
+            const li_token_logprob *t = &r->top[i * r->n_top + k];
+            lua_createtable(L, 2, 0);
+            lua_pushinteger(L, t->id);
+            lua_rawseti(L, -2, 1);
+            lua_pushnumber(L, t->logprob);
+            lua_rawseti(L, -2, 2);
+            lua_rawseti(L, -2, k + 1);
+        }
+        lua_setfield(L, -2, "top");
+        lua_rawseti(L, -2, (int)i + 1);
+    }
 }
 
 /* ---- engine lifecycle --------------------------------------------------------- */
@@ -162,6 +256,10 @@ static int l_engine_new(lua_State *L) {
 static void engine_close(lua_engine *le) {
     if (!le->open) return;
     li_engine_free(le->eng);
+    while (le->n_lps > 0) lp_remove(le, le->lps[0].id);
+    free(le->lps);
+    le->lps = NULL;
+    le->cap_lps = 0;
     if (le->policy) le->policy->ops->free(le->policy);
     li_runtime_close(&le->rt);
     le->open = false;
@@ -197,7 +295,17 @@ static int l_engine_add(lua_State *L) {
     p.sampling.presence_penalty = (float)opt_num(L, 2, "presence_penalty", 0.0);
     p.sampling.frequency_penalty = (float)opt_num(L, 2, "frequency_penalty", 0.0);
     p.sampling.seed = (uint64_t)opt_int(L, 2, "seed", 0, 0, INT64_MAX);
-    p.sampling.n_logprobs = (int32_t)opt_int(L, 2, "logprobs", 0, 0, 20);
+    /* logprobs: nil/false = off; true = the chosen token's alone; k = and the top k */
+    lua_getfield(L, 2, "logprobs");
+    bool want_lp = lua_type(L, -1) == LUA_TBOOLEAN ? lua_toboolean(L, -1) : !lua_isnil(L, -1);
+    bool lp_number = lua_type(L, -1) != LUA_TBOOLEAN;
+    lua_pop(L, 1);
+    p.sampling.n_logprobs = want_lp && lp_number ? (int32_t)opt_int(L, 2, "logprobs", 0, 0, 20) : 0;
+    p.sampling.logprob = want_lp;
+    if (want_lp) {
+        p.on_event = lp_on_event;
+        p.ud = le;
+    }
     p.max_tokens = opt_int(L, 2, "max_tokens", 16, 0, 1 << 20);
     p.n = (int32_t)opt_int(L, 2, "n", 1, 1, 64);
     p.priority = (int32_t)opt_int(L, 2, "priority", 0, INT32_MIN, INT32_MAX);
@@ -256,6 +364,8 @@ static int l_engine_add(lua_State *L) {
     free(toks);
     lua_pop(L, 1); /* stop */
     if (rc) return luaL_error(L, "%s", err.msg);
+    /* a record per sample, so that a request with no tokens still reports {} */
+    for (int32_t i = 0; want_lp && i < LI_MAX(p.n, 1); i++) lp_get(le, id + i, p.sampling.n_logprobs);
     lua_pushnumber(L, (lua_Number)id);
     return 1;
 }
@@ -325,11 +435,19 @@ static int l_engine_result(lua_State *L) {
         lua_pushnumber(L, r->t_finish);
         lua_setfield(L, -2, "finish_time");
     }
+    const lp_rec *lp = lp_find(le, r->id);
+    if (lp) {
+        lp_push(L, lp);
+        lua_setfield(L, -2, "logprobs");
+    }
     return 1;
 }
 
 static int l_engine_release(lua_State *L) {
-    li_engine_release(check_engine(L)->eng, (int64_t)luaL_checknumber(L, 2));
+    lua_engine *le = check_engine(L);
+    int64_t id = (int64_t)luaL_checknumber(L, 2);
+    li_engine_release(le->eng, id);
+    lp_remove(le, id);
     return 0;
 }
 

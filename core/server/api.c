@@ -589,6 +589,17 @@ li_srv_req *li_api_gen_start(li_server *srv, li_gen_params *g, const li_sink_ops
         li_error_set(err, LI_RPC_UNAVAILABLE, "server is shutting down: no new requests");
         return NULL;
     }
+    /* the server-wide cap: per-connection limits alone let many connections
+     * queue without bound; refused at once, nothing else changes */
+    if (srv->n_samples + g->n > srv->lim.max_queued) {
+        li_error_set(err, LI_RPC_TOO_MANY,
+                     "server busy: %lld requests (samples) waiting or running, this one adds %d, the limit "
+                     "(--max-queued) is %lld; retry later",
+                     (long long)srv->n_samples, (int)g->n, (long long)srv->lim.max_queued);
+        li_gen_params_free(g);
+        srv->m.queued_refused++;
+        return NULL;
+    }
     li_srv_req *r = li_xcalloc(1, sizeof *r);
     r->srv = srv;
     r->g = *g;
@@ -603,6 +614,7 @@ li_srv_req *li_api_gen_start(li_server *srv, li_gen_params *g, const li_sink_ops
     for (int32_t i = 0; i < r->g.n; i++) msgpack_sbuffer_init(&r->out[i].logprobs);
     r->work.data = r;
     srv->n_live++;
+    srv->n_samples += r->g.n;
     int rc = uv_queue_work(&srv->loop.uv, &r->work, prep_work, prep_done);
     if (rc) {
         li_error_set(err, LI_RPC_INTERNAL, "cannot queue the request: %s", uv_strerror(rc));
@@ -615,6 +627,7 @@ li_srv_req *li_api_gen_start(li_server *srv, li_gen_params *g, const li_sink_ops
 
 void li_srv_req_free(li_srv_req *r) {
     r->srv->n_live--;
+    r->srv->n_samples -= r->g.n; /* before li_gen_params_free clears g */
     if (r->out)
         for (int32_t k = 0; k < r->g.n; k++) {
             free(r->out[k].text);
@@ -1097,11 +1110,13 @@ void li_api_pack_stats(li_server *srv, msgpack_packer *pk) {
     msgpack_pack_map(pk, 10);
     KV("uptime_s", msgpack_pack_double, up);
     li_mp_pack_str(pk, "requests");
-    msgpack_pack_map(pk, 8);
+    msgpack_pack_map(pk, 10);
     KV("live", msgpack_pack_int64, srv->n_live);
+    KV("samples", msgpack_pack_int64, srv->n_samples);
     for (int i = 0; i < 4; i++) KV(reasons[i], msgpack_pack_uint64, m->requests_by_reason[i]);
     KV("rejected", msgpack_pack_uint64, m->requests_by_reason[4]);
     KV("inflight_refused", msgpack_pack_uint64, m->inflight_refused);
+    KV("queued_refused", msgpack_pack_uint64, m->queued_refused);
     KV("engine_finished", msgpack_pack_int64, st->requests_finished);
     li_mp_pack_str(pk, "queues");
     msgpack_pack_map(pk, 3);
@@ -1168,13 +1183,14 @@ void li_api_pack_stats(li_server *srv, msgpack_packer *pk) {
     KV("http", msgpack_pack_uint64, m->http_requests);
     KV("http_errors", msgpack_pack_uint64, m->http_errors);
     li_mp_pack_str(pk, "config");
-    msgpack_pack_map(pk, 6);
+    msgpack_pack_map(pk, 7);
     KV("max_num_seqs", msgpack_pack_int32, srv->cfg.max_num_seqs);
     KV("max_batched_tokens", msgpack_pack_int32, srv->cfg.max_batched_tokens);
     KV("block_size", msgpack_pack_int32, srv->cfg.block_size);
     li_mp_pack_str(pk, "kv_dtype");
     li_mp_pack_str(pk, li_kv_dtype_name(srv->cfg.kv_dtype));
     KV("max_model_len", msgpack_pack_int64, srv->cfg.max_model_len);
+    KV("max_queued", msgpack_pack_int64, srv->lim.max_queued);
     KV("draining", msgpack_pack_int, srv->draining ? 1 : 0);
     li_hist_free(&snap.step_time);
 }

@@ -76,6 +76,7 @@ typedef struct http_sess {
     size_t body_len;
     bool too_large;
     bool keep_alive;
+    bool head;                 /* HEAD: the GET response's headers, no body */
     /* the response in progress */
     bool busy;
     char *pending;             /* bytes that arrived while busy */
@@ -83,6 +84,7 @@ typedef struct http_sess {
     li_srv_req *req;
     bool chat, sse, include_usage;
     uint64_t role_sent;        /* chat streams: the first delta of sample i carries the role */
+    double lp_offset[LI_SRV_MAX_N]; /* completions streams: text_offset of sample i's next token */
     long created;
 } http_sess;
 
@@ -115,7 +117,7 @@ static void respond(http_sess *h, int status, const char *ctype, const char *bod
               "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\nConnection: %s\r\n%s\r\n", status,
               status_text(status), ctype, n, h->keep_alive ? "keep-alive" : "close",
               status == 401 ? "WWW-Authenticate: Bearer\r\n" : "");
-    msgpack_sbuffer_write(&sb, body, n);
+    if (!h->head) msgpack_sbuffer_write(&sb, body, n); /* HEAD keeps Content-Length, sends no body */
     hwrite(h, sb.data, sb.size);
     msgpack_sbuffer_destroy(&sb);
     if (status >= 400) h->srv->m.http_errors++;
@@ -374,9 +376,13 @@ static void http_delta(li_srv_req *r, int32_t index, const char *text, size_t n,
         cJSON_AddItemToObject(c, "text", str_n(text, n));
     }
     if (lp) {
+        /* text_offset counts from the start of the sample's text, as in the
+         * non-streamed response, not from this chunk */
+        bool have = index >= 0 && index < LI_SRV_MAX_N;
         lp_acc a;
-        lp_init(&a, h->chat, 0);
+        lp_init(&a, h->chat, have ? h->lp_offset[index] : 0);
         lp_add(h->srv, &a, token, logprob, top, n_top);
+        if (have) h->lp_offset[index] = a.offset;
         cJSON_AddItemToObject(c, "logprobs", a.obj);
     } else {
         cJSON_AddNullToObject(c, "logprobs");
@@ -533,6 +539,7 @@ static void route_completions(http_sess *h, bool chat) {
     h->chat = chat;
     h->sse = false;
     h->role_sent = 0;
+    memset(h->lp_offset, 0, sizeof h->lp_offset);
     h->created = (long)time(NULL);
     li_srv_req *r = li_api_gen_start(srv, &g, &http_sink, h, &err);
     if (!r) {
@@ -606,10 +613,10 @@ static void route(http_sess *h) {
         return;
     }
     if (path_is(path, plen, "/metrics")) {
-        if (method != HTTP_GET) respond_error(h, 405, "use GET /metrics");
+        if (method != HTTP_GET && method != HTTP_HEAD) respond_error(h, 405, "use GET /metrics");
         else route_metrics(h);
     } else if (path_is(path, plen, "/v1/models")) {
-        if (method != HTTP_GET) respond_error(h, 405, "use GET /v1/models");
+        if (method != HTTP_GET && method != HTTP_HEAD) respond_error(h, 405, "use GET /v1/models");
         else route_models(h);
     } else if (path_is(path, plen, "/v1/completions") || path_is(path, plen, "/v1/chat/completions")) {
         if (method != HTTP_POST) respond_error(h, 405, "use POST");
@@ -634,6 +641,7 @@ static int on_message_begin(http_parser *p) {
     h->field_done = false;
     h->cur = H_NONE;
     h->too_large = false;
+    h->head = false;
     return 0;
 }
 
@@ -700,6 +708,7 @@ static int on_body(http_parser *p, const char *at, size_t n) {
 static int on_message_complete(http_parser *p) {
     http_sess *h = p->data;
     h->keep_alive = http_should_keep_alive(p) && !h->srv->draining;
+    h->head = p->method == HTTP_HEAD;
     h->busy = true;
     http_parser_pause(p, 1); /* one request at a time: the rest waits */
     route(h);
@@ -748,6 +757,7 @@ static void close_sess(http_sess *h) {
 static void http_done(http_sess *h) {
     h->busy = false;
     h->sse = false;
+    h->head = false;
     if (!h->keep_alive) {
         close_sess(h);
         return;

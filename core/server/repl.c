@@ -98,7 +98,7 @@ static const char REPL_LUA[] =
     "    {'engine:add{prompt=, max_tokens=, temperature=, ...}', 'queue a request, returns its id'},\n"
     "    {'engine:step()', 'one engine step; true while work remains'},\n"
     "    {'engine:run()', 'step until every request finished'},\n"
-    "    {'engine:result(id)', 'text, tokens, finish_reason, ttft, latency'},\n"
+    "    {'engine:result(id)', 'text, tokens, finish_reason, ttft, latency (+ logprobs if added with logprobs=k)'},\n"
     "    {'engine:release(id)', 'forget a finished request'},\n"
     "    {'engine:cancel(id)', 'cancel a request (its KV blocks are freed)'},\n"
     "    {'engine:stats()', 'steps, tokens, preemptions, KV blocks, policy errors'},\n"

@@ -34,8 +34,9 @@ static const double e2e_le[] = {0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60,
 void li_server_limits_default(li_server_limits *l) {
     *l = (li_server_limits){
         .max_frame = LI_SRV_MAX_FRAME, .max_depth = LI_SRV_MAX_DEPTH, .max_inflight = LI_SRV_MAX_INFLIGHT,
-        .max_connections = LI_SRV_MAX_CONNECTIONS, .write_buffer = LI_SRV_WRITE_BUFFER,
-        .slow_client_seconds = LI_SRV_SLOW_CLIENT_SECONDS, .drain_seconds = LI_SRV_DRAIN_SECONDS,
+        .max_connections = LI_SRV_MAX_CONNECTIONS, .max_queued = LI_SRV_MAX_QUEUED,
+        .write_buffer = LI_SRV_WRITE_BUFFER, .slow_client_seconds = LI_SRV_SLOW_CLIENT_SECONDS,
+        .drain_seconds = LI_SRV_DRAIN_SECONDS,
     };
 }
 
@@ -141,7 +142,7 @@ typedef struct serve_opts {
     const char *model, *kv_dtype, *kv_memory, *isolation, *admin_token, *auth_token, *isa;
     li_str_list listen, http;
     int64_t block_size, max_num_seqs, max_batched_tokens, threads, max_frame, max_inflight, max_connections,
-        ctx_size, write_buffer, max_depth;
+        max_queued, ctx_size, write_buffer, max_depth;
     double drain_seconds, slow_seconds;
     bool help, policy_unsafe, no_prefix_cache;
 } serve_opts;
@@ -157,6 +158,7 @@ int li_cmd_serve(int argc, char **argv) {
     serve_opts o = {
         .isolation = "inprocess", .isa = "auto", .block_size = -1, .max_num_seqs = -1, .max_batched_tokens = -1,
         .max_frame = LI_SRV_MAX_FRAME, .max_inflight = LI_SRV_MAX_INFLIGHT, .max_connections = LI_SRV_MAX_CONNECTIONS,
+        .max_queued = LI_SRV_MAX_QUEUED,
         .max_depth = LI_SRV_MAX_DEPTH, .write_buffer = LI_SRV_WRITE_BUFFER, .drain_seconds = LI_SRV_DRAIN_SECONDS,
         .slow_seconds = LI_SRV_SLOW_CLIENT_SECONDS,
     };
@@ -179,6 +181,7 @@ int li_cmd_serve(int argc, char **argv) {
         {"max-frame-bytes", LI_OPT_INT, &o.max_frame, "largest msgpack frame / HTTP body (default 1048576)"},
         {"max-inflight", LI_OPT_INT, &o.max_inflight, "requests in flight per connection (default 64)"},
         {"max-connections", LI_OPT_INT, &o.max_connections, "open connections (default 256)"},
+        {"max-queued", LI_OPT_INT, &o.max_queued, "requests (samples) waiting + running, server-wide (default 4096)"},
         {"max-depth", LI_OPT_INT, &o.max_depth, "nesting of msgpack arrays/maps in a frame (default 32, at most 32)"},
         {"no-prefix-cache", LI_OPT_FLAG, &o.no_prefix_cache, "turn prefix caching off (default on)"},
         {"write-buffer", LI_OPT_INT, &o.write_buffer, "unsent bytes per connection before reads stop (default 8 MiB)"},
@@ -206,6 +209,7 @@ int li_cmd_serve(int argc, char **argv) {
     if ((rc = check_range("max-frame-bytes", o.max_frame, 64, (int64_t)1 << 30, &err)) ||
         (rc = check_range("max-inflight", o.max_inflight, 1, 1 << 20, &err)) ||
         (rc = check_range("max-connections", o.max_connections, 1, 1 << 20, &err)) ||
+        (rc = check_range("max-queued", o.max_queued, 1, 1 << 30, &err)) ||
         (rc = check_range("max-depth", o.max_depth, 2, LI_SRV_MAX_DEPTH, &err)) ||
         (rc = check_range("write-buffer", o.write_buffer, 4096, (int64_t)1 << 40, &err)))
         goto done;
@@ -220,6 +224,7 @@ int li_cmd_serve(int argc, char **argv) {
     srv.lim.max_frame = (size_t)o.max_frame;
     srv.lim.max_inflight = (int)o.max_inflight;
     srv.lim.max_connections = (int)o.max_connections;
+    srv.lim.max_queued = o.max_queued;
     srv.lim.max_depth = (int)o.max_depth;
     srv.lim.write_buffer = (size_t)o.write_buffer;
     srv.lim.slow_client_seconds = o.slow_seconds;

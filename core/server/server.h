@@ -39,6 +39,7 @@ int li_cmd_repl(int argc, char **argv);
 #define LI_SRV_MAX_DEPTH 32                 /* nesting of arrays and maps */
 #define LI_SRV_MAX_INFLIGHT 64              /* requests in flight per connection */
 #define LI_SRV_MAX_CONNECTIONS 256
+#define LI_SRV_MAX_QUEUED 4096              /* samples waiting + running, all connections together */
 #define LI_SRV_WRITE_BUFFER (8u << 20)      /* unsent bytes per connection before reads stop */
 #define LI_SRV_SLOW_CLIENT_SECONDS 30.0     /* over the write buffer this long: cancel + close */
 #define LI_SRV_DRAIN_SECONDS 30.0
@@ -58,7 +59,7 @@ enum {
     LI_RPC_FORBIDDEN = 403,          /* admin method while --admin-token is unset */
     LI_RPC_NOT_FOUND = 404,
     LI_RPC_TOO_LARGE = 413,          /* frame over --max-frame-bytes (connection closed) */
-    LI_RPC_TOO_MANY = 429,           /* --max-inflight reached on this connection */
+    LI_RPC_TOO_MANY = 429,           /* --max-inflight (this connection) or --max-queued (server) reached */
     LI_RPC_UNAVAILABLE = 503,        /* shutting down, no engine, too many connections */
 };
 
@@ -315,6 +316,7 @@ typedef struct li_server_limits {
     int max_depth;
     int max_inflight;
     int max_connections;
+    int64_t max_queued;      /* samples accepted and not yet finished, server-wide */
     size_t write_buffer;
     double slow_client_seconds;
     double drain_seconds;
@@ -329,7 +331,7 @@ typedef struct li_metrics {
     uint64_t requests_by_reason[5];     /* stop, length, cancelled, error, rejected */
     uint64_t prompt_tokens, generation_tokens;
     uint64_t rpc_calls, rpc_errors, http_requests, http_errors;
-    uint64_t connections_total, connections_refused, slow_clients_closed, inflight_refused;
+    uint64_t connections_total, connections_refused, slow_clients_closed, inflight_refused, queued_refused;
     li_hist ttft, tpot, e2e;
     uint64_t tok_ring[16];              /* generated tokens per second, ring of the last 16 s */
     int64_t tok_ring_sec;
@@ -348,6 +350,7 @@ struct li_server {
     int n_conns;
     uint64_t next_serial;
     int64_t n_live;                     /* requests not yet finished */
+    int64_t n_samples;                  /* their samples (n each): what --max-queued caps */
     bool draining, stopping;
     double drain_deadline, stop_deadline;
     double t_start;

@@ -405,6 +405,50 @@ def test_openai_client(server):
     assert none.choices[0].logprobs is None
 
 
+def test_openai_streamed_logprobs_equal_non_streamed(server):
+    """stream: true with logprobs sends each token's logprobs in its chunk; put
+    together they equal the non-streamed response's (text_offset counts from
+    the start of the sample's text in both)."""
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=f"http://{server.http}/v1", api_key="unused", max_retries=0, timeout=60)
+    model = client.models.list().data[0].id
+    kw = dict(model=model, prompt=PROMPTS[0], max_tokens=8, temperature=0, logprobs=3, n=2)
+    whole = client.completions.create(**kw)
+    keys = ("tokens", "token_logprobs", "top_logprobs", "text_offset")
+    got = {i: {"text": "", **{k: [] for k in keys}} for i in range(2)}
+    for chunk in client.completions.create(stream=True, **kw):
+        for ch in chunk.choices:
+            got[ch.index]["text"] += ch.text
+            if ch.logprobs is not None:
+                for k in keys:
+                    got[ch.index][k] += getattr(ch.logprobs, k)
+    for ch in whole.choices:
+        want, g = ch.logprobs, got[ch.index]
+        assert g["text"] == ch.text and g["tokens"] == want.tokens and len(want.tokens) == 8
+        assert g["token_logprobs"] == pytest.approx(want.token_logprobs, abs=1e-5)
+        assert [sorted(t) for t in g["top_logprobs"]] == [sorted(t) for t in want.top_logprobs]
+        assert [t[k] for t in g["top_logprobs"] for k in sorted(t)] == \
+            pytest.approx([t[k] for t in want.top_logprobs for k in sorted(t)], abs=1e-5)
+        assert g["text_offset"] == want.text_offset and want.text_offset[-1] > 0
+
+    msgs = [{"role": "user", "content": "Name a color."}]
+    ckw = dict(model=model, messages=msgs, max_tokens=8, temperature=0, logprobs=True, top_logprobs=2)
+    want = client.chat.completions.create(**ckw).choices[0].logprobs.content
+    streamed, text = [], ""
+    for chunk in client.chat.completions.create(stream=True, **ckw):
+        for ch in chunk.choices:
+            text += ch.delta.content or ""
+            if ch.logprobs is not None:
+                streamed += ch.logprobs.content
+    assert len(want) > 0 and [e.token for e in streamed] == [e.token for e in want]
+    assert [e.bytes for e in streamed] == [e.bytes for e in want]
+    assert [e.logprob for e in streamed] == pytest.approx([e.logprob for e in want], abs=1e-5)
+    assert [[(t.token, t.bytes) for t in e.top_logprobs] for e in streamed] == \
+        [[(t.token, t.bytes) for t in e.top_logprobs] for e in want]
+    assert [t.logprob for e in streamed for t in e.top_logprobs] == \
+        pytest.approx([t.logprob for e in want for t in e.top_logprobs], abs=1e-5)
+
+
 def http(server, method, path, body=None, headers=None):
     req = urllib.request.Request(f"http://{server.http}{path}", data=body, method=method, headers=headers or {})
     try:
@@ -440,6 +484,48 @@ def test_http_errors_health_metrics(server):
                  "luainfer_kv_blocks_total", "luainfer_preemptions_total", "luainfer_policy_errors_total",
                  "luainfer_policy_fallback_steps_total", "luainfer_step_duration_seconds_bucket"):
         assert name in text, name
+
+
+def test_head_sends_headers_without_body(server):
+    """HEAD gets GET's status and headers, Content-Length included, and no
+    body: on one keep-alive connection the next response follows the
+    header at once."""
+    host, port = server.http.rsplit(":", 1)
+
+    def exchange(reqs):
+        """Sends the requests on one connection -> the bytes until it closes."""
+        with socket.create_connection((host, int(port)), timeout=30) as s:
+            s.sendall(b"".join(reqs))
+            out = b""
+            while True:
+                d = s.recv(65536)
+                if not d:
+                    return out
+                out += d
+
+    def split(resp):
+        head, _, rest = resp.partition(b"\r\n\r\n")
+        lines = head.decode().split("\r\n")
+        headers = dict(line.split(": ", 1) for line in lines[1:])
+        return int(lines[0].split()[1]), headers, rest
+
+    def req(method, path, close=False):
+        return (f"{method} {path} HTTP/1.1\r\nHost: x\r\n" + ("Connection: close\r\n" if close else "") +
+                "\r\n").encode()
+
+    for path, status in (("/health", 200), ("/v1/models", 200), ("/metrics", 200), ("/v1/completions", 405),
+                         ("/nope", 404)):
+        out = exchange([req("GET", path, close=True)])
+        g_status, g_headers, g_body = split(out)
+        assert g_status == status and int(g_headers["Content-Length"]) == len(g_body) > 0
+        out = exchange([req("HEAD", path), req("GET", "/health", close=True)])
+        h_status, h_headers, rest = split(out)
+        assert h_status == status, (path, out[:200])
+        assert rest.startswith(b"HTTP/1.1 200 "), f"HEAD {path} sent a body: {rest[:80]!r}"
+        assert h_headers["Content-Type"] == g_headers["Content-Type"]
+        if path != "/metrics":  # the metrics text changes between the two requests
+            assert int(h_headers["Content-Length"]) == len(g_body), path
+        assert split(rest)[2] == b'{"status":"ok"}'
 
 
 # ---------------------------------------------------------------------------
@@ -626,6 +712,75 @@ def test_auth_and_connection_limit(serve_bin, tmp_path):
         for e in extra:
             e.close()
         c.close()
+    finally:
+        assert s.stop() == 0
+
+
+def test_max_queued_caps_samples_server_wide(serve_bin, tmp_path):
+    """--max-queued N: at most N samples waiting or running, over all
+    connections. One more is refused at once (RPC: 429 naming the limit;
+    HTTP: 429 with an OpenAI error body) and nothing else changes; the count
+    goes down when a request finishes, is cancelled or its connection closes."""
+    for bad, why in (("0", "must be in [1,"), ("abc", "expects an integer")):
+        r = subprocess.run([str(serve_bin), "serve", "--max-queued", bad], capture_output=True, text=True, timeout=60)
+        assert r.returncode != 0 and "--max-queued" in r.stderr and why in r.stderr, r.stderr
+    s = Server(serve_bin, ["--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--threads", THREADS,
+                           "--kv-memory", "64M", "--max-queued", "2"], 2, tmp_path)
+    long = {"prompt": PROMPTS[2], "max_tokens": 4000, "ignore_eos": True, "stream": True}
+    short = {"prompt": PROMPTS[0], "max_tokens": 2, "temperature": 0}
+
+    def start_long(c):
+        c.send([0, 1, "generate", long])
+        m = c.read()
+        assert m is not None and m[1] == "generate.delta", m
+        return m[2]["id"]
+
+    def refused(c, params=short):
+        err, _ = c.call("generate", params)
+        return err is not None and err["code"] == 429 and "--max-queued" in err["message"]
+
+    try:
+        a, b, c = Rpc(s.rpc), Rpc(s.rpc), Rpc(s.rpc)
+        a_id = start_long(a)
+        start_long(b)
+        assert refused(c)  # the third, on another connection
+        status, out = http(s, "POST", "/v1/completions", json.dumps({"prompt": "x", "max_tokens": 1}).encode(),
+                           {"Content-Type": "application/json"})
+        err = json.loads(out)["error"]
+        assert status == 429 and err["type"] == "rate_limit_error" and "--max-queued" in err["message"], out
+        # nothing else changes: other methods answer, the two keep streaming
+        assert c.ok("health")["status"] == "ok"
+        st = c.ok("stats")
+        assert st["requests"]["samples"] == 2 and st["requests"]["queued_refused"] == 2
+        assert st["config"]["max_queued"] == 2 and st["requests"]["live"] == 2
+        assert a.read()[1] == "generate.delta" and b.read()[1] == "generate.delta"
+        # cancelled: its place is free once its answer is out
+        a.send([0, 2, "cancel", {"id": a_id}])
+        got = {}
+        while len(got) < 2:
+            m = a.read()
+            if m[0] == 1:
+                got[m[1]] = m
+        assert got[2][3] == {"cancelled": True} and got[1][3]["finish_reason"] == "cancelled"
+        # finished: a short request fits, and gives its place back when done
+        for _ in range(3):
+            assert c.ok("generate", short)["finish_reason"] == "length"
+        assert refused(c, dict(short, n=2))  # samples count: 1 + 2 > 2
+        # connection closed: its request stops counting once the engine let it go
+        d = Rpc(s.rpc)
+        start_long(d)
+        assert refused(c)
+        b.close()
+        deadline = time.time() + 30
+        while refused(c):
+            assert time.time() < deadline, c.ok("stats")
+            time.sleep(0.05)
+        d.close()
+        st = wait_idle(c)
+        assert st["requests"]["samples"] == 0
+        assert c.ok("generate", dict(short, n=2))["usage"]["completion_tokens"] == 4
+        for x in (a, c):
+            x.close()
     finally:
         assert s.stop() == 0
 
