@@ -364,10 +364,13 @@ typedef struct {
     } next[LI_CPU_MAX_LANES]; /* next item of each lane */
 } attn_tile_job;
 
-/* The first K and V rows item t reads. In decode every item's cache rows
- * come cold from memory (a whole model's weights streamed through since the
- * last step) and an item alone cannot keep enough misses in flight, so a
- * thread fetches its next item's rows while it computes the current one. */
+#define ATT_ITEM_PF 256 /* positions of the next item's K and V rows fetched */
+
+/* The first K and V rows item t reads, into L2. In decode every item's
+ * cache rows come cold from memory (a whole model's weights streamed through
+ * since the last step) and an item alone cannot keep enough misses in
+ * flight, so a thread fetches its next item's rows while it computes the
+ * current one. */
 static void attn_item_prefetch(const attn_tile_job *j, int64_t t) {
     const li_attn_args *a = j->a;
     const int runs = a->n_head / a->n_head_kv / j->split;
@@ -376,7 +379,7 @@ static void attn_item_prefetch(const attn_tile_job *j, int64_t t) {
     int64_t n_max = 0;
     for (int64_t i = i0; i < i1; i++) n_max = LI_MAX(n_max, (int64_t)a->pos[i] + 1);
     const size_t bytes = (size_t)a->head_dim * li_kv_elem_size(a->kv->dtype);
-    for (int64_t p = 0; p < LI_MIN(n_max, (int64_t)64); p++) {
+    for (int64_t p = 0; p < LI_MIN(n_max, (int64_t)ATT_ITEM_PF); p++) {
         const char *k = li_kv_row(a, a->kv->k, i0, p, kvh), *v = li_kv_row(a, a->kv->v, i0, p, kvh);
         for (size_t o = 0; o < bytes; o += 64) {
             prefetch_l2(k + o);
@@ -512,9 +515,9 @@ static void cpu_get_rows(li_backend *be, const li_weight *w, const int32_t *ids,
 
 /* The small per-row ops keep the reference's arithmetic exactly (so every
  * ISA matches ops_ref.c bit for bit); what changes is that big batches
- * (prefill) split rows over the threads, and rmsnorm works on 4 rows at a
- * time so their double-precision sums (a chain of dependent adds each) run
- * side by side. */
+ * (prefill) split rows over the threads, and rmsnorm works on several rows
+ * at a time (8 in the AVX-512 kernel, 4 here) so their double-precision sums
+ * (a chain of dependent adds each) run side by side. */
 
 typedef struct {
     void (*rows)(void *ctx, int64_t r0, int64_t r1);
@@ -533,19 +536,23 @@ static void rows_work(void *p, int ith, int nth) {
 }
 
 /* rows(ctx, r0, r1) over [0, n), on the threads when the work is worth a
- * hand-off: `cycles`, a rough cost estimate, of 32768 or more (~10 us) */
-static void rows_run(li_cpu *c, void (*rows)(void *, int64_t, int64_t), void *ctx, int64_t n, int64_t cycles) {
+ * hand-off: `cycles`, a rough cost estimate, of 32768 or more (~10 us).
+ * Chunks are whole multiples of `align` rows (a kernel's row group). */
+static void rows_run(li_cpu *c, void (*rows)(void *, int64_t, int64_t), void *ctx, int64_t n, int64_t cycles,
+                     int64_t align) {
     const int nth = cycles >= 32768 && n > 1 ? (int)LI_MIN((int64_t)c->n_threads, n) : 1;
     if (nth == 1) {
         rows(ctx, 0, n);
         return;
     }
-    rows_job j = {.rows = rows, .ctx = ctx, .n = n, .chunk = LI_MAX((n + 4 * nth - 1) / (4 * nth), 1)};
+    const int64_t chunk = LI_MAX((n + 4 * nth - 1) / (4 * nth), 1);
+    rows_job j = {.rows = rows, .ctx = ctx, .n = n, .chunk = (chunk + align - 1) / align * align};
     atomic_init(&j.next, 0);
     li_threadpool_run(c->tp, rows_work, &j, nth);
 }
 
 typedef struct {
+    const li_cpu_kernels *kern;
     const float *x, *w;
     float *y;
     int64_t dim;
@@ -555,6 +562,10 @@ typedef struct {
 static void rmsnorm_rows(void *p, int64_t r0, int64_t r1) {
     const rmsnorm_ctx *c = p;
     const int64_t dim = c->dim;
+    if (c->kern->rmsnorm) {
+        c->kern->rmsnorm(c->x + r0 * dim, c->w, c->y + r0 * dim, r1 - r0, dim, c->eps);
+        return;
+    }
     for (int64_t r = r0; r < r1; r += 4) {
         const int nr = (int)LI_MIN((int64_t)4, r1 - r);
         double sum[4] = {0, 0, 0, 0}; /* as the reference: squares summed in double, in order */
@@ -585,8 +596,9 @@ static void rmsnorm_rows(void *p, int64_t r0, int64_t r1) {
 
 static void cpu_rmsnorm(li_backend *be, const float *x, const float *w, float *y, int64_t n, int64_t dim,
                         float eps) {
-    rmsnorm_ctx ctx = {.x = x, .w = w, .y = y, .dim = dim, .eps = eps};
-    rows_run(cpu_of(be), rmsnorm_rows, &ctx, n, n * dim * 2); /* a dependent double add per element */
+    li_cpu *c = cpu_of(be);
+    rmsnorm_ctx ctx = {.kern = c->kern, .x = x, .w = w, .y = y, .dim = dim, .eps = eps};
+    rows_run(c, rmsnorm_rows, &ctx, n, n * dim * 2, 8); /* a dependent double add per element; 8-row groups */
 }
 
 typedef struct {
@@ -625,7 +637,7 @@ static void cpu_rope(li_backend *be, float *x, const int32_t *pos, int64_t n, in
                      float theta, int neox) {
     rope_ctx ctx = {.x = x, .pos = pos, .n_heads = n_heads, .head_dim = head_dim, .n_rot = n_rot, .neox = neox,
                     .theta_scale = powf(theta, -2.0f / (float)n_rot)};
-    rows_run(cpu_of(be), rope_rows, &ctx, n, n * (n_heads * n_rot + n_rot * 20)); /* + cosf/sinf per token */
+    rows_run(cpu_of(be), rope_rows, &ctx, n, n * (n_heads * n_rot + n_rot * 20), 1); /* + cosf/sinf per token */
 }
 
 typedef struct {
@@ -640,7 +652,7 @@ static void add_rows(void *p, int64_t j0, int64_t j1) {
 
 static void cpu_add(li_backend *be, float *y, const float *x, int64_t n) {
     add_ctx ctx = {.y = y, .x = x};
-    rows_run(cpu_of(be), add_rows, &ctx, n, n / 2); /* memory-bound: only big ones */
+    rows_run(cpu_of(be), add_rows, &ctx, n, n / 2, 1); /* memory-bound: only big ones */
 }
 
 static void cpu_kv_store(li_backend *be, const li_kv_layer *kv, const float *k, const float *v, const int64_t *slot,

@@ -120,6 +120,9 @@ typedef struct li_cpu_kernels {
     void (*attn_tile)(const li_attn_args *a, int64_t i0, int nt, int kvh, int g0, int ng, float *scratch);
     /* g(n) = silu(g) * u */
     void (*silu_mul)(float *g, const float *u, int64_t n);
+    /* rmsnorm of rows x(n, dim) into y with weight w(dim), the reference's
+     * bits (squares summed in double, in order). NULL: cpu.c's generic loop */
+    void (*rmsnorm)(const float *x, const float *w, float *y, int64_t n, int64_t dim, float eps);
 } li_cpu_kernels;
 
 #define LI_ATTN_TILE 8

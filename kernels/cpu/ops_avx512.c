@@ -153,29 +153,48 @@ static inline __attribute__((always_inline)) void q_panel(li_type t, int nr, int
     for (int r = 0; r < nr; r++) _mm512_mask_storeu_ps(y + r * ldy, mask, acc[r]);
 }
 
-/* panels [p0, p1) x all n rows, NR rows per pass; t constant after inlining */
+/* rows [r0, r1) of panel p, NR rows per pass (then 4, 3, 2, 1); the first
+ * pass prefetches the weights ahead of itself when pf */
+static inline __attribute__((always_inline)) void rows_q(li_type t, const li_cpu_packed *w, int64_t p, const char *act,
+                                                         size_t as, int64_t r0, int64_t r1, float *y, int64_t ldy,
+                                                         bool pf) {
+    const uint8_t *panel = w->data + p * w->panel_bytes;
+    const __mmask16 mask = panel_mask(w->m, p);
+    float *yp = y + p * LI_PANEL;
+    int64_t r = r0;
+#define ROWS_Q(NRR) q_panel(t, NRR, w->k, panel, act + r * as, as, yp + r * ldy, ldy, mask, pf && r == r0)
+    for (; r + NR <= r1; r += NR) ROWS_Q(NR);
+    for (; r + 4 <= r1; r += 4) ROWS_Q(4);
+    switch (r1 - r) {
+    case 3: ROWS_Q(3); break;
+    case 2: ROWS_Q(2); break;
+    case 1: ROWS_Q(1); break;
+    default: break;
+    }
+#undef ROWS_Q
+}
+
+#define GEMM_CHUNK_BYTES (256 << 10) /* weight panels per sweep of the row groups: they stay in L2 */
+
+/* panels [p0, p1) x all n rows; t constant after inlining.
+ * One row group (NR rows) goes over a chunk of panels, then the next group
+ * over the same chunk: the first group streams the weights from memory
+ * (prefetching ahead), the others find them in L2, and each group's
+ * activations stay in L1 all along. (Every group over one panel before the
+ * next panel instead cycles all n rows' activations through L1 with the
+ * panel and the output tiles: at 32 rows that overflows it.) */
 static inline __attribute__((always_inline)) void gemm_q_t(li_type t, const li_cpu_packed *w, int64_t p0, int64_t p1,
                                                            const char *act, size_t as, int64_t n, float *y,
                                                            int64_t ldy) {
-    for (int64_t p = p0; p < p1; p++) {
-        const uint8_t *panel = w->data + p * w->panel_bytes;
-        const __mmask16 mask = panel_mask(w->m, p);
-        float *yp = y + p * LI_PANEL;
-        /* the weights stream from memory once per call: the first pass over
-         * each panel prefetches ahead, the others find it in L1. With
-         * several passes, the next panel is also fetched into L2 while this
-         * one is computed, so its first pass does not wait on memory. */
-        if (n > NR && p + 1 < p1)
-            for (size_t o = LI_GEMV_PREFETCH; o < w->panel_bytes; o += 64) prefetch_l2(panel + w->panel_bytes + o);
-        int64_t r = 0;
-        for (; r + NR <= n; r += NR) q_panel(t, NR, w->k, panel, act + r * as, as, yp + r * ldy, ldy, mask, r == 0);
-        for (; r + 4 <= n; r += 4) q_panel(t, 4, w->k, panel, act + r * as, as, yp + r * ldy, ldy, mask, r == 0);
-        switch (n - r) {
-        case 3: q_panel(t, 3, w->k, panel, act + r * as, as, yp + r * ldy, ldy, mask, r == 0); break;
-        case 2: q_panel(t, 2, w->k, panel, act + r * as, as, yp + r * ldy, ldy, mask, r == 0); break;
-        case 1: q_panel(t, 1, w->k, panel, act + r * as, as, yp + r * ldy, ldy, mask, r == 0); break;
-        default: break;
-        }
+    if (n <= NR) {
+        for (int64_t p = p0; p < p1; p++) rows_q(t, w, p, act, as, 0, n, y, ldy, true);
+        return;
+    }
+    const int64_t chunk = LI_MAX((int64_t)1, (int64_t)(GEMM_CHUNK_BYTES / w->panel_bytes));
+    for (int64_t c0 = p0; c0 < p1; c0 += chunk) {
+        const int64_t c1 = LI_MIN(c0 + chunk, p1);
+        for (int64_t r = 0; r < n; r += NR)
+            for (int64_t p = c0; p < c1; p++) rows_q(t, w, p, act, as, r, LI_MIN(r + NR, n), y, ldy, r == 0);
     }
 }
 
@@ -377,15 +396,20 @@ static inline __m512 reduce16(const __m512 *a) {
 }
 
 /* Prefetch the rows of positions [p0, p1) (`bytes` each, one kv head's
- * part of a slot): in decode the cache was last touched a whole layer ago,
- * and a block table scatters it, so the hardware prefetcher does not help. */
+ * part of a slot) into L2, or into L1 when l1: in decode the cache was last
+ * touched a whole layer ago, and a block table scatters it, so the hardware
+ * prefetcher does not help. Far ahead into L2 covers the memory latency,
+ * one chunk of 16 positions ahead into L1 the L2 latency. */
 static inline void kv_prefetch(const char *base, const int32_t *bt, int bs, size_t row, size_t bytes, int64_t p0,
-                               int64_t p1) {
+                               int64_t p1, bool l1) {
     if (p0 >= p1) return;
     int64_t blk = p0 / bs, off = p0 % bs;
     for (int64_t p = p0; p < p1; p++) {
         const char *r = base + ((size_t)bt[blk] * bs + off) * row;
-        for (size_t o = 0; o < bytes; o += 64) prefetch_l2(r + o);
+        for (size_t o = 0; o < bytes; o += 64) {
+            if (l1) prefetch_l1(r + o);
+            else prefetch_l2(r + o);
+        }
         if (++off == bs) {
             off = 0;
             blk++;
@@ -408,12 +432,13 @@ attn_scores(li_type t, int ND, int nd, const li_attn_args *a, const char *K, siz
     const int n = ND ? ND : nd;
     const __m512 vscale = _mm512_set1_ps(a->scale);
     const size_t bytes = (size_t)a->head_dim * li_kv_elem_size(t);
-    kv_prefetch(K, bt, bs, row, bytes, 0, LI_MIN(n_max, (int64_t)ATT_PF_AHEAD));
+    kv_prefetch(K, bt, bs, row, bytes, 0, LI_MIN(n_max, (int64_t)ATT_PF_AHEAD), false);
     int64_t blk = 0, off = 0; /* position c0 + pp = blk * bs + off, walked without divisions */
     for (int64_t c0 = 0; c0 < n_max; c0 += 16) {
         const int np = (int)LI_MIN((int64_t)16, n_max - c0);
         if (c0 + ATT_PF_AHEAD < n_max)
-            kv_prefetch(K, bt, bs, row, bytes, c0 + ATT_PF_AHEAD, LI_MIN(n_max, c0 + ATT_PF_AHEAD + 16));
+            kv_prefetch(K, bt, bs, row, bytes, c0 + ATT_PF_AHEAD, LI_MIN(n_max, c0 + ATT_PF_AHEAD + 16), false);
+        kv_prefetch(K, bt, bs, row, bytes, c0 + 16, LI_MIN(n_max, c0 + 32), true);
         for (int pp = 0; pp < 16; pp++) {
             __m512 kv[16];
             if (pp < np) {
@@ -466,7 +491,8 @@ attn_pv(li_type t, int ND, int nd, int QV, const li_attn_args *a, const char *V,
     int64_t blk = 0, off = 0; /* p = blk * bs + off */
     for (int64_t p = 0; p < hi; p++) {
         if (p % 16 == 0 && p + ATT_PF_AHEAD < hi)
-            kv_prefetch(V, bt, bs, row, bytes, p + ATT_PF_AHEAD, LI_MIN(hi, p + ATT_PF_AHEAD + 16));
+            kv_prefetch(V, bt, bs, row, bytes, p + ATT_PF_AHEAD, LI_MIN(hi, p + ATT_PF_AHEAD + 16), false);
+        if (p % 16 == 0) kv_prefetch(V, bt, bs, row, bytes, p + 16, LI_MIN(hi, p + 32), true);
         const char *vr = V + ((size_t)bt[blk] * bs + off) * row;
         if (++off == bs) {
             off = 0;
@@ -522,7 +548,7 @@ static inline __attribute__((always_inline)) void attn_tile_t(li_type t, int ND,
         outp[qi] = a->out + (i * a->n_head + h) * D;
     }
     const int64_t ncap = (n_max + 15) & ~(int64_t)15;
-    kv_prefetch(V, bt, a->block_size, row, (size_t)D * es, 0, LI_MIN(n_max, (int64_t)ATT_PF_AHEAD));
+    kv_prefetch(V, bt, a->block_size, row, (size_t)D * es, 0, LI_MIN(n_max, (int64_t)ATT_PF_AHEAD), false);
     float *S = scratch;                                                         /* (nq, ncap) */
     __m512 *tmp = (__m512 *)(((uintptr_t)(S + nq * ncap) + 63) & ~(uintptr_t)63); /* (nq, 16) */
     attn_scores(t, ND, nd, a, K, row, bt, qp, nq, n_max, ncap, dlast, S, tmp);
@@ -611,6 +637,74 @@ static void avx512_silu_mul(float *g, const float *u, int64_t n) {
     }
 }
 
+/* ------------------------------------------------------------------------
+ * rmsnorm: the reference sums each row's squares in double, one dependent
+ * add per element. Eight rows go side by side, one double lane per row:
+ * 8x8 blocks of squares are transposed in registers, so lane i adds row i's
+ * squares in the reference's order, and eight chains cost one.
+ * ---------------------------------------------------------------------- */
+
+/* in: v[i] = row i, columns c0..c0+7; out: v[c] = column c of rows 0..7 */
+static inline void transpose8(__m256 v[8]) {
+    __m256 t[8], u[8];
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_ps(v[i], v[i + 1]);
+        t[i + 1] = _mm256_unpackhi_ps(v[i], v[i + 1]);
+    }
+    for (int i = 0; i < 8; i += 4) {
+        u[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+        u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xee);
+        u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+        u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xee);
+    }
+    for (int c = 0; c < 4; c++) {
+        v[c] = _mm256_permute2f128_ps(u[c], u[c + 4], 0x20);
+        v[c + 4] = _mm256_permute2f128_ps(u[c], u[c + 4], 0x31);
+    }
+}
+
+static void rmsnorm_scale_row(const float *x, const float *w, float *y, int64_t dim, double sum, float eps) {
+    const float scale = 1.0f / sqrtf((float)(sum / (double)dim) + eps);
+    const __m512 vs = _mm512_set1_ps(scale);
+    for (int64_t j = 0; j < dim; j += 16) {
+        const __mmask16 m = dim - j >= 16 ? 0xffff : (__mmask16)((1u << (dim - j)) - 1);
+        const __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + j), vs);
+        _mm512_mask_storeu_ps(y + j, m, _mm512_mul_ps(v, _mm512_maskz_loadu_ps(m, w + j)));
+    }
+}
+
+static void avx512_rmsnorm(const float *x, const float *w, float *y, int64_t n, int64_t dim, float eps) {
+    int64_t r = 0;
+    for (; r + 8 <= n; r += 8) {
+        const float *xr = x + r * dim;
+        __m512d acc = _mm512_setzero_pd();
+        int64_t j = 0;
+        for (; j + 8 <= dim; j += 8) {
+            __m256 v[8];
+#pragma GCC unroll 8
+            for (int i = 0; i < 8; i++) {
+                const __m256 a = _mm256_loadu_ps(xr + i * dim + j);
+                v[i] = _mm256_mul_ps(a, a);
+            }
+            transpose8(v);
+#pragma GCC unroll 8
+            for (int c = 0; c < 8; c++) acc = _mm512_add_pd(acc, _mm512_cvtps_pd(v[c]));
+        }
+        double sum[8];
+        _mm512_storeu_pd(sum, acc);
+        for (int i = 0; i < 8; i++) {
+            for (int64_t jj = j; jj < dim; jj++) sum[i] += (double)(xr[i * dim + jj] * xr[i * dim + jj]);
+            rmsnorm_scale_row(xr + i * dim, w, y + (r + i) * dim, dim, sum[i], eps);
+        }
+    }
+    for (; r < n; r++) {
+        const float *xr = x + r * dim;
+        double sum = 0.0;
+        for (int64_t j = 0; j < dim; j++) sum += (double)(xr[j] * xr[j]);
+        rmsnorm_scale_row(xr, w, y + r * dim, dim, sum, eps);
+    }
+}
+
 const li_cpu_kernels li_cpu_kernels_avx512 = {
     .isa = "avx512",
     .quantize_act = avx512_quantize_act,
@@ -621,4 +715,5 @@ const li_cpu_kernels li_cpu_kernels_avx512 = {
     .attn_head = avx512_attn_head,
     .attn_tile = avx512_attn_tile,
     .silu_mul = avx512_silu_mul,
+    .rmsnorm = avx512_rmsnorm,
 };

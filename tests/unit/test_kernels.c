@@ -646,7 +646,7 @@ static void test_small_ops(li_backend *bes, int n_be) {
 }
 
 /* The same ops at prefill sizes, where the CPU backend splits rows over its
- * threads (and rmsnorm runs 4 rows at a time): still the reference's bits. */
+ * threads (and rmsnorm runs rows side by side): still the reference's bits. */
 static void test_small_ops_big(li_backend *bes, int n_be) {
     const li_backend_ops *ref = li_backend_ref_ops();
     li_backend ref_be = {.ops = ref, .n_threads = 1};
@@ -690,7 +690,7 @@ static void test_small_ops_big(li_backend *bes, int n_be) {
         free(ga);
     }
     free(ya); free(xa); free(wa);
-    report(ok_norm, "rmsnorm 203 x 579 (threaded, 4 rows at a time): every backend identical to the reference");
+    report(ok_norm, "rmsnorm 203 x 579 (threaded, 8-row groups): every backend identical to the reference");
     report(ok_rope, "rope 203 tokens x 9 heads (threaded): every backend identical to the reference");
     report(ok_add, "add 300007 elements (threaded): every backend identical to the reference");
     free(x); free(w); free(want); free(got); free(pos);
