@@ -36,6 +36,14 @@ typedef struct li_cpu {
     size_t scores_cap;
     int64_t *tiles;        /* attention tiles: first token of each, tiles_cap entries */
     int64_t tiles_cap;
+    /* rope angles of the last batch: every layer's q and k rotate by the
+     * same (pos, pair) angles, so they are computed once per forward pass */
+    float *rope_cs;        /* (rope_n, 2, rope_half): each token's cos, then sin */
+    int32_t *rope_pos;     /* (rope_n) the positions they are for */
+    size_t rope_cs_cap;    /* floats */
+    int64_t rope_n, rope_pos_cap;
+    int rope_half;
+    float rope_scale;
 } li_cpu;
 
 static li_cpu *cpu_of(li_backend *be) { return be->impl; }
@@ -602,42 +610,78 @@ static void cpu_rmsnorm(li_backend *be, const float *x, const float *w, float *y
 }
 
 typedef struct {
+    const li_cpu_kernels *kern;
     float *x;
     const int32_t *pos;
-    int n_heads, head_dim, n_rot, neox;
+    float *cs;             /* (n, 2, half) */
+    int n_heads, head_dim, half, neox;
     float theta_scale;
 } rope_ctx;
 
-static void rope_rows(void *p, int64_t i0, int64_t i1) {
+/* the reference's angles (ops_ref.c): one multiply per pair, then cosf/sinf */
+static void rope_angle_rows(void *p, int64_t i0, int64_t i1) {
     const rope_ctx *c = p;
-    /* the reference's angles, computed once per token instead of per head */
-    const int half = c->n_rot / 2;
-    float cs[2 * 256], *cache = half <= 256 ? cs : li_xmalloc(2 * (size_t)half * sizeof(float));
     for (int64_t i = i0; i < i1; i++) {
-        float angle = (float)c->pos[i];
-        for (int j = 0; j < half; j++, angle *= c->theta_scale) {
-            cache[2 * j] = cosf(angle);
-            cache[2 * j + 1] = sinf(angle);
-        }
-        for (int h = 0; h < c->n_heads; h++) {
-            float *v = c->x + (i * c->n_heads + h) * c->head_dim;
-            for (int j = 0; j < half; j++) {
-                const float cj = cache[2 * j], sj = cache[2 * j + 1];
-                const int a = c->neox ? j : 2 * j, b = c->neox ? j + half : 2 * j + 1;
-                const float x0 = v[a], x1 = v[b];
-                v[a] = x0 * cj - x1 * sj;
-                v[b] = x0 * sj + x1 * cj;
-            }
+        float *cs = c->cs + i * 2 * c->half, angle = (float)c->pos[i];
+        for (int j = 0; j < c->half; j++, angle *= c->theta_scale) {
+            cs[j] = cosf(angle);
+            cs[c->half + j] = sinf(angle);
         }
     }
-    if (cache != cs) free(cache);
+}
+
+static void rope_rotate_generic(float *x, const float *cs, int64_t n, int n_heads, int head_dim, int half,
+                                int neox) {
+    for (int64_t i = 0; i < n; i++, cs += 2 * half)
+        for (int h = 0; h < n_heads; h++) {
+            float *v = x + (i * n_heads + h) * head_dim;
+            for (int j = 0; j < half; j++) {
+                const int a = neox ? j : 2 * j, b = neox ? j + half : 2 * j + 1;
+                const float x0 = v[a], x1 = v[b];
+                v[a] = x0 * cs[j] - x1 * cs[half + j];
+                v[b] = x0 * cs[half + j] + x1 * cs[j];
+            }
+        }
+}
+
+static void rope_rows(void *p, int64_t i0, int64_t i1) {
+    const rope_ctx *c = p;
+    void (*rotate)(float *, const float *, int64_t, int, int, int, int) =
+        c->kern->rope_rotate ? c->kern->rope_rotate : rope_rotate_generic;
+    rotate(c->x + i0 * c->n_heads * c->head_dim, c->cs + i0 * 2 * c->half, i1 - i0, c->n_heads, c->head_dim,
+           c->half, c->neox);
 }
 
 static void cpu_rope(li_backend *be, float *x, const int32_t *pos, int64_t n, int n_heads, int head_dim, int n_rot,
                      float theta, int neox) {
-    rope_ctx ctx = {.x = x, .pos = pos, .n_heads = n_heads, .head_dim = head_dim, .n_rot = n_rot, .neox = neox,
+    li_cpu *c = cpu_of(be);
+    const int half = n_rot / 2;
+    rope_ctx ctx = {.kern = c->kern, .x = x, .pos = pos, .n_heads = n_heads, .head_dim = head_dim, .half = half, .neox = neox,
                     .theta_scale = powf(theta, -2.0f / (float)n_rot)};
-    rows_run(cpu_of(be), rope_rows, &ctx, n, n * (n_heads * n_rot + n_rot * 20), 1); /* + cosf/sinf per token */
+    const bool same = n == c->rope_n && half == c->rope_half && ctx.theta_scale == c->rope_scale &&
+                      !memcmp(pos, c->rope_pos, (size_t)n * sizeof *pos);
+    if (!same) {
+        const size_t need = (size_t)n * (size_t)half * 2;
+        if (need > c->rope_cs_cap) {
+            c->rope_cs_cap = LI_MAX(need, 2 * c->rope_cs_cap);
+            free(c->rope_cs);
+            c->rope_cs = li_xmalloc(c->rope_cs_cap * sizeof(float));
+        }
+        if (n > c->rope_pos_cap) {
+            c->rope_pos_cap = LI_MAX(n, 2 * c->rope_pos_cap);
+            free(c->rope_pos);
+            c->rope_pos = li_xmalloc((size_t)c->rope_pos_cap * sizeof(int32_t));
+        }
+        ctx.cs = c->rope_cs;
+        c->rope_n = -1; /* invalid while it is rewritten */
+        rows_run(c, rope_angle_rows, &ctx, n, n * n_rot * 20, 1); /* cosf + sinf per pair */
+        memcpy(c->rope_pos, pos, (size_t)n * sizeof *pos);
+        c->rope_n = n;
+        c->rope_half = half;
+        c->rope_scale = ctx.theta_scale;
+    }
+    ctx.cs = c->rope_cs;
+    rows_run(c, rope_rows, &ctx, n, n * n_heads * n_rot, 1);
 }
 
 typedef struct {
@@ -719,6 +763,8 @@ void li_backend_cpu_free(li_backend *be) {
     for (int t = 0; t < c->n_threads; t++) li_aligned_free(c->scores[t]);
     free(c->scores);
     free(c->tiles);
+    free(c->rope_cs);
+    free(c->rope_pos);
     li_aligned_free(c->act);
     free(c);
     memset(be, 0, sizeof *be);

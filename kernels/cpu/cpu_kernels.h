@@ -123,6 +123,10 @@ typedef struct li_cpu_kernels {
     /* rmsnorm of rows x(n, dim) into y with weight w(dim), the reference's
      * bits (squares summed in double, in order). NULL: cpu.c's generic loop */
     void (*rmsnorm)(const float *x, const float *w, float *y, int64_t n, int64_t dim, float eps);
+    /* rope rotation of x(n, n_heads, head_dim) by the angles cs(n, 2, half)
+     * (each token's cos, then sin), pairs (j, j+half) if neox else (2j,
+     * 2j+1): the reference's products and sums. NULL: cpu.c's loop */
+    void (*rope_rotate)(float *x, const float *cs, int64_t n, int n_heads, int head_dim, int half, int neox);
 } li_cpu_kernels;
 
 #define LI_ATTN_TILE 8

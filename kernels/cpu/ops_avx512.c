@@ -705,6 +705,45 @@ static void avx512_rmsnorm(const float *x, const float *w, float *y, int64_t n, 
     }
 }
 
+/* ------------------------------------------------------------------------
+ * rope rotation: x0' = x0 c - x1 s, x1' = x0 s + x1 c, each product
+ * rounded, then the sum (no FMA), as the reference. Interleaved pairs take
+ * a pair swap and duplicated cos/sin lanes.
+ * ---------------------------------------------------------------------- */
+
+static void avx512_rope_rotate(float *x, const float *cs, int64_t n, int n_heads, int head_dim, int half, int neox) {
+    const __m512i dup = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
+    for (int64_t i = 0; i < n; i++, cs += 2 * half) {
+        const float *c = cs, *s = cs + half;
+        for (int h = 0; h < n_heads; h++) {
+            float *v = x + (i * n_heads + h) * head_dim;
+            if (neox) {
+                for (int j = 0; j < half; j += 16) {
+                    const __mmask16 m = half - j >= 16 ? 0xffff : (__mmask16)((1u << (half - j)) - 1);
+                    const __m512 x0 = _mm512_maskz_loadu_ps(m, v + j), x1 = _mm512_maskz_loadu_ps(m, v + half + j);
+                    const __m512 vc = _mm512_maskz_loadu_ps(m, c + j), vs = _mm512_maskz_loadu_ps(m, s + j);
+                    _mm512_mask_storeu_ps(v + j, m, _mm512_sub_ps(_mm512_mul_ps(x0, vc), _mm512_mul_ps(x1, vs)));
+                    _mm512_mask_storeu_ps(v + half + j, m,
+                                          _mm512_add_ps(_mm512_mul_ps(x0, vs), _mm512_mul_ps(x1, vc)));
+                }
+            } else {
+                for (int j = 0; j < half; j += 8) { /* pairs j..j+7: 16 floats of v from 2j */
+                    const int np = half - j >= 8 ? 8 : half - j;
+                    const __mmask16 m = (__mmask16)((1u << (2 * np)) - 1);
+                    const __mmask8 m8 = (__mmask8)((1u << np) - 1);
+                    const __m512 xv = _mm512_maskz_loadu_ps(m, v + 2 * j);
+                    const __m512 vc = _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(_mm256_maskz_loadu_ps(m8, c + j)));
+                    const __m512 vs = _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(_mm256_maskz_loadu_ps(m8, s + j)));
+                    const __m512 a = _mm512_mul_ps(xv, vc);                          /* x0 c, x1 c */
+                    const __m512 b = _mm512_mul_ps(_mm512_permute_ps(xv, 0xb1), vs); /* x1 s, x0 s */
+                    /* even lanes a - b (x0 c - x1 s), odd lanes b + a (x0 s + x1 c) */
+                    _mm512_mask_storeu_ps(v + 2 * j, m, _mm512_mask_add_ps(_mm512_sub_ps(a, b), 0xaaaa, b, a));
+                }
+            }
+        }
+    }
+}
+
 const li_cpu_kernels li_cpu_kernels_avx512 = {
     .isa = "avx512",
     .quantize_act = avx512_quantize_act,
@@ -716,4 +755,5 @@ const li_cpu_kernels li_cpu_kernels_avx512 = {
     .attn_tile = avx512_attn_tile,
     .silu_mul = avx512_silu_mul,
     .rmsnorm = avx512_rmsnorm,
+    .rope_rotate = avx512_rope_rotate,
 };

@@ -601,6 +601,34 @@ static void test_small_ops(li_backend *bes, int n_be) {
         report(ok, "rope neox=%d: every backend identical to the reference", neox);
     }
 
+    /* the CPU backend reuses the last batch's angles for the next layer's
+     * call: a changed theta, position or n_rot must not hit that cache */
+    {
+        const int n_heads = 3, head_dim = 40;
+        int32_t pos[N] = {0, 1, 2, 17, 31, 64, 99};
+        const struct {
+            int n_rot, bump, neox;
+            float theta;
+        } cases[] = {{32, 0, 0, 10000.0f},  {32, 0, 0, 10000.0f}, {32, 0, 0, 500000.0f}, {32, 1, 0, 500000.0f},
+                     {16, 0, 0, 500000.0f}, {20, 0, 0, 500000.0f}, {20, 0, 1, 500000.0f}, {38, 0, 1, 500000.0f},
+                     {38, 0, 0, 500000.0f}}; /* n_rot 20, 38: a partial last vector of pairs */
+        const int64_t len = (int64_t)N * n_heads * head_dim;
+        ok = true;
+        for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+            pos[3] += cases[ci].bump;
+            memcpy(want, x, (size_t)len * sizeof(float));
+            ref->rope(&ref_be, want, pos, N, n_heads, head_dim, cases[ci].n_rot, cases[ci].theta, cases[ci].neox);
+            for (int b = 0; b < n_be; b++) {
+                memcpy(got, x, (size_t)len * sizeof(float));
+                bes[b].ops->rope(&bes[b], got, pos, N, n_heads, head_dim, cases[ci].n_rot, cases[ci].theta,
+                                 cases[ci].neox);
+                ok &= memcmp(got, want, (size_t)len * sizeof(float)) == 0;
+            }
+        }
+        report(ok, "rope called again with a changed theta, position, n_rot or pairing: every backend identical to "
+                   "the reference");
+    }
+
     /* silu_mul, over a size that takes the threaded path too */
     {
         enum { SN = 64, SD = 1536 + 5 };
