@@ -99,3 +99,6 @@ print(("static padded (static.lua, members padded to the batch's longest): %d us
   :format(p.gen, p.secs, p.tput, p.steps))
 print(("throughput ratio continuous/static: %.2fx"):format(c.tput / s.tput))
 print(("throughput ratio continuous/static padded: %.2fx"):format(c.tput / p.tput))
+-- where a step costs the same whatever its batch (a memory-bound GPU), the
+-- throughput ratio to static batching is this ratio of step counts
+print(("steps static / continuous: %.2fx"):format(s.steps / c.steps))
