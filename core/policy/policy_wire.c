@@ -4,7 +4,6 @@
 
 #include "policy/policy_lua.h"
 
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -132,64 +131,6 @@ void li_wire_pack_hooks(msgpack_packer *pk, unsigned hooks) {
 /* ======================================================================
  * Unpacking (outside bytes: everything checked)
  * ====================================================================== */
-
-const msgpack_object *li_wire_get(const msgpack_object *map, const char *key) {
-    if (!map || map->type != MSGPACK_OBJECT_MAP) return NULL;
-    size_t kl = strlen(key);
-    for (uint32_t i = 0; i < map->via.map.size; i++) {
-        const msgpack_object *k = &map->via.map.ptr[i].key;
-        if (k->type == MSGPACK_OBJECT_STR && k->via.str.size == kl && memcmp(k->via.str.ptr, key, kl) == 0)
-            return &map->via.map.ptr[i].val;
-    }
-    return NULL;
-}
-
-bool li_wire_str(const msgpack_object *o, const char **s, size_t *len) {
-    if (!o || o->type != MSGPACK_OBJECT_STR) return false;
-    *s = o->via.str.ptr;
-    if (len) *len = o->via.str.size;
-    return true;
-}
-
-bool li_wire_int(const msgpack_object *o, int64_t *v) {
-    if (!o) return false;
-    switch (o->type) {
-    case MSGPACK_OBJECT_POSITIVE_INTEGER:
-        if (o->via.u64 > (uint64_t)INT64_MAX) return false;
-        *v = (int64_t)o->via.u64;
-        return true;
-    case MSGPACK_OBJECT_NEGATIVE_INTEGER:
-        *v = o->via.i64;
-        return true;
-    case MSGPACK_OBJECT_FLOAT32:
-    case MSGPACK_OBJECT_FLOAT64: {
-        double d = o->via.f64;
-        if (!(d >= -9007199254740992.0 && d <= 9007199254740992.0) || d != floor(d)) return false;
-        *v = (int64_t)d;
-        return true;
-    }
-    default:
-        return false;
-    }
-}
-
-bool li_wire_num(const msgpack_object *o, double *v) {
-    if (!o) return false;
-    switch (o->type) {
-    case MSGPACK_OBJECT_POSITIVE_INTEGER:
-        *v = (double)o->via.u64;
-        return true;
-    case MSGPACK_OBJECT_NEGATIVE_INTEGER:
-        *v = (double)o->via.i64;
-        return true;
-    case MSGPACK_OBJECT_FLOAT32:
-    case MSGPACK_OBJECT_FLOAT64:
-        *v = o->via.f64;
-        return isfinite(*v);
-    default:
-        return false;
-    }
-}
 
 bool li_wire_is(const msgpack_object *msg, const char *type) {
     const char *s;

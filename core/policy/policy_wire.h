@@ -9,6 +9,7 @@
 #define LI_POLICY_WIRE_H
 
 #include "policy/policy.h"
+#include "util/mp_read.h"
 
 #include <msgpack.h>
 
@@ -34,12 +35,17 @@ void li_wire_pack_hooks(msgpack_packer *pk, unsigned hooks);
 
 /* ---- unpacking --------------------------------------------------------------- */
 
-/* The value of `key` in a map object, or NULL. */
-const msgpack_object *li_wire_get(const msgpack_object *map, const char *key);
-/* Type-checked readers: false when absent or of the wrong type. */
-bool li_wire_str(const msgpack_object *o, const char **s, size_t *len);
-bool li_wire_int(const msgpack_object *o, int64_t *v); /* integers, or floats with an integral value */
-bool li_wire_num(const msgpack_object *o, double *v);
+/* Type-checked readers (util/mp_read.h), false or NULL when absent or of the
+ * wrong type. The wire's choices: keys and strings are str only, a float is
+ * an integer while exact (|v| <= 2^53), a number is finite. */
+static inline const msgpack_object *li_wire_get(const msgpack_object *map, const char *key) {
+    return li_mp_read_get(map, key, false);
+}
+static inline bool li_wire_str(const msgpack_object *o, const char **s, size_t *len) {
+    return li_mp_read_str(o, false, s, len);
+}
+static inline bool li_wire_int(const msgpack_object *o, int64_t *v) { return li_mp_read_int(o, LI_MP_FLOAT_EXACT, v); }
+static inline bool li_wire_num(const msgpack_object *o, double *v) { return li_mp_read_num(o, v); }
 /* `type` field of a message compared with name. */
 bool li_wire_is(const msgpack_object *msg, const char *type);
 

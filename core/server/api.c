@@ -28,20 +28,6 @@ void li_mp_pack_strn(msgpack_packer *pk, const char *s, size_t n) {
 
 void li_mp_pack_str(msgpack_packer *pk, const char *s) { li_mp_pack_strn(pk, s, strlen(s)); }
 
-static bool key_is(const msgpack_object *k, const char *key) {
-    size_t n = strlen(key);
-    if (k->type == MSGPACK_OBJECT_STR) return k->via.str.size == n && !memcmp(k->via.str.ptr, key, n);
-    if (k->type == MSGPACK_OBJECT_BIN) return k->via.bin.size == n && !memcmp(k->via.bin.ptr, key, n);
-    return false;
-}
-
-const msgpack_object *li_mp_get(const msgpack_object *map, const char *key) {
-    if (!map || map->type != MSGPACK_OBJECT_MAP) return NULL;
-    for (uint32_t i = 0; i < map->via.map.size; i++)
-        if (key_is(&map->via.map.ptr[i].key, key)) return &map->via.map.ptr[i].val;
-    return NULL;
-}
-
 bool li_utf8_valid(const char *str, size_t n) {
     const unsigned char *s = (const unsigned char *)str;
     size_t i = 0;
@@ -70,52 +56,12 @@ bool li_utf8_valid(const char *str, size_t n) {
     return true;
 }
 
-/* The bytes of a str or bin object. */
-static bool as_bytes(const msgpack_object *o, const char **p, size_t *n) {
-    if (o->type == MSGPACK_OBJECT_STR) {
-        *p = o->via.str.ptr;
-        *n = o->via.str.size;
-        return true;
-    }
-    if (o->type == MSGPACK_OBJECT_BIN) {
-        *p = o->via.bin.ptr;
-        *n = o->via.bin.size;
-        return true;
-    }
-    return false;
-}
-
-static bool as_int(const msgpack_object *o, int64_t *v) {
-    if (o->type == MSGPACK_OBJECT_POSITIVE_INTEGER) {
-        if (o->via.u64 > (uint64_t)INT64_MAX) return false;
-        *v = (int64_t)o->via.u64;
-        return true;
-    }
-    if (o->type == MSGPACK_OBJECT_NEGATIVE_INTEGER) {
-        *v = o->via.i64;
-        return true;
-    }
-    if (o->type == MSGPACK_OBJECT_FLOAT32 || o->type == MSGPACK_OBJECT_FLOAT64) {
-        double d = o->via.f64;
-        if (d != d || d < -9.2e18 || d > 9.2e18 || d != (double)(int64_t)d) return false;
-        *v = (int64_t)d;
-        return true;
-    }
-    return false;
-}
-
-static bool as_num(const msgpack_object *o, double *v) {
-    int64_t i;
-    if (o->type == MSGPACK_OBJECT_FLOAT32 || o->type == MSGPACK_OBJECT_FLOAT64) {
-        *v = o->via.f64;
-        return *v == *v && *v > -1e300 && *v < 1e300;
-    }
-    if (as_int(o, &i)) {
-        *v = (double)i;
-        return true;
-    }
-    return false;
-}
+/* Parameter readers (util/mp_read.h): text may come as str or bin, a float
+ * is an integer up to about the int64 range, and a number is any finite one
+ * (each caller then checks its own small range). */
+static bool as_bytes(const msgpack_object *o, const char **p, size_t *n) { return li_mp_read_str(o, true, p, n); }
+static bool as_int(const msgpack_object *o, int64_t *v) { return li_mp_read_int(o, 9.2e18, v); }
+static bool as_num(const msgpack_object *o, double *v) { return li_mp_read_num(o, v); }
 
 static char *dup_n(const char *s, size_t n) {
     char *p = li_xmalloc(n + 1);

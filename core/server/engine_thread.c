@@ -17,9 +17,12 @@
  * Lifetimes: a li_srv_req belongs to the loop thread, which frees it only
  * after the FINISH event of its last sample (or its ERROR) arrived. A
  * cancel command may still be queued by then, so commands name requests by
- * pointer and this thread only dereferences one that is in its own list of
+ * pointer and this thread only dereferences one that is in its own set of
  * live requests (checked by address; the queue is FIFO, so a freed and
- * reused address is added back only after the stale cancel ran). */
+ * reused address is added back only after the stale cancel ran). The set is
+ * a hash of addresses, not an index kept in the request: finding a pointer
+ * there never reads through it, and a lookup costs O(1) with thousands
+ * queued. */
 #define _GNU_SOURCE
 #include "server/server.h"
 #include "policy/policy_lua.h"
@@ -53,8 +56,8 @@ struct li_engine_thread {
     bool quit;
     /* engine thread only */
     li_event_batch *batch;
-    li_srv_req **live;
-    int32_t n_live, cap_live;
+    li_srv_req **live;        /* open addressing by address, NULL = empty, at most half full */
+    int32_t n_live, cap_live; /* cap_live: 0 or a power of two */
     int64_t *release;
     int32_t n_release, cap_release;
     li_hist step_time;
@@ -134,15 +137,58 @@ static char *dup_bytes(const char *s, size_t n) {
     return p;
 }
 
-static int live_index(li_engine_thread *t, const li_srv_req *r) {
-    for (int32_t i = 0; i < t->n_live; i++)
-        if (t->live[i] == r) return i;
-    return -1;
+/* ---- the set of live requests ------------------------------------------------- */
+
+static uint32_t live_home(const li_engine_thread *t, const li_srv_req *r) {
+    uint64_t h = (uint64_t)(uintptr_t)r;
+    h ^= h >> 33;
+    h *= 0xff51afd7ed558ccdull; /* mixes the aligned low bits away */
+    h ^= h >> 33;
+    return (uint32_t)h & (uint32_t)(t->cap_live - 1);
+}
+
+/* The slot holding r, or the empty slot where it would go; -1 when empty. */
+static int32_t live_slot(const li_engine_thread *t, const li_srv_req *r) {
+    if (t->cap_live == 0) return -1;
+    uint32_t mask = (uint32_t)t->cap_live - 1, i = live_home(t, r);
+    while (t->live[i] && t->live[i] != r) i = (i + 1) & mask;
+    return (int32_t)i;
+}
+
+static bool live_has(const li_engine_thread *t, const li_srv_req *r) {
+    int32_t i = live_slot(t, r);
+    return i >= 0 && t->live[i] == r;
+}
+
+static void live_add(li_engine_thread *t, li_srv_req *r) {
+    if (2 * (t->n_live + 1) > t->cap_live) {
+        li_srv_req **old = t->live;
+        int32_t old_cap = t->cap_live;
+        t->cap_live = old_cap ? old_cap * 2 : 64;
+        t->live = li_xcalloc((size_t)t->cap_live, sizeof *t->live);
+        for (int32_t i = 0; i < old_cap; i++)
+            if (old[i]) t->live[live_slot(t, old[i])] = old[i];
+        free(old);
+    }
+    t->live[live_slot(t, r)] = r;
+    t->n_live++;
 }
 
 static void live_remove(li_engine_thread *t, const li_srv_req *r) {
-    int i = live_index(t, r);
-    if (i >= 0) t->live[i] = t->live[--t->n_live];
+    int32_t at = live_slot(t, r);
+    if (at < 0 || t->live[at] != r) return;
+    /* backward-shift deletion: no tombstones, so probes stay short */
+    uint32_t mask = (uint32_t)t->cap_live - 1, hole = (uint32_t)at;
+    t->live[hole] = NULL;
+    for (uint32_t j = (hole + 1) & mask; t->live[j]; j = (j + 1) & mask) {
+        uint32_t home = live_home(t, t->live[j]);
+        if (((j - home) & mask) >= ((j - hole) & mask)) { /* the hole lies on its probe path */
+            t->live[hole] = t->live[j];
+            t->live[j] = NULL;
+            hole = j;
+        }
+    }
+    t->n_live--;
 }
 
 /* The engine's callback (this thread, inside add/step/cancel). */
@@ -221,11 +267,7 @@ static void run_add(li_engine_thread *t, li_srv_req *r) {
     p.sampling.logprob = g->logprobs >= 0;
     r->eng_id = -1;
     r->n_fin_engine = 0;
-    if (t->n_live == t->cap_live) {
-        t->cap_live = t->cap_live * 2 + 16;
-        t->live = li_xrealloc(t->live, (size_t)t->cap_live * sizeof *t->live);
-    }
-    t->live[t->n_live++] = r;
+    live_add(t, r);
     li_error err = {0};
     int64_t id;
     if (li_engine_add(t->eng, &p, &id, &err) != 0) {
@@ -240,7 +282,7 @@ static void run_add(li_engine_thread *t, li_srv_req *r) {
 }
 
 static void run_cancel(li_engine_thread *t, li_srv_req *r) {
-    if (live_index(t, r) < 0) return; /* finished already (or never added) */
+    if (!live_has(t, r)) return; /* finished already (or never added) */
     int64_t first = r->eng_id;
     int32_t n = r->g.n;
     for (int32_t i = 0; i < n; i++) li_engine_cancel(t->eng, first + i);
@@ -334,10 +376,14 @@ static void thread_main(void *arg) {
         }
         if (quit) {
             /* stop: whatever is still live ends as cancelled */
-            while (t->n_live > 0) {
-                int32_t before = t->n_live;
-                run_cancel(t, t->live[t->n_live - 1]);
-                if (t->n_live == before) t->n_live--; /* cannot happen; never spin */
+            for (int32_t i = 0; i < t->cap_live && t->n_live > 0;) {
+                li_srv_req *r = t->live[i];
+                if (!r) {
+                    i++;
+                    continue;
+                }
+                run_cancel(t, r); /* removes r; a later entry may shift into slot i */
+                if (t->live[i] == r) live_remove(t, r); /* cannot happen; never spin */
             }
             release_finished(t);
             publish(t);

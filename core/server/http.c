@@ -27,6 +27,7 @@
 #include <string.h>
 #include <strings.h>
 #include <time.h>
+#include <utf8proc.h>
 
 #define MAX_URL 8192
 #define MAX_HEADER_VALUE 1024
@@ -245,8 +246,9 @@ static cJSON *str_n(const char *s, size_t n) {
 
 /* ---- logprobs in OpenAI's two shapes ---------------------------------------------------- */
 
-/* A token's text: its bytes, invalid UTF-8 replaced by U+FFFD (a byte-level
- * token may hold part of a character). */
+/* A token's text: its bytes, each byte that does not start a valid UTF-8
+ * character replaced by U+FFFD (a byte-level token may hold part of a
+ * character), and NUL too (it would end the string). */
 static cJSON *token_string(li_server *srv, int32_t id, cJSON **bytes_out) {
     char piece[256];
     int k = srv->model ? li_tokenizer_token_to_piece(srv->model->tok, id, true, piece, sizeof piece) : -1;
@@ -258,15 +260,12 @@ static cJSON *token_string(li_server *srv, int32_t id, cJSON **bytes_out) {
     char out[4 * sizeof piece + 1];
     size_t o = 0;
     for (size_t i = 0; i < n;) {
-        size_t len = 1;
-        unsigned char c = (unsigned char)piece[i];
-        if (c >= 0xc2 && c <= 0xdf) len = 2;
-        else if (c >= 0xe0 && c <= 0xef) len = 3;
-        else if (c >= 0xf0 && c <= 0xf4) len = 4;
-        if (c != 0 && (c < 0x80 || (i + len <= n && li_utf8_valid(piece + i, len)))) {
-            memcpy(out + o, piece + i, len);
-            o += len;
-            i += len;
+        utf8proc_int32_t cp;
+        utf8proc_ssize_t len = utf8proc_iterate((const utf8proc_uint8_t *)piece + i, (utf8proc_ssize_t)(n - i), &cp);
+        if (len > 0 && cp != 0) {
+            memcpy(out + o, piece + i, (size_t)len);
+            o += (size_t)len;
+            i += (size_t)len;
         } else {
             memcpy(out + o, "\xef\xbf\xbd", 3);
             o += 3;

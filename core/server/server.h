@@ -23,6 +23,7 @@
 
 #include "engine/engine.h"
 #include "lua/lua_env.h"
+#include "util/mp_read.h"
 
 #include <msgpack.h>
 #include <uv.h>
@@ -422,7 +423,10 @@ void li_api_gen_cancel(li_srv_req *r);
 void li_srv_req_free(li_srv_req *r);
 
 /* Helpers shared by rpc.c and http.c. */
-const msgpack_object *li_mp_get(const msgpack_object *map, const char *key);
+/* The value of `key` in a params map (str or bin keys), or NULL. */
+static inline const msgpack_object *li_mp_get(const msgpack_object *map, const char *key) {
+    return li_mp_read_get(map, key, true);
+}
 bool li_utf8_valid(const char *s, size_t n);
 void li_mp_pack_str(msgpack_packer *pk, const char *s);
 void li_mp_pack_strn(msgpack_packer *pk, const char *s, size_t n);

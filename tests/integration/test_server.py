@@ -19,6 +19,7 @@ import asyncio
 import json
 import os
 import pty
+import random
 import select
 import shutil
 import signal
@@ -449,6 +450,55 @@ def test_openai_streamed_logprobs_equal_non_streamed(server):
         pytest.approx([t.logprob for e in want for t in e.top_logprobs], abs=1e-5)
 
 
+def replace_per_byte(b):
+    """A token's text as the server writes it: each byte that does not start a
+    valid UTF-8 character (or is NUL) becomes one U+FFFD."""
+    out, i = [], 0
+    while i < len(b):
+        for n in (1, 2, 3, 4):
+            try:
+                ch = b[i:i + n].decode("utf-8")
+            except UnicodeDecodeError:
+                continue
+            if len(ch) == 1 and ch != "\0":
+                out.append(ch)
+                i += n
+                break
+        else:
+            out.append("\ufffd")
+            i += 1
+    return "".join(out)
+
+
+def test_logprobs_of_partial_utf8_tokens(server):
+    """Byte-level tokens that hold part of a character (an emoji's first bytes,
+    its continuation bytes): `bytes` are the token's raw bytes, `token` is
+    valid JSON text with U+FFFD for each byte that starts no character."""
+    emoji = "\U0001F600" * 8
+    body = {"messages": [{"role": "user", "content": emoji}], "max_tokens": 8, "temperature": 0,
+            "logprobs": True, "top_logprobs": 3}
+    status, raw = http(server, "POST", "/v1/chat/completions", json.dumps(body).encode(),
+                       {"Content-Type": "application/json"})
+    assert status == 200, raw
+    ch = json.loads(raw.decode("utf-8"))["choices"][0]  # strict UTF-8: no raw partial bytes leak out
+    content = ch["logprobs"]["content"]
+    entries = content + [t for e in content for t in e["top_logprobs"]]
+    partial = [e for e in entries if "\ufffd" in bytes(e["bytes"]).decode("utf-8", "replace")]
+    assert partial, f"no partial-UTF-8 token to check: {[e['bytes'] for e in content]}"
+    for e in entries:
+        assert all(0 <= b <= 255 for b in e["bytes"]) and e["token"] == replace_per_byte(bytes(e["bytes"])), e
+    # the chosen tokens' raw bytes, put together, are the generated text
+    assert b"".join(bytes(e["bytes"]) for e in content).decode("utf-8", "replace") == ch["message"]["content"]
+    # the completions shape: partial tokens are valid strings there too (tokens, top_logprobs keys)
+    body = {"prompt": emoji, "max_tokens": 8, "temperature": 0, "logprobs": 3}
+    status, raw = http(server, "POST", "/v1/completions", json.dumps(body).encode(),
+                       {"Content-Type": "application/json"})
+    assert status == 200, raw
+    lp = json.loads(raw.decode("utf-8"))["choices"][0]["logprobs"]
+    assert len(lp["tokens"]) == 8 and any("\ufffd" in t for t in lp["tokens"]), lp["tokens"]
+    assert all(isinstance(k, str) for m in lp["top_logprobs"] for k in m)
+
+
 def http(server, method, path, body=None, headers=None):
     req = urllib.request.Request(f"http://{server.http}{path}", data=body, method=method, headers=headers or {})
     try:
@@ -783,6 +833,56 @@ def test_max_queued_caps_samples_server_wide(serve_bin, tmp_path):
             x.close()
     finally:
         assert s.stop() == 0
+
+
+def test_hundreds_live_cancelled_in_any_order_then_stopped(serve_bin, tmp_path):
+    """Hundreds of requests live at once: cancels in shuffled order, mixed with
+    requests that finish on their own, each end exactly their request; a
+    cancel after the end finds nothing; stopping with hundreds still live
+    cancels every one of them, each answered once."""
+    s = Server(serve_bin, ["--listen", "127.0.0.1:0", "--threads", THREADS, "--kv-memory", "32M",
+                           "--max-inflight", "1024", "--drain-seconds", "0"], 1, tmp_path)
+    long = {"prompt": PROMPTS[2], "max_tokens": 4000, "ignore_eos": True}
+    short = {"prompt": PROMPTS[0], "max_tokens": 1}
+
+    def replies(c, want):
+        got = {}
+        while len(got) < want:
+            m = c.read()
+            assert m is not None, f"closed after {len(got)} of {want} replies"
+            if m[0] == 1:
+                assert m[1] not in got, f"request {m[1]} answered twice"
+                got[m[1]] = m
+        return got
+
+    try:
+        c = Rpc(s.rpc)
+        n = 300
+        for i in range(1, n + 1):
+            c.send([0, i, "generate", long if i % 3 else short])
+        order = [i for i in range(1, n + 1) if i % 3]
+        random.Random(7).shuffle(order)
+        for i in order:
+            c.send([0, 10000 + i, "cancel", {"request_id": i}])
+        got = replies(c, n + len(order))
+        for i in range(1, n + 1):
+            assert got[i][2] is None and got[i][3]["finish_reason"] == ("cancelled" if i % 3 else "length"), got[i]
+        assert all(got[10000 + i][3] == {"cancelled": True} for i in order)
+        assert c.ok("cancel", {"request_id": order[0]}) == {"cancelled": False}
+        assert wait_idle(c)["requests"]["samples"] == 0
+        # stop with 200 in the engine: --drain-seconds 0 cancels them at once
+        for i in range(1, 201):
+            c.send([0, 20000 + i, "generate", long])
+        deadline = time.time() + 60
+        while sum(c.ok("stats")["queues"].values()) < 200:
+            assert time.time() < deadline, c.ok("stats")
+            time.sleep(0.05)
+        s.proc.send_signal(signal.SIGTERM)
+        got = replies(c, 200)
+        assert all(m[2] is None and m[3]["finish_reason"] == "cancelled" for m in got.values())
+        c.close()
+    finally:
+        assert s.stop() == 0, s.stderr()[-2000:]
 
 
 def test_slow_client_is_cut_off(serve_bin, tmp_path):
