@@ -171,19 +171,32 @@ static inline __attribute__((always_inline)) void q_half(li_type t, int nr, int6
     for (int r = 0; r < nr; r++) store_rows(y + r * ldy, acc[r], rows);
 }
 
+/* rows [r0, r1) of panel p, both halves */
+static inline __attribute__((always_inline)) void rows_q(li_type t, const li_cpu_packed *w, int64_t p, const char *act,
+                                                         size_t as, int64_t r0, int64_t r1, float *y, int64_t ldy) {
+    const uint8_t *panel = w->data + p * w->panel_bytes;
+    for (int h = 0; h < 2; h++) {
+        const int rows = (int)LI_MIN((int64_t)8, w->m - p * LI_PANEL - 8 * h);
+        if (rows <= 0) break;
+        float *yp = y + p * LI_PANEL + 8 * h;
+        int64_t r = r0;
+        for (; r + NR <= r1; r += NR) q_half(t, NR, w->k, panel, h, act + r * as, as, yp + r * ldy, ldy, rows);
+        for (; r < r1; r++) q_half(t, 1, w->k, panel, h, act + r * as, as, yp + r * ldy, ldy, rows);
+    }
+}
+
+#define GEMM_CHUNK_BYTES (256 << 10) /* as ops_avx512.c: panels per sweep of the row groups stay in L2 */
+
+/* panels [p0, p1) x all n rows: each NR-row group sweeps a chunk of panels
+ * before the next group, so its activations stay in L1 (ops_avx512.c) */
 static inline __attribute__((always_inline)) void gemm_q_t(li_type t, const li_cpu_packed *w, int64_t p0, int64_t p1,
                                                            const char *act, size_t as, int64_t n, float *y,
                                                            int64_t ldy) {
-    for (int64_t p = p0; p < p1; p++) {
-        const uint8_t *panel = w->data + p * w->panel_bytes;
-        for (int h = 0; h < 2; h++) {
-            const int rows = (int)LI_MIN((int64_t)8, w->m - p * LI_PANEL - 8 * h);
-            if (rows <= 0) break;
-            float *yp = y + p * LI_PANEL + 8 * h;
-            int64_t r = 0;
-            for (; r + NR <= n; r += NR) q_half(t, NR, w->k, panel, h, act + r * as, as, yp + r * ldy, ldy, rows);
-            if (r < n) q_half(t, 1, w->k, panel, h, act + r * as, as, yp + r * ldy, ldy, rows);
-        }
+    const int64_t chunk = n <= NR ? p1 - p0 : LI_MAX((int64_t)1, (int64_t)(GEMM_CHUNK_BYTES / w->panel_bytes));
+    for (int64_t c0 = p0; c0 < p1; c0 += chunk) {
+        const int64_t c1 = LI_MIN(c0 + chunk, p1);
+        for (int64_t r = 0; r < n; r += NR)
+            for (int64_t p = c0; p < c1; p++) rows_q(t, w, p, act, as, r, LI_MIN(r + NR, n), y, ldy);
     }
 }
 
