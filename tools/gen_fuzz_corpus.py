@@ -1,7 +1,14 @@
 #!/usr/bin/env python3
-"""Writes the seed corpus for tests/fuzz/fuzz_gguf.c: small valid GGUF files
-made with the `gguf` package (the reference writer), so the fuzzer starts from
-real layouts rather than from noise.
+"""Writes the generated seed corpora of tests/fuzz, so the fuzzers start from
+real layouts rather than from noise:
+
+- fuzz_gguf: small valid GGUF files made with the `gguf` package (the
+  reference writer);
+- fuzz_policy_wire: byte streams a policy host sends the engine (4-byte
+  big-endian length + one msgpack map per frame, docs/policy-protocol.md),
+  made with the `msgpack` package: valid starts, plans, admit and evict
+  answers, and corrupt ones (truncated frames, wrong types, huge declared
+  counts, unknown ids, deep nesting).
 
     .venv/bin/python tools/gen_fuzz_corpus.py
 
@@ -9,13 +16,16 @@ The output is deterministic and committed; rerun after changing this file.
 Files stay under a few KiB so the fuzz driver gets through its mutations fast.
 """
 import os
+import struct
 import sys
 
+import msgpack
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFWriter
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "tests", "fuzz", "corpus", "fuzz_gguf")
+OUT_WIRE = os.path.join(ROOT, "tests", "fuzz", "corpus", "fuzz_policy_wire")
 
 
 def write(name, build, arch="llama"):
@@ -87,12 +97,127 @@ def tokenizer(w):
     w.add_tensor("output_norm.weight", np.ones(32, dtype=np.float32))
 
 
+# ---- fuzz_policy_wire: what a policy host sends the engine ------------------
+
+def pack(obj):
+    return msgpack.packb(obj, use_bin_type=True)
+
+
+def frame(body):
+    """One frame around msgpack bytes (or an object to pack)."""
+    if not isinstance(body, bytes):
+        body = pack(body)
+    return struct.pack(">I", len(body)) + body
+
+
+def raw_map(*pairs):
+    """A map whose values may be raw msgpack bytes (for hand-made corruption)."""
+    out = bytes([0x80 | len(pairs)])
+    for k, v in pairs:
+        out += pack(k) + (v if isinstance(v, bytes) else pack(v))
+    return out
+
+
+HELLO = {"type": "hello", "version": 1, "pid": 4242, "ok": True, "error": None,
+         "name": "", "config": {}, "hooks": []}
+LOADED = {"type": "reload", "seq": 1, "ok": True, "error": None, "name": "policies/lfu.lua",
+          "config": {"block_size": 16, "kv_dtype": "f16", "max_num_seqs": 64,
+                     "max_batched_tokens": 512},
+          "hooks": ["schedule", "admit", "on_finish", "evict"]}
+START = frame(HELLO) + frame(LOADED)
+# the engine's requests in these seeds are ids 3, 5, 8 and 13
+PLAN = {"type": "plan", "seq": 2,
+        "plan": {"run": [{"id": 3, "tokens": 1}, {"id": 5, "tokens": 64}, {"id": 8, "tokens": 0}],
+                 "preempt": [13]}}
+
+
+def wire_seeds():
+    s = {}
+    # valid
+    s["start.bin"] = START
+    s["plan.bin"] = START + frame(PLAN)
+    s["plan_floats_nil.bin"] = START + frame(
+        {"type": "plan", "seq": 2, "plan": {"run": [{"id": 3.0, "tokens": 2.0}], "preempt": None,
+                                            "speculate": {"future": 1}}})
+    s["plan_empty.bin"] = START + frame({"type": "plan", "seq": 2, "plan": {}})
+    s["admit.bin"] = START + frame({"type": "admit", "seq": 3, "accept": False, "reason": "tenant over quota"}) \
+        + frame({"type": "admit", "seq": 4, "accept": True, "reason": ""})
+    s["order.bin"] = START + frame({"type": "order", "seq": 5, "order": [5, 2, 7, 1, 0, 6, 3, 4]})
+    s["error_reply.bin"] = START + frame({"type": "error", "seq": 2, "message": "schedule: x.lua:3: boom"})
+    s["reload_failed.bin"] = frame(HELLO) + frame(
+        {"type": "reload", "seq": 1, "ok": False, "error": "policies/x.lua:12: '}' expected near 'end'",
+         "name": "policies/x.lua", "config": {}, "hooks": []})
+    s["stale_then_plan.bin"] = START + frame({"type": "plan", "seq": 1, "plan": {}}) + frame(PLAN)
+    # corrupt: framing
+    whole = frame(PLAN)
+    s["truncated_frame.bin"] = START + whole[:len(whole) // 2]
+    cut = pack(PLAN)[:-5]
+    s["truncated_body.bin"] = START + struct.pack(">I", len(cut)) + cut
+    s["zero_length.bin"] = struct.pack(">I", 0) + START
+    s["over_limit.bin"] = START + struct.pack(">I", 0xFFFFFFFF) + b"\x80"
+    s["not_a_map.bin"] = frame([1, 2, 3]) + START
+    s["trailing_bytes.bin"] = START + struct.pack(">I", len(pack(PLAN)) + 2) + pack(PLAN) + b"\xc0\xc0"
+    s["not_msgpack.bin"] = START + frame(b"\x81\xc1\xc1")
+    # corrupt: types and ranges
+    s["wrong_types.bin"] = START + b"".join(frame(m) for m in [
+        {"type": "plan", "seq": 2, "plan": {"run": "all"}},
+        {"type": "plan", "seq": 2, "plan": {"run": [{"id": "3", "tokens": 1}]}},
+        {"type": "plan", "seq": 2, "plan": {"run": [{"id": 3, "tokens": -1}]}},
+        {"type": "plan", "seq": 2, "plan": {"run": [{"id": 3, "tokens": 2**31}]}},
+        {"type": "plan", "seq": 2, "plan": {"run": [{"id": 3, "tokens": 1.5}]}},
+        {"type": "plan", "seq": 2, "plan": {"run": [{"id": 3, "tokens": float("nan")}]}},
+        {"type": "plan", "seq": 2, "plan": {"run": [[3, 1]], "preempt": {"1": 13}}},
+        {"type": "plan", "seq": 2, "plan": "nope"},
+        {"type": "admit", "seq": 3, "accept": 1},
+        {"type": "order", "seq": 5, "order": {"1": 5}},
+        {"type": 7, "seq": "2"},
+        {b"type": b"plan", "seq": 2},
+    ])
+    s["unknown_ids.bin"] = START + frame({"type": "plan", "seq": 2, "plan": {
+        "run": [{"id": 0, "tokens": 1}, {"id": 999999, "tokens": 5}, {"id": 2**53, "tokens": 2**31 - 1},
+                {"id": 3, "tokens": 1}, {"id": 3, "tokens": 1}],
+        "preempt": [2**53, 0, 3]}}) + frame({"type": "plan", "seq": 2, "plan": {"run": [{"id": 2**53 + 1, "tokens": 1}]}}) \
+        + frame({"type": "plan", "seq": 2, "plan": {"preempt": [-1]}}) \
+        + frame({"type": "order", "seq": 5, "order": [99, -1, 2**31, 2**31 - 1, "3", 2.0, None, 4, 4, 4, 4, 4, 4, 4, 4]})
+    s["bad_start.bin"] = frame({"type": "hello", "version": 2}) + frame({"type": "hello", "version": "1"}) \
+        + frame(LOADED) + frame(HELLO) \
+        + frame(dict(LOADED, config={"block_size": -1, "kv_dtype": "a-very-long-dtype"})) \
+        + frame(HELLO) + frame(dict(LOADED, ok="yes")) + frame(HELLO) + frame(dict(LOADED, seq=2, hooks=[1, "nope", "evict"]))
+    # corrupt: sizes declared in headers (msgpack-c allocates a declared count before it checks the bytes)
+    head = raw_map(("type", "plan"), ("seq", 2), ("plan", raw_map(("run", b"\xdd\xff\xff\xff\xff"))))
+    s["huge_array.bin"] = START + frame(head + b"\x80" * 8)
+    s["huge_map.bin"] = START + frame(raw_map(("type", "order"), ("seq", 5), ("order", b"\xdf\x7f\xff\xff\xff")))
+    s["huge_str.bin"] = START + frame(raw_map(("type", "error"), ("seq", 2), ("message", b"\xdb\xff\xff\xff\xf0abc")))
+    s["huge_plan.bin"] = START + frame({"type": "plan", "seq": 2, "plan": {
+        "run": [{"id": i % 16, "tokens": 1} for i in range(300)], "preempt": list(range(200))}})
+    # corrupt: nesting
+    deep = []
+    for _ in range(40):
+        deep = [deep]
+    s["deep.bin"] = START + frame({"type": "plan", "seq": 2, "plan": {"run": deep}})
+    nest = {}
+    for _ in range(20):
+        nest = {"a": nest}
+    s["deep_map.bin"] = START + frame({"type": "admit", "seq": 3, "accept": False, "reason": nest})
+    return s
+
+
+def write_wire():
+    os.makedirs(OUT_WIRE, exist_ok=True)
+    for name, data in sorted(wire_seeds().items()):
+        path = os.path.join(OUT_WIRE, name)
+        with open(path, "wb") as f:
+            f.write(data)
+        print(f"{os.path.relpath(path, ROOT)}: {len(data)} bytes")
+
+
 def main():
     os.makedirs(OUT, exist_ok=True)
     write("minimal.gguf", minimal)
     write("all_types.gguf", all_types)
     write("aligned64.gguf", aligned64)
     write("tokenizer.gguf", tokenizer)
+    write_wire()
     return 0
 
 

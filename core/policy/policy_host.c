@@ -344,11 +344,10 @@ int li_cmd_policy_host(int argc, char **argv) {
         }
         msgpack_unpacked u;
         msgpack_unpacked_init(&u);
-        size_t off = 0;
-        int ur = msgpack_unpack_next(&u, h.buf, len, &off);
-        if (ur != MSGPACK_UNPACK_SUCCESS || u.data.type != MSGPACK_OBJECT_MAP) {
+        li_error ferr = {0};
+        if (li_wire_frame_unpack(&u, h.buf, len, &ferr)) {
             msgpack_unpacked_destroy(&u);
-            li_log_error("policy-host: malformed frame");
+            li_log_error("policy-host: malformed frame: %s", ferr.msg);
             status = 2;
             break;
         }

@@ -692,7 +692,7 @@ static void parse_config(lua_State *L, int cfg, li_policy_config *out) {
         else if (!strcmp(k, "max_num_seqs")) cfg_int(L, v, k, 1, 1 << 20, &out->max_num_seqs);
         else if (!strcmp(k, "max_batched_tokens")) cfg_int(L, v, k, 1, 1 << 24, &out->max_batched_tokens);
         else if (!strcmp(k, "kv_dtype")) {
-            size_t len;
+            size_t len = 0;
             const char *s = lua_type(L, v) == LUA_TSTRING ? lua_tolstring(L, v, &len) : NULL;
             if (!s || len == 0 || len >= sizeof out->kv_dtype)
                 luaL_error(L, "config.kv_dtype must be a short string such as \"f16\"");

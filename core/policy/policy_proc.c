@@ -48,9 +48,7 @@ typedef struct li_policy_proc {
     /* the current host */
     pid_t pid;             /* -1: none */
     int fd;
-    bool hello, ready;
-    int64_t load_seq;      /* the reload that makes this host ready */
-    char load_error[512];  /* set when that reload failed */
+    li_wire_start start;   /* its hello and first load: ready when both came */
     double started;
     int64_t seq;
     bool ever_started;
@@ -65,11 +63,9 @@ typedef struct li_policy_proc {
     /* buffers */
     msgpack_sbuffer sb;
     msgpack_packer pk;
-    char *rbuf;            /* bytes received, not yet framed */
-    size_t rlen, rcap;
-    char *fbuf;            /* the current frame; msg points into it */
-    size_t fcap;
-    msgpack_unpacked msg;
+    li_wire_reader rd;     /* bytes from the host, framed and decoded */
+    const msgpack_object *msg; /* the last frame read (a map, in rd) */
+    char why[320];         /* what the last protocol error was */
 } li_policy_proc;
 
 static double now_s(void) { return li_time_now(); }
@@ -110,37 +106,24 @@ static int send_frame(li_policy_proc *p, double deadline, bool droppable) {
     return IO_OK;
 }
 
+/* Notes why the host broke the protocol (for the log and the caller). */
+static int proto_error(li_policy_proc *p, const char *what) {
+    snprintf(p->why, sizeof p->why, "%.300s", what);
+    return IO_PROTO;
+}
+
 /* Reads the next frame into p->msg (valid until the next call). */
 static int read_frame(li_policy_proc *p, double deadline) {
     for (;;) {
-        if (p->rlen >= 4) {
-            const unsigned char *h = (const unsigned char *)p->rbuf;
-            size_t len = (size_t)h[0] << 24 | (size_t)h[1] << 16 | (size_t)h[2] << 8 | h[3];
-            if (len > LI_WIRE_MAX_FRAME) return IO_PROTO;
-            if (p->rlen >= 4 + len) {
-                if (len > p->fcap) {
-                    p->fcap = len + 4096;
-                    p->fbuf = li_xrealloc(p->fbuf, p->fcap);
-                }
-                memcpy(p->fbuf, p->rbuf + 4, len);
-                memmove(p->rbuf, p->rbuf + 4 + len, p->rlen - 4 - len);
-                p->rlen -= 4 + len;
-                msgpack_unpacked_destroy(&p->msg);
-                msgpack_unpacked_init(&p->msg);
-                size_t off = 0;
-                if (msgpack_unpack_next(&p->msg, p->fbuf, len, &off) != MSGPACK_UNPACK_SUCCESS || off != len ||
-                    p->msg.data.type != MSGPACK_OBJECT_MAP)
-                    return IO_PROTO;
-                return IO_OK;
-            }
-        }
-        if (p->rcap - p->rlen < 65536) {
-            p->rcap = p->rcap * 2 + 65536;
-            p->rbuf = li_xrealloc(p->rbuf, p->rcap);
-        }
-        ssize_t r = recv(p->fd, p->rbuf + p->rlen, p->rcap - p->rlen, MSG_DONTWAIT);
+        li_error e = {0};
+        int f = li_wire_reader_next(&p->rd, &p->msg, &e);
+        if (f > 0) return IO_OK;
+        if (f < 0) return proto_error(p, e.msg);
+        size_t room;
+        char *dst = li_wire_reader_space(&p->rd, &room);
+        ssize_t r = recv(p->fd, dst, room, MSG_DONTWAIT);
         if (r > 0) {
-            p->rlen += (size_t)r;
+            li_wire_reader_commit(&p->rd, (size_t)r);
             continue;
         }
         if (r == 0) return IO_DEAD;
@@ -200,8 +183,8 @@ static void host_kill(li_policy_proc *p, char *how, size_t cap) {
         if (how && cap) snprintf(how, cap, "%s", tmp);
     }
     p->pid = -1;
-    p->hello = p->ready = false;
-    p->rlen = 0;
+    p->start.hello = p->start.ready = false;
+    li_wire_reader_reset(&p->rd);
 }
 
 static int64_t pack_reload(li_policy_proc *p, const char *source, const char *name) {
@@ -292,14 +275,13 @@ static int host_spawn(li_policy_proc *p, li_error *err) {
     p->pid = pid;
     p->fd = sv[0];
     fcntl(p->fd, F_SETFL, fcntl(p->fd, F_GETFL) | O_NONBLOCK);
-    p->hello = p->ready = false;
-    p->load_error[0] = 0;
-    p->rlen = 0;
+    p->start = (li_wire_start){0};
+    li_wire_reader_reset(&p->rd);
     p->started = now_s();
     if (p->ever_started) p->st.restarts++;
     p->ever_started = true;
     p->st.pid = pid;
-    p->load_seq = pack_reload(p, p->source, p->base.name);
+    p->start.load_seq = pack_reload(p, p->source, p->base.name);
     int w = send_frame(p, now_s() + p->opts.start_timeout_ms / 1000.0, false);
     if (w != IO_OK) {
         host_kill(p, NULL, 0);
@@ -328,43 +310,22 @@ static void host_fail(li_policy_proc *p, int kind, const char *what) {
     p->st.pid = p->pid;
 }
 
-static void fail_message(int kind, int deadline_ms, char *buf, size_t cap) {
+/* "timed out after 50 ms", "exited", "broke the protocol (why)" */
+static void fail_message(const li_policy_proc *p, int kind, int deadline_ms, char *buf, size_t cap) {
     if (kind == IO_TIMEOUT) snprintf(buf, cap, "timed out after %d ms", deadline_ms);
-    else if (kind == IO_PROTO) snprintf(buf, cap, "broke the protocol");
+    else if (kind == IO_PROTO) snprintf(buf, cap, "broke the protocol (%s)", p->why[0] ? p->why : "?");
     else snprintf(buf, cap, "exited");
 }
 
-/* Takes in a hello or the reply to the pending load; false on a failed load
- * or a wrong protocol version (p->load_error says why). */
+/* Takes in a frame that is not the reply being waited for (a hello, the
+ * reply to the pending load, or a stale reply); false when the host cannot
+ * be used (p->start.error says why). A (re)started host's hooks come from
+ * its load reply. */
 static bool take_async(li_policy_proc *p, const msgpack_object *m) {
-    int64_t v = -1, seq; /* -1: the version field is missing */
-    if (li_wire_is(m, "hello")) {
-        if (!li_wire_int(li_wire_get(m, "version"), &v) || v != LI_WIRE_VERSION) {
-            snprintf(p->load_error, sizeof p->load_error, "policy host speaks protocol %lld, not %d",
-                     (long long)v, LI_WIRE_VERSION);
-            return false;
-        }
-        p->hello = true;
-        return true;
-    }
-    if (li_wire_is(m, "reload") && li_wire_int(li_wire_get(m, "seq"), &seq) && seq == p->load_seq) {
-        const msgpack_object *ok = li_wire_get(m, "ok");
-        if (!ok || ok->type != MSGPACK_OBJECT_BOOLEAN || !ok->via.boolean) {
-            const char *s = "policy failed to load";
-            size_t n = strlen(s);
-            li_wire_str(li_wire_get(m, "error"), &s, &n);
-            snprintf(p->load_error, sizeof p->load_error, "%.*s", (int)n, s);
-            return false;
-        }
-        p->hooks = li_wire_unpack_hooks(li_wire_get(m, "hooks"));
-        p->ready = p->hello;
-        if (!p->hello) {
-            snprintf(p->load_error, sizeof p->load_error, "policy host answered before its hello");
-            return false;
-        }
-        return true;
-    }
-    return true; /* a stale reply: ignored */
+    bool was_ready = p->start.ready;
+    if (!li_wire_take_async(&p->start, m)) return false;
+    if (p->start.ready && !was_ready) p->hooks = p->start.hooks;
+    return true;
 }
 
 /* Makes sure a ready host exists, waiting at most until deadline. */
@@ -380,7 +341,7 @@ static int ensure_ready(li_policy_proc *p, double deadline, li_error *err) {
             return err->code;
         }
     }
-    while (!p->ready) {
+    while (!p->start.ready) {
         double start_deadline = p->started + p->opts.start_timeout_ms / 1000.0;
         int r = read_frame(p, LI_MIN(deadline, start_deadline));
         if (r == IO_TIMEOUT) {
@@ -389,16 +350,17 @@ static int ensure_ready(li_policy_proc *p, double deadline, li_error *err) {
             return li_error_set(err, LI_EIO, "policy host did not start within %d ms", p->opts.start_timeout_ms);
         }
         if (r != IO_OK) {
-            char m[64];
-            fail_message(r, 0, m, sizeof m);
-            host_fail(p, r, r == IO_DEAD ? "exited while starting" : "broke the protocol while starting");
-            return li_error_set(err, LI_EIO, "policy host %s while starting", m);
+            char m[400], what[440];
+            fail_message(p, r, 0, m, sizeof m);
+            snprintf(what, sizeof what, "%s while starting", m);
+            host_fail(p, r, what);
+            return li_error_set(err, LI_EIO, "policy host %s", what);
         }
-        if (!take_async(p, &p->msg.data)) {
+        if (!take_async(p, p->msg)) {
             char why[512];
-            snprintf(why, sizeof why, "%s", p->load_error);
+            snprintf(why, sizeof why, "%s", p->start.error);
             host_fail(p, IO_PROTO, "could not load the policy");
-            snprintf(p->load_error, sizeof p->load_error, "%s", why);
+            snprintf(p->start.error, sizeof p->start.error, "%s", why);
             return li_error_set(err, LI_EINVAL, "policy host: %s", why);
         }
     }
@@ -412,29 +374,31 @@ static int round_trip(li_policy_proc *p, int64_t seq, double deadline, int deadl
     while (r == IO_OK) {
         r = read_frame(p, deadline);
         if (r != IO_OK) break;
-        const msgpack_object *m = &p->msg.data;
+        const msgpack_object *m = p->msg;
         int64_t s;
         if (li_wire_int(li_wire_get(m, "seq"), &s) && s == seq) return 0;
-        if (!take_async(p, m)) r = IO_PROTO;
+        if (!take_async(p, m)) r = proto_error(p, p->start.error);
     }
-    char what[96];
-    fail_message(r, deadline_ms, what, sizeof what);
+    char what[400];
+    fail_message(p, r, deadline_ms, what, sizeof what);
     host_fail(p, r, what);
     return li_error_set(err, LI_EIO, "policy host %s (killed; a new one is starting)", what);
 }
 
-/* A reply of type "error" becomes err; anything but `want` is a protocol error. */
+/* A reply that breaks the protocol: the host is replaced; err says why. */
+static int reply_broken(li_policy_proc *p, const char *what, li_error *err) {
+    char why[400];
+    snprintf(why, sizeof why, "sent %s: %.300s", what, err->msg);
+    host_fail(p, IO_PROTO, why);
+    return li_error_set(err, LI_EIO, "policy host %s (killed; a new one is starting)", why);
+}
+
+/* A reply of type "error" becomes err (a policy error: the host stays);
+ * anything but `want` is a protocol error. */
 static int check_reply(li_policy_proc *p, const char *want, li_error *err) {
-    const msgpack_object *m = &p->msg.data;
-    if (li_wire_is(m, want)) return 0;
-    if (li_wire_is(m, "error")) {
-        const char *s = "error";
-        size_t n = 5;
-        li_wire_str(li_wire_get(m, "message"), &s, &n);
-        return li_error_set(err, LI_EINVAL, "%.*s", (int)LI_MIN(n, 480), s);
-    }
-    host_fail(p, IO_PROTO, "sent an unexpected reply");
-    return li_error_set(err, LI_EIO, "policy host sent an unexpected reply (killed; a new one is starting)");
+    int rc = li_wire_check_reply(p->msg, want, err);
+    if (rc == LI_EIO) return reply_broken(p, "an unexpected reply", err);
+    return rc;
 }
 
 /* ======================================================================
@@ -457,13 +421,9 @@ static int proc_schedule(li_policy *pp, const li_step_state *st, li_plan *plan, 
     li_wire_pack_state(&p->pk, st);
     if (round_trip(p, seq, deadline, p->opts.deadline_ms, err)) return err->code;
     if (check_reply(p, "plan", err)) return err->code;
-    int rc = li_wire_unpack_plan(li_wire_get(&p->msg.data, "plan"), plan, err);
-    if (rc) {
-        li_plan_clear(plan);
-        char why[600];
-        snprintf(why, sizeof why, "sent a malformed plan: %s", err->msg);
-        host_fail(p, IO_PROTO, why);
-        return rc;
+    if (li_wire_unpack_plan(li_wire_get(p->msg, "plan"), plan, err)) {
+        li_plan_clear(plan); /* never half a plan */
+        return reply_broken(p, "a malformed plan", err);
     }
     p->fails = 0;
     return 0;
@@ -492,16 +452,8 @@ static int proc_admit(li_policy *pp, const li_req_view *req, const li_step_state
     else msgpack_pack_nil(&p->pk);
     if (round_trip(p, seq, deadline, p->opts.deadline_ms, err)) return err->code;
     if (check_reply(p, "admit", err)) return err->code;
-    const msgpack_object *m = &p->msg.data, *a = li_wire_get(m, "accept");
-    if (!a || a->type != MSGPACK_OBJECT_BOOLEAN) {
-        host_fail(p, IO_PROTO, "sent an admit reply without 'accept'");
-        return li_error_set(err, LI_EIO, "policy host sent a malformed admit reply");
-    }
-    *accept = a->via.boolean;
-    const char *s;
-    size_t n;
-    if (!*accept && reason && reason_cap && li_wire_str(li_wire_get(m, "reason"), &s, &n))
-        snprintf(reason, reason_cap, "%.*s", (int)LI_MIN(n, 4096), s);
+    if (li_wire_decode_admit(p->msg, accept, reason, reason_cap, err))
+        return reply_broken(p, "a malformed admit reply", err); /* *accept stays true */
     p->fails = 0;
     return 0;
 }
@@ -536,16 +488,8 @@ static int proc_evict(li_policy *pp, const li_evict_candidate *cands, int32_t n_
     }
     if (round_trip(p, seq, deadline, p->opts.deadline_ms, err)) return err->code;
     if (check_reply(p, "order", err)) return err->code;
-    const msgpack_object *o = li_wire_get(&p->msg.data, "order");
-    if (!o || o->type != MSGPACK_OBJECT_ARRAY) {
-        host_fail(p, IO_PROTO, "sent an evict reply without 'order'");
-        return li_error_set(err, LI_EIO, "policy host sent a malformed evict reply");
-    }
-    for (uint32_t i = 0; i < o->via.array.size && *n_order < n_cands; i++) {
-        int64_t id;
-        if (!li_wire_int(&o->via.array.ptr[i], &id) || id < 0 || id > INT32_MAX) continue; /* not a block id */
-        order[(*n_order)++] = (int32_t)id;
-    }
+    if (li_wire_decode_order(p->msg, n_cands, order, n_order, err))
+        return reply_broken(p, "a malformed evict reply", err);
     p->fails = 0;
     return 0;
 }
@@ -553,7 +497,7 @@ static int proc_evict(li_policy *pp, const li_evict_candidate *cands, int32_t n_
 static void proc_on_finish(li_policy *pp, const li_req_view *req, const char *finish_reason) {
     li_policy_proc *p = (li_policy_proc *)pp;
     if (!(p->hooks & LI_POLICY_HOOK_ON_FINISH)) return;
-    if (p->pid <= 0 || !p->ready) {
+    if (p->pid <= 0 || !p->start.ready) {
         p->st.dropped++;
         return;
     }
@@ -569,8 +513,8 @@ static void proc_on_finish(li_policy *pp, const li_req_view *req, const char *fi
     int r = send_frame(p, now_s() + p->opts.deadline_ms / 1000.0, true);
     if (r == IO_DROPPED) p->st.dropped++;
     else if (r != IO_OK) {
-        char what[96];
-        fail_message(r, p->opts.deadline_ms, what, sizeof what);
+        char what[400];
+        fail_message(p, r, p->opts.deadline_ms, what, sizeof what);
         host_fail(p, r, what);
     }
 }
@@ -588,11 +532,9 @@ static int read_file(const char *path, char **out, li_error *err) {
     return 0;
 }
 
-static void apply_info(li_policy_proc *p, const msgpack_object *m) {
-    li_policy_config cfg;
-    li_error e = {0};
-    if (li_wire_unpack_config(li_wire_get(m, "config"), &cfg, &e) == 0) p->base.config = cfg;
-    p->hooks = li_wire_unpack_hooks(li_wire_get(m, "hooks"));
+static void apply_info(li_policy_proc *p, const li_policy_config *cfg, unsigned hooks) {
+    p->base.config = *cfg;
+    p->hooks = hooks;
     p->base.has_schedule = (p->hooks & LI_POLICY_HOOK_SCHEDULE) != 0;
     p->base.has_evict = (p->hooks & LI_POLICY_HOOK_EVICT) != 0;
 }
@@ -616,18 +558,17 @@ static int proc_reload(li_policy *pp, const char *path, const char *source, li_e
         int64_t seq = pack_reload(p, text, name);
         rc = round_trip(p, seq, deadline, p->opts.start_timeout_ms, err);
         if (rc == 0 && (rc = check_reply(p, "reload", err)) == 0) {
-            const msgpack_object *m = &p->msg.data, *ok = li_wire_get(m, "ok");
-            if (ok && ok->type == MSGPACK_OBJECT_BOOLEAN && ok->via.boolean) {
-                apply_info(p, m);
+            li_policy_config cfg;
+            unsigned hooks;
+            rc = li_wire_decode_reload(p->msg, &cfg, &hooks, err);
+            if (rc == 0) {
+                apply_info(p, &cfg, hooks);
                 free(p->source);
                 p->source = text;
                 text = NULL;
                 snprintf(p->base.name, sizeof p->base.name, "%s", name);
-            } else {
-                const char *s = "reload failed";
-                size_t n = strlen(s);
-                li_wire_str(li_wire_get(m, "error"), &s, &n);
-                rc = li_error_set(err, LI_EINVAL, "%.*s", (int)LI_MIN(n, 480), s);
+            } else if (rc == LI_EIO) {
+                rc = reply_broken(p, "a malformed reload reply", err);
             }
         }
     }
@@ -648,10 +589,8 @@ static void proc_free(li_policy *pp) {
         waitpid(p->pid, NULL, 0);
     }
     for (int i = 0; i < p->n_zombies; i++) waitpid(p->zombies[i], NULL, 0);
-    msgpack_unpacked_destroy(&p->msg);
+    li_wire_reader_free(&p->rd);
     msgpack_sbuffer_destroy(&p->sb);
-    free(p->rbuf);
-    free(p->fbuf);
     free(p->source);
     free(p);
 }
@@ -685,23 +624,23 @@ int li_policy_proc_open(li_policy **out, const char *path, const li_policy_proc_
     p->st.pid = -1;
     msgpack_sbuffer_init(&p->sb);
     msgpack_packer_init(&p->pk, &p->sb, msgpack_sbuffer_write);
-    msgpack_unpacked_init(&p->msg);
+    li_wire_reader_init(&p->rd);
     int rc = host_spawn(p, err);
     if (rc == 0) {
         double deadline = now_s() + p->opts.start_timeout_ms / 1000.0;
-        while (!p->ready) {
+        while (!p->start.ready) {
             int r = read_frame(p, deadline);
             if (r != IO_OK) {
-                char m[64];
-                fail_message(r, p->opts.start_timeout_ms, m, sizeof m);
+                char m[400];
+                fail_message(p, r, p->opts.start_timeout_ms, m, sizeof m);
                 rc = li_error_set(err, LI_EIO, "policy host (%s policy-host) %s while starting", p->host_bin, m);
                 break;
             }
-            if (!take_async(p, &p->msg.data)) {
-                rc = li_error_set(err, LI_EINVAL, "%s", p->load_error);
+            if (!take_async(p, p->msg)) {
+                rc = li_error_set(err, LI_EINVAL, "%s", p->start.error);
                 break;
             }
-            if (p->ready) apply_info(p, &p->msg.data);
+            if (p->start.ready) apply_info(p, &p->start.config, p->start.hooks);
         }
     }
     if (rc) {

@@ -365,3 +365,164 @@ unsigned li_wire_unpack_hooks(const msgpack_object *o) {
     }
     return bits;
 }
+
+/* ======================================================================
+ * Frames from a byte stream (the engine reading a host)
+ * ====================================================================== */
+
+int li_wire_frame_unpack(msgpack_unpacked *u, const char *body, size_t n, li_error *err) {
+    msgpack_unpacked_destroy(u);
+    msgpack_unpacked_init(u);
+    if (n == 0) return li_error_set(err, LI_EINVAL, "an empty frame");
+    /* msgpack-c allocates an array's or map's declared count before it sees
+     * the items: the headers are scanned first (allocating nothing), so every
+     * declared item is in the frame and the nesting is bounded */
+    li_mp_scan scan = {0};
+    size_t end = 0;
+    const char *why = "";
+    int sc = li_mp_scan_feed(&scan, (const uint8_t *)body, n, n, LI_WIRE_MAX_DEPTH, &end, &why);
+    if (sc == LI_SCAN_MORE)
+        return li_error_set(err, LI_EINVAL, "a frame of %zu bytes with a truncated msgpack object", n);
+    if (sc == LI_SCAN_TOO_LARGE)
+        return li_error_set(err, LI_EINVAL, "a frame of %zu bytes that declares more than it holds", n);
+    if (sc < 0) return li_error_set(err, LI_EINVAL, "a frame with %s", why);
+    if (end != n) return li_error_set(err, LI_EINVAL, "a frame with %zu bytes after its msgpack object", n - end);
+    size_t off = 0;
+    if (msgpack_unpack_next(u, body, n, &off) != MSGPACK_UNPACK_SUCCESS || off != n)
+        return li_error_set(err, LI_EINVAL, "a frame of %zu bytes that is not one msgpack object", n);
+    if (u->data.type != MSGPACK_OBJECT_MAP) return li_error_set(err, LI_EINVAL, "a frame that is not a msgpack map");
+    return 0;
+}
+
+void li_wire_reader_init(li_wire_reader *r) {
+    memset(r, 0, sizeof *r);
+    msgpack_unpacked_init(&r->msg);
+}
+
+void li_wire_reader_free(li_wire_reader *r) {
+    msgpack_unpacked_destroy(&r->msg);
+    free(r->buf);
+    free(r->frame);
+    memset(r, 0, sizeof *r);
+}
+
+void li_wire_reader_reset(li_wire_reader *r) { r->len = 0; }
+
+char *li_wire_reader_space(li_wire_reader *r, size_t *room) {
+    if (r->cap - r->len < 65536) {
+        r->cap = r->cap * 2 + 65536;
+        r->buf = li_xrealloc(r->buf, r->cap);
+    }
+    *room = r->cap - r->len;
+    return r->buf + r->len;
+}
+
+void li_wire_reader_commit(li_wire_reader *r, size_t n) { r->len += n; }
+
+int li_wire_reader_next(li_wire_reader *r, const msgpack_object **msg, li_error *err) {
+    if (r->len < 4) return 0;
+    const unsigned char *h = (const unsigned char *)r->buf;
+    size_t n = (size_t)h[0] << 24 | (size_t)h[1] << 16 | (size_t)h[2] << 8 | h[3];
+    if (n > LI_WIRE_MAX_FRAME)
+        return li_error_set(err, LI_ERANGE, "a frame of %zu bytes (the limit is %zu)", n, LI_WIRE_MAX_FRAME);
+    if (r->len - 4 < n) return 0;
+    if (n > r->frame_cap) {
+        r->frame_cap = n + 4096;
+        r->frame = li_xrealloc(r->frame, r->frame_cap);
+    }
+    if (n) memcpy(r->frame, r->buf + 4, n); /* frame is still NULL before the first non-empty one */
+    memmove(r->buf, r->buf + 4 + n, r->len - 4 - n);
+    r->len -= 4 + n;
+    if (li_wire_frame_unpack(&r->msg, r->frame, n, err)) return err->code;
+    *msg = &r->msg.data;
+    return 1;
+}
+
+/* ======================================================================
+ * The engine's checks of a host's replies
+ * ====================================================================== */
+
+int li_wire_check_hello(const msgpack_object *m, li_error *err) {
+    int64_t v = -1; /* -1: the version field is missing */
+    if (!li_wire_is(m, "hello")) return li_error_set(err, LI_EIO, "policy host sent no hello");
+    if (!li_wire_int(li_wire_get(m, "version"), &v) || v != LI_WIRE_VERSION)
+        return li_error_set(err, LI_EIO, "policy host speaks protocol %lld, not %d", (long long)v, LI_WIRE_VERSION);
+    return 0;
+}
+
+bool li_wire_take_async(li_wire_start *s, const msgpack_object *m) {
+    int64_t seq;
+    li_error e = {0};
+    if (li_wire_is(m, "hello")) {
+        if (li_wire_check_hello(m, &e)) {
+            snprintf(s->error, sizeof s->error, "%s", e.msg);
+            return false;
+        }
+        s->hello = true;
+        return true;
+    }
+    if (!li_wire_is(m, "reload") || !li_wire_int(li_wire_get(m, "seq"), &seq) || seq != s->load_seq)
+        return true; /* a stale reply: ignored */
+    if (li_wire_decode_reload(m, &s->config, &s->hooks, &e)) {
+        snprintf(s->error, sizeof s->error, "%s", e.msg);
+        return false;
+    }
+    if (!s->hello) {
+        snprintf(s->error, sizeof s->error, "policy host answered before its hello");
+        return false;
+    }
+    s->ready = true;
+    return true;
+}
+
+/* The host's text (an error message) in err, cut to what a log line holds. */
+static int host_text(const msgpack_object *m, const char *key, const char *dflt, int code, li_error *err) {
+    const char *s = dflt;
+    size_t n = strlen(dflt);
+    li_wire_str(li_wire_get(m, key), &s, &n);
+    return li_error_set(err, code, "%.*s", (int)LI_MIN(n, 480), s);
+}
+
+int li_wire_check_reply(const msgpack_object *m, const char *want, li_error *err) {
+    if (li_wire_is(m, want)) return 0;
+    if (li_wire_is(m, "error")) return host_text(m, "message", "error", LI_EINVAL, err);
+    return li_error_set(err, LI_EIO, "a reply that is neither '%s' nor 'error'", want);
+}
+
+int li_wire_decode_reload(const msgpack_object *m, li_policy_config *cfg, unsigned *hooks, li_error *err) {
+    const msgpack_object *ok = li_wire_get(m, "ok");
+    if (!ok || ok->type != MSGPACK_OBJECT_BOOLEAN)
+        return li_error_set(err, LI_EIO, "a reload reply without a boolean 'ok'");
+    if (!ok->via.boolean) return host_text(m, "error", "policy failed to load", LI_EINVAL, err);
+    li_error e = {0};
+    if (li_wire_unpack_config(li_wire_get(m, "config"), cfg, &e))
+        return li_error_set(err, LI_EIO, "a malformed reload reply: %s", e.msg);
+    *hooks = li_wire_unpack_hooks(li_wire_get(m, "hooks"));
+    return 0;
+}
+
+int li_wire_decode_admit(const msgpack_object *m, bool *accept, char *reason, size_t cap, li_error *err) {
+    if (reason && cap) reason[0] = 0;
+    const msgpack_object *a = li_wire_get(m, "accept");
+    if (!a || a->type != MSGPACK_OBJECT_BOOLEAN)
+        return li_error_set(err, LI_EIO, "an admit reply without a boolean 'accept'");
+    *accept = a->via.boolean;
+    const char *s;
+    size_t n;
+    if (!*accept && reason && cap && li_wire_str(li_wire_get(m, "reason"), &s, &n))
+        snprintf(reason, cap, "%.*s", (int)LI_MIN(n, 4096), s);
+    return 0;
+}
+
+int li_wire_decode_order(const msgpack_object *m, int32_t max, int32_t *order, int32_t *n_order, li_error *err) {
+    *n_order = 0;
+    const msgpack_object *o = li_wire_get(m, "order");
+    if (!o || o->type != MSGPACK_OBJECT_ARRAY)
+        return li_error_set(err, LI_EIO, "an evict reply without an 'order' array");
+    for (uint32_t i = 0; i < o->via.array.size && *n_order < max; i++) {
+        int64_t id;
+        if (!li_wire_int(&o->via.array.ptr[i], &id) || id < 0 || id > INT32_MAX) continue; /* not a block id */
+        order[(*n_order)++] = (int32_t)id;
+    }
+    return 0;
+}

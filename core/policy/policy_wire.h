@@ -17,6 +17,7 @@
 #define LI_WIRE_MAX_FRAME ((size_t)64 << 20) /* bytes in one frame */
 #define LI_WIRE_MAX_REQS (1 << 20)           /* requests in one state */
 #define LI_WIRE_MAX_ENTRIES (1 << 20)        /* run or preempt entries in one plan */
+#define LI_WIRE_MAX_DEPTH 16                 /* nesting of arrays and maps in one frame */
 
 /* ---- packing ---------------------------------------------------------------- */
 
@@ -61,9 +62,78 @@ void li_wire_state_free(li_wire_state *ws);
 int li_wire_unpack_req(const msgpack_object *o, li_req_view *v, li_wire_state *ws, li_error *err);
 /* st->reqs points into ws; valid until the next unpack into ws. */
 int li_wire_unpack_state(const msgpack_object *o, li_wire_state *ws, li_step_state *st, li_error *err);
-/* Appends to plan (strict: ids >= 0, tokens in [0, 2^31), arrays only). */
+/* Appends to plan (strict: ids >= 0, tokens in [0, 2^31), arrays only;
+ * entries of 0 tokens are skipped). On an error plan may hold a part. */
 int li_wire_unpack_plan(const msgpack_object *o, li_plan *plan, li_error *err);
 int li_wire_unpack_config(const msgpack_object *o, li_policy_config *c, li_error *err);
 unsigned li_wire_unpack_hooks(const msgpack_object *o);
+
+/* ---- frames from a byte stream ------------------------------------------------- */
+
+/* Decodes one frame body into u (re-initialised; init it once before the
+ * first call): exactly one msgpack map using all n bytes, nested at most
+ * LI_WIRE_MAX_DEPTH deep. Declared sizes are checked against n by a header
+ * scan before msgpack-c (which allocates a declared count up front) sees
+ * the bytes. u's objects point into body. */
+int li_wire_frame_unpack(msgpack_unpacked *u, const char *body, size_t n, li_error *err);
+
+/* The engine's side of a host socket: bytes go in as they arrive (written
+ * straight into the buffer), whole frames come out decoded. */
+typedef struct li_wire_reader {
+    char *buf;             /* bytes received, not yet framed */
+    size_t len, cap;
+    char *frame;           /* the body of the last frame; msg points into it */
+    size_t frame_cap;
+    msgpack_unpacked msg;
+} li_wire_reader;
+
+void li_wire_reader_init(li_wire_reader *r);
+void li_wire_reader_free(li_wire_reader *r);
+/* Forgets buffered bytes (the host they came from is gone). */
+void li_wire_reader_reset(li_wire_reader *r);
+/* Where the next received bytes go: at least 64 KiB of room (*room bytes);
+ * li_wire_reader_commit then counts the n bytes written there. */
+char *li_wire_reader_space(li_wire_reader *r, size_t *room);
+void li_wire_reader_commit(li_wire_reader *r, size_t n);
+/* The next whole frame: 1 and *msg (a map, valid until the next call), 0
+ * when more bytes are needed, or an error when the stream is broken (a
+ * length over LI_WIRE_MAX_FRAME, a body li_wire_frame_unpack refuses). */
+int li_wire_reader_next(li_wire_reader *r, const msgpack_object **msg, li_error *err);
+
+/* ---- the engine's checks of a host's replies ------------------------------------ */
+
+/* A host while it starts: ready once its hello and the reply to its first
+ * load (seq load_seq) have come. */
+typedef struct li_wire_start {
+    int64_t load_seq;
+    bool hello, ready;
+    li_policy_config config;   /* what the load reported */
+    unsigned hooks;
+    char error[512];           /* why the host cannot be used */
+} li_wire_start;
+
+/* Takes in a frame that is not the reply the engine waits for: a hello, the
+ * reply to the pending load, or a stale reply (ignored). false when the host
+ * cannot be used: a wrong protocol version, a failed or malformed load, a
+ * load reply before the hello (s->error says why). */
+bool li_wire_take_async(li_wire_start *s, const msgpack_object *m);
+
+/* A hello: 0 when the host speaks LI_WIRE_VERSION. */
+int li_wire_check_hello(const msgpack_object *m, li_error *err);
+/* The reply to a call that wants type `want`: 0 when it is one; an `error`
+ * reply is LI_EINVAL with the host's message (a policy error: the host
+ * stays); anything else is LI_EIO (a protocol error). */
+int li_wire_check_reply(const msgpack_object *m, const char *want, li_error *err);
+/* A reload reply: 0 with the policy's config and hooks when `ok`; LI_EINVAL
+ * with the host's message when the policy did not load; LI_EIO when the
+ * reply is malformed (no boolean `ok`, a bad config). */
+int li_wire_decode_reload(const msgpack_object *m, li_policy_config *cfg, unsigned *hooks, li_error *err);
+/* An admit reply: a boolean `accept` is required; a rejection's `reason`
+ * (at most 4096 bytes, cut to cap - 1) goes to reason when given. */
+int li_wire_decode_admit(const msgpack_object *m, bool *accept, char *reason, size_t cap, li_error *err);
+/* An order reply (evict): an `order` array is required; its first entries
+ * that are block ids in [0, 2^31) go to order, at most max of them (what
+ * is not a block id is skipped: the engine checks every id anyway). */
+int li_wire_decode_order(const msgpack_object *m, int32_t max, int32_t *order, int32_t *n_order, li_error *err);
 
 #endif

@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <utf8proc.h>
 
 /* ---- small helpers -------------------------------------------------------- */
 
@@ -28,29 +29,18 @@ void li_mp_pack_strn(msgpack_packer *pk, const char *s, size_t n) {
 
 void li_mp_pack_str(msgpack_packer *pk, const char *s) { li_mp_pack_strn(pk, s, strlen(s)); }
 
+/* Strict UTF-8 as utf8proc_iterate decodes it: shortest forms only, no
+ * surrogates, nothing above U+10FFFF, no truncated sequence. NUL (U+0000) is
+ * valid UTF-8 and stays accepted, as before (utf8proc_iterate returns 1 for
+ * it, with the code point 0). */
 bool li_utf8_valid(const char *str, size_t n) {
-    const unsigned char *s = (const unsigned char *)str;
-    size_t i = 0;
-    while (i < n) {
-        unsigned c = s[i];
-        if (c < 0x80) {
-            i++;
-            continue;
-        }
-        int len;
-        unsigned cp;
-        if (c >= 0xc2 && c <= 0xdf) len = 2, cp = c & 0x1f;
-        else if (c >= 0xe0 && c <= 0xef) len = 3, cp = c & 0x0f;
-        else if (c >= 0xf0 && c <= 0xf4) len = 4, cp = c & 0x07;
-        else return false;
-        if (i + (size_t)len > n) return false;
-        for (int k = 1; k < len; k++) {
-            if ((s[i + k] & 0xc0) != 0x80) return false;
-            cp = cp << 6 | (s[i + k] & 0x3f);
-        }
-        if ((len == 3 && cp < 0x800) || (len == 4 && (cp < 0x10000 || cp > 0x10ffff)) ||
-            (cp >= 0xd800 && cp <= 0xdfff))
-            return false;
+    const utf8proc_uint8_t *s = (const utf8proc_uint8_t *)str;
+    for (size_t i = 0; i < n;) {
+        utf8proc_int32_t cp;
+        /* a sequence is at most 4 bytes: passing no more also keeps a huge n
+         * from turning negative as utf8proc_ssize_t ("NUL-terminated") */
+        utf8proc_ssize_t len = utf8proc_iterate(s + i, (utf8proc_ssize_t)LI_MIN(n - i, 4), &cp);
+        if (len <= 0) return false;
         i += (size_t)len;
     }
     return true;

@@ -38,6 +38,7 @@ int li_cmd_repl(int argc, char **argv);
 #define LI_SRV_DEFAULT_PORT 7700
 #define LI_SRV_MAX_FRAME (1u << 20)         /* bytes of one msgpack frame / HTTP body */
 #define LI_SRV_MAX_DEPTH 32                 /* nesting of arrays and maps */
+_Static_assert(LI_SRV_MAX_DEPTH <= LI_MP_MAX_DEPTH, "li_mp_scan_feed follows LI_MP_MAX_DEPTH levels at most");
 #define LI_SRV_MAX_INFLIGHT 64              /* requests in flight per connection */
 #define LI_SRV_MAX_CONNECTIONS 256
 #define LI_SRV_MAX_QUEUED 4096              /* samples waiting + running, all connections together */
@@ -438,19 +439,6 @@ const char *li_api_model_name(li_server *srv);
 /* ============================================================================
  * rpc.c — msgpack-RPC framing, shared by sockets and the fuzz target
  * ========================================================================== */
-
-/* Resumable scan of one msgpack object at the start of a buffer: the frame
- * length once complete, with limits on size and nesting checked from the
- * headers alone (nothing is allocated from a declared length). */
-typedef struct li_mp_scan {
-    size_t pos;
-    int depth;
-    uint64_t left[LI_SRV_MAX_DEPTH + 1];
-} li_mp_scan;
-
-enum { LI_SCAN_MORE = 0, LI_SCAN_DONE = 1, LI_SCAN_ERROR = -1, LI_SCAN_TOO_LARGE = -2 };
-int li_mp_scan_feed(li_mp_scan *s, const uint8_t *buf, size_t len, size_t max_frame, int max_depth,
-                    size_t *frame_len, const char **why);
 
 typedef struct li_rpc_session {
     li_server *srv;

@@ -5,7 +5,8 @@
  * or wrongly typed object and answers false (or NULL), never crashes. The two
  * protocols differ in what they accept, so those choices are parameters:
  * `bin_ok` (RPC clients may send text as bin; the policy wire never does) and
- * `float_max` (the largest float taken as an integer). */
+ * `float_max` (the largest float taken as an integer). li_mp_scan_feed
+ * frames a byte stream before msgpack-c unpacks it. */
 #ifndef LI_MP_READ_H
 #define LI_MP_READ_H
 
@@ -13,6 +14,25 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+
+/* The deepest nesting of arrays and maps a scan can follow. */
+#define LI_MP_MAX_DEPTH 32
+
+/* Resumable scan of one msgpack object at the start of a buffer: the frame
+ * length once complete, with limits on size and nesting checked from the
+ * headers alone (nothing is allocated from a declared length). Used before
+ * msgpack-c sees outside bytes, because msgpack-c allocates an array's or
+ * map's declared count up front. */
+typedef struct li_mp_scan {
+    size_t pos;
+    int depth;
+    uint64_t left[LI_MP_MAX_DEPTH + 1];
+} li_mp_scan;
+
+enum { LI_SCAN_MORE = 0, LI_SCAN_DONE = 1, LI_SCAN_ERROR = -1, LI_SCAN_TOO_LARGE = -2 };
+/* max_depth is capped at LI_MP_MAX_DEPTH; *why says what broke a limit. */
+int li_mp_scan_feed(li_mp_scan *s, const uint8_t *buf, size_t len, size_t max_frame, int max_depth,
+                    size_t *frame_len, const char **why);
 
 /* 2^53: beyond it a double (a Lua number) no longer holds every integer. */
 #define LI_MP_FLOAT_EXACT 9007199254740992.0
