@@ -20,6 +20,7 @@
 #include "cpu/kv_kernels.h"
 #include "cpu/threadpool.h"
 
+#include <cpuid.h>
 #include <math.h>
 #include <sched.h>
 #include <stdatomic.h>
@@ -52,8 +53,15 @@ static li_cpu *cpu_of(li_backend *be) { return be->impl; }
  * ISA choice
  * ---------------------------------------------------------------------- */
 
+/* F16C from CPUID leaf 1 (ECX bit 29): clang 14's __builtin_cpu_supports
+ * does not know "f16c", and the fuzz builds use clang */
+bool li_cpu_has_f16c(void) {
+    unsigned a, b, c, d;
+    return __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29));
+}
+
 static bool have_avx2(void) {
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && li_cpu_has_f16c();
 }
 
 static bool have_avx512(void) {
@@ -735,7 +743,7 @@ static const li_backend_ops cpu_ops = {
 
 int li_backend_cpu_init(li_backend *be, int n_threads, const char *isa, li_error *err) {
     memset(be, 0, sizeof *be);
-    const li_cpu_kernels *kern;
+    const li_cpu_kernels *kern = NULL;
     int rc = isa_pick(isa, &kern, err);
     if (rc) return rc;
     const int avail = cpus_online();

@@ -136,6 +136,9 @@ static inline size_t li_attn_tile_scratch(const li_attn_args *a, int64_t max_pos
     return nq * (((size_t)max_pos + 16) & ~(size_t)15) + nq * 256 + 16;
 }
 
+/* CPUID's F16C bit (what __builtin_cpu_supports("f16c") says in GCC) */
+bool li_cpu_has_f16c(void);
+
 extern const li_cpu_kernels li_cpu_kernels_scalar;
 extern const li_cpu_kernels li_cpu_kernels_avx2;   /* needs AVX2, FMA, F16C */
 extern const li_cpu_kernels li_cpu_kernels_avx512; /* needs AVX-512 F/BW/VL/DQ/VNNI, FMA, F16C */

@@ -54,7 +54,7 @@ static int n_isas;
 static void isas_find(void) {
     __builtin_cpu_init();
     isas[n_isas++] = "scalar";
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && li_cpu_has_f16c())
         isas[n_isas++] = "avx2";
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
@@ -167,7 +167,7 @@ static void test_fp16(void) {
                li_fp16_to_fp32(0x7bff) == 65504.0f && isinf(li_fp16_to_fp32(0xfc00)),
            "fp16: nan, smallest subnormal, max, -inf");
 
-    if (__builtin_cpu_supports("f16c")) {
+    if (li_cpu_has_f16c()) {
         int bad_h2f = 0, bad_f2h = 0;
         for (uint32_t h = 0; h < 65536; h++) {
             const float a = li_fp16_to_fp32((uint16_t)h), b = hw_h2f((uint16_t)h);

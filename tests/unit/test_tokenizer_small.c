@@ -291,7 +291,9 @@ static void test_handmade(void) {
     }
 
     /* SPM without scores or byte tokens: unknown characters become <unk>. */
-    static const char *const spm_toks[] = {"<unk>", "<s>", "</s>", "\xE2\x96\x81" "a", "a", "\xE2\x96\x81"};
+    /* "\xE2\x96\x81" "a" is split because a is a hex digit (the parentheses
+     * say the concatenation is meant) */
+    static const char *const spm_toks[] = {"<unk>", "<s>", "</s>", ("\xE2\x96\x81" "a"), "a", "\xE2\x96\x81"};
     g = (gbuf){.n = 0};
     kv_str(&g, "tokenizer.ggml.model", "llama");
     kv_strs(&g, "tokenizer.ggml.tokens", spm_toks, 6);
