@@ -77,23 +77,15 @@ static void pack_policy_info(host *h) {
 }
 
 static int reply_error(host *h, int64_t seq, const char *msg) {
-    li_wire_frame_begin(&h->sb);
-    msgpack_pack_map(&h->pk, 3);
-    li_wire_pack_str(&h->pk, "type");
-    li_wire_pack_str(&h->pk, "error");
-    li_wire_pack_str(&h->pk, "seq");
-    msgpack_pack_int64(&h->pk, seq);
+    li_wire_msg_begin(&h->sb, &h->pk, 3, "error", seq);
     li_wire_pack_str(&h->pk, "message");
     li_wire_pack_str(&h->pk, msg);
     return send_frame(h);
 }
 
 static int send_hello(host *h, const char *load_error) {
-    li_wire_frame_begin(&h->sb);
     msgpack_packer *pk = &h->pk;
-    msgpack_pack_map(pk, 8);
-    li_wire_pack_str(pk, "type");
-    li_wire_pack_str(pk, "hello");
+    li_wire_msg_begin(&h->sb, pk, 8, "hello", -1);
     li_wire_pack_str(pk, "version");
     msgpack_pack_int(pk, LI_WIRE_VERSION);
     li_wire_pack_str(pk, "pid");
@@ -117,12 +109,7 @@ static int on_schedule(host *h, const msgpack_object *msg, int64_t seq) {
     if (li_wire_unpack_state(li_wire_get(msg, "state"), &h->ws, &st, &err)) return reply_error(h, seq, err.msg);
     li_plan_clear(&h->plan);
     if (h->pol->ops->schedule(h->pol, &st, &h->plan, &err)) return reply_error(h, seq, err.msg);
-    li_wire_frame_begin(&h->sb);
-    msgpack_pack_map(&h->pk, 3);
-    li_wire_pack_str(&h->pk, "type");
-    li_wire_pack_str(&h->pk, "plan");
-    li_wire_pack_str(&h->pk, "seq");
-    msgpack_pack_int64(&h->pk, seq);
+    li_wire_msg_begin(&h->sb, &h->pk, 3, "plan", seq);
     li_wire_pack_str(&h->pk, "plan");
     li_wire_pack_plan(&h->pk, &h->plan);
     return send_frame(h);
@@ -156,12 +143,7 @@ static int on_evict(host *h, const msgpack_object *msg, int64_t seq) {
     li_error err = {0};
     if (h->pol->ops->evict(h->pol, h->cands, n, (int32_t)need, h->order, &n_order, &err))
         return reply_error(h, seq, err.msg);
-    li_wire_frame_begin(&h->sb);
-    msgpack_pack_map(&h->pk, 3);
-    li_wire_pack_str(&h->pk, "type");
-    li_wire_pack_str(&h->pk, "order");
-    li_wire_pack_str(&h->pk, "seq");
-    msgpack_pack_int64(&h->pk, seq);
+    li_wire_msg_begin(&h->sb, &h->pk, 3, "order", seq);
     li_wire_pack_str(&h->pk, "order");
     msgpack_pack_array(&h->pk, (size_t)n_order);
     for (int32_t i = 0; i < n_order; i++) msgpack_pack_int32(&h->pk, h->order[i]);
@@ -190,12 +172,7 @@ static int on_admit(host *h, const msgpack_object *msg, int64_t seq) {
     rc = h->pol->ops->admit(h->pol, &req, stp, &accept, reason, sizeof reason, &err);
     li_wire_state_free(&one);
     if (rc) return reply_error(h, seq, err.msg);
-    li_wire_frame_begin(&h->sb);
-    msgpack_pack_map(&h->pk, 4);
-    li_wire_pack_str(&h->pk, "type");
-    li_wire_pack_str(&h->pk, "admit");
-    li_wire_pack_str(&h->pk, "seq");
-    msgpack_pack_int64(&h->pk, seq);
+    li_wire_msg_begin(&h->sb, &h->pk, 4, "admit", seq);
     li_wire_pack_str(&h->pk, "accept");
     if (accept) msgpack_pack_true(&h->pk);
     else msgpack_pack_false(&h->pk);
@@ -246,13 +223,8 @@ static int on_reload(host *h, const msgpack_object *msg, int64_t seq) {
     free(source);
     free(name);
     free(path);
-    li_wire_frame_begin(&h->sb);
     msgpack_packer *pk = &h->pk;
-    msgpack_pack_map(pk, 7);
-    li_wire_pack_str(pk, "type");
-    li_wire_pack_str(pk, "reload");
-    li_wire_pack_str(pk, "seq");
-    msgpack_pack_int64(pk, seq);
+    li_wire_msg_begin(&h->sb, &h->pk, 7, "reload", seq);
     li_wire_pack_str(pk, "ok");
     if (rc) msgpack_pack_false(pk);
     else msgpack_pack_true(pk);

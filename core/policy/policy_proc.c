@@ -188,13 +188,8 @@ static void host_kill(li_policy_proc *p, char *how, size_t cap) {
 }
 
 static int64_t pack_reload(li_policy_proc *p, const char *source, const char *name) {
-    li_wire_frame_begin(&p->sb);
-    msgpack_pack_map(&p->pk, 4);
-    li_wire_pack_str(&p->pk, "type");
-    li_wire_pack_str(&p->pk, "reload");
-    li_wire_pack_str(&p->pk, "seq");
     int64_t seq = ++p->seq;
-    msgpack_pack_int64(&p->pk, seq);
+    li_wire_msg_begin(&p->sb, &p->pk, 4, "reload", seq);
     li_wire_pack_str(&p->pk, "source");
     li_wire_pack_str(&p->pk, source);
     li_wire_pack_str(&p->pk, "name");
@@ -401,26 +396,36 @@ static int check_reply(li_policy_proc *p, const char *want, li_error *err) {
     return rc;
 }
 
+/* A call's start: counted, a ready host, and the request map's first two
+ * fields {type, seq} packed (n_fields counts every field of the map). */
+static int call_begin(li_policy_proc *p, const char *type, uint32_t n_fields, int64_t *seq, double *deadline,
+                      li_error *err) {
+    *deadline = now_s() + p->opts.deadline_ms / 1000.0;
+    p->st.calls++;
+    if (ensure_ready(p, *deadline, err)) return err->code;
+    *seq = ++p->seq;
+    li_wire_msg_begin(&p->sb, &p->pk, n_fields, type, *seq);
+    return 0;
+}
+
+/* Sends the packed call and leaves its reply, of type `want`, in p->msg. */
+static int call_end(li_policy_proc *p, int64_t seq, double deadline, const char *want, li_error *err) {
+    if (round_trip(p, seq, deadline, p->opts.deadline_ms, err)) return err->code;
+    return check_reply(p, want, err);
+}
+
 /* ======================================================================
  * The li_policy vtable
  * ====================================================================== */
 
 static int proc_schedule(li_policy *pp, const li_step_state *st, li_plan *plan, li_error *err) {
     li_policy_proc *p = (li_policy_proc *)pp;
-    double deadline = now_s() + p->opts.deadline_ms / 1000.0;
-    p->st.calls++;
-    if (ensure_ready(p, deadline, err)) return err->code;
-    li_wire_frame_begin(&p->sb);
-    msgpack_pack_map(&p->pk, 3);
-    li_wire_pack_str(&p->pk, "type");
-    li_wire_pack_str(&p->pk, "schedule");
-    li_wire_pack_str(&p->pk, "seq");
-    int64_t seq = ++p->seq;
-    msgpack_pack_int64(&p->pk, seq);
+    int64_t seq;
+    double deadline;
+    if (call_begin(p, "schedule", 3, &seq, &deadline, err)) return err->code;
     li_wire_pack_str(&p->pk, "state");
     li_wire_pack_state(&p->pk, st);
-    if (round_trip(p, seq, deadline, p->opts.deadline_ms, err)) return err->code;
-    if (check_reply(p, "plan", err)) return err->code;
+    if (call_end(p, seq, deadline, "plan", err)) return err->code;
     if (li_wire_unpack_plan(li_wire_get(p->msg, "plan"), plan, err)) {
         li_plan_clear(plan); /* never half a plan */
         return reply_broken(p, "a malformed plan", err);
@@ -435,23 +440,15 @@ static int proc_admit(li_policy *pp, const li_req_view *req, const li_step_state
     *accept = true;
     if (reason && reason_cap) reason[0] = 0;
     if (!(p->hooks & LI_POLICY_HOOK_ADMIT)) return 0;
-    double deadline = now_s() + p->opts.deadline_ms / 1000.0;
-    p->st.calls++;
-    if (ensure_ready(p, deadline, err)) return err->code;
-    li_wire_frame_begin(&p->sb);
-    msgpack_pack_map(&p->pk, 4);
-    li_wire_pack_str(&p->pk, "type");
-    li_wire_pack_str(&p->pk, "admit");
-    li_wire_pack_str(&p->pk, "seq");
-    int64_t seq = ++p->seq;
-    msgpack_pack_int64(&p->pk, seq);
+    int64_t seq;
+    double deadline;
+    if (call_begin(p, "admit", 4, &seq, &deadline, err)) return err->code;
     li_wire_pack_str(&p->pk, "req");
     li_wire_pack_req(&p->pk, req);
     li_wire_pack_str(&p->pk, "state");
     if (st) li_wire_pack_state(&p->pk, st);
     else msgpack_pack_nil(&p->pk);
-    if (round_trip(p, seq, deadline, p->opts.deadline_ms, err)) return err->code;
-    if (check_reply(p, "admit", err)) return err->code;
+    if (call_end(p, seq, deadline, "admit", err)) return err->code;
     if (li_wire_decode_admit(p->msg, accept, reason, reason_cap, err))
         return reply_broken(p, "a malformed admit reply", err); /* *accept stays true */
     p->fails = 0;
@@ -465,16 +462,9 @@ static int proc_evict(li_policy *pp, const li_evict_candidate *cands, int32_t n_
     li_policy_proc *p = (li_policy_proc *)pp;
     *n_order = 0;
     if (!(p->hooks & LI_POLICY_HOOK_EVICT)) return 0;
-    double deadline = now_s() + p->opts.deadline_ms / 1000.0;
-    p->st.calls++;
-    if (ensure_ready(p, deadline, err)) return err->code;
-    li_wire_frame_begin(&p->sb);
-    msgpack_pack_map(&p->pk, 4);
-    li_wire_pack_str(&p->pk, "type");
-    li_wire_pack_str(&p->pk, "evict");
-    li_wire_pack_str(&p->pk, "seq");
-    int64_t seq = ++p->seq;
-    msgpack_pack_int64(&p->pk, seq);
+    int64_t seq;
+    double deadline;
+    if (call_begin(p, "evict", 4, &seq, &deadline, err)) return err->code;
     li_wire_pack_str(&p->pk, "need");
     msgpack_pack_int32(&p->pk, need);
     li_wire_pack_str(&p->pk, "cands");
@@ -486,8 +476,7 @@ static int proc_evict(li_policy *pp, const li_evict_candidate *cands, int32_t n_
         msgpack_pack_uint32(&p->pk, cands[i].hits);
         msgpack_pack_int32(&p->pk, cands[i].depth);
     }
-    if (round_trip(p, seq, deadline, p->opts.deadline_ms, err)) return err->code;
-    if (check_reply(p, "order", err)) return err->code;
+    if (call_end(p, seq, deadline, "order", err)) return err->code;
     if (li_wire_decode_order(p->msg, n_cands, order, n_order, err))
         return reply_broken(p, "a malformed evict reply", err);
     p->fails = 0;
@@ -501,10 +490,7 @@ static void proc_on_finish(li_policy *pp, const li_req_view *req, const char *fi
         p->st.dropped++;
         return;
     }
-    li_wire_frame_begin(&p->sb);
-    msgpack_pack_map(&p->pk, 3);
-    li_wire_pack_str(&p->pk, "type");
-    li_wire_pack_str(&p->pk, "on_finish");
+    li_wire_msg_begin(&p->sb, &p->pk, 3, "on_finish", -1);
     li_wire_pack_str(&p->pk, "req");
     li_wire_pack_req(&p->pk, req);
     li_wire_pack_str(&p->pk, "finish_reason");

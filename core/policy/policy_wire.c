@@ -28,6 +28,16 @@ void li_wire_frame_begin(msgpack_sbuffer *sb) {
     msgpack_sbuffer_write(sb, zero, 4);
 }
 
+void li_wire_msg_begin(msgpack_sbuffer *sb, msgpack_packer *pk, uint32_t n_fields, const char *type, int64_t seq) {
+    li_wire_frame_begin(sb);
+    msgpack_pack_map(pk, n_fields);
+    li_wire_pack_str(pk, "type");
+    li_wire_pack_str(pk, type);
+    if (seq < 0) return;
+    li_wire_pack_str(pk, "seq");
+    msgpack_pack_int64(pk, seq);
+}
+
 void li_wire_frame_end(msgpack_sbuffer *sb) {
     uint32_t n = (uint32_t)(sb->size - 4);
     unsigned char *b = (unsigned char *)sb->data;

@@ -25,6 +25,10 @@
  * li_wire_frame_end, which patches the length. */
 void li_wire_frame_begin(msgpack_sbuffer *sb);
 void li_wire_frame_end(msgpack_sbuffer *sb);
+/* Starts a frame holding one message: a map of n_fields fields, the first
+ * two of which, {type, seq}, are packed here (seq < 0: no seq field, as in
+ * hello and on_finish). */
+void li_wire_msg_begin(msgpack_sbuffer *sb, msgpack_packer *pk, uint32_t n_fields, const char *type, int64_t seq);
 
 void li_wire_pack_str(msgpack_packer *pk, const char *s);
 void li_wire_pack_req(msgpack_packer *pk, const li_req_view *r);

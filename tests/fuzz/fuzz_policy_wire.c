@@ -57,12 +57,7 @@ static void check_plan_round_trip(const li_plan *p) {
     msgpack_sbuffer_init(&sb);
     msgpack_packer pk;
     msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-    li_wire_frame_begin(&sb);
-    msgpack_pack_map(&pk, 3);
-    li_wire_pack_str(&pk, "type");
-    li_wire_pack_str(&pk, "plan");
-    li_wire_pack_str(&pk, "seq");
-    msgpack_pack_int64(&pk, 2);
+    li_wire_msg_begin(&sb, &pk, 3, "plan", 2);
     li_wire_pack_str(&pk, "plan");
     li_wire_pack_plan(&pk, p);
     li_wire_frame_end(&sb);

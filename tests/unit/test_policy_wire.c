@@ -56,15 +56,19 @@ static void pack_v(msgpack_packer *pk, const char *fmt, va_list ap) {
 }
 
 /* A whole frame (length prefix + body) in sb. */
-static void frame_of(msgpack_sbuffer *sb, const char *fmt, ...) {
+static void frame_of_v(msgpack_sbuffer *sb, const char *fmt, va_list ap) {
     msgpack_packer pk;
     msgpack_packer_init(&pk, sb, msgpack_sbuffer_write);
     li_wire_frame_begin(sb);
+    pack_v(&pk, fmt, ap);
+    li_wire_frame_end(sb);
+}
+
+static void frame_of(msgpack_sbuffer *sb, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    pack_v(&pk, fmt, ap);
+    frame_of_v(sb, fmt, ap);
     va_end(ap);
-    li_wire_frame_end(sb);
 }
 
 /* ---- the reader ------------------------------------------------------------------------ */
@@ -86,14 +90,10 @@ static int feed(const char *p, size_t n, const msgpack_object **m) {
 
 /* A frame packed from fmt, through a fresh reader: its map, or NULL with err. */
 static const msgpack_object *msg(const char *fmt, ...) {
-    msgpack_packer pk;
-    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-    li_wire_frame_begin(&sb);
     va_list ap;
     va_start(ap, fmt);
-    pack_v(&pk, fmt, ap);
+    frame_of_v(&sb, fmt, ap);
     va_end(ap);
-    li_wire_frame_end(&sb);
     li_wire_reader_reset(&rd);
     const msgpack_object *m = NULL;
     return feed(sb.data, sb.size, &m) == 1 ? m : NULL;
@@ -167,12 +167,7 @@ static li_plan plan;
 static int plan_ofv(const char *fmt, va_list ap) {
     msgpack_packer pk;
     msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-    li_wire_frame_begin(&sb);
-    msgpack_pack_map(&pk, 3);
-    li_wire_pack_str(&pk, "type");
-    li_wire_pack_str(&pk, "plan");
-    li_wire_pack_str(&pk, "seq");
-    msgpack_pack_int(&pk, 2);
+    li_wire_msg_begin(&sb, &pk, 3, "plan", 2);
     li_wire_pack_str(&pk, "plan");
     pack_v(&pk, fmt, ap);
     li_wire_frame_end(&sb);
@@ -349,14 +344,10 @@ static void host_send(int fd, const char *p, size_t n) {
 }
 
 static void host_send_frame(int fd, const char *fmt, ...) {
-    msgpack_packer pk;
-    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-    li_wire_frame_begin(&sb);
     va_list ap;
     va_start(ap, fmt);
-    pack_v(&pk, fmt, ap);
+    frame_of_v(&sb, fmt, ap);
     va_end(ap);
-    li_wire_frame_end(&sb);
     host_send(fd, sb.data, sb.size);
 }
 
