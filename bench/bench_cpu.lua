@@ -20,6 +20,7 @@ local SEQS = {}
 for i = 3, #arg do SEQS[#SEQS + 1] = tonumber(arg[i]) end
 if #SEQS == 0 then SEQS = { 8, 32 } end
 local THREADS = tonumber(os.getenv("LUAINFER_THREADS") or "2")
+local ISA = os.getenv("LUAINFER_ISA") or "auto" -- "ggml": llama.cpp's arithmetic
 
 -- token ids of prompt s, length n: deterministic, spread over the vocabulary
 local function prompt(s, n)
@@ -29,7 +30,7 @@ local function prompt(s, n)
 end
 
 local function engine(max_seqs)
-  return luainfer.engine{ threads = THREADS, max_num_seqs = max_seqs, max_batched_tokens = 512,
+  return luainfer.engine{ threads = THREADS, isa = ISA, max_num_seqs = max_seqs, max_batched_tokens = 512,
                           kv_memory = 256 * 1024 * 1024, prefix_caching = false }
 end
 

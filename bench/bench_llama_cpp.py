@@ -154,9 +154,9 @@ class LlamaCpp:
 # luainfer (a child process) and the machine limits
 # --------------------------------------------------------------------------
 
-def run_luainfer_rss(binary, threads, prefill, steps, seqs):
+def run_luainfer_rss(binary, threads, prefill, steps, seqs, isa="auto"):
     """The same run, returning (results, peak RSS in MiB) from wait4()."""
-    env = dict(os.environ, LUAINFER_THREADS=str(threads))
+    env = dict(os.environ, LUAINFER_THREADS=str(threads), LUAINFER_ISA=isa)
     cmd = [binary, "run", os.path.join(ROOT, "bench", "bench_cpu.lua"), str(prefill), str(steps)] + [str(s) for s in seqs]
     r, w = os.pipe()
     pid = os.fork()
@@ -234,6 +234,8 @@ def main():
     ap.add_argument("--prefill", type=int, default=512)
     ap.add_argument("--decode", type=int, default=128)
     ap.add_argument("--seqs", type=int, nargs="+", default=[8, 32])
+    ap.add_argument("--isa", default="auto",
+                    help="luainfer's CPU kernels (ggml: llama.cpp's arithmetic, bit for bit)")
     args = ap.parse_args()
     binary = os.path.abspath(args.luainfer)
     build_dir = os.path.dirname(binary)
@@ -252,7 +254,7 @@ def main():
     theirs = {n: [] for n in names}
     rss = []
     for rnd in range(args.rounds):
-        res, peak = run_luainfer_rss(binary, args.threads, args.prefill, args.decode, args.seqs)
+        res, peak = run_luainfer_rss(binary, args.threads, args.prefill, args.decode, args.seqs, args.isa)
         rss.append(peak)
         for n in names:
             ours[n].append(res[n])

@@ -88,13 +88,14 @@ struct li_backend {
 
 /* CPU backend: n_threads <= 0 means the cores available. isa: NULL or "auto"
  * picks the best the CPU has (CPUID); "scalar", "avx2", "avx512" force one
- * (an unavailable one is an error). */
+ * (an unavailable one is an error); "ggml" computes what llama.cpp's x86 CPU
+ * backend computes, bit for bit (cpu/ggml_kernels.h). */
 int li_backend_cpu_init(li_backend *be, int n_threads, const char *isa, struct li_error *err);
 void li_backend_cpu_free(li_backend *be);
 /* The scalar reference ops, single-threaded: what every other path is
  * tested against. */
 const li_backend_ops *li_backend_ref_ops(void);
-/* Name of the ISA level chosen at init ("scalar", "avx2", "avx512"). */
+/* Name of the ISA level chosen at init ("scalar", "avx2", "avx512", "ggml"). */
 const char *li_backend_cpu_isa(const li_backend *be);
 
 #endif

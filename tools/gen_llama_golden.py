@@ -54,7 +54,10 @@ N_THREADS = 2
 MAX_TOKENS = 64
 TOP_K_LOGITS = 40
 PPL_CTXS = (128, 512)
-LOGIT_DECIMALS = 4    # rounding of stored logits; 1e-4 is far below any bound
+LOGIT_DECIMALS = 4    # rounding of the stored exact (float64) logits
+# llama.cpp's own logits are stored exactly: the shortest decimal that reads
+# back as the same float32, so `luainfer generate --isa ggml` (llama.cpp's
+# arithmetic) can be checked bit for bit.
 
 # ---------------------------------------------------------------------------
 # Prompts
@@ -121,7 +124,12 @@ def top_k_pairs(row, k):
     """The k largest logits as [[id, logit], ...], by logit desc, id asc."""
     idx = np.argpartition(-row, k)[:k]
     order = sorted(idx.tolist(), key=lambda i: (-float(row[i]), i))
-    return [[int(i), round(float(row[i]), LOGIT_DECIMALS)] for i in order]
+    return [[int(i), f32_exact(row[i])] for i in order]
+
+
+def f32_exact(v):
+    """A float32 as the shortest decimal that round-trips to it."""
+    return float(str(np.float32(v)))
 
 
 def argmax_first(row):
@@ -328,6 +336,7 @@ def main():
         "sampling": "greedy argmax over raw logits (first max on ties)",
         "stop": "first token with llama_vocab_is_eog; not recorded",
         "logit_decimals": LOGIT_DECIMALS,
+        "top_logits_precision": "float32, exact (shortest round-trip decimal)",
         "ref_logits": "RefLlama in this script: float64 forward over the "
                       "dequantized GGUF weights, aligned with top_logits ids",
     }
@@ -403,7 +412,7 @@ def main():
         del llm
     ppl_source = dict(source, llama_flags=dict(source["llama_flags"], n_ctx="max(ctx, 512)"),
                       tokenize={"add_bos": False, "special": False})
-    for key in ("sampling", "stop", "ref_logits"):
+    for key in ("sampling", "stop", "ref_logits", "top_logits_precision"):
         ppl_source.pop(key)
     ppl_doc = {
         "source": ppl_source,

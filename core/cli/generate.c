@@ -99,7 +99,7 @@ int li_cmd_generate(int argc, char **argv) {
         {"ctx-size", LI_OPT_INT, &o.ctx_size, "context length (default: the model's, at most 8192)"},
         {"batch-size", LI_OPT_INT, &o.batch_size, "prompt tokens per forward pass (default 512)"},
         {"kv-dtype", LI_OPT_STR, &o.kv_dtype, "KV cache dtype: f16, bf16, f32, fp8 (E4M3) or int8; 8-bit ones keep an f32 scale per token and kv head (default f16)"},
-        {"isa", LI_OPT_STR, &o.isa, "CPU kernels: auto, scalar, avx2, avx512 (default auto)"},
+        {"isa", LI_OPT_STR, &o.isa, "CPU kernels: auto, scalar, avx2, avx512, or ggml (llama.cpp's x86 arithmetic, bit for bit; slower) (default auto)"},
         {"help", LI_OPT_FLAG, &o.help, "show this help"},
     };
     const int n_opts = (int)LI_ARRAY_LEN(opts);

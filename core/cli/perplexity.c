@@ -28,7 +28,7 @@ int li_cmd_perplexity(int argc, char **argv) {
         {"batch-size", LI_OPT_INT, &batch, "tokens per forward pass (default 512)"},
         {"threads", LI_OPT_INT, &threads, "compute threads (default: all cores)"},
         {"kv-dtype", LI_OPT_STR, &kv_dtype_s, "KV cache dtype: f16, bf16, f32, fp8 (E4M3) or int8; 8-bit ones keep an f32 scale per token and kv head (default f16)"},
-        {"isa", LI_OPT_STR, &isa, "CPU kernels: auto, scalar, avx2, avx512"},
+        {"isa", LI_OPT_STR, &isa, "CPU kernels: auto, scalar, avx2, avx512, or ggml (llama.cpp's x86 arithmetic, bit for bit; slower)"},
         {"json", LI_OPT_FLAG, &json, "print a JSON object"},
         {"help", LI_OPT_FLAG, &help, "show this help"},
     };

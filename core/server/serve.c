@@ -173,7 +173,7 @@ int li_cmd_serve(int argc, char **argv) {
         {"max-batched-tokens", LI_OPT_INT, &o.max_batched_tokens, "tokens per step (default: the policy's, else 512)"},
         {"ctx-size", LI_OPT_INT, &o.ctx_size, "positions per request (default: the model's, at most 8192)"},
         {"threads", LI_OPT_INT, &o.threads, "compute threads (default: all cores)"},
-        {"isa", LI_OPT_STR, &o.isa, "CPU kernels: auto, scalar, avx2, avx512 (default auto)"},
+        {"isa", LI_OPT_STR, &o.isa, "CPU kernels: auto, scalar, avx2, avx512, or ggml (llama.cpp's x86 arithmetic, bit for bit; slower) (default auto)"},
         {"policy-isolation", LI_OPT_STR, &o.isolation, "inprocess (default) or process (a policy-host child)"},
         {"policy-unsafe", LI_OPT_FLAG, &o.policy_unsafe, "give the policy the full Lua standard library"},
         {"admin-token", LI_OPT_STR, &o.admin_token, "token for policy.reload and shutdown (default: those are refused)"},

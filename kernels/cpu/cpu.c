@@ -17,6 +17,7 @@
 #define _GNU_SOURCE
 #include "util/common.h"
 #include "cpu/cpu_kernels.h"
+#include "cpu/ggml_kernels.h"
 #include "cpu/kv_kernels.h"
 #include "cpu/threadpool.h"
 
@@ -92,7 +93,7 @@ static int isa_pick(const char *isa, const li_cpu_kernels **out, li_error *err) 
         *out = &li_cpu_kernels_avx512;
         return 0;
     }
-    return li_error_set(err, LI_EINVAL, "cpu: unknown isa '%s' (expected auto, scalar, avx2 or avx512)", isa);
+    return li_error_set(err, LI_EINVAL, "cpu: unknown isa '%s' (expected auto, scalar, avx2, avx512 or ggml)", isa);
 }
 
 static int cpus_online(void) {
@@ -743,11 +744,12 @@ static const li_backend_ops cpu_ops = {
 
 int li_backend_cpu_init(li_backend *be, int n_threads, const char *isa, li_error *err) {
     memset(be, 0, sizeof *be);
+    const int avail = cpus_online();
+    if (n_threads <= 0 || n_threads > avail) n_threads = avail; /* more threads than cores only contend */
+    if (isa && !strcmp(isa, "ggml")) return li_backend_ggml_init(be, n_threads, err); /* llama.cpp's arithmetic */
     const li_cpu_kernels *kern = NULL;
     int rc = isa_pick(isa, &kern, err);
     if (rc) return rc;
-    const int avail = cpus_online();
-    if (n_threads <= 0 || n_threads > avail) n_threads = avail; /* more threads than cores only contend */
     li_cpu *c = li_xcalloc(1, sizeof *c);
     c->kern = kern;
     c->n_threads = n_threads;
@@ -765,6 +767,10 @@ int li_backend_cpu_init(li_backend *be, int n_threads, const char *isa, li_error
 }
 
 void li_backend_cpu_free(li_backend *be) {
+    if (be->impl && li_backend_is_ggml(be)) {
+        li_backend_ggml_free(be);
+        return;
+    }
     li_cpu *c = be->impl;
     if (!c) return;
     li_threadpool_free(c->tp);
@@ -779,6 +785,7 @@ void li_backend_cpu_free(li_backend *be) {
 }
 
 const char *li_backend_cpu_isa(const li_backend *be) {
+    if (be->impl && li_backend_is_ggml(be)) return "ggml";
     const li_cpu *c = be->impl;
     return c ? c->kern->isa : "none";
 }

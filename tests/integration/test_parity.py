@@ -26,6 +26,11 @@ and check, in order:
 Perplexity on tests/data/alice_ch1.txt must be within PPL_REL_TOL of
 llama.cpp's for the same ctx and chunk scheme.
 
+With `--isa ggml` luainfer computes what llama.cpp's x86 build computes
+(kernels/cpu/ggml_kernels.h), so there the checks are exact: the same tokens
+on every prompt, the same float32 logits (the goldens store llama.cpp's
+exactly), and the same perplexity to the golden's 6 decimals.
+
 The measured numbers are printed as a table at the end of the run and written
 to build/parity_report.json (see conftest.py).
 """
@@ -33,6 +38,7 @@ to build/parity_report.json (see conftest.py).
 import json
 import math
 import re
+import struct
 from pathlib import Path
 
 import pytest
@@ -289,6 +295,47 @@ def test_greedy_matches_llama_cpp(case, run_ok, model_path, thread_args, parity_
             f"mean |luainfer-exact| {mo:.4f} vs mean |llama.cpp-exact| {ml:.4f}")
     if top1_rate is not None:
         assert top1_rate >= MIN_TOP1_AGREEMENT, f"top-1 agreement {top1_rate:.3f}"
+
+
+# ---------------------------------------------------------------------------
+# --isa ggml: llama.cpp's own arithmetic, checked bit for bit
+# ---------------------------------------------------------------------------
+def _f32(v):
+    return struct.unpack("<f", struct.pack("<f", v))[0]
+
+
+@pytest.mark.parametrize("case", GREEDY["prompts"], ids=[p["name"] for p in GREEDY["prompts"]])
+def test_isa_ggml_reproduces_llama_cpp_bit_for_bit(case, run_ok, model_path, thread_args):
+    """The same greedy tokens to the end, and at every position the same
+    float32 logit for each of llama.cpp's top-40 ids."""
+    ours = run_ok(_generate_args(model_path, thread_args, case) + ["--isa", "ggml"]).json()
+    assert ours["prompt_tokens"] == case["prompt_tokens"]
+    assert ours["tokens"] == case["tokens"], (
+        f"[{case['name']}] --isa ggml tokens differ from llama.cpp's\n"
+        f" llama.cpp: {case['tokens']}\n luainfer : {ours['tokens']}")
+    assert ours["finish_reason"] == case["finish_reason"]
+    assert len(ours["top_logits"]) == len(case["top_logits"])
+    for i, (g_row, o_row) in enumerate(zip(case["top_logits"], ours["top_logits"])):
+        g = {t: _f32(v) for t, v in g_row}
+        o = {t: _f32(v) for t, v in o_row}
+        assert set(o) == set(g), f"[{case['name']}] position {i}: top-40 ids differ"
+        bad = [(t, g[t], o[t]) for t in g if o[t] != g[t]]
+        assert not bad, (f"[{case['name']}] position {i}: {len(bad)} logits differ from llama.cpp's, "
+                         f"e.g. id {bad[0][0]}: llama.cpp {bad[0][1]!r}, luainfer {bad[0][2]!r}")
+
+
+@pytest.mark.parametrize("ctx,chunks", [(128, 4), (512, 1)])
+def test_isa_ggml_perplexity_is_llama_cpps(ctx, chunks, run_ok, model_path, thread_args):
+    """The running perplexity after the first chunks, to the golden's 6
+    decimals (ctx 512 is one 512-token forward pass: the batched order of
+    attention over long rows)."""
+    gold = next(r for r in PPL["results"] if r["ctx"] == ctx)
+    ours = run_ok(["perplexity", "--model", model_path, "--file", REPO_ROOT / PPL["text_file"],
+                   "--ctx", str(ctx), "--chunks", str(chunks), "--json", "--isa", "ggml"] + thread_args,
+                  timeout=900).json()
+    want = gold["running_ppl_per_chunk"][chunks - 1]
+    assert abs(ours["perplexity"] - want) <= 1e-6, (
+        f"ctx {ctx}, {chunks} chunks: --isa ggml perplexity {ours['perplexity']!r} vs llama.cpp {want}")
 
 
 def test_logits_as_close_to_exact_as_llama_cpp(parity_report):
