@@ -12,6 +12,12 @@
  * results depend on the batch size: this is a reproducibility mode
  * (`--isa ggml`), not the engine's default.
  *
+ * Scope: Q4_1 and Q8_0 weights, an F16 KV cache, flash attention off (the
+ * llama-cpp-python default), one sequence at a time. With several sequences
+ * in one batch llama.cpp's softmax lanes follow its KV cell layout, which
+ * luainfer's paged cache does not mirror, so there the results agree to
+ * rounding noise only.
+ *
  * ggml_ref.c is the scalar reference (plain C, fmaf where llama.cpp fuses);
  * ggml_avx2.c holds the fast quantized dots and an FMA build of the float
  * code (ggml_impl.h), tested bit-identical to it; ggml_backend.c is the
