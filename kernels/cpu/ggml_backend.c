@@ -168,9 +168,11 @@ static void ggml_rmsnorm(li_backend *be, const float *x, const float *w, float *
 
 static void ggml_rope(li_backend *be, float *x, const int32_t *pos, int64_t n, int n_heads, int head_dim, int n_rot,
                       float theta, int neox) {
-    (void)be;
     float cs[512];
-    n_rot = LI_MIN(n_rot, 512);
+    if (n_rot > 512) { /* no such model; keep the op correct anyway */
+        li_backend_ref_ops()->rope(be, x, pos, n, n_heads, head_dim, n_rot, theta, neox);
+        return;
+    }
     for (int64_t i = 0; i < n; i++) {
         li_ggml_rope_cache(cs, pos[i], n_rot, theta);
         for (int h = 0; h < n_heads; h++) li_ggml_rope_head(x + (i * n_heads + h) * head_dim, cs, n_rot, neox);
@@ -211,6 +213,7 @@ static const li_backend_ops ggml_ops = {
 
 int li_backend_ggml_init(li_backend *be, int n_threads, li_error *err) {
     memset(be, 0, sizeof *be);
+    if (n_threads < 1) n_threads = 1;
     li_ggml *g = li_xcalloc(1, sizeof *g);
     g->n_threads = n_threads;
     g->tp = li_threadpool_init(n_threads);
