@@ -21,13 +21,15 @@ const msgpack_object *li_mp_read_get(const msgpack_object *map, const char *key,
 
 bool li_mp_read_str(const msgpack_object *o, bool bin_ok, const char **p, size_t *n) {
     if (!o) return false;
+    /* msgpack-c gives an empty string a NULL pointer; callers get "" so that
+     * memcpy/memcmp of 0 bytes from it stay defined */
     if (o->type == MSGPACK_OBJECT_STR) {
-        *p = o->via.str.ptr;
+        *p = o->via.str.ptr ? o->via.str.ptr : "";
         if (n) *n = o->via.str.size;
         return true;
     }
     if (bin_ok && o->type == MSGPACK_OBJECT_BIN) {
-        *p = o->via.bin.ptr;
+        *p = o->via.bin.ptr ? o->via.bin.ptr : "";
         if (n) *n = o->via.bin.size;
         return true;
     }

@@ -40,7 +40,8 @@ int li_mp_scan_feed(li_mp_scan *s, const uint8_t *buf, size_t len, size_t max_fr
 /* The value of `key` in a map object, or NULL (not a map, or absent). Keys
  * match when str, or also bin with bin_ok. */
 const msgpack_object *li_mp_read_get(const msgpack_object *map, const char *key, bool bin_ok);
-/* The bytes of a str (or, with bin_ok, bin) object; n may be NULL. */
+/* The bytes of a str (or, with bin_ok, bin) object; n may be NULL. *p is
+ * never NULL (an empty string gives ""). */
 bool li_mp_read_str(const msgpack_object *o, bool bin_ok, const char **p, size_t *n);
 /* An integer that fits int64_t, or a float with an integral value in
  * [-float_max, float_max] (float_max below 2^63). */

@@ -43,6 +43,11 @@ int main(void) {
     CHECK(!li_mp_read_str(&kv[1].key, false, &p, &n), "bin refused without bin_ok");
     CHECK(li_mp_read_str(&kv[1].key, true, &p, &n) && n == 1 && p[0] == 'b', "bin with bin_ok");
     CHECK(!li_mp_read_str(NULL, true, &p, &n) && !li_mp_read_str(&kv[0].val, true, &p, &n), "absent, not text");
+    /* msgpack-c's empty str and bin carry a NULL pointer; callers memcpy from it */
+    const msgpack_object empty_str = {.type = MSGPACK_OBJECT_STR, .via.str = {.size = 0, .ptr = NULL}};
+    const msgpack_object empty_bin = {.type = MSGPACK_OBJECT_BIN, .via.bin = {.size = 0, .ptr = NULL}};
+    CHECK(li_mp_read_str(&empty_str, false, &p, &n) && p != NULL && n == 0, "empty str: \"\", not NULL");
+    CHECK(li_mp_read_str(&empty_bin, true, &p, &n) && p != NULL && n == 0, "empty bin: \"\", not NULL");
 
     int64_t v = 0;
     msgpack_object big = {.type = MSGPACK_OBJECT_POSITIVE_INTEGER};
