@@ -319,8 +319,14 @@ static void push_object(lua_State *L, const msgpack_object *o, int depth) {
     case MSGPACK_OBJECT_NEGATIVE_INTEGER: lua_pushnumber(L, (lua_Number)o->via.i64); return;
     case MSGPACK_OBJECT_FLOAT32:
     case MSGPACK_OBJECT_FLOAT64: lua_pushnumber(L, o->via.f64); return;
-    case MSGPACK_OBJECT_STR: lua_pushlstring(L, o->via.str.ptr, o->via.str.size); return;
-    case MSGPACK_OBJECT_BIN: lua_pushlstring(L, o->via.bin.ptr, o->via.bin.size); return;
+    case MSGPACK_OBJECT_STR:
+    case MSGPACK_OBJECT_BIN: {
+        const char *p;
+        size_t n;
+        li_mp_read_str(o, true, &p, &n); /* never NULL, even for "" */
+        lua_pushlstring(L, p, n);
+        return;
+    }
     case MSGPACK_OBJECT_ARRAY:
         lua_createtable(L, (int)o->via.array.size, 0);
         for (uint32_t i = 0; i < o->via.array.size; i++) {

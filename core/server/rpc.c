@@ -308,16 +308,7 @@ li_srv_req *li_rpc_find(li_rpc_session *s, int64_t id, int64_t msgid) {
 /* ---- messages --------------------------------------------------------------------- */
 
 static bool as_method(const msgpack_object *o, const char **p, size_t *n) {
-    if (o->type == MSGPACK_OBJECT_STR) {
-        *p = o->via.str.ptr;
-        *n = o->via.str.size;
-    } else if (o->type == MSGPACK_OBJECT_BIN) {
-        *p = o->via.bin.ptr;
-        *n = o->via.bin.size;
-    } else {
-        return false;
-    }
-    return *n > 0 && *n <= 64;
+    return li_mp_read_str(o, true, p, n) && *n > 0 && *n <= 64;
 }
 
 static const msgpack_object empty_map = {.type = MSGPACK_OBJECT_MAP};
