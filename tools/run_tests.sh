@@ -5,7 +5,8 @@
 #   tools/run_tests.sh [BUILD_DIR...]     default: build build-asan
 #
 # Suites: ctest in each build dir (unit tests and fuzz drivers), then pytest
-# over tests/integration when it holds test files. Counts come from JUnit XML
+# over tests/integration when it holds test files, then the server, CLI and
+# REPL tests again with a sanitizer build's binary. Counts come from JUnit XML
 # that ctest and pytest write, not from scraping their text. Exits non-zero
 # if any suite failed or could not run. Every suite runs even after a failure,
 # so one report shows everything that is broken.
@@ -79,6 +80,19 @@ if compgen -G 'tests/integration/test_*.py' >/dev/null || compgen -G 'tests/inte
     rc=$?
     # exit 5 = no tests collected: a failure here, since test files exist
     record "pytest" "$rc" "$xml"
+    # the readers of outside bytes once more with the sanitizer build's
+    # binary: the server (sockets, HTTP, msgpack-RPC, clients that vanish),
+    # the CLI's error paths and the REPL, end to end (about a minute)
+    for b in "${BUILDS[@]}"; do
+        case "$b" in *asan*) ;; *) continue ;; esac
+        [ -x "$b/luainfer" ] || continue
+        printf '\n== pytest with %s/luainfer (ASan/UBSan)\n' "$b"
+        xml=$RESULTS/pytest-${b//\//_}.xml
+        LUAINFER_BIN=$PWD/$b/luainfer LUAINFER_SOURCE_DIR=$PWD \
+            "$PY" -m pytest tests/integration/test_server.py tests/integration/test_cli_errors.py \
+            tests/integration/test_repl_interrupt.py -q -rs --junitxml="$xml"
+        record "pytest $b" $? "$xml"
+    done
 else
     printf '\n== pytest: no test files in tests/integration\n'
 fi
