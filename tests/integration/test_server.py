@@ -515,7 +515,9 @@ def test_http_errors_health_metrics(server):
                        # a repeated key (JSON allows it): refused, not merged past fixed room
                        (b'{"prompt": "x", "stop": [' + b",".join(b'"s%d"' % i for i in range(16)) + b'], "stop": ["t"]}',
                         400),
-                       (b'{"prompt": "x", "top_k": -1, "max_tokens": 1}', 200)]:
+                       (b'{"prompt": "x", "top_k": -1, "max_tokens": 1}', 200),
+                       # an empty key: unknown, so ignored as OpenAI's other extras are
+                       (b'{"": 1, "prompt": "x", "max_tokens": 1}', 200)]:
         status, out = http(server, "POST", "/v1/completions", body, {"Content-Type": "application/json"})
         assert status == want, (body[:40], status, out)
         assert want == 200 or json.loads(out)["error"]["message"]
@@ -652,7 +654,7 @@ def test_bad_input_while_serving(server):
                        {"tokens": [10**9]}, {"prompt": ""}, {}, {"prompt": "x", "bogus": 1},
                        {"prompt": "x", "messages": [{"role": "user", "content": "y"}]},
                        {"messages": [{"role": 1, "content": "y"}]}, {"prompt": "x", "top_k": -7},
-                       {"prompt": "x", "temperature": float("nan")}]:
+                       {"prompt": "x", "temperature": float("nan")}, {"prompt": "x", "": 1}]:
             c = expect_error(params, -32602)
             assert c.ok("health")["status"] == "ok"
             c.close()
