@@ -746,7 +746,10 @@ int li_backend_cpu_init(li_backend *be, int n_threads, const char *isa, li_error
     memset(be, 0, sizeof *be);
     const int avail = cpus_online();
     if (n_threads <= 0 || n_threads > avail) n_threads = avail; /* more threads than cores only contend */
-    if (isa && !strcmp(isa, "ggml")) return li_backend_ggml_init(be, n_threads, err); /* llama.cpp's arithmetic */
+    if (isa && !strcmp(isa, "ggml")) { /* llama.cpp's arithmetic */
+        __builtin_cpu_init();
+        return li_backend_ggml_init(be, n_threads, have_avx2(), err);
+    }
     const li_cpu_kernels *kern = NULL;
     int rc = isa_pick(isa, &kern, err);
     if (rc) return rc;

@@ -211,7 +211,7 @@ static const li_backend_ops ggml_ops = {
  * init / free
  * ---------------------------------------------------------------------- */
 
-int li_backend_ggml_init(li_backend *be, int n_threads, li_error *err) {
+int li_backend_ggml_init(li_backend *be, int n_threads, bool avx2, li_error *err) {
     memset(be, 0, sizeof *be);
     if (n_threads < 1) n_threads = 1;
     li_ggml *g = li_xcalloc(1, sizeof *g);
@@ -221,8 +221,7 @@ int li_backend_ggml_init(li_backend *be, int n_threads, li_error *err) {
         free(g);
         return li_error_set(err, LI_ENOMEM, "cpu: cannot start %d threads", n_threads);
     }
-    __builtin_cpu_init();
-    g->avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && li_cpu_has_f16c();
+    g->avx2 = avx2;
     g->scratch = li_xcalloc((size_t)n_threads, sizeof *g->scratch);
     be->ops = &ggml_ops;
     be->n_threads = n_threads;

@@ -75,8 +75,9 @@ void li_ggml_attn_head_avx2(const li_attn_args *a, int64_t i, int h, int gemm, f
 void li_ggml_silu_mul_avx2(float *g, const float *u, int64_t n);
 size_t li_ggml_attn_scratch(int64_t max_pos);
 
-/* The backend (ggml_backend.c): li_backend_cpu_init(be, n, "ggml", err). */
-int li_backend_ggml_init(li_backend *be, int n_threads, struct li_error *err);
+/* The backend (ggml_backend.c), made by li_backend_cpu_init(be, n, "ggml",
+ * err), which passes whether the CPU has AVX2, FMA and F16C. */
+int li_backend_ggml_init(li_backend *be, int n_threads, bool avx2, struct li_error *err);
 void li_backend_ggml_free(li_backend *be);
 bool li_backend_is_ggml(const li_backend *be);
 
