@@ -233,12 +233,19 @@ static cJSON *usage_object(const li_srv_req *r) {
     return u;
 }
 
-/* Text that is valid JSON-string material (cJSON escapes; invalid UTF-8
- * cannot occur: the engine emits whole characters or U+FFFD). */
+/* Text as a JSON string (cJSON escapes; invalid UTF-8 cannot occur: the
+ * engine emits whole characters or U+FFFD). cJSON takes C strings, so a NUL
+ * (a prompt may hold one, a byte token may decode to one) becomes U+FFFD
+ * rather than cutting the rest of the text off. */
 static cJSON *str_n(const char *s, size_t n) {
-    char *z = li_xmalloc(n + 1);
-    memcpy(z, s, n);
-    z[n] = 0;
+    size_t nul = 0;
+    for (size_t i = 0; i < n; i++) nul += s[i] == 0;
+    char *z = li_xmalloc(n + 2 * nul + 1), *o = z;
+    for (size_t i = 0; i < n; i++) {
+        if (s[i]) *o++ = s[i];
+        else memcpy(o, "\xef\xbf\xbd", 3), o += 3;
+    }
+    *o = 0;
     cJSON *j = cJSON_CreateString(z);
     free(z);
     return j;
@@ -248,7 +255,7 @@ static cJSON *str_n(const char *s, size_t n) {
 
 /* A token's text: its bytes, each byte that does not start a valid UTF-8
  * character replaced by U+FFFD (a byte-level token may hold part of a
- * character), and NUL too (it would end the string). */
+ * character); NUL as str_n writes it. */
 static cJSON *token_string(li_server *srv, int32_t id, cJSON **bytes_out) {
     char piece[256];
     int k = srv->model ? li_tokenizer_token_to_piece(srv->model->tok, id, true, piece, sizeof piece) : -1;
@@ -257,12 +264,12 @@ static cJSON *token_string(li_server *srv, int32_t id, cJSON **bytes_out) {
         *bytes_out = cJSON_CreateArray();
         for (size_t i = 0; i < n; i++) cJSON_AddItemToArray(*bytes_out, cJSON_CreateNumber((unsigned char)piece[i]));
     }
-    char out[4 * sizeof piece + 1];
+    char out[3 * sizeof piece];
     size_t o = 0;
     for (size_t i = 0; i < n;) {
         utf8proc_int32_t cp;
         utf8proc_ssize_t len = utf8proc_iterate((const utf8proc_uint8_t *)piece + i, (utf8proc_ssize_t)(n - i), &cp);
-        if (len > 0 && cp != 0) {
+        if (len > 0) {
             memcpy(out + o, piece + i, (size_t)len);
             o += (size_t)len;
             i += (size_t)len;
@@ -272,8 +279,7 @@ static cJSON *token_string(li_server *srv, int32_t id, cJSON **bytes_out) {
             i++;
         }
     }
-    out[o] = 0;
-    return cJSON_CreateString(out);
+    return str_n(out, o);
 }
 
 typedef struct lp_acc {
