@@ -36,6 +36,10 @@ void li_mp_pack_str(msgpack_packer *pk, const char *s) { li_mp_pack_strn(pk, s, 
 bool li_utf8_valid(const char *str, size_t n) {
     const utf8proc_uint8_t *s = (const utf8proc_uint8_t *)str;
     for (size_t i = 0; i < n;) {
+        if (s[i] < 0x80) { /* ASCII, most of any body: no call per byte */
+            i++;
+            continue;
+        }
         utf8proc_int32_t cp;
         /* a sequence is at most 4 bytes: passing no more also keeps a huge n
          * from turning negative as utf8proc_ssize_t ("NUL-terminated") */
