@@ -6,9 +6,9 @@
 #include <string.h>
 
 static bool key_is(const msgpack_object *k, const char *key, size_t n, bool bin_ok) {
-    if (k->type == MSGPACK_OBJECT_STR) return k->via.str.size == n && !memcmp(k->via.str.ptr, key, n);
-    if (bin_ok && k->type == MSGPACK_OBJECT_BIN) return k->via.bin.size == n && !memcmp(k->via.bin.ptr, key, n);
-    return false;
+    const char *p;
+    size_t kn;
+    return li_mp_read_str(k, bin_ok, &p, &kn) && kn == n && !memcmp(p, key, n); /* p is never NULL */
 }
 
 const msgpack_object *li_mp_read_get(const msgpack_object *map, const char *key, bool bin_ok) {
