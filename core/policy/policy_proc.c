@@ -312,14 +312,22 @@ static void fail_message(const li_policy_proc *p, int kind, int deadline_ms, cha
     else snprintf(buf, cap, "exited");
 }
 
+/* What the loaded policy declares: its config and the hooks it defines. */
+static void apply_info(li_policy_proc *p, const li_policy_config *cfg, unsigned hooks) {
+    p->base.config = *cfg;
+    p->hooks = hooks;
+    p->base.has_schedule = (p->hooks & LI_POLICY_HOOK_SCHEDULE) != 0;
+    p->base.has_evict = (p->hooks & LI_POLICY_HOOK_EVICT) != 0;
+}
+
 /* Takes in a frame that is not the reply being waited for (a hello, the
  * reply to the pending load, or a stale reply); false when the host cannot
- * be used (p->start.error says why). A (re)started host's hooks come from
- * its load reply. */
+ * be used (p->start.error says why). A (re)started host's config and hooks
+ * come from its load reply. */
 static bool take_async(li_policy_proc *p, const msgpack_object *m) {
     bool was_ready = p->start.ready;
     if (!li_wire_take_async(&p->start, m)) return false;
-    if (p->start.ready && !was_ready) p->hooks = p->start.hooks;
+    if (p->start.ready && !was_ready) apply_info(p, &p->start.config, p->start.hooks);
     return true;
 }
 
@@ -518,13 +526,6 @@ static int read_file(const char *path, char **out, li_error *err) {
     return 0;
 }
 
-static void apply_info(li_policy_proc *p, const li_policy_config *cfg, unsigned hooks) {
-    p->base.config = *cfg;
-    p->hooks = hooks;
-    p->base.has_schedule = (p->hooks & LI_POLICY_HOOK_SCHEDULE) != 0;
-    p->base.has_evict = (p->hooks & LI_POLICY_HOOK_EVICT) != 0;
-}
-
 static int proc_reload(li_policy *pp, const char *path, const char *source, li_error *err) {
     li_policy_proc *p = (li_policy_proc *)pp;
     char *text = NULL;
@@ -626,7 +627,6 @@ int li_policy_proc_open(li_policy **out, const char *path, const li_policy_proc_
                 rc = li_error_set(err, LI_EINVAL, "%s", p->start.error);
                 break;
             }
-            if (p->start.ready) apply_info(p, &p->start.config, p->start.hooks);
         }
     }
     if (rc) {
