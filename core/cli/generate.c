@@ -12,6 +12,7 @@
 #include "tokenizer/tokenizer.h"
 
 #include <cjson/cJSON.h>
+#include <errno.h>
 #include <lauxlib.h>
 #include <lua.h>
 #include <stdio.h>
@@ -25,7 +26,7 @@ typedef struct gen_opts {
     int64_t max_tokens, top_k, seed, threads, ctx_size, batch_size, top_logits, logprobs;
     double temperature, top_p, min_p, repeat_penalty, presence_penalty, frequency_penalty;
     int64_t penalty_last_n;
-    li_str_list stop;
+    li_str_list stop, logit_bias;
 } gen_opts;
 
 typedef struct gen_state {
@@ -70,6 +71,27 @@ static void on_event(void *ud, const li_event *ev) {
     }
 }
 
+/* --logit-bias values as llama.cpp writes them: "15043+1", "15043-1", and
+ * "15043=-1". */
+static int parse_logit_bias(const li_str_list *l, li_logit_bias *out, li_error *err) {
+    for (int i = 0; i < l->n; i++) {
+        const char *s = l->items[i];
+        char *end;
+        if (*s < '0' || *s > '9') goto bad;
+        errno = 0;
+        long id = strtol(s, &end, 10);
+        if (errno || id > INT32_MAX || (*end != '+' && *end != '-' && *end != '=')) goto bad;
+        const char *b = *end == '=' ? end + 1 : end;
+        double bias = strtod(b, &end);
+        if (end == b || *end) goto bad;
+        out[i] = (li_logit_bias){(int32_t)id, (float)bias};
+        continue;
+    bad:
+        return li_error_set(err, LI_EINVAL, "generate: --logit-bias '%s' is not ID+BIAS, ID-BIAS or ID=BIAS", s);
+    }
+    return 0;
+}
+
 int li_cmd_generate(int argc, char **argv) {
     gen_opts o = {
         .kv_dtype = "f16", .isa = "auto", .max_tokens = 128, .top_k = 40, .seed = -1, .threads = 0,
@@ -92,6 +114,7 @@ int li_cmd_generate(int argc, char **argv) {
         {"penalty-last-n", LI_OPT_INT, &o.penalty_last_n, "tokens the penalties look back, -1 = all (default 64)"},
         {"seed", LI_OPT_INT, &o.seed, "sampling seed (default: random)"},
         {"stop", LI_OPT_STR_LIST, &o.stop, "stop string (repeatable)"},
+        {"logit-bias", LI_OPT_STR_LIST, &o.logit_bias, "ID+BIAS, ID-BIAS or ID=BIAS: add BIAS (-100..100) to token ID's logit (repeatable; -100 bans it)"},
         {"json", LI_OPT_FLAG, &o.json, "print one JSON object instead of streaming text"},
         {"top-logits", LI_OPT_INT, &o.top_logits, "with --json: raw logits of the K best tokens per step"},
         {"logprobs", LI_OPT_INT, &o.logprobs, "with --json: top-N logprobs per generated token (0..20)"},
@@ -129,6 +152,12 @@ int li_cmd_generate(int argc, char **argv) {
         .seed = o.seed >= 0 ? (uint64_t)o.seed : (uint64_t)time(NULL) ^ ((uint64_t)clock() << 32),
         .n_logprobs = (int32_t)LI_MAX(LI_MIN(o.logprobs, 1000), -1),
     };
+    li_logit_bias bias[LI_LOGIT_BIAS_MAX];
+    if (o.logit_bias.n > LI_LOGIT_BIAS_MAX)
+        return li_cli_fail(&(li_error){LI_EINVAL, "generate: at most 1024 --logit-bias entries"});
+    if ((rc = parse_logit_bias(&o.logit_bias, bias, &err))) return li_cli_fail(&err);
+    sp.logit_bias = bias;
+    sp.n_logit_bias = o.logit_bias.n;
     if ((rc = li_sampling_params_validate(&sp, &err))) return li_cli_fail(&err);
     li_type kv_dtype;
     if ((rc = li_kv_dtype_parse(o.kv_dtype, &kv_dtype, &err))) return li_cli_fail(&err);
@@ -238,6 +267,7 @@ done:
     free(prompt);
     free(chat_text);
     free((void *)o.stop.items);
+    free((void *)o.logit_bias.items);
     li_runtime_close(&rt);
     return status;
 }

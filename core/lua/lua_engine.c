@@ -277,13 +277,48 @@ static int l_engine_close(lua_State *L) {
 
 /* ---- requests ---------------------------------------------------------------------- */
 
+/* Option logit_bias = {[token id] = bias}: ids as integers or strings of
+ * digits (as OpenAI's JSON has them). The entries live in a userdata pushed
+ * on the stack, so an error below leaks nothing; the sampler copies them. */
+static void parse_logit_bias(lua_State *L, li_sampling_params *sp) {
+    lua_getfield(L, 2, "logit_bias");
+    if (lua_isnil(L, -1)) {
+        lua_pop(L, 1);
+        lua_pushnil(L);
+        return;
+    }
+    if (!lua_istable(L, -1)) luaL_error(L, "option 'logit_bias' must be a table {[token id] = bias}");
+    int n = 0;
+    for (lua_pushnil(L); lua_next(L, -2); lua_pop(L, 1)) n++;
+    if (n > LI_LOGIT_BIAS_MAX) luaL_error(L, "option 'logit_bias': more than %d entries", LI_LOGIT_BIAS_MAX);
+    li_logit_bias *b = lua_newuserdata(L, (size_t)(n ? n : 1) * sizeof *b);
+    int i = 0;
+    for (lua_pushnil(L); lua_next(L, -3); lua_pop(L, 1)) {
+        double id = -1;
+        if (lua_type(L, -2) == LUA_TNUMBER) {
+            id = lua_tonumber(L, -2);
+        } else if (lua_type(L, -2) == LUA_TSTRING) {
+            size_t len;
+            const char *k = lua_tolstring(L, -2, &len);
+            id = len && len <= 10 && strspn(k, "0123456789") == len ? strtod(k, NULL) : -1;
+        }
+        if (!(id >= 0 && id <= INT32_MAX && id == (double)(int32_t)id))
+            luaL_error(L, "option 'logit_bias': keys must be token ids");
+        if (lua_type(L, -1) != LUA_TNUMBER) luaL_error(L, "option 'logit_bias': the bias of token %d must be a number", (int)id);
+        b[i++] = (li_logit_bias){(int32_t)id, (float)lua_tonumber(L, -1)};
+    }
+    lua_replace(L, -2); /* keep the entries, drop the table */
+    sp->logit_bias = b;
+    sp->n_logit_bias = n;
+}
+
 static int l_engine_add(lua_State *L) {
     lua_engine *le = check_engine(L);
     luaL_checktype(L, 2, LUA_TTABLE);
     static const char *const known[] = {"prompt", "tokens", "max_tokens", "temperature", "top_k", "top_p", "min_p",
                                         "repetition_penalty", "presence_penalty", "frequency_penalty", "seed",
                                         "logprobs", "n", "stop", "ignore_eos", "priority", "tenant", "cache_salt",
-                                        NULL};
+                                        "logit_bias", NULL};
     check_keys(L, 2, "engine:add", known);
     li_request_params p = {0};
     li_sampling_params_default(&p.sampling);
@@ -312,6 +347,7 @@ static int l_engine_add(lua_State *L) {
     p.tenant = opt_str(L, 2, "tenant", "");
     p.cache_salt = opt_str(L, 2, "cache_salt", "");
     p.ignore_eos = opt_bool(L, 2, "ignore_eos", false);
+    parse_logit_bias(L, &p.sampling); /* leaves its array on the stack, below what follows */
     const char *stops[16];
     lua_getfield(L, 2, "stop");
     if (lua_type(L, -1) == LUA_TSTRING) {

@@ -57,6 +57,16 @@ int li_sampling_params_validate(const li_sampling_params *p, li_error *err) {
         return li_error_set(err, LI_EINVAL, "penalty window must be in [-1, 1048576], got %d", p->penalty_last_n);
     if (p->n_logprobs < 0 || p->n_logprobs > 20)
         return li_error_set(err, LI_EINVAL, "logprobs must be in [0, 20], got %d", p->n_logprobs);
+    if (p->n_logit_bias < 0 || p->n_logit_bias > LI_LOGIT_BIAS_MAX || (p->n_logit_bias && !p->logit_bias))
+        return li_error_set(err, LI_EINVAL, "logit_bias must have at most %d entries, got %d", LI_LOGIT_BIAS_MAX,
+                            p->n_logit_bias);
+    for (int32_t i = 0; i < p->n_logit_bias; i++) {
+        const li_logit_bias *b = &p->logit_bias[i];
+        if (b->id < 0) return li_error_set(err, LI_EINVAL, "logit_bias: token id %d is negative", b->id);
+        if (!(b->bias >= -LI_LOGIT_BIAS_RANGE && b->bias <= LI_LOGIT_BIAS_RANGE))
+            return li_error_set(err, LI_EINVAL, "logit_bias: the bias of token %d must be in [-100, 100], got %g",
+                                b->id, b->bias);
+    }
     return 0;
 }
 
@@ -72,8 +82,17 @@ int li_sampler_init(li_sampler *s, const li_sampling_params *p, int32_t n_vocab,
     memset(s, 0, sizeof *s);
     int rc = li_sampling_params_validate(p, err);
     if (rc) return rc;
+    for (int32_t i = 0; i < p->n_logit_bias; i++)
+        if (p->logit_bias[i].id >= n_vocab)
+            return li_error_set(err, LI_EINVAL, "logit_bias: token id %d is outside the vocabulary [0, %d)",
+                                p->logit_bias[i].id, n_vocab);
     s->p = *p;
     s->n_vocab = n_vocab;
+    if (p->n_logit_bias) {
+        s->bias = li_xmalloc((size_t)p->n_logit_bias * sizeof *s->bias);
+        memcpy(s->bias, p->logit_bias, (size_t)p->n_logit_bias * sizeof *s->bias);
+    }
+    s->p.logit_bias = s->bias;
     uint64_t x = p->seed;
     for (int i = 0; i < 4; i++) s->rng[i] = splitmix64(&x);
     /* vocabulary-sized buffers (~0.5 MB at 49k tokens) only when used: the
@@ -90,6 +109,7 @@ void li_sampler_free(li_sampler *s) {
     free(s->cand);
     free(s->counts);
     free(s->recent);
+    free(s->bias);
     memset(s, 0, sizeof *s);
 }
 
@@ -220,7 +240,7 @@ static void select_top_k(li_token_logprob *c, int32_t n, int32_t k) {
 int32_t li_sampler_sample(li_sampler *s, const float *logits, li_token_logprob *top, float *chosen_logprob) {
     const li_sampling_params *p = &s->p;
     const int32_t nv = s->n_vocab;
-    if (p->temperature <= 0 && !penalties_on(p)) {
+    if (p->temperature <= 0 && !penalties_on(p) && !p->n_logit_bias) {
         /* plain greedy: the argmax, no candidate list */
         int32_t chosen = argmax_of(logits, nv);
         report_logprobs(s, logits, chosen, top, chosen_logprob);
@@ -228,9 +248,14 @@ int32_t li_sampler_sample(li_sampler *s, const float *logits, li_token_logprob *
     }
     if (!s->cand) s->cand = li_xmalloc((size_t)nv * sizeof *s->cand);
     li_token_logprob *c = s->cand;
+    /* llama.cpp's order: the bias first, so penalties see biased logits */
+    if (p->n_logit_bias) {
+        for (int32_t i = 0; i < nv; i++) c[i] = (li_token_logprob){i, logits[i]};
+        for (int32_t k = 0; k < p->n_logit_bias; k++) c[p->logit_bias[k].id].logprob += p->logit_bias[k].bias;
+    }
     float mx = -INFINITY;
     for (int32_t i = 0; i < nv; i++) {
-        float v = logits[i];
+        float v = p->n_logit_bias ? c[i].logprob : logits[i];
         if (penalties_on(p) && s->counts[i]) {
             /* llama.cpp's rule: divide positive logits, multiply negative ones */
             v = v > 0 ? v / p->repeat_penalty : v * p->repeat_penalty;

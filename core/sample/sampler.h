@@ -1,14 +1,25 @@
 /* sampler.h — turning logits into the next token.
  *
- * The chain, in llama.cpp's order: penalties (repetition, presence,
+ * The chain, in llama.cpp's order: logit bias (OpenAI's `logit_bias`:
+ * per-token offsets added to the logits), penalties (repetition, presence,
  * frequency over the last `penalty_last_n` tokens), top-k, top-p, min-p (all
  * on the temperature-1 distribution), then temperature and a draw from a
- * seeded RNG. temperature <= 0 is greedy (argmax after penalties; ties go to
- * the lowest id). Top-N logprobs are reported from the raw model logits. */
+ * seeded RNG. temperature <= 0 is greedy (argmax after bias and penalties;
+ * ties go to the lowest id). Top-N logprobs are reported from the raw model
+ * logits, before bias and penalties, as vLLM reports them by default. */
 #ifndef LI_SAMPLER_H
 #define LI_SAMPLER_H
 
 #include "util/common.h"
+
+/* One logit_bias entry: `bias` is added to token `id`'s logit. */
+typedef struct li_logit_bias {
+    int32_t id;
+    float bias;
+} li_logit_bias;
+
+#define LI_LOGIT_BIAS_MAX 1024   /* entries per request */
+#define LI_LOGIT_BIAS_RANGE 100.0f /* |bias| <= this, OpenAI's range */
 
 typedef struct li_sampling_params {
     float temperature;       /* <= 0: greedy */
@@ -23,6 +34,9 @@ typedef struct li_sampling_params {
     int32_t n_logprobs;      /* top-N logprobs to report (0..20) */
     bool logprob;            /* report the chosen token's logprob (implied by n_logprobs > 0);
                                 off, the sampler skips the normalizer over the vocabulary */
+    const li_logit_bias *logit_bias; /* (n_logit_bias) borrowed: li_sampler_init copies it;
+                                        an id listed twice gets both biases */
+    int32_t n_logit_bias;
 } li_sampling_params;
 
 /* llama.cpp's defaults: temperature 0.8, top_k 40, top_p 0.95, min_p 0.05. */
@@ -42,8 +56,10 @@ typedef struct li_sampler {
     int32_t *recent;       /* ring of the last penalty_last_n tokens */
     int32_t n_recent, cap_recent, head_recent;
     uint16_t *counts;      /* (n_vocab) occurrences inside the window */
+    li_logit_bias *bias;   /* (p.n_logit_bias) owned copy; p.logit_bias points here */
 } li_sampler;
 
+/* Fails (LI_EINVAL) on invalid params or a logit_bias id outside [0, n_vocab). */
 int li_sampler_init(li_sampler *s, const li_sampling_params *p, int32_t n_vocab, li_error *err);
 void li_sampler_free(li_sampler *s);
 /* Records a token (prompt or generated) into the penalty window. */

@@ -140,6 +140,7 @@ void li_gen_params_free(li_gen_params *g) {
     for (int i = 0; i < g->n_stop; i++) free(g->stop[i]);
     free(g->tenant);
     free(g->cache_salt);
+    free(g->logit_bias);
     memset(g, 0, sizeof *g);
 }
 
@@ -246,6 +247,58 @@ static int parse_stop(const msgpack_object *o, li_gen_params *g, li_error *err) 
         if (!li_utf8_valid(p, n)) BAD("'stop' is not valid UTF-8");
         g->stop[g->n_stop++] = dup_n(p, n);
     }
+    return 0;
+}
+
+static int cmp_bias_id(const void *a, const void *b) {
+    const li_logit_bias *x = a, *y = b;
+    return (x->id > y->id) - (x->id < y->id);
+}
+
+/* OpenAI's logit_bias: {token id: bias}; JSON gives the ids as strings of
+ * digits, msgpack may give integers. */
+static int parse_logit_bias(li_server *srv, const msgpack_object *o, li_gen_params *g, li_error *err) {
+    if (o->type != MSGPACK_OBJECT_MAP) BAD("'logit_bias' must be a map of token id to bias");
+    const uint32_t n = o->via.map.size;
+    if (n > LI_LOGIT_BIAS_MAX) BAD("'logit_bias' holds more than %d entries", LI_LOGIT_BIAS_MAX);
+    free(g->logit_bias);
+    g->logit_bias = li_xmalloc(((size_t)n + 1) * sizeof *g->logit_bias);
+    g->sp.logit_bias = g->logit_bias;
+    g->sp.n_logit_bias = 0;
+    const int32_t nv = srv->model ? srv->model->hp.n_vocab : INT32_MAX;
+    for (uint32_t i = 0; i < n; i++) {
+        const msgpack_object *k = &o->via.map.ptr[i].key, *val = &o->via.map.ptr[i].val;
+        int64_t id = -1;
+        const char *p;
+        size_t len;
+        if (as_bytes(k, &p, &len)) {
+            if (len == 0 || len > 10) BAD("'logit_bias' keys must be token ids");
+            id = 0;
+            for (size_t j = 0; j < len; j++) {
+                if (p[j] < '0' || p[j] > '9') BAD("'logit_bias' key '%.*s' is not a token id", (int)len, p);
+                id = id * 10 + (p[j] - '0');
+            }
+        } else if (!as_int(k, &id)) {
+            BAD("'logit_bias' keys must be token ids");
+        }
+        if (id < 0 || id >= nv) BAD("'logit_bias': token %lld is outside the vocabulary [0, %d)", (long long)id, nv);
+        double b;
+        if (!as_num(val, &b) || !(b >= -LI_LOGIT_BIAS_RANGE && b <= LI_LOGIT_BIAS_RANGE))
+            BAD("'logit_bias': the bias of token %lld must be a number in [-100, 100]", (long long)id);
+        g->logit_bias[i] = (li_logit_bias){(int32_t)id, (float)b};
+        g->sp.n_logit_bias = (int32_t)i + 1;
+    }
+    /* one entry per id: a map repeating a key is a client bug, not a sum */
+    li_logit_bias *sorted = li_xmalloc(((size_t)n + 1) * sizeof *sorted);
+    memcpy(sorted, g->logit_bias, (size_t)n * sizeof *sorted);
+    qsort(sorted, n, sizeof *sorted, cmp_bias_id);
+    for (uint32_t i = 1; i < n; i++)
+        if (sorted[i].id == sorted[i - 1].id) {
+            const int32_t dup = sorted[i].id;
+            free(sorted);
+            BAD("'logit_bias': token %d given twice", dup);
+        }
+    free(sorted);
     return 0;
 }
 
@@ -367,6 +420,9 @@ static int gen_parse(li_server *srv, const msgpack_object *params, const li_gen_
             have_seed = true;
         } else if (!strcmp(name, "stop")) {
             int rc = parse_stop(val, g, err);
+            if (rc) return rc;
+        } else if (!strcmp(name, "logit_bias")) {
+            int rc = parse_logit_bias(srv, val, g, err);
             if (rc) return rc;
         } else if (!strcmp(name, "n")) {
             INT_IN(name, g->n, 1, LI_SRV_MAX_N);
@@ -989,7 +1045,7 @@ typedef struct li_method {
 static const li_method methods[] = {
     {"auth", api_auth, "auth {token}: authenticate the connection (first call when the server has --auth-token)"},
     {"generate", api_generate, "generate {prompt|messages|tokens, max_tokens, temperature, top_p, top_k, min_p, "
-                               "repetition_penalty, presence_penalty, frequency_penalty, seed, stop, n, logprobs, "
+                               "repetition_penalty, presence_penalty, frequency_penalty, logit_bias, seed, stop, n, logprobs, "
                                "stream, priority, tenant, cache_salt, ignore_eos}"},
     {"cancel", api_cancel, "cancel {id | request_id}: stop a generate of this connection"},
     {"tokenize", api_tokenize, "tokenize {text, special=true}: token ids"},

@@ -170,6 +170,7 @@ typedef struct li_gen_params {
     int32_t logprobs;       /* top alternatives per token (0..20); -1 = off */
     int32_t priority;
     char *tenant, *cache_salt;
+    li_logit_bias *logit_bias; /* (sp.n_logit_bias) owned; sp.logit_bias points here */
 } li_gen_params;
 
 void li_gen_params_free(li_gen_params *g);

@@ -129,3 +129,25 @@ def test_perplexity_text_shorter_than_ctx(run_cli, model_path, tmp_path):
 def test_perplexity_bad_ctx(run_cli, model_path, value):
     r = run_cli(["perplexity", "--model", model_path, "--file", PPL_TEXT, "--ctx", value])
     assert_clean_failure(r, r"ctx", r"context")
+
+
+@pytest.mark.parametrize("value,pattern", [
+    ("x+1", r"--logit-bias 'x\+1'"), ("7042", r"--logit-bias '7042'"), ("7042+1x", r"ID\+BIAS"),
+    ("-5+1", r"ID\+BIAS"), ("99999+1", r"outside the vocabulary"), ("7042+500", r"\[-100, 100\]"),
+    ("7042=nan", r"\[-100, 100\]"),
+])
+def test_bad_logit_bias(run_cli, model_path, value, pattern):
+    r = run_cli(gen(model_path, "--prompt", "hi", "--logit-bias", value))
+    assert_clean_failure(r, pattern)
+
+
+def test_logit_bias_bans_greedy_first_token(run_ok, model_path):
+    """The CLI's --logit-bias (llama.cpp's ID-BIAS form): banning the first
+    greedy token gives its unbiased runner-up, read from --logprobs."""
+    import json
+    args = gen(model_path, "--prompt", "The capital of France is", "--json", "--logprobs", "2")
+    base = json.loads(run_ok(args).stdout)
+    first, runner_up = base["tokens"][0], base["logprobs"][0]["top"][1]["id"]
+    banned = json.loads(run_ok(args + ["--logit-bias", f"{first}-100"]).stdout)
+    assert banned["tokens"][0] == runner_up != first
+    assert banned["logprobs"][0]["logprob"] == pytest.approx(base["logprobs"][0]["top"][1]["logprob"], abs=1e-5)

@@ -406,6 +406,47 @@ def test_openai_client(server):
     assert none.choices[0].logprobs is None
 
 
+def test_logit_bias_rpc_and_openai(server):
+    """logit_bias through msgpack-RPC (integer ids) and the openai client
+    (JSON: ids as strings): banning greedy's first token yields the unbiased
+    runner-up; +100 forces a token; both transports agree; bad maps are
+    refused with 400 / -32602."""
+    openai = pytest.importorskip("openai")
+    rpc = Rpc(server.rpc)
+    base = rpc.ok("generate", {"prompt": PROMPTS[0], "max_tokens": 6, "temperature": 0, "logprobs": 2})
+    first, runner_up = base["tokens"][0], base["logprobs"][0]["top"][1]
+    runner_up = runner_up["id"] if isinstance(runner_up, dict) else runner_up[0]
+    banned = rpc.ok("generate", {"prompt": PROMPTS[0], "max_tokens": 6, "temperature": 0,
+                                 "logit_bias": {first: -100}})
+    assert banned["tokens"][0] == runner_up != first
+    client = openai.OpenAI(base_url=f"http://{server.http}/v1", api_key="unused", max_retries=0, timeout=60)
+    model = client.models.list().data[0].id
+    c = client.completions.create(model=model, prompt=PROMPTS[0], max_tokens=6, temperature=0,
+                                  logit_bias={str(first): -100})
+    assert c.choices[0].text == banned["text"]
+    forced = base["tokens"][1] if base["tokens"][1] != first else banned["tokens"][0]
+    f = rpc.ok("generate", {"prompt": PROMPTS[0], "max_tokens": 5, "temperature": 1.0, "seed": 3, "n": 2,
+                            "ignore_eos": True, "logit_bias": {forced: 100}})
+    assert [ch["tokens"] for ch in f["choices"]] == [[forced] * 5] * 2
+    ch = client.chat.completions.create(model=model, max_tokens=4, temperature=1.0, seed=3,
+                                        logit_bias={str(forced): 100},
+                                        messages=[{"role": "user", "content": "Name a color."}])
+    assert ch.choices[0].message.content == rpc.ok("detokenize", {"tokens": [forced] * 4})["text"]
+    for bad in [{"x": 1}, {"-1": 1}, {"5": 101}, {"5": "a"}, {"49152": 1}, [1, 2], {str(i): 1 for i in range(1025)}]:
+        err, _ = rpc.call("generate", {"prompt": "x", "logit_bias": bad})
+        assert err is not None and err["code"] == -32602 and "logit_bias" in err["message"], (bad, err)
+        with pytest.raises(openai.BadRequestError):
+            client.completions.create(model=model, prompt="x", max_tokens=1, logit_bias=bad)
+    # msgpack may repeat a key inside a map; one id twice is refused
+    frame = b"\x94\x00\x07\xa8generate\x82\xa6prompt\xa1x\xaalogit_bias\x82\x05\x01\x05\x02"
+    c = Rpc(server.rpc)
+    c.sock.sendall(frame)
+    m = c.read()
+    assert m[0] == 1 and m[2]["code"] == -32602 and "twice" in m[2]["message"], m
+    c.close()
+    rpc.close()
+
+
 def test_openai_streamed_logprobs_equal_non_streamed(server):
     """stream: true with logprobs sends each token's logprobs in its chunk; put
     together they equal the non-streamed response's (text_offset counts from

@@ -173,6 +173,96 @@ int main(void) {
         li_sampler_free(&s);
     }
 
+    /* logit_bias: added before everything else; greedy follows it, a draw
+     * follows it, logprobs stay raw, the caller's array is copied */
+    {
+        li_logit_bias lb[3] = {{best, -100.0f}, {5, 0.5f}, {5, 0.25f}};
+        int second = -1; /* argmax without `best` */
+        for (int i = 0; i < NV; i++)
+            if (i != best && (second < 0 || l[i] > l[second])) second = i;
+        p = greedy();
+        p.logit_bias = lb;
+        p.n_logit_bias = 1;
+        CHECK(li_sampler_init(&s, &p, NV, &err) == 0, "%s", err.msg);
+        lb[0].bias = 0; /* the sampler holds its own copy */
+        float lp = 1;
+        p.logprob = true;
+        CHECK(li_sampler_sample(&s, l, NULL, &lp) == second, "bias -100 bans the argmax");
+        li_sampler_free(&s);
+        lb[0].bias = -100.0f;
+
+        /* +100 on a poor token forces it at any temperature */
+        int worst = 0;
+        for (int i = 1; i < NV; i++)
+            if (l[i] < l[worst]) worst = i;
+        li_logit_bias force = {worst, 100.0f};
+        li_sampling_params_default(&p);
+        p.temperature = 2.0f;
+        p.seed = 5;
+        p.logit_bias = &force;
+        p.n_logit_bias = 1;
+        p.logprob = true;
+        li_sampler_init(&s, &p, NV, &err);
+        ok = 1;
+        for (int i = 0; i < 100; i++) {
+            ok &= li_sampler_sample(&s, l, NULL, &lp) == worst;
+            /* raw: the model's own logprob of that token, far below 0 */
+            double zz = 0;
+            for (int j = 0; j < NV; j++) zz += exp(l[j] - l[best]);
+            ok &= fabs(lp - (l[worst] - l[best] - log(zz))) < 1e-4;
+        }
+        CHECK(ok, "bias +100 forces the worst token; its logprob is the raw one");
+        li_sampler_free(&s);
+
+        /* a token listed twice gets both biases: 0.75 lifts token 5 over
+         * a neighbour 0.6 above it, 0.5 alone does not */
+        float three[6] = {0, 0, 0, 0, 1.6f, 1.0f};
+        p = greedy();
+        p.logit_bias = lb + 1;
+        p.n_logit_bias = 2;
+        li_sampler_init(&s, &p, 6, &err);
+        CHECK(li_sampler_sample(&s, three, NULL, NULL) == 5, "both entries of id 5 add up");
+        li_sampler_free(&s);
+        p.n_logit_bias = 1;
+        li_sampler_init(&s, &p, 6, &err);
+        CHECK(li_sampler_sample(&s, three, NULL, NULL) == 4, "one entry is not enough");
+        li_sampler_free(&s);
+
+        /* bias before penalties (llama.cpp's order): a positive logit made
+         * negative by the bias is multiplied by the penalty, not divided */
+        float two[2] = {1.0f, -1.9f};
+        li_logit_bias neg = {0, -3.0f}; /* 1 - 3 = -2, then * 1.5 = -3 < -1.9 */
+        p = greedy();
+        p.repeat_penalty = 1.5f;
+        p.logit_bias = &neg;
+        p.n_logit_bias = 1;
+        li_sampler_init(&s, &p, 2, &err);
+        li_sampler_accept(&s, 0);
+        CHECK(li_sampler_sample(&s, two, NULL, NULL) == 1, "penalty applies to the biased logit");
+        li_sampler_free(&s);
+
+        /* refused: an id outside the vocabulary, a negative id, a bias out
+         * of range or NaN, too many entries */
+        li_logit_bias bad = {NV, 1.0f};
+        p = greedy();
+        p.logit_bias = &bad;
+        p.n_logit_bias = 1;
+        CHECK(li_sampler_init(&s, &p, NV, &err) != 0 && strstr(err.msg, "outside the vocabulary"), "%s", err.msg);
+        bad = (li_logit_bias){-1, 1.0f};
+        CHECK(li_sampling_params_validate(&p, &err) != 0 && strstr(err.msg, "negative"), "%s", err.msg);
+        bad = (li_logit_bias){1, 100.5f};
+        CHECK(li_sampling_params_validate(&p, &err) != 0 && strstr(err.msg, "[-100, 100]"), "%s", err.msg);
+        bad = (li_logit_bias){1, NAN};
+        CHECK(li_sampling_params_validate(&p, &err) != 0, "NaN bias refused");
+        bad = (li_logit_bias){1, -100.0f};
+        CHECK(li_sampling_params_validate(&p, &err) == 0, "bias -100 is in range");
+        p.n_logit_bias = LI_LOGIT_BIAS_MAX + 1;
+        CHECK(li_sampling_params_validate(&p, &err) != 0 && strstr(err.msg, "at most"), "%s", err.msg);
+        p.logit_bias = NULL;
+        p.n_logit_bias = 1;
+        CHECK(li_sampling_params_validate(&p, &err) != 0, "entries without an array refused");
+    }
+
     /* invalid parameters are refused with a message */
     p = greedy();
     p.top_p = 0;
