@@ -42,8 +42,10 @@ static inline float h2f(uint16_t h) { return _cvtsh_ss(h); }
 
 /* One weight row against NR activation rows (a_stride bytes apart): the
  * weight block is unpacked once; each output still sees exactly the
- * single-row dot's operations. NR is a constant in each instance. */
-static inline void dot_q4_1(int64_t k, const li_block_q4_1 *w, const char *va, size_t a_stride, int NR, float *out) {
+ * single-row dot's operations. NR is a constant in each instance, and the
+ * row loops are unrolled so the accumulators stay in registers (rolled,
+ * GCC kept them on the stack: a store-to-load chain per block). */
+static inline __attribute__((always_inline)) void dot_q4_1(int64_t k, const li_block_q4_1 *w, const char *va, size_t a_stride, int NR, float *out) {
     __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
     float summs[4] = {0};
     const __m256i low = _mm256_set1_epi8(0xF);
@@ -52,6 +54,7 @@ static inline void dot_q4_1(int64_t k, const li_block_q4_1 *w, const char *va, s
         const float d0 = h2f(w[b].d), m0 = h2f(w[b].m);
         const __m128i raw = _mm_loadu_si128((const __m128i *)w[b].qs);
         const __m256i qx = _mm256_and_si256(low, _mm256_set_m128i(_mm_srli_epi16(raw, 4), raw));
+#pragma GCC unroll 4
         for (int r = 0; r < NR; r++) {
             const li_block_q8_1 *a = (const li_block_q8_1 *)(va + (size_t)r * a_stride) + b;
             summs[r] = fmaf(m0, h2f(a->s), summs[r]);
@@ -62,13 +65,14 @@ static inline void dot_q4_1(int64_t k, const li_block_q4_1 *w, const char *va, s
     for (int r = 0; r < NR; r++) out[r] = hsum8(acc[r]) + summs[r];
 }
 
-static inline void dot_q8_0(int64_t k, const li_block_q8_0 *w, const char *va, size_t a_stride, int NR, float *out) {
+static inline __attribute__((always_inline)) void dot_q8_0(int64_t k, const li_block_q8_0 *w, const char *va, size_t a_stride, int NR, float *out) {
     __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
     for (int64_t b = 0; b < k / 32; b++) {
         _mm_prefetch((const char *)(w + b) + DOT_PREFETCH, _MM_HINT_T0);
         const float d0 = h2f(w[b].d);
         const __m256i x = _mm256_loadu_si256((const __m256i *)w[b].qs);
         const __m256i ax = _mm256_sign_epi8(x, x);
+#pragma GCC unroll 4
         for (int r = 0; r < NR; r++) {
             const li_block_q8_0 *a = (const li_block_q8_0 *)(va + (size_t)r * a_stride) + b;
             const __m256 dd = _mm256_set1_ps(d0 * h2f(a->d));

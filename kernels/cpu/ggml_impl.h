@@ -48,7 +48,11 @@ static inline float g_expf(float x) {
                          u, fmaf(0x1.ffffecp-1f, b, 1.0f));
     if (fabsf(n) > 192.0f) return n <= 0.0f ? 0.0f : INFINITY;
     if (isnan(n)) return n;
-    return ldexpf(j, (int)n); /* _mm512_scalef_ps: j * 2^n, correctly rounded */
+    /* _mm512_scalef_ps: j * 2^n, correctly rounded. In double the product
+     * is exact (|n| <= 192, j has 24 bits), so one rounding to float gives
+     * what ldexpf gives, subnormals included, without a libm call */
+    union { uint64_t u; double d; } p2 = {.u = (uint64_t)((int64_t)n + 1023) << 52};
+    return (float)((double)j * p2.d);
 }
 
 static inline void g_silu_mul(float *g, const float *u, int64_t n) {
@@ -91,7 +95,14 @@ static inline float g_dot_f16_gemm(int64_t n, const float *x, const float *y) {
     return g_hsum16(acc);
 }
 
-static inline float g_f16_round(float x) { return li_fp16_to_fp32(li_fp32_to_fp16(x)); }
+/* x rounded to F16 (nearest even) and back */
+static inline float g_f16_round(float x) {
+#ifdef LI_GGML_F16C
+    return _cvtsh_ss(_cvtss_sh(x, _MM_FROUND_TO_NEAREST_INT));
+#else
+    return li_fp16_to_fp32(li_fp32_to_fp16(x));
+#endif
+}
 
 /* one K or V row as floats (F16 -> F32 is exact, so any converter will do) */
 static inline void g_load_row(li_type dt, const void *row, float *out, int D) {
@@ -108,6 +119,32 @@ static inline void g_load_row(li_type dt, const void *row, float *out, int D) {
 }
 
 
+/* Rows of one kv head of one sequence, position by position: the block
+ * table is walked, not divided into for every row. */
+typedef struct {
+    const char *base;  /* K or V data + this kv head's offset */
+    const int32_t *bt; /* the sequence's block table */
+    int64_t bs;        /* block size */
+    size_t slot;       /* bytes per cache slot (all kv heads) */
+    int64_t blk, off;  /* the next row: position blk * bs + off */
+} g_kv_walk;
+
+static inline g_kv_walk g_kv_walk_init(const li_attn_args *a, const void *data, int64_t i, int kvh) {
+    const size_t es = li_kv_elem_size(a->kv->dtype);
+    return (g_kv_walk){.base = (const char *)data + (size_t)kvh * a->head_dim * es,
+                       .bt = a->block_tables[a->seq[i]], .bs = a->block_size,
+                       .slot = (size_t)a->n_head_kv * a->head_dim * es};
+}
+
+static inline const void *g_kv_next(g_kv_walk *w) {
+    const void *r = w->base + ((size_t)w->bt[w->blk] * (size_t)w->bs + (size_t)w->off) * w->slot;
+    if (++w->off == w->bs) {
+        w->off = 0;
+        w->blk++;
+    }
+    return r;
+}
+
 /* The two dot orders over positions, for every dimension of V at once:
  * accumulator (r, l) of dimension d sees positions p = 64c + 16r + l (vec)
  * or p = 16c + l (gemm) in increasing c, exactly as the row-by-row dot. */
@@ -115,11 +152,12 @@ static inline void g_attn_pv(const li_attn_args *a, int64_t i, int kvh, int64_t 
                              int gemm, float *acc, float *vf, float *out) {
     const int D = a->head_dim;
     memset(acc, 0, (size_t)64 * D * sizeof(float));
+    g_kv_walk vw = g_kv_walk_init(a, a->kv->v, i, kvh);
     for (int64_t p = 0; p < np; p++) {
         const int slot = gemm ? (int)(p & 15) : (int)(p & 63); /* r*16 + l */
         float *ac = acc + (size_t)slot * D;
         if (p < P) {
-            g_load_row(a->kv->dtype, li_kv_row(a, a->kv->v, i, p, kvh), vf, D);
+            g_load_row(a->kv->dtype, g_kv_next(&vw), vf, D);
             for (int d = 0; d < D; d++) ac[d] = fmaf(vf[d], w[p], ac[d]);
         } else { /* padding: a zero weight adds exactly nothing but keeps the shape */
             for (int d = 0; d < D; d++) ac[d] = fmaf(0.0f, w[p], ac[d]);
@@ -153,8 +191,9 @@ static inline void g_attn_head(const li_attn_args *a, int64_t i, int h, int gemm
     for (int d = 0; d < D; d++) q16[d] = g_f16_round(q[d]);
     const int kq_gemm = gemm && D % 16 == 0;       /* tinyBLAS needs k % 16 == 0 */
     float max = -INFINITY;
+    g_kv_walk kw = g_kv_walk_init(a, a->kv->k, i, kvh);
     for (int64_t p = 0; p < P; p++) {
-        g_load_row(a->kv->dtype, li_kv_row(a, a->kv->k, i, p, kvh), kf, D);
+        g_load_row(a->kv->dtype, g_kv_next(&kw), kf, D);
         const float kq = kq_gemm ? g_dot_f16_gemm(D, kf, q16) : g_dot_f16_vec(D, kf, q16);
         s[p] = kq * a->scale;
         if (s[p] > max) max = s[p];

@@ -24,7 +24,10 @@
 
 static float quantize_block(const float *x, int8_t *q, int32_t *sum) {
     float amax = 0.0f;
-    for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[j]));
+    for (int j = 0; j < 32; j++) { /* fmaxf's result (a NaN is skipped), without the libm call */
+        const float v = fabsf(x[j]);
+        amax = v > amax ? v : amax;
+    }
     const float d = amax / 127.f;
     const float id = amax != 0.0f ? 127.f / amax : 0.0f;
     int32_t s = 0;
