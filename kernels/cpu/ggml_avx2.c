@@ -56,9 +56,9 @@ static inline __attribute__((always_inline)) void dot_q4_1(int64_t k, const li_b
         const __m256i qx = _mm256_and_si256(low, _mm256_set_m128i(_mm_srli_epi16(raw, 4), raw));
 #pragma GCC unroll 4
         for (int r = 0; r < NR; r++) {
-            const li_block_q8_1 *a = (const li_block_q8_1 *)(va + (size_t)r * a_stride) + b;
-            summs[r] = fmaf(m0, h2f(a->s), summs[r]);
-            const __m256 dd = _mm256_set1_ps(d0 * h2f(a->d));
+            const li_ggml_q8_1f *a = (const li_ggml_q8_1f *)(va + (size_t)r * a_stride) + b;
+            summs[r] = fmaf(m0, a->s, summs[r]);
+            const __m256 dd = _mm256_set1_ps(d0 * a->d);
             acc[r] = _mm256_fmadd_ps(dd, lanes_us8(qx, _mm256_loadu_si256((const __m256i *)a->qs)), acc[r]);
         }
     }

@@ -86,11 +86,13 @@ static void ggml_matmul(li_backend *be, const li_weight *w, const float *x, floa
     qdot_fn dot;
     qdot4_fn dot4;
     size_t block;
+    bool widen = false; /* Q4_1 with dot4: rows of li_ggml_q8_1f */
     if (w->type == LI_TYPE_Q4_1) {
         quantize = li_ggml_quantize_q8_1;
         dot = li_ggml_dot_q4_1_q8_1_ref;
         dot4 = g->avx2 ? li_ggml_dot4_q4_1_q8_1_avx2 : NULL;
-        block = sizeof(li_block_q8_1);
+        widen = dot4 != NULL;
+        block = widen ? sizeof(li_ggml_q8_1f) : sizeof(li_block_q8_1);
     } else if (w->type == LI_TYPE_Q8_0) {
         quantize = li_ggml_quantize_q8_0;
         dot = li_ggml_dot_q8_0_q8_0_ref;
@@ -101,12 +103,23 @@ static void ggml_matmul(li_backend *be, const li_weight *w, const float *x, floa
         return;
     }
     const size_t act_row = (size_t)(w->k / 32) * block;
-    if (act_row * (size_t)n > g->act_cap) {
+    const size_t q_row = (size_t)(w->k / 32) * sizeof(li_block_q8_1); /* room to quantize one row before widening */
+    const size_t need = act_row * (size_t)n + (widen ? q_row : 0);
+    if (need > g->act_cap) {
         free(g->act);
-        g->act_cap = act_row * (size_t)n;
+        g->act_cap = need;
         g->act = li_xmalloc(g->act_cap);
     }
-    for (int64_t r = 0; r < n; r++) quantize(x + r * w->k, (char *)g->act + r * act_row, w->k);
+    char *qtmp = (char *)g->act + act_row * (size_t)n;
+    for (int64_t r = 0; r < n; r++) {
+        char *row = (char *)g->act + r * act_row;
+        if (widen) {
+            quantize(x + r * w->k, qtmp, w->k);
+            li_ggml_widen_q8_1(qtmp, (li_ggml_q8_1f *)row, w->k);
+        } else {
+            quantize(x + r * w->k, row, w->k);
+        }
+    }
     mm_job j = {.w = w, .act = g->act, .act_row = act_row, .y = y, .n = n, .dot = dot, .dot4 = dot4};
     atomic_init(&j.next, 0);
     const int64_t items = (w->m + MM_ROWS - 1) / MM_ROWS;

@@ -36,8 +36,16 @@ void li_ggml_quantize_q8_1(const float *x, void *y, int64_t k);
  * summed at the end as hsum_float_8 does (Q4_1: plus the sum of m*s) */
 float li_ggml_dot_q4_1_q8_1_ref(int64_t k, const void *w, const void *a);
 float li_ggml_dot_q8_0_q8_0_ref(int64_t k, const void *w, const void *a);
+/* A Q8_1 activation block with its F16 scales widened to float (exactly):
+ * the fast dot reads the same values without two conversions per use. */
+typedef struct {
+    float d, s;
+    int8_t qs[32];
+} li_ggml_q8_1f;
+void li_ggml_widen_q8_1(const void *q8_1, li_ggml_q8_1f *out, int64_t k);
 /* one weight row against nr <= 4 activation rows a_stride bytes apart:
- * out[r] is bit-identical to the single dot of row r */
+ * out[r] is bit-identical to the single dot of row r (Q4_1: rows of
+ * li_ggml_q8_1f, Q8_0: rows of li_block_q8_0) */
 void li_ggml_dot4_q4_1_q8_1_avx2(int64_t k, const void *w, const void *a, size_t a_stride, int nr, float *out);
 void li_ggml_dot4_q8_0_q8_0_avx2(int64_t k, const void *w, const void *a, size_t a_stride, int nr, float *out);
 

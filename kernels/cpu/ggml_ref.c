@@ -59,6 +59,15 @@ void li_ggml_quantize_q8_1(const float *x, void *vy, int64_t k) {
     }
 }
 
+void li_ggml_widen_q8_1(const void *q8_1, li_ggml_q8_1f *out, int64_t k) {
+    const li_block_q8_1 *a = q8_1;
+    for (int64_t b = 0; b < k / 32; b++) {
+        out[b].d = li_fp16_to_fp32(a[b].d);
+        out[b].s = li_fp16_to_fp32(a[b].s);
+        memcpy(out[b].qs, a[b].qs, 32);
+    }
+}
+
 /* ------------------------------------------------------------------------
  * quantized dots (ggml_vec_dot_q4_1_q8_1 / q8_0_q8_0, AVX2 branch; the Q8_0
  * sgemm of a prompt batch accumulates the same way)

@@ -40,6 +40,7 @@ static void test_dots(bool avx2) {
     static li_block_q4_1 w4[48];
     static li_block_q8_0 w8[48];
     static li_block_q8_1 a1[4][48];
+    static li_ggml_q8_1f a1f[4][48];
     static li_block_q8_0 a0[4][48];
     static float x[48 * 32];
     for (size_t c = 0; c < LI_ARRAY_LEN(nbs); c++) {
@@ -56,11 +57,12 @@ static void test_dots(bool avx2) {
             for (int r = 0; r < 4; r++) {
                 fill(x, k, rand_scale());
                 li_ggml_quantize_q8_1(x, a1[r], k);
+                li_ggml_widen_q8_1(a1[r], a1f[r], k);
                 li_ggml_quantize_q8_0(x, a0[r], k);
             }
             for (int nr = 1; nr <= 4; nr++) {
                 float o4[4], o8[4];
-                li_ggml_dot4_q4_1_q8_1_avx2(k, w4, a1, sizeof a1[0], nr, o4);
+                li_ggml_dot4_q4_1_q8_1_avx2(k, w4, a1f, sizeof a1f[0], nr, o4);
                 li_ggml_dot4_q8_0_q8_0_avx2(k, w8, a0, sizeof a0[0], nr, o8);
                 for (int r = 0; r < nr; r++) {
                     const float r4 = li_ggml_dot_q4_1_q8_1_ref(k, w4, a1[r]), r8 = li_ggml_dot_q8_0_q8_0_ref(k, w8, a0[r]);
