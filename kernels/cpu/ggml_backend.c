@@ -88,13 +88,13 @@ static void ggml_matmul(li_backend *be, const li_weight *w, const float *x, floa
     size_t block;
     bool widen = false; /* Q4_1 with dot4: rows of li_ggml_q8_1f */
     if (w->type == LI_TYPE_Q4_1) {
-        quantize = li_ggml_quantize_q8_1;
+        quantize = g->avx2 ? li_ggml_quantize_q8_1_avx2 : li_ggml_quantize_q8_1;
         dot = li_ggml_dot_q4_1_q8_1_ref;
         dot4 = g->avx2 ? li_ggml_dot4_q4_1_q8_1_avx2 : NULL;
         widen = dot4 != NULL;
         block = widen ? sizeof(li_ggml_q8_1f) : sizeof(li_block_q8_1);
     } else if (w->type == LI_TYPE_Q8_0) {
-        quantize = li_ggml_quantize_q8_0;
+        quantize = g->avx2 ? li_ggml_quantize_q8_0_avx2 : li_ggml_quantize_q8_0;
         dot = li_ggml_dot_q8_0_q8_0_ref;
         dot4 = g->avx2 ? li_ggml_dot4_q8_0_q8_0_avx2 : NULL;
         block = sizeof(li_block_q8_0);

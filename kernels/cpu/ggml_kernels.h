@@ -30,6 +30,9 @@
 /* activation rows as llama.cpp's x86 quantize_row_q8_0 / q8_1 write them */
 void li_ggml_quantize_q8_0(const float *x, void *y, int64_t k);
 void li_ggml_quantize_q8_1(const float *x, void *y, int64_t k);
+/* the same, 8 lanes at a time (AVX2): bit-identical */
+void li_ggml_quantize_q8_0_avx2(const float *x, void *y, int64_t k);
+void li_ggml_quantize_q8_1_avx2(const float *x, void *y, int64_t k);
 
 /* llama.cpp's AVX2 vec_dot: per 32-block, 8 lanes of 4 integer products,
  * each lane accumulated with an FMA by the block scale product; the lanes

@@ -99,6 +99,37 @@ static void test_quantize(void) {
            "q8_0: the portable reference rounds 2.5 to %d, llama.cpp's x86 code to %d", e.qs[1], q[0].qs[1]);
 }
 
+/* the AVX2 quantizer against the reference: random rows at many scales,
+ * exact halves, zeros, -0, huge and tiny values (not NaN: the reference's
+ * float-to-int conversion of one is undefined, as in llama.cpp) */
+static void test_quantize_avx2(bool avx2) {
+    if (!avx2) {
+        printf("skip AVX2 quantizer: this CPU lacks AVX2/FMA/F16C\n");
+        return;
+    }
+    enum { K = 8 * 32 };
+    static float x[K];
+    static li_block_q8_1 r1[K / 32], f1[K / 32];
+    static li_block_q8_0 r0[K / 32], f0[K / 32];
+    int bad = 0, n = 0;
+    for (int rep = 0; rep < 2000; rep++) {
+        fill(x, K, rand_scale());
+        if (rep % 5 == 1)
+            for (int j = 0; j < K; j++) x[j] = (float)((int)(rng_u32() % 255) - 127) * 0.5f; /* halves, amax 63.5 */
+        if (rep % 7 == 2) memset(x + 32, 0, 32 * sizeof(float));
+        if (rep % 13 == 4) x[rng_u32() % K] = (rng_u32() & 1) ? 3e38f : 1e-44f;
+        if (rep % 17 == 5) x[rng_u32() % K] = -0.0f;
+        li_ggml_quantize_q8_1(x, r1, K);
+        li_ggml_quantize_q8_1_avx2(x, f1, K);
+        li_ggml_quantize_q8_0(x, r0, K);
+        li_ggml_quantize_q8_0_avx2(x, f0, K);
+        bad += memcmp(r1, f1, sizeof r1) != 0;
+        bad += memcmp(r0, f0, sizeof r0) != 0;
+        n += 2;
+    }
+    report(bad == 0, "quantize q8_0/q8_1: AVX2 == reference on %d rows (%d differ)", n, bad);
+}
+
 /* ---- reductions and F16 dots against the instructions ---- */
 __attribute__((target("avx512f"))) static float hw_reduce16(const float *v) {
     return _mm512_reduce_add_ps(_mm512_loadu_ps(v));
@@ -378,6 +409,7 @@ int main(void) {
     const bool avx512 = __builtin_cpu_supports("avx512f");
     test_dots(avx2);
     test_quantize();
+    test_quantize_avx2(avx2);
     test_reductions(avx512);
     test_expf(avx512);
     test_attention(avx2);
