@@ -433,8 +433,8 @@ int li_wire_reader_next(li_wire_reader *r, const msgpack_object **msg, li_error 
     if (r->len < 4) return 0;
     const unsigned char *h = (const unsigned char *)r->buf;
     size_t n = (size_t)h[0] << 24 | (size_t)h[1] << 16 | (size_t)h[2] << 8 | h[3];
-    if (n > LI_WIRE_MAX_FRAME)
-        return li_error_set(err, LI_ERANGE, "a frame of %zu bytes (the limit is %zu)", n, LI_WIRE_MAX_FRAME);
+    if (n > LI_WIRE_MAX_REPLY)
+        return li_error_set(err, LI_ERANGE, "a frame of %zu bytes (the limit is %zu)", n, LI_WIRE_MAX_REPLY);
     if (r->len - 4 < n) return 0;
     if (n > r->frame_cap) {
         r->frame_cap = n + 4096;

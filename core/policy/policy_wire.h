@@ -14,7 +14,11 @@
 #include <msgpack.h>
 
 #define LI_WIRE_VERSION 1
-#define LI_WIRE_MAX_FRAME ((size_t)64 << 20) /* bytes in one frame */
+#define LI_WIRE_MAX_FRAME ((size_t)64 << 20) /* bytes in one engine -> host frame */
+/* Bytes in one host -> engine frame: room for a plan of LI_WIRE_MAX_ENTRIES
+ * entries (~9 bytes each) or an eviction order of as many blocks, and a
+ * bound on what msgpack-c unpacks them into (up to ~16 bytes per byte) */
+#define LI_WIRE_MAX_REPLY ((size_t)16 << 20)
 #define LI_WIRE_MAX_REQS (1 << 20)           /* requests in one state */
 #define LI_WIRE_MAX_ENTRIES (1 << 20)        /* run or preempt entries in one plan */
 #define LI_WIRE_MAX_DEPTH 16                 /* nesting of arrays and maps in one frame */
@@ -101,7 +105,7 @@ char *li_wire_reader_space(li_wire_reader *r, size_t *room);
 void li_wire_reader_commit(li_wire_reader *r, size_t n);
 /* The next whole frame: 1 and *msg (a map, valid until the next call), 0
  * when more bytes are needed, or an error when the stream is broken (a
- * length over LI_WIRE_MAX_FRAME, a body li_wire_frame_unpack refuses). */
+ * length over LI_WIRE_MAX_REPLY, a body li_wire_frame_unpack refuses). */
 int li_wire_reader_next(li_wire_reader *r, const msgpack_object **msg, li_error *err);
 
 /* ---- the engine's checks of a host's replies ------------------------------------ */

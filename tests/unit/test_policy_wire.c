@@ -1,6 +1,6 @@
 /* test_policy_wire.c — corrupt input from a policy host (the engine side of
  * docs/policy-protocol.md, "Wire format"):
- *  - frames: empty, over the 64 MiB limit, truncated, not msgpack, not a
+ *  - frames: empty, over the 16 MiB reply limit, truncated, not msgpack, not a
  *    map, trailing bytes, huge declared counts (refused before msgpack-c
  *    allocates for them), nesting past the limit; byte-by-byte delivery;
  *  - plans: wrong types, out-of-range ids and token counts, NaN, fractions,
@@ -135,7 +135,12 @@ static void test_frames(void) {
 
     /* broken streams: errors with a message, nothing allocated from a declared size */
     li_wire_reader_reset(&rd);
-    CHECK(feed("\xff\xff\xff\xff\x80", 5, &m) == LI_ERANGE && strstr(err.msg, "limit"), "over 64 MiB: %s", err.msg);
+    CHECK(feed("\xff\xff\xff\xff\x80", 5, &m) == LI_ERANGE && strstr(err.msg, "limit"), "over 4 GiB: %s", err.msg);
+    li_wire_reader_reset(&rd);
+    CHECK(feed("\x01\x00\x00\x01\x80", 5, &m) == LI_ERANGE && strstr(err.msg, "16777216"), "a reply over 16 MiB: %s",
+          err.msg);
+    li_wire_reader_reset(&rd);
+    CHECK(feed("\x01\x00\x00\x00\x80", 5, &m) == 0, "a reply of 16 MiB is waited for");
     CHECK(raw_frame("", 0) < 0 && strstr(err.msg, "empty"), "empty frame: %s", err.msg);
     CHECK(raw_frame("\x93\x01\x02\x03", 4) < 0 && strstr(err.msg, "not a msgpack map"), "array frame: %s", err.msg);
     CHECK(raw_frame("\x81\xa1x", 3) < 0 && strstr(err.msg, "truncated"), "truncated body: %s", err.msg);
