@@ -75,11 +75,26 @@ void li_call_init(li_call *c, li_server *srv) {
 
 void li_call_free(li_call *c) { msgpack_sbuffer_destroy(&c->result); }
 
+void li_utf8_scrub(char *str, size_t n) {
+    utf8proc_uint8_t *s = (utf8proc_uint8_t *)str;
+    for (size_t i = 0; i < n;) {
+        if (s[i] < 0x80) {
+            i++;
+            continue;
+        }
+        utf8proc_int32_t cp;
+        utf8proc_ssize_t len = utf8proc_iterate(s + i, (utf8proc_ssize_t)LI_MIN(n - i, 4), &cp);
+        if (len <= 0) s[i++] = '?';
+        else i += (size_t)len;
+    }
+}
+
 int li_call_fail(li_call *c, int code, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(c->msg, sizeof c->msg, fmt, ap);
     va_end(ap);
+    li_utf8_scrub(c->msg, strlen(c->msg));
     c->code = code;
     msgpack_sbuffer_clear(&c->result);
     return code;

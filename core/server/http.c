@@ -154,6 +154,7 @@ static void respond_error(http_sess *h, int status, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    li_utf8_scrub(msg, strlen(msg));
     respond_json(h, status, error_object(status, msg));
 }
 

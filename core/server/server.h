@@ -430,6 +430,11 @@ static inline const msgpack_object *li_mp_get(const msgpack_object *map, const c
     return li_mp_read_get(map, key, true);
 }
 bool li_utf8_valid(const char *s, size_t n);
+/* Makes s (n bytes) valid UTF-8 in place: each byte of an invalid or cut
+ * sequence becomes '?'. Error messages quote client bytes (a parameter
+ * name, a logit_bias key) and may be cut by their buffer; a reply must
+ * still be a string every client decodes. */
+void li_utf8_scrub(char *s, size_t n);
 void li_mp_pack_str(msgpack_packer *pk, const char *s);
 void li_mp_pack_strn(msgpack_packer *pk, const char *s, size_t n);
 /* Packs the stats map (method `stats`). */

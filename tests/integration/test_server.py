@@ -447,6 +447,24 @@ def test_logit_bias_rpc_and_openai(server):
     rpc.close()
 
 
+def test_error_messages_quoting_bad_bytes_are_utf8(server):
+    """An error that quotes a client's invalid UTF-8 (an unknown parameter
+    name, a logit_bias key) still replies with a valid UTF-8 message."""
+    frames = [
+        # {"prompt": "x", "\xff\xfe": 1}
+        b"\x94\x00\x09\xa8generate\x82\xa6prompt\xa1x\xa2\xff\xfe\x01",
+        # {"prompt": "x", "logit_bias": {"\xe2\x82": 1}} (a cut 3-byte sequence)
+        b"\x94\x00\x09\xa8generate\x82\xa6prompt\xa1x\xaalogit_bias\x81\xa2\xe2\x82\x01",
+    ]
+    for frame, want in zip(frames, ["unknown parameter '??'", "key '??' is not a token id"]):
+        c = Rpc(server.rpc)
+        c.sock.sendall(frame)
+        m = c.read()  # raw=False: an invalid UTF-8 message would raise here
+        assert m[0] == 1 and m[1] == 9 and m[2]["code"] == -32602 and want in m[2]["message"], m
+        assert c.ok("health")["status"] == "ok"
+        c.close()
+
+
 def test_openai_streamed_logprobs_equal_non_streamed(server):
     """stream: true with logprobs sends each token's logprobs in its chunk; put
     together they equal the non-streamed response's (text_offset counts from
