@@ -154,8 +154,8 @@ void li_ggml_dot4_q8_0_q8_0_avx2(int64_t k, const void *w, const void *a, size_t
     }
 }
 
-void li_ggml_attn_head_avx2(const li_attn_args *a, int64_t i, int h, int gemm, float *scratch) {
-    g_attn_head(a, i, h, gemm, scratch);
+void li_ggml_attn_heads_avx2(const li_attn_args *a, int64_t i, int h0, int nh, int gemm, float *scratch) {
+    g_attn_heads(a, i, h0, nh, gemm, scratch);
 }
 
 void li_ggml_silu_mul_avx2(float *g, const float *u, int64_t n) { g_silu_mul(g, u, n); }

@@ -134,27 +134,32 @@ typedef struct {
     const li_attn_args *a;
     float **scratch;
     int gemm;
-    void (*head)(const li_attn_args *a, int64_t i, int h, int gemm, float *scratch);
+    int group; /* heads per item: a kv head's whole group, or 1 when items would be too few */
+    void (*heads)(const li_attn_args *a, int64_t i, int h0, int nh, int gemm, float *scratch);
     atomic_int_fast64_t next;
 } attn_job;
 
 static void attn_work(void *p, int ith, int nth) {
     (void)nth;
     attn_job *j = p;
-    const int64_t items = j->a->n_tokens * j->a->n_head;
+    const int per_tok = j->a->n_head / j->group;
+    const int64_t items = j->a->n_tokens * per_tok;
     for (int64_t t; (t = atomic_fetch_add(&j->next, 1)) < items;)
-        j->head(j->a, t / j->a->n_head, (int)(t % j->a->n_head), j->gemm, j->scratch[ith]);
+        j->heads(j->a, t / per_tok, (int)(t % per_tok) * j->group, j->group, j->gemm, j->scratch[ith]);
 }
 
 static void ggml_attention(li_backend *be, const li_attn_args *a) {
     li_ggml *g = ggml_of(be);
-    if (li_kv_is_8bit(a->kv->dtype) || a->head_dim > 256) {
+    const int G = a->n_head / a->n_head_kv;
+    if (li_kv_is_8bit(a->kv->dtype) || a->head_dim > 256 || G > 64) {
         li_backend_ref_ops()->attention(be, a);
         return;
     }
+    /* a group per item when that still gives every thread a few items */
+    const int group = a->n_tokens * a->n_head_kv >= 4 * (int64_t)g->n_threads ? G : 1;
     int64_t max_pos = 0;
     for (int64_t i = 0; i < a->n_tokens; i++) max_pos = LI_MAX(max_pos, (int64_t)a->pos[i]);
-    const size_t need = li_ggml_attn_scratch(max_pos);
+    const size_t need = li_ggml_attn_scratch(max_pos, group);
     if (need > g->scratch_cap) {
         for (int t = 0; t < g->n_threads; t++) {
             free(g->scratch[t]);
@@ -163,10 +168,11 @@ static void ggml_attention(li_backend *be, const li_attn_args *a) {
         g->scratch_cap = need;
     }
     /* llama.cpp hands a batch of 2+ tokens to tinyBLAS, one token to vec_dot */
-    attn_job j = {.a = a, .scratch = g->scratch, .gemm = a->n_tokens >= 2,
-                  .head = g->avx2 ? li_ggml_attn_head_avx2 : li_ggml_attn_head};
+    attn_job j = {.a = a, .scratch = g->scratch, .gemm = a->n_tokens >= 2, .group = group,
+                  .heads = g->avx2 ? li_ggml_attn_heads_avx2 : li_ggml_attn_heads};
     atomic_init(&j.next, 0);
-    li_threadpool_run(g->tp, attn_work, &j, (int)LI_MIN((int64_t)g->n_threads, a->n_tokens * a->n_head));
+    li_threadpool_run(g->tp, attn_work, &j,
+                      (int)LI_MIN((int64_t)g->n_threads, a->n_tokens * (a->n_head / group)));
 }
 
 /* ------------------------------------------------------------------------

@@ -178,34 +178,47 @@ static inline void g_attn_pv(const li_attn_args *a, int64_t i, int kvh, int64_t 
     }
 }
 
-static inline void g_attn_head(const li_attn_args *a, int64_t i, int h, int gemm, float *scratch) {
+/* Heads h0 .. h0+nh-1 of token i, all of one kv head: each K row is loaded
+ * and converted once for the group. Every head's arithmetic is the single
+ * head's, so grouping never changes a bit. scratch: li_ggml_attn_scratch. */
+static inline void g_attn_heads(const li_attn_args *a, int64_t i, int h0, int nh, int gemm, float *scratch) {
     const int D = a->head_dim;
-    const int kvh = h / (a->n_head / a->n_head_kv);
+    const int kvh = h0 / (a->n_head / a->n_head_kv);
     const int64_t P = (int64_t)a->pos[i] + 1;      /* visible positions 0..pos */
     const int64_t np = (P + 63) & ~(int64_t)63;    /* llama.cpp's row is >= 256 cells; the rest weigh 0 */
-    float *q16 = scratch;                          /* (D <= 256) */
-    float *kf = scratch + 256;                     /* (D) one K or V row */
-    float *acc = scratch + 512;                    /* (64, D) KQV accumulators */
-    float *s = acc + 64 * 256;                     /* (np) scores, then weights rounded to F16 */
-    const float *q = a->q + (i * a->n_head + h) * D;
-    for (int d = 0; d < D; d++) q16[d] = g_f16_round(q[d]);
+    float *q16 = scratch;                          /* (nh, 256) */
+    float *kf = q16 + (size_t)nh * 256;            /* (256) one K or V row */
+    float *acc = kf + 256;                         /* (64, D) KQV accumulators */
+    float *s = acc + 64 * 256;                     /* (nh, np) scores, then weights rounded to F16 */
+    for (int g = 0; g < nh; g++) {
+        const float *q = a->q + (i * a->n_head + h0 + g) * D;
+        for (int d = 0; d < D; d++) q16[g * 256 + d] = g_f16_round(q[d]);
+    }
     const int kq_gemm = gemm && D % 16 == 0;       /* tinyBLAS needs k % 16 == 0 */
-    float max = -INFINITY;
+    float max[64];
+    for (int g = 0; g < nh; g++) max[g] = -INFINITY;
     g_kv_walk kw = g_kv_walk_init(a, a->kv->k, i, kvh);
     for (int64_t p = 0; p < P; p++) {
         g_load_row(a->kv->dtype, g_kv_next(&kw), kf, D);
-        const float kq = kq_gemm ? g_dot_f16_gemm(D, kf, q16) : g_dot_f16_vec(D, kf, q16);
-        s[p] = kq * a->scale;
-        if (s[p] > max) max = s[p];
+        for (int g = 0; g < nh; g++) {
+            const float *qg = q16 + g * 256;
+            const float kq = kq_gemm ? g_dot_f16_gemm(D, kf, qg) : g_dot_f16_vec(D, kf, qg);
+            const float v = kq * a->scale;
+            s[g * np + p] = v;
+            if (v > max[g]) max[g] = v;
+        }
     }
-    /* softmax: exp by 16-lane chunks, each chunk's sum added in double */
-    for (int64_t p = P; p < np; p++) s[p] = 0.0f;
-    for (int64_t p = 0; p < P; p++) s[p] = g_expf(s[p] - max);
-    double sum = 0.0;
-    for (int64_t c = 0; c < np; c += 16) sum += (double)g_hsum16(s + c);
-    const float inv = (float)(1.0 / sum);
-    for (int64_t p = 0; p < P; p++) s[p] = g_f16_round(s[p] * inv);
-    g_attn_pv(a, i, kvh, P, np, s, gemm, acc, kf, a->out + (i * a->n_head + h) * D);
+    for (int g = 0; g < nh; g++) {
+        float *sg = s + g * np;
+        /* softmax: exp by 16-lane chunks, each chunk's sum added in double */
+        for (int64_t p = P; p < np; p++) sg[p] = 0.0f;
+        for (int64_t p = 0; p < P; p++) sg[p] = g_expf(sg[p] - max[g]);
+        double sum = 0.0;
+        for (int64_t c = 0; c < np; c += 16) sum += (double)g_hsum16(sg + c);
+        const float inv = (float)(1.0 / sum);
+        for (int64_t p = 0; p < P; p++) sg[p] = g_f16_round(sg[p] * inv);
+        g_attn_pv(a, i, kvh, P, np, sg, gemm, acc, kf, a->out + (i * a->n_head + h0 + g) * D);
+    }
 }
 
 #endif

@@ -76,15 +76,18 @@ void li_ggml_silu_mul(float *g, const float *u, int64_t n);
 float li_ggml_dot_f16_vec(int64_t n, const float *x, const float *y);
 float li_ggml_dot_f16_gemm(int64_t n, const float *x, const float *y);
 
-/* Attention of token i, head h, as llama.cpp's non-flash path computes it
- * with an F16 cache: q and the softmax weights rounded to F16, KQ and KQV in
- * the vec or gemm order (gemm = the batch has 2+ tokens), softmax by
- * 16-lane chunks summed in double. scratch: li_ggml_attn_scratch(pos[i]) floats; head_dim <= 256. */
-void li_ggml_attn_head(const li_attn_args *a, int64_t i, int h, int gemm, float *scratch);
+/* Attention of token i, heads h0 .. h0+nh-1 (nh <= 64, all of one kv
+ * head), as llama.cpp's non-flash path computes each with an F16 cache: q
+ * and the softmax weights rounded to F16, KQ and KQV in the vec or gemm
+ * order (gemm = the batch has 2+ tokens), softmax by 16-lane chunks summed
+ * in double. A group shares each K row's load; every head's result is the
+ * one it has alone. scratch: li_ggml_attn_scratch(pos[i], nh) floats;
+ * head_dim <= 256. */
+void li_ggml_attn_heads(const li_attn_args *a, int64_t i, int h0, int nh, int gemm, float *scratch);
 /* the same two with FMA instructions (ggml_avx2.c; needs AVX2, FMA, F16C) */
-void li_ggml_attn_head_avx2(const li_attn_args *a, int64_t i, int h, int gemm, float *scratch);
+void li_ggml_attn_heads_avx2(const li_attn_args *a, int64_t i, int h0, int nh, int gemm, float *scratch);
 void li_ggml_silu_mul_avx2(float *g, const float *u, int64_t n);
-size_t li_ggml_attn_scratch(int64_t max_pos);
+size_t li_ggml_attn_scratch(int64_t max_pos, int nh);
 
 /* The backend (ggml_backend.c), made by li_backend_cpu_init(be, n, "ggml",
  * err), which passes whether the CPU has AVX2, FMA and F16C. */

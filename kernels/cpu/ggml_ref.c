@@ -164,10 +164,10 @@ float li_ggml_expf(float x) { return g_expf(x); }
 void li_ggml_silu_mul(float *g, const float *u, int64_t n) { g_silu_mul(g, u, n); }
 float li_ggml_dot_f16_vec(int64_t n, const float *x, const float *y) { return g_dot_f16_vec(n, x, y); }
 float li_ggml_dot_f16_gemm(int64_t n, const float *x, const float *y) { return g_dot_f16_gemm(n, x, y); }
-void li_ggml_attn_head(const li_attn_args *a, int64_t i, int h, int gemm, float *scratch) {
-    g_attn_head(a, i, h, gemm, scratch);
+void li_ggml_attn_heads(const li_attn_args *a, int64_t i, int h0, int nh, int gemm, float *scratch) {
+    g_attn_heads(a, i, h0, nh, gemm, scratch);
 }
 
-size_t li_ggml_attn_scratch(int64_t max_pos) {
-    return (((size_t)max_pos + 64) & ~(size_t)63) + 64 * 256 + 512;
+size_t li_ggml_attn_scratch(int64_t max_pos, int nh) {
+    return (size_t)nh * ((((size_t)max_pos + 64) & ~(size_t)63) + 256) + 64 * 256 + 256;
 }

@@ -294,8 +294,9 @@ static void test_attention(bool avx2) {
             float *q = malloc(sizeof(float) * n * nh * D), *o1 = malloc(sizeof(float) * n * nh * D),
                   *o2 = malloc(sizeof(float) * n * nh * D);
             for (int e = 0; e < n * nh * D; e++) q[e] = rng_f() * 2.0f;
-            float *scr = malloc(li_ggml_attn_scratch(MAXP) * sizeof(float));
-            int bad = 0;
+            float *scr = malloc(li_ggml_attn_scratch(MAXP, nh / nkv) * sizeof(float));
+            float *o3 = malloc(sizeof(float) * n * nh * D);
+            int bad = 0, bad_group = 0;
             for (int gemm = 0; gemm < 2; gemm++) {
                 li_attn_args a = {.n_tokens = n, .n_head = nh, .n_head_kv = nkv, .head_dim = D, .block_size = BS,
                                   .q = q, .pos = pos, .seq = seq, .block_tables = tables, .kv = &kv,
@@ -303,15 +304,25 @@ static void test_attention(bool avx2) {
                 for (int i = 0; i < n; i++)
                     for (int h = 0; h < nh; h++) {
                         a.out = o1;
-                        li_ggml_attn_head(&a, i, h, gemm, scr);
+                        li_ggml_attn_heads(&a, i, h, 1, gemm, scr);
                         a.out = o2;
-                        li_ggml_attn_head_avx2(&a, i, h, gemm, scr);
+                        li_ggml_attn_heads_avx2(&a, i, h, 1, gemm, scr);
                     }
                 bad += memcmp(o1, o2, sizeof(float) * n * nh * D) != 0;
+                /* a kv head's whole group at once: the same bits as one by one */
+                const int G = nh / nkv;
+                for (int i = 0; i < n; i++)
+                    for (int kvh = 0; kvh < nkv; kvh++) {
+                        a.out = o3;
+                        (gemm ? li_ggml_attn_heads_avx2 : li_ggml_attn_heads)(&a, i, kvh * G, G, gemm, scr);
+                    }
+                bad_group += memcmp(o1, o3, sizeof(float) * n * nh * D) != 0;
             }
             report(bad == 0, "attention %s, %d heads / %d kv, dim %d, positions 0..%d, vec and gemm order: FMA build == "
                    "reference", li_type_name(dts[di]), nh, nkv, D, MAXP - 1);
-            free(q), free(o1), free(o2), free(scr), free(kv.k), free(kv.v);
+            report(bad_group == 0, "attention %s, %d heads / %d kv, dim %d: a group of %d heads at once == one by one",
+                   li_type_name(dts[di]), nh, nkv, D, nh / nkv);
+            free(q), free(o1), free(o2), free(o3), free(scr), free(kv.k), free(kv.v);
         }
     static float g1[1539], g2[1539], u[1539];
     for (int i = 0; i < 1539; i++) g1[i] = g2[i] = rng_f() * 30.0f, u[i] = rng_f();
@@ -376,14 +387,14 @@ static void test_backend(void) {
     const int32_t seq[3] = {0, 0, 0};
     static float q[3 * NH * D], out[3 * NH * D], want[3 * NH * D];
     for (size_t e = 0; e < LI_ARRAY_LEN(q); e++) q[e] = rng_f() * 2.0f;
-    float *scr = malloc(li_ggml_attn_scratch(72) * sizeof(float));
+    float *scr = malloc(li_ggml_attn_scratch(72, 1) * sizeof(float));
     for (int n = 1; n <= 3; n += 2) {
         li_attn_args a = {.n_tokens = n, .n_head = NH, .n_head_kv = NKV, .head_dim = D, .block_size = BS, .q = q,
                           .out = out, .pos = pos, .seq = seq, .block_tables = tables, .kv = &kv, .scale = 0.125f};
         be.ops->attention(&be, &a);
         a.out = want;
         for (int i = 0; i < n; i++)
-            for (int h = 0; h < NH; h++) li_ggml_attn_head(&a, i, h, n >= 2, scr);
+            for (int h = 0; h < NH; h++) li_ggml_attn_heads(&a, i, h, 1, n >= 2, scr);
         report(memcmp(out, want, sizeof(float) * n * NH * D) == 0,
                "ggml backend attention, batch of %d: the %s order, over 2 threads", n, n >= 2 ? "gemm" : "vec");
     }
@@ -393,9 +404,9 @@ static void test_backend(void) {
     int differ = 0;
     for (int h = 0; h < NH; h++) {
         a.out = out;
-        li_ggml_attn_head(&a, 0, h, 0, scr);
+        li_ggml_attn_heads(&a, 0, h, 1, 0, scr);
         a.out = want;
-        li_ggml_attn_head(&a, 0, h, 1, scr);
+        li_ggml_attn_heads(&a, 0, h, 1, 1, scr);
         differ += memcmp(out + h * D, want + h * D, sizeof(float) * D) != 0;
     }
     report(differ > 0, "the vec and gemm orders give different bits (%d of %d heads)", differ, NH);
