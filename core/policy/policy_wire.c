@@ -486,11 +486,18 @@ bool li_wire_take_async(li_wire_start *s, const msgpack_object *m) {
 }
 
 /* The host's text (an error message) in err, cut to what a log line holds. */
+/* A host's error text as err's message: at most 480 bytes, a NUL shown as
+ * '?' (it would end the C string early), dflt when the text is missing or
+ * empty, so an error always says something. */
 static int host_text(const msgpack_object *m, const char *key, const char *dflt, int code, li_error *err) {
-    const char *s = dflt;
-    size_t n = strlen(dflt);
-    li_wire_str(li_wire_get(m, key), &s, &n);
-    return li_error_set(err, code, "%.*s", (int)LI_MIN(n, 480), s);
+    const char *s = NULL;
+    size_t n = 0;
+    if (!li_wire_str(li_wire_get(m, key), &s, &n) || n == 0) return li_error_set(err, code, "%s", dflt);
+    char text[481];
+    n = LI_MIN(n, sizeof text - 1);
+    for (size_t i = 0; i < n; i++) text[i] = s[i] ? s[i] : '?';
+    text[n] = 0;
+    return li_error_set(err, code, "%s", text);
 }
 
 int li_wire_check_reply(const msgpack_object *m, const char *want, li_error *err) {

@@ -298,6 +298,22 @@ static void test_replies(void) {
           "unexpected type: %s", err.msg);
     m = msg("m2 s i s i", "type", 5, "seq", 2);
     CHECK(li_wire_check_reply(m, "plan", &err) == LI_EIO, "type not a string: %s", err.msg);
+    /* a host's error text with NULs (found by fuzz_policy_wire): shown as
+     * '?', never an empty message; an empty text gives the default */
+    {
+        static const char nul_err[] = "\x00\x00\x00\x1c\x83\xa4type\xa6reload\xa2ok\xc2\xa5" "error\xa4\x00\x00" "ab";
+        static const char empty_err[] = "\x00\x00\x00\x18\x83\xa4type\xa6reload\xa2ok\xc2\xa5" "error\xa0";
+        li_policy_config cfg;
+        unsigned hooks;
+        li_wire_reader_reset(&rd);
+        CHECK(feed(nul_err, sizeof nul_err - 1, &m) == 1, "NUL error frame: %s", err.msg);
+        CHECK(li_wire_decode_reload(m, &cfg, &hooks, &err) == LI_EINVAL && !strcmp(err.msg, "??ab"),
+              "NULs in a load error: '%s'", err.msg);
+        li_wire_reader_reset(&rd);
+        CHECK(feed(empty_err, sizeof empty_err - 1, &m) == 1, "empty error frame: %s", err.msg);
+        CHECK(li_wire_decode_reload(m, &cfg, &hooks, &err) == LI_EINVAL && !strcmp(err.msg, "policy failed to load"),
+              "an empty load error: '%s'", err.msg);
+    }
 
     bool accept = true;
     char reason[8];
