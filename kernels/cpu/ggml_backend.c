@@ -127,7 +127,7 @@ static void ggml_matmul(li_backend *be, const li_weight *w, const float *x, floa
 }
 
 /* ------------------------------------------------------------------------
- * attention: (token, head) items
+ * attention: (token, kv head group) items, or (token, head) when few
  * ---------------------------------------------------------------------- */
 
 typedef struct {
