@@ -30,14 +30,16 @@ static float quantize_block(const float *x, int8_t *q, int32_t *sum) {
     }
     const float d = amax / 127.f;
     const float id = amax != 0.0f ? 127.f / amax : 0.0f;
-    int32_t s = 0;
+    uint32_t s = 0; /* wraps as _mm256_add_epi32 does */
     for (int j = 0; j < 32; j++) {
         float r = nearbyintf(x[j] * id); /* default rounding mode: half to even */
-        int32_t v = (int32_t)r;
-        s += v;
+        /* vcvtps2dq: a NaN or out-of-range value becomes INT32_MIN (a
+         * subnormal amax makes id infinite, and 0 * inf is NaN) */
+        int32_t v = r >= -2147483648.0f && r < 2147483648.0f ? (int32_t)r : INT32_MIN;
+        s += (uint32_t)v;
         q[j] = (int8_t)(v > 127 ? 127 : v < -128 ? -128 : v);
     }
-    *sum = s;
+    *sum = (int32_t)s;
     return d;
 }
 

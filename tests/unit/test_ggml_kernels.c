@@ -100,8 +100,8 @@ static void test_quantize(void) {
 }
 
 /* the AVX2 quantizer against the reference: random rows at many scales,
- * exact halves, zeros, -0, huge and tiny values (not NaN: the reference's
- * float-to-int conversion of one is undefined, as in llama.cpp) */
+ * exact halves, zeros, -0, NaN, huge and subnormal values (a subnormal amax
+ * makes the multiplier infinite: both give vcvtps2dq's INT32_MIN) */
 static void test_quantize_avx2(bool avx2) {
     if (!avx2) {
         printf("skip AVX2 quantizer: this CPU lacks AVX2/FMA/F16C\n");
@@ -117,7 +117,12 @@ static void test_quantize_avx2(bool avx2) {
         if (rep % 5 == 1)
             for (int j = 0; j < K; j++) x[j] = (float)((int)(rng_u32() % 255) - 127) * 0.5f; /* halves, amax 63.5 */
         if (rep % 7 == 2) memset(x + 32, 0, 32 * sizeof(float));
+        if (rep % 11 == 3) x[rng_u32() % K] = NAN;
         if (rep % 13 == 4) x[rng_u32() % K] = (rng_u32() & 1) ? 3e38f : 1e-44f;
+        if (rep % 19 == 6) { /* a block whose largest value is subnormal */
+            memset(x + 64, 0, 32 * sizeof(float));
+            x[64 + rng_u32() % 32] = -1e-40f;
+        }
         if (rep % 17 == 5) x[rng_u32() % K] = -0.0f;
         li_ggml_quantize_q8_1(x, r1, K);
         li_ggml_quantize_q8_1_avx2(x, f1, K);
