@@ -67,23 +67,8 @@ static inline float quantize_block_avx2(const float *x, int8_t *q, int32_t *sum)
     return d;
 }
 
-void li_ggml_quantize_q8_0_avx2(const float *x, void *vy, int64_t k) {
-    li_block_q8_0 *y = vy;
-    for (int64_t b = 0; b < k / 32; b++) {
-        int32_t s;
-        y[b].d = li_fp32_to_fp16(quantize_block_avx2(x + b * 32, y[b].qs, &s));
-    }
-}
-
-void li_ggml_quantize_q8_1_avx2(const float *x, void *vy, int64_t k) {
-    li_block_q8_1 *y = vy;
-    for (int64_t b = 0; b < k / 32; b++) {
-        int32_t s;
-        const float d = quantize_block_avx2(x + b * 32, y[b].qs, &s);
-        y[b].d = li_fp32_to_fp16(d);
-        y[b].s = li_fp32_to_fp16(d * (float)s);
-    }
-}
+void li_ggml_quantize_q8_0_avx2(const float *x, void *vy, int64_t k) { g_quantize_q8_0(x, vy, k, quantize_block_avx2); }
+void li_ggml_quantize_q8_1_avx2(const float *x, void *vy, int64_t k) { g_quantize_q8_1(x, vy, k, quantize_block_avx2); }
 
 /* Weight rows of a matmul are read in order, row after row: prefetching
  * this far ahead keeps the stream going across 4 KiB pages, where the

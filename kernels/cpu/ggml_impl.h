@@ -33,6 +33,31 @@ static inline float g_hsum8(const float v[8]) {
 }
 
 /* ------------------------------------------------------------------------
+ * activation rows to Q8_0 / Q8_1 blocks, around a block quantizer that
+ * returns d = amax/127 and the sum of its quants (ggml_ref.c, ggml_avx2.c)
+ * ---------------------------------------------------------------------- */
+
+typedef float (*g_qblock_fn)(const float *x, int8_t *q, int32_t *sum);
+
+static inline __attribute__((always_inline)) void g_quantize_q8_0(const float *x, void *vy, int64_t k, g_qblock_fn f) {
+    li_block_q8_0 *y = vy;
+    for (int64_t b = 0; b < k / 32; b++) {
+        int32_t s;
+        y[b].d = li_fp32_to_fp16(f(x + b * 32, y[b].qs, &s));
+    }
+}
+
+static inline __attribute__((always_inline)) void g_quantize_q8_1(const float *x, void *vy, int64_t k, g_qblock_fn f) {
+    li_block_q8_1 *y = vy;
+    for (int64_t b = 0; b < k / 32; b++) {
+        int32_t s;
+        const float d = f(x + b * 32, y[b].qs, &s);
+        y[b].d = li_fp32_to_fp16(d);
+        y[b].s = li_fp32_to_fp16(d * (float)s);
+    }
+}
+
+/* ------------------------------------------------------------------------
  * exp, silu (vec.h: ggml_v_expf / ggml_v_silu, AVX-512 branch)
  * n = round(x/ln2) by the 1.5*2^23 shift, b = x - n*ln2 in two steps, a
  * degree-5 polynomial in b, scaled by 2^n; |n| > 192 saturates to 0 or inf.

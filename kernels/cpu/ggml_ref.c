@@ -43,23 +43,8 @@ static float quantize_block(const float *x, int8_t *q, int32_t *sum) {
     return d;
 }
 
-void li_ggml_quantize_q8_0(const float *x, void *vy, int64_t k) {
-    li_block_q8_0 *y = vy;
-    for (int64_t b = 0; b < k / 32; b++) {
-        int32_t s;
-        y[b].d = li_fp32_to_fp16(quantize_block(x + b * 32, y[b].qs, &s));
-    }
-}
-
-void li_ggml_quantize_q8_1(const float *x, void *vy, int64_t k) {
-    li_block_q8_1 *y = vy;
-    for (int64_t b = 0; b < k / 32; b++) {
-        int32_t s;
-        const float d = quantize_block(x + b * 32, y[b].qs, &s);
-        y[b].d = li_fp32_to_fp16(d);
-        y[b].s = li_fp32_to_fp16(d * (float)s);
-    }
-}
+void li_ggml_quantize_q8_0(const float *x, void *vy, int64_t k) { g_quantize_q8_0(x, vy, k, quantize_block); }
+void li_ggml_quantize_q8_1(const float *x, void *vy, int64_t k) { g_quantize_q8_1(x, vy, k, quantize_block); }
 
 void li_ggml_widen_q8_1(const void *q8_1, li_ggml_q8_1f *out, int64_t k) {
     const li_block_q8_1 *a = q8_1;
