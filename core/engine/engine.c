@@ -31,6 +31,10 @@ typedef struct req {
     size_t text_len, text_cap, emitted;
     char **stop;
     int n_stop;
+    int32_t *ban;             /* (n_ban) stop token ids, then the end-of-generation ones
+                               * unless ignore_eos: what min_tokens holds back */
+    int n_ban, n_stop_ids;    /* the first n_stop_ids of ban are the stop token ids */
+    int64_t min_tokens;
     bool ignore_eos;
     int32_t priority;
     char *tenant;
@@ -105,6 +109,7 @@ static void req_free(req *r) {
     li_kv_seq_free(&r->seq);
     for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
     free(r->stop);
+    free(r->ban);
     free(r->toks);
     free(r->text);
     free(r->tenant);
@@ -434,6 +439,14 @@ static req *req_new(li_engine *e, const li_request_params *p, int32_t i, li_erro
         for (int k = 0; k < p->n_stop; k++) r->stop[k] = strdup(p->stop[k]);
     }
     r->ignore_eos = p->ignore_eos;
+    r->min_tokens = p->min_tokens;
+    const int32_t *eog = NULL;
+    const int n_eog = p->ignore_eos ? 0 : li_tokenizer_eog_ids(e->model->tok, &eog);
+    r->n_stop_ids = p->n_stop_token_ids;
+    r->n_ban = p->n_stop_token_ids + n_eog;
+    r->ban = li_xmalloc((size_t)(r->n_ban ? r->n_ban : 1) * sizeof *r->ban);
+    if (p->n_stop_token_ids) memcpy(r->ban, p->stop_token_ids, (size_t)p->n_stop_token_ids * sizeof *r->ban);
+    if (n_eog) memcpy(r->ban + p->n_stop_token_ids, eog, (size_t)n_eog * sizeof *r->ban);
     r->priority = p->priority;
     r->tenant = strdup(p->tenant ? p->tenant : "");
     r->cache_salt = strdup(p->cache_salt ? p->cache_salt : "");
@@ -468,6 +481,15 @@ int li_engine_add(li_engine *e, const li_request_params *p, int64_t *id, li_erro
     const int32_t n = p->n <= 0 ? 1 : p->n;
     if (n > 64) return li_error_set(err, LI_EINVAL, "request: n must be in [1, 64], got %d", p->n);
     if (p->n_stop < 0 || p->n_stop > 16) return li_error_set(err, LI_EINVAL, "request: at most 16 stop strings");
+    if (p->n_stop_token_ids < 0 || p->n_stop_token_ids > 64 || (p->n_stop_token_ids && !p->stop_token_ids))
+        return li_error_set(err, LI_EINVAL, "request: at most 64 stop token ids");
+    for (int i = 0; i < p->n_stop_token_ids; i++)
+        if (p->stop_token_ids[i] < 0 || p->stop_token_ids[i] >= nv)
+            return li_error_set(err, LI_EINVAL, "request: stop token id %d is outside the vocabulary [0, %d)",
+                                p->stop_token_ids[i], nv);
+    if (p->min_tokens < 0 || p->min_tokens > p->max_tokens)
+        return li_error_set(err, LI_EINVAL, "request: min_tokens must be in [0, max_tokens = %lld], got %lld",
+                            (long long)p->max_tokens, (long long)p->min_tokens);
     for (int i = 0; i < p->n_stop; i++)
         if (!p->stop[i] || !p->stop[i][0] || strlen(p->stop[i]) > 256)
             return li_error_set(err, LI_EINVAL, "request: stop strings must be 1..256 bytes");
@@ -717,7 +739,7 @@ static void emit_token(li_engine *e, req *r, int32_t tok, float lp, const float 
     int nb = li_detok_push(&r->dt, tk, tok, false, piece, sizeof piece);
     if (nb > 0) text_append(r, piece, (size_t)nb);
     size_t at = 0;
-    bool stopped = r->n_stop && find_stop(r, before, &at);
+    bool stopped = r->n_stop && r->n_toks - r->n_prompt >= r->min_tokens && find_stop(r, before, &at);
     if (stopped) {
         r->text_len = at;
         r->text[at] = 0;
@@ -748,11 +770,19 @@ static void flush_text(li_engine *e, req *r) {
     r->emitted = r->text_len;
 }
 
+static bool is_stop_id(const req *r, int32_t tok) {
+    for (int i = 0; i < r->n_stop_ids; i++)
+        if (r->ban[i] == tok) return true;
+    return false;
+}
+
 static void sample_one(li_engine *e, req *r, const float *logits) {
     float lp = 0;
+    const bool hold = r->n_toks - r->n_prompt < r->min_tokens;
+    li_sampler_ban(&r->smp, hold ? r->ban : NULL, hold ? r->n_ban : 0);
     int32_t tok = li_sampler_sample(&r->smp, logits, r->smp.p.n_logprobs ? r->top : NULL, &lp);
     if (r->res.t_first_token < 0) r->res.t_first_token = li_engine_now(e);
-    if (!r->ignore_eos && li_tokenizer_is_eog(e->model->tok, tok)) {
+    if ((!r->ignore_eos && li_tokenizer_is_eog(e->model->tok, tok)) || is_stop_id(r, tok)) {
         flush_text(e, r);
         finish(e, r, "stop");
         return;

@@ -60,6 +60,12 @@ typedef struct li_request_params {
                               * prompt's KV blocks (copy-on-write) */
     const char *const *stop; /* stop strings, copied */
     int n_stop;
+    const int32_t *stop_token_ids; /* (n_stop_token_ids <= 64) tokens that end the request like
+                                    * end-of-generation (not in the output); copied */
+    int n_stop_token_ids;
+    int64_t min_tokens;      /* until this many are generated, end-of-generation and stop
+                              * tokens cannot be drawn and stop strings do not stop (vLLM's
+                              * min_tokens); <= max_tokens */
     bool ignore_eos;
     int32_t priority;
     const char *tenant;      /* copied; NULL = "" */

@@ -318,7 +318,7 @@ static int l_engine_add(lua_State *L) {
     static const char *const known[] = {"prompt", "tokens", "max_tokens", "temperature", "top_k", "top_p", "min_p",
                                         "repetition_penalty", "presence_penalty", "frequency_penalty", "seed",
                                         "logprobs", "n", "stop", "ignore_eos", "priority", "tenant", "cache_salt",
-                                        "logit_bias", NULL};
+                                        "logit_bias", "min_tokens", "stop_token_ids", NULL};
     check_keys(L, 2, "engine:add", known);
     li_request_params p = {0};
     li_sampling_params_default(&p.sampling);
@@ -342,6 +342,7 @@ static int l_engine_add(lua_State *L) {
         p.ud = le;
     }
     p.max_tokens = opt_int(L, 2, "max_tokens", 16, 0, 1 << 20);
+    p.min_tokens = opt_int(L, 2, "min_tokens", 0, 0, 1 << 20);
     p.n = (int32_t)opt_int(L, 2, "n", 1, 1, 64);
     p.priority = (int32_t)opt_int(L, 2, "priority", 0, INT32_MIN, INT32_MAX);
     p.tenant = opt_str(L, 2, "tenant", "");
@@ -367,6 +368,25 @@ static int l_engine_add(lua_State *L) {
         return luaL_error(L, "option 'stop' must be a string or a list of strings");
     }
     p.stop = stops;
+    int32_t stop_ids[64];
+    lua_getfield(L, 2, "stop_token_ids");
+    if (lua_istable(L, -1)) {
+        int n = (int)lua_objlen(L, -1);
+        if (n > 64) return luaL_error(L, "option 'stop_token_ids': at most 64 ids");
+        for (int i = 0; i < n; i++) {
+            lua_rawgeti(L, -1, i + 1);
+            const double v = lua_tonumber(L, -1);
+            if (lua_type(L, -1) != LUA_TNUMBER || !(v >= 0 && v <= INT32_MAX) || v != (double)(int32_t)v)
+                return luaL_error(L, "option 'stop_token_ids' must be a list of token ids");
+            stop_ids[i] = (int32_t)v;
+            lua_pop(L, 1);
+        }
+        p.stop_token_ids = stop_ids;
+        p.n_stop_token_ids = n;
+    } else if (!lua_isnil(L, -1)) {
+        return luaL_error(L, "option 'stop_token_ids' must be a list of token ids");
+    }
+    lua_pop(L, 1);
     li_error err = {0};
     int32_t *toks = NULL;
     size_t n = 0;

@@ -114,6 +114,11 @@ void li_sampler_free(li_sampler *s) {
 }
 
 
+void li_sampler_ban(li_sampler *s, const int32_t *ids, int32_t n) {
+    s->ban = n > 0 ? ids : NULL;
+    s->n_ban = n > 0 ? n : 0;
+}
+
 void li_sampler_accept(li_sampler *s, int32_t t) {
     if (t < 0 || t >= s->n_vocab || !penalties_on(&s->p)) return;
     if (s->p.penalty_last_n < 0) { /* unbounded window: grow */
@@ -240,7 +245,7 @@ static void select_top_k(li_token_logprob *c, int32_t n, int32_t k) {
 int32_t li_sampler_sample(li_sampler *s, const float *logits, li_token_logprob *top, float *chosen_logprob) {
     const li_sampling_params *p = &s->p;
     const int32_t nv = s->n_vocab;
-    if (p->temperature <= 0 && !penalties_on(p) && !p->n_logit_bias) {
+    if (p->temperature <= 0 && !penalties_on(p) && !p->n_logit_bias && !s->n_ban) {
         /* plain greedy: the argmax, no candidate list */
         int32_t chosen = argmax_of(logits, nv);
         report_logprobs(s, logits, chosen, top, chosen_logprob);
@@ -249,13 +254,15 @@ int32_t li_sampler_sample(li_sampler *s, const float *logits, li_token_logprob *
     if (!s->cand) s->cand = li_xmalloc((size_t)nv * sizeof *s->cand);
     li_token_logprob *c = s->cand;
     /* llama.cpp's order: the bias first, so penalties see biased logits */
-    if (p->n_logit_bias) {
+    const bool pre = p->n_logit_bias || s->n_ban;
+    if (pre) {
         for (int32_t i = 0; i < nv; i++) c[i] = (li_token_logprob){i, logits[i]};
         for (int32_t k = 0; k < p->n_logit_bias; k++) c[p->logit_bias[k].id].logprob += p->logit_bias[k].bias;
+        for (int32_t k = 0; k < s->n_ban; k++) c[s->ban[k]].logprob = -INFINITY;
     }
     float mx = -INFINITY;
     for (int32_t i = 0; i < nv; i++) {
-        float v = p->n_logit_bias ? c[i].logprob : logits[i];
+        float v = pre ? c[i].logprob : logits[i];
         if (penalties_on(p) && s->counts[i]) {
             /* llama.cpp's rule: divide positive logits, multiply negative ones */
             v = v > 0 ? v / p->repeat_penalty : v * p->repeat_penalty;

@@ -57,11 +57,17 @@ typedef struct li_sampler {
     int32_t n_recent, cap_recent, head_recent;
     uint16_t *counts;      /* (n_vocab) occurrences inside the window */
     li_logit_bias *bias;   /* (p.n_logit_bias) owned copy; p.logit_bias points here */
+    const int32_t *ban;    /* (n_ban) ids that cannot be drawn now (borrowed; min_tokens) */
+    int32_t n_ban;
 } li_sampler;
 
 /* Fails (LI_EINVAL) on invalid params or a logit_bias id outside [0, n_vocab). */
 int li_sampler_init(li_sampler *s, const li_sampling_params *p, int32_t n_vocab, li_error *err);
 void li_sampler_free(li_sampler *s);
+/* Until the next call, ids (n, in [0, n_vocab); borrowed) cannot be drawn:
+ * their logits count as -inf after the bias. NULL/0 lifts the ban.
+ * Reported logprobs stay raw. */
+void li_sampler_ban(li_sampler *s, const int32_t *ids, int32_t n);
 /* Records a token (prompt or generated) into the penalty window. */
 void li_sampler_accept(li_sampler *s, int32_t token);
 /* Picks the next token from logits (n_vocab). When top is non-NULL it

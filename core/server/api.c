@@ -156,6 +156,7 @@ void li_gen_params_free(li_gen_params *g) {
     free(g->tenant);
     free(g->cache_salt);
     free(g->logit_bias);
+    free(g->stop_token_ids);
     memset(g, 0, sizeof *g);
 }
 
@@ -439,6 +440,14 @@ static int gen_parse(li_server *srv, const msgpack_object *params, const li_gen_
         } else if (!strcmp(name, "logit_bias")) {
             int rc = parse_logit_bias(srv, val, g, err);
             if (rc) return rc;
+        } else if (!strcmp(name, "min_tokens")) {
+            INT_IN(name, g->min_tokens, 0, 1 << 20);
+        } else if (!strcmp(name, "stop_token_ids")) {
+            if (val->type == MSGPACK_OBJECT_ARRAY && val->via.array.size > 64) BAD("'stop_token_ids' holds more than 64 ids");
+            size_t n = 0;
+            int rc = parse_tokens(val, "stop_token_ids", &g->stop_token_ids, &n, err);
+            if (rc) return rc;
+            g->n_stop_token_ids = (int)n;
         } else if (!strcmp(name, "n")) {
             INT_IN(name, g->n, 1, LI_SRV_MAX_N);
         } else if (!strcmp(name, "logprobs")) {
@@ -480,6 +489,12 @@ static int gen_parse(li_server *srv, const msgpack_object *params, const li_gen_
         for (size_t i = 0; i < g->n_tokens; i++)
             if (g->tokens[i] >= nv) BAD("token %d is outside the vocabulary [0, %d)", g->tokens[i], nv);
     }
+    for (int i = 0; srv->model && i < g->n_stop_token_ids; i++)
+        if (g->stop_token_ids[i] >= srv->model->hp.n_vocab)
+            BAD("'stop_token_ids': token %d is outside the vocabulary [0, %d)", g->stop_token_ids[i],
+                srv->model->hp.n_vocab);
+    if (g->max_tokens >= 0 && g->min_tokens > g->max_tokens)
+        BAD("'min_tokens' (%lld) is more than 'max_tokens' (%lld)", (long long)g->min_tokens, (long long)g->max_tokens);
     if (!have_seed) g->sp.seed = random_seed();
     li_sampling_params sp = g->sp;
     sp.n_logprobs = g->logprobs > 0 ? g->logprobs : 0;
@@ -1060,7 +1075,8 @@ typedef struct li_method {
 static const li_method methods[] = {
     {"auth", api_auth, "auth {token}: authenticate the connection (first call when the server has --auth-token)"},
     {"generate", api_generate, "generate {prompt|messages|tokens, max_tokens, temperature, top_p, top_k, min_p, "
-                               "repetition_penalty, presence_penalty, frequency_penalty, logit_bias, seed, stop, n, logprobs, "
+                               "repetition_penalty, presence_penalty, frequency_penalty, logit_bias, seed, stop, stop_token_ids, "
+                               "min_tokens, n, logprobs, "
                                "stream, priority, tenant, cache_salt, ignore_eos}"},
     {"cancel", api_cancel, "cancel {id | request_id}: stop a generate of this connection"},
     {"tokenize", api_tokenize, "tokenize {text, special=true}: token ids"},

@@ -260,6 +260,7 @@ static void run_add(li_engine_thread *t, li_srv_req *r) {
     li_request_params p = {
         .prompt = r->prompt, .n_prompt = (int64_t)r->n_prompt, .sampling = g->sp, .max_tokens = g->max_tokens,
         .n = g->n, .stop = (const char *const *)g->stop, .n_stop = g->n_stop, .ignore_eos = g->ignore_eos,
+        .stop_token_ids = g->stop_token_ids, .n_stop_token_ids = g->n_stop_token_ids, .min_tokens = g->min_tokens,
         .priority = g->priority, .tenant = g->tenant, .cache_salt = g->cache_salt, .on_event = on_engine_event,
         .ud = r,
     };

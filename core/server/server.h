@@ -171,6 +171,9 @@ typedef struct li_gen_params {
     int32_t priority;
     char *tenant, *cache_salt;
     li_logit_bias *logit_bias; /* (sp.n_logit_bias) owned; sp.logit_bias points here */
+    int64_t min_tokens;       /* vLLM's: no end-of-generation or stop before this many */
+    int32_t *stop_token_ids;  /* (n_stop_token_ids <= 64) owned */
+    int n_stop_token_ids;
 } li_gen_params;
 
 void li_gen_params_free(li_gen_params *g);

@@ -426,6 +426,11 @@ bool li_tokenizer_is_eog(const li_tokenizer *t, int32_t id) {
     return false;
 }
 
+int li_tokenizer_eog_ids(const li_tokenizer *t, const int32_t **ids) {
+    *ids = t->eog;
+    return t->n_eog;
+}
+
 int32_t li_tokenizer_find(const li_tokenizer *t, const char *text, size_t len) {
     return li_tok_strmap_get(&t->vocab, t, text, len);
 }

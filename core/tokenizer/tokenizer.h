@@ -45,6 +45,8 @@ bool li_tokenizer_add_bos(const li_tokenizer *t); /* GGUF add_bos_token */
 /* End of generation: eos, eot, eom, and the tokens llama.cpp recognises by
  * text (<|im_end|>, <|endoftext|>, <|eot_id|>, <end_of_turn>, ...). */
 bool li_tokenizer_is_eog(const li_tokenizer *t, int32_t id);
+/* The end-of-generation ids (*ids stays valid while t lives); their count. */
+int li_tokenizer_eog_ids(const li_tokenizer *t, const int32_t **ids);
 /* Exact lookup of a token's vocabulary text (as stored in the GGUF, so
  * byte-level vocabularies spell a space "Ġ"); -1 if none. */
 int32_t li_tokenizer_find(const li_tokenizer *t, const char *text, size_t len);

@@ -447,6 +447,39 @@ def test_logit_bias_rpc_and_openai(server):
     rpc.close()
 
 
+def test_min_tokens_and_stop_token_ids(server):
+    """vLLM's min_tokens and stop_token_ids over msgpack-RPC and, as extra
+    body fields, through the openai client; bad values are refused."""
+    openai = pytest.importorskip("openai")
+    rpc = Rpc(server.rpc)
+    chat = [{"role": "user", "content": "Say hi."}]
+    base = rpc.ok("generate", {"messages": chat, "max_tokens": 48, "temperature": 0})
+    n = len(base["tokens"])
+    assert base["finish_reason"] == "stop" and 4 <= n < 48
+    st = base["tokens"][3]
+    cut = rpc.ok("generate", {"messages": chat, "max_tokens": 48, "temperature": 0, "stop_token_ids": [st]})
+    k = base["tokens"].index(st)
+    assert cut["finish_reason"] == "stop" and cut["tokens"] == base["tokens"][:k]
+    long = rpc.ok("generate", {"messages": chat, "max_tokens": 48, "temperature": 0, "min_tokens": n + 4})
+    assert len(long["tokens"]) >= n + 4 and long["tokens"][:n] == base["tokens"]
+    client = openai.OpenAI(base_url=f"http://{server.http}/v1", api_key="unused", max_retries=0, timeout=60)
+    model = client.models.list().data[0].id
+    c = client.chat.completions.create(model=model, messages=chat, max_tokens=48, temperature=0,
+                                       extra_body={"min_tokens": n + 4})
+    assert c.choices[0].message.content == long["text"] and c.usage.completion_tokens == len(long["tokens"])
+    c = client.chat.completions.create(model=model, messages=chat, max_tokens=48, temperature=0,
+                                       extra_body={"stop_token_ids": [st]})
+    assert c.choices[0].message.content == cut["text"] and c.choices[0].finish_reason == "stop"
+    for bad in [{"min_tokens": 9, "max_tokens": 8}, {"min_tokens": -1}, {"stop_token_ids": [49152]},
+                {"stop_token_ids": [-1]}, {"stop_token_ids": 5}, {"stop_token_ids": list(range(65))}]:
+        err, _ = rpc.call("generate", {"prompt": "x", **bad})
+        assert err is not None and err["code"] == -32602, (bad, err)
+        with pytest.raises(openai.BadRequestError):
+            client.completions.create(model=model, prompt="x", max_tokens=bad.get("max_tokens", 16),
+                                      extra_body={k: v for k, v in bad.items() if k != "max_tokens"})
+    rpc.close()
+
+
 def test_error_messages_quoting_bad_bytes_are_utf8(server):
     """An error that quotes a client's invalid UTF-8 (an unknown parameter
     name, a logit_bias key) still replies with a valid UTF-8 message."""

@@ -263,6 +263,40 @@ int main(void) {
         CHECK(li_sampling_params_validate(&p, &err) != 0, "entries without an array refused");
     }
 
+    /* a ban (min_tokens): banned ids are never drawn, greedy or not;
+     * lifting it restores the argmax; logprobs stay raw */
+    {
+        p = greedy();
+        p.logprob = true;
+        li_sampler_init(&s, &p, NV, &err);
+        const int32_t ban[1] = {best};
+        li_sampler_ban(&s, ban, 1);
+        float lp = 0;
+        const int got = li_sampler_sample(&s, l, NULL, &lp);
+        CHECK(got != best, "a banned argmax is not drawn (%d)", got);
+        double zz = 0;
+        for (int j = 0; j < NV; j++) zz += exp(l[j] - l[best]);
+        CHECK(fabs(lp - (l[got] - l[best] - log(zz))) < 1e-4, "its logprob is the raw one");
+        li_sampler_ban(&s, NULL, 0);
+        CHECK(li_sampler_sample(&s, l, NULL, NULL) == best, "the ban lifted, greedy is argmax again");
+        li_sampler_free(&s);
+        li_sampling_params_default(&p);
+        p.temperature = 3.0f;
+        p.top_k = 0;
+        p.top_p = 1;
+        p.min_p = 0;
+        p.seed = 9;
+        li_sampler_init(&s, &p, 4, &err);
+        const int32_t ban2[2] = {1, 2};
+        li_sampler_ban(&s, ban2, 2);
+        ok = 1;
+        for (int i = 0; i < 500; i++) {
+            const int t = li_sampler_sample(&s, small, NULL, NULL);
+            ok &= t == 0 || t == 3;
+        }
+        CHECK(ok, "sampling at temperature 3 never draws a banned id");
+        li_sampler_free(&s);
+    }
     /* invalid parameters are refused with a message */
     p = greedy();
     p.top_p = 0;
