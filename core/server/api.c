@@ -894,6 +894,30 @@ static void api_tokenize(li_call *c, const msgpack_object *params) {
     free(ids);
 }
 
+int li_api_detokenize(li_server *srv, const int32_t *ids, size_t n, bool special, char **text_out, size_t *len_out,
+                      li_error *err) {
+    const li_tokenizer *tok = srv->model->tok;
+    li_detok dt;
+    li_detok_init(&dt);
+    size_t cap = 64 + n * 32, len = 0;
+    char *text = li_xmalloc(cap);
+    for (size_t i = 0; i < n; i++) {
+        if (cap - len < 256) text = li_xrealloc(text, cap *= 2);
+        int k = li_detok_push(&dt, tok, ids[i], special, text + len, cap - len);
+        if (k < 0) {
+            free(text);
+            return li_error_set(err, LI_RPC_INVALID_PARAMS, "invalid params: token %d is outside the vocabulary", ids[i]);
+        }
+        len += (size_t)k;
+    }
+    if (cap - len < 16) text = li_xrealloc(text, cap += 16);
+    int k = li_detok_flush(&dt, text + len, cap - len);
+    if (k > 0) len += (size_t)k;
+    *text_out = text;
+    *len_out = len;
+    return 0;
+}
+
 /** detokenize {tokens, special = false}: the text of token ids (invalid UTF-8 bytes become U+FFFD). */
 static void api_detokenize(li_call *c, const msgpack_object *params) {
     const msgpack_object *o = li_mp_get(params, "tokens");
@@ -911,29 +935,13 @@ static void api_detokenize(li_call *c, const msgpack_object *params) {
     bool special = false;
     const msgpack_object *so = li_mp_get(params, "special");
     if (so && so->type == MSGPACK_OBJECT_BOOLEAN) special = so->via.boolean;
-    if (!need_model(c)) {
+    char *text = NULL;
+    size_t len = 0;
+    if (!need_model(c) || li_api_detokenize(c->srv, ids, n, special, &text, &len, &err)) {
+        if (err.code) li_call_fail(c, err.code, "%s", err.msg);
         free(ids);
         return;
     }
-    const li_tokenizer *tok = c->srv->model->tok;
-    li_detok dt;
-    li_detok_init(&dt);
-    size_t cap = 64 + n * 32, len = 0;
-    char *text = li_xmalloc(cap);
-    for (size_t i = 0; i < n; i++) {
-        if (cap - len < 256) text = li_xrealloc(text, cap *= 2);
-        int k = li_detok_push(&dt, tok, ids[i], special, text + len, cap - len);
-        if (k < 0) {
-            li_call_fail(c, LI_RPC_INVALID_PARAMS, "invalid params: token %d is outside the vocabulary", ids[i]);
-            free(ids);
-            free(text);
-            return;
-        }
-        len += (size_t)k;
-    }
-    if (cap - len < 16) text = li_xrealloc(text, cap += 16);
-    int k = li_detok_flush(&dt, text + len, cap - len);
-    if (k > 0) len += (size_t)k;
     msgpack_pack_map(&c->pk, 1);
     li_mp_pack_str(&c->pk, "text");
     li_mp_pack_strn(&c->pk, text, len);

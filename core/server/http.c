@@ -490,26 +490,33 @@ static bool pack_json(msgpack_packer *pk, const cJSON *j, int depth) {
 
 /* ---- routes ------------------------------------------------------------------------------------ */
 
-static void route_completions(http_sess *h, bool chat) {
-    li_server *srv = h->srv;
+/* The body as a JSON object, or NULL with a 400 sent. */
+static cJSON *body_object(http_sess *h) {
     if (!h->body_len) {
         respond_error(h, 400, "the request body must be a JSON object");
-        return;
+        return NULL;
     }
     if (!li_utf8_valid(h->body, h->body_len)) {
         respond_error(h, 400, "the request body is not valid UTF-8");
-        return;
+        return NULL;
     }
     cJSON *j = cJSON_ParseWithLength(h->body, h->body_len);
     if (!j) {
         respond_error(h, 400, "the request body is not valid JSON");
-        return;
+        return NULL;
     }
     if (!cJSON_IsObject(j)) {
         cJSON_Delete(j);
         respond_error(h, 400, "the request body must be a JSON object");
-        return;
+        return NULL;
     }
+    return j;
+}
+
+static void route_completions(http_sess *h, bool chat) {
+    li_server *srv = h->srv;
+    cJSON *j = body_object(h);
+    if (!j) return;
     const cJSON *so = cJSON_GetObjectItemCaseSensitive(j, "stream_options");
     h->include_usage = so && cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(so, "include_usage"));
     msgpack_sbuffer sb;
@@ -553,6 +560,95 @@ static void route_completions(http_sess *h, bool chat) {
         return;
     }
     h->req = r; /* the sink answers; h->busy stays set until then */
+}
+
+/* vLLM's POST /tokenize {prompt, add_special_tokens = true} ->
+ * {count, max_model_len, tokens}. */
+static void route_tokenize(http_sess *h) {
+    li_server *srv = h->srv;
+    cJSON *j = body_object(h);
+    if (!j) return;
+    const cJSON *prompt = cJSON_GetObjectItemCaseSensitive(j, "prompt");
+    const cJSON *special = cJSON_GetObjectItemCaseSensitive(j, "add_special_tokens");
+    if (!cJSON_IsString(prompt)) {
+        cJSON_Delete(j);
+        respond_error(h, 400, "'prompt' must be a string");
+        return;
+    }
+    if (special && !cJSON_IsBool(special) && !cJSON_IsNull(special)) {
+        cJSON_Delete(j);
+        respond_error(h, 400, "'add_special_tokens' must be true or false");
+        return;
+    }
+    if (!srv->model) {
+        cJSON_Delete(j);
+        respond_error(h, 503, "no model is loaded");
+        return;
+    }
+    const bool sp = !cJSON_IsFalse(special);
+    int32_t *ids = NULL;
+    size_t n = 0;
+    li_error err = {0};
+    int rc = li_tokenizer_encode(srv->model->tok, prompt->valuestring, strlen(prompt->valuestring), sp, sp, &ids, &n,
+                                 &err);
+    cJSON_Delete(j);
+    if (rc) {
+        respond_error(h, 400, "%s", err.msg);
+        return;
+    }
+    cJSON *out = cJSON_CreateObject();
+    cJSON_AddNumberToObject(out, "count", (double)n);
+    cJSON_AddNumberToObject(out, "max_model_len", (double)srv->cfg.max_model_len);
+    cJSON *arr = cJSON_AddArrayToObject(out, "tokens");
+    for (size_t i = 0; i < n; i++) cJSON_AddItemToArray(arr, cJSON_CreateNumber(ids[i]));
+    free(ids);
+    respond_json(h, 200, out);
+}
+
+/* vLLM's POST /detokenize {tokens} -> {prompt}: the text of the ids
+ * (special tokens skipped; invalid UTF-8 as U+FFFD). */
+static void route_detokenize(http_sess *h) {
+    li_server *srv = h->srv;
+    cJSON *j = body_object(h);
+    if (!j) return;
+    const cJSON *toks = cJSON_GetObjectItemCaseSensitive(j, "tokens");
+    const int n = cJSON_IsArray(toks) ? cJSON_GetArraySize(toks) : -1;
+    if (n < 0) {
+        cJSON_Delete(j);
+        respond_error(h, 400, "'tokens' must be a list of token ids");
+        return;
+    }
+    int32_t *ids = li_xmalloc((size_t)(n ? n : 1) * sizeof *ids);
+    int k = 0;
+    for (const cJSON *t = toks->child; t; t = t->next) {
+        const double v = cJSON_IsNumber(t) ? t->valuedouble : -1;
+        if (!(v >= 0 && v <= INT32_MAX) || v != (double)(int32_t)v) {
+            free(ids);
+            cJSON_Delete(j);
+            respond_error(h, 400, "'tokens'[%d] must be a token id (an integer >= 0)", k);
+            return;
+        }
+        ids[k++] = (int32_t)v;
+    }
+    cJSON_Delete(j);
+    if (!srv->model) {
+        free(ids);
+        respond_error(h, 503, "no model is loaded");
+        return;
+    }
+    char *text = NULL;
+    size_t len = 0;
+    li_error err = {0};
+    int rc = li_api_detokenize(srv, ids, (size_t)k, false, &text, &len, &err);
+    free(ids);
+    if (rc) {
+        respond_error(h, 400, "%s", err.msg);
+        return;
+    }
+    cJSON *out = cJSON_CreateObject();
+    cJSON_AddItemToObject(out, "prompt", str_n(text, len));
+    free(text);
+    respond_json(h, 200, out);
 }
 
 static void route_models(http_sess *h) {
@@ -627,12 +723,16 @@ static void route(http_sess *h) {
     } else if (path_is(path, plen, "/v1/completions") || path_is(path, plen, "/v1/chat/completions")) {
         if (method != HTTP_POST) respond_error(h, 405, "use POST");
         else route_completions(h, plen > 10 && path[4] == 'c' && path[5] == 'h');
+    } else if (path_is(path, plen, "/tokenize") || path_is(path, plen, "/detokenize")) {
+        if (method != HTTP_POST) respond_error(h, 405, "use POST");
+        else if (path[1] == 't') route_tokenize(h);
+        else route_detokenize(h);
     } else {
         char shown[80];
         size_t k = 0;
         for (size_t i = 0; i < plen && k < 64; i++) shown[k++] = path[i] >= 0x20 && path[i] < 0x7f && path[i] != '"' ? path[i] : '?';
         shown[k] = 0;
-        respond_error(h, 404, "no route for '%s' (try /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics)", shown);
+        respond_error(h, 404, "no route for '%s' (try /v1/completions, /v1/chat/completions, /v1/models, /tokenize, /detokenize, /health, /metrics)", shown);
     }
 }
 

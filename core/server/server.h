@@ -444,6 +444,11 @@ void li_mp_pack_strn(msgpack_packer *pk, const char *s, size_t n);
 void li_api_pack_stats(li_server *srv, msgpack_packer *pk);
 /* The model list entry name. */
 const char *li_api_model_name(li_server *srv);
+/* The text of token ids (srv->model loaded): *text_out (len bytes, owned;
+ * invalid UTF-8 as U+FFFD), or LI_RPC_INVALID_PARAMS for an id outside the
+ * vocabulary. */
+int li_api_detokenize(li_server *srv, const int32_t *ids, size_t n, bool special, char **text_out, size_t *len_out,
+                      li_error *err);
 
 /* ============================================================================
  * rpc.c — msgpack-RPC framing, shared by sockets and the fuzz target

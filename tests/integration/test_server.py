@@ -630,6 +630,33 @@ def test_http_errors_health_metrics(server):
         assert name in text, name
 
 
+def test_http_tokenize_detokenize(server):
+    """vLLM's /tokenize and /detokenize: the same ids and text as the
+    msgpack-RPC methods; bad bodies are 400, GET is 405."""
+    rpc = Rpc(server.rpc)
+    text = "Hello world, caf\u00e9 \u2603"
+    want = rpc.ok("tokenize", {"text": text})["tokens"]
+    st, body = http(server, "POST", "/tokenize", json.dumps({"prompt": text}).encode(),
+                    {"Content-Type": "application/json"})
+    got = json.loads(body)
+    assert st == 200 and got["tokens"] == want and got["count"] == len(want) and got["max_model_len"] > 0
+    st, body = http(server, "POST", "/tokenize", json.dumps({"prompt": text, "add_special_tokens": False}).encode())
+    assert st == 200 and json.loads(body)["tokens"] == rpc.ok("tokenize", {"text": text, "special": False})["tokens"]
+    st, body = http(server, "POST", "/detokenize", json.dumps({"tokens": want}).encode())
+    assert st == 200 and json.loads(body)["prompt"] == rpc.ok("detokenize", {"tokens": want})["text"]
+    assert json.loads(body)["prompt"].endswith(text)
+    for path, payload in [("/tokenize", {}), ("/tokenize", {"prompt": 5}), ("/tokenize", {"prompt": "x", "add_special_tokens": 1}),
+                          ("/detokenize", {}), ("/detokenize", {"tokens": [1, -2]}), ("/detokenize", {"tokens": [1.5]}),
+                          ("/detokenize", {"tokens": [10 ** 9]}), ("/detokenize", {"tokens": "1 2"})]:
+        st, body = http(server, "POST", path, json.dumps(payload).encode())
+        assert st == 400 and json.loads(body)["error"]["message"], (path, payload, body)
+    st, _ = http(server, "GET", "/tokenize")
+    assert st == 405
+    st, _ = http(server, "POST", "/tokenize", b"[1]")
+    assert st == 400
+    rpc.close()
+
+
 def test_head_sends_headers_without_body(server):
     """HEAD gets GET's status and headers, Content-Length included, and no
     body: on one keep-alive connection the next response follows the
