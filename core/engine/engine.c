@@ -35,6 +35,8 @@ typedef struct req {
                                * unless ignore_eos: what min_tokens holds back */
     int n_ban, n_stop_ids;    /* the first n_stop_ids of ban are the stop token ids */
     int64_t min_tokens;
+    int32_t n_draft;          /* draft tokens at the end of toks this step (speculation) */
+    int64_t spec_drafted, spec_accepted;
     bool ignore_eos;
     int32_t priority;
     char *tenant;
@@ -70,10 +72,12 @@ struct li_engine {
     li_plan plan, fallback;
     req **batch_req;          /* (max_num_seqs) */
     int32_t *batch_n;         /* (max_num_seqs) tokens per scheduled request */
-    int32_t *b_tokens, *b_pos, *b_seq, *b_rows;   /* (max_batched_tokens) */
+    int32_t *b_tokens, *b_pos, *b_seq;   /* (max_batched_tokens) */
+    int32_t *b_rows;          /* (max_rows) */
     int64_t *b_slot;
     int32_t **b_tables;       /* (max_num_seqs) */
-    float *logits;            /* (max_num_seqs, n_vocab) */
+    size_t max_rows;          /* logit rows per step: max_num_seqs, more with speculation */
+    float *logits;            /* (max_rows, n_vocab) */
     uint8_t *mark;            /* (cap_mark) fcfs_plan's per-request marks */
     int32_t cap_mark;
     li_evict_candidate *ev_cand; /* (cap_ev) evict hook candidates and order */
@@ -86,6 +90,7 @@ void li_engine_config_default(li_engine_config *c) {
     *c = (li_engine_config){
         .block_size = 16, .kv_dtype = LI_TYPE_F16, .kv_memory = (size_t)256 << 20,
         .max_num_seqs = 64, .max_batched_tokens = 512, .max_model_len = 0, .prefix_caching = true,
+        .spec_tokens = 0, .spec_ngram_max = 4, .spec_ngram_min = 2, .spec_disable_batch = 4,
     };
 }
 
@@ -171,7 +176,8 @@ static void finish(li_engine *e, req *r, const char *reason) {
                          .priority = r->priority, .tenant = r->tenant, .prompt_len = r->n_prompt,
                          .num_tokens = r->n_toks, .num_computed = r->num_computed,
                          .num_generated = r->n_toks - r->n_prompt, .max_tokens = r->max_tokens,
-                         .n_preemptions = r->res.n_preemptions, .spec_acceptance = -1};
+                         .n_preemptions = r->res.n_preemptions,
+                         .spec_acceptance = r->spec_drafted ? (double)r->spec_accepted / (double)r->spec_drafted : -1};
         e->policy->ops->on_finish(e->policy, &v, reason);
     }
     if (r->on_event) {
@@ -180,7 +186,14 @@ static void finish(li_engine *e, req *r, const char *reason) {
     }
 }
 
+/* Draft tokens leave toks (not verified this step, or the request stops). */
+static void drop_drafts(req *r) {
+    r->n_toks -= r->n_draft;
+    r->n_draft = 0;
+}
+
 static void preempt(li_engine *e, req *r) {
+    drop_drafts(r);
     release_seq(e, r);
     r->num_computed = 0;
     r->n_registered = 0;
@@ -202,6 +215,14 @@ int li_engine_init(li_engine **out, li_model *m, li_backend *be, const li_engine
         return li_error_set(err, LI_EINVAL, "engine: max_batched_tokens must be in [1, 65536], got %d",
                             c.max_batched_tokens);
     if (c.max_model_len <= 0 || c.max_model_len > m->hp.n_ctx_train) c.max_model_len = m->hp.n_ctx_train;
+    if (c.spec_tokens < 0 || c.spec_tokens > LI_SPEC_MAX_TOKENS)
+        return li_error_set(err, LI_EINVAL, "engine: spec_tokens must be in [0, %d], got %d", LI_SPEC_MAX_TOKENS,
+                            c.spec_tokens);
+    if (c.spec_disable_batch < 0)
+        return li_error_set(err, LI_EINVAL, "engine: spec_disable_batch must be >= 0, got %d", c.spec_disable_batch);
+    if (c.spec_ngram_min < 1 || c.spec_ngram_max < c.spec_ngram_min || c.spec_ngram_max > 64)
+        return li_error_set(err, LI_EINVAL, "engine: want 1 <= spec_ngram_min <= spec_ngram_max <= 64, got %d and %d",
+                            c.spec_ngram_min, c.spec_ngram_max);
     int32_t nblocks = li_kv_blocks_for_budget(&m->hp, c.kv_dtype, c.block_size, c.kv_memory);
     if (nblocks <= 0)
         return li_error_set(err, LI_ENOMEM, "engine: KV budget of %zu bytes holds no block of %d tokens (%zu bytes/token)",
@@ -226,15 +247,17 @@ int li_engine_init(li_engine **out, li_model *m, li_backend *be, const li_engine
     li_plan_init(&e->plan);
     li_plan_init(&e->fallback);
     const size_t S = (size_t)c.max_num_seqs, T = (size_t)c.max_batched_tokens;
+    /* logit rows: one per request, or one per verified position with speculation */
+    e->max_rows = c.spec_tokens ? LI_MAX(S, LI_MIN(T, S * (size_t)(c.spec_tokens + 1))) : S;
     e->batch_req = li_xmalloc(S * sizeof *e->batch_req);
     e->batch_n = li_xmalloc(S * sizeof *e->batch_n);
     e->b_tables = li_xmalloc(S * sizeof *e->b_tables);
     e->b_tokens = li_xmalloc(T * sizeof(int32_t));
     e->b_pos = li_xmalloc(T * sizeof(int32_t));
     e->b_seq = li_xmalloc(T * sizeof(int32_t));
-    e->b_rows = li_xmalloc(S * sizeof(int32_t));
+    e->b_rows = li_xmalloc(e->max_rows * sizeof(int32_t));
     e->b_slot = li_xmalloc(T * sizeof(int64_t));
-    e->logits = li_xmalloc(S * (size_t)m->hp.n_vocab * sizeof(float));
+    e->logits = li_xmalloc(e->max_rows * (size_t)m->hp.n_vocab * sizeof(float));
     *out = e;
     return 0;
 }
@@ -393,7 +416,8 @@ static void view_of(li_engine *e, req *r, li_req_view *v) {
         .num_computed = r->num_computed + hit, .num_generated = r->n_toks - r->n_prompt,
         .max_tokens = r->max_tokens, .cached_len = hit ? hit : r->res.cached_tokens,
         .n_blocks = r->seq.n_blocks + (int32_t)(hit / e->kv.block_size),
-        .n_preemptions = r->res.n_preemptions, .spec_acceptance = -1,
+        .n_preemptions = r->res.n_preemptions,
+        .spec_acceptance = r->spec_drafted ? (double)r->spec_accepted / (double)r->spec_drafted : -1,
     };
 }
 
@@ -776,7 +800,10 @@ static bool is_stop_id(const req *r, int32_t tok) {
     return false;
 }
 
-static void sample_one(li_engine *e, req *r, const float *logits) {
+/* Samples r's next token from logits and appends it; returns it, or -1
+ * when it ended the request without being appended (end-of-generation or
+ * a stop token). */
+static int32_t sample_one(li_engine *e, req *r, const float *logits) {
     float lp = 0;
     const bool hold = r->n_toks - r->n_prompt < r->min_tokens;
     li_sampler_ban(&r->smp, hold ? r->ban : NULL, hold ? r->n_ban : 0);
@@ -785,17 +812,77 @@ static void sample_one(li_engine *e, req *r, const float *logits) {
     if ((!r->ignore_eos && li_tokenizer_is_eog(e->model->tok, tok)) || is_stop_id(r, tok)) {
         flush_text(e, r);
         finish(e, r, "stop");
-        return;
+        return -1;
     }
     li_sampler_accept(&r->smp, tok);
     push_token(r, tok);
     e->st.tokens_generated++;
     emit_token(e, r, tok, lp, logits);
-    if (!r->live) return;
+    if (!r->live) return tok;
     if (r->n_toks - r->n_prompt >= r->max_tokens || r->n_toks >= e->cfg.max_model_len) {
         flush_text(e, r);
         finish(e, r, "length");
     }
+    return tok;
+}
+
+/* ---- speculation: n-gram drafts (prompt lookup) ----------------------------------- */
+
+/* Appends up to k draft tokens to a greedy request in decode: the tokens
+ * that followed the latest earlier occurrence of its last n tokens, n from
+ * spec_ngram_max down to spec_ngram_min. Verification is exact for greedy
+ * (the kernels give a position the same logits in any batch), so only
+ * greedy requests draft. */
+static void propose_drafts(li_engine *e, req *r) {
+    if (r->state != LI_REQ_RUNNING || r->fork_of || r->smp.p.temperature > 0 || r->num_computed != r->n_toks - 1)
+        return;
+    const int64_t room = LI_MIN(r->max_tokens - (r->n_toks - r->n_prompt), e->cfg.max_model_len - r->n_toks) - 1;
+    const int64_t k = LI_MIN((int64_t)e->cfg.spec_tokens, room);
+    if (k <= 0) return;
+    const int32_t *t = r->toks;
+    const int64_t n_toks = r->n_toks;
+    for (int n = e->cfg.spec_ngram_max; n >= e->cfg.spec_ngram_min; n--) {
+        if (n >= n_toks) continue;
+        const int32_t *tail = t + n_toks - n;
+        /* the latest match ending before the tail itself */
+        for (int64_t at = n_toks - n - 1; at >= 0; at--) {
+            if (t[at] != tail[0] || memcmp(t + at, tail, (size_t)n * sizeof *t)) continue;
+            const int64_t from = at + n, avail = LI_MIN(k, n_toks - from);
+            if (avail <= 0) continue;
+            if (r->n_toks + avail > r->cap) {
+                r->cap = r->n_toks + avail + 16;
+                r->toks = li_xrealloc(r->toks, (size_t)r->cap * sizeof *r->toks);
+            }
+            memmove(r->toks + r->n_toks, r->toks + from, (size_t)avail * sizeof *r->toks);
+            r->n_toks += avail;
+            r->n_draft = (int32_t)avail;
+            return;
+        }
+    }
+}
+
+/* The m rows computed for a drafted request: row j's logits give the token
+ * after position P0 + j. Tokens are sampled in order; each one that equals
+ * the draft at its place lets the next row count, the first that differs
+ * (or a bonus after the last draft) ends the run. The KV of positions past
+ * the last accepted input is simply overwritten later. */
+static void verify_drafts(li_engine *e, req *r, int32_t m, const float *rows) {
+    int32_t draft[LI_SPEC_MAX_TOKENS];
+    const int32_t k = r->n_draft;
+    const int64_t p0 = r->num_computed; /* before this step's tokens */
+    memcpy(draft, r->toks + r->n_toks - k, (size_t)k * sizeof *draft);
+    drop_drafts(r);
+    int32_t accepted = 0, verified = LI_MIN(m - 1, k);
+    for (int32_t j = 0; j < m; j++) {
+        r->num_computed = p0 + j + 1; /* row j's input is valid: the last token, or an accepted draft */
+        const int32_t tok = sample_one(e, r, rows + (size_t)j * e->model->hp.n_vocab);
+        if (!r->live || j >= k || tok != draft[j]) break;
+        accepted++;
+    }
+    r->spec_drafted += verified;
+    r->spec_accepted += LI_MIN(accepted, verified);
+    e->st.spec_drafted += verified;
+    e->st.spec_accepted += LI_MIN(accepted, verified);
 }
 
 /* The parent's prompt is computed: its waiting samples take its blocks
@@ -821,6 +908,15 @@ int li_engine_step(li_engine *e, li_error *err) {
     e->st.steps++;
     if (!li_engine_has_work(e)) return 0;
     e->in_step = true;
+
+    /* 0: drafts for greedy decodes (speculation on, the batch small enough) */
+    if (e->cfg.spec_tokens) {
+        int32_t running = 0;
+        for (int32_t i = 0; i < e->n_reqs; i++) running += e->reqs[i]->live && e->reqs[i]->state == LI_REQ_RUNNING;
+        if (!e->cfg.spec_disable_batch || running <= e->cfg.spec_disable_batch)
+            for (int32_t i = 0; i < e->n_reqs; i++)
+                if (e->reqs[i]->live) propose_drafts(e, e->reqs[i]);
+    }
 
     /* 1-2: state and plan */
     li_step_state st;
@@ -851,6 +947,7 @@ int li_engine_step(li_engine *e, li_error *err) {
         nb = apply_plan(e, &e->fallback, &n_tokens);
     }
     if (nb == 0) {
+        for (int32_t i = 0; i < e->n_reqs; i++) drop_drafts(e->reqs[i]);
         /* nothing fits even after preempting: the oldest live request can
          * never get its next block (KV budget too small for it) */
         for (int32_t i = 0; i < e->n_reqs; i++)
@@ -879,7 +976,10 @@ int li_engine_step(li_engine *e, li_error *err) {
             e->b_seq[k] = i;
             e->b_slot[k] = li_kv_seq_slot(&e->kv, &r->seq, p);
         }
-        if (r->num_computed + e->batch_n[i] == r->n_toks) e->b_rows[n_logits++] = (int32_t)k - 1;
+        if (r->n_draft) /* every computed position of a drafted request is verified */
+            for (int32_t j = e->batch_n[i]; j > 0; j--) e->b_rows[n_logits++] = (int32_t)(k - j);
+        else if (r->num_computed + e->batch_n[i] == r->n_toks)
+            e->b_rows[n_logits++] = (int32_t)k - 1;
     }
     li_batch b = {.n = k, .tokens = e->b_tokens, .pos = e->b_pos, .seq = e->b_seq, .slot = e->b_slot,
                   .block_tables = e->b_tables, .logit_rows = e->b_rows, .n_logits = n_logits};
@@ -888,6 +988,7 @@ int li_engine_step(li_engine *e, li_error *err) {
     int rc = li_forward_run(&e->fw, e->model, e->be, &e->kv, &b, e->logits, err);
     e->st.time_forward += li_time_now() - tf;
     if (rc) {
+        for (int32_t i = 0; i < e->n_reqs; i++) drop_drafts(e->reqs[i]);
         for (int32_t i = 0; i < nb; i++) finish(e, e->batch_req[i], "error");
         e->in_step = false;
         return rc;
@@ -897,6 +998,13 @@ int li_engine_step(li_engine *e, li_error *err) {
     int32_t li = 0;
     for (int32_t i = 0; i < nb; i++) {
         req *r = e->batch_req[i];
+        if (r->n_draft) {
+            const int32_t m = e->batch_n[i];
+            verify_drafts(e, r, m, e->logits + (size_t)li * e->model->hp.n_vocab);
+            li += m;
+            if (r->live) prefix_register(e, r);
+            continue;
+        }
         r->num_computed += e->batch_n[i];
         prefix_register(e, r);
         if (r->num_computed != r->n_toks) continue;
@@ -904,6 +1012,8 @@ int li_engine_step(li_engine *e, li_error *err) {
         if (r->num_computed == r->n_prompt) fork_samples(e, r, lg);
         sample_one(e, r, lg);
     }
+    /* drafts of requests the plan did not run */
+    for (int32_t i = 0; i < e->n_reqs; i++) drop_drafts(e->reqs[i]);
     /* 8: cancellations asked for during the step */
     for (int32_t i = 0; i < e->n_reqs; i++)
         if (e->reqs[i]->cancel_pending) {

@@ -25,7 +25,19 @@ typedef struct li_engine_config {
     int32_t max_batched_tokens;  /* tokens per step (default 512) */
     int64_t max_model_len;       /* positions per request (default: the model's context) */
     bool prefix_caching;         /* reuse full KV blocks across requests (default on) */
+    /* n-gram speculation (prompt lookup): a greedy request in decode drafts
+     * up to spec_tokens tokens by finding its last n tokens (n from
+     * spec_ngram_max down to spec_ngram_min) earlier in its own tokens; one
+     * forward pass verifies them. 0 = off (default). */
+    int32_t spec_tokens;         /* 0..16 */
+    int32_t spec_ngram_max, spec_ngram_min; /* default 4 and 2 */
+    int32_t spec_disable_batch;  /* no drafts in a step with more running requests than
+                                  * this (vLLM's speculative_disable_by_batch_size): a
+                                  * compute-bound batch gains nothing from verifying
+                                  * drafts. Default 4; 0 = never disable */
 } li_engine_config;
+
+#define LI_SPEC_MAX_TOKENS 16
 
 void li_engine_config_default(li_engine_config *c);
 
@@ -107,6 +119,8 @@ typedef struct li_engine_stats {
     int64_t prefix_hit_tokens;   /* of those, found cached */
     int64_t prefix_evictions;    /* cached blocks evicted */
     int32_t kv_cached_blocks;    /* blocks holding hashed (reusable) content */
+    int64_t spec_drafted;        /* draft tokens verified by a forward pass */
+    int64_t spec_accepted;       /* of those, accepted */
     double time_policy;        /* seconds in the policy */
     double time_forward;       /* seconds in forward passes */
     double time_total;         /* seconds in li_engine_step */

@@ -213,7 +213,9 @@ static int l_engine_new(lua_State *L) {
     luaL_checktype(L, 1, LUA_TTABLE);
     static const char *const known[] = {"model", "isa", "policy", "policy_source", "policy_isolation",
                                         "policy_deadline_ms", "kv_dtype", "kv_memory", "block_size", "max_num_seqs",
-                                        "max_batched_tokens", "max_model_len", "prefix_caching", "threads", NULL};
+                                        "max_batched_tokens", "max_model_len", "prefix_caching", "threads",
+                                        "spec_tokens", "spec_ngram_max", "spec_ngram_min", "spec_disable_batch",
+                                        NULL};
     check_keys(L, 1, "luainfer.engine", known);
     li_engine_config cfg;
     li_engine_config_default(&cfg);
@@ -233,6 +235,10 @@ static int l_engine_new(lua_State *L) {
     cfg.kv_memory = (size_t)opt_int(L, 1, "kv_memory", (int64_t)cfg.kv_memory, 1, (int64_t)1 << 40);
     cfg.max_model_len = opt_int(L, 1, "max_model_len", 0, 0, 1 << 24);
     cfg.prefix_caching = opt_bool(L, 1, "prefix_caching", cfg.prefix_caching);
+    cfg.spec_tokens = (int32_t)opt_int(L, 1, "spec_tokens", 0, 0, LI_SPEC_MAX_TOKENS);
+    cfg.spec_ngram_max = (int32_t)opt_int(L, 1, "spec_ngram_max", cfg.spec_ngram_max, 1, 64);
+    cfg.spec_ngram_min = (int32_t)opt_int(L, 1, "spec_ngram_min", cfg.spec_ngram_min, 1, 64);
+    cfg.spec_disable_batch = (int32_t)opt_int(L, 1, "spec_disable_batch", cfg.spec_disable_batch, 0, 1 << 20);
     li_error err = {0};
     if (li_kv_dtype_parse(kv_dtype, &cfg.kv_dtype, &err)) return luaL_error(L, "%s", err.msg);
 
@@ -545,6 +551,8 @@ static int l_engine_stats(lua_State *L) {
     SET_NUM("prefix_hit_rate", s.prefix_query_tokens ? (double)s.prefix_hit_tokens / (double)s.prefix_query_tokens : 0.0);
     SET_NUM("prefix_evictions", s.prefix_evictions);
     SET_NUM("kv_cached_blocks", s.kv_cached_blocks);
+    SET_NUM("spec_drafted", s.spec_drafted);
+    SET_NUM("spec_accepted", s.spec_accepted);
     SET_NUM("time_policy", s.time_policy);
     SET_NUM("time_forward", s.time_forward);
     SET_NUM("time_total", s.time_total);

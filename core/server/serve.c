@@ -142,7 +142,8 @@ typedef struct serve_opts {
     const char *model, *kv_dtype, *kv_memory, *isolation, *admin_token, *auth_token, *isa;
     li_str_list listen, http;
     int64_t block_size, max_num_seqs, max_batched_tokens, threads, max_frame, max_inflight, max_connections,
-        max_queued, ctx_size, write_buffer, max_depth;
+        max_queued, ctx_size, write_buffer, max_depth, spec_tokens, spec_ngram_max, spec_ngram_min,
+        spec_disable_batch;
     double drain_seconds, slow_seconds;
     bool help, policy_unsafe, no_prefix_cache;
 } serve_opts;
@@ -157,6 +158,7 @@ static int check_range(const char *name, int64_t v, int64_t lo, int64_t hi, li_e
 int li_cmd_serve(int argc, char **argv) {
     serve_opts o = {
         .isolation = "inprocess", .isa = "auto", .block_size = -1, .max_num_seqs = -1, .max_batched_tokens = -1,
+        .spec_ngram_max = -1, .spec_ngram_min = -1, .spec_disable_batch = -1,
         .max_frame = LI_SRV_MAX_FRAME, .max_inflight = LI_SRV_MAX_INFLIGHT, .max_connections = LI_SRV_MAX_CONNECTIONS,
         .max_queued = LI_SRV_MAX_QUEUED,
         .max_depth = LI_SRV_MAX_DEPTH, .write_buffer = LI_SRV_WRITE_BUFFER, .drain_seconds = LI_SRV_DRAIN_SECONDS,
@@ -184,6 +186,10 @@ int li_cmd_serve(int argc, char **argv) {
         {"max-queued", LI_OPT_INT, &o.max_queued, "requests (samples) waiting + running, server-wide (default 4096)"},
         {"max-depth", LI_OPT_INT, &o.max_depth, "nesting of msgpack arrays/maps in a frame (default 32, at most 32)"},
         {"no-prefix-cache", LI_OPT_FLAG, &o.no_prefix_cache, "turn prefix caching off (default on)"},
+        {"spec-tokens", LI_OPT_INT, &o.spec_tokens, "n-gram speculation: draft tokens per greedy decode step, 0..16 (default 0 = off)"},
+        {"spec-ngram-max", LI_OPT_INT, &o.spec_ngram_max, "longest n-gram matched for drafts (default 4)"},
+        {"spec-ngram-min", LI_OPT_INT, &o.spec_ngram_min, "shortest n-gram matched for drafts (default 2)"},
+        {"spec-disable-batch", LI_OPT_INT, &o.spec_disable_batch, "no drafts while more requests than this run, 0 = never (default 4)"},
         {"write-buffer", LI_OPT_INT, &o.write_buffer, "unsent bytes per connection before reads stop (default 8 MiB)"},
         {"slow-client-seconds", LI_OPT_FLOAT, &o.slow_seconds, "over the write buffer this long: close (default 30)"},
         {"drain-seconds", LI_OPT_FLOAT, &o.drain_seconds, "on SIGTERM, wait this long for requests (default 30)"},
@@ -269,6 +275,15 @@ int li_cmd_serve(int argc, char **argv) {
     if ((rc = li_kv_dtype_parse(dt, &cfg->kv_dtype, &err))) goto done;
     if (o.kv_memory && (rc = li_parse_bytes("--kv-memory", o.kv_memory, &cfg->kv_memory, &err))) goto done;
     if (o.no_prefix_cache) cfg->prefix_caching = false;
+    if ((rc = check_range("spec-tokens", o.spec_tokens, 0, LI_SPEC_MAX_TOKENS, &err)) ||
+        (o.spec_ngram_max != -1 && (rc = check_range("spec-ngram-max", o.spec_ngram_max, 1, 64, &err))) ||
+        (o.spec_ngram_min != -1 && (rc = check_range("spec-ngram-min", o.spec_ngram_min, 1, 64, &err))) ||
+        (o.spec_disable_batch != -1 && (rc = check_range("spec-disable-batch", o.spec_disable_batch, 0, 1 << 20, &err))))
+        goto done;
+    cfg->spec_tokens = (int32_t)o.spec_tokens;
+    if (o.spec_ngram_max != -1) cfg->spec_ngram_max = (int32_t)o.spec_ngram_max;
+    if (o.spec_ngram_min != -1) cfg->spec_ngram_min = (int32_t)o.spec_ngram_min;
+    if (o.spec_disable_batch != -1) cfg->spec_disable_batch = (int32_t)o.spec_disable_batch;
     if ((o.block_size != -1 && (rc = check_range("block-size", o.block_size, 1, 1024, &err))) ||
         (o.max_num_seqs != -1 && (rc = check_range("max-num-seqs", o.max_num_seqs, 1, 4096, &err))) ||
         (o.max_batched_tokens != -1 && (rc = check_range("max-batched-tokens", o.max_batched_tokens, 1, 65536, &err))) ||

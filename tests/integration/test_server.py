@@ -1054,6 +1054,27 @@ def test_sigterm_drains_then_exits_zero(serve_bin, tmp_path):
         Rpc(s.rpc).ok("health")
 
 
+def test_spec_tokens_serve_the_same_text(server, serve_bin, tmp_path):
+    """serve --spec-tokens: greedy streams and results are the text a server
+    without speculation gives; stats count the drafts."""
+    prompts = ["one two three four five six seven eight nine ten one two three four five six",
+               "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):\n",
+               PROMPTS[0]]
+    s = Server(serve_bin, ["--listen", "127.0.0.1:0", "--threads", THREADS, "--kv-memory", "32M",
+                           "--spec-tokens", "4"], 1, tmp_path)
+    try:
+        ref = Rpc(server.rpc)
+        for p in prompts:
+            want = ref.ok("generate", {"prompt": p, "max_tokens": 40, "temperature": 0, "ignore_eos": True})
+            text, toks, got = stream(s.rpc, {"prompt": p, "max_tokens": 40, "temperature": 0, "ignore_eos": True})
+            assert got["tokens"] == want["tokens"] and got["text"] == want["text"] == text and toks == got["tokens"]
+        eng = Rpc(s.rpc).ok("stats")["engine"]
+        assert eng["spec_drafted"] > 0 and 0 < eng["spec_accepted"] <= eng["spec_drafted"], eng
+        ref.close()
+    finally:
+        assert s.stop() == 0, s.stderr()[-2000:]
+
+
 def test_shutdown_method(serve_bin, tmp_path):
     s = Server(serve_bin, ["--listen", "127.0.0.1:0", "--threads", THREADS, "--kv-memory", "32M",
                            "--admin-token", "tok"], 1, tmp_path)

@@ -1,0 +1,107 @@
+-- bench_spec.lua — n-gram speculation (prompt lookup) on versus off, side
+-- by side in one run: greedy decode throughput, draft acceptance, and a
+-- check that the output is the same token for token.
+--
+--   ./build/luainfer run bench/bench_spec.lua [MAX_TOKENS] [ROUNDS]
+--
+-- Workloads (each greedy, ignore_eos, MAX_TOKENS default 128):
+--   copy     prompts that ask for text the prompt holds (code to repeat, a
+--            list, a passage): where prompt lookup pays;
+--   free     open-ended prompts with little to look up.
+-- Each workload's 8 prompts run one at a time (max_num_seqs 1) and all at
+-- once (8); speculation with
+-- spec_tokens 2, 4 and 8 (n-grams 4 down to 2, the default
+-- spec_disable_batch 4: no drafts while more than 4 requests run), and
+-- spec_tokens 4 drafting at any batch (spec_disable_batch 0). Rounds
+-- interleave the settings; the fastest of each is kept.
+local luainfer = require("luainfer")
+local root = (arg[0]:match("^(.*)/bench/") or ".")
+local MAX = tonumber(arg[1]) or 128
+local ROUNDS = tonumber(arg[2]) or 2
+
+local code = [[
+def parse_header(line):
+    key, _, value = line.partition(":")
+    return key.strip().lower(), value.strip()
+
+def parse_headers(lines):
+    headers = {}
+    for line in lines:
+        if not line:
+            break
+        key, value = parse_header(line)
+        headers[key] = value
+    return headers
+]]
+local passage = "The river ran past the old mills and the quiet farms, while the children counted the boats " ..
+  "under a grey sky of late autumn. In the evening the lamps were lit along the bank, and the ferryman " ..
+  "called the last crossing of the day."
+local workloads = {
+  copy = {
+    "<|im_start|>user\nRepeat this code exactly:\n" .. code .. "<|im_end|>\n<|im_start|>assistant\n",
+    "Copy the passage.\nPassage: " .. passage .. "\nCopy: The river ran past",
+    "one, two, three, four, five, six, seven, eight, nine, ten, eleven, twelve; one, two, three,",
+    code .. "\n# the same functions again, unchanged:\n",
+    "<|im_start|>user\nWrite the sentence twice: " .. passage .. "<|im_end|>\n<|im_start|>assistant\n",
+    "Name list: Alice Brown, Carlos Diaz, Emma Fischer, Hiro Ito, Jana Kowalski. Sorted as given: Alice Brown,",
+    code .. "\n" .. code:sub(1, 60),
+    "Q: What did the children count?\nContext: " .. passage .. "\nA: The children counted",
+  },
+  free = {
+    "Write a short story about a lighthouse keeper.",
+    "Explain how a hash table works.",
+    "List some ideas for a weekend trip.",
+    "The history of the printing press",
+    "Describe the water cycle to a child.",
+    "Why is the sky blue?",
+    "Give advice for learning a new language.",
+    "What makes a good cup of coffee?",
+  },
+}
+
+local settings = { { k = 0 }, { k = 2 }, { k = 4 }, { k = 8 }, { k = 4, always = true } }
+
+local function run(prompts, seqs, set)
+  local e = luainfer.engine{ max_num_seqs = seqs, max_batched_tokens = 512, spec_tokens = set.k,
+                             spec_disable_batch = set.always and 0 or nil, policy = root .. "/policies/default.lua" }
+  local ids = {}
+  for i = 1, #prompts do
+    ids[i] = e:add{ prompt = prompts[i], max_tokens = MAX, temperature = 0, ignore_eos = true }
+  end
+  e:run()
+  local s = e:stats()
+  local toks = {}
+  for i = 1, #prompts do toks[i] = table.concat(e:result(ids[i]).tokens, ",") end
+  e:close()
+  return { secs = s.time_total, tput = #prompts * MAX / s.time_total, drafted = s.spec_drafted,
+           accepted = s.spec_accepted, steps = s.steps, toks = toks }
+end
+
+print(("n-gram speculation: greedy, %d tokens per request, best of %d rounds"):format(MAX, ROUNDS))
+print(("%-5s %4s | %10s | %s"):format("load", "seqs", "off tok/s",
+  "spec_tokens 2 / 4 / 8 / 4 at any batch: tok/s (ratio to off, acceptance)"))
+for _, name in ipairs({ "copy", "free" }) do
+  for _, seqs in ipairs({ 1, 8 }) do
+    local prompts = workloads[name]
+    local best, ref = {}, nil
+    for _ = 1, ROUNDS do
+      for si, set in ipairs(settings) do
+        local r = run(prompts, seqs, set)
+        ref = ref or r
+        for i = 1, #prompts do
+          assert(r.toks[i] == ref.toks[i], ("%s, %d seqs, spec %d: request %d differs from speculation off")
+            :format(name, seqs, set.k, i))
+        end
+        if not best[si] or r.tput > best[si].tput then best[si] = r end
+      end
+    end
+    local cols = {}
+    for si = 2, #settings do
+      local b = best[si]
+      cols[#cols + 1] = ("%.1f (%.2fx, %.0f%% of %d)"):format(b.tput, b.tput / best[1].tput,
+                                                            100 * b.accepted / math.max(b.drafted, 1), b.drafted)
+    end
+    print(("%-5s %4d | %10.1f | %s"):format(name, seqs, best[1].tput, table.concat(cols, "  ")))
+  end
+end
+print("every run's tokens were identical to speculation off")
