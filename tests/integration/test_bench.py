@@ -29,7 +29,7 @@ def number(pattern, text):
 def test_bench_list(run_cli):
     r = run_cli(["bench", "--help"])
     assert r.returncode == 0
-    for name in ("batching", "step_cost", "policy_overhead", "kv_dtype", "prefix", "cpu"):
+    for name in ("batching", "step_cost", "policy_overhead", "kv_dtype", "prefix", "cpu", "spec"):
         assert f"  {name}\n" in r.stdout
 
 
@@ -86,3 +86,13 @@ def test_bench_cpu_results(run_ok):
     results = dict(re.findall(r"^RESULT (\w+) ([\d.]+)$", out, re.M))
     assert set(results) == {"prefill", "decode", "batched2"}
     assert all(float(v) > 0 for v in results.values())
+
+
+def test_bench_spec_outputs_match(run_ok):
+    """bench_spec asserts every speculative run's tokens equal speculation
+    off; a mismatch fails the program."""
+    out = bench(run_ok, "spec", "8", "1")
+    rows = re.findall(r"^(copy|free)\s+(\d+) \|", out, re.M)
+    assert rows == [("copy", "1"), ("copy", "8"), ("free", "1"), ("free", "8")]
+    assert "every run's tokens were identical to speculation off" in out
+    assert number(r"copy\s+1 \|\s+[\d.]+ \| [\d.]+ \([\d.]+x, \d+% of (\d+)\)", out) > 0  # drafts were made

@@ -1060,6 +1060,12 @@ def test_spec_tokens_serve_the_same_text(server, serve_bin, tmp_path):
     prompts = ["one two three four five six seven eight nine ten one two three four five six",
                "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):\n",
                PROMPTS[0]]
+    for args, why in ((["--spec-tokens", "17"], "--spec-tokens must be in [0, 16]"),
+                      (["--spec-tokens", "2", "--spec-ngram-min", "5", "--spec-ngram-max", "3"], "spec_ngram_min"),
+                      (["--spec-disable-batch", "-2"], "--spec-disable-batch")):
+        r = subprocess.run([str(serve_bin), "serve", "--listen", "127.0.0.1:0", *args], capture_output=True,
+                           text=True, timeout=60)
+        assert r.returncode != 0 and why in r.stderr, (args, r.stderr)
     s = Server(serve_bin, ["--listen", "127.0.0.1:0", "--threads", THREADS, "--kv-memory", "32M",
                            "--spec-tokens", "4"], 1, tmp_path)
     try:
