@@ -837,7 +837,12 @@ static void propose_drafts(li_engine *e, req *r) {
     if (r->state != LI_REQ_RUNNING || r->fork_of || r->smp.p.temperature > 0 || r->num_computed != r->n_toks - 1)
         return;
     const int64_t room = LI_MIN(r->max_tokens - (r->n_toks - r->n_prompt), e->cfg.max_model_len - r->n_toks) - 1;
-    const int64_t k = LI_MIN((int64_t)e->cfg.spec_tokens, room);
+    /* drafts never take a KV block the request would not hold anyway: only
+     * the slots after its last token in blocks it has or is about to get,
+     * so speculation cannot preempt or evict anyone */
+    const int64_t bs = e->kv.block_size;
+    const int64_t held = LI_MAX((int64_t)r->seq.n_blocks * bs, (r->n_toks + bs - 1) / bs * bs) - r->n_toks;
+    const int64_t k = LI_MIN(LI_MIN((int64_t)e->cfg.spec_tokens, room), held);
     if (k <= 0) return;
     const int32_t *t = r->toks;
     const int64_t n_toks = r->n_toks;
