@@ -46,6 +46,10 @@ typedef struct li_attn_args {
 
 typedef struct li_backend_ops {
     const char *name;
+    /* true when a position's results depend on the batch around it (the
+     * "ggml" backend, like llama.cpp, sums attention differently for 1 and
+     * 2+ tokens): speculative verification is then not exact and is refused */
+    bool batch_variant;
     /* y(n, m) = x(n, k) · W(m, k)^T */
     void (*matmul)(li_backend *be, const li_weight *w, const float *x, float *y, int64_t n);
     /* optional (NULL: matmul per weight): y[i](n, m_i) = x(n, k) · W[i](m_i, k)^T

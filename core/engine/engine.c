@@ -218,6 +218,10 @@ int li_engine_init(li_engine **out, li_model *m, li_backend *be, const li_engine
     if (c.spec_tokens < 0 || c.spec_tokens > LI_SPEC_MAX_TOKENS)
         return li_error_set(err, LI_EINVAL, "engine: spec_tokens must be in [0, %d], got %d", LI_SPEC_MAX_TOKENS,
                             c.spec_tokens);
+    if (c.spec_tokens && be->ops->batch_variant)
+        return li_error_set(err, LI_EINVAL,
+                            "engine: speculation needs batch-invariant kernels; the '%s' backend is not (use another --isa)",
+                            be->ops->name);
     if (c.spec_disable_batch < 0)
         return li_error_set(err, LI_EINVAL, "engine: spec_disable_batch must be >= 0, got %d", c.spec_disable_batch);
     if (c.spec_ngram_min < 1 || c.spec_ngram_max < c.spec_ngram_min || c.spec_ngram_max > 64)
