@@ -395,20 +395,13 @@ static void attn_item_prefetch(const attn_tile_job *j, int64_t t) {
     const int kvh = (int)(t % (a->n_head_kv * runs) / runs);
     int64_t n_max = 0;
     for (int64_t i = i0; i < i1; i++) n_max = LI_MAX(n_max, (int64_t)a->pos[i] + 1);
-    const size_t es = li_kv_elem_size(a->kv->dtype), bytes = (size_t)a->head_dim * es;
-    const size_t slot = (size_t)a->n_head_kv * bytes, head = (size_t)kvh * bytes;
-    const int32_t *bt = a->block_tables[a->seq[i0]];
-    const int64_t bs = a->block_size, n = LI_MIN(n_max, (int64_t)ATT_ITEM_PF);
-    /* block by block: no division per row (this runs once per item) */
-    for (int64_t b = 0; b * bs < n; b++) {
-        const size_t base = (size_t)bt[b] * (size_t)bs * slot + head;
-        for (int64_t off = 0; off < bs && b * bs + off < n; off++) {
-            const char *k = (const char *)a->kv->k + base + (size_t)off * slot;
-            const char *v = (const char *)a->kv->v + base + (size_t)off * slot;
-            for (size_t o = 0; o < bytes; o += 64) {
-                prefetch_l2(k + o);
-                prefetch_l2(v + o);
-            }
+    const size_t bytes = (size_t)a->head_dim * li_kv_elem_size(a->kv->dtype);
+    li_kv_walk kw = li_kv_walk_init(a, a->kv->k, i0, kvh), vw = li_kv_walk_init(a, a->kv->v, i0, kvh);
+    for (int64_t p = 0; p < LI_MIN(n_max, (int64_t)ATT_ITEM_PF); p++) {
+        const char *k = li_kv_walk_next(&kw), *v = li_kv_walk_next(&vw);
+        for (size_t o = 0; o < bytes; o += 64) {
+            prefetch_l2(k + o);
+            prefetch_l2(v + o);
         }
     }
 }

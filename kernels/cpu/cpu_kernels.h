@@ -162,4 +162,31 @@ static inline const void *li_kv_row(const li_attn_args *a, const void *base, int
     return (const char *)base + ((slot * a->n_head_kv + kvh) * a->head_dim) * li_kv_elem_size(a->kv->dtype);
 }
 
+/* The K or V rows of one kv head of token i's sequence, position 0, 1, ...
+ * in turn: li_kv_row's addresses with the block table walked, not divided
+ * into for every row. */
+typedef struct li_kv_walk {
+    const char *base;  /* K or V data + this kv head's offset */
+    const int32_t *bt; /* the sequence's block table */
+    int64_t bs;        /* block size */
+    size_t slot;       /* bytes per cache slot (all kv heads) */
+    int64_t blk, off;  /* the next row: position blk * bs + off */
+} li_kv_walk;
+
+static inline li_kv_walk li_kv_walk_init(const li_attn_args *a, const void *data, int64_t i, int kvh) {
+    const size_t es = li_kv_elem_size(a->kv->dtype);
+    return (li_kv_walk){.base = (const char *)data + (size_t)kvh * a->head_dim * es,
+                        .bt = a->block_tables[a->seq[i]], .bs = a->block_size,
+                        .slot = (size_t)a->n_head_kv * a->head_dim * es};
+}
+
+static inline const void *li_kv_walk_next(li_kv_walk *w) {
+    const void *r = w->base + ((size_t)w->bt[w->blk] * (size_t)w->bs + (size_t)w->off) * w->slot;
+    if (++w->off == w->bs) {
+        w->off = 0;
+        w->blk++;
+    }
+    return r;
+}
+
 #endif

@@ -144,32 +144,6 @@ static inline void g_load_row(li_type dt, const void *row, float *out, int D) {
 }
 
 
-/* Rows of one kv head of one sequence, position by position: the block
- * table is walked, not divided into for every row. */
-typedef struct {
-    const char *base;  /* K or V data + this kv head's offset */
-    const int32_t *bt; /* the sequence's block table */
-    int64_t bs;        /* block size */
-    size_t slot;       /* bytes per cache slot (all kv heads) */
-    int64_t blk, off;  /* the next row: position blk * bs + off */
-} g_kv_walk;
-
-static inline g_kv_walk g_kv_walk_init(const li_attn_args *a, const void *data, int64_t i, int kvh) {
-    const size_t es = li_kv_elem_size(a->kv->dtype);
-    return (g_kv_walk){.base = (const char *)data + (size_t)kvh * a->head_dim * es,
-                       .bt = a->block_tables[a->seq[i]], .bs = a->block_size,
-                       .slot = (size_t)a->n_head_kv * a->head_dim * es};
-}
-
-static inline const void *g_kv_next(g_kv_walk *w) {
-    const void *r = w->base + ((size_t)w->bt[w->blk] * (size_t)w->bs + (size_t)w->off) * w->slot;
-    if (++w->off == w->bs) {
-        w->off = 0;
-        w->blk++;
-    }
-    return r;
-}
-
 /* The two dot orders over positions, for every dimension of V at once:
  * accumulator (r, l) of dimension d sees positions p = 64c + 16r + l (vec)
  * or p = 16c + l (gemm) in increasing c, exactly as the row-by-row dot. */
@@ -177,12 +151,12 @@ static inline void g_attn_pv(const li_attn_args *a, int64_t i, int kvh, int64_t 
                              int gemm, float *acc, float *vf, float *out) {
     const int D = a->head_dim;
     memset(acc, 0, (size_t)64 * D * sizeof(float));
-    g_kv_walk vw = g_kv_walk_init(a, a->kv->v, i, kvh);
+    li_kv_walk vw = li_kv_walk_init(a, a->kv->v, i, kvh);
     for (int64_t p = 0; p < np; p++) {
         const int slot = gemm ? (int)(p & 15) : (int)(p & 63); /* r*16 + l */
         float *ac = acc + (size_t)slot * D;
         if (p < P) {
-            g_load_row(a->kv->dtype, g_kv_next(&vw), vf, D);
+            g_load_row(a->kv->dtype, li_kv_walk_next(&vw), vf, D);
             for (int d = 0; d < D; d++) ac[d] = fmaf(vf[d], w[p], ac[d]);
         } else { /* padding: a zero weight adds exactly nothing but keeps the shape */
             for (int d = 0; d < D; d++) ac[d] = fmaf(0.0f, w[p], ac[d]);
@@ -222,9 +196,9 @@ static inline void g_attn_heads(const li_attn_args *a, int64_t i, int h0, int nh
     const int kq_gemm = gemm && D % 16 == 0;       /* tinyBLAS needs k % 16 == 0 */
     float max[64];
     for (int g = 0; g < nh; g++) max[g] = -INFINITY;
-    g_kv_walk kw = g_kv_walk_init(a, a->kv->k, i, kvh);
+    li_kv_walk kw = li_kv_walk_init(a, a->kv->k, i, kvh);
     for (int64_t p = 0; p < P; p++) {
-        g_load_row(a->kv->dtype, g_kv_next(&kw), kf, D);
+        g_load_row(a->kv->dtype, li_kv_walk_next(&kw), kf, D);
         for (int g = 0; g < nh; g++) {
             const float *qg = q16 + g * 256;
             const float kq = kq_gemm ? g_dot_f16_gemm(D, kf, qg) : g_dot_f16_vec(D, kf, qg);
