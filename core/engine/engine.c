@@ -31,8 +31,9 @@ typedef struct req {
     size_t text_len, text_cap, emitted;
     char **stop;
     int n_stop;
-    int32_t *ban;             /* (n_ban) stop token ids, then the end-of-generation ones
-                               * unless ignore_eos: what min_tokens holds back */
+    int32_t *ban;             /* (n_ban) stop token ids, then, with min_tokens and without
+                               * ignore_eos, the end-of-generation ones: what min_tokens
+                               * holds back; NULL when empty */
     int n_ban, n_stop_ids;    /* the first n_stop_ids of ban are the stop token ids */
     int64_t min_tokens;
     int32_t n_draft;          /* draft tokens at the end of toks this step (speculation) */
@@ -159,6 +160,11 @@ static void release_seq(li_engine *e, req *r) {
 }
 
 /* Ends a request: frees its blocks now, keeps its result until released. */
+/* Accepted over verified drafts, or -1 before any draft (li_req_view). */
+static double spec_acceptance(const req *r) {
+    return r->spec_drafted ? (double)r->spec_accepted / (double)r->spec_drafted : -1;
+}
+
 static void finish(li_engine *e, req *r, const char *reason) {
     if (!r->live) return;
     /* samples still waiting to fork from this request go on alone */
@@ -176,8 +182,7 @@ static void finish(li_engine *e, req *r, const char *reason) {
                          .priority = r->priority, .tenant = r->tenant, .prompt_len = r->n_prompt,
                          .num_tokens = r->n_toks, .num_computed = r->num_computed,
                          .num_generated = r->n_toks - r->n_prompt, .max_tokens = r->max_tokens,
-                         .n_preemptions = r->res.n_preemptions,
-                         .spec_acceptance = r->spec_drafted ? (double)r->spec_accepted / (double)r->spec_drafted : -1};
+                         .n_preemptions = r->res.n_preemptions, .spec_acceptance = spec_acceptance(r)};
         e->policy->ops->on_finish(e->policy, &v, reason);
     }
     if (r->on_event) {
@@ -190,6 +195,11 @@ static void finish(li_engine *e, req *r, const char *reason) {
 static void drop_drafts(req *r) {
     r->n_toks -= r->n_draft;
     r->n_draft = 0;
+}
+
+/* At the end of a step, or when it ends early: no draft outlives the step. */
+static void drop_all_drafts(li_engine *e) {
+    for (int32_t i = 0; i < e->n_reqs; i++) drop_drafts(e->reqs[i]);
 }
 
 static void preempt(li_engine *e, req *r) {
@@ -420,8 +430,7 @@ static void view_of(li_engine *e, req *r, li_req_view *v) {
         .num_computed = r->num_computed + hit, .num_generated = r->n_toks - r->n_prompt,
         .max_tokens = r->max_tokens, .cached_len = hit ? hit : r->res.cached_tokens,
         .n_blocks = r->seq.n_blocks + (int32_t)(hit / e->kv.block_size),
-        .n_preemptions = r->res.n_preemptions,
-        .spec_acceptance = r->spec_drafted ? (double)r->spec_accepted / (double)r->spec_drafted : -1,
+        .n_preemptions = r->res.n_preemptions, .spec_acceptance = spec_acceptance(r),
     };
 }
 
@@ -468,13 +477,16 @@ static req *req_new(li_engine *e, const li_request_params *p, int32_t i, li_erro
     }
     r->ignore_eos = p->ignore_eos;
     r->min_tokens = p->min_tokens;
+    /* the end-of-generation ids join the list only when min_tokens holds them back */
     const int32_t *eog = NULL;
-    const int n_eog = p->ignore_eos ? 0 : li_tokenizer_eog_ids(e->model->tok, &eog);
+    const int n_eog = p->ignore_eos || !p->min_tokens ? 0 : li_tokenizer_eog_ids(e->model->tok, &eog);
     r->n_stop_ids = p->n_stop_token_ids;
     r->n_ban = p->n_stop_token_ids + n_eog;
-    r->ban = li_xmalloc((size_t)(r->n_ban ? r->n_ban : 1) * sizeof *r->ban);
-    if (p->n_stop_token_ids) memcpy(r->ban, p->stop_token_ids, (size_t)p->n_stop_token_ids * sizeof *r->ban);
-    if (n_eog) memcpy(r->ban + p->n_stop_token_ids, eog, (size_t)n_eog * sizeof *r->ban);
+    if (r->n_ban) {
+        r->ban = li_xmalloc((size_t)r->n_ban * sizeof *r->ban);
+        if (p->n_stop_token_ids) memcpy(r->ban, p->stop_token_ids, (size_t)p->n_stop_token_ids * sizeof *r->ban);
+        if (n_eog) memcpy(r->ban + p->n_stop_token_ids, eog, (size_t)n_eog * sizeof *r->ban);
+    }
     r->priority = p->priority;
     r->tenant = strdup(p->tenant ? p->tenant : "");
     r->cache_salt = strdup(p->cache_salt ? p->cache_salt : "");
@@ -881,7 +893,10 @@ static void verify_drafts(li_engine *e, req *r, int32_t m, const float *rows) {
     const int64_t p0 = r->num_computed; /* before this step's tokens */
     memcpy(draft, r->toks + r->n_toks - k, (size_t)k * sizeof *draft);
     drop_drafts(r);
-    int32_t accepted = 0, verified = LI_MIN(m - 1, k);
+    /* row j checks draft j: m rows check min(m, k) drafts (a row past the
+     * last draft gives the bonus token) */
+    const int32_t verified = LI_MIN(m, k);
+    int32_t accepted = 0;
     for (int32_t j = 0; j < m; j++) {
         r->num_computed = p0 + j + 1; /* row j's input is valid: the last token, or an accepted draft */
         const int32_t tok = sample_one(e, r, rows + (size_t)j * e->model->hp.n_vocab);
@@ -889,9 +904,9 @@ static void verify_drafts(li_engine *e, req *r, int32_t m, const float *rows) {
         accepted++;
     }
     r->spec_drafted += verified;
-    r->spec_accepted += LI_MIN(accepted, verified);
+    r->spec_accepted += accepted;
     e->st.spec_drafted += verified;
-    e->st.spec_accepted += LI_MIN(accepted, verified);
+    e->st.spec_accepted += accepted;
 }
 
 /* The parent's prompt is computed: its waiting samples take its blocks
@@ -956,7 +971,7 @@ int li_engine_step(li_engine *e, li_error *err) {
         nb = apply_plan(e, &e->fallback, &n_tokens);
     }
     if (nb == 0) {
-        for (int32_t i = 0; i < e->n_reqs; i++) drop_drafts(e->reqs[i]);
+        drop_all_drafts(e);
         /* nothing fits even after preempting: the oldest live request can
          * never get its next block (KV budget too small for it) */
         for (int32_t i = 0; i < e->n_reqs; i++)
@@ -997,7 +1012,7 @@ int li_engine_step(li_engine *e, li_error *err) {
     int rc = li_forward_run(&e->fw, e->model, e->be, &e->kv, &b, e->logits, err);
     e->st.time_forward += li_time_now() - tf;
     if (rc) {
-        for (int32_t i = 0; i < e->n_reqs; i++) drop_drafts(e->reqs[i]);
+        drop_all_drafts(e);
         for (int32_t i = 0; i < nb; i++) finish(e, e->batch_req[i], "error");
         e->in_step = false;
         return rc;
@@ -1021,8 +1036,7 @@ int li_engine_step(li_engine *e, li_error *err) {
         if (r->num_computed == r->n_prompt) fork_samples(e, r, lg);
         sample_one(e, r, lg);
     }
-    /* drafts of requests the plan did not run */
-    for (int32_t i = 0; i < e->n_reqs; i++) drop_drafts(e->reqs[i]);
+    drop_all_drafts(e); /* of requests the plan did not run */
     /* 8: cancellations asked for during the step */
     for (int32_t i = 0; i < e->n_reqs; i++)
         if (e->reqs[i]->cancel_pending) {
