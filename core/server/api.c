@@ -33,20 +33,20 @@ void li_mp_pack_str(msgpack_packer *pk, const char *s) { li_mp_pack_strn(pk, s, 
  * surrogates, nothing above U+10FFFF, no truncated sequence. NUL (U+0000) is
  * valid UTF-8 and stays accepted, as before (utf8proc_iterate returns 1 for
  * it, with the code point 0). */
+/* Bytes of the valid UTF-8 character at s (n > 0 bytes left), or 0. */
+static inline size_t utf8_char_len(const utf8proc_uint8_t *s, size_t n) {
+    if (s[0] < 0x80) return 1; /* ASCII, most of any body: no call per byte */
+    utf8proc_int32_t cp;
+    /* a sequence is at most 4 bytes: passing no more also keeps a huge n
+     * from turning negative as utf8proc_ssize_t ("NUL-terminated") */
+    utf8proc_ssize_t len = utf8proc_iterate(s, (utf8proc_ssize_t)LI_MIN(n, 4), &cp);
+    return len > 0 ? (size_t)len : 0;
+}
+
 bool li_utf8_valid(const char *str, size_t n) {
     const utf8proc_uint8_t *s = (const utf8proc_uint8_t *)str;
-    for (size_t i = 0; i < n;) {
-        if (s[i] < 0x80) { /* ASCII, most of any body: no call per byte */
-            i++;
-            continue;
-        }
-        utf8proc_int32_t cp;
-        /* a sequence is at most 4 bytes: passing no more also keeps a huge n
-         * from turning negative as utf8proc_ssize_t ("NUL-terminated") */
-        utf8proc_ssize_t len = utf8proc_iterate(s + i, (utf8proc_ssize_t)LI_MIN(n - i, 4), &cp);
-        if (len <= 0) return false;
-        i += (size_t)len;
-    }
+    for (size_t i = 0, k; i < n; i += k)
+        if (!(k = utf8_char_len(s + i, n - i))) return false;
     return true;
 }
 
@@ -78,14 +78,9 @@ void li_call_free(li_call *c) { msgpack_sbuffer_destroy(&c->result); }
 void li_utf8_scrub(char *str, size_t n) {
     utf8proc_uint8_t *s = (utf8proc_uint8_t *)str;
     for (size_t i = 0; i < n;) {
-        if (s[i] < 0x80) {
-            i++;
-            continue;
-        }
-        utf8proc_int32_t cp;
-        utf8proc_ssize_t len = utf8proc_iterate(s + i, (utf8proc_ssize_t)LI_MIN(n - i, 4), &cp);
-        if (len <= 0) s[i++] = '?';
-        else i += (size_t)len;
+        const size_t k = utf8_char_len(s + i, n - i);
+        if (k) i += k;
+        else s[i++] = '?';
     }
 }
 
