@@ -167,7 +167,7 @@ static uint64_t random_seed(void) {
 
 #define BAD(...) return li_error_set(err, LI_RPC_INVALID_PARAMS, "invalid params: " __VA_ARGS__)
 
-static int parse_tokens(const msgpack_object *o, const char *key, int32_t **out, size_t *n_out, li_error *err) {
+int li_api_parse_tokens(const msgpack_object *o, const char *key, int32_t **out, size_t *n_out, li_error *err) {
     if (o->type != MSGPACK_OBJECT_ARRAY) BAD("'%s' must be a list of token ids", key);
     uint32_t n = o->via.array.size;
     int32_t *t = li_xmalloc(((size_t)n + 1) * sizeof *t);
@@ -392,7 +392,7 @@ static int gen_parse(li_server *srv, const msgpack_object *params, const li_gen_
                 g->prompt = dup_n(p, n);
                 g->prompt_len = n;
             } else if (val->type == MSGPACK_OBJECT_ARRAY && d->openai) {
-                int rc = parse_tokens(val, "prompt", &g->tokens, &g->n_tokens, err);
+                int rc = li_api_parse_tokens(val, "prompt", &g->tokens, &g->n_tokens, err);
                 if (rc) return rc;
             } else {
                 BAD("'prompt' must be a string");
@@ -403,7 +403,7 @@ static int gen_parse(li_server *srv, const msgpack_object *params, const li_gen_
             if (rc) return rc;
         } else if (!strcmp(name, "tokens")) {
             if (g->tokens) BAD("'tokens' given twice");
-            int rc = parse_tokens(val, "tokens", &g->tokens, &g->n_tokens, err);
+            int rc = li_api_parse_tokens(val, "tokens", &g->tokens, &g->n_tokens, err);
             if (rc) return rc;
         } else if (!strcmp(name, "max_tokens") || !strcmp(name, "max_completion_tokens")) {
             INT_IN(name, g->max_tokens, 0, 1 << 20);
@@ -440,7 +440,7 @@ static int gen_parse(li_server *srv, const msgpack_object *params, const li_gen_
         } else if (!strcmp(name, "stop_token_ids")) {
             if (val->type == MSGPACK_OBJECT_ARRAY && val->via.array.size > 64) BAD("'stop_token_ids' holds more than 64 ids");
             size_t n = 0;
-            int rc = parse_tokens(val, "stop_token_ids", &g->stop_token_ids, &n, err);
+            int rc = li_api_parse_tokens(val, "stop_token_ids", &g->stop_token_ids, &n, err);
             if (rc) return rc;
             g->n_stop_token_ids = (int)n;
         } else if (!strcmp(name, "n")) {
@@ -923,7 +923,7 @@ static void api_detokenize(li_call *c, const msgpack_object *params) {
     int32_t *ids = NULL;
     size_t n = 0;
     li_error err = {0};
-    if (parse_tokens(o, "tokens", &ids, &n, &err)) {
+    if (li_api_parse_tokens(o, "tokens", &ids, &n, &err)) {
         li_call_fail(c, err.code, "%s", err.msg);
         return;
     }

@@ -490,50 +490,50 @@ static bool pack_json(msgpack_packer *pk, const cJSON *j, int depth) {
 
 /* ---- routes ------------------------------------------------------------------------------------ */
 
-/* The body as a JSON object, or NULL with a 400 sent. */
-static cJSON *body_object(http_sess *h) {
+/* The body, a JSON object, as msgpack for the parsers the RPC methods use:
+ * true with *u set (destroy u and sb after), or false with a 400 sent. */
+static bool body_msgpack(http_sess *h, msgpack_sbuffer *sb, msgpack_unpacked *u) {
     if (!h->body_len) {
         respond_error(h, 400, "the request body must be a JSON object");
-        return NULL;
+        return false;
     }
     if (!li_utf8_valid(h->body, h->body_len)) {
         respond_error(h, 400, "the request body is not valid UTF-8");
-        return NULL;
+        return false;
     }
     cJSON *j = cJSON_ParseWithLength(h->body, h->body_len);
     if (!j) {
         respond_error(h, 400, "the request body is not valid JSON");
-        return NULL;
+        return false;
     }
     if (!cJSON_IsObject(j)) {
         cJSON_Delete(j);
         respond_error(h, 400, "the request body must be a JSON object");
-        return NULL;
+        return false;
     }
-    return j;
+    msgpack_sbuffer_init(sb);
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, sb, msgpack_sbuffer_write);
+    bool ok = pack_json(&pk, j, 0);
+    cJSON_Delete(j);
+    msgpack_unpacked_init(u);
+    size_t off = 0;
+    if (!ok || msgpack_unpack_next(u, sb->data, sb->size, &off) != MSGPACK_UNPACK_SUCCESS) {
+        msgpack_unpacked_destroy(u);
+        msgpack_sbuffer_destroy(sb);
+        respond_error(h, 400, "the request body nests deeper than %d levels", LI_SRV_MAX_DEPTH);
+        return false;
+    }
+    return true;
 }
 
 static void route_completions(http_sess *h, bool chat) {
     li_server *srv = h->srv;
-    cJSON *j = body_object(h);
-    if (!j) return;
-    const cJSON *so = cJSON_GetObjectItemCaseSensitive(j, "stream_options");
-    h->include_usage = so && cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(so, "include_usage"));
     msgpack_sbuffer sb;
-    msgpack_sbuffer_init(&sb);
-    msgpack_packer pk;
-    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-    bool ok = pack_json(&pk, j, 0);
-    cJSON_Delete(j);
     msgpack_unpacked u;
-    msgpack_unpacked_init(&u);
-    size_t off = 0;
-    if (!ok || msgpack_unpack_next(&u, sb.data, sb.size, &off) != MSGPACK_UNPACK_SUCCESS) {
-        msgpack_unpacked_destroy(&u);
-        msgpack_sbuffer_destroy(&sb);
-        respond_error(h, 400, "the request body nests deeper than %d levels", LI_SRV_MAX_DEPTH);
-        return;
-    }
+    if (!body_msgpack(h, &sb, &u)) return;
+    const msgpack_object *so = li_mp_get(li_mp_get(&u.data, "stream_options"), "include_usage");
+    h->include_usage = so && so->type == MSGPACK_OBJECT_BOOLEAN && so->via.boolean;
     li_gen_params g;
     li_error err = {0};
     li_gen_defaults d = {.openai = true, .chat = chat};
@@ -566,34 +566,27 @@ static void route_completions(http_sess *h, bool chat) {
  * {count, max_model_len, tokens}. */
 static void route_tokenize(http_sess *h) {
     li_server *srv = h->srv;
-    cJSON *j = body_object(h);
-    if (!j) return;
-    const cJSON *prompt = cJSON_GetObjectItemCaseSensitive(j, "prompt");
-    const cJSON *special = cJSON_GetObjectItemCaseSensitive(j, "add_special_tokens");
-    if (!cJSON_IsString(prompt)) {
-        cJSON_Delete(j);
-        respond_error(h, 400, "'prompt' must be a string");
-        return;
-    }
-    if (special && !cJSON_IsBool(special) && !cJSON_IsNull(special)) {
-        cJSON_Delete(j);
-        respond_error(h, 400, "'add_special_tokens' must be true or false");
-        return;
-    }
-    if (!srv->model) {
-        cJSON_Delete(j);
-        respond_error(h, 503, "no model is loaded");
-        return;
-    }
-    const bool sp = !cJSON_IsFalse(special);
+    msgpack_sbuffer sb;
+    msgpack_unpacked u;
+    if (!body_msgpack(h, &sb, &u)) return;
+    const msgpack_object *po = li_mp_get(&u.data, "prompt"), *so = li_mp_get(&u.data, "add_special_tokens");
+    const char *prompt = NULL;
+    size_t len = 0;
     int32_t *ids = NULL;
     size_t n = 0;
     li_error err = {0};
-    int rc = li_tokenizer_encode(srv->model->tok, prompt->valuestring, strlen(prompt->valuestring), sp, sp, &ids, &n,
-                                 &err);
-    cJSON_Delete(j);
-    if (rc) {
-        respond_error(h, 400, "%s", err.msg);
+    if (!po || !li_mp_read_str(po, false, &prompt, &len)) li_error_set(&err, 400, "'prompt' must be a string");
+    else if (so && so->type != MSGPACK_OBJECT_BOOLEAN && so->type != MSGPACK_OBJECT_NIL)
+        li_error_set(&err, 400, "'add_special_tokens' must be true or false");
+    else if (!srv->model) li_error_set(&err, 503, "no model is loaded");
+    else {
+        const bool sp = !(so && so->type == MSGPACK_OBJECT_BOOLEAN && !so->via.boolean);
+        if (li_tokenizer_encode(srv->model->tok, prompt, len, sp, sp, &ids, &n, &err)) err.code = 400;
+    }
+    msgpack_unpacked_destroy(&u);
+    msgpack_sbuffer_destroy(&sb);
+    if (err.code) {
+        respond_error(h, err.code, "%s", err.msg);
         return;
     }
     cJSON *out = cJSON_CreateObject();
@@ -609,40 +602,25 @@ static void route_tokenize(http_sess *h) {
  * (special tokens skipped; invalid UTF-8 as U+FFFD). */
 static void route_detokenize(http_sess *h) {
     li_server *srv = h->srv;
-    cJSON *j = body_object(h);
-    if (!j) return;
-    const cJSON *toks = cJSON_GetObjectItemCaseSensitive(j, "tokens");
-    const int n = cJSON_IsArray(toks) ? cJSON_GetArraySize(toks) : -1;
-    if (n < 0) {
-        cJSON_Delete(j);
-        respond_error(h, 400, "'tokens' must be a list of token ids");
-        return;
-    }
-    int32_t *ids = li_xmalloc((size_t)(n ? n : 1) * sizeof *ids);
-    int k = 0;
-    for (const cJSON *t = toks->child; t; t = t->next) {
-        const double v = cJSON_IsNumber(t) ? t->valuedouble : -1;
-        if (!(v >= 0 && v <= INT32_MAX) || v != (double)(int32_t)v) {
-            free(ids);
-            cJSON_Delete(j);
-            respond_error(h, 400, "'tokens'[%d] must be a token id (an integer >= 0)", k);
-            return;
-        }
-        ids[k++] = (int32_t)v;
-    }
-    cJSON_Delete(j);
-    if (!srv->model) {
-        free(ids);
-        respond_error(h, 503, "no model is loaded");
-        return;
-    }
+    msgpack_sbuffer sb;
+    msgpack_unpacked u;
+    if (!body_msgpack(h, &sb, &u)) return;
+    const msgpack_object *to = li_mp_get(&u.data, "tokens");
+    int32_t *ids = NULL;
+    size_t n = 0;
     char *text = NULL;
     size_t len = 0;
     li_error err = {0};
-    int rc = li_api_detokenize(srv, ids, (size_t)k, false, &text, &len, &err);
+    if (!to) li_error_set(&err, LI_RPC_INVALID_PARAMS, "'tokens' is required");
+    else if (!li_api_parse_tokens(to, "tokens", &ids, &n, &err)) {
+        if (!srv->model) li_error_set(&err, LI_RPC_UNAVAILABLE, "no model is loaded");
+        else li_api_detokenize(srv, ids, n, false, &text, &len, &err);
+    }
     free(ids);
-    if (rc) {
-        respond_error(h, 400, "%s", err.msg);
+    msgpack_unpacked_destroy(&u);
+    msgpack_sbuffer_destroy(&sb);
+    if (err.code) {
+        respond_error(h, http_status_of(err.code), "%s", err.msg);
         return;
     }
     cJSON *out = cJSON_CreateObject();

@@ -444,6 +444,9 @@ void li_mp_pack_strn(msgpack_packer *pk, const char *s, size_t n);
 void li_api_pack_stats(li_server *srv, msgpack_packer *pk);
 /* The model list entry name. */
 const char *li_api_model_name(li_server *srv);
+/* A list of token ids (integers >= 0; not checked against a vocabulary)
+ * as *out (owned), or LI_RPC_INVALID_PARAMS naming key. */
+int li_api_parse_tokens(const msgpack_object *o, const char *key, int32_t **out, size_t *n_out, li_error *err);
 /* The text of token ids (srv->model loaded): *text_out (len bytes, owned;
  * invalid UTF-8 as U+FFFD), or LI_RPC_INVALID_PARAMS for an id outside the
  * vocabulary. */
