@@ -8,6 +8,7 @@
  * loses no request. */
 #define _GNU_SOURCE
 #include "engine/engine.h"
+#include "spec/ngram.h"
 #include "tokenizer/tokenizer.h"
 
 #include <math.h>
@@ -846,9 +847,9 @@ static int32_t sample_one(li_engine *e, req *r, const float *logits) {
 
 /* Appends up to k draft tokens to a greedy request in decode: the tokens
  * that followed the latest earlier occurrence of its last n tokens, n from
- * spec_ngram_max down to spec_ngram_min. Verification is exact for greedy
- * (the kernels give a position the same logits in any batch), so only
- * greedy requests draft. */
+ * spec_ngram_max down to spec_ngram_min (li_spec_ngram_draft). Verification
+ * is exact for greedy (the kernels give a position the same logits in any
+ * batch), so only greedy requests draft. */
 static void propose_drafts(li_engine *e, req *r) {
     if (r->state != LI_REQ_RUNNING || r->fork_of || r->smp.p.temperature > 0 || r->num_computed != r->n_toks - 1)
         return;
@@ -860,26 +861,17 @@ static void propose_drafts(li_engine *e, req *r) {
     const int64_t held = LI_MAX((int64_t)r->seq.n_blocks * bs, (r->n_toks + bs - 1) / bs * bs) - r->n_toks;
     const int64_t k = LI_MIN(LI_MIN((int64_t)e->cfg.spec_tokens, room), held);
     if (k <= 0) return;
-    const int32_t *t = r->toks;
-    const int64_t n_toks = r->n_toks;
-    for (int n = e->cfg.spec_ngram_max; n >= e->cfg.spec_ngram_min; n--) {
-        if (n >= n_toks) continue;
-        const int32_t *tail = t + n_toks - n;
-        /* the latest match ending before the tail itself */
-        for (int64_t at = n_toks - n - 1; at >= 0; at--) {
-            if (t[at] != tail[0] || memcmp(t + at, tail, (size_t)n * sizeof *t)) continue;
-            const int64_t from = at + n, avail = LI_MIN(k, n_toks - from);
-            if (avail <= 0) continue;
-            if (r->n_toks + avail > r->cap) {
-                r->cap = r->n_toks + avail + 16;
-                r->toks = li_xrealloc(r->toks, (size_t)r->cap * sizeof *r->toks);
-            }
-            memmove(r->toks + r->n_toks, r->toks + from, (size_t)avail * sizeof *r->toks);
-            r->n_toks += avail;
-            r->n_draft = (int32_t)avail;
-            return;
-        }
+    int32_t draft[LI_SPEC_MAX_TOKENS];
+    const int32_t m =
+        li_spec_ngram_draft(r->toks, r->n_toks, e->cfg.spec_ngram_max, e->cfg.spec_ngram_min, (int32_t)k, draft);
+    if (m == 0) return;
+    if (r->n_toks + m > r->cap) {
+        r->cap = r->n_toks + m + 16;
+        r->toks = li_xrealloc(r->toks, (size_t)r->cap * sizeof *r->toks);
     }
+    memcpy(r->toks + r->n_toks, draft, (size_t)m * sizeof *r->toks);
+    r->n_toks += m;
+    r->n_draft = m;
 }
 
 /* The m rows computed for a drafted request: row j's logits give the token
