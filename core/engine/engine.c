@@ -80,8 +80,6 @@ struct li_engine {
     int32_t **b_tables;       /* (max_num_seqs) */
     size_t max_rows;          /* logit rows per step: max_num_seqs, more with speculation */
     float *logits;            /* (max_rows, n_vocab) */
-    uint8_t *mark;            /* (cap_mark) fcfs_plan's per-request marks */
-    int32_t cap_mark;
     li_evict_candidate *ev_cand; /* (cap_ev) evict hook candidates and order */
     int32_t *ev_order, cap_ev;
     int64_t ev_warned_step;   /* the last step that logged an evict failure */
@@ -296,7 +294,6 @@ void li_engine_free(li_engine *e) {
     free(e->b_rows);
     free(e->b_slot);
     free(e->logits);
-    free(e->mark);
     free(e->ev_cand);
     free(e->ev_order);
     li_forward_free(&e->fw);
@@ -606,85 +603,12 @@ bool li_engine_has_work(const li_engine *e) {
     return false;
 }
 
-/* ---- the built-in FCFS: the fallback and the reference policy ------------------ */
+/* ---- validate + apply ------------------------------------------------------------ */
 
 static int32_t blocks_needed(const li_engine *e, const req *r, int64_t n) {
     int64_t need = (r->num_computed + n + e->kv.block_size - 1) / e->kv.block_size - r->seq.n_blocks;
     return need > 0 ? (int32_t)need : 0;
 }
-
-/* Running requests first (arrival order), then preempted, then waiting; a
- * running request short of blocks preempts the latest-arrived running one. */
-static void fcfs_plan(li_engine *e, li_plan *plan) {
-    li_plan_clear(plan);
-    int64_t budget = e->cfg.max_batched_tokens;
-    int32_t seqs = e->cfg.max_num_seqs, free_blocks = li_kv_available(&e->kv);
-    /* marks: 1 = scheduled, 2 = preempted in this plan */
-    int32_t n = e->n_reqs;
-    if (n + 1 > e->cap_mark) {
-        e->cap_mark = LI_MAX(n + 1, e->cap_mark * 2);
-        e->mark = li_xrealloc(e->mark, (size_t)e->cap_mark);
-    }
-    uint8_t *mark = e->mark;
-    memset(mark, 0, (size_t)n + 1);
-    for (int32_t i = 0; i < n && budget > 0 && seqs > 0; i++) {
-        req *r = e->reqs[i];
-        if (!r->live || r->fork_of || r->state != LI_REQ_RUNNING || mark[i]) continue;
-        int64_t want = LI_MIN(r->n_toks - r->num_computed, budget);
-        if (want <= 0) continue;
-        int32_t need = blocks_needed(e, r, want);
-        for (int32_t j = n - 1; need > free_blocks && j > i; j--) {
-            req *v = e->reqs[j];
-            if (!v->live || v->state != LI_REQ_RUNNING || mark[j]) continue;
-            li_plan_add_preempt(plan, v->res.id);
-            mark[j] = 2;
-            free_blocks += v->seq.n_blocks;
-        }
-        if (need > free_blocks) {
-            /* a prefill chunk can shrink to what fits; a decode cannot */
-            int64_t fit = (int64_t)(r->seq.n_blocks + free_blocks) * e->kv.block_size - r->num_computed;
-            if (fit <= 0) {
-                li_plan_add_preempt(plan, r->res.id);
-                mark[i] = 2;
-                free_blocks += r->seq.n_blocks;
-                continue;
-            }
-            want = fit;
-            need = blocks_needed(e, r, want);
-        }
-        li_plan_add_run(plan, r->res.id, (int32_t)want);
-        mark[i] = 1;
-        budget -= want;
-        seqs--;
-        free_blocks -= need;
-    }
-    for (int pass = 0; pass < 2; pass++) {
-        li_req_state want_state = pass == 0 ? LI_REQ_PREEMPTED : LI_REQ_WAITING;
-        for (int32_t i = 0; i < n && budget > 0 && seqs > 0; i++) {
-            req *r = e->reqs[i];
-            if (!r->live || r->fork_of || r->state != want_state || mark[i]) continue;
-            /* a cache hit starts the request at the end of its cached prefix */
-            const int64_t bs = e->kv.block_size;
-            int64_t base = r->num_computed + (int64_t)prefix_probe(e, r) * bs;
-            int64_t held = r->seq.n_blocks + (base - r->num_computed) / bs;
-            int64_t want = LI_MIN(r->n_toks - base, budget);
-            int32_t need = (int32_t)LI_MAX((base + want + bs - 1) / bs - held, 0);
-            if (need > free_blocks) {
-                want = (held + free_blocks) * bs - base;
-                if (want <= 0) goto out; /* FCFS: nobody overtakes the head of the queue */
-                need = (int32_t)LI_MAX((base + want + bs - 1) / bs - held, 0);
-            }
-            li_plan_add_run(plan, r->res.id, (int32_t)want);
-            mark[i] = 1;
-            budget -= want;
-            seqs--;
-            free_blocks -= need;
-        }
-    }
-out:;
-}
-
-/* ---- validate + apply ------------------------------------------------------------ */
 
 /* Applies a plan; returns the number of requests scheduled into the batch. */
 static int32_t apply_plan(li_engine *e, const li_plan *plan, int64_t *n_batch_tokens) {
@@ -958,8 +882,11 @@ int li_engine_step(li_engine *e, li_error *err) {
     if (nb == 0) {
         /* no plan, or one that schedules nothing: the built-in FCFS runs
          * this step so that no request starves behind a broken policy */
-        if (plan) e->st.fallback_steps++;
-        fcfs_plan(e, &e->fallback);
+        if (plan) {
+            e->st.fallback_steps++;
+            gather(e, &st); /* the plan's preemptions and cache hits changed it */
+        }
+        li_policy_fcfs_plan(&st, &e->fallback);
         nb = apply_plan(e, &e->fallback, &n_tokens);
     }
     if (nb == 0) {

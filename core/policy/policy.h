@@ -39,7 +39,7 @@ typedef struct li_req_view {
 typedef struct li_step_state {
     int64_t step;
     double now;              /* seconds since engine start */
-    const li_req_view *reqs; /* waiting, running and preempted requests */
+    const li_req_view *reqs; /* waiting, running and preempted requests (the engine: in arrival order) */
     int32_t n_reqs;
     int32_t kv_free_blocks, kv_total_blocks, kv_cached_blocks, block_size;
     int32_t max_num_seqs, max_batched_tokens;
@@ -62,6 +62,11 @@ void li_plan_free(li_plan *p);
 void li_plan_clear(li_plan *p);
 void li_plan_add_run(li_plan *p, int64_t id, int32_t n_tokens);
 void li_plan_add_preempt(li_plan *p, int64_t id);
+
+/* The built-in FCFS (fcfs.c): the engine's fallback, making the plans
+ * lua/luainfer/policy.lua's M.fcfs makes. A pure function of st, whose
+ * requests it takes in the order given (arrival); clears plan first. */
+void li_policy_fcfs_plan(const li_step_state *st, li_plan *plan);
 
 /* Engine settings a policy file may set in its `config` table. */
 typedef struct li_policy_config {
