@@ -1,4 +1,7 @@
 /* engine.c — the step loop. Owns: requests, the KV pool, the flat batch.
+ * Asks, and glues to the policy: the prefix-cache manager (kv/prefix_cache.c),
+ * a request's output stream (output.c: text, stop strings, events), n-gram
+ * drafting (spec/ngram.c) and the built-in FCFS (policy/fcfs.c).
  *
  * C owns every byte of state; the policy only proposes a plan. Validation
  * drops unknown or finished ids, clamps token counts to what remains, trims
@@ -8,6 +11,8 @@
  * loses no request. */
 #define _GNU_SOURCE
 #include "engine/engine.h"
+#include "engine/output.h"
+#include "kv/prefix_cache.h"
 #include "spec/ngram.h"
 #include "tokenizer/tokenizer.h"
 
@@ -27,11 +32,7 @@ typedef struct req {
     int64_t n_prompt, num_computed, max_tokens;
     li_kv_seq seq;
     li_sampler smp;
-    li_detok dt;
-    char *text;               /* generated text */
-    size_t text_len, text_cap, emitted;
-    char **stop;
-    int n_stop;
+    li_output out;            /* detokenized text, stop strings, what was sent */
     int32_t *ban;             /* (n_ban) stop token ids, then, with min_tokens and without
                                * ignore_eos, the end-of-generation ones: what min_tokens
                                * holds back; NULL when empty */
@@ -47,11 +48,7 @@ typedef struct req {
     li_token_logprob *top;    /* (n_logprobs) scratch */
     struct req *fork_of;      /* n > 1: waits for this parent's prompt, then shares its blocks */
     char *cache_salt;
-    li_block_hash *bh;        /* hashes of the full blocks of toks computed so far */
-    int32_t n_bh, cap_bh;
-    int32_t n_registered;     /* leading blocks of seq already in the prefix cache */
-    int32_t probe_hits;       /* prefix_probe's last answer: a lower bound while */
-    uint64_t probe_version;   /* the cache map's removal count is this */
+    li_prefix_seq pfx;        /* seq's side of the prefix cache: block hashes, what is registered */
 } req;
 
 struct li_engine {
@@ -59,6 +56,7 @@ struct li_engine {
     li_backend *be;
     li_engine_config cfg;
     li_kv_cache kv;
+    li_prefix_cache pc;       /* the prefix-cache manager over kv */
     li_forward fw;
     li_policy *policy;
     double t0;
@@ -80,8 +78,8 @@ struct li_engine {
     int32_t **b_tables;       /* (max_num_seqs) */
     size_t max_rows;          /* logit rows per step: max_num_seqs, more with speculation */
     float *logits;            /* (max_rows, n_vocab) */
-    li_evict_candidate *ev_cand; /* (cap_ev) evict hook candidates and order */
-    int32_t *ev_order, cap_ev;
+    li_evict_candidate *ev_cand; /* (cap_ev) the evict hook's candidates */
+    int32_t cap_ev;
     int64_t ev_warned_step;   /* the last step that logged an evict failure */
     li_engine_stats st;
 };
@@ -95,6 +93,9 @@ void li_engine_config_default(li_engine_config *c) {
 }
 
 double li_engine_now(const li_engine *e) { return li_time_now() - e->t0; }
+
+/* The prefix cache stamps hits and releases with the engine clock. */
+static double engine_clock(const void *e) { return li_engine_now(e); }
 
 static req *find(li_engine *e, int64_t id) {
     /* ids increase with arrival: binary search the arrival-ordered array */
@@ -112,26 +113,14 @@ static req *find(li_engine *e, int64_t id) {
 static void req_free(req *r) {
     li_sampler_free(&r->smp);
     li_kv_seq_free(&r->seq);
-    for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
-    free(r->stop);
+    li_output_free(&r->out);
     free(r->ban);
     free(r->toks);
-    free(r->text);
     free(r->tenant);
     free(r->cache_salt);
-    free(r->bh);
+    li_prefix_seq_free(&r->pfx);
     free(r->top);
     free(r);
-}
-
-static void text_append(req *r, const char *s, size_t n) {
-    if (r->text_len + n + 1 > r->text_cap) {
-        r->text_cap = LI_MAX(r->text_cap * 2, r->text_len + n + 64);
-        r->text = li_xrealloc(r->text, r->text_cap);
-    }
-    memcpy(r->text + r->text_len, s, n);
-    r->text_len += n;
-    r->text[r->text_len] = 0;
 }
 
 static void push_token(req *r, int32_t t) {
@@ -145,18 +134,12 @@ static void push_token(req *r, int32_t t) {
 static void sync_result(req *r) {
     r->res.tokens = r->toks + r->n_prompt;
     r->res.n_tokens = r->n_toks - r->n_prompt;
-    r->res.text = r->text ? r->text : "";
-    r->res.text_len = r->text_len;
+    r->res.text = r->out.text ? r->out.text : "";
+    r->res.text_len = r->out.text_len;
 }
 
 /* Returns a sequence's blocks; cached ones remember when, for LRU/LFU. */
-static void release_seq(li_engine *e, req *r) {
-    if (e->kv.prefix_caching) {
-        double now = li_engine_now(e);
-        for (int32_t b = 0; b < r->seq.n_blocks; b++) li_kv_prefix_touch(&e->kv, r->seq.blocks[b], now);
-    }
-    li_kv_seq_release(&e->kv, &r->seq);
-}
+static void release_seq(li_engine *e, req *r) { li_prefix_release(&e->pc, &r->pfx, &r->seq); }
 
 /* Ends a request: frees its blocks now, keeps its result until released. */
 /* Accepted over verified drafts, or -1 before any draft (li_req_view). */
@@ -184,10 +167,7 @@ static void finish(li_engine *e, req *r, const char *reason) {
                          .n_preemptions = r->res.n_preemptions, .spec_acceptance = spec_acceptance(r)};
         e->policy->ops->on_finish(e->policy, &v, reason);
     }
-    if (r->on_event) {
-        li_event ev = {.kind = LI_EVENT_FINISH, .id = r->res.id, .finish_reason = reason};
-        r->on_event(r->ud, &ev);
-    }
+    li_output_finish(r->res.id, reason, r->on_event, r->ud);
 }
 
 /* Draft tokens leave toks (not verified this step, or the request stops). */
@@ -205,7 +185,6 @@ static void preempt(li_engine *e, req *r) {
     drop_drafts(r);
     release_seq(e, r);
     r->num_computed = 0;
-    r->n_registered = 0;
     r->state = LI_REQ_PREEMPTED;
     r->res.n_preemptions++;
     e->st.preemptions++;
@@ -249,7 +228,7 @@ int li_engine_init(li_engine **out, li_model *m, li_backend *be, const li_engine
         free(e);
         return rc;
     }
-    if (c.prefix_caching) li_kv_prefix_enable(&e->kv);
+    li_prefix_cache_init(&e->pc, &e->kv, c.prefix_caching, engine_clock, e);
     if ((rc = li_forward_init(&e->fw, m, c.max_batched_tokens, err))) {
         li_kv_cache_free(&e->kv);
         free(e);
@@ -295,7 +274,7 @@ void li_engine_free(li_engine *e) {
     free(e->b_slot);
     free(e->logits);
     free(e->ev_cand);
-    free(e->ev_order);
+    li_prefix_cache_free(&e->pc);
     li_forward_free(&e->fw);
     li_kv_cache_free(&e->kv);
     free(e);
@@ -306,115 +285,60 @@ li_policy *li_engine_policy(li_engine *e) { return e->policy; }
 const li_engine_config *li_engine_get_config(const li_engine *e) { return &e->cfg; }
 li_model *li_engine_model(li_engine *e) { return e->model; }
 
-/* ---- prefix cache ------------------------------------------------------------- */
+/* ---- prefix cache (the manager, glued to the policy's evict hook) --------------- */
 
-/* Hashes of the first n full blocks of the request's tokens, computed once. */
-static void ensure_hashes(li_engine *e, req *r, int32_t n) {
-    const int bs = e->kv.block_size;
-    if (n > r->cap_bh) {
-        r->cap_bh = n + 16;
-        r->bh = li_xrealloc(r->bh, (size_t)r->cap_bh * sizeof *r->bh);
-    }
-    for (int32_t b = r->n_bh; b < n; b++) {
-        li_block_hash parent = b ? r->bh[b - 1] : (li_block_hash){0, 0};
-        r->bh[b] = li_kv_block_hash(parent, r->toks + (int64_t)b * bs, bs, b == 0 ? r->cache_salt : NULL);
-    }
-    if (n > r->n_bh) r->n_bh = n;
-}
-
-/* Leading blocks of a request with no KV found in the cache. At least one
- * token is always left to compute: its logits give the next token. */
+/* Leading blocks of a request with no KV found in the cache. */
 static int32_t prefix_probe(li_engine *e, req *r) {
-    if (!e->kv.prefix_caching || r->seq.n_blocks || r->num_computed) return 0;
-    /* a waiting request is probed every step (state for the policy, FCFS,
-     * admission). Blocks only join the map between removals, so while no
-     * hash has left it the last answer still holds and the walk goes on
-     * from there (one lookup); the tokens before it never change. */
-    int32_t max_blocks = (int32_t)((r->n_toks - 1) / e->kv.block_size);
-    ensure_hashes(e, r, max_blocks);
-    int32_t hits = r->probe_version == e->kv.map_version ? LI_MIN(r->probe_hits, max_blocks) : 0;
-    while (hits < max_blocks && li_kv_prefix_lookup(&e->kv, r->bh[hits]) >= 0) hits++;
-    r->probe_hits = hits;
-    r->probe_version = e->kv.map_version;
-    return hits;
+    return li_prefix_probe(&e->pc, &r->pfx, &r->seq, r->num_computed, r->toks, r->n_toks, r->cache_salt);
 }
 
 /* Takes the cached prefix: the request starts with num_computed at its end. */
 static void prefix_acquire(li_engine *e, req *r) {
-    int32_t hits = prefix_probe(e, r);
-    if (!e->kv.prefix_caching || r->seq.n_blocks || r->num_computed) return;
-    e->st.prefix_query_tokens += r->n_toks;
-    if (hits == 0) return;
-    if (r->seq.cap < hits) {
-        r->seq.cap = hits + 8;
-        r->seq.blocks = li_xrealloc(r->seq.blocks, (size_t)r->seq.cap * sizeof(int32_t));
-    }
-    double now = li_engine_now(e);
-    for (int32_t b = 0; b < hits; b++) {
-        int32_t id = li_kv_prefix_lookup(&e->kv, r->bh[b]);
-        li_kv_prefix_acquire(&e->kv, id, now);
-        r->seq.blocks[b] = id;
-    }
-    r->seq.n_blocks = hits;
-    r->n_registered = hits;
-    r->num_computed = (int64_t)hits * e->kv.block_size;
-    r->res.cached_tokens = r->num_computed;
-    e->st.prefix_hit_tokens += r->num_computed;
+    const int64_t hit =
+        li_prefix_acquire(&e->pc, &r->pfx, &r->seq, r->num_computed, r->toks, r->n_toks, r->cache_salt);
+    if (hit == 0) return;
+    r->num_computed = hit;
+    r->res.cached_tokens = hit;
 }
 
 /* Blocks the step just filled join the cache (all tokens here are verified:
  * speculative tokens must be accepted before they reach this point). */
 static void prefix_register(li_engine *e, req *r) {
-    if (!e->kv.prefix_caching) return;
-    int32_t full = (int32_t)(r->num_computed / e->kv.block_size);
-    if (full <= r->n_registered) return;
-    ensure_hashes(e, r, full);
-    double now = li_engine_now(e);
-    for (int32_t b = r->n_registered; b < full; b++)
-        if (li_kv_prefix_register(&e->kv, r->seq.blocks[b], r->bh[b], b)) li_kv_prefix_touch(&e->kv, r->seq.blocks[b], now);
-    r->n_registered = full;
+    li_prefix_register(&e->pc, &r->pfx, &r->seq, r->num_computed, r->toks, r->cache_salt);
 }
 
-/* Frees at least `need` empty blocks ahead of allocation, in the order the
- * policy's evict hook chooses. Asking for a batch (at least 1/16 of the
- * pool) keeps the hook off the per-block path. Without a hook, or for what
- * the hook leaves, allocation evicts in LRU order by itself. */
-static void prefix_evict_for(li_engine *e, int32_t need) {
-    li_kv_cache *kv = &e->kv;
-    if (!kv->prefix_caching || !e->policy || !e->policy->has_evict || !e->policy->ops->evict || kv->n_free >= need ||
-        !kv->n_evictable)
-        return;
-    int32_t want = LI_MIN(LI_MAX(need - kv->n_free, kv->num_blocks / 16), kv->n_evictable);
-    int32_t n = kv->n_evictable;
+/* The prefix cache's eviction order from the policy's evict hook. */
+static int policy_evict_order(void *ud, const li_prefix_candidate *c, int32_t n, int32_t want, int32_t *order,
+                              int32_t *n_order) {
+    li_engine *e = ud;
     if (n > e->cap_ev) { /* grows to the pool size at most, then stays */
         e->cap_ev = LI_MAX(n, e->cap_ev * 2);
         e->ev_cand = li_xrealloc(e->ev_cand, (size_t)e->cap_ev * sizeof *e->ev_cand);
-        e->ev_order = li_xrealloc(e->ev_order, (size_t)e->cap_ev * sizeof *e->ev_order);
     }
-    li_evict_candidate *c = e->ev_cand;
-    int32_t *order = e->ev_order;
-    int32_t k = 0;
-    for (int32_t id = kv->lru_head; id >= 0 && k < n; id = kv->lru_next[id])
-        c[k++] = (li_evict_candidate){id, kv->last_access[id], kv->hit_count[id], kv->depth[id]};
-    int32_t n_order = 0;
+    for (int32_t i = 0; i < n; i++)
+        e->ev_cand[i] = (li_evict_candidate){c[i].block, c[i].last_access, c[i].hits, c[i].depth};
     li_error perr = {0};
     double tp = li_time_now();
-    int rc = e->policy->ops->evict(e->policy, c, k, want, order, &n_order, &perr);
+    int rc = e->policy->ops->evict(e->policy, e->ev_cand, n, want, order, n_order, &perr);
     e->st.time_policy += li_time_now() - tp;
-    int32_t done = 0;
     if (rc) {
         e->st.policy_errors++;
         /* once per step at most: a broken hook would otherwise log per request */
         if (e->ev_warned_step != e->step_no)
             li_log_warn("policy %s: evict failed, using LRU: %s", e->policy->name, perr.msg);
         e->ev_warned_step = e->step_no;
-    } else {
-        for (int32_t i = 0; i < n_order && i < n && done < want; i++) done += li_kv_prefix_evict(kv, order[i]);
-        if (done < LI_MIN(want, n_order)) e->st.plans_trimmed++;
     }
-    /* a short, empty or failed answer is completed in LRU order here, so the
-     * batch is whole and the hook is not asked again for every request */
-    while (done < want && kv->lru_head >= 0) done += li_kv_prefix_evict(kv, kv->lru_head);
+    return rc;
+}
+
+/* Frees at least `need` empty blocks ahead of allocation, in the order the
+ * policy's evict hook chooses (without one, allocation evicts in LRU order
+ * by itself). */
+static void prefix_evict_for(li_engine *e, int32_t need) {
+    const bool hook = e->policy && e->policy->has_evict && e->policy->ops->evict;
+    bool short_order = false;
+    li_prefix_evict_for(&e->pc, need, hook ? policy_evict_order : NULL, e, &short_order);
+    if (short_order) e->st.plans_trimmed++;
 }
 
 /* ---- state for the policy ------------------------------------------------------ */
@@ -443,7 +367,7 @@ static void gather(li_engine *e, li_step_state *st) {
     *st = (li_step_state){
         .step = e->step_no, .now = li_engine_now(e), .reqs = e->views, .n_reqs = n,
         .kv_free_blocks = li_kv_available(&e->kv), .kv_total_blocks = e->kv.num_blocks,
-        .kv_cached_blocks = e->kv.n_hashed,
+        .kv_cached_blocks = li_prefix_cache_blocks(&e->pc),
         .block_size = e->kv.block_size, .max_num_seqs = e->cfg.max_num_seqs,
         .max_batched_tokens = e->cfg.max_batched_tokens,
     };
@@ -467,12 +391,8 @@ static req *req_new(li_engine *e, const li_request_params *p, int32_t i, li_erro
     r->max_tokens = p->max_tokens;
     for (int64_t k = 0; k < p->n_prompt; k++) li_sampler_accept(&r->smp, p->prompt[k]);
     li_kv_seq_init(&r->seq);
-    li_detok_init(&r->dt);
-    r->n_stop = p->n_stop;
-    if (p->n_stop) {
-        r->stop = li_xmalloc((size_t)p->n_stop * sizeof *r->stop);
-        for (int k = 0; k < p->n_stop; k++) r->stop[k] = strdup(p->stop[k]);
-    }
+    li_prefix_seq_init(&r->pfx);
+    li_output_init(&r->out, p->stop, p->n_stop);
     r->ignore_eos = p->ignore_eos;
     r->min_tokens = p->min_tokens;
     /* the end-of-generation ids join the list only when min_tokens holds them back */
@@ -668,71 +588,18 @@ static int32_t apply_plan(li_engine *e, const li_plan *plan, int64_t *n_batch_to
 
 /* ---- sampling and output ---------------------------------------------------------- */
 
-static bool find_stop(req *r, size_t from, size_t *at) {
-    bool hit = false;
-    for (int i = 0; i < r->n_stop; i++) {
-        size_t sl = strlen(r->stop[i]);
-        size_t start = from >= sl ? from - sl + 1 : 0;
-        if (r->text_len < sl) continue;
-        const char *p = memmem(r->text + start, r->text_len - start, r->stop[i], sl);
-        if (p && (!hit || (size_t)(p - r->text) < *at)) {
-            *at = (size_t)(p - r->text);
-            hit = true;
-        }
-    }
-    return hit;
-}
-
-/* Bytes at the end of the text that might still grow into a stop string. */
-static size_t stop_holdback(const req *r) {
-    size_t hold = 0;
-    for (int i = 0; i < r->n_stop; i++) {
-        size_t sl = strlen(r->stop[i]);
-        for (size_t k = LI_MIN(sl - 1, r->text_len); k > hold; k--)
-            if (!memcmp(r->text + r->text_len - k, r->stop[i], k)) {
-                hold = k;
-                break;
-            }
-    }
-    return hold;
-}
-
+/* The token's text and event; a stop string (once min_tokens are out) ends
+ * the request. */
 static void emit_token(li_engine *e, req *r, int32_t tok, float lp, const float *logits) {
-    const li_tokenizer *tk = e->model->tok;
-    char piece[256];
-    size_t before = r->text_len;
-    int nb = li_detok_push(&r->dt, tk, tok, false, piece, sizeof piece);
-    if (nb > 0) text_append(r, piece, (size_t)nb);
-    size_t at = 0;
-    bool stopped = r->n_stop && r->n_toks - r->n_prompt >= r->min_tokens && find_stop(r, before, &at);
-    if (stopped) {
-        r->text_len = at;
-        r->text[at] = 0;
-    }
-    size_t safe = stopped ? r->text_len : r->text_len - stop_holdback(r);
-    while (safe > r->emitted && safe < r->text_len && (r->text[safe] & 0xC0) == 0x80) safe--;
-    if (safe < r->emitted) safe = r->emitted;
-    if (r->on_event) {
-        li_event ev = {.kind = LI_EVENT_TOKEN, .id = r->res.id, .token = tok, .logprob = lp, .top = r->top,
-                       .n_top = r->smp.p.n_logprobs, .logits = logits, .n_vocab = e->model->hp.n_vocab,
-                       .text = r->text ? r->text + r->emitted : "", .text_len = safe - r->emitted};
-        r->on_event(r->ud, &ev);
-    }
-    r->emitted = safe;
-    if (stopped) finish(e, r, "stop");
+    li_event ev = {.kind = LI_EVENT_TOKEN, .id = r->res.id, .token = tok, .logprob = lp, .top = r->top,
+                   .n_top = r->smp.p.n_logprobs, .logits = logits, .n_vocab = e->model->hp.n_vocab};
+    const bool check_stop = r->n_toks - r->n_prompt >= r->min_tokens;
+    if (li_output_token(&r->out, e->model->tok, check_stop, &ev, r->on_event, r->ud)) finish(e, r, "stop");
 }
 
 /* Flushes held-back text (a partial stop string that never completed). */
 static void flush_text(li_engine *e, req *r) {
-    char piece[16];
-    int nb = li_detok_flush(&r->dt, piece, sizeof piece);
-    if (nb > 0) text_append(r, piece, (size_t)nb);
-    if (r->on_event && r->text_len > r->emitted) {
-        li_event ev = {.kind = LI_EVENT_TOKEN, .id = r->res.id, .token = -1, .text = r->text + r->emitted,
-                       .text_len = r->text_len - r->emitted, .n_vocab = e->model->hp.n_vocab};
-        r->on_event(r->ud, &ev);
-    }
-    r->emitted = r->text_len;
+    li_output_flush(&r->out, r->res.id, e->model->hp.n_vocab, r->on_event, r->ud);
 }
 
 static bool is_stop_id(const req *r, int32_t tok) {
@@ -834,7 +701,7 @@ static void fork_samples(li_engine *e, req *parent, const float *logits) {
         c->fork_of = NULL;
         li_kv_seq_fork(&e->kv, &parent->seq, &c->seq);
         c->num_computed = parent->num_computed;
-        c->n_registered = parent->n_registered;
+        li_prefix_seq_fork(&c->pfx, &parent->pfx);
         c->state = LI_REQ_RUNNING;
         sample_one(e, c, logits);
     }
@@ -978,8 +845,10 @@ void li_engine_stats_get(const li_engine *e, li_engine_stats *st) {
         else st->n_preempted++;
     }
     st->kv_free_blocks = li_kv_available(&e->kv);
-    st->kv_cached_blocks = e->kv.n_hashed;
-    st->prefix_evictions = e->kv.n_evictions;
+    st->kv_cached_blocks = li_prefix_cache_blocks(&e->pc);
+    st->prefix_evictions = li_prefix_cache_evictions(&e->pc);
+    st->prefix_query_tokens = e->pc.query_tokens;
+    st->prefix_hit_tokens = e->pc.hit_tokens;
     st->kv_total_blocks = e->kv.num_blocks;
     st->block_size = e->kv.block_size;
     st->kv_bytes = e->kv.bytes;

@@ -45,7 +45,8 @@ static void test_edges(void) {
     /* the latest earlier occurrence wins: {5 6} at 0 (-> 1) and at 3 (-> 2) */
     const int32_t late[] = {5, 6, 1, 5, 6, 2, 5, 6};
     m = draft(late, N(late), 2, 2, 4, out);
-    CHECK(m == 3 && out[0] == 2 && out[1] == 5 && out[2] == 6, "latest occurrence wins: m = %d, out[0] = %d", m, out[0]);
+    CHECK(m == 3 && out[0] == 2 && out[1] == 5 && out[2] == 6, "latest occurrence wins: m = %d, out[0] = %d", m,
+          out[0]);
 
     /* the longest n wins: {3 5 6} occurs at 0 (-> 9), {5 6} last at 4 (-> 1) */
     const int32_t longest[] = {3, 5, 6, 9, 5, 6, 1, 3, 5, 6};
