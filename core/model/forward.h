@@ -3,28 +3,45 @@
  * A batch is any mix of tokens from any sequences (prefill chunks and single
  * decode tokens alike): each token carries its position, its sequence and the
  * KV slot it writes. Attention reads every earlier position of the token's
- * sequence through that sequence's block table, so chunked prefill, decode
- * and (later) speculative verification are the same call. */
+ * sequence through that sequence's row of the flat block table, so chunked
+ * prefill, decode and speculative verification are the same call.
+ *
+ * Memory: every array the ops touch lives in buffers of the backend (the
+ * scratch activations, the uploaded batch and block table, the logits);
+ * the caller's li_batch arrays are host memory, uploaded once per call. */
 #ifndef LI_FORWARD_H
 #define LI_FORWARD_H
 
 #include "model/model.h"
 #include "kv/kv_cache.h"
 
+/* The KV cache dimensions of a model. */
+static inline li_kv_dims li_forward_kv_dims(const li_hparams *hp) {
+    return (li_kv_dims){.n_layer = hp->n_layer, .n_head_kv = hp->n_head_kv, .head_dim = hp->head_dim};
+}
+
+/* Host arrays describing one step. */
 typedef struct li_batch {
     int64_t n;                     /* tokens in this batch */
     const int32_t *tokens;         /* (n) */
     const int32_t *pos;            /* (n) position within its sequence */
-    const int32_t *seq;            /* (n) index into block_tables */
+    const int32_t *seq;            /* (n) row of block_table, in [0, n_seqs) */
     const int64_t *slot;           /* (n) KV slot: block*block_size + offset */
-    int32_t *const *block_tables;  /* per sequence */
+    /* (n_seqs, bt_stride) flat: row s = sequence s's block ids (position p
+     * in block row[p / block_size]), written once per step, one upload */
+    const int32_t *block_table;
+    int32_t n_seqs;
+    int64_t bt_stride;
     const int32_t *logit_rows;     /* (n_logits) batch rows whose logits are wanted */
     int64_t n_logits;
 } li_batch;
 
-/* Scratch activations for up to `cap` tokens, reused every step. */
+/* Scratch activations for up to `cap` tokens, reused every step; all views
+ * into one backend buffer. */
 typedef struct li_forward {
+    li_backend *be;
     int64_t cap;
+    li_buffer scratch;
     float *x;     /* (cap, n_embd) residual stream */
     float *h;     /* (cap, n_embd) normed input */
     float *q;     /* (cap, n_head*head_dim) */
@@ -32,12 +49,28 @@ typedef struct li_forward {
     float *att;   /* (cap, n_head*head_dim) */
     float *g, *u; /* (cap, n_ff) */
     float *sel;   /* (cap, n_embd) rows selected for logits */
+    /* the uploaded batch: views into one backend buffer */
+    li_buffer batch;
+    int32_t *d_tokens, *d_pos, *d_seq;         /* (cap) */
+    int64_t *d_slot;                           /* (cap) */
+    li_buffer table;                           /* the uploaded block table, grown on demand */
+    li_buffer logits;                          /* (logits_cap, n_vocab), grown on demand */
+    int64_t logits_cap, n_logits;
+    float *logits_host;                        /* host copy when logits is device memory */
+    size_t *sel_dst, *sel_src;                 /* (cap) host: byte offsets of the gathered rows */
 } li_forward;
 
-int li_forward_init(li_forward *f, const li_model *m, int64_t cap, li_error *err);
+/* be must outlive f. */
+int li_forward_init(li_forward *f, const li_model *m, li_backend *be, int64_t cap, li_error *err);
 void li_forward_free(li_forward *f);
-/* Runs the batch (b->n <= cap); writes (n_logits, n_vocab) logits. */
+/* Runs the batch (b->n <= cap) on f's backend (be must be the one given to
+ * li_forward_init). The (n_logits, n_vocab) logits stay in f->logits, read
+ * by li_forward_logits; when `logits` is not NULL they are also copied
+ * there. */
 int li_forward_run(li_forward *f, const li_model *m, li_backend *be, li_kv_cache *kv, const li_batch *b,
                    float *logits, li_error *err);
+/* The last run's (n_logits, n_vocab) logits in host memory: the backend
+ * buffer itself when it is host memory, else a copy fetched from it. */
+float *li_forward_logits(li_forward *f, const li_model *m);
 
 #endif

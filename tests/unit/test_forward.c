@@ -106,8 +106,8 @@ int main(void) {
     {
         li_kv_cache kv;
         li_forward fw;
-        CHECK(li_kv_cache_init(&kv, &m->hp, LI_TYPE_F16, 4, 64, &err) == 0, "%s", err.msg);
-        CHECK(li_forward_init(&fw, m, 2 * n, &err) == 0, "%s", err.msg);
+        CHECK(li_kv_cache_init(&kv, &cpu, &(li_kv_dims){m->hp.n_layer, m->hp.n_head_kv, m->hp.head_dim}, LI_TYPE_F16, 4, 64, &err) == 0, "%s", err.msg);
+        CHECK(li_forward_init(&fw, m, &cpu, 2 * n, &err) == 0, "%s", err.msg);
         li_kv_seq sa, sb;
         li_kv_seq_init(&sa);
         li_kv_seq_init(&sb);
@@ -129,15 +129,19 @@ int main(void) {
         }
         rows[0] = (int32_t)k - 1;  /* last token of a */
         rows[1] = 2 * (int32_t)nb - 1; /* last token of b */
-        int32_t *tables[2] = {sa.blocks, sb.blocks};
-        li_batch b = {.n = k, .tokens = bt, .pos = bp, .seq = bs, .slot = sl, .block_tables = tables,
+        const int64_t stride = sa.n_blocks; /* flat (2, stride): b's row is shorter, padded */
+        int32_t *tables = calloc(2 * (size_t)stride, sizeof(int32_t));
+        memcpy(tables, sa.blocks, (size_t)sa.n_blocks * sizeof(int32_t));
+        memcpy(tables + stride, sb.blocks, (size_t)sb.n_blocks * sizeof(int32_t));
+        li_batch b = {.n = k, .tokens = bt, .pos = bp, .seq = bs, .slot = sl, .block_table = tables, .n_seqs = 2,
+                      .bt_stride = stride,
                       .logit_rows = rows, .n_logits = 2};
         float *two = malloc(sizeof(float) * 2 * nv);
         CHECK(li_forward_run(&fw, m, &cpu, &kv, &b, two, &err) == 0, "%s", err.msg);
         double da = max_abs_diff(two, all + (n - 1) * nv, nv), db = max_abs_diff(two + nv, all + (nb - 1) * nv, nv);
         printf("two sequences in one batch: max |dlogit| a %.2e, b %.2e\n", da, db);
         CHECK(da == 0 && db == 0, "batched sequences differ: %g %g (must be bit-identical)", da, db);
-        free(two); free(bt); free(bp); free(bs); free(sl);
+        free(two); free(bt); free(bp); free(bs); free(sl); free(tables);
         li_kv_seq_release(&kv, &sa);
         li_kv_seq_release(&kv, &sb);
         li_kv_seq_free(&sa);
