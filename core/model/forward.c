@@ -62,6 +62,7 @@ void li_forward_free(li_forward *f) {
     li_buffer *bufs[] = {&f->scratch, &f->batch, &f->table, &f->logits};
     for (size_t i = 0; i < LI_ARRAY_LEN(bufs); i++) li_buffer_free(f->be, bufs[i]);
     free(f->logits_host);
+    free(f->hidden_host);
     free(f->sel_dst);
     free(f->sel_src);
     memset(f, 0, sizeof *f);
@@ -148,6 +149,10 @@ int li_forward_run(li_forward *f, const li_model *m, li_backend *be, li_kv_cache
     if (rc) return rc;
     const int64_t n = b->n, d = hp->n_embd;
     f->n_logits = 0;
+    f->hidden = NULL;
+    f->have_logits = false;
+    if (b->hidden != LI_HIDDEN_NONE && b->hidden != LI_HIDDEN_PRE_NORM && b->hidden != LI_HIDDEN_POST_NORM)
+        return li_error_set(err, LI_EINVAL, "forward: unknown hidden state kind %d", (int)b->hidden);
 
     op->get_rows(be, &m->tok_embd, f->d_tokens, n, f->x);
 
@@ -176,9 +181,6 @@ int li_forward_run(li_forward *f, const li_model *m, li_backend *be, li_kv_cache
         matmul_residual(be, &L->w_down, f->g, f->h, f->x, n);
     }
     if (b->n_logits <= 0) return 0;
-    const size_t row_bytes = (size_t)hp->n_vocab * sizeof(float);
-    if ((rc = buffer_reserve(be, &f->logits, (size_t)b->n_logits * row_bytes, err))) return rc;
-    f->logits_cap = (int64_t)(f->logits.size / row_bytes);
     /* gather only the rows that need logits (the vocab matmul is the
      * largest): one backend copy of n_logits runs */
     for (int64_t i = 0; i < b->n_logits; i++) {
@@ -186,17 +188,35 @@ int li_forward_run(li_forward *f, const li_model *m, li_backend *be, li_kv_cache
         f->sel_src[i] = li_buffer_offset(&f->scratch, f->x) + (size_t)b->logit_rows[i] * d * sizeof(float);
     }
     op->buffer_copy(be, &f->scratch, &f->scratch, f->sel_dst, f->sel_src, (int)b->n_logits, (size_t)d * sizeof(float));
-    op->rmsnorm(be, f->sel, m->output_norm, f->h, b->n_logits, d, hp->norm_eps);
-    op->matmul(be, &m->output, f->h, f->logits.data, b->n_logits);
     f->n_logits = b->n_logits;
+    /* the hidden states are the rows already there: sel before the norm, h after */
+    if (b->hidden == LI_HIDDEN_PRE_NORM) f->hidden = f->sel;
+    if (b->no_logits && b->hidden != LI_HIDDEN_POST_NORM) return 0;
+    op->rmsnorm(be, f->sel, m->output_norm, f->h, b->n_logits, d, hp->norm_eps);
+    if (b->hidden == LI_HIDDEN_POST_NORM) f->hidden = f->h;
+    if (b->no_logits) return 0;
+    const size_t row_bytes = (size_t)hp->n_vocab * sizeof(float);
+    if ((rc = buffer_reserve(be, &f->logits, (size_t)b->n_logits * row_bytes, err))) return rc;
+    f->logits_cap = (int64_t)(f->logits.size / row_bytes);
+    op->matmul(be, &m->output, f->h, f->logits.data, b->n_logits);
+    f->have_logits = true;
     if (logits) op->buffer_get(be, &f->logits, 0, logits, (size_t)b->n_logits * row_bytes);
     return 0;
 }
 
+/* host memory holding (n_logits, width) floats at p of buffer b */
+static float *host_view(li_forward *f, const li_buffer *b, float *p, int64_t width, float **mirror) {
+    if (b->host) return p;
+    const size_t bytes = (size_t)f->n_logits * (size_t)width * sizeof(float);
+    *mirror = li_xrealloc(*mirror, bytes ? bytes : 1);
+    f->be->ops->buffer_get(f->be, b, li_buffer_offset(b, p), *mirror, bytes);
+    return *mirror;
+}
+
+float *li_forward_hidden(li_forward *f, const li_model *m) {
+    return f->hidden ? host_view(f, &f->scratch, f->hidden, m->hp.n_embd, &f->hidden_host) : NULL;
+}
+
 float *li_forward_logits(li_forward *f, const li_model *m) {
-    if (f->logits.host) return f->logits.data;
-    const size_t bytes = (size_t)f->n_logits * (size_t)m->hp.n_vocab * sizeof(float);
-    f->logits_host = li_xrealloc(f->logits_host, bytes ? bytes : 1);
-    f->be->ops->buffer_get(f->be, &f->logits, 0, f->logits_host, bytes);
-    return f->logits_host;
+    return f->have_logits ? host_view(f, &f->logits, f->logits.data, m->hp.n_vocab, &f->logits_host) : NULL;
 }

@@ -20,6 +20,13 @@ static inline li_kv_dims li_forward_kv_dims(const li_hparams *hp) {
     return (li_kv_dims){.n_layer = hp->n_layer, .n_head_kv = hp->n_head_kv, .head_dim = hp->head_dim};
 }
 
+/* Which final hidden state a batch returns for its output rows. */
+typedef enum li_hidden_kind {
+    LI_HIDDEN_NONE = 0,
+    LI_HIDDEN_PRE_NORM,  /* the residual stream after the last layer */
+    LI_HIDDEN_POST_NORM, /* after the output norm: what the output matrix multiplies */
+} li_hidden_kind;
+
 /* Host arrays describing one step. */
 typedef struct li_batch {
     int64_t n;                     /* tokens in this batch */
@@ -32,8 +39,13 @@ typedef struct li_batch {
     const int32_t *block_table;
     int32_t n_seqs;
     int64_t bt_stride;
-    const int32_t *logit_rows;     /* (n_logits) batch rows whose logits are wanted */
+    /* the output descriptor: for the rows logit_rows (batch rows, any
+     * order, repeats allowed), logits (n_logits, n_vocab) unless no_logits,
+     * and the final hidden state (n_logits, n_embd) when `hidden` asks */
+    const int32_t *logit_rows;     /* (n_logits) */
     int64_t n_logits;
+    bool no_logits;
+    li_hidden_kind hidden;
 } li_batch;
 
 /* Scratch activations for up to `cap` tokens, reused every step; all views
@@ -55,8 +67,11 @@ typedef struct li_forward {
     int64_t *d_slot;                           /* (cap) */
     li_buffer table;                           /* the uploaded block table, grown on demand */
     li_buffer logits;                          /* (logits_cap, n_vocab), grown on demand */
-    int64_t logits_cap, n_logits;
+    int64_t logits_cap, n_logits;              /* n_logits: the last run's output rows */
+    bool have_logits;                          /* the last run computed logits */
     float *logits_host;                        /* host copy when logits is device memory */
+    float *hidden;                             /* (n_logits, n_embd): f->sel or f->h, or NULL */
+    float *hidden_host;                        /* host copy when hidden is device memory */
     size_t *sel_dst, *sel_src;                 /* (cap) host: byte offsets of the gathered rows */
 } li_forward;
 
@@ -70,7 +85,12 @@ void li_forward_free(li_forward *f);
 int li_forward_run(li_forward *f, const li_model *m, li_backend *be, li_kv_cache *kv, const li_batch *b,
                    float *logits, li_error *err);
 /* The last run's (n_logits, n_vocab) logits in host memory: the backend
- * buffer itself when it is host memory, else a copy fetched from it. */
+ * buffer itself when it is host memory, else a copy fetched from it. NULL
+ * when the run computed none. */
 float *li_forward_logits(li_forward *f, const li_model *m);
+/* The last run's (n_logits, n_embd) hidden states (the kind its batch
+ * asked for), in host memory as li_forward_logits; NULL when none were
+ * asked. Valid until the next run. */
+float *li_forward_hidden(li_forward *f, const li_model *m);
 
 #endif

@@ -141,6 +141,34 @@ int main(void) {
         double da = max_abs_diff(two, all + (n - 1) * nv, nv), db = max_abs_diff(two + nv, all + (nb - 1) * nv, nv);
         printf("two sequences in one batch: max |dlogit| a %.2e, b %.2e\n", da, db);
         CHECK(da == 0 && db == 0, "batched sequences differ: %g %g (must be bit-identical)", da, db);
+
+        /* 5. the output descriptor: the same rows' final hidden state, after
+         * and before the output norm */
+        const int64_t d = m->hp.n_embd;
+        const size_t lbytes = sizeof(float) * 2 * (size_t)nv, hbytes = sizeof(float) * 2 * (size_t)d;
+        float *post = malloc(hbytes), *normed = malloc(hbytes), *relog = malloc(lbytes);
+        b.hidden = LI_HIDDEN_POST_NORM;
+        CHECK(li_forward_run(&fw, m, &cpu, &kv, &b, NULL, &err) == 0, "%s", err.msg);
+        const float *lg = li_forward_logits(&fw, m), *hid = li_forward_hidden(&fw, m);
+        CHECK(lg && hid && !memcmp(lg, two, lbytes), "asking for the hidden state leaves the logits as they were");
+        if (hid) memcpy(post, hid, hbytes);
+        li_backend_ref_ops()->matmul(&ref, &m->output, post, relog, 2);
+        CHECK(lg && !memcmp(relog, lg, lbytes),
+              "the hidden state after the norm times the output matrix (reference matmul) is the logits, bit for bit");
+        b.hidden = LI_HIDDEN_PRE_NORM;
+        b.no_logits = true;
+        CHECK(li_forward_run(&fw, m, &cpu, &kv, &b, NULL, &err) == 0, "%s", err.msg);
+        hid = li_forward_hidden(&fw, m);
+        CHECK(hid && !li_forward_logits(&fw, m), "hidden state only: no logits");
+        if (hid) li_backend_ref_ops()->rmsnorm(&ref, hid, m->output_norm, normed, 2, d, m->hp.norm_eps);
+        CHECK(hid && !memcmp(normed, post, hbytes),
+              "the hidden state before the norm, normed by the reference rmsnorm, is the one after, bit for bit");
+        b.hidden = (li_hidden_kind)7;
+        CHECK(li_forward_run(&fw, m, &cpu, &kv, &b, NULL, &err) == LI_EINVAL && strstr(err.msg, "hidden"),
+              "an unknown hidden state kind is refused: %s", err.msg);
+        b.hidden = LI_HIDDEN_NONE;
+        b.no_logits = false;
+        free(post); free(normed); free(relog);
         free(two); free(bt); free(bp); free(bs); free(sl); free(tables);
         li_kv_seq_release(&kv, &sa);
         li_kv_seq_release(&kv, &sb);
