@@ -65,6 +65,14 @@ void li_forward_free(li_forward *f) {
     free(f->hidden_host);
     free(f->sel_dst);
     free(f->sel_src);
+    free(f->t_seq);
+    free(f->t_root);
+    free(f->t_table);
+    free(f->t_src);
+    free(f->t_dst);
+    free(f->t_off_d);
+    free(f->t_off_s);
+    free(f->t_blocks);
     memset(f, 0, sizeof *f);
 }
 
@@ -76,10 +84,132 @@ static int buffer_reserve(li_backend *be, li_buffer *buf, size_t bytes, li_error
     return li_buffer_alloc(be, want, buf, err);
 }
 
+/* ------------------------------------------------------------------------
+ * tree views (forward.h): each displaced tree node gets a row of its own in
+ * the uploaded block table; its branch's rows are copied into scratch
+ * blocks after every layer's kv_store
+ * ---------------------------------------------------------------------- */
+
+static int64_t table_slot(const int32_t *row, int bs, int64_t p) { return (int64_t)row[p / bs] * bs + p % bs; }
+
+static void tree_release(li_forward *f, li_kv_cache *kv) {
+    for (int32_t i = 0; i < f->n_tblocks; i++) li_kv_block_unref(kv, f->t_blocks[i]);
+    f->n_tblocks = 0;
+    f->n_runs = 0;
+}
+
+static int32_t tree_block(li_forward *f, li_kv_cache *kv) {
+    const int32_t id = li_kv_block_alloc(kv);
+    if (id < 0) return -1;
+    if (f->n_tblocks == f->tblocks_cap) {
+        f->tblocks_cap = f->tblocks_cap ? 2 * f->tblocks_cap : 16;
+        f->t_blocks = li_xrealloc(f->t_blocks, (size_t)f->tblocks_cap * sizeof *f->t_blocks);
+    }
+    f->t_blocks[f->n_tblocks++] = id;
+    return id;
+}
+
+static void tree_run(li_forward *f, int64_t dst, int64_t src) {
+    if (f->n_runs == f->runs_cap) {
+        f->runs_cap = f->runs_cap ? 2 * f->runs_cap : 64;
+        f->t_src = li_xrealloc(f->t_src, (size_t)f->runs_cap * sizeof *f->t_src);
+        f->t_dst = li_xrealloc(f->t_dst, (size_t)f->runs_cap * sizeof *f->t_dst);
+        f->t_off_d = li_xrealloc(f->t_off_d, 2 * (size_t)f->runs_cap * sizeof *f->t_off_d);
+        f->t_off_s = li_xrealloc(f->t_off_s, 2 * (size_t)f->runs_cap * sizeof *f->t_off_s);
+    }
+    f->t_dst[f->n_runs] = dst;
+    f->t_src[f->n_runs++] = src;
+}
+
+/* Checks the parents, builds the view table (b's rows, then one row per
+ * displaced node) into f->t_table and each token's row into f->t_seq.
+ * *n_rows receives the table's rows (its stride is b->bt_stride: a view
+ * of position p needs p / block_size + 1 blocks, as the sequence does). */
+static int tree_plan(li_forward *f, li_kv_cache *kv, const li_batch *b, int32_t *n_rows, li_error *err) {
+    const int64_t n = b->n, stride = b->bt_stride;
+    const int bs = kv->block_size;
+    if (!f->t_seq) {
+        f->t_seq = li_xmalloc((size_t)f->cap * sizeof *f->t_seq);
+        f->t_root = li_xmalloc((size_t)f->cap * sizeof *f->t_root);
+    }
+    int32_t n_views = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const int32_t p = b->parent[i];
+        if (p < -1 || p >= i)
+            return li_error_set(err, LI_EINVAL, "forward: tree parent %d of token %lld is not -1 or an earlier row", p,
+                                (long long)i);
+        if (p >= 0 && (b->seq[p] != b->seq[i] || b->pos[p] + 1 != b->pos[i]))
+            return li_error_set(err, LI_EINVAL,
+                                "forward: tree parent %d of token %lld is not of its sequence at the position before", p,
+                                (long long)i);
+        f->t_root[i] = p < 0 ? b->pos[i] : f->t_root[p];
+        const int32_t *row = b->block_table + (size_t)b->seq[i] * (size_t)stride;
+        const bool placed = b->slot[i] == table_slot(row, bs, b->pos[i]) && (p < 0 || f->t_seq[p] >= 0);
+        f->t_seq[i] = placed ? b->seq[i] : -1;
+        n_views += !placed;
+    }
+    *n_rows = b->n_seqs + n_views;
+    const size_t need = (size_t)*n_rows * (size_t)stride;
+    if (need > f->t_table_cap) {
+        f->t_table_cap = LI_MAX(need, 2 * f->t_table_cap);
+        f->t_table = li_xrealloc(f->t_table, f->t_table_cap * sizeof *f->t_table);
+    }
+    memcpy(f->t_table, b->block_table, (size_t)b->n_seqs * (size_t)stride * sizeof *f->t_table);
+    int32_t v = b->n_seqs;
+    for (int64_t i = 0; i < n; i++) {
+        if (f->t_seq[i] >= 0) continue;
+        const int32_t *row = b->block_table + (size_t)b->seq[i] * (size_t)stride;
+        int32_t *view = f->t_table + (size_t)v * (size_t)stride;
+        memcpy(view, row, (size_t)stride * sizeof *view); /* the prefix's full blocks (and padding) */
+        const int64_t root = f->t_root[i], pos = b->pos[i], v0 = root / bs * bs;
+        for (int64_t blk = root / bs; blk <= pos / bs; blk++) {
+            const int32_t id = tree_block(f, kv);
+            if (id < 0) return li_error_set(err, LI_ENOMEM, "forward: no free KV block for a tree view");
+            view[blk] = id;
+        }
+        /* the branch, from the node up to its root, then the prefix's partial block */
+        int64_t j = i;
+        for (int64_t q = pos; q >= root; q--, j = b->parent[j]) tree_run(f, table_slot(view, bs, q), b->slot[j]);
+        for (int64_t q = v0; q < root; q++) tree_run(f, table_slot(view, bs, q), table_slot(row, bs, q));
+        f->t_seq[i] = v++;
+    }
+    return 0;
+}
+
+/* Layer l's view rows: K and V (one backend copy), and their scales. */
+static void tree_copy(li_forward *f, li_kv_cache *kv, int l) {
+    li_backend *be = f->be;
+    const li_kv_layer *L = &kv->layers[l];
+    const size_t slots = (size_t)kv->num_blocks * (size_t)kv->block_size;
+    const size_t row = (size_t)((const char *)kv->layers[0].v - (const char *)kv->layers[0].k) / slots;
+    const int64_t nr = f->n_runs;
+    const size_t k0 = li_buffer_offset(&kv->storage_buf, L->k), v0 = li_buffer_offset(&kv->storage_buf, L->v);
+    for (int64_t r = 0; r < nr; r++) {
+        f->t_off_d[r] = k0 + (size_t)f->t_dst[r] * row;
+        f->t_off_s[r] = k0 + (size_t)f->t_src[r] * row;
+        f->t_off_d[nr + r] = v0 + (size_t)f->t_dst[r] * row;
+        f->t_off_s[nr + r] = v0 + (size_t)f->t_src[r] * row;
+    }
+    be->ops->buffer_copy(be, &kv->storage_buf, &kv->storage_buf, f->t_off_d, f->t_off_s, (int)(2 * nr), row);
+    if (!L->k_scale) return;
+    const size_t srow = (size_t)kv->n_head_kv * sizeof(float);
+    const size_t ks = li_buffer_offset(&kv->scales_buf, L->k_scale), vs = li_buffer_offset(&kv->scales_buf, L->v_scale);
+    for (int64_t r = 0; r < nr; r++) {
+        f->t_off_d[r] = ks + (size_t)f->t_dst[r] * srow;
+        f->t_off_s[r] = ks + (size_t)f->t_src[r] * srow;
+        f->t_off_d[nr + r] = vs + (size_t)f->t_dst[r] * srow;
+        f->t_off_s[nr + r] = vs + (size_t)f->t_src[r] * srow;
+    }
+    be->ops->buffer_copy(be, &kv->scales_buf, &kv->scales_buf, f->t_off_d, f->t_off_s, (int)(2 * nr), srow);
+}
+
+/* ------------------------------------------------------------------------
+ * the batch upload
+ * ---------------------------------------------------------------------- */
+
 /* Uploads the batch's host arrays (one copy each) and checks what the ops
  * would otherwise index out of bounds with. */
-static int batch_upload(li_forward *f, const li_hparams *hp, const li_kv_cache *kv, const li_batch *b,
-                        li_error *err) {
+static int batch_upload(li_forward *f, const li_hparams *hp, li_kv_cache *kv, const li_batch *b, li_error *err) {
     li_backend *be = f->be;
     const int64_t n = b->n;
     if (n <= 0 || n > f->cap)
@@ -103,16 +233,23 @@ static int batch_upload(li_forward *f, const li_hparams *hp, const li_kv_cache *
     for (int64_t i = 0; i < b->n_logits; i++)
         if (b->logit_rows[i] < 0 || b->logit_rows[i] >= n)
             return li_error_set(err, LI_EINVAL, "forward: logit row %d out of range", b->logit_rows[i]);
-    const size_t bt_bytes = (size_t)b->n_seqs * (size_t)b->bt_stride * sizeof(int32_t);
-    int rc = buffer_reserve(be, &f->table, bt_bytes, err);
-    if (rc) return rc;
+    int32_t n_rows = b->n_seqs;
+    const int32_t *table = b->block_table, *seq = b->seq;
+    int rc;
+    if (b->parent) {
+        if ((rc = tree_plan(f, kv, b, &n_rows, err))) return rc;
+        table = f->t_table;
+        seq = f->t_seq;
+    }
+    const size_t bt_bytes = (size_t)n_rows * (size_t)b->bt_stride * sizeof(int32_t);
+    if ((rc = buffer_reserve(be, &f->table, bt_bytes, err))) return rc;
     const li_backend_ops *op = be->ops;
     const size_t n4 = (size_t)n * 4;
     op->buffer_set(be, &f->batch, li_buffer_offset(&f->batch, f->d_tokens), b->tokens, n4);
     op->buffer_set(be, &f->batch, li_buffer_offset(&f->batch, f->d_pos), b->pos, n4);
-    op->buffer_set(be, &f->batch, li_buffer_offset(&f->batch, f->d_seq), b->seq, n4);
+    op->buffer_set(be, &f->batch, li_buffer_offset(&f->batch, f->d_seq), seq, n4);
     op->buffer_set(be, &f->batch, li_buffer_offset(&f->batch, f->d_slot), b->slot, (size_t)n * 8);
-    op->buffer_set(be, &f->table, 0, b->block_table, bt_bytes);
+    op->buffer_set(be, &f->table, 0, table, bt_bytes);
     return 0;
 }
 
@@ -146,7 +283,10 @@ int li_forward_run(li_forward *f, const li_model *m, li_backend *be, li_kv_cache
     const li_backend_ops *op = be->ops;
     if (be != f->be) return li_error_set(err, LI_EINVAL, "forward: run on another backend than its buffers'");
     int rc = batch_upload(f, hp, kv, b, err);
-    if (rc) return rc;
+    if (rc) {
+        tree_release(f, kv);
+        return rc;
+    }
     const int64_t n = b->n, d = hp->n_embd;
     f->n_logits = 0;
     f->hidden = NULL;
@@ -170,6 +310,7 @@ int li_forward_run(li_forward *f, const li_model *m, li_backend *be, li_kv_cache
         op->rope(be, f->q, f->d_pos, n, hp->n_head, hp->head_dim, hp->n_rot, hp->rope_theta, hp->rope_neox);
         op->rope(be, f->k, f->d_pos, n, hp->n_head_kv, hp->head_dim, hp->n_rot, hp->rope_theta, hp->rope_neox);
         op->kv_store(be, &kv->layers[l], f->k, f->v, f->d_slot, n, hp->n_head_kv, hp->head_dim);
+        if (f->n_runs) tree_copy(f, kv, l);
         aa.kv = &kv->layers[l];
         op->attention(be, &aa);
         matmul_residual(be, &L->wo, f->att, f->h, f->x, n);
@@ -180,6 +321,7 @@ int li_forward_run(li_forward *f, const li_model *m, li_backend *be, li_kv_cache
         op->silu_mul(be, f->g, f->u, n, hp->n_ff);
         matmul_residual(be, &L->w_down, f->g, f->h, f->x, n);
     }
+    tree_release(f, kv);
     if (b->n_logits <= 0) return 0;
     /* gather only the rows that need logits (the vocab matmul is the
      * largest): one backend copy of n_logits runs */

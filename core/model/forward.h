@@ -6,6 +6,19 @@
  * sequence through that sequence's row of the flat block table, so chunked
  * prefill, decode and speculative verification are the same call.
  *
+ * Trees: with li_batch.parent a token may instead see an explicit set of
+ * ancestors among its sequence's new tokens (a tree of candidates). A node
+ * at depth d (root: d = 0) sits at position P + d, where P is the committed
+ * prefix length of its sequence, writes its own KV slot, and attends to the
+ * prefix [0, P), its ancestors and itself, in position order. The pass gives
+ * every node the bits its branch would get computed alone, causally: the
+ * forward builds each displaced node a view (the prefix's full blocks, plus
+ * scratch blocks holding copies of the prefix's partial block and of its
+ * branch's rows, copied inside the backend after each layer's kv_store), so
+ * attention runs the same kernels over the same rows in the same order.
+ * Nodes whose whole branch already sits at its positions' slots need no
+ * view; without parent the batch is plain causal, at no extra cost.
+ *
  * Memory: every array the ops touch lives in buffers of the backend (the
  * scratch activations, the uploaded batch and block table, the logits);
  * the caller's li_batch arrays are host memory, uploaded once per call. */
@@ -46,6 +59,12 @@ typedef struct li_batch {
     int64_t n_logits;
     bool no_logits;
     li_hidden_kind hidden;
+    /* (n) or NULL (plain causal): tree parent of each token, a batch row
+     * before it of the same sequence at position pos - 1, or -1: attaches to
+     * the committed prefix [0, pos) of its sequence's block table. Views
+     * take scratch blocks from the KV pool for the pass (LI_ENOMEM when
+     * none are free). */
+    const int32_t *parent;
 } li_batch;
 
 /* Scratch activations for up to `cap` tokens, reused every step; all views
@@ -73,6 +92,16 @@ typedef struct li_forward {
     float *hidden;                             /* (n_logits, n_embd): f->sel or f->h, or NULL */
     float *hidden_host;                        /* host copy when hidden is device memory */
     size_t *sel_dst, *sel_src;                 /* (cap) host: byte offsets of the gathered rows */
+    /* tree views (host, grown on demand) */
+    int32_t *t_seq;                            /* (cap) each token's row of the view table */
+    int32_t *t_root;                           /* (cap) position of each token's root */
+    int32_t *t_table;                          /* (n_seqs + views, t_stride) */
+    size_t t_table_cap;
+    int64_t *t_src, *t_dst;                    /* (n_runs) cache slots: view row copies */
+    size_t *t_off_d, *t_off_s;                 /* (2 * n_runs) byte offsets of one layer's copies */
+    int64_t n_runs, runs_cap;
+    int32_t *t_blocks;                         /* scratch blocks taken from the pool for the views */
+    int32_t n_tblocks, tblocks_cap;
 } li_forward;
 
 /* be must outlive f. */
