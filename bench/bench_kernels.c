@@ -253,21 +253,23 @@ static int forward_main(int S, int steps) {
     li_kv_cache kv;
     li_forward fw;
     const int32_t blocks = (int32_t)(S * ((P0 + steps + 16) / 16 + 1));
-    if (li_kv_cache_init(&kv, &m->hp, LI_TYPE_F16, 16, blocks, &err) || li_forward_init(&fw, m, 512, &err)) {
+    const li_kv_dims dims = li_forward_kv_dims(&m->hp);
+    if (li_kv_cache_init(&kv, &be, &dims, LI_TYPE_F16, 16, blocks, &err) || li_forward_init(&fw, m, &be, 512, &err)) {
         fprintf(stderr, "%s\n", err.msg);
         return 1;
     }
     li_kv_seq *seqs = li_xcalloc((size_t)S, sizeof *seqs);
-    int32_t **tables = li_xcalloc((size_t)S, sizeof *tables);
+    const int64_t stride = (P0 + steps + 1 + 15) / 16;
+    int32_t *tables = li_xcalloc((size_t)(S * stride), sizeof *tables); /* (S, stride) */
     for (int s = 0; s < S; s++) {
         li_kv_seq_init(&seqs[s]);
         li_kv_seq_reserve(&kv, &seqs[s], P0 + steps + 1);
-        tables[s] = seqs[s].blocks;
+        memcpy(tables + s * stride, seqs[s].blocks, (size_t)stride * sizeof *tables);
     }
     int32_t tok[512], pos[512], sq[512], rows[512];
     int64_t slot[512];
     const int64_t nv = m->hp.n_vocab;
-    float *logits = li_xmalloc(sizeof(float) * (size_t)(nv * S));
+    const float *logits = NULL;
     int64_t n = 0; /* the prompts, one batch */
     for (int s = 0; s < S; s++)
         for (int i = 0; i < P0; i++, n++) {
@@ -277,12 +279,14 @@ static int forward_main(int S, int steps) {
             slot[n] = li_kv_seq_slot(&kv, &seqs[s], i);
             if (i == P0 - 1) rows[s] = (int32_t)n;
         }
-    li_batch b = {.n = n, .tokens = tok, .pos = pos, .seq = sq, .slot = slot, .block_tables = tables,
+    li_batch b = {.n = n, .tokens = tok, .pos = pos, .seq = sq, .slot = slot, .block_table = tables,
+                  .n_seqs = S, .bt_stride = stride,
                   .logit_rows = rows, .n_logits = S};
-    if (li_forward_run(&fw, m, &be, &kv, &b, logits, &err)) {
+    if (li_forward_run(&fw, m, &be, &kv, &b, NULL, &err)) {
         fprintf(stderr, "%s\n", err.msg);
         return 1;
     }
+    logits = li_forward_logits(&fw, m);
     memset(op_time, 0, sizeof op_time);
     memset(op_calls, 0, sizeof op_calls);
     double t_fwd = 0;
@@ -298,11 +302,13 @@ static int forward_main(int S, int steps) {
             slot[s] = li_kv_seq_slot(&kv, &seqs[s], P0 + st);
             rows[s] = s;
         }
-        li_batch d = {.n = S, .tokens = tok, .pos = pos, .seq = sq, .slot = slot, .block_tables = tables,
+        li_batch d = {.n = S, .tokens = tok, .pos = pos, .seq = sq, .slot = slot, .block_table = tables,
+                  .n_seqs = S, .bt_stride = stride,
                       .logit_rows = rows, .n_logits = S};
         const double t0 = li_time_now();
-        li_forward_run(&fw, m, &be, &kv, &d, logits, &err);
+        li_forward_run(&fw, m, &be, &kv, &d, NULL, &err);
         t_fwd += li_time_now() - t0;
+        logits = li_forward_logits(&fw, m);
     }
     printf("decode, %d sequence%s x %d steps (contexts %d..%d): forward %.3f ms per step = %.1f tok/s\n", S,
            S > 1 ? "s" : "", steps, P0, P0 + steps, t_fwd / steps * 1e3, S * steps / t_fwd);
@@ -401,10 +407,10 @@ int main(int argc, char **argv) {
             }
             int32_t *bt = li_xmalloc((size_t)nblk * sizeof(int32_t));
             for (int i = 0; i < nblk; i++) bt[i] = nblk - 1 - i;
-            int32_t *tables[] = {bt};
             const int32_t pos = P - 1, seq = 0;
             li_attn_args a = {.n_tokens = 1, .n_head = nh, .n_head_kv = nkv, .head_dim = hd, .block_size = bs,
-                              .q = x, .out = y, .pos = &pos, .seq = &seq, .block_tables = tables, .kv = &kv,
+                              .q = x, .out = y, .pos = &pos, .seq = &seq, .block_table = bt,
+                              .bt_stride = nblk, .kv = &kv,
                               .scale = 0.125f};
             double best = 1e30;
             for (int rep = 0; rep < 20; rep++) {

@@ -3,9 +3,11 @@
  * The engine calls ops only through this table, so a CUDA backend slots in
  * without touching the engine. Every op has a scalar reference
  * (kernels/cpu/ops_ref.c); SIMD and device versions are checked against it.
- * All float buffers here are host memory for the CPU backend and device
- * memory for device backends (allocated via the backend). Shapes are written
- * beside each argument, row-major, innermost last. */
+ * Every pointer an op receives (activations, KV, block tables, batch
+ * arrays) lies in memory the backend handed out through its buffer
+ * interface below: host memory for the CPU backend, device memory for
+ * device backends. Shapes are written beside each argument, row-major,
+ * innermost last. */
 #ifndef LI_BACKEND_H
 #define LI_BACKEND_H
 
@@ -13,6 +15,21 @@
 
 typedef struct li_backend li_backend;
 struct li_error; /* util/common.h */
+
+/* Bumped whenever li_backend_ops changes shape: a backend built for another
+ * version is refused at init (li_backend_check). */
+#define LI_BACKEND_API_VERSION 2
+
+/* A block of backend memory. `data` is the backend's address of byte 0:
+ * what ops receive (a device pointer on a device backend). Only where
+ * `host` is true may the caller read and write it directly; otherwise it
+ * moves bytes with buffer_set / buffer_get. */
+typedef struct li_buffer {
+    void *data;
+    size_t size;    /* bytes */
+    bool host;      /* data is ordinary host memory */
+    bool wrapped;   /* wraps memory the backend does not own (buffer_free leaves it) */
+} li_buffer;
 
 /* A weight matrix of m rows of k elements: y = W·x. */
 typedef struct li_weight {
@@ -38,14 +55,49 @@ typedef struct li_attn_args {
     const float *q;        /* (n_tokens, n_head, head_dim) */
     float *out;            /* (n_tokens, n_head, head_dim) */
     const int32_t *pos;    /* (n_tokens) position of each token in its sequence */
-    const int32_t *seq;    /* (n_tokens) which sequence: index into block_tables */
-    int32_t *const *block_tables; /* per sequence: block ids, position p in block p/block_size */
+    const int32_t *seq;    /* (n_tokens) which sequence: row of block_table */
+    /* (n_seqs, bt_stride) flat: row s = sequence s's block ids, position p
+     * in block row[p / block_size]; rows may be padded past their end */
+    const int32_t *block_table;
+    int64_t bt_stride;
     const li_kv_layer *kv;
     float scale;           /* usually 1/sqrt(head_dim) */
 } li_attn_args;
 
+/* Token i's row of the flat block table. */
+static inline const int32_t *li_attn_blocks(const li_attn_args *a, int64_t i) {
+    return a->block_table + (size_t)a->seq[i] * (size_t)a->bt_stride;
+}
+
 typedef struct li_backend_ops {
+    int api_version;       /* LI_BACKEND_API_VERSION */
     const char *name;
+
+    /* ---- memory ----
+     * buffer_alloc: `size` bytes (0 allowed), aligned to at least
+     * `alignment`, zero-filled; LI_ENOMEM on failure. buffer_wrap (optional,
+     * host backends): a buffer over existing host memory, e.g. mmap'd weights.
+     * Copies take byte offsets. set, copy and clear may run asynchronously
+     * on a device backend (ops issued later see their results), get returns
+     * with the bytes in dst, and synchronize waits for everything issued. */
+    size_t alignment;
+    int (*buffer_alloc)(li_backend *be, size_t size, li_buffer *out, struct li_error *err);
+    void (*buffer_free)(li_backend *be, li_buffer *b);
+    int (*buffer_wrap)(li_backend *be, void *host, size_t size, li_buffer *out, struct li_error *err);
+    /* host -> backend: b[off, off+n) = src[0, n) */
+    void (*buffer_set)(li_backend *be, li_buffer *b, size_t off, const void *src, size_t n);
+    /* backend -> host: dst[0, n) = b[off, off+n) */
+    void (*buffer_get)(li_backend *be, const li_buffer *b, size_t off, void *dst, size_t n);
+    /* inside the backend: n_runs runs of `n` bytes, dst[dst_off[i]..] = src[src_off[i]..]
+     * (KV blocks for copy-on-write: one run per layer, K and V and scales);
+     * runs must not overlap */
+    void (*buffer_copy)(li_backend *be, li_buffer *dst, const li_buffer *src, const size_t *dst_off,
+                        const size_t *src_off, int n_runs, size_t n);
+    /* b[0, size) = value */
+    void (*buffer_clear)(li_backend *be, li_buffer *b, uint8_t value);
+    void (*synchronize)(li_backend *be);
+
+    /* ---- ops ---- */
     /* true when a position's results depend on the batch around it (the
      * "ggml" backend, like llama.cpp, sums attention differently for 1 and
      * 2+ tokens): speculative verification is then not exact and is refused */
@@ -89,6 +141,38 @@ struct li_backend {
     int n_threads;
     void *impl;   /* backend private state (thread pool, device handles) */
 };
+
+/* ---- memory helpers: the ops above, with the checks every caller needs ---- */
+
+/* 0, or LI_EUNSUP naming the backend when its ops table is of another API
+ * version or lacks a buffer op. */
+int li_backend_check(const li_backend *be, struct li_error *err);
+int li_buffer_alloc(li_backend *be, size_t size, li_buffer *out, struct li_error *err);
+/* Frees b (if any) and zeroes it; a zeroed buffer is a valid no-op. */
+void li_buffer_free(li_backend *be, li_buffer *b);
+/* The byte offset of p in b (p must lie in b). */
+static inline size_t li_buffer_offset(const li_buffer *b, const void *p) {
+    return (size_t)((const char *)p - (const char *)b->data);
+}
+
+/* Host-memory buffers (aligned allocation, memcpy): what the CPU, ggml and
+ * reference backends use (kernels/cpu/cpu_buffer.c). */
+int li_host_buffer_alloc(li_backend *be, size_t size, li_buffer *out, struct li_error *err);
+void li_host_buffer_free(li_backend *be, li_buffer *b);
+int li_host_buffer_wrap(li_backend *be, void *host, size_t size, li_buffer *out, struct li_error *err);
+void li_host_buffer_set(li_backend *be, li_buffer *b, size_t off, const void *src, size_t n);
+void li_host_buffer_get(li_backend *be, const li_buffer *b, size_t off, void *dst, size_t n);
+void li_host_buffer_copy(li_backend *be, li_buffer *dst, const li_buffer *src, const size_t *dst_off,
+                         const size_t *src_off, int n_runs, size_t n);
+void li_host_buffer_clear(li_backend *be, li_buffer *b, uint8_t value);
+void li_host_synchronize(li_backend *be);
+#define LI_HOST_BUFFER_ALIGN 64
+/* The memory entries of an ops table initializer for host backends. */
+#define LI_HOST_BUFFER_OPS                                                                                  \
+    .api_version = LI_BACKEND_API_VERSION, .alignment = LI_HOST_BUFFER_ALIGN,                              \
+    .buffer_alloc = li_host_buffer_alloc, .buffer_free = li_host_buffer_free,                             \
+    .buffer_wrap = li_host_buffer_wrap, .buffer_set = li_host_buffer_set, .buffer_get = li_host_buffer_get, \
+    .buffer_copy = li_host_buffer_copy, .buffer_clear = li_host_buffer_clear, .synchronize = li_host_synchronize
 
 /* CPU backend: n_threads <= 0 means the cores available. isa: NULL or "auto"
  * picks the best the CPU has (CPUID); "scalar", "avx2", "avx512" force one

@@ -208,7 +208,8 @@ int li_cmd_generate(int argc, char **argv) {
     ec.max_num_seqs = 1;
     ec.max_batched_tokens = (int32_t)o.batch_size;
     ec.max_model_len = n_ctx;
-    ec.kv_memory = li_kv_bytes_per_token(&m->hp, kv_dtype) * (size_t)(n_ctx + ec.block_size);
+    ec.kv_memory = li_kv_bytes_per_token(&(li_kv_dims){m->hp.n_layer, m->hp.n_head_kv, m->hp.head_dim}, kv_dtype) *
+                   (size_t)(n_ctx + ec.block_size);
     if ((rc = li_engine_init(&eng, m, &rt.be, &ec, &err))) goto done;
     gen_state g = {.json = o.json, .top_logits = o.top_logits};
     g.top = li_xmalloc((size_t)LI_MAX(o.top_logits, 1) * sizeof *g.top);

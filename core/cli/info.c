@@ -65,7 +65,8 @@ int li_cmd_info(int argc, char **argv) {
         n_params += ne;
     }
     static const li_type kv_types[] = {LI_TYPE_F32, LI_TYPE_F16, LI_TYPE_BF16, LI_KV_TYPE_FP8_E4M3, LI_KV_TYPE_INT8};
-    const size_t f16_bpt = li_kv_bytes_per_token(hp, LI_TYPE_F16);
+    const li_kv_dims kvd = {hp->n_layer, hp->n_head_kv, hp->head_dim};
+    const size_t f16_bpt = li_kv_bytes_per_token(&kvd, LI_TYPE_F16);
     const size_t budget = (size_t)(budget_gib * 1024.0 * 1024.0 * 1024.0);
     char b1[32], b2[32];
     if (json) {
@@ -114,8 +115,8 @@ int li_cmd_info(int argc, char **argv) {
             cJSON_AddNumberToObject(k, "block_size", (double)block_size);
             for (size_t i = 0; i < LI_ARRAY_LEN(kv_types); i++) {
                 cJSON *e = cJSON_AddObjectToObject(k, li_kv_dtype_name(kv_types[i]));
-                int32_t nb = li_kv_blocks_for_budget(hp, kv_types[i], (int)block_size, budget);
-                const size_t bpt = li_kv_bytes_per_token(hp, kv_types[i]);
+                int32_t nb = li_kv_blocks_for_budget(&kvd, kv_types[i], (int)block_size, budget);
+                const size_t bpt = li_kv_bytes_per_token(&kvd, kv_types[i]);
                 cJSON_AddNumberToObject(e, "bytes_per_token", (double)bpt);
                 cJSON_AddNumberToObject(e, "scale_bytes_per_token",
                                         li_kv_dtype_has_scales(kv_types[i]) ? 2.0 * hp->n_layer * hp->n_head_kv * 4 : 0.0);
@@ -154,8 +155,8 @@ int li_cmd_info(int argc, char **argv) {
         if (kv) {
             printf("KV cache (block size %lld, budget %s):\n", (long long)block_size, human((double)budget, b1, sizeof b1));
             for (size_t i = 0; i < LI_ARRAY_LEN(kv_types); i++) {
-                int32_t nb = li_kv_blocks_for_budget(hp, kv_types[i], (int)block_size, budget);
-                const size_t bpt = li_kv_bytes_per_token(hp, kv_types[i]);
+                int32_t nb = li_kv_blocks_for_budget(&kvd, kv_types[i], (int)block_size, budget);
+                const size_t bpt = li_kv_bytes_per_token(&kvd, kv_types[i]);
                 printf("  %-5s %s per token (%.2fx f16%s)  -> %lld tokens (%d blocks)\n", li_kv_dtype_name(kv_types[i]),
                        human((double)bpt, b2, sizeof b2), (double)bpt / (double)f16_bpt,
                        li_kv_dtype_has_scales(kv_types[i]) ? ", f32 scale per token and kv head" : "",

@@ -75,9 +75,10 @@ struct li_engine {
     int32_t *b_tokens, *b_pos, *b_seq;   /* (max_batched_tokens) */
     int32_t *b_rows;          /* (max_rows) */
     int64_t *b_slot;
-    int32_t **b_tables;       /* (max_num_seqs) */
+    int32_t *b_tables;        /* (max_num_seqs, b_stride) flat block table of the step */
+    size_t b_tables_cap;      /* entries */
     size_t max_rows;          /* logit rows per step: max_num_seqs, more with speculation */
-    float *logits;            /* (max_rows, n_vocab) */
+    float *logits;            /* (max_rows, n_vocab): the forward's logits, set each step */
     li_evict_candidate *ev_cand; /* (cap_ev) the evict hook's candidates */
     int32_t cap_ev;
     int64_t ev_warned_step;   /* the last step that logged an evict failure */
@@ -215,21 +216,22 @@ int li_engine_init(li_engine **out, li_model *m, li_backend *be, const li_engine
     if (c.spec_ngram_min < 1 || c.spec_ngram_max < c.spec_ngram_min || c.spec_ngram_max > 64)
         return li_error_set(err, LI_EINVAL, "engine: want 1 <= spec_ngram_min <= spec_ngram_max <= 64, got %d and %d",
                             c.spec_ngram_min, c.spec_ngram_max);
-    int32_t nblocks = li_kv_blocks_for_budget(&m->hp, c.kv_dtype, c.block_size, c.kv_memory);
+    const li_kv_dims dims = li_forward_kv_dims(&m->hp);
+    int32_t nblocks = li_kv_blocks_for_budget(&dims, c.kv_dtype, c.block_size, c.kv_memory);
     if (nblocks <= 0)
         return li_error_set(err, LI_ENOMEM, "engine: KV budget of %zu bytes holds no block of %d tokens (%zu bytes/token)",
-                            c.kv_memory, c.block_size, li_kv_bytes_per_token(&m->hp, c.kv_dtype));
+                            c.kv_memory, c.block_size, li_kv_bytes_per_token(&dims, c.kv_dtype));
     li_engine *e = li_xcalloc(1, sizeof *e);
     e->model = m;
     e->be = be;
     e->cfg = c;
-    int rc = li_kv_cache_init(&e->kv, &m->hp, c.kv_dtype, c.block_size, nblocks, err);
+    int rc = li_kv_cache_init(&e->kv, be, &dims, c.kv_dtype, c.block_size, nblocks, err);
     if (rc) {
         free(e);
         return rc;
     }
     li_prefix_cache_init(&e->pc, &e->kv, c.prefix_caching, engine_clock, e);
-    if ((rc = li_forward_init(&e->fw, m, c.max_batched_tokens, err))) {
+    if ((rc = li_forward_init(&e->fw, m, be, c.max_batched_tokens, err))) {
         li_kv_cache_free(&e->kv);
         free(e);
         return rc;
@@ -243,13 +245,11 @@ int li_engine_init(li_engine **out, li_model *m, li_backend *be, const li_engine
     e->max_rows = c.spec_tokens ? LI_MAX(S, LI_MIN(T, S * (size_t)(c.spec_tokens + 1))) : S;
     e->batch_req = li_xmalloc(S * sizeof *e->batch_req);
     e->batch_n = li_xmalloc(S * sizeof *e->batch_n);
-    e->b_tables = li_xmalloc(S * sizeof *e->b_tables);
     e->b_tokens = li_xmalloc(T * sizeof(int32_t));
     e->b_pos = li_xmalloc(T * sizeof(int32_t));
     e->b_seq = li_xmalloc(T * sizeof(int32_t));
     e->b_rows = li_xmalloc(e->max_rows * sizeof(int32_t));
     e->b_slot = li_xmalloc(T * sizeof(int64_t));
-    e->logits = li_xmalloc(e->max_rows * (size_t)m->hp.n_vocab * sizeof(float));
     *out = e;
     return 0;
 }
@@ -272,7 +272,6 @@ void li_engine_free(li_engine *e) {
     free(e->b_seq);
     free(e->b_rows);
     free(e->b_slot);
-    free(e->logits);
     free(e->ev_cand);
     li_prefix_cache_free(&e->pc);
     li_forward_free(&e->fw);
@@ -774,11 +773,16 @@ int li_engine_step(li_engine *e, li_error *err) {
     }
 
     /* 4: one flat batch */
-    int64_t k = 0;
+    int64_t k = 0, stride = 1;
     int32_t n_logits = 0;
+    for (int32_t i = 0; i < nb; i++) stride = LI_MAX(stride, (int64_t)e->batch_req[i]->seq.n_blocks);
+    if ((size_t)(nb * stride) > e->b_tables_cap) {
+        e->b_tables_cap = LI_MAX((size_t)(nb * stride), 2 * e->b_tables_cap);
+        e->b_tables = li_xrealloc(e->b_tables, e->b_tables_cap * sizeof *e->b_tables);
+    }
     for (int32_t i = 0; i < nb; i++) {
         req *r = e->batch_req[i];
-        e->b_tables[i] = r->seq.blocks;
+        memcpy(e->b_tables + i * stride, r->seq.blocks, (size_t)r->seq.n_blocks * sizeof *e->b_tables);
         for (int32_t j = 0; j < e->batch_n[i]; j++, k++) {
             int64_t p = r->num_computed + j;
             e->b_tokens[k] = r->toks[p];
@@ -792,10 +796,12 @@ int li_engine_step(li_engine *e, li_error *err) {
             e->b_rows[n_logits++] = (int32_t)k - 1;
     }
     li_batch b = {.n = k, .tokens = e->b_tokens, .pos = e->b_pos, .seq = e->b_seq, .slot = e->b_slot,
-                  .block_tables = e->b_tables, .logit_rows = e->b_rows, .n_logits = n_logits};
+                  .block_table = e->b_tables, .n_seqs = nb, .bt_stride = stride, .logit_rows = e->b_rows,
+                  .n_logits = n_logits};
     /* 5: forward */
     double tf = li_time_now();
-    int rc = li_forward_run(&e->fw, e->model, e->be, &e->kv, &b, e->logits, err);
+    int rc = li_forward_run(&e->fw, e->model, e->be, &e->kv, &b, NULL, err);
+    if (!rc) e->logits = li_forward_logits(&e->fw, e->model);
     e->st.time_forward += li_time_now() - tf;
     if (rc) {
         drop_all_drafts(e);
@@ -852,5 +858,5 @@ void li_engine_stats_get(const li_engine *e, li_engine_stats *st) {
     st->kv_total_blocks = e->kv.num_blocks;
     st->block_size = e->kv.block_size;
     st->kv_bytes = e->kv.bytes;
-    st->kv_bytes_per_token = li_kv_bytes_per_token(&e->model->hp, e->kv.dtype);
+    st->kv_bytes_per_token = e->kv.bytes / ((size_t)e->kv.num_blocks * (size_t)e->kv.block_size);
 }

@@ -15,9 +15,10 @@ int li_session_init(li_session *s, li_model *m, li_backend *be, int64_t n_ctx, l
     s->n_batch = n_batch;
     const int block_size = 16;
     int32_t nblocks = (int32_t)((n_ctx + block_size - 1) / block_size);
-    int rc = li_kv_cache_init(&s->kv, &m->hp, kv_dtype, block_size, nblocks, err);
+    const li_kv_dims dims = li_forward_kv_dims(&m->hp);
+    int rc = li_kv_cache_init(&s->kv, be, &dims, kv_dtype, block_size, nblocks, err);
     if (rc) return rc;
-    if ((rc = li_forward_init(&s->fw, m, n_batch, err))) {
+    if ((rc = li_forward_init(&s->fw, m, be, n_batch, err))) {
         li_kv_cache_free(&s->kv);
         return rc;
     }
@@ -55,7 +56,6 @@ int li_session_eval(li_session *s, const int32_t *tokens, int64_t n, bool all_lo
     int rc = li_kv_seq_reserve(&s->kv, &s->seq, s->n_past + n);
     if (rc) return li_error_set(err, LI_ENOMEM, "KV cache exhausted");
     const int32_t n_vocab = s->model->hp.n_vocab;
-    int32_t *const tables[1] = {s->seq.blocks};
     for (int64_t done = 0; done < n;) {
         int64_t c = LI_MIN(s->n_batch, n - done);
         for (int64_t i = 0; i < c; i++) {
@@ -67,7 +67,7 @@ int li_session_eval(li_session *s, const int32_t *tokens, int64_t n, bool all_lo
         bool last = done + c == n;
         li_batch b = {
             .n = c, .tokens = tokens + done, .pos = s->pos, .seq = s->seq_idx, .slot = s->slot,
-            .block_tables = tables,
+            .block_table = s->seq.blocks, .n_seqs = 1, .bt_stride = s->seq.n_blocks,
             .logit_rows = all_logits ? s->rows : s->rows + (c - 1),
             .n_logits = all_logits ? c : (last ? 1 : 0),
         };

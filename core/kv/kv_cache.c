@@ -36,44 +36,50 @@ int li_kv_dtype_parse(const char *s, li_type *out, li_error *err) {
     return 0;
 }
 
-size_t li_kv_bytes_per_token(const li_hparams *hp, li_type dtype) {
+size_t li_kv_bytes_per_token(const li_kv_dims *hp, li_type dtype) {
     /* per layer, K and V: n_head_kv rows of head_dim elements, plus one f32
      * scale per row for the 8-bit dtypes */
     const size_t row = (size_t)hp->head_dim * dtype_bytes(dtype) + (li_kv_dtype_has_scales(dtype) ? sizeof(float) : 0);
     return 2u * (size_t)hp->n_layer * (size_t)hp->n_head_kv * row;
 }
 
-int32_t li_kv_blocks_for_budget(const li_hparams *hp, li_type dtype, int block_size, size_t budget) {
+int32_t li_kv_blocks_for_budget(const li_kv_dims *hp, li_type dtype, int block_size, size_t budget) {
     size_t per_block = li_kv_bytes_per_token(hp, dtype) * (size_t)block_size;
     size_t n = per_block ? budget / per_block : 0;
     return n > INT32_MAX ? INT32_MAX : (int32_t)n;
 }
 
-int li_kv_cache_init(li_kv_cache *kv, const li_hparams *hp, li_type dtype, int block_size, int32_t num_blocks,
-                     li_error *err) {
+int li_kv_cache_init(li_kv_cache *kv, li_backend *be, const li_kv_dims *hp, li_type dtype, int block_size,
+                     int32_t num_blocks, li_error *err) {
     memset(kv, 0, sizeof *kv);
     size_t es = dtype_bytes(dtype);
     if (!es) return li_error_set(err, LI_EUNSUP, "kv: dtype %s is not supported", li_type_name(dtype));
     if (block_size <= 0 || block_size > 1024)
         return li_error_set(err, LI_EINVAL, "kv: block size %d out of range (1..1024)", block_size);
     if (num_blocks <= 0) return li_error_set(err, LI_ENOMEM, "kv: the memory budget holds no block");
+    if (hp->n_layer <= 0 || hp->n_head_kv <= 0 || hp->head_dim <= 0)
+        return li_error_set(err, LI_EINVAL, "kv: %d layers, %d kv heads of %d dims", hp->n_layer, hp->n_head_kv,
+                            hp->head_dim);
+    size_t per_layer_one = (size_t)num_blocks * block_size * hp->n_head_kv * hp->head_dim * es;
+    size_t data_bytes = per_layer_one * 2 * hp->n_layer;
+    /* 8-bit dtypes: one f32 scale per (slot, kv head) for K and for V,
+     * (n_layer, 2, num_blocks, block_size, n_head_kv); zero = an empty row */
+    size_t scales_one = li_kv_dtype_has_scales(dtype) ? (size_t)num_blocks * block_size * hp->n_head_kv : 0;
+    int rc = li_buffer_alloc(be, data_bytes, &kv->storage_buf, err);
+    if (!rc && scales_one) rc = li_buffer_alloc(be, scales_one * 2 * hp->n_layer * sizeof(float), &kv->scales_buf, err);
+    if (rc) {
+        li_buffer_free(be, &kv->storage_buf);
+        return rc;
+    }
+    kv->be = be;
     kv->dtype = dtype;
     kv->n_layer = hp->n_layer;
     kv->n_head_kv = hp->n_head_kv;
     kv->head_dim = hp->head_dim;
     kv->block_size = block_size;
     kv->num_blocks = num_blocks;
-    size_t per_layer_one = (size_t)num_blocks * block_size * hp->n_head_kv * hp->head_dim * es;
-    size_t data_bytes = per_layer_one * 2 * hp->n_layer;
-    kv->storage = li_aligned_alloc(data_bytes);
-    memset(kv->storage, 0, data_bytes);
-    /* 8-bit dtypes: one f32 scale per (slot, kv head) for K and for V,
-     * (n_layer, 2, num_blocks, block_size, n_head_kv); zero = an empty row */
-    size_t scales_one = 0;
-    if (li_kv_dtype_has_scales(dtype)) {
-        scales_one = (size_t)num_blocks * block_size * hp->n_head_kv;
-        kv->scales = li_xcalloc(scales_one * 2 * hp->n_layer, sizeof(float));
-    }
+    kv->storage = kv->storage_buf.data;
+    kv->scales = scales_one ? kv->scales_buf.data : NULL;
     kv->bytes = data_bytes + scales_one * 2 * hp->n_layer * sizeof(float);
     kv->layers = li_xcalloc((size_t)hp->n_layer, sizeof *kv->layers);
     for (int l = 0; l < hp->n_layer; l++) {
@@ -102,8 +108,8 @@ void li_kv_cache_free(li_kv_cache *kv) {
     free(kv->hit_count);
     free(kv->depth);
     free(kv->map);
-    li_aligned_free(kv->storage);
-    free(kv->scales);
+    li_buffer_free(kv->be, &kv->storage_buf);
+    li_buffer_free(kv->be, &kv->scales_buf);
     free(kv->layers);
     free(kv->refcount);
     free(kv->free_list);
@@ -280,15 +286,27 @@ void li_kv_seq_fork(li_kv_cache *kv, const li_kv_seq *src, li_kv_seq *dst) {
 }
 
 void li_kv_block_copy(li_kv_cache *kv, int32_t dst, int32_t src) {
+    /* K and V of every layer are runs of one block's bytes in storage, the
+     * scales runs of one block's scales: two backend copies in all */
     const size_t per_block = (size_t)kv->block_size * kv->n_head_kv * kv->head_dim * dtype_bytes(kv->dtype);
-    for (int l = 0; l < kv->n_layer; l++) {
-        memcpy((char *)kv->layers[l].k + (size_t)dst * per_block, (char *)kv->layers[l].k + (size_t)src * per_block, per_block);
-        memcpy((char *)kv->layers[l].v + (size_t)dst * per_block, (char *)kv->layers[l].v + (size_t)src * per_block, per_block);
-        const size_t sb = (size_t)kv->block_size * kv->n_head_kv * sizeof(float);
-        if (kv->layers[l].k_scale) {
-            memcpy((char *)kv->layers[l].k_scale + (size_t)dst * sb, (char *)kv->layers[l].k_scale + (size_t)src * sb, sb);
-            memcpy((char *)kv->layers[l].v_scale + (size_t)dst * sb, (char *)kv->layers[l].v_scale + (size_t)src * sb, sb);
+    const size_t per_layer_one = per_block * (size_t)kv->num_blocks;
+    enum { MAX_RUNS = 64 };
+    size_t d_off[MAX_RUNS], s_off[MAX_RUNS];
+    for (int r0 = 0; r0 < 2 * kv->n_layer; r0 += MAX_RUNS) { /* run r: layer r/2, K (even) or V (odd) */
+        const int nr = LI_MIN(MAX_RUNS, 2 * kv->n_layer - r0);
+        for (int r = 0; r < nr; r++) {
+            d_off[r] = per_layer_one * (size_t)(r0 + r) + (size_t)dst * per_block;
+            s_off[r] = per_layer_one * (size_t)(r0 + r) + (size_t)src * per_block;
         }
+        kv->be->ops->buffer_copy(kv->be, &kv->storage_buf, &kv->storage_buf, d_off, s_off, nr, per_block);
+        if (!kv->scales) continue;
+        const size_t sb = (size_t)kv->block_size * kv->n_head_kv * sizeof(float);
+        const size_t s_layer_one = sb * (size_t)kv->num_blocks;
+        for (int r = 0; r < nr; r++) {
+            d_off[r] = s_layer_one * (size_t)(r0 + r) + (size_t)dst * sb;
+            s_off[r] = s_layer_one * (size_t)(r0 + r) + (size_t)src * sb;
+        }
+        kv->be->ops->buffer_copy(kv->be, &kv->scales_buf, &kv->scales_buf, d_off, s_off, nr, sb);
     }
 }
 

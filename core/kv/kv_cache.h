@@ -1,12 +1,14 @@
 /* kv_cache.h — paged KV storage: a pool of fixed-size blocks per layer, a
  * refcount per block, a free list, and per-sequence block tables.
- * Owns: the K/V bytes of every layer. The engine (core/engine) decides which
- * sequence gets blocks; this module only hands them out and takes them back. */
+ * Owns: the K/V bytes of every layer, in buffers of the backend that runs
+ * attention over them (allocated, cleared and block-copied only through
+ * it). The engine (core/engine) decides which sequence gets blocks; this
+ * module only hands them out and takes them back. */
 #ifndef LI_KV_CACHE_H
 #define LI_KV_CACHE_H
 
 #include "util/common.h"
-#include "model/model.h"
+#include "backend.h"
 
 /* A full block's identity for prefix caching: a 128-bit hash of its
  * parent's hash, its tokens and (first block only) the request's cache_salt. */
@@ -14,14 +16,23 @@ typedef struct li_block_hash {
     uint64_t lo, hi;
 } li_block_hash;
 
+/* The model dimensions the cache needs (li_forward_kv_dims makes them from
+ * a model's hyperparameters). */
+typedef struct li_kv_dims {
+    int n_layer, n_head_kv, head_dim;
+} li_kv_dims;
+
 typedef struct li_kv_cache {
+    li_backend *be;        /* owns storage_buf and scales_buf */
     li_type dtype;
     int n_layer, n_head_kv, head_dim, block_size;
     int32_t num_blocks;
     li_kv_layer *layers;   /* (n_layer) views into storage */
-    void *storage;         /* (n_layer, 2, num_blocks, block_size, n_head_kv, head_dim) */
-    float *scales;         /* for 8-bit dtypes: (n_layer, 2, num_blocks, block_size, n_head_kv), f32
-                            * amax/448 (fp8) or amax/127 (int8) per (slot, kv head); else NULL */
+    li_buffer storage_buf, scales_buf;
+    void *storage;         /* storage_buf.data: (n_layer, 2, num_blocks, block_size, n_head_kv, head_dim) */
+    float *scales;         /* scales_buf.data, for 8-bit dtypes: (n_layer, 2, num_blocks, block_size,
+                            * n_head_kv), f32 amax/448 (fp8) or amax/127 (int8) per (slot, kv head);
+                            * else NULL */
     size_t bytes;          /* total bytes of storage + scales */
     int32_t *refcount;     /* (num_blocks) */
     int32_t *free_list;    /* stack of empty free block ids, (num_blocks) */
@@ -56,9 +67,9 @@ typedef struct li_kv_seq {
 /* Bytes one token's K and V take across all layers in `dtype`, scales
  * included (8-bit dtypes: head_dim bytes + one f32 per kv head and layer,
  * so 0.53x of f16 at head_dim 64, 0.52x at 128). */
-size_t li_kv_bytes_per_token(const li_hparams *hp, li_type dtype);
+size_t li_kv_bytes_per_token(const li_kv_dims *d, li_type dtype);
 /* Blocks that fit in `budget_bytes`. */
-int32_t li_kv_blocks_for_budget(const li_hparams *hp, li_type dtype, int block_size, size_t budget_bytes);
+int32_t li_kv_blocks_for_budget(const li_kv_dims *d, li_type dtype, int block_size, size_t budget_bytes);
 /* "f16", "bf16", "f32", "fp8" (E4M3; also "fp8_e4m3", "e4m3"), "int8" (also "i8"). */
 int li_kv_dtype_parse(const char *s, li_type *out, li_error *err);
 /* The name li_kv_dtype_parse takes ("fp8", "int8", else li_type_name). */
@@ -66,8 +77,10 @@ const char *li_kv_dtype_name(li_type dtype);
 /* FP8 and INT8 keep a scale per (token, kv head): see docs/kv-cache.md. */
 bool li_kv_dtype_has_scales(li_type dtype);
 
-int li_kv_cache_init(li_kv_cache *kv, const li_hparams *hp, li_type dtype, int block_size, int32_t num_blocks,
-                     li_error *err);
+/* The pool's bytes come from be's buffers (zeroed: an empty 8-bit row has
+ * scale 0); be must outlive the cache. */
+int li_kv_cache_init(li_kv_cache *kv, li_backend *be, const li_kv_dims *d, li_type dtype, int block_size,
+                     int32_t num_blocks, li_error *err);
 void li_kv_cache_free(li_kv_cache *kv);
 
 /* Blocks that can be handed out now: empty plus evictable cached ones. */
@@ -110,7 +123,7 @@ void li_kv_seq_fork(li_kv_cache *kv, const li_kv_seq *src, li_kv_seq *dst);
 /* Copy-on-write before writing positions [from, to): any block in that range
  * that is shared gets a private copy. LI_ENOMEM when no block is free. */
 int li_kv_seq_cow(li_kv_cache *kv, li_kv_seq *s, int64_t from, int64_t to);
-/* Copies one block's K/V (and scales) in every layer. */
+/* Copies one block's K/V (and scales) in every layer: one backend copy. */
 void li_kv_block_copy(li_kv_cache *kv, int32_t dst, int32_t src);
 /* Returns every block of the sequence to the pool. */
 void li_kv_seq_release(li_kv_cache *kv, li_kv_seq *s);

@@ -10,29 +10,252 @@
 #include <stdlib.h>
 #include <string.h>
 
-int li_forward_init(li_forward *f, const li_model *m, int64_t cap, li_error *err) {
+/* ------------------------------------------------------------------------
+ * memory: every array the ops see is carved out of a backend buffer
+ * ---------------------------------------------------------------------- */
+
+/* Lays out n arrays of bytes[i] each, aligned, from offset 0; returns the
+ * total and writes each start. */
+static size_t carve(const size_t *bytes, size_t *off, int n, size_t align) {
+    size_t at = 0;
+    for (int i = 0; i < n; i++) {
+        off[i] = at;
+        at += (bytes[i] + align - 1) / align * align;
+    }
+    return at;
+}
+
+int li_forward_init(li_forward *f, const li_model *m, li_backend *be, int64_t cap, li_error *err) {
     memset(f, 0, sizeof *f);
     if (cap <= 0) return li_error_set(err, LI_EINVAL, "forward: batch capacity must be positive");
     const li_hparams *hp = &m->hp;
-    const size_t c = (size_t)cap;
+    const size_t c = (size_t)cap, fl = sizeof(float);
+    const size_t align = LI_MAX(be->ops->alignment, (size_t)64);
+    const size_t sb[] = {c * hp->n_embd * fl, c * hp->n_embd * fl, c * hp->n_head * hp->head_dim * fl,
+                         c * hp->n_head_kv * hp->head_dim * fl, c * hp->n_head_kv * hp->head_dim * fl,
+                         c * hp->n_head * hp->head_dim * fl, c * hp->n_ff * fl, c * hp->n_ff * fl,
+                         c * hp->n_embd * fl};
+    size_t so[LI_ARRAY_LEN(sb)];
+    int rc = li_buffer_alloc(be, carve(sb, so, LI_ARRAY_LEN(sb), align), &f->scratch, err);
+    if (rc) return rc;
+    float **views[] = {&f->x, &f->h, &f->q, &f->k, &f->v, &f->att, &f->g, &f->u, &f->sel};
+    for (size_t i = 0; i < LI_ARRAY_LEN(views); i++) *views[i] = (float *)((char *)f->scratch.data + so[i]);
+    const size_t bb[] = {c * 4, c * 4, c * 4, c * 8};
+    size_t bo[LI_ARRAY_LEN(bb)];
+    if ((rc = li_buffer_alloc(be, carve(bb, bo, LI_ARRAY_LEN(bb), align), &f->batch, err))) {
+        li_buffer_free(be, &f->scratch);
+        return rc;
+    }
+    char *d = f->batch.data;
+    f->d_tokens = (int32_t *)(d + bo[0]);
+    f->d_pos = (int32_t *)(d + bo[1]);
+    f->d_seq = (int32_t *)(d + bo[2]);
+    f->d_slot = (int64_t *)(d + bo[3]);
+    f->be = be;
     f->cap = cap;
-    f->x = li_aligned_alloc(c * hp->n_embd * sizeof(float));
-    f->h = li_aligned_alloc(c * hp->n_embd * sizeof(float));
-    f->q = li_aligned_alloc(c * hp->n_head * hp->head_dim * sizeof(float));
-    f->k = li_aligned_alloc(c * hp->n_head_kv * hp->head_dim * sizeof(float));
-    f->v = li_aligned_alloc(c * hp->n_head_kv * hp->head_dim * sizeof(float));
-    f->att = li_aligned_alloc(c * hp->n_head * hp->head_dim * sizeof(float));
-    f->g = li_aligned_alloc(c * hp->n_ff * sizeof(float));
-    f->u = li_aligned_alloc(c * hp->n_ff * sizeof(float));
-    f->sel = li_aligned_alloc(c * hp->n_embd * sizeof(float));
+    f->sel_dst = li_xmalloc(c * sizeof *f->sel_dst);
+    f->sel_src = li_xmalloc(c * sizeof *f->sel_src);
     return 0;
 }
 
 void li_forward_free(li_forward *f) {
-    float *bufs[] = {f->x, f->h, f->q, f->k, f->v, f->att, f->g, f->u, f->sel};
-    for (size_t i = 0; i < LI_ARRAY_LEN(bufs); i++) li_aligned_free(bufs[i]);
+    li_buffer *bufs[] = {&f->scratch, &f->batch, &f->table, &f->logits};
+    for (size_t i = 0; i < LI_ARRAY_LEN(bufs); i++) li_buffer_free(f->be, bufs[i]);
+    free(f->logits_host);
+    free(f->hidden_host);
+    free(f->sel_dst);
+    free(f->sel_src);
+    free(f->t_seq);
+    free(f->t_root);
+    free(f->t_table);
+    free(f->t_src);
+    free(f->t_dst);
+    free(f->t_off_d);
+    free(f->t_off_s);
+    free(f->t_blocks);
     memset(f, 0, sizeof *f);
 }
+
+/* buf holds at least `bytes` (old contents dropped), growing by doubling. */
+static int buffer_reserve(li_backend *be, li_buffer *buf, size_t bytes, li_error *err) {
+    if (buf->data && buf->size >= bytes) return 0;
+    const size_t want = LI_MAX(bytes, 2 * buf->size);
+    li_buffer_free(be, buf);
+    return li_buffer_alloc(be, want, buf, err);
+}
+
+/* ------------------------------------------------------------------------
+ * tree views (forward.h): each displaced tree node gets a row of its own in
+ * the uploaded block table; its branch's rows are copied into scratch
+ * blocks after every layer's kv_store
+ * ---------------------------------------------------------------------- */
+
+static int64_t table_slot(const int32_t *row, int bs, int64_t p) { return (int64_t)row[p / bs] * bs + p % bs; }
+
+static void tree_release(li_forward *f, li_kv_cache *kv) {
+    for (int32_t i = 0; i < f->n_tblocks; i++) li_kv_block_unref(kv, f->t_blocks[i]);
+    f->n_tblocks = 0;
+    f->n_runs = 0;
+}
+
+static int32_t tree_block(li_forward *f, li_kv_cache *kv) {
+    const int32_t id = li_kv_block_alloc(kv);
+    if (id < 0) return -1;
+    if (f->n_tblocks == f->tblocks_cap) {
+        f->tblocks_cap = f->tblocks_cap ? 2 * f->tblocks_cap : 16;
+        f->t_blocks = li_xrealloc(f->t_blocks, (size_t)f->tblocks_cap * sizeof *f->t_blocks);
+    }
+    f->t_blocks[f->n_tblocks++] = id;
+    return id;
+}
+
+static void tree_run(li_forward *f, int64_t dst, int64_t src) {
+    if (f->n_runs == f->runs_cap) {
+        f->runs_cap = f->runs_cap ? 2 * f->runs_cap : 64;
+        f->t_src = li_xrealloc(f->t_src, (size_t)f->runs_cap * sizeof *f->t_src);
+        f->t_dst = li_xrealloc(f->t_dst, (size_t)f->runs_cap * sizeof *f->t_dst);
+        f->t_off_d = li_xrealloc(f->t_off_d, 2 * (size_t)f->runs_cap * sizeof *f->t_off_d);
+        f->t_off_s = li_xrealloc(f->t_off_s, 2 * (size_t)f->runs_cap * sizeof *f->t_off_s);
+    }
+    f->t_dst[f->n_runs] = dst;
+    f->t_src[f->n_runs++] = src;
+}
+
+/* Checks the parents, builds the view table (b's rows, then one row per
+ * displaced node) into f->t_table and each token's row into f->t_seq.
+ * *n_rows receives the table's rows (its stride is b->bt_stride: a view
+ * of position p needs p / block_size + 1 blocks, as the sequence does). */
+static int tree_plan(li_forward *f, li_kv_cache *kv, const li_batch *b, int32_t *n_rows, li_error *err) {
+    const int64_t n = b->n, stride = b->bt_stride;
+    const int bs = kv->block_size;
+    if (!f->t_seq) {
+        f->t_seq = li_xmalloc((size_t)f->cap * sizeof *f->t_seq);
+        f->t_root = li_xmalloc((size_t)f->cap * sizeof *f->t_root);
+    }
+    int32_t n_views = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const int32_t p = b->parent[i];
+        if (p < -1 || p >= i)
+            return li_error_set(err, LI_EINVAL, "forward: tree parent %d of token %lld is not -1 or an earlier row", p,
+                                (long long)i);
+        if (p >= 0 && (b->seq[p] != b->seq[i] || b->pos[p] + 1 != b->pos[i]))
+            return li_error_set(err, LI_EINVAL,
+                                "forward: tree parent %d of token %lld is not of its sequence at the position before", p,
+                                (long long)i);
+        f->t_root[i] = p < 0 ? b->pos[i] : f->t_root[p];
+        const int32_t *row = b->block_table + (size_t)b->seq[i] * (size_t)stride;
+        const bool placed = b->slot[i] == table_slot(row, bs, b->pos[i]) && (p < 0 || f->t_seq[p] >= 0);
+        f->t_seq[i] = placed ? b->seq[i] : -1;
+        n_views += !placed;
+    }
+    *n_rows = b->n_seqs + n_views;
+    const size_t need = (size_t)*n_rows * (size_t)stride;
+    if (need > f->t_table_cap) {
+        f->t_table_cap = LI_MAX(need, 2 * f->t_table_cap);
+        f->t_table = li_xrealloc(f->t_table, f->t_table_cap * sizeof *f->t_table);
+    }
+    memcpy(f->t_table, b->block_table, (size_t)b->n_seqs * (size_t)stride * sizeof *f->t_table);
+    int32_t v = b->n_seqs;
+    for (int64_t i = 0; i < n; i++) {
+        if (f->t_seq[i] >= 0) continue;
+        const int32_t *row = b->block_table + (size_t)b->seq[i] * (size_t)stride;
+        int32_t *view = f->t_table + (size_t)v * (size_t)stride;
+        memcpy(view, row, (size_t)stride * sizeof *view); /* the prefix's full blocks (and padding) */
+        const int64_t root = f->t_root[i], pos = b->pos[i], v0 = root / bs * bs;
+        for (int64_t blk = root / bs; blk <= pos / bs; blk++) {
+            const int32_t id = tree_block(f, kv);
+            if (id < 0) return li_error_set(err, LI_ENOMEM, "forward: no free KV block for a tree view");
+            view[blk] = id;
+        }
+        /* the branch, from the node up to its root, then the prefix's partial block */
+        int64_t j = i;
+        for (int64_t q = pos; q >= root; q--, j = b->parent[j]) tree_run(f, table_slot(view, bs, q), b->slot[j]);
+        for (int64_t q = v0; q < root; q++) tree_run(f, table_slot(view, bs, q), table_slot(row, bs, q));
+        f->t_seq[i] = v++;
+    }
+    return 0;
+}
+
+/* Layer l's view rows: K and V (one backend copy), and their scales. */
+static void tree_copy(li_forward *f, li_kv_cache *kv, int l) {
+    li_backend *be = f->be;
+    const li_kv_layer *L = &kv->layers[l];
+    const size_t slots = (size_t)kv->num_blocks * (size_t)kv->block_size;
+    const size_t row = (size_t)((const char *)kv->layers[0].v - (const char *)kv->layers[0].k) / slots;
+    const int64_t nr = f->n_runs;
+    const size_t k0 = li_buffer_offset(&kv->storage_buf, L->k), v0 = li_buffer_offset(&kv->storage_buf, L->v);
+    for (int64_t r = 0; r < nr; r++) {
+        f->t_off_d[r] = k0 + (size_t)f->t_dst[r] * row;
+        f->t_off_s[r] = k0 + (size_t)f->t_src[r] * row;
+        f->t_off_d[nr + r] = v0 + (size_t)f->t_dst[r] * row;
+        f->t_off_s[nr + r] = v0 + (size_t)f->t_src[r] * row;
+    }
+    be->ops->buffer_copy(be, &kv->storage_buf, &kv->storage_buf, f->t_off_d, f->t_off_s, (int)(2 * nr), row);
+    if (!L->k_scale) return;
+    const size_t srow = (size_t)kv->n_head_kv * sizeof(float);
+    const size_t ks = li_buffer_offset(&kv->scales_buf, L->k_scale), vs = li_buffer_offset(&kv->scales_buf, L->v_scale);
+    for (int64_t r = 0; r < nr; r++) {
+        f->t_off_d[r] = ks + (size_t)f->t_dst[r] * srow;
+        f->t_off_s[r] = ks + (size_t)f->t_src[r] * srow;
+        f->t_off_d[nr + r] = vs + (size_t)f->t_dst[r] * srow;
+        f->t_off_s[nr + r] = vs + (size_t)f->t_src[r] * srow;
+    }
+    be->ops->buffer_copy(be, &kv->scales_buf, &kv->scales_buf, f->t_off_d, f->t_off_s, (int)(2 * nr), srow);
+}
+
+/* ------------------------------------------------------------------------
+ * the batch upload
+ * ---------------------------------------------------------------------- */
+
+/* Uploads the batch's host arrays (one copy each) and checks what the ops
+ * would otherwise index out of bounds with. */
+static int batch_upload(li_forward *f, const li_hparams *hp, li_kv_cache *kv, const li_batch *b, li_error *err) {
+    li_backend *be = f->be;
+    const int64_t n = b->n;
+    if (n <= 0 || n > f->cap)
+        return li_error_set(err, LI_EINVAL, "forward: batch of %lld tokens (capacity %lld)", (long long)n,
+                            (long long)f->cap);
+    if (b->n_seqs <= 0 || b->bt_stride <= 0 || !b->block_table)
+        return li_error_set(err, LI_EINVAL, "forward: block table of %d sequences x %lld blocks", b->n_seqs,
+                            (long long)b->bt_stride);
+    if (b->n_logits < 0 || b->n_logits > n)
+        return li_error_set(err, LI_EINVAL, "forward: %lld logit rows for %lld tokens", (long long)b->n_logits,
+                            (long long)n);
+    const int64_t max_pos = b->bt_stride * kv->block_size;
+    for (int64_t i = 0; i < n; i++) {
+        if (b->tokens[i] < 0 || b->tokens[i] >= hp->n_vocab)
+            return li_error_set(err, LI_EINVAL, "forward: token id %d out of range [0, %d)", b->tokens[i],
+                                hp->n_vocab);
+        if (b->seq[i] < 0 || b->seq[i] >= b->n_seqs || b->pos[i] < 0 || b->pos[i] >= max_pos)
+            return li_error_set(err, LI_EINVAL, "forward: token %lld: sequence %d, position %d outside the block table",
+                                (long long)i, b->seq[i], b->pos[i]);
+    }
+    for (int64_t i = 0; i < b->n_logits; i++)
+        if (b->logit_rows[i] < 0 || b->logit_rows[i] >= n)
+            return li_error_set(err, LI_EINVAL, "forward: logit row %d out of range", b->logit_rows[i]);
+    int32_t n_rows = b->n_seqs;
+    const int32_t *table = b->block_table, *seq = b->seq;
+    int rc;
+    if (b->parent) {
+        if ((rc = tree_plan(f, kv, b, &n_rows, err))) return rc;
+        table = f->t_table;
+        seq = f->t_seq;
+    }
+    const size_t bt_bytes = (size_t)n_rows * (size_t)b->bt_stride * sizeof(int32_t);
+    if ((rc = buffer_reserve(be, &f->table, bt_bytes, err))) return rc;
+    const li_backend_ops *op = be->ops;
+    const size_t n4 = (size_t)n * 4;
+    op->buffer_set(be, &f->batch, li_buffer_offset(&f->batch, f->d_tokens), b->tokens, n4);
+    op->buffer_set(be, &f->batch, li_buffer_offset(&f->batch, f->d_pos), b->pos, n4);
+    op->buffer_set(be, &f->batch, li_buffer_offset(&f->batch, f->d_seq), seq, n4);
+    op->buffer_set(be, &f->batch, li_buffer_offset(&f->batch, f->d_slot), b->slot, (size_t)n * 8);
+    op->buffer_set(be, &f->table, 0, table, bt_bytes);
+    return 0;
+}
+
+/* ------------------------------------------------------------------------
+ * the pass
+ * ---------------------------------------------------------------------- */
 
 /* Weights that read the same input in one call when the backend can. */
 static void matmul_shared(li_backend *be, const li_weight *const *w, int n_w, const float *x, float *const *y,
@@ -58,22 +281,25 @@ int li_forward_run(li_forward *f, const li_model *m, li_backend *be, li_kv_cache
                    float *logits, li_error *err) {
     const li_hparams *hp = &m->hp;
     const li_backend_ops *op = be->ops;
-    const int64_t n = b->n;
-    if (n <= 0 || n > f->cap)
-        return li_error_set(err, LI_EINVAL, "forward: batch of %lld tokens (capacity %lld)", (long long)n,
-                            (long long)f->cap);
-    for (int64_t i = 0; i < n; i++)
-        if (b->tokens[i] < 0 || b->tokens[i] >= hp->n_vocab)
-            return li_error_set(err, LI_EINVAL, "forward: token id %d out of range [0, %d)", b->tokens[i],
-                                hp->n_vocab);
-    const int64_t d = hp->n_embd, q_dim = (int64_t)hp->n_head * hp->head_dim;
+    if (be != f->be) return li_error_set(err, LI_EINVAL, "forward: run on another backend than its buffers'");
+    int rc = batch_upload(f, hp, kv, b, err);
+    if (rc) {
+        tree_release(f, kv);
+        return rc;
+    }
+    const int64_t n = b->n, d = hp->n_embd;
+    f->n_logits = 0;
+    f->hidden = NULL;
+    f->have_logits = false;
+    if (b->hidden != LI_HIDDEN_NONE && b->hidden != LI_HIDDEN_PRE_NORM && b->hidden != LI_HIDDEN_POST_NORM)
+        return li_error_set(err, LI_EINVAL, "forward: unknown hidden state kind %d", (int)b->hidden);
 
-    op->get_rows(be, &m->tok_embd, b->tokens, n, f->x);
+    op->get_rows(be, &m->tok_embd, f->d_tokens, n, f->x);
 
     li_attn_args aa = {
         .n_tokens = n, .n_head = hp->n_head, .n_head_kv = hp->n_head_kv, .head_dim = hp->head_dim,
-        .block_size = kv->block_size, .q = f->q, .out = f->att, .pos = b->pos, .seq = b->seq,
-        .block_tables = b->block_tables, .scale = 1.0f / sqrtf((float)hp->head_dim),
+        .block_size = kv->block_size, .q = f->q, .out = f->att, .pos = f->d_pos, .seq = f->d_seq,
+        .block_table = f->table.data, .bt_stride = b->bt_stride, .scale = 1.0f / sqrtf((float)hp->head_dim),
     };
     for (int l = 0; l < hp->n_layer; l++) {
         const li_layer *L = &m->layers[l];
@@ -81,9 +307,10 @@ int li_forward_run(li_forward *f, const li_model *m, li_backend *be, li_kv_cache
         op->rmsnorm(be, f->x, L->attn_norm, f->h, n, d, hp->norm_eps);
         matmul_shared(be, (const li_weight *const[]){&L->wq, &L->wk, &L->wv}, 3, f->h,
                       (float *const[]){f->q, f->k, f->v}, n);
-        op->rope(be, f->q, b->pos, n, hp->n_head, hp->head_dim, hp->n_rot, hp->rope_theta, hp->rope_neox);
-        op->rope(be, f->k, b->pos, n, hp->n_head_kv, hp->head_dim, hp->n_rot, hp->rope_theta, hp->rope_neox);
-        op->kv_store(be, &kv->layers[l], f->k, f->v, b->slot, n, hp->n_head_kv, hp->head_dim);
+        op->rope(be, f->q, f->d_pos, n, hp->n_head, hp->head_dim, hp->n_rot, hp->rope_theta, hp->rope_neox);
+        op->rope(be, f->k, f->d_pos, n, hp->n_head_kv, hp->head_dim, hp->n_rot, hp->rope_theta, hp->rope_neox);
+        op->kv_store(be, &kv->layers[l], f->k, f->v, f->d_slot, n, hp->n_head_kv, hp->head_dim);
+        if (f->n_runs) tree_copy(f, kv, l);
         aa.kv = &kv->layers[l];
         op->attention(be, &aa);
         matmul_residual(be, &L->wo, f->att, f->h, f->x, n);
@@ -94,15 +321,44 @@ int li_forward_run(li_forward *f, const li_model *m, li_backend *be, li_kv_cache
         op->silu_mul(be, f->g, f->u, n, hp->n_ff);
         matmul_residual(be, &L->w_down, f->g, f->h, f->x, n);
     }
-    (void)q_dim;
+    tree_release(f, kv);
     if (b->n_logits <= 0) return 0;
-    /* gather only the rows that need logits: the vocab matmul is the largest */
+    /* gather only the rows that need logits (the vocab matmul is the
+     * largest): one backend copy of n_logits runs */
     for (int64_t i = 0; i < b->n_logits; i++) {
-        int32_t r = b->logit_rows[i];
-        if (r < 0 || r >= n) return li_error_set(err, LI_EINVAL, "forward: logit row %d out of range", r);
-        memcpy(f->sel + i * d, f->x + (int64_t)r * d, (size_t)d * sizeof(float));
+        f->sel_dst[i] = li_buffer_offset(&f->scratch, f->sel) + (size_t)i * d * sizeof(float);
+        f->sel_src[i] = li_buffer_offset(&f->scratch, f->x) + (size_t)b->logit_rows[i] * d * sizeof(float);
     }
+    op->buffer_copy(be, &f->scratch, &f->scratch, f->sel_dst, f->sel_src, (int)b->n_logits, (size_t)d * sizeof(float));
+    f->n_logits = b->n_logits;
+    /* the hidden states are the rows already there: sel before the norm, h after */
+    if (b->hidden == LI_HIDDEN_PRE_NORM) f->hidden = f->sel;
+    if (b->no_logits && b->hidden != LI_HIDDEN_POST_NORM) return 0;
     op->rmsnorm(be, f->sel, m->output_norm, f->h, b->n_logits, d, hp->norm_eps);
-    op->matmul(be, &m->output, f->h, logits, b->n_logits);
+    if (b->hidden == LI_HIDDEN_POST_NORM) f->hidden = f->h;
+    if (b->no_logits) return 0;
+    const size_t row_bytes = (size_t)hp->n_vocab * sizeof(float);
+    if ((rc = buffer_reserve(be, &f->logits, (size_t)b->n_logits * row_bytes, err))) return rc;
+    f->logits_cap = (int64_t)(f->logits.size / row_bytes);
+    op->matmul(be, &m->output, f->h, f->logits.data, b->n_logits);
+    f->have_logits = true;
+    if (logits) op->buffer_get(be, &f->logits, 0, logits, (size_t)b->n_logits * row_bytes);
     return 0;
+}
+
+/* host memory holding (n_logits, width) floats at p of buffer b */
+static float *host_view(li_forward *f, const li_buffer *b, float *p, int64_t width, float **mirror) {
+    if (b->host) return p;
+    const size_t bytes = (size_t)f->n_logits * (size_t)width * sizeof(float);
+    *mirror = li_xrealloc(*mirror, bytes ? bytes : 1);
+    f->be->ops->buffer_get(f->be, b, li_buffer_offset(b, p), *mirror, bytes);
+    return *mirror;
+}
+
+float *li_forward_hidden(li_forward *f, const li_model *m) {
+    return f->hidden ? host_view(f, &f->scratch, f->hidden, m->hp.n_embd, &f->hidden_host) : NULL;
+}
+
+float *li_forward_logits(li_forward *f, const li_model *m) {
+    return f->have_logits ? host_view(f, &f->logits, f->logits.data, m->hp.n_vocab, &f->logits_host) : NULL;
 }

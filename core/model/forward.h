@@ -3,28 +3,76 @@
  * A batch is any mix of tokens from any sequences (prefill chunks and single
  * decode tokens alike): each token carries its position, its sequence and the
  * KV slot it writes. Attention reads every earlier position of the token's
- * sequence through that sequence's block table, so chunked prefill, decode
- * and (later) speculative verification are the same call. */
+ * sequence through that sequence's row of the flat block table, so chunked
+ * prefill, decode and speculative verification are the same call.
+ *
+ * Trees: with li_batch.parent a token may instead see an explicit set of
+ * ancestors among its sequence's new tokens (a tree of candidates). A node
+ * at depth d (root: d = 0) sits at position P + d, where P is the committed
+ * prefix length of its sequence, writes its own KV slot, and attends to the
+ * prefix [0, P), its ancestors and itself, in position order. The pass gives
+ * every node the bits its branch would get computed alone, causally: the
+ * forward builds each displaced node a view (the prefix's full blocks, plus
+ * scratch blocks holding copies of the prefix's partial block and of its
+ * branch's rows, copied inside the backend after each layer's kv_store), so
+ * attention runs the same kernels over the same rows in the same order.
+ * Nodes whose whole branch already sits at its positions' slots need no
+ * view; without parent the batch is plain causal, at no extra cost.
+ *
+ * Memory: every array the ops touch lives in buffers of the backend (the
+ * scratch activations, the uploaded batch and block table, the logits);
+ * the caller's li_batch arrays are host memory, uploaded once per call. */
 #ifndef LI_FORWARD_H
 #define LI_FORWARD_H
 
 #include "model/model.h"
 #include "kv/kv_cache.h"
 
+/* The KV cache dimensions of a model. */
+static inline li_kv_dims li_forward_kv_dims(const li_hparams *hp) {
+    return (li_kv_dims){.n_layer = hp->n_layer, .n_head_kv = hp->n_head_kv, .head_dim = hp->head_dim};
+}
+
+/* Which final hidden state a batch returns for its output rows. */
+typedef enum li_hidden_kind {
+    LI_HIDDEN_NONE = 0,
+    LI_HIDDEN_PRE_NORM,  /* the residual stream after the last layer */
+    LI_HIDDEN_POST_NORM, /* after the output norm: what the output matrix multiplies */
+} li_hidden_kind;
+
+/* Host arrays describing one step. */
 typedef struct li_batch {
     int64_t n;                     /* tokens in this batch */
     const int32_t *tokens;         /* (n) */
     const int32_t *pos;            /* (n) position within its sequence */
-    const int32_t *seq;            /* (n) index into block_tables */
+    const int32_t *seq;            /* (n) row of block_table, in [0, n_seqs) */
     const int64_t *slot;           /* (n) KV slot: block*block_size + offset */
-    int32_t *const *block_tables;  /* per sequence */
-    const int32_t *logit_rows;     /* (n_logits) batch rows whose logits are wanted */
+    /* (n_seqs, bt_stride) flat: row s = sequence s's block ids (position p
+     * in block row[p / block_size]), written once per step, one upload */
+    const int32_t *block_table;
+    int32_t n_seqs;
+    int64_t bt_stride;
+    /* the output descriptor: for the rows logit_rows (batch rows, any
+     * order, repeats allowed), logits (n_logits, n_vocab) unless no_logits,
+     * and the final hidden state (n_logits, n_embd) when `hidden` asks */
+    const int32_t *logit_rows;     /* (n_logits) */
     int64_t n_logits;
+    bool no_logits;
+    li_hidden_kind hidden;
+    /* (n) or NULL (plain causal): tree parent of each token, a batch row
+     * before it of the same sequence at position pos - 1, or -1: attaches to
+     * the committed prefix [0, pos) of its sequence's block table. Views
+     * take scratch blocks from the KV pool for the pass (LI_ENOMEM when
+     * none are free). */
+    const int32_t *parent;
 } li_batch;
 
-/* Scratch activations for up to `cap` tokens, reused every step. */
+/* Scratch activations for up to `cap` tokens, reused every step; all views
+ * into one backend buffer. */
 typedef struct li_forward {
+    li_backend *be;
     int64_t cap;
+    li_buffer scratch;
     float *x;     /* (cap, n_embd) residual stream */
     float *h;     /* (cap, n_embd) normed input */
     float *q;     /* (cap, n_head*head_dim) */
@@ -32,12 +80,46 @@ typedef struct li_forward {
     float *att;   /* (cap, n_head*head_dim) */
     float *g, *u; /* (cap, n_ff) */
     float *sel;   /* (cap, n_embd) rows selected for logits */
+    /* the uploaded batch: views into one backend buffer */
+    li_buffer batch;
+    int32_t *d_tokens, *d_pos, *d_seq;         /* (cap) */
+    int64_t *d_slot;                           /* (cap) */
+    li_buffer table;                           /* the uploaded block table, grown on demand */
+    li_buffer logits;                          /* (logits_cap, n_vocab), grown on demand */
+    int64_t logits_cap, n_logits;              /* n_logits: the last run's output rows */
+    bool have_logits;                          /* the last run computed logits */
+    float *logits_host;                        /* host copy when logits is device memory */
+    float *hidden;                             /* (n_logits, n_embd): f->sel or f->h, or NULL */
+    float *hidden_host;                        /* host copy when hidden is device memory */
+    size_t *sel_dst, *sel_src;                 /* (cap) host: byte offsets of the gathered rows */
+    /* tree views (host, grown on demand) */
+    int32_t *t_seq;                            /* (cap) each token's row of the view table */
+    int32_t *t_root;                           /* (cap) position of each token's root */
+    int32_t *t_table;                          /* (n_seqs + views, t_stride) */
+    size_t t_table_cap;
+    int64_t *t_src, *t_dst;                    /* (n_runs) cache slots: view row copies */
+    size_t *t_off_d, *t_off_s;                 /* (2 * n_runs) byte offsets of one layer's copies */
+    int64_t n_runs, runs_cap;
+    int32_t *t_blocks;                         /* scratch blocks taken from the pool for the views */
+    int32_t n_tblocks, tblocks_cap;
 } li_forward;
 
-int li_forward_init(li_forward *f, const li_model *m, int64_t cap, li_error *err);
+/* be must outlive f. */
+int li_forward_init(li_forward *f, const li_model *m, li_backend *be, int64_t cap, li_error *err);
 void li_forward_free(li_forward *f);
-/* Runs the batch (b->n <= cap); writes (n_logits, n_vocab) logits. */
+/* Runs the batch (b->n <= cap) on f's backend (be must be the one given to
+ * li_forward_init). The (n_logits, n_vocab) logits stay in f->logits, read
+ * by li_forward_logits; when `logits` is not NULL they are also copied
+ * there. */
 int li_forward_run(li_forward *f, const li_model *m, li_backend *be, li_kv_cache *kv, const li_batch *b,
                    float *logits, li_error *err);
+/* The last run's (n_logits, n_vocab) logits in host memory: the backend
+ * buffer itself when it is host memory, else a copy fetched from it. NULL
+ * when the run computed none. */
+float *li_forward_logits(li_forward *f, const li_model *m);
+/* The last run's (n_logits, n_embd) hidden states (the kind its batch
+ * asked for), in host memory as li_forward_logits; NULL when none were
+ * asked. Valid until the next run. */
+float *li_forward_hidden(li_forward *f, const li_model *m);
 
 #endif

@@ -725,6 +725,7 @@ static void cpu_kv_store(li_backend *be, const li_kv_layer *kv, const float *k, 
 
 static const li_backend_ops cpu_ops = {
     .name = "cpu",
+    LI_HOST_BUFFER_OPS,
     .matmul = cpu_matmul,
     .matmul_multi = cpu_matmul_multi,
     .matmul_add = cpu_matmul_add,

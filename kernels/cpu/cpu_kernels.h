@@ -157,7 +157,7 @@ static inline float li_float_load(li_type dtype, const void *base, int64_t idx) 
 static inline size_t li_kv_elem_size(li_type dtype) { return dtype == LI_TYPE_F32 ? 4 : 2; }
 /* Start of the K or V row for (kv head kvh) at position p of token i's sequence. */
 static inline const void *li_kv_row(const li_attn_args *a, const void *base, int64_t i, int64_t p, int kvh) {
-    const int32_t blk = a->block_tables[a->seq[i]][p / a->block_size];
+    const int32_t blk = li_attn_blocks(a, i)[p / a->block_size];
     const int64_t slot = (int64_t)blk * a->block_size + p % a->block_size;
     return (const char *)base + ((slot * a->n_head_kv + kvh) * a->head_dim) * li_kv_elem_size(a->kv->dtype);
 }
@@ -176,7 +176,7 @@ typedef struct li_kv_walk {
 static inline li_kv_walk li_kv_walk_init(const li_attn_args *a, const void *data, int64_t i, int kvh) {
     const size_t es = li_kv_elem_size(a->kv->dtype);
     return (li_kv_walk){.base = (const char *)data + (size_t)kvh * a->head_dim * es,
-                        .bt = a->block_tables[a->seq[i]], .bs = a->block_size,
+                        .bt = li_attn_blocks(a, i), .bs = a->block_size,
                         .slot = (size_t)a->n_head_kv * a->head_dim * es};
 }
 

@@ -216,6 +216,7 @@ static void ggml_kv_store(li_backend *be, const li_kv_layer *kv, const float *k,
 
 static const li_backend_ops ggml_ops = {
     .name = "cpu-ggml",
+    LI_HOST_BUFFER_OPS,
     .batch_variant = true,
     .matmul = ggml_matmul,
     .get_rows = ggml_get_rows,

@@ -200,7 +200,7 @@ static inline __attribute__((always_inline)) void attn_t(li_type t, const int D,
     const float *q = a->q + (i * a->n_head + h) * D;
     float *out = a->out + (i * a->n_head + h) * D;
     const int64_t n_pos = (int64_t)a->pos[i] + 1;
-    const int32_t *bt = a->block_tables[a->seq[i]];
+    const int32_t *bt = li_attn_blocks(a, i);
     const size_t row = (size_t)nkv * D;
     const uint8_t *K = (const uint8_t *)a->kv->k + (size_t)kvh * D, *V = (const uint8_t *)a->kv->v + (size_t)kvh * D;
     const float *KS = a->kv->k_scale + kvh, *VS = a->kv->v_scale + kvh;

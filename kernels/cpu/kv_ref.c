@@ -93,7 +93,7 @@ void li_kv8_attn_head_ref(const li_attn_args *a, int64_t i, int h, float *scores
     const float *q = a->q + (i * a->n_head + h) * D;
     float *out = a->out + (i * a->n_head + h) * D;
     const int64_t n_pos = (int64_t)a->pos[i] + 1;
-    const int32_t *bt = a->block_tables[a->seq[i]];
+    const int32_t *bt = li_attn_blocks(a, i);
 
     float max = -INFINITY;
     for (int64_t p = 0; p < n_pos; p++) {

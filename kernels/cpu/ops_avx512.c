@@ -325,7 +325,7 @@ static inline __attribute__((always_inline)) void attn_head_t(li_type t, const l
     const float *q = a->q + (i * a->n_head + h) * D;
     float *out = a->out + (i * a->n_head + h) * D;
     const int64_t n_pos = (int64_t)a->pos[i] + 1;
-    const int32_t *bt = a->block_tables[a->seq[i]];
+    const int32_t *bt = li_attn_blocks(a, i);
     const size_t es = li_kv_elem_size(t), row = (size_t)a->n_head_kv * D * es; /* bytes per slot */
     const char *K = (const char *)a->kv->k + (size_t)kvh * D * es, *V = (const char *)a->kv->v + (size_t)kvh * D * es;
 
@@ -533,7 +533,7 @@ static inline __attribute__((always_inline)) void attn_tile_t(li_type t, int ND,
                                                               int nt, int kvh, int g0, int ng, float *scratch) {
     const int D = a->head_dim, nd = (D + 15) / 16, G = a->n_head / a->n_head_kv, nq = ng * nt;
     const __mmask16 dlast = (D % 16) ? (__mmask16)((1u << (D % 16)) - 1) : (__mmask16)0xffff;
-    const int32_t *bt = a->block_tables[a->seq[i0]];
+    const int32_t *bt = li_attn_blocks(a, i0);
     const size_t es = li_kv_elem_size(t), row = (size_t)a->n_head_kv * D * es; /* bytes per slot */
     const char *K = (const char *)a->kv->k + (size_t)kvh * D * es, *V = (const char *)a->kv->v + (size_t)kvh * D * es;
     /* query qi: token i0 + qi / ng, head kvh*G + g0 + qi % ng */

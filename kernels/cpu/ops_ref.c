@@ -202,6 +202,7 @@ static void ref_attention(li_backend *be, const li_attn_args *a) {
 
 static const li_backend_ops ref_ops = {
     .name = "ref",
+    LI_HOST_BUFFER_OPS,
     .matmul = ref_matmul,
     .get_rows = ref_get_rows,
     .rmsnorm = ref_rmsnorm,

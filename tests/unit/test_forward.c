@@ -106,8 +106,8 @@ int main(void) {
     {
         li_kv_cache kv;
         li_forward fw;
-        CHECK(li_kv_cache_init(&kv, &m->hp, LI_TYPE_F16, 4, 64, &err) == 0, "%s", err.msg);
-        CHECK(li_forward_init(&fw, m, 2 * n, &err) == 0, "%s", err.msg);
+        CHECK(li_kv_cache_init(&kv, &cpu, &(li_kv_dims){m->hp.n_layer, m->hp.n_head_kv, m->hp.head_dim}, LI_TYPE_F16, 4, 64, &err) == 0, "%s", err.msg);
+        CHECK(li_forward_init(&fw, m, &cpu, 2 * n, &err) == 0, "%s", err.msg);
         li_kv_seq sa, sb;
         li_kv_seq_init(&sa);
         li_kv_seq_init(&sb);
@@ -129,15 +129,47 @@ int main(void) {
         }
         rows[0] = (int32_t)k - 1;  /* last token of a */
         rows[1] = 2 * (int32_t)nb - 1; /* last token of b */
-        int32_t *tables[2] = {sa.blocks, sb.blocks};
-        li_batch b = {.n = k, .tokens = bt, .pos = bp, .seq = bs, .slot = sl, .block_tables = tables,
+        const int64_t stride = sa.n_blocks; /* flat (2, stride): b's row is shorter, padded */
+        int32_t *tables = calloc(2 * (size_t)stride, sizeof(int32_t));
+        memcpy(tables, sa.blocks, (size_t)sa.n_blocks * sizeof(int32_t));
+        memcpy(tables + stride, sb.blocks, (size_t)sb.n_blocks * sizeof(int32_t));
+        li_batch b = {.n = k, .tokens = bt, .pos = bp, .seq = bs, .slot = sl, .block_table = tables, .n_seqs = 2,
+                      .bt_stride = stride,
                       .logit_rows = rows, .n_logits = 2};
         float *two = malloc(sizeof(float) * 2 * nv);
         CHECK(li_forward_run(&fw, m, &cpu, &kv, &b, two, &err) == 0, "%s", err.msg);
         double da = max_abs_diff(two, all + (n - 1) * nv, nv), db = max_abs_diff(two + nv, all + (nb - 1) * nv, nv);
         printf("two sequences in one batch: max |dlogit| a %.2e, b %.2e\n", da, db);
         CHECK(da == 0 && db == 0, "batched sequences differ: %g %g (must be bit-identical)", da, db);
-        free(two); free(bt); free(bp); free(bs); free(sl);
+
+        /* 5. the output descriptor: the same rows' final hidden state, after
+         * and before the output norm */
+        const int64_t d = m->hp.n_embd;
+        const size_t lbytes = sizeof(float) * 2 * (size_t)nv, hbytes = sizeof(float) * 2 * (size_t)d;
+        float *post = malloc(hbytes), *normed = malloc(hbytes), *relog = malloc(lbytes);
+        b.hidden = LI_HIDDEN_POST_NORM;
+        CHECK(li_forward_run(&fw, m, &cpu, &kv, &b, NULL, &err) == 0, "%s", err.msg);
+        const float *lg = li_forward_logits(&fw, m), *hid = li_forward_hidden(&fw, m);
+        CHECK(lg && hid && !memcmp(lg, two, lbytes), "asking for the hidden state leaves the logits as they were");
+        if (hid) memcpy(post, hid, hbytes);
+        li_backend_ref_ops()->matmul(&ref, &m->output, post, relog, 2);
+        CHECK(lg && !memcmp(relog, lg, lbytes),
+              "the hidden state after the norm times the output matrix (reference matmul) is the logits, bit for bit");
+        b.hidden = LI_HIDDEN_PRE_NORM;
+        b.no_logits = true;
+        CHECK(li_forward_run(&fw, m, &cpu, &kv, &b, NULL, &err) == 0, "%s", err.msg);
+        hid = li_forward_hidden(&fw, m);
+        CHECK(hid && !li_forward_logits(&fw, m), "hidden state only: no logits");
+        if (hid) li_backend_ref_ops()->rmsnorm(&ref, hid, m->output_norm, normed, 2, d, m->hp.norm_eps);
+        CHECK(hid && !memcmp(normed, post, hbytes),
+              "the hidden state before the norm, normed by the reference rmsnorm, is the one after, bit for bit");
+        b.hidden = (li_hidden_kind)7;
+        CHECK(li_forward_run(&fw, m, &cpu, &kv, &b, NULL, &err) == LI_EINVAL && strstr(err.msg, "hidden"),
+              "an unknown hidden state kind is refused: %s", err.msg);
+        b.hidden = LI_HIDDEN_NONE;
+        b.no_logits = false;
+        free(post); free(normed); free(relog);
+        free(two); free(bt); free(bp); free(bs); free(sl); free(tables);
         li_kv_seq_release(&kv, &sa);
         li_kv_seq_release(&kv, &sb);
         li_kv_seq_free(&sa);

@@ -281,7 +281,6 @@ static void test_attention(bool avx2) {
     static const struct { int nh, nkv, D; } shapes[] = {{9, 3, 64}, {4, 4, 48}, {2, 1, 80}};
     int32_t table[NB];
     for (int b = 0; b < NB; b++) table[b] = (b * 7 + 3) % NB; /* scattered blocks */
-    int32_t *tables[1] = {table};
     for (size_t di = 0; di < LI_ARRAY_LEN(dts); di++)
         for (size_t si = 0; si < LI_ARRAY_LEN(shapes); si++) {
             const int nh = shapes[si].nh, nkv = shapes[si].nkv, D = shapes[si].D;
@@ -304,7 +303,7 @@ static void test_attention(bool avx2) {
             int bad = 0, bad_group = 0;
             for (int gemm = 0; gemm < 2; gemm++) {
                 li_attn_args a = {.n_tokens = n, .n_head = nh, .n_head_kv = nkv, .head_dim = D, .block_size = BS,
-                                  .q = q, .pos = pos, .seq = seq, .block_tables = tables, .kv = &kv,
+                                  .q = q, .pos = pos, .seq = seq, .block_table = table, .bt_stride = NB, .kv = &kv,
                                   .scale = 1.0f / sqrtf((float)D)};
                 for (int i = 0; i < n; i++)
                     for (int h = 0; h < nh; h++) {
@@ -384,7 +383,6 @@ static void test_backend(void) {
     enum { BS = 16, NB = 8, D = 64, NH = 4, NKV = 2 };
     int32_t table[NB];
     for (int b = 0; b < NB; b++) table[b] = NB - 1 - b;
-    int32_t *tables[1] = {table};
     static uint16_t kb[NB * BS * NKV * D], vb[NB * BS * NKV * D];
     for (size_t e = 0; e < LI_ARRAY_LEN(kb); e++) kb[e] = li_fp32_to_fp16(rng_f() * 3.0f), vb[e] = li_fp32_to_fp16(rng_f());
     li_kv_layer kv = {.dtype = LI_TYPE_F16, .k = kb, .v = vb};
@@ -395,7 +393,7 @@ static void test_backend(void) {
     float *scr = malloc(li_ggml_attn_scratch(72, 1) * sizeof(float));
     for (int n = 1; n <= 3; n += 2) {
         li_attn_args a = {.n_tokens = n, .n_head = NH, .n_head_kv = NKV, .head_dim = D, .block_size = BS, .q = q,
-                          .out = out, .pos = pos, .seq = seq, .block_tables = tables, .kv = &kv, .scale = 0.125f};
+                          .out = out, .pos = pos, .seq = seq, .block_table = table, .bt_stride = NB, .kv = &kv, .scale = 0.125f};
         be.ops->attention(&be, &a);
         a.out = want;
         for (int i = 0; i < n; i++)
@@ -405,7 +403,7 @@ static void test_backend(void) {
     }
     /* and the two orders do differ somewhere, or the rule would be untested */
     li_attn_args a = {.n_tokens = 1, .n_head = NH, .n_head_kv = NKV, .head_dim = D, .block_size = BS, .q = q,
-                      .out = out, .pos = pos, .seq = seq, .block_tables = tables, .kv = &kv, .scale = 0.125f};
+                      .out = out, .pos = pos, .seq = seq, .block_table = table, .bt_stride = NB, .kv = &kv, .scale = 0.125f};
     int differ = 0;
     for (int h = 0; h < NH; h++) {
         a.out = out;

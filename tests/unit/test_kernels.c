@@ -738,7 +738,7 @@ static void attn_naive(const li_attn_args *a, float *out) {
             double *s = li_xmalloc((size_t)np * sizeof(double)), mx = -INFINITY, sum = 0;
             const float *q = a->q + (i * a->n_head + h) * D;
             for (int64_t p = 0; p < np; p++) {
-                const int64_t slot = (int64_t)a->block_tables[a->seq[i]][p / a->block_size] * a->block_size +
+                const int64_t slot = (int64_t)li_attn_blocks(a, i)[p / a->block_size] * a->block_size +
                                      p % a->block_size;
                 double d = 0;
                 for (int e = 0; e < D; e++)
@@ -750,7 +750,7 @@ static void attn_naive(const li_attn_args *a, float *out) {
             for (int e = 0; e < D; e++) {
                 double o = 0;
                 for (int64_t p = 0; p < np; p++) {
-                    const int64_t slot = (int64_t)a->block_tables[a->seq[i]][p / a->block_size] * a->block_size +
+                    const int64_t slot = (int64_t)li_attn_blocks(a, i)[p / a->block_size] * a->block_size +
                                          p % a->block_size;
                     o += s[p] / sum * li_float_load(a->kv->dtype, a->kv->v, (slot * a->n_head_kv + kvh) * D + e);
                 }
@@ -765,8 +765,8 @@ static void test_attention(li_backend *bes, int n_be) {
     li_backend ref_be = {.ops = ref, .n_threads = 1};
     const int block_size = 16, num_blocks = 40;
     /* three sequences, block ids deliberately scattered */
-    int32_t bt0[] = {7, 2, 19}, bt1[] = {5}, bt2[] = {30, 0, 11, 3, 25, 38};
-    int32_t *tables[] = {bt0, bt1, bt2};
+    enum { BT_STRIDE = 6 }; /* flat (3, BT_STRIDE) table, rows padded */
+    const int32_t tables[3 * BT_STRIDE] = {7, 2, 19, 0, 0, 0, 5, 0, 0, 0, 0, 0, 30, 0, 11, 3, 25, 38};
     const int seq_len[] = {37, 16, 90};
     /* the batch: a chunk of seq 0 crossing a block boundary, the last token
      * of seq 1, a few early and late tokens of seq 2, the very first token */
@@ -794,7 +794,7 @@ static void test_attention(li_backend *bes, int n_be) {
                 int64_t *slot = li_xmalloc((size_t)L * sizeof(int64_t));
                 fill(k, (int64_t)L * nkv * D, 2.0f);
                 fill(v, (int64_t)L * nkv * D, 1.0f);
-                for (int p = 0; p < L; p++) slot[p] = (int64_t)tables[s][p / block_size] * block_size + p % block_size;
+                for (int p = 0; p < L; p++) slot[p] = (int64_t)tables[s * BT_STRIDE + p / block_size] * block_size + p % block_size;
                 ref->kv_store(&ref_be, &kv, k, v, slot, L, nkv, D);
                 /* the CPU backends store identical bytes */
                 for (int b = 0; b < n_be; b++) {
@@ -829,7 +829,7 @@ static void test_attention(li_backend *bes, int n_be) {
             for (int sc = 0; sc < 2; sc++) {
                 li_attn_args a = {.n_tokens = n_tokens, .n_head = nh, .n_head_kv = nkv, .head_dim = D,
                                   .block_size = block_size, .q = q, .out = want, .pos = pos, .seq = seq,
-                                  .block_tables = tables, .kv = &kv, .scale = scales[sc]};
+                                  .block_table = tables, .bt_stride = BT_STRIDE, .kv = &kv, .scale = scales[sc]};
                 ref->attention(&ref_be, &a);
                 attn_naive(&a, got);
                 const int64_t len = n_tokens * nh * D;
@@ -918,8 +918,9 @@ static void test_kv_store_bits(li_backend *bes, int n_be) {
  * count. */
 static void test_attention_batch_invariance(int nh, int nkv, int D) {
     const int block_size = 16, num_blocks = 64;
-    int32_t bt0[] = {7, 2, 19, 40}, bt1[] = {5, 33}, bt2[] = {30, 0, 11, 3, 25, 38, 50, 61};
-    int32_t *tables[] = {bt0, bt1, bt2};
+    enum { BT_STRIDE = 8 }; /* flat (3, BT_STRIDE) table, rows padded */
+    const int32_t tables[3 * BT_STRIDE] = {7, 2, 19, 40, 0, 0, 0, 0, 5, 33, 0, 0, 0, 0, 0, 0,
+                                           30, 0, 11, 3, 25, 38, 50, 61};
     /* a prefill chunk of seq 2, decode tokens of seqs 0 and 1, interleaved */
     int32_t seq[40], pos[40];
     int64_t n = 0;
@@ -960,7 +961,7 @@ static void test_attention_batch_invariance(int nh, int nkv, int D) {
                 if (li_backend_cpu_init(&be, nt, isas[ii], &err)) continue;
                 li_attn_args a = {.n_tokens = n, .n_head = nh, .n_head_kv = nkv, .head_dim = D,
                                   .block_size = block_size, .q = q, .out = all, .pos = pos, .seq = seq,
-                                  .block_tables = tables, .kv = &kv, .scale = 0.125f};
+                                  .block_table = tables, .bt_stride = BT_STRIDE, .kv = &kv, .scale = 0.125f};
                 be.ops->attention(&be, &a);
                 int bad = 0;
                 /* and the same bits whatever the thread count */

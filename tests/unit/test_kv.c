@@ -6,12 +6,13 @@
 
 int main(void) {
     li_error err = {0};
-    li_hparams hp = {.n_layer = 2, .n_head_kv = 3, .head_dim = 8};
+    li_backend host_be = {.ops = li_backend_ref_ops()}; /* host buffers */
+    li_kv_dims hp = {.n_layer = 2, .n_head_kv = 3, .head_dim = 8};
     li_kv_cache kv;
     CHECK(li_kv_bytes_per_token(&hp, LI_TYPE_F16) == 2u * 2 * 3 * 8 * 2, "bytes per token f16");
     CHECK(li_kv_bytes_per_token(&hp, LI_TYPE_F32) == 2u * 2 * 3 * 8 * 4, "bytes per token f32");
     CHECK(li_kv_blocks_for_budget(&hp, LI_TYPE_F16, 4, 192 * 4 * 10 + 5) == 10, "blocks for budget");
-    CHECK(li_kv_cache_init(&kv, &hp, LI_TYPE_F16, 4, 6, &err) == 0, "%s", err.msg);
+    CHECK(li_kv_cache_init(&kv, &host_be, &hp, LI_TYPE_F16, 4, 6, &err) == 0, "%s", err.msg);
     CHECK(kv.n_free == 6, "all free");
 
     /* allocation order is 0, 1, 2, ... */
@@ -48,9 +49,9 @@ int main(void) {
 
     /* bad configurations are refused */
     li_kv_cache bad;
-    CHECK(li_kv_cache_init(&bad, &hp, LI_TYPE_F16, 0, 4, &err) != 0, "block size 0");
-    CHECK(li_kv_cache_init(&bad, &hp, LI_TYPE_F16, 16, 0, &err) == LI_ENOMEM, "no blocks");
-    CHECK(li_kv_cache_init(&bad, &hp, LI_TYPE_Q4_0, 16, 4, &err) == LI_EUNSUP, "unsupported dtype");
+    CHECK(li_kv_cache_init(&bad, &host_be, &hp, LI_TYPE_F16, 0, 4, &err) != 0, "block size 0");
+    CHECK(li_kv_cache_init(&bad, &host_be, &hp, LI_TYPE_F16, 16, 0, &err) == LI_ENOMEM, "no blocks");
+    CHECK(li_kv_cache_init(&bad, &host_be, &hp, LI_TYPE_Q4_0, 16, 4, &err) == LI_EUNSUP, "unsupported dtype");
     li_type t;
     CHECK(li_kv_dtype_parse("bf16", &t, &err) == 0 && t == LI_TYPE_BF16, "parse bf16");
     CHECK(li_kv_dtype_parse("q4", &t, &err) != 0 && strstr(err.msg, "q4"), "parse unknown");
@@ -61,7 +62,7 @@ int main(void) {
 
     /* fork + copy-on-write: children share full blocks; a write into a
      * shared block copies it (contents included) */
-    CHECK(li_kv_cache_init(&kv, &hp, LI_TYPE_F16, 4, 8, &err) == 0, "%s", err.msg);
+    CHECK(li_kv_cache_init(&kv, &host_be, &hp, LI_TYPE_F16, 4, 8, &err) == 0, "%s", err.msg);
     li_kv_seq p, c;
     li_kv_seq_init(&p);
     li_kv_seq_init(&c);
@@ -85,7 +86,7 @@ int main(void) {
     li_kv_cache_free(&kv);
     /* prefix cache: hashed blocks survive release, are found by hash, and
      * are evicted least-recently-released first; in-use blocks never */
-    CHECK(li_kv_cache_init(&kv, &hp, LI_TYPE_F16, 4, 4, &err) == 0, "%s", err.msg);
+    CHECK(li_kv_cache_init(&kv, &host_be, &hp, LI_TYPE_F16, 4, 4, &err) == 0, "%s", err.msg);
     li_kv_prefix_enable(&kv);
     int32_t toks[16] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
     li_block_hash z = {0, 0};
@@ -120,7 +121,7 @@ int main(void) {
     CHECK(li_kv_prefix_evict(&kv, 0) && kv.n_free == 1 && li_kv_prefix_lookup(&kv, h0) == -1, "explicit eviction");
     /* map deletion keeps probe chains intact: many registrations and evictions */
     li_kv_cache_free(&kv);
-    CHECK(li_kv_cache_init(&kv, &hp, LI_TYPE_F16, 4, 64, &err) == 0, "%s", err.msg);
+    CHECK(li_kv_cache_init(&kv, &host_be, &hp, LI_TYPE_F16, 4, 64, &err) == 0, "%s", err.msg);
     li_kv_prefix_enable(&kv);
     li_block_hash hs[64];
     for (int i = 0; i < 64; i++) {

@@ -221,10 +221,9 @@ static void test_decode_all_isas(void) {
             bool ok = true;
             for (int blk = 0; blk < 4; blk++) {
                 int32_t table[] = {blk};
-                int32_t *tables[] = {table};
                 const int32_t pos[] = {0}, seq[] = {0};
                 li_attn_args a = {.n_tokens = 1, .n_head = nh, .n_head_kv = nkv, .head_dim = D, .block_size = 1,
-                                  .q = q, .out = out, .pos = pos, .seq = seq, .block_tables = tables,
+                                  .q = q, .out = out, .pos = pos, .seq = seq, .block_table = table, .bt_stride = 1,
                                   .kv = &b.kv, .scale = 0.125f};
                 bes[be].ops->attention(&bes[be], &a);
                 for (int d = 0; d < D; d++) { /* -0 reads as +0: the output starts from 0 */
@@ -344,7 +343,7 @@ static void attn_naive(const li_attn_args *a, float *out) {
             const float *q = a->q + (i * a->n_head + h) * D;
             for (int64_t p = 0; p < np; p++) {
                 const int64_t e =
-                    ((int64_t)a->block_tables[a->seq[i]][p / a->block_size] * a->block_size + p % a->block_size) * nkv + kvh;
+                    ((int64_t)li_attn_blocks(a, i)[p / a->block_size] * a->block_size + p % a->block_size) * nkv + kvh;
                 double d = 0;
                 for (int x = 0; x < D; x++) d += (double)q[x] * deq(a->kv, a->kv->k, a->kv->k_scale, e, D, x);
                 s[p] = d * a->scale;
@@ -355,7 +354,7 @@ static void attn_naive(const li_attn_args *a, float *out) {
                 double o = 0;
                 for (int64_t p = 0; p < np; p++) {
                     const int64_t e =
-                        ((int64_t)a->block_tables[a->seq[i]][p / a->block_size] * a->block_size + p % a->block_size) * nkv + kvh;
+                        ((int64_t)li_attn_blocks(a, i)[p / a->block_size] * a->block_size + p % a->block_size) * nkv + kvh;
                     o += s[p] / sum * deq(a->kv, a->kv->v, a->kv->v_scale, e, D, x);
                 }
                 out[(i * a->n_head + h) * D + x] = (float)o;
@@ -366,8 +365,8 @@ static void attn_naive(const li_attn_args *a, float *out) {
 
 static void test_attention(void) {
     const int block_size = 16, num_blocks = 40;
-    int32_t bt0[] = {7, 2, 19}, bt1[] = {5}, bt2[] = {30, 0, 11, 3, 25, 38};
-    int32_t *tables[] = {bt0, bt1, bt2};
+    enum { BT_STRIDE = 6 }; /* flat (3, BT_STRIDE) table, rows padded */
+    const int32_t tables[3 * BT_STRIDE] = {7, 2, 19, 0, 0, 0, 5, 0, 0, 0, 0, 0, 30, 0, 11, 3, 25, 38};
     const int seq_len[] = {37, 16, 90};
     /* a prefill chunk of seq 0 crossing a block boundary, the last token of
      * seq 1, early and late tokens of seq 2 (first token, block edges) */
@@ -389,7 +388,7 @@ static void test_attention(void) {
                 int64_t *slot = li_xmalloc((size_t)L * sizeof(int64_t));
                 fill_kv(k, (int64_t)L * nkv * D, 2.0f);
                 fill_kv(v, (int64_t)L * nkv * D, 1.0f);
-                for (int p = 0; p < L; p++) slot[p] = (int64_t)tables[s][p / block_size] * block_size + p % block_size;
+                for (int p = 0; p < L; p++) slot[p] = (int64_t)tables[s * BT_STRIDE + p / block_size] * block_size + p % block_size;
                 bes[0].ops->kv_store(&bes[0], &b.kv, k, v, slot, L, nkv, D);
                 free(k);
                 free(v);
@@ -401,7 +400,7 @@ static void test_attention(void) {
             for (int64_t j = 0; j < len; j++) q[j] = rng_f() * 1.5f;
             li_attn_args a = {.n_tokens = n_tokens, .n_head = nh, .n_head_kv = nkv, .head_dim = D,
                               .block_size = block_size, .q = q, .out = want, .pos = pos, .seq = seq,
-                              .block_tables = tables, .kv = &b.kv, .scale = 1.0f / sqrtf((float)D)};
+                              .block_table = tables, .bt_stride = BT_STRIDE, .kv = &b.kv, .scale = 1.0f / sqrtf((float)D)};
             bes[0].ops->attention(&bes[0], &a);
             attn_naive(&a, got);
             report(nmse(want, got, len) < 1e-10, "attention ref %-4s heads %d/%d dim %3d: matches double precision (nmse %.1e)",
@@ -481,7 +480,8 @@ static void test_kv_cache(void) {
     report(li_type_get(LI_KV_TYPE_FP8_E4M3) == NULL && li_type_get(LI_KV_TYPE_INT8) == NULL,
            "the KV ids are outside the GGUF type table");
 
-    li_hparams hp = {.n_layer = 30, .n_head_kv = 3, .head_dim = 64};
+    li_backend host_be = {.ops = li_backend_ref_ops()}; /* host buffers */
+    li_kv_dims hp = {.n_layer = 30, .n_head_kv = 3, .head_dim = 64};
     const size_t f16 = li_kv_bytes_per_token(&hp, LI_TYPE_F16), fp8 = li_kv_bytes_per_token(&hp, LI_KV_TYPE_FP8_E4M3);
     report(fp8 == 2u * 30 * 3 * (64 + 4) && li_kv_bytes_per_token(&hp, LI_KV_TYPE_INT8) == fp8,
            "bytes per token: fp8 = int8 = 2 * layers * kv heads * (head_dim + 4) = %zu", fp8);
@@ -494,9 +494,9 @@ static void test_kv_cache(void) {
                2 * li_kv_blocks_for_budget(&hp, LI_TYPE_F16, 16, (size_t)1 << 30) * 96 / 100,
            "a budget holds ~1.94x the fp8 blocks of f16");
 
-    hp = (li_hparams){.n_layer = 2, .n_head_kv = 3, .head_dim = 8};
+    hp = (li_kv_dims){.n_layer = 2, .n_head_kv = 3, .head_dim = 8};
     li_kv_cache kv;
-    report(li_kv_cache_init(&kv, &hp, LI_KV_TYPE_FP8_E4M3, 4, 6, &err) == 0, "init fp8 pool: %s", err.msg);
+    report(li_kv_cache_init(&kv, &host_be, &hp, LI_KV_TYPE_FP8_E4M3, 4, 6, &err) == 0, "init fp8 pool: %s", err.msg);
     bool ok = kv.scales != NULL && kv.bytes == li_kv_bytes_per_token(&hp, LI_KV_TYPE_FP8_E4M3) * 4 * 6;
     for (int l = 0; l < 2; l++) {
         ok &= kv.layers[l].dtype == LI_KV_TYPE_FP8_E4M3 && kv.layers[l].k_scale && kv.layers[l].v_scale;
@@ -523,7 +523,7 @@ static void test_kv_cache(void) {
     li_kv_seq_free(&p);
     li_kv_seq_free(&c);
     li_kv_cache_free(&kv);
-    report(li_kv_cache_init(&kv, &hp, LI_TYPE_F16, 4, 6, &err) == 0 && kv.scales == NULL && !kv.layers[0].k_scale,
+    report(li_kv_cache_init(&kv, &host_be, &hp, LI_TYPE_F16, 4, 6, &err) == 0 && kv.scales == NULL && !kv.layers[0].k_scale,
            "f16 pool: no scales");
     li_kv_cache_free(&kv);
 }

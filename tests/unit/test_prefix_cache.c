@@ -22,7 +22,8 @@ static double fake_clock(const void *ud) {
     return clock_now;
 }
 
-static const li_hparams hp = {.n_layer = 1, .n_head_kv = 1, .head_dim = 4};
+static const li_kv_dims hp = {.n_layer = 1, .n_head_kv = 1, .head_dim = 4};
+static li_backend host_be; /* the reference ops' host buffers (set in main) */
 enum { BS = 4, NBLOCKS = 32 };
 
 typedef struct sq {
@@ -62,7 +63,7 @@ static void sq_free(li_prefix_cache *pc, sq *s) {
 static void test_disabled(void) {
     li_kv_cache kv;
     li_error err = {0};
-    CHECK(li_kv_cache_init(&kv, &hp, LI_TYPE_F16, BS, NBLOCKS, &err) == 0, "%s", err.msg);
+    CHECK(li_kv_cache_init(&kv, &host_be, &hp, LI_TYPE_F16, BS, NBLOCKS, &err) == 0, "%s", err.msg);
     li_prefix_cache pc;
     li_prefix_cache_init(&pc, &kv, false, fake_clock, NULL);
     CHECK(!li_prefix_cache_enabled(&pc), "off");
@@ -84,7 +85,7 @@ static void test_disabled(void) {
 static void test_probe_acquire(void) {
     li_kv_cache kv;
     li_error err = {0};
-    CHECK(li_kv_cache_init(&kv, &hp, LI_TYPE_F16, BS, NBLOCKS, &err) == 0, "%s", err.msg);
+    CHECK(li_kv_cache_init(&kv, &host_be, &hp, LI_TYPE_F16, BS, NBLOCKS, &err) == 0, "%s", err.msg);
     li_prefix_cache pc;
     li_prefix_cache_init(&pc, &kv, true, fake_clock, NULL);
     CHECK(li_prefix_cache_enabled(&pc), "on");
@@ -196,7 +197,7 @@ static int order_cb(void *ud, const li_prefix_candidate *c, int32_t n, int32_t w
  * leaving `empty` blocks empty. */
 static void evict_fixture(li_kv_cache *kv, li_prefix_cache *pc, li_kv_seq *filler, int32_t empty, int32_t ids[8]) {
     li_error err = {0};
-    CHECK(li_kv_cache_init(kv, &hp, LI_TYPE_F16, BS, NBLOCKS, &err) == 0, "%s", err.msg);
+    CHECK(li_kv_cache_init(kv, &host_be, &hp, LI_TYPE_F16, BS, NBLOCKS, &err) == 0, "%s", err.msg);
     li_prefix_cache_init(pc, kv, true, fake_clock, NULL);
     for (int s = 0; s < 4; s++) {
         int32_t t[9];
@@ -290,6 +291,7 @@ static void test_evict(void) {
 }
 
 int main(void) {
+    host_be.ops = li_backend_ref_ops();
     test_disabled();
     test_probe_acquire();
     test_evict();

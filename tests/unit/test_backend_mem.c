@@ -1,0 +1,436 @@
+/* test_backend_mem.c — everything the forward pass and the engine touch is
+ * memory the backend handed out.
+ *
+ * A recording backend wraps the CPU backend: it records every buffer it
+ * allocates (and frees), every weight given to weight_prepare, and checks
+ * that each pointer an op receives — activations, KV rows, block table,
+ * batch arrays — lies inside a live buffer (weights: inside a prepared
+ * weight, or one of the model's norm vectors). Run through it: a prefill and
+ * decode steps (li_session), and the engine with n > 1 samples
+ * (copy-on-write forks of shared blocks) under a KV budget small enough to
+ * preempt. The outputs must equal the plain CPU backend's, token for token. */
+#include "engine/engine.h"
+#include "engine/session.h"
+#include "test_util.h"
+
+#include <string.h>
+
+/* ------------------------------------------------------------------------
+ * the recorder
+ * ---------------------------------------------------------------------- */
+
+enum { MAX_BUFS = 256, MAX_WEIGHTS = 512 };
+
+typedef struct {
+    const char *lo;
+    size_t n;
+} range;
+
+static struct {
+    li_backend *inner;
+    range bufs[MAX_BUFS];   /* live buffers; n == 0 and lo == NULL: a free entry */
+    int n_bufs;
+    range weights[MAX_WEIGHTS];
+    const void *packed[MAX_WEIGHTS];
+    int n_weights;
+    long allocs, frees, violations, op_calls, kv_copies;
+    int n_layer;           /* a KV block copy is 2 * n_layer runs (K, V per layer) */
+} g;
+
+static void violation(const char *what, const void *p, size_t n) {
+    if (g.violations++ < 10) fprintf(stderr, "  outside backend memory: %s %p (+%zu bytes)\n", what, p, n);
+}
+
+static bool in(const range *r, int nr, const void *p, size_t n) {
+    const char *c = p;
+    for (int i = 0; i < nr; i++)
+        if (r[i].lo && c >= r[i].lo && c + n <= r[i].lo + r[i].n) return true;
+    return false;
+}
+
+/* p[0, n) lies in a live buffer */
+static void buf_check(const char *what, const void *p, size_t n) {
+    if (!p || !in(g.bufs, g.n_bufs, p, n)) violation(what, p, n);
+}
+
+static void weight_check(const char *what, const li_weight *w) {
+    bool ok = in(g.weights, g.n_weights, w->data, (size_t)w->m * w->row_bytes);
+    if (ok && w->packed) {
+        ok = false;
+        for (int i = 0; i < g.n_weights; i++) ok |= g.packed[i] == w->packed;
+    }
+    if (!ok) violation(what, w->data, (size_t)w->m * w->row_bytes);
+}
+
+static void vec_check(const char *what, const float *w, int64_t n) {
+    if (!in(g.weights, g.n_weights, w, (size_t)n * sizeof(float))) violation(what, w, (size_t)n * sizeof(float));
+}
+
+static void weight_add(const void *p, size_t n, const void *packed) {
+    if (g.n_weights == MAX_WEIGHTS) return;
+    g.weights[g.n_weights] = (range){p, n};
+    g.packed[g.n_weights++] = packed;
+}
+
+#define F4(n) ((size_t)(n) * 4)
+
+static int r_alloc(li_backend *be, size_t size, li_buffer *out, li_error *err) {
+    int rc = g.inner->ops->buffer_alloc(g.inner, size, out, err);
+    if (rc) return rc;
+    g.allocs++;
+    int i = 0;
+    while (i < g.n_bufs && g.bufs[i].lo) i++;
+    if (i == MAX_BUFS) {
+        violation("too many buffers", out->data, size);
+        return 0;
+    }
+    g.bufs[i] = (range){out->data, size};
+    if (i == g.n_bufs) g.n_bufs++;
+    return 0;
+}
+
+static void r_free(li_backend *be, li_buffer *b) {
+    for (int i = 0; i < g.n_bufs; i++)
+        if (g.bufs[i].lo == b->data && b->data) {
+            g.bufs[i] = (range){NULL, 0};
+            g.frees++;
+            g.inner->ops->buffer_free(g.inner, b);
+            return;
+        }
+    violation("free of a buffer never allocated", b->data, b->size);
+}
+
+static void r_set(li_backend *be, li_buffer *b, size_t off, const void *src, size_t n) {
+    buf_check("buffer_set", (const char *)b->data + off, n);
+    g.inner->ops->buffer_set(g.inner, b, off, src, n);
+}
+
+static void r_get(li_backend *be, const li_buffer *b, size_t off, void *dst, size_t n) {
+    buf_check("buffer_get", (const char *)b->data + off, n);
+    g.inner->ops->buffer_get(g.inner, b, off, dst, n);
+}
+
+static void r_copy(li_backend *be, li_buffer *dst, const li_buffer *src, const size_t *doff, const size_t *soff,
+                   int n_runs, size_t n) {
+    for (int i = 0; i < n_runs; i++) {
+        buf_check("buffer_copy dst", (const char *)dst->data + doff[i], n);
+        buf_check("buffer_copy src", (const char *)src->data + soff[i], n);
+        if (dst->data == src->data && doff[i] == soff[i]) violation("buffer_copy onto itself", dst->data, n);
+    }
+    if (n_runs == 2 * g.n_layer) g.kv_copies++; /* a KV block */
+    g.inner->ops->buffer_copy(g.inner, dst, src, doff, soff, n_runs, n);
+}
+
+static void r_clear(li_backend *be, li_buffer *b, uint8_t v) {
+    buf_check("buffer_clear", b->data, b->size);
+    g.inner->ops->buffer_clear(g.inner, b, v);
+}
+
+static void r_sync(li_backend *be) { g.inner->ops->synchronize(g.inner); }
+
+static void r_matmul(li_backend *be, const li_weight *w, const float *x, float *y, int64_t n) {
+    g.op_calls++;
+    weight_check("matmul w", w);
+    buf_check("matmul x", x, F4(n * w->k));
+    buf_check("matmul y", y, F4(n * w->m));
+    g.inner->ops->matmul(g.inner, w, x, y, n);
+}
+
+static void r_matmul_multi(li_backend *be, const li_weight *const *w, int n_w, const float *x, float *const *y,
+                           int64_t n) {
+    g.op_calls++;
+    buf_check("matmul_multi x", x, F4(n * w[0]->k));
+    for (int i = 0; i < n_w; i++) {
+        weight_check("matmul_multi w", w[i]);
+        buf_check("matmul_multi y", y[i], F4(n * w[i]->m));
+    }
+    g.inner->ops->matmul_multi(g.inner, w, n_w, x, y, n);
+}
+
+static void r_matmul_add(li_backend *be, const li_weight *w, const float *x, float *y, float *res, int64_t n) {
+    g.op_calls++;
+    weight_check("matmul_add w", w);
+    buf_check("matmul_add x", x, F4(n * w->k));
+    buf_check("matmul_add y", y, F4(n * w->m));
+    buf_check("matmul_add res", res, F4(n * w->m));
+    g.inner->ops->matmul_add(g.inner, w, x, y, res, n);
+}
+
+static void r_get_rows(li_backend *be, const li_weight *w, const int32_t *ids, int64_t n, float *out) {
+    g.op_calls++;
+    weight_check("get_rows w", w);
+    buf_check("get_rows ids", ids, F4(n));
+    buf_check("get_rows out", out, F4(n * w->k));
+    g.inner->ops->get_rows(g.inner, w, ids, n, out);
+}
+
+static void r_rmsnorm(li_backend *be, const float *x, const float *w, float *y, int64_t n, int64_t dim, float eps) {
+    g.op_calls++;
+    buf_check("rmsnorm x", x, F4(n * dim));
+    buf_check("rmsnorm y", y, F4(n * dim));
+    vec_check("rmsnorm w", w, dim);
+    g.inner->ops->rmsnorm(g.inner, x, w, y, n, dim, eps);
+}
+
+static void r_rope(li_backend *be, float *x, const int32_t *pos, int64_t n, int n_heads, int head_dim, int n_rot,
+                   float theta, int neox) {
+    g.op_calls++;
+    buf_check("rope x", x, F4(n * n_heads * head_dim));
+    buf_check("rope pos", pos, F4(n));
+    g.inner->ops->rope(g.inner, x, pos, n, n_heads, head_dim, n_rot, theta, neox);
+}
+
+static void r_silu_mul(li_backend *be, float *gg, const float *u, int64_t n, int64_t dim) {
+    g.op_calls++;
+    buf_check("silu_mul g", gg, F4(n * dim));
+    buf_check("silu_mul u", u, F4(n * dim));
+    g.inner->ops->silu_mul(g.inner, gg, u, n, dim);
+}
+
+static void r_add(li_backend *be, float *y, const float *x, int64_t n) {
+    g.op_calls++;
+    buf_check("add y", y, F4(n));
+    buf_check("add x", x, F4(n));
+    g.inner->ops->add(g.inner, y, x, n);
+}
+
+static size_t kv_es(li_type t) { return t == LI_TYPE_F32 ? 4 : t == LI_TYPE_F16 || t == LI_TYPE_BF16 ? 2 : 1; }
+
+/* the K and V rows (and scales) of cache slot `slot` */
+static void slot_check(const char *what, const li_kv_layer *kv, int64_t slot, int nkv, int hd) {
+    const size_t row = (size_t)nkv * hd * kv_es(kv->dtype);
+    buf_check(what, (const char *)kv->k + (size_t)slot * row, row);
+    buf_check(what, (const char *)kv->v + (size_t)slot * row, row);
+    if (kv->k_scale) {
+        buf_check(what, kv->k_scale + (size_t)slot * nkv, F4(nkv));
+        buf_check(what, kv->v_scale + (size_t)slot * nkv, F4(nkv));
+    }
+}
+
+static void r_kv_store(li_backend *be, const li_kv_layer *kv, const float *k, const float *v, const int64_t *slot,
+                       int64_t n, int nkv, int hd) {
+    g.op_calls++;
+    buf_check("kv_store k", k, F4(n * nkv * hd));
+    buf_check("kv_store v", v, F4(n * nkv * hd));
+    buf_check("kv_store slot", slot, (size_t)n * 8);
+    for (int64_t i = 0; i < n; i++) slot_check("kv_store row", kv, slot[i], nkv, hd);
+    g.inner->ops->kv_store(g.inner, kv, k, v, slot, n, nkv, hd);
+}
+
+static void r_attention(li_backend *be, const li_attn_args *a) {
+    g.op_calls++;
+    const int64_t n = a->n_tokens;
+    buf_check("attention q", a->q, F4(n * a->n_head * a->head_dim));
+    buf_check("attention out", a->out, F4(n * a->n_head * a->head_dim));
+    buf_check("attention pos", a->pos, F4(n));
+    buf_check("attention seq", a->seq, F4(n));
+    for (int64_t i = 0; i < n; i++) {
+        const int32_t *bt = li_attn_blocks(a, i);
+        const int64_t nb = a->pos[i] / a->block_size + 1;
+        buf_check("attention block table row", bt, F4(nb));
+        for (int64_t b = 0; b < nb; b++)
+            for (int s = 0; s < a->block_size; s += a->block_size - 1 > 0 ? a->block_size - 1 : 1)
+                slot_check("attention KV block", a->kv, (int64_t)bt[b] * a->block_size + s, a->n_head_kv,
+                           a->head_dim);
+    }
+    g.inner->ops->attention(g.inner, a);
+}
+
+static int r_weight_prepare(li_backend *be, li_weight *w) {
+    int rc = g.inner->ops->weight_prepare ? g.inner->ops->weight_prepare(g.inner, w) : 0;
+    weight_add(w->data, (size_t)w->m * w->row_bytes, w->packed);
+    return rc;
+}
+
+static void r_weight_release(li_backend *be, li_weight *w) {
+    if (g.inner->ops->weight_release) g.inner->ops->weight_release(g.inner, w);
+}
+
+static li_backend_ops rec_ops;
+
+static void recorder_init(li_backend *rec, li_backend *inner) {
+    memset(&g, 0, sizeof g);
+    g.inner = inner;
+    rec_ops = *inner->ops;
+    rec_ops.name = "recording";
+    rec_ops.buffer_alloc = r_alloc;
+    rec_ops.buffer_free = r_free;
+    rec_ops.buffer_wrap = NULL;
+    rec_ops.buffer_set = r_set;
+    rec_ops.buffer_get = r_get;
+    rec_ops.buffer_copy = r_copy;
+    rec_ops.buffer_clear = r_clear;
+    rec_ops.synchronize = r_sync;
+    rec_ops.matmul = r_matmul;
+    rec_ops.matmul_multi = inner->ops->matmul_multi ? r_matmul_multi : NULL;
+    rec_ops.matmul_add = inner->ops->matmul_add ? r_matmul_add : NULL;
+    rec_ops.get_rows = r_get_rows;
+    rec_ops.rmsnorm = r_rmsnorm;
+    rec_ops.rope = r_rope;
+    rec_ops.silu_mul = r_silu_mul;
+    rec_ops.add = r_add;
+    rec_ops.kv_store = r_kv_store;
+    rec_ops.attention = r_attention;
+    rec_ops.weight_prepare = r_weight_prepare;
+    rec_ops.weight_release = r_weight_release;
+    *rec = (li_backend){.ops = &rec_ops, .n_threads = inner->n_threads};
+}
+
+/* The norm vectors are the model's own f32 arrays: registered as weights. */
+static void register_norms(const li_model *m) {
+    const size_t d = (size_t)m->hp.n_embd * sizeof(float);
+    weight_add(m->output_norm, d, NULL);
+    for (int l = 0; l < m->hp.n_layer; l++) {
+        weight_add(m->layers[l].attn_norm, d, NULL);
+        weight_add(m->layers[l].ffn_norm, d, NULL);
+    }
+}
+
+/* ------------------------------------------------------------------------
+ * scenarios
+ * ---------------------------------------------------------------------- */
+
+/* Prefill in chunks, then decode a few tokens greedily; writes the tokens. */
+static int run_session(li_model *m, li_backend *be, const int32_t *prompt, int64_t n, int32_t *out, int n_out) {
+    li_error err = {0};
+    li_session s;
+    if (li_session_init(&s, m, be, 256, LI_TYPE_F16, 8, &err)) {
+        fprintf(stderr, "%s\n", err.msg);
+        return -1;
+    }
+    float *logits = malloc(sizeof(float) * (size_t)m->hp.n_vocab);
+    int rc = li_session_eval(&s, prompt, n, false, logits, &err);
+    for (int t = 0; !rc && t < n_out; t++) {
+        int32_t best = 0;
+        for (int32_t j = 1; j < m->hp.n_vocab; j++)
+            if (logits[j] > logits[best]) best = j;
+        out[t] = best;
+        rc = li_session_eval(&s, &best, 1, false, logits, &err);
+    }
+    if (rc) fprintf(stderr, "%s\n", err.msg);
+    free(logits);
+    li_session_free(&s);
+    return rc;
+}
+
+enum { N_REQ = 4, N_SAMPLES = 3, N_SEQS = N_REQ + N_SAMPLES - 1, MAX_TOK = 24 };
+
+typedef struct {
+    int64_t ids[N_REQ];
+    int32_t toks[N_SEQS][MAX_TOK];
+    int64_t n_toks[N_SEQS];
+    int64_t preemptions;
+} engine_out;
+
+/* The engine under a KV budget of 14 blocks of 8 tokens: four requests of
+ * ~30-token prompts and 24 new tokens each, one of them drawing 3 samples
+ * (forked blocks, copied on write), cannot all stay resident. */
+static int run_engine(li_model *m, li_backend *be, const int32_t *prompt, int64_t n, engine_out *o) {
+    li_error err = {0};
+    li_engine_config c;
+    li_engine_config_default(&c);
+    c.block_size = 8;
+    c.max_num_seqs = 8;
+    c.max_batched_tokens = 32;
+    c.prefix_caching = false;
+    const li_kv_dims dims = li_forward_kv_dims(&m->hp);
+    c.kv_memory = li_kv_bytes_per_token(&dims, c.kv_dtype) * 8 * 14;
+    li_engine *e;
+    if (li_engine_init(&e, m, be, &c, &err)) {
+        fprintf(stderr, "%s\n", err.msg);
+        return -1;
+    }
+    memset(o, 0, sizeof *o);
+    for (int r = 0; r < N_REQ; r++) {
+        li_request_params p = {.prompt = prompt + r, .n_prompt = n - r, .max_tokens = MAX_TOK, .ignore_eos = true,
+                               .n = r == 1 ? N_SAMPLES : 1};
+        li_sampling_params_default(&p.sampling);
+        p.sampling.seed = 42 + (uint64_t)r;
+        if (li_engine_add(e, &p, &o->ids[r], &err)) {
+            fprintf(stderr, "%s\n", err.msg);
+            li_engine_free(e);
+            return -1;
+        }
+    }
+    int rc = 0;
+    for (int guard = 0; !rc && li_engine_has_work(e) && guard < 10000; guard++) rc = li_engine_step(e, &err);
+    if (rc) fprintf(stderr, "%s\n", err.msg);
+    /* the samples' ids follow their parent's (engine.h) */
+    int k = 0;
+    for (int r = 0; r < N_REQ; r++)
+        for (int s = 0; s < (r == 1 ? N_SAMPLES : 1); s++, k++) {
+            const li_request_result *res = li_engine_result(e, o->ids[r] + s);
+            if (!res) continue;
+            o->n_toks[k] = LI_MIN(res->n_tokens, (int64_t)MAX_TOK);
+            memcpy(o->toks[k], res->tokens, (size_t)o->n_toks[k] * sizeof(int32_t));
+        }
+    li_engine_stats st;
+    li_engine_stats_get(e, &st);
+    o->preemptions = st.preemptions;
+    li_engine_free(e);
+    return rc;
+}
+
+int main(void) {
+    li_error err = {0};
+    li_model *m;
+    if (li_model_load(&m, li_model_default_path(NULL), &err) != 0) {
+        printf("SKIP: model not loadable (%s)\n", err.msg);
+        return 77;
+    }
+    int32_t prompt[40];
+    for (int i = 0; i < 40; i++) prompt[i] = 100 + (i * 7919) % 20000;
+
+    li_backend cpu, rec;
+    CHECK(li_backend_cpu_init(&cpu, 2, "auto", &err) == 0, "%s", err.msg);
+    CHECK(li_backend_check(&cpu, &err) == 0, "cpu backend has the buffer interface: %s", err.msg);
+    li_backend bad = {.ops = &(li_backend_ops){.api_version = LI_BACKEND_API_VERSION - 1, .name = "old"}};
+    CHECK(li_backend_check(&bad, &err) == LI_EUNSUP && strstr(err.msg, "API version"),
+          "a backend of another API version is refused: %s", err.msg);
+    li_buffer nb;
+    CHECK(li_buffer_alloc(&bad, 64, &nb, &err) == LI_EUNSUP && !nb.data, "no buffer from a refused backend");
+
+    /* the reference outputs: the plain CPU backend */
+    CHECK(li_model_prepare(m, &cpu, &err) == 0, "%s", err.msg);
+    int32_t want[8], got[8];
+    CHECK(run_session(m, &cpu, prompt, 30, want, 8) == 0, "session on cpu");
+    engine_out ew, eg;
+    CHECK(run_engine(m, &cpu, prompt, 30, &ew) == 0, "engine on cpu");
+    li_model_release(m, &cpu);
+
+    /* the same through the recorder (weights prepared through it) */
+    recorder_init(&rec, &cpu);
+    CHECK(li_model_prepare(m, &rec, &err) == 0, "%s", err.msg);
+    register_norms(m);
+    g.n_layer = m->hp.n_layer;
+
+    CHECK(run_session(m, &rec, prompt, 30, got, 8) == 0, "session through the recorder");
+    printf("prefill + decode: %ld ops, %ld buffers allocated, %ld freed, %ld violations\n", g.op_calls, g.allocs,
+           g.frees, g.violations);
+    CHECK(g.op_calls > 100 && g.allocs >= 4, "the session ran through the recorder (%ld ops, %ld buffers)", g.op_calls,
+          g.allocs);
+    CHECK(g.violations == 0, "prefill and decode touched only backend memory (%ld violations)", g.violations);
+    CHECK(g.allocs == g.frees, "every buffer freed (%ld of %ld)", g.frees, g.allocs);
+    CHECK(!memcmp(want, got, sizeof want), "the same tokens as the plain CPU backend");
+
+    const long ops0 = g.op_calls;
+    g.violations = 0;
+    CHECK(run_engine(m, &rec, prompt, 30, &eg) == 0, "engine through the recorder");
+    printf("engine: %ld ops, %ld KV block copies, %lld preemptions, %ld violations\n", g.op_calls - ops0,
+           g.kv_copies, (long long)eg.preemptions, g.violations);
+    CHECK(eg.preemptions > 0, "the tiny KV budget preempted (%lld)", (long long)eg.preemptions);
+    CHECK(g.kv_copies > 0, "the forked samples copied shared blocks on write (%ld)", g.kv_copies);
+    CHECK(g.violations == 0, "fork, copy-on-write and preemption touched only backend memory (%ld violations)",
+          g.violations);
+    CHECK(g.allocs == g.frees, "every buffer freed (%ld of %ld)", g.frees, g.allocs);
+    bool same = ew.preemptions == eg.preemptions;
+    for (int k = 0; k < N_SEQS; k++)
+        same &= ew.n_toks[k] == MAX_TOK && eg.n_toks[k] == ew.n_toks[k] &&
+                !memcmp(ew.toks[k], eg.toks[k], sizeof(int32_t) * (size_t)ew.n_toks[k]);
+    CHECK(same, "the engine's tokens equal the plain CPU backend's");
+
+    li_model_release(m, &rec);
+    li_backend_cpu_free(&cpu);
+    li_model_free(m);
+    return t_summary("backend_mem");
+}
