@@ -304,6 +304,10 @@ static int32_t sample_chain(li_sampler *s, const float *logits, const double *u,
         for (int32_t i = 0; i < n; i++)
             if (c[i].logprob >= cut) c[w++] = c[i];
         n = w;
+        if (n == 0) { /* every logit NaN: nothing to weigh, and c[n - 1] below would not exist */
+            if (probs) probs_one_hot(probs, nv, 0);
+            return 0;
+        }
     }
     qsort(c, (size_t)n, sizeof *c, cmp_desc);
     /* probabilities at temperature 1 for top-p and min-p */

@@ -314,6 +314,21 @@ int main(void) {
     c = plain("plain greedy", 0.0f);
     run_case(&c, seed++);
 
+    /* all-NaN logits (a broken model) draw id 0 and say so, without reading
+     * outside the candidate list */
+    {
+        float nan_l[NV];
+        static float probs[NV];
+        for (int i = 0; i < NV; i++) nan_l[i] = NAN;
+        c = plain("all NaN", 1.0f);
+        li_sampler s;
+        sampler_for(&c, &s, NULL, 1);
+        CHECK(li_sampler_sample(&s, nan_l, NULL, NULL) == 0, "all-NaN logits draw id 0");
+        CHECK(li_sampler_sample_u(&s, nan_l, 0.5, probs, NULL, NULL) == 0 && probs[0] == 1.0f && probs[1] == 0.0f,
+              "all-NaN logits: a one-hot at id 0");
+        li_sampler_free(&s);
+    }
+
     /* the critical values themselves: Wilson-Hilferty against exact ones
      * at alpha 1e-6 (df 1: 23.93, df 10: 46.86, df 100: 182.13), running high */
     CHECK(chi2_crit(1) > 23.93 && chi2_crit(1) < 28.0, "chi2_crit(1) = %.2f", chi2_crit(1));
