@@ -242,13 +242,25 @@ static void select_top_k(li_token_logprob *c, int32_t n, int32_t k) {
     }
 }
 
-int32_t li_sampler_sample(li_sampler *s, const float *logits, li_token_logprob *top, float *chosen_logprob) {
+/* ---- the chain ------------------------------------------------------------ */
+
+/* probs (n_vocab) as a one-hot at `id`: greedy's distribution */
+static void probs_one_hot(float *probs, int32_t n_vocab, int32_t id) {
+    memset(probs, 0, (size_t)n_vocab * sizeof *probs);
+    probs[id] = 1.0f;
+}
+
+/* The chain from logits to a token. The draw uses *u when given, else the
+ * next seeded uniform (greedy draws none). probs (n_vocab), when non-NULL,
+ * receives the distribution the draw was made from; it is the only extra
+ * work, and only then. */
+static int32_t sample_chain(li_sampler *s, const float *logits, const double *u, float *probs) {
     const li_sampling_params *p = &s->p;
     const int32_t nv = s->n_vocab;
     if (p->temperature <= 0 && !penalties_on(p) && !p->n_logit_bias && !s->n_ban) {
         /* plain greedy: the argmax, no candidate list */
-        int32_t chosen = argmax_of(logits, nv);
-        report_logprobs(s, logits, chosen, top, chosen_logprob);
+        const int32_t chosen = argmax_of(logits, nv);
+        if (probs) probs_one_hot(probs, nv, chosen);
         return chosen;
     }
     if (!s->cand) s->cand = li_xmalloc((size_t)nv * sizeof *s->cand);
@@ -271,56 +283,83 @@ int32_t li_sampler_sample(li_sampler *s, const float *logits, li_token_logprob *
         c[i] = (li_token_logprob){i, v};
         if (v > mx) mx = v;
     }
-    int32_t chosen = 0;
     if (p->temperature <= 0) {
+        int32_t chosen = 0;
         for (int32_t i = 1; i < nv; i++) /* as argmax_of: a NaN never wins */
             if (c[i].logprob > c[chosen].logprob || isnan(c[chosen].logprob)) chosen = i;
+        if (probs) probs_one_hot(probs, nv, chosen);
+        return chosen;
+    }
+    int32_t n = nv;
+    if (p->top_k > 0 && p->top_k < n) {
+        select_top_k(c, n, p->top_k);
+        n = p->top_k;
     } else {
-        int32_t n = nv;
-        if (p->top_k > 0 && p->top_k < n) {
-            select_top_k(c, n, p->top_k);
-            n = p->top_k;
-        } else {
-            /* tokens 40 nats below the best carry < 1e-17 of the mass each:
-             * dropping them first keeps the sort short and changes nothing */
-            int32_t w = 0;
-            for (int32_t i = 0; i < n; i++)
-                if (c[i].logprob >= mx - 40.0f) c[w++] = c[i];
-            n = w;
+        /* tokens 40 nats below the best carry < 1e-17 of the mass each at
+         * temperature 1: dropping them first keeps the sort short and changes
+         * nothing. Above temperature 1 the margin widens with it (40 T), since
+         * a temperature T flattens a gap of 40 T nats to 40. */
+        const float cut = mx - 40.0f * (p->temperature > 1.0f ? p->temperature : 1.0f);
+        int32_t w = 0;
+        for (int32_t i = 0; i < n; i++)
+            if (c[i].logprob >= cut) c[w++] = c[i];
+        n = w;
+        if (n == 0) { /* every logit NaN: nothing to weigh, and c[n - 1] below would not exist */
+            if (probs) probs_one_hot(probs, nv, 0);
+            return 0;
         }
-        qsort(c, (size_t)n, sizeof *c, cmp_desc);
-        /* probabilities at temperature 1 for top-p and min-p */
-        double sum = 0;
-        for (int32_t i = 0; i < n; i++) sum += exp((double)c[i].logprob - mx);
-        if (p->top_p < 1.0f) {
-            double cum = 0;
-            for (int32_t i = 0; i < n; i++) {
-                cum += exp((double)c[i].logprob - mx) / sum;
-                if (cum >= p->top_p) {
-                    n = i + 1;
-                    break;
-                }
-            }
-        }
-        if (p->min_p > 0.0f) {
-            float cut = mx + logf(p->min_p);
-            int32_t w = 1;
-            while (w < n && c[w].logprob >= cut) w++;
-            n = w;
-        }
-        /* temperature, then a draw */
-        double z = 0;
-        for (int32_t i = 0; i < n; i++) z += exp(((double)c[i].logprob - mx) / p->temperature);
-        double r = rng_uniform(s->rng) * z, acc = 0;
-        chosen = c[n - 1].id;
+    }
+    qsort(c, (size_t)n, sizeof *c, cmp_desc);
+    /* probabilities at temperature 1 for top-p and min-p */
+    double sum = 0;
+    for (int32_t i = 0; i < n; i++) sum += exp((double)c[i].logprob - mx);
+    if (p->top_p < 1.0f) {
+        double cum = 0;
         for (int32_t i = 0; i < n; i++) {
-            acc += exp(((double)c[i].logprob - mx) / p->temperature);
-            if (r < acc) {
-                chosen = c[i].id;
+            cum += exp((double)c[i].logprob - mx) / sum;
+            if (cum >= p->top_p) {
+                n = i + 1;
                 break;
             }
         }
     }
+    if (p->min_p > 0.0f) {
+        float cut = mx + logf(p->min_p);
+        int32_t w = 1;
+        while (w < n && c[w].logprob >= cut) w++;
+        n = w;
+    }
+    /* temperature, then a draw */
+    double z = 0;
+    for (int32_t i = 0; i < n; i++) z += exp(((double)c[i].logprob - mx) / p->temperature);
+    if (probs) {
+        memset(probs, 0, (size_t)nv * sizeof *probs);
+        for (int32_t i = 0; i < n; i++)
+            probs[c[i].id] = (float)(exp(((double)c[i].logprob - mx) / p->temperature) / z);
+    }
+    double r = (u ? *u : rng_uniform(s->rng)) * z, acc = 0;
+    int32_t chosen = c[n - 1].id;
+    for (int32_t i = 0; i < n; i++) {
+        acc += exp(((double)c[i].logprob - mx) / p->temperature);
+        if (r < acc) {
+            chosen = c[i].id;
+            break;
+        }
+    }
+    return chosen;
+}
+
+int32_t li_sampler_sample(li_sampler *s, const float *logits, li_token_logprob *top, float *chosen_logprob) {
+    const int32_t chosen = sample_chain(s, logits, NULL, NULL);
+    report_logprobs(s, logits, chosen, top, chosen_logprob);
+    return chosen;
+}
+
+double li_sampler_uniform(li_sampler *s) { return rng_uniform(s->rng); }
+
+int32_t li_sampler_sample_u(li_sampler *s, const float *logits, double u, float *probs, li_token_logprob *top,
+                            float *chosen_logprob) {
+    const int32_t chosen = sample_chain(s, logits, &u, probs);
     report_logprobs(s, logits, chosen, top, chosen_logprob);
     return chosen;
 }

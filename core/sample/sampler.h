@@ -4,9 +4,11 @@
  * per-token offsets added to the logits), penalties (repetition, presence,
  * frequency over the last `penalty_last_n` tokens), top-k, top-p, min-p (all
  * on the temperature-1 distribution), then temperature and a draw from a
- * seeded RNG. temperature <= 0 is greedy (argmax after bias and penalties;
- * ties go to the lowest id). Top-N logprobs are reported from the raw model
- * logits, before bias and penalties, as vLLM reports them by default. */
+ * seeded RNG (the draw can also be handed in, and the distribution it is
+ * made from handed out: see li_sampler_sample_u). temperature <= 0 is
+ * greedy (argmax after bias and penalties; ties go to the lowest id).
+ * Top-N logprobs are reported from the raw model logits, before bias and
+ * penalties, as vLLM reports them by default. */
 #ifndef LI_SAMPLER_H
 #define LI_SAMPLER_H
 
@@ -75,6 +77,30 @@ void li_sampler_accept(li_sampler *s, int32_t token);
  * chosen token's raw logprob when p.logprob or p.n_logprobs asks for it,
  * else 0. Does not accept the token. */
 int32_t li_sampler_sample(li_sampler *s, const float *logits, li_token_logprob *top, float *chosen_logprob);
+/* ---- distributions and reusable draws (for a speculative verifier) ----
+ *
+ * li_sampler_sample draws exactly one seeded uniform per call when
+ * temperature > 0 and none when greedy; li_sampler_uniform hands out that
+ * same draw, so
+ *     li_sampler_sample_u(s, logits, li_sampler_uniform(s), NULL, top, lp)
+ * returns the token li_sampler_sample(s, logits, top, lp) would, and leaves
+ * the RNG where it would (greedy aside: there the extra draw is unused).
+ *
+ * The distribution: probs (n_vocab) gets, for each id, the probability the
+ * draw gave it after logit bias, the ban, penalties, top-k, top-p, min-p and
+ * temperature: softmax((l - max) / T) over the kept ids, computed in double
+ * and stored as f32; 0 for every filtered id. Greedy (temperature <= 0)
+ * gives a one-hot at the chosen id. The draw walks the kept ids from the
+ * most to the least probable (ties: lower id first) and takes the first
+ * whose cumulative probability exceeds u. */
+
+/* The next seeded uniform in [0, 1) (53 random bits); advances the RNG. */
+double li_sampler_uniform(li_sampler *s);
+/* As li_sampler_sample, but draws with u in [0, 1) (u >= 1 or NaN: the
+ * least probable kept id) instead of the RNG, which it leaves untouched;
+ * when probs (n_vocab) is non-NULL it receives the distribution above. */
+int32_t li_sampler_sample_u(li_sampler *s, const float *logits, double u, float *probs, li_token_logprob *top,
+                            float *chosen_logprob);
 /* Raw log-softmax of one id, and the top-n ids by logit (sorted). */
 void li_logits_top(const float *logits, int32_t n_vocab, int32_t n, li_token_logprob *out, bool as_logprob);
 

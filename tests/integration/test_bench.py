@@ -5,8 +5,13 @@ check no speed: timings on a shared CI machine mean nothing, and the
 measured numbers live in docs/benchmarks.md with their commands.
 """
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
+
+REPO = Path(__file__).resolve().parents[2]
 
 BENCH_TIMEOUT_S = 300
 
@@ -96,3 +101,24 @@ def test_bench_spec_outputs_match(run_ok):
     assert rows == [("copy", "1"), ("copy", "8"), ("free", "1"), ("free", "8")]
     assert "every run's tokens were identical to speculation off" in out
     assert number(r"copy\s+1 \|\s+[\d.]+ \| [\d.]+ \([\d.]+x, \d+% of (\d+)\)", out) > 0  # drafts were made
+
+
+def test_bench_builds_table(luainfer_bin, model_path):
+    """bench_builds.py with one binary as both builds, one tiny round: the
+    table has a row per measurement with positive medians, a ratio and a
+    verdict (whatever it says: no speed is checked)."""
+    cmd = [sys.executable, str(REPO / "bench" / "bench_builds.py"), "--old", str(luainfer_bin), "--new",
+           str(luainfer_bin), "--old-src", str(REPO), "--new-src", str(REPO), "--model", str(model_path),
+           "--rounds", "1", "--prefill", "16", "--decode", "4", "--seqs", "2", "3"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=BENCH_TIMEOUT_S)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = re.findall(r"^\| ([^|]+?) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \| (yes|no) \|$", r.stdout, re.M)
+    assert [name.split(",")[0] for name, *_ in rows] == ["prefill", "decode", "batched decode", "batched decode"], \
+        r.stdout
+    assert "16-token prompt" in rows[0][0] and "2 sequences" in rows[2][0] and "3 sequences" in rows[3][0]
+    for name, old, new, ratio, ok in rows:
+        assert float(old) > 0 and float(new) > 0, name
+        assert float(ratio) > 0
+        if abs(abs(float(ratio) - 1) - 0.03) > 0.001:  # the verdict uses the unrounded ratio
+            assert (ok == "yes") == (abs(float(ratio) - 1) <= 0.03), (name, ratio, ok)
+    assert re.search(r"^round 1: prefill [\d.]+ -> [\d.]+, decode", r.stdout, re.M), r.stdout
