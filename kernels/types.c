@@ -441,6 +441,12 @@ bool li_type_row_size(uint32_t type, int64_t n, size_t *out) {
     return true;
 }
 
+void li_type_unreachable(const char *where, uint32_t type) {
+    fprintf(stderr, "luainfer: %s: no kernel for %s (type %u): it should have been refused earlier\n", where,
+            li_type_name(type), (unsigned)type);
+    abort();
+}
+
 li_type li_type_vec_dot_type(li_type weight_type) {
     const li_type_traits *t = li_type_info(weight_type);
     return t ? t->vec_dot_type : LI_TYPE_F32;

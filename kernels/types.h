@@ -102,6 +102,10 @@ const char *li_type_name(uint32_t type); /* any row's name, "unknown" for none *
 /* Bytes for n elements (any row); false if n is not a multiple of the block
  * size or the size overflows. */
 bool li_type_row_size(uint32_t type, int64_t n, size_t *out);
+/* For a kernel switch's default: the type reached a kernel that its
+ * backend's init / weight_prepare should have refused (a bug). Prints
+ * where and the type's name to stderr, then aborts. */
+_Noreturn void li_type_unreachable(const char *where, uint32_t type);
 
 /* ---- weight schemes ----
  * How a weight's codes (li_weight.type) become values beyond what the type's
