@@ -47,7 +47,7 @@ typedef enum li_type {
     LI_TYPE_F64 = 28,
     LI_TYPE_IQ1_M = 29,
     LI_TYPE_BF16 = 30,
-    LI_TYPE_COUNT = 31,
+    LI_TYPE_COUNT = 31, /* the GGUF ids are 0 .. LI_TYPE_COUNT-1 */
 
     /* Scaled code types, not GGUF types: li_type_get() (the GGUF view)
      * returns NULL for them and GGUF loading refuses them; li_type_info()
