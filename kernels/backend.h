@@ -31,15 +31,39 @@ typedef struct li_buffer {
     bool wrapped;   /* wraps memory the backend does not own (buffer_free leaves it) */
 } li_buffer;
 
-/* A weight matrix of m rows of k elements: y = W·x. */
+/* A weight matrix of m rows of k elements: y = W·x. GGUF weights are
+ * LI_SCHEME_PLAIN with every scheme field zero / NULL; a scheme weight
+ * (W8A8, FP8, AWQ, GPTQ, INT4: types.h) stores codes of the scheme's type in
+ * `data` and its scales (and zero points, permutation) beside them:
+ *   w[r][perm ? perm[j] : j] = (code(r, j) - zero[r][j / gs]) * scales[r][j / gs]
+ * with gs = group_size, or k when group_size is 0 (per channel). */
 typedef struct li_weight {
     li_type type;
     int64_t k, m;       /* (m, k) */
     size_t row_bytes;   /* bytes per row of `data` */
-    const void *data;   /* original GGUF rows (mmap) */
+    const void *data;   /* original GGUF rows (mmap), or a scheme's codes (m, k) */
     void *packed;       /* backend-specific repacked layout, or NULL */
     const char *name;
+    /* ---- weight scheme (optional: all zero for GGUF weights) ---- */
+    li_scheme scheme;       /* LI_SCHEME_PLAIN: the type's blocks say everything */
+    li_act_quant act;       /* activation quantization before the product (the scheme's) */
+    int64_t group_size;     /* elements along k per group; 0 = one group per row (per channel) */
+    const float *scales;    /* (m, n_groups) f32, n_groups = li_weight_n_groups(): ceil(k / group_size) or 1 */
+    const float *zeros;     /* (m, n_groups) f32 zero points in code units, or NULL: the scheme's implicit zero */
+    const int32_t *perm;    /* (k) GPTQ act-order: stored column j multiplies input column perm[j]; or NULL */
 } li_weight;
+
+/* Groups per row: ceil(k / group_size), or 1 per channel. */
+int64_t li_weight_n_groups(const li_weight *w);
+/* 0 if w's scheme fields are consistent (codes type, activation kind,
+ * scales present, zero points / permutation allowed, perm a permutation of
+ * 0..k-1), else -1 with the reason in why (cap bytes). Loaders call it. */
+int li_weight_check(const li_weight *w, char *why, size_t cap);
+/* Row `row` of w as f32 values (k), in input-column order: the type's
+ * dequantization, then the group scales / zero points, then the inverse
+ * permutation. For plain weights exactly the type's to_float. The scalar
+ * reference every scheme kernel is tested against. */
+void li_weight_dequant_row_ref(const li_weight *w, int64_t row, float *out);
 
 /* One layer's paged KV storage. Each block holds block_size token slots;
  * slot layout [block][slot][kv_head][head_dim]. */

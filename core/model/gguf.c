@@ -178,7 +178,12 @@ static int parse_tensor_info(cursor *c, li_gguf_tensor *t, uint64_t idx) {
     if (nel > (size_t)INT64_MAX)
         return li_error_set(c->err, LI_EINVAL, "gguf: tensor '%.*s' element count overflows", nl, t->name.ptr);
     if (rd_u32(c, &t->type) || rd_u64(c, &t->offset)) return LI_EINVAL;
-    const li_type_traits *tr = li_type_get(t->type);
+    const li_type_traits *tr = li_type_info(t->type);
+    /* our scaled code types (FP8/INT8 KV, u4) are rows of the table but no
+     * GGUF type: a file that uses their ids is refused, naming them */
+    if (tr && !tr->gguf)
+        return li_error_set(c->err, LI_EINVAL, "gguf: tensor '%.*s' has type %s (%u), which is not a GGUF type",
+                            nl, t->name.ptr, tr->name, t->type);
     /* retired ids keep a slot in the traits table but have no block layout */
     if (!tr || tr->blck_size <= 0 || tr->type_size == 0)
         return li_error_set(c->err, LI_EINVAL, "gguf: tensor '%.*s' has unknown type %u", nl, t->name.ptr,

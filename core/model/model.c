@@ -115,6 +115,12 @@ static int bind_weight(li_model *m, li_weight *w, const char *name, int64_t k, i
     w->data = t->data;
     w->packed = NULL;
     w->name = NULL;
+    /* a GGUF weight is plain: its blocks say everything (no scheme fields) */
+    w->scheme = LI_SCHEME_PLAIN;
+    w->act = LI_ACT_F32;
+    w->group_size = 0;
+    w->scales = w->zeros = NULL;
+    w->perm = NULL;
     m->weight_bytes += t->nbytes;
     return 0;
 }
@@ -245,7 +251,12 @@ void li_model_free(li_model *m) {
 int li_model_prepare(li_model *m, li_backend *be, li_error *err) {
     if (!be->ops->weight_prepare) return 0;
     int rc = 0;
-    FOR_EACH_WEIGHT(m, w, if (!rc) rc = be->ops->weight_prepare(be, w));
+    const li_weight *bad = NULL;
+    FOR_EACH_WEIGHT(m, w, if (!rc && (rc = be->ops->weight_prepare(be, w))) bad = w);
+    if (rc == LI_EUNSUP) /* the backend logged which kernel it lacks */
+        return li_error_set(err, rc, "model: backend %s has no matmul kernel for %s weights (scheme %s, %lld x %lld)",
+                            be->ops->name, li_type_name(bad->type), li_scheme_name(bad->scheme), (long long)bad->m,
+                            (long long)bad->k);
     if (rc) return li_error_set(err, rc, "model: backend %s failed to prepare weights", be->ops->name);
     if (m->output.data == m->tok_embd.data) m->output = m->tok_embd;
     return 0;

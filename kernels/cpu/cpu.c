@@ -25,6 +25,7 @@
 #include <math.h>
 #include <sched.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -250,12 +251,36 @@ static void matmul_plan(matmul_job *j, int nth) {
     for (int l = 0; l < j->n_lanes; l++) atomic_init(&j->next[l].v, j->n_items * l / j->n_lanes);
 }
 
-/* The activation type, or LI_TYPE_COUNT when the kernels do not know the
- * weight type (e.g. Q8_1 weights: the reference dequantizes them). */
+/* How this backend multiplies a weight: with its kernels (the table's
+ * activation type: Q8_0 / Q8_1 integer dots, f32 for float weights), with
+ * the scalar reference, or not at all (weight_prepare refuses it). */
+typedef enum { MM_NONE = 0, MM_KERNEL, MM_REF } mm_path;
+
+static mm_path matmul_path(const li_weight *w) {
+    if (w->scheme != LI_SCHEME_PLAIN) return MM_REF; /* weight_prepare keeps them for the scalar ISA only */
+    switch (w->type) {
+    case LI_TYPE_Q4_0:
+    case LI_TYPE_Q4_1:
+    case LI_TYPE_Q8_0:
+    case LI_TYPE_F32:
+    case LI_TYPE_F16:
+    case LI_TYPE_BF16: return MM_KERNEL;
+    case LI_TYPE_Q8_1: return MM_REF; /* an activation type: as a weight the reference dequantizes it */
+    default: return MM_NONE;          /* no kernel: never a guess */
+    }
+}
+
+/* The activation type of the kernels, or LI_TYPE_COUNT when the reference
+ * runs the weight. */
 static li_type matmul_act_type(const li_weight *w) {
-    li_type at = li_type_vec_dot_type(w->type);
-    const bool is_float = w->type == LI_TYPE_F32 || w->type == LI_TYPE_F16 || w->type == LI_TYPE_BF16;
-    return at == LI_TYPE_F32 && !is_float ? LI_TYPE_COUNT : at;
+    return matmul_path(w) == MM_KERNEL ? li_type_vec_dot_type(w->type) : LI_TYPE_COUNT;
+}
+
+/* A weight no path takes reached matmul without weight_prepare: a bug */
+static void matmul_unknown(const li_cpu *c, const li_weight *w) {
+    char where[64];
+    snprintf(where, sizeof where, "cpu %s: matmul", c->kern->isa);
+    li_type_unreachable(where, w->type);
 }
 
 /* y[i](n, m_i) = x(n, k) · W[i](m_i, k)^T for the n_w weights of one job;
@@ -298,6 +323,7 @@ static void matmul_run(li_cpu *c, const li_weight *const *w, int n_w, const floa
 static void cpu_matmul(li_backend *be, const li_weight *w, const float *x, float *y, int64_t n) {
     if (n <= 0 || w->m <= 0) return;
     if (matmul_act_type(w) == LI_TYPE_COUNT) {
+        if (matmul_path(w) == MM_NONE) matmul_unknown(cpu_of(be), w);
         li_backend_ref_ops()->matmul(be, w, x, y, n);
         return;
     }
@@ -307,6 +333,7 @@ static void cpu_matmul(li_backend *be, const li_weight *w, const float *x, float
 static void cpu_matmul_add(li_backend *be, const li_weight *w, const float *x, float *y, float *res, int64_t n) {
     if (n <= 0 || w->m <= 0) return;
     if (matmul_act_type(w) == LI_TYPE_COUNT) {
+        if (matmul_path(w) == MM_NONE) matmul_unknown(cpu_of(be), w);
         li_backend_ref_ops()->matmul(be, w, x, y, n);
         for (int64_t i = 0; i < n * w->m; i++) res[i] += y[i];
         return;
@@ -330,8 +357,27 @@ static void cpu_matmul_multi(li_backend *be, const li_weight *const *w, int n_w,
     matmul_run(cpu_of(be), w, n_w, x, y, NULL, n);
 }
 
+/* Refuses what no path here runs, with the ISA and the type's name; the
+ * per-call matmul switches then never meet an unknown type. */
 static int cpu_weight_prepare(li_backend *be, li_weight *w) {
     const li_cpu *c = cpu_of(be);
+    if (matmul_path(w) == MM_NONE) {
+        li_log_error("cpu %s: no matmul kernel for %s weights", c->kern->isa, li_type_name(w->type));
+        return LI_EUNSUP;
+    }
+    if (w->scheme != LI_SCHEME_PLAIN) {
+        char why[160];
+        if (li_weight_check(w, why, sizeof why)) {
+            li_log_error("cpu %s: %s", c->kern->isa, why);
+            return LI_EINVAL;
+        }
+        if (c->kern != &li_cpu_kernels_scalar) {
+            li_log_error("cpu %s: no matmul kernel for %s weights (%s codes) yet; isa scalar runs them with the "
+                         "reference", c->kern->isa, li_scheme_name(w->scheme), li_type_name(w->type));
+            return LI_EUNSUP;
+        }
+        return 0; /* the reference reads them as they are */
+    }
     if (!c->kern->gemm_q_packed || !li_cpu_pack_supported(w->type) || li_cpu_packed_of(w)) return 0;
     if (w->packed) return 0; /* another backend's layout: leave it */
     const int rc = li_cpu_pack(w);

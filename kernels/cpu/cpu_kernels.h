@@ -3,7 +3,7 @@
  * Internal to kernels/cpu: each ISA file (ops_scalar.c, ops_avx2.c,
  * ops_avx512.c) fills one li_cpu_kernels table; cpu.c picks one by CPUID and
  * splits the work over threads. Every entry is checked against the scalar
- * reference (ops_ref.c, quant_ref.c) by tests/unit/test_kernels.c.
+ * reference (ops_ref.c, kernels/types.c) by tests/unit/test_kernels.c.
  *
  * Batch invariance. A row's matmul result must not depend on how many rows
  * are in the call, where the row sits in a register block, or how the work

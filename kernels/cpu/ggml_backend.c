@@ -87,20 +87,27 @@ static void ggml_matmul(li_backend *be, const li_weight *w, const float *x, floa
     qdot4_fn dot4;
     size_t block;
     bool widen = false; /* Q4_1 with dot4: rows of li_ggml_q8_1f */
-    if (w->type == LI_TYPE_Q4_1) {
+    if (w->scheme != LI_SCHEME_PLAIN) li_type_unreachable("cpu ggml: matmul of a scheme weight", w->type);
+    switch (w->type) {
+    case LI_TYPE_Q4_1:
         quantize = g->avx2 ? li_ggml_quantize_q8_1_avx2 : li_ggml_quantize_q8_1;
         dot = li_ggml_dot_q4_1_q8_1_ref;
         dot4 = g->avx2 ? li_ggml_dot4_q4_1_q8_1_avx2 : NULL;
         widen = dot4 != NULL;
         block = widen ? sizeof(li_ggml_q8_1f) : sizeof(li_block_q8_1);
-    } else if (w->type == LI_TYPE_Q8_0) {
+        break;
+    case LI_TYPE_Q8_0:
         quantize = g->avx2 ? li_ggml_quantize_q8_0_avx2 : li_ggml_quantize_q8_0;
         dot = li_ggml_dot_q8_0_q8_0_ref;
         dot4 = g->avx2 ? li_ggml_dot4_q8_0_q8_0_avx2 : NULL;
         block = sizeof(li_block_q8_0);
-    } else { /* llama.cpp repacks Q4_0 and has its own paths for the rest */
-        li_backend_ref_ops()->matmul(be, w, x, y, n);
-        return;
+        break;
+    case LI_TYPE_Q4_0: /* llama.cpp repacks Q4_0 and has its own paths for these: our reference */
+    case LI_TYPE_Q8_1:
+    case LI_TYPE_F32:
+    case LI_TYPE_F16:
+    case LI_TYPE_BF16: li_backend_ref_ops()->matmul(be, w, x, y, n); return;
+    default: li_type_unreachable("cpu ggml: matmul", w->type); /* ggml_weight_prepare refuses the rest */
     }
     const size_t act_row = (size_t)(w->k / 32) * block;
     const size_t q_row = (size_t)(w->k / 32) * sizeof(li_block_q8_1); /* room to quantize one row before widening */
@@ -214,6 +221,27 @@ static void ggml_kv_store(li_backend *be, const li_kv_layer *kv, const float *k,
     li_backend_ref_ops()->kv_store(be, kv, k, v, slot, n_tokens, n_head_kv, head_dim);
 }
 
+/* Nothing to repack (the GGUF rows are read as they are); refuses, with
+ * the type's name, what ggml_matmul has no path for, and scheme weights
+ * (llama.cpp has no such arithmetic to reproduce). */
+static int ggml_weight_prepare(li_backend *be, li_weight *w) {
+    if (w->scheme != LI_SCHEME_PLAIN) {
+        li_log_error("cpu ggml: no matmul kernel for %s weights (%s codes): llama.cpp has no such arithmetic",
+                     li_scheme_name(w->scheme), li_type_name(w->type));
+        return LI_EUNSUP;
+    }
+    switch (w->type) {
+    case LI_TYPE_Q4_0:
+    case LI_TYPE_Q4_1:
+    case LI_TYPE_Q8_0:
+    case LI_TYPE_Q8_1:
+    case LI_TYPE_F32:
+    case LI_TYPE_F16:
+    case LI_TYPE_BF16: return 0;
+    default: li_log_error("cpu ggml: no matmul kernel for %s weights", li_type_name(w->type)); return LI_EUNSUP;
+    }
+}
+
 static const li_backend_ops ggml_ops = {
     .name = "cpu-ggml",
     LI_HOST_BUFFER_OPS,
@@ -226,6 +254,7 @@ static const li_backend_ops ggml_ops = {
     .add = ggml_add,
     .kv_store = ggml_kv_store,
     .attention = ggml_attention,
+    .weight_prepare = ggml_weight_prepare,
 };
 
 /* ------------------------------------------------------------------------

@@ -10,7 +10,8 @@
  * |x| lands on the largest finite E4M3) or amax / 127 (INT8, symmetric).
  * docs/kv-cache.md says why this granularity.
  *
- *   kv_ref.c     conversions, the scalar reference store and attention
+ *   kv_ref.c     the scalar reference store and attention (the FP8
+ *                conversions: kernels/types.c)
  *   kv_avx2.c    AVX2 + FMA + F16C store and attention
  *   kv_avx512.c  AVX-512 F/BW/VL store and attention
  *

@@ -1,53 +1,12 @@
-/* kv_ref.c — the scalar reference for the 8-bit KV cache: FP8 E4M3 <-> f32,
- * the quantizing kv_store and paged attention over FP8 / INT8 codes with
- * per-(token, kv head) scales. Layout and scale rules: kv_kernels.h. */
+/* kv_ref.c — the scalar reference for the 8-bit KV cache: the quantizing
+ * kv_store and paged attention over FP8 / INT8 codes with per-(token, kv
+ * head) scales (the FP8 E4M3 <-> f32 conversions are in kernels/types.c,
+ * with the other element types). Layout and scale rules: kv_kernels.h. */
 #include "util/common.h"
 #include "cpu/kv_kernels.h"
 
 #include <math.h>
 #include <string.h>
-
-/* ------------------------------------------------------------------------
- * FP8 E4M3 (bias 7, no infinities, NaN = S.1111.111, max 448)
- * ---------------------------------------------------------------------- */
-
-float li_fp8_e4m3_to_fp32(uint8_t c) {
-    const uint32_t sign = (uint32_t)(c & 0x80) << 24, e = (c >> 3) & 15, m = c & 7;
-    float v;
-    if (e == 15 && m == 7) {
-        v = NAN;
-    } else if (e == 0) {
-        v = (float)m * 0x1p-9f; /* subnormal: m/8 * 2^(1-7) */
-    } else {
-        const uint32_t bits = ((e + 120u) << 23) | (m << 20); /* 2^(e-7) * (1 + m/8) as an f32 */
-        memcpy(&v, &bits, 4);
-    }
-    uint32_t u;
-    memcpy(&u, &v, 4);
-    u |= sign;
-    memcpy(&v, &u, 4);
-    return v;
-}
-
-uint8_t li_fp32_to_fp8_e4m3(float f) {
-    uint32_t bits;
-    memcpy(&bits, &f, 4);
-    const uint8_t sign = (uint8_t)((bits >> 24) & 0x80);
-    if (f != f) return sign | 0x7f;
-    const float a = fabsf(f);
-    /* saturate: beyond 448 (the next step, 480, would be the NaN code) */
-    if (a >= 448.0f) return sign | 0x7e;
-    /* below 2^-6 the codes are evenly spaced by 2^-9: code = round(a * 2^9),
-     * 0..8, where 8 is 2^-6, the smallest normal (exponent 1, mantissa 0) */
-    if (a < 0x1p-6f) return sign | (uint8_t)nearbyintf(a * 512.0f);
-    /* normal: keep the top 3 of the 23 mantissa bits, rounding the other 20
-     * to nearest even (a carry moves into the exponent), then re-bias the
-     * exponent from 127 to 7 */
-    uint32_t u;
-    memcpy(&u, &a, 4);
-    u += 0x7ffffu + ((u >> 20) & 1);
-    return sign | (uint8_t)((u >> 20) - (120u << 3));
-}
 
 /* ------------------------------------------------------------------------
  * kv_store

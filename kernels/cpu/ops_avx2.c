@@ -205,7 +205,8 @@ static void avx2_gemm_q_packed(const li_cpu_packed *w, int64_t p0, int64_t p1, c
     switch (w->type) {
     case LI_TYPE_Q4_0: gemm_q_t(LI_TYPE_Q4_0, w, p0, p1, act, as, n, y, ldy); break;
     case LI_TYPE_Q4_1: gemm_q_t(LI_TYPE_Q4_1, w, p0, p1, act, as, n, y, ldy); break;
-    default: gemm_q_t(LI_TYPE_Q8_0, w, p0, p1, act, as, n, y, ldy); break;
+    case LI_TYPE_Q8_0: gemm_q_t(LI_TYPE_Q8_0, w, p0, p1, act, as, n, y, ldy); break;
+    default: li_type_unreachable("cpu avx2: gemm_q_packed", w->type); /* repack.c packs no other */
     }
 }
 
@@ -219,7 +220,8 @@ static inline __m256 load8(li_type t, const void *p) {
     case LI_TYPE_F16: return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
     case LI_TYPE_BF16:
         return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
-    default: return _mm256_loadu_ps((const float *)p);
+    case LI_TYPE_F32: return _mm256_loadu_ps((const float *)p);
+    default: __builtin_unreachable(); /* t is a constant of gemm_f_packed's switch */
     }
 }
 
@@ -263,7 +265,8 @@ static void avx2_gemm_f_packed(const li_cpu_packed *w, int64_t p0, int64_t p1, c
     switch (w->type) {
     case LI_TYPE_F16: gemm_f_t(LI_TYPE_F16, w, p0, p1, x, ldx, n, y, ldy); break;
     case LI_TYPE_BF16: gemm_f_t(LI_TYPE_BF16, w, p0, p1, x, ldx, n, y, ldy); break;
-    default: gemm_f_t(LI_TYPE_F32, w, p0, p1, x, ldx, n, y, ldy); break;
+    case LI_TYPE_F32: gemm_f_t(LI_TYPE_F32, w, p0, p1, x, ldx, n, y, ldy); break;
+    default: li_type_unreachable("cpu avx2: gemm_f_packed", w->type); /* repack.c packs no other */
     }
 }
 

@@ -203,7 +203,8 @@ static void avx512_gemm_q_packed(const li_cpu_packed *w, int64_t p0, int64_t p1,
     switch (w->type) {
     case LI_TYPE_Q4_0: gemm_q_t(LI_TYPE_Q4_0, w, p0, p1, act, as, n, y, ldy); break;
     case LI_TYPE_Q4_1: gemm_q_t(LI_TYPE_Q4_1, w, p0, p1, act, as, n, y, ldy); break;
-    default: gemm_q_t(LI_TYPE_Q8_0, w, p0, p1, act, as, n, y, ldy); break;
+    case LI_TYPE_Q8_0: gemm_q_t(LI_TYPE_Q8_0, w, p0, p1, act, as, n, y, ldy); break;
+    default: li_type_unreachable("cpu avx512: gemm_q_packed", w->type); /* repack.c packs no other */
     }
 }
 
@@ -220,7 +221,8 @@ static inline __m512 load16(li_type t, const void *p) {
     case LI_TYPE_F16: return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
     case LI_TYPE_BF16:
         return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
-    default: return _mm512_loadu_ps((const float *)p);
+    case LI_TYPE_F32: return _mm512_loadu_ps((const float *)p);
+    default: __builtin_unreachable(); /* t is a constant of gemm_f_packed's switch */
     }
 }
 
@@ -281,7 +283,8 @@ static void avx512_gemm_f_packed(const li_cpu_packed *w, int64_t p0, int64_t p1,
     switch (w->type) {
     case LI_TYPE_F16: gemm_f_t(LI_TYPE_F16, w, p0, p1, x, ldx, n, y, ldy); break;
     case LI_TYPE_BF16: gemm_f_t(LI_TYPE_BF16, w, p0, p1, x, ldx, n, y, ldy); break;
-    default: gemm_f_t(LI_TYPE_F32, w, p0, p1, x, ldx, n, y, ldy); break;
+    case LI_TYPE_F32: gemm_f_t(LI_TYPE_F32, w, p0, p1, x, ldx, n, y, ldy); break;
+    default: li_type_unreachable("cpu avx512: gemm_f_packed", w->type); /* repack.c packs no other */
     }
 }
 

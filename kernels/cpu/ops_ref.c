@@ -17,13 +17,18 @@
 
 typedef float (*vec_dot_fn)(int64_t n, const void *w, const void *a);
 
+/* the integer dot for a weight type the table pairs with Q8_0 / Q8_1
+ * activations (ref_matmul asks only for those) */
 static vec_dot_fn vec_dot_for(li_type w_type) {
     switch (w_type) {
     case LI_TYPE_Q4_0: return li_vec_dot_q4_0_q8_0_ref;
     case LI_TYPE_Q4_1: return li_vec_dot_q4_1_q8_1_ref;
     case LI_TYPE_Q8_0: return li_vec_dot_q8_0_q8_0_ref;
-    default: return NULL;
+    default: break;
     }
+    fprintf(stderr, "luainfer: ref matmul: no integer dot for %s weights (types.c pairs it with %s)\n",
+            li_type_name(w_type), li_type_name(li_type_vec_dot_type(w_type)));
+    abort();
 }
 
 static float dot_f32(int64_t n, const float *a, const float *b) {
@@ -39,7 +44,7 @@ static float dot_f32(int64_t n, const float *a, const float *b) {
 static void ref_matmul(li_backend *be, const li_weight *w, const float *x, float *y, int64_t n) {
     const int64_t k = w->k, m = w->m;
     const li_type at = li_type_vec_dot_type(w->type);
-    if (at != LI_TYPE_F32) {
+    if (at != LI_TYPE_F32 && w->scheme == LI_SCHEME_PLAIN) {
         /* quantized weights: quantize each activation row once, then the
          * integer dot of every weight row with it */
         const li_type_traits *qt = li_type_get(at);
@@ -53,19 +58,35 @@ static void ref_matmul(li_backend *be, const li_weight *w, const float *x, float
         free(qa);
         return;
     }
-    /* float (or any other dequantizable) weights: convert a row to f32, dot */
-    const li_type_traits *wt = li_type_get(w->type);
     float *wf = li_xmalloc((size_t)k * sizeof(float));
-    for (int64_t i = 0; i < m; i++) {
-        wt->to_float((const char *)w->data + i * w->row_bytes, wf, k);
-        for (int64_t r = 0; r < n; r++) y[r * m + i] = dot_f32(k, x + r * k, wf);
+    if (w->scheme == LI_SCHEME_PLAIN) {
+        /* float (or any other dequantizable) weights: convert a row to f32, dot */
+        const li_type_traits *wt = li_type_info(w->type);
+        for (int64_t i = 0; i < m; i++) {
+            wt->to_float((const char *)w->data + i * w->row_bytes, wf, k);
+            for (int64_t r = 0; r < n; r++) y[r * m + i] = dot_f32(k, x + r * k, wf);
+        }
+    } else {
+        /* scheme weights: the activations as the scheme quantizes them, each
+         * row through li_weight_dequant_row_ref (scales, zeros, permutation) */
+        float *xa = li_xmalloc((size_t)(n * k) * sizeof(float));
+        for (int64_t r = 0; r < n; r++) li_act_quant_row_ref(w->act, x + r * k, xa + r * k, k);
+        for (int64_t i = 0; i < m; i++) {
+            li_weight_dequant_row_ref(w, i, wf);
+            for (int64_t r = 0; r < n; r++) y[r * m + i] = dot_f32(k, xa + r * k, wf);
+        }
+        free(xa);
     }
     free(wf);
 }
 
-/* out(n, k) = dequantized rows ids of W */
+/* out(n, k) = dequantized rows ids of W (scheme weights: with their scales) */
 static void ref_get_rows(li_backend *be, const li_weight *w, const int32_t *ids, int64_t n, float *out) {
-    const li_type_traits *wt = li_type_get(w->type);
+    if (w->scheme != LI_SCHEME_PLAIN) {
+        for (int64_t r = 0; r < n; r++) li_weight_dequant_row_ref(w, ids[r], out + r * w->k);
+        return;
+    }
+    const li_type_traits *wt = li_type_info(w->type);
     for (int64_t r = 0; r < n; r++)
         wt->to_float((const char *)w->data + (int64_t)ids[r] * w->row_bytes, out + r * w->k, w->k);
 }

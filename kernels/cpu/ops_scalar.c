@@ -18,7 +18,7 @@ static void scalar_quantize_act(li_type at, const float *x, void *dst, int64_t k
     for (int64_t b = 0; b < k / 32; b++) {
         /* one ggml block at a time, then unpacked */
         li_block_q8_1 blk; /* the Q8_0 block is its prefix {d, qs} with s unused */
-        if (at == LI_TYPE_Q8_1) {
+        if (at == LI_TYPE_Q8_1) { /* else Q8_0: cpu.c's matmul_path gives no other */
             li_quantize_row_q8_1_ref(x + b * 32, &blk, 32);
             s[b] = FP16(blk.s);
         } else {
@@ -59,12 +59,13 @@ static float dot_q(li_type wt, int64_t k, const void *w, const void *act) {
             sum += (FP16(x->d) * da) * (float)sumi + FP16(x->m) * s8[b];
             break;
         }
-        default: { /* Q8_0 */
+        case LI_TYPE_Q8_0: {
             const li_block_q8_0 *x = (const li_block_q8_0 *)w + b;
             for (int j = 0; j < 32; j++) sumi += x->qs[j] * ab[j];
             sum += (float)sumi * (FP16(x->d) * da);
             break;
         }
+        default: __builtin_unreachable(); /* scalar_gemm_q let only the three in */
         }
     }
     return sum;
@@ -72,6 +73,12 @@ static float dot_q(li_type wt, int64_t k, const void *w, const void *act) {
 
 static void scalar_gemm_q(li_type wt, int64_t k, const void *w, size_t w_stride, int64_t m, const void *act,
                           size_t act_stride, int64_t n, float *y, int64_t ldy) {
+    switch (wt) { /* once per call: dot_q's per-block switch then needs no default */
+    case LI_TYPE_Q4_0:
+    case LI_TYPE_Q4_1:
+    case LI_TYPE_Q8_0: break;
+    default: li_type_unreachable("cpu scalar: gemm_q", wt);
+    }
     for (int64_t r = 0; r < n; r++)
         for (int64_t i = 0; i < m; i++)
             y[r * ldy + i] = dot_q(wt, k, (const char *)w + i * w_stride, (const char *)act + r * act_stride);
@@ -79,6 +86,12 @@ static void scalar_gemm_q(li_type wt, int64_t k, const void *w, size_t w_stride,
 
 static void scalar_gemm_f(li_type wt, int64_t k, const void *w, size_t w_stride, int64_t m, const float *x,
                           int64_t ldx, int64_t n, float *y, int64_t ldy) {
+    switch (wt) { /* li_float_load reads these three (anything else as F32) */
+    case LI_TYPE_F32:
+    case LI_TYPE_F16:
+    case LI_TYPE_BF16: break;
+    default: li_type_unreachable("cpu scalar: gemm_f", wt);
+    }
     for (int64_t i = 0; i < m; i++) {
         const void *wr = (const char *)w + i * w_stride;
         for (int64_t r = 0; r < n; r++) {

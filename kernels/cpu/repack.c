@@ -194,7 +194,8 @@ static bool in_readonly_file_map(const void *p, size_t n) {
  * ---------------------------------------------------------------------- */
 
 int li_cpu_pack(li_weight *w) {
-    if (!li_cpu_pack_supported(w->type) || w->k <= 0 || w->m <= 0) return LI_EUNSUP;
+    /* scheme weights (scales beside the codes) have no panel layout yet */
+    if (!li_cpu_pack_supported(w->type) || w->scheme != LI_SCHEME_PLAIN || w->k <= 0 || w->m <= 0) return LI_EUNSUP;
     if (is_quant(w->type) && w->k % 32) return LI_EUNSUP;
     li_cpu_packed *p = calloc(1, sizeof *p);
     if (!p) return LI_ENOMEM;
@@ -284,13 +285,14 @@ void li_cpu_packed_get_row(const li_cpu_packed *p, int64_t row, float *out) {
             }
             break;
         }
-        default: /* Q4_0 */
+        case LI_TYPE_Q4_0:
             for (int j = 0; j < 16; j++) {
                 const uint8_t v = q[(j / 4) * 64 + l * 4 + j % 4];
                 out[j] = (float)((v & 0x0f) - 8) * d;
                 out[j + 16] = (float)((v >> 4) - 8) * d;
             }
             break;
+        default: li_type_unreachable("cpu: packed get_row", p->type); /* li_cpu_pack packs no other */
         }
     }
 }
