@@ -21,7 +21,7 @@ int li_cmd_run(int argc, char **argv) {
     }
     li_error err = {0};
     lua_State *L = li_lua_new(&err);
-    if (!L) return li_cli_fail(&err);
+    if (!L) return li_runtime_fail(&err);
     li_lua_preload_core(L);
     li_lua_preload_net(L);
     lua_createtable(L, argc, 1);
@@ -36,7 +36,7 @@ int li_cmd_run(int argc, char **argv) {
         status = 1;
     } else {
         for (int i = 1; i < argc; i++) lua_pushstring(L, argv[i]);
-        if (li_lua_pcall(L, argc - 1, 0, &err) != 0) status = li_cli_fail(&err);
+        if (li_lua_pcall(L, argc - 1, 0, &err) != 0) status = li_runtime_fail(&err);
     }
     lua_close(L);
     return status;

@@ -25,8 +25,8 @@
  * queued. */
 #define _GNU_SOURCE
 #include "server/server.h"
-#include "policy/policy_lua.h"
 #include "policy/policy_proc.h"
+#include "runtime/policy_open.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -257,15 +257,10 @@ static void push_error(li_engine_thread *t, li_srv_req *r, int code, const char 
 
 static void run_add(li_engine_thread *t, li_srv_req *r) {
     li_gen_params *g = &r->g;
-    li_request_params p = {
-        .prompt = r->prompt, .n_prompt = (int64_t)r->n_prompt, .sampling = g->sp, .max_tokens = g->max_tokens,
-        .n = g->n, .stop = (const char *const *)g->stop, .n_stop = g->n_stop, .ignore_eos = g->ignore_eos,
-        .stop_token_ids = g->stop_token_ids, .n_stop_token_ids = g->n_stop_token_ids, .min_tokens = g->min_tokens,
-        .priority = g->priority, .tenant = g->tenant, .cache_salt = g->cache_salt, .on_event = on_engine_event,
-        .ud = r,
-    };
-    p.sampling.n_logprobs = g->logprobs > 0 ? g->logprobs : 0;
-    p.sampling.logprob = g->logprobs >= 0;
+    li_request_params p;
+    li_gen_params_to_request(g, r->prompt, (int64_t)r->n_prompt, &p);
+    p.on_event = on_engine_event;
+    p.ud = r;
     r->eng_id = -1;
     r->n_fin_engine = 0;
     live_add(t, r);
@@ -273,7 +268,7 @@ static void run_add(li_engine_thread *t, li_srv_req *r) {
     int64_t id;
     if (li_engine_add(t->eng, &p, &id, &err) != 0) {
         live_remove(t, r);
-        int code = strstr(err.msg, "rejected by policy") ? LI_RPC_REJECTED
+        int code = err.code == LI_EREJECTED ? LI_RPC_REJECTED
                    : err.code == LI_EINVAL || err.code == LI_ERANGE ? LI_RPC_INVALID_PARAMS
                                                                     : LI_RPC_ENGINE;
         push_error(t, r, code, err.msg);
@@ -309,7 +304,8 @@ static void run_reload(li_engine_thread *t, cmd *c) {
         rc = t->policy->ops->reload(t->policy, c->path, c->source, &err);
     } else {
         li_policy *p = NULL;
-        rc = li_policy_lua_open(&p, c->path, c->source, NULL, &err);
+        li_policy_open_opts po = {.kind = LI_POLICY_LUA, .path = c->path, .source = c->source};
+        rc = li_policy_open(&p, &po, &err);
         if (rc == 0) {
             t->policy = p;
             li_engine_set_policy(t->eng, p);
@@ -340,9 +336,9 @@ static void publish(li_engine_thread *t) {
     t->snap.busy_seconds = t->busy;
     li_hist_copy(&t->snap.step_time, &t->step_time);
     snprintf(t->snap.policy, sizeof t->snap.policy, "%s", t->policy ? t->policy->name : "builtin-fcfs");
-    snprintf(t->snap.policy_kind, sizeof t->snap.policy_kind, "%s",
-             t->policy && t->policy->ops->kind ? t->policy->ops->kind : "builtin");
-    if (t->policy && t->policy->ops->kind && !strcmp(t->policy->ops->kind, "process")) {
+    const li_policy_kind kind = li_policy_kind_of(t->policy);
+    snprintf(t->snap.policy_kind, sizeof t->snap.policy_kind, "%s", li_policy_kind_name(kind));
+    if (kind == LI_POLICY_PROCESS) {
         li_policy_proc_stats ps;
         li_policy_proc_stats_get(t->policy, &ps);
         t->snap.host_calls = ps.calls;

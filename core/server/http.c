@@ -460,34 +460,6 @@ static void http_error_req(li_srv_req *r, int code, const char *msg) {
 
 static const li_sink_ops http_sink = {http_delta, http_done_req, http_error_req};
 
-/* ---- JSON → msgpack, so that one parser reads both transports ------------------------------ */
-
-static bool pack_json(msgpack_packer *pk, const cJSON *j, int depth) {
-    if (depth > LI_SRV_MAX_DEPTH) return false;
-    if (cJSON_IsNull(j)) msgpack_pack_nil(pk);
-    else if (cJSON_IsTrue(j)) msgpack_pack_true(pk);
-    else if (cJSON_IsFalse(j)) msgpack_pack_false(pk);
-    else if (cJSON_IsNumber(j)) {
-        double v = j->valuedouble;
-        if (isfinite(v) && v == floor(v) && fabs(v) < 9007199254740992.0) msgpack_pack_int64(pk, (int64_t)v);
-        else msgpack_pack_double(pk, v);
-    } else if (cJSON_IsString(j)) li_mp_pack_str(pk, j->valuestring);
-    else if (cJSON_IsArray(j)) {
-        msgpack_pack_array(pk, (size_t)cJSON_GetArraySize(j));
-        for (const cJSON *c = j->child; c; c = c->next)
-            if (!pack_json(pk, c, depth + 1)) return false;
-    } else if (cJSON_IsObject(j)) {
-        msgpack_pack_map(pk, (size_t)cJSON_GetArraySize(j));
-        for (const cJSON *c = j->child; c; c = c->next) {
-            li_mp_pack_str(pk, c->string ? c->string : "");
-            if (!pack_json(pk, c, depth + 1)) return false;
-        }
-    } else {
-        msgpack_pack_nil(pk);
-    }
-    return true;
-}
-
 /* ---- routes ------------------------------------------------------------------------------------ */
 
 /* The body, a JSON object, as msgpack for the parsers the RPC methods use:
@@ -514,7 +486,7 @@ static bool body_msgpack(http_sess *h, msgpack_sbuffer *sb, msgpack_unpacked *u)
     msgpack_sbuffer_init(sb);
     msgpack_packer pk;
     msgpack_packer_init(&pk, sb, msgpack_sbuffer_write);
-    bool ok = pack_json(&pk, j, 0);
+    bool ok = li_request_pack_json(&pk, j, LI_SRV_MAX_DEPTH);
     cJSON_Delete(j);
     msgpack_unpacked_init(u);
     size_t off = 0;

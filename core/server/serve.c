@@ -14,9 +14,9 @@
  * second signal skips the wait. */
 #define _GNU_SOURCE
 #include "server/server.h"
-#include "cli/args.h"
-#include "cli/cli.h"
-#include "policy/policy_lua.h"
+#include "runtime/args.h"
+#include "runtime/policy_open.h"
+#include "runtime/runtime.h"
 
 #include <lua.h>
 #include <signal.h>
@@ -24,8 +24,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-
-#include "policy/policy_proc.h"
 
 static const double ttft_le[] = {0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 30};
 static const double tpot_le[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1, 2.5};
@@ -199,7 +197,7 @@ int li_cmd_serve(int argc, char **argv) {
     li_error err = {0};
     const char *pos[1] = {NULL};
     int n_pos, rc;
-    if ((rc = li_args_parse(opts, n_opts, argc, argv, pos, 1, &n_pos, &err))) return li_cli_fail(&err);
+    if ((rc = li_args_parse(opts, n_opts, argc, argv, pos, 1, &n_pos, &err))) return li_runtime_fail(&err);
     if (o.help) {
         li_args_usage("serve", "[POLICY.lua] [options]", opts, n_opts);
         printf("\nWith no options: the default model, policies/default.lua, msgpack-RPC on 127.0.0.1:7700.\n"
@@ -223,10 +221,8 @@ int li_cmd_serve(int argc, char **argv) {
         li_error_set(&err, LI_EINVAL, "--drain-seconds must be in [0, 86400] and --slow-client-seconds in (0, 86400]");
         goto done;
     }
-    if (strcmp(o.isolation, "inprocess") && strcmp(o.isolation, "process")) {
-        li_error_set(&err, LI_EINVAL, "--policy-isolation must be 'inprocess' or 'process', got '%s'", o.isolation);
-        goto done;
-    }
+    li_policy_kind kind;
+    if ((rc = li_policy_isolation_parse(o.isolation, "--policy-isolation", &kind, &err))) goto done;
     srv.lim.max_frame = (size_t)o.max_frame;
     srv.lim.max_inflight = (int)o.max_inflight;
     srv.lim.max_connections = (int)o.max_connections;
@@ -241,14 +237,8 @@ int li_cmd_serve(int argc, char **argv) {
     /* the policy first: its config table may set engine defaults */
     const char *policy_path = pos[0] ? pos[0] : li_server_default_policy();
     if (policy_path) {
-        if (!strcmp(o.isolation, "process")) {
-            li_policy_proc_opts po = {.lua = {.allow_unsafe = o.policy_unsafe}};
-            rc = li_policy_proc_open(&policy, policy_path, &po, &err);
-        } else {
-            li_policy_lua_opts po = {.allow_unsafe = o.policy_unsafe};
-            rc = li_policy_lua_open(&policy, policy_path, NULL, &po, &err);
-        }
-        if (rc) goto done;
+        li_policy_open_opts po = {.kind = kind, .path = policy_path, .lua = {.allow_unsafe = o.policy_unsafe}};
+        if ((rc = li_policy_open(&policy, &po, &err))) goto done;
     } else {
         fprintf(stderr, "luainfer: no policies/default.lua found: using the built-in FCFS\n");
     }
@@ -342,7 +332,7 @@ int li_cmd_serve(int argc, char **argv) {
     fprintf(stderr, "luainfer: stopped\n");
     status = 0;
 done:
-    if (status) li_cli_fail(&err);
+    if (status) li_runtime_fail(&err);
     if (srv.eng) {
         li_engine_thread_stop(srv.eng);
         srv.eng = NULL;

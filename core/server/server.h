@@ -23,7 +23,9 @@
 
 #include "engine/engine.h"
 #include "lua/lua_env.h"
+#include "request/request.h"
 #include "util/mp_read.h"
+#include "util/utf8.h"
 
 #include <msgpack.h>
 #include <uv.h>
@@ -45,8 +47,8 @@ _Static_assert(LI_SRV_MAX_DEPTH <= LI_MP_MAX_DEPTH, "li_mp_scan_feed follows LI_
 #define LI_SRV_WRITE_BUFFER (8u << 20)      /* unsent bytes per connection before reads stop */
 #define LI_SRV_SLOW_CLIENT_SECONDS 30.0     /* over the write buffer this long: cancel + close */
 #define LI_SRV_DRAIN_SECONDS 30.0
-#define LI_SRV_MAX_STOP 16
-#define LI_SRV_MAX_N 64
+#define LI_SRV_MAX_STOP LI_REQ_MAX_STOP
+#define LI_SRV_MAX_N LI_REQ_MAX_N
 
 /* Error codes (the `code` of an error map; docs/server.md lists them). */
 enum {
@@ -151,32 +153,6 @@ void li_listeners_close(li_server *srv);
 /* ============================================================================
  * the parsed request and its lifetime
  * ========================================================================== */
-
-/* Parameters of `generate` (one declaration: api.c fills it from msgpack
- * params; HTTP converts its JSON body to msgpack first). */
-typedef struct li_gen_params {
-    char *prompt;           /* text, or NULL */
-    size_t prompt_len;
-    li_chat_msg *msgs;      /* chat messages (strings owned), or NULL */
-    int n_msgs;
-    int32_t *tokens;        /* token ids, or NULL */
-    size_t n_tokens;
-    li_sampling_params sp;
-    int64_t max_tokens;     /* -1: up to the context */
-    int32_t n;
-    char *stop[LI_SRV_MAX_STOP];
-    int n_stop;
-    bool stream, ignore_eos;
-    int32_t logprobs;       /* top alternatives per token (0..20); -1 = off */
-    int32_t priority;
-    char *tenant, *cache_salt;
-    li_logit_bias *logit_bias; /* (sp.n_logit_bias) owned; sp.logit_bias points here */
-    int64_t min_tokens;       /* vLLM's: no end-of-generation or stop before this many */
-    int32_t *stop_token_ids;  /* (n_stop_token_ids <= 64) owned */
-    int n_stop_token_ids;
-} li_gen_params;
-
-void li_gen_params_free(li_gen_params *g);
 
 /* Per-sample output gathered on the loop thread. */
 typedef struct li_sample_out {
@@ -432,12 +408,6 @@ void li_srv_req_free(li_srv_req *r);
 static inline const msgpack_object *li_mp_get(const msgpack_object *map, const char *key) {
     return li_mp_read_get(map, key, true);
 }
-bool li_utf8_valid(const char *s, size_t n);
-/* Makes s (n bytes) valid UTF-8 in place: each byte of an invalid or cut
- * sequence becomes '?'. Error messages quote client bytes (a parameter
- * name, a logit_bias key) and may be cut by their buffer; a reply must
- * still be a string every client decodes. */
-void li_utf8_scrub(char *s, size_t n);
 void li_mp_pack_str(msgpack_packer *pk, const char *s);
 void li_mp_pack_strn(msgpack_packer *pk, const char *s, size_t n);
 /* Packs the stats map (method `stats`). */
