@@ -4,8 +4,7 @@
 #include "cli/cli.h"
 #include "lua/lua_engine.h"
 #include "lua/lua_env.h"
-
-void li_lua_preload_net(lua_State *L); /* core/server/lua_client.c */
+#include "server/lua_client.h"
 
 #include <lauxlib.h>
 #include <lua.h>

@@ -345,6 +345,7 @@ static int pack_lua(lua_State *L, int idx, msgpack_packer *pk, int depth, bool a
 }
 
 int li_lua_request_parse(lua_State *L, int idx, int32_t n_vocab, li_gen_params *g, li_error *err) {
+    memset(g, 0, sizeof *g); /* nothing owned if the packing fails */
     msgpack_sbuffer sb;
     msgpack_sbuffer_init(&sb);
     msgpack_packer pk;

@@ -10,7 +10,8 @@
  * The owner (an RPC connection or an HTTP exchange) may go away at any
  * point: li_api_gen_orphan cancels the request and nothing is sent after. */
 #define _GNU_SOURCE
-#include "server/server.h"
+#include "server/api.h"
+#include "lua/lua_env.h"
 #include "tokenizer/tokenizer.h"
 
 #include <stdarg.h>
@@ -21,12 +22,6 @@
 
 /* ---- small helpers -------------------------------------------------------- */
 
-void li_mp_pack_strn(msgpack_packer *pk, const char *s, size_t n) {
-    msgpack_pack_str(pk, n);
-    msgpack_pack_str_body(pk, s, n);
-}
-
-void li_mp_pack_str(msgpack_packer *pk, const char *s) { li_mp_pack_strn(pk, s, strlen(s)); }
 
 /* Parameter readers (util/mp_read.h): text may come as str or bin, a float
  * is an integer up to about the int64 range, and a number is any finite one
@@ -334,7 +329,7 @@ static void free_event(li_srv_event *e) {
     free(e->tokens);
 }
 
-void li_server_on_events(li_server *srv, li_event_batch *b) {
+void li_api_on_events(li_server *srv, li_event_batch *b) {
     for (int32_t i = 0; i < b->n; i++) {
         li_srv_event *e = &b->ev[i];
         li_srv_req *r = e->req;
@@ -409,12 +404,11 @@ static void api_auth(li_call *c, const msgpack_object *params) {
     const char *p;
     size_t n;
     if (!get_str(c, params, "token", &p, &n, true)) return;
-    li_rpc_session *s = c->session;
     if (c->srv->auth_token && !consttime_eq(p, n, c->srv->auth_token)) {
         li_call_fail(c, LI_RPC_UNAUTHORIZED, "unauthorized: wrong token");
         return;
     }
-    if (s) s->authed = true;
+    if (c->session) c->ops->authed(c->session);
     msgpack_pack_map(&c->pk, 1);
     li_mp_pack_str(&c->pk, "ok");
     msgpack_pack_true(&c->pk);
@@ -441,7 +435,7 @@ static void api_generate(li_call *c, const msgpack_object *params) {
         g.stream = false;
         g.logprobs = -1;
     }
-    if (!li_rpc_start_generate(c->session, c->msgid, c->notification, &g, &err)) {
+    if (!c->ops->start_generate(c->session, c->msgid, c->notification, &g, &err)) {
         li_call_fail(c, err.code ? err.code : LI_RPC_INTERNAL, "%s", err.msg);
         return;
     }
@@ -464,7 +458,7 @@ static void api_cancel(li_call *c, const msgpack_object *params) {
         li_call_fail(c, LI_RPC_INVALID_PARAMS, "invalid params: 'id' or 'request_id' is required");
         return;
     }
-    li_srv_req *r = c->session ? li_rpc_find(c->session, id, msgid) : NULL;
+    li_srv_req *r = c->session ? c->ops->find(c->session, id, msgid) : NULL;
     if (r) li_api_gen_cancel(r);
     msgpack_pack_map(&c->pk, 1);
     li_mp_pack_str(&c->pk, "cancelled");
@@ -606,7 +600,6 @@ static void api_stats(li_call *c, const msgpack_object *params) {
 typedef struct reload_ctx {
     li_server *srv;
     bool no_reply;
-    li_rpc_session *s; /* NULL if the connection closed meanwhile */
     uint32_t msgid;
     uint64_t serial;
 } reload_ctx;
@@ -616,7 +609,7 @@ static void reload_done(void *ud, int code, const char *msg) {
     li_server *srv = rc->srv;
     /* the connection may be gone: find it by serial */
     li_conn *conn = NULL;
-    for (li_conn *k = srv->conns; k; k = k->next)
+    for (li_conn *k = srv->net.conns; k; k = k->next)
         if (k->serial == rc->serial && !k->closing) conn = k;
     if (conn && !rc->no_reply) {
         msgpack_sbuffer sb;
@@ -824,9 +817,9 @@ void li_api_pack_stats(li_server *srv, msgpack_packer *pk) {
     KV("prompt_tokens_total", msgpack_pack_uint64, m->prompt_tokens);
     li_mp_pack_str(pk, "connections");
     msgpack_pack_map(pk, 4);
-    KV("open", msgpack_pack_int, srv->n_conns);
-    KV("total", msgpack_pack_uint64, m->connections_total);
-    KV("refused", msgpack_pack_uint64, m->connections_refused);
+    KV("open", msgpack_pack_int, srv->net.n_conns);
+    KV("total", msgpack_pack_uint64, srv->net.connections_total);
+    KV("refused", msgpack_pack_uint64, srv->net.connections_refused);
     KV("slow_closed", msgpack_pack_uint64, m->slow_clients_closed);
     li_mp_pack_str(pk, "calls");
     msgpack_pack_map(pk, 4);

@@ -24,7 +24,7 @@
  * there never reads through it, and a lookup costs O(1) with thousands
  * queued. */
 #define _GNU_SOURCE
-#include "server/server.h"
+#include "server/engine_thread.h"
 #include "policy/policy_proc.h"
 #include "runtime/policy_open.h"
 
@@ -45,6 +45,7 @@ typedef struct cmd {
 
 struct li_engine_thread {
     li_server *srv;
+    void (*on_events)(li_server *srv, li_event_batch *b);
     li_engine *eng;
     li_policy *policy;
     uv_thread_t tid;
@@ -70,35 +71,6 @@ struct li_engine_thread {
 
 static const double step_buckets[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5};
 
-/* ---- histograms (shared with the server's metrics) ------------------------ */
-
-void li_hist_init(li_hist *h, const double *le, int n) {
-    h->n = n;
-    h->le = le;
-    h->count = li_xcalloc((size_t)n + 1, sizeof *h->count);
-    h->sum = 0;
-    h->total = 0;
-}
-
-void li_hist_free(li_hist *h) {
-    free(h->count);
-    h->count = NULL;
-}
-
-void li_hist_add(li_hist *h, double v) {
-    int i = 0;
-    while (i < h->n && v > h->le[i]) i++;
-    h->count[i]++;
-    h->sum += v;
-    h->total++;
-}
-
-void li_hist_copy(li_hist *dst, const li_hist *src) {
-    memcpy(dst->count, src->count, ((size_t)src->n + 1) * sizeof *src->count);
-    dst->sum = src->sum;
-    dst->total = src->total;
-}
-
 /* ---- events -------------------------------------------------------------------- */
 
 static li_srv_event *push_event(li_engine_thread *t) {
@@ -106,6 +78,7 @@ static li_srv_event *push_event(li_engine_thread *t) {
     if (!b) {
         b = t->batch = li_xcalloc(1, sizeof *b);
         b->srv = t->srv;
+        b->on_events = t->on_events;
     }
     if (b->n == b->cap) {
         b->cap = b->cap * 2 + 16;
@@ -119,7 +92,7 @@ static li_srv_event *push_event(li_engine_thread *t) {
 
 static void deliver(void *data) {
     li_event_batch *b = data;
-    li_server_on_events(b->srv, b);
+    b->on_events(b->srv, b);
     free(b->ev);
     free(b);
 }
@@ -450,6 +423,7 @@ int li_engine_thread_start(li_engine_thread **out, li_server *srv, const li_engi
     *out = NULL;
     li_engine_thread *t = li_xcalloc(1, sizeof *t);
     t->srv = srv;
+    t->on_events = o->on_events;
     int rc = li_engine_init(&t->eng, o->model, o->be, &o->cfg, err);
     if (rc) {
         if (o->policy) o->policy->ops->free(o->policy); /* owned from the call on */

@@ -21,10 +21,13 @@
  * The Lua half (pretty printer, help, completion, eval) is the REPL_LUA
  * string below; it needs nothing from C but `__repl_opts`. */
 #define _GNU_SOURCE
+#include "server/repl.h"
+#include "server/lua_client.h"
 #include "server/server.h"
 #include "runtime/args.h"
 #include "runtime/runtime.h"
 #include "lua/lua_engine.h"
+#include "lua/lua_env.h"
 
 #include <editline/readline.h>
 #include <errno.h>
