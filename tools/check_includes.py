@@ -12,6 +12,10 @@ are printed as "pending: ..." lines and do not fail; once such a rule
 holds, the script says so, and the rule belongs in STRICT from then on.
 
   python3 tools/check_includes.py [ROOT]     (run by ctest: tools/check_includes)
+  python3 tools/check_includes.py --self-test (ctest: tools/check_includes_self_test)
+The self-test builds small trees in a temporary folder and checks that a
+cycle and a forbidden include fail, a private header and a pending rule
+do not.
 """
 import os
 import re
@@ -118,9 +122,7 @@ def violations(edges, rule):
     return bad
 
 
-def main():
-    root = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
-    root = os.path.abspath(root)
+def check(root):
     edges = graph(root)
     if not edges:
         print(f"check_includes: no sources under {root}")
@@ -135,7 +137,8 @@ def main():
             for w in sorted(g.get(u, ()) & inside):
                 print(f"    {u} -> {w}")
     if not comps:
-        print(f"ok: no include cycle between the {len({unit(s) for s in edges if s.startswith('core/')})} core/ units")
+        n_units = len({unit(s) for s in sources(root) if s.startswith("core/")})
+        print(f"ok: no include cycle between the {n_units} core/ units")
     for rule in STRICT:
         bad = violations(edges, rule)
         for b in bad:
@@ -150,6 +153,56 @@ def main():
         if not bad:
             print(f"ok: {rule[0]} (holds now: move it from PENDING to STRICT)")
     return 1 if failed else 0
+
+
+def self_test():
+    import contextlib
+    import io
+    import tempfile
+
+    def run(files):
+        with tempfile.TemporaryDirectory() as d:
+            for path, text in files.items():
+                os.makedirs(os.path.join(d, os.path.dirname(path)), exist_ok=True)
+                with open(os.path.join(d, path), "w") as f:
+                    f.write(text)
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out):
+                rc = check(d)
+            return rc, out.getvalue()
+
+    base = {"core/util/common.h": "", "core/util/common.c": '#include "util/common.h"\n'}
+    cases = [
+        ("clean tree", {}, 0, "ok: no include cycle"),
+        ("a.c -> b.h, b.c -> a.h", {"core/x/a.h": "", "core/x/a.c": '#include "x/b.h"\n',
+                                    "core/x/b.h": "", "core/x/b.c": '#include "x/a.h"\n'}, 1, "FAIL: include cycle"),
+        ("header cycle", {"core/x/a.h": '#include "x/b.h"\n', "core/x/b.h": '#include "x/a.h"\n'}, 1,
+         "FAIL: include cycle"),
+        ("private header", {"core/t/t.h": "", "core/t/t_internal.h": '#include "t/t.h"\n',
+                            "core/t/t.c": '#include "t/t_internal.h"\n'}, 0, "ok: no include cycle"),
+        ("lua -> cli", {"core/cli/cli.h": "", "core/lua/l.c": '#include "cli/cli.h"\n'}, 1,
+         "FAIL: core/lua and core/server do not include core/cli"),
+        ("server -> cli", {"core/cli/args.h": "", "core/server/s.c": '  #  include "cli/args.h"\n'}, 1,
+         "FAIL: core/lua and core/server do not include core/cli"),
+        ("kv -> model (pending)", {"core/model/model.h": "", "core/kv/kv.h": '#include "model/model.h"\n'}, 0,
+         "pending: core/kv does not include core/model"),
+    ]
+    bad = 0
+    for name, files, want_rc, want_text in cases:
+        rc, out = run({**base, **files})
+        ok = rc == want_rc and want_text in out
+        print(f"{'ok  ' if ok else 'FAIL'} self-test: {name} (exit {rc})")
+        if not ok:
+            print(out)
+            bad += 1
+    return 1 if bad else 0
+
+
+def main():
+    if sys.argv[1:] == ["--self-test"]:
+        return self_test()
+    root = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+    return check(os.path.abspath(root))
 
 
 if __name__ == "__main__":

@@ -7,10 +7,10 @@
 
 #include "server/engine_thread.h"
 
-/* One call in progress. Sync results are packed into `result`; an error
- * fills code/msg; async methods set `pending` and reply later. */
 typedef struct li_call_ops li_call_ops;
 
+/* One call in progress. Sync results are packed into `result`; an error
+ * fills code/msg; async methods set `pending` and reply later. */
 typedef struct li_call {
     li_server *srv;
     li_conn *conn;           /* the RPC connection (NULL for HTTP) */
@@ -42,8 +42,9 @@ int li_call_fail(li_call *c, int code, const char *fmt, ...) LI_PRINTF(3, 4);
 /* Runs method with params (a map; [map] is unwrapped by the caller). */
 void li_api_dispatch(li_call *c, const char *method, size_t method_len, const msgpack_object *params);
 
-/* Parses `generate` params. http: OpenAI defaults and unknown keys ignored;
- * otherwise luainfer's defaults and unknown keys are an error. */
+/* Parses `generate` params with the one request parser (request/request.h)
+ * and the server's error code. http: OpenAI defaults and unknown keys
+ * ignored; otherwise luainfer's defaults and unknown keys are an error. */
 typedef struct li_gen_defaults {
     bool openai;             /* temperature 1, top_p 1, top_k/min_p off, max_tokens 16 (completions) */
     bool chat;               /* messages required; max_tokens defaults to the context */
