@@ -4,7 +4,7 @@
  * request through the engine — the same step loop the server uses — and
  * stream the text deltas it emits (stop strings are held back by the
  * engine until they can no longer match). */
-#include "cli/args.h"
+#include "runtime/args.h"
 #include "cli/cli.h"
 #include "engine/engine.h"
 #include "lua/lua_env.h"
@@ -129,21 +129,21 @@ int li_cmd_generate(int argc, char **argv) {
     li_error err = {0};
     const char *pos[1];
     int n_pos, rc;
-    if ((rc = li_args_parse(opts, n_opts, argc, argv, pos, 0, &n_pos, &err))) return li_cli_fail(&err);
+    if ((rc = li_args_parse(opts, n_opts, argc, argv, pos, 0, &n_pos, &err))) return li_runtime_fail(&err);
     if (o.help) {
         li_args_usage("generate", "--prompt TEXT [options]", opts, n_opts);
         return 0;
     }
-    if (!o.prompt) return li_cli_fail(&(li_error){LI_EINVAL, "generate: --prompt is required"});
-    if (!*o.prompt) return li_cli_fail(&(li_error){LI_EINVAL, "generate: the prompt is empty"});
+    if (!o.prompt) return li_runtime_fail(&(li_error){LI_EINVAL, "generate: --prompt is required"});
+    if (!*o.prompt) return li_runtime_fail(&(li_error){LI_EINVAL, "generate: the prompt is empty"});
     if (o.max_tokens < 0 || o.max_tokens > 1 << 20)
-        return li_cli_fail(&(li_error){LI_EINVAL, "generate: --max-tokens must be in [0, 1048576]"});
+        return li_runtime_fail(&(li_error){LI_EINVAL, "generate: --max-tokens must be in [0, 1048576]"});
     if (o.top_logits < 0 || o.top_logits > 1000)
-        return li_cli_fail(&(li_error){LI_EINVAL, "generate: --top-logits must be in [0, 1000]"});
+        return li_runtime_fail(&(li_error){LI_EINVAL, "generate: --top-logits must be in [0, 1000]"});
     if (o.batch_size <= 0 || o.batch_size > 8192)
-        return li_cli_fail(&(li_error){LI_EINVAL, "generate: --batch-size must be in [1, 8192]"});
+        return li_runtime_fail(&(li_error){LI_EINVAL, "generate: --batch-size must be in [1, 8192]"});
     for (int i = 0; i < o.stop.n; i++)
-        if (!*o.stop.items[i]) return li_cli_fail(&(li_error){LI_EINVAL, "generate: --stop strings must not be empty"});
+        if (!*o.stop.items[i]) return li_runtime_fail(&(li_error){LI_EINVAL, "generate: --stop strings must not be empty"});
     li_sampling_params sp = {
         .temperature = (float)o.temperature, .top_k = (int32_t)LI_MIN(LI_MAX(o.top_k, -1), INT32_MAX),
         .top_p = (float)o.top_p, .min_p = (float)o.min_p, .repeat_penalty = (float)o.repeat_penalty,
@@ -154,16 +154,16 @@ int li_cmd_generate(int argc, char **argv) {
     };
     li_logit_bias bias[LI_LOGIT_BIAS_MAX];
     if (o.logit_bias.n > LI_LOGIT_BIAS_MAX)
-        return li_cli_fail(&(li_error){LI_EINVAL, "generate: at most 1024 --logit-bias entries"});
-    if ((rc = parse_logit_bias(&o.logit_bias, bias, &err))) return li_cli_fail(&err);
+        return li_runtime_fail(&(li_error){LI_EINVAL, "generate: at most 1024 --logit-bias entries"});
+    if ((rc = parse_logit_bias(&o.logit_bias, bias, &err))) return li_runtime_fail(&err);
     sp.logit_bias = bias;
     sp.n_logit_bias = o.logit_bias.n;
-    if ((rc = li_sampling_params_validate(&sp, &err))) return li_cli_fail(&err);
+    if ((rc = li_sampling_params_validate(&sp, &err))) return li_runtime_fail(&err);
     li_type kv_dtype;
-    if ((rc = li_kv_dtype_parse(o.kv_dtype, &kv_dtype, &err))) return li_cli_fail(&err);
+    if ((rc = li_kv_dtype_parse(o.kv_dtype, &kv_dtype, &err))) return li_runtime_fail(&err);
 
     li_runtime rt;
-    if ((rc = li_runtime_open(&rt, o.model, o.threads, o.isa, &err))) return li_cli_fail(&err);
+    if ((rc = li_runtime_open(&rt, o.model, o.threads, o.isa, &err))) return li_runtime_fail(&err);
     li_model *m = rt.model;
     const li_tokenizer *tok = m->tok;
     int status = 1;
@@ -260,7 +260,7 @@ int li_cmd_generate(int argc, char **argv) {
     }
     status = 0;
 done:
-    if (status) li_cli_fail(&err);
+    if (status) li_runtime_fail(&err);
     cJSON_Delete(jtop);
     cJSON_Delete(jlp);
     li_engine_free(eng);

@@ -1,5 +1,5 @@
 /* info.c — `luainfer info MODEL`: what a GGUF holds and what its KV costs. */
-#include "cli/args.h"
+#include "runtime/args.h"
 #include "cli/cli.h"
 #include "kv/kv_cache.h"
 #include "tokenizer/tokenizer.h"
@@ -41,16 +41,16 @@ int li_cmd_info(int argc, char **argv) {
     li_error err = {0};
     const char *pos[1];
     int n_pos, rc;
-    if ((rc = li_args_parse(opts, n_opts, argc, argv, pos, 1, &n_pos, &err))) return li_cli_fail(&err);
+    if ((rc = li_args_parse(opts, n_opts, argc, argv, pos, 1, &n_pos, &err))) return li_runtime_fail(&err);
     if (help) {
         li_args_usage("info", "[MODEL.gguf] [options]", opts, n_opts);
         return 0;
     }
     if (n_pos == 1) model = pos[0];
     if (!(budget_gib > 0) || budget_gib > 1 << 20 || block_size <= 0 || block_size > 1024)
-        return li_cli_fail(&(li_error){LI_EINVAL, "info: --kv-memory-gib must be > 0 and --block-size in [1, 1024]"});
+        return li_runtime_fail(&(li_error){LI_EINVAL, "info: --kv-memory-gib must be > 0 and --block-size in [1, 1024]"});
     li_model *m;
-    if ((rc = li_model_load(&m, li_model_default_path(model), &err))) return li_cli_fail(&err);
+    if ((rc = li_model_load(&m, li_model_default_path(model), &err))) return li_runtime_fail(&err);
     const li_hparams *hp = &m->hp;
     type_stat st[LI_TYPE_COUNT] = {0};
     int64_t n_params = 0;

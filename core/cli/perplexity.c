@@ -5,7 +5,7 @@
  * scored (positions j = ctx/2 .. ctx-2 predict token j+1), so every scored
  * token sees at least ctx/2 tokens of context. Same scheme, same numbers as
  * llama.cpp's `llama-perplexity`. */
-#include "cli/args.h"
+#include "runtime/args.h"
 #include "cli/cli.h"
 #include "engine/session.h"
 #include "tokenizer/tokenizer.h"
@@ -36,25 +36,25 @@ int li_cmd_perplexity(int argc, char **argv) {
     li_error err = {0};
     const char *pos[1];
     int n_pos, rc;
-    if ((rc = li_args_parse(opts, n_opts, argc, argv, pos, 0, &n_pos, &err))) return li_cli_fail(&err);
+    if ((rc = li_args_parse(opts, n_opts, argc, argv, pos, 0, &n_pos, &err))) return li_runtime_fail(&err);
     if (help) {
         li_args_usage("perplexity", "--file TEXT [options]", opts, n_opts);
         return 0;
     }
-    if (!file) return li_cli_fail(&(li_error){LI_EINVAL, "perplexity: --file is required"});
-    if (ctx < 4 || ctx > (1 << 20)) return li_cli_fail(&(li_error){LI_EINVAL, "perplexity: --ctx must be in [4, 1048576]"});
-    if (batch <= 0 || batch > 8192) return li_cli_fail(&(li_error){LI_EINVAL, "perplexity: --batch-size must be in [1, 8192]"});
-    if (max_chunks < 0) return li_cli_fail(&(li_error){LI_EINVAL, "perplexity: --chunks must be >= 0"});
+    if (!file) return li_runtime_fail(&(li_error){LI_EINVAL, "perplexity: --file is required"});
+    if (ctx < 4 || ctx > (1 << 20)) return li_runtime_fail(&(li_error){LI_EINVAL, "perplexity: --ctx must be in [4, 1048576]"});
+    if (batch <= 0 || batch > 8192) return li_runtime_fail(&(li_error){LI_EINVAL, "perplexity: --batch-size must be in [1, 8192]"});
+    if (max_chunks < 0) return li_runtime_fail(&(li_error){LI_EINVAL, "perplexity: --chunks must be >= 0"});
     li_type kv_dtype;
-    if ((rc = li_kv_dtype_parse(kv_dtype_s, &kv_dtype, &err))) return li_cli_fail(&err);
+    if ((rc = li_kv_dtype_parse(kv_dtype_s, &kv_dtype, &err))) return li_runtime_fail(&err);
     char *text = NULL;
     size_t len = 0;
-    if ((rc = li_read_file(file, (size_t)1 << 30, "text file", &text, &len, &err))) return li_cli_fail(&err);
+    if ((rc = li_read_file(file, (size_t)1 << 30, "text file", &text, &len, &err))) return li_runtime_fail(&err);
 
     li_runtime rt;
     if ((rc = li_runtime_open(&rt, model, threads, isa, &err))) {
         free(text);
-        return li_cli_fail(&err);
+        return li_runtime_fail(&err);
     }
     li_model *m = rt.model;
     int status = 1;
@@ -123,7 +123,7 @@ int li_cmd_perplexity(int argc, char **argv) {
     }
     status = 0;
 done:
-    if (status) li_cli_fail(&err);
+    if (status) li_runtime_fail(&err);
     if (sess_ok) li_session_free(&sess);
     free(chunk);
     free(logits);

@@ -4,8 +4,7 @@
 #include "cli/cli.h"
 #include "lua/lua_engine.h"
 #include "lua/lua_env.h"
-
-void li_lua_preload_net(lua_State *L); /* core/server/lua_client.c */
+#include "server/lua_client.h"
 
 #include <lauxlib.h>
 #include <lua.h>
@@ -21,7 +20,7 @@ int li_cmd_run(int argc, char **argv) {
     }
     li_error err = {0};
     lua_State *L = li_lua_new(&err);
-    if (!L) return li_cli_fail(&err);
+    if (!L) return li_runtime_fail(&err);
     li_lua_preload_core(L);
     li_lua_preload_net(L);
     lua_createtable(L, argc, 1);
@@ -36,7 +35,7 @@ int li_cmd_run(int argc, char **argv) {
         status = 1;
     } else {
         for (int i = 1; i < argc; i++) lua_pushstring(L, argv[i]);
-        if (li_lua_pcall(L, argc - 1, 0, &err) != 0) status = li_cli_fail(&err);
+        if (li_lua_pcall(L, argc - 1, 0, &err) != 0) status = li_runtime_fail(&err);
     }
     lua_close(L);
     return status;

@@ -467,7 +467,7 @@ int li_engine_add(li_engine *e, const li_request_params *p, int64_t *id, li_erro
         } else if (!accept) {
             e->st.requests_rejected++;
             req_free(first);
-            return li_error_set(err, LI_EINVAL, "request rejected by policy: %s", reason[0] ? reason : "no reason given");
+            return li_error_set(err, LI_EREJECTED, "request rejected by policy: %s", reason[0] ? reason : "no reason given");
         }
     }
     if (e->n_reqs + n > e->cap_reqs) {

@@ -16,15 +16,18 @@
  *
  * The engine runs on the calling thread; every call is synchronous. */
 #include "lua/lua_engine.h"
-#include "cli/cli.h"
+#include "runtime/runtime.h"
 #include "engine/engine.h"
 #include "lua/lua_env.h"
-#include "policy/policy_lua.h"
-#include "policy/policy_proc.h"
+#include "request/request.h"
+#include "runtime/policy_open.h"
 #include "tokenizer/tokenizer.h"
+#include "util/mp_read.h"
 
 #include <lauxlib.h>
 #include <lua.h>
+#include <math.h>
+#include <msgpack.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -46,7 +49,7 @@ typedef struct lua_engine {
     li_engine *eng;
     li_policy *policy;
     bool open;
-    bool isolated;      /* policies run in a policy-host child process */
+    li_policy_kind kind; /* of the policies it opens: in process, or in a policy-host child */
     int32_t deadline_ms;
     lp_rec *lps;        /* requests added with logprobs */
     int32_t n_lps, cap_lps;
@@ -180,14 +183,10 @@ static void lp_push(lua_State *L, const lp_rec *r) {
 static int install_policy(lua_State *L, lua_engine *le, const char *path, const char *source) {
     li_error err = {0};
     li_policy *p = NULL;
-    li_policy_lua_opts po = {0};
-    if (le->isolated) {
-        if (!path) return luaL_error(L, "policy_isolation = 'process' needs a policy file path");
-        li_policy_proc_opts pp = {.deadline_ms = le->deadline_ms, .lua = po};
-        if (li_policy_proc_open(&p, path, &pp, &err) != 0) return luaL_error(L, "%s", err.msg);
-    } else if (li_policy_lua_open(&p, path, source, &po, &err) != 0) {
-        return luaL_error(L, "%s", err.msg);
-    }
+    if (le->kind == LI_POLICY_PROCESS && !path)
+        return luaL_error(L, "policy_isolation = 'process' needs a policy file path");
+    li_policy_open_opts po = {.kind = le->kind, .path = path, .source = source, .deadline_ms = le->deadline_ms};
+    if (li_policy_open(&p, &po, &err) != 0) return luaL_error(L, "%s", err.msg);
     if (le->policy) le->policy->ops->free(le->policy);
     le->policy = p;
     li_engine_set_policy(le->eng, p);
@@ -226,8 +225,9 @@ static int l_engine_new(lua_State *L) {
     const char *kv_dtype = opt_str(L, 1, "kv_dtype", "f16");
     const char *isolation = opt_str(L, 1, "policy_isolation", "inprocess");
     int64_t deadline_ms = opt_int(L, 1, "policy_deadline_ms", 50, 1, 60000);
-    if (strcmp(isolation, "inprocess") && strcmp(isolation, "process"))
-        return luaL_error(L, "option 'policy_isolation' must be \"inprocess\" or \"process\", got \"%s\"", isolation);
+    li_policy_kind kind;
+    li_error err = {0};
+    if (li_policy_isolation_parse(isolation, "option 'policy_isolation'", &kind, &err)) return luaL_error(L, "%s", err.msg);
     int64_t threads = opt_int(L, 1, "threads", 0, 0, 1024);
     cfg.block_size = (int32_t)opt_int(L, 1, "block_size", cfg.block_size, 1, 1024);
     cfg.max_num_seqs = (int32_t)opt_int(L, 1, "max_num_seqs", cfg.max_num_seqs, 1, 4096);
@@ -239,7 +239,6 @@ static int l_engine_new(lua_State *L) {
     cfg.spec_ngram_max = (int32_t)opt_int(L, 1, "spec_ngram_max", cfg.spec_ngram_max, 1, 64);
     cfg.spec_ngram_min = (int32_t)opt_int(L, 1, "spec_ngram_min", cfg.spec_ngram_min, 1, 64);
     cfg.spec_disable_batch = (int32_t)opt_int(L, 1, "spec_disable_batch", cfg.spec_disable_batch, 0, 1 << 20);
-    li_error err = {0};
     if (li_kv_dtype_parse(kv_dtype, &cfg.kv_dtype, &err)) return luaL_error(L, "%s", err.msg);
 
     lua_engine *le = lua_newuserdata(L, sizeof *le);
@@ -248,7 +247,7 @@ static int l_engine_new(lua_State *L) {
     lua_setmetatable(L, -2);
     if (li_runtime_open(&le->rt, model, threads, isa, &err)) return luaL_error(L, "%s", err.msg);
     le->open = true;
-    le->isolated = !strcmp(isolation, "process");
+    le->kind = kind;
     le->deadline_ms = (int32_t)deadline_ms;
     if (li_engine_init(&le->eng, le->rt.model, &le->rt.be, &cfg, &err)) {
         li_runtime_close(&le->rt);
@@ -283,151 +282,137 @@ static int l_engine_close(lua_State *L) {
 
 /* ---- requests ---------------------------------------------------------------------- */
 
-/* Option logit_bias = {[token id] = bias}: ids as integers or strings of
- * digits (as OpenAI's JSON has them). The entries live in a userdata pushed
- * on the stack, so an error below leaks nothing; the sampler copies them. */
-static void parse_logit_bias(lua_State *L, li_sampling_params *sp) {
-    lua_getfield(L, 2, "logit_bias");
-    if (lua_isnil(L, -1)) {
-        lua_pop(L, 1);
-        lua_pushnil(L);
-        return;
+/* engine:add{...} reads its table with the server's request parser
+ * (request/request.h): the table is packed as msgpack and parsed like a
+ * msgpack-RPC `generate`, so every field has the same name, default and
+ * range on all three paths, and a bad value fails with the same message. */
+
+/* Packs the Lua value at idx. Never raises (the caller frees the buffer
+ * whatever happens); as_map forces a table to a map (logit_bias: {[1] = 5}
+ * is not the list {5}). */
+static int pack_lua(lua_State *L, int idx, msgpack_packer *pk, int depth, bool as_map, li_error *err) {
+    if (depth > LI_MP_MAX_DEPTH) return li_error_set(err, LI_EINVAL, "invalid params: tables nest deeper than %d (a cycle?)", LI_MP_MAX_DEPTH);
+    if (!lua_checkstack(L, 4)) return li_error_set(err, LI_ENOMEM, "invalid params: tables nest too deep");
+    idx = idx < 0 ? lua_gettop(L) + idx + 1 : idx;
+    switch (lua_type(L, idx)) {
+    case LUA_TNIL: msgpack_pack_nil(pk); return 0;
+    case LUA_TBOOLEAN:
+        if (lua_toboolean(L, idx)) msgpack_pack_true(pk);
+        else msgpack_pack_false(pk);
+        return 0;
+    case LUA_TNUMBER: {
+        const double v = lua_tonumber(L, idx);
+        if (v == floor(v) && v >= -9.2e18 && v <= 9.2e18) msgpack_pack_int64(pk, (int64_t)v);
+        else msgpack_pack_double(pk, v);
+        return 0;
     }
-    if (!lua_istable(L, -1)) luaL_error(L, "option 'logit_bias' must be a table {[token id] = bias}");
-    int n = 0;
-    for (lua_pushnil(L); lua_next(L, -2); lua_pop(L, 1)) n++;
-    if (n > LI_LOGIT_BIAS_MAX) luaL_error(L, "option 'logit_bias': more than %d entries", LI_LOGIT_BIAS_MAX);
-    li_logit_bias *b = lua_newuserdata(L, (size_t)(n ? n : 1) * sizeof *b);
-    int i = 0;
-    for (lua_pushnil(L); lua_next(L, -3); lua_pop(L, 1)) {
-        double id = -1;
-        if (lua_type(L, -2) == LUA_TNUMBER) {
-            id = lua_tonumber(L, -2);
-        } else if (lua_type(L, -2) == LUA_TSTRING) {
-            size_t len;
-            const char *k = lua_tolstring(L, -2, &len);
-            id = len && len <= 10 && strspn(k, "0123456789") == len ? strtod(k, NULL) : -1;
+    case LUA_TSTRING: {
+        size_t n;
+        const char *str = lua_tolstring(L, idx, &n);
+        msgpack_pack_str(pk, n);
+        msgpack_pack_str_body(pk, str, n);
+        return 0;
+    }
+    case LUA_TTABLE: {
+        size_t len = lua_objlen(L, idx), count = 0;
+        for (lua_pushnil(L); lua_next(L, idx); lua_pop(L, 1)) count++;
+        if (!as_map && count == len) { /* a sequence (or empty) */
+            msgpack_pack_array(pk, len);
+            for (size_t i = 1; i <= len; i++) {
+                lua_rawgeti(L, idx, (int)i);
+                int rc = pack_lua(L, -1, pk, depth + 1, false, err);
+                lua_pop(L, 1);
+                if (rc) return rc;
+            }
+            return 0;
         }
-        if (!(id >= 0 && id <= INT32_MAX && id == (double)(int32_t)id))
-            luaL_error(L, "option 'logit_bias': keys must be token ids");
-        if (lua_type(L, -1) != LUA_TNUMBER) luaL_error(L, "option 'logit_bias': the bias of token %d must be a number", (int)id);
-        b[i++] = (li_logit_bias){(int32_t)id, (float)lua_tonumber(L, -1)};
+        msgpack_pack_map(pk, count);
+        for (lua_pushnil(L); lua_next(L, idx); lua_pop(L, 1)) {
+            /* at the top, logit_bias's table is a map whatever its keys */
+            const bool map_val = depth == 0 && lua_type(L, -2) == LUA_TSTRING && !strcmp(lua_tostring(L, -2), "logit_bias");
+            int rc = pack_lua(L, -2, pk, depth + 1, false, err);
+            if (!rc) rc = pack_lua(L, -1, pk, depth + 1, map_val, err);
+            if (rc) {
+                lua_pop(L, 2);
+                return rc;
+            }
+        }
+        return 0;
     }
-    lua_replace(L, -2); /* keep the entries, drop the table */
-    sp->logit_bias = b;
-    sp->n_logit_bias = n;
+    default:
+        return li_error_set(err, LI_EINVAL, "invalid params: a %s is no parameter value", luaL_typename(L, idx));
+    }
+}
+
+int li_lua_request_parse(lua_State *L, int idx, int32_t n_vocab, li_gen_params *g, li_error *err) {
+    memset(g, 0, sizeof *g); /* nothing owned if the packing fails */
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    msgpack_unpacked u;
+    msgpack_unpacked_init(&u);
+    int rc = pack_lua(L, idx, &pk, 0, false, err);
+    size_t off = 0;
+    if (!rc && msgpack_unpack_next(&u, sb.data, sb.size, &off) != MSGPACK_UNPACK_SUCCESS)
+        rc = li_error_set(err, LI_EINVAL, "invalid params: the request table cannot be read");
+    const li_req_opts o = {.profile = LI_REQ_LUAINFER, .n_vocab = n_vocab, .no_stream = true};
+    if (!rc) rc = li_request_parse(&u.data, &o, g, err);
+    msgpack_unpacked_destroy(&u);
+    msgpack_sbuffer_destroy(&sb);
+    return rc;
+}
+
+/* The prompt's token ids: tokens as given, prompt tokenized, or messages
+ * through the model's chat template first (as the server does). */
+static int prompt_tokens(lua_State *L, lua_engine *le, const li_gen_params *g, int32_t **toks, size_t *n,
+                         li_error *err) {
+    if (g->tokens) {
+        *toks = li_xmalloc((g->n_tokens ? g->n_tokens : 1) * sizeof **toks);
+        memcpy(*toks, g->tokens, g->n_tokens * sizeof **toks);
+        *n = g->n_tokens;
+        return 0;
+    }
+    char *chat = NULL;
+    const char *text = g->prompt;
+    size_t len = g->prompt_len;
+    if (g->msgs) {
+        int rc = li_chat_format(L, le->rt.model->chat_template, g->msgs, g->n_msgs, true, &chat, err);
+        if (rc) return rc;
+        text = chat;
+        len = strlen(chat);
+    }
+    int rc = li_tokenizer_encode(le->rt.model->tok, text, len, true, true, toks, n, err);
+    free(chat);
+    return rc;
 }
 
 static int l_engine_add(lua_State *L) {
     lua_engine *le = check_engine(L);
     luaL_checktype(L, 2, LUA_TTABLE);
-    static const char *const known[] = {"prompt", "tokens", "max_tokens", "temperature", "top_k", "top_p", "min_p",
-                                        "repetition_penalty", "presence_penalty", "frequency_penalty", "seed",
-                                        "logprobs", "n", "stop", "ignore_eos", "priority", "tenant", "cache_salt",
-                                        "logit_bias", "min_tokens", "stop_token_ids", NULL};
-    check_keys(L, 2, "engine:add", known);
-    li_request_params p = {0};
-    li_sampling_params_default(&p.sampling);
-    p.sampling.temperature = (float)opt_num(L, 2, "temperature", p.sampling.temperature);
-    p.sampling.top_k = (int32_t)opt_int(L, 2, "top_k", p.sampling.top_k, 0, 1 << 20);
-    p.sampling.top_p = (float)opt_num(L, 2, "top_p", p.sampling.top_p);
-    p.sampling.min_p = (float)opt_num(L, 2, "min_p", p.sampling.min_p);
-    p.sampling.repeat_penalty = (float)opt_num(L, 2, "repetition_penalty", 1.0);
-    p.sampling.presence_penalty = (float)opt_num(L, 2, "presence_penalty", 0.0);
-    p.sampling.frequency_penalty = (float)opt_num(L, 2, "frequency_penalty", 0.0);
-    p.sampling.seed = (uint64_t)opt_int(L, 2, "seed", 0, 0, INT64_MAX);
-    /* logprobs: nil/false = off; true = the chosen token's alone; k = and the top k */
-    lua_getfield(L, 2, "logprobs");
-    bool want_lp = lua_type(L, -1) == LUA_TBOOLEAN ? lua_toboolean(L, -1) : !lua_isnil(L, -1);
-    bool lp_number = lua_type(L, -1) != LUA_TBOOLEAN;
-    lua_pop(L, 1);
-    p.sampling.n_logprobs = want_lp && lp_number ? (int32_t)opt_int(L, 2, "logprobs", 0, 0, 20) : 0;
-    p.sampling.logprob = want_lp;
-    if (want_lp) {
-        p.on_event = lp_on_event;
-        p.ud = le;
-    }
-    p.max_tokens = opt_int(L, 2, "max_tokens", 16, 0, 1 << 20);
-    p.min_tokens = opt_int(L, 2, "min_tokens", 0, 0, 1 << 20);
-    p.n = (int32_t)opt_int(L, 2, "n", 1, 1, 64);
-    p.priority = (int32_t)opt_int(L, 2, "priority", 0, INT32_MIN, INT32_MAX);
-    p.tenant = opt_str(L, 2, "tenant", "");
-    p.cache_salt = opt_str(L, 2, "cache_salt", "");
-    p.ignore_eos = opt_bool(L, 2, "ignore_eos", false);
-    parse_logit_bias(L, &p.sampling); /* leaves its array on the stack, below what follows */
-    const char *stops[16];
-    lua_getfield(L, 2, "stop");
-    if (lua_type(L, -1) == LUA_TSTRING) {
-        stops[0] = lua_tostring(L, -1);
-        p.n_stop = 1;
-    } else if (lua_istable(L, -1)) {
-        int n = (int)lua_objlen(L, -1);
-        if (n > 16) return luaL_error(L, "option 'stop': at most 16 strings");
-        for (int i = 0; i < n; i++) {
-            lua_rawgeti(L, -1, i + 1);
-            if (lua_type(L, -1) != LUA_TSTRING) return luaL_error(L, "option 'stop' must hold strings");
-            stops[i] = lua_tostring(L, -1);
-            lua_pop(L, 1);
-        }
-        p.n_stop = n;
-    } else if (!lua_isnil(L, -1)) {
-        return luaL_error(L, "option 'stop' must be a string or a list of strings");
-    }
-    p.stop = stops;
-    int32_t stop_ids[64];
-    lua_getfield(L, 2, "stop_token_ids");
-    if (lua_istable(L, -1)) {
-        int n = (int)lua_objlen(L, -1);
-        if (n > 64) return luaL_error(L, "option 'stop_token_ids': at most 64 ids");
-        for (int i = 0; i < n; i++) {
-            lua_rawgeti(L, -1, i + 1);
-            const double v = lua_tonumber(L, -1);
-            if (lua_type(L, -1) != LUA_TNUMBER || !(v >= 0 && v <= INT32_MAX) || v != (double)(int32_t)v)
-                return luaL_error(L, "option 'stop_token_ids' must be a list of token ids");
-            stop_ids[i] = (int32_t)v;
-            lua_pop(L, 1);
-        }
-        p.stop_token_ids = stop_ids;
-        p.n_stop_token_ids = n;
-    } else if (!lua_isnil(L, -1)) {
-        return luaL_error(L, "option 'stop_token_ids' must be a list of token ids");
-    }
-    lua_pop(L, 1);
+    li_gen_params g;
     li_error err = {0};
+    if (li_lua_request_parse(L, 2, le->rt.model->hp.n_vocab, &g, &err)) return luaL_error(L, "%s", err.msg);
     int32_t *toks = NULL;
     size_t n = 0;
-    lua_getfield(L, 2, "tokens");
-    if (lua_istable(L, -1)) {
-        n = lua_objlen(L, -1);
-        toks = li_xmalloc((n ? n : 1) * sizeof *toks);
-        for (size_t i = 0; i < n; i++) {
-            lua_rawgeti(L, -1, (int)i + 1);
-            if (!lua_isnumber(L, -1)) {
-                free(toks);
-                return luaL_error(L, "option 'tokens' must be a list of token ids");
-            }
-            toks[i] = (int32_t)lua_tointeger(L, -1);
-            lua_pop(L, 1);
+    int rc = prompt_tokens(L, le, &g, &toks, &n, &err);
+    int64_t id = -1;
+    li_request_params p;
+    if (!rc) {
+        li_gen_params_to_request(&g, toks, (int64_t)n, &p);
+        if (p.sampling.logprob) {
+            p.on_event = lp_on_event;
+            p.ud = le;
         }
-    } else {
-        size_t len;
-        lua_getfield(L, 2, "prompt");
-        const char *prompt = lua_tolstring(L, -1, &len);
-        if (!prompt) return luaL_error(L, "request needs 'prompt' (string) or 'tokens' (list)");
-        if (li_tokenizer_encode(le->rt.model->tok, prompt, len, true, true, &toks, &n, &err))
-            return luaL_error(L, "%s", err.msg);
-        lua_pop(L, 1);
+        rc = li_engine_add(le->eng, &p, &id, &err);
     }
-    lua_pop(L, 1);
-    p.prompt = toks;
-    p.n_prompt = (int64_t)n;
-    int64_t id;
-    int rc = li_engine_add(le->eng, &p, &id, &err);
+    const bool want_lp = g.logprobs >= 0;
+    const int32_t n_top = g.logprobs > 0 ? g.logprobs : 0, n_samples = g.n;
     free(toks);
-    lua_pop(L, 1); /* stop */
+    li_gen_params_free(&g);
     if (rc) return luaL_error(L, "%s", err.msg);
     /* a record per sample, so that a request with no tokens still reports {} */
-    for (int32_t i = 0; want_lp && i < LI_MAX(p.n, 1); i++) lp_get(le, id + i, p.sampling.n_logprobs);
+    for (int32_t i = 0; want_lp && i < LI_MAX(n_samples, 1); i++) lp_get(le, id + i, n_top);
     lua_pushnumber(L, (lua_Number)id);
     return 1;
 }

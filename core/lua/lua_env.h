@@ -3,6 +3,7 @@
 #ifndef LI_LUA_ENV_H
 #define LI_LUA_ENV_H
 
+#include "request/request.h" /* li_chat_msg */
 #include "util/common.h"
 
 typedef struct lua_State lua_State;
@@ -14,11 +15,6 @@ const char *li_lua_dir(void);
 lua_State *li_lua_new(li_error *err);
 /* Runs `fn` under pcall with a traceback; on error fills err and pops. */
 int li_lua_pcall(lua_State *L, int nargs, int nresults, li_error *err);
-
-typedef struct li_chat_msg {
-    const char *role;
-    const char *content;
-} li_chat_msg;
 
 /* Formats messages with luainfer.chat for the given GGUF template (may be
  * NULL). *out is malloc'd. */

@@ -10,7 +10,8 @@
  * The owner (an RPC connection or an HTTP exchange) may go away at any
  * point: li_api_gen_orphan cancels the request and nothing is sent after. */
 #define _GNU_SOURCE
-#include "server/server.h"
+#include "server/api.h"
+#include "lua/lua_env.h"
 #include "tokenizer/tokenizer.h"
 
 #include <stdarg.h>
@@ -18,44 +19,15 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include <utf8proc.h>
 
 /* ---- small helpers -------------------------------------------------------- */
 
-void li_mp_pack_strn(msgpack_packer *pk, const char *s, size_t n) {
-    msgpack_pack_str(pk, n);
-    msgpack_pack_str_body(pk, s, n);
-}
-
-void li_mp_pack_str(msgpack_packer *pk, const char *s) { li_mp_pack_strn(pk, s, strlen(s)); }
-
-/* Strict UTF-8 as utf8proc_iterate decodes it: shortest forms only, no
- * surrogates, nothing above U+10FFFF, no truncated sequence. NUL (U+0000) is
- * valid UTF-8 and stays accepted, as before (utf8proc_iterate returns 1 for
- * it, with the code point 0). */
-/* Bytes of the valid UTF-8 character at s (n > 0 bytes left), or 0. */
-static inline size_t utf8_char_len(const utf8proc_uint8_t *s, size_t n) {
-    if (s[0] < 0x80) return 1; /* ASCII, most of any body: no call per byte */
-    utf8proc_int32_t cp;
-    /* a sequence is at most 4 bytes: passing no more also keeps a huge n
-     * from turning negative as utf8proc_ssize_t ("NUL-terminated") */
-    utf8proc_ssize_t len = utf8proc_iterate(s, (utf8proc_ssize_t)LI_MIN(n, 4), &cp);
-    return len > 0 ? (size_t)len : 0;
-}
-
-bool li_utf8_valid(const char *str, size_t n) {
-    const utf8proc_uint8_t *s = (const utf8proc_uint8_t *)str;
-    for (size_t i = 0, k; i < n; i += k)
-        if (!(k = utf8_char_len(s + i, n - i))) return false;
-    return true;
-}
 
 /* Parameter readers (util/mp_read.h): text may come as str or bin, a float
  * is an integer up to about the int64 range, and a number is any finite one
  * (each caller then checks its own small range). */
 static bool as_bytes(const msgpack_object *o, const char **p, size_t *n) { return li_mp_read_str(o, true, p, n); }
 static bool as_int(const msgpack_object *o, int64_t *v) { return li_mp_read_int(o, 9.2e18, v); }
-static bool as_num(const msgpack_object *o, double *v) { return li_mp_read_num(o, v); }
 
 static char *dup_n(const char *s, size_t n) {
     char *p = li_xmalloc(n + 1);
@@ -74,15 +46,6 @@ void li_call_init(li_call *c, li_server *srv) {
 }
 
 void li_call_free(li_call *c) { msgpack_sbuffer_destroy(&c->result); }
-
-void li_utf8_scrub(char *str, size_t n) {
-    utf8proc_uint8_t *s = (utf8proc_uint8_t *)str;
-    for (size_t i = 0; i < n;) {
-        const size_t k = utf8_char_len(s + i, n - i);
-        if (k) i += k;
-        else s[i++] = '?';
-    }
-}
 
 int li_call_fail(li_call *c, int code, const char *fmt, ...) {
     va_list ap;
@@ -139,370 +102,22 @@ static bool check_admin(li_call *c, const msgpack_object *params) {
 
 /* ---- generate: parameters ------------------------------------------------------ */
 
-void li_gen_params_free(li_gen_params *g) {
-    free(g->prompt);
-    for (int i = 0; i < g->n_msgs; i++) {
-        free((char *)g->msgs[i].role);
-        free((char *)g->msgs[i].content);
-    }
-    free(g->msgs);
-    free(g->tokens);
-    for (int i = 0; i < g->n_stop; i++) free(g->stop[i]);
-    free(g->tenant);
-    free(g->cache_salt);
-    free(g->logit_bias);
-    free(g->stop_token_ids);
-    memset(g, 0, sizeof *g);
-}
-
-static uint64_t random_seed(void) {
-    static uint64_t counter;
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    uint64_t z = (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 30) ^ (++counter * 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-#define BAD(...) return li_error_set(err, LI_RPC_INVALID_PARAMS, "invalid params: " __VA_ARGS__)
-
-int li_api_parse_tokens(const msgpack_object *o, const char *key, int32_t **out, size_t *n_out, li_error *err) {
-    if (o->type != MSGPACK_OBJECT_ARRAY) BAD("'%s' must be a list of token ids", key);
-    uint32_t n = o->via.array.size;
-    int32_t *t = li_xmalloc(((size_t)n + 1) * sizeof *t);
-    for (uint32_t i = 0; i < n; i++) {
-        int64_t v;
-        if (!as_int(&o->via.array.ptr[i], &v) || v < 0 || v > INT32_MAX) {
-            free(t);
-            BAD("'%s'[%u] must be a token id (an integer >= 0)", key, i);
-        }
-        t[i] = (int32_t)v;
-    }
-    *out = t;
-    *n_out = n;
-    return 0;
-}
-
-/* Chat message content: a string, or OpenAI's list of {type = "text", text}. */
-static int parse_content(const msgpack_object *o, char **out, li_error *err, uint32_t mi) {
-    const char *p = NULL;
-    size_t n = 0;
-    if (as_bytes(o, &p, &n)) {
-        if (!li_utf8_valid(p, n)) BAD("messages[%u].content is not valid UTF-8", mi);
-        *out = dup_n(p, n);
-        return 0;
-    }
-    if (o->type == MSGPACK_OBJECT_NIL) {
-        *out = dup_n("", 0);
-        return 0;
-    }
-    if (o->type != MSGPACK_OBJECT_ARRAY) BAD("messages[%u].content must be a string or a list of text parts", mi);
-    size_t total = 0;
-    for (uint32_t i = 0; i < o->via.array.size; i++) {
-        const msgpack_object *t = li_mp_get(&o->via.array.ptr[i], "text");
-        if (!t || !as_bytes(t, &p, &n)) BAD("messages[%u].content[%u] must be {type = \"text\", text = ...}", mi, i);
-        if (!li_utf8_valid(p, n)) BAD("messages[%u].content[%u].text is not valid UTF-8", mi, i);
-        total += n;
-    }
-    char *s = li_xmalloc(total + 1);
-    size_t k = 0;
-    for (uint32_t i = 0; i < o->via.array.size; i++) {
-        as_bytes(li_mp_get(&o->via.array.ptr[i], "text"), &p, &n);
-        memcpy(s + k, p, n);
-        k += n;
-    }
-    s[k] = 0;
-    *out = s;
-    return 0;
-}
-
-static int parse_messages(const msgpack_object *o, li_gen_params *g, li_error *err) {
-    if (o->type != MSGPACK_OBJECT_ARRAY || o->via.array.size == 0) BAD("'messages' must be a non-empty list of {role, content}");
-    if (o->via.array.size > 4096) BAD("'messages' holds more than 4096 messages");
-    uint32_t n = o->via.array.size;
-    g->msgs = li_xcalloc(n, sizeof *g->msgs);
-    for (uint32_t i = 0; i < n; i++) {
-        const msgpack_object *m = &o->via.array.ptr[i];
-        if (m->type != MSGPACK_OBJECT_MAP) BAD("messages[%u] must be a map {role, content}", i);
-        const msgpack_object *role = li_mp_get(m, "role"), *content = li_mp_get(m, "content");
-        const char *p;
-        size_t len;
-        if (!role || !as_bytes(role, &p, &len) || len == 0 || len > 64 || !li_utf8_valid(p, len))
-            BAD("messages[%u].role must be a string such as \"system\", \"user\" or \"assistant\"", i);
-        if (!content) BAD("messages[%u].content is required", i);
-        char *text = NULL;
-        int rc = parse_content(content, &text, err, i);
-        if (rc) return rc;
-        g->msgs[i].role = dup_n(p, len);
-        g->msgs[i].content = text;
-        g->n_msgs = (int)i + 1;
-    }
-    return 0;
-}
-
-static int parse_stop(const msgpack_object *o, li_gen_params *g, li_error *err) {
-    const char *p;
-    size_t n;
-    if (o->type == MSGPACK_OBJECT_NIL) return 0;
-    const msgpack_object *items = o;
-    uint32_t count = 1;
-    if (o->type == MSGPACK_OBJECT_ARRAY) {
-        items = o->via.array.ptr;
-        count = o->via.array.size;
-    }
-    if (count > LI_SRV_MAX_STOP) BAD("'stop' holds more than %d strings", LI_SRV_MAX_STOP);
-    for (uint32_t i = 0; i < count; i++) {
-        if (!as_bytes(&items[i], &p, &n)) BAD("'stop' must be a string or a list of strings");
-        if (n == 0 || n > 256) BAD("'stop' strings must be 1..256 bytes");
-        if (!li_utf8_valid(p, n)) BAD("'stop' is not valid UTF-8");
-        g->stop[g->n_stop++] = dup_n(p, n);
-    }
-    return 0;
-}
-
-static int cmp_bias_id(const void *a, const void *b) {
-    const li_logit_bias *x = a, *y = b;
-    return (x->id > y->id) - (x->id < y->id);
-}
-
-/* OpenAI's logit_bias: {token id: bias}; JSON gives the ids as strings of
- * digits, msgpack may give integers. */
-static int parse_logit_bias(li_server *srv, const msgpack_object *o, li_gen_params *g, li_error *err) {
-    if (o->type != MSGPACK_OBJECT_MAP) BAD("'logit_bias' must be a map of token id to bias");
-    const uint32_t n = o->via.map.size;
-    if (n > LI_LOGIT_BIAS_MAX) BAD("'logit_bias' holds more than %d entries", LI_LOGIT_BIAS_MAX);
-    free(g->logit_bias);
-    g->logit_bias = li_xmalloc(((size_t)n + 1) * sizeof *g->logit_bias);
-    g->sp.logit_bias = g->logit_bias;
-    g->sp.n_logit_bias = 0;
-    const int32_t nv = srv->model ? srv->model->hp.n_vocab : INT32_MAX;
-    for (uint32_t i = 0; i < n; i++) {
-        const msgpack_object *k = &o->via.map.ptr[i].key, *val = &o->via.map.ptr[i].val;
-        int64_t id = -1;
-        const char *p;
-        size_t len;
-        if (as_bytes(k, &p, &len)) {
-            if (len == 0 || len > 10) BAD("'logit_bias' keys must be token ids");
-            id = 0;
-            for (size_t j = 0; j < len; j++) {
-                if (p[j] < '0' || p[j] > '9') BAD("'logit_bias' key '%.*s' is not a token id", (int)len, p);
-                id = id * 10 + (p[j] - '0');
-            }
-        } else if (!as_int(k, &id)) {
-            BAD("'logit_bias' keys must be token ids");
-        }
-        if (id < 0 || id >= nv) BAD("'logit_bias': token %lld is outside the vocabulary [0, %d)", (long long)id, nv);
-        double b;
-        if (!as_num(val, &b) || !(b >= -LI_LOGIT_BIAS_RANGE && b <= LI_LOGIT_BIAS_RANGE))
-            BAD("'logit_bias': the bias of token %lld must be a number in [-100, 100]", (long long)id);
-        g->logit_bias[i] = (li_logit_bias){(int32_t)id, (float)b};
-        g->sp.n_logit_bias = (int32_t)i + 1;
-    }
-    /* one entry per id: a map repeating a key is a client bug, not a sum */
-    li_logit_bias *sorted = li_xmalloc(((size_t)n + 1) * sizeof *sorted);
-    memcpy(sorted, g->logit_bias, (size_t)n * sizeof *sorted);
-    qsort(sorted, n, sizeof *sorted, cmp_bias_id);
-    for (uint32_t i = 1; i < n; i++)
-        if (sorted[i].id == sorted[i - 1].id) {
-            const int32_t dup = sorted[i].id;
-            free(sorted);
-            BAD("'logit_bias': token %d given twice", dup);
-        }
-    free(sorted);
-    return 0;
-}
-
-/* Reads a number key into *v within [lo, hi]. */
-#define NUM_IN(key, dst, lo, hi)                                                        \
-    do {                                                                                \
-        double v_;                                                                      \
-        if (!as_num(val, &v_) || !(v_ >= (lo) && v_ <= (hi)))                           \
-            BAD("'%s' must be a number in [%g, %g]", key, (double)(lo), (double)(hi));  \
-        dst = v_;                                                                       \
-    } while (0)
-#define INT_IN(key, dst, lo, hi)                                                        \
-    do {                                                                                \
-        int64_t v_;                                                                     \
-        if (!as_int(val, &v_) || v_ < (lo) || v_ > (hi))                                \
-            BAD("'%s' must be an integer in [%lld, %lld]", key, (long long)(lo), (long long)(hi)); \
-        dst = v_;                                                                       \
-    } while (0)
-#define BOOL(key, dst)                                                                  \
-    do {                                                                                \
-        if (val->type != MSGPACK_OBJECT_BOOLEAN) BAD("'%s' must be true or false", key); \
-        dst = val->via.boolean;                                                         \
-    } while (0)
-
-static int gen_parse(li_server *srv, const msgpack_object *params, const li_gen_defaults *d, li_gen_params *g,
-                     li_error *err) {
-    memset(g, 0, sizeof *g);
-    li_sampling_params_default(&g->sp);
-    g->max_tokens = 128;
-    if (d->openai) {
-        g->sp.temperature = 1.0f;
-        g->sp.top_p = 1.0f;
-        g->sp.top_k = 0;
-        g->sp.min_p = 0.0f;
-        g->max_tokens = d->chat ? -1 : 16;
-    }
-    g->n = 1;
-    g->logprobs = -1;
-    bool have_seed = false, logprobs_bool = false;
-    int64_t top_logprobs = -1;
-    if (!params || params->type != MSGPACK_OBJECT_MAP) BAD("want a map of parameters");
-    if (params->via.map.size > 256) BAD("more than 256 parameters");
-    for (uint32_t i = 0; i < params->via.map.size; i++) {
-        const msgpack_object *key = &params->via.map.ptr[i].key, *val = &params->via.map.ptr[i].val;
-        const char *k;
-        size_t kn;
-        if (!as_bytes(key, &k, &kn)) BAD("parameter names must be strings");
-        /* msgpack maps and JSON objects may repeat a key; every parser below
-         * fills its field once (stop strings, messages, ... into fixed room) */
-        for (uint32_t j = 0; j < i; j++) {
-            const char *k2;
-            size_t kn2;
-            if (as_bytes(&params->via.map.ptr[j].key, &k2, &kn2) && kn2 == kn && !memcmp(k, k2, kn))
-                BAD("parameter '%.*s' given twice", (int)LI_MIN(kn, (size_t)32), k);
-        }
-        char name[40];
-        if (kn >= sizeof name) {
-            if (d->openai) continue;
-            BAD("unknown parameter '%.*s...'", 32, k);
-        }
-        memcpy(name, k, kn);
-        name[kn] = 0;
-        if (memchr(k, 0, kn)) BAD("parameter names must not contain NUL");
-        if (val->type == MSGPACK_OBJECT_NIL && strcmp(name, "prompt") && strcmp(name, "messages") &&
-            strcmp(name, "tokens"))
-            continue; /* null = the default */
-        int64_t iv;
-        double dv;
-        const char *p;
-        size_t n;
-        if (!strcmp(name, "prompt")) {
-            if (g->prompt || g->tokens) BAD("'prompt' given twice");
-            if (as_bytes(val, &p, &n)) {
-                if (!li_utf8_valid(p, n)) BAD("'prompt' is not valid UTF-8");
-                g->prompt = dup_n(p, n);
-                g->prompt_len = n;
-            } else if (val->type == MSGPACK_OBJECT_ARRAY && val->via.array.size == 1 && as_bytes(&val->via.array.ptr[0], &p, &n)) {
-                /* OpenAI: a list of one prompt */
-                if (!li_utf8_valid(p, n)) BAD("'prompt' is not valid UTF-8");
-                g->prompt = dup_n(p, n);
-                g->prompt_len = n;
-            } else if (val->type == MSGPACK_OBJECT_ARRAY && d->openai) {
-                int rc = li_api_parse_tokens(val, "prompt", &g->tokens, &g->n_tokens, err);
-                if (rc) return rc;
-            } else {
-                BAD("'prompt' must be a string");
-            }
-        } else if (!strcmp(name, "messages")) {
-            if (g->msgs) BAD("'messages' given twice");
-            int rc = parse_messages(val, g, err);
-            if (rc) return rc;
-        } else if (!strcmp(name, "tokens")) {
-            if (g->tokens) BAD("'tokens' given twice");
-            int rc = li_api_parse_tokens(val, "tokens", &g->tokens, &g->n_tokens, err);
-            if (rc) return rc;
-        } else if (!strcmp(name, "max_tokens") || !strcmp(name, "max_completion_tokens")) {
-            INT_IN(name, g->max_tokens, 0, 1 << 20);
-        } else if (!strcmp(name, "temperature")) {
-            NUM_IN(name, g->sp.temperature, 0, 100);
-        } else if (!strcmp(name, "top_p")) {
-            NUM_IN(name, g->sp.top_p, 0, 1);
-            if (g->sp.top_p <= 0) BAD("'top_p' must be in (0, 1]");
-        } else if (!strcmp(name, "top_k")) {
-            INT_IN(name, g->sp.top_k, -1, 1 << 20);
-            if (g->sp.top_k < 0) g->sp.top_k = 0; /* -1 = off, as 0 */
-        } else if (!strcmp(name, "min_p")) {
-            NUM_IN(name, g->sp.min_p, 0, 1);
-        } else if (!strcmp(name, "repetition_penalty") || !strcmp(name, "repeat_penalty")) {
-            NUM_IN(name, g->sp.repeat_penalty, 0.01, 10); /* the sampler's range */
-        } else if (!strcmp(name, "presence_penalty")) {
-            NUM_IN(name, g->sp.presence_penalty, -2, 2);
-        } else if (!strcmp(name, "frequency_penalty")) {
-            NUM_IN(name, g->sp.frequency_penalty, -2, 2);
-        } else if (!strcmp(name, "penalty_last_n")) {
-            INT_IN(name, g->sp.penalty_last_n, -1, 1 << 20);
-        } else if (!strcmp(name, "seed")) {
-            if (!as_int(val, &iv) || iv < 0) BAD("'seed' must be an integer >= 0");
-            g->sp.seed = (uint64_t)iv;
-            have_seed = true;
-        } else if (!strcmp(name, "stop")) {
-            int rc = parse_stop(val, g, err);
-            if (rc) return rc;
-        } else if (!strcmp(name, "logit_bias")) {
-            int rc = parse_logit_bias(srv, val, g, err);
-            if (rc) return rc;
-        } else if (!strcmp(name, "min_tokens")) {
-            INT_IN(name, g->min_tokens, 0, 1 << 20);
-        } else if (!strcmp(name, "stop_token_ids")) {
-            if (val->type == MSGPACK_OBJECT_ARRAY && val->via.array.size > 64) BAD("'stop_token_ids' holds more than 64 ids");
-            size_t n = 0;
-            int rc = li_api_parse_tokens(val, "stop_token_ids", &g->stop_token_ids, &n, err);
-            if (rc) return rc;
-            g->n_stop_token_ids = (int)n;
-        } else if (!strcmp(name, "n")) {
-            INT_IN(name, g->n, 1, LI_SRV_MAX_N);
-        } else if (!strcmp(name, "logprobs")) {
-            if (val->type == MSGPACK_OBJECT_BOOLEAN) {
-                logprobs_bool = true;
-                g->logprobs = val->via.boolean ? 0 : -1;
-            } else {
-                INT_IN(name, g->logprobs, 0, 20);
-            }
-        } else if (!strcmp(name, "top_logprobs")) {
-            INT_IN(name, top_logprobs, 0, 20);
-        } else if (!strcmp(name, "stream")) {
-            BOOL(name, g->stream);
-        } else if (!strcmp(name, "ignore_eos")) {
-            BOOL(name, g->ignore_eos);
-        } else if (!strcmp(name, "priority")) {
-            INT_IN(name, g->priority, INT32_MIN, INT32_MAX);
-        } else if (!strcmp(name, "tenant") || !strcmp(name, "cache_salt")) {
-            if (!as_bytes(val, &p, &n) || n > 256 || !li_utf8_valid(p, n)) BAD("'%s' must be a UTF-8 string of at most 256 bytes", name);
-            char **dst = name[0] == 't' ? &g->tenant : &g->cache_salt;
-            free(*dst);
-            *dst = dup_n(p, n);
-        } else if (!strcmp(name, "model")) {
-            /* one model per server: any name is accepted */
-        } else if (!d->openai) {
-            BAD("unknown parameter '%s'", name);
-        }
-        (void)dv;
-    }
-    if (logprobs_bool && g->logprobs >= 0 && top_logprobs > 0) g->logprobs = (int32_t)top_logprobs;
-    int given = (g->prompt != NULL) + (g->msgs != NULL) + (g->tokens != NULL);
-    if (d->chat && !g->msgs) BAD("'messages' is required");
-    if (given == 0) BAD("one of 'prompt', 'messages' or 'tokens' is required");
-    if (given > 1) BAD("give only one of 'prompt', 'messages' and 'tokens'");
-    if (g->prompt && g->prompt_len == 0) BAD("'prompt' is empty");
-    if (g->tokens && g->n_tokens == 0) BAD("'tokens' is empty");
-    if (srv->model && g->tokens) {
-        int32_t nv = srv->model->hp.n_vocab;
-        for (size_t i = 0; i < g->n_tokens; i++)
-            if (g->tokens[i] >= nv) BAD("token %d is outside the vocabulary [0, %d)", g->tokens[i], nv);
-    }
-    for (int i = 0; srv->model && i < g->n_stop_token_ids; i++)
-        if (g->stop_token_ids[i] >= srv->model->hp.n_vocab)
-            BAD("'stop_token_ids': token %d is outside the vocabulary [0, %d)", g->stop_token_ids[i],
-                srv->model->hp.n_vocab);
-    if (g->max_tokens >= 0 && g->min_tokens > g->max_tokens)
-        BAD("'min_tokens' (%lld) is more than 'max_tokens' (%lld)", (long long)g->min_tokens, (long long)g->max_tokens);
-    if (!have_seed) g->sp.seed = random_seed();
-    li_sampling_params sp = g->sp;
-    sp.n_logprobs = g->logprobs > 0 ? g->logprobs : 0;
-    li_error verr = {0};
-    if (li_sampling_params_validate(&sp, &verr)) BAD("%s", verr.msg);
-    return 0;
-}
-
+/* The one request parser (request/request.h) with the server's error code. */
 int li_api_gen_parse(li_server *srv, const msgpack_object *params, const li_gen_defaults *d, li_gen_params *g,
                      li_error *err) {
-    int rc = gen_parse(srv, params, d, g, err);
-    if (rc) li_gen_params_free(g);
-    return rc;
+    li_req_opts o = {
+        .profile = !d->openai ? LI_REQ_LUAINFER : d->chat ? LI_REQ_OPENAI_CHAT : LI_REQ_OPENAI,
+        .n_vocab = srv->model ? srv->model->hp.n_vocab : 0,
+    };
+    int rc = li_request_parse(params, &o, g, err);
+    if (rc) err->code = LI_RPC_INVALID_PARAMS;
+    return rc ? LI_RPC_INVALID_PARAMS : 0;
+}
+
+int li_api_parse_tokens(const msgpack_object *o, const char *key, int32_t **out, size_t *n_out, li_error *err) {
+    int rc = li_request_parse_tokens(o, key, out, n_out, err);
+    if (rc) err->code = LI_RPC_INVALID_PARAMS;
+    return rc ? LI_RPC_INVALID_PARAMS : 0;
 }
 
 /* ---- generate: preparation on the worker pool --------------------------------------- */
@@ -714,7 +329,7 @@ static void free_event(li_srv_event *e) {
     free(e->tokens);
 }
 
-void li_server_on_events(li_server *srv, li_event_batch *b) {
+void li_api_on_events(li_server *srv, li_event_batch *b) {
     for (int32_t i = 0; i < b->n; i++) {
         li_srv_event *e = &b->ev[i];
         li_srv_req *r = e->req;
@@ -789,12 +404,11 @@ static void api_auth(li_call *c, const msgpack_object *params) {
     const char *p;
     size_t n;
     if (!get_str(c, params, "token", &p, &n, true)) return;
-    li_rpc_session *s = c->session;
     if (c->srv->auth_token && !consttime_eq(p, n, c->srv->auth_token)) {
         li_call_fail(c, LI_RPC_UNAUTHORIZED, "unauthorized: wrong token");
         return;
     }
-    if (s) s->authed = true;
+    if (c->session) c->ops->authed(c->session);
     msgpack_pack_map(&c->pk, 1);
     li_mp_pack_str(&c->pk, "ok");
     msgpack_pack_true(&c->pk);
@@ -821,7 +435,7 @@ static void api_generate(li_call *c, const msgpack_object *params) {
         g.stream = false;
         g.logprobs = -1;
     }
-    if (!li_rpc_start_generate(c->session, c->msgid, c->notification, &g, &err)) {
+    if (!c->ops->start_generate(c->session, c->msgid, c->notification, &g, &err)) {
         li_call_fail(c, err.code ? err.code : LI_RPC_INTERNAL, "%s", err.msg);
         return;
     }
@@ -844,7 +458,7 @@ static void api_cancel(li_call *c, const msgpack_object *params) {
         li_call_fail(c, LI_RPC_INVALID_PARAMS, "invalid params: 'id' or 'request_id' is required");
         return;
     }
-    li_srv_req *r = c->session ? li_rpc_find(c->session, id, msgid) : NULL;
+    li_srv_req *r = c->session ? c->ops->find(c->session, id, msgid) : NULL;
     if (r) li_api_gen_cancel(r);
     msgpack_pack_map(&c->pk, 1);
     li_mp_pack_str(&c->pk, "cancelled");
@@ -986,7 +600,6 @@ static void api_stats(li_call *c, const msgpack_object *params) {
 typedef struct reload_ctx {
     li_server *srv;
     bool no_reply;
-    li_rpc_session *s; /* NULL if the connection closed meanwhile */
     uint32_t msgid;
     uint64_t serial;
 } reload_ctx;
@@ -996,7 +609,7 @@ static void reload_done(void *ud, int code, const char *msg) {
     li_server *srv = rc->srv;
     /* the connection may be gone: find it by serial */
     li_conn *conn = NULL;
-    for (li_conn *k = srv->conns; k; k = k->next)
+    for (li_conn *k = srv->net.conns; k; k = k->next)
         if (k->serial == rc->serial && !k->closing) conn = k;
     if (conn && !rc->no_reply) {
         msgpack_sbuffer sb;
@@ -1204,9 +817,9 @@ void li_api_pack_stats(li_server *srv, msgpack_packer *pk) {
     KV("prompt_tokens_total", msgpack_pack_uint64, m->prompt_tokens);
     li_mp_pack_str(pk, "connections");
     msgpack_pack_map(pk, 4);
-    KV("open", msgpack_pack_int, srv->n_conns);
-    KV("total", msgpack_pack_uint64, m->connections_total);
-    KV("refused", msgpack_pack_uint64, m->connections_refused);
+    KV("open", msgpack_pack_int, srv->net.n_conns);
+    KV("total", msgpack_pack_uint64, srv->net.connections_total);
+    KV("refused", msgpack_pack_uint64, srv->net.connections_refused);
     KV("slow_closed", msgpack_pack_uint64, m->slow_clients_closed);
     li_mp_pack_str(pk, "calls");
     msgpack_pack_map(pk, 4);

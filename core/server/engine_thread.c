@@ -24,9 +24,9 @@
  * there never reads through it, and a lookup costs O(1) with thousands
  * queued. */
 #define _GNU_SOURCE
-#include "server/server.h"
-#include "policy/policy_lua.h"
+#include "server/engine_thread.h"
 #include "policy/policy_proc.h"
+#include "runtime/policy_open.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -45,6 +45,7 @@ typedef struct cmd {
 
 struct li_engine_thread {
     li_server *srv;
+    void (*on_events)(li_server *srv, li_event_batch *b);
     li_engine *eng;
     li_policy *policy;
     uv_thread_t tid;
@@ -70,35 +71,6 @@ struct li_engine_thread {
 
 static const double step_buckets[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5};
 
-/* ---- histograms (shared with the server's metrics) ------------------------ */
-
-void li_hist_init(li_hist *h, const double *le, int n) {
-    h->n = n;
-    h->le = le;
-    h->count = li_xcalloc((size_t)n + 1, sizeof *h->count);
-    h->sum = 0;
-    h->total = 0;
-}
-
-void li_hist_free(li_hist *h) {
-    free(h->count);
-    h->count = NULL;
-}
-
-void li_hist_add(li_hist *h, double v) {
-    int i = 0;
-    while (i < h->n && v > h->le[i]) i++;
-    h->count[i]++;
-    h->sum += v;
-    h->total++;
-}
-
-void li_hist_copy(li_hist *dst, const li_hist *src) {
-    memcpy(dst->count, src->count, ((size_t)src->n + 1) * sizeof *src->count);
-    dst->sum = src->sum;
-    dst->total = src->total;
-}
-
 /* ---- events -------------------------------------------------------------------- */
 
 static li_srv_event *push_event(li_engine_thread *t) {
@@ -106,6 +78,7 @@ static li_srv_event *push_event(li_engine_thread *t) {
     if (!b) {
         b = t->batch = li_xcalloc(1, sizeof *b);
         b->srv = t->srv;
+        b->on_events = t->on_events;
     }
     if (b->n == b->cap) {
         b->cap = b->cap * 2 + 16;
@@ -119,7 +92,7 @@ static li_srv_event *push_event(li_engine_thread *t) {
 
 static void deliver(void *data) {
     li_event_batch *b = data;
-    li_server_on_events(b->srv, b);
+    b->on_events(b->srv, b);
     free(b->ev);
     free(b);
 }
@@ -257,15 +230,10 @@ static void push_error(li_engine_thread *t, li_srv_req *r, int code, const char 
 
 static void run_add(li_engine_thread *t, li_srv_req *r) {
     li_gen_params *g = &r->g;
-    li_request_params p = {
-        .prompt = r->prompt, .n_prompt = (int64_t)r->n_prompt, .sampling = g->sp, .max_tokens = g->max_tokens,
-        .n = g->n, .stop = (const char *const *)g->stop, .n_stop = g->n_stop, .ignore_eos = g->ignore_eos,
-        .stop_token_ids = g->stop_token_ids, .n_stop_token_ids = g->n_stop_token_ids, .min_tokens = g->min_tokens,
-        .priority = g->priority, .tenant = g->tenant, .cache_salt = g->cache_salt, .on_event = on_engine_event,
-        .ud = r,
-    };
-    p.sampling.n_logprobs = g->logprobs > 0 ? g->logprobs : 0;
-    p.sampling.logprob = g->logprobs >= 0;
+    li_request_params p;
+    li_gen_params_to_request(g, r->prompt, (int64_t)r->n_prompt, &p);
+    p.on_event = on_engine_event;
+    p.ud = r;
     r->eng_id = -1;
     r->n_fin_engine = 0;
     live_add(t, r);
@@ -273,7 +241,7 @@ static void run_add(li_engine_thread *t, li_srv_req *r) {
     int64_t id;
     if (li_engine_add(t->eng, &p, &id, &err) != 0) {
         live_remove(t, r);
-        int code = strstr(err.msg, "rejected by policy") ? LI_RPC_REJECTED
+        int code = err.code == LI_EREJECTED ? LI_RPC_REJECTED
                    : err.code == LI_EINVAL || err.code == LI_ERANGE ? LI_RPC_INVALID_PARAMS
                                                                     : LI_RPC_ENGINE;
         push_error(t, r, code, err.msg);
@@ -309,7 +277,8 @@ static void run_reload(li_engine_thread *t, cmd *c) {
         rc = t->policy->ops->reload(t->policy, c->path, c->source, &err);
     } else {
         li_policy *p = NULL;
-        rc = li_policy_lua_open(&p, c->path, c->source, NULL, &err);
+        li_policy_open_opts po = {.kind = LI_POLICY_LUA, .path = c->path, .source = c->source};
+        rc = li_policy_open(&p, &po, &err);
         if (rc == 0) {
             t->policy = p;
             li_engine_set_policy(t->eng, p);
@@ -340,9 +309,9 @@ static void publish(li_engine_thread *t) {
     t->snap.busy_seconds = t->busy;
     li_hist_copy(&t->snap.step_time, &t->step_time);
     snprintf(t->snap.policy, sizeof t->snap.policy, "%s", t->policy ? t->policy->name : "builtin-fcfs");
-    snprintf(t->snap.policy_kind, sizeof t->snap.policy_kind, "%s",
-             t->policy && t->policy->ops->kind ? t->policy->ops->kind : "builtin");
-    if (t->policy && t->policy->ops->kind && !strcmp(t->policy->ops->kind, "process")) {
+    const li_policy_kind kind = li_policy_kind_of(t->policy);
+    snprintf(t->snap.policy_kind, sizeof t->snap.policy_kind, "%s", li_policy_kind_name(kind));
+    if (kind == LI_POLICY_PROCESS) {
         li_policy_proc_stats ps;
         li_policy_proc_stats_get(t->policy, &ps);
         t->snap.host_calls = ps.calls;
@@ -454,6 +423,7 @@ int li_engine_thread_start(li_engine_thread **out, li_server *srv, const li_engi
     *out = NULL;
     li_engine_thread *t = li_xcalloc(1, sizeof *t);
     t->srv = srv;
+    t->on_events = o->on_events;
     int rc = li_engine_init(&t->eng, o->model, o->be, &o->cfg, err);
     if (rc) {
         if (o->policy) o->policy->ops->free(o->policy); /* owned from the call on */

@@ -15,7 +15,7 @@
  * with the HTTP status (400 bad JSON or parameters, 401, 404, 405, 413,
  * 429, 503). */
 #define _GNU_SOURCE
-#include "server/server.h"
+#include "server/http.h"
 #include "tokenizer/tokenizer.h"
 
 #include <cjson/cJSON.h>
@@ -460,34 +460,6 @@ static void http_error_req(li_srv_req *r, int code, const char *msg) {
 
 static const li_sink_ops http_sink = {http_delta, http_done_req, http_error_req};
 
-/* ---- JSON → msgpack, so that one parser reads both transports ------------------------------ */
-
-static bool pack_json(msgpack_packer *pk, const cJSON *j, int depth) {
-    if (depth > LI_SRV_MAX_DEPTH) return false;
-    if (cJSON_IsNull(j)) msgpack_pack_nil(pk);
-    else if (cJSON_IsTrue(j)) msgpack_pack_true(pk);
-    else if (cJSON_IsFalse(j)) msgpack_pack_false(pk);
-    else if (cJSON_IsNumber(j)) {
-        double v = j->valuedouble;
-        if (isfinite(v) && v == floor(v) && fabs(v) < 9007199254740992.0) msgpack_pack_int64(pk, (int64_t)v);
-        else msgpack_pack_double(pk, v);
-    } else if (cJSON_IsString(j)) li_mp_pack_str(pk, j->valuestring);
-    else if (cJSON_IsArray(j)) {
-        msgpack_pack_array(pk, (size_t)cJSON_GetArraySize(j));
-        for (const cJSON *c = j->child; c; c = c->next)
-            if (!pack_json(pk, c, depth + 1)) return false;
-    } else if (cJSON_IsObject(j)) {
-        msgpack_pack_map(pk, (size_t)cJSON_GetArraySize(j));
-        for (const cJSON *c = j->child; c; c = c->next) {
-            li_mp_pack_str(pk, c->string ? c->string : "");
-            if (!pack_json(pk, c, depth + 1)) return false;
-        }
-    } else {
-        msgpack_pack_nil(pk);
-    }
-    return true;
-}
-
 /* ---- routes ------------------------------------------------------------------------------------ */
 
 /* The body, a JSON object, as msgpack for the parsers the RPC methods use:
@@ -514,7 +486,7 @@ static bool body_msgpack(http_sess *h, msgpack_sbuffer *sb, msgpack_unpacked *u)
     msgpack_sbuffer_init(sb);
     msgpack_packer pk;
     msgpack_packer_init(&pk, sb, msgpack_sbuffer_write);
-    bool ok = pack_json(&pk, j, 0);
+    bool ok = li_request_pack_json(&pk, j, LI_SRV_MAX_DEPTH);
     cJSON_Delete(j);
     msgpack_unpacked_init(u);
     size_t off = 0;
@@ -652,7 +624,7 @@ static void route_health(http_sess *h) {
 static void route_metrics(http_sess *h) {
     char *text;
     size_t n;
-    li_server_metrics_text(h->srv, &text, &n);
+    li_http_metrics_text(h->srv, &text, &n);
     respond(h, 200, "text/plain; version=0.0.4; charset=utf-8", text, n);
     free(text);
 }
@@ -904,16 +876,28 @@ static void hc_on_close(li_conn *c) { sess_free(&((http_conn *)c)->h); }
 static void hc_free(li_conn *c) { free(c); }
 static const li_conn_ops http_conn_ops = {hc_on_data, hc_on_close, hc_free};
 
-li_conn *li_http_conn_new(li_server *srv) {
+static li_conn *http_conn_new(void *srv) {
     http_conn *hc = li_xcalloc(1, sizeof *hc);
     hc->base.ops = &http_conn_ops;
     sess_init(&hc->h, srv, &hc->base, NULL);
     return &hc->base;
 }
 
+/* A refused connection (too many, or draining) gets a 503 before it closes. */
+static void http_refuse(li_conn *c, const char *why) {
+    char resp[256];
+    int k = snprintf(resp, sizeof resp,
+                     "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+                     "Connection: close\r\nContent-Length: %zu\r\n\r\n{\"error\":{\"message\":\"%s\"}}",
+                     strlen(why) + 24, why);
+    li_conn_write(c, resp, (size_t)k);
+}
+
+const li_protocol li_http_protocol = {"http", http_conn_new, http_refuse};
+
 void li_http_process_bytes(const uint8_t *data, size_t n, char **out, size_t *out_n) {
     li_server srv;
-    li_server_init_detached(&srv);
+    li_server_init(&srv);
     if (n > 0 && (data[n - 1] & 1)) srv.auth_token = "secret";
     msgpack_sbuffer sb;
     msgpack_sbuffer_init(&sb);
@@ -927,7 +911,7 @@ void li_http_process_bytes(const uint8_t *data, size_t n, char **out, size_t *ou
         step = step * 2 + 3;
     }
     sess_free(&h);
-    li_server_free_detached(&srv);
+    li_server_free(&srv);
     *out_n = sb.size;
     *out = sb.data ? sb.data : li_xmalloc(1);
 }
@@ -952,7 +936,7 @@ static void prom(msgpack_sbuffer *sb, const char *name, const char *type, const 
 
 static const double step_le[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5};
 
-void li_server_metrics_text(li_server *srv, char **out, size_t *n) {
+void li_http_metrics_text(li_server *srv, char **out, size_t *n) {
     msgpack_sbuffer sb;
     msgpack_sbuffer_init(&sb);
     const li_metrics *m = &srv->m;
@@ -997,9 +981,9 @@ void li_server_metrics_text(li_server *srv, char **out, size_t *n) {
          (double)st->plans_trimmed);
     prom(&sb, "luainfer_engine_steps_total", "counter", "Engine steps that computed something.", (double)snap.steps_busy);
     prom(&sb, "luainfer_engine_tokens_computed_total", "counter", "Tokens through the forward pass.", (double)st->tokens_computed);
-    prom(&sb, "luainfer_connections_open", "gauge", "Open client connections.", srv->n_conns);
+    prom(&sb, "luainfer_connections_open", "gauge", "Open client connections.", srv->net.n_conns);
     prom(&sb, "luainfer_connections_refused_total", "counter", "Connections refused (limit or draining).",
-         (double)m->connections_refused);
+         (double)srv->net.connections_refused);
     prom(&sb, "luainfer_slow_clients_closed_total", "counter", "Connections closed for not reading their output.",
          (double)m->slow_clients_closed);
     prom(&sb, "luainfer_rpc_calls_total", "counter", "msgpack-RPC calls.", (double)m->rpc_calls);

@@ -13,7 +13,7 @@
  * cancelled and is closed (li_conn_check_slow, from the server's tick). The
  * engine never waits for a socket: it posts events, the loop queues bytes. */
 #define _GNU_SOURCE
-#include "server/server.h"
+#include "server/loop.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -138,7 +138,7 @@ static void on_write(uv_write_t *w, int status) {
         li_conn_close(c);
         return;
     }
-    if (c->paused && c->wbuf <= c->srv->lim.write_buffer / 2) {
+    if (c->paused && c->wbuf <= c->net->write_buffer / 2) {
         c->paused = false;
         conn_update_reading(c);
     }
@@ -158,7 +158,7 @@ void li_conn_write(li_conn *c, const void *buf, size_t n) {
         return;
     }
     c->wbuf += n;
-    if (!c->paused && c->wbuf > c->srv->lim.write_buffer) {
+    if (!c->paused && c->wbuf > c->net->write_buffer) {
         c->paused = true;
         c->over_since = li_time_now();
         conn_update_reading(c);
@@ -167,11 +167,11 @@ void li_conn_write(li_conn *c, const void *buf, size_t n) {
 
 static void on_conn_closed(uv_handle_t *h) {
     li_conn *c = h->data;
-    li_server *srv = c->srv;
+    li_net *net = c->net;
     if (c->prev) c->prev->next = c->next;
-    else srv->conns = c->next;
+    else net->conns = c->next;
     if (c->next) c->next->prev = c->prev;
-    srv->n_conns--;
+    net->n_conns--;
     c->ops->free(c);
 }
 
@@ -214,56 +214,32 @@ void li_conn_force_close(li_conn *c) {
 
 static void on_connection(uv_stream_t *server, int status) {
     li_listener *l = server->data;
-    li_server *srv = l->srv;
+    li_net *net = l->net;
     if (status < 0) return;
-    li_conn *c = l->kind == LI_CONN_RPC ? li_rpc_conn_new(srv) : li_http_conn_new(srv);
-    c->srv = srv;
-    c->kind = l->kind;
-    int rc = l->u.h.type == UV_NAMED_PIPE ? uv_pipe_init(&srv->loop.uv, &c->u.pipe, 0)
-                                          : uv_tcp_init(&srv->loop.uv, &c->u.tcp);
+    li_conn *c = l->proto->conn_new(l->ud);
+    c->net = net;
+    int rc = l->u.h.type == UV_NAMED_PIPE ? uv_pipe_init(&net->loop->uv, &c->u.pipe, 0)
+                                          : uv_tcp_init(&net->loop->uv, &c->u.tcp);
     if (rc) {
         c->ops->free(c);
         return;
     }
     c->u.h.data = c;
-    c->serial = ++srv->next_serial;
-    c->next = srv->conns;
-    if (srv->conns) srv->conns->prev = c;
-    srv->conns = c;
-    srv->n_conns++;
+    c->serial = ++net->next_serial;
+    c->next = net->conns;
+    if (net->conns) net->conns->prev = c;
+    net->conns = c;
+    net->n_conns++;
     if (uv_accept(server, &c->u.s) != 0) {
         li_conn_close(c);
         return;
     }
     if (l->u.h.type == UV_TCP) uv_tcp_nodelay(&c->u.tcp, 1);
-    srv->m.connections_total++;
-    if (srv->n_conns > srv->lim.max_connections || srv->draining) {
+    net->connections_total++;
+    if (net->n_conns > net->max_connections || net->refusing) {
         /* tell the client why, then hang up */
-        srv->m.connections_refused++;
-        const char *why = srv->draining ? "server is shutting down" : "too many connections";
-        if (c->kind == LI_CONN_RPC) {
-            msgpack_sbuffer sb;
-            msgpack_sbuffer_init(&sb);
-            msgpack_packer pk;
-            msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-            msgpack_pack_array(&pk, 3);
-            msgpack_pack_int(&pk, 2);
-            li_mp_pack_str(&pk, "error");
-            msgpack_pack_map(&pk, 2);
-            li_mp_pack_str(&pk, "code");
-            msgpack_pack_int(&pk, LI_RPC_UNAVAILABLE);
-            li_mp_pack_str(&pk, "message");
-            li_mp_pack_str(&pk, why);
-            li_conn_write(c, sb.data, sb.size);
-            msgpack_sbuffer_destroy(&sb);
-        } else {
-            char resp[256];
-            int k = snprintf(resp, sizeof resp,
-                             "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-                             "Connection: close\r\nContent-Length: %zu\r\n\r\n{\"error\":{\"message\":\"%s\"}}",
-                             strlen(why) + 24, why);
-            li_conn_write(c, resp, (size_t)k);
-        }
+        net->connections_refused++;
+        l->proto->refuse(c, net->refusing ? "server is shutting down" : "too many connections");
         li_conn_close(c);
         return;
     }
@@ -292,10 +268,11 @@ static int parse_hostport(const char *spec, char *host, size_t host_cap, int *po
     return 0;
 }
 
-int li_listener_open(li_server *srv, const char *spec, li_conn_kind kind, li_error *err) {
+int li_listener_open(li_net *net, const char *spec, const li_protocol *proto, void *ud, li_error *err) {
     li_listener *l = li_xcalloc(1, sizeof *l);
-    l->srv = srv;
-    l->kind = kind;
+    l->net = net;
+    l->proto = proto;
+    l->ud = ud;
     int rc;
     if (!strncmp(spec, "unix:", 5)) {
         const char *path = spec + 5;
@@ -305,7 +282,7 @@ int li_listener_open(li_server *srv, const char *spec, li_conn_kind kind, li_err
         }
         struct stat st;
         if (lstat(path, &st) == 0 && S_ISSOCK(st.st_mode)) unlink(path); /* stale socket from a crash */
-        uv_pipe_init(&srv->loop.uv, &l->u.pipe, 0);
+        uv_pipe_init(&net->loop->uv, &l->u.pipe, 0);
         l->u.h.data = l;
         if ((rc = uv_pipe_bind(&l->u.pipe, path)) != 0) {
             uv_close(&l->u.h, (uv_close_cb)free);
@@ -326,7 +303,7 @@ int li_listener_open(li_server *srv, const char *spec, li_conn_kind kind, li_err
             free(l);
             return li_error_set(err, LI_EINVAL, "serve: '%s' is not a numeric IPv4/IPv6 address", host);
         }
-        uv_tcp_init(&srv->loop.uv, &l->u.tcp);
+        uv_tcp_init(&net->loop->uv, &l->u.tcp);
         l->u.h.data = l;
         if ((rc = uv_tcp_bind(&l->u.tcp, (struct sockaddr *)&sa, 0)) != 0) {
             uv_close(&l->u.h, (uv_close_cb)free);
@@ -353,9 +330,9 @@ int li_listener_open(li_server *srv, const char *spec, li_conn_kind kind, li_err
         uv_close(&l->u.h, (uv_close_cb)free);
         return li_error_set(err, LI_EIO, "serve: cannot listen on %s: %s", spec, uv_strerror(rc));
     }
-    l->next = srv->listeners;
-    srv->listeners = l;
-    printf("luainfer: listening on %s (%s)\n", l->addr, kind == LI_CONN_RPC ? "msgpack-rpc" : "http");
+    l->next = net->listeners;
+    net->listeners = l;
+    printf("luainfer: listening on %s (%s)\n", l->addr, proto->name);
     fflush(stdout);
     return 0;
 }
@@ -367,10 +344,10 @@ static void on_listener_closed(uv_handle_t *h) {
     free(l);
 }
 
-void li_listeners_close(li_server *srv) {
-    for (li_listener *l = srv->listeners, *next; l; l = next) {
+void li_listeners_close(li_net *net) {
+    for (li_listener *l = net->listeners, *next; l; l = next) {
         next = l->next;
         uv_close(&l->u.h, on_listener_closed);
     }
-    srv->listeners = NULL;
+    net->listeners = NULL;
 }

@@ -16,6 +16,7 @@
  * indices), bin → string, ext → nil. */
 #define _GNU_SOURCE
 #include "lua/lua_engine.h"
+#include "server/lua_client.h"
 #include "server/server.h"
 
 #include <errno.h>

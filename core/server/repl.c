@@ -21,10 +21,13 @@
  * The Lua half (pretty printer, help, completion, eval) is the REPL_LUA
  * string below; it needs nothing from C but `__repl_opts`. */
 #define _GNU_SOURCE
+#include "server/repl.h"
+#include "server/lua_client.h"
 #include "server/server.h"
-#include "cli/args.h"
-#include "cli/cli.h"
+#include "runtime/args.h"
+#include "runtime/runtime.h"
 #include "lua/lua_engine.h"
+#include "lua/lua_env.h"
 
 #include <editline/readline.h>
 #include <errno.h>
@@ -397,7 +400,7 @@ int li_cmd_repl(int argc, char **argv) {
     li_error err = {0};
     const char *pos[1] = {NULL};
     int n_pos;
-    if (li_args_parse(opts, n_opts, argc, argv, pos, 1, &n_pos, &err)) return li_cli_fail(&err);
+    if (li_args_parse(opts, n_opts, argc, argv, pos, 1, &n_pos, &err)) return li_runtime_fail(&err);
     if (help) {
         li_args_usage("repl", "[POLICY.lua] [options]", opts, n_opts);
         printf("\nA LuaJIT prompt with a live engine bound as `engine` (or `server` with --connect).\n"
@@ -406,7 +409,7 @@ int li_cmd_repl(int argc, char **argv) {
         return 0;
     }
     lua_State *L = li_lua_new(&err);
-    if (!L) return li_cli_fail(&err);
+    if (!L) return li_runtime_fail(&err);
     li_lua_preload_core(L);
     li_lua_preload_net(L);
     lua_createtable(L, 0, 8);
@@ -421,7 +424,7 @@ int li_cmd_repl(int argc, char **argv) {
         size_t bytes;
         if (li_parse_bytes("--kv-memory", kv_memory, &bytes, &err)) {
             lua_close(L);
-            return li_cli_fail(&err);
+            return li_runtime_fail(&err);
         }
         lua_pushnumber(L, (lua_Number)bytes);
         lua_setfield(L, -2, "kv_memory");
@@ -430,7 +433,7 @@ int li_cmd_repl(int argc, char **argv) {
     if (luaL_loadbuffer(L, REPL_LUA, sizeof REPL_LUA - 1, "=repl") != 0 || li_lua_pcall(L, 0, 1, &err) != 0) {
         if (!err.msg[0]) li_error_set(&err, LI_EINVAL, "%s", lua_tostring(L, -1));
         lua_close(L);
-        return li_cli_fail(&err);
+        return li_runtime_fail(&err);
     }
     G_repl_ref = luaL_ref(L, LUA_REGISTRYINDEX);
     G_L = L;

@@ -22,7 +22,7 @@
  * sockets: li_rpc_process_bytes runs it on a detached server for the fuzz
  * target. */
 #define _GNU_SOURCE
-#include "server/server.h"
+#include "server/rpc.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -305,6 +305,14 @@ li_srv_req *li_rpc_find(li_rpc_session *s, int64_t id, int64_t msgid) {
     return NULL;
 }
 
+/* What the methods (api.c) reach of the session. */
+static void call_authed(void *s) { ((li_rpc_session *)s)->authed = true; }
+static li_srv_req *call_start_generate(void *s, uint32_t msgid, bool no_reply, li_gen_params *g, li_error *err) {
+    return li_rpc_start_generate(s, msgid, no_reply, g, err);
+}
+static li_srv_req *call_find(void *s, int64_t id, int64_t msgid) { return li_rpc_find(s, id, msgid); }
+static const li_call_ops rpc_call_ops = {call_authed, call_start_generate, call_find};
+
 /* ---- messages --------------------------------------------------------------------- */
 
 static bool as_method(const msgpack_object *o, const char **p, size_t *n) {
@@ -387,6 +395,7 @@ static bool handle_message(li_rpc_session *s, const msgpack_object *o) {
     li_call_init(&c, srv);
     c.conn = s->conn;
     c.session = s;
+    c.ops = &rpc_call_ops;
     c.msgid = msgid;
     c.notification = is_note;
     li_api_dispatch(&c, method, mlen, params);
@@ -486,18 +495,39 @@ static void rpc_free(li_conn *c) { free(c); }
 
 static const li_conn_ops rpc_conn_ops = {rpc_on_data, rpc_on_close, rpc_free};
 
-li_conn *li_rpc_conn_new(li_server *srv) {
+static li_conn *rpc_conn_new(void *srv) {
     rpc_conn *rc = li_xcalloc(1, sizeof *rc);
     rc->base.ops = &rpc_conn_ops;
     li_rpc_session_init(&rc->s, srv, &rc->base, NULL);
     return &rc->base;
 }
 
+/* A refused connection (too many, or draining) learns why from an error
+ * notification before it closes. */
+static void rpc_refuse(li_conn *c, const char *why) {
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    msgpack_pack_array(&pk, 3);
+    msgpack_pack_int(&pk, 2);
+    li_mp_pack_str(&pk, "error");
+    msgpack_pack_map(&pk, 2);
+    li_mp_pack_str(&pk, "code");
+    msgpack_pack_int(&pk, LI_RPC_UNAVAILABLE);
+    li_mp_pack_str(&pk, "message");
+    li_mp_pack_str(&pk, why);
+    li_conn_write(c, sb.data, sb.size);
+    msgpack_sbuffer_destroy(&sb);
+}
+
+const li_protocol li_rpc_protocol = {"msgpack-rpc", rpc_conn_new, rpc_refuse};
+
 /* ---- the pure entry point for fuzzing ------------------------------------------------- */
 
 void li_rpc_process_bytes(const uint8_t *data, size_t n, char **out, size_t *out_n) {
     li_server srv;
-    li_server_init_detached(&srv);
+    li_server_init(&srv);
     if (n > 0 && (data[0] & 1)) srv.auth_token = "secret"; /* exercise the auth gate too */
     msgpack_sbuffer sb;
     msgpack_sbuffer_init(&sb);
@@ -512,7 +542,7 @@ void li_rpc_process_bytes(const uint8_t *data, size_t n, char **out, size_t *out
         step = step * 3 + 1;
     }
     li_rpc_session_free(&s);
-    li_server_free_detached(&srv);
+    li_server_free(&srv);
     *out_n = sb.size;
     *out = sb.data ? sb.data : li_xmalloc(1);
 }

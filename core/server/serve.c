@@ -13,10 +13,13 @@
  * then the rest are cancelled, connections flushed and closed, exit 0. A
  * second signal skips the wait. */
 #define _GNU_SOURCE
-#include "server/server.h"
-#include "cli/args.h"
-#include "cli/cli.h"
-#include "policy/policy_lua.h"
+#include "server/serve.h"
+#include "server/api.h"
+#include "server/http.h"
+#include "server/rpc.h"
+#include "runtime/args.h"
+#include "runtime/policy_open.h"
+#include "runtime/runtime.h"
 
 #include <lua.h>
 #include <signal.h>
@@ -24,44 +27,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-
-#include "policy/policy_proc.h"
-
-static const double ttft_le[] = {0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 30};
-static const double tpot_le[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1, 2.5};
-static const double e2e_le[] = {0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120};
-
-void li_server_limits_default(li_server_limits *l) {
-    *l = (li_server_limits){
-        .max_frame = LI_SRV_MAX_FRAME, .max_depth = LI_SRV_MAX_DEPTH, .max_inflight = LI_SRV_MAX_INFLIGHT,
-        .max_connections = LI_SRV_MAX_CONNECTIONS, .max_queued = LI_SRV_MAX_QUEUED,
-        .write_buffer = LI_SRV_WRITE_BUFFER, .slow_client_seconds = LI_SRV_SLOW_CLIENT_SECONDS,
-        .drain_seconds = LI_SRV_DRAIN_SECONDS,
-    };
-}
-
-static void server_init_common(li_server *srv) {
-    memset(srv, 0, sizeof *srv);
-    li_server_limits_default(&srv->lim);
-    li_hist_init(&srv->m.ttft, ttft_le, (int)LI_ARRAY_LEN(ttft_le));
-    li_hist_init(&srv->m.tpot, tpot_le, (int)LI_ARRAY_LEN(tpot_le));
-    li_hist_init(&srv->m.e2e, e2e_le, (int)LI_ARRAY_LEN(e2e_le));
-    uv_mutex_init(&srv->lua_mu);
-    srv->t_start = li_time_now();
-    li_engine_config_default(&srv->cfg);
-}
-
-static void server_free_common(li_server *srv) {
-    li_hist_free(&srv->m.ttft);
-    li_hist_free(&srv->m.tpot);
-    li_hist_free(&srv->m.e2e);
-    for (int i = 0; i < srv->n_lua_free; i++) lua_close(srv->lua_free[i]);
-    free(srv->lua_free);
-    uv_mutex_destroy(&srv->lua_mu);
-}
-
-void li_server_init_detached(li_server *srv) { server_init_common(srv); }
-void li_server_free_detached(li_server *srv) { server_free_common(srv); }
 
 /* ---- stopping --------------------------------------------------------------- */
 
@@ -75,7 +40,7 @@ static void stop_now(li_server *srv) {
         srv->eng = NULL;
         li_loop_run_posted(&srv->loop); /* deliver them while the connections still exist */
     }
-    for (li_conn *c = srv->conns; c; c = c->next) li_conn_close(c);
+    for (li_conn *c = srv->net.conns; c; c = c->next) li_conn_close(c);
     srv->stop_deadline = li_time_now() + 2.0; /* time for the last bytes to leave */
 }
 
@@ -83,8 +48,8 @@ static void on_tick(uv_timer_t *t) {
     li_server *srv = t->data;
     double now = li_time_now();
     if (srv->stopping) {
-        if (srv->n_conns > 0 && now < srv->stop_deadline) return;
-        for (li_conn *c = srv->conns, *next; c; c = next) {
+        if (srv->net.n_conns > 0 && now < srv->stop_deadline) return;
+        for (li_conn *c = srv->net.conns, *next; c; c = next) {
             next = c->next;
             li_conn_force_close(c);
         }
@@ -93,7 +58,7 @@ static void on_tick(uv_timer_t *t) {
         return;
     }
     /* slow clients: over the write buffer for too long */
-    for (li_conn *c = srv->conns, *next; c; c = next) {
+    for (li_conn *c = srv->net.conns, *next; c; c = next) {
         next = c->next;
         if (c->paused && !c->closing && now - c->over_since > srv->lim.slow_client_seconds) {
             li_log_warn("serve: closing connection %llu: %zu bytes unread for %.0f s",
@@ -108,19 +73,6 @@ static void on_tick(uv_timer_t *t) {
     }
 }
 
-void li_server_begin_drain(li_server *srv, const char *why) {
-    if (!srv->handles_open) return; /* detached (fuzz): nothing to stop */
-    if (srv->draining) {
-        srv->drain_deadline = li_time_now(); /* asked again: stop waiting */
-        return;
-    }
-    srv->draining = true;
-    srv->drain_deadline = li_time_now() + srv->lim.drain_seconds;
-    fprintf(stderr, "luainfer: %s: draining %lld requests in flight (at most %.0f s)\n", why,
-            (long long)srv->n_live, srv->lim.drain_seconds);
-    li_listeners_close(srv);
-}
-
 static void on_signal(uv_signal_t *s, int signum) {
     li_server *srv = s->data;
     li_server_begin_drain(srv, signum == SIGINT ? "SIGINT" : "SIGTERM");
@@ -128,15 +80,6 @@ static void on_signal(uv_signal_t *s, int signum) {
 
 /* ---- options ------------------------------------------------------------------ */
 
-
-const char *li_server_default_policy(void) {
-    static char path[4096];
-    struct stat st;
-    if (stat("policies/default.lua", &st) == 0) return "policies/default.lua";
-    snprintf(path, sizeof path, "%s/policies/default.lua", LI_SOURCE_DIR);
-    if (stat(path, &st) == 0) return path;
-    return NULL;
-}
 
 typedef struct serve_opts {
     const char *model, *kv_dtype, *kv_memory, *isolation, *admin_token, *auth_token, *isa;
@@ -199,7 +142,7 @@ int li_cmd_serve(int argc, char **argv) {
     li_error err = {0};
     const char *pos[1] = {NULL};
     int n_pos, rc;
-    if ((rc = li_args_parse(opts, n_opts, argc, argv, pos, 1, &n_pos, &err))) return li_cli_fail(&err);
+    if ((rc = li_args_parse(opts, n_opts, argc, argv, pos, 1, &n_pos, &err))) return li_runtime_fail(&err);
     if (o.help) {
         li_args_usage("serve", "[POLICY.lua] [options]", opts, n_opts);
         printf("\nWith no options: the default model, policies/default.lua, msgpack-RPC on 127.0.0.1:7700.\n"
@@ -208,7 +151,7 @@ int li_cmd_serve(int argc, char **argv) {
     }
     int status = 1;
     li_server srv;
-    server_init_common(&srv);
+    li_server_init(&srv);
     li_runtime rt = {0};
     bool rt_open = false, loop_open = false;
     li_policy *policy = NULL;
@@ -223,16 +166,16 @@ int li_cmd_serve(int argc, char **argv) {
         li_error_set(&err, LI_EINVAL, "--drain-seconds must be in [0, 86400] and --slow-client-seconds in (0, 86400]");
         goto done;
     }
-    if (strcmp(o.isolation, "inprocess") && strcmp(o.isolation, "process")) {
-        li_error_set(&err, LI_EINVAL, "--policy-isolation must be 'inprocess' or 'process', got '%s'", o.isolation);
-        goto done;
-    }
+    li_policy_kind kind;
+    if ((rc = li_policy_isolation_parse(o.isolation, "--policy-isolation", &kind, &err))) goto done;
     srv.lim.max_frame = (size_t)o.max_frame;
     srv.lim.max_inflight = (int)o.max_inflight;
     srv.lim.max_connections = (int)o.max_connections;
     srv.lim.max_queued = o.max_queued;
     srv.lim.max_depth = (int)o.max_depth;
     srv.lim.write_buffer = (size_t)o.write_buffer;
+    srv.net.write_buffer = srv.lim.write_buffer;
+    srv.net.max_connections = srv.lim.max_connections;
     srv.lim.slow_client_seconds = o.slow_seconds;
     srv.lim.drain_seconds = o.drain_seconds;
     srv.admin_token = o.admin_token && *o.admin_token ? o.admin_token : NULL;
@@ -241,14 +184,8 @@ int li_cmd_serve(int argc, char **argv) {
     /* the policy first: its config table may set engine defaults */
     const char *policy_path = pos[0] ? pos[0] : li_server_default_policy();
     if (policy_path) {
-        if (!strcmp(o.isolation, "process")) {
-            li_policy_proc_opts po = {.lua = {.allow_unsafe = o.policy_unsafe}};
-            rc = li_policy_proc_open(&policy, policy_path, &po, &err);
-        } else {
-            li_policy_lua_opts po = {.allow_unsafe = o.policy_unsafe};
-            rc = li_policy_lua_open(&policy, policy_path, NULL, &po, &err);
-        }
-        if (rc) goto done;
+        li_policy_open_opts po = {.kind = kind, .path = policy_path, .lua = {.allow_unsafe = o.policy_unsafe}};
+        if ((rc = li_policy_open(&policy, &po, &err))) goto done;
     } else {
         fprintf(stderr, "luainfer: no policies/default.lua found: using the built-in FCFS\n");
     }
@@ -298,14 +235,15 @@ int li_cmd_serve(int argc, char **argv) {
     if (o.listen.n == 0) {
         char def[32];
         snprintf(def, sizeof def, "127.0.0.1:%d", LI_SRV_DEFAULT_PORT);
-        if ((rc = li_listener_open(&srv, def, LI_CONN_RPC, &err))) goto done;
+        if ((rc = li_listener_open(&srv.net, def, &li_rpc_protocol, &srv, &err))) goto done;
     }
     for (int i = 0; i < o.listen.n; i++)
-        if ((rc = li_listener_open(&srv, o.listen.items[i], LI_CONN_RPC, &err))) goto done;
+        if ((rc = li_listener_open(&srv.net, o.listen.items[i], &li_rpc_protocol, &srv, &err))) goto done;
     for (int i = 0; i < o.http.n; i++)
-        if ((rc = li_listener_open(&srv, o.http.items[i], LI_CONN_HTTP, &err))) goto done;
+        if ((rc = li_listener_open(&srv.net, o.http.items[i], &li_http_protocol, &srv, &err))) goto done;
 
-    li_engine_thread_opts eo = {.model = rt.model, .be = &rt.be, .cfg = *cfg, .policy = policy};
+    li_engine_thread_opts eo = {
+        .model = rt.model, .be = &rt.be, .cfg = *cfg, .policy = policy, .on_events = li_api_on_events};
     li_engine_thread *eng;
     if ((rc = li_engine_thread_start(&eng, &srv, &eo, &err))) {
         policy = NULL; /* the engine thread owned and freed it */
@@ -342,19 +280,19 @@ int li_cmd_serve(int argc, char **argv) {
     fprintf(stderr, "luainfer: stopped\n");
     status = 0;
 done:
-    if (status) li_cli_fail(&err);
+    if (status) li_runtime_fail(&err);
     if (srv.eng) {
         li_engine_thread_stop(srv.eng);
         srv.eng = NULL;
     }
     if (loop_open) {
-        li_listeners_close(&srv);
-        for (li_conn *c = srv.conns; c; c = c->next) li_conn_force_close(c);
+        li_listeners_close(&srv.net);
+        for (li_conn *c = srv.net.conns; c; c = c->next) li_conn_force_close(c);
         li_loop_close(&srv.loop);
     }
     if (policy) policy->ops->free(policy);
     if (rt_open) li_runtime_close(&rt);
-    server_free_common(&srv);
+    li_server_free(&srv);
     free((void *)o.listen.items);
     free((void *)o.http.items);
     return status;

@@ -16,6 +16,7 @@ enum {
     LI_ENOMEM = -3,   /* allocation failed or budget exhausted */
     LI_ERANGE = -4,   /* a value out of its allowed range */
     LI_EUNSUP = -5,   /* valid input we do not implement */
+    LI_EREJECTED = -6, /* a request the policy's admit hook refused */
 };
 
 typedef struct li_error {

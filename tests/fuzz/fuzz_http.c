@@ -6,7 +6,7 @@
  * declared Content-Length matches the bytes that follow its header (an
  * answer to HEAD declares its GET body's length and sends no body). */
 #define _GNU_SOURCE
-#include "server/server.h"
+#include "server/http.h"
 
 #include <stdio.h>
 #include <stdlib.h>

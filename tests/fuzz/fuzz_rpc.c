@@ -8,7 +8,7 @@
  *    [2, method, params];
  *  - an error is a map {code = integer, message = string}. */
 #define _GNU_SOURCE
-#include "server/server.h"
+#include "server/rpc.h"
 
 #include <stdio.h>
 #include <stdlib.h>

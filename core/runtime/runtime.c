@@ -1,5 +1,6 @@
-/* runtime.c — model + backend setup shared by the subcommands. */
-#include "cli/cli.h"
+/* runtime.c — model + backend setup shared by the subcommands, engine
+ * objects in Lua and the server. */
+#include "runtime/runtime.h"
 
 #include <stdio.h>
 
@@ -32,7 +33,7 @@ void li_runtime_close(li_runtime *rt) {
     rt->be_ready = false;
 }
 
-int li_cli_fail(const li_error *err) {
+int li_runtime_fail(const li_error *err) {
     fprintf(stderr, "luainfer: error: %s\n", err->msg[0] ? err->msg : "unknown error");
     return 1;
 }

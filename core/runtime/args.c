@@ -1,5 +1,5 @@
 /* args.c — option parsing for the CLI. */
-#include "cli/args.h"
+#include "runtime/args.h"
 
 #include <errno.h>
 #include <math.h>

@@ -1,0 +1,23 @@
+/* runtime.h — what every entry point shares, below core/cli, core/lua and
+ * core/server: a model opened with a backend, and the exit path for an
+ * error. (Option parsing for the subcommands: runtime/args.h.) */
+#ifndef LI_RUNTIME_H
+#define LI_RUNTIME_H
+
+#include "model/model.h"
+
+typedef struct li_runtime {
+    li_model *model;
+    li_backend be;
+    bool be_ready;
+} li_runtime;
+
+/* Loads the model (default path rules in li_model_default_path) and starts
+ * the CPU backend with n_threads (<= 0: all cores) and the ISA override. */
+int li_runtime_open(li_runtime *rt, const char *model_path, int64_t n_threads, const char *isa, li_error *err);
+void li_runtime_close(li_runtime *rt);
+
+/* Prints "luainfer: error: <msg>" to stderr and returns the exit status 1. */
+int li_runtime_fail(const li_error *err);
+
+#endif
