@@ -17,7 +17,7 @@ typedef struct li_backend li_backend;
 struct li_error; /* util/common.h */
 
 /* Bumped whenever li_backend_ops changes shape: a backend built for another
- * version is refused at init (li_backend_check). */
+ * version is refused (li_backend_check, run by every li_buffer_alloc). */
 #define LI_BACKEND_API_VERSION 2
 
 /* A block of backend memory. `data` is the backend's address of byte 0:
@@ -113,8 +113,8 @@ typedef struct li_backend_ops {
     /* backend -> host: dst[0, n) = b[off, off+n) */
     void (*buffer_get)(li_backend *be, const li_buffer *b, size_t off, void *dst, size_t n);
     /* inside the backend: n_runs runs of `n` bytes, dst[dst_off[i]..] = src[src_off[i]..]
-     * (KV blocks for copy-on-write: one run per layer, K and V and scales);
-     * runs must not overlap */
+     * (a KV block for copy-on-write: a run per layer for K and for V, one
+     * copy; its scales another); runs must not overlap */
     void (*buffer_copy)(li_backend *be, li_buffer *dst, const li_buffer *src, const size_t *dst_off,
                         const size_t *src_off, int n_runs, size_t n);
     /* b[0, size) = value */
@@ -155,7 +155,10 @@ typedef struct li_backend_ops {
                      const int64_t *slot, int64_t n_tokens, int n_head_kv, int head_dim);
     /* causal paged attention, see li_attn_args */
     void (*attention)(li_backend *be, const li_attn_args *a);
-    /* repack a weight for this backend (optional; may be NULL) */
+    /* the backend takes a weight into its memory (optional; NULL: it reads
+     * the host rows as they are): the CPU backends repack into panels or
+     * keep the mmap'd rows (host memory they may wrap, buffer_wrap); a
+     * device backend would upload it. weight_release gives it back. */
     int (*weight_prepare)(li_backend *be, li_weight *w);
     void (*weight_release)(li_backend *be, li_weight *w);
 } li_backend_ops;
