@@ -14,6 +14,7 @@
 #include "model/forward.h"
 #include "policy/policy.h"
 #include "sample/sampler.h"
+#include "engine/event.h"
 
 typedef struct li_engine li_engine;
 
@@ -41,26 +42,6 @@ typedef struct li_engine_config {
 
 void li_engine_config_default(li_engine_config *c);
 
-typedef enum li_event_kind {
-    LI_EVENT_TOKEN = 0,  /* one generated token (text may be empty while a character is incomplete) */
-    LI_EVENT_FINISH = 1, /* the request ended; finish_reason says why */
-} li_event_kind;
-
-typedef struct li_event {
-    li_event_kind kind;
-    int64_t id;
-    int32_t token;           /* TOKEN */
-    float logprob;           /* TOKEN: raw logprob of the token */
-    const li_token_logprob *top; /* TOKEN: n_logprobs alternatives */
-    int32_t n_top;
-    const float *logits;     /* TOKEN: the (n_vocab) logits the token came from; valid during the call */
-    int32_t n_vocab;
-    const char *text;        /* TOKEN: new text; FINISH: NULL */
-    size_t text_len;
-    const char *finish_reason; /* FINISH: "stop", "length", "cancelled", "error" */
-} li_event;
-
-typedef void (*li_event_fn)(void *ud, const li_event *ev);
 
 typedef struct li_request_params {
     const int32_t *prompt;   /* (n_prompt) token ids, copied */

@@ -9,7 +9,7 @@
 #ifndef LI_ENGINE_OUTPUT_H
 #define LI_ENGINE_OUTPUT_H
 
-#include "engine/engine.h"
+#include "engine/event.h"
 #include "tokenizer/tokenizer.h"
 
 typedef struct li_output {
