@@ -62,12 +62,11 @@ static void send_packed(li_rpc_session *s, msgpack_sbuffer *sb) {
     msgpack_sbuffer_clear(sb);
 }
 
-/* [2, "error", {code, message}]: for errors with no msgid to answer. */
-static void send_error_note(li_rpc_session *s, int code, const char *msg) {
-    msgpack_sbuffer sb;
-    msgpack_sbuffer_init(&sb);
+/* [2, "error", {code, message}] into an initialized sb: for errors with no
+ * msgid to answer, and for refused connections. */
+static void pack_error_note(msgpack_sbuffer *sb, int code, const char *msg) {
     msgpack_packer pk;
-    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    msgpack_packer_init(&pk, sb, msgpack_sbuffer_write);
     msgpack_pack_array(&pk, 3);
     msgpack_pack_int(&pk, 2);
     li_mp_pack_str(&pk, "error");
@@ -76,6 +75,12 @@ static void send_error_note(li_rpc_session *s, int code, const char *msg) {
     msgpack_pack_int(&pk, code);
     li_mp_pack_str(&pk, "message");
     li_mp_pack_str(&pk, msg);
+}
+
+static void send_error_note(li_rpc_session *s, int code, const char *msg) {
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    pack_error_note(&sb, code, msg);
     send_packed(s, &sb);
     msgpack_sbuffer_destroy(&sb);
 }
@@ -507,16 +512,7 @@ static li_conn *rpc_conn_new(void *srv) {
 static void rpc_refuse(li_conn *c, const char *why) {
     msgpack_sbuffer sb;
     msgpack_sbuffer_init(&sb);
-    msgpack_packer pk;
-    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-    msgpack_pack_array(&pk, 3);
-    msgpack_pack_int(&pk, 2);
-    li_mp_pack_str(&pk, "error");
-    msgpack_pack_map(&pk, 2);
-    li_mp_pack_str(&pk, "code");
-    msgpack_pack_int(&pk, LI_RPC_UNAVAILABLE);
-    li_mp_pack_str(&pk, "message");
-    li_mp_pack_str(&pk, why);
+    pack_error_note(&sb, LI_RPC_UNAVAILABLE, why);
     li_conn_write(c, sb.data, sb.size);
     msgpack_sbuffer_destroy(&sb);
 }
