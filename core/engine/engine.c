@@ -1,7 +1,9 @@
-/* engine.c — the step loop. Owns: requests, the KV pool, the flat batch.
- * Asks, and glues to the policy: the prefix-cache manager (kv/prefix_cache.c),
- * a request's output stream (output.c: text, stop strings, events), n-gram
- * drafting (spec/ngram.c) and the built-in FCFS (policy/fcfs.c).
+/* engine.c — the step loop. Owns: requests, the runners (runner.c: the
+ * target, whose KV cache is the block pool, and an optional draft over
+ * storage following it), the flat batch. Asks, and glues to the policy:
+ * the prefix-cache manager (kv/prefix_cache.c), a request's output stream
+ * (output.c: text, stop strings, events), n-gram drafting (spec/ngram.c)
+ * and the built-in FCFS (policy/fcfs.c).
  *
  * C owns every byte of state; the policy only proposes a plan. Validation
  * drops unknown or finished ids, clamps token counts to what remains, trims
@@ -12,6 +14,7 @@
 #define _GNU_SOURCE
 #include "engine/engine.h"
 #include "engine/output.h"
+#include "engine/runner.h"
 #include "kv/prefix_cache.h"
 #include "spec/ngram.h"
 #include "tokenizer/tokenizer.h"
@@ -52,12 +55,17 @@ typedef struct req {
 } req;
 
 struct li_engine {
-    li_model *model;
-    li_backend *be;
+    li_model *model;          /* tgt.model */
+    li_backend *be;           /* tgt.be */
     li_engine_config cfg;
-    li_kv_cache kv;
-    li_prefix_cache pc;       /* the prefix-cache manager over kv */
-    li_forward fw;
+    li_runner tgt;            /* the target: its KV cache is the block pool */
+    li_runner draft;          /* when has_draft: runs each step's batch over storage following the pool */
+    bool has_draft;
+    /* the draft's last step: (d_rows) request id and position of each logit row */
+    int64_t *d_row_id;        /* (max_rows) */
+    int32_t *d_row_pos;       /* (max_rows) */
+    int32_t d_rows;
+    li_prefix_cache pc;       /* the prefix-cache manager over tgt.kv */
     li_policy *policy;
     double t0;
     int64_t next_id, step_no;
@@ -194,6 +202,11 @@ static void preempt(li_engine *e, req *r) {
 /* ---- init / free ------------------------------------------------------------ */
 
 int li_engine_init(li_engine **out, li_model *m, li_backend *be, const li_engine_config *cfg, li_error *err) {
+    return li_engine_init_runners(out, m, NULL, be, cfg, err);
+}
+
+int li_engine_init_runners(li_engine **out, li_model *m, li_model *draft, li_backend *be, const li_engine_config *cfg,
+                           li_error *err) {
     *out = NULL;
     li_engine_config c = *cfg;
     if (c.block_size <= 0 || c.block_size > 1024)
@@ -216,26 +229,40 @@ int li_engine_init(li_engine **out, li_model *m, li_backend *be, const li_engine
     if (c.spec_ngram_min < 1 || c.spec_ngram_max < c.spec_ngram_min || c.spec_ngram_max > 64)
         return li_error_set(err, LI_EINVAL, "engine: want 1 <= spec_ngram_min <= spec_ngram_max <= 64, got %d and %d",
                             c.spec_ngram_min, c.spec_ngram_max);
-    const li_kv_dims dims = li_forward_kv_dims(&m->hp);
-    int32_t nblocks = li_kv_blocks_for_budget(&dims, c.kv_dtype, c.block_size, c.kv_memory);
+    if (draft && draft->hp.n_vocab != m->hp.n_vocab)
+        return li_error_set(err, LI_EINVAL,
+                            "engine: the draft model's vocabulary has %d tokens, the target's %d: a draft must share "
+                            "the target's vocabulary",
+                            draft->hp.n_vocab, m->hp.n_vocab);
+    /* one block id holds a block of tokens in the target's storage and the
+     * draft's: the budget pays for both */
+    const size_t bpt_t = li_runner_kv_bytes_per_token(m, c.kv_dtype);
+    const size_t bpt = bpt_t + (draft ? li_runner_kv_bytes_per_token(draft, c.kv_dtype) : 0);
+    const size_t per_block = bpt * (size_t)c.block_size;
+    const size_t nb = per_block ? c.kv_memory / per_block : 0;
+    const int32_t nblocks = nb > INT32_MAX ? INT32_MAX : (int32_t)nb;
     if (nblocks <= 0)
         return li_error_set(err, LI_ENOMEM, "engine: KV budget of %zu bytes holds no block of %d tokens (%zu bytes/token)",
-                            c.kv_memory, c.block_size, li_kv_bytes_per_token(&dims, c.kv_dtype));
+                            c.kv_memory, c.block_size, bpt);
     li_engine *e = li_xcalloc(1, sizeof *e);
     e->model = m;
     e->be = be;
     e->cfg = c;
-    int rc = li_kv_cache_init(&e->kv, be, &dims, c.kv_dtype, c.block_size, nblocks, err);
+    int rc = li_runner_init(&e->tgt, m, be, NULL, c.kv_dtype, c.block_size, nblocks, c.max_batched_tokens, err);
     if (rc) {
         free(e);
         return rc;
     }
-    li_prefix_cache_init(&e->pc, &e->kv, c.prefix_caching, engine_clock, e);
-    if ((rc = li_forward_init(&e->fw, m, be, c.max_batched_tokens, err))) {
-        li_kv_cache_free(&e->kv);
-        free(e);
-        return rc;
+    if (draft) {
+        if ((rc = li_runner_init(&e->draft, draft, be, &e->tgt.kv, c.kv_dtype, c.block_size, nblocks,
+                                 c.max_batched_tokens, err))) {
+            li_runner_free(&e->tgt);
+            free(e);
+            return rc;
+        }
+        e->has_draft = true;
     }
+    li_prefix_cache_init(&e->pc, &e->tgt.kv, c.prefix_caching, engine_clock, e);
     e->t0 = li_time_now();
     e->next_id = 1;
     li_plan_init(&e->plan);
@@ -250,6 +277,10 @@ int li_engine_init(li_engine **out, li_model *m, li_backend *be, const li_engine
     e->b_seq = li_xmalloc(T * sizeof(int32_t));
     e->b_rows = li_xmalloc(e->max_rows * sizeof(int32_t));
     e->b_slot = li_xmalloc(T * sizeof(int64_t));
+    if (e->has_draft) {
+        e->d_row_id = li_xmalloc(e->max_rows * sizeof *e->d_row_id);
+        e->d_row_pos = li_xmalloc(e->max_rows * sizeof *e->d_row_pos);
+    }
     *out = e;
     return 0;
 }
@@ -257,7 +288,7 @@ int li_engine_init(li_engine **out, li_model *m, li_backend *be, const li_engine
 void li_engine_free(li_engine *e) {
     if (!e) return;
     for (int32_t i = 0; i < e->n_reqs; i++) {
-        li_kv_seq_release(&e->kv, &e->reqs[i]->seq);
+        li_kv_seq_release(&e->tgt.kv, &e->reqs[i]->seq);
         req_free(e->reqs[i]);
     }
     free(e->reqs);
@@ -272,10 +303,12 @@ void li_engine_free(li_engine *e) {
     free(e->b_seq);
     free(e->b_rows);
     free(e->b_slot);
+    free(e->d_row_id);
+    free(e->d_row_pos);
     free(e->ev_cand);
     li_prefix_cache_free(&e->pc);
-    li_forward_free(&e->fw);
-    li_kv_cache_free(&e->kv);
+    li_runner_free(&e->draft); /* a follower goes before its pool */
+    li_runner_free(&e->tgt);
     free(e);
 }
 
@@ -344,13 +377,13 @@ static void prefix_evict_for(li_engine *e, int32_t need) {
 
 static void view_of(li_engine *e, req *r, li_req_view *v) {
     /* a request about to start sees its cache hit as already computed */
-    int64_t hit = (int64_t)prefix_probe(e, r) * e->kv.block_size;
+    int64_t hit = (int64_t)prefix_probe(e, r) * e->tgt.kv.block_size;
     *v = (li_req_view){
         .id = r->res.id, .state = r->state, .arrival = r->res.t_arrival, .priority = r->priority,
         .tenant = r->tenant, .prompt_len = r->n_prompt, .num_tokens = r->n_toks,
         .num_computed = r->num_computed + hit, .num_generated = r->n_toks - r->n_prompt,
         .max_tokens = r->max_tokens, .cached_len = hit ? hit : r->res.cached_tokens,
-        .n_blocks = r->seq.n_blocks + (int32_t)(hit / e->kv.block_size),
+        .n_blocks = r->seq.n_blocks + (int32_t)(hit / e->tgt.kv.block_size),
         .n_preemptions = r->res.n_preemptions, .spec_acceptance = spec_acceptance(r),
     };
 }
@@ -365,9 +398,9 @@ static void gather(li_engine *e, li_step_state *st) {
         if (e->reqs[i]->live && !e->reqs[i]->fork_of) view_of(e, e->reqs[i], &e->views[n++]);
     *st = (li_step_state){
         .step = e->step_no, .now = li_engine_now(e), .reqs = e->views, .n_reqs = n,
-        .kv_free_blocks = li_kv_available(&e->kv), .kv_total_blocks = e->kv.num_blocks,
+        .kv_free_blocks = li_kv_available(&e->tgt.kv), .kv_total_blocks = e->tgt.kv.num_blocks,
         .kv_cached_blocks = li_prefix_cache_blocks(&e->pc),
-        .block_size = e->kv.block_size, .max_num_seqs = e->cfg.max_num_seqs,
+        .block_size = e->tgt.kv.block_size, .max_num_seqs = e->cfg.max_num_seqs,
         .max_batched_tokens = e->cfg.max_batched_tokens,
     };
 }
@@ -430,7 +463,7 @@ int li_engine_add(li_engine *e, const li_request_params *p, int64_t *id, li_erro
     if (p->n_prompt >= e->cfg.max_model_len)
         return li_error_set(err, LI_ERANGE, "request: the prompt has %lld tokens, the context holds %lld",
                             (long long)p->n_prompt, (long long)e->cfg.max_model_len);
-    const int64_t kv_tokens = (int64_t)e->kv.num_blocks * e->kv.block_size;
+    const int64_t kv_tokens = (int64_t)e->tgt.kv.num_blocks * e->tgt.kv.block_size;
     if (p->n_prompt + 1 > kv_tokens)
         return li_error_set(err, LI_ENOMEM, "request: the prompt (%lld tokens) does not fit in the KV cache (%lld tokens)",
                             (long long)p->n_prompt, (long long)kv_tokens);
@@ -525,7 +558,7 @@ bool li_engine_has_work(const li_engine *e) {
 /* ---- validate + apply ------------------------------------------------------------ */
 
 static int32_t blocks_needed(const li_engine *e, const req *r, int64_t n) {
-    int64_t need = (r->num_computed + n + e->kv.block_size - 1) / e->kv.block_size - r->seq.n_blocks;
+    int64_t need = (r->num_computed + n + e->tgt.kv.block_size - 1) / e->tgt.kv.block_size - r->seq.n_blocks;
     return need > 0 ? (int32_t)need : 0;
 }
 
@@ -562,15 +595,15 @@ static int32_t apply_plan(li_engine *e, const li_plan *plan, int64_t *n_batch_to
         int64_t n = LI_MIN((int64_t)pr->n_tokens, remaining);
         n = LI_MIN(n, budget);
         if (n != pr->n_tokens) trimmed++;
-        if (li_kv_seq_reserve(&e->kv, &r->seq, r->num_computed + n) != 0) {
+        if (li_kv_seq_reserve(&e->tgt.kv, &r->seq, r->num_computed + n) != 0) {
             /* shrink to the blocks the sequence managed to get */
-            int64_t fit = (int64_t)r->seq.n_blocks * e->kv.block_size - r->num_computed;
+            int64_t fit = (int64_t)r->seq.n_blocks * e->tgt.kv.block_size - r->num_computed;
             trimmed++;
             if (fit <= 0) continue;
             n = LI_MIN(n, fit);
         }
         /* samples of one prompt share blocks: copy the ones about to be written */
-        if (li_kv_seq_cow(&e->kv, &r->seq, r->num_computed, r->num_computed + n) != 0) {
+        if (li_kv_seq_cow(&e->tgt.kv, &r->seq, r->num_computed, r->num_computed + n) != 0) {
             trimmed++;
             continue;
         }
@@ -647,7 +680,7 @@ static void propose_drafts(li_engine *e, req *r) {
     /* drafts never take a KV block the request would not hold anyway: only
      * the slots after its last token in blocks it has or is about to get,
      * so speculation cannot preempt or evict anyone */
-    const int64_t bs = e->kv.block_size;
+    const int64_t bs = e->tgt.kv.block_size;
     const int64_t held = LI_MAX((int64_t)r->seq.n_blocks * bs, (r->n_toks + bs - 1) / bs * bs) - r->n_toks;
     const int64_t k = LI_MIN(LI_MIN((int64_t)e->cfg.spec_tokens, room), held);
     if (k <= 0) return;
@@ -698,7 +731,7 @@ static void fork_samples(li_engine *e, req *parent, const float *logits) {
         req *c = e->reqs[i];
         if (c->fork_of != parent || !c->live) continue;
         c->fork_of = NULL;
-        li_kv_seq_fork(&e->kv, &parent->seq, &c->seq);
+        li_kv_seq_fork(&e->tgt.kv, &parent->seq, &c->seq);
         c->num_computed = parent->num_computed;
         li_prefix_seq_fork(&c->pfx, &parent->pfx);
         c->state = LI_REQ_RUNNING;
@@ -712,6 +745,7 @@ int li_engine_step(li_engine *e, li_error *err) {
     double t_start = li_time_now();
     e->step_no++;
     e->st.steps++;
+    e->d_rows = 0;
     if (!li_engine_has_work(e)) return 0;
     e->in_step = true;
 
@@ -788,7 +822,7 @@ int li_engine_step(li_engine *e, li_error *err) {
             e->b_tokens[k] = r->toks[p];
             e->b_pos[k] = (int32_t)p;
             e->b_seq[k] = i;
-            e->b_slot[k] = li_kv_seq_slot(&e->kv, &r->seq, p);
+            e->b_slot[k] = li_kv_seq_slot(&e->tgt.kv, &r->seq, p);
         }
         if (r->n_draft) /* every computed position of a drafted request is verified */
             for (int32_t j = e->batch_n[i]; j > 0; j--) e->b_rows[n_logits++] = (int32_t)(k - j);
@@ -800,8 +834,16 @@ int li_engine_step(li_engine *e, li_error *err) {
                   .n_logits = n_logits};
     /* 5: forward */
     double tf = li_time_now();
-    int rc = li_forward_run(&e->fw, e->model, e->be, &e->kv, &b, NULL, err);
-    if (!rc) e->logits = li_forward_logits(&e->fw, e->model);
+    int rc = li_runner_run(&e->tgt, &b, err);
+    e->logits = e->tgt.logits;
+    /* the draft computes the same batch: its KV stays in step with the target's */
+    if (!rc && e->has_draft && !(rc = li_runner_run(&e->draft, &b, err))) {
+        for (int32_t i = 0; i < n_logits; i++) { /* before sampling forks or finishes anything */
+            e->d_row_id[i] = e->batch_req[e->b_seq[e->b_rows[i]]]->res.id;
+            e->d_row_pos[i] = e->b_pos[e->b_rows[i]];
+        }
+        e->d_rows = n_logits;
+    }
     e->st.time_forward += li_time_now() - tf;
     if (rc) {
         drop_all_drafts(e);
@@ -850,13 +892,30 @@ void li_engine_stats_get(const li_engine *e, li_engine_stats *st) {
         else if (r->state == LI_REQ_RUNNING) st->n_running++;
         else st->n_preempted++;
     }
-    st->kv_free_blocks = li_kv_available(&e->kv);
+    st->kv_free_blocks = li_kv_available(&e->tgt.kv);
     st->kv_cached_blocks = li_prefix_cache_blocks(&e->pc);
     st->prefix_evictions = li_prefix_cache_evictions(&e->pc);
     st->prefix_query_tokens = e->pc.query_tokens;
     st->prefix_hit_tokens = e->pc.hit_tokens;
-    st->kv_total_blocks = e->kv.num_blocks;
-    st->block_size = e->kv.block_size;
-    st->kv_bytes = e->kv.bytes;
-    st->kv_bytes_per_token = e->kv.bytes / ((size_t)e->kv.num_blocks * (size_t)e->kv.block_size);
+    st->kv_total_blocks = e->tgt.kv.num_blocks;
+    st->block_size = e->tgt.kv.block_size;
+    st->kv_bytes = e->tgt.kv.bytes;
+    st->kv_draft_bytes = e->has_draft ? e->draft.kv.bytes : 0;
+    st->kv_bytes_per_token = e->tgt.kv.bytes / ((size_t)e->tgt.kv.num_blocks * (size_t)e->tgt.kv.block_size);
+}
+
+/* ---- the draft runner (internal) --------------------------------------------- */
+
+li_model *li_engine_draft_model(li_engine *e) { return e->has_draft ? e->draft.model : NULL; }
+
+const float *li_engine_draft_logits(const li_engine *e, int32_t *n_rows) {
+    *n_rows = e->d_rows;
+    return e->d_rows ? e->draft.logits : NULL;
+}
+
+int li_engine_draft_row(const li_engine *e, int32_t row, int64_t *id, int32_t *pos) {
+    if (row < 0 || row >= e->d_rows) return LI_EINVAL;
+    *id = e->d_row_id[row];
+    *pos = e->d_row_pos[row];
+    return 0;
 }

@@ -95,7 +95,8 @@ typedef struct li_engine_stats {
     int64_t requests_rejected;
     int32_t n_waiting, n_running, n_preempted;
     int32_t kv_free_blocks, kv_total_blocks, block_size;
-    size_t kv_bytes, kv_bytes_per_token;
+    size_t kv_bytes, kv_bytes_per_token; /* the target's KV storage */
+    size_t kv_draft_bytes;     /* the draft's KV storage (0 without a draft); kv_memory covers both */
     int64_t prefix_query_tokens; /* tokens looked up in the prefix cache */
     int64_t prefix_hit_tokens;   /* of those, found cached */
     int64_t prefix_evictions;    /* cached blocks evicted */
@@ -107,7 +108,14 @@ typedef struct li_engine_stats {
     double time_total;         /* seconds in li_engine_step */
 } li_engine_stats;
 
+/* li_engine_init_runners without a draft. */
 int li_engine_init(li_engine **out, li_model *m, li_backend *be, const li_engine_config *cfg, li_error *err);
+/* An engine over target and, when draft is not NULL, a draft model (same
+ * n_vocab, else LI_EINVAL) on the same backend (runner.h). Both must stay
+ * loaded and prepared on be while the engine lives. The KV budget pays for
+ * both storages: blocks = kv_memory / (target's + draft's bytes per block). */
+int li_engine_init_runners(li_engine **out, li_model *target, li_model *draft, li_backend *be,
+                           const li_engine_config *cfg, li_error *err);
 void li_engine_free(li_engine *e);
 /* The policy steering the engine (NULL: built-in FCFS). Not owned. */
 void li_engine_set_policy(li_engine *e, li_policy *p);
@@ -128,5 +136,16 @@ void li_engine_stats_get(const li_engine *e, li_engine_stats *st);
 const li_engine_config *li_engine_get_config(const li_engine *e);
 li_model *li_engine_model(li_engine *e);
 double li_engine_now(const li_engine *e);
+
+/* ---- the draft runner (internal: for speculative decoding) -------------- */
+/* The draft model, or NULL. */
+li_model *li_engine_draft_model(li_engine *e);
+/* The draft's (n_rows, n_vocab) logits of the last step's logit rows, in
+ * host memory, valid until the next step; NULL (n_rows 0) without a draft
+ * or when the step computed none. */
+const float *li_engine_draft_logits(const li_engine *e, int32_t *n_rows);
+/* The request and position (the logits predict position + 1) of row `row`
+ * of li_engine_draft_logits; LI_EINVAL out of range. */
+int li_engine_draft_row(const li_engine *e, int32_t row, int64_t *id, int32_t *pos);
 
 #endif

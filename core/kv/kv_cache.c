@@ -49,8 +49,12 @@ int32_t li_kv_blocks_for_budget(const li_kv_dims *hp, li_type dtype, int block_s
     return n > INT32_MAX ? INT32_MAX : (int32_t)n;
 }
 
-int li_kv_cache_init(li_kv_cache *kv, li_backend *be, const li_kv_dims *hp, li_type dtype, int block_size,
-                     int32_t num_blocks, li_error *err) {
+/* ---- storage ------------------------------------------------------------- */
+
+/* Allocates kv's K/V bytes (and scales) for num_blocks blocks through be and
+ * lays out the per-layer views; no bookkeeping. */
+static int storage_init(li_kv_cache *kv, li_backend *be, const li_kv_dims *hp, li_type dtype, int block_size,
+                        int32_t num_blocks, li_error *err) {
     memset(kv, 0, sizeof *kv);
     size_t es = dtype_bytes(dtype);
     if (!es) return li_error_set(err, LI_EUNSUP, "kv: dtype %s is not supported", li_type_name(dtype));
@@ -91,11 +95,35 @@ int li_kv_cache_init(li_kv_cache *kv, li_backend *be, const li_kv_dims *hp, li_t
             kv->layers[l].v_scale = kv->scales + scales_one * (2 * (size_t)l + 1);
         }
     }
+    return 0;
+}
+
+static void storage_free(li_kv_cache *kv) {
+    li_buffer_free(kv->be, &kv->storage_buf);
+    li_buffer_free(kv->be, &kv->scales_buf);
+    free(kv->layers);
+}
+
+int li_kv_cache_init(li_kv_cache *kv, li_backend *be, const li_kv_dims *hp, li_type dtype, int block_size,
+                     int32_t num_blocks, li_error *err) {
+    int rc = storage_init(kv, be, hp, dtype, block_size, num_blocks, err);
+    if (rc) return rc;
     kv->refcount = li_xcalloc((size_t)num_blocks, sizeof(int32_t));
     kv->free_list = li_xmalloc((size_t)num_blocks * sizeof(int32_t));
     /* pop order 0, 1, 2, ...: the stack holds ids in reverse */
     for (int32_t i = 0; i < num_blocks; i++) kv->free_list[i] = num_blocks - 1 - i;
     kv->n_free = num_blocks;
+    return 0;
+}
+
+int li_kv_cache_init_follower(li_kv_cache *kv, li_kv_cache *pool, li_backend *be, const li_kv_dims *d,
+                              li_error *err) {
+    if (pool->pool) return li_error_set(err, LI_EINVAL, "kv: a follower's storage cannot be followed");
+    int rc = storage_init(kv, be, d, pool->dtype, pool->block_size, pool->num_blocks, err);
+    if (rc) return rc;
+    kv->pool = pool;
+    kv->follower = pool->follower;
+    pool->follower = kv;
     return 0;
 }
 
@@ -108,9 +136,13 @@ void li_kv_cache_free(li_kv_cache *kv) {
     free(kv->hit_count);
     free(kv->depth);
     free(kv->map);
-    li_buffer_free(kv->be, &kv->storage_buf);
-    li_buffer_free(kv->be, &kv->scales_buf);
-    free(kv->layers);
+    storage_free(kv);
+    if (kv->pool) /* unlink from the pool's followers */
+        for (li_kv_cache **f = &kv->pool->follower; *f; f = &(*f)->follower)
+            if (*f == kv) {
+                *f = kv->follower;
+                break;
+            }
     free(kv->refcount);
     free(kv->free_list);
     memset(kv, 0, sizeof *kv);
@@ -285,7 +317,8 @@ void li_kv_seq_fork(li_kv_cache *kv, const li_kv_seq *src, li_kv_seq *dst) {
     dst->n_blocks = src->n_blocks;
 }
 
-void li_kv_block_copy(li_kv_cache *kv, int32_t dst, int32_t src) {
+/* One storage's copy of block src into dst. */
+static void storage_block_copy(li_kv_cache *kv, int32_t dst, int32_t src) {
     /* K and V of every layer are runs of one block's bytes in storage, the
      * scales runs of one block's scales: two backend copies in all */
     const size_t per_block = (size_t)kv->block_size * kv->n_head_kv * kv->head_dim * dtype_bytes(kv->dtype);
@@ -308,6 +341,12 @@ void li_kv_block_copy(li_kv_cache *kv, int32_t dst, int32_t src) {
         }
         kv->be->ops->buffer_copy(kv->be, &kv->scales_buf, &kv->scales_buf, d_off, s_off, nr, sb);
     }
+}
+
+void li_kv_block_copy(li_kv_cache *kv, int32_t dst, int32_t src) {
+    /* a block id addresses the same tokens in the pool's storage and in
+     * every follower's: copy-on-write copies it in each */
+    for (li_kv_cache *s = kv; s; s = s->follower) storage_block_copy(s, dst, src);
 }
 
 int li_kv_seq_cow(li_kv_cache *kv, li_kv_seq *s, int64_t from, int64_t to) {

@@ -24,6 +24,12 @@ typedef struct li_kv_dims {
 
 typedef struct li_kv_cache {
     li_backend *be;        /* owns storage_buf and scales_buf */
+    /* A pool's storage may be followed by other storages (a draft model's
+     * KV: its own dims, the same dtype, block size and block ids). Only the
+     * pool keeps bookkeeping; a block copy copies in every follower too, so
+     * a block id means the same tokens in each. */
+    struct li_kv_cache *pool;     /* follower: the pool it follows; else NULL */
+    struct li_kv_cache *follower; /* pool: first follower; follower: the next one */
     li_type dtype;
     int n_layer, n_head_kv, head_dim, block_size;
     int32_t num_blocks;
@@ -81,6 +87,11 @@ bool li_kv_dtype_has_scales(li_type dtype);
  * scale 0); be must outlive the cache. */
 int li_kv_cache_init(li_kv_cache *kv, li_backend *be, const li_kv_dims *d, li_type dtype, int block_size,
                      int32_t num_blocks, li_error *err);
+/* Storage only (no refcounts, free list or prefix tables), indexed by pool's
+ * block ids: pool's dtype, block size and block count, d's layers and
+ * heads. It follows pool's block copies until freed (before pool). */
+int li_kv_cache_init_follower(li_kv_cache *kv, li_kv_cache *pool, li_backend *be, const li_kv_dims *d,
+                              li_error *err);
 void li_kv_cache_free(li_kv_cache *kv);
 
 /* Blocks that can be handed out now: empty plus evictable cached ones. */
@@ -123,7 +134,8 @@ void li_kv_seq_fork(li_kv_cache *kv, const li_kv_seq *src, li_kv_seq *dst);
 /* Copy-on-write before writing positions [from, to): any block in that range
  * that is shared gets a private copy. LI_ENOMEM when no block is free. */
 int li_kv_seq_cow(li_kv_cache *kv, li_kv_seq *s, int64_t from, int64_t to);
-/* Copies one block's K/V (and scales) in every layer: one backend copy. */
+/* Copies one block's K/V (and scales) in every layer: one backend copy per
+ * storage (the pool's, then each follower's). */
 void li_kv_block_copy(li_kv_cache *kv, int32_t dst, int32_t src);
 /* Returns every block of the sequence to the pool. */
 void li_kv_seq_release(li_kv_cache *kv, li_kv_seq *s);

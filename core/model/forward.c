@@ -237,6 +237,9 @@ static int batch_upload(li_forward *f, const li_hparams *hp, li_kv_cache *kv, co
     const int32_t *table = b->block_table, *seq = b->seq;
     int rc;
     if (b->parent) {
+        /* views take scratch blocks, and only a pool hands blocks out */
+        if (kv->pool)
+            return li_error_set(err, LI_EUNSUP, "forward: a tree batch needs a KV pool, not a follower's storage");
         if ((rc = tree_plan(f, kv, b, &n_rows, err))) return rc;
         table = f->t_table;
         seq = f->t_seq;
