@@ -161,15 +161,9 @@ static void int8_to_float(const void *src, float *dst, int64_t n) {
     for (int64_t i = 0; i < n; i++) dst[i] = (float)s[i];
 }
 
-/* round to nearest even, clamped to [lo, hi]; NaN -> 0 */
-static inline float code_round(float y, float lo, float hi) {
-    if (y != y) return 0.0f;
-    return nearbyintf(y < lo ? lo : y > hi ? hi : y);
-}
-
 static void int8_from_float(const float *src, void *dst, int64_t n) {
     int8_t *d = dst;
-    for (int64_t i = 0; i < n; i++) d[i] = (int8_t)code_round(src[i], -127.0f, 127.0f);
+    for (int64_t i = 0; i < n; i++) d[i] = (int8_t)li_code_round(src[i], -127.0f, 127.0f);
 }
 
 static void u4_to_float(const void *src, float *dst, int64_t n) {
@@ -183,7 +177,8 @@ static void u4_to_float(const void *src, float *dst, int64_t n) {
 static void u4_from_float(const float *src, void *dst, int64_t n) {
     uint8_t *d = dst;
     for (int64_t i = 0; i < n / 2; i++)
-        d[i] = (uint8_t)((int)code_round(src[2 * i], 0.0f, 15.0f) | (int)code_round(src[2 * i + 1], 0.0f, 15.0f) << 4);
+        d[i] = (uint8_t)((int)li_code_round(src[2 * i], 0.0f, 15.0f) |
+                         (int)li_code_round(src[2 * i + 1], 0.0f, 15.0f) << 4);
 }
 
 /* ------------------------------------------------------------------------
@@ -491,7 +486,8 @@ void li_act_quant_row_ref(li_act_quant act, const float *x, float *out, int64_t 
     const float inv = s > 0.0f ? 1.0f / s : 0.0f;
     for (int64_t j = 0; j < n; j++) {
         const float y = x[j] * inv;
-        out[j] = (act == LI_ACT_INT8 ? code_round(y, -127.0f, 127.0f) : li_fp8_e4m3_to_fp32(li_fp32_to_fp8_e4m3(y))) * s;
+        out[j] = (act == LI_ACT_INT8 ? li_code_round(y, -127.0f, 127.0f)
+                                     : li_fp8_e4m3_to_fp32(li_fp32_to_fp8_e4m3(y))) * s;
     }
 }
 

@@ -15,6 +15,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdbool.h>
+#include <math.h>
 
 typedef enum li_type {
     LI_TYPE_F32 = 0,
@@ -176,6 +177,13 @@ uint16_t li_fp32_to_bf16(float f);  /* round to nearest even */
  * 0x7f with the input's sign. Scalar references in kernels/types.c. */
 float li_fp8_e4m3_to_fp32(uint8_t c);
 uint8_t li_fp32_to_fp8_e4m3(float f);
+/* The integer codes' rounding (INT8 and U4 from_float, the 8-bit KV store's
+ * scalar tails, LI_ACT_INT8): y rounded to nearest even, clamped to
+ * [lo, hi]; NaN -> 0. Inline because the KV stores use it per element. */
+static inline float li_code_round(float y, float lo, float hi) {
+    if (y != y) return 0.0f;
+    return nearbyintf(y < lo ? lo : y > hi ? hi : y);
+}
 
 /* ---- scalar references (kernels/types.c) ---- */
 void li_quantize_row_q8_0_ref(const float *x, void *y, int64_t n);

@@ -6,7 +6,9 @@
 #define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack */
 #include <xxhash.h>
 
-/* bytes per stored element (0: not a KV dtype) */
+/* bytes per stored element (0: not a KV dtype). The one list of KV dtypes:
+ * storage_init refuses the rest by name, so no attention or kv_store kernel
+ * ever sees another (their switches end in li_type_unreachable). */
 static size_t dtype_bytes(li_type t) {
     switch (t) {
     case LI_TYPE_F32: return 4;
@@ -57,7 +59,9 @@ static int storage_init(li_kv_cache *kv, li_backend *be, const li_kv_dims *hp, l
                         int32_t num_blocks, li_error *err) {
     memset(kv, 0, sizeof *kv);
     size_t es = dtype_bytes(dtype);
-    if (!es) return li_error_set(err, LI_EUNSUP, "kv: dtype %s is not supported", li_type_name(dtype));
+    if (!es)
+        return li_error_set(err, LI_EUNSUP, "kv: dtype %s (type %u) is not supported (f32, f16, bf16, fp8 or int8)",
+                            li_type_name(dtype), (unsigned)dtype);
     if (block_size <= 0 || block_size > 1024)
         return li_error_set(err, LI_EINVAL, "kv: block size %d out of range (1..1024)", block_size);
     if (num_blocks <= 0) return li_error_set(err, LI_ENOMEM, "kv: the memory budget holds no block");

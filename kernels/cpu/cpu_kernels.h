@@ -146,15 +146,29 @@ extern const li_cpu_kernels li_cpu_kernels_avx512; /* needs AVX-512 F/BW/VL/DQ/V
 /* ---- pieces of the scalar reference shared with the scalar kernels (ops_ref.c) ---- */
 void li_ref_attn_head(const li_attn_args *a, int64_t i, int h, float *scores);
 void li_ref_silu_mul(float *g, const float *u, int64_t n);
-/* Element idx of an array stored as F32, F16 or BF16 (a K/V row, a weight row). */
+/* Element idx of an array stored as F32, F16 or BF16 (a K/V row, a weight row).
+ * Callers pass only these three (kv_cache_init and weight_prepare refuse the
+ * rest); where dtype is a constant the switch folds away. */
 static inline float li_float_load(li_type dtype, const void *base, int64_t idx) {
     switch (dtype) {
+    case LI_TYPE_F32: return ((const float *)base)[idx];
     case LI_TYPE_F16: return li_fp16_to_fp32(((const uint16_t *)base)[idx]);
     case LI_TYPE_BF16: return li_bf16_to_fp32(((const uint16_t *)base)[idx]);
-    default: return ((const float *)base)[idx];
+    default: li_type_unreachable("cpu: float load", dtype);
     }
 }
-static inline size_t li_kv_elem_size(li_type dtype) { return dtype == LI_TYPE_F32 ? 4 : 2; }
+/* Bytes per element of a K/V row (or an F32/F16/BF16 weight row); the 8-bit
+ * codes' scales are kept apart (li_kv_layer.k_scale / v_scale). */
+static inline size_t li_kv_elem_size(li_type dtype) {
+    switch (dtype) {
+    case LI_TYPE_F32: return 4;
+    case LI_TYPE_F16:
+    case LI_TYPE_BF16: return 2;
+    case LI_KV_TYPE_FP8_E4M3:
+    case LI_KV_TYPE_INT8: return 1;
+    default: li_type_unreachable("cpu: kv element size", dtype);
+    }
+}
 /* Start of the K or V row for (kv head kvh) at position p of token i's sequence. */
 static inline const void *li_kv_row(const li_attn_args *a, const void *base, int64_t i, int64_t p, int kvh) {
     const int32_t blk = li_attn_blocks(a, i)[p / a->block_size];

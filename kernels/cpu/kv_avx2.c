@@ -115,6 +115,7 @@ static inline __attribute__((always_inline)) void quant_head(li_type t, const fl
     }
 }
 
+/* per (token, head): li_kv8_store let only FP8 / INT8 in */
 void li_kv8_head_avx2(li_type t, const float *x, uint8_t *dst, float *scale, int D) {
     if (t == LI_KV_TYPE_INT8) quant_head(LI_KV_TYPE_INT8, x, dst, scale, D);
     else quant_head(LI_KV_TYPE_FP8_E4M3, x, dst, scale, D);
@@ -149,6 +150,7 @@ static inline __attribute__((always_inline)) void store16_row(li_type t, uint16_
 
 /* One row of a token's K or V into an F16 / BF16 cache (kv_kernels.h). */
 void li_kv16_row_avx2(li_type t, uint16_t *dst, const float *src, int64_t n) {
+    /* per token: li_kv16_store_rows let only F16 / BF16 in */
     if (t == LI_TYPE_F16) store16_row(LI_TYPE_F16, dst, src, n);
     else store16_row(LI_TYPE_BF16, dst, src, n);
 }
@@ -272,13 +274,17 @@ static inline __attribute__((always_inline)) void attn_t(li_type t, const int D,
 /* head_dim 64 and 128 get their own copies (loops unrolled, no tails) */
 void li_kv8_attn_head_avx2(const li_attn_args *a, int64_t i, int h, float *scores) {
     const int D = a->head_dim;
-    if (a->kv->dtype == LI_KV_TYPE_INT8) {
+    switch (a->kv->dtype) {
+    case LI_KV_TYPE_INT8:
         if (D == 64) attn_t(LI_KV_TYPE_INT8, 64, a, i, h, scores);
         else if (D == 128) attn_t(LI_KV_TYPE_INT8, 128, a, i, h, scores);
         else attn_t(LI_KV_TYPE_INT8, D, a, i, h, scores);
-    } else {
+        break;
+    case LI_KV_TYPE_FP8_E4M3:
         if (D == 64) attn_t(LI_KV_TYPE_FP8_E4M3, 64, a, i, h, scores);
         else if (D == 128) attn_t(LI_KV_TYPE_FP8_E4M3, 128, a, i, h, scores);
         else attn_t(LI_KV_TYPE_FP8_E4M3, D, a, i, h, scores);
+        break;
+    default: li_type_unreachable("cpu avx2: kv8 attn_head", a->kv->dtype); /* cpu.c sends only FP8 / INT8 here */
     }
 }

@@ -47,14 +47,12 @@ static inline float li_kv8_scale(li_type t, float amax, float *inv) {
 }
 
 /* INT8 code of an already scaled value: NaN -> 0, clamped to [-127, 127],
- * rounded to nearest even. */
-static inline int8_t li_kv_int8_encode(float y) {
-    if (y != y) y = 0.0f;
-    y = y < -127.0f ? -127.0f : y > 127.0f ? 127.0f : y;
-    return (int8_t)nearbyintf(y);
-}
+ * rounded to nearest even -- the INT8 row's from_float (kernels/types.c),
+ * one rounding for both. The SIMD encoders are tested against it. */
+static inline int8_t li_kv_int8_encode(float y) { return (int8_t)li_code_round(y, -127.0f, 127.0f); }
 
-/* The value of one code, without the scale. */
+/* The value of one code, without the scale; t is FP8 or INT8 (the callers'
+ * entry checked it: this sits in per-element loops). */
 static inline float li_kv8_code_value(li_type t, uint8_t c) {
     return t == LI_KV_TYPE_INT8 ? (float)(int8_t)c : li_fp8_e4m3_to_fp32(c);
 }

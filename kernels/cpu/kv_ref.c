@@ -28,6 +28,11 @@ void li_kv8_head_ref(li_type t, const float *x, uint8_t *dst, float *scale, int 
 
 void li_kv8_store(const li_kv_layer *kv, const float *k, const float *v, const int64_t *slot, int64_t n_tokens,
                   int n_head_kv, int head_dim, li_kv8_head_fn fn) {
+    switch (kv->dtype) { /* once per call: fn and its per-element code choice trust it */
+    case LI_KV_TYPE_FP8_E4M3:
+    case LI_KV_TYPE_INT8: break;
+    default: li_type_unreachable("cpu: kv8 store", kv->dtype);
+    }
     const int64_t row = (int64_t)n_head_kv * head_dim;
     for (int64_t i = 0; i < n_tokens; i++)
         for (int h = 0; h < n_head_kv; h++) {
@@ -49,6 +54,11 @@ void li_kv8_attn_head_ref(const li_attn_args *a, int64_t i, int h, float *scores
     const int D = a->head_dim, nkv = a->n_head_kv;
     const int kvh = h / (a->n_head / nkv);
     const li_type t = a->kv->dtype;
+    switch (t) { /* li_kv8_code_value's two-way choice trusts it */
+    case LI_KV_TYPE_FP8_E4M3:
+    case LI_KV_TYPE_INT8: break;
+    default: li_type_unreachable("ref: kv8 attn_head", t);
+    }
     const float *q = a->q + (i * a->n_head + h) * D;
     float *out = a->out + (i * a->n_head + h) * D;
     const int64_t n_pos = (int64_t)a->pos[i] + 1;
@@ -101,6 +111,11 @@ li_kv16_row_fn li_kv16_row_for(const char *isa) {
 
 void li_kv16_store_rows(const li_kv_layer *kv, const float *k, const float *v, const int64_t *slot,
                         int64_t n_tokens, int64_t row, li_kv16_row_fn fn) {
+    switch (kv->dtype) { /* once per call: fn's per-row F16 / BF16 choice trusts it */
+    case LI_TYPE_F16:
+    case LI_TYPE_BF16: break;
+    default: li_type_unreachable("cpu: kv16 store", kv->dtype);
+    }
     for (int64_t i = 0; i < n_tokens; i++) {
         fn(kv->dtype, (uint16_t *)kv->k + slot[i] * row, k + i * row, row);
         fn(kv->dtype, (uint16_t *)kv->v + slot[i] * row, v + i * row, row);

@@ -277,7 +277,8 @@ static inline __m256 load_f(li_type t, const void *p, int64_t j) {
     case LI_TYPE_BF16:
         return _mm256_castsi256_ps(_mm256_slli_epi32(
             _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + j))), 16));
-    default: return _mm256_loadu_ps((const float *)p + j);
+    case LI_TYPE_F32: return _mm256_loadu_ps((const float *)p + j);
+    default: li_type_unreachable("cpu avx2: load_f", t); /* t is a constant of the kernels' dispatch */
     }
 }
 
@@ -352,7 +353,8 @@ static void avx2_attn_head(const li_attn_args *a, int64_t i, int h, float *score
     switch (a->kv->dtype) {
     case LI_TYPE_F16: attn_head_t(LI_TYPE_F16, a, i, h, scores); break;
     case LI_TYPE_BF16: attn_head_t(LI_TYPE_BF16, a, i, h, scores); break;
-    default: attn_head_t(LI_TYPE_F32, a, i, h, scores); break;
+    case LI_TYPE_F32: attn_head_t(LI_TYPE_F32, a, i, h, scores); break;
+    default: li_type_unreachable("cpu avx2: attn_head", a->kv->dtype); /* cpu.c sends FP8 / INT8 to kv_avx2.c */
     }
 }
 

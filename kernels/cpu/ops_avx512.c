@@ -295,7 +295,8 @@ static inline __m512 load_f(li_type t, const void *p, int64_t j, __mmask16 mask)
     case LI_TYPE_BF16:
         return _mm512_castsi512_ps(
             _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, (const uint16_t *)p + j)), 16));
-    default: return _mm512_maskz_loadu_ps(mask, (const float *)p + j);
+    case LI_TYPE_F32: return _mm512_maskz_loadu_ps(mask, (const float *)p + j);
+    default: li_type_unreachable("cpu avx512: load_f", t); /* t is a constant of the kernels' dispatch */
     }
 }
 
@@ -614,7 +615,8 @@ static void avx512_attn_tile(const li_attn_args *a, int64_t i0, int nt, int kvh,
     switch (a->kv->dtype) {
     case LI_TYPE_F16: attn_tile_F16(a, i0, nt, kvh, g0, ng, scratch); break;
     case LI_TYPE_BF16: attn_tile_BF16(a, i0, nt, kvh, g0, ng, scratch); break;
-    default: attn_tile_F32(a, i0, nt, kvh, g0, ng, scratch); break;
+    case LI_TYPE_F32: attn_tile_F32(a, i0, nt, kvh, g0, ng, scratch); break;
+    default: li_type_unreachable("cpu avx512: attn_tile", a->kv->dtype); /* cpu.c tiles no 8-bit cache */
     }
 }
 
@@ -622,7 +624,8 @@ static void avx512_attn_head(const li_attn_args *a, int64_t i, int h, float *sco
     switch (a->kv->dtype) {
     case LI_TYPE_F16: attn_head_t(LI_TYPE_F16, a, i, h, scores); break;
     case LI_TYPE_BF16: attn_head_t(LI_TYPE_BF16, a, i, h, scores); break;
-    default: attn_head_t(LI_TYPE_F32, a, i, h, scores); break;
+    case LI_TYPE_F32: attn_head_t(LI_TYPE_F32, a, i, h, scores); break;
+    default: li_type_unreachable("cpu avx512: attn_head", a->kv->dtype); /* cpu.c sends FP8 / INT8 to kv_avx512.c */
     }
 }
 

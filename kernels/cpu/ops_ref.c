@@ -153,10 +153,7 @@ static void kv_store_row(li_type dtype, void *dst, const float *src, int64_t n) 
     case LI_TYPE_BF16:
         for (int64_t j = 0; j < n; j++) ((uint16_t *)dst)[j] = li_fp32_to_bf16(src[j]);
         break;
-    default:
-        /* kv_cache_init refuses other dtypes: reaching here is a bug */
-        fprintf(stderr, "luainfer: kv_store: unsupported KV dtype %s\n", li_type_name(dtype));
-        abort();
+    default: li_type_unreachable("ref: kv_store", dtype); /* kv_cache_init refuses other dtypes; 8-bit: kv_ref.c */
     }
 }
 

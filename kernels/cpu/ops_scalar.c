@@ -86,7 +86,7 @@ static void scalar_gemm_q(li_type wt, int64_t k, const void *w, size_t w_stride,
 
 static void scalar_gemm_f(li_type wt, int64_t k, const void *w, size_t w_stride, int64_t m, const float *x,
                           int64_t ldx, int64_t n, float *y, int64_t ldy) {
-    switch (wt) { /* li_float_load reads these three (anything else as F32) */
+    switch (wt) { /* li_float_load reads these three (and refuses the rest) */
     case LI_TYPE_F32:
     case LI_TYPE_F16:
     case LI_TYPE_BF16: break;

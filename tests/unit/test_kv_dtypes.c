@@ -6,6 +6,7 @@
  *                search on random values
  *   decode       every ISA decodes every code exactly (through attention
  *                over one position, where the softmax weight is exactly 1)
+ *   encode       every ISA's 8-bit codes = the type table's from_float
  *   store        every ISA writes the reference's bytes and scales, odd
  *                head sizes and hostile rows (NaN, inf, zero, denormal)
  *                included; store -> load error within the documented bound
@@ -15,7 +16,8 @@
  *                scattered block tables, chunks crossing blocks
  *   invariance   a token's output is bit-identical alone or in any batch
  *   kv_cache     parse, names, bytes per token (scales included), scale
- *                arrays, copy-on-write copies scales
+ *                arrays, copy-on-write copies scales; other dtypes refused
+ *                by name at init
  * One line per check; the last line is the summary. */
 #include "util/common.h"
 #include "backend.h"
@@ -528,6 +530,77 @@ static void test_kv_cache(void) {
     li_kv_cache_free(&kv);
 }
 
+/* Every ISA's head encoder (the SIMD ones encode 8 or 16 codes at a time)
+ * against the type table's scalar from_float (kernels/types.c) applied to
+ * x / scale: one encoding of each 8-bit type, whatever the ISA. */
+static void test_encode_vs_table(void) {
+    static const char *isas[] = {"scalar", "avx2", "avx512"};
+    const int D = 72; /* 4 x 16 + a tail of 8: the vector loops and the scalar tail */
+    float x[72];
+    uint8_t got[72], want[72];
+    for (size_t ti = 0; ti < LI_ARRAY_LEN(kv8_types); ti++) {
+        const li_type t = kv8_types[ti];
+        const li_type_traits *tt = li_type_info(t);
+        for (int be = 1; be < n_be; be++) {
+            const char *isa = NULL;
+            for (size_t i = 0; i < LI_ARRAY_LEN(isas); i++)
+                if (!strcmp(be_names[be], isas[i])) isa = isas[i];
+            if (!isa) continue;
+            const li_kv8_head_fn fn = li_kv8_head_for(isa);
+            bool ok = tt && tt->from_float;
+            for (int r = 0; r < 200 && ok; r++) {
+                fill_kv(x, D, r % 2 ? 3.0f : 1e-3f);
+                if (r == 7) x[5] = NAN;
+                if (r == 9) x[70] = -INFINITY;
+                float scale;
+                fn(t, x, got, &scale, D);
+                float amax = 0.0f;
+                for (int d = 0; d < D; d++) amax = fabsf(x[d]) > amax ? fabsf(x[d]) : amax;
+                float inv, y[72];
+                ok &= li_kv8_scale(t, amax, &inv) == scale;
+                for (int d = 0; d < D; d++) y[d] = x[d] * inv;
+                tt->from_float(y, want, D);
+                ok &= memcmp(got, want, (size_t)D) == 0;
+            }
+            report(ok, "encode %-4s %-6s: 200 rows = the type table's from_float of x / scale", tname(t), isa);
+        }
+    }
+}
+
+/* Types the kernels have no K/V code for are refused by li_kv_cache_init
+ * (and its follower) with the type's name, before any kernel can see them;
+ * the budget and bytes helpers give 0 for them. */
+static void test_kv_unknown_dtypes(void) {
+    li_backend host_be = {.ops = li_backend_ref_ops()};
+    const li_kv_dims hp = {.n_layer = 2, .n_head_kv = 3, .head_dim = 8};
+    static const li_type bad[] = {LI_TYPE_Q4_0, LI_TYPE_Q8_0, LI_TYPE_Q4_K, LI_TYPE_I8, LI_TYPE_F64, LI_TYPE_U4};
+    for (size_t b = 0; b < sizeof bad / sizeof bad[0]; b++) {
+        li_kv_cache kv;
+        li_error err = {0};
+        const int rc = li_kv_cache_init(&kv, &host_be, &hp, bad[b], 4, 6, &err);
+        report(rc == LI_EUNSUP && strstr(err.msg, li_type_name(bad[b])) && strstr(err.msg, "not supported"),
+               "kv_cache_init refuses dtype %s: %s", li_type_name(bad[b]), err.msg);
+        report(li_kv_bytes_per_token(&hp, bad[b]) == 0 && li_kv_blocks_for_budget(&hp, bad[b], 16, 1 << 20) == 0,
+               "no bytes and no blocks for dtype %s", li_type_name(bad[b]));
+    }
+    /* an id outside the table: still a clear error, not a crash */
+    li_kv_cache kv;
+    li_error err = {0};
+    report(li_kv_cache_init(&kv, &host_be, &hp, (li_type)200, 4, 6, &err) == LI_EUNSUP && strstr(err.msg, "unknown") &&
+               strstr(err.msg, "200"),
+           "kv_cache_init refuses type id 200: %s", err.msg);
+    /* a follower takes the pool's (checked) dtype */
+    li_kv_cache pool;
+    err = (li_error){0};
+    report(li_kv_cache_init(&pool, &host_be, &hp, LI_KV_TYPE_INT8, 4, 6, &err) == 0, "int8 pool: %s", err.msg);
+    const li_kv_dims dd = {.n_layer = 1, .n_head_kv = 1, .head_dim = 8};
+    report(li_kv_cache_init_follower(&kv, &pool, &host_be, &dd, &err) == 0 && kv.dtype == LI_KV_TYPE_INT8 &&
+               kv.layers[0].k_scale != NULL,
+           "follower of an int8 pool: int8 with scales: %s", err.msg);
+    li_kv_cache_free(&kv);
+    li_kv_cache_free(&pool);
+}
+
 int main(void) {
     rng_seed(RNG_SEED);
     test_fp8_conversions();
@@ -537,6 +610,8 @@ int main(void) {
     test_store_invariance();
     test_attention();
     test_kv_cache();
+    test_kv_unknown_dtypes();
+    test_encode_vs_table();
     for (int b = 1; b < n_be; b++) li_backend_cpu_free(&bes[b]);
     return t_summary("kv_dtypes");
 }
