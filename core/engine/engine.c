@@ -237,6 +237,9 @@ int li_engine_init_runners(li_engine **out, li_model *m, li_model *draft, li_bac
     /* one block id holds a block of tokens in the target's storage and the
      * draft's: the budget pays for both */
     const size_t bpt_t = li_runner_kv_bytes_per_token(m, c.kv_dtype);
+    if (!bpt_t) /* not a KV dtype: say which, not that the budget holds nothing */
+        return li_error_set(err, LI_EUNSUP, "engine: kv_dtype %s (type %d) is not a KV cache dtype (f32, f16, bf16, fp8 or int8)",
+                            li_type_name(c.kv_dtype), (int)c.kv_dtype);
     const size_t bpt = bpt_t + (draft ? li_runner_kv_bytes_per_token(draft, c.kv_dtype) : 0);
     const size_t per_block = bpt * (size_t)c.block_size;
     const size_t nb = per_block ? c.kv_memory / per_block : 0;
