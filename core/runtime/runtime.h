@@ -1,6 +1,7 @@
 /* runtime.h — what every entry point shares, below core/cli, core/lua and
  * core/server: a model (and optionally a draft model) opened with a
- * backend, and the exit path for an error. (Option parsing for the subcommands: runtime/args.h.) */
+ * backend, and the exit path for an error. (Option parsing for the
+ * subcommands: runtime/args.h.) */
 #ifndef LI_RUNTIME_H
 #define LI_RUNTIME_H
 
