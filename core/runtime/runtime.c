@@ -41,11 +41,12 @@ int li_runtime_open_draft(li_runtime *rt, const char *path, li_error *err) {
     /* checked here too (the engine refuses it as well) so the message names
      * the file before any weights are uploaded */
     if (d->hp.n_vocab != rt->model->hp.n_vocab) {
+        li_error_set(err, LI_EINVAL,
+                     "draft model %s: its vocabulary has %d tokens, the target's %d: a draft must share the target's "
+                     "vocabulary",
+                     path, d->hp.n_vocab, rt->model->hp.n_vocab);
         li_model_free(d);
-        return li_error_set(err, LI_EINVAL,
-                            "draft model %s: its vocabulary has %d tokens, the target's %d: a draft must share the "
-                            "target's vocabulary",
-                            path, d->hp.n_vocab, rt->model->hp.n_vocab);
+        return LI_EINVAL;
     }
     if ((rc = li_model_prepare(d, &rt->be, err))) {
         li_model_release(d, &rt->be);
