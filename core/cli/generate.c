@@ -21,7 +21,7 @@
 #include <time.h>
 
 typedef struct gen_opts {
-    const char *model, *prompt, *system, *isa, *kv_dtype;
+    const char *model, *draft, *prompt, *system, *isa, *kv_dtype;
     bool chat, json, help;
     int64_t max_tokens, top_k, seed, threads, ctx_size, batch_size, top_logits, logprobs;
     double temperature, top_p, min_p, repeat_penalty, presence_penalty, frequency_penalty;
@@ -100,6 +100,7 @@ int li_cmd_generate(int argc, char **argv) {
     };
     li_opt opts[] = {
         {"model", LI_OPT_STR, &o.model, "GGUF model (default: $LUAINFER_MODEL or the bundled SmolLM2)"},
+        {"draft", LI_OPT_STR, &o.draft, "draft GGUF with the model's vocabulary, run next to it over the same KV blocks (default: none)"},
         {"prompt", LI_OPT_STR, &o.prompt, "prompt text (required)"},
         {"chat", LI_OPT_FLAG, &o.chat, "format the prompt as a user message with the model's chat template"},
         {"system", LI_OPT_STR, &o.system, "system message for --chat"},
@@ -164,6 +165,10 @@ int li_cmd_generate(int argc, char **argv) {
 
     li_runtime rt;
     if ((rc = li_runtime_open(&rt, o.model, o.threads, o.isa, &err))) return li_runtime_fail(&err);
+    if (o.draft && (rc = li_runtime_open_draft(&rt, o.draft, &err))) {
+        li_runtime_close(&rt);
+        return li_runtime_fail(&err);
+    }
     li_model *m = rt.model;
     const li_tokenizer *tok = m->tok;
     int status = 1;
@@ -208,9 +213,13 @@ int li_cmd_generate(int argc, char **argv) {
     ec.max_num_seqs = 1;
     ec.max_batched_tokens = (int32_t)o.batch_size;
     ec.max_model_len = n_ctx;
-    ec.kv_memory = li_kv_bytes_per_token(&(li_kv_dims){m->hp.n_layer, m->hp.n_head_kv, m->hp.head_dim}, kv_dtype) *
-                   (size_t)(n_ctx + ec.block_size);
-    if ((rc = li_engine_init(&eng, m, &rt.be, &ec, &err))) goto done;
+    /* one request's context; a draft's storage needs its share of the budget too */
+    size_t bpt = li_kv_bytes_per_token(&(li_kv_dims){m->hp.n_layer, m->hp.n_head_kv, m->hp.head_dim}, kv_dtype);
+    if (rt.draft)
+        bpt += li_kv_bytes_per_token(&(li_kv_dims){rt.draft->hp.n_layer, rt.draft->hp.n_head_kv, rt.draft->hp.head_dim},
+                                     kv_dtype);
+    ec.kv_memory = bpt * (size_t)(n_ctx + ec.block_size);
+    if ((rc = li_engine_init_runners(&eng, m, rt.draft, &rt.be, &ec, &err))) goto done;
     gen_state g = {.json = o.json, .top_logits = o.top_logits};
     g.top = li_xmalloc((size_t)LI_MAX(o.top_logits, 1) * sizeof *g.top);
     if (o.json && o.top_logits > 0) g.jtop = cJSON_CreateArray();

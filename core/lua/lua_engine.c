@@ -214,11 +214,12 @@ static int l_engine_new(lua_State *L) {
                                         "policy_deadline_ms", "kv_dtype", "kv_memory", "block_size", "max_num_seqs",
                                         "max_batched_tokens", "max_model_len", "prefix_caching", "threads",
                                         "spec_tokens", "spec_ngram_max", "spec_ngram_min", "spec_disable_batch",
-                                        NULL};
+                                        "draft_model", NULL};
     check_keys(L, 1, "luainfer.engine", known);
     li_engine_config cfg;
     li_engine_config_default(&cfg);
     const char *model = opt_str(L, 1, "model", NULL);
+    const char *draft = opt_str(L, 1, "draft_model", NULL);
     const char *isa = opt_str(L, 1, "isa", "auto");
     const char *policy = opt_str(L, 1, "policy", NULL);
     const char *policy_source = opt_str(L, 1, "policy_source", NULL);
@@ -246,10 +247,14 @@ static int l_engine_new(lua_State *L) {
     luaL_getmetatable(L, ENGINE_MT);
     lua_setmetatable(L, -2);
     if (li_runtime_open(&le->rt, model, threads, isa, &err)) return luaL_error(L, "%s", err.msg);
+    if (draft && li_runtime_open_draft(&le->rt, draft, &err)) {
+        li_runtime_close(&le->rt);
+        return luaL_error(L, "%s", err.msg);
+    }
     le->open = true;
     le->kind = kind;
     le->deadline_ms = (int32_t)deadline_ms;
-    if (li_engine_init(&le->eng, le->rt.model, &le->rt.be, &cfg, &err)) {
+    if (li_engine_init_runners(&le->eng, le->rt.model, le->rt.draft, &le->rt.be, &cfg, &err)) {
         li_runtime_close(&le->rt);
         le->open = false;
         return luaL_error(L, "%s", err.msg);
@@ -531,6 +536,7 @@ static int l_engine_stats(lua_State *L) {
     SET_NUM("block_size", s.block_size);
     SET_NUM("kv_bytes", s.kv_bytes);
     SET_NUM("kv_bytes_per_token", s.kv_bytes_per_token);
+    SET_NUM("kv_draft_bytes", s.kv_draft_bytes);
     SET_NUM("prefix_query_tokens", s.prefix_query_tokens);
     SET_NUM("prefix_hit_tokens", s.prefix_hit_tokens);
     SET_NUM("prefix_hit_rate", s.prefix_query_tokens ? (double)s.prefix_hit_tokens / (double)s.prefix_query_tokens : 0.0);

@@ -6,6 +6,7 @@
 
 int li_runtime_open(li_runtime *rt, const char *model_path, int64_t n_threads, const char *isa, li_error *err) {
     rt->model = NULL;
+    rt->draft = NULL;
     rt->be_ready = false;
     if (n_threads < 0 || n_threads > 1024)
         return li_error_set(err, LI_EINVAL, "--threads must be in [0, 1024], got %lld", (long long)n_threads);
@@ -25,7 +26,41 @@ int li_runtime_open(li_runtime *rt, const char *model_path, int64_t n_threads, c
     return 0;
 }
 
+int li_runtime_open_draft(li_runtime *rt, const char *path, li_error *err) {
+    if (!rt->model || !rt->be_ready) return li_error_set(err, LI_EINVAL, "draft model: the target is not open");
+    if (rt->draft) return li_error_set(err, LI_EINVAL, "draft model: one is open already");
+    if (!path || !*path) return li_error_set(err, LI_EINVAL, "draft model: the path is empty");
+    li_model *d = NULL;
+    int rc = li_model_load(&d, path, err);
+    if (rc) {
+        /* the loader's message may not name the file: say which model failed */
+        if (!err) return rc;
+        li_error e = *err;
+        return li_error_set(err, rc, "draft model %s: %s", path, e.msg);
+    }
+    /* checked here too (the engine refuses it as well) so the message names
+     * the file before any weights are uploaded */
+    if (d->hp.n_vocab != rt->model->hp.n_vocab) {
+        li_error_set(err, LI_EINVAL,
+                     "draft model %s: its vocabulary has %d tokens, the target's %d: a draft must share the target's "
+                     "vocabulary",
+                     path, d->hp.n_vocab, rt->model->hp.n_vocab);
+        li_model_free(d);
+        return LI_EINVAL;
+    }
+    if ((rc = li_model_prepare(d, &rt->be, err))) {
+        li_model_release(d, &rt->be);
+        li_model_free(d);
+        return rc;
+    }
+    rt->draft = d;
+    return 0;
+}
+
 void li_runtime_close(li_runtime *rt) {
+    if (rt->draft && rt->be_ready) li_model_release(rt->draft, &rt->be);
+    li_model_free(rt->draft);
+    rt->draft = NULL;
     if (rt->model && rt->be_ready) li_model_release(rt->model, &rt->be);
     if (rt->be_ready) li_backend_cpu_free(&rt->be);
     li_model_free(rt->model);

@@ -1,6 +1,7 @@
 /* runtime.h — what every entry point shares, below core/cli, core/lua and
- * core/server: a model opened with a backend, and the exit path for an
- * error. (Option parsing for the subcommands: runtime/args.h.) */
+ * core/server: a model (and optionally a draft model) opened with a
+ * backend, and the exit path for an error. (Option parsing for the
+ * subcommands: runtime/args.h.) */
 #ifndef LI_RUNTIME_H
 #define LI_RUNTIME_H
 
@@ -8,6 +9,7 @@
 
 typedef struct li_runtime {
     li_model *model;
+    li_model *draft;   /* NULL, or a draft model prepared on be (li_runtime_open_draft) */
     li_backend be;
     bool be_ready;
 } li_runtime;
@@ -15,6 +17,12 @@ typedef struct li_runtime {
 /* Loads the model (default path rules in li_model_default_path) and starts
  * the CPU backend with n_threads (<= 0: all cores) and the ISA override. */
 int li_runtime_open(li_runtime *rt, const char *model_path, int64_t n_threads, const char *isa, li_error *err);
+/* Loads a draft model (engine/runner.h: it runs every step's batch next to
+ * the target) from path and prepares it on the runtime's backend. Its
+ * vocabulary must be the target's (LI_EINVAL, naming both sizes). The
+ * runtime is left as it was on error; li_runtime_close frees the draft. */
+int li_runtime_open_draft(li_runtime *rt, const char *path, li_error *err);
+/* Frees the draft (if any), the model and the backend. */
 void li_runtime_close(li_runtime *rt);
 
 /* Prints "luainfer: error: <msg>" to stderr and returns the exit status 1. */

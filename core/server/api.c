@@ -767,13 +767,14 @@ void li_api_pack_stats(li_server *srv, msgpack_packer *pk) {
     KV("running", msgpack_pack_int32, st->n_running);
     KV("preempted", msgpack_pack_int32, st->n_preempted);
     li_mp_pack_str(pk, "kv");
-    msgpack_pack_map(pk, 11);
+    msgpack_pack_map(pk, 12);
     KV("blocks_total", msgpack_pack_int32, st->kv_total_blocks);
     KV("blocks_free", msgpack_pack_int32, st->kv_free_blocks);
     KV("blocks_used", msgpack_pack_int32, st->kv_total_blocks - st->kv_free_blocks);
     KV("usage", msgpack_pack_double, st->kv_total_blocks ? 1.0 - (double)st->kv_free_blocks / st->kv_total_blocks : 0.0);
     KV("block_size", msgpack_pack_int32, st->block_size);
     KV("bytes", msgpack_pack_uint64, st->kv_bytes);
+    KV("draft_bytes", msgpack_pack_uint64, st->kv_draft_bytes); /* 0 without --draft */
     /* prefix cache: idle cached blocks count as free (they are evictable) */
     KV("cached_blocks", msgpack_pack_int32, st->kv_cached_blocks);
     KV("prefix_query_tokens", msgpack_pack_int64, st->prefix_query_tokens);

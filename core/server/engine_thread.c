@@ -424,7 +424,7 @@ int li_engine_thread_start(li_engine_thread **out, li_server *srv, const li_engi
     li_engine_thread *t = li_xcalloc(1, sizeof *t);
     t->srv = srv;
     t->on_events = o->on_events;
-    int rc = li_engine_init(&t->eng, o->model, o->be, &o->cfg, err);
+    int rc = li_engine_init_runners(&t->eng, o->model, o->draft, o->be, &o->cfg, err);
     if (rc) {
         if (o->policy) o->policy->ops->free(o->policy); /* owned from the call on */
         free(t);

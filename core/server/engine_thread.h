@@ -22,6 +22,7 @@ typedef struct li_event_batch li_event_batch;
 
 typedef struct li_engine_thread_opts {
     li_model *model;
+    li_model *draft;         /* NULL, or a draft model on be (li_engine_init_runners) */
     li_backend *be;
     li_engine_config cfg;
     li_policy *policy;       /* owned from now on; may be NULL */

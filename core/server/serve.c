@@ -82,7 +82,7 @@ static void on_signal(uv_signal_t *s, int signum) {
 
 
 typedef struct serve_opts {
-    const char *model, *kv_dtype, *kv_memory, *isolation, *admin_token, *auth_token, *isa;
+    const char *model, *draft, *kv_dtype, *kv_memory, *isolation, *admin_token, *auth_token, *isa;
     li_str_list listen, http;
     int64_t block_size, max_num_seqs, max_batched_tokens, threads, max_frame, max_inflight, max_connections,
         max_queued, ctx_size, write_buffer, max_depth, spec_tokens, spec_ngram_max, spec_ngram_min,
@@ -109,6 +109,7 @@ int li_cmd_serve(int argc, char **argv) {
     };
     li_opt opts[] = {
         {"model", LI_OPT_STR, &o.model, "GGUF model (default: $LUAINFER_MODEL or the bundled SmolLM2)"},
+        {"draft", LI_OPT_STR, &o.draft, "draft GGUF with the target's vocabulary, run next to it over the same KV blocks (default: none)"},
         {"listen", LI_OPT_STR_LIST, &o.listen, "msgpack-RPC on HOST:PORT or unix:PATH (repeatable; default 127.0.0.1:7700)"},
         {"http", LI_OPT_STR_LIST, &o.http, "OpenAI-compatible HTTP on HOST:PORT (repeatable; default: off)"},
         {"kv-dtype", LI_OPT_STR, &o.kv_dtype, "KV cache dtype: f16, bf16, f32, fp8, int8 (default: the policy's, else f16)"},
@@ -192,6 +193,7 @@ int li_cmd_serve(int argc, char **argv) {
 
     if ((rc = li_runtime_open(&rt, o.model, o.threads, o.isa, &err))) goto done;
     rt_open = true;
+    if (o.draft && (rc = li_runtime_open_draft(&rt, o.draft, &err))) goto done;
     srv.model = rt.model;
     {
         const char *base = strrchr(rt.model->path ? rt.model->path : "", '/');
@@ -243,7 +245,7 @@ int li_cmd_serve(int argc, char **argv) {
         if ((rc = li_listener_open(&srv.net, o.http.items[i], &li_http_protocol, &srv, &err))) goto done;
 
     li_engine_thread_opts eo = {
-        .model = rt.model, .be = &rt.be, .cfg = *cfg, .policy = policy, .on_events = li_api_on_events};
+        .model = rt.model, .draft = rt.draft, .be = &rt.be, .cfg = *cfg, .policy = policy, .on_events = li_api_on_events};
     li_engine_thread *eng;
     if ((rc = li_engine_thread_start(&eng, &srv, &eo, &err))) {
         policy = NULL; /* the engine thread owned and freed it */
@@ -258,6 +260,9 @@ int li_cmd_serve(int argc, char **argv) {
                 "context %lld)\n",
                 srv.model_name, snap.policy, snap.st.kv_total_blocks, snap.st.block_size, li_kv_dtype_name(cfg->kv_dtype),
                 cfg->max_num_seqs, cfg->max_batched_tokens, (long long)cfg->max_model_len);
+        if (rt.draft)
+            fprintf(stderr, "luainfer: draft model %s (KV %zu bytes; the target's %zu)\n", o.draft, snap.st.kv_draft_bytes,
+                    snap.st.kv_bytes);
         li_hist_free(&snap.step_time);
     }
     uv_timer_init(&srv.loop.uv, &srv.tick);
