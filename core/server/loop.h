@@ -53,13 +53,16 @@ typedef struct li_net {
     uint64_t connections_total, connections_refused;
 } li_net;
 
+/* A TCP or Unix-socket stream handle, seen as whichever libuv type a call wants. */
+typedef union li_uv_stream {
+    uv_handle_t h;
+    uv_stream_t s;
+    uv_tcp_t tcp;
+    uv_pipe_t pipe;
+} li_uv_stream;
+
 struct li_conn {
-    union {
-        uv_handle_t h;
-        uv_stream_t s;
-        uv_tcp_t tcp;
-        uv_pipe_t pipe;
-    } u;
+    li_uv_stream u;
     const li_conn_ops *ops;
     li_net *net;
     uint64_t serial;        /* unique per connection, for logs */
@@ -91,12 +94,7 @@ typedef struct li_protocol {
 } li_protocol;
 
 struct li_listener {
-    union {
-        uv_handle_t h;
-        uv_stream_t s;
-        uv_tcp_t tcp;
-        uv_pipe_t pipe;
-    } u;
+    li_uv_stream u;
     li_net *net;
     const li_protocol *proto;
     void *ud;               /* passed to proto->conn_new */
