@@ -21,17 +21,38 @@
 
 /* A probability as the rules use it: NaN, negative and infinite entries count
  * as 0, so a malformed row can never be drawn from at a bad id. */
-static inline float prob(float v) { return v > 0.0f && v <= FLT_MAX ? v : 0.0f; }
+static inline float prob(float v) {
+    /* without branches (a branch per id costs more than the rest of a pass):
+     * the bits of a positive finite float other than +0 are 1..0x7f7fffff */
+    uint32_t b;
+    memcpy(&b, &v, sizeof b);
+    b &= -(uint32_t)(b - 1u < 0x7f7fffffu);
+    memcpy(&v, &b, sizeof v);
+    return v;
+}
 
 static inline float prob_at(const float *row, int32_t n_vocab, int32_t id) {
     return id >= 0 && id < n_vocab ? prob(row[id]) : 0.0f;
 }
 
-static double row_sum(const float *row, int32_t n_vocab) {
+/* Rows are walked in blocks of ROW_BLOCK with ROW_LANES independent double
+ * sums: one running sum would chain every add to the one before it (a
+ * vocabulary of 49152 is ~10x slower that way). */
+#define ROW_LANES 8
+#define ROW_BLOCK 64
+
+static double block_sum(const float *row, int32_t from, int32_t to) {
+    double lane[ROW_LANES] = {0};
+    int32_t i = from;
+    for (; i + ROW_LANES <= to; i += ROW_LANES)
+        for (int l = 0; l < ROW_LANES; l++) lane[l] += prob(row[i + l]);
     double s = 0.0;
-    for (int32_t i = 0; i < n_vocab; i++) s += prob(row[i]);
+    for (; i < to; i++) s += prob(row[i]);
+    for (int l = 0; l < ROW_LANES; l++) s += lane[l];
     return s;
 }
+
+static double row_sum(const float *row, int32_t n_vocab) { return block_sum(row, 0, n_vocab); }
 
 /* The lowest id among the row's largest entries (0 for a row without mass). */
 static int32_t row_argmax(const float *row, int32_t n_vocab) {
@@ -43,33 +64,45 @@ static int32_t row_argmax(const float *row, int32_t n_vocab) {
 }
 
 /* Inverse-CDF draw in id order from a row of total mass sum: the first id
- * whose cumulative mass exceeds u * sum. Never returns an id of zero mass
- * (rounding at the end falls back to the last id with mass); a row without
- * mass gives row_argmax (0). */
+ * whose cumulative mass exceeds u * sum (whole blocks below it are skipped
+ * by their sums). Never returns an id of zero mass (rounding at the end
+ * falls back to the last id with mass); a row without mass gives
+ * row_argmax (0). */
 static int32_t row_draw(const float *row, int32_t n_vocab, double sum, double u) {
     const double target = u * sum;
     double cum = 0.0;
-    int32_t last = -1;
-    for (int32_t i = 0; i < n_vocab; i++) {
-        const float v = prob(row[i]);
-        if (v == 0.0f) continue;
-        cum += v;
-        last = i;
-        if (cum > target) return i;
+    for (int32_t b = 0; b < n_vocab; b += ROW_BLOCK) {
+        const int32_t e = b + ROW_BLOCK < n_vocab ? b + ROW_BLOCK : n_vocab;
+        const double bs = block_sum(row, b, e);
+        if (cum + bs <= target) {
+            cum += bs;
+            continue;
+        }
+        for (int32_t i = b; i < e; i++) {
+            const float v = prob(row[i]);
+            if (v == 0.0f) continue;
+            cum += v;
+            if (cum > target) return i;
+        }
+        /* rounding inside the block: keep walking */
     }
-    return last >= 0 ? last : row_argmax(row, n_vocab);
+    for (int32_t i = n_vocab - 1; i >= 0; i--)
+        if (prob(row[i]) > 0.0f) return i;
+    return row_argmax(row, n_vocab);
 }
 
-/* r <- max(r - scale * q, 0) in place (r may be p's copy or the scratch
- * itself); returns the new sum. */
+/* out <- max(r - scale * q, 0) (out may be r: the scratch updated in
+ * place); returns the new sum. */
 static double residual_sub(float *out, const float *r, const float *q, double scale, int32_t n_vocab) {
-    double s = 0.0;
     for (int32_t i = 0; i < n_vocab; i++) {
-        const double v = (double)prob(r[i]) - scale * (double)prob(q[i]);
-        out[i] = v > 0.0 ? (float)v : 0.0f;
-        s += out[i];
+        /* max(v, 0) by the sign bit, not a branch: p > q is a coin flip per id */
+        const float v = (float)((double)prob(r[i]) - scale * (double)prob(q[i]));
+        uint32_t b;
+        memcpy(&b, &v, sizeof b);
+        b &= -(uint32_t)((int32_t)b > 0);
+        memcpy(&out[i], &b, sizeof b);
     }
-    return s;
+    return row_sum(out, n_vocab);
 }
 
 /* ---- chain ----------------------------------------------------------------- */
@@ -94,7 +127,7 @@ int32_t li_spec_verify_chain(const float *p, const float *q, int32_t n_vocab, co
         if (q) {
             s = residual_sub(scratch, pj, q + (size_t)j * n_vocab, 1.0, n_vocab);
         } else { /* a point mass: p with x removed */
-            for (int32_t i = 0; i < n_vocab; i++) scratch[i] = prob(pj[i]);
+            memcpy(scratch, pj, sizeof *scratch * (size_t)n_vocab);
             if (x >= 0 && x < n_vocab) scratch[x] = 0.0f;
             s = row_sum(scratch, n_vocab);
         }
@@ -175,7 +208,7 @@ int32_t li_spec_verify_tree(const float *p, const float *q, int32_t n_vocab, con
         /* every child rejected (or none): the next token comes from r */
         const double u = uniform(uctx);
         if (!qc && reset_from < n && next_child(parent, n, c, reset_from) < n) {
-            for (int32_t v = 0; v < n_vocab; v++) scratch[v] = prob(pc[v]);
+            memcpy(scratch, pc, sizeof *scratch * (size_t)n_vocab);
             for (int32_t s = next_child(parent, n, c, reset_from); s < n; s = next_child(parent, n, c, s + 1))
                 if (token[s] >= 0 && token[s] < n_vocab) scratch[token[s]] = 0.0f;
             r = scratch;
@@ -190,15 +223,20 @@ int32_t li_spec_verify_tree(const float *p, const float *q, int32_t n_vocab, con
 
 /* ---- typical acceptance (Medusa): NOT lossless ------------------------------- */
 
-/* min(epsilon, delta * exp(-H(row))), H in nats. */
+/* min(epsilon, delta * exp(-H(row))), H in nats: H = log s - sum(v log v) / s
+ * over the row's mass s (logf: a threshold needs no double logs, and a
+ * vocabulary of them is most of this function's time). */
 static double typical_threshold(const float *row, int32_t n_vocab, double epsilon, double delta) {
     const double s = row_sum(row, n_vocab);
     double h = 0.0;
-    if (s > 0.0)
+    if (s > 0.0) {
+        double vlv = 0.0;
         for (int32_t i = 0; i < n_vocab; i++) {
-            const double v = prob(row[i]) / s;
-            if (v > 0.0) h -= v * log(v);
+            const float v = prob(row[i]);
+            if (v > 0.0f) vlv += (double)v * logf(v);
         }
+        h = log(s) - vlv / s;
+    }
     const double t = delta * exp(-h);
     return t < epsilon ? t : epsilon;
 }
