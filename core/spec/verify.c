@@ -132,8 +132,9 @@ int32_t li_spec_verify_chain(const float *p, const float *q, int32_t n_vocab, co
             s = row_sum(scratch, n_vocab);
         }
         const double u = uniform(uctx);
-        /* s == 0 only by rounding (p == q, or p all on x): the rejection had
-         * probability ~0, and p is what it should have been */
+        /* s == 0 only by rounding (p a float step short of q at x and nowhere
+         * above it, or p all on x but for rounding): the rejection had a
+         * rounding's probability, and p is what to draw from */
         *next = s > 0.0 ? row_draw(scratch, n_vocab, s, u) : row_draw(pj, n_vocab, row_sum(pj, n_vocab), u);
         return j;
     }

@@ -29,12 +29,16 @@ typedef double (*li_spec_uniform_fn)(void *ctx); /* uniform in [0, 1) */
  * the first rejection draws the next token from norm(max(p_j - q_j, 0)); if
  * all k survive draws it from p_k. Returns the number accepted (0..k) and
  * writes the token to emit after them to *next. A p row that is one-hot
- * (greedy target) makes this exactly greedy verification.
+ * (greedy target) makes this exactly greedy verification. Lossless only if
+ * each q row is exactly what the proposer drew from (after its own
+ * temperature, top-k, ...): a proposer that filters must pass the filtered
+ * row, and one that does not draw (argmax, lookup) must pass NULL.
  *
  * Rows are probability distributions (they sum to 1 up to rounding); NaN,
  * negative and infinite entries count as 0, a draft id outside the vocabulary
- * has probability 0 (rejected). If the residual has no mass (rounding: p == q
- * on the support), the token is drawn from p_j instead. Draws are inverse-CDF
+ * has probability 0 (rejected). If the residual has no mass (only rounding
+ * can do that: p one float step short of q at the draft and nowhere above
+ * it), the token is drawn from p_j instead. Draws are inverse-CDF
  * in id order and never pick an id of zero probability.
  * Uniforms: exactly one per draft examined plus one for *next, that is
  * min(a + 1, k) + 1 for a return value a (1 when k == 0).
