@@ -2,8 +2,10 @@
  *
  * With no arguments (ctest), unit checks:
  *   1. edges: bad arguments, k = 0 / n = 0, n_vocab 1, zero-probability
- *      entries never drawn, a residual with no mass (p == q) falls back to p,
- *      duplicate deterministic children, drafts outside the vocabulary;
+ *      entries never drawn, rows without mass, NaN/negative/inf entries, a
+ *      residual with no mass (rounding) falls back to p, duplicate
+ *      children (deterministic and sampled), drafts outside the vocabulary,
+ *      parents out of order;
  *   2. uniforms: each call takes exactly the documented number;
  *   3. exactness: a one-hot (greedy) p gives greedy verification for the
  *      chain, the tree and typical acceptance; a chain equals the tree
@@ -231,6 +233,18 @@ static void test_edges(void) {
     const float pb[3 * 3] = {0, 1, 0, 1, 0, 0, 1, 0, 0};
     CHECK(li_spec_verify_tree(pb, NULL, 3, bt, bad_par, 2, urng_fn, &g, scratch, path, &next) == 1 && path[0] == 1,
           "a bad parent is unreachable");
+
+    /* a row without any mass (a caller's bug): drafts rejected, id 0, no crash */
+    const float pzero[3 * 3] = {0};
+    const int32_t dz[2] = {1, 2}, zpar[2] = {-1, 0};
+    CHECK(li_spec_verify_chain(pzero, pzero, 3, dz, 2, urng_fn, &g, scratch, &next) == 0 && next == 0,
+          "an all-zero row (sampled): id 0");
+    CHECK(li_spec_verify_chain(pzero, NULL, 3, dz, 2, urng_fn, &g, scratch, &next) == 0 && next == 0,
+          "an all-zero row (deterministic): id 0");
+    CHECK(li_spec_verify_tree(pzero, NULL, 3, dz, zpar, 2, urng_fn, &g, scratch, path, &next) == 0 && next == 0,
+          "an all-zero row (tree): id 0");
+    CHECK(li_spec_verify_typical(pzero, 3, dz, zpar, 2, 0.09f, 0.3f, urng_fn, &g, path, &next) == 0 && next == 0,
+          "an all-zero row (typical): id 0");
 
     /* NaN, negative and infinite entries count as 0 */
     const float pn[2 * 3] = {NAN, 0.5f, -1.0f, INFINITY, 0.5f, 0.5f};
