@@ -103,6 +103,7 @@ def transition_test(res):
     for x in range(target.shape[0]):
         support = target[x] > 0
         pmin = target[x][support].min()
+        impossible += int(counts[:, x, ~support].sum())  # in every row, pooled or dropped
         pool = np.zeros(target.shape[1], dtype=np.int64)
         rows = []
         for s in range(counts.shape[0]):
@@ -114,7 +115,6 @@ def transition_test(res):
         if pool.sum() * pmin >= 5:
             rows.append(pool)
         for row in rows:
-            impossible += int(row[~support].sum())
             expected = row.sum() * target[x][support]
             chi += float((((row[support] - expected) ** 2) / expected).sum())
             df += int(support.sum()) - 1

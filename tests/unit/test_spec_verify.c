@@ -577,8 +577,8 @@ static void exp_run(const exp_case *ec, int64_t n_tokens, uint64_t seed, exp_res
 
 /* The chi-square statistic of the transitions against TP: rows (slot, x)
  * with an expected count >= 5 in every possible cell stand alone, the rest
- * of each x is pooled; an emitted transition of probability 0 is counted in
- * *impossible. */
+ * of each x is pooled (a pool still too small is left out); every emitted
+ * transition of probability 0 is counted in *impossible. */
 static double exp_chi2(const exp_result *res, int *df, int64_t *impossible) {
     double chi = 0;
     *df = 0, *impossible = 0;
@@ -587,28 +587,25 @@ static double exp_chi2(const exp_result *res, int *df, int64_t *impossible) {
         int support = 0;
         for (int y = 0; y < MV; y++)
             if (TP[x][y] > 0) pmin = fmin(pmin, TP[x][y]), support++;
-        int64_t pool[MV] = {0}, npool = 0;
+        int64_t pool[MV] = {0};
         for (int s = 0; s <= res->slots; s++) {
             const int64_t *row = s < res->slots ? res->counts[s][x] : pool;
             int64_t nrow = 0;
             for (int y = 0; y < MV; y++) nrow += row[y];
+            if (s < res->slots) /* in every row, pooled or dropped */
+                for (int y = 0; y < MV; y++) *impossible += TP[x][y] <= 0 ? row[y] : 0;
             if (s < res->slots && nrow * pmin < 5) {
                 for (int y = 0; y < MV; y++) pool[y] += row[y];
-                npool += nrow;
                 continue;
             }
             if (nrow * pmin < 5) continue; /* a small pool: dropped */
             for (int y = 0; y < MV; y++) {
-                if (TP[x][y] <= 0) {
-                    *impossible += row[y];
-                    continue;
-                }
+                if (TP[x][y] <= 0) continue;
                 const double e = (double)nrow * TP[x][y];
                 chi += (row[y] - e) * (row[y] - e) / e;
             }
             *df += support - 1;
         }
-        (void)npool;
     }
     return chi;
 }
