@@ -32,10 +32,15 @@ def number(pattern, text):
 
 
 def test_bench_list(run_cli):
-    r = run_cli(["bench", "--help"])
-    assert r.returncode == 0
-    for name in ("batching", "step_cost", "policy_overhead", "kv_dtype", "prefix", "cpu", "spec"):
-        assert f"  {name}\n" in r.stdout
+    """`luainfer bench` alone (or --help) lists every benchmark, one line
+    each: its name and what it measures, from its header comment."""
+    for args in ([], ["--help"]):
+        r = run_cli(["bench", *args])
+        assert r.returncode == 0, r.stderr
+        for name in ("batching", "step_cost", "policy_overhead", "kv_dtype", "prefix", "cpu", "spec"):
+            assert re.search(rf"^  {name} +\S.{{8,}}$", r.stdout, re.M), r.stdout
+        listed = re.findall(r"^  (\w+) ", r.stdout, re.M)
+        assert listed == sorted(p.stem[6:] for p in (REPO / "bench").glob("bench_*.lua")), r.stdout
 
 
 def test_bench_batching_counts_the_same_tokens(run_ok):
