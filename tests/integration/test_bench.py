@@ -4,7 +4,9 @@ schedule, no policy errors, the capacity ratios of the KV dtypes). They
 check no speed: timings on a shared CI machine mean nothing, and the
 measured numbers live in docs/benchmarks.md with their commands.
 """
+import json
 import re
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -43,8 +45,22 @@ def test_bench_list(run_cli):
         assert listed == sorted(p.stem[6:] for p in (REPO / "bench").glob("bench_*.lua")), r.stdout
 
 
-def test_bench_batching_counts_the_same_tokens(run_ok):
-    out = bench(run_ok, "batching", "6", "4", "loguniform")
+def check_png(path):
+    """A PNG that decodes completely (matplotlib's reader, libpng), of a sane
+    size, with more than one colour in it."""
+    data = Path(path).read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR", f"{path} is not a PNG"
+    width, height = struct.unpack(">II", data[16:24])
+    assert 300 <= width <= 4000 and 200 <= height <= 4000, (width, height)
+    import matplotlib.image
+    img = matplotlib.image.imread(path)
+    assert img.shape[:2] == (height, width)
+    assert img.reshape(-1, img.shape[-1]).std(axis=0).max() > 0.01, "a blank image"
+
+
+def test_bench_batching_counts_the_same_tokens(run_ok, tmp_path):
+    png, js = tmp_path / "batching.png", tmp_path / "batching.json"
+    out = bench(run_ok, "batching", "6", "4", "loguniform", "--plot", str(png), "--json", str(js))
     # out_len(i) = floor(16 * 32^q + 0.5), q = (i-1)/5, summed over i = 1..6
     want = sum(int(16 * 32 ** ((i - 1) / 5) + 0.5) for i in range(1, 7))
     cont = number(r"continuous \(default\.lua\): (\d+) tokens", out)
@@ -57,6 +73,11 @@ def test_bench_batching_counts_the_same_tokens(run_ok):
     assert number(r"steps static / continuous: ([\d.]+)x", out) == pytest.approx(steps_s / steps_c, abs=0.01)
     for name in ("continuous/static", "continuous/static padded"):
         assert number(rf"throughput ratio {name}: ([\d.]+)x", out) > 0
+    # --json holds what was printed; --plot drew it
+    r = json.loads(js.read_text())
+    assert r["bench"] == "batching" and [row["max_num_seqs"] for row in r["rows"]] == [4]
+    assert r["rows"][0]["tokens"] == want and r["rows"][0]["steps_continuous"] == steps_c
+    check_png(png)
 
 
 def test_bench_step_cost_prints_every_size(run_ok):
@@ -82,13 +103,29 @@ def test_bench_kv_dtype_capacity(run_ok):
     assert per_token["f16"] / 2 < per_token["fp8"] == per_token["int8"] < per_token["f16"] * 0.55
 
 
-def test_bench_prefix_hits(run_ok):
-    out = bench(run_ok, "prefix", "2")
+def test_bench_prefix_hits(run_ok, tmp_path):
+    png, js = tmp_path / "prefix.png", tmp_path / "prefix.json"
+    out = bench(run_ok, "prefix", "2", "--plot", str(png), "--json", str(js))
     hits = [float(h) for h in re.findall(r"\|\s+(\d+)% \| [\d.]+x$", out, re.M)]
     assert len(hits) == 4 and all(h > 0 for h in hits)
     # prefixes interleaved in arrival order through a pool too small for
     # them all: only the cache-aware order reuses them
     assert number(r"lpm\.lua: .*hit rate (\d+)%", out) > number(r"default\.lua: .*hit rate (\d+)%", out)
+    r = json.loads(js.read_text())
+    assert r["bench"] == "prefix" and len(r["rows"]) == 4
+    assert [round(100 * row["hit"]) for row in r["rows"]] == [round(h) for h in hits]
+    check_png(png)
+
+
+def test_bench_options_errors(run_cli, tmp_path):
+    """--plot and --json name files; a missing name or an unwritable place is a
+    one-line error, and nothing half-written is left behind."""
+    r = run_cli(["bench", "step_cost", "1", "1", "--json"])
+    assert r.returncode != 0 and "--json needs a file name" in r.stderr
+    bad = tmp_path / "no" / "such" / "dir" / "x.json"
+    r = run_cli(["bench", "step_cost", "1", "1", "--json", str(bad)])
+    assert r.returncode != 0 and f"cannot write {bad}" in r.stderr
+    assert not list(tmp_path.rglob("*.tmp*"))
 
 
 def test_bench_cpu_results(run_ok):
