@@ -20,6 +20,7 @@
 #include <lauxlib.h>
 #include <lua.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -160,7 +161,15 @@ static cJSON *encode(lua_State *L, int idx, int depth) {
             lua_pushliteral(L, "json.encode: NaN and infinities have no JSON form");
             return NULL;
         }
-        return cJSON_CreateNumber(d);
+        /* cJSON prints 15 significant digits when its epsilon test calls
+         * that close enough (2^53 comes out as 9.00719925474099e+15): print
+         * the shortest text that reads back as exactly d, as a raw item */
+        char buf[32];
+        for (int prec = 15; prec <= 17; prec++) {
+            snprintf(buf, sizeof buf, "%.*g", prec, d);
+            if (strtod(buf, NULL) == d) break;
+        }
+        return cJSON_CreateRaw(buf);
     }
     case LUA_TSTRING: {
         size_t len;
