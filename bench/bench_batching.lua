@@ -98,16 +98,20 @@ local function run(policy, padded)
 end
 
 local rows = {}
+local progress = bench.progress(3 * #SEQS_LIST, "batching runs")
 for _, seqs in ipairs(SEQS_LIST) do
   SEQS = seqs
   print(("workload: %d requests, outputs 16..512 tokens (%s), max_num_seqs %d"):format(N, SPREAD, SEQS))
   local c = run("default")
+  progress:step()
   print(("continuous (default.lua): %d tokens in %.1f s = %.1f tok/s, %d steps, policy %.2f%% of step time")
     :format(c.gen, c.secs, c.tput, c.steps, 100 * c.policy / c.secs))
   local s = run("static")
+  progress:step()
   print(("static     (static.lua):  %d tokens in %.1f s = %.1f tok/s, %d steps, policy %.2f%% of step time")
     :format(s.gen, s.secs, s.tput, s.steps, 100 * s.policy / s.secs))
   local p = run("static", true)
+  progress:step()
   print(("static padded (static.lua, members padded to the batch's longest): %d useful tokens in %.1f s = %.1f tok/s, %d steps")
     :format(p.gen, p.secs, p.tput, p.steps))
   print(("throughput ratio continuous/static: %.2fx"):format(c.tput / s.tput))
@@ -118,4 +122,5 @@ for _, seqs in ipairs(SEQS_LIST) do
   rows[#rows + 1] = { max_num_seqs = SEQS, continuous = c.tput, static = s.tput, static_padded = p.tput,
                       steps_continuous = c.steps, steps_static = s.steps, tokens = c.gen }
 end
+progress:done()
 bench.finish(opts, { bench = "batching", n_requests = N, spread = SPREAD, rows = rows })

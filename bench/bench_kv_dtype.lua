@@ -87,12 +87,15 @@ local function section(title, budget, workload)
   print(("  %-5s %7s %9s %8s %6s %8s %9s %16s %7s"):format("dtype", "tokens", "gen tok/s", "seconds", "steps",
     "preempt", "computed", "running max/mean", "vs f16"))
   local dts, best = { "f16", "fp8", "int8" }, {}
+  local progress = bench.progress(REPEATS * #dts, title)
   for _ = 1, REPEATS do
     for _, dt in ipairs(dts) do
       local r = run(dt, budget)
+      progress:step()
       if not best[dt] or r.secs < best[dt].secs then best[dt] = r end
     end
   end
+  progress:done()
   for _, dt in ipairs(dts) do
     local r = best[dt]
     print(("  %-5s %7d %9.1f %8.2f %6d %8d %9d %9d/%6.1f %6.2fx"):format(dt, r.tokens, r.tput, r.secs, r.steps,

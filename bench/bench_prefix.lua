@@ -92,15 +92,18 @@ if only ~= "lpm" then
 print(("prefix caching, %d requests per scenario, TTFT over requests 2..N (ms)"):format(N))
 print(("%-16s %-9s %7s | %8s %8s | %8s %8s | %7s %7s | %6s | %s"):format("scenario", "shared", "prompt",
   "off p50", "off p90", "on p50", "on p90", "red p50", "red p90", "hit", "tput on/off @8"))
+local progress = bench.progress(#scenarios, "prefix scenarios")
 for _, sc in ipairs(scenarios) do
   local off, on = run_ttft(sc, false), run_ttft(sc, true)
   local t_off, t_on = run_tput(sc, false), run_tput(sc, true)
+  progress:step()
   print(("%-16s %-9s %7.0f | %8.1f %8.1f | %8.1f %8.1f | %6.0f%% %6.0f%% | %5.0f%% | %.2fx"):format(
     sc.name, sc.shared, on.prompt, off.p50, off.p90, on.p50, on.p90,
     100 * (1 - on.p50 / off.p50), 100 * (1 - on.p90 / off.p90), 100 * on.hit, t_on / t_off))
   results.rows[#results.rows + 1] = { scenario = sc.name, shared = sc.shared, prompt = on.prompt,
     off_p50 = off.p50, off_p90 = off.p90, on_p50 = on.p50, on_p90 = on.p90, hit = on.hit, tput_on_off = t_on / t_off }
 end
+progress:done()
 end
 
 -- lpm.lua versus default.lua: several distinct shared prefixes interleaved

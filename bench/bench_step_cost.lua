@@ -44,9 +44,14 @@ end
 -- rounds interleave the sizes, so a slow spell of a shared machine does not
 -- fall on one size; the fastest round of each size is kept
 local best = {}
+local progress = bench.progress(ROUNDS * #sizes, "step_cost runs")
 for _ = 1, ROUNDS do
-  for _, n in ipairs(sizes) do best[n] = math.min(best[n] or math.huge, step_ms(n)) end
+  for _, n in ipairs(sizes) do
+    best[n] = math.min(best[n] or math.huge, step_ms(n))
+    progress:step()
+  end
 end
+progress:done()
 print(("decode step cost vs running sequences (%d decode steps, best of %d rounds, policies/default.lua)")
   :format(STEPS, ROUNDS))
 print("      n   ms/step  ms/token  marginal ms per added sequence")

@@ -6,6 +6,10 @@
 --   ... measure, printing the usual table ...
 --   bench.finish(opts, { bench = "batching", rows = { ... } })
 --
+--   local p = bench.progress(n_runs, "batching")   -- progress on stderr
+--   for ... do run(...); p:step() end
+--   p:done()
+--
 -- --json FILE writes the results table as JSON (luainfer.json: keys sorted,
 -- so the same results give the same text). --plot FILE writes a PNG made by
 -- tools/plot_bench.py (matplotlib, from the project's .venv) from the same
@@ -69,6 +73,87 @@ local function python(root)
   if f then f:close(); return venv end
   return "python3"
 end
+
+-- ---- progress ---------------------------------------------------------------
+
+local function stderr_is_tty()
+  local ok, ffi = pcall(require, "ffi")
+  if not ok then return false end
+  pcall(ffi.cdef, "int isatty(int fd);")
+  local ok2, r = pcall(function() return ffi.C.isatty(2) end)
+  return ok2 and r == 1
+end
+
+local function clock()
+  local ok, ffi = pcall(require, "ffi")
+  if ok then
+    pcall(ffi.cdef, "typedef struct { long tv_sec; long tv_nsec; } li_bench_timespec; int clock_gettime(int, li_bench_timespec *);")
+    local ts = ffi.new("li_bench_timespec")
+    if pcall(function() return ffi.C.clock_gettime(1, ts) end) then -- CLOCK_MONOTONIC
+      return function()
+        ffi.C.clock_gettime(1, ts)
+        return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9
+      end
+    end
+  end
+  return os.time
+end
+
+local function eta_text(s)
+  if s ~= s or s == math.huge then return "?" end
+  if s >= 3600 then return ("%dh%02dm"):format(math.floor(s / 3600), math.floor(s % 3600 / 60)) end
+  if s >= 60 then return ("%dm%02ds"):format(math.floor(s / 60), math.floor(s % 60)) end
+  return ("%ds"):format(math.floor(s + 0.5))
+end
+
+local Progress = {}
+Progress.__index = Progress
+
+-- A progress report on stderr for `total` units of work: on a terminal one
+-- line redrawn in place (bar, count, rate, ETA); otherwise a plain line at
+-- most every `every` seconds (default 10) and one at the end, so logs of
+-- CI runs show it is alive without a flood. LUAINFER_PROGRESS=0 silences it.
+function M.progress(total, label, every)
+  local now = clock()
+  local p = setmetatable({ total = total, label = label or "progress", n = 0, now = now, t0 = now(),
+                           tty = stderr_is_tty(), every = every or 10,
+                           off = os.getenv("LUAINFER_PROGRESS") == "0" }, Progress)
+  p.last = p.t0
+  return p
+end
+
+function Progress:line()
+  local t = self.now() - self.t0
+  local rate = t > 0 and self.n / t or 0
+  local eta = rate > 0 and (self.total - self.n) / rate or math.huge
+  local w = 24
+  local fill = self.total > 0 and math.floor(w * math.min(self.n, self.total) / self.total) or 0
+  return ("%s [%s%s] %d/%d  %.2f/s  %s %s"):format(self.label, ("#"):rep(fill), ("-"):rep(w - fill), self.n,
+    self.total, rate, self.n >= self.total and "took" or "ETA", eta_text(self.n >= self.total and t or eta))
+end
+
+function Progress:step(k)
+  self.n = self.n + (k or 1)
+  if self.off then return end
+  local t = self.now()
+  if self.tty then
+    io.stderr:write("\r", self:line(), "\27[K")
+    io.stderr:flush()
+  elseif t - self.last >= self.every and self.n < self.total then
+    io.stderr:write(self:line(), "\n")
+    self.last = t
+  end
+end
+
+function Progress:done()
+  if self.off or self.finished then return end
+  self.finished = true
+  if self.tty then io.stderr:write("\r", self:line(), "\27[K\n")
+  else io.stderr:write(self:line(), "\n") end
+  io.stderr:flush()
+end
+
+-- ---- results --------------------------------------------------------------
 
 -- Writes what opts asks for from results (a table with a `bench` name).
 function M.finish(opts, results)
