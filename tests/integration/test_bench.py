@@ -145,13 +145,13 @@ def test_bench_spec_outputs_match(run_ok):
     assert number(r"copy\s+1 \|\s+[\d.]+ \| [\d.]+ \([\d.]+x, \d+% of (\d+)\)", out) > 0  # drafts were made
 
 
-def test_bench_builds_table(luainfer_bin, model_path):
+def test_bench_builds_table(luainfer_bin, model_path, tmp_path):
     """bench_builds.py with one binary as both builds, one tiny round: the
     table has a row per measurement with positive medians, a ratio and a
     verdict (whatever it says: no speed is checked)."""
     cmd = [sys.executable, str(REPO / "bench" / "bench_builds.py"), "--old", str(luainfer_bin), "--new",
            str(luainfer_bin), "--old-src", str(REPO), "--new-src", str(REPO), "--model", str(model_path),
-           "--rounds", "1", "--prefill", "16", "--decode", "4", "--seqs", "2", "3"]
+           "--rounds", "1", "--prefill", "16", "--decode", "4", "--seqs", "2", "3", "--json", str(tmp_path / "b.json")]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=BENCH_TIMEOUT_S)
     assert r.returncode == 0, r.stderr[-2000:]
     rows = re.findall(r"^\| ([^|]+?) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \| (yes|no) \|$", r.stdout, re.M)
@@ -164,3 +164,6 @@ def test_bench_builds_table(luainfer_bin, model_path):
         if abs(abs(float(ratio) - 1) - 0.03) > 0.001:  # the verdict uses the unrounded ratio
             assert (ok == "yes") == (abs(float(ratio) - 1) <= 0.03), (name, ratio, ok)
     assert re.search(r"^round 1: prefill [\d.]+ -> [\d.]+, decode", r.stdout, re.M), r.stdout
+    js = json.loads((tmp_path / "b.json").read_text())  # --json: the same numbers as the table
+    assert js["bench"] == "builds" and sorted(js["ratio"]) == ["batched2", "batched3", "decode", "prefill"]
+    assert f"{js['ratio']['decode']:.3f}" == rows[1][3]
