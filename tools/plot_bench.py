@@ -65,7 +65,34 @@ def kv_dtype(r, ax):
                  f"{r['n_requests']} requests x {r['output_tokens']} tokens")
 
 
+def replay(r, fig):
+    """Two panels: TTFT percentiles per policy (at the highest load run) and
+    goodput against load (rate scale) per policy."""
+    ax1, ax2 = fig.subplots(1, 2)
+    runs = r["runs"]
+    top = max(x["rate_scale"] for x in runs)
+    for x in (x for x in runs if x["rate_scale"] == top):
+        t = sorted(x["ttft_ms"])
+        ax1.plot([100 * (i + 1) / len(t) for i in range(len(t))], [v / 1e3 for v in t], label=x["policy"])
+    ax1.set_xlabel("percentile of requests")
+    ax1.set_ylabel("TTFT (s)")
+    ax1.set_title(f"TTFT percentiles at rate scale {top:g}")
+    ax1.legend()
+    for name in dict.fromkeys(x["policy"] for x in runs):
+        pts = sorted((x["rate_scale"], x["goodput"]) for x in runs if x["policy"] == name)
+        ax2.plot([a for a, _ in pts], [100 * b for _, b in pts], "o-", label=name)
+    ax2.set_xlabel("load (rate scale)")
+    ax2.set_ylabel("goodput (% of requests within SLO)")
+    ax2.set_ylim(-5, 105)
+    ax2.set_title("goodput against load")
+    ax2.legend()
+    for ax in (ax1, ax2):
+        ax.grid(alpha=0.3)
+    fig.suptitle(f"trace {os.path.basename(r['trace'])}, max_num_seqs {r['max_num_seqs']}")
+
+
 PLOTS = {"batching": batching, "prefix": prefix, "step_cost": step_cost, "kv_dtype": kv_dtype}
+FIGURES = {"replay": replay}  # functions that lay out their own axes
 
 
 def main(argv):
@@ -75,12 +102,17 @@ def main(argv):
     with open(argv[1]) as f:
         r = json.load(f)
     name = r.get("bench")
-    if name not in PLOTS:
-        print(f"plot_bench.py: no plot for benchmark {name!r} (known: {', '.join(sorted(PLOTS))})", file=sys.stderr)
+    if name in FIGURES:
+        fig = plt.figure(figsize=(12, 4.8), dpi=100)
+        FIGURES[name](r, fig)
+    elif name in PLOTS:
+        fig, ax = plt.subplots(figsize=(8, 4.8), dpi=100)
+        PLOTS[name](r, ax)
+        ax.grid(alpha=0.3)
+    else:
+        known = ", ".join(sorted([*PLOTS, *FIGURES]))
+        print(f"plot_bench.py: no plot for benchmark {name!r} (known: {known})", file=sys.stderr)
         return 2
-    fig, ax = plt.subplots(figsize=(8, 4.8), dpi=100)
-    PLOTS[name](r, ax)
-    ax.grid(alpha=0.3)
     fig.tight_layout()
     out = argv[2]
     tmp = f"{out}.tmp.{os.getpid()}.png"
