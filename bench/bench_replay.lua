@@ -124,6 +124,7 @@ local function replay(policy, scale)
     if r.t / scale < duration then reqs[i] = r end
   end
   local n, ids, next_i = #reqs, {}, 1
+  if n == 0 then error(("no request of the trace arrives within --duration %g s"):format(duration), 0) end
   local t0 = now()
   while next_i <= n or e:has_work() do
     local t = now() - t0

@@ -167,3 +167,80 @@ def test_bench_builds_table(luainfer_bin, model_path, tmp_path):
     js = json.loads((tmp_path / "b.json").read_text())  # --json: the same numbers as the table
     assert js["bench"] == "builds" and sorted(js["ratio"]) == ["batched2", "batched3", "decode", "prefill"]
     assert f"{js['ratio']['decode']:.3f}" == rows[1][3]
+
+
+def write_trace(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_bench_replay_side_by_side(run_ok, tmp_path):
+    """Two policies replay one small trace: a row each with the metrics,
+    the same greedy outputs, --json holding the rows and --plot a PNG."""
+    trace = write_trace(tmp_path / "t.jsonl", [
+        {"t": 0.0, "prompt": "The capital of France is", "max_tokens": 6, "slo_ttft_ms": 60000, "slo_tpot_ms": 60000},
+        {"t": 0.05, "prompt_len": 12, "max_tokens": 4, "tenant": "b"},
+        {"t": 0.1, "prompt": "Once upon a time", "max_tokens": 5, "slo_ttft_ms": 0},  # can't be met
+    ])
+    png, js = tmp_path / "r.png", tmp_path / "r.json"
+    out = bench(run_ok, "replay", str(trace), "--policy", str(REPO / "policies" / "default.lua"), "--policy",
+                str(REPO / "policies" / "lof.lua"), "--rate-scale", "1,2", "--json", str(js), "--plot", str(png))
+    rows = re.findall(r"^(default|lof)\s+([\d.]+)\s+([\d.]+)\s+[\d.]+s \|.*\|\s+(\d+)%\s+(\d+)\s+[\d.]+$", out, re.M)
+    assert [(p, s) for p, s, *_ in rows] == [("default", "1.00"), ("lof", "1.00"), ("default", "2.00"),
+                                             ("lof", "2.00")], out
+    assert "every run's outputs were identical" in out
+    r = json.loads(js.read_text())
+    assert r["bench"] == "replay" and len(r["runs"]) == 4
+    for run in r["runs"]:
+        assert run["requests"] == 3 and run["output_tokens"] == 15
+        # the third request's TTFT SLO of 0 ms can't be met; the second has the default SLOs
+        assert run["goodput"] <= 2 / 3
+        assert run["ttft_p50"] <= run["ttft_p90"] <= run["ttft_p99"]
+    check_png(png)
+
+
+def test_bench_replay_bad_traces(run_cli, tmp_path):
+    """A bad trace is a one-line error naming the file and line."""
+    cases = {
+        "missing.jsonl": None,
+        "empty.jsonl": "",
+        "notjson.jsonl": '{"t": 0, "prompt": "x", "max_tokens": 2}\n{bad\n',
+        "order.jsonl": '{"t": 1, "prompt": "x", "max_tokens": 2}\n{"t": 0.5, "prompt": "y", "max_tokens": 2}\n',
+        "noprompt.jsonl": '{"t": 0, "max_tokens": 2}\n',
+        "badlen.jsonl": '{"t": 0, "prompt": "x", "max_tokens": 0}\n',
+    }
+    want = {
+        "missing.jsonl": "cannot read trace",
+        "empty.jsonl": "has no requests",
+        "notjson.jsonl": "notjson.jsonl:2: json.decode: invalid JSON",
+        "order.jsonl": "order.jsonl:2: arrivals must be in order",
+        "noprompt.jsonl": "noprompt.jsonl:1: needs 'prompt'",
+        "badlen.jsonl": "badlen.jsonl:1: 'max_tokens' must be an integer >= 1",
+    }
+    for name, text in cases.items():
+        p = tmp_path / name
+        if text is not None:
+            p.write_text(text)
+        r = run_cli(["bench", "replay", str(p)])
+        assert r.returncode != 0 and want[name] in r.stderr, (name, r.stderr)
+    r = run_cli(["bench", "replay", str(tmp_path / "order.jsonl"), "--rate-scale", "0"])
+    assert r.returncode != 0 and "--rate-scale: want a number" in r.stderr
+    r = run_cli(["bench", "replay", str(tmp_path / "order.jsonl"), "--bogus"])
+    assert r.returncode != 0 and "unknown option --bogus" in r.stderr
+
+
+def test_shipped_traces_are_what_the_generator_makes(tmp_path):
+    """bench/traces/ is exactly tools/gen_traces.py's output (deterministic),
+    and every line has the fields the replay reads."""
+    r = subprocess.run([sys.executable, str(REPO / "tools" / "gen_traces.py"), str(tmp_path)], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    shipped = sorted(p.name for p in (REPO / "bench" / "traces").glob("*.jsonl"))
+    assert shipped == ["bursty.jsonl", "multitenant.jsonl", "poisson.jsonl", "rag.jsonl"]
+    for name in shipped:
+        assert (tmp_path / name).read_bytes() == (REPO / "bench" / "traces" / name).read_bytes(), name
+        rows = [json.loads(l) for l in (REPO / "bench" / "traces" / name).read_text().splitlines()]
+        ts = [row["t"] for row in rows]
+        assert ts == sorted(ts) and all(row["max_tokens"] >= 1 and row["prompt"] for row in rows)
+    tenants = [row.get("tenant") for row in map(json.loads, (REPO / "bench/traces/multitenant.jsonl").open())]
+    assert 0.5 < tenants.count("heavy") / len(tenants) < 0.7
