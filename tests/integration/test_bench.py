@@ -5,6 +5,7 @@ check no speed: timings on a shared CI machine mean nothing, and the
 measured numbers live in docs/benchmarks.md with their commands.
 """
 import json
+import os
 import re
 import struct
 import subprocess
@@ -244,3 +245,48 @@ def test_shipped_traces_are_what_the_generator_makes(tmp_path):
         assert ts == sorted(ts) and all(row["max_tokens"] >= 1 and row["prompt"] for row in rows)
     tenants = [row.get("tenant") for row in map(json.loads, (REPO / "bench/traces/multitenant.jsonl").open())]
     assert 0.5 < tenants.count("heavy") / len(tenants) < 0.7
+
+
+PROGRESS_SCRIPT = """
+local bench = require("luainfer.bench")
+local p = bench.progress(4, "demo", 0)   -- every = 0: a plain line per step
+for i = 1, 4 do p:step() end
+p:done()
+"""
+
+
+def test_progress_bar_on_a_terminal_plain_lines_otherwise(luainfer_bin, tmp_path):
+    """luainfer.bench's progress: redrawn in place (\\r, bar, rate, ETA) when
+    stderr is a terminal, whole lines when it is not, silent with
+    LUAINFER_PROGRESS=0."""
+    import pty
+    script = tmp_path / "p.lua"
+    script.write_text(PROGRESS_SCRIPT)
+    plain = subprocess.run([str(luainfer_bin), "run", str(script)], capture_output=True, text=True, timeout=60)
+    assert plain.returncode == 0, plain.stderr
+    lines = plain.stderr.splitlines()
+    assert len(lines) == 4 and "\r" not in plain.stderr, plain.stderr  # steps 1-3, then the final line
+    assert re.fullmatch(r"demo \[#{24}\] 4/4  [\d.]+/s  took \d+s", lines[-1]), lines[-1]
+    assert re.fullmatch(r"demo \[#{6}-{18}\] 1/4  [\d.]+/s  ETA \S+", lines[0]), lines[0]
+
+    master, slave = pty.openpty()
+    p = subprocess.Popen([str(luainfer_bin), "run", str(script)], stdout=subprocess.DEVNULL, stderr=slave)
+    os.close(slave)
+    out = b""
+    while True:
+        try:
+            chunk = os.read(master, 4096)
+        except OSError:  # the child closed the terminal
+            break
+        if not chunk:
+            break
+        out += chunk
+    os.close(master)
+    assert p.wait(timeout=60) == 0
+    text = out.decode()
+    assert text.count("\r") >= 5 and "\x1b[K" in text and text.endswith("\n"), repr(text)
+    assert "4/4" in text and "ETA" in text
+
+    quiet = subprocess.run([str(luainfer_bin), "run", str(script)], capture_output=True, text=True, timeout=60,
+                           env=dict(os.environ, LUAINFER_PROGRESS="0"))
+    assert quiet.returncode == 0 and quiet.stderr == ""
