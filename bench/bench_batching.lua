@@ -14,7 +14,11 @@
 --                 each member's max_tokens is raised to its batch's longest,
 --                 and only the tokens each request asked for count.
 --
---   ./build/luainfer run bench/bench_batching.lua [N_REQUESTS] [MAX_NUM_SEQS] [SPREAD]
+--   ./build/luainfer run bench/bench_batching.lua [N_REQUESTS] [MAX_NUM_SEQS[,...]] [SPREAD]
+--                                                 [--json FILE] [--plot FILE]
+--
+-- A comma list of batch sizes (e.g. 4,8,16,32) runs the comparison at each;
+-- --plot draws throughput against batch size, continuous against static.
 --
 -- Workload: N requests (default 200) arriving at once, prompts of 8-120
 -- words, output lengths over 16..512 (ignore_eos, greedy), spread either
@@ -23,9 +27,15 @@
 --               short, a few long, the shape of chat traffic (ShareGPT-like).
 -- Every run sees the same requests in the same order.
 local luainfer = require("luainfer")
-local root = (arg[0]:match("^(.*)/bench/") or ".")
+local bench = require("luainfer.bench")
+local opts = bench.options(arg)
+local root = opts.root
 local N = tonumber(arg[1]) or 200
-local SEQS = tonumber(arg[2]) or 32
+local SEQS_LIST = {}
+for v in tostring(arg[2] or "32"):gmatch("[^,]+") do
+  SEQS_LIST[#SEQS_LIST + 1] = assert(tonumber(v), "MAX_NUM_SEQS must be a number or a comma list of numbers")
+end
+local SEQS
 local SPREAD = arg[3] or "uniform"
 assert(SPREAD == "uniform" or SPREAD == "loguniform", "SPREAD must be uniform or loguniform")
 
@@ -87,18 +97,30 @@ local function run(policy, padded)
            policy = s.time_policy, wall = os.time() - wall0, cpu = os.clock() - t0 }
 end
 
-print(("workload: %d requests, outputs 16..512 tokens (%s), max_num_seqs %d"):format(N, SPREAD, SEQS))
-local c = run("default")
-print(("continuous (default.lua): %d tokens in %.1f s = %.1f tok/s, %d steps, policy %.2f%% of step time")
-  :format(c.gen, c.secs, c.tput, c.steps, 100 * c.policy / c.secs))
-local s = run("static")
-print(("static     (static.lua):  %d tokens in %.1f s = %.1f tok/s, %d steps, policy %.2f%% of step time")
-  :format(s.gen, s.secs, s.tput, s.steps, 100 * s.policy / s.secs))
-local p = run("static", true)
-print(("static padded (static.lua, members padded to the batch's longest): %d useful tokens in %.1f s = %.1f tok/s, %d steps")
-  :format(p.gen, p.secs, p.tput, p.steps))
-print(("throughput ratio continuous/static: %.2fx"):format(c.tput / s.tput))
-print(("throughput ratio continuous/static padded: %.2fx"):format(c.tput / p.tput))
--- where a step costs the same whatever its batch (a memory-bound GPU), the
--- throughput ratio to static batching is this ratio of step counts
-print(("steps static / continuous: %.2fx"):format(s.steps / c.steps))
+local rows = {}
+local progress = bench.progress(3 * #SEQS_LIST, "batching runs")
+for _, seqs in ipairs(SEQS_LIST) do
+  SEQS = seqs
+  print(("workload: %d requests, outputs 16..512 tokens (%s), max_num_seqs %d"):format(N, SPREAD, SEQS))
+  local c = run("default")
+  progress:step()
+  print(("continuous (default.lua): %d tokens in %.1f s = %.1f tok/s, %d steps, policy %.2f%% of step time")
+    :format(c.gen, c.secs, c.tput, c.steps, 100 * c.policy / c.secs))
+  local s = run("static")
+  progress:step()
+  print(("static     (static.lua):  %d tokens in %.1f s = %.1f tok/s, %d steps, policy %.2f%% of step time")
+    :format(s.gen, s.secs, s.tput, s.steps, 100 * s.policy / s.secs))
+  local p = run("static", true)
+  progress:step()
+  print(("static padded (static.lua, members padded to the batch's longest): %d useful tokens in %.1f s = %.1f tok/s, %d steps")
+    :format(p.gen, p.secs, p.tput, p.steps))
+  print(("throughput ratio continuous/static: %.2fx"):format(c.tput / s.tput))
+  print(("throughput ratio continuous/static padded: %.2fx"):format(c.tput / p.tput))
+  -- where a step costs the same whatever its batch (a memory-bound GPU), the
+  -- throughput ratio to static batching is this ratio of step counts
+  print(("steps static / continuous: %.2fx"):format(s.steps / c.steps))
+  rows[#rows + 1] = { max_num_seqs = SEQS, continuous = c.tput, static = s.tput, static_padded = p.tput,
+                      steps_continuous = c.steps, steps_static = s.steps, tokens = c.gen }
+end
+progress:done()
+bench.finish(opts, { bench = "batching", n_requests = N, spread = SPREAD, rows = rows })

@@ -35,6 +35,8 @@ import statistics
 import subprocess
 import sys
 
+import results  # bench/results.py: --json output
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -79,6 +81,7 @@ def main():
     ap.add_argument("--isa", default="auto", help="the CPU kernels of both (ggml: llama.cpp's arithmetic)")
     ap.add_argument("--tolerance", type=float, default=3.0, help="percent a ratio may stray from 1")
     ap.add_argument("--strict", action="store_true", help="exit 1 when a ratio is outside the tolerance")
+    ap.add_argument("--json", help="also write the results (per-round values, ratios) here")
     args = ap.parse_args()
     if args.rounds < 1 or args.threads < 1 or args.prefill < 1 or args.decode < 1 or min(args.seqs) < 1:
         ap.error("--rounds, --threads, --prefill, --decode and --seqs must be positive")
@@ -124,6 +127,11 @@ def main():
         if not ok:
             outside.append(n)
         print(f"| {labels[n]} | {a:.1f} | {b:.1f} | {rr:.3f} | {'yes' if ok else 'no'} |")
+    if args.json:
+        results.write(args.json, {
+            "bench": "builds", "rounds": args.rounds, "threads": args.threads, "isa": args.isa,
+            "old": got["old"], "new": got["new"], "tolerance_pct": args.tolerance, "outside": outside,
+            "ratio": {n: statistics.median(y / x for x, y in zip(got["old"][n], got["new"][n])) for n in names}})
     print()
     print("all within the tolerance" if not outside else f"outside the tolerance: {', '.join(outside)}")
     return 1 if outside and args.strict else 0

@@ -2,13 +2,15 @@
 -- single-stream decode and batched decode speed through the engine, timed
 -- step by step with a monotonic clock.
 --
---   ./build/luainfer run bench/bench_cpu.lua [PREFILL] [DECODE] [SEQS...]
+--   ./build/luainfer run bench/bench_cpu.lua [PREFILL] [DECODE] [SEQS...] [--json FILE]
 --
 -- Defaults: a 512-token prompt, 128 decoded tokens, batches of 8 and 32
 -- sequences. Prompts are synthetic token ids (the same formula as the
 -- Python driver feeds llama.cpp); decoding is greedy with ignore_eos.
 -- Prints one "RESULT name value" line per measurement (tokens/s).
 local luainfer = require("luainfer")
+local bench = require("luainfer.bench")
+local opts = bench.options(arg)
 local ffi = require("ffi")
 ffi.cdef [[ typedef struct { long tv_sec; long tv_nsec; } li_bench_cpu_ts; int clock_gettime(int, li_bench_cpu_ts *); ]]
 local ts = ffi.new("li_bench_cpu_ts")
@@ -40,6 +42,7 @@ local function median(xs)
 end
 
 -- Prefill: one step computes the whole prompt (and the first token).
+local prefill_rate
 do
   local e = engine(1)
   local rates = {}
@@ -52,7 +55,8 @@ do
     e:release(id)
     if rep > 1 then rates[#rates + 1] = PREFILL / dt end -- the first warms up
   end
-  print(("RESULT prefill %.2f"):format(median(rates)))
+  prefill_rate = median(rates)
+  print(("RESULT prefill %.2f"):format(prefill_rate))
   e:close()
 end
 
@@ -81,5 +85,13 @@ local function decode(S)
   return best
 end
 
-print(("RESULT decode %.2f"):format(decode(1)))
-for _, S in ipairs(SEQS) do print(("RESULT batched%d %.2f"):format(S, decode(S))) end
+local results = { bench = "cpu", prefill_tokens = PREFILL, decode_tokens = DECODE, threads = THREADS, isa = ISA,
+                  tokens_per_s = { prefill = prefill_rate } }
+results.tokens_per_s.decode = decode(1)
+print(("RESULT decode %.2f"):format(results.tokens_per_s.decode))
+for _, S in ipairs(SEQS) do
+  local r = decode(S)
+  results.tokens_per_s["batched" .. S] = r
+  print(("RESULT batched%d %.2f"):format(S, r))
+end
+bench.finish(opts, results)

@@ -1,7 +1,8 @@
 -- bench_kv_dtype.lua — KV cache dtypes f16 vs fp8 vs int8 at the same KV
 -- byte budget, side by side in one run.
 --
---   ./build-kv/luainfer run bench/bench_kv_dtype.lua [N_REQUESTS] [OUTPUT_TOKENS] [BUDGET_MIB] [REPEATS]
+--   ./build/luainfer run bench/bench_kv_dtype.lua [N_REQUESTS] [OUTPUT_TOKENS] [BUDGET_MIB] [REPEATS]
+--                                                 [--json FILE] [--plot FILE]
 --
 -- 1. capacity: bytes per token (scales included) and the tokens that fit in
 --    the budget (kv_total_blocks x block_size), for f32, f16, bf16, fp8, int8;
@@ -18,6 +19,9 @@
 -- (f16, fp8, int8, f16, ...), and the fastest run counts, so a burst of
 -- other load on the machine does not land on one dtype only.
 local luainfer = require("luainfer")
+local bench = require("luainfer.bench")
+local opts = bench.options(arg)
+local results = { bench = "kv_dtype", capacity = {}, rows = {} }
 local N = tonumber(arg[1]) or 32
 local OUT = tonumber(arg[2]) or 96
 local BUDGET = math.floor((tonumber(arg[3]) or 48) * 1024 * 1024)
@@ -72,28 +76,36 @@ for _, dt in ipairs({ "f32", "f16", "bf16", "fp8", "int8" }) do
   e:close()
   local tokens = s.kv_total_blocks * s.block_size
   if dt == "f16" then f16_tokens = tokens end
+  results.capacity[#results.capacity + 1] = { dtype = dt, bytes_per_token = s.kv_bytes_per_token, tokens = tokens }
   print(("  %-5s %6d bytes/token  %6d tokens  %s"):format(dt, s.kv_bytes_per_token, tokens,
     f16_tokens and ("(%.2fx f16)"):format(tokens / f16_tokens) or ""))
 end
 
-local function section(title, budget)
+local function section(title, budget, workload)
   print(("\n%s: %d requests x %d output tokens, prompts 16..48 tokens, budget %.0f MiB, best of %d"):format(
     title, N, OUT, budget / 1048576, REPEATS))
   print(("  %-5s %7s %9s %8s %6s %8s %9s %16s %7s"):format("dtype", "tokens", "gen tok/s", "seconds", "steps",
     "preempt", "computed", "running max/mean", "vs f16"))
   local dts, best = { "f16", "fp8", "int8" }, {}
+  local progress = bench.progress(REPEATS * #dts, title)
   for _ = 1, REPEATS do
     for _, dt in ipairs(dts) do
       local r = run(dt, budget)
+      progress:step()
       if not best[dt] or r.secs < best[dt].secs then best[dt] = r end
     end
   end
+  progress:done()
   for _, dt in ipairs(dts) do
     local r = best[dt]
     print(("  %-5s %7d %9.1f %8.2f %6d %8d %9d %9d/%6.1f %6.2fx"):format(dt, r.tokens, r.tput, r.secs, r.steps,
       r.preempt, r.computed, r.max_running, r.mean_running, r.tput / best.f16.tput))
+    results.rows[#results.rows + 1] = { workload = workload, budget_mib = budget / 1048576, dtype = dt,
+      tput = r.tput, seconds = r.secs, steps = r.steps, preemptions = r.preempt, computed = r.computed }
   end
 end
 
-section("decode-heavy, tight budget", BUDGET)
-section("same workload, ample budget", AMPLE)
+section("decode-heavy, tight budget", BUDGET, "tight")
+section("same workload, ample budget", AMPLE, "ample")
+results.budget_mib, results.n_requests, results.output_tokens = BUDGET / 1048576, N, OUT
+bench.finish(opts, results)

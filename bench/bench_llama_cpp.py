@@ -43,6 +43,8 @@ import time
 
 import numpy as np
 
+import results  # bench/results.py: --json output
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -236,6 +238,7 @@ def main():
     ap.add_argument("--seqs", type=int, nargs="+", default=[8, 32])
     ap.add_argument("--isa", default="auto",
                     help="luainfer's CPU kernels (ggml: llama.cpp's arithmetic, bit for bit)")
+    ap.add_argument("--json", help="also write the results (medians, per-round values) here")
     args = ap.parse_args()
     binary = os.path.abspath(args.luainfer)
     build_dir = os.path.dirname(binary)
@@ -279,6 +282,11 @@ def main():
         rr = statistics.median(x / y for x, y in zip(ours[n], theirs[n]))
         med[n] = a
         print(f"| {labels[n]} | {a:.1f} | {b:.1f} | {a / b:.2f}x | {rr:.2f}x |")
+    if args.json:
+        results.write(args.json, {"bench": "llama_cpp", "threads": args.threads, "rounds": args.rounds,
+                                  "isa": args.isa, "luainfer": ours, "llama_cpp": theirs, "peak_rss": rss,
+                                  "median_luainfer": med,
+                                  "median_llama_cpp": {n: statistics.median(theirs[n]) for n in names}})
 
     lim = {k: max(v, lim.get(k, 0.0)) for k, v in machine_limits(build_dir, args.threads).items()}
     wb = weight_bytes(args.model)

@@ -2,14 +2,18 @@
 -- four workloads; prints TTFT p50/p90 for each and the reduction, plus the
 -- end-to-end throughput effect at concurrency 8.
 --
---   ./build/luainfer run bench/bench_prefix.lua [REQUESTS_PER_SCENARIO] [ttft|lpm]
--- (the optional last argument runs only one of the two parts)
+--   ./build/luainfer run bench/bench_prefix.lua [REQUESTS_PER_SCENARIO] [ttft|lpm] [--json FILE] [--plot FILE]
+-- (the optional last argument runs only one of the two parts; --plot draws
+-- TTFT p50/p90 with and without the cache per scenario)
 --
 -- TTFT is measured in the engine (first token time - arrival) with requests
 -- arriving one after another (concurrency 1), so it is the prefill the cache
 -- saves and nothing else; outputs are 8 greedy tokens.
 local luainfer = require("luainfer")
+local bench = require("luainfer.bench")
+local opts = bench.options(arg)
 local N = tonumber(arg[1]) or 12
+local results = { bench = "prefix", n_requests = N, rows = {} }
 
 local vocab = { "the", "market", "of", "river", "town", "grew", "slowly", "while", "merchants", "traded",
   "grain", "and", "salt", "under", "bright", "lanterns", "every", "evening", "a", "council", "met", "to",
@@ -88,19 +92,24 @@ if only ~= "lpm" then
 print(("prefix caching, %d requests per scenario, TTFT over requests 2..N (ms)"):format(N))
 print(("%-16s %-9s %7s | %8s %8s | %8s %8s | %7s %7s | %6s | %s"):format("scenario", "shared", "prompt",
   "off p50", "off p90", "on p50", "on p90", "red p50", "red p90", "hit", "tput on/off @8"))
+local progress = bench.progress(#scenarios, "prefix scenarios")
 for _, sc in ipairs(scenarios) do
   local off, on = run_ttft(sc, false), run_ttft(sc, true)
   local t_off, t_on = run_tput(sc, false), run_tput(sc, true)
+  progress:step()
   print(("%-16s %-9s %7.0f | %8.1f %8.1f | %8.1f %8.1f | %6.0f%% %6.0f%% | %5.0f%% | %.2fx"):format(
     sc.name, sc.shared, on.prompt, off.p50, off.p90, on.p50, on.p90,
     100 * (1 - on.p50 / off.p50), 100 * (1 - on.p90 / off.p90), 100 * on.hit, t_on / t_off))
+  results.rows[#results.rows + 1] = { scenario = sc.name, shared = sc.shared, prompt = on.prompt,
+    off_p50 = off.p50, off_p90 = off.p90, on_p50 = on.p50, on_p90 = on.p90, hit = on.hit, tput_on_off = t_on / t_off }
 end
+progress:done()
 end
 
 -- lpm.lua versus default.lua: several distinct shared prefixes interleaved
 -- in arrival order, a KV pool too small to cache them all at once. All
 -- requests arrive together; both runs see the same requests.
-local root = (arg[0]:match("^(.*)/bench/") or ".")
+local root = opts.root
 local function run_lpm(policy)
   seed = 11
   local prefixes = {}
@@ -119,10 +128,16 @@ local function run_lpm(policy)
   e:close()
   return s, pct(ttft, 0.5), pct(ttft, 0.9)
 end
-if only == "ttft" then return end
+if only == "ttft" then
+  bench.finish(opts, results)
+  return
+end
 local sd, d50, d90 = run_lpm("default")
 local sl, l50, l90 = run_lpm("lpm")
 print(("\nmixed prefixes (%d requests, 4 prefixes of ~300 tokens, pool of 48 blocks):"):format(4 * N))
 print(("  default.lua: %.1f s, hit rate %.0f%%, TTFT p50 %.2f s p90 %.2f s"):format(sd.time_total, 100 * sd.prefix_hit_rate, d50, d90))
 print(("  lpm.lua:     %.1f s, hit rate %.0f%%, TTFT p50 %.2f s p90 %.2f s"):format(sl.time_total, 100 * sl.prefix_hit_rate, l50, l90))
 print(("  lpm/default throughput: %.2fx"):format(sd.time_total / sl.time_total))
+results.lpm = { default_s = sd.time_total, lpm_s = sl.time_total, default_hit = sd.prefix_hit_rate,
+                lpm_hit = sl.prefix_hit_rate, default_p50 = d50, lpm_p50 = l50 }
+bench.finish(opts, results)

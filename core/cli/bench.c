@@ -17,23 +17,71 @@ static const char *bench_dir(void) {
     return env && *env ? env : LI_SOURCE_DIR "/bench";
 }
 
+/* The benchmark's one-line summary: its header comment after the dash, up
+ * to the first sentence end (joined over at most 6 comment lines), cut to
+ * about 78 characters. */
+static void summary(const char *path, char *out, size_t cap) {
+    out[0] = 0;
+    FILE *f = fopen(path, "r");
+    if (!f) return;
+    char line[512], text[1024] = "";
+    for (int i = 0; i < 6 && fgets(line, sizeof line, f) && !strncmp(line, "--", 2); i++) {
+        char *t = line + 2;
+        while (*t == ' ') t++;
+        t[strcspn(t, "\r\n")] = 0;
+        if (!*t) break;
+        if (*text) strncat(text, " ", sizeof text - strlen(text) - 1);
+        strncat(text, t, sizeof text - strlen(text) - 1);
+    }
+    fclose(f);
+    const char *dash = strstr(text, "\xe2\x80\x94 "); /* the em dash after the file name */
+    const char *s = dash ? dash + 4 : text;
+    size_t n = 0;
+    while (s[n] && !(s[n] == '.' && (s[n + 1] == ' ' || !s[n + 1])) && !(s[n] == ':' && s[n + 1] == ' ')) n++;
+    /* a long sentence is cut at a word, so a listing line stays near 100 columns */
+    const size_t width = cap - 4 < 78 ? cap - 4 : 78;
+    bool cut = n > width;
+    if (cut) {
+        n = width;
+        while (n > 0 && s[n] != ' ') n--;
+    }
+    memcpy(out, s, n);
+    strcpy(out + n, cut ? " ..." : "");
+}
+
+static int by_name(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+/* One line per benchmark, sorted: its name and what it measures. */
 static void list(FILE *f) {
     fprintf(f, "usage: luainfer bench NAME [ARGS...]\nbenchmarks in %s:\n", bench_dir());
     DIR *d = opendir(bench_dir());
     if (!d) return;
+    char *names[256];
+    int n = 0;
     struct dirent *de;
-    while ((de = readdir(d))) {
-        size_t n = strlen(de->d_name);
-        if (n > 10 && !strncmp(de->d_name, "bench_", 6) && !strcmp(de->d_name + n - 4, ".lua"))
-            fprintf(f, "  %.*s\n", (int)(n - 10), de->d_name + 6);
+    while ((de = readdir(d)) && n < 256) {
+        size_t len = strlen(de->d_name);
+        if (len > 10 && !strncmp(de->d_name, "bench_", 6) && !strcmp(de->d_name + len - 4, ".lua"))
+        {
+            names[n] = li_xmalloc(len + 1);
+            memcpy(names[n++], de->d_name, len + 1);
+        }
     }
     closedir(d);
+    qsort(names, (size_t)n, sizeof *names, by_name);
+    for (int i = 0; i < n; i++) {
+        char path[4096], what[200];
+        snprintf(path, sizeof path, "%s/%s", bench_dir(), names[i]);
+        summary(path, what, sizeof what);
+        fprintf(f, "  %-18.*s %s\n", (int)(strlen(names[i]) - 10), names[i] + 6, what);
+        free(names[i]);
+    }
 }
 
 int li_cmd_bench(int argc, char **argv) {
     if (argc < 1 || !strcmp(argv[0], "--help") || !strcmp(argv[0], "-h")) {
-        list(argc < 1 ? stderr : stdout);
-        return argc < 1 ? 2 : 0;
+        list(stdout);
+        return 0;
     }
     for (const char *c = argv[0]; *c; c++)
         if (!(*c == '_' || (*c >= 'a' && *c <= 'z') || (*c >= '0' && *c <= '9'))) {

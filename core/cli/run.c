@@ -4,6 +4,7 @@
 #include "cli/cli.h"
 #include "lua/lua_engine.h"
 #include "lua/lua_env.h"
+#include "lua/lua_json.h"
 #include "server/lua_client.h"
 
 #include <lauxlib.h>
@@ -23,6 +24,7 @@ int li_cmd_run(int argc, char **argv) {
     if (!L) return li_runtime_fail(&err);
     li_lua_preload_core(L);
     li_lua_preload_net(L);
+    li_lua_preload_json(L);
     lua_createtable(L, argc, 1);
     for (int i = 0; i < argc; i++) {
         lua_pushstring(L, argv[i]);

@@ -4,7 +4,10 @@ schedule, no policy errors, the capacity ratios of the KV dtypes). They
 check no speed: timings on a shared CI machine mean nothing, and the
 measured numbers live in docs/benchmarks.md with their commands.
 """
+import json
+import os
 import re
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -32,14 +35,33 @@ def number(pattern, text):
 
 
 def test_bench_list(run_cli):
-    r = run_cli(["bench", "--help"])
-    assert r.returncode == 0
-    for name in ("batching", "step_cost", "policy_overhead", "kv_dtype", "prefix", "cpu", "spec"):
-        assert f"  {name}\n" in r.stdout
+    """`luainfer bench` alone (or --help) lists every benchmark, one line
+    each: its name and what it measures, from its header comment."""
+    for args in ([], ["--help"]):
+        r = run_cli(["bench", *args])
+        assert r.returncode == 0, r.stderr
+        for name in ("batching", "step_cost", "policy_overhead", "kv_dtype", "prefix", "cpu", "spec"):
+            assert re.search(rf"^  {name} +\S.{{8,}}$", r.stdout, re.M), r.stdout
+        listed = re.findall(r"^  (\w+) ", r.stdout, re.M)
+        assert listed == sorted(p.stem[6:] for p in (REPO / "bench").glob("bench_*.lua")), r.stdout
 
 
-def test_bench_batching_counts_the_same_tokens(run_ok):
-    out = bench(run_ok, "batching", "6", "4", "loguniform")
+def check_png(path):
+    """A PNG that decodes completely (matplotlib's reader, libpng), of a sane
+    size, with more than one colour in it."""
+    data = Path(path).read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR", f"{path} is not a PNG"
+    width, height = struct.unpack(">II", data[16:24])
+    assert 300 <= width <= 4000 and 200 <= height <= 4000, (width, height)
+    import matplotlib.image
+    img = matplotlib.image.imread(path)
+    assert img.shape[:2] == (height, width)
+    assert img.reshape(-1, img.shape[-1]).std(axis=0).max() > 0.01, "a blank image"
+
+
+def test_bench_batching_counts_the_same_tokens(run_ok, tmp_path):
+    png, js = tmp_path / "batching.png", tmp_path / "batching.json"
+    out = bench(run_ok, "batching", "6", "4", "loguniform", "--plot", str(png), "--json", str(js))
     # out_len(i) = floor(16 * 32^q + 0.5), q = (i-1)/5, summed over i = 1..6
     want = sum(int(16 * 32 ** ((i - 1) / 5) + 0.5) for i in range(1, 7))
     cont = number(r"continuous \(default\.lua\): (\d+) tokens", out)
@@ -52,6 +74,11 @@ def test_bench_batching_counts_the_same_tokens(run_ok):
     assert number(r"steps static / continuous: ([\d.]+)x", out) == pytest.approx(steps_s / steps_c, abs=0.01)
     for name in ("continuous/static", "continuous/static padded"):
         assert number(rf"throughput ratio {name}: ([\d.]+)x", out) > 0
+    # --json holds what was printed; --plot drew it
+    r = json.loads(js.read_text())
+    assert r["bench"] == "batching" and [row["max_num_seqs"] for row in r["rows"]] == [4]
+    assert r["rows"][0]["tokens"] == want and r["rows"][0]["steps_continuous"] == steps_c
+    check_png(png)
 
 
 def test_bench_step_cost_prints_every_size(run_ok):
@@ -77,13 +104,29 @@ def test_bench_kv_dtype_capacity(run_ok):
     assert per_token["f16"] / 2 < per_token["fp8"] == per_token["int8"] < per_token["f16"] * 0.55
 
 
-def test_bench_prefix_hits(run_ok):
-    out = bench(run_ok, "prefix", "2")
+def test_bench_prefix_hits(run_ok, tmp_path):
+    png, js = tmp_path / "prefix.png", tmp_path / "prefix.json"
+    out = bench(run_ok, "prefix", "2", "--plot", str(png), "--json", str(js))
     hits = [float(h) for h in re.findall(r"\|\s+(\d+)% \| [\d.]+x$", out, re.M)]
     assert len(hits) == 4 and all(h > 0 for h in hits)
     # prefixes interleaved in arrival order through a pool too small for
     # them all: only the cache-aware order reuses them
     assert number(r"lpm\.lua: .*hit rate (\d+)%", out) > number(r"default\.lua: .*hit rate (\d+)%", out)
+    r = json.loads(js.read_text())
+    assert r["bench"] == "prefix" and len(r["rows"]) == 4
+    assert [round(100 * row["hit"]) for row in r["rows"]] == [round(h) for h in hits]
+    check_png(png)
+
+
+def test_bench_options_errors(run_cli, tmp_path):
+    """--plot and --json name files; a missing name or an unwritable place is a
+    one-line error, and nothing half-written is left behind."""
+    r = run_cli(["bench", "step_cost", "1", "1", "--json"])
+    assert r.returncode != 0 and "--json needs a file name" in r.stderr
+    bad = tmp_path / "no" / "such" / "dir" / "x.json"
+    r = run_cli(["bench", "step_cost", "1", "1", "--json", str(bad)])
+    assert r.returncode != 0 and f"cannot write {bad}" in r.stderr
+    assert not list(tmp_path.rglob("*.tmp*"))
 
 
 def test_bench_cpu_results(run_ok):
@@ -103,13 +146,13 @@ def test_bench_spec_outputs_match(run_ok):
     assert number(r"copy\s+1 \|\s+[\d.]+ \| [\d.]+ \([\d.]+x, \d+% of (\d+)\)", out) > 0  # drafts were made
 
 
-def test_bench_builds_table(luainfer_bin, model_path):
+def test_bench_builds_table(luainfer_bin, model_path, tmp_path):
     """bench_builds.py with one binary as both builds, one tiny round: the
     table has a row per measurement with positive medians, a ratio and a
     verdict (whatever it says: no speed is checked)."""
     cmd = [sys.executable, str(REPO / "bench" / "bench_builds.py"), "--old", str(luainfer_bin), "--new",
            str(luainfer_bin), "--old-src", str(REPO), "--new-src", str(REPO), "--model", str(model_path),
-           "--rounds", "1", "--prefill", "16", "--decode", "4", "--seqs", "2", "3"]
+           "--rounds", "1", "--prefill", "16", "--decode", "4", "--seqs", "2", "3", "--json", str(tmp_path / "b.json")]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=BENCH_TIMEOUT_S)
     assert r.returncode == 0, r.stderr[-2000:]
     rows = re.findall(r"^\| ([^|]+?) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \| (yes|no) \|$", r.stdout, re.M)
@@ -122,3 +165,128 @@ def test_bench_builds_table(luainfer_bin, model_path):
         if abs(abs(float(ratio) - 1) - 0.03) > 0.001:  # the verdict uses the unrounded ratio
             assert (ok == "yes") == (abs(float(ratio) - 1) <= 0.03), (name, ratio, ok)
     assert re.search(r"^round 1: prefill [\d.]+ -> [\d.]+, decode", r.stdout, re.M), r.stdout
+    js = json.loads((tmp_path / "b.json").read_text())  # --json: the same numbers as the table
+    assert js["bench"] == "builds" and sorted(js["ratio"]) == ["batched2", "batched3", "decode", "prefill"]
+    assert f"{js['ratio']['decode']:.3f}" == rows[1][3]
+
+
+def write_trace(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_bench_replay_side_by_side(run_ok, tmp_path):
+    """Two policies replay one small trace: a row each with the metrics,
+    the same greedy outputs, --json holding the rows and --plot a PNG."""
+    trace = write_trace(tmp_path / "t.jsonl", [
+        {"t": 0.0, "prompt": "The capital of France is", "max_tokens": 6, "slo_ttft_ms": 60000, "slo_tpot_ms": 60000},
+        {"t": 0.05, "prompt_len": 12, "max_tokens": 4, "tenant": "b"},
+        {"t": 0.1, "prompt": "Once upon a time", "max_tokens": 5, "slo_ttft_ms": 0},  # can't be met
+    ])
+    png, js = tmp_path / "r.png", tmp_path / "r.json"
+    out = bench(run_ok, "replay", str(trace), "--policy", str(REPO / "policies" / "default.lua"), "--policy",
+                str(REPO / "policies" / "lof.lua"), "--rate-scale", "1,2", "--json", str(js), "--plot", str(png))
+    rows = re.findall(r"^(default|lof)\s+([\d.]+)\s+([\d.]+)\s+[\d.]+s \|.*\|\s+(\d+)%\s+(\d+)\s+[\d.]+$", out, re.M)
+    assert [(p, s) for p, s, *_ in rows] == [("default", "1.00"), ("lof", "1.00"), ("default", "2.00"),
+                                             ("lof", "2.00")], out
+    assert "every run's outputs were identical" in out
+    r = json.loads(js.read_text())
+    assert r["bench"] == "replay" and len(r["runs"]) == 4
+    for run in r["runs"]:
+        assert run["requests"] == 3 and run["output_tokens"] == 15
+        # the third request's TTFT SLO of 0 ms can't be met; the second has the default SLOs
+        assert run["goodput"] <= 2 / 3
+        assert run["ttft_p50"] <= run["ttft_p90"] <= run["ttft_p99"]
+    check_png(png)
+
+
+def test_bench_replay_bad_traces(run_cli, tmp_path):
+    """A bad trace is a one-line error naming the file and line."""
+    cases = {
+        "missing.jsonl": None,
+        "empty.jsonl": "",
+        "notjson.jsonl": '{"t": 0, "prompt": "x", "max_tokens": 2}\n{bad\n',
+        "order.jsonl": '{"t": 1, "prompt": "x", "max_tokens": 2}\n{"t": 0.5, "prompt": "y", "max_tokens": 2}\n',
+        "noprompt.jsonl": '{"t": 0, "max_tokens": 2}\n',
+        "badlen.jsonl": '{"t": 0, "prompt": "x", "max_tokens": 0}\n',
+    }
+    want = {
+        "missing.jsonl": "cannot read trace",
+        "empty.jsonl": "has no requests",
+        "notjson.jsonl": "notjson.jsonl:2: json.decode: invalid JSON",
+        "order.jsonl": "order.jsonl:2: arrivals must be in order",
+        "noprompt.jsonl": "noprompt.jsonl:1: needs 'prompt'",
+        "badlen.jsonl": "badlen.jsonl:1: 'max_tokens' must be an integer >= 1",
+    }
+    for name, text in cases.items():
+        p = tmp_path / name
+        if text is not None:
+            p.write_text(text)
+        r = run_cli(["bench", "replay", str(p)])
+        assert r.returncode != 0 and want[name] in r.stderr, (name, r.stderr)
+    r = run_cli(["bench", "replay", str(tmp_path / "order.jsonl"), "--rate-scale", "0"])
+    assert r.returncode != 0 and "--rate-scale: want a number" in r.stderr
+    r = run_cli(["bench", "replay", str(tmp_path / "order.jsonl"), "--bogus"])
+    assert r.returncode != 0 and "unknown option --bogus" in r.stderr
+
+
+def test_shipped_traces_are_what_the_generator_makes(tmp_path):
+    """bench/traces/ is exactly tools/gen_traces.py's output (deterministic),
+    and every line has the fields the replay reads."""
+    r = subprocess.run([sys.executable, str(REPO / "tools" / "gen_traces.py"), str(tmp_path)], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    shipped = sorted(p.name for p in (REPO / "bench" / "traces").glob("*.jsonl"))
+    assert shipped == ["bursty.jsonl", "multitenant.jsonl", "poisson.jsonl", "rag.jsonl"]
+    for name in shipped:
+        assert (tmp_path / name).read_bytes() == (REPO / "bench" / "traces" / name).read_bytes(), name
+        rows = [json.loads(l) for l in (REPO / "bench" / "traces" / name).read_text().splitlines()]
+        ts = [row["t"] for row in rows]
+        assert ts == sorted(ts) and all(row["max_tokens"] >= 1 and row["prompt"] for row in rows)
+    tenants = [row.get("tenant") for row in map(json.loads, (REPO / "bench/traces/multitenant.jsonl").open())]
+    assert 0.5 < tenants.count("heavy") / len(tenants) < 0.7
+
+
+PROGRESS_SCRIPT = """
+local bench = require("luainfer.bench")
+local p = bench.progress(4, "demo", 0)   -- every = 0: a plain line per step
+for i = 1, 4 do p:step() end
+p:done()
+"""
+
+
+def test_progress_bar_on_a_terminal_plain_lines_otherwise(luainfer_bin, tmp_path):
+    """luainfer.bench's progress: redrawn in place (\\r, bar, rate, ETA) when
+    stderr is a terminal, whole lines when it is not, silent with
+    LUAINFER_PROGRESS=0."""
+    import pty
+    script = tmp_path / "p.lua"
+    script.write_text(PROGRESS_SCRIPT)
+    plain = subprocess.run([str(luainfer_bin), "run", str(script)], capture_output=True, text=True, timeout=60)
+    assert plain.returncode == 0, plain.stderr
+    lines = plain.stderr.splitlines()
+    assert len(lines) == 4 and "\r" not in plain.stderr, plain.stderr  # steps 1-3, then the final line
+    assert re.fullmatch(r"demo \[#{24}\] 4/4  [\d.]+/s  took \d+s", lines[-1]), lines[-1]
+    assert re.fullmatch(r"demo \[#{6}-{18}\] 1/4  [\d.]+/s  ETA \S+", lines[0]), lines[0]
+
+    master, slave = pty.openpty()
+    p = subprocess.Popen([str(luainfer_bin), "run", str(script)], stdout=subprocess.DEVNULL, stderr=slave)
+    os.close(slave)
+    out = b""
+    while True:
+        try:
+            chunk = os.read(master, 4096)
+        except OSError:  # the child closed the terminal
+            break
+        if not chunk:
+            break
+        out += chunk
+    os.close(master)
+    assert p.wait(timeout=60) == 0
+    text = out.decode()
+    assert text.count("\r") >= 5 and "\x1b[K" in text and text.endswith("\n"), repr(text)
+    assert "4/4" in text and "ETA" in text
+
+    quiet = subprocess.run([str(luainfer_bin), "run", str(script)], capture_output=True, text=True, timeout=60,
+                           env=dict(os.environ, LUAINFER_PROGRESS="0"))
+    assert quiet.returncode == 0 and quiet.stderr == ""

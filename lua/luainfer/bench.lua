@@ -1,0 +1,183 @@
+-- luainfer.bench — what every benchmark program shares: the --json and
+-- --plot options, and writing their files.
+--
+--   local bench = require("luainfer.bench")
+--   local opts = bench.options(arg)   -- removes --json FILE / --plot FILE from arg
+--   ... measure, printing the usual table ...
+--   bench.finish(opts, { bench = "batching", rows = { ... } })
+--
+--   local p = bench.progress(n_runs, "batching")   -- progress on stderr
+--   for ... do run(...); p:step() end
+--   p:done()
+--
+-- --json FILE writes the results table as JSON (luainfer.json: keys sorted,
+-- so the same results give the same text). --plot FILE writes a PNG made by
+-- tools/plot_bench.py (matplotlib, from the project's .venv) from the same
+-- table; `bench` names the plot. Both write a temporary file and rename it,
+-- so a failed run never leaves half a file.
+local json = require("luainfer.json")
+
+local M = {}
+
+-- The repository root: bench programs live in <root>/bench/.
+local function root_of(script)
+  return (script or ""):match("^(.*)/bench/[^/]*$") or (script or ""):match("^(.*)/examples/[^/]*$") or "."
+end
+
+-- Pulls the shared options out of arg (in place: positional arguments keep
+-- their order and indices 1..n). Returns { json = FILE?, plot = FILE?, root }.
+function M.options(args)
+  local opts, rest, i = { root = root_of(args[0]) }, {}, 1
+  while args[i] ~= nil do
+    local a = args[i]
+    local key = a == "--json" and "json" or a == "--plot" and "plot" or nil
+    if key then
+      local v = args[i + 1]
+      if v == nil or v == "" then error(("%s needs a file name"):format(a), 0) end
+      opts[key] = v
+      i = i + 2
+    else
+      rest[#rest + 1] = a
+      i = i + 1
+    end
+  end
+  for k = #args, 1, -1 do args[k] = nil end
+  for k, v in ipairs(rest) do args[k] = v end
+  return opts
+end
+
+local function write_file(path, text)
+  local tmp = ("%s.tmp.%d"):format(path, math.random(1, 1e9))
+  local f, err = io.open(tmp, "wb")
+  if not f then error(("cannot write %s: %s"):format(path, err), 0) end
+  local ok, werr = f:write(text)
+  f:close()
+  if not ok then
+    os.remove(tmp)
+    error(("cannot write %s: %s"):format(path, werr), 0)
+  end
+  local rok, rerr = os.rename(tmp, path)
+  if not rok then
+    os.remove(tmp)
+    error(("cannot write %s: %s"):format(path, rerr), 0)
+  end
+end
+
+local function shell_quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+
+local function python(root)
+  local env = os.getenv("LUAINFER_PYTHON")
+  if env and env ~= "" then return env end
+  local venv = root .. "/.venv/bin/python"
+  local f = io.open(venv, "rb")
+  if f then f:close(); return venv end
+  return "python3"
+end
+
+-- ---- progress ---------------------------------------------------------------
+
+local function stderr_is_tty()
+  local ok, ffi = pcall(require, "ffi")
+  if not ok then return false end
+  pcall(ffi.cdef, "int isatty(int fd);")
+  local ok2, r = pcall(function() return ffi.C.isatty(2) end)
+  return ok2 and r == 1
+end
+
+local function clock()
+  local ok, ffi = pcall(require, "ffi")
+  if ok then
+    pcall(ffi.cdef, "typedef struct { long tv_sec; long tv_nsec; } li_bench_timespec; int clock_gettime(int, li_bench_timespec *);")
+    local ts = ffi.new("li_bench_timespec")
+    if pcall(function() return ffi.C.clock_gettime(1, ts) end) then -- CLOCK_MONOTONIC
+      return function()
+        ffi.C.clock_gettime(1, ts)
+        return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9
+      end
+    end
+  end
+  return os.time
+end
+
+local function eta_text(s)
+  if s ~= s or s == math.huge then return "?" end
+  if s >= 3600 then return ("%dh%02dm"):format(math.floor(s / 3600), math.floor(s % 3600 / 60)) end
+  if s >= 60 then return ("%dm%02ds"):format(math.floor(s / 60), math.floor(s % 60)) end
+  return ("%ds"):format(math.floor(s + 0.5))
+end
+
+local Progress = {}
+Progress.__index = Progress
+
+-- A progress report on stderr for `total` units of work: on a terminal one
+-- line redrawn in place (bar, count, rate, ETA); otherwise a plain line at
+-- most every `every` seconds (default 10) and one at the end, so logs of
+-- CI runs show it is alive without a flood. LUAINFER_PROGRESS=0 silences it.
+function M.progress(total, label, every)
+  local now = clock()
+  local p = setmetatable({ total = total, label = label or "progress", n = 0, now = now, t0 = now(),
+                           tty = stderr_is_tty(), every = every or 10,
+                           off = os.getenv("LUAINFER_PROGRESS") == "0" }, Progress)
+  p.last = p.t0
+  return p
+end
+
+function Progress:line()
+  local t = self.now() - self.t0
+  local rate = t > 0 and self.n / t or 0
+  local eta = rate > 0 and (self.total - self.n) / rate or math.huge
+  local w = 24
+  local fill = self.total > 0 and math.floor(w * math.min(self.n, self.total) / self.total) or 0
+  return ("%s [%s%s] %d/%d  %.2f/s  %s %s"):format(self.label, ("#"):rep(fill), ("-"):rep(w - fill), self.n,
+    self.total, rate, self.n >= self.total and "took" or "ETA", eta_text(self.n >= self.total and t or eta))
+end
+
+function Progress:step(k)
+  self.n = self.n + (k or 1)
+  if self.off then return end
+  local t = self.now()
+  if self.tty then
+    io.stderr:write("\r", self:line(), "\27[K")
+    io.stderr:flush()
+  elseif t - self.last >= self.every and self.n < self.total then
+    io.stderr:write(self:line(), "\n")
+    self.last = t
+  end
+end
+
+function Progress:done()
+  if self.off or self.finished then return end
+  self.finished = true
+  if self.tty then io.stderr:write("\r", self:line(), "\27[K\n")
+  else io.stderr:write(self:line(), "\n") end
+  io.stderr:flush()
+end
+
+-- ---- results --------------------------------------------------------------
+
+-- Writes what opts asks for from results (a table with a `bench` name).
+function M.finish(opts, results)
+  assert(type(results) == "table" and type(results.bench) == "string", "results need a bench name")
+  local text = json.encode(results, true) .. "\n"
+  if opts.json then
+    write_file(opts.json, text)
+    print(("results written to %s"):format(opts.json))
+  end
+  if opts.plot then
+    local data = os.tmpname()
+    write_file(data, text)
+    local cmd = ("%s %s %s %s"):format(shell_quote(python(opts.root)), shell_quote(opts.root .. "/tools/plot_bench.py"),
+      shell_quote(data), shell_quote(opts.plot))
+    local ok, how, code = os.execute(cmd)
+    os.remove(data)
+    -- LuaJIT returns the status (0 = success) unless built with 5.2 compatibility
+    local success = ok == 0 or ok == true
+    if not success then
+      error(("--plot %s: tools/plot_bench.py failed (%s %s): is matplotlib in the .venv? (make setup)")
+        :format(opts.plot, tostring(how), tostring(code)), 0)
+    end
+    print(("plot written to %s"):format(opts.plot))
+  end
+end
+
+return M
