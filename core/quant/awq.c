@@ -18,19 +18,6 @@
 
 #define WHY(...) (snprintf(why, cap, __VA_ARGS__), -1)
 
-/* d^T G d, G (n, n) row-major symmetric */
-static double quad_form(const double *g, const double *d, int64_t n, int64_t ldg) {
-    double total = 0.0;
-    for (int64_t a = 0; a < n; a++) {
-        if (d[a] == 0.0) continue;
-        const double *ga = g + a * ldg;
-        double s = 0.0;
-        for (int64_t b = 0; b < n; b++) s += ga[b] * d[b];
-        total += d[a] * s;
-    }
-    return total;
-}
-
 int li_q4_awq(const float *w, int64_t n_out, int64_t n_in, const li_q4_calib *c, const li_q4_opts *o,
               li_q4_result *out, char *why, size_t cap) {
     if (!c || !c->finished || c->n_in != n_in)
@@ -41,11 +28,15 @@ int li_q4_awq(const float *w, int64_t n_out, int64_t n_in, const li_q4_calib *c,
     if (li_q4_result_alloc(out, n_out, n_in, o->group_size, o->symmetric, "awq", why, cap)) return -1;
     const int64_t n = n_in, gs = out->group_size ? out->group_size : n, ng = out->n_groups;
     double *s = malloc((size_t)n * sizeof(double)), *best_s = malloc((size_t)n * sizeof(double));
-    double *ws = malloc((size_t)n * sizeof(double)), *d = malloc((size_t)n * sizeof(double));
-    double *gg = malloc((size_t)(gs * gs) * sizeof(double)), *vc = malloc((size_t)gs * sizeof(double));
+    const int n_clip = o->clip && o->n_clip > 0 ? o->n_clip : 1;
+    /* d: the whole layer's differences (n_out, n), or a group's under every clip step (n_clip, gs) */
+    const int64_t nd = n_out * n > n_clip * gs ? n_out * n : n_clip * gs;
+    double *ws = malloc((size_t)n * sizeof(double)), *d = malloc((size_t)nd * sizeof(double));
+    double *e = malloc((size_t)(n_out > n_clip ? n_out : n_clip) * sizeof(double));
+    double *gg = malloc((size_t)(gs * gs) * sizeof(double)), *vc = malloc((size_t)(n_clip * gs) * sizeof(double));
     float *act_scale = malloc((size_t)n * sizeof(float));
     int rc = -1;
-    if (!s || !best_s || !ws || !d || !gg || !vc || !act_scale) {
+    if (!s || !best_s || !ws || !d || !e || !gg || !vc || !act_scale) {
         (void)WHY("awq: out of memory for a %lld x %lld layer", (long long)n_out, (long long)n_in);
         goto done;
     }
@@ -58,17 +49,19 @@ int li_q4_awq(const float *w, int64_t n_out, int64_t n_in, const li_q4_calib *c,
             const double m = c->abs_sum[j] / (double)c->n_rows;
             s[j] = (double)(float)pow(m > 1e-4 ? m : 1e-4, a);
         }
-        double loss = 0.0;
         for (int64_t r = 0; r < n_out; r++) {
             const float *wr = w + r * n;
+            double *dr = d + r * n;
             for (int64_t j = 0; j < n; j++) ws[j] = (double)wr[j] * s[j];
             for (int64_t g = 0; g < ng; g++) {
                 const li_q4_group p = li_q4_group_params(ws + g * gs, gs, 1, o->symmetric);
                 for (int64_t j = g * gs; j < (g + 1) * gs; j++)
-                    d[j] = li_q4_value(li_q4_code(ws[j], p), p) / s[j] - (double)wr[j];
+                    dr[j] = li_q4_value(li_q4_code(ws[j], p), p) / s[j] - (double)wr[j];
             }
-            loss += quad_form(c->xtx, d, n, n);
         }
+        li_q4_quad_forms(c->xtx, n, d, n, n_out, n, e);
+        double loss = 0.0;
+        for (int64_t r = 0; r < n_out; r++) loss += e[r];
         loss /= (double)c->n_rows;
         if (loss < best) { /* strictly: ties keep the smaller exponent */
             best = loss;
@@ -92,20 +85,16 @@ int li_q4_awq(const float *w, int64_t n_out, int64_t n_in, const li_q4_calib *c,
                 ws[j] = (double)wr[j] * best_s[j0 + j];
                 amax = fabs(ws[j]) > amax ? fabs(ws[j]) : amax;
             }
-            const int steps = o->clip && o->n_clip > 0 ? o->n_clip : 1;
-            double best_e = INFINITY;
-            int best_i = 0;
-            for (int i = 0; i < steps; i++) {
+            for (int i = 0; i < n_clip; i++) { /* every shrink of the group, then their errors at once */
                 const double m = amax * (1.0 - (double)i / 20.0);
-                for (int64_t j = 0; j < gs; j++) vc[j] = ws[j] < -m ? -m : ws[j] > m ? m : ws[j];
-                const li_q4_group p = li_q4_group_params(vc, gs, 1, o->symmetric);
-                for (int64_t j = 0; j < gs; j++) d[j] = li_q4_value(li_q4_code(vc[j], p), p) - ws[j];
-                const double e = quad_form(gg, d, gs, gs);
-                if (e < best_e) {
-                    best_e = e;
-                    best_i = i;
-                }
+                double *v = vc + i * gs, *di = d + i * gs;
+                for (int64_t j = 0; j < gs; j++) v[j] = ws[j] < -m ? -m : ws[j] > m ? m : ws[j];
+                const li_q4_group p = li_q4_group_params(v, gs, 1, o->symmetric);
+                for (int64_t j = 0; j < gs; j++) di[j] = li_q4_value(li_q4_code(v[j], p), p) - ws[j];
             }
+            li_q4_quad_forms(gg, gs, d, gs, n_clip, gs, e);
+            int best_i = 0;
+            for (int i = 1; i < n_clip; i++) best_i = e[i] < e[best_i] ? i : best_i;
             const double m = amax * (1.0 - (double)best_i / 20.0);
             for (int64_t j = 0; j < gs; j++) vc[j] = ws[j] < -m ? -m : ws[j] > m ? m : ws[j];
             const li_q4_group p = li_q4_group_params(vc, gs, 1, o->symmetric);
@@ -123,6 +112,7 @@ done:
     free(best_s);
     free(ws);
     free(d);
+    free(e);
     free(gg);
     free(vc);
     free(act_scale);

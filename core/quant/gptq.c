@@ -42,24 +42,45 @@ void li_q4_calib_free(li_q4_calib *c) {
     memset(c, 0, sizeof *c);
 }
 
-/* The upper triangle only (mirrored by finish); four rows at a time, so
- * each pass over the triangle does four multiply-adds per element loaded.
- * Products of two f32 values are exact in double. */
-void li_q4_calib_accumulate(li_q4_calib *c, const float *x, int64_t n_rows) {
+/* The upper triangle only (mirrored by finish), as a blocked rank-8
+ * update: rows go in runs of LI_CALIB_RUN converted to double (products of
+ * two f32 values are exact in double), and each (64 x 512) tile of the
+ * triangle takes every row of the run while it sits in L2, eight rows per
+ * pass. Each element sums its rows in order, in eights (a short last eight
+ * padded with zeros, which adds nothing): the result depends on how rows
+ * are chunked only through where those eights start. */
+#define LI_CALIB_RUN 256
+#define LI_CALIB_TI 64
+#define LI_CALIB_TJ 512
+
+LI_Q4_HOT void li_q4_calib_accumulate(li_q4_calib *c, const float *x, int64_t n_rows) {
     const int64_t n = c->n_in;
-    double *a = malloc((size_t)(4 * n) * sizeof(double));
-    if (!a) abort(); /* 4 rows: as li_xmalloc */
-    for (int64_t r = 0; r < n_rows; r += 4) {
-        const int nr = n_rows - r < 4 ? (int)(n_rows - r) : 4;
-        for (int t = 0; t < 4; t++)
-            for (int64_t j = 0; j < n; j++) a[t * n + j] = t < nr ? (double)x[(r + t) * n + j] : 0.0;
-        for (int t = 0; t < nr; t++)
+    double *a = malloc((size_t)(LI_CALIB_RUN * n) * sizeof(double));
+    if (!a) abort(); /* one run of rows: as li_xmalloc */
+    for (int64_t r0 = 0; r0 < n_rows; r0 += LI_CALIB_RUN) {
+        const int64_t nr = n_rows - r0 < LI_CALIB_RUN ? n_rows - r0 : LI_CALIB_RUN;
+        const int64_t nr8 = (nr + 7) / 8 * 8;
+        for (int64_t t = 0; t < nr8; t++)
+            for (int64_t j = 0; j < n; j++) a[t * n + j] = t < nr ? (double)x[(r0 + t) * n + j] : 0.0;
+        for (int64_t t = 0; t < nr; t++)
             for (int64_t j = 0; j < n; j++) c->abs_sum[j] += fabs(a[t * n + j]);
-        const double *a0 = a, *a1 = a + n, *a2 = a + 2 * n, *a3 = a + 3 * n;
-        for (int64_t i = 0; i < n; i++) {
-            const double b0 = a0[i], b1 = a1[i], b2 = a2[i], b3 = a3[i];
-            double *h = c->xtx + i * n;
-            for (int64_t j = i; j < n; j++) h[j] += b0 * a0[j] + b1 * a1[j] + b2 * a2[j] + b3 * a3[j];
+        for (int64_t i0 = 0; i0 < n; i0 += LI_CALIB_TI) {
+            const int64_t i1 = i0 + LI_CALIB_TI < n ? i0 + LI_CALIB_TI : n;
+            for (int64_t j0 = i0; j0 < n; j0 += LI_CALIB_TJ) {
+                const int64_t j1 = j0 + LI_CALIB_TJ < n ? j0 + LI_CALIB_TJ : n;
+                for (int64_t t = 0; t < nr8; t += 8) {
+                    const double *a0 = a + t * n, *a1 = a0 + n, *a2 = a1 + n, *a3 = a2 + n, *a4 = a3 + n,
+                                 *a5 = a4 + n, *a6 = a5 + n, *a7 = a6 + n;
+                    for (int64_t i = i0; i < i1; i++) {
+                        const double b0 = a0[i], b1 = a1[i], b2 = a2[i], b3 = a3[i], b4 = a4[i], b5 = a5[i],
+                                     b6 = a6[i], b7 = a7[i];
+                        double *h = c->xtx + i * n;
+                        for (int64_t j = i > j0 ? i : j0; j < j1; j++)
+                            h[j] += ((b0 * a0[j] + b1 * a1[j]) + (b2 * a2[j] + b3 * a3[j])) +
+                                    ((b4 * a4[j] + b5 * a5[j]) + (b6 * a6[j] + b7 * a7[j]));
+                    }
+                }
+            }
         }
     }
     c->n_rows += n_rows;
@@ -154,6 +175,35 @@ static int upper_cholesky_of_inverse(double *h, int64_t n, double *u) {
 /* ------------------------------------------------------------------------
  * GPTQ
  * ---------------------------------------------------------------------- */
+
+/* The lazy batch: w[r][k] -= sum_t err[r][t] U[i1 + t][k] for k >= i2,
+ * four rows at a time so each row of U is read once per four (the
+ * subtractions of one element keep their order: t increasing). */
+LI_Q4_HOT static void lazy_update(double *wd, const double *err, const double *u, int64_t n_out, int64_t n,
+                                  int64_t bs, int64_t i1, int64_t i2, int64_t nb) {
+    int64_t r = 0;
+    for (; r + 4 <= n_out; r += 4) {
+        double *w0 = wd + r * n, *w1 = w0 + n, *w2 = w1 + n, *w3 = w2 + n;
+        for (int64_t t = 0; t < nb; t++) {
+            const double e0 = err[r * bs + t], e1 = err[(r + 1) * bs + t], e2 = err[(r + 2) * bs + t],
+                         e3 = err[(r + 3) * bs + t];
+            const double *ut = u + (i1 + t) * n;
+            for (int64_t k = i2; k < n; k++) {
+                w0[k] -= e0 * ut[k];
+                w1[k] -= e1 * ut[k];
+                w2[k] -= e2 * ut[k];
+                w3[k] -= e3 * ut[k];
+            }
+        }
+    }
+    for (; r < n_out; r++) {
+        double *wr = wd + r * n;
+        for (int64_t t = 0; t < nb; t++) {
+            const double e = err[r * bs + t], *ut = u + (i1 + t) * n;
+            for (int64_t k = i2; k < n; k++) wr[k] -= e * ut[k];
+        }
+    }
+}
 
 typedef struct {
     const double *d;
@@ -250,14 +300,7 @@ int li_q4_gptq(const float *w, int64_t n_out, int64_t n_in, const li_q4_calib *c
             }
         }
         if (i2 < n) /* the block's errors into every later column at once (the lazy batch) */
-            for (int64_t r = 0; r < n_out; r++) {
-                double *wr = wd + r * n;
-                for (int64_t t = 0; t < nb; t++) {
-                    const double e = err[r * bs + t];
-                    const double *ut = u + (i1 + t) * n;
-                    for (int64_t k = i2; k < n; k++) wr[k] -= e * ut[k];
-                }
-            }
+            lazy_update(wd, err, u, n_out, n, bs, i1, i2, nb);
     }
     out->loss = loss;
     if (o->act_order) {

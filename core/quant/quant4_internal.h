@@ -8,6 +8,18 @@
 
 #include <math.h>
 
+/* The dense loops (X^T X, the quadratic forms, GPTQ's lazy batch) are
+ * built twice, for AVX2 and plain x86-64, the one chosen at load time by
+ * CPUID (GCC's ifunc clones). Both compute the same bits: ISO C mode
+ * contracts no multiply-add into an FMA, and vectorizing these loops
+ * changes no element's order of operations (CMakeLists.txt vectorizes
+ * core/quant/). */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(LI_NO_CLONES)
+#define LI_Q4_HOT __attribute__((target_clones("avx2", "default")))
+#else
+#define LI_Q4_HOT
+#endif
+
 /* One group's parameters: the stored f32 scale and the zero point (an
  * integer 0..15; 8 when symmetric). */
 typedef struct {
@@ -47,6 +59,13 @@ static inline int li_q4_code(double x, li_q4_group g) {
 
 /* What code q stands for. */
 static inline double li_q4_value(int q, li_q4_group g) { return ((double)q - g.zero) * (double)g.scale; }
+
+/* out[r] = d_r^T G d_r for the m rows d_r of d (ldd apart), G (n, n) with
+ * rows ldg apart, symmetric: the output error of a weight difference d
+ * through X^T X. Eight rows share each pass over G; the sums run in the
+ * same order whatever m is. */
+void li_q4_quad_forms(const double *g, int64_t ldg, const double *d, int64_t ldd, int64_t m, int64_t n,
+                      double *out);
 
 /* Checks the shape and grouping (n_in even, the group dividing n_in) and
  * allocates out's codes, scales and (asymmetric) zeros. 0, or -1 with why. */

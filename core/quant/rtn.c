@@ -86,24 +86,58 @@ int li_q4_weight_view(const li_q4_result *r, li_scheme scheme, li_act_quant act,
     return li_weight_check(w, why, cap) ? -1 : 0;
 }
 
+/* G d for 8 rows at once, G's columns in tiles of QF_TILE so the 8 partial
+ * results of a tile stay in L1 while every row of G passes by; each
+ * element of t sums over a in order, whatever the tiling. */
+#define QF_TILE 256
+
+LI_Q4_HOT void li_q4_quad_forms(const double *g, int64_t ldg, const double *d, int64_t ldd, int64_t m,
+                                int64_t n, double *out) {
+    double t[8][QF_TILE];
+    for (int64_t r0 = 0; r0 < m; r0 += 8) {
+        const int nr = m - r0 < 8 ? (int)(m - r0) : 8;
+        const double *dr[8];
+        for (int i = 0; i < 8; i++) dr[i] = d + (r0 + (i < nr ? i : 0)) * ldd; /* a short group repeats row 0 */
+        double acc[8] = {0};
+        for (int64_t b0 = 0; b0 < n; b0 += QF_TILE) {
+            const int64_t nb = n - b0 < QF_TILE ? n - b0 : QF_TILE;
+            memset(t, 0, sizeof t);
+            for (int64_t a = 0; a < n; a++) {
+                const double *ga = g + a * ldg + b0;
+                const double c0 = dr[0][a], c1 = dr[1][a], c2 = dr[2][a], c3 = dr[3][a], c4 = dr[4][a],
+                             c5 = dr[5][a], c6 = dr[6][a], c7 = dr[7][a];
+                for (int64_t b = 0; b < nb; b++) {
+                    const double v = ga[b];
+                    t[0][b] += c0 * v;
+                    t[1][b] += c1 * v;
+                    t[2][b] += c2 * v;
+                    t[3][b] += c3 * v;
+                    t[4][b] += c4 * v;
+                    t[5][b] += c5 * v;
+                    t[6][b] += c6 * v;
+                    t[7][b] += c7 * v;
+                }
+            }
+            for (int i = 0; i < nr; i++)
+                for (int64_t b = 0; b < nb; b++) acc[i] += dr[i][b0 + b] * t[i][b];
+        }
+        for (int i = 0; i < nr; i++) out[r0 + i] = acc[i];
+    }
+}
+
 double li_q4_output_error(const float *w, const li_q4_result *r, const li_q4_calib *c) {
     const int64_t n = r->n_in;
     float *wq = malloc((size_t)(r->n_out * n) * sizeof(float));
-    double *d = malloc((size_t)n * sizeof(double));
-    if (!wq || !d) abort(); /* a test / tool helper on one layer */
+    double *d = malloc((size_t)(r->n_out * n) * sizeof(double)), *e = malloc((size_t)r->n_out * sizeof(double));
+    if (!wq || !d || !e) abort(); /* a test / tool helper on one layer */
     li_q4_result_dequant(r, wq);
+    for (int64_t i = 0; i < r->n_out * n; i++) d[i] = (double)wq[i] - (double)w[i];
+    li_q4_quad_forms(c->xtx, n, d, n, r->n_out, n, e);
     double total = 0.0;
-    for (int64_t i = 0; i < r->n_out; i++) {
-        for (int64_t j = 0; j < n; j++) d[j] = (double)wq[i * n + j] - (double)w[i * n + j];
-        for (int64_t a = 0; a < n; a++) { /* d^T (X^T X) d */
-            const double *g = c->xtx + a * n;
-            double s = 0.0;
-            for (int64_t b = 0; b < n; b++) s += g[b] * d[b];
-            total += d[a] * s;
-        }
-    }
+    for (int64_t i = 0; i < r->n_out; i++) total += e[i];
     free(wq);
     free(d);
+    free(e);
     return total / (double)c->n_rows;
 }
 

@@ -45,7 +45,8 @@ int main(int argc, char **argv) {
         hdr[1] > 1 << 16 || hdr[2] > 1 << 24)
         return fail("bad input header");
     const int64_t n_out = hdr[0], n_in = hdr[1], n_rows = hdr[2];
-    float *w = malloc((size_t)(n_out * n_in) * sizeof(float)), *x = malloc((size_t)(n_rows * n_in + 1) * sizeof(float));
+    float *w = malloc((size_t)(n_out * n_in) * sizeof(float));
+    float *x = malloc((size_t)(n_rows * n_in + 1) * sizeof(float));
     if (!w || !x || fread(w, sizeof(float), (size_t)(n_out * n_in), f) != (size_t)(n_out * n_in) ||
         fread(x, sizeof(float), (size_t)(n_rows * n_in), f) != (size_t)(n_rows * n_in))
         return fail("short input");
