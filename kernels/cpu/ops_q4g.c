@@ -31,6 +31,7 @@ void li_q4g_pack_free(li_weight *w) {
     li_aligned_free(p->codes);
     li_aligned_free(p->sz);
     li_aligned_free(p->izero);
+    li_aligned_free(p->a8codes);
     free(p->gidx);
     free(p);
     w->packed = NULL;
@@ -81,7 +82,28 @@ int li_q4g_pack(li_weight *w) {
         }
     }
     free(inv);
-    p->a8_simd = k % 64 == 0 && gs % 64 == 0;
+    /* A8 panels of 8 rows, stored order: chunk t of 8 elements, lane l =
+     * row 8p8 + l, byte b = element 8t + b (low nibble), 8t + 4 + b (high) */
+    p->a8_simd = k % 8 == 0 && gs % 8 == 0;
+    if (p->a8_simd) {
+        const int64_t np8 = np * 2;
+        p->a8codes = li_aligned_alloc((size_t)(np8 * (k / 8) * 32));
+        if (!p->a8codes) {
+            w->packed = p;
+            li_q4g_pack_free(w);
+            return LI_ENOMEM;
+        }
+        for (int64_t p8 = 0; p8 < np8; p8++)
+            for (int64_t t = 0; t < k / 8; t++) {
+                uint8_t *dst = p->a8codes + (p8 * (k / 8) + t) * 32;
+                for (int l = 0; l < 8; l++) {
+                    const int64_t r = p8 * 8 + l;
+                    for (int b = 0; b < 4; b++)
+                        dst[l * 4 + b] =
+                            r < m ? (uint8_t)(code_at(w, r, 8 * t + b) | code_at(w, r, 8 * t + 4 + b) << 4) : 0;
+                }
+            }
+    }
     w->packed = p;
     return 0;
 }
@@ -89,12 +111,6 @@ int li_q4g_pack(li_weight *w) {
 /* ------------------------------------------------------------------------
  * A8: activation rows and the reference
  * ---------------------------------------------------------------------- */
-
-/* where stored element j lands in the row: chunks of 64, evens then odds */
-static inline int64_t act_pos(int64_t j, int64_t k) {
-    const int64_t t = j / 64, e = j % 64, len = k - t * 64 < 64 ? k - t * 64 : 64;
-    return t * 64 + (e % 2 ? len / 2 + e / 2 : e / 2);
-}
 
 static inline int32_t *act_xsum(const uint8_t *act, int64_t k) { return (int32_t *)(act + ((k + 3) & ~3)); }
 
@@ -108,7 +124,7 @@ void li_q4g_act_quantize(const li_weight *w, const li_q4g_packed *p, const float
     memset(xsum, 0, (size_t)p->ng * sizeof(int32_t));
     for (int64_t j = 0; j < k; j++) {
         const int v = (int)li_code_round(x[w->perm ? w->perm[j] : j] * inv, -127.0f, 127.0f);
-        q[act_pos(j, k)] = (int8_t)v;
+        q[j] = (int8_t)v;
         xsum[j / p->gs] += v;
     }
     memcpy(xsum + p->ng, &s, sizeof s);
@@ -124,7 +140,7 @@ float li_q4g_a8_row_ref(const li_weight *w, const li_q4g_packed *p, int64_t row,
     for (int64_t g = 0; g < p->ng; g++) {
         int32_t isum = 0;
         const int64_t j1 = (g + 1) * gs < k ? (g + 1) * gs : k;
-        for (int64_t j = g * gs; j < j1; j++) isum += (int32_t)q[act_pos(j, k)] * code_at(w, row, j);
+        for (int64_t j = g * gs; j < j1; j++) isum += (int32_t)q[j] * code_at(w, row, j);
         isum -= p->izero[(pp * p->ng + g) * LI_PANEL + l] * xsum[g];
         acc = acc + p->sz[(pp * p->ng + g) * 32 + l] * (float)isum;
     }
@@ -189,7 +205,7 @@ static void q4g_work(void *ctx, int ith, int nth) {
         const int64_t i0 = (t / j->n_chunks) * j->tile_n, ni = LI_MIN(j->tile_n, j->n - i0);
         float *y = j->y + i0 * m;
         if (j->a8)
-            j->kern->a8(j->w, j->p, u0 * 4, LI_MIN(u1 * 4, m), j->act + (size_t)i0 * j->act_stride, j->act_stride,
+            j->kern->a8(j->w, j->p, u0 * 8, LI_MIN(u1 * 8, m), j->act + (size_t)i0 * j->act_stride, j->act_stride,
                         ni, y, m);
         else j->kern->a16(j->p, u0, u1, j->x + i0 * j->w->k, j->w->k, ni, y, m);
         if (j->res) { /* the reference's res += y, on the tile still in cache */
@@ -226,8 +242,8 @@ void li_q4g_matmul(const li_q4g_kernels *kern, li_threadpool *tp, int nth, li_q4
         atomic_init(&j.next_row, 0);
         li_threadpool_run(tp, q4g_prep_work, &j, n >= 8 ? nth : 1);
     }
-    /* A16 works in panels of 16 rows, A8 in runs of 4 rows */
-    j.unit_rows = j.a8 ? 4 : LI_PANEL;
+    /* A16 works in panels of 16 rows, A8 in panels of 8 */
+    j.unit_rows = j.a8 ? 8 : LI_PANEL;
     j.units = (m + j.unit_rows - 1) / j.unit_rows;
     j.tile_n = n <= 64 ? n : 64;
     const int64_t n_tiles = (n + j.tile_n - 1) / j.tile_n, want = (int64_t)nth * 8;

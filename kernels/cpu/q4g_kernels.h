@@ -31,7 +31,10 @@
  *   sz      (n_panels, n_groups, 32) the 16 rows' scales, then their zeros
  *   izero   (n_panels, n_groups, 16) the zeros as integers (A8)
  *   gidx    (k) the group of input column c (perm: stored position / gs)
- * A8 reads w->data (stored order) with the activations permuted to match. */
+ *   a8codes (n_panels * 2, k / 8, 32) A8 panels of 8 rows in stored order:
+ *           lane l (4 bytes) of chunk t holds row 8p + l's elements 8t..8t+3
+ *           in the low nibbles, 8t+4..8t+7 in the high ones
+ * A8 permutes the activations into stored order instead. */
 #ifndef LI_Q4G_KERNELS_H
 #define LI_Q4G_KERNELS_H
 
@@ -46,7 +49,8 @@ typedef struct li_q4g_packed {
     float *sz;             /* (n_panels, ng, 32) */
     int32_t *izero;        /* (n_panels, ng, 16) */
     int32_t *gidx;         /* (k) */
-    bool a8_simd;          /* gs and k multiples of 64: the A8 SIMD kernels apply */
+    uint8_t *a8codes;      /* (n_panels * 2, k / 8, 32) A8 panels of 8 rows, or NULL (see ops_q4g.c) */
+    bool a8_simd;          /* gs and k multiples of 8: a8codes is built, the A8 SIMD kernels apply */
 } li_q4g_packed;
 
 static inline const li_q4g_packed *li_q4g_packed_of(const li_weight *w) {
@@ -55,9 +59,8 @@ static inline const li_q4g_packed *li_q4g_packed_of(const li_weight *w) {
 }
 
 /* One activation row for A8 (li_q4g_act_bytes(k) bytes, 64-aligned rows):
- * the int8 codes in stored order, each 64-element chunk as its 32 even
- * elements then its 32 odd ones (so they meet the low and high nibbles of
- * 32 weight bytes); then per group the sum of its codes; then s_x. */
+ * the int8 codes in stored order (the permutation applied), padded to 4
+ * bytes; then per group the sum of its codes (int32); then s_x (f32). */
 static inline size_t li_q4g_act_bytes(int64_t k, int64_t ng) {
     return ((size_t)k + (size_t)ng * 4 + 4 + 63) & ~(size_t)63;
 }
