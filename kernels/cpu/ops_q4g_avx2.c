@@ -95,53 +95,70 @@ void li_q4g_a16_avx2(const li_q4g_packed *p, int64_t p0, int64_t p1, const float
  * A8
  * ---------------------------------------------------------------------- */
 
-/* NR activation rows against A8 panel p8 (8 weight rows), NR <= 4 */
-static inline __attribute__((always_inline)) void a8_block(const li_q4g_packed *p, int64_t p8, const uint8_t *act,
-                                                           size_t act_stride, int NR, float *y, int64_t ldy,
-                                                           int64_t rows) {
-    const int64_t k = p->k, gs = p->gs, ng = p->ng, pp = p8 / 2, half = (p8 % 2) * 8;
-    const uint8_t *cd = p->a8codes + p8 * (k / 8) * 32;
-    const __m256i m4 = _mm256_set1_epi8(15);
-    const __m256i ones = _mm256_set1_epi16(1);
-    __m256 acc[4];
+/* NR activation rows against NP A8 panels from p8 (8 weight rows each),
+ * NP * NR <= 4: the activation broadcasts are shared by the panels, the
+ * weight loads by the rows */
+static inline __attribute__((always_inline)) void a8_block(const li_q4g_packed *p, int64_t p8, int NP,
+                                                           const uint8_t *act, size_t act_stride, int NR, float *y,
+                                                           int64_t ldy, int64_t r1) {
+    const int64_t k = p->k, gs = p->gs, ng = p->ng;
+    const __m256i m4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+    __m256 acc[4][4];
     float sx[4];
     const int32_t *xsum[4];
     for (int i = 0; i < NR; i++) {
-        acc[i] = _mm256_setzero_ps();
         xsum[i] = (const int32_t *)(act + (size_t)i * act_stride + ((k + 3) & ~3));
         memcpy(&sx[i], xsum[i] + ng, sizeof(float));
+        for (int a = 0; a < NP; a++) acc[a][i] = _mm256_setzero_ps();
     }
     for (int64_t g = 0; g < ng; g++) {
         const int64_t t0 = g * gs / 8, t1 = LI_MIN((g + 1) * gs, k) / 8;
-        __m256i isum[4];
-        for (int i = 0; i < NR; i++) isum[i] = _mm256_setzero_si256();
+        __m256i isum[4][4];
+        for (int a = 0; a < NP; a++)
+            for (int i = 0; i < NR; i++) isum[a][i] = _mm256_setzero_si256();
         for (int64_t t = t0; t < t1;) {
             /* up to 4 chunks summed in int16 (4 * 2 * 2 * 15 * 127 < 32768), then widened */
             const int64_t t2 = LI_MIN(t + 4, t1);
-            __m256i s16[4];
-            for (int i = 0; i < NR; i++) s16[i] = _mm256_setzero_si256();
+            __m256i s16[4][4];
+            for (int a = 0; a < NP; a++)
+                for (int i = 0; i < NR; i++) s16[a][i] = _mm256_setzero_si256();
             for (; t < t2; t++) {
-                const __m256i b = _mm256_loadu_si256((const __m256i *)(cd + t * 32));
-                const __m256i lo = _mm256_and_si256(b, m4), hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), m4);
+                __m256i al[4], ah[4];
                 for (int i = 0; i < NR; i++) {
-                    const int32_t *a = (const int32_t *)(act + (size_t)i * act_stride + t * 8);
-                    s16[i] = _mm256_add_epi16(s16[i], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(a[0])));
-                    s16[i] = _mm256_add_epi16(s16[i], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(a[1])));
+                    const int32_t *ai = (const int32_t *)(act + (size_t)i * act_stride + t * 8);
+                    al[i] = _mm256_set1_epi32(ai[0]);
+                    ah[i] = _mm256_set1_epi32(ai[1]);
+                }
+                for (int a = 0; a < NP; a++) {
+                    const __m256i b = _mm256_loadu_si256((const __m256i *)(p->a8codes + ((p8 + a) * (k / 8) + t) * 32));
+                    const __m256i lo = _mm256_and_si256(b, m4), hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), m4);
+                    for (int i = 0; i < NR; i++) {
+                        s16[a][i] = _mm256_add_epi16(s16[a][i], _mm256_maddubs_epi16(lo, al[i]));
+                        s16[a][i] = _mm256_add_epi16(s16[a][i], _mm256_maddubs_epi16(hi, ah[i]));
+                    }
                 }
             }
-            for (int i = 0; i < NR; i++) isum[i] = _mm256_add_epi32(isum[i], _mm256_madd_epi16(s16[i], ones));
+            for (int a = 0; a < NP; a++)
+                for (int i = 0; i < NR; i++)
+                    isum[a][i] = _mm256_add_epi32(isum[a][i], _mm256_madd_epi16(s16[a][i], ones));
         }
-        const __m256i z = _mm256_loadu_si256((const __m256i *)(p->izero + (pp * ng + g) * LI_PANEL + half));
-        const __m256 s = _mm256_loadu_ps(p->sz + (pp * ng + g) * 32 + half);
-        for (int i = 0; i < NR; i++) {
-            const __m256i d = _mm256_sub_epi32(isum[i], _mm256_mullo_epi32(z, _mm256_set1_epi32(xsum[i][g])));
-            acc[i] = _mm256_add_ps(acc[i], _mm256_mul_ps(s, _mm256_cvtepi32_ps(d)));
+        for (int a = 0; a < NP; a++) {
+            const int64_t pp = (p8 + a) / 2, half = ((p8 + a) % 2) * 8;
+            const __m256i z = _mm256_loadu_si256((const __m256i *)(p->izero + (pp * ng + g) * LI_PANEL + half));
+            const __m256 s = _mm256_loadu_ps(p->sz + (pp * ng + g) * 32 + half);
+            for (int i = 0; i < NR; i++) {
+                const __m256i d = _mm256_sub_epi32(isum[a][i], _mm256_mullo_epi32(z, _mm256_set1_epi32(xsum[i][g])));
+                acc[a][i] = _mm256_add_ps(acc[a][i], _mm256_mul_ps(s, _mm256_cvtepi32_ps(d)));
+            }
         }
     }
-    for (int i = 0; i < NR; i++) {
-        float out[8];
-        _mm256_storeu_ps(out, _mm256_mul_ps(acc[i], _mm256_set1_ps(sx[i])));
-        memcpy(y + i * ldy + p8 * 8, out, (size_t)rows * sizeof(float));
+    for (int a = 0; a < NP; a++) {
+        const int64_t row0 = (p8 + a) * 8, rows = LI_MIN((int64_t)8, r1 - row0);
+        for (int i = 0; i < NR; i++) {
+            float out[8];
+            _mm256_storeu_ps(out, _mm256_mul_ps(acc[a][i], _mm256_set1_ps(sx[i])));
+            memcpy(y + i * ldy + row0, out, (size_t)rows * sizeof(float));
+        }
     }
 }
 
@@ -151,11 +168,24 @@ static void avx2_a8(const li_weight *w, const li_q4g_packed *p, int64_t r0, int6
         li_q4g_kernels_scalar.a8(w, p, r0, r1, act, act_stride, n, y, ldy);
         return;
     }
-    for (int64_t p8 = r0 / 8; p8 * 8 < r1; p8++) {
-        const int64_t rows = LI_MIN((int64_t)8, r1 - p8 * 8);
-        int64_t i = 0;
-        for (; i + 4 <= n; i += 4) a8_block(p, p8, act + (size_t)i * act_stride, act_stride, 4, y + i * ldy, ldy, rows);
-        for (; i < n; i++) a8_block(p, p8, act + (size_t)i * act_stride, act_stride, 1, y + i * ldy, ldy, rows);
+    const int64_t q0 = r0 / 8, q1 = (r1 + 7) / 8;
+    for (int64_t i = 0; i < n;) {
+        const uint8_t *a = act + (size_t)i * act_stride;
+        float *yi = y + i * ldy;
+        if (n - i >= 4) {
+            for (int64_t p8 = q0; p8 < q1; p8++) a8_block(p, p8, 1, a, act_stride, 4, yi, ldy, r1);
+            i += 4;
+        } else if (n - i >= 2) {
+            int64_t p8 = q0;
+            for (; p8 + 2 <= q1; p8 += 2) a8_block(p, p8, 2, a, act_stride, 2, yi, ldy, r1);
+            for (; p8 < q1; p8++) a8_block(p, p8, 1, a, act_stride, 2, yi, ldy, r1);
+            i += 2;
+        } else { /* decode: four panels (32 rows) share each activation broadcast */
+            int64_t p8 = q0;
+            for (; p8 + 4 <= q1; p8 += 4) a8_block(p, p8, 4, a, act_stride, 1, yi, ldy, r1);
+            for (; p8 < q1; p8++) a8_block(p, p8, 1, a, act_stride, 1, yi, ldy, r1);
+            i += 1;
+        }
     }
 }
 
