@@ -62,7 +62,7 @@ static inline const li_q4g_packed *li_q4g_packed_of(const li_weight *w) {
  * the int8 codes in stored order (the permutation applied), padded to 4
  * bytes; then per group the sum of its codes (int32); then s_x (f32). */
 static inline size_t li_q4g_act_bytes(int64_t k, int64_t ng) {
-    return ((size_t)k + (size_t)ng * 4 + 4 + 63) & ~(size_t)63;
+    return ((((size_t)k + 3) & ~(size_t)3) + (size_t)ng * 4 + 4 + 63) & ~(size_t)63;
 }
 
 /* The ISA's kernels. a16: panels [p0, p1) against n f32 rows x (ldx apart),
