@@ -42,11 +42,13 @@
  * ---------------------------------------------------------------------- */
 
 typedef struct li_q4_opts {
-    int64_t group_size;  /* elements along n_in per group (128); 0 = one group per row (per channel) */
+    int64_t group_size;  /* elements along n_in per group (128), dividing n_in (SmolLM2's rows of 576
+                          * take 64, not 128); 0 = one group per row (per channel) */
     bool symmetric;      /* zero fixed at 8, scale = max|w| / 7; else asymmetric with zero points */
     /* ---- GPTQ ---- */
     double damp;         /* added to diag(H): damp * mean(diag(H)) (0.01) */
-    int64_t block_size;  /* lazy-batch width in columns (128); results do not depend on it */
+    int64_t block_size;  /* lazy-batch width in columns (128), rounded to whole groups: the same
+                          * values in exact arithmetic (only f64 rounding can differ) */
     bool act_order;      /* columns by decreasing diag(H); groups follow the permuted order */
     /* ---- AWQ ---- */
     int n_grid;          /* exponent grid: a = i / (n_grid - 1), i = 0 .. n_grid-1 (20) */
@@ -110,13 +112,15 @@ typedef struct li_q4_calib {
     bool finished;
 } li_q4_calib;
 
+/* n_in (n_in, n_in) doubles: 18 MiB at 1536. 0, or -1 with why. */
 int li_q4_calib_init(li_q4_calib *c, int64_t n_in, char *why, size_t cap);
 void li_q4_calib_free(li_q4_calib *c);
 /* Adds rows x (n_rows, n_in). Rows may come in any chunks: the sums are
- * the same as in one call up to double rounding. */
+ * the same as in one call up to double rounding (bit for bit when every
+ * chunk but the last is a multiple of 8 rows). */
 void li_q4_calib_accumulate(li_q4_calib *c, const float *x, int64_t n_rows);
-/* Completes the sums (mirrors the triangle); after it, accumulate refuses
- * nothing but must not be called. 0, or -1 when no rows were added. */
+/* Completes the sums (mirrors the triangle); accumulate must not be called
+ * after it. 0, or -1 when no rows were added. */
 int li_q4_calib_finish(li_q4_calib *c, char *why, size_t cap);
 /* GPTQ's Hessian of the layer's squared output error, H = 2 X^T X / n_rows
  * (the mean, so damping and scale do not depend on the sample count), into
@@ -141,7 +145,8 @@ int li_q4_rtn(const float *w, int64_t n_out, int64_t n_in, const li_q4_opts *o, 
  * after it through row j of U, in lazy blocks of o->block_size. A group's
  * scale and zero come from the error-updated weights of its columns when
  * its first column is reached (the unblocked algorithm's values: the
- * lazy blocks change no result). act_order: columns sorted by decreasing
+ * lazy blocks are rounded to whole groups and change no result beyond
+ * double rounding). act_order: columns sorted by decreasing
  * diag(H) (stable), groups over the permuted order (no static groups), so
  * r->perm is set. Grouping as in li_q4_rtn. */
 int li_q4_gptq(const float *w, int64_t n_out, int64_t n_in, const li_q4_calib *c, const li_q4_opts *o,
