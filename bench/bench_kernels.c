@@ -9,10 +9,15 @@
  *      build/bench_kernels --peak [threads]   machine limits (bench_llama_cpp.py)
  *      build/bench_kernels --forward S STEPS  the default model decoding S
  *                                             sequences in lockstep (2 threads,
- *                                             F16 KV): time per op per step */
+ *                                             F16 KV): time per op per step
+ *      build/bench_kernels --q4 [threads] [rounds]
+ *                                             4-bit group weights (AWQ layout,
+ *                                             group 64) run A16 and A8 against
+ *                                             Q4_1, side by side, alternating */
 #include "util/common.h"
 #include "backend.h"
 #include "model/forward.h"
+#include "quant/quant4.h"
 
 #include <immintrin.h>
 #include <math.h>
@@ -322,8 +327,109 @@ static int forward_main(int S, int steps) {
     return 0;
 }
 
+/* ------------------------------------------------------------------------
+ * --q4: 4-bit group weights, A16 and A8, against Q4_1 at the model's shapes
+ * ---------------------------------------------------------------------- */
+
+typedef struct {
+    li_weight w;
+    li_q4_result r;
+    uint8_t *packed;
+} q4_weight;
+
+/* RTN4 of random values, group 64 (576 and 1536 are multiples of 64, not
+ * of 128), as an AWQ weight prepared for the backend */
+/* This file is built with AVX-512 enabled (the peak probes); what runs
+ * on any x86-64 is kept out of it */
+#define Q4_PORTABLE __attribute__((noinline, target("no-avx512f")))
+
+Q4_PORTABLE static void q4_weight_new(q4_weight *q, int64_t k, int64_t m) {
+    float *v = li_xmalloc((size_t)(k * m) * sizeof(float));
+    for (int64_t i = 0; i < k * m; i++) v[i] = rnd();
+    li_q4_opts o;
+    li_q4_opts_default(&o);
+    o.group_size = 64;
+    char why[256];
+    if (li_q4_rtn(v, m, k, &o, &q->r, why, sizeof why)) {
+        fprintf(stderr, "%s\n", why);
+        exit(1);
+    }
+    q->packed = li_aligned_alloc((size_t)(m * k / 2));
+    if (li_q4_weight_view(&q->r, LI_SCHEME_AWQ, LI_ACT_F32, q->packed, &q->w, why, sizeof why) ||
+        be.ops->weight_prepare(&be, &q->w)) {
+        fprintf(stderr, "q4 weight: %s\n", why);
+        exit(1);
+    }
+    free(v);
+}
+
+/* weight_new, built without AVX-512 */
+Q4_PORTABLE static li_weight q41_weight_new(int64_t k, int64_t m) {
+    li_weight w;
+    memset(&w, 0, sizeof w);
+    w.type = LI_TYPE_Q4_1;
+    w.k = k;
+    w.m = m;
+    li_type_row_size(w.type, k, &w.row_bytes);
+    void *data = li_aligned_alloc(w.row_bytes * (size_t)m);
+    float *row = li_xmalloc((size_t)k * sizeof(float));
+    for (int64_t i = 0; i < m; i++) {
+        for (int64_t j = 0; j < k; j++) row[j] = rnd();
+        li_quantize_row_q4_1_ref(row, (char *)data + i * w.row_bytes, k);
+    }
+    free(row);
+    w.data = data;
+    be.ops->weight_prepare(&be, &w);
+    return w;
+}
+
+Q4_PORTABLE static int q4_main(int n_threads, int rounds) {
+    li_error err = {0};
+    if (li_backend_cpu_init(&be, n_threads, "auto", &err)) {
+        fprintf(stderr, "%s\n", err.msg);
+        return 1;
+    }
+    printf("cpu backend: isa %s, %d threads; best of %d alternating rounds\n", li_backend_cpu_isa(&be), be.n_threads,
+           rounds);
+    float *x = li_aligned_alloc(64 * 1536 * sizeof(float)), *y = li_aligned_alloc(64 * 1536 * sizeof(float));
+    for (int i = 0; i < 64 * 1536; i++) x[i] = rnd();
+    const int64_t shapes[][2] = {{1536, 576}, {576, 1536}, {576, 576}}; /* (m, k): gate/up, down, q/o */
+    for (size_t s = 0; s < LI_ARRAY_LEN(shapes); s++) {
+        const int64_t m = shapes[s][0], k = shapes[s][1];
+        li_weight q41 = q41_weight_new(k, m);
+        q4_weight q;
+        q4_weight_new(&q, k, m);
+        const int64_t ns[] = {1, 8, 64};
+        for (size_t ni = 0; ni < LI_ARRAY_LEN(ns); ni++) {
+            const int64_t n = ns[ni];
+            const int iters = (int)fmax(1, 5e7 / (double)(m * k * n));
+            double t[3] = {1e30, 1e30, 1e30}; /* Q4_1, A16, A8 */
+            for (int r = 0; r < rounds; r++) {
+                t[0] = fmin(t[0], time_matmul(&be, &q41, x, y, n, iters));
+                li_backend_cpu_set_q4_act(&be, LI_ACT_F32, &err);
+                t[1] = fmin(t[1], time_matmul(&be, &q.w, x, y, n, iters));
+                li_backend_cpu_set_q4_act(&be, LI_ACT_INT8, &err);
+                t[2] = fmin(t[2], time_matmul(&be, &q.w, x, y, n, iters));
+            }
+            printf("q4 m=%-5lld k=%-4lld n=%-3lld  q4_1 %8.3f ms  a16 %8.3f ms (%.2fx q4_1)  a8 %8.3f ms (%.2fx q4_1)\n",
+                   (long long)m, (long long)k, (long long)n, t[0], t[1], t[0] / t[1], t[2], t[0] / t[2]);
+        }
+        be.ops->weight_release(&be, &q41);
+        li_aligned_free((void *)q41.data);
+        be.ops->weight_release(&be, &q.w);
+        li_aligned_free(q.packed);
+        li_q4_result_free(&q.r);
+    }
+    li_aligned_free(x);
+    li_aligned_free(y);
+    li_backend_cpu_free(&be);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "--peak")) return peak_main(argc > 2 ? atoi(argv[2]) : 2);
+    if (argc > 1 && !strcmp(argv[1], "--q4"))
+        return q4_main(argc > 2 ? atoi(argv[2]) : 0, argc > 3 ? atoi(argv[3]) : 5);
     if (argc > 1 && !strcmp(argv[1], "--forward"))
         return forward_main(argc > 2 ? atoi(argv[2]) : 1, argc > 3 ? atoi(argv[3]) : 128);
     const int n_threads = argc > 1 ? atoi(argv[1]) : 0;

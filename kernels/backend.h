@@ -212,5 +212,12 @@ void li_backend_cpu_free(li_backend *be);
 const li_backend_ops *li_backend_ref_ops(void);
 /* Name of the ISA level chosen at init ("scalar", "avx2", "avx512", "ggml"). */
 const char *li_backend_cpu_isa(const li_backend *be);
+/* How the CPU backend runs 4-bit group weights (AWQ, GPTQ, INT4 with f32
+ * activations): LI_ACT_F32 (A16, the default: exactly the weights'
+ * semantics, the reference's bits) or LI_ACT_INT8 (A8: activations
+ * quantized to int8 per row on the fly, integer dot products; defined in
+ * kernels/cpu/q4g_kernels.h). LI_EINVAL for another kind, LI_EUNSUP on the
+ * ggml backend. Takes effect from the next matmul. */
+int li_backend_cpu_set_q4_act(li_backend *be, li_act_quant act, struct li_error *err);
 
 #endif

@@ -457,7 +457,9 @@ static const li_scheme_traits scheme_traits[LI_SCHEME_COUNT] = {
     [LI_SCHEME_FP8] = {.name = "fp8", .codes = LI_KV_TYPE_FP8_E4M3, .act = LI_ACT_FP8},
     [LI_SCHEME_AWQ] = {.name = "awq", .codes = LI_TYPE_U4, .act = LI_ACT_F32, .zeros = true},
     [LI_SCHEME_GPTQ] = {.name = "gptq", .codes = LI_TYPE_U4, .act = LI_ACT_F32, .zeros = true, .perm = true},
-    [LI_SCHEME_INT4] = {.name = "int4", .codes = LI_TYPE_U4, .act = LI_ACT_F32, .zero = 8.0f},
+    /* also W4A4: per-channel int4 weights with int4 activations per token */
+    [LI_SCHEME_INT4] = {.name = "int4", .codes = LI_TYPE_U4, .act = LI_ACT_F32, .zero = 8.0f,
+                        .acts = 1u << LI_ACT_INT4},
 };
 
 const li_scheme_traits *li_scheme_info(uint32_t scheme) {
@@ -471,7 +473,7 @@ const char *li_scheme_name(uint32_t scheme) {
 
 const char *li_act_quant_name(uint32_t act) {
     static const char *const names[LI_ACT_COUNT] = {[LI_ACT_F32] = "f32", [LI_ACT_INT8] = "int8",
-                                                    [LI_ACT_FP8] = "fp8"};
+                                                    [LI_ACT_FP8] = "fp8", [LI_ACT_INT4] = "int4"};
     return act < LI_ACT_COUNT ? names[act] : "unknown";
 }
 
@@ -482,12 +484,13 @@ void li_act_quant_row_ref(li_act_quant act, const float *x, float *out, int64_t 
     }
     float amax = 0.0f;
     for (int64_t j = 0; j < n; j++) amax = fmaxf(amax, fabsf(x[j])); /* fmaxf skips NaNs */
-    const float s = amax / (act == LI_ACT_INT8 ? 127.0f : 448.0f);
+    const float s = amax / (act == LI_ACT_INT8 ? 127.0f : act == LI_ACT_INT4 ? 7.0f : 448.0f);
     const float inv = s > 0.0f ? 1.0f / s : 0.0f;
     for (int64_t j = 0; j < n; j++) {
         const float y = x[j] * inv;
-        out[j] = (act == LI_ACT_INT8 ? li_code_round(y, -127.0f, 127.0f)
-                                     : li_fp8_e4m3_to_fp32(li_fp32_to_fp8_e4m3(y))) * s;
+        out[j] = (act == LI_ACT_INT8   ? li_code_round(y, -127.0f, 127.0f)
+                  : act == LI_ACT_INT4 ? li_code_round(y, -7.0f, 7.0f)
+                                       : li_fp8_e4m3_to_fp32(li_fp32_to_fp8_e4m3(y))) * s;
     }
 }
 
@@ -511,7 +514,7 @@ int li_weight_check(const li_weight *w, char *why, size_t cap) {
         return 0;
     }
     if (w->type != s->codes) WHY("%s weights store %s codes, not %s", s->name, li_type_name(s->codes), t->name);
-    if (w->act != s->act)
+    if (w->act != s->act && !(s->acts & (1u << w->act)))
         WHY("%s weights quantize activations as %s, not %s", s->name, li_act_quant_name(s->act),
             li_act_quant_name(w->act));
     if (!w->scales) WHY("%s weights need scales", s->name);

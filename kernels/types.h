@@ -135,6 +135,7 @@ typedef enum li_act_quant {
     LI_ACT_F32 = 0,  /* none: f32 activations */
     LI_ACT_INT8,     /* symmetric int8 per row: s = amax / 127, x' = round_even(x / s) * s */
     LI_ACT_FP8,      /* e4m3 per row: s = amax / 448, x' = e4m3(x / s) * s */
+    LI_ACT_INT4,     /* symmetric int4 per row: s = amax / 7, x' = round_even(x / s) * s (W4A4) */
     LI_ACT_COUNT
 } li_act_quant;
 
@@ -145,6 +146,7 @@ typedef struct li_scheme_traits {
     float zero;          /* implicit zero point when li_weight.zeros is NULL */
     bool zeros;          /* li_weight.zeros allowed */
     bool perm;           /* li_weight.perm allowed */
+    uint32_t acts;       /* other activation quantizations allowed, bit (1 << li_act_quant) */
 } li_scheme_traits;
 
 const li_scheme_traits *li_scheme_info(uint32_t scheme); /* NULL past the table */

@@ -19,6 +19,7 @@
 #include "cpu/cpu_kernels.h"
 #include "cpu/ggml_kernels.h"
 #include "cpu/kv_kernels.h"
+#include "cpu/q4g_kernels.h"
 #include "cpu/threadpool.h"
 
 #include <cpuid.h>
@@ -47,6 +48,10 @@ typedef struct li_cpu {
     int64_t rope_n, rope_pos_cap;
     int rope_half;
     float rope_scale;
+    /* 4-bit group-quantized weights (AWQ, GPTQ, INT4: q4g_kernels.h) */
+    const li_q4g_kernels *q4g;
+    li_act_quant q4_act;   /* LI_ACT_F32: A16 (the weights' own semantics); LI_ACT_INT8: A8 */
+    li_q4g_scratch q4g_scratch;
 } li_cpu;
 
 static li_cpu *cpu_of(li_backend *be) { return be->impl; }
@@ -320,8 +325,20 @@ static void matmul_run(li_cpu *c, const li_weight *const *w, int n_w, const floa
     li_threadpool_run(c->tp, matmul_work, &j, (int)LI_MIN((int64_t)nth, j.n_items));
 }
 
+/* 4-bit group weights this backend packed: A8 when asked for (and the
+ * zero points allow it), else A16 with this ISA's kernel, else (scalar)
+ * the reference. false: not such a weight. */
+static bool q4g_matmul(li_cpu *c, const li_weight *w, const float *x, float *y, float *res, int64_t n) {
+    if (!li_q4g_packed_of(w)) return false;
+    const bool a8 = c->q4_act == LI_ACT_INT8 && w->act == LI_ACT_F32;
+    if (!a8 && !c->q4g->a16) return false;
+    li_q4g_matmul(c->q4g, c->tp, c->n_threads, &c->q4g_scratch, w, a8 ? LI_ACT_INT8 : LI_ACT_F32, x, y, res, n);
+    return true;
+}
+
 static void cpu_matmul(li_backend *be, const li_weight *w, const float *x, float *y, int64_t n) {
     if (n <= 0 || w->m <= 0) return;
+    if (q4g_matmul(cpu_of(be), w, x, y, NULL, n)) return;
     if (matmul_act_type(w) == LI_TYPE_COUNT) {
         if (matmul_path(w) == MM_NONE) matmul_unknown(cpu_of(be), w);
         li_backend_ref_ops()->matmul(be, w, x, y, n);
@@ -332,6 +349,7 @@ static void cpu_matmul(li_backend *be, const li_weight *w, const float *x, float
 
 static void cpu_matmul_add(li_backend *be, const li_weight *w, const float *x, float *y, float *res, int64_t n) {
     if (n <= 0 || w->m <= 0) return;
+    if (q4g_matmul(cpu_of(be), w, x, y, res, n)) return;
     if (matmul_act_type(w) == LI_TYPE_COUNT) {
         if (matmul_path(w) == MM_NONE) matmul_unknown(cpu_of(be), w);
         li_backend_ref_ops()->matmul(be, w, x, y, n);
@@ -371,9 +389,17 @@ static int cpu_weight_prepare(li_backend *be, li_weight *w) {
             li_log_error("cpu %s: %s", c->kern->isa, why);
             return LI_EINVAL;
         }
+        const char *q4g_why = "yet";
+        if (li_q4g_supported(w) && !w->packed) { /* every ISA packs them (the scalar one for A8) */
+            const int rc = li_q4g_pack(w);
+            if (rc == LI_ENOMEM)
+                li_log_error("cpu %s: out of memory packing %s weights", c->kern->isa, li_scheme_name(w->scheme));
+            if (rc != LI_EUNSUP) return rc;
+            q4g_why = "with zero points that are not integers 0..15";
+        }
         if (c->kern != &li_cpu_kernels_scalar) {
-            li_log_error("cpu %s: no matmul kernel for %s weights (%s codes) yet; isa scalar runs them with the "
-                         "reference", c->kern->isa, li_scheme_name(w->scheme), li_type_name(w->type));
+            li_log_error("cpu %s: no matmul kernel for %s weights (%s codes) %s; isa scalar runs them with the "
+                         "reference", c->kern->isa, li_scheme_name(w->scheme), li_type_name(w->type), q4g_why);
             return LI_EUNSUP;
         }
         return 0; /* the reference reads them as they are */
@@ -384,7 +410,10 @@ static int cpu_weight_prepare(li_backend *be, li_weight *w) {
     return rc == LI_EUNSUP ? 0 : rc; /* odd shapes keep the row path */
 }
 
-static void cpu_weight_release(li_backend *be, li_weight *w) { li_cpu_pack_free(w); }
+static void cpu_weight_release(li_backend *be, li_weight *w) {
+    li_cpu_pack_free(w);
+    li_q4g_pack_free(w);
+}
 
 /* ------------------------------------------------------------------------
  * attention and silu
@@ -810,6 +839,7 @@ int li_backend_cpu_init(li_backend *be, int n_threads, const char *isa, li_error
         return li_error_set(err, LI_ENOMEM, "cpu: cannot start %d threads", n_threads);
     }
     c->scores = li_xcalloc((size_t)n_threads, sizeof *c->scores);
+    c->q4g = li_q4g_kernels_for(kern->isa);
     be->ops = &cpu_ops;
     be->n_threads = n_threads;
     be->impl = c;
@@ -831,8 +861,19 @@ void li_backend_cpu_free(li_backend *be) {
     free(c->rope_cs);
     free(c->rope_pos);
     li_aligned_free(c->act);
+    li_q4g_scratch_free(&c->q4g_scratch);
     free(c);
     memset(be, 0, sizeof *be);
+}
+
+int li_backend_cpu_set_q4_act(li_backend *be, li_act_quant act, li_error *err) {
+    if (!be->impl || li_backend_is_ggml(be))
+        return li_error_set(err, LI_EUNSUP, "cpu: only the cpu backend (not isa ggml) runs 4-bit group weights");
+    if (act != LI_ACT_F32 && act != LI_ACT_INT8)
+        return li_error_set(err, LI_EINVAL, "cpu: 4-bit weights run with f32 (A16) or int8 (A8) activations, not %s",
+                            li_act_quant_name(act));
+    cpu_of(be)->q4_act = act;
+    return 0;
 }
 
 const char *li_backend_cpu_isa(const li_backend *be) {

@@ -1,0 +1,322 @@
+/* gptq.c — calibration statistics (X^T X, mean |x|) and GPTQ.
+ *
+ * GPTQ (Frantar et al. 2022, "GPTQ: Accurate Post-Training Quantization for
+ * Generative Pre-trained Transformers", Algorithm 1) quantizes a layer's
+ * columns one at a time and spreads each one's rounding error over the
+ * columns not yet quantized, weighted by the inverse Hessian of the
+ * layer's squared output error, H = 2 X^T X. The inverse enters only
+ * through its upper Cholesky factor U (H^-1 = U^T U), whose row j holds
+ * what column j's error does to the columns after it once the earlier
+ * columns are fixed. Everything is double: the error feedback runs over
+ * thousands of columns and the Cholesky factors of a badly conditioned
+ * Hessian lose digits fast in f32. */
+#include "quant/quant4_internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define WHY(...) (snprintf(why, cap, __VA_ARGS__), -1)
+
+/* ------------------------------------------------------------------------
+ * calibration statistics
+ * ---------------------------------------------------------------------- */
+
+int li_q4_calib_init(li_q4_calib *c, int64_t n_in, char *why, size_t cap) {
+    memset(c, 0, sizeof *c);
+    if (n_in <= 0) return WHY("calib: bad input width %lld", (long long)n_in);
+    c->n_in = n_in;
+    c->xtx = calloc((size_t)(n_in * n_in), sizeof(double));
+    c->abs_sum = calloc((size_t)n_in, sizeof(double));
+    if (!c->xtx || !c->abs_sum) {
+        li_q4_calib_free(c);
+        return WHY("calib: out of memory for a %lld x %lld Hessian", (long long)n_in, (long long)n_in);
+    }
+    return 0;
+}
+
+void li_q4_calib_free(li_q4_calib *c) {
+    if (!c) return;
+    free(c->xtx);
+    free(c->abs_sum);
+    memset(c, 0, sizeof *c);
+}
+
+/* The upper triangle only (mirrored by finish), as a blocked rank-8
+ * update: rows go in runs of LI_CALIB_RUN converted to double (products of
+ * two f32 values are exact in double), and each (64 x 512) tile of the
+ * triangle takes every row of the run while it sits in L2, eight rows per
+ * pass. Each element sums its rows in order, in eights (a short last eight
+ * padded with zeros, which adds nothing): the result depends on how rows
+ * are chunked only through where those eights start. */
+#define LI_CALIB_RUN 256
+#define LI_CALIB_TI 64
+#define LI_CALIB_TJ 512
+
+LI_Q4_HOT void li_q4_calib_accumulate(li_q4_calib *c, const float *x, int64_t n_rows) {
+    const int64_t n = c->n_in;
+    double *a = malloc((size_t)(LI_CALIB_RUN * n) * sizeof(double));
+    if (!a) abort(); /* one run of rows: as li_xmalloc */
+    for (int64_t r0 = 0; r0 < n_rows; r0 += LI_CALIB_RUN) {
+        const int64_t nr = n_rows - r0 < LI_CALIB_RUN ? n_rows - r0 : LI_CALIB_RUN;
+        const int64_t nr8 = (nr + 7) / 8 * 8;
+        for (int64_t t = 0; t < nr8; t++)
+            for (int64_t j = 0; j < n; j++) a[t * n + j] = t < nr ? (double)x[(r0 + t) * n + j] : 0.0;
+        for (int64_t t = 0; t < nr; t++)
+            for (int64_t j = 0; j < n; j++) c->abs_sum[j] += fabs(a[t * n + j]);
+        for (int64_t i0 = 0; i0 < n; i0 += LI_CALIB_TI) {
+            const int64_t i1 = i0 + LI_CALIB_TI < n ? i0 + LI_CALIB_TI : n;
+            for (int64_t j0 = i0; j0 < n; j0 += LI_CALIB_TJ) {
+                const int64_t j1 = j0 + LI_CALIB_TJ < n ? j0 + LI_CALIB_TJ : n;
+                for (int64_t t = 0; t < nr8; t += 8) {
+                    const double *a0 = a + t * n, *a1 = a0 + n, *a2 = a1 + n, *a3 = a2 + n, *a4 = a3 + n,
+                                 *a5 = a4 + n, *a6 = a5 + n, *a7 = a6 + n;
+                    for (int64_t i = i0; i < i1; i++) {
+                        const double b0 = a0[i], b1 = a1[i], b2 = a2[i], b3 = a3[i], b4 = a4[i], b5 = a5[i],
+                                     b6 = a6[i], b7 = a7[i];
+                        double *h = c->xtx + i * n;
+                        for (int64_t j = i > j0 ? i : j0; j < j1; j++)
+                            h[j] += ((b0 * a0[j] + b1 * a1[j]) + (b2 * a2[j] + b3 * a3[j])) +
+                                    ((b4 * a4[j] + b5 * a5[j]) + (b6 * a6[j] + b7 * a7[j]));
+                    }
+                }
+            }
+        }
+    }
+    c->n_rows += n_rows;
+    free(a);
+}
+
+int li_q4_calib_finish(li_q4_calib *c, char *why, size_t cap) {
+    if (c->n_rows <= 0) return WHY("calib: no calibration rows were given");
+    if (c->finished) return 0;
+    const int64_t n = c->n_in;
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t j = 0; j < i; j++) c->xtx[i * n + j] = c->xtx[j * n + i];
+    c->finished = true;
+    return 0;
+}
+
+void li_q4_calib_hessian(const li_q4_calib *c, double *h) {
+    const double f = 2.0 / (double)c->n_rows;
+    for (int64_t i = 0; i < c->n_in * c->n_in; i++) h[i] = f * c->xtx[i];
+}
+
+/* ------------------------------------------------------------------------
+ * dense helpers (n x n row-major, double)
+ * ---------------------------------------------------------------------- */
+
+/* a = L L^T in place (lower triangle; the upper is zeroed). false when a
+ * is not positive definite. */
+static bool cholesky_lower(double *a, int64_t n) {
+    for (int64_t j = 0; j < n; j++) {
+        double *aj = a + j * n;
+        double d = aj[j];
+        for (int64_t k = 0; k < j; k++) d -= aj[k] * aj[k];
+        if (!(d > 0.0)) return false;
+        d = sqrt(d);
+        aj[j] = d;
+        for (int64_t i = j + 1; i < n; i++) {
+            double *ai = a + i * n;
+            double s = ai[j];
+            for (int64_t k = 0; k < j; k++) s -= ai[k] * aj[k];
+            ai[j] = s / d;
+        }
+        for (int64_t k = j + 1; k < n; k++) aj[k] = 0.0;
+    }
+    return true;
+}
+
+/* l (lower, invertible) -> l^-1 in place (lower). */
+static void invert_lower(double *l, int64_t n, double *col) {
+    for (int64_t j = 0; j < n; j++) { /* column j of l^-1: solve l x = e_j */
+        for (int64_t i = 0; i < n; i++) {
+            double s = i == j ? 1.0 : 0.0;
+            if (i >= j)
+                for (int64_t k = j; k < i; k++) s -= l[i * n + k] * col[k];
+            col[i] = i < j ? 0.0 : s / l[i * n + i];
+        }
+        for (int64_t i = j; i < n; i++) l[i * n + j] = col[i]; /* rows i >= j: l[i][j] is no longer needed */
+    }
+}
+
+/* The upper Cholesky factor of H^-1 (H positive definite, destroyed):
+ * H = L L^T, H^-1 = L^-T L^-1, then H^-1 = U^T U. u (n, n). 0, or -1 when
+ * H or its inverse is not positive definite. */
+static int upper_cholesky_of_inverse(double *h, int64_t n, double *u) {
+    if (!cholesky_lower(h, n)) return -1;
+    double *col = malloc((size_t)n * sizeof(double));
+    if (!col) abort();
+    invert_lower(h, n, col); /* h = L^-1 (lower) */
+    free(col);
+    /* u = L^-T L^-1: u[i][j] = sum_k>=max(i,j) Li[k][i] Li[k][j]; lower triangle, mirrored */
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t j = 0; j <= i; j++) u[i * n + j] = 0.0;
+    for (int64_t k = 0; k < n; k++) {
+        const double *lk = h + k * n;
+        for (int64_t i = 0; i <= k; i++) {
+            const double v = lk[i];
+            if (v == 0.0) continue;
+            double *ui = u + i * n;
+            for (int64_t j = 0; j <= i; j++) ui[j] += v * lk[j];
+        }
+    }
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t j = i + 1; j < n; j++) u[i * n + j] = u[j * n + i];
+    if (!cholesky_lower(u, n)) return -1;
+    for (int64_t i = 0; i < n; i++) /* U = L2^T */
+        for (int64_t j = i + 1; j < n; j++) {
+            u[i * n + j] = u[j * n + i];
+            u[j * n + i] = 0.0;
+        }
+    return 0;
+}
+
+/* ------------------------------------------------------------------------
+ * GPTQ
+ * ---------------------------------------------------------------------- */
+
+/* The lazy batch: w[r][k] -= sum_t err[r][t] U[i1 + t][k] for k >= i2,
+ * four rows at a time so each row of U is read once per four (the
+ * subtractions of one element keep their order: t increasing). */
+LI_Q4_HOT static void lazy_update(double *wd, const double *err, const double *u, int64_t n_out, int64_t n,
+                                  int64_t bs, int64_t i1, int64_t i2, int64_t nb) {
+    int64_t r = 0;
+    for (; r + 4 <= n_out; r += 4) {
+        double *w0 = wd + r * n, *w1 = w0 + n, *w2 = w1 + n, *w3 = w2 + n;
+        for (int64_t t = 0; t < nb; t++) {
+            const double e0 = err[r * bs + t], e1 = err[(r + 1) * bs + t], e2 = err[(r + 2) * bs + t],
+                         e3 = err[(r + 3) * bs + t];
+            const double *ut = u + (i1 + t) * n;
+            for (int64_t k = i2; k < n; k++) {
+                w0[k] -= e0 * ut[k];
+                w1[k] -= e1 * ut[k];
+                w2[k] -= e2 * ut[k];
+                w3[k] -= e3 * ut[k];
+            }
+        }
+    }
+    for (; r < n_out; r++) {
+        double *wr = wd + r * n;
+        for (int64_t t = 0; t < nb; t++) {
+            const double e = err[r * bs + t], *ut = u + (i1 + t) * n;
+            for (int64_t k = i2; k < n; k++) wr[k] -= e * ut[k];
+        }
+    }
+}
+
+typedef struct {
+    const double *d;
+    int64_t i;
+} diag_key;
+
+/* decreasing diag(H), then increasing column: a stable order */
+static int diag_key_cmp(const void *pa, const void *pb) {
+    const diag_key *a = pa, *b = pb;
+    const double da = a->d[a->i], db = b->d[b->i];
+    if (da != db) return da > db ? -1 : 1;
+    return a->i < b->i ? -1 : a->i > b->i;
+}
+
+int li_q4_gptq(const float *w, int64_t n_out, int64_t n_in, const li_q4_calib *c, const li_q4_opts *o,
+               li_q4_result *out, char *why, size_t cap) {
+    if (!c || !c->finished || c->n_in != n_in)
+        return WHY("gptq: calibration statistics of width %lld (%s) for a layer of %lld inputs",
+                   c ? (long long)c->n_in : 0LL, c && c->finished ? "finished" : "not finished", (long long)n_in);
+    if (!(o->damp >= 0.0)) return WHY("gptq: damping %g is negative", o->damp);
+    if (li_q4_result_alloc(out, n_out, n_in, o->group_size, o->symmetric, "gptq", why, cap)) return -1;
+    const int64_t n = n_in, gs = out->group_size ? out->group_size : n;
+    /* lazy blocks hold whole groups, so a group's weights are up to date
+     * when its first column is reached */
+    int64_t bs = o->block_size > 0 ? o->block_size : 128;
+    if (out->group_size) bs = bs < gs ? gs : bs / gs * gs;
+    double *h = malloc((size_t)(n * n) * sizeof(double)), *u = malloc((size_t)(n * n) * sizeof(double));
+    double *wd = malloc((size_t)(n_out * n) * sizeof(double)), *err = malloc((size_t)(n_out * bs) * sizeof(double));
+    double *tmp = malloc((size_t)n * sizeof(double));
+    int32_t *order = malloc((size_t)n * sizeof(int32_t));
+    diag_key *keys = o->act_order ? malloc((size_t)n * sizeof(diag_key)) : NULL;
+    li_q4_group *par = malloc((size_t)n_out * sizeof *par); /* each row's current group */
+    int rc = -1;
+    if (!h || !u || !wd || !err || !tmp || !order || !par || (o->act_order && !keys)) {
+        (void)WHY("gptq: out of memory for a %lld x %lld layer", (long long)n_out, (long long)n_in);
+        goto done;
+    }
+    li_q4_calib_hessian(c, h);
+    /* dead inputs (never nonzero in calibration): the weight cannot matter,
+     * so it is 0 and the column gets H = 1 to keep H invertible */
+    for (int64_t i = 0; i < n_out; i++)
+        for (int64_t j = 0; j < n; j++) wd[i * n + j] = w[i * n + j];
+    for (int64_t j = 0; j < n; j++) {
+        order[j] = (int32_t)j;
+        if (h[j * n + j] == 0.0) {
+            h[j * n + j] = 1.0;
+            for (int64_t i = 0; i < n_out; i++) wd[i * n + j] = 0.0;
+        }
+    }
+    if (o->act_order) { /* columns (and H's rows and columns) by decreasing diag(H) */
+        for (int64_t j = 0; j < n; j++) {
+            tmp[j] = h[j * n + j];
+            keys[j] = (diag_key){tmp, j};
+        }
+        qsort(keys, (size_t)n, sizeof *keys, diag_key_cmp);
+        for (int64_t j = 0; j < n; j++) order[j] = (int32_t)keys[j].i;
+        for (int64_t i = 0; i < n; i++) /* u as scratch: u[i][j] = h[order[i]][order[j]] */
+            for (int64_t j = 0; j < n; j++) u[i * n + j] = h[(int64_t)order[i] * n + order[j]];
+        memcpy(h, u, (size_t)(n * n) * sizeof(double));
+        for (int64_t i = 0; i < n_out; i++) {
+            for (int64_t j = 0; j < n; j++) tmp[j] = wd[i * n + order[j]];
+            memcpy(wd + i * n, tmp, (size_t)n * sizeof(double));
+        }
+    }
+    double mean = 0.0;
+    for (int64_t j = 0; j < n; j++) mean += h[j * n + j];
+    mean /= (double)n;
+    for (int64_t j = 0; j < n; j++) h[j * n + j] += o->damp * mean;
+    if (upper_cholesky_of_inverse(h, n, u)) {
+        (void)WHY("gptq: the Hessian is not positive definite after damping %g (raise the damping)", o->damp);
+        goto done;
+    }
+
+    double loss = 0.0;
+    for (int64_t i1 = 0; i1 < n; i1 += bs) {
+        const int64_t i2 = i1 + bs < n ? i1 + bs : n, nb = i2 - i1;
+        for (int64_t j = i1; j < i2; j++) {
+            const double *uj = u + j * n, d = uj[j];
+            const bool start = j % gs == 0;
+            const int64_t g = j / gs;
+            for (int64_t r = 0; r < n_out; r++) {
+                double *wr = wd + r * n;
+                if (start) {
+                    par[r] = li_q4_group_params(wr + j, gs, 1, o->symmetric);
+                    out->scales[r * out->n_groups + g] = par[r].scale;
+                    if (out->zeros) out->zeros[r * out->n_groups + g] = (float)par[r].zero;
+                }
+                const int q = li_q4_code(wr[j], par[r]);
+                out->codes[r * n + j] = (uint8_t)q;
+                const double e = (wr[j] - li_q4_value(q, par[r])) / d;
+                loss += 0.5 * e * e;
+                err[r * bs + (j - i1)] = e;
+                for (int64_t t = j + 1; t < i2; t++) wr[t] -= e * uj[t]; /* inside the block: now */
+            }
+        }
+        if (i2 < n) /* the block's errors into every later column at once (the lazy batch) */
+            lazy_update(wd, err, u, n_out, n, bs, i1, i2, nb);
+    }
+    out->loss = loss;
+    if (o->act_order) {
+        out->perm = order;
+        order = NULL;
+    }
+    rc = 0;
+done:
+    free(h);
+    free(u);
+    free(wd);
+    free(err);
+    free(tmp);
+    free(order);
+    free(keys);
+    free(par);
+    if (rc) li_q4_result_free(out);
+    return rc;
+}

@@ -1,0 +1,255 @@
+/* ops_q4g.c — 4-bit group-quantized weights on the CPU: packing, the A8
+ * reference and the threaded matmul driver (q4g_kernels.h says what A16
+ * and A8 compute). */
+#include "util/common.h"
+#include "cpu/q4g_kernels.h"
+#include "cpu/threadpool.h"
+
+#include <math.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ------------------------------------------------------------------------
+ * packing
+ * ---------------------------------------------------------------------- */
+
+bool li_q4g_supported(const li_weight *w) {
+    return (w->scheme == LI_SCHEME_AWQ || w->scheme == LI_SCHEME_GPTQ || w->scheme == LI_SCHEME_INT4) &&
+           w->type == LI_TYPE_U4 && w->k > 0 && w->k % 2 == 0 && w->m > 0 && w->scales;
+}
+
+static inline int code_at(const li_weight *w, int64_t row, int64_t j) {
+    const uint8_t b = ((const uint8_t *)w->data)[row * (int64_t)w->row_bytes + j / 2];
+    return j % 2 ? b >> 4 : b & 0x0f;
+}
+
+void li_q4g_pack_free(li_weight *w) {
+    li_q4g_packed *p = w->packed;
+    if (!p || p->magic != LI_Q4G_MAGIC) return;
+    p->magic = 0;
+    li_aligned_free(p->codes);
+    li_aligned_free(p->sz);
+    li_aligned_free(p->izero);
+    li_aligned_free(p->a8codes);
+    free(p->gidx);
+    free(p);
+    w->packed = NULL;
+}
+
+int li_q4g_pack(li_weight *w) {
+    const int64_t k = w->k, m = w->m, gs = w->group_size > 0 ? w->group_size : k;
+    const int64_t ng = li_weight_n_groups(w), np = (m + LI_PANEL - 1) / LI_PANEL;
+    li_q4g_packed *p = calloc(1, sizeof *p);
+    if (!p) return LI_ENOMEM;
+    *p = (li_q4g_packed){.magic = LI_Q4G_MAGIC, .k = k, .m = m, .gs = gs, .ng = ng, .n_panels = np};
+    p->codes = li_aligned_alloc((size_t)(np * (k / 2) * LI_PANEL));
+    p->sz = li_aligned_alloc((size_t)(np * ng * 32) * sizeof(float));
+    p->izero = li_aligned_alloc((size_t)(np * ng * LI_PANEL) * sizeof(int32_t));
+    p->gidx = malloc((size_t)k * sizeof(int32_t));
+    int32_t *inv = malloc((size_t)k * sizeof(int32_t)); /* input column c is stored at inv[c] */
+    if (!p->codes || !p->sz || !p->izero || !p->gidx || !inv) {
+        free(inv);
+        w->packed = p;
+        li_q4g_pack_free(w);
+        return LI_ENOMEM;
+    }
+    for (int64_t j = 0; j < k; j++) inv[w->perm ? w->perm[j] : j] = (int32_t)j;
+    for (int64_t c = 0; c < k; c++) p->gidx[c] = (int32_t)(inv[c] / gs);
+    const float zero = li_scheme_info(w->scheme)->zero;
+    if (w->zeros) /* the kernels' zero points are codes, as every 4-bit method writes them */
+        for (int64_t i = 0; i < m * ng; i++)
+            if (!(w->zeros[i] == nearbyintf(w->zeros[i]) && w->zeros[i] >= 0.0f && w->zeros[i] <= 15.0f)) {
+                free(inv);
+                w->packed = p;
+                li_q4g_pack_free(w);
+                return LI_EUNSUP;
+            }
+    for (int64_t pp = 0; pp < np; pp++) {
+        uint8_t *cd = p->codes + pp * (k / 2) * LI_PANEL;
+        for (int l = 0; l < LI_PANEL; l++) {
+            const int64_t r = pp * LI_PANEL + l;
+            for (int64_t c = 0; c < k; c += 2) /* input columns c, c + 1 */
+                cd[(c / 2) * LI_PANEL + l] =
+                    r < m ? (uint8_t)(code_at(w, r, inv[c]) | code_at(w, r, inv[c + 1]) << 4) : 0;
+            for (int64_t g = 0; g < ng; g++) {
+                float *sz = p->sz + (pp * ng + g) * 32;
+                const float z = r < m ? (w->zeros ? w->zeros[r * ng + g] : zero) : 0.0f;
+                sz[l] = r < m ? w->scales[r * ng + g] : 0.0f;
+                sz[LI_PANEL + l] = z;
+                p->izero[(pp * ng + g) * LI_PANEL + l] = (int32_t)z;
+            }
+        }
+    }
+    free(inv);
+    /* A8 panels of 8 rows, stored order: chunk t of 8 elements, lane l =
+     * row 8p8 + l, byte b = element 8t + b (low nibble), 8t + 4 + b (high) */
+    p->a8_simd = k % 8 == 0 && gs % 8 == 0;
+    if (p->a8_simd) {
+        const int64_t np8 = np * 2;
+        p->a8codes = li_aligned_alloc((size_t)(np8 * (k / 8) * 32));
+        if (!p->a8codes) {
+            w->packed = p;
+            li_q4g_pack_free(w);
+            return LI_ENOMEM;
+        }
+        for (int64_t p8 = 0; p8 < np8; p8++)
+            for (int64_t t = 0; t < k / 8; t++) {
+                uint8_t *dst = p->a8codes + (p8 * (k / 8) + t) * 32;
+                for (int l = 0; l < 8; l++) {
+                    const int64_t r = p8 * 8 + l;
+                    for (int b = 0; b < 4; b++)
+                        dst[l * 4 + b] =
+                            r < m ? (uint8_t)(code_at(w, r, 8 * t + b) | code_at(w, r, 8 * t + 4 + b) << 4) : 0;
+                }
+            }
+    }
+    w->packed = p;
+    return 0;
+}
+
+/* ------------------------------------------------------------------------
+ * A8: activation rows and the reference
+ * ---------------------------------------------------------------------- */
+
+static inline int32_t *act_xsum(const uint8_t *act, int64_t k) { return (int32_t *)(act + ((k + 3) & ~3)); }
+
+void li_q4g_act_quantize(const li_weight *w, const li_q4g_packed *p, const float *x, uint8_t *dst) {
+    const int64_t k = w->k;
+    float amax = 0.0f; /* li_act_quant_row_ref's scale and rounding, exactly */
+    for (int64_t j = 0; j < k; j++) amax = fmaxf(amax, fabsf(x[j]));
+    const float s = amax / 127.0f, inv = s > 0.0f ? 1.0f / s : 0.0f;
+    int8_t *q = (int8_t *)dst;
+    int32_t *xsum = act_xsum(dst, k);
+    memset(xsum, 0, (size_t)p->ng * sizeof(int32_t));
+    for (int64_t j = 0; j < k; j++) {
+        const int v = (int)li_code_round(x[w->perm ? w->perm[j] : j] * inv, -127.0f, 127.0f);
+        q[j] = (int8_t)v;
+        xsum[j / p->gs] += v;
+    }
+    memcpy(xsum + p->ng, &s, sizeof s);
+}
+
+float li_q4g_a8_row_ref(const li_weight *w, const li_q4g_packed *p, int64_t row, const uint8_t *act) {
+    const int64_t k = w->k, gs = p->gs;
+    const int8_t *q = (const int8_t *)act;
+    const int32_t *xsum = act_xsum(act, k);
+    const int64_t pp = row / LI_PANEL, l = row % LI_PANEL;
+    float acc = 0.0f, sx;
+    memcpy(&sx, xsum + p->ng, sizeof sx);
+    for (int64_t g = 0; g < p->ng; g++) {
+        int32_t isum = 0;
+        const int64_t j1 = (g + 1) * gs < k ? (g + 1) * gs : k;
+        for (int64_t j = g * gs; j < j1; j++) isum += (int32_t)q[j] * code_at(w, row, j);
+        isum -= p->izero[(pp * p->ng + g) * LI_PANEL + l] * xsum[g];
+        acc = acc + p->sz[(pp * p->ng + g) * 32 + l] * (float)isum;
+    }
+    return acc * sx;
+}
+
+static void scalar_a8(const li_weight *w, const li_q4g_packed *p, int64_t r0, int64_t r1, const uint8_t *act,
+                      size_t act_stride, int64_t n, float *y, int64_t ldy) {
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t r = r0; r < r1; r++) y[i * ldy + r] = li_q4g_a8_row_ref(w, p, r, act + (size_t)i * act_stride);
+}
+
+const li_q4g_kernels li_q4g_kernels_scalar = {.isa = "scalar", .a16 = NULL, .a8 = scalar_a8};
+
+const li_q4g_kernels *li_q4g_kernels_for(const char *isa) {
+    if (!strcmp(isa, "avx2")) return &li_q4g_kernels_avx2;
+    if (!strcmp(isa, "avx512")) return &li_q4g_kernels_avx512;
+    if (!strcmp(isa, "scalar")) return &li_q4g_kernels_scalar;
+    return NULL;
+}
+
+/* ------------------------------------------------------------------------
+ * the threaded driver
+ * ---------------------------------------------------------------------- */
+
+void li_q4g_scratch_free(li_q4g_scratch *s) {
+    li_aligned_free(s->buf);
+    memset(s, 0, sizeof *s);
+}
+
+typedef struct {
+    const li_q4g_kernels *kern;
+    const li_weight *w;
+    const li_q4g_packed *p;
+    bool a8;
+    const float *x;        /* (n, k) A16 input (already rounded for W4A4) */
+    const float *x_raw;    /* (n, k) A8: the rows to quantize */
+    uint8_t *act;          /* (n) A8 rows of act_stride bytes */
+    size_t act_stride;
+    float *y, *res;        /* (n, m) */
+    int64_t n, units, unit_rows, chunk, n_chunks, tile_n, n_items;
+    atomic_long next_row, next;
+} q4g_job;
+
+static void q4g_prep_work(void *ctx, int ith, int nth) {
+    q4g_job *j = ctx;
+    for (;;) {
+        const int64_t r = atomic_fetch_add_explicit(&j->next_row, 1, memory_order_relaxed);
+        if (r >= j->n) break;
+        if (j->a8) li_q4g_act_quantize(j->w, j->p, j->x_raw + r * j->w->k, j->act + (size_t)r * j->act_stride);
+        else li_act_quant_row_ref(j->w->act, j->x_raw + r * j->w->k, (float *)j->x + r * j->w->k, j->w->k);
+    }
+}
+
+static void q4g_work(void *ctx, int ith, int nth) {
+    q4g_job *j = ctx;
+    const int64_t m = j->w->m;
+    for (;;) {
+        const int64_t t = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
+        if (t >= j->n_items) break;
+        const int64_t u0 = (t % j->n_chunks) * j->chunk, u1 = LI_MIN(u0 + j->chunk, j->units);
+        const int64_t i0 = (t / j->n_chunks) * j->tile_n, ni = LI_MIN(j->tile_n, j->n - i0);
+        float *y = j->y + i0 * m;
+        if (j->a8)
+            j->kern->a8(j->w, j->p, u0 * 8, LI_MIN(u1 * 8, m), j->act + (size_t)i0 * j->act_stride, j->act_stride,
+                        ni, y, m);
+        else j->kern->a16(j->p, u0, u1, j->x + i0 * j->w->k, j->w->k, ni, y, m);
+        if (j->res) { /* the reference's res += y, on the tile still in cache */
+            const int64_t c0 = u0 * j->unit_rows, c1 = LI_MIN(u1 * j->unit_rows, m);
+            for (int64_t i = 0; i < ni; i++)
+                for (int64_t c = c0; c < c1; c++) j->res[(i0 + i) * m + c] += y[i * m + c];
+        }
+    }
+}
+
+void li_q4g_matmul(const li_q4g_kernels *kern, li_threadpool *tp, int nth, li_q4g_scratch *s, const li_weight *w,
+                   li_act_quant act, const float *x, float *y, float *res, int64_t n) {
+    const li_q4g_packed *p = li_q4g_packed_of(w);
+    q4g_job j = {.kern = kern, .w = w, .p = p, .a8 = act == LI_ACT_INT8 && kern->a8, .x = x,
+                 .x_raw = x, .y = y, .res = res, .n = n};
+    if (!j.a8 && !kern->a16) j.a8 = true; /* cannot happen: the scalar ISA keeps the reference */
+    const int64_t k = w->k, m = w->m;
+    if (m * n * k < 65536) nth = 1; /* tiny products: not worth a wake-up */
+    size_t need = 0;
+    if (j.a8) {
+        j.act_stride = li_q4g_act_bytes(k, p->ng);
+        need = j.act_stride * (size_t)n;
+    } else if (w->act != LI_ACT_F32) {
+        need = (size_t)(n * k) * sizeof(float);
+    }
+    if (need > s->cap) {
+        li_aligned_free(s->buf);
+        s->buf = li_aligned_alloc(need);
+        s->cap = need;
+    }
+    if (need) {
+        if (j.a8) j.act = s->buf;
+        else j.x = s->buf;
+        atomic_init(&j.next_row, 0);
+        li_threadpool_run(tp, q4g_prep_work, &j, n >= 8 ? nth : 1);
+    }
+    /* A16 works in panels of 16 rows, A8 in panels of 8 */
+    j.unit_rows = j.a8 ? 8 : LI_PANEL;
+    j.units = (m + j.unit_rows - 1) / j.unit_rows;
+    j.tile_n = n <= 64 ? n : 64;
+    const int64_t n_tiles = (n + j.tile_n - 1) / j.tile_n, want = (int64_t)nth * 8;
+    j.chunk = LI_MAX(LI_MIN((j.units * n_tiles + want - 1) / want, j.units), 1);
+    j.n_chunks = (j.units + j.chunk - 1) / j.chunk;
+    j.n_items = j.n_chunks * n_tiles;
+    atomic_init(&j.next, 0);
+    li_threadpool_run(tp, q4g_work, &j, (int)LI_MIN((int64_t)nth, j.n_items));
+}
