@@ -101,6 +101,7 @@ static const char *status_text(int status) {
     case 401: return "Unauthorized";
     case 404: return "Not Found";
     case 405: return "Method Not Allowed";
+    case 408: return "Request Timeout";
     case 413: return "Payload Too Large";
     case 429: return "Too Many Requests";
     case 500: return "Internal Server Error";
@@ -690,6 +691,7 @@ static void route(http_sess *h) {
 
 static int on_message_begin(http_parser *p) {
     http_sess *h = p->data;
+    if (h->conn) li_conn_set_phase(h->conn, LI_CONN_HEADER, true); /* --header-timeout from here */
     free(h->url);
     free(h->body);
     h->url = h->body = NULL;
@@ -741,6 +743,7 @@ static int on_header_value(http_parser *p, const char *at, size_t n) {
 
 static int on_headers_complete(http_parser *p) {
     http_sess *h = p->data;
+    if (h->conn) li_conn_set_phase(h->conn, LI_CONN_BODY, true); /* --body-timeout from here */
     if ((p->flags & F_CONTENTLENGTH) && p->content_length > h->srv->lim.max_frame) {
         h->too_large = true;
         return -1;
@@ -766,6 +769,7 @@ static int on_message_complete(http_parser *p) {
     h->keep_alive = http_should_keep_alive(p) && !h->srv->draining;
     h->head = p->method == HTTP_HEAD;
     h->busy = true;
+    if (h->conn) li_conn_set_phase(h->conn, LI_CONN_BUSY, false);
     http_parser_pause(p, 1); /* one request at a time: the rest waits */
     route(h);
     return 0;
@@ -818,7 +822,10 @@ static void http_done(http_sess *h) {
         close_sess(h);
         return;
     }
-    if (h->conn) li_conn_set_reading(h->conn, true);
+    if (h->conn) {
+        li_conn_set_phase(h->conn, LI_CONN_IDLE, true); /* keep-alive: --idle-timeout from here */
+        li_conn_set_reading(h->conn, true);
+    }
     if (h->n_pending && !h->closed) {
         char *buf = h->pending;
         size_t n = h->n_pending;
@@ -879,21 +886,32 @@ static const li_conn_ops http_conn_ops = {hc_on_data, hc_on_close, hc_free};
 static li_conn *http_conn_new(void *srv) {
     http_conn *hc = li_xcalloc(1, sizeof *hc);
     hc->base.ops = &http_conn_ops;
+    hc->base.idle_timeout = ((li_server *)srv)->lim.idle_timeout;
+    hc->base.idle_flag = "--idle-timeout";
+    hc->base.header_first = true; /* the first request, like every head, within --header-timeout */
     sess_init(&hc->h, srv, &hc->base, NULL);
     return &hc->base;
 }
 
-/* A refused connection (too many, or draining) gets a 503 before it closes. */
-static void http_refuse(li_conn *c, const char *why) {
-    char resp[256];
+/* A refused connection (too many or draining: 503; the per-address limit:
+ * 429) gets that status before it closes. */
+static void http_refuse(li_conn *c, int code, const char *why) {
+    char resp[512];
     int k = snprintf(resp, sizeof resp,
-                     "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+                     "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\n"
                      "Connection: close\r\nContent-Length: %zu\r\n\r\n{\"error\":{\"message\":\"%s\"}}",
-                     strlen(why) + 24, why);
-    li_conn_write(c, resp, (size_t)k);
+                     code, status_text(code), strlen(why) + 24, why);
+    if (k > 0 && (size_t)k < sizeof resp) li_conn_write(c, resp, (size_t)k);
 }
 
-const li_protocol li_http_protocol = {"http", http_conn_new, http_refuse};
+/* A timeout or eviction: a request half-sent gets 408 (or 503) before the
+ * close; a connection between requests is closed silently, as a keep-alive
+ * close is (nginx does the same), since there is no request to answer. */
+static void http_expire(li_conn *c, int code, const char *why) {
+    if (c->phase == LI_CONN_HEADER || c->phase == LI_CONN_BODY) http_refuse(c, code, why);
+}
+
+const li_protocol li_http_protocol = {"http", http_conn_new, http_refuse, http_expire};
 
 void li_http_process_bytes(const uint8_t *data, size_t n, char **out, size_t *out_n) {
     li_server srv;
@@ -984,6 +1002,12 @@ void li_http_metrics_text(li_server *srv, char **out, size_t *n) {
     prom(&sb, "luainfer_connections_open", "gauge", "Open client connections.", srv->net.n_conns);
     prom(&sb, "luainfer_connections_refused_total", "counter", "Connections refused (limit or draining).",
          (double)srv->net.connections_refused);
+    prom(&sb, "luainfer_connections_timed_out_total", "counter",
+         "Connections closed by --header-timeout, --body-timeout or an idle timeout.", (double)srv->net.timeouts_total);
+    prom(&sb, "luainfer_connections_evicted_total", "counter",
+         "Idle connections closed to make room for a new one at --max-connections.", (double)srv->net.evicted_total);
+    prom(&sb, "luainfer_connections_refused_per_ip_total", "counter",
+         "Connections refused by --max-connections-per-ip.", (double)srv->net.per_ip_refused);
     prom(&sb, "luainfer_slow_clients_closed_total", "counter", "Connections closed for not reading their output.",
          (double)m->slow_clients_closed);
     prom(&sb, "luainfer_rpc_calls_total", "counter", "msgpack-RPC calls.", (double)m->rpc_calls);

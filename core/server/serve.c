@@ -89,6 +89,8 @@ typedef struct serve_opts {
         spec_disable_batch;
     double drain_seconds, slow_seconds;
     bool help, policy_unsafe, no_prefix_cache;
+    double header_timeout, body_timeout, idle_timeout, rpc_idle_timeout, evict_idle;
+    int64_t max_per_ip;
 } serve_opts;
 
 static int check_range(const char *name, int64_t v, int64_t lo, int64_t hi, li_error *err) {
@@ -106,6 +108,9 @@ int li_cmd_serve(int argc, char **argv) {
         .max_queued = LI_SRV_MAX_QUEUED,
         .max_depth = LI_SRV_MAX_DEPTH, .write_buffer = LI_SRV_WRITE_BUFFER, .drain_seconds = LI_SRV_DRAIN_SECONDS,
         .slow_seconds = LI_SRV_SLOW_CLIENT_SECONDS,
+        .header_timeout = LI_SRV_HEADER_TIMEOUT, .body_timeout = LI_SRV_BODY_TIMEOUT,
+        .idle_timeout = LI_SRV_IDLE_TIMEOUT, .rpc_idle_timeout = LI_SRV_RPC_IDLE_TIMEOUT,
+        .evict_idle = LI_SRV_EVICT_IDLE_SECONDS, .max_per_ip = LI_SRV_MAX_CONNECTIONS_PER_IP,
     };
     li_opt opts[] = {
         {"model", LI_OPT_STR, &o.model, "GGUF model (default: $LUAINFER_MODEL or the bundled SmolLM2)"},
@@ -137,6 +142,12 @@ int li_cmd_serve(int argc, char **argv) {
         {"write-buffer", LI_OPT_INT, &o.write_buffer, "unsent bytes per connection before reads stop (default 8 MiB)"},
         {"slow-client-seconds", LI_OPT_FLOAT, &o.slow_seconds, "over the write buffer this long: close (default 30)"},
         {"drain-seconds", LI_OPT_FLOAT, &o.drain_seconds, "on SIGTERM, wait this long for requests (default 30)"},
+        {"header-timeout", LI_OPT_FLOAT, &o.header_timeout, "s for an HTTP request head from its first byte, and for the first request (default 10; 0 = off)"},
+        {"body-timeout", LI_OPT_FLOAT, &o.body_timeout, "s for an HTTP body or a msgpack frame from its first byte (default 30; 0 = off)"},
+        {"idle-timeout", LI_OPT_FLOAT, &o.idle_timeout, "s an HTTP keep-alive connection may wait between requests (default 60; 0 = off)"},
+        {"rpc-idle-timeout", LI_OPT_FLOAT, &o.rpc_idle_timeout, "s a msgpack-RPC connection may wait between calls (default 0 = no limit)"},
+        {"max-connections-per-ip", LI_OPT_INT, &o.max_per_ip, "open TCP connections per client address (default 0 = no limit)"},
+        {"idle-evict-seconds", LI_OPT_FLOAT, &o.evict_idle, "at --max-connections, a new client closes the longest idle connection idle this long (default 2)"},
         {"help", LI_OPT_FLAG, &o.help, "show this help"},
     };
     const int n_opts = (int)LI_ARRAY_LEN(opts);
@@ -161,8 +172,19 @@ int li_cmd_serve(int argc, char **argv) {
         (rc = check_range("max-connections", o.max_connections, 1, 1 << 20, &err)) ||
         (rc = check_range("max-queued", o.max_queued, 1, 1 << 30, &err)) ||
         (rc = check_range("max-depth", o.max_depth, 2, LI_SRV_MAX_DEPTH, &err)) ||
-        (rc = check_range("write-buffer", o.write_buffer, 4096, (int64_t)1 << 40, &err)))
+        (rc = check_range("write-buffer", o.write_buffer, 4096, (int64_t)1 << 40, &err)) ||
+        (rc = check_range("max-connections-per-ip", o.max_per_ip, 0, 1 << 20, &err)))
         goto done;
+    {
+        const struct { const char *name; double v; } secs[] = {
+            {"header-timeout", o.header_timeout}, {"body-timeout", o.body_timeout}, {"idle-timeout", o.idle_timeout},
+            {"rpc-idle-timeout", o.rpc_idle_timeout}, {"idle-evict-seconds", o.evict_idle}};
+        for (size_t i = 0; i < LI_ARRAY_LEN(secs); i++)
+            if (!(secs[i].v >= 0 && secs[i].v <= 86400)) {
+                li_error_set(&err, LI_EINVAL, "--%s must be in [0, 86400] seconds, got %g", secs[i].name, secs[i].v);
+                goto done;
+            }
+    }
     if (!(o.drain_seconds >= 0 && o.drain_seconds <= 86400) || !(o.slow_seconds > 0 && o.slow_seconds <= 86400)) {
         li_error_set(&err, LI_EINVAL, "--drain-seconds must be in [0, 86400] and --slow-client-seconds in (0, 86400]");
         goto done;
@@ -179,6 +201,13 @@ int li_cmd_serve(int argc, char **argv) {
     srv.net.max_connections = srv.lim.max_connections;
     srv.lim.slow_client_seconds = o.slow_seconds;
     srv.lim.drain_seconds = o.drain_seconds;
+    srv.lim.header_timeout = o.header_timeout;
+    srv.lim.body_timeout = o.body_timeout;
+    srv.lim.idle_timeout = o.idle_timeout;
+    srv.lim.rpc_idle_timeout = o.rpc_idle_timeout;
+    srv.lim.evict_idle_seconds = o.evict_idle;
+    srv.lim.max_connections_per_ip = (int)o.max_per_ip;
+    li_server_apply_limits(&srv);
     srv.admin_token = o.admin_token && *o.admin_token ? o.admin_token : NULL;
     srv.auth_token = o.auth_token && *o.auth_token ? o.auth_token : NULL;
 
