@@ -464,7 +464,10 @@ static const li_sink_ops http_sink = {http_delta, http_done_req, http_error_req}
 /* ---- routes ------------------------------------------------------------------------------------ */
 
 /* The body, a JSON object, as msgpack for the parsers the RPC methods use:
- * true with *u set (destroy u and sb after), or false with a 400 sent. */
+ * true with *u set (destroy u and sb after), or false with a 400 sent.
+ * jansson reads it (request_json.c): strings keep their lengths, so a
+ * "\u0000" in a prompt, a message or a stop string stays there exactly as
+ * over msgpack-RPC. */
 static bool body_msgpack(http_sess *h, msgpack_sbuffer *sb, msgpack_unpacked *u) {
     if (!h->body_len) {
         respond_error(h, 400, "the request body must be a JSON object");
@@ -474,27 +477,21 @@ static bool body_msgpack(http_sess *h, msgpack_sbuffer *sb, msgpack_unpacked *u)
         respond_error(h, 400, "the request body is not valid UTF-8");
         return false;
     }
-    cJSON *j = cJSON_ParseWithLength(h->body, h->body_len);
-    if (!j) {
-        respond_error(h, 400, "the request body is not valid JSON");
-        return false;
-    }
-    if (!cJSON_IsObject(j)) {
-        cJSON_Delete(j);
-        respond_error(h, 400, "the request body must be a JSON object");
-        return false;
-    }
     msgpack_sbuffer_init(sb);
     msgpack_packer pk;
     msgpack_packer_init(&pk, sb, msgpack_sbuffer_write);
-    bool ok = li_request_pack_json(&pk, j, LI_SRV_MAX_DEPTH);
-    cJSON_Delete(j);
+    li_error err = {0};
+    if (li_request_pack_json_text(&pk, h->body, h->body_len, LI_SRV_MAX_DEPTH, &err)) {
+        msgpack_sbuffer_destroy(sb);
+        respond_error(h, 400, "%s", err.msg);
+        return false;
+    }
     msgpack_unpacked_init(u);
     size_t off = 0;
-    if (!ok || msgpack_unpack_next(u, sb->data, sb->size, &off) != MSGPACK_UNPACK_SUCCESS) {
+    if (msgpack_unpack_next(u, sb->data, sb->size, &off) != MSGPACK_UNPACK_SUCCESS) {
         msgpack_unpacked_destroy(u);
         msgpack_sbuffer_destroy(sb);
-        respond_error(h, 400, "the request body nests deeper than %d levels", LI_SRV_MAX_DEPTH);
+        respond_error(h, 400, "the request body could not be read");
         return false;
     }
     return true;
