@@ -658,14 +658,18 @@ static void route(http_sess *h) {
         else route_health(h);
         return;
     }
-    if (!authorized(h)) {
-        respond_error(h, 401, "missing or wrong 'Authorization: Bearer' token");
-        return;
-    }
+    /* as vLLM's --api-key: probes and Prometheus scrapers (an endpoint
+     * picker's too) need no key; they see counts, never text */
     if (path_is(path, plen, "/metrics")) {
         if (method != HTTP_GET && method != HTTP_HEAD) respond_error(h, 405, "use GET /metrics");
         else route_metrics(h);
-    } else if (path_is(path, plen, "/v1/models")) {
+        return;
+    }
+    if (!authorized(h)) {
+        respond_error(h, 401, "missing or wrong 'Authorization: Bearer' token (--api-key)");
+        return;
+    }
+    if (path_is(path, plen, "/v1/models")) {
         if (method != HTTP_GET && method != HTTP_HEAD) respond_error(h, 405, "use GET /v1/models");
         else route_models(h);
     } else if (path_is(path, plen, "/v1/completions") || path_is(path, plen, "/v1/chat/completions")) {

@@ -40,6 +40,7 @@ typedef struct lua_State lua_State;
 /* ---- limits and their documented defaults (docs/server.md) ----------------- */
 
 #define LI_SRV_DEFAULT_PORT 7700
+#define LI_SRV_DEFAULT_HTTP_PORT 8000
 #define LI_SRV_MAX_FRAME (1u << 20)         /* bytes of one msgpack frame / HTTP body */
 #define LI_SRV_MAX_DEPTH 32                 /* nesting of arrays and maps */
 _Static_assert(LI_SRV_MAX_DEPTH <= LI_MP_MAX_DEPTH, "li_mp_scan_feed follows LI_MP_MAX_DEPTH levels at most");
