@@ -953,6 +953,46 @@ static void prom(msgpack_sbuffer *sb, const char *name, const char *type, const 
     sb_printf(sb, "# HELP %s %s\n# TYPE %s %s\n%s %.17g\n", name, help, name, type, name, v);
 }
 
+/* The Gateway API Inference Extension's model-server gauges (its endpoint
+ * picker routes on them), under luainfer's names and vLLM's, which the
+ * picker's defaults (--total-queued-requests-metric and its siblings) read.
+ *   queued:  samples accepted and not running: being tokenized, waiting for
+ *            a first step, or preempted (vLLM counts preempted ones as waiting)
+ *   running: samples holding KV blocks in the batch (<= max_num_seqs)
+ *   KV:      blocks in use / blocks, 0..1 (cached prefix blocks no request
+ *            holds are free: they are evicted on demand) */
+static void metrics_gateway(msgpack_sbuffer *sb, li_server *srv, const li_engine_stats *st) {
+    double running = st->n_running;
+    double queued = (double)srv->n_samples - running;
+    if (queued < 0) queued = 0; /* the snapshot is a step old: a finished sample may still count as running */
+    double kv = st->kv_total_blocks ? 1.0 - (double)st->kv_free_blocks / st->kv_total_blocks : 0.0;
+    /* luainfer_requests_running and luainfer_kv_usage_ratio above are the other two */
+    prom(sb, "luainfer_requests_queued", "gauge",
+         "Samples accepted and not running (preparing, waiting, preempted): the queue a router balances.", queued);
+    char name[300];
+    size_t k = 0;
+    for (const char *c = li_api_model_name(srv); *c && k < sizeof name - 2; c++)
+        if (*c != '"' && *c != '\\' && *c != '\n') name[k++] = *c; /* a label value: no quotes */
+    name[k] = 0;
+    static const struct { const char *name, *help; } vl[] = {
+        {"vllm:num_requests_waiting", "Same as luainfer_requests_queued (vLLM's name)."},
+        {"vllm:num_requests_running", "Same as luainfer_requests_running (vLLM's name)."},
+        {"vllm:kv_cache_usage_perc", "Same as luainfer_kv_usage_ratio, 0..1 (vLLM's name)."},
+        {"vllm:gpu_cache_usage_perc", "Same as luainfer_kv_usage_ratio, 0..1 (vLLM's older name)."},
+    };
+    const double v[] = {queued, running, kv, kv};
+    for (size_t i = 0; i < LI_ARRAY_LEN(vl); i++)
+        sb_printf(sb, "# HELP %s %s\n# TYPE %s gauge\n%s{model_name=\"%s\"} %.17g\n", vl[i].name, vl[i].help, vl[i].name,
+                  vl[i].name, name, v[i]);
+    /* what the picker's prefix-aware scorer reads (block size), and "no LoRA adapters" */
+    sb_printf(sb, "# HELP vllm:cache_config_info KV-cache configuration (labels).\n# TYPE vllm:cache_config_info gauge\n"
+                  "vllm:cache_config_info{block_size=\"%d\",num_gpu_blocks=\"%d\",enable_prefix_caching=\"%s\"} 1\n",
+              (int)srv->cfg.block_size, (int)st->kv_total_blocks, srv->cfg.prefix_caching ? "True" : "False");
+    sb_printf(sb, "# HELP vllm:lora_requests_info LoRA adapters (none are served).\n# TYPE vllm:lora_requests_info gauge\n"
+                  "vllm:lora_requests_info{max_lora=\"0\",running_lora_adapters=\"\",waiting_lora_adapters=\"\"} %.17g\n",
+              (double)time(NULL) - (li_time_now() - srv->t_start)); /* when serving began (unix s) */
+}
+
 static const double step_le[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5};
 
 void li_http_metrics_text(li_server *srv, char **out, size_t *n) {
@@ -1016,6 +1056,7 @@ void li_http_metrics_text(li_server *srv, char **out, size_t *n) {
     prom(&sb, "luainfer_http_requests_total", "counter", "HTTP requests.", (double)m->http_requests);
     prom(&sb, "luainfer_http_errors_total", "counter", "HTTP error responses.", (double)m->http_errors);
     prom(&sb, "luainfer_requests_live", "gauge", "Requests received and not yet finished.", (double)srv->n_live);
+    metrics_gateway(&sb, srv, st);
     li_hist_free(&snap.step_time);
     *n = sb.size;
     *out = sb.data ? sb.data : li_xmalloc(1);
