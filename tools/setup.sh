@@ -30,7 +30,7 @@ done
 # recommends; we install without recommends, so it is named here.
 PACKAGES=(
     build-essential cmake pkg-config
-    libluajit2-5.1-dev luajit2 libuv1-dev libmsgpack-dev libutf8proc-dev libcjson-dev
+    libluajit2-5.1-dev luajit2 libuv1-dev libmsgpack-dev libutf8proc-dev libcjson-dev libjansson-dev
     libxxhash-dev libhttp-parser-dev libedit-dev zlib1g-dev
     clang libclang-rt-14-dev
     python3 python3-venv ca-certificates

@@ -177,6 +177,8 @@ static int parse_plain(const field *f, const char *name, const msgpack_object *v
         size_t n;
         if (!as_bytes(val, &p, &n) || n > (size_t)f->hi || !li_utf8_valid(p, n))
             BAD("'%s' must be a UTF-8 string of at most %d bytes", name, (int)f->hi);
+        /* the engine keeps these as C strings: refuse what it would cut */
+        if (memchr(p, 0, n)) BAD("'%s' cannot hold a NUL character (\\u0000)", name);
         char **dst = (char **)((char *)g + f->off);
         free(*dst);
         *dst = dup_n(p, n);
@@ -231,6 +233,8 @@ static int parse_content(const msgpack_object *o, char **out, li_error *err, uin
     size_t n = 0;
     if (as_bytes(o, &p, &n)) {
         if (!li_utf8_valid(p, n)) BAD("messages[%u].content is not valid UTF-8", mi);
+        /* the chat template takes C strings: refuse what it would cut */
+        if (memchr(p, 0, n)) BAD("messages[%u].content cannot hold a NUL character (\\u0000)", mi);
         *out = dup_n(p, n);
         return 0;
     }
@@ -244,6 +248,7 @@ static int parse_content(const msgpack_object *o, char **out, li_error *err, uin
         const msgpack_object *t = li_mp_read_get(&o->via.array.ptr[i], "text", true);
         if (!t || !as_bytes(t, &p, &n)) BAD("messages[%u].content[%u] must be {type = \"text\", text = ...}", mi, i);
         if (!li_utf8_valid(p, n)) BAD("messages[%u].content[%u].text is not valid UTF-8", mi, i);
+        if (memchr(p, 0, n)) BAD("messages[%u].content[%u].text cannot hold a NUL character (\\u0000)", mi, i);
         total += n;
     }
     char *s = li_xmalloc(total + 1);
@@ -271,6 +276,7 @@ static int f_messages(parse_state *st, const char *name, const msgpack_object *o
         size_t len;
         if (!role || !as_bytes(role, &p, &len) || len == 0 || len > 64 || !li_utf8_valid(p, len))
             BAD("messages[%u].role must be a string such as \"system\", \"user\" or \"assistant\"", i);
+        if (memchr(p, 0, len)) BAD("messages[%u].role cannot hold a NUL character (\\u0000)", i);
         if (!content) BAD("messages[%u].content is required", i);
         char *text = NULL;
         int rc = parse_content(content, &text, err, i);
@@ -309,6 +315,8 @@ static int f_stop(parse_state *st, const char *name, const msgpack_object *o, li
         if (!as_bytes(&items[i], &p, &n)) BAD("'stop' must be a string or a list of strings");
         if (n == 0 || n > LI_REQ_MAX_STOP_LEN) BAD("'stop' strings must be 1..%d bytes", LI_REQ_MAX_STOP_LEN);
         if (!li_utf8_valid(p, n)) BAD("'stop' is not valid UTF-8");
+        /* matched as C strings (engine/output.c): refuse what would be cut */
+        if (memchr(p, 0, n)) BAD("'stop' strings cannot hold a NUL character (\\u0000)");
         g->stop[g->n_stop++] = dup_n(p, n);
     }
     return 0;

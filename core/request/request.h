@@ -88,5 +88,10 @@ typedef struct cJSON cJSON;
 /* Packs a JSON value as msgpack (integral numbers as integers); false when
  * it nests deeper than max_depth. */
 bool li_request_pack_json(msgpack_packer *pk, const cJSON *j, int max_depth);
+/* Parses JSON text (jansson: strings keep their length, so "\u0000" stays
+ * in them; a key given twice is refused) and packs it as msgpack: 0, or
+ * err->code 400 with a one-line message (not JSON, not an object, nesting
+ * deeper than max_depth). The HTTP routes read their bodies with this. */
+int li_request_pack_json_text(msgpack_packer *pk, const char *text, size_t n, int max_depth, li_error *err);
 
 #endif

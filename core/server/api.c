@@ -817,11 +817,17 @@ void li_api_pack_stats(li_server *srv, msgpack_packer *pk) {
     KV("generated_tokens_per_s_avg", msgpack_pack_double, up > 0 ? (double)m->generation_tokens / up : 0.0);
     KV("prompt_tokens_total", msgpack_pack_uint64, m->prompt_tokens);
     li_mp_pack_str(pk, "connections");
-    msgpack_pack_map(pk, 4);
+    int n_paused = 0; /* over --write-buffer: not read from until the client catches up */
+    for (const li_conn *c = srv->net.conns; c; c = c->next) n_paused += c->paused && !c->closing;
+    msgpack_pack_map(pk, 8);
     KV("open", msgpack_pack_int, srv->net.n_conns);
+    KV("paused", msgpack_pack_int, n_paused);
     KV("total", msgpack_pack_uint64, srv->net.connections_total);
     KV("refused", msgpack_pack_uint64, srv->net.connections_refused);
     KV("slow_closed", msgpack_pack_uint64, m->slow_clients_closed);
+    KV("timed_out", msgpack_pack_uint64, srv->net.timeouts_total);
+    KV("evicted", msgpack_pack_uint64, srv->net.evicted_total);
+    KV("refused_per_ip", msgpack_pack_uint64, srv->net.per_ip_refused);
     li_mp_pack_str(pk, "calls");
     msgpack_pack_map(pk, 4);
     KV("rpc", msgpack_pack_uint64, m->rpc_calls);

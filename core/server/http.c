@@ -101,6 +101,7 @@ static const char *status_text(int status) {
     case 401: return "Unauthorized";
     case 404: return "Not Found";
     case 405: return "Method Not Allowed";
+    case 408: return "Request Timeout";
     case 413: return "Payload Too Large";
     case 429: return "Too Many Requests";
     case 500: return "Internal Server Error";
@@ -463,7 +464,10 @@ static const li_sink_ops http_sink = {http_delta, http_done_req, http_error_req}
 /* ---- routes ------------------------------------------------------------------------------------ */
 
 /* The body, a JSON object, as msgpack for the parsers the RPC methods use:
- * true with *u set (destroy u and sb after), or false with a 400 sent. */
+ * true with *u set (destroy u and sb after), or false with a 400 sent.
+ * jansson reads it (request_json.c): strings keep their lengths, so a
+ * "\u0000" in a prompt, a message or a stop string stays there exactly as
+ * over msgpack-RPC. */
 static bool body_msgpack(http_sess *h, msgpack_sbuffer *sb, msgpack_unpacked *u) {
     if (!h->body_len) {
         respond_error(h, 400, "the request body must be a JSON object");
@@ -473,27 +477,21 @@ static bool body_msgpack(http_sess *h, msgpack_sbuffer *sb, msgpack_unpacked *u)
         respond_error(h, 400, "the request body is not valid UTF-8");
         return false;
     }
-    cJSON *j = cJSON_ParseWithLength(h->body, h->body_len);
-    if (!j) {
-        respond_error(h, 400, "the request body is not valid JSON");
-        return false;
-    }
-    if (!cJSON_IsObject(j)) {
-        cJSON_Delete(j);
-        respond_error(h, 400, "the request body must be a JSON object");
-        return false;
-    }
     msgpack_sbuffer_init(sb);
     msgpack_packer pk;
     msgpack_packer_init(&pk, sb, msgpack_sbuffer_write);
-    bool ok = li_request_pack_json(&pk, j, LI_SRV_MAX_DEPTH);
-    cJSON_Delete(j);
+    li_error err = {0};
+    if (li_request_pack_json_text(&pk, h->body, h->body_len, LI_SRV_MAX_DEPTH, &err)) {
+        msgpack_sbuffer_destroy(sb);
+        respond_error(h, 400, "%s", err.msg);
+        return false;
+    }
     msgpack_unpacked_init(u);
     size_t off = 0;
-    if (!ok || msgpack_unpack_next(u, sb->data, sb->size, &off) != MSGPACK_UNPACK_SUCCESS) {
+    if (msgpack_unpack_next(u, sb->data, sb->size, &off) != MSGPACK_UNPACK_SUCCESS) {
         msgpack_unpacked_destroy(u);
         msgpack_sbuffer_destroy(sb);
-        respond_error(h, 400, "the request body nests deeper than %d levels", LI_SRV_MAX_DEPTH);
+        respond_error(h, 400, "the request body could not be read");
         return false;
     }
     return true;
@@ -660,14 +658,18 @@ static void route(http_sess *h) {
         else route_health(h);
         return;
     }
-    if (!authorized(h)) {
-        respond_error(h, 401, "missing or wrong 'Authorization: Bearer' token");
-        return;
-    }
+    /* as vLLM's --api-key: probes and Prometheus scrapers (an endpoint
+     * picker's too) need no key; they see counts, never text */
     if (path_is(path, plen, "/metrics")) {
         if (method != HTTP_GET && method != HTTP_HEAD) respond_error(h, 405, "use GET /metrics");
         else route_metrics(h);
-    } else if (path_is(path, plen, "/v1/models")) {
+        return;
+    }
+    if (!authorized(h)) {
+        respond_error(h, 401, "missing or wrong 'Authorization: Bearer' token (--api-key)");
+        return;
+    }
+    if (path_is(path, plen, "/v1/models")) {
         if (method != HTTP_GET && method != HTTP_HEAD) respond_error(h, 405, "use GET /v1/models");
         else route_models(h);
     } else if (path_is(path, plen, "/v1/completions") || path_is(path, plen, "/v1/chat/completions")) {
@@ -690,6 +692,7 @@ static void route(http_sess *h) {
 
 static int on_message_begin(http_parser *p) {
     http_sess *h = p->data;
+    if (h->conn) li_conn_set_phase(h->conn, LI_CONN_HEADER, true); /* --header-timeout from here */
     free(h->url);
     free(h->body);
     h->url = h->body = NULL;
@@ -741,6 +744,7 @@ static int on_header_value(http_parser *p, const char *at, size_t n) {
 
 static int on_headers_complete(http_parser *p) {
     http_sess *h = p->data;
+    if (h->conn) li_conn_set_phase(h->conn, LI_CONN_BODY, true); /* --body-timeout from here */
     if ((p->flags & F_CONTENTLENGTH) && p->content_length > h->srv->lim.max_frame) {
         h->too_large = true;
         return -1;
@@ -766,6 +770,7 @@ static int on_message_complete(http_parser *p) {
     h->keep_alive = http_should_keep_alive(p) && !h->srv->draining;
     h->head = p->method == HTTP_HEAD;
     h->busy = true;
+    if (h->conn) li_conn_set_phase(h->conn, LI_CONN_BUSY, false);
     http_parser_pause(p, 1); /* one request at a time: the rest waits */
     route(h);
     return 0;
@@ -818,7 +823,10 @@ static void http_done(http_sess *h) {
         close_sess(h);
         return;
     }
-    if (h->conn) li_conn_set_reading(h->conn, true);
+    if (h->conn) {
+        li_conn_set_phase(h->conn, LI_CONN_IDLE, true); /* keep-alive: --idle-timeout from here */
+        li_conn_set_reading(h->conn, true);
+    }
     if (h->n_pending && !h->closed) {
         char *buf = h->pending;
         size_t n = h->n_pending;
@@ -879,21 +887,32 @@ static const li_conn_ops http_conn_ops = {hc_on_data, hc_on_close, hc_free};
 static li_conn *http_conn_new(void *srv) {
     http_conn *hc = li_xcalloc(1, sizeof *hc);
     hc->base.ops = &http_conn_ops;
+    hc->base.idle_timeout = ((li_server *)srv)->lim.idle_timeout;
+    hc->base.idle_flag = "--idle-timeout";
+    hc->base.header_first = true; /* the first request, like every head, within --header-timeout */
     sess_init(&hc->h, srv, &hc->base, NULL);
     return &hc->base;
 }
 
-/* A refused connection (too many, or draining) gets a 503 before it closes. */
-static void http_refuse(li_conn *c, const char *why) {
-    char resp[256];
+/* A refused connection (too many or draining: 503; the per-address limit:
+ * 429) gets that status before it closes. */
+static void http_refuse(li_conn *c, int code, const char *why) {
+    char resp[512];
     int k = snprintf(resp, sizeof resp,
-                     "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+                     "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\n"
                      "Connection: close\r\nContent-Length: %zu\r\n\r\n{\"error\":{\"message\":\"%s\"}}",
-                     strlen(why) + 24, why);
-    li_conn_write(c, resp, (size_t)k);
+                     code, status_text(code), strlen(why) + 24, why);
+    if (k > 0 && (size_t)k < sizeof resp) li_conn_write(c, resp, (size_t)k);
 }
 
-const li_protocol li_http_protocol = {"http", http_conn_new, http_refuse};
+/* A timeout or eviction: a request half-sent gets 408 (or 503) before the
+ * close; a connection between requests is closed silently, as a keep-alive
+ * close is (nginx does the same), since there is no request to answer. */
+static void http_expire(li_conn *c, int code, const char *why) {
+    if (c->phase == LI_CONN_HEADER || c->phase == LI_CONN_BODY) http_refuse(c, code, why);
+}
+
+const li_protocol li_http_protocol = {"http", http_conn_new, http_refuse, http_expire};
 
 void li_http_process_bytes(const uint8_t *data, size_t n, char **out, size_t *out_n) {
     li_server srv;
@@ -932,6 +951,46 @@ static void prom_hist(msgpack_sbuffer *sb, const char *name, const char *help, c
 
 static void prom(msgpack_sbuffer *sb, const char *name, const char *type, const char *help, double v) {
     sb_printf(sb, "# HELP %s %s\n# TYPE %s %s\n%s %.17g\n", name, help, name, type, name, v);
+}
+
+/* The Gateway API Inference Extension's model-server gauges (its endpoint
+ * picker routes on them), under luainfer's names and vLLM's, which the
+ * picker's defaults (--total-queued-requests-metric and its siblings) read.
+ *   queued:  samples accepted and not running: being tokenized, waiting for
+ *            a first step, or preempted (vLLM counts preempted ones as waiting)
+ *   running: samples holding KV blocks in the batch (<= max_num_seqs)
+ *   KV:      blocks in use / blocks, 0..1 (cached prefix blocks no request
+ *            holds are free: they are evicted on demand) */
+static void metrics_gateway(msgpack_sbuffer *sb, li_server *srv, const li_engine_stats *st) {
+    double running = st->n_running;
+    double queued = (double)srv->n_samples - running;
+    if (queued < 0) queued = 0; /* the snapshot is a step old: a finished sample may still count as running */
+    double kv = st->kv_total_blocks ? 1.0 - (double)st->kv_free_blocks / st->kv_total_blocks : 0.0;
+    /* luainfer_requests_running and luainfer_kv_usage_ratio above are the other two */
+    prom(sb, "luainfer_requests_queued", "gauge",
+         "Samples accepted and not running (preparing, waiting, preempted): the queue a router balances.", queued);
+    char name[300];
+    size_t k = 0;
+    for (const char *c = li_api_model_name(srv); *c && k < sizeof name - 2; c++)
+        if (*c != '"' && *c != '\\' && *c != '\n') name[k++] = *c; /* a label value: no quotes */
+    name[k] = 0;
+    static const struct { const char *name, *help; } vl[] = {
+        {"vllm:num_requests_waiting", "Same as luainfer_requests_queued (vLLM's name)."},
+        {"vllm:num_requests_running", "Same as luainfer_requests_running (vLLM's name)."},
+        {"vllm:kv_cache_usage_perc", "Same as luainfer_kv_usage_ratio, 0..1 (vLLM's name)."},
+        {"vllm:gpu_cache_usage_perc", "Same as luainfer_kv_usage_ratio, 0..1 (vLLM's older name)."},
+    };
+    const double v[] = {queued, running, kv, kv};
+    for (size_t i = 0; i < LI_ARRAY_LEN(vl); i++)
+        sb_printf(sb, "# HELP %s %s\n# TYPE %s gauge\n%s{model_name=\"%s\"} %.17g\n", vl[i].name, vl[i].help, vl[i].name,
+                  vl[i].name, name, v[i]);
+    /* what the picker's prefix-aware scorer reads (block size), and "no LoRA adapters" */
+    sb_printf(sb, "# HELP vllm:cache_config_info KV-cache configuration (labels).\n# TYPE vllm:cache_config_info gauge\n"
+                  "vllm:cache_config_info{block_size=\"%d\",num_gpu_blocks=\"%d\",enable_prefix_caching=\"%s\"} 1\n",
+              (int)srv->cfg.block_size, (int)st->kv_total_blocks, srv->cfg.prefix_caching ? "True" : "False");
+    sb_printf(sb, "# HELP vllm:lora_requests_info LoRA adapters (none are served).\n# TYPE vllm:lora_requests_info gauge\n"
+                  "vllm:lora_requests_info{max_lora=\"0\",running_lora_adapters=\"\",waiting_lora_adapters=\"\"} %.17g\n",
+              (double)time(NULL) - (li_time_now() - srv->t_start)); /* when serving began (unix s) */
 }
 
 static const double step_le[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5};
@@ -984,6 +1043,12 @@ void li_http_metrics_text(li_server *srv, char **out, size_t *n) {
     prom(&sb, "luainfer_connections_open", "gauge", "Open client connections.", srv->net.n_conns);
     prom(&sb, "luainfer_connections_refused_total", "counter", "Connections refused (limit or draining).",
          (double)srv->net.connections_refused);
+    prom(&sb, "luainfer_connections_timed_out_total", "counter",
+         "Connections closed by --header-timeout, --body-timeout or an idle timeout.", (double)srv->net.timeouts_total);
+    prom(&sb, "luainfer_connections_evicted_total", "counter",
+         "Idle connections closed to make room for a new one at --max-connections.", (double)srv->net.evicted_total);
+    prom(&sb, "luainfer_connections_refused_per_ip_total", "counter",
+         "Connections refused by --max-connections-per-ip.", (double)srv->net.per_ip_refused);
     prom(&sb, "luainfer_slow_clients_closed_total", "counter", "Connections closed for not reading their output.",
          (double)m->slow_clients_closed);
     prom(&sb, "luainfer_rpc_calls_total", "counter", "msgpack-RPC calls.", (double)m->rpc_calls);
@@ -991,6 +1056,7 @@ void li_http_metrics_text(li_server *srv, char **out, size_t *n) {
     prom(&sb, "luainfer_http_requests_total", "counter", "HTTP requests.", (double)m->http_requests);
     prom(&sb, "luainfer_http_errors_total", "counter", "HTTP error responses.", (double)m->http_errors);
     prom(&sb, "luainfer_requests_live", "gauge", "Requests received and not yet finished.", (double)srv->n_live);
+    metrics_gateway(&sb, srv, st);
     li_hist_free(&snap.step_time);
     *n = sb.size;
     *out = sb.data ? sb.data : li_xmalloc(1);

@@ -11,7 +11,17 @@
  * from the client (no new requests from it), and resumes below half of it.
  * A connection that stays over for lim.slow_client_seconds has its requests
  * cancelled and is closed (li_conn_check_slow, from the server's tick). The
- * engine never waits for a socket: it posts events, the loop queues bytes. */
+ * engine never waits for a socket: it posts events, the loop queues bytes.
+ *
+ * Timeouts and room (docs/server.md, "Connections"): the protocol tells the
+ * loop what each connection is doing (li_conn_phase); a 100 ms timer closes
+ * those past their phase's deadline (a request head not complete
+ * header_timeout after its first byte, a body or frame body_timeout after
+ * its first, an idle keep-alive past the protocol's idle timeout), each
+ * told why first. A new connection at max_connections closes the longest
+ * idle one (idle at least evict_idle_seconds) instead of being refused, so
+ * a flood of idle or half-sent connections cannot lock new clients out;
+ * max_per_ip bounds what one peer address holds open. */
 #define _GNU_SOURCE
 #include "server/loop.h"
 
@@ -120,6 +130,13 @@ void li_conn_set_reading(li_conn *c, bool on) {
     conn_update_reading(c);
 }
 
+void li_conn_set_phase(li_conn *c, li_conn_phase p, bool restart) {
+    if (p != LI_CONN_IDLE) c->fresh = false;
+    if (p == c->phase && !restart) return;
+    c->phase = p;
+    c->phase_since = li_time_now();
+}
+
 static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
     li_conn *c = s->data;
     if (n < 0) {
@@ -172,6 +189,7 @@ static void on_conn_closed(uv_handle_t *h) {
     else net->conns = c->next;
     if (c->next) c->next->prev = c->prev;
     net->n_conns--;
+    if (c->closing) net->n_closing--;
     c->ops->free(c);
 }
 
@@ -195,6 +213,7 @@ void li_conn_close(li_conn *c) {
     if (c->closing) return;
     c->ops->on_close(c);
     c->closing = true;
+    c->net->n_closing++;
     if (c->reading) uv_read_stop(&c->u.s);
     c->reading = false;
     shutdown_req *sr = li_xmalloc(sizeof *sr);
@@ -210,6 +229,98 @@ void li_conn_force_close(li_conn *c) {
     if (!uv_is_closing(&c->u.h)) uv_close(&c->u.h, on_conn_closed);
 }
 
+/* ---- timeouts and room ---------------------------------------------------------- */
+
+/* The deadline of c's phase in seconds after phase_since (0: none) and the
+ * flag that sets it. */
+static double phase_limit(const li_conn *c, const char **flag) {
+    const li_net *net = c->net;
+    switch (c->phase) {
+    case LI_CONN_IDLE:
+        if (c->fresh && c->header_first) {
+            *flag = "--header-timeout";
+            return net->header_timeout;
+        }
+        *flag = c->idle_flag ? c->idle_flag : "--idle-timeout";
+        return c->idle_timeout;
+    case LI_CONN_HEADER: *flag = "--header-timeout"; return net->header_timeout;
+    case LI_CONN_BODY: *flag = "--body-timeout"; return net->body_timeout;
+    case LI_CONN_BUSY: break;
+    }
+    *flag = "";
+    return 0;
+}
+
+/* Tells the client why (the protocol decides what to send), then closes. */
+static void conn_expire(li_conn *c, int code, const char *why) {
+    if (c->proto && c->proto->expire) c->proto->expire(c, code, why);
+    li_conn_close(c);
+}
+
+static void on_net_timer(uv_timer_t *t) {
+    li_net *net = t->data;
+    double now = li_time_now();
+    for (li_conn *c = net->conns, *next; c; c = next) {
+        next = c->next; /* closing only unlinks later, in on_conn_closed */
+        if (c->closing) continue;
+        const char *flag;
+        double lim = phase_limit(c, &flag);
+        if (lim <= 0 || now - c->phase_since <= lim) continue;
+        char why[160];
+        if (c->phase == LI_CONN_IDLE && c->fresh)
+            snprintf(why, sizeof why, "no request within %g s of connecting (%s); closing", lim, flag);
+        else if (c->phase == LI_CONN_IDLE)
+            snprintf(why, sizeof why, "idle for %g s (%s); closing", lim, flag);
+        else
+            snprintf(why, sizeof why, "request %s not complete %g s after its first byte (%s); closing",
+                     c->phase == LI_CONN_HEADER ? "header" : "body", lim, flag);
+        net->timeouts_total++;
+        conn_expire(c, 408, why);
+    }
+}
+
+static void net_timer_start(li_net *net) {
+    if (net->timer_on) return;
+    uv_timer_init(&net->loop->uv, &net->timer);
+    net->timer.data = net;
+    uv_timer_start(&net->timer, on_net_timer, 100, 100);
+    uv_unref((uv_handle_t *)&net->timer); /* the loop's life is the listeners' and the server's */
+    net->timer_on = true;
+}
+
+/* At max_connections: the open connection idle longest (waiting between
+ * requests before one with a request half-sent), idle at least
+ * evict_idle_seconds so that clients that just connected are not dropped
+ * before they could send. NULL: every connection is busy or new. */
+static li_conn *eviction_victim(li_net *net, const li_conn *except) {
+    double now = li_time_now(), best = -1;
+    li_conn *victim = NULL;
+    for (li_conn *c = net->conns; c; c = c->next) {
+        if (c == except || c->closing || c->phase == LI_CONN_BUSY) continue;
+        double age = now - c->phase_since;
+        if (age < net->evict_idle_seconds) continue;
+        double score = age + (c->phase == LI_CONN_IDLE ? 1e12 : 0);
+        if (score > best) best = score, victim = c;
+    }
+    return victim;
+}
+
+static int conns_from(const li_net *net, const char *ip, const li_conn *except) {
+    int n = 0;
+    for (const li_conn *c = net->conns; c; c = c->next)
+        if (c != except && !c->closing && !strcmp(c->ip, ip)) n++;
+    return n;
+}
+
+static void peer_ip(li_conn *c) {
+    struct sockaddr_storage sa;
+    int len = sizeof sa;
+    c->ip[0] = 0;
+    if (uv_tcp_getpeername(&c->u.tcp, (struct sockaddr *)&sa, &len) != 0) return;
+    if (sa.ss_family == AF_INET6) uv_ip6_name((struct sockaddr_in6 *)&sa, c->ip, sizeof c->ip);
+    else if (sa.ss_family == AF_INET) uv_ip4_name((struct sockaddr_in *)&sa, c->ip, sizeof c->ip);
+}
+
 /* ---- listeners ---------------------------------------------------------------- */
 
 static void on_connection(uv_stream_t *server, int status) {
@@ -218,6 +329,7 @@ static void on_connection(uv_stream_t *server, int status) {
     if (status < 0) return;
     li_conn *c = l->proto->conn_new(l->ud);
     c->net = net;
+    c->proto = l->proto;
     int rc = l->u.h.type == UV_NAMED_PIPE ? uv_pipe_init(&net->loop->uv, &c->u.pipe, 0)
                                           : uv_tcp_init(&net->loop->uv, &c->u.tcp);
     if (rc) {
@@ -230,18 +342,48 @@ static void on_connection(uv_stream_t *server, int status) {
     if (net->conns) net->conns->prev = c;
     net->conns = c;
     net->n_conns++;
+    c->phase = LI_CONN_IDLE;
+    c->phase_since = li_time_now();
+    c->fresh = true;
     if (uv_accept(server, &c->u.s) != 0) {
         li_conn_close(c);
         return;
     }
-    if (l->u.h.type == UV_TCP) uv_tcp_nodelay(&c->u.tcp, 1);
+    if (l->u.h.type == UV_TCP) {
+        uv_tcp_nodelay(&c->u.tcp, 1);
+        peer_ip(c);
+    }
     net->connections_total++;
-    if (net->n_conns > net->max_connections || net->refusing) {
-        /* tell the client why, then hang up */
+    if (net->refusing) {
         net->connections_refused++;
-        l->proto->refuse(c, net->refusing ? "server is shutting down" : "too many connections");
+        l->proto->refuse(c, 503, "server is shutting down");
         li_conn_close(c);
         return;
+    }
+    if (net->max_per_ip > 0 && c->ip[0] && conns_from(net, c->ip, c) >= net->max_per_ip) {
+        char why[160];
+        snprintf(why, sizeof why, "too many connections from %s (at most %d per address, --max-connections-per-ip)",
+                 c->ip, net->max_per_ip);
+        net->connections_refused++;
+        net->per_ip_refused++;
+        l->proto->refuse(c, 429, why);
+        li_conn_close(c);
+        return;
+    }
+    if (net->n_conns - net->n_closing > net->max_connections) {
+        li_conn *victim = eviction_victim(net, c);
+        if (!victim) {
+            /* every connection is busy or just opened: tell the client why, then hang up */
+            net->connections_refused++;
+            l->proto->refuse(c, 503, "too many connections");
+            li_conn_close(c);
+            return;
+        }
+        char why[160];
+        snprintf(why, sizeof why, "closed to make room for a new connection (--max-connections %d): this one was idle",
+                 net->max_connections);
+        net->evicted_total++;
+        conn_expire(victim, 503, why);
     }
     li_conn_set_reading(c, true);
 }
@@ -332,6 +474,7 @@ int li_listener_open(li_net *net, const char *spec, const li_protocol *proto, vo
     }
     l->next = net->listeners;
     net->listeners = l;
+    net_timer_start(net);
     printf("luainfer: listening on %s (%s)\n", l->addr, proto->name);
     fflush(stdout);
     return 0;

@@ -33,6 +33,16 @@ void li_loop_close(li_loop *l);
 
 typedef struct li_conn li_conn;
 typedef struct li_listener li_listener;
+typedef struct li_protocol li_protocol;
+
+/* What a connection is doing, for its timeouts (loop.c's timer) and for
+ * choosing whom to close when the server is full. The protocol sets it. */
+typedef enum {
+    LI_CONN_IDLE,    /* waiting for a request, nothing partial: --idle-timeout (before the first: see header_first) */
+    LI_CONN_HEADER,  /* part of an HTTP request head received: --header-timeout from its first byte */
+    LI_CONN_BODY,    /* part of a body (HTTP) or frame (RPC) received: --body-timeout from its first byte */
+    LI_CONN_BUSY,    /* a request is being served: no read timeout (the write side has --slow-client-seconds) */
+} li_conn_phase;
 
 typedef struct li_conn_ops {
     void (*on_data)(li_conn *c, const char *buf, size_t n);
@@ -51,6 +61,15 @@ typedef struct li_net {
     int max_connections;
     bool refusing;           /* draining: new connections are told why and closed */
     uint64_t connections_total, connections_refused;
+    /* connection hardening (docs/server.md, "Connections"); 0 = off */
+    double header_timeout;   /* s: a request head complete after its first byte */
+    double body_timeout;     /* s: a body / RPC frame complete after its first byte */
+    double evict_idle_seconds; /* at max_connections, a new client closes the longest idle one idle this long */
+    int max_per_ip;          /* open TCP connections per peer address */
+    int n_closing;           /* of n_conns, closing: not counted against the limits */
+    uv_timer_t timer;        /* the timeouts, started with the first listener */
+    bool timer_on;
+    uint64_t timeouts_total, evicted_total, per_ip_refused;
 } li_net;
 
 /* A TCP or Unix-socket stream handle, seen as whichever libuv type a call wants. */
@@ -71,6 +90,15 @@ struct li_conn {
     bool want_read;         /* reading unless a protocol pause (HTTP: one request at a time) */
     double over_since;      /* when wbuf went over the limit (paused) */
     li_conn *prev, *next;   /* net->conns */
+    /* timeouts: set by conn_new (idle_timeout, header_first) and li_conn_set_phase */
+    const li_protocol *proto;
+    li_conn_phase phase;
+    double phase_since;     /* li_time_now() when the phase began */
+    double idle_timeout;    /* s between requests, 0 = none */
+    const char *idle_flag;  /* the flag named when it expires, e.g. "--idle-timeout" */
+    bool header_first;      /* before the first request the header timeout applies (HTTP) */
+    bool fresh;             /* no request begun yet */
+    char ip[64];            /* the peer's address (TCP); "" for Unix sockets */
 };
 
 /* Writes a copy of buf; never blocks. Past the write buffer the connection
@@ -83,15 +111,22 @@ void li_conn_close(li_conn *c);
 void li_conn_force_close(li_conn *c);
 /* Protocol-level read pause (independent of backpressure). */
 void li_conn_set_reading(li_conn *c, bool on);
+/* The protocol says what the connection is doing (its timeouts follow).
+ * The phase's clock restarts when the phase changes, or always with restart. */
+void li_conn_set_phase(li_conn *c, li_conn_phase p, bool restart);
 
 /* ---- listeners ------------------------------------------------------------------- */
 
 /* What a listener serves (rpc.c, http.c). */
-typedef struct li_protocol {
+struct li_protocol {
     const char *name;                            /* in the "listening on" line */
     li_conn *(*conn_new)(void *ud);              /* a connection with its ops, not yet accepted */
-    void (*refuse)(li_conn *c, const char *why); /* the bytes telling a refused client why */
-} li_protocol;
+    /* the bytes telling a refused new client why (code: 503 full or draining, 429 per-address limit) */
+    void (*refuse)(li_conn *c, int code, const char *why);
+    /* the same for an open connection closed by a timeout (408) or to make room (503); the
+     * protocol may send nothing (HTTP between requests: a keep-alive close is silent) */
+    void (*expire)(li_conn *c, int code, const char *why);
+};
 
 struct li_listener {
     li_uv_stream u;

@@ -182,12 +182,22 @@ static void rpc_delta(li_srv_req *r, int32_t index, const char *text, size_t n, 
     msgpack_sbuffer_destroy(&sb);
 }
 
+/* What the connection is doing, for its timeouts (loop.h): a partial frame
+ * has the body timeout from its first byte; with calls in flight it waits
+ * for nothing; else it is idle. restart: the partial frame is a new one. */
+static void update_phase(li_rpc_session *s, bool restart) {
+    if (!s->conn) return;
+    if (s->n > 0) li_conn_set_phase(s->conn, LI_CONN_BODY, restart);
+    else li_conn_set_phase(s->conn, s->inflight > 0 ? LI_CONN_BUSY : LI_CONN_IDLE, false);
+}
+
 static void untrack(li_rpc_session *s, li_srv_req *r) {
     if (r->prev) r->prev->next = r->next;
     else if (s->reqs == r) s->reqs = r->next;
     if (r->next) r->next->prev = r->prev;
     r->prev = r->next = NULL;
     s->inflight--;
+    update_phase(s, false);
 }
 
 static void pack_sample(msgpack_packer *pk, const li_srv_req *r, const li_sample_out *o, int index, bool with_index) {
@@ -436,6 +446,7 @@ static bool handle_frame(li_rpc_session *s, const char *p, size_t n) {
 bool li_rpc_session_feed(li_rpc_session *s, const char *data, size_t n) {
     if (s->closed) return false;
     li_server *srv = s->srv;
+    bool began = s->n == 0; /* these bytes start a frame */
     if (s->n + n > s->cap) {
         size_t cap = LI_MAX(s->cap * 2, s->n + n);
         s->buf = li_xrealloc(s->buf, cap);
@@ -470,6 +481,7 @@ bool li_rpc_session_feed(li_rpc_session *s, const char *data, size_t n) {
         memmove(s->buf, s->buf + start, s->n - start);
         s->n -= start;
     }
+    update_phase(s, began || start > 0);
     /* keep a big buffer only while a big frame is arriving */
     if (s->n == 0 && s->cap > 256 * 1024) {
         free(s->buf);
@@ -503,21 +515,25 @@ static const li_conn_ops rpc_conn_ops = {rpc_on_data, rpc_on_close, rpc_free};
 static li_conn *rpc_conn_new(void *srv) {
     rpc_conn *rc = li_xcalloc(1, sizeof *rc);
     rc->base.ops = &rpc_conn_ops;
+    /* a session between calls (a REPL, a client pool) may wait long */
+    rc->base.idle_timeout = ((li_server *)srv)->lim.rpc_idle_timeout;
+    rc->base.idle_flag = "--rpc-idle-timeout";
     li_rpc_session_init(&rc->s, srv, &rc->base, NULL);
     return &rc->base;
 }
 
-/* A refused connection (too many, or draining) learns why from an error
- * notification before it closes. */
-static void rpc_refuse(li_conn *c, const char *why) {
+/* A refused connection (too many, draining, per-address limit) or one closed
+ * by a timeout or to make room learns why from an error notification
+ * [2, "error", {code, message}] before it closes. */
+static void rpc_refuse(li_conn *c, int code, const char *why) {
     msgpack_sbuffer sb;
     msgpack_sbuffer_init(&sb);
-    pack_error_note(&sb, LI_RPC_UNAVAILABLE, why);
+    pack_error_note(&sb, code, why);
     li_conn_write(c, sb.data, sb.size);
     msgpack_sbuffer_destroy(&sb);
 }
 
-const li_protocol li_rpc_protocol = {"msgpack-rpc", rpc_conn_new, rpc_refuse};
+const li_protocol li_rpc_protocol = {"msgpack-rpc", rpc_conn_new, rpc_refuse, rpc_refuse};
 
 /* ---- the pure entry point for fuzzing ------------------------------------------------- */
 

@@ -89,7 +89,69 @@ typedef struct serve_opts {
         spec_disable_batch;
     double drain_seconds, slow_seconds;
     bool help, policy_unsafe, no_prefix_cache;
+    double header_timeout, body_timeout, idle_timeout, rpc_idle_timeout, evict_idle;
+    int64_t max_per_ip;
+    const char *api_key;
+    bool no_http, no_rpc;
 } serve_opts;
+
+/* ---- listeners and the banner ------------------------------------------------- */
+
+/* 127.0.0.0/8, ::1, and Unix sockets reach only this machine. */
+static bool addr_is_local(const char *addr) {
+    return !strncmp(addr, "unix:", 5) || !strncmp(addr, "127.", 4) || !strncmp(addr, "[::1]:", 6);
+}
+
+static const li_listener *first_listener(const li_server *srv, const li_protocol *proto) {
+    const li_listener *found = NULL;
+    for (const li_listener *l = srv->net.listeners; l; l = l->next) /* newest first: keep the last seen */
+        if (l->proto == proto) found = l;
+    return found;
+}
+
+/* A URL base a client on this machine can use for an HTTP listener. */
+static void client_url(const char *addr, char *out, size_t cap) {
+    const char *port = strrchr(addr, ':');
+    if (!strncmp(addr, "0.0.0.0:", 8)) snprintf(out, cap, "http://127.0.0.1%s", port);
+    else if (!strncmp(addr, "[::]:", 5)) snprintf(out, cap, "http://[::1]%s", port);
+    else snprintf(out, cap, "http://%s", addr);
+}
+
+/* Where to listen and the ready-to-paste examples (stderr). */
+static void print_banner(const li_server *srv) {
+    const li_listener *h = first_listener(srv, &li_http_protocol), *r = first_listener(srv, &li_rpc_protocol);
+    const char *key = srv->auth_token ? "$LUAINFER_API_KEY" : "none";
+    if (h && strncmp(h->addr, "unix:", 5)) {
+        char url[340];
+        client_url(h->addr, url, sizeof url);
+        fprintf(stderr, "luainfer: OpenAI API on %s/v1, for example:\n", url);
+        fprintf(stderr, "  curl %s/v1/completions -H 'Content-Type: application/json'%s \\\n"
+                        "    -d '{\"prompt\": \"The capital of France is\", \"max_tokens\": 16}'\n",
+                url, srv->auth_token ? " -H \"Authorization: Bearer $LUAINFER_API_KEY\"" : "");
+        fprintf(stderr, "  python3 -c 'from openai import OpenAI; c = OpenAI(base_url=\"%s/v1\", api_key=\"%s\"); "
+                        "print(c.chat.completions.create(model=\"%s\", max_tokens=16, "
+                        "messages=[{\"role\": \"user\", \"content\": \"Hi!\"}]).choices[0].message.content)'\n",
+                url, srv->auth_token ? "'\"$LUAINFER_API_KEY\"'" : key, srv->model_name);
+    } else if (h) {
+        fprintf(stderr, "luainfer: OpenAI API on %s: curl --unix-socket %s http://localhost/v1/models\n", h->addr,
+                h->addr + 5);
+    }
+    if (r) {
+        char url[340];
+        client_url(r->addr, url, sizeof url); /* "http://HOST:PORT": the part after "//" */
+        const char *a = strncmp(r->addr, "unix:", 5) ? url + 7 : r->addr;
+        fprintf(stderr, "luainfer: msgpack-RPC on %s, for example:\n"
+                        "  python3 examples/python_client.py --addr %s \"Once upon a time\"%s\n"
+                        "  luainfer repl --connect %s\n",
+                r->addr, a, srv->auth_token ? "   (auth {token} first: see docs/server.md)" : "", a);
+    }
+    for (const li_listener *l = srv->net.listeners; l; l = l->next)
+        if (!addr_is_local(l->addr) && !srv->auth_token)
+            fprintf(stderr,
+                    "luainfer: warning: %s (%s) is reachable from other machines and there is no --api-key: "
+                    "anyone who can connect may use this server\n",
+                    l->addr, l->proto->name);
+}
 
 static int check_range(const char *name, int64_t v, int64_t lo, int64_t hi, li_error *err) {
     if (v < lo || v > hi)
@@ -106,12 +168,18 @@ int li_cmd_serve(int argc, char **argv) {
         .max_queued = LI_SRV_MAX_QUEUED,
         .max_depth = LI_SRV_MAX_DEPTH, .write_buffer = LI_SRV_WRITE_BUFFER, .drain_seconds = LI_SRV_DRAIN_SECONDS,
         .slow_seconds = LI_SRV_SLOW_CLIENT_SECONDS,
+        .header_timeout = LI_SRV_HEADER_TIMEOUT, .body_timeout = LI_SRV_BODY_TIMEOUT,
+        .idle_timeout = LI_SRV_IDLE_TIMEOUT, .rpc_idle_timeout = LI_SRV_RPC_IDLE_TIMEOUT,
+        .evict_idle = LI_SRV_EVICT_IDLE_SECONDS, .max_per_ip = LI_SRV_MAX_CONNECTIONS_PER_IP,
     };
     li_opt opts[] = {
         {"model", LI_OPT_STR, &o.model, "GGUF model (default: $LUAINFER_MODEL or the bundled SmolLM2)"},
         {"draft", LI_OPT_STR, &o.draft, "draft GGUF with the target's vocabulary, run next to it over the same KV blocks (default: none)"},
         {"listen", LI_OPT_STR_LIST, &o.listen, "msgpack-RPC on HOST:PORT or unix:PATH (repeatable; default 127.0.0.1:7700)"},
-        {"http", LI_OPT_STR_LIST, &o.http, "OpenAI-compatible HTTP on HOST:PORT (repeatable; default: off)"},
+        {"http", LI_OPT_STR_LIST, &o.http, "OpenAI-compatible HTTP on HOST:PORT or unix:PATH (repeatable; default 127.0.0.1:8000, off when only --listen is given)"},
+        {"no-http", LI_OPT_FLAG, &o.no_http, "no HTTP listener"},
+        {"no-rpc", LI_OPT_FLAG, &o.no_rpc, "no msgpack-RPC listener"},
+        {"api-key", LI_OPT_STR, &o.api_key, "clients must present it: HTTP 'Authorization: Bearer KEY' (not /health, /metrics), RPC auth {token = KEY} (default: $LUAINFER_API_KEY)"},
         {"kv-dtype", LI_OPT_STR, &o.kv_dtype, "KV cache dtype: f16, bf16, f32, fp8, int8 (default: the policy's, else f16)"},
         {"kv-memory", LI_OPT_STR, &o.kv_memory, "KV cache budget in bytes, e.g. 256M (default 256M)"},
         {"block-size", LI_OPT_INT, &o.block_size, "tokens per KV block (default: the policy's, else 16)"},
@@ -123,7 +191,7 @@ int li_cmd_serve(int argc, char **argv) {
         {"policy-isolation", LI_OPT_STR, &o.isolation, "inprocess (default) or process (a policy-host child)"},
         {"policy-unsafe", LI_OPT_FLAG, &o.policy_unsafe, "give the policy the full Lua standard library"},
         {"admin-token", LI_OPT_STR, &o.admin_token, "token for policy.reload and shutdown (default: those are refused)"},
-        {"auth-token", LI_OPT_STR, &o.auth_token, "clients must present it (RPC: auth {token}; HTTP: Bearer)"},
+        {"auth-token", LI_OPT_STR, &o.auth_token, "the older name of --api-key"},
         {"max-frame-bytes", LI_OPT_INT, &o.max_frame, "largest msgpack frame / HTTP body (default 1048576)"},
         {"max-inflight", LI_OPT_INT, &o.max_inflight, "requests in flight per connection (default 64)"},
         {"max-connections", LI_OPT_INT, &o.max_connections, "open connections (default 256)"},
@@ -137,6 +205,12 @@ int li_cmd_serve(int argc, char **argv) {
         {"write-buffer", LI_OPT_INT, &o.write_buffer, "unsent bytes per connection before reads stop (default 8 MiB)"},
         {"slow-client-seconds", LI_OPT_FLOAT, &o.slow_seconds, "over the write buffer this long: close (default 30)"},
         {"drain-seconds", LI_OPT_FLOAT, &o.drain_seconds, "on SIGTERM, wait this long for requests (default 30)"},
+        {"header-timeout", LI_OPT_FLOAT, &o.header_timeout, "s for an HTTP request head from its first byte, and for the first request (default 10; 0 = off)"},
+        {"body-timeout", LI_OPT_FLOAT, &o.body_timeout, "s for an HTTP body or a msgpack frame from its first byte (default 30; 0 = off)"},
+        {"idle-timeout", LI_OPT_FLOAT, &o.idle_timeout, "s an HTTP keep-alive connection may wait between requests (default 60; 0 = off)"},
+        {"rpc-idle-timeout", LI_OPT_FLOAT, &o.rpc_idle_timeout, "s a msgpack-RPC connection may wait between calls (default 0 = no limit)"},
+        {"max-connections-per-ip", LI_OPT_INT, &o.max_per_ip, "open TCP connections per client address (default 0 = no limit)"},
+        {"idle-evict-seconds", LI_OPT_FLOAT, &o.evict_idle, "at --max-connections, a new client closes the longest idle connection idle this long (default 2)"},
         {"help", LI_OPT_FLAG, &o.help, "show this help"},
     };
     const int n_opts = (int)LI_ARRAY_LEN(opts);
@@ -146,7 +220,8 @@ int li_cmd_serve(int argc, char **argv) {
     if ((rc = li_args_parse(opts, n_opts, argc, argv, pos, 1, &n_pos, &err))) return li_runtime_fail(&err);
     if (o.help) {
         li_args_usage("serve", "[POLICY.lua] [options]", opts, n_opts);
-        printf("\nWith no options: the default model, policies/default.lua, msgpack-RPC on 127.0.0.1:7700.\n"
+        printf("\nWith no options: the default model, policies/default.lua, msgpack-RPC on 127.0.0.1:7700 and\n"
+               "OpenAI HTTP on 127.0.0.1:8000. --listen and --http replace those addresses (--listen alone: no HTTP).\n"
                "Port 0 picks a free port; each listener prints 'luainfer: listening on ADDR (PROTOCOL)'.\n");
         return 0;
     }
@@ -161,8 +236,19 @@ int li_cmd_serve(int argc, char **argv) {
         (rc = check_range("max-connections", o.max_connections, 1, 1 << 20, &err)) ||
         (rc = check_range("max-queued", o.max_queued, 1, 1 << 30, &err)) ||
         (rc = check_range("max-depth", o.max_depth, 2, LI_SRV_MAX_DEPTH, &err)) ||
-        (rc = check_range("write-buffer", o.write_buffer, 4096, (int64_t)1 << 40, &err)))
+        (rc = check_range("write-buffer", o.write_buffer, 4096, (int64_t)1 << 40, &err)) ||
+        (rc = check_range("max-connections-per-ip", o.max_per_ip, 0, 1 << 20, &err)))
         goto done;
+    {
+        const struct { const char *name; double v; } secs[] = {
+            {"header-timeout", o.header_timeout}, {"body-timeout", o.body_timeout}, {"idle-timeout", o.idle_timeout},
+            {"rpc-idle-timeout", o.rpc_idle_timeout}, {"idle-evict-seconds", o.evict_idle}};
+        for (size_t i = 0; i < LI_ARRAY_LEN(secs); i++)
+            if (!(secs[i].v >= 0 && secs[i].v <= 86400)) {
+                li_error_set(&err, LI_EINVAL, "--%s must be in [0, 86400] seconds, got %g", secs[i].name, secs[i].v);
+                goto done;
+            }
+    }
     if (!(o.drain_seconds >= 0 && o.drain_seconds <= 86400) || !(o.slow_seconds > 0 && o.slow_seconds <= 86400)) {
         li_error_set(&err, LI_EINVAL, "--drain-seconds must be in [0, 86400] and --slow-client-seconds in (0, 86400]");
         goto done;
@@ -179,8 +265,29 @@ int li_cmd_serve(int argc, char **argv) {
     srv.net.max_connections = srv.lim.max_connections;
     srv.lim.slow_client_seconds = o.slow_seconds;
     srv.lim.drain_seconds = o.drain_seconds;
+    srv.lim.header_timeout = o.header_timeout;
+    srv.lim.body_timeout = o.body_timeout;
+    srv.lim.idle_timeout = o.idle_timeout;
+    srv.lim.rpc_idle_timeout = o.rpc_idle_timeout;
+    srv.lim.evict_idle_seconds = o.evict_idle;
+    srv.lim.max_connections_per_ip = (int)o.max_per_ip;
+    li_server_apply_limits(&srv);
     srv.admin_token = o.admin_token && *o.admin_token ? o.admin_token : NULL;
-    srv.auth_token = o.auth_token && *o.auth_token ? o.auth_token : NULL;
+    {
+        /* --api-key, its older name --auth-token, then the environment (as vLLM's VLLM_API_KEY) */
+        const char *env_key = getenv("LUAINFER_API_KEY");
+        const char *key = o.api_key ? o.api_key : o.auth_token ? o.auth_token : env_key;
+        if (o.api_key && o.auth_token && strcmp(o.api_key, o.auth_token)) {
+            li_error_set(&err, LI_EINVAL, "--api-key and --auth-token are one key: give one of them");
+            goto done;
+        }
+        srv.auth_token = key && *key ? key : NULL;
+    }
+    if ((o.no_http && o.http.n) || (o.no_rpc && o.listen.n)) {
+        li_error_set(&err, LI_EINVAL, "%s", o.no_http && o.http.n ? "--no-http and --http contradict each other"
+                                                                   : "--no-rpc and --listen contradict each other");
+        goto done;
+    }
 
     /* the policy first: its config table may set engine defaults */
     const char *policy_path = pos[0] ? pos[0] : li_server_default_policy();
@@ -234,15 +341,36 @@ int li_cmd_serve(int argc, char **argv) {
     if ((rc = li_loop_init(&srv.loop, &err))) goto done;
     loop_open = true;
     signal(SIGPIPE, SIG_IGN);
-    if (o.listen.n == 0) {
+    /* defaults: msgpack-RPC on 7700 and HTTP on 8000, both loopback. --listen
+     * alone (no --http) serves RPC only, as before HTTP was on by default. */
+    if (o.listen.n == 0 && !o.no_rpc) {
         char def[32];
         snprintf(def, sizeof def, "127.0.0.1:%d", LI_SRV_DEFAULT_PORT);
         if ((rc = li_listener_open(&srv.net, def, &li_rpc_protocol, &srv, &err))) goto done;
     }
     for (int i = 0; i < o.listen.n; i++)
         if ((rc = li_listener_open(&srv.net, o.listen.items[i], &li_rpc_protocol, &srv, &err))) goto done;
+    if (o.http.n == 0 && !o.no_http && o.listen.n == 0) {
+        /* the default HTTP port may be taken (another dev server): say so, serve the rest */
+        char def[32];
+        snprintf(def, sizeof def, "127.0.0.1:%d", LI_SRV_DEFAULT_HTTP_PORT);
+        li_error herr = {0};
+        if (li_listener_open(&srv.net, def, &li_http_protocol, &srv, &herr)) {
+            if (o.no_rpc) {
+                err = herr;
+                rc = herr.code;
+                goto done;
+            }
+            fprintf(stderr, "luainfer: warning: no HTTP: %s (--http ADDR picks another, --no-http skips it)\n",
+                    herr.msg);
+        }
+    }
     for (int i = 0; i < o.http.n; i++)
         if ((rc = li_listener_open(&srv.net, o.http.items[i], &li_http_protocol, &srv, &err))) goto done;
+    if (!srv.net.listeners) {
+        li_error_set(&err, LI_EINVAL, "--no-rpc and --no-http leave nothing to listen on");
+        goto done;
+    }
 
     li_engine_thread_opts eo = {
         .model = rt.model, .draft = rt.draft, .be = &rt.be, .cfg = *cfg, .policy = policy, .on_events = li_api_on_events};
@@ -264,6 +392,7 @@ int li_cmd_serve(int argc, char **argv) {
             fprintf(stderr, "luainfer: draft model %s (KV %zu bytes; the target's %zu)\n", o.draft, snap.st.kv_draft_bytes,
                     snap.st.kv_bytes);
         li_hist_free(&snap.step_time);
+        print_banner(&srv);
     }
     uv_timer_init(&srv.loop.uv, &srv.tick);
     srv.tick.data = &srv;

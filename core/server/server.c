@@ -18,8 +18,21 @@ void li_server_limits_default(li_server_limits *l) {
         .max_frame = LI_SRV_MAX_FRAME, .max_depth = LI_SRV_MAX_DEPTH, .max_inflight = LI_SRV_MAX_INFLIGHT,
         .max_connections = LI_SRV_MAX_CONNECTIONS, .max_queued = LI_SRV_MAX_QUEUED,
         .write_buffer = LI_SRV_WRITE_BUFFER, .slow_client_seconds = LI_SRV_SLOW_CLIENT_SECONDS,
-        .drain_seconds = LI_SRV_DRAIN_SECONDS,
+        .drain_seconds = LI_SRV_DRAIN_SECONDS, .header_timeout = LI_SRV_HEADER_TIMEOUT,
+        .body_timeout = LI_SRV_BODY_TIMEOUT, .idle_timeout = LI_SRV_IDLE_TIMEOUT,
+        .rpc_idle_timeout = LI_SRV_RPC_IDLE_TIMEOUT, .evict_idle_seconds = LI_SRV_EVICT_IDLE_SECONDS,
+        .max_connections_per_ip = LI_SRV_MAX_CONNECTIONS_PER_IP,
     };
+}
+
+void li_server_apply_limits(li_server *srv) {
+    li_net *net = &srv->net;
+    net->write_buffer = srv->lim.write_buffer;
+    net->max_connections = srv->lim.max_connections;
+    net->header_timeout = srv->lim.header_timeout;
+    net->body_timeout = srv->lim.body_timeout;
+    net->evict_idle_seconds = srv->lim.evict_idle_seconds;
+    net->max_per_ip = srv->lim.max_connections_per_ip;
 }
 
 void li_server_init(li_server *srv) {
@@ -32,8 +45,7 @@ void li_server_init(li_server *srv) {
     srv->t_start = li_time_now();
     li_engine_config_default(&srv->cfg);
     srv->net.loop = &srv->loop;
-    srv->net.write_buffer = srv->lim.write_buffer;
-    srv->net.max_connections = srv->lim.max_connections;
+    li_server_apply_limits(srv);
 }
 
 void li_server_free(li_server *srv) {

@@ -40,6 +40,7 @@ typedef struct lua_State lua_State;
 /* ---- limits and their documented defaults (docs/server.md) ----------------- */
 
 #define LI_SRV_DEFAULT_PORT 7700
+#define LI_SRV_DEFAULT_HTTP_PORT 8000
 #define LI_SRV_MAX_FRAME (1u << 20)         /* bytes of one msgpack frame / HTTP body */
 #define LI_SRV_MAX_DEPTH 32                 /* nesting of arrays and maps */
 _Static_assert(LI_SRV_MAX_DEPTH <= LI_MP_MAX_DEPTH, "li_mp_scan_feed follows LI_MP_MAX_DEPTH levels at most");
@@ -49,6 +50,12 @@ _Static_assert(LI_SRV_MAX_DEPTH <= LI_MP_MAX_DEPTH, "li_mp_scan_feed follows LI_
 #define LI_SRV_WRITE_BUFFER (8u << 20)      /* unsent bytes per connection before reads stop */
 #define LI_SRV_SLOW_CLIENT_SECONDS 30.0     /* over the write buffer this long: cancel + close */
 #define LI_SRV_DRAIN_SECONDS 30.0
+#define LI_SRV_HEADER_TIMEOUT 10.0          /* s: HTTP request head (and the wait for the first request) */
+#define LI_SRV_BODY_TIMEOUT 30.0            /* s: HTTP body / msgpack frame, from its first byte */
+#define LI_SRV_IDLE_TIMEOUT 60.0            /* s: HTTP keep-alive between requests */
+#define LI_SRV_RPC_IDLE_TIMEOUT 0.0         /* s: msgpack-RPC between calls (0: sessions stay open) */
+#define LI_SRV_EVICT_IDLE_SECONDS 2.0       /* at --max-connections: close one idle this long for a new one */
+#define LI_SRV_MAX_CONNECTIONS_PER_IP 0     /* 0: no per-address limit */
 #define LI_SRV_MAX_STOP LI_REQ_MAX_STOP
 #define LI_SRV_MAX_N LI_REQ_MAX_N
 
@@ -64,6 +71,7 @@ enum {
     LI_RPC_UNAUTHORIZED = 401,
     LI_RPC_FORBIDDEN = 403,          /* admin method while --admin-token is unset */
     LI_RPC_NOT_FOUND = 404,
+    LI_RPC_TIMEOUT = 408,            /* a header/body/frame/idle timeout (connection closed) */
     LI_RPC_TOO_LARGE = 413,          /* frame over --max-frame-bytes (connection closed) */
     LI_RPC_TOO_MANY = 429,           /* --max-inflight (this connection) or --max-queued (server) reached */
     LI_RPC_UNAVAILABLE = 503,        /* shutting down, no engine, too many connections */
@@ -141,9 +149,14 @@ typedef struct li_server_limits {
     size_t write_buffer;
     double slow_client_seconds;
     double drain_seconds;
+    /* connections (loop.h's li_net has the copies the loop uses); 0 = off */
+    double header_timeout, body_timeout, idle_timeout, rpc_idle_timeout, evict_idle_seconds;
+    int max_connections_per_ip;
 } li_server_limits;
 
 void li_server_limits_default(li_server_limits *l);
+/* Copies srv->lim's connection limits into srv->net (after changing lim). */
+void li_server_apply_limits(li_server *srv);
 /* policies/default.lua in the working directory, else in the source tree;
  * NULL when neither exists. */
 const char *li_server_default_policy(void);
