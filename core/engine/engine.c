@@ -2,8 +2,8 @@
  * target, whose KV cache is the block pool, and an optional draft over
  * storage following it), the flat batch. Asks, and glues to the policy:
  * the prefix-cache manager (kv/prefix_cache.c), a request's output stream
- * (output.c: text, stop strings, events), n-gram drafting (spec/ngram.c)
- * and the built-in FCFS (policy/fcfs.c).
+ * (output.c: text, stop strings, events), the proposers that draft tokens
+ * for speculation (spec/proposer.h) and the built-in FCFS (policy/fcfs.c).
  *
  * C owns every byte of state; the policy only proposes a plan. Validation
  * drops unknown or finished ids, clamps token counts to what remains, trims
@@ -16,7 +16,7 @@
 #include "engine/output.h"
 #include "engine/runner.h"
 #include "kv/prefix_cache.h"
-#include "spec/ngram.h"
+#include "spec/proposer.h"
 #include "tokenizer/tokenizer.h"
 
 #include <math.h>
@@ -52,6 +52,11 @@ typedef struct req {
     struct req *fork_of;      /* n > 1: waits for this parent's prompt, then shares its blocks */
     char *cache_salt;
     li_prefix_seq pfx;        /* seq's side of the prefix cache: block hashes, what is registered */
+    bool spec_set;            /* the request's own speculation (li_request_params) */
+    li_spec_method spec_method;
+    int32_t spec_k;
+    li_spec_method d_method;  /* the proposer of this step's drafts */
+    int64_t spec_drafted_by[LI_SPEC_N_METHODS], spec_accepted_by[LI_SPEC_N_METHODS];
 } req;
 
 struct li_engine {
@@ -91,6 +96,15 @@ struct li_engine {
     int32_t cap_ev;
     int64_t ev_warned_step;   /* the last step that logged an evict failure */
     li_engine_stats st;
+    /* speculation: a proposer per method (NULL: not available), the view of
+     * the target layerskip drafts with, and the step's proposal scratch */
+    li_proposer *prop[LI_SPEC_N_METHODS];
+    li_model skip_model;
+    li_spec_seq *sseq;        /* (max_num_seqs) */
+    req **sreq;               /* (max_num_seqs) */
+    int32_t *sdraft;          /* (max_num_seqs, LI_SPEC_MAX_TOKENS) */
+    bool spec_asked;          /* a request asked for its own speculation: proposals run
+                               * even with spec_tokens 0 */
 };
 
 void li_engine_config_default(li_engine_config *c) {
@@ -98,6 +112,7 @@ void li_engine_config_default(li_engine_config *c) {
         .block_size = 16, .kv_dtype = LI_TYPE_F16, .kv_memory = (size_t)256 << 20,
         .max_num_seqs = 64, .max_batched_tokens = 512, .max_model_len = 0, .prefix_caching = true,
         .spec_tokens = 0, .spec_ngram_max = 4, .spec_ngram_min = 2, .spec_disable_batch = 4,
+        .spec_method = LI_SPEC_NGRAM, .spec_layers = 0,
     };
 }
 
@@ -229,6 +244,15 @@ int li_engine_init_runners(li_engine **out, li_model *m, li_model *draft, li_bac
     if (c.spec_ngram_min < 1 || c.spec_ngram_max < c.spec_ngram_min || c.spec_ngram_max > 64)
         return li_error_set(err, LI_EINVAL, "engine: want 1 <= spec_ngram_min <= spec_ngram_max <= 64, got %d and %d",
                             c.spec_ngram_min, c.spec_ngram_max);
+    if ((int)c.spec_method < 0 || c.spec_method >= LI_SPEC_N_METHODS)
+        return li_error_set(err, LI_EINVAL, "engine: spec_method %d is not ngram, draft or layerskip", (int)c.spec_method);
+    if (c.spec_layers && (c.spec_layers < 1 || c.spec_layers >= m->hp.n_layer))
+        return li_error_set(err, LI_EINVAL, "engine: spec_layers must be in [1, %d] (the model has %d layers), got %d",
+                            m->hp.n_layer - 1, m->hp.n_layer, c.spec_layers);
+    if (c.spec_tokens && c.spec_method == LI_SPEC_DRAFT && !draft)
+        return li_error_set(err, LI_EINVAL, "engine: spec_method 'draft' needs a draft model (--draft-model FILE)");
+    if (c.spec_tokens && c.spec_method == LI_SPEC_LAYERSKIP && !c.spec_layers)
+        return li_error_set(err, LI_EINVAL, "engine: spec_method 'layerskip' needs spec_layers (--spec-layers N)");
     if (draft && draft->hp.n_vocab != m->hp.n_vocab)
         return li_error_set(err, LI_EINVAL,
                             "engine: the draft model's vocabulary has %d tokens, the target's %d: a draft must share "
@@ -265,14 +289,36 @@ int li_engine_init_runners(li_engine **out, li_model *m, li_model *draft, li_bac
         }
         e->has_draft = true;
     }
+    /* proposers: n-gram always, a model where there is one; none on a
+     * batch-variant backend, where verification would not be exact */
+    if (!be->ops->batch_variant) {
+        e->prop[LI_SPEC_NGRAM] = li_proposer_ngram_new(c.spec_ngram_max, c.spec_ngram_min, m->hp.n_vocab);
+        if (!rc && draft)
+            rc = li_proposer_model_new(&e->prop[LI_SPEC_DRAFT], LI_SPEC_DRAFT, draft, be, &e->draft.kv, c.max_num_seqs,
+                                       err);
+        if (!rc && c.spec_layers && !(rc = li_spec_layer_view(&e->skip_model, m, c.spec_layers, err)))
+            rc = li_proposer_model_new(&e->prop[LI_SPEC_LAYERSKIP], LI_SPEC_LAYERSKIP, &e->skip_model, be, &e->tgt.kv,
+                                       c.max_num_seqs, err);
+        if (rc) {
+            for (int i = 0; i < LI_SPEC_N_METHODS; i++) li_proposer_free(e->prop[i]);
+            li_runner_free(&e->draft);
+            li_runner_free(&e->tgt);
+            free(e);
+            return rc;
+        }
+    }
     li_prefix_cache_init(&e->pc, &e->tgt.kv, c.prefix_caching, engine_clock, e);
     e->t0 = li_time_now();
     e->next_id = 1;
     li_plan_init(&e->plan);
     li_plan_init(&e->fallback);
     const size_t S = (size_t)c.max_num_seqs, T = (size_t)c.max_batched_tokens;
-    /* logit rows: one per request, or one per verified position with speculation */
-    e->max_rows = c.spec_tokens ? LI_MAX(S, LI_MIN(T, S * (size_t)(c.spec_tokens + 1))) : S;
+    /* logit rows: one per request, or one per verified position with
+     * speculation (a request may ask for it on an engine without a default) */
+    e->max_rows = e->prop[LI_SPEC_NGRAM] ? LI_MAX(S, LI_MIN(T, S * (size_t)(LI_SPEC_MAX_TOKENS + 1))) : S;
+    e->sseq = li_xmalloc(S * sizeof *e->sseq);
+    e->sreq = li_xmalloc(S * sizeof *e->sreq);
+    e->sdraft = li_xmalloc(S * LI_SPEC_MAX_TOKENS * sizeof *e->sdraft);
     e->batch_req = li_xmalloc(S * sizeof *e->batch_req);
     e->batch_n = li_xmalloc(S * sizeof *e->batch_n);
     e->b_tokens = li_xmalloc(T * sizeof(int32_t));
@@ -309,6 +355,10 @@ void li_engine_free(li_engine *e) {
     free(e->d_row_id);
     free(e->d_row_pos);
     free(e->ev_cand);
+    for (int i = 0; i < LI_SPEC_N_METHODS; i++) li_proposer_free(e->prop[i]);
+    free(e->sseq);
+    free(e->sreq);
+    free(e->sdraft);
     li_prefix_cache_free(&e->pc);
     li_runner_free(&e->draft); /* a follower goes before its pool */
     li_runner_free(&e->tgt);
@@ -445,6 +495,9 @@ static req *req_new(li_engine *e, const li_request_params *p, int32_t i, li_erro
     r->cache_salt = strdup(p->cache_salt ? p->cache_salt : "");
     r->on_event = p->on_event;
     r->ud = p->ud;
+    r->spec_set = p->spec_set;
+    r->spec_method = p->spec_method;
+    r->spec_k = p->spec_k;
     r->top = li_xmalloc((size_t)LI_MAX(p->sampling.n_logprobs, 1) * sizeof *r->top);
     r->state = LI_REQ_WAITING;
     r->live = true;
@@ -486,6 +539,22 @@ int li_engine_add(li_engine *e, const li_request_params *p, int64_t *id, li_erro
     for (int i = 0; i < p->n_stop; i++)
         if (!p->stop[i] || !p->stop[i][0] || strlen(p->stop[i]) > 256)
             return li_error_set(err, LI_EINVAL, "request: stop strings must be 1..256 bytes");
+    if (p->spec_set) {
+        if (p->spec_k < 0 || p->spec_k > LI_SPEC_MAX_TOKENS)
+            return li_error_set(err, LI_EINVAL, "request: speculation k must be in [0, %d], got %d", LI_SPEC_MAX_TOKENS,
+                                p->spec_k);
+        if ((int)p->spec_method < 0 || p->spec_method >= LI_SPEC_N_METHODS)
+            return li_error_set(err, LI_EINVAL, "request: speculation method %d is not ngram, draft or layerskip",
+                                (int)p->spec_method);
+        if (p->spec_k && !e->prop[LI_SPEC_NGRAM])
+            return li_error_set(err, LI_EINVAL,
+                                "request: speculation needs batch-invariant kernels; the '%s' backend is not (use another --isa)",
+                                e->be->ops->name);
+        if (p->spec_k && !e->prop[p->spec_method])
+            return li_error_set(err, LI_EINVAL, "request: speculation method '%s' is not available on this engine (%s)",
+                                li_spec_method_name(p->spec_method),
+                                p->spec_method == LI_SPEC_DRAFT ? "start it with a draft model" : "start it with spec_layers");
+    }
     req *first = req_new(e, p, 0, err);
     if (!first) return err ? err->code : LI_EINVAL;
 
@@ -511,6 +580,7 @@ int li_engine_add(li_engine *e, const li_request_params *p, int64_t *id, li_erro
         e->reqs = li_xrealloc(e->reqs, (size_t)e->cap_reqs * sizeof *e->reqs);
     }
     e->reqs[e->n_reqs++] = first;
+    e->spec_asked |= p->spec_set && p->spec_k > 0;
     for (int32_t i = 1; i < n; i++) {
         req *c = req_new(e, p, i, err); /* cannot fail: same params as the first */
         c->fork_of = first;
@@ -669,36 +739,91 @@ static int32_t sample_one(li_engine *e, req *r, const float *logits) {
     return tok;
 }
 
-/* ---- speculation: n-gram drafts (prompt lookup) ----------------------------------- */
+/* ---- speculation: proposals ------------------------------------------------------- */
 
-/* Appends up to k draft tokens to a greedy request in decode: the tokens
- * that followed the latest earlier occurrence of its last n tokens, n from
- * spec_ngram_max down to spec_ngram_min (li_spec_ngram_draft). Verification
- * is exact for greedy (the kernels give a position the same logits in any
- * batch), so only greedy requests draft. */
-static void propose_drafts(li_engine *e, req *r) {
-    if (r->state != LI_REQ_RUNNING || r->fork_of || r->smp.p.temperature > 0 || r->num_computed != r->n_toks - 1)
-        return;
+/* The method and k a request drafts with this step: its own ask, else the
+ * engine's default. */
+static int32_t spec_want(const li_engine *e, const req *r, li_spec_method *method) {
+    if (r->spec_set) {
+        *method = r->spec_method;
+        return r->spec_k;
+    }
+    *method = e->cfg.spec_method;
+    /* prompt-lookup drafts are deterministic: at temperature > 0 they are
+     * accepted with probability p(draft) only, so the engine's default
+     * drafts greedy requests alone (a request may still ask) */
+    return e->cfg.spec_tokens;
+}
+
+/* How many drafts fit a request in decode, 0 when it cannot draft now.
+ * Drafts never take a KV block the request would not hold anyway: only the
+ * slots after its last token in blocks it has or is about to get, so
+ * speculation cannot preempt or evict anyone. */
+static int32_t spec_room(const li_engine *e, const req *r, int32_t k) {
+    if (!r->live || r->state != LI_REQ_RUNNING || r->fork_of || r->num_computed != r->n_toks - 1 || k <= 0) return 0;
     const int64_t room = LI_MIN(r->max_tokens - (r->n_toks - r->n_prompt), e->cfg.max_model_len - r->n_toks) - 1;
-    /* drafts never take a KV block the request would not hold anyway: only
-     * the slots after its last token in blocks it has or is about to get,
-     * so speculation cannot preempt or evict anyone */
     const int64_t bs = e->tgt.kv.block_size;
     const int64_t held = LI_MAX((int64_t)r->seq.n_blocks * bs, (r->n_toks + bs - 1) / bs * bs) - r->n_toks;
-    const int64_t k = LI_MIN(LI_MIN((int64_t)e->cfg.spec_tokens, room), held);
-    if (k <= 0) return;
-    int32_t draft[LI_SPEC_MAX_TOKENS];
-    const int32_t m =
-        li_spec_ngram_draft(r->toks, r->n_toks, e->cfg.spec_ngram_max, e->cfg.spec_ngram_min, (int32_t)k, draft);
-    if (m == 0) return;
-    if (r->n_toks + m > r->cap) {
-        r->cap = r->n_toks + m + 16;
-        r->toks = li_xrealloc(r->toks, (size_t)r->cap * sizeof *r->toks);
-    }
-    memcpy(r->toks + r->n_toks, draft, (size_t)m * sizeof *r->toks);
-    r->n_toks += m;
-    r->n_draft = m;
+    return (int32_t)LI_MAX(0, LI_MIN(LI_MIN((int64_t)k, room), held));
 }
+
+/* A model proposer writes the KV of positions [n_toks - 1, n_toks - 1 + k)
+ * now: the block of the last token must be the request's (the plan would
+ * take it this step anyway) and private. */
+static bool spec_slots(li_engine *e, req *r, int32_t k) {
+    const int64_t p = r->n_toks - 1;
+    return li_kv_seq_reserve(&e->tgt.kv, &r->seq, r->n_toks) == 0 && li_kv_seq_cow(&e->tgt.kv, &r->seq, p, p + k) == 0;
+}
+
+/* Step 0: each proposer drafts, in one call, for the requests in decode
+ * that speculate with it; the drafts are appended to their tokens (their
+ * num_tokens grows, so any policy schedules them as more tokens). */
+static void propose_drafts(li_engine *e) {
+    int32_t running = 0;
+    for (int32_t i = 0; i < e->n_reqs; i++) running += e->reqs[i]->live && e->reqs[i]->state == LI_REQ_RUNNING;
+    if (e->cfg.spec_disable_batch && running > e->cfg.spec_disable_batch) return;
+    for (int m = 0; m < LI_SPEC_N_METHODS; m++) {
+        li_proposer *p = e->prop[m];
+        if (!p) continue;
+        int32_t ns = 0;
+        for (int32_t i = 0; i < e->n_reqs && ns < e->cfg.max_num_seqs; i++) {
+            req *r = e->reqs[i];
+            li_spec_method want;
+            int32_t k = spec_want(e, r, &want);
+            if ((int)want != m || r->smp.p.temperature > 0) continue;
+            if (!(k = spec_room(e, r, k))) continue;
+            if (m != LI_SPEC_NGRAM && !spec_slots(e, r, k)) continue;
+            e->sseq[ns] = (li_spec_seq){.id = r->res.id, .toks = r->toks, .n_toks = r->n_toks,
+                                        .blocks = r->seq.blocks, .n_blocks = r->seq.n_blocks, .k = k,
+                                        .draft = e->sdraft + (size_t)ns * LI_SPEC_MAX_TOKENS};
+            e->sreq[ns++] = r;
+        }
+        if (!ns) continue;
+        li_error perr = {0};
+        const double t0 = li_time_now();
+        const int rc = p->ops->propose(p, e->sseq, ns, &perr);
+        e->st.time_propose += li_time_now() - t0;
+        if (rc) {
+            li_log_warn("speculation: the %s proposer failed, no drafts this step: %s", li_spec_method_name(m), perr.msg);
+            continue;
+        }
+        for (int32_t i = 0; i < ns; i++) {
+            req *r = e->sreq[i];
+            const int32_t n = e->sseq[i].n_draft;
+            if (n <= 0) continue;
+            if (r->n_toks + n > r->cap) {
+                r->cap = r->n_toks + n + 16;
+                r->toks = li_xrealloc(r->toks, (size_t)r->cap * sizeof *r->toks);
+            }
+            memcpy(r->toks + r->n_toks, e->sseq[i].draft, (size_t)n * sizeof *r->toks);
+            r->n_toks += n;
+            r->n_draft = n;
+            r->d_method = (li_spec_method)m;
+        }
+    }
+}
+
+/* ---- speculation: verification ------------------------------------------------------ */
 
 /* The m rows computed for a drafted request: row j's logits give the token
  * after position P0 + j. Tokens are sampled in order; each one that equals
@@ -723,8 +848,15 @@ static void verify_drafts(li_engine *e, req *r, int32_t m, const float *rows) {
     }
     r->spec_drafted += verified;
     r->spec_accepted += accepted;
+    r->spec_drafted_by[r->d_method] += verified;
+    r->spec_accepted_by[r->d_method] += accepted;
     e->st.spec_drafted += verified;
     e->st.spec_accepted += accepted;
+    e->st.spec_drafted_by[r->d_method] += verified;
+    e->st.spec_accepted_by[r->d_method] += accepted;
+    e->st.spec_rounds_by[r->d_method]++;
+    li_proposer *p = e->prop[r->d_method];
+    if (p && p->ops->on_verified) p->ops->on_verified(p, r->res.id, verified, accepted);
 }
 
 /* The parent's prompt is computed: its waiting samples take its blocks
@@ -752,14 +884,8 @@ int li_engine_step(li_engine *e, li_error *err) {
     if (!li_engine_has_work(e)) return 0;
     e->in_step = true;
 
-    /* 0: drafts for greedy decodes (speculation on, the batch small enough) */
-    if (e->cfg.spec_tokens) {
-        int32_t running = 0;
-        for (int32_t i = 0; i < e->n_reqs; i++) running += e->reqs[i]->live && e->reqs[i]->state == LI_REQ_RUNNING;
-        if (!e->cfg.spec_disable_batch || running <= e->cfg.spec_disable_batch)
-            for (int32_t i = 0; i < e->n_reqs; i++)
-                if (e->reqs[i]->live) propose_drafts(e, e->reqs[i]);
-    }
+    /* 0: drafts for decodes that speculate (the batch small enough) */
+    if (e->prop[LI_SPEC_NGRAM] && (e->cfg.spec_tokens || e->spec_asked)) propose_drafts(e);
 
     /* 1-2: state and plan */
     li_step_state st;
