@@ -17,6 +17,7 @@
 #include "engine/runner.h"
 #include "kv/prefix_cache.h"
 #include "spec/proposer.h"
+#include "spec/verify.h"
 #include "tokenizer/tokenizer.h"
 
 #include <math.h>
@@ -56,6 +57,8 @@ typedef struct req {
     li_spec_method spec_method;
     int32_t spec_k;
     li_spec_method d_method;  /* the proposer of this step's drafts */
+    int64_t d_q;              /* offset in the engine's sq of the (n_draft, n_vocab)
+                               * distributions sampled drafts came from; -1: deterministic */
     int64_t spec_drafted_by[LI_SPEC_N_METHODS], spec_accepted_by[LI_SPEC_N_METHODS];
 } req;
 
@@ -105,6 +108,10 @@ struct li_engine {
     int32_t *sdraft;          /* (max_num_seqs, LI_SPEC_MAX_TOKENS) */
     bool spec_asked;          /* a request asked for its own speculation: proposals run
                                * even with spec_tokens 0 */
+    float *sq;                /* (sq_cap) sampled drafts' distributions this step */
+    size_t sq_cap;
+    float *vp;                /* (LI_SPEC_MAX_TOKENS + 1, n_vocab) target distributions */
+    float *vscratch;          /* (n_vocab) */
 };
 
 void li_engine_config_default(li_engine_config *c) {
@@ -319,6 +326,10 @@ int li_engine_init_runners(li_engine **out, li_model *m, li_model *draft, li_bac
     e->sseq = li_xmalloc(S * sizeof *e->sseq);
     e->sreq = li_xmalloc(S * sizeof *e->sreq);
     e->sdraft = li_xmalloc(S * LI_SPEC_MAX_TOKENS * sizeof *e->sdraft);
+    if (e->prop[LI_SPEC_NGRAM]) {
+        e->vp = li_xmalloc((size_t)(LI_SPEC_MAX_TOKENS + 1) * (size_t)m->hp.n_vocab * sizeof *e->vp);
+        e->vscratch = li_xmalloc((size_t)m->hp.n_vocab * sizeof *e->vscratch);
+    }
     e->batch_req = li_xmalloc(S * sizeof *e->batch_req);
     e->batch_n = li_xmalloc(S * sizeof *e->batch_n);
     e->b_tokens = li_xmalloc(T * sizeof(int32_t));
@@ -359,6 +370,9 @@ void li_engine_free(li_engine *e) {
     free(e->sseq);
     free(e->sreq);
     free(e->sdraft);
+    free(e->sq);
+    free(e->vp);
+    free(e->vscratch);
     li_prefix_cache_free(&e->pc);
     li_runner_free(&e->draft); /* a follower goes before its pool */
     li_runner_free(&e->tgt);
@@ -713,14 +727,29 @@ static bool is_stop_id(const req *r, int32_t tok) {
     return false;
 }
 
+/* While min_tokens are not out, the end-of-generation and stop ids cannot
+ * be drawn. */
+static void ban_for_min_tokens(req *r) {
+    const bool hold = r->n_toks - r->n_prompt < r->min_tokens;
+    li_sampler_ban(&r->smp, hold ? r->ban : NULL, hold ? r->n_ban : 0);
+}
+
+static int32_t take_token(li_engine *e, req *r, int32_t tok, float lp, const float *logits);
+
 /* Samples r's next token from logits and appends it; returns it, or -1
  * when it ended the request without being appended (end-of-generation or
  * a stop token). */
 static int32_t sample_one(li_engine *e, req *r, const float *logits) {
     float lp = 0;
-    const bool hold = r->n_toks - r->n_prompt < r->min_tokens;
-    li_sampler_ban(&r->smp, hold ? r->ban : NULL, hold ? r->n_ban : 0);
+    ban_for_min_tokens(r);
     int32_t tok = li_sampler_sample(&r->smp, logits, r->smp.p.n_logprobs ? r->top : NULL, &lp);
+    return take_token(e, r, tok, lp, logits);
+}
+
+/* A token chosen from logits (the sampler's draw, or a verifier's) joins r:
+ * end-of-generation or a stop id ends r (-1), else it is accepted into the
+ * penalty window, appended and emitted; length limits end r after it. */
+static int32_t take_token(li_engine *e, req *r, int32_t tok, float lp, const float *logits) {
     if (r->res.t_first_token < 0) r->res.t_first_token = li_engine_now(e);
     if ((!r->ignore_eos && li_tokenizer_is_eog(e->model->tok, tok)) || is_stop_id(r, tok)) {
         flush_text(e, r);
@@ -740,6 +769,9 @@ static int32_t sample_one(li_engine *e, req *r, const float *logits) {
 }
 
 /* ---- speculation: proposals ------------------------------------------------------- */
+
+/* The request's seeded RNG feeds sampled drafts and their verification. */
+static double sampler_uniform(void *smp) { return li_sampler_uniform(smp); }
 
 /* The method and k a request drafts with this step: its own ask, else the
  * engine's default. */
@@ -782,6 +814,7 @@ static void propose_drafts(li_engine *e) {
     int32_t running = 0;
     for (int32_t i = 0; i < e->n_reqs; i++) running += e->reqs[i]->live && e->reqs[i]->state == LI_REQ_RUNNING;
     if (e->cfg.spec_disable_batch && running > e->cfg.spec_disable_batch) return;
+    size_t sq_used = 0; /* floats of sq taken this step */
     for (int m = 0; m < LI_SPEC_N_METHODS; m++) {
         li_proposer *p = e->prop[m];
         if (!p) continue;
@@ -790,15 +823,36 @@ static void propose_drafts(li_engine *e) {
             req *r = e->reqs[i];
             li_spec_method want;
             int32_t k = spec_want(e, r, &want);
-            if ((int)want != m || r->smp.p.temperature > 0) continue;
+            /* sampled requests draft with a model (which hands out q), or
+             * with n-gram when they ask for it themselves */
+            if ((int)want != m || (r->smp.p.temperature > 0 && m == LI_SPEC_NGRAM && !r->spec_set)) continue;
             if (!(k = spec_room(e, r, k))) continue;
             if (m != LI_SPEC_NGRAM && !spec_slots(e, r, k)) continue;
             e->sseq[ns] = (li_spec_seq){.id = r->res.id, .toks = r->toks, .n_toks = r->n_toks,
                                         .blocks = r->seq.blocks, .n_blocks = r->seq.n_blocks, .k = k,
+                                        .temperature = m == LI_SPEC_NGRAM ? 0 : r->smp.p.temperature,
+                                        .uniform = sampler_uniform, .uctx = &r->smp,
                                         .draft = e->sdraft + (size_t)ns * LI_SPEC_MAX_TOKENS};
             e->sreq[ns++] = r;
         }
         if (!ns) continue;
+        /* room for the distributions of sampled drafts, after those of the
+         * methods before (kept by offset: the buffer may move) */
+        const size_t nv = (size_t)e->model->hp.n_vocab;
+        size_t need = sq_used;
+        for (int32_t i = 0; i < ns; i++)
+            if (e->sseq[i].temperature > 0) need += (size_t)e->sseq[i].k * nv;
+        if (need > e->sq_cap) {
+            e->sq_cap = need;
+            e->sq = li_xrealloc(e->sq, need * sizeof *e->sq);
+        }
+        for (int32_t i = 0; i < ns; i++) {
+            e->sreq[i]->d_q = -1;
+            if (e->sseq[i].temperature <= 0) continue;
+            e->sseq[i].q = e->sq + sq_used;
+            e->sreq[i]->d_q = (int64_t)sq_used;
+            sq_used += (size_t)e->sseq[i].k * nv;
+        }
         li_error perr = {0};
         const double t0 = li_time_now();
         const int rc = p->ops->propose(p, e->sseq, ns, &perr);
@@ -819,6 +873,7 @@ static void propose_drafts(li_engine *e) {
             r->n_toks += n;
             r->n_draft = n;
             r->d_method = (li_spec_method)m;
+            if (!e->sseq[i].has_q) r->d_q = -1;
         }
     }
 }
@@ -830,21 +885,62 @@ static void propose_drafts(li_engine *e) {
  * the draft at its place lets the next row count, the first that differs
  * (or a bonus after the last draft) ends the run. The KV of positions past
  * the last accepted input is simply overwritten later. */
+/* Temperature > 0: rejection sampling (li_spec_verify_chain) against the
+ * target's distributions as the sampler makes them (bias, ban, penalties,
+ * top-k/p, min-p, temperature: li_sampler_sample_u), with the request's
+ * own uniforms, so a seed reproduces its tokens. Row j's distribution sees
+ * drafts 0..j-1 in the penalty window (they precede it if it is used at
+ * all); the window is rebuilt from the tokens kept. m rows verify m - 1
+ * drafts (the last row gives the token after them). Returns the accepted. */
+static int32_t verify_sampled(li_engine *e, req *r, int32_t m, const float *rows, const int32_t *draft,
+                              const float *q) {
+    const int32_t nv = e->model->hp.n_vocab, kk = m - 1;
+    const int64_t p0 = r->num_computed, gen0 = r->n_toks - r->n_prompt;
+    for (int32_t j = 0; j <= kk; j++) {
+        const bool hold = gen0 + j < r->min_tokens;
+        li_sampler_ban(&r->smp, hold ? r->ban : NULL, hold ? r->n_ban : 0);
+        li_sampler_sample_u(&r->smp, rows + (size_t)j * nv, 0.5, e->vp + (size_t)j * nv, NULL, NULL);
+        if (j < kk) li_sampler_accept(&r->smp, draft[j]);
+    }
+    int32_t next = -1;
+    int32_t a = li_spec_verify_chain(e->vp, q, nv, draft, kk, sampler_uniform, &r->smp, e->vscratch, &next);
+    if (a < 0) a = 0, next = li_sampler_sample_u(&r->smp, rows, li_sampler_uniform(&r->smp), NULL, NULL, NULL);
+    /* the window as if only the kept tokens had been accepted */
+    li_sampler_window_reset(&r->smp, r->toks, r->n_toks);
+    int32_t accepted = 0;
+    for (int32_t j = 0; j <= a; j++) {
+        const int32_t tok = j < a ? draft[j] : next;
+        const float *row = rows + (size_t)j * nv;
+        float lp = 0;
+        li_sampler_report(&r->smp, row, tok, r->smp.p.n_logprobs ? r->top : NULL, &lp);
+        r->num_computed = p0 + j + 1;
+        take_token(e, r, tok, lp, row);
+        if (!r->live) break;
+        accepted += j < a;
+    }
+    return accepted;
+}
+
 static void verify_drafts(li_engine *e, req *r, int32_t m, const float *rows) {
     int32_t draft[LI_SPEC_MAX_TOKENS];
     const int32_t k = r->n_draft;
     const int64_t p0 = r->num_computed; /* before this step's tokens */
     memcpy(draft, r->toks + r->n_toks - k, (size_t)k * sizeof *draft);
     drop_drafts(r);
-    /* row j checks draft j: m rows check min(m, k) drafts (a row past the
-     * last draft gives the bonus token) */
-    const int32_t verified = LI_MIN(m, k);
-    int32_t accepted = 0;
-    for (int32_t j = 0; j < m; j++) {
-        r->num_computed = p0 + j + 1; /* row j's input is valid: the last token, or an accepted draft */
-        const int32_t tok = sample_one(e, r, rows + (size_t)j * e->model->hp.n_vocab);
-        if (!r->live || j >= k || tok != draft[j]) break;
-        accepted++;
+    int32_t verified, accepted = 0;
+    if (r->smp.p.temperature > 0) {
+        verified = LI_MIN(m - 1, k);
+        accepted = verify_sampled(e, r, LI_MIN(m, k + 1), rows, draft, r->d_q >= 0 ? e->sq + r->d_q : NULL);
+    } else {
+        /* row j checks draft j: m rows check min(m, k) drafts (a row past the
+         * last draft gives the bonus token) */
+        verified = LI_MIN(m, k);
+        for (int32_t j = 0; j < m; j++) {
+            r->num_computed = p0 + j + 1; /* row j's input is valid: the last token, or an accepted draft */
+            const int32_t tok = sample_one(e, r, rows + (size_t)j * e->model->hp.n_vocab);
+            if (!r->live || j >= k || tok != draft[j]) break;
+            accepted++;
+        }
     }
     r->spec_drafted += verified;
     r->spec_accepted += accepted;
