@@ -60,6 +60,8 @@ typedef struct req {
     int64_t d_q;              /* offset in the engine's sq of the (n_draft, n_vocab)
                                * distributions sampled drafts came from; -1: deterministic */
     int64_t spec_drafted_by[LI_SPEC_N_METHODS], spec_accepted_by[LI_SPEC_N_METHODS];
+    int64_t pol_step;         /* the step the speculate hook chose pol_method / pol_k for */
+    int32_t pol_method, pol_k;
 } req;
 
 struct li_engine {
@@ -112,6 +114,12 @@ struct li_engine {
     size_t sq_cap;
     float *vp;                /* (LI_SPEC_MAX_TOKENS + 1, n_vocab) target distributions */
     float *vscratch;          /* (n_vocab) */
+    /* the speculate hook's candidates and the costs it is shown */
+    li_spec_cand *cands;      /* (max_num_seqs) */
+    double *c_acc;            /* (max_num_seqs, LI_SPEC_N_METHODS) */
+    int64_t *c_drafted;       /* (max_num_seqs, LI_SPEC_N_METHODS) */
+    double ema_step, ema_token, ema_draft[LI_SPEC_N_METHODS];
+    int64_t spec_hook_errors;
 };
 
 void li_engine_config_default(li_engine_config *c) {
@@ -326,6 +334,9 @@ int li_engine_init_runners(li_engine **out, li_model *m, li_model *draft, li_bac
     e->sseq = li_xmalloc(S * sizeof *e->sseq);
     e->sreq = li_xmalloc(S * sizeof *e->sreq);
     e->sdraft = li_xmalloc(S * LI_SPEC_MAX_TOKENS * sizeof *e->sdraft);
+    e->cands = li_xmalloc(S * sizeof *e->cands);
+    e->c_acc = li_xmalloc(S * LI_SPEC_N_METHODS * sizeof *e->c_acc);
+    e->c_drafted = li_xmalloc(S * LI_SPEC_N_METHODS * sizeof *e->c_drafted);
     if (e->prop[LI_SPEC_NGRAM]) {
         e->vp = li_xmalloc((size_t)(LI_SPEC_MAX_TOKENS + 1) * (size_t)m->hp.n_vocab * sizeof *e->vp);
         e->vscratch = li_xmalloc((size_t)m->hp.n_vocab * sizeof *e->vscratch);
@@ -371,6 +382,9 @@ void li_engine_free(li_engine *e) {
     free(e->sreq);
     free(e->sdraft);
     free(e->sq);
+    free(e->cands);
+    free(e->c_acc);
+    free(e->c_drafted);
     free(e->vp);
     free(e->vscratch);
     li_prefix_cache_free(&e->pc);
@@ -776,6 +790,10 @@ static double sampler_uniform(void *smp) { return li_sampler_uniform(smp); }
 /* The method and k a request drafts with this step: its own ask, else the
  * engine's default. */
 static int32_t spec_want(const li_engine *e, const req *r, li_spec_method *method) {
+    if (r->pol_step == e->step_no) { /* the policy's word */
+        *method = r->pol_method < 0 ? LI_SPEC_NGRAM : (li_spec_method)r->pol_method;
+        return r->pol_method < 0 ? 0 : r->pol_k;
+    }
     if (r->spec_set) {
         *method = r->spec_method;
         return r->spec_k;
@@ -807,13 +825,78 @@ static bool spec_slots(li_engine *e, req *r, int32_t k) {
     return li_kv_seq_reserve(&e->tgt.kv, &r->seq, r->n_toks) == 0 && li_kv_seq_cow(&e->tgt.kv, &r->seq, p, p + k) == 0;
 }
 
+static void gather(li_engine *e, li_step_state *st);
+
+static double ema(double old, double x) { return old > 0 ? 0.8 * old + 0.2 * x : x; }
+
+/* The speculate hook: every request that could draft now, with what it
+ * wants, its acceptance per method and the measured costs; the answers are
+ * kept for this step (pol_*). */
+static void policy_speculate(li_engine *e, int32_t running) {
+    int32_t n = 0;
+    for (int32_t i = 0; i < e->n_reqs && n < e->cfg.max_num_seqs; i++) {
+        req *r = e->reqs[i];
+        const int32_t max_k = spec_room(e, r, LI_SPEC_MAX_TOKENS);
+        if (!max_k) continue;
+        li_spec_method want;
+        const int32_t k = spec_want(e, r, &want);
+        double *acc = e->c_acc + (size_t)n * LI_SPEC_N_METHODS;
+        int64_t *dr = e->c_drafted + (size_t)n * LI_SPEC_N_METHODS;
+        for (int m = 0; m < LI_SPEC_N_METHODS; m++) {
+            dr[m] = r->spec_drafted_by[m];
+            acc[m] = dr[m] ? (double)r->spec_accepted_by[m] / (double)dr[m] : -1;
+        }
+        e->cands[n++] = (li_spec_cand){.id = r->res.id, .want_method = want, .want_k = LI_MIN(k, max_k),
+                                       .max_k = max_k, .temperature = r->smp.p.temperature, .acceptance = acc,
+                                       .drafted = dr, .method = k ? (int32_t)want : -1, .k = LI_MIN(k, max_k)};
+    }
+    if (!n) return;
+    static const char *const names[LI_SPEC_N_METHODS] = {"ngram", "draft", "layerskip"};
+    bool avail[LI_SPEC_N_METHODS];
+    for (int m = 0; m < LI_SPEC_N_METHODS; m++) avail[m] = e->prop[m] != NULL;
+    const li_spec_state ss = {.methods = names, .available = avail, .n_methods = LI_SPEC_N_METHODS,
+                              .batch_size = running, .step_time = e->ema_step, .token_time = e->ema_token,
+                              .draft_time = e->ema_draft};
+    li_step_state st;
+    gather(e, &st);
+    li_error perr = {0};
+    const double tp = li_time_now();
+    const int rc = e->policy->ops->speculate(e->policy, &st, &ss, e->cands, n, &perr);
+    e->st.time_policy += li_time_now() - tp;
+    if (rc) {
+        e->st.policy_errors++;
+        /* a broken hook fails every step: log the first few, then now and then */
+        if (++e->spec_hook_errors <= 3 || e->spec_hook_errors % 1000 == 0)
+            li_log_warn("policy %s: speculate failed (%lld times), the requests' own speculation stands: %s",
+                        e->policy->name, (long long)e->spec_hook_errors, perr.msg);
+        return;
+    }
+    for (int32_t i = 0; i < n; i++) {
+        li_spec_cand *c = &e->cands[i];
+        req *r = find(e, c->id);
+        if (!r) continue;
+        int32_t m = c->method, k = c->k;
+        if (m >= LI_SPEC_N_METHODS || (m >= 0 && !e->prop[m]) || k < 0 || k > c->max_k) {
+            e->st.plans_trimmed++; /* an unavailable method is off, k is clamped */
+            if (m >= LI_SPEC_N_METHODS || (m >= 0 && !e->prop[m])) m = -1;
+            k = LI_MAX(0, LI_MIN(k, c->max_k));
+        }
+        r->pol_step = e->step_no;
+        r->pol_method = k ? m : -1;
+        r->pol_k = k;
+    }
+}
+
 /* Step 0: each proposer drafts, in one call, for the requests in decode
  * that speculate with it; the drafts are appended to their tokens (their
- * num_tokens grows, so any policy schedules them as more tokens). */
+ * num_tokens grows, so any policy schedules them as more tokens). A
+ * speculate hook has the last word on who drafts with what. */
 static void propose_drafts(li_engine *e) {
     int32_t running = 0;
     for (int32_t i = 0; i < e->n_reqs; i++) running += e->reqs[i]->live && e->reqs[i]->state == LI_REQ_RUNNING;
-    if (e->cfg.spec_disable_batch && running > e->cfg.spec_disable_batch) return;
+    const bool hook = e->policy && e->policy->has_speculate && e->policy->ops->speculate;
+    if (hook) policy_speculate(e, running);
+    else if (e->cfg.spec_disable_batch && running > e->cfg.spec_disable_batch) return;
     size_t sq_used = 0; /* floats of sq taken this step */
     for (int m = 0; m < LI_SPEC_N_METHODS; m++) {
         li_proposer *p = e->prop[m];
@@ -825,7 +908,9 @@ static void propose_drafts(li_engine *e) {
             int32_t k = spec_want(e, r, &want);
             /* sampled requests draft with a model (which hands out q), or
              * with n-gram when they ask for it themselves */
-            if ((int)want != m || (r->smp.p.temperature > 0 && m == LI_SPEC_NGRAM && !r->spec_set)) continue;
+            if ((int)want != m ||
+                (r->smp.p.temperature > 0 && m == LI_SPEC_NGRAM && !r->spec_set && r->pol_step != e->step_no))
+                continue;
             if (!(k = spec_room(e, r, k))) continue;
             if (m != LI_SPEC_NGRAM && !spec_slots(e, r, k)) continue;
             e->sseq[ns] = (li_spec_seq){.id = r->res.id, .toks = r->toks, .n_toks = r->n_toks,
@@ -856,7 +941,11 @@ static void propose_drafts(li_engine *e) {
         li_error perr = {0};
         const double t0 = li_time_now();
         const int rc = p->ops->propose(p, e->sseq, ns, &perr);
-        e->st.time_propose += li_time_now() - t0;
+        const double dt = li_time_now() - t0;
+        e->st.time_propose += dt;
+        int64_t n_drafts = 0;
+        for (int32_t i = 0; i < ns; i++) n_drafts += e->sseq[i].k;
+        if (!rc && n_drafts) e->ema_draft[m] = ema(e->ema_draft[m], dt / (double)n_drafts);
         if (rc) {
             li_log_warn("speculation: the %s proposer failed, no drafts this step: %s", li_spec_method_name(m), perr.msg);
             continue;
@@ -981,7 +1070,8 @@ int li_engine_step(li_engine *e, li_error *err) {
     e->in_step = true;
 
     /* 0: drafts for decodes that speculate (the batch small enough) */
-    if (e->prop[LI_SPEC_NGRAM] && (e->cfg.spec_tokens || e->spec_asked)) propose_drafts(e);
+    if (e->prop[LI_SPEC_NGRAM] && (e->cfg.spec_tokens || e->spec_asked || (e->policy && e->policy->has_speculate)))
+        propose_drafts(e);
 
     /* 1-2: state and plan */
     li_step_state st;
@@ -1069,7 +1159,10 @@ int li_engine_step(li_engine *e, li_error *err) {
         }
         e->d_rows = n_logits;
     }
-    e->st.time_forward += li_time_now() - tf;
+    const double dtf = li_time_now() - tf;
+    e->st.time_forward += dtf;
+    e->ema_step = ema(e->ema_step, dtf);
+    if (k) e->ema_token = ema(e->ema_token, dtf / (double)k);
     if (rc) {
         drop_all_drafts(e);
         for (int32_t i = 0; i < nb; i++) finish(e, e->batch_req[i], "error");
