@@ -214,7 +214,7 @@ int li_cmd_generate(int argc, char **argv) {
     }
     li_engine_config ec;
     li_engine_config_default(&ec);
-    if ((rc = li_runtime_spec_config(&ec, o.spec_method, o.spec_k, o.spec_layers, rt.draft != NULL, "--spec-", &err)))
+    if ((rc = li_runtime_spec_config(&ec, &rt, o.spec_method, o.spec_k, o.spec_layers, "--spec-", &err)))
         goto done;
     ec.kv_dtype = kv_dtype;
     ec.max_num_seqs = 1;

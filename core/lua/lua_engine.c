@@ -243,15 +243,14 @@ static int l_engine_new(lua_State *L) {
     if (li_kv_dtype_parse(kv_dtype, &cfg.kv_dtype, &err)) return luaL_error(L, "%s", err.msg);
     const char *spec_method = opt_str(L, 1, "spec_method", NULL);
     const int64_t spec_layers = opt_int(L, 1, "spec_layers", 0, 0, 4096);
-    if (li_runtime_spec_config(&cfg, spec_method, cfg.spec_tokens, spec_layers, draft != NULL, "spec_", &err))
-        return luaL_error(L, "%s", err.msg);
 
     lua_engine *le = lua_newuserdata(L, sizeof *le);
     memset(le, 0, sizeof *le);
     luaL_getmetatable(L, ENGINE_MT);
     lua_setmetatable(L, -2);
     if (li_runtime_open(&le->rt, model, threads, isa, &err)) return luaL_error(L, "%s", err.msg);
-    if (draft && li_runtime_open_draft(&le->rt, draft, &err)) {
+    if ((draft && li_runtime_open_draft(&le->rt, draft, &err)) ||
+        li_runtime_spec_config(&cfg, &le->rt, spec_method, cfg.spec_tokens, spec_layers, "spec_", &err)) {
         li_runtime_close(&le->rt);
         return luaL_error(L, "%s", err.msg);
     }

@@ -224,7 +224,7 @@ int li_cmd_serve(int argc, char **argv) {
         (o.spec_ngram_min != -1 && (rc = check_range("spec-ngram-min", o.spec_ngram_min, 1, 64, &err))) ||
         (o.spec_disable_batch != -1 && (rc = check_range("spec-disable-batch", o.spec_disable_batch, 0, 1 << 20, &err))))
         goto done;
-    if ((rc = li_runtime_spec_config(cfg, o.spec_method, o.spec_tokens, o.spec_layers, rt.draft != NULL, "--spec-", &err)))
+    if ((rc = li_runtime_spec_config(cfg, &rt, o.spec_method, o.spec_tokens, o.spec_layers, "--spec-", &err)))
         goto done;
     if (o.spec_ngram_max != -1) cfg->spec_ngram_max = (int32_t)o.spec_ngram_max;
     if (o.spec_ngram_min != -1) cfg->spec_ngram_min = (int32_t)o.spec_ngram_min;
