@@ -27,10 +27,12 @@ typedef struct li_engine_config {
     int32_t max_batched_tokens;  /* tokens per step (default 512) */
     int64_t max_model_len;       /* positions per request (default: the model's context) */
     bool prefix_caching;         /* reuse full KV blocks across requests (default on) */
-    /* n-gram speculation (prompt lookup): a greedy request in decode drafts
-     * up to spec_tokens tokens by finding its last n tokens (n from
-     * spec_ngram_max down to spec_ngram_min) earlier in its own tokens; one
-     * forward pass verifies them. 0 = off (default). */
+    /* speculation: a request in decode drafts up to spec_tokens tokens with
+     * spec_method's proposer (spec/proposer.h; n-gram lookup finds its last
+     * n tokens, n from spec_ngram_max down to spec_ngram_min, earlier in its
+     * own tokens, and drafts greedy requests only); one forward pass
+     * verifies them. 0 = off (default); a request's own speculation and a
+     * policy's speculate hook override it per request. */
     int32_t spec_tokens;         /* 0..16 */
     int32_t spec_ngram_max, spec_ngram_min; /* default 4 and 2 */
     int32_t spec_disable_batch;  /* no drafts in a step with more running requests than
