@@ -14,6 +14,19 @@
 -- spec_disable_batch 4: no drafts while more than 4 requests run), and
 -- spec_tokens 4 drafting at any batch (spec_disable_batch 0). Rounds
 -- interleave the settings; the fastest of each is kept.
+--
+-- With a third argument, `proposers`, it measures every proposer instead:
+--
+--   ./build/luainfer bench spec [MAX_TOKENS] [ROUNDS] proposers [LAYERS] [DRAFT.gguf]
+--
+-- speculation off, n-gram (k 8), layer skip (the target's first LAYERS
+-- blocks, default 20, k 3), a draft model (DRAFT.gguf, default: none; k 4)
+-- and policies/spec_adaptive.lua (every proposer available), on four
+-- workloads: input-grounded (rewrite a paragraph, edit a JSON object, add
+-- type hints to code) and open-ended (a story); at batch 1 and 4 (four
+-- variants of the prompt), greedy and temperature 0.7. Settings alternate
+-- within each round; the fastest run of each is kept. Greedy runs assert
+-- the tokens of speculation off.
 local luainfer = require("luainfer")
 local root = (arg[0]:match("^(.*)/bench/") or ".")
 local MAX = tonumber(arg[1]) or 128
@@ -60,6 +73,97 @@ local workloads = {
 }
 
 local settings = { { k = 0 }, { k = 2 }, { k = 4 }, { k = 8 }, { k = 4, always = true } }
+
+-- ---- every proposer (mode `proposers`) ---------------------------------------
+local function chat(u) return "<|im_start|>user\n" .. u .. "<|im_end|>\n<|im_start|>assistant\n" end
+local json_doc = '{"name": "Ada Lovelace", "born": 1815, "city": "London", "fields": ["mathematics", "computing"], ' ..
+  '"notes": "wrote the first published algorithm for a machine"}'
+local grounded = {
+  rewrite = chat("Rewrite this paragraph, fixing only the spelling mistakes:\nThe rivr ran past the old mils and the " ..
+    "quiet farms, while the childen counted the boats under a grey sky of late autum. In the evening the lamps " ..
+    "were lit along the bank, and the feryman called the last crossing of the day."),
+  json = chat("Here is a JSON object:\n" .. json_doc .. "\nChange the city to \"Paris\" and output the whole " ..
+    "object again."),
+  code = chat("Add type hints to this Python code and change nothing else:\n" .. code),
+  story = chat("Write a short story about a lighthouse keeper who finds a message in a bottle."),
+}
+local kinds = { "rewrite", "json", "code", "story" }
+
+local function proposers_bench(layers, draft)
+  local sets = {
+    { name = "off", cfg = {} },
+    { name = "ngram k8", cfg = { spec_tokens = 8, spec_method = "ngram" }, spec = { method = "ngram", k = 8 } },
+    { name = ("layerskip%d k3"):format(layers), cfg = { spec_tokens = 3, spec_layers = layers },
+      spec = { method = "layerskip", k = 3 } },
+  }
+  if draft then
+    sets[#sets + 1] = { name = "draft k4", cfg = { spec_tokens = 4, draft_model = draft, spec_method = "draft" },
+                        spec = { method = "draft", k = 4 } }
+  end
+  sets[#sets + 1] = { name = "adaptive", cfg = { spec_layers = layers, draft_model = draft, spec_method = "ngram",
+                                                 policy = root .. "/policies/spec_adaptive.lua" } }
+  local function one(kind, seqs, temp, set)
+    local cfg = { max_num_seqs = seqs, max_batched_tokens = 512, spec_disable_batch = 0 }
+    for k, v in pairs(set.cfg) do cfg[k] = v end
+    local e = luainfer.engine(cfg)
+    local ids = {}
+    for i = 1, seqs do
+      local p = seqs == 1 and grounded[kind] or grounded[kind]:gsub("<|im_start|>assistant", ("(variant %d)<|im_start|>assistant"):format(i))
+      -- sampled requests ask for their proposer themselves (the engine's
+      -- n-gram default drafts greedy requests only)
+      ids[i] = e:add{ prompt = p, max_tokens = MAX, temperature = temp, seed = 7 + i, ignore_eos = true,
+                      speculation = temp > 0 and set.spec or nil }
+    end
+    e:run()
+    local s = e:stats()
+    local toks, n = {}, 0
+    for i = 1, seqs do
+      local r = e:result(ids[i])
+      toks[i] = table.concat(r.tokens, ",")
+      n = n + #r.tokens
+    end
+    e:close()
+    return { tput = n / s.time_total, drafted = s.spec_drafted, accepted = s.spec_accepted, toks = toks }
+  end
+  print(("speculation by proposer: %d tokens per request, best of %d rounds, tok/s (ratio to off, acceptance)")
+    :format(MAX, ROUNDS))
+  local head = {}
+  for i = 2, #sets do head[#head + 1] = ("%-24s"):format(sets[i].name) end
+  print(("%-8s %5s %4s | %9s | %s"):format("workload", "batch", "temp", "off tok/s", table.concat(head, " ")))
+  for _, temp in ipairs({ 0, 0.7 }) do
+    for _, seqs in ipairs({ 1, 4 }) do
+      for _, kind in ipairs(kinds) do
+        local best = {}
+        for _ = 1, ROUNDS do
+          for si, set in ipairs(sets) do
+            local r = one(kind, seqs, temp, set)
+            if temp == 0 and best[1] then
+              for i = 1, seqs do
+                assert(r.toks[i] == best[1].toks[i], ("%s, batch %d, %s: request %d differs from speculation off")
+                  :format(kind, seqs, set.name, i))
+              end
+            end
+            if not best[si] or r.tput > best[si].tput then best[si] = r end
+          end
+        end
+        local cols = {}
+        for si = 2, #sets do
+          local b = best[si]
+          cols[#cols + 1] = ("%-24s"):format(("%.1f (%.2fx, %.0f%%)"):format(b.tput, b.tput / best[1].tput,
+                                                                          100 * b.accepted / math.max(b.drafted, 1)))
+        end
+        print(("%-8s %5d %4.1f | %9.1f | %s"):format(kind, seqs, temp, best[1].tput, table.concat(cols, " ")))
+        io.stdout:flush()
+      end
+    end
+  end
+  print("greedy runs: every proposer's tokens were identical to speculation off")
+end
+
+if arg[3] == "proposers" then
+  proposers_bench(tonumber(arg[4]) or 20, arg[5])
+  return
+end
 
 local function run(prompts, seqs, set)
   local e = luainfer.engine{ max_num_seqs = seqs, max_batched_tokens = 512, spec_tokens = set.k,

@@ -21,7 +21,8 @@
 #include <time.h>
 
 typedef struct gen_opts {
-    const char *model, *draft, *prompt, *system, *isa, *kv_dtype;
+    const char *model, *draft, *prompt, *system, *isa, *kv_dtype, *spec_method;
+    int64_t spec_k, spec_layers;
     bool chat, json, help;
     int64_t max_tokens, top_k, seed, threads, ctx_size, batch_size, top_logits, logprobs;
     double temperature, top_p, min_p, repeat_penalty, presence_penalty, frequency_penalty;
@@ -100,7 +101,11 @@ int li_cmd_generate(int argc, char **argv) {
     };
     li_opt opts[] = {
         {"model", LI_OPT_STR, &o.model, "GGUF model (default: $LUAINFER_MODEL or the bundled SmolLM2)"},
-        {"draft", LI_OPT_STR, &o.draft, "draft GGUF with the model's vocabulary, run next to it over the same KV blocks (default: none)"},
+        {"draft-model", LI_OPT_STR, &o.draft, "draft GGUF with the model's vocabulary, run next to it over the same KV blocks; drafts with --spec-k (default: none)"},
+        {"draft", LI_OPT_STR, &o.draft, "the same as --draft-model"},
+        {"spec-method", LI_OPT_STR, &o.spec_method, "speculation proposer: ngram, draft or layerskip (default: layerskip with --spec-layers, draft with a draft model, else ngram)"},
+        {"spec-k", LI_OPT_INT, &o.spec_k, "speculation: draft tokens per decode step, 0..16 (default 0 = off)"},
+        {"spec-layers", LI_OPT_INT, &o.spec_layers, "layerskip: draft with the model's first N blocks and its head (default 0 = no layerskip)"},
         {"prompt", LI_OPT_STR, &o.prompt, "prompt text (required)"},
         {"chat", LI_OPT_FLAG, &o.chat, "format the prompt as a user message with the model's chat template"},
         {"system", LI_OPT_STR, &o.system, "system message for --chat"},
@@ -209,6 +214,8 @@ int li_cmd_generate(int argc, char **argv) {
     }
     li_engine_config ec;
     li_engine_config_default(&ec);
+    if ((rc = li_runtime_spec_config(&ec, &rt, o.spec_method, o.spec_k, o.spec_layers, "--spec-", &err)))
+        goto done;
     ec.kv_dtype = kv_dtype;
     ec.max_num_seqs = 1;
     ec.max_batched_tokens = (int32_t)o.batch_size;
@@ -257,6 +264,14 @@ int li_cmd_generate(int argc, char **argv) {
         cJSON_AddNumberToObject(tm, "decode_tokens_per_s", decode_ms > 0 && n_gen > 1 ? (n_gen - 1) / (decode_ms / 1e3) : 0);
         if (jtop) { cJSON_AddItemToObject(j, "top_logits", jtop); jtop = NULL; }
         if (jlp) { cJSON_AddItemToObject(j, "logprobs", jlp); jlp = NULL; }
+        if (ec.spec_tokens) {
+            li_engine_stats st;
+            li_engine_stats_get(eng, &st);
+            cJSON *js = cJSON_AddObjectToObject(j, "speculation");
+            cJSON_AddStringToObject(js, "method", li_spec_method_name(ec.spec_method));
+            cJSON_AddNumberToObject(js, "drafted", (double)st.spec_drafted);
+            cJSON_AddNumberToObject(js, "accepted", (double)st.spec_accepted);
+        }
         char *s = cJSON_PrintUnformatted(j);
         printf("%s\n", s);
         free(s);

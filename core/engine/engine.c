@@ -2,8 +2,8 @@
  * target, whose KV cache is the block pool, and an optional draft over
  * storage following it), the flat batch. Asks, and glues to the policy:
  * the prefix-cache manager (kv/prefix_cache.c), a request's output stream
- * (output.c: text, stop strings, events), n-gram drafting (spec/ngram.c)
- * and the built-in FCFS (policy/fcfs.c).
+ * (output.c: text, stop strings, events), the proposers that draft tokens
+ * for speculation (spec/proposer.h) and the built-in FCFS (policy/fcfs.c).
  *
  * C owns every byte of state; the policy only proposes a plan. Validation
  * drops unknown or finished ids, clamps token counts to what remains, trims
@@ -16,7 +16,8 @@
 #include "engine/output.h"
 #include "engine/runner.h"
 #include "kv/prefix_cache.h"
-#include "spec/ngram.h"
+#include "spec/proposer.h"
+#include "spec/verify.h"
 #include "tokenizer/tokenizer.h"
 
 #include <math.h>
@@ -52,6 +53,15 @@ typedef struct req {
     struct req *fork_of;      /* n > 1: waits for this parent's prompt, then shares its blocks */
     char *cache_salt;
     li_prefix_seq pfx;        /* seq's side of the prefix cache: block hashes, what is registered */
+    bool spec_set;            /* the request's own speculation (li_request_params) */
+    li_spec_method spec_method;
+    int32_t spec_k;
+    li_spec_method d_method;  /* the proposer of this step's drafts */
+    int64_t d_q;              /* offset in the engine's sq of the (n_draft, n_vocab)
+                               * distributions sampled drafts came from; -1: deterministic */
+    int64_t spec_drafted_by[LI_SPEC_N_METHODS], spec_accepted_by[LI_SPEC_N_METHODS];
+    int64_t pol_step;         /* the step the speculate hook chose pol_method / pol_k for */
+    int32_t pol_method, pol_k;
 } req;
 
 struct li_engine {
@@ -91,6 +101,25 @@ struct li_engine {
     int32_t cap_ev;
     int64_t ev_warned_step;   /* the last step that logged an evict failure */
     li_engine_stats st;
+    /* speculation: a proposer per method (NULL: not available), the view of
+     * the target layerskip drafts with, and the step's proposal scratch */
+    li_proposer *prop[LI_SPEC_N_METHODS];
+    li_model skip_model;
+    li_spec_seq *sseq;        /* (max_num_seqs) */
+    req **sreq;               /* (max_num_seqs) */
+    int32_t *sdraft;          /* (max_num_seqs, LI_SPEC_MAX_TOKENS) */
+    bool spec_asked;          /* a request asked for its own speculation: proposals run
+                               * even with spec_tokens 0 */
+    float *sq;                /* (sq_cap) sampled drafts' distributions this step */
+    size_t sq_cap;
+    float *vp;                /* (LI_SPEC_MAX_TOKENS + 1, n_vocab) target distributions */
+    float *vscratch;          /* (n_vocab) */
+    /* the speculate hook's candidates and the costs it is shown */
+    li_spec_cand *cands;      /* (max_num_seqs) */
+    double *c_acc;            /* (max_num_seqs, LI_SPEC_N_METHODS) */
+    int64_t *c_drafted;       /* (max_num_seqs, LI_SPEC_N_METHODS) */
+    double ema_step, ema_token, ema_draft[LI_SPEC_N_METHODS];
+    int64_t spec_hook_errors;
 };
 
 void li_engine_config_default(li_engine_config *c) {
@@ -98,6 +127,7 @@ void li_engine_config_default(li_engine_config *c) {
         .block_size = 16, .kv_dtype = LI_TYPE_F16, .kv_memory = (size_t)256 << 20,
         .max_num_seqs = 64, .max_batched_tokens = 512, .max_model_len = 0, .prefix_caching = true,
         .spec_tokens = 0, .spec_ngram_max = 4, .spec_ngram_min = 2, .spec_disable_batch = 4,
+        .spec_method = LI_SPEC_NGRAM, .spec_layers = 0,
     };
 }
 
@@ -229,6 +259,15 @@ int li_engine_init_runners(li_engine **out, li_model *m, li_model *draft, li_bac
     if (c.spec_ngram_min < 1 || c.spec_ngram_max < c.spec_ngram_min || c.spec_ngram_max > 64)
         return li_error_set(err, LI_EINVAL, "engine: want 1 <= spec_ngram_min <= spec_ngram_max <= 64, got %d and %d",
                             c.spec_ngram_min, c.spec_ngram_max);
+    if ((int)c.spec_method < 0 || c.spec_method >= LI_SPEC_N_METHODS)
+        return li_error_set(err, LI_EINVAL, "engine: spec_method %d is not ngram, draft or layerskip", (int)c.spec_method);
+    if (c.spec_layers && (c.spec_layers < 1 || c.spec_layers >= m->hp.n_layer))
+        return li_error_set(err, LI_EINVAL, "engine: spec_layers must be in [1, %d] (the model has %d layers), got %d",
+                            m->hp.n_layer - 1, m->hp.n_layer, c.spec_layers);
+    if (c.spec_tokens && c.spec_method == LI_SPEC_DRAFT && !draft)
+        return li_error_set(err, LI_EINVAL, "engine: spec_method 'draft' needs a draft model (--draft-model FILE)");
+    if (c.spec_tokens && c.spec_method == LI_SPEC_LAYERSKIP && !c.spec_layers)
+        return li_error_set(err, LI_EINVAL, "engine: spec_method 'layerskip' needs spec_layers (--spec-layers N)");
     if (draft && draft->hp.n_vocab != m->hp.n_vocab)
         return li_error_set(err, LI_EINVAL,
                             "engine: the draft model's vocabulary has %d tokens, the target's %d: a draft must share "
@@ -265,14 +304,43 @@ int li_engine_init_runners(li_engine **out, li_model *m, li_model *draft, li_bac
         }
         e->has_draft = true;
     }
+    /* proposers: n-gram always, a model where there is one; none on a
+     * batch-variant backend, where verification would not be exact */
+    if (!be->ops->batch_variant) {
+        e->prop[LI_SPEC_NGRAM] = li_proposer_ngram_new(c.spec_ngram_max, c.spec_ngram_min, m->hp.n_vocab);
+        if (!rc && draft)
+            rc = li_proposer_model_new(&e->prop[LI_SPEC_DRAFT], LI_SPEC_DRAFT, draft, be, &e->draft.kv, c.max_num_seqs,
+                                       err);
+        if (!rc && c.spec_layers && !(rc = li_spec_layer_view(&e->skip_model, m, c.spec_layers, err)))
+            rc = li_proposer_model_new(&e->prop[LI_SPEC_LAYERSKIP], LI_SPEC_LAYERSKIP, &e->skip_model, be, &e->tgt.kv,
+                                       c.max_num_seqs, err);
+        if (rc) {
+            for (int i = 0; i < LI_SPEC_N_METHODS; i++) li_proposer_free(e->prop[i]);
+            li_runner_free(&e->draft);
+            li_runner_free(&e->tgt);
+            free(e);
+            return rc;
+        }
+    }
     li_prefix_cache_init(&e->pc, &e->tgt.kv, c.prefix_caching, engine_clock, e);
     e->t0 = li_time_now();
     e->next_id = 1;
     li_plan_init(&e->plan);
     li_plan_init(&e->fallback);
     const size_t S = (size_t)c.max_num_seqs, T = (size_t)c.max_batched_tokens;
-    /* logit rows: one per request, or one per verified position with speculation */
-    e->max_rows = c.spec_tokens ? LI_MAX(S, LI_MIN(T, S * (size_t)(c.spec_tokens + 1))) : S;
+    /* logit rows: one per request, or one per verified position with
+     * speculation (a request may ask for it on an engine without a default) */
+    e->max_rows = e->prop[LI_SPEC_NGRAM] ? LI_MAX(S, LI_MIN(T, S * (size_t)(LI_SPEC_MAX_TOKENS + 1))) : S;
+    e->sseq = li_xmalloc(S * sizeof *e->sseq);
+    e->sreq = li_xmalloc(S * sizeof *e->sreq);
+    e->sdraft = li_xmalloc(S * LI_SPEC_MAX_TOKENS * sizeof *e->sdraft);
+    e->cands = li_xmalloc(S * sizeof *e->cands);
+    e->c_acc = li_xmalloc(S * LI_SPEC_N_METHODS * sizeof *e->c_acc);
+    e->c_drafted = li_xmalloc(S * LI_SPEC_N_METHODS * sizeof *e->c_drafted);
+    if (e->prop[LI_SPEC_NGRAM]) {
+        e->vp = li_xmalloc((size_t)(LI_SPEC_MAX_TOKENS + 1) * (size_t)m->hp.n_vocab * sizeof *e->vp);
+        e->vscratch = li_xmalloc((size_t)m->hp.n_vocab * sizeof *e->vscratch);
+    }
     e->batch_req = li_xmalloc(S * sizeof *e->batch_req);
     e->batch_n = li_xmalloc(S * sizeof *e->batch_n);
     e->b_tokens = li_xmalloc(T * sizeof(int32_t));
@@ -309,6 +377,16 @@ void li_engine_free(li_engine *e) {
     free(e->d_row_id);
     free(e->d_row_pos);
     free(e->ev_cand);
+    for (int i = 0; i < LI_SPEC_N_METHODS; i++) li_proposer_free(e->prop[i]);
+    free(e->sseq);
+    free(e->sreq);
+    free(e->sdraft);
+    free(e->sq);
+    free(e->cands);
+    free(e->c_acc);
+    free(e->c_drafted);
+    free(e->vp);
+    free(e->vscratch);
     li_prefix_cache_free(&e->pc);
     li_runner_free(&e->draft); /* a follower goes before its pool */
     li_runner_free(&e->tgt);
@@ -445,6 +523,9 @@ static req *req_new(li_engine *e, const li_request_params *p, int32_t i, li_erro
     r->cache_salt = strdup(p->cache_salt ? p->cache_salt : "");
     r->on_event = p->on_event;
     r->ud = p->ud;
+    r->spec_set = p->spec_set;
+    r->spec_method = p->spec_method;
+    r->spec_k = p->spec_k;
     r->top = li_xmalloc((size_t)LI_MAX(p->sampling.n_logprobs, 1) * sizeof *r->top);
     r->state = LI_REQ_WAITING;
     r->live = true;
@@ -486,6 +567,22 @@ int li_engine_add(li_engine *e, const li_request_params *p, int64_t *id, li_erro
     for (int i = 0; i < p->n_stop; i++)
         if (!p->stop[i] || !p->stop[i][0] || strlen(p->stop[i]) > 256)
             return li_error_set(err, LI_EINVAL, "request: stop strings must be 1..256 bytes");
+    if (p->spec_set) {
+        if (p->spec_k < 0 || p->spec_k > LI_SPEC_MAX_TOKENS)
+            return li_error_set(err, LI_EINVAL, "request: speculation k must be in [0, %d], got %d", LI_SPEC_MAX_TOKENS,
+                                p->spec_k);
+        if ((int)p->spec_method < 0 || p->spec_method >= LI_SPEC_N_METHODS)
+            return li_error_set(err, LI_EINVAL, "request: speculation method %d is not ngram, draft or layerskip",
+                                (int)p->spec_method);
+        if (p->spec_k && !e->prop[LI_SPEC_NGRAM])
+            return li_error_set(err, LI_EINVAL,
+                                "request: speculation needs batch-invariant kernels; the '%s' backend is not (use another --isa)",
+                                e->be->ops->name);
+        if (p->spec_k && !e->prop[p->spec_method])
+            return li_error_set(err, LI_EINVAL, "request: speculation method '%s' is not available on this engine (%s)",
+                                li_spec_method_name(p->spec_method),
+                                p->spec_method == LI_SPEC_DRAFT ? "start it with a draft model" : "start it with spec_layers");
+    }
     req *first = req_new(e, p, 0, err);
     if (!first) return err ? err->code : LI_EINVAL;
 
@@ -511,6 +608,7 @@ int li_engine_add(li_engine *e, const li_request_params *p, int64_t *id, li_erro
         e->reqs = li_xrealloc(e->reqs, (size_t)e->cap_reqs * sizeof *e->reqs);
     }
     e->reqs[e->n_reqs++] = first;
+    e->spec_asked |= p->spec_set && p->spec_k > 0;
     for (int32_t i = 1; i < n; i++) {
         req *c = req_new(e, p, i, err); /* cannot fail: same params as the first */
         c->fork_of = first;
@@ -643,14 +741,29 @@ static bool is_stop_id(const req *r, int32_t tok) {
     return false;
 }
 
+/* While min_tokens are not out, the end-of-generation and stop ids cannot
+ * be drawn. */
+static void ban_for_min_tokens(req *r) {
+    const bool hold = r->n_toks - r->n_prompt < r->min_tokens;
+    li_sampler_ban(&r->smp, hold ? r->ban : NULL, hold ? r->n_ban : 0);
+}
+
+static int32_t take_token(li_engine *e, req *r, int32_t tok, float lp, const float *logits);
+
 /* Samples r's next token from logits and appends it; returns it, or -1
  * when it ended the request without being appended (end-of-generation or
  * a stop token). */
 static int32_t sample_one(li_engine *e, req *r, const float *logits) {
     float lp = 0;
-    const bool hold = r->n_toks - r->n_prompt < r->min_tokens;
-    li_sampler_ban(&r->smp, hold ? r->ban : NULL, hold ? r->n_ban : 0);
+    ban_for_min_tokens(r);
     int32_t tok = li_sampler_sample(&r->smp, logits, r->smp.p.n_logprobs ? r->top : NULL, &lp);
+    return take_token(e, r, tok, lp, logits);
+}
+
+/* A token chosen from logits (the sampler's draw, or a verifier's) joins r:
+ * end-of-generation or a stop id ends r (-1), else it is accepted into the
+ * penalty window, appended and emitted; length limits end r after it. */
+static int32_t take_token(li_engine *e, req *r, int32_t tok, float lp, const float *logits) {
     if (r->res.t_first_token < 0) r->res.t_first_token = li_engine_now(e);
     if ((!r->ignore_eos && li_tokenizer_is_eog(e->model->tok, tok)) || is_stop_id(r, tok)) {
         flush_text(e, r);
@@ -669,62 +782,266 @@ static int32_t sample_one(li_engine *e, req *r, const float *logits) {
     return tok;
 }
 
-/* ---- speculation: n-gram drafts (prompt lookup) ----------------------------------- */
+/* ---- speculation: proposals ------------------------------------------------------- */
 
-/* Appends up to k draft tokens to a greedy request in decode: the tokens
- * that followed the latest earlier occurrence of its last n tokens, n from
- * spec_ngram_max down to spec_ngram_min (li_spec_ngram_draft). Verification
- * is exact for greedy (the kernels give a position the same logits in any
- * batch), so only greedy requests draft. */
-static void propose_drafts(li_engine *e, req *r) {
-    if (r->state != LI_REQ_RUNNING || r->fork_of || r->smp.p.temperature > 0 || r->num_computed != r->n_toks - 1)
-        return;
+/* The request's seeded RNG feeds sampled drafts and their verification. */
+static double sampler_uniform(void *smp) { return li_sampler_uniform(smp); }
+
+/* The method and k a request drafts with this step: its own ask, else the
+ * engine's default. */
+static int32_t spec_want(const li_engine *e, const req *r, li_spec_method *method) {
+    if (r->pol_step == e->step_no) { /* the policy's word */
+        *method = r->pol_method < 0 ? LI_SPEC_NGRAM : (li_spec_method)r->pol_method;
+        return r->pol_method < 0 ? 0 : r->pol_k;
+    }
+    if (r->spec_set) {
+        *method = r->spec_method;
+        return r->spec_k;
+    }
+    *method = e->cfg.spec_method;
+    /* prompt-lookup drafts are deterministic: at temperature > 0 they are
+     * accepted with probability p(draft) only, so the engine's default
+     * drafts greedy requests alone (a request may still ask) */
+    return e->cfg.spec_tokens;
+}
+
+/* How many drafts fit a request in decode, 0 when it cannot draft now.
+ * Drafts never take a KV block the request would not hold anyway: only the
+ * slots after its last token in blocks it has or is about to get, so
+ * speculation cannot preempt or evict anyone. */
+static int32_t spec_room(const li_engine *e, const req *r, int32_t k) {
+    if (!r->live || r->state != LI_REQ_RUNNING || r->fork_of || r->num_computed != r->n_toks - 1 || k <= 0) return 0;
     const int64_t room = LI_MIN(r->max_tokens - (r->n_toks - r->n_prompt), e->cfg.max_model_len - r->n_toks) - 1;
-    /* drafts never take a KV block the request would not hold anyway: only
-     * the slots after its last token in blocks it has or is about to get,
-     * so speculation cannot preempt or evict anyone */
     const int64_t bs = e->tgt.kv.block_size;
     const int64_t held = LI_MAX((int64_t)r->seq.n_blocks * bs, (r->n_toks + bs - 1) / bs * bs) - r->n_toks;
-    const int64_t k = LI_MIN(LI_MIN((int64_t)e->cfg.spec_tokens, room), held);
-    if (k <= 0) return;
-    int32_t draft[LI_SPEC_MAX_TOKENS];
-    const int32_t m =
-        li_spec_ngram_draft(r->toks, r->n_toks, e->cfg.spec_ngram_max, e->cfg.spec_ngram_min, (int32_t)k, draft);
-    if (m == 0) return;
-    if (r->n_toks + m > r->cap) {
-        r->cap = r->n_toks + m + 16;
-        r->toks = li_xrealloc(r->toks, (size_t)r->cap * sizeof *r->toks);
-    }
-    memcpy(r->toks + r->n_toks, draft, (size_t)m * sizeof *r->toks);
-    r->n_toks += m;
-    r->n_draft = m;
+    return (int32_t)LI_MAX(0, LI_MIN(LI_MIN((int64_t)k, room), held));
 }
+
+/* A model proposer writes the KV of positions [n_toks - 1, n_toks - 1 + k)
+ * now: the block of the last token must be the request's (the plan would
+ * take it this step anyway) and private. */
+static bool spec_slots(li_engine *e, req *r, int32_t k) {
+    const int64_t p = r->n_toks - 1;
+    return li_kv_seq_reserve(&e->tgt.kv, &r->seq, r->n_toks) == 0 && li_kv_seq_cow(&e->tgt.kv, &r->seq, p, p + k) == 0;
+}
+
+static void gather(li_engine *e, li_step_state *st);
+
+static double ema(double old, double x) { return old > 0 ? 0.8 * old + 0.2 * x : x; }
+
+/* The speculate hook: every request that could draft now, with what it
+ * wants, its acceptance per method and the measured costs; the answers are
+ * kept for this step (pol_*). */
+static void policy_speculate(li_engine *e, int32_t running) {
+    int32_t n = 0;
+    for (int32_t i = 0; i < e->n_reqs && n < e->cfg.max_num_seqs; i++) {
+        req *r = e->reqs[i];
+        const int32_t max_k = spec_room(e, r, LI_SPEC_MAX_TOKENS);
+        if (!max_k) continue;
+        li_spec_method want;
+        const int32_t k = spec_want(e, r, &want);
+        double *acc = e->c_acc + (size_t)n * LI_SPEC_N_METHODS;
+        int64_t *dr = e->c_drafted + (size_t)n * LI_SPEC_N_METHODS;
+        for (int m = 0; m < LI_SPEC_N_METHODS; m++) {
+            dr[m] = r->spec_drafted_by[m];
+            acc[m] = dr[m] ? (double)r->spec_accepted_by[m] / (double)dr[m] : -1;
+        }
+        e->cands[n++] = (li_spec_cand){.id = r->res.id, .want_method = want, .want_k = LI_MIN(k, max_k),
+                                       .max_k = max_k, .temperature = r->smp.p.temperature, .acceptance = acc,
+                                       .drafted = dr, .method = k ? (int32_t)want : -1, .k = LI_MIN(k, max_k)};
+    }
+    if (!n) return;
+    static const char *const names[LI_SPEC_N_METHODS] = {"ngram", "draft", "layerskip"};
+    bool avail[LI_SPEC_N_METHODS];
+    for (int m = 0; m < LI_SPEC_N_METHODS; m++) avail[m] = e->prop[m] != NULL;
+    const li_spec_state ss = {.methods = names, .available = avail, .n_methods = LI_SPEC_N_METHODS,
+                              .batch_size = running, .step_time = e->ema_step, .token_time = e->ema_token,
+                              .draft_time = e->ema_draft};
+    li_step_state st;
+    gather(e, &st);
+    li_error perr = {0};
+    const double tp = li_time_now();
+    const int rc = e->policy->ops->speculate(e->policy, &st, &ss, e->cands, n, &perr);
+    e->st.time_policy += li_time_now() - tp;
+    if (rc) {
+        e->st.policy_errors++;
+        /* a broken hook fails every step: log the first few, then now and then */
+        if (++e->spec_hook_errors <= 3 || e->spec_hook_errors % 1000 == 0)
+            li_log_warn("policy %s: speculate failed (%lld times), the requests' own speculation stands: %s",
+                        e->policy->name, (long long)e->spec_hook_errors, perr.msg);
+        return;
+    }
+    for (int32_t i = 0; i < n; i++) {
+        li_spec_cand *c = &e->cands[i];
+        req *r = find(e, c->id);
+        if (!r) continue;
+        int32_t m = c->method, k = c->k;
+        if (m >= LI_SPEC_N_METHODS || (m >= 0 && !e->prop[m]) || k < 0 || k > c->max_k) {
+            e->st.plans_trimmed++; /* an unavailable method is off, k is clamped */
+            if (m >= LI_SPEC_N_METHODS || (m >= 0 && !e->prop[m])) m = -1;
+            k = LI_MAX(0, LI_MIN(k, c->max_k));
+        }
+        r->pol_step = e->step_no;
+        r->pol_method = k ? m : -1;
+        r->pol_k = k;
+    }
+}
+
+/* Step 0: each proposer drafts, in one call, for the requests in decode
+ * that speculate with it; the drafts are appended to their tokens (their
+ * num_tokens grows, so any policy schedules them as more tokens). A
+ * speculate hook has the last word on who drafts with what. */
+static void propose_drafts(li_engine *e) {
+    int32_t running = 0;
+    for (int32_t i = 0; i < e->n_reqs; i++) running += e->reqs[i]->live && e->reqs[i]->state == LI_REQ_RUNNING;
+    const bool hook = e->policy && e->policy->has_speculate && e->policy->ops->speculate;
+    if (hook) policy_speculate(e, running);
+    else if (e->cfg.spec_disable_batch && running > e->cfg.spec_disable_batch) return;
+    size_t sq_used = 0; /* floats of sq taken this step */
+    for (int m = 0; m < LI_SPEC_N_METHODS; m++) {
+        li_proposer *p = e->prop[m];
+        if (!p) continue;
+        int32_t ns = 0;
+        for (int32_t i = 0; i < e->n_reqs && ns < e->cfg.max_num_seqs; i++) {
+            req *r = e->reqs[i];
+            li_spec_method want;
+            int32_t k = spec_want(e, r, &want);
+            /* sampled requests draft with a model (which hands out q), or
+             * with n-gram when they ask for it themselves */
+            if ((int)want != m ||
+                (r->smp.p.temperature > 0 && m == LI_SPEC_NGRAM && !r->spec_set && r->pol_step != e->step_no))
+                continue;
+            if (!(k = spec_room(e, r, k))) continue;
+            if (m != LI_SPEC_NGRAM && !spec_slots(e, r, k)) continue;
+            e->sseq[ns] = (li_spec_seq){.id = r->res.id, .toks = r->toks, .n_toks = r->n_toks,
+                                        .blocks = r->seq.blocks, .n_blocks = r->seq.n_blocks, .k = k,
+                                        .temperature = m == LI_SPEC_NGRAM ? 0 : r->smp.p.temperature,
+                                        .uniform = sampler_uniform, .uctx = &r->smp,
+                                        .draft = e->sdraft + (size_t)ns * LI_SPEC_MAX_TOKENS};
+            e->sreq[ns++] = r;
+        }
+        if (!ns) continue;
+        /* room for the distributions of sampled drafts, after those of the
+         * methods before (kept by offset: the buffer may move) */
+        const size_t nv = (size_t)e->model->hp.n_vocab;
+        size_t need = sq_used;
+        for (int32_t i = 0; i < ns; i++)
+            if (e->sseq[i].temperature > 0) need += (size_t)e->sseq[i].k * nv;
+        if (need > e->sq_cap) {
+            e->sq_cap = need;
+            e->sq = li_xrealloc(e->sq, need * sizeof *e->sq);
+        }
+        for (int32_t i = 0; i < ns; i++) {
+            e->sreq[i]->d_q = -1;
+            if (e->sseq[i].temperature <= 0) continue;
+            e->sseq[i].q = e->sq + sq_used;
+            e->sreq[i]->d_q = (int64_t)sq_used;
+            sq_used += (size_t)e->sseq[i].k * nv;
+        }
+        li_error perr = {0};
+        const double t0 = li_time_now();
+        const int rc = p->ops->propose(p, e->sseq, ns, &perr);
+        const double dt = li_time_now() - t0;
+        e->st.time_propose += dt;
+        int64_t n_drafts = 0;
+        for (int32_t i = 0; i < ns; i++) n_drafts += e->sseq[i].k;
+        if (!rc && n_drafts) e->ema_draft[m] = ema(e->ema_draft[m], dt / (double)n_drafts);
+        if (rc) {
+            li_log_warn("speculation: the %s proposer failed, no drafts this step: %s", li_spec_method_name(m), perr.msg);
+            continue;
+        }
+        for (int32_t i = 0; i < ns; i++) {
+            req *r = e->sreq[i];
+            const int32_t n = e->sseq[i].n_draft;
+            if (n <= 0) continue;
+            if (r->n_toks + n > r->cap) {
+                r->cap = r->n_toks + n + 16;
+                r->toks = li_xrealloc(r->toks, (size_t)r->cap * sizeof *r->toks);
+            }
+            memcpy(r->toks + r->n_toks, e->sseq[i].draft, (size_t)n * sizeof *r->toks);
+            r->n_toks += n;
+            r->n_draft = n;
+            r->d_method = (li_spec_method)m;
+            if (!e->sseq[i].has_q) r->d_q = -1;
+        }
+    }
+}
+
+/* ---- speculation: verification ------------------------------------------------------ */
 
 /* The m rows computed for a drafted request: row j's logits give the token
  * after position P0 + j. Tokens are sampled in order; each one that equals
  * the draft at its place lets the next row count, the first that differs
  * (or a bonus after the last draft) ends the run. The KV of positions past
  * the last accepted input is simply overwritten later. */
+/* Temperature > 0: rejection sampling (li_spec_verify_chain) against the
+ * target's distributions as the sampler makes them (bias, ban, penalties,
+ * top-k/p, min-p, temperature: li_sampler_sample_u), with the request's
+ * own uniforms, so a seed reproduces its tokens. Row j's distribution sees
+ * drafts 0..j-1 in the penalty window (they precede it if it is used at
+ * all); the window is rebuilt from the tokens kept. m rows verify m - 1
+ * drafts (the last row gives the token after them). Returns the accepted. */
+static int32_t verify_sampled(li_engine *e, req *r, int32_t m, const float *rows, const int32_t *draft,
+                              const float *q) {
+    const int32_t nv = e->model->hp.n_vocab, kk = m - 1;
+    const int64_t p0 = r->num_computed, gen0 = r->n_toks - r->n_prompt;
+    for (int32_t j = 0; j <= kk; j++) {
+        const bool hold = gen0 + j < r->min_tokens;
+        li_sampler_ban(&r->smp, hold ? r->ban : NULL, hold ? r->n_ban : 0);
+        li_sampler_sample_u(&r->smp, rows + (size_t)j * nv, 0.5, e->vp + (size_t)j * nv, NULL, NULL);
+        if (j < kk) li_sampler_accept(&r->smp, draft[j]);
+    }
+    int32_t next = -1;
+    int32_t a = li_spec_verify_chain(e->vp, q, nv, draft, kk, sampler_uniform, &r->smp, e->vscratch, &next);
+    if (a < 0) a = 0, next = li_sampler_sample_u(&r->smp, rows, li_sampler_uniform(&r->smp), NULL, NULL, NULL);
+    /* the window as if only the kept tokens had been accepted */
+    li_sampler_window_reset(&r->smp, r->toks, r->n_toks);
+    int32_t accepted = 0;
+    for (int32_t j = 0; j <= a; j++) {
+        const int32_t tok = j < a ? draft[j] : next;
+        const float *row = rows + (size_t)j * nv;
+        float lp = 0;
+        li_sampler_report(&r->smp, row, tok, r->smp.p.n_logprobs ? r->top : NULL, &lp);
+        r->num_computed = p0 + j + 1;
+        take_token(e, r, tok, lp, row);
+        if (!r->live) break;
+        accepted += j < a;
+    }
+    return accepted;
+}
+
 static void verify_drafts(li_engine *e, req *r, int32_t m, const float *rows) {
     int32_t draft[LI_SPEC_MAX_TOKENS];
     const int32_t k = r->n_draft;
     const int64_t p0 = r->num_computed; /* before this step's tokens */
     memcpy(draft, r->toks + r->n_toks - k, (size_t)k * sizeof *draft);
     drop_drafts(r);
-    /* row j checks draft j: m rows check min(m, k) drafts (a row past the
-     * last draft gives the bonus token) */
-    const int32_t verified = LI_MIN(m, k);
-    int32_t accepted = 0;
-    for (int32_t j = 0; j < m; j++) {
-        r->num_computed = p0 + j + 1; /* row j's input is valid: the last token, or an accepted draft */
-        const int32_t tok = sample_one(e, r, rows + (size_t)j * e->model->hp.n_vocab);
-        if (!r->live || j >= k || tok != draft[j]) break;
-        accepted++;
+    int32_t verified, accepted = 0;
+    if (r->smp.p.temperature > 0) {
+        verified = LI_MIN(m - 1, k);
+        accepted = verify_sampled(e, r, LI_MIN(m, k + 1), rows, draft, r->d_q >= 0 ? e->sq + r->d_q : NULL);
+    } else {
+        /* row j checks draft j: m rows check min(m, k) drafts (a row past the
+         * last draft gives the bonus token) */
+        verified = LI_MIN(m, k);
+        for (int32_t j = 0; j < m; j++) {
+            r->num_computed = p0 + j + 1; /* row j's input is valid: the last token, or an accepted draft */
+            const int32_t tok = sample_one(e, r, rows + (size_t)j * e->model->hp.n_vocab);
+            if (!r->live || j >= k || tok != draft[j]) break;
+            accepted++;
+        }
     }
     r->spec_drafted += verified;
     r->spec_accepted += accepted;
+    r->spec_drafted_by[r->d_method] += verified;
+    r->spec_accepted_by[r->d_method] += accepted;
     e->st.spec_drafted += verified;
     e->st.spec_accepted += accepted;
+    e->st.spec_drafted_by[r->d_method] += verified;
+    e->st.spec_accepted_by[r->d_method] += accepted;
+    e->st.spec_rounds_by[r->d_method]++;
+    li_proposer *p = e->prop[r->d_method];
+    if (p && p->ops->on_verified) p->ops->on_verified(p, r->res.id, verified, accepted);
 }
 
 /* The parent's prompt is computed: its waiting samples take its blocks
@@ -752,14 +1069,9 @@ int li_engine_step(li_engine *e, li_error *err) {
     if (!li_engine_has_work(e)) return 0;
     e->in_step = true;
 
-    /* 0: drafts for greedy decodes (speculation on, the batch small enough) */
-    if (e->cfg.spec_tokens) {
-        int32_t running = 0;
-        for (int32_t i = 0; i < e->n_reqs; i++) running += e->reqs[i]->live && e->reqs[i]->state == LI_REQ_RUNNING;
-        if (!e->cfg.spec_disable_batch || running <= e->cfg.spec_disable_batch)
-            for (int32_t i = 0; i < e->n_reqs; i++)
-                if (e->reqs[i]->live) propose_drafts(e, e->reqs[i]);
-    }
+    /* 0: drafts for decodes that speculate (the batch small enough) */
+    if (e->prop[LI_SPEC_NGRAM] && (e->cfg.spec_tokens || e->spec_asked || (e->policy && e->policy->has_speculate)))
+        propose_drafts(e);
 
     /* 1-2: state and plan */
     li_step_state st;
@@ -847,7 +1159,10 @@ int li_engine_step(li_engine *e, li_error *err) {
         }
         e->d_rows = n_logits;
     }
-    e->st.time_forward += li_time_now() - tf;
+    const double dtf = li_time_now() - tf;
+    e->st.time_forward += dtf;
+    e->ema_step = ema(e->ema_step, dtf);
+    if (k) e->ema_token = ema(e->ema_token, dtf / (double)k);
     if (rc) {
         drop_all_drafts(e);
         for (int32_t i = 0; i < nb; i++) finish(e, e->batch_req[i], "error");

@@ -15,6 +15,7 @@
 #include "policy/policy.h"
 #include "sample/sampler.h"
 #include "engine/event.h"
+#include "spec/proposer.h"
 
 typedef struct li_engine li_engine;
 
@@ -26,19 +27,26 @@ typedef struct li_engine_config {
     int32_t max_batched_tokens;  /* tokens per step (default 512) */
     int64_t max_model_len;       /* positions per request (default: the model's context) */
     bool prefix_caching;         /* reuse full KV blocks across requests (default on) */
-    /* n-gram speculation (prompt lookup): a greedy request in decode drafts
-     * up to spec_tokens tokens by finding its last n tokens (n from
-     * spec_ngram_max down to spec_ngram_min) earlier in its own tokens; one
-     * forward pass verifies them. 0 = off (default). */
+    /* speculation: a request in decode drafts up to spec_tokens tokens with
+     * spec_method's proposer (spec/proposer.h; n-gram lookup finds its last
+     * n tokens, n from spec_ngram_max down to spec_ngram_min, earlier in its
+     * own tokens, and drafts greedy requests only); one forward pass
+     * verifies them. 0 = off (default); a request's own speculation and a
+     * policy's speculate hook override it per request. */
     int32_t spec_tokens;         /* 0..16 */
     int32_t spec_ngram_max, spec_ngram_min; /* default 4 and 2 */
     int32_t spec_disable_batch;  /* no drafts in a step with more running requests than
                                   * this (vLLM's speculative_disable_by_batch_size): a
                                   * compute-bound batch gains nothing from verifying
                                   * drafts. Default 4; 0 = never disable */
+    /* the proposer drafting for requests that do not name one
+     * (spec/proposer.h): ngram (default), draft (needs a draft model) or
+     * layerskip (the target's first spec_layers blocks) */
+    li_spec_method spec_method;
+    int32_t spec_layers;         /* layerskip: 1..n_layer-1; 0 = no layerskip proposer */
 } li_engine_config;
 
-#define LI_SPEC_MAX_TOKENS 16
+#define LI_SPEC_MAX_TOKENS LI_SPEC_MAX_DRAFT
 
 void li_engine_config_default(li_engine_config *c);
 
@@ -66,6 +74,13 @@ typedef struct li_request_params {
                               * prefix-cache blocks (tenant isolation). NULL = "" */
     li_event_fn on_event;    /* called on the engine's thread; may be NULL */
     void *ud;
+    /* the request's own speculation (`speculation = {method, k}`), when
+     * spec_set: k in [0, LI_SPEC_MAX_TOKENS] (0 = off) with spec_method;
+     * else the engine's spec_method and spec_tokens. A policy's speculate
+     * hook has the last word. */
+    bool spec_set;
+    li_spec_method spec_method;
+    int32_t spec_k;
 } li_request_params;
 
 /* Per-request result, kept until li_engine_release(). */
@@ -106,6 +121,11 @@ typedef struct li_engine_stats {
     double time_policy;        /* seconds in the policy */
     double time_forward;       /* seconds in forward passes */
     double time_total;         /* seconds in li_engine_step */
+    /* spec_drafted / spec_accepted by proposer (li_spec_method) */
+    int64_t spec_drafted_by[LI_SPEC_N_METHODS];
+    int64_t spec_accepted_by[LI_SPEC_N_METHODS];
+    int64_t spec_rounds_by[LI_SPEC_N_METHODS]; /* verified draft runs (request-steps) */
+    double time_propose;       /* seconds in proposers (model drafts' forward passes) */
 } li_engine_stats;
 
 /* li_engine_init_runners without a draft. */

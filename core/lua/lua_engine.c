@@ -214,7 +214,7 @@ static int l_engine_new(lua_State *L) {
                                         "policy_deadline_ms", "kv_dtype", "kv_memory", "block_size", "max_num_seqs",
                                         "max_batched_tokens", "max_model_len", "prefix_caching", "threads",
                                         "spec_tokens", "spec_ngram_max", "spec_ngram_min", "spec_disable_batch",
-                                        "draft_model", NULL};
+                                        "draft_model", "spec_method", "spec_layers", NULL};
     check_keys(L, 1, "luainfer.engine", known);
     li_engine_config cfg;
     li_engine_config_default(&cfg);
@@ -241,13 +241,16 @@ static int l_engine_new(lua_State *L) {
     cfg.spec_ngram_min = (int32_t)opt_int(L, 1, "spec_ngram_min", cfg.spec_ngram_min, 1, 64);
     cfg.spec_disable_batch = (int32_t)opt_int(L, 1, "spec_disable_batch", cfg.spec_disable_batch, 0, 1 << 20);
     if (li_kv_dtype_parse(kv_dtype, &cfg.kv_dtype, &err)) return luaL_error(L, "%s", err.msg);
+    const char *spec_method = opt_str(L, 1, "spec_method", NULL);
+    const int64_t spec_layers = opt_int(L, 1, "spec_layers", 0, 0, 4096);
 
     lua_engine *le = lua_newuserdata(L, sizeof *le);
     memset(le, 0, sizeof *le);
     luaL_getmetatable(L, ENGINE_MT);
     lua_setmetatable(L, -2);
     if (li_runtime_open(&le->rt, model, threads, isa, &err)) return luaL_error(L, "%s", err.msg);
-    if (draft && li_runtime_open_draft(&le->rt, draft, &err)) {
+    if ((draft && li_runtime_open_draft(&le->rt, draft, &err)) ||
+        li_runtime_spec_config(&cfg, &le->rt, spec_method, cfg.spec_tokens, spec_layers, "spec_", &err)) {
         li_runtime_close(&le->rt);
         return luaL_error(L, "%s", err.msg);
     }
@@ -547,6 +550,17 @@ static int l_engine_stats(lua_State *L) {
     SET_NUM("time_policy", s.time_policy);
     SET_NUM("time_forward", s.time_forward);
     SET_NUM("time_total", s.time_total);
+    SET_NUM("time_propose", s.time_propose);
+    /* spec_by = { ngram = {drafted, accepted, rounds}, draft = ..., layerskip = ... } */
+    lua_createtable(L, 0, LI_SPEC_N_METHODS);
+    for (int m = 0; m < LI_SPEC_N_METHODS; m++) {
+        lua_createtable(L, 0, 3);
+        SET_NUM("drafted", s.spec_drafted_by[m]);
+        SET_NUM("accepted", s.spec_accepted_by[m]);
+        SET_NUM("rounds", s.spec_rounds_by[m]);
+        lua_setfield(L, -2, li_spec_method_name(m));
+    }
+    lua_setfield(L, -2, "spec_by");
     return 1;
 }
 

@@ -84,6 +84,32 @@ typedef struct li_evict_candidate {
     int32_t depth;      /* block index in its sequence (0 = first block of a prompt) */
 } li_evict_candidate;
 
+/* ---- speculation: what the speculate hook sees and returns ---------------- */
+
+/* One request that can draft this step (in decode, room for drafts). */
+typedef struct li_spec_cand {
+    int64_t id;
+    int32_t want_method;       /* index into li_spec_state.methods: the request's own ask, else
+                                * the engine's default */
+    int32_t want_k;            /* 0 = off */
+    int32_t max_k;             /* the most drafts that fit now (KV slots held, max_tokens) */
+    float temperature;
+    const double *acceptance;  /* (n_methods) accepted / drafted so far per method, -1 unknown */
+    const int64_t *drafted;    /* (n_methods) drafts verified so far per method */
+    /* the policy's answer, preset to the want: a method index (-1 = off) and k */
+    int32_t method, k;
+} li_spec_cand;
+
+typedef struct li_spec_state {
+    const char *const *methods;  /* (n_methods) names: "ngram", "draft", "layerskip" */
+    const bool *available;       /* (n_methods) which this engine can draft with */
+    int32_t n_methods;
+    int32_t batch_size;          /* running requests */
+    double step_time;            /* seconds per step's forward pass (moving average) */
+    double token_time;           /* forward seconds per computed token (moving average) */
+    const double *draft_time;    /* (n_methods) proposer seconds per draft token (moving average) */
+} li_spec_state;
+
 typedef struct li_policy li_policy;
 
 typedef struct li_policy_ops {
@@ -108,6 +134,12 @@ typedef struct li_policy_ops {
      * the old one stays in place and err says why. */
     int (*reload)(li_policy *p, const char *path, const char *source, li_error *err);
     void (*free)(li_policy *p);
+    /* Speculation: for each candidate, sets method (-1 = off) and k
+     * (preset to the request's want; the engine clamps k to max_k and turns
+     * an unavailable method off, counting it in plans_trimmed). An error
+     * keeps the wants. Optional (NULL: the wants stand). */
+    int (*speculate)(li_policy *p, const li_step_state *st, const li_spec_state *ss, li_spec_cand *cands, int32_t n,
+                     li_error *err);
 } li_policy_ops;
 
 struct li_policy {
@@ -116,6 +148,7 @@ struct li_policy {
     char name[256];    /* file the policy came from, for logs */
     bool has_schedule; /* false: the engine uses its built-in FCFS */
     bool has_evict;    /* false: the prefix cache evicts in LRU order */
+    bool has_speculate;/* the speculate hook is there: it has the last word on drafts */
 };
 
 #endif

@@ -1008,6 +1008,120 @@ static int lua_evict(li_policy *pp, const li_evict_candidate *cands, int32_t n_c
     return rc;
 }
 
+/* ---- speculate ------------------------------------------------------------ */
+
+typedef struct spec_ctx {
+    li_policy_lua *p;
+    const li_step_state *st;
+    const li_spec_state *ss;
+    li_spec_cand *c;
+    int32_t n;
+} spec_ctx;
+
+/* speculate(req, state) per candidate: req.speculation = {method, k, max_k,
+ * temperature, acceptance = {name = rate}, drafted = {name = n}}, state.spec
+ * = {batch_size, step_time, token_time, draft_time = {name = s},
+ * available = {name = bool}}. It returns nothing (the want stands), false
+ * or 0 (off), k, or method, k. */
+static int spec_thunk(lua_State *L) {
+    spec_ctx *x = lua_touserdata(L, 1);
+    lua_core *c = x->p->core;
+    const li_spec_state *ss = x->ss;
+    update_state(L, x->p, x->st);
+    luaL_checkstack(L, 16, "speculate");
+    getref(L, c->ref_state);
+    int state = lua_gettop(L);
+    lua_createtable(L, 0, 5);
+    lua_pushnumber(L, ss->batch_size);
+    lua_setfield(L, -2, "batch_size");
+    lua_pushnumber(L, ss->step_time);
+    lua_setfield(L, -2, "step_time");
+    lua_pushnumber(L, ss->token_time);
+    lua_setfield(L, -2, "token_time");
+    lua_createtable(L, 0, ss->n_methods);
+    for (int32_t m = 0; m < ss->n_methods; m++) {
+        lua_pushnumber(L, ss->draft_time[m]);
+        lua_setfield(L, -2, ss->methods[m]);
+    }
+    lua_setfield(L, -2, "draft_time");
+    lua_createtable(L, 0, ss->n_methods);
+    for (int32_t m = 0; m < ss->n_methods; m++) {
+        lua_pushboolean(L, ss->available[m]);
+        lua_setfield(L, -2, ss->methods[m]);
+    }
+    lua_setfield(L, -2, "available");
+    lua_setfield(L, state, "spec");
+    for (int32_t i = 0; i < x->n; i++) {
+        li_spec_cand *k = &x->c[i];
+        const li_req_view *v = NULL;
+        for (int32_t j = 0; j < x->st->n_reqs && !v; j++)
+            if (x->st->reqs[j].id == k->id) v = &x->st->reqs[j];
+        if (!v) continue;
+        lua_settop(L, state);
+        push_req(L, c, v);
+        int req = lua_gettop(L);
+        lua_createtable(L, 0, 6);
+        lua_pushstring(L, k->want_method >= 0 && k->want_method < ss->n_methods ? ss->methods[k->want_method] : "ngram");
+        lua_setfield(L, -2, "method");
+        lua_pushnumber(L, k->want_k);
+        lua_setfield(L, -2, "k");
+        lua_pushnumber(L, k->max_k);
+        lua_setfield(L, -2, "max_k");
+        lua_pushnumber(L, k->temperature);
+        lua_setfield(L, -2, "temperature");
+        lua_createtable(L, 0, ss->n_methods);
+        for (int32_t m = 0; m < ss->n_methods; m++) {
+            lua_pushnumber(L, k->acceptance[m]);
+            lua_setfield(L, -2, ss->methods[m]);
+        }
+        lua_setfield(L, -2, "acceptance");
+        lua_createtable(L, 0, ss->n_methods);
+        for (int32_t m = 0; m < ss->n_methods; m++) {
+            lua_pushnumber(L, (lua_Number)k->drafted[m]);
+            lua_setfield(L, -2, ss->methods[m]);
+        }
+        lua_setfield(L, -2, "drafted");
+        lua_setfield(L, req, "speculation");
+        getref(L, c->ref_hook[H_SPECULATE]);
+        lua_pushvalue(L, req);
+        lua_pushvalue(L, state);
+        lua_call(L, 2, 2);
+        /* (method, k), (k), (false / 0) or nothing */
+        int a = lua_gettop(L) - 1, b = a + 1;
+        if (lua_isnil(L, a) && lua_isnil(L, b)) continue;
+        if (lua_type(L, a) == LUA_TBOOLEAN && !lua_toboolean(L, a)) {
+            k->method = -1, k->k = 0;
+            continue;
+        }
+        int kidx = b;
+        if (lua_type(L, a) == LUA_TSTRING) {
+            const char *name = lua_tostring(L, a);
+            int32_t m = -1;
+            for (int32_t j = 0; j < ss->n_methods; j++)
+                if (!strcmp(name, ss->methods[j])) m = j;
+            if (m < 0) return luaL_error(L, "speculate: unknown method '%s'", name);
+            k->method = m;
+        } else {
+            kidx = a;
+        }
+        int64_t kv;
+        if (!get_int(L, kidx, 0, 1 << 20, &kv))
+            return luaL_error(L, "speculate must return [method,] k with k an integer >= 0, got %s", lua_kind(L, kidx));
+        k->k = (int32_t)kv;
+        if (kv == 0) k->method = -1;
+    }
+    lua_settop(L, 1);
+    return 0;
+}
+
+static int lua_speculate(li_policy *pp, const li_step_state *st, const li_spec_state *ss, li_spec_cand *cands,
+                         int32_t n, li_error *err) {
+    li_policy_lua *p = (li_policy_lua *)pp;
+    if (!(p->core->hooks & LI_POLICY_HOOK_SPECULATE) || n <= 0) return 0;
+    spec_ctx x = {.p = p, .st = st, .ss = ss, .c = cands, .n = n};
+    return core_call(p->core, spec_thunk, &x, "speculate", err);
+}
+
 static void set_name(li_policy_lua *p, const char *path) {
     snprintf(p->base.name, sizeof p->base.name, "%s", path ? path : "policy");
 }
@@ -1018,6 +1132,7 @@ static void install(li_policy_lua *p, lua_core *c) {
     p->base.config = c->config;
     p->base.has_schedule = (c->hooks & LI_POLICY_HOOK_SCHEDULE) != 0;
     p->base.has_evict = (c->hooks & LI_POLICY_HOOK_EVICT) != 0;
+    p->base.has_speculate = (c->hooks & LI_POLICY_HOOK_SPECULATE) != 0;
     p->n_ids = 0; /* the new state has an empty pool */
 }
 
@@ -1049,6 +1164,7 @@ static const li_policy_ops lua_ops = {
     .evict = lua_evict,
     .reload = lua_reload,
     .free = lua_free,
+    .speculate = lua_speculate,
 };
 
 int li_policy_lua_open(li_policy **out, const char *path, const char *source, const li_policy_lua_opts *opts,

@@ -36,7 +36,7 @@ enum {
     LI_POLICY_HOOK_ADMIT = 1u << 1,
     LI_POLICY_HOOK_ON_FINISH = 1u << 2,
     LI_POLICY_HOOK_EVICT = 1u << 3,
-    LI_POLICY_HOOK_SPECULATE = 1u << 4, /* reserved: stored, not called yet */
+    LI_POLICY_HOOK_SPECULATE = 1u << 4, /* speculate(req, state): method and k per request */
 };
 
 /* Loads a policy from `path` or, when source != NULL, from source text

@@ -85,6 +85,7 @@ static int f_logprobs(parse_state *, const char *, const msgpack_object *, li_ge
 static int f_top_logprobs(parse_state *, const char *, const msgpack_object *, li_gen_params *, li_error *);
 static int f_stream(parse_state *, const char *, const msgpack_object *, li_gen_params *, li_error *);
 static int f_model(parse_state *, const char *, const msgpack_object *, li_gen_params *, li_error *);
+static int f_speculation(parse_state *, const char *, const msgpack_object *, li_gen_params *, li_error *);
 
 #define OFF(m) offsetof(li_gen_params, m)
 #define SPECIAL(name, fn) {name, NULL, T_SPECIAL, 0, 0, 0, false, false, NAN, NAN, fn}
@@ -119,6 +120,7 @@ static const field fields[] = {
     {"tenant", NULL, T_STR, OFF(tenant), 0, 256, false, false, NAN, NAN, NULL},
     {"cache_salt", NULL, T_STR, OFF(cache_salt), 0, 256, false, false, NAN, NAN, NULL},
     SPECIAL("model", f_model),
+    SPECIAL("speculation", f_speculation),
 };
 
 static const field *find_field(const char *name) {
@@ -417,6 +419,42 @@ static int f_model(parse_state *st, const char *name, const msgpack_object *val,
     return 0;
 }
 
+/* speculation = {method = "ngram" | "draft" | "layerskip", k = 0..16}
+ * (k 0: off; method defaults to ngram), or false: off. The engine checks
+ * that the method is available; a policy's speculate hook has the last word. */
+static int f_speculation(parse_state *st, const char *name, const msgpack_object *val, li_gen_params *g,
+                         li_error *err) {
+    (void)st;
+    (void)name;
+    g->spec_set = true;
+    g->spec_method = LI_SPEC_NGRAM;
+    g->spec_k = 0;
+    if (val->type == MSGPACK_OBJECT_BOOLEAN && !val->via.boolean) return 0;
+    if (val->type != MSGPACK_OBJECT_MAP) BAD("'speculation' must be a map {method, k} or false");
+    for (uint32_t i = 0; i < val->via.map.size; i++) {
+        const msgpack_object *k = &val->via.map.ptr[i].key, *v = &val->via.map.ptr[i].val;
+        const char *kp, *vp;
+        size_t kn, vn;
+        if (!as_bytes(k, &kp, &kn)) BAD("'speculation' keys must be strings");
+        if (kn == 6 && !memcmp(kp, "method", 6)) {
+            char m[32];
+            if (!as_bytes(v, &vp, &vn) || vn >= sizeof m) BAD("'speculation.method' must be ngram, draft or layerskip");
+            memcpy(m, vp, vn);
+            m[vn] = 0;
+            li_error e2 = {0};
+            if (li_spec_method_parse(m, "speculation.method", &g->spec_method, &e2)) BAD("%s", e2.msg);
+        } else if (kn == 1 && kp[0] == 'k') {
+            int64_t x;
+            if (!as_int(v, &x) || x < 0 || x > LI_SPEC_MAX_TOKENS)
+                BAD("'speculation.k' must be an integer in [0, %d]", LI_SPEC_MAX_TOKENS);
+            g->spec_k = (int32_t)x;
+        } else {
+            BAD("unknown key '%.*s' in 'speculation' (method, k)", (int)LI_MIN(kn, 64), kp);
+        }
+    }
+    return 0;
+}
+
 /* ============================================================================
  * the parser
  * ========================================================================== */
@@ -511,6 +549,7 @@ void li_gen_params_to_request(const li_gen_params *g, const int32_t *prompt, int
         .stop = (const char *const *)g->stop, .n_stop = g->n_stop, .ignore_eos = g->ignore_eos,
         .stop_token_ids = g->stop_token_ids, .n_stop_token_ids = g->n_stop_token_ids, .min_tokens = g->min_tokens,
         .priority = g->priority, .tenant = g->tenant, .cache_salt = g->cache_salt,
+        .spec_set = g->spec_set, .spec_method = g->spec_method, .spec_k = g->spec_k,
     };
     p->sampling.n_logprobs = g->logprobs > 0 ? g->logprobs : 0;
     p->sampling.logprob = g->logprobs >= 0;

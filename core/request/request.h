@@ -52,6 +52,9 @@ typedef struct li_gen_params {
     int64_t min_tokens;       /* vLLM's: no end-of-generation or stop before this many */
     int32_t *stop_token_ids;  /* (n_stop_token_ids) owned */
     int n_stop_token_ids;
+    bool spec_set;            /* 'speculation' given: the request's own method and k (0 = off) */
+    li_spec_method spec_method;
+    int32_t spec_k;
 } li_gen_params;
 
 /* Which defaults apply and which fields a path takes. */

@@ -1,6 +1,7 @@
 /* runtime.c — model + backend setup shared by the subcommands, engine
  * objects in Lua and the server. */
 #include "runtime/runtime.h"
+#include "engine/engine.h"
 
 #include <stdio.h>
 
@@ -66,6 +67,32 @@ void li_runtime_close(li_runtime *rt) {
     li_model_free(rt->model);
     rt->model = NULL;
     rt->be_ready = false;
+}
+
+int li_runtime_spec_config(li_engine_config *cfg, const li_runtime *rt, const char *method, int64_t k, int64_t layers,
+                           const char *flag, li_error *err) {
+    const int32_t nl = rt->model->hp.n_layer;
+    if (k < 0 || k > LI_SPEC_MAX_TOKENS)
+        return li_error_set(err, LI_EINVAL, "%sk must be in [0, %d], got %lld", flag, LI_SPEC_MAX_TOKENS, (long long)k);
+    if (layers < 0 || layers >= nl)
+        return li_error_set(err, LI_EINVAL, "%slayers must be in [1, %d] (the model has %d layers), got %lld", flag,
+                            nl - 1, nl, (long long)layers);
+    li_spec_method m = layers > 0 ? LI_SPEC_LAYERSKIP : rt->draft ? LI_SPEC_DRAFT : LI_SPEC_NGRAM;
+    char what[32];
+    snprintf(what, sizeof what, "%smethod", flag);
+    if (method && li_spec_method_parse(method, what, &m, err)) return LI_EINVAL;
+    if (k && m == LI_SPEC_DRAFT && !rt->draft)
+        return li_error_set(err, LI_EINVAL, "%smethod 'draft' needs a draft model (--draft-model FILE)", flag);
+    if (k && m == LI_SPEC_LAYERSKIP && !layers)
+        return li_error_set(err, LI_EINVAL, "%smethod 'layerskip' needs %slayers N", flag, flag);
+    if (k && rt->be.ops->batch_variant)
+        return li_error_set(err, LI_EINVAL,
+                            "speculation needs batch-invariant kernels; the '%s' backend is not (use another --isa)",
+                            rt->be.ops->name);
+    cfg->spec_tokens = (int32_t)k;
+    cfg->spec_layers = (int32_t)layers;
+    cfg->spec_method = m;
+    return 0;
 }
 
 int li_runtime_fail(const li_error *err) {

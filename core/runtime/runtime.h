@@ -25,6 +25,16 @@ int li_runtime_open_draft(li_runtime *rt, const char *path, li_error *err);
 /* Frees the draft (if any), the model and the backend. */
 void li_runtime_close(li_runtime *rt);
 
+/* Speculation settings from a command line or a Lua table into cfg, checked
+ * against the open runtime (so serve refuses them before it listens):
+ * method NULL picks layerskip when layers > 0, else draft with a draft
+ * model, else ngram; k in [0, 16] (spec_tokens); layers in [1, n_layer)
+ * or 0 (spec_layers); speculation needs batch-invariant kernels. `flag`
+ * says how the options are spelled in messages ("--spec-" or "spec_"). */
+struct li_engine_config;
+int li_runtime_spec_config(struct li_engine_config *cfg, const li_runtime *rt, const char *method, int64_t k,
+                           int64_t layers, const char *flag, li_error *err);
+
 /* Prints "luainfer: error: <msg>" to stderr and returns the exit status 1. */
 int li_runtime_fail(const li_error *err);
 

@@ -363,3 +363,19 @@ int32_t li_sampler_sample_u(li_sampler *s, const float *logits, double u, float 
     report_logprobs(s, logits, chosen, top, chosen_logprob);
     return chosen;
 }
+
+/* ---- for a speculative verifier (sampler.h) ---- */
+
+void li_sampler_report(const li_sampler *s, const float *logits, int32_t chosen, li_token_logprob *top,
+                       float *chosen_logprob) {
+    report_logprobs(s, logits, chosen, top, chosen_logprob);
+}
+
+void li_sampler_window_reset(li_sampler *s, const int32_t *toks, int64_t n) {
+    if (!penalties_on(&s->p)) return;
+    for (int32_t i = 0; i < s->n_recent; i++) s->counts[s->recent[(s->head_recent + i) % s->cap_recent]] = 0;
+    s->n_recent = 0;
+    s->head_recent = 0;
+    const int64_t from = s->p.penalty_last_n < 0 ? 0 : LI_MAX(0, n - s->p.penalty_last_n);
+    for (int64_t i = from; i < n; i++) li_sampler_accept(s, toks[i]);
+}

@@ -101,6 +101,13 @@ double li_sampler_uniform(li_sampler *s);
  * when probs (n_vocab) is non-NULL it receives the distribution above. */
 int32_t li_sampler_sample_u(li_sampler *s, const float *logits, double u, float *probs, li_token_logprob *top,
                             float *chosen_logprob);
+/* What li_sampler_sample reports (top, *chosen_logprob) had it drawn
+ * `chosen` from logits: for a token a speculative verifier picked. */
+void li_sampler_report(const li_sampler *s, const float *logits, int32_t chosen, li_token_logprob *top,
+                       float *chosen_logprob);
+/* Refills the penalty window from the last penalty_last_n of toks (n): takes
+ * back accepts made tentatively (drafts a verifier then rejected). */
+void li_sampler_window_reset(li_sampler *s, const int32_t *toks, int64_t n);
 /* Raw log-softmax of one id, and the top-n ids by logit (sorted). */
 void li_logits_top(const float *logits, int32_t n_vocab, int32_t n, li_token_logprob *out, bool as_logprob);
 

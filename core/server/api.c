@@ -750,7 +750,7 @@ void li_api_pack_stats(li_server *srv, msgpack_packer *pk) {
     for (int64_t s = sec - 10; s < sec; s++)
         if (s > m->tok_ring_sec - 16 && s <= m->tok_ring_sec) recent += m->tok_ring[s & 15];
 
-    msgpack_pack_map(pk, 10);
+    msgpack_pack_map(pk, 11);
     KV("uptime_s", msgpack_pack_double, up);
     li_mp_pack_str(pk, "requests");
     msgpack_pack_map(pk, 10);
@@ -844,5 +844,25 @@ void li_api_pack_stats(li_server *srv, msgpack_packer *pk) {
     KV("max_model_len", msgpack_pack_int64, srv->cfg.max_model_len);
     KV("max_queued", msgpack_pack_int64, srv->lim.max_queued);
     KV("draining", msgpack_pack_int, srv->draining ? 1 : 0);
+    /* speculation: the engine's default, and drafts by proposer */
+    li_mp_pack_str(pk, "speculation");
+    msgpack_pack_map(pk, 6);
+    li_mp_pack_str(pk, "method");
+    li_mp_pack_str(pk, li_spec_method_name(srv->cfg.spec_method));
+    KV("k", msgpack_pack_int32, srv->cfg.spec_tokens);
+    KV("drafted", msgpack_pack_int64, st->spec_drafted);
+    KV("accepted", msgpack_pack_int64, st->spec_accepted);
+    KV("acceptance", msgpack_pack_double, st->spec_drafted ? (double)st->spec_accepted / (double)st->spec_drafted : 0.0);
+    li_mp_pack_str(pk, "by_method");
+    msgpack_pack_map(pk, LI_SPEC_N_METHODS);
+    for (int i = 0; i < LI_SPEC_N_METHODS; i++) {
+        li_mp_pack_str(pk, li_spec_method_name(i));
+        msgpack_pack_map(pk, 4);
+        KV("drafted", msgpack_pack_int64, st->spec_drafted_by[i]);
+        KV("accepted", msgpack_pack_int64, st->spec_accepted_by[i]);
+        KV("acceptance", msgpack_pack_double,
+           st->spec_drafted_by[i] ? (double)st->spec_accepted_by[i] / (double)st->spec_drafted_by[i] : 0.0);
+        KV("rounds", msgpack_pack_int64, st->spec_rounds_by[i]);
+    }
     li_hist_free(&snap.step_time);
 }

@@ -1057,6 +1057,19 @@ void li_http_metrics_text(li_server *srv, char **out, size_t *n) {
     prom(&sb, "luainfer_http_errors_total", "counter", "HTTP error responses.", (double)m->http_errors);
     prom(&sb, "luainfer_requests_live", "gauge", "Requests received and not yet finished.", (double)srv->n_live);
     metrics_gateway(&sb, srv, st);
+    /* speculation by proposer */
+    static const char *const spec_names[] = {"luainfer_spec_draft_tokens_total", "luainfer_spec_accepted_tokens_total",
+                                             "luainfer_spec_acceptance_ratio"};
+    static const char *const spec_help[] = {"Draft tokens verified, by proposer.", "Draft tokens accepted, by proposer.",
+                                            "Accepted / verified draft tokens, by proposer."};
+    for (int f = 0; f < 3; f++) {
+        sb_printf(&sb, "# HELP %s %s\n# TYPE %s %s\n", spec_names[f], spec_help[f], spec_names[f], f < 2 ? "counter" : "gauge");
+        for (int i = 0; i < LI_SPEC_N_METHODS; i++) {
+            const double d = (double)st->spec_drafted_by[i], a = (double)st->spec_accepted_by[i];
+            sb_printf(&sb, "%s{method=\"%s\"} %.17g\n", spec_names[f], li_spec_method_name(i),
+                      f == 0 ? d : f == 1 ? a : d > 0 ? a / d : 0.0);
+        }
+    }
     li_hist_free(&snap.step_time);
     *n = sb.size;
     *out = sb.data ? sb.data : li_xmalloc(1);

@@ -86,7 +86,8 @@ typedef struct serve_opts {
     li_str_list listen, http;
     int64_t block_size, max_num_seqs, max_batched_tokens, threads, max_frame, max_inflight, max_connections,
         max_queued, ctx_size, write_buffer, max_depth, spec_tokens, spec_ngram_max, spec_ngram_min,
-        spec_disable_batch;
+        spec_disable_batch, spec_layers;
+    const char *spec_method;
     double drain_seconds, slow_seconds;
     bool help, policy_unsafe, no_prefix_cache;
     double header_timeout, body_timeout, idle_timeout, rpc_idle_timeout, evict_idle;
@@ -174,7 +175,11 @@ int li_cmd_serve(int argc, char **argv) {
     };
     li_opt opts[] = {
         {"model", LI_OPT_STR, &o.model, "GGUF model (default: $LUAINFER_MODEL or the bundled SmolLM2)"},
-        {"draft", LI_OPT_STR, &o.draft, "draft GGUF with the target's vocabulary, run next to it over the same KV blocks (default: none)"},
+        {"draft-model", LI_OPT_STR, &o.draft, "draft GGUF with the target's vocabulary, run next to it over the same KV blocks; drafts with --spec-k (default: none)"},
+        {"draft", LI_OPT_STR, &o.draft, "the same as --draft-model"},
+        {"spec-method", LI_OPT_STR, &o.spec_method, "speculation proposer: ngram, draft or layerskip (default: layerskip with --spec-layers, draft with a draft model, else ngram)"},
+        {"spec-k", LI_OPT_INT, &o.spec_tokens, "the same as --spec-tokens"},
+        {"spec-layers", LI_OPT_INT, &o.spec_layers, "layerskip: draft with the model's first N blocks and its head (default 0 = no layerskip)"},
         {"listen", LI_OPT_STR_LIST, &o.listen, "msgpack-RPC on HOST:PORT or unix:PATH (repeatable; default 127.0.0.1:7700)"},
         {"http", LI_OPT_STR_LIST, &o.http, "OpenAI-compatible HTTP on HOST:PORT or unix:PATH (repeatable; default 127.0.0.1:8000, off when only --listen is given)"},
         {"no-http", LI_OPT_FLAG, &o.no_http, "no HTTP listener"},
@@ -198,7 +203,7 @@ int li_cmd_serve(int argc, char **argv) {
         {"max-queued", LI_OPT_INT, &o.max_queued, "requests (samples) waiting + running, server-wide (default 4096)"},
         {"max-depth", LI_OPT_INT, &o.max_depth, "nesting of msgpack arrays/maps in a frame (default 32, at most 32)"},
         {"no-prefix-cache", LI_OPT_FLAG, &o.no_prefix_cache, "turn prefix caching off (default on)"},
-        {"spec-tokens", LI_OPT_INT, &o.spec_tokens, "n-gram speculation: draft tokens per greedy decode step, 0..16 (default 0 = off)"},
+        {"spec-tokens", LI_OPT_INT, &o.spec_tokens, "speculation: draft tokens per decode step, 0..16 (default 0 = off)"},
         {"spec-ngram-max", LI_OPT_INT, &o.spec_ngram_max, "longest n-gram matched for drafts (default 4)"},
         {"spec-ngram-min", LI_OPT_INT, &o.spec_ngram_min, "shortest n-gram matched for drafts (default 2)"},
         {"spec-disable-batch", LI_OPT_INT, &o.spec_disable_batch, "no drafts while more requests than this run, 0 = never (default 4)"},
@@ -326,7 +331,8 @@ int li_cmd_serve(int argc, char **argv) {
         (o.spec_ngram_min != -1 && (rc = check_range("spec-ngram-min", o.spec_ngram_min, 1, 64, &err))) ||
         (o.spec_disable_batch != -1 && (rc = check_range("spec-disable-batch", o.spec_disable_batch, 0, 1 << 20, &err))))
         goto done;
-    cfg->spec_tokens = (int32_t)o.spec_tokens;
+    if ((rc = li_runtime_spec_config(cfg, &rt, o.spec_method, o.spec_tokens, o.spec_layers, "--spec-", &err)))
+        goto done;
     if (o.spec_ngram_max != -1) cfg->spec_ngram_max = (int32_t)o.spec_ngram_max;
     if (o.spec_ngram_min != -1) cfg->spec_ngram_min = (int32_t)o.spec_ngram_min;
     if (o.spec_disable_batch != -1) cfg->spec_disable_batch = (int32_t)o.spec_disable_batch;

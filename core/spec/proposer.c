@@ -1,0 +1,224 @@
+/* proposer.c — the proposers behind spec/proposer.h: n-gram lookup and a
+ * model (a draft GGUF, or the target's first layers) drafting k tokens
+ * autoregressively, batched over the step's speculating requests. */
+#include "spec/proposer.h"
+#include "spec/ngram.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- methods ------------------------------------------------------------- */
+
+static const char *const method_names[LI_SPEC_N_METHODS] = {"ngram", "draft", "layerskip"};
+
+const char *li_spec_method_name(int method) {
+    return method >= 0 && method < LI_SPEC_N_METHODS ? method_names[method] : "?";
+}
+
+int li_spec_method_parse(const char *name, const char *what, li_spec_method *out, li_error *err) {
+    for (int i = 0; name && i < LI_SPEC_N_METHODS; i++)
+        if (!strcmp(name, method_names[i])) {
+            *out = (li_spec_method)i;
+            return 0;
+        }
+    return li_error_set(err, LI_EINVAL, "%s: unknown speculation method '%s' (ngram, draft or layerskip)", what,
+                        name ? name : "(null)");
+}
+
+void li_proposer_free(li_proposer *p) {
+    if (p) p->ops->free(p);
+}
+
+int32_t li_spec_draft_dist(const float *logits, int32_t n, float t, float *probs) {
+    int32_t best = 0;
+    for (int32_t i = 1; i < n; i++)
+        if (logits[i] > logits[best]) best = i;
+    if (!probs) return best;
+    if (t <= 0) {
+        memset(probs, 0, (size_t)n * sizeof *probs);
+        probs[best] = 1;
+        return best;
+    }
+    const double mx = logits[best], inv = 1.0 / t;
+    double sum = 0;
+    for (int32_t i = 0; i < n; i++) sum += exp(((double)logits[i] - mx) * inv);
+    for (int32_t i = 0; i < n; i++) probs[i] = (float)(exp(((double)logits[i] - mx) * inv) / sum);
+    return best;
+}
+
+/* A draw from probs (n) with u in [0, 1): the first id whose cumulative
+ * probability exceeds u (in id order; the last nonzero id if rounding
+ * leaves u above the total). */
+static int32_t draw(const float *probs, int32_t n, double u) {
+    double c = 0;
+    int32_t last = 0;
+    for (int32_t i = 0; i < n; i++) {
+        if (probs[i] <= 0) continue;
+        last = i;
+        c += probs[i];
+        if (u < c) return i;
+    }
+    return last;
+}
+
+/* ---- n-gram ------------------------------------------------------------------ */
+
+typedef struct ngram_prop {
+    li_proposer base;
+    int n_max, n_min;
+} ngram_prop;
+
+static int ngram_propose(li_proposer *p, li_spec_seq *seqs, int32_t n, li_error *err) {
+    (void)err;
+    const ngram_prop *g = (const ngram_prop *)p;
+    for (int32_t i = 0; i < n; i++) {
+        li_spec_seq *s = &seqs[i];
+        s->has_q = false;
+        s->n_draft = li_spec_ngram_draft(s->toks, s->n_toks, g->n_max, g->n_min, s->k, s->draft);
+    }
+    return 0;
+}
+
+static void ngram_free(li_proposer *p) { free(p); }
+
+static const li_proposer_ops ngram_ops = {.propose = ngram_propose, .free = ngram_free};
+
+li_proposer *li_proposer_ngram_new(int n_max, int n_min, int32_t n_vocab) {
+    ngram_prop *g = li_xcalloc(1, sizeof *g);
+    g->base = (li_proposer){.ops = &ngram_ops, .method = LI_SPEC_NGRAM, .n_vocab = n_vocab};
+    g->n_max = n_max;
+    g->n_min = n_min;
+    return &g->base;
+}
+
+/* ---- a model drafting autoregressively -------------------------------------------- */
+
+typedef struct model_prop {
+    li_proposer base;
+    const li_model *m;
+    li_backend *be;
+    li_kv_cache *kv;     /* borrowed: the draft's follower storage, or the target's pool */
+    li_forward fw;
+    int32_t cap;         /* requests per draft step */
+    int32_t *tokens, *pos, *seq, *rows; /* (cap) one draft step's batch */
+    int64_t *slot;       /* (cap) */
+    int32_t *who;        /* (cap) the seq of each batch row */
+    int32_t *table;      /* (cap, stride) block tables, grown on demand */
+    size_t table_cap;
+} model_prop;
+
+static int model_propose(li_proposer *p, li_spec_seq *seqs, int32_t n, li_error *err) {
+    model_prop *mp = (model_prop *)p;
+    const int32_t nv = p->n_vocab, bs = mp->kv->block_size;
+    int32_t kmax = 0, stride = 1;
+    for (int32_t i = 0; i < n; i++) {
+        seqs[i].n_draft = 0;
+        seqs[i].has_q = seqs[i].temperature > 0;
+        if (i < mp->cap) kmax = LI_MAX(kmax, seqs[i].k), stride = LI_MAX(stride, seqs[i].n_blocks);
+    }
+    n = LI_MIN(n, mp->cap); /* the rest draft nothing this step */
+    if ((size_t)n * (size_t)stride > mp->table_cap) {
+        mp->table_cap = LI_MAX((size_t)n * (size_t)stride, 2 * mp->table_cap);
+        mp->table = li_xrealloc(mp->table, mp->table_cap * sizeof *mp->table);
+    }
+    for (int32_t i = 0; i < n; i++)
+        memcpy(mp->table + (size_t)i * stride, seqs[i].blocks, (size_t)seqs[i].n_blocks * sizeof *mp->table);
+    /* draft step j: each seq still drafting feeds its newest token (the
+     * request's last for j = 0) at position n_toks - 1 + j */
+    for (int32_t j = 0; j < kmax; j++) {
+        int32_t nb = 0;
+        for (int32_t i = 0; i < n; i++) {
+            const li_spec_seq *s = &seqs[i];
+            if (s->k <= j || s->n_draft != j) continue;
+            const int64_t at = s->n_toks - 1 + j;
+            mp->tokens[nb] = j ? s->draft[j - 1] : s->toks[s->n_toks - 1];
+            mp->pos[nb] = (int32_t)at;
+            mp->seq[nb] = i;
+            mp->slot[nb] = (int64_t)s->blocks[at / bs] * bs + at % bs;
+            mp->rows[nb] = nb;
+            mp->who[nb] = i;
+            nb++;
+        }
+        if (!nb) break;
+        li_batch b = {.n = nb, .tokens = mp->tokens, .pos = mp->pos, .seq = mp->seq, .slot = mp->slot,
+                      .block_table = mp->table, .n_seqs = n, .bt_stride = stride, .logit_rows = mp->rows,
+                      .n_logits = nb};
+        int rc = li_forward_run(&mp->fw, mp->m, mp->be, mp->kv, &b, NULL, err);
+        const float *lg = rc ? NULL : li_forward_logits(&mp->fw, mp->m);
+        if (!lg) {
+            for (int32_t i = 0; i < n; i++) seqs[i].n_draft = 0;
+            return rc ? rc : li_error_set(err, LI_EINVAL, "draft: the draft step computed no logits");
+        }
+        for (int32_t r = 0; r < nb; r++) {
+            li_spec_seq *s = &seqs[mp->who[r]];
+            const float *row = lg + (size_t)r * nv;
+            int32_t tok;
+            if (s->has_q) {
+                float *q = s->q + (size_t)j * nv;
+                li_spec_draft_dist(row, nv, s->temperature, q);
+                tok = draw(q, nv, s->uniform(s->uctx));
+            } else {
+                tok = li_spec_draft_dist(row, nv, 0, NULL);
+            }
+            s->draft[j] = tok;
+            s->n_draft = j + 1;
+        }
+    }
+    return 0;
+}
+
+static void model_free(li_proposer *p) {
+    model_prop *mp = (model_prop *)p;
+    li_forward_free(&mp->fw);
+    free(mp->tokens);
+    free(mp->pos);
+    free(mp->seq);
+    free(mp->rows);
+    free(mp->slot);
+    free(mp->who);
+    free(mp->table);
+    free(mp);
+}
+
+static const li_proposer_ops model_ops = {.propose = model_propose, .free = model_free};
+
+int li_proposer_model_new(li_proposer **out, li_spec_method method, const li_model *m, li_backend *be,
+                          li_kv_cache *kv, int32_t cap, li_error *err) {
+    *out = NULL;
+    if (method != LI_SPEC_DRAFT && method != LI_SPEC_LAYERSKIP)
+        return li_error_set(err, LI_EINVAL, "proposer: method %s is not a model", li_spec_method_name(method));
+    if (cap <= 0) return li_error_set(err, LI_EINVAL, "proposer: capacity must be positive, got %d", cap);
+    if (kv->n_layer < m->hp.n_layer || kv->n_head_kv != m->hp.n_head_kv || kv->head_dim != m->hp.head_dim)
+        return li_error_set(err, LI_EINVAL, "proposer: the KV storage (%d layers) does not fit the model (%d layers)",
+                            kv->n_layer, m->hp.n_layer);
+    model_prop *mp = li_xcalloc(1, sizeof *mp);
+    int rc = li_forward_init(&mp->fw, m, be, cap, err);
+    if (rc) {
+        free(mp);
+        return rc;
+    }
+    mp->base = (li_proposer){.ops = &model_ops, .method = method, .n_vocab = m->hp.n_vocab};
+    mp->m = m;
+    mp->be = be;
+    mp->kv = kv;
+    mp->cap = cap;
+    const size_t c = (size_t)cap;
+    mp->tokens = li_xmalloc(c * sizeof *mp->tokens);
+    mp->pos = li_xmalloc(c * sizeof *mp->pos);
+    mp->seq = li_xmalloc(c * sizeof *mp->seq);
+    mp->rows = li_xmalloc(c * sizeof *mp->rows);
+    mp->slot = li_xmalloc(c * sizeof *mp->slot);
+    mp->who = li_xmalloc(c * sizeof *mp->who);
+    *out = &mp->base;
+    return 0;
+}
+
+int li_spec_layer_view(li_model *view, const li_model *m, int32_t n_layer, li_error *err) {
+    if (n_layer < 1 || n_layer >= m->hp.n_layer)
+        return li_error_set(err, LI_EINVAL, "layerskip: spec_layers must be in [1, %d] (the model has %d layers), got %d",
+                            m->hp.n_layer - 1, m->hp.n_layer, n_layer);
+    *view = *m; /* shares the mapping, weights and tokenizer: never freed through the view */
+    view->hp.n_layer = n_layer;
+    return 0;
+}

@@ -1,0 +1,100 @@
+-- test_spec_policy.lua — the policy's speculate(req, state) hook has the
+-- last word on who drafts, with which proposer and how many tokens:
+--  * a policy turning layerskip on (k = 3) on an engine with no default
+--    makes drafts, and greedy output stays the output without speculation;
+--  * `false` turns drafts off, whatever the engine and the request ask;
+--  * an unavailable method is refused (plans_trimmed), k is clamped to max_k;
+--  * a failing hook counts a policy error and the requests' own wants stand;
+--  * the hook sees req.speculation (method, k, max_k, acceptance, drafted)
+--    and state.spec (batch_size, step_time, token_time, draft_time, available);
+--  * policies/spec_adaptive.lua: its cost model, and it runs exactly.
+package.path = arg[0]:match("^(.*)/[^/]*$") .. "/?.lua;" .. package.path
+local H = require("harness")
+local luainfer = require("luainfer")
+local root = H.repo_root()
+
+local prompts = {
+  "Repeat this list exactly: apple, banana, cherry, dates, elderberry, fig, grape. Again: apple, banana,",
+  "<|im_start|>user\nCopy this sentence: the quick brown fox jumps over the lazy dog.<|im_end|>\n<|im_start|>assistant\n",
+  "one two three four five six seven eight nine ten one two three four five six seven",
+}
+
+local function run(cfg, spec)
+  local e = luainfer.engine(cfg)
+  local ids = {}
+  for i, p in ipairs(prompts) do
+    ids[i] = e:add{ prompt = p, max_tokens = 24, temperature = 0, ignore_eos = true, logprobs = 1, speculation = spec }
+  end
+  e:run()
+  local out = {}
+  for i = 1, #prompts do out[i] = e:result(ids[i]) end
+  local s = e:stats()
+  H.check(s.kv_free_blocks == s.kv_total_blocks, "every block returned (%d/%d)", s.kv_free_blocks, s.kv_total_blocks)
+  e:close()
+  return out, s
+end
+
+local function same(a, b, label)
+  for i = 1, #b do
+    local ok = H.eq_list(a[i].tokens, b[i].tokens)
+    for j, ent in ipairs(b[i].logprobs) do ok = ok and a[i].logprobs[j].logprob == ent.logprob end
+    H.check(ok, "%s: request %d differs from speculation off", label, i)
+  end
+end
+
+local base = run{ max_num_seqs = 4 }
+
+-- checks what the hook is shown, then answers
+local checked = [[
+local function check(req, state)
+  local s, sp = req.speculation, state.spec
+  assert(type(s.method) == "string" and type(s.k) == "number" and s.max_k >= 1 and s.max_k <= 16, "req.speculation")
+  assert(s.acceptance.ngram and s.acceptance.layerskip and s.drafted.draft, "acceptance / drafted per method")
+  assert(sp.batch_size >= 1 and sp.step_time >= 0 and sp.token_time >= 0 and sp.draft_time.layerskip, "state.spec")
+  assert(sp.available.ngram == true and sp.available.draft == false, "state.spec.available")
+end
+]]
+local function policy(body) return checked .. "return { speculate = function(req, state) check(req, state) " .. body .. " end }" end
+
+local on, s_on = run{ max_num_seqs = 4, spec_layers = 29, spec_disable_batch = 0,
+                      policy_source = policy('return "layerskip", 3') }
+same(on, base, "policy: layerskip 3")
+H.check(s_on.spec_by.layerskip.drafted > 0 and s_on.spec_by.layerskip.accepted > 0,
+        "policy turned layerskip on (%d drafted)", s_on.spec_by.layerskip.drafted)
+H.check(s_on.policy_errors == 0, "the hook saw what it expects (%d policy errors)", s_on.policy_errors)
+
+local _, s_off = run({ max_num_seqs = 4, spec_layers = 29, spec_tokens = 4, spec_disable_batch = 0,
+                       policy_source = policy("return false") }, { method = "layerskip", k = 4 })
+H.check(s_off.spec_drafted == 0 and s_off.policy_errors == 0, "policy false: no drafts (%d)", s_off.spec_drafted)
+
+local bad, s_bad = run{ max_num_seqs = 4, spec_tokens = 4, spec_disable_batch = 0,
+                        policy_source = policy('return "draft", 4') }
+same(bad, base, "policy: unavailable method")
+H.check(s_bad.spec_drafted == 0 and s_bad.plans_trimmed > 0, "unavailable method refused (drafted %d, trimmed %d)",
+        s_bad.spec_drafted, s_bad.plans_trimmed)
+
+local big, s_big = run{ max_num_seqs = 4, spec_tokens = 0, spec_disable_batch = 0,
+                        policy_source = policy('return "ngram", 1000') }
+same(big, base, "policy: k above max_k")
+H.check(s_big.spec_by.ngram.drafted > 0 and s_big.plans_trimmed > 0, "k clamped (drafted %d, trimmed %d)",
+        s_big.spec_by.ngram.drafted, s_big.plans_trimmed)
+
+local err, s_err = run({ max_num_seqs = 4, spec_layers = 29, spec_disable_batch = 0,
+                         policy_source = "return { speculate = function() error('boom') end }" },
+                       { method = "layerskip", k = 2 })
+same(err, base, "policy: failing hook")
+H.check(s_err.policy_errors > 0 and s_err.spec_by.layerskip.drafted > 0,
+        "failing hook: policy errors (%d), the requests' wants stand (%d drafted)", s_err.policy_errors,
+        s_err.spec_by.layerskip.drafted)
+
+-- spec_adaptive.lua: the model, then a run
+local A = dofile(root .. "/policies/spec_adaptive.lua")
+H.check(math.abs(A._expected(0.5, 2) - 1.75) < 1e-12, "E(k=2, a=0.5) = 1.75")
+H.check(A._best_k(0, 0.05, 8) == 0, "acceptance 0: no drafts")
+H.check(A._best_k(0.9, 0.06, 8) >= 4, "acceptance 0.9 at batch 1: long drafts (%d)", A._best_k(0.9, 0.06, 8))
+H.check(A._best_k(0.5, 0.06 * 32, 8) == 0, "acceptance 0.5 at batch 32: no drafts")
+local ad, s_ad = run{ max_num_seqs = 4, spec_layers = 29, policy = root .. "/policies/spec_adaptive.lua" }
+same(ad, base, "spec_adaptive")
+H.check(s_ad.spec_drafted > 0 and s_ad.policy_errors == 0, "spec_adaptive drafted (%d), no policy errors (%d)",
+        s_ad.spec_drafted, s_ad.policy_errors)
+H.finish("test_spec_policy")
