@@ -328,9 +328,10 @@ void li_engine_free(li_engine *e) {
 
 void li_engine_set_policy(li_engine *e, li_policy *p) {
     e->policy = p;
-    /* a new policy starts with a clean progress record */
+    /* a new policy starts with a clean progress record and its own log quota */
     e->pg_policy = false;
     e->pg_idle = e->pg_loss = e->pg_left = 0;
+    e->fail_logged = e->fail_quiet = 0;
 }
 li_policy *li_engine_policy(li_engine *e) { return e->policy; }
 const li_engine_config *li_engine_get_config(const li_engine *e) { return &e->cfg; }
