@@ -8,7 +8,10 @@ real layouts rather than from noise:
   big-endian length + one msgpack map per frame, docs/policy-protocol.md),
   made with the `msgpack` package: valid starts, plans, admit and evict
   answers, and corrupt ones (truncated frames, wrong types, huge declared
-  counts, unknown ids, deep nesting).
+  counts, unknown ids, deep nesting);
+- fuzz_policy_src: policy source text: the shipped policies, the hostile
+  ones of issue 18 (tests/policies/hostile/) and a few small ones that hit
+  every hook and the sandbox's edges.
 
     .venv/bin/python tools/gen_fuzz_corpus.py
 
@@ -26,6 +29,7 @@ from gguf import GGMLQuantizationType, GGUFWriter
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "tests", "fuzz", "corpus", "fuzz_gguf")
 OUT_WIRE = os.path.join(ROOT, "tests", "fuzz", "corpus", "fuzz_policy_wire")
+OUT_SRC = os.path.join(ROOT, "tests", "fuzz", "corpus", "fuzz_policy_src")
 
 
 def write(name, build, arch="llama"):
@@ -211,6 +215,68 @@ def write_wire():
         print(f"{os.path.relpath(path, ROOT)}: {len(data)} bytes")
 
 
+# small policies that reach every hook and the sandbox's edges
+SRC_SEEDS = {
+    "all_hooks.lua": """local policy = require("luainfer.policy")
+local n = 0
+return {
+  config = { max_num_seqs = 8 },
+  admit = function(req, state) return req.priority >= 0, "low priority" end,
+  schedule = function(state) n = n + 1; return policy.fcfs(state) end,
+  evict = function(cands, need)
+    table.sort(cands, function(a, b) return a.hits < b.hits end)
+    local out = {}
+    for i, c in ipairs(cands) do out[i] = c.block end
+    return out
+  end,
+  on_finish = function(req, stats) n = n + stats.num_generated end,
+}
+""",
+    "shorthand.lua": """return { schedule = function(state)
+  local run = {}
+  for i, r in ipairs(state.running) do run[i] = { r.id, 1 } end
+  return { run = run, preempt = { state.requests[1] and state.requests[1].id } }
+end }
+""",
+    "patterns.lua": """return { schedule = function(state)
+  for _, r in ipairs(state.requests) do
+    local a, b = r.tenant:match("^(%w*)-?(%d*)$")
+    local s = (r.tenant .. "x"):rep(8):gsub("x", { x = "y" })
+    local f = string.format("%s %d %q", tostring(r.id), r.prompt_len, r.tenant)
+    string.find(f, "[%d]+", 1, true)
+  end
+  return {}
+end }
+""",
+    "sandbox_escape.lua": """local ok = {}
+for _, name in ipairs({ "io", "os.execute", "debug", "load", "loadstring", "ffi", "jit", "package" }) do
+  ok[name] = pcall(function() return _G[name] end)
+end
+return { schedule = function(state) return { run = { { id = 10, tokens = 1 } }, preempt = { 11 } } end }
+""",
+    "garbage_plan.lua": """return { schedule = function(state) return { run = { { id = 0/0, tokens = 1 }, { id = -1 } } } end }
+""",
+    "deep_pcall.lua": """local function f(n) if n == 0 then error({}) end return pcall(f, n - 1) end
+return { schedule = function(state) f(10000); return {} end }
+""",
+}
+
+
+def write_src():
+    os.makedirs(OUT_SRC, exist_ok=True)
+    seeds = dict(SRC_SEEDS)
+    for d, prefix in ((os.path.join(ROOT, "policies"), ""), (os.path.join(ROOT, "tests", "policies", "hostile"), "hostile_")):
+        for f in sorted(os.listdir(d)):
+            if f.endswith(".lua"):
+                with open(os.path.join(d, f), encoding="utf-8") as fh:
+                    seeds[prefix + f] = fh.read()
+    for name, text in sorted(seeds.items()):
+        path = os.path.join(OUT_SRC, name)
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+        print(f"{os.path.relpath(path, ROOT)}: {len(text)} bytes")
+
+
 def main():
     os.makedirs(OUT, exist_ok=True)
     write("minimal.gguf", minimal)
@@ -218,6 +284,7 @@ def main():
     write("aligned64.gguf", aligned64)
     write("tokenizer.gguf", tokenizer)
     write_wire()
+    write_src()
     return 0
 
 

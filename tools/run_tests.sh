@@ -82,7 +82,8 @@ if compgen -G 'tests/integration/test_*.py' >/dev/null || compgen -G 'tests/inte
     record "pytest" "$rc" "$xml"
     # the readers of outside bytes once more with the sanitizer build's
     # binary: the server (sockets, HTTP, msgpack-RPC, clients that vanish),
-    # the CLI's error paths and the REPL, end to end (about a minute)
+    # the CLI's error paths, the REPL and the hostile policies, end to end
+    # (a few minutes)
     for b in "${BUILDS[@]}"; do
         case "$b" in *asan*) ;; *) continue ;; esac
         [ -x "$b/luainfer" ] || continue
@@ -90,7 +91,7 @@ if compgen -G 'tests/integration/test_*.py' >/dev/null || compgen -G 'tests/inte
         xml=$RESULTS/pytest-${b//\//_}.xml
         LUAINFER_BIN=$PWD/$b/luainfer LUAINFER_SOURCE_DIR=$PWD \
             "$PY" -m pytest tests/integration/test_server.py tests/integration/test_cli_errors.py \
-            tests/integration/test_repl_interrupt.py -q -rs --junitxml="$xml"
+            tests/integration/test_repl_interrupt.py tests/integration/test_policy_hostile.py -q -rs --junitxml="$xml"
         record "pytest $b" $? "$xml"
     done
 else

@@ -62,6 +62,7 @@ typedef struct req {
     int64_t spec_drafted_by[LI_SPEC_N_METHODS], spec_accepted_by[LI_SPEC_N_METHODS];
     int64_t pol_step;         /* the step the speculate hook chose pol_method / pol_k for */
     int32_t pol_method, pol_k;
+    int64_t plan_mark;        /* == e->plan_marks: a run entry of the plan being applied */
 } req;
 
 struct li_engine {
@@ -120,6 +121,16 @@ struct li_engine {
     int64_t *c_drafted;       /* (max_num_seqs, LI_SPEC_N_METHODS) */
     double ema_step, ema_token, ema_draft[LI_SPEC_N_METHODS];
     int64_t spec_hook_errors;
+    /* the progress guard (livelock_guard): */
+    int64_t plan_marks;       /* bumped by every apply_plan */
+    int64_t pg_mark;          /* tokens sampled + requests finished after the last policy step */
+    bool pg_policy;           /* the last step ran the policy's plan */
+    bool pg_moved;            /* ... and it computed tokens without preempting anyone */
+    int32_t pg_idle;          /* policy steps in a row without progress */
+    int32_t pg_loss, pg_left; /* steps the policy loses on this trip, and of those still to go */
+    int64_t fail_logged;      /* schedule failures logged one by one */
+    int64_t fail_quiet;       /* ... and not logged since the last summary */
+    double fail_summary_t;    /* when the last summary line went out */
 };
 
 void li_engine_config_default(li_engine_config *c) {
@@ -393,7 +404,13 @@ void li_engine_free(li_engine *e) {
     free(e);
 }
 
-void li_engine_set_policy(li_engine *e, li_policy *p) { e->policy = p; }
+void li_engine_set_policy(li_engine *e, li_policy *p) {
+    e->policy = p;
+    /* a new policy starts with a clean progress record and its own log quota */
+    e->pg_policy = false;
+    e->pg_idle = e->pg_loss = e->pg_left = 0;
+    e->fail_logged = e->fail_quiet = 0;
+}
 li_policy *li_engine_policy(li_engine *e) { return e->policy; }
 const li_engine_config *li_engine_get_config(const li_engine *e) { return &e->cfg; }
 li_model *li_engine_model(li_engine *e) { return e->model; }
@@ -666,9 +683,17 @@ static int32_t blocks_needed(const li_engine *e, const req *r, int64_t n) {
 /* Applies a plan; returns the number of requests scheduled into the batch. */
 static int32_t apply_plan(li_engine *e, const li_plan *plan, int64_t *n_batch_tokens) {
     int64_t trimmed = 0;
+    /* a request both preempted and run is a contradiction (preempting it
+     * every step would recompute it forever): it is run, not preempted */
+    const int64_t mark = ++e->plan_marks;
+    if (plan->n_preempt > 0)
+        for (int32_t i = 0; i < plan->n_run; i++) {
+            req *r = plan->run[i].n_tokens > 0 ? find(e, plan->run[i].id) : NULL;
+            if (r) r->plan_mark = mark;
+        }
     for (int32_t i = 0; i < plan->n_preempt; i++) {
         req *r = find(e, plan->preempt[i]);
-        if (!r || !r->live || r->state != LI_REQ_RUNNING) {
+        if (!r || !r->live || r->state != LI_REQ_RUNNING || r->plan_mark == mark) {
             trimmed++;
             continue;
         }
@@ -1061,6 +1086,55 @@ static void fork_samples(li_engine *e, req *parent, const float *logits) {
 
 /* ---- the step ------------------------------------------------------------------------ */
 
+/* The progress guarantee: true when the policy gets this step. A policy
+ * step made progress if a token was sampled or a request finished since,
+ * or if its plan computed tokens without preempting anyone. After
+ * LI_ENGINE_LIVELOCK_STEPS policy steps without progress the policy loses
+ * the next pg_loss steps to the built-in FCFS (doubling while it keeps
+ * failing, reset once it makes progress itself), counted in livelock_steps. */
+static bool livelock_guard(li_engine *e) {
+    const int64_t mark = e->st.tokens_generated + e->st.requests_finished;
+    if (e->pg_policy) {
+        if (mark != e->pg_mark || e->pg_moved) e->pg_idle = 0, e->pg_loss = 0;
+        else if (++e->pg_idle >= LI_ENGINE_LIVELOCK_STEPS) {
+            e->pg_idle = 0;
+            e->pg_loss = e->pg_loss ? LI_MIN(2 * e->pg_loss, LI_ENGINE_LIVELOCK_MAX_LOSS) : LI_ENGINE_LIVELOCK_STEPS;
+            e->pg_left = e->pg_loss;
+            li_log_warn("policy %s: no progress in %d steps with work pending: the built-in FCFS runs the next %d",
+                        e->policy->name, LI_ENGINE_LIVELOCK_STEPS, e->pg_loss);
+        }
+    }
+    e->pg_policy = false;
+    e->pg_mark = mark;
+    if (e->pg_left > 0) {
+        e->pg_left--;
+        e->st.livelock_steps++;
+        return false;
+    }
+    return true;
+}
+
+/* A failed schedule() is logged in full the first 10 times, then as one
+ * summary line per 10 s with a count: a policy failing every step must not
+ * flood the log. */
+static void log_schedule_failure(li_engine *e, const char *msg) {
+    const double now = li_time_now();
+    if (e->fail_logged < 10) {
+        e->fail_logged++;
+        e->fail_summary_t = now;
+        li_log_warn("policy %s: schedule failed, using FCFS for step %lld: %s%s", e->policy->name,
+                    (long long)e->step_no, msg, e->fail_logged == 10 ? " (further failures: one line per 10 s)" : "");
+        return;
+    }
+    e->fail_quiet++;
+    if (now - e->fail_summary_t >= 10.0) {
+        li_log_warn("policy %s: schedule failed %lld more times in %.0f s (FCFS ran those steps); last: %.200s",
+                    e->policy->name, (long long)e->fail_quiet, now - e->fail_summary_t, msg);
+        e->fail_quiet = 0;
+        e->fail_summary_t = now;
+    }
+}
+
 int li_engine_step(li_engine *e, li_error *err) {
     double t_start = li_time_now();
     e->step_no++;
@@ -1077,7 +1151,7 @@ int li_engine_step(li_engine *e, li_error *err) {
     li_step_state st;
     gather(e, &st);
     const li_plan *plan = NULL;
-    if (e->policy && e->policy->has_schedule) {
+    if (e->policy && e->policy->has_schedule && livelock_guard(e)) {
         li_plan_clear(&e->plan);
         li_error perr = {0};
         double tp = li_time_now();
@@ -1086,14 +1160,18 @@ int li_engine_step(li_engine *e, li_error *err) {
         if (rc == 0) plan = &e->plan;
         else {
             e->st.policy_errors++;
-            li_log_warn("policy %s: schedule failed, using FCFS for step %lld: %s", e->policy->name,
-                        (long long)e->step_no, perr.msg);
+            log_schedule_failure(e, perr.msg);
         }
     }
     /* 3: validate + apply */
     int64_t n_tokens = 0;
     int32_t nb = 0;
-    if (plan) nb = apply_plan(e, plan, &n_tokens);
+    if (plan) {
+        const int64_t pre = e->st.preemptions;
+        nb = apply_plan(e, plan, &n_tokens);
+        e->pg_policy = true;
+        e->pg_moved = nb > 0 && e->st.preemptions == pre;
+    }
     if (nb == 0) {
         /* no plan, or one that schedules nothing: the built-in FCFS runs
          * this step so that no request starves behind a broken policy */

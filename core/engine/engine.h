@@ -126,7 +126,15 @@ typedef struct li_engine_stats {
     int64_t spec_accepted_by[LI_SPEC_N_METHODS];
     int64_t spec_rounds_by[LI_SPEC_N_METHODS]; /* verified draft runs (request-steps) */
     double time_propose;       /* seconds in proposers (model drafts' forward passes) */
+    int64_t livelock_steps;    /* steps taken from a policy whose plans made no progress (FCFS ran) */
 } li_engine_stats;
+
+/* A policy whose plans make no progress (no token sampled, no request
+ * finished, and every step preempting or computing nothing) for this many
+ * steps in a row loses the next ones to the built-in FCFS: this many, then
+ * twice as many on each trip in a row, up to LI_ENGINE_LIVELOCK_MAX_LOSS. */
+#define LI_ENGINE_LIVELOCK_STEPS 8
+#define LI_ENGINE_LIVELOCK_MAX_LOSS 1024
 
 /* li_engine_init_runners without a draft. */
 int li_engine_init(li_engine **out, li_model *m, li_backend *be, const li_engine_config *cfg, li_error *err);

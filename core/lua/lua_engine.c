@@ -529,6 +529,7 @@ static int l_engine_stats(lua_State *L) {
     SET_NUM("policy_errors", s.policy_errors);
     SET_NUM("plans_trimmed", s.plans_trimmed);
     SET_NUM("fallback_steps", s.fallback_steps);
+    SET_NUM("livelock_steps", s.livelock_steps);
     SET_NUM("requests_finished", s.requests_finished);
     SET_NUM("requests_rejected", s.requests_rejected);
     SET_NUM("waiting", s.n_waiting);

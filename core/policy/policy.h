@@ -57,6 +57,11 @@ typedef struct li_plan {
     int32_t n_preempt, cap_preempt;
 } li_plan;
 
+/* The most entries a plan's run list, and its preempt list, may have: the
+ * same limit in-process and isolated (policy_wire.h sizes the host's reply
+ * frame for it). Far above any max_num_seqs; longer is a broken policy. */
+#define LI_PLAN_MAX_ENTRIES (1 << 18)
+
 void li_plan_init(li_plan *p);
 void li_plan_free(li_plan *p);
 void li_plan_clear(li_plan *p);

@@ -23,14 +23,26 @@
 #include <lua.h>
 #include <lualib.h>
 #include <luajit.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #define HOOK_EVERY 1000                /* instructions between two count-hook calls */
-#define PLAN_MAX_ENTRIES (1 << 20)     /* a run or preempt list longer than this is garbage */
+#define PLAN_MAX_ENTRIES LI_PLAN_MAX_ENTRIES
+/* C stack a hook call may use below core_call before a wrapped C function
+ * (gsub, tostring, sort, ...) refuses to recurse: far below the 8 MiB of the
+ * engine thread and the policy host, far above honest use (~30 nested gsub). */
+#define CSTACK_MAX ((size_t)256 << 10)
+/* A pattern function's worst case, (subject length + 1)^(quantifiers + 1),
+ * must stay under 2^PATTERN_COST_LOG2 steps: backtracking runs in C, where
+ * the instruction budget cannot reach. */
+#define PATTERN_COST_LOG2 26
 
 enum { H_CONFIG, H_ADMIT, H_SCHEDULE, H_EVICT, H_SPECULATE, H_ON_FINISH, H__N };
 static const char *const hook_names[H__N] = {"config", "admit", "schedule", "evict", "speculate", "on_finish"};
@@ -42,7 +54,7 @@ typedef struct lua_core {
     lua_Alloc inner;    /* LuaJIT's own allocator, wrapped for accounting */
     void *inner_ud;
     size_t mem_used, mem_limit;
-    bool mem_hit;       /* an allocation was refused during this call */
+    bool mem_hit;       /* this call went over mem_limit */
     bool active;        /* inside a protected call: limits armed */
     int64_t budget;     /* <= 0: no instruction limit */
     int64_t count;      /* instructions so far in this call (HOOK_EVERY granularity) */
@@ -53,6 +65,10 @@ typedef struct lua_core {
     int ref_update, ref_one, ref_drop, ref_export; /* the FFI updater's functions */
     unsigned hooks;
     li_policy_config config;
+    uintptr_t stack_base; /* an address in core_call's frame while a call runs (C stack guard) */
+    size_t mem_hard;      /* past mem_limit an allocation still succeeds up to here, and the
+                           * call errors at the next safe point: never a NULL inside a trace */
+    bool mem_tripped;     /* the memory error was raised: the hook now fires on every instruction */
 } lua_core;
 
 typedef struct li_policy_lua {
@@ -75,7 +91,14 @@ typedef struct li_policy_lua {
  * ====================================================================== */
 
 /* Wraps LuaJIT's allocator (faster than malloc for its small objects) and
- * counts bytes so a policy's state cannot grow past its limit. */
+ * counts bytes so a policy's state cannot grow past its limit.
+ *
+ * Past the limit an allocation inside a call still succeeds (mem_hit is
+ * set) and the error is raised at a safe point, the count hook or the end
+ * of the call: a NULL returned inside a compiled trace can corrupt the VM.
+ * Only past the hard cap (limit + 1/4) does the allocator say no; policy code
+ * itself never runs in traces (load_chunk), so a NULL then lands in the
+ * interpreter or a C function, where it is an ordinary "not enough memory". */
 static void *core_alloc(void *ud, void *ptr, size_t osize, size_t nsize) {
     lua_core *c = ud;
     if (!ptr) osize = 0;
@@ -87,9 +110,10 @@ static void *core_alloc(void *ud, void *ptr, size_t osize, size_t nsize) {
     /* The limit binds only inside protected calls; outside them the C side
      * pushes a few values that must never fail (a refused allocation there
      * would be a LuaJIT panic). */
-    if (c->active && nsize > osize && c->mem_used - osize + nsize > c->mem_limit) {
-        c->mem_hit = true;
-        return NULL;
+    if (c->active && nsize > osize) {
+        size_t after = c->mem_used - osize + nsize;
+        if (after > c->mem_limit) c->mem_hit = true;
+        if (after > c->mem_hard) return NULL;
     }
     void *p = c->inner(c->inner_ud, ptr, osize, nsize);
     if (!p) return NULL;
@@ -103,18 +127,29 @@ static lua_core *core_of(lua_State *L) {
     return ud;
 }
 
-/* Count hook: errors once the call's budget is spent. After the first trip
- * it fires on every instruction, so a policy that catches the error with
- * pcall cannot keep running: the next instruction anywhere errors again.
+/* Count hook: errors once the call's budget is spent, or once the call
+ * went over its memory limit (core_alloc). After the first trip it fires
+ * on every instruction, so a policy that catches the error with pcall
+ * cannot keep running: the next instruction anywhere errors again.
  *
- * Best effort only: LuaJIT does not run hooks inside compiled traces, so a
- * hot `while true do end` that got compiled is never interrupted here. The
- * isolated mode (policy_proc.c, a child process with a deadline) is the real
- * answer; opts.jit_off makes this hook exact at the cost of speed. */
+ * LuaJIT does not run hooks inside compiled traces; that is why a sandboxed
+ * policy's own functions never get compiled (load_chunk): this hook then
+ * sees all of its code. With --policy-unsafe the budget is best effort. */
 static void count_hook(lua_State *L, lua_Debug *ar) {
     (void)ar;
     lua_core *c = core_of(L);
-    if (!c->active || c->budget <= 0) return;
+    if (!c->active) return;
+    if (c->mem_hit) {
+        if (!c->mem_tripped) {
+            c->mem_tripped = true;
+            lua_sethook(L, count_hook, LUA_MASKCOUNT, 1);
+        }
+        luaL_where(L, 0);
+        lua_pushfstring(L, "policy exceeded its memory limit (%d MiB)", (int)(c->mem_limit >> 20));
+        lua_concat(L, 2);
+        lua_error(L);
+    }
+    if (c->budget <= 0) return;
     c->count += c->tripped ? 1 : HOOK_EVERY;
     if (c->tripped || c->count > c->budget) {
         if (!c->tripped) {
@@ -145,13 +180,17 @@ static int core_call(lua_core *c, lua_CFunction fn, void *ud, const char *what, 
     lua_pushcfunction(L, traceback);
     lua_pushcfunction(L, fn);
     lua_pushlightuserdata(L, ud);
+    volatile char here = 0;
+    c->stack_base = (uintptr_t)&here;
     c->count = 0;
     c->tripped = false;
     c->mem_hit = false;
+    c->mem_tripped = false;
     c->active = true;
     int rc = lua_pcall(L, 1, 0, top + 1);
     c->active = false;
-    if (c->tripped) lua_sethook(L, count_hook, LUA_MASKCOUNT, HOOK_EVERY);
+    c->stack_base = 0;
+    if (c->tripped || c->mem_tripped) lua_sethook(L, count_hook, LUA_MASKCOUNT, HOOK_EVERY);
     int ret = 0;
     if (rc != 0) {
         const char *m = lua_tostring(L, -1);
@@ -162,9 +201,18 @@ static int core_call(lua_core *c, lua_CFunction fn, void *ud, const char *what, 
             ret = li_error_set(err, LI_ERANGE, "%s: %s", what, m ? m : "instruction budget exceeded");
         else
             ret = li_error_set(err, LI_EINVAL, "%s: %s", what, m ? m : "error");
+    } else if (c->mem_hit) {
+        /* over the limit without reaching a safe point (C code, the end of
+         * the call): the call still fails, its result is not used */
+        ret = li_error_set(err, LI_ENOMEM, "%s: policy exceeded its memory limit (%zu MiB)", what, c->mem_limit >> 20);
     }
     lua_settop(L, top);
-    if (rc == LUA_ERRMEM || c->mem_hit) lua_gc(L, LUA_GCCOLLECT, 0);
+    if (rc == LUA_ERRMEM || c->mem_hit) {
+        /* twice: each full cycle also halves LuaJIT's string buffer, which
+         * the bomb may have grown up to the hard cap */
+        lua_gc(L, LUA_GCCOLLECT, 0);
+        lua_gc(L, LUA_GCCOLLECT, 0);
+    }
     return ret;
 }
 
@@ -211,6 +259,7 @@ static int sb_require(lua_State *L) {
     char path[4096];
     snprintf(path, sizeof path, "%s/luainfer/policy.lua", li_lua_dir());
     if (luaL_loadfile(L, path) != 0) return luaL_error(L, "require '%s': %s", name, lua_tostring(L, -1));
+    luaJIT_setmode(L, -1, LUAJIT_MODE_ALLFUNC | LUAJIT_MODE_OFF); /* see load_thunk */
     lua_pushvalue(L, lua_upvalueindex(2));
     lua_setfenv(L, -2);
     lua_pushvalue(L, 1);
@@ -222,6 +271,95 @@ static int sb_require(lua_State *L) {
     lua_pushvalue(L, -1);
     lua_setfield(L, lua_upvalueindex(1), name);
     return 1;
+}
+
+/* C functions that call back into Lua (a gsub callback, __tostring, a sort
+ * comparator, os.time's __index) recurse on the C stack, where LuaJIT has
+ * no limit: `local function g() return string.gsub("x", "x", g) end`
+ * overflows it. The sandbox hands out these functions wrapped: a wrapper
+ * refuses to go on once the call uses more than CSTACK_MAX of C stack
+ * (measured from core_call, so an error unwinding past it leaves nothing
+ * to undo). The pattern functions also refuse a pattern whose worst-case
+ * backtracking on this subject is too long to run uninterrupted in C. */
+enum { WRAP_PLAIN, WRAP_PATTERN, WRAP_FIND };
+
+static void guard_cstack(lua_State *L) {
+    lua_core *c = core_of(L);
+    volatile char here = 0;
+    uintptr_t at = (uintptr_t)&here;
+    if (c->active && c->stack_base > at && c->stack_base - at > CSTACK_MAX)
+        luaL_error(L, "policy recursion too deep through a C function (string.gsub, tostring, table.sort, ...): "
+                      "over %d KiB of C stack", (int)(CSTACK_MAX >> 10));
+}
+
+/* Quantified items of a Lua pattern (*, +, -, ?, %b, back-references),
+ * counted generously: each can multiply the matcher's work by the
+ * subject's length. */
+static int pattern_quantifiers(const char *p, size_t len) {
+    int q = 0;
+    for (size_t i = 0; i < len; i++) {
+        char ch = p[i];
+        if (ch == '%') {
+            if (i + 1 < len && (p[i + 1] == 'b' || (p[i + 1] >= '1' && p[i + 1] <= '9'))) q++;
+            i++;
+        } else if (ch == '[') {
+            i++;
+            if (i < len && p[i] == '^') i++;
+            if (i < len && p[i] == ']') i++; /* a leading ']' is a member */
+            while (i < len && p[i] != ']') i += p[i] == '%' ? 2 : 1;
+        } else if (ch == '*' || ch == '+' || ch == '-' || ch == '?') {
+            q++;
+        }
+    }
+    return q;
+}
+
+static void guard_pattern(lua_State *L, int kind) {
+    if (kind == WRAP_FIND && lua_toboolean(L, 4)) return; /* plain find: linear */
+    if (lua_type(L, 1) != LUA_TSTRING && lua_type(L, 1) != LUA_TNUMBER) return; /* the function errors */
+    if (lua_type(L, 2) != LUA_TSTRING) return;
+    size_t n = 0, pl = 0;
+    lua_tolstring(L, 1, &n);
+    const char *pat = lua_tolstring(L, 2, &pl);
+    int q = pattern_quantifiers(pat, pl);
+    if (q > 0 && (double)(q + 1) * log2((double)n + 1) > PATTERN_COST_LOG2)
+        luaL_error(L, "pattern too costly for the policy sandbox: %d quantifiers on a %d-byte string can backtrack "
+                      "for more than 2^%d steps", q, (int)LI_MIN(n, (size_t)INT32_MAX), PATTERN_COST_LOG2);
+}
+
+/* upvalue 1: the wrapped function, upvalue 2: WRAP_* */
+static int sb_wrapped(lua_State *L) {
+    guard_cstack(L);
+    int kind = (int)lua_tointeger(L, lua_upvalueindex(2));
+    if (kind != WRAP_PLAIN) guard_pattern(L, kind);
+    int n = lua_gettop(L);
+    luaL_checkstack(L, 2, "policy call");
+    lua_pushvalue(L, lua_upvalueindex(1));
+    lua_insert(L, 1);
+    lua_call(L, n, LUA_MULTRET);
+    return lua_gettop(L);
+}
+
+/* tbl[name] = wrapped(tbl[name]) (tbl at index t) */
+static void sb_wrap(lua_State *L, int t, const char *name, int kind) {
+    lua_getfield(L, t, name);
+    if (!lua_isfunction(L, -1)) {
+        lua_pop(L, 1);
+        return;
+    }
+    lua_pushinteger(L, kind);
+    lua_pushcclosure(L, sb_wrapped, 2);
+    lua_setfield(L, t, name);
+}
+
+/* The sandbox's string functions, in env.string (index t) or the real
+ * string table that string methods (s:gsub()) use. */
+static void sb_wrap_string(lua_State *L, int t) {
+    sb_wrap(L, t, "gsub", WRAP_PATTERN);
+    sb_wrap(L, t, "match", WRAP_PATTERN);
+    sb_wrap(L, t, "gmatch", WRAP_PATTERN);
+    sb_wrap(L, t, "find", WRAP_FIND);
+    sb_wrap(L, t, "format", WRAP_PLAIN);
 }
 
 /* Shallow copy of global library `lib` into env[lib] (all fields, or only
@@ -290,7 +428,19 @@ static void sb_build_env(lua_State *L, const li_policy_lua_opts *o) {
     lua_getglobal(L, "string");
     lua_pushnil(L);
     lua_setfield(L, -2, "dump");
+    sb_wrap_string(L, lua_gettop(L));
     lua_pop(L, 1);
+    /* the functions that call back into Lua, guarded (above) */
+    lua_getfield(L, env, "string");
+    sb_wrap_string(L, lua_gettop(L));
+    lua_pop(L, 1);
+    lua_getfield(L, env, "table");
+    sb_wrap(L, lua_gettop(L), "sort", WRAP_PLAIN);
+    lua_pop(L, 1);
+    lua_getfield(L, env, "os");
+    sb_wrap(L, lua_gettop(L), "time", WRAP_PLAIN);
+    lua_pop(L, 1);
+    sb_wrap(L, env, "tostring", WRAP_PLAIN);
     /* getmetatable("") would hand out the real string table: hide it */
     lua_pushliteral(L, "");
     if (lua_getmetatable(L, -1)) {
@@ -756,6 +906,11 @@ static int load_thunk(lua_State *L) {
         x->rc = LI_EINVAL;
         return 0;
     }
+    /* A sandboxed policy's functions never get compiled: LuaJIT runs no
+     * hooks in traces, so only interpreted code is bounded by the count
+     * hook (instruction budget, memory safe point). The engine's own Lua
+     * (the state updater) stays compiled. */
+    if (!o->allow_unsafe) luaJIT_setmode(L, -1, LUAJIT_MODE_ALLFUNC | LUAJIT_MODE_OFF);
     lua_pushvalue(L, env);
     lua_setfenv(L, -2);
     lua_call(L, 0, 1);
@@ -800,8 +955,46 @@ static void core_free(lua_core *c) {
     free(c);
 }
 
+int li_policy_read_file(const char *path, char **out, size_t *len, li_error *err) {
+    *out = NULL;
+    *len = 0;
+    /* O_NONBLOCK: opening a FIFO without a writer must not wait for one */
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+    if (fd < 0) return li_error_set(err, LI_EIO, "cannot open policy file '%s': %s", path, strerror(errno));
+    struct stat sb;
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        const char *what = S_ISFIFO(sb.st_mode) ? "a FIFO" : S_ISDIR(sb.st_mode) ? "a directory"
+                           : S_ISCHR(sb.st_mode) || S_ISBLK(sb.st_mode) ? "a device" : "not a regular file";
+        close(fd);
+        return li_error_set(err, LI_EINVAL, "policy file '%s' is %s (a regular file is needed)", path, what);
+    }
+    if ((uint64_t)sb.st_size > LI_POLICY_FILE_MAX) {
+        close(fd);
+        return li_error_set(err, LI_ERANGE, "policy file '%s' is larger than %zu bytes", path, LI_POLICY_FILE_MAX);
+    }
+    size_t cap = (size_t)sb.st_size + 1, n = 0;
+    char *buf = li_xmalloc(cap);
+    for (;;) {
+        ssize_t r = read(fd, buf + n, cap - 1 - n);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) {
+            int e = errno;
+            free(buf);
+            close(fd);
+            return li_error_set(err, LI_EIO, "cannot read policy file '%s': %s", path, strerror(e));
+        }
+        n += (size_t)r;
+        if (r == 0 || n == cap - 1) break; /* a file growing while read is cut at its size at open */
+    }
+    close(fd);
+    buf[n] = 0;
+    *out = buf;
+    *len = n;
+    return 0;
+}
+
 static int read_file(const char *path, char **out, size_t *len, li_error *err) {
-    return li_read_file(path, LI_POLICY_FILE_MAX, "policy file", out, len, err);
+    return li_policy_read_file(path, out, len, err);
 }
 
 /* A new core with the policy loaded, or NULL with err set. */
@@ -825,7 +1018,9 @@ static lua_core *core_new(const char *path, const char *source, const li_policy_
     c->inner = lua_getallocf(c->L, &c->inner_ud);
     c->mem_used = (size_t)lua_gc(c->L, LUA_GCCOUNT, 0) * 1024 + (size_t)lua_gc(c->L, LUA_GCCOUNTB, 0);
     lua_setallocf(c->L, core_alloc, c);
-    if (c->budget > 0) lua_sethook(c->L, count_hook, LUA_MASKCOUNT, HOOK_EVERY);
+    c->mem_hard = c->mem_limit > SIZE_MAX / 2 ? SIZE_MAX : c->mem_limit + c->mem_limit / 4;
+    /* always on: it is also the memory limit's safe point */
+    lua_sethook(c->L, count_hook, LUA_MASKCOUNT, HOOK_EVERY);
     x.c = c;
     li_error lerr = {0};
     x.err = &lerr;

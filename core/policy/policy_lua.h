@@ -53,4 +53,9 @@ unsigned li_policy_lua_hooks(const li_policy *p);
 /* Bytes the policy's Lua state holds now. */
 size_t li_policy_lua_mem_used(const li_policy *p);
 
+/* Reads a policy file for any mode: a regular file only (a FIFO, device or
+ * directory is refused without blocking on it), at most LI_POLICY_FILE_MAX
+ * bytes. *out is NUL-terminated (the text may hold NULs: bytecode); free() it. */
+int li_policy_read_file(const char *path, char **out, size_t *len, li_error *err);
+
 #endif

@@ -517,7 +517,7 @@ static void proc_on_finish(li_policy *pp, const li_req_view *req, const char *fi
  * engine's checks and errors): li_read_file with policy_lua's limit. */
 static int read_file(const char *path, char **out, li_error *err) {
     size_t len;
-    if (li_read_file(path, LI_POLICY_FILE_MAX, "policy file", out, &len, err)) return err->code;
+    if (li_policy_read_file(path, out, &len, err)) return err->code;
     if (memchr(*out, 0, len)) {
         free(*out);
         *out = NULL;
@@ -540,6 +540,12 @@ static int proc_reload(li_policy *pp, const char *path, const char *source, li_e
     }
     const char *name = path ? path : "policy";
     double deadline = now_s() + p->opts.start_timeout_ms / 1000.0;
+    /* Replacing a broken policy must always be possible: no back-off for a
+     * reload, and a host that is not ready (down, starting, or failing) is
+     * replaced by a fresh one before the new text is sent. */
+    reap_zombies(p);
+    if (p->pid > 0 && !p->start.ready) host_kill(p, NULL, 0);
+    p->next_start = 0;
     int rc = ensure_ready(p, deadline, err);
     if (rc == 0) {
         int64_t seq = pack_reload(p, text, name);
@@ -594,9 +600,16 @@ static const li_policy_ops proc_ops = {
 
 int li_policy_proc_open(li_policy **out, const char *path, const li_policy_proc_opts *opts, li_error *err) {
     *out = NULL;
-    if (!path) return li_error_set(err, LI_EINVAL, "policy: no path given");
+    if (!path && !(opts && opts->source)) return li_error_set(err, LI_EINVAL, "policy: no path given");
     char *text;
-    if (read_file(path, &text, err)) return err->code;
+    if (opts && opts->source) {
+        size_t n = strlen(opts->source);
+        text = li_xmalloc(n + 1);
+        memcpy(text, opts->source, n + 1);
+        if (!path) path = "policy";
+    } else if (read_file(path, &text, err)) {
+        return err->code;
+    }
     li_policy_proc *p = li_xcalloc(1, sizeof *p);
     p->base.ops = &proc_ops;
     snprintf(p->base.name, sizeof p->base.name, "%s", path);
@@ -605,6 +618,7 @@ int li_policy_proc_open(li_policy **out, const char *path, const li_policy_proc_
     if (p->opts.start_timeout_ms <= 0) p->opts.start_timeout_ms = LI_POLICY_PROC_DEFAULT_START_MS;
     snprintf(p->host_bin, sizeof p->host_bin, "%s", p->opts.host_bin ? p->opts.host_bin : "/proc/self/exe");
     p->opts.host_bin = NULL; /* not owned; p->host_bin is the copy */
+    p->opts.source = NULL;   /* p->source is the copy */
     p->source = text;
     p->pid = -1;
     p->fd = -1;

@@ -23,9 +23,10 @@ typedef struct li_policy_proc_opts {
     int32_t start_timeout_ms; /* host start + policy load (open, reload, wait_ready); 0 = 5000 */
     const char *host_bin;     /* the luainfer binary to run; NULL = /proc/self/exe */
     li_policy_lua_opts lua;   /* sandbox options, applied inside the host */
+    const char *source;       /* the policy's text instead of reading `path` (which then only names it) */
 } li_policy_proc_opts;
 
-/* Starts a host for the policy file at `path` and waits (start_timeout_ms)
+/* Starts a host for the policy file at `path` (or opts->source) and waits (start_timeout_ms)
  * until it has loaded it; a file that does not load is an error here, with
  * the host's message ("policies/x.lua:12: ..."). The engine reads the file
  * once: restarts reload the same text even if the file changed since. */

@@ -15,13 +15,18 @@
 
 #define LI_WIRE_VERSION 1
 #define LI_WIRE_MAX_FRAME ((size_t)64 << 20) /* bytes in one engine -> host frame */
-/* Bytes in one host -> engine frame: room for a plan of LI_WIRE_MAX_ENTRIES
- * entries (~9 bytes each) or an eviction order of as many blocks, and a
- * bound on what msgpack-c unpacks them into (up to ~16 bytes per byte) */
+/* Bytes in one host -> engine frame: room for the largest plan the
+ * conversion accepts (LI_WIRE_MAX_ENTRIES run entries of at most
+ * LI_WIRE_RUN_BYTES and as many preempt ids of at most 9 bytes: 8.9 MB) or an
+ * eviction order of 2^20 blocks, and a bound on what msgpack-c unpacks them
+ * into (up to ~16 bytes per byte) */
 #define LI_WIRE_MAX_REPLY ((size_t)16 << 20)
 #define LI_WIRE_MAX_REQS (1 << 20)           /* requests in one state */
-#define LI_WIRE_MAX_ENTRIES (1 << 20)        /* run or preempt entries in one plan */
+#define LI_WIRE_MAX_ENTRIES LI_PLAN_MAX_ENTRIES /* run or preempt entries in one plan: both modes */
+#define LI_WIRE_RUN_BYTES 25                 /* {"id": uint64, "tokens": uint32} */
 #define LI_WIRE_MAX_DEPTH 16                 /* nesting of arrays and maps in one frame */
+_Static_assert((size_t)LI_WIRE_MAX_ENTRIES * (LI_WIRE_RUN_BYTES + 9) + 4096 < LI_WIRE_MAX_REPLY,
+               "the largest legal plan must fit in one host reply frame");
 
 /* ---- packing ---------------------------------------------------------------- */
 

@@ -34,8 +34,9 @@ int li_policy_open(li_policy **out, const li_policy_open_opts *o, li_error *err)
     switch (o->kind) {
     case LI_POLICY_LUA: return li_policy_lua_open(out, o->path, o->source, &o->lua, err);
     case LI_POLICY_PROCESS: {
-        if (!o->path) return li_error_set(err, LI_EINVAL, "a process-isolated policy needs a policy file path");
-        li_policy_proc_opts po = {.deadline_ms = o->deadline_ms, .lua = o->lua};
+        if (!o->path && !o->source)
+            return li_error_set(err, LI_EINVAL, "a process-isolated policy needs a policy file path or its text");
+        li_policy_proc_opts po = {.deadline_ms = o->deadline_ms, .lua = o->lua, .source = o->source};
         return li_policy_proc_open(out, o->path, &po, err);
     }
     case LI_POLICY_BUILTIN: break;

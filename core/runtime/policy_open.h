@@ -23,7 +23,7 @@ li_policy_kind li_policy_kind_of(const li_policy *p);
 typedef struct li_policy_open_opts {
     li_policy_kind kind;     /* LI_POLICY_LUA or LI_POLICY_PROCESS */
     const char *path;        /* the policy file (a process policy needs one) */
-    const char *source;      /* or its text (Lua only) */
+    const char *source;      /* or its text (then path, if set, only names it) */
     int32_t deadline_ms;     /* process: per round trip; 0 = its default */
     li_policy_lua_opts lua;  /* sandbox options */
 } li_policy_open_opts;

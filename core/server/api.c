@@ -797,7 +797,7 @@ void li_api_pack_stats(li_server *srv, msgpack_packer *pk) {
     KV("time_policy_s", msgpack_pack_double, st->time_policy);
     KV("busy_s", msgpack_pack_double, snap.busy_seconds);
     li_mp_pack_str(pk, "policy");
-    msgpack_pack_map(pk, 11);
+    msgpack_pack_map(pk, 12);
     li_mp_pack_str(pk, "name");
     li_mp_pack_str(pk, snap.policy[0] ? snap.policy : "none");
     li_mp_pack_str(pk, "kind");
@@ -809,6 +809,7 @@ void li_api_pack_stats(li_server *srv, msgpack_packer *pk) {
     KV("errors", msgpack_pack_int64, st->policy_errors);
     KV("fallback_steps", msgpack_pack_int64, st->fallback_steps);
     KV("plans_trimmed", msgpack_pack_int64, st->plans_trimmed);
+    KV("livelock_steps", msgpack_pack_int64, st->livelock_steps);
     KV("reloads", msgpack_pack_int64, snap.policy_reloads);
     KV("reload_errors", msgpack_pack_int64, snap.policy_reload_errors);
     li_mp_pack_str(pk, "throughput");

@@ -37,7 +37,8 @@ typedef enum { CMD_ADD, CMD_CANCEL, CMD_RELOAD } cmd_kind;
 typedef struct cmd {
     cmd_kind kind;
     li_srv_req *req;
-    char *path, *source;
+    char *path, *source;  /* reload: the name and the text (read on the loop thread) */
+    char *error;          /* reload: why the file could not be read (the reply, in order) */
     li_reload_done_fn done;
     void *ud;
     struct cmd *next;
@@ -64,6 +65,8 @@ struct li_engine_thread {
     li_hist step_time;
     double busy;
     int64_t commands, steps_busy, reloads, reload_errors;
+    li_policy_open_opts reload_opts; /* how reloads open a policy (kind, sandbox) */
+    li_policy_proc_stats host_past;  /* counters of the isolated hosts of replaced policies */
     /* engine → anyone: the stats snapshot */
     uv_mutex_t snap_mu;
     li_engine_snapshot snap;
@@ -270,18 +273,47 @@ static void deliver_reload(void *data) {
     free(rr);
 }
 
+/* What serve refuses at start-up in a policy's config, refused at reload
+ * too (the engine's own config does not change at reload). */
+static int check_config(const li_policy_config *pc, li_error *err) {
+    li_type dt;
+    if (pc->kv_dtype[0] && li_kv_dtype_parse(pc->kv_dtype, &dt, err)) return err->code;
+    return 0;
+}
+
 static void run_reload(li_engine_thread *t, cmd *c) {
     li_error err = {0};
     int rc;
-    if (t->policy) {
-        rc = t->policy->ops->reload(t->policy, c->path, c->source, &err);
+    if (c->error) {
+        rc = li_error_set(&err, LI_EINVAL, "%s", c->error);
     } else {
+        /* a fresh policy: a broken one (a host in back-off, a state that
+         * keeps failing) never stands in the way of its replacement */
         li_policy *p = NULL;
-        li_policy_open_opts po = {.kind = LI_POLICY_LUA, .path = c->path, .source = c->source};
+        li_policy_open_opts po = t->reload_opts;
+        if (po.kind != LI_POLICY_PROCESS) po.kind = LI_POLICY_LUA;
+        po.path = c->path;
+        po.source = c->source;
         rc = li_policy_open(&p, &po, &err);
-        if (rc == 0) {
+        if (rc == 0 && (rc = check_config(&p->config, &err)) != 0) {
+            char m[sizeof err.msg];
+            snprintf(m, sizeof m, "%s", err.msg);
+            li_error_set(&err, rc, "%s: config: %s", p->name, m);
+            p->ops->free(p);
+        } else if (rc == 0) {
+            li_policy *old = t->policy;
+            if (li_policy_kind_of(old) == LI_POLICY_PROCESS) {
+                li_policy_proc_stats ps;
+                li_policy_proc_stats_get(old, &ps);
+                t->host_past.calls += ps.calls;
+                t->host_past.timeouts += ps.timeouts;
+                t->host_past.crashes += ps.crashes;
+                t->host_past.restarts += ps.restarts;
+                t->host_past.dropped += ps.dropped;
+            }
             t->policy = p;
             li_engine_set_policy(t->eng, p);
+            if (old) old->ops->free(old);
         }
     }
     if (rc) t->reload_errors++;
@@ -314,10 +346,10 @@ static void publish(li_engine_thread *t) {
     if (kind == LI_POLICY_PROCESS) {
         li_policy_proc_stats ps;
         li_policy_proc_stats_get(t->policy, &ps);
-        t->snap.host_calls = ps.calls;
-        t->snap.host_timeouts = ps.timeouts;
-        t->snap.host_crashes = ps.crashes;
-        t->snap.host_restarts = ps.restarts;
+        t->snap.host_calls = t->host_past.calls + ps.calls;
+        t->snap.host_timeouts = t->host_past.timeouts + ps.timeouts;
+        t->snap.host_crashes = t->host_past.crashes + ps.crashes;
+        t->snap.host_restarts = t->host_past.restarts + ps.restarts;
     }
     t->snap.policy_reloads = t->reloads;
     t->snap.policy_reload_errors = t->reload_errors;
@@ -342,6 +374,7 @@ static void thread_main(void *arg) {
             else run_reload(t, c);
             free(c->path);
             free(c->source);
+            free(c->error);
             free(c);
         }
         if (quit) {
@@ -405,7 +438,22 @@ void li_engine_thread_reload(li_engine_thread *t, const char *path, const char *
     cmd *c = li_xcalloc(1, sizeof *c);
     c->kind = CMD_RELOAD;
     c->path = path ? strdup(path) : NULL;
-    c->source = source ? strdup(source) : NULL;
+    if (source) {
+        c->source = strdup(source);
+    } else if (path) {
+        /* read here: a FIFO, a slow disk or a huge file never holds up the engine thread */
+        li_error err = {0};
+        size_t len;
+        if (li_policy_read_file(path, &c->source, &len, &err)) c->error = strdup(err.msg);
+        else if (memchr(c->source, 0, len)) {
+            /* bytecode (--policy-unsafe): the engine thread loads the
+             * regular file just checked by its path, with its length */
+            free(c->source);
+            c->source = NULL;
+        }
+    } else {
+        c->error = strdup("policy reload: neither a path nor source text given");
+    }
     c->done = done;
     c->ud = ud;
     push_cmd(t, c);
@@ -431,6 +479,7 @@ int li_engine_thread_start(li_engine_thread **out, li_server *srv, const li_engi
         return rc;
     }
     t->policy = o->policy;
+    t->reload_opts = o->reload;
     li_engine_set_policy(t->eng, t->policy);
     li_hist_init(&t->step_time, step_buckets, (int)LI_ARRAY_LEN(step_buckets));
     li_hist_init(&t->snap.step_time, step_buckets, (int)LI_ARRAY_LEN(step_buckets));
@@ -462,6 +511,7 @@ void li_engine_thread_stop(li_engine_thread *t) {
         next = c->next;
         free(c->path);
         free(c->source);
+        free(c->error);
         free(c);
     }
     li_engine_free(t->eng);

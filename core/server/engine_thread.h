@@ -3,6 +3,7 @@
 #ifndef LI_SERVER_ENGINE_THREAD_H
 #define LI_SERVER_ENGINE_THREAD_H
 
+#include "runtime/policy_open.h"
 #include "server/server.h"
 
 /* What the engine thread publishes after each step (under snap_mu). */
@@ -29,6 +30,10 @@ typedef struct li_engine_thread_opts {
     /* Receives each batch of events on the loop thread (li_api_on_events):
      * a callback, so this file needs nothing above it. */
     void (*on_events)(li_server *srv, li_event_batch *b);
+    /* How policy.reload opens its policy (kind, sandbox options, deadline;
+     * path and source are ignored): the server's own isolation mode. A
+     * zero kind (LI_POLICY_BUILTIN) means in-process. */
+    li_policy_open_opts reload;
 } li_engine_thread_opts;
 
 int li_engine_thread_start(li_engine_thread **out, li_server *srv, const li_engine_thread_opts *o, li_error *err);
@@ -36,7 +41,12 @@ int li_engine_thread_start(li_engine_thread **out, li_server *srv, const li_engi
 void li_engine_thread_add(li_engine_thread *t, li_srv_req *r);
 /* Cancels every sample of r (no-op once finished). */
 void li_engine_thread_cancel(li_engine_thread *t, li_srv_req *r);
-/* Reloads the policy on the engine thread; done(ud, code, msg) runs on the loop thread. */
+/* Reloads the policy; done(ud, code, msg) runs on the loop thread. The file
+ * at path is read here, on the caller's thread (a regular file only, at
+ * most LI_POLICY_FILE_MAX bytes): the engine thread never waits on a path.
+ * The new policy is opened fresh (for the process mode: a new host with the
+ * new text, at once, whatever state the old host is in), its config is
+ * checked as serve checks it at start-up, and only then swapped in. */
 typedef void (*li_reload_done_fn)(void *ud, int code, const char *msg);
 void li_engine_thread_reload(li_engine_thread *t, const char *path, const char *source, li_reload_done_fn done,
                              void *ud);

@@ -1038,6 +1038,8 @@ void li_http_metrics_text(li_server *srv, char **out, size_t *n) {
          (double)st->fallback_steps);
     prom(&sb, "luainfer_policy_plans_trimmed_total", "counter", "Plan entries dropped or shortened by validation.",
          (double)st->plans_trimmed);
+    prom(&sb, "luainfer_policy_livelock_steps_total", "counter",
+         "Steps taken from a policy whose plans made no progress (the built-in FCFS ran).", (double)st->livelock_steps);
     prom(&sb, "luainfer_engine_steps_total", "counter", "Engine steps that computed something.", (double)snap.steps_busy);
     prom(&sb, "luainfer_engine_tokens_computed_total", "counter", "Tokens through the forward pass.", (double)st->tokens_computed);
     prom(&sb, "luainfer_connections_open", "gauge", "Open client connections.", srv->net.n_conns);

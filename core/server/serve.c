@@ -11,7 +11,9 @@
  * Stop (SIGINT, SIGTERM or the `shutdown` method): listeners close, new
  * requests get 503, requests in flight finish for up to --drain-seconds,
  * then the rest are cancelled, connections flushed and closed, exit 0. A
- * second signal skips the wait. */
+ * second signal skips the wait. A watchdog thread ends the process (exit 1,
+ * with a log line) if the stop is not done drain + 5 s after the signal,
+ * e.g. with the engine thread stuck. */
 #define _GNU_SOURCE
 #include "server/serve.h"
 #include "server/api.h"
@@ -73,8 +75,74 @@ static void on_tick(uv_timer_t *t) {
     }
 }
 
+/* ---- the stop watchdog ------------------------------------------------------ */
+
+/* A signal must end the process even when the engine thread is stuck (an
+ * in-process policy in a compiled loop, a kernel that never returns): the
+ * graceful stop joins that thread, so a thread of its own waits out the
+ * drain time plus a grace and then _exits with a log line. */
+#define WATCHDOG_GRACE 5.0 /* seconds past the drain time: the last bytes, the joins */
+
+static struct {
+    uv_mutex_t mu;
+    uv_cond_t cv;
+    uv_thread_t tid;
+    double deadline;
+    bool started, done;
+} wd;
+
+static void watchdog_main(void *arg) {
+    (void)arg;
+    uv_mutex_lock(&wd.mu);
+    while (!wd.done) {
+        double left = wd.deadline - li_time_now();
+        if (left <= 0) break;
+        uv_cond_timedwait(&wd.cv, &wd.mu, (uint64_t)(left * 1e9) + 1);
+    }
+    if (!wd.done) {
+        fprintf(stderr, "luainfer: the stop did not finish in time (the engine thread is stuck): exiting now\n");
+        fflush(stderr);
+        _exit(1);
+    }
+    uv_mutex_unlock(&wd.mu);
+}
+
+/* The process ends at the latest `seconds` from now. */
+static void watchdog_arm(double seconds) {
+    if (!wd.started) {
+        uv_mutex_init(&wd.mu);
+        uv_cond_init(&wd.cv);
+        wd.deadline = li_time_now() + seconds;
+        if (uv_thread_create(&wd.tid, watchdog_main, NULL) != 0) {
+            li_log_warn("serve: cannot start the stop watchdog");
+            return;
+        }
+        wd.started = true;
+        return;
+    }
+    uv_mutex_lock(&wd.mu);
+    wd.deadline = LI_MIN(wd.deadline, li_time_now() + seconds);
+    uv_cond_signal(&wd.cv);
+    uv_mutex_unlock(&wd.mu);
+}
+
+/* The stop finished: the watchdog ends without acting. */
+static void watchdog_disarm(void) {
+    if (!wd.started) return;
+    uv_mutex_lock(&wd.mu);
+    wd.done = true;
+    uv_cond_signal(&wd.cv);
+    uv_mutex_unlock(&wd.mu);
+    uv_thread_join(&wd.tid);
+    uv_mutex_destroy(&wd.mu);
+    uv_cond_destroy(&wd.cv);
+    wd.started = false;
+}
+
 static void on_signal(uv_signal_t *s, int signum) {
     li_server *srv = s->data;
+    /* the first signal allows the drain; a second one only the grace */
+    watchdog_arm((srv->draining ? 0 : srv->lim.drain_seconds) + WATCHDOG_GRACE);
     li_server_begin_drain(srv, signum == SIGINT ? "SIGINT" : "SIGTERM");
 }
 
@@ -163,7 +231,7 @@ static int check_range(const char *name, int64_t v, int64_t lo, int64_t hi, li_e
 
 int li_cmd_serve(int argc, char **argv) {
     serve_opts o = {
-        .isolation = "inprocess", .isa = "auto", .block_size = -1, .max_num_seqs = -1, .max_batched_tokens = -1,
+        .isolation = "process", .isa = "auto", .block_size = -1, .max_num_seqs = -1, .max_batched_tokens = -1,
         .spec_ngram_max = -1, .spec_ngram_min = -1, .spec_disable_batch = -1,
         .max_frame = LI_SRV_MAX_FRAME, .max_inflight = LI_SRV_MAX_INFLIGHT, .max_connections = LI_SRV_MAX_CONNECTIONS,
         .max_queued = LI_SRV_MAX_QUEUED,
@@ -193,7 +261,8 @@ int li_cmd_serve(int argc, char **argv) {
         {"ctx-size", LI_OPT_INT, &o.ctx_size, "positions per request (default: the model's, at most 8192)"},
         {"threads", LI_OPT_INT, &o.threads, "compute threads (default: all cores)"},
         {"isa", LI_OPT_STR, &o.isa, "CPU kernels: auto, scalar, avx2, avx512, or ggml (llama.cpp's x86 arithmetic, bit for bit; slower) (default auto)"},
-        {"policy-isolation", LI_OPT_STR, &o.isolation, "inprocess (default) or process (a policy-host child)"},
+        {"policy-isolation", LI_OPT_STR, &o.isolation,
+         "process (default: a policy-host child with a 50 ms deadline) or inprocess (trusted policies; see docs/policy-protocol.md)"},
         {"policy-unsafe", LI_OPT_FLAG, &o.policy_unsafe, "give the policy the full Lua standard library"},
         {"admin-token", LI_OPT_STR, &o.admin_token, "token for policy.reload and shutdown (default: those are refused)"},
         {"auth-token", LI_OPT_STR, &o.auth_token, "the older name of --api-key"},
@@ -379,7 +448,8 @@ int li_cmd_serve(int argc, char **argv) {
     }
 
     li_engine_thread_opts eo = {
-        .model = rt.model, .draft = rt.draft, .be = &rt.be, .cfg = *cfg, .policy = policy, .on_events = li_api_on_events};
+        .model = rt.model, .draft = rt.draft, .be = &rt.be, .cfg = *cfg, .policy = policy, .on_events = li_api_on_events,
+        .reload = {.kind = kind, .lua = {.allow_unsafe = o.policy_unsafe}}};
     li_engine_thread *eng;
     if ((rc = li_engine_thread_start(&eng, &srv, &eo, &err))) {
         policy = NULL; /* the engine thread owned and freed it */
@@ -417,6 +487,7 @@ int li_cmd_serve(int argc, char **argv) {
         li_engine_thread_stop(srv.eng);
         srv.eng = NULL;
     }
+    watchdog_disarm();
     fprintf(stderr, "luainfer: stopped\n");
     status = 0;
 done:

@@ -8,6 +8,9 @@
  *  - hot reload swaps on success and keeps the old policy on failure;
  *  - request tables are the same objects from step to step;
  *  - a runaway loop is stopped by the instruction budget (interpreter);
+ *  - the hostile policies of issue 18 (C-stack recursion, backtracking,
+ *    compiled loops, memory in hot loops, oversized plans) are errors;
+ *    policy files must be regular files;
  *  - timing of one schedule() with 64 running requests (printed). */
 #define _POSIX_C_SOURCE 200809L
 #include "policy/policy_lua.h"
@@ -16,6 +19,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -644,6 +648,81 @@ static void test_runaway(void) {
           "runaway at load: %s", err.msg);
 }
 
+/* ---- hostile policies of issue 18: errors, never a crash or a hang ------------ */
+
+static void test_hostile(void) {
+    fx f;
+    fx_init(&f, 10, 8, 64);
+    fx_decode(&f, 1, 8, 2);
+    /* the default options: JIT on for the engine, the budget, 64 MiB */
+    static const struct {
+        const char *src, *needle, *what;
+    } cases[] = {
+        {"local function g() return string.gsub('x', 'x', g) end\n"
+         "return { schedule = function() g() end }", "recursion too deep", "gsub recursion"},
+        {"local function g() return ('x'):gsub('x', g) end\n"
+         "return { schedule = function() g() end }", "recursion too deep", "s:gsub recursion"},
+        {"local r = setmetatable({}, {})\n"
+         "getmetatable(r).__index = function() return ('x'):gsub('x', r) end\n"
+         "return { schedule = function() ('y'):gsub('y', r) end }", "recursion too deep", "__index recursion"},
+        {"local x = setmetatable({}, {__tostring = function(x) return tostring(x) end})\n"
+         "return { schedule = function() return tostring(x) end }", "recursion too deep", "__tostring loop"},
+        {"local function s() table.sort({3, 2, 1}, function(a, b) s() return a < b end) end\n"
+         "return { schedule = function() s() end }", "recursion too deep", "sort comparator recursion"},
+        {"local t = setmetatable({}, {})\n"
+         "getmetatable(t).__index = function() return os.time(t) end\n"
+         "return { schedule = function() os.time(t) end }", "recursion too deep", "os.time __index recursion"},
+        {"return { schedule = function() string.find(('a'):rep(64), ('a*'):rep(32) .. 'b') end }",
+         "pattern too costly", "backtracking find"},
+        {"return { schedule = function() local s = ('a'):rep(5000) s:match('(.-)(.-)(.-)b') end }",
+         "pattern too costly", "backtracking s:match"},
+        {"return { schedule = function() while true do end end }", "instruction budget", "compiled-looking loop"},
+        {"local function f() local x = 0 for i = 1, 1e12 do x = x + i end return x end\n"
+         "return { schedule = function() return f() end }", "instruction budget", "hot numeric loop"},
+        {"local function fill() local t = {} for i = 1, 1e9 do t[i] = i end end\n"
+         "return { schedule = function() fill() end }", "memory limit", "memory in a hot loop"},
+        {"return { schedule = function() local r, e = {}, { id = 1, tokens = 1 }\n"
+         "  for i = 1, 262145 do r[i] = e end return { run = r } end }", "more than 262144", "plan over the limit"},
+    };
+    for (size_t k = 0; k < LI_ARRAY_LEN(cases); k++) {
+        li_policy *p = open_src(cases[k].src, NULL);
+        if (!p) continue;
+        /* many steps: the memory case used to corrupt the VM after ~50-110 */
+        int n = strstr(cases[k].what, "memory") ? 120 : 3;
+        for (int i = 0; i < n; i++) expect_error(p, &f.st, cases[k].needle, cases[k].what);
+        p->ops->free(p);
+    }
+    /* the guards leave honest use alone */
+    li_policy *p = open_src("return { schedule = function(state)\n"
+                            "  local a, b = ('tenant-42'):match('^(%a+)-(%d+)$')\n"
+                            "  local s = ('x'):rep(100):gsub('x', function(c) return tostring(#c) end)\n"
+                            "  assert(string.find(('a'):rep(10000), ('a*'):rep(32), 1, true) == nil)\n"
+                            "  local t = { 3, 1, 2 } table.sort(t, function(x, y) return x < y end)\n"
+                            "  assert(a == 'tenant' and b == '42' and #s == 100 and t[1] == 1)\n"
+                            "  assert(string.format('%s', setmetatable({}, {__tostring = function() return 'ok' end})) == 'ok')\n"
+                            "  return { run = { { 1, 1 } } }\n"
+                            "end }",
+                            NULL);
+    if (p) {
+        expect_plan(p, &f.st, "1:1", "honest patterns, callbacks and sort");
+        p->ops->free(p);
+    }
+    /* policy files: regular files only, a FIFO is refused without blocking */
+    char dir[] = "/tmp/li-policy-XXXXXX", fifo[64];
+    if (mkdtemp(dir)) {
+        snprintf(fifo, sizeof fifo, "%s/p.fifo", dir);
+        char *text = NULL;
+        size_t len = 0;
+        li_error err = {0};
+        CHECK(mkfifo(fifo, 0600) == 0, "mkfifo");
+        CHECK(li_policy_read_file(fifo, &text, &len, &err) != 0 && strstr(err.msg, "FIFO"), "FIFO: %s", err.msg);
+        CHECK(li_policy_read_file(dir, &text, &len, &err) != 0 && strstr(err.msg, "directory"), "dir: %s", err.msg);
+        CHECK(li_policy_lua_open(&p, fifo, NULL, NULL, &err) != 0 && strstr(err.msg, "FIFO"), "open FIFO: %s", err.msg);
+        unlink(fifo);
+        rmdir(dir);
+    }
+}
+
 /* ---- cost of one step --------------------------------------------------------------- */
 
 static void bench(void) {
@@ -691,6 +770,7 @@ int main(void) {
     test_reload();
     test_state_reuse();
     test_runaway();
+    test_hostile();
     bench();
     return t_summary("test_policy_lua");
 }

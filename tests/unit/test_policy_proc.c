@@ -303,6 +303,33 @@ static void test_crash(void) {
     p->ops->free(p);
 }
 
+/* Replacing a broken policy is always possible: a reload while the host is
+ * in its restart back-off (or has just been killed) starts a fresh host
+ * with the new text at once instead of being refused. */
+static void test_reload_in_backoff(void) {
+    const char *path = write_tmp("return { schedule = function(state) os.exit(3) end }\n");
+    li_policy_proc_opts o = g_opts;
+    o.lua.allow_unsafe = true;
+    li_policy *p = NULL;
+    li_error err = {0};
+    CHECK(li_policy_proc_open(&p, path, &o, &err) == 0, "open: %s", err.msg);
+    if (!p) return;
+    fx f;
+    fx_init(&f, 10, 8, 64);
+    char a[512];
+    run(p, &f.st, a, sizeof a); /* crash 1: restarted at once */
+    CHECK(li_policy_proc_wait_ready(p, 10000, &err) == 0, "restarted: %s", err.msg);
+    run(p, &f.st, a, sizeof a); /* crash 2: back-off */
+    run(p, &f.st, a, sizeof a);
+    CHECK(strstr(a, "back-off") != NULL, "in back-off: %s", a);
+    const char *good = write_tmp("return { schedule = function(state) return { run = { { 1, 1 } } } end }\n");
+    err = (li_error){0};
+    int rc = p->ops->reload(p, good, NULL, &err);
+    CHECK(rc == 0, "reload during the back-off: %s", err.msg);
+    CHECK(!strcmp(run(p, &f.st, a, sizeof a), "1:1"), "the new policy serves: %s", a);
+    p->ops->free(p);
+}
+
 static void bench(void) {
     char path[1024];
     snprintf(path, sizeof path, "%s/policies/default.lua", src_dir());
@@ -344,6 +371,7 @@ int main(void) {
     test_hooks_and_reload();
     test_runaway();
     test_crash();
+    test_reload_in_backoff();
     bench();
     for (int i = 0; i < n_tmp; i++) remove(tmp_paths[i]);
     /* no host left behind */
