@@ -379,10 +379,12 @@ static void prefix_evict_for(li_engine *e, int32_t need) {
 /* ---- state for the policy ------------------------------------------------------ */
 
 /* Blocks r still needs beyond `held` to reach its end: the KV of every token
- * but the last it may sample (max_tokens, or the context's end). */
+ * but the last it may sample (max_tokens, the context's end, or the pool's:
+ * sample_one stops a request there). */
 static int32_t projected_blocks(const li_engine *e, const req *r, int32_t held) {
     const int64_t bs = e->tgt.kv.block_size;
-    const int64_t end = LI_MIN(r->n_prompt + r->max_tokens, e->cfg.max_model_len) - 1;
+    const int64_t end = LI_MIN(LI_MIN(r->n_prompt + r->max_tokens, e->cfg.max_model_len),
+                               (int64_t)e->tgt.kv.num_blocks * bs) - 1;
     const int64_t need = (LI_MAX(end, r->n_toks) + bs - 1) / bs - held;
     return need > 0 ? (int32_t)LI_MIN(need, INT32_MAX) : 0;
 }
@@ -675,7 +677,10 @@ static int32_t sample_one(li_engine *e, req *r, const float *logits) {
     e->st.tokens_generated++;
     emit_token(e, r, tok, lp, logits);
     if (!r->live) return tok;
-    if (r->n_toks - r->n_prompt >= r->max_tokens || r->n_toks >= e->cfg.max_model_len) {
+    /* the whole KV pool bounds a request like the context does: past it the
+     * next token could never be computed, however many others are preempted */
+    if (r->n_toks - r->n_prompt >= r->max_tokens || r->n_toks >= e->cfg.max_model_len ||
+        r->n_toks >= (int64_t)e->tgt.kv.num_blocks * e->tgt.kv.block_size) {
         flush_text(e, r);
         finish(e, r, "length");
     }

@@ -71,6 +71,33 @@ for _, c in ipairs(cases) do
   print(("%s: %.2fx tokens computed, %d preemptions"):format(c[1], ratio, s.preemptions))
 end
 
+-- a request longer than the whole pool stops there ("length"), as at the
+-- context's end, instead of preempting itself and everyone else for ever
+do
+  local long = { prompt = "data engine river policy", max_tokens = 200, temperature = 0, ignore_eos = true }
+  local short = workload()[1]
+  short.max_tokens = 8
+  local e = luainfer.engine({ kv_memory = 64 * 1024 * 1024, block_size = 8 })
+  local _, full = luainfer.generate(e, long.prompt, long)
+  e:close()
+  e = luainfer.engine({ kv_memory = 5 * 8 * 23040, block_size = 8, max_num_seqs = 4 })
+  local a, b = e:add(long), e:add(short)
+  local steps = 0
+  while e:has_work() and steps < 5000 do e:step(); steps = steps + 1 end
+  local ra, rb = e:result(a), e:result(b)
+  local cap = 5 * 8 - ra.prompt_tokens
+  H.check(ra.finished and ra.finish_reason == "length" and #ra.tokens == cap, "the long request stops at the pool's end: %s, %d tokens (want %d)",
+          tostring(ra.finish_reason), #ra.tokens, cap)
+  local prefix = {}
+  for i = 1, cap do prefix[i] = full.tokens[i] end
+  H.check(H.eq_list(ra.tokens, prefix), "its tokens are the unconstrained run's first %d", cap)
+  local ref8 = {}
+  for i = 1, 8 do ref8[i] = ref[1][i] end
+  H.check(rb.finished and rb.finish_reason == "length" and H.eq_list(rb.tokens, ref8),
+          "the short request beside it finishes whole")
+  e:close()
+end
+
 -- the fields a policy needs to do the same
 local seen = {}
 local src = [[
