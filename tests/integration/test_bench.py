@@ -122,3 +122,18 @@ def test_bench_builds_table(luainfer_bin, model_path):
         if abs(abs(float(ratio) - 1) - 0.03) > 0.001:  # the verdict uses the unrounded ratio
             assert (ok == "yes") == (abs(float(ratio) - 1) <= 0.03), (name, ratio, ok)
     assert re.search(r"^round 1: prefill [\d.]+ -> [\d.]+, decode", r.stdout, re.M), r.stdout
+
+
+def test_bench_kv_pressure_outputs_match(run_ok):
+    """bench_kv_pressure at 4 requests and 8 MiB: the new FCFS and default.lua
+    finish everything with the unconstrained run's outputs, make the same
+    plans, and compute at most 1.5x the unconstrained run's tokens."""
+    out = bench(run_ok, "kv_pressure", "4", "8", "2", "250")
+    rows = {m.group(1): m.groups()[1:] for m in re.finditer(
+        r"^(\S+(?: \S+)*?)\s+(\d+)\s+(\d+)\s+(\d+)\s+([\d.]+)\s+(\d+)\s+[\d.]+\s+[\d.]+\s+(\d+)\s+(\d+)$", out, re.M)}
+    assert {"8MiB new seqs 16", "8MiB lua seqs 16", "8MiB old seqs 16", "8MiB old seqs 2"} <= set(rows), out
+    for name in ("8MiB new seqs 16", "8MiB lua seqs 16"):
+        blocks, computed, kept, ratio, preempt, unfinished, diffs = rows[name]
+        assert (unfinished, diffs) == ("0", "0"), out
+    assert int(rows["8MiB new seqs 16"][1]) == int(rows["8MiB lua seqs 16"][1])  # the same plans
+    assert float(rows["8MiB new seqs 16"][3]) <= 1.5, out  # tokens computed over the unconstrained run's

@@ -55,7 +55,9 @@ local kv = 10 * 8 * 23040
 local cases = {
   { "built-in FCFS", { kv_memory = kv } },
   { "default.lua", { kv_memory = kv, policy = root .. "/policies/default.lua" } },
-  { "default.lua isolated", { kv_memory = kv, policy = root .. "/policies/default.lua", policy_isolation = "process" } },
+  -- a generous deadline: a loaded machine must not turn a slow reply into a fallback step
+  { "default.lua isolated", { kv_memory = kv, policy = root .. "/policies/default.lua", policy_isolation = "process",
+                              policy_deadline_ms = 20000 } },
 }
 for _, c in ipairs(cases) do
   local out, s, unfinished = run(c[2])
