@@ -10,7 +10,10 @@
 --   2. preempted, then waiting requests, in arrival order, are admitted with
 --      chunked prefill while max_num_seqs, max_batched_tokens and the free
 --      KV blocks last. The first one that does not fit stops admission
---      (nobody overtakes the head of the queue).
+--      (nobody overtakes the head of the queue). Under KV pressure (someone
+--      was preempted) a request fits only if its projected_blocks do, beside
+--      what the running set still needs (state.kv.running_need): a
+--      preempted request resumes only when it can finish.
 --
 -- Every hook is optional; this file only schedules. To make a new policy,
 -- copy it and change schedule(); `luainfer serve` reloads it live.

@@ -473,6 +473,17 @@ static void prefix_evict_for(li_engine *e, int32_t need) {
 
 /* ---- state for the policy ------------------------------------------------------ */
 
+/* Blocks r still needs beyond `held` to reach its end: the KV of every token
+ * but the last it may sample (max_tokens, the context's end, or the pool's:
+ * sample_one stops a request there). */
+static int32_t projected_blocks(const li_engine *e, const req *r, int32_t held) {
+    const int64_t bs = e->tgt.kv.block_size;
+    const int64_t end = LI_MIN(LI_MIN(r->n_prompt + r->max_tokens, e->cfg.max_model_len),
+                               (int64_t)e->tgt.kv.num_blocks * bs) - 1;
+    const int64_t need = (LI_MAX(end, r->n_toks) + bs - 1) / bs - held;
+    return need > 0 ? (int32_t)LI_MIN(need, INT32_MAX) : 0;
+}
+
 static void view_of(li_engine *e, req *r, li_req_view *v) {
     /* a request about to start sees its cache hit as already computed */
     int64_t hit = (int64_t)prefix_probe(e, r) * e->tgt.kv.block_size;
@@ -484,6 +495,7 @@ static void view_of(li_engine *e, req *r, li_req_view *v) {
         .n_blocks = r->seq.n_blocks + (int32_t)(hit / e->tgt.kv.block_size),
         .n_preemptions = r->res.n_preemptions, .spec_acceptance = spec_acceptance(r),
     };
+    v->projected_blocks = projected_blocks(e, r, v->n_blocks);
 }
 
 static void gather(li_engine *e, li_step_state *st) {
@@ -501,6 +513,9 @@ static void gather(li_engine *e, li_step_state *st) {
         .block_size = e->tgt.kv.block_size, .max_num_seqs = e->cfg.max_num_seqs,
         .max_batched_tokens = e->cfg.max_batched_tokens,
     };
+    for (int32_t i = 0; i < n; i++)
+        if (e->views[i].state == LI_REQ_RUNNING)
+            st->kv_running_need = (int32_t)LI_MIN((int64_t)st->kv_running_need + e->views[i].projected_blocks, INT32_MAX);
 }
 
 /* ---- admission ----------------------------------------------------------------- */
@@ -800,7 +815,10 @@ static int32_t take_token(li_engine *e, req *r, int32_t tok, float lp, const flo
     e->st.tokens_generated++;
     emit_token(e, r, tok, lp, logits);
     if (!r->live) return tok;
-    if (r->n_toks - r->n_prompt >= r->max_tokens || r->n_toks >= e->cfg.max_model_len) {
+    /* the whole KV pool bounds a request like the context does: past it the
+     * next token could never be computed, however many others are preempted */
+    if (r->n_toks - r->n_prompt >= r->max_tokens || r->n_toks >= e->cfg.max_model_len ||
+        r->n_toks >= (int64_t)e->tgt.kv.num_blocks * e->tgt.kv.block_size) {
         flush_text(e, r);
         finish(e, r, "length");
     }

@@ -34,6 +34,8 @@ typedef struct li_req_view {
     int32_t n_blocks;        /* KV blocks held */
     int32_t n_preemptions;
     double spec_acceptance;  /* speculative acceptance rate, -1 when unknown */
+    int32_t projected_blocks;/* KV blocks it still needs, beyond n_blocks, to reach its
+                              * end (max_tokens or max_model_len): an upper bound */
 } li_req_view;
 
 typedef struct li_step_state {
@@ -43,6 +45,7 @@ typedef struct li_step_state {
     int32_t n_reqs;
     int32_t kv_free_blocks, kv_total_blocks, kv_cached_blocks, block_size;
     int32_t max_num_seqs, max_batched_tokens;
+    int32_t kv_running_need; /* sum of the running requests' projected_blocks */
 } li_step_state;
 
 typedef struct li_plan_run {

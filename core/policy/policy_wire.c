@@ -70,7 +70,7 @@ static void kv_str(msgpack_packer *pk, const char *k, const char *v) {
 
 void li_wire_pack_req(msgpack_packer *pk, const li_req_view *r) {
     bool spec = r->spec_acceptance >= 0;
-    msgpack_pack_map(pk, 13 + (spec ? 1 : 0));
+    msgpack_pack_map(pk, 14 + (spec ? 1 : 0));
     kv_int(pk, "id", r->id);
     kv_str(pk, "state", state_names[(unsigned)r->state < 3 ? r->state : 0]);
     kv_num(pk, "arrival", r->arrival);
@@ -85,6 +85,7 @@ void li_wire_pack_req(msgpack_packer *pk, const li_req_view *r) {
     kv_int(pk, "blocks", r->n_blocks);
     kv_int(pk, "preemptions", r->n_preemptions);
     if (spec) kv_num(pk, "spec_acceptance", r->spec_acceptance);
+    kv_int(pk, "projected_blocks", r->projected_blocks);
 }
 
 void li_wire_pack_state(msgpack_packer *pk, const li_step_state *st) {
@@ -92,11 +93,12 @@ void li_wire_pack_state(msgpack_packer *pk, const li_step_state *st) {
     kv_int(pk, "step", st->step);
     kv_num(pk, "now", st->now);
     li_wire_pack_str(pk, "kv");
-    msgpack_pack_map(pk, 4);
+    msgpack_pack_map(pk, 5);
     kv_int(pk, "free_blocks", st->kv_free_blocks);
     kv_int(pk, "total_blocks", st->kv_total_blocks);
     kv_int(pk, "cached_blocks", st->kv_cached_blocks);
     kv_int(pk, "block_size", st->block_size);
+    kv_int(pk, "running_need", st->kv_running_need);
     li_wire_pack_str(pk, "budget");
     msgpack_pack_map(pk, 2);
     kv_int(pk, "max_num_seqs", st->max_num_seqs);
@@ -177,11 +179,12 @@ static int field_int(const msgpack_object *m, const char *key, int64_t lo, int64
  * of a state message: no per-field key search). */
 enum {
     RF_ID, RF_STATE, RF_ARRIVAL, RF_PRIORITY, RF_TENANT, RF_PROMPT_LEN, RF_NUM_TOKENS, RF_NUM_COMPUTED,
-    RF_NUM_GENERATED, RF_MAX_TOKENS, RF_CACHED_LEN, RF_BLOCKS, RF_PREEMPTIONS, RF_SPEC, RF__N
+    RF_NUM_GENERATED, RF_MAX_TOKENS, RF_CACHED_LEN, RF_BLOCKS, RF_PREEMPTIONS, RF_SPEC, RF_PROJECTED, RF__N
 };
 static const char *const req_keys[RF__N] = {
     "id", "state", "arrival", "priority", "tenant", "prompt_len", "num_tokens", "num_computed",
     "num_generated", "max_tokens", "cached_len", "blocks", "preemptions", "spec_acceptance",
+    "projected_blocks",
 };
 
 static int req_key(const msgpack_object *k) {
@@ -227,7 +230,7 @@ int li_wire_unpack_req(const msgpack_object *o, li_req_view *v, li_wire_state *w
         {RF_PRIORITY, INT32_MIN, INT32_MAX}, {RF_PROMPT_LEN, 0, (int64_t)1 << 53}, {RF_NUM_TOKENS, 0, (int64_t)1 << 53},
         {RF_NUM_COMPUTED, 0, (int64_t)1 << 53}, {RF_NUM_GENERATED, 0, (int64_t)1 << 53},
         {RF_MAX_TOKENS, 0, (int64_t)1 << 53}, {RF_CACHED_LEN, 0, (int64_t)1 << 53}, {RF_BLOCKS, 0, INT32_MAX},
-        {RF_PREEMPTIONS, 0, INT32_MAX},
+        {RF_PREEMPTIONS, 0, INT32_MAX}, {RF_PROJECTED, 0, INT32_MAX},
     };
     int64_t val[RF__N] = {0};
     for (size_t i = 0; i < LI_ARRAY_LEN(ints); i++) {
@@ -247,6 +250,7 @@ int li_wire_unpack_req(const msgpack_object *o, li_req_view *v, li_wire_state *w
     v->cached_len = val[RF_CACHED_LEN];
     v->n_blocks = (int32_t)val[RF_BLOCKS];
     v->n_preemptions = (int32_t)val[RF_PREEMPTIONS];
+    v->projected_blocks = (int32_t)val[RF_PROJECTED];
     /* tenant: copied, NUL-terminated; stored as an offset until the arena stops growing */
     const char *t = "";
     size_t tl = 0;
@@ -290,6 +294,9 @@ int li_wire_unpack_state(const msgpack_object *o, li_wire_state *ws, li_step_sta
         if (field_int(f[i].m, f[i].key, 0, INT32_MAX, false, 0, &x, "state", err)) return err->code;
         *f[i].dst = (int32_t)x;
     }
+    /* added after version 1 first shipped: optional, 0 when absent */
+    if (field_int(kv, "running_need", 0, INT32_MAX, false, 0, &x, "state", err)) return err->code;
+    st->kv_running_need = (int32_t)x;
     const msgpack_object *rs = li_wire_get(o, "requests");
     if (!rs || rs->type != MSGPACK_OBJECT_ARRAY) return li_error_set(err, LI_EINVAL, "state: 'requests' must be an array");
     uint32_t n = rs->via.array.size;

@@ -25,7 +25,12 @@ typedef struct li_threadpool li_threadpool;
 li_threadpool *li_threadpool_init(int n_threads);
 void li_threadpool_free(li_threadpool *tp);
 int li_threadpool_size(const li_threadpool *tp);
-/* Runs fn on the caller and up to nth - 1 workers (nth <= size). */
+/* Runs fn on the caller and up to nth - 1 workers (nth <= size). Right
+ * after a job stalled on a worker that was descheduled (another process on
+ * the core), the caller runs jobs alone for a while (threadpool.c). */
 void li_threadpool_run(li_threadpool *tp, li_threadpool_fn fn, void *ctx, int nth);
+/* Jobs that stalled on a descheduled worker, and jobs the caller then ran
+ * alone, since init. */
+void li_threadpool_stats(const li_threadpool *tp, long *n_stalls, long *n_solo);
 
 #endif

@@ -7,10 +7,11 @@
 --
 -- The state (fields the helpers use):
 --   state.running / state.waiting / state.preempted   arrays of request tables, arrival order
---   state.kv.free_blocks, state.kv.block_size
+--   state.kv.free_blocks, state.kv.block_size, state.kv.running_need
 --   state.budget.max_num_seqs, state.budget.max_batched_tokens
 -- A request: id, state ("waiting"|"running"|"preempted"), arrival, priority,
--- tenant, prompt_len, num_tokens, num_computed, blocks, max_tokens, ...
+-- tenant, prompt_len, num_tokens, num_computed, blocks, max_tokens,
+-- projected_blocks (blocks still needed to reach its end), preemptions, ...
 --
 -- A request is `num_computed` catching up with `num_tokens`: a decode wants
 -- 1 token, a prefill wants the rest of its prompt (chunked to the budget).
@@ -84,6 +85,12 @@ end
 --     served.
 -- opts.max_tokens(req) may cap a request's tokens this step;
 -- opts.on_run(req, tokens) is told each entry as it is added.
+-- opts.project = true admits queued requests against projected blocks
+-- (M.fcfs sets it; docs/kv-cache.md, "Admission under pressure"): while the
+-- pool is under pressure (a request is preempted, or a live one was
+-- preempted before), a queued request whose projected_blocks exceed the
+-- headroom (free blocks less state.kv.running_need, what the running set
+-- still needs to reach its ends) does not fit, unless nothing runs yet.
 -- Returns { run = { {id=, tokens=}, ... }, preempt = { id, ... } }.
 local NO_OPTS = {}
 local function running_may_preempt(req) return req.state == "running" end
@@ -101,6 +108,16 @@ function M.greedy(state, order, opts)
   local budget = state.budget.max_batched_tokens
   local seqs = state.budget.max_num_seqs
   local free = state.kv.free_blocks
+  local project = opts.project
+  local headroom = free - (state.kv.running_need or 0)
+  local pressure = false
+  if project then
+    local all = state.requests or NO_OPTS
+    for i = 1, #all do
+      local r = all[i]
+      if r.state == "preempted" or (r.preemptions or 0) > 0 then pressure = true; break end
+    end
+  end
   local run, preempt = {}, {}
   local admitting, blocked = true, nil
   local n = #order
@@ -114,6 +131,18 @@ function M.greedy(state, order, opts)
     if marked_gen[i] ~= g and (running or (admitting and not (blocked and blocked[queue_key(r)]))) then
       local want = min(r.num_tokens - r.num_computed, budget)
       if cap then want = min(want, cap(r)) end
+      -- projected: it cannot be carried to its end beside the running set
+      local held = project and not running and want > 0 and (pressure or #preempt > 0)
+        and (r.projected_blocks or 0) > headroom and #run > 0
+      if held then
+        if queue_key then
+          blocked = blocked or {}
+          blocked[queue_key(r)] = true
+        elseif not opts.skip_blocked then
+          admitting = false
+        end
+        want = 0
+      end
       if want > 0 then
         local need = blocks_needed(r, want, bs)
         local j = n
@@ -123,6 +152,7 @@ function M.greedy(state, order, opts)
             preempt[#preempt + 1] = v.id
             marked_gen[j] = g
             free = free + v.blocks
+            headroom = headroom + v.blocks + (v.projected_blocks or 0)
           end
           j = j - 1
         end
@@ -136,6 +166,7 @@ function M.greedy(state, order, opts)
             preempt[#preempt + 1] = r.id
             marked_gen[i] = g
             free = free + r.blocks
+            headroom = headroom + r.blocks + (r.projected_blocks or 0)
             want = 0
           else
             if queue_key then
@@ -153,6 +184,7 @@ function M.greedy(state, order, opts)
           budget = budget - want
           seqs = seqs - 1
           free = free - need
+          if not running then headroom = headroom - (r.projected_blocks or 0) end
           if on_run then on_run(r, want) end
         end
       end
@@ -165,9 +197,18 @@ end
 -- engine's built-in fallback. Running requests in arrival order first
 -- (a running request short of blocks preempts the latest-arrived running
 -- one), then preempted, then waiting requests in arrival order; the first
--- queued request that does not fit stops admission.
+-- queued request that does not fit stops admission. Under KV pressure a
+-- queued request fits only if its projected blocks do (opts.project), so a
+-- preempted request resumes only when it can finish.
+local FCFS_OPTS = { project = true }
 function M.fcfs(state, opts)
   local order = M.concat(state.running, state.preempted, state.waiting)
+  if opts == nil then opts = FCFS_OPTS
+  elseif opts.project == nil then
+    local o = { project = true }
+    for k, v in pairs(opts) do o[k] = v end
+    opts = o
+  end
   return M.greedy(state, order, opts)
 end
 

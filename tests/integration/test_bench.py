@@ -290,3 +290,18 @@ def test_progress_bar_on_a_terminal_plain_lines_otherwise(luainfer_bin, tmp_path
     quiet = subprocess.run([str(luainfer_bin), "run", str(script)], capture_output=True, text=True, timeout=60,
                            env=dict(os.environ, LUAINFER_PROGRESS="0"))
     assert quiet.returncode == 0 and quiet.stderr == ""
+
+
+def test_bench_kv_pressure_outputs_match(run_ok):
+    """bench_kv_pressure at 4 requests and 8 MiB: the new FCFS and default.lua
+    finish everything with the unconstrained run's outputs, make the same
+    plans, and compute at most 1.5x the unconstrained run's tokens."""
+    out = bench(run_ok, "kv_pressure", "4", "8", "2", "250")
+    rows = {m.group(1): m.groups()[1:] for m in re.finditer(
+        r"^(\S+(?: \S+)*?)\s+(\d+)\s+(\d+)\s+(\d+)\s+([\d.]+)\s+(\d+)\s+[\d.]+\s+[\d.]+\s+(\d+)\s+(\d+)$", out, re.M)}
+    assert {"8MiB new seqs 16", "8MiB lua seqs 16", "8MiB old seqs 16", "8MiB old seqs 2"} <= set(rows), out
+    for name in ("8MiB new seqs 16", "8MiB lua seqs 16"):
+        blocks, computed, kept, ratio, preempt, unfinished, diffs = rows[name]
+        assert (unfinished, diffs) == ("0", "0"), out
+    assert int(rows["8MiB new seqs 16"][1]) == int(rows["8MiB lua seqs 16"][1])  # the same plans
+    assert float(rows["8MiB new seqs 16"][3]) <= 1.5, out  # tokens computed over the unconstrained run's

@@ -7,7 +7,10 @@
  *  - 5000 random step states (mixes of waiting, running, preempted and
  *    forked requests, drafts, cached prefixes, tight and loose budgets and
  *    free blocks): the two plans are equal, and every branch of the
- *    algorithm is taken many times (so the comparison is not vacuous). */
+ *    algorithm is taken many times (so the comparison is not vacuous);
+ *  - admission against projected blocks under KV pressure (fixed states, and
+ *    in the random ones: projections, earlier preemptions and the running
+ *    set's need vary, and the projection changes the plan often). */
 #include "policy/policy_lua.h"
 #include "test_util.h"
 
@@ -113,6 +116,58 @@ static void test_fixed(li_policy *p) {
     expect(p, &f, "1:8", "cached prefix");
 }
 
+/* ---- projected admission ------------------------------------------------------- */
+
+static void test_projected(li_policy *p) {
+    fx f;
+    /* under pressure (2 is preempted): 2 needs 5 blocks to finish, the
+     * running set 8 of the 10 free: 2 waits, and 3 behind it */
+    fx_init(&f, 10, 8, 128);
+    fx_add(&f, 1, LI_REQ_RUNNING, 10, 5, 14);
+    fx_add(&f, 2, LI_REQ_PREEMPTED, 20, 3, 0);
+    fx_add(&f, 3, LI_REQ_WAITING, 5, 0, 0);
+    f.r[0].projected_blocks = 8;
+    f.r[1].projected_blocks = 5;
+    f.r[2].projected_blocks = 1;
+    f.st.kv_running_need = 8;
+    expect(p, &f, "1:1", "a preempted request resumes only when it can finish");
+    f.r[1].projected_blocks = 2; /* now it can: 2 + 8 <= 10, and 3 then has 0 left */
+    expect(p, &f, "1:1 2:23", "a preempted request that can finish resumes");
+    f.r[2].projected_blocks = 0;
+    expect(p, &f, "1:1 2:23 3:5", "the headroom is shared in queue order");
+
+    /* no pressure: admission is optimistic (3 needs more than the headroom) */
+    fx_init(&f, 10, 8, 128);
+    fx_add(&f, 1, LI_REQ_RUNNING, 10, 5, 14);
+    fx_add(&f, 3, LI_REQ_WAITING, 5, 0, 0);
+    f.r[0].projected_blocks = 8;
+    f.r[1].projected_blocks = 9;
+    f.st.kv_running_need = 8;
+    expect(p, &f, "1:1 3:5", "optimistic admission without pressure");
+    f.r[0].n_preemptions = 1; /* a live request was preempted before: pressure */
+    expect(p, &f, "1:1", "a request preempted before keeps admission conservative");
+
+    /* progress: nothing runs, so the head runs even though it cannot finish */
+    fx_init(&f, 2, 8, 128);
+    fx_add(&f, 2, LI_REQ_PREEMPTED, 40, 10, 0);
+    f.r[0].projected_blocks = 9;
+    expect(p, &f, "2:32", "the queue head runs when nothing else does");
+
+    /* a victim gives back its blocks and its projection */
+    fx_init(&f, 0, 8, 128);
+    fx_add(&f, 1, LI_REQ_RUNNING, 32, 1, 32);
+    fx_add(&f, 2, LI_REQ_RUNNING, 20, 1, 20);
+    fx_add(&f, 3, LI_REQ_WAITING, 4, 0, 0);
+    f.r[0].projected_blocks = 1;
+    f.r[1].projected_blocks = 3;
+    f.r[2].projected_blocks = 1;
+    f.st.kv_running_need = 4;
+    /* 1 takes 1 of 2's 2 blocks; headroom -4 + 2 + 3 = 1 holds 3 */
+    expect(p, &f, "1:1 3:4 | preempt 2", "a victim's projection returns to the headroom");
+    f.r[2].projected_blocks = 2;
+    expect(p, &f, "1:1 | preempt 2", "and no more than that");
+}
+
 /* ---- random states ------------------------------------------------------------- */
 
 static int64_t rnd(int64_t lo, int64_t hi) { return lo + (int64_t)(rng_u32() % (uint32_t)(hi - lo + 1)); }
@@ -167,6 +222,7 @@ static void random_state(fx *f) {
                 v->num_tokens = prompt;
             }
             v->n_blocks = (int32_t)(ceil_div(v->num_computed, bs) + (rnd(0, 5) == 0));
+            if (rnd(0, 5) == 0) v->n_preemptions = (int32_t)rnd(1, 3);
         } else {
             v->state = r < 7 ? LI_REQ_WAITING : LI_REQ_PREEMPTED;
             const int64_t gen = v->state == LI_REQ_PREEMPTED ? rnd(0, 30) : 0;
@@ -185,14 +241,41 @@ static void random_state(fx *f) {
                 v->num_computed = rnd(0, v->num_tokens - 1);
                 v->n_blocks = (int32_t)ceil_div(v->num_computed, bs);
             }
+            if (v->state == LI_REQ_PREEMPTED) v->n_preemptions = (int32_t)rnd(1, 3);
         }
+        /* what the engine projects: the KV of prompt + max_tokens - 1 tokens */
+        const int64_t end = LI_MAX(v->prompt_len + v->max_tokens - 1, v->num_tokens);
+        v->projected_blocks = (int32_t)LI_MAX(0, ceil_div(end, bs) - v->n_blocks);
+        if (rnd(0, 5) == 0) v->projected_blocks = (int32_t)rnd(0, 8);
         f->st.n_reqs++;
     }
+    for (int32_t i = 0; i < f->st.n_reqs; i++)
+        if (f->r[i].state == LI_REQ_RUNNING) f->st.kv_running_need += f->r[i].projected_blocks;
+    if (rnd(0, 5) == 0) f->st.kv_running_need = (int32_t)rnd(0, 50);
+}
+
+/* Whether the projection changed C's plan for this state (coverage: the
+ * plan without it, every projection 0, differs). */
+static bool projection_mattered(const fx *f) {
+    fx g = *f;
+    g.st.reqs = g.r;
+    g.st.kv_running_need = 0;
+    for (int32_t i = 0; i < g.st.n_reqs; i++) g.r[i].projected_blocks = 0;
+    li_plan a, b;
+    li_plan_init(&a);
+    li_plan_init(&b);
+    li_policy_fcfs_plan(&f->st, &a);
+    li_policy_fcfs_plan(&g.st, &b);
+    char sa[8192], sb[8192];
+    const bool diff = strcmp(plan_str(&a, sa, sizeof sa), plan_str(&b, sb, sizeof sb)) != 0;
+    li_plan_free(&a);
+    li_plan_free(&b);
+    return diff;
 }
 
 /* Which branches a plan took, read from the state and the plan. */
 typedef struct coverage {
-    int victim, self, queue_shrunk, running_shrunk, blocked, budget_out, seqs_out, equal_plans;
+    int victim, self, queue_shrunk, running_shrunk, blocked, budget_out, seqs_out, equal_plans, projected;
 } coverage;
 
 static bool in_run(const li_plan *pc, int64_t id, int32_t *tok) {
@@ -251,6 +334,7 @@ static void test_random(li_policy *p) {
             li_plan_init(&pc);
             li_policy_fcfs_plan(&f.st, &pc);
             cover(&f, &pc, &cov);
+            cov.projected += projection_mattered(&f);
             li_plan_free(&pc);
         } else if (bad++ < 5) {
             fprintf(stderr, "state %d (block_size %d, free %d, seqs %d, tokens %d):\n", it, f.st.block_size,
@@ -260,18 +344,20 @@ static void test_random(li_policy *p) {
                 fprintf(stderr, "  id %lld state %d arrival %g tokens %lld computed %lld blocks %d\n",
                         (long long)v->id, v->state, v->arrival, (long long)v->num_tokens,
                         (long long)v->num_computed, v->n_blocks);
+            fprintf(stderr, "    projected %d preemptions %d (running need %d)\n", v->projected_blocks,
+                    v->n_preemptions, f.st.kv_running_need);
             }
             fprintf(stderr, "  C:   %s\n  Lua: %s\n", c, l);
         }
     }
     CHECK(bad == 0, "%d of %d random states give different plans", bad, N);
     printf("random states: %d equal; victims %d, self-preemptions %d, shrunk prefill %d (running) %d (queued), "
-           "queue blocked %d, token budget spent %d, seqs spent %d, fork children %d\n",
+           "queue blocked %d, token budget spent %d, seqs spent %d, fork children %d, projection mattered %d\n",
            cov.equal_plans, cov.victim, cov.self, cov.running_shrunk, cov.queue_shrunk, cov.blocked,
-           cov.budget_out, cov.seqs_out, n_forked);
+           cov.budget_out, cov.seqs_out, n_forked, cov.projected);
     /* every branch is exercised often enough that a change to it shows */
     CHECK(cov.victim > 20 && cov.self > 20 && cov.running_shrunk > 20 && cov.queue_shrunk > 20 &&
-              cov.blocked > 20 && cov.budget_out > 20 && cov.seqs_out > 20 && n_forked > 20,
+              cov.blocked > 20 && cov.budget_out > 20 && cov.seqs_out > 20 && n_forked > 20 && cov.projected > 20,
           "random states miss a branch (see the counts above)");
 }
 
@@ -279,6 +365,7 @@ int main(void) {
     li_policy *p = open_fcfs();
     if (!p) return t_summary("test_fcfs");
     test_fixed(p);
+    test_projected(p);
     test_random(p);
     p->ops->free(p);
     return t_summary("test_fcfs");

@@ -563,6 +563,67 @@ static void test_fake_hosts(void) {
     if (p) p->ops->free(p);
 }
 
+/* projected_blocks and kv.running_need (added to version 1) survive a round
+ * trip; a state from a peer without them reads them as 0. */
+static void test_projection_fields(void) {
+    li_req_view r[2] = {
+        {.id = 3, .state = LI_REQ_RUNNING, .tenant = "a", .prompt_len = 9, .num_tokens = 12, .num_computed = 11,
+         .n_blocks = 1, .spec_acceptance = -1, .projected_blocks = 7},
+        {.id = 4, .state = LI_REQ_PREEMPTED, .tenant = "", .prompt_len = 5, .num_tokens = 6, .n_preemptions = 2,
+         .spec_acceptance = -1, .projected_blocks = 123456},
+    };
+    li_step_state st = {.step = 5, .reqs = r, .n_reqs = 2, .kv_free_blocks = 3, .kv_total_blocks = 9,
+                        .block_size = 16, .max_num_seqs = 4, .max_batched_tokens = 64, .kv_running_need = 7};
+    msgpack_sbuffer b;
+    msgpack_sbuffer_init(&b);
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, &b, msgpack_sbuffer_write);
+    li_wire_pack_state(&pk, &st);
+    msgpack_unpacked u;
+    msgpack_unpacked_init(&u);
+    CHECK(msgpack_unpack_next(&u, b.data, b.size, NULL) == MSGPACK_UNPACK_SUCCESS, "state unpacks");
+    li_wire_state ws = {0};
+    li_step_state got;
+    li_error e = {0};
+    CHECK(li_wire_unpack_state(&u.data, &ws, &got, &e) == 0, "state decodes: %s", e.msg);
+    CHECK(got.n_reqs == 2 && got.kv_running_need == 7 && got.reqs[0].projected_blocks == 7 &&
+              got.reqs[1].projected_blocks == 123456 && got.reqs[1].n_preemptions == 2,
+          "projection fields round trip: need %d, projected %d %d", got.kv_running_need,
+          got.n_reqs > 0 ? got.reqs[0].projected_blocks : -1, got.n_reqs > 1 ? got.reqs[1].projected_blocks : -1);
+    /* an older peer: the same state without the two keys */
+    msgpack_sbuffer_clear(&b);
+    msgpack_pack_map(&pk, 4);
+    li_wire_pack_str(&pk, "step");
+    msgpack_pack_int64(&pk, 1);
+    li_wire_pack_str(&pk, "kv");
+    msgpack_pack_map(&pk, 1);
+    li_wire_pack_str(&pk, "block_size");
+    msgpack_pack_int64(&pk, 16);
+    li_wire_pack_str(&pk, "budget");
+    msgpack_pack_map(&pk, 0);
+    li_wire_pack_str(&pk, "requests");
+    msgpack_pack_array(&pk, 1);
+    msgpack_pack_map(&pk, 2);
+    li_wire_pack_str(&pk, "id");
+    msgpack_pack_int64(&pk, 8);
+    li_wire_pack_str(&pk, "state");
+    li_wire_pack_str(&pk, "running");
+    CHECK(msgpack_unpack_next(&u, b.data, b.size, NULL) == MSGPACK_UNPACK_SUCCESS, "old state unpacks");
+    CHECK(li_wire_unpack_state(&u.data, &ws, &got, &e) == 0 && got.kv_running_need == 0 && got.n_reqs == 1 &&
+              got.reqs[0].projected_blocks == 0,
+          "an old state reads the projection as 0: %s", e.msg);
+    /* out of range */
+    msgpack_sbuffer_clear(&b);
+    r[0].projected_blocks = -1;
+    li_wire_pack_state(&pk, &st);
+    CHECK(msgpack_unpack_next(&u, b.data, b.size, NULL) == MSGPACK_UNPACK_SUCCESS, "bad state unpacks");
+    CHECK(li_wire_unpack_state(&u.data, &ws, &got, &e) != 0 && strstr(e.msg, "projected_blocks"),
+          "a negative projection is refused: %s", e.msg);
+    msgpack_unpacked_destroy(&u);
+    li_wire_state_free(&ws);
+    msgpack_sbuffer_destroy(&b);
+}
+
 int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "policy-host")) return fake_host();
     msgpack_sbuffer_init(&sb);
@@ -572,6 +633,7 @@ int main(int argc, char **argv) {
     test_plans();
     test_start();
     test_replies();
+    test_projection_fields();
 
     char path[] = "/tmp/li_policy_wire_XXXXXX";
     int fd = mkstemp(path);

@@ -1,0 +1,169 @@
+/* test_threadpool.c — the CPU backend's thread pool (kernels/cpu/threadpool.c):
+ *  - pools of 1..5 threads, jobs of every nth, with 0, 1, fewer chunks than
+ *    threads, as many, and many more: every chunk runs exactly once, no two
+ *    threads of a job share an ith, and the outputs (an order-sensitive float
+ *    reduction per chunk) are bit-identical to a serial run;
+ *  - a worker that stalls mid-chunk (as if descheduled by another process):
+ *    run() still returns only once its chunk is written, the stall is
+ *    counted, the next jobs run on the caller alone with the same outputs,
+ *    and once the back-off is over the workers take chunks again;
+ *  - thousands of back-to-back jobs with workers going in and out (the
+ *    caller's sleep/wake handshake loses no wake-up: the test would hang). */
+#define _GNU_SOURCE
+#include "cpu/threadpool.h"
+#include "test_util.h"
+
+#include <math.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#define MAX_CHUNKS 1000
+#define MAX_THREADS 8
+
+typedef struct {
+    int n_chunks;
+    atomic_int next;
+    atomic_int hits[MAX_CHUNKS];
+    atomic_int in_use[MAX_THREADS]; /* threads inside the job per ith */
+    atomic_int bad_ith, by_worker;
+    float out[MAX_CHUNKS];
+    int stall_ith;                  /* > 0: that worker stalls in its first chunk */
+    atomic_int stalled;
+} job;
+
+static void sleep_s(double s) {
+    struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
+    nanosleep(&ts, NULL);
+}
+
+/* An order-sensitive reduction: any change in how a chunk is summed shows. */
+static float chunk_value(int c) {
+    float acc = 0;
+    for (int i = 0; i < 200; i++) acc += sinf((float)(c * 200 + i) * 0.37f) / (float)(i + 1);
+    return acc;
+}
+
+static void work(void *ctx, int ith, int nth) {
+    job *j = ctx;
+    if (ith < 0 || ith >= nth || ith >= MAX_THREADS || atomic_fetch_add(&j->in_use[ith], 1) != 0)
+        atomic_fetch_add(&j->bad_ith, 1);
+    for (;;) {
+        const int c = atomic_fetch_add(&j->next, 1);
+        if (c >= j->n_chunks) break;
+        if (ith > 0 && ith == j->stall_ith && atomic_exchange(&j->stalled, 1) == 0) {
+            /* hold this chunk until every other one is taken, then a while more */
+            while (atomic_load(&j->next) < j->n_chunks) sleep_s(1e-4);
+            sleep_s(20e-3);
+        }
+        j->out[c] = chunk_value(c);
+        atomic_fetch_add(&j->hits[c], 1);
+        if (ith > 0) atomic_fetch_add(&j->by_worker, 1);
+    }
+    if (ith >= 0 && ith < MAX_THREADS) atomic_fetch_sub(&j->in_use[ith], 1);
+}
+
+static float serial[MAX_CHUNKS];
+
+static void job_reset(job *j, int n_chunks) {
+    memset(j, 0, sizeof *j);
+    j->n_chunks = n_chunks;
+}
+
+/* Every chunk once, right values, unique ith. */
+static bool job_ok(const job *j) {
+    bool ok = atomic_load(&j->bad_ith) == 0;
+    for (int c = 0; c < j->n_chunks; c++)
+        ok &= atomic_load(&j->hits[c]) == 1 && memcmp(&j->out[c], &serial[c], sizeof(float)) == 0;
+    return ok;
+}
+
+static void test_sizes(void) {
+    static const int chunks[] = {0, 1, 2, 3, 5, 7, 64, 1000};
+    job *j = calloc(1, sizeof *j);
+    for (int size = 1; size <= 5; size++) {
+        li_threadpool *tp = li_threadpool_init(size);
+        CHECK(tp && li_threadpool_size(tp) == size, "a pool of %d", size);
+        if (!tp) continue;
+        int bad = 0, jobs = 0;
+        for (int nth = 1; nth <= size + 1; nth++) /* nth > size is capped */
+            for (size_t k = 0; k < sizeof chunks / sizeof chunks[0]; k++)
+                for (int rep = 0; rep < 20; rep++, jobs++) {
+                    job_reset(j, chunks[k]);
+                    li_threadpool_run(tp, work, j, nth);
+                    if (!job_ok(j) && bad++ < 3)
+                        fprintf(stderr, "pool %d, nth %d, %d chunks: a chunk missed, repeated or wrong\n", size, nth,
+                                chunks[k]);
+                }
+        CHECK(bad == 0, "pool of %d: %d of %d jobs wrong", size, bad, jobs);
+        li_threadpool_free(tp);
+    }
+    free(j);
+}
+
+static void test_stall(void) {
+    job *j = calloc(1, sizeof *j);
+    li_threadpool *tp = li_threadpool_init(3);
+    long stalls = 0, solo = 0;
+    /* a worker holds a chunk 20 ms past the caller's share; retried in case
+     * this machine's load makes the caller's own share slower than that, or
+     * no worker wakes in time to take a chunk */
+    bool stalled = false, solo_seen = false, ok = true;
+    for (int attempt = 0; attempt < 20 && !(stalled && solo_seen); attempt++) {
+        sleep_s(0.2); /* past any back-off */
+        job_reset(j, 200);
+        j->stall_ith = 1;
+        li_threadpool_run(tp, work, j, 3);
+        ok &= job_ok(j); /* the stalled chunk is written when run returns */
+        long s2, o2;
+        li_threadpool_stats(tp, &s2, &o2);
+        stalled = s2 > stalls;
+        stalls = s2;
+        if (!stalled) continue;
+        /* right after a stall: the caller alone, the same outputs */
+        job_reset(j, 200);
+        li_threadpool_run(tp, work, j, 3);
+        ok &= job_ok(j);
+        li_threadpool_stats(tp, &s2, &o2);
+        solo_seen = o2 > solo && atomic_load(&j->by_worker) == 0;
+        solo = o2;
+    }
+    CHECK(ok, "jobs with a stalled worker, and those after it, are complete and exact");
+    CHECK(stalled, "a worker stalled mid-chunk is counted (%ld stalls)", stalls);
+    CHECK(solo_seen, "after a stall the caller runs the next job alone (%ld solo jobs)", solo);
+    /* the back-off ends: workers take chunks again */
+    int by_worker = 0;
+    for (int attempt = 0; attempt < 50 && by_worker == 0; attempt++) {
+        sleep_s(0.2);
+        job_reset(j, 1000);
+        li_threadpool_run(tp, work, j, 3);
+        CHECK(job_ok(j), "a job after the back-off");
+        by_worker = atomic_load(&j->by_worker);
+    }
+    CHECK(by_worker > 0, "after the back-off the workers take chunks again (%d)", by_worker);
+    li_threadpool_free(tp);
+    free(j);
+}
+
+static void test_back_to_back(void) {
+    job *j = calloc(1, sizeof *j);
+    li_threadpool *tp = li_threadpool_init(4);
+    int bad = 0;
+    for (int i = 0; i < 20000; i++) {
+        job_reset(j, 1 + i % 9);
+        li_threadpool_run(tp, work, j, 2 + i % 3);
+        bad += !job_ok(j);
+    }
+    CHECK(bad == 0, "20000 back-to-back jobs: %d wrong", bad);
+    li_threadpool_free(tp);
+    free(j);
+}
+
+int main(void) {
+    for (int c = 0; c < MAX_CHUNKS; c++) serial[c] = chunk_value(c);
+    test_sizes();
+    test_stall();
+    test_back_to_back();
+    return t_summary("test_threadpool");
+}
