@@ -82,6 +82,7 @@ def main():
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--speed", action="store_true", help="also the speed table")
     ap.add_argument("--speed-steps", type=int, default=16)
+    ap.add_argument("--speed-methods", help="methods in the speed table (default: all of --methods)")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--plot", help="write a PNG of bits per weight against mean KL divergence")
     ap.add_argument("--json", help="write every number as JSON")
@@ -144,7 +145,8 @@ def main():
               f"{row['kl_p99']:.4f} | {100 * row['top1']:.2f}% | {row['bytes'] / 2**20:.1f} MiB | {row['bpw']:.2f} |")
     speed = []
     if a.speed:
-        names = ["f16 (baseline)", "q4_1 (the shipped file)"] + methods
+        sm = a.speed_methods.split(",") if a.speed_methods else methods
+        names = ["f16 (baseline)", "q4_1 (the shipped file)"] + [m for m in sm if m in methods]
         paths = {row["method"]: row["path"] for row in rows}
         best = {n: {} for n in names}
         for _ in range(a.rounds):

@@ -357,6 +357,11 @@ static void cpu_matmul_add(li_backend *be, const li_weight *w, const float *x, f
  * either way (each is computed whole by the same kernel). */
 static void cpu_matmul_multi(li_backend *be, const li_weight *const *w, int n_w, const float *x, float *const *y,
                              int64_t n) {
+    if (w[0]->scheme != LI_SCHEME_PLAIN && li_w8_same_job(w, n_w)) { /* one activation quantization */
+        li_cpu *c = cpu_of(be);
+        li_w8_matmul_multi(li_w8_kernels_for(c->kern->isa), c->tp, c->n_threads, w, n_w, x, y, NULL, n);
+        return;
+    }
     bool same = n_w <= LI_CPU_MAX_PARTS && n > 0;
     for (int i = 0; same && i < n_w; i++)
         same = w[i]->m > 0 && w[i]->k == w[0]->k && matmul_act_type(w[i]) == matmul_act_type(w[0]) &&

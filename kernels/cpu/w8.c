@@ -79,17 +79,26 @@ bool li_w8_supported(const li_weight *w) {
 
 #define W8_CHUNK 32
 #define W8_TILE 64
+#define W8_MAX_PARTS 4
+
+/* One weight of a job; several weights reading the same input (q/k/v,
+ * gate/up) share one activation quantization and one thread hand-off. */
+typedef struct {
+    const li_weight *w;
+    float *y, *res;       /* (n, w->m); res += y when res */
+    int64_t n_chunks, item0;
+} w8_part;
 
 typedef struct {
     const li_w8_kernels *kern;
-    const li_weight *w;
+    w8_part part[W8_MAX_PARTS];
+    int n_parts;
     const float *x;
-    float *y, *res;
-    int64_t n, k, m;
+    int64_t n, k;
     bool fp8;
     void *qa;             /* (n, k) int8 codes or f32 widened e4m3 */
     float *sa;            /* (n) activation scales */
-    int64_t n_chunks, n_tiles;
+    int64_t n_tiles, n_items;
     atomic_long next_row, next_item;
 } w8_job;
 
@@ -107,38 +116,62 @@ static void w8_quantize(void *p, int ith, int nth) {
 static void w8_work(void *p, int ith, int nth) {
     w8_job *j = p;
     (void)ith, (void)nth;
-    const int64_t total = j->n_chunks * j->n_tiles;
     for (;;) {
-        const int64_t t = atomic_fetch_add_explicit(&j->next_item, 1, memory_order_relaxed);
-        if (t >= total) break;
+        int64_t t = atomic_fetch_add_explicit(&j->next_item, 1, memory_order_relaxed);
+        if (t >= j->n_items) break;
+        int pi = 0;
+        while (pi + 1 < j->n_parts && t >= j->part[pi + 1].item0) pi++;
+        const w8_part *pt = &j->part[pi];
+        const li_weight *w = pt->w;
+        t -= pt->item0;
         /* tile-major: consecutive items share an activation tile */
-        const int64_t c0 = (t % j->n_chunks) * W8_CHUNK, c1 = LI_MIN(c0 + W8_CHUNK, j->m);
-        const int64_t r0 = (t / j->n_chunks) * W8_TILE, r1 = LI_MIN(r0 + W8_TILE, j->n);
-        if (j->fp8)
-            j->kern->gemm_fp8(j->w->data, j->w->scales, j->k, c0, c1, j->qa, j->sa, r0, r1, j->y, j->m);
-        else
-            j->kern->gemm_int8(j->w->data, j->w->scales, j->k, c0, c1, j->qa, j->sa, r0, r1, j->y, j->m);
-        if (j->res)
+        const int64_t m = w->m, c0 = (t % pt->n_chunks) * W8_CHUNK, c1 = LI_MIN(c0 + W8_CHUNK, m);
+        const int64_t r0 = (t / pt->n_chunks) * W8_TILE, r1 = LI_MIN(r0 + W8_TILE, j->n);
+        if (j->fp8) j->kern->gemm_fp8(w->data, w->scales, j->k, c0, c1, j->qa, j->sa, r0, r1, pt->y, m);
+        else j->kern->gemm_int8(w->data, w->scales, j->k, c0, c1, j->qa, j->sa, r0, r1, pt->y, m);
+        if (pt->res)
             for (int64_t r = r0; r < r1; r++)
-                for (int64_t c = c0; c < c1; c++) j->res[r * j->m + c] += j->y[r * j->m + c];
+                for (int64_t c = c0; c < c1; c++) pt->res[r * m + c] += pt->y[r * m + c];
     }
+}
+
+bool li_w8_same_job(const li_weight *const *w, int n_w) {
+    if (n_w < 1 || n_w > W8_MAX_PARTS) return false;
+    for (int i = 0; i < n_w; i++)
+        if (!li_w8_supported(w[i]) || w[i]->k != w[0]->k || w[i]->scheme != w[0]->scheme || w[i]->m <= 0)
+            return false;
+    return true;
+}
+
+void li_w8_matmul_multi(const li_w8_kernels *kern, li_threadpool *tp, int n_threads, const li_weight *const *w,
+                        int n_w, const float *x, float *const *y, float *res, int64_t n) {
+    if (n <= 0) return;
+    w8_job j = {.kern = kern, .x = x, .n = n, .k = w[0]->k, .fp8 = w[0]->scheme == LI_SCHEME_FP8, .n_parts = n_w};
+    j.n_tiles = (n + W8_TILE - 1) / W8_TILE;
+    int64_t work = 0;
+    for (int i = 0; i < n_w; i++) {
+        w8_part *pt = &j.part[i];
+        pt->w = w[i];
+        pt->y = y[i];
+        pt->res = n_w == 1 ? res : NULL;
+        pt->n_chunks = (w[i]->m + W8_CHUNK - 1) / W8_CHUNK;
+        pt->item0 = j.n_items;
+        j.n_items += pt->n_chunks * j.n_tiles;
+        work += w[i]->m * n * j.k;
+    }
+    const size_t elem = j.fp8 ? sizeof(float) : 1;
+    j.qa = li_aligned_alloc((size_t)n * (size_t)j.k * elem + 64);
+    j.sa = li_xmalloc((size_t)n * sizeof(float));
+    atomic_init(&j.next_row, 0);
+    atomic_init(&j.next_item, 0);
+    const int nth = work < 65536 ? 1 : n_threads; /* tiny products: not worth a wake-up */
+    li_threadpool_run(tp, w8_quantize, &j, n >= 8 ? nth : 1);
+    li_threadpool_run(tp, w8_work, &j, (int)LI_MIN((int64_t)nth, j.n_items));
+    li_aligned_free(j.qa);
+    free(j.sa);
 }
 
 void li_w8_matmul(const li_w8_kernels *kern, li_threadpool *tp, int n_threads, const li_weight *w, const float *x,
                   float *y, float *res, int64_t n) {
-    if (n <= 0 || w->m <= 0) return;
-    w8_job j = {.kern = kern, .w = w, .x = x, .y = y, .res = res, .n = n, .k = w->k, .m = w->m,
-                .fp8 = w->scheme == LI_SCHEME_FP8};
-    const size_t elem = j.fp8 ? sizeof(float) : 1;
-    j.qa = li_aligned_alloc((size_t)n * (size_t)w->k * elem + 64);
-    j.sa = li_xmalloc((size_t)n * sizeof(float));
-    j.n_chunks = (w->m + W8_CHUNK - 1) / W8_CHUNK;
-    j.n_tiles = (n + W8_TILE - 1) / W8_TILE;
-    atomic_init(&j.next_row, 0);
-    atomic_init(&j.next_item, 0);
-    const int nth = w->m * n * w->k < 65536 ? 1 : n_threads; /* tiny products: not worth a wake-up */
-    li_threadpool_run(tp, w8_quantize, &j, n >= 8 ? nth : 1);
-    li_threadpool_run(tp, w8_work, &j, (int)LI_MIN((int64_t)nth, j.n_chunks * j.n_tiles));
-    li_aligned_free(j.qa);
-    free(j.sa);
+    li_w8_matmul_multi(kern, tp, n_threads, &w, 1, x, &y, res, n);
 }

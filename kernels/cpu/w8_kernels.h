@@ -54,6 +54,12 @@ void li_w8_gemm_fp8_avx2(const uint8_t *w, const float *ws, int64_t k, int64_t c
 const li_w8_kernels *li_w8_kernels_for(const char *isa);
 /* true when w is a W8A8 / FP8 weight these kernels run (per channel) */
 bool li_w8_supported(const li_weight *w);
+/* true when w[0..n_w) run as one job: all supported, one scheme, one k, n_w <= 4 */
+bool li_w8_same_job(const li_weight *const *w, int n_w);
+/* y[i](n, m_i) = x(n, k) . W[i]^T for weights reading one input: the
+ * activations quantized once (res: only with n_w == 1) */
+void li_w8_matmul_multi(const li_w8_kernels *kern, li_threadpool *tp, int n_threads, const li_weight *const *w,
+                        int n_w, const float *x, float *const *y, float *res, int64_t n);
 /* y(n, m) = x(n, k) . W^T (then res += y when res), on up to n_threads of tp */
 void li_w8_matmul(const li_w8_kernels *kern, li_threadpool *tp, int n_threads, const li_weight *w, const float *x,
                   float *y, float *res, int64_t n);

@@ -176,3 +176,112 @@ def test_error_input_cannot_be_dequantized(run_cli, typed_models, tmp_path):
     r = quantize(run_cli, "--method", "q8_0", src, tmp_path / "o.gguf")
     assert_clean_failure(r, r"cannot dequantize.*iq4_nl")
     assert not (tmp_path / "o.gguf").exists()
+
+
+# ---------------------------------------------------------------------------
+# W8A8 (SmoothQuant) and FP8: calibration, loading, kernels end to end
+# ---------------------------------------------------------------------------
+CALIB = "tests/data/plrabn12.txt"
+
+
+@pytest.fixture(scope="module")
+def scheme_models(run_cli, f16_model, qdir, repo_root):
+    outs = {}
+    for name, args in (("w8a8", ["--method", "w8a8", "--calib", repo_root / CALIB, "--samples", "1",
+                                 "--seq-len", "64"]),
+                       ("fp8", ["--method", "fp8"])):
+        out = qdir / f"{name}.gguf"
+        r = quantize(run_cli, *args, f16_model, out)
+        assert r.returncode == 0, r.stderr
+        outs[name] = out
+    return outs
+
+
+def test_scheme_files_described(run_ok, scheme_models, f16_model):
+    for name, act in (("w8a8", "int8"), ("fp8", "fp8")):
+        j = run_ok(["info", scheme_models[name], "--json", "--tensors"]).json()
+        assert j["scheme"] == name and j["quantization"] == f"{name}, activations {act}"
+        t = {t["name"]: t for t in j["tensors"]}
+        assert t["blk.0.attn_q.weight"]["type"] == "i8" and t["blk.0.attn_q.weight"]["scheme"] == name
+        # 8 bits + one f32 scale per row of 576: 8 + 32/576
+        assert abs(t["blk.0.attn_q.weight"]["bits_per_weight"] - (8 + 32 / 576)) < 1e-9
+        assert t["blk.0.attn_q.weight.scale"]["scheme"] == "scales"
+        assert t["token_embd.weight"]["type"] == "q8_0"
+    r = GGUFReader(scheme_models["w8a8"])
+    f = r.fields
+    assert bytes(f["luainfer.quant.smooth"].parts[-1]).decode() == "all"
+    assert bytes(f["luainfer.quant.calib.file"].parts[-1]).decode() == "plrabn12.txt"
+    # smoothing changed the norms (folded scales); fp8 without --calib did not
+    def norm(path):
+        t = next(t for t in GGUFReader(path).tensors if t.name == "blk.3.attn_norm.weight")
+        return np.asarray(t.data, dtype=np.float32)
+    assert not np.array_equal(norm(scheme_models["w8a8"]), norm(f16_model))
+    assert np.array_equal(norm(scheme_models["fp8"]), norm(f16_model))
+
+
+def test_scheme_models_same_tokens_on_every_isa(run_ok, scheme_models):
+    """The int8 / fp8 dots are exact, so scalar and AVX2 give the same greedy text."""
+    for name, path in scheme_models.items():
+        outs = set()
+        for isa in ("scalar", "avx2"):
+            r = run_ok(["generate", "--model", path, "--isa", isa, "--prompt", "The capital of France is",
+                        "--max-tokens", "8", "--temperature", "0"])
+            outs.add(r.stdout)
+        assert len(outs) == 1 and next(iter(outs)).strip(), (name, outs)
+
+
+def test_scheme_perplexity_near_baseline(run_ok, scheme_models, f16_model, repo_root):
+    text = repo_root / "tests/data/alice_ch1.txt"
+    ppl = lambda m: run_ok(["perplexity", "--model", m, "--file", text, "--ctx", "128", "--chunks", "2",
+                            "--json"]).json()["perplexity"]
+    base = ppl(f16_model)
+    for name, path in scheme_models.items():
+        p = ppl(path)
+        assert abs(p / base - 1) < 0.15, (name, p, base)
+
+
+def test_error_calibration(run_cli, f16_model, tmp_path, repo_root):
+    out = tmp_path / "o.gguf"
+    r = quantize(run_cli, "--method", "w8a8", f16_model, out)
+    assert_clean_failure(r, r"needs --calib")
+    r = quantize(run_cli, "--method", "w8a8", "--calib", tmp_path / "none.txt", f16_model, out)
+    assert_clean_failure(r, r"none\.txt")
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    r = quantize(run_cli, "--method", "w8a8", "--calib", empty, f16_model, out)
+    assert_clean_failure(r, r"is empty")
+    r = quantize(run_cli, "--method", "w8a8", "--calib", repo_root / "tests/data/sample.txt", "--samples", "4",
+                 "--seq-len", "512", f16_model, out)
+    assert_clean_failure(r, r"too short: \d+ tokens.*needs 2048")
+    r = quantize(run_cli, "--method", "w8a8", "--alpha", "1.5", "--calib", empty, f16_model, out)
+    assert_clean_failure(r, r"--alpha")
+    r = quantize(run_cli, "--method", "w8a8", "--smooth", "half", "--calib", empty, f16_model, out)
+    assert_clean_failure(r, r"--smooth")
+    assert not out.exists() and not list(tmp_path.glob("o.gguf.tmp*"))
+
+
+def test_serve_and_ngram_speculation_exact(scheme_models, typed_models, luainfer_bin, tmp_path):
+    """serve --model OUT works for each scheme, and n-gram speculation on it
+    gives exactly its non-speculative greedy output."""
+    from test_server import Rpc, Server, stream, THREADS
+    prompts = ["one two three four five six seven eight nine ten one two three four five six",
+               "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):\n"]
+    for name, path in (("w8a8", scheme_models["w8a8"]), ("fp8", scheme_models["fp8"]),
+                       ("q4_0", typed_models["q4_0"])):
+        base = Server(luainfer_bin, ["--model", str(path), "--listen", "127.0.0.1:0", "--threads", THREADS,
+                                     "--kv-memory", "32M"], 1, tmp_path)
+        spec = Server(luainfer_bin, ["--model", str(path), "--listen", "127.0.0.1:0", "--threads", THREADS,
+                                     "--kv-memory", "32M", "--spec-tokens", "4"], 1, tmp_path)
+        try:
+            ref = Rpc(base.rpc)
+            for p in prompts:
+                params = {"prompt": p, "max_tokens": 32, "temperature": 0, "ignore_eos": True}
+                want = ref.ok("generate", params)
+                text, toks, got = stream(spec.rpc, params)
+                assert got["tokens"] == want["tokens"] and got["text"] == want["text"] == text, name
+            eng = Rpc(spec.rpc).ok("stats")["engine"]
+            assert eng["spec_drafted"] > 0, (name, eng)
+            ref.close()
+        finally:
+            assert base.stop() == 0, base.stderr()[-2000:]
+            assert spec.stop() == 0, spec.stderr()[-2000:]

@@ -8,6 +8,8 @@
  *  - the kernels agree with the reference matmul (li_weight_dequant_row_ref
  *    and li_act_quant_row_ref in float) to its rounding, NMSE < 1e-10, and
  *    the exact integer dot is checked against a double-precision sum;
+ *  - matmul_multi (one activation quantization for q/k/v) equals the
+ *    weights' own matmuls;
  *  - the fp8 widening equals li_fp8_e4m3_to_fp32 for all 254 finite codes.
  * One line per check; the last line is the summary. */
 #include "util/common.h"
@@ -208,6 +210,37 @@ static void check_scheme(li_scheme scheme) {
     report(worst < 1e-10, "%s: agrees with the float reference matmul, worst NMSE %.3g", sn, worst);
 }
 
+/* matmul_multi (q/k/v, gate/up: one activation quantization) gives each
+ * weight's own matmul bits, on every ISA */
+static void check_multi(li_scheme scheme) {
+    int bad = 0;
+    for (int ii = 0; ii < n_isas; ii++) {
+        tw t[3];
+        const int64_t k = 97, n = 5, ms[3] = {7, 33, 2};
+        for (int i = 0; i < 3; i++) tw_make(&t[i], scheme, ms[i], k);
+        float x[5 * 97], *y[3], *y1[3];
+        fill_x(x, n, k);
+        li_backend be;
+        li_error err = {0};
+        if (li_backend_cpu_init(&be, 2, isas[ii], &err)) continue;
+        for (int i = 0; i < 3; i++) {
+            be.ops->weight_prepare(&be, &t[i].w);
+            y[i] = li_xmalloc((size_t)(n * ms[i]) * 4);
+            y1[i] = li_xmalloc((size_t)(n * ms[i]) * 4);
+            be.ops->matmul(&be, &t[i].w, x, y1[i], n);
+        }
+        be.ops->matmul_multi(&be, (const li_weight *const[]){&t[0].w, &t[1].w, &t[2].w}, 3, x, y, n);
+        for (int i = 0; i < 3; i++) {
+            bad += !same_bits(y[i], y1[i], n * ms[i]);
+            be.ops->weight_release(&be, &t[i].w);
+            free(y[i]), free(y1[i]);
+            tw_free(&t[i]);
+        }
+        li_backend_cpu_free(&be);
+    }
+    report(bad == 0, "%s: matmul_multi == each weight's matmul, every ISA (%d differ)", li_scheme_name(scheme), bad);
+}
+
 static void check_refused(void) {
     /* per-group scales: no kernel here; the SIMD ISAs refuse, scalar keeps the reference */
     tw t;
@@ -229,6 +262,8 @@ int main(void) {
     check_act_quant();
     check_scheme(LI_SCHEME_W8A8);
     check_scheme(LI_SCHEME_FP8);
+    check_multi(LI_SCHEME_W8A8);
+    check_multi(LI_SCHEME_FP8);
     check_refused();
     return t_summary("w8");
 }
