@@ -35,9 +35,10 @@ static void build(li_gguf_writer *w, uint32_t align) {
     li_gguf_writer_add_kv(w, &iarr, &err);
     li_gguf_kv i64 = {.key = {"a.i64", 5}, .type = LI_GGUF_INT64, .v.i64 = -5};
     li_gguf_writer_add_kv(w, &i64, &err);
-    float *f = li_xmalloc(3 * 5 * sizeof(float));
-    for (int i = 0; i < 15; i++) f[i] = (float)i;
-    li_gguf_writer_add_tensor(w, "t.f32", LI_TYPE_F32, 2, (int64_t[]){5, 3}, f, 60, &err);
+    /* 68 bytes: the next tensor starts at 96 with alignment 32, at 128 with 64 */
+    float *f = li_xmalloc(17 * sizeof(float));
+    for (int i = 0; i < 17; i++) f[i] = (float)i;
+    li_gguf_writer_add_tensor(w, "t.f32", LI_TYPE_F32, 2, (int64_t[]){17, 1}, f, 68, &err);
     uint8_t *q = li_xcalloc(1, 34); /* one q8_0 block */
     q[2] = 7;
     li_gguf_writer_add_tensor(w, "t.q8", LI_TYPE_Q8_0, 1, (int64_t[]){32}, q, 34, &err);
@@ -85,7 +86,7 @@ static void check_roundtrip(uint32_t align) {
     CHECK(g.alignment == al, "alignment %zu", g.alignment);
     const li_gguf_tensor *t = li_gguf_find_tensor(&g, "t.f32"), *tq = li_gguf_find_tensor(&g, "t.q8"),
                          *ti = li_gguf_find_tensor(&g, "t.i8");
-    CHECK(t && t->ne[0] == 5 && t->ne[1] == 3 && t->type == LI_TYPE_F32 && ((const float *)t->data)[14] == 14.0f,
+    CHECK(t && t->ne[0] == 17 && t->ne[1] == 1 && t->type == LI_TYPE_F32 && ((const float *)t->data)[14] == 14.0f,
           "f32 tensor");
     CHECK(tq && tq->nbytes == 34 && ((const uint8_t *)tq->data)[2] == 7, "q8_0 tensor");
     CHECK(ti && ti->nbytes == 3 && ((const int8_t *)ti->data)[2] == -3, "i8 tensor");
