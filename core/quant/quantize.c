@@ -299,6 +299,11 @@ static int do_embedding(qctx *q, const li_weight *w, const char *name, li_error 
     return rc;
 }
 
+static int cmp_float(const void *a, const void *b) {
+    const float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
 /* Calibration over the input model: per-channel max |x| of every site. */
 static int calibrate(qctx *q, li_error *err) {
     li_runtime rt;
@@ -313,6 +318,27 @@ static int calibrate(qctx *q, li_error *err) {
         return rc;
     }
     q->have_amax = true;
+    /* what SmoothQuant is for: a few channels far above the rest */
+    static const char *site_names[LI_CALIB_N_SITES] = {"attention-norm output", "attention output",
+                                                       "ffn-norm output", "silu(gate)*up"};
+    for (int st = 0; st < LI_CALIB_N_SITES; st++) {
+        const int64_t k = q->amax.k[st];
+        float *tmp = li_xmalloc((size_t)k * sizeof(float));
+        double worst = 0, top = 0;
+        int wl = 0;
+        for (int l = 0; l < q->amax.n_layer; l++) {
+            memcpy(tmp, li_calib_amax_row(&q->amax, l, (li_calib_site)st), (size_t)k * sizeof(float));
+            float mx = 0;
+            for (int64_t j = 0; j < k; j++) mx = fmaxf(mx, tmp[j]);
+            /* the median by partial selection is not worth it here: a sort of <= n_ff floats per layer */
+            qsort(tmp, (size_t)k, sizeof(float), cmp_float);
+            const double ratio = tmp[k / 2] > 0 ? mx / tmp[k / 2] : 0;
+            if (ratio > worst) worst = ratio, wl = l, top = mx;
+        }
+        li_log_info("calibration: %s: largest channel max|x| %.1f is %.0fx the median channel's (layer %d)",
+                    site_names[st], top, worst, wl);
+        free(tmp);
+    }
     return 0;
 }
 
