@@ -23,6 +23,46 @@ static const char *human(double b, char *buf, size_t n) {
     return buf;
 }
 
+/* The scheme tensor t stands for ("w8a8", ...), or its type's name: an I8
+ * tensor of a scheme file is that scheme's codes (model.c). */
+static const char *tensor_scheme(const li_model *m, const li_gguf_tensor *t) {
+    return t->type == LI_TYPE_I8 && m->quant_scheme != LI_SCHEME_PLAIN ? li_scheme_name(m->quant_scheme)
+                                                                       : li_type_name(t->type);
+}
+
+/* Bytes of NAME.scale / .zero / .perm beside tensor t (0 for plain files). */
+static size_t companion_bytes(const li_model *m, const li_gguf_tensor *t) {
+    if (t->type != LI_TYPE_I8 || m->quant_scheme == LI_SCHEME_PLAIN) return 0;
+    static const char *suf[] = {"scale", "zero", "perm"};
+    size_t b = 0;
+    for (size_t i = 0; i < LI_ARRAY_LEN(suf); i++) {
+        char n[160];
+        snprintf(n, sizeof n, "%.*s.%s", (int)LI_MIN(t->name.len, 128), t->name.ptr, suf[i]);
+        const li_gguf_tensor *c = li_gguf_find_tensor(&m->gguf, n);
+        if (c) b += c->nbytes;
+    }
+    return b;
+}
+
+static bool is_companion(const li_model *m, const li_gguf_tensor *t) {
+    if (m->quant_scheme == LI_SCHEME_PLAIN) return false;
+    static const char *suf[] = {".scale", ".zero", ".perm"};
+    for (size_t i = 0; i < LI_ARRAY_LEN(suf); i++) {
+        const size_t n = strlen(suf[i]);
+        if (t->name.len > n && !memcmp(t->name.ptr + t->name.len - n, suf[i], n)) return true;
+    }
+    return false;
+}
+
+/* Elements a weight tensor stands for: a scheme's code tensor holds row
+ * bytes, not elements, per row (u4: two per byte). */
+static int64_t tensor_elems(const li_model *m, const li_gguf_tensor *t) {
+    int64_t ne = t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3];
+    if (t->type == LI_TYPE_I8 && m->quant_scheme != LI_SCHEME_PLAIN)
+        ne *= li_type_info(li_scheme_info(m->quant_scheme)->codes)->blck_size;
+    return ne;
+}
+
 int li_cmd_info(int argc, char **argv) {
     const char *model = NULL;
     bool json = false, kv = false, help = false, tensors = false;
@@ -54,16 +94,31 @@ int li_cmd_info(int argc, char **argv) {
     const li_hparams *hp = &m->hp;
     type_stat st[LI_TYPE_COUNT] = {0};
     int64_t n_params = 0;
+    int64_t w_elems = 0; /* 2-D weights: bits per weight, their scales counted */
+    size_t w_bytes = 0;
     for (uint64_t i = 0; i < m->gguf.n_tensors; i++) {
         const li_gguf_tensor *t = &m->gguf.tensors[i];
-        int64_t ne = t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3];
+        if (is_companion(m, t)) continue; /* counted with its weight */
+        const int64_t ne = tensor_elems(m, t);
+        const size_t bytes = t->nbytes + companion_bytes(m, t);
         if (t->type < LI_TYPE_COUNT) {
             st[t->type].count++;
-            st[t->type].bytes += t->nbytes;
+            st[t->type].bytes += bytes;
             st[t->type].elems += ne;
+        }
+        if (t->n_dims == 2) {
+            w_elems += ne;
+            w_bytes += bytes;
         }
         n_params += ne;
     }
+    char qdesc[160] = "";
+    li_str qm;
+    if (li_gguf_get_str(&m->gguf, "luainfer.quant.method", &qm, &err) == 0)
+        snprintf(qdesc, sizeof qdesc, "%.*s%s%s", (int)LI_MIN(qm.len, 32), qm.ptr,
+                 m->quant_scheme != LI_SCHEME_PLAIN ? ", activations " : "",
+                 m->quant_scheme != LI_SCHEME_PLAIN ? li_act_quant_name(li_scheme_info(m->quant_scheme)->act) : "");
+    const double bpw = w_elems ? 8.0 * (double)w_bytes / (double)w_elems : 0;
     static const li_type kv_types[] = {LI_TYPE_F32, LI_TYPE_F16, LI_TYPE_BF16, LI_KV_TYPE_FP8_E4M3, LI_KV_TYPE_INT8};
     const li_kv_dims kvd = {hp->n_layer, hp->n_head_kv, hp->head_dim};
     const size_t f16_bpt = li_kv_bytes_per_token(&kvd, LI_TYPE_F16);
@@ -75,6 +130,9 @@ int li_cmd_info(int argc, char **argv) {
         cJSON_AddStringToObject(j, "architecture", hp->arch);
         cJSON_AddNumberToObject(j, "n_params", (double)n_params);
         cJSON_AddNumberToObject(j, "file_bytes", (double)m->gguf.size);
+        cJSON_AddNumberToObject(j, "bits_per_weight", bpw);
+        cJSON_AddStringToObject(j, "scheme", li_scheme_name(m->quant_scheme));
+        if (*qdesc) cJSON_AddStringToObject(j, "quantization", qdesc);
         cJSON *h = cJSON_AddObjectToObject(j, "hparams");
         cJSON_AddNumberToObject(h, "n_vocab", hp->n_vocab);
         cJSON_AddNumberToObject(h, "n_ctx_train", hp->n_ctx_train);
@@ -93,6 +151,9 @@ int li_cmd_info(int argc, char **argv) {
                 cJSON *e = cJSON_AddObjectToObject(ty, li_type_name((uint32_t)t));
                 cJSON_AddNumberToObject(e, "count", st[t].count);
                 cJSON_AddNumberToObject(e, "bytes", (double)st[t].bytes);
+                cJSON_AddNumberToObject(e, "bits_per_weight", 8.0 * (double)st[t].bytes / (double)st[t].elems);
+                if (t == LI_TYPE_I8 && m->quant_scheme != LI_SCHEME_PLAIN)
+                    cJSON_AddStringToObject(e, "scheme", li_scheme_name(m->quant_scheme));
             }
         if (tensors) {
             cJSON *tl = cJSON_AddArrayToObject(j, "tensors");
@@ -103,6 +164,10 @@ int li_cmd_info(int argc, char **argv) {
                 snprintf(name, sizeof name, "%.*s", (int)LI_MIN(t->name.len, 255), t->name.ptr);
                 cJSON_AddStringToObject(e, "name", name);
                 cJSON_AddStringToObject(e, "type", li_type_name(t->type));
+                cJSON_AddStringToObject(e, "scheme", is_companion(m, t) ? "scales" : tensor_scheme(m, t));
+                if (!is_companion(m, t))
+                    cJSON_AddNumberToObject(e, "bits_per_weight",
+                                            8.0 * (double)(t->nbytes + companion_bytes(m, t)) / (double)tensor_elems(m, t));
                 cJSON *sh = cJSON_AddArrayToObject(e, "shape");
                 for (uint32_t d = 0; d < t->n_dims; d++) cJSON_AddItemToArray(sh, cJSON_CreateNumber((double)t->ne[d]));
                 cJSON_AddNumberToObject(e, "bytes", (double)t->nbytes);
@@ -132,7 +197,9 @@ int li_cmd_info(int argc, char **argv) {
     } else {
         printf("model:        %s\n", m->path);
         printf("architecture: %s\n", hp->arch);
-        printf("parameters:   %.1f M   file: %s\n", n_params / 1e6, human((double)m->gguf.size, b1, sizeof b1));
+        printf("parameters:   %.1f M   file: %s   weights: %.2f bits per weight\n", n_params / 1e6,
+               human((double)m->gguf.size, b1, sizeof b1), bpw);
+        if (*qdesc) printf("quantization: %s (luainfer quantize)\n", qdesc);
         printf("vocab %d, context %d, hidden %d, layers %d, heads %d (kv %d, dim %d), ffn %d\n", hp->n_vocab,
                hp->n_ctx_train, hp->n_embd, hp->n_layer, hp->n_head, hp->n_head_kv, hp->head_dim, hp->n_ff);
         printf("rope: %d dims, theta %g; rms eps %g; output %s\n", hp->n_rot, hp->rope_theta, hp->norm_eps,
@@ -143,14 +210,19 @@ int li_cmd_info(int argc, char **argv) {
         printf("tensor types:\n");
         for (int t = 0; t < LI_TYPE_COUNT; t++)
             if (st[t].count)
-                printf("  %-6s %4d tensors  %12lld params  %s\n", li_type_name((uint32_t)t), st[t].count,
-                       (long long)st[t].elems, human((double)st[t].bytes, b1, sizeof b1));
+                printf("  %-6s %4d tensors  %12lld params  %s  %.2f bpw\n",
+                       t == LI_TYPE_I8 && m->quant_scheme != LI_SCHEME_PLAIN ? li_scheme_name(m->quant_scheme)
+                                                                             : li_type_name((uint32_t)t),
+                       st[t].count, (long long)st[t].elems, human((double)st[t].bytes, b1, sizeof b1),
+                       8.0 * (double)st[t].bytes / (double)st[t].elems);
         if (tensors)
             for (uint64_t i = 0; i < m->gguf.n_tensors; i++) {
                 const li_gguf_tensor *t = &m->gguf.tensors[i];
-                printf("  %-32.*s %-5s [%lld, %lld] %s\n", (int)LI_MIN(t->name.len, 64), t->name.ptr,
-                       li_type_name(t->type), (long long)t->ne[0], (long long)t->ne[1],
-                       human((double)t->nbytes, b1, sizeof b1));
+                if (is_companion(m, t)) continue; /* shown with its weight */
+                printf("  %-32.*s %-5s [%lld, %lld] %s  %.2f bpw\n", (int)LI_MIN(t->name.len, 64), t->name.ptr,
+                       tensor_scheme(m, t), (long long)t->ne[0], (long long)t->ne[1],
+                       human((double)(t->nbytes + companion_bytes(m, t)), b1, sizeof b1),
+                       8.0 * (double)(t->nbytes + companion_bytes(m, t)) / (double)tensor_elems(m, t));
             }
         if (kv) {
             printf("KV cache (block size %lld, budget %s):\n", (long long)block_size, human((double)budget, b1, sizeof b1));

@@ -8,6 +8,7 @@
 #include "runtime/args.h"
 #include "cli/cli.h"
 #include "engine/session.h"
+#include "quant/kld.h"
 #include "tokenizer/tokenizer.h"
 
 #include <cjson/cJSON.h>
@@ -18,6 +19,7 @@
 
 int li_cmd_perplexity(int argc, char **argv) {
     const char *model = NULL, *file = NULL, *isa = "auto", *kv_dtype_s = "f16";
+    const char *kl_out = NULL, *kl_base = NULL;
     int64_t ctx = 512, threads = 0, batch = 512, max_chunks = 0;
     bool json = false, help = false;
     li_opt opts[] = {
@@ -29,6 +31,8 @@ int li_cmd_perplexity(int argc, char **argv) {
         {"threads", LI_OPT_INT, &threads, "compute threads (default: all cores)"},
         {"kv-dtype", LI_OPT_STR, &kv_dtype_s, "KV cache dtype: f16, bf16, f32, fp8 (E4M3) or int8; 8-bit ones keep an f32 scale per token and kv head (default f16)"},
         {"isa", LI_OPT_STR, &isa, "CPU kernels: auto, scalar, avx2, avx512, or ggml (llama.cpp's x86 arithmetic, bit for bit; slower)"},
+        {"kl-base-out", LI_OPT_STR, &kl_out, "save this model's distributions at the scored positions (a baseline for --kl-base)"},
+        {"kl-base", LI_OPT_STR, &kl_base, "KL divergence, 99th percentile and top-1 agreement against a saved baseline"},
         {"json", LI_OPT_FLAG, &json, "print a JSON object"},
         {"help", LI_OPT_FLAG, &help, "show this help"},
     };
@@ -45,6 +49,7 @@ int li_cmd_perplexity(int argc, char **argv) {
     if (ctx < 4 || ctx > (1 << 20)) return li_runtime_fail(&(li_error){LI_EINVAL, "perplexity: --ctx must be in [4, 1048576]"});
     if (batch <= 0 || batch > 8192) return li_runtime_fail(&(li_error){LI_EINVAL, "perplexity: --batch-size must be in [1, 8192]"});
     if (max_chunks < 0) return li_runtime_fail(&(li_error){LI_EINVAL, "perplexity: --chunks must be >= 0"});
+    if (kl_out && kl_base) return li_runtime_fail(&(li_error){LI_EINVAL, "perplexity: --kl-base-out and --kl-base exclude each other"});
     li_type kv_dtype;
     if ((rc = li_kv_dtype_parse(kv_dtype_s, &kv_dtype, &err))) return li_runtime_fail(&err);
     char *text = NULL;
@@ -63,6 +68,8 @@ int li_cmd_perplexity(int argc, char **argv) {
     float *logits = NULL;
     li_session sess;
     bool sess_ok = false;
+    li_kld kld = {0};
+    li_kld_stats kst = {0};
     if (ctx > m->hp.n_ctx_train) {
         li_error_set(&err, LI_ERANGE, "perplexity: --ctx %lld exceeds the model's context %d", (long long)ctx,
                      m->hp.n_ctx_train);
@@ -79,6 +86,8 @@ int li_cmd_perplexity(int argc, char **argv) {
     }
     if ((rc = li_session_init(&sess, m, &rt.be, ctx, kv_dtype, LI_MIN(batch, ctx), &err))) goto done;
     sess_ok = true;
+    if (kl_out && (rc = li_kld_create(&kld, kl_out, m->hp.n_vocab, &err))) goto done;
+    if (kl_base && (rc = li_kld_open(&kld, kl_base, m->hp.n_vocab, &err))) goto done;
     const int32_t nv = m->hp.n_vocab;
     logits = li_xmalloc((size_t)ctx * nv * sizeof(float));
     chunk = li_xmalloc((size_t)ctx * sizeof(int32_t));
@@ -99,12 +108,14 @@ int li_cmd_perplexity(int argc, char **argv) {
             for (int32_t i = 0; i < nv; i++) sum += exp((double)lg[i] - mx);
             nll += -((double)lg[toks[c * ctx + j + 1]] - mx - log(sum));
             scored++;
+            if ((kl_out || kl_base) && (rc = li_kld_add(&kld, lg, toks[c * ctx + j + 1], &err))) goto done;
         }
         if (!json)
             fprintf(stderr, "[%lld/%lld] running perplexity %.4f\n", (long long)c + 1, (long long)n_chunks,
                     exp(nll / scored));
     }
     double ppl = exp(nll / scored), secs = li_time_now() - t0;
+    if ((kl_out || kl_base) && (rc = li_kld_finish(&kld, &kst, &err))) goto done;
     if (json) {
         cJSON *j = cJSON_CreateObject();
         cJSON_AddNumberToObject(j, "perplexity", ppl);
@@ -113,6 +124,13 @@ int li_cmd_perplexity(int argc, char **argv) {
         cJSON_AddNumberToObject(j, "ctx", (double)ctx);
         cJSON_AddNumberToObject(j, "n_tokens", (double)n_tok);
         cJSON_AddNumberToObject(j, "seconds", secs);
+        if (kl_base) {
+            cJSON_AddNumberToObject(j, "kl_mean", kst.kl_mean);
+            cJSON_AddNumberToObject(j, "kl_p99", kst.kl_p99);
+            cJSON_AddNumberToObject(j, "kl_max", kst.kl_max);
+            cJSON_AddNumberToObject(j, "top1_agree", kst.top1_agree);
+            cJSON_AddNumberToObject(j, "base_perplexity", kst.base_ppl);
+        }
         char *s = cJSON_PrintUnformatted(j);
         printf("%s\n", s);
         free(s);
@@ -120,10 +138,14 @@ int li_cmd_perplexity(int argc, char **argv) {
     } else {
         printf("perplexity: %.4f (%lld chunks of %lld tokens, %lld scored, %.1f s)\n", ppl, (long long)n_chunks,
                (long long)ctx, (long long)scored, secs);
+        if (kl_base)
+            printf("vs baseline (perplexity %.4f): mean KL %.6f, 99th percentile %.6f, max %.4f, top-1 agreement "
+                   "%.2f%%\n", kst.base_ppl, kst.kl_mean, kst.kl_p99, kst.kl_max, 100 * kst.top1_agree);
     }
     status = 0;
 done:
     if (status) li_runtime_fail(&err);
+    li_kld_free(&kld);
     if (sess_ok) li_session_free(&sess);
     free(chunk);
     free(logits);

@@ -97,10 +97,83 @@ static int read_hparams(li_model *m, li_error *err) {
     return 0;
 }
 
+/* ------------------------------------------------------------------------
+ * scheme weights (`luainfer quantize`): an I8 tensor of codes, row bytes x
+ * rows, and NAME.scale (f32, groups x rows), NAME.zero (f32, groups x rows)
+ * and NAME.perm (i32, k) beside it
+ * ---------------------------------------------------------------------- */
+
+static int read_scheme(li_model *m, li_error *err) {
+    li_str s;
+    int rc = li_gguf_get_str(&m->gguf, "luainfer.quant.scheme", &s, err);
+    m->quant_scheme = LI_SCHEME_PLAIN;
+    if (rc == 1) return 0;
+    if (rc) return rc;
+    for (int i = 1; i < LI_SCHEME_COUNT; i++)
+        if (li_str_eq(s, li_scheme_name((uint32_t)i))) m->quant_scheme = (li_scheme)i;
+    if (m->quant_scheme == LI_SCHEME_PLAIN)
+        return li_error_set(err, LI_EUNSUP, "model: unknown weight scheme '%.*s' (luainfer.quant.scheme)", (int)s.len,
+                            s.ptr);
+    uint32_t v = 1, g = 0;
+    if ((rc = li_gguf_get_u32(&m->gguf, "luainfer.quant.version", &v, err)) < 0) return rc;
+    if (v != 1)
+        return li_error_set(err, LI_EUNSUP, "model: luainfer.quant.version %u is not supported (this build reads 1)", v);
+    if ((rc = li_gguf_get_u32(&m->gguf, "luainfer.quant.group_size", &g, err)) < 0) return rc;
+    m->quant_group = g;
+    return 0;
+}
+
+/* The companion NAME.SUFFIX of type `type` with ne0 x ne1 elements, or
+ * NULL (err set when it exists with another type or shape). */
+static const void *companion(li_model *m, const char *name, const char *suffix, uint32_t type, int64_t ne0,
+                             int64_t ne1, li_error *err) {
+    char cn[128];
+    snprintf(cn, sizeof cn, "%s.%s", name, suffix);
+    const li_gguf_tensor *t = li_gguf_find_tensor(&m->gguf, cn);
+    if (!t) return NULL;
+    if (t->type != type || t->ne[0] != ne0 || t->ne[1] != ne1 || t->n_dims > 2 || (uintptr_t)t->data % 4) {
+        li_error_set(err, LI_EINVAL, "model: tensor '%s' must be %s [%lld, %lld]", cn, li_type_name(type),
+                     (long long)ne0, (long long)ne1);
+        return NULL;
+    }
+    m->weight_bytes += t->nbytes;
+    return t->data;
+}
+
+static int bind_scheme_weight(li_model *m, li_weight *w, const li_gguf_tensor *t, const char *name, int64_t k,
+                              int64_t rows, li_error *err) {
+    const li_scheme_traits *st = li_scheme_info(m->quant_scheme);
+    size_t row_bytes;
+    if (!li_type_row_size(st->codes, k, &row_bytes) || t->n_dims > 2 || t->ne[0] != (int64_t)row_bytes ||
+        t->ne[1] != rows)
+        return li_error_set(err, LI_EINVAL, "model: %s tensor '%s' has shape [%lld, %lld], expected [%zu, %lld]",
+                            st->name, name, (long long)t->ne[0], (long long)t->ne[1], row_bytes, (long long)rows);
+    memset(w, 0, sizeof *w);
+    w->type = st->codes;
+    w->k = k;
+    w->m = rows;
+    w->row_bytes = row_bytes;
+    w->data = t->data;
+    w->scheme = m->quant_scheme;
+    w->act = st->act;
+    w->group_size = m->quant_group;
+    const int64_t ng = li_weight_n_groups(w);
+    li_error ce = {0};
+    w->scales = companion(m, name, "scale", LI_TYPE_F32, ng, rows, &ce);
+    w->zeros = companion(m, name, "zero", LI_TYPE_F32, ng, rows, &ce);
+    w->perm = companion(m, name, "perm", LI_TYPE_I32, k, 1, &ce);
+    if (ce.code) return li_error_set(err, ce.code, "%s", ce.msg);
+    char why[160];
+    if (li_weight_check(w, why, sizeof why)) return li_error_set(err, LI_EINVAL, "model: tensor '%s': %s", name, why);
+    m->weight_bytes += t->nbytes;
+    return 0;
+}
+
 /* Binds a 2-D weight of shape (m rows, k) and checks its type is usable. */
 static int bind_weight(li_model *m, li_weight *w, const char *name, int64_t k, int64_t rows, li_error *err) {
     const li_gguf_tensor *t = li_gguf_find_tensor(&m->gguf, name);
     if (!t) return li_error_set(err, LI_EINVAL, "model: missing tensor '%s'", name);
+    if (t->type == LI_TYPE_I8 && m->quant_scheme != LI_SCHEME_PLAIN) return bind_scheme_weight(m, w, t, name, k, rows, err);
     if (t->n_dims > 2 || t->ne[0] != k || t->ne[1] != rows)
         return li_error_set(err, LI_EINVAL, "model: tensor '%s' has shape [%lld, %lld], expected [%lld, %lld]", name,
                             (long long)t->ne[0], (long long)t->ne[1], (long long)k, (long long)rows);
@@ -201,7 +274,7 @@ int li_model_load(li_model **out, const char *path, li_error *err) {
         return rc;
     }
     m->path = strdup(path);
-    if ((rc = read_hparams(m, err)) || (rc = bind_weights(m, err))) goto fail;
+    if ((rc = read_hparams(m, err)) || (rc = read_scheme(m, err)) || (rc = bind_weights(m, err))) goto fail;
     if ((rc = li_tokenizer_init(&m->tok, &m->gguf, err))) goto fail;
     if (li_tokenizer_n_vocab(m->tok) != m->hp.n_vocab) {
         rc = li_error_set(err, LI_EINVAL, "model: tokenizer has %d tokens but the embedding has %d rows",

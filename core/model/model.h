@@ -49,6 +49,11 @@ typedef struct li_model {
     float **owned;             /* f32 copies of non-F32 norm weights, freed with the model */
     int n_owned;
     size_t weight_bytes;       /* bytes of all weight tensors */
+    /* a file written by `luainfer quantize` with a weight scheme
+     * (luainfer.quant.scheme): its I8 weight tensors are that scheme's codes,
+     * with NAME.scale (and .zero, .perm) beside them (docs/quantization.md) */
+    li_scheme quant_scheme;    /* LI_SCHEME_PLAIN for every other GGUF */
+    int64_t quant_group;       /* luainfer.quant.group_size: 0 = per channel */
 } li_model;
 
 int li_model_load(li_model **out, const char *path, li_error *err);

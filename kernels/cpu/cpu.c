@@ -21,6 +21,7 @@
 #include "cpu/kv_kernels.h"
 #include "cpu/q4g_kernels.h"
 #include "cpu/threadpool.h"
+#include "cpu/w8_kernels.h"
 
 #include <cpuid.h>
 #include <math.h>
@@ -336,9 +337,18 @@ static bool q4g_matmul(li_cpu *c, const li_weight *w, const float *x, float *y, 
     return true;
 }
 
+/* W8A8 / FP8 scheme weights: their own kernels (w8.c), every ISA */
+static bool w8_run(li_backend *be, const li_weight *w, const float *x, float *y, float *res, int64_t n) {
+    if (w->scheme == LI_SCHEME_PLAIN || !li_w8_supported(w)) return false;
+    li_cpu *c = cpu_of(be);
+    li_w8_matmul(li_w8_kernels_for(c->kern->isa), c->tp, c->n_threads, w, x, y, res, n);
+    return true;
+}
+
 static void cpu_matmul(li_backend *be, const li_weight *w, const float *x, float *y, int64_t n) {
     if (n <= 0 || w->m <= 0) return;
     if (q4g_matmul(cpu_of(be), w, x, y, NULL, n)) return;
+    if (w8_run(be, w, x, y, NULL, n)) return;
     if (matmul_act_type(w) == LI_TYPE_COUNT) {
         if (matmul_path(w) == MM_NONE) matmul_unknown(cpu_of(be), w);
         li_backend_ref_ops()->matmul(be, w, x, y, n);
@@ -350,6 +360,7 @@ static void cpu_matmul(li_backend *be, const li_weight *w, const float *x, float
 static void cpu_matmul_add(li_backend *be, const li_weight *w, const float *x, float *y, float *res, int64_t n) {
     if (n <= 0 || w->m <= 0) return;
     if (q4g_matmul(cpu_of(be), w, x, y, res, n)) return;
+    if (w8_run(be, w, x, y, res, n)) return;
     if (matmul_act_type(w) == LI_TYPE_COUNT) {
         if (matmul_path(w) == MM_NONE) matmul_unknown(cpu_of(be), w);
         li_backend_ref_ops()->matmul(be, w, x, y, n);
@@ -364,6 +375,11 @@ static void cpu_matmul_add(li_backend *be, const li_weight *w, const float *x, f
  * either way (each is computed whole by the same kernel). */
 static void cpu_matmul_multi(li_backend *be, const li_weight *const *w, int n_w, const float *x, float *const *y,
                              int64_t n) {
+    if (w[0]->scheme != LI_SCHEME_PLAIN && li_w8_same_job(w, n_w)) { /* one activation quantization */
+        li_cpu *c = cpu_of(be);
+        li_w8_matmul_multi(li_w8_kernels_for(c->kern->isa), c->tp, c->n_threads, w, n_w, x, y, NULL, n);
+        return;
+    }
     bool same = n_w <= LI_CPU_MAX_PARTS && n > 0;
     for (int i = 0; same && i < n_w; i++)
         same = w[i]->m > 0 && w[i]->k == w[0]->k && matmul_act_type(w[i]) == matmul_act_type(w[0]) &&
@@ -397,12 +413,12 @@ static int cpu_weight_prepare(li_backend *be, li_weight *w) {
             if (rc != LI_EUNSUP) return rc;
             q4g_why = "with zero points that are not integers 0..15";
         }
-        if (c->kern != &li_cpu_kernels_scalar) {
+        if (c->kern != &li_cpu_kernels_scalar && !li_w8_supported(w)) {
             li_log_error("cpu %s: no matmul kernel for %s weights (%s codes) %s; isa scalar runs them with the "
                          "reference", c->kern->isa, li_scheme_name(w->scheme), li_type_name(w->type), q4g_why);
             return LI_EUNSUP;
         }
-        return 0; /* the reference reads them as they are */
+        return 0; /* the W8A8 / FP8 kernels or the reference read them as they are */
     }
     if (!c->kern->gemm_q_packed || !li_cpu_pack_supported(w->type) || li_cpu_packed_of(w)) return 0;
     if (w->packed) return 0; /* another backend's layout: leave it */

@@ -1,0 +1,198 @@
+#!/usr/bin/env python3
+"""bench_quant.py — issue 14's quality and speed tables for `luainfer quantize`.
+
+Every method starts from the same baseline: the default Q4_1 model expanded
+to F16 (`--method f16`). For each method the model is quantized from that
+baseline, then scored with `luainfer perplexity` over the held-out text:
+
+  PPL and its change vs the baseline, mean KL divergence per scored token vs
+  the baseline's distribution (llama.cpp's --kl-divergence convention: the
+  baseline's log-probabilities saved once with --kl-base-out, every method
+  read against them with --kl-base) and its 99th percentile, top-1
+  agreement, file size and bits per weight (luainfer info).
+
+Calibration (w8a8) reads a different work (tests/data/plrabn12.txt, Paradise
+Lost) from the evaluation text (tests/data/alice29.txt, Alice). The speed
+table runs bench/bench_quant_speed.lua for the baseline, Q4_1 and each method,
+ROUNDS rounds alternating the models (a slow spell of a shared machine then
+falls on every model alike), keeping each one's best; peak RSS is each
+child's own (os.wait4).
+
+  .venv/bin/python bench/bench_quant.py [--chunks N] [--methods a,b,...]
+         [--speed] [--plot bpw_kl.png] [--json out.json]
+
+--chunks 0 scores the whole text (76 chunks of 512 for alice29.txt). A run
+prints the tables as Markdown (docs/benchmarks.md has one)."""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# name -> (quantize arguments, needs calibration)
+METHODS = {
+    "q8_0": (["--method", "q8_0"], False),
+    "q4_0": (["--method", "q4_0"], False),
+    "q4_1": (["--method", "q4_1"], False),
+    "w8a8": (["--method", "w8a8", "--alpha", "0.5", "--smooth", "all"], True),
+    "w8a8-norm": (["--method", "w8a8", "--alpha", "0.5", "--smooth", "norm"], True),
+    "w8a8-a0": (["--method", "w8a8", "--alpha", "0"], False),
+    "w8a8-a0.8": (["--method", "w8a8", "--alpha", "0.8", "--smooth", "all"], True),
+    "fp8": (["--method", "fp8"], False),
+}
+DEFAULT = "q8_0,q4_0,q4_1,w8a8,w8a8-norm,w8a8-a0,fp8"
+
+
+def run(cmd, env=None, timeout=7200):
+    r = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, env=env, timeout=timeout)
+    if r.returncode != 0:
+        sys.exit(f"bench_quant: {' '.join(map(str, cmd))} failed ({r.returncode}):\n{r.stderr[-2000:]}")
+    return r.stdout
+
+
+def run_rss(cmd, env=None):
+    """stdout and the child's own rusage (its peak RSS: ru_maxrss, KiB)."""
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        p = subprocess.Popen([str(c) for c in cmd], stdout=out, stderr=err, text=True, env=env)
+        _, status, ru = os.wait4(p.pid, 0)  # reaped here, not by Popen: this child's own rusage
+        p.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        if p.returncode != 0:
+            sys.exit(f"bench_quant: {' '.join(map(str, cmd))} failed:\n{err.read()[-2000:]}")
+        return out.read(), ru
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--bin", default=os.environ.get("LUAINFER_BIN", ROOT / "build" / "luainfer"))
+    ap.add_argument("--model", default=os.environ.get("LUAINFER_MODEL", ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"))
+    ap.add_argument("--eval", default=ROOT / "tests" / "data" / "alice29.txt")
+    ap.add_argument("--calib", default=ROOT / "tests" / "data" / "plrabn12.txt")
+    ap.add_argument("--samples", type=int, default=32)
+    ap.add_argument("--seq-len", type=int, default=512)
+    ap.add_argument("--ctx", type=int, default=512)
+    ap.add_argument("--chunks", type=int, default=0, help="chunks scored (0: the whole text)")
+    ap.add_argument("--methods", default=DEFAULT)
+    ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--speed", action="store_true", help="also the speed table")
+    ap.add_argument("--speed-steps", type=int, default=16)
+    ap.add_argument("--speed-methods", help="methods in the speed table (default: all of --methods)")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--plot", help="write a PNG of bits per weight against mean KL divergence")
+    ap.add_argument("--json", help="write every number as JSON")
+    ap.add_argument("--work", help="folder for the quantized models (default: a temporary one)")
+    a = ap.parse_args()
+    methods = [m for m in a.methods.split(",") if m]
+    for m in methods:
+        if m not in METHODS:
+            sys.exit(f"bench_quant: unknown method {m} (known: {', '.join(METHODS)})")
+    tmp = tempfile.TemporaryDirectory(prefix="bench_quant.") if not a.work else None
+    work = Path(a.work or tmp.name)
+    work.mkdir(parents=True, exist_ok=True)
+    threads = ["--threads", str(a.threads)] if a.threads else []
+    luai = a.bin
+
+    def info(path):
+        return json.loads(run([luai, "info", path, "--json"]))
+
+    def ppl(path, *extra):
+        return json.loads(run([luai, "perplexity", "--model", path, "--file", a.eval, "--ctx", a.ctx,
+                               "--chunks", a.chunks, "--json", *threads, *extra]))
+
+    t0 = time.time()
+    base = work / "f16.gguf"
+    run([luai, "quantize", "--method", "f16", a.model, base])
+    kld = work / "base.kld"
+    b = ppl(base, "--kl-base-out", kld)
+    rows = []
+    bi = info(base)
+    rows.append({"method": "f16 (baseline)", "ppl": b["perplexity"], "dppl": 0.0, "kl_mean": 0.0, "kl_p99": 0.0,
+                 "top1": 1.0, "bytes": bi["file_bytes"], "bpw": bi["bits_per_weight"], "path": str(base)})
+    orig = info(a.model)
+    r = ppl(a.model, "--kl-base", kld)
+    rows.append({"method": "q4_1 (the shipped file)", "ppl": r["perplexity"], "kl_mean": r["kl_mean"],
+                 "kl_p99": r["kl_p99"], "top1": r["top1_agree"], "bytes": orig["file_bytes"],
+                 "bpw": orig["bits_per_weight"], "path": str(a.model)})
+    for m in methods:
+        args, calib = METHODS[m]
+        out = work / f"{m}.gguf"
+        cal = ["--calib", a.calib, "--samples", a.samples, "--seq-len", a.seq_len] if calib else []
+        t = time.time()
+        run([luai, "quantize", *args, *cal, *threads, base, out])
+        qs = time.time() - t
+        r = ppl(out, "--kl-base", kld)
+        i = info(out)
+        rows.append({"method": m, "ppl": r["perplexity"], "kl_mean": r["kl_mean"], "kl_p99": r["kl_p99"],
+                     "top1": r["top1_agree"], "bytes": i["file_bytes"], "bpw": i["bits_per_weight"],
+                     "quantize_s": qs, "path": str(out)})
+        print(f"  {m}: ppl {r['perplexity']:.4f}, KL {r['kl_mean']:.5f}", file=sys.stderr)
+    for row in rows:
+        row["dppl"] = 100.0 * (row["ppl"] / b["perplexity"] - 1.0)
+    print(f"quality: {a.eval.name if hasattr(a.eval, 'name') else a.eval}, ctx {a.ctx}, "
+          f"{b['n_chunks']} chunks, {b['n_scored']} scored tokens; baseline = the Q4_1 model expanded to F16; "
+          f"calibration: {Path(str(a.calib)).name}, {a.samples} x {a.seq_len} tokens")
+    print()
+    print("| method | PPL | ΔPPL | mean KL | KL p99 | top-1 | file | bpw |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for row in rows:
+        print(f"| {row['method']} | {row['ppl']:.4f} | {row['dppl']:+.2f}% | {row['kl_mean']:.5f} | "
+              f"{row['kl_p99']:.4f} | {100 * row['top1']:.2f}% | {row['bytes'] / 2**20:.1f} MiB | {row['bpw']:.2f} |")
+    speed = []
+    if a.speed:
+        sm = a.speed_methods.split(",") if a.speed_methods else methods
+        names = ["f16 (baseline)", "q4_1 (the shipped file)"] + [m for m in sm if m in methods]
+        paths = {row["method"]: row["path"] for row in rows}
+        best = {n: {} for n in names}
+        for _ in range(a.rounds):
+            for n in names:
+                env = dict(os.environ, LUAINFER_MODEL=paths[n])
+                out, ru = run_rss([luai, "run", ROOT / "bench" / "bench_quant_speed.lua", a.speed_steps, 1], env=env)
+                v = json.loads(out.strip().splitlines()[-1])
+                v["rss_mib"] = ru.ru_maxrss / 1024.0
+                for k, x in v.items():
+                    best[n][k] = min(best[n].get(k, x), x) if k == "rss_mib" else max(best[n].get(k, 0), x)
+        bs = best[names[0]]
+        print()
+        print(f"speed (tokens/s of forward time, best of {a.rounds} alternating rounds; ratio vs the baseline)")
+        print()
+        print("| model | prefill 512 | decode 1 | batched 8 | batched 32 | peak RSS |")
+        print("|---|---:|---:|---:|---:|---:|")
+        for n in names:
+            s = best[n]
+            cell = lambda k: f"{s[k]:.1f} ({s[k] / bs[k]:.2f}x)"
+            print(f"| {n} | {cell('prefill_512')} | {cell('decode_1')} | {cell('batched_8')} | "
+                  f"{cell('batched_32')} | {s['rss_mib']:.0f} MiB |")
+            speed.append({"model": n, **s})
+    if a.plot:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
+        pts = [r for r in rows if r["kl_mean"] > 0]
+        ax.scatter([r["bpw"] for r in pts], [r["kl_mean"] for r in pts])
+        for r in pts:
+            ax.annotate(r["method"], (r["bpw"], r["kl_mean"]), fontsize=7, xytext=(3, 3), textcoords="offset points")
+        ax.set_yscale("log")
+        ax.set_xlabel("bits per weight")
+        ax.set_ylabel("mean KL divergence vs F16 (nats/token)")
+        ax.set_title(f"luainfer quantize: {b['n_scored']} held-out tokens, ctx {a.ctx}")
+        ax.grid(True, alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(a.plot)
+        print(f"\nplot: {a.plot}")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"quality": rows, "speed": speed, "n_scored": b["n_scored"], "ctx": a.ctx,
+                       "seconds": time.time() - t0}, f, indent=1)
+    if tmp:
+        tmp.cleanup()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,73 @@
+/* quantize.c — `luainfer quantize --method M IN OUT.gguf` (core/quant/). */
+#define _GNU_SOURCE
+#include "runtime/args.h"
+#include "cli/cli.h"
+#include "quant/quantize.h"
+
+#include <errno.h>
+#include <libgen.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* Fails before any work when OUT cannot be written: its folder must exist
+ * and be writable, and OUT must not be a folder. */
+static int check_output(const char *out, li_error *err) {
+    struct stat st;
+    if (stat(out, &st) == 0 && S_ISDIR(st.st_mode))
+        return li_error_set(err, LI_EIO, "quantize: output '%s' is a directory", out);
+    char *d = strdup(out);
+    if (!d) abort();
+    const char *dir = dirname(d);
+    int rc = 0;
+    if (access(dir, W_OK) != 0)
+        rc = li_error_set(err, LI_EIO, "quantize: cannot write '%s': %s", out, strerror(errno));
+    free(d);
+    return rc;
+}
+
+int li_cmd_quantize(int argc, char **argv) {
+    const char *method = NULL, *calib = NULL, *smooth = "all";
+    int64_t group = 0, samples = 32, seq_len = 512, threads = 0;
+    double alpha = 0.5;
+    bool help = false;
+    li_opt opts[] = {
+        {"method", LI_OPT_STR, &method, "f16, bf16, q8_0, q4_0, q4_1, w8a8 (int8 W8A8, SmoothQuant) or fp8 (e4m3 W8A8) (required)"},
+        {"group", LI_OPT_INT, &group, "elements per scale group (4-bit methods; the others have fixed groups)"},
+        {"calib", LI_OPT_STR, &calib, "calibration text (w8a8: required unless --alpha 0 or --smooth none)"},
+        {"samples", LI_OPT_INT, &samples, "calibration windows (default 32)"},
+        {"seq-len", LI_OPT_INT, &seq_len, "tokens per calibration window (default 512)"},
+        {"alpha", LI_OPT_FLOAT, &alpha, "SmoothQuant migration strength in [0, 1] (default 0.5; 0 = no smoothing)"},
+        {"smooth", LI_OPT_STR, &smooth, "which SmoothQuant migrations: all (norms, v->o, up->down), norm (norms only), none (default all)"},
+        {"threads", LI_OPT_INT, &threads, "calibration threads (default: all cores)"},
+        {"help", LI_OPT_FLAG, &help, "show this help"},
+    };
+    const int n_opts = (int)LI_ARRAY_LEN(opts);
+    li_error err = {0};
+    const char *pos[2];
+    int n_pos, rc;
+    if ((rc = li_args_parse(opts, n_opts, argc, argv, pos, 2, &n_pos, &err))) return li_runtime_fail(&err);
+    if (help) {
+        li_args_usage("quantize", "--method M [options] IN.gguf OUT.gguf", opts, n_opts);
+        return 0;
+    }
+    if (!method) return li_runtime_fail(&(li_error){LI_EINVAL, "quantize: --method is required"});
+    if (n_pos != 2) return li_runtime_fail(&(li_error){LI_EINVAL, "quantize: expected IN.gguf OUT.gguf"});
+    li_quant_opts o = {.in = pos[0], .out = pos[1], .group = group, .calib = calib, .samples = samples,
+                       .seq_len = seq_len, .alpha = alpha, .threads = threads};
+    if ((rc = li_qmethod_parse(method, &o.method, &err))) return li_runtime_fail(&err);
+    if (!strcmp(smooth, "all")) o.smooth = LI_SMOOTH_ALL;
+    else if (!strcmp(smooth, "norm")) o.smooth = LI_SMOOTH_NORM;
+    else if (!strcmp(smooth, "none")) o.smooth = LI_SMOOTH_NONE;
+    else return li_runtime_fail(&(li_error){LI_EINVAL, "quantize: --smooth must be all, norm or none"});
+    if (o.method != LI_QMETHOD_W8A8 && o.method != LI_QMETHOD_FP8) o.smooth = LI_SMOOTH_NONE; /* nothing to smooth */
+    if (o.method == LI_QMETHOD_FP8 && !calib) o.smooth = LI_SMOOTH_NONE; /* fp8: smoothing only when asked */
+    if (group < 0) return li_runtime_fail(&(li_error){LI_EINVAL, "quantize: --group must be positive"});
+    if (li_qmethod_needs_calib(&o) && !calib)
+        return li_runtime_fail(&(li_error){LI_EINVAL, "quantize: --method w8a8 needs --calib FILE (or --alpha 0)"});
+    if ((rc = check_output(o.out, &err))) return li_runtime_fail(&err);
+    if ((rc = li_quantize(&o, &err))) return li_runtime_fail(&err);
+    return 0;
+}
