@@ -329,7 +329,12 @@ def main():
     if not os.path.isfile(args.model):
         fail(f"{args.model}: no such file")
 
-    reader, meta, arch, src = read_gguf(args.model)
+    convert(read_gguf(args.model), args.out, args.dtype, args.shard_size, args.gguf_out)
+
+
+def convert(gguf, out, dtype="bf16", shard_size=0, gguf_out=None):
+    """gguf: what read_gguf returned (read once, convert many times)."""
+    reader, meta, arch, src = gguf
     hp = hparams(meta, arch)
     tied = "output.weight" not in src
     hf, gg = {}, {}
@@ -345,7 +350,7 @@ def main():
             if not m or m.group(1) not in GLOBAL_NAMES:
                 fail(f"tensor {name}: no Hugging Face name for it")
             hf_name = GLOBAL_NAMES[m.group(1)] + ".weight"
-        bits, st_dtype = round_to(a, args.dtype)
+        bits, st_dtype = round_to(a, dtype)
         gg[name] = (bits, st_dtype)
         if name.endswith("attn_q.weight"):
             bits = np.ascontiguousarray(unpermute(bits, hp["n_head"]))
@@ -353,14 +358,15 @@ def main():
             bits = np.ascontiguousarray(unpermute(bits, hp["n_head_kv"]))
         hf[hf_name] = (bits, st_dtype)
 
-    os.makedirs(args.out, exist_ok=True)
-    n_shards = write_weights(args.out, hf, args.shard_size)
-    write_config(args.out, meta, arch, hp, args.dtype, tied)
-    write_tokenizer(args.out, meta, arch)
-    if args.gguf_out:
-        write_ref_gguf(args.gguf_out, reader, arch, gg, args.dtype)
-    print(f"gguf_to_hf: {args.out}: {len(hf)} tensors ({args.dtype}) in {n_shards} safetensors file(s)"
-          + (f"; reference GGUF {args.gguf_out}" if args.gguf_out else ""))
+    os.makedirs(out, exist_ok=True)
+    n_shards = write_weights(out, hf, shard_size)
+    write_config(out, meta, arch, hp, dtype, tied)
+    write_tokenizer(out, meta, arch)
+    if gguf_out:
+        write_ref_gguf(gguf_out, reader, arch, gg, dtype)
+    print(f"gguf_to_hf: {out}: {len(hf)} tensors ({dtype}) in {n_shards} safetensors file(s)"
+          + (f"; reference GGUF {gguf_out}" if gguf_out else ""))
+    return n_shards
 
 
 if __name__ == "__main__":
