@@ -232,7 +232,9 @@ static void test_open(void) {
     CHECK(rc == 0, "open a valid file: %s", err.msg);
     if (rc == 0) {
         const li_st_tensor *t = li_safetensors_find(&st, "w");
-        CHECK(t && st.map && ((const float *)t->data)[1] == -1.5f, "mapped data");
+        float got[2] = {0, 0};
+        if (t) memcpy(got, t->data, sizeof got); /* our header is not padded: the data may be misaligned */
+        CHECK(t && st.map && got[1] == -1.5f, "mapped data");
         li_safetensors_free(&st);
     }
     /* the same file cut short on disk */
