@@ -23,7 +23,12 @@ file dequantized to F16 is not the Q4_1 numbers; luainfer on DIR must match
 luainfer on this GGUF, token for token and logit for logit.
 
     .venv/bin/python tools/gguf_to_hf.py OUT_DIR [--model GGUF] [--dtype bf16|f16|f32]
-        [--shard-size 100MB] [--gguf-out REF.gguf]
+        [--shard-size 100MB] [--gguf-out REF.gguf] [--quant awq|gptq --group-size 32 [--act-order]]
+
+--quant writes the decoder's Linears as a 4-bit AutoAWQ "GEMM" or GPTQ
+checkpoint (qweight / qzeros / scales [/ g_idx], packed as those libraries
+pack them, quantized here from the dequantized weights); the reference GGUF
+then holds exactly the values (q - zero) * scale as F32.
 """
 import argparse
 import json
@@ -152,6 +157,65 @@ def as_f32(bits, dtype):
 
 
 # ---------------------------------------------------------------------------
+# AWQ / GPTQ 4-bit layouts (AutoAWQ's WQLinear_GEMM packing, AutoGPTQ's
+# QuantLinear packing), for checking luainfer's loader of those checkpoints
+# ---------------------------------------------------------------------------
+
+AWQ_ORDER = [0, 2, 4, 6, 1, 3, 5, 7]  # word nibble i holds output column 8c + AWQ_ORDER[i]
+
+
+def quantize_4bit(w, g_idx, n_groups, zmin):
+    """Asymmetric 4-bit per (row, group): q (out, in), zeros and F16 scales
+    (out, groups), and the f32 values (q - z) * s the loader must compute."""
+    out_f, in_f = w.shape
+    q = np.zeros((out_f, in_f), np.uint32)
+    z = np.zeros((out_f, n_groups), np.uint32)
+    s16 = np.zeros((out_f, n_groups), np.float16)
+    for g in range(n_groups):
+        cols = np.nonzero(g_idx == g)[0]
+        blk = w[:, cols]
+        lo, hi = np.minimum(blk.min(1), 0), np.maximum(blk.max(1), 0)
+        sc = ((hi - lo) / 15).astype(np.float16)
+        sc[sc == 0] = np.float16(1e-4)
+        s32 = sc.astype(np.float32)
+        zz = np.clip(np.round(-lo / s32), zmin, 15)
+        q[:, cols] = np.clip(np.round(blk / s32[:, None]) + zz[:, None], 0, 15).astype(np.uint32)
+        z[:, g], s16[:, g] = zz.astype(np.uint32), sc
+    s32 = s16.astype(np.float32)
+    deq = (q.astype(np.float32) - z[:, g_idx].astype(np.float32)) * s32[:, g_idx]
+    return q, z, s16, deq
+
+
+def pack_cols(a, order=range(8)):
+    """(r, c) codes -> (r, c/8) int32: word nibble i holds column 8j + order[i]."""
+    words = np.zeros((a.shape[0], a.shape[1] // 8), np.uint32)
+    for i, o in enumerate(order):
+        words |= (a[:, o::8] & 15) << np.uint32(4 * i)
+    return words.view(np.int32)
+
+
+def quant_tensors(base, w, method, group, act_order, rng):
+    """HF tensors of one Linear (w: (out, in) f32) and its dequantized values."""
+    out_f, in_f = w.shape
+    gs = group if group > 0 else in_f
+    n_groups = in_f // gs
+    g_idx = np.arange(in_f) // gs
+    if method == "gptq" and act_order:
+        g_idx = np.empty(in_f, np.int64)
+        g_idx[rng.permutation(in_f)] = np.arange(in_f) // gs
+    q, z, s16, deq = quantize_4bit(w, g_idx, n_groups, 1 if method == "gptq" else 0)
+    if method == "awq":
+        t = {"qweight": pack_cols(q.T, AWQ_ORDER), "qzeros": pack_cols(z.T, AWQ_ORDER)}
+    else:
+        t = {"qweight": pack_cols(q).T.copy(),       # (in/8, out): input i at nibble i % 8
+             "qzeros": pack_cols(z.T - 1),           # checkpoint_format "gptq" stores zero - 1
+             "g_idx": g_idx.astype(np.int32)}
+    t["scales"] = np.ascontiguousarray(s16.T)
+    return {f"{base}.{k}": (np.ascontiguousarray(v), {np.dtype(np.int32): "int32", np.dtype(np.float16): "float16"}[v.dtype])
+            for k, v in t.items()}, deq
+
+
+# ---------------------------------------------------------------------------
 # Writing safetensors (the package's serializer; BF16 goes through its
 # TensorSpec API because numpy has no bfloat16 dtype)
 # ---------------------------------------------------------------------------
@@ -256,7 +320,7 @@ def write_tokenizer(out, meta, arch):
     fast.save_pretrained(out)
 
 
-def write_config(out, meta, arch, hp, dtype, tied):
+def write_config(out, meta, arch, hp, dtype, tied, quant=None):
     from transformers import GenerationConfig, LlamaConfig
     ids = {k: meta.get(f"tokenizer.ggml.{k}_token_id") for k in ("bos", "eos", "padding")}
     cfg = LlamaConfig(
@@ -276,6 +340,7 @@ def write_config(out, meta, arch, hp, dtype, tied):
         pad_token_id=None if ids["padding"] is None else int(ids["padding"]),
         torch_dtype={"bf16": "bfloat16", "f16": "float16", "f32": "float32"}[dtype],
         architectures=["LlamaForCausalLM"],
+        **({"quantization_config": quant} if quant else {}),
     )
     cfg.save_pretrained(out)
     GenerationConfig(bos_token_id=cfg.bos_token_id, eos_token_id=cfg.eos_token_id,
@@ -301,13 +366,14 @@ def write_ref_gguf(path, reader, arch, gguf_tensors, dtype):
             w.add_key_value(key, f.contents(), vtype, sub_type=GGUFValueType(int(f.types[1])))
         else:
             w.add_key_value(key, f.contents(), vtype)
-    for name, (bits, _) in gguf_tensors.items():
-        if bits.ndim == 1 or dtype == "f32":
-            w.add_tensor(name, as_f32(bits, dtype) if bits.ndim == 1 else bits)
-        elif dtype == "f16":
-            w.add_tensor(name, bits)
-        else:
+    for name, (bits, dt) in gguf_tensors.items():
+        kind = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}[dt]
+        if bits.ndim == 1:
+            w.add_tensor(name, as_f32(bits, kind))  # norms: F32, as llama.cpp writes them
+        elif kind == "bf16":
             w.add_tensor(name, bits.view(np.uint8).reshape(bits.shape[0], -1), raw_dtype=GGMLQuantizationType.BF16)
+        else:
+            w.add_tensor(name, bits)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -325,19 +391,27 @@ def main():
     ap.add_argument("--shard-size", type=parse_size, default=0,
                     help="split the weights into shards of at most this many bytes (e.g. 100MB); default one file")
     ap.add_argument("--gguf-out", help="also write a GGUF with the same rounded weights (the comparison reference)")
+    ap.add_argument("--quant", choices=("awq", "gptq"),
+                    help="write the decoder Linears as a 4-bit AutoAWQ (GEMM) or GPTQ checkpoint")
+    ap.add_argument("--group-size", type=int, default=32, help="--quant group size along the input (0: per channel)")
+    ap.add_argument("--act-order", action="store_true", help="GPTQ: a g_idx that permutes the input columns (desc_act)")
     args = ap.parse_args()
     if not os.path.isfile(args.model):
         fail(f"{args.model}: no such file")
 
-    convert(read_gguf(args.model), args.out, args.dtype, args.shard_size, args.gguf_out)
+    convert(read_gguf(args.model), args.out, args.dtype, args.shard_size, args.gguf_out, args.quant, args.group_size,
+            args.act_order)
 
 
-def convert(gguf, out, dtype="bf16", shard_size=0, gguf_out=None):
-    """gguf: what read_gguf returned (read once, convert many times)."""
+def convert(gguf, out, dtype="bf16", shard_size=0, gguf_out=None, quant=None, group=32, act_order=False):
+    """gguf: what read_gguf returned (read once, convert many times).
+    quant "awq" / "gptq": the decoder Linears as 4-bit checkpoints (the
+    reference GGUF then holds their dequantized values as F32)."""
     reader, meta, arch, src = gguf
     hp = hparams(meta, arch)
     tied = "output.weight" not in src
     hf, gg = {}, {}
+    rng = np.random.default_rng(16)
     for name, a in src.items():
         m = re.fullmatch(r"blk\.(\d+)\.([a-z_]+)\.weight", name)
         if m:
@@ -350,21 +424,33 @@ def convert(gguf, out, dtype="bf16", shard_size=0, gguf_out=None):
             if not m or m.group(1) not in GLOBAL_NAMES:
                 fail(f"tensor {name}: no Hugging Face name for it")
             hf_name = GLOBAL_NAMES[m.group(1)] + ".weight"
+        heads = hp["n_head"] if name.endswith("attn_q.weight") else \
+            hp["n_head_kv"] if name.endswith("attn_k.weight") else 0
+        if quant and a.ndim == 2 and name.startswith("blk."):
+            ts, deq = quant_tensors(hf_name[:-len(".weight")], unpermute(a, heads) if heads else a,
+                                    quant, group, act_order, rng)
+            hf.update(ts)
+            gg[name] = (np.ascontiguousarray(permute(deq, heads) if heads else deq), "float32")
+            continue
         bits, st_dtype = round_to(a, dtype)
         gg[name] = (bits, st_dtype)
-        if name.endswith("attn_q.weight"):
-            bits = np.ascontiguousarray(unpermute(bits, hp["n_head"]))
-        elif name.endswith("attn_k.weight"):
-            bits = np.ascontiguousarray(unpermute(bits, hp["n_head_kv"]))
+        if heads:
+            bits = np.ascontiguousarray(unpermute(bits, heads))
         hf[hf_name] = (bits, st_dtype)
 
     os.makedirs(out, exist_ok=True)
     n_shards = write_weights(out, hf, shard_size)
-    write_config(out, meta, arch, hp, dtype, tied)
+    qcfg = None
+    if quant == "awq":
+        qcfg = {"quant_method": "awq", "bits": 4, "group_size": group or -1, "zero_point": True, "version": "gemm"}
+    elif quant == "gptq":
+        qcfg = {"quant_method": "gptq", "bits": 4, "group_size": group or -1, "desc_act": act_order, "sym": False,
+                "checkpoint_format": "gptq"}
+    write_config(out, meta, arch, hp, dtype, tied, qcfg)
     write_tokenizer(out, meta, arch)
     if gguf_out:
         write_ref_gguf(gguf_out, reader, arch, gg, dtype)
-    print(f"gguf_to_hf: {out}: {len(hf)} tensors ({dtype}) in {n_shards} safetensors file(s)"
+    print(f"gguf_to_hf: {out}: {len(hf)} tensors ({dtype}{', ' + quant if quant else ''}) in {n_shards} safetensors file(s)"
           + (f"; reference GGUF {gguf_out}" if gguf_out else ""))
     return n_shards
 

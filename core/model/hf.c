@@ -9,7 +9,10 @@
  * two halves (rotate_half), the kernels' rope rotates adjacent pairs, as
  * llama.cpp's GGUF converter arranges. Their rows are permuted into owned
  * copies (2 of 7 matrices per layer) so the forward is bit for bit the one
- * a GGUF of the same weights runs. Everything the directory does not say
+ * a GGUF of the same weights runs. AutoAWQ (GEMM) and GPTQ 4-bit
+ * checkpoints are unpacked onto the AWQ / GPTQ weight schemes (codes,
+ * scales, zero points, act-order permutation; the scalar reference runs
+ * them). Everything the directory does not say
  * the way we compute (rope scaling, biases, sliding windows, other
  * activations, quantized checkpoints) is refused with a one-line error. */
 #define _GNU_SOURCE
@@ -22,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 #define HF_MAX_JSON (256u << 20) /* tokenizer.json of a 256k vocabulary is ~20 MiB */
@@ -36,10 +40,15 @@ struct li_hf {
     int n_eog;
 };
 
+enum { HF_PLAIN, HF_AWQ, HF_GPTQ };
+
 typedef struct hf_ctx {
     li_model *m;
     const char *dir;
     li_error *err;
+    int quant;              /* HF_*: the decoder Linears' checkpoint layout */
+    int64_t group;          /* quantization group along k; 0: per channel */
+    int zero_offset;        /* GPTQ v1 stores zero points minus one */
     char path[4096];        /* scratch: dir/name */
 } hf_ctx;
 
@@ -119,6 +128,42 @@ static int check_rope(hf_ctx *c, const cJSON *r, const char *key) {
     return 0;
 }
 
+/* quantization_config: AutoAWQ "gemm" or GPTQ, 4 bits; anything else is refused. */
+static int read_quant(hf_ctx *c, const cJSON *q) {
+    if (!q) return 0;
+    const cJSON *meth = item(q, "quant_method"), *bits = item(q, "bits"), *gs = item(q, "group_size");
+    if (!bits) bits = item(q, "w_bit"); /* AutoAWQ's own quant_config.json spelling */
+    if (!gs) gs = item(q, "q_group_size");
+    const char *mname = cJSON_IsString(meth) ? meth->valuestring : "?";
+    if (strcmp(mname, "awq") && strcmp(mname, "gptq"))
+        return li_error_set(c->err, LI_EUNSUP, "hf: %s/config.json: quantized checkpoints (quant_method '%.32s') are not supported (awq, gptq)",
+                            c->dir, mname);
+    if (!cJSON_IsNumber(bits) || bits->valuedouble != 4)
+        return li_error_set(c->err, LI_EUNSUP, "hf: %s/config.json: %s with %g bits is not supported (4 bits)", c->dir, mname,
+                            cJSON_IsNumber(bits) ? bits->valuedouble : 0.0);
+    if (!cJSON_IsNumber(gs) || (gs->valuedouble != -1 && !(gs->valuedouble >= 8 && gs->valuedouble <= (1 << 20))) ||
+        (double)(int64_t)gs->valuedouble != gs->valuedouble)
+        return li_error_set(c->err, LI_EINVAL, "hf: %s/config.json: quantization group_size is not -1 or a size >= 8", c->dir);
+    c->group = gs->valuedouble == -1 ? 0 : (int64_t)gs->valuedouble;
+    if (!strcmp(mname, "awq")) {
+        const cJSON *ver = item(q, "version");
+        if (ver && !(cJSON_IsString(ver) && !strcasecmp(ver->valuestring, "gemm")))
+            return li_error_set(c->err, LI_EUNSUP, "hf: %s/config.json: AWQ version '%.16s' is not supported (gemm)", c->dir,
+                                cJSON_IsString(ver) ? ver->valuestring : "?");
+        if (cJSON_IsFalse(item(q, "zero_point")))
+            return li_error_set(c->err, LI_EUNSUP, "hf: %s/config.json: AWQ without zero points is not supported", c->dir);
+        c->quant = HF_AWQ;
+    } else {
+        const cJSON *fmt = item(q, "checkpoint_format");
+        const char *f = cJSON_IsString(fmt) ? fmt->valuestring : "gptq";
+        if (strcmp(f, "gptq") && strcmp(f, "gptq_v2"))
+            return li_error_set(c->err, LI_EUNSUP, "hf: %s/config.json: GPTQ checkpoint_format '%.16s' is not supported", c->dir, f);
+        c->quant = HF_GPTQ;
+        c->zero_offset = !strcmp(f, "gptq"); /* v1 stores zero - 1 */
+    }
+    return 0;
+}
+
 static int read_config(hf_ctx *c, const cJSON *cfg) {
     li_hparams *hp = &c->m->hp;
     /* Llama-family: the same tensors and math as our GGUF llama */
@@ -140,12 +185,8 @@ static int read_config(hf_ctx *c, const cJSON *cfg) {
                             "hf: %s/config.json: architecture '%.64s' is not supported (LlamaForCausalLM, MistralForCausalLM)",
                             c->dir, arch);
     snprintf(hp->arch, sizeof hp->arch, "%s", strcmp(arch, archs[0]) ? "mistral" : "llama");
-    if (item(cfg, "quantization_config")) {
-        const cJSON *q = item(item(cfg, "quantization_config"), "quant_method");
-        return li_error_set(c->err, LI_EUNSUP, "hf: %s/config.json: quantized checkpoints (quant_method '%.32s') are not supported yet",
-                            c->dir, cJSON_IsString(q) ? q->valuestring : "?");
-    }
     int rc;
+    if ((rc = read_quant(c, item(cfg, "quantization_config")))) return rc;
     int32_t vocab;
     if ((rc = cfg_int(c, cfg, "hidden_size", -1, &hp->n_embd)) ||
         (rc = cfg_int(c, cfg, "num_hidden_layers", -1, &hp->n_layer)) ||
@@ -284,6 +325,9 @@ static void own(li_model *m, void *p) {
 static int bind(hf_ctx *c, li_weight *w, const char *name, int64_t k, int64_t rows, int heads) {
     const li_st_tensor *t = find(c, name);
     if (!t) return li_error_set(c->err, LI_EINVAL, "hf: %s: missing tensor '%s'", c->dir, name);
+    if (t->type != LI_TYPE_F32 && t->type != LI_TYPE_F16 && t->type != LI_TYPE_BF16)
+        return li_error_set(c->err, LI_EINVAL, "hf: %s: tensor '%s' is %s, not a float weight", c->dir, name,
+                            li_type_name(t->type));
     if (t->n_dims != 2 || t->shape[0] != rows || t->shape[1] != k)
         return li_error_set(c->err, LI_EINVAL, "hf: %s: tensor '%s' has shape (%lld, %lld), expected (%lld, %lld)", c->dir,
                             name, (long long)(t->n_dims > 0 ? t->shape[0] : 0), (long long)(t->n_dims > 1 ? t->shape[1] : 0),
@@ -316,6 +360,148 @@ static int bind(hf_ctx *c, li_weight *w, const char *name, int64_t k, int64_t ro
     }
     c->m->weight_bytes += t->nbytes;
     return 0;
+}
+
+/* ==== AWQ / GPTQ Linears ================================================================ */
+
+/* A packed tensor `base.suffix` of dtype want and shape (d0, d1). */
+static const li_st_tensor *qtensor(hf_ctx *c, const char *base, const char *suffix, uint32_t want, int64_t d0,
+                                   int64_t d1, int *rc) {
+    char name[200];
+    snprintf(name, sizeof name, "%.150s.%.20s", base, suffix);
+    const li_st_tensor *t = find(c, name);
+    if (!t) *rc = li_error_set(c->err, LI_EINVAL, "hf: %s: missing tensor '%s'", c->dir, name);
+    else if (t->n_dims != (d1 ? 2u : 1u) || t->shape[0] != d0 || (d1 && t->shape[1] != d1))
+        *rc = li_error_set(c->err, LI_EINVAL, "hf: %s: tensor '%s' has the wrong shape (expected (%lld%s%lld))", c->dir, name,
+                           (long long)d0, d1 ? ", " : "", (long long)d1);
+    else if (want != UINT32_MAX ? t->type != want : t->type == LI_TYPE_I32)
+        *rc = li_error_set(c->err, LI_EINVAL, "hf: %s: tensor '%s' has dtype %s", c->dir, name, li_type_name(t->type));
+    else return t;
+    return NULL;
+}
+
+static uint32_t nib(const li_st_tensor *t, int64_t idx, int shift) {
+    int32_t v;
+    memcpy(&v, (const uint8_t *)t->data + 4 * idx, 4);
+    return ((uint32_t)v >> shift) & 15u;
+}
+
+/* A 4-bit Linear (rows = out, k = in) from AutoAWQ GEMM or GPTQ tensors,
+ * onto the AWQ / GPTQ weight schemes: u4 codes (rows, k), f32 scales and
+ * zero points (rows, groups), GPTQ's act-order as the column permutation.
+ * heads > 0 permutes rows as bind() does.
+ *   AWQ:  qweight (k, rows/8) I32, element o of a word at nibble
+ *         AWQ_REVERSE[o % 8]; qzeros (groups, rows/8) likewise; scales (groups, rows)
+ *   GPTQ: qweight (k/8, rows) I32, input i at nibble i % 8; qzeros
+ *         (groups, rows/8), rows at nibble o % 8, minus one in format v1;
+ *         scales (groups, rows); g_idx (k), each input column's group */
+static int bind_quant(hf_ctx *c, li_weight *w, const char *base, int64_t k, int64_t rows, int heads) {
+    static const int AWQ_REVERSE[8] = {0, 4, 1, 5, 2, 6, 3, 7};
+    const bool awq = c->quant == HF_AWQ;
+    const int64_t gs = c->group ? c->group : k, ng = k / gs;
+    if (k % gs || k % 8 || rows % 8)
+        return li_error_set(c->err, LI_EINVAL, "hf: %s: '%s' (%lld x %lld) does not split into groups of %lld and words of 8",
+                            c->dir, base, (long long)rows, (long long)k, (long long)gs);
+    int rc = 0;
+    const li_st_tensor *qw = awq ? qtensor(c, base, "qweight", LI_TYPE_I32, k, rows / 8, &rc)
+                                 : qtensor(c, base, "qweight", LI_TYPE_I32, k / 8, rows, &rc);
+    const li_st_tensor *qz = qw ? qtensor(c, base, "qzeros", LI_TYPE_I32, ng, rows / 8, &rc) : NULL;
+    const li_st_tensor *sc = qz ? qtensor(c, base, "scales", UINT32_MAX, ng, rows, &rc) : NULL;
+    const li_st_tensor *gi = NULL;
+    if (!sc) return rc;
+    char gname[200];
+    snprintf(gname, sizeof gname, "%.150s.g_idx", base);
+    if (!awq && find(c, gname) && !(gi = qtensor(c, base, "g_idx", LI_TYPE_I32, k, 0, &rc))) return rc;
+    /* act-order: stored column j is input column perm[j], the input columns
+     * sorted by group (stable), each group exactly gs columns */
+    int32_t *perm = NULL;
+    if (gi) {
+        int64_t *count = li_xcalloc((size_t)ng + 1, sizeof *count);
+        bool ident = true;
+        for (int64_t i = 0; i < k && !rc; i++) {
+            int32_t g;
+            memcpy(&g, (const uint8_t *)gi->data + 4 * i, 4);
+            if (g < 0 || g >= ng) rc = li_error_set(c->err, LI_EINVAL, "hf: %s: %s[%lld] = %d is not a group", c->dir, gname, (long long)i, g);
+            else count[g + 1]++, ident &= g == i / gs;
+        }
+        for (int64_t g = 0; g < ng && !rc; g++)
+            if (count[g + 1] != gs)
+                rc = li_error_set(c->err, LI_EINVAL, "hf: %s: %s gives group %lld %lld columns, not %lld", c->dir, gname,
+                                  (long long)g, (long long)count[g + 1], (long long)gs);
+        if (!rc && !ident) {
+            for (int64_t g = 0; g < ng; g++) count[g + 1] += count[g];
+            perm = li_xmalloc((size_t)k * sizeof *perm);
+            for (int64_t i = 0; i < k; i++) {
+                int32_t g;
+                memcpy(&g, (const uint8_t *)gi->data + 4 * i, 4);
+                perm[count[g]++] = (int32_t)i;
+            }
+        }
+        free(count);
+        if (rc) return rc;
+    }
+    uint8_t *codes = li_xcalloc((size_t)(rows * k / 2), 1);
+    float *scales = li_xmalloc((size_t)(rows * ng) * sizeof *scales), *zeros = li_xmalloc((size_t)(rows * ng) * sizeof *zeros);
+    float *srow = li_xmalloc((size_t)rows * sizeof *srow);
+    const li_type_traits *st = li_type_get(sc->type);
+    const int64_t hd = heads > 0 ? rows / heads : 0;
+    for (int64_t r = 0; r < rows; r++) {
+        /* r: our row; o: the checkpoint's output column (halves -> pairs for q/k) */
+        int64_t o = r;
+        if (heads > 0) {
+            const int64_t h = r / hd, i = (r % hd) / 2, j = r % 2;
+            o = h * hd + j * (hd / 2) + i;
+        }
+        uint8_t *dst = codes + r * (k / 2);
+        for (int64_t jj = 0; jj < k; jj++) {
+            const int64_t i = perm ? perm[jj] : jj; /* input column of stored column jj */
+            const uint32_t q = awq ? nib(qw, i * (rows / 8) + o / 8, 4 * AWQ_REVERSE[o % 8]) : nib(qw, (i / 8) * rows + o, 4 * (int)(i % 8));
+            dst[jj / 2] |= (uint8_t)(jj % 2 ? q << 4 : q);
+        }
+        for (int64_t g = 0; g < ng; g++) {
+            const uint32_t z = awq ? nib(qz, g * (rows / 8) + o / 8, 4 * AWQ_REVERSE[o % 8])
+                                   : nib(qz, g * (rows / 8) + o / 8, 4 * (int)(o % 8));
+            zeros[r * ng + g] = (float)z + (float)(!awq && c->zero_offset);
+        }
+    }
+    for (int64_t g = 0; g < ng; g++) {
+        st->to_float((const uint8_t *)sc->data + (size_t)(g * rows) * (sc->nbytes / (size_t)(ng * rows)), srow, rows);
+        for (int64_t r = 0; r < rows; r++) {
+            int64_t o = r;
+            if (heads > 0) o = (r / hd) * hd + (r % 2) * (hd / 2) + (r % hd) / 2;
+            scales[r * ng + g] = srow[o];
+        }
+    }
+    free(srow);
+    own(c->m, codes);
+    own(c->m, scales);
+    own(c->m, zeros);
+    if (perm) own(c->m, perm);
+    memset(w, 0, sizeof *w);
+    w->type = LI_TYPE_U4;
+    w->k = k;
+    w->m = rows;
+    w->row_bytes = (size_t)(k / 2);
+    w->data = codes;
+    w->scheme = awq ? LI_SCHEME_AWQ : LI_SCHEME_GPTQ;
+    w->act = LI_ACT_F32;
+    w->group_size = c->group;
+    w->scales = scales;
+    w->zeros = zeros;
+    w->perm = perm;
+    char why[160];
+    if (li_weight_check(w, why, sizeof why)) return li_error_set(c->err, LI_EINVAL, "hf: %s: '%s': %s", c->dir, base, why);
+    c->m->weight_bytes += qw->nbytes + qz->nbytes + sc->nbytes + (gi ? gi->nbytes : 0);
+    return 0;
+}
+
+/* A decoder Linear: plain, or the checkpoint's 4-bit layout. */
+static int bind_linear(hf_ctx *c, li_weight *w, const char *name, int64_t k, int64_t rows, int heads) {
+    if (c->quant == HF_PLAIN) return bind(c, w, name, k, rows, heads);
+    char base[160];
+    size_t n = strlen(name) - strlen(".weight"); /* name ends in ".weight" */
+    snprintf(base, sizeof base, "%.*s", (int)n, name);
+    return bind_quant(c, w, base, k, rows, heads);
 }
 
 static int bind_norm(hf_ctx *c, const float **out, const char *name, int64_t n) {
@@ -352,14 +538,14 @@ static int bind_weights(hf_ctx *c, bool tied) {
     for (int l = 0; l < hp->n_layer; l++) {
         li_layer *L = &m->layers[l];
         if ((rc = bind_norm(c, &L->attn_norm, NAME("input_layernorm"), hp->n_embd)) ||
-            (rc = bind(c, &L->wq, NAME("self_attn.q_proj"), hp->n_embd, q_dim, hp->n_head)) ||
-            (rc = bind(c, &L->wk, NAME("self_attn.k_proj"), hp->n_embd, kv_dim, hp->n_head_kv)) ||
-            (rc = bind(c, &L->wv, NAME("self_attn.v_proj"), hp->n_embd, kv_dim, 0)) ||
-            (rc = bind(c, &L->wo, NAME("self_attn.o_proj"), q_dim, hp->n_embd, 0)) ||
+            (rc = bind_linear(c, &L->wq, NAME("self_attn.q_proj"), hp->n_embd, q_dim, hp->n_head)) ||
+            (rc = bind_linear(c, &L->wk, NAME("self_attn.k_proj"), hp->n_embd, kv_dim, hp->n_head_kv)) ||
+            (rc = bind_linear(c, &L->wv, NAME("self_attn.v_proj"), hp->n_embd, kv_dim, 0)) ||
+            (rc = bind_linear(c, &L->wo, NAME("self_attn.o_proj"), q_dim, hp->n_embd, 0)) ||
             (rc = bind_norm(c, &L->ffn_norm, NAME("post_attention_layernorm"), hp->n_embd)) ||
-            (rc = bind(c, &L->w_gate, NAME("mlp.gate_proj"), hp->n_embd, hp->n_ff, 0)) ||
-            (rc = bind(c, &L->w_up, NAME("mlp.up_proj"), hp->n_embd, hp->n_ff, 0)) ||
-            (rc = bind(c, &L->w_down, NAME("mlp.down_proj"), hp->n_ff, hp->n_embd, 0)))
+            (rc = bind_linear(c, &L->w_gate, NAME("mlp.gate_proj"), hp->n_embd, hp->n_ff, 0)) ||
+            (rc = bind_linear(c, &L->w_up, NAME("mlp.up_proj"), hp->n_embd, hp->n_ff, 0)) ||
+            (rc = bind_linear(c, &L->w_down, NAME("mlp.down_proj"), hp->n_ff, hp->n_embd, 0)))
             return rc;
     }
 #undef NAME

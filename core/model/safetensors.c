@@ -38,7 +38,7 @@ typedef struct st_dtype {
 static const st_dtype DTYPES[] = {
     {"F32", LI_TYPE_F32, 4},  {"F16", LI_TYPE_F16, 2},  {"BF16", LI_TYPE_BF16, 2},
     {"F64", -1, 8},           {"I64", -1, 8},           {"U64", -1, 8},
-    {"I32", -1, 4},           {"U32", -1, 4},           {"I16", -1, 2},
+    {"I32", LI_TYPE_I32, 4},  {"U32", -1, 4},           {"I16", -1, 2}, /* I32: AWQ / GPTQ packed codes */
     {"U16", -1, 2},           {"I8", -1, 1},            {"U8", -1, 1},
     {"BOOL", -1, 1},          {"F8_E4M3", -1, 1},       {"F8_E5M2", -1, 1},
     {"C64", -1, 8},
@@ -90,7 +90,7 @@ static int parse_entry(li_safetensors *st, const cJSON *e, li_st_tensor *t, size
         return li_error_set(err, LI_EINVAL, "safetensors: %s: tensor '%.80s': unknown dtype '%.16s'", f, n,
                             show(dt->valuestring).s);
     if (d->type < 0)
-        return li_error_set(err, LI_EUNSUP, "safetensors: %s: tensor '%.80s': dtype %s is not supported (BF16, F16, F32)",
+        return li_error_set(err, LI_EUNSUP, "safetensors: %s: tensor '%.80s': dtype %s is not supported (BF16, F16, F32, I32)",
                             f, n, d->name);
     if (!cJSON_IsArray(sh))
         return li_error_set(err, LI_EINVAL, "safetensors: %s: tensor '%.80s': no \"shape\" array", f, n);

@@ -5,8 +5,9 @@
  * "__metadata__": {str: str}}, maybe padded with spaces), then the data
  * area, which the tensors must cover exactly (no holes, no overlaps, as the
  * reference implementation demands). Everything is checked before use:
- * the header length against the file, every dtype (BF16, F16, F32 only),
- * shape (overflow-safe element counts), offset range and size. A bad file
+ * the header length against the file, every dtype (BF16, F16, F32; I32),
+ * shape (overflow-safe element counts), offset range and size (I32 too:
+ * the packed codes of AWQ / GPTQ checkpoints). A bad file
  * yields LI_EINVAL (LI_EUNSUP for a valid dtype we do not load) with a
  * one-line message naming the file and the tensor. */
 #ifndef LI_SAFETENSORS_H
@@ -20,7 +21,7 @@
 
 typedef struct li_st_tensor {
     char *name;                     /* NUL-terminated copy of the JSON key */
-    uint32_t type;                  /* li_type (kernels/types.h): F32, F16 or BF16 */
+    uint32_t type;                  /* li_type (kernels/types.h): F32, F16, BF16 or I32 */
     uint32_t n_dims;                /* 0 (a scalar) .. LI_ST_MAX_DIMS */
     int64_t shape[LI_ST_MAX_DIMS];  /* as written: outermost first, so a HF Linear is (out, in) */
     int64_t n_elem;

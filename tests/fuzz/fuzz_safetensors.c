@@ -42,7 +42,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (!t->name) fail("name");
         if (i && strcmp(st.tensors[i - 1].name, t->name) >= 0) fail("names not sorted and unique");
         if (li_safetensors_find(&st, t->name) != t) fail("find");
-        if (t->type != LI_TYPE_F32 && t->type != LI_TYPE_F16 && t->type != LI_TYPE_BF16) fail("type");
+        if (t->type != LI_TYPE_F32 && t->type != LI_TYPE_F16 && t->type != LI_TYPE_BF16 && t->type != LI_TYPE_I32)
+            fail("type");
         if (t->n_dims > LI_ST_MAX_DIMS) fail("n_dims");
         int64_t n = 1;
         for (uint32_t d = 0; d < t->n_dims; d++) {
@@ -50,7 +51,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             n *= t->shape[d];
         }
         if (n != t->n_elem) fail("element count");
-        size_t es = t->type == LI_TYPE_F32 ? 4 : 2;
+        size_t es = t->type == LI_TYPE_F32 || t->type == LI_TYPE_I32 ? 4 : 2;
         if (t->nbytes != (size_t)t->n_elem * es || t->end - t->begin != t->nbytes) fail("size");
         const uint8_t *p = t->data;
         if (p != buf + st.data_offset + t->begin) fail("data pointer");
