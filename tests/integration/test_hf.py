@@ -18,7 +18,9 @@ reference, not against the Q4_1 file). Checks:
     10,000-string golden set (build/test_tokenizer_hf), and HF tokenizers
     itself does on the file we wrote;
   * `luainfer info DIR` reports what `info` on the reference GGUF does;
-  * corrupt, truncated and unsupported directories fail with one line.
+  * corrupt, truncated and unsupported directories fail with one line;
+  * 4-bit AutoAWQ (GEMM) and GPTQ (act-order) directories, packed by
+    gguf_to_hf.py --quant, run as the GGUF of their dequantized values.
 """
 
 import gzip
@@ -46,12 +48,18 @@ def load_converter():
 
 
 @pytest.fixture(scope="module")
-def hf(tmp_path_factory, model_path):
+def source(model_path):
+    """The converter and the default GGUF read by it (once: the slow part)."""
     pytest.importorskip("safetensors")
     pytest.importorskip("tokenizers")
     pytest.importorskip("transformers")
     conv = load_converter()
-    g = conv.read_gguf(str(model_path))  # read once (the slow part), convert twice
+    return conv, conv.read_gguf(str(model_path))
+
+
+@pytest.fixture(scope="module")
+def hf(tmp_path_factory, source):
+    conv, g = source
     root = tmp_path_factory.mktemp("hf")
     out = {}
     for name, dtype, shard in (("bf16", "bf16", 100 << 20), ("f16", "f16", 0)):
@@ -287,7 +295,9 @@ def test_corrupt_index(hf, run_cli, tmp_path):
     ("arch", lambda j: j.update(architectures=["Qwen2ForCausalLM"]), "Qwen2ForCausalLM' is not supported"),
     ("rope_scaling", lambda j: j.update(rope_scaling={"rope_type": "llama3", "factor": 8.0}), "rope scaling 'llama3'"),
     ("bias", lambda j: j.update(attention_bias=True), "biases are not supported"),
-    ("quantized", lambda j: j.update(quantization_config={"quant_method": "awq"}), "quant_method 'awq'"),
+    ("quantized", lambda j: j.update(quantization_config={"quant_method": "bitsandbytes"}), "quant_method 'bitsandbytes'"),
+    ("awq_no_qweight", lambda j: j.update(quantization_config={"quant_method": "awq", "bits": 4, "group_size": 32}),
+     "missing tensor 'model.layers.0.self_attn.q_proj.qweight'"),
     ("bad_heads", lambda j: j.update(num_key_value_heads=2), "do not fit"),
     ("vocab", lambda j: j.update(vocab_size=1000), "embed_tokens.weight' has shape"),
 ])
@@ -325,3 +335,67 @@ def test_bad_tokenizer(hf, run_cli, tmp_path, case, edit, needle):
 def test_no_tokenizer(hf, run_cli, tmp_path):
     d = clone(hf["f16"][0], tmp_path / "notok", skip={"tokenizer.json"})
     one_line_failure(run_cli, d, "no tokenizer.json")
+
+
+# ---------------------------------------------------------------------------
+# AutoAWQ (GEMM) and GPTQ (act-order) checkpoints
+# ---------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def hf_quant(tmp_path_factory, source):
+    """4-bit directories made by gguf_to_hf.py --quant (packed as AutoAWQ and
+    AutoGPTQ pack; torch and those libraries are not in the venv), each with
+    a reference GGUF holding exactly (q - zero) * scale as F32."""
+    conv, g = source
+    root = tmp_path_factory.mktemp("hfq")
+    out = {}
+    for name, act_order in (("awq", False), ("gptq", True)):
+        d = root / name
+        conv.convert(g, str(d), "f16", 0, str(root / f"{name}.gguf"), name, 32, act_order)
+        out[name] = (d, root / f"{name}.gguf")
+    return out
+
+
+@pytest.mark.parametrize("name", ["awq", "gptq"])
+def test_quant_matches_reference(hf_quant, run_ok, name):
+    d, ref = hf_quant[name]
+    cfg = json.loads((d / "config.json").read_text())["quantization_config"]
+    assert cfg["quant_method"] == name and cfg["bits"] == 4
+    # the scheme weights run on the scalar reference (the quantization
+    # issue's kernels come later); the reference GGUF runs the same ISA
+    a = generate(run_ok, d, "--isa", "scalar", "--max-tokens", 4)
+    b = generate(run_ok, ref, "--isa", "scalar", "--max-tokens", 4)
+    assert a["tokens"] == b["tokens"], f"{name}: tokens differ"
+    for sa, sb in zip(a["top_logits"], b["top_logits"]):
+        assert [t for t, _ in sa] == [t for t, _ in sb]
+        for (_, va), (_, vb) in zip(sa, sb):
+            assert abs(va - vb) <= 1e-4 * max(1.0, abs(vb)), f"{name}: logit {va} vs {vb}"
+    info = run_ok(["info", d, "--json"]).json()
+    assert info["hparams"]["n_layer"] == 30 and "i32" in {k.lower() for k in info["tensor_types"]}
+
+
+@pytest.mark.parametrize("name,tensor,edit,needle", [
+    ("awq", "model.layers.0.mlp.up_proj.qzeros", None, "missing tensor 'model.layers.0.mlp.up_proj.qzeros'"),
+    ("gptq", "model.layers.3.self_attn.q_proj.g_idx", "ones", "gives group"),
+])
+def test_quant_bad_tensors(hf_quant, run_cli, tmp_path, name, tensor, edit, needle):
+    from safetensors.numpy import load_file, save_file
+    src = hf_quant[name][0]
+    d = clone(src, tmp_path / name, skip={"model.safetensors"})
+    t = load_file(str(src / "model.safetensors"))
+    if edit is None:
+        del t[tensor]
+    else:
+        t[tensor] = np.ones_like(t[tensor])  # every column in group 1
+    save_file(t, str(d / "model.safetensors"))
+    one_line_failure(run_cli, d, needle)
+
+
+@pytest.mark.parametrize("edit,needle", [
+    (lambda q: q.update(version="gemv"), "AWQ version 'gemv'"),
+    (lambda q: q.update(bits=3), "3 bits"),
+    (lambda q: q.update(quant_method="bitsandbytes"), "quant_method 'bitsandbytes'"),
+])
+def test_quant_bad_config(hf_quant, run_cli, tmp_path, edit, needle):
+    d = clone(hf_quant["awq"][0], tmp_path / "q")
+    edit_json(d / "config.json", lambda j: edit(j["quantization_config"]))
+    one_line_failure(run_cli, d, needle)
