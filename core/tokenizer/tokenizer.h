@@ -1,4 +1,5 @@
-/* tokenizer.h — text <-> token ids, built from a GGUF file's vocabulary.
+/* tokenizer.h — text <-> token ids, built from a GGUF file's vocabulary
+ * (or a Hugging Face tokenizer.json: li_tokenizer_init_hf, tok_json.c).
  *
  * Two model families, chosen by `tokenizer.ggml.model`:
  *   "gpt2"  byte-level BPE (GPT-2 bytes->unicode alphabet, merge ranks),
