@@ -12,6 +12,9 @@ real layouts rather than from noise:
 - fuzz_policy_src: policy source text: the shipped policies, the hostile
   ones of issue 18 (tests/policies/hostile/) and a few small ones that hit
   every hook and the sandbox's edges.
+- fuzz_safetensors: small .safetensors files made with the `safetensors`
+  package (F32, F16, BF16 through its TensorSpec API, metadata, a scalar, an
+  empty tensor, an empty file), so mutations hit real headers.
 
     .venv/bin/python tools/gen_fuzz_corpus.py
 
@@ -30,6 +33,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "tests", "fuzz", "corpus", "fuzz_gguf")
 OUT_WIRE = os.path.join(ROOT, "tests", "fuzz", "corpus", "fuzz_policy_wire")
 OUT_SRC = os.path.join(ROOT, "tests", "fuzz", "corpus", "fuzz_policy_src")
+OUT_ST = os.path.join(ROOT, "tests", "fuzz", "corpus", "fuzz_safetensors")
 
 
 def write(name, build, arch="llama"):
@@ -275,6 +279,30 @@ def write_src():
         with open(path, "w", encoding="utf-8") as f:
             f.write(text)
         print(f"{os.path.relpath(path, ROOT)}: {len(text)} bytes")
+def write_safetensors():
+    import safetensors
+    from safetensors.numpy import save
+    os.makedirs(OUT_ST, exist_ok=True)
+    rng = np.random.default_rng(7)
+    seeds = {
+        "empty.safetensors": save({}),
+        "f32.safetensors": save({"w": np.arange(6, dtype=np.float32).reshape(2, 3)}, metadata={"format": "pt"}),
+        "mixed.safetensors": save({
+            "model.norm.weight": rng.standard_normal(8).astype(np.float32),
+            "model.layers.0.mlp.up_proj.weight": rng.standard_normal((4, 8)).astype(np.float16),
+            "scalar": np.array(1.5, dtype=np.float32),
+            "empty": np.zeros((0, 3), dtype=np.float16),
+        }),
+    }
+    bits = np.arange(12, dtype=np.uint16) + 0x3F80
+    seeds["bf16.safetensors"] = bytes(safetensors.serialize(
+        {"q": safetensors.TensorSpec(dtype="bfloat16", shape=[3, 4], data_ptr=bits.ctypes.data, data_len=bits.nbytes)},
+        metadata={"format": "pt"}))
+    for name, data in seeds.items():
+        path = os.path.join(OUT_ST, name)
+        with open(path, "wb") as f:
+            f.write(data)
+        print(f"{os.path.relpath(path, ROOT)}: {len(data)} bytes")
 
 
 def main():
@@ -285,6 +313,7 @@ def main():
     write("tokenizer.gguf", tokenizer)
     write_wire()
     write_src()
+    write_safetensors()
     return 0
 
 

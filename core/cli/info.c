@@ -69,7 +69,7 @@ int li_cmd_info(int argc, char **argv) {
     double budget_gib = 1.0;
     int64_t block_size = 16;
     li_opt opts[] = {
-        {"model", LI_OPT_STR, &model, "GGUF model (or give it as the argument)"},
+        {"model", LI_OPT_STR, &model, "GGUF model or Hugging Face directory (or give it as the argument)"},
         {"kv", LI_OPT_FLAG, &kv, "print KV-cache bytes per token per dtype and tokens per budget"},
         {"kv-memory-gib", LI_OPT_FLOAT, &budget_gib, "budget for --kv (default 1 GiB)"},
         {"block-size", LI_OPT_INT, &block_size, "KV block size for --kv (default 16)"},

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 static int get_u32_req(const li_gguf *g, const char *arch, const char *suffix, int32_t *out,
                        li_error *err) {
@@ -268,6 +269,17 @@ static int bind_weights(li_model *m, li_error *err) {
 int li_model_load(li_model **out, const char *path, li_error *err) {
     *out = NULL;
     li_model *m = li_xcalloc(1, sizeof *m);
+    struct stat sb;
+    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) { /* a Hugging Face directory */
+        m->path = strdup(path);
+        int rc = li_model_load_hf(m, path, err);
+        if (rc) {
+            li_model_free(m);
+            return rc;
+        }
+        *out = m;
+        return 0;
+    }
     int rc = li_gguf_open(&m->gguf, path, err);
     if (rc) {
         free(m);
@@ -304,6 +316,7 @@ void li_model_free(li_model *m) {
     free(m->layers);
     free(m->chat_template);
     free(m->path);
+    li_model_free_hf(m);
     li_gguf_free(&m->gguf);
     free(m);
 }

@@ -54,13 +54,25 @@ typedef struct li_model {
      * with NAME.scale (and .zero, .perm) beside them (docs/quantization.md) */
     li_scheme quant_scheme;    /* LI_SCHEME_PLAIN for every other GGUF */
     int64_t quant_group;       /* luainfer.quant.group_size: 0 = per channel */
+    /* A Hugging Face directory (hf.c): its mapped safetensors shards, or
+     * NULL for a GGUF. Then `gguf` holds no metadata, only a tensor table
+     * of the shards' tensors (GGUF dimension order) and their byte total
+     * as its size, so what reads tensors (info) works unchanged. */
+    struct li_hf *hf;
 } li_model;
 
+/* path: a GGUF file, or a Hugging Face Llama directory (config.json,
+ * *.safetensors, tokenizer.json; see hf.c). */
 int li_model_load(li_model **out, const char *path, li_error *err);
 void li_model_free(li_model *m);
 /* Let the backend repack weights for its kernels (optional). */
 int li_model_prepare(li_model *m, li_backend *be, li_error *err);
 void li_model_release(li_model *m, li_backend *be);
+
+/* hf.c: fills m (path set, all else zero) from a Hugging Face directory, and
+ * frees what that added; li_model_load / li_model_free call them. */
+int li_model_load_hf(li_model *m, const char *dir, li_error *err);
+void li_model_free_hf(li_model *m);
 
 /* The model path to use: explicit path, else $LUAINFER_MODEL, else the
  * default model under the source tree's models/. */

@@ -1,6 +1,7 @@
 /* tok_internal.h — what the tokenizer's .c files share; not a public API.
  *
  *   tokenizer.c   loading from GGUF, special tokens, encode/decode driver
+ *   tok_json.c    loading from a Hugging Face tokenizer.json
  *   tok_pretok.c  UTF-8 decoding, Unicode classes, pre-tokenizer scanners
  *   tok_bpe.c     vocabulary / merge hash maps, byte-level and SPM merging */
 #ifndef LI_TOK_INTERNAL_H
@@ -64,6 +65,11 @@ static inline const char *li_tok_text(const li_tokenizer *t, int32_t id, uint32_
     *len = t->text_off[id + 1] - t->text_off[id];
     return t->text + t->text_off[id];
 }
+
+/* Derived tables once vocabulary, types, merges and ids are filled (both
+ * loaders): byte tokens, decoded pieces, the special-token list, the
+ * end-of-generation ids. */
+void li_tok_finish(li_tokenizer *t);
 
 /* ---- growable id vector -------------------------------------------------- */
 

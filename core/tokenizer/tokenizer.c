@@ -334,6 +334,20 @@ static void load_eog(li_tokenizer *t) {
 
 /* ---- init / free ------------------------------------------------------------------ */
 
+void li_tok_finish(li_tokenizer *t) {
+    bool spm = t->model == LI_TOK_MODEL_SPM;
+    for (int b = 0; b < 256; b++) {
+        char buf[8];
+        size_t n;
+        if (spm) n = (size_t)snprintf(buf, sizeof buf, "<0x%02X>", b);
+        else n = utf8_encode(li_tok_byte_to_cp((uint8_t)b), buf);
+        t->byte_tok[b] = li_tok_strmap_get(&t->vocab, t, buf, n);
+    }
+    load_pieces(t);
+    load_specials(t);
+    load_eog(t);
+}
+
 int li_tokenizer_init(li_tokenizer **out, const li_gguf *g, li_error *err) {
     *out = NULL;
     li_tokenizer *t = li_xcalloc(1, sizeof *t);
@@ -381,16 +395,7 @@ int li_tokenizer_init(li_tokenizer **out, const li_gguf *g, li_error *err) {
         (rc = load_bool(g, "tokenizer.ggml.add_space_prefix", &t->add_space_prefix, err)))
         goto fail;
 
-    for (int b = 0; b < 256; b++) {
-        char buf[8];
-        size_t n;
-        if (spm) n = (size_t)snprintf(buf, sizeof buf, "<0x%02X>", b);
-        else n = utf8_encode(li_tok_byte_to_cp((uint8_t)b), buf);
-        t->byte_tok[b] = li_tok_strmap_get(&t->vocab, t, buf, n);
-    }
-    load_pieces(t);
-    load_specials(t);
-    load_eog(t);
+    li_tok_finish(t);
     *out = t;
     return 0;
 

@@ -1,4 +1,5 @@
-/* tokenizer.h — text <-> token ids, built from a GGUF file's vocabulary.
+/* tokenizer.h — text <-> token ids, built from a GGUF file's vocabulary
+ * (or a Hugging Face tokenizer.json: li_tokenizer_init_hf, tok_json.c).
  *
  * Two model families, chosen by `tokenizer.ggml.model`:
  *   "gpt2"  byte-level BPE (GPT-2 bytes->unicode alphabet, merge ranks),
@@ -37,6 +38,22 @@ typedef struct li_tokenizer li_tokenizer;
  * afterwards. Returns 0, or a negative LI_E* code with err filled. */
 int li_tokenizer_init(li_tokenizer **out, const li_gguf *g, li_error *err);
 void li_tokenizer_free(li_tokenizer *t);
+
+/* What a Hugging Face directory adds to its tokenizer.json (all optional). */
+typedef struct li_tokenizer_hf_opts {
+    const char *bos_token, *eos_token, *unk_token; /* tokenizer_config.json's texts, or NULL */
+    int add_bos;         /* -1: as the post-processor says; 0/1: tokenizer_config.json's add_bos_token */
+    int32_t n_vocab_min; /* pad with unused "[PAD<id>]" tokens up to this (the embedding's rows) */
+    const int32_t *eog_ids; /* config.json's eos_token_id(s): more end-of-generation ids */
+    int n_eog_ids;
+} li_tokenizer_hf_opts;
+
+/* Builds a tokenizer from a tokenizer.json's bytes (json, len; `name` names
+ * the file in messages): byte-level BPE with the GPT-2, SmolLM (digits) or
+ * Llama 3 split, no normalizer; anything else is refused with LI_EUNSUP and
+ * the part it does not support. Copies what it needs. (tok_json.c) */
+int li_tokenizer_init_hf(li_tokenizer **out, const char *json, size_t len, const char *name,
+                         const li_tokenizer_hf_opts *opts, li_error *err);
 
 int32_t li_tokenizer_n_vocab(const li_tokenizer *t);
 int32_t li_tokenizer_bos(const li_tokenizer *t); /* -1 if none */
