@@ -17,7 +17,6 @@ static inline __attribute__((always_inline)) void a8_block(const li_q4g_packed *
     const int64_t k = p->k, gs = p->gs, ng = p->ng, pp = p8 / 2, half = (p8 % 2) * 8;
     const uint8_t *cd = p->a8codes + p8 * (k / 8) * 32;
     const __m256i m4 = _mm256_set1_epi8(15);
-
     __m256 acc[4];
     float sx[4];
     const int32_t *xsum[4];
@@ -55,7 +54,7 @@ static inline __attribute__((always_inline)) void a8_block(const li_q4g_packed *
 }
 
 static void avx512_a8(const li_weight *w, const li_q4g_packed *p, int64_t r0, int64_t r1, const uint8_t *act,
-                    size_t act_stride, int64_t n, float *y, int64_t ldy) {
+                      size_t act_stride, int64_t n, float *y, int64_t ldy) {
     if (!p->a8_simd || r0 % 8) {
         li_q4g_kernels_scalar.a8(w, p, r0, r1, act, act_stride, n, y, ldy);
         return;
@@ -63,7 +62,8 @@ static void avx512_a8(const li_weight *w, const li_q4g_packed *p, int64_t r0, in
     for (int64_t p8 = r0 / 8; p8 * 8 < r1; p8++) {
         const int64_t rows = LI_MIN((int64_t)8, r1 - p8 * 8);
         int64_t i = 0;
-        for (; i + 4 <= n; i += 4) a8_block(p, p8, act + (size_t)i * act_stride, act_stride, 4, y + i * ldy, ldy, rows);
+        for (; i + 4 <= n; i += 4)
+            a8_block(p, p8, act + (size_t)i * act_stride, act_stride, 4, y + i * ldy, ldy, rows);
         for (; i < n; i++) a8_block(p, p8, act + (size_t)i * act_stride, act_stride, 1, y + i * ldy, ldy, rows);
     }
 }
