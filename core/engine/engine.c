@@ -197,8 +197,15 @@ static double spec_acceptance(const req *r) {
     return r->spec_drafted ? (double)r->spec_accepted / (double)r->spec_drafted : -1;
 }
 
+/* Proposers that keep per-request state hear when a request lets go of its KV. */
+static void spec_release(li_engine *e, const req *r) {
+    for (int m = 0; m < LI_SPEC_N_METHODS; m++)
+        if (e->prop[m] && e->prop[m]->ops->on_release) e->prop[m]->ops->on_release(e->prop[m], r->res.id);
+}
+
 static void finish(li_engine *e, req *r, const char *reason) {
     if (!r->live) return;
+    spec_release(e, r);
     /* samples still waiting to fork from this request go on alone */
     for (int32_t i = 0; i < e->n_reqs; i++)
         if (e->reqs[i]->fork_of == r) e->reqs[i]->fork_of = NULL;
@@ -233,6 +240,7 @@ static void drop_all_drafts(li_engine *e) {
 
 static void preempt(li_engine *e, req *r) {
     drop_drafts(r);
+    spec_release(e, r);
     release_seq(e, r);
     r->num_computed = 0;
     r->state = LI_REQ_PREEMPTED;
