@@ -2,7 +2,10 @@
  *
  * Each policy gets its own LuaJIT state (own allocator with a memory limit,
  * own globals, own math.random seed) and a sandbox: the policy file sees an
- * allow-listed environment only (see docs/policy-protocol.md). Hooks are
+ * allow-listed environment only, its code is interpreted (never compiled,
+ * so the instruction budget and the memory limit's safe point see all of
+ * it), and C functions that call back into Lua or backtrack are guarded
+ * (see docs/policy-protocol.md, "Sandbox"). Hooks are
  * called under pcall with a traceback; a Lua error becomes an li_error and
  * never propagates. The state and request tables handed to the policy are
  * built once and updated in place every step.
@@ -22,12 +25,13 @@
 
 typedef struct li_policy_lua_opts {
     bool allow_unsafe;    /* --policy-unsafe: the full standard library (io, os, require, ffi, jit, debug) */
-    int64_t instr_budget; /* VM instructions per hook call; 0 = default, < 0 = unlimited. Best effort:
-                           * LuaJIT runs no hooks inside compiled traces (use jit_off or the
-                           * isolated mode for a hard limit) */
+    int64_t instr_budget; /* VM instructions per hook call; 0 = default, < 0 = unlimited. Exact in
+                           * the sandbox (a policy's own code is never JIT-compiled); best effort
+                           * with allow_unsafe, whose code LuaJIT compiles and hooks cannot reach */
     size_t mem_limit;     /* bytes the policy's Lua state may hold; 0 = default (64 MiB) */
     uint32_t seed;        /* math.random seed; 0 = default */
-    bool jit_off;         /* interpreter only: the instruction budget becomes exact, code runs slower */
+    bool jit_off;         /* interpreter only, the engine's own Lua included (the sandbox already
+                           * interprets the policy's code; this matters with allow_unsafe) */
 } li_policy_lua_opts;
 
 /* Hooks a loaded policy defines (li_policy_lua_hooks). */
