@@ -2,8 +2,10 @@
 -- four workloads; prints TTFT p50/p90 for each and the reduction, plus the
 -- end-to-end throughput effect at concurrency 8.
 --
---   ./build/luainfer run bench/bench_prefix.lua [REQUESTS_PER_SCENARIO] [ttft|lpm] [--json FILE] [--plot FILE]
--- (the optional last argument runs only one of the two parts; --plot draws
+--   ./build/luainfer run bench/bench_prefix.lua [REQUESTS_PER_SCENARIO] [ttft|lpm|both] [SCALE] [--json FILE] [--plot FILE]
+-- (the second argument runs only one of the two parts; SCALE, default 1,
+-- multiplies the four scenarios' text lengths, so a test can run small; the
+-- lpm part keeps its sizes, which are set against its pool; --plot draws
 -- TTFT p50/p90 with and without the cache per scenario)
 --
 -- TTFT is measured in the engine (first token time - arrival) with requests
@@ -20,9 +22,12 @@ local vocab = { "the", "market", "of", "river", "town", "grew", "slowly", "while
   "settle", "disputes", "about", "water", "rights", "bridges", "taxes", "weather", "harvest", "roads" }
 local seed = 7
 local function rnd(n) seed = (seed * 1103515245 + 12345) % 2147483648; return seed % n end
+local SCALE = tonumber(arg[3]) or 1
+assert(SCALE > 0, "SCALE must be a number > 0")
+local scale = SCALE -- the lpm part sets it back to 1
 local function text(words)
   local t = {}
-  for i = 1, words do t[i] = vocab[rnd(#vocab) + 1] end
+  for i = 1, math.max(1, math.floor(words * scale + 0.5)) do t[i] = vocab[rnd(#vocab) + 1] end
   return table.concat(t, " ")
 end
 
@@ -111,6 +116,7 @@ end
 -- requests arrive together; both runs see the same requests.
 local root = opts.root
 local function run_lpm(policy)
+  scale = 1
   seed = 11
   local prefixes = {}
   for k = 1, 4 do prefixes[k] = "Context " .. k .. ": " .. text(260) .. "\n" end

@@ -106,7 +106,8 @@ def test_bench_kv_dtype_capacity(run_ok):
 
 def test_bench_prefix_hits(run_ok, tmp_path):
     png, js = tmp_path / "prefix.png", tmp_path / "prefix.json"
-    out = bench(run_ok, "prefix", "2", "--plot", str(png), "--json", str(js))
+    # a quarter of the benchmark's text lengths: the same code paths, a test's size
+    out = bench(run_ok, "prefix", "2", "both", "0.25", "--plot", str(png), "--json", str(js))
     hits = [float(h) for h in re.findall(r"\|\s+(\d+)% \| [\d.]+x$", out, re.M)]
     assert len(hits) == 4 and all(h > 0 for h in hits)
     # prefixes interleaved in arrival order through a pool too small for
