@@ -11,10 +11,7 @@
 local luainfer = require("luainfer")
 local bench = require("luainfer.bench")
 local opts = bench.options(arg)
-local ffi = require("ffi")
-ffi.cdef [[ typedef struct { long tv_sec; long tv_nsec; } li_bench_cpu_ts; int clock_gettime(int, li_bench_cpu_ts *); ]]
-local ts = ffi.new("li_bench_cpu_ts")
-local function now() ffi.C.clock_gettime(1, ts); return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9 end
+local now = bench.now
 
 local PREFILL = tonumber(arg[1]) or 512
 local DECODE = tonumber(arg[2]) or 128

@@ -20,12 +20,6 @@
 local luainfer = require("luainfer")
 local bench = require("luainfer.bench")
 local json = require("luainfer.json")
-local ffi = require("ffi")
-pcall(ffi.cdef, [[
-typedef struct { long tv_sec; long tv_nsec; } li_replay_ts;
-int clock_gettime(int, li_replay_ts *);
-int usleep(unsigned int usec);
-]])
 
 local opts = bench.options(arg)
 local root = opts.root
@@ -103,11 +97,7 @@ local function synthetic(i, n)
 end
 
 -- ---- one replay ----------------------------------------------------------------
-local ts = ffi.new("li_replay_ts")
-local function now()
-  ffi.C.clock_gettime(1, ts)
-  return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9
-end
+local now = bench.now
 
 local function pct(xs, p)
   if #xs == 0 then return 0 / 0 end
@@ -141,7 +131,7 @@ local function replay(policy, scale)
       e:step()
     elseif next_i <= n then -- idle until the next arrival
       local wait = reqs[next_i].t / scale - (now() - t0)
-      if wait > 0 then ffi.C.usleep(math.floor(math.min(wait, 0.05) * 1e6)) end
+      bench.sleep(math.min(wait, 0.05))
     end
   end
   local makespan = now() - t0

@@ -31,13 +31,7 @@ local w = e:add{ tokens = prompts[1], max_tokens = 2, temperature = 0 }
 e:run()
 e:release(w)
 
-local clock = os.clock
-local ok, ffi = pcall(require, "ffi")
-if ok then -- wall time, not CPU time
-  ffi.cdef[[ typedef struct { long tv_sec; long tv_nsec; } li_bench_ts; int clock_gettime(int, li_bench_ts *); ]]
-  local ts = ffi.new("li_bench_ts")
-  clock = function() ffi.C.clock_gettime(1, ts); return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9 end
-end
+local clock = require("luainfer.bench").now -- wall time, not CPU time
 
 local t0 = clock()
 local ids = {}

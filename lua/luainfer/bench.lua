@@ -84,19 +84,27 @@ local function stderr_is_tty()
   return ok2 and r == 1
 end
 
-local function clock()
-  local ok, ffi = pcall(require, "ffi")
-  if ok then
-    pcall(ffi.cdef, "typedef struct { long tv_sec; long tv_nsec; } li_bench_timespec; int clock_gettime(int, li_bench_timespec *);")
-    local ts = ffi.new("li_bench_timespec")
-    if pcall(function() return ffi.C.clock_gettime(1, ts) end) then -- CLOCK_MONOTONIC
-      return function()
-        ffi.C.clock_gettime(1, ts)
-        return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9
-      end
-    end
-  end
-  return os.time
+-- The one monotonic clock (seconds) and sleep of the benchmark programs:
+-- clock_gettime and nanosleep declared here once, so no two scripts declare
+-- them with different types (LuaJIT refuses a second declaration).
+local ffi = require("ffi")
+ffi.cdef [[
+typedef struct { long tv_sec; long tv_nsec; } li_bench_timespec;
+int clock_gettime(int clk, li_bench_timespec *ts);
+int nanosleep(const li_bench_timespec *req, li_bench_timespec *rem);
+]]
+local now_ts, sleep_ts = ffi.new("li_bench_timespec"), ffi.new("li_bench_timespec")
+
+function M.now()
+  ffi.C.clock_gettime(1, now_ts) -- CLOCK_MONOTONIC
+  return tonumber(now_ts.tv_sec) + tonumber(now_ts.tv_nsec) * 1e-9
+end
+
+function M.sleep(seconds)
+  if not (seconds > 0) then return end
+  sleep_ts.tv_sec = math.floor(seconds)
+  sleep_ts.tv_nsec = math.floor((seconds - math.floor(seconds)) * 1e9)
+  ffi.C.nanosleep(sleep_ts, nil)
 end
 
 local function eta_text(s)
@@ -114,7 +122,7 @@ Progress.__index = Progress
 -- most every `every` seconds (default 10) and one at the end, so logs of
 -- CI runs show it is alive without a flood. LUAINFER_PROGRESS=0 silences it.
 function M.progress(total, label, every)
-  local now = clock()
+  local now = M.now
   local p = setmetatable({ total = total, label = label or "progress", n = 0, now = now, t0 = now(),
                            tty = stderr_is_tty(), every = every or 10,
                            off = os.getenv("LUAINFER_PROGRESS") == "0" }, Progress)
