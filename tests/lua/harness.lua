@@ -20,6 +20,7 @@ function H.eq_list(a, b)
 end
 
 function H.finish(name)
+  for _, p in ipairs(H.temp_files or {}) do os.remove(p) end
   print(("%s: %d passed, %d failed"):format(name, H.passed, H.failed))
   os.exit(H.failed == 0 and 0 or 1)
 end
@@ -29,6 +30,27 @@ function H.repo_root()
   local src = debug.getinfo(2, "S").source:sub(2)
   local dir = src:match("^(.*)/tests/lua/") or "."
   return dir
+end
+
+-- A draft for speculation tests: $LUAINFER_TEST_DRAFT, else the real model's
+-- first 4 layers (tools/make_draft.py) in a temp file that finish() removes.
+-- Exits 77 (ctest's skip) with the reason when .venv's Python cannot make it.
+function H.draft_model(name)
+  local draft = os.getenv("LUAINFER_TEST_DRAFT")
+  if draft and draft ~= "" then return draft end
+  local root = H.repo_root()
+  local made = os.tmpname()
+  local cmd = ("'%s/.venv/bin/python' '%s/tools/make_draft.py' '%s/models/SmolLM2-135M-Instruct.Q4_1.gguf' '%s' --layers 4 >/dev/null 2>&1")
+    :format(root, root, root, made)
+  local ok = os.execute(cmd)
+  if ok ~= true and ok ~= 0 then
+    os.remove(made)
+    print(name .. ": SKIP: could not make a draft with tools/make_draft.py (no .venv with the gguf package?)")
+    os.exit(77)
+  end
+  H.temp_files = H.temp_files or {}
+  table.insert(H.temp_files, made)
+  return made
 end
 
 return H

@@ -13,20 +13,7 @@ local H = require("harness")
 local luainfer = require("luainfer")
 
 local root = H.repo_root()
-local draft = os.getenv("LUAINFER_TEST_DRAFT")
-local made = nil
-if not draft or draft == "" then
-  made = os.tmpname()
-  local cmd = ("'%s/.venv/bin/python' '%s/tools/make_draft.py' '%s/models/SmolLM2-135M-Instruct.Q4_1.gguf' '%s' --layers 4 >/dev/null 2>&1")
-    :format(root, root, root, made)
-  local ok = os.execute(cmd)
-  if ok ~= true and ok ~= 0 then
-    os.remove(made)
-    print("test_draft: SKIP: could not make a draft with tools/make_draft.py (no .venv with the gguf package?)")
-    os.exit(77)
-  end
-  draft = made
-end
+local draft = H.draft_model("test_draft")
 
 local prompts = {
   -- over two 16-token blocks, so the repeated request below hits the prefix cache
@@ -77,5 +64,4 @@ refused({ draft_model = root .. "/no/such/draft.gguf" }, "No such file", "missin
 refused({ draft_model = root .. "/tests/golden/spm_tiny.gguf" }, "draft model", "not a usable draft")
 refused({ draft_model = 5 }, "draft_model", "non-string path")
 
-if made then os.remove(made) end
 H.finish("test_draft")

@@ -16,21 +16,7 @@ package.path = arg[0]:match("^(.*)/[^/]*$") .. "/?.lua;" .. package.path
 local H = require("harness")
 local luainfer = require("luainfer")
 
-local root = H.repo_root()
-local draft = os.getenv("LUAINFER_TEST_DRAFT")
-local made = nil
-if not draft or draft == "" then
-  made = os.tmpname()
-  local cmd = ("'%s/.venv/bin/python' '%s/tools/make_draft.py' '%s/models/SmolLM2-135M-Instruct.Q4_1.gguf' '%s' --layers 4 >/dev/null 2>&1")
-    :format(root, root, root, made)
-  local ok = os.execute(cmd)
-  if ok ~= true and ok ~= 0 then
-    os.remove(made)
-    print("test_spec_models: SKIP: could not make a draft with tools/make_draft.py (no .venv with the gguf package?)")
-    os.exit(77)
-  end
-  draft = made
-end
+local draft = H.draft_model("test_spec_models")
 
 local prompts = {
   -- over two 16-token blocks, so the repeated request below hits the prefix cache
@@ -171,5 +157,4 @@ local ok, msg = pcall(g.add, g, { prompt = "hi", speculation = { method = "ngram
 H.check(not ok and tostring(msg):find("batch-invariant", 1, true), "ggml: a request's speculation refused: %s", tostring(msg))
 g:close()
 
-if made then os.remove(made) end
 H.finish("test_spec_models")

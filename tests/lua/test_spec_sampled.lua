@@ -11,21 +11,7 @@ package.path = arg[0]:match("^(.*)/[^/]*$") .. "/?.lua;" .. package.path
 local H = require("harness")
 local luainfer = require("luainfer")
 
-local root = H.repo_root()
-local draft = os.getenv("LUAINFER_TEST_DRAFT")
-local made = nil
-if not draft or draft == "" then
-  made = os.tmpname()
-  local cmd = ("'%s/.venv/bin/python' '%s/tools/make_draft.py' '%s/models/SmolLM2-135M-Instruct.Q4_1.gguf' '%s' --layers 4 >/dev/null 2>&1")
-    :format(root, root, root, made)
-  local ok = os.execute(cmd)
-  if ok ~= true and ok ~= 0 then
-    os.remove(made)
-    print("test_spec_sampled: SKIP: could not make a draft with tools/make_draft.py (no .venv with the gguf package?)")
-    os.exit(77)
-  end
-  draft = made
-end
+local draft = H.draft_model("test_spec_sampled")
 
 local prompts = {
   "Repeat this list exactly: apple, banana, cherry, dates, elderberry, fig, grape. Again: apple, banana,",
@@ -90,5 +76,4 @@ end
 local _, s0 = run({ max_num_seqs = 4, spec_tokens = 4 })
 H.check(s0.spec_drafted == 0, "default n-gram: no drafts at temperature > 0 (%d)", s0.spec_drafted)
 
-if made then os.remove(made) end
 H.finish("test_spec_sampled")
