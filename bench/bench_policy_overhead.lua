@@ -3,8 +3,10 @@
 -- in-process and isolated (policy-host child over a Unix socket), side by
 -- side, both with policies/default.lua.
 --
---   ./build/luainfer run bench/bench_policy_overhead.lua [STEPS]
+--   ./build/luainfer run bench/bench_policy_overhead.lua [STEPS] [--json FILE]
 local luainfer = require("luainfer")
+local bench = require("luainfer.bench")
+local opts = bench.options(arg)
 local root = (arg[0]:match("^(.*)/bench/") or ".")
 local STEPS = tonumber(arg[1]) or 100
 
@@ -35,3 +37,9 @@ print(("in-process: step %.1f ms, schedule() %.1f us/step = %.3f%% of step time 
   a.step_ms, a.policy_us, 100 * a.share, a.errors))
 print(("isolated:   step %.1f ms, schedule() %.1f us/step = %.3f%% of step time (errors %d, fallback steps %d)"):format(
   b.step_ms, b.policy_us, 100 * b.share, b.errors, b.fallback))
+bench.finish(opts, { bench = "policy_overhead", steps = STEPS, running = 64, rows = {
+  { isolation = "inprocess", step_ms = a.step_ms, policy_us = a.policy_us, share = a.share, errors = a.errors,
+    fallback_steps = a.fallback },
+  { isolation = "process", step_ms = b.step_ms, policy_us = b.policy_us, share = b.share, errors = b.errors,
+    fallback_steps = b.fallback },
+} })

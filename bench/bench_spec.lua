@@ -2,7 +2,7 @@
 -- by side in one run: greedy decode throughput, draft acceptance, and a
 -- check that the output is the same token for token.
 --
---   ./build/luainfer run bench/bench_spec.lua [MAX_TOKENS] [ROUNDS]
+--   ./build/luainfer run bench/bench_spec.lua [MAX_TOKENS] [ROUNDS] [--json FILE] [--plot FILE]
 --
 -- Workloads (each greedy, ignore_eos, MAX_TOKENS default 128):
 --   copy     prompts that ask for text the prompt holds (code to repeat, a
@@ -27,7 +27,12 @@
 -- variants of the prompt), greedy and temperature 0.7. Settings alternate
 -- within each round; the fastest run of each is kept. Greedy runs assert
 -- the tokens of speculation off.
+--
+-- --json writes every row (workload, batch, temperature, setting, tok/s,
+-- ratio to off, drafted, accepted); --plot draws the speedups over off.
 local luainfer = require("luainfer")
+local bench = require("luainfer.bench")
+local opts = bench.options(arg)
 local root = (arg[0]:match("^(.*)/bench/") or ".")
 local MAX = tonumber(arg[1]) or 128
 local ROUNDS = tonumber(arg[2]) or 2
@@ -130,6 +135,7 @@ local function proposers_bench(layers, draft)
   local head = {}
   for i = 2, #sets do head[#head + 1] = ("%-24s"):format(sets[i].name) end
   print(("%-8s %5s %4s | %9s | %s"):format("workload", "batch", "temp", "off tok/s", table.concat(head, " ")))
+  local rows = {}
   for _, temp in ipairs({ 0, 0.7 }) do
     for _, seqs in ipairs({ 1, 4 }) do
       for _, kind in ipairs(kinds) do
@@ -149,6 +155,9 @@ local function proposers_bench(layers, draft)
         local cols = {}
         for si = 2, #sets do
           local b = best[si]
+          rows[#rows + 1] = { workload = kind, seqs = seqs, temperature = temp, setting = sets[si].name,
+                              tok_s = b.tput, off_tok_s = best[1].tput, ratio = b.tput / best[1].tput,
+                              drafted = b.drafted, accepted = b.accepted }
           cols[#cols + 1] = ("%-24s"):format(("%.1f (%.2fx, %.0f%%)"):format(b.tput, b.tput / best[1].tput,
                                                                           100 * b.accepted / math.max(b.drafted, 1)))
         end
@@ -158,6 +167,7 @@ local function proposers_bench(layers, draft)
     end
   end
   print("greedy runs: every proposer's tokens were identical to speculation off")
+  bench.finish(opts, { bench = "spec", mode = "proposers", max_tokens = MAX, rounds = ROUNDS, rows = rows })
 end
 
 if arg[3] == "proposers" then
@@ -184,6 +194,7 @@ end
 print(("n-gram speculation: greedy, %d tokens per request, best of %d rounds"):format(MAX, ROUNDS))
 print(("%-5s %4s | %10s | %s"):format("load", "seqs", "off tok/s",
   "spec_tokens 2 / 4 / 8 / 4 at any batch: tok/s (ratio to off, acceptance)"))
+local rows = {}
 for _, name in ipairs({ "copy", "free" }) do
   for _, seqs in ipairs({ 1, 8 }) do
     local prompts = workloads[name]
@@ -202,6 +213,11 @@ for _, name in ipairs({ "copy", "free" }) do
     local cols = {}
     for si = 2, #settings do
       local b = best[si]
+      local set = settings[si]
+      rows[#rows + 1] = { workload = name, seqs = seqs, temperature = 0,
+                          setting = ("ngram k%d%s"):format(set.k, set.always and " any batch" or ""),
+                          tok_s = b.tput, off_tok_s = best[1].tput, ratio = b.tput / best[1].tput,
+                          drafted = b.drafted, accepted = b.accepted }
       cols[#cols + 1] = ("%.1f (%.2fx, %.0f%% of %d)"):format(b.tput, b.tput / best[1].tput,
                                                             100 * b.accepted / math.max(b.drafted, 1), b.drafted)
     end
@@ -209,3 +225,4 @@ for _, name in ipairs({ "copy", "free" }) do
   end
 end
 print("every run's tokens were identical to speculation off")
+bench.finish(opts, { bench = "spec", mode = "ngram", max_tokens = MAX, rounds = ROUNDS, rows = rows })

@@ -65,6 +65,34 @@ def kv_dtype(r, ax):
                  f"{r['n_requests']} requests x {r['output_tokens']} tokens")
 
 
+def spec(r, ax):
+    """Speedup over speculation off: a group of bars per workload and batch
+    (and temperature, in the proposers mode), a bar per setting."""
+    rows = r["rows"]
+    if not rows:
+        raise SystemExit("plot_bench.py: the spec results have no rows")
+    groups, settings = [], []
+    for row in rows:
+        g = (row["workload"], row["seqs"], row["temperature"])
+        if g not in groups:
+            groups.append(g)
+        if row["setting"] not in settings:
+            settings.append(row["setting"])
+    ratio = {((row["workload"], row["seqs"], row["temperature"]), row["setting"]): row["ratio"] for row in rows}
+    w = 0.8 / len(settings)
+    for k, name in enumerate(settings):
+        ax.bar([x + (k - (len(settings) - 1) / 2) * w for x in range(len(groups))],
+               [ratio.get((g, name), 0) for g in groups], w, label=name)
+    ax.axhline(1.0, color="k", lw=0.8)
+    show_t = len({g[2] for g in groups}) > 1
+    ax.set_xticks(list(range(len(groups))),
+                  [f"{wl}\nbatch {b}" + (f", T {t:g}" if show_t else "") for wl, b, t in groups], fontsize=8)
+    ax.set_ylabel("tok/s over speculation off")
+    ax.set_title(f"speculative decoding ({r['mode']}): {r['max_tokens']} tokens per request, "
+                 f"best of {r['rounds']} rounds")
+    ax.legend(fontsize=8)
+
+
 def replay(r, fig):
     """Two panels: TTFT percentiles per policy (at the highest load run) and
     goodput against load (rate scale) per policy."""
@@ -91,7 +119,7 @@ def replay(r, fig):
     fig.suptitle(f"trace {os.path.basename(r['trace'])}, max_num_seqs {r['max_num_seqs']}")
 
 
-PLOTS = {"batching": batching, "prefix": prefix, "step_cost": step_cost, "kv_dtype": kv_dtype}
+PLOTS = {"batching": batching, "prefix": prefix, "step_cost": step_cost, "kv_dtype": kv_dtype, "spec": spec}
 FIGURES = {"replay": replay}  # functions that lay out their own axes
 
 

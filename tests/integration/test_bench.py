@@ -90,10 +90,17 @@ def test_bench_step_cost_prints_every_size(run_ok):
     assert "per-step part f ~" in out
 
 
-def test_bench_policy_overhead_has_no_errors(run_ok):
-    out = bench(run_ok, "policy_overhead", "2")
+def test_bench_policy_overhead_has_no_errors(run_ok, tmp_path):
+    js = tmp_path / "po.json"
+    out = bench(run_ok, "policy_overhead", "2", "--json", str(js))
     assert "(errors 0)" in out
     assert "(errors 0, fallback steps 0)" in out
+    r = json.loads(js.read_text())
+    assert r["bench"] == "policy_overhead" and [row["isolation"] for row in r["rows"]] == ["inprocess", "process"]
+    for row in r["rows"]:
+        assert row["errors"] == 0 and row["fallback_steps"] == 0 and row["step_ms"] > 0
+        shown = number(rf"{'in-process' if row['isolation'] == 'inprocess' else 'isolated'}:\s+step ([\d.]+) ms", out)
+        assert shown == pytest.approx(row["step_ms"], abs=0.051)
 
 
 def test_bench_kv_dtype_capacity(run_ok):
@@ -137,14 +144,23 @@ def test_bench_cpu_results(run_ok):
     assert all(float(v) > 0 for v in results.values())
 
 
-def test_bench_spec_outputs_match(run_ok):
+def test_bench_spec_outputs_match(run_ok, tmp_path):
     """bench_spec asserts every speculative run's tokens equal speculation
-    off; a mismatch fails the program."""
-    out = bench(run_ok, "spec", "8", "1")
+    off; a mismatch fails the program. --json holds the table's numbers,
+    --plot draws them."""
+    png, js = tmp_path / "spec.png", tmp_path / "spec.json"
+    out = bench(run_ok, "spec", "8", "1", "--json", str(js), "--plot", str(png))
     rows = re.findall(r"^(copy|free)\s+(\d+) \|", out, re.M)
     assert rows == [("copy", "1"), ("copy", "8"), ("free", "1"), ("free", "8")]
     assert "every run's tokens were identical to speculation off" in out
-    assert number(r"copy\s+1 \|\s+[\d.]+ \| [\d.]+ \([\d.]+x, \d+% of (\d+)\)", out) > 0  # drafts were made
+    drafted = number(r"copy\s+1 \|\s+[\d.]+ \| [\d.]+ \([\d.]+x, \d+% of (\d+)\)", out)
+    assert drafted > 0  # drafts were made
+    r = json.loads(js.read_text())
+    assert r["bench"] == "spec" and r["mode"] == "ngram" and len(r["rows"]) == 16
+    first = r["rows"][0]
+    assert (first["workload"], first["seqs"], first["setting"], first["drafted"]) == ("copy", 1, "ngram k2", drafted)
+    assert all(row["ratio"] == pytest.approx(row["tok_s"] / row["off_tok_s"]) for row in r["rows"])
+    check_png(png)
 
 
 def test_bench_builds_table(luainfer_bin, model_path, tmp_path):
