@@ -108,7 +108,8 @@ int li_tp_init(li_tp **out, li_model *m, const li_backend *like, int size, li_ru
     const char *isa = li_backend_cpu_isa(like);
     if (!strcmp(isa, "none") || strcmp(like->ops->name, "cpu") != 0)
         return li_error_set(err, LI_EUNSUP,
-                            "tensor parallel runs on luainfer's CPU kernels only (the %s backend cannot run it yet)",
+                            "tensor parallel runs on luainfer's own CPU kernels (--isa auto, scalar, avx2, avx512), "
+                            "not on the %s backend yet",
                             like->ops->name);
     li_shard s;
     for (int r = 0; r < size; r++) {
