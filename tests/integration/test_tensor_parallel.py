@@ -51,3 +51,10 @@ def test_tensor_parallel_errors(run_cli, model_path):
     assert_one_line_error(run_cli(gen(model_path, "--tensor-parallel", "2", "--spec-layers", "4", "--spec-k", "2")),
                           r"layerskip.*not supported")
     assert_one_line_error(run_cli(gen(model_path, "--tensor-parallel", "x")), r"--tensor-parallel expects an integer")
+
+
+def test_serve_tensor_parallel_refused(run_cli, model_path):
+    # serve takes the option too; an impossible split ends it with the engine's line
+    r = run_cli(["serve", "--model", model_path, "--tensor-parallel", "4", "--listen", "127.0.0.1:0", "--no-http"],
+                timeout=60)
+    assert r.returncode > 0 and re.search(r"tensor_parallel must be in \[1, 3\]", r.stderr), r.stderr
