@@ -34,7 +34,7 @@ run() {
     local name="$1" limit="$2"
     shift 2
     local t0=$SECONDS
-    timeout "$limit" "$@" >> "$REPORT" 2>&1
+    timeout "$limit" bash -c '"$@"' _ "$@" >> "$REPORT" 2>&1 # bash -c: runs the exported `logged` too
     local rc=$?
     local verdict=PASS
     if [ $rc -eq 77 ]; then verdict=SKIP; elif [ $rc -eq 124 ]; then verdict="TIMEOUT (${limit}s)"; status=1;
@@ -56,17 +56,31 @@ run "nvcc" 30 nvcc --version || true
 ls /usr/local/cuda/lib64/libnccl* /usr/lib/x86_64-linux-gnu/libnccl* 2>/dev/null | tee -a "$REPORT" > /dev/null
 
 stage "CUDA build ($BUILD)"
-run "configure" 120 cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DLI_CUDA=ON || status=1
-grep -E "luainfer: (CUDA|NCCL|CPU-only)" "$BUILD/CMakeFiles/CMakeOutput.log" > /dev/null 2>&1 || true
+# the tools' output goes to logs beside the build; the report keeps what says what was found, or the failure
+logged() {
+    local log="$1"
+    shift
+    "$@" > "$log" 2>&1
+    local rc=$?
+    grep -E "luainfer:|NCCL|CUDA compiler identification" "$log"
+    [ $rc -ne 0 ] && tail -40 "$log"
+    return $rc
+}
+export -f logged
+run "configure" 120 logged "$BUILD/configure.log" cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DLI_CUDA=ON || status=1
 if ! grep -q "LI_HAVE_CUDA" "$BUILD/compile_commands.json" 2>/dev/null; then
     say "the build did not enable CUDA (no nvcc found?): nothing GPU-side can run"
     status=1
 fi
-run "build" 300 cmake --build "$BUILD" -j "$JOBS" || status=1
+run "build" 300 logged "$BUILD/build.log" cmake --build "$BUILD" -j "$JOBS" || status=1
 
 stage "CUDA tests"
 say "CUDA op tests: none yet (no CUDA backend in kernels/cuda/; issue 20)"
 run "unit/test_comm_nccl" 120 "$BUILD/test_comm_nccl"
+if [ $? -eq 77 ] && command -v nvidia-smi > /dev/null; then
+    say "   a skip on a machine with nvidia-smi: the build or the driver does not see the GPU"
+    status=1
+fi
 
 stage "CPU tensor parallel (the sharded pass the GPU ranks will run)"
 run "unit/test_comm" 60 "$BUILD/test_comm"
