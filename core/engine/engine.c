@@ -72,7 +72,6 @@ struct li_engine {
     li_engine_config cfg;
     li_runner tgt;            /* the target: its KV cache is the block pool */
     li_runner draft;          /* when has_draft: runs each step's batch over storage following the pool */
-    li_tp *tp;                /* tensor parallel: the ranks, tgt being rank 0's runner; NULL with one rank */
     bool has_draft;
     /* the draft's last step: (d_rows) request id and position of each logit row */
     int64_t *d_row_id;        /* (max_rows) */
@@ -133,6 +132,7 @@ struct li_engine {
     int64_t fail_logged;      /* schedule failures logged one by one */
     int64_t fail_quiet;       /* ... and not logged since the last summary */
     double fail_summary_t;    /* when the last summary line went out */
+    li_tp *tp;                /* tensor parallel: the ranks, tgt being rank 0's runner; NULL with one rank */
 };
 
 void li_engine_config_default(li_engine_config *c) {
