@@ -23,6 +23,7 @@
 typedef struct gen_opts {
     const char *model, *draft, *prompt, *system, *isa, *kv_dtype, *spec_method;
     int64_t spec_k, spec_layers;
+    int64_t tensor_parallel;
     bool chat, json, help;
     int64_t max_tokens, top_k, seed, threads, ctx_size, batch_size, top_logits, logprobs;
     double temperature, top_p, min_p, repeat_penalty, presence_penalty, frequency_penalty;
@@ -97,7 +98,7 @@ int li_cmd_generate(int argc, char **argv) {
     gen_opts o = {
         .kv_dtype = "f16", .isa = "auto", .max_tokens = 128, .top_k = 40, .seed = -1, .threads = 0,
         .ctx_size = 0, .batch_size = 512, .temperature = 0.8, .top_p = 0.95, .min_p = 0.05,
-        .repeat_penalty = 1.0, .penalty_last_n = 64,
+        .repeat_penalty = 1.0, .penalty_last_n = 64, .tensor_parallel = 1,
     };
     li_opt opts[] = {
         {"model", LI_OPT_STR, &o.model, "GGUF model (default: $LUAINFER_MODEL or the bundled SmolLM2)"},
@@ -125,6 +126,7 @@ int li_cmd_generate(int argc, char **argv) {
         {"top-logits", LI_OPT_INT, &o.top_logits, "with --json: raw logits of the K best tokens per step"},
         {"logprobs", LI_OPT_INT, &o.logprobs, "with --json: top-N logprobs per generated token (0..20)"},
         {"threads", LI_OPT_INT, &o.threads, "compute threads (default: all cores)"},
+        {"tensor-parallel", LI_OPT_INT, &o.tensor_parallel, "split the model over N ranks (threads; docs/parallel.md), at most its KV heads (default 1)"},
         {"ctx-size", LI_OPT_INT, &o.ctx_size, "context length (default: the model's, at most 8192)"},
         {"batch-size", LI_OPT_INT, &o.batch_size, "prompt tokens per forward pass (default 512)"},
         {"kv-dtype", LI_OPT_STR, &o.kv_dtype, "KV cache dtype: f16, bf16, f32, fp8 (E4M3) or int8; 8-bit ones keep an f32 scale per token and kv head (default f16)"},
@@ -168,6 +170,8 @@ int li_cmd_generate(int argc, char **argv) {
     li_type kv_dtype;
     if ((rc = li_kv_dtype_parse(o.kv_dtype, &kv_dtype, &err))) return li_runtime_fail(&err);
 
+    if (o.tensor_parallel < 1 || o.tensor_parallel > 64)
+        return li_runtime_fail(&(li_error){LI_EINVAL, "--tensor-parallel must be in [1, 64]"});
     li_runtime rt;
     if ((rc = li_runtime_open(&rt, o.model, o.threads, o.isa, &err))) return li_runtime_fail(&err);
     if (o.draft && (rc = li_runtime_open_draft(&rt, o.draft, &err))) {
@@ -218,6 +222,7 @@ int li_cmd_generate(int argc, char **argv) {
         goto done;
     ec.kv_dtype = kv_dtype;
     ec.max_num_seqs = 1;
+    ec.tensor_parallel = (int32_t)o.tensor_parallel;
     ec.max_batched_tokens = (int32_t)o.batch_size;
     ec.max_model_len = n_ctx;
     /* one request's context; a draft's storage needs its share of the budget too */

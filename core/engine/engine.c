@@ -15,6 +15,7 @@
 #include "engine/engine.h"
 #include "engine/output.h"
 #include "engine/runner.h"
+#include "engine/tp.h"
 #include "kv/prefix_cache.h"
 #include "spec/proposer.h"
 #include "spec/verify.h"
@@ -131,6 +132,7 @@ struct li_engine {
     int64_t fail_logged;      /* schedule failures logged one by one */
     int64_t fail_quiet;       /* ... and not logged since the last summary */
     double fail_summary_t;    /* when the last summary line went out */
+    li_tp *tp;                /* tensor parallel: the ranks, tgt being rank 0's runner; NULL with one rank */
 };
 
 void li_engine_config_default(li_engine_config *c) {
@@ -138,7 +140,7 @@ void li_engine_config_default(li_engine_config *c) {
         .block_size = 16, .kv_dtype = LI_TYPE_F16, .kv_memory = (size_t)256 << 20,
         .max_num_seqs = 64, .max_batched_tokens = 512, .max_model_len = 0, .prefix_caching = true,
         .spec_tokens = 0, .spec_ngram_max = 4, .spec_ngram_min = 2, .spec_disable_batch = 4,
-        .spec_method = LI_SPEC_NGRAM, .spec_layers = 0,
+        .spec_method = LI_SPEC_NGRAM, .spec_layers = 0, .tensor_parallel = 1,
     };
 }
 
@@ -250,6 +252,13 @@ static void preempt(li_engine *e, req *r) {
 
 /* ---- init / free ------------------------------------------------------------ */
 
+/* The target runner, and with tensor parallelism every rank (rank 0's runner last). */
+static void target_free(li_engine *e) {
+    li_tp_free(e->tp);
+    e->tp = NULL;
+    li_runner_free(&e->tgt);
+}
+
 int li_engine_init(li_engine **out, li_model *m, li_backend *be, const li_engine_config *cfg, li_error *err) {
     return li_engine_init_runners(out, m, NULL, be, cfg, err);
 }
@@ -292,6 +301,18 @@ int li_engine_init_runners(li_engine **out, li_model *m, li_model *draft, li_bac
                             "engine: the draft model's vocabulary has %d tokens, the target's %d: a draft must share "
                             "the target's vocabulary",
                             draft->hp.n_vocab, m->hp.n_vocab);
+    if (c.tensor_parallel < 0 || c.tensor_parallel > m->hp.n_head_kv)
+        return li_error_set(err, LI_EINVAL,
+                            "engine: tensor_parallel must be in [1, %d] (the model's KV heads: one at least per rank), "
+                            "got %d",
+                            m->hp.n_head_kv, c.tensor_parallel);
+    if (c.tensor_parallel == 0) c.tensor_parallel = 1;
+    if (c.tensor_parallel > 1 && draft)
+        return li_error_set(err, LI_EUNSUP, "engine: tensor_parallel %d with a draft model is not supported yet",
+                            c.tensor_parallel);
+    if (c.tensor_parallel > 1 && c.spec_layers)
+        return li_error_set(err, LI_EUNSUP, "engine: tensor_parallel %d with layerskip (spec_layers) is not supported yet",
+                            c.tensor_parallel);
     /* one block id holds a block of tokens in the target's storage and the
      * draft's: the budget pays for both */
     const size_t bpt_t = li_runner_kv_bytes_per_token(m, c.kv_dtype);
@@ -309,7 +330,11 @@ int li_engine_init_runners(li_engine **out, li_model *m, li_model *draft, li_bac
     e->model = m;
     e->be = be;
     e->cfg = c;
-    int rc = li_runner_init(&e->tgt, m, be, NULL, c.kv_dtype, c.block_size, nblocks, c.max_batched_tokens, err);
+    /* the ranks' KV heads add up to the model's: the same blocks fit the budget */
+    int rc = c.tensor_parallel > 1 ? li_tp_init(&e->tp, m, be, c.tensor_parallel, &e->tgt, c.kv_dtype, c.block_size,
+                                                nblocks, c.max_batched_tokens, err)
+                                   : li_runner_init(&e->tgt, m, be, NULL, c.kv_dtype, c.block_size, nblocks,
+                                                    c.max_batched_tokens, err);
     if (rc) {
         free(e);
         return rc;
@@ -317,7 +342,7 @@ int li_engine_init_runners(li_engine **out, li_model *m, li_model *draft, li_bac
     if (draft) {
         if ((rc = li_runner_init(&e->draft, draft, be, &e->tgt.kv, c.kv_dtype, c.block_size, nblocks,
                                  c.max_batched_tokens, err))) {
-            li_runner_free(&e->tgt);
+            target_free(e);
             free(e);
             return rc;
         }
@@ -336,7 +361,7 @@ int li_engine_init_runners(li_engine **out, li_model *m, li_model *draft, li_bac
         if (rc) {
             for (int i = 0; i < LI_SPEC_N_METHODS; i++) li_proposer_free(e->prop[i]);
             li_runner_free(&e->draft);
-            li_runner_free(&e->tgt);
+            target_free(e);
             free(e);
             return rc;
         }
@@ -408,7 +433,7 @@ void li_engine_free(li_engine *e) {
     free(e->vscratch);
     li_prefix_cache_free(&e->pc);
     li_runner_free(&e->draft); /* a follower goes before its pool */
-    li_runner_free(&e->tgt);
+    target_free(e);
     free(e);
 }
 
@@ -1253,7 +1278,7 @@ int li_engine_step(li_engine *e, li_error *err) {
                   .n_logits = n_logits};
     /* 5: forward */
     double tf = li_time_now();
-    int rc = li_runner_run(&e->tgt, &b, err);
+    int rc = e->tp ? li_tp_run(e->tp, &b, err) : li_runner_run(&e->tgt, &b, err);
     e->logits = e->tgt.logits;
     /* the draft computes the same batch: its KV stays in step with the target's */
     if (!rc && e->has_draft && !(rc = li_runner_run(&e->draft, &b, err))) {
@@ -1324,6 +1349,12 @@ void li_engine_stats_get(const li_engine *e, li_engine_stats *st) {
     st->kv_bytes = e->tgt.kv.bytes;
     st->kv_draft_bytes = e->has_draft ? e->draft.kv.bytes : 0;
     st->kv_bytes_per_token = e->tgt.kv.bytes / ((size_t)e->tgt.kv.num_blocks * (size_t)e->tgt.kv.block_size);
+    st->tensor_parallel = e->tp ? li_tp_size(e->tp) : 1;
+    st->time_allreduce = e->tp ? li_tp_comm_time(e->tp) : 0;
+    if (e->tp) { /* every rank's KV storage */
+        st->kv_bytes = li_tp_kv_bytes(e->tp);
+        st->kv_bytes_per_token = st->kv_bytes / ((size_t)e->tgt.kv.num_blocks * (size_t)e->tgt.kv.block_size);
+    }
 }
 
 /* ---- the draft runner (internal) --------------------------------------------- */

@@ -44,6 +44,10 @@ typedef struct li_engine_config {
      * layerskip (the target's first spec_layers blocks) */
     li_spec_method spec_method;
     int32_t spec_layers;         /* layerskip: 1..n_layer-1; 0 = no layerskip proposer */
+    /* tensor parallel (docs/parallel.md, engine/tp.h): the target split over
+     * this many ranks, threads of the CPU backend, at most its KV head count;
+     * 0 or 1 = one rank (default). No draft model or layerskip with it yet */
+    int32_t tensor_parallel;
 } li_engine_config;
 
 #define LI_SPEC_MAX_TOKENS LI_SPEC_MAX_DRAFT
@@ -127,6 +131,8 @@ typedef struct li_engine_stats {
     int64_t spec_rounds_by[LI_SPEC_N_METHODS]; /* verified draft runs (request-steps) */
     double time_propose;       /* seconds in proposers (model drafts' forward passes) */
     int64_t livelock_steps;    /* steps taken from a policy whose plans made no progress (FCFS ran) */
+    int32_t tensor_parallel;   /* ranks of the target (1 without tensor parallelism) */
+    double time_allreduce;     /* seconds of time_forward rank 0 spent in all-reduces (0 with one rank) */
 } li_engine_stats;
 
 /* A policy whose plans make no progress (no token sampled, no request

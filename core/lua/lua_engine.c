@@ -214,7 +214,7 @@ static int l_engine_new(lua_State *L) {
                                         "policy_deadline_ms", "kv_dtype", "kv_memory", "block_size", "max_num_seqs",
                                         "max_batched_tokens", "max_model_len", "prefix_caching", "threads",
                                         "spec_tokens", "spec_ngram_max", "spec_ngram_min", "spec_disable_batch",
-                                        "draft_model", "spec_method", "spec_layers", NULL};
+                                        "draft_model", "spec_method", "spec_layers", "tensor_parallel", NULL};
     check_keys(L, 1, "luainfer.engine", known);
     li_engine_config cfg;
     li_engine_config_default(&cfg);
@@ -243,6 +243,7 @@ static int l_engine_new(lua_State *L) {
     if (li_kv_dtype_parse(kv_dtype, &cfg.kv_dtype, &err)) return luaL_error(L, "%s", err.msg);
     const char *spec_method = opt_str(L, 1, "spec_method", NULL);
     const int64_t spec_layers = opt_int(L, 1, "spec_layers", 0, 0, 4096);
+    cfg.tensor_parallel = (int32_t)opt_int(L, 1, "tensor_parallel", 1, 1, 64);
 
     lua_engine *le = lua_newuserdata(L, sizeof *le);
     memset(le, 0, sizeof *le);
@@ -552,6 +553,8 @@ static int l_engine_stats(lua_State *L) {
     SET_NUM("time_forward", s.time_forward);
     SET_NUM("time_total", s.time_total);
     SET_NUM("time_propose", s.time_propose);
+    SET_NUM("tensor_parallel", s.tensor_parallel);
+    SET_NUM("time_allreduce", s.time_allreduce);
     /* spec_by = { ngram = {drafted, accepted, rounds}, draft = ..., layerskip = ... } */
     lua_createtable(L, 0, LI_SPEC_N_METHODS);
     for (int m = 0; m < LI_SPEC_N_METHODS; m++) {

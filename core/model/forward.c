@@ -5,6 +5,7 @@
  *   logits = Wout · n(x)   (only for the rows asked for)
  * Every op goes through the backend vtable. */
 #include "model/forward.h"
+#include "dist/comm.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -280,6 +281,21 @@ static void matmul_residual(li_backend *be, const li_weight *w, const float *x, 
     be->ops->add(be, res, y, n * w->m);
 }
 
+/* A tensor-parallel rank's row-parallel product (wo, w_down): y holds this
+ * rank's partial sum until the all-reduce makes it the whole product, then
+ * res += y. */
+static int matmul_reduce_residual(li_forward *f, li_backend *be, const li_weight *w, const float *x, float *y,
+                                  float *res, int64_t n, li_error *err) {
+    be->ops->matmul(be, w, x, y, n);
+    be->ops->synchronize(be);
+    const double t = li_time_now();
+    const int rc = li_comm_all_reduce_sum(f->comm, y, n * w->m, err);
+    f->t_comm += li_time_now() - t;
+    if (rc) return rc;
+    be->ops->add(be, res, y, n * w->m);
+    return 0;
+}
+
 int li_forward_run(li_forward *f, const li_model *m, li_backend *be, li_kv_cache *kv, const li_batch *b,
                    float *logits, li_error *err) {
     const li_hparams *hp = &m->hp;
@@ -316,15 +332,18 @@ int li_forward_run(li_forward *f, const li_model *m, li_backend *be, li_kv_cache
         if (f->n_runs) tree_copy(f, kv, l);
         aa.kv = &kv->layers[l];
         op->attention(be, &aa);
-        matmul_residual(be, &L->wo, f->att, f->h, f->x, n);
+        if (!f->comm) matmul_residual(be, &L->wo, f->att, f->h, f->x, n);
+        else if ((rc = matmul_reduce_residual(f, be, &L->wo, f->att, f->h, f->x, n, err))) break;
         /* feed-forward block */
         op->rmsnorm(be, f->x, L->ffn_norm, f->h, n, d, hp->norm_eps);
         matmul_shared(be, (const li_weight *const[]){&L->w_gate, &L->w_up}, 2, f->h, (float *const[]){f->g, f->u},
                       n);
         op->silu_mul(be, f->g, f->u, n, hp->n_ff);
-        matmul_residual(be, &L->w_down, f->g, f->h, f->x, n);
+        if (!f->comm) matmul_residual(be, &L->w_down, f->g, f->h, f->x, n);
+        else if ((rc = matmul_reduce_residual(f, be, &L->w_down, f->g, f->h, f->x, n, err))) break;
     }
     tree_release(f, kv);
+    if (rc) return rc;
     if (b->n_logits <= 0) return 0;
     /* gather only the rows that need logits (the vocab matmul is the
      * largest): one backend copy of n_logits runs */

@@ -102,6 +102,12 @@ typedef struct li_forward {
     int64_t n_runs, runs_cap;
     int32_t *t_blocks;                         /* scratch blocks taken from the pool for the views */
     int32_t n_tblocks, tblocks_cap;
+    /* tensor parallel (docs/parallel.md): this rank's communicator, or NULL
+     * for one rank (today's path, untouched). With one, the model is the
+     * rank's shard (dist/shard.h) and the partial outputs of wo and w_down
+     * are all-reduced before each residual add. */
+    struct li_comm *comm;
+    double t_comm;                             /* seconds inside those all-reduces, summed over runs */
 } li_forward;
 
 /* be must outlive f. */

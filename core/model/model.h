@@ -59,6 +59,10 @@ typedef struct li_model {
      * of the shards' tensors (GGUF dimension order) and their byte total
      * as its size, so what reads tensors (info) works unchanged. */
     struct li_hf *hf;
+    /* a tensor-parallel shard view (dist/shard.h): the copied columns of its
+     * row-parallel weights, which it owns (li_shard_model_free); else NULL */
+    void **shard_copies;       /* (n_shard_copies) */
+    int n_shard_copies;
 } li_model;
 
 /* path: a GGUF file, or a Hugging Face Llama directory (config.json,

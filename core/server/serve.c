@@ -155,6 +155,7 @@ typedef struct serve_opts {
     int64_t block_size, max_num_seqs, max_batched_tokens, threads, max_frame, max_inflight, max_connections,
         max_queued, ctx_size, write_buffer, max_depth, spec_tokens, spec_ngram_max, spec_ngram_min,
         spec_disable_batch, spec_layers;
+    int64_t tensor_parallel;
     const char *spec_method;
     double drain_seconds, slow_seconds;
     bool help, policy_unsafe, no_prefix_cache;
@@ -232,7 +233,7 @@ static int check_range(const char *name, int64_t v, int64_t lo, int64_t hi, li_e
 int li_cmd_serve(int argc, char **argv) {
     serve_opts o = {
         .isolation = "process", .isa = "auto", .block_size = -1, .max_num_seqs = -1, .max_batched_tokens = -1,
-        .spec_ngram_max = -1, .spec_ngram_min = -1, .spec_disable_batch = -1,
+        .spec_ngram_max = -1, .spec_ngram_min = -1, .spec_disable_batch = -1, .tensor_parallel = 1,
         .max_frame = LI_SRV_MAX_FRAME, .max_inflight = LI_SRV_MAX_INFLIGHT, .max_connections = LI_SRV_MAX_CONNECTIONS,
         .max_queued = LI_SRV_MAX_QUEUED,
         .max_depth = LI_SRV_MAX_DEPTH, .write_buffer = LI_SRV_WRITE_BUFFER, .drain_seconds = LI_SRV_DRAIN_SECONDS,
@@ -248,6 +249,7 @@ int li_cmd_serve(int argc, char **argv) {
         {"spec-method", LI_OPT_STR, &o.spec_method, "speculation proposer: ngram, draft or layerskip (default: layerskip with --spec-layers, draft with a draft model, else ngram)"},
         {"spec-k", LI_OPT_INT, &o.spec_tokens, "the same as --spec-tokens"},
         {"spec-layers", LI_OPT_INT, &o.spec_layers, "layerskip: draft with the model's first N blocks and its head (default 0 = no layerskip)"},
+        {"tensor-parallel", LI_OPT_INT, &o.tensor_parallel, "split the model over N ranks (threads; docs/parallel.md), at most its KV heads (default 1)"},
         {"listen", LI_OPT_STR_LIST, &o.listen, "msgpack-RPC on HOST:PORT or unix:PATH (repeatable; default 127.0.0.1:7700)"},
         {"http", LI_OPT_STR_LIST, &o.http, "OpenAI-compatible HTTP on HOST:PORT or unix:PATH (repeatable; default 127.0.0.1:8000, off when only --listen is given)"},
         {"no-http", LI_OPT_FLAG, &o.no_http, "no HTTP listener"},
@@ -408,8 +410,10 @@ int li_cmd_serve(int argc, char **argv) {
     if ((o.block_size != -1 && (rc = check_range("block-size", o.block_size, 1, 1024, &err))) ||
         (o.max_num_seqs != -1 && (rc = check_range("max-num-seqs", o.max_num_seqs, 1, 4096, &err))) ||
         (o.max_batched_tokens != -1 && (rc = check_range("max-batched-tokens", o.max_batched_tokens, 1, 65536, &err))) ||
-        (rc = check_range("ctx-size", o.ctx_size, 0, 1 << 20, &err)))
+        (rc = check_range("ctx-size", o.ctx_size, 0, 1 << 20, &err)) ||
+        (rc = check_range("tensor-parallel", o.tensor_parallel, 1, 64, &err)))
         goto done;
+    cfg->tensor_parallel = (int32_t)o.tensor_parallel;
     cfg->max_model_len = o.ctx_size > 0 ? o.ctx_size : LI_MIN(rt.model->hp.n_ctx_train, 8192);
     if (cfg->max_model_len > rt.model->hp.n_ctx_train) cfg->max_model_len = rt.model->hp.n_ctx_train;
 
