@@ -70,7 +70,10 @@ static void kv_str(msgpack_packer *pk, const char *k, const char *v) {
 
 void li_wire_pack_req(msgpack_packer *pk, const li_req_view *r) {
     bool spec = r->spec_acceptance >= 0;
-    msgpack_pack_map(pk, 14 + (spec ? 1 : 0));
+    /* the optional numbers travel only when set (older hosts ignore them) */
+    const bool ttft = r->slo_ttft_ms > 0, tpot = r->slo_tpot_ms > 0;
+    const bool sched = r->first_scheduled >= 0, first = r->first_token >= 0;
+    msgpack_pack_map(pk, 14 + (uint32_t)spec + (uint32_t)ttft + (uint32_t)tpot + (uint32_t)sched + (uint32_t)first);
     kv_int(pk, "id", r->id);
     kv_str(pk, "state", state_names[(unsigned)r->state < 3 ? r->state : 0]);
     kv_num(pk, "arrival", r->arrival);
@@ -86,6 +89,10 @@ void li_wire_pack_req(msgpack_packer *pk, const li_req_view *r) {
     kv_int(pk, "preemptions", r->n_preemptions);
     if (spec) kv_num(pk, "spec_acceptance", r->spec_acceptance);
     kv_int(pk, "projected_blocks", r->projected_blocks);
+    if (ttft) kv_num(pk, "slo_ttft_ms", r->slo_ttft_ms);
+    if (tpot) kv_num(pk, "slo_tpot_ms", r->slo_tpot_ms);
+    if (sched) kv_num(pk, "first_scheduled", r->first_scheduled);
+    if (first) kv_num(pk, "first_token", r->first_token);
 }
 
 void li_wire_pack_state(msgpack_packer *pk, const li_step_state *st) {
@@ -179,12 +186,13 @@ static int field_int(const msgpack_object *m, const char *key, int64_t lo, int64
  * of a state message: no per-field key search). */
 enum {
     RF_ID, RF_STATE, RF_ARRIVAL, RF_PRIORITY, RF_TENANT, RF_PROMPT_LEN, RF_NUM_TOKENS, RF_NUM_COMPUTED,
-    RF_NUM_GENERATED, RF_MAX_TOKENS, RF_CACHED_LEN, RF_BLOCKS, RF_PREEMPTIONS, RF_SPEC, RF_PROJECTED, RF__N
+    RF_NUM_GENERATED, RF_MAX_TOKENS, RF_CACHED_LEN, RF_BLOCKS, RF_PREEMPTIONS, RF_SPEC, RF_PROJECTED,
+    RF_SLO_TTFT, RF_SLO_TPOT, RF_FIRST_SCHED, RF_FIRST_TOKEN, RF__N
 };
 static const char *const req_keys[RF__N] = {
     "id", "state", "arrival", "priority", "tenant", "prompt_len", "num_tokens", "num_computed",
     "num_generated", "max_tokens", "cached_len", "blocks", "preemptions", "spec_acceptance",
-    "projected_blocks",
+    "projected_blocks", "slo_ttft_ms", "slo_tpot_ms", "first_scheduled", "first_token",
 };
 
 static int req_key(const msgpack_object *k) {
@@ -223,6 +231,23 @@ int li_wire_unpack_req(const msgpack_object *o, li_req_view *v, li_wire_state *w
         return li_error_set(err, LI_EINVAL, "request %lld: 'arrival' must be a number", (long long)v->id);
     if (f[RF_SPEC] && !li_wire_num(f[RF_SPEC], &v->spec_acceptance))
         return li_error_set(err, LI_EINVAL, "request %lld: 'spec_acceptance' must be a number", (long long)v->id);
+    /* objectives in [0, a day] ms; times >= 0 (absent: none, not yet) */
+    v->first_scheduled = v->first_token = -1;
+    static const struct {
+        int k;
+        double hi;
+    } nums[] = {{RF_SLO_TTFT, LI_WIRE_MAX_SLO_MS}, {RF_SLO_TPOT, LI_WIRE_MAX_SLO_MS}, {RF_FIRST_SCHED, 1e15},
+                {RF_FIRST_TOKEN, 1e15}};
+    double *const num_dst[] = {&v->slo_ttft_ms, &v->slo_tpot_ms, &v->first_scheduled, &v->first_token};
+    for (size_t i = 0; i < LI_ARRAY_LEN(nums); i++) {
+        const msgpack_object *fo = f[nums[i].k];
+        double d;
+        if (!fo) continue;
+        if (!li_wire_num(fo, &d) || !(d >= 0 && d <= nums[i].hi))
+            return li_error_set(err, LI_EINVAL, "request %lld: '%s' must be a number in [0, %g]", (long long)v->id,
+                                req_keys[nums[i].k], nums[i].hi);
+        *num_dst[i] = d;
+    }
     static const struct {
         int k;
         int64_t lo, hi;

@@ -24,6 +24,7 @@
 #define LI_WIRE_MAX_REQS (1 << 20)           /* requests in one state */
 #define LI_WIRE_MAX_ENTRIES LI_PLAN_MAX_ENTRIES /* run or preempt entries in one plan: both modes */
 #define LI_WIRE_RUN_BYTES 25                 /* {"id": uint64, "tokens": uint32} */
+#define LI_WIRE_MAX_SLO_MS 86400000.0      /* slo_ttft_ms, slo_tpot_ms: a day, as the engine takes */
 #define LI_WIRE_MAX_DEPTH 16                 /* nesting of arrays and maps in one frame */
 _Static_assert((size_t)LI_WIRE_MAX_ENTRIES * (LI_WIRE_RUN_BYTES + 9) + 4096 < LI_WIRE_MAX_REPLY,
                "the largest legal plan must fit in one host reply frame");

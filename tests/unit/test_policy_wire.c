@@ -624,6 +624,63 @@ static void test_projection_fields(void) {
     msgpack_sbuffer_destroy(&b);
 }
 
+/* The latency objectives and the first-scheduled / first-token times round
+ * trip; absent they read as none (0) and not yet (-1); out of range, NaN or
+ * not numbers they are refused by name. */
+static void test_slo_fields(void) {
+    li_req_view r = {.id = 3, .state = LI_REQ_RUNNING, .tenant = "", .spec_acceptance = -1, .slo_ttft_ms = 1500,
+                     .slo_tpot_ms = 75.5, .first_scheduled = 0.25, .first_token = -1};
+    li_step_state st = {.reqs = &r, .n_reqs = 1, .block_size = 16, .max_num_seqs = 4, .max_batched_tokens = 64};
+    msgpack_sbuffer b;
+    msgpack_sbuffer_init(&b);
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, &b, msgpack_sbuffer_write);
+    li_wire_pack_state(&pk, &st);
+    msgpack_unpacked u;
+    msgpack_unpacked_init(&u);
+    li_wire_state ws = {0};
+    li_step_state got;
+    li_error e = {0};
+    CHECK(msgpack_unpack_next(&u, b.data, b.size, NULL) == MSGPACK_UNPACK_SUCCESS &&
+              li_wire_unpack_state(&u.data, &ws, &got, &e) == 0,
+          "slo state decodes: %s", e.msg);
+    CHECK(got.n_reqs == 1 && got.reqs[0].slo_ttft_ms == 1500 && got.reqs[0].slo_tpot_ms == 75.5 &&
+              got.reqs[0].first_scheduled == 0.25 && got.reqs[0].first_token == -1,
+          "slo fields round trip: %g %g %g %g", got.reqs[0].slo_ttft_ms, got.reqs[0].slo_tpot_ms,
+          got.reqs[0].first_scheduled, got.reqs[0].first_token);
+    r = (li_req_view){.id = 3, .tenant = "", .spec_acceptance = -1, .first_scheduled = -1, .first_token = -1};
+    msgpack_sbuffer_clear(&b);
+    li_wire_pack_state(&pk, &st);
+    CHECK(msgpack_unpack_next(&u, b.data, b.size, NULL) == MSGPACK_UNPACK_SUCCESS &&
+              li_wire_unpack_state(&u.data, &ws, &got, &e) == 0 && got.reqs[0].slo_ttft_ms == 0 &&
+              got.reqs[0].slo_tpot_ms == 0 && got.reqs[0].first_scheduled == -1 && got.reqs[0].first_token == -1,
+          "absent slo fields: none and not yet: %s", e.msg);
+    static const struct {
+        const char *key;
+        double v;
+    } bad[] = {{"slo_ttft_ms", -1}, {"slo_tpot_ms", 1e12}, {"slo_ttft_ms", NAN}, {"first_token", -0.5},
+               {"first_scheduled", INFINITY}};
+    for (size_t i = 0; i < LI_ARRAY_LEN(bad) + 1; i++) {
+        msgpack_sbuffer_clear(&b);
+        msgpack_pack_map(&pk, 3);
+        li_wire_pack_str(&pk, "id");
+        msgpack_pack_int64(&pk, 8);
+        li_wire_pack_str(&pk, "state");
+        li_wire_pack_str(&pk, "running");
+        const char *key = i < LI_ARRAY_LEN(bad) ? bad[i].key : "slo_tpot_ms";
+        li_wire_pack_str(&pk, key);
+        if (i < LI_ARRAY_LEN(bad)) msgpack_pack_double(&pk, bad[i].v);
+        else li_wire_pack_str(&pk, "fast");
+        li_req_view v;
+        CHECK(msgpack_unpack_next(&u, b.data, b.size, NULL) == MSGPACK_UNPACK_SUCCESS &&
+                  li_wire_unpack_req(&u.data, &v, &ws, &e) != 0 && strstr(e.msg, key),
+              "a bad %s is refused by name: %s", key, e.msg);
+    }
+    msgpack_unpacked_destroy(&u);
+    li_wire_state_free(&ws);
+    msgpack_sbuffer_destroy(&b);
+}
+
 int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "policy-host")) return fake_host();
     msgpack_sbuffer_init(&sb);
@@ -634,6 +691,7 @@ int main(int argc, char **argv) {
     test_start();
     test_replies();
     test_projection_fields();
+    test_slo_fields();
 
     char path[] = "/tmp/li_policy_wire_XXXXXX";
     int fd = mkstemp(path);
