@@ -431,9 +431,16 @@ static int fake_host(void) {
         int64_t seq = 0;
         li_wire_int(li_wire_get(&u.data, "seq"), &seq);
         if (li_wire_is(&u.data, "reload")) {
-            host_send_frame(fd, "m5 s s s L s t s m1 s i s a3 s s s", "type", "reload", "seq", (long long)seq, "ok",
+            host_send_frame(fd, "m5 s s s L s t s m1 s i s a4 s s s s", "type", "reload", "seq", (long long)seq, "ok",
                             "config", "block_size", strcmp(mode, "bad_config") ? 16 : -1, "hooks", "schedule",
-                            "admit", "evict");
+                            "admit", "evict", "speculate");
+        } else if (li_wire_is(&u.data, "speculate")) {
+            if (!strcmp(mode, "spec_garbage")) /* a method the engine never named */
+                host_send_frame(fd, "m3 s s s L s a2 a2 i i a2 i i", "type", "speculate", "seq", (long long)seq,
+                                "choices", 5, 1, 0, 1);
+            else
+                host_send_frame(fd, "m3 s s s L s a2 a2 i i a2 i i", "type", "speculate", "seq", (long long)seq,
+                                "choices", 2, 3, -1, 0);
         } else if (li_wire_is(&u.data, "schedule")) {
             host_schedule(fd, (long long)seq, mode);
         } else if (li_wire_is(&u.data, "admit")) {
@@ -553,6 +560,43 @@ static void test_fake_hosts(void) {
                   order[2] == 99 && order[3] == 3,
               "order garbage: %d", n);
         p->ops->free(p);
+    }
+    /* speculate: the choices come back per candidate; a bad one leaves the
+     * wants and replaces the host */
+    {
+        static const char *const names[3] = {"ngram", "draft", "layerskip"};
+        bool av[3] = {true, false, true};
+        double dt[3] = {0, 0, 0.004}, acc[6] = {-1, -1, -1, 0.5, -1, -1};
+        int64_t dr[6] = {0, 0, 0, 10, 0, 0};
+        li_req_view rv = {.id = 7, .state = LI_REQ_RUNNING, .tenant = "", .spec_acceptance = -1,
+                          .first_scheduled = -1, .first_token = -1};
+        li_step_state sst = {.reqs = &rv, .n_reqs = 1, .block_size = 16, .max_num_seqs = 4, .max_batched_tokens = 64};
+        const li_spec_state ss = {.methods = names, .available = av, .n_methods = 3, .batch_size = 1,
+                                  .step_time = 0.03, .token_time = 0.001, .draft_time = dt};
+        for (int bad = 0; bad < 2; bad++) {
+            li_spec_cand sc[2] = {
+                {.id = 7, .want_method = 0, .want_k = 4, .max_k = 8, .acceptance = acc, .drafted = dr, .method = 0,
+                 .k = 4},
+                {.id = 8, .want_method = 0, .want_k = 0, .max_k = 2, .temperature = 0.7f, .acceptance = acc + 3,
+                 .drafted = dr + 3, .method = -1, .k = 0},
+            };
+            p = open_host(bad ? "spec_garbage" : "good", &e);
+            CHECK(p && p->has_speculate, "speculate: the hook is announced");
+            if (!p) continue;
+            int rc = p->ops->speculate(p, &sst, &ss, sc, 2, &e);
+            if (!bad) {
+                CHECK(rc == 0 && sc[0].method == 2 && sc[0].k == 3 && sc[1].method == -1 && sc[1].k == 0,
+                      "speculate choices through the socket: %d (%d, %d) (%d, %d) %s", rc, sc[0].method, sc[0].k,
+                      sc[1].method, sc[1].k, rc ? e.msg : "");
+            } else {
+                li_policy_proc_stats s;
+                li_policy_proc_stats_get(p, &s);
+                CHECK(rc != 0 && strstr(e.msg, "malformed speculate reply") && sc[0].method == 0 && sc[0].k == 4 &&
+                          sc[1].method == -1 && s.crashes == 1,
+                      "a bad speculate reply: refused whole, the wants stand, the host replaced: %s", e.msg);
+            }
+            p->ops->free(p);
+        }
     }
     /* a host that cannot be used fails open() with the reason */
     p = open_host("bad_version", &e);
