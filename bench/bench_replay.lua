@@ -1,6 +1,7 @@
 -- bench_replay.lua — replays an arrival trace against an in-process engine
 -- for one or more policies, side by side: throughput, TTFT and TPOT
 -- percentiles, goodput (the share of requests meeting their SLOs),
+-- queueing delay (arrival to the first step that computed the request),
 -- preemptions and policy time per step.
 --
 --   ./build/luainfer bench replay TRACE [--policy P.lua]... [--rate-scale X[,Y,...]]
@@ -124,6 +125,7 @@ local function replay(policy, scale)
         prompt = r.prompt, tokens = r.prompt == nil and synthetic(next_i, r.prompt_len) or nil,
         max_tokens = r.max_tokens, temperature = 0, ignore_eos = true,
         tenant = r.tenant, priority = r.priority,
+        slo_ttft_ms = r.slo_ttft_ms or 2000, slo_tpot_ms = r.slo_tpot_ms or 200,
       }
       next_i = next_i + 1
     end
@@ -136,13 +138,14 @@ local function replay(policy, scale)
   end
   local makespan = now() - t0
   local s = e:stats()
-  local ttft, tpot, good, out_tokens, texts, per_tenant = {}, {}, 0, 0, {}, {}
+  local ttft, tpot, queue, good, out_tokens, texts, per_tenant = {}, {}, {}, 0, 0, {}, {}
   for i = 1, n do
     local r, res = reqs[i], e:result(ids[i])
     local tt = (res.ttft or math.huge) * 1e3
     local ntok = #res.tokens
     local tp = ntok > 1 and ((res.latency - res.ttft) * 1e3 / (ntok - 1)) or 0
     ttft[#ttft + 1], tpot[#tpot + 1] = tt, tp
+    queue[#queue + 1] = (res.queue_delay or math.huge) * 1e3
     out_tokens = out_tokens + ntok
     if tt <= (r.slo_ttft_ms or 2000) and tp <= (r.slo_tpot_ms or 200) then good = good + 1 end
     texts[i] = res.text
@@ -156,6 +159,7 @@ local function replay(policy, scale)
     throughput = out_tokens / makespan, output_tokens = out_tokens, goodput = good / n,
     ttft_p50 = pct(ttft, 50), ttft_p90 = pct(ttft, 90), ttft_p99 = pct(ttft, 99),
     tpot_p50 = pct(tpot, 50), tpot_p90 = pct(tpot, 90), tpot_p99 = pct(tpot, 99),
+    queue_p50 = pct(queue, 50), queue_p90 = pct(queue, 90), queue_p99 = pct(queue, 99),
     preemptions = s.preemptions, steps = s.steps, policy_ms_per_step = s.steps > 0 and 1e3 * s.time_policy / s.steps or 0,
     policy_share = s.time_total > 0 and s.time_policy / s.time_total or 0, ttft_ms = ttft, tokens_per_tenant = per_tenant,
     texts = texts,
@@ -183,14 +187,17 @@ table.sort(runs, function(a, b)
   if a.rate_scale ~= b.rate_scale then return a.rate_scale < b.rate_scale end
   return a.index < b.index
 end)
-print(("\n%-14s %5s %8s %8s | %7s %7s %7s | %6s %6s %6s | %7s %6s %8s"):format("policy", "scale", "tok/s",
-  "makespan", "ttft50", "ttft90", "ttft99", "tpot50", "tpot90", "tpot99", "goodput", "preempt", "pol ms/st"))
+print(("\n%-14s %5s %8s %8s | %7s %7s %7s | %6s %6s %6s | %6s %6s %6s | %7s %6s %8s"):format("policy", "scale",
+  "tok/s", "makespan", "ttft50", "ttft90", "ttft99", "tpot50", "tpot90", "tpot99", "queue50", "q90", "q99", "goodput",
+  "preempt", "pol ms/st"))
 for _, r in ipairs(runs) do
-  print(("%-14s %5.2f %8.1f %7.1fs | %7.0f %7.0f %7.0f | %6.1f %6.1f %6.1f | %6.0f%% %7d %8.3f"):format(r.policy,
-    r.rate_scale, r.throughput, r.makespan_s, r.ttft_p50, r.ttft_p90, r.ttft_p99, r.tpot_p50, r.tpot_p90, r.tpot_p99,
-    100 * r.goodput, r.preemptions, r.policy_ms_per_step))
+  print(("%-14s %5.2f %8.1f %7.1fs | %7.0f %7.0f %7.0f | %6.1f %6.1f %6.1f | %6.0f %6.0f %6.0f | %6.0f%% %7d %8.3f")
+    :format(r.policy, r.rate_scale, r.throughput, r.makespan_s, r.ttft_p50, r.ttft_p90, r.ttft_p99, r.tpot_p50,
+      r.tpot_p90, r.tpot_p99, r.queue_p50, r.queue_p90, r.queue_p99, 100 * r.goodput, r.preemptions,
+      r.policy_ms_per_step))
 end
-print("(ms; goodput: requests with TTFT <= slo_ttft_ms and TPOT <= slo_tpot_ms; one greedy output per request)")
+print("(ms; queue: arrival to the first step that computed the request; goodput: requests with TTFT <= slo_ttft_ms")
+print(" and TPOT <= slo_tpot_ms; one greedy output per request)")
 
 -- a policy decides when, never what: every run's greedy texts are the same
 local same = true

@@ -64,6 +64,7 @@ typedef struct req {
     int64_t pol_step;         /* the step the speculate hook chose pol_method / pol_k for */
     int32_t pol_method, pol_k;
     int64_t plan_mark;        /* == e->plan_marks: a run entry of the plan being applied */
+    double slo_ttft_ms, slo_tpot_ms; /* the request's objectives (0 = none), for policies */
 } req;
 
 struct li_engine {
@@ -223,7 +224,9 @@ static void finish(li_engine *e, req *r, const char *reason) {
                          .priority = r->priority, .tenant = r->tenant, .prompt_len = r->n_prompt,
                          .num_tokens = r->n_toks, .num_computed = r->num_computed,
                          .num_generated = r->n_toks - r->n_prompt, .max_tokens = r->max_tokens,
-                         .n_preemptions = r->res.n_preemptions, .spec_acceptance = spec_acceptance(r)};
+                         .n_preemptions = r->res.n_preemptions, .spec_acceptance = spec_acceptance(r),
+                         .slo_ttft_ms = r->slo_ttft_ms, .slo_tpot_ms = r->slo_tpot_ms,
+                         .first_scheduled = r->res.t_first_scheduled, .first_token = r->res.t_first_token};
         e->policy->ops->on_finish(e->policy, &v, reason);
     }
     li_output_finish(r->res.id, reason, r->on_event, r->ud);
@@ -527,6 +530,8 @@ static void view_of(li_engine *e, req *r, li_req_view *v) {
         .max_tokens = r->max_tokens, .cached_len = hit ? hit : r->res.cached_tokens,
         .n_blocks = r->seq.n_blocks + (int32_t)(hit / e->tgt.kv.block_size),
         .n_preemptions = r->res.n_preemptions, .spec_acceptance = spec_acceptance(r),
+        .slo_ttft_ms = r->slo_ttft_ms, .slo_tpot_ms = r->slo_tpot_ms,
+        .first_scheduled = r->res.t_first_scheduled, .first_token = r->res.t_first_token,
     };
     v->projected_blocks = projected_blocks(e, r, v->n_blocks);
 }
@@ -591,6 +596,8 @@ static req *req_new(li_engine *e, const li_request_params *p, int32_t i, li_erro
     r->spec_set = p->spec_set;
     r->spec_method = p->spec_method;
     r->spec_k = p->spec_k;
+    r->slo_ttft_ms = p->slo_ttft_ms;
+    r->slo_tpot_ms = p->slo_tpot_ms;
     r->top = li_xmalloc((size_t)LI_MAX(p->sampling.n_logprobs, 1) * sizeof *r->top);
     r->state = LI_REQ_WAITING;
     r->live = true;
@@ -598,6 +605,7 @@ static req *req_new(li_engine *e, const li_request_params *p, int32_t i, li_erro
     r->res.n_prompt = p->n_prompt;
     r->res.t_arrival = li_engine_now(e);
     r->res.t_first_token = -1;
+    r->res.t_first_scheduled = -1;
     sync_result(r);
     return r;
 }
@@ -632,6 +640,10 @@ int li_engine_add(li_engine *e, const li_request_params *p, int64_t *id, li_erro
     for (int i = 0; i < p->n_stop; i++)
         if (!p->stop[i] || !p->stop[i][0] || strlen(p->stop[i]) > 256)
             return li_error_set(err, LI_EINVAL, "request: stop strings must be 1..256 bytes");
+    if (!(p->slo_ttft_ms >= 0 && p->slo_ttft_ms <= LI_ENGINE_MAX_SLO_MS) ||
+        !(p->slo_tpot_ms >= 0 && p->slo_tpot_ms <= LI_ENGINE_MAX_SLO_MS))
+        return li_error_set(err, LI_EINVAL, "request: slo_ttft_ms and slo_tpot_ms must be numbers in [0, %.0f]",
+                            LI_ENGINE_MAX_SLO_MS);
     if (p->spec_set) {
         if (p->spec_k < 0 || p->spec_k > LI_SPEC_MAX_TOKENS)
             return li_error_set(err, LI_EINVAL, "request: speculation k must be in [0, %d], got %d", LI_SPEC_MAX_TOKENS,
@@ -782,6 +794,7 @@ static int32_t apply_plan(li_engine *e, const li_plan *plan, int64_t *n_batch_to
             continue;
         }
         r->state = LI_REQ_RUNNING;
+        if (r->res.t_first_scheduled < 0) r->res.t_first_scheduled = li_engine_now(e);
         e->batch_req[nb] = r;
         e->batch_n[nb] = (int32_t)n;
         nb++;
@@ -1131,6 +1144,7 @@ static void fork_samples(li_engine *e, req *parent, const float *logits) {
         c->num_computed = parent->num_computed;
         li_prefix_seq_fork(&c->pfx, &parent->pfx);
         c->state = LI_REQ_RUNNING;
+        if (c->res.t_first_scheduled < 0) c->res.t_first_scheduled = parent->res.t_first_scheduled;
         sample_one(e, c, logits);
     }
 }

@@ -85,7 +85,11 @@ typedef struct li_request_params {
     bool spec_set;
     li_spec_method spec_method;
     int32_t spec_k;
+    /* latency objectives, ms (0 = none; at most a day): only policies read them */
+    double slo_ttft_ms, slo_tpot_ms;
 } li_request_params;
+
+#define LI_ENGINE_MAX_SLO_MS 86400000.0 /* an SLO of at most a day */
 
 /* Per-request result, kept until li_engine_release(). */
 typedef struct li_request_result {
@@ -100,6 +104,8 @@ typedef struct li_request_result {
     double t_arrival, t_first_token, t_finish; /* engine clock, seconds */
     int32_t n_preemptions;
     int64_t cached_tokens;   /* prompt tokens served from the prefix cache */
+    double t_first_scheduled; /* engine clock when a step first computed its tokens (its first
+                               * prefill chunk); -1 before. Queueing delay = this - t_arrival */
 } li_request_result;
 
 typedef struct li_engine_stats {

@@ -485,6 +485,10 @@ static int l_engine_result(lua_State *L) {
         lua_pushnumber(L, r->t_first_token - r->t_arrival);
         lua_setfield(L, -2, "ttft");
     }
+    if (r->t_first_scheduled >= 0) { /* queueing delay: arrival to the first step that computed it */
+        lua_pushnumber(L, r->t_first_scheduled - r->t_arrival);
+        lua_setfield(L, -2, "queue_delay");
+    }
     if (r->finished) {
         lua_pushnumber(L, r->t_finish - r->t_arrival);
         lua_setfield(L, -2, "latency");

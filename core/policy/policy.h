@@ -36,6 +36,10 @@ typedef struct li_req_view {
     double spec_acceptance;  /* speculative acceptance rate, -1 when unknown */
     int32_t projected_blocks;/* KV blocks it still needs, beyond n_blocks, to reach its
                               * end (max_tokens or max_model_len): an upper bound */
+    double slo_ttft_ms;      /* latency objectives, ms; 0 = none */
+    double slo_tpot_ms;
+    double first_scheduled;  /* engine clock when a step first computed its tokens; -1 before */
+    double first_token;      /* engine clock of its first sampled token; -1 before */
 } li_req_view;
 
 typedef struct li_step_state {

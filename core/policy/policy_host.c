@@ -28,6 +28,7 @@ typedef struct host {
     msgpack_packer pk;
     li_wire_state ws;
     li_plan plan;
+    li_wire_spec spec;         /* the last speculate call */
     li_evict_candidate *cands; /* (cap_cands) evict candidates and order */
     int32_t *order, cap_cands;
     char *buf;
@@ -147,6 +148,23 @@ static int on_evict(host *h, const msgpack_object *msg, int64_t seq) {
     li_wire_pack_str(&h->pk, "order");
     msgpack_pack_array(&h->pk, (size_t)n_order);
     for (int32_t i = 0; i < n_order; i++) msgpack_pack_int32(&h->pk, h->order[i]);
+    return send_frame(h);
+}
+
+/* speculate: the state, then each candidate's answer (preset to its want)
+ * from the policy's hook, one choice per candidate in order. */
+static int on_speculate(host *h, const msgpack_object *msg, int64_t seq) {
+    if (!h->pol) return reply_error(h, seq, "no policy loaded");
+    li_error err = {0};
+    li_step_state st;
+    if (li_wire_unpack_state(li_wire_get(msg, "state"), &h->ws, &st, &err) ||
+        li_wire_unpack_spec(msg, &h->spec, &err))
+        return reply_error(h, seq, err.msg);
+    if (h->pol->ops->speculate &&
+        h->pol->ops->speculate(h->pol, &st, &h->spec.ss, h->spec.cands, h->spec.n, &err))
+        return reply_error(h, seq, err.msg);
+    li_wire_msg_begin(&h->sb, &h->pk, 3, "speculate", seq);
+    li_wire_pack_choices(&h->pk, h->spec.cands, h->spec.n);
     return send_frame(h);
 }
 
@@ -330,6 +348,7 @@ int li_cmd_policy_host(int argc, char **argv) {
         if (li_wire_is(msg, "schedule")) wr = on_schedule(&h, msg, seq);
         else if (li_wire_is(msg, "admit")) wr = on_admit(&h, msg, seq);
         else if (li_wire_is(msg, "evict")) wr = on_evict(&h, msg, seq);
+        else if (li_wire_is(msg, "speculate")) wr = on_speculate(&h, msg, seq);
         else if (li_wire_is(msg, "on_finish")) on_finish(&h, msg);
         else if (li_wire_is(msg, "reload")) wr = on_reload(&h, msg, seq);
         else wr = reply_error(&h, seq, "unknown message type");
@@ -341,6 +360,7 @@ int li_cmd_policy_host(int argc, char **argv) {
     free(h.cands);
     free(h.order);
     li_wire_state_free(&h.ws);
+    li_wire_spec_free(&h.spec);
     msgpack_sbuffer_destroy(&h.sb);
     free(h.buf);
     close(h.fd);

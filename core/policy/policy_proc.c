@@ -318,6 +318,7 @@ static void apply_info(li_policy_proc *p, const li_policy_config *cfg, unsigned 
     p->hooks = hooks;
     p->base.has_schedule = (p->hooks & LI_POLICY_HOOK_SCHEDULE) != 0;
     p->base.has_evict = (p->hooks & LI_POLICY_HOOK_EVICT) != 0;
+    p->base.has_speculate = (p->hooks & LI_POLICY_HOOK_SPECULATE) != 0;
 }
 
 /* Takes in a frame that is not the reply being waited for (a hello, the
@@ -491,6 +492,26 @@ static int proc_evict(li_policy *pp, const li_evict_candidate *cands, int32_t n_
     return 0;
 }
 
+/* Speculation: the state and the candidates go out, one [method, k] per
+ * candidate comes back, checked whole before any is taken (a bad reply
+ * leaves the wants, and replaces the host). */
+static int proc_speculate(li_policy *pp, const li_step_state *st, const li_spec_state *ss, li_spec_cand *cands,
+                          int32_t n, li_error *err) {
+    li_policy_proc *p = (li_policy_proc *)pp;
+    if (!(p->hooks & LI_POLICY_HOOK_SPECULATE) || n <= 0) return 0;
+    int64_t seq;
+    double deadline;
+    if (call_begin(p, "speculate", 5, &seq, &deadline, err)) return err->code;
+    li_wire_pack_str(&p->pk, "state");
+    li_wire_pack_state(&p->pk, st);
+    li_wire_pack_spec(&p->pk, ss, cands, n);
+    if (call_end(p, seq, deadline, "speculate", err)) return err->code;
+    if (li_wire_decode_choices(p->msg, cands, n, LI_MIN(ss->n_methods, LI_WIRE_MAX_METHODS), err))
+        return reply_broken(p, "a malformed speculate reply", err);
+    p->fails = 0;
+    return 0;
+}
+
 static void proc_on_finish(li_policy *pp, const li_req_view *req, const char *finish_reason) {
     li_policy_proc *p = (li_policy_proc *)pp;
     if (!(p->hooks & LI_POLICY_HOOK_ON_FINISH)) return;
@@ -596,6 +617,7 @@ static const li_policy_ops proc_ops = {
     .on_finish = proc_on_finish,
     .reload = proc_reload,
     .free = proc_free,
+    .speculate = proc_speculate,
 };
 
 int li_policy_proc_open(li_policy **out, const char *path, const li_policy_proc_opts *opts, li_error *err) {

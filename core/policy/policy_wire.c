@@ -70,7 +70,10 @@ static void kv_str(msgpack_packer *pk, const char *k, const char *v) {
 
 void li_wire_pack_req(msgpack_packer *pk, const li_req_view *r) {
     bool spec = r->spec_acceptance >= 0;
-    msgpack_pack_map(pk, 14 + (spec ? 1 : 0));
+    /* the optional numbers travel only when set (older hosts ignore them) */
+    const bool ttft = r->slo_ttft_ms > 0, tpot = r->slo_tpot_ms > 0;
+    const bool sched = r->first_scheduled >= 0, first = r->first_token >= 0;
+    msgpack_pack_map(pk, 14 + (uint32_t)spec + (uint32_t)ttft + (uint32_t)tpot + (uint32_t)sched + (uint32_t)first);
     kv_int(pk, "id", r->id);
     kv_str(pk, "state", state_names[(unsigned)r->state < 3 ? r->state : 0]);
     kv_num(pk, "arrival", r->arrival);
@@ -86,6 +89,10 @@ void li_wire_pack_req(msgpack_packer *pk, const li_req_view *r) {
     kv_int(pk, "preemptions", r->n_preemptions);
     if (spec) kv_num(pk, "spec_acceptance", r->spec_acceptance);
     kv_int(pk, "projected_blocks", r->projected_blocks);
+    if (ttft) kv_num(pk, "slo_ttft_ms", r->slo_ttft_ms);
+    if (tpot) kv_num(pk, "slo_tpot_ms", r->slo_tpot_ms);
+    if (sched) kv_num(pk, "first_scheduled", r->first_scheduled);
+    if (first) kv_num(pk, "first_token", r->first_token);
 }
 
 void li_wire_pack_state(msgpack_packer *pk, const li_step_state *st) {
@@ -179,12 +186,13 @@ static int field_int(const msgpack_object *m, const char *key, int64_t lo, int64
  * of a state message: no per-field key search). */
 enum {
     RF_ID, RF_STATE, RF_ARRIVAL, RF_PRIORITY, RF_TENANT, RF_PROMPT_LEN, RF_NUM_TOKENS, RF_NUM_COMPUTED,
-    RF_NUM_GENERATED, RF_MAX_TOKENS, RF_CACHED_LEN, RF_BLOCKS, RF_PREEMPTIONS, RF_SPEC, RF_PROJECTED, RF__N
+    RF_NUM_GENERATED, RF_MAX_TOKENS, RF_CACHED_LEN, RF_BLOCKS, RF_PREEMPTIONS, RF_SPEC, RF_PROJECTED,
+    RF_SLO_TTFT, RF_SLO_TPOT, RF_FIRST_SCHED, RF_FIRST_TOKEN, RF__N
 };
 static const char *const req_keys[RF__N] = {
     "id", "state", "arrival", "priority", "tenant", "prompt_len", "num_tokens", "num_computed",
     "num_generated", "max_tokens", "cached_len", "blocks", "preemptions", "spec_acceptance",
-    "projected_blocks",
+    "projected_blocks", "slo_ttft_ms", "slo_tpot_ms", "first_scheduled", "first_token",
 };
 
 static int req_key(const msgpack_object *k) {
@@ -223,6 +231,23 @@ int li_wire_unpack_req(const msgpack_object *o, li_req_view *v, li_wire_state *w
         return li_error_set(err, LI_EINVAL, "request %lld: 'arrival' must be a number", (long long)v->id);
     if (f[RF_SPEC] && !li_wire_num(f[RF_SPEC], &v->spec_acceptance))
         return li_error_set(err, LI_EINVAL, "request %lld: 'spec_acceptance' must be a number", (long long)v->id);
+    /* objectives in [0, a day] ms; times >= 0 (absent: none, not yet) */
+    v->first_scheduled = v->first_token = -1;
+    static const struct {
+        int k;
+        double hi;
+    } nums[] = {{RF_SLO_TTFT, LI_WIRE_MAX_SLO_MS}, {RF_SLO_TPOT, LI_WIRE_MAX_SLO_MS}, {RF_FIRST_SCHED, 1e15},
+                {RF_FIRST_TOKEN, 1e15}};
+    double *const num_dst[] = {&v->slo_ttft_ms, &v->slo_tpot_ms, &v->first_scheduled, &v->first_token};
+    for (size_t i = 0; i < LI_ARRAY_LEN(nums); i++) {
+        const msgpack_object *fo = f[nums[i].k];
+        double d;
+        if (!fo) continue;
+        if (!li_wire_num(fo, &d) || !(d >= 0 && d <= nums[i].hi))
+            return li_error_set(err, LI_EINVAL, "request %lld: '%s' must be a number in [0, %g]", (long long)v->id,
+                                req_keys[nums[i].k], nums[i].hi);
+        *num_dst[i] = d;
+    }
     static const struct {
         int k;
         int64_t lo, hi;
@@ -548,5 +573,162 @@ int li_wire_decode_order(const msgpack_object *m, int32_t max, int32_t *order, i
         if (!li_wire_int(&o->via.array.ptr[i], &id) || id < 0 || id > INT32_MAX) continue; /* not a block id */
         order[(*n_order)++] = (int32_t)id;
     }
+    return 0;
+}
+
+/* ======================================================================
+ * speculate
+ * ====================================================================== */
+
+void li_wire_pack_spec(msgpack_packer *pk, const li_spec_state *ss, const li_spec_cand *c, int32_t n) {
+    const int32_t nm = LI_MIN(ss->n_methods, LI_WIRE_MAX_METHODS);
+    li_wire_pack_str(pk, "spec");
+    msgpack_pack_map(pk, 6);
+    li_wire_pack_str(pk, "methods");
+    msgpack_pack_array(pk, (size_t)nm);
+    for (int32_t m = 0; m < nm; m++) li_wire_pack_str(pk, ss->methods[m]);
+    li_wire_pack_str(pk, "available");
+    msgpack_pack_array(pk, (size_t)nm);
+    for (int32_t m = 0; m < nm; m++) {
+        if (ss->available[m]) msgpack_pack_true(pk);
+        else msgpack_pack_false(pk);
+    }
+    kv_int(pk, "batch_size", ss->batch_size);
+    kv_num(pk, "step_time", ss->step_time);
+    kv_num(pk, "token_time", ss->token_time);
+    li_wire_pack_str(pk, "draft_time");
+    msgpack_pack_array(pk, (size_t)nm);
+    for (int32_t m = 0; m < nm; m++) msgpack_pack_double(pk, ss->draft_time[m]);
+    li_wire_pack_str(pk, "cands");
+    msgpack_pack_array(pk, (size_t)n);
+    for (int32_t i = 0; i < n; i++) {
+        msgpack_pack_array(pk, 7);
+        msgpack_pack_int64(pk, c[i].id);
+        msgpack_pack_int32(pk, c[i].want_method);
+        msgpack_pack_int32(pk, c[i].want_k);
+        msgpack_pack_int32(pk, c[i].max_k);
+        msgpack_pack_double(pk, c[i].temperature);
+        msgpack_pack_array(pk, (size_t)nm);
+        for (int32_t m = 0; m < nm; m++) msgpack_pack_double(pk, c[i].acceptance[m]);
+        msgpack_pack_array(pk, (size_t)nm);
+        for (int32_t m = 0; m < nm; m++) msgpack_pack_int64(pk, c[i].drafted[m]);
+    }
+}
+
+void li_wire_spec_free(li_wire_spec *w) {
+    free(w->cands);
+    free(w->acc);
+    free(w->drafted);
+    memset(w, 0, sizeof *w);
+}
+
+/* A number array of exactly n finite entries in [lo, hi] into out. */
+static bool num_array(const msgpack_object *o, int32_t n, double lo, double hi, double *out) {
+    if (!o || o->type != MSGPACK_OBJECT_ARRAY || o->via.array.size != (uint32_t)n) return false;
+    for (int32_t i = 0; i < n; i++)
+        if (!li_wire_num(&o->via.array.ptr[i], &out[i]) || !(out[i] >= lo && out[i] <= hi)) return false;
+    return true;
+}
+
+#define SPEC_BAD(...) return li_error_set(err, LI_EINVAL, "speculate: " __VA_ARGS__)
+
+int li_wire_unpack_spec(const msgpack_object *msg, li_wire_spec *w, li_error *err) {
+    const msgpack_object *sp = li_wire_get(msg, "spec"), *cands = li_wire_get(msg, "cands");
+    if (!sp || sp->type != MSGPACK_OBJECT_MAP) SPEC_BAD("missing 'spec' map");
+    const msgpack_object *names = li_wire_get(sp, "methods"), *avail = li_wire_get(sp, "available");
+    if (!names || names->type != MSGPACK_OBJECT_ARRAY || names->via.array.size < 1 ||
+        names->via.array.size > LI_WIRE_MAX_METHODS)
+        SPEC_BAD("'methods' must be a list of 1..%d names", LI_WIRE_MAX_METHODS);
+    const int32_t nm = (int32_t)names->via.array.size;
+    for (int32_t m = 0; m < nm; m++) {
+        const char *s;
+        size_t n;
+        if (!li_wire_str(&names->via.array.ptr[m], &s, &n) || n < 1 || n > LI_WIRE_MAX_METHOD_NAME ||
+            memchr(s, 0, n))
+            SPEC_BAD("a method name must be a string of 1..%d bytes", LI_WIRE_MAX_METHOD_NAME);
+        memcpy(w->names[m], s, n);
+        w->names[m][n] = 0;
+        w->name_ptr[m] = w->names[m];
+    }
+    if (!avail || avail->type != MSGPACK_OBJECT_ARRAY || avail->via.array.size != (uint32_t)nm)
+        SPEC_BAD("'available' must be a list of %d booleans", nm);
+    for (int32_t m = 0; m < nm; m++) {
+        if (avail->via.array.ptr[m].type != MSGPACK_OBJECT_BOOLEAN) SPEC_BAD("'available' must hold booleans");
+        w->avail[m] = avail->via.array.ptr[m].via.boolean;
+    }
+    int64_t bsz;
+    double step, tok;
+    if (!li_wire_int(li_wire_get(sp, "batch_size"), &bsz) || bsz < 0 || bsz > LI_WIRE_MAX_REQS)
+        SPEC_BAD("'batch_size' must be an integer in [0, %d]", LI_WIRE_MAX_REQS);
+    if (!li_wire_num(li_wire_get(sp, "step_time"), &step) || step < 0 ||
+        !li_wire_num(li_wire_get(sp, "token_time"), &tok) || tok < 0)
+        SPEC_BAD("'step_time' and 'token_time' must be numbers >= 0");
+    if (!num_array(li_wire_get(sp, "draft_time"), nm, 0, 1e9, w->draft_time))
+        SPEC_BAD("'draft_time' must be a list of %d numbers >= 0", nm);
+    if (!cands || cands->type != MSGPACK_OBJECT_ARRAY || cands->via.array.size > LI_WIRE_MAX_REQS)
+        SPEC_BAD("'cands' must be a list of at most %d candidates", LI_WIRE_MAX_REQS);
+    const int32_t n = (int32_t)cands->via.array.size;
+    if (n > w->cap) {
+        w->cap = n;
+        w->cands = li_xrealloc(w->cands, (size_t)n * sizeof *w->cands);
+        w->acc = li_xrealloc(w->acc, (size_t)n * LI_WIRE_MAX_METHODS * sizeof *w->acc);
+        w->drafted = li_xrealloc(w->drafted, (size_t)n * LI_WIRE_MAX_METHODS * sizeof *w->drafted);
+    }
+    for (int32_t i = 0; i < n; i++) {
+        const msgpack_object *c = &cands->via.array.ptr[i];
+        if (c->type != MSGPACK_OBJECT_ARRAY || c->via.array.size != 7)
+            SPEC_BAD("candidate %d must be [id, want_method, want_k, max_k, temperature, acceptance, drafted]", i);
+        const msgpack_object *f = c->via.array.ptr;
+        int64_t id, wm, wk, mk;
+        double temp;
+        if (!li_wire_int(&f[0], &id) || id < 0 || id > ((int64_t)1 << 53) || !li_wire_int(&f[1], &wm) || wm < -1 ||
+            wm >= nm || !li_wire_int(&f[2], &wk) || wk < 0 || wk > LI_WIRE_MAX_SPEC_K || !li_wire_int(&f[3], &mk) ||
+            mk < 0 || mk > LI_WIRE_MAX_SPEC_K || !li_wire_num(&f[4], &temp) || temp < 0 || temp > 1e6)
+            SPEC_BAD("candidate %d: a field is out of range", i);
+        double *acc = w->acc + (size_t)i * LI_WIRE_MAX_METHODS;
+        int64_t *dr = w->drafted + (size_t)i * LI_WIRE_MAX_METHODS;
+        double dd[LI_WIRE_MAX_METHODS];
+        if (!num_array(&f[5], nm, -1, 1, acc) || !num_array(&f[6], nm, 0, 9e15, dd))
+            SPEC_BAD("candidate %d: acceptance in [-1, 1] and drafted >= 0, one per method", i);
+        for (int32_t m = 0; m < nm; m++) dr[m] = (int64_t)dd[m];
+        w->cands[i] = (li_spec_cand){.id = id, .want_method = (int32_t)wm, .want_k = (int32_t)wk,
+                                     .max_k = (int32_t)mk, .temperature = (float)temp, .acceptance = acc,
+                                     .drafted = dr, .method = wk ? (int32_t)wm : -1, .k = (int32_t)wk};
+    }
+    w->n = n;
+    w->ss = (li_spec_state){.methods = w->name_ptr, .available = w->avail, .n_methods = nm,
+                            .batch_size = (int32_t)bsz, .step_time = step, .token_time = tok,
+                            .draft_time = w->draft_time};
+    return 0;
+}
+
+void li_wire_pack_choices(msgpack_packer *pk, const li_spec_cand *c, int32_t n) {
+    li_wire_pack_str(pk, "choices");
+    msgpack_pack_array(pk, (size_t)n);
+    for (int32_t i = 0; i < n; i++) {
+        msgpack_pack_array(pk, 2);
+        msgpack_pack_int32(pk, c[i].k ? c[i].method : -1);
+        msgpack_pack_int32(pk, c[i].k);
+    }
+}
+
+int li_wire_decode_choices(const msgpack_object *m, li_spec_cand *c, int32_t n, int32_t n_methods, li_error *err) {
+    const msgpack_object *o = li_wire_get(m, "choices");
+    if (!o || o->type != MSGPACK_OBJECT_ARRAY || o->via.array.size != (uint32_t)LI_MAX(n, 0))
+        return li_error_set(err, LI_EIO, "a speculate reply without %d choices", n);
+    for (int pass = 0; pass < 2; pass++) /* check everything, then write */
+        for (int32_t i = 0; i < n; i++) {
+            const msgpack_object *e = &o->via.array.ptr[i];
+            int64_t meth, k;
+            if (e->type != MSGPACK_OBJECT_ARRAY || e->via.array.size != 2 || !li_wire_int(&e->via.array.ptr[0], &meth) ||
+                meth < -1 || meth >= n_methods || !li_wire_int(&e->via.array.ptr[1], &k) || k < 0 ||
+                k > LI_WIRE_MAX_SPEC_K)
+                return li_error_set(err, LI_EIO, "speculate choice %d must be [method in [-1, %d), k in [0, %d]]", i,
+                                    n_methods, LI_WIRE_MAX_SPEC_K);
+            if (pass) {
+                c[i].method = k ? (int32_t)meth : -1;
+                c[i].k = (int32_t)k;
+            }
+        }
     return 0;
 }

@@ -24,6 +24,7 @@
 #define LI_WIRE_MAX_REQS (1 << 20)           /* requests in one state */
 #define LI_WIRE_MAX_ENTRIES LI_PLAN_MAX_ENTRIES /* run or preempt entries in one plan: both modes */
 #define LI_WIRE_RUN_BYTES 25                 /* {"id": uint64, "tokens": uint32} */
+#define LI_WIRE_MAX_SLO_MS 86400000.0      /* slo_ttft_ms, slo_tpot_ms: a day, as the engine takes */
 #define LI_WIRE_MAX_DEPTH 16                 /* nesting of arrays and maps in one frame */
 _Static_assert((size_t)LI_WIRE_MAX_ENTRIES * (LI_WIRE_RUN_BYTES + 9) + 4096 < LI_WIRE_MAX_REPLY,
                "the largest legal plan must fit in one host reply frame");
@@ -80,6 +81,47 @@ int li_wire_unpack_state(const msgpack_object *o, li_wire_state *ws, li_step_sta
 int li_wire_unpack_plan(const msgpack_object *o, li_plan *plan, li_error *err);
 int li_wire_unpack_config(const msgpack_object *o, li_policy_config *c, li_error *err);
 unsigned li_wire_unpack_hooks(const msgpack_object *o);
+
+/* ---- speculate (the hook's call and reply) ------------------------------------- */
+
+#define LI_WIRE_MAX_METHODS 8        /* proposer names in one speculate call */
+#define LI_WIRE_MAX_METHOD_NAME 31   /* bytes of one name */
+#define LI_WIRE_MAX_SPEC_K (1 << 20) /* k in a choice (the engine clamps to max_k) */
+
+/* Packs the two fields of a speculate call after {type, seq}: `spec` =
+ * {methods=[name...], available=[bool...], batch_size, step_time,
+ * token_time, draft_time=[s...]} and `cands` = [[id, want_method, want_k,
+ * max_k, temperature, [acceptance...], [drafted...]], ...]. */
+void li_wire_pack_spec(msgpack_packer *pk, const li_spec_state *ss, const li_spec_cand *c, int32_t n);
+
+/* A decoded speculate call (the host's side): owns its arrays; ss and
+ * cands point into it. */
+typedef struct li_wire_spec {
+    char names[LI_WIRE_MAX_METHODS][LI_WIRE_MAX_METHOD_NAME + 1];
+    const char *name_ptr[LI_WIRE_MAX_METHODS];
+    bool avail[LI_WIRE_MAX_METHODS];
+    double draft_time[LI_WIRE_MAX_METHODS];
+    li_spec_state ss;
+    li_spec_cand *cands;    /* (n) */
+    double *acc;            /* (n, n_methods) */
+    int64_t *drafted;       /* (n, n_methods) */
+    int32_t n, cap;
+} li_wire_spec;
+
+void li_wire_spec_free(li_wire_spec *w);
+/* Reads a speculate call's `spec` and `cands` (every field checked: at
+ * most LI_WIRE_MAX_METHODS names, LI_WIRE_MAX_REQS candidates, methods in
+ * range, k and max_k in [0, LI_WIRE_MAX_SPEC_K]). Each candidate's answer
+ * is preset to its want. */
+int li_wire_unpack_spec(const msgpack_object *msg, li_wire_spec *w, li_error *err);
+/* The reply's field after {type, seq}: `choices` = [[method, k], ...], one
+ * per candidate in order (method -1: no drafts). */
+void li_wire_pack_choices(msgpack_packer *pk, const li_spec_cand *c, int32_t n);
+/* A speculate reply, checked whole before anything is written: exactly n
+ * choices, each [method in [-1, n_methods), k in [0, LI_WIRE_MAX_SPEC_K]];
+ * then each candidate's method and k are set. LI_EIO otherwise (cands left
+ * as they were). */
+int li_wire_decode_choices(const msgpack_object *m, li_spec_cand *c, int32_t n, int32_t n_methods, li_error *err);
 
 /* ---- frames from a byte stream ------------------------------------------------- */
 

@@ -51,7 +51,7 @@ static uint64_t random_seed(void) {
  * the field table
  * ========================================================================== */
 
-typedef enum { T_I32, T_I64, T_F32, T_BOOL, T_STR, T_SPECIAL } ftype;
+typedef enum { T_I32, T_I64, T_F32, T_BOOL, T_STR, T_SPECIAL, T_F64 } ftype;
 
 /* What one parse carries besides g (fields that combine at the end). */
 typedef struct parse_state {
@@ -121,6 +121,9 @@ static const field fields[] = {
     {"cache_salt", NULL, T_STR, OFF(cache_salt), 0, 256, false, false, NAN, NAN, NULL},
     SPECIAL("model", f_model),
     SPECIAL("speculation", f_speculation),
+    /* latency objectives a policy may schedule by (0 = none); at most a day */
+    {"slo_ttft_ms", NULL, T_F64, OFF(slo_ttft_ms), 0, LI_REQ_MAX_SLO_MS, false, false, 0, 0, NULL},
+    {"slo_tpot_ms", NULL, T_F64, OFF(slo_tpot_ms), 0, LI_REQ_MAX_SLO_MS, false, false, 0, 0, NULL},
 };
 
 static const field *find_field(const char *name) {
@@ -135,6 +138,7 @@ static void store(const field *f, li_gen_params *g, double v) {
     case T_I32: *(int32_t *)dst = (int32_t)v; break;
     case T_I64: *(int64_t *)dst = (int64_t)v; break;
     case T_F32: *(float *)dst = (float)v; break;
+    case T_F64: *(double *)dst = v; break;
     case T_BOOL: *(bool *)dst = v != 0; break;
     default: break;
     }
@@ -163,7 +167,8 @@ static int parse_plain(const field *f, const char *name, const msgpack_object *v
         store(f, g, f->minus_one_off && v < 0 ? 0 : (double)v);
         return 0;
     }
-    case T_F32: {
+    case T_F32:
+    case T_F64: {
         double v;
         if (!as_num(val, &v) || !(v >= f->lo && v <= f->hi)) BAD("'%s' must be a number in [%g, %g]", name, f->lo, f->hi);
         if (f->lo_open && v <= f->lo) BAD("'%s' must be in (%g, %g]", name, f->lo, f->hi);
@@ -550,6 +555,7 @@ void li_gen_params_to_request(const li_gen_params *g, const int32_t *prompt, int
         .stop_token_ids = g->stop_token_ids, .n_stop_token_ids = g->n_stop_token_ids, .min_tokens = g->min_tokens,
         .priority = g->priority, .tenant = g->tenant, .cache_salt = g->cache_salt,
         .spec_set = g->spec_set, .spec_method = g->spec_method, .spec_k = g->spec_k,
+        .slo_ttft_ms = g->slo_ttft_ms, .slo_tpot_ms = g->slo_tpot_ms,
     };
     p->sampling.n_logprobs = g->logprobs > 0 ? g->logprobs : 0;
     p->sampling.logprob = g->logprobs >= 0;

@@ -25,6 +25,7 @@
 #define LI_REQ_MAX_N 64             /* samples of one prompt */
 #define LI_REQ_MAX_MESSAGES 4096
 #define LI_REQ_MAX_TOKENS (1 << 20) /* max_tokens, min_tokens */
+#define LI_REQ_MAX_SLO_MS LI_ENGINE_MAX_SLO_MS /* slo_ttft_ms, slo_tpot_ms: one day */
 
 typedef struct li_chat_msg {
     const char *role;
@@ -55,6 +56,7 @@ typedef struct li_gen_params {
     bool spec_set;            /* 'speculation' given: the request's own method and k (0 = off) */
     li_spec_method spec_method;
     int32_t spec_k;
+    double slo_ttft_ms, slo_tpot_ms; /* latency objectives, ms (0 = none) */
 } li_gen_params;
 
 /* Which defaults apply and which fields a path takes. */

@@ -693,7 +693,7 @@ static const li_method methods[] = {
     {"generate", api_generate, "generate {prompt|messages|tokens, max_tokens, temperature, top_p, top_k, min_p, "
                                "repetition_penalty, presence_penalty, frequency_penalty, logit_bias, seed, stop, stop_token_ids, "
                                "min_tokens, n, logprobs, "
-                               "stream, priority, tenant, cache_salt, ignore_eos}"},
+                               "stream, priority, tenant, cache_salt, ignore_eos, speculation, slo_ttft_ms, slo_tpot_ms}"},
     {"cancel", api_cancel, "cancel {id | request_id}: stop a generate of this connection"},
     {"tokenize", api_tokenize, "tokenize {text, special=true}: token ids"},
     {"detokenize", api_detokenize, "detokenize {tokens, special=false}: text"},

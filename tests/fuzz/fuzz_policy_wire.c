@@ -19,6 +19,9 @@
  *  - an eviction order has at most one entry per candidate, each a block id;
  *  - a decoded config is in its documented ranges, hooks are known bits;
  *  - an admit reason fits its buffer and is empty when accepted;
+ *  - speculate choices (for 8 candidates and 3 methods) are all taken or
+ *    none: methods in [-1, 3), k in [0, 2^20]; a speculate call decoded
+ *    as the host decodes it has its counts and fields in range;
  *  - a failure has a code and a message; check_reply fails only with
  *    LI_EINVAL (the host's error reply) or LI_EIO (a protocol error). */
 #define _GNU_SOURCE
@@ -118,8 +121,33 @@ static void take_frame(const msgpack_object *m, li_wire_start *start, li_plan *p
         check_config(&start->config, start->hooks);
     }
 
+    /* as a speculate call reaches a host */
+    {
+        li_wire_spec ws = {0};
+        li_error err = {0};
+        int rc = li_wire_unpack_spec(m, &ws, &err);
+        check_err(rc, &err);
+        if (rc == 0) {
+            if (ws.ss.n_methods < 1 || ws.ss.n_methods > LI_WIRE_MAX_METHODS || ws.n < 0 || ws.n > LI_WIRE_MAX_REQS)
+                fail("speculate call counts out of range");
+            for (int32_t i = 0; i < ws.n; i++) {
+                const li_spec_cand *c = &ws.cands[i];
+                if (c->want_method < -1 || c->want_method >= ws.ss.n_methods || c->max_k < 0 || c->want_k < 0 ||
+                    c->id < 0 || c->id > ID_MAX)
+                    fail("speculate candidate out of range");
+                for (int32_t k = 0; k < ws.ss.n_methods; k++)
+                    if (!(c->acceptance[k] >= -1 && c->acceptance[k] <= 1) || c->drafted[k] < 0)
+                        fail("speculate acceptance or drafted out of range");
+            }
+            for (int32_t k = 0; k < ws.ss.n_methods; k++)
+                if (strlen(ws.ss.methods[k]) < 1 || strlen(ws.ss.methods[k]) > LI_WIRE_MAX_METHOD_NAME)
+                    fail("speculate method name out of range");
+        }
+        li_wire_spec_free(&ws);
+    }
+
     /* as the reply to each kind of call */
-    static const char *const wants[] = {"plan", "admit", "order", "reload"};
+    static const char *const wants[] = {"plan", "admit", "order", "reload", "speculate"};
     for (size_t w = 0; w < LI_ARRAY_LEN(wants); w++) {
         li_error err = {0};
         int rc = li_wire_check_reply(m, wants[w], &err);
@@ -148,6 +176,17 @@ static void take_frame(const msgpack_object *m, li_wire_start *start, li_plan *p
             if (n < 0 || n > N_CANDS || (rc && n)) fail("order count out of range");
             for (int32_t i = 0; i < n; i++)
                 if (order[i] < 0) fail("order entry is not a block id");
+        } else if (w == 4) {
+            li_spec_cand c[N_CANDS];
+            for (int32_t i = 0; i < N_CANDS; i++) c[i] = (li_spec_cand){.id = i, .method = 7, .k = 77};
+            rc = li_wire_decode_choices(m, c, N_CANDS, 3, &err);
+            check_err(rc, &err);
+            for (int32_t i = 0; i < N_CANDS; i++) {
+                if (rc && (c[i].method != 7 || c[i].k != 77)) fail("a refused speculate reply changed a candidate");
+                if (!rc && (c[i].method < -1 || c[i].method >= 3 || c[i].k < 0 || c[i].k > LI_WIRE_MAX_SPEC_K ||
+                            (c[i].k == 0 && c[i].method != -1)))
+                    fail("a speculate choice out of range");
+            }
         } else {
             li_policy_config cfg;
             unsigned hooks = 0;

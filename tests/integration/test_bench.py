@@ -322,3 +322,25 @@ def test_bench_kv_pressure_outputs_match(run_ok):
         assert (unfinished, diffs) == ("0", "0"), out
     assert int(rows["8MiB new seqs 16"][1]) == int(rows["8MiB lua seqs 16"][1])  # the same plans
     assert float(rows["8MiB new seqs 16"][3]) <= 1.5, out  # tokens computed over the unconstrained run's
+
+
+def test_bench_replay_live_against_inprocess(run_ok, luainfer_bin, tmp_path):
+    """bench/bench_replay_live.py replays a tiny trace through a live
+    `luainfer serve` (HTTP, OpenAI client, slo fields in the body) and
+    compares with the in-process replay's --json: every request completes,
+    the unmeetable SLO counts in both, and the goodput comparison prints."""
+    trace = write_trace(tmp_path / "t.jsonl", [
+        {"t": 0.0, "prompt": "The capital of France is", "max_tokens": 4, "slo_ttft_ms": 60000, "slo_tpot_ms": 60000},
+        {"t": 0.05, "prompt_len": 12, "max_tokens": 3, "slo_ttft_ms": 0.001},  # can't be met
+    ])
+    js = tmp_path / "in.json"
+    bench(run_ok, "replay", str(trace), "--json", str(js))
+    live = tmp_path / "live.json"
+    r = subprocess.run([sys.executable, str(REPO / "bench" / "bench_replay_live.py"), str(trace), "--bin",
+                        str(luainfer_bin), "--compare", str(js), "--json", str(live), "--request-timeout", "120"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "goodput difference" in r.stdout, r.stdout
+    got, want = json.loads(live.read_text()), json.loads(js.read_text())["runs"][0]
+    assert got["requests"] == want["requests"] == 2 and got["output_tokens"] == want["output_tokens"] == 7
+    assert got["goodput"] <= 0.5 and want["goodput"] <= 0.5

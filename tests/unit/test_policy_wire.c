@@ -431,9 +431,16 @@ static int fake_host(void) {
         int64_t seq = 0;
         li_wire_int(li_wire_get(&u.data, "seq"), &seq);
         if (li_wire_is(&u.data, "reload")) {
-            host_send_frame(fd, "m5 s s s L s t s m1 s i s a3 s s s", "type", "reload", "seq", (long long)seq, "ok",
+            host_send_frame(fd, "m5 s s s L s t s m1 s i s a4 s s s s", "type", "reload", "seq", (long long)seq, "ok",
                             "config", "block_size", strcmp(mode, "bad_config") ? 16 : -1, "hooks", "schedule",
-                            "admit", "evict");
+                            "admit", "evict", "speculate");
+        } else if (li_wire_is(&u.data, "speculate")) {
+            if (!strcmp(mode, "spec_garbage")) /* a method the engine never named */
+                host_send_frame(fd, "m3 s s s L s a2 a2 i i a2 i i", "type", "speculate", "seq", (long long)seq,
+                                "choices", 5, 1, 0, 1);
+            else
+                host_send_frame(fd, "m3 s s s L s a2 a2 i i a2 i i", "type", "speculate", "seq", (long long)seq,
+                                "choices", 2, 3, -1, 0);
         } else if (li_wire_is(&u.data, "schedule")) {
             host_schedule(fd, (long long)seq, mode);
         } else if (li_wire_is(&u.data, "admit")) {
@@ -554,6 +561,43 @@ static void test_fake_hosts(void) {
               "order garbage: %d", n);
         p->ops->free(p);
     }
+    /* speculate: the choices come back per candidate; a bad one leaves the
+     * wants and replaces the host */
+    {
+        static const char *const names[3] = {"ngram", "draft", "layerskip"};
+        bool av[3] = {true, false, true};
+        double dt[3] = {0, 0, 0.004}, acc[6] = {-1, -1, -1, 0.5, -1, -1};
+        int64_t dr[6] = {0, 0, 0, 10, 0, 0};
+        li_req_view rv = {.id = 7, .state = LI_REQ_RUNNING, .tenant = "", .spec_acceptance = -1,
+                          .first_scheduled = -1, .first_token = -1};
+        li_step_state sst = {.reqs = &rv, .n_reqs = 1, .block_size = 16, .max_num_seqs = 4, .max_batched_tokens = 64};
+        const li_spec_state ss = {.methods = names, .available = av, .n_methods = 3, .batch_size = 1,
+                                  .step_time = 0.03, .token_time = 0.001, .draft_time = dt};
+        for (int bad = 0; bad < 2; bad++) {
+            li_spec_cand sc[2] = {
+                {.id = 7, .want_method = 0, .want_k = 4, .max_k = 8, .acceptance = acc, .drafted = dr, .method = 0,
+                 .k = 4},
+                {.id = 8, .want_method = 0, .want_k = 0, .max_k = 2, .temperature = 0.7f, .acceptance = acc + 3,
+                 .drafted = dr + 3, .method = -1, .k = 0},
+            };
+            p = open_host(bad ? "spec_garbage" : "good", &e);
+            CHECK(p && p->has_speculate, "speculate: the hook is announced");
+            if (!p) continue;
+            int rc = p->ops->speculate(p, &sst, &ss, sc, 2, &e);
+            if (!bad) {
+                CHECK(rc == 0 && sc[0].method == 2 && sc[0].k == 3 && sc[1].method == -1 && sc[1].k == 0,
+                      "speculate choices through the socket: %d (%d, %d) (%d, %d) %s", rc, sc[0].method, sc[0].k,
+                      sc[1].method, sc[1].k, rc ? e.msg : "");
+            } else {
+                li_policy_proc_stats s;
+                li_policy_proc_stats_get(p, &s);
+                CHECK(rc != 0 && strstr(e.msg, "malformed speculate reply") && sc[0].method == 0 && sc[0].k == 4 &&
+                          sc[1].method == -1 && s.crashes == 1,
+                      "a bad speculate reply: refused whole, the wants stand, the host replaced: %s", e.msg);
+            }
+            p->ops->free(p);
+        }
+    }
     /* a host that cannot be used fails open() with the reason */
     p = open_host("bad_version", &e);
     CHECK(!p && strstr(e.msg, "protocol 2, not 1"), "bad version: %s", e.msg);
@@ -624,6 +668,63 @@ static void test_projection_fields(void) {
     msgpack_sbuffer_destroy(&b);
 }
 
+/* The latency objectives and the first-scheduled / first-token times round
+ * trip; absent they read as none (0) and not yet (-1); out of range, NaN or
+ * not numbers they are refused by name. */
+static void test_slo_fields(void) {
+    li_req_view r = {.id = 3, .state = LI_REQ_RUNNING, .tenant = "", .spec_acceptance = -1, .slo_ttft_ms = 1500,
+                     .slo_tpot_ms = 75.5, .first_scheduled = 0.25, .first_token = -1};
+    li_step_state st = {.reqs = &r, .n_reqs = 1, .block_size = 16, .max_num_seqs = 4, .max_batched_tokens = 64};
+    msgpack_sbuffer b;
+    msgpack_sbuffer_init(&b);
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, &b, msgpack_sbuffer_write);
+    li_wire_pack_state(&pk, &st);
+    msgpack_unpacked u;
+    msgpack_unpacked_init(&u);
+    li_wire_state ws = {0};
+    li_step_state got;
+    li_error e = {0};
+    CHECK(msgpack_unpack_next(&u, b.data, b.size, NULL) == MSGPACK_UNPACK_SUCCESS &&
+              li_wire_unpack_state(&u.data, &ws, &got, &e) == 0,
+          "slo state decodes: %s", e.msg);
+    CHECK(got.n_reqs == 1 && got.reqs[0].slo_ttft_ms == 1500 && got.reqs[0].slo_tpot_ms == 75.5 &&
+              got.reqs[0].first_scheduled == 0.25 && got.reqs[0].first_token == -1,
+          "slo fields round trip: %g %g %g %g", got.reqs[0].slo_ttft_ms, got.reqs[0].slo_tpot_ms,
+          got.reqs[0].first_scheduled, got.reqs[0].first_token);
+    r = (li_req_view){.id = 3, .tenant = "", .spec_acceptance = -1, .first_scheduled = -1, .first_token = -1};
+    msgpack_sbuffer_clear(&b);
+    li_wire_pack_state(&pk, &st);
+    CHECK(msgpack_unpack_next(&u, b.data, b.size, NULL) == MSGPACK_UNPACK_SUCCESS &&
+              li_wire_unpack_state(&u.data, &ws, &got, &e) == 0 && got.reqs[0].slo_ttft_ms == 0 &&
+              got.reqs[0].slo_tpot_ms == 0 && got.reqs[0].first_scheduled == -1 && got.reqs[0].first_token == -1,
+          "absent slo fields: none and not yet: %s", e.msg);
+    static const struct {
+        const char *key;
+        double v;
+    } bad[] = {{"slo_ttft_ms", -1}, {"slo_tpot_ms", 1e12}, {"slo_ttft_ms", NAN}, {"first_token", -0.5},
+               {"first_scheduled", INFINITY}};
+    for (size_t i = 0; i < LI_ARRAY_LEN(bad) + 1; i++) {
+        msgpack_sbuffer_clear(&b);
+        msgpack_pack_map(&pk, 3);
+        li_wire_pack_str(&pk, "id");
+        msgpack_pack_int64(&pk, 8);
+        li_wire_pack_str(&pk, "state");
+        li_wire_pack_str(&pk, "running");
+        const char *key = i < LI_ARRAY_LEN(bad) ? bad[i].key : "slo_tpot_ms";
+        li_wire_pack_str(&pk, key);
+        if (i < LI_ARRAY_LEN(bad)) msgpack_pack_double(&pk, bad[i].v);
+        else li_wire_pack_str(&pk, "fast");
+        li_req_view v;
+        CHECK(msgpack_unpack_next(&u, b.data, b.size, NULL) == MSGPACK_UNPACK_SUCCESS &&
+                  li_wire_unpack_req(&u.data, &v, &ws, &e) != 0 && strstr(e.msg, key),
+              "a bad %s is refused by name: %s", key, e.msg);
+    }
+    msgpack_unpacked_destroy(&u);
+    li_wire_state_free(&ws);
+    msgpack_sbuffer_destroy(&b);
+}
+
 int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "policy-host")) return fake_host();
     msgpack_sbuffer_init(&sb);
@@ -634,6 +735,7 @@ int main(int argc, char **argv) {
     test_start();
     test_replies();
     test_projection_fields();
+    test_slo_fields();
 
     char path[] = "/tmp/li_policy_wire_XXXXXX";
     int fd = mkstemp(path);

@@ -1,0 +1,195 @@
+#!/usr/bin/env python3
+"""bench_replay_live.py — replays an arrival trace against a live
+`luainfer serve` over HTTP, with the OpenAI client (real clients, real
+time), and prints the same columns as the in-process `luainfer bench
+replay`; with --compare, the goodput difference against its --json file.
+
+    .venv/bin/python bench/bench_replay_live.py TRACE [--policy P.lua] [--rate-scale X]
+        [--duration S] [--max-num-seqs N] [--kv-memory MIB] [--bin build/luainfer]
+        [--compare REPLAY.json] [--json OUT]
+
+It starts `luainfer serve POLICY --http 127.0.0.1:PORT --no-rpc` on a free
+loopback port (the same --max-num-seqs and --kv-memory defaults as the
+in-process replay: 16 and 256 MiB), waits for /health, then sends each
+request of the trace at its arrival time divided by the rate scale, one
+thread per request in flight: a streamed /v1/completions with the trace's
+prompt (text, or the in-process replay's synthetic token ids for
+prompt_len), max_tokens with ignore_eos (so exactly that many tokens),
+temperature 0 and the trace's slo_ttft_ms / slo_tpot_ms. TTFT is send to
+the first streamed token; TPOT the time after it over max_tokens - 1;
+goodput the share meeting both objectives (2000 / 200 ms without them).
+Queueing delay is not seen from a client and is not printed. Every call has
+a timeout (--request-timeout, default 600 s), and the server is stopped at
+the end whatever happens."""
+import argparse
+import json
+import math
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def synthetic(i, n):  # bench_replay.lua's synthetic prompt of request i (1-based)
+    return [1000 + (i * 7919 + k * 104729) % 30000 for k in range(1, n + 1)]
+
+
+def pct(xs, p):
+    if not xs:
+        return float("nan")
+    s = sorted(xs)
+    return s[max(0, min(len(s) - 1, math.ceil(p / 100 * len(s)) - 1))]
+
+
+def read_trace(path):
+    reqs = []
+    with open(path) as f:
+        for n, line in enumerate(f, 1):
+            if line.strip():
+                r = json.loads(line)
+                if not isinstance(r, dict) or "t" not in r or "max_tokens" not in r:
+                    sys.exit(f"{path}:{n}: a line needs 't' and 'max_tokens'")
+                reqs.append(r)
+    if not reqs:
+        sys.exit(f"trace {path} has no requests")
+    return reqs
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_health(url, proc, timeout):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if proc.poll() is not None:
+            sys.exit(f"luainfer serve exited ({proc.returncode}) before it was healthy")
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.2)
+    sys.exit(f"luainfer serve was not healthy within {timeout} s")
+
+
+def one(client, i, r, t_send, out, timeout):
+    prompt = r["prompt"] if "prompt" in r else synthetic(i, r["prompt_len"])
+    extra = {"ignore_eos": True, "slo_ttft_ms": r.get("slo_ttft_ms", 2000), "slo_tpot_ms": r.get("slo_tpot_ms", 200)}
+    first = None
+    text = []
+    try:
+        stream = client.completions.create(model="luainfer", prompt=prompt, max_tokens=r["max_tokens"], temperature=0,
+                                           stream=True, extra_body=extra, timeout=timeout)
+        for chunk in stream:
+            if chunk.choices and chunk.choices[0].text:
+                if first is None:
+                    first = time.monotonic()
+                text.append(chunk.choices[0].text)
+        end = time.monotonic()
+    except Exception as e:  # noqa: BLE001 - counted as a failed request, reported
+        out[i] = {"error": f"{type(e).__name__}: {e}"}
+        return
+    ttft = ((first or end) - t_send) * 1e3
+    n = r["max_tokens"]
+    tpot = (end - first) * 1e3 / (n - 1) if first is not None and n > 1 else 0.0
+    out[i] = {"ttft": ttft, "tpot": tpot, "text": "".join(text), "tokens": n}
+
+
+def replay(args, trace):
+    from openai import OpenAI  # tools/requirements-test.txt
+
+    port = free_port()
+    cmd = [args.bin, "serve", args.policy, "--http", f"127.0.0.1:{port}", "--no-rpc", "--max-num-seqs",
+           str(args.max_num_seqs), "--kv-memory", str(int(args.kv_memory * 1048576))]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_health(url, proc, 120)
+        client = OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
+        reqs = [r for r in trace if r["t"] / args.rate_scale < args.duration]
+        if not reqs:
+            sys.exit(f"no request of the trace arrives within --duration {args.duration} s")
+        out, threads = {}, []
+        t0 = time.monotonic()
+        for i, r in enumerate(reqs, 1):
+            delay = t0 + r["t"] / args.rate_scale - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            th = threading.Thread(target=one, args=(client, i, r, time.monotonic(), out, args.request_timeout))
+            th.start()
+            threads.append(th)
+        for th in threads:
+            th.join()
+        makespan = time.monotonic() - t0
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=40)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    errors = [o["error"] for o in out.values() if "error" in o]
+    if errors:
+        sys.exit(f"{len(errors)} of {len(reqs)} requests failed, the first: {errors[0]}")
+    ttft = [out[i]["ttft"] for i in range(1, len(reqs) + 1)]
+    tpot = [out[i]["tpot"] for i in range(1, len(reqs) + 1)]
+    good = sum(1 for i, r in enumerate(reqs, 1)
+               if out[i]["ttft"] <= r.get("slo_ttft_ms", 2000) and out[i]["tpot"] <= r.get("slo_tpot_ms", 200))
+    tokens = sum(r["max_tokens"] for r in reqs)
+    return {"policy": Path(args.policy).stem, "rate_scale": args.rate_scale, "requests": len(reqs),
+            "makespan_s": makespan, "throughput": tokens / makespan, "output_tokens": tokens,
+            "goodput": good / len(reqs), "ttft_p50": pct(ttft, 50), "ttft_p90": pct(ttft, 90),
+            "ttft_p99": pct(ttft, 99), "tpot_p50": pct(tpot, 50), "tpot_p90": pct(tpot, 90),
+            "tpot_p99": pct(tpot, 99), "texts": [out[i]["text"] for i in range(1, len(reqs) + 1)]}
+
+
+def main(argv):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("trace")
+    ap.add_argument("--policy", default=str(REPO / "policies" / "default.lua"))
+    ap.add_argument("--rate-scale", type=float, default=1.0)
+    ap.add_argument("--duration", type=float, default=math.inf)
+    ap.add_argument("--max-num-seqs", type=int, default=16)
+    ap.add_argument("--kv-memory", type=float, default=256, help="MiB")
+    ap.add_argument("--bin", default=os.environ.get("LUAINFER_BIN", str(REPO / "build" / "luainfer")))
+    ap.add_argument("--request-timeout", type=float, default=600)
+    ap.add_argument("--compare", help="a `luainfer bench replay --json` file of the same trace, policy and scale")
+    ap.add_argument("--json")
+    args = ap.parse_args(argv[1:])
+    if args.rate_scale <= 0 or args.duration <= 0 or args.max_num_seqs < 1 or args.kv_memory <= 0:
+        sys.exit("--rate-scale, --duration, --kv-memory must be > 0 and --max-num-seqs >= 1")
+    trace = read_trace(args.trace)
+    r = replay(args, trace)
+    print(f"live replay of {args.trace} through luainfer serve (HTTP, OpenAI client), policy {r['policy']}, "
+          f"scale {r['rate_scale']:.2f}, {r['requests']} requests")
+    print(f"  tok/s {r['throughput']:.1f}  makespan {r['makespan_s']:.1f} s  ttft p50/90/99 {r['ttft_p50']:.0f} "
+          f"{r['ttft_p90']:.0f} {r['ttft_p99']:.0f} ms  tpot p50/90/99 {r['tpot_p50']:.1f} {r['tpot_p90']:.1f} "
+          f"{r['tpot_p99']:.1f} ms  goodput {100 * r['goodput']:.0f}%")
+    status = 0
+    if args.compare:
+        runs = json.loads(Path(args.compare).read_text())["runs"]
+        match = [x for x in runs if x["policy"] == r["policy"] and abs(x["rate_scale"] - r["rate_scale"]) < 1e-9]
+        if not match:
+            sys.exit(f"{args.compare} has no run of policy {r['policy']} at scale {r['rate_scale']}")
+        m = match[0]
+        print(f"  in-process: goodput {100 * m['goodput']:.0f}%, ttft p99 {m['ttft_p99']:.0f} ms, "
+              f"tok/s {m['throughput']:.1f}; goodput difference {100 * (r['goodput'] - m['goodput']):+.0f} points")
+    if args.json:
+        tmp = Path(args.json + ".tmp")
+        tmp.write_text(json.dumps(dict(r, texts=None), indent=1))
+        os.replace(tmp, args.json)
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
