@@ -191,6 +191,44 @@ typedef enum { LI_CKPT_F32, LI_CKPT_F16 } li_ckpt_dtype;
 int li_train_save(const li_train_model *tm, const li_gguf *src, li_ckpt_dtype dtype, const char *path,
                   li_error *err);
 
+/* ==== the training loop =================================================== */
+
+/* One optimizer step over n_micro micro-batches mb[]: the gradients zeroed,
+ * each micro-batch's added times 1/n_micro (so the step sees their mean:
+ * gradient accumulation), then AdamW. A NaN/Inf loss or gradient returns
+ * LI_ERANGE naming the step (opt->step + 1) with the parameters untouched.
+ * *loss, *kl: the micro-batches' mean. */
+int li_train_step(li_train_model *tm, li_train_grads *g, li_adamw *opt, const li_train_batch *mb, int n_micro,
+                  const li_train_loss_opts *lo, const li_adamw_opts *ao, li_train_ws *ws, struct li_threadpool *tp,
+                  double *loss, double *kl, double *gnorm, li_error *err);
+
+/* A run of steps with checkpoints (loop.c). */
+typedef struct li_train_run_opts {
+    int steps;
+    int n_micro;                 /* micro-batches per step (>= 1) */
+    /* the batch of step s (1-based), micro-batch j: fills b (its arrays
+     * stay the callee's until the next call) */
+    int (*next_batch)(void *ctx, int step, int micro, li_train_batch *b, li_error *err);
+    /* after each good step (may be NULL) */
+    void (*on_step)(void *ctx, int step, double loss, double kl, double gnorm);
+    void *ctx;
+    li_train_loss_opts loss;
+    li_adamw_opts adamw;
+    struct li_threadpool *tp;
+    /* checkpoints: every ckpt_every steps (0: only at the end) and when
+     * *stop becomes nonzero (a SIGINT handler's flag), to out */
+    const char *out;             /* NULL: none */
+    const li_gguf *src;
+    li_ckpt_dtype dtype;
+    int ckpt_every;
+    volatile int *stop;
+} li_train_run_opts;
+
+/* Runs o->steps steps. NaN/Inf stops the run (LI_ERANGE naming the step)
+ * leaving the last checkpoint written as it was; *stop set writes a
+ * checkpoint and returns 0 with *steps_done short. */
+int li_train_run(li_train_model *tm, const li_train_run_opts *o, int *steps_done, li_error *err);
+
 /* ==== matmul kernels (train_mm.c; exposed for the tests) ================== */
 
 /* y(n, m) = x(n, k) · W(m, k)^T */
