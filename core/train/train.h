@@ -23,6 +23,8 @@
 
 #include "model/model.h"
 
+#include <signal.h>
+
 struct li_threadpool;
 
 /* ==== layout ============================================================== */
@@ -221,7 +223,7 @@ typedef struct li_train_run_opts {
     const li_gguf *src;
     li_ckpt_dtype dtype;
     int ckpt_every;
-    volatile int *stop;
+    volatile sig_atomic_t *stop;
 } li_train_run_opts;
 
 /* Runs o->steps steps. NaN/Inf stops the run (LI_ERANGE naming the step)

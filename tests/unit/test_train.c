@@ -150,7 +150,7 @@ typedef struct run_ctx {
     li_train_model *tm;
     int nan_at;            /* a parameter becomes NaN before this step */
     int stop_at;           /* the stop flag is raised at this step */
-    volatile int stop;
+    volatile sig_atomic_t stop;
 } run_ctx;
 
 static int next_batch(void *ctx, int step, int micro, li_train_batch *b, li_error *err) {
