@@ -49,7 +49,7 @@ static int mm_isa_get(void) {
 
 /* ==== threaded drivers ===================================================== */
 
-#define NT_TILE 16   /* W rows per job */
+#define NT_TILE 8    /* W rows per job: 8 x k floats stay in L1 */
 #define ACC_RT 64    /* C rows per job */
 #define ACC_CT 64    /* C columns per job */
 

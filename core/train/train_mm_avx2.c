@@ -39,16 +39,17 @@ static inline __attribute__((always_inline)) void nt_tile(const float *x, const 
 
 void li_train_mm_nt_avx2(const float *x, const float *W, float *y, int64_t n, int64_t m, int64_t k, int64_t j0,
                          int64_t j1) {
-    int64_t j = j0;
-    for (; j + 2 <= j1; j += 2) {
-        int64_t i = 0;
-        for (; i + 4 <= n; i += 4) nt_tile(x, W, y, m, k, i, j, 4, 2);
-        for (; i < n; i++) nt_tile(x, W, y, m, k, i, j, 1, 2);
+    /* x rows outer: a job's few W rows stay in L1 while each group of 4
+     * x rows is read once per job */
+    const int64_t jv = j0 + (j1 - j0) / 2 * 2;
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        for (int64_t j = j0; j < jv; j += 2) nt_tile(x, W, y, m, k, i, j, 4, 2);
+        if (jv < j1) nt_tile(x, W, y, m, k, i, jv, 4, 1);
     }
-    for (; j < j1; j++) {
-        int64_t i = 0;
-        for (; i + 4 <= n; i += 4) nt_tile(x, W, y, m, k, i, j, 4, 1);
-        for (; i < n; i++) nt_tile(x, W, y, m, k, i, j, 1, 1);
+    for (; i < n; i++) {
+        for (int64_t j = j0; j < jv; j += 2) nt_tile(x, W, y, m, k, i, j, 1, 2);
+        if (jv < j1) nt_tile(x, W, y, m, k, i, jv, 1, 1);
     }
 }
 
