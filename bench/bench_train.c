@@ -153,7 +153,7 @@ int main(int argc, char **argv) {
     }
     for (int64_t i = 0; i < N; i++) lab[i] = tok[i + 1];
     li_train_batch b = {.B = B, .T = T, .tokens = tok, .labels = lab};
-    li_adamw_opts ao = {.lr = 1e-5f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .clip = 1.0f};
+    li_adamw_opts ao = {.lr = 1e-5f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .clip = 1.0f, .tp = tp};
     double fb_time = 0, opt_time = 0, fb_cpu = 0, loss = 0;
     for (int s = 0; s <= steps; s++) {
         li_train_grads_zero(&g);

@@ -56,7 +56,9 @@ int li_train_run(li_train_model *tm, const li_train_run_opts *o, int *steps_done
             if ((rc = li_train_ws_init(&ws, &tm->L, mb[0].B, mb[0].T, err))) goto done;
         }
         double loss = 0, kl = 0, gn = 0;
-        if ((rc = li_train_step(tm, &g, &opt, mb, o->n_micro, &o->loss, &o->adamw, &ws, o->tp, &loss, &kl, &gn,
+        li_adamw_opts ao = o->adamw;
+        if (!ao.tp) ao.tp = o->tp;
+        if ((rc = li_train_step(tm, &g, &opt, mb, o->n_micro, &o->loss, &ao, &ws, o->tp, &loss, &kl, &gn,
                                 err))) {
             if (rc == LI_ERANGE && o->out) {
                 /* the message names the step; say what is kept */

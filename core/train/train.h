@@ -163,6 +163,7 @@ typedef struct li_adamw_opts {
     float eps;            /* 1e-8 */
     float weight_decay;   /* decoupled (AdamW): p -= lr · wd · p; norms and adapters' B decay too */
     float clip;           /* global gradient-norm clip, 0 = none */
+    struct li_threadpool *tp; /* runs the update in chunks (may be NULL); results do not depend on it */
 } li_adamw_opts;
 
 typedef struct li_adamw {

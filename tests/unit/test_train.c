@@ -320,6 +320,60 @@ static void test_nan_and_stop(const char *base) {
     li_model_free(m);
 }
 
+/* AdamW against its formulas in double (two steps, clipping on the
+ * second), and the same bits with and without the thread pool */
+static void test_adamw(void) {
+    li_hparams hp = tiny_hp();
+    li_train_select all = {.what = LI_TRAIN_ALL};
+    li_train_model a, b;
+    li_error err = {0};
+    CHECK(li_train_model_init_random(&a, &hp, true, &all, 5, &err) == 0, "%s", err.msg);
+    CHECK(li_train_model_init_random(&b, &hp, true, &all, 5, &err) == 0, "%s", err.msg);
+    const size_t n = a.L.n_grads;
+    double *p = malloc(n * sizeof *p), *m = calloc(n, sizeof *m), *v = calloc(n, sizeof *v);
+    for (size_t i = 0; i < n; i++) p[i] = a.params[i]; /* tied, all trained: parameters and slots line up */
+    li_train_grads g;
+    li_train_grads_init(&g, &a.L);
+    li_adamw oa, ob;
+    li_adamw_init(&oa, &a.L);
+    li_adamw_init(&ob, &b.L);
+    li_threadpool *tp = li_threadpool_init(2);
+    li_adamw_opts o = {.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.99f, .eps = 1e-8f, .weight_decay = 0.1f};
+    bool ok = true;
+    for (int s = 1; s <= 2; s++) {
+        for (size_t i = 0; i < n; i++) g.g[i] = rng_f() * (s == 2 ? 10.0f : 0.01f);
+        double ss = 0;
+        for (size_t i = 0; i < n; i++) ss += (double)g.g[i] * g.g[i];
+        o.clip = s == 2 ? 1.0f : 0.0f;
+        const double clip = s == 2 && sqrt(ss) > 1 ? 1 / sqrt(ss) : 1;
+        double gn;
+        o.tp = NULL;
+        CHECK(li_adamw_step(&oa, &a, &g, &o, &gn, &err) == 0, "%s", err.msg);
+        o.tp = tp;
+        CHECK(li_adamw_step(&ob, &b, &g, &o, NULL, &err) == 0, "%s", err.msg);
+        ok = ok && fabs(gn - sqrt(ss)) < 1e-9 * sqrt(ss);
+        for (size_t i = 0; i < n; i++) {
+            const double gi = g.g[i] * clip;
+            m[i] = 0.9 * m[i] + 0.1 * gi;
+            v[i] = 0.99 * v[i] + 0.01 * gi * gi;
+            p[i] -= 1e-2 * 0.1 * p[i];
+            p[i] -= 1e-2 / (1 - pow(0.9, s)) * m[i] / (sqrt(v[i] / (1 - pow(0.99, s))) + 1e-8);
+        }
+    }
+    double e = 0;
+    for (size_t i = 0; i < n; i++) e = fmax(e, fabs(a.params[i] - p[i]));
+    report(ok && e < 1e-6, "AdamW (bias correction, decoupled decay, clipping) = its formulas in double (max err %.1e)",
+           e);
+    report(!memcmp(a.params, b.params, a.L.n_params * sizeof(float)), "AdamW on 2 threads: the same bits");
+    li_threadpool_free(tp);
+    li_adamw_free(&oa);
+    li_adamw_free(&ob);
+    li_train_grads_free(&g);
+    li_train_model_free(&a);
+    li_train_model_free(&b);
+    free(p), free(m), free(v);
+}
+
 static void test_select(void) {
     li_train_select s;
     li_error err = {0};
@@ -348,6 +402,7 @@ int main(void) {
     char base[512];
     if (make_tiny(base, sizeof base)) return t_failed ? 1 : 77;
     test_select();
+    test_adamw();
     test_engine_match(base);
     test_accumulate(base);
     test_train_save(base, "all", LI_CKPT_F32, 1e-5, 1e-2f);
