@@ -1,7 +1,8 @@
-/* distill.c — `luainfer distill --teacher T.gguf --student S.gguf --data FILE OUT.gguf`
+/* distill.c — `luainfer distill --teacher T.gguf --student S.gguf --data FILE | --self-generate N OUT.gguf`
  * (core/train/, docs/training.md).
  *
- * The student trains on windows of the text with the seed's loss:
+ * The student trains on windows of the text (or of tokens the teacher
+ * samples) with the seed's loss:
  * alpha · KL(softmax(teacher/T) ‖ softmax(student/T)) · T² + (1 − alpha) · CE,
  * the teacher's logits computed by the inference engine (a session per
  * window, every row's logits), the student's by core/train/'s forward. The
@@ -18,6 +19,7 @@
 #include "cpu/threadpool.h"
 
 #include <errno.h>
+#include <math.h>
 #include <libgen.h>
 #include <signal.h>
 #include <stdio.h>
@@ -60,6 +62,57 @@ static int check_vocab(const li_model *teacher, const li_model *student, li_erro
             return li_error_set(err, LI_EINVAL, "distill: token %d differs: the teacher's is '%.*s', the student's '%.*s'",
                                 i, (int)LI_MIN(la, 40), a, (int)LI_MIN(lb, 40), b);
     }
+    return 0;
+}
+
+/* ==== the teacher's own text ================================================= */
+
+/* n tokens sampled from the teacher at temperature 1 (seeded), in segments
+ * of up to 256 that each start at BOS: self-distillation data. */
+static int self_generate(li_runtime *rt, int64_t n, uint64_t seed, int32_t **out, li_error *err) {
+    const int64_t seg = 256;
+    const int32_t V = rt->model->hp.n_vocab, bos = li_tokenizer_bos(rt->model->tok);
+    li_session s;
+    int rc = li_session_init(&s, rt->model, &rt->be, seg, LI_TYPE_F32, 1, err);
+    if (rc) return rc;
+    int32_t *ids = li_xmalloc((size_t)n * sizeof *ids);
+    float *lg = li_xmalloc((size_t)V * sizeof *lg);
+    uint64_t rs = seed ? seed * 0x9e3779b97f4a7c15ull : 1;
+    li_progress prog;
+    li_progress_init(&prog, "self-generate", "tokens/s", n);
+    int64_t i = 0, in_seg = 0;
+    int32_t cur = bos >= 0 ? bos : 0;
+    while (i < n && !rc) {
+        if (in_seg == seg - 1) { /* the segment is full: start again at BOS */
+            li_session_reset(&s);
+            in_seg = 0;
+            cur = bos >= 0 ? bos : 0;
+        }
+        if ((rc = li_session_eval(&s, &cur, 1, false, lg, err))) break;
+        in_seg++;
+        float mx = lg[0];
+        for (int32_t j = 1; j < V; j++) mx = LI_MAX(mx, lg[j]);
+        double z = 0;
+        for (int32_t j = 0; j < V; j++) z += exp((double)lg[j] - mx);
+        rs ^= rs << 13, rs ^= rs >> 7, rs ^= rs << 17;
+        double u = (double)(rs >> 11) * 0x1.0p-53 * z, acc = 0;
+        int32_t pick = V - 1;
+        for (int32_t j = 0; j < V; j++)
+            if ((acc += exp((double)lg[j] - mx)) > u) {
+                pick = j;
+                break;
+            }
+        ids[i++] = cur = pick;
+        if (i % 16 == 0) li_progress_update(&prog, i, NULL);
+    }
+    li_progress_finish(&prog);
+    free(lg);
+    li_session_free(&s);
+    if (rc) {
+        free(ids);
+        return rc;
+    }
+    *out = ids;
     return 0;
 }
 
@@ -112,13 +165,14 @@ static void on_step(void *ctx, int step, double loss, double kl, double gnorm) {
 
 int li_cmd_distill(int argc, char **argv) {
     const char *teacher_path = NULL, *student_path = NULL, *data = NULL, *train = "norms", *dtype_s = "f32";
-    int64_t steps = 20, seq_len = 64, batch = 1, accum = 1, threads = 0, ckpt_every = 0, seed = 1;
+    int64_t steps = 20, seq_len = 64, batch = 1, accum = 1, threads = 0, ckpt_every = 0, seed = 1, self_gen = 0;
     double alpha = 0.5, temperature = 2.0, lr = 1e-4, wd = 0.0, clip = 1.0;
     bool help = false;
     li_opt opts[] = {
         {"teacher", LI_OPT_STR, &teacher_path, "the teacher model (required)"},
         {"student", LI_OPT_STR, &student_path, "the student GGUF; same vocabulary (required)"},
-        {"data", LI_OPT_STR, &data, "training text (required)"},
+        {"data", LI_OPT_STR, &data, "training text (this or --self-generate)"},
+        {"self-generate", LI_OPT_INT, &self_gen, "train on N tokens the teacher samples (temperature 1, --seed) instead of --data"},
         {"alpha", LI_OPT_FLOAT, &alpha, "weight of the KL term in [0, 1] (default 0.5)"},
         {"temperature", LI_OPT_FLOAT, &temperature, "softmax temperature of the KL term (default 2)"},
         {"steps", LI_OPT_INT, &steps, "optimizer steps (default 20)"},
@@ -132,7 +186,7 @@ int li_cmd_distill(int argc, char **argv) {
         {"dtype", LI_OPT_STR, &dtype_s, "checkpoint weights: f32 or f16 (default f32)"},
         {"ckpt-every", LI_OPT_INT, &ckpt_every, "write OUT every N steps too (default: only at the end)"},
         {"threads", LI_OPT_INT, &threads, "compute threads (default: all cores)"},
-        {"seed", LI_OPT_INT, &seed, "seed of the LoRA initialization (default 1)"},
+        {"seed", LI_OPT_INT, &seed, "seed of the LoRA initialization and of --self-generate (default 1)"},
         {"help", LI_OPT_FLAG, &help, "show this help"},
     };
     const int n_opts = (int)LI_ARRAY_LEN(opts);
@@ -141,11 +195,15 @@ int li_cmd_distill(int argc, char **argv) {
     int n_pos, rc;
     if ((rc = li_args_parse(opts, n_opts, argc, argv, pos, 1, &n_pos, &err))) return li_runtime_fail(&err);
     if (help) {
-        li_args_usage("distill", "--teacher T.gguf --student S.gguf --data FILE [options] OUT.gguf", opts, n_opts);
+        li_args_usage("distill", "--teacher T.gguf --student S.gguf --data FILE | --self-generate N [options] OUT.gguf",
+                      opts, n_opts);
         return 0;
     }
 #define FAIL(...) return li_runtime_fail(&(li_error){LI_EINVAL, __VA_ARGS__})
-    if (!teacher_path || !student_path || !data) FAIL("distill: --teacher, --student and --data are required");
+    if (!teacher_path || !student_path || (!data && !self_gen))
+        FAIL("distill: --teacher, --student and --data (or --self-generate N) are required");
+    if (data && self_gen) FAIL("distill: --data and --self-generate exclude each other");
+    if (self_gen < 0 || self_gen > 10000000) FAIL("distill: --self-generate must be in 1..10000000");
     if (n_pos != 1) FAIL("distill: expected one output file OUT.gguf");
     if (!(alpha >= 0 && alpha <= 1)) FAIL("distill: --alpha must be in [0, 1]");
     if (!(temperature > 0 && temperature <= 100)) FAIL("distill: --temperature must be in (0, 100]");
@@ -181,11 +239,16 @@ int li_cmd_distill(int argc, char **argv) {
         goto done;
     }
     if ((rc = check_vocab(rt.model, student, &err))) goto done;
-    if ((rc = li_read_file(data, (size_t)256 << 20, "training text", &text, &text_len, &err))) goto done;
-    if ((rc = li_tokenizer_encode(rt.model->tok, text, text_len, false, false, &ids, &n_ids, &err))) goto done;
+    if (data) {
+        if ((rc = li_read_file(data, (size_t)256 << 20, "training text", &text, &text_len, &err))) goto done;
+        if ((rc = li_tokenizer_encode(rt.model->tok, text, text_len, false, false, &ids, &n_ids, &err))) goto done;
+    } else {
+        if ((rc = self_generate(&rt, self_gen, (uint64_t)seed, &ids, &err))) goto done;
+        n_ids = (size_t)self_gen;
+    }
     if ((int64_t)n_ids < seq_len + 1) {
-        rc = li_error_set(&err, LI_EINVAL, "distill: '%s' has %zu tokens, fewer than --seq-len + 1 = %lld", data, n_ids,
-                          (long long)seq_len + 1);
+        rc = li_error_set(&err, LI_EINVAL, "distill: %s has %zu tokens, fewer than --seq-len + 1 = %lld",
+                          data ? data : "--self-generate", n_ids, (long long)seq_len + 1);
         goto done;
     }
     if ((rc = li_train_model_init(&tm, student, &sel, (uint64_t)seed, &err))) goto done;
@@ -212,8 +275,9 @@ int li_cmd_distill(int argc, char **argv) {
             goto done;
         }
     }
-    printf("distill: %s -> %s, train %s: %.1fM of %.1fM parameters, %zu tokens of text (%lld windows of %lld)\n",
+    printf("distill: %s -> %s, train %s: %.1fM of %.1fM parameters, %zu tokens of %s (%lld windows of %lld)\n",
            student_path, pos[0], train, (double)tm.L.n_grads / 1e6, (double)tm.L.n_params / 1e6, n_ids,
+           data ? "text" : "the teacher's samples",
            (long long)c.n_windows, (long long)seq_len);
     printf("loss = %.2f * KL(T = %.2f) * T^2 + %.2f * CE; AdamW lr %g, %lld x %lld x %lld tokens per step\n", alpha,
            temperature, 1 - alpha, lr, (long long)accum, (long long)batch, (long long)seq_len);

@@ -5,7 +5,8 @@ Q4_1 teacher); the text is the start of tests/data/plrabn12.txt (calibration
 and training text; alice29.txt is held out and never trained on), short
 enough to be one window, so every step sees the same batch and the printed
 loss and KL must fall. The checkpoint must load, generate and show in
-`luainfer info`. Ctrl-C writes a checkpoint; a student with another
+`luainfer info`. --self-generate trains on the teacher's samples. Ctrl-C
+writes a checkpoint; a student with another
 vocabulary and bad options are refused with one line.
 """
 
@@ -58,6 +59,18 @@ def test_distill_loss_falls_and_checkpoint_loads(run_ok, model_path, student, te
     g = run_ok(["generate", "--model", out, "--prompt", "Of man's first disobedience", "--max-tokens", "4",
                 "--temperature", "0"])
     assert g.stdout.strip(), g.stderr
+
+
+def test_distill_self_generate(run_ok, model_path, student, ddir):
+    out = ddir / "self.gguf"
+    args = [a for a in distill(model_path, student, "-", out, "--steps", "2", "--train", "norms",
+                               "--dtype", "f16", "--self-generate", "50")]
+    i = args.index("--data")
+    del args[i:i + 2]
+    r = run_ok(args)
+    assert "50 tokens of the teacher's samples" in r.stdout, r.stdout
+    assert len(STEP.findall(r.stdout)) == 2, r.stdout
+    assert out.is_file()
 
 
 def test_distill_ctrl_c_writes_checkpoint(luainfer_bin, model_path, student, text, ddir):
@@ -125,9 +138,11 @@ def test_distill_bad_options(run_cli, model_path, student, text, ddir, extra, pa
 
 def test_distill_required_and_output(run_cli, model_path, student, text, tmp_path):
     assert_clean_failure(run_cli(["distill", "--student", student, "--data", text, tmp_path / "o.gguf"]),
-                         r"--teacher, --student and --data are required")
+                         r"--teacher, --student and --data")
     assert_clean_failure(run_cli(distill(model_path, student, text, tmp_path / "no" / "dir" / "o.gguf")),
                          r"cannot write")
+    assert_clean_failure(run_cli(distill(model_path, student, text, tmp_path / "o.gguf", "--self-generate", "9")),
+                         r"exclude each other")
     short = tmp_path / "short.txt"
     short.write_text("Of man's first disobedience")
     assert_clean_failure(run_cli(distill(model_path, student, short, tmp_path / "o.gguf")), r"fewer than --seq-len")
