@@ -1,0 +1,203 @@
+/* bench_train.c — training throughput of core/train/ on a real model:
+ * tokens/s of forward + backward (+ the AdamW step), the matmul FLOPs
+ * they do, and the fraction of this machine's FMA peak that is
+ * (docs/benchmarks.md, "Training throughput").
+ *
+ *   bench_train [--model P] [--seq T] [--batch B] [--steps N] [--train all|norms|layers:A-B|lora:R]
+ *               [--threads N] [--ghz G]
+ *   bench_train --kernels     the three matmul shapes alone, one thread, at the model's sizes
+ *
+ * Peak = threads × 2 FMA/cycle × 8 float lanes (AVX2) × 2 flops × GHz, the
+ * clock read from /proc/cpuinfo ("cpu MHz", the first core) unless --ghz
+ * says it. FLOPs count the matmuls (forward 2·m·k per token and weight,
+ * backward 2·m·k for dX where it is needed and 2·m·k for each trained dW,
+ * LoRA's small products left out) and attention's products (causal: about
+ * half the T×T scores), so the ratio is what the kernels reach on the work
+ * that must be done. The first step is a warm-up and is not timed. */
+#define _POSIX_C_SOURCE 200809L
+#include "train/train.h"
+#include "cpu/threadpool.h"
+
+#include <time.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* CPU seconds of the process (every thread): on a loaded machine wall time
+ * measures the others' work too, CPU time only this program's */
+static double cpu_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static double cpu_ghz(void) {
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    char line[256];
+    double mhz = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (!strncmp(line, "cpu MHz", 7) && sscanf(strchr(line, ':') + 1, "%lf", &mhz) == 1) break;
+    if (f) fclose(f);
+    return mhz / 1000.0;
+}
+
+/* matmul + attention flops of one forward + backward over B x T tokens */
+static double step_flops(const li_train_layout *L, int B, int T) {
+    const li_hparams *hp = &L->hp;
+    const double N = (double)B * T;
+    double f = 0;
+    for (int i = 0; i < LI_TT_N_GLOBAL + LI_TL_N * hp->n_layer; i++) {
+        const li_train_tensor *t = &L->t[i];
+        if (t->rows == 1 || i == LI_TT_TOK_EMBD) continue; /* norms; the embedding is a gather */
+        const double mk = 2.0 * N * (double)t->rows * (double)t->cols;
+        f += mk;                                        /* forward */
+        if (t->layer < 0 || t->layer >= L->bwd_stop) {
+            /* the bottom trained block's q/k/v need no dX unless something below trains */
+            const bool qkv = t->kind == LI_TL_WQ || t->kind == LI_TL_WK || t->kind == LI_TL_WV;
+            const bool need_dx = !(t->layer == L->bwd_stop && qkv && L->t[LI_TT_TOK_EMBD].goff < 0 &&
+                                   L->t[li_train_tensor_index(t->layer, LI_TL_ATTN_NORM)].goff < 0);
+            if (need_dx) f += mk;                       /* dX */
+            if (t->goff >= 0) f += mk;                  /* dW */
+        }
+    }
+    /* attention: QK^T and PV forward, four products backward, causal half */
+    const double att = 2.0 * B * (double)T * T / 2 * hp->head_dim * hp->n_head;
+    f += hp->n_layer * att * 2;
+    f += (hp->n_layer - L->bwd_stop) * att * 4;
+    return f;
+}
+
+/* GFLOP/s of y = x·W^T, dX = dY·W, dW = dY^T·X at (n, m, k), best of 3, one thread */
+static void bench_kernels(void) {
+    const int64_t shapes[][3] = {{64, 1536, 576}, {64, 576, 1536}, {64, 49152, 576}};
+    for (size_t s = 0; s < LI_ARRAY_LEN(shapes); s++) {
+        const int64_t n = shapes[s][0], m = shapes[s][1], k = shapes[s][2];
+        float *x = calloc((size_t)(n * k), 4), *W = calloc((size_t)(m * k), 4), *y = calloc((size_t)(n * m), 4);
+        float *dx = calloc((size_t)(n * k), 4), *dw = calloc((size_t)(m * k), 4);
+        for (int64_t i = 0; i < m * k; i++) W[i] = 1e-3f * (float)(i % 5);
+        for (int64_t i = 0; i < n * k; i++) x[i] = 1e-3f * (float)(i % 7);
+        for (int64_t i = 0; i < n * m; i++) y[i] = 1e-3f * (float)(i % 3);
+        double best[3] = {1e9, 1e9, 1e9};
+        for (int r = 0; r < 3; r++)
+            for (int w = 0; w < 3; w++) { /* interleaved, so load hits all three alike */
+                const double t0 = cpu_now();
+                if (w == 0) li_train_mm_nt(NULL, x, W, y, n, m, k);
+                else if (w == 1) li_train_mm_acc(NULL, y, m, 1, W, dx, n, m, k);
+                else li_train_mm_acc(NULL, y, 1, m, x, dw, m, n, k);
+                best[w] = LI_MIN(best[w], cpu_now() - t0);
+            }
+        const double f = 2.0 * (double)n * (double)m * (double)k / 1e9;
+        printf("n %lld, m %lld, k %lld: x·W^T %.1f, dY·W %.1f, dY^T·X %.1f GFLOP per CPU second\n", (long long)n, (long long)m,
+               (long long)k, f / best[0], f / best[1], f / best[2]);
+        free(x), free(W), free(y), free(dx), free(dw);
+    }
+}
+
+int main(int argc, char **argv) {
+    if (argc == 2 && !strcmp(argv[1], "--kernels")) {
+        bench_kernels();
+        return 0;
+    }
+    const char *model = NULL, *what = "all";
+    int T = 64, B = 1, steps = 3, threads = 2;
+    double ghz = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!v) goto usage;
+        if (!strcmp(a, "--model")) model = v;
+        else if (!strcmp(a, "--seq")) T = atoi(v);
+        else if (!strcmp(a, "--batch")) B = atoi(v);
+        else if (!strcmp(a, "--steps")) steps = atoi(v);
+        else if (!strcmp(a, "--train")) what = v;
+        else if (!strcmp(a, "--threads")) threads = atoi(v);
+        else if (!strcmp(a, "--ghz")) ghz = atof(v);
+        else goto usage;
+        i++;
+    }
+    if (T < 2 || T > 4096 || B < 1 || B > 64 || steps < 1 || threads < 1 || threads > 256) goto usage;
+    li_error err = {0};
+    li_train_select sel;
+    if (li_train_select_parse(what, &sel, &err)) {
+        fprintf(stderr, "bench_train: %s\n", err.msg);
+        return 2;
+    }
+    li_model *m;
+    const char *path = li_model_default_path(model);
+    if (li_model_load(&m, path, &err)) {
+        fprintf(stderr, "bench_train: %s\n", err.msg);
+        return 1;
+    }
+    li_train_model tm;
+    double t0 = li_time_now();
+    if (li_train_model_init(&tm, m, &sel, 1, &err)) {
+        fprintf(stderr, "bench_train: %s\n", err.msg);
+        return 1;
+    }
+    const double t_init = li_time_now() - t0;
+    li_threadpool *tp = li_threadpool_init(threads);
+    li_train_grads g;
+    li_adamw opt;
+    li_train_ws ws;
+    if (!tp || li_train_grads_init(&g, &tm.L) || li_adamw_init(&opt, &tm.L) ||
+        li_train_ws_init(&ws, &tm.L, B, T, &err)) {
+        fprintf(stderr, "bench_train: out of memory (%s)\n", err.msg);
+        return 1;
+    }
+    const int64_t N = (int64_t)B * T, V = tm.L.hp.n_vocab;
+    int32_t *tok = malloc(sizeof *tok * (size_t)(N + 1)), *lab = malloc(sizeof *lab * (size_t)N);
+    uint64_t rs = 42;
+    for (int64_t i = 0; i <= N; i++) {
+        rs ^= rs << 13, rs ^= rs >> 7, rs ^= rs << 17;
+        tok[i] = (int32_t)(rs % (uint64_t)V);
+    }
+    for (int64_t i = 0; i < N; i++) lab[i] = tok[i + 1];
+    li_train_batch b = {.B = B, .T = T, .tokens = tok, .labels = lab};
+    li_adamw_opts ao = {.lr = 1e-5f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .clip = 1.0f, .tp = tp};
+    double fb_time = 0, opt_time = 0, fb_cpu = 0, loss = 0;
+    for (int s = 0; s <= steps; s++) {
+        li_train_grads_zero(&g);
+        t0 = li_time_now();
+        const double c0 = cpu_now();
+        if (li_train_forward_backward(&tm, &g, &b, NULL, &ws, tp, &loss, NULL, &err)) {
+            fprintf(stderr, "bench_train: %s\n", err.msg);
+            return 1;
+        }
+        const double t1 = li_time_now(), c1 = cpu_now();
+        if (li_adamw_step(&opt, &tm, &g, &ao, NULL, &err)) {
+            fprintf(stderr, "bench_train: %s\n", err.msg);
+            return 1;
+        }
+        const double t2 = li_time_now();
+        if (s > 0) fb_time += t1 - t0, opt_time += t2 - t1, fb_cpu += c1 - c0;
+        fprintf(stderr, "step %d: loss %.4f, forward+backward %.2f s, adamw %.3f s\n", s, loss, t1 - t0, t2 - t1);
+    }
+    if (ghz <= 0) ghz = cpu_ghz();
+    const double flops = step_flops(&tm.L, B, T) * steps;
+    const double peak = threads * 2.0 * 8 * 2 * ghz * 1e9;
+    printf("model %s, train %s: %.1fM parameters, %.1fM trainable; master copies made in %.2f s\n", path, what,
+           (double)tm.L.n_params / 1e6, (double)tm.L.n_grads / 1e6, t_init);
+    printf("batch %d x %d, %d timed steps, %d threads\n", B, T, steps, threads);
+    printf("forward+backward: %.1f tokens/s (%.2f s/step), with adamw %.1f tokens/s\n", N * steps / fb_time,
+           fb_time / steps, N * steps / (fb_time + opt_time));
+    printf("matmul+attention: %.1f GFLOP/step, %.1f GFLOP/s = %.1f%% of the FMA peak %.1f GFLOP/s"
+           " (%d cores x 2 FMA x 8 lanes x 2 x %.2f GHz)\n",
+           flops / steps / 1e9, flops / fb_time / 1e9, 100 * flops / fb_time / peak, peak / 1e9, threads, ghz);
+    /* what one core reaches while it runs: independent of how much of the
+     * machine others take (threads spinning between jobs count as work) */
+    printf("per CPU second: %.1f GFLOP = %.1f%% of one core's peak %.1f GFLOP/s (%.2f CPU s per step)\n",
+           flops / fb_cpu / 1e9, 100 * flops / fb_cpu / (peak / threads), peak / threads / 1e9, fb_cpu / steps);
+    free(tok);
+    free(lab);
+    li_train_ws_free(&ws);
+    li_adamw_free(&opt);
+    li_train_grads_free(&g);
+    li_threadpool_free(tp);
+    li_train_model_free(&tm);
+    li_model_free(m);
+    return 0;
+usage:
+    fprintf(stderr, "usage: bench_train [--model P] [--seq 2..4096] [--batch 1..64] [--steps N] "
+                    "[--train all|norms|layers:A-B|lora:R] [--threads N] [--ghz G]\n");
+    return 2;
+}

@@ -1,0 +1,146 @@
+/* optim.c — AdamW (decoupled weight decay, bias correction) with
+ * global-norm gradient clipping, over the trainable tensors only. The
+ * update and the norm run in fixed chunks on the thread pool: each chunk's
+ * arithmetic is the same whoever runs it, and the norm's partial sums are
+ * added in chunk order, so the result does not depend on the threads. */
+#include "train/train.h"
+#include "cpu/threadpool.h"
+
+#include <math.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define CHUNK ((size_t)1 << 16) /* elements per job */
+
+int li_adamw_init(li_adamw *a, const li_train_layout *L) {
+    memset(a, 0, sizeof *a);
+    a->n = L->n_grads;
+    const size_t bytes = LI_MAX(a->n, (size_t)1) * sizeof(float);
+    a->m = li_aligned_alloc(bytes);
+    a->v = li_aligned_alloc(bytes);
+    if (!a->m || !a->v) {
+        li_adamw_free(a);
+        return LI_ENOMEM;
+    }
+    memset(a->m, 0, bytes);
+    memset(a->v, 0, bytes);
+    return 0;
+}
+
+void li_adamw_free(li_adamw *a) {
+    li_aligned_free(a->m);
+    li_aligned_free(a->v);
+    memset(a, 0, sizeof *a);
+}
+
+/* ==== chunked jobs ========================================================= */
+
+typedef struct opt_job {
+    /* norm: partial sums of squares per chunk of the gradient array */
+    const float *g;
+    size_t n;
+    double *partial;
+    /* update: chunk c is elements [c0, c1) of tensor tix[c] */
+    li_train_model *tm;
+    li_adamw *a;
+    const li_adamw_opts *o;
+    int32_t *tix;
+    size_t *c0, *c1;
+    float clip, step_size, inv_bc2;
+    size_t n_chunks;
+    atomic_long next;
+} opt_job;
+
+static void norm_run(void *ctx, int ith, int nth) {
+    opt_job *j = ctx;
+    for (;;) {
+        const long c = atomic_fetch_add(&j->next, 1);
+        if ((size_t)c >= j->n_chunks) break;
+        const size_t i0 = (size_t)c * CHUNK, i1 = LI_MIN(j->n, i0 + CHUNK);
+        double ss = 0;
+        for (size_t i = i0; i < i1; i++) ss += (double)j->g[i] * j->g[i];
+        j->partial[c] = ss;
+    }
+}
+
+static void update_run(void *ctx, int ith, int nth) {
+    opt_job *j = ctx;
+    const float lr = j->o->lr, b1 = j->o->beta1, b2 = j->o->beta2, eps = j->o->eps, wd = j->o->weight_decay;
+    const float clip = j->clip, step_size = j->step_size, inv_bc2 = j->inv_bc2;
+    for (;;) {
+        const long c = atomic_fetch_add(&j->next, 1);
+        if ((size_t)c >= j->n_chunks) break;
+        const li_train_tensor *t = &j->tm->L.t[j->tix[c]];
+        float *p = j->tm->params + t->off;
+        const float *gr = j->g + t->goff;
+        float *m = j->a->m + t->goff, *v = j->a->v + t->goff;
+        for (size_t e = j->c0[c]; e < j->c1[c]; e++) {
+            const float gj = gr[e] * clip;
+            m[e] = b1 * m[e] + (1 - b1) * gj;
+            v[e] = b2 * v[e] + (1 - b2) * gj * gj;
+            p[e] -= lr * wd * p[e];
+            p[e] -= step_size * m[e] / (sqrtf(v[e] * inv_bc2) + eps);
+        }
+    }
+}
+
+static void launch(li_threadpool *tp, li_threadpool_fn fn, opt_job *j) {
+    atomic_store(&j->next, 0);
+    if (tp && j->n_chunks > 1) li_threadpool_run(tp, fn, j, (int)LI_MIN((size_t)li_threadpool_size(tp), j->n_chunks));
+    else fn(j, 0, 1);
+}
+
+static double grad_norm(const li_train_grads *g, li_threadpool *tp) {
+    opt_job j = {.g = g->g, .n = g->n, .n_chunks = (g->n + CHUNK - 1) / CHUNK};
+    j.partial = li_xcalloc(LI_MAX(j.n_chunks, (size_t)1), sizeof *j.partial);
+    launch(tp, norm_run, &j);
+    double ss = 0;
+    for (size_t c = 0; c < j.n_chunks; c++) ss += j.partial[c];
+    free(j.partial);
+    return sqrt(ss); /* NaN or Inf propagate */
+}
+
+double li_train_grad_norm(const li_train_grads *g) { return grad_norm(g, NULL); }
+
+int li_adamw_step(li_adamw *a, li_train_model *tm, const li_train_grads *g, const li_adamw_opts *o, double *norm,
+                  li_error *err) {
+    const double gn = grad_norm(g, o->tp);
+    if (norm) *norm = gn;
+    if (!isfinite(gn))
+        return li_error_set(err, LI_ERANGE, "train: step %lld: the gradients hold NaN or Inf (norm %g)",
+                            (long long)a->step + 1, gn);
+    a->step++;
+    const double bc1 = 1.0 - pow(o->beta1, (double)a->step), bc2 = 1.0 - pow(o->beta2, (double)a->step);
+    const li_train_layout *L = &tm->L;
+    /* chunks of the trainable tensors (the tied head shares token_embd's slots) */
+    size_t n_chunks = 0;
+    for (int i = 0; i < L->n_tensors; i++) {
+        const li_train_tensor *t = &L->t[i];
+        if (t->goff >= 0 && !(i == LI_TT_OUTPUT && L->tied))
+            n_chunks += ((size_t)(t->rows * t->cols) + CHUNK - 1) / CHUNK;
+    }
+    opt_job j = {.g = g->g, .tm = tm, .a = a, .o = o, .n_chunks = n_chunks,
+                 /* clipping scales the whole gradient, keeping its direction */
+                 .clip = o->clip > 0 && gn > o->clip ? (float)(o->clip / gn) : 1.0f,
+                 .step_size = (float)(o->lr / bc1), .inv_bc2 = (float)(1.0 / bc2)};
+    j.tix = li_xmalloc(LI_MAX(n_chunks, (size_t)1) * sizeof *j.tix);
+    j.c0 = li_xmalloc(LI_MAX(n_chunks, (size_t)1) * sizeof *j.c0);
+    j.c1 = li_xmalloc(LI_MAX(n_chunks, (size_t)1) * sizeof *j.c1);
+    size_t c = 0;
+    for (int i = 0; i < L->n_tensors; i++) {
+        const li_train_tensor *t = &L->t[i];
+        if (t->goff < 0 || (i == LI_TT_OUTPUT && L->tied)) continue;
+        const size_t n = (size_t)(t->rows * t->cols);
+        for (size_t e = 0; e < n; e += CHUNK, c++) {
+            j.tix[c] = i;
+            j.c0[c] = e;
+            j.c1[c] = LI_MIN(n, e + CHUNK);
+        }
+    }
+    launch(o->tp, update_run, &j);
+    free(j.tix);
+    free(j.c0);
+    free(j.c1);
+    return 0;
+}

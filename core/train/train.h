@@ -1,0 +1,248 @@
+/* train.h — training a Llama-family model in C (docs/training.md).
+ *
+ * A model to train is a flat array of float32 master parameters carved into
+ * tensors (llm.c's habit): the layout (li_train_layout) names each tensor,
+ * its shape and its offset, and says which ones train. Gradients live in a
+ * second flat array holding only the trainable tensors: a frozen tensor has
+ * no gradient buffer and costs no dW work in the backward pass.
+ *
+ * The forward pass is dense over whole sequences (a batch is B sequences of
+ * T tokens, causal, positions 0..T-1; no paged KV), keeps what the backward
+ * pass needs, and the backward pass walks it in reverse. Every op is written
+ * once over a `real` type (train_tmpl.h) and built for float (training) and
+ * double (the gradient checks of tests/unit/test_train_grad.c).
+ *
+ * Tensor order (li_train_tensor_index): token_embd, output_norm, output,
+ * then per layer attn_norm, attn_q, attn_k, attn_v, attn_output, ffn_norm,
+ * ffn_gate, ffn_up, ffn_down, then LoRA adapters (A, B per adapted weight).
+ * With a tied head (SmolLM2: no output.weight) `output` aliases token_embd:
+ * the same parameters and the same gradient slots, so the gradients of both
+ * uses add up. */
+#ifndef LI_TRAIN_H
+#define LI_TRAIN_H
+
+#include "model/model.h"
+
+#include <signal.h>
+
+struct li_threadpool;
+
+/* ==== layout ============================================================== */
+
+enum {
+    LI_TT_TOK_EMBD = 0, LI_TT_OUTPUT_NORM, LI_TT_OUTPUT, LI_TT_N_GLOBAL,
+};
+/* per layer, in this order */
+enum {
+    LI_TL_ATTN_NORM = 0, LI_TL_WQ, LI_TL_WK, LI_TL_WV, LI_TL_WO,
+    LI_TL_FFN_NORM, LI_TL_GATE, LI_TL_UP, LI_TL_DOWN, LI_TL_N,
+};
+
+typedef struct li_train_tensor {
+    char name[64];        /* GGUF name: "blk.3.attn_q.weight"; adapters "blk.3.attn_q.lora_a" */
+    int64_t rows, cols;   /* (rows, cols) row-major; a norm is (1, n_embd) */
+    size_t off;           /* first element in the parameter array */
+    int64_t goff;         /* first element in the gradient array, or -1: frozen */
+    int32_t lora_a;       /* tensor index of this weight's adapter A (r, cols), or -1 */
+    int32_t lora_b;       /* ... and B (rows, r), or -1 */
+    int layer;            /* block, or -1 */
+    int kind;             /* LI_TT_* (layer -1) or LI_TL_* */
+} li_train_tensor;
+
+/* Which parameters train (li_train_select_parse reads "all", "norms",
+ * "layers:A-B", "lora:R"). */
+typedef enum { LI_TRAIN_ALL, LI_TRAIN_NORMS, LI_TRAIN_LAYERS, LI_TRAIN_LORA } li_train_what;
+
+typedef struct li_train_select {
+    li_train_what what;
+    int layer_lo, layer_hi;  /* LAYERS: blocks lo..hi inclusive */
+    int lora_rank;           /* LORA: r */
+    float lora_alpha;        /* LORA: the update is (alpha / r) · B·A; 0 means alpha = r */
+} li_train_select;
+
+typedef struct li_train_layout {
+    li_hparams hp;            /* n_vocab, n_embd, n_layer, heads, n_rot, theta, eps, rope_neox */
+    bool tied;                /* output aliases token_embd */
+    int n_tensors;            /* LI_TT_N_GLOBAL + LI_TL_N * n_layer + adapters */
+    li_train_tensor *t;       /* (n_tensors) */
+    size_t n_params;          /* elements of the parameter array */
+    size_t n_grads;           /* elements of the gradient array (trainable only) */
+    int n_lora;               /* adapted weights */
+    int lora_rank;
+    float lora_scale;         /* alpha / r */
+    int bwd_stop;             /* the backward pass stops below this block (nothing trains there) */
+    li_train_select sel;
+} li_train_layout;
+
+/* Index of tensor `kind` of block `layer` (layer -1: the LI_TT_* globals). */
+static inline int li_train_tensor_index(int layer, int kind) {
+    return layer < 0 ? kind : LI_TT_N_GLOBAL + LI_TL_N * layer + kind;
+}
+
+/* Parses "all", "norms", "layers:A-B" (or "layers:A"), "lora:R"; a clear
+ * LI_EINVAL otherwise. Layer bounds are checked by li_train_layout_init. */
+int li_train_select_parse(const char *s, li_train_select *sel, li_error *err);
+
+/* The layout of a model with hyper-parameters hp (tied: no separate output
+ * head) training `sel`. hp must satisfy the engine's own constraints
+ * (n_head % n_head_kv == 0, n_rot even and <= head_dim). */
+int li_train_layout_init(li_train_layout *L, const li_hparams *hp, bool tied, const li_train_select *sel,
+                         li_error *err);
+void li_train_layout_free(li_train_layout *L);
+
+/* ==== model, gradients ==================================================== */
+
+typedef struct li_train_model {
+    li_train_layout L;
+    float *params;        /* (L.n_params) float32 master copies */
+} li_train_model;
+
+/* Dequantizes every weight of m (any loadable type or scheme) into float32
+ * master copies; adapters start as A random (seeded, scale 1/sqrt(cols)),
+ * B zero, so the adapted model starts equal to the base. */
+int li_train_model_init(li_train_model *tm, const li_model *m, const li_train_select *sel, uint64_t seed,
+                        li_error *err);
+/* A random model of hyper-parameters hp (tests): weights ~ U(-a, a) with
+ * a = 1/sqrt(cols), norms 1 + U(-0.1, 0.1). */
+int li_train_model_init_random(li_train_model *tm, const li_hparams *hp, bool tied, const li_train_select *sel,
+                               uint64_t seed, li_error *err);
+void li_train_model_free(li_train_model *tm);
+
+typedef struct li_train_grads {
+    float *g;             /* (L.n_grads) */
+    size_t n;
+} li_train_grads;
+
+int li_train_grads_init(li_train_grads *g, const li_train_layout *L);
+void li_train_grads_zero(li_train_grads *g);
+void li_train_grads_free(li_train_grads *g);
+
+/* ==== forward + backward ================================================== */
+
+typedef struct li_train_loss_opts {
+    /* loss = alpha · KL(softmax(t/T) ‖ softmax(s/T)) · T² + (1 − alpha) · CE(labels),
+     * averaged over the positions whose label is >= 0; without teacher
+     * logits alpha is taken as 0 (plain cross-entropy) */
+    float alpha;
+    float temperature;
+    float grad_scale;     /* gradients are multiplied by this (1 / micro-batches when accumulating); 0 means 1 */
+} li_train_loss_opts;
+
+typedef struct li_train_batch {
+    int B, T;
+    const int32_t *tokens;   /* (B, T) */
+    const int32_t *labels;   /* (B, T) the token to predict at each position, -1 = ignore */
+    const float *teacher;    /* (B, T, n_vocab) teacher logits, or NULL */
+} li_train_batch;
+
+/* Activations of one batch shape, reused across steps. */
+typedef struct li_train_ws {
+    int B, T;
+    float *buf;
+    size_t n;
+    float *logits;        /* (B, T, n_vocab): the last forward's logits */
+} li_train_ws;
+
+int li_train_ws_init(li_train_ws *ws, const li_train_layout *L, int B, int T, li_error *err);
+void li_train_ws_free(li_train_ws *ws);
+
+/* Runs the forward pass of batch b and, when g is non-NULL, adds the
+ * gradients (times grad_scale) of the loss to g. *loss gets the batch's
+ * mean loss (and *kl, when non-NULL, its mean KL term, 0 without teacher).
+ * tp (may be NULL) runs the matmuls. Tokens outside the vocabulary and
+ * shapes other than ws's are refused. */
+int li_train_forward_backward(const li_train_model *tm, li_train_grads *g, const li_train_batch *b,
+                              const li_train_loss_opts *o, li_train_ws *ws, struct li_threadpool *tp,
+                              double *loss, double *kl, li_error *err);
+
+/* ==== optimizer =========================================================== */
+
+typedef struct li_adamw_opts {
+    float lr;             /* e.g. 1e-3 */
+    float beta1, beta2;   /* 0.9, 0.999 */
+    float eps;            /* 1e-8 */
+    float weight_decay;   /* decoupled (AdamW): p -= lr · wd · p; norms and adapters' B decay too */
+    float clip;           /* global gradient-norm clip, 0 = none */
+    struct li_threadpool *tp; /* runs the update in chunks (may be NULL); results do not depend on it */
+} li_adamw_opts;
+
+typedef struct li_adamw {
+    float *m, *v;         /* (n_grads) first and second moments */
+    size_t n;
+    int64_t step;         /* steps taken (bias correction) */
+} li_adamw;
+
+int li_adamw_init(li_adamw *a, const li_train_layout *L);
+void li_adamw_free(li_adamw *a);
+/* The global L2 norm of the gradients; NaN/Inf when any is. */
+double li_train_grad_norm(const li_train_grads *g);
+/* One AdamW step of tm's trainable tensors with g (clipped to o->clip
+ * first). Returns LI_ERANGE naming the step without touching the
+ * parameters when the gradients hold a NaN or Inf. *norm (may be NULL)
+ * gets the norm before clipping. */
+int li_adamw_step(li_adamw *a, li_train_model *tm, const li_train_grads *g, const li_adamw_opts *o, double *norm,
+                  li_error *err);
+
+/* ==== checkpoints ========================================================= */
+
+typedef enum { LI_CKPT_F32, LI_CKPT_F16 } li_ckpt_dtype;
+
+/* Writes tm as a GGUF at path: src's metadata copied (its tokenizer, chat
+ * template, hyper-parameters), general.file_type set, the matrices as F32
+ * or F16 (norms always F32), adapters merged into their weights
+ * (W + scale · B·A), a tied head left tied. Temporary file + rename. */
+int li_train_save(const li_train_model *tm, const li_gguf *src, li_ckpt_dtype dtype, const char *path,
+                  li_error *err);
+
+/* ==== the training loop =================================================== */
+
+/* One optimizer step over n_micro micro-batches mb[]: the gradients zeroed,
+ * each micro-batch's added times 1/n_micro (so the step sees their mean:
+ * gradient accumulation), then AdamW. A NaN/Inf loss or gradient returns
+ * LI_ERANGE naming the step (opt->step + 1) with the parameters untouched.
+ * *loss, *kl: the micro-batches' mean. */
+int li_train_step(li_train_model *tm, li_train_grads *g, li_adamw *opt, const li_train_batch *mb, int n_micro,
+                  const li_train_loss_opts *lo, const li_adamw_opts *ao, li_train_ws *ws, struct li_threadpool *tp,
+                  double *loss, double *kl, double *gnorm, li_error *err);
+
+/* A run of steps with checkpoints (loop.c). */
+typedef struct li_train_run_opts {
+    int steps;
+    int n_micro;                 /* micro-batches per step (>= 1) */
+    /* the batch of step s (1-based), micro-batch j: fills b (its arrays
+     * stay the callee's until the next call) */
+    int (*next_batch)(void *ctx, int step, int micro, li_train_batch *b, li_error *err);
+    /* after each good step (may be NULL) */
+    void (*on_step)(void *ctx, int step, double loss, double kl, double gnorm);
+    void *ctx;
+    li_train_loss_opts loss;
+    li_adamw_opts adamw;
+    struct li_threadpool *tp;
+    /* checkpoints: every ckpt_every steps (0: only at the end) and when
+     * *stop becomes nonzero (a SIGINT handler's flag), to out */
+    const char *out;             /* NULL: none */
+    const li_gguf *src;
+    li_ckpt_dtype dtype;
+    int ckpt_every;
+    volatile sig_atomic_t *stop;
+} li_train_run_opts;
+
+/* Runs o->steps steps. NaN/Inf stops the run (LI_ERANGE naming the step)
+ * leaving the last checkpoint written as it was; *stop set writes a
+ * checkpoint and returns 0 with *steps_done short. */
+int li_train_run(li_train_model *tm, const li_train_run_opts *o, int *steps_done, li_error *err);
+
+/* ==== matmul kernels (train_mm.c; exposed for the tests) ================== */
+
+/* y(n, m) = x(n, k) · W(m, k)^T */
+void li_train_mm_nt(struct li_threadpool *tp, const float *x, const float *W, float *y, int64_t n, int64_t m,
+                    int64_t k);
+/* C(R, K) += sum_l A(r, l) · B(l, K), A's element (r, l) at A[r * sa_r + l * sa_l]:
+ * dX = dY·W (A = dY, sa_r = m, sa_l = 1) and dW = dY^T·X (sa_r = 1, sa_l = m) */
+void li_train_mm_acc(struct li_threadpool *tp, const float *A, int64_t sa_r, int64_t sa_l, const float *B,
+                     float *C, int64_t R, int64_t Lk, int64_t K);
+/* Which kernels: 0 scalar, 1 AVX2 (when the CPU has it); returns the previous.
+ * Tests compare them; the default is the best the CPU runs. */
+int li_train_mm_set_isa(int isa);
+
+#endif

@@ -1,0 +1,45 @@
+/* train_internal.h — the ops of train_tmpl.h for both types, declared for
+ * train.c and the gradient checks (tests/unit/test_train_grad.c). */
+#ifndef LI_TRAIN_INTERNAL_H
+#define LI_TRAIN_INTERNAL_H
+
+#include "train/train.h"
+
+#define LI_TRAIN_DECLARE(real, S)                                                                                  \
+    void li_trop_embed_fwd_##S(const real *E, const int32_t *tok, real *x, int64_t N, int64_t d);                \
+    void li_trop_embed_bwd_##S(real *dE, const int32_t *tok, const real *dx, int64_t N, int64_t d);              \
+    void li_trop_rmsnorm_fwd_##S(const real *x, const real *w, real *y, real *rstd, int64_t N, int64_t d,        \
+                                 real eps);                                                                      \
+    void li_trop_rmsnorm_bwd_##S(const real *x, const real *w, const real *rstd, const real *dy, real *dx,       \
+                                 real *dw, int64_t N, int64_t d);                                                \
+    void li_trop_rope_table_##S(real *cs, int T, int n_rot, real theta);                                         \
+    void li_trop_rope_##S(real *x, const real *cs, int64_t N, int T, int H, int hd, int n_rot, int neox,         \
+                          int dir);                                                                              \
+    void li_trop_attn_fwd_##S(const real *q, const real *k, const real *v, real *P, real *out, int B, int T,     \
+                              int H, int Hkv, int hd);                                                           \
+    void li_trop_attn_bwd_##S(const real *q, const real *k, const real *v, const real *P, const real *dout,      \
+                              real *dq, real *dk, real *dv, real *tmp, int B, int T, int H, int Hkv, int hd);    \
+    void li_trop_swiglu_fwd_##S(const real *g, const real *u, real *h, int64_t n);                               \
+    void li_trop_swiglu_bwd_##S(const real *g, const real *u, const real *dh, real *dg, real *du, int64_t n);    \
+    double li_trop_loss_##S(const real *logits, const int32_t *lab, const float *teacher, real *dlogits,         \
+                            int64_t N, int64_t V, real alpha, real temp, real gscale, double *kl);               \
+    size_t li_train_ws_reals_##S(const li_train_layout *L, int B, int T);                                        \
+    double li_train_fb_##S(const li_train_layout *L, const real *P, real *G, const int32_t *tok,                 \
+                           const int32_t *lab, const float *teacher, int B, int T, real alpha, real temp,        \
+                           real gscale, real *ws, void *tp, double *kl_out, real **logits_out);
+
+LI_TRAIN_DECLARE(float, f32)
+LI_TRAIN_DECLARE(double, f64)
+
+/* scalar reference matmuls of train_mm.c, and the AVX2 ones (train_mm_avx2.c):
+ * mm_nt: the output columns [j0, j1); mm_acc: the block rows [r0, r1) x columns [c0, c1) of C */
+void li_train_mm_nt_ref(const float *x, const float *W, float *y, int64_t n, int64_t m, int64_t k, int64_t j0,
+                        int64_t j1);
+void li_train_mm_nt_avx2(const float *x, const float *W, float *y, int64_t n, int64_t m, int64_t k, int64_t j0,
+                         int64_t j1);
+void li_train_mm_acc_ref(const float *A, int64_t sa_r, int64_t sa_l, const float *B, float *C, int64_t Lk,
+                         int64_t K, int64_t r0, int64_t r1, int64_t c0, int64_t c1);
+void li_train_mm_acc_avx2(const float *A, int64_t sa_r, int64_t sa_l, const float *B, float *C, int64_t Lk,
+                          int64_t K, int64_t r0, int64_t r1, int64_t c0, int64_t c1);
+
+#endif

@@ -1,0 +1,461 @@
+/* train_tmpl.h — the ops of training and the model's forward and backward
+ * passes, written once over `real` and included by train_f32.c (real =
+ * float: what training runs) and train_f64.c (real = double: what the
+ * gradient checks difference). No include guard: included once per type.
+ *
+ * The including file defines:
+ *   real                       float or double
+ *   TR(name)                   name with the type's suffix (name_f32)
+ *   TR_SQRT TR_EXP TR_LOG TR_POW TR_COS TR_SIN   the type's libm calls
+ *   TR_MM_NT(tp, x, W, y, n, m, k)               y = x · W^T
+ *   TR_MM_ACC(tp, A, sa_r, sa_l, B, C, R, L, K)  C += A · B
+ *
+ * Conventions: N = B·T rows; an op's backward ADDS into parameter
+ * gradients (dw) and into dx where it says "+=", so residual branches and
+ * the tied head accumulate without copies. */
+
+#include <string.h>
+
+/* ==== embedding ========================================================== */
+
+/* x(N, d) = E[tok[i]] */
+void TR(li_trop_embed_fwd)(const real *E, const int32_t *tok, real *x, int64_t N, int64_t d) {
+    for (int64_t i = 0; i < N; i++) memcpy(x + i * d, E + (int64_t)tok[i] * d, (size_t)d * sizeof(real));
+}
+
+/* dE[tok[i]] += dx(i): a scatter-add (a token seen twice gets both) */
+void TR(li_trop_embed_bwd)(real *dE, const int32_t *tok, const real *dx, int64_t N, int64_t d) {
+    for (int64_t i = 0; i < N; i++) {
+        real *row = dE + (int64_t)tok[i] * d;
+        for (int64_t j = 0; j < d; j++) row[j] += dx[i * d + j];
+    }
+}
+
+/* ==== RMSNorm ============================================================= */
+
+/* y(N, d) = x · rstd · w, rstd(N) = 1 / sqrt(mean(x²) + eps) (sums in
+ * double, as the engine's kernels) */
+void TR(li_trop_rmsnorm_fwd)(const real *x, const real *w, real *y, real *rstd, int64_t N, int64_t d, real eps) {
+    for (int64_t i = 0; i < N; i++) {
+        const real *xr = x + i * d;
+        double ss = 0;
+        for (int64_t j = 0; j < d; j++) ss += (double)xr[j] * xr[j];
+        const real r = (real)1 / TR_SQRT((real)(ss / (double)d) + eps);
+        rstd[i] = r;
+        for (int64_t j = 0; j < d; j++) y[i * d + j] = xr[j] * r * w[j];
+    }
+}
+
+/* dx += rstd·w·dy − x · rstd³/d · Σ(dy·w·x);  dw += Σ_rows dy·x·rstd (dw may be NULL) */
+void TR(li_trop_rmsnorm_bwd)(const real *x, const real *w, const real *rstd, const real *dy, real *dx, real *dw,
+                             int64_t N, int64_t d) {
+    for (int64_t i = 0; i < N; i++) {
+        const real *xr = x + i * d, *dyr = dy + i * d;
+        const real r = rstd[i];
+        double dot = 0;
+        for (int64_t j = 0; j < d; j++) dot += (double)dyr[j] * w[j] * xr[j];
+        const real c = (real)(dot * (double)r * r * r / (double)d);
+        for (int64_t j = 0; j < d; j++) dx[i * d + j] += r * w[j] * dyr[j] - xr[j] * c;
+        if (dw)
+            for (int64_t j = 0; j < d; j++) dw[j] += dyr[j] * xr[j] * r;
+    }
+}
+
+/* ==== RoPE ================================================================ */
+
+/* cs(T, half, 2): cos and sin of pos · theta^(-2j/n_rot) for pos 0..T-1,
+ * the angle stepped by one multiply per pair as the engine's rope does */
+void TR(li_trop_rope_table)(real *cs, int T, int n_rot, real theta) {
+    const int half = n_rot / 2;
+    const real scale = TR_POW(theta, (real)-2 / (real)n_rot);
+    for (int p = 0; p < T; p++) {
+        real angle = (real)p;
+        for (int j = 0; j < half; j++, angle *= scale) {
+            cs[((int64_t)p * half + j) * 2] = TR_COS(angle);
+            cs[((int64_t)p * half + j) * 2 + 1] = TR_SIN(angle);
+        }
+    }
+}
+
+/* In place on x(N, H, hd), row i at position i % T: the first n_rot dims
+ * of each head rotated; neox pairs (j, j + n_rot/2), else (2j, 2j+1).
+ * dir = +1 forward; -1 rotates back, which is the backward pass (a
+ * rotation's transpose is its inverse). */
+void TR(li_trop_rope)(real *x, const real *cs, int64_t N, int T, int H, int hd, int n_rot, int neox, int dir) {
+    const int half = n_rot / 2;
+    for (int64_t i = 0; i < N; i++) {
+        const real *c = cs + (int64_t)(i % T) * half * 2;
+        for (int h = 0; h < H; h++) {
+            real *v = x + (i * H + h) * hd;
+            for (int j = 0; j < half; j++) {
+                const real co = c[2 * j], si = dir > 0 ? c[2 * j + 1] : -c[2 * j + 1];
+                const int i0 = neox ? j : 2 * j, i1 = neox ? j + half : 2 * j + 1;
+                const real x0 = v[i0], x1 = v[i1];
+                v[i0] = x0 * co - x1 * si;
+                v[i1] = x0 * si + x1 * co;
+            }
+        }
+    }
+}
+
+/* ==== causal attention with GQA ========================================== */
+
+/* q(B, T, H, hd), k and v (B, T, Hkv, hd); query head h reads kv head
+ * h / (H / Hkv). P(B, H, T, T) keeps the softmax rows (zero above the
+ * diagonal); out(B, T, H, hd) = P · V. */
+void TR(li_trop_attn_fwd)(const real *q, const real *k, const real *v, real *P, real *out, int B, int T, int H,
+                          int Hkv, int hd) {
+    const int grp = H / Hkv;
+    const real scale = (real)1 / TR_SQRT((real)hd);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < H; h++) {
+            const int hk = h / grp;
+            for (int t = 0; t < T; t++) {
+                const real *qt = q + (((int64_t)b * T + t) * H + h) * hd;
+                real *p = P + (((int64_t)b * H + h) * T + t) * T;
+                real mx = -INFINITY;
+                for (int s = 0; s <= t; s++) {
+                    const real *ks = k + (((int64_t)b * T + s) * Hkv + hk) * hd;
+                    real dot = 0;
+                    for (int j = 0; j < hd; j++) dot += qt[j] * ks[j];
+                    p[s] = dot * scale;
+                    if (p[s] > mx) mx = p[s];
+                }
+                real sum = 0;
+                for (int s = 0; s <= t; s++) sum += (p[s] = TR_EXP(p[s] - mx));
+                const real inv = (real)1 / sum;
+                for (int s = 0; s <= t; s++) p[s] *= inv;
+                for (int s = t + 1; s < T; s++) p[s] = 0;
+                real *o = out + (((int64_t)b * T + t) * H + h) * hd;
+                for (int j = 0; j < hd; j++) o[j] = 0;
+                for (int s = 0; s <= t; s++) {
+                    const real *vs = v + (((int64_t)b * T + s) * Hkv + hk) * hd;
+                    for (int j = 0; j < hd; j++) o[j] += p[s] * vs[j];
+                }
+            }
+        }
+}
+
+/* dq = (written) dS·K·scale; dk += dS^T·Q·scale; dv += P^T·dout, with
+ * dP = dout·V^T and dS = P ⊙ (dP − Σ dP⊙P). dk and dv must start zeroed
+ * by the caller (kv heads shared by a group accumulate). tmp: T reals. */
+void TR(li_trop_attn_bwd)(const real *q, const real *k, const real *v, const real *P, const real *dout, real *dq,
+                          real *dk, real *dv, real *tmp, int B, int T, int H, int Hkv, int hd) {
+    const int grp = H / Hkv;
+    const real scale = (real)1 / TR_SQRT((real)hd);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < H; h++) {
+            const int hk = h / grp;
+            for (int t = 0; t < T; t++) {
+                const real *p = P + (((int64_t)b * H + h) * T + t) * T;
+                const real *dot_ = dout + (((int64_t)b * T + t) * H + h) * hd;
+                const real *qt = q + (((int64_t)b * T + t) * H + h) * hd;
+                real *dqt = dq + (((int64_t)b * T + t) * H + h) * hd;
+                real rsum = 0;
+                for (int s = 0; s <= t; s++) {
+                    const real *vs = v + (((int64_t)b * T + s) * Hkv + hk) * hd;
+                    real *dvs = dv + (((int64_t)b * T + s) * Hkv + hk) * hd;
+                    real dp = 0;
+                    for (int j = 0; j < hd; j++) {
+                        dp += dot_[j] * vs[j];
+                        dvs[j] += p[s] * dot_[j];
+                    }
+                    tmp[s] = dp;
+                    rsum += dp * p[s];
+                }
+                for (int j = 0; j < hd; j++) dqt[j] = 0;
+                for (int s = 0; s <= t; s++) {
+                    const real ds = p[s] * (tmp[s] - rsum) * scale;
+                    const real *ks = k + (((int64_t)b * T + s) * Hkv + hk) * hd;
+                    real *dks = dk + (((int64_t)b * T + s) * Hkv + hk) * hd;
+                    for (int j = 0; j < hd; j++) {
+                        dqt[j] += ds * ks[j];
+                        dks[j] += ds * qt[j];
+                    }
+                }
+            }
+        }
+}
+
+/* ==== SwiGLU ============================================================== */
+
+/* h = silu(g) · u */
+void TR(li_trop_swiglu_fwd)(const real *g, const real *u, real *h, int64_t n) {
+    for (int64_t i = 0; i < n; i++) h[i] = g[i] / ((real)1 + TR_EXP(-g[i])) * u[i];
+}
+
+/* dg = dh · u · σ(g)(1 + g(1 − σ(g))), du = dh · silu(g) (written) */
+void TR(li_trop_swiglu_bwd)(const real *g, const real *u, const real *dh, real *dg, real *du, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        const real s = (real)1 / ((real)1 + TR_EXP(-g[i]));
+        dg[i] = dh[i] * u[i] * s * ((real)1 + g[i] * ((real)1 - s));
+        du[i] = dh[i] * g[i] * s;
+    }
+}
+
+/* ==== loss ================================================================ */
+
+/* Over the rows with lab >= 0 (count c): loss = Σ [α·T²·KL(pt ‖ ps) +
+ * (1 − α)·CE(softmax(s), lab)] / c, pt = softmax(t/T), ps = softmax(s/T);
+ * dlogits(N, V) = gscale · ∂loss/∂s (zero on ignored rows). teacher
+ * may be NULL (then α = 0). *kl gets the mean KL(pt ‖ ps) (no α, no T²). */
+double TR(li_trop_loss)(const real *logits, const int32_t *lab, const float *teacher, real *dlogits, int64_t N,
+                        int64_t V, real alpha, real temp, real gscale, double *kl) {
+    int64_t cnt = 0;
+    for (int64_t i = 0; i < N; i++) cnt += lab[i] >= 0;
+    if (!teacher) alpha = 0;
+    double total = 0, kl_sum = 0;
+    const real invc = cnt ? (real)1 / (real)cnt : 0;
+    for (int64_t i = 0; i < N; i++) {
+        const real *s = logits + i * V;
+        real *ds = dlogits + i * V;
+        if (lab[i] < 0) {
+            for (int64_t j = 0; j < V; j++) ds[j] = 0;
+            continue;
+        }
+        /* cross-entropy: softmax(s) − onehot */
+        real mx = -INFINITY;
+        for (int64_t j = 0; j < V; j++) mx = s[j] > mx ? s[j] : mx;
+        double sum = 0;
+        for (int64_t j = 0; j < V; j++) sum += TR_EXP(s[j] - mx);
+        const double lse = (double)mx + log(sum);
+        const real wce = ((real)1 - alpha) * invc * gscale;
+        total += ((real)1 - alpha) * (lse - (double)s[lab[i]]);
+        for (int64_t j = 0; j < V; j++) ds[j] = wce * (real)exp((double)s[j] - lse);
+        ds[lab[i]] -= wce;
+        if (alpha == 0) continue;
+        /* KL at temperature: ∂/∂s of α·T²·KL = α·T·(ps − pt) */
+        const float *t = teacher + i * V;
+        real ms = -INFINITY, mt = -INFINITY;
+        for (int64_t j = 0; j < V; j++) {
+            ms = s[j] / temp > ms ? s[j] / temp : ms;
+            mt = (real)t[j] / temp > mt ? (real)t[j] / temp : mt;
+        }
+        double zs = 0, zt = 0;
+        for (int64_t j = 0; j < V; j++) {
+            zs += TR_EXP(s[j] / temp - ms);
+            zt += TR_EXP((real)t[j] / temp - mt);
+        }
+        const double lzs = (double)ms + log(zs), lzt = (double)mt + log(zt);
+        double kli = 0;
+        const real wkl = alpha * temp * invc * gscale;
+        for (int64_t j = 0; j < V; j++) {
+            const double lpt = (double)((real)t[j] / temp) - lzt, lps = (double)(s[j] / temp) - lzs;
+            const double pt = exp(lpt), ps = exp(lps);
+            kli += pt * (lpt - lps);
+            ds[j] += wkl * (real)(ps - pt);
+        }
+        kl_sum += kli;
+        total += (double)alpha * temp * temp * kli;
+    }
+    if (kl) *kl = cnt ? kl_sum / (double)cnt : 0;
+    return cnt ? total / (double)cnt : 0;
+}
+
+/* ==== linear layers (with an optional LoRA adapter) ====================== */
+
+/* y(N, m) = x(N, k) · W^T [+ scale · (x·A^T)·B^T]; xa(N, r) keeps
+ * scale · x·A^T for the backward pass; ltmp (N, m) is scratch */
+static void TR(lin_fwd)(const li_train_layout *L, const real *P, int ti, const real *x, real *y, real *xa,
+                        real *ltmp, int64_t N, void *tp) {
+    const li_train_tensor *t = &L->t[ti];
+    TR_MM_NT(tp, x, P + t->off, y, N, t->rows, t->cols);
+    if (t->lora_a < 0) return;
+    const li_train_tensor *A = &L->t[t->lora_a], *Bt = &L->t[t->lora_b];
+    const int64_t r = A->rows;
+    TR_MM_NT(tp, x, P + A->off, xa, N, r, t->cols);
+    for (int64_t i = 0; i < N * r; i++) xa[i] *= (real)L->lora_scale;
+    TR_MM_NT(tp, xa, P + Bt->off, ltmp, N, t->rows, r);
+    for (int64_t i = 0; i < N * t->rows; i++) y[i] += ltmp[i];
+}
+
+/* dx(N, k) += dy·W [+ scale·(dy·B)·A]; dW += dy^T·x (when W trains);
+ * adapters: dB += scale·dy^T·xa', dA += scale·(dy·B)^T·x. tmp: N·r reals. */
+static void TR(lin_bwd)(const li_train_layout *L, const real *P, real *G, int ti, const real *x, const real *xa,
+                        const real *dy, real *dx, real *tmp, int64_t N, void *tp) {
+    const li_train_tensor *t = &L->t[ti];
+    const int64_t m = t->rows, k = t->cols;
+    if (dx) TR_MM_ACC(tp, dy, m, 1, P + t->off, dx, N, m, k);
+    if (t->goff >= 0) TR_MM_ACC(tp, dy, 1, m, x, G + t->goff, m, N, k);
+    if (t->lora_a < 0) return;
+    const li_train_tensor *A = &L->t[t->lora_a], *Bt = &L->t[t->lora_b];
+    const int64_t r = A->rows;
+    /* xa holds scale·x·A^T: dB(m, r) += dy^T · xa */
+    TR_MM_ACC(tp, dy, 1, m, xa, G + Bt->goff, m, N, r);
+    /* tmp(N, r) = scale · dy · B */
+    memset(tmp, 0, (size_t)(N * r) * sizeof(real));
+    TR_MM_ACC(tp, dy, m, 1, P + Bt->off, tmp, N, m, r);
+    for (int64_t i = 0; i < N * r; i++) tmp[i] *= (real)L->lora_scale;
+    /* dA(r, k) += tmp^T · x;  dx += tmp · A */
+    TR_MM_ACC(tp, tmp, 1, r, x, G + A->goff, r, N, k);
+    if (dx) TR_MM_ACC(tp, tmp, r, 1, P + A->off, dx, N, r, k);
+}
+
+/* ==== the model ============================================================ */
+
+/* The workspace carved into activations (sizes in reals). */
+typedef struct TR(acts) {
+    real *res;     /* (n_layer + 1, N, d) residual stream entering each block, then the last */
+    real *xmid;    /* (n_layer, N, d) after attention's residual add */
+    real *xn1, *xn2; /* (n_layer, N, d) normed inputs of attention and FFN */
+    real *rstd1, *rstd2; /* (n_layer, N) */
+    real *q;       /* (n_layer, N, H·hd) after RoPE */
+    real *k, *v;   /* (n_layer, N, Hkv·hd), k after RoPE */
+    real *P;       /* (n_layer, B, H, T, T) attention probabilities */
+    real *att;     /* (n_layer, N, H·hd) attention output, before wo */
+    real *g, *u, *h; /* (n_layer, N, ff) gate, up, silu(g)·u */
+    real *xa;      /* (n_layer, 7, N, r) LoRA x·A^T per adapted weight (r = 0: none) */
+    real *xnf, *rstdf; /* (N, d), (N) */
+    real *logits;  /* (N, V) */
+    real *cs;      /* (T, n_rot/2, 2) rope table */
+    /* backward scratch */
+    real *dlogits; /* (N, V) */
+    real *dx, *dxn; /* (N, d) */
+    real *dq, *datt; /* (N, H·hd) */
+    real *dk, *dv; /* (N, Hkv·hd) */
+    real *dg, *du, *dh; /* (N, ff) */
+    real *tmp;     /* (max(T, N·r)) */
+    real *ltmp;    /* (N, max(H·hd, Hkv·hd, ff, d)) LoRA's product before its add */
+} TR(acts);
+
+/* Carves buf (NULL: only counts) and returns the reals it needs. */
+static size_t TR(acts_carve)(TR(acts) *a, real *buf, const li_train_layout *L, int B, int T) {
+    const li_hparams *hp = &L->hp;
+    const size_t N = (size_t)B * T, d = hp->n_embd, nl = hp->n_layer, qd = (size_t)hp->n_head * hp->head_dim,
+                 kvd = (size_t)hp->n_head_kv * hp->head_dim, ff = hp->n_ff, V = hp->n_vocab,
+                 r = (size_t)L->lora_rank;
+    size_t off = 0;
+#define CARVE(field, count)                          \
+    do {                                             \
+        a->field = buf ? buf + off : NULL;           \
+        off += ((size_t)(count) + 15) & ~(size_t)15; \
+    } while (0)
+    CARVE(res, (nl + 1) * N * d);
+    CARVE(xmid, nl * N * d);
+    CARVE(xn1, nl * N * d);
+    CARVE(xn2, nl * N * d);
+    CARVE(rstd1, nl * N);
+    CARVE(rstd2, nl * N);
+    CARVE(q, nl * N * qd);
+    CARVE(k, nl * N * kvd);
+    CARVE(v, nl * N * kvd);
+    CARVE(P, nl * (size_t)B * hp->n_head * T * T);
+    CARVE(att, nl * N * qd);
+    CARVE(g, nl * N * ff);
+    CARVE(u, nl * N * ff);
+    CARVE(h, nl * N * ff);
+    CARVE(xa, nl * 7 * N * r);
+    CARVE(xnf, N * d);
+    CARVE(rstdf, N);
+    CARVE(logits, N * V);
+    CARVE(cs, (size_t)T * (hp->n_rot / 2) * 2);
+    CARVE(dlogits, N * V);
+    CARVE(dx, N * d);
+    CARVE(dxn, N * d);
+    CARVE(dq, N * qd);
+    CARVE(datt, N * qd);
+    CARVE(dk, N * kvd);
+    CARVE(dv, N * kvd);
+    CARVE(dg, N * ff);
+    CARVE(du, N * ff);
+    CARVE(dh, N * ff);
+    CARVE(tmp, LI_MAX((size_t)T, N * r));
+    CARVE(ltmp, r ? N * LI_MAX(LI_MAX(qd, ff), d) : 0);
+#undef CARVE
+    return off;
+}
+
+size_t TR(li_train_ws_reals)(const li_train_layout *L, int B, int T) {
+    TR(acts) a;
+    return TR(acts_carve)(&a, NULL, L, B, T);
+}
+
+/* Forward over the batch and, with G, backward. ws holds
+ * li_train_ws_reals(L, B, T) reals. Returns the mean loss. */
+double TR(li_train_fb)(const li_train_layout *L, const real *P, real *G, const int32_t *tok, const int32_t *lab,
+                       const float *teacher, int B, int T, real alpha, real temp, real gscale, real *ws,
+                       void *tp, double *kl_out, real **logits_out) {
+    const li_hparams *hp = &L->hp;
+    const int64_t N = (int64_t)B * T, d = hp->n_embd, qd = (int64_t)hp->n_head * hp->head_dim,
+                  kvd = (int64_t)hp->n_head_kv * hp->head_dim, ff = hp->n_ff, V = hp->n_vocab, r = L->lora_rank;
+    const int nl = hp->n_layer, H = hp->n_head, Hkv = hp->n_head_kv, hd = hp->head_dim;
+    TR(acts) a;
+    TR(acts_carve)(&a, ws, L, B, T);
+#define PT(l, kind) (P + L->t[li_train_tensor_index(l, kind)].off)
+#define GT(l, kind) (L->t[li_train_tensor_index(l, kind)].goff >= 0 ? G + L->t[li_train_tensor_index(l, kind)].goff : NULL)
+#define TRAINS(l, kind) (L->t[li_train_tensor_index(l, kind)].goff >= 0)
+#define XA(l, j) (a.xa + ((int64_t)(l) * 7 + (j)) * N * r)
+    TR(li_trop_rope_table)(a.cs, T, hp->n_rot, (real)hp->rope_theta);
+
+    /* ---- forward ---- */
+    TR(li_trop_embed_fwd)(PT(-1, LI_TT_TOK_EMBD), tok, a.res, N, d);
+    for (int l = 0; l < nl; l++) {
+        real *x = a.res + l * N * d, *xmid = a.xmid + l * N * d, *xn1 = a.xn1 + l * N * d,
+             *xn2 = a.xn2 + l * N * d, *q = a.q + l * N * qd, *k = a.k + l * N * kvd, *v = a.v + l * N * kvd,
+             *att = a.att + l * N * qd, *g = a.g + l * N * ff, *u = a.u + l * N * ff, *h = a.h + l * N * ff,
+             *Pl = a.P + (int64_t)l * B * H * T * T, *xnext = a.res + (l + 1) * N * d;
+        TR(li_trop_rmsnorm_fwd)(x, PT(l, LI_TL_ATTN_NORM), xn1, a.rstd1 + l * N, N, d, (real)hp->norm_eps);
+        TR(lin_fwd)(L, P, li_train_tensor_index(l, LI_TL_WQ), xn1, q, XA(l, 0), a.ltmp, N, tp);
+        TR(lin_fwd)(L, P, li_train_tensor_index(l, LI_TL_WK), xn1, k, XA(l, 1), a.ltmp, N, tp);
+        TR(lin_fwd)(L, P, li_train_tensor_index(l, LI_TL_WV), xn1, v, XA(l, 2), a.ltmp, N, tp);
+        TR(li_trop_rope)(q, a.cs, N, T, H, hd, hp->n_rot, hp->rope_neox, 1);
+        TR(li_trop_rope)(k, a.cs, N, T, Hkv, hd, hp->n_rot, hp->rope_neox, 1);
+        TR(li_trop_attn_fwd)(q, k, v, Pl, att, B, T, H, Hkv, hd);
+        TR(lin_fwd)(L, P, li_train_tensor_index(l, LI_TL_WO), att, xmid, XA(l, 3), a.ltmp, N, tp);
+        for (int64_t i = 0; i < N * d; i++) xmid[i] += x[i];
+        TR(li_trop_rmsnorm_fwd)(xmid, PT(l, LI_TL_FFN_NORM), xn2, a.rstd2 + l * N, N, d, (real)hp->norm_eps);
+        TR(lin_fwd)(L, P, li_train_tensor_index(l, LI_TL_GATE), xn2, g, XA(l, 4), a.ltmp, N, tp);
+        TR(lin_fwd)(L, P, li_train_tensor_index(l, LI_TL_UP), xn2, u, XA(l, 5), a.ltmp, N, tp);
+        TR(li_trop_swiglu_fwd)(g, u, h, N * ff);
+        TR(lin_fwd)(L, P, li_train_tensor_index(l, LI_TL_DOWN), h, xnext, XA(l, 6), a.ltmp, N, tp);
+        for (int64_t i = 0; i < N * d; i++) xnext[i] += xmid[i];
+    }
+    const real *xlast = a.res + nl * N * d;
+    TR(li_trop_rmsnorm_fwd)(xlast, PT(-1, LI_TT_OUTPUT_NORM), a.xnf, a.rstdf, N, d, (real)hp->norm_eps);
+    TR_MM_NT(tp, a.xnf, PT(-1, LI_TT_OUTPUT), a.logits, N, V, d);
+    if (logits_out) *logits_out = a.logits;
+    const double loss = TR(li_trop_loss)(a.logits, lab, teacher, a.dlogits, N, V, alpha, temp, gscale, kl_out);
+    if (!G) return loss;
+
+    /* ---- backward ---- */
+    memset(a.dxn, 0, (size_t)(N * d) * sizeof(real));
+    TR(lin_bwd)(L, P, G, LI_TT_OUTPUT, a.xnf, NULL, a.dlogits, a.dxn, a.tmp, N, tp);
+    memset(a.dx, 0, (size_t)(N * d) * sizeof(real));
+    TR(li_trop_rmsnorm_bwd)(xlast, PT(-1, LI_TT_OUTPUT_NORM), a.rstdf, a.dxn, a.dx, GT(-1, LI_TT_OUTPUT_NORM), N, d);
+    for (int l = nl - 1; l >= L->bwd_stop; l--) {
+        const real *x = a.res + l * N * d, *xmid = a.xmid + l * N * d, *xn1 = a.xn1 + l * N * d,
+                   *xn2 = a.xn2 + l * N * d, *q = a.q + l * N * qd, *k = a.k + l * N * kvd,
+                   *v = a.v + l * N * kvd, *att = a.att + l * N * qd, *g = a.g + l * N * ff,
+                   *u = a.u + l * N * ff, *h = a.h + l * N * ff, *Pl = a.P + (int64_t)l * B * H * T * T;
+        /* the gradient of the input stops at the lowest block that trains */
+        const bool need_dx = l > L->bwd_stop || TRAINS(-1, LI_TT_TOK_EMBD);
+        /* FFN: res[l+1] = xmid + h·Wd^T, so dx is also d(xmid) */
+        memset(a.dh, 0, (size_t)(N * ff) * sizeof(real));
+        TR(lin_bwd)(L, P, G, li_train_tensor_index(l, LI_TL_DOWN), h, XA(l, 6), a.dx, a.dh, a.tmp, N, tp);
+        TR(li_trop_swiglu_bwd)(g, u, a.dh, a.dg, a.du, N * ff);
+        memset(a.dxn, 0, (size_t)(N * d) * sizeof(real));
+        TR(lin_bwd)(L, P, G, li_train_tensor_index(l, LI_TL_GATE), xn2, XA(l, 4), a.dg, a.dxn, a.tmp, N, tp);
+        TR(lin_bwd)(L, P, G, li_train_tensor_index(l, LI_TL_UP), xn2, XA(l, 5), a.du, a.dxn, a.tmp, N, tp);
+        TR(li_trop_rmsnorm_bwd)(xmid, PT(l, LI_TL_FFN_NORM), a.rstd2 + l * N, a.dxn, a.dx, GT(l, LI_TL_FFN_NORM), N, d);
+        /* attention: xmid = x + att·Wo^T */
+        memset(a.datt, 0, (size_t)(N * qd) * sizeof(real));
+        TR(lin_bwd)(L, P, G, li_train_tensor_index(l, LI_TL_WO), att, XA(l, 3), a.dx, a.datt, a.tmp, N, tp);
+        memset(a.dk, 0, (size_t)(N * kvd) * sizeof(real));
+        memset(a.dv, 0, (size_t)(N * kvd) * sizeof(real));
+        TR(li_trop_attn_bwd)(q, k, v, Pl, a.datt, a.dq, a.dk, a.dv, a.tmp, B, T, H, Hkv, hd);
+        TR(li_trop_rope)(a.dq, a.cs, N, T, H, hd, hp->n_rot, hp->rope_neox, -1);
+        TR(li_trop_rope)(a.dk, a.cs, N, T, Hkv, hd, hp->n_rot, hp->rope_neox, -1);
+        memset(a.dxn, 0, (size_t)(N * d) * sizeof(real));
+        real *dxn = need_dx || TRAINS(l, LI_TL_ATTN_NORM) ? a.dxn : NULL;
+        TR(lin_bwd)(L, P, G, li_train_tensor_index(l, LI_TL_WQ), xn1, XA(l, 0), a.dq, dxn, a.tmp, N, tp);
+        TR(lin_bwd)(L, P, G, li_train_tensor_index(l, LI_TL_WK), xn1, XA(l, 1), a.dk, dxn, a.tmp, N, tp);
+        TR(lin_bwd)(L, P, G, li_train_tensor_index(l, LI_TL_WV), xn1, XA(l, 2), a.dv, dxn, a.tmp, N, tp);
+        if (dxn) TR(li_trop_rmsnorm_bwd)(x, PT(l, LI_TL_ATTN_NORM), a.rstd1 + l * N, a.dxn, a.dx, GT(l, LI_TL_ATTN_NORM), N, d);
+    }
+    if (L->bwd_stop == 0 && TRAINS(-1, LI_TT_TOK_EMBD)) TR(li_trop_embed_bwd)(GT(-1, LI_TT_TOK_EMBD), tok, a.dx, N, d);
+#undef PT
+#undef GT
+#undef XA
+#undef TRAINS
+    return loss;
+}

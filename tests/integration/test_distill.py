@@ -1,0 +1,148 @@
+"""`luainfer distill` (issue 15, core/train/): a few steps on the real model.
+
+The student is the default model requantized to Q4_0 (so it differs from the
+Q4_1 teacher); the text is the start of tests/data/plrabn12.txt (calibration
+and training text; alice29.txt is held out and never trained on), short
+enough to be one window, so every step sees the same batch and the printed
+loss and KL must fall. The checkpoint must load, generate and show in
+`luainfer info`. --self-generate trains on the teacher's samples. Ctrl-C
+writes a checkpoint; a student with another
+vocabulary and bad options are refused with one line.
+"""
+
+import re
+import signal
+import subprocess
+
+import pytest
+
+from test_cli_errors import assert_clean_failure
+
+STEP = re.compile(r"^step (\d+)/(\d+): loss ([0-9.]+)\s+kl ([0-9.]+)", re.M)
+
+
+@pytest.fixture(scope="module")
+def ddir(tmp_path_factory):
+    return tmp_path_factory.mktemp("distill")
+
+
+@pytest.fixture(scope="module")
+def student(run_ok, model_path, ddir):
+    out = ddir / "student_q4_0.gguf"
+    run_ok(["quantize", "--method", "q4_0", model_path, out])
+    return out
+
+
+@pytest.fixture(scope="module")
+def text(repo_root, ddir):
+    words = (repo_root / "tests" / "data" / "plrabn12.txt").read_text(errors="replace").split()
+    path = ddir / "train.txt"
+    path.write_text(" ".join(words[200:230]) + "\n")  # ~40 tokens: one window of 24
+    return path
+
+
+def distill(model_path, student, text, out, *extra):
+    return ["distill", "--teacher", model_path, "--student", student, "--data", text,
+            "--seq-len", "24", "--lr", "3e-3", "--threads", "2", *extra, out]
+
+
+def test_distill_loss_falls_and_checkpoint_loads(run_ok, model_path, student, text, ddir):
+    out = ddir / "healed.gguf"
+    r = run_ok(distill(model_path, student, text, out, "--steps", "3", "--train", "norms", "--dtype", "f16"))
+    steps = [(int(a), float(l), float(k)) for a, _, l, k in STEP.findall(r.stdout)]
+    assert [s for s, _, _ in steps] == [1, 2, 3], r.stdout
+    (_, l1, k1), (_, _, _), (_, l3, k3) = steps
+    assert l3 < l1 and k3 < k1, f"loss {l1} -> {l3}, KL {k1} -> {k3}:\n{r.stdout}"
+    assert out.is_file()
+    info = run_ok(["info", "--model", out])
+    assert re.search(r"^\s*f16\s+211 tensors", info.stdout, re.M), info.stdout[:2000]
+    g = run_ok(["generate", "--model", out, "--prompt", "Of man's first disobedience", "--max-tokens", "4",
+                "--temperature", "0"])
+    assert g.stdout.strip(), g.stderr
+
+
+def test_distill_self_generate(run_ok, model_path, student, ddir):
+    out = ddir / "self.gguf"
+    args = [a for a in distill(model_path, student, "-", out, "--steps", "2", "--train", "norms",
+                               "--dtype", "f16", "--self-generate", "50")]
+    i = args.index("--data")
+    del args[i:i + 2]
+    r = run_ok(args)
+    assert "50 tokens of the teacher's samples" in r.stdout, r.stdout
+    assert len(STEP.findall(r.stdout)) == 2, r.stdout
+    assert out.is_file()
+
+
+def test_distill_ctrl_c_writes_checkpoint(luainfer_bin, model_path, student, text, ddir):
+    out = ddir / "interrupted.gguf"
+    args = [str(a) for a in distill(model_path, student, text, out, "--steps", "1000", "--train", "norms",
+                                    "--dtype", "f16")]
+    p = subprocess.Popen([str(luainfer_bin)] + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for line in p.stdout:
+            if line.startswith("step 1/"):
+                p.send_signal(signal.SIGINT)
+                break
+        rest, err = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 130, err[-2000:]
+    assert re.search(r"interrupted after step \d+: checkpoint written", rest), rest
+    assert out.is_file()
+
+
+def test_distill_refuses_other_vocabulary(run_cli, model_path, text, ddir, repo_root):
+    gguf = pytest.importorskip("gguf", reason="the gguf package (tools/requirements-test.txt) makes the student")
+    import numpy as np
+    src = gguf.GGUFReader(str(repo_root / "tests" / "golden" / "spm_tiny.gguf"))
+    tokens = [bytes(src.fields["tokenizer.ggml.tokens"].parts[i]).decode("utf-8", "replace")
+              for i in src.fields["tokenizer.ggml.tokens"].data]
+    path = ddir / "other_vocab.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    d, ff, nv = 16, 32, len(tokens)
+    for k, v in (("context_length", 64), ("embedding_length", d), ("block_count", 1),
+                 ("feed_forward_length", ff), ("attention.head_count", 2), ("attention.head_count_kv", 2)):
+        w.add_uint32(f"llama.{k}", v)
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores([0.0] * nv)
+    w.add_token_types([1] * nv)
+    rng = np.random.default_rng(0)
+    w.add_tensor("token_embd.weight", rng.standard_normal((nv, d), dtype=np.float32))
+    w.add_tensor("output_norm.weight", np.ones(d, dtype=np.float32))
+    for name, shape in (("attn_norm", (d,)), ("ffn_norm", (d,)), ("attn_q", (d, d)), ("attn_k", (d, d)),
+                        ("attn_v", (d, d)), ("attn_output", (d, d)), ("ffn_gate", (ff, d)), ("ffn_up", (ff, d)),
+                        ("ffn_down", (d, ff))):
+        w.add_tensor(f"blk.0.{name}.weight", rng.standard_normal(shape, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    r = run_cli(distill(model_path, path, text, ddir / "x.gguf", "--steps", "1"))
+    assert_clean_failure(r, r"vocabulary has \d+ tokens, the teacher's 49152")
+
+
+@pytest.mark.parametrize("extra,pattern", [
+    (["--train", "layers:9-3"], r"layers:A-B"),
+    (["--train", "heads"], r"unknown parameter set"),
+    (["--alpha", "1.5"], r"--alpha"),
+    (["--seq-len", "1"], r"--seq-len"),
+    (["--dtype", "q4_0"], r"--dtype"),
+    (["--train", "layers:0-99"], r"blocks 0\.\.29"),
+])
+def test_distill_bad_options(run_cli, model_path, student, text, ddir, extra, pattern):
+    r = run_cli(distill(model_path, student, text, ddir / "bad.gguf", "--steps", "1", *extra))
+    assert_clean_failure(r, pattern)
+
+
+def test_distill_required_and_output(run_cli, model_path, student, text, tmp_path):
+    assert_clean_failure(run_cli(["distill", "--student", student, "--data", text, tmp_path / "o.gguf"]),
+                         r"--teacher, --student and --data")
+    assert_clean_failure(run_cli(distill(model_path, student, text, tmp_path / "no" / "dir" / "o.gguf")),
+                         r"cannot write")
+    assert_clean_failure(run_cli(distill(model_path, student, text, tmp_path / "o.gguf", "--self-generate", "9")),
+                         r"exclude each other")
+    short = tmp_path / "short.txt"
+    short.write_text("Of man's first disobedience")
+    assert_clean_failure(run_cli(distill(model_path, student, short, tmp_path / "o.gguf")), r"fewer than --seq-len")
