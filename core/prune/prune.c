@@ -532,6 +532,14 @@ int li_prune(const li_prune_opts *o, li_error *err) {
     FILE *out = o->json ? stderr : stdout; /* --json: stdout holds the object alone */
     li_prune_count(m, &pp);
     if ((rc = choose_count(m, o, &pp, &k, err))) goto done;
+    /* the original's distributions stay in memory: (tokens, n_vocab) floats */
+    const double lp_bytes = (double)o->samples * (double)o->seq_len * (double)hp->n_vocab * sizeof(float);
+    if (lp_bytes > (double)((size_t)4 << 30)) {
+        rc = li_error_set(err, LI_ERANGE, "prune: --samples %lld x --seq-len %lld tokens would keep %.1f GiB of "
+                          "log-probabilities (at most 4 GiB)", (long long)o->samples, (long long)o->seq_len,
+                          lp_bytes / (double)((size_t)1 << 30));
+        goto done;
+    }
     if ((rc = calib_load(&cs, m, o, err))) goto done;
     if ((rc = calibrate(&cap, m, &rt.be, &cs, err))) goto done;
 
