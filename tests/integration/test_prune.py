@@ -343,3 +343,16 @@ def test_bad_files(run_cli, tmp_path):
                  tmp_path / "o.gguf"])
     assert r.returncode != 0 and "missing.gguf" in r.stderr
     assert not (tmp_path / "o.gguf").exists()
+    # a valid GGUF of another architecture
+    w = gguf.GGUFWriter(str(tmp_path / "gpt2.gguf"), "gpt2")
+    w.add_block_count(1)
+    w.add_embedding_length(8)
+    w.add_tensor("token_embd.weight", np.zeros((4, 8), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    r = run_cli(["prune", "--what", "layers", "--keep", "1", "--calib", CALIB, tmp_path / "gpt2.gguf",
+                 tmp_path / "o.gguf"])
+    assert r.returncode != 0 and "architecture 'gpt2' is not supported" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "o.gguf").exists()
