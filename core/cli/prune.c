@@ -34,7 +34,7 @@ int li_cmd_prune(int argc, char **argv) {
         {"what", LI_OPT_STR, &what, "layers, heads (whole KV groups) or ffn (intermediate channels) (required)"},
         {"ratio", LI_OPT_FLOAT, &ratio, "fraction of the model's parameters to remove, in (0, 1)"},
         {"keep", LI_OPT_INT, &keep, "layers kept, or KV groups / FFN channels kept per layer"},
-        {"rank", LI_OPT_STR, &rank, "bi (block influence) or kld (layers); act (heads, ffn) (default bi / act)"},
+        {"rank", LI_OPT_STR, &rank, "bi (block influence, layers), kld (layers, heads) or act (heads, ffn) (default bi / act)"},
         {"calib", LI_OPT_STR, &calib, "calibration text (required)"},
         {"samples", LI_OPT_INT, &samples, "calibration windows (default 4)"},
         {"seq-len", LI_OPT_INT, &seq_len, "tokens per calibration window (default 128)"},

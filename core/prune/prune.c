@@ -324,6 +324,67 @@ static int rank_layers_kld(li_model *m, li_backend *be, const calib_set *cs, dou
     return rc;
 }
 
+/* The KL of masking one KV group of one layer, for every (layer, group): a
+ * backend whose o_proj of that layer reads the attention output with the
+ * group's columns zeroed, which is exactly the model without the group (its
+ * q, k and v rows feed only those columns). */
+typedef struct mask_backend {
+    li_backend be;
+    li_backend_ops ops;
+    const li_backend_ops *real;
+    const li_weight *w;   /* the masked o_proj */
+    int64_t c0, c1;       /* its zeroed input columns */
+    float *buf;           /* (seq_len, k) */
+} mask_backend;
+
+static const float *masked(mask_backend *mb, const li_weight *w, const float *x, int64_t n) {
+    if (w != mb->w) return x;
+    memcpy(mb->buf, x, (size_t)(n * w->k) * sizeof(float));
+    for (int64_t t = 0; t < n; t++) memset(mb->buf + t * w->k + mb->c0, 0, (size_t)(mb->c1 - mb->c0) * sizeof(float));
+    return mb->buf;
+}
+
+static void mask_matmul(li_backend *be, const li_weight *w, const float *x, float *y, int64_t n) {
+    mask_backend *mb = (mask_backend *)be;
+    mb->real->matmul(be, w, masked(mb, w, x, n), y, n);
+}
+
+static void mask_matmul_add(li_backend *be, const li_weight *w, const float *x, float *y, float *res, int64_t n) {
+    mask_backend *mb = (mask_backend *)be;
+    x = masked(mb, w, x, n);
+    if (mb->real->matmul_add) {
+        mb->real->matmul_add(be, w, x, y, res, n);
+        return;
+    }
+    mb->real->matmul(be, w, x, y, n);
+    mb->real->add(be, res, y, n * w->m);
+}
+
+static int rank_heads_kld(li_model *m, li_backend *be, const calib_set *cs, double *score, li_error *err) {
+    const li_hparams *hp = &m->hp;
+    const int64_t qd = (int64_t)hp->n_head * hp->head_dim, gw = qd / hp->n_head_kv;
+    mask_backend mb = {.be = *be, .real = be->ops, .ops = *be->ops};
+    mb.ops.matmul = mask_matmul;
+    mb.ops.matmul_add = mask_matmul_add;
+    mb.be.ops = &mb.ops;
+    mb.buf = li_xmalloc((size_t)(cs->seq_len * qd) * sizeof(float));
+    const int64_t units = (int64_t)hp->n_layer * hp->n_head_kv;
+    li_progress pg;
+    li_progress_init(&pg, "rank", "groups/s", units);
+    int rc = 0;
+    for (int64_t u = 0; u < units && !rc; u++) {
+        mb.w = &m->layers[u / hp->n_head_kv].wo;
+        mb.c0 = (u % hp->n_head_kv) * gw;
+        mb.c1 = mb.c0 + gw;
+        kl_stats st;
+        if (!(rc = eval_kl(m, &mb.be, cs, &st, err))) score[u] = st.mean;
+        li_progress_update(&pg, u + 1, "groups");
+    }
+    if (!rc) li_progress_finish(&pg);
+    free(mb.buf);
+    return rc;
+}
+
 /* ffn score: mean |silu(g_j) u_j| x ||W_down[:, j]|| */
 static void ffn_scores(const li_model *m, const capture *c, double *score) {
     const li_hparams *hp = &m->hp;
@@ -403,7 +464,8 @@ static void print_ranking(FILE *out, const li_model *m, const li_prune_opts *o, 
                           const uint8_t *drop) {
     const li_hparams *hp = &m->hp;
     const char *how = o->rank == LI_PRUNE_RANK_BI    ? "block influence, 1 - mean cos(in, out)"
-                      : o->rank == LI_PRUNE_RANK_KLD ? "mean KLD with the block skipped"
+                      : o->rank == LI_PRUNE_RANK_KLD && o->what == LI_PRUNE_LAYERS ? "mean KLD with the block skipped"
+                      : o->rank == LI_PRUNE_RANK_KLD ? "mean KLD with the group masked"
                       : o->what == LI_PRUNE_HEADS    ? "mean ||W_o[:, group] att[group]||"
                                                      : "mean |silu(g)u| x ||W_down[:, j]||";
     fprintf(out, "ranking (%s; lowest removed):\n", how);
@@ -503,9 +565,9 @@ int li_prune(const li_prune_opts *o, li_error *err) {
                             li_prune_what_name(o->what));
     if (o->rank == LI_PRUNE_RANK_ACT && o->what == LI_PRUNE_LAYERS)
         return li_error_set(err, LI_EINVAL, "prune: --rank act ranks heads and ffn channels; layers rank by bi or kld");
-    if (o->rank == LI_PRUNE_RANK_KLD && o->what != LI_PRUNE_LAYERS)
-        return li_error_set(err, LI_EUNSUP, "prune: --rank kld ranks layers only (for now); %s rank by act",
-                            li_prune_what_name(o->what));
+    if (o->rank == LI_PRUNE_RANK_KLD && o->what == LI_PRUNE_FFN)
+        return li_error_set(err, LI_EUNSUP, "prune: --rank kld ranks layers and heads (one run per unit: not per FFN "
+                            "channel); ffn ranks by act");
     if (access(o->calib, R_OK) != 0)
         return li_error_set(err, LI_EIO, "prune: cannot read calibration file '%s'", o->calib);
 
@@ -515,7 +577,8 @@ int li_prune(const li_prune_opts *o, li_error *err) {
     li_model *m = rt.model;
     const li_hparams *hp = &m->hp;
     calib_set cs = {0};
-    capture cap = {.bi = o->rank == LI_PRUNE_RANK_BI, .heads = o->what == LI_PRUNE_HEADS, .ffn = o->what == LI_PRUNE_FFN};
+    capture cap = {.bi = o->rank == LI_PRUNE_RANK_BI, .heads = o->what == LI_PRUNE_HEADS && o->rank == LI_PRUNE_RANK_ACT,
+                   .ffn = o->what == LI_PRUNE_FFN};
     li_prune_plan plan = {0};
     double *score = NULL;
     uint8_t *drop = NULL;
@@ -549,8 +612,10 @@ int li_prune(const li_prune_opts *o, li_error *err) {
     drop = li_xcalloc((size_t)n_scores, 1);
     if (o->rank == LI_PRUNE_RANK_BI) {
         for (int l = 0; l < hp->n_layer; l++) score[l] = cap.bi_sum[l] / (double)cap.bi_rows;
-    } else if (o->rank == LI_PRUNE_RANK_KLD) {
+    } else if (o->rank == LI_PRUNE_RANK_KLD && o->what == LI_PRUNE_LAYERS) {
         if ((rc = rank_layers_kld(m, &rt.be, &cs, score, err))) goto done;
+    } else if (o->rank == LI_PRUNE_RANK_KLD) {
+        if ((rc = rank_heads_kld(m, &rt.be, &cs, score, err))) goto done;
     } else if (o->what == LI_PRUNE_HEADS) {
         for (int64_t i = 0; i < n_scores; i++) score[i] = cap.head_sum[i] / (double)cap.rows;
     } else {

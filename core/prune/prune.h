@@ -10,7 +10,8 @@
  *           heads, so GQA stays valid), the same number in every layer so
  *           the file's scalar head counts stay true; ranked per layer by
  *           mean over tokens of ||W_o[:, group] · att[group]|| (the group's
- *           contribution to the residual stream, "act");
+ *           contribution to the residual stream, "act"), or by the KL of
+ *           the model with that one group masked ("kld");
  *   ffn     intermediate channels, the same number in every layer (scalar
  *           feed_forward_length); ranked per layer by mean over tokens of
  *           |silu(g_j)·u_j| times ||W_down[:, j]|| ("act").

@@ -81,9 +81,11 @@ class GGUFModel:
 _CACHE = {}
 
 
-def forward(m, ids, n_last=0):
+def forward(m, ids, n_last=0, drop=None):
     """Logits of the last n_last positions, and the residual stream before
-    every block and after the last: hidden[l] (T, n_embd)."""
+    every block and after the last: hidden[l] (T, n_embd). drop=(l, g):
+    KV group g of block l contributes nothing (its query heads' outputs
+    zeroed before o_proj)."""
     H, KV, D, T = m.n_head, m.n_kv, m.head_dim, len(ids)
 
     def norm(x, g):
@@ -112,6 +114,9 @@ def forward(m, ids, n_last=0):
         s = q @ k.transpose(0, 2, 1) / np.sqrt(D) + mask
         s = np.exp(s - s.max(-1, keepdims=True))
         a = (s / s.sum(-1, keepdims=True)) @ v
+        if drop is not None and drop[0] == l:
+            r = H // KV
+            a[drop[1] * r:(drop[1] + 1) * r] = 0
         x = x + a.transpose(1, 0, 2).reshape(T, H * D) @ m.w(p + "attn_output.weight").T
         h = norm(x, m.w(p + "ffn_norm.weight"))
         g = h @ m.w(p + "ffn_gate.weight").T
@@ -274,6 +279,33 @@ def test_kld_ranking_removes_the_lowest(pruned):
     assert int(np.argmax(s)) == 0
 
 
+def log_softmax(x):
+    x = x - x.max(-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(-1, keepdims=True))
+
+
+def test_heads_kld_matches_numpy(run_ok, model_path, original):
+    """--rank kld for heads: each group masked alone, its KL against the full
+    model; the largest checked against the float64 forward with that group
+    zeroed, on the same 6 calibration tokens."""
+    j = run_ok(["prune", "--what", "heads", "--keep", "2", "--rank", "kld", "--calib", CALIB, "--samples", "1",
+                "--seq-len", "6", "--json", "--dry-run", model_path, "/tmp/unused.gguf"]).json()
+    s = np.array(j["scores"]).reshape(30, 3)
+    assert (s >= 0).all()
+    removed = np.zeros(90, bool)
+    removed[j["removed"]] = True
+    assert (s[removed.reshape(30, 3)] == s.min(1)).all()
+    text = CALIB.read_text(encoding="utf-8", errors="replace")[:200]
+    ids = run_ok(["generate", "--model", model_path, "--prompt", text, "--max-tokens", "1", "--temperature", "0",
+                  "--json"]).json()["prompt_tokens"][:6]
+    l, g = divmod(int(np.argmax(s)), 3)
+    full, _ = forward(original, ids, 6)
+    cut, _ = forward(original, ids, 6, drop=(l, g))
+    lp, lq = log_softmax(full), log_softmax(cut)
+    kl = np.mean(np.sum(np.exp(lp) * (lp - lq), -1))
+    assert s[l, g] == pytest.approx(kl, rel=0.1), (l, g, s[l, g], kl)
+
+
 def test_heads_and_ffn_scores(pruned):
     _, j, _ = pruned("heads")
     s = np.array(j["scores"]).reshape(30, 3)
@@ -309,6 +341,8 @@ BAD = [
     (["--what", "layers", "--ratio", "0.001"], "removes nothing"),
     (["--what", "bricks", "--keep", "2"], "--what must be layers, heads or ffn"),
     (["--what", "heads", "--keep", "2", "--rank", "bi"], "--rank bi (block influence) ranks layers"),
+    (["--what", "ffn", "--keep", "512", "--rank", "kld"], "--rank kld ranks layers and heads"),
+    (["--what", "layers", "--keep", "2", "--rank", "act"], "--rank act ranks heads and ffn"),
     (["--what", "layers", "--keep", "2", "--rank", "zzz"], "--rank must be"),
     (["--what", "layers", "--keep", "2", "--calib", "/nonexistent/calib.txt"], "calibration file"),
     (["--what", "layers", "--keep", "29", "--samples", "1000"], "at most 4 GiB"),
