@@ -23,9 +23,10 @@ With three KV groups per layer (SmolLM2-135M), whole groups come in steps of
 another helper's module.
 
   .venv/bin/python bench/bench_prune.py [--chunks N] [--samples N] [--rounds N]
-         [--only layers-bi,heads-act,...] [--docs]
+         [--only layers-bi,heads-act,...] [--docs] [--rows LOG]
 
---docs replaces the table between the bench_prune markers of
+Each finished row is printed to stderr as one JSON line; --rows LOG renders
+such lines again (an interrupted run's rows) without measuring. --docs replaces the table between the bench_prune markers of
 docs/benchmarks.md; otherwise the Markdown is printed."""
 import argparse
 import json
@@ -45,6 +46,7 @@ CONFIGS = {
     "layers-bi": [(f"{p}%", ["--what", "layers", "--rank", "bi", "--ratio", str(p / 100)]) for p in (10, 20, 30)],
     "layers-kld": [(f"{p}%", ["--what", "layers", "--rank", "kld", "--ratio", str(p / 100)]) for p in (10, 20, 30)],
     "heads-act": [("keep 2 of 3", ["--what", "heads", "--keep", "2"]), ("keep 1 of 3", ["--what", "heads", "--keep", "1"])],
+    "heads-kld": [(f"keep {k} of 3", ["--what", "heads", "--rank", "kld", "--keep", str(k)]) for k in (2, 1)],
     "ffn-act": [(f"{p}%", ["--what", "ffn", "--ratio", str(p / 100)]) for p in (10, 20, 30)],
 }
 
@@ -80,34 +82,45 @@ def main():
     ap.add_argument("--tokens", type=int, default=48, help="decoded tokens per round (default 48)")
     ap.add_argument("--only", default="", help="comma-separated config names: " + ", ".join(CONFIGS))
     ap.add_argument("--docs", action="store_true", help="write the table into docs/benchmarks.md")
+    ap.add_argument("--rows", help="render the JSON lines of an earlier run's stderr instead of measuring")
     a = ap.parse_args()
     names = [n for n in a.only.split(",") if n] or list(CONFIGS)
     rows = []
-    with tempfile.TemporaryDirectory() as d:
-        base = Path(d) / "base.kld"
-        b = ppl(a.bin, a.model, a.chunks, a.ctx, ["--kl-base-out", base])
-        for name in names:
-            for label, args in CONFIGS[name]:
-                out = Path(d) / "pruned.gguf"
-                r = run(a.bin, ["prune", *args, "--calib", CALIB, "--samples", a.samples, "--seq-len", 128, "--json",
-                                a.model, out])
-                pj = json.loads(r.stdout)
-                q = ppl(a.bin, out, a.chunks, a.ctx, ["--kl-base", base])
-                orig, mine = [], []
-                for _ in range(a.rounds):  # alternating, best of each
-                    orig.append(decode_tps(a.bin, a.model, a.tokens))
-                    mine.append(decode_tps(a.bin, out, a.tokens))
-                rows.append({"config": name, "label": label, "fraction": pj["fraction"],
-                             "predicted": pj["predicted"]["kld_mean"], "ppl": q["perplexity"],
-                             "kl": q["kl_mean"], "kl_p99": q["kl_p99"], "top1": q["top1_agree"],
-                             "speed": max(mine) / max(orig)})
-                print(json.dumps(rows[-1]), file=sys.stderr)
-                out.unlink()
-    lines = [f"Original: perplexity {b['perplexity']:.3f} on {b['n_scored']} scored tokens of alice29.txt "
-             f"({a.chunks} chunks of {a.ctx}); calibration {a.samples} x 128 tokens of plrabn12.txt.", "",
-             "| kind / ranking | target | removed | predicted KLD (calib) | PPL | mean KLD | KLD p99 | top-1 | "
-             "decode speed | after healing |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    if a.rows:
+        rows = [json.loads(line) for line in Path(a.rows).read_text().splitlines() if line.startswith("{")]
+        head = rows.pop(0) if rows and "base_ppl" in rows[0] else None
+    else:
+        with tempfile.TemporaryDirectory() as d:
+            base = Path(d) / "base.kld"
+            b = ppl(a.bin, a.model, a.chunks, a.ctx, ["--kl-base-out", base])
+            head = {"base_ppl": b["perplexity"], "n_scored": b["n_scored"], "chunks": a.chunks, "ctx": a.ctx,
+                    "samples": a.samples}
+            print(json.dumps(head), file=sys.stderr)
+            for name in names:
+                for label, args in CONFIGS[name]:
+                    out = Path(d) / "pruned.gguf"
+                    r = run(a.bin, ["prune", *args, "--calib", CALIB, "--samples", a.samples, "--seq-len", 128,
+                                    "--json", a.model, out])
+                    pj = json.loads(r.stdout)
+                    q = ppl(a.bin, out, a.chunks, a.ctx, ["--kl-base", base])
+                    orig, mine = [], []
+                    for _ in range(a.rounds):  # alternating, best of each
+                        orig.append(decode_tps(a.bin, a.model, a.tokens))
+                        mine.append(decode_tps(a.bin, out, a.tokens))
+                    rows.append({"config": name, "label": label, "fraction": pj["fraction"],
+                                 "predicted": pj["predicted"]["kld_mean"], "ppl": q["perplexity"],
+                                 "kl": q["kl_mean"], "kl_p99": q["kl_p99"], "top1": q["top1_agree"],
+                                 "speed": max(mine) / max(orig)})
+                    print(json.dumps(rows[-1]), file=sys.stderr)
+                    out.unlink()
+    lines = []
+    if head:
+        lines += [f"Original: perplexity {head['base_ppl']:.3f} on {head['n_scored']} scored tokens of alice29.txt "
+                  f"({head['chunks']} chunks of {head['ctx']}); calibration {head['samples']} x 128 tokens of "
+                  "plrabn12.txt.", ""]
+    lines += ["| kind / ranking | target | removed | predicted KLD (calib) | PPL | mean KLD | KLD p99 | top-1 | "
+              "decode speed | after healing |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['config']} | {r['label']} | {100 * r['fraction']:.2f}% | {r['predicted']:.4f} | "
                      f"{r['ppl']:.2f} | {r['kl']:.4f} | {r['kl_p99']:.3f} | {100 * r['top1']:.1f}% | "
