@@ -1,0 +1,139 @@
+#!/usr/bin/env python3
+"""bench_prune.py — issue 15's pruning table for `luainfer prune`.
+
+For each kind and ranking (layers by block influence and by KLD of a
+skipped block, KV groups and FFN channels by activation importance) at 10,
+20 and 30% of the parameters, the default model is pruned with calibration
+on tests/data/plrabn12.txt (Paradise Lost; never the evaluation text), then
+scored with `luainfer perplexity` over the held-out tests/data/alice29.txt:
+
+  the exact fraction of parameters removed, the predicted KLD (prune's own,
+  on the calibration text), perplexity and mean KL divergence per scored
+  token against the original's distributions (llama.cpp's --kl-divergence
+  convention: --kl-base-out once, --kl-base per model), top-1 agreement, and
+  decode speed as a ratio to the original's, measured side by side
+  alternating the two (ROUNDS rounds each, best of each), so a slow spell of
+  a shared machine falls on both alike.
+
+With three KV groups per layer (SmolLM2-135M), whole groups come in steps of
+6.6% of the parameters and at most two of three can go: the heads rows are
+--keep 2 and --keep 1 (6.6%, 13.2%), 20% and 30% are out of reach.
+
+"after healing" stays "not yet": distillation (issue 15's training part) is
+another helper's module.
+
+  .venv/bin/python bench/bench_prune.py [--chunks N] [--samples N] [--rounds N]
+         [--only layers-bi,heads-act,...] [--docs] [--rows LOG]
+
+Each finished row is printed to stderr as one JSON line; --rows LOG renders
+such lines again (an interrupted run's rows) without measuring. --docs replaces the table between the bench_prune markers of
+docs/benchmarks.md; otherwise the Markdown is printed."""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CALIB = ROOT / "tests" / "data" / "plrabn12.txt"
+HELD_OUT = ROOT / "tests" / "data" / "alice29.txt"
+PROMPT = "Once upon a time, in a small village by the sea,"
+
+# name -> list of (label, prune arguments)
+CONFIGS = {
+    "layers-bi": [(f"{p}%", ["--what", "layers", "--rank", "bi", "--ratio", str(p / 100)]) for p in (10, 20, 30)],
+    "layers-kld": [(f"{p}%", ["--what", "layers", "--rank", "kld", "--ratio", str(p / 100)]) for p in (10, 20, 30)],
+    "heads-act": [("keep 2 of 3", ["--what", "heads", "--keep", "2"]), ("keep 1 of 3", ["--what", "heads", "--keep", "1"])],
+    "heads-kld": [(f"keep {k} of 3", ["--what", "heads", "--rank", "kld", "--keep", str(k)]) for k in (2, 1)],
+    "ffn-act": [(f"{p}%", ["--what", "ffn", "--ratio", str(p / 100)]) for p in (10, 20, 30)],
+}
+
+
+def run(binary, args, env=None):
+    r = subprocess.run([str(binary)] + [str(a) for a in args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       text=True, env=env)
+    if r.returncode != 0:
+        sys.exit(f"luainfer {' '.join(map(str, args))[:200]} failed:\n{r.stderr[-2000:]}")
+    return r
+
+
+def ppl(binary, model, chunks, ctx, kl_arg):
+    return json.loads(run(binary, ["perplexity", "--model", model, "--file", HELD_OUT, "--chunks", chunks, "--ctx", ctx,
+                                   "--json", *kl_arg]).stdout)
+
+
+def decode_tps(binary, model, tokens):
+    j = json.loads(run(binary, ["generate", "--model", model, "--prompt", PROMPT, "--max-tokens", tokens,
+                                "--temperature", "0", "--json"]).stdout)
+    return j["timings"]["decode_tokens_per_s"]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bin", default=os.environ.get("LUAINFER_BIN", ROOT / "build" / "luainfer"))
+    ap.add_argument("--model", default=os.environ.get("LUAINFER_MODEL",
+                                                      ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"))
+    ap.add_argument("--chunks", type=int, default=2, help="perplexity chunks of --ctx tokens (default 2)")
+    ap.add_argument("--ctx", type=int, default=512)
+    ap.add_argument("--samples", type=int, default=2, help="calibration windows of 128 tokens (default 2)")
+    ap.add_argument("--rounds", type=int, default=2, help="decode rounds per model, alternating (default 2)")
+    ap.add_argument("--tokens", type=int, default=48, help="decoded tokens per round (default 48)")
+    ap.add_argument("--only", default="", help="comma-separated config names: " + ", ".join(CONFIGS))
+    ap.add_argument("--docs", action="store_true", help="write the table into docs/benchmarks.md")
+    ap.add_argument("--rows", help="render the JSON lines of an earlier run's stderr instead of measuring")
+    a = ap.parse_args()
+    names = [n for n in a.only.split(",") if n] or list(CONFIGS)
+    rows = []
+    if a.rows:
+        rows = [json.loads(line) for line in Path(a.rows).read_text().splitlines() if line.startswith("{")]
+        head = rows.pop(0) if rows and "base_ppl" in rows[0] else None
+    else:
+        with tempfile.TemporaryDirectory() as d:
+            base = Path(d) / "base.kld"
+            b = ppl(a.bin, a.model, a.chunks, a.ctx, ["--kl-base-out", base])
+            head = {"base_ppl": b["perplexity"], "n_scored": b["n_scored"], "chunks": a.chunks, "ctx": a.ctx,
+                    "samples": a.samples}
+            print(json.dumps(head), file=sys.stderr)
+            for name in names:
+                for label, args in CONFIGS[name]:
+                    out = Path(d) / "pruned.gguf"
+                    r = run(a.bin, ["prune", *args, "--calib", CALIB, "--samples", a.samples, "--seq-len", 128,
+                                    "--json", a.model, out])
+                    pj = json.loads(r.stdout)
+                    q = ppl(a.bin, out, a.chunks, a.ctx, ["--kl-base", base])
+                    orig, mine = [], []
+                    for _ in range(a.rounds):  # alternating, best of each
+                        orig.append(decode_tps(a.bin, a.model, a.tokens))
+                        mine.append(decode_tps(a.bin, out, a.tokens))
+                    rows.append({"config": name, "label": label, "fraction": pj["fraction"],
+                                 "predicted": pj["predicted"]["kld_mean"], "ppl": q["perplexity"],
+                                 "kl": q["kl_mean"], "kl_p99": q["kl_p99"], "top1": q["top1_agree"],
+                                 "speed": max(mine) / max(orig)})
+                    print(json.dumps(rows[-1]), file=sys.stderr)
+                    out.unlink()
+    lines = []
+    if head:
+        lines += [f"Original: perplexity {head['base_ppl']:.3f} on {head['n_scored']} scored tokens of alice29.txt "
+                  f"({head['chunks']} chunks of {head['ctx']}); calibration {head['samples']} x 128 tokens of "
+                  "plrabn12.txt.", ""]
+    lines += ["| kind / ranking | target | removed | predicted KLD (calib) | PPL | mean KLD | KLD p99 | top-1 | "
+              "decode speed | after healing |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['config']} | {r['label']} | {100 * r['fraction']:.2f}% | {r['predicted']:.4f} | "
+                     f"{r['ppl']:.2f} | {r['kl']:.4f} | {r['kl_p99']:.3f} | {100 * r['top1']:.1f}% | "
+                     f"{r['speed']:.2f}x | not yet |")
+    table = "\n".join(lines)
+    if a.docs:
+        p = ROOT / "docs" / "benchmarks.md"
+        s = p.read_text()
+        begin, end = "<!-- bench_prune:begin -->", "<!-- bench_prune:end -->"
+        i, j = s.index(begin) + len(begin), s.index(end)
+        p.write_text(s[:i] + "\n" + table + "\n" + s[j:])
+    print(table)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,68 @@
+/* prune.c — `luainfer prune --what W (--ratio R | --keep N) --rank K --calib FILE IN OUT.gguf` (core/prune/). */
+#define _GNU_SOURCE
+#include "runtime/args.h"
+#include "cli/cli.h"
+#include "prune/prune.h"
+
+#include <errno.h>
+#include <libgen.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* Fails before any work when OUT cannot be written. */
+static int check_output(const char *out, li_error *err) {
+    struct stat st;
+    if (stat(out, &st) == 0 && S_ISDIR(st.st_mode))
+        return li_error_set(err, LI_EIO, "prune: output '%s' is a directory", out);
+    char *d = strdup(out);
+    if (!d) abort();
+    int rc = 0;
+    if (access(dirname(d), W_OK) != 0) rc = li_error_set(err, LI_EIO, "prune: cannot write '%s': %s", out, strerror(errno));
+    free(d);
+    return rc;
+}
+
+int li_cmd_prune(int argc, char **argv) {
+    const char *what = NULL, *rank = NULL, *calib = NULL;
+    double ratio = 0;
+    int64_t keep = 0, samples = 4, seq_len = 128, threads = 0;
+    bool dry_run = false, json = false, help = false;
+    li_opt opts[] = {
+        {"what", LI_OPT_STR, &what, "layers, heads (whole KV groups) or ffn (intermediate channels) (required)"},
+        {"ratio", LI_OPT_FLOAT, &ratio, "fraction of the model's parameters to remove, in (0, 1)"},
+        {"keep", LI_OPT_INT, &keep, "layers kept, or KV groups / FFN channels kept per layer"},
+        {"rank", LI_OPT_STR, &rank, "bi (block influence, layers), kld (layers, heads) or act (heads, ffn) (default bi / act)"},
+        {"calib", LI_OPT_STR, &calib, "calibration text (required)"},
+        {"samples", LI_OPT_INT, &samples, "calibration windows (default 4)"},
+        {"seq-len", LI_OPT_INT, &seq_len, "tokens per calibration window (default 128)"},
+        {"threads", LI_OPT_INT, &threads, "compute threads (default: all cores)"},
+        {"dry-run", LI_OPT_FLAG, &dry_run, "rank and predict the quality; write nothing"},
+        {"json", LI_OPT_FLAG, &json, "print the scores, what was removed and the prediction as one JSON object"},
+        {"help", LI_OPT_FLAG, &help, "show this help"},
+    };
+    const int n_opts = (int)LI_ARRAY_LEN(opts);
+    li_error err = {0};
+    const char *pos[2];
+    int n_pos, rc;
+    if ((rc = li_args_parse(opts, n_opts, argc, argv, pos, 2, &n_pos, &err))) return li_runtime_fail(&err);
+    if (help) {
+        li_args_usage("prune", "--what W (--ratio R | --keep N) [--rank K] --calib FILE IN.gguf OUT.gguf", opts, n_opts);
+        return 0;
+    }
+    if (!what) return li_runtime_fail(&(li_error){LI_EINVAL, "prune: --what is required (layers, heads or ffn)"});
+    if (n_pos != 2) return li_runtime_fail(&(li_error){LI_EINVAL, "prune: expected IN.gguf OUT.gguf"});
+    li_prune_opts o = {.in = pos[0], .out = pos[1], .ratio = ratio, .keep = keep, .calib = calib,
+                       .samples = samples, .seq_len = seq_len, .threads = threads, .dry_run = dry_run, .json = json};
+    if ((rc = li_prune_what_parse(what, &o.what, &err))) return li_runtime_fail(&err);
+    if (!rank) o.rank = o.what == LI_PRUNE_LAYERS ? LI_PRUNE_RANK_BI : LI_PRUNE_RANK_ACT;
+    else if ((rc = li_prune_rank_parse(rank, &o.rank, &err))) return li_runtime_fail(&err);
+    if (ratio != 0 && !(ratio > 0 && ratio < 1))
+        return li_runtime_fail(&(li_error){LI_ERANGE, "prune: --ratio must be in (0, 1)"});
+    if (keep < 0) return li_runtime_fail(&(li_error){LI_ERANGE, "prune: --keep must be positive"});
+    if ((rc = check_output(o.out, &err))) return li_runtime_fail(&err);
+    if ((rc = li_prune(&o, &err))) return li_runtime_fail(&err);
+    return 0;
+}

@@ -1,0 +1,683 @@
+/* prune.c — `luainfer prune` (prune.h): calibration, ranking, the choice of
+ * what to remove, the predicted quality and the output file. */
+#define _GNU_SOURCE
+#include "prune/prune.h"
+#include "engine/session.h"
+#include "runtime/runtime.h"
+#include "tokenizer/tokenizer.h"
+#include "util/progress.h"
+
+#include <cjson/cJSON.h>
+
+#include <libgen.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* ------------------------------------------------------------------------
+ * names
+ * ---------------------------------------------------------------------- */
+
+static const char *what_names[] = {"layers", "heads", "ffn"};
+static const char *rank_names[] = {"bi", "kld", "act"};
+
+int li_prune_what_parse(const char *s, li_prune_what *out, li_error *err) {
+    for (int i = 0; i < 3; i++)
+        if (s && !strcmp(s, what_names[i])) return *out = (li_prune_what)i, 0;
+    return li_error_set(err, LI_EINVAL, "prune: --what must be layers, heads or ffn (got '%s')", s ? s : "");
+}
+
+int li_prune_rank_parse(const char *s, li_prune_rank *out, li_error *err) {
+    for (int i = 0; i < 3; i++)
+        if (s && !strcmp(s, rank_names[i])) return *out = (li_prune_rank)i, 0;
+    return li_error_set(err, LI_EINVAL, "prune: --rank must be bi, kld or act (got '%s')", s ? s : "");
+}
+
+const char *li_prune_what_name(li_prune_what w) { return (unsigned)w < 3 ? what_names[w] : "unknown"; }
+const char *li_prune_rank_name(li_prune_rank r) { return (unsigned)r < 3 ? rank_names[r] : "unknown"; }
+
+/* ------------------------------------------------------------------------
+ * the calibration windows and the original's distributions
+ * ---------------------------------------------------------------------- */
+
+typedef struct calib_set {
+    int64_t samples, seq_len;
+    int32_t *win;        /* (samples, seq_len) tokens, BOS first when the model adds one */
+    float *base_lp;      /* (samples * seq_len, n_vocab) the original's log-probabilities */
+} calib_set;
+
+static int calib_load(calib_set *c, const li_model *m, const li_prune_opts *o, li_error *err) {
+    char *text = NULL;
+    size_t len = 0;
+    int rc = li_read_file(o->calib, (size_t)1 << 30, "calibration file", &text, &len, err);
+    if (rc) return rc;
+    if (len == 0) {
+        free(text);
+        return li_error_set(err, LI_EINVAL, "prune: calibration file '%s' is empty", o->calib);
+    }
+    int32_t *toks = NULL;
+    size_t n_tok = 0;
+    rc = li_tokenizer_encode(m->tok, text, len, false, false, &toks, &n_tok, err);
+    free(text);
+    if (rc) return rc;
+    const size_t need = (size_t)o->samples * (size_t)o->seq_len;
+    if (n_tok < need) {
+        free(toks);
+        return li_error_set(err, LI_EINVAL, "prune: calibration file '%s' is too short: %zu tokens, --samples %lld x "
+                            "--seq-len %lld needs %zu", o->calib, n_tok, (long long)o->samples,
+                            (long long)o->seq_len, need);
+    }
+    const bool bos = li_tokenizer_add_bos(m->tok) && li_tokenizer_bos(m->tok) >= 0;
+    c->samples = o->samples;
+    c->seq_len = o->seq_len;
+    c->win = li_xmalloc(need * sizeof *c->win);
+    memcpy(c->win, toks, need * sizeof *c->win);
+    for (int64_t i = 0; bos && i < c->samples; i++) c->win[i * c->seq_len] = li_tokenizer_bos(m->tok);
+    free(toks);
+    c->base_lp = li_xmalloc(need * (size_t)m->hp.n_vocab * sizeof(float));
+    return 0;
+}
+
+static void calib_free(calib_set *c) {
+    free(c->win);
+    free(c->base_lp);
+}
+
+/* KL of model m's distributions (on be) against the original's over every
+ * calibration position: mean, max, top-1 agreement. */
+typedef struct kl_stats {
+    double mean, max, top1;
+} kl_stats;
+
+static int eval_kl(li_model *m, li_backend *be, const calib_set *c, kl_stats *st, li_error *err) {
+    const int64_t nv = m->hp.n_vocab;
+    li_session s;
+    int rc = li_session_init(&s, m, be, c->seq_len, LI_TYPE_F32, c->seq_len, err);
+    if (rc) return rc;
+    float *logits = li_xmalloc((size_t)c->seq_len * (size_t)nv * sizeof(float));
+    double sum = 0, mx = 0;
+    int64_t agree = 0, n = 0;
+    for (int64_t w = 0; w < c->samples && !rc; w++) {
+        li_session_reset(&s);
+        if ((rc = li_session_eval(&s, c->win + w * c->seq_len, c->seq_len, true, logits, err))) break;
+        for (int64_t t = 0; t < c->seq_len; t++, n++) {
+            const float *lp = c->base_lp + (size_t)n * nv, *lg = logits + (size_t)t * nv;
+            const double kl = li_prune_kl_row(lp, lg, nv);
+            sum += kl;
+            mx = fmax(mx, kl);
+            int64_t ab = 0, am = 0;
+            for (int64_t i = 1; i < nv; i++) {
+                if (lp[i] > lp[ab]) ab = i;
+                if (lg[i] > lg[am]) am = i;
+            }
+            agree += ab == am;
+        }
+    }
+    free(logits);
+    li_session_free(&s);
+    if (!rc) *st = (kl_stats){sum / (double)n, mx, (double)agree / (double)n};
+    return rc;
+}
+
+/* ------------------------------------------------------------------------
+ * the capture backend: the real backend with rmsnorm (block inputs and
+ * outputs: Block Influence) and the o/down matmuls (head and channel
+ * importance) wrapped. `be` comes first, so an op handed &cap->be finds
+ * the wrapper (the calib.c pattern).
+ * ---------------------------------------------------------------------- */
+
+typedef struct capture {
+    li_backend be;
+    li_backend_ops ops;
+    const li_backend_ops *real;
+    const li_model *m;
+    bool bi, heads, ffn;
+    /* Block Influence: the last block input seen, and per layer the sum of
+     * 1 - cos over tokens */
+    float *prev;          /* (seq_len, n_embd) */
+    int64_t prev_n;
+    double *bi_sum;       /* (n_layer) */
+    int64_t bi_rows;      /* tokens counted at the last layer */
+    /* heads: o_proj dequantized, per layer and group the sum of ||W_o[:, g] att[g]|| */
+    float **wo;           /* (n_layer) of (n_embd, n_head*head_dim) */
+    double *head_sum;     /* (n_layer, n_head_kv) */
+    /* ffn: per layer and channel the sum of |silu(g)*u| */
+    double *ffn_sum;      /* (n_layer, n_ff) */
+    int64_t rows;         /* tokens seen (layer 0's o_proj or down) */
+} capture;
+
+static void block_io(capture *c, int l, const float *x, int64_t n) {
+    const int64_t d = c->m->hp.n_embd;
+    if (l > 0 && c->prev_n == n) {
+        for (int64_t t = 0; t < n; t++) c->bi_sum[l - 1] += 1.0 - li_prune_cosine(c->prev + t * d, x + t * d, d);
+        if (l == c->m->hp.n_layer) c->bi_rows += n;
+    }
+    if (l < c->m->hp.n_layer) {
+        memcpy(c->prev, x, (size_t)(n * d) * sizeof(float));
+        c->prev_n = n;
+    }
+}
+
+static void cap_rmsnorm(li_backend *be, const float *x, const float *w, float *y, int64_t n, int64_t dim, float eps) {
+    capture *c = (capture *)be;
+    if (c->bi) {
+        if (w == c->m->output_norm) block_io(c, c->m->hp.n_layer, x, n);
+        else
+            for (int l = 0; l < c->m->hp.n_layer; l++)
+                if (w == c->m->layers[l].attn_norm) {
+                    block_io(c, l, x, n);
+                    break;
+                }
+    }
+    c->real->rmsnorm(be, x, w, y, n, dim, eps);
+}
+
+static void heads_io(capture *c, int l, const float *att, int64_t n) {
+    const li_hparams *hp = &c->m->hp;
+    const int64_t d = hp->n_embd, qd = (int64_t)hp->n_head * hp->head_dim;
+    const int64_t gw = qd / hp->n_head_kv; /* columns per group */
+    const float *wo = c->wo[l];
+    double *y = li_xmalloc((size_t)(hp->n_head_kv * d) * sizeof(double));
+    for (int64_t t = 0; t < n; t++) {
+        const float *a = att + t * qd;
+        for (int64_t i = 0; i < d; i++)
+            for (int g = 0; g < hp->n_head_kv; g++) {
+                float s = 0;
+                for (int64_t j = g * gw; j < (g + 1) * gw; j++) s += wo[i * qd + j] * a[j];
+                y[g * d + i] = s;
+            }
+        for (int g = 0; g < hp->n_head_kv; g++) {
+            double ss = 0;
+            for (int64_t i = 0; i < d; i++) ss += y[g * d + i] * y[g * d + i];
+            c->head_sum[(size_t)l * hp->n_head_kv + g] += sqrt(ss);
+        }
+    }
+    free(y);
+    if (l == 0) c->rows += n;
+}
+
+static void ffn_io(capture *c, int l, const float *x, int64_t n) {
+    const int64_t f = c->m->hp.n_ff;
+    double *s = c->ffn_sum + (size_t)l * f;
+    for (int64_t t = 0; t < n; t++)
+        for (int64_t j = 0; j < f; j++) s[j] += fabsf(x[t * f + j]);
+    if (l == 0) c->rows += n;
+}
+
+static void report(capture *c, const li_weight *w, const float *x, int64_t n) {
+    if (!c->heads && !c->ffn) return;
+    for (int l = 0; l < c->m->hp.n_layer; l++) {
+        const li_layer *L = &c->m->layers[l];
+        if (c->heads && w == &L->wo) return heads_io(c, l, x, n);
+        if (c->ffn && w == &L->w_down) return ffn_io(c, l, x, n);
+    }
+}
+
+static void cap_matmul(li_backend *be, const li_weight *w, const float *x, float *y, int64_t n) {
+    capture *c = (capture *)be;
+    report(c, w, x, n);
+    c->real->matmul(be, w, x, y, n);
+}
+
+static void cap_matmul_multi(li_backend *be, const li_weight *const *w, int n_w, const float *x, float *const *y,
+                             int64_t n) {
+    capture *c = (capture *)be; /* q/k/v and gate/up: nothing to capture */
+    if (c->real->matmul_multi) c->real->matmul_multi(be, w, n_w, x, y, n);
+    else for (int i = 0; i < n_w; i++) c->real->matmul(be, w[i], x, y[i], n);
+}
+
+static void cap_matmul_add(li_backend *be, const li_weight *w, const float *x, float *y, float *res, int64_t n) {
+    capture *c = (capture *)be;
+    report(c, w, x, n);
+    if (c->real->matmul_add) {
+        c->real->matmul_add(be, w, x, y, res, n);
+        return;
+    }
+    c->real->matmul(be, w, x, y, n);
+    c->real->add(be, res, y, n * w->m);
+}
+
+static float *dequant(const li_weight *w) {
+    float *f = li_xmalloc((size_t)w->m * (size_t)w->k * sizeof(float));
+    for (int64_t r = 0; r < w->m; r++) li_weight_dequant_row_ref(w, r, f + r * w->k);
+    return f;
+}
+
+/* One pass of the full model over the windows: the original's
+ * log-probabilities, and the statistics the ranking asks for. */
+static int calibrate(capture *c, li_model *m, li_backend *be, calib_set *cs, li_error *err) {
+    const li_hparams *hp = &m->hp;
+    c->be = *be;
+    c->real = be->ops;
+    c->ops = *be->ops;
+    c->ops.rmsnorm = cap_rmsnorm;
+    c->ops.matmul = cap_matmul;
+    c->ops.matmul_multi = cap_matmul_multi;
+    c->ops.matmul_add = cap_matmul_add;
+    c->be.ops = &c->ops;
+    c->m = m;
+    c->prev = li_xmalloc((size_t)(cs->seq_len * hp->n_embd) * sizeof(float));
+    c->bi_sum = li_xcalloc((size_t)hp->n_layer, sizeof(double));
+    if (c->heads) {
+        c->wo = li_xcalloc((size_t)hp->n_layer, sizeof *c->wo);
+        for (int l = 0; l < hp->n_layer; l++) c->wo[l] = dequant(&m->layers[l].wo);
+        c->head_sum = li_xcalloc((size_t)hp->n_layer * hp->n_head_kv, sizeof(double));
+    }
+    if (c->ffn) c->ffn_sum = li_xcalloc((size_t)hp->n_layer * hp->n_ff, sizeof(double));
+    li_session s;
+    int rc = li_session_init(&s, m, &c->be, cs->seq_len, LI_TYPE_F32, cs->seq_len, err);
+    if (rc) return rc;
+    const int64_t nv = hp->n_vocab;
+    float *logits = li_xmalloc((size_t)cs->seq_len * (size_t)nv * sizeof(float));
+    li_progress pg;
+    li_progress_init(&pg, "calibrate", "samples/s", cs->samples);
+    for (int64_t w = 0; w < cs->samples && !rc; w++) {
+        li_session_reset(&s);
+        c->prev_n = 0;
+        if ((rc = li_session_eval(&s, cs->win + w * cs->seq_len, cs->seq_len, true, logits, err))) break;
+        for (int64_t t = 0; t < cs->seq_len; t++)
+            li_prune_log_softmax(logits + (size_t)t * nv, cs->base_lp + ((size_t)(w * cs->seq_len + t)) * nv, nv);
+        li_progress_update(&pg, w + 1, "samples");
+    }
+    if (!rc) li_progress_finish(&pg);
+    free(logits);
+    li_session_free(&s);
+    return rc;
+}
+
+static void capture_free(capture *c, int n_layer) {
+    free(c->prev);
+    free(c->bi_sum);
+    if (c->wo)
+        for (int l = 0; l < n_layer; l++) free(c->wo[l]);
+    free(c->wo);
+    free(c->head_sum);
+    free(c->ffn_sum);
+}
+
+/* ------------------------------------------------------------------------
+ * ranking
+ * ---------------------------------------------------------------------- */
+
+/* KL of the model with block l skipped, for every l: a shallow copy of the
+ * model whose layer table leaves l out (its KV cache one layer smaller). */
+static int rank_layers_kld(li_model *m, li_backend *be, const calib_set *cs, double *score, li_error *err) {
+    const int nl = m->hp.n_layer;
+    li_layer *sub = li_xmalloc((size_t)nl * sizeof *sub);
+    li_progress pg;
+    li_progress_init(&pg, "rank", "layers/s", nl);
+    int rc = 0;
+    for (int l = 0; l < nl && !rc; l++) {
+        li_model mm = *m;
+        for (int j = 0, k = 0; j < nl; j++)
+            if (j != l) sub[k++] = m->layers[j];
+        mm.layers = sub;
+        mm.hp.n_layer = nl - 1;
+        kl_stats st;
+        if (!(rc = eval_kl(&mm, be, cs, &st, err))) score[l] = st.mean;
+        li_progress_update(&pg, l + 1, "layers");
+    }
+    if (!rc) li_progress_finish(&pg);
+    free(sub);
+    return rc;
+}
+
+/* The KL of masking one KV group of one layer, for every (layer, group): a
+ * backend whose o_proj of that layer reads the attention output with the
+ * group's columns zeroed, which is exactly the model without the group (its
+ * q, k and v rows feed only those columns). */
+typedef struct mask_backend {
+    li_backend be;
+    li_backend_ops ops;
+    const li_backend_ops *real;
+    const li_weight *w;   /* the masked o_proj */
+    int64_t c0, c1;       /* its zeroed input columns */
+    float *buf;           /* (seq_len, k) */
+} mask_backend;
+
+static const float *masked(mask_backend *mb, const li_weight *w, const float *x, int64_t n) {
+    if (w != mb->w) return x;
+    memcpy(mb->buf, x, (size_t)(n * w->k) * sizeof(float));
+    for (int64_t t = 0; t < n; t++) memset(mb->buf + t * w->k + mb->c0, 0, (size_t)(mb->c1 - mb->c0) * sizeof(float));
+    return mb->buf;
+}
+
+static void mask_matmul(li_backend *be, const li_weight *w, const float *x, float *y, int64_t n) {
+    mask_backend *mb = (mask_backend *)be;
+    mb->real->matmul(be, w, masked(mb, w, x, n), y, n);
+}
+
+static void mask_matmul_add(li_backend *be, const li_weight *w, const float *x, float *y, float *res, int64_t n) {
+    mask_backend *mb = (mask_backend *)be;
+    x = masked(mb, w, x, n);
+    if (mb->real->matmul_add) {
+        mb->real->matmul_add(be, w, x, y, res, n);
+        return;
+    }
+    mb->real->matmul(be, w, x, y, n);
+    mb->real->add(be, res, y, n * w->m);
+}
+
+static int rank_heads_kld(li_model *m, li_backend *be, const calib_set *cs, double *score, li_error *err) {
+    const li_hparams *hp = &m->hp;
+    const int64_t qd = (int64_t)hp->n_head * hp->head_dim, gw = qd / hp->n_head_kv;
+    mask_backend mb = {.be = *be, .real = be->ops, .ops = *be->ops};
+    mb.ops.matmul = mask_matmul;
+    mb.ops.matmul_add = mask_matmul_add;
+    mb.be.ops = &mb.ops;
+    mb.buf = li_xmalloc((size_t)(cs->seq_len * qd) * sizeof(float));
+    const int64_t units = (int64_t)hp->n_layer * hp->n_head_kv;
+    li_progress pg;
+    li_progress_init(&pg, "rank", "groups/s", units);
+    int rc = 0;
+    for (int64_t u = 0; u < units && !rc; u++) {
+        mb.w = &m->layers[u / hp->n_head_kv].wo;
+        mb.c0 = (u % hp->n_head_kv) * gw;
+        mb.c1 = mb.c0 + gw;
+        kl_stats st;
+        if (!(rc = eval_kl(m, &mb.be, cs, &st, err))) score[u] = st.mean;
+        li_progress_update(&pg, u + 1, "groups");
+    }
+    if (!rc) li_progress_finish(&pg);
+    free(mb.buf);
+    return rc;
+}
+
+/* ffn score: mean |silu(g_j) u_j| x ||W_down[:, j]|| */
+static void ffn_scores(const li_model *m, const capture *c, double *score) {
+    const li_hparams *hp = &m->hp;
+    const int64_t f = hp->n_ff, d = hp->n_embd;
+    float *row = li_xmalloc((size_t)f * sizeof(float));
+    double *norm = li_xmalloc((size_t)f * sizeof(double));
+    for (int l = 0; l < hp->n_layer; l++) {
+        memset(norm, 0, (size_t)f * sizeof(double));
+        for (int64_t i = 0; i < d; i++) {
+            li_weight_dequant_row_ref(&m->layers[l].w_down, i, row);
+            for (int64_t j = 0; j < f; j++) norm[j] += (double)row[j] * row[j];
+        }
+        for (int64_t j = 0; j < f; j++)
+            score[(size_t)l * f + j] = c->ffn_sum[(size_t)l * f + j] / (double)c->rows * sqrt(norm[j]);
+    }
+    free(row);
+    free(norm);
+}
+
+/* ------------------------------------------------------------------------
+ * how many units: from --ratio or --keep
+ * ---------------------------------------------------------------------- */
+
+static int choose_count(const li_model *m, const li_prune_opts *o, const li_prune_params *pp, int64_t *n_remove,
+                        li_error *err) {
+    const li_hparams *hp = &m->hp;
+    int64_t units, per;
+    const char *unit;
+    switch (o->what) {
+    case LI_PRUNE_LAYERS: units = hp->n_layer, per = pp->per_layer, unit = "layers"; break;
+    case LI_PRUNE_HEADS: units = hp->n_head_kv, per = pp->per_group * hp->n_layer, unit = "KV groups per layer"; break;
+    default: units = hp->n_ff, per = pp->per_channel * hp->n_layer, unit = "FFN channels per layer"; break;
+    }
+    int64_t k;
+    if (o->ratio > 0) {
+        k = llround(o->ratio * (double)pp->total / (double)per);
+        if (o->what == LI_PRUNE_FFN) /* keep whole 32-element blocks of down_proj's rows */
+            k = units - LI_MAX((int64_t)0, (int64_t)llround((double)(units - k) / 32.0) * 32);
+        if (k < 1)
+            return li_error_set(err, LI_ERANGE, "prune: --ratio %g removes nothing: one unit (%s) is %.2f%% of the "
+                                "parameters", o->ratio, unit, 100.0 * (double)per / (double)pp->total);
+        if (k >= units)
+            return li_error_set(err, LI_ERANGE, "prune: --ratio %g would remove all %lld %s (at most %lld can go, "
+                                "%.1f%% of the parameters)", o->ratio, (long long)units, unit,
+                                (long long)(o->what == LI_PRUNE_FFN ? units - 32 : units - 1),
+                                100.0 * (double)((o->what == LI_PRUNE_FFN ? units - 32 : units - 1) * per) /
+                                    (double)pp->total);
+    } else {
+        if (o->keep < 1 || o->keep >= units)
+            return li_error_set(err, LI_ERANGE, "prune: --keep %lld is out of range: the model has %lld %s, keep 1 to "
+                                "%lld", (long long)o->keep, (long long)units, unit, (long long)(units - 1));
+        if (o->what == LI_PRUNE_FFN && o->keep % 32)
+            return li_error_set(err, LI_EINVAL, "prune: --keep %lld: FFN channels are kept in multiples of 32 (the "
+                                "quantized blocks of down_proj's rows)", (long long)o->keep);
+        k = units - o->keep;
+    }
+    *n_remove = k;
+    return 0;
+}
+
+/* ------------------------------------------------------------------------
+ * the command
+ * ---------------------------------------------------------------------- */
+
+static int check_model(const li_model *m, const li_prune_opts *o, li_error *err) {
+    if (m->hf) return li_error_set(err, LI_EUNSUP, "prune: '%s' is a Hugging Face directory; prune a GGUF file", o->in);
+    if (strcmp(m->hp.arch, "llama"))
+        return li_error_set(err, LI_EUNSUP, "prune: '%s' is a '%s' model; prune reads Llama GGUFs only", o->in,
+                            m->hp.arch);
+    if (m->quant_scheme != LI_SCHEME_PLAIN && o->what != LI_PRUNE_LAYERS)
+        return li_error_set(err, LI_EUNSUP, "prune: '%s' holds %s scheme weights; prune heads or ffn before "
+                            "quantizing with a scheme", o->in, li_scheme_name(m->quant_scheme));
+    return 0;
+}
+
+static void print_ranking(FILE *out, const li_model *m, const li_prune_opts *o, const double *score,
+                          const uint8_t *drop) {
+    const li_hparams *hp = &m->hp;
+    const char *how = o->rank == LI_PRUNE_RANK_BI    ? "block influence, 1 - mean cos(in, out)"
+                      : o->rank == LI_PRUNE_RANK_KLD && o->what == LI_PRUNE_LAYERS ? "mean KLD with the block skipped"
+                      : o->rank == LI_PRUNE_RANK_KLD ? "mean KLD with the group masked"
+                      : o->what == LI_PRUNE_HEADS    ? "mean ||W_o[:, group] att[group]||"
+                                                     : "mean |silu(g)u| x ||W_down[:, j]||";
+    fprintf(out, "ranking (%s; lowest removed):\n", how);
+    if (o->what == LI_PRUNE_LAYERS) {
+        fprintf(out, "  %-10s %12s\n", "unit", "score");
+        for (int l = 0; l < hp->n_layer; l++)
+            fprintf(out, "  layer %-4d %12.6f%s\n", l, score[l], drop[l] ? "  removed" : "");
+    } else if (o->what == LI_PRUNE_HEADS) {
+        fprintf(out, "  %-14s %12s\n", "unit", "score");
+        for (int l = 0; l < hp->n_layer; l++)
+            for (int g = 0; g < hp->n_head_kv; g++) {
+                const size_t i = (size_t)l * hp->n_head_kv + g;
+                fprintf(out, "  layer %2d kv %-3d %12.6f%s\n", l, g, score[i], drop[i] ? "  removed" : "");
+            }
+    } else {
+        /* n_ff rows per layer would be thousands: the removed channels' share of the score */
+        fprintf(out, "  %-10s %8s %12s %12s %12s\n", "unit", "removed", "min kept", "max removed", "removed share");
+        for (int l = 0; l < hp->n_layer; l++) {
+            double tot = 0, rem = 0, mk = INFINITY, mr = 0;
+            int64_t nr = 0;
+            for (int64_t j = 0; j < hp->n_ff; j++) {
+                const double s = score[(size_t)l * hp->n_ff + j];
+                tot += s;
+                if (drop[(size_t)l * hp->n_ff + j]) rem += s, nr++, mr = fmax(mr, s);
+                else mk = fmin(mk, s);
+            }
+            fprintf(out, "  layer %-4d %8lld %12.6f %12.6f %11.2f%%\n", l, (long long)nr, mk, mr,
+                   tot > 0 ? 100.0 * rem / tot : 0.0);
+        }
+    }
+}
+
+static void print_json(const li_prune_opts *o, const li_hparams *hp, const li_prune_plan *p, const double *score,
+                       const uint8_t *drop, int64_t n_scores, int64_t removed, int64_t total, const kl_stats *st) {
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "what", li_prune_what_name(o->what));
+    cJSON_AddStringToObject(j, "rank", li_prune_rank_name(o->rank));
+    cJSON *sc = cJSON_AddArrayToObject(j, "scores"), *rm = cJSON_AddArrayToObject(j, "removed");
+    for (int64_t i = 0; i < n_scores; i++) {
+        cJSON_AddItemToArray(sc, cJSON_CreateNumber(score[i]));
+        if (drop[i]) cJSON_AddItemToArray(rm, cJSON_CreateNumber((double)i));
+    }
+    cJSON_AddNumberToObject(j, "removed_params", (double)removed);
+    cJSON_AddNumberToObject(j, "total_params", (double)total);
+    cJSON_AddNumberToObject(j, "fraction", (double)removed / (double)total);
+    cJSON_AddNumberToObject(j, "block_count", p->n_layer_keep);
+    cJSON_AddNumberToObject(j, "head_count", p->n_group_keep * (hp->n_head / hp->n_head_kv));
+    cJSON_AddNumberToObject(j, "head_count_kv", p->n_group_keep);
+    cJSON_AddNumberToObject(j, "feed_forward_length", (double)p->n_ff_keep);
+    cJSON *q = cJSON_AddObjectToObject(j, "predicted");
+    cJSON_AddNumberToObject(q, "kld_mean", st->mean);
+    cJSON_AddNumberToObject(q, "kld_max", st->max);
+    cJSON_AddNumberToObject(q, "top1_agree", st->top1);
+    char *txt = cJSON_PrintUnformatted(j);
+    printf("%s\n", txt);
+    free(txt);
+    cJSON_Delete(j);
+}
+
+/* the plan from the drop masks */
+static void make_plan(const li_model *m, li_prune_what what, const uint8_t *drop, int64_t k, li_prune_plan *p) {
+    const li_hparams *hp = &m->hp;
+    memset(p, 0, sizeof *p);
+    p->what = what;
+    p->n_layer_keep = hp->n_layer;
+    p->n_group_keep = hp->n_head_kv;
+    p->n_ff_keep = hp->n_ff;
+    p->keep_layer = li_xmalloc((size_t)hp->n_layer * sizeof(int32_t));
+    if (what == LI_PRUNE_LAYERS) {
+        p->n_layer_keep = 0;
+        for (int l = 0; l < hp->n_layer; l++)
+            if (!drop[l]) p->keep_layer[p->n_layer_keep++] = l;
+        return;
+    }
+    for (int l = 0; l < hp->n_layer; l++) p->keep_layer[l] = l;
+    const int64_t units = what == LI_PRUNE_HEADS ? hp->n_head_kv : hp->n_ff;
+    int32_t *keep = li_xmalloc((size_t)(hp->n_layer * (units - k)) * sizeof(int32_t));
+    for (int l = 0; l < hp->n_layer; l++) {
+        int64_t n = 0;
+        for (int64_t j = 0; j < units; j++)
+            if (!drop[(size_t)l * units + j]) keep[(size_t)l * (units - k) + n++] = (int32_t)j;
+    }
+    if (what == LI_PRUNE_HEADS) p->keep_group = keep, p->n_group_keep = (int32_t)(units - k);
+    else p->keep_ff = keep, p->n_ff_keep = units - k;
+}
+
+int li_prune(const li_prune_opts *o, li_error *err) {
+    if (!o->calib) return li_error_set(err, LI_EINVAL, "prune: --calib FILE is required (the calibration text)");
+    if (o->ratio != 0 && !(o->ratio > 0 && o->ratio < 1))
+        return li_error_set(err, LI_ERANGE, "prune: --ratio must be in (0, 1) (got %g)", o->ratio);
+    if ((o->ratio > 0) == (o->keep != 0))
+        return li_error_set(err, LI_EINVAL, "prune: give exactly one of --ratio R and --keep N");
+    if (o->samples < 1 || o->seq_len < 2)
+        return li_error_set(err, LI_EINVAL, "prune: --samples must be >= 1 and --seq-len >= 2");
+    if (o->rank == LI_PRUNE_RANK_BI && o->what != LI_PRUNE_LAYERS)
+        return li_error_set(err, LI_EINVAL, "prune: --rank bi (block influence) ranks layers; %s rank by act",
+                            li_prune_what_name(o->what));
+    if (o->rank == LI_PRUNE_RANK_ACT && o->what == LI_PRUNE_LAYERS)
+        return li_error_set(err, LI_EINVAL, "prune: --rank act ranks heads and ffn channels; layers rank by bi or kld");
+    if (o->rank == LI_PRUNE_RANK_KLD && o->what == LI_PRUNE_FFN)
+        return li_error_set(err, LI_EUNSUP, "prune: --rank kld ranks layers and heads (one run per unit: not per FFN "
+                            "channel); ffn ranks by act");
+    if (access(o->calib, R_OK) != 0)
+        return li_error_set(err, LI_EIO, "prune: cannot read calibration file '%s'", o->calib);
+
+    li_runtime rt;
+    int rc = li_runtime_open(&rt, o->in, o->threads, "auto", err);
+    if (rc) return rc;
+    li_model *m = rt.model;
+    const li_hparams *hp = &m->hp;
+    calib_set cs = {0};
+    capture cap = {.bi = o->rank == LI_PRUNE_RANK_BI, .heads = o->what == LI_PRUNE_HEADS && o->rank == LI_PRUNE_RANK_ACT,
+                   .ffn = o->what == LI_PRUNE_FFN};
+    li_prune_plan plan = {0};
+    double *score = NULL;
+    uint8_t *drop = NULL;
+    char *tmp = NULL;
+    li_model *pm = NULL;
+    li_prune_params pp;
+    int64_t k = 0;
+    if ((rc = check_model(m, o, err))) goto done;
+    if (o->seq_len > hp->n_ctx_train) {
+        rc = li_error_set(err, LI_ERANGE, "prune: --seq-len %lld exceeds the model's context %d", (long long)o->seq_len,
+                          hp->n_ctx_train);
+        goto done;
+    }
+    FILE *out = o->json ? stderr : stdout; /* --json: stdout holds the object alone */
+    li_prune_count(m, &pp);
+    if ((rc = choose_count(m, o, &pp, &k, err))) goto done;
+    /* the original's distributions stay in memory: (tokens, n_vocab) floats */
+    const double lp_bytes = (double)o->samples * (double)o->seq_len * (double)hp->n_vocab * sizeof(float);
+    if (lp_bytes > (double)((size_t)4 << 30)) {
+        rc = li_error_set(err, LI_ERANGE, "prune: --samples %lld x --seq-len %lld tokens would keep %.1f GiB of "
+                          "log-probabilities (at most 4 GiB)", (long long)o->samples, (long long)o->seq_len,
+                          lp_bytes / (double)((size_t)1 << 30));
+        goto done;
+    }
+    if ((rc = calib_load(&cs, m, o, err))) goto done;
+    if ((rc = calibrate(&cap, m, &rt.be, &cs, err))) goto done;
+
+    const int64_t per_layer_units = o->what == LI_PRUNE_HEADS ? hp->n_head_kv : hp->n_ff;
+    const int64_t n_scores = o->what == LI_PRUNE_LAYERS ? hp->n_layer : hp->n_layer * per_layer_units;
+    score = li_xcalloc((size_t)n_scores, sizeof *score);
+    drop = li_xcalloc((size_t)n_scores, 1);
+    if (o->rank == LI_PRUNE_RANK_BI) {
+        for (int l = 0; l < hp->n_layer; l++) score[l] = cap.bi_sum[l] / (double)cap.bi_rows;
+    } else if (o->rank == LI_PRUNE_RANK_KLD && o->what == LI_PRUNE_LAYERS) {
+        if ((rc = rank_layers_kld(m, &rt.be, &cs, score, err))) goto done;
+    } else if (o->rank == LI_PRUNE_RANK_KLD) {
+        if ((rc = rank_heads_kld(m, &rt.be, &cs, score, err))) goto done;
+    } else if (o->what == LI_PRUNE_HEADS) {
+        for (int64_t i = 0; i < n_scores; i++) score[i] = cap.head_sum[i] / (double)cap.rows;
+    } else {
+        ffn_scores(m, &cap, score);
+    }
+    if (o->what == LI_PRUNE_LAYERS) li_prune_lowest(score, hp->n_layer, k, drop);
+    else
+        for (int l = 0; l < hp->n_layer; l++) /* per layer: the same count everywhere */
+            li_prune_lowest(score + (size_t)l * per_layer_units, per_layer_units, k,
+                            drop + (size_t)l * per_layer_units);
+    print_ranking(out, m, o, score, drop);
+    make_plan(m, o->what, drop, k, &plan);
+    const int64_t removed = o->what == LI_PRUNE_LAYERS ? k * pp.per_layer
+                            : o->what == LI_PRUNE_HEADS ? k * pp.per_group * hp->n_layer
+                                                        : k * pp.per_channel * hp->n_layer;
+    fprintf(out, "removing %lld %s: %lld of %lld parameters (%.4f%%)\n", (long long)k,
+           o->what == LI_PRUNE_LAYERS ? "layers" : o->what == LI_PRUNE_HEADS ? "KV groups per layer" : "FFN channels per layer",
+           (long long)removed, (long long)pp.total, 100.0 * (double)removed / (double)pp.total);
+    fprintf(out, "new shape: block_count %d, head_count %d, head_count_kv %d, feed_forward_length %lld\n", plan.n_layer_keep,
+           plan.n_group_keep * (hp->n_head / hp->n_head_kv), plan.n_group_keep, (long long)plan.n_ff_keep);
+    fflush(out);
+
+    /* the file, loaded back and scored before it takes OUT's name */
+    const size_t tl = strlen(o->out) + 32;
+    tmp = li_xmalloc(tl);
+    snprintf(tmp, tl, "%s.prune.%d", o->out, (int)getpid());
+    if ((rc = li_prune_write(m, &plan, li_prune_rank_name(o->rank), tmp, err))) goto done;
+    if ((rc = li_model_load(&pm, tmp, err)) || (rc = li_model_prepare(pm, &rt.be, err))) {
+        char why[sizeof err->msg];
+        snprintf(why, sizeof why, "%s", err->msg);
+        rc = li_error_set(err, rc, "prune: the pruned file does not load back: %s", why);
+        goto done;
+    }
+    kl_stats st;
+    if ((rc = eval_kl(pm, &rt.be, &cs, &st, err))) goto done;
+    fprintf(out, "predicted quality on the calibration text (%lld x %lld tokens): mean KLD %.6f, max %.4f, top-1 agreement "
+           "%.2f%%\n", (long long)cs.samples, (long long)cs.seq_len, st.mean, st.max, 100.0 * st.top1);
+    li_model_release(pm, &rt.be);
+    li_model_free(pm);
+    pm = NULL;
+    if (o->json) print_json(o, hp, &plan, score, drop, n_scores, removed, pp.total, &st);
+    if (o->dry_run) {
+        fprintf(out, "dry run: nothing written\n");
+    } else if (rename(tmp, o->out) != 0) {
+        rc = li_error_set(err, LI_EIO, "prune: cannot rename '%s' to '%s'", tmp, o->out);
+    } else {
+        fprintf(out, "wrote %s\n", o->out);
+    }
+done:
+    if (pm) {
+        li_model_release(pm, &rt.be);
+        li_model_free(pm);
+    }
+    if (tmp) {
+        unlink(tmp); /* gone after the rename; removes it on a dry run or an error */
+        free(tmp);
+    }
+    li_prune_plan_free(&plan);
+    free(score);
+    free(drop);
+    capture_free(&cap, hp->n_layer);
+    calib_free(&cs);
+    li_runtime_close(&rt);
+    return rc;
+}

@@ -1,0 +1,99 @@
+/* prune.h — `luainfer prune`: structured pruning of a Llama GGUF into a
+ * smaller dense GGUF (docs/pruning.md).
+ *
+ * Three kinds of unit, ranked on calibration text, the lowest removed:
+ *   layers  whole transformer blocks, ranked by Block Influence (ShortGPT:
+ *           1 - mean over tokens of cos(block input, block output), the
+ *           residual stream) or by the KL divergence of the model's logits
+ *           with that one block skipped against the full model's;
+ *   heads   whole KV groups (a kv head and its n_head/n_head_kv query
+ *           heads, so GQA stays valid), the same number in every layer so
+ *           the file's scalar head counts stay true; ranked per layer by
+ *           mean over tokens of ||W_o[:, group] · att[group]|| (the group's
+ *           contribution to the residual stream, "act"), or by the KL of
+ *           the model with that one group masked ("kld");
+ *   ffn     intermediate channels, the same number in every layer (scalar
+ *           feed_forward_length); ranked per layer by mean over tokens of
+ *           |silu(g_j)·u_j| times ||W_down[:, j]|| ("act").
+ *
+ * The model is never modified in place: a block is skipped by running a
+ * shallow copy of the model whose layer table leaves it out (no hook in the
+ * forward pass); head and channel importances are read by a capture backend
+ * (the calib.c pattern) wrapping rmsnorm and the o/down matmuls.
+ *
+ * The output is written to a temporary file next to OUT, loaded back and
+ * run over the calibration windows (the predicted quality: KL divergence
+ * against the original), then renamed to OUT. */
+#ifndef LI_PRUNE_H
+#define LI_PRUNE_H
+
+#include "model/model.h"
+
+typedef enum li_prune_what { LI_PRUNE_LAYERS = 0, LI_PRUNE_HEADS, LI_PRUNE_FFN } li_prune_what;
+typedef enum li_prune_rank { LI_PRUNE_RANK_BI = 0, LI_PRUNE_RANK_KLD, LI_PRUNE_RANK_ACT } li_prune_rank;
+
+typedef struct li_prune_opts {
+    const char *in, *out;
+    li_prune_what what;
+    li_prune_rank rank;
+    double ratio;            /* fraction of the parameters to remove, in (0, 1); 0: use keep */
+    int64_t keep;            /* layers kept / KV groups kept per layer / channels kept per layer */
+    const char *calib;       /* calibration text (required) */
+    int64_t samples, seq_len;
+    int64_t threads;
+    bool dry_run;            /* rank, choose and predict; write nothing */
+    bool json;               /* the ranking and the prediction as one JSON object on stdout */
+} li_prune_opts;
+
+int li_prune_what_parse(const char *s, li_prune_what *out, li_error *err);
+int li_prune_rank_parse(const char *s, li_prune_rank *out, li_error *err);
+const char *li_prune_what_name(li_prune_what w);
+const char *li_prune_rank_name(li_prune_rank r);
+
+int li_prune(const li_prune_opts *o, li_error *err);
+
+/* ------------------------------------------------------------------------
+ * what to keep (prune_write.c)
+ * ---------------------------------------------------------------------- */
+
+typedef struct li_prune_plan {
+    li_prune_what what;
+    int32_t n_layer_keep;
+    int32_t *keep_layer;     /* (n_layer_keep) original block ids, ascending */
+    int32_t n_group_keep;    /* KV groups kept per layer (heads), else n_head_kv */
+    int32_t *keep_group;     /* (n_layer, n_group_keep) ascending per layer, or NULL */
+    int64_t n_ff_keep;       /* channels kept per layer (ffn), else n_ff */
+    int32_t *keep_ff;        /* (n_layer, n_ff_keep) ascending per layer, or NULL */
+} li_prune_plan;
+
+void li_prune_plan_free(li_prune_plan *p);
+
+/* Writes the dense pruned GGUF of m under plan p to path (temporary file
+ * and rename, gguf_write.h); `extra` metadata strings are appended as
+ * luainfer.prune.* keys (what, rank). */
+int li_prune_write(const li_model *m, const li_prune_plan *p, const char *rank, const char *path, li_error *err);
+
+/* ------------------------------------------------------------------------
+ * the ranking math (prune_rank.c), exposed for the unit test
+ * ---------------------------------------------------------------------- */
+
+/* cos(a, b) in double; 1 when either vector is zero (no information). */
+double li_prune_cosine(const float *a, const float *b, int64_t n);
+/* log_softmax(logits) into lp (n), in double accumulation, stored f32. */
+void li_prune_log_softmax(const float *logits, float *lp, int64_t n);
+/* KL(p_base || p) of one row: base given as log-probabilities, p as logits. */
+double li_prune_kl_row(const float *base_lp, const float *logits, int64_t n);
+/* The k lowest of scores[0..n) (ties: the lower index first) as a 0/1 mask
+ * in drop (n). */
+void li_prune_lowest(const double *scores, int64_t n, int64_t k, uint8_t *drop);
+
+/* Parameter counts (weights' elements, the embedding once when tied). */
+typedef struct li_prune_params {
+    int64_t total;
+    int64_t per_layer;      /* one transformer block, norms included */
+    int64_t per_group;      /* one KV group in one layer: q, k, v rows and o columns */
+    int64_t per_channel;    /* one FFN channel in one layer: gate, up rows and a down column */
+} li_prune_params;
+void li_prune_count(const li_model *m, li_prune_params *pp);
+
+#endif
