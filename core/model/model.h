@@ -59,6 +59,10 @@ typedef struct li_model {
      * of the shards' tensors (GGUF dimension order) and their byte total
      * as its size, so what reads tensors (info) works unchanged. */
     struct li_hf *hf;
+    /* luainfer.quant.activations when it names another activation
+     * quantization the scheme allows (W4A4: int4 on the INT4 scheme);
+     * LI_ACT_F32: the scheme's own (li_scheme_traits.act) */
+    li_act_quant quant_act;
 } li_model;
 
 /* path: a GGUF file, or a Hugging Face Llama directory (config.json,
