@@ -42,11 +42,12 @@ METHODS = {
     "q8_0": (["--method", "q8_0"], False),
     "q4_0": (["--method", "q4_0"], False),
     "q4_1": (["--method", "q4_1"], False),
-    "w8a8": (["--method", "w8a8", "--alpha", "0.5", "--smooth", "all"], True),
-    "w8a8-norm": (["--method", "w8a8", "--alpha", "0.5", "--smooth", "norm"], True),
+    "w8a8": (["--method", "w8a8", "--alpha", "0.5", "--smooth", "all"], "w8"),
+    "w8a8-norm": (["--method", "w8a8", "--alpha", "0.5", "--smooth", "norm"], "w8"),
     "w8a8-a0": (["--method", "w8a8", "--alpha", "0"], False),
-    "w8a8-a0.8": (["--method", "w8a8", "--alpha", "0.8", "--smooth", "all"], True),
+    "w8a8-a0.8": (["--method", "w8a8", "--alpha", "0.8", "--smooth", "all"], "w8"),
     "fp8": (["--method", "fp8"], False),
+    "fp8-sq": (["--method", "fp8", "--alpha", "0.5", "--smooth", "all"], "w8"),  # SmoothQuant before FP8
     "rtn4": (["--method", "rtn4", "--group", "64"], False),
     "awq": (["--method", "awq", "--group", "64"], "q4"),
     "gptq": (["--method", "gptq", "--group", "64"], "q4"),
@@ -54,7 +55,7 @@ METHODS = {
     "w4a4": (["--method", "w4a4"], False),
 }
 Q4 = ("rtn4", "awq", "gptq", "gptq-ao")  # also scored with --q4-act int8 (A8)
-DEFAULT = "q8_0,q4_0,q4_1,w8a8,w8a8-norm,w8a8-a0,fp8,rtn4,awq,gptq,gptq-ao,w4a4"
+DEFAULT = "q8_0,q4_0,q4_1,w8a8,w8a8-norm,w8a8-a0,w8a8-a0.8,fp8,fp8-sq,rtn4,awq,gptq,gptq-ao,w4a4"
 
 
 def run(cmd, env=None, timeout=7200):
