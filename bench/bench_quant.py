@@ -34,18 +34,28 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# name -> (quantize arguments, needs calibration)
+# name -> (quantize arguments, calibration: False, "w8" (SmoothQuant's
+# statistics) or "q4" (GPTQ's / AWQ's X^T X, --q4-samples windows)).
+# The 4-bit methods use group 64: 128 does not divide SmolLM2's 576-wide
+# rows (luainfer quantize refuses it).
 METHODS = {
     "q8_0": (["--method", "q8_0"], False),
     "q4_0": (["--method", "q4_0"], False),
     "q4_1": (["--method", "q4_1"], False),
-    "w8a8": (["--method", "w8a8", "--alpha", "0.5", "--smooth", "all"], True),
-    "w8a8-norm": (["--method", "w8a8", "--alpha", "0.5", "--smooth", "norm"], True),
+    "w8a8": (["--method", "w8a8", "--alpha", "0.5", "--smooth", "all"], "w8"),
+    "w8a8-norm": (["--method", "w8a8", "--alpha", "0.5", "--smooth", "norm"], "w8"),
     "w8a8-a0": (["--method", "w8a8", "--alpha", "0"], False),
-    "w8a8-a0.8": (["--method", "w8a8", "--alpha", "0.8", "--smooth", "all"], True),
+    "w8a8-a0.8": (["--method", "w8a8", "--alpha", "0.8", "--smooth", "all"], "w8"),
     "fp8": (["--method", "fp8"], False),
+    "fp8-sq": (["--method", "fp8", "--alpha", "0.5", "--smooth", "all"], "w8"),  # SmoothQuant before FP8
+    "rtn4": (["--method", "rtn4", "--group", "64"], False),
+    "awq": (["--method", "awq", "--group", "64"], "q4"),
+    "gptq": (["--method", "gptq", "--group", "64"], "q4"),
+    "gptq-ao": (["--method", "gptq", "--group", "64", "--act-order"], "q4"),
+    "w4a4": (["--method", "w4a4"], False),
 }
-DEFAULT = "q8_0,q4_0,q4_1,w8a8,w8a8-norm,w8a8-a0,fp8"
+Q4 = ("rtn4", "awq", "gptq", "gptq-ao")  # also scored with --q4-act int8 (A8)
+DEFAULT = "q8_0,q4_0,q4_1,w8a8,w8a8-norm,w8a8-a0,w8a8-a0.8,fp8,fp8-sq,rtn4,awq,gptq,gptq-ao,w4a4"
 
 
 def run(cmd, env=None, timeout=7200):
@@ -74,7 +84,12 @@ def main():
     ap.add_argument("--model", default=os.environ.get("LUAINFER_MODEL", ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"))
     ap.add_argument("--eval", default=ROOT / "tests" / "data" / "alice29.txt")
     ap.add_argument("--calib", default=ROOT / "tests" / "data" / "plrabn12.txt")
-    ap.add_argument("--samples", type=int, default=32)
+    ap.add_argument("--samples", type=int, default=32, help="calibration windows for w8a8")
+    ap.add_argument("--q4-samples", type=int, default=4,
+                    help="calibration windows for awq / gptq (their X^T X costs n_in^2 per token)")
+    ap.add_argument("--no-a8", action="store_true", help="skip the A8 (--q4-act int8) rows of the 4-bit methods")
+    ap.add_argument("--reuse", action="store_true",
+                    help="keep a quantized model already in --work (made with the same options) instead of redoing it")
     ap.add_argument("--seq-len", type=int, default=512)
     ap.add_argument("--ctx", type=int, default=512)
     ap.add_argument("--chunks", type=int, default=0, help="chunks scored (0: the whole text)")
@@ -122,21 +137,27 @@ def main():
     for m in methods:
         args, calib = METHODS[m]
         out = work / f"{m}.gguf"
-        cal = ["--calib", a.calib, "--samples", a.samples, "--seq-len", a.seq_len] if calib else []
+        n_cal = a.q4_samples if calib == "q4" else a.samples
+        cal = ["--calib", a.calib, "--samples", n_cal, "--seq-len", a.seq_len] if calib else []
         t = time.time()
-        run([luai, "quantize", *args, *cal, *threads, base, out])
+        if not (a.reuse and out.exists()):
+            run([luai, "quantize", *args, *cal, *threads, base, out])
         qs = time.time() - t
-        r = ppl(out, "--kl-base", kld)
         i = info(out)
-        rows.append({"method": m, "ppl": r["perplexity"], "kl_mean": r["kl_mean"], "kl_p99": r["kl_p99"],
-                     "top1": r["top1_agree"], "bytes": i["file_bytes"], "bpw": i["bits_per_weight"],
-                     "quantize_s": qs, "path": str(out)})
-        print(f"  {m}: ppl {r['perplexity']:.4f}, KL {r['kl_mean']:.5f}", file=sys.stderr)
+        for act in (["f32", "int8"] if m in Q4 and not a.no_a8 else [None]):
+            r = ppl(out, "--kl-base", kld, *(["--q4-act", act] if act else []))
+            name = m if act is None else f"{m} A16" if act == "f32" else f"{m} A8"
+            rows.append({"method": name, "ppl": r["perplexity"], "kl_mean": r["kl_mean"], "kl_p99": r["kl_p99"],
+                         "top1": r["top1_agree"], "bytes": i["file_bytes"], "bpw": i["bits_per_weight"],
+                         "quantize_s": qs, "path": str(out)})
+            print(f"  {name}: ppl {r['perplexity']:.4f}, KL {r['kl_mean']:.5f}", file=sys.stderr)
     for row in rows:
         row["dppl"] = 100.0 * (row["ppl"] / b["perplexity"] - 1.0)
     print(f"quality: {a.eval.name if hasattr(a.eval, 'name') else a.eval}, ctx {a.ctx}, "
           f"{b['n_chunks']} chunks, {b['n_scored']} scored tokens; baseline = the Q4_1 model expanded to F16; "
-          f"calibration: {Path(str(a.calib)).name}, {a.samples} x {a.seq_len} tokens")
+          f"calibration: {Path(str(a.calib)).name}, {a.samples} x {a.seq_len} tokens (w8a8), "
+          f"{a.q4_samples} x {a.seq_len} (awq, gptq); 4-bit methods at group 64; the embedding (tied "
+          f"output) stays q8_0 under every scheme method")
     print()
     print("| method | PPL | ΔPPL | mean KL | KL p99 | top-1 | file | bpw |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
@@ -146,13 +167,18 @@ def main():
     speed = []
     if a.speed:
         sm = a.speed_methods.split(",") if a.speed_methods else methods
-        names = ["f16 (baseline)", "q4_1 (the shipped file)"] + [m for m in sm if m in methods]
+        names = ["f16 (baseline)", "q4_1 (the shipped file)"]
+        for m in sm:
+            if m in methods:
+                names += [f"{m} A16", f"{m} A8"] if m in Q4 and not a.no_a8 else [m]
         paths = {row["method"]: row["path"] for row in rows}
         best = {n: {} for n in names}
         for _ in range(a.rounds):
             for n in names:
                 env = dict(os.environ, LUAINFER_MODEL=paths[n])
-                out, ru = run_rss([luai, "run", ROOT / "bench" / "bench_quant_speed.lua", a.speed_steps, 1], env=env)
+                act = "int8" if n.endswith(" A8") else "f32"
+                out, ru = run_rss([luai, "run", ROOT / "bench" / "bench_quant_speed.lua", a.speed_steps, 1, "auto",
+                                   act], env=env)
                 v = json.loads(out.strip().splitlines()[-1])
                 v["rss_mib"] = ru.ru_maxrss / 1024.0
                 for k, x in v.items():
@@ -169,27 +195,17 @@ def main():
             print(f"| {n} | {cell('prefill_512')} | {cell('decode_1')} | {cell('batched_8')} | "
                   f"{cell('batched_32')} | {s['rss_mib']:.0f} MiB |")
             speed.append({"model": n, **s})
-    if a.plot:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
-        pts = [r for r in rows if r["kl_mean"] > 0]
-        ax.scatter([r["bpw"] for r in pts], [r["kl_mean"] for r in pts])
-        for r in pts:
-            ax.annotate(r["method"], (r["bpw"], r["kl_mean"]), fontsize=7, xytext=(3, 3), textcoords="offset points")
-        ax.set_yscale("log")
-        ax.set_xlabel("bits per weight")
-        ax.set_ylabel("mean KL divergence vs F16 (nats/token)")
-        ax.set_title(f"luainfer quantize: {b['n_scored']} held-out tokens, ctx {a.ctx}")
-        ax.grid(True, alpha=0.3)
-        fig.tight_layout()
-        fig.savefig(a.plot)
-        print(f"\nplot: {a.plot}")
+    result = {"bench": "quant", "quality": rows, "speed": speed, "n_scored": b["n_scored"], "ctx": a.ctx,
+              "seconds": time.time() - t0}
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"quality": rows, "speed": speed, "n_scored": b["n_scored"], "ctx": a.ctx,
-                       "seconds": time.time() - t0}, f, indent=1)
+            json.dump(result, f, indent=1)
+    if a.plot:  # tools/plot_bench.py draws it from the same JSON
+        js = work / "quant_plot.json"
+        with open(js, "w") as f:
+            json.dump(result, f)
+        run([sys.executable, ROOT / "tools" / "plot_bench.py", js, a.plot])
+        print(f"\nplot: {a.plot}")
     if tmp:
         tmp.cleanup()
 

@@ -3,12 +3,15 @@
 -- batched decode of 8 and 32 sequences (greedy, ignore_eos). Forward time
 -- only (the engine's time_forward), best of ROUNDS. Prints one JSON line.
 --
---   LUAINFER_MODEL=M.gguf ./build/luainfer run bench/bench_quant_speed.lua [DECODE_STEPS] [ROUNDS] [ISA]
+--   LUAINFER_MODEL=M.gguf ./build/luainfer run bench/bench_quant_speed.lua [DECODE_STEPS] [ROUNDS] [ISA] [Q4_ACT]
+--
+-- Q4_ACT: f32 (A16, default) or int8 (A8) for 4-bit group weights.
 local luainfer = require("luainfer")
 local root = (arg[0]:match("^(.*)/bench/") or ".")
 local STEPS = tonumber(arg[1]) or 16
 local ROUNDS = tonumber(arg[2]) or 1
 local ISA = arg[3] or "auto"
+local Q4_ACT = arg[4] or "f32"
 
 local words = { "data", "engine", "river", "policy", "cache", "block", "stream", "token", "lua", "kernel",
                 "batch", "queue", "model", "vector", "prefix", "server" }
@@ -19,7 +22,7 @@ local function prompt(n, seed)
 end
 
 local function engine(n)
-  return luainfer.engine{ policy = root .. "/policies/default.lua", max_num_seqs = n, isa = ISA,
+  return luainfer.engine{ policy = root .. "/policies/default.lua", max_num_seqs = n, isa = ISA, q4_act = Q4_ACT,
                           max_batched_tokens = 4096, kv_memory = 256 * 1024 * 1024 }
 end
 

@@ -119,7 +119,23 @@ def replay(r, fig):
     fig.suptitle(f"trace {os.path.basename(r['trace'])}, max_num_seqs {r['max_num_seqs']}")
 
 
-PLOTS = {"batching": batching, "prefix": prefix, "step_cost": step_cost, "kv_dtype": kv_dtype, "spec": spec}
+def quant(r, ax):
+    """bench_quant.py: bits per weight against mean KL divergence vs the F16
+    baseline (log scale), one point per method; the 4-bit methods' A8 runs
+    (int8 activations) hollow beside their A16 ones."""
+    pts = [x for x in r["quality"] if x["kl_mean"] > 0]
+    for x in pts:
+        a8 = x["method"].endswith(" A8")
+        ax.scatter([x["bpw"]], [x["kl_mean"]], marker="o", facecolors="none" if a8 else "C0", edgecolors="C0")
+        ax.annotate(x["method"], (x["bpw"], x["kl_mean"]), fontsize=7, xytext=(3, 3), textcoords="offset points")
+    ax.set_yscale("log")
+    ax.set_xlabel("bits per weight (scales, zero points and the q8_0 embedding counted)")
+    ax.set_ylabel("mean KL divergence vs F16 (nats/token)")
+    ax.set_title(f"luainfer quantize: {r['n_scored']} held-out tokens, ctx {r['ctx']}")
+
+
+PLOTS = {"batching": batching, "prefix": prefix, "step_cost": step_cost, "kv_dtype": kv_dtype, "spec": spec,
+         "quant": quant}
 FIGURES = {"replay": replay}  # functions that lay out their own axes
 
 

@@ -29,6 +29,7 @@ typedef struct gen_opts {
     double temperature, top_p, min_p, repeat_penalty, presence_penalty, frequency_penalty;
     int64_t penalty_last_n;
     li_str_list stop, logit_bias;
+    const char *q4_act;
 } gen_opts;
 
 typedef struct gen_state {
@@ -130,6 +131,7 @@ int li_cmd_generate(int argc, char **argv) {
         {"ctx-size", LI_OPT_INT, &o.ctx_size, "context length (default: the model's, at most 8192)"},
         {"batch-size", LI_OPT_INT, &o.batch_size, "prompt tokens per forward pass (default 512)"},
         {"kv-dtype", LI_OPT_STR, &o.kv_dtype, "KV cache dtype: f16, bf16, f32, fp8 (E4M3) or int8; 8-bit ones keep an f32 scale per token and kv head (default f16)"},
+        {"q4-act", LI_OPT_STR, &o.q4_act, "4-bit group weights (awq, gptq, rtn4): f32 activations (A16, the reference bits) or int8 (A8, quantized per row on the fly) (default f32)"},
         {"isa", LI_OPT_STR, &o.isa, "CPU kernels: auto, scalar, avx2, avx512, or ggml (llama.cpp's x86 arithmetic, bit for bit; slower) (default auto)"},
         {"help", LI_OPT_FLAG, &o.help, "show this help"},
     };
@@ -174,7 +176,8 @@ int li_cmd_generate(int argc, char **argv) {
         return li_runtime_fail(&(li_error){LI_EINVAL, "--tensor-parallel must be in [1, 64]"});
     li_runtime rt;
     if ((rc = li_runtime_open(&rt, o.model, o.threads, o.isa, &err))) return li_runtime_fail(&err);
-    if (o.draft && (rc = li_runtime_open_draft(&rt, o.draft, &err))) {
+    if ((o.draft && (rc = li_runtime_open_draft(&rt, o.draft, &err))) ||
+        (rc = li_runtime_set_q4_act(&rt, o.q4_act, "--q4-act", &err))) {
         li_runtime_close(&rt);
         return li_runtime_fail(&err);
     }

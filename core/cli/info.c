@@ -114,10 +114,16 @@ int li_cmd_info(int argc, char **argv) {
     }
     char qdesc[160] = "";
     li_str qm;
-    if (li_gguf_get_str(&m->gguf, "luainfer.quant.method", &qm, &err) == 0)
-        snprintf(qdesc, sizeof qdesc, "%.*s%s%s", (int)LI_MIN(qm.len, 32), qm.ptr,
-                 m->quant_scheme != LI_SCHEME_PLAIN ? ", activations " : "",
-                 m->quant_scheme != LI_SCHEME_PLAIN ? li_act_quant_name(li_scheme_info(m->quant_scheme)->act) : "");
+    if (li_gguf_get_str(&m->gguf, "luainfer.quant.method", &qm, &err) == 0) {
+        const bool sch = m->quant_scheme != LI_SCHEME_PLAIN;
+        const li_act_quant act = m->quant_act != LI_ACT_F32 ? m->quant_act
+                                 : sch                      ? li_scheme_info(m->quant_scheme)->act
+                                                            : LI_ACT_F32;
+        char grp[32] = "";
+        if (sch && m->quant_group > 0) snprintf(grp, sizeof grp, ", group %lld", (long long)m->quant_group);
+        snprintf(qdesc, sizeof qdesc, "%.*s%s%s%s", (int)LI_MIN(qm.len, 32), qm.ptr, grp, sch ? ", activations " : "",
+                 sch ? li_act_quant_name(act) : "");
+    }
     const double bpw = w_elems ? 8.0 * (double)w_bytes / (double)w_elems : 0;
     static const li_type kv_types[] = {LI_TYPE_F32, LI_TYPE_F16, LI_TYPE_BF16, LI_KV_TYPE_FP8_E4M3, LI_KV_TYPE_INT8};
     const li_kv_dims kvd = {hp->n_layer, hp->n_head_kv, hp->head_dim};

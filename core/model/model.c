@@ -121,6 +121,19 @@ static int read_scheme(li_model *m, li_error *err) {
         return li_error_set(err, LI_EUNSUP, "model: luainfer.quant.version %u is not supported (this build reads 1)", v);
     if ((rc = li_gguf_get_u32(&m->gguf, "luainfer.quant.group_size", &g, err)) < 0) return rc;
     m->quant_group = g;
+    /* the activations, when the file names them: the scheme's own or one it allows */
+    li_str a;
+    if ((rc = li_gguf_get_str(&m->gguf, "luainfer.quant.activations", &a, err)) != 0 && rc != 1) return rc;
+    if (rc == 0) {
+        const li_scheme_traits *st = li_scheme_info(m->quant_scheme);
+        int act = -1;
+        for (int i = 0; i < LI_ACT_COUNT; i++)
+            if (li_str_eq(a, li_act_quant_name((uint32_t)i))) act = i;
+        if (act < 0 || (act != (int)st->act && !(st->acts & (1u << act))))
+            return li_error_set(err, LI_EUNSUP, "model: scheme %s does not run with '%.*s' activations "
+                                "(luainfer.quant.activations)", st->name, (int)a.len, a.ptr);
+        if (act != (int)st->act) m->quant_act = (li_act_quant)act;
+    }
     return 0;
 }
 
@@ -156,7 +169,7 @@ static int bind_scheme_weight(li_model *m, li_weight *w, const li_gguf_tensor *t
     w->row_bytes = row_bytes;
     w->data = t->data;
     w->scheme = m->quant_scheme;
-    w->act = st->act;
+    w->act = m->quant_act != LI_ACT_F32 ? m->quant_act : st->act;
     w->group_size = m->quant_group;
     const int64_t ng = li_weight_n_groups(w);
     li_error ce = {0};

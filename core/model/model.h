@@ -63,6 +63,10 @@ typedef struct li_model {
      * row-parallel weights, which it owns (li_shard_model_free); else NULL */
     void **shard_copies;       /* (n_shard_copies) */
     int n_shard_copies;
+    /* luainfer.quant.activations when it names another activation
+     * quantization the scheme allows (W4A4: int4 on the INT4 scheme);
+     * LI_ACT_F32: the scheme's own (li_scheme_traits.act) */
+    li_act_quant quant_act;
 } li_model;
 
 /* path: a GGUF file, or a Hugging Face Llama directory (config.json,

@@ -4,6 +4,7 @@
 #define _GNU_SOURCE
 #include "quant/quantize.h"
 #include "quant/calib.h"
+#include "quant/quant4.h"
 #include "model/gguf_write.h"
 #include "model/model.h"
 #include "runtime/runtime.h"
@@ -11,9 +12,12 @@
 
 #include <libgen.h>
 #include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* ------------------------------------------------------------------------
  * methods
@@ -32,6 +36,12 @@ static const struct {
     [LI_QMETHOD_Q4_1] = {"q4_1", LI_TYPE_Q4_1, LI_SCHEME_PLAIN, 3},
     [LI_QMETHOD_W8A8] = {"w8a8", LI_TYPE_COUNT, LI_SCHEME_W8A8, 0},
     [LI_QMETHOD_FP8] = {"fp8", LI_TYPE_COUNT, LI_SCHEME_FP8, 0},
+    /* rtn4 stores AWQ's layout (u4 codes, group scales, zero points): the
+     * same math without the search */
+    [LI_QMETHOD_RTN4] = {"rtn4", LI_TYPE_COUNT, LI_SCHEME_AWQ, 0},
+    [LI_QMETHOD_AWQ] = {"awq", LI_TYPE_COUNT, LI_SCHEME_AWQ, 0},
+    [LI_QMETHOD_GPTQ] = {"gptq", LI_TYPE_COUNT, LI_SCHEME_GPTQ, 0},
+    [LI_QMETHOD_W4A4] = {"w4a4", LI_TYPE_COUNT, LI_SCHEME_INT4, 0},
 };
 
 int li_qmethod_parse(const char *s, li_qmethod *out, li_error *err) {
@@ -40,18 +50,20 @@ int li_qmethod_parse(const char *s, li_qmethod *out, li_error *err) {
             *out = (li_qmethod)i;
             return 0;
         }
-    static const char *later[] = {"awq", "gptq", "w4a4", "rtn4"};
-    for (size_t i = 0; i < LI_ARRAY_LEN(later); i++)
-        if (s && !strcmp(s, later[i]))
-            return li_error_set(err, LI_EUNSUP, "quantize: method '%s' is not built yet (issue 14, 4-bit part)", s);
     return li_error_set(err, LI_EINVAL,
-                        "quantize: unknown method '%s' (expected f16, bf16, q8_0, q4_0, q4_1, w8a8 or fp8)",
+                        "quantize: unknown method '%s' (expected f16, bf16, q8_0, q4_0, q4_1, w8a8, fp8, rtn4, awq, "
+                        "gptq or w4a4)",
                         s ? s : "");
 }
 
 const char *li_qmethod_name(li_qmethod m) { return (unsigned)m < LI_QMETHOD_COUNT ? methods[m].name : "unknown"; }
 
+bool li_qmethod_is_q4(li_qmethod m) {
+    return m == LI_QMETHOD_RTN4 || m == LI_QMETHOD_AWQ || m == LI_QMETHOD_GPTQ || m == LI_QMETHOD_W4A4;
+}
+
 bool li_qmethod_needs_calib(const li_quant_opts *o) {
+    if (o->method == LI_QMETHOD_AWQ || o->method == LI_QMETHOD_GPTQ) return true;
     return (o->method == LI_QMETHOD_W8A8 || o->method == LI_QMETHOD_FP8) && o->smooth != LI_SMOOTH_NONE &&
            o->alpha > 0;
 }
@@ -70,7 +82,7 @@ typedef struct out_tensor {
 } out_tensor;
 
 typedef struct out_slot {
-    out_tensor t[2];   /* the tensor, and its scales for a scheme weight */
+    out_tensor t[4];   /* the tensor, and a scheme weight's .scale (.zero, .perm) */
     int n;
     int64_t params;    /* weight elements it stands for (bits per weight) */
 } out_slot;
@@ -225,6 +237,9 @@ typedef struct qctx {
     out_slot *slots;        /* (n_tensors of the input) */
     li_calib_amax amax;
     bool have_amax;
+    li_q4_calib *q4cal;     /* (n_layer, LI_CALIB_N_SITES): GPTQ / AWQ statistics, or NULL */
+    int64_t group;          /* 4-bit methods: the group size used (0: per channel) */
+    int64_t n_threads;      /* 4-bit methods: weights of a layer quantized at once */
 } qctx;
 
 static float *dequant(const li_weight *w) {
@@ -254,6 +269,248 @@ static int emit_f32(out_slot *s, const char *name, const float *f, int64_t n) {
     return 0;
 }
 
+/* ------------------------------------------------------------------------
+ * 4-bit methods (quant4.h): a layer's f32 weights in, u4 codes + .scale
+ * (+ .zero, .perm) out
+ * ---------------------------------------------------------------------- */
+
+/* Every linear weight's row length must be a multiple of the group: else
+ * say so, naming the weight, and suggest the groups that do fit. */
+static int check_group(const li_model *m, int64_t group, li_error *err) {
+    if (group == 0) return 0;
+    if (group < 0 || group % 2)
+        return li_error_set(err, LI_EINVAL, "quantize: --group must be an even number of elements (or 0: one group "
+                            "per row), got %lld", (long long)group);
+    int64_t g = 0;
+    const char *bad = NULL;
+    int64_t bad_k = 0;
+    static const char *names[7] = {"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"};
+    for (int l = 0; l < m->hp.n_layer; l++) {
+        const li_layer *L = &m->layers[l];
+        const li_weight *ws[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        for (int i = 0; i < 7; i++) {
+            int64_t a = g, b = ws[i]->k; /* g = gcd of every row length */
+            while (b) {
+                const int64_t t = a % b;
+                a = b, b = t;
+            }
+            g = a;
+            if (!bad && ws[i]->k % group) bad = names[i], bad_k = ws[i]->k;
+        }
+    }
+    if (!bad) return 0;
+    char sugg[96] = "";
+    int n = 0;
+    for (int64_t c = 32; c <= g && c <= 512 && n < 4; c += 32)
+        if (g % c == 0) {
+            const size_t len = strlen(sugg);
+            snprintf(sugg + len, sizeof sugg - len, "%s%lld", n ? ", " : "", (long long)c), n++;
+        }
+    return li_error_set(err, LI_EINVAL, "quantize: --group %lld does not divide the %lld-element rows of blk.*.%s."
+                        "weight: use a group that divides %lld (%s%sor 0 for one group per row)", (long long)group,
+                        (long long)bad_k, bad, (long long)g, sugg, n ? ", " : "");
+}
+
+/* Rows row0 .. row0+rows of r as the weight `name` (the AWQ scale is
+ * already folded upstream, so not stored). */
+static int emit_q4(out_slot *s, const char *name, li_scheme scheme, const li_q4_result *r, int64_t row0,
+                   int64_t rows, li_error *err) {
+    const int64_t k = r->n_in, ng = r->n_groups;
+    li_q4_result sub = *r;
+    sub.n_out = rows;
+    sub.codes = r->codes + row0 * k;
+    sub.scales = r->scales + row0 * ng;
+    sub.zeros = r->zeros ? r->zeros + row0 * ng : NULL;
+    sub.act_scale = NULL;
+    const size_t rb = (size_t)k / 2;
+    uint8_t *packed = li_xmalloc(rb * (size_t)rows);
+    li_weight w;
+    char why[160];
+    if (li_q4_weight_view(&sub, scheme, r->act, packed, &w, why, sizeof why)) {
+        free(packed);
+        return li_error_set(err, LI_EINVAL, "quantize: %s: %s", name, why);
+    }
+    char cn[160];
+    slot_add(s, name, LI_TYPE_I8, (int64_t)rb, rows, packed, rb * (size_t)rows);
+    const size_t nsc = (size_t)(rows * ng) * sizeof(float);
+    float *sc = li_xmalloc(nsc);
+    memcpy(sc, sub.scales, nsc);
+    snprintf(cn, sizeof cn, "%s.scale", name);
+    slot_add(s, cn, LI_TYPE_F32, ng, rows, sc, nsc);
+    if (sub.zeros) {
+        float *z = li_xmalloc(nsc);
+        memcpy(z, sub.zeros, nsc);
+        snprintf(cn, sizeof cn, "%s.zero", name);
+        slot_add(s, cn, LI_TYPE_F32, ng, rows, z, nsc);
+    }
+    if (r->perm) {
+        int32_t *p = li_xmalloc((size_t)k * sizeof(int32_t));
+        memcpy(p, r->perm, (size_t)k * sizeof(int32_t));
+        snprintf(cn, sizeof cn, "%s.perm", name);
+        slot_add(s, cn, LI_TYPE_I32, k, 1, p, (size_t)k * sizeof(int32_t));
+    }
+    s->params = rows * k;
+    return 0;
+}
+
+static li_q4_calib *q4cal_of(qctx *q, int l, li_calib_site site) { return &q->q4cal[l * LI_CALIB_N_SITES + site]; }
+
+/* an li_calib_fn: the rows into the (layer, site)'s X^T X and sum |x| */
+static void q4cal_collect(void *ctx, int layer, li_calib_site site, const float *x, int64_t n, int64_t k) {
+    qctx *q = ctx;
+    li_q4_calib *c = q4cal_of(q, layer, site);
+    if (c->n_in == k) li_q4_calib_accumulate(c, x, n);
+}
+
+/* w: (m, k) rows of weights stacked (q/k/v or gate/up, which read one input) */
+static float *stack_rows(float *const *ws, const int64_t *rows, int n_w, int64_t k, int64_t *total) {
+    int64_t t = 0;
+    for (int i = 0; i < n_w; i++) t += rows[i];
+    float *f = li_xmalloc((size_t)(t * k) * sizeof(float));
+    for (int i = 0, r0 = 0; i < n_w; r0 += (int)rows[i], i++)
+        memcpy(f + (int64_t)r0 * k, ws[i], (size_t)(rows[i] * k) * sizeof(float));
+    *total = t;
+    return f;
+}
+
+static const li_calib_site weight_site[7] = {LI_CALIB_QKV, LI_CALIB_QKV, LI_CALIB_QKV, LI_CALIB_O,
+                                             LI_CALIB_GU,  LI_CALIB_GU,  LI_CALIB_DOWN};
+
+/* AWQ on a layer. The per-input-channel scale s must go where the input is
+ * made, with no op added at run time:
+ * - q/k/v (one input): searched jointly on the stacked rows (one s, the sum
+ *   of their output errors), 1/s into the attention RMSNorm weight;
+ * - gate/up: likewise, into the FFN RMSNorm weight;
+ * - down: 1/s into up's rows (silu(gate) * up is linear in up), searched
+ *   first so that gate/up are then quantized with up's folded rows;
+ * - o_proj: its input channel (h, c) comes from kv head h / G's v row c,
+ *   so a fold into v_proj needs one s per GQA group, which the per-layer
+ *   search does not give (AutoAWQ also skips o_proj under GQA): o_proj
+ *   gets s = 1 (a one-point grid, a = 0) and the clipping search only. */
+/* An AWQ stack: q/k/v (st 0) or gate/up (st 1) searched as one, 1/s into
+ * its norm, the result split into res[first..]. */
+static int awq_stack(qctx *q, int l, int st, float **w, const int64_t *m, const int64_t *k, float *norm,
+                     li_q4_result *res, const li_q4_opts *qo, char *why, size_t cap) {
+    static const int first[2] = {W_Q, W_GATE}, count[2] = {3, 2};
+    const int i0 = first[st];
+    li_q4_result r = {0};
+    int64_t tot;
+    float *f = stack_rows(&w[i0], &m[i0], count[st], k[i0], &tot);
+    const int rc = li_q4_awq(f, tot, k[i0], q4cal_of(q, l, weight_site[i0]), qo, &r, why, cap);
+    free(f);
+    if (rc) return -1;
+    for (int64_t j = 0; j < k[i0]; j++) norm[j] /= r.act_scale[j];
+    /* split by rows: shallow copies; res[i0] owns the arrays (it points at
+     * their starts), the others are views into them */
+    for (int i = 0, r0 = 0; i < count[st]; r0 += (int)m[i0 + i], i++) {
+        li_q4_result *d = &res[i0 + i];
+        *d = r;
+        d->n_out = m[i0 + i];
+        d->codes = r.codes + (int64_t)r0 * r.n_in;
+        d->scales = r.scales + (int64_t)r0 * r.n_groups;
+        d->zeros = r.zeros ? r.zeros + (int64_t)r0 * r.n_groups : NULL;
+        d->act_scale = i ? NULL : r.act_scale;
+    }
+    return 0;
+}
+
+/* ---- a layer's weights quantized as independent tasks over threads (the
+ * quantizers are pure functions, so the bytes do not depend on the split) */
+
+typedef struct q4_job {
+    qctx *q;
+    int l;
+    layer_f32 *L;
+    const li_q4_opts *qo;
+    li_q4_result *res;     /* (7) */
+    int task[8], n_task;   /* what to run, in order of decreasing cost */
+    atomic_int next;
+    int rc[8];
+    char why[8][200];
+} q4_job;
+
+/* task t: a weight index (rtn4, w4a4, gptq), or for AWQ 7 = down, then its
+ * scale into up's rows, then the gate/up stack; 8 = o_proj (clipping only:
+ * s = 1 from a one-point grid) then the q/k/v stack */
+static int q4_task(q4_job *j, int t, char *why, size_t cap) {
+    qctx *q = j->q;
+    layer_f32 *L = j->L;
+    const int l = j->l;
+    switch (q->o->method) {
+    case LI_QMETHOD_RTN4: return li_q4_rtn(L->w[t], L->m[t], L->k[t], j->qo, &j->res[t], why, cap);
+    case LI_QMETHOD_W4A4: return li_q4_w4a4(L->w[t], L->m[t], L->k[t], &j->res[t], why, cap);
+    case LI_QMETHOD_GPTQ:
+        return li_q4_gptq(L->w[t], L->m[t], L->k[t], q4cal_of(q, l, weight_site[t]), j->qo, &j->res[t], why, cap);
+    default: break;
+    }
+    if (t == 7) {
+        if (li_q4_awq(L->w[W_DOWN], L->m[W_DOWN], L->k[W_DOWN], q4cal_of(q, l, LI_CALIB_DOWN), j->qo, &j->res[W_DOWN],
+                      why, cap))
+            return -1;
+        for (int64_t r = 0; r < L->m[W_UP]; r++) {
+            const float sr = j->res[W_DOWN].act_scale[r];
+            for (int64_t c = 0; c < L->k[W_UP]; c++) L->w[W_UP][r * L->k[W_UP] + c] /= sr;
+        }
+        return awq_stack(q, l, 1, L->w, L->m, L->k, L->ffn_norm, j->res, j->qo, why, cap);
+    }
+    li_q4_opts qo1 = *j->qo;
+    qo1.n_grid = 1;
+    if (li_q4_awq(L->w[W_O], L->m[W_O], L->k[W_O], q4cal_of(q, l, LI_CALIB_O), &qo1, &j->res[W_O], why, cap))
+        return -1;
+    return awq_stack(q, l, 0, L->w, L->m, L->k, L->attn_norm, j->res, j->qo, why, cap);
+}
+
+static void *q4_worker(void *arg) {
+    q4_job *j = arg;
+    for (int i; (i = atomic_fetch_add(&j->next, 1)) < j->n_task;)
+        j->rc[i] = q4_task(j, j->task[i], j->why[i], sizeof j->why[i]);
+    return NULL;
+}
+
+static int q4_layer(qctx *q, int l, layer_f32 *L, li_error *err) {
+    const li_quant_opts *o = q->o;
+    li_q4_opts qo;
+    li_q4_opts_default(&qo);
+    qo.group_size = q->group;
+    qo.damp = o->damp;
+    qo.act_order = o->act_order;
+    qo.clip = !o->no_clip;
+    li_q4_result res[7] = {{0}};
+    bool shared[7] = {false}; /* res[i]'s arrays belong to another (AWQ's stacks) */
+    q4_job *j = li_xcalloc(1, sizeof *j);
+    *j = (q4_job){.q = q, .l = l, .L = L, .qo = &qo, .res = res};
+    atomic_init(&j->next, 0);
+    if (o->method == LI_QMETHOD_AWQ) {
+        j->task[j->n_task++] = 7;
+        j->task[j->n_task++] = 8;
+        shared[W_K] = shared[W_V] = shared[W_UP] = true;
+    } else {
+        static const int order[7] = {W_DOWN, W_GATE, W_UP, W_Q, W_O, W_K, W_V};
+        for (int i = 0; i < 7; i++) j->task[j->n_task++] = order[i];
+    }
+    const int nth = (int)LI_MIN((int64_t)j->n_task, q->n_threads);
+    pthread_t th[8];
+    int started = 0;
+    for (int i = 1; i < nth; i++)
+        if (!pthread_create(&th[started], NULL, q4_worker, j)) started++;
+    q4_worker(j);
+    for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
+    int rc = 0;
+    for (int i = 0; i < j->n_task && !rc; i++)
+        if (j->rc[i]) rc = li_error_set(err, LI_EINVAL, "quantize: layer %d: %s", l, j->why[i]);
+    free(j);
+    static const char *names[7] = {"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"};
+    char name[96];
+    for (int i = 0; i < 7 && !rc; i++) {
+        snprintf(name, sizeof name, "blk.%d.%s.weight", l, names[i]);
+        rc = emit_q4(&q->slots[tensor_index(q->m, name)], name, methods[o->method].scheme, &res[i], 0, res[i].n_out,
+                     err);
+    }
+    for (int i = 0; i < 7; i++)
+        if (!shared[i]) li_q4_result_free(&res[i]);
+    return rc;
+}
+
 static int do_layer(qctx *q, int l, li_error *err) {
     const li_hparams *hp = &q->m->hp;
     li_layer *ML = &q->m->layers[l];
@@ -272,7 +529,8 @@ static int do_layer(qctx *q, int l, li_error *err) {
     if (q->have_amax) smooth_layer(&L, hp, &q->amax, l, q->o->alpha, q->o->smooth);
     int rc = 0;
     char name[96];
-    for (int i = 0; i < 7 && !rc; i++) {
+    if (li_qmethod_is_q4(q->o->method)) rc = q4_layer(q, l, &L, err);
+    for (int i = 0; i < 7 && !rc && !li_qmethod_is_q4(q->o->method); i++) {
         snprintf(name, sizeof name, "blk.%d.%s.weight", l, names[i]);
         rc = emit_linear(q, &q->slots[tensor_index(q->m, name)], name, L.w[i], L.m[i], L.k[i], err);
     }
@@ -342,6 +600,38 @@ static int calibrate(qctx *q, li_error *err) {
     return 0;
 }
 
+/* Calibration for GPTQ / AWQ: every (layer, site)'s X^T X and sum |x|. */
+static int calibrate_q4(qctx *q, li_error *err) {
+    const li_hparams *hp = &q->m->hp;
+    const int64_t k[LI_CALIB_N_SITES] = {[LI_CALIB_QKV] = hp->n_embd, [LI_CALIB_O] = q->m->layers[0].wo.k,
+                                         [LI_CALIB_GU] = hp->n_embd, [LI_CALIB_DOWN] = hp->n_ff};
+    q->q4cal = li_xcalloc((size_t)hp->n_layer * LI_CALIB_N_SITES, sizeof *q->q4cal);
+    char why[160];
+    for (int l = 0; l < hp->n_layer; l++)
+        for (int st = 0; st < LI_CALIB_N_SITES; st++)
+            if (li_q4_calib_init(q4cal_of(q, l, (li_calib_site)st), k[st], why, sizeof why))
+                return li_error_set(err, LI_ENOMEM, "quantize: calibration statistics: %s", why);
+    li_runtime rt;
+    int rc = li_runtime_open(&rt, q->o->in, q->o->threads, "auto", err);
+    if (rc) return rc;
+    const li_calib_opts co = {.path = q->o->calib, .samples = q->o->samples, .seq_len = q->o->seq_len};
+    li_log_info("calibration: %lld windows of %lld tokens (X^T X of every layer input)", (long long)co.samples,
+                (long long)co.seq_len);
+    rc = li_calib_run(rt.model, &rt.be, &co, q4cal_collect, q, err);
+    li_runtime_close(&rt);
+    for (int i = 0; i < hp->n_layer * LI_CALIB_N_SITES && !rc; i++)
+        if (li_q4_calib_finish(&q->q4cal[i], why, sizeof why))
+            rc = li_error_set(err, LI_EINVAL, "quantize: calibration: %s", why);
+    return rc;
+}
+
+static void q4cal_free(qctx *q) {
+    if (!q->q4cal) return;
+    for (int i = 0; i < q->m->hp.n_layer * LI_CALIB_N_SITES; i++) li_q4_calib_free(&q->q4cal[i]);
+    free(q->q4cal);
+    q->q4cal = NULL;
+}
+
 static bool is_companion(li_str name) {
     static const char *suf[] = {".scale", ".zero", ".perm"};
     for (size_t i = 0; i < LI_ARRAY_LEN(suf); i++) {
@@ -368,9 +658,22 @@ static int write_metadata(qctx *q, li_gguf_writer *w, li_error *err) {
     if (!rc) rc = li_gguf_writer_add_u32(w, "luainfer.quant.version", LI_QUANT_FORMAT_VERSION, err);
     if (methods[me].scheme != LI_SCHEME_PLAIN) {
         if (!rc) rc = li_gguf_writer_add_str(w, "luainfer.quant.scheme", li_scheme_name(methods[me].scheme), err);
-        if (!rc) rc = li_gguf_writer_add_u32(w, "luainfer.quant.group_size", 0, err); /* per channel */
-        if (!rc) rc = li_gguf_writer_add_str(w, "luainfer.quant.activations",
-                                             li_act_quant_name(li_scheme_info(methods[me].scheme)->act), err);
+        if (!rc) rc = li_gguf_writer_add_u32(w, "luainfer.quant.group_size", (uint32_t)q->group, err); /* 0: per channel */
+        const li_act_quant act = me == LI_QMETHOD_W4A4 ? LI_ACT_INT4 : li_scheme_info(methods[me].scheme)->act;
+        if (!rc) rc = li_gguf_writer_add_str(w, "luainfer.quant.activations", li_act_quant_name(act), err);
+    }
+    if (me == LI_QMETHOD_GPTQ) {
+        if (!rc) rc = li_gguf_writer_add_f32(w, "luainfer.quant.gptq.damp", (float)o->damp, err);
+        if (!rc) rc = li_gguf_writer_add_bool(w, "luainfer.quant.gptq.act_order", o->act_order, err);
+    }
+    if (me == LI_QMETHOD_AWQ && !rc) rc = li_gguf_writer_add_bool(w, "luainfer.quant.awq.clip", !o->no_clip, err);
+    if (q->q4cal) {
+        char *base = strdup(o->calib);
+        if (!base) abort();
+        if (!rc) rc = li_gguf_writer_add_str(w, "luainfer.quant.calib.file", basename(base), err);
+        if (!rc) rc = li_gguf_writer_add_u32(w, "luainfer.quant.calib.samples", (uint32_t)o->samples, err);
+        if (!rc) rc = li_gguf_writer_add_u32(w, "luainfer.quant.calib.seq_len", (uint32_t)o->seq_len, err);
+        free(base);
     }
     if (q->have_amax) {
         static const char *sm[] = {"none", "norm", "all"};
@@ -388,10 +691,13 @@ static int write_metadata(qctx *q, li_gguf_writer *w, li_error *err) {
 
 int li_quantize(const li_quant_opts *o, li_error *err) {
     if ((unsigned)o->method >= LI_QMETHOD_COUNT) return li_error_set(err, LI_EINVAL, "quantize: bad method");
-    if (o->group)
+    const bool grouped = li_qmethod_is_q4(o->method) && o->method != LI_QMETHOD_W4A4;
+    if (o->group_set && !grouped)
         return li_error_set(err, LI_EINVAL, "quantize: --group does not apply to %s (%s)", methods[o->method].name,
                             methods[o->method].scheme == LI_SCHEME_PLAIN ? "its blocks are 32 elements"
                                                                          : "its scales are per output channel");
+    if (!(o->damp > 0 && o->damp < 1) && o->method == LI_QMETHOD_GPTQ)
+        return li_error_set(err, LI_EINVAL, "quantize: --damp must be in (0, 1), a fraction of the mean Hessian diagonal");
     if (!(o->alpha >= 0 && o->alpha <= 1)) return li_error_set(err, LI_EINVAL, "quantize: --alpha must be in [0, 1]");
     qctx q = {.o = o};
     int rc = li_model_load(&q.m, o->in, err);
@@ -405,7 +711,13 @@ int li_quantize(const li_quant_opts *o, li_error *err) {
     li_gguf_writer w;
     li_gguf_writer_init(&w);
     q.slots = li_xcalloc((size_t)g->n_tensors, sizeof *q.slots);
-    if (li_qmethod_needs_calib(o) && (rc = calibrate(&q, err))) goto done;
+    q.group = grouped ? (o->group_set ? o->group : 128) : 0;
+    q.n_threads = o->threads > 0 ? o->threads : LI_MAX(1, sysconf(_SC_NPROCESSORS_ONLN));
+    if (grouped && (rc = check_group(q.m, q.group, err))) goto done;
+    if (li_qmethod_needs_calib(o)) {
+        rc = li_qmethod_is_q4(o->method) ? calibrate_q4(&q, err) : calibrate(&q, err);
+        if (rc) goto done;
+    }
     li_progress pg;
     li_progress_init(&pg, "quantize", "layers/s", hp->n_layer + 1);
     if ((rc = do_embedding(&q, &q.m->tok_embd, "token_embd.weight", err))) goto done;
@@ -451,6 +763,7 @@ done:
         }
     free(q.slots);
     if (q.have_amax) li_calib_amax_free(&q.amax);
+    q4cal_free(&q);
     li_gguf_writer_free(&w);
     li_model_free(q.m);
     return rc;

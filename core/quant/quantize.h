@@ -13,6 +13,12 @@
  *   w8a8   int8 per-output-channel weights, int8 per-token activations,
  *          SmoothQuant migration (--alpha, calibration)
  *   fp8    fp8 e4m3 per-output-channel weights, fp8 per-token activations
+ *   rtn4 awq gptq   u4 codes, per-(row, group) scales and zero points
+ *          (--group, default 128, must divide every row), f32 activations
+ *          (A16; A8 is the backend's choice at run time): round to
+ *          nearest, AWQ (its per-input-channel scale folded upstream) or
+ *          GPTQ (--damp, --act-order) over calibration (quant4.h)
+ *   w4a4   u4 symmetric per-output-channel weights, int4 per-token activations
  * Scheme weights are stored as an I8 tensor of codes (row bytes x rows)
  * plus NAME.scale (f32, groups x rows); token_embd (tied to the output)
  * stays q8_0 in the scheme methods. */
@@ -31,6 +37,10 @@ typedef enum li_qmethod {
     LI_QMETHOD_Q4_1,
     LI_QMETHOD_W8A8,
     LI_QMETHOD_FP8,
+    LI_QMETHOD_RTN4,
+    LI_QMETHOD_AWQ,
+    LI_QMETHOD_GPTQ,
+    LI_QMETHOD_W4A4,
     LI_QMETHOD_COUNT
 } li_qmethod;
 
@@ -49,11 +59,18 @@ typedef struct li_quant_opts {
     double alpha;           /* SmoothQuant migration strength in [0, 1] */
     li_smooth smooth;
     int64_t threads;        /* calibration threads (<= 0: all cores) */
+    /* ---- 4-bit methods ---- */
+    bool group_set;         /* --group given (0 then means one group per row) */
+    double damp;            /* GPTQ: damping, a fraction of mean(diag H) (0.01) */
+    bool act_order;         /* GPTQ: columns by decreasing diag(H) */
+    bool no_clip;           /* AWQ: skip the clipping search */
 } li_quant_opts;
 
 /* "w8a8" -> LI_QMETHOD_W8A8; unknown names: LI_EINVAL listing the methods */
 int li_qmethod_parse(const char *s, li_qmethod *out, li_error *err);
 const char *li_qmethod_name(li_qmethod m);
+/* true for the 4-bit methods (rtn4, awq, gptq, w4a4) */
+bool li_qmethod_is_q4(li_qmethod m);
 /* true for the methods that run the model over --calib */
 bool li_qmethod_needs_calib(const li_quant_opts *o);
 

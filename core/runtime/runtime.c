@@ -4,6 +4,7 @@
 #include "engine/engine.h"
 
 #include <stdio.h>
+#include <string.h>
 
 int li_runtime_open(li_runtime *rt, const char *model_path, int64_t n_threads, const char *isa, li_error *err) {
     rt->model = NULL;
@@ -25,6 +26,16 @@ int li_runtime_open(li_runtime *rt, const char *model_path, int64_t n_threads, c
         return rc;
     }
     return 0;
+}
+
+int li_runtime_set_q4_act(li_runtime *rt, const char *q4_act, const char *flag, li_error *err) {
+    if (!q4_act || !strcmp(q4_act, "f32")) return 0; /* the backend's default */
+    if (strcmp(q4_act, "int8"))
+        return li_error_set(err, LI_EINVAL, "%s must be f32 (A16) or int8 (A8), got '%s'", flag, q4_act);
+    if (!strcmp(li_backend_cpu_isa(&rt->be), "ggml"))
+        return li_error_set(err, LI_EUNSUP, "%s int8 needs luainfer's own CPU kernels: --isa ggml does not run 4-bit "
+                            "group weights", flag);
+    return li_backend_cpu_set_q4_act(&rt->be, LI_ACT_INT8, err);
 }
 
 int li_runtime_open_draft(li_runtime *rt, const char *path, li_error *err) {

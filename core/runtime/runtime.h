@@ -35,6 +35,13 @@ struct li_engine_config;
 int li_runtime_spec_config(struct li_engine_config *cfg, const li_runtime *rt, const char *method, int64_t k,
                            int64_t layers, const char *flag, li_error *err);
 
+/* How 4-bit group weights (awq, gptq, rtn4) multiply their activations:
+ * NULL or "f32" (A16, the weights' own semantics and the reference's
+ * bits), or "int8" (A8: int8 per row on the fly, li_backend_cpu_set_q4_act).
+ * `flag` spells the option in messages ("--q4-act" or "q4_act"). int8 on
+ * --isa ggml is refused (ggml's kernels do not run these weights). */
+int li_runtime_set_q4_act(li_runtime *rt, const char *q4_act, const char *flag, li_error *err);
+
 /* Prints "luainfer: error: <msg>" to stderr and returns the exit status 1. */
 int li_runtime_fail(const li_error *err);
 

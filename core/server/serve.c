@@ -163,6 +163,7 @@ typedef struct serve_opts {
     int64_t max_per_ip;
     const char *api_key;
     bool no_http, no_rpc;
+    const char *q4_act;
 } serve_opts;
 
 /* ---- listeners and the banner ------------------------------------------------- */
@@ -262,6 +263,7 @@ int li_cmd_serve(int argc, char **argv) {
         {"max-batched-tokens", LI_OPT_INT, &o.max_batched_tokens, "tokens per step (default: the policy's, else 512)"},
         {"ctx-size", LI_OPT_INT, &o.ctx_size, "positions per request (default: the model's, at most 8192)"},
         {"threads", LI_OPT_INT, &o.threads, "compute threads (default: all cores)"},
+        {"q4-act", LI_OPT_STR, &o.q4_act, "4-bit group weights (awq, gptq, rtn4): f32 activations (A16, the reference bits) or int8 (A8, quantized per row on the fly) (default f32)"},
         {"isa", LI_OPT_STR, &o.isa, "CPU kernels: auto, scalar, avx2, avx512, or ggml (llama.cpp's x86 arithmetic, bit for bit; slower) (default auto)"},
         {"policy-isolation", LI_OPT_STR, &o.isolation,
          "process (default: a policy-host child with a 50 ms deadline) or inprocess (trusted policies; see docs/policy-protocol.md)"},
@@ -376,6 +378,7 @@ int li_cmd_serve(int argc, char **argv) {
 
     if ((rc = li_runtime_open(&rt, o.model, o.threads, o.isa, &err))) goto done;
     rt_open = true;
+    if ((rc = li_runtime_set_q4_act(&rt, o.q4_act, "--q4-act", &err))) goto done;
     if (o.draft && (rc = li_runtime_open_draft(&rt, o.draft, &err))) goto done;
     srv.model = rt.model;
     {
