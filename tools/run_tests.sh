@@ -72,11 +72,18 @@ for b in "${BUILDS[@]}"; do
 done
 
 # ---- pytest ---------------------------------------------------------------
+# Many integration tests wait on a server or a child process more than they
+# compute: two pytest-xdist workers (LUAINFER_TEST_JOBS of them) overlap
+# that; each file stays on one worker (tests/integration/conftest.py).
+XDIST=()
+if [ "$JOBS" -gt 1 ] && "$PY" -c 'import xdist' 2>/dev/null; then
+    XDIST=(-n "$JOBS" --dist loadgroup)
+fi
 if compgen -G 'tests/integration/test_*.py' >/dev/null || compgen -G 'tests/integration/*_test.py' >/dev/null; then
     printf '\n== pytest tests/integration\n'
     xml=$RESULTS/pytest.xml
     LUAINFER_BIN=$PWD/build/luainfer LUAINFER_SOURCE_DIR=$PWD \
-        "$PY" -m pytest tests/integration -q -rs --junitxml="$xml"
+        "$PY" -m pytest tests/integration -q -rs "${XDIST[@]}" --junitxml="$xml"
     rc=$?
     # exit 5 = no tests collected: a failure here, since test files exist
     record "pytest" "$rc" "$xml"
@@ -91,7 +98,8 @@ if compgen -G 'tests/integration/test_*.py' >/dev/null || compgen -G 'tests/inte
         xml=$RESULTS/pytest-${b//\//_}.xml
         LUAINFER_BIN=$PWD/$b/luainfer LUAINFER_SOURCE_DIR=$PWD \
             "$PY" -m pytest tests/integration/test_server.py tests/integration/test_cli_errors.py \
-            tests/integration/test_repl_interrupt.py tests/integration/test_policy_hostile.py -q -rs --junitxml="$xml"
+            tests/integration/test_repl_interrupt.py tests/integration/test_policy_hostile.py -q -rs "${XDIST[@]}" \
+            --junitxml="$xml"
         record "pytest $b" $? "$xml"
     done
 else

@@ -3,8 +3,8 @@
 #define _GNU_SOURCE
 #include "prune/prune.h"
 #include "engine/session.h"
+#include "quant/calib.h"
 #include "runtime/runtime.h"
-#include "tokenizer/tokenizer.h"
 #include "util/progress.h"
 
 #include <cjson/cJSON.h>
@@ -49,34 +49,12 @@ typedef struct calib_set {
 } calib_set;
 
 static int calib_load(calib_set *c, const li_model *m, const li_prune_opts *o, li_error *err) {
-    char *text = NULL;
-    size_t len = 0;
-    int rc = li_read_file(o->calib, (size_t)1 << 30, "calibration file", &text, &len, err);
+    const li_calib_opts co = {.path = o->calib, .samples = o->samples, .seq_len = o->seq_len};
+    int rc = li_calib_windows(m, &co, "prune", &c->win, err);
     if (rc) return rc;
-    if (len == 0) {
-        free(text);
-        return li_error_set(err, LI_EINVAL, "prune: calibration file '%s' is empty", o->calib);
-    }
-    int32_t *toks = NULL;
-    size_t n_tok = 0;
-    rc = li_tokenizer_encode(m->tok, text, len, false, false, &toks, &n_tok, err);
-    free(text);
-    if (rc) return rc;
-    const size_t need = (size_t)o->samples * (size_t)o->seq_len;
-    if (n_tok < need) {
-        free(toks);
-        return li_error_set(err, LI_EINVAL, "prune: calibration file '%s' is too short: %zu tokens, --samples %lld x "
-                            "--seq-len %lld needs %zu", o->calib, n_tok, (long long)o->samples,
-                            (long long)o->seq_len, need);
-    }
-    const bool bos = li_tokenizer_add_bos(m->tok) && li_tokenizer_bos(m->tok) >= 0;
     c->samples = o->samples;
     c->seq_len = o->seq_len;
-    c->win = li_xmalloc(need * sizeof *c->win);
-    memcpy(c->win, toks, need * sizeof *c->win);
-    for (int64_t i = 0; bos && i < c->samples; i++) c->win[i * c->seq_len] = li_tokenizer_bos(m->tok);
-    free(toks);
-    c->base_lp = li_xmalloc(need * (size_t)m->hp.n_vocab * sizeof(float));
+    c->base_lp = li_xmalloc((size_t)o->samples * (size_t)o->seq_len * (size_t)m->hp.n_vocab * sizeof(float));
     return 0;
 }
 

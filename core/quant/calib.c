@@ -71,12 +71,13 @@ static void cap_matmul_add(li_backend *be, const li_weight *w, const float *x, f
  * the run
  * ---------------------------------------------------------------------- */
 
-int li_calib_run(li_model *m, li_backend *be, const li_calib_opts *o, li_calib_fn fn, void *ctx, li_error *err) {
-    if (!o->path) return li_error_set(err, LI_EINVAL, "quantize: this method needs a calibration text (--calib FILE)");
+int li_calib_windows(const li_model *m, const li_calib_opts *o, const char *who, int32_t **win, li_error *err) {
+    *win = NULL;
+    if (!o->path) return li_error_set(err, LI_EINVAL, "%s: this method needs a calibration text (--calib FILE)", who);
     if (o->samples <= 0 || o->seq_len < 2)
-        return li_error_set(err, LI_EINVAL, "quantize: --samples must be >= 1 and --seq-len >= 2");
+        return li_error_set(err, LI_EINVAL, "%s: --samples must be >= 1 and --seq-len >= 2", who);
     if (o->seq_len > m->hp.n_ctx_train)
-        return li_error_set(err, LI_ERANGE, "quantize: --seq-len %lld exceeds the model's context %d",
+        return li_error_set(err, LI_ERANGE, "%s: --seq-len %lld exceeds the model's context %d", who,
                             (long long)o->seq_len, m->hp.n_ctx_train);
     char *text = NULL;
     size_t len = 0;
@@ -84,22 +85,33 @@ int li_calib_run(li_model *m, li_backend *be, const li_calib_opts *o, li_calib_f
     if (rc) return rc;
     if (len == 0) {
         free(text);
-        return li_error_set(err, LI_EINVAL, "quantize: calibration file '%s' is empty", o->path);
+        return li_error_set(err, LI_EINVAL, "%s: calibration file '%s' is empty", who, o->path);
     }
     int32_t *toks = NULL;
     size_t n_tok = 0;
     rc = li_tokenizer_encode(m->tok, text, len, false, false, &toks, &n_tok, err);
     free(text);
     if (rc) return rc;
-    const bool bos = li_tokenizer_add_bos(m->tok) && li_tokenizer_bos(m->tok) >= 0;
     const size_t need = (size_t)o->samples * (size_t)o->seq_len;
     if (n_tok < need) {
         free(toks);
         return li_error_set(err, LI_EINVAL,
-                            "quantize: calibration file '%s' is too short: %zu tokens, --samples %lld x --seq-len %lld "
+                            "%s: calibration file '%s' is too short: %zu tokens, --samples %lld x --seq-len %lld "
                             "needs %zu",
-                            o->path, n_tok, (long long)o->samples, (long long)o->seq_len, need);
+                            who, o->path, n_tok, (long long)o->samples, (long long)o->seq_len, need);
     }
+    /* the windows are consecutive: the first `need` tokens, each window
+     * starting with BOS when the model adds one */
+    if (li_tokenizer_add_bos(m->tok) && li_tokenizer_bos(m->tok) >= 0)
+        for (int64_t i = 0; i < o->samples; i++) toks[i * o->seq_len] = li_tokenizer_bos(m->tok);
+    *win = toks;
+    return 0;
+}
+
+int li_calib_run(li_model *m, li_backend *be, const li_calib_opts *o, li_calib_fn fn, void *ctx, li_error *err) {
+    int32_t *toks;
+    int rc = li_calib_windows(m, o, "quantize", &toks, err);
+    if (rc) return rc;
     calib_backend cb = {.be = *be, .real = be->ops, .m = m, .fn = fn, .ctx = ctx};
     cb.ops = *be->ops;
     cb.ops.matmul = cap_matmul;
@@ -117,7 +129,6 @@ int li_calib_run(li_model *m, li_backend *be, const li_calib_opts *o, li_calib_f
     li_progress_init(&pg, "calibrate", "samples/s", o->samples);
     for (int64_t i = 0; i < o->samples && !rc; i++) {
         memcpy(win, toks + i * o->seq_len, (size_t)o->seq_len * sizeof *win);
-        if (bos) win[0] = li_tokenizer_bos(m->tok);
         li_session_reset(&s);
         rc = li_session_eval(&s, win, o->seq_len, false, logits, err);
         li_progress_update(&pg, i + 1, "samples");

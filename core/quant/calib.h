@@ -36,6 +36,13 @@ typedef struct li_calib_opts {
     int64_t seq_len;
 } li_calib_opts;
 
+/* The calibration windows of `who` ("quantize", "prune"): tokenizes the
+ * text at o->path with m's tokenizer and returns its first samples *
+ * seq_len tokens as *win (malloc'd), BOS at the start of every window when
+ * the model adds one. Errors name the file: missing, empty, or shorter
+ * than the windows need. */
+int li_calib_windows(const li_model *m, const li_calib_opts *o, const char *who, int32_t **win, li_error *err);
+
 /* Tokenizes the text at o->path with m's tokenizer, then evaluates
  * o->samples windows of o->seq_len tokens (BOS first when the model adds
  * one), each from an empty cache, on be (m prepared on it), calling fn for
