@@ -74,10 +74,13 @@ done
 # ---- pytest ---------------------------------------------------------------
 # Many integration tests wait on a server or a child process more than they
 # compute: two pytest-xdist workers (LUAINFER_TEST_JOBS of them) overlap
-# that; each file stays on one worker (tests/integration/conftest.py).
+# that. Each file stays on one worker, so its module fixtures are built
+# once. (The two files that bind the README's fixed addresses, test_readme
+# and test_serve_defaults, skip a command, saying so, if the other holds
+# the address at that moment.)
 XDIST=()
 if [ "$JOBS" -gt 1 ] && "$PY" -c 'import xdist' 2>/dev/null; then
-    XDIST=(-n "$JOBS" --dist loadgroup)
+    XDIST=(-n "$JOBS" --dist loadfile)
 fi
 if compgen -G 'tests/integration/test_*.py' >/dev/null || compgen -G 'tests/integration/*_test.py' >/dev/null; then
     printf '\n== pytest tests/integration\n'

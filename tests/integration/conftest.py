@@ -174,9 +174,10 @@ def _report_lines():
     return lines
 
 
-# Under pytest-xdist (tools/run_tests.sh runs `-n 2`) the tests run in
-# worker processes: a worker that ran the parity tests writes the report,
-# and the controller prints the file it finds from this session.
+# Under pytest-xdist (tools/run_tests.sh runs `-n 2 --dist loadfile`: a
+# file's tests on one worker) the tests run in worker processes: the worker
+# that ran the parity tests writes the report, and the controller prints
+# the file it finds from this session.
 PARITY_JSON = REPO_ROOT / "build" / "parity_report.json"
 _SESSION_START = None
 
@@ -200,23 +201,6 @@ def pytest_sessionfinish(session):
         print(f"could not write {PARITY_JSON}: {e}")
 
 
-def pytest_collection_modifyitems(config, items):
-    """With xdist, a test file stays on one worker (its module fixtures are
-    built once), and the two files that bind the README's fixed addresses
-    share one, so neither skips for the other. test_bench.py's tests share
-    no fixture and each runs a whole benchmark: they spread over the
-    workers one by one."""
-    if not config.pluginmanager.hasplugin("xdist"):
-        return
-    for item in items:
-        stem = Path(str(item.fspath)).stem
-        if stem in ("test_readme", "test_serve_defaults"):
-            group = "fixed_addresses"
-        elif stem == "test_bench":
-            group = item.nodeid
-        else:
-            group = stem
-        item.add_marker(pytest.mark.xdist_group(group))
 
 
 def pytest_terminal_summary(terminalreporter):
