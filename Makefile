@@ -19,18 +19,27 @@ BUILD_FUZZ   ?= build-fuzz
 FUZZ_SECONDS ?= 60
 POLICY       ?= policies/default.lua
 
+# ccache (installed by tools/setup.sh) keeps compiled objects between
+# builds and between clones: paths are hashed relative to the checkout.
+CCACHE := $(shell command -v ccache 2>/dev/null)
+ifneq ($(CCACHE),)
+LAUNCHER := -DCMAKE_C_COMPILER_LAUNCHER=$(CCACHE)
+export CCACHE_BASEDIR := $(CURDIR)
+export CCACHE_NOHASHDIR := 1
+endif
+
 .PHONY: all build build-asan build-fuzz setup setup-golden serve test golden fuzz clean
 
 all: build
 
 # Configure once; later builds let CMake re-configure itself when its inputs change.
 build:
-	@test -f $(BUILD)/CMakeCache.txt || $(CMAKE) -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release
+	@test -f $(BUILD)/CMakeCache.txt || $(CMAKE) -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(LAUNCHER)
 	$(CMAKE) --build $(BUILD) -j$(NPROC)
 
 build-asan:
 	@test -f $(BUILD_ASAN)/CMakeCache.txt || $(CMAKE) -S . -B $(BUILD_ASAN) -DCMAKE_BUILD_TYPE=Release \
-		-DLI_SANITIZE=ON -DLI_CUDA=OFF
+		-DLI_SANITIZE=ON -DLI_CUDA=OFF $(LAUNCHER)
 	$(CMAKE) --build $(BUILD_ASAN) -j$(NPROC)
 
 build-fuzz:

@@ -29,7 +29,7 @@ done
 # clang brings libFuzzer through libclang-rt-14-dev, which Debian 12 only
 # recommends; we install without recommends, so it is named here.
 PACKAGES=(
-    build-essential cmake pkg-config
+    build-essential cmake pkg-config ccache
     libluajit2-5.1-dev luajit2 libuv1-dev libmsgpack-dev libutf8proc-dev libcjson-dev libjansson-dev
     libxxhash-dev libhttp-parser-dev libedit-dev zlib1g-dev
     clang libclang-rt-14-dev
