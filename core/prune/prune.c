@@ -10,6 +10,7 @@
 #include <cjson/cJSON.h>
 
 #include <libgen.h>
+#include <signal.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -56,6 +57,17 @@ static int calib_load(calib_set *c, const li_model *m, const li_prune_opts *o, l
     c->seq_len = o->seq_len;
     c->base_lp = li_xmalloc((size_t)o->samples * (size_t)o->seq_len * (size_t)m->hp.n_vocab * sizeof(float));
     return 0;
+}
+
+/* The temporary output while it exists: SIGINT / SIGTERM remove it, then
+ * end the process as the signal would (unlink is async-signal-safe). */
+static const char *volatile g_tmp_out;
+
+static void tmp_out_on_signal(int sig) {
+    const char *p = g_tmp_out;
+    if (p) unlink(p);
+    signal(sig, SIG_DFL);
+    raise(sig);
 }
 
 static void calib_free(calib_set *c) {
@@ -561,6 +573,7 @@ int li_prune(const li_prune_opts *o, li_error *err) {
     double *score = NULL;
     uint8_t *drop = NULL;
     char *tmp = NULL;
+    void (*old_int)(int) = SIG_DFL, (*old_term)(int) = SIG_DFL;
     li_model *pm = NULL;
     li_prune_params pp;
     int64_t k = 0;
@@ -620,6 +633,9 @@ int li_prune(const li_prune_opts *o, li_error *err) {
     const size_t tl = strlen(o->out) + 32;
     tmp = li_xmalloc(tl);
     snprintf(tmp, tl, "%s.prune.%d", o->out, (int)getpid());
+    g_tmp_out = tmp;
+    old_int = signal(SIGINT, tmp_out_on_signal);
+    old_term = signal(SIGTERM, tmp_out_on_signal);
     if ((rc = li_prune_write(m, &plan, li_prune_rank_name(o->rank), tmp, err))) goto done;
     if ((rc = li_model_load(&pm, tmp, err)) || (rc = li_model_prepare(pm, &rt.be, err))) {
         char why[sizeof err->msg];
@@ -649,6 +665,9 @@ done:
     }
     if (tmp) {
         unlink(tmp); /* gone after the rename; removes it on a dry run or an error */
+        signal(SIGINT, old_int);
+        signal(SIGTERM, old_term);
+        g_tmp_out = NULL;
         free(tmp);
     }
     li_prune_plan_free(&plan);
