@@ -448,6 +448,20 @@ const char *li_tokenizer_token_text(const li_tokenizer *t, int32_t id, size_t *l
     return s;
 }
 
+uint64_t li_tokenizer_vocab_hash(const li_tokenizer *t) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    const uint64_t prime = 0x100000001b3ull;
+    const uint32_t nv = (uint32_t)t->n_vocab;
+    for (int i = 0; i < 4; i++) h = (h ^ ((nv >> (8 * i)) & 0xff)) * prime;
+    for (int32_t id = 0; id < t->n_vocab; id++) {
+        uint32_t n;
+        const unsigned char *s = (const unsigned char *)li_tok_text(t, id, &n);
+        for (uint32_t j = 0; j < n; j++) h = (h ^ s[j]) * prime;
+        h = h * prime; /* the 0 byte: h ^ 0 == h */
+    }
+    return h;
+}
+
 li_token_type li_tokenizer_token_type(const li_tokenizer *t, int32_t id) {
     if (id < 0 || id >= t->n_vocab) return LI_TOKEN_TYPE_UNDEFINED;
     return (li_token_type)t->type[id];

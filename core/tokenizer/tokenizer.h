@@ -70,6 +70,11 @@ int32_t li_tokenizer_find(const li_tokenizer *t, const char *text, size_t len);
 /* The token's vocabulary text (not NUL-terminated) and its length; NULL for a bad id. */
 const char *li_tokenizer_token_text(const li_tokenizer *t, int32_t id, size_t *len);
 li_token_type li_tokenizer_token_type(const li_tokenizer *t, int32_t id);
+/* A fingerprint of the vocabulary: FNV-1a 64 over the vocabulary size (4
+ * bytes, little-endian) and then every token's text followed by one 0 byte,
+ * in id order. Files made for a model (Medusa heads) store it to be checked
+ * against the model they are loaded with. */
+uint64_t li_tokenizer_vocab_hash(const li_tokenizer *t);
 
 /* Encodes text. add_special: prepend BOS (and append EOS) when the model asks
  * for it. parse_special: CONTROL/UNKNOWN token strings in text become their

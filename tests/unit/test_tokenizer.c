@@ -231,6 +231,18 @@ static void test_basics(const li_tokenizer *t) {
     free(ids);
 
     CHECK(li_tokenizer_n_vocab(t) == 49152, "n_vocab %d", li_tokenizer_n_vocab(t));
+    /* the vocabulary fingerprint, spelled out from tokenizer.h's definition */
+    uint64_t h = 0xcbf29ce484222325ull;
+    const unsigned char nv[4] = {0x00, 0xc0, 0x00, 0x00}; /* 49152 little-endian */
+    for (int i = 0; i < 4; i++) h = (h ^ nv[i]) * 0x100000001b3ull;
+    for (int32_t id = 0; id < 49152; id++) {
+        size_t len;
+        const unsigned char *s = (const unsigned char *)li_tokenizer_token_text(t, id, &len);
+        for (size_t j = 0; j < len; j++) h = (h ^ s[j]) * 0x100000001b3ull;
+        h = (h ^ 0u) * 0x100000001b3ull;
+    }
+    CHECK(li_tokenizer_vocab_hash(t) == h, "vocab hash %016llx, spelled out %016llx",
+          (unsigned long long)li_tokenizer_vocab_hash(t), (unsigned long long)h);
     CHECK(!li_tokenizer_add_bos(t), "SmolLM2 does not add BOS");
     CHECK(li_tokenizer_bos(t) == 1 && li_tokenizer_eos(t) == 2, "bos/eos");
     int32_t im_end = li_tokenizer_find(t, "<|im_end|>", 10);

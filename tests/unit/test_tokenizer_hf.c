@@ -80,6 +80,8 @@ static void test_same(const li_tokenizer *h, const li_tokenizer *g) {
     CHECK(li_tokenizer_bos(h) == li_tokenizer_bos(g), "bos %d vs %d", li_tokenizer_bos(h), li_tokenizer_bos(g));
     CHECK(li_tokenizer_eos(h) == li_tokenizer_eos(g), "eos %d vs %d", li_tokenizer_eos(h), li_tokenizer_eos(g));
     CHECK(li_tokenizer_add_bos(h) == li_tokenizer_add_bos(g), "add_bos");
+    CHECK(li_tokenizer_vocab_hash(h) == li_tokenizer_vocab_hash(g), "vocab hash %016llx vs %016llx",
+          (unsigned long long)li_tokenizer_vocab_hash(h), (unsigned long long)li_tokenizer_vocab_hash(g));
     int bad_text = 0, bad_type = 0, bad_piece = 0, bad_eog = 0;
     int32_t n = LI_MIN(li_tokenizer_n_vocab(h), li_tokenizer_n_vocab(g));
     for (int32_t id = 0; id < n; id++) {
