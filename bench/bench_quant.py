@@ -11,8 +11,10 @@ baseline, then scored with `luainfer perplexity` over the held-out text:
   read against them with --kl-base) and its 99th percentile, top-1
   agreement, file size and bits per weight (luainfer info).
 
-Calibration (w8a8) reads a different work (tests/data/plrabn12.txt, Paradise
-Lost) from the evaluation text (tests/data/alice29.txt, Alice). The speed
+Calibration (w8a8, awq, gptq) reads a different work (tests/data/plrabn12.txt,
+Paradise Lost) from the evaluation text: by default tests/data/alice29.txt
+(Alice) followed by tests/data/asyoulik.txt (As You Like It), joined by a
+blank line into one text (--eval FILE, repeatable, names others). The speed
 table runs bench/bench_quant_speed.lua for the baseline, Q4_1 and each method,
 ROUNDS rounds alternating the models (a slow spell of a shared machine then
 falls on every model alike), keeping each one's best; peak RSS is each
@@ -21,9 +23,13 @@ child's own (os.wait4).
   .venv/bin/python bench/bench_quant.py [--chunks N] [--methods a,b,...]
          [--speed] [--plot bpw_kl.png] [--json out.json]
 
---chunks 0 scores the whole text (76 chunks of 512 for alice29.txt). A run
-prints the tables as Markdown (docs/benchmarks.md has one)."""
+--chunks 0 scores the whole text. A run prints the tables as Markdown
+(docs/benchmarks.md has one). With --work DIR --reuse a run can be stopped
+and resumed: quantized models and each model's scores (keyed by the model
+file's size and mtime, the evaluation text's hash and the options that
+change a score) are kept in DIR and reused."""
 import argparse
+import hashlib
 import json
 import os
 import subprocess
@@ -82,7 +88,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--bin", default=os.environ.get("LUAINFER_BIN", ROOT / "build" / "luainfer"))
     ap.add_argument("--model", default=os.environ.get("LUAINFER_MODEL", ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"))
-    ap.add_argument("--eval", default=ROOT / "tests" / "data" / "alice29.txt")
+    ap.add_argument("--eval", action="append", type=Path,
+                    help="held-out text (repeatable; default: alice29.txt then asyoulik.txt)")
     ap.add_argument("--calib", default=ROOT / "tests" / "data" / "plrabn12.txt")
     ap.add_argument("--samples", type=int, default=32, help="calibration windows for w8a8")
     ap.add_argument("--q4-samples", type=int, default=4,
@@ -112,18 +119,39 @@ def main():
     work.mkdir(parents=True, exist_ok=True)
     threads = ["--threads", str(a.threads)] if a.threads else []
     luai = a.bin
+    evals = a.eval or [ROOT / "tests" / "data" / "alice29.txt", ROOT / "tests" / "data" / "asyoulik.txt"]
+    text = "\n\n".join(p.read_text().strip("\n") for p in evals) + "\n"
+    eval_path = work / "eval.txt"
+    eval_path.write_text(text)
+    eval_key = hashlib.sha256(text.encode()).hexdigest()[:16]
+    eval_name = " + ".join(p.name for p in evals)
 
     def info(path):
         return json.loads(run([luai, "info", path, "--json"]))
 
     def ppl(path, *extra):
-        return json.loads(run([luai, "perplexity", "--model", path, "--file", a.eval, "--ctx", a.ctx,
-                               "--chunks", a.chunks, "--json", *threads, *extra]))
+        """luainfer perplexity's JSON; with --reuse, kept in work/ beside the
+        model and reused while the model file, the text and the options agree."""
+        st = Path(path).stat()
+        key = json.dumps([str(path), st.st_size, int(st.st_mtime), eval_key, a.ctx, a.chunks, [str(e) for e in extra]])
+        cache = work / ("score." + hashlib.sha256(key.encode()).hexdigest()[:16] + ".json")
+        if a.reuse and cache.exists():
+            return json.loads(cache.read_text())
+        out = run([luai, "perplexity", "--model", path, "--file", eval_path, "--ctx", a.ctx,
+                   "--chunks", a.chunks, "--json", *threads, *extra])
+        tmp_cache = cache.with_suffix(".tmp")
+        tmp_cache.write_text(out)
+        tmp_cache.rename(cache)
+        return json.loads(out)
 
     t0 = time.time()
     base = work / "f16.gguf"
-    run([luai, "quantize", "--method", "f16", a.model, base])
+    if not (a.reuse and base.exists()):
+        run([luai, "quantize", "--method", "f16", a.model, base])
     kld = work / "base.kld"
+    if a.reuse and not kld.exists():  # the saved scores of other models were read against another base file
+        for old in work.glob("score.*.json"):
+            old.unlink()
     b = ppl(base, "--kl-base-out", kld)
     rows = []
     bi = info(base)
@@ -153,7 +181,7 @@ def main():
             print(f"  {name}: ppl {r['perplexity']:.4f}, KL {r['kl_mean']:.5f}", file=sys.stderr)
     for row in rows:
         row["dppl"] = 100.0 * (row["ppl"] / b["perplexity"] - 1.0)
-    print(f"quality: {a.eval.name if hasattr(a.eval, 'name') else a.eval}, ctx {a.ctx}, "
+    print(f"quality: {eval_name}, ctx {a.ctx}, "
           f"{b['n_chunks']} chunks, {b['n_scored']} scored tokens; baseline = the Q4_1 model expanded to F16; "
           f"calibration: {Path(str(a.calib)).name}, {a.samples} x {a.seq_len} tokens (w8a8), "
           f"{a.q4_samples} x {a.seq_len} (awq, gptq); 4-bit methods at group 64; the embedding (tied "

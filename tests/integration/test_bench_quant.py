@@ -35,3 +35,16 @@ def test_bench_quant_tiny(luainfer_bin, model_path, repo_root, tmp_path):
     for m in ("q8_0", "w8a8-a0"):
         assert 0 < byname[m]["kl_mean"] < 5 and 0 <= byname[m]["top1"] <= 1
         assert 7.5 < byname[m]["bpw"] < 9
+    # resumed: with --reuse the models and their scores kept in --work come back as they were
+    js2 = tmp_path / "q2.json"
+    before = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "w").glob("score.*.json")}
+    r = subprocess.run([sys.executable, repo_root / "bench" / "bench_quant.py", "--bin", luainfer_bin,
+                        "--model", model_path, "--ctx", "32", "--chunks", "1", "--methods", "q8_0,w8a8-a0",
+                        "--json", js2, "--work", tmp_path / "w", "--reuse"],
+                       capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    kept = sorted((tmp_path / "w").glob("score.*.json"))
+    assert len(kept) == 4, kept  # the baseline, the shipped Q4_1 and the two methods
+    assert {p.name: p.stat().st_mtime_ns for p in kept} == before  # read back, not recomputed
+    q2 = json.loads(js2.read_text())["quality"]
+    assert [(x["method"], x["ppl"], x["kl_mean"]) for x in q2] == [(x["method"], x["ppl"], x["kl_mean"]) for x in q]
