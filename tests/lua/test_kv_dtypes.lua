@@ -1,7 +1,8 @@
 -- test_kv_dtypes.lua — 8-bit KV cache quality on the real model.
 --
 --  * greedy agreement with f16 KV: the same PROMPTS x 32 tokens with
---    kv_dtype = fp8, int8 (and bf16, f32 as yardsticks); prints the fraction of
+--    kv_dtype = fp8, int8 (and bf16, f32 as yardsticks with --yardsticks:
+--    printed, not asserted, so the suite skips them); prints the fraction of
 --    identical continuations and the mean first-divergence position, and
 --    asserts the floors below (set under the measured values, see
 --    docs/benchmarks.md "KV cache dtypes");
@@ -10,7 +11,7 @@
 --    first 3 chunks to stay fast; the full-file numbers are in
 --    docs/benchmarks.md), through the `luainfer perplexity` binary.
 --
---   build-kv/luainfer run tests/lua/test_kv_dtypes.lua [--no-ppl]
+--   build-kv/luainfer run tests/lua/test_kv_dtypes.lua [--no-ppl] [--yardsticks]
 package.path = arg[0]:match("^(.*)/[^/]*$") .. "/?.lua;" .. package.path
 local H = require("harness")
 local luainfer = require("luainfer")
@@ -74,10 +75,16 @@ local function continuations(dtype)
   return out, s
 end
 
+local function has_arg(a)
+  for i = 1, #arg do if arg[i] == a then return true end end
+  return false
+end
+
 local t0 = os.clock()
 local base, s16 = continuations("f16")
 local report = {}
-for _, dt in ipairs({ "fp8", "int8", "bf16", "f32" }) do
+local dtypes = has_arg("--yardsticks") and { "fp8", "int8", "bf16", "f32" } or { "fp8", "int8" }
+for _, dt in ipairs(dtypes) do
   local got, s = continuations(dt)
   local same, div_sum, n_div, prefix_sum = 0, 0, 0, 0
   for i = 1, #PROMPTS do
@@ -115,8 +122,7 @@ end
 print(("agreement: %.1f s CPU"):format(os.clock() - t0))
 
 -- perplexity through the CLI (the binary running this script)
-local no_ppl = false
-for i = 1, #arg do if arg[i] == "--no-ppl" then no_ppl = true end end
+local no_ppl = has_arg("--no-ppl")
 local exe = not no_ppl and io.popen("readlink /proc/$PPID/exe 2>/dev/null")
 local bin = exe and exe:read("*l")
 if exe then exe:close() end
