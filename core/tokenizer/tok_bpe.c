@@ -9,7 +9,10 @@
  * SentencePiece BPE (Llama 1/2 family): a fragment starts as one symbol per
  * UTF-8 character, and the adjacent pair whose concatenation is the
  * highest-scoring vocabulary token is merged first (ties: leftmost). What is
- * left over and not in the vocabulary goes out as <0xXX> byte tokens.
+ * left over and not in the vocabulary goes out as <0xXX> byte tokens. A
+ * tokenizer.json of that family (HF's BPE with byte_fallback) instead maps
+ * each character to its token or its byte tokens first and then runs the
+ * byte-level loop's ranked merges over those ids.
  *
  * Both use a binary min-heap of candidates keyed by one 64-bit number, and a
  * stale candidate is recognised when popped (its symbols changed since). */
@@ -186,20 +189,9 @@ static void bpe_try_pair(const li_tokenizer *t, li_tok_work *w, int32_t left, in
                                .b = w->sym[right].id, .result = m->result});
 }
 
-void li_tok_bpe_word(const li_tokenizer *t, li_tok_work *w, const uint8_t *s, size_t n,
-                     li_tok_ids *out) {
-    work_reserve(w, n);
-    int32_t ns = 0;
-    for (size_t i = 0; i < n; i++) {
-        /* A byte the vocabulary cannot spell is dropped and its neighbours
-         * become adjacent: HF's BPE without an unk token does this.
-         * llama.cpp keeps the gap (no merge across it); we follow HF. */
-        int32_t id = t->byte_tok[s[i]];
-        if (id < 0) continue;
-        w->sym[ns] = (li_tok_sym){.id = id, .prev = ns - 1, .next = -1};
-        if (ns > 0) w->sym[ns - 1].next = ns;
-        ns++;
-    }
+/* The merge loop over ns symbols w->sym[0..ns) holding token ids: the
+ * lowest-ranked adjacent pair first, ties to the leftmost; then the ids out. */
+static void bpe_merge(const li_tokenizer *t, li_tok_work *w, int32_t ns, li_tok_ids *out) {
     if (ns == 0) return;
     for (int32_t i = 1; i < ns; i++) bpe_try_pair(t, w, i - 1, i);
     while (w->heap_n > 0) {
@@ -215,6 +207,23 @@ void li_tok_bpe_word(const li_tokenizer *t, li_tok_work *w, const uint8_t *s, si
         bpe_try_pair(t, w, c.left, l->next);
     }
     for (int32_t i = 0; i >= 0; i = w->sym[i].next) li_tok_ids_push(out, w->sym[i].id);
+}
+
+void li_tok_bpe_word(const li_tokenizer *t, li_tok_work *w, const uint8_t *s, size_t n,
+                     li_tok_ids *out) {
+    work_reserve(w, n);
+    int32_t ns = 0;
+    for (size_t i = 0; i < n; i++) {
+        /* A byte the vocabulary cannot spell is dropped and its neighbours
+         * become adjacent: HF's BPE without an unk token does this.
+         * llama.cpp keeps the gap (no merge across it); we follow HF. */
+        int32_t id = t->byte_tok[s[i]];
+        if (id < 0) continue;
+        w->sym[ns] = (li_tok_sym){.id = id, .prev = ns - 1, .next = -1};
+        if (ns > 0) w->sym[ns - 1].next = ns;
+        ns++;
+    }
+    bpe_merge(t, w, ns, out);
 }
 
 int32_t li_tok_bpe_whole(const li_tokenizer *t, li_tok_work *w, const uint8_t *s, size_t n) {
@@ -269,9 +278,13 @@ static void spm_emit(const li_tokenizer *t, const char *s, uint32_t n, li_tok_id
     }
 }
 
-void li_tok_spm_fragment(const li_tokenizer *t, li_tok_work *w, const char *s, size_t n,
-                         bool prefix_space, li_tok_ids *out) {
-    /* Escape: optional leading space, then every ' ' becomes U+2581 "▁". */
+/* One character's byte length from its lead byte only (llama.cpp's
+ * unicode_len_utf8), so invalid bytes never fail. */
+static const uint8_t lead_len[16] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4};
+
+/* The fragment escaped into w->buf: an optional leading "▁", then every ' '
+ * as U+2581 "▁". Returns its length. */
+static size_t spm_escape(li_tok_work *w, const char *s, size_t n, bool prefix_space) {
     size_t need = (n + 1) * 3;
     if (need > w->buf_cap) {
         w->buf_cap = need;
@@ -290,11 +303,72 @@ void li_tok_spm_fragment(const li_tokenizer *t, li_tok_work *w, const char *s, s
             w->buf[m++] = s[i];
         }
     }
-    if (m == 0) return;
+    return m;
+}
 
-    /* One symbol per character, its length taken from the lead byte only
-     * (llama.cpp's unicode_len_utf8), so invalid bytes never fail. */
-    static const uint8_t lead_len[16] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4};
+/* HF's BPE with byte_fallback over the escaped fragment: each character is
+ * its vocabulary token, else its <0xXX> byte tokens (all of them must
+ * exist), else unk (fused with an unk just before it when fuse_unk; dropped
+ * without an unk token); then the ranked merges of t->merges. */
+static void spm_ranked_word(const li_tokenizer *t, li_tok_work *w, size_t off, size_t m, li_tok_ids *out) {
+    work_reserve(w, m - off); /* at most one symbol per byte */
+    int32_t ns = 0;
+    for (size_t i = off; i < m;) {
+        size_t len = lead_len[(uint8_t)w->buf[i] >> 4];
+        if (len > m - i) len = m - i;
+        int32_t id = li_tok_strmap_get(&t->vocab, t, w->buf + i, len);
+        int32_t ids[4], k = 0;
+        if (id >= 0) {
+            ids[k++] = id;
+        } else {
+            for (size_t j = 0; j < len && k >= 0; j++) {
+                int32_t b = t->byte_tok[(uint8_t)w->buf[i + j]];
+                if (b < 0) k = -1;
+                else ids[k++] = b;
+            }
+            if (k < 0) {
+                k = 0;
+                bool fused = t->fuse_unk && ns > 0 && w->sym[ns - 1].id == t->unk;
+                if (t->unk >= 0 && !fused) ids[k++] = t->unk;
+            }
+        }
+        for (int32_t j = 0; j < k; j++) {
+            w->sym[ns] = (li_tok_sym){.id = ids[j], .prev = ns - 1, .next = -1};
+            if (ns > 0) w->sym[ns - 1].next = ns;
+            ns++;
+        }
+        i += len;
+    }
+    bpe_merge(t, w, ns, out);
+}
+
+/* The escaped fragment w->buf[0..m): one word, or with Metaspace's split a
+ * word starting at each "▁" (the delimiter goes with the word after it). */
+static void spm_ranked(const li_tokenizer *t, li_tok_work *w, size_t m, li_tok_ids *out) {
+    if (!t->spm_split) {
+        spm_ranked_word(t, w, 0, m, out);
+        return;
+    }
+    size_t start = 0;
+    for (size_t i = 1; i + 3 <= m; i++) {
+        if (memcmp(w->buf + i, "\xE2\x96\x81", 3) == 0) {
+            spm_ranked_word(t, w, start, i, out);
+            start = i;
+            i += 2;
+        }
+    }
+    spm_ranked_word(t, w, start, m, out);
+}
+
+void li_tok_spm_fragment(const li_tokenizer *t, li_tok_work *w, const char *s, size_t n,
+                         bool prefix_space, li_tok_ids *out) {
+    size_t m = spm_escape(w, s, n, prefix_space);
+    if (m == 0) return;
+    if (t->spm_ranked) {
+        spm_ranked(t, w, m, out);
+        return;
+    }
+    /* One symbol per character; the highest-scoring pair merges first. */
     work_reserve(w, m);
     int32_t ns = 0;
     for (size_t i = 0; i < m;) {

@@ -30,6 +30,14 @@ typedef struct li_tok_pairmap {
 } li_tok_pairmap;
 
 enum { LI_TOK_MODEL_BPE, LI_TOK_MODEL_SPM };
+/* When an SPM fragment (text between special tokens) gets a leading "▁". */
+enum {
+    LI_TOK_PREFIX_LLAMACPP = 0, /* GGUF: add_space_prefix, on the first fragment and after each special */
+    LI_TOK_PREFIX_EVERY,        /* tokenizer.json normalizer Prepend("▁"): every fragment */
+    LI_TOK_PREFIX_META_FIRST,   /* Metaspace "first": the fragment at offset 0, unless it starts with a space */
+    LI_TOK_PREFIX_META_ALWAYS,  /* Metaspace "always": every fragment not starting with a space */
+    LI_TOK_PREFIX_NEVER,        /* Metaspace "never" */
+};
 enum { LI_TOK_PRE_GPT2, LI_TOK_PRE_SMOLLM, LI_TOK_PRE_LLAMA3 };
 
 #define LI_TOK_MAX_EOG 16
@@ -38,6 +46,11 @@ struct li_tokenizer {
     int model;             /* LI_TOK_MODEL_* */
     int pre;               /* LI_TOK_PRE_* (BPE only) */
     bool ignore_merges;    /* BPE: a word that is a whole token is taken as is */
+    bool spm_ranked;       /* SPM from a tokenizer.json: pairs merge by merge rank (t->merges), as
+                            * HF's BPE with byte_fallback does, not by the merged token's score */
+    bool fuse_unk;         /* spm_ranked: consecutive unknown characters give one unk */
+    bool spm_split;        /* spm_ranked: Metaspace split: words start at each "▁", merges stay inside */
+    int spm_prefix;        /* SPM: LI_TOK_PREFIX_* */
     int32_t n_vocab;
 
     char *text;            /* every token's GGUF text, back to back */
@@ -48,7 +61,7 @@ struct li_tokenizer {
     float *score;          /* (n_vocab) SPM merge scores; NULL for BPE */
 
     li_tok_strmap vocab;
-    li_tok_pairmap merges; /* BPE only */
+    li_tok_pairmap merges; /* BPE, and SPM when spm_ranked */
     int32_t byte_tok[256]; /* BPE: token of the byte's GPT-2 char; SPM: <0xXX>; -1 if none */
 
     int32_t *special;      /* ids matched whole in text, longest text first */
@@ -110,7 +123,10 @@ void li_tok_bpe_word(const li_tokenizer *t, li_tok_work *w, const uint8_t *s, si
                      li_tok_ids *out);
 /* The token whose byte-level spelling is the whole word, or -1. */
 int32_t li_tok_bpe_whole(const li_tokenizer *t, li_tok_work *w, const uint8_t *s, size_t n);
-/* SentencePiece BPE of one raw-text fragment; `prefix_space` prepends " ". */
+/* SentencePiece BPE of one raw-text fragment; `prefix_space` prepends " ".
+ * Merges by score (GGUF, llama.cpp's rule), or by rank when t->spm_ranked
+ * (tokenizer.json, HF's rule: a character outside the vocabulary becomes
+ * its <0xXX> byte tokens before merging, else unk). */
 void li_tok_spm_fragment(const li_tokenizer *t, li_tok_work *w, const char *s, size_t n,
                          bool prefix_space, li_tok_ids *out);
 

@@ -3,12 +3,19 @@
  * post_processor into the same li_tokenizer the GGUF loader builds, and
  * refusing what that structure cannot express.
  *
- * Supported: model "BPE" (byte-level: no byte_fallback, no subword
- * prefix/suffix, no dropout), no normalizer, a ByteLevel decoder, and the
+ * Supported: model "BPE" (no subword prefix/suffix, no dropout) in two
+ * families.
+ * Byte-level (no byte_fallback): no normalizer, a ByteLevel decoder, and the
  * three splits tok_pretok.c implements, recognised by their exact JSON:
  *   ByteLevel(use_regex)                                   -> GPT-2
  *   Sequence[Digits(individual), ByteLevel(use_regex)]     -> SmolLM
  *   Sequence[Split(Llama 3 regex, Isolated), ByteLevel]    -> Llama 3
+ * SentencePiece-style (byte_fallback: Llama 1/2, Mistral, TinyLlama), as
+ * LI_TOK_MODEL_SPM with ranked merges, in its two shapes:
+ *   normalizer Sequence[Prepend("▁"), Replace(" ", "▁")], no pre_tokenizer
+ *   no normalizer, pre_tokenizer Metaspace("▁", prepend_scheme, split)
+ * and a decoder made of Replace("▁", " ") / ByteFallback / Fuse /
+ * Strip(" ", 1, 0) / Metaspace steps.
  * Added tokens: special -> CONTROL, others -> USER_DEFINED, as llama.cpp's
  * GGUF converter types them, so both loaders give the same tokenizer. */
 #include "tok_internal.h"
@@ -111,6 +118,90 @@ static int check_normalizer_decoder(const cJSON *root, jctx *c) {
     if (!cJSON_IsObject(d) || strcmp(jtype(d), "ByteLevel") != 0)
         return JFAIL(c, LI_EUNSUP, "decoder '%.32s' is not supported (ByteLevel only)", d ? jtype(d) : "none");
     return 0;
+}
+
+/* ---- SentencePiece-style shapes ---- */
+
+static bool is_str_replace(const cJSON *o, const char *from, const char *to) {
+    const cJSON *pat = cJSON_GetObjectItemCaseSensitive(o, "pattern");
+    const char *f = jstr(pat, "String"), *t = jstr(o, "content");
+    return cJSON_IsObject(o) && !strcmp(jtype(o), "Replace") && f && t && !strcmp(f, from) && !strcmp(t, to);
+}
+
+/* Metaspace's prepend scheme as LI_TOK_PREFIX_*; -1 for another replacement. */
+static int metaspace_scheme(const cJSON *m) {
+    const char *rep = jstr(m, "replacement"), *scheme = jstr(m, "prepend_scheme");
+    if (!rep || strcmp(rep, "\xE2\x96\x81") != 0) return -1;
+    if (!scheme) /* tokenizers < 0.19 wrote add_prefix_space */
+        return jtrue(m, "add_prefix_space") ? LI_TOK_PREFIX_META_ALWAYS : LI_TOK_PREFIX_NEVER;
+    if (!strcmp(scheme, "first")) return LI_TOK_PREFIX_META_FIRST;
+    if (!strcmp(scheme, "always")) return LI_TOK_PREFIX_META_ALWAYS;
+    if (!strcmp(scheme, "never")) return LI_TOK_PREFIX_NEVER;
+    return -1;
+}
+
+static int load_spm_shape(li_tokenizer *t, const cJSON *root, jctx *c) {
+    const cJSON *n = cJSON_GetObjectItemCaseSensitive(root, "normalizer");
+    const cJSON *p = cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer");
+    const cJSON *d = cJSON_GetObjectItemCaseSensitive(root, "decoder");
+    bool no_n = !n || cJSON_IsNull(n), no_p = !p || cJSON_IsNull(p);
+    if (!no_n && no_p) {
+        const cJSON *ns = cJSON_GetObjectItemCaseSensitive(n, "normalizers");
+        const cJSON *a = cJSON_GetArraySize(ns) == 2 ? ns->child : NULL;
+        const char *pre = a ? jstr(a, "prepend") : NULL;
+        if (!a || strcmp(jtype(n), "Sequence") || strcmp(jtype(a), "Prepend") || !pre ||
+            strcmp(pre, "\xE2\x96\x81") || !is_str_replace(a->next, " ", "\xE2\x96\x81"))
+            return JFAIL(c, LI_EUNSUP, "normalizer '%.32s' is not supported with byte_fallback "
+                         "(Sequence[Prepend(\"\xE2\x96\x81\"), Replace(\" \", \"\xE2\x96\x81\")] only)", jtype(n));
+        t->spm_prefix = LI_TOK_PREFIX_EVERY;
+    } else if (no_n && !no_p) {
+        int scheme = !strcmp(jtype(p), "Metaspace") ? metaspace_scheme(p) : -1;
+        if (scheme < 0)
+            return JFAIL(c, LI_EUNSUP, "pre_tokenizer '%.32s' is not supported with byte_fallback (Metaspace(\"\xE2\x96\x81\") only)",
+                         jtype(p));
+        const cJSON *split = cJSON_GetObjectItemCaseSensitive(p, "split");
+        t->spm_split = split ? cJSON_IsTrue(split) : true; /* tokenizers' default */
+        t->spm_prefix = scheme;
+    } else {
+        return JFAIL(c, LI_EUNSUP, "byte_fallback BPE wants either a Prepend/Replace normalizer or a Metaspace "
+                     "pre_tokenizer, not %s", no_n ? "neither" : "both");
+    }
+    /* the decoder: its steps, in order; Strip(" ", 1, 0) or a prepending
+     * Metaspace drops the leading space the encoder added */
+    const cJSON *steps = d;
+    if (cJSON_IsObject(d) && !strcmp(jtype(d), "Sequence")) steps = cJSON_GetObjectItemCaseSensitive(d, "decoders");
+    bool spaces = false, strip = false;
+    for (const cJSON *x = cJSON_IsArray(steps) ? steps->child : (cJSON_IsObject(d) ? d : NULL); x; x = x->next) {
+        const char *ty = jtype(x);
+        const cJSON *st = cJSON_GetObjectItemCaseSensitive(x, "start"), *sp = cJSON_GetObjectItemCaseSensitive(x, "stop");
+        const char *sc = jstr(x, "content");
+        if (is_str_replace(x, "\xE2\x96\x81", " ")) {
+            spaces = true;
+        } else if (!strcmp(ty, "Metaspace") && metaspace_scheme(x) >= 0) {
+            spaces = true;
+            strip = metaspace_scheme(x) != LI_TOK_PREFIX_NEVER;
+        } else if (!strcmp(ty, "Strip") && sc && !strcmp(sc, " ") && cJSON_IsNumber(st) && st->valuedouble == 1 &&
+                   cJSON_IsNumber(sp) && sp->valuedouble == 0) {
+            strip = true;
+        } else if (strcmp(ty, "ByteFallback") != 0 && strcmp(ty, "Fuse") != 0) {
+            return JFAIL(c, LI_EUNSUP, "decoder step '%.32s' is not supported with byte_fallback", ty);
+        }
+        if (x == d) break; /* a single decoder, not a list */
+    }
+    if (!spaces) return JFAIL(c, LI_EUNSUP, "the decoder does not turn \"\xE2\x96\x81\" back into spaces");
+    t->add_space_prefix = strip; /* for SPM it drives the decoder's strip */
+    return 0;
+}
+
+/* <0xXX> tokens of a SentencePiece vocabulary are its byte tokens. */
+static void type_byte_tokens(li_tokenizer *t) {
+    for (int32_t id = 0; id < t->n_vocab; id++) {
+        uint32_t n;
+        const char *s = li_tok_text(t, id, &n);
+        if (t->type[id] == LI_TOKEN_TYPE_NORMAL && n == 6 && !memcmp(s, "<0x", 3) && s[5] == '>' &&
+            strchr("0123456789ABCDEF", s[3]) && strchr("0123456789ABCDEF", s[4]) && s[3] && s[4])
+            t->type[id] = LI_TOKEN_TYPE_BYTE;
+    }
 }
 
 /* ==== vocabulary ================================================================== */
@@ -304,18 +395,25 @@ static int build(li_tokenizer *t, const cJSON *root, const li_tokenizer_hf_opts 
     const char *mt = jstr(model, "type");
     if (!mt) mt = cJSON_GetObjectItemCaseSensitive(model, "merges") ? "BPE" : "?"; /* old files omit it */
     if (strcmp(mt, "BPE") != 0) return JFAIL(c, LI_EUNSUP, "tokenizer model '%.32s' is not supported (BPE only)", mt);
-    if (jtrue(model, "byte_fallback"))
-        return JFAIL(c, LI_EUNSUP, "BPE with byte_fallback (SentencePiece-style) is not supported yet");
+    const bool spm = jtrue(model, "byte_fallback");
     const char *pre = jstr(model, "continuing_subword_prefix"), *suf = jstr(model, "end_of_word_suffix");
     if ((pre && pre[0]) || (suf && suf[0]))
         return JFAIL(c, LI_EUNSUP, "BPE with a continuing_subword_prefix / end_of_word_suffix is not supported");
     const cJSON *drop = cJSON_GetObjectItemCaseSensitive(model, "dropout");
     if (cJSON_IsNumber(drop) && drop->valuedouble > 0) return JFAIL(c, LI_EUNSUP, "BPE dropout is not supported");
     int rc;
-    t->model = LI_TOK_MODEL_BPE;
-    if ((rc = load_pre(t, root, c)) || (rc = check_normalizer_decoder(root, c))) return rc;
+    if (spm) {
+        t->model = LI_TOK_MODEL_SPM;
+        t->spm_ranked = true;
+        t->fuse_unk = jtrue(model, "fuse_unk");
+        if ((rc = load_spm_shape(t, root, c))) return rc;
+    } else {
+        t->model = LI_TOK_MODEL_BPE;
+        if ((rc = load_pre(t, root, c)) || (rc = check_normalizer_decoder(root, c))) return rc;
+    }
     t->ignore_merges = jtrue(model, "ignore_merges");
     if ((rc = load_vocab(t, root, model, o ? o->n_vocab_min : 0, c))) return rc;
+    if (spm) type_byte_tokens(t);
     li_tok_strmap_init(&t->vocab, t);
     if ((rc = load_merges(t, model, c))) return rc;
     if ((rc = load_post(t, cJSON_GetObjectItemCaseSensitive(root, "post_processor"), c))) return rc;
@@ -328,7 +426,7 @@ static int build(li_tokenizer *t, const cJSON *root, const li_tokenizer_hf_opts 
         if (o->add_bos >= 0) t->add_bos = o->add_bos;
     }
     if (t->add_bos && t->bos < 0) return JFAIL(c, LI_EINVAL, "adds a BOS token but names none");
-    t->add_space_prefix = false;
+    if (!spm) t->add_space_prefix = false;
     li_tok_finish(t);
     for (int i = 0; o && i < o->n_eog_ids; i++) {
         int32_t id = o->eog_ids[i];

@@ -506,6 +506,23 @@ static int32_t match_special(const li_tokenizer *t, const char *s, size_t n, boo
     return -1;
 }
 
+/* Whether the SPM fragment f (n > 0 bytes; `first`: at the text's start)
+ * gets a leading "▁". */
+static bool spm_prefix(const li_tokenizer *t, const char *f, size_t n, bool first, bool prev_special) {
+    /* Metaspace leaves a fragment that already starts with "▁" (or a space, which becomes one) alone */
+    bool spaced = f[0] == ' ' || (n >= 3 && memcmp(f, "\xE2\x96\x81", 3) == 0);
+    switch (t->spm_prefix) {
+    case LI_TOK_PREFIX_EVERY: return true;
+    case LI_TOK_PREFIX_META_FIRST: return first && !spaced;
+    case LI_TOK_PREFIX_META_ALWAYS: return !spaced;
+    case LI_TOK_PREFIX_NEVER: return false;
+    default:
+        /* llama.cpp prefixes a space to the text's first fragment and to
+         * every fragment after a special token. */
+        return t->add_space_prefix && prev_special;
+    }
+}
+
 int li_tokenizer_encode(const li_tokenizer *t, const char *text, size_t len, bool add_special,
                         bool parse_special, int32_t **out, size_t *n_out, li_error *err) {
     *out = NULL;
@@ -534,9 +551,8 @@ int li_tokenizer_encode(const li_tokenizer *t, const char *text, size_t len, boo
         }
         if (i > frag) {
             if (t->model == LI_TOK_MODEL_SPM) {
-                /* llama.cpp prefixes a space to the text's first fragment and
-                 * to every fragment after a special token. */
-                li_tok_spm_fragment(t, &w, text + frag, i - frag, t->add_space_prefix && prev_special, &ids);
+                li_tok_spm_fragment(t, &w, text + frag, i - frag, spm_prefix(t, text + frag, i - frag, frag == 0, prev_special),
+                                    &ids);
             } else {
                 e.frag = (const uint8_t *)text + frag;
                 li_tok_pretokenize(t->pre, text + frag, i - frag, encode_word, &e);

@@ -1,7 +1,8 @@
 /* fuzz_tokenizer.c — arbitrary bytes through encode, decode and the
  * streaming detokenizer of the real model's tokenizer (byte-level BPE, SmolLM
- * rules), and of the two small test vocabularies in tests/golden/
- * (SentencePiece; byte-level BPE with Llama 3 rules).
+ * rules), and of the small test vocabularies in tests/golden/
+ * (SentencePiece from GGUF and from a Metaspace tokenizer.json; byte-level
+ * BPE with Llama 3 rules).
  *
  * Oracles beyond "no crash": for byte-level BPE, decode(encode(x)) must be x
  * with only the bytes the vocabulary cannot spell removed; every id must be
@@ -26,7 +27,7 @@ typedef struct target {
     bool spellable[256]; /* bytes the vocabulary has a token for */
 } target;
 
-static target targets[3];
+static target targets[4];
 
 static li_tokenizer *load(const char *path) {
     struct stat st;
@@ -40,6 +41,22 @@ static li_tokenizer *load(const char *path) {
     return t;
 }
 
+static li_tokenizer *load_json(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    rewind(f);
+    char *buf = n > 0 ? malloc((size_t)n) : NULL;
+    li_tokenizer *t = NULL;
+    li_error err = {0};
+    if (!buf || fread(buf, 1, (size_t)n, f) != (size_t)n || li_tokenizer_init_hf(&t, buf, (size_t)n, path, NULL, &err) != 0)
+        t = NULL;
+    free(buf);
+    fclose(f);
+    return t;
+}
+
 static void init_once(void) {
     static bool done;
     if (done) return;
@@ -50,6 +67,7 @@ static void init_once(void) {
     targets[1].t = load(LI_SOURCE_DIR "/tests/golden/tokenizer_llama3_tiny.gguf");
     targets[1].byte_level = true;
     targets[2].t = load(LI_SOURCE_DIR "/tests/golden/spm_tiny.gguf");
+    targets[3].t = load_json(LI_SOURCE_DIR "/tests/golden/spm_tiny_tokenizer.json");
     for (size_t k = 0; k < 2; k++) {
         if (!targets[k].t) continue;
         for (int b = 0; b < 256; b++) {

@@ -9,7 +9,13 @@
  *                                 Llama 3 split rule, ignore_merges, BOS by
  *                                 default; golden ids from HF, which
  *                                 llama.cpp agrees with
- *                                 (tools/gen_bpe_test_model.py). */
+ *                                 (tools/gen_bpe_test_model.py).
+ *   spm_tiny_tokenizer.json,      the same SentencePiece vocabulary as a
+ *   spm_tiny_legacy_tokenizer.json Hugging Face tokenizer.json (BPE with
+ *                                 byte_fallback; Metaspace and the older
+ *                                 Prepend/Replace normalizer), written by
+ *                                 transformers' converter; golden ids from
+ *                                 HF tokenizers (tools/gen_spm_hf_golden.py). */
 #define _POSIX_C_SOURCE 200809L
 #include "test_util.h"
 #include "tokenizer/tokenizer.h"
@@ -343,6 +349,83 @@ static li_tokenizer *load(const char *rel) {
     return t;
 }
 
+/* A tokenizer.json from the source tree. */
+static li_tokenizer *load_json(const char *rel) {
+    char path[1024];
+    src_path(path, sizeof path, rel);
+    FILE *f = fopen(path, "rb");
+    CHECK(f != NULL, "cannot open %s", path);
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    rewind(f);
+    char *buf = malloc((size_t)n);
+    size_t got = fread(buf, 1, (size_t)n, f);
+    fclose(f);
+    li_tokenizer *t = NULL;
+    li_error err = {0};
+    if (got != (size_t)n || li_tokenizer_init_hf(&t, buf, (size_t)n, rel, NULL, &err) != 0)
+        fprintf(stderr, "FAIL: %s: %s\n", path, err.msg);
+    free(buf);
+    return t;
+}
+
+/* spm_tiny_tokenizer.json with `from` replaced by `to` (once) must be refused
+ * with a message holding `needle`. */
+static void refuse_edit(const char *rel, const char *from, const char *to, const char *needle) {
+    char path[1024];
+    src_path(path, sizeof path, rel);
+    FILE *f = fopen(path, "rb");
+    if (!f) return;
+    fseek(f, 0, SEEK_END);
+    size_t n = (size_t)ftell(f);
+    rewind(f);
+    char *buf = malloc(n + 1);
+    size_t got = fread(buf, 1, n, f);
+    fclose(f);
+    buf[got] = 0;
+    char *at = strstr(buf, from);
+    CHECK(at != NULL, "'%s' is not in %s", from, rel);
+    if (at) {
+        size_t fl = strlen(from), tl = strlen(to), head = (size_t)(at - buf);
+        char *e = malloc(got - fl + tl + 1);
+        memcpy(e, buf, head);
+        memcpy(e + head, to, tl);
+        memcpy(e + head + tl, at + fl, got - head - fl);
+        li_tokenizer *t = NULL;
+        li_error err = {0};
+        int rc = li_tokenizer_init_hf(&t, e, got - fl + tl, rel, NULL, &err);
+        CHECK(rc != 0 && strstr(err.msg, needle), "'%s' -> '%s': want an error with '%s', got rc %d '%s'", from, to,
+              needle, rc, err.msg);
+        li_tokenizer_free(t);
+        free(e);
+    }
+    free(buf);
+}
+
+static void test_spm_json_refused(void) {
+    const char *m = "tests/golden/spm_tiny_tokenizer.json", *l = "tests/golden/spm_tiny_legacy_tokenizer.json";
+    refuse_edit(m, "\"prepend_scheme\": \"first\"", "\"prepend_scheme\": \"sometimes\"", "Metaspace");
+    refuse_edit(m, "\"replacement\": \"\xE2\x96\x81\"", "\"replacement\": \"_\"", "Metaspace");
+    refuse_edit(m, "\"type\": \"ByteFallback\"", "\"type\": \"WordPiece\"", "decoder step 'WordPiece'");
+    refuse_edit(m, "\"normalizer\": null", "\"normalizer\": {\"type\": \"NFC\"}", "not both");
+    refuse_edit(l, "\"type\": \"Prepend\"", "\"type\": \"NFKC\"", "normalizer 'Sequence'");
+    refuse_edit(l, "\"normalizer\": {", "\"pre_tokenizer2\": 0, \"normalizer\": null, \"x\": {", "neither");
+}
+
+/* The HF loader's SentencePiece tokenizer has the GGUF's vocabulary. */
+static void test_spm_json_vocab(const li_tokenizer *h, const li_tokenizer *g) {
+    CHECK(li_tokenizer_n_vocab(h) == li_tokenizer_n_vocab(g), "n_vocab %d vs %d", li_tokenizer_n_vocab(h),
+          li_tokenizer_n_vocab(g));
+    CHECK(li_tokenizer_vocab_hash(h) == li_tokenizer_vocab_hash(g), "vocab hash differs");
+    char a[64], b[64];
+    int32_t nl = li_tokenizer_find(g, "<0x0A>", 6);
+    CHECK(nl >= 0 && li_tokenizer_token_to_piece(h, nl, true, a, sizeof a) == 1 && a[0] == '\n',
+          "<0x0A> decodes to a newline");
+    int na = li_tokenizer_token_to_piece(h, 260, true, a, sizeof a), nb = li_tokenizer_token_to_piece(g, 260, true, b, sizeof b);
+    CHECK(na == nb && na > 0 && !memcmp(a, b, (size_t)na), "token 260's piece");
+}
+
 int main(void) {
     test_handmade();
     li_tokenizer *spm = load("tests/golden/spm_tiny.gguf");
@@ -352,6 +435,17 @@ int main(void) {
     test_golden(spm, "spm", "tests/golden/spm_tiny.jsonl.gz");
     test_llama3(l3);
     test_golden(l3, "llama3", "tests/golden/tokenizer_llama3_tiny.jsonl.gz");
+    li_tokenizer *hj = load_json("tests/golden/spm_tiny_tokenizer.json");
+    li_tokenizer *hl = load_json("tests/golden/spm_tiny_legacy_tokenizer.json");
+    CHECK(hj && hl, "the SentencePiece tokenizer.json files load");
+    if (hj) {
+        test_spm_json_vocab(hj, spm);
+        test_golden(hj, "spm tokenizer.json (Metaspace)", "tests/golden/spm_tiny_hf.jsonl.gz");
+    }
+    if (hl) test_golden(hl, "spm tokenizer.json (Prepend/Replace)", "tests/golden/spm_tiny_legacy_hf.jsonl.gz");
+    test_spm_json_refused();
+    li_tokenizer_free(hj);
+    li_tokenizer_free(hl);
     li_tokenizer_free(spm);
     li_tokenizer_free(l3);
     if (t_failed) {
