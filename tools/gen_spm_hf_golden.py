@@ -12,7 +12,12 @@ vocabulary (tests/golden/spm_tiny.gguf, made by tools/gen_spm_test_model.py):
                                   transformers writes for Llama 2, Mistral);
   spm_tiny_legacy_tokenizer.json  architecture "phi3": normalizer
                                   Sequence[Prepend("▁"), Replace(" ", "▁")],
-                                  no pre_tokenizer (the older files).
+                                  no pre_tokenizer (the older files);
+  spm_tiny_split_tokenizer.json   the first with Metaspace split true and
+                                  prepend_scheme "always" (words start at
+                                  each "▁"; merges stay inside a word), an
+                                  edit of the converter's file, since no
+                                  builder writes it.
 
 Nobody here writes those files: the vocabulary and scores are read with the
 `gguf` package and handed to transformers' convert_gguf_tokenizer, which
@@ -39,8 +44,10 @@ from gguf_writer import write_golden  # noqa: E402  (tools/ is on the path now)
 GOLDEN = os.path.join(ROOT, "tests", "golden")
 SRC = os.path.join(GOLDEN, "spm_tiny.gguf")
 CORPORA = [os.path.join(GOLDEN, "spm_tiny.jsonl.gz"), os.path.join(GOLDEN, "tokenizer_smollm2.jsonl.gz")]
-VARIANTS = [("llama", "spm_tiny_tokenizer.json", "spm_tiny_hf.jsonl.gz"),
-            ("phi3", "spm_tiny_legacy_tokenizer.json", "spm_tiny_legacy_hf.jsonl.gz")]
+VARIANTS = [("llama", "spm_tiny_tokenizer.json", "spm_tiny_hf.jsonl.gz", None),
+            ("phi3", "spm_tiny_legacy_tokenizer.json", "spm_tiny_legacy_hf.jsonl.gz", None),
+            ("llama", "spm_tiny_split_tokenizer.json", "spm_tiny_split_hf.jsonl.gz",
+             lambda j: j["pre_tokenizer"].update(split=True, prepend_scheme="always"))]
 
 
 def tokenizer_dict(path):
@@ -68,9 +75,13 @@ def main():
                     seen.add(s)
                     corpus.append(s)
     d = tokenizer_dict(SRC)
-    for arch, json_name, golden_name in VARIANTS:
+    for arch, json_name, golden_name, edit in VARIANTS:
         backend, _ = convert_gguf_tokenizer(arch, dict(d))
         text = backend.to_str(pretty=True)
+        if edit:
+            j = json.loads(text)
+            edit(j)
+            text = json.dumps(j, ensure_ascii=False, indent=2)
         tok = Tokenizer.from_str(text)  # the file as written, read back
         out = os.path.join(GOLDEN, json_name)
         with open(out + ".tmp", "w", encoding="utf-8") as f:

@@ -15,7 +15,9 @@
  *                                 byte_fallback; Metaspace and the older
  *                                 Prepend/Replace normalizer), written by
  *                                 transformers' converter; golden ids from
- *                                 HF tokenizers (tools/gen_spm_hf_golden.py). */
+ *                                 HF tokenizers (tools/gen_spm_hf_golden.py);
+ *                                 spm_tiny_split_tokenizer.json: Metaspace
+ *                                 with split and prepend_scheme "always". */
 #define _POSIX_C_SOURCE 200809L
 #include "test_util.h"
 #include "tokenizer/tokenizer.h"
@@ -443,6 +445,10 @@ int main(void) {
         test_golden(hj, "spm tokenizer.json (Metaspace)", "tests/golden/spm_tiny_hf.jsonl.gz");
     }
     if (hl) test_golden(hl, "spm tokenizer.json (Prepend/Replace)", "tests/golden/spm_tiny_legacy_hf.jsonl.gz");
+    li_tokenizer *hs = load_json("tests/golden/spm_tiny_split_tokenizer.json");
+    CHECK(hs != NULL, "the Metaspace split tokenizer.json loads");
+    if (hs) test_golden(hs, "spm tokenizer.json (Metaspace split, always)", "tests/golden/spm_tiny_split_hf.jsonl.gz");
+    li_tokenizer_free(hs);
     test_spm_json_refused();
     li_tokenizer_free(hj);
     li_tokenizer_free(hl);
