@@ -35,7 +35,7 @@ import statistics
 import subprocess
 import sys
 
-import results  # bench/results.py: --json output
+import results  # bench/results.py: --json, --plot, progress
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -81,7 +81,7 @@ def main():
     ap.add_argument("--isa", default="auto", help="the CPU kernels of both (ggml: llama.cpp's arithmetic)")
     ap.add_argument("--tolerance", type=float, default=3.0, help="percent a ratio may stray from 1")
     ap.add_argument("--strict", action="store_true", help="exit 1 when a ratio is outside the tolerance")
-    ap.add_argument("--json", help="also write the results (per-round values, ratios) here")
+    results.add_options(ap)
     args = ap.parse_args()
     if args.rounds < 1 or args.threads < 1 or args.prefill < 1 or args.decode < 1 or min(args.seqs) < 1:
         ap.error("--rounds, --threads, --prefill, --decode and --seqs must be positive")
@@ -103,14 +103,17 @@ def main():
         print(f"{name}: {binary} (source {src}: {commit_of(src)})")
     names = ["prefill", "decode"] + [f"batched{s}" for s in args.seqs]
     got = {"old": {n: [] for n in names}, "new": {n: [] for n in names}}
+    progress = results.Progress(2 * args.rounds, "builds runs")
     for rnd in range(args.rounds):
         for name in ("old", "new") if rnd % 2 == 0 else ("new", "old"):
             res = run_bench(*sides[name], args)
             for n in names:
                 got[name][n].append(res[n])
+            progress.step()
         print(f"round {rnd + 1}: " + ", ".join(f"{n} {got['old'][n][-1]:.1f} -> {got['new'][n][-1]:.1f}"
                                                for n in names), flush=True)
 
+    progress.done()
     labels = {"prefill": f"prefill, {args.prefill}-token prompt",
               "decode": f"decode, 1 sequence x {args.decode} tokens"}
     for s in args.seqs:
@@ -127,11 +130,13 @@ def main():
         if not ok:
             outside.append(n)
         print(f"| {labels[n]} | {a:.1f} | {b:.1f} | {rr:.3f} | {'yes' if ok else 'no'} |")
-    if args.json:
-        results.write(args.json, {
-            "bench": "builds", "rounds": args.rounds, "threads": args.threads, "isa": args.isa,
-            "old": got["old"], "new": got["new"], "tolerance_pct": args.tolerance, "outside": outside,
-            "ratio": {n: statistics.median(y / x for x, y in zip(got["old"][n], got["new"][n])) for n in names}})
+    ratio = {n: statistics.median(y / x for x, y in zip(got["old"][n], got["new"][n])) for n in names}
+    results.finish(args, {
+        "bench": "builds", "rounds": args.rounds, "threads": args.threads, "isa": args.isa,
+        "old": got["old"], "new": got["new"], "tolerance_pct": args.tolerance, "outside": outside, "ratio": ratio,
+        "rows": [{"name": n, "new_over_old": ratio[n]} for n in names],
+        "chart": {"label": "name", "values": ["new_over_old"], "ylabel": "new / old (median of round ratios)",
+                  "title": f"old build vs new, {args.rounds} rounds alternating"}})
     print()
     print("all within the tolerance" if not outside else f"outside the tolerance: {', '.join(outside)}")
     return 1 if outside and args.strict else 0

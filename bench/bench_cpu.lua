@@ -7,7 +7,8 @@
 -- Defaults: a 512-token prompt, 128 decoded tokens, batches of 8 and 32
 -- sequences. Prompts are synthetic token ids (the same formula as the
 -- Python driver feeds llama.cpp); decoding is greedy with ignore_eos.
--- Prints one "RESULT name value" line per measurement (tokens/s).
+-- Prints one "RESULT name value" line per measurement (tokens/s); --json
+-- writes them, --plot draws them as bars.
 local luainfer = require("luainfer")
 local bench = require("luainfer.bench")
 local opts = bench.options(arg)
@@ -91,4 +92,11 @@ for _, S in ipairs(SEQS) do
   results.tokens_per_s["batched" .. S] = r
   print(("RESULT batched%d %.2f"):format(S, r))
 end
+results.rows = { { name = ("prefill %d"):format(PREFILL), tokens_per_s = results.tokens_per_s.prefill },
+                 { name = "decode 1", tokens_per_s = results.tokens_per_s.decode } }
+for _, S in ipairs(SEQS) do
+  results.rows[#results.rows + 1] = { name = ("batched %d"):format(S), tokens_per_s = results.tokens_per_s["batched" .. S] }
+end
+results.chart = { label = "name", values = { "tokens_per_s" }, ylabel = "tokens/s", log = true,
+                  title = ("luainfer on the CPU: %d threads, isa %s"):format(THREADS, ISA) }
 bench.finish(opts, results)

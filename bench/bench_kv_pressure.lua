@@ -1,7 +1,7 @@
 -- bench_kv_pressure.lua — scheduling under a KV budget too small for the
 -- batch (issue 18, "graceful under KV pressure"), side by side in one run.
 --
---   ./build/luainfer run bench/bench_kv_pressure.lua [N] [BUDGETS_MIB] [SWEEP] [LIMIT_S]
+--   ./build/luainfer run bench/bench_kv_pressure.lua [N] [BUDGETS_MIB] [SWEEP] [LIMIT_S] [--json FILE] [--plot FILE]
 --
 -- Workload: N requests (default 64) arriving at once, prompts of 8-40
 -- words, outputs evenly over 16..192 tokens (ignore_eos, greedy), shuffled.
@@ -19,6 +19,8 @@
 -- A run that has not finished after LIMIT_S seconds (default 120) stops and
 -- counts its unfinished requests.
 local luainfer = require("luainfer")
+local bench = require("luainfer.bench")
+local bopts = bench.options(arg)
 io.stdout:setvbuf("line")
 local root = (arg[0]:match("^(.*)/bench/") or ".")
 local N = tonumber(arg[1]) or 64
@@ -92,12 +94,19 @@ end
 
 print(("workload: %d requests, prompts 8-40 words, outputs 16..192 tokens (ignore_eos, greedy), max_batched_tokens 512")
   :format(N))
+local progress = bench.progress(1 + #BUDGETS * (3 + #SWEEP), "kv_pressure runs")
+local rows = {}
 local ref = run(512, SEQS, "new")
 print(("%-22s %7s %9s %7s %5s %8s %8s %7s %9s %6s"):format("run", "blocks", "computed", "kept", "x ref",
   "preempt", "wall s", "tok/s", "unfinish", "diffs"))
 local function line(name, r)
+  progress:step()
+  local diffs = same(r.outs, ref.outs)
   print(("%-22s %7d %9d %7d %5.2f %8d %8.1f %7.1f %9d %6d"):format(name, r.blocks, r.computed, r.kept,
-    r.computed / ref.computed, r.preempt, r.secs, r.kept / r.secs, r.unfinished, same(r.outs, ref.outs)))
+    r.computed / ref.computed, r.preempt, r.secs, r.kept / r.secs, r.unfinished, diffs))
+  rows[#rows + 1] = { name = name, blocks = r.blocks, computed = r.computed, kept = r.kept,
+                      x_ref = r.computed / ref.computed, preemptions = r.preempt, wall_s = r.secs,
+                      tokens_per_s = r.kept / r.secs, unfinished = r.unfinished, outputs_differing = diffs }
 end
 line("unconstrained 512MiB", ref)
 for _, mib in ipairs(BUDGETS) do
@@ -116,3 +125,8 @@ for _, mib in ipairs(BUDGETS) do
       :format(mib, best.k, (new.kept / new.secs) / (best.kept / best.secs), new.computed / ref.computed))
   end
 end
+progress:done()
+bench.finish(bopts, { bench = "kv_pressure", requests = N, max_num_seqs = SEQS, rows = rows,
+                      chart = { label = "name", values = { "x_ref" },
+                                ylabel = "tokens computed / tokens computed unconstrained",
+                                title = ("%d requests under KV budgets (outputs 16..192 tokens)"):format(N) } })

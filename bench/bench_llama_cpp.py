@@ -43,7 +43,7 @@ import time
 
 import numpy as np
 
-import results  # bench/results.py: --json output
+import results  # bench/results.py: --json, --plot, progress
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -238,7 +238,7 @@ def main():
     ap.add_argument("--seqs", type=int, nargs="+", default=[8, 32])
     ap.add_argument("--isa", default="auto",
                     help="luainfer's CPU kernels (ggml: llama.cpp's arithmetic, bit for bit)")
-    ap.add_argument("--json", help="also write the results (medians, per-round values) here")
+    results.add_options(ap)
     args = ap.parse_args()
     binary = os.path.abspath(args.luainfer)
     build_dir = os.path.dirname(binary)
@@ -256,6 +256,7 @@ def main():
     ours = {n: [] for n in names}
     theirs = {n: [] for n in names}
     rss = []
+    progress = results.Progress(args.rounds, "llama_cpp rounds")
     for rnd in range(args.rounds):
         res, peak = run_luainfer_rss(binary, args.threads, args.prefill, args.decode, args.seqs, args.isa)
         rss.append(peak)
@@ -267,6 +268,8 @@ def main():
             theirs[f"batched{s}"].append(lc.batched(s, args.decode))
         print(f"round {rnd + 1}: " + ", ".join(f"{n} {ours[n][-1]:.0f} vs {theirs[n][-1]:.0f}" for n in names),
               flush=True)
+        progress.step()
+    progress.done()
 
     labels = {"prefill": f"prefill, {args.prefill}-token prompt", "decode": f"decode, 1 sequence x {args.decode} tokens"}
     for s in args.seqs:
@@ -282,11 +285,15 @@ def main():
         rr = statistics.median(x / y for x, y in zip(ours[n], theirs[n]))
         med[n] = a
         print(f"| {labels[n]} | {a:.1f} | {b:.1f} | {a / b:.2f}x | {rr:.2f}x |")
-    if args.json:
-        results.write(args.json, {"bench": "llama_cpp", "threads": args.threads, "rounds": args.rounds,
-                                  "isa": args.isa, "luainfer": ours, "llama_cpp": theirs, "peak_rss": rss,
-                                  "median_luainfer": med,
-                                  "median_llama_cpp": {n: statistics.median(theirs[n]) for n in names}})
+    results.finish(args, {"bench": "llama_cpp", "threads": args.threads, "rounds": args.rounds,
+                          "isa": args.isa, "luainfer": ours, "llama_cpp": theirs, "peak_rss": rss,
+                          "median_luainfer": med,
+                          "median_llama_cpp": {n: statistics.median(theirs[n]) for n in names},
+                          "rows": [{"name": labels[n], "luainfer": med[n], "llama.cpp": statistics.median(theirs[n])}
+                                   for n in names],
+                          "chart": {"label": "name", "values": ["luainfer", "llama.cpp"], "log": True,
+                                    "ylabel": "tokens/s (median over rounds)",
+                                    "title": f"luainfer vs llama.cpp, {args.threads} threads, isa {args.isa}"}})
 
     lim = {k: max(v, lim.get(k, 0.0)) for k, v in machine_limits(build_dir, args.threads).items()}
     wb = weight_bytes(args.model)

@@ -6,11 +6,13 @@
 -- the isolated/in-process ratios.
 --
 --   ./build/luainfer run bench/bench_policy_modes.lua [STEPS] [ROUNDS] [SIZES]
---   e.g. ./build/luainfer run bench/bench_policy_modes.lua 20 2 16,64,256
+--   e.g. ./build/luainfer run bench/bench_policy_modes.lua 20 2 16,64,256 [--json FILE] [--plot FILE]
 --
 -- Run it with an older binary too for the in-process JIT-compiled policy
 -- code of before issue 18 (the guarded sandbox runs policy code interpreted).
 local luainfer = require("luainfer")
+local bench = require("luainfer.bench")
+local opts = bench.options(arg)
 local root = (arg[0]:match("^(.*)/bench/") or ".")
 local STEPS = tonumber(arg[1]) or 20
 local ROUNDS = tonumber(arg[2]) or 2
@@ -39,16 +41,19 @@ end
 
 local sum = {}
 for _, n in ipairs(SIZES) do sum[n] = { inprocess = { us = 0, tok = 0, err = 0 }, process = { us = 0, tok = 0, err = 0 } } end
+local progress = bench.progress(ROUNDS * #SIZES * 2, "policy mode runs")
 for r = 1, ROUNDS do
   for _, n in ipairs(SIZES) do
     local order = (r % 2 == 1) and { "inprocess", "process" } or { "process", "inprocess" }
     for _, mode in ipairs(order) do
       local x = run(mode, n)
+      progress:step()
       local s = sum[n][mode]
       s.us, s.tok, s.err = s.us + x.policy_us / ROUNDS, s.tok + x.tok_s / ROUNDS, s.err + x.errors
     end
   end
 end
+progress:done()
 print(("policies/default.lua, %d decode steps per run, %d rounds (modes alternating), means"):format(STEPS, ROUNDS))
 print("  live | in-process us/step  tok/s | isolated us/step  tok/s | tok/s isolated/in-process")
 for _, n in ipairs(SIZES) do
@@ -56,3 +61,13 @@ for _, n in ipairs(SIZES) do
   print(("  %4d | %18.1f %6.1f | %16.1f %6.1f | %.3f   (errors+fallbacks %d / %d)"):format(
     n, a.us, a.tok, b.us, b.tok, b.tok / a.tok, a.err, b.err))
 end
+local rows = {}
+for _, n in ipairs(SIZES) do
+  local a, b = sum[n].inprocess, sum[n].process
+  rows[#rows + 1] = { name = ("%d live"):format(n), live = n, inprocess_us = a.us, isolated_us = b.us,
+                      inprocess_tok_s = a.tok, isolated_tok_s = b.tok, ratio = b.tok / a.tok,
+                      inprocess_errors = a.err, isolated_errors = b.err }
+end
+bench.finish(opts, { bench = "policy_modes", steps = STEPS, rounds = ROUNDS, rows = rows,
+                     chart = { label = "name", values = { "inprocess_us", "isolated_us" }, log = true,
+                               ylabel = "schedule() us per step", title = "policies/default.lua: in-process vs isolated" } })

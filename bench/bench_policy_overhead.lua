@@ -42,4 +42,5 @@ bench.finish(opts, { bench = "policy_overhead", steps = STEPS, running = 64, row
     fallback_steps = a.fallback },
   { isolation = "process", step_ms = b.step_ms, policy_us = b.policy_us, share = b.share, errors = b.errors,
     fallback_steps = b.fallback },
-} })
+}, chart = { label = "isolation", values = { "policy_us" }, ylabel = "schedule() us per step",
+             title = ("policies/default.lua, 64 running requests, %d steps"):format(STEPS) } })

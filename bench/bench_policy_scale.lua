@@ -6,7 +6,10 @@
 -- policies alternating over ROUNDS rounds (drift on the machine is shared).
 --
 --   ./build/luainfer run bench/bench_policy_scale.lua [STEPS] [N] [MAX_NUM_SEQS] [ROUNDS] [POLICY.lua ...]
+--                                                     [--json FILE] [--plot FILE]
 local luainfer = require("luainfer")
+local bench = require("luainfer.bench")
+local opts = bench.options(arg)
 local root = (arg[0]:match("^(.*)/bench/") or ".")
 local STEPS, N, SEQS, ROUNDS = tonumber(arg[1]) or 20, tonumber(arg[2]) or 256, tonumber(arg[3]) or 64,
   tonumber(arg[4]) or 2
@@ -38,10 +41,12 @@ local function run(policy)
 end
 
 local acc = {}
+local progress = bench.progress(ROUNDS * #policies, "policy runs")
 for round = 1, ROUNDS do
   for k = 1, #policies do
     local j = round % 2 == 1 and k or #policies + 1 - k
     local r = run(policies[j])
+    progress:step()
     local a = acc[j] or { step_ms = 0, policy_us = 0, share = 0, errors = 0, live = r.live }
     a.step_ms, a.policy_us, a.share = a.step_ms + r.step_ms / ROUNDS, a.policy_us + r.policy_us / ROUNDS,
       a.share + r.share / ROUNDS
@@ -51,8 +56,15 @@ for round = 1, ROUNDS do
 end
 print(("%d live requests (%d decoding), %d steps x %d rounds, in-process"):format(N, SEQS, STEPS, ROUNDS))
 print(("%-14s %10s %10s %8s %7s"):format("policy", "policy us", "step ms", "share", "errors"))
+local rows = {}
 for j, p in ipairs(policies) do
   local a = acc[j]
-  print(("%-14s %10.0f %10.1f %7.2f%% %7d"):format(p:match("([^/]+)%.lua$") or p, a.policy_us, a.step_ms,
-    100 * a.share, a.errors))
+  local name = p:match("([^/]+)%.lua$") or p
+  print(("%-14s %10.0f %10.1f %7.2f%% %7d"):format(name, a.policy_us, a.step_ms, 100 * a.share, a.errors))
+  rows[#rows + 1] = { name = name, policy_us = a.policy_us, step_ms = a.step_ms, share_pct = 100 * a.share,
+                      errors = a.errors }
 end
+progress:done()
+bench.finish(opts, { bench = "policy_scale", live = N, decoding = SEQS, steps = STEPS, rounds = ROUNDS, rows = rows,
+                     chart = { label = "name", values = { "share_pct" }, ylabel = "policy time, % of step time",
+                               title = ("%d live requests (%d decoding), in-process"):format(N, SEQS) } })

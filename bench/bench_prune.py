@@ -36,6 +36,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+import results  # bench/results.py: --json, --plot, progress
+
 ROOT = Path(__file__).resolve().parents[1]
 CALIB = ROOT / "tests" / "data" / "plrabn12.txt"
 HELD_OUT = ROOT / "tests" / "data" / "alice29.txt"
@@ -83,6 +85,7 @@ def main():
     ap.add_argument("--only", default="", help="comma-separated config names: " + ", ".join(CONFIGS))
     ap.add_argument("--docs", action="store_true", help="write the table into docs/benchmarks.md")
     ap.add_argument("--rows", help="render the JSON lines of an earlier run's stderr instead of measuring")
+    results.add_options(ap)
     a = ap.parse_args()
     names = [n for n in a.only.split(",") if n] or list(CONFIGS)
     rows = []
@@ -96,6 +99,7 @@ def main():
             head = {"base_ppl": b["perplexity"], "n_scored": b["n_scored"], "chunks": a.chunks, "ctx": a.ctx,
                     "samples": a.samples}
             print(json.dumps(head), file=sys.stderr)
+            progress = results.Progress(sum(len(CONFIGS[n]) for n in names), "prune configs")
             for name in names:
                 for label, args in CONFIGS[name]:
                     out = Path(d) / "pruned.gguf"
@@ -113,6 +117,8 @@ def main():
                                  "speed": max(mine) / max(orig)})
                     print(json.dumps(rows[-1]), file=sys.stderr)
                     out.unlink()
+                    progress.step()
+            progress.done()
     lines = []
     if head:
         lines += [f"Original: perplexity {head['base_ppl']:.3f} on {head['n_scored']} scored tokens of alice29.txt "
@@ -133,6 +139,11 @@ def main():
         i, j = s.index(begin) + len(begin), s.index(end)
         p.write_text(s[:i] + "\n" + table + "\n" + s[j:])
     print(table)
+    results.finish(a, {"bench": "prune", "head": head,
+                       "rows": [dict(r, name=f"{r['config']} {r['label']}") for r in rows],
+                       "chart": {"label": "name", "values": ["kl"], "log": True,
+                                 "ylabel": "mean KL divergence vs the original (held-out)",
+                                 "title": "luainfer prune: KLD by kind, ranking and amount removed"}})
 
 
 if __name__ == "__main__":

@@ -38,6 +38,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import results  # bench/results.py: --json, --plot, progress
+
 ROOT = Path(__file__).resolve().parents[1]
 
 # name -> (quantize arguments, calibration: False, "w8" (SmoothQuant's
@@ -106,8 +108,7 @@ def main():
     ap.add_argument("--speed-steps", type=int, default=16)
     ap.add_argument("--speed-methods", help="methods in the speed table (default: all of --methods)")
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--plot", help="write a PNG of bits per weight against mean KL divergence")
-    ap.add_argument("--json", help="write every number as JSON")
+    results.add_options(ap)  # --plot: bits per weight against mean KL divergence
     ap.add_argument("--work", help="folder for the quantized models (default: a temporary one)")
     a = ap.parse_args()
     methods = [m for m in a.methods.split(",") if m]
@@ -162,6 +163,7 @@ def main():
     rows.append({"method": "q4_1 (the shipped file)", "ppl": r["perplexity"], "kl_mean": r["kl_mean"],
                  "kl_p99": r["kl_p99"], "top1": r["top1_agree"], "bytes": orig["file_bytes"],
                  "bpw": orig["bits_per_weight"], "path": str(a.model)})
+    progress = results.Progress(len(methods), "quantize + score")
     for m in methods:
         args, calib = METHODS[m]
         out = work / f"{m}.gguf"
@@ -179,6 +181,8 @@ def main():
                          "top1": r["top1_agree"], "bytes": i["file_bytes"], "bpw": i["bits_per_weight"],
                          "quantize_s": qs, "path": str(out)})
             print(f"  {name}: ppl {r['perplexity']:.4f}, KL {r['kl_mean']:.5f}", file=sys.stderr)
+        progress.step()
+    progress.done()
     for row in rows:
         row["dppl"] = 100.0 * (row["ppl"] / b["perplexity"] - 1.0)
     print(f"quality: {eval_name}, ctx {a.ctx}, "
@@ -225,15 +229,7 @@ def main():
             speed.append({"model": n, **s})
     result = {"bench": "quant", "quality": rows, "speed": speed, "n_scored": b["n_scored"], "ctx": a.ctx,
               "seconds": time.time() - t0}
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(result, f, indent=1)
-    if a.plot:  # tools/plot_bench.py draws it from the same JSON
-        js = work / "quant_plot.json"
-        with open(js, "w") as f:
-            json.dump(result, f)
-        run([sys.executable, ROOT / "tools" / "plot_bench.py", js, a.plot])
-        print(f"\nplot: {a.plot}")
+    results.finish(a, result)  # --json; --plot: tools/plot_bench.py's bits per weight against KL divergence
     if tmp:
         tmp.cleanup()
 

@@ -16,14 +16,17 @@ reports for down_proj's input). Floating point's error is relative, so E4M3
 is nearly scale-free (3 mantissa bits: ~1e-3), while int8's depends on how
 far a value sits below the row's max.
 
-  .venv/bin/python bench/bench_quant_error.py F16.gguf
+  .venv/bin/python bench/bench_quant_error.py F16.gguf [--json FILE] [--plot FILE]
 
 Prints Markdown tables (docs/benchmarks.md, "Quantization error sources").
 """
+import argparse
 import sys
 
 import numpy as np
 from gguf import GGUFReader
+
+import results  # bench/results.py: --json, --plot, progress
 
 
 def e4m3(v):
@@ -53,17 +56,26 @@ def nmse(q, w):
 
 
 def main():
-    if len(sys.argv) != 2:
-        sys.exit(__doc__)
-    r = GGUFReader(sys.argv[1])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("model", help="an F16 GGUF (bench_quant.py's baseline: luainfer quantize --method f16)")
+    results.add_options(ap)
+    a = ap.parse_args()
+    r = GGUFReader(a.model)
     kinds = {}
-    for t in r.tensors:
-        if not t.name.startswith("blk.") or len(t.shape) != 2:
-            continue
+    weights = [t for t in r.tensors if t.name.startswith("blk.") and len(t.shape) == 2]
+    if not weights:
+        sys.exit(f"bench_quant_error: {a.model} has no blk.* weight matrices")
+    progress = results.Progress(len(weights), "weights")
+    for t in weights:
+        progress.step()
+        if t.tensor_type != 1:  # GGMLQuantizationType.F16
+            sys.exit(f"bench_quant_error: {t.name} is not F16 (make the baseline with luainfer quantize --method f16)")
         w = np.asarray(t.data).view(np.float16).astype(np.float64).reshape(int(t.shape[1]), int(t.shape[0]))
         k = t.name.split(".")[2]
         row = (nmse(q_int8(w, 1), w), nmse(q_e4m3(w, 1), w), nmse(q_e4m3(w, None), w))
         kinds.setdefault(k, []).append(row)
+    progress.done()
+    out = {"bench": "quant_error", "rows": [], "activations": []}
     print("weights: NMSE, mean over the layers")
     print()
     print("| weight | int8 per channel | e4m3 per channel | e4m3 per tensor | e4m3 / int8 |")
@@ -71,6 +83,7 @@ def main():
     for k, rows in kinds.items():
         m = np.mean(rows, axis=0)
         print(f"| {k} | {m[0]:.2e} | {m[1]:.2e} | {m[2]:.2e} | {m[1] / m[0]:.1f}x |")
+        out["rows"].append({"name": k, "int8 per channel": m[0], "e4m3 per channel": m[1], "e4m3 per tensor": m[2]})
     rng = np.random.default_rng(0)
     print()
     print("activations (per token; 512 rows of 1536 channels, 4 channels K x the others' scale): NMSE")
@@ -89,6 +102,11 @@ def main():
         x = rng.normal(0, 1, (512, 1536)) * sc
         qi, qe = q_int8(x, 1), q_e4m3(x, 1)
         print(f"| {K} | {nmse(qi, x):.2e} | {nmse(qe, x):.2e} | {med(qi, x):.2e} | {med(qe, x):.2e} |")
+        out["activations"].append({"K": K, "int8": nmse(qi, x), "e4m3": nmse(qe, x), "int8_median_channel": med(qi, x),
+                                   "e4m3_median_channel": med(qe, x)})
+    out["chart"] = {"label": "name", "values": ["int8 per channel", "e4m3 per channel", "e4m3 per tensor"], "log": True,
+                    "ylabel": "weight NMSE (mean over the layers)", "title": "quantization error per weight kind"}
+    results.finish(a, out)
 
 
 if __name__ == "__main__":

@@ -33,6 +33,8 @@ from pathlib import Path
 
 import msgpack
 
+import results  # bench/results.py: --json, --plot, progress
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -167,7 +169,7 @@ def main():
     ap.add_argument("--policy", default="", help="policy file for both runs (default: the server's default)")
     ap.add_argument("--in-process", action="store_true", help="also run the workload in-process and print the ratio")
     ap.add_argument("--repeat", type=int, default=1, help="alternate server / in-process runs this many times")
-    ap.add_argument("--json", help="write the results here")
+    results.add_options(ap)
     args = ap.parse_args()
     slo = dict(x.split(":") for x in args.goodput)
     slo_ttft, slo_tpot = float(slo.get("ttft", "inf")), float(slo.get("tpot", "inf"))
@@ -183,16 +185,17 @@ def main():
     if args.start:
         proc, addr = start_server(args.bin, engine_args)
     host, port = addr.rsplit(":", 1)
-    report = {"args": vars(args), "runs": []}
+    report = {"bench": "serve", "args": vars(args), "runs": [], "rows": []}
+    progress = results.Progress(args.repeat, "serve runs")
     try:
         # warm-up (weights paged in), not counted
         asyncio.run(run_load(host, int(port), prompts[:1], 2, float("inf"), 0, args.seed))
         for rep in range(args.repeat):
             # server and in-process runs alternate, so that load from other
             # processes on the machine hits both about equally
-            results, duration = asyncio.run(run_load(host, int(port), prompts, args.output_len, args.request_rate,
-                                                     args.max_concurrency, args.seed))
-            summary = summarize(results, duration, slo_ttft, slo_tpot)
+            got, duration = asyncio.run(run_load(host, int(port), prompts, args.output_len, args.request_rate,
+                                                 args.max_concurrency, args.seed))
+            summary = summarize(got, duration, slo_ttft, slo_tpot)
             print_summary(f"luainfer serve (msgpack-RPC, streamed), run {rep + 1}/{args.repeat}", summary)
             run = {"server": summary}
             if args.in_process:
@@ -205,6 +208,12 @@ def main():
                 print(f"{'TTFT p50 / p99 (ms):':<40}{inproc['ttft_p50_ms']:>9.2f} {inproc['ttft_p99_ms']:>9.2f}")
                 print(f"{'Server / in-process throughput:':<40}{run['ratio']:>12.3f}")
             report["runs"].append(run)
+            report["rows"].append({"name": f"run {rep + 1} server", "output_throughput": summary["output_throughput"]})
+            if args.in_process:
+                report["rows"].append({"name": f"run {rep + 1} in-process",
+                                       "output_throughput": run["in_process"]["output_throughput"]})
+            progress.step()
+        progress.done()
     finally:
         if proc:
             proc.terminate()
@@ -214,8 +223,10 @@ def main():
         report["ratio_median"] = statistics.median(ratios)
         print(f"\nServer / in-process output throughput: median {report['ratio_median']:.3f} over {len(ratios)} "
               f"runs ({', '.join(f'{r:.3f}' for r in ratios)}); target >= 0.95")
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2))
+    report["chart"] = {"label": "name", "values": ["output_throughput"], "ylabel": "output tokens/s",
+                       "title": f"luainfer serve (msgpack-RPC), {args.num_prompts} requests"
+                                + (" vs in-process" if args.in_process else "")}
+    results.finish(args, report)
 
 
 def run_in_process(args, prompts):

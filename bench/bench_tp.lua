@@ -1,7 +1,7 @@
 -- bench_tp.lua — tensor parallelism with threads as ranks: decode speed at
 -- TP 1, 2 and 3 side by side, and the time in all-reduces.
 --
---   ./build/luainfer run bench/bench_tp.lua [OUTPUT_TOKENS] [REPEATS] [BATCH]
+--   ./build/luainfer run bench/bench_tp.lua [OUTPUT_TOKENS] [REPEATS] [BATCH] [--json FILE] [--plot FILE]
 --
 -- Each configuration decodes BATCH (default 1) greedy requests of
 -- OUTPUT_TOKENS (default 48) tokens after a short prompt; the engines run
@@ -14,6 +14,7 @@
 -- that CI runs the sharded pass (docs/parallel.md).
 local luainfer = require("luainfer")
 local bench = require("luainfer.bench")
+local opts = bench.options(arg)
 local OUT = tonumber(arg[1]) or 48
 local REPEATS = tonumber(arg[2]) or 3
 local BATCH = tonumber(arg[3]) or 1
@@ -44,12 +45,15 @@ local function once(tp)
 end
 
 local best = {}
+local progress = bench.progress(3 * REPEATS, "tp runs")
 for _ = 1, REPEATS do
   for _, tp in ipairs({ 1, 2, 3 }) do
     local tps, ar, fw = once(tp)
     if not best[tp] or tps > best[tp].tps then best[tp] = { tps = tps, ar = ar, fw = fw } end
+    progress:step()
   end
 end
+progress:done()
 print(string.format("decode, batch %d, %d tokens, best of %d interleaved runs", BATCH, OUT, REPEATS))
 print(string.format("%-4s %10s %8s %14s %18s", "TP", "tok/s", "vs TP1", "forward ms/st", "all-reduce ms/st"))
 for _, tp in ipairs({ 1, 2, 3 }) do
@@ -57,3 +61,12 @@ for _, tp in ipairs({ 1, 2, 3 }) do
   print(string.format("%-4d %10.1f %8.2f %14.2f %18.2f", tp, b.tps, b.tps / best[1].tps, b.fw, b.ar))
 end
 for _, e in pairs(engines) do e:close() end
+local rows = {}
+for _, tp in ipairs({ 1, 2, 3 }) do
+  local b = best[tp]
+  rows[#rows + 1] = { name = "TP " .. tp, tp = tp, tokens_per_s = b.tps, vs_tp1 = b.tps / best[1].tps,
+                      forward_ms_per_step = b.fw, allreduce_ms_per_step = b.ar }
+end
+bench.finish(opts, { bench = "tp", batch = BATCH, output_tokens = OUT, repeats = REPEATS, rows = rows,
+                     chart = { label = "name", values = { "tokens_per_s" }, ylabel = "decode tokens/s",
+                               title = ("tensor parallel on CPU threads, batch %d (best of %d)"):format(BATCH, REPEATS) } })

@@ -4,8 +4,15 @@
     plot_bench.py RESULTS.json OUT.png
 
 RESULTS.json is what the benchmark writes with --json: a "bench" name and its
-rows. One function per benchmark draws it with matplotlib (Agg, no display).
-The PNG is written to a temporary file and renamed.
+rows. One function per benchmark draws it with matplotlib (Agg, no display);
+a benchmark without its own function describes a bar chart of its rows in
+the results instead:
+
+    "chart": {"label": FIELD, "values": [FIELD, ...], "ylabel": TEXT,
+              "title": TEXT, "log": false}
+
+one group of bars per row (named by its `label` field), one bar per `values`
+field. The PNG is written to a temporary file and renamed.
 """
 import json
 import os
@@ -134,6 +141,28 @@ def quant(r, ax):
     ax.set_title(f"luainfer quantize: {r['n_scored']} held-out tokens, ctx {r['ctx']}")
 
 
+def chart(r, ax):
+    """The generic bar chart a benchmark describes under "chart"."""
+    c = r["chart"]
+    rows, fields = r["rows"], c["values"]
+    if not rows or not fields:
+        raise SystemExit(f"plot_bench.py: {r['bench']}: no rows or no values to draw")
+    w = 0.8 / len(fields)
+    for k, f in enumerate(fields):
+        xs = [i + (k - (len(fields) - 1) / 2) * w for i in range(len(rows))]
+        ys = [float(row.get(f) or 0) for row in rows]
+        ax.bar(xs, ys, width=w, label=f)
+    ax.set_xticks(range(len(rows)))
+    ax.set_xticklabels([str(row.get(c["label"], i)) for i, row in enumerate(rows)], rotation=30, ha="right",
+                       fontsize=8)
+    if c.get("log"):
+        ax.set_yscale("log")
+    ax.set_ylabel(c.get("ylabel", ""))
+    ax.set_title(c.get("title", r["bench"]))
+    if len(fields) > 1:
+        ax.legend(fontsize=8)
+
+
 PLOTS = {"batching": batching, "prefix": prefix, "step_cost": step_cost, "kv_dtype": kv_dtype, "spec": spec,
          "quant": quant}
 FIGURES = {"replay": replay}  # functions that lay out their own axes
@@ -149,13 +178,14 @@ def main(argv):
     if name in FIGURES:
         fig = plt.figure(figsize=(12, 4.8), dpi=100)
         FIGURES[name](r, fig)
-    elif name in PLOTS:
+    elif name in PLOTS or "chart" in r:
         fig, ax = plt.subplots(figsize=(8, 4.8), dpi=100)
-        PLOTS[name](r, ax)
+        (PLOTS.get(name) or chart)(r, ax)
         ax.grid(alpha=0.3)
     else:
         known = ", ".join(sorted([*PLOTS, *FIGURES]))
-        print(f"plot_bench.py: no plot for benchmark {name!r} (known: {known})", file=sys.stderr)
+        print(f"plot_bench.py: no plot for benchmark {name!r} (known: {known}; or describe a \"chart\")",
+              file=sys.stderr)
         return 2
     fig.tight_layout()
     out = argv[2]

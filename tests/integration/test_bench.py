@@ -137,11 +137,19 @@ def test_bench_options_errors(run_cli, tmp_path):
     assert not list(tmp_path.rglob("*.tmp*"))
 
 
-def test_bench_cpu_results(run_ok):
-    out = bench(run_ok, "cpu", "16", "4", "2")
+def test_bench_cpu_results(run_ok, tmp_path):
+    """bench_cpu's RESULT lines, the same numbers in --json, and --plot's
+    generic bar chart (the "chart" a benchmark without its own plot describes)."""
+    js, png = tmp_path / "cpu.json", tmp_path / "cpu.png"
+    out = bench(run_ok, "cpu", "16", "4", "2", "--json", str(js), "--plot", str(png))
     results = dict(re.findall(r"^RESULT (\w+) ([\d.]+)$", out, re.M))
     assert set(results) == {"prefill", "decode", "batched2"}
     assert all(float(v) > 0 for v in results.values())
+    r = json.loads(js.read_text())
+    assert [row["name"] for row in r["rows"]] == ["prefill 16", "decode 1", "batched 2"]
+    assert [round(row["tokens_per_s"], 2) for row in r["rows"]] == [
+        float(results[k]) for k in ("prefill", "decode", "batched2")]
+    check_png(png)
 
 
 def test_bench_spec_outputs_match(run_ok, tmp_path):
