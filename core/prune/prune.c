@@ -112,16 +112,13 @@ static int eval_kl(li_model *m, li_backend *be, const calib_set *c, kl_stats *st
 }
 
 /* ------------------------------------------------------------------------
- * the capture backend: the real backend with rmsnorm (block inputs and
- * outputs: Block Influence) and the o/down matmuls (head and channel
- * importance) wrapped. `be` comes first, so an op handed &cap->be finds
- * the wrapper (the calib.c pattern).
+ * the capture backend: calib.h's, whose o/down inputs give head and channel
+ * importance, with rmsnorm (block inputs and outputs: Block Influence)
+ * wrapped too. `cb` comes first, so an op handed &cap->cb.be finds it.
  * ---------------------------------------------------------------------- */
 
 typedef struct capture {
-    li_backend be;
-    li_backend_ops ops;
-    const li_backend_ops *real;
+    li_calib_backend cb;
     const li_model *m;
     bool bi, heads, ffn;
     /* Block Influence: the last block input seen, and per layer the sum of
@@ -161,7 +158,7 @@ static void cap_rmsnorm(li_backend *be, const float *x, const float *w, float *y
                     break;
                 }
     }
-    c->real->rmsnorm(be, x, w, y, n, dim, eps);
+    c->cb.real->rmsnorm(be, x, w, y, n, dim, eps);
 }
 
 static void heads_io(capture *c, int l, const float *att, int64_t n) {
@@ -196,37 +193,12 @@ static void ffn_io(capture *c, int l, const float *x, int64_t n) {
     if (l == 0) c->rows += n;
 }
 
-static void report(capture *c, const li_weight *w, const float *x, int64_t n) {
-    if (!c->heads && !c->ffn) return;
-    for (int l = 0; l < c->m->hp.n_layer; l++) {
-        const li_layer *L = &c->m->layers[l];
-        if (c->heads && w == &L->wo) return heads_io(c, l, x, n);
-        if (c->ffn && w == &L->w_down) return ffn_io(c, l, x, n);
-    }
-}
-
-static void cap_matmul(li_backend *be, const li_weight *w, const float *x, float *y, int64_t n) {
-    capture *c = (capture *)be;
-    report(c, w, x, n);
-    c->real->matmul(be, w, x, y, n);
-}
-
-static void cap_matmul_multi(li_backend *be, const li_weight *const *w, int n_w, const float *x, float *const *y,
-                             int64_t n) {
-    capture *c = (capture *)be; /* q/k/v and gate/up: nothing to capture */
-    if (c->real->matmul_multi) c->real->matmul_multi(be, w, n_w, x, y, n);
-    else for (int i = 0; i < n_w; i++) c->real->matmul(be, w[i], x, y[i], n);
-}
-
-static void cap_matmul_add(li_backend *be, const li_weight *w, const float *x, float *y, float *res, int64_t n) {
-    capture *c = (capture *)be;
-    report(c, w, x, n);
-    if (c->real->matmul_add) {
-        c->real->matmul_add(be, w, x, y, res, n);
-        return;
-    }
-    c->real->matmul(be, w, x, y, n);
-    c->real->add(be, res, y, n * w->m);
+/* li_calib_fn: the inputs of o_proj (heads) and down_proj (FFN channels) */
+static void on_input(void *ctx, int l, li_calib_site site, const float *x, int64_t n, int64_t k) {
+    capture *c = ctx;
+    (void)k;
+    if (site == LI_CALIB_O && c->heads) heads_io(c, l, x, n);
+    else if (site == LI_CALIB_DOWN && c->ffn) ffn_io(c, l, x, n);
 }
 
 static float *dequant(const li_weight *w) {
@@ -239,14 +211,8 @@ static float *dequant(const li_weight *w) {
  * log-probabilities, and the statistics the ranking asks for. */
 static int calibrate(capture *c, li_model *m, li_backend *be, calib_set *cs, li_error *err) {
     const li_hparams *hp = &m->hp;
-    c->be = *be;
-    c->real = be->ops;
-    c->ops = *be->ops;
-    c->ops.rmsnorm = cap_rmsnorm;
-    c->ops.matmul = cap_matmul;
-    c->ops.matmul_multi = cap_matmul_multi;
-    c->ops.matmul_add = cap_matmul_add;
-    c->be.ops = &c->ops;
+    li_calib_backend_init(&c->cb, be, m, c->heads || c->ffn ? on_input : NULL, c);
+    c->cb.ops.rmsnorm = cap_rmsnorm;
     c->m = m;
     c->prev = li_xmalloc((size_t)(cs->seq_len * hp->n_embd) * sizeof(float));
     c->bi_sum = li_xcalloc((size_t)hp->n_layer, sizeof(double));
@@ -257,7 +223,7 @@ static int calibrate(capture *c, li_model *m, li_backend *be, calib_set *cs, li_
     }
     if (c->ffn) c->ffn_sum = li_xcalloc((size_t)hp->n_layer * hp->n_ff, sizeof(double));
     li_session s;
-    int rc = li_session_init(&s, m, &c->be, cs->seq_len, LI_TYPE_F32, cs->seq_len, err);
+    int rc = li_session_init(&s, m, &c->cb.be, cs->seq_len, LI_TYPE_F32, cs->seq_len, err);
     if (rc) return rc;
     const int64_t nv = hp->n_vocab;
     float *logits = li_xmalloc((size_t)cs->seq_len * (size_t)nv * sizeof(float));

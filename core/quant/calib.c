@@ -9,18 +9,10 @@
 #include <string.h>
 
 /* ------------------------------------------------------------------------
- * the capture backend: the real backend's impl and ops, three ops wrapped.
- * `be` comes first, so an op handed &cap->be finds the wrapper.
+ * the capture backend (calib.h): three ops wrapped
  * ---------------------------------------------------------------------- */
 
-typedef struct calib_backend {
-    li_backend be;              /* ops = &ops below, impl = the real backend's */
-    li_backend_ops ops;
-    const li_backend_ops *real;
-    const li_model *m;
-    li_calib_fn fn;
-    void *ctx;
-} calib_backend;
+typedef li_calib_backend calib_backend;
 
 /* Which layer and site reads through weight w; -1 for others (output). */
 static int site_of(const li_model *m, const li_weight *w, li_calib_site *site) {
@@ -37,6 +29,7 @@ static int site_of(const li_model *m, const li_weight *w, li_calib_site *site) {
 }
 
 static void report(calib_backend *c, const li_weight *w, const float *x, int64_t n) {
+    if (!c->fn) return;
     li_calib_site site;
     const int l = site_of(c->m, w, &site);
     if (l >= 0) c->fn(c->ctx, l, site, x, n, w->k);
@@ -65,6 +58,15 @@ static void cap_matmul_add(li_backend *be, const li_weight *w, const float *x, f
     }
     c->real->matmul(be, w, x, y, n);
     c->real->add(be, res, y, n * w->m);
+}
+
+void li_calib_backend_init(li_calib_backend *cb, const li_backend *real, const li_model *m, li_calib_fn fn, void *ctx) {
+    *cb = (li_calib_backend){.be = *real, .real = real->ops, .m = m, .fn = fn, .ctx = ctx};
+    cb->ops = *real->ops;
+    cb->ops.matmul = cap_matmul;
+    cb->ops.matmul_multi = cap_matmul_multi;
+    cb->ops.matmul_add = cap_matmul_add;
+    cb->be.ops = &cb->ops;
 }
 
 /* ------------------------------------------------------------------------
@@ -112,12 +114,8 @@ int li_calib_run(li_model *m, li_backend *be, const li_calib_opts *o, li_calib_f
     int32_t *toks;
     int rc = li_calib_windows(m, o, "quantize", &toks, err);
     if (rc) return rc;
-    calib_backend cb = {.be = *be, .real = be->ops, .m = m, .fn = fn, .ctx = ctx};
-    cb.ops = *be->ops;
-    cb.ops.matmul = cap_matmul;
-    cb.ops.matmul_multi = cap_matmul_multi;
-    cb.ops.matmul_add = cap_matmul_add;
-    cb.be.ops = &cb.ops;
+    calib_backend cb;
+    li_calib_backend_init(&cb, be, m, fn, ctx);
     li_session s;
     if ((rc = li_session_init(&s, m, &cb.be, o->seq_len, LI_TYPE_F32, LI_MIN(o->seq_len, 512), err))) {
         free(toks);

@@ -36,6 +36,22 @@ typedef struct li_calib_opts {
     int64_t seq_len;
 } li_calib_opts;
 
+/* The capture backend: the real backend's impl and ops table, with matmul,
+ * matmul_multi and matmul_add first handing their input to fn (when not
+ * NULL). `be` comes first, so an op handed &cb->be finds the wrapper; a
+ * struct that embeds an li_calib_backend first can wrap more ops of
+ * cb->ops the same way after init (prune.c wraps rmsnorm). Nothing to free. */
+typedef struct li_calib_backend {
+    li_backend be;              /* hand this to the session; ops = &ops */
+    li_backend_ops ops;
+    const li_backend_ops *real; /* the real backend's ops */
+    const li_model *m;
+    li_calib_fn fn;
+    void *ctx;
+} li_calib_backend;
+
+void li_calib_backend_init(li_calib_backend *cb, const li_backend *real, const li_model *m, li_calib_fn fn, void *ctx);
+
 /* The calibration windows of `who` ("quantize", "prune"): tokenizes the
  * text at o->path with m's tokenizer and returns its first samples *
  * seq_len tokens as *win (malloc'd), BOS at the start of every window when
