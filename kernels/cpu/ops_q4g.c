@@ -190,7 +190,9 @@ static void q4g_prep_work(void *ctx, int ith, int nth) {
     for (;;) {
         const int64_t r = atomic_fetch_add_explicit(&j->next_row, 1, memory_order_relaxed);
         if (r >= j->n) break;
-        if (j->a8) li_q4g_act_quantize(j->w, j->p, j->x_raw + r * j->w->k, j->act + (size_t)r * j->act_stride);
+        if (j->a8)
+            (j->kern->act ? j->kern->act : li_q4g_act_quantize)(j->w, j->p, j->x_raw + r * j->w->k,
+                                                                j->act + (size_t)r * j->act_stride);
         else li_act_quant_row_ref(j->w->act, j->x_raw + r * j->w->k, (float *)j->x + r * j->w->k, j->w->k);
     }
 }

@@ -10,7 +10,11 @@
  * split into low nibbles (even elements) and high nibbles (odd), each
  * multiplied with its activation bytes by vpmaddubsw (15 * 127 * 2 fits in
  * int16) and widened by vpmaddwd; a group's four sums then reduce into one
- * vector for the four rows' float steps. */
+ * vector for the four rows' float steps.
+ *
+ * The loops over panels and rows are unrolled by pragma: without it GCC
+ * kept the accumulator arrays on the stack (a load and a store around
+ * every add), which made A8 run at half of Q4_1's speed. */
 #include "util/common.h"
 #include "cpu/q4g_kernels.h"
 
@@ -27,16 +31,20 @@ static inline __attribute__((always_inline)) void a16_block(const li_q4g_packed 
                                                             int64_t ldy) {
     const int64_t k = p->k, ng = p->ng;
     __m256 acc[4][4][2];
+    #pragma GCC unroll 4
     for (int a = 0; a < NP; a++)
+        #pragma GCC unroll 4
         for (int i = 0; i < NR; i++) acc[a][i][0] = acc[a][i][1] = _mm256_setzero_ps();
     const __m256i m4 = _mm256_set1_epi32(15);
     for (int64_t c = 0; c < k; c += 2) {
         const int32_t g0 = p->gidx[c], g1 = p->gidx[c + 1];
         __m256 xa[4], xb[4];
+        #pragma GCC unroll 4
         for (int i = 0; i < NR; i++) {
             xa[i] = _mm256_broadcast_ss(x + i * ldx + c);
             xb[i] = _mm256_broadcast_ss(x + i * ldx + c + 1);
         }
+        #pragma GCC unroll 4
         for (int a = 0; a < NP; a++) {
             const uint8_t *cd = p->codes + ((pp + a) * (k / 2) + c / 2) * LI_PANEL;
             const __m128i b = _mm_loadu_si128((const __m128i *)cd);
@@ -51,6 +59,7 @@ static inline __attribute__((always_inline)) void a16_block(const li_q4g_packed 
                                                            _mm256_loadu_ps(s1 + 16)), _mm256_loadu_ps(s1));
             const __m256 w11 = _mm256_mul_ps(_mm256_sub_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(v1, 4)),
                                                            _mm256_loadu_ps(s1 + 24)), _mm256_loadu_ps(s1 + 8));
+            #pragma GCC unroll 4
             for (int i = 0; i < NR; i++) {
                 acc[a][i][0] = _mm256_add_ps(acc[a][i][0], _mm256_mul_ps(xa[i], w00));
                 acc[a][i][1] = _mm256_add_ps(acc[a][i][1], _mm256_mul_ps(xa[i], w01));
@@ -59,8 +68,10 @@ static inline __attribute__((always_inline)) void a16_block(const li_q4g_packed 
             }
         }
     }
+    #pragma GCC unroll 4
     for (int a = 0; a < NP; a++) {
         const int64_t row0 = (pp + a) * LI_PANEL, rows = LI_MIN((int64_t)LI_PANEL, p->m - row0);
+        #pragma GCC unroll 4
         for (int i = 0; i < NR; i++) {
             float out[LI_PANEL];
             _mm256_storeu_ps(out, acc[a][i][0]);
@@ -106,54 +117,69 @@ static inline __attribute__((always_inline)) void a8_block(const li_q4g_packed *
     __m256 acc[4][4];
     float sx[4];
     const int32_t *xsum[4];
+    #pragma GCC unroll 4
     for (int i = 0; i < NR; i++) {
         xsum[i] = (const int32_t *)(act + (size_t)i * act_stride + ((k + 3) & ~3));
         memcpy(&sx[i], xsum[i] + ng, sizeof(float));
+        #pragma GCC unroll 4
         for (int a = 0; a < NP; a++) acc[a][i] = _mm256_setzero_ps();
     }
     for (int64_t g = 0; g < ng; g++) {
         const int64_t t0 = g * gs / 8, t1 = LI_MIN((g + 1) * gs, k) / 8;
         __m256i isum[4][4];
+        #pragma GCC unroll 4
         for (int a = 0; a < NP; a++)
+            #pragma GCC unroll 4
             for (int i = 0; i < NR; i++) isum[a][i] = _mm256_setzero_si256();
         for (int64_t t = t0; t < t1;) {
             /* up to 4 chunks summed in int16 (4 * 2 * 2 * 15 * 127 < 32768), then widened */
             const int64_t t2 = LI_MIN(t + 4, t1);
             __m256i s16[4][4];
+            #pragma GCC unroll 4
             for (int a = 0; a < NP; a++)
+                #pragma GCC unroll 4
                 for (int i = 0; i < NR; i++) s16[a][i] = _mm256_setzero_si256();
             for (; t < t2; t++) {
                 __m256i al[4], ah[4];
+                #pragma GCC unroll 4
                 for (int i = 0; i < NR; i++) {
                     const int32_t *ai = (const int32_t *)(act + (size_t)i * act_stride + t * 8);
                     al[i] = _mm256_set1_epi32(ai[0]);
                     ah[i] = _mm256_set1_epi32(ai[1]);
                 }
+                #pragma GCC unroll 4
                 for (int a = 0; a < NP; a++) {
                     const __m256i b = _mm256_loadu_si256((const __m256i *)(p->a8codes + ((p8 + a) * (k / 8) + t) * 32));
                     const __m256i lo = _mm256_and_si256(b, m4), hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), m4);
+                    #pragma GCC unroll 4
                     for (int i = 0; i < NR; i++) {
                         s16[a][i] = _mm256_add_epi16(s16[a][i], _mm256_maddubs_epi16(lo, al[i]));
                         s16[a][i] = _mm256_add_epi16(s16[a][i], _mm256_maddubs_epi16(hi, ah[i]));
                     }
                 }
             }
+            #pragma GCC unroll 4
             for (int a = 0; a < NP; a++)
+                #pragma GCC unroll 4
                 for (int i = 0; i < NR; i++)
                     isum[a][i] = _mm256_add_epi32(isum[a][i], _mm256_madd_epi16(s16[a][i], ones));
         }
+        #pragma GCC unroll 4
         for (int a = 0; a < NP; a++) {
             const int64_t pp = (p8 + a) / 2, half = ((p8 + a) % 2) * 8;
             const __m256i z = _mm256_loadu_si256((const __m256i *)(p->izero + (pp * ng + g) * LI_PANEL + half));
             const __m256 s = _mm256_loadu_ps(p->sz + (pp * ng + g) * 32 + half);
+            #pragma GCC unroll 4
             for (int i = 0; i < NR; i++) {
                 const __m256i d = _mm256_sub_epi32(isum[a][i], _mm256_mullo_epi32(z, _mm256_set1_epi32(xsum[i][g])));
                 acc[a][i] = _mm256_add_ps(acc[a][i], _mm256_mul_ps(s, _mm256_cvtepi32_ps(d)));
             }
         }
     }
+    #pragma GCC unroll 4
     for (int a = 0; a < NP; a++) {
         const int64_t row0 = (p8 + a) * 8, rows = LI_MIN((int64_t)8, r1 - row0);
+        #pragma GCC unroll 4
         for (int i = 0; i < NR; i++) {
             float out[8];
             _mm256_storeu_ps(out, _mm256_mul_ps(acc[a][i], _mm256_set1_ps(sx[i])));
@@ -189,4 +215,51 @@ static void avx2_a8(const li_weight *w, const li_q4g_packed *p, int64_t r0, int6
     }
 }
 
-const li_q4g_kernels li_q4g_kernels_avx2 = {.isa = "avx2", .a16 = li_q4g_a16_avx2, .a8 = avx2_a8};
+/* ------------------------------------------------------------------------
+ * A8 activation rows
+ * ---------------------------------------------------------------------- */
+
+/* The reference's steps, 8 lanes at a time: amax by vmaxps (its second
+ * operand wins over a NaN, as fmaxf(amax, |x|) skips one; max is exact and
+ * order-free), y = x * inv by one multiply, NaN -> 0, clamp to [-127, 127],
+ * then round half to even (nearbyintf in the default rounding mode). */
+void li_q4g_act_quantize_avx2(const li_weight *w, const li_q4g_packed *p, const float *x, uint8_t *dst) {
+    const int64_t k = w->k, k8 = k & ~(int64_t)7;
+    const int32_t *perm = w->perm;
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 vmax = _mm256_setzero_ps();
+    int64_t j = 0;
+    for (; j < k8; j += 8) vmax = _mm256_max_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(x + j)), vmax);
+    float lanes[8], amax = 0.0f;
+    _mm256_storeu_ps(lanes, vmax);
+    for (int l = 0; l < 8; l++) amax = lanes[l] > amax ? lanes[l] : amax;
+    for (; j < k; j++) {
+        const float a = x[j] < 0 ? -x[j] : x[j];
+        amax = a > amax ? a : amax; /* false for a NaN: skipped */
+    }
+    const float s = amax / 127.0f, inv = s > 0.0f ? 1.0f / s : 0.0f;
+    int8_t *q = (int8_t *)dst;
+    const __m256 vinv = _mm256_set1_ps(inv), lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
+    for (j = 0; j < k8; j += 8) {
+        const __m256 xv = perm ? _mm256_i32gather_ps(x, _mm256_loadu_si256((const __m256i *)(perm + j)), 4)
+                               : _mm256_loadu_ps(x + j);
+        __m256 y = _mm256_mul_ps(xv, vinv);
+        y = _mm256_and_ps(y, _mm256_cmp_ps(y, y, _CMP_ORD_Q));
+        y = _mm256_min_ps(_mm256_max_ps(y, lo), hi);
+        const __m256i v = _mm256_cvtps_epi32(_mm256_round_ps(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        const __m128i h16 = _mm_packs_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+        _mm_storel_epi64((__m128i *)(q + j), _mm_packs_epi16(h16, h16));
+    }
+    for (; j < k; j++) q[j] = (int8_t)li_code_round(x[perm ? perm[j] : j] * inv, -127.0f, 127.0f);
+    int32_t *xsum = (int32_t *)(dst + ((k + 3) & ~3));
+    for (int64_t g = 0; g < p->ng; g++) {
+        const int64_t j1 = LI_MIN((g + 1) * p->gs, k);
+        int32_t sum = 0;
+        for (int64_t i = g * p->gs; i < j1; i++) sum += q[i];
+        xsum[g] = sum;
+    }
+    memcpy(xsum + p->ng, &s, sizeof s);
+}
+
+const li_q4g_kernels li_q4g_kernels_avx2 = {.isa = "avx2", .a16 = li_q4g_a16_avx2, .a8 = avx2_a8,
+                                            .act = li_q4g_act_quantize_avx2};

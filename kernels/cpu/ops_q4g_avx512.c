@@ -20,6 +20,7 @@ static inline __attribute__((always_inline)) void a8_block(const li_q4g_packed *
     __m256 acc[4];
     float sx[4];
     const int32_t *xsum[4];
+    #pragma GCC unroll 4
     for (int i = 0; i < NR; i++) {
         acc[i] = _mm256_setzero_ps();
         xsum[i] = (const int32_t *)(act + (size_t)i * act_stride + ((k + 3) & ~3));
@@ -28,10 +29,12 @@ static inline __attribute__((always_inline)) void a8_block(const li_q4g_packed *
     for (int64_t g = 0; g < ng; g++) {
         const int64_t t0 = g * gs / 8, t1 = LI_MIN((g + 1) * gs, k) / 8;
         __m256i isum[4];
+        #pragma GCC unroll 4
         for (int i = 0; i < NR; i++) isum[i] = _mm256_setzero_si256();
         for (int64_t t = t0; t < t1;) {
             const __m256i b = _mm256_loadu_si256((const __m256i *)(cd + t * 32));
             const __m256i lo = _mm256_and_si256(b, m4), hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), m4);
+            #pragma GCC unroll 4
             for (int i = 0; i < NR; i++) {
                 const int32_t *a = (const int32_t *)(act + (size_t)i * act_stride + t * 8);
                 isum[i] = _mm256_dpbusd_epi32(isum[i], lo, _mm256_set1_epi32(a[0]));
@@ -41,11 +44,13 @@ static inline __attribute__((always_inline)) void a8_block(const li_q4g_packed *
         }
         const __m256i z = _mm256_loadu_si256((const __m256i *)(p->izero + (pp * ng + g) * LI_PANEL + half));
         const __m256 s = _mm256_loadu_ps(p->sz + (pp * ng + g) * 32 + half);
+        #pragma GCC unroll 4
         for (int i = 0; i < NR; i++) {
             const __m256i d = _mm256_sub_epi32(isum[i], _mm256_mullo_epi32(z, _mm256_set1_epi32(xsum[i][g])));
             acc[i] = _mm256_add_ps(acc[i], _mm256_mul_ps(s, _mm256_cvtepi32_ps(d)));
         }
     }
+    #pragma GCC unroll 4
     for (int i = 0; i < NR; i++) {
         float out[8];
         _mm256_storeu_ps(out, _mm256_mul_ps(acc[i], _mm256_set1_ps(sx[i])));
@@ -68,4 +73,5 @@ static void avx512_a8(const li_weight *w, const li_q4g_packed *p, int64_t r0, in
     }
 }
 
-const li_q4g_kernels li_q4g_kernels_avx512 = {.isa = "avx512", .a16 = li_q4g_a16_avx2, .a8 = avx512_a8};
+const li_q4g_kernels li_q4g_kernels_avx512 = {.isa = "avx512", .a16 = li_q4g_a16_avx2, .a8 = avx512_a8,
+                                              .act = li_q4g_act_quantize_avx2};

@@ -74,6 +74,8 @@ typedef struct li_q4g_kernels {
                 int64_t ldy);
     void (*a8)(const li_weight *w, const li_q4g_packed *p, int64_t r0, int64_t r1, const uint8_t *act,
                size_t act_stride, int64_t n, float *y, int64_t ldy);
+    /* li_q4g_act_quantize's bytes, faster (NULL: the reference runs) */
+    void (*act)(const li_weight *w, const li_q4g_packed *p, const float *x, uint8_t *dst);
 } li_q4g_kernels;
 
 extern const li_q4g_kernels li_q4g_kernels_scalar; /* A16: NULL (ops_ref.c runs it); A8: the reference */
@@ -93,8 +95,11 @@ bool li_q4g_supported(const li_weight *w);
 int li_q4g_pack(li_weight *w);
 void li_q4g_pack_free(li_weight *w);
 
-/* x (k, input order) -> one A8 activation row (the layout above). */
+/* x (k, input order) -> one A8 activation row (the layout above): the
+ * reference (li_act_quant_row_ref's scale and rounding), and the AVX2
+ * version, which writes the same bytes (the AVX-512 table shares it). */
 void li_q4g_act_quantize(const li_weight *w, const li_q4g_packed *p, const float *x, uint8_t *dst);
+void li_q4g_act_quantize_avx2(const li_weight *w, const li_q4g_packed *p, const float *x, uint8_t *dst);
 /* The A8 definition for weight row `row` and one prepared activation row. */
 float li_q4g_a8_row_ref(const li_weight *w, const li_q4g_packed *p, int64_t row, const uint8_t *act);
 

@@ -20,6 +20,9 @@
 #include "cpu/q4g_kernels.h"
 #include "util/common.h"
 
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static float randn(void) { /* sum of uniforms: enough for test data */
@@ -301,9 +304,59 @@ static void test_kernels(void) {
     }
 }
 
+/* The AVX2 A8 activation rows are the reference's bytes: odd lengths (the
+ * scalar tail), a permutation (the gather), NaN and infinity, values on
+ * rounding ties and past the clamp. */
+static void test_act_quantize(void) {
+    if (!__builtin_cpu_supports("avx2")) {
+        printf("SKIP: A8 activation rows on AVX2: this CPU has no AVX2\n");
+        return;
+    }
+    const int64_t ks[] = {8, 24, 37, 64, 70, 576};
+    bool ok = true;
+    for (size_t a = 0; a < LI_ARRAY_LEN(ks); a++)
+        for (int variant = 0; variant < 4; variant++) {
+            const int64_t k = ks[a], gs = k % 8 ? k : 8;
+            float *x = malloc((size_t)k * sizeof *x);
+            int32_t *perm = malloc((size_t)k * sizeof *perm);
+            for (int64_t j = 0; j < k; j++) {
+                x[j] = rng_f() * 3.0f;
+                perm[j] = (int32_t)j;
+            }
+            for (int64_t j = k - 1; j > 0; j--) { /* a shuffle */
+                const int64_t i = (int64_t)((rng_f() * 0.5f + 0.5f) * (float)j) % (j + 1);
+                const int32_t t = perm[i];
+                perm[i] = perm[j];
+                perm[j] = t;
+            }
+            x[0] = 2.54f; /* amax: 2.54 / 127 = 0.02, so multiples of 0.01 fall on ties */
+            for (int64_t j = 1; j < k; j += 5) x[j] = 0.01f * (float)(j % 50) - 0.25f;
+            if (variant == 2) x[k / 2] = NAN;
+            if (variant == 3) x[k - 1] = INFINITY;
+            li_weight w = {.k = k, .perm = variant % 2 ? perm : NULL};
+            li_q4g_packed p = {.k = k, .gs = gs, .ng = (k + gs - 1) / gs};
+            const size_t nb = li_q4g_act_bytes(k, p.ng);
+            uint8_t *r = li_aligned_alloc(nb), *v = li_aligned_alloc(nb);
+            memset(r, 0xa5, nb);
+            memset(v, 0xa5, nb);
+            li_q4g_act_quantize(&w, &p, x, r);
+            li_q4g_act_quantize_avx2(&w, &p, x, v);
+            if (memcmp(r, v, nb)) {
+                ok = false;
+                fprintf(stderr, "    act row k %lld variant %d differs\n", (long long)k, variant);
+            }
+            li_aligned_free(r);
+            li_aligned_free(v);
+            free(x);
+            free(perm);
+        }
+    report(ok, "A8 activation rows: AVX2 = the reference's bytes (k 8..576, odd tails, perm, NaN, inf, ties)");
+}
+
 int main(void) {
     test_quantizer_errors();
     test_quantizers();
     test_kernels();
+    test_act_quantize();
     return t_summary("test_quant4");
 }
