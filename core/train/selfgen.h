@@ -1,0 +1,13 @@
+/* selfgen.h — a model's own samples as training text (self-distillation:
+ * `luainfer distill --self-generate`, `luainfer train-medusa --self-generate`). */
+#ifndef LI_SELFGEN_H
+#define LI_SELFGEN_H
+
+#include "model/model.h"
+
+/* n tokens sampled from m on backend be at temperature 1 (seeded), in
+ * segments of up to 256 that each start at BOS (the BOS itself is not in
+ * the output); progress on stderr. *out: malloc'd (n). */
+int li_train_self_generate(li_model *m, li_backend *be, int64_t n, uint64_t seed, int32_t **out, li_error *err);
+
+#endif
