@@ -278,9 +278,9 @@ int li_medusa_load(li_medusa *h, const char *path, int64_t d, int64_t V, uint64_
                                        : t->n_dims == 2 && t->ne[0] == d && t->ne[1] == d);
             const bool type = t && (t->type == LI_TYPE_F32 || (!j && t->type == LI_TYPE_F16));
             if (!shape || !type) {
-                rc = li_error_set(err, LI_EINVAL, "medusa: %s: tensor %s is %s, expected %s [%lld%s] ", path, name,
+                rc = li_error_set(err, LI_EINVAL, "medusa: %s: tensor %s is %s, expected %s of %s%lld", path, name,
                                   !t ? "missing" : !shape ? "of another shape" : "of another type",
-                                  j ? "F32" : "F32 or F16", (long long)d, j ? "" : ", n_embd");
+                                  j ? "F32" : "F32 or F16", j ? "" : "n_embd x ", (long long)d);
                 break;
             }
             float *dst = h->tm.params + h->tm.L.t[2 * k + j].off;
