@@ -129,7 +129,7 @@ static uint64_t xs(uint64_t *s) {
 int li_cmd_train_medusa(int argc, char **argv) {
     const char *model_path = NULL, *data = NULL, *eval_path = NULL, *heads_file = NULL, *dtype_s = "f32";
     int64_t K = 0, steps = 100, seq_len = 64, batch = 1, threads = 0, ckpt_every = 0, seed = 1, self_gen = 0,
-            eval_tokens = 4096;
+            eval_tokens = 4096, streams = 16;
     double alpha = 0.5, temperature = 2.0, lr = 1e-3, wd = 0.0, clip = 1.0;
     bool help = false;
     li_opt opts[] = {
@@ -137,6 +137,7 @@ int li_cmd_train_medusa(int argc, char **argv) {
         {"heads", LI_OPT_INT, &K, "Medusa heads to train, 1..8 (required unless --heads-file)"},
         {"data", LI_OPT_STR, &data, "training text (this or --self-generate)"},
         {"self-generate", LI_OPT_INT, &self_gen, "train on N tokens the base samples (temperature 1, --seed) instead of --data"},
+        {"streams", LI_OPT_INT, &streams, "--self-generate: sequences sampled side by side, 1..256 (default 16)"},
         {"steps", LI_OPT_INT, &steps, "optimizer steps (default 100)"},
         {"lr", LI_OPT_FLOAT, &lr, "AdamW learning rate (default 1e-3)"},
         {"alpha", LI_OPT_FLOAT, &alpha, "weight of the KL term in [0, 1] (default 0.5)"},
@@ -182,6 +183,7 @@ int li_cmd_train_medusa(int argc, char **argv) {
         if (n_pos != 1) FAIL("train-medusa: expected one output file OUT.gguf");
     }
     if (self_gen < 0 || self_gen > 10000000) FAIL("train-medusa: --self-generate must be in 1..10000000");
+    if (streams < 1 || streams > 256) FAIL("train-medusa: --streams must be in 1..256");
     if (!(alpha >= 0 && alpha <= 1)) FAIL("train-medusa: --alpha must be in [0, 1]");
     if (!(temperature > 0 && temperature <= 100)) FAIL("train-medusa: --temperature must be in (0, 100]");
     if (steps < 1 || steps > 10000000) FAIL("train-medusa: --steps must be in 1..10000000");
@@ -234,7 +236,7 @@ int li_cmd_train_medusa(int argc, char **argv) {
             if ((rc = li_read_file(data, (size_t)256 << 20, "training text", &text, &text_len, &err))) goto done;
             if ((rc = li_tokenizer_encode(m->tok, text, text_len, false, false, &ids, &n_ids, &err))) goto done;
         } else {
-            if ((rc = li_train_self_generate(m, &rt.be, self_gen, (uint64_t)seed, &ids, &err))) goto done;
+            if ((rc = li_train_self_generate_n(m, &rt.be, self_gen, (uint64_t)seed, (int)streams, &ids, &err))) goto done;
             n_ids = (size_t)self_gen;
         }
         if ((int64_t)n_ids < L) {

@@ -10,4 +10,13 @@
  * the output); progress on stderr. *out: malloc'd (n). */
 int li_train_self_generate(li_model *m, li_backend *be, int64_t n, uint64_t seed, int32_t **out, li_error *err);
 
+/* The same with n_streams sequences sampled side by side, one token of each
+ * per forward pass (a batch of n_streams rows: the weights are read once
+ * for all of them, several times faster than one stream on a CPU). Stream
+ * j draws from its own generator (seed, j); the output holds each round's
+ * segments one after another, stream 0 first, cut at n. n_streams 1 is
+ * another stream than li_train_self_generate's (distill keeps that one). */
+int li_train_self_generate_n(li_model *m, li_backend *be, int64_t n, uint64_t seed, int n_streams, int32_t **out,
+                             li_error *err);
+
 #endif
