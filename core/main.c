@@ -17,6 +17,7 @@ static void usage(FILE *f) {
             "  run          run a Lua script with the luainfer module (engines, policies)\n"
             "  quantize     requantize a GGUF: f16, bf16, q8_0, q4_0, q4_1, w8a8 (SmoothQuant), fp8\n"
             "  distill      train a student on a teacher's logits (core/train/: KL at a temperature + CE)\n"
+            "  train-medusa train Medusa heads on a frozen base (its own distributions, shifted)\n"
             "  prune        remove layers, KV groups or FFN channels, ranked on calibration text\n"
             "  bench        run a benchmark from bench/ (batching, prefix, policy_overhead, ...)\n"
             "\n'luainfer COMMAND --help' lists a command's options.\n"
@@ -44,6 +45,7 @@ int main(int argc, char **argv) {
         {"bench", li_cmd_bench},
         {"quantize", li_cmd_quantize},
         {"distill", li_cmd_distill},
+        {"train-medusa", li_cmd_train_medusa},
         {"prune", li_cmd_prune},
         {"policy-host", li_cmd_policy_host},
         {"serve", li_cmd_serve},

@@ -11,6 +11,7 @@ int li_cmd_run(int argc, char **argv);
 int li_cmd_bench(int argc, char **argv);
 int li_cmd_quantize(int argc, char **argv);
 int li_cmd_distill(int argc, char **argv);
+int li_cmd_train_medusa(int argc, char **argv);
 int li_cmd_prune(int argc, char **argv);
 /* core/server/: declared here so this header stays free of libuv */
 int li_cmd_serve(int argc, char **argv);

@@ -15,6 +15,7 @@
 #include "engine/session.h"
 #include "tokenizer/tokenizer.h"
 #include "train/train.h"
+#include "train/selfgen.h"
 #include "util/progress.h"
 #include "cpu/threadpool.h"
 
@@ -62,57 +63,6 @@ static int check_vocab(const li_model *teacher, const li_model *student, li_erro
             return li_error_set(err, LI_EINVAL, "distill: token %d differs: the teacher's is '%.*s', the student's '%.*s'",
                                 i, (int)LI_MIN(la, 40), a, (int)LI_MIN(lb, 40), b);
     }
-    return 0;
-}
-
-/* ==== the teacher's own text ================================================= */
-
-/* n tokens sampled from the teacher at temperature 1 (seeded), in segments
- * of up to 256 that each start at BOS: self-distillation data. */
-static int self_generate(li_runtime *rt, int64_t n, uint64_t seed, int32_t **out, li_error *err) {
-    const int64_t seg = 256;
-    const int32_t V = rt->model->hp.n_vocab, bos = li_tokenizer_bos(rt->model->tok);
-    li_session s;
-    int rc = li_session_init(&s, rt->model, &rt->be, seg, LI_TYPE_F32, 1, err);
-    if (rc) return rc;
-    int32_t *ids = li_xmalloc((size_t)n * sizeof *ids);
-    float *lg = li_xmalloc((size_t)V * sizeof *lg);
-    uint64_t rs = seed ? seed * 0x9e3779b97f4a7c15ull : 1;
-    li_progress prog;
-    li_progress_init(&prog, "self-generate", "tokens/s", n);
-    int64_t i = 0, in_seg = 0;
-    int32_t cur = bos >= 0 ? bos : 0;
-    while (i < n && !rc) {
-        if (in_seg == seg - 1) { /* the segment is full: start again at BOS */
-            li_session_reset(&s);
-            in_seg = 0;
-            cur = bos >= 0 ? bos : 0;
-        }
-        if ((rc = li_session_eval(&s, &cur, 1, false, lg, err))) break;
-        in_seg++;
-        float mx = lg[0];
-        for (int32_t j = 1; j < V; j++) mx = LI_MAX(mx, lg[j]);
-        double z = 0;
-        for (int32_t j = 0; j < V; j++) z += exp((double)lg[j] - mx);
-        rs ^= rs << 13, rs ^= rs >> 7, rs ^= rs << 17;
-        double u = (double)(rs >> 11) * 0x1.0p-53 * z, acc = 0;
-        int32_t pick = V - 1;
-        for (int32_t j = 0; j < V; j++)
-            if ((acc += exp((double)lg[j] - mx)) > u) {
-                pick = j;
-                break;
-            }
-        ids[i++] = cur = pick;
-        if (i % 16 == 0) li_progress_update(&prog, i, NULL);
-    }
-    li_progress_finish(&prog);
-    free(lg);
-    li_session_free(&s);
-    if (rc) {
-        free(ids);
-        return rc;
-    }
-    *out = ids;
     return 0;
 }
 
@@ -243,7 +193,7 @@ int li_cmd_distill(int argc, char **argv) {
         if ((rc = li_read_file(data, (size_t)256 << 20, "training text", &text, &text_len, &err))) goto done;
         if ((rc = li_tokenizer_encode(rt.model->tok, text, text_len, false, false, &ids, &n_ids, &err))) goto done;
     } else {
-        if ((rc = self_generate(&rt, self_gen, (uint64_t)seed, &ids, &err))) goto done;
+        if ((rc = li_train_self_generate(rt.model, &rt.be, self_gen, (uint64_t)seed, &ids, &err))) goto done;
         n_ids = (size_t)self_gen;
     }
     if ((int64_t)n_ids < seq_len + 1) {
