@@ -56,22 +56,22 @@ static int check_output(const char *out, li_error *err) {
  * base's greedy token for t+k+2 (the argmax of its row t+k+1) against the
  * head's logits at t: top-1 and top-5 agreement; also the head's top-1
  * against the text's own token t+k+2. */
-static int eval_heads(const li_medusa *h, li_session *s, const float *E, const int32_t *ids, int64_t n_ids, int L,
+static int eval_heads(const li_train_medusa *h, li_session *s, const float *E, const int32_t *ids, int64_t n_ids, int L,
                       li_threadpool *tp, li_error *err) {
     const int64_t d = h->d, V = h->V;
-    li_medusa_ws ws;
-    int rc = li_medusa_ws_init(&ws, h, L, err);
+    li_train_medusa_ws ws;
+    int rc = li_train_medusa_ws_init(&ws, h, L, err);
     if (rc) return rc;
     float *lg = li_xmalloc((size_t)L * (size_t)V * sizeof *lg), *H = li_xmalloc((size_t)L * (size_t)d * sizeof *H);
     int32_t *greedy = li_xmalloc((size_t)L * sizeof *greedy);
-    int64_t n1[LI_MEDUSA_MAX_HEADS] = {0}, n5[LI_MEDUSA_MAX_HEADS] = {0}, nt[LI_MEDUSA_MAX_HEADS] = {0},
-            cnt[LI_MEDUSA_MAX_HEADS] = {0}, base_text = 0, base_cnt = 0;
+    int64_t n1[LI_TRAIN_MEDUSA_MAX_HEADS] = {0}, n5[LI_TRAIN_MEDUSA_MAX_HEADS] = {0}, nt[LI_TRAIN_MEDUSA_MAX_HEADS] = {0},
+            cnt[LI_TRAIN_MEDUSA_MAX_HEADS] = {0}, base_text = 0, base_cnt = 0;
     const int64_t n_win = n_ids / L;
     li_progress prog;
     li_progress_init(&prog, "eval", "windows/s", n_win);
     for (int64_t w = 0; w < n_win && !rc; w++) {
         const int32_t *tok = ids + w * L;
-        if ((rc = li_medusa_base_window(s, tok, L, lg, H, err))) break;
+        if ((rc = li_train_medusa_base_window(s, tok, L, lg, H, err))) break;
         for (int t = 0; t < L; t++) {
             const float *r = lg + (size_t)t * (size_t)V;
             int32_t best = 0;
@@ -81,7 +81,7 @@ static int eval_heads(const li_medusa *h, li_session *s, const float *E, const i
             if (t + 1 < L) base_text += best == tok[t + 1], base_cnt++;
         }
         for (int k = 0; k < h->K; k++) {
-            li_medusa_head_logits(h, k, E, H, L, &ws, tp);
+            li_train_medusa_head_logits(h, k, E, H, L, &ws, tp);
             for (int t = 0; t + k + 2 < L; t++) {
                 const float *r = ws.logits + (size_t)t * (size_t)V;
                 const int32_t g = greedy[t + k + 1];
@@ -115,7 +115,7 @@ static int eval_heads(const li_medusa *h, li_session *s, const float *E, const i
     free(lg);
     free(H);
     free(greedy);
-    li_medusa_ws_free(&ws);
+    li_train_medusa_ws_free(&ws);
     return rc;
 }
 
@@ -177,7 +177,7 @@ int li_cmd_train_medusa(int argc, char **argv) {
         if (!eval_path) FAIL("train-medusa: --heads-file needs --eval FILE (it evaluates, it does not train)");
         if (data || self_gen || K || n_pos) FAIL("train-medusa: --heads-file evaluates only: no --heads, --data, --self-generate or OUT");
     } else {
-        if (K < 1 || K > LI_MEDUSA_MAX_HEADS) FAIL("train-medusa: --heads must be in 1..%d", LI_MEDUSA_MAX_HEADS);
+        if (K < 1 || K > LI_TRAIN_MEDUSA_MAX_HEADS) FAIL("train-medusa: --heads must be in 1..%d", LI_TRAIN_MEDUSA_MAX_HEADS);
         if (!data && !self_gen) FAIL("train-medusa: --data FILE or --self-generate N is required");
         if (data && self_gen) FAIL("train-medusa: --data and --self-generate exclude each other");
         if (n_pos != 1) FAIL("train-medusa: expected one output file OUT.gguf");
@@ -205,10 +205,10 @@ int li_cmd_train_medusa(int argc, char **argv) {
     li_runtime rt = {0};
     li_session s = {0};
     bool s_ready = false;
-    li_medusa h = {0};
+    li_train_medusa h = {0};
     li_train_grads g = {0};
     li_adamw opt = {0};
-    li_medusa_ws ws = {0};
+    li_train_medusa_ws ws = {0};
     li_threadpool *tp = NULL;
     char *text = NULL, *base_name = NULL;
     int32_t *ids = NULL, *eids = NULL, *order = NULL;
@@ -244,12 +244,12 @@ int li_cmd_train_medusa(int argc, char **argv) {
                               data ? data : "--self-generate", n_ids, (long long)L);
             goto done;
         }
-        if ((rc = li_medusa_init(&h, (int)K, d, V, &err))) goto done;
-    } else if ((rc = li_medusa_load(&h, heads_file, d, V, vhash, &err))) {
+        if ((rc = li_train_medusa_init(&h, (int)K, d, V, &err))) goto done;
+    } else if ((rc = li_train_medusa_load(&h, heads_file, d, V, vhash, &err))) {
         goto done;
     }
     /* the frozen output matrix, dequantized once (tied: the embedding) */
-    if (!(E = li_medusa_output_f32(m))) {
+    if (!(E = li_train_medusa_output_f32(m))) {
         rc = li_error_set(&err, LI_ENOMEM, "train-medusa: cannot hold the output matrix in float32");
         goto done;
     }
@@ -291,7 +291,7 @@ int li_cmd_train_medusa(int argc, char **argv) {
         rc = li_error_set(&err, LI_ENOMEM, "train-medusa: cannot allocate gradients and optimizer state");
         goto done;
     }
-    if ((rc = li_medusa_ws_init(&ws, &h, (int)L, &err))) goto done;
+    if ((rc = li_train_medusa_ws_init(&ws, &h, (int)L, &err))) goto done;
     lg = li_xmalloc((size_t)L * (size_t)V * sizeof *lg);
     H = li_xmalloc((size_t)L * (size_t)d * sizeof *H);
     printf("train-medusa: %s -> %s, %d heads (%.2fM parameters), %zu tokens of %s (%lld windows of %lld)\n",
@@ -304,7 +304,7 @@ int li_cmd_train_medusa(int argc, char **argv) {
     sa.sa_handler = on_sigint;
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, &old_sa);
-    li_medusa_meta meta = {.base_name = base_name, .vocab_hash = vhash, .alpha = (float)alpha,
+    li_train_medusa_meta meta = {.base_name = base_name, .vocab_hash = vhash, .alpha = (float)alpha,
                            .temperature = (float)temperature, .data = data ? data : "self-generate"};
     const li_train_loss_opts lo = {.alpha = (float)alpha, .temperature = (float)temperature,
                                    .grad_scale = 1.0f / (float)batch};
@@ -315,13 +315,13 @@ int li_cmd_train_medusa(int argc, char **argv) {
     const double t0 = li_time_now();
     int64_t next = 0, step = 0, last_ckpt = 0;
     while (step < steps && !stop_flag) {
-        double loss = 0, lk[LI_MEDUSA_MAX_HEADS] = {0};
+        double loss = 0, lk[LI_TRAIN_MEDUSA_MAX_HEADS] = {0};
         li_train_grads_zero(&g);
         for (int64_t j = 0; j < batch && !rc; j++) {
             const int32_t *tok = ids + (int64_t)order[next++ % n_windows] * L;
-            double l = 0, lkj[LI_MEDUSA_MAX_HEADS];
-            if ((rc = li_medusa_base_window(&s, tok, L, lg, H, &err))) break;
-            if ((rc = li_medusa_forward_backward(&h, &g, E, H, lg, tok, (int)L, &lo, &ws, tp, &l, lkj, NULL, &err)))
+            double l = 0, lkj[LI_TRAIN_MEDUSA_MAX_HEADS];
+            if ((rc = li_train_medusa_base_window(&s, tok, L, lg, H, &err))) break;
+            if ((rc = li_train_medusa_forward_backward(&h, &g, E, H, lg, tok, (int)L, &lo, &ws, tp, &l, lkj, NULL, &err)))
                 break;
             if (!isfinite(l))
                 rc = li_error_set(&err, LI_ERANGE, "train: step %lld: the loss is %g (window %lld)",
@@ -350,7 +350,7 @@ int li_cmd_train_medusa(int argc, char **argv) {
         if (ckpt_every > 0 && step % ckpt_every == 0 && step < steps) {
             meta.steps = step;
             meta.tokens = step * batch * L;
-            if ((rc = li_medusa_save(&h, &meta, dtype, pos[0], &err))) break;
+            if ((rc = li_train_medusa_save(&h, &meta, dtype, pos[0], &err))) break;
             last_ckpt = step;
         }
     }
@@ -359,7 +359,7 @@ int li_cmd_train_medusa(int argc, char **argv) {
     if (!rc) {
         meta.steps = step;
         meta.tokens = step * batch * L;
-        if ((rc = li_medusa_save(&h, &meta, dtype, pos[0], &err))) goto done;
+        if ((rc = li_train_medusa_save(&h, &meta, dtype, pos[0], &err))) goto done;
         if (step < steps) printf("interrupted after step %lld: heads written to %s\n", (long long)step, pos[0]);
         else printf("wrote %s (%d heads, %s, %lld tokens trained in %.1f s)\n", pos[0], h.K,
                     dtype == LI_CKPT_F16 ? "F16" : "F32", (long long)(step * batch * L), li_time_now() - t0);
@@ -371,10 +371,10 @@ done:
     free(H);
     free(order);
     li_aligned_free(E);
-    li_medusa_ws_free(&ws);
+    li_train_medusa_ws_free(&ws);
     li_train_grads_free(&g);
     li_adamw_free(&opt);
-    li_medusa_free(&h);
+    li_train_medusa_free(&h);
     if (tp) li_threadpool_free(tp);
     if (s_ready) li_session_free(&s);
     free(ids);

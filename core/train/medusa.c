@@ -17,10 +17,10 @@
 
 /* ==== heads, workspace ====================================================== */
 
-int li_medusa_init(li_medusa *h, int K, int64_t d, int64_t V, li_error *err) {
+int li_train_medusa_init(li_train_medusa *h, int K, int64_t d, int64_t V, li_error *err) {
     memset(h, 0, sizeof *h);
-    if (K < 1 || K > LI_MEDUSA_MAX_HEADS)
-        return li_error_set(err, LI_EINVAL, "medusa: %d heads, expected 1..%d", K, LI_MEDUSA_MAX_HEADS);
+    if (K < 1 || K > LI_TRAIN_MEDUSA_MAX_HEADS)
+        return li_error_set(err, LI_EINVAL, "medusa: %d heads, expected 1..%d", K, LI_TRAIN_MEDUSA_MAX_HEADS);
     if (d < 1 || d > 65536 || V < 1 || V > (1 << 24))
         return li_error_set(err, LI_EINVAL, "medusa: n_embd %lld, n_vocab %lld out of range", (long long)d,
                             (long long)V);
@@ -47,28 +47,28 @@ int li_medusa_init(li_medusa *h, int K, int64_t d, int64_t V, li_error *err) {
     L->n_params = L->n_grads = off;
     L->tied = false;
     if (!(h->tm.params = li_aligned_alloc(off * sizeof(float)))) {
-        li_medusa_free(h);
+        li_train_medusa_free(h);
         return li_error_set(err, LI_ENOMEM, "medusa: cannot allocate %zu parameters", off);
     }
     memset(h->tm.params, 0, off * sizeof(float));
     return 0;
 }
 
-void li_medusa_free(li_medusa *h) {
+void li_train_medusa_free(li_train_medusa *h) {
     li_train_model_free(&h->tm);
     memset(h, 0, sizeof *h);
 }
 
-size_t li_medusa_ws_reals(int64_t d, int64_t V, int64_t N) {
+size_t li_train_medusa_ws_reals(int64_t d, int64_t V, int64_t N) {
     const size_t nd = ((size_t)(N * d) + 15) & ~(size_t)15, nv = ((size_t)(N * V) + 15) & ~(size_t)15;
     return 3 * nd + 2 * nv;
 }
 
-int li_medusa_ws_init(li_medusa_ws *ws, const li_medusa *h, int N, li_error *err) {
+int li_train_medusa_ws_init(li_train_medusa_ws *ws, const li_train_medusa *h, int N, li_error *err) {
     memset(ws, 0, sizeof *ws);
     if (N < 1 || (int64_t)N * h->V > ((int64_t)1 << 31))
         return li_error_set(err, LI_EINVAL, "medusa: a window of %d positions is out of range", N);
-    const size_t n = li_medusa_ws_reals(h->d, h->V, N), nd = ((size_t)(N * h->d) + 15) & ~(size_t)15;
+    const size_t n = li_train_medusa_ws_reals(h->d, h->V, N), nd = ((size_t)(N * h->d) + 15) & ~(size_t)15;
     if (!(ws->buf = li_aligned_alloc(n * sizeof(float))))
         return li_error_set(err, LI_ENOMEM, "medusa: cannot allocate %.1f MB of scratch", (double)n * 4 / 1e6);
     memset(ws->buf, 0, n * sizeof(float));
@@ -82,7 +82,7 @@ int li_medusa_ws_init(li_medusa_ws *ws, const li_medusa *h, int N, li_error *err
     return 0;
 }
 
-void li_medusa_ws_free(li_medusa_ws *ws) {
+void li_train_medusa_ws_free(li_train_medusa_ws *ws) {
     li_aligned_free(ws->buf);
     free(ws->lab);
     memset(ws, 0, sizeof *ws);
@@ -125,9 +125,9 @@ static void loss_run(void *ctx, int ith, int nth) {
 
 /* li_trop_loss_f32 over N rows, split into jobs whose results add up in a
  * fixed order (the same bits on any number of threads). */
-double li_medusa_loss_par(struct li_threadpool *tp, const float *logits, const int32_t *lab, const float *teacher,
+double li_train_medusa_loss_par(struct li_threadpool *tp, const float *logits, const int32_t *lab, const float *teacher,
                           float *dlogits, int64_t N, int64_t V, float alpha, float temp, float gscale, double *kl);
-double li_medusa_loss_par(struct li_threadpool *tp, const float *logits, const int32_t *lab, const float *teacher,
+double li_train_medusa_loss_par(struct li_threadpool *tp, const float *logits, const int32_t *lab, const float *teacher,
                           float *dlogits, int64_t N, int64_t V, float alpha, float temp, float gscale, double *kl) {
     loss_job j = {.logits = logits, .teacher = teacher, .lab = lab, .dlogits = dlogits, .N = N, .V = V,
                   .alpha = alpha, .temp = temp, .gscale = gscale, .n_jobs = (N + LOSS_ROWS - 1) / LOSS_ROWS};
@@ -150,9 +150,9 @@ double li_medusa_loss_par(struct li_threadpool *tp, const float *logits, const i
 
 /* ==== forward + backward ==================================================== */
 
-int li_medusa_forward_backward(const li_medusa *h, li_train_grads *g, const float *E, const float *H,
+int li_train_medusa_forward_backward(const li_train_medusa *h, li_train_grads *g, const float *E, const float *H,
                                const float *base, const int32_t *tok, int N, const li_train_loss_opts *o,
-                               li_medusa_ws *ws, struct li_threadpool *tp, double *loss, double *loss_k,
+                               li_train_medusa_ws *ws, struct li_threadpool *tp, double *loss, double *loss_k,
                                double *kl_k, li_error *err) {
     if (N < 1 || N > ws->N) return li_error_set(err, LI_EINVAL, "medusa: a window of %d positions (scratch for %d)", N, ws->N);
     if (g && g->n != h->tm.L.n_grads) return li_error_set(err, LI_EINVAL, "medusa: gradients of another shape");
@@ -162,8 +162,8 @@ int li_medusa_forward_backward(const li_medusa *h, li_train_grads *g, const floa
                                 tok[i], i, (long long)h->V);
     const float alpha = o ? o->alpha : 0, temp = o && o->temperature > 0 ? o->temperature : 1,
                 gs = o && o->grad_scale != 0 ? o->grad_scale : 1;
-    double lk[LI_MEDUSA_MAX_HEADS], kk[LI_MEDUSA_MAX_HEADS];
-    const double l = li_medusa_fb_f32(h->tm.params, g ? g->g : NULL, h->K, E, H, base, tok, N, h->d, h->V, alpha,
+    double lk[LI_TRAIN_MEDUSA_MAX_HEADS], kk[LI_TRAIN_MEDUSA_MAX_HEADS];
+    const double l = li_train_medusa_fb_f32(h->tm.params, g ? g->g : NULL, h->K, E, H, base, tok, N, h->d, h->V, alpha,
                                       temp, gs, ws->buf, ws->lab, tp, lk, kk);
     if (loss) *loss = l;
     for (int k = 0; k < h->K; k++) {
@@ -173,14 +173,14 @@ int li_medusa_forward_backward(const li_medusa *h, li_train_grads *g, const floa
     return 0;
 }
 
-void li_medusa_head_logits(const li_medusa *h, int k, const float *E, const float *H, int N, li_medusa_ws *ws,
+void li_train_medusa_head_logits(const li_train_medusa *h, int k, const float *E, const float *H, int N, li_train_medusa_ws *ws,
                            struct li_threadpool *tp) {
-    li_medusa_head_fwd_f32(H, li_medusa_w(h, k), li_medusa_b(h, k), E, ws->A, ws->Z, ws->logits, N, h->d, h->V, tp);
+    li_train_medusa_head_fwd_f32(H, li_train_medusa_w(h, k), li_train_medusa_b(h, k), E, ws->A, ws->Z, ws->logits, N, h->d, h->V, tp);
 }
 
 /* ==== the heads file ========================================================= */
 
-int li_medusa_save(const li_medusa *h, const li_medusa_meta *meta, li_ckpt_dtype dtype, const char *path,
+int li_train_medusa_save(const li_train_medusa *h, const li_train_medusa_meta *meta, li_ckpt_dtype dtype, const char *path,
                    li_error *err) {
     li_gguf_writer w;
     li_gguf_writer_init(&w);
@@ -204,7 +204,7 @@ int li_medusa_save(const li_medusa *h, const li_medusa_meta *meta, li_ckpt_dtype
         char name[64];
         snprintf(name, sizeof name, "medusa.%d.weight", k);
         const int64_t ne[2] = {h->d, h->d};
-        const float *W = li_medusa_w(h, k);
+        const float *W = li_train_medusa_w(h, k);
         if (dtype == LI_CKPT_F16) {
             uint16_t *hw = li_xmalloc(dd * sizeof *hw);
             for (size_t j = 0; j < dd; j++) hw[j] = li_fp32_to_fp16(W[j]);
@@ -217,7 +217,7 @@ int li_medusa_save(const li_medusa *h, const li_medusa_meta *meta, li_ckpt_dtype
         if (rc) break;
         snprintf(name, sizeof name, "medusa.%d.bias", k);
         float *fb = li_xmalloc((size_t)h->d * sizeof *fb);
-        memcpy(fb, li_medusa_b(h, k), (size_t)h->d * sizeof *fb);
+        memcpy(fb, li_train_medusa_b(h, k), (size_t)h->d * sizeof *fb);
         rc = li_gguf_writer_add_tensor(&w, name, LI_TYPE_F32, 1, ne, fb, (size_t)h->d * sizeof *fb, err);
     }
     if (!rc) rc = li_gguf_writer_write(&w, path, err);
@@ -232,7 +232,7 @@ static int get_u32(const li_gguf *g, const char *path, const char *key, uint32_t
     return 0;
 }
 
-int li_medusa_load(li_medusa *h, const char *path, int64_t d, int64_t V, uint64_t vocab_hash, li_error *err) {
+int li_train_medusa_load(li_train_medusa *h, const char *path, int64_t d, int64_t V, uint64_t vocab_hash, li_error *err) {
     memset(h, 0, sizeof *h);
     li_gguf g;
     int rc = li_gguf_open(&g, path, err);
@@ -252,8 +252,8 @@ int li_medusa_load(li_medusa *h, const char *path, int64_t d, int64_t V, uint64_
         rc = li_error_set(err, LI_EINVAL, "medusa: %s: medusa.version is %u, expected 1", path, ver);
         goto done;
     }
-    if (K < 1 || K > LI_MEDUSA_MAX_HEADS) {
-        rc = li_error_set(err, LI_EINVAL, "medusa: %s: medusa.n_heads is %u, expected 1..%d", path, K, LI_MEDUSA_MAX_HEADS);
+    if (K < 1 || K > LI_TRAIN_MEDUSA_MAX_HEADS) {
+        rc = li_error_set(err, LI_EINVAL, "medusa: %s: medusa.n_heads is %u, expected 1..%d", path, K, LI_TRAIN_MEDUSA_MAX_HEADS);
         goto done;
     }
     if ((int64_t)fd != d || (int64_t)fv != V) {
@@ -268,7 +268,7 @@ int li_medusa_load(li_medusa *h, const char *path, int64_t d, int64_t V, uint64_
                           (int)LI_MIN(s.len, 40), s.ptr ? s.ptr : "", want);
         goto done;
     }
-    if ((rc = li_medusa_init(h, (int)K, d, V, err))) goto done;
+    if ((rc = li_train_medusa_init(h, (int)K, d, V, err))) goto done;
     for (int k = 0; k < (int)K && !rc; k++)
         for (int j = 0; j < 2; j++) {
             char name[64];
@@ -289,7 +289,7 @@ int li_medusa_load(li_medusa *h, const char *path, int64_t d, int64_t V, uint64_
             else
                 for (size_t i = 0; i < n; i++) dst[i] = li_fp16_to_fp32(((const uint16_t *)t->data)[i]);
         }
-    if (rc) li_medusa_free(h);
+    if (rc) li_train_medusa_free(h);
 done:
     li_gguf_free(&g);
     return rc;
@@ -297,7 +297,7 @@ done:
 
 /* ==== the base, frozen ======================================================= */
 
-int li_medusa_base_window(li_session *s, const int32_t *tok, int64_t n, float *logits, float *hidden, li_error *err) {
+int li_train_medusa_base_window(li_session *s, const int32_t *tok, int64_t n, float *logits, float *hidden, li_error *err) {
     li_session_reset(s);
     if (n < 1 || n > s->n_batch || n > s->n_ctx)
         return li_error_set(err, LI_EINVAL, "medusa: a window of %lld tokens in a session of %lld", (long long)n,
@@ -320,7 +320,7 @@ int li_medusa_base_window(li_session *s, const int32_t *tok, int64_t n, float *l
     return 0;
 }
 
-float *li_medusa_output_f32(const li_model *m) {
+float *li_train_medusa_output_f32(const li_model *m) {
     const int64_t V = m->hp.n_vocab, d = m->hp.n_embd;
     float *E = li_aligned_alloc((size_t)V * (size_t)d * sizeof(float));
     if (!E) return NULL;

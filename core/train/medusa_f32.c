@@ -5,7 +5,7 @@
 
 #include <math.h>
 
-double li_medusa_loss_par(struct li_threadpool *tp, const float *logits, const int32_t *lab, const float *teacher,
+double li_train_medusa_loss_par(struct li_threadpool *tp, const float *logits, const int32_t *lab, const float *teacher,
                           float *dlogits, int64_t N, int64_t V, float alpha, float temp, float gscale, double *kl);
 
 #define real float
@@ -15,6 +15,6 @@ double li_medusa_loss_par(struct li_threadpool *tp, const float *logits, const i
 #define TR_MM_ACC(tp, A, sa_r, sa_l, B, C, R, Lk, K) \
     li_train_mm_acc((struct li_threadpool *)(tp), A, sa_r, sa_l, B, C, R, Lk, K)
 #define TR_LOSS(tp, s, lab, t, ds, N, V, a, T, gs, kl) \
-    li_medusa_loss_par((struct li_threadpool *)(tp), s, lab, t, ds, N, V, a, T, gs, kl)
+    li_train_medusa_loss_par((struct li_threadpool *)(tp), s, lab, t, ds, N, V, a, T, gs, kl)
 
 #include "train/medusa_tmpl.h"

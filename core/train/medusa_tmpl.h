@@ -11,7 +11,7 @@
 #include <string.h>
 
 /* A(N, d) = H·W^T + b;  Z = H + silu(A);  logits(N, V) = Z·E^T */
-void TR(li_medusa_head_fwd)(const real *H, const real *W, const real *b, const real *E, real *A, real *Z,
+void TR(li_train_medusa_head_fwd)(const real *H, const real *W, const real *b, const real *E, real *A, real *Z,
                             real *logits, int64_t N, int64_t d, int64_t V, void *tp) {
     TR_MM_NT(tp, H, W, A, N, d, d);
     for (int64_t i = 0; i < N; i++)
@@ -25,7 +25,7 @@ void TR(li_medusa_head_fwd)(const real *H, const real *W, const real *b, const r
 /* dZ(N, d) = dlogits·E (written), then in place dA = dZ ⊙ silu'(A) with
  * silu'(a) = σ(a)(1 + a(1 − σ(a))); dW(d, d) += dA^T·H; db += Σ_rows dA.
  * The base is frozen: no gradient flows into H or E. */
-void TR(li_medusa_head_bwd)(const real *H, const real *A, const real *E, const real *dlogits, real *dZ,
+void TR(li_train_medusa_head_bwd)(const real *H, const real *A, const real *E, const real *dlogits, real *dZ,
                             real *dW, real *db, int64_t N, int64_t d, int64_t V, void *tp) {
     memset(dZ, 0, (size_t)(N * d) * sizeof(real));
     TR_MM_ACC(tp, dlogits, V, 1, E, dZ, N, V, d);
@@ -39,11 +39,11 @@ void TR(li_medusa_head_bwd)(const real *H, const real *A, const real *E, const r
     TR_MM_ACC(tp, dZ, 1, d, H, dW, d, N, d);
 }
 
-/* All K heads over one window (medusa.h's li_medusa_forward_backward):
+/* All K heads over one window (medusa.h's li_train_medusa_forward_backward):
  * head k at position t learns token t+k+2 against base row t+k+1; the
  * loss is the mean over heads of each head's mean over its positions, so
  * head k's gradients are scaled by gscale / K. Returns that loss. */
-double TR(li_medusa_fb)(const real *P, real *G, int K, const real *E, const real *H, const float *base,
+double TR(li_train_medusa_fb)(const real *P, real *G, int K, const real *E, const real *H, const float *base,
                         const int32_t *tok, int64_t N, int64_t d, int64_t V, real alpha, real temp,
                         real gscale, real *ws, int32_t *lab, void *tp, double *loss_k, double *kl_k) {
     const int64_t per = d * d + d, nd = (N * d + 15) & ~(int64_t)15, nv = (N * V + 15) & ~(int64_t)15;
@@ -52,7 +52,7 @@ double TR(li_medusa_fb)(const real *P, real *G, int K, const real *E, const real
     for (int k = 0; k < K; k++) {
         const real *W = P + k * per, *b = W + d * d;
         for (int64_t t = 0; t < N; t++) lab[t] = t + k + 2 < N ? tok[t + k + 2] : -1;
-        TR(li_medusa_head_fwd)(H, W, b, E, A, Z, logits, N, d, V, tp);
+        TR(li_train_medusa_head_fwd)(H, W, b, E, A, Z, logits, N, d, V, tp);
         double kl = 0;
         /* base row t+k+1 is read only where lab[t] >= 0, i.e. t+k+2 < N */
         const double l = TR_LOSS(tp, logits, lab, base + (k + 1) * V, dlogits, N, V, alpha, temp,
@@ -60,7 +60,7 @@ double TR(li_medusa_fb)(const real *P, real *G, int K, const real *E, const real
         if (loss_k) loss_k[k] = l;
         if (kl_k) kl_k[k] = kl;
         total += l;
-        if (G) TR(li_medusa_head_bwd)(H, A, E, dlogits, dZ, G + k * per, G + k * per + d * d, N, d, V, tp);
+        if (G) TR(li_train_medusa_head_bwd)(H, A, E, dlogits, dZ, G + k * per, G + k * per + d * d, N, d, V, tp);
     }
     return total / K;
 }

@@ -93,16 +93,16 @@ static void test_grad(double alpha) {
     for (int i = 0; i < N * D; i++) H[i] = 1.5 * rng_f();
     for (int i = 0; i < N * V; i++) base[i] = 3 * rng_f();
     for (int i = 0; i < N; i++) tok[i] = (int32_t)(rng_u32() % V);
-    double *ws = malloc(li_medusa_ws_reals(D, V, N) * sizeof(double));
+    double *ws = malloc(li_train_medusa_ws_reals(D, V, N) * sizeof(double));
     memset(G, 0, sizeof G);
     double lk[K], kk[K];
-    const double l0 = li_medusa_fb_f64(P, G, K, E, H, base, tok, N, D, V, alpha, 2.0, 1.0, ws, lab, NULL, lk, kk);
+    const double l0 = li_train_medusa_fb_f64(P, G, K, E, H, base, tok, N, D, V, alpha, 2.0, 1.0, ws, lab, NULL, lk, kk);
     for (int64_t i = 0; i < np; i++) {
         const double p0 = P[i];
         P[i] = p0 + H_FD;
-        const double lp = li_medusa_fb_f64(P, NULL, K, E, H, base, tok, N, D, V, alpha, 2.0, 1.0, ws, lab, NULL, NULL, NULL);
+        const double lp = li_train_medusa_fb_f64(P, NULL, K, E, H, base, tok, N, D, V, alpha, 2.0, 1.0, ws, lab, NULL, NULL, NULL);
         P[i] = p0 - H_FD;
-        const double lm = li_medusa_fb_f64(P, NULL, K, E, H, base, tok, N, D, V, alpha, 2.0, 1.0, ws, lab, NULL, NULL, NULL);
+        const double lm = li_train_medusa_fb_f64(P, NULL, K, E, H, base, tok, N, D, V, alpha, 2.0, 1.0, ws, lab, NULL, NULL, NULL);
         P[i] = p0;
         num[i] = (lp - lm) / (2 * H_FD);
     }
@@ -127,8 +127,8 @@ static void test_f32(void) {
     enum { K = 2, D = 37, V = 45, N = 9 };
     const int64_t per = D * D + D, np = K * per;
     li_error err = {0};
-    li_medusa h;
-    CHECK(li_medusa_init(&h, K, D, V, &err) == 0, "%s", err.msg);
+    li_train_medusa h;
+    CHECK(li_train_medusa_init(&h, K, D, V, &err) == 0, "%s", err.msg);
     double *P = malloc(np * sizeof *P), *Gd = calloc(np, sizeof *Gd), Ed[V * D], Hd[N * D];
     float E[V * D], Hf[N * D], base[N * V];
     int32_t tok[N], lab[N];
@@ -138,17 +138,17 @@ static void test_f32(void) {
     for (int i = 0; i < N * D; i++) Hd[i] = Hf[i] = rng_f();
     for (int i = 0; i < N * V; i++) base[i] = 2 * rng_f();
     for (int i = 0; i < N; i++) tok[i] = (int32_t)(rng_u32() % V);
-    double *wsd = malloc(li_medusa_ws_reals(D, V, N) * sizeof(double));
-    const double ld = li_medusa_fb_f64(P, Gd, K, Ed, Hd, base, tok, N, D, V, 0.5, 2.0, 1.0, wsd, lab, NULL, NULL, NULL);
-    li_medusa_ws ws;
-    CHECK(li_medusa_ws_init(&ws, &h, N, &err) == 0, "%s", err.msg);
+    double *wsd = malloc(li_train_medusa_ws_reals(D, V, N) * sizeof(double));
+    const double ld = li_train_medusa_fb_f64(P, Gd, K, Ed, Hd, base, tok, N, D, V, 0.5, 2.0, 1.0, wsd, lab, NULL, NULL, NULL);
+    li_train_medusa_ws ws;
+    CHECK(li_train_medusa_ws_init(&ws, &h, N, &err) == 0, "%s", err.msg);
     li_train_grads g1, g2;
     CHECK(li_train_grads_init(&g1, &h.tm.L) == 0 && li_train_grads_init(&g2, &h.tm.L) == 0, "grads");
     li_threadpool *tp = li_threadpool_init(2);
     const li_train_loss_opts o = {.alpha = 0.5f, .temperature = 2.0f};
     double l1 = 0, l2 = 0;
-    CHECK(li_medusa_forward_backward(&h, &g1, E, Hf, base, tok, N, &o, &ws, NULL, &l1, NULL, NULL, &err) == 0, "%s", err.msg);
-    CHECK(li_medusa_forward_backward(&h, &g2, E, Hf, base, tok, N, &o, &ws, tp, &l2, NULL, NULL, &err) == 0, "%s", err.msg);
+    CHECK(li_train_medusa_forward_backward(&h, &g1, E, Hf, base, tok, N, &o, &ws, NULL, &l1, NULL, NULL, &err) == 0, "%s", err.msg);
+    CHECK(li_train_medusa_forward_backward(&h, &g2, E, Hf, base, tok, N, &o, &ws, tp, &l2, NULL, NULL, &err) == 0, "%s", err.msg);
     float *gdf = malloc(np * sizeof *gdf);
     for (int64_t i = 0; i < np; i++) gdf[i] = (float)Gd[i];
     const double e = nmse(g2.g, gdf, np);
@@ -158,14 +158,14 @@ static void test_f32(void) {
     int32_t bad[N];
     memcpy(bad, tok, sizeof bad);
     bad[3] = V;
-    report(li_medusa_forward_backward(&h, &g1, E, Hf, base, bad, N, &o, &ws, NULL, &l1, NULL, NULL, &err) == LI_EINVAL &&
+    report(li_train_medusa_forward_backward(&h, &g1, E, Hf, base, bad, N, &o, &ws, NULL, &l1, NULL, NULL, &err) == LI_EINVAL &&
                strstr(err.msg, "outside the vocabulary"),
            "a token outside the vocabulary is refused: %s", err.msg);
     li_threadpool_free(tp);
     li_train_grads_free(&g1);
     li_train_grads_free(&g2);
-    li_medusa_ws_free(&ws);
-    li_medusa_free(&h);
+    li_train_medusa_ws_free(&ws);
+    li_train_medusa_free(&h);
     free(P);
     free(Gd);
     free(gdf);
@@ -257,20 +257,20 @@ static void test_tiny(const char *path) {
     for (int i = 0; i < SEQ; i++) tok[i] = 3 + (int32_t)(rng_u32() % 1990);
     float *lg = malloc((size_t)SEQ * V * sizeof *lg), *lg2 = malloc((size_t)SEQ * V * sizeof *lg2),
           *ref = malloc((size_t)SEQ * V * sizeof *ref), *H = malloc((size_t)SEQ * d * sizeof *H);
-    CHECK(li_medusa_base_window(&s, tok, SEQ, lg, H, &err) == 0, "%s", err.msg);
+    CHECK(li_train_medusa_base_window(&s, tok, SEQ, lg, H, &err) == 0, "%s", err.msg);
     li_session_reset(&s);
     CHECK(li_session_eval(&s, tok, SEQ, true, lg2, &err) == 0, "%s", err.msg);
     report(!memcmp(lg, lg2, (size_t)SEQ * V * sizeof *lg), "the window's logits are li_session_eval's, bit for bit");
-    float *E = li_medusa_output_f32(m);
-    li_medusa h;
-    CHECK(li_medusa_init(&h, 3, d, V, &err) == 0, "%s", err.msg);
-    li_medusa_ws ws;
-    CHECK(li_medusa_ws_init(&ws, &h, SEQ, &err) == 0, "%s", err.msg);
+    float *E = li_train_medusa_output_f32(m);
+    li_train_medusa h;
+    CHECK(li_train_medusa_init(&h, 3, d, V, &err) == 0, "%s", err.msg);
+    li_train_medusa_ws ws;
+    CHECK(li_train_medusa_ws_init(&ws, &h, SEQ, &err) == 0, "%s", err.msg);
     /* zero heads: z = h exactly, so every head's logits are h·E^T */
     li_train_mm_nt(NULL, H, E, ref, SEQ, V, d);
     bool same = true;
     for (int k = 0; k < 3; k++) {
-        li_medusa_head_logits(&h, k, E, H, SEQ, &ws, NULL);
+        li_train_medusa_head_logits(&h, k, E, H, SEQ, &ws, NULL);
         same = same && !memcmp(ws.Z, H, (size_t)SEQ * d * sizeof *H) &&
                !memcmp(ws.logits, ref, (size_t)SEQ * V * sizeof *ref);
     }
@@ -291,7 +291,7 @@ static void test_tiny(const char *path) {
     double l_first = 0, l = 0, lk[3];
     for (int step = 0; step < 40; step++) {
         li_train_grads_zero(&g);
-        CHECK(li_medusa_forward_backward(&h, &g, E, H, lg, tok, SEQ, &lo, &ws, NULL, &l, lk, NULL, &err) == 0, "%s", err.msg);
+        CHECK(li_train_medusa_forward_backward(&h, &g, E, H, lg, tok, SEQ, &lo, &ws, NULL, &l, lk, NULL, &err) == 0, "%s", err.msg);
         if (step == 0) l_first = l;
         CHECK(li_adamw_step(&opt, &h.tm, &g, &ao, NULL, &err) == 0, "%s", err.msg);
     }
@@ -302,26 +302,26 @@ static void test_tiny(const char *path) {
     char out[512];
     snprintf(out, sizeof out, "%s/heads.gguf", dir);
     const uint64_t vh = li_tokenizer_vocab_hash(m->tok);
-    li_medusa_meta meta = {.base_name = "tiny", .vocab_hash = vh, .steps = 40, .tokens = 40 * SEQ, .alpha = 0.5f,
+    li_train_medusa_meta meta = {.base_name = "tiny", .vocab_hash = vh, .steps = 40, .tokens = 40 * SEQ, .alpha = 0.5f,
                            .temperature = 2, .data = "test"};
-    CHECK(li_medusa_save(&h, &meta, LI_CKPT_F32, out, &err) == 0, "%s", err.msg);
-    li_medusa back;
-    int rc = li_medusa_load(&back, out, d, V, vh, &err);
+    CHECK(li_train_medusa_save(&h, &meta, LI_CKPT_F32, out, &err) == 0, "%s", err.msg);
+    li_train_medusa back;
+    int rc = li_train_medusa_load(&back, out, d, V, vh, &err);
     report(rc == 0 && back.K == 3 && !memcmp(back.tm.params, h.tm.params, h.tm.L.n_params * sizeof(float)),
            "the heads file reads back bit for bit%s%s", rc ? ": " : "", rc ? err.msg : "");
-    if (!rc) li_medusa_free(&back);
-    rc = li_medusa_load(&back, out, d, V, vh ^ 1, &err);
+    if (!rc) li_train_medusa_free(&back);
+    rc = li_train_medusa_load(&back, out, d, V, vh ^ 1, &err);
     report(rc == LI_EINVAL && strstr(err.msg, "vocab hash"), "another vocabulary is refused: %s", err.msg);
-    rc = li_medusa_load(&back, out, d + 1, V, vh, &err);
+    rc = li_train_medusa_load(&back, out, d + 1, V, vh, &err);
     report(rc == LI_EINVAL && strstr(err.msg, "n_embd"), "another width is refused: %s", err.msg);
-    rc = li_medusa_load(&back, path, d, V, vh, &err);
+    rc = li_train_medusa_load(&back, path, d, V, vh, &err);
     report(rc == LI_EINVAL && strstr(err.msg, "architecture"), "a model file is not a heads file: %s", err.msg);
-    CHECK(li_medusa_save(&h, &meta, LI_CKPT_F16, out, &err) == 0, "%s", err.msg);
-    rc = li_medusa_load(&back, out, d, V, vh, &err);
+    CHECK(li_train_medusa_save(&h, &meta, LI_CKPT_F16, out, &err) == 0, "%s", err.msg);
+    rc = li_train_medusa_load(&back, out, d, V, vh, &err);
     double fe = 0;
     if (!rc) {
         for (size_t i = 0; i < h.tm.L.n_params; i++) fe = fmax(fe, fabs(back.tm.params[i] - h.tm.params[i]));
-        li_medusa_free(&back);
+        li_train_medusa_free(&back);
     }
     report(rc == 0 && fe < 1e-2, "F16 heads read back (max diff %.1e)", fe);
 
@@ -343,8 +343,8 @@ static void test_tiny(const char *path) {
 
     li_train_grads_free(&g);
     li_adamw_free(&opt);
-    li_medusa_ws_free(&ws);
-    li_medusa_free(&h);
+    li_train_medusa_ws_free(&ws);
+    li_train_medusa_free(&h);
     li_aligned_free(E);
     free(lg);
     free(lg2);
