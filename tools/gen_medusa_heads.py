@@ -62,6 +62,8 @@ def main():
     ap.add_argument("--scale", type=float, default=0.02)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--dtype", choices=("f32", "f16"), default="f16")
+    ap.add_argument("--vocab-hash", help="store this medusa.base.vocab_hash instead of the model's (tests: heads "
+                    "made for another model)")
     a = ap.parse_args()
     if not 1 <= a.heads <= 8:
         sys.exit(f"gen_medusa_heads.py: --heads must be in [1, 8], got {a.heads}")
@@ -81,7 +83,7 @@ def main():
     w.add_uint32("medusa.n_embd", n_embd)
     w.add_uint32("medusa.n_vocab", nv)
     w.add_string("medusa.base.name", name)
-    w.add_string("medusa.base.vocab_hash", f"{h:016x}")
+    w.add_string("medusa.base.vocab_hash", a.vocab_hash or f"{h:016x}")
     w.add_string("medusa.hidden", "post_norm")
     wt = np.float16 if a.dtype == "f16" else np.float32
     for k in range(a.heads):
