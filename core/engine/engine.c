@@ -1328,12 +1328,14 @@ static void verify_drafts(li_engine *e, req *r, int32_t m, const float *rows, in
         verified = LI_MIN(m, k);
         for (int32_t j = 0; j < m; j++) {
             r->num_computed = p0 + j + 1; /* row j's input is valid: the last token, or an accepted draft */
+            last = j;
             const int32_t tok = sample_one(e, r, rows + (size_t)j * e->model->hp.n_vocab);
             if (!r->live || j >= k || tok != draft[j]) break;
             accepted++;
         }
     }
-    keep_hidden(e, r, row0 + (last >= 0 ? last : accepted)); /* rows 0..accepted gave tokens */
+    /* the row the last token came from (sampled chains: rows 0..accepted gave tokens) */
+    keep_hidden(e, r, row0 + (last >= 0 ? last : accepted));
     r->spec_drafted += verified;
     r->spec_accepted += accepted;
     r->spec_drafted_by[r->d_method] += verified;
