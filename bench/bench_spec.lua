@@ -28,11 +28,35 @@
 -- within each round; the fastest run of each is kept. Greedy runs assert
 -- the tokens of speculation off.
 --
+-- --medusa FILE (with proposers) adds Medusa heads (method medusa, the
+-- engine's default tree or --medusa-tree SPEC, up to 16 nodes); --quick
+-- keeps batch 1 at temperature 0 only. tools/gen_medusa_heads.py writes
+-- untrained heads (acceptance near 0: a check of the machinery and its
+-- cost), `luainfer train-medusa` trained ones.
+--
 -- --json writes every row (workload, batch, temperature, setting, tok/s,
 -- ratio to off, drafted, accepted); --plot draws the speedups over off.
 local luainfer = require("luainfer")
 local bench = require("luainfer.bench")
 local opts = bench.options(arg)
+local medusa, medusa_tree, quick
+do -- this bench's own flags, out of the positional arguments
+  local rest, i = {}, 1
+  while arg[i] ~= nil do
+    local a = arg[i]
+    if a == "--medusa" or a == "--medusa-tree" then
+      local v = arg[i + 1]
+      if v == nil or v == "" then error(("%s needs a value"):format(a), 0) end
+      if a == "--medusa" then medusa = v else medusa_tree = v end
+      i = i + 2
+    else
+      if a == "--quick" then quick = true else rest[#rest + 1] = a end
+      i = i + 1
+    end
+  end
+  for k = #arg, 1, -1 do arg[k] = nil end
+  for k, v in ipairs(rest) do arg[k] = v end
+end
 local root = (arg[0]:match("^(.*)/bench/") or ".")
 local MAX = tonumber(arg[1]) or 128
 local ROUNDS = tonumber(arg[2]) or 2
@@ -105,6 +129,11 @@ local function proposers_bench(layers, draft)
     sets[#sets + 1] = { name = "draft k4", cfg = { spec_tokens = 4, draft_model = draft, spec_method = "draft" },
                         spec = { method = "draft", k = 4 } }
   end
+  if medusa then
+    sets[#sets + 1] = { name = "medusa", cfg = { medusa = medusa, medusa_tree = medusa_tree, spec_method = "medusa",
+                                                 spec_tokens = 16 },
+                        spec = { method = "medusa", k = 16 } }
+  end
   sets[#sets + 1] = { name = "adaptive", cfg = { spec_layers = layers, draft_model = draft, spec_method = "ngram",
                                                  policy = root .. "/policies/spec_adaptive.lua" } }
   local function one(kind, seqs, temp, set)
@@ -136,8 +165,8 @@ local function proposers_bench(layers, draft)
   for i = 2, #sets do head[#head + 1] = ("%-24s"):format(sets[i].name) end
   print(("%-8s %5s %4s | %9s | %s"):format("workload", "batch", "temp", "off tok/s", table.concat(head, " ")))
   local rows = {}
-  for _, temp in ipairs({ 0, 0.7 }) do
-    for _, seqs in ipairs({ 1, 4 }) do
+  for _, temp in ipairs(quick and { 0 } or { 0, 0.7 }) do
+    for _, seqs in ipairs(quick and { 1 } or { 1, 4 }) do
       for _, kind in ipairs(kinds) do
         local best = {}
         for _ = 1, ROUNDS do

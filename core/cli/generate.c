@@ -21,7 +21,7 @@
 #include <time.h>
 
 typedef struct gen_opts {
-    const char *model, *draft, *prompt, *system, *isa, *kv_dtype, *spec_method;
+    const char *model, *draft, *prompt, *system, *isa, *kv_dtype, *spec_method, *medusa, *medusa_tree;
     int64_t spec_k, spec_layers;
     int64_t tensor_parallel;
     bool chat, json, help;
@@ -105,6 +105,8 @@ int li_cmd_generate(int argc, char **argv) {
         {"model", LI_OPT_STR, &o.model, "GGUF model (default: $LUAINFER_MODEL or the bundled SmolLM2)"},
         {"draft-model", LI_OPT_STR, &o.draft, "draft GGUF with the model's vocabulary, run next to it over the same KV blocks; drafts with --spec-k (default: none)"},
         {"draft", LI_OPT_STR, &o.draft, "the same as --draft-model"},
+        {"medusa", LI_OPT_STR, &o.medusa, "Medusa heads made for the model (luainfer train-medusa): drafts a tree of their top-k, verified in one pass (default: none)"},
+        {"medusa-tree", LI_OPT_STR, &o.medusa_tree, "the Medusa tree: paths of candidate ranks, e.g. '0;1;0,0;1,0;0,0,0' (default: a sparse 15-node tree)"},
         {"spec-method", LI_OPT_STR, &o.spec_method, "speculation proposer: ngram, draft or layerskip (default: layerskip with --spec-layers, draft with a draft model, else ngram)"},
         {"spec-k", LI_OPT_INT, &o.spec_k, "speculation: draft tokens per decode step, 0..16 (default 0 = off)"},
         {"spec-layers", LI_OPT_INT, &o.spec_layers, "layerskip: draft with the model's first N blocks and its head (default 0 = no layerskip)"},
@@ -177,6 +179,8 @@ int li_cmd_generate(int argc, char **argv) {
     li_runtime rt;
     if ((rc = li_runtime_open(&rt, o.model, o.threads, o.isa, &err))) return li_runtime_fail(&err);
     if ((o.draft && (rc = li_runtime_open_draft(&rt, o.draft, &err))) ||
+        (o.medusa && (rc = li_runtime_open_medusa(&rt, o.medusa, o.medusa_tree, &err))) ||
+        (!o.medusa && o.medusa_tree && (rc = li_error_set(&err, LI_EINVAL, "--medusa-tree needs --medusa FILE"))) ||
         (rc = li_runtime_set_q4_act(&rt, o.q4_act, "--q4-act", &err))) {
         li_runtime_close(&rt);
         return li_runtime_fail(&err);

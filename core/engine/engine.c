@@ -17,6 +17,7 @@
 #include "engine/runner.h"
 #include "engine/tp.h"
 #include "kv/prefix_cache.h"
+#include "spec/medusa.h"
 #include "spec/proposer.h"
 #include "spec/verify.h"
 #include "tokenizer/tokenizer.h"
@@ -65,6 +66,11 @@ typedef struct req {
     int32_t pol_method, pol_k;
     int64_t plan_mark;        /* == e->plan_marks: a run entry of the plan being applied */
     double slo_ttft_ms, slo_tpot_ms; /* the request's objectives (0 = none), for policies */
+    /* Medusa: the target's post-norm hidden state that predicted toks[hid_tok] */
+    float *hid;               /* (n_embd), or NULL */
+    int64_t hid_tok;          /* -1: none */
+    bool d_tree;              /* this step's drafts are a tree: d_parent holds it */
+    int32_t d_parent[LI_SPEC_MAX_TOKENS]; /* each draft's parent draft, -1 = the last token */
 } req;
 
 struct li_engine {
@@ -134,6 +140,12 @@ struct li_engine {
     int64_t fail_quiet;       /* ... and not logged since the last summary */
     double fail_summary_t;    /* when the last summary line went out */
     li_tp *tp;                /* tensor parallel: the ranks, tgt being rank 0's runner; NULL with one rank */
+    /* Medusa (cfg.medusa): the tree, the step's hidden rows, tree batches */
+    li_medusa_tree mtree;
+    const float *hidden;      /* (n_logits, n_embd) the step's post-norm hidden rows, or NULL */
+    int32_t *b_parent;        /* (max_batched_tokens) tree parents of the batch, with Medusa */
+    int32_t *sparent;         /* (max_num_seqs, LI_SPEC_MAX_TOKENS) proposals' tree parents */
+    size_t *mv_off_d, *mv_off_s; /* (2 * n_layer * LI_SPEC_MAX_TOKENS) KV row moves */
 };
 
 void li_engine_config_default(li_engine_config *c) {
@@ -173,6 +185,7 @@ static void req_free(req *r) {
     free(r->cache_salt);
     li_prefix_seq_free(&r->pfx);
     free(r->top);
+    free(r->hid);
     free(r);
 }
 
@@ -313,6 +326,29 @@ int li_engine_init_runners(li_engine **out, li_model *m, li_model *draft, li_bac
     if (c.tensor_parallel > 1 && draft)
         return li_error_set(err, LI_EUNSUP, "engine: tensor_parallel %d with a draft model is not supported yet",
                             c.tensor_parallel);
+    if (c.spec_tokens && c.spec_method == LI_SPEC_MEDUSA && !c.medusa)
+        return li_error_set(err, LI_EINVAL, "engine: spec_method 'medusa' needs Medusa heads (--medusa FILE)");
+    li_medusa_tree mtree = {0};
+    if (c.medusa) {
+        li_medusa *h = c.medusa;
+        if (be->ops->batch_variant)
+            return li_error_set(err, LI_EINVAL,
+                                "engine: Medusa needs batch-invariant kernels; the '%s' backend is not (use another --isa)",
+                                be->ops->name);
+        if (c.tensor_parallel > 1)
+            return li_error_set(err, LI_EUNSUP, "engine: tensor_parallel %d with Medusa heads is not supported yet",
+                                c.tensor_parallel);
+        if (draft) return li_error_set(err, LI_EUNSUP, "engine: Medusa heads with a draft model are not supported yet");
+        if (h->n_embd != m->hp.n_embd || h->n_vocab != m->hp.n_vocab)
+            return li_error_set(err, LI_EINVAL,
+                                "engine: Medusa heads of n_embd %d, n_vocab %d for a model of n_embd %d, n_vocab %d",
+                                h->n_embd, h->n_vocab, m->hp.n_embd, m->hp.n_vocab);
+        int mrc = li_medusa_tree_parse(c.medusa_tree, h->n_heads, &mtree, err);
+        if (!mrc && !h->be) mrc = li_medusa_prepare(h, m, be, c.max_num_seqs, err);
+        if (!mrc && (h->be != be || h->cap < c.max_num_seqs))
+            mrc = li_error_set(err, LI_EINVAL, "engine: the Medusa heads are prepared on another backend or for fewer rows");
+        if (mrc) return mrc;
+    }
     if (c.tensor_parallel > 1 && c.spec_layers)
         return li_error_set(err, LI_EUNSUP, "engine: tensor_parallel %d with layerskip (spec_layers) is not supported yet",
                             c.tensor_parallel);
@@ -361,6 +397,7 @@ int li_engine_init_runners(li_engine **out, li_model *m, li_model *draft, li_bac
         if (!rc && c.spec_layers && !(rc = li_spec_layer_view(&e->skip_model, m, c.spec_layers, err)))
             rc = li_proposer_model_new(&e->prop[LI_SPEC_LAYERSKIP], LI_SPEC_LAYERSKIP, &e->skip_model, be, &e->tgt.kv,
                                        c.max_num_seqs, err);
+        if (!rc && c.medusa) rc = li_proposer_medusa_new(&e->prop[LI_SPEC_MEDUSA], c.medusa, &mtree, c.max_num_seqs, err);
         if (rc) {
             for (int i = 0; i < LI_SPEC_N_METHODS; i++) li_proposer_free(e->prop[i]);
             li_runner_free(&e->draft);
@@ -386,7 +423,15 @@ int li_engine_init_runners(li_engine **out, li_model *m, li_model *draft, li_bac
     e->c_drafted = li_xmalloc(S * LI_SPEC_N_METHODS * sizeof *e->c_drafted);
     if (e->prop[LI_SPEC_NGRAM]) {
         e->vp = li_xmalloc((size_t)(LI_SPEC_MAX_TOKENS + 1) * (size_t)m->hp.n_vocab * sizeof *e->vp);
-        e->vscratch = li_xmalloc((size_t)m->hp.n_vocab * sizeof *e->vscratch);
+        e->vscratch = li_xmalloc(2 * (size_t)m->hp.n_vocab * sizeof *e->vscratch); /* a tree's verify takes 2 rows */
+    }
+    if (e->prop[LI_SPEC_MEDUSA]) {
+        e->mtree = mtree;
+        e->b_parent = li_xmalloc(T * sizeof *e->b_parent);
+        e->sparent = li_xmalloc(S * LI_SPEC_MAX_TOKENS * sizeof *e->sparent);
+        const size_t nr = 2 * (size_t)m->hp.n_layer * LI_SPEC_MAX_TOKENS;
+        e->mv_off_d = li_xmalloc(nr * sizeof *e->mv_off_d);
+        e->mv_off_s = li_xmalloc(nr * sizeof *e->mv_off_s);
     }
     e->batch_req = li_xmalloc(S * sizeof *e->batch_req);
     e->batch_n = li_xmalloc(S * sizeof *e->batch_n);
@@ -434,6 +479,10 @@ void li_engine_free(li_engine *e) {
     free(e->c_drafted);
     free(e->vp);
     free(e->vscratch);
+    free(e->b_parent);
+    free(e->sparent);
+    free(e->mv_off_d);
+    free(e->mv_off_s);
     li_prefix_cache_free(&e->pc);
     li_runner_free(&e->draft); /* a follower goes before its pool */
     target_free(e);
@@ -606,6 +655,7 @@ static req *req_new(li_engine *e, const li_request_params *p, int32_t i, li_erro
     r->res.t_arrival = li_engine_now(e);
     r->res.t_first_token = -1;
     r->res.t_first_scheduled = -1;
+    r->hid_tok = -1;
     sync_result(r);
     return r;
 }
@@ -658,7 +708,9 @@ int li_engine_add(li_engine *e, const li_request_params *p, int64_t *id, li_erro
         if (p->spec_k && !e->prop[p->spec_method])
             return li_error_set(err, LI_EINVAL, "request: speculation method '%s' is not available on this engine (%s)",
                                 li_spec_method_name(p->spec_method),
-                                p->spec_method == LI_SPEC_DRAFT ? "start it with a draft model" : "start it with spec_layers");
+                                p->spec_method == LI_SPEC_DRAFT    ? "start it with a draft model"
+                                : p->spec_method == LI_SPEC_MEDUSA ? "start it with Medusa heads"
+                                                                   : "start it with spec_layers");
     }
     req *first = req_new(e, p, 0, err);
     if (!first) return err ? err->code : LI_EINVAL;
@@ -940,7 +992,7 @@ static void policy_speculate(li_engine *e, int32_t running) {
                                        .drafted = dr, .method = k ? (int32_t)want : -1, .k = LI_MIN(k, max_k)};
     }
     if (!n) return;
-    static const char *const names[LI_SPEC_N_METHODS] = {"ngram", "draft", "layerskip"};
+    static const char *const names[LI_SPEC_N_METHODS] = {"ngram", "draft", "layerskip", "medusa"};
     bool avail[LI_SPEC_N_METHODS];
     for (int m = 0; m < LI_SPEC_N_METHODS; m++) avail[m] = e->prop[m] != NULL;
     const li_spec_state ss = {.methods = names, .available = avail, .n_methods = LI_SPEC_N_METHODS,
@@ -1001,12 +1053,17 @@ static void propose_drafts(li_engine *e) {
                 (r->smp.p.temperature > 0 && m == LI_SPEC_NGRAM && !r->spec_set && r->pol_step != e->step_no))
                 continue;
             if (!(k = spec_room(e, r, k))) continue;
-            if (m != LI_SPEC_NGRAM && !spec_slots(e, r, k)) continue;
+            /* Medusa reads the hidden state that predicted the last token */
+            const bool tree = m == LI_SPEC_MEDUSA;
+            if (tree && r->hid_tok != r->n_toks - 1) continue;
+            if ((m == LI_SPEC_DRAFT || m == LI_SPEC_LAYERSKIP) && !spec_slots(e, r, k)) continue;
             e->sseq[ns] = (li_spec_seq){.id = r->res.id, .toks = r->toks, .n_toks = r->n_toks,
                                         .blocks = r->seq.blocks, .n_blocks = r->seq.n_blocks, .k = k,
                                         .temperature = m == LI_SPEC_NGRAM ? 0 : r->smp.p.temperature,
                                         .uniform = sampler_uniform, .uctx = &r->smp,
-                                        .draft = e->sdraft + (size_t)ns * LI_SPEC_MAX_TOKENS};
+                                        .draft = e->sdraft + (size_t)ns * LI_SPEC_MAX_TOKENS,
+                                        .hidden = tree ? r->hid : NULL,
+                                        .parent = tree ? e->sparent + (size_t)ns * LI_SPEC_MAX_TOKENS : NULL};
             e->sreq[ns++] = r;
         }
         if (!ns) continue;
@@ -1052,6 +1109,8 @@ static void propose_drafts(li_engine *e) {
             r->n_draft = n;
             r->d_method = (li_spec_method)m;
             if (!e->sseq[i].has_q) r->d_q = -1;
+            r->d_tree = e->sseq[i].parent != NULL;
+            if (r->d_tree) memcpy(r->d_parent, e->sseq[i].parent, (size_t)n * sizeof *r->d_parent);
         }
     }
 }
@@ -1099,14 +1158,168 @@ static int32_t verify_sampled(li_engine *e, req *r, int32_t m, const float *rows
     return accepted;
 }
 
-static void verify_drafts(li_engine *e, req *r, int32_t m, const float *rows) {
+/* ---- speculation: trees (Medusa) ------------------------------------------------------ */
+
+/* Medusa drafts from the hidden state that predicted a request's last
+ * token: row `row` of the step's hidden rows, kept after r took a token. */
+static void keep_hidden(li_engine *e, req *r, int32_t row) {
+    if (!e->hidden || !r->live) return;
+    const size_t E = (size_t)e->model->hp.n_embd;
+    if (!r->hid) r->hid = li_xmalloc(E * sizeof *r->hid);
+    memcpy(r->hid, e->hidden + (size_t)row * E, E * sizeof *r->hid);
+    r->hid_tok = r->n_toks - 1;
+}
+
+/* Depth of each of the n tree drafts (1 = a child of the last token). */
+static void tree_depths(const req *r, int32_t n, int32_t *depth) {
+    for (int32_t i = 0; i < n; i++) depth[i] = r->d_parent[i] < 0 ? 1 : depth[r->d_parent[i]] + 1;
+}
+
+/* Draft i of a tree sits in the batch at position P + depth, writing the
+ * slot of toks position P + 1 + i (the request's own, private: the plan
+ * copied it on write). The top-1 chain comes first, so its drafts write
+ * their positions' own slots; the others are displaced, and the forward
+ * gives each a view over scratch blocks (forward.h). Those blocks come from
+ * the pool's empty ones only (speculation never evicts): a tree that would
+ * need more than there are is cut to its chain this step. */
+static void tree_fit(li_engine *e, int32_t nb) {
+    int64_t free_blocks = e->tgt.kv.n_free;
+    const int64_t bs = e->tgt.kv.block_size;
+    for (int32_t i = 0; i < nb; i++) {
+        req *r = e->batch_req[i];
+        if (!r->n_draft || !r->d_tree) continue;
+        const int32_t n = LI_MIN(e->batch_n[i] - 1, r->n_draft);
+        const int64_t P = r->num_computed;
+        int32_t depth[LI_SPEC_MAX_TOKENS], chain = 0;
+        tree_depths(r, n, depth);
+        while (chain < n && depth[chain] == chain + 1) chain++;
+        int64_t need = 0;
+        for (int32_t j = chain; j < n; j++) need += (P + depth[j]) / bs - P / bs + 1;
+        if (need <= free_blocks) free_blocks -= need;
+        else e->batch_n[i] = 1 + chain;
+    }
+}
+
+/* The accepted drafts' KV to their positions' slots: draft path[j] was
+ * computed at toks position P + 1 + path[j] and belongs at P + 1 + j. One
+ * backend copy over every layer, K and V (and their scales). Sources lie
+ * past the chain's positions, destinations on them: no overlap. */
+static void tree_move_kv(li_engine *e, req *r, int64_t P, const int32_t *path, int32_t a) {
+    li_kv_cache *kv = &e->tgt.kv;
+    int64_t src[LI_SPEC_MAX_TOKENS], dst[LI_SPEC_MAX_TOKENS];
+    int32_t n = 0;
+    for (int32_t j = 0; j < a; j++)
+        if (path[j] != j) {
+            src[n] = li_kv_seq_slot(kv, &r->seq, P + 1 + path[j]);
+            dst[n++] = li_kv_seq_slot(kv, &r->seq, P + 1 + j);
+        }
+    if (!n) return;
+    e->st.spec_tree_moves += n;
+    const size_t slots = (size_t)kv->num_blocks * (size_t)kv->block_size;
+    const size_t row = (size_t)((const char *)kv->layers[0].v - (const char *)kv->layers[0].k) / slots;
+    const size_t srow = (size_t)kv->n_head_kv * sizeof(float);
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass && !kv->layers[0].k_scale) break;
+        const li_buffer *buf = pass ? &kv->scales_buf : &kv->storage_buf;
+        const size_t w = pass ? srow : row;
+        int runs = 0;
+        for (int l = 0; l < kv->n_layer; l++) {
+            const li_kv_layer *L = &kv->layers[l];
+            const size_t k0 = li_buffer_offset(buf, pass ? (void *)L->k_scale : L->k);
+            const size_t v0 = li_buffer_offset(buf, pass ? (void *)L->v_scale : L->v);
+            for (int32_t j = 0; j < n; j++, runs += 2) {
+                e->mv_off_d[runs] = k0 + (size_t)dst[j] * w;
+                e->mv_off_s[runs] = k0 + (size_t)src[j] * w;
+                e->mv_off_d[runs + 1] = v0 + (size_t)dst[j] * w;
+                e->mv_off_s[runs + 1] = v0 + (size_t)src[j] * w;
+            }
+        }
+        e->be->ops->buffer_copy(e->be, (li_buffer *)buf, buf, e->mv_off_d, e->mv_off_s, runs, w);
+    }
+}
+
+/* The penalties see the tokens before a draft: its branch (depth dd, the
+ * ancestors' tokens) after the request's kept tokens. */
+static void tree_window(req *r, const int32_t *tok, int32_t node, int32_t dd) {
+    for (int32_t j = dd - 1, x = node; j >= 0; j--, x = r->d_parent[x]) r->toks[r->n_toks + j] = tok[x];
+    li_sampler_window_reset(&r->smp, r->toks, r->n_toks + dd);
+}
+
+/* A tree of m - 1 drafts (m rows: row 0 the last token's, row i + 1 draft
+ * i's). Greedy: the target's token at the current node, then the child
+ * holding it, exactly what sampling alone gives. Temperature > 0:
+ * li_spec_verify_tree with deterministic children (q = NULL), each row's
+ * distribution made with its branch in the penalty window. Then the
+ * accepted drafts' KV moves to their positions. Returns the accepted; *verified
+ * and *last (the row the last token came from) are set. */
+static int32_t verify_tree(li_engine *e, req *r, int32_t m, const float *rows, int32_t *verified, int32_t *last) {
+    const int32_t nv = e->model->hp.n_vocab, n = LI_MIN(m - 1, r->n_draft);
+    int32_t tok[LI_SPEC_MAX_TOKENS], depth[LI_SPEC_MAX_TOKENS], path[LI_SPEC_MAX_TOKENS], a = 0;
+    memcpy(tok, r->toks + r->n_toks - r->n_draft, (size_t)n * sizeof *tok);
+    tree_depths(r, n, depth);
+    drop_drafts(r);
+    const int64_t P = r->num_computed, gen0 = r->n_toks - r->n_prompt;
+    *verified = n;
+    *last = 0;
+    if (r->smp.p.temperature > 0) {
+        const li_sampling_params *sp = &r->smp.p;
+        const bool pen = sp->repeat_penalty != 1.0f || sp->presence_penalty != 0 || sp->frequency_penalty != 0;
+        for (int32_t j = 0; j <= n; j++) {
+            const int32_t dd = j ? depth[j - 1] : 0;
+            const bool hold = gen0 + dd < r->min_tokens;
+            li_sampler_ban(&r->smp, hold ? r->ban : NULL, hold ? r->n_ban : 0);
+            if (pen) tree_window(r, tok, j - 1, dd);
+            li_sampler_sample_u(&r->smp, rows + (size_t)j * nv, 0.5, e->vp + (size_t)j * nv, NULL, NULL);
+        }
+        if (pen) li_sampler_window_reset(&r->smp, r->toks, r->n_toks);
+        int32_t next = -1;
+        a = li_spec_verify_tree(e->vp, NULL, nv, tok, r->d_parent, n, sampler_uniform, &r->smp, e->vscratch, path, &next);
+        if (a < 0) a = 0, next = li_sampler_sample_u(&r->smp, rows, li_sampler_uniform(&r->smp), NULL, NULL, NULL);
+        for (int32_t j = 0; j <= a; j++) {
+            const int32_t t = j < a ? tok[path[j]] : next, ri = j ? path[j - 1] + 1 : 0;
+            const float *row = rows + (size_t)ri * nv;
+            const bool hold = gen0 + j < r->min_tokens;
+            li_sampler_ban(&r->smp, hold ? r->ban : NULL, hold ? r->n_ban : 0);
+            float lp = 0;
+            li_sampler_report(&r->smp, row, t, r->smp.p.n_logprobs ? r->top : NULL, &lp);
+            r->num_computed = P + j + 1;
+            *last = ri;
+            take_token(e, r, t, lp, row);
+            if (!r->live) {
+                a = j;
+                break;
+            }
+        }
+    } else {
+        int32_t cur = -1;
+        for (;;) {
+            r->num_computed = P + a + 1; /* the last token and the accepted drafts are in the KV */
+            *last = cur + 1;
+            const int32_t t = sample_one(e, r, rows + (size_t)(cur + 1) * nv);
+            if (!r->live) break;
+            int32_t c = -1;
+            for (int32_t i = 0; i < n && c < 0; i++)
+                if (r->d_parent[i] == cur && tok[i] == t) c = i;
+            if (c < 0) break;
+            path[a++] = cur = c;
+        }
+    }
+    if (r->live) tree_move_kv(e, r, P, path, a);
+    return a;
+}
+
+static void verify_drafts(li_engine *e, req *r, int32_t m, const float *rows, int32_t row0) {
     int32_t draft[LI_SPEC_MAX_TOKENS];
     const int32_t k = r->n_draft;
     const int64_t p0 = r->num_computed; /* before this step's tokens */
-    memcpy(draft, r->toks + r->n_toks - k, (size_t)k * sizeof *draft);
-    drop_drafts(r);
-    int32_t verified, accepted = 0;
-    if (r->smp.p.temperature > 0) {
+    int32_t verified, accepted = 0, last = -1;
+    if (!r->d_tree) {
+        memcpy(draft, r->toks + r->n_toks - k, (size_t)k * sizeof *draft);
+        drop_drafts(r);
+    }
+    if (r->d_tree) {
+        accepted = verify_tree(e, r, m, rows, &verified, &last);
+    } else if (r->smp.p.temperature > 0) {
         verified = LI_MIN(m - 1, k);
         accepted = verify_sampled(e, r, LI_MIN(m, k + 1), rows, draft, r->d_q >= 0 ? e->sq + r->d_q : NULL);
     } else {
@@ -1115,11 +1328,14 @@ static void verify_drafts(li_engine *e, req *r, int32_t m, const float *rows) {
         verified = LI_MIN(m, k);
         for (int32_t j = 0; j < m; j++) {
             r->num_computed = p0 + j + 1; /* row j's input is valid: the last token, or an accepted draft */
+            last = j;
             const int32_t tok = sample_one(e, r, rows + (size_t)j * e->model->hp.n_vocab);
             if (!r->live || j >= k || tok != draft[j]) break;
             accepted++;
         }
     }
+    /* the row the last token came from (sampled chains: rows 0..accepted gave tokens) */
+    keep_hidden(e, r, row0 + (last >= 0 ? last : accepted));
     r->spec_drafted += verified;
     r->spec_accepted += accepted;
     r->spec_drafted_by[r->d_method] += verified;
@@ -1135,7 +1351,7 @@ static void verify_drafts(li_engine *e, req *r, int32_t m, const float *rows) {
 
 /* The parent's prompt is computed: its waiting samples take its blocks
  * (shared, copy-on-write) and draw their first token from the same logits. */
-static void fork_samples(li_engine *e, req *parent, const float *logits) {
+static void fork_samples(li_engine *e, req *parent, const float *logits, int32_t row) {
     for (int32_t i = 0; i < e->n_reqs; i++) {
         req *c = e->reqs[i];
         if (c->fork_of != parent || !c->live) continue;
@@ -1146,6 +1362,7 @@ static void fork_samples(li_engine *e, req *parent, const float *logits) {
         c->state = LI_REQ_RUNNING;
         if (c->res.t_first_scheduled < 0) c->res.t_first_scheduled = parent->res.t_first_scheduled;
         sample_one(e, c, logits);
+        keep_hidden(e, c, row);
     }
 }
 
@@ -1265,6 +1482,8 @@ int li_engine_step(li_engine *e, li_error *err) {
     }
 
     /* 4: one flat batch */
+    if (e->b_parent) tree_fit(e, nb);
+    bool any_tree = false;
     int64_t k = 0, stride = 1;
     int32_t n_logits = 0;
     for (int32_t i = 0; i < nb; i++) stride = LI_MAX(stride, (int64_t)e->batch_req[i]->seq.n_blocks);
@@ -1281,6 +1500,17 @@ int li_engine_step(li_engine *e, li_error *err) {
             e->b_pos[k] = (int32_t)p;
             e->b_seq[k] = i;
             e->b_slot[k] = li_kv_seq_slot(&e->tgt.kv, &r->seq, p);
+            if (e->b_parent) e->b_parent[k] = -1;
+        }
+        if (r->n_draft && r->d_tree) { /* draft j - 1 at P + depth, below its parent (forward.h) */
+            const int64_t row0 = k - e->batch_n[i];
+            int32_t depth[LI_SPEC_MAX_TOKENS];
+            tree_depths(r, e->batch_n[i] - 1, depth);
+            for (int32_t j = 1; j < e->batch_n[i]; j++) {
+                e->b_pos[row0 + j] = (int32_t)(r->num_computed + depth[j - 1]);
+                e->b_parent[row0 + j] = (int32_t)(row0 + 1 + r->d_parent[j - 1]);
+            }
+            any_tree = true;
         }
         if (r->n_draft) /* every computed position of a drafted request is verified */
             for (int32_t j = e->batch_n[i]; j > 0; j--) e->b_rows[n_logits++] = (int32_t)(k - j);
@@ -1289,11 +1519,13 @@ int li_engine_step(li_engine *e, li_error *err) {
     }
     li_batch b = {.n = k, .tokens = e->b_tokens, .pos = e->b_pos, .seq = e->b_seq, .slot = e->b_slot,
                   .block_table = e->b_tables, .n_seqs = nb, .bt_stride = stride, .logit_rows = e->b_rows,
-                  .n_logits = n_logits};
+                  .n_logits = n_logits, .parent = any_tree ? e->b_parent : NULL,
+                  .hidden = e->prop[LI_SPEC_MEDUSA] ? LI_HIDDEN_POST_NORM : LI_HIDDEN_NONE};
     /* 5: forward */
     double tf = li_time_now();
     int rc = e->tp ? li_tp_run(e->tp, &b, err) : li_runner_run(&e->tgt, &b, err);
     e->logits = e->tgt.logits;
+    e->hidden = !rc && e->prop[LI_SPEC_MEDUSA] ? li_forward_hidden(&e->tgt.fw, e->model) : NULL;
     /* the draft computes the same batch: its KV stays in step with the target's */
     if (!rc && e->has_draft && !(rc = li_runner_run(&e->draft, &b, err))) {
         for (int32_t i = 0; i < n_logits; i++) { /* before sampling forks or finishes anything */
@@ -1319,7 +1551,7 @@ int li_engine_step(li_engine *e, li_error *err) {
         req *r = e->batch_req[i];
         if (r->n_draft) {
             const int32_t m = e->batch_n[i];
-            verify_drafts(e, r, m, e->logits + (size_t)li * e->model->hp.n_vocab);
+            verify_drafts(e, r, m, e->logits + (size_t)li * e->model->hp.n_vocab, li);
             li += m;
             if (r->live) prefix_register(e, r);
             continue;
@@ -1328,8 +1560,9 @@ int li_engine_step(li_engine *e, li_error *err) {
         prefix_register(e, r);
         if (r->num_computed != r->n_toks) continue;
         const float *lg = e->logits + (size_t)li++ * e->model->hp.n_vocab;
-        if (r->num_computed == r->n_prompt) fork_samples(e, r, lg);
+        if (r->num_computed == r->n_prompt) fork_samples(e, r, lg, li - 1);
         sample_one(e, r, lg);
+        keep_hidden(e, r, li - 1);
     }
     drop_all_drafts(e); /* of requests the plan did not run */
     /* 8: cancellations asked for during the step */

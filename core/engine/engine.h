@@ -48,6 +48,14 @@ typedef struct li_engine_config {
      * this many ranks, threads of the CPU backend, at most its KV head count;
      * 0 or 1 = one rank (default). No draft model or layerskip with it yet */
     int32_t tensor_parallel;
+    /* Medusa heads (spec/medusa.h; li_medusa_load against the target),
+     * borrowed, or NULL: method medusa drafts a tree of their top-k that one
+     * tree pass verifies. The engine prepares them on its backend unless
+     * they are (then for >= max_num_seqs rows). Not with a draft model or
+     * tensor parallelism yet. medusa_tree: li_medusa_tree_parse's path list,
+     * NULL = the default */
+    struct li_medusa *medusa;
+    const char *medusa_tree;
 } li_engine_config;
 
 #define LI_SPEC_MAX_TOKENS LI_SPEC_MAX_DRAFT
@@ -139,6 +147,8 @@ typedef struct li_engine_stats {
     int64_t livelock_steps;    /* steps taken from a policy whose plans made no progress (FCFS ran) */
     int32_t tensor_parallel;   /* ranks of the target (1 without tensor parallelism) */
     double time_allreduce;     /* seconds of time_forward rank 0 spent in all-reduces (0 with one rank) */
+    int64_t spec_tree_moves;   /* accepted tree drafts off the top-1 chain whose KV rows were moved to
+                                * their position's slot (Medusa) */
 } li_engine_stats;
 
 /* A policy whose plans make no progress (no token sampled, no request

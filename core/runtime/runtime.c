@@ -2,13 +2,17 @@
  * objects in Lua and the server. */
 #include "runtime/runtime.h"
 #include "engine/engine.h"
+#include "spec/medusa.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 int li_runtime_open(li_runtime *rt, const char *model_path, int64_t n_threads, const char *isa, li_error *err) {
     rt->model = NULL;
     rt->draft = NULL;
+    rt->medusa = NULL;
+    rt->medusa_tree = NULL;
     rt->be_ready = false;
     if (n_threads < 0 || n_threads > 1024)
         return li_error_set(err, LI_EINVAL, "--threads must be in [0, 1024], got %lld", (long long)n_threads);
@@ -69,7 +73,35 @@ int li_runtime_open_draft(li_runtime *rt, const char *path, li_error *err) {
     return 0;
 }
 
+int li_runtime_open_medusa(li_runtime *rt, const char *path, const char *tree, li_error *err) {
+    if (!rt->model || !rt->be_ready) return li_error_set(err, LI_EINVAL, "medusa: the model is not open");
+    if (rt->medusa) return li_error_set(err, LI_EINVAL, "medusa: heads are open already");
+    if (!path || !*path) return li_error_set(err, LI_EINVAL, "medusa: the path is empty");
+    if (rt->be.ops->batch_variant)
+        return li_error_set(err, LI_EINVAL,
+                            "medusa: speculation needs batch-invariant kernels; the '%s' backend is not (use another --isa)",
+                            rt->be.ops->name);
+    li_medusa *h;
+    int rc = li_medusa_load(&h, path, rt->model, err);
+    if (rc) return rc;
+    li_medusa_tree t;
+    if ((rc = li_medusa_tree_parse(tree, h->n_heads, &t, err))) {
+        li_medusa_free(h);
+        return rc;
+    }
+    rt->medusa = h;
+    if (tree) {
+        const size_t n = strlen(tree) + 1;
+        rt->medusa_tree = memcpy(li_xmalloc(n), tree, n);
+    }
+    return 0;
+}
+
 void li_runtime_close(li_runtime *rt) {
+    li_medusa_free(rt->medusa); /* its prepared weights go back to the backend first */
+    rt->medusa = NULL;
+    free(rt->medusa_tree);
+    rt->medusa_tree = NULL;
     if (rt->draft && rt->be_ready) li_model_release(rt->draft, &rt->be);
     li_model_free(rt->draft);
     rt->draft = NULL;
@@ -88,12 +120,17 @@ int li_runtime_spec_config(li_engine_config *cfg, const li_runtime *rt, const ch
     if (layers < 0 || layers >= nl)
         return li_error_set(err, LI_EINVAL, "%slayers must be in [1, %d] (the model has %d layers), got %lld", flag,
                             nl - 1, nl, (long long)layers);
-    li_spec_method m = layers > 0 ? LI_SPEC_LAYERSKIP : rt->draft ? LI_SPEC_DRAFT : LI_SPEC_NGRAM;
+    li_spec_method m = layers > 0 ? LI_SPEC_LAYERSKIP : rt->medusa ? LI_SPEC_MEDUSA : rt->draft ? LI_SPEC_DRAFT : LI_SPEC_NGRAM;
     char what[32];
     snprintf(what, sizeof what, "%smethod", flag);
     if (method && li_spec_method_parse(method, what, &m, err)) return LI_EINVAL;
     if (k && m == LI_SPEC_DRAFT && !rt->draft)
         return li_error_set(err, LI_EINVAL, "%smethod 'draft' needs a draft model (--draft-model FILE)", flag);
+    if (k && m == LI_SPEC_MEDUSA && !rt->medusa)
+        return li_error_set(err, LI_EINVAL, "%smethod 'medusa' needs Medusa heads (--medusa FILE)", flag);
+    if (!k && m == LI_SPEC_MEDUSA) k = LI_SPEC_MAX_TOKENS; /* heads given: on, as large as the tree */
+    cfg->medusa = rt->medusa;
+    cfg->medusa_tree = rt->medusa_tree;
     if (k && m == LI_SPEC_LAYERSKIP && !layers)
         return li_error_set(err, LI_EINVAL, "%smethod 'layerskip' needs %slayers N", flag, flag);
     if (k && rt->be.ops->batch_variant)

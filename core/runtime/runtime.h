@@ -12,6 +12,8 @@ typedef struct li_runtime {
     li_model *draft;   /* NULL, or a draft model prepared on be (li_runtime_open_draft) */
     li_backend be;
     bool be_ready;
+    struct li_medusa *medusa; /* NULL, or Medusa heads checked against model (li_runtime_open_medusa) */
+    char *medusa_tree;        /* their tree (li_medusa_tree_parse), NULL = the default */
 } li_runtime;
 
 /* Loads the model (default path rules in li_model_default_path) and starts
@@ -22,13 +24,18 @@ int li_runtime_open(li_runtime *rt, const char *model_path, int64_t n_threads, c
  * vocabulary must be the target's (LI_EINVAL, naming both sizes). The
  * runtime is left as it was on error; li_runtime_close frees the draft. */
 int li_runtime_open_draft(li_runtime *rt, const char *path, li_error *err);
+/* Loads Medusa heads (spec/medusa.h) made for the model, and checks the
+ * tree spec (NULL: the default) against them; one-line errors. Not on a
+ * batch-variant backend (--isa ggml). li_runtime_close frees them. */
+int li_runtime_open_medusa(li_runtime *rt, const char *path, const char *tree, li_error *err);
 /* Frees the draft (if any), the model and the backend. */
 void li_runtime_close(li_runtime *rt);
 
 /* Speculation settings from a command line or a Lua table into cfg, checked
  * against the open runtime (so serve refuses them before it listens):
- * method NULL picks layerskip when layers > 0, else draft with a draft
- * model, else ngram; k in [0, 16] (spec_tokens); layers in [1, n_layer)
+ * method NULL picks layerskip when layers > 0, else medusa with heads, else
+ * draft with a draft model, else ngram; k in [0, 16] (spec_tokens; 0 with
+ * medusa chosen: 16, the tree's own size then bounds it); layers in [1, n_layer)
  * or 0 (spec_layers); speculation needs batch-invariant kernels. `flag`
  * says how the options are spelled in messages ("--spec-" or "spec_"). */
 struct li_engine_config;

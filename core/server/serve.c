@@ -158,6 +158,7 @@ typedef struct serve_opts {
     int64_t tensor_parallel;
     const char *spec_method;
     double drain_seconds, slow_seconds;
+    const char *medusa, *medusa_tree;
     bool help, policy_unsafe, no_prefix_cache;
     double header_timeout, body_timeout, idle_timeout, rpc_idle_timeout, evict_idle;
     int64_t max_per_ip;
@@ -247,6 +248,8 @@ int li_cmd_serve(int argc, char **argv) {
         {"model", LI_OPT_STR, &o.model, "GGUF model (default: $LUAINFER_MODEL or the bundled SmolLM2)"},
         {"draft-model", LI_OPT_STR, &o.draft, "draft GGUF with the target's vocabulary, run next to it over the same KV blocks; drafts with --spec-k (default: none)"},
         {"draft", LI_OPT_STR, &o.draft, "the same as --draft-model"},
+        {"medusa", LI_OPT_STR, &o.medusa, "Medusa heads made for the model (luainfer train-medusa): drafts a tree of their top-k, verified in one pass (default: none)"},
+        {"medusa-tree", LI_OPT_STR, &o.medusa_tree, "the Medusa tree: paths of candidate ranks, e.g. '0;1;0,0;1,0;0,0,0' (default: a sparse 15-node tree)"},
         {"spec-method", LI_OPT_STR, &o.spec_method, "speculation proposer: ngram, draft or layerskip (default: layerskip with --spec-layers, draft with a draft model, else ngram)"},
         {"spec-k", LI_OPT_INT, &o.spec_tokens, "the same as --spec-tokens"},
         {"spec-layers", LI_OPT_INT, &o.spec_layers, "layerskip: draft with the model's first N blocks and its head (default 0 = no layerskip)"},
@@ -380,6 +383,11 @@ int li_cmd_serve(int argc, char **argv) {
     rt_open = true;
     if ((rc = li_runtime_set_q4_act(&rt, o.q4_act, "--q4-act", &err))) goto done;
     if (o.draft && (rc = li_runtime_open_draft(&rt, o.draft, &err))) goto done;
+    if (o.medusa && (rc = li_runtime_open_medusa(&rt, o.medusa, o.medusa_tree, &err))) goto done;
+    if (!o.medusa && o.medusa_tree) {
+        rc = li_error_set(&err, LI_EINVAL, "--medusa-tree needs --medusa FILE");
+        goto done;
+    }
     srv.model = rt.model;
     {
         const char *base = strrchr(rt.model->path ? rt.model->path : "", '/');

@@ -2,6 +2,7 @@
  * model (a draft GGUF, or the target's first layers) drafting k tokens
  * autoregressively, batched over the step's speculating requests. */
 #include "spec/proposer.h"
+#include "spec/medusa.h"
 #include "spec/ngram.h"
 
 #include <math.h>
@@ -10,7 +11,7 @@
 
 /* ---- methods ------------------------------------------------------------- */
 
-static const char *const method_names[LI_SPEC_N_METHODS] = {"ngram", "draft", "layerskip"};
+static const char *const method_names[LI_SPEC_N_METHODS] = {"ngram", "draft", "layerskip", "medusa"};
 
 const char *li_spec_method_name(int method) {
     return method >= 0 && method < LI_SPEC_N_METHODS ? method_names[method] : "?";
@@ -22,7 +23,7 @@ int li_spec_method_parse(const char *name, const char *what, li_spec_method *out
             *out = (li_spec_method)i;
             return 0;
         }
-    return li_error_set(err, LI_EINVAL, "%s: unknown speculation method '%s' (ngram, draft or layerskip)", what,
+    return li_error_set(err, LI_EINVAL, "%s: unknown speculation method '%s' (ngram, draft, layerskip or medusa)", what,
                         name ? name : "(null)");
 }
 
@@ -220,5 +221,88 @@ int li_spec_layer_view(li_model *view, const li_model *m, int32_t n_layer, li_er
                             m->hp.n_layer - 1, m->hp.n_layer, n_layer);
     *view = *m; /* shares the mapping, weights and tokenizer: never freed through the view */
     view->hp.n_layer = n_layer;
+    return 0;
+}
+
+/* ---- Medusa heads: a candidate tree of their top-k -------------------------------- */
+
+typedef struct medusa_prop {
+    li_proposer base;
+    li_medusa *h;
+    li_medusa_tree tree;
+    int32_t cap;
+    float *hid;          /* (cap, n_embd) the seqs' hidden rows */
+    int32_t *who;        /* (cap) seq of each row */
+} medusa_prop;
+
+/* The top n ids of row (v), best first, ties to the lowest id. */
+static void top_n(const float *row, int32_t v, int32_t n, int32_t *out) {
+    int32_t k = 0;
+    for (int32_t i = 0; i < v; i++) {
+        if (k == n && !(row[i] > row[out[k - 1]])) continue;
+        int32_t j = k < n ? k++ : n - 1;
+        while (j > 0 && row[i] > row[out[j - 1]]) out[j] = out[j - 1], j--;
+        out[j] = i;
+    }
+}
+
+static int medusa_propose(li_proposer *p, li_spec_seq *seqs, int32_t n, li_error *err) {
+    medusa_prop *mp = (medusa_prop *)p;
+    const li_medusa_tree *t = &mp->tree;
+    const int32_t E = mp->h->n_embd, V = p->n_vocab;
+    int32_t rows = 0, heads = 0;
+    for (int32_t i = 0; i < n; i++) {
+        li_spec_seq *s = &seqs[i];
+        s->n_draft = 0;
+        s->has_q = false;
+        if (!s->hidden || !s->parent || s->k <= 0 || rows == mp->cap) continue;
+        memcpy(mp->hid + (size_t)rows * E, s->hidden, (size_t)E * sizeof(float));
+        mp->who[rows++] = i;
+        /* only the heads the seq's nodes come from (a cut tree needs fewer) */
+        for (int32_t j = 0; j < LI_MIN(s->k, t->n); j++) heads = LI_MAX(heads, t->depth[j]);
+    }
+    if (!rows) return 0;
+    const float *lg = li_medusa_run(mp->h, mp->hid, rows, heads, err);
+    if (!lg) return err ? err->code : LI_EINVAL;
+    int32_t cand[LI_MEDUSA_MAX_HEADS][LI_MEDUSA_MAX_RANK];
+    for (int32_t r = 0; r < rows; r++) {
+        li_spec_seq *s = &seqs[mp->who[r]];
+        const int32_t nodes = LI_MIN(s->k, t->n);
+        for (int32_t d = 0; d < heads; d++)
+            if (t->top[d]) top_n(lg + ((size_t)d * (size_t)rows + (size_t)r) * (size_t)V, V, t->top[d], cand[d]);
+        for (int32_t i = 0; i < nodes; i++) {
+            s->draft[i] = cand[t->depth[i] - 1][t->rank[i]];
+            s->parent[i] = t->parent[i];
+        }
+        s->n_draft = nodes;
+    }
+    return 0;
+}
+
+static void medusa_free(li_proposer *p) {
+    medusa_prop *mp = (medusa_prop *)p;
+    free(mp->hid);
+    free(mp->who);
+    free(mp);
+}
+
+static const li_proposer_ops medusa_ops = {.propose = medusa_propose, .free = medusa_free};
+
+int li_proposer_medusa_new(li_proposer **out, li_medusa *h, const li_medusa_tree *tree, int32_t cap, li_error *err) {
+    *out = NULL;
+    if (cap <= 0 || !h->be || h->cap < cap)
+        return li_error_set(err, LI_EINVAL, "proposer: Medusa heads prepared for %lld rows, %d wanted",
+                            (long long)h->cap, cap);
+    if (tree->n < 1 || tree->max_depth > h->n_heads)
+        return li_error_set(err, LI_EINVAL, "proposer: a Medusa tree of depth %d over %d heads", tree->max_depth,
+                            h->n_heads);
+    medusa_prop *mp = li_xcalloc(1, sizeof *mp);
+    mp->base = (li_proposer){.ops = &medusa_ops, .method = LI_SPEC_MEDUSA, .n_vocab = h->n_vocab};
+    mp->h = h;
+    mp->tree = *tree;
+    mp->cap = cap;
+    mp->hid = li_xmalloc((size_t)cap * (size_t)h->n_embd * sizeof(float));
+    mp->who = li_xmalloc((size_t)cap * sizeof *mp->who);
+    *out = &mp->base;
     return 0;
 }

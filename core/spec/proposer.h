@@ -24,6 +24,10 @@
  *              no extra pass over the batch. A draft step writes layers
  *              [0, N) of positions the target then verifies and rewrites
  *              with the same bits, or leaves past the verified end.
+ *   medusa     Medusa heads (spec/medusa.h) over the target's post-norm
+ *              hidden state at the request's last computed position: a
+ *              candidate tree (parent[] filled) of their top-k, verified by
+ *              the engine in one tree pass; deterministic (q = NULL), no KV.
  * At temperature > 0 a model proposer samples its drafts from
  * softmax(logits / T) with the request's own uniforms and hands out those
  * distributions (q) for lossless verification; ngram drafts stay
@@ -39,10 +43,11 @@ typedef enum li_spec_method {
     LI_SPEC_NGRAM = 0,
     LI_SPEC_DRAFT,
     LI_SPEC_LAYERSKIP,
+    LI_SPEC_MEDUSA,
     LI_SPEC_N_METHODS
 } li_spec_method;
 
-/* "ngram", "draft", "layerskip"; "?" out of range. */
+/* "ngram", "draft", "layerskip", "medusa"; "?" out of range. */
 const char *li_spec_method_name(int method);
 /* The method a name gives; LI_EINVAL naming the choices otherwise. `what`
  * names the option in the message. */
@@ -65,6 +70,11 @@ typedef struct li_spec_seq {
     float *q;                    /* (k, n_vocab) caller's, filled when *has_q is set */
     int32_t n_draft;             /* 0..k */
     bool has_q;                  /* q holds the distributions the drafts were sampled from */
+    /* tree proposers (medusa) */
+    const float *hidden;         /* (n_embd) the target's post-norm hidden state that predicted
+                                  * toks[n_toks - 1], or NULL (then no drafts) */
+    int32_t *parent;             /* (k) caller's, or NULL: out, each draft's tree parent (a draft
+                                  * index before it, -1 = a child of the last token) */
 } li_spec_seq;
 
 #define LI_SPEC_MAX_DRAFT 16
@@ -102,6 +112,14 @@ int li_proposer_model_new(li_proposer **out, li_spec_method method, const li_mod
 /* m's first n_layer blocks with its embedding, output norm and head: a
  * shallow view sharing every weight (nothing to free; m must outlive it). */
 int li_spec_layer_view(li_model *view, const li_model *m, int32_t n_layer, li_error *err);
+
+struct li_medusa;
+struct li_medusa_tree;
+/* Medusa heads h (prepared on the target's backend, li_medusa_prepare with
+ * at least cap rows) drafting `tree` (copied) for up to cap seqs a call.
+ * h must outlive the proposer. */
+int li_proposer_medusa_new(li_proposer **out, struct li_medusa *h, const struct li_medusa_tree *tree, int32_t cap,
+                           li_error *err);
 
 void li_proposer_free(li_proposer *p);
 
