@@ -18,7 +18,7 @@
 #include "server/http.h"
 #include "tokenizer/tokenizer.h"
 
-#include <cjson/cJSON.h>
+#include <jansson.h>
 #include <http_parser.h>
 #include <math.h>
 #include <stdarg.h>
@@ -126,25 +126,81 @@ static void respond(http_sess *h, int status, const char *ctype, const char *bod
     http_done(h);
 }
 
-static void respond_json(http_sess *h, int status, cJSON *j) {
-    char *s = cJSON_PrintUnformatted(j);
-    respond(h, status, "application/json", s, strlen(s));
-    free(s);
-    cJSON_Delete(j);
+/* ---- JSON output ---------------------------------------------------------------------- */
+
+/* Responses are built with jansson, which keeps string lengths: a NUL in
+ * generated text goes out as \u0000, exactly (cJSON took C strings). */
+
+/* Compact, every double written back to the same bits. */
+static char *json_text(json_t *j) {
+    char *s = json_dumps(j, JSON_COMPACT | JSON_REAL_PRECISION(17));
+    if (!s) {
+        li_log_error("out of memory writing a JSON response");
+        abort();
+    }
+    json_decref(j);
+    return s;
 }
 
-static cJSON *error_object(int status, const char *msg) {
+/* A number as cJSON wrote one: integral values as integers, the others as
+ * doubles, non-finite ones (JSON has none) as null. */
+static json_t *jnum(double x) {
+    if (!isfinite(x)) return json_null();
+    if (x == floor(x) && fabs(x) < 9007199254740992.0) return json_integer((json_int_t)x);
+    return json_real(x);
+}
+
+/* Text (n bytes, NULs included) as a JSON string. Invalid UTF-8 cannot
+ * occur (the engine emits whole characters or U+FFFD; token_string and
+ * error messages scrub theirs); should some come anyway, it is scrubbed
+ * here rather than dropping the field. */
+static json_t *str_n(const char *s, size_t n) {
+    json_t *j = json_stringn(s, n);
+    if (!j) {
+        char *z = li_xmalloc(n + 1);
+        memcpy(z, s, n);
+        z[n] = 0;
+        li_utf8_scrub(z, n);
+        j = json_stringn_nocheck(z, n);
+        free(z);
+    }
+    return j;
+}
+
+static json_t *jstr(const char *s) { return str_n(s, strlen(s)); }
+
+static void jset(json_t *o, const char *key, json_t *v) { json_object_set_new(o, key, v); }
+
+static json_t *jobj_add(json_t *o, const char *key) {
+    json_t *c = json_object();
+    json_object_set_new(o, key, c);
+    return c;
+}
+
+static json_t *jarr_add(json_t *o, const char *key) {
+    json_t *c = json_array();
+    json_object_set_new(o, key, c);
+    return c;
+}
+
+static void respond_json(http_sess *h, int status, json_t *j) {
+    char *s = json_text(j);
+    respond(h, status, "application/json", s, strlen(s));
+    free(s);
+}
+
+static json_t *error_object(int status, const char *msg) {
     const char *type = status == 401 ? "authentication_error"
                        : status == 404 ? "not_found_error"
                        : status == 429 ? "rate_limit_error"
                        : status >= 500 ? "server_error"
                                        : "invalid_request_error";
-    cJSON *j = cJSON_CreateObject();
-    cJSON *e = cJSON_AddObjectToObject(j, "error");
-    cJSON_AddStringToObject(e, "message", msg);
-    cJSON_AddStringToObject(e, "type", type);
-    cJSON_AddNullToObject(e, "param");
-    cJSON_AddNullToObject(e, "code");
+    json_t *j = json_object();
+    json_t *e = jobj_add(j, "error");
+    jset(e, "message", jstr(msg));
+    jset(e, "type", jstr(type));
+    jset(e, "param", json_null());
+    jset(e, "code", json_null());
     return j;
 }
 
@@ -196,11 +252,10 @@ static void sse_send(http_sess *h, const char *data, size_t n) {
     msgpack_sbuffer_destroy(&sb);
 }
 
-static void sse_json(http_sess *h, cJSON *j) {
-    char *s = cJSON_PrintUnformatted(j);
+static void sse_json(http_sess *h, json_t *j) {
+    char *s = json_text(j);
     sse_send(h, s, strlen(s));
     free(s);
-    cJSON_Delete(j);
 }
 
 static void sse_end(http_sess *h) {
@@ -211,60 +266,42 @@ static void sse_end(http_sess *h) {
 
 /* ---- OpenAI response objects ------------------------------------------------------------ */
 
-static cJSON *base_object(http_sess *h, const li_srv_req *r, bool chunk) {
+static json_t *base_object(http_sess *h, const li_srv_req *r, bool chunk) {
     char id[64];
     snprintf(id, sizeof id, "%s-%lld", h->chat ? "chatcmpl" : "cmpl", (long long)(r->id >= 0 ? r->id : 0));
-    cJSON *j = cJSON_CreateObject();
-    cJSON_AddStringToObject(j, "id", id);
-    cJSON_AddStringToObject(j, "object", h->chat ? (chunk ? "chat.completion.chunk" : "chat.completion")
-                                                 : "text_completion");
-    cJSON_AddNumberToObject(j, "created", (double)h->created);
-    cJSON_AddStringToObject(j, "model", li_api_model_name(h->srv));
+    json_t *j = json_object();
+    jset(j, "id", jstr(id));
+    jset(j, "object", jstr(h->chat ? (chunk ? "chat.completion.chunk" : "chat.completion")
+                                                 : "text_completion"));
+    jset(j, "created", jnum((double)h->created));
+    jset(j, "model", jstr(li_api_model_name(h->srv)));
     return j;
 }
 
-static cJSON *usage_object(const li_srv_req *r) {
+static json_t *usage_object(const li_srv_req *r) {
     int64_t completion = 0;
     for (int32_t i = 0; i < r->g.n; i++) completion += r->out[i].n_tokens;
-    cJSON *u = cJSON_CreateObject();
-    cJSON_AddNumberToObject(u, "prompt_tokens", (double)r->n_prompt_tokens);
-    cJSON_AddNumberToObject(u, "completion_tokens", (double)completion);
-    cJSON_AddNumberToObject(u, "total_tokens", (double)(r->n_prompt_tokens + completion));
-    cJSON *d = cJSON_AddObjectToObject(u, "prompt_tokens_details");
-    cJSON_AddNumberToObject(d, "cached_tokens", (double)r->n_cached_tokens);
+    json_t *u = json_object();
+    jset(u, "prompt_tokens", jnum((double)r->n_prompt_tokens));
+    jset(u, "completion_tokens", jnum((double)completion));
+    jset(u, "total_tokens", jnum((double)(r->n_prompt_tokens + completion)));
+    json_t *d = jobj_add(u, "prompt_tokens_details");
+    jset(d, "cached_tokens", jnum((double)r->n_cached_tokens));
     return u;
-}
-
-/* Text as a JSON string (cJSON escapes; invalid UTF-8 cannot occur: the
- * engine emits whole characters or U+FFFD). cJSON takes C strings, so a NUL
- * (a prompt may hold one, a byte token may decode to one) becomes U+FFFD
- * rather than cutting the rest of the text off. */
-static cJSON *str_n(const char *s, size_t n) {
-    size_t nul = 0;
-    for (size_t i = 0; i < n; i++) nul += s[i] == 0;
-    char *z = li_xmalloc(n + 2 * nul + 1), *o = z;
-    for (size_t i = 0; i < n; i++) {
-        if (s[i]) *o++ = s[i];
-        else memcpy(o, "\xef\xbf\xbd", 3), o += 3;
-    }
-    *o = 0;
-    cJSON *j = cJSON_CreateString(z);
-    free(z);
-    return j;
 }
 
 /* ---- logprobs in OpenAI's two shapes ---------------------------------------------------- */
 
 /* A token's text: its bytes, each byte that does not start a valid UTF-8
  * character replaced by U+FFFD (a byte-level token may hold part of a
- * character); NUL as str_n writes it. */
-static cJSON *token_string(li_server *srv, int32_t id, cJSON **bytes_out) {
+ * character); a NUL stays a NUL (\u0000). */
+static json_t *token_string(li_server *srv, int32_t id, json_t **bytes_out) {
     char piece[256];
     int k = srv->model ? li_tokenizer_token_to_piece(srv->model->tok, id, true, piece, sizeof piece) : -1;
     size_t n = k < 0 ? 0 : LI_MIN((size_t)k, sizeof piece);
     if (bytes_out) {
-        *bytes_out = cJSON_CreateArray();
-        for (size_t i = 0; i < n; i++) cJSON_AddItemToArray(*bytes_out, cJSON_CreateNumber((unsigned char)piece[i]));
+        *bytes_out = json_array();
+        for (size_t i = 0; i < n; i++) json_array_append_new(*bytes_out, json_integer((unsigned char)piece[i]));
     }
     char out[3 * sizeof piece];
     size_t o = 0;
@@ -285,61 +322,62 @@ static cJSON *token_string(li_server *srv, int32_t id, cJSON **bytes_out) {
 }
 
 typedef struct lp_acc {
-    cJSON *obj;                 /* the "logprobs" value */
-    cJSON *content;             /* chat: [{token, logprob, bytes, top_logprobs}] */
-    cJSON *tokens, *token_logprobs, *top_logprobs, *text_offset; /* completions */
+    json_t *obj;                 /* the "logprobs" value */
+    json_t *content;             /* chat: [{token, logprob, bytes, top_logprobs}] */
+    json_t *tokens, *token_logprobs, *top_logprobs, *text_offset; /* completions */
     double offset;
 } lp_acc;
 
 static void lp_init(lp_acc *a, bool chat, double offset) {
     memset(a, 0, sizeof *a);
-    a->obj = cJSON_CreateObject();
+    a->obj = json_object();
     a->offset = offset;
     if (chat) {
-        a->content = cJSON_AddArrayToObject(a->obj, "content");
+        a->content = jarr_add(a->obj, "content");
     } else {
-        a->tokens = cJSON_AddArrayToObject(a->obj, "tokens");
-        a->token_logprobs = cJSON_AddArrayToObject(a->obj, "token_logprobs");
-        a->top_logprobs = cJSON_AddArrayToObject(a->obj, "top_logprobs");
-        a->text_offset = cJSON_AddArrayToObject(a->obj, "text_offset");
+        a->tokens = jarr_add(a->obj, "tokens");
+        a->token_logprobs = jarr_add(a->obj, "token_logprobs");
+        a->top_logprobs = jarr_add(a->obj, "top_logprobs");
+        a->text_offset = jarr_add(a->obj, "text_offset");
     }
 }
 
 static void lp_add(li_server *srv, lp_acc *a, int32_t token, double lp, const li_token_logprob *top, int32_t n_top) {
     if (a->content) {
-        cJSON *e = cJSON_CreateObject(), *bytes;
-        cJSON_AddItemToObject(e, "token", token_string(srv, token, &bytes));
-        cJSON_AddNumberToObject(e, "logprob", lp);
-        cJSON_AddItemToObject(e, "bytes", bytes);
-        cJSON *tl = cJSON_AddArrayToObject(e, "top_logprobs");
+        json_t *e = json_object(), *bytes;
+        jset(e, "token", token_string(srv, token, &bytes));
+        jset(e, "logprob", jnum(lp));
+        jset(e, "bytes", bytes);
+        json_t *tl = jarr_add(e, "top_logprobs");
         for (int32_t i = 0; i < n_top; i++) {
-            cJSON *t = cJSON_CreateObject(), *tb;
-            cJSON_AddItemToObject(t, "token", token_string(srv, top[i].id, &tb));
-            cJSON_AddNumberToObject(t, "logprob", top[i].logprob);
-            cJSON_AddItemToObject(t, "bytes", tb);
-            cJSON_AddItemToArray(tl, t);
+            json_t *t = json_object(), *tb;
+            jset(t, "token", token_string(srv, top[i].id, &tb));
+            jset(t, "logprob", jnum(top[i].logprob));
+            jset(t, "bytes", tb);
+            json_array_append_new(tl, t);
         }
-        cJSON_AddItemToArray(a->content, e);
+        json_array_append_new(a->content, e);
         return;
     }
-    cJSON *ts = token_string(srv, token, NULL);
-    double len = (double)strlen(ts->valuestring);
-    cJSON_AddItemToArray(a->tokens, ts);
-    cJSON_AddItemToArray(a->token_logprobs, cJSON_CreateNumber(lp));
-    cJSON *m = cJSON_CreateObject();
+    json_t *ts = token_string(srv, token, NULL);
+    double len = (double)json_string_length(ts);
+    json_array_append_new(a->tokens, ts);
+    json_array_append_new(a->token_logprobs, jnum(lp));
+    json_t *m = json_object();
     for (int32_t i = 0; i < n_top; i++) {
-        cJSON *t = token_string(srv, top[i].id, NULL);
-        if (!cJSON_GetObjectItemCaseSensitive(m, t->valuestring))
-            cJSON_AddNumberToObject(m, t->valuestring, top[i].logprob);
-        cJSON_Delete(t);
+        json_t *t = token_string(srv, top[i].id, NULL);
+        const char *key = json_string_value(t);
+        const size_t key_len = json_string_length(t);
+        if (!json_object_getn(m, key, key_len)) json_object_setn_new(m, key, key_len, jnum(top[i].logprob));
+        json_decref(t);
     }
-    cJSON_AddItemToArray(a->top_logprobs, m);
-    cJSON_AddItemToArray(a->text_offset, cJSON_CreateNumber(a->offset));
+    json_array_append_new(a->top_logprobs, m);
+    json_array_append_new(a->text_offset, jnum(a->offset));
     a->offset += len;
 }
 
 /* The sample's packed logprob entries ({token, logprob, top = [[id, lp]...]}, see api.c). */
-static cJSON *lp_of_sample(li_server *srv, const li_sample_out *o, bool chat) {
+static json_t *lp_of_sample(li_server *srv, const li_sample_out *o, bool chat) {
     lp_acc a;
     lp_init(&a, chat, 0);
     msgpack_unpacked u;
@@ -371,16 +409,16 @@ static void http_delta(li_srv_req *r, int32_t index, const char *text, size_t n,
     bool lp = r->g.logprobs >= 0 && token >= 0;
     if (n == 0 && !first && !lp) return;
     if (first) h->role_sent |= 1ull << index;
-    cJSON *j = base_object(h, r, true);
-    cJSON *choices = cJSON_AddArrayToObject(j, "choices");
-    cJSON *c = cJSON_CreateObject();
-    cJSON_AddNumberToObject(c, "index", index);
+    json_t *j = base_object(h, r, true);
+    json_t *choices = jarr_add(j, "choices");
+    json_t *c = json_object();
+    jset(c, "index", jnum(index));
     if (h->chat) {
-        cJSON *d = cJSON_AddObjectToObject(c, "delta");
-        if (first) cJSON_AddStringToObject(d, "role", "assistant");
-        cJSON_AddItemToObject(d, "content", str_n(text, n));
+        json_t *d = jobj_add(c, "delta");
+        if (first) jset(d, "role", jstr("assistant"));
+        jset(d, "content", str_n(text, n));
     } else {
-        cJSON_AddItemToObject(c, "text", str_n(text, n));
+        jset(c, "text", str_n(text, n));
     }
     if (lp) {
         /* text_offset counts from the start of the sample's text, as in the
@@ -390,12 +428,12 @@ static void http_delta(li_srv_req *r, int32_t index, const char *text, size_t n,
         lp_init(&a, h->chat, have ? h->lp_offset[index] : 0);
         lp_add(h->srv, &a, token, logprob, top, n_top);
         if (have) h->lp_offset[index] = a.offset;
-        cJSON_AddItemToObject(c, "logprobs", a.obj);
+        jset(c, "logprobs", a.obj);
     } else {
-        cJSON_AddNullToObject(c, "logprobs");
+        jset(c, "logprobs", json_null());
     }
-    cJSON_AddNullToObject(c, "finish_reason");
-    cJSON_AddItemToArray(choices, c);
+    jset(c, "finish_reason", json_null());
+    json_array_append_new(choices, c);
     sse_json(h, j);
 }
 
@@ -405,45 +443,45 @@ static void http_done_req(li_srv_req *r) {
     if (r->g.stream) {
         if (!h->sse) sse_begin(h);
         for (int32_t i = 0; i < r->g.n; i++) {
-            cJSON *j = base_object(h, r, true);
-            cJSON *choices = cJSON_AddArrayToObject(j, "choices");
-            cJSON *c = cJSON_CreateObject();
-            cJSON_AddNumberToObject(c, "index", i);
-            if (h->chat) cJSON_AddObjectToObject(c, "delta");
-            else cJSON_AddStringToObject(c, "text", "");
-            cJSON_AddNullToObject(c, "logprobs");
-            cJSON_AddStringToObject(c, "finish_reason", r->out[i].finish_reason ? r->out[i].finish_reason : "error");
-            cJSON_AddItemToArray(choices, c);
+            json_t *j = base_object(h, r, true);
+            json_t *choices = jarr_add(j, "choices");
+            json_t *c = json_object();
+            jset(c, "index", jnum(i));
+            if (h->chat) jobj_add(c, "delta");
+            else jset(c, "text", jstr(""));
+            jset(c, "logprobs", json_null());
+            jset(c, "finish_reason", jstr(r->out[i].finish_reason ? r->out[i].finish_reason : "error"));
+            json_array_append_new(choices, c);
             sse_json(h, j);
         }
         if (h->include_usage) {
-            cJSON *j = base_object(h, r, true);
-            cJSON_AddArrayToObject(j, "choices");
-            cJSON_AddItemToObject(j, "usage", usage_object(r));
+            json_t *j = base_object(h, r, true);
+            jarr_add(j, "choices");
+            jset(j, "usage", usage_object(r));
             sse_json(h, j);
         }
         sse_end(h);
         return;
     }
-    cJSON *j = base_object(h, r, false);
-    cJSON *choices = cJSON_AddArrayToObject(j, "choices");
+    json_t *j = base_object(h, r, false);
+    json_t *choices = jarr_add(j, "choices");
     for (int32_t i = 0; i < r->g.n; i++) {
         const li_sample_out *o = &r->out[i];
-        cJSON *c = cJSON_CreateObject();
-        cJSON_AddNumberToObject(c, "index", i);
+        json_t *c = json_object();
+        jset(c, "index", jnum(i));
         if (h->chat) {
-            cJSON *m = cJSON_AddObjectToObject(c, "message");
-            cJSON_AddStringToObject(m, "role", "assistant");
-            cJSON_AddItemToObject(m, "content", str_n(o->text ? o->text : "", o->text_len));
+            json_t *m = jobj_add(c, "message");
+            jset(m, "role", jstr("assistant"));
+            jset(m, "content", str_n(o->text ? o->text : "", o->text_len));
         } else {
-            cJSON_AddItemToObject(c, "text", str_n(o->text ? o->text : "", o->text_len));
+            jset(c, "text", str_n(o->text ? o->text : "", o->text_len));
         }
-        if (r->g.logprobs >= 0) cJSON_AddItemToObject(c, "logprobs", lp_of_sample(h->srv, o, h->chat));
-        else cJSON_AddNullToObject(c, "logprobs");
-        cJSON_AddStringToObject(c, "finish_reason", o->finish_reason ? o->finish_reason : "error");
-        cJSON_AddItemToArray(choices, c);
+        if (r->g.logprobs >= 0) jset(c, "logprobs", lp_of_sample(h->srv, o, h->chat));
+        else jset(c, "logprobs", json_null());
+        jset(c, "finish_reason", jstr(o->finish_reason ? o->finish_reason : "error"));
+        json_array_append_new(choices, c);
     }
-    cJSON_AddItemToObject(j, "usage", usage_object(r));
+    jset(j, "usage", usage_object(r));
     respond_json(h, 200, j);
 }
 
@@ -451,7 +489,7 @@ static void http_error_req(li_srv_req *r, int code, const char *msg) {
     http_sess *h = r->owner;
     h->req = NULL;
     if (h->sse) { /* headers are out: report in-band, then end the stream */
-        cJSON *j = error_object(http_status_of(code), msg);
+        json_t *j = error_object(http_status_of(code), msg);
         sse_json(h, j);
         sse_end(h);
         return;
@@ -559,11 +597,11 @@ static void route_tokenize(http_sess *h) {
         respond_error(h, err.code, "%s", err.msg);
         return;
     }
-    cJSON *out = cJSON_CreateObject();
-    cJSON_AddNumberToObject(out, "count", (double)n);
-    cJSON_AddNumberToObject(out, "max_model_len", (double)srv->cfg.max_model_len);
-    cJSON *arr = cJSON_AddArrayToObject(out, "tokens");
-    for (size_t i = 0; i < n; i++) cJSON_AddItemToArray(arr, cJSON_CreateNumber(ids[i]));
+    json_t *out = json_object();
+    jset(out, "count", jnum((double)n));
+    jset(out, "max_model_len", jnum((double)srv->cfg.max_model_len));
+    json_t *arr = jarr_add(out, "tokens");
+    for (size_t i = 0; i < n; i++) json_array_append_new(arr, jnum(ids[i]));
     free(ids);
     respond_json(h, 200, out);
 }
@@ -593,29 +631,29 @@ static void route_detokenize(http_sess *h) {
         respond_error(h, http_status_of(err.code), "%s", err.msg);
         return;
     }
-    cJSON *out = cJSON_CreateObject();
-    cJSON_AddItemToObject(out, "prompt", str_n(text, len));
+    json_t *out = json_object();
+    jset(out, "prompt", str_n(text, len));
     free(text);
     respond_json(h, 200, out);
 }
 
 static void route_models(http_sess *h) {
-    cJSON *j = cJSON_CreateObject();
-    cJSON_AddStringToObject(j, "object", "list");
-    cJSON *data = cJSON_AddArrayToObject(j, "data");
-    cJSON *m = cJSON_CreateObject();
-    cJSON_AddStringToObject(m, "id", li_api_model_name(h->srv));
-    cJSON_AddStringToObject(m, "object", "model");
-    cJSON_AddNumberToObject(m, "created", (double)(long)time(NULL));
-    cJSON_AddStringToObject(m, "owned_by", "luainfer");
-    if (h->srv->model) cJSON_AddNumberToObject(m, "max_model_len", (double)h->srv->cfg.max_model_len);
-    cJSON_AddItemToArray(data, m);
+    json_t *j = json_object();
+    jset(j, "object", jstr("list"));
+    json_t *data = jarr_add(j, "data");
+    json_t *m = json_object();
+    jset(m, "id", jstr(li_api_model_name(h->srv)));
+    jset(m, "object", jstr("model"));
+    jset(m, "created", jnum((double)(long)time(NULL)));
+    jset(m, "owned_by", jstr("luainfer"));
+    if (h->srv->model) jset(m, "max_model_len", jnum((double)h->srv->cfg.max_model_len));
+    json_array_append_new(data, m);
     respond_json(h, 200, j);
 }
 
 static void route_health(http_sess *h) {
-    cJSON *j = cJSON_CreateObject();
-    cJSON_AddStringToObject(j, "status", h->srv->draining ? "draining" : "ok");
+    json_t *j = json_object();
+    jset(j, "status", jstr(h->srv->draining ? "draining" : "ok"));
     respond_json(h, h->srv->draining ? 503 : 200, j);
 }
 

@@ -85,3 +85,67 @@ def test_json_errors_are_clear(server):
         status, out = http(server, "POST", "/v1/completions", raw, {"Content-Type": "application/json"})
         assert status == 400, (raw, out)
         assert want in json.loads(out)["error"]["message"], (raw, out)
+
+
+# ---- NUL in generated text ------------------------------------------------------------
+# SmolLM2's byte-level vocabulary holds a token for every byte: byte 0 is
+# the piece "Ā" (GPT-2's byte map), which decodes to one NUL byte. A bias
+# of +100 forces it, so every generated token is a NUL: responses must carry
+# it as \u0000 (jansson keeps lengths; cJSON wrote U+FFFD), the same text
+# msgpack-RPC sends as a str with a 0 byte in it.
+
+NUL_TOKEN = 190
+FORCE = {"logit_bias": {str(NUL_TOKEN): 100}, "temperature": 0}
+
+
+def nul_token(server):
+    out = Rpc(server.rpc).ok("detokenize", {"tokens": [NUL_TOKEN]})
+    if out.get("text") != "\x00":
+        pytest.skip(f"token {NUL_TOKEN} is not the NUL byte in this model's vocabulary: {out!r}")
+
+
+def test_detokenize_writes_nul(server):
+    nul_token(server)
+    status, raw = http(server, "POST", "/detokenize", json.dumps({"tokens": [NUL_TOKEN, 9906, NUL_TOKEN]}).encode(),
+                       {"Content-Type": "application/json"})
+    assert status == 200, raw
+    assert b"\\u0000" in raw and "\ufffd".encode() not in raw, raw
+    text = json.loads(raw)["prompt"]
+    rpc = Rpc(server.rpc).ok("detokenize", {"tokens": [NUL_TOKEN, 9906, NUL_TOKEN]})
+    assert text == rpc["text"] and text.startswith("\x00") and text.endswith("\x00") and len(text) > 2, (text, rpc)
+
+
+def test_generated_nul_over_rpc_and_http(server):
+    nul_token(server)
+    body = {"prompt": PROMPTS[0], "max_tokens": 3, **FORCE}
+    rpc = Rpc(server.rpc).ok("generate", body)
+    assert rpc["text"] == "\x00\x00\x00", rpc  # a str whose 3 bytes are 0
+    status, raw = http(server, "POST", "/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"})
+    assert status == 200, raw
+    assert raw.count(b"\\u0000") == 3 and "\ufffd".encode() not in raw, raw
+    assert json.loads(raw)["choices"][0]["text"] == rpc["text"]
+
+
+def test_generated_nul_with_the_openai_client(server):
+    nul_token(server)
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=f"http://{server.http}/v1", api_key="unused", max_retries=0, timeout=60)
+    bias = FORCE["logit_bias"]
+    c = client.completions.create(model="m", prompt=PROMPTS[0], max_tokens=3, temperature=0, logit_bias=bias,
+                                  logprobs=1)
+    assert c.choices[0].text == "\x00" * 3
+    assert c.choices[0].logprobs.tokens == ["\x00"] * 3, c.choices[0].logprobs
+    # (top_logprobs are the model's raw ones, before the bias: no NUL there)
+    msgs = [{"role": "user", "content": "Say something."}]
+    ch = client.chat.completions.create(model="m", messages=msgs, max_tokens=3, temperature=0, logit_bias=bias,
+                                        logprobs=True, top_logprobs=1)
+    assert ch.choices[0].message.content == "\x00" * 3
+    lp = ch.choices[0].logprobs.content
+    assert [t.token for t in lp] == ["\x00"] * 3 and [t.bytes for t in lp] == [[0]] * 3, lp
+    stream = client.chat.completions.create(model="m", messages=msgs, max_tokens=3, temperature=0, logit_bias=bias,
+                                            stream=True)
+    deltas = "".join(ev.choices[0].delta.content or "" for ev in stream if ev.choices)
+    assert deltas == "\x00" * 3
+    stream = client.completions.create(model="m", prompt=PROMPTS[0], max_tokens=3, temperature=0, logit_bias=bias,
+                                       stream=True)
+    assert "".join(ev.choices[0].text for ev in stream if ev.choices) == "\x00" * 3
