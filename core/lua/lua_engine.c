@@ -214,13 +214,15 @@ static int l_engine_new(lua_State *L) {
                                         "policy_deadline_ms", "kv_dtype", "kv_memory", "block_size", "max_num_seqs",
                                         "max_batched_tokens", "max_model_len", "prefix_caching", "threads",
                                         "spec_tokens", "spec_ngram_max", "spec_ngram_min", "spec_disable_batch",
-                                        "draft_model", "spec_method", "spec_layers", "tensor_parallel", "q4_act", NULL};
+                                        "draft_model", "spec_method", "spec_layers", "tensor_parallel", "q4_act", "device",
+                                        NULL};
     check_keys(L, 1, "luainfer.engine", known);
     li_engine_config cfg;
     li_engine_config_default(&cfg);
     const char *model = opt_str(L, 1, "model", NULL);
     const char *draft = opt_str(L, 1, "draft_model", NULL);
     const char *isa = opt_str(L, 1, "isa", "auto");
+    const char *device = opt_str(L, 1, "device", NULL); /* cpu or cuda */
     const char *q4_act = opt_str(L, 1, "q4_act", NULL);
     const char *policy = opt_str(L, 1, "policy", NULL);
     const char *policy_source = opt_str(L, 1, "policy_source", NULL);
@@ -250,7 +252,7 @@ static int l_engine_new(lua_State *L) {
     memset(le, 0, sizeof *le);
     luaL_getmetatable(L, ENGINE_MT);
     lua_setmetatable(L, -2);
-    if (li_runtime_open(&le->rt, model, threads, isa, &err)) return luaL_error(L, "%s", err.msg);
+    if (li_runtime_open_device(&le->rt, model, threads, isa, device, "device", &err)) return luaL_error(L, "%s", err.msg);
     if ((draft && li_runtime_open_draft(&le->rt, draft, &err)) || li_runtime_set_q4_act(&le->rt, q4_act, "q4_act", &err) ||
         li_runtime_spec_config(&cfg, &le->rt, spec_method, cfg.spec_tokens, spec_layers, "spec_", &err)) {
         li_runtime_close(&le->rt);
@@ -664,7 +666,7 @@ static int l_engine_info(lua_State *L) {
     lua_setfield(L, -2, "kv_dtype");
     lua_pushstring(L, le->policy ? le->policy->name : "builtin-fcfs");
     lua_setfield(L, -2, "policy");
-    lua_pushstring(L, li_backend_cpu_isa(&le->rt.be));
+    lua_pushstring(L, li_runtime_isa(&le->rt));
     lua_setfield(L, -2, "isa");
     SET_NUM("threads", le->rt.be.n_threads);
     return 1;
