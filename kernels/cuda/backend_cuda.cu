@@ -624,16 +624,14 @@ template <int DT> __global__ void __launch_bounds__(ATTN_WARPS * 32) k_attention
         }
         for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
         s = a.k_scale ? s * a.k_scale[e] * a.scale : s * a.scale; // the reference's order
-        const float m_new = fmaxf(m, s);
-        const float corr = expf(m - m_new), w = expf(s - m_new);
-        l = l * corr + w;
+        float corr, w;
+        li_cu_softmax_step(&m, &l, s, &corr, &w);
         const float wv = a.v_scale ? w * a.v_scale[e] : w;
 #pragma unroll
         for (int t = 0; t < R; t++) {
             const int d = lane + 32 * t;
             if (d < D) acc[t] = acc[t] * corr + wv * kv_get<DT>(a.v, e * D + d);
         }
-        m = m_new;
     }
     if (lane == 0) {
         s_m[warp] = m;
@@ -650,7 +648,7 @@ template <int DT> __global__ void __launch_bounds__(ATTN_WARPS * 32) k_attention
     float L = 0.0f, f[ATTN_WARPS];
 #pragma unroll
     for (int w = 0; w < ATTN_WARPS; w++) {
-        f[w] = s_l[w] > 0.0f ? expf(s_m[w] - M) : 0.0f; // a warp with no positions adds nothing
+        f[w] = li_cu_merge_weight(s_m[w], s_l[w], M); // a warp with no positions adds nothing
         L += s_l[w] * f[w];
     }
     float *out = a.out + ((int64_t)i * a.n_head + h) * D;

@@ -170,6 +170,24 @@ LI_HD uint8_t li_cu_kv8_encode(int t, float y) {
 
 LI_HD float li_cu_kv8_value(int t, uint8_t c) { return t == LI_KV_TYPE_INT8 ? (float)(int8_t)c : li_cu_fp8_to_f32(c); }
 
+/* ---- attention: the online softmax of one warp, and the merge of the
+ * warps' partial results (k_attention). A warp keeps the running max m,
+ * the running sum l of exp(s - m), and acc[d] = sum exp(s - m) * v[d].
+ * Step: a new score s rescales what is there by *corr and weighs the new
+ * row by *w (m = -inf, l = 0 at the start: corr = 0). ---- */
+LI_HD void li_cu_softmax_step(float *m, float *l, float s, float *corr, float *w) {
+    const float m_new = fmaxf(*m, s);
+    *corr = expf(*m - m_new);
+    *w = expf(s - m_new);
+    *l = *l * *corr + *w;
+    *m = m_new;
+}
+
+/* The weight of warp part (m_w, l_w) in the merge, given M = the max of the
+ * parts' m: exp(m_w - M), or 0 for a warp that saw no position (l_w = 0).
+ * out[d] = sum_w f_w * acc_w[d] / sum_w f_w * l_w. */
+LI_HD float li_cu_merge_weight(float m_w, float l_w, float M) { return l_w > 0.0f ? expf(m_w - M) : 0.0f; }
+
 /* ---- rope: the angle of pair j at position pos, stepped by one multiply
  * per pair from pos as ops_ref.c does (theta_scale = powf(theta, -2/n_rot),
  * computed once on the host) ---- */
