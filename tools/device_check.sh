@@ -8,10 +8,10 @@
 # 1. the machine: nvidia-smi, nvcc, NCCL;
 # 2. a CUDA build (build-cuda/, LI_CUDA=ON, Release);
 # 3. every CUDA test: test_cuda_math (the kernels' per-element math on the
-#    host), test_cuda_ops --bench (every CUDA op against the scalar
-#    reference at odd sizes; the real model's greedy tokens, logits and
-#    perplexity on CUDA vs the CPU backend; then decode steps at batch 1, 8
-#    and 64), the NCCL communicator's test;
+#    host), test_cuda_ops a group at a time (every CUDA op against the
+#    scalar reference at odd sizes; then the real model's greedy tokens,
+#    logits and perplexity on CUDA vs the CPU backend, and decode steps at
+#    batch 1, 8 and 64: --only model --bench), the NCCL communicator's test;
 # 4. the CLI end to end on both devices: greedy `generate` (tokens compared,
 #    the first divergence shown) and `perplexity` (CUDA within 0.5% of CPU);
 # 5. the CPU tensor-parallel tests on the same build (test_comm, test_tp);
@@ -91,7 +91,12 @@ expect_gpu() {
     fi
 }
 run "unit/test_cuda_math" 60 "$BUILD/test_cuda_math"
-run "unit/test_cuda_ops --bench" 300 "$BUILD/test_cuda_ops" --bench
+# one process per group: an op that aborts (a CUDA fault) hides nothing else
+for group in weights rowops attention; do
+    run "unit/test_cuda_ops --only $group" 60 "$BUILD/test_cuda_ops" --only $group
+    expect_gpu $?
+done
+run "unit/test_cuda_ops --only model --bench" 240 "$BUILD/test_cuda_ops" --only model --bench
 expect_gpu $?
 run "unit/test_comm_nccl" 120 "$BUILD/test_comm_nccl"
 expect_gpu $?

@@ -24,9 +24,12 @@
  * near tie: gap < 0.5), the prompt logits' NMSE, and the perplexity of a
  * text on both (within 0.5%).
  *
- *   test_cuda_ops            the checks
- *   test_cuda_ops --bench    also decode steps at batch 1, 8, 64 on CUDA
- *                            (tokens/s and ms per step; tools/device_check.sh) */
+ *   test_cuda_ops                the checks
+ *   test_cuda_ops --bench        also decode steps at batch 1, 8, 64 on CUDA
+ *                                (tokens/s and ms per step; tools/device_check.sh)
+ *   test_cuda_ops --only GROUP   one group: weights, rowops, attention or model
+ *                                (device_check.sh runs each in its own process,
+ *                                so an op that aborts hides nothing else) */
 #include "util/common.h"
 #include "cuda/cuda_backend.h"
 #include "engine/session.h"
@@ -485,8 +488,10 @@ static void test_model(bool bench) {
     report(rc == 0, "model on the CPU backend: %s", rc ? err.msg : "ran");
     li_model_release(m, &cpu);
     li_backend_cpu_free(&cpu);
+    bool on_cu = false;
     if (!rc) {
         rc = li_model_prepare(m, &cu, &err);
+        on_cu = rc == 0;
         if (!rc) rc = model_run(m, &cu, pt, np, tt, nt, gg, sg, &nll_g, &err);
         report(rc == 0, "model on CUDA: %s", rc ? err.msg : "ran");
     }
@@ -512,7 +517,7 @@ static void test_model(bool bench) {
                100 * rel);
     }
     if (!rc && bench) bench_decode(m);
-    li_model_release(m, &cu);
+    if (on_cu) li_model_release(m, &cu);
     free(sc);
     free(sg);
     free(pt);
@@ -521,7 +526,24 @@ static void test_model(bool bench) {
 }
 
 int main(int argc, char **argv) {
-    const bool bench = argc > 1 && !strcmp(argv[1], "--bench");
+    bool bench = false;
+    const char *only = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--bench")) bench = true;
+        else if (!strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
+        else {
+            fprintf(stderr, "usage: test_cuda_ops [--bench] [--only weights|rowops|attention|model]\n");
+            return 2;
+        }
+    }
+    const char *groups[] = {"weights", "rowops", "attention", "model"};
+    bool known = !only;
+    for (size_t g = 0; g < LI_ARRAY_LEN(groups); g++) known = known || !strcmp(only, groups[g]);
+    if (!known) {
+        fprintf(stderr, "test_cuda_ops: unknown group '%s' (weights, rowops, attention, model)\n", only);
+        return 2;
+    }
+#define RUN(g) (!only || !strcmp(only, g))
     setvbuf(stdout, NULL, _IOLBF, 0); /* every line reaches the report even if an op aborts */
     li_error err = {0};
     if (li_backend_cuda_init(&cu, 0, &err)) {
@@ -529,10 +551,10 @@ int main(int argc, char **argv) {
         return 77;
     }
     ref = (li_backend){.ops = li_backend_ref_ops(), .n_threads = 1};
-    test_weights();
-    test_rowops();
-    test_attention();
-    test_model(bench);
+    if (RUN("weights")) test_weights();
+    if (RUN("rowops")) test_rowops();
+    if (RUN("attention")) test_attention();
+    if (RUN("model")) test_model(bench);
     li_backend_cuda_free(&cu);
     return t_summary("test_cuda_ops");
 }
