@@ -74,8 +74,10 @@ logged() {
 export -f logged
 launcher=()
 command -v ccache > /dev/null && launcher=(-DCMAKE_C_COMPILER_LAUNCHER=ccache)
+# LI_CUDA_WERROR=OFF: CI builds the .cu files with warnings as errors; here
+# another toolkit's new warning must not cost the one device run
 run "configure" 120 logged "$BUILD/configure.log" cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DLI_CUDA=ON \
-    "${launcher[@]}" || status=1
+    -DLI_CUDA_WERROR=OFF "${launcher[@]}" || status=1
 if ! grep -q "LI_HAVE_CUDA" "$BUILD/compile_commands.json" 2>/dev/null; then
     say "the build did not enable CUDA (no nvcc found?): nothing GPU-side can run"
     [ $gpu -eq 1 ] && status=1
