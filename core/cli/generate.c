@@ -30,6 +30,7 @@ typedef struct gen_opts {
     int64_t penalty_last_n;
     li_str_list stop, logit_bias;
     const char *q4_act;
+    const char *device; /* --device: cpu or cuda */
 } gen_opts;
 
 typedef struct gen_state {
@@ -135,6 +136,7 @@ int li_cmd_generate(int argc, char **argv) {
         {"kv-dtype", LI_OPT_STR, &o.kv_dtype, "KV cache dtype: f16, bf16, f32, fp8 (E4M3) or int8; 8-bit ones keep an f32 scale per token and kv head (default f16)"},
         {"q4-act", LI_OPT_STR, &o.q4_act, "4-bit group weights (awq, gptq, rtn4): f32 activations (A16, the reference bits) or int8 (A8, quantized per row on the fly) (default f32)"},
         {"isa", LI_OPT_STR, &o.isa, "CPU kernels: auto, scalar, avx2, avx512, or ggml (llama.cpp's x86 arithmetic, bit for bit; slower) (default auto)"},
+        {"device", LI_OPT_STR, &o.device, "compute device: cpu, or cuda / cuda:N (the CUDA backend, docs/cuda.md) (default cpu)"},
         {"help", LI_OPT_FLAG, &o.help, "show this help"},
     };
     const int n_opts = (int)LI_ARRAY_LEN(opts);
@@ -177,7 +179,7 @@ int li_cmd_generate(int argc, char **argv) {
     if (o.tensor_parallel < 1 || o.tensor_parallel > 64)
         return li_runtime_fail(&(li_error){LI_EINVAL, "--tensor-parallel must be in [1, 64]"});
     li_runtime rt;
-    if ((rc = li_runtime_open(&rt, o.model, o.threads, o.isa, &err))) return li_runtime_fail(&err);
+    if ((rc = li_runtime_open_device(&rt, o.model, o.threads, o.isa, o.device, "--device", &err))) return li_runtime_fail(&err);
     if ((o.draft && (rc = li_runtime_open_draft(&rt, o.draft, &err))) ||
         (o.medusa && (rc = li_runtime_open_medusa(&rt, o.medusa, o.medusa_tree, &err))) ||
         (!o.medusa && o.medusa_tree && (rc = li_error_set(&err, LI_EINVAL, "--medusa-tree needs --medusa FILE"))) ||

@@ -19,7 +19,7 @@
 
 int li_cmd_perplexity(int argc, char **argv) {
     const char *model = NULL, *file = NULL, *isa = "auto", *kv_dtype_s = "f16";
-    const char *kl_out = NULL, *kl_base = NULL, *q4_act = NULL;
+    const char *kl_out = NULL, *kl_base = NULL, *q4_act = NULL, *device = NULL;
     int64_t ctx = 512, threads = 0, batch = 512, max_chunks = 0;
     bool json = false, help = false;
     li_opt opts[] = {
@@ -32,6 +32,7 @@ int li_cmd_perplexity(int argc, char **argv) {
         {"kv-dtype", LI_OPT_STR, &kv_dtype_s, "KV cache dtype: f16, bf16, f32, fp8 (E4M3) or int8; 8-bit ones keep an f32 scale per token and kv head (default f16)"},
         {"q4-act", LI_OPT_STR, &q4_act, "4-bit group weights (awq, gptq, rtn4): f32 activations (A16, the reference bits) or int8 (A8, quantized per row on the fly) (default f32)"},
         {"isa", LI_OPT_STR, &isa, "CPU kernels: auto, scalar, avx2, avx512, or ggml (llama.cpp's x86 arithmetic, bit for bit; slower)"},
+        {"device", LI_OPT_STR, &device, "compute device: cpu, or cuda / cuda:N (the CUDA backend, docs/cuda.md) (default cpu)"},
         {"kl-base-out", LI_OPT_STR, &kl_out, "save this model's distributions at the scored positions (a baseline for --kl-base)"},
         {"kl-base", LI_OPT_STR, &kl_base, "KL divergence, 99th percentile and top-1 agreement against a saved baseline"},
         {"json", LI_OPT_FLAG, &json, "print a JSON object"},
@@ -58,7 +59,7 @@ int li_cmd_perplexity(int argc, char **argv) {
     if ((rc = li_read_file(file, (size_t)1 << 30, "text file", &text, &len, &err))) return li_runtime_fail(&err);
 
     li_runtime rt;
-    if ((rc = li_runtime_open(&rt, model, threads, isa, &err))) {
+    if ((rc = li_runtime_open_device(&rt, model, threads, isa, device, "--device", &err))) {
         free(text);
         return li_runtime_fail(&err);
     }

@@ -215,7 +215,7 @@ static int l_engine_new(lua_State *L) {
                                         "max_batched_tokens", "max_model_len", "prefix_caching", "threads",
                                         "spec_tokens", "spec_ngram_max", "spec_ngram_min", "spec_disable_batch",
                                         "draft_model", "spec_method", "spec_layers", "tensor_parallel", "q4_act", "medusa",
-                                        "medusa_tree", NULL};
+                                        "medusa_tree", "device", NULL};
     check_keys(L, 1, "luainfer.engine", known);
     li_engine_config cfg;
     li_engine_config_default(&cfg);
@@ -224,6 +224,7 @@ static int l_engine_new(lua_State *L) {
     const char *medusa = opt_str(L, 1, "medusa", NULL);
     const char *medusa_tree = opt_str(L, 1, "medusa_tree", NULL);
     const char *isa = opt_str(L, 1, "isa", "auto");
+    const char *device = opt_str(L, 1, "device", NULL); /* cpu or cuda */
     const char *q4_act = opt_str(L, 1, "q4_act", NULL);
     const char *policy = opt_str(L, 1, "policy", NULL);
     const char *policy_source = opt_str(L, 1, "policy_source", NULL);
@@ -253,7 +254,7 @@ static int l_engine_new(lua_State *L) {
     memset(le, 0, sizeof *le);
     luaL_getmetatable(L, ENGINE_MT);
     lua_setmetatable(L, -2);
-    if (li_runtime_open(&le->rt, model, threads, isa, &err)) return luaL_error(L, "%s", err.msg);
+    if (li_runtime_open_device(&le->rt, model, threads, isa, device, "device", &err)) return luaL_error(L, "%s", err.msg);
     if ((draft && li_runtime_open_draft(&le->rt, draft, &err)) ||
         (medusa && li_runtime_open_medusa(&le->rt, medusa, medusa_tree, &err)) ||
         (!medusa && medusa_tree && li_error_set(&err, LI_EINVAL, "luainfer.engine: medusa_tree needs medusa")) ||
@@ -670,7 +671,7 @@ static int l_engine_info(lua_State *L) {
     lua_setfield(L, -2, "kv_dtype");
     lua_pushstring(L, le->policy ? le->policy->name : "builtin-fcfs");
     lua_setfield(L, -2, "policy");
-    lua_pushstring(L, li_backend_cpu_isa(&le->rt.be));
+    lua_pushstring(L, li_runtime_isa(&le->rt));
     lua_setfield(L, -2, "isa");
     SET_NUM("threads", le->rt.be.n_threads);
     return 1;

@@ -2,6 +2,7 @@
  * objects in Lua and the server. */
 #include "runtime/runtime.h"
 #include "engine/engine.h"
+#include "cuda/cuda_backend.h"
 #include "spec/medusa.h"
 
 #include <stdio.h>
@@ -9,22 +10,45 @@
 #include <string.h>
 
 int li_runtime_open(li_runtime *rt, const char *model_path, int64_t n_threads, const char *isa, li_error *err) {
+    return li_runtime_open_device(rt, model_path, n_threads, isa, NULL, "--device", err);
+}
+
+/* "cpu" -> -1, "cuda" -> 0, "cuda:N" -> N; -2 for anything else */
+static int device_index(const char *device) {
+    if (!device || !strcmp(device, "cpu")) return -1;
+    if (!strcmp(device, "cuda")) return 0;
+    if (strncmp(device, "cuda:", 5) || !device[5] || strlen(device) > 8) return -2;
+    int n = 0;
+    for (const char *c = device + 5; *c; c++) {
+        if (*c < '0' || *c > '9') return -2;
+        n = n * 10 + (*c - '0');
+    }
+    return n;
+}
+
+int li_runtime_open_device(li_runtime *rt, const char *model_path, int64_t n_threads, const char *isa,
+                           const char *device, const char *flag, li_error *err) {
     rt->model = NULL;
     rt->draft = NULL;
     rt->medusa = NULL;
     rt->medusa_tree = NULL;
     rt->be_ready = false;
+    rt->cuda = false;
+    const int dev = device_index(device);
+    if (dev == -2) return li_error_set(err, LI_EINVAL, "%s must be cpu, cuda or cuda:N, got '%s'", flag, device);
     if (n_threads < 0 || n_threads > 1024)
         return li_error_set(err, LI_EINVAL, "--threads must be in [0, 1024], got %lld", (long long)n_threads);
     const char *path = li_model_default_path(model_path);
     int rc = li_model_load(&rt->model, path, err);
     if (rc) return rc;
-    if ((rc = li_backend_cpu_init(&rt->be, (int)n_threads, isa, err))) {
+    rc = dev >= 0 ? li_backend_cuda_init(&rt->be, dev, err) : li_backend_cpu_init(&rt->be, (int)n_threads, isa, err);
+    if (rc) {
         li_model_free(rt->model);
         rt->model = NULL;
         return rc;
     }
     rt->be_ready = true;
+    rt->cuda = dev >= 0;
     if ((rc = li_model_prepare(rt->model, &rt->be, err))) {
         li_runtime_close(rt);
         return rc;
@@ -36,6 +60,7 @@ int li_runtime_set_q4_act(li_runtime *rt, const char *q4_act, const char *flag, 
     if (!q4_act || !strcmp(q4_act, "f32")) return 0; /* the backend's default */
     if (strcmp(q4_act, "int8"))
         return li_error_set(err, LI_EINVAL, "%s must be f32 (A16) or int8 (A8), got '%s'", flag, q4_act);
+    if (rt->cuda) return li_error_set(err, LI_EUNSUP, "%s int8 runs on the CPU backend only (not on cuda)", flag);
     if (!strcmp(li_backend_cpu_isa(&rt->be), "ggml"))
         return li_error_set(err, LI_EUNSUP, "%s int8 needs luainfer's own CPU kernels: --isa ggml does not run 4-bit "
                             "group weights", flag);
@@ -106,10 +131,12 @@ void li_runtime_close(li_runtime *rt) {
     li_model_free(rt->draft);
     rt->draft = NULL;
     if (rt->model && rt->be_ready) li_model_release(rt->model, &rt->be);
-    if (rt->be_ready) li_backend_cpu_free(&rt->be);
+    if (rt->be_ready && rt->cuda) li_backend_cuda_free(&rt->be);
+    else if (rt->be_ready) li_backend_cpu_free(&rt->be);
     li_model_free(rt->model);
     rt->model = NULL;
     rt->be_ready = false;
+    rt->cuda = false;
 }
 
 int li_runtime_spec_config(li_engine_config *cfg, const li_runtime *rt, const char *method, int64_t k, int64_t layers,
@@ -142,6 +169,8 @@ int li_runtime_spec_config(li_engine_config *cfg, const li_runtime *rt, const ch
     cfg->spec_method = m;
     return 0;
 }
+
+const char *li_runtime_isa(const li_runtime *rt) { return rt->cuda ? "cuda" : li_backend_cpu_isa(&rt->be); }
 
 int li_runtime_fail(const li_error *err) {
     fprintf(stderr, "luainfer: error: %s\n", err->msg[0] ? err->msg : "unknown error");

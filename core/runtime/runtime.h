@@ -14,11 +14,20 @@ typedef struct li_runtime {
     bool be_ready;
     struct li_medusa *medusa; /* NULL, or Medusa heads checked against model (li_runtime_open_medusa) */
     char *medusa_tree;        /* their tree (li_medusa_tree_parse), NULL = the default */
+    bool cuda;                /* be is the CUDA backend (li_runtime_open_device "cuda") */
 } li_runtime;
 
 /* Loads the model (default path rules in li_model_default_path) and starts
  * the CPU backend with n_threads (<= 0: all cores) and the ISA override. */
 int li_runtime_open(li_runtime *rt, const char *model_path, int64_t n_threads, const char *isa, li_error *err);
+/* The same on a chosen device: NULL or "cpu" is li_runtime_open; "cuda" or
+ * "cuda:N" the CUDA backend on device N (kernels/cuda/cuda_backend.h; isa
+ * and n_threads unused), refused with the reason where there is none.
+ * `flag` spells the option in messages ("--device" or "device"). */
+int li_runtime_open_device(li_runtime *rt, const char *model_path, int64_t n_threads, const char *isa,
+                           const char *device, const char *flag, li_error *err);
+/* The backend's kernel name for reports: the CPU ISA, or "cuda". */
+const char *li_runtime_isa(const li_runtime *rt);
 /* Loads a draft model (engine/runner.h: it runs every step's batch next to
  * the target) from path and prepares it on the runtime's backend. Its
  * vocabulary must be the target's (LI_EINVAL, naming both sizes). The

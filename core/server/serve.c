@@ -165,6 +165,7 @@ typedef struct serve_opts {
     const char *api_key;
     bool no_http, no_rpc;
     const char *q4_act;
+    const char *device; /* --device: cpu or cuda */
 } serve_opts;
 
 /* ---- listeners and the banner ------------------------------------------------- */
@@ -268,6 +269,7 @@ int li_cmd_serve(int argc, char **argv) {
         {"threads", LI_OPT_INT, &o.threads, "compute threads (default: all cores)"},
         {"q4-act", LI_OPT_STR, &o.q4_act, "4-bit group weights (awq, gptq, rtn4): f32 activations (A16, the reference bits) or int8 (A8, quantized per row on the fly) (default f32)"},
         {"isa", LI_OPT_STR, &o.isa, "CPU kernels: auto, scalar, avx2, avx512, or ggml (llama.cpp's x86 arithmetic, bit for bit; slower) (default auto)"},
+        {"device", LI_OPT_STR, &o.device, "compute device: cpu, or cuda / cuda:N (the CUDA backend, docs/cuda.md) (default cpu)"},
         {"policy-isolation", LI_OPT_STR, &o.isolation,
          "process (default: a policy-host child with a 50 ms deadline) or inprocess (trusted policies; see docs/policy-protocol.md)"},
         {"policy-unsafe", LI_OPT_FLAG, &o.policy_unsafe, "give the policy the full Lua standard library"},
@@ -379,7 +381,7 @@ int li_cmd_serve(int argc, char **argv) {
         fprintf(stderr, "luainfer: no policies/default.lua found: using the built-in FCFS\n");
     }
 
-    if ((rc = li_runtime_open(&rt, o.model, o.threads, o.isa, &err))) goto done;
+    if ((rc = li_runtime_open_device(&rt, o.model, o.threads, o.isa, o.device, "--device", &err))) goto done;
     rt_open = true;
     if ((rc = li_runtime_set_q4_act(&rt, o.q4_act, "--q4-act", &err))) goto done;
     if (o.draft && (rc = li_runtime_open_draft(&rt, o.draft, &err))) goto done;

@@ -894,6 +894,7 @@ int li_backend_cpu_set_q4_act(li_backend *be, li_act_quant act, li_error *err) {
 
 const char *li_backend_cpu_isa(const li_backend *be) {
     if (be->impl && li_backend_is_ggml(be)) return "ggml";
+    if (!be->ops || strcmp(be->ops->name, "cpu")) return "none"; /* another backend's impl (cuda) */
     const li_cpu *c = be->impl;
     return c ? c->kern->isa : "none";
 }

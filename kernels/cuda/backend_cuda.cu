@@ -1,0 +1,791 @@
+// backend_cuda.cu — the CUDA backend: the ops of kernels/backend.h on one
+// device and one stream (docs/cuda.md).
+//
+// Written to be obviously correct first: every op is a straightforward
+// kernel with the semantics of the scalar reference (kernels/cpu/ops_ref.c),
+// its per-element math shared with the host through cuda/cuda_math.h (and
+// tested there on every build, tests/unit/test_cuda_math.c); the device
+// results are checked op by op by tests/unit/test_cuda_ops.c.
+//
+//   memory     cudaMalloc'd buffers (host = false); set / copy / clear are
+//              asynchronous on the backend's stream, get waits for its bytes
+//   weights    weight_prepare uploads the rows as they are (GGUF blocks or a
+//              scheme's codes) plus scales / zero points / permutation;
+//              types without a kernel are refused there (LI_EUNSUP)
+//   matmul     n <= 8: a dequantizing GEMV (a warp per output row, the
+//              weight row read once for up to 8 activation rows, f32 sums);
+//              n > 8: the weight dequantized to an f32 copy, then cuBLAS
+//              SGEMM (plain FP32, no TF32). Scheme activations (int8, fp8,
+//              int4 per row) are quantized first as the reference does.
+//   attention  one thread block per (token, head), online softmax over the
+//              token's positions through the flat block table; F32, F16,
+//              BF16 and 8-bit (FP8 / INT8 with per-(token, head) scales) KV
+//
+// Errors: a CUDA failure inside an op (which returns void) prints the call
+// and the CUDA error, then aborts -- a device fault leaves nothing to
+// continue with. Everything an op cannot do is refused earlier, at init or
+// weight_prepare. Index arithmetic that can pass 2^31 is int64_t.
+#define _Noreturn [[noreturn]]      // types.h is C11; nvcc compiles C++
+#define _Static_assert static_assert
+extern "C" {
+#include "util/common.h"
+#include "backend.h"
+#include "cuda/cuda_backend.h"
+}
+#include "cuda/cuda_math.h"
+
+#include <cuda_runtime.h>
+#include <cublas_v2.h>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+// ------------------------------------------------------------------------
+// state and error handling
+// ------------------------------------------------------------------------
+
+enum { GEMV_NB = 8, GEMV_WARPS = 8, ATTN_WARPS = 4, ATTN_MAXD = 256, ROW_THREADS = 256 };
+
+// A prepared weight: its bytes in device memory (w->packed points here).
+struct cu_weight {
+    uint8_t *data;          // (m, row_bytes)
+    float *scales, *zeros;  // (m, ng) or NULL
+    int32_t *perm;          // (k) or NULL
+};
+
+// A host array of floats an op received (the model's norm weights live in
+// host memory, model.c bind_norm) and its device copy; the host values are
+// kept so a changed or reused address is noticed (and re-uploaded).
+struct cu_hostcopy {
+    const float *host;
+    float *keep;  // (n) the values uploaded
+    float *dev;   // (n)
+    int64_t n;
+};
+
+struct li_cuda {
+    int device;
+    cudaStream_t st;
+    cublasHandle_t blas;
+    float *wbuf;  // dequantized weight for the cuBLAS path
+    size_t wcap;  // floats
+    float *xbuf;  // quantized activations of a scheme weight
+    size_t xcap;
+    cu_hostcopy *copies;
+    int n_copies, cap_copies;
+};
+
+[[noreturn]] static void cu_die(const char *what, const char *why, const char *file, int line) {
+    fprintf(stderr, "luainfer: cuda: %s failed: %s (%s:%d)\n", what, why, file, line);
+    abort();
+}
+
+#define CK(call)                                                                     \
+    do {                                                                             \
+        cudaError_t e_ = (call);                                                     \
+        if (e_ != cudaSuccess) cu_die(#call, cudaGetErrorString(e_), __FILE__, __LINE__); \
+    } while (0)
+#define CK_LAUNCH(name) CK(cudaPeekAtLastError())
+#define CK_BLAS(call)                                                                \
+    do {                                                                             \
+        cublasStatus_t s_ = (call);                                                  \
+        if (s_ != CUBLAS_STATUS_SUCCESS) cu_die(#call, cublasGetStatusString(s_), __FILE__, __LINE__); \
+    } while (0)
+
+static li_cuda *cu(li_backend *be) { return (li_cuda *)be->impl; }
+
+static unsigned blocks_for(int64_t n, int threads) {
+    int64_t b = (n + threads - 1) / threads;
+    if (b > 65535LL * 32) b = 65535LL * 32; // grid-stride loops cover the rest
+    return (unsigned)(b > 0 ? b : 1);
+}
+
+// *p holds at least n floats (contents dropped); waits for the stream
+// before freeing what kernels may still read
+static float *reserve(li_cuda *c, float **p, size_t *cap, size_t n) {
+    if (n <= *cap) return *p;
+    const size_t want = n > 2 * *cap ? n : 2 * *cap;
+    CK(cudaStreamSynchronize(c->st));
+    if (*p) CK(cudaFree(*p));
+    CK(cudaMalloc((void **)p, want * sizeof(float)));
+    *cap = want;
+    return *p;
+}
+
+// ------------------------------------------------------------------------
+// memory
+// ------------------------------------------------------------------------
+
+static int cu_buffer_alloc(li_backend *be, size_t size, li_buffer *out, li_error *err) {
+    memset(out, 0, sizeof *out);
+    void *p = nullptr;
+    if (size) {
+        cudaError_t e = cudaMalloc(&p, size);
+        if (e != cudaSuccess) {
+            cudaGetLastError();
+            return li_error_set(err, LI_ENOMEM, "cuda: cudaMalloc of %zu bytes: %s", size, cudaGetErrorString(e));
+        }
+        CK(cudaMemsetAsync(p, 0, size, cu(be)->st));
+    }
+    out->data = p;
+    out->size = size;
+    out->host = false;
+    return 0;
+}
+
+static void cu_buffer_free(li_backend *be, li_buffer *b) {
+    if (b->data && !b->wrapped) {
+        CK(cudaStreamSynchronize(cu(be)->st)); // kernels may still read it
+        CK(cudaFree(b->data));
+    }
+}
+
+static void cu_buffer_set(li_backend *be, li_buffer *b, size_t off, const void *src, size_t n) {
+    // from pageable memory the call returns once src is staged: the caller may reuse it
+    if (n) CK(cudaMemcpyAsync((char *)b->data + off, src, n, cudaMemcpyHostToDevice, cu(be)->st));
+}
+
+static void cu_buffer_get(li_backend *be, const li_buffer *b, size_t off, void *dst, size_t n) {
+    if (!n) return;
+    CK(cudaMemcpyAsync(dst, (const char *)b->data + off, n, cudaMemcpyDeviceToHost, cu(be)->st));
+    CK(cudaStreamSynchronize(cu(be)->st));
+}
+
+static void cu_buffer_copy(li_backend *be, li_buffer *dst, const li_buffer *src, const size_t *dst_off,
+                           const size_t *src_off, int n_runs, size_t n) {
+    if (!n) return;
+    for (int i = 0; i < n_runs; i++)
+        CK(cudaMemcpyAsync((char *)dst->data + dst_off[i], (const char *)src->data + src_off[i], n,
+                           cudaMemcpyDeviceToDevice, cu(be)->st));
+}
+
+static void cu_buffer_clear(li_backend *be, li_buffer *b, uint8_t value) {
+    if (b->size) CK(cudaMemsetAsync(b->data, value, b->size, cu(be)->st));
+}
+
+static void cu_synchronize(li_backend *be) { CK(cudaStreamSynchronize(cu(be)->st)); }
+
+// A float array an op received: device memory as it is, host memory
+// through its device copy (uploaded once, checked against the kept values).
+static const float *dev_floats(li_cuda *c, const float *p, int64_t n) {
+    cudaPointerAttributes at;
+    if (cudaPointerGetAttributes(&at, p) == cudaSuccess &&
+        (at.type == cudaMemoryTypeDevice || at.type == cudaMemoryTypeManaged))
+        return p;
+    cudaGetLastError(); // an unregistered host pointer is not an error to keep
+    const size_t bytes = (size_t)n * sizeof(float);
+    for (int i = 0; i < c->n_copies; i++) {
+        cu_hostcopy *h = &c->copies[i];
+        if (h->host != p || h->n != n) continue;
+        if (!memcmp(h->keep, p, bytes)) return h->dev;
+        CK(cudaStreamSynchronize(c->st)); // kernels may still read the old values
+        memcpy(h->keep, p, bytes);
+        CK(cudaMemcpyAsync(h->dev, h->keep, bytes, cudaMemcpyHostToDevice, c->st));
+        return h->dev;
+    }
+    if (c->n_copies == c->cap_copies) {
+        c->cap_copies = c->cap_copies ? 2 * c->cap_copies : 64;
+        c->copies = (cu_hostcopy *)li_xrealloc(c->copies, (size_t)c->cap_copies * sizeof *c->copies);
+    }
+    cu_hostcopy *h = &c->copies[c->n_copies++];
+    h->host = p;
+    h->n = n;
+    h->keep = (float *)li_xmalloc(bytes ? bytes : 1);
+    memcpy(h->keep, p, bytes);
+    CK(cudaMalloc((void **)&h->dev, bytes ? bytes : 4));
+    CK(cudaMemcpyAsync(h->dev, h->keep, bytes, cudaMemcpyHostToDevice, c->st));
+    return h->dev;
+}
+
+// ------------------------------------------------------------------------
+// weights
+// ------------------------------------------------------------------------
+
+// What a kernel needs of a prepared weight, by value.
+struct cu_wview {
+    const uint8_t *data;
+    size_t row_bytes;
+    int64_t k, m;
+    const float *scales, *zeros; // (m, ng), NULL for plain weights / no zero points
+    const int32_t *perm;         // (k) or NULL
+    int64_t ng, gs;
+    float zero;                  // the scheme's implicit zero point
+};
+
+static cu_wview wview(const li_weight *w) {
+    const cu_weight *p = (const cu_weight *)w->packed;
+    if (!p) {
+        fprintf(stderr, "luainfer: cuda: weight %s used before weight_prepare uploaded it\n",
+                w->name ? w->name : "(unnamed)");
+        abort();
+    }
+    cu_wview v;
+    v.data = p->data;
+    v.row_bytes = w->row_bytes;
+    v.k = w->k;
+    v.m = w->m;
+    v.scales = w->scheme == LI_SCHEME_PLAIN ? nullptr : p->scales;
+    v.zeros = p->zeros;
+    v.perm = p->perm;
+    v.ng = li_weight_n_groups(w);
+    v.gs = w->group_size > 0 ? w->group_size : w->k;
+    const li_scheme_traits *s = li_scheme_info(w->scheme);
+    v.zero = s ? s->zero : 0.0f;
+    return v;
+}
+
+static int cu_weight_prepare(li_backend *be, li_weight *w) {
+    if (!li_cu_type_ok(w->type)) {
+        fprintf(stderr, "luainfer: cuda: no kernel for %s weights (%s)\n", li_type_name(w->type),
+                w->name ? w->name : "a weight");
+        return LI_EUNSUP;
+    }
+    if (w->scheme != LI_SCHEME_PLAIN && !w->scales) {
+        fprintf(stderr, "luainfer: cuda: scheme %s weight without scales\n", li_scheme_name(w->scheme));
+        return LI_EINVAL;
+    }
+    if (w->scheme == LI_SCHEME_PLAIN && li_type_info(w->type)->scaled) {
+        fprintf(stderr, "luainfer: cuda: %s codes need a scheme's scales\n", li_type_name(w->type));
+        return LI_EUNSUP;
+    }
+    li_cuda *c = cu(be);
+    cu_weight *p = (cu_weight *)li_xcalloc(1, sizeof *p);
+    const size_t bytes = (size_t)w->m * w->row_bytes;
+    const size_t ng = (size_t)li_weight_n_groups(w);
+    cudaError_t e = cudaMalloc((void **)&p->data, bytes ? bytes : 1);
+    if (e == cudaSuccess && w->scheme != LI_SCHEME_PLAIN) {
+        e = cudaMalloc((void **)&p->scales, (size_t)w->m * ng * sizeof(float));
+        if (e == cudaSuccess && w->zeros) e = cudaMalloc((void **)&p->zeros, (size_t)w->m * ng * sizeof(float));
+        if (e == cudaSuccess && w->perm) e = cudaMalloc((void **)&p->perm, (size_t)w->k * sizeof(int32_t));
+    }
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        fprintf(stderr, "luainfer: cuda: cudaMalloc for a %lld x %lld weight: %s\n", (long long)w->m,
+                (long long)w->k, cudaGetErrorString(e));
+        cudaFree(p->data);
+        cudaFree(p->scales);
+        cudaFree(p->zeros);
+        cudaFree(p->perm);
+        free(p);
+        return LI_ENOMEM;
+    }
+    // synchronous copies: the sources are the caller's (mmap'd rows, scale arrays)
+    CK(cudaMemcpy(p->data, w->data, bytes, cudaMemcpyHostToDevice));
+    if (p->scales) CK(cudaMemcpy(p->scales, w->scales, (size_t)w->m * ng * sizeof(float), cudaMemcpyHostToDevice));
+    if (p->zeros) CK(cudaMemcpy(p->zeros, w->zeros, (size_t)w->m * ng * sizeof(float), cudaMemcpyHostToDevice));
+    if (p->perm) CK(cudaMemcpy(p->perm, w->perm, (size_t)w->k * sizeof(int32_t), cudaMemcpyHostToDevice));
+    (void)c;
+    w->packed = p;
+    return 0;
+}
+
+static void cu_weight_release(li_backend *be, li_weight *w) {
+    cu_weight *p = (cu_weight *)w->packed;
+    if (!p) return;
+    CK(cudaStreamSynchronize(cu(be)->st));
+    cudaFree(p->data);
+    cudaFree(p->scales);
+    cudaFree(p->zeros);
+    cudaFree(p->perm);
+    free(p);
+    w->packed = nullptr;
+}
+
+// ------------------------------------------------------------------------
+// weight kernels: dequantize, GEMV, activation quantization
+// ------------------------------------------------------------------------
+
+// Stored element j of row r, with the scheme's scales and zero points.
+template <int T> __device__ __forceinline__ float wval(const cu_wview &w, const uint8_t *row, int64_t r, int64_t j) {
+    float c = li_cu_elem(T, row, j);
+    if (w.scales)
+        c = li_cu_scheme_value(c, w.scales + r * w.ng, w.zeros ? w.zeros + r * w.ng : nullptr, w.zero, j, w.gs);
+    return c;
+}
+
+// out(n, k) = rows ids[i] (or i when ids is NULL) of W as f32, in input-column order
+template <int T> __global__ void k_dequant(cu_wview w, const int32_t *ids, int64_t n, float *out) {
+    const int64_t total = n * w.k;
+    for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
+         idx += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t i = idx / w.k, j = idx % w.k;
+        const int64_t r = ids ? (int64_t)ids[i] : i;
+        const float v = wval<T>(w, w.data + r * w.row_bytes, r, j);
+        out[i * w.k + (w.perm ? (int64_t)w.perm[j] : j)] = v;
+    }
+}
+
+// y(n, m) = x(n, k) . W^T for up to GEMV_NB activation rows per blockIdx.y:
+// a warp per output row, lanes stride along k, one weight element read for
+// all the rows of the chunk; f32 sums, a warp reduction at the end.
+template <int T> __global__ void k_gemv(cu_wview w, const float *x, float *y, int64_t n) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int64_t r = (int64_t)blockIdx.x * GEMV_WARPS + warp;
+    const int64_t b0 = (int64_t)blockIdx.y * GEMV_NB;
+    if (r >= w.m) return;
+    const int nb = (int)(n - b0 < GEMV_NB ? n - b0 : GEMV_NB);
+    const uint8_t *row = w.data + r * w.row_bytes;
+    const float *xb = x + b0 * w.k;
+    float acc[GEMV_NB];
+#pragma unroll
+    for (int b = 0; b < GEMV_NB; b++) acc[b] = 0.0f;
+    for (int64_t j = lane; j < w.k; j += 32) {
+        const float v = wval<T>(w, row, r, j);
+        const int64_t xj = w.perm ? (int64_t)w.perm[j] : j;
+#pragma unroll
+        for (int b = 0; b < GEMV_NB; b++)
+            if (b < nb) acc[b] += v * xb[b * w.k + xj];
+    }
+#pragma unroll
+    for (int b = 0; b < GEMV_NB; b++) {
+        float s = acc[b];
+        for (int o = 16; o > 0; o >>= 1) s += __shfl_down_sync(0xffffffffu, s, o);
+        if (lane == 0 && b < nb) y[(b0 + b) * w.m + r] = s;
+    }
+}
+
+// out(n, k) = x as the activation quantization leaves it (li_act_quant_row_ref):
+// a block per row, amax by fmaxf (NaNs skipped), then every element
+__global__ void k_act_quant(int act, const float *x, float *out, int64_t k) {
+    __shared__ float red[ROW_THREADS];
+    const float *xr = x + (int64_t)blockIdx.x * k;
+    float *o = out + (int64_t)blockIdx.x * k;
+    float amax = 0.0f;
+    for (int64_t j = threadIdx.x; j < k; j += blockDim.x) amax = fmaxf(amax, fabsf(xr[j]));
+    red[threadIdx.x] = amax;
+    __syncthreads();
+    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+        if ((int)threadIdx.x < s) red[threadIdx.x] = fmaxf(red[threadIdx.x], red[threadIdx.x + s]);
+        __syncthreads();
+    }
+    const float sc = red[0] / li_cu_act_divisor(act);
+    const float inv = sc > 0.0f ? 1.0f / sc : 0.0f;
+    for (int64_t j = threadIdx.x; j < k; j += blockDim.x) o[j] = li_cu_act_value(act, xr[j], sc, inv);
+}
+
+// a switch over the weight types with a kernel (li_cu_type_ok), launching KERNEL<T>
+#define CU_TYPE_SWITCH(type, LAUNCH)                                          \
+    switch (type) {                                                           \
+    case LI_TYPE_F32: LAUNCH(LI_TYPE_F32); break;                             \
+    case LI_TYPE_F16: LAUNCH(LI_TYPE_F16); break;                             \
+    case LI_TYPE_BF16: LAUNCH(LI_TYPE_BF16); break;                           \
+    case LI_TYPE_Q8_0: LAUNCH(LI_TYPE_Q8_0); break;                           \
+    case LI_TYPE_Q4_0: LAUNCH(LI_TYPE_Q4_0); break;                           \
+    case LI_TYPE_Q4_1: LAUNCH(LI_TYPE_Q4_1); break;                           \
+    case LI_KV_TYPE_INT8: LAUNCH(LI_KV_TYPE_INT8); break;                     \
+    case LI_KV_TYPE_FP8_E4M3: LAUNCH(LI_KV_TYPE_FP8_E4M3); break;             \
+    case LI_TYPE_U4: LAUNCH(LI_TYPE_U4); break;                               \
+    default: li_type_unreachable("cuda: weight kernel", (uint32_t)(type));    \
+    }
+
+static void cu_matmul(li_backend *be, const li_weight *w, const float *x, float *y, int64_t n) {
+    if (n <= 0) return;
+    li_cuda *c = cu(be);
+    const cu_wview v = wview(w);
+    if (w->scheme != LI_SCHEME_PLAIN && w->act != LI_ACT_F32) {
+        float *xq = reserve(c, &c->xbuf, &c->xcap, (size_t)n * (size_t)w->k);
+        k_act_quant<<<(unsigned)n, ROW_THREADS, 0, c->st>>>((int)w->act, x, xq, w->k);
+        CK_LAUNCH("act_quant");
+        x = xq;
+    }
+    if (n <= GEMV_NB * 1) {
+        const dim3 grid((unsigned)((w->m + GEMV_WARPS - 1) / GEMV_WARPS), (unsigned)((n + GEMV_NB - 1) / GEMV_NB));
+#define L_GEMV(T) k_gemv<T><<<grid, GEMV_WARPS * 32, 0, c->st>>>(v, x, y, n)
+        CU_TYPE_SWITCH(w->type, L_GEMV);
+#undef L_GEMV
+        CK_LAUNCH("gemv");
+        return;
+    }
+    // n > 8: the whole weight dequantized to f32, then one SGEMM. Column-major
+    // view: y^T(m, n) = W'(k, m)^T . x^T(k, n), W' the row-major (m, k) copy.
+    float *wf = reserve(c, &c->wbuf, &c->wcap, (size_t)w->m * (size_t)w->k);
+#define L_DEQ(T) k_dequant<T><<<blocks_for(w->m * w->k, 256), 256, 0, c->st>>>(v, nullptr, w->m, wf)
+    CU_TYPE_SWITCH(w->type, L_DEQ);
+#undef L_DEQ
+    CK_LAUNCH("dequant");
+    const float one = 1.0f, zero = 0.0f;
+    CK_BLAS(cublasSgemm(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)w->m, (int)n, (int)w->k, &one, wf, (int)w->k, x,
+                        (int)w->k, &zero, y, (int)w->m));
+}
+
+__global__ void k_add(float *y, const float *x, int64_t n) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        y[i] += x[i];
+}
+
+static void cu_add(li_backend *be, float *y, const float *x, int64_t n) {
+    if (n <= 0) return;
+    k_add<<<blocks_for(n, 256), 256, 0, cu(be)->st>>>(y, x, n);
+    CK_LAUNCH("add");
+}
+
+// the two ops, as the table's contract says (same bits)
+static void cu_matmul_add(li_backend *be, const li_weight *w, const float *x, float *y, float *res, int64_t n) {
+    cu_matmul(be, w, x, y, n);
+    cu_add(be, res, y, n * w->m);
+}
+
+static void cu_get_rows(li_backend *be, const li_weight *w, const int32_t *ids, int64_t n, float *out) {
+    if (n <= 0) return;
+    const cu_wview v = wview(w);
+    li_cuda *c = cu(be);
+#define L_ROWS(T) k_dequant<T><<<blocks_for(n * w->k, 256), 256, 0, c->st>>>(v, ids, n, out)
+    CU_TYPE_SWITCH(w->type, L_ROWS);
+#undef L_ROWS
+    CK_LAUNCH("get_rows");
+}
+
+// ------------------------------------------------------------------------
+// per-row and elementwise ops
+// ------------------------------------------------------------------------
+
+// a block per row; squares summed in double as the reference (ggml) does
+__global__ void k_rmsnorm(const float *x, const float *w, float *y, int64_t dim, float eps) {
+    __shared__ double red[ROW_THREADS];
+    const float *xr = x + (int64_t)blockIdx.x * dim;
+    float *yr = y + (int64_t)blockIdx.x * dim;
+    double sum = 0.0;
+    for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) {
+        const float sq = xr[j] * xr[j];
+        sum += (double)sq;
+    }
+    red[threadIdx.x] = sum;
+    __syncthreads();
+    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+        if ((int)threadIdx.x < s) red[threadIdx.x] += red[threadIdx.x + s];
+        __syncthreads();
+    }
+    const float scale = 1.0f / sqrtf((float)(red[0] / (double)dim) + eps);
+    for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) yr[j] = (xr[j] * scale) * w[j];
+}
+
+static void cu_rmsnorm(li_backend *be, const float *x, const float *w, float *y, int64_t n, int64_t dim, float eps) {
+    if (n <= 0) return;
+    li_cuda *c = cu(be);
+    const float *wd = dev_floats(c, w, dim);
+    k_rmsnorm<<<(unsigned)n, ROW_THREADS, 0, c->st>>>(x, wd, y, dim, eps);
+    CK_LAUNCH("rmsnorm");
+}
+
+// a thread per (token, head, pair)
+__global__ void k_rope(float *x, const int32_t *pos, int64_t n, int n_heads, int head_dim, int n_rot, float ts,
+                       int neox) {
+    const int half = n_rot / 2;
+    const int64_t total = n * n_heads * half;
+    for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
+         idx += (int64_t)gridDim.x * blockDim.x) {
+        const int j = (int)(idx % half);
+        const int64_t ih = idx / half, i = ih / n_heads;
+        float *v = x + ih * head_dim;
+        const float angle = li_cu_rope_angle((float)pos[i], ts, j);
+        const float co = cosf(angle), si = sinf(angle);
+        const int i0 = neox ? j : 2 * j, i1 = neox ? j + half : 2 * j + 1;
+        const float x0 = v[i0], x1 = v[i1];
+        v[i0] = x0 * co - x1 * si;
+        v[i1] = x0 * si + x1 * co;
+    }
+}
+
+static void cu_rope(li_backend *be, float *x, const int32_t *pos, int64_t n, int n_heads, int head_dim, int n_rot,
+                    float theta, int neox) {
+    if (n <= 0 || n_rot < 2) return;
+    const float ts = powf(theta, -2.0f / (float)n_rot); // on the host: the reference's bits
+    k_rope<<<blocks_for(n * n_heads * (n_rot / 2), 256), 256, 0, cu(be)->st>>>(x, pos, n, n_heads, head_dim, n_rot,
+                                                                               ts, neox);
+    CK_LAUNCH("rope");
+}
+
+__global__ void k_silu_mul(float *g, const float *u, int64_t n) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
+static void cu_silu_mul(li_backend *be, float *g, const float *u, int64_t n, int64_t dim) {
+    if (n * dim <= 0) return;
+    k_silu_mul<<<blocks_for(n * dim, 256), 256, 0, cu(be)->st>>>(g, u, n * dim);
+    CK_LAUNCH("silu_mul");
+}
+
+// ------------------------------------------------------------------------
+// paged KV: store and attention
+// ------------------------------------------------------------------------
+
+// 16/32-bit KV: a thread per element of K and of V
+template <int DT> __device__ __forceinline__ void kv_put(void *base, int64_t idx, float f) {
+    if (DT == LI_TYPE_F32) ((float *)base)[idx] = f;
+    else if (DT == LI_TYPE_F16) ((uint16_t *)base)[idx] = li_cu_f32_to_fp16(f);
+    else ((uint16_t *)base)[idx] = li_cu_f32_to_bf16(f);
+}
+
+template <int DT>
+__global__ void k_kv_store(void *kd, void *vd, const float *k, const float *v, const int64_t *slot, int64_t n_tokens,
+                           int64_t row) {
+    const int64_t total = n_tokens * row;
+    for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
+         idx += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t i = idx / row, e = idx % row;
+        const int64_t dst = slot[i] * row + e;
+        kv_put<DT>(kd, dst, k[idx]);
+        kv_put<DT>(vd, dst, v[idx]);
+    }
+}
+
+// 8-bit KV: a warp per (token, kv head, K or V): amax, scale, codes
+__global__ void k_kv8_store(int t, uint8_t *kd, uint8_t *vd, float *ks, float *vs, const float *k, const float *v,
+                            const int64_t *slot, int64_t n_tokens, int n_head_kv, int D) {
+    const int lane = threadIdx.x % 32;
+    const int64_t wid = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
+    if (wid >= n_tokens * n_head_kv * 2) return;
+    const int which = (int)(wid % 2);
+    const int64_t ih = wid / 2, i = ih / n_head_kv;
+    const int h = (int)(ih % n_head_kv);
+    const float *x = (which ? v : k) + ih * D;
+    const int64_t e = slot[i] * n_head_kv + h; // (slot, head)
+    uint8_t *dst = (which ? vd : kd) + e * D;
+    float amax = 0.0f;
+    for (int d = lane; d < D; d += 32) amax = fmaxf(amax, fabsf(x[d]));
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    float inv;
+    const float scale = li_cu_kv8_scale(t, amax, &inv);
+    for (int d = lane; d < D; d += 32) dst[d] = li_cu_kv8_encode(t, x[d] * inv);
+    if (lane == 0) (which ? vs : ks)[e] = scale;
+}
+
+static void cu_kv_store(li_backend *be, const li_kv_layer *kv, const float *k, const float *v, const int64_t *slot,
+                        int64_t n_tokens, int n_head_kv, int head_dim) {
+    if (n_tokens <= 0) return;
+    li_cuda *c = cu(be);
+    const int64_t row = (int64_t)n_head_kv * head_dim;
+    const unsigned nb = blocks_for(n_tokens * row, 256);
+    switch (kv->dtype) {
+    case LI_TYPE_F32: k_kv_store<LI_TYPE_F32><<<nb, 256, 0, c->st>>>(kv->k, kv->v, k, v, slot, n_tokens, row); break;
+    case LI_TYPE_F16: k_kv_store<LI_TYPE_F16><<<nb, 256, 0, c->st>>>(kv->k, kv->v, k, v, slot, n_tokens, row); break;
+    case LI_TYPE_BF16: k_kv_store<LI_TYPE_BF16><<<nb, 256, 0, c->st>>>(kv->k, kv->v, k, v, slot, n_tokens, row); break;
+    case LI_KV_TYPE_FP8_E4M3:
+    case LI_KV_TYPE_INT8: {
+        const int64_t warps = n_tokens * n_head_kv * 2;
+        k_kv8_store<<<(unsigned)((warps * 32 + 255) / 256), 256, 0, c->st>>>(
+            (int)kv->dtype, (uint8_t *)kv->k, (uint8_t *)kv->v, kv->k_scale, kv->v_scale, k, v, slot, n_tokens,
+            n_head_kv, head_dim);
+        break;
+    }
+    default: li_type_unreachable("cuda: kv_store", kv->dtype);
+    }
+    CK_LAUNCH("kv_store");
+}
+
+template <int DT> __device__ __forceinline__ float kv_get(const void *base, int64_t idx) {
+    if (DT == LI_TYPE_F32) return ((const float *)base)[idx];
+    if (DT == LI_TYPE_F16) return li_cu_fp16_to_f32(((const uint16_t *)base)[idx]);
+    if (DT == LI_TYPE_BF16) return li_cu_bf16_to_f32(((const uint16_t *)base)[idx]);
+    return li_cu_kv8_value(DT, ((const uint8_t *)base)[idx]);
+}
+
+struct cu_attn {
+    const float *q;
+    float *out;
+    const int32_t *pos, *seq, *bt;
+    int64_t bt_stride;
+    const void *k, *v;
+    const float *k_scale, *v_scale; // 8-bit KV only
+    int n_head, n_head_kv, D, bs;
+    float scale;
+};
+
+// One block per (token, head); each warp walks every ATTN_WARPS-th position
+// with its own online softmax (running max m, sum l, accumulator over d in
+// the lanes' registers), and the warps' partial results are merged at the end.
+template <int DT> __global__ void __launch_bounds__(ATTN_WARPS * 32) k_attention(cu_attn a) {
+    constexpr int R = ATTN_MAXD / 32;
+    __shared__ float s_m[ATTN_WARPS], s_l[ATTN_WARPS];
+    __shared__ float s_acc[ATTN_WARPS][ATTN_MAXD];
+    const int64_t i = blockIdx.x / a.n_head;
+    const int h = (int)(blockIdx.x % a.n_head);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int D = a.D, kvh = h / (a.n_head / a.n_head_kv);
+    const float *q = a.q + ((int64_t)i * a.n_head + h) * D;
+    float qr[R], acc[R];
+#pragma unroll
+    for (int t = 0; t < R; t++) {
+        const int d = lane + 32 * t;
+        qr[t] = d < D ? q[d] : 0.0f;
+        acc[t] = 0.0f;
+    }
+    const int64_t n_pos = (int64_t)a.pos[i] + 1;
+    const int32_t *bt = a.bt + (int64_t)a.seq[i] * a.bt_stride;
+    float m = -INFINITY, l = 0.0f;
+    for (int64_t p = warp; p < n_pos; p += ATTN_WARPS) {
+        const int64_t e = ((int64_t)bt[p / a.bs] * a.bs + p % a.bs) * a.n_head_kv + kvh; // (slot, kv head)
+        float s = 0.0f;
+#pragma unroll
+        for (int t = 0; t < R; t++) {
+            const int d = lane + 32 * t;
+            if (d < D) s += qr[t] * kv_get<DT>(a.k, e * D + d);
+        }
+        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+        s = a.k_scale ? s * a.k_scale[e] * a.scale : s * a.scale; // the reference's order
+        float corr, w;
+        li_cu_softmax_step(&m, &l, s, &corr, &w);
+        const float wv = a.v_scale ? w * a.v_scale[e] : w;
+#pragma unroll
+        for (int t = 0; t < R; t++) {
+            const int d = lane + 32 * t;
+            if (d < D) acc[t] = acc[t] * corr + wv * kv_get<DT>(a.v, e * D + d);
+        }
+    }
+    if (lane == 0) {
+        s_m[warp] = m;
+        s_l[warp] = l;
+    }
+#pragma unroll
+    for (int t = 0; t < R; t++) {
+        const int d = lane + 32 * t;
+        if (d < D) s_acc[warp][d] = acc[t];
+    }
+    __syncthreads();
+    float M = -INFINITY;
+    for (int w = 0; w < ATTN_WARPS; w++) M = fmaxf(M, s_m[w]);
+    float L = 0.0f, f[ATTN_WARPS];
+#pragma unroll
+    for (int w = 0; w < ATTN_WARPS; w++) {
+        f[w] = li_cu_merge_weight(s_m[w], s_l[w], M); // a warp with no positions adds nothing
+        L += s_l[w] * f[w];
+    }
+    float *out = a.out + ((int64_t)i * a.n_head + h) * D;
+    for (int d = threadIdx.x; d < D; d += blockDim.x) {
+        float o = 0.0f;
+#pragma unroll
+        for (int w = 0; w < ATTN_WARPS; w++) o += f[w] * s_acc[w][d];
+        out[d] = o / L;
+    }
+}
+
+static void cu_attention(li_backend *be, const li_attn_args *a) {
+    if (a->n_tokens <= 0) return;
+    if (a->head_dim > ATTN_MAXD || a->n_head_kv <= 0 || a->n_head % a->n_head_kv) {
+        fprintf(stderr, "luainfer: cuda: attention of head_dim %d (at most %d), %d heads over %d kv heads\n",
+                a->head_dim, ATTN_MAXD, a->n_head, a->n_head_kv);
+        abort();
+    }
+    const li_kv_layer *kv = a->kv;
+    cu_attn p;
+    p.q = a->q;
+    p.out = a->out;
+    p.pos = a->pos;
+    p.seq = a->seq;
+    p.bt = a->block_table;
+    p.bt_stride = a->bt_stride;
+    p.k = kv->k;
+    p.v = kv->v;
+    const bool b8 = kv->dtype == LI_KV_TYPE_FP8_E4M3 || kv->dtype == LI_KV_TYPE_INT8;
+    p.k_scale = b8 ? kv->k_scale : nullptr;
+    p.v_scale = b8 ? kv->v_scale : nullptr;
+    p.n_head = a->n_head;
+    p.n_head_kv = a->n_head_kv;
+    p.D = a->head_dim;
+    p.bs = a->block_size;
+    p.scale = a->scale;
+    const unsigned grid = (unsigned)(a->n_tokens * a->n_head);
+    cudaStream_t st = cu(be)->st;
+    switch (kv->dtype) {
+    case LI_TYPE_F32: k_attention<LI_TYPE_F32><<<grid, ATTN_WARPS * 32, 0, st>>>(p); break;
+    case LI_TYPE_F16: k_attention<LI_TYPE_F16><<<grid, ATTN_WARPS * 32, 0, st>>>(p); break;
+    case LI_TYPE_BF16: k_attention<LI_TYPE_BF16><<<grid, ATTN_WARPS * 32, 0, st>>>(p); break;
+    case LI_KV_TYPE_FP8_E4M3: k_attention<LI_KV_TYPE_FP8_E4M3><<<grid, ATTN_WARPS * 32, 0, st>>>(p); break;
+    case LI_KV_TYPE_INT8: k_attention<LI_KV_TYPE_INT8><<<grid, ATTN_WARPS * 32, 0, st>>>(p); break;
+    default: li_type_unreachable("cuda: attention", kv->dtype);
+    }
+    CK_LAUNCH("attention");
+}
+
+// ------------------------------------------------------------------------
+// the table, init and free
+// ------------------------------------------------------------------------
+
+static li_backend_ops make_ops(void) {
+    li_backend_ops o;
+    memset(&o, 0, sizeof o);
+    o.api_version = LI_BACKEND_API_VERSION;
+    o.name = "cuda";
+    o.alignment = 256;
+    o.buffer_alloc = cu_buffer_alloc;
+    o.buffer_free = cu_buffer_free;
+    o.buffer_wrap = nullptr; // device memory only
+    o.buffer_set = cu_buffer_set;
+    o.buffer_get = cu_buffer_get;
+    o.buffer_copy = cu_buffer_copy;
+    o.buffer_clear = cu_buffer_clear;
+    o.synchronize = cu_synchronize;
+    // the GEMV (n <= 8) and cuBLAS (n > 8) paths sum a row's products in
+    // different orders, and cuBLAS picks its kernels by shape
+    o.batch_variant = true;
+    o.matmul = cu_matmul;
+    o.matmul_multi = nullptr;
+    o.matmul_add = cu_matmul_add;
+    o.get_rows = cu_get_rows;
+    o.rmsnorm = cu_rmsnorm;
+    o.rope = cu_rope;
+    o.silu_mul = cu_silu_mul;
+    o.add = cu_add;
+    o.kv_store = cu_kv_store;
+    o.attention = cu_attention;
+    o.weight_prepare = cu_weight_prepare;
+    o.weight_release = cu_weight_release;
+    return o;
+}
+
+static const li_backend_ops cuda_ops = make_ops();
+
+extern "C" bool li_backend_is_cuda(const li_backend *be) { return be && be->ops == &cuda_ops; }
+
+extern "C" int li_backend_cuda_init(li_backend *be, int device, li_error *err) {
+    be->ops = nullptr;
+    be->impl = nullptr;
+    be->n_threads = 1;
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess || n == 0) {
+        const char *why = e != cudaSuccess ? cudaGetErrorString(e) : "0 devices";
+        cudaGetLastError();
+        return li_error_set(err, LI_EUNSUP, "cuda: no CUDA device (cudaGetDeviceCount: %s)", why);
+    }
+    if (device < 0 || device >= n)
+        return li_error_set(err, LI_EINVAL, "cuda: device %d out of range (%d devices)", device, n);
+    if ((e = cudaSetDevice(device)) != cudaSuccess)
+        return li_error_set(err, LI_EUNSUP, "cuda: cudaSetDevice(%d): %s", device, cudaGetErrorString(e));
+    li_cuda *c = (li_cuda *)li_xcalloc(1, sizeof *c);
+    c->device = device;
+    if ((e = cudaStreamCreateWithFlags(&c->st, cudaStreamNonBlocking)) != cudaSuccess) {
+        free(c);
+        return li_error_set(err, LI_EUNSUP, "cuda: cudaStreamCreate: %s", cudaGetErrorString(e));
+    }
+    cublasStatus_t s = cublasCreate(&c->blas);
+    if (s != CUBLAS_STATUS_SUCCESS) {
+        cudaStreamDestroy(c->st);
+        free(c);
+        return li_error_set(err, LI_EUNSUP, "cuda: cublasCreate: %s", cublasGetStatusString(s));
+    }
+    cublasSetStream(c->blas, c->st);
+    cublasSetMathMode(c->blas, CUBLAS_PEDANTIC_MATH); // FP32 as written: no TF32 in SGEMM
+    be->ops = &cuda_ops;
+    be->impl = c;
+    return 0;
+}
+
+extern "C" void li_backend_cuda_free(li_backend *be) {
+    li_cuda *c = (li_cuda *)be->impl;
+    if (!c) return;
+    cudaStreamSynchronize(c->st);
+    cudaFree(c->wbuf);
+    cudaFree(c->xbuf);
+    for (int i = 0; i < c->n_copies; i++) {
+        cudaFree(c->copies[i].dev);
+        free(c->copies[i].keep);
+    }
+    free(c->copies);
+    cublasDestroy(c->blas);
+    cudaStreamDestroy(c->st);
+    free(c);
+    be->impl = nullptr;
+    be->ops = nullptr;
+}

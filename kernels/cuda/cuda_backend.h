@@ -1,0 +1,21 @@
+/* cuda_backend.h — the CUDA backend (kernels/cuda/backend_cuda.cu; docs/cuda.md).
+ *
+ * The ops of kernels/backend.h on one device and one stream: buffers are
+ * device memory (host = false), weight_prepare uploads each weight's rows
+ * (and a scheme's scales, zero points, permutation), every op is a kernel
+ * checked against the scalar reference (tests/unit/test_cuda_ops.c).
+ * Without LI_HAVE_CUDA (no nvcc, ASan builds) the same symbols exist and
+ * init returns LI_EUNSUP, so every entry point links everywhere. */
+#ifndef LI_CUDA_BACKEND_H
+#define LI_CUDA_BACKEND_H
+
+#include "backend.h"
+
+/* 0, or LI_EUNSUP "cuda: no CUDA device (...)" / "cuda: built without CUDA"
+ * with nothing to free; device: the CUDA device index. */
+int li_backend_cuda_init(li_backend *be, int device, struct li_error *err);
+void li_backend_cuda_free(li_backend *be);
+/* true when be is a CUDA backend (its ops table is this file's) */
+bool li_backend_is_cuda(const li_backend *be);
+
+#endif

@@ -1,0 +1,200 @@
+/* cuda_math.h — the per-element math of the CUDA kernels, written once for
+ * the device and the host.
+ *
+ * Everything here is plain C that nvcc compiles as __host__ __device__ and
+ * a C compiler compiles as static inline: backend_cuda.cu calls it inside
+ * its kernels, tests/unit/test_cuda_ops.c calls the very same code on the
+ * CPU against the scalar references (kernels/types.c, cpu/ops_ref.c), so
+ * the dequantization, the conversions and the 8-bit KV encoding are tested
+ * on every build, with or without a GPU. Only C features both sides share:
+ * no references, no templates, fixed-width integers, bit copies through a
+ * union. Nothing here includes kernels/cpu/. */
+#ifndef LI_CUDA_MATH_H
+#define LI_CUDA_MATH_H
+
+#include <stdint.h>
+#include <math.h>
+
+#include "types.h"
+
+#ifdef __CUDACC__
+#define LI_HD __host__ __device__ __forceinline__
+#else
+#define LI_HD static inline
+#endif
+
+typedef union { float f; uint32_t u; } li_cu_bits;
+
+#ifdef __CUDA_ARCH__
+LI_HD float li_cu_f32(uint32_t u) { return __uint_as_float(u); }
+LI_HD uint32_t li_cu_u32(float f) { return __float_as_uint(f); }
+#else
+LI_HD float li_cu_f32(uint32_t u) { li_cu_bits b; b.u = u; return b.f; }
+LI_HD uint32_t li_cu_u32(float f) { li_cu_bits b; b.f = f; return b.u; }
+#endif
+
+/* ---- conversions (the same bits as kernels/types.c) ---- */
+
+LI_HD float li_cu_fp16_to_f32(uint16_t h) {
+    const uint32_t sign = (uint32_t)(h & 0x8000) << 16;
+    const uint32_t exp = (h >> 10) & 0x1f, man = h & 0x3ff;
+    if (exp == 0x1f) return li_cu_f32(sign | 0x7f800000u | (man << 13));
+    if (exp == 0) return li_cu_f32(sign | li_cu_u32((float)man * 5.9604644775390625e-8f)); /* man * 2^-24 */
+    return li_cu_f32(sign | ((exp + 112) << 23) | (man << 13));
+}
+
+LI_HD uint16_t li_cu_f32_to_fp16(float f) {
+    const uint32_t x = li_cu_u32(f);
+    const uint16_t sign = (uint16_t)((x >> 16) & 0x8000);
+    uint32_t ax = x & 0x7fffffffu;
+    if (ax > 0x7f800000u) return (uint16_t)(sign | 0x7e00 | (uint16_t)((ax >> 13) & 0x3ff));
+    if (ax >= 0x477ff000u) return (uint16_t)(sign | 0x7c00);
+    if (ax < 0x38800000u) {
+        const float t = li_cu_f32(ax) + 0.5f; /* subnormal: units of 2^-24, rounded to even by the FPU */
+        return (uint16_t)(sign | (uint16_t)(li_cu_u32(t) - 0x3f000000u));
+    }
+    ax += 0xc8000fffu + ((ax >> 13) & 1);
+    return (uint16_t)(sign | (uint16_t)(ax >> 13));
+}
+
+LI_HD float li_cu_bf16_to_f32(uint16_t h) { return li_cu_f32((uint32_t)h << 16); }
+
+LI_HD uint16_t li_cu_f32_to_bf16(float f) {
+    const uint32_t x = li_cu_u32(f);
+    if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40);
+    return (uint16_t)((x + 0x7fffu + ((x >> 16) & 1)) >> 16);
+}
+
+LI_HD float li_cu_fp8_to_f32(uint8_t c) {
+    const uint32_t sign = (uint32_t)(c & 0x80) << 24, e = (c >> 3) & 15, m = c & 7;
+    float v;
+    if (e == 15 && m == 7) v = li_cu_f32(0x7fc00000u);
+    else if (e == 0) v = (float)m * 0.001953125f; /* m * 2^-9 */
+    else v = li_cu_f32(((e + 120u) << 23) | (m << 20));
+    return li_cu_f32(li_cu_u32(v) | sign);
+}
+
+LI_HD uint8_t li_cu_f32_to_fp8(float f) {
+    const uint8_t sign = (uint8_t)((li_cu_u32(f) >> 24) & 0x80);
+    if (f != f) return (uint8_t)(sign | 0x7f);
+    const float a = fabsf(f);
+    if (a >= 448.0f) return (uint8_t)(sign | 0x7e);
+    if (a < 0.015625f) return (uint8_t)(sign | (uint8_t)rintf(a * 512.0f)); /* below 2^-6: steps of 2^-9 */
+    uint32_t u = li_cu_u32(a);
+    u += 0x7ffffu + ((u >> 20) & 1);
+    return (uint8_t)(sign | (uint8_t)((u >> 20) - (120u << 3)));
+}
+
+/* li_code_round: nearest even, clamped, NaN -> 0 (rintf rounds to even) */
+LI_HD float li_cu_code_round(float y, float lo, float hi) {
+    if (y != y) return 0.0f;
+    return rintf(y < lo ? lo : y > hi ? hi : y);
+}
+
+/* ---- one element of a weight row ----
+ * Element j of a row of `type` starting at `row` (its codes' value for the
+ * scheme code types). The block layouts of types.h: Q4_0 / Q4_1 byte i of
+ * a block holds element i (low nibble) and i + 16 (high). Returns NAN for a
+ * type the backend refused at weight_prepare (li_cu_type_ok). */
+LI_HD int li_cu_type_ok(int type) {
+    switch (type) {
+    case LI_TYPE_F32: case LI_TYPE_F16: case LI_TYPE_BF16: case LI_TYPE_Q8_0: case LI_TYPE_Q4_0:
+    case LI_TYPE_Q4_1: case LI_KV_TYPE_INT8: case LI_KV_TYPE_FP8_E4M3: case LI_TYPE_U4: return 1;
+    default: return 0;
+    }
+}
+
+LI_HD uint16_t li_cu_u16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
+
+LI_HD float li_cu_elem(int type, const uint8_t *row, int64_t j) {
+    switch (type) {
+    case LI_TYPE_F32: return ((const float *)row)[j];
+    case LI_TYPE_F16: return li_cu_fp16_to_f32(((const uint16_t *)row)[j]);
+    case LI_TYPE_BF16: return li_cu_bf16_to_f32(((const uint16_t *)row)[j]);
+    case LI_TYPE_Q8_0: {
+        const uint8_t *b = row + (j / 32) * 34;
+        return (float)(int8_t)b[2 + j % 32] * li_cu_fp16_to_f32(li_cu_u16(b));
+    }
+    case LI_TYPE_Q4_0: {
+        const uint8_t *b = row + (j / 32) * 18;
+        const int i = (int)(j % 32);
+        const int q = i < 16 ? (b[2 + i] & 0x0f) : (b[2 + i - 16] >> 4);
+        return (float)(q - 8) * li_cu_fp16_to_f32(li_cu_u16(b));
+    }
+    case LI_TYPE_Q4_1: {
+        const uint8_t *b = row + (j / 32) * 20;
+        const int i = (int)(j % 32);
+        const int q = i < 16 ? (b[4 + i] & 0x0f) : (b[4 + i - 16] >> 4);
+        return (float)q * li_cu_fp16_to_f32(li_cu_u16(b)) + li_cu_fp16_to_f32(li_cu_u16(b + 2));
+    }
+    case LI_KV_TYPE_INT8: return (float)((const int8_t *)row)[j];
+    case LI_KV_TYPE_FP8_E4M3: return li_cu_fp8_to_f32(row[j]);
+    case LI_TYPE_U4: return (float)(j & 1 ? row[j / 2] >> 4 : row[j / 2] & 0x0f);
+    default: return li_cu_f32(0x7fc00000u);
+    }
+}
+
+/* The scheme's value of a stored element (li_weight_dequant_row_ref):
+ * (code - zero) * scale of its group; sc / zp point at the row's groups. */
+LI_HD float li_cu_scheme_value(float code, const float *sc, const float *zp, float zero, int64_t j, int64_t gs) {
+    const int64_t g = j / gs;
+    return (code - (zp ? zp[g] : zero)) * sc[g];
+}
+
+/* ---- activation quantization (li_act_quant_row_ref), one element ----
+ * s = amax / (127, 7 or 448), inv = s > 0 ? 1/s : 0. */
+LI_HD float li_cu_act_divisor(int act) { return act == LI_ACT_INT8 ? 127.0f : act == LI_ACT_INT4 ? 7.0f : 448.0f; }
+
+LI_HD float li_cu_act_value(int act, float x, float s, float inv) {
+    const float y = x * inv;
+    return (act == LI_ACT_INT8   ? li_cu_code_round(y, -127.0f, 127.0f)
+            : act == LI_ACT_INT4 ? li_cu_code_round(y, -7.0f, 7.0f)
+                                 : li_cu_fp8_to_f32(li_cu_f32_to_fp8(y))) * s;
+}
+
+/* ---- 8-bit KV (cpu/kv_kernels.h li_kv8_scale, li_kv8_head_ref) ---- */
+LI_HD float li_cu_kv8_scale(int t, float amax, float *inv) {
+    if (amax > 3.40282347e38f) amax = 3.40282347e38f;
+    const float scale = amax / (t == LI_KV_TYPE_INT8 ? 127.0f : 448.0f);
+    if (!(scale >= 1.17549435e-38f)) {
+        *inv = 0.0f;
+        return 0.0f;
+    }
+    *inv = 1.0f / scale;
+    return scale;
+}
+
+LI_HD uint8_t li_cu_kv8_encode(int t, float y) {
+    return t == LI_KV_TYPE_INT8 ? (uint8_t)(int8_t)li_cu_code_round(y, -127.0f, 127.0f) : li_cu_f32_to_fp8(y);
+}
+
+LI_HD float li_cu_kv8_value(int t, uint8_t c) { return t == LI_KV_TYPE_INT8 ? (float)(int8_t)c : li_cu_fp8_to_f32(c); }
+
+/* ---- attention: the online softmax of one warp, and the merge of the
+ * warps' partial results (k_attention). A warp keeps the running max m,
+ * the running sum l of exp(s - m), and acc[d] = sum exp(s - m) * v[d].
+ * Step: a new score s rescales what is there by *corr and weighs the new
+ * row by *w (m = -inf, l = 0 at the start: corr = 0). ---- */
+LI_HD void li_cu_softmax_step(float *m, float *l, float s, float *corr, float *w) {
+    const float m_new = fmaxf(*m, s);
+    *corr = expf(*m - m_new);
+    *w = expf(s - m_new);
+    *l = *l * *corr + *w;
+    *m = m_new;
+}
+
+/* The weight of warp part (m_w, l_w) in the merge, given M = the max of the
+ * parts' m: exp(m_w - M), or 0 for a warp that saw no position (l_w = 0).
+ * out[d] = sum_w f_w * acc_w[d] / sum_w f_w * l_w. */
+LI_HD float li_cu_merge_weight(float m_w, float l_w, float M) { return l_w > 0.0f ? expf(m_w - M) : 0.0f; }
+
+/* ---- rope: the angle of pair j at position pos, stepped by one multiply
+ * per pair from pos as ops_ref.c does (theta_scale = powf(theta, -2/n_rot),
+ * computed once on the host) ---- */
+LI_HD float li_cu_rope_angle(float pos, float theta_scale, int j) {
+    float a = pos;
+    for (int t = 0; t < j; t++) a *= theta_scale;
+    return a;
+}
+
+#endif

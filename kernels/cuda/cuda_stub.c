@@ -1,0 +1,23 @@
+/* cuda_stub.c — the CUDA backend's entry points in a build without CUDA
+ * (no nvcc, or LI_SANITIZE): init says why it cannot run, so the CLI's
+ * --device cuda links and refuses cleanly everywhere. With LI_HAVE_CUDA
+ * the real ones come from backend_cuda.cu and this file is empty. */
+#include "util/common.h"
+#include "cuda/cuda_backend.h"
+
+#ifndef LI_HAVE_CUDA
+int li_backend_cuda_init(li_backend *be, int device, li_error *err) {
+    be->ops = NULL;
+    be->impl = NULL;
+    return li_error_set(err, LI_EUNSUP, "cuda: built without CUDA (no nvcc found, or a sanitizer build)");
+}
+
+void li_backend_cuda_free(li_backend *be) { (void)be; }
+
+bool li_backend_is_cuda(const li_backend *be) {
+    (void)be;
+    return false;
+}
+#else
+typedef int li_cuda_stub_unused; /* ISO C: a translation unit is not empty */
+#endif

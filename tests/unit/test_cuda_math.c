@@ -1,0 +1,311 @@
+/* test_cuda_math.c — the CUDA kernels' per-element math (kernels/cuda/
+ * cuda_math.h), run on the CPU against the scalar references, on every
+ * build (no GPU needed: the header is plain C that nvcc also compiles as
+ * __host__ __device__ code for backend_cuda.cu).
+ *
+ *   conversions   f16 / bf16 / fp8 e4m3 both ways: the bits of kernels/types.c
+ *                 (every f16, bf16 and fp8 code; 2^20 random f32 patterns)
+ *   weight rows   li_cu_elem of every type the CUDA backend takes, against
+ *                 li_weight_dequant_row_ref, exactly, GGUF and scheme weights
+ *                 (scales, zero points, permutation, a partial last group)
+ *   activations   the per-row quantization the matmul kernel applies
+ *                 (int8, fp8, int4) against li_act_quant_row_ref, exactly
+ *   8-bit KV      codes and scale of one head against li_kv8_head_ref
+ *   rope          the kernel's per-pair angle and rotation against the
+ *                 reference op, exactly (the same libm on the host)
+ *   attention     k_attention's walk re-enacted on the host (warps striding
+ *                 over positions through the block table, an online softmax
+ *                 each, the merge) against the reference op, NMSE < 1e-10,
+ *                 for 1, 3 and 4 warps, F16 and INT8 KV */
+#include "cuda/cuda_math.h"
+#include "cpu/kv_kernels.h"
+#include "test_util.h"
+#include "test_weight.h"
+
+#include <string.h>
+
+static uint32_t f2u(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+
+static float u2f(uint32_t u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static void fill_rand(float *row, int64_t k) {
+    for (int64_t j = 0; j < k; j++) row[j] = rng_f() * 2.0f;
+}
+
+static void test_conversions(void) {
+    int bad16 = 0, badb = 0, bad8 = 0;
+    for (uint32_t h = 0; h < 65536; h++) {
+        bad16 += f2u(li_cu_fp16_to_f32((uint16_t)h)) != f2u(li_fp16_to_fp32((uint16_t)h));
+        badb += f2u(li_cu_bf16_to_f32((uint16_t)h)) != f2u(li_bf16_to_fp32((uint16_t)h));
+    }
+    for (uint32_t c = 0; c < 256; c++) bad8 += f2u(li_cu_fp8_to_f32((uint8_t)c)) != f2u(li_fp8_e4m3_to_fp32((uint8_t)c));
+    report(!bad16 && !badb && !bad8, "decode: every f16 / bf16 / fp8 code (%d, %d, %d differ)", bad16, badb, bad8);
+    int e16 = 0, eb = 0, e8 = 0;
+    for (int i = 0; i < (1 << 20); i++) {
+        /* random patterns, half of them in the ranges that round interestingly */
+        uint32_t u = rng_u32() << 16 ^ rng_u32();
+        if (i & 1) u = (u & 0x807fffffu) | ((uint32_t)(100 + rng_u32() % 60) << 23);
+        const float f = u2f(u);
+        e16 += li_cu_f32_to_fp16(f) != li_fp32_to_fp16(f);
+        eb += li_cu_f32_to_bf16(f) != li_fp32_to_bf16(f);
+        e8 += li_cu_f32_to_fp8(f) != li_fp32_to_fp8_e4m3(f);
+    }
+    const float special[] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, 448.0f, 464.0f, 65504.0f, 65520.0f, 0x1p-24f,
+                             0x1p-25f, 0x1p-9f, 0x1p-10f, 0x1.8p-10f, 0x1p-6f};
+    for (size_t i = 0; i < LI_ARRAY_LEN(special); i++) {
+        e16 += li_cu_f32_to_fp16(special[i]) != li_fp32_to_fp16(special[i]);
+        eb += li_cu_f32_to_bf16(special[i]) != li_fp32_to_bf16(special[i]);
+        e8 += li_cu_f32_to_fp8(special[i]) != li_fp32_to_fp8_e4m3(special[i]);
+    }
+    report(!e16 && !eb && !e8, "encode: 2^20 random f32 + specials to f16 / bf16 / fp8 (%d, %d, %d differ)", e16, eb, e8);
+}
+
+/* what k_dequant computes for row r (backend_cuda.cu), on the host */
+static void cu_row(const li_weight *w, int64_t r, float *out) {
+    const int64_t ng = li_weight_n_groups(w), gs = w->group_size > 0 ? w->group_size : w->k;
+    const float zero = li_scheme_info(w->scheme)->zero;
+    const uint8_t *row = (const uint8_t *)w->data + r * w->row_bytes;
+    for (int64_t j = 0; j < w->k; j++) {
+        float c = li_cu_elem(w->type, row, j);
+        if (w->scheme != LI_SCHEME_PLAIN)
+            c = li_cu_scheme_value(c, w->scales + r * ng, w->zeros ? w->zeros + r * ng : NULL, zero, j, gs);
+        out[w->perm ? w->perm[j] : j] = c;
+    }
+}
+
+static int rows_differ(const li_weight *w) {
+    float *a = li_xmalloc((size_t)w->k * sizeof(float)), *b = li_xmalloc((size_t)w->k * sizeof(float));
+    int bad = 0;
+    for (int64_t r = 0; r < w->m; r++) {
+        cu_row(w, r, a);
+        li_weight_dequant_row_ref(w, r, b);
+        for (int64_t j = 0; j < w->k; j++) bad += f2u(a[j]) != f2u(b[j]);
+    }
+    free(a);
+    free(b);
+    return bad;
+}
+
+static void test_weight_rows(void) {
+    const struct { li_type t; int64_t k; } plain[] = {
+        {LI_TYPE_F32, 67}, {LI_TYPE_F16, 67}, {LI_TYPE_BF16, 67},
+        {LI_TYPE_Q8_0, 160}, {LI_TYPE_Q4_0, 160}, {LI_TYPE_Q4_1, 160},
+    };
+    for (size_t i = 0; i < LI_ARRAY_LEN(plain); i++) {
+        test_weight tw;
+        test_weight_make(&tw, plain[i].t, plain[i].k, 13, fill_rand);
+        const int bad = rows_differ(&tw.w);
+        report(!bad, "li_cu_elem %-5s k=%lld: the reference's dequantization (%d elements differ)",
+               li_type_name(plain[i].t), (long long)plain[i].k, bad);
+        test_weight_free(&tw);
+    }
+    const struct { li_scheme s; int64_t k, gs; bool zeros, perm; } sch[] = {
+        {LI_SCHEME_W8A8, 67, 0, false, false}, {LI_SCHEME_FP8, 67, 0, false, false},
+        {LI_SCHEME_W8A8, 67, 32, false, false}, {LI_SCHEME_AWQ, 68, 32, true, false},
+        {LI_SCHEME_GPTQ, 68, 32, true, true},   {LI_SCHEME_INT4, 68, 0, false, false},
+        {LI_SCHEME_INT4, 68, 16, false, false},
+    };
+    for (size_t i = 0; i < LI_ARRAY_LEN(sch); i++) {
+        test_weight tw;
+        test_weight_scheme(&tw, sch[i].s, sch[i].k, 11, sch[i].gs, sch[i].zeros, sch[i].perm, rng_u32);
+        const int bad = rows_differ(&tw.w);
+        report(!bad, "li_cu_elem scheme %-4s k=%lld group %lld%s%s: li_weight_dequant_row_ref (%d differ)",
+               li_scheme_name(sch[i].s), (long long)sch[i].k, (long long)sch[i].gs, sch[i].zeros ? " zeros" : "",
+               sch[i].perm ? " perm" : "", bad);
+        test_weight_free(&tw);
+    }
+    const li_type refused[] = {LI_TYPE_Q5_0, LI_TYPE_Q6_K, LI_TYPE_Q4_K, LI_TYPE_F64, LI_TYPE_Q8_1};
+    int ok = 0;
+    for (size_t i = 0; i < LI_ARRAY_LEN(refused); i++) ok += !li_cu_type_ok(refused[i]);
+    report(ok == (int)LI_ARRAY_LEN(refused), "types without a CUDA kernel are refused (li_cu_type_ok)");
+}
+
+static void test_act_quant(void) {
+    const li_act_quant acts[] = {LI_ACT_INT8, LI_ACT_FP8, LI_ACT_INT4};
+    enum { K = 131 };
+    float x[K], want[K], got[K];
+    for (size_t a = 0; a < LI_ARRAY_LEN(acts); a++) {
+        int bad = 0;
+        for (int rep = 0; rep < 20; rep++) {
+            for (int j = 0; j < K; j++) x[j] = rng_f() * (rep + 1);
+            if (rep == 0) memset(x, 0, sizeof x); /* amax 0: inv 0 */
+            li_act_quant_row_ref(acts[a], x, want, K);
+            float amax = 0.0f;
+            for (int j = 0; j < K; j++) amax = fmaxf(amax, fabsf(x[j]));
+            const float s = amax / li_cu_act_divisor(acts[a]), inv = s > 0.0f ? 1.0f / s : 0.0f;
+            for (int j = 0; j < K; j++) got[j] = li_cu_act_value(acts[a], x[j], s, inv);
+            for (int j = 0; j < K; j++) bad += f2u(got[j]) != f2u(want[j]);
+        }
+        report(!bad, "activation quantization %s: li_act_quant_row_ref's bits (%d differ)", li_act_quant_name(acts[a]),
+               bad);
+    }
+}
+
+static void test_kv8(void) {
+    enum { D = 64 };
+    const li_type ts[] = {LI_KV_TYPE_FP8_E4M3, LI_KV_TYPE_INT8};
+    for (size_t t = 0; t < LI_ARRAY_LEN(ts); t++) {
+        int bad = 0;
+        for (int rep = 0; rep < 50; rep++) {
+            float x[D];
+            for (int d = 0; d < D; d++) x[d] = rng_f() * (float)(rep * rep + 1) * 0.01f;
+            if (rep == 0) memset(x, 0, sizeof x);
+            uint8_t want[D], got[D];
+            float ws, gs, inv;
+            li_kv8_head_ref(ts[t], x, want, &ws, D);
+            float amax = 0.0f;
+            for (int d = 0; d < D; d++) amax = fmaxf(amax, fabsf(x[d]));
+            gs = li_cu_kv8_scale(ts[t], amax, &inv);
+            for (int d = 0; d < D; d++) got[d] = li_cu_kv8_encode(ts[t], x[d] * inv);
+            bad += memcmp(got, want, D) != 0 || f2u(gs) != f2u(ws);
+            for (int d = 0; d < D; d++) bad += f2u(li_cu_kv8_value(ts[t], got[d])) != f2u(li_kv8_code_value(ts[t], got[d]));
+        }
+        report(!bad, "8-bit KV %s: codes, scale and values of li_kv8_head_ref (%d heads differ)", li_type_name(ts[t]),
+               bad);
+    }
+}
+
+static void test_rope(void) {
+    enum { N = 5, H = 3, D = 64 };
+    for (int neox = 0; neox < 2; neox++) {
+        for (int n_rot = 32; n_rot <= 64; n_rot += 32) {
+            float x[N * H * D], want[N * H * D];
+            int32_t pos[N] = {0, 1, 17, 300, 8191};
+            for (int i = 0; i < N * H * D; i++) x[i] = want[i] = rng_f();
+            li_backend ref = {.ops = li_backend_ref_ops(), .n_threads = 1};
+            ref.ops->rope(&ref, want, pos, N, H, D, n_rot, 10000.0f, neox);
+            /* k_rope's body per (token, head, pair) */
+            const float ts = powf(10000.0f, -2.0f / (float)n_rot);
+            const int half = n_rot / 2;
+            for (int ih = 0; ih < N * H; ih++)
+                for (int j = 0; j < half; j++) {
+                    float *v = x + ih * D;
+                    const float angle = li_cu_rope_angle((float)pos[ih / H], ts, j);
+                    const float co = cosf(angle), si = sinf(angle);
+                    const int i0 = neox ? j : 2 * j, i1 = neox ? j + half : 2 * j + 1;
+                    const float x0 = v[i0], x1 = v[i1];
+                    v[i0] = x0 * co - x1 * si;
+                    v[i1] = x0 * si + x1 * co;
+                }
+            int bad = 0;
+            for (int i = 0; i < N * H * D; i++) bad += f2u(x[i]) != f2u(want[i]);
+            report(!bad, "rope %s n_rot %d: the reference's bits (%d differ)", neox ? "neox" : "adjacent", n_rot, bad);
+        }
+    }
+}
+
+/* k_attention for token i, head h, with nw warps, on the host (lanes become
+ * a loop over d; the shuffles' sums become plain sums) */
+static void attn_emulated(const li_attn_args *a, int64_t i, int h, int nw, float *out) {
+    const int D = a->head_dim, kvh = h / (a->n_head / a->n_head_kv);
+    const li_type dt = a->kv->dtype;
+    const bool b8 = dt == LI_KV_TYPE_INT8 || dt == LI_KV_TYPE_FP8_E4M3;
+    const float *q = a->q + (i * a->n_head + h) * D;
+    const int32_t *bt = a->block_table + (int64_t)a->seq[i] * a->bt_stride;
+    const int64_t n_pos = (int64_t)a->pos[i] + 1;
+    float m[8], l[8], acc[8][256];
+    for (int w = 0; w < nw; w++) {
+        m[w] = -INFINITY;
+        l[w] = 0.0f;
+        for (int d = 0; d < D; d++) acc[w][d] = 0.0f;
+        for (int64_t p = w; p < n_pos; p += nw) {
+            const int64_t e = ((int64_t)bt[p / a->block_size] * a->block_size + p % a->block_size) * a->n_head_kv + kvh;
+            float s = 0.0f;
+            for (int d = 0; d < D; d++) {
+                const float kd = b8 ? li_cu_kv8_value(dt, ((const uint8_t *)a->kv->k)[e * D + d])
+                                    : li_cu_fp16_to_f32(((const uint16_t *)a->kv->k)[e * D + d]);
+                s += q[d] * kd;
+            }
+            s = b8 ? s * a->kv->k_scale[e] * a->scale : s * a->scale;
+            float corr, wt;
+            li_cu_softmax_step(&m[w], &l[w], s, &corr, &wt);
+            const float wv = b8 ? wt * a->kv->v_scale[e] : wt;
+            for (int d = 0; d < D; d++) {
+                const float vd = b8 ? li_cu_kv8_value(dt, ((const uint8_t *)a->kv->v)[e * D + d])
+                                    : li_cu_fp16_to_f32(((const uint16_t *)a->kv->v)[e * D + d]);
+                acc[w][d] = acc[w][d] * corr + wv * vd;
+            }
+        }
+    }
+    float M = -INFINITY, L = 0.0f, f[8];
+    for (int w = 0; w < nw; w++) M = fmaxf(M, m[w]);
+    for (int w = 0; w < nw; w++) {
+        f[w] = li_cu_merge_weight(m[w], l[w], M);
+        L += l[w] * f[w];
+    }
+    for (int d = 0; d < D; d++) {
+        float o = 0.0f;
+        for (int w = 0; w < nw; w++) o += f[w] * acc[w][d];
+        out[d] = o / L;
+    }
+}
+
+static void test_attention(void) {
+    enum { BS = 16, NBLK = 8, NKV = 3, NH = 9, D = 64, STRIDE = 3, N = 4 };
+    const li_type dts[] = {LI_TYPE_F16, LI_KV_TYPE_INT8};
+    const int32_t table[2 * STRIDE] = {5, 1, 7, 2, 6, 0}; /* holes: blocks 0, 3, 4 unused */
+    const int32_t pos[N] = {0, 2, 40, 20}, seq[N] = {0, 1, 0, 1};
+    for (size_t t = 0; t < LI_ARRAY_LEN(dts); t++) {
+        const li_type dt = dts[t];
+        const bool b8 = dt == LI_KV_TYPE_INT8;
+        const size_t n = (size_t)NBLK * BS * NKV * D;
+        li_kv_layer kv = {.dtype = dt, .k = li_xmalloc(n * 2), .v = li_xmalloc(n * 2)};
+        if (b8) {
+            kv.k_scale = li_xmalloc(n / D * sizeof(float));
+            kv.v_scale = li_xmalloc(n / D * sizeof(float));
+            for (size_t e = 0; e < n / D; e++) {
+                kv.k_scale[e] = 0.01f + (float)(rng_u32() % 100) / 1000.0f;
+                kv.v_scale[e] = 0.01f + (float)(rng_u32() % 100) / 1000.0f;
+            }
+        }
+        for (size_t e = 0; e < n; e++) {
+            if (b8) {
+                ((uint8_t *)kv.k)[e] = (uint8_t)(int8_t)(rng_u32() % 255 - 127);
+                ((uint8_t *)kv.v)[e] = (uint8_t)(int8_t)(rng_u32() % 255 - 127);
+            } else {
+                ((uint16_t *)kv.k)[e] = li_fp32_to_fp16(rng_f() * 2.0f);
+                ((uint16_t *)kv.v)[e] = li_fp32_to_fp16(rng_f() * 2.0f);
+            }
+        }
+        float *q = li_xmalloc((size_t)N * NH * D * sizeof(float)), *want = li_xmalloc((size_t)N * NH * D * sizeof(float));
+        float got[N * NH * D];
+        for (int j = 0; j < N * NH * D; j++) q[j] = rng_f();
+        li_attn_args a = {.n_tokens = N, .n_head = NH, .n_head_kv = NKV, .head_dim = D, .block_size = BS, .q = q,
+                          .out = want, .pos = pos, .seq = seq, .block_table = table, .bt_stride = STRIDE, .kv = &kv,
+                          .scale = 0.125f};
+        li_backend ref = {.ops = li_backend_ref_ops(), .n_threads = 1};
+        ref.ops->attention(&ref, &a);
+        const int warps[] = {1, 3, 4};
+        for (size_t wi = 0; wi < LI_ARRAY_LEN(warps); wi++) {
+            for (int64_t i = 0; i < N; i++)
+                for (int h = 0; h < NH; h++) attn_emulated(&a, i, h, warps[wi], got + (i * NH + h) * D);
+            const double e = nmse(got, want, N * NH * D);
+            report(e < 1e-10, "attention walk, %d warps, %s KV, block table with holes: nmse %.2e < 1e-10", warps[wi],
+                   li_type_name(dt), e);
+        }
+        free(kv.k);
+        free(kv.v);
+        free(kv.k_scale);
+        free(kv.v_scale);
+        free(q);
+        free(want);
+    }
+}
+
+int main(void) {
+    test_conversions();
+    test_weight_rows();
+    test_act_quant();
+    test_kv8();
+    test_rope();
+    test_attention();
+    return t_summary("test_cuda_math");
+}

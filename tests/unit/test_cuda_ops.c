@@ -1,0 +1,560 @@
+/* test_cuda_ops.c — every op of the CUDA backend (kernels/cuda/backend_cuda.cu)
+ * against the scalar reference (li_backend_ref_ops), then the real model
+ * on CUDA against the CPU backend.
+ *
+ * Skips, saying why (exit 77), in a build without CUDA or on a machine
+ * without a device. Sizes are odd on purpose: k = 67 (float and 8-bit
+ * codes), 160 (32-element blocks), 68 (4-bit codes, a partial last group),
+ * m = 131 rows, n in {1, 3, 8, 17} activation rows (8 is the GEMV's
+ * largest batch, 17 goes through cuBLAS), head_dim 64 with 9 query heads
+ * over 3 kv heads, block size 16 and block tables with holes.
+ *
+ * Thresholds, as ggml's test-backend-ops states them (normalized mean
+ * squared error, sum (got - want)^2 / sum want^2):
+ *   5e-4  matmul, matmul_add and attention (its mul_mat and flash_attn_ext
+ *         bound: the reference multiplies Q8 activations and sums in
+ *         another order; the GPU uses f32 activations and its own order)
+ *   1e-7  every other op (its default): get_rows, rmsnorm, rope, silu_mul, add
+ *   exact the KV store's bytes (the conversions are the reference's bits,
+ *         cuda_math.h, checked on the CPU by test_cuda_math)
+ *
+ * Whole model (models/, skipped without it): 32 greedy tokens on CUDA and
+ * on the CPU backend, printing how many agree and the first divergence
+ * with the CPU's logit gap between the two tokens (a divergence must be a
+ * near tie: gap < 0.5), the prompt logits' NMSE, and the perplexity of a
+ * text on both (within 0.5%).
+ *
+ *   test_cuda_ops                the checks
+ *   test_cuda_ops --bench        also decode steps at batch 1, 8, 64 on CUDA
+ *                                (tokens/s and ms per step; tools/device_check.sh)
+ *   test_cuda_ops --only GROUP   one group: weights, rowops, attention or model
+ *                                (device_check.sh runs each in its own process,
+ *                                so an op that aborts hides nothing else) */
+#include "util/common.h"
+#include "cuda/cuda_backend.h"
+#include "engine/session.h"
+#include "kv/kv_cache.h"
+#include "model/forward.h"
+#include "model/model.h"
+#include "tokenizer/tokenizer.h"
+#include "test_util.h"
+#include "test_weight.h"
+
+#include <string.h>
+
+static li_backend cu, ref;
+
+/* a device buffer holding n bytes of src (zeros when src is NULL) */
+static li_buffer up(const void *src, size_t n) {
+    li_buffer b;
+    li_error err = {0};
+    if (li_buffer_alloc(&cu, n, &b, &err)) {
+        fprintf(stderr, "FAIL buffer_alloc %zu: %s\n", n, err.msg);
+        exit(1);
+    }
+    if (src) cu.ops->buffer_set(&cu, &b, 0, src, n);
+    return b;
+}
+
+static void down(li_buffer *b, void *dst, size_t n) {
+    cu.ops->buffer_get(&cu, b, 0, dst, n);
+}
+
+static float *frand(int64_t n, float scale) {
+    float *x = li_xmalloc((size_t)(n ? n : 1) * sizeof(float));
+    for (int64_t i = 0; i < n; i++) x[i] = rng_f() * scale;
+    return x;
+}
+
+static void fill_rand(float *row, int64_t k) {
+    for (int64_t j = 0; j < k; j++) row[j] = rng_f();
+}
+
+/* ------------------------------------------------------------------------
+ * matmul, matmul_add, get_rows
+ * ---------------------------------------------------------------------- */
+
+static void check_weight(test_weight *tw, const char *what) {
+    const li_weight *w = &tw->w;
+    const int64_t k = w->k, m = w->m;
+    li_weight wc = *w;
+    wc.packed = NULL;
+    const int rc = cu.ops->weight_prepare(&cu, &wc);
+    report(rc == 0, "%s: weight_prepare (%d)", what, rc);
+    if (rc) return;
+    const int64_t ns[] = {1, 3, 8, 17};
+    for (size_t t = 0; t < LI_ARRAY_LEN(ns); t++) {
+        const int64_t n = ns[t];
+        float *x = frand(n * k, 1.0f), *want = frand(n * m, 0), *got = frand(n * m, 0);
+        ref.ops->matmul(&ref, w, x, want, n);
+        li_buffer bx = up(x, (size_t)(n * k) * 4), by = up(NULL, (size_t)(n * m) * 4);
+        cu.ops->matmul(&cu, &wc, bx.data, by.data, n);
+        down(&by, got, (size_t)(n * m) * 4);
+        const double e = nmse(got, want, n * m);
+        report(e < 5e-4, "%s matmul m=%lld k=%lld n=%lld (%s): nmse %.2e < 5e-4", what, (long long)m, (long long)k,
+               (long long)n, n <= 8 ? "gemv" : "cublas", e);
+        /* matmul_add: y and res += y */
+        float *res = frand(n * m, 1.0f);
+        li_buffer br = up(res, (size_t)(n * m) * 4);
+        for (int64_t i = 0; i < n * m; i++) res[i] += want[i];
+        cu.ops->matmul_add(&cu, &wc, bx.data, by.data, br.data, n);
+        down(&br, got, (size_t)(n * m) * 4);
+        const double ea = nmse(got, res, n * m);
+        report(ea < 5e-4, "%s matmul_add n=%lld: nmse %.2e < 5e-4", what, (long long)n, ea);
+        li_buffer_free(&cu, &bx);
+        li_buffer_free(&cu, &by);
+        li_buffer_free(&cu, &br);
+        free(x);
+        free(want);
+        free(got);
+        free(res);
+    }
+    /* get_rows, repeats and the last row included */
+    const int32_t ids[] = {(int32_t)m - 1, 0, 3, 0, (int32_t)(m / 2)};
+    const int64_t n = LI_ARRAY_LEN(ids);
+    float *want = frand(n * k, 0), *got = frand(n * k, 0);
+    ref.ops->get_rows(&ref, w, ids, n, want);
+    li_buffer bi = up(ids, sizeof ids), bo = up(NULL, (size_t)(n * k) * 4);
+    cu.ops->get_rows(&cu, &wc, bi.data, n, bo.data);
+    down(&bo, got, (size_t)(n * k) * 4);
+    const double e = nmse(got, want, n * k);
+    report(e < 1e-7, "%s get_rows: nmse %.2e < 1e-7", what, e);
+    li_buffer_free(&cu, &bi);
+    li_buffer_free(&cu, &bo);
+    free(want);
+    free(got);
+    cu.ops->weight_release(&cu, &wc);
+}
+
+static void test_weights(void) {
+    const struct { li_type t; int64_t k; } plain[] = {
+        {LI_TYPE_F32, 67}, {LI_TYPE_F16, 67}, {LI_TYPE_BF16, 67},
+        {LI_TYPE_Q8_0, 160}, {LI_TYPE_Q4_0, 160}, {LI_TYPE_Q4_1, 160},
+    };
+    for (size_t i = 0; i < LI_ARRAY_LEN(plain); i++) {
+        test_weight tw;
+        test_weight_make(&tw, plain[i].t, plain[i].k, 131, fill_rand);
+        check_weight(&tw, li_type_name(plain[i].t));
+        test_weight_free(&tw);
+    }
+    const struct { li_scheme s; int64_t k, gs; bool zeros, perm; } sch[] = {
+        {LI_SCHEME_W8A8, 67, 0, false, false}, {LI_SCHEME_FP8, 67, 0, false, false},
+        {LI_SCHEME_AWQ, 68, 32, true, false},  {LI_SCHEME_GPTQ, 68, 32, true, true},
+        {LI_SCHEME_INT4, 68, 0, false, false},
+    };
+    for (size_t i = 0; i < LI_ARRAY_LEN(sch); i++) {
+        test_weight tw;
+        test_weight_scheme(&tw, sch[i].s, sch[i].k, 131, sch[i].gs, sch[i].zeros, sch[i].perm, rng_u32);
+        char what[64];
+        snprintf(what, sizeof what, "%s%s", li_scheme_name(sch[i].s), sch[i].perm ? "+perm" : "");
+        check_weight(&tw, what);
+        test_weight_free(&tw);
+    }
+    /* a GGUF type without a kernel: refused at prepare, never run */
+    li_weight q5 = {.type = LI_TYPE_Q5_0, .k = 64, .m = 2};
+    li_type_row_size(LI_TYPE_Q5_0, 64, &q5.row_bytes);
+    report(cu.ops->weight_prepare(&cu, &q5) == LI_EUNSUP && !q5.packed, "q5_0 weights: LI_EUNSUP at weight_prepare");
+}
+
+/* ------------------------------------------------------------------------
+ * rmsnorm, rope, silu_mul, add
+ * ---------------------------------------------------------------------- */
+
+static void test_rowops(void) {
+    {
+        enum { N = 3, DIM = 131 };
+        float *x = frand(N * DIM, 3.0f), *w = frand(DIM, 1.0f), want[N * DIM], got[N * DIM];
+        ref.ops->rmsnorm(&ref, x, w, want, N, DIM, 1e-5f);
+        li_buffer bx = up(x, sizeof want), bw = up(w, DIM * 4), by = up(NULL, sizeof got);
+        cu.ops->rmsnorm(&cu, bx.data, bw.data, by.data, N, DIM, 1e-5f);
+        down(&by, got, sizeof got);
+        double e = nmse(got, want, N * DIM);
+        report(e < 1e-7, "rmsnorm n=%d dim=%d (device weight): nmse %.2e < 1e-7", N, DIM, e);
+        /* the model's norm weights are host memory: the backend's copy of
+         * them, and a changed host array noticed */
+        cu.ops->rmsnorm(&cu, bx.data, w, by.data, N, DIM, 1e-5f);
+        down(&by, got, sizeof got);
+        e = nmse(got, want, N * DIM);
+        report(e < 1e-7, "rmsnorm (host weight): nmse %.2e < 1e-7", e);
+        for (int j = 0; j < DIM; j++) w[j] *= -0.5f;
+        ref.ops->rmsnorm(&ref, x, w, want, N, DIM, 1e-5f);
+        cu.ops->rmsnorm(&cu, bx.data, w, by.data, N, DIM, 1e-5f);
+        down(&by, got, sizeof got);
+        e = nmse(got, want, N * DIM);
+        report(e < 1e-7, "rmsnorm (host weight changed in place): nmse %.2e < 1e-7", e);
+        li_buffer_free(&cu, &bx);
+        li_buffer_free(&cu, &bw);
+        li_buffer_free(&cu, &by);
+        free(x);
+        free(w);
+    }
+    for (int neox = 0; neox < 2; neox++)
+        for (int n_rot = 32; n_rot <= 64; n_rot += 32) {
+            enum { N = 5, H = 9, D = 64 };
+            const int32_t pos[N] = {0, 1, 37, 511, 8191};
+            float *x = frand(N * H * D, 1.0f), got[N * H * D];
+            li_buffer bx = up(x, sizeof got), bp = up(pos, sizeof pos);
+            ref.ops->rope(&ref, x, pos, N, H, D, n_rot, 10000.0f, neox);
+            cu.ops->rope(&cu, bx.data, bp.data, N, H, D, n_rot, 10000.0f, neox);
+            down(&bx, got, sizeof got);
+            const double e = nmse(got, x, N * H * D);
+            report(e < 1e-7, "rope %s n_rot=%d heads=%d: nmse %.2e < 1e-7", neox ? "neox" : "adjacent", n_rot, H, e);
+            li_buffer_free(&cu, &bx);
+            li_buffer_free(&cu, &bp);
+            free(x);
+        }
+    {
+        enum { N = 3, DIM = 131 };
+        float *g = frand(N * DIM, 4.0f), *u = frand(N * DIM, 1.0f), got[N * DIM];
+        li_buffer bg = up(g, sizeof got), bu = up(u, sizeof got);
+        ref.ops->silu_mul(&ref, g, u, N, DIM);
+        cu.ops->silu_mul(&cu, bg.data, bu.data, N, DIM);
+        down(&bg, got, sizeof got);
+        double e = nmse(got, g, N * DIM);
+        report(e < 1e-7, "silu_mul n=%d dim=%d: nmse %.2e < 1e-7", N, DIM, e);
+        ref.ops->add(&ref, g, u, N * DIM);
+        cu.ops->add(&cu, bg.data, bu.data, N * DIM);
+        down(&bg, got, sizeof got);
+        e = nmse(got, g, N * DIM);
+        report(e < 1e-7, "add n=%d: nmse %.2e < 1e-7", N * DIM, e);
+        li_buffer_free(&cu, &bg);
+        li_buffer_free(&cu, &bu);
+        free(g);
+        free(u);
+    }
+}
+
+/* ------------------------------------------------------------------------
+ * kv_store and paged attention
+ * ---------------------------------------------------------------------- */
+
+enum { BS = 16, NBLK = 12, NKV = 3, NH = 9, HD = 64, STRIDE = 3 };
+
+static size_t elem_size(li_type t) {
+    return t == LI_TYPE_F32 ? 4 : t == LI_TYPE_F16 || t == LI_TYPE_BF16 ? 2 : 1;
+}
+
+/* one batch through kv_store and attention on both backends */
+static void kv_batch(li_type dt, const char *what, li_kv_layer *hk, li_kv_layer *dk, li_buffer *bk, li_buffer *bv,
+                     li_buffer *bks, li_buffer *bvs, const int32_t *table, int64_t n, const int32_t *pos,
+                     const int32_t *seq) {
+    const bool b8 = dt == LI_KV_TYPE_FP8_E4M3 || dt == LI_KV_TYPE_INT8;
+    int64_t *slot = li_xmalloc((size_t)n * sizeof *slot);
+    for (int64_t i = 0; i < n; i++) slot[i] = (int64_t)table[seq[i] * STRIDE + pos[i] / BS] * BS + pos[i] % BS;
+    float *k = frand(n * NKV * HD, 2.0f), *v = frand(n * NKV * HD, 2.0f), *q = frand(n * NH * HD, 2.0f);
+    float *want = frand(n * NH * HD, 0), *got = frand(n * NH * HD, 0);
+    ref.ops->kv_store(&ref, hk, k, v, slot, n, NKV, HD);
+    li_buffer dkx = up(k, (size_t)(n * NKV * HD) * 4), dvx = up(v, (size_t)(n * NKV * HD) * 4);
+    li_buffer dsl = up(slot, (size_t)n * 8);
+    cu.ops->kv_store(&cu, dk, dkx.data, dvx.data, dsl.data, n, NKV, HD);
+    /* the stored bytes, all of the cache (untouched blocks stay zero on both) */
+    const size_t bytes = (size_t)NBLK * BS * NKV * HD * elem_size(dt);
+    uint8_t *ck = li_xmalloc(bytes), *cv = li_xmalloc(bytes);
+    down(bk, ck, bytes);
+    down(bv, cv, bytes);
+    bool same = !memcmp(ck, hk->k, bytes) && !memcmp(cv, hk->v, bytes);
+    if (b8) {
+        const size_t sb = (size_t)NBLK * BS * NKV * 4;
+        float *s = li_xmalloc(sb);
+        down(bks, s, sb);
+        same = same && !memcmp(s, hk->k_scale, sb);
+        down(bvs, s, sb);
+        same = same && !memcmp(s, hk->v_scale, sb);
+        free(s);
+    }
+    report(same, "%s kv_store %s n=%lld: the reference's bytes%s", what, li_type_name(dt), (long long)n,
+           b8 ? " and scales" : "");
+    li_attn_args a = {.n_tokens = n, .n_head = NH, .n_head_kv = NKV, .head_dim = HD, .block_size = BS, .q = q,
+                      .out = want, .pos = pos, .seq = seq, .block_table = table, .bt_stride = STRIDE, .kv = hk,
+                      .scale = 0.125f};
+    ref.ops->attention(&ref, &a);
+    li_buffer dq = up(q, (size_t)(n * NH * HD) * 4), dout = up(NULL, (size_t)(n * NH * HD) * 4);
+    li_buffer dpos = up(pos, (size_t)n * 4), dseq = up(seq, (size_t)n * 4), dtab = up(table, 2 * STRIDE * 4);
+    li_attn_args d = a;
+    d.q = dq.data;
+    d.out = dout.data;
+    d.pos = dpos.data;
+    d.seq = dseq.data;
+    d.block_table = dtab.data;
+    d.kv = dk;
+    cu.ops->attention(&cu, &d);
+    down(&dout, got, (size_t)(n * NH * HD) * 4);
+    const double e = nmse(got, want, n * NH * HD);
+    report(e < 5e-4, "%s attention %s n=%lld heads %d/%d: nmse %.2e < 5e-4", what, li_type_name(dt), (long long)n, NH,
+           NKV, e);
+    li_buffer *bufs[] = {&dkx, &dvx, &dsl, &dq, &dout, &dpos, &dseq, &dtab};
+    for (size_t i = 0; i < LI_ARRAY_LEN(bufs); i++) li_buffer_free(&cu, bufs[i]);
+    free(slot);
+    free(k);
+    free(v);
+    free(q);
+    free(want);
+    free(got);
+    free(ck);
+    free(cv);
+}
+
+static void test_attention(void) {
+    const li_type dts[] = {LI_TYPE_F32, LI_TYPE_F16, LI_TYPE_BF16, LI_KV_TYPE_FP8_E4M3, LI_KV_TYPE_INT8};
+    /* two sequences, blocks scattered with holes: 37 and 21 tokens; row 1 padded */
+    const int32_t table[2 * STRIDE] = {7, 2, 9, 4, 11, 0};
+    for (size_t t = 0; t < LI_ARRAY_LEN(dts); t++) {
+        const li_type dt = dts[t];
+        const bool b8 = dt == LI_KV_TYPE_FP8_E4M3 || dt == LI_KV_TYPE_INT8;
+        const size_t bytes = (size_t)NBLK * BS * NKV * HD * elem_size(dt), sb = (size_t)NBLK * BS * NKV * 4;
+        li_kv_layer hk = {.dtype = dt, .k = calloc(1, bytes), .v = calloc(1, bytes)};
+        if (b8) {
+            hk.k_scale = calloc(1, sb);
+            hk.v_scale = calloc(1, sb);
+        }
+        li_buffer bk = up(NULL, bytes), bv = up(NULL, bytes), bks = {0}, bvs = {0};
+        li_kv_layer dk = {.dtype = dt, .k = bk.data, .v = bv.data};
+        if (b8) {
+            bks = up(NULL, sb);
+            bvs = up(NULL, sb);
+            dk.k_scale = bks.data;
+            dk.v_scale = bvs.data;
+        }
+        /* a mixed prefill: both prompts, interleaved */
+        int32_t pos[58], seq[58];
+        int64_t n = 0;
+        for (int p = 0; p < 37; p++) {
+            pos[n] = p;
+            seq[n++] = 0;
+            if (p < 21) {
+                pos[n] = p;
+                seq[n++] = 1;
+            }
+        }
+        kv_batch(dt, "prefill", &hk, &dk, &bk, &bv, &bks, &bvs, table, n, pos, seq);
+        /* a decode step of each sequence after it */
+        const int32_t dpos[2] = {37, 21}, dseq[2] = {0, 1};
+        kv_batch(dt, "decode", &hk, &dk, &bk, &bv, &bks, &bvs, table, 2, dpos, dseq);
+        li_buffer_free(&cu, &bk);
+        li_buffer_free(&cu, &bv);
+        li_buffer_free(&cu, &bks);
+        li_buffer_free(&cu, &bvs);
+        free(hk.k);
+        free(hk.v);
+        free(hk.k_scale);
+        free(hk.v_scale);
+    }
+}
+
+/* ------------------------------------------------------------------------
+ * the real model: greedy tokens, logits, perplexity; the decode benchmark
+ * ---------------------------------------------------------------------- */
+
+static int argmax(const float *a, int64_t n) {
+    int b = 0;
+    for (int64_t i = 1; i < n; i++)
+        if (a[i] > a[b]) b = (int)i;
+    return b;
+}
+
+enum { GREEDY = 32 };
+
+/* greedy tokens after the prompt; the prompt's last logits into first,
+ * every step's logits into steps (GREEDY, nv); the mean NLL of `text`
+ * tokens (all logits of one pass) into *nll */
+static int model_run(li_model *m, li_backend *be, const int32_t *prompt, size_t np, const int32_t *text, size_t nt,
+                     int32_t *out, float *steps, double *nll, li_error *err) {
+    const int32_t nv = m->hp.n_vocab;
+    li_session s;
+    int rc = li_session_init(&s, m, be, 512, LI_TYPE_F16, 256, err);
+    if (rc) return rc;
+    float *logits = li_xmalloc((size_t)nv * sizeof(float));
+    if (!(rc = li_session_eval(&s, prompt, (int64_t)np, false, logits, err))) {
+        for (int t = 0; t < GREEDY && !rc; t++) {
+            memcpy(steps + (size_t)t * nv, logits, (size_t)nv * sizeof(float));
+            out[t] = argmax(logits, nv);
+            rc = li_session_eval(&s, &out[t], 1, false, logits, err);
+        }
+    }
+    li_session_free(&s);
+    free(logits);
+    if (rc) return rc;
+    float *all = li_xmalloc((size_t)nt * (size_t)nv * sizeof(float));
+    if ((rc = li_session_init(&s, m, be, 512, LI_TYPE_F16, 256, err))) {
+        free(all);
+        return rc;
+    }
+    rc = li_session_eval(&s, text, (int64_t)nt, true, all, err);
+    li_session_free(&s);
+    double sum = 0;
+    for (size_t i = 0; !rc && i + 1 < nt; i++) {
+        const float *row = all + i * (size_t)nv;
+        double mx = row[0], z = 0;
+        for (int32_t j = 1; j < nv; j++) mx = row[j] > mx ? row[j] : mx;
+        for (int32_t j = 0; j < nv; j++) z += exp((double)row[j] - mx);
+        sum += log(z) + mx - row[text[i + 1]];
+    }
+    *nll = sum / (double)(nt - 1);
+    free(all);
+    return rc;
+}
+
+static void bench_decode(li_model *m) {
+    const int batches[] = {1, 8, 64};
+    const int ctx = 128, steps = 32;
+    for (size_t bi = 0; bi < LI_ARRAY_LEN(batches); bi++) {
+        const int B = batches[bi];
+        li_error err = {0};
+        li_kv_cache kv;
+        li_forward fw;
+        const li_kv_dims dims = li_forward_kv_dims(&m->hp);
+        const int32_t nblk = (int32_t)(B * ((ctx + steps) / 16 + 1));
+        if (li_kv_cache_init(&kv, &cu, &dims, LI_TYPE_F16, 16, nblk, &err) ||
+            li_forward_init(&fw, m, &cu, B, &err)) {
+            printf("bench: batch %d: %s\n", B, err.msg);
+            return;
+        }
+        li_kv_seq *sq = li_xcalloc((size_t)B, sizeof *sq);
+        const int64_t stride = (ctx + steps) / 16 + 1;
+        int32_t *table = li_xcalloc((size_t)B * (size_t)stride, sizeof *table);
+        for (int s = 0; s < B; s++) {
+            li_kv_seq_init(&sq[s]);
+            li_kv_seq_reserve(&kv, &sq[s], ctx + steps);
+            memcpy(table + (size_t)s * stride, sq[s].blocks, (size_t)sq[s].n_blocks * sizeof *table);
+        }
+        int32_t *tok = li_xcalloc((size_t)B, 4), *pos = li_xcalloc((size_t)B, 4), *seq = li_xcalloc((size_t)B, 4),
+                *rows = li_xcalloc((size_t)B, 4);
+        int64_t *slot = li_xcalloc((size_t)B, 8);
+        float *logits = li_xmalloc((size_t)B * (size_t)m->hp.n_vocab * sizeof(float));
+        double t0 = 0;
+        for (int st = -2; st < steps; st++) { /* two warm-up steps */
+            if (st == 0) t0 = li_time_now();
+            for (int s = 0; s < B; s++) {
+                tok[s] = (s * 7 + st + 100) % m->hp.n_vocab;
+                pos[s] = ctx + (st < 0 ? 0 : st);
+                seq[s] = s;
+                rows[s] = s;
+                slot[s] = li_kv_seq_slot(&kv, &sq[s], pos[s]);
+            }
+            li_batch b = {.n = B, .tokens = tok, .pos = pos, .seq = seq, .slot = slot, .block_table = table,
+                          .n_seqs = B, .bt_stride = stride, .logit_rows = rows, .n_logits = B};
+            if (li_forward_run(&fw, m, &cu, &kv, &b, logits, &err)) {
+                printf("bench: batch %d: %s\n", B, err.msg);
+                break;
+            }
+        }
+        const double dt = li_time_now() - t0;
+        printf("bench: decode batch %3d, context %d: %8.1f tokens/s, %.3f ms per step (%d steps, logits copied back)\n",
+               B, ctx, (double)B * steps / dt, dt * 1e3 / steps, steps);
+        for (int s = 0; s < B; s++) {
+            li_kv_seq_release(&kv, &sq[s]);
+            li_kv_seq_free(&sq[s]);
+        }
+        free(sq);
+        free(table);
+        free(tok);
+        free(pos);
+        free(seq);
+        free(rows);
+        free(slot);
+        free(logits);
+        li_forward_free(&fw);
+        li_kv_cache_free(&kv);
+    }
+}
+
+static void test_model(bool bench) {
+    li_error err = {0};
+    li_model *m;
+    if (li_model_load(&m, li_model_default_path(NULL), &err)) {
+        printf("SKIP whole-model checks: model not loadable (%s)\n", err.msg);
+        return;
+    }
+    const int32_t nv = m->hp.n_vocab;
+    const char *prompt = "The capital of France is";
+    const char *text = "Paged attention stores the keys and values of every sequence in fixed-size blocks, so "
+                       "memory is allocated as a sequence grows and freed the moment it ends. A block table maps "
+                       "each position to its block, and sequences that share a prefix share its blocks.";
+    int32_t *pt, *tt;
+    size_t np, nt;
+    if (li_tokenizer_encode(m->tok, prompt, strlen(prompt), true, false, &pt, &np, &err) ||
+        li_tokenizer_encode(m->tok, text, strlen(text), true, false, &tt, &nt, &err)) {
+        report(false, "tokenize: %s", err.msg);
+        li_model_free(m);
+        return;
+    }
+    int32_t gc[GREEDY], gg[GREEDY];
+    float *sc = li_xmalloc((size_t)GREEDY * nv * sizeof(float)), *sg = li_xmalloc((size_t)GREEDY * nv * sizeof(float));
+    double nll_c = 0, nll_g = 0;
+    li_backend cpu;
+    int rc = li_backend_cpu_init(&cpu, 0, "auto", &err);
+    if (!rc && !(rc = li_model_prepare(m, &cpu, &err)))
+        rc = model_run(m, &cpu, pt, np, tt, nt, gc, sc, &nll_c, &err);
+    report(rc == 0, "model on the CPU backend: %s", rc ? err.msg : "ran");
+    li_model_release(m, &cpu);
+    li_backend_cpu_free(&cpu);
+    bool on_cu = false;
+    if (!rc) {
+        rc = li_model_prepare(m, &cu, &err);
+        on_cu = rc == 0;
+        if (!rc) rc = model_run(m, &cu, pt, np, tt, nt, gg, sg, &nll_g, &err);
+        report(rc == 0, "model on CUDA: %s", rc ? err.msg : "ran");
+    }
+    if (!rc) {
+        int agree = 0, first = -1;
+        for (int t = 0; t < GREEDY; t++) {
+            if (gc[t] == gg[t] && first < 0) agree++;
+            else if (first < 0) first = t;
+        }
+        const double e0 = nmse(sg, sc, nv);
+        report(e0 < 5e-3, "model: the prompt's last logits, CUDA vs CPU: nmse %.2e < 5e-3", e0);
+        if (first < 0) {
+            report(true, "model: greedy tokens agree, %d of %d", agree, GREEDY);
+        } else {
+            /* the CPU's own logits at the divergence: how close were the two tokens? */
+            const float *row = sc + (size_t)first * nv;
+            const double gap = (double)row[gc[first]] - (double)row[gg[first]];
+            report(gap < 0.5, "model: greedy tokens agree for %d of %d; first divergence at step %d (cpu %d, cuda %d), "
+                   "cpu logit gap %.4f < 0.5 (a near tie)", agree, GREEDY, first, gc[first], gg[first], gap);
+        }
+        const double pc = exp(nll_c), pg = exp(nll_g), rel = fabs(pg - pc) / pc;
+        report(rel < 0.005, "model: perplexity of %zu tokens, cpu %.4f, cuda %.4f: |diff| %.3f%% < 0.5%%", nt, pc, pg,
+               100 * rel);
+    }
+    if (!rc && bench) bench_decode(m);
+    if (on_cu) li_model_release(m, &cu);
+    free(sc);
+    free(sg);
+    free(pt);
+    free(tt);
+    li_model_free(m);
+}
+
+int main(int argc, char **argv) {
+    bool bench = false;
+    const char *only = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--bench")) bench = true;
+        else if (!strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
+        else {
+            fprintf(stderr, "usage: test_cuda_ops [--bench] [--only weights|rowops|attention|model]\n");
+            return 2;
+        }
+    }
+    const char *groups[] = {"weights", "rowops", "attention", "model"};
+    bool known = !only;
+    for (size_t g = 0; g < LI_ARRAY_LEN(groups); g++) known = known || !strcmp(only, groups[g]);
+    if (!known) {
+        fprintf(stderr, "test_cuda_ops: unknown group '%s' (weights, rowops, attention, model)\n", only);
+        return 2;
+    }
+#define RUN(g) (!only || !strcmp(only, g))
+    setvbuf(stdout, NULL, _IOLBF, 0); /* every line reaches the report even if an op aborts */
+    li_error err = {0};
+    if (li_backend_cuda_init(&cu, 0, &err)) {
+        printf("SKIP: no CUDA device (%s)\n", err.msg);
+        return 77;
+    }
+    ref = (li_backend){.ops = li_backend_ref_ops(), .n_threads = 1};
+    if (RUN("weights")) test_weights();
+    if (RUN("rowops")) test_rowops();
+    if (RUN("attention")) test_attention();
+    if (RUN("model")) test_model(bench);
+    li_backend_cuda_free(&cu);
+    return t_summary("test_cuda_ops");
+}
