@@ -36,6 +36,7 @@ extern "C" {
 
 #include <cuda_runtime.h>
 #include <cublas_v2.h>
+#include <dlfcn.h>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -80,6 +81,48 @@ struct li_cuda {
     abort();
 }
 
+/* ---- cuBLAS, opened when a CUDA backend starts ----
+ * Linked, libcublas and libcublasLt (~0.7 GB) would load into every
+ * luainfer process and add ~0.3 s to each start (CLI commands, policy hosts),
+ * GPU or not; so they are dlopen'ed by the first li_backend_cuda_init. The
+ * v2 API's names are macros for the *_v2 symbols. */
+static struct {
+    bool tried, ok;
+    char why[160];
+    decltype(&cublasCreate_v2) create;
+    decltype(&cublasDestroy_v2) destroy;
+    decltype(&cublasSetStream_v2) set_stream;
+    decltype(&cublasSetMathMode) set_math_mode;
+    decltype(&cublasSgemm_v2) sgemm;
+    decltype(&cublasGetStatusString) status_string;
+} blas;
+
+static bool blas_open(void) {
+    if (blas.tried) return blas.ok;
+    blas.tried = true;
+    char name[32];
+    snprintf(name, sizeof name, "libcublas.so.%d", CUBLAS_VER_MAJOR);
+    void *h = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        snprintf(blas.why, sizeof blas.why, "%s", dlerror());
+        return false;
+    }
+#define SYM(field, sym)                                                            \
+    if (!(*(void **)&blas.field = dlsym(h, sym))) {                                \
+        snprintf(blas.why, sizeof blas.why, "%s has no %s", name, sym);            \
+        return false;                                                              \
+    }
+    SYM(create, "cublasCreate_v2")
+    SYM(destroy, "cublasDestroy_v2")
+    SYM(set_stream, "cublasSetStream_v2")
+    SYM(set_math_mode, "cublasSetMathMode")
+    SYM(sgemm, "cublasSgemm_v2")
+    SYM(status_string, "cublasGetStatusString")
+#undef SYM
+    blas.ok = true;
+    return true;
+}
+
 #define CK(call)                                                                     \
     do {                                                                             \
         cudaError_t e_ = (call);                                                     \
@@ -89,7 +132,7 @@ struct li_cuda {
 #define CK_BLAS(call)                                                                \
     do {                                                                             \
         cublasStatus_t s_ = (call);                                                  \
-        if (s_ != CUBLAS_STATUS_SUCCESS) cu_die(#call, cublasGetStatusString(s_), __FILE__, __LINE__); \
+        if (s_ != CUBLAS_STATUS_SUCCESS) cu_die(#call, blas.status_string(s_), __FILE__, __LINE__); \
     } while (0)
 
 static li_cuda *cu(li_backend *be) { return (li_cuda *)be->impl; }
@@ -404,7 +447,7 @@ static void cu_matmul(li_backend *be, const li_weight *w, const float *x, float 
 #undef L_DEQ
     CK_LAUNCH("dequant");
     const float one = 1.0f, zero = 0.0f;
-    CK_BLAS(cublasSgemm(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)w->m, (int)n, (int)w->k, &one, wf, (int)w->k, x,
+    CK_BLAS(blas.sgemm(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)w->m, (int)n, (int)w->k, &one, wf, (int)w->k, x,
                         (int)w->k, &zero, y, (int)w->m));
 }
 
@@ -753,20 +796,21 @@ extern "C" int li_backend_cuda_init(li_backend *be, int device, li_error *err) {
         return li_error_set(err, LI_EINVAL, "cuda: device %d out of range (%d devices)", device, n);
     if ((e = cudaSetDevice(device)) != cudaSuccess)
         return li_error_set(err, LI_EUNSUP, "cuda: cudaSetDevice(%d): %s", device, cudaGetErrorString(e));
+    if (!blas_open()) return li_error_set(err, LI_EUNSUP, "cuda: cannot open cuBLAS: %s", blas.why);
     li_cuda *c = (li_cuda *)li_xcalloc(1, sizeof *c);
     c->device = device;
     if ((e = cudaStreamCreateWithFlags(&c->st, cudaStreamNonBlocking)) != cudaSuccess) {
         free(c);
         return li_error_set(err, LI_EUNSUP, "cuda: cudaStreamCreate: %s", cudaGetErrorString(e));
     }
-    cublasStatus_t s = cublasCreate(&c->blas);
+    cublasStatus_t s = blas.create(&c->blas);
     if (s != CUBLAS_STATUS_SUCCESS) {
         cudaStreamDestroy(c->st);
         free(c);
-        return li_error_set(err, LI_EUNSUP, "cuda: cublasCreate: %s", cublasGetStatusString(s));
+        return li_error_set(err, LI_EUNSUP, "cuda: cublasCreate: %s", blas.status_string(s));
     }
-    cublasSetStream(c->blas, c->st);
-    cublasSetMathMode(c->blas, CUBLAS_PEDANTIC_MATH); // FP32 as written: no TF32 in SGEMM
+    blas.set_stream(c->blas, c->st);
+    blas.set_math_mode(c->blas, CUBLAS_PEDANTIC_MATH); // FP32 as written: no TF32 in SGEMM
     be->ops = &cuda_ops;
     be->impl = c;
     return 0;
@@ -783,7 +827,7 @@ extern "C" void li_backend_cuda_free(li_backend *be) {
         free(c->copies[i].keep);
     }
     free(c->copies);
-    cublasDestroy(c->blas);
+    blas.destroy(c->blas);
     cudaStreamDestroy(c->st);
     free(c);
     be->impl = nullptr;
