@@ -22,6 +22,8 @@ import subprocess
 import sys
 import time
 
+import results  # bench/results.py: --json, --plot, progress
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 BUSY = r"""
@@ -64,6 +66,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--decode", type=int, default=96, help="tokens decoded per measurement")
     ap.add_argument("--busy-limit", type=float, default=300, help="the busy child's own time limit, seconds")
+    results.add_options(ap)
     a = ap.parse_args()
     bins = [b.split("=", 1) for b in a.bin]
     if not bins:
@@ -73,6 +76,7 @@ def main():
     print(f"{os.cpu_count()} CPUs; busy neighbour pinned to CPU {max(os.sched_getaffinity(0))}; "
           f"load average before: {os.getloadavg()[0]:.1f}")
     res = {}
+    progress = results.Progress(a.rounds * 4 * len(bins), "contention runs")
     for r in range(a.rounds):
         # alternate the order each round so drift in the machine's load spreads evenly
         cases = [(name, path, t, busy) for busy in (False, True) for name, path in bins for t in (1, 2)]
@@ -83,6 +87,8 @@ def main():
             res.setdefault((name, t, busy), []).append((d, b4))
             print(f"round {r + 1}: {name:4s} threads {t} {'busy ' if busy else 'alone'}: decode {d:7.1f} tok/s, "
                   f"batched4 {b4:7.1f} tok/s", flush=True)
+            progress.step()
+    progress.done()
     med = {k: (statistics.median(x[0] for x in v), statistics.median(x[1] for x in v)) for k, v in res.items()}
     print(f"\nmedians of {a.rounds} rounds (tok/s: decode / batched4)")
     for name, _ in bins:
@@ -102,6 +108,12 @@ def main():
                 print(f"  {n1}/{n0} threads {t} {'busy ' if busy else 'alone'}: decode {n[0] / o[0]:.2f}x, "
                       f"batched4 {n[1] / o[1]:.2f}x")
     print(f"load average after: {os.getloadavg()[0]:.1f}")
+    rows = [{"name": f"{name} threads {t} {'busy' if busy else 'alone'}", "bin": name, "threads": t, "busy": busy,
+             "decode_tok_s": med[(name, t, busy)][0], "batched4_tok_s": med[(name, t, busy)][1]}
+            for name, _ in bins for busy in (False, True) for t in (1, 2)]
+    results.finish(a, {"bench": "contention", "rounds": a.rounds, "decode": a.decode, "rows": rows,
+                       "chart": {"label": "name", "values": ["decode_tok_s", "batched4_tok_s"], "ylabel": "tokens/s",
+                                 "title": "decode next to a busy process (median of rounds)"}})
 
 
 if __name__ == "__main__":
