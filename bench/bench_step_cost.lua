@@ -15,7 +15,7 @@
 -- DECODE_STEPS (default 48) decode steps of forward time, ROUNDS times
 -- (default 3); prints ms per step, per token and per added sequence.
 --
---   ./build/luainfer run bench/bench_step_cost.lua --fit [ROUNDS] --json bench/traces/step_cost.json
+--   ./build/luainfer run bench/bench_step_cost.lua --fit [ROUNDS [--cpu]] --json bench/traces/step_cost.json
 --
 -- fits the replay's model clock (bench_replay.lua --clock model): the cost
 -- of a whole step (less the policy's time) as
@@ -30,6 +30,14 @@ local opts = bench.options(arg)
 local root = opts.root
 
 -- ---- --fit: the model clock's step cost ------------------------------------------
+-- The process's CPU time (CLOCK_PROCESS_CPUTIME_ID), bench.lua's declaration
+local ffi = require("ffi")
+local cpu_ts = ffi.new("li_bench_timespec")
+local function cpu_now()
+  ffi.C.clock_gettime(2, cpu_ts)
+  return tonumber(cpu_ts.tv_sec) + tonumber(cpu_ts.tv_nsec) * 1e-9
+end
+
 local function synthetic(i, n)
   local t = {}
   for k = 1, n do t[k] = 1000 + (i * 7919 + k * 104729) % 30000 end
@@ -56,13 +64,14 @@ local function designed_step(e, decodes, ctx, prefill)
   if prefill > 0 then
     ids[#ids + 1] = e:add{ tokens = synthetic(seed, prefill), max_tokens = 1, temperature = 0, ignore_eos = true }
   end
-  local s0 = e:stats()
+  local s0, c0 = e:stats(), cpu_now()
   e:step()
-  local s1 = e:stats()
+  local c1, s1 = cpu_now(), e:stats()
   for _, id in ipairs(ids) do e:cancel(id); e:release(id) end
   -- features as the engine's clock counts them (engine.c, model_clock_step)
   local x = { 1, prefill, decodes, decodes * (ctx + 1) + prefill * (prefill + 1) / 2 }
-  return x, (s1.time_total - s0.time_total) - (s1.time_policy - s0.time_policy)
+  local wall = (s1.time_total - s0.time_total) - (s1.time_policy - s0.time_policy)
+  return x, wall, c1 - c0
 end
 
 -- weighted least squares with non-negative coefficients (drop a negative one, refit)
@@ -108,6 +117,10 @@ end
 
 if arg[1] == "--fit" then
   local rounds = tonumber(arg[2]) or 3
+  -- --cpu: fit the step's CPU time over the engine's threads instead of its
+  -- wall time: what the step costs on idle cores if its threads keep busy;
+  -- on a shared, loaded machine wall time counts the others' work too
+  local use_cpu = arg[3] == "--cpu"
   local design = {}
   for _, n in ipairs({ 1, 4, 16 }) do
     design[#design + 1] = { n, 16, 0 }
@@ -117,12 +130,14 @@ if arg[1] == "--fit" then
   for _, m in ipairs({ { 4, 64, 128 }, { 8, 16, 64 } }) do design[#design + 1] = m end
   local e = luainfer.engine{ policy = root .. "/policies/default.lua", max_num_seqs = 64,
                              max_batched_tokens = 1024, kv_memory = 256 * 1024 * 1024 }
-  local best, xs = {}, {}
+  local threads = e:info().threads
+  local best, xs, walls = {}, {}, {}
   local progress = bench.progress(rounds * #design, "designed steps")
   for _ = 1, rounds do
     for i, d in ipairs(design) do
-      local x, t = designed_step(e, d[1], d[2], d[3])
-      xs[i], best[i] = x, math.min(best[i] or math.huge, t)
+      local x, wall, cpu = designed_step(e, d[1], d[2], d[3])
+      local t = use_cpu and cpu / threads or wall
+      xs[i], best[i], walls[i] = x, math.min(best[i] or math.huge, t), math.min(walls[i] or math.huge, wall)
       progress:step()
     end
   end
@@ -130,20 +145,24 @@ if arg[1] == "--fit" then
   e:close()
   local c = fit(xs, best)
   print(("step cost (s) = %.3e + %.3e * prefill_tokens + %.3e * decode_rows + %.3e * context"):format(c[1], c[2], c[3], c[4]))
-  print("   decodes  ctx  prefill   measured ms   model ms   error")
+  print(("fitted to %s, %d threads"):format(use_cpu and "CPU time / threads" or "wall time", threads))
+  print("   decodes  ctx  prefill   measured ms   model ms   error   wall ms")
   local rows, worst = {}, 0
   for i, d in ipairs(design) do
     local m = c[1] + c[2] * xs[i][2] + c[3] * xs[i][3] + c[4] * xs[i][4]
     worst = math.max(worst, math.abs(m / best[i] - 1))
-    print(("  %7d %5d %7d  %11.2f  %9.2f  %+5.0f%%"):format(d[1], d[2], d[3], 1e3 * best[i], 1e3 * m, 100 * (m / best[i] - 1)))
-    rows[#rows + 1] = { decodes = d[1], context = d[2], prefill = d[3], measured_s = best[i], model_s = m }
+    print(("  %7d %5d %7d  %11.2f  %9.2f  %+5.0f%%  %8.2f"):format(d[1], d[2], d[3], 1e3 * best[i], 1e3 * m,
+      100 * (m / best[i] - 1), 1e3 * walls[i]))
+    rows[#rows + 1] = { decodes = d[1], context = d[2], prefill = d[3], measured_s = best[i], model_s = m,
+                        wall_s = walls[i] }
   end
   print(("worst relative error %.0f%%"):format(100 * worst))
   local f = io.popen("uptime; uname -m; grep -m1 'model name' /proc/cpuinfo; nproc")
   local machine = f and f:read("*a"):gsub("%s+$", ""):gsub("\n", "; ") or "?"
   if f then f:close() end
   bench.finish(opts, { bench = "step_cost_fit", a = c[1], b = c[2], c = c[3], d = c[4], rounds = rounds,
-                       worst_error = worst, machine = machine, rows = rows,
+                       worst_error = worst, machine = machine,
+                       fitted_to = use_cpu and "cpu_time_per_thread" or "wall_time", threads = threads, rows = rows,
                        model = "step s = a + b*prefill_tokens + c*decode_rows + d*context (sum of pos+1)" })
   return
 end

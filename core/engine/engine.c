@@ -524,6 +524,14 @@ static int32_t projected_blocks(const li_engine *e, const req *r, int32_t held) 
     return need > 0 ? (int32_t)LI_MIN(need, INT32_MAX) : 0;
 }
 
+/* The prompt's block hashes for req.prefix_hashes (probed requests have
+ * them; the policy side reads them only when asked). */
+static void prefix_view(const li_engine *e, const req *r, li_req_view *v) {
+    _Static_assert(sizeof(li_block_hash) == 2 * sizeof(uint64_t), "li_block_hash is (lo, hi)");
+    v->prefix_hash = (const uint64_t *)r->pfx.hash;
+    v->n_prefix_hash = LI_MIN(r->pfx.n_hash, (int32_t)((r->n_prompt - 1) / e->tgt.kv.block_size));
+}
+
 static void view_of(li_engine *e, req *r, li_req_view *v) {
     /* a request about to start sees its cache hit as already computed */
     int64_t hit = (int64_t)prefix_probe(e, r) * e->tgt.kv.block_size;
@@ -538,6 +546,7 @@ static void view_of(li_engine *e, req *r, li_req_view *v) {
         .first_scheduled = r->res.t_first_scheduled, .first_token = r->res.t_first_token,
     };
     v->projected_blocks = projected_blocks(e, r, v->n_blocks);
+    prefix_view(e, r, v);
 }
 
 static void gather(li_engine *e, li_step_state *st) {
