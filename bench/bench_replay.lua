@@ -5,7 +5,8 @@
 -- preemptions and policy time per step.
 --
 --   ./build/luainfer bench replay TRACE [--policy P.lua]... [--rate-scale X[,Y,...]]
---        [--duration S] [--max-num-seqs N] [--kv-memory MIB] [--json FILE] [--plot FILE]
+--        [--duration S] [--max-num-seqs N] [--kv-memory MIB] [--clock wall|model[:FILE]]
+--        [--policy-time] [--json FILE] [--plot FILE]
 --
 -- TRACE is a JSON-lines file (bench/traces/, made by tools/gen_traces.py):
 -- per request the arrival time t (s), the prompt (text, or prompt_len
@@ -18,6 +19,15 @@
 -- list sweeps, and --plot then draws goodput against load beside the TTFT
 -- percentiles. Policies (default policies/default.lua) run in turn on the
 -- same trace, in an order that alternates between rate scales.
+--
+-- --clock model[:FILE] (default FILE bench/traces/step_cost.json, fitted by
+-- bench_step_cost.lua --fit): the engine's clock advances by the step cost
+-- model instead of wall time, and idle waits jump to the next arrival, so
+-- TTFT, TPOT, queueing delay and goodput depend on the trace, the policy
+-- and the cost model only: the same numbers on any machine, at any load.
+-- Times are then measured from each request's virtual arrival. The
+-- policy's own (wall) time per step is still reported; --policy-time adds
+-- it to the model clock too (and the numbers depend on the machine again).
 local luainfer = require("luainfer")
 local bench = require("luainfer.bench")
 local json = require("luainfer.json")
@@ -25,10 +35,11 @@ local json = require("luainfer.json")
 local opts = bench.options(arg)
 local root = opts.root
 local usage = "usage: luainfer bench replay TRACE [--policy P.lua]... [--rate-scale X[,Y...]] [--duration S] "
-  .. "[--max-num-seqs N] [--kv-memory MIB] [--json FILE] [--plot FILE]"
+  .. "[--max-num-seqs N] [--kv-memory MIB] [--clock wall|model[:FILE]] [--policy-time] [--json FILE] [--plot FILE]"
 
 -- ---- arguments ---------------------------------------------------------------
 local trace_path, policies, scales, duration, max_num_seqs, kv_mib = nil, {}, { 1 }, math.huge, 16, 256
+local clock, cost_path, policy_time = "wall", nil, false
 do
   local i = 1
   local function value(flag)
@@ -51,6 +62,14 @@ do
     elseif a == "--duration" then duration = number(a, value(a), 0)
     elseif a == "--max-num-seqs" then max_num_seqs = math.floor(number(a, value(a), 1))
     elseif a == "--kv-memory" then kv_mib = number(a, value(a), 1)
+    elseif a == "--clock" then
+      local v = value(a)
+      clock, cost_path = v:match("^(%a+):?(.*)$")
+      if clock ~= "wall" and clock ~= "model" or (clock == "wall" and cost_path ~= "") then
+        error(("--clock: want wall or model[:FILE], got %q"):format(v), 0)
+      end
+      if cost_path == "" then cost_path = nil end
+    elseif a == "--policy-time" then policy_time = true; i = i + 1
     elseif a:sub(1, 2) == "--" then error(("unknown option %s\n%s"):format(a, usage), 0)
     elseif not trace_path then trace_path = a; i = i + 1
     else error(("unexpected argument %q\n%s"):format(a, usage), 0) end
@@ -58,6 +77,25 @@ do
 end
 if not trace_path then error(usage, 0) end
 if #policies == 0 then policies = { root .. "/policies/default.lua" } end
+
+-- ---- the step cost model (--clock model) ---------------------------------------
+local cost
+if clock == "model" then
+  cost_path = cost_path or root .. "/bench/traces/step_cost.json"
+  local f, err = io.open(cost_path, "r")
+  if not f then error(("--clock model: cannot read %s: %s"):format(cost_path, err), 0) end
+  local c, derr = json.decode(f:read("*a"))
+  f:close()
+  if type(c) ~= "table" then error(("--clock model: %s: %s"):format(cost_path, derr or "not a JSON object"), 0) end
+  for _, k in ipairs({ "a", "b", "c", "d" }) do
+    if type(c[k]) ~= "number" or c[k] < 0 or c[k] ~= c[k] then
+      error(("--clock model: %s: '%s' must be a number >= 0"):format(cost_path, k), 0)
+    end
+  end
+  cost = { a = c.a, b = c.b, c = c.c, d = c.d, policy_scale = policy_time and 1 or 0, start = 0 }
+elseif policy_time then
+  error("--policy-time needs --clock model", 0)
+end
 
 -- ---- the trace ---------------------------------------------------------------
 local function read_trace(path)
@@ -116,9 +154,14 @@ local function replay(policy, scale)
   end
   local n, ids, next_i = #reqs, {}, 1
   if n == 0 then error(("no request of the trace arrives within --duration %g s"):format(duration), 0) end
-  local t0 = now()
+  -- the clock: wall time, or the engine's model clock from 0
+  local clk, t0 = now, now()
+  if cost then
+    e:set_clock(cost)
+    clk, t0 = function() return e:now() end, 0
+  end
   while next_i <= n or e:has_work() do
-    local t = now() - t0
+    local t = clk() - t0
     while next_i <= n and reqs[next_i].t / scale <= t do
       local r = reqs[next_i]
       ids[next_i] = e:add{
@@ -132,20 +175,30 @@ local function replay(policy, scale)
     if e:has_work() then
       e:step()
     elseif next_i <= n then -- idle until the next arrival
-      local wait = reqs[next_i].t / scale - (now() - t0)
-      bench.sleep(math.min(wait, 0.05))
+      if cost then e:advance_clock(reqs[next_i].t / scale)
+      else bench.sleep(math.min(reqs[next_i].t / scale - (now() - t0), 0.05)) end
     end
   end
-  local makespan = now() - t0
+  local makespan = clk() - t0
   local s = e:stats()
   local ttft, tpot, queue, good, out_tokens, texts, per_tenant = {}, {}, {}, 0, 0, {}, {}
   for i = 1, n do
     local r, res = reqs[i], e:result(ids[i])
-    local tt = (res.ttft or math.huge) * 1e3
     local ntok = #res.tokens
-    local tp = ntok > 1 and ((res.latency - res.ttft) * 1e3 / (ntok - 1)) or 0
+    local tt, tp, qd
+    if cost then -- from the virtual arrival: a request arriving mid-step is added after it
+      local arr = r.t / scale
+      tt = (res.first_token_time or math.huge) - arr
+      qd = (res.first_scheduled_time or math.huge) - arr
+      tp = ntok > 1 and (res.finish_time - res.first_token_time) / (ntok - 1) or 0
+      tt, tp, qd = tt * 1e3, tp * 1e3, qd * 1e3
+    else
+      tt = (res.ttft or math.huge) * 1e3
+      tp = ntok > 1 and ((res.latency - res.ttft) * 1e3 / (ntok - 1)) or 0
+      qd = (res.queue_delay or math.huge) * 1e3
+    end
     ttft[#ttft + 1], tpot[#tpot + 1] = tt, tp
-    queue[#queue + 1] = (res.queue_delay or math.huge) * 1e3
+    queue[#queue + 1] = qd
     out_tokens = out_tokens + ntok
     if tt <= (r.slo_ttft_ms or 2000) and tp <= (r.slo_tpot_ms or 200) then good = good + 1 end
     texts[i] = res.text
@@ -160,6 +213,7 @@ local function replay(policy, scale)
     ttft_p50 = pct(ttft, 50), ttft_p90 = pct(ttft, 90), ttft_p99 = pct(ttft, 99),
     tpot_p50 = pct(tpot, 50), tpot_p90 = pct(tpot, 90), tpot_p99 = pct(tpot, 99),
     queue_p50 = pct(queue, 50), queue_p90 = pct(queue, 90), queue_p99 = pct(queue, 99),
+    ttft_max = pct(ttft, 100), tpot_max = pct(tpot, 100), clock = clock,
     preemptions = s.preemptions, steps = s.steps, policy_ms_per_step = s.steps > 0 and 1e3 * s.time_policy / s.steps or 0,
     policy_share = s.time_total > 0 and s.time_policy / s.time_total or 0, ttft_ms = ttft, tokens_per_tenant = per_tenant,
     texts = texts,
@@ -167,8 +221,8 @@ local function replay(policy, scale)
 end
 
 -- ---- the runs ------------------------------------------------------------------
-print(("trace %s: %d requests over %.1f s; max_num_seqs %d, KV %g MiB, greedy, ignore_eos")
-  :format(trace_path, #trace, trace[#trace].t, max_num_seqs, kv_mib))
+print(("trace %s: %d requests over %.1f s; max_num_seqs %d, KV %g MiB, greedy, ignore_eos; %s clock")
+  :format(trace_path, #trace, trace[#trace].t, max_num_seqs, kv_mib, clock))
 local progress = bench.progress(#policies * #scales, "replays")
 local runs = {}
 for si, scale in ipairs(scales) do
@@ -187,17 +241,18 @@ table.sort(runs, function(a, b)
   if a.rate_scale ~= b.rate_scale then return a.rate_scale < b.rate_scale end
   return a.index < b.index
 end)
-print(("\n%-14s %5s %8s %8s | %7s %7s %7s | %6s %6s %6s | %6s %6s %6s | %7s %6s %8s"):format("policy", "scale",
-  "tok/s", "makespan", "ttft50", "ttft90", "ttft99", "tpot50", "tpot90", "tpot99", "queue50", "q90", "q99", "goodput",
-  "preempt", "pol ms/st"))
+print(("\n%-14s %5s %8s %8s | %7s %7s %7s | %6s %6s %6s | %6s %6s %6s | %7s %6s | %7s %6s %8s"):format("policy",
+  "scale", "tok/s", "makespan", "ttft50", "ttft90", "ttft99", "tpot50", "tpot90", "tpot99", "queue50", "q90", "q99",
+  "ttftmax", "tpotmx", "goodput", "preempt", "pol ms/st"))
 for _, r in ipairs(runs) do
-  print(("%-14s %5.2f %8.1f %7.1fs | %7.0f %7.0f %7.0f | %6.1f %6.1f %6.1f | %6.0f %6.0f %6.0f | %6.0f%% %7d %8.3f")
+  print(("%-14s %5.2f %8.1f %7.1fs | %7.0f %7.0f %7.0f | %6.1f %6.1f %6.1f | %6.0f %6.0f %6.0f | %7.0f %6.1f | %6.0f%% %7d %8.3f")
     :format(r.policy, r.rate_scale, r.throughput, r.makespan_s, r.ttft_p50, r.ttft_p90, r.ttft_p99, r.tpot_p50,
-      r.tpot_p90, r.tpot_p99, r.queue_p50, r.queue_p90, r.queue_p99, 100 * r.goodput, r.preemptions,
-      r.policy_ms_per_step))
+      r.tpot_p90, r.tpot_p99, r.queue_p50, r.queue_p90, r.queue_p99, r.ttft_max, r.tpot_max, 100 * r.goodput,
+      r.preemptions, r.policy_ms_per_step))
 end
-print("(ms; queue: arrival to the first step that computed the request; goodput: requests with TTFT <= slo_ttft_ms")
-print(" and TPOT <= slo_tpot_ms; one greedy output per request)")
+print(("(ms on the %s clock%s; queue: arrival to the first step that computed the request; goodput: requests")
+  :format(clock, cost and (" of " .. cost_path) or ""))
+print(" with TTFT <= slo_ttft_ms and TPOT <= slo_tpot_ms; one greedy output per request; pol ms/st: wall time)")
 
 -- a policy decides when, never what: every run's greedy texts are the same
 local same = true
@@ -208,5 +263,6 @@ for _, r in ipairs(runs) do
 end
 print(same and "every run's outputs were identical" or "OUTPUTS DIFFER between runs")
 for _, r in ipairs(runs) do r.texts = nil end
-bench.finish(opts, { bench = "replay", trace = trace_path, max_num_seqs = max_num_seqs, runs = runs })
+bench.finish(opts, { bench = "replay", trace = trace_path, max_num_seqs = max_num_seqs, runs = runs, clock = clock,
+                     step_cost = cost })
 if not same then os.exit(1) end

@@ -1,12 +1,19 @@
 #!/usr/bin/env python3
 """bench_replay_live.py — replays an arrival trace against a live
-`luainfer serve` over HTTP, with the OpenAI client (real clients, real
-time), and prints the same columns as the in-process `luainfer bench
-replay`; with --compare, the goodput difference against its --json file.
+`luainfer serve` over HTTP with the OpenAI client, or over msgpack-RPC with
+aio-msgpack-rpc (real clients, real time), and prints the same columns as
+the in-process `luainfer bench replay`; with --compare, the goodput
+difference against its --json file.
 
-    .venv/bin/python bench/bench_replay_live.py TRACE [--policy P.lua] [--rate-scale X]
-        [--duration S] [--max-num-seqs N] [--kv-memory MIB] [--bin build/luainfer]
+    .venv/bin/python bench/bench_replay_live.py TRACE [--protocol http|rpc] [--policy P.lua]
+        [--rate-scale X] [--duration S] [--max-num-seqs N] [--kv-memory MIB] [--bin build/luainfer]
         [--compare REPLAY.json] [--json OUT]
+
+--protocol rpc (default http) serves `--listen 127.0.0.1:PORT --no-http`
+and sends each request as a streamed msgpack-RPC `generate` on a
+connection of its own (one aio-msgpack-rpc client per request, opened at
+its arrival time); TTFT is send to the first `generate.delta` notification
+carrying text, the end the response. The HTTP path follows.
 
 It starts `luainfer serve POLICY --http 127.0.0.1:PORT --no-rpc` on a free
 loopback port (the same --max-num-seqs and --kv-memory defaults as the
@@ -105,32 +112,144 @@ def one(client, i, r, t_send, out, timeout):
     out[i] = {"ttft": ttft, "tpot": tpot, "text": "".join(text), "tokens": n}
 
 
-def replay(args, trace):
+# ---- msgpack-RPC: aio-msgpack-rpc, one client per request ------------------------
+def rpc_client_class():
+    import aio_msgpack_rpc as aio  # tools/requirements-test.txt
+
+    class StreamingClient(aio.Client):
+        """aio-msgpack-rpc's client answers responses only (it logs and drops
+        notifications); this one hands the generate.delta notifications to
+        on_delta, so the first token's arrival is seen."""
+
+        def __init__(self, *a, on_delta=None, **kw):
+            super().__init__(*a, **kw)
+            self.on_delta = on_delta
+
+        def _on_recv(self, obj):
+            if obj and obj[0] == 2:  # [2, method, params]
+                if obj[1] == "generate.delta" and self.on_delta:
+                    self.on_delta(obj[2])
+                return
+            super()._on_recv(obj)
+
+    return StreamingClient
+
+
+async def one_rpc(cls, port, i, r, out, timeout):
+    import asyncio
+
+    params = {"prompt": r["prompt"]} if "prompt" in r else {"tokens": synthetic(i, r["prompt_len"])}
+    params.update({"max_tokens": r["max_tokens"], "temperature": 0, "ignore_eos": True, "stream": True,
+              "slo_ttft_ms": r.get("slo_ttft_ms", 2000), "slo_tpot_ms": r.get("slo_tpot_ms", 200)})
+    t_send, first, client = time.monotonic(), [None], None
+
+    def on_delta(d):
+        if first[0] is None and d.get("text"):
+            first[0] = time.monotonic()
+
+    try:
+        reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), timeout)
+        client = cls(reader, writer, response_timeout=timeout, on_delta=on_delta)
+        res = await client.call("generate", params)
+        end = time.monotonic()
+    except Exception as e:  # noqa: BLE001 - counted as a failed request, reported
+        out[i] = {"error": f"{type(e).__name__}: {e}"}
+        return
+    finally:
+        if client is not None:
+            client.close()
+    n = len(res.get("tokens", []))
+    if n != r["max_tokens"]:
+        out[i] = {"error": f"request {i}: {n} tokens, want {r['max_tokens']} ({res.get('finish_reason')})"}
+        return
+    ttft = ((first[0] or end) - t_send) * 1e3
+    tpot = (end - first[0]) * 1e3 / (n - 1) if first[0] is not None and n > 1 else 0.0
+    out[i] = {"ttft": ttft, "tpot": tpot, "text": res.get("text", ""), "tokens": n}
+
+
+def rpc_health(port, proc, timeout):
+    import asyncio
+
+    cls = rpc_client_class()
+
+    async def ask():
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        c = cls(reader, writer, response_timeout=5)
+        try:
+            return await c.call("health")
+        finally:
+            c.close()
+
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if proc.poll() is not None:
+            sys.exit(f"luainfer serve exited ({proc.returncode}) before it was healthy")
+        try:
+            if asyncio.run(ask()).get("status") == "ok":
+                return
+        except (OSError, asyncio.TimeoutError):
+            pass
+        time.sleep(0.2)
+    sys.exit(f"luainfer serve was not healthy within {timeout} s")
+
+
+def send_rpc(args, port, reqs, out):
+    """Every request at its arrival time on its own connection; returns the makespan."""
+    import asyncio
+
+    cls = rpc_client_class()
+
+    async def main():
+        t0 = time.monotonic()
+        tasks = []
+        for i, r in enumerate(reqs, 1):
+            delay = t0 + r["t"] / args.rate_scale - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(one_rpc(cls, port, i, r, out, args.request_timeout)))
+        await asyncio.gather(*tasks)
+        return time.monotonic() - t0
+
+    return asyncio.run(main())
+
+
+def send_http(args, url, reqs, out):
     from openai import OpenAI  # tools/requirements-test.txt
 
+    client = OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
+    threads = []
+    t0 = time.monotonic()
+    for i, r in enumerate(reqs, 1):
+        delay = t0 + r["t"] / args.rate_scale - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        th = threading.Thread(target=one, args=(client, i, r, time.monotonic(), out, args.request_timeout))
+        th.start()
+        threads.append(th)
+    for th in threads:
+        th.join()
+    return time.monotonic() - t0
+
+
+def replay(args, trace):
     port = free_port()
-    cmd = [args.bin, "serve", args.policy, "--http", f"127.0.0.1:{port}", "--no-rpc", "--max-num-seqs",
+    listen = (["--listen", f"127.0.0.1:{port}", "--no-http"] if args.protocol == "rpc"
+              else ["--http", f"127.0.0.1:{port}", "--no-rpc"])
+    cmd = [args.bin, "serve", args.policy, *listen, "--max-num-seqs",
            str(args.max_num_seqs), "--kv-memory", str(int(args.kv_memory * 1048576))]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_health(url, proc, 120)
-        client = OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
         reqs = [r for r in trace if r["t"] / args.rate_scale < args.duration]
         if not reqs:
             sys.exit(f"no request of the trace arrives within --duration {args.duration} s")
-        out, threads = {}, []
-        t0 = time.monotonic()
-        for i, r in enumerate(reqs, 1):
-            delay = t0 + r["t"] / args.rate_scale - time.monotonic()
-            if delay > 0:
-                time.sleep(delay)
-            th = threading.Thread(target=one, args=(client, i, r, time.monotonic(), out, args.request_timeout))
-            th.start()
-            threads.append(th)
-        for th in threads:
-            th.join()
-        makespan = time.monotonic() - t0
+        out = {}
+        if args.protocol == "rpc":
+            rpc_health(port, proc, 120)
+            makespan = send_rpc(args, port, reqs, out)
+        else:
+            wait_health(url, proc, 120)
+            makespan = send_http(args, url, reqs, out)
     finally:
         proc.terminate()
         try:
@@ -146,7 +265,7 @@ def replay(args, trace):
     good = sum(1 for i, r in enumerate(reqs, 1)
                if out[i]["ttft"] <= r.get("slo_ttft_ms", 2000) and out[i]["tpot"] <= r.get("slo_tpot_ms", 200))
     tokens = sum(r["max_tokens"] for r in reqs)
-    return {"policy": Path(args.policy).stem, "rate_scale": args.rate_scale, "requests": len(reqs),
+    return {"protocol": args.protocol, "policy": Path(args.policy).stem, "rate_scale": args.rate_scale, "requests": len(reqs),
             "makespan_s": makespan, "throughput": tokens / makespan, "output_tokens": tokens,
             "goodput": good / len(reqs), "ttft_p50": pct(ttft, 50), "ttft_p90": pct(ttft, 90),
             "ttft_p99": pct(ttft, 99), "tpot_p50": pct(tpot, 50), "tpot_p90": pct(tpot, 90),
@@ -156,6 +275,7 @@ def replay(args, trace):
 def main(argv):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("trace")
+    ap.add_argument("--protocol", choices=("http", "rpc"), default="http")
     ap.add_argument("--policy", default=str(REPO / "policies" / "default.lua"))
     ap.add_argument("--rate-scale", type=float, default=1.0)
     ap.add_argument("--duration", type=float, default=math.inf)
@@ -170,7 +290,8 @@ def main(argv):
         sys.exit("--rate-scale, --duration, --kv-memory must be > 0 and --max-num-seqs >= 1")
     trace = read_trace(args.trace)
     r = replay(args, trace)
-    print(f"live replay of {args.trace} through luainfer serve (HTTP, OpenAI client), policy {r['policy']}, "
+    how = "msgpack-RPC, aio-msgpack-rpc" if args.protocol == "rpc" else "HTTP, OpenAI client"
+    print(f"live replay of {args.trace} through luainfer serve ({how}), policy {r['policy']}, "
           f"scale {r['rate_scale']:.2f}, {r['requests']} requests")
     print(f"  tok/s {r['throughput']:.1f}  makespan {r['makespan_s']:.1f} s  ttft p50/90/99 {r['ttft_p50']:.0f} "
           f"{r['ttft_p90']:.0f} {r['ttft_p99']:.0f} ms  tpot p50/90/99 {r['tpot_p50']:.1f} {r['tpot_p90']:.1f} "

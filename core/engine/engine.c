@@ -146,6 +146,10 @@ struct li_engine {
     int32_t *b_parent;        /* (max_batched_tokens) tree parents of the batch, with Medusa */
     int32_t *sparent;         /* (max_num_seqs, LI_SPEC_MAX_TOKENS) proposals' tree parents */
     size_t *mv_off_d, *mv_off_s; /* (2 * n_layer * LI_SPEC_MAX_TOKENS) KV row moves */
+    bool mclock_on;           /* the model clock replaces wall time (li_engine_set_model_clock) */
+    double mclock;            /* ... its time, seconds */
+    double mclock_policy;     /* ... st.time_policy it has already charged */
+    li_step_cost mcost;       /* ... its step cost model */
 };
 
 void li_engine_config_default(li_engine_config *c) {
@@ -157,7 +161,7 @@ void li_engine_config_default(li_engine_config *c) {
     };
 }
 
-double li_engine_now(const li_engine *e) { return li_time_now() - e->t0; }
+double li_engine_now(const li_engine *e) { return e->mclock_on ? e->mclock : li_time_now() - e->t0; }
 
 /* The prefix cache stamps hits and releases with the engine clock. */
 static double engine_clock(const void *e) { return li_engine_now(e); }
@@ -569,6 +573,14 @@ static int32_t projected_blocks(const li_engine *e, const req *r, int32_t held) 
     return need > 0 ? (int32_t)LI_MIN(need, INT32_MAX) : 0;
 }
 
+/* The prompt's block hashes for req.prefix_hashes (probed requests have
+ * them; the policy side reads them only when asked). */
+static void prefix_view(const li_engine *e, const req *r, li_req_view *v) {
+    _Static_assert(sizeof(li_block_hash) == 2 * sizeof(uint64_t), "li_block_hash is (lo, hi)");
+    v->prefix_hash = (const uint64_t *)r->pfx.hash;
+    v->n_prefix_hash = LI_MIN(r->pfx.n_hash, (int32_t)((r->n_prompt - 1) / e->tgt.kv.block_size));
+}
+
 static void view_of(li_engine *e, req *r, li_req_view *v) {
     /* a request about to start sees its cache hit as already computed */
     int64_t hit = (int64_t)prefix_probe(e, r) * e->tgt.kv.block_size;
@@ -583,6 +595,7 @@ static void view_of(li_engine *e, req *r, li_req_view *v) {
         .first_scheduled = r->res.t_first_scheduled, .first_token = r->res.t_first_token,
     };
     v->projected_blocks = projected_blocks(e, r, v->n_blocks);
+    prefix_view(e, r, v);
 }
 
 static void gather(li_engine *e, li_step_state *st) {
@@ -1417,6 +1430,40 @@ static void log_schedule_failure(li_engine *e, const char *msg) {
     }
 }
 
+/* ---- the model clock ----------------------------------------------------------- */
+
+void li_engine_set_model_clock(li_engine *e, const li_step_cost *cost, double start) {
+    const double t = li_engine_now(e);
+    if (cost) {
+        e->mcost = *cost;
+        e->mclock = start >= 0 ? start : t;
+        e->mclock_policy = e->st.time_policy;
+    } else
+        e->t0 = li_time_now() - t; /* wall time goes on from the model's */
+    e->mclock_on = cost != NULL;
+}
+
+void li_engine_clock_advance(li_engine *e, double t) {
+    if (e->mclock_on && t > e->mclock) e->mclock = t;
+}
+
+/* Charges the batch just computed (before its tokens are sampled, so first
+ * tokens and finishes are stamped at the step's end, first_scheduled at its
+ * start). Only with the model clock: one pass over the step's rows. */
+static void model_clock_step(li_engine *e, int32_t nb) {
+    const li_step_cost *c = &e->mcost;
+    double prefill = 0, decode = 0, ctx = 0;
+    for (int32_t i = 0; i < nb; i++) {
+        const double n = e->batch_n[i], p0 = (double)e->batch_req[i]->num_computed;
+        if (n == 1) decode++;
+        else prefill += n;
+        ctx += n * p0 + n * (n + 1) / 2; /* positions p0 .. p0+n-1 attend to p+1 each */
+    }
+    e->mclock += c->a + c->b * prefill + c->c * decode + c->d * ctx;
+    e->mclock += c->policy_scale * (e->st.time_policy - e->mclock_policy);
+    e->mclock_policy = e->st.time_policy;
+}
+
 int li_engine_step(li_engine *e, li_error *err) {
     double t_start = li_time_now();
     e->step_no++;
@@ -1535,6 +1582,7 @@ int li_engine_step(li_engine *e, li_error *err) {
         e->d_rows = n_logits;
     }
     const double dtf = li_time_now() - tf;
+    if (e->mclock_on) model_clock_step(e, nb);
     e->st.time_forward += dtf;
     e->ema_step = ema(e->ema_step, dtf);
     if (k) e->ema_token = ema(e->ema_token, dtf / (double)k);

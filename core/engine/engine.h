@@ -187,6 +187,27 @@ const li_engine_config *li_engine_get_config(const li_engine *e);
 li_model *li_engine_model(li_engine *e);
 double li_engine_now(const li_engine *e);
 
+/* ---- the model clock (bench replay: load-independent time) -------------- */
+/* What one step costs on the model clock, in seconds:
+ *   a + b * prefill_tokens + c * decode_rows + d * context
+ * prefill_tokens: tokens of the batch's rows computing more than one
+ * token; decode_rows: rows computing one; context: the positions every
+ * computed token attends to (sum of pos + 1). policy_scale times the
+ * policy's measured wall time this step is added (0: the clock ignores it,
+ * so a replay's times depend on the trace, policy and this model only). */
+typedef struct {
+    double a, b, c, d;
+    double policy_scale;
+} li_step_cost;
+/* Switches e's clock to the model clock, starting at `start` seconds (< 0:
+ * at its current time); cost NULL: back to wall time from now on,
+ * continuous. From then on li_engine_now moves only by the step costs and
+ * li_engine_clock_advance. */
+void li_engine_set_model_clock(li_engine *e, const li_step_cost *cost, double start);
+/* Model clock only: moves it forward to t (an idle wait); earlier t, or a
+ * wall clock, leave it. */
+void li_engine_clock_advance(li_engine *e, double t);
+
 /* ---- the draft runner (internal: for speculative decoding) -------------- */
 /* The draft model, or NULL. */
 li_model *li_engine_draft_model(li_engine *e);

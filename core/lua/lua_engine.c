@@ -497,6 +497,17 @@ static int l_engine_result(lua_State *L) {
         lua_pushnumber(L, r->t_first_scheduled - r->t_arrival);
         lua_setfield(L, -2, "queue_delay");
     }
+    /* the engine-clock stamps themselves (a replay measures from the trace's arrivals) */
+    lua_pushnumber(L, r->t_arrival);
+    lua_setfield(L, -2, "arrival_time");
+    if (r->t_first_token >= 0) {
+        lua_pushnumber(L, r->t_first_token);
+        lua_setfield(L, -2, "first_token_time");
+    }
+    if (r->t_first_scheduled >= 0) {
+        lua_pushnumber(L, r->t_first_scheduled);
+        lua_setfield(L, -2, "first_scheduled_time");
+    }
     if (r->finished) {
         lua_pushnumber(L, r->t_finish - r->t_arrival);
         lua_setfield(L, -2, "latency");
@@ -677,7 +688,51 @@ static int l_engine_info(lua_State *L) {
     return 1;
 }
 
+/* e:set_clock(nil | {a, b, c, d, policy_scale, start}): wall time, or the
+ * model clock with that step cost (engine.h, li_step_cost) from `start`
+ * seconds (default: the current time). */
+static int l_engine_set_clock(lua_State *L) {
+    lua_engine *le = check_engine(L);
+    if (lua_isnoneornil(L, 2)) {
+        li_engine_set_model_clock(le->eng, NULL, -1);
+        return 0;
+    }
+    luaL_checktype(L, 2, LUA_TTABLE);
+    li_step_cost c = {0};
+    double *f[] = {&c.a, &c.b, &c.c, &c.d, &c.policy_scale};
+    const char *names[] = {"a", "b", "c", "d", "policy_scale"};
+    for (int i = 0; i < 5; i++) {
+        lua_getfield(L, 2, names[i]);
+        if (!lua_isnil(L, -1)) {
+            if (!lua_isnumber(L, -1)) return luaL_error(L, "set_clock: '%s' must be a number", names[i]);
+            *f[i] = lua_tonumber(L, -1);
+            if (!(*f[i] >= 0) || *f[i] > 1e6) return luaL_error(L, "set_clock: '%s' must be in [0, 1e6]", names[i]);
+        }
+        lua_pop(L, 1);
+    }
+    lua_getfield(L, 2, "start");
+    const double start = lua_isnil(L, -1) ? -1 : luaL_checknumber(L, -1);
+    lua_pop(L, 1);
+    li_engine_set_model_clock(le->eng, &c, start);
+    return 0;
+}
+
+/* e:advance_clock(t): the model clock moves forward to t (an idle wait). */
+static int l_engine_advance_clock(lua_State *L) {
+    lua_engine *le = check_engine(L);
+    li_engine_clock_advance(le->eng, luaL_checknumber(L, 2));
+    return 0;
+}
+
+static int l_engine_now(lua_State *L) {
+    lua_pushnumber(L, li_engine_now(check_engine(L)->eng));
+    return 1;
+}
+
 static const luaL_Reg engine_methods[] = {
+    {"set_clock", l_engine_set_clock},
+    {"advance_clock", l_engine_advance_clock},
+    {"now", l_engine_now},
     {"add", l_engine_add},
     {"step", l_engine_step},
     {"run", l_engine_run},

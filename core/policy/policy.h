@@ -40,6 +40,10 @@ typedef struct li_req_view {
     double slo_tpot_ms;
     double first_scheduled;  /* engine clock when a step first computed its tokens; -1 before */
     double first_token;      /* engine clock of its first sampled token; -1 before */
+    const uint64_t *prefix_hash; /* (n_prefix_hash, 2) chain hashes (lo, hi) of the prompt's full
+                              * KV blocks but the last token's, as the prefix cache computes them;
+                              * owned by the engine, valid during the call; none without caching */
+    int32_t n_prefix_hash;
 } li_req_view;
 
 typedef struct li_step_state {

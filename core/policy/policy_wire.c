@@ -68,12 +68,17 @@ static void kv_str(msgpack_packer *pk, const char *k, const char *v) {
     li_wire_pack_str(pk, v);
 }
 
-void li_wire_pack_req(msgpack_packer *pk, const li_req_view *r) {
+/* with_hashes: the prompt's block hashes as `prefix_hashes` (bin, 16 bytes
+ * a block: lo, hi little-endian), in state messages only (optional: older
+ * hosts ignore the key, and a request without it has none). */
+static void pack_req(msgpack_packer *pk, const li_req_view *r, bool with_hashes) {
     bool spec = r->spec_acceptance >= 0;
     /* the optional numbers travel only when set (older hosts ignore them) */
     const bool ttft = r->slo_ttft_ms > 0, tpot = r->slo_tpot_ms > 0;
     const bool sched = r->first_scheduled >= 0, first = r->first_token >= 0;
-    msgpack_pack_map(pk, 14 + (uint32_t)spec + (uint32_t)ttft + (uint32_t)tpot + (uint32_t)sched + (uint32_t)first);
+    const bool hashes = with_hashes && r->prefix_hash && r->n_prefix_hash > 0;
+    msgpack_pack_map(pk, 14 + (uint32_t)spec + (uint32_t)ttft + (uint32_t)tpot + (uint32_t)sched + (uint32_t)first +
+                             (uint32_t)hashes);
     kv_int(pk, "id", r->id);
     kv_str(pk, "state", state_names[(unsigned)r->state < 3 ? r->state : 0]);
     kv_num(pk, "arrival", r->arrival);
@@ -93,7 +98,18 @@ void li_wire_pack_req(msgpack_packer *pk, const li_req_view *r) {
     if (tpot) kv_num(pk, "slo_tpot_ms", r->slo_tpot_ms);
     if (sched) kv_num(pk, "first_scheduled", r->first_scheduled);
     if (first) kv_num(pk, "first_token", r->first_token);
+    if (hashes) {
+        li_wire_pack_str(pk, "prefix_hashes");
+        msgpack_pack_bin(pk, (size_t)r->n_prefix_hash * 16);
+        for (int32_t b = 0; b < 2 * r->n_prefix_hash; b++) {
+            unsigned char le[8];
+            for (int k = 0; k < 8; k++) le[k] = (unsigned char)(r->prefix_hash[b] >> (8 * k));
+            msgpack_pack_bin_body(pk, le, 8);
+        }
+    }
 }
+
+void li_wire_pack_req(msgpack_packer *pk, const li_req_view *r) { pack_req(pk, r, false); }
 
 void li_wire_pack_state(msgpack_packer *pk, const li_step_state *st) {
     msgpack_pack_map(pk, 5);
@@ -113,7 +129,7 @@ void li_wire_pack_state(msgpack_packer *pk, const li_step_state *st) {
     li_wire_pack_str(pk, "requests");
     int32_t n = st->n_reqs > 0 ? st->n_reqs : 0;
     msgpack_pack_array(pk, (size_t)n);
-    for (int32_t i = 0; i < n; i++) li_wire_pack_req(pk, &st->reqs[i]);
+    for (int32_t i = 0; i < n; i++) pack_req(pk, &st->reqs[i], true);
 }
 
 void li_wire_pack_plan(msgpack_packer *pk, const li_plan *p) {
@@ -161,6 +177,7 @@ bool li_wire_is(const msgpack_object *msg, const char *type) {
 void li_wire_state_free(li_wire_state *ws) {
     free(ws->reqs);
     free(ws->strs);
+    free(ws->hashes);
     memset(ws, 0, sizeof *ws);
 }
 
@@ -187,12 +204,12 @@ static int field_int(const msgpack_object *m, const char *key, int64_t lo, int64
 enum {
     RF_ID, RF_STATE, RF_ARRIVAL, RF_PRIORITY, RF_TENANT, RF_PROMPT_LEN, RF_NUM_TOKENS, RF_NUM_COMPUTED,
     RF_NUM_GENERATED, RF_MAX_TOKENS, RF_CACHED_LEN, RF_BLOCKS, RF_PREEMPTIONS, RF_SPEC, RF_PROJECTED,
-    RF_SLO_TTFT, RF_SLO_TPOT, RF_FIRST_SCHED, RF_FIRST_TOKEN, RF__N
+    RF_SLO_TTFT, RF_SLO_TPOT, RF_FIRST_SCHED, RF_FIRST_TOKEN, RF_PREFIX_HASHES, RF__N
 };
 static const char *const req_keys[RF__N] = {
     "id", "state", "arrival", "priority", "tenant", "prompt_len", "num_tokens", "num_computed",
     "num_generated", "max_tokens", "cached_len", "blocks", "preemptions", "spec_acceptance",
-    "projected_blocks", "slo_ttft_ms", "slo_tpot_ms", "first_scheduled", "first_token",
+    "projected_blocks", "slo_ttft_ms", "slo_tpot_ms", "first_scheduled", "first_token", "prefix_hashes",
 };
 
 static int req_key(const msgpack_object *k) {
@@ -202,7 +219,15 @@ static int req_key(const msgpack_object *k) {
     return -1;
 }
 
+/* with_hashes: prefix_hashes is read into ws->hashes, v->prefix_hash an
+ * index there until the caller fixes it up (state messages only). */
+static int unpack_req(const msgpack_object *o, li_req_view *v, li_wire_state *ws, bool with_hashes, li_error *err);
+
 int li_wire_unpack_req(const msgpack_object *o, li_req_view *v, li_wire_state *ws, li_error *err) {
+    return unpack_req(o, v, ws, false, err);
+}
+
+static int unpack_req(const msgpack_object *o, li_req_view *v, li_wire_state *ws, bool with_hashes, li_error *err) {
     if (!o || o->type != MSGPACK_OBJECT_MAP) return li_error_set(err, LI_EINVAL, "request: expected a map");
     memset(v, 0, sizeof *v);
     v->spec_acceptance = -1;
@@ -291,6 +316,26 @@ int li_wire_unpack_req(const msgpack_object *o, li_req_view *v, li_wire_state *w
     ws->strs[ws->n_strs + tl] = 0;
     v->tenant = (const char *)(uintptr_t)ws->n_strs; /* fixed up by the caller */
     ws->n_strs += tl + 1;
+    const msgpack_object *ph = f[RF_PREFIX_HASHES];
+    if (with_hashes && ph) {
+        if (ph->type != MSGPACK_OBJECT_BIN || ph->via.bin.size % 16 || ph->via.bin.size > 16 * LI_WIRE_MAX_HASHES)
+            return li_error_set(err, LI_EINVAL, "request %lld: 'prefix_hashes' must be bin of 16-byte hashes, at most %d",
+                                (long long)v->id, LI_WIRE_MAX_HASHES);
+        const size_t nw = ph->via.bin.size / 8;
+        if (ws->n_hashes + nw > ws->cap_hashes) {
+            ws->cap_hashes = (ws->n_hashes + nw) * 2 + 64;
+            ws->hashes = li_xrealloc(ws->hashes, ws->cap_hashes * sizeof *ws->hashes);
+        }
+        const unsigned char *b = (const unsigned char *)ph->via.bin.ptr;
+        for (size_t w = 0; w < nw; w++) {
+            uint64_t x = 0;
+            for (int k = 0; k < 8; k++) x |= (uint64_t)b[8 * w + (size_t)k] << (8 * k);
+            ws->hashes[ws->n_hashes + w] = x;
+        }
+        v->prefix_hash = (const uint64_t *)(uintptr_t)ws->n_hashes; /* fixed up by unpack_state */
+        v->n_prefix_hash = (int32_t)(nw / 2);
+        ws->n_hashes += nw;
+    }
     (void)BIG;
     return 0;
 }
@@ -330,10 +375,14 @@ int li_wire_unpack_state(const msgpack_object *o, li_wire_state *ws, li_step_sta
         ws->cap_reqs = (int32_t)n * 2 + 16;
         ws->reqs = li_xrealloc(ws->reqs, (size_t)ws->cap_reqs * sizeof *ws->reqs);
     }
-    ws->n_strs = 0;
+    ws->n_strs = ws->n_hashes = 0;
     for (uint32_t i = 0; i < n; i++)
-        if (li_wire_unpack_req(&rs->via.array.ptr[i], &ws->reqs[i], ws, err)) return err->code;
-    for (uint32_t i = 0; i < n; i++) ws->reqs[i].tenant = ws->strs + (uintptr_t)ws->reqs[i].tenant;
+        if (unpack_req(&rs->via.array.ptr[i], &ws->reqs[i], ws, true, err)) return err->code;
+    for (uint32_t i = 0; i < n; i++) {
+        li_req_view *v = &ws->reqs[i];
+        v->tenant = ws->strs + (uintptr_t)v->tenant;
+        v->prefix_hash = v->n_prefix_hash ? ws->hashes + (uintptr_t)v->prefix_hash : NULL;
+    }
     st->reqs = ws->reqs;
     st->n_reqs = (int32_t)n;
     return 0;

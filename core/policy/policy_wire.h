@@ -22,6 +22,7 @@
  * into (up to ~16 bytes per byte) */
 #define LI_WIRE_MAX_REPLY ((size_t)16 << 20)
 #define LI_WIRE_MAX_REQS (1 << 20)           /* requests in one state */
+#define LI_WIRE_MAX_HASHES (1 << 20)         /* prefix_hashes of one request */
 #define LI_WIRE_MAX_ENTRIES LI_PLAN_MAX_ENTRIES /* run or preempt entries in one plan: both modes */
 #define LI_WIRE_RUN_BYTES 25                 /* {"id": uint64, "tokens": uint32} */
 #define LI_WIRE_MAX_SLO_MS 86400000.0      /* slo_ttft_ms, slo_tpot_ms: a day, as the engine takes */
@@ -70,6 +71,8 @@ typedef struct li_wire_state {
     int32_t cap_reqs;
     char *strs;        /* tenant strings, NUL-terminated */
     size_t n_strs, cap_strs;
+    uint64_t *hashes;  /* (n_hashes) the requests' prefix_hashes, (lo, hi) pairs */
+    size_t n_hashes, cap_hashes;
 } li_wire_state;
 
 void li_wire_state_free(li_wire_state *ws);
