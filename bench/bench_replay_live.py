@@ -40,6 +40,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+import results  # bench/results.py: --json, --plot, progress
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -284,7 +286,7 @@ def main(argv):
     ap.add_argument("--bin", default=os.environ.get("LUAINFER_BIN", str(REPO / "build" / "luainfer")))
     ap.add_argument("--request-timeout", type=float, default=600)
     ap.add_argument("--compare", help="a `luainfer bench replay --json` file of the same trace, policy and scale")
-    ap.add_argument("--json")
+    results.add_options(ap)
     args = ap.parse_args(argv[1:])
     if args.rate_scale <= 0 or args.duration <= 0 or args.max_num_seqs < 1 or args.kv_memory <= 0:
         sys.exit("--rate-scale, --duration, --kv-memory must be > 0 and --max-num-seqs >= 1")
@@ -305,10 +307,11 @@ def main(argv):
         m = match[0]
         print(f"  in-process: goodput {100 * m['goodput']:.0f}%, ttft p99 {m['ttft_p99']:.0f} ms, "
               f"tok/s {m['throughput']:.1f}; goodput difference {100 * (r['goodput'] - m['goodput']):+.0f} points")
-    if args.json:
-        tmp = Path(args.json + ".tmp")
-        tmp.write_text(json.dumps(dict(r, texts=None), indent=1))
-        os.replace(tmp, args.json)
+    out = dict(r, texts=None, bench="replay_live")
+    out["rows"] = [{"name": f"p{p}", "ttft_ms": r[f"ttft_p{p}"], "tpot_ms": r[f"tpot_p{p}"]} for p in (50, 90, 99)]
+    out["chart"] = {"label": "name", "values": ["ttft_ms", "tpot_ms"], "log": True, "ylabel": "ms",
+                    "title": f"live replay ({args.protocol}), {r['policy']}, scale {r['rate_scale']:.2f}"}
+    results.finish(args, out)
     return status
 
 

@@ -38,6 +38,8 @@ import time
 
 import msgpack
 
+import results  # bench/results.py: --json, --plot, progress
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HOSTILE = os.path.join(ROOT, "tests", "policies", "hostile")
 GOOD = ["default", "fair", "sjf", "priority", "edf", "hrrn", "lfu", "lof", "lpm", "slo", "static"]
@@ -384,6 +386,7 @@ def main():
     ap.add_argument("--load-clients", type=int, default=2)
     ap.add_argument("--reload-period", type=float, default=1.0, help="seconds between policy reloads")
     ap.add_argument("--seed", type=int, default=1)
+    results.add_options(ap)
     a = ap.parse_args()
     srv = Server(a.bin, ["--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--threads", a.threads,
                          "--kv-memory", a.kv_memory, "--max-num-seqs", "16", "--admin-token", ADMIN,
@@ -472,6 +475,12 @@ def main():
         print("server stderr (tail):\n" + "".join(srv.stderr_tail[-40:]))
     ok = not crashed and rc == 0 and lost == 0 and n.get("witness.mismatches") == 0 and n.get("witness.ok") > 0
     print("SOAK OK" if ok else "SOAK FAILED")
+    results.finish(a, {"bench": "soak", "ok": ok, "duration_s": a.duration, "crashed": crashed, "exit_status": rc,
+                       "lost": lost, "counts": dict(n.c),
+                       "rss_mib": None if crashed else {"start": rss0 / 1024, "end": rss1 / 1024, "peak": peak / 1024},
+                       "rows": [{"name": k, "count": v} for k, v in sorted(n.c.items())],
+                       "chart": {"label": "name", "values": ["count"], "log": True, "ylabel": "count",
+                                 "title": f"soak, {a.duration:.0f} s: what each client did"}})
     sys.exit(0 if ok else 1)
 
 

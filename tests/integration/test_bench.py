@@ -152,6 +152,30 @@ def test_bench_cpu_results(run_ok, tmp_path):
     check_png(png)
 
 
+def test_every_benchmark_has_json_and_plot():
+    """Every benchmark program takes --json FILE and --plot FILE: the Lua
+    ones through luainfer.bench (options + finish, with a plot of their own in
+    tools/plot_bench.py or a "chart"), the Python ones through bench/results.py
+    (add_options + finish). Halves run by a Python driver, which prints the
+    JSON the driver reads, are named here and left out."""
+    halves = {"bench_quant_speed.lua", "bench_serve.lua"}
+    plot_src = (REPO / "tools" / "plot_bench.py").read_text()
+    missing = []
+    for p in sorted((REPO / "bench").glob("bench_*.lua")):
+        if p.name in halves:
+            continue
+        src = p.read_text()
+        name = p.stem[6:]
+        own_plot = re.search(rf'"{name}":\s*{name}\b', plot_src) is not None
+        if "bench.options(arg)" not in src or "bench.finish(" not in src or not (own_plot or "chart = {" in src):
+            missing.append(p.name)
+    for p in sorted((REPO / "bench").glob("bench_*.py")):
+        src = p.read_text()
+        if "results.add_options(" not in src or "results.finish(" not in src:
+            missing.append(p.name)
+    assert not missing, f"benchmarks without --json/--plot: {missing}"
+
+
 def test_bench_spec_outputs_match(run_ok, tmp_path):
     """bench_spec asserts every speculative run's tokens equal speculation
     off; a mismatch fails the program. --json holds the table's numbers,
