@@ -33,6 +33,7 @@
 #include "tokenizer/tokenizer.h"
 #include "train/train.h"
 #include "test_util.h"
+#include "tiny_model.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -61,53 +62,8 @@ static li_hparams tiny_hp(void) {
 }
 
 static int make_tiny(char *base, size_t cap) {
-    li_error err = {0};
-    char src[1024], meta[512];
-    const char *root = getenv("LUAINFER_SOURCE_DIR");
-    snprintf(src, sizeof src, "%s/tests/golden/spm_tiny.gguf", root && *root ? root : ".");
-    li_gguf g;
-    if (li_gguf_open(&g, src, &err)) {
-        printf("SKIP: %s\n", err.msg);
-        return -1;
-    }
-    li_gguf_writer w;
-    li_gguf_writer_init(&w);
-    int rc = 0;
-    for (uint64_t i = 0; i < g.n_kv && !rc; i++)
-        if (!(g.kv[i].key.len > 6 && !memcmp(g.kv[i].key.ptr, "llama.", 6)) &&
-            !li_str_eq(g.kv[i].key, "general.name"))
-            rc = li_gguf_writer_add_kv(&w, &g.kv[i], &err);
     const li_hparams hp = tiny_hp();
-    if (!rc) rc = li_gguf_writer_add_str(&w, "general.name", "tiny-medusa-base", &err);
-    if (!rc) rc = li_gguf_writer_add_u32(&w, "llama.context_length", (uint32_t)hp.n_ctx_train, &err);
-    if (!rc) rc = li_gguf_writer_add_u32(&w, "llama.embedding_length", (uint32_t)hp.n_embd, &err);
-    if (!rc) rc = li_gguf_writer_add_u32(&w, "llama.block_count", (uint32_t)hp.n_layer, &err);
-    if (!rc) rc = li_gguf_writer_add_u32(&w, "llama.feed_forward_length", (uint32_t)hp.n_ff, &err);
-    if (!rc) rc = li_gguf_writer_add_u32(&w, "llama.attention.head_count", (uint32_t)hp.n_head, &err);
-    if (!rc) rc = li_gguf_writer_add_u32(&w, "llama.attention.head_count_kv", (uint32_t)hp.n_head_kv, &err);
-    if (!rc) rc = li_gguf_writer_add_u32(&w, "llama.rope.dimension_count", (uint32_t)hp.n_rot, &err);
-    if (!rc) rc = li_gguf_writer_add_f32(&w, "llama.rope.freq_base", hp.rope_theta, &err);
-    if (!rc) rc = li_gguf_writer_add_f32(&w, "llama.attention.layer_norm_rms_epsilon", hp.norm_eps, &err);
-    snprintf(meta, sizeof meta, "%s/meta.gguf", dir);
-    if (!rc) rc = li_gguf_writer_write(&w, meta, &err);
-    li_gguf_writer_free(&w);
-    li_gguf_free(&g);
-    CHECK(rc == 0, "%s", err.msg);
-    if (rc) return -1;
-    li_gguf mg;
-    CHECK(li_gguf_open(&mg, meta, &err) == 0, "%s", err.msg);
-    li_train_model tm;
-    li_train_select all = {.what = LI_TRAIN_ALL};
-    CHECK(li_train_model_init_random(&tm, &hp, true, &all, 5, &err) == 0, "%s", err.msg);
-    /* larger weights: peaked logits, so greedy runs settle into repeats the heads can guess */
-    for (size_t i = 0; i < tm.L.n_params; i++)
-        if (tm.params[i] != 0 && fabsf(tm.params[i]) < 0.9f) tm.params[i] *= 4;
-    snprintf(base, cap, "%s/base.gguf", dir);
-    rc = li_train_save(&tm, &mg, LI_CKPT_F32, base, &err);
-    CHECK(rc == 0, "%s", err.msg);
-    li_train_model_free(&tm);
-    li_gguf_free(&mg);
-    return rc;
+    return li_test_tiny_model(&hp, "tiny-medusa-base", 5, 4.0f, dir, base, cap);
 }
 
 /* ==== heads files =========================================================== */

@@ -13,6 +13,7 @@
  *   bad parameter sets are refused. */
 #define _POSIX_C_SOURCE 200809L
 #include "test_util.h"
+#include "tiny_model.h"
 #include "train/train.h"
 #include "engine/session.h"
 #include "model/gguf_write.h"
@@ -49,51 +50,8 @@ static li_hparams tiny_hp(void) {
 /* meta.gguf: spm_tiny's tokenizer with the tiny model's hyper-parameters;
  * base.gguf: that plus random weights (written by li_train_save) */
 static int make_tiny(char *base, size_t cap) {
-    li_error err = {0};
-    char src[1024], meta[512];
-    const char *root = getenv("LUAINFER_SOURCE_DIR");
-    snprintf(src, sizeof src, "%s/tests/golden/spm_tiny.gguf", root && *root ? root : ".");
-    li_gguf g;
-    if (li_gguf_open(&g, src, &err)) {
-        printf("SKIP: %s\n", err.msg);
-        return -1;
-    }
-    li_gguf_writer w;
-    li_gguf_writer_init(&w);
-    int rc = 0;
-    for (uint64_t i = 0; i < g.n_kv && !rc; i++)
-        if (!(g.kv[i].key.len > 6 && !memcmp(g.kv[i].key.ptr, "llama.", 6)))
-            rc = li_gguf_writer_add_kv(&w, &g.kv[i], &err);
     const li_hparams hp = tiny_hp();
-    if (!rc) rc = li_gguf_writer_add_u32(&w, "llama.context_length", (uint32_t)hp.n_ctx_train, &err);
-    if (!rc) rc = li_gguf_writer_add_u32(&w, "llama.embedding_length", (uint32_t)hp.n_embd, &err);
-    if (!rc) rc = li_gguf_writer_add_u32(&w, "llama.block_count", (uint32_t)hp.n_layer, &err);
-    if (!rc) rc = li_gguf_writer_add_u32(&w, "llama.feed_forward_length", (uint32_t)hp.n_ff, &err);
-    if (!rc) rc = li_gguf_writer_add_u32(&w, "llama.attention.head_count", (uint32_t)hp.n_head, &err);
-    if (!rc) rc = li_gguf_writer_add_u32(&w, "llama.attention.head_count_kv", (uint32_t)hp.n_head_kv, &err);
-    if (!rc) rc = li_gguf_writer_add_u32(&w, "llama.rope.dimension_count", (uint32_t)hp.n_rot, &err);
-    if (!rc) rc = li_gguf_writer_add_f32(&w, "llama.rope.freq_base", hp.rope_theta, &err);
-    if (!rc) rc = li_gguf_writer_add_f32(&w, "llama.attention.layer_norm_rms_epsilon", hp.norm_eps, &err);
-    path_in(meta, sizeof meta, "meta.gguf");
-    if (!rc) rc = li_gguf_writer_write(&w, meta, &err);
-    li_gguf_writer_free(&w);
-    li_gguf_free(&g);
-    CHECK(rc == 0, "%s", err.msg);
-    if (rc) return -1;
-    li_gguf mg;
-    CHECK(li_gguf_open(&mg, meta, &err) == 0, "%s", err.msg);
-    li_train_model tm;
-    li_train_select all = {.what = LI_TRAIN_ALL};
-    CHECK(li_train_model_init_random(&tm, &hp, true, &all, 3, &err) == 0, "%s", err.msg);
-    /* larger weights than the default, so the logits are far from flat */
-    for (size_t i = 0; i < tm.L.n_params; i++)
-        if (tm.params[i] != 0 && fabsf(tm.params[i]) < 0.9f) tm.params[i] *= 3;
-    snprintf(base, cap, "%s/base.gguf", dir);
-    rc = li_train_save(&tm, &mg, LI_CKPT_F32, base, &err);
-    CHECK(rc == 0, "%s", err.msg);
-    li_train_model_free(&tm);
-    li_gguf_free(&mg);
-    return rc;
+    return li_test_tiny_model(&hp, NULL, 3, 3.0f, dir, base, cap);
 }
 
 /* engine logits (n, V) of tokens through a session */
