@@ -38,19 +38,6 @@ static void on_sigint(int sig) {
 
 /* ==== checks before any work ================================================ */
 
-static int check_output(const char *out, li_error *err) {
-    struct stat st;
-    if (stat(out, &st) == 0 && S_ISDIR(st.st_mode))
-        return li_error_set(err, LI_EIO, "distill: output '%s' is a directory", out);
-    char *d = strdup(out);
-    if (!d) abort();
-    int rc = 0;
-    if (access(dirname(d), W_OK) != 0)
-        rc = li_error_set(err, LI_EIO, "distill: cannot write '%s': %s", out, strerror(errno));
-    free(d);
-    return rc;
-}
-
 /* The same vocabulary: the same size and the same token at every id. */
 static int check_vocab(const li_model *teacher, const li_model *student, li_error *err) {
     const int32_t nt = teacher->hp.n_vocab, ns = student->hp.n_vocab;
@@ -170,7 +157,7 @@ int li_cmd_distill(int argc, char **argv) {
 #undef FAIL
     li_train_select sel;
     if ((rc = li_train_select_parse(train, &sel, &err))) return li_runtime_fail(&err);
-    if ((rc = check_output(pos[0], &err))) return li_runtime_fail(&err);
+    if ((rc = li_cli_check_output("distill", pos[0], &err))) return li_runtime_fail(&err);
 
     li_runtime rt = {0};
     li_model *student = NULL;

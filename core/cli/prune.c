@@ -12,19 +12,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-/* Fails before any work when OUT cannot be written. */
-static int check_output(const char *out, li_error *err) {
-    struct stat st;
-    if (stat(out, &st) == 0 && S_ISDIR(st.st_mode))
-        return li_error_set(err, LI_EIO, "prune: output '%s' is a directory", out);
-    char *d = strdup(out);
-    if (!d) abort();
-    int rc = 0;
-    if (access(dirname(d), W_OK) != 0) rc = li_error_set(err, LI_EIO, "prune: cannot write '%s': %s", out, strerror(errno));
-    free(d);
-    return rc;
-}
-
 int li_cmd_prune(int argc, char **argv) {
     const char *what = NULL, *rank = NULL, *calib = NULL;
     double ratio = 0;
@@ -62,7 +49,7 @@ int li_cmd_prune(int argc, char **argv) {
     if (ratio != 0 && !(ratio > 0 && ratio < 1))
         return li_runtime_fail(&(li_error){LI_ERANGE, "prune: --ratio must be in (0, 1)"});
     if (keep < 0) return li_runtime_fail(&(li_error){LI_ERANGE, "prune: --keep must be positive"});
-    if ((rc = check_output(o.out, &err))) return li_runtime_fail(&err);
+    if ((rc = li_cli_check_output("prune", o.out, &err))) return li_runtime_fail(&err);
     if ((rc = li_prune(&o, &err))) return li_runtime_fail(&err);
     return 0;
 }

@@ -12,22 +12,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-/* Fails before any work when OUT cannot be written: its folder must exist
- * and be writable, and OUT must not be a folder. */
-static int check_output(const char *out, li_error *err) {
-    struct stat st;
-    if (stat(out, &st) == 0 && S_ISDIR(st.st_mode))
-        return li_error_set(err, LI_EIO, "quantize: output '%s' is a directory", out);
-    char *d = strdup(out);
-    if (!d) abort();
-    const char *dir = dirname(d);
-    int rc = 0;
-    if (access(dir, W_OK) != 0)
-        rc = li_error_set(err, LI_EIO, "quantize: cannot write '%s': %s", out, strerror(errno));
-    free(d);
-    return rc;
-}
-
 int li_cmd_quantize(int argc, char **argv) {
     const char *method = NULL, *calib = NULL, *smooth = "all";
     int64_t group = -1, samples = 32, seq_len = 512, threads = 0;
@@ -81,7 +65,7 @@ int li_cmd_quantize(int argc, char **argv) {
         snprintf(e.msg, sizeof e.msg, "quantize: --method %s needs --calib FILE%s", method, q4 ? "" : " (or --alpha 0)");
         return li_runtime_fail(&e);
     }
-    if ((rc = check_output(o.out, &err))) return li_runtime_fail(&err);
+    if ((rc = li_cli_check_output("quantize", o.out, &err))) return li_runtime_fail(&err);
     if ((rc = li_quantize(&o, &err))) return li_runtime_fail(&err);
     return 0;
 }

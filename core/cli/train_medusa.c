@@ -37,19 +37,6 @@ static void on_sigint(int sig) {
     stop_flag = 1;
 }
 
-static int check_output(const char *out, li_error *err) {
-    struct stat st;
-    if (stat(out, &st) == 0 && S_ISDIR(st.st_mode))
-        return li_error_set(err, LI_EIO, "train-medusa: output '%s' is a directory", out);
-    char *d = strdup(out);
-    if (!d) abort();
-    int rc = 0;
-    if (access(dirname(d), W_OK) != 0)
-        rc = li_error_set(err, LI_EIO, "train-medusa: cannot write '%s': %s", out, strerror(errno));
-    free(d);
-    return rc;
-}
-
 /* ==== agreement on held-out text ============================================== */
 
 /* For each head k, over windows of L tokens of ids: at position t the
@@ -200,7 +187,7 @@ int li_cmd_train_medusa(int argc, char **argv) {
     else if (!strcmp(dtype_s, "f16")) dtype = LI_CKPT_F16;
     else FAIL("train-medusa: --dtype must be f32 or f16");
 #undef FAIL
-    if (train && (rc = check_output(pos[0], &err))) return li_runtime_fail(&err);
+    if (train && (rc = li_cli_check_output("train-medusa", pos[0], &err))) return li_runtime_fail(&err);
 
     li_runtime rt = {0};
     li_session s = {0};
