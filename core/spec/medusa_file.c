@@ -39,8 +39,8 @@ int li_medusa_file_check(const li_gguf *g, const char *path, const li_medusa_bas
     *f = (li_medusa_file){0};
     char arch[64] = "", hidden[64] = "", hash[64] = "";
     if (!get_str(g, "general.architecture", arch, sizeof arch) || strcmp(arch, "medusa"))
-        return li_error_set(err, LI_EINVAL, "medusa: %s: general.architecture is '%s', not 'medusa' (not a heads file)",
-                            path, arch);
+        return li_error_set(err, LI_EINVAL,
+                            "medusa: %s: general.architecture is '%s', expected 'medusa' (not a heads file)", path, arch);
     uint32_t version, k, n_embd, n_vocab;
     int rc;
     if ((rc = get_u32(g, path, "medusa.version", &version, err))) return rc;
