@@ -30,9 +30,14 @@
 -- /proc/loadavg) is printed at the start and the end: wall-clock ratios
 -- taken on a loaded machine are noise.
 --
+-- Beside the timings, what does not depend on the machine's load: tokens
+-- computed by the forward passes (prompts less cache hits, plus verified
+-- drafts), prefix-cache hit tokens, drafts accepted of drafted, and steps.
+--
 -- --json writes every row (name, median tok/s, median ratio, every round's
--- tok/s and ratio, prefix-cache hit tokens, drafted, accepted, steps) and
--- the load averages; --plot draws the median tok/s of each row.
+-- tok/s and ratio, tokens computed, prefix-cache hit tokens, drafted,
+-- accepted, steps) and the load averages; --plot draws the median tok/s of
+-- each row.
 local luainfer = require("luainfer")
 local bench = require("luainfer.bench")
 local opts = bench.options(arg)
@@ -125,7 +130,8 @@ local function run(row)
     n = n + #r.tokens
   end
   e:close()
-  return { tput = n / s.time_total, tokens = n, hit = s.prefix_hit_tokens, drafted = s.spec_drafted,
+  return { tput = n / s.time_total, tokens = n, computed = s.tokens_computed, hit = s.prefix_hit_tokens,
+           drafted = s.spec_drafted,
            accepted = s.spec_accepted, steps = s.steps, toks = toks }
 end
 
@@ -164,7 +170,8 @@ progress:done()
 local load_end = loadavg()
 
 local out = {}
-print(("%-28s %10s %8s %12s %14s %7s"):format("row", "tok/s", "ratio", "prefix hits", "accepted", "steps"))
+print(("%-28s %10s %8s %9s %12s %14s %7s"):format("row", "tok/s", "ratio", "computed", "prefix hits", "accepted",
+  "steps"))
 for ri, row in ipairs(rows) do
   local tps, ratios = {}, {}
   for round = 1, ROUNDS do
@@ -173,7 +180,7 @@ for ri, row in ipairs(rows) do
   end
   local last = got[ri][ROUNDS]
   local o = { name = row.name, tok_s = median(tps), ratio = median(ratios), rounds_tok_s = tps, rounds_ratio = ratios,
-              prefix_hit_tokens = last.hit, drafted = last.drafted, accepted = last.accepted, steps = last.steps,
+              computed = last.computed, prefix_hit_tokens = last.hit, drafted = last.drafted, accepted = last.accepted, steps = last.steps,
               tokens = last.tokens }
   if ri == 5 then
     local same = 0
@@ -181,7 +188,7 @@ for ri, row in ipairs(rows) do
     o.same_tokens_as_row4 = same
   end
   out[#out + 1] = o
-  print(("%-28s %10.1f %7.2fx %12d %14s %7d%s"):format(row.name, o.tok_s, o.ratio, o.prefix_hit_tokens,
+  print(("%-28s %10.1f %7.2fx %9d %12d %14s %7d%s"):format(row.name, o.tok_s, o.ratio, o.computed, o.prefix_hit_tokens,
     o.drafted > 0 and ("%d/%d (%.0f%%)"):format(o.accepted, o.drafted, 100 * o.accepted / o.drafted) or "-",
     o.steps, o.same_tokens_as_row4 and ("  (%d of %d requests as row 4)"):format(o.same_tokens_as_row4, N) or ""))
 end

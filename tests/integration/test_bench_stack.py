@@ -35,6 +35,8 @@ def test_bench_stack_rows(run_ok, tmp_path):
     assert rows[0]["ratio"] == 1 and all(len(row["rounds_ratio"]) == 2 for row in rows)
     assert [row["prefix_hit_tokens"] > 0 for row in rows] == [False, False, True, True]
     assert [row["drafted"] > 0 for row in rows] == [False, False, False, True]
+    # the same prompts and outputs: cache hits are tokens not computed
+    assert rows[0]["computed"] == rows[1]["computed"] == rows[2]["computed"] + rows[2]["prefix_hit_tokens"]
     assert rows[3]["accepted"] <= rows[3]["drafted"]
     # one request at a time takes a step per token at least; batching fewer
     assert rows[0]["steps"] >= 6 * 8 > rows[1]["steps"]
