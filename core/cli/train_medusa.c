@@ -12,6 +12,7 @@
  * offset on held-out text, after training or, with --heads-file, alone. */
 #define _GNU_SOURCE
 #include "cli/cli.h"
+#include "cli/train_opts.h"
 #include "runtime/args.h"
 #include "engine/session.h"
 #include "tokenizer/tokenizer.h"
@@ -114,40 +115,31 @@ static uint64_t xs(uint64_t *s) {
 }
 
 int li_cmd_train_medusa(int argc, char **argv) {
-    const char *model_path = NULL, *data = NULL, *eval_path = NULL, *heads_file = NULL, *dtype_s = "f32";
-    int64_t K = 0, steps = 100, seq_len = 64, batch = 1, threads = 0, ckpt_every = 0, seed = 1, self_gen = 0,
-            eval_tokens = 4096, streams = 16;
-    double alpha = 0.5, temperature = 2.0, lr = 1e-3, wd = 0.0, clip = 1.0;
-    bool help = false;
-    li_opt opts[] = {
+    const char *model_path = NULL, *eval_path = NULL, *heads_file = NULL;
+    int64_t K = 0, eval_tokens = 4096, streams = 16;
+    static const li_cli_train_spec spec = {
+        .who = "train-medusa", .steps = 100, .lr = 1e-3, .min_seq_len = 3,
+        .self_generate_help = "train on N tokens the base samples (temperature 1, --seed) instead of --data",
+        .seq_len_help = "tokens per window (default 64)",
+        .batch_help = "windows per step (default 1)",
+        .dtype_help = "head weights in the file: f32 or f16 (default f32)",
+        .seed_help = "seed of --self-generate and of the window order (default 1)"};
+    li_cli_train_opts to;
+    li_opt opts[6 + LI_CLI_TRAIN_N_OPTS] = {
         {"model", LI_OPT_STR, &model_path, "the base model, frozen (default: LUAINFER_MODEL or the bundled one)"},
         {"heads", LI_OPT_INT, &K, "Medusa heads to train, 1..8 (required unless --heads-file)"},
-        {"data", LI_OPT_STR, &data, "training text (this or --self-generate)"},
-        {"self-generate", LI_OPT_INT, &self_gen, "train on N tokens the base samples (temperature 1, --seed) instead of --data"},
         {"streams", LI_OPT_INT, &streams, "--self-generate: sequences sampled side by side, 1..256 (default 16)"},
-        {"steps", LI_OPT_INT, &steps, "optimizer steps (default 100)"},
-        {"lr", LI_OPT_FLOAT, &lr, "AdamW learning rate (default 1e-3)"},
-        {"alpha", LI_OPT_FLOAT, &alpha, "weight of the KL term in [0, 1] (default 0.5)"},
-        {"temperature", LI_OPT_FLOAT, &temperature, "softmax temperature of the KL term (default 2)"},
-        {"weight-decay", LI_OPT_FLOAT, &wd, "AdamW decoupled weight decay (default 0)"},
-        {"clip", LI_OPT_FLOAT, &clip, "global gradient-norm clip, 0 = none (default 1)"},
-        {"seq-len", LI_OPT_INT, &seq_len, "tokens per window (default 64)"},
-        {"batch", LI_OPT_INT, &batch, "windows per step (default 1)"},
-        {"dtype", LI_OPT_STR, &dtype_s, "head weights in the file: f32 or f16 (default f32)"},
-        {"ckpt-every", LI_OPT_INT, &ckpt_every, "write OUT every N steps too (default: only at the end)"},
         {"eval", LI_OPT_STR, &eval_path, "held-out text: print each head's top-1/top-5 agreement with the base"},
         {"eval-tokens", LI_OPT_INT, &eval_tokens, "tokens of --eval to use (default 4096)"},
         {"heads-file", LI_OPT_STR, &heads_file, "evaluate these heads (with --eval) instead of training"},
-        {"threads", LI_OPT_INT, &threads, "compute threads (default: all cores)"},
-        {"seed", LI_OPT_INT, &seed, "seed of --self-generate and of the window order (default 1)"},
-        {"help", LI_OPT_FLAG, &help, "show this help"},
     };
+    li_cli_train_opts_init(&to, &spec, opts + 6);
     const int n_opts = (int)LI_ARRAY_LEN(opts);
     li_error err = {0};
     const char *pos[1];
     int n_pos, rc;
     if ((rc = li_args_parse(opts, n_opts, argc, argv, pos, 1, &n_pos, &err))) return li_runtime_fail(&err);
-    if (help) {
+    if (to.help) {
         li_args_usage("train-medusa",
                       "--model M.gguf --heads K --data FILE | --self-generate N [options] OUT.gguf\n"
                       "       luainfer train-medusa --model M.gguf --heads-file H.gguf --eval FILE",
@@ -162,30 +154,18 @@ int li_cmd_train_medusa(int argc, char **argv) {
     } while (0)
     if (!train) {
         if (!eval_path) FAIL("train-medusa: --heads-file needs --eval FILE (it evaluates, it does not train)");
-        if (data || self_gen || K || n_pos) FAIL("train-medusa: --heads-file evaluates only: no --heads, --data, --self-generate or OUT");
+        if (to.data || to.self_gen || K || n_pos) FAIL("train-medusa: --heads-file evaluates only: no --heads, --data, --self-generate or OUT");
     } else {
         if (K < 1 || K > LI_TRAIN_MEDUSA_MAX_HEADS) FAIL("train-medusa: --heads must be in 1..%d", LI_TRAIN_MEDUSA_MAX_HEADS);
-        if (!data && !self_gen) FAIL("train-medusa: --data FILE or --self-generate N is required");
-        if (data && self_gen) FAIL("train-medusa: --data and --self-generate exclude each other");
+        if (!to.data && !to.self_gen) FAIL("train-medusa: --data FILE or --self-generate N is required");
         if (n_pos != 1) FAIL("train-medusa: expected one output file OUT.gguf");
     }
-    if (self_gen < 0 || self_gen > 10000000) FAIL("train-medusa: --self-generate must be in 1..10000000");
+    if ((rc = li_cli_train_opts_check(&to, &spec, &err))) return li_runtime_fail(&err);
     if (streams < 1 || streams > 256) FAIL("train-medusa: --streams must be in 1..256");
-    if (!(alpha >= 0 && alpha <= 1)) FAIL("train-medusa: --alpha must be in [0, 1]");
-    if (!(temperature > 0 && temperature <= 100)) FAIL("train-medusa: --temperature must be in (0, 100]");
-    if (steps < 1 || steps > 10000000) FAIL("train-medusa: --steps must be in 1..10000000");
-    if (!(lr > 0 && lr < 1)) FAIL("train-medusa: --lr must be in (0, 1)");
-    if (!(wd >= 0 && wd < 1) || !(clip >= 0)) FAIL("train-medusa: --weight-decay must be in [0, 1), --clip >= 0");
-    if (seq_len < 3 || seq_len > 4096) FAIL("train-medusa: --seq-len must be in 3..4096");
-    if (train && seq_len < K + 3) FAIL("train-medusa: --seq-len %lld leaves head %lld no position (needs >= %lld)",
-                                       (long long)seq_len, (long long)K, (long long)K + 3);
-    if (batch < 1 || batch > 64) FAIL("train-medusa: --batch must be in 1..64");
-    if (ckpt_every < 0) FAIL("train-medusa: --ckpt-every must be >= 0");
+    if (train && to.seq_len < K + 3) FAIL("train-medusa: --seq-len %lld leaves head %lld no position (needs >= %lld)",
+                                          (long long)to.seq_len, (long long)K, (long long)K + 3);
     if (eval_tokens < 1) FAIL("train-medusa: --eval-tokens must be >= 1");
-    li_ckpt_dtype dtype;
-    if (!strcmp(dtype_s, "f32")) dtype = LI_CKPT_F32;
-    else if (!strcmp(dtype_s, "f16")) dtype = LI_CKPT_F16;
-    else FAIL("train-medusa: --dtype must be f32 or f16");
+    const li_ckpt_dtype dtype = to.dtype;
 #undef FAIL
     if (train && (rc = li_cli_check_output("train-medusa", pos[0], &err))) return li_runtime_fail(&err);
 
@@ -201,9 +181,9 @@ int li_cmd_train_medusa(int argc, char **argv) {
     int32_t *ids = NULL, *eids = NULL, *order = NULL;
     size_t n_ids = 0, n_eids = 0, text_len = 0;
     float *E = NULL, *lg = NULL, *H = NULL;
-    if ((rc = li_runtime_open(&rt, li_model_default_path(model_path), threads, NULL, &err))) goto done;
+    if ((rc = li_runtime_open(&rt, li_model_default_path(model_path), to.threads, NULL, &err))) goto done;
     li_model *m = rt.model;
-    const int64_t d = m->hp.n_embd, V = m->hp.n_vocab, L = seq_len;
+    const int64_t d = m->hp.n_embd, V = m->hp.n_vocab, L = to.seq_len;
     const uint64_t vhash = li_tokenizer_vocab_hash(m->tok);
     if (eval_path) { /* read it first: a bad path fails before any training */
         if ((rc = li_read_file(eval_path, (size_t)256 << 20, "evaluation text", &text, &text_len, &err))) goto done;
@@ -219,16 +199,16 @@ int li_cmd_train_medusa(int argc, char **argv) {
         }
     }
     if (train) {
-        if (data) {
-            if ((rc = li_read_file(data, (size_t)256 << 20, "training text", &text, &text_len, &err))) goto done;
+        if (to.data) {
+            if ((rc = li_read_file(to.data, (size_t)256 << 20, "training text", &text, &text_len, &err))) goto done;
             if ((rc = li_tokenizer_encode(m->tok, text, text_len, false, false, &ids, &n_ids, &err))) goto done;
         } else {
-            if ((rc = li_train_self_generate_n(m, &rt.be, self_gen, (uint64_t)seed, (int)streams, &ids, &err))) goto done;
-            n_ids = (size_t)self_gen;
+            if ((rc = li_train_self_generate_n(m, &rt.be, to.self_gen, (uint64_t)to.seed, (int)streams, &ids, &err))) goto done;
+            n_ids = (size_t)to.self_gen;
         }
         if ((int64_t)n_ids < L) {
             rc = li_error_set(&err, LI_EINVAL, "train-medusa: %s has %zu tokens, fewer than --seq-len %lld",
-                              data ? data : "--self-generate", n_ids, (long long)L);
+                              to.data ? to.data : "--self-generate", n_ids, (long long)L);
             goto done;
         }
         if ((rc = li_train_medusa_init(&h, (int)K, d, V, &err))) goto done;
@@ -242,7 +222,7 @@ int li_cmd_train_medusa(int argc, char **argv) {
     }
     if ((rc = li_session_init(&s, m, &rt.be, L, LI_TYPE_F32, L, &err))) goto done;
     s_ready = true;
-    const int n_thr = threads > 0 ? (int)threads : (int)LI_MAX(1, sysconf(_SC_NPROCESSORS_ONLN));
+    const int n_thr = to.threads > 0 ? (int)to.threads : (int)LI_MAX(1, sysconf(_SC_NPROCESSORS_ONLN));
     if (!(tp = li_threadpool_init(n_thr))) {
         rc = li_error_set(&err, LI_ENOMEM, "train-medusa: cannot start %d threads", n_thr);
         goto done;
@@ -267,7 +247,7 @@ int li_cmd_train_medusa(int argc, char **argv) {
     const int64_t n_windows = (int64_t)n_ids / L;
     order = li_xmalloc((size_t)n_windows * sizeof *order);
     for (int64_t i = 0; i < n_windows; i++) order[i] = (int32_t)i;
-    uint64_t rs = (uint64_t)seed * 0x9e3779b97f4a7c15ull + 1;
+    uint64_t rs = (uint64_t)to.seed * 0x9e3779b97f4a7c15ull + 1;
     for (int64_t i = n_windows - 1; i > 0; i--) { /* a seeded window order */
         const int64_t j = (int64_t)(xs(&rs) % (uint64_t)(i + 1));
         const int32_t t = order[i];
@@ -282,29 +262,29 @@ int li_cmd_train_medusa(int argc, char **argv) {
     lg = li_xmalloc((size_t)L * (size_t)V * sizeof *lg);
     H = li_xmalloc((size_t)L * (size_t)d * sizeof *H);
     printf("train-medusa: %s -> %s, %d heads (%.2fM parameters), %zu tokens of %s (%lld windows of %lld)\n",
-           base_name, pos[0], h.K, (double)h.tm.L.n_params / 1e6, n_ids, data ? data : "the base's samples",
+           base_name, pos[0], h.K, (double)h.tm.L.n_params / 1e6, n_ids, to.data ? to.data : "the base's samples",
            (long long)n_windows, (long long)L);
     printf("loss = mean over heads of %.2f * KL(T = %.2f) * T^2 + %.2f * CE; AdamW lr %g, %lld x %lld tokens per step\n",
-           alpha, temperature, 1 - alpha, lr, (long long)batch, (long long)L);
+           to.alpha, to.temperature, 1 - to.alpha, to.lr, (long long)to.batch, (long long)L);
     fflush(stdout);
     struct sigaction sa = {0}, old_sa;
     sa.sa_handler = on_sigint;
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, &old_sa);
-    li_train_medusa_meta meta = {.base_name = base_name, .vocab_hash = vhash, .alpha = (float)alpha,
-                           .temperature = (float)temperature, .data = data ? data : "self-generate"};
-    const li_train_loss_opts lo = {.alpha = (float)alpha, .temperature = (float)temperature,
-                                   .grad_scale = 1.0f / (float)batch};
-    const li_adamw_opts ao = {.lr = (float)lr, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
-                              .weight_decay = (float)wd, .clip = (float)clip, .tp = tp};
+    li_train_medusa_meta meta = {.base_name = base_name, .vocab_hash = vhash, .alpha = (float)to.alpha,
+                           .temperature = (float)to.temperature, .data = to.data ? to.data : "self-generate"};
+    const li_train_loss_opts lo = {.alpha = (float)to.alpha, .temperature = (float)to.temperature,
+                                   .grad_scale = 1.0f / (float)to.batch};
+    const li_adamw_opts ao = {.lr = (float)to.lr, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
+                              .weight_decay = (float)to.wd, .clip = (float)to.clip, .tp = tp};
     li_progress prog;
-    li_progress_init(&prog, "train-medusa", "steps/s", steps);
+    li_progress_init(&prog, "train-medusa", "steps/s", to.steps);
     const double t0 = li_time_now();
     int64_t next = 0, step = 0, last_ckpt = 0;
-    while (step < steps && !stop_flag) {
+    while (step < to.steps && !stop_flag) {
         double loss = 0, lk[LI_TRAIN_MEDUSA_MAX_HEADS] = {0};
         li_train_grads_zero(&g);
-        for (int64_t j = 0; j < batch && !rc; j++) {
+        for (int64_t j = 0; j < to.batch && !rc; j++) {
             const int32_t *tok = ids + (int64_t)order[next++ % n_windows] * L;
             double l = 0, lkj[LI_TRAIN_MEDUSA_MAX_HEADS];
             if ((rc = li_train_medusa_base_window(&s, tok, L, lg, H, &err))) break;
@@ -313,8 +293,8 @@ int li_cmd_train_medusa(int argc, char **argv) {
             if (!isfinite(l))
                 rc = li_error_set(&err, LI_ERANGE, "train: step %lld: the loss is %g (window %lld)",
                                   (long long)step + 1, l, (long long)j + 1);
-            loss += l / (double)batch;
-            for (int k = 0; k < h.K; k++) lk[k] += lkj[k] / (double)batch;
+            loss += l / (double)to.batch;
+            for (int k = 0; k < h.K; k++) lk[k] += lkj[k] / (double)to.batch;
         }
         double gn = 0;
         if (!rc) rc = li_adamw_step(&opt, &h.tm, &g, &ao, &gn, &err);
@@ -329,14 +309,14 @@ int li_cmd_train_medusa(int argc, char **argv) {
             break;
         }
         step++;
-        printf("step %lld/%lld: loss %.4f  heads", (long long)step, (long long)steps, loss);
+        printf("step %lld/%lld: loss %.4f  heads", (long long)step, (long long)to.steps, loss);
         for (int k = 0; k < h.K; k++) printf(" %.3f", lk[k]);
         printf("  grad-norm %.3f  (%.1f s)\n", gn, li_time_now() - t0);
         fflush(stdout);
         li_progress_update(&prog, step, NULL);
-        if (ckpt_every > 0 && step % ckpt_every == 0 && step < steps) {
+        if (to.ckpt_every > 0 && step % to.ckpt_every == 0 && step < to.steps) {
             meta.steps = step;
-            meta.tokens = step * batch * L;
+            meta.tokens = step * to.batch * L;
             if ((rc = li_train_medusa_save(&h, &meta, dtype, pos[0], &err))) break;
             last_ckpt = step;
         }
@@ -345,11 +325,11 @@ int li_cmd_train_medusa(int argc, char **argv) {
     li_progress_finish(&prog);
     if (!rc) {
         meta.steps = step;
-        meta.tokens = step * batch * L;
+        meta.tokens = step * to.batch * L;
         if ((rc = li_train_medusa_save(&h, &meta, dtype, pos[0], &err))) goto done;
-        if (step < steps) printf("interrupted after step %lld: heads written to %s\n", (long long)step, pos[0]);
+        if (step < to.steps) printf("interrupted after step %lld: heads written to %s\n", (long long)step, pos[0]);
         else printf("wrote %s (%d heads, %s, %lld tokens trained in %.1f s)\n", pos[0], h.K,
-                    dtype == LI_CKPT_F16 ? "F16" : "F32", (long long)(step * batch * L), li_time_now() - t0);
+                    dtype == LI_CKPT_F16 ? "F16" : "F32", (long long)(step * to.batch * L), li_time_now() - t0);
         fflush(stdout);
         if (eval_path && !stop_flag) rc = eval_heads(&h, &s, E, eids, (int64_t)n_eids, (int)L, tp, &err);
     }

@@ -1,6 +1,8 @@
-/* medusa.c — Medusa heads: loading and checking a heads file, the heads'
- * forward on the target's backend, and the candidate tree (spec/medusa.h). */
+/* medusa.c — Medusa heads: loading a heads file (checked by medusa_file.c),
+ * the heads' forward on the target's backend, and the candidate tree
+ * (spec/medusa.h). */
 #include "spec/medusa.h"
+#include "spec/medusa_file.h"
 #include "tokenizer/tokenizer.h"
 
 #include <ctype.h>
@@ -10,101 +12,32 @@
 
 /* ---- loading ----------------------------------------------------------------- */
 
-/* A string value as a NUL-terminated copy (truncated to cap). */
-static bool get_str(const li_gguf *g, const char *key, char *out, size_t cap) {
-    li_str s;
-    if (li_gguf_get_str(g, key, &s, NULL)) return false;
-    const size_t n = s.len < cap - 1 ? (size_t)s.len : cap - 1;
-    memcpy(out, s.ptr, n);
-    out[n] = 0;
-    return true;
-}
-
-static int get_u32(const li_gguf *g, const char *path, const char *key, uint32_t *v, li_error *err) {
-    if (li_gguf_get_u32(g, key, v, NULL))
-        return li_error_set(err, LI_EINVAL, "medusa: %s: missing or not a u32: '%s'", path, key);
-    return 0;
-}
-
-/* 16 lowercase hex digits. */
-static bool parse_hash(const char *s, uint64_t *out) {
-    if (strlen(s) != 16) return false;
-    uint64_t v = 0;
-    for (int i = 0; i < 16; i++) {
-        const char c = s[i];
-        const int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
-        if (d < 0) return false;
-        v = v << 4 | (uint64_t)d;
-    }
-    *out = v;
-    return true;
-}
-
+/* The file's one check (medusa_file.c) against base; the heads' weights
+ * and biases then point into the mapping. */
 static int check_file(li_medusa *h, const char *path, const li_model *base, li_error *err) {
-    const li_gguf *g = &h->gguf;
-    char arch[64] = "", hidden[64] = "", hash[64] = "";
-    if (!get_str(g, "general.architecture", arch, sizeof arch) || strcmp(arch, "medusa"))
-        return li_error_set(err, LI_EINVAL, "medusa: %s: general.architecture is '%s', not 'medusa' (not a heads file)",
-                            path, arch);
-    uint32_t version, k, n_embd, n_vocab;
-    int rc;
-    if ((rc = get_u32(g, path, "medusa.version", &version, err))) return rc;
-    if (version != 1)
-        return li_error_set(err, LI_EUNSUP, "medusa: %s: medusa.version is %u, this build reads version 1", path, version);
-    if ((rc = get_u32(g, path, "medusa.n_heads", &k, err)) || (rc = get_u32(g, path, "medusa.n_embd", &n_embd, err)) ||
-        (rc = get_u32(g, path, "medusa.n_vocab", &n_vocab, err)))
-        return rc;
-    if (k < 1 || k > LI_MEDUSA_MAX_HEADS)
-        return li_error_set(err, LI_EINVAL, "medusa: %s: medusa.n_heads is %u, must be in [1, %d]", path, k,
-                            LI_MEDUSA_MAX_HEADS);
-    if (!get_str(g, "medusa.hidden", hidden, sizeof hidden) || strcmp(hidden, "post_norm"))
-        return li_error_set(err, LI_EUNSUP, "medusa: %s: medusa.hidden is '%s', only 'post_norm' is supported", path,
-                            hidden);
-    get_str(g, "medusa.base.name", h->base_name, sizeof h->base_name);
-    if (!get_str(g, "medusa.base.vocab_hash", hash, sizeof hash) || !parse_hash(hash, &h->vocab_hash))
-        return li_error_set(err, LI_EINVAL, "medusa: %s: medusa.base.vocab_hash '%s' is not 16 lowercase hex digits",
-                            path, hash);
     char bname[128] = "";
-    if (!get_str(&base->gguf, "general.name", bname, sizeof bname) && base->path) {
-        const char *s = strrchr(base->path, '/');
-        snprintf(bname, sizeof bname, "%s", s ? s + 1 : base->path);
+    li_str s;
+    if (!li_gguf_get_str(&base->gguf, "general.name", &s, NULL))
+        snprintf(bname, sizeof bname, "%.*s", (int)LI_MIN(s.len, (uint64_t)sizeof bname - 1), s.ptr);
+    else if (base->path) {
+        const char *p = strrchr(base->path, '/');
+        snprintf(bname, sizeof bname, "%s", p ? p + 1 : base->path);
     }
-    const uint64_t want = base->tok ? li_tokenizer_vocab_hash(base->tok) : 0;
-    if (h->vocab_hash != want)
-        return li_error_set(err, LI_EINVAL,
-                            "medusa: heads made for '%s' (vocab hash %016llx), the model is '%s' (%016llx)",
-                            h->base_name, (unsigned long long)h->vocab_hash, bname, (unsigned long long)want);
-    if ((int64_t)n_embd != base->hp.n_embd || (int64_t)n_vocab != base->hp.n_vocab)
-        return li_error_set(err, LI_EINVAL,
-                            "medusa: heads made for '%s' (n_embd %u, n_vocab %u), the model is '%s' (n_embd %d, n_vocab %d)",
-                            h->base_name, n_embd, n_vocab, bname, base->hp.n_embd, base->hp.n_vocab);
-    if (strcmp(h->base_name, bname))
-        li_log_warn("medusa: heads made for '%s', the model is '%s' (same vocabulary and shape: used)", h->base_name,
-                    bname);
-    h->n_heads = (int32_t)k;
-    h->n_embd = (int32_t)n_embd;
-    h->n_vocab = (int32_t)n_vocab;
-    for (uint32_t i = 0; i < k; i++) {
-        char name[64];
-        snprintf(name, sizeof name, "medusa.%u.weight", i);
-        const li_gguf_tensor *t = li_gguf_find_tensor(g, name);
-        if (!t) return li_error_set(err, LI_EINVAL, "medusa: %s: missing tensor '%s'", path, name);
-        if (t->type != LI_TYPE_F32 && t->type != LI_TYPE_F16)
-            return li_error_set(err, LI_EUNSUP, "medusa: %s: tensor '%s' has type %s, want f32 or f16", path, name,
-                                li_type_name(t->type));
-        if (t->n_dims != 2 || t->ne[0] != n_embd || t->ne[1] != n_embd)
-            return li_error_set(err, LI_EINVAL, "medusa: %s: tensor '%s' has shape [%lld, %lld], want [%u, %u]", path,
-                                name, (long long)t->ne[0], (long long)(t->n_dims > 1 ? t->ne[1] : 1), n_embd, n_embd);
+    const li_medusa_base want = {.name = bname, .n_embd = base->hp.n_embd, .n_vocab = base->hp.n_vocab,
+                                 .vocab_hash = base->tok ? li_tokenizer_vocab_hash(base->tok) : 0};
+    li_medusa_file f;
+    const int rc = li_medusa_file_check(&h->gguf, path, &want, &f, err);
+    if (rc) return rc;
+    memcpy(h->base_name, f.base_name, sizeof h->base_name);
+    h->vocab_hash = f.vocab_hash;
+    h->n_heads = f.n_heads;
+    h->n_embd = f.n_embd;
+    h->n_vocab = f.n_vocab;
+    for (int32_t i = 0; i < f.n_heads; i++) {
         li_weight *w = &h->w[i];
-        *w = (li_weight){.type = (li_type)t->type, .k = n_embd, .m = n_embd, .data = t->data};
-        li_type_row_size(t->type, n_embd, &w->row_bytes);
-        snprintf(name, sizeof name, "medusa.%u.bias", i);
-        t = li_gguf_find_tensor(g, name);
-        if (!t) return li_error_set(err, LI_EINVAL, "medusa: %s: missing tensor '%s'", path, name);
-        if (t->type != LI_TYPE_F32 || t->n_dims != 1 || t->ne[0] != n_embd)
-            return li_error_set(err, LI_EINVAL, "medusa: %s: tensor '%s' is %s [%lld], want f32 [%u]", path, name,
-                                li_type_name(t->type), (long long)t->ne[0], n_embd);
-        h->b[i] = t->data;
+        *w = (li_weight){.type = (li_type)f.w[i]->type, .k = f.n_embd, .m = f.n_embd, .data = f.w[i]->data};
+        li_type_row_size(f.w[i]->type, f.n_embd, &w->row_bytes);
+        h->b[i] = f.b[i]->data;
     }
     return 0;
 }

@@ -19,8 +19,9 @@
 #define LI_SPEC_MEDUSA_H
 
 #include "model/model.h"
+#include "spec/medusa_file.h"
 
-#define LI_MEDUSA_MAX_HEADS 8
+#define LI_MEDUSA_MAX_HEADS LI_MEDUSA_FILE_MAX_HEADS
 #define LI_MEDUSA_MAX_NODES 16 /* = LI_SPEC_MAX_DRAFT: a tree's nodes are a step's drafts */
 #define LI_MEDUSA_MAX_RANK 16  /* candidates per head */
 
@@ -41,10 +42,10 @@ typedef struct li_medusa {
     float *logits_host;       /* host copy when logits is device memory */
 } li_medusa;
 
-/* Loads and checks a heads file against base (architecture, version, K in
- * [1, 8], n_embd / n_vocab, the vocabulary hash, tensor shapes and types);
- * one-line errors naming the field and both values. A different base name
- * alone is a warning. */
+/* Loads a heads file, checked against base by li_medusa_file_check
+ * (architecture, version, K in [1, 8], n_embd / n_vocab, the vocabulary
+ * hash, tensor shapes and types); one-line errors naming the field and both
+ * values. A different base name alone is a warning. */
 int li_medusa_load(li_medusa **out, const char *path, const li_model *base, li_error *err);
 /* Weights into be and scratch for cap rows; base's output matrix (prepared
  * on be) is shared. */

@@ -225,71 +225,24 @@ int li_train_medusa_save(const li_train_medusa *h, const li_train_medusa_meta *m
     return rc;
 }
 
-static int get_u32(const li_gguf *g, const char *path, const char *key, uint32_t *v, li_error *err) {
-    li_error e = {0};
-    if (li_gguf_get_u32(g, key, v, &e))
-        return li_error_set(err, LI_EINVAL, "medusa: %s: %s is missing or not a u32", path, key);
-    return 0;
-}
-
 int li_train_medusa_load(li_train_medusa *h, const char *path, int64_t d, int64_t V, uint64_t vocab_hash, li_error *err) {
     memset(h, 0, sizeof *h);
     li_gguf g;
     int rc = li_gguf_open(&g, path, err);
     if (rc) return rc;
-    li_str s = {0};
-    uint32_t ver = 0, K = 0, fd = 0, fv = 0;
-    li_error e = {0};
-    if (li_gguf_get_str(&g, "general.architecture", &s, &e) || !li_str_eq(s, "medusa")) {
-        rc = li_error_set(err, LI_EINVAL, "medusa: %s: general.architecture is '%.*s', expected 'medusa'", path,
-                          (int)LI_MIN(s.len, 40), s.ptr ? s.ptr : "");
-        goto done;
-    }
-    if ((rc = get_u32(&g, path, "medusa.version", &ver, err)) || (rc = get_u32(&g, path, "medusa.n_heads", &K, err)) ||
-        (rc = get_u32(&g, path, "medusa.n_embd", &fd, err)) || (rc = get_u32(&g, path, "medusa.n_vocab", &fv, err)))
-        goto done;
-    if (ver != 1) {
-        rc = li_error_set(err, LI_EINVAL, "medusa: %s: medusa.version is %u, expected 1", path, ver);
-        goto done;
-    }
-    if (K < 1 || K > LI_TRAIN_MEDUSA_MAX_HEADS) {
-        rc = li_error_set(err, LI_EINVAL, "medusa: %s: medusa.n_heads is %u, expected 1..%d", path, K, LI_TRAIN_MEDUSA_MAX_HEADS);
-        goto done;
-    }
-    if ((int64_t)fd != d || (int64_t)fv != V) {
-        rc = li_error_set(err, LI_EINVAL, "medusa: %s: heads made for n_embd %u, n_vocab %u; the model has %lld, %lld",
-                          path, fd, fv, (long long)d, (long long)V);
-        goto done;
-    }
-    char want[17];
-    snprintf(want, sizeof want, "%016" PRIx64, vocab_hash);
-    if (li_gguf_get_str(&g, "medusa.base.vocab_hash", &s, &e) || !li_str_eq(s, want)) {
-        rc = li_error_set(err, LI_EINVAL, "medusa: %s: heads made for vocab hash %.*s, the model's is %s", path,
-                          (int)LI_MIN(s.len, 40), s.ptr ? s.ptr : "", want);
-        goto done;
-    }
-    if ((rc = li_train_medusa_init(h, (int)K, d, V, err))) goto done;
-    for (int k = 0; k < (int)K && !rc; k++)
+    const li_medusa_base base = {.n_embd = d, .n_vocab = V, .vocab_hash = vocab_hash};
+    li_medusa_file f;
+    if ((rc = li_medusa_file_check(&g, path, &base, &f, err))) goto done;
+    if ((rc = li_train_medusa_init(h, f.n_heads, d, V, err))) goto done;
+    for (int k = 0; k < f.n_heads; k++)
         for (int j = 0; j < 2; j++) {
-            char name[64];
-            snprintf(name, sizeof name, "medusa.%d.%s", k, j ? "bias" : "weight");
-            const li_gguf_tensor *t = li_gguf_find_tensor(&g, name);
-            const bool shape = t && (j ? t->n_dims == 1 && t->ne[0] == d
-                                       : t->n_dims == 2 && t->ne[0] == d && t->ne[1] == d);
-            const bool type = t && (t->type == LI_TYPE_F32 || (!j && t->type == LI_TYPE_F16));
-            if (!shape || !type) {
-                rc = li_error_set(err, LI_EINVAL, "medusa: %s: tensor %s is %s, expected %s of %s%lld", path, name,
-                                  !t ? "missing" : !shape ? "of another shape" : "of another type",
-                                  j ? "F32" : "F32 or F16", j ? "" : "n_embd x ", (long long)d);
-                break;
-            }
+            const li_gguf_tensor *t = j ? f.b[k] : f.w[k];
             float *dst = h->tm.params + h->tm.L.t[2 * k + j].off;
             const size_t n = (size_t)(j ? d : d * d);
             if (t->type == LI_TYPE_F32) memcpy(dst, t->data, n * sizeof(float));
             else
                 for (size_t i = 0; i < n; i++) dst[i] = li_fp16_to_fp32(((const uint16_t *)t->data)[i]);
         }
-    if (rc) li_train_medusa_free(h);
 done:
     li_gguf_free(&g);
     return rc;

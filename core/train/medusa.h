@@ -19,9 +19,10 @@
 #ifndef LI_TRAIN_MEDUSA_H
 #define LI_TRAIN_MEDUSA_H
 
+#include "spec/medusa_file.h"
 #include "train/train.h"
 
-#define LI_TRAIN_MEDUSA_MAX_HEADS 8
+#define LI_TRAIN_MEDUSA_MAX_HEADS LI_MEDUSA_FILE_MAX_HEADS /* the file format's limit */
 
 typedef struct li_train_medusa {
     int K;                /* heads, 1..LI_TRAIN_MEDUSA_MAX_HEADS */
@@ -90,8 +91,9 @@ int li_train_medusa_save(const li_train_medusa *h, const li_train_medusa_meta *m
                    li_error *err);
 
 /* Reads a heads file written by li_train_medusa_save into h (initialized here),
- * checking it against a base of width d, vocabulary V and vocab_hash: one
- * line naming the field and both values on a mismatch. */
+ * checked against a base of width d, vocabulary V and vocab_hash by the
+ * inference loader's own check (li_medusa_file_check): one line naming the
+ * field and both values on a mismatch. */
 int li_train_medusa_load(li_train_medusa *h, const char *path, int64_t d, int64_t V, uint64_t vocab_hash, li_error *err);
 
 /* ==== internal: the ops over `real` (medusa_tmpl.h), for the gradient checks ==== */

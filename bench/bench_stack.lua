@@ -1,0 +1,200 @@
+-- bench_stack.lua — the seed's stacking table (issue 19): one workload, one
+-- engine per row, each row adding one thing to the row above it.
+--
+--   ./build/luainfer bench stack [MAX_TOKENS] [ROUNDS] [W8A8.gguf] [--requests N] [--seqs S]
+--                                [--json FILE] [--plot FILE]
+--
+-- Rows:
+--   1. Q4_1 single stream: one request at a time (max_num_seqs 1), no
+--      prefix caching, no speculation;
+--   2. + continuous batching: S requests at once (max_num_seqs S, default 4);
+--   3. + prefix caching;
+--   4. + speculation: n-gram (prompt lookup), k 8, at any batch size
+--      (spec_disable_batch 0);
+--   5. + W8A8: the same settings on W8A8.gguf (`luainfer quantize --method
+--      w8a8` of the model's f16 expansion, docs/quantization.md). Without
+--      the third argument the row is skipped, saying why.
+--
+-- The workload: N requests (default 8), all added at the start (an offline
+-- batch), each a chat turn that shares one system prompt holding a short
+-- document and asks for an edit of it (input-grounded: the answer copies
+-- much of the prompt), greedy, ignore_eos, MAX_TOKENS tokens each (default
+-- 128). Tokens/s is generated tokens over the engine's time (time_total).
+--
+-- Each round runs every row once, the starting row rotating from round to
+-- round so no row always runs first; a row's ratio is taken to row 1 of the
+-- same round, and the table shows the median tok/s and the median ratio.
+-- Rows 1-4 run one model with batch-invariant kernels, so the program
+-- asserts that their tokens are identical; row 5 is another model and only
+-- counts the requests whose tokens equal row 4's. The load average (from
+-- /proc/loadavg) is printed at the start and the end: wall-clock ratios
+-- taken on a loaded machine are noise.
+--
+-- Beside the timings, what does not depend on the machine's load: tokens
+-- computed by the forward passes (prompts less cache hits, plus verified
+-- drafts), prefix-cache hit tokens, drafts accepted of drafted, and steps.
+--
+-- --json writes every row (name, median tok/s, median ratio, every round's
+-- tok/s and ratio, tokens computed, prefix-cache hit tokens, drafted,
+-- accepted, steps) and the load averages; --plot draws the median tok/s of
+-- each row.
+local luainfer = require("luainfer")
+local bench = require("luainfer.bench")
+local opts = bench.options(arg)
+local N, SEQS = 8, 4
+do -- this bench's own flags, out of the positional arguments
+  local rest, i = {}, 1
+  while arg[i] ~= nil do
+    local a = arg[i]
+    if a == "--requests" or a == "--seqs" then
+      local v = tonumber(arg[i + 1])
+      if not v or v < 1 or v ~= math.floor(v) then error(("%s needs a whole number >= 1"):format(a), 0) end
+      if a == "--requests" then N = v else SEQS = v end
+      i = i + 2
+    else
+      rest[#rest + 1] = a
+      i = i + 1
+    end
+  end
+  for k = #arg, 1, -1 do arg[k] = nil end
+  for k, v in ipairs(rest) do arg[k] = v end
+end
+local MAX = tonumber(arg[1]) or 128
+local ROUNDS = tonumber(arg[2]) or 3
+local W8A8 = arg[3]
+if not (MAX >= 1 and ROUNDS >= 1) then error("MAX_TOKENS and ROUNDS must be numbers >= 1", 0) end
+if W8A8 then
+  local f = io.open(W8A8, "rb")
+  if not f then error(("W8A8 model '%s' cannot be opened"):format(W8A8), 0) end
+  f:close()
+end
+
+local function loadavg()
+  local f = io.open("/proc/loadavg", "r")
+  if not f then return "unknown" end
+  local s = f:read("*l") or ""
+  f:close()
+  return s:match("^(%S+ %S+ %S+)") or s
+end
+
+-- ---- the workload ----------------------------------------------------------------
+local doc = '{"id": 1042, "name": "Ada Lovelace", "born": 1815, "city": "London", ' ..
+  '"fields": ["mathematics", "computing"], "notes": "wrote the first published algorithm for a machine", ' ..
+  '"letters": 87, "status": "archived"}\n' ..
+  "The river ran past the old mills and the quiet farms, while the children counted the boats under a grey " ..
+  "sky of late autumn. In the evening the lamps were lit along the bank, and the ferryman called the last " ..
+  "crossing of the day."
+local system = "<|im_start|>system\nYou are an editor. You get a record and a paragraph, and you make exactly " ..
+  "the change asked for, then output the whole record and the whole paragraph again, unchanged otherwise.\n" ..
+  "Record and paragraph:\n" .. doc .. "<|im_end|>\n"
+local asks = {
+  'Change the city to "Paris".', "Change the born year to 1816.", 'Set the status to "open".',
+  "Change the letters count to 88.", 'Rename the person to "Augusta Ada King".', 'Add "poetry" to the fields.',
+  'Change "grey sky" to "pale sky" in the paragraph.', "Change the id to 2042.",
+}
+local prompts = {}
+for i = 1, N do
+  prompts[i] = system .. "<|im_start|>user\n" .. asks[(i - 1) % #asks + 1] ..
+    (i > #asks and (" (request %d)"):format(i) or "") .. "<|im_end|>\n<|im_start|>assistant\n"
+end
+
+-- ---- the rows ----------------------------------------------------------------------
+local base = { max_batched_tokens = 512 }
+local rows = {
+  { name = "Q4_1 single stream", cfg = { max_num_seqs = 1, prefix_caching = false } },
+  { name = "+ continuous batching", cfg = { max_num_seqs = SEQS, prefix_caching = false } },
+  { name = "+ prefix caching", cfg = { max_num_seqs = SEQS, prefix_caching = true } },
+  { name = "+ speculation (n-gram k8)", cfg = { max_num_seqs = SEQS, prefix_caching = true, spec_tokens = 8,
+                                              spec_method = "ngram", spec_disable_batch = 0 } },
+}
+if W8A8 then
+  rows[#rows + 1] = { name = "+ W8A8", cfg = { max_num_seqs = SEQS, prefix_caching = true, spec_tokens = 8,
+                                               spec_method = "ngram", spec_disable_batch = 0, model = W8A8 } }
+end
+
+local function run(row)
+  local cfg = {}
+  for k, v in pairs(base) do cfg[k] = v end
+  for k, v in pairs(row.cfg) do cfg[k] = v end
+  local e = luainfer.engine(cfg)
+  local ids = {}
+  for i = 1, N do
+    ids[i] = e:add{ prompt = prompts[i], max_tokens = MAX, temperature = 0, ignore_eos = true }
+  end
+  e:run()
+  local s = e:stats()
+  local toks, n = {}, 0
+  for i = 1, N do
+    local r = e:result(ids[i])
+    toks[i] = table.concat(r.tokens, ",")
+    n = n + #r.tokens
+  end
+  e:close()
+  return { tput = n / s.time_total, tokens = n, computed = s.tokens_computed, hit = s.prefix_hit_tokens,
+           drafted = s.spec_drafted,
+           accepted = s.spec_accepted, steps = s.steps, toks = toks }
+end
+
+local function median(xs)
+  local s = {}
+  for i, x in ipairs(xs) do s[i] = x end
+  table.sort(s)
+  local m = #s
+  return m % 2 == 1 and s[(m + 1) / 2] or (s[m / 2] + s[m / 2 + 1]) / 2
+end
+
+local load_start = loadavg()
+print(("stacking table: %d requests sharing a system prompt, %d tokens each (greedy), %d at once from row 2, " ..
+  "%d rounds; load average %s"):format(N, MAX, SEQS, ROUNDS, load_start))
+if not W8A8 then print("(+ W8A8 skipped: give the W8A8 model as the third argument, see docs/benchmarks.md)") end
+local progress = bench.progress(ROUNDS * #rows, "stack")
+local got = {} -- got[row][round]
+for ri = 1, #rows do got[ri] = {} end
+local ref -- row 1's tokens
+for round = 1, ROUNDS do
+  for j = 0, #rows - 1 do
+    local ri = (round - 1 + j) % #rows + 1
+    local r = run(rows[ri])
+    got[ri][round] = r
+    progress:step()
+  end
+  ref = ref or got[1][1].toks
+  for ri = 1, math.min(4, #rows) do
+    for i = 1, N do
+      assert(got[ri][round].toks[i] == ref[i], ("round %d, %s: request %d's tokens differ from the single stream's")
+        :format(round, rows[ri].name, i))
+    end
+  end
+end
+progress:done()
+local load_end = loadavg()
+
+local out = {}
+print(("%-28s %10s %8s %9s %12s %14s %7s"):format("row", "tok/s", "ratio", "computed", "prefix hits", "accepted",
+  "steps"))
+for ri, row in ipairs(rows) do
+  local tps, ratios = {}, {}
+  for round = 1, ROUNDS do
+    tps[round] = got[ri][round].tput
+    ratios[round] = got[ri][round].tput / got[1][round].tput
+  end
+  local last = got[ri][ROUNDS]
+  local o = { name = row.name, tok_s = median(tps), ratio = median(ratios), rounds_tok_s = tps, rounds_ratio = ratios,
+              computed = last.computed, prefix_hit_tokens = last.hit, drafted = last.drafted, accepted = last.accepted, steps = last.steps,
+              tokens = last.tokens }
+  if ri == 5 then
+    local same = 0
+    for i = 1, N do same = same + (last.toks[i] == got[4][ROUNDS].toks[i] and 1 or 0) end
+    o.same_tokens_as_row4 = same
+  end
+  out[#out + 1] = o
+  print(("%-28s %10.1f %7.2fx %9d %12d %14s %7d%s"):format(row.name, o.tok_s, o.ratio, o.computed, o.prefix_hit_tokens,
+    o.drafted > 0 and ("%d/%d (%.0f%%)"):format(o.accepted, o.drafted, 100 * o.accepted / o.drafted) or "-",
+    o.steps, o.same_tokens_as_row4 and ("  (%d of %d requests as row 4)"):format(o.same_tokens_as_row4, N) or ""))
+end
+print(("rows 1-%d: every request's tokens identical to the single stream's; load average %s at the end")
+  :format(math.min(4, #rows), load_end))
+bench.finish(opts, { bench = "stack", requests = N, seqs = SEQS, max_tokens = MAX, rounds = ROUNDS, w8a8 = W8A8,
+                     load_start = load_start, load_end = load_end, rows = out,
+                     chart = { label = "name", values = { "tok_s" }, ylabel = "tokens/s (median of rounds)",
+                               title = ("stacking: %d requests x %d tokens, %d at once"):format(N, MAX, SEQS) } })

@@ -1,0 +1,52 @@
+/* train_opts.c — the options distill and train-medusa share (train_opts.h). */
+#include "cli/train_opts.h"
+
+#include <stdio.h>
+#include <string.h>
+
+void li_cli_train_opts_init(li_cli_train_opts *o, const li_cli_train_spec *s, li_opt *opts) {
+    *o = (li_cli_train_opts){.dtype_s = "f32", .steps = s->steps, .seq_len = 64, .batch = 1, .seed = 1,
+                             .alpha = 0.5, .temperature = 2.0, .lr = s->lr, .clip = 1.0};
+    snprintf(o->steps_help, sizeof o->steps_help, "optimizer steps (default %lld)", (long long)s->steps);
+    snprintf(o->lr_help, sizeof o->lr_help, "AdamW learning rate (default %g)", s->lr);
+    const li_opt shared[LI_CLI_TRAIN_N_OPTS] = {
+        {"data", LI_OPT_STR, &o->data, "training text (this or --self-generate)"},
+        {"self-generate", LI_OPT_INT, &o->self_gen, s->self_generate_help},
+        {"alpha", LI_OPT_FLOAT, &o->alpha, "weight of the KL term in [0, 1] (default 0.5)"},
+        {"temperature", LI_OPT_FLOAT, &o->temperature, "softmax temperature of the KL term (default 2)"},
+        {"steps", LI_OPT_INT, &o->steps, o->steps_help},
+        {"lr", LI_OPT_FLOAT, &o->lr, o->lr_help},
+        {"weight-decay", LI_OPT_FLOAT, &o->wd, "AdamW decoupled weight decay (default 0)"},
+        {"clip", LI_OPT_FLOAT, &o->clip, "global gradient-norm clip, 0 = none (default 1)"},
+        {"seq-len", LI_OPT_INT, &o->seq_len, s->seq_len_help},
+        {"batch", LI_OPT_INT, &o->batch, s->batch_help},
+        {"dtype", LI_OPT_STR, &o->dtype_s, s->dtype_help},
+        {"ckpt-every", LI_OPT_INT, &o->ckpt_every, "write OUT every N steps too (default: only at the end)"},
+        {"threads", LI_OPT_INT, &o->threads, "compute threads (default: all cores)"},
+        {"seed", LI_OPT_INT, &o->seed, s->seed_help},
+        {"help", LI_OPT_FLAG, &o->help, "show this help"},
+    };
+    memcpy(opts, shared, sizeof shared);
+}
+
+int li_cli_train_opts_check(li_cli_train_opts *o, const li_cli_train_spec *s, li_error *err) {
+    const char *w = s->who;
+    if (o->data && o->self_gen) return li_error_set(err, LI_EINVAL, "%s: --data and --self-generate exclude each other", w);
+    if (o->self_gen < 0 || o->self_gen > 10000000)
+        return li_error_set(err, LI_EINVAL, "%s: --self-generate must be in 1..10000000", w);
+    if (!(o->alpha >= 0 && o->alpha <= 1)) return li_error_set(err, LI_EINVAL, "%s: --alpha must be in [0, 1]", w);
+    if (!(o->temperature > 0 && o->temperature <= 100))
+        return li_error_set(err, LI_EINVAL, "%s: --temperature must be in (0, 100]", w);
+    if (o->steps < 1 || o->steps > 10000000) return li_error_set(err, LI_EINVAL, "%s: --steps must be in 1..10000000", w);
+    if (!(o->lr > 0 && o->lr < 1)) return li_error_set(err, LI_EINVAL, "%s: --lr must be in (0, 1)", w);
+    if (!(o->wd >= 0 && o->wd < 1) || !(o->clip >= 0))
+        return li_error_set(err, LI_EINVAL, "%s: --weight-decay must be in [0, 1), --clip >= 0", w);
+    if (o->seq_len < s->min_seq_len || o->seq_len > 4096)
+        return li_error_set(err, LI_EINVAL, "%s: --seq-len must be in %lld..4096", w, (long long)s->min_seq_len);
+    if (o->batch < 1 || o->batch > 64) return li_error_set(err, LI_EINVAL, "%s: --batch must be in 1..64", w);
+    if (o->ckpt_every < 0) return li_error_set(err, LI_EINVAL, "%s: --ckpt-every must be >= 0", w);
+    if (!strcmp(o->dtype_s, "f32")) o->dtype = LI_CKPT_F32;
+    else if (!strcmp(o->dtype_s, "f16")) o->dtype = LI_CKPT_F16;
+    else return li_error_set(err, LI_EINVAL, "%s: --dtype must be f32 or f16", w);
+    return 0;
+}

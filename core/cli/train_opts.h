@@ -1,0 +1,40 @@
+/* train_opts.h — the options `luainfer distill` and `luainfer train-medusa`
+ * share: one table of entries (the same names, kinds and help), defaults
+ * and range checks, so both commands spell, bound and refuse them alike.
+ * Each command adds its own options (distill: --teacher, --student,
+ * --accum, --train; train-medusa: --model, --heads, --streams, --eval...). */
+#ifndef LI_CLI_TRAIN_OPTS_H
+#define LI_CLI_TRAIN_OPTS_H
+
+#include "runtime/args.h"
+#include "train/train.h"
+
+#define LI_CLI_TRAIN_N_OPTS 15 /* entries li_cli_train_opts_init writes */
+
+/* What differs between the commands: the name that starts messages, the
+ * defaults, and the help of the options whose meaning they word apart. */
+typedef struct li_cli_train_spec {
+    const char *who;           /* "distill" */
+    int64_t steps;             /* default --steps */
+    double lr;                 /* default --lr */
+    int64_t min_seq_len;       /* --seq-len's lower bound */
+    const char *self_generate_help, *seq_len_help, *batch_help, *dtype_help, *seed_help;
+} li_cli_train_spec;
+
+typedef struct li_cli_train_opts {
+    const char *data, *dtype_s;
+    int64_t steps, seq_len, batch, threads, ckpt_every, seed, self_gen;
+    double alpha, temperature, lr, wd, clip;
+    bool help;
+    li_ckpt_dtype dtype;       /* --dtype, set by li_cli_train_opts_check */
+    char steps_help[64], lr_help[64];
+} li_cli_train_opts;
+
+/* Defaults into o, and the shared entries into opts[0, LI_CLI_TRAIN_N_OPTS)
+ * (pointing into o: it must outlive the parse). */
+void li_cli_train_opts_init(li_cli_train_opts *o, const li_cli_train_spec *s, li_opt *opts);
+/* The shared checks after parsing: --data and --self-generate exclusive,
+ * every range, --dtype parsed into o->dtype. One line starting with s->who. */
+int li_cli_train_opts_check(li_cli_train_opts *o, const li_cli_train_spec *s, li_error *err);
+
+#endif

@@ -1,0 +1,130 @@
+/* engine_internal.h — the engine's private state, shared by the files of
+ * core/engine/ that do its step: engine.c (requests, the plan, the batch,
+ * sampling) and spec_step.c (speculation). Nothing outside core/engine/
+ * includes it: the public interface is engine.h. */
+#ifndef LI_ENGINE_INTERNAL_H
+#define LI_ENGINE_INTERNAL_H
+
+#include "engine/engine.h"
+#include "engine/output.h"
+#include "engine/runner.h"
+#include "engine/spec_step.h"
+#include "engine/tp.h"
+#include "kv/prefix_cache.h"
+
+/* A request: its tokens (prompt, then generated, then this step's drafts),
+ * its KV sequence, sampler and output stream, and its speculation. */
+typedef struct li_engine_req {
+    li_request_result res;    /* public view: tokens/text point into this struct */
+    li_req_state state;
+    bool live;                /* false once finished or cancelled */
+    bool cancel_pending;      /* cancel asked during a step */
+    int32_t *toks;            /* (cap) prompt then generated tokens */
+    int64_t n_toks, cap;
+    int64_t n_prompt, num_computed, max_tokens;
+    li_kv_seq seq;
+    li_sampler smp;
+    li_output out;            /* detokenized text, stop strings, what was sent */
+    int32_t *ban;             /* (n_ban) stop token ids, then, with min_tokens and without
+                               * ignore_eos, the end-of-generation ones: what min_tokens
+                               * holds back; NULL when empty */
+    int n_ban, n_stop_ids;    /* the first n_stop_ids of ban are the stop token ids */
+    int64_t min_tokens;
+    int32_t n_draft;          /* draft tokens at the end of toks this step (speculation) */
+    int64_t spec_drafted, spec_accepted;
+    bool ignore_eos;
+    int32_t priority;
+    char *tenant;
+    li_event_fn on_event;
+    void *ud;
+    li_token_logprob *top;    /* (n_logprobs) scratch */
+    struct li_engine_req *fork_of;      /* n > 1: waits for this parent's prompt, then shares its blocks */
+    char *cache_salt;
+    li_prefix_seq pfx;        /* seq's side of the prefix cache: block hashes, what is registered */
+    bool spec_set;            /* the request's own speculation (li_request_params) */
+    li_spec_method spec_method;
+    int32_t spec_k;
+    li_spec_method d_method;  /* the proposer of this step's drafts */
+    int64_t d_q;              /* offset in the engine's sq of the (n_draft, n_vocab)
+                               * distributions sampled drafts came from; -1: deterministic */
+    int64_t spec_drafted_by[LI_SPEC_N_METHODS], spec_accepted_by[LI_SPEC_N_METHODS];
+    int64_t pol_step;         /* the step the speculate hook chose pol_method / pol_k for */
+    int32_t pol_method, pol_k;
+    int64_t plan_mark;        /* == e->plan_marks: a run entry of the plan being applied */
+    double slo_ttft_ms, slo_tpot_ms; /* the request's objectives (0 = none), for policies */
+    /* Medusa: the target's post-norm hidden state that predicted toks[hid_tok] */
+    float *hid;               /* (n_embd), or NULL */
+    int64_t hid_tok;          /* -1: none */
+    bool d_tree;              /* this step's drafts are a tree: d_parent holds it */
+    int32_t d_parent[LI_SPEC_MAX_TOKENS]; /* each draft's parent draft, -1 = the last token */
+} li_engine_req;
+
+struct li_engine {
+    li_model *model;          /* tgt.model */
+    li_backend *be;           /* tgt.be */
+    li_engine_config cfg;
+    li_runner tgt;            /* the target: its KV cache is the block pool */
+    li_runner draft;          /* when has_draft: runs each step's batch over storage following the pool */
+    bool has_draft;
+    /* the draft's last step: (d_rows) request id and position of each logit row */
+    int64_t *d_row_id;        /* (max_rows) */
+    int32_t *d_row_pos;       /* (max_rows) */
+    int32_t d_rows;
+    li_prefix_cache pc;       /* the prefix-cache manager over tgt.kv */
+    li_policy *policy;
+    double t0;
+    int64_t next_id, step_no;
+    bool in_step;
+
+    li_engine_req **reqs;     /* arrival order; live and finished-unreleased */
+    int32_t n_reqs, cap_reqs;
+
+    /* per-step scratch, sized once */
+    li_req_view *views;       /* (cap_views) */
+    int32_t cap_views;
+    li_plan plan, fallback;
+    li_engine_req **batch_req; /* (max_num_seqs) */
+    int32_t *batch_n;         /* (max_num_seqs) tokens per scheduled request */
+    int32_t *b_tokens, *b_pos, *b_seq;   /* (max_batched_tokens) */
+    int32_t *b_rows;          /* (max_rows) */
+    int64_t *b_slot;
+    int32_t *b_tables;        /* (max_num_seqs, b_stride) flat block table of the step */
+    size_t b_tables_cap;      /* entries */
+    size_t max_rows;          /* logit rows per step: max_num_seqs, more with speculation */
+    float *logits;            /* (max_rows, n_vocab): the forward's logits, set each step */
+    li_evict_candidate *ev_cand; /* (cap_ev) the evict hook's candidates */
+    int32_t cap_ev;
+    int64_t ev_warned_step;   /* the last step that logged an evict failure */
+    li_engine_stats st;
+    li_spec_step sp;          /* speculation: proposers, their scratch, the hook's costs (spec_step.h) */
+    /* the progress guard (livelock_guard): */
+    int64_t plan_marks;       /* bumped by every apply_plan */
+    int64_t pg_mark;          /* tokens sampled + requests finished after the last policy step */
+    bool pg_policy;           /* the last step ran the policy's plan */
+    bool pg_moved;            /* ... and it computed tokens without preempting anyone */
+    int32_t pg_idle;          /* policy steps in a row without progress */
+    int32_t pg_loss, pg_left; /* steps the policy loses on this trip, and of those still to go */
+    int64_t fail_logged;      /* schedule failures logged one by one */
+    int64_t fail_quiet;       /* ... and not logged since the last summary */
+    double fail_summary_t;    /* when the last summary line went out */
+    li_tp *tp;                /* tensor parallel: the ranks, tgt being rank 0's runner; NULL with one rank */
+    bool mclock_on;           /* the model clock replaces wall time (li_engine_set_model_clock) */
+    double mclock;            /* ... its time, seconds */
+    double mclock_policy;     /* ... st.time_policy it has already charged */
+    li_step_cost mcost;       /* ... its step cost model */
+};
+
+/* engine.c's helpers the speculation step calls back into */
+
+/* The request with this id, or NULL (ids increase with arrival). */
+li_engine_req *li_engine_find(li_engine *e, int64_t id);
+/* The step state a policy sees: one view per live request, KV and budgets. */
+void li_engine_gather(li_engine *e, li_step_state *st);
+/* Samples r's next token from logits and appends it; returns it, or -1
+ * when it ended the request without being appended. */
+int32_t li_engine_sample_one(li_engine *e, li_engine_req *r, const float *logits);
+/* A token chosen from logits (a draw, or a verifier's) joins r: appended and
+ * emitted, or the end of r (-1) when it is an end-of-generation or stop id. */
+int32_t li_engine_take_token(li_engine *e, li_engine_req *r, int32_t tok, float lp, const float *logits);
+
+#endif

@@ -1,0 +1,538 @@
+/* spec_step.c — the engine's speculation step (spec_step.h): who drafts with
+ * what, the proposers' calls, verification of chains and Medusa trees, the
+ * rollback of rejected drafts and the acceptance bookkeeping. It works on
+ * the engine's private state (engine_internal.h) and calls back into
+ * engine.c to sample and take tokens, so a verified token goes through the
+ * same path (penalty window, stop ids, events, limits) as any other. */
+#include "engine/engine_internal.h"
+#include "spec/verify.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+typedef li_engine_req req;
+
+/* ---- init / free ------------------------------------------------------------------- */
+
+int li_spec_step_init(li_spec_step *sp, li_model *m, li_model *draft, li_backend *be, li_kv_cache *draft_kv,
+                      li_kv_cache *tgt_kv, const li_engine_config *c, const li_medusa_tree *mtree, li_error *err) {
+    *sp = (li_spec_step){0};
+    int rc = 0;
+    /* proposers: n-gram always, a model where there is one; none on a
+     * batch-variant backend, where verification would not be exact */
+    if (!be->ops->batch_variant) {
+        sp->prop[LI_SPEC_NGRAM] = li_proposer_ngram_new(c->spec_ngram_max, c->spec_ngram_min, m->hp.n_vocab);
+        if (!rc && draft)
+            rc = li_proposer_model_new(&sp->prop[LI_SPEC_DRAFT], LI_SPEC_DRAFT, draft, be, draft_kv, c->max_num_seqs,
+                                       err);
+        if (!rc && c->spec_layers && !(rc = li_spec_layer_view(&sp->skip_model, m, c->spec_layers, err)))
+            rc = li_proposer_model_new(&sp->prop[LI_SPEC_LAYERSKIP], LI_SPEC_LAYERSKIP, &sp->skip_model, be, tgt_kv,
+                                       c->max_num_seqs, err);
+        if (!rc && c->medusa)
+            rc = li_proposer_medusa_new(&sp->prop[LI_SPEC_MEDUSA], c->medusa, mtree, c->max_num_seqs, err);
+        if (rc) {
+            li_spec_step_free(sp);
+            return rc;
+        }
+    }
+    const size_t S = (size_t)c->max_num_seqs, T = (size_t)c->max_batched_tokens;
+    sp->sseq = li_xmalloc(S * sizeof *sp->sseq);
+    sp->sreq = li_xmalloc(S * sizeof *sp->sreq);
+    sp->sdraft = li_xmalloc(S * LI_SPEC_MAX_TOKENS * sizeof *sp->sdraft);
+    sp->cands = li_xmalloc(S * sizeof *sp->cands);
+    sp->c_acc = li_xmalloc(S * LI_SPEC_N_METHODS * sizeof *sp->c_acc);
+    sp->c_drafted = li_xmalloc(S * LI_SPEC_N_METHODS * sizeof *sp->c_drafted);
+    if (sp->prop[LI_SPEC_NGRAM]) {
+        sp->vp = li_xmalloc((size_t)(LI_SPEC_MAX_TOKENS + 1) * (size_t)m->hp.n_vocab * sizeof *sp->vp);
+        sp->vscratch = li_xmalloc(2 * (size_t)m->hp.n_vocab * sizeof *sp->vscratch); /* a tree's verify takes 2 rows */
+    }
+    if (sp->prop[LI_SPEC_MEDUSA]) {
+        sp->mtree = *mtree;
+        sp->b_parent = li_xmalloc(T * sizeof *sp->b_parent);
+        sp->sparent = li_xmalloc(S * LI_SPEC_MAX_TOKENS * sizeof *sp->sparent);
+        const size_t nr = 2 * (size_t)m->hp.n_layer * LI_SPEC_MAX_TOKENS;
+        sp->mv_off_d = li_xmalloc(nr * sizeof *sp->mv_off_d);
+        sp->mv_off_s = li_xmalloc(nr * sizeof *sp->mv_off_s);
+    }
+    return 0;
+}
+
+void li_spec_step_free(li_spec_step *sp) {
+    for (int i = 0; i < LI_SPEC_N_METHODS; i++) li_proposer_free(sp->prop[i]);
+    free(sp->sseq);
+    free(sp->sreq);
+    free(sp->sdraft);
+    free(sp->sq);
+    free(sp->cands);
+    free(sp->c_acc);
+    free(sp->c_drafted);
+    free(sp->vp);
+    free(sp->vscratch);
+    free(sp->b_parent);
+    free(sp->sparent);
+    free(sp->mv_off_d);
+    free(sp->mv_off_s);
+    *sp = (li_spec_step){0};
+}
+
+/* ---- bookkeeping ------------------------------------------------------------------- */
+
+/* Accepted over verified drafts, or -1 before any draft (li_req_view). */
+double li_spec_step_acceptance(const req *r) {
+    return r->spec_drafted ? (double)r->spec_accepted / (double)r->spec_drafted : -1;
+}
+
+/* Proposers that keep per-request state hear when a request lets go of its KV. */
+void li_spec_step_release(li_engine *e, const req *r) {
+    for (int m = 0; m < LI_SPEC_N_METHODS; m++)
+        if (e->sp.prop[m] && e->sp.prop[m]->ops->on_release) e->sp.prop[m]->ops->on_release(e->sp.prop[m], r->res.id);
+}
+
+/* Draft tokens leave toks (not verified this step, or the request stops). */
+void li_spec_step_drop(req *r) {
+    r->n_toks -= r->n_draft;
+    r->n_draft = 0;
+}
+
+/* ---- speculation: proposals ------------------------------------------------------- */
+
+/* The request's seeded RNG feeds sampled drafts and their verification. */
+static double sampler_uniform(void *smp) { return li_sampler_uniform(smp); }
+
+/* The measured costs the speculate hook sees: moving averages. */
+static double ema(double old, double x) { return old > 0 ? 0.8 * old + 0.2 * x : x; }
+
+/* The method and k a request drafts with this step: its own ask, else the
+ * engine's default. */
+static int32_t spec_want(const li_engine *e, const req *r, li_spec_method *method) {
+    if (r->pol_step == e->step_no) { /* the policy's word */
+        *method = r->pol_method < 0 ? LI_SPEC_NGRAM : (li_spec_method)r->pol_method;
+        return r->pol_method < 0 ? 0 : r->pol_k;
+    }
+    if (r->spec_set) {
+        *method = r->spec_method;
+        return r->spec_k;
+    }
+    *method = e->cfg.spec_method;
+    /* prompt-lookup drafts are deterministic: at temperature > 0 they are
+     * accepted with probability p(draft) only, so the engine's default
+     * drafts greedy requests alone (a request may still ask) */
+    return e->cfg.spec_tokens;
+}
+
+/* How many drafts fit a request in decode, 0 when it cannot draft now.
+ * Drafts never take a KV block the request would not hold anyway: only the
+ * slots after its last token in blocks it has or is about to get, so
+ * speculation cannot preempt or evict anyone. */
+static int32_t spec_room(const li_engine *e, const req *r, int32_t k) {
+    if (!r->live || r->state != LI_REQ_RUNNING || r->fork_of || r->num_computed != r->n_toks - 1 || k <= 0) return 0;
+    const int64_t room = LI_MIN(r->max_tokens - (r->n_toks - r->n_prompt), e->cfg.max_model_len - r->n_toks) - 1;
+    const int64_t bs = e->tgt.kv.block_size;
+    const int64_t held = LI_MAX((int64_t)r->seq.n_blocks * bs, (r->n_toks + bs - 1) / bs * bs) - r->n_toks;
+    return (int32_t)LI_MAX(0, LI_MIN(LI_MIN((int64_t)k, room), held));
+}
+
+/* A model proposer writes the KV of positions [n_toks - 1, n_toks - 1 + k)
+ * now: the block of the last token must be the request's (the plan would
+ * take it this step anyway) and private. */
+static bool spec_slots(li_engine *e, req *r, int32_t k) {
+    const int64_t p = r->n_toks - 1;
+    return li_kv_seq_reserve(&e->tgt.kv, &r->seq, r->n_toks) == 0 && li_kv_seq_cow(&e->tgt.kv, &r->seq, p, p + k) == 0;
+}
+
+
+
+/* The speculate hook: every request that could draft now, with what it
+ * wants, its acceptance per method and the measured costs; the answers are
+ * kept for this step (pol_*). */
+static void policy_speculate(li_engine *e, int32_t running) {
+    int32_t n = 0;
+    for (int32_t i = 0; i < e->n_reqs && n < e->cfg.max_num_seqs; i++) {
+        req *r = e->reqs[i];
+        const int32_t max_k = spec_room(e, r, LI_SPEC_MAX_TOKENS);
+        if (!max_k) continue;
+        li_spec_method want;
+        const int32_t k = spec_want(e, r, &want);
+        double *acc = e->sp.c_acc + (size_t)n * LI_SPEC_N_METHODS;
+        int64_t *dr = e->sp.c_drafted + (size_t)n * LI_SPEC_N_METHODS;
+        for (int m = 0; m < LI_SPEC_N_METHODS; m++) {
+            dr[m] = r->spec_drafted_by[m];
+            acc[m] = dr[m] ? (double)r->spec_accepted_by[m] / (double)dr[m] : -1;
+        }
+        e->sp.cands[n++] = (li_spec_cand){.id = r->res.id, .want_method = want, .want_k = LI_MIN(k, max_k),
+                                       .max_k = max_k, .temperature = r->smp.p.temperature, .acceptance = acc,
+                                       .drafted = dr, .method = k ? (int32_t)want : -1, .k = LI_MIN(k, max_k)};
+    }
+    if (!n) return;
+    static const char *const names[LI_SPEC_N_METHODS] = {"ngram", "draft", "layerskip", "medusa"};
+    bool avail[LI_SPEC_N_METHODS];
+    for (int m = 0; m < LI_SPEC_N_METHODS; m++) avail[m] = e->sp.prop[m] != NULL;
+    const li_spec_state ss = {.methods = names, .available = avail, .n_methods = LI_SPEC_N_METHODS,
+                              .batch_size = running, .step_time = e->sp.ema_step, .token_time = e->sp.ema_token,
+                              .draft_time = e->sp.ema_draft};
+    li_step_state st;
+    li_engine_gather(e, &st);
+    li_error perr = {0};
+    const double tp = li_time_now();
+    const int rc = e->policy->ops->speculate(e->policy, &st, &ss, e->sp.cands, n, &perr);
+    e->st.time_policy += li_time_now() - tp;
+    if (rc) {
+        e->st.policy_errors++;
+        /* a broken hook fails every step: log the first few, then now and then */
+        if (++e->sp.hook_errors <= 3 || e->sp.hook_errors % 1000 == 0)
+            li_log_warn("policy %s: speculate failed (%lld times), the requests' own speculation stands: %s",
+                        e->policy->name, (long long)e->sp.hook_errors, perr.msg);
+        return;
+    }
+    for (int32_t i = 0; i < n; i++) {
+        li_spec_cand *c = &e->sp.cands[i];
+        req *r = li_engine_find(e, c->id);
+        if (!r) continue;
+        int32_t m = c->method, k = c->k;
+        if (m >= LI_SPEC_N_METHODS || (m >= 0 && !e->sp.prop[m]) || k < 0 || k > c->max_k) {
+            e->st.plans_trimmed++; /* an unavailable method is off, k is clamped */
+            if (m >= LI_SPEC_N_METHODS || (m >= 0 && !e->sp.prop[m])) m = -1;
+            k = LI_MAX(0, LI_MIN(k, c->max_k));
+        }
+        r->pol_step = e->step_no;
+        r->pol_method = k ? m : -1;
+        r->pol_k = k;
+    }
+}
+
+/* Step 0: each proposer drafts, in one call, for the requests in decode
+ * that speculate with it; the drafts are appended to their tokens (their
+ * num_tokens grows, so any policy schedules them as more tokens). A
+ * speculate hook has the last word on who drafts with what. */
+void li_spec_step_propose(li_engine *e) {
+    int32_t running = 0;
+    for (int32_t i = 0; i < e->n_reqs; i++) running += e->reqs[i]->live && e->reqs[i]->state == LI_REQ_RUNNING;
+    const bool hook = e->policy && e->policy->has_speculate && e->policy->ops->speculate;
+    if (hook) policy_speculate(e, running);
+    else if (e->cfg.spec_disable_batch && running > e->cfg.spec_disable_batch) return;
+    size_t sq_used = 0; /* floats of sq taken this step */
+    for (int m = 0; m < LI_SPEC_N_METHODS; m++) {
+        li_proposer *p = e->sp.prop[m];
+        if (!p) continue;
+        int32_t ns = 0;
+        for (int32_t i = 0; i < e->n_reqs && ns < e->cfg.max_num_seqs; i++) {
+            req *r = e->reqs[i];
+            li_spec_method want;
+            int32_t k = spec_want(e, r, &want);
+            /* sampled requests draft with a model (which hands out q), or
+             * with n-gram when they ask for it themselves */
+            if ((int)want != m ||
+                (r->smp.p.temperature > 0 && m == LI_SPEC_NGRAM && !r->spec_set && r->pol_step != e->step_no))
+                continue;
+            if (!(k = spec_room(e, r, k))) continue;
+            /* Medusa reads the hidden state that predicted the last token */
+            const bool tree = m == LI_SPEC_MEDUSA;
+            if (tree && r->hid_tok != r->n_toks - 1) continue;
+            if ((m == LI_SPEC_DRAFT || m == LI_SPEC_LAYERSKIP) && !spec_slots(e, r, k)) continue;
+            e->sp.sseq[ns] = (li_spec_seq){.id = r->res.id, .toks = r->toks, .n_toks = r->n_toks,
+                                        .blocks = r->seq.blocks, .n_blocks = r->seq.n_blocks, .k = k,
+                                        .temperature = m == LI_SPEC_NGRAM ? 0 : r->smp.p.temperature,
+                                        .uniform = sampler_uniform, .uctx = &r->smp,
+                                        .draft = e->sp.sdraft + (size_t)ns * LI_SPEC_MAX_TOKENS,
+                                        .hidden = tree ? r->hid : NULL,
+                                        .parent = tree ? e->sp.sparent + (size_t)ns * LI_SPEC_MAX_TOKENS : NULL};
+            e->sp.sreq[ns++] = r;
+        }
+        if (!ns) continue;
+        /* room for the distributions of sampled drafts, after those of the
+         * methods before (kept by offset: the buffer may move) */
+        const size_t nv = (size_t)e->model->hp.n_vocab;
+        size_t need = sq_used;
+        for (int32_t i = 0; i < ns; i++)
+            if (e->sp.sseq[i].temperature > 0) need += (size_t)e->sp.sseq[i].k * nv;
+        if (need > e->sp.sq_cap) {
+            e->sp.sq_cap = need;
+            e->sp.sq = li_xrealloc(e->sp.sq, need * sizeof *e->sp.sq);
+        }
+        for (int32_t i = 0; i < ns; i++) {
+            e->sp.sreq[i]->d_q = -1;
+            if (e->sp.sseq[i].temperature <= 0) continue;
+            e->sp.sseq[i].q = e->sp.sq + sq_used;
+            e->sp.sreq[i]->d_q = (int64_t)sq_used;
+            sq_used += (size_t)e->sp.sseq[i].k * nv;
+        }
+        li_error perr = {0};
+        const double t0 = li_time_now();
+        const int rc = p->ops->propose(p, e->sp.sseq, ns, &perr);
+        const double dt = li_time_now() - t0;
+        e->st.time_propose += dt;
+        int64_t n_drafts = 0;
+        for (int32_t i = 0; i < ns; i++) n_drafts += e->sp.sseq[i].k;
+        if (!rc && n_drafts) e->sp.ema_draft[m] = ema(e->sp.ema_draft[m], dt / (double)n_drafts);
+        if (rc) {
+            li_log_warn("speculation: the %s proposer failed, no drafts this step: %s", li_spec_method_name(m), perr.msg);
+            continue;
+        }
+        for (int32_t i = 0; i < ns; i++) {
+            req *r = e->sp.sreq[i];
+            const int32_t n = e->sp.sseq[i].n_draft;
+            if (n <= 0) continue;
+            if (r->n_toks + n > r->cap) {
+                r->cap = r->n_toks + n + 16;
+                r->toks = li_xrealloc(r->toks, (size_t)r->cap * sizeof *r->toks);
+            }
+            memcpy(r->toks + r->n_toks, e->sp.sseq[i].draft, (size_t)n * sizeof *r->toks);
+            r->n_toks += n;
+            r->n_draft = n;
+            r->d_method = (li_spec_method)m;
+            if (!e->sp.sseq[i].has_q) r->d_q = -1;
+            r->d_tree = e->sp.sseq[i].parent != NULL;
+            if (r->d_tree) memcpy(r->d_parent, e->sp.sseq[i].parent, (size_t)n * sizeof *r->d_parent);
+        }
+    }
+}
+
+/* ---- speculation: verification ------------------------------------------------------ */
+
+/* The m rows computed for a drafted request: row j's logits give the token
+ * after position P0 + j. Tokens are sampled in order; each one that equals
+ * the draft at its place lets the next row count, the first that differs
+ * (or a bonus after the last draft) ends the run. The KV of positions past
+ * the last accepted input is simply overwritten later. */
+/* Temperature > 0: rejection sampling (li_spec_verify_chain) against the
+ * target's distributions as the sampler makes them (bias, ban, penalties,
+ * top-k/p, min-p, temperature: li_sampler_sample_u), with the request's
+ * own uniforms, so a seed reproduces its tokens. Row j's distribution sees
+ * drafts 0..j-1 in the penalty window (they precede it if it is used at
+ * all); the window is rebuilt from the tokens kept. m rows verify m - 1
+ * drafts (the last row gives the token after them). Returns the accepted. */
+static int32_t verify_sampled(li_engine *e, req *r, int32_t m, const float *rows, const int32_t *draft,
+                              const float *q) {
+    const int32_t nv = e->model->hp.n_vocab, kk = m - 1;
+    const int64_t p0 = r->num_computed, gen0 = r->n_toks - r->n_prompt;
+    for (int32_t j = 0; j <= kk; j++) {
+        const bool hold = gen0 + j < r->min_tokens;
+        li_sampler_ban(&r->smp, hold ? r->ban : NULL, hold ? r->n_ban : 0);
+        li_sampler_sample_u(&r->smp, rows + (size_t)j * nv, 0.5, e->sp.vp + (size_t)j * nv, NULL, NULL);
+        if (j < kk) li_sampler_accept(&r->smp, draft[j]);
+    }
+    int32_t next = -1;
+    int32_t a = li_spec_verify_chain(e->sp.vp, q, nv, draft, kk, sampler_uniform, &r->smp, e->sp.vscratch, &next);
+    if (a < 0) a = 0, next = li_sampler_sample_u(&r->smp, rows, li_sampler_uniform(&r->smp), NULL, NULL, NULL);
+    /* the window as if only the kept tokens had been accepted */
+    li_sampler_window_reset(&r->smp, r->toks, r->n_toks);
+    int32_t accepted = 0;
+    for (int32_t j = 0; j <= a; j++) {
+        const int32_t tok = j < a ? draft[j] : next;
+        const float *row = rows + (size_t)j * nv;
+        float lp = 0;
+        li_sampler_report(&r->smp, row, tok, r->smp.p.n_logprobs ? r->top : NULL, &lp);
+        r->num_computed = p0 + j + 1;
+        li_engine_take_token(e, r, tok, lp, row);
+        if (!r->live) break;
+        accepted += j < a;
+    }
+    return accepted;
+}
+
+/* ---- speculation: trees (Medusa) ------------------------------------------------------ */
+
+/* Medusa drafts from the hidden state that predicted a request's last
+ * token: row `row` of the step's hidden rows, kept after r took a token. */
+void li_spec_step_keep_hidden(li_engine *e, req *r, int32_t row) {
+    if (!e->sp.hidden || !r->live) return;
+    const size_t E = (size_t)e->model->hp.n_embd;
+    if (!r->hid) r->hid = li_xmalloc(E * sizeof *r->hid);
+    memcpy(r->hid, e->sp.hidden + (size_t)row * E, E * sizeof *r->hid);
+    r->hid_tok = r->n_toks - 1;
+}
+
+/* Depth of each of the n tree drafts (1 = a child of the last token). */
+static void tree_depths(const req *r, int32_t n, int32_t *depth) {
+    for (int32_t i = 0; i < n; i++) depth[i] = r->d_parent[i] < 0 ? 1 : depth[r->d_parent[i]] + 1;
+}
+
+/* Draft i of a tree sits in the batch at position P + depth, writing the
+ * slot of toks position P + 1 + i (the request's own, private: the plan
+ * copied it on write). The top-1 chain comes first, so its drafts write
+ * their positions' own slots; the others are displaced, and the forward
+ * gives each a view over scratch blocks (forward.h). Those blocks come from
+ * the pool's empty ones only (speculation never evicts): a tree that would
+ * need more than there are is cut to its chain this step. */
+void li_spec_step_tree_fit(li_engine *e, int32_t nb) {
+    int64_t free_blocks = e->tgt.kv.n_free;
+    const int64_t bs = e->tgt.kv.block_size;
+    for (int32_t i = 0; i < nb; i++) {
+        req *r = e->batch_req[i];
+        if (!r->n_draft || !r->d_tree) continue;
+        const int32_t n = LI_MIN(e->batch_n[i] - 1, r->n_draft);
+        const int64_t P = r->num_computed;
+        int32_t depth[LI_SPEC_MAX_TOKENS], chain = 0;
+        tree_depths(r, n, depth);
+        while (chain < n && depth[chain] == chain + 1) chain++;
+        int64_t need = 0;
+        for (int32_t j = chain; j < n; j++) need += (P + depth[j]) / bs - P / bs + 1;
+        if (need <= free_blocks) free_blocks -= need;
+        else e->batch_n[i] = 1 + chain;
+    }
+}
+
+/* The accepted drafts' KV to their positions' slots: draft path[j] was
+ * computed at toks position P + 1 + path[j] and belongs at P + 1 + j. One
+ * backend copy over every layer, K and V (and their scales). Sources lie
+ * past the chain's positions, destinations on them: no overlap. */
+static void tree_move_kv(li_engine *e, req *r, int64_t P, const int32_t *path, int32_t a) {
+    li_kv_cache *kv = &e->tgt.kv;
+    int64_t src[LI_SPEC_MAX_TOKENS], dst[LI_SPEC_MAX_TOKENS];
+    int32_t n = 0;
+    for (int32_t j = 0; j < a; j++)
+        if (path[j] != j) {
+            src[n] = li_kv_seq_slot(kv, &r->seq, P + 1 + path[j]);
+            dst[n++] = li_kv_seq_slot(kv, &r->seq, P + 1 + j);
+        }
+    if (!n) return;
+    e->st.spec_tree_moves += n;
+    const size_t slots = (size_t)kv->num_blocks * (size_t)kv->block_size;
+    const size_t row = (size_t)((const char *)kv->layers[0].v - (const char *)kv->layers[0].k) / slots;
+    const size_t srow = (size_t)kv->n_head_kv * sizeof(float);
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass && !kv->layers[0].k_scale) break;
+        const li_buffer *buf = pass ? &kv->scales_buf : &kv->storage_buf;
+        const size_t w = pass ? srow : row;
+        int runs = 0;
+        for (int l = 0; l < kv->n_layer; l++) {
+            const li_kv_layer *L = &kv->layers[l];
+            const size_t k0 = li_buffer_offset(buf, pass ? (void *)L->k_scale : L->k);
+            const size_t v0 = li_buffer_offset(buf, pass ? (void *)L->v_scale : L->v);
+            for (int32_t j = 0; j < n; j++, runs += 2) {
+                e->sp.mv_off_d[runs] = k0 + (size_t)dst[j] * w;
+                e->sp.mv_off_s[runs] = k0 + (size_t)src[j] * w;
+                e->sp.mv_off_d[runs + 1] = v0 + (size_t)dst[j] * w;
+                e->sp.mv_off_s[runs + 1] = v0 + (size_t)src[j] * w;
+            }
+        }
+        e->be->ops->buffer_copy(e->be, (li_buffer *)buf, buf, e->sp.mv_off_d, e->sp.mv_off_s, runs, w);
+    }
+}
+
+/* The penalties see the tokens before a draft: its branch (depth dd, the
+ * ancestors' tokens) after the request's kept tokens. */
+static void tree_window(req *r, const int32_t *tok, int32_t node, int32_t dd) {
+    for (int32_t j = dd - 1, x = node; j >= 0; j--, x = r->d_parent[x]) r->toks[r->n_toks + j] = tok[x];
+    li_sampler_window_reset(&r->smp, r->toks, r->n_toks + dd);
+}
+
+/* A tree of m - 1 drafts (m rows: row 0 the last token's, row i + 1 draft
+ * i's). Greedy: the target's token at the current node, then the child
+ * holding it, exactly what sampling alone gives. Temperature > 0:
+ * li_spec_verify_tree with deterministic children (q = NULL), each row's
+ * distribution made with its branch in the penalty window. Then the
+ * accepted drafts' KV moves to their positions. Returns the accepted; *verified
+ * and *last (the row the last token came from) are set. */
+static int32_t verify_tree(li_engine *e, req *r, int32_t m, const float *rows, int32_t *verified, int32_t *last) {
+    const int32_t nv = e->model->hp.n_vocab, n = LI_MIN(m - 1, r->n_draft);
+    int32_t tok[LI_SPEC_MAX_TOKENS], depth[LI_SPEC_MAX_TOKENS], path[LI_SPEC_MAX_TOKENS], a = 0;
+    memcpy(tok, r->toks + r->n_toks - r->n_draft, (size_t)n * sizeof *tok);
+    tree_depths(r, n, depth);
+    li_spec_step_drop(r);
+    const int64_t P = r->num_computed, gen0 = r->n_toks - r->n_prompt;
+    *verified = n;
+    *last = 0;
+    if (r->smp.p.temperature > 0) {
+        const li_sampling_params *sp = &r->smp.p;
+        const bool pen = sp->repeat_penalty != 1.0f || sp->presence_penalty != 0 || sp->frequency_penalty != 0;
+        for (int32_t j = 0; j <= n; j++) {
+            const int32_t dd = j ? depth[j - 1] : 0;
+            const bool hold = gen0 + dd < r->min_tokens;
+            li_sampler_ban(&r->smp, hold ? r->ban : NULL, hold ? r->n_ban : 0);
+            if (pen) tree_window(r, tok, j - 1, dd);
+            li_sampler_sample_u(&r->smp, rows + (size_t)j * nv, 0.5, e->sp.vp + (size_t)j * nv, NULL, NULL);
+        }
+        if (pen) li_sampler_window_reset(&r->smp, r->toks, r->n_toks);
+        int32_t next = -1;
+        a = li_spec_verify_tree(e->sp.vp, NULL, nv, tok, r->d_parent, n, sampler_uniform, &r->smp, e->sp.vscratch, path, &next);
+        if (a < 0) a = 0, next = li_sampler_sample_u(&r->smp, rows, li_sampler_uniform(&r->smp), NULL, NULL, NULL);
+        for (int32_t j = 0; j <= a; j++) {
+            const int32_t t = j < a ? tok[path[j]] : next, ri = j ? path[j - 1] + 1 : 0;
+            const float *row = rows + (size_t)ri * nv;
+            const bool hold = gen0 + j < r->min_tokens;
+            li_sampler_ban(&r->smp, hold ? r->ban : NULL, hold ? r->n_ban : 0);
+            float lp = 0;
+            li_sampler_report(&r->smp, row, t, r->smp.p.n_logprobs ? r->top : NULL, &lp);
+            r->num_computed = P + j + 1;
+            *last = ri;
+            li_engine_take_token(e, r, t, lp, row);
+            if (!r->live) {
+                a = j;
+                break;
+            }
+        }
+    } else {
+        int32_t cur = -1;
+        for (;;) {
+            r->num_computed = P + a + 1; /* the last token and the accepted drafts are in the KV */
+            *last = cur + 1;
+            const int32_t t = li_engine_sample_one(e, r, rows + (size_t)(cur + 1) * nv);
+            if (!r->live) break;
+            int32_t c = -1;
+            for (int32_t i = 0; i < n && c < 0; i++)
+                if (r->d_parent[i] == cur && tok[i] == t) c = i;
+            if (c < 0) break;
+            path[a++] = cur = c;
+        }
+    }
+    if (r->live) tree_move_kv(e, r, P, path, a);
+    return a;
+}
+
+void li_spec_step_verify(li_engine *e, req *r, int32_t m, const float *rows, int32_t row0) {
+    int32_t draft[LI_SPEC_MAX_TOKENS];
+    const int32_t k = r->n_draft;
+    const int64_t p0 = r->num_computed; /* before this step's tokens */
+    int32_t verified, accepted = 0, last = -1;
+    if (!r->d_tree) {
+        memcpy(draft, r->toks + r->n_toks - k, (size_t)k * sizeof *draft);
+        li_spec_step_drop(r);
+    }
+    if (r->d_tree) {
+        accepted = verify_tree(e, r, m, rows, &verified, &last);
+    } else if (r->smp.p.temperature > 0) {
+        verified = LI_MIN(m - 1, k);
+        accepted = verify_sampled(e, r, LI_MIN(m, k + 1), rows, draft, r->d_q >= 0 ? e->sp.sq + r->d_q : NULL);
+    } else {
+        /* row j checks draft j: m rows check min(m, k) drafts (a row past the
+         * last draft gives the bonus token) */
+        verified = LI_MIN(m, k);
+        for (int32_t j = 0; j < m; j++) {
+            r->num_computed = p0 + j + 1; /* row j's input is valid: the last token, or an accepted draft */
+            last = j;
+            const int32_t tok = li_engine_sample_one(e, r, rows + (size_t)j * e->model->hp.n_vocab);
+            if (!r->live || j >= k || tok != draft[j]) break;
+            accepted++;
+        }
+    }
+    /* the row the last token came from (sampled chains: rows 0..accepted gave tokens) */
+    li_spec_step_keep_hidden(e, r, row0 + (last >= 0 ? last : accepted));
+    r->spec_drafted += verified;
+    r->spec_accepted += accepted;
+    r->spec_drafted_by[r->d_method] += verified;
+    r->spec_accepted_by[r->d_method] += accepted;
+    e->st.spec_drafted += verified;
+    e->st.spec_accepted += accepted;
+    e->st.spec_drafted_by[r->d_method] += verified;
+    e->st.spec_accepted_by[r->d_method] += accepted;
+    e->st.spec_rounds_by[r->d_method]++;
+    li_proposer *p = e->sp.prop[r->d_method];
+    if (p && p->ops->on_verified) p->ops->on_verified(p, r->res.id, verified, accepted);
+}
+
+/* ---- the batch and the costs --------------------------------------------------------- */
+
+void li_spec_step_tree_batch(li_engine *e, const req *r, int64_t row0, int32_t n) {
+    int32_t depth[LI_SPEC_MAX_TOKENS];
+    tree_depths(r, n - 1, depth);
+    for (int32_t j = 1; j < n; j++) {
+        e->b_pos[row0 + j] = (int32_t)(r->num_computed + depth[j - 1]);
+        e->sp.b_parent[row0 + j] = (int32_t)(row0 + 1 + r->d_parent[j - 1]);
+    }
+}
+
+void li_spec_step_costs(li_spec_step *sp, double dt, int64_t n) {
+    sp->ema_step = ema(sp->ema_step, dt);
+    if (n) sp->ema_token = ema(sp->ema_token, dt / (double)n);
+}

@@ -1,0 +1,81 @@
+/* spec_step.h — the engine's speculation step (spec_step.c): which request
+ * drafts with what (its own ask, the engine's default or the policy's
+ * speculate hook), the proposers' calls (spec/proposer.h), the appended
+ * drafts and their verification against the target's rows (greedy, or
+ * rejection sampling with spec/verify.c; chains and Medusa trees), the
+ * rollback of what was not accepted (tokens, and a tree's KV moved to its
+ * positions) and the acceptance counts per request, per method and in the
+ * engine's stats. engine.c runs the step and asks this file at its points:
+ * before the plan (propose), while building the batch (tree rows), after the
+ * forward (verify, keep_hidden). */
+#ifndef LI_SPEC_STEP_H
+#define LI_SPEC_STEP_H
+
+#include "engine/engine.h"
+#include "spec/medusa.h"
+#include "spec/proposer.h"
+
+struct li_engine_req; /* engine_internal.h */
+
+typedef struct li_spec_step {
+    /* a proposer per method (NULL: not available), and the view of the
+     * target layerskip drafts with */
+    li_proposer *prop[LI_SPEC_N_METHODS];
+    li_model skip_model;
+    /* the step's proposal scratch */
+    li_spec_seq *sseq;           /* (max_num_seqs) */
+    struct li_engine_req **sreq; /* (max_num_seqs) */
+    int32_t *sdraft;             /* (max_num_seqs, LI_SPEC_MAX_TOKENS) */
+    bool asked;                  /* a request asked for its own speculation: proposals run
+                                  * even with spec_tokens 0 */
+    float *sq;                   /* (sq_cap) sampled drafts' distributions this step */
+    size_t sq_cap;
+    float *vp;                   /* (LI_SPEC_MAX_TOKENS + 1, n_vocab) target distributions */
+    float *vscratch;             /* (2 * n_vocab) */
+    /* the speculate hook's candidates and the costs it is shown */
+    li_spec_cand *cands;         /* (max_num_seqs) */
+    double *c_acc;               /* (max_num_seqs, LI_SPEC_N_METHODS) */
+    int64_t *c_drafted;          /* (max_num_seqs, LI_SPEC_N_METHODS) */
+    double ema_step, ema_token, ema_draft[LI_SPEC_N_METHODS];
+    int64_t hook_errors;
+    /* Medusa (cfg.medusa): the tree, the step's hidden rows, tree batches */
+    li_medusa_tree mtree;
+    const float *hidden;         /* (n_logits, n_embd) the step's post-norm hidden rows, or NULL */
+    int32_t *b_parent;           /* (max_batched_tokens) tree parents of the batch, with Medusa */
+    int32_t *sparent;            /* (max_num_seqs, LI_SPEC_MAX_TOKENS) proposals' tree parents */
+    size_t *mv_off_d, *mv_off_s; /* (2 * n_layer * LI_SPEC_MAX_TOKENS) KV row moves */
+} li_spec_step;
+
+/* The proposers (none on a batch-variant backend, where verification would
+ * not be exact: n-gram always, a draft model over draft_kv, layer skip over
+ * tgt_kv, Medusa heads with mtree) and the scratch, sized for c's
+ * max_num_seqs and max_batched_tokens. On failure everything made is freed. */
+int li_spec_step_init(li_spec_step *sp, li_model *m, li_model *draft, li_backend *be, li_kv_cache *draft_kv,
+                      li_kv_cache *tgt_kv, const li_engine_config *c, const li_medusa_tree *mtree, li_error *err);
+void li_spec_step_free(li_spec_step *sp);
+
+/* Step 0: each proposer drafts, in one call, for the requests in decode that
+ * speculate with it; the drafts are appended to their tokens. */
+void li_spec_step_propose(li_engine *e);
+/* Step 4: a tree that needs more scratch KV blocks than are free is cut to
+ * its chain (batch_n); then each drafted tree's rows get their positions
+ * (P + depth) and parents, rows [row0, row0 + n) of the batch. */
+void li_spec_step_tree_fit(li_engine *e, int32_t nb);
+void li_spec_step_tree_batch(li_engine *e, const struct li_engine_req *r, int64_t row0, int32_t n);
+/* Step 6: the m rows computed for a drafted request (its first at logit row
+ * row0) verify its drafts; the accepted join it, the rest are rolled back. */
+void li_spec_step_verify(li_engine *e, struct li_engine_req *r, int32_t m, const float *rows, int32_t row0);
+/* Medusa drafts from the hidden state that predicted a request's last token:
+ * row `row` of the step's hidden rows, kept after r took a token. */
+void li_spec_step_keep_hidden(li_engine *e, struct li_engine_req *r, int32_t row);
+/* The forward just measured (dt seconds for n tokens): the costs the hook sees. */
+void li_spec_step_costs(li_spec_step *sp, double dt, int64_t n);
+
+/* Draft tokens leave r's tokens (not verified this step, or r stops). */
+void li_spec_step_drop(struct li_engine_req *r);
+/* Proposers that keep per-request state hear when r lets go of its KV. */
+void li_spec_step_release(li_engine *e, const struct li_engine_req *r);
+/* Accepted over verified drafts, or -1 before any draft (li_req_view). */
+double li_spec_step_acceptance(const struct li_engine_req *r);
+
+#endif

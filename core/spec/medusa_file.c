@@ -1,0 +1,100 @@
+/* medusa_file.c — the one check of a Medusa heads file (spec/medusa_file.h). */
+#include "spec/medusa_file.h"
+
+#include <stdio.h>
+#include <string.h>
+
+/* A string value as a NUL-terminated copy (truncated to cap). */
+static bool get_str(const li_gguf *g, const char *key, char *out, size_t cap) {
+    li_str s;
+    if (li_gguf_get_str(g, key, &s, NULL)) return false;
+    const size_t n = s.len < cap - 1 ? (size_t)s.len : cap - 1;
+    memcpy(out, s.ptr, n);
+    out[n] = 0;
+    return true;
+}
+
+static int get_u32(const li_gguf *g, const char *path, const char *key, uint32_t *v, li_error *err) {
+    if (li_gguf_get_u32(g, key, v, NULL))
+        return li_error_set(err, LI_EINVAL, "medusa: %s: missing or not a u32: '%s'", path, key);
+    return 0;
+}
+
+/* 16 lowercase hex digits. */
+static bool parse_hash(const char *s, uint64_t *out) {
+    if (strlen(s) != 16) return false;
+    uint64_t v = 0;
+    for (int i = 0; i < 16; i++) {
+        const char c = s[i];
+        const int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+        if (d < 0) return false;
+        v = v << 4 | (uint64_t)d;
+    }
+    *out = v;
+    return true;
+}
+
+int li_medusa_file_check(const li_gguf *g, const char *path, const li_medusa_base *base, li_medusa_file *f,
+                         li_error *err) {
+    *f = (li_medusa_file){0};
+    char arch[64] = "", hidden[64] = "", hash[64] = "";
+    if (!get_str(g, "general.architecture", arch, sizeof arch) || strcmp(arch, "medusa"))
+        return li_error_set(err, LI_EINVAL,
+                            "medusa: %s: general.architecture is '%s', expected 'medusa' (not a heads file)", path, arch);
+    uint32_t version, k, n_embd, n_vocab;
+    int rc;
+    if ((rc = get_u32(g, path, "medusa.version", &version, err))) return rc;
+    if (version != 1)
+        return li_error_set(err, LI_EUNSUP, "medusa: %s: medusa.version is %u, this build reads version 1", path, version);
+    if ((rc = get_u32(g, path, "medusa.n_heads", &k, err)) || (rc = get_u32(g, path, "medusa.n_embd", &n_embd, err)) ||
+        (rc = get_u32(g, path, "medusa.n_vocab", &n_vocab, err)))
+        return rc;
+    if (k < 1 || k > LI_MEDUSA_FILE_MAX_HEADS)
+        return li_error_set(err, LI_EINVAL, "medusa: %s: medusa.n_heads is %u, must be in [1, %d]", path, k,
+                            LI_MEDUSA_FILE_MAX_HEADS);
+    if (!get_str(g, "medusa.hidden", hidden, sizeof hidden) || strcmp(hidden, "post_norm"))
+        return li_error_set(err, LI_EUNSUP, "medusa: %s: medusa.hidden is '%s', only 'post_norm' is supported", path,
+                            hidden);
+    get_str(g, "medusa.base.name", f->base_name, sizeof f->base_name);
+    if (!get_str(g, "medusa.base.vocab_hash", hash, sizeof hash) || !parse_hash(hash, &f->vocab_hash))
+        return li_error_set(err, LI_EINVAL, "medusa: %s: medusa.base.vocab_hash '%s' is not 16 lowercase hex digits",
+                            path, hash);
+    char who[160] = ""; /* " 'name'" of the base, when known */
+    if (base->name) snprintf(who, sizeof who, " '%s'", base->name);
+    if (f->vocab_hash != base->vocab_hash)
+        return li_error_set(err, LI_EINVAL, "medusa: heads made for '%s' (vocab hash %016llx), the model%s has %016llx",
+                            f->base_name, (unsigned long long)f->vocab_hash, who,
+                            (unsigned long long)base->vocab_hash);
+    if ((int64_t)n_embd != base->n_embd || (int64_t)n_vocab != base->n_vocab)
+        return li_error_set(err, LI_EINVAL,
+                            "medusa: heads made for '%s' (n_embd %u, n_vocab %u), the model%s has n_embd %lld, n_vocab %lld",
+                            f->base_name, n_embd, n_vocab, who, (long long)base->n_embd,
+                            (long long)base->n_vocab);
+    if (base->name && strcmp(f->base_name, base->name))
+        li_log_warn("medusa: heads made for '%s', the model is '%s' (same vocabulary and shape: used)", f->base_name,
+                    base->name);
+    f->n_heads = (int32_t)k;
+    f->n_embd = (int32_t)n_embd;
+    f->n_vocab = (int32_t)n_vocab;
+    for (uint32_t i = 0; i < k; i++) {
+        char name[64];
+        snprintf(name, sizeof name, "medusa.%u.weight", i);
+        const li_gguf_tensor *t = li_gguf_find_tensor(g, name);
+        if (!t) return li_error_set(err, LI_EINVAL, "medusa: %s: missing tensor '%s'", path, name);
+        if (t->type != LI_TYPE_F32 && t->type != LI_TYPE_F16)
+            return li_error_set(err, LI_EUNSUP, "medusa: %s: tensor '%s' has type %s, want f32 or f16", path, name,
+                                li_type_name(t->type));
+        if (t->n_dims != 2 || t->ne[0] != n_embd || t->ne[1] != n_embd)
+            return li_error_set(err, LI_EINVAL, "medusa: %s: tensor '%s' has shape [%lld, %lld], want [%u, %u]", path,
+                                name, (long long)t->ne[0], (long long)(t->n_dims > 1 ? t->ne[1] : 1), n_embd, n_embd);
+        f->w[i] = t;
+        snprintf(name, sizeof name, "medusa.%u.bias", i);
+        t = li_gguf_find_tensor(g, name);
+        if (!t) return li_error_set(err, LI_EINVAL, "medusa: %s: missing tensor '%s'", path, name);
+        if (t->type != LI_TYPE_F32 || t->n_dims != 1 || t->ne[0] != n_embd)
+            return li_error_set(err, LI_EINVAL, "medusa: %s: tensor '%s' is %s [%lld], want f32 [%u]", path, name,
+                                li_type_name(t->type), (long long)t->ne[0], n_embd);
+        f->b[i] = t;
+    }
+    return 0;
+}
