@@ -218,6 +218,35 @@ def test_chat_uses_directory_template(hf, run_ok):
     assert generate(run_ok, d, *args)["tokens"] == generate(run_ok, ref, *args)["tokens"]
 
 
+LLAMA3_TEMPLATE = ("{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n"
+                   "{{ m['content'] }}<|eot_id|>{% endfor %}{% if add_generation_prompt %}"
+                   "<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}")
+# luainfer.chat's llama3 family: the BOS as text when the model has no <|begin_of_text|> token
+LLAMA3_RENDERED = "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
+
+
+def test_chat_template_from_tokenizer_config(hf, run_ok, tmp_path):
+    """Without chat_template.jinja the template is tokenizer_config.json's
+    "chat_template"; with both, chat_template.jinja wins (as in transformers).
+    A Llama 3 template there turns the chat prompt into Llama 3's markup."""
+    src = hf["f16"][0]
+
+    def chat_prompt(d):
+        return run_ok(["generate", "--model", d, "--chat", "--prompt", "Hi", "--max-tokens", 1, "--temperature", "0",
+                       "--json", "--threads", 2]).json()["prompt_tokens"]
+
+    shipped = chat_prompt(src)
+    d = clone(src, tmp_path / "cfg_template", skip={"chat_template.jinja"})
+    edit_json(d / "tokenizer_config.json", lambda j: j.update(chat_template=LLAMA3_TEMPLATE))
+    got = chat_prompt(d)
+    want = run_ok(["generate", "--model", d, "--prompt", LLAMA3_RENDERED, "--max-tokens", 1, "--temperature", "0",
+                   "--json", "--threads", 2]).json()["prompt_tokens"]
+    assert got != shipped and got == want, (got, want)
+    both = clone(src, tmp_path / "both", skip={"tokenizer_config.json"})
+    (both / "tokenizer_config.json").write_text((d / "tokenizer_config.json").read_text())
+    assert (both / "chat_template.jinja").exists() and chat_prompt(both) == shipped
+
+
 # ---------------------------------------------------------------------------
 # Corrupt and unsupported directories: one-line errors
 # ---------------------------------------------------------------------------
