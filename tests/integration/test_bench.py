@@ -35,15 +35,22 @@ def number(pattern, text):
 
 
 def test_bench_list(run_cli):
-    """`luainfer bench` alone (or --help) lists every benchmark, one line
-    each: its name and what it measures, from its header comment."""
+    """`luainfer bench` alone (or --help) lists every benchmark program, one
+    line each: its name and what it measures, from its header comment; the
+    Lua ones it runs, then the Python and the C ones with how to run them."""
     for args in ([], ["--help"]):
         r = run_cli(["bench", *args])
         assert r.returncode == 0, r.stderr
         for name in ("batching", "step_cost", "policy_overhead", "kv_dtype", "prefix", "cpu", "spec"):
             assert re.search(rf"^  {name} +\S.{{8,}}$", r.stdout, re.M), r.stdout
         listed = re.findall(r"^  (\w+) ", r.stdout, re.M)
-        assert listed == sorted(p.stem[6:] for p in (REPO / "bench").glob("bench_*.lua")), r.stdout
+        lua = sorted(p.stem[6:] for p in (REPO / "bench").glob("bench_*.lua"))
+        py = sorted(p.name for p in (REPO / "bench").glob("bench_*.py"))
+        c = sorted(p.stem for p in (REPO / "bench").glob("bench_*.c"))
+        # the Lua ones by the name `bench` takes, then the Python files, then the C binaries
+        assert listed == lua + c, r.stdout
+        assert re.findall(r"^  (bench_\w+\.py) +\S.{8,}$", r.stdout, re.M) == py, r.stdout
+        assert all(re.search(rf"^  {name} +\S.{{8,}}$", r.stdout, re.M) for name in c), r.stdout
 
 
 def check_png(path):
