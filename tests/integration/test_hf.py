@@ -391,15 +391,15 @@ def hf_quant(tmp_path_factory, source):
     return out
 
 
-@pytest.mark.parametrize("name", ["awq", "gptq"])
-def test_quant_matches_reference(hf_quant, run_ok, name):
+@pytest.mark.parametrize("name,isa", [("awq", "scalar"), ("gptq", "scalar"), ("awq", "auto"), ("gptq", "auto")])
+def test_quant_matches_reference(hf_quant, run_ok, name, isa):
     d, ref = hf_quant[name]
     cfg = json.loads((d / "config.json").read_text())["quantization_config"]
     assert cfg["quant_method"] == name and cfg["bits"] == 4
-    # the scheme weights run on the scalar reference (the quantization
-    # issue's kernels come later); the reference GGUF runs the same ISA
-    a = generate(run_ok, d, "--isa", "scalar", "--max-tokens", 4)
-    b = generate(run_ok, ref, "--isa", "scalar", "--max-tokens", 4)
+    # the scheme weights on the scalar reference and on the default kernels
+    # (the 4-bit A16 kernels); the reference GGUF runs the same ISA
+    a = generate(run_ok, d, "--isa", isa, "--max-tokens", 4)
+    b = generate(run_ok, ref, "--isa", isa, "--max-tokens", 4)
     assert a["tokens"] == b["tokens"], f"{name}: tokens differ"
     for sa, sb in zip(a["top_logits"], b["top_logits"]):
         assert [t for t, _ in sa] == [t for t, _ in sb]
