@@ -342,6 +342,18 @@ static int forward_main(int S, int steps) {
     printf("  %-10s %8.3f ms per step\n", "the rest", (t_fwd - sum) / steps * 1e3);
     rec("the rest", "ms_per_step", (t_fwd - sum) / steps * 1e3);
     cJSON_AddNumberToObject(res.root, "tok_per_s", S * steps / t_fwd);
+    for (int s = 0; s < S; s++) {
+        li_kv_seq_release(&kv, &seqs[s]);
+        li_kv_seq_free(&seqs[s]);
+    }
+    free(seqs);
+    free(tables);
+    li_forward_free(&fw);
+    li_kv_cache_free(&kv);
+    be.ops = op_real;
+    li_model_release(m, &be);
+    li_model_free(m);
+    li_backend_cpu_free(&be);
     return 0;
 }
 
