@@ -39,6 +39,8 @@ local function median(xs)
   return xs[math.floor((#xs + 1) / 2)]
 end
 
+local progress = bench.progress(2 + #SEQS, "cpu phases") -- prefill, decode, each batch size
+
 -- Prefill: one step computes the whole prompt (and the first token).
 local prefill_rate
 do
@@ -54,6 +56,7 @@ do
     if rep > 1 then rates[#rates + 1] = PREFILL / dt end -- the first warms up
   end
   prefill_rate = median(rates)
+  progress:step()
   print(("RESULT prefill %.2f"):format(prefill_rate))
   e:close()
 end
@@ -86,12 +89,15 @@ end
 local results = { bench = "cpu", prefill_tokens = PREFILL, decode_tokens = DECODE, threads = THREADS, isa = ISA,
                   tokens_per_s = { prefill = prefill_rate } }
 results.tokens_per_s.decode = decode(1)
+progress:step()
 print(("RESULT decode %.2f"):format(results.tokens_per_s.decode))
 for _, S in ipairs(SEQS) do
   local r = decode(S)
+  progress:step()
   results.tokens_per_s["batched" .. S] = r
   print(("RESULT batched%d %.2f"):format(S, r))
 end
+progress:done()
 results.rows = { { name = ("prefill %d"):format(PREFILL), tokens_per_s = results.tokens_per_s.prefill },
                  { name = "decode 1", tokens_per_s = results.tokens_per_s.decode } }
 for _, S in ipairs(SEQS) do

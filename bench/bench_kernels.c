@@ -13,11 +13,14 @@
  *      build/bench_kernels --q4 [threads] [rounds]
  *                                             4-bit group weights (AWQ layout,
  *                                             group 64) run A16 and A8 against
- *                                             Q4_1, side by side, alternating */
+ *                                             Q4_1, side by side, alternating
+ * Each takes --json FILE and --plot FILE (bench_results.h): its numbers as
+ * rows, and a bar chart of them. */
 #include "util/common.h"
 #include "backend.h"
 #include "model/forward.h"
 #include "quant/quant4.h"
+#include "bench/bench_results.h"
 
 #include <immintrin.h>
 #include <math.h>
@@ -27,6 +30,14 @@
 #include <string.h>
 
 static uint64_t rng = 88172645463325252ull;
+static li_bench_results res; /* --json / --plot: every mode's numbers */
+
+/* a row of the results: name and one number */
+static cJSON *rec(const char *name, const char *key, double v) {
+    cJSON *row = li_bench_results_row(&res, "name", name);
+    cJSON_AddNumberToObject(row, key, v);
+    return row;
+}
 static float rnd(void) {
     rng ^= rng << 13;
     rng ^= rng >> 7;
@@ -168,10 +179,13 @@ static int peak_main(int nt) {
     memset(buf, 1, bytes);
     const double tr = peak_time(nt, 0, buf, bytes);
     printf("RESULT bw_gbs %.2f\n", (double)bytes / tr * 1e-9);
+    rec("bw_gbs", "value", (double)bytes / tr * 1e-9);
     li_aligned_free(buf);
     const double tv = peak_time(nt, 1, NULL, 0), tf = peak_time(nt, 2, NULL, 0);
     printf("RESULT vnni_gmacs %.1f\n", (double)nt * PEAK_ITERS * PEAK_REPS * 64 / tv * 1e-9);
     printf("RESULT fma_gflops %.1f\n", (double)nt * PEAK_ITERS * PEAK_REPS * 32 / tf * 1e-9);
+    rec("vnni_gmacs", "value", (double)nt * PEAK_ITERS * PEAK_REPS * 64 / tv * 1e-9);
+    rec("fma_gflops", "value", (double)nt * PEAK_ITERS * PEAK_REPS * 32 / tf * 1e-9);
     return 0;
 }
 
@@ -321,9 +335,25 @@ static int forward_main(int S, int steps) {
     for (int i = 0; i < OP_COUNT; i++) {
         printf("  %-10s %8.3f ms per step (%3ld calls, %8.2f us each)\n", op_names[i], op_time[i] / steps * 1e3,
                op_calls[i] / steps, op_calls[i] ? op_time[i] / op_calls[i] * 1e6 : 0.0);
+        cJSON_AddNumberToObject(rec(op_names[i], "ms_per_step", op_time[i] / steps * 1e3), "calls_per_step",
+                                (double)op_calls[i] / steps);
         sum += op_time[i];
     }
     printf("  %-10s %8.3f ms per step\n", "the rest", (t_fwd - sum) / steps * 1e3);
+    rec("the rest", "ms_per_step", (t_fwd - sum) / steps * 1e3);
+    cJSON_AddNumberToObject(res.root, "tok_per_s", S * steps / t_fwd);
+    for (int s = 0; s < S; s++) {
+        li_kv_seq_release(&kv, &seqs[s]);
+        li_kv_seq_free(&seqs[s]);
+    }
+    free(seqs);
+    free(tables);
+    li_forward_free(&fw);
+    li_kv_cache_free(&kv);
+    be.ops = op_real;
+    li_model_release(m, &be);
+    li_model_free(m);
+    li_backend_cpu_free(&be);
     return 0;
 }
 
@@ -413,6 +443,11 @@ Q4_PORTABLE static int q4_main(int n_threads, int rounds) {
             }
             printf("q4 m=%-5lld k=%-4lld n=%-3lld  q4_1 %8.3f ms  a16 %8.3f ms (%.2fx q4_1)  a8 %8.3f ms (%.2fx q4_1)\n",
                    (long long)m, (long long)k, (long long)n, t[0], t[1], t[0] / t[1], t[2], t[0] / t[2]);
+            char name[64];
+            snprintf(name, sizeof name, "m%lld k%lld n%lld", (long long)m, (long long)k, (long long)n);
+            cJSON *row = rec(name, "q4_1_ms", t[0]);
+            cJSON_AddNumberToObject(row, "a16_ms", t[1]);
+            cJSON_AddNumberToObject(row, "a8_ms", t[2]);
         }
         be.ops->weight_release(&be, &q41);
         li_aligned_free((void *)q41.data);
@@ -426,12 +461,30 @@ Q4_PORTABLE static int q4_main(int n_threads, int rounds) {
     return 0;
 }
 
+static int kernels_main(int argc, char **argv);
+
 int main(int argc, char **argv) {
-    if (argc > 1 && !strcmp(argv[1], "--peak")) return peak_main(argc > 2 ? atoi(argv[2]) : 2);
-    if (argc > 1 && !strcmp(argv[1], "--q4"))
-        return q4_main(argc > 2 ? atoi(argv[2]) : 0, argc > 3 ? atoi(argv[3]) : 5);
-    if (argc > 1 && !strcmp(argv[1], "--forward"))
-        return forward_main(argc > 2 ? atoi(argv[2]) : 1, argc > 3 ? atoi(argv[3]) : 128);
+    if (li_bench_results_init(&res, "kernels", &argc, argv)) return 2;
+    int rc;
+    if (argc > 1 && !strcmp(argv[1], "--peak")) {
+        rc = peak_main(argc > 2 ? atoi(argv[2]) : 2);
+        li_bench_results_chart(&res, "name", "value", "GB/s, GMAC/s, GFLOP/s", "machine limits", true);
+    } else if (argc > 1 && !strcmp(argv[1], "--q4")) {
+        rc = q4_main(argc > 2 ? atoi(argv[2]) : 0, argc > 3 ? atoi(argv[3]) : 5);
+        static const char *const v[] = {"q4_1_ms", "a16_ms", "a8_ms"};
+        li_bench_results_chart_n(&res, "name", v, 3, "ms per matmul", "4-bit group weights against Q4_1", true);
+    } else if (argc > 1 && !strcmp(argv[1], "--forward")) {
+        rc = forward_main(argc > 2 ? atoi(argv[2]) : 1, argc > 3 ? atoi(argv[3]) : 128);
+        li_bench_results_chart(&res, "name", "ms_per_step", "ms per step", "a decode step, op by op", false);
+    } else {
+        rc = kernels_main(argc, argv);
+        li_bench_results_chart(&res, "name", "ms", "ms", "CPU kernels", true);
+    }
+    if (rc) return rc;
+    return li_bench_results_finish(&res);
+}
+
+static int kernels_main(int argc, char **argv) {
     const int n_threads = argc > 1 ? atoi(argv[1]) : 0;
     const char *isa = argc > 2 ? argv[2] : "auto";
     li_error err = {0};
@@ -464,6 +517,10 @@ int main(int argc, char **argv) {
             printf("matmul %-4s m=%-5lld k=%-4lld n=%-3lld  %8.3f ms  %7.1f GMAC/s  %6.1f GB/s weights\n",
                    li_type_name(w.type), (long long)w.m, (long long)w.k, (long long)n, ms,
                    (double)(w.m * w.k * n) / ms * 1e-6, (double)w.row_bytes * w.m / ms * 1e-6);
+            char name[64];
+            snprintf(name, sizeof name, "matmul %s m%lld k%lld n%lld", li_type_name(w.type), (long long)w.m,
+                     (long long)w.k, (long long)n);
+            cJSON_AddNumberToObject(rec(name, "ms", ms), "gmacs", (double)(w.m * w.k * n) / ms * 1e-6);
         }
         be.ops->weight_release(&be, &w);
         li_aligned_free((void *)w.data);
@@ -496,6 +553,9 @@ int main(int argc, char **argv) {
         }
         printf("all matvecs, %lld token%s: %.2f ms (layers %.2f ms, output %.2f ms)\n", (long long)nt,
                nt > 1 ? "s" : "", best * 1e3, best_layers * 1e3, (best - best_layers) * 1e3);
+        char name[64];
+        snprintf(name, sizeof name, "all matvecs n%lld", (long long)nt);
+        rec(name, "ms", best * 1e3);
     }
 
     /* attention: 9 heads / 3 kv heads, dim 64, F16 KV, one token at position P */
@@ -525,6 +585,9 @@ int main(int argc, char **argv) {
                 best = fmin(best, li_time_now() - t0);
             }
             printf("attention f16 decode, context %5d: %8.3f ms per layer\n", P, best * 1e3);
+            char name[64];
+            snprintf(name, sizeof name, "attention f16 ctx %d", P);
+            rec(name, "ms", best * 1e3);
             li_aligned_free(kv.k);
             li_aligned_free(kv.v);
             free(bt);

@@ -10,6 +10,8 @@ local opts = bench.options(arg)
 local root = (arg[0]:match("^(.*)/bench/") or ".")
 local STEPS = tonumber(arg[1]) or 100
 
+local progress = bench.progress(2 * STEPS, "policy_overhead steps")
+
 local function run(isolation)
   local e = luainfer.engine{ policy = root .. "/policies/default.lua", policy_isolation = isolation,
                              max_num_seqs = 64, max_batched_tokens = 512, kv_memory = 512 * 1024 * 1024 }
@@ -21,7 +23,10 @@ local function run(isolation)
   while e:stats().running < 64 or e:stats().waiting > 0 do e:step() end
   e:step()
   local s0 = e:stats()
-  for _ = 1, STEPS do e:step() end
+  for _ = 1, STEPS do
+    e:step()
+    progress:step()
+  end
   local s1 = e:stats()
   e:close()
   local steps = s1.steps - s0.steps
@@ -32,6 +37,7 @@ end
 
 local a = run("inprocess")
 local b = run("process")
+progress:done()
 print(("64 running requests, %d decode steps each run, policies/default.lua"):format(STEPS))
 print(("in-process: step %.1f ms, schedule() %.1f us/step = %.3f%% of step time (errors %d)"):format(
   a.step_ms, a.policy_us, 100 * a.share, a.errors))

@@ -248,10 +248,24 @@ def replay(args, trace):
         out = {}
         if args.protocol == "rpc":
             rpc_health(port, proc, 120)
-            makespan = send_rpc(args, port, reqs, out)
         else:
             wait_health(url, proc, 120)
-            makespan = send_http(args, url, reqs, out)
+        # progress: requests answered so far (the senders fill `out` as each ends)
+        progress, stop = results.Progress(len(reqs), f"replay {args.policy}"), threading.Event()
+
+        def watch():
+            while not stop.wait(0.5):
+                progress.step(len(out) - progress.n)
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        try:
+            makespan = send_rpc(args, port, reqs, out) if args.protocol == "rpc" else send_http(args, url, reqs, out)
+        finally:
+            stop.set()
+            watcher.join()
+        progress.step(len(out) - progress.n)
+        progress.done()
     finally:
         proc.terminate()
         try:

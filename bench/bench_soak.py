@@ -422,8 +422,10 @@ def main():
         t.start()
     t0, peak, crashed = time.time(), rss0, False
     next_report = t0 + 30
+    progress = results.Progress(max(1, int(a.duration)), "soak seconds")
     while time.time() - t0 < a.duration:
         time.sleep(0.5)
+        progress.step(min(int(time.time() - t0), progress.total) - progress.n)
         if srv.proc.poll() is not None:
             crashed = True
             break
@@ -433,6 +435,7 @@ def main():
             print(f"  {time.time() - t0:5.0f} s: RSS {rss_kib(pid) / 1024:.1f} MiB, witness ok "
                   f"{n.get('witness.ok')}, mismatches {n.get('witness.mismatches')}, load ok {n.get('load.ok')}, "
                   f"reloads {n.get('reload.hostile.ok') + n.get('reload.good.ok')}", flush=True)
+    progress.done()
     stop.set()
     for t in threads:
         t.join(timeout=TIMEOUT + 10)

@@ -165,13 +165,16 @@ local function proposers_bench(layers, draft)
   for i = 2, #sets do head[#head + 1] = ("%-24s"):format(sets[i].name) end
   print(("%-8s %5s %4s | %9s | %s"):format("workload", "batch", "temp", "off tok/s", table.concat(head, " ")))
   local rows = {}
-  for _, temp in ipairs(quick and { 0 } or { 0, 0.7 }) do
-    for _, seqs in ipairs(quick and { 1 } or { 1, 4 }) do
+  local temps, batches = quick and { 0 } or { 0, 0.7 }, quick and { 1 } or { 1, 4 }
+  local progress = bench.progress(#temps * #batches * #kinds * ROUNDS * #sets, "spec runs")
+  for _, temp in ipairs(temps) do
+    for _, seqs in ipairs(batches) do
       for _, kind in ipairs(kinds) do
         local best = {}
         for _ = 1, ROUNDS do
           for si, set in ipairs(sets) do
             local r = one(kind, seqs, temp, set)
+            progress:step()
             if temp == 0 and best[1] then
               for i = 1, seqs do
                 assert(r.toks[i] == best[1].toks[i], ("%s, batch %d, %s: request %d differs from speculation off")
@@ -195,6 +198,7 @@ local function proposers_bench(layers, draft)
       end
     end
   end
+  progress:done()
   print("greedy runs: every proposer's tokens were identical to speculation off")
   bench.finish(opts, { bench = "spec", mode = "proposers", max_tokens = MAX, rounds = ROUNDS, rows = rows })
 end
@@ -224,6 +228,7 @@ print(("n-gram speculation: greedy, %d tokens per request, best of %d rounds"):f
 print(("%-5s %4s | %10s | %s"):format("load", "seqs", "off tok/s",
   "spec_tokens 2 / 4 / 8 / 4 at any batch: tok/s (ratio to off, acceptance)"))
 local rows = {}
+local progress = bench.progress(2 * 2 * ROUNDS * #settings, "spec runs")
 for _, name in ipairs({ "copy", "free" }) do
   for _, seqs in ipairs({ 1, 8 }) do
     local prompts = workloads[name]
@@ -231,6 +236,7 @@ for _, name in ipairs({ "copy", "free" }) do
     for _ = 1, ROUNDS do
       for si, set in ipairs(settings) do
         local r = run(prompts, seqs, set)
+        progress:step()
         ref = ref or r
         for i = 1, #prompts do
           assert(r.toks[i] == ref.toks[i], ("%s, %d seqs, spec %d: request %d differs from speculation off")
@@ -253,5 +259,6 @@ for _, name in ipairs({ "copy", "free" }) do
     print(("%-5s %4d | %10.1f | %s"):format(name, seqs, best[1].tput, table.concat(cols, "  ")))
   end
 end
+progress:done()
 print("every run's tokens were identical to speculation off")
 bench.finish(opts, { bench = "spec", mode = "ngram", max_tokens = MAX, rounds = ROUNDS, rows = rows })

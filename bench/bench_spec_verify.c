@@ -2,7 +2,8 @@
  * engine step at a real vocabulary size, beside the ~3.7 ms a batch-1 step
  * of the 135M model takes here (docs/benchmarks.md, "n-gram speculation").
  *
- *   bench_spec_verify [n_vocab] [rounds]      default 49152, 5
+ *   bench_spec_verify [n_vocab] [rounds] [--json FILE] [--plot FILE]
+ *                                             default 49152, 5
  *
  * Random peaked target and draft rows (every id possible) and uniformly
  * random draft ids, so most calls stop early: a rejection costs a pass or two
@@ -11,6 +12,7 @@
  * interleaved round by round so machine load hits all of them alike. */
 #include "spec/verify.h"
 #include "util/common.h"
+#include "bench/bench_results.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -30,6 +32,8 @@ static double now_us(void) { return li_time_now() * 1e6; }
 static const int32_t TREE_PAR[TN] = {-1, -1, -1, 0, 0, 1, 3, 3, 6};
 
 int main(int argc, char **argv) {
+    li_bench_results res;
+    if (li_bench_results_init(&res, "spec_verify", &argc, argv)) return 2;
     const int32_t nv = argc > 1 ? atoi(argv[1]) : 49152;
     const int rounds = argc > 2 ? atoi(argv[2]) : 5;
     if (nv < 2 || nv > (1 << 22) || rounds < 1) {
@@ -78,9 +82,19 @@ int main(int argc, char **argv) {
     }
     printf("n_vocab %d, best of %d rounds of %d calls (uniformly random draft ids)\n", nv, rounds,
            calls);
-    for (int c = 0; c < 6; c++)
-        printf("  %-24s %8.1f us/call  (accepted %.2f/call)\n", names[c], best[c],
-               (double)acc[c] / ((double)calls * rounds));
+    for (int c = 0; c < 6; c++) {
+        const double accepted = (double)acc[c] / ((double)calls * rounds);
+        printf("  %-24s %8.1f us/call  (accepted %.2f/call)\n", names[c], best[c], accepted);
+        cJSON *row = li_bench_results_row(&res, "name", names[c]);
+        cJSON_AddNumberToObject(row, "us_per_call", best[c]);
+        cJSON_AddNumberToObject(row, "accepted_per_call", accepted);
+    }
+    cJSON_AddNumberToObject(res.root, "n_vocab", nv);
+    cJSON_AddNumberToObject(res.root, "rounds", rounds);
+    char title[96];
+    snprintf(title, sizeof title, "speculative verification, n_vocab %d, best of %d rounds", nv, rounds);
+    li_bench_results_chart(&res, "name", "us_per_call", "us per call", title, false);
     free(p), free(q), free(scratch);
+    if (li_bench_results_finish(&res)) return 1;
     return sink == 42 ? 1 : 0;
 }

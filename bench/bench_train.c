@@ -4,8 +4,9 @@
  * (docs/benchmarks.md, "Training throughput").
  *
  *   bench_train [--model P] [--seq T] [--batch B] [--steps N] [--train all|norms|layers:A-B|lora:R]
- *               [--threads N] [--ghz G]
+ *               [--threads N] [--ghz G] [--json FILE] [--plot FILE]
  *   bench_train --kernels     the three matmul shapes alone, one thread, at the model's sizes
+ * --json and --plot (bench_results.h) hold the tokens/s, or --kernels' GFLOP/s.
  *
  * Peak = threads × 2 FMA/cycle × 8 float lanes (AVX2) × 2 flops × GHz, the
  * clock read from /proc/cpuinfo ("cpu MHz", the first core) unless --ghz
@@ -17,6 +18,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "train/train.h"
 #include "cpu/threadpool.h"
+#include "bench/bench_results.h"
 
 #include <time.h>
 
@@ -69,7 +71,7 @@ static double step_flops(const li_train_layout *L, int B, int T) {
 }
 
 /* GFLOP/s of y = x·W^T, dX = dY·W, dW = dY^T·X at (n, m, k), best of 3, one thread */
-static void bench_kernels(void) {
+static void bench_kernels(li_bench_results *res) {
     const int64_t shapes[][3] = {{64, 1536, 576}, {64, 576, 1536}, {64, 49152, 576}};
     for (size_t s = 0; s < LI_ARRAY_LEN(shapes); s++) {
         const int64_t n = shapes[s][0], m = shapes[s][1], k = shapes[s][2];
@@ -90,14 +92,24 @@ static void bench_kernels(void) {
         const double f = 2.0 * (double)n * (double)m * (double)k / 1e9;
         printf("n %lld, m %lld, k %lld: x·W^T %.1f, dY·W %.1f, dY^T·X %.1f GFLOP per CPU second\n", (long long)n, (long long)m,
                (long long)k, f / best[0], f / best[1], f / best[2]);
+        static const char *const prod[3] = {"x.W^T", "dY.W", "dY^T.X"};
+        for (int w = 0; w < 3; w++) {
+            char name[96];
+            snprintf(name, sizeof name, "%s n%lld m%lld k%lld", prod[w], (long long)n, (long long)m, (long long)k);
+            cJSON_AddNumberToObject(li_bench_results_row(res, "name", name), "gflops_per_cpu_s", f / best[w]);
+        }
         free(x), free(W), free(y), free(dx), free(dw);
     }
 }
 
 int main(int argc, char **argv) {
+    li_bench_results res;
+    if (li_bench_results_init(&res, "train", &argc, argv)) return 2;
     if (argc == 2 && !strcmp(argv[1], "--kernels")) {
-        bench_kernels();
-        return 0;
+        bench_kernels(&res);
+        li_bench_results_chart(&res, "name", "gflops_per_cpu_s", "GFLOP per CPU second",
+                               "training matmuls, one thread", false);
+        return li_bench_results_finish(&res);
     }
     const char *model = NULL, *what = "all";
     int T = 64, B = 1, steps = 3, threads = 2;
@@ -187,6 +199,19 @@ int main(int argc, char **argv) {
      * machine others take (threads spinning between jobs count as work) */
     printf("per CPU second: %.1f GFLOP = %.1f%% of one core's peak %.1f GFLOP/s (%.2f CPU s per step)\n",
            flops / fb_cpu / 1e9, 100 * flops / fb_cpu / (peak / threads), peak / threads / 1e9, fb_cpu / steps);
+    cJSON_AddNumberToObject(res.root, "batch", B);
+    cJSON_AddNumberToObject(res.root, "seq", T);
+    cJSON_AddNumberToObject(res.root, "steps", steps);
+    cJSON_AddNumberToObject(res.root, "threads", threads);
+    cJSON_AddStringToObject(res.root, "train", what);
+    cJSON *row = li_bench_results_row(&res, "name", "forward+backward");
+    cJSON_AddNumberToObject(row, "tokens_per_s", N * steps / fb_time);
+    cJSON_AddNumberToObject(row, "gflop_per_s", flops / fb_time / 1e9);
+    row = li_bench_results_row(&res, "name", "with adamw");
+    cJSON_AddNumberToObject(row, "tokens_per_s", N * steps / (fb_time + opt_time));
+    char title[128];
+    snprintf(title, sizeof title, "training, batch %d x %d, train %s, %d threads", B, T, what, threads);
+    li_bench_results_chart(&res, "name", "tokens_per_s", "tokens/s", title, false);
     free(tok);
     free(lab);
     li_train_ws_free(&ws);
@@ -195,9 +220,9 @@ int main(int argc, char **argv) {
     li_threadpool_free(tp);
     li_train_model_free(&tm);
     li_model_free(m);
-    return 0;
+    return li_bench_results_finish(&res);
 usage:
     fprintf(stderr, "usage: bench_train [--model P] [--seq 2..4096] [--batch 1..64] [--steps N] "
-                    "[--train all|norms|layers:A-B|lora:R] [--threads N] [--ghz G]\n");
+                    "[--train all|norms|layers:A-B|lora:R] [--threads N] [--ghz G] [--json FILE] [--plot FILE]\n");
     return 2;
 }

@@ -13,6 +13,7 @@ one per generated token; this script prints their text as it arrives,
 then the final result's finish reason, usage and timings.
 """
 import argparse
+import os
 import socket
 import sys
 
@@ -53,10 +54,16 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--chat", action="store_true", help="send the prompt as a user chat message")
+    ap.add_argument("--api-key", default=os.environ.get("LUAINFER_API_KEY"),
+                    help="the key of a server started with --api-key (default: $LUAINFER_API_KEY)")
     args = ap.parse_args()
 
     sock = connect(args.addr)
     unpacker = msgpack.Unpacker(raw=False)
+    msgid = 1
+    if args.api_key:  # the first call on a keyed server
+        call(sock, unpacker, msgid, "auth", {"token": args.api_key})
+        msgid += 1
     params = {"max_tokens": args.max_tokens, "temperature": args.temperature, "stream": True}
     if args.chat:
         params["messages"] = [{"role": "user", "content": args.prompt}]
@@ -68,7 +75,7 @@ def main():
             sys.stdout.write(p["text"])
             sys.stdout.flush()
 
-    result = call(sock, unpacker, 1, "generate", params, on_delta)
+    result = call(sock, unpacker, msgid, "generate", params, on_delta)
     u, t = result["usage"], result["timings"]
     print(f"\n[{result['finish_reason']}] prompt {u['prompt_tokens']} tokens, generated "
           f"{u['completion_tokens']}; ttft {t['ttft_ms']:.1f} ms, tpot {t['tpot_ms']:.1f} ms")

@@ -5,6 +5,7 @@
  *   luainfer bench policy_overhead   schedule() cost at 64 running requests
  * Each prints its ratios measured side by side in one run. */
 #include "cli/cli.h"
+#include "util/common.h"
 
 #include <dirent.h>
 #include <stdio.h>
@@ -17,18 +18,37 @@ static const char *bench_dir(void) {
     return env && *env ? env : LI_SOURCE_DIR "/bench";
 }
 
-/* The benchmark's one-line summary: its header comment after the dash, up
- * to the first sentence end (joined over at most 6 comment lines), cut to
- * about 78 characters. */
+/* A header line without its comment marks (Lua's dashes, a C comment's
+ * opening, star and closing, a docstring's quotes), trimmed. */
+static char *strip_comment(char *t) {
+    while (*t == ' ' || *t == '\t') t++;
+    static const char *const open[] = {"--", "/*", "*", "\"\"\""};
+    for (size_t i = 0; i < LI_ARRAY_LEN(open); i++)
+        if (!strncmp(t, open[i], strlen(open[i]))) {
+            t += strlen(open[i]);
+            break;
+        }
+    t[strcspn(t, "\r\n")] = 0;
+    char *end = strstr(t, "*/");
+    if (!end) end = strstr(t, "\"\"\"");
+    if (end) *end = 0;
+    while (*t == ' ') t++;
+    size_t n = strlen(t);
+    while (n && t[n - 1] == ' ') t[--n] = 0;
+    return t;
+}
+
+/* The benchmark's one-line summary: its header comment (Lua "--", C's
+ * block comment or Python's docstring) after the dash, up to the first
+ * sentence end (joined over at most 6 lines), cut to about 78 characters. */
 static void summary(const char *path, char *out, size_t cap) {
     out[0] = 0;
     FILE *f = fopen(path, "r");
     if (!f) return;
     char line[512], text[1024] = "";
-    for (int i = 0; i < 6 && fgets(line, sizeof line, f) && !strncmp(line, "--", 2); i++) {
-        char *t = line + 2;
-        while (*t == ' ') t++;
-        t[strcspn(t, "\r\n")] = 0;
+    for (int i = 0; i < 7 && fgets(line, sizeof line, f); i++) {
+        if (i == 0 && !strncmp(line, "#!", 2)) continue; /* a script's interpreter line */
+        char *t = strip_comment(line);
         if (!*t) break;
         if (*text) strncat(text, " ", sizeof text - strlen(text) - 1);
         strncat(text, t, sizeof text - strlen(text) - 1);
@@ -51,18 +71,20 @@ static void summary(const char *path, char *out, size_t cap) {
 
 static int by_name(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
-/* One line per benchmark, sorted: its name and what it measures. */
-static void list(FILE *f) {
-    fprintf(f, "usage: luainfer bench NAME [ARGS...]\nbenchmarks in %s:\n", bench_dir());
+/* The bench_*SUFFIX files of the bench directory, sorted, one line each:
+ * the name and what it measures. The name: without "bench_" and SUFFIX
+ * (what `luainfer bench` takes), the file name (keep = 2), or without
+ * SUFFIX (keep = 1: a C program's binary). */
+static void list_kind(FILE *f, const char *suffix, int keep) {
     DIR *d = opendir(bench_dir());
     if (!d) return;
     char *names[256];
     int n = 0;
+    const size_t sl = strlen(suffix);
     struct dirent *de;
     while ((de = readdir(d)) && n < 256) {
         size_t len = strlen(de->d_name);
-        if (len > 10 && !strncmp(de->d_name, "bench_", 6) && !strcmp(de->d_name + len - 4, ".lua"))
-        {
+        if (len > 6 + sl && !strncmp(de->d_name, "bench_", 6) && !strcmp(de->d_name + len - sl, suffix)) {
             names[n] = li_xmalloc(len + 1);
             memcpy(names[n++], de->d_name, len + 1);
         }
@@ -73,9 +95,23 @@ static void list(FILE *f) {
         char path[4096], what[200];
         snprintf(path, sizeof path, "%s/%s", bench_dir(), names[i]);
         summary(path, what, sizeof what);
-        fprintf(f, "  %-18.*s %s\n", (int)(strlen(names[i]) - 10), names[i] + 6, what);
+        const size_t len = strlen(names[i]);
+        if (keep == 2) fprintf(f, "  %-21s %s\n", names[i], what);
+        else if (keep == 1) fprintf(f, "  %-21.*s %s\n", (int)(len - sl), names[i], what);
+        else fprintf(f, "  %-18.*s %s\n", (int)(len - 6 - sl), names[i] + 6, what);
         free(names[i]);
     }
+}
+
+/* One line per benchmark program: the Lua ones this command runs, then the
+ * Python and C ones with how to run them. */
+static void list(FILE *f) {
+    fprintf(f, "usage: luainfer bench NAME [ARGS...]\nbenchmarks in %s:\n", bench_dir());
+    list_kind(f, ".lua", 0);
+    fprintf(f, "Python programs (run as .venv/bin/python bench/NAME.py from the repository; --help for their options):\n");
+    list_kind(f, ".py", 2);
+    fprintf(f, "C programs (built beside luainfer, e.g. build/bench_kernels; --json/--plot as the others):\n");
+    list_kind(f, ".c", 1);
 }
 
 int li_cmd_bench(int argc, char **argv) {

@@ -390,7 +390,8 @@ int li_cmd_repl(int argc, char **argv) {
     li_opt opts[] = {
         {"model", LI_OPT_STR, &model, "GGUF model (default: $LUAINFER_MODEL or the bundled SmolLM2)"},
         {"connect", LI_OPT_STR, &connect, "bind `server` to a luainfer server (HOST:PORT or unix:PATH) instead"},
-        {"auth-token", LI_OPT_STR, &auth, "token for a server started with --auth-token"},
+        {"api-key", LI_OPT_STR, &auth, "the key of a server started with --api-key (default: $LUAINFER_API_KEY)"},
+        {"auth-token", LI_OPT_STR, &auth, "the older name of --api-key"},
         {"threads", LI_OPT_INT, &threads, "compute threads (default: all cores)"},
         {"max-num-seqs", LI_OPT_INT, &max_num_seqs, "requests per engine step (default 64)"},
         {"kv-memory", LI_OPT_STR, &kv_memory, "KV cache budget in bytes (default 256 MiB)"},
@@ -407,6 +408,10 @@ int li_cmd_repl(int argc, char **argv) {
                "The policy defaults to policies/default.lua, as for serve.\n"
                "Type help() inside. History: $LUAINFER_HISTORY, else ~/.luainfer_history.\n");
         return 0;
+    }
+    if (!auth) { /* as serve's --api-key: the same variable on both sides */
+        const char *env = getenv("LUAINFER_API_KEY");
+        if (env && *env) auth = env;
     }
     lua_State *L = li_lua_new(&err);
     if (!L) return li_runtime_fail(&err);

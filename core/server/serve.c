@@ -25,9 +25,11 @@
 
 #include <lua.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <sys/stat.h>
 
 /* ---- stopping --------------------------------------------------------------- */
@@ -190,10 +192,28 @@ static void client_url(const char *addr, char *out, size_t cap) {
     else snprintf(out, cap, "http://%s", addr);
 }
 
-/* Where to listen and the ready-to-paste examples (stderr). */
+/* This binary's path for a pasted command (the shell may not have it on
+ * PATH), single-quoted when it holds anything a shell would split. */
+static const char *self_command(char *buf, size_t cap) {
+    char path[1024];
+    const ssize_t n = readlink("/proc/self/exe", path, sizeof path - 1);
+    if (n <= 0) return "luainfer";
+    path[n] = 0;
+    const bool plain = strspn(path, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789/._+-") == (size_t)n;
+    if (plain || strchr(path, '\'')) snprintf(buf, cap, "%s", path);
+    else snprintf(buf, cap, "'%s'", path);
+    return buf;
+}
+
+/* Where to listen and the ready-to-paste examples (stderr). With a key the
+ * examples read it from $LUAINFER_API_KEY (the key itself is never printed),
+ * so they say when that is not the server's key yet. */
 static void print_banner(const li_server *srv) {
     const li_listener *h = first_listener(srv, &li_http_protocol), *r = first_listener(srv, &li_rpc_protocol);
     const char *key = srv->auth_token ? "$LUAINFER_API_KEY" : "none";
+    const char *env_key = getenv("LUAINFER_API_KEY");
+    if (srv->auth_token && (!env_key || strcmp(env_key, srv->auth_token)))
+        fprintf(stderr, "luainfer: the examples below read the key from $LUAINFER_API_KEY: export it first\n");
     if (h && strncmp(h->addr, "unix:", 5)) {
         char url[340];
         client_url(h->addr, url, sizeof url);
@@ -206,17 +226,23 @@ static void print_banner(const li_server *srv) {
                         "messages=[{\"role\": \"user\", \"content\": \"Hi!\"}]).choices[0].message.content)'\n",
                 url, srv->auth_token ? "'\"$LUAINFER_API_KEY\"'" : key, srv->model_name);
     } else if (h) {
-        fprintf(stderr, "luainfer: OpenAI API on %s: curl --unix-socket %s http://localhost/v1/models\n", h->addr,
-                h->addr + 5);
+        fprintf(stderr, "luainfer: OpenAI API on %s: curl --unix-socket %s http://localhost/v1/models%s\n", h->addr,
+                h->addr + 5, srv->auth_token ? " -H \"Authorization: Bearer $LUAINFER_API_KEY\"" : "");
     }
     if (r) {
-        char url[340];
+        char url[340], self[1100];
         client_url(r->addr, url, sizeof url); /* "http://HOST:PORT": the part after "//" */
         const char *a = strncmp(r->addr, "unix:", 5) ? url + 7 : r->addr;
+        /* the client by its full path when the source tree is there (pasted from any directory) */
+        const char *client = LI_SOURCE_DIR "/examples/python_client.py";
+        if (access(client, R_OK) || strspn(client, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789/._+-") !=
+                                        strlen(client))
+            client = "examples/python_client.py";
+        /* both clients send auth {token = $LUAINFER_API_KEY} first when it is set */
         fprintf(stderr, "luainfer: msgpack-RPC on %s, for example:\n"
-                        "  python3 examples/python_client.py --addr %s \"Once upon a time\"%s\n"
-                        "  luainfer repl --connect %s\n",
-                r->addr, a, srv->auth_token ? "   (auth {token} first: see docs/server.md)" : "", a);
+                        "  python3 %s --addr %s \"Once upon a time\"\n"
+                        "  %s repl --connect %s\n",
+                r->addr, client, a, self_command(self, sizeof self), a);
     }
     for (const li_listener *l = srv->net.listeners; l; l = l->next)
         if (!addr_is_local(l->addr) && !srv->auth_token)

@@ -35,15 +35,22 @@ def number(pattern, text):
 
 
 def test_bench_list(run_cli):
-    """`luainfer bench` alone (or --help) lists every benchmark, one line
-    each: its name and what it measures, from its header comment."""
+    """`luainfer bench` alone (or --help) lists every benchmark program, one
+    line each: its name and what it measures, from its header comment; the
+    Lua ones it runs, then the Python and the C ones with how to run them."""
     for args in ([], ["--help"]):
         r = run_cli(["bench", *args])
         assert r.returncode == 0, r.stderr
         for name in ("batching", "step_cost", "policy_overhead", "kv_dtype", "prefix", "cpu", "spec"):
             assert re.search(rf"^  {name} +\S.{{8,}}$", r.stdout, re.M), r.stdout
         listed = re.findall(r"^  (\w+) ", r.stdout, re.M)
-        assert listed == sorted(p.stem[6:] for p in (REPO / "bench").glob("bench_*.lua")), r.stdout
+        lua = sorted(p.stem[6:] for p in (REPO / "bench").glob("bench_*.lua"))
+        py = sorted(p.name for p in (REPO / "bench").glob("bench_*.py"))
+        c = sorted(p.stem for p in (REPO / "bench").glob("bench_*.c"))
+        # the Lua ones by the name `bench` takes, then the Python files, then the C binaries
+        assert listed == lua + c, r.stdout
+        assert re.findall(r"^  (bench_\w+\.py) +\S.{8,}$", r.stdout, re.M) == py, r.stdout
+        assert all(re.search(rf"^  {name} +\S.{{8,}}$", r.stdout, re.M) for name in c), r.stdout
 
 
 def check_png(path):
@@ -173,7 +180,55 @@ def test_every_benchmark_has_json_and_plot():
         src = p.read_text()
         if "results.add_options(" not in src or "results.finish(" not in src:
             missing.append(p.name)
+    for p in sorted((REPO / "bench").glob("bench_*.c")):  # the C programs: bench/bench_results.h
+        src = p.read_text()
+        if '#include "bench/bench_results.h"' not in src or "li_bench_results_finish(" not in src:
+            missing.append(p.name)
     assert not missing, f"benchmarks without --json/--plot: {missing}"
+
+
+def test_every_long_benchmark_shows_progress():
+    """Every Lua and Python benchmark reports progress on stderr (luainfer.bench's
+    progress, bench/results.py's Progress: a bar with rate and ETA on a terminal,
+    plain lines otherwise, test_progress_bar_on_a_terminal_plain_lines_otherwise).
+    The halves a Python driver runs report through their driver; the C programs
+    are short micro benchmarks (seconds) and print each result as it comes."""
+    halves = {"bench_quant_speed.lua", "bench_serve.lua"}
+    missing = [p.name for p in sorted((REPO / "bench").glob("bench_*.lua"))
+               if p.name not in halves and "bench.progress(" not in p.read_text()]
+    missing += [p.name for p in sorted((REPO / "bench").glob("bench_*.py")) if "results.Progress(" not in p.read_text()]
+    assert not missing, f"benchmarks without progress: {missing}"
+
+
+@pytest.mark.parametrize("prog,args,rows", [
+    ("bench_spec_verify", ["4096", "1"], 6),
+    ("bench_train", ["--kernels"], 9),
+    ("bench_kernels", ["--forward", "1", "4"], None),
+])
+def test_c_benchmark_json_and_plot(luainfer_bin, model_path, tmp_path, prog, args, rows):
+    """The C benchmark programs take --json FILE and --plot FILE too: the rows
+    hold the numbers they print, the PNG is valid."""
+    exe = Path(luainfer_bin).parent / prog
+    if not exe.is_file():
+        pytest.skip(f"{exe} not built (CMake target {prog}; bench_kernels is x86-64 only)")
+    js, png = tmp_path / "r.json", tmp_path / "r.png"
+    r = subprocess.run([str(exe), *args, "--json", str(js), "--plot", str(png)], capture_output=True, text=True,
+                       timeout=BENCH_TIMEOUT_S, cwd=REPO)
+    assert r.returncode == 0, r.stderr[-2000:]
+    res = json.loads(js.read_text())
+    assert res["bench"] == prog[6:] and res["rows"] and "chart" in res
+    if rows is not None:
+        assert len(res["rows"]) == rows, res["rows"]
+    value = res["chart"]["values"][0]
+    for row in res["rows"]:
+        assert row["name"] and row[value] >= 0, row
+    if prog == "bench_spec_verify":  # the table's numbers, as printed (one decimal)
+        shown = dict(re.findall(r"^  (\S.*?\S) +([\d.]+) us/call", r.stdout, re.M))
+        assert {row["name"]: f"{row['us_per_call']:.1f}" for row in res["rows"]} == shown
+    check_png(png)
+    bad = subprocess.run([str(exe), *args, "--json"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--json needs a file name" in bad.stderr
+    assert not list(tmp_path.glob("*.tmp*"))
 
 
 def test_bench_spec_outputs_match(run_ok, tmp_path):

@@ -2,8 +2,8 @@
 
 tools/gguf_to_hf.py turns the default GGUF into HF Llama directories with the
 maintained writers (safetensors, tokenizers, transformers' config classes):
-BF16 in three shards with model.safetensors.index.json, and F16 in one
-model.safetensors. Each comes with its reference GGUF: the same metadata and
+BF16 in three shards with model.safetensors.index.json, F16 in one
+model.safetensors, and F32 in shards. Each comes with its reference GGUF: the same metadata and
 the same dequantized-then-rounded weights in GGUF layout (the Q4_1 model
 dequantized to F16 is not the Q4_1 numbers, so DIR is compared against that
 reference, not against the Q4_1 file). Checks:
@@ -62,7 +62,7 @@ def hf(tmp_path_factory, source):
     conv, g = source
     root = tmp_path_factory.mktemp("hf")
     out = {}
-    for name, dtype, shard in (("bf16", "bf16", 100 << 20), ("f16", "f16", 0)):
+    for name, dtype, shard in (("bf16", "bf16", 100 << 20), ("f16", "f16", 0), ("f32", "f32", 200 << 20)):
         d = root / name
         conv.convert(g, str(d), dtype, shard, str(root / f"{name}.gguf"))
         out[name] = (d, root / f"{name}.gguf")
@@ -80,6 +80,13 @@ def generate(run_ok, model, *extra):
 # ---------------------------------------------------------------------------
 def test_layout(hf):
     from safetensors import safe_open
+    for name, st_dtype in (("bf16", "BF16"), ("f16", "F16"), ("f32", "F32")):
+        first = sorted(hf[name][0].glob("*.safetensors"))[0]
+        raw = first.read_bytes()
+        hdr = json.loads(raw[8:8 + int.from_bytes(raw[:8], "little")])
+        dtypes = {v["dtype"] for k, v in hdr.items() if k != "__metadata__"}
+        assert dtypes == {st_dtype}, f"{name}: {first.name} holds {dtypes}"
+    assert (hf["f32"][0] / "model.safetensors.index.json").is_file()
     bf16, _ = hf["bf16"]
     idx = json.loads((bf16 / "model.safetensors.index.json").read_text())
     shards = sorted(set(idx["weight_map"].values()))
@@ -98,7 +105,7 @@ def test_layout(hf):
 # ---------------------------------------------------------------------------
 # Same tokens and logits as the reference GGUF
 # ---------------------------------------------------------------------------
-@pytest.mark.parametrize("name,isa", [("bf16", "auto"), ("f16", "auto"), ("bf16", "ggml")])
+@pytest.mark.parametrize("name,isa", [("bf16", "auto"), ("f16", "auto"), ("f32", "auto"), ("bf16", "ggml")])
 def test_generate_matches_gguf(hf, run_ok, name, isa):
     d, ref = hf[name]
     n = ["--max-tokens", 4] if isa == "ggml" else []  # llama.cpp's arithmetic is slow
@@ -209,6 +216,35 @@ def test_chat_uses_directory_template(hf, run_ok):
     d, ref = hf["f16"]
     args = ["--chat", "--max-tokens", 3]
     assert generate(run_ok, d, *args)["tokens"] == generate(run_ok, ref, *args)["tokens"]
+
+
+LLAMA3_TEMPLATE = ("{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n"
+                   "{{ m['content'] }}<|eot_id|>{% endfor %}{% if add_generation_prompt %}"
+                   "<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}")
+# luainfer.chat's llama3 family: the BOS as text when the model has no <|begin_of_text|> token
+LLAMA3_RENDERED = "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
+
+
+def test_chat_template_from_tokenizer_config(hf, run_ok, tmp_path):
+    """Without chat_template.jinja the template is tokenizer_config.json's
+    "chat_template"; with both, chat_template.jinja wins (as in transformers).
+    A Llama 3 template there turns the chat prompt into Llama 3's markup."""
+    src = hf["f16"][0]
+
+    def chat_prompt(d):
+        return run_ok(["generate", "--model", d, "--chat", "--prompt", "Hi", "--max-tokens", 1, "--temperature", "0",
+                       "--json", "--threads", 2]).json()["prompt_tokens"]
+
+    shipped = chat_prompt(src)
+    d = clone(src, tmp_path / "cfg_template", skip={"chat_template.jinja"})
+    edit_json(d / "tokenizer_config.json", lambda j: j.update(chat_template=LLAMA3_TEMPLATE))
+    got = chat_prompt(d)
+    want = run_ok(["generate", "--model", d, "--prompt", LLAMA3_RENDERED, "--max-tokens", 1, "--temperature", "0",
+                   "--json", "--threads", 2]).json()["prompt_tokens"]
+    assert got != shipped and got == want, (got, want)
+    both = clone(src, tmp_path / "both", skip={"tokenizer_config.json"})
+    (both / "tokenizer_config.json").write_text((d / "tokenizer_config.json").read_text())
+    assert (both / "chat_template.jinja").exists() and chat_prompt(both) == shipped
 
 
 # ---------------------------------------------------------------------------
@@ -355,15 +391,15 @@ def hf_quant(tmp_path_factory, source):
     return out
 
 
-@pytest.mark.parametrize("name", ["awq", "gptq"])
-def test_quant_matches_reference(hf_quant, run_ok, name):
+@pytest.mark.parametrize("name,isa", [("awq", "scalar"), ("gptq", "scalar"), ("awq", "auto"), ("gptq", "auto")])
+def test_quant_matches_reference(hf_quant, run_ok, name, isa):
     d, ref = hf_quant[name]
     cfg = json.loads((d / "config.json").read_text())["quantization_config"]
     assert cfg["quant_method"] == name and cfg["bits"] == 4
-    # the scheme weights run on the scalar reference (the quantization
-    # issue's kernels come later); the reference GGUF runs the same ISA
-    a = generate(run_ok, d, "--isa", "scalar", "--max-tokens", 4)
-    b = generate(run_ok, ref, "--isa", "scalar", "--max-tokens", 4)
+    # the scheme weights on the scalar reference and on the default kernels
+    # (the 4-bit A16 kernels); the reference GGUF runs the same ISA
+    a = generate(run_ok, d, "--isa", isa, "--max-tokens", 4)
+    b = generate(run_ok, ref, "--isa", isa, "--max-tokens", 4)
     assert a["tokens"] == b["tokens"], f"{name}: tokens differ"
     for sa, sb in zip(a["top_logits"], b["top_logits"]):
         assert [t for t, _ in sa] == [t for t, _ in sb]
@@ -371,6 +407,71 @@ def test_quant_matches_reference(hf_quant, run_ok, name):
             assert abs(va - vb) <= 1e-4 * max(1.0, abs(vb)), f"{name}: logit {va} vs {vb}"
     info = run_ok(["info", d, "--json"]).json()
     assert info["hparams"]["n_layer"] == 30 and "i32" in {k.lower() for k in info["tensor_types"]}
+
+
+# Written from the published unpackers, not from gguf_to_hf.py's packer:
+# AutoAWQ awq/utils/packing_utils.py (unpack_awq, reverse_awq_order,
+# dequantize_gemm) and AutoGPTQ's QuantLinear dequantization (qlinear_cuda_old:
+# shifts 0, 4, ..., 28 along the packed dimension, zeros + 1, scales[g_idx]).
+# Both give W transposed, (in, out).
+AWQ_REVERSE_ORDER = [0, 4, 1, 5, 2, 6, 3, 7]
+
+
+def unpack_nibbles_last(packed):
+    """(r, c) int32 -> (r, 8c): word j's nibble i is column 8j + i."""
+    u = packed.view(np.uint32)
+    return ((u[:, :, None] >> (4 * np.arange(8, dtype=np.uint32))) & 15).reshape(u.shape[0], -1)
+
+
+def awq_dequantize_gemm(qweight, qzeros, scales, group_size):
+    iw, iz = unpack_nibbles_last(qweight), unpack_nibbles_last(qzeros)
+    order = np.arange(iw.shape[-1]).reshape(-1, 8)[:, AWQ_REVERSE_ORDER].reshape(-1)
+    iw, iz = iw[:, order], iz[:, order]
+    s = np.repeat(scales.astype(np.float32), group_size, axis=0)
+    z = np.repeat(iz, group_size, axis=0)
+    return (iw.astype(np.float32) - z.astype(np.float32)) * s
+
+
+def gptq_dequantize(qweight, qzeros, scales, g_idx):
+    u = qweight.view(np.uint32)
+    w = ((u[:, None, :] >> (4 * np.arange(8, dtype=np.uint32))[None, :, None]) & 15).reshape(-1, u.shape[1])
+    z = (unpack_nibbles_last(qzeros) + 1) & 15  # the "gptq" checkpoint format stores zero - 1
+    g = g_idx.astype(np.int64)
+    return scales.astype(np.float32)[g] * (w.astype(np.float32) - z[g].astype(np.float32))
+
+
+@pytest.mark.parametrize("name", ["awq", "gptq"])
+def test_quant_layout_matches_published_unpackers(hf_quant, source, name):
+    """The 4-bit tensors gguf_to_hf.py packs, unpacked the way AutoAWQ and
+    AutoGPTQ unpack them, are the reference GGUF's weights exactly: the
+    directories are in the libraries' real layouts, so luainfer matching the
+    reference (test_quant_matches_reference) means it reads real checkpoints."""
+    from gguf import GGUFReader
+    from safetensors.numpy import load_file
+    conv = source[0]
+    d, ref = hf_quant[name]
+    t = load_file(str(d / "model.safetensors"))
+    group = json.loads((d / "config.json").read_text())["quantization_config"]["group_size"]
+    cfg = json.loads((d / "config.json").read_text())
+    heads = {"attn_q": cfg["num_attention_heads"], "attn_k": cfg["num_key_value_heads"]}
+    ref_w = {tt.name: np.asarray(tt.data) for tt in GGUFReader(str(ref)).tensors}
+    checked = 0
+    for gname, w in ref_w.items():
+        parts = gname.split(".")
+        if len(parts) != 4 or parts[0] != "blk" or w.ndim != 2:
+            continue
+        base = f"model.layers.{parts[1]}.{conv.LAYER_NAMES[parts[2]]}"
+        if name == "awq":
+            got = awq_dequantize_gemm(t[base + ".qweight"], t[base + ".qzeros"], t[base + ".scales"], group)
+        else:
+            got = gptq_dequantize(t[base + ".qweight"], t[base + ".qzeros"], t[base + ".scales"], t[base + ".g_idx"])
+        want = w.astype(np.float32)
+        if parts[2] in heads:  # the GGUF holds Q and K in llama.cpp's rope order
+            want = conv.unpermute(want, heads[parts[2]])
+        assert got.shape == want.T.shape, (gname, got.shape, want.shape)
+        assert np.array_equal(got, want.T), f"{name}: {base} unpacks to other weights than the reference"
+        checked += 1
+    assert checked == 30 * 7, checked
 
 
 @pytest.mark.parametrize("name,tensor,edit,needle", [

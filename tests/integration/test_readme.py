@@ -19,12 +19,18 @@ The code blocks of README.md are read and sorted by what they hold:
                  others are scripts, run by `luainfer run` in a scratch
                  directory holding those files beside the shipped policies.
 
-A command the test does not know how to run fails it, so a new README
-command comes with a way to check it. README commands bind fixed addresses
+Inline commands of the prose (`luainfer ...`, `.venv/bin/python ...`) are
+checked too: the gguf_to_hf.py line runs as written into a scratch
+directory and the directory it makes gives its reference's tokens and
+logits; `repl --connect` drives a live server. `make serve` / `make test`
+are only dry-run (`make -n`): they build and run the whole suite, this file
+among it. A command the test does not know how to run fails it, so a new
+README command comes with a way to check it. README commands bind fixed addresses
 (127.0.0.1:7700, 127.0.0.1:8000, /tmp/li.sock): one that is taken by
 another process skips that command, saying so.
 """
 
+import json
 import os
 import re
 import shlex
@@ -312,3 +318,77 @@ def test_lua_snippets(luainfer_bin, env, tmp_path):
         path.write_text(body)
         r = run_shell(f"{shlex.quote(str(luainfer_bin))} run {path.name}", env, cwd=tmp_path)
         assert r.returncode == 0, f"README's Lua script {i}:\n{body}\nexited {r.returncode}:\n{r.stderr[-2000:]}"
+
+
+# ---------------------------------------------------------------------------
+# Commands in the README's running text (inline code), not in code blocks
+# ---------------------------------------------------------------------------
+def inline_commands():
+    """`luainfer ...` and `.venv/bin/python ...` spans of the prose, line
+    breaks joined. Usage forms with [OPTIONAL] parts are syntax, not commands."""
+    text = README.read_text()
+    cmds = [" ".join(m.group(1).split()) for m in re.finditer(r"`((?:\.venv/bin/python|luainfer) [^`]+)`", text)]
+    return [c for c in cmds if "[" not in c]
+
+
+INLINE = inline_commands()
+HF_CONVERT = re.compile(r"\.venv/bin/python tools/gguf_to_hf\.py OUT_DIR( .*)? --gguf-out REF\.gguf$")
+
+
+def inline_kind(cmd):
+    if HF_CONVERT.fullmatch(cmd):
+        return "hf_convert"
+    if cmd == "luainfer generate --model OUT_DIR":
+        return "hf_generate"  # checked with hf_convert: OUT_DIR is what that command made
+    if re.fullmatch(r"luainfer repl --connect 127\.0\.0\.1:7700", cmd):
+        return "repl_connect"
+    return None
+
+
+def test_inline_commands_are_known():
+    assert INLINE, "README.md's inline commands were not found"
+    unknown = [c for c in INLINE if not inline_kind(c)]
+    assert not unknown, f"README.md inline commands with no check here: {unknown}"
+
+
+@pytest.mark.skipif(not any(inline_kind(c) == "hf_convert" for c in INLINE), reason="README shows no gguf_to_hf.py")
+def test_inline_hf_conversion(luainfer_bin, model_path, tmp_path):
+    """The README's gguf_to_hf.py line, run as written (OUT_DIR and REF.gguf
+    in a scratch directory), then `luainfer generate --model OUT_DIR`: the
+    reference GGUF's tokens and logits, bit for bit, as the README says."""
+    pytest.importorskip("safetensors")
+    pytest.importorskip("tokenizers")
+    pytest.importorskip("transformers")
+    cmd = next(c for c in INLINE if inline_kind(c) == "hf_convert")
+    out, ref = tmp_path / "OUT_DIR", tmp_path / "REF.gguf"
+    cmd = cmd.replace("OUT_DIR", shlex.quote(str(out))).replace("REF.gguf", shlex.quote(str(ref)))
+    r = run_shell(cmd, dict(os.environ))
+    assert r.returncode == 0, f"{cmd}\n{r.stderr[-2000:]}"
+    assert (out / "config.json").is_file() and ref.is_file()
+    if Path(model_path).resolve() == DEFAULT_MODEL.resolve():  # the size the README's --shard-size gives it
+        assert (out / "model.safetensors.index.json").is_file(), list(out.iterdir())
+    gen = []
+    for m in (out, ref):
+        g = run_shell(f"{shlex.quote(str(luainfer_bin))} generate --model {shlex.quote(str(m))} --prompt 'The capital "
+                      f"of France is' --max-tokens 8 --temperature 0 --json --top-logits 4 --threads 2", dict(os.environ))
+        assert g.returncode == 0, g.stderr[-2000:]
+        gen.append(json.loads(g.stdout))
+    assert gen[0]["tokens"] == gen[1]["tokens"] and gen[0]["top_logits"] == gen[1]["top_logits"]
+
+
+@pytest.mark.skipif(not any(inline_kind(c) == "repl_connect" for c in INLINE), reason="README shows no repl --connect")
+def test_inline_repl_connect(luainfer_bin, model_path, tmp_path):
+    """`luainfer repl --connect 127.0.0.1:7700` against a running server (on
+    that address when it is free, else on a free port), driving it."""
+    from test_server import Server
+    addr = "127.0.0.1:7700" if tcp_free("127.0.0.1", 7700) else "127.0.0.1:0"
+    s = Server(luainfer_bin, ["--listen", addr, "--no-http", "--threads", "2", "--kv-memory", "16M"], 1, tmp_path)
+    try:
+        r = run_shell(f"{shlex.quote(str(luainfer_bin))} repl --connect {s.rpc}", dict(os.environ),
+                      stdin="server:tokenize('hello world')\n")
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert f"connected to {s.rpc}" in r.stdout, r.stdout
+        if Path(model_path).resolve() == DEFAULT_MODEL.resolve():  # the default model's ids, as the README shows
+            assert "{28120, 905}" in r.stdout, r.stdout
+    finally:
+        assert s.stop() == 0

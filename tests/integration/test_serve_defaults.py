@@ -1,13 +1,14 @@
 """Serving defaults (issue 16): `luainfer serve` with no listener flags
 answers msgpack-RPC on 127.0.0.1:7700 and OpenAI HTTP on 127.0.0.1:8000,
-its banner's curl and openai examples run as printed, --api-key (or
+its banner's examples (curl, openai, the Python msgpack client, the REPL)
+run as printed when pasted into a shell, with or without a key, --api-key (or
 $LUAINFER_API_KEY) guards HTTP (not /health, /metrics) and msgpack-RPC
 with one key, and a listener other machines can reach without a key is
 warned about."""
 
+import json
 import os
 import re
-import shlex
 import shutil
 import socket
 import subprocess
@@ -47,7 +48,7 @@ def banner_commands(err):
     i = 0
     while i < len(lines):
         l = lines[i]
-        if l.startswith("  curl ") or l.startswith("  python3 "):
+        if l.startswith("  ") and not l.startswith("    "):
             cmd = l.strip()
             while cmd.endswith("\\"):
                 i += 1
@@ -55,6 +56,33 @@ def banner_commands(err):
             out.append(cmd)
         i += 1
     return out
+
+
+VENV_BIN = os.path.dirname(sys.executable)
+
+
+def paste(cmds, env, tmp):
+    """Each banner command as a user pastes it: into bash, from a scratch
+    directory (not the repository), with the project's venv on PATH (its
+    python3 has openai and msgpack); the REPL gets an empty stdin. Each must
+    answer with a real result."""
+    assert any(c.startswith("curl ") for c in cmds) and any(c.startswith("python3 -c") for c in cmds), cmds
+    assert any(re.match(r"python3 \S*examples/python_client\.py ", c) for c in cmds), cmds
+    assert any(" repl --connect " in c for c in cmds), cmds
+    env = dict(env, PATH=VENV_BIN + os.pathsep + env.get("PATH", ""))
+    for cmd in cmds:
+        if cmd.startswith("curl ") and not shutil.which("curl"):
+            continue
+        r = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=120, cwd=tmp, env=env,
+                           stdin=subprocess.DEVNULL)
+        assert r.returncode == 0 and r.stdout.strip(), (cmd, r.stdout, r.stderr[-1000:])
+        if cmd.startswith("curl "):  # curl exits 0 on an HTTP error too: the body must be a completion
+            body = json.loads(r.stdout)
+            assert body["choices"][0]["text"] and body["usage"]["completion_tokens"] > 0, body
+        elif "python_client.py" in cmd:
+            assert re.search(r"^\[length\] prompt \d+ tokens", r.stdout, re.M), r.stdout
+        elif " repl --connect " in cmd:
+            assert "connected to " in r.stdout, r.stdout
 
 
 def test_default_serve_answers_both_protocols(serve_bin, tmp_path):
@@ -71,16 +99,7 @@ def test_default_serve_answers_both_protocols(serve_bin, tmp_path):
         assert c.choices[0].text == rpc["text"] and c.usage.completion_tokens == 8
         err = wait_for(s, "msgpack-RPC on 127.0.0.1:7700")
         assert "warning" not in err, err  # loopback: nothing to warn about
-        cmds = banner_commands(err)
-        assert any(c.startswith("curl ") for c in cmds) and any(c.startswith("python3 ") for c in cmds), err
-        for cmd in cmds:  # ready to paste: each one runs and answers
-            if cmd.startswith("curl ") and not shutil.which("curl"):
-                continue
-            argv = shlex.split(cmd)
-            if argv[0] == "python3":
-                argv[0] = sys.executable  # the venv's, which has openai
-            r = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=REPO)
-            assert r.returncode == 0 and r.stdout.strip(), (cmd, r.stdout, r.stderr[-1000:])
+        paste(banner_commands(err), {k: v for k, v in os.environ.items() if k != "LUAINFER_API_KEY"}, tmp_path)
     finally:
         assert s.stop() == 0, s.stderr()[-2000:]
 
@@ -144,6 +163,9 @@ def test_api_key_guards_both_protocols(serve_bin, tmp_path, monkeypatch):
         err = wait_for(s, "msgpack-RPC on")
         assert "warning" not in err, err  # reachable, but keyed
         assert "Bearer $LUAINFER_API_KEY" in err and "k-from-env" not in err  # the key is never printed
+        assert "export it first" not in err  # $LUAINFER_API_KEY is the server's key already
+        # pasted where $LUAINFER_API_KEY holds the key, every example gets in
+        paste(banner_commands(err), dict(os.environ, LUAINFER_API_KEY="k-from-env"), tmp_path)
     finally:
         assert s.stop() == 0, s.stderr()[-2000:]
     # --api-key on the command line wins over the environment
@@ -153,6 +175,9 @@ def test_api_key_guards_both_protocols(serve_bin, tmp_path, monkeypatch):
         c = Rpc(s.rpc)
         assert c.call("auth", {"token": "k-from-env"})[0]["code"] == 401
         assert Rpc(s.rpc).ok("auth", {"token": "k-flag"}) == {"ok": True}
+        # the key came from the flag: the banner says to export it for its examples
+        err = wait_for(s, "msgpack-RPC on")
+        assert "export it first" in err and "k-flag" not in err, err
     finally:
         assert s.stop() == 0
 
