@@ -4,6 +4,7 @@
 #include <lauxlib.h>
 #include <lua.h>
 #include <lualib.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -70,15 +71,21 @@ int li_chat_format(lua_State *L, const char *tmpl, const li_chat_msg *msgs, int 
     lua_createtable(L, 0, 1);
     lua_pushboolean(L, add_generation_prompt);
     lua_setfield(L, -2, "add_generation_prompt");
-    if (li_lua_pcall(L, 3, 1, err)) return LI_EINVAL;
+    if (li_lua_pcall(L, 3, 3, err)) return LI_EINVAL;
     size_t len;
-    const char *s = lua_tolstring(L, -1, &len);
+    const char *s = lua_tolstring(L, -3, &len);
     if (!s) {
-        lua_pop(L, 1);
+        lua_pop(L, 3);
         return li_error_set(err, LI_EINVAL, "lua: chat.format returned no string");
     }
+    /* a template of no family chat.lua knows is rendered as ChatML: say so
+     * once, since the prompt may then not be what the model was trained on */
+    static atomic_bool warned;
+    if (tmpl && !lua_toboolean(L, -1) && !atomic_exchange(&warned, true))
+        li_log_warn("chat template not recognised (no known family's markers in it): formatting as %s",
+                    lua_tostring(L, -2) ? lua_tostring(L, -2) : "chatml");
     *out = li_xmalloc(len + 1);
     memcpy(*out, s, len + 1);
-    lua_pop(L, 1);
+    lua_pop(L, 3);
     return 0;
 }

@@ -94,34 +94,38 @@ M.register("llama2",
     return table.concat(out)
   end)
 
--- Which family a template string belongs to; "chatml" when there is none.
+-- Which family a template string belongs to, and whether one matched;
+-- "chatml" (and false) when none does.
 function M.detect(template)
   if type(template) == "string" then
     for _, f in ipairs(families) do
-      if f.match(template) then return f.name, f end
+      if f.match(template) then return f.name, f, true end
     end
   end
   for _, f in ipairs(families) do
-    if f.name == "chatml" then return f.name, f end
+    if f.name == "chatml" then return f.name, f, false end
   end
 end
 
 -- Renders messages with the family the template belongs to (or opts.family).
+-- Returns the text, the family's name and whether it was recognised (false:
+-- a template of no known family, rendered as ChatML; callers warn).
 function M.format(template, messages, opts)
   opts = opts or {}
   check_messages(messages)
-  local family
+  local family, recognised = nil, true
   if opts.family then
     for _, f in ipairs(families) do if f.name == opts.family then family = f end end
     if not family then error("chat: unknown template family '" .. tostring(opts.family) .. "'", 2) end
   else
     local _
-    _, family = M.detect(template)
+    _, family, recognised = M.detect(template)
+    recognised = recognised or type(template) ~= "string"
   end
   local o = {}
   for k, v in pairs(opts) do o[k] = v end
   o.template = template
-  return family.render(messages, o), family.name
+  return family.render(messages, o), family.name, recognised
 end
 
 return M

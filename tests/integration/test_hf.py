@@ -247,6 +247,20 @@ def test_chat_template_from_tokenizer_config(hf, run_ok, tmp_path):
     assert (both / "chat_template.jinja").exists() and chat_prompt(both) == shipped
 
 
+def test_chat_template_unrecognised_warns(hf, run_ok, tmp_path):
+    """A template of no family luainfer.chat knows is rendered as ChatML, and
+    generate says so on stderr (the shipped ChatML template says nothing)."""
+    src = hf["f16"][0]
+    args = ["--chat", "--prompt", "Hi", "--max-tokens", 1, "--temperature", "0", "--threads", 2]
+    quiet = run_ok(["generate", "--model", src] + args)
+    assert "chat template not recognised" not in quiet.stderr
+    d = clone(src, tmp_path / "odd_template", skip={"chat_template.jinja"})
+    edit_json(d / "tokenizer_config.json",
+              lambda j: j.update(chat_template="{% for m in messages %}### {{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"))
+    r = run_ok(["generate", "--model", d] + args)
+    assert "chat template not recognised" in r.stderr and "chatml" in r.stderr, r.stderr[-1000:]
+
+
 # ---------------------------------------------------------------------------
 # Corrupt and unsupported directories: one-line errors
 # ---------------------------------------------------------------------------
