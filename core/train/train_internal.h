@@ -31,15 +31,24 @@
 LI_TRAIN_DECLARE(float, f32)
 LI_TRAIN_DECLARE(double, f64)
 
-/* scalar reference matmuls of train_mm.c, and the AVX2 ones (train_mm_avx2.c):
+/* scalar reference matmuls of train_mm.c:
  * mm_nt: the output columns [j0, j1); mm_acc: the block rows [r0, r1) x columns [c0, c1) of C */
 void li_train_mm_nt_ref(const float *x, const float *W, float *y, int64_t n, int64_t m, int64_t k, int64_t j0,
                         int64_t j1);
-void li_train_mm_nt_avx2(const float *x, const float *W, float *y, int64_t n, int64_t m, int64_t k, int64_t j0,
-                         int64_t j1);
 void li_train_mm_acc_ref(const float *A, int64_t sa_r, int64_t sa_l, const float *B, float *C, int64_t Lk,
                          int64_t K, int64_t r0, int64_t r1, int64_t c0, int64_t c1);
-void li_train_mm_acc_avx2(const float *A, int64_t sa_r, int64_t sa_l, const float *B, float *C, int64_t Lk,
-                          int64_t K, int64_t r0, int64_t r1, int64_t c0, int64_t c1);
+
+/* The packed GEMM's micro-kernels (train_mm_avx2.c, train_mm_avx512.c):
+ * C(MR, NR) = [C +] Ap·Bp over kc steps, Ap kc x MR and Bp kc x NR packed
+ * (k outer; Bp 32-byte aligned for AVX2, 64 for AVX-512), C rows ldc apart;
+ * load = 0 starts from zero. */
+#define LI_TRAIN_MR256 6
+#define LI_TRAIN_NR256 16
+#define LI_TRAIN_MR512 8
+#define LI_TRAIN_NR512 32
+void li_train_mm_kern_avx2(int64_t kc, const float *Ap, const float *Bp, float *C, int64_t ldc, int load);
+/* dst(kc, nr)[l][c] = W[c·ldw + l] (c < cn; zero up to nr): W^T packed */
+void li_train_mm_pack_bt_avx2(const float *W, int64_t ldw, float *dst, int nr, int cn, int64_t kc);
+void li_train_mm_kern_avx512(int64_t kc, const float *Ap, const float *Bp, float *C, int64_t ldc, int load);
 
 #endif

@@ -7,8 +7,8 @@
  *   input's gradient against (f(x + h) − f(x − h)) / 2h;
  *   the whole model (2 blocks + head + loss, tied and untied, LoRA): every
  *   parameter, relative error ‖analytic − numeric‖∞ / ‖numeric‖∞ < 1e-6;
- *   the float path (AVX2 kernels, the thread pool) against the double one;
- *   the AVX2 matmul kernels against the scalar reference. */
+ *   the float path (SIMD kernels, the thread pool) against the double one.
+ * The matmul kernels alone: test_train_mm.c. */
 #include "test_util.h"
 #include "train/train_internal.h"
 #include "cpu/threadpool.h"
@@ -345,7 +345,7 @@ static void test_subset(const char *sel_s) {
     mcase_free(&sub);
 }
 
-/* the float path (AVX2 kernels, thread pool) agrees with the double one */
+/* the float path (SIMD kernels, thread pool) agrees with the double one */
 static void test_float_path(void) {
     mcase c;
     mcase_init(&c, 1, false, "all");
@@ -381,47 +381,6 @@ static void test_float_path(void) {
     mcase_free(&c);
 }
 
-/* ==== matmul kernels ======================================================= */
-
-static void test_mm(void) {
-    li_threadpool *tp = li_threadpool_init(2);
-    const int64_t n = 7, m = 37, k = 45; /* odd: every tail */
-    float *x = malloc(n * k * 4), *W = malloc(m * k * 4), *y = malloc(n * m * 4), *yr = malloc(n * m * 4);
-    float *dy = malloc(n * m * 4), *dx = calloc(n * k, 4), *dw = calloc(m * k, 4);
-    double *ex = calloc(n * k, 8), *ew = calloc(m * k, 8), *ey = calloc(n * m, 8);
-    for (int64_t i = 0; i < n * k; i++) x[i] = rng_f();
-    for (int64_t i = 0; i < m * k; i++) W[i] = rng_f();
-    for (int64_t i = 0; i < n * m; i++) dy[i] = rng_f();
-    for (int64_t i = 0; i < n; i++)
-        for (int64_t j = 0; j < m; j++)
-            for (int64_t l = 0; l < k; l++) {
-                ey[i * m + j] += (double)x[i * k + l] * W[j * k + l];
-                ex[i * k + l] += (double)dy[i * m + j] * W[j * k + l];
-                ew[j * k + l] += (double)dy[i * m + j] * x[i * k + l];
-            }
-    const int have_avx2 = li_train_mm_set_isa(1);
-    li_train_mm_set_isa(0);
-    for (int isa = 0; isa <= have_avx2; isa++) {
-        li_train_mm_set_isa(isa);
-        li_train_mm_nt(tp, x, W, y, n, m, k);
-        memset(dx, 0, n * k * 4);
-        memset(dw, 0, m * k * 4);
-        li_train_mm_acc(tp, dy, m, 1, W, dx, n, m, k);
-        li_train_mm_acc(tp, dy, 1, m, x, dw, m, n, k);
-        double e1 = 0, e2 = 0, e3 = 0;
-        for (int64_t i = 0; i < n * m; i++) e1 = fmax(e1, fabs(y[i] - ey[i]));
-        for (int64_t i = 0; i < n * k; i++) e2 = fmax(e2, fabs(dx[i] - ex[i]));
-        for (int64_t i = 0; i < m * k; i++) e3 = fmax(e3, fabs(dw[i] - ew[i]));
-        report(e1 < 1e-4 && e2 < 1e-4 && e3 < 1e-4, "%s matmuls (7 x 37 x 45): y %.1e, dX %.1e, dW %.1e",
-               isa ? "AVX2" : "scalar", e1, e2, e3);
-        if (isa == 0) memcpy(yr, y, n * m * 4);
-    }
-    if (!have_avx2) printf("skip AVX2 matmuls: the CPU has no AVX2/FMA\n");
-    li_train_mm_set_isa(have_avx2);
-    free(x), free(W), free(y), free(yr), free(dy), free(dx), free(dw), free(ex), free(ew), free(ey);
-    li_threadpool_free(tp);
-}
-
 int main(void) {
     rng_seed(12345);
     test_rmsnorm();
@@ -438,6 +397,5 @@ int main(void) {
     test_subset("norms");
     test_subset("layers:1-1");
     test_float_path();
-    test_mm();
     return t_summary("test_train_grad");
 }
