@@ -5,6 +5,11 @@
 
 #include "train/train.h"
 
+/* fn(ctx, j) for j in [0, n) on the thread pool tp (NULL: this thread),
+ * jobs taken from an atomic counter (train_par.c) */
+typedef void (*li_train_job_fn)(void *ctx, int64_t j);
+void li_train_par(void *tp, li_train_job_fn fn, void *ctx, int64_t n);
+
 #define LI_TRAIN_DECLARE(real, S)                                                                                  \
     void li_trop_embed_fwd_##S(const real *E, const int32_t *tok, real *x, int64_t N, int64_t d);                \
     void li_trop_embed_bwd_##S(real *dE, const int32_t *tok, const real *dx, int64_t N, int64_t d);              \
@@ -16,9 +21,10 @@
     void li_trop_rope_##S(real *x, const real *cs, int64_t N, int T, int H, int hd, int n_rot, int neox,         \
                           int dir);                                                                              \
     void li_trop_attn_fwd_##S(const real *q, const real *k, const real *v, real *P, real *out, int B, int T,     \
-                              int H, int Hkv, int hd);                                                           \
+                              int H, int Hkv, int hd, void *tp);                                                 \
     void li_trop_attn_bwd_##S(const real *q, const real *k, const real *v, const real *P, const real *dout,      \
-                              real *dq, real *dk, real *dv, real *tmp, int B, int T, int H, int Hkv, int hd);    \
+                              real *dq, real *dk, real *dv, real *dS, int B, int T, int H, int Hkv, int hd,      \
+                              void *tp);                                                                         \
     void li_trop_swiglu_fwd_##S(const real *g, const real *u, real *h, int64_t n);                               \
     void li_trop_swiglu_bwd_##S(const real *g, const real *u, const real *dh, real *dg, real *du, int64_t n);    \
     double li_trop_loss_##S(const real *logits, const int32_t *lab, const float *teacher, real *dlogits,         \

@@ -63,7 +63,7 @@ static double op_f(opctx *c) {
         li_trop_rope_f64(c->out, c->aux, c->N, c->T, c->H, c->hd, c->n_rot, c->neox, 1);
         break;
     case OP_ATTN:
-        li_trop_attn_fwd_f64(c->in[0], c->in[1], c->in[2], c->scratch, c->out, c->B, c->T, c->H, c->Hkv, c->hd);
+        li_trop_attn_fwd_f64(c->in[0], c->in[1], c->in[2], c->scratch, c->out, c->B, c->T, c->H, c->Hkv, c->hd, NULL);
         break;
     case OP_SWIGLU: li_trop_swiglu_fwd_f64(c->in[0], c->in[1], c->out, c->N); break;
     case OP_LOSS:
@@ -146,7 +146,7 @@ static void test_attn(int H, int Hkv) {
     const int64_t nq = (int64_t)B * T * H * hd, nk = (int64_t)B * T * Hkv * hd;
     double *q = malloc(nq * sizeof(double)), *k = malloc(nk * sizeof(double)), *v = malloc(nk * sizeof(double));
     double *o = malloc(nq * sizeof(double)), *R = malloc(nq * sizeof(double));
-    double *P = malloc((size_t)B * H * T * T * sizeof(double)), tmp[8];
+    double *P = malloc((size_t)B * H * T * T * sizeof(double)), *dS = malloc((size_t)B * H * T * T * sizeof(double));
     double *dq = malloc(nq * sizeof(double)), *dk = calloc(nk, sizeof(double)), *dv = calloc(nk, sizeof(double));
     double *ng = malloc(nq * sizeof(double));
     fill(q, nq, 1.5);
@@ -156,7 +156,7 @@ static void test_attn(int H, int Hkv) {
     opctx c = {.kind = OP_ATTN, .B = B, .T = T, .H = H, .Hkv = Hkv, .hd = hd, .in = {q, k, v},
                .in_n = {nq, nk, nk}, .n_in = 3, .out = o, .R = R, .out_n = nq, .scratch = P};
     op_f(&c);
-    li_trop_attn_bwd_f64(q, k, v, P, R, dq, dk, dv, tmp, B, T, H, Hkv, hd);
+    li_trop_attn_bwd_f64(q, k, v, P, R, dq, dk, dv, dS, B, T, H, Hkv, hd, NULL);
     char what[64];
     op_numeric(&c, 0, ng);
     snprintf(what, sizeof what, "attention dq (heads %d, kv heads %d, hd 6)", H, Hkv);
@@ -167,7 +167,7 @@ static void test_attn(int H, int Hkv) {
     op_numeric(&c, 2, ng);
     snprintf(what, sizeof what, "attention dv (heads %d, kv heads %d)", H, Hkv);
     check_grad(what, dv, ng, nk);
-    free(q), free(k), free(v), free(o), free(R), free(P), free(dq), free(dk), free(dv), free(ng);
+    free(q), free(k), free(v), free(o), free(R), free(P), free(dS), free(dq), free(dk), free(dv), free(ng);
 }
 
 static void test_swiglu(void) {
@@ -369,6 +369,22 @@ static void test_float_path(void) {
     const double e = nmse(g.g, gd, (int64_t)L->n_grads);
     report(e < 1e-9 && fabs(lf - ld) < 1e-5 * fabs(ld), "float path (2 threads): loss %.7f vs %.7f, grads nmse %.1e",
            lf, ld, e);
+    /* the same bits on 1 and 3 threads: matmuls, attention and the loss
+     * each write every element from one job, sums in a fixed order */
+    float *g2 = malloc(L->n_grads * sizeof(float));
+    memcpy(g2, g.g, L->n_grads * sizeof(float));
+    li_threadpool *tp3 = li_threadpool_init(3);
+    bool same = true;
+    for (int run = 0; run < 2; run++) {
+        double l1 = 0;
+        li_train_grads_zero(&g);
+        CHECK(li_train_forward_backward(&c.tm, &g, &b, &o, &ws, run ? tp3 : NULL, &l1, NULL, &err) == 0, "%s",
+              err.msg);
+        same = same && l1 == lf && !memcmp(g.g, g2, L->n_grads * sizeof(float));
+    }
+    report(same, "float path: loss and gradients bit-identical on 1, 2 and 3 threads");
+    li_threadpool_free(tp3);
+    free(g2);
     /* a bad token is refused */
     c.tok[3] = 13;
     report(li_train_forward_backward(&c.tm, &g, &b, &o, &ws, tp, &lf, NULL, &err) == LI_EINVAL,
