@@ -4,12 +4,12 @@
  * (docs/benchmarks.md, "Training throughput").
  *
  *   bench_train [--model P] [--seq T] [--batch B] [--steps N] [--train all|norms|layers:A-B|lora:R]
- *               [--threads N] [--ghz G]
+ *               [--threads N] [--ghz G] [--isa 0|1|2]   (matmul kernels: scalar, AVX2, AVX-512; default the best)
  *   bench_train --kernels     the three matmul shapes alone, one thread, at the model's sizes
  *
- * Peak = threads × 2 FMA/cycle × 8 float lanes (AVX2) × 2 flops × GHz, the
- * clock read from /proc/cpuinfo ("cpu MHz", the first core) unless --ghz
- * says it. FLOPs count the matmuls (forward 2·m·k per token and weight,
+ * Peak = threads × 2 FMA/cycle × lanes × 2 flops × GHz, lanes 16 when the
+ * matmuls run the AVX-512 kernel, else 8 (AVX2), the clock read from
+ * /proc/cpuinfo ("cpu MHz", the first core) unless --ghz says it. FLOPs count the matmuls (forward 2·m·k per token and weight,
  * backward 2·m·k for dX where it is needed and 2·m·k for each trained dW,
  * LoRA's small products left out) and attention's products (causal: about
  * half the T×T scores), so the ratio is what the kernels reach on the work
@@ -112,6 +112,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--train")) what = v;
         else if (!strcmp(a, "--threads")) threads = atoi(v);
         else if (!strcmp(a, "--ghz")) ghz = atof(v);
+        else if (!strcmp(a, "--isa")) li_train_mm_set_isa(atoi(v));
         else goto usage;
         i++;
     }
@@ -174,15 +175,18 @@ int main(int argc, char **argv) {
     }
     if (ghz <= 0) ghz = cpu_ghz();
     const double flops = step_flops(&tm.L, B, T) * steps;
-    const double peak = threads * 2.0 * 8 * 2 * ghz * 1e9;
+    const int isa = li_train_mm_set_isa(99);
+    li_train_mm_set_isa(isa);
+    const int lanes = isa == 2 ? 16 : 8;
+    const double peak = threads * 2.0 * lanes * 2 * ghz * 1e9;
     printf("model %s, train %s: %.1fM parameters, %.1fM trainable; master copies made in %.2f s\n", path, what,
            (double)tm.L.n_params / 1e6, (double)tm.L.n_grads / 1e6, t_init);
     printf("batch %d x %d, %d timed steps, %d threads\n", B, T, steps, threads);
     printf("forward+backward: %.1f tokens/s (%.2f s/step), with adamw %.1f tokens/s\n", N * steps / fb_time,
            fb_time / steps, N * steps / (fb_time + opt_time));
     printf("matmul+attention: %.1f GFLOP/step, %.1f GFLOP/s = %.1f%% of the FMA peak %.1f GFLOP/s"
-           " (%d cores x 2 FMA x 8 lanes x 2 x %.2f GHz)\n",
-           flops / steps / 1e9, flops / fb_time / 1e9, 100 * flops / fb_time / peak, peak / 1e9, threads, ghz);
+           " (%d cores x 2 FMA x %d lanes x 2 x %.2f GHz)\n",
+           flops / steps / 1e9, flops / fb_time / 1e9, 100 * flops / fb_time / peak, peak / 1e9, threads, lanes, ghz);
     /* what one core reaches while it runs: independent of how much of the
      * machine others take (threads spinning between jobs count as work) */
     printf("per CPU second: %.1f GFLOP = %.1f%% of one core's peak %.1f GFLOP/s (%.2f CPU s per step)\n",
@@ -198,6 +202,6 @@ int main(int argc, char **argv) {
     return 0;
 usage:
     fprintf(stderr, "usage: bench_train [--model P] [--seq 2..4096] [--batch 1..64] [--steps N] "
-                    "[--train all|norms|layers:A-B|lora:R] [--threads N] [--ghz G]\n");
+                    "[--train all|norms|layers:A-B|lora:R] [--threads N] [--ghz G] [--isa 0|1|2]\n");
     return 2;
 }
