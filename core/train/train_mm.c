@@ -130,7 +130,7 @@ static void pack_b(const gemm_job *g, float *Bp, int64_t j0, int64_t nc, int64_t
 static void gemm_block(const gemm_job *g, float *Ap, float *Bp, int64_t i0, int64_t j0) {
     const int mr = g->mr, nr = g->nr;
     const int64_t mc = LI_MIN(MC, g->M - i0), nc = LI_MIN(g->nc, g->N - j0);
-    float tile[16 * 32];
+    float tile[16 * 64];
     for (int64_t l0 = 0; l0 < g->K; l0 += KC) {
         const int64_t kc = LI_MIN(KC, g->K - l0);
         const int load = g->acc || l0 > 0;
