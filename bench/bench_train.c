@@ -155,7 +155,7 @@ int main(int argc, char **argv) {
     for (int64_t i = 0; i < N; i++) lab[i] = tok[i + 1];
     li_train_batch b = {.B = B, .T = T, .tokens = tok, .labels = lab};
     li_adamw_opts ao = {.lr = 1e-5f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .clip = 1.0f, .tp = tp};
-    double fb_time = 0, opt_time = 0, fb_cpu = 0, loss = 0;
+    double fb_time = 0, opt_time = 0, fb_cpu = 0, opt_cpu = 0, loss = 0;
     for (int s = 0; s <= steps; s++) {
         li_train_grads_zero(&g);
         t0 = li_time_now();
@@ -169,8 +169,8 @@ int main(int argc, char **argv) {
             fprintf(stderr, "bench_train: %s\n", err.msg);
             return 1;
         }
-        const double t2 = li_time_now();
-        if (s > 0) fb_time += t1 - t0, opt_time += t2 - t1, fb_cpu += c1 - c0;
+        const double t2 = li_time_now(), c2 = cpu_now();
+        if (s > 0) fb_time += t1 - t0, opt_time += t2 - t1, fb_cpu += c1 - c0, opt_cpu += c2 - c1;
         fprintf(stderr, "step %d: loss %.4f, forward+backward %.2f s, adamw %.3f s\n", s, loss, t1 - t0, t2 - t1);
     }
     if (ghz <= 0) ghz = cpu_ghz();
@@ -191,6 +191,7 @@ int main(int argc, char **argv) {
      * machine others take (threads spinning between jobs count as work) */
     printf("per CPU second: %.1f GFLOP = %.1f%% of one core's peak %.1f GFLOP/s (%.2f CPU s per step)\n",
            flops / fb_cpu / 1e9, 100 * flops / fb_cpu / (peak / threads), peak / threads / 1e9, fb_cpu / steps);
+    printf("adamw: %.3f CPU s per step\n", opt_cpu / steps);
     free(tok);
     free(lab);
     li_train_ws_free(&ws);

@@ -57,4 +57,14 @@ void li_train_mm_kern_avx2(int64_t kc, const float *Ap, const float *Bp, float *
 void li_train_mm_pack_bt_avx2(const float *W, int64_t ldw, float *dst, int nr, int cn, int64_t kc);
 void li_train_mm_kern_avx512(int64_t kc, const float *Ap, const float *Bp, float *C, int64_t ldc, int load);
 
+/* The training kernels' ISA (li_train_mm_set_isa): 0 scalar, 1 AVX2, 2 AVX-512 */
+int li_train_isa(void);
+
+/* AdamW's constants for one step, and its AVX-512 update of n elements
+ * (optim_avx512.c; the scalar loop is optim.c's) */
+typedef struct li_adamw_coef {
+    float clip, b1, b2, lr, wd, step_size, inv_bc2, eps;
+} li_adamw_coef;
+void li_adamw_update_avx512(float *p, const float *g, float *m, float *v, size_t n, const li_adamw_coef *c);
+
 #endif

@@ -56,6 +56,8 @@ static int mm_isa_get(void) {
     return mm_isa;
 }
 
+int li_train_isa(void) { return mm_isa_get(); }
+
 /* ==== packed GEMM ========================================================== */
 
 #define KC 256 /* k per pass: an NR-wide B panel (32 KB at NR 32) stays in L1 */
