@@ -165,15 +165,15 @@ static void gemm_run(void *ctx, int ith, int nth) {
         const long t = atomic_fetch_add(&g->next, 1);
         if (t >= g->n_jobs) break;
         if (!Ap) {
-            /* 64-byte aligned panels: the kernels' B loads are whole lines */
-            Ap = aligned_alloc(64, sizeof(float) * (size_t)((MC + 16) * KC));
-            Bp = aligned_alloc(64, sizeof(float) * (size_t)((g->nc + 32) * KC));
-            if (!Ap || !Bp) abort(); /* ~0.6 MB: nothing sensible to do without it */
+            /* 64-byte aligned panels: the kernels' B loads are whole lines
+             * (li_aligned_alloc stops with a message when memory is out) */
+            Ap = li_aligned_alloc(sizeof(float) * (size_t)((MC + 16) * KC));
+            Bp = li_aligned_alloc(sizeof(float) * (size_t)((g->nc + 32) * KC));
         }
         gemm_block(g, Ap, Bp, (t % g->n_mb) * MC, (t / g->n_mb) * g->nc);
     }
-    free(Ap);
-    free(Bp);
+    li_aligned_free(Ap);
+    li_aligned_free(Bp);
 }
 
 /* C(M, N) (+)= A(M, K)·B(K, N); A(i, l) = A[i·sa_r + l·sa_c], B(l, j) = B[l·sb_r + j·sb_c] */
