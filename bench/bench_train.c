@@ -4,13 +4,14 @@
  * (docs/benchmarks.md, "Training throughput").
  *
  *   bench_train [--model P] [--seq T] [--batch B] [--steps N] [--train all|norms|layers:A-B|lora:R]
- *               [--threads N] [--ghz G] [--json FILE] [--plot FILE]
+ *               [--threads N] [--ghz G] [--isa 0|1|2] [--json FILE] [--plot FILE]
+ *               (--isa: the matmul kernels, scalar, AVX2 or AVX-512; default the best)
  *   bench_train --kernels     the three matmul shapes alone, one thread, at the model's sizes
  * --json and --plot (bench_results.h) hold the tokens/s, or --kernels' GFLOP/s.
  *
- * Peak = threads × 2 FMA/cycle × 8 float lanes (AVX2) × 2 flops × GHz, the
- * clock read from /proc/cpuinfo ("cpu MHz", the first core) unless --ghz
- * says it. FLOPs count the matmuls (forward 2·m·k per token and weight,
+ * Peak = threads × 2 FMA/cycle × lanes × 2 flops × GHz, lanes 16 when the
+ * matmuls run the AVX-512 kernel, else 8 (AVX2), the clock read from
+ * /proc/cpuinfo ("cpu MHz", the first core) unless --ghz says it. FLOPs count the matmuls (forward 2·m·k per token and weight,
  * backward 2·m·k for dX where it is needed and 2·m·k for each trained dW,
  * LoRA's small products left out) and attention's products (causal: about
  * half the T×T scores), so the ratio is what the kernels reach on the work
@@ -124,6 +125,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--train")) what = v;
         else if (!strcmp(a, "--threads")) threads = atoi(v);
         else if (!strcmp(a, "--ghz")) ghz = atof(v);
+        else if (!strcmp(a, "--isa")) li_train_mm_set_isa(atoi(v));
         else goto usage;
         i++;
     }
@@ -166,7 +168,7 @@ int main(int argc, char **argv) {
     for (int64_t i = 0; i < N; i++) lab[i] = tok[i + 1];
     li_train_batch b = {.B = B, .T = T, .tokens = tok, .labels = lab};
     li_adamw_opts ao = {.lr = 1e-5f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .clip = 1.0f, .tp = tp};
-    double fb_time = 0, opt_time = 0, fb_cpu = 0, loss = 0;
+    double fb_time = 0, opt_time = 0, fb_cpu = 0, opt_cpu = 0, loss = 0;
     for (int s = 0; s <= steps; s++) {
         li_train_grads_zero(&g);
         t0 = li_time_now();
@@ -180,25 +182,29 @@ int main(int argc, char **argv) {
             fprintf(stderr, "bench_train: %s\n", err.msg);
             return 1;
         }
-        const double t2 = li_time_now();
-        if (s > 0) fb_time += t1 - t0, opt_time += t2 - t1, fb_cpu += c1 - c0;
+        const double t2 = li_time_now(), c2 = cpu_now();
+        if (s > 0) fb_time += t1 - t0, opt_time += t2 - t1, fb_cpu += c1 - c0, opt_cpu += c2 - c1;
         fprintf(stderr, "step %d: loss %.4f, forward+backward %.2f s, adamw %.3f s\n", s, loss, t1 - t0, t2 - t1);
     }
     if (ghz <= 0) ghz = cpu_ghz();
     const double flops = step_flops(&tm.L, B, T) * steps;
-    const double peak = threads * 2.0 * 8 * 2 * ghz * 1e9;
+    const int isa = li_train_mm_set_isa(99);
+    li_train_mm_set_isa(isa);
+    const int lanes = isa == 2 ? 16 : 8;
+    const double peak = threads * 2.0 * lanes * 2 * ghz * 1e9;
     printf("model %s, train %s: %.1fM parameters, %.1fM trainable; master copies made in %.2f s\n", path, what,
            (double)tm.L.n_params / 1e6, (double)tm.L.n_grads / 1e6, t_init);
     printf("batch %d x %d, %d timed steps, %d threads\n", B, T, steps, threads);
     printf("forward+backward: %.1f tokens/s (%.2f s/step), with adamw %.1f tokens/s\n", N * steps / fb_time,
            fb_time / steps, N * steps / (fb_time + opt_time));
     printf("matmul+attention: %.1f GFLOP/step, %.1f GFLOP/s = %.1f%% of the FMA peak %.1f GFLOP/s"
-           " (%d cores x 2 FMA x 8 lanes x 2 x %.2f GHz)\n",
-           flops / steps / 1e9, flops / fb_time / 1e9, 100 * flops / fb_time / peak, peak / 1e9, threads, ghz);
+           " (%d cores x 2 FMA x %d lanes x 2 x %.2f GHz)\n",
+           flops / steps / 1e9, flops / fb_time / 1e9, 100 * flops / fb_time / peak, peak / 1e9, threads, lanes, ghz);
     /* what one core reaches while it runs: independent of how much of the
      * machine others take (threads spinning between jobs count as work) */
     printf("per CPU second: %.1f GFLOP = %.1f%% of one core's peak %.1f GFLOP/s (%.2f CPU s per step)\n",
            flops / fb_cpu / 1e9, 100 * flops / fb_cpu / (peak / threads), peak / threads / 1e9, fb_cpu / steps);
+    printf("adamw: %.3f CPU s per step\n", opt_cpu / steps);
     cJSON_AddNumberToObject(res.root, "batch", B);
     cJSON_AddNumberToObject(res.root, "seq", T);
     cJSON_AddNumberToObject(res.root, "steps", steps);
@@ -223,6 +229,6 @@ int main(int argc, char **argv) {
     return li_bench_results_finish(&res);
 usage:
     fprintf(stderr, "usage: bench_train [--model P] [--seq 2..4096] [--batch 1..64] [--steps N] "
-                    "[--train all|norms|layers:A-B|lora:R] [--threads N] [--ghz G] [--json FILE] [--plot FILE]\n");
+                    "[--train all|norms|layers:A-B|lora:R] [--threads N] [--ghz G] [--isa 0|1|2] [--json FILE] [--plot FILE]\n");
     return 2;
 }

@@ -2,8 +2,10 @@
  * global-norm gradient clipping, over the trainable tensors only. The
  * update and the norm run in fixed chunks on the thread pool: each chunk's
  * arithmetic is the same whoever runs it, and the norm's partial sums are
- * added in chunk order, so the result does not depend on the threads. */
-#include "train/train.h"
+ * added in chunk order, so the result does not depend on the threads.
+ * Where the training kernels run AVX-512 the update does too
+ * (optim_avx512.c). */
+#include "train/train_internal.h"
 #include "cpu/threadpool.h"
 
 #include <math.h>
@@ -53,34 +55,48 @@ typedef struct opt_job {
 } opt_job;
 
 static void norm_run(void *ctx, int ith, int nth) {
+    (void)ith, (void)nth;
     opt_job *j = ctx;
     for (;;) {
         const long c = atomic_fetch_add(&j->next, 1);
         if ((size_t)c >= j->n_chunks) break;
         const size_t i0 = (size_t)c * CHUNK, i1 = LI_MIN(j->n, i0 + CHUNK);
-        double ss = 0;
-        for (size_t i = i0; i < i1; i++) ss += (double)j->g[i] * j->g[i];
-        j->partial[c] = ss;
+        /* eight independent sums (one chain waits 4 cycles an add), added
+         * in a fixed tree: the same bits on any CPU */
+        double s[8] = {0};
+        size_t i = i0;
+        for (; i + 8 <= i1; i += 8)
+            for (int k = 0; k < 8; k++) s[k] += (double)j->g[i + k] * j->g[i + k];
+        for (int k = 0; i < i1; i++, k++) s[k] += (double)j->g[i] * j->g[i];
+        j->partial[c] = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
     }
 }
 
 static void update_run(void *ctx, int ith, int nth) {
+    (void)ith, (void)nth;
     opt_job *j = ctx;
-    const float lr = j->o->lr, b1 = j->o->beta1, b2 = j->o->beta2, eps = j->o->eps, wd = j->o->weight_decay;
-    const float clip = j->clip, step_size = j->step_size, inv_bc2 = j->inv_bc2;
+    const li_adamw_coef cf = {.clip = j->clip, .b1 = j->o->beta1, .b2 = j->o->beta2, .lr = j->o->lr,
+                              .wd = j->o->weight_decay, .step_size = j->step_size, .inv_bc2 = j->inv_bc2,
+                              .eps = j->o->eps};
+    const int simd = li_train_isa() == 2;
     for (;;) {
         const long c = atomic_fetch_add(&j->next, 1);
         if ((size_t)c >= j->n_chunks) break;
         const li_train_tensor *t = &j->tm->L.t[j->tix[c]];
-        float *p = j->tm->params + t->off;
-        const float *gr = j->g + t->goff;
-        float *m = j->a->m + t->goff, *v = j->a->v + t->goff;
-        for (size_t e = j->c0[c]; e < j->c1[c]; e++) {
-            const float gj = gr[e] * clip;
-            m[e] = b1 * m[e] + (1 - b1) * gj;
-            v[e] = b2 * v[e] + (1 - b2) * gj * gj;
-            p[e] -= lr * wd * p[e];
-            p[e] -= step_size * m[e] / (sqrtf(v[e] * inv_bc2) + eps);
+        float *p = j->tm->params + t->off + j->c0[c];
+        const float *gr = j->g + t->goff + j->c0[c];
+        float *m = j->a->m + t->goff + j->c0[c], *v = j->a->v + t->goff + j->c0[c];
+        const size_t n = j->c1[c] - j->c0[c];
+        if (simd) {
+            li_adamw_update_avx512(p, gr, m, v, n, &cf);
+            continue;
+        }
+        for (size_t e = 0; e < n; e++) {
+            const float gj = gr[e] * cf.clip;
+            m[e] = cf.b1 * m[e] + (1 - cf.b1) * gj;
+            v[e] = cf.b2 * v[e] + (1 - cf.b2) * gj * gj;
+            p[e] -= cf.lr * cf.wd * p[e];
+            p[e] -= cf.step_size * m[e] / (sqrtf(v[e] * cf.inv_bc2) + cf.eps);
         }
     }
 }

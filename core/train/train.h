@@ -241,8 +241,8 @@ void li_train_mm_nt(struct li_threadpool *tp, const float *x, const float *W, fl
  * dX = dY·W (A = dY, sa_r = m, sa_l = 1) and dW = dY^T·X (sa_r = 1, sa_l = m) */
 void li_train_mm_acc(struct li_threadpool *tp, const float *A, int64_t sa_r, int64_t sa_l, const float *B,
                      float *C, int64_t R, int64_t Lk, int64_t K);
-/* Which kernels: 0 scalar, 1 AVX2 (when the CPU has it); returns the previous.
- * Tests compare them; the default is the best the CPU runs. */
+/* Which kernels: 0 scalar, 1 AVX2+FMA, 2 AVX-512 (clamped to what the CPU
+ * has); returns the previous. Tests compare them; the default is the best. */
 int li_train_mm_set_isa(int isa);
 
 #endif

@@ -1,11 +1,19 @@
-/* train_mm.c — the two matmul shapes of training, split over the thread
- * pool: y = x·W^T (forward) and C += A·B with A read through strides (the
- * backward's dX = dY·W and dW = dY^T·X, no transposed copies). Scalar
- * references here, AVX2 kernels in train_mm_avx2.c, chosen by CPUID. */
+/* train_mm.c — the matmuls of training, split over the thread pool:
+ * y = x·W^T (forward), dX = dY·W and dW = dY^T·X (backward), all three one
+ * packed GEMM C (+)= A·B with A and B read through strides (no transposed
+ * copies). Blocks of A (MC x KC) and B (KC x NC) are packed into panels of
+ * MR rows and NR columns, contiguous along k, and a register-blocked
+ * MR x NR micro-kernel (train_mm_avx2.c, train_mm_avx512.c; chosen by
+ * CPUID) runs over them. Each element of C is one chain of FMAs in k
+ * order, whatever the blocks or the thread count: the result has the same
+ * bits on 1 or N threads and with either SIMD kernel. The scalar
+ * references stay for the tests and the CPUs without FMA. */
 #include "train/train_internal.h"
 #include "cpu/threadpool.h"
 
 #include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
 
 /* ==== scalar references ==================================================== */
 
@@ -33,12 +41,13 @@ void li_train_mm_acc_ref(const float *A, int64_t sa_r, int64_t sa_l, const float
 static int mm_isa = -1; /* -1: not chosen yet */
 
 static int mm_isa_best(void) {
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? 1 : 0;
+    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) return 0;
+    return __builtin_cpu_supports("avx512f") ? 2 : 1;
 }
 
 int li_train_mm_set_isa(int isa) {
-    int prev = mm_isa < 0 ? mm_isa_best() : mm_isa;
-    mm_isa = isa > 0 && mm_isa_best() ? 1 : 0;
+    const int prev = mm_isa < 0 ? mm_isa_best() : mm_isa;
+    mm_isa = LI_MAX(0, LI_MIN(isa, mm_isa_best()));
     return prev;
 }
 
@@ -47,7 +56,178 @@ static int mm_isa_get(void) {
     return mm_isa;
 }
 
-/* ==== threaded drivers ===================================================== */
+int li_train_isa(void) { return mm_isa_get(); }
+
+/* ==== packed GEMM ========================================================== */
+
+#define KC 256 /* k per pass: an NR-wide B panel (32 KB at NR 32) stays in L1 */
+#define MC 128 /* rows of A per block: MC x KC (128 KB) stays in L2 */
+#define NC_MAX 512
+
+typedef void (*mm_kern)(int64_t kc, const float *Ap, const float *Bp, float *C, int64_t ldc, int load);
+
+typedef struct gemm_job {
+    int64_t M, N, K;
+    const float *A, *B;
+    int64_t sa_r, sa_c, sb_r, sb_c;
+    float *C;
+    int64_t ldc;
+    int acc;            /* 1: C += A·B; 0: C = A·B */
+    int mr, nr;
+    mm_kern kern;
+    int64_t nc, n_mb, n_jobs;
+    atomic_long next;
+} gemm_job;
+
+/* Ap[p][l][r] = A(i0 + p·mr + r, l0 + l), rows past M zero: each panel is
+ * the mr values a k step broadcasts, in order */
+static void pack_a(const gemm_job *g, float *Ap, int64_t i0, int64_t mc, int64_t l0, int64_t kc) {
+    const int mr = g->mr;
+    for (int64_t p = 0; p < mc; p += mr) {
+        float *dst = Ap + p * kc;
+        const int rn = (int)LI_MIN((int64_t)mr, mc - p);
+        if (g->sa_c == 1) { /* rows contiguous along k: read along k */
+            for (int r = 0; r < rn; r++) {
+                const float *src = g->A + (i0 + p + r) * g->sa_r + l0;
+                for (int64_t l = 0; l < kc; l++) dst[l * mr + r] = src[l];
+            }
+        } else {
+            for (int64_t l = 0; l < kc; l++) {
+                const float *src = g->A + (i0 + p) * g->sa_r + (l0 + l) * g->sa_c;
+                for (int r = 0; r < rn; r++) dst[l * mr + r] = src[r * g->sa_r];
+            }
+        }
+        if (rn < mr)
+            for (int64_t l = 0; l < kc; l++)
+                for (int r = rn; r < mr; r++) dst[l * mr + r] = 0;
+    }
+}
+
+/* Bp[q][l][c] = B(l0 + l, j0 + q·nr + c), columns past N zero */
+static void pack_b(const gemm_job *g, float *Bp, int64_t j0, int64_t nc, int64_t l0, int64_t kc) {
+    const int nr = g->nr;
+    for (int64_t q = 0; q < nc; q += nr) {
+        float *dst = Bp + q * kc;
+        const int cn = (int)LI_MIN((int64_t)nr, nc - q);
+        if (g->sb_c == 1) {
+            for (int64_t l = 0; l < kc; l++) {
+                const float *src = g->B + (l0 + l) * g->sb_r + j0 + q;
+                memcpy(dst + l * nr, src, (size_t)cn * sizeof(float));
+                for (int c = cn; c < nr; c++) dst[l * nr + c] = 0;
+            }
+        } else if (g->sb_r == 1) { /* W^T: columns contiguous along k */
+            li_train_mm_pack_bt_avx2(g->B + l0 + (j0 + q) * g->sb_c, g->sb_c, dst, nr, cn, kc);
+        } else {
+            for (int c = 0; c < cn; c++) {
+                const float *src = g->B + (l0) * g->sb_r + (j0 + q + c) * g->sb_c;
+                for (int64_t l = 0; l < kc; l++) dst[l * nr + c] = src[l * g->sb_r];
+            }
+            for (int64_t l = 0; l < kc; l++)
+                for (int c = cn; c < nr; c++) dst[l * nr + c] = 0;
+        }
+    }
+}
+
+/* one MC x NC block of C, every k pass */
+static void gemm_block(const gemm_job *g, float *Ap, float *Bp, int64_t i0, int64_t j0) {
+    const int mr = g->mr, nr = g->nr;
+    const int64_t mc = LI_MIN(MC, g->M - i0), nc = LI_MIN(g->nc, g->N - j0);
+    float tile[16 * 64];
+    for (int64_t l0 = 0; l0 < g->K; l0 += KC) {
+        const int64_t kc = LI_MIN(KC, g->K - l0);
+        const int load = g->acc || l0 > 0;
+        pack_a(g, Ap, i0, mc, l0, kc);
+        pack_b(g, Bp, j0, nc, l0, kc);
+        for (int64_t q = 0; q < nc; q += nr) {
+            const int cn = (int)LI_MIN((int64_t)nr, nc - q);
+            for (int64_t p = 0; p < mc; p += mr) {
+                const int rn = (int)LI_MIN((int64_t)mr, mc - p);
+                float *c = g->C + (i0 + p) * g->ldc + j0 + q;
+                if (rn == mr && cn == nr) {
+                    g->kern(kc, Ap + p * kc, Bp + q * kc, c, g->ldc, load);
+                    continue;
+                }
+                /* edge: through a full tile, only the valid part copied */
+                if (load)
+                    for (int r = 0; r < rn; r++) memcpy(tile + r * nr, c + r * g->ldc, (size_t)cn * sizeof(float));
+                g->kern(kc, Ap + p * kc, Bp + q * kc, tile, nr, load);
+                for (int r = 0; r < rn; r++) memcpy(c + r * g->ldc, tile + r * nr, (size_t)cn * sizeof(float));
+            }
+        }
+    }
+}
+
+/* Pack buffers kept between calls: a step makes ~600 GEMM calls, and a
+ * fresh 0.7 MB buffer each time came back from the kernel as new pages
+ * (page faults were ~4% of a step). A thread takes a free slot, grows its
+ * buffer if needed and hands it back; the slots are static, so the
+ * buffers stay reachable (no leak report) and live until exit. */
+#define N_SLOTS 64
+static struct pack_slot {
+    atomic_int busy;
+    float *buf;
+    size_t cap; /* floats */
+} slots[N_SLOTS];
+
+static float *slot_get(size_t n, int *id) {
+    for (int i = 0; i < N_SLOTS; i++)
+        if (!atomic_exchange(&slots[i].busy, 1)) {
+            if (slots[i].cap < n) {
+                li_aligned_free(slots[i].buf);
+                slots[i].buf = li_aligned_alloc(n * sizeof(float)); /* stops with a message when out */
+                slots[i].cap = n;
+            }
+            *id = i;
+            return slots[i].buf;
+        }
+    *id = -1; /* more threads than slots: a buffer of its own */
+    return li_aligned_alloc(n * sizeof(float));
+}
+
+static void slot_put(int id, float *buf) {
+    if (id < 0) li_aligned_free(buf);
+    else atomic_store(&slots[id].busy, 0);
+}
+
+static void gemm_run(void *ctx, int ith, int nth) {
+    (void)ith, (void)nth;
+    gemm_job *g = ctx;
+    float *buf = NULL;
+    int id = -1;
+    for (;;) {
+        const long t = atomic_fetch_add(&g->next, 1);
+        if (t >= g->n_jobs) break;
+        /* 64-byte aligned panels (the kernels' B loads are whole lines):
+         * A's (MC + 16) x KC, then B's */
+        const size_t na = (size_t)((MC + 16) * KC);
+        if (!buf) buf = slot_get(na + (size_t)((g->nc + 32) * KC), &id);
+        gemm_block(g, buf, buf + na, (t % g->n_mb) * MC, (t / g->n_mb) * g->nc);
+    }
+    if (buf) slot_put(id, buf);
+}
+
+/* C(M, N) (+)= A(M, K)·B(K, N); A(i, l) = A[i·sa_r + l·sa_c], B(l, j) = B[l·sb_r + j·sb_c] */
+static void gemm(li_threadpool *tp, int isa, int64_t M, int64_t N, int64_t K, const float *A, int64_t sa_r,
+                 int64_t sa_c, const float *B, int64_t sb_r, int64_t sb_c, float *C, int64_t ldc, int acc) {
+    gemm_job g = {.M = M, .N = N, .K = K, .A = A, .B = B, .sa_r = sa_r, .sa_c = sa_c, .sb_r = sb_r, .sb_c = sb_c,
+                  .C = C, .ldc = ldc, .acc = acc};
+    if (isa == 2) g.mr = LI_TRAIN_MR512, g.nr = LI_TRAIN_NR512, g.kern = li_train_mm_kern_avx512;
+    else g.mr = LI_TRAIN_MR256, g.nr = LI_TRAIN_NR256, g.kern = li_train_mm_kern_avx2;
+    const int nth = tp ? li_threadpool_size(tp) : 1;
+    g.n_mb = (M + MC - 1) / MC;
+    /* column blocks: NC_MAX, or narrower so that every thread gets about
+     * four jobs (a skinny C, such as dX of the head, has few rows) */
+    const int64_t want = LI_MAX((int64_t)1, 4 * nth / g.n_mb);
+    int64_t nc = (N + want - 1) / want;
+    nc = LI_MIN(NC_MAX, LI_MAX((int64_t)g.nr, (nc + g.nr - 1) / g.nr * g.nr));
+    g.nc = nc;
+    g.n_jobs = g.n_mb * ((N + nc - 1) / nc);
+    atomic_init(&g.next, 0);
+    if (tp && g.n_jobs > 1) li_threadpool_run(tp, gemm_run, &g, (int)LI_MIN((int64_t)nth, g.n_jobs));
+    else gemm_run(&g, 0, 1);
+}
+
+/* ==== scalar drivers ======================================================= */
 
 #define NT_TILE 8    /* W rows per job: 8 x k floats stay in L1 */
 #define ACC_RT 64    /* C rows per job */
@@ -59,29 +239,28 @@ typedef struct mm_job {
     int64_t n, m, k, sa_r, sa_l, R, Lk, K, n_ct;
     int64_t n_jobs;
     atomic_long next;
-    int isa;
 } mm_job;
 
 static void nt_run(void *ctx, int ith, int nth) {
+    (void)ith, (void)nth;
     mm_job *j = ctx;
     for (;;) {
         const long t = atomic_fetch_add(&j->next, 1);
         if (t >= j->n_jobs) break;
         const int64_t j0 = t * NT_TILE, j1 = LI_MIN(j->m, j0 + NT_TILE);
-        if (j->isa) li_train_mm_nt_avx2(j->x, j->W, j->y, j->n, j->m, j->k, j0, j1);
-        else li_train_mm_nt_ref(j->x, j->W, j->y, j->n, j->m, j->k, j0, j1);
+        li_train_mm_nt_ref(j->x, j->W, j->y, j->n, j->m, j->k, j0, j1);
     }
 }
 
 static void acc_run(void *ctx, int ith, int nth) {
+    (void)ith, (void)nth;
     mm_job *j = ctx;
     for (;;) {
         const long t = atomic_fetch_add(&j->next, 1);
         if (t >= j->n_jobs) break;
         const int64_t r0 = (t / j->n_ct) * ACC_RT, c0 = (t % j->n_ct) * ACC_CT;
         const int64_t r1 = LI_MIN(j->R, r0 + ACC_RT), c1 = LI_MIN(j->K, c0 + ACC_CT);
-        if (j->isa) li_train_mm_acc_avx2(j->A, j->sa_r, j->sa_l, j->B, j->C, j->Lk, j->K, r0, r1, c0, c1);
-        else li_train_mm_acc_ref(j->A, j->sa_r, j->sa_l, j->B, j->C, j->Lk, j->K, r0, r1, c0, c1);
+        li_train_mm_acc_ref(j->A, j->sa_r, j->sa_l, j->B, j->C, j->Lk, j->K, r0, r1, c0, c1);
     }
 }
 
@@ -90,11 +269,18 @@ static void mm_launch(li_threadpool *tp, li_threadpool_fn fn, mm_job *j) {
     else fn(j, 0, 1);
 }
 
+/* ==== the two entry points ================================================= */
+
 void li_train_mm_nt(li_threadpool *tp, const float *x, const float *W, float *y, int64_t n, int64_t m,
                     int64_t k) {
     if (n <= 0 || m <= 0) return;
-    mm_job j = {.x = x, .W = W, .y = y, .n = n, .m = m, .k = k, .n_jobs = (m + NT_TILE - 1) / NT_TILE,
-                .isa = mm_isa_get()};
+    const int isa = mm_isa_get();
+    if (isa && k > 0) {
+        /* B(l, j) = W(j, l) */
+        gemm(tp, isa, n, m, k, x, k, 1, W, 1, k, y, m, 0);
+        return;
+    }
+    mm_job j = {.x = x, .W = W, .y = y, .n = n, .m = m, .k = k, .n_jobs = (m + NT_TILE - 1) / NT_TILE};
     atomic_init(&j.next, 0);
     mm_launch(tp, nt_run, &j);
 }
@@ -102,9 +288,14 @@ void li_train_mm_nt(li_threadpool *tp, const float *x, const float *W, float *y,
 void li_train_mm_acc(li_threadpool *tp, const float *A, int64_t sa_r, int64_t sa_l, const float *B, float *C,
                      int64_t R, int64_t Lk, int64_t K) {
     if (R <= 0 || K <= 0 || Lk <= 0) return;
+    const int isa = mm_isa_get();
+    if (isa) {
+        gemm(tp, isa, R, K, Lk, A, sa_r, sa_l, B, K, 1, C, K, 1);
+        return;
+    }
     const int64_t n_ct = (K + ACC_CT - 1) / ACC_CT;
     mm_job j = {.A = A, .B = B, .C = C, .sa_r = sa_r, .sa_l = sa_l, .R = R, .Lk = Lk, .K = K, .n_ct = n_ct,
-                .n_jobs = ((R + ACC_RT - 1) / ACC_RT) * n_ct, .isa = mm_isa_get()};
+                .n_jobs = ((R + ACC_RT - 1) / ACC_RT) * n_ct};
     atomic_init(&j.next, 0);
     mm_launch(tp, acc_run, &j);
 }

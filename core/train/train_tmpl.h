@@ -14,6 +14,7 @@
  * gradients (dw) and into dx where it says "+=", so residual branches and
  * the tied head accumulate without copies. */
 
+#include <stdlib.h>
 #include <string.h>
 
 /* ==== embedding ========================================================== */
@@ -100,81 +101,130 @@ void TR(li_trop_rope)(real *x, const real *cs, int64_t N, int T, int H, int hd, 
 
 /* ==== causal attention with GQA ========================================== */
 
+/* Jobs on the thread pool (li_train_par): forward and the backward's dq
+ * over (b, h, block of query rows), the backward's dk and dv over (b, kv
+ * head, block of key rows). Every output element is written by one job
+ * with its sums in a fixed order, so the bits do not depend on the
+ * thread count. */
+#define TR_ATT_ROWS 16
+
+/* Σ a·b over n with eight partial sums added in a fixed tree: one running
+ * sum waits an add's latency per element, which made these head_dim-long
+ * dots a tenth of a step */
+static inline real TR(dot)(const real *a, const real *b, int n) {
+    real s[8] = {0};
+    int j = 0;
+    for (; j + 8 <= n; j += 8)
+        for (int u = 0; u < 8; u++) s[u] += a[j + u] * b[j + u];
+    for (int u = 0; j < n; j++, u++) s[u] += a[j] * b[j];
+    return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+}
+
+typedef struct TR(att_ctx) {
+    const real *q, *k, *v, *P, *dout;
+    real *Pw, *out, *dq, *dk, *dv, *dS;
+    int B, T, H, Hkv, hd, nblk;
+} TR(att_ctx);
+
+static void TR(att_fwd_job)(void *ctx, int64_t job) {
+    const TR(att_ctx) *c = ctx;
+    const int T = c->T, H = c->H, Hkv = c->Hkv, hd = c->hd, grp = H / Hkv;
+    const int bh = (int)(job / c->nblk), b = bh / H, h = bh % H, hk = h / grp;
+    const int t0 = (int)(job % c->nblk) * TR_ATT_ROWS, t1 = LI_MIN(T, t0 + TR_ATT_ROWS);
+    const real scale = (real)1 / TR_SQRT((real)hd);
+    for (int t = t0; t < t1; t++) {
+        const real *qt = c->q + (((int64_t)b * T + t) * H + h) * hd;
+        real *p = c->Pw + (((int64_t)b * H + h) * T + t) * T;
+        real mx = -INFINITY;
+        for (int s = 0; s <= t; s++) {
+            const real *ks = c->k + (((int64_t)b * T + s) * Hkv + hk) * hd;
+            p[s] = TR(dot)(qt, ks, hd) * scale;
+            if (p[s] > mx) mx = p[s];
+        }
+        real sum = 0;
+        for (int s = 0; s <= t; s++) sum += (p[s] = TR_EXP(p[s] - mx));
+        const real inv = (real)1 / sum;
+        for (int s = 0; s <= t; s++) p[s] *= inv;
+        for (int s = t + 1; s < T; s++) p[s] = 0;
+        real *o = c->out + (((int64_t)b * T + t) * H + h) * hd;
+        for (int j = 0; j < hd; j++) o[j] = 0;
+        for (int s = 0; s <= t; s++) {
+            const real *vs = c->v + (((int64_t)b * T + s) * Hkv + hk) * hd;
+            for (int j = 0; j < hd; j++) o[j] += p[s] * vs[j];
+        }
+    }
+}
+
 /* q(B, T, H, hd), k and v (B, T, Hkv, hd); query head h reads kv head
  * h / (H / Hkv). P(B, H, T, T) keeps the softmax rows (zero above the
  * diagonal); out(B, T, H, hd) = P · V. */
 void TR(li_trop_attn_fwd)(const real *q, const real *k, const real *v, real *P, real *out, int B, int T, int H,
-                          int Hkv, int hd) {
-    const int grp = H / Hkv;
+                          int Hkv, int hd, void *tp) {
+    TR(att_ctx) c = {.q = q, .k = k, .v = v, .Pw = P, .out = out, .B = B, .T = T, .H = H, .Hkv = Hkv, .hd = hd,
+                     .nblk = (T + TR_ATT_ROWS - 1) / TR_ATT_ROWS};
+    li_train_par(tp, TR(att_fwd_job), &c, (int64_t)B * H * c.nblk);
+}
+
+/* rows t of (b, h): dP = dout·V^T, dS = P ⊙ (dP − Σ dP⊙P)·scale kept, dq = dS·K */
+static void TR(att_dq_job)(void *ctx, int64_t job) {
+    const TR(att_ctx) *c = ctx;
+    const int T = c->T, H = c->H, Hkv = c->Hkv, hd = c->hd, grp = H / Hkv;
+    const int bh = (int)(job / c->nblk), b = bh / H, h = bh % H, hk = h / grp;
+    const int t0 = (int)(job % c->nblk) * TR_ATT_ROWS, t1 = LI_MIN(T, t0 + TR_ATT_ROWS);
     const real scale = (real)1 / TR_SQRT((real)hd);
-    for (int b = 0; b < B; b++)
-        for (int h = 0; h < H; h++) {
-            const int hk = h / grp;
-            for (int t = 0; t < T; t++) {
-                const real *qt = q + (((int64_t)b * T + t) * H + h) * hd;
-                real *p = P + (((int64_t)b * H + h) * T + t) * T;
-                real mx = -INFINITY;
-                for (int s = 0; s <= t; s++) {
-                    const real *ks = k + (((int64_t)b * T + s) * Hkv + hk) * hd;
-                    real dot = 0;
-                    for (int j = 0; j < hd; j++) dot += qt[j] * ks[j];
-                    p[s] = dot * scale;
-                    if (p[s] > mx) mx = p[s];
-                }
-                real sum = 0;
-                for (int s = 0; s <= t; s++) sum += (p[s] = TR_EXP(p[s] - mx));
-                const real inv = (real)1 / sum;
-                for (int s = 0; s <= t; s++) p[s] *= inv;
-                for (int s = t + 1; s < T; s++) p[s] = 0;
-                real *o = out + (((int64_t)b * T + t) * H + h) * hd;
-                for (int j = 0; j < hd; j++) o[j] = 0;
-                for (int s = 0; s <= t; s++) {
-                    const real *vs = v + (((int64_t)b * T + s) * Hkv + hk) * hd;
-                    for (int j = 0; j < hd; j++) o[j] += p[s] * vs[j];
+    for (int t = t0; t < t1; t++) {
+        const real *p = c->P + (((int64_t)b * H + h) * T + t) * T;
+        real *ds = c->dS + (((int64_t)b * H + h) * T + t) * T;
+        const real *dot_ = c->dout + (((int64_t)b * T + t) * H + h) * hd;
+        real *dqt = c->dq + (((int64_t)b * T + t) * H + h) * hd;
+        real rsum = 0;
+        for (int s = 0; s <= t; s++) {
+            const real *vs = c->v + (((int64_t)b * T + s) * Hkv + hk) * hd;
+            const real dp = TR(dot)(dot_, vs, hd);
+            ds[s] = dp;
+            rsum += dp * p[s];
+        }
+        for (int j = 0; j < hd; j++) dqt[j] = 0;
+        for (int s = 0; s <= t; s++) {
+            ds[s] = p[s] * (ds[s] - rsum) * scale;
+            const real *ks = c->k + (((int64_t)b * T + s) * Hkv + hk) * hd;
+            for (int j = 0; j < hd; j++) dqt[j] += ds[s] * ks[j];
+        }
+    }
+}
+
+/* key rows s of (b, kv head): dk += Σ_h Σ_t≥s dS·q, dv += Σ_h Σ_t≥s P·dout */
+static void TR(att_dkv_job)(void *ctx, int64_t job) {
+    const TR(att_ctx) *c = ctx;
+    const int T = c->T, H = c->H, Hkv = c->Hkv, hd = c->hd, grp = H / Hkv;
+    const int bk = (int)(job / c->nblk), b = bk / Hkv, hk = bk % Hkv;
+    const int s0 = (int)(job % c->nblk) * TR_ATT_ROWS, s1 = LI_MIN(T, s0 + TR_ATT_ROWS);
+    for (int s = s0; s < s1; s++) {
+        real *dks = c->dk + (((int64_t)b * T + s) * Hkv + hk) * hd;
+        real *dvs = c->dv + (((int64_t)b * T + s) * Hkv + hk) * hd;
+        for (int h = hk * grp; h < (hk + 1) * grp; h++)
+            for (int t = s; t < T; t++) {
+                const int64_t pi = (((int64_t)b * H + h) * T + t) * T + s;
+                const real ds = c->dS[pi], pp = c->P[pi];
+                const real *qt = c->q + (((int64_t)b * T + t) * H + h) * hd;
+                const real *dot_ = c->dout + (((int64_t)b * T + t) * H + h) * hd;
+                for (int j = 0; j < hd; j++) {
+                    dks[j] += ds * qt[j];
+                    dvs[j] += pp * dot_[j];
                 }
             }
-        }
+    }
 }
 
 /* dq = (written) dS·K·scale; dk += dS^T·Q·scale; dv += P^T·dout, with
- * dP = dout·V^T and dS = P ⊙ (dP − Σ dP⊙P). dk and dv must start zeroed
- * by the caller (kv heads shared by a group accumulate). tmp: T reals. */
+ * dP = dout·V^T and dS = P ⊙ (dP − Σ dP⊙P). dk and dv are added to (the
+ * caller zeroes them). dS: B·H·T·T reals of scratch. */
 void TR(li_trop_attn_bwd)(const real *q, const real *k, const real *v, const real *P, const real *dout, real *dq,
-                          real *dk, real *dv, real *tmp, int B, int T, int H, int Hkv, int hd) {
-    const int grp = H / Hkv;
-    const real scale = (real)1 / TR_SQRT((real)hd);
-    for (int b = 0; b < B; b++)
-        for (int h = 0; h < H; h++) {
-            const int hk = h / grp;
-            for (int t = 0; t < T; t++) {
-                const real *p = P + (((int64_t)b * H + h) * T + t) * T;
-                const real *dot_ = dout + (((int64_t)b * T + t) * H + h) * hd;
-                const real *qt = q + (((int64_t)b * T + t) * H + h) * hd;
-                real *dqt = dq + (((int64_t)b * T + t) * H + h) * hd;
-                real rsum = 0;
-                for (int s = 0; s <= t; s++) {
-                    const real *vs = v + (((int64_t)b * T + s) * Hkv + hk) * hd;
-                    real *dvs = dv + (((int64_t)b * T + s) * Hkv + hk) * hd;
-                    real dp = 0;
-                    for (int j = 0; j < hd; j++) {
-                        dp += dot_[j] * vs[j];
-                        dvs[j] += p[s] * dot_[j];
-                    }
-                    tmp[s] = dp;
-                    rsum += dp * p[s];
-                }
-                for (int j = 0; j < hd; j++) dqt[j] = 0;
-                for (int s = 0; s <= t; s++) {
-                    const real ds = p[s] * (tmp[s] - rsum) * scale;
-                    const real *ks = k + (((int64_t)b * T + s) * Hkv + hk) * hd;
-                    real *dks = dk + (((int64_t)b * T + s) * Hkv + hk) * hd;
-                    for (int j = 0; j < hd; j++) {
-                        dqt[j] += ds * ks[j];
-                        dks[j] += ds * qt[j];
-                    }
-                }
-            }
-        }
+                          real *dk, real *dv, real *dS, int B, int T, int H, int Hkv, int hd, void *tp) {
+    TR(att_ctx) c = {.q = q, .k = k, .v = v, .P = P, .dout = dout, .dq = dq, .dk = dk, .dv = dv, .dS = dS,
+                     .B = B, .T = T, .H = H, .Hkv = Hkv, .hd = hd, .nblk = (T + TR_ATT_ROWS - 1) / TR_ATT_ROWS};
+    li_train_par(tp, TR(att_dq_job), &c, (int64_t)B * H * c.nblk);
+    li_train_par(tp, TR(att_dkv_job), &c, (int64_t)B * Hkv * c.nblk);
 }
 
 /* ==== SwiGLU ============================================================== */
@@ -252,6 +302,40 @@ double TR(li_trop_loss)(const real *logits, const int32_t *lab, const float *tea
     return cnt ? total / (double)cnt : 0;
 }
 
+/* li_trop_loss over rows on the thread pool: one job per row (the row's
+ * own loss with gscale/c), the rows' losses added in row order after, so
+ * the bits do not depend on the thread count. */
+typedef struct TR(loss_ctx) {
+    const real *logits;
+    const int32_t *lab;
+    const float *teacher;
+    real *dlogits;
+    int64_t V;
+    real alpha, temp, gs;
+    double *row; /* (N, 2): loss, KL */
+} TR(loss_ctx);
+
+static void TR(loss_job)(void *ctx, int64_t i) {
+    const TR(loss_ctx) *c = ctx;
+    c->row[2 * i] = TR(li_trop_loss)(c->logits + i * c->V, c->lab + i, c->teacher ? c->teacher + i * c->V : NULL,
+                                     c->dlogits + i * c->V, 1, c->V, c->alpha, c->temp, c->gs, &c->row[2 * i + 1]);
+}
+
+static double TR(loss_par)(void *tp, const real *logits, const int32_t *lab, const float *teacher, real *dlogits,
+                           int64_t N, int64_t V, real alpha, real temp, real gscale, double *kl) {
+    int64_t cnt = 0;
+    for (int64_t i = 0; i < N; i++) cnt += lab[i] >= 0;
+    TR(loss_ctx) c = {.logits = logits, .lab = lab, .teacher = teacher, .dlogits = dlogits, .V = V,
+                      .alpha = alpha, .temp = temp, .gs = cnt ? gscale / (real)cnt : 0,
+                      .row = li_xcalloc((size_t)LI_MAX(N, 1) * 2, sizeof(double))};
+    li_train_par(tp, TR(loss_job), &c, N);
+    double total = 0, kl_sum = 0;
+    for (int64_t i = 0; i < N; i++) total += c.row[2 * i], kl_sum += c.row[2 * i + 1];
+    free(c.row);
+    if (kl) *kl = cnt ? kl_sum / (double)cnt : 0;
+    return cnt ? total / (double)cnt : 0;
+}
+
 /* ==== linear layers (with an optional LoRA adapter) ====================== */
 
 /* y(N, m) = x(N, k) · W^T [+ scale · (x·A^T)·B^T]; xa(N, r) keeps
@@ -314,6 +398,7 @@ typedef struct TR(acts) {
     real *dq, *datt; /* (N, H·hd) */
     real *dk, *dv; /* (N, Hkv·hd) */
     real *dg, *du, *dh; /* (N, ff) */
+    real *dS;      /* (B, H, T, T) attention's dS, one block at a time */
     real *tmp;     /* (max(T, N·r)) */
     real *ltmp;    /* (N, max(H·hd, Hkv·hd, ff, d)) LoRA's product before its add */
 } TR(acts);
@@ -359,6 +444,7 @@ static size_t TR(acts_carve)(TR(acts) *a, real *buf, const li_train_layout *L, i
     CARVE(dg, N * ff);
     CARVE(du, N * ff);
     CARVE(dh, N * ff);
+    CARVE(dS, (size_t)B * hp->n_head * T * T);
     CARVE(tmp, LI_MAX((size_t)T, N * r));
     CARVE(ltmp, r ? N * LI_MAX(LI_MAX(qd, ff), d) : 0);
 #undef CARVE
@@ -400,7 +486,7 @@ double TR(li_train_fb)(const li_train_layout *L, const real *P, real *G, const i
         TR(lin_fwd)(L, P, li_train_tensor_index(l, LI_TL_WV), xn1, v, XA(l, 2), a.ltmp, N, tp);
         TR(li_trop_rope)(q, a.cs, N, T, H, hd, hp->n_rot, hp->rope_neox, 1);
         TR(li_trop_rope)(k, a.cs, N, T, Hkv, hd, hp->n_rot, hp->rope_neox, 1);
-        TR(li_trop_attn_fwd)(q, k, v, Pl, att, B, T, H, Hkv, hd);
+        TR(li_trop_attn_fwd)(q, k, v, Pl, att, B, T, H, Hkv, hd, tp);
         TR(lin_fwd)(L, P, li_train_tensor_index(l, LI_TL_WO), att, xmid, XA(l, 3), a.ltmp, N, tp);
         for (int64_t i = 0; i < N * d; i++) xmid[i] += x[i];
         TR(li_trop_rmsnorm_fwd)(xmid, PT(l, LI_TL_FFN_NORM), xn2, a.rstd2 + l * N, N, d, (real)hp->norm_eps);
@@ -414,7 +500,7 @@ double TR(li_train_fb)(const li_train_layout *L, const real *P, real *G, const i
     TR(li_trop_rmsnorm_fwd)(xlast, PT(-1, LI_TT_OUTPUT_NORM), a.xnf, a.rstdf, N, d, (real)hp->norm_eps);
     TR_MM_NT(tp, a.xnf, PT(-1, LI_TT_OUTPUT), a.logits, N, V, d);
     if (logits_out) *logits_out = a.logits;
-    const double loss = TR(li_trop_loss)(a.logits, lab, teacher, a.dlogits, N, V, alpha, temp, gscale, kl_out);
+    const double loss = TR(loss_par)(tp, a.logits, lab, teacher, a.dlogits, N, V, alpha, temp, gscale, kl_out);
     if (!G) return loss;
 
     /* ---- backward ---- */
@@ -442,7 +528,7 @@ double TR(li_train_fb)(const li_train_layout *L, const real *P, real *G, const i
         TR(lin_bwd)(L, P, G, li_train_tensor_index(l, LI_TL_WO), att, XA(l, 3), a.dx, a.datt, a.tmp, N, tp);
         memset(a.dk, 0, (size_t)(N * kvd) * sizeof(real));
         memset(a.dv, 0, (size_t)(N * kvd) * sizeof(real));
-        TR(li_trop_attn_bwd)(q, k, v, Pl, a.datt, a.dq, a.dk, a.dv, a.tmp, B, T, H, Hkv, hd);
+        TR(li_trop_attn_bwd)(q, k, v, Pl, a.datt, a.dq, a.dk, a.dv, a.dS, B, T, H, Hkv, hd, tp);
         TR(li_trop_rope)(a.dq, a.cs, N, T, H, hd, hp->n_rot, hp->rope_neox, -1);
         TR(li_trop_rope)(a.dk, a.cs, N, T, Hkv, hd, hp->n_rot, hp->rope_neox, -1);
         memset(a.dxn, 0, (size_t)(N * d) * sizeof(real));

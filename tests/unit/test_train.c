@@ -283,18 +283,20 @@ static void test_nan_and_stop(const char *base) {
 static void test_adamw(void) {
     li_hparams hp = tiny_hp();
     li_train_select all = {.what = LI_TRAIN_ALL};
-    li_train_model a, b;
+    li_train_model a, b, sc; /* sc: the scalar update (li_train_mm_set_isa(0)) */
     li_error err = {0};
     CHECK(li_train_model_init_random(&a, &hp, true, &all, 5, &err) == 0, "%s", err.msg);
     CHECK(li_train_model_init_random(&b, &hp, true, &all, 5, &err) == 0, "%s", err.msg);
+    CHECK(li_train_model_init_random(&sc, &hp, true, &all, 5, &err) == 0, "%s", err.msg);
     const size_t n = a.L.n_grads;
     double *p = malloc(n * sizeof *p), *m = calloc(n, sizeof *m), *v = calloc(n, sizeof *v);
     for (size_t i = 0; i < n; i++) p[i] = a.params[i]; /* tied, all trained: parameters and slots line up */
     li_train_grads g;
     li_train_grads_init(&g, &a.L);
-    li_adamw oa, ob;
+    li_adamw oa, ob, os;
     li_adamw_init(&oa, &a.L);
     li_adamw_init(&ob, &b.L);
+    li_adamw_init(&os, &sc.L);
     li_threadpool *tp = li_threadpool_init(2);
     li_adamw_opts o = {.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.99f, .eps = 1e-8f, .weight_decay = 0.1f};
     bool ok = true;
@@ -309,6 +311,10 @@ static void test_adamw(void) {
         CHECK(li_adamw_step(&oa, &a, &g, &o, &gn, &err) == 0, "%s", err.msg);
         o.tp = tp;
         CHECK(li_adamw_step(&ob, &b, &g, &o, NULL, &err) == 0, "%s", err.msg);
+        const int isa = li_train_mm_set_isa(0);
+        o.tp = NULL;
+        CHECK(li_adamw_step(&os, &sc, &g, &o, NULL, &err) == 0, "%s", err.msg);
+        li_train_mm_set_isa(isa);
         ok = ok && fabs(gn - sqrt(ss)) < 1e-9 * sqrt(ss);
         for (size_t i = 0; i < n; i++) {
             const double gi = g.g[i] * clip;
@@ -318,16 +324,19 @@ static void test_adamw(void) {
             p[i] -= 1e-2 / (1 - pow(0.9, s)) * m[i] / (sqrt(v[i] / (1 - pow(0.99, s))) + 1e-8);
         }
     }
-    double e = 0;
-    for (size_t i = 0; i < n; i++) e = fmax(e, fabs(a.params[i] - p[i]));
+    double e = 0, es = 0;
+    for (size_t i = 0; i < n; i++) e = fmax(e, fabs(a.params[i] - p[i])), es = fmax(es, fabs(sc.params[i] - p[i]));
     report(ok && e < 1e-6, "AdamW (bias correction, decoupled decay, clipping) = its formulas in double (max err %.1e)",
            e);
+    report(es < 1e-6, "AdamW's scalar update = its formulas in double (max err %.1e)", es);
     report(!memcmp(a.params, b.params, a.L.n_params * sizeof(float)), "AdamW on 2 threads: the same bits");
     li_threadpool_free(tp);
     li_adamw_free(&oa);
     li_adamw_free(&ob);
+    li_adamw_free(&os);
     li_train_grads_free(&g);
     li_train_model_free(&a);
+    li_train_model_free(&sc);
     li_train_model_free(&b);
     free(p), free(m), free(v);
 }

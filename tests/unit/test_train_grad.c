@@ -7,8 +7,8 @@
  *   input's gradient against (f(x + h) − f(x − h)) / 2h;
  *   the whole model (2 blocks + head + loss, tied and untied, LoRA): every
  *   parameter, relative error ‖analytic − numeric‖∞ / ‖numeric‖∞ < 1e-6;
- *   the float path (AVX2 kernels, the thread pool) against the double one;
- *   the AVX2 matmul kernels against the scalar reference. */
+ *   the float path (SIMD kernels, the thread pool) against the double one.
+ * The matmul kernels alone: test_train_mm.c. */
 #include "test_util.h"
 #include "train/train_internal.h"
 #include "cpu/threadpool.h"
@@ -63,7 +63,7 @@ static double op_f(opctx *c) {
         li_trop_rope_f64(c->out, c->aux, c->N, c->T, c->H, c->hd, c->n_rot, c->neox, 1);
         break;
     case OP_ATTN:
-        li_trop_attn_fwd_f64(c->in[0], c->in[1], c->in[2], c->scratch, c->out, c->B, c->T, c->H, c->Hkv, c->hd);
+        li_trop_attn_fwd_f64(c->in[0], c->in[1], c->in[2], c->scratch, c->out, c->B, c->T, c->H, c->Hkv, c->hd, NULL);
         break;
     case OP_SWIGLU: li_trop_swiglu_fwd_f64(c->in[0], c->in[1], c->out, c->N); break;
     case OP_LOSS:
@@ -146,7 +146,7 @@ static void test_attn(int H, int Hkv) {
     const int64_t nq = (int64_t)B * T * H * hd, nk = (int64_t)B * T * Hkv * hd;
     double *q = malloc(nq * sizeof(double)), *k = malloc(nk * sizeof(double)), *v = malloc(nk * sizeof(double));
     double *o = malloc(nq * sizeof(double)), *R = malloc(nq * sizeof(double));
-    double *P = malloc((size_t)B * H * T * T * sizeof(double)), tmp[8];
+    double *P = malloc((size_t)B * H * T * T * sizeof(double)), *dS = malloc((size_t)B * H * T * T * sizeof(double));
     double *dq = malloc(nq * sizeof(double)), *dk = calloc(nk, sizeof(double)), *dv = calloc(nk, sizeof(double));
     double *ng = malloc(nq * sizeof(double));
     fill(q, nq, 1.5);
@@ -156,7 +156,7 @@ static void test_attn(int H, int Hkv) {
     opctx c = {.kind = OP_ATTN, .B = B, .T = T, .H = H, .Hkv = Hkv, .hd = hd, .in = {q, k, v},
                .in_n = {nq, nk, nk}, .n_in = 3, .out = o, .R = R, .out_n = nq, .scratch = P};
     op_f(&c);
-    li_trop_attn_bwd_f64(q, k, v, P, R, dq, dk, dv, tmp, B, T, H, Hkv, hd);
+    li_trop_attn_bwd_f64(q, k, v, P, R, dq, dk, dv, dS, B, T, H, Hkv, hd, NULL);
     char what[64];
     op_numeric(&c, 0, ng);
     snprintf(what, sizeof what, "attention dq (heads %d, kv heads %d, hd 6)", H, Hkv);
@@ -167,7 +167,7 @@ static void test_attn(int H, int Hkv) {
     op_numeric(&c, 2, ng);
     snprintf(what, sizeof what, "attention dv (heads %d, kv heads %d)", H, Hkv);
     check_grad(what, dv, ng, nk);
-    free(q), free(k), free(v), free(o), free(R), free(P), free(dq), free(dk), free(dv), free(ng);
+    free(q), free(k), free(v), free(o), free(R), free(P), free(dS), free(dq), free(dk), free(dv), free(ng);
 }
 
 static void test_swiglu(void) {
@@ -345,7 +345,7 @@ static void test_subset(const char *sel_s) {
     mcase_free(&sub);
 }
 
-/* the float path (AVX2 kernels, thread pool) agrees with the double one */
+/* the float path (SIMD kernels, thread pool) agrees with the double one */
 static void test_float_path(void) {
     mcase c;
     mcase_init(&c, 1, false, "all");
@@ -369,6 +369,22 @@ static void test_float_path(void) {
     const double e = nmse(g.g, gd, (int64_t)L->n_grads);
     report(e < 1e-9 && fabs(lf - ld) < 1e-5 * fabs(ld), "float path (2 threads): loss %.7f vs %.7f, grads nmse %.1e",
            lf, ld, e);
+    /* the same bits on 1 and 3 threads: matmuls, attention and the loss
+     * each write every element from one job, sums in a fixed order */
+    float *g2 = malloc(L->n_grads * sizeof(float));
+    memcpy(g2, g.g, L->n_grads * sizeof(float));
+    li_threadpool *tp3 = li_threadpool_init(3);
+    bool same = true;
+    for (int run = 0; run < 2; run++) {
+        double l1 = 0;
+        li_train_grads_zero(&g);
+        CHECK(li_train_forward_backward(&c.tm, &g, &b, &o, &ws, run ? tp3 : NULL, &l1, NULL, &err) == 0, "%s",
+              err.msg);
+        same = same && l1 == lf && !memcmp(g.g, g2, L->n_grads * sizeof(float));
+    }
+    report(same, "float path: loss and gradients bit-identical on 1, 2 and 3 threads");
+    li_threadpool_free(tp3);
+    free(g2);
     /* a bad token is refused */
     c.tok[3] = 13;
     report(li_train_forward_backward(&c.tm, &g, &b, &o, &ws, tp, &lf, NULL, &err) == LI_EINVAL,
@@ -379,47 +395,6 @@ static void test_float_path(void) {
     li_train_ws_free(&ws);
     li_threadpool_free(tp);
     mcase_free(&c);
-}
-
-/* ==== matmul kernels ======================================================= */
-
-static void test_mm(void) {
-    li_threadpool *tp = li_threadpool_init(2);
-    const int64_t n = 7, m = 37, k = 45; /* odd: every tail */
-    float *x = malloc(n * k * 4), *W = malloc(m * k * 4), *y = malloc(n * m * 4), *yr = malloc(n * m * 4);
-    float *dy = malloc(n * m * 4), *dx = calloc(n * k, 4), *dw = calloc(m * k, 4);
-    double *ex = calloc(n * k, 8), *ew = calloc(m * k, 8), *ey = calloc(n * m, 8);
-    for (int64_t i = 0; i < n * k; i++) x[i] = rng_f();
-    for (int64_t i = 0; i < m * k; i++) W[i] = rng_f();
-    for (int64_t i = 0; i < n * m; i++) dy[i] = rng_f();
-    for (int64_t i = 0; i < n; i++)
-        for (int64_t j = 0; j < m; j++)
-            for (int64_t l = 0; l < k; l++) {
-                ey[i * m + j] += (double)x[i * k + l] * W[j * k + l];
-                ex[i * k + l] += (double)dy[i * m + j] * W[j * k + l];
-                ew[j * k + l] += (double)dy[i * m + j] * x[i * k + l];
-            }
-    const int have_avx2 = li_train_mm_set_isa(1);
-    li_train_mm_set_isa(0);
-    for (int isa = 0; isa <= have_avx2; isa++) {
-        li_train_mm_set_isa(isa);
-        li_train_mm_nt(tp, x, W, y, n, m, k);
-        memset(dx, 0, n * k * 4);
-        memset(dw, 0, m * k * 4);
-        li_train_mm_acc(tp, dy, m, 1, W, dx, n, m, k);
-        li_train_mm_acc(tp, dy, 1, m, x, dw, m, n, k);
-        double e1 = 0, e2 = 0, e3 = 0;
-        for (int64_t i = 0; i < n * m; i++) e1 = fmax(e1, fabs(y[i] - ey[i]));
-        for (int64_t i = 0; i < n * k; i++) e2 = fmax(e2, fabs(dx[i] - ex[i]));
-        for (int64_t i = 0; i < m * k; i++) e3 = fmax(e3, fabs(dw[i] - ew[i]));
-        report(e1 < 1e-4 && e2 < 1e-4 && e3 < 1e-4, "%s matmuls (7 x 37 x 45): y %.1e, dX %.1e, dW %.1e",
-               isa ? "AVX2" : "scalar", e1, e2, e3);
-        if (isa == 0) memcpy(yr, y, n * m * 4);
-    }
-    if (!have_avx2) printf("skip AVX2 matmuls: the CPU has no AVX2/FMA\n");
-    li_train_mm_set_isa(have_avx2);
-    free(x), free(W), free(y), free(yr), free(dy), free(dx), free(dw), free(ex), free(ew), free(ey);
-    li_threadpool_free(tp);
 }
 
 int main(void) {
@@ -438,6 +413,5 @@ int main(void) {
     test_subset("norms");
     test_subset("layers:1-1");
     test_float_path();
-    test_mm();
     return t_summary("test_train_grad");
 }
