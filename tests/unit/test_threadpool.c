@@ -8,7 +8,12 @@
  *    counted, the next jobs run on the caller alone with the same outputs,
  *    and once the back-off is over the workers take chunks again;
  *  - thousands of back-to-back jobs with workers going in and out (the
- *    caller's sleep/wake handshake loses no wake-up: the test would hang). */
+ *    caller's sleep/wake handshake loses no wake-up: the test would hang);
+ *  - the mode choice by measured throughput: workers made slow (each chunk
+ *    a worker takes sleeps 2 ms, as if it shared its core) and the caller
+ *    settles on running jobs alone, probing the workers now and then; then
+ *    the caller made slow instead (a chunk it runs sleeps 0.5 ms) and the
+ *    pool goes back to the workers; every job exact throughout. */
 #define _GNU_SOURCE
 #include "cpu/threadpool.h"
 #include "test_util.h"
@@ -31,6 +36,7 @@ typedef struct {
     float out[MAX_CHUNKS];
     int stall_ith;                  /* > 0: that worker stalls in its first chunk */
     atomic_int stalled;
+    double worker_sleep, caller_sleep; /* seconds slept per chunk by workers / by the caller */
 } job;
 
 static void sleep_s(double s) {
@@ -57,6 +63,8 @@ static void work(void *ctx, int ith, int nth) {
             while (atomic_load(&j->next) < j->n_chunks) sleep_s(1e-4);
             sleep_s(20e-3);
         }
+        if (ith > 0 && j->worker_sleep > 0) sleep_s(j->worker_sleep);
+        if (ith == 0 && j->caller_sleep > 0) sleep_s(j->caller_sleep);
         j->out[c] = chunk_value(c);
         atomic_fetch_add(&j->hits[c], 1);
         if (ith > 0) atomic_fetch_add(&j->by_worker, 1);
@@ -160,10 +168,68 @@ static void test_back_to_back(void) {
     free(j);
 }
 
+static double wall(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* n jobs of `chunks` chunks, sleeping per chunk as given; returns how many
+ * ran alone, and ANDs their exactness into *ok. */
+static long run_jobs(li_threadpool *tp, job *j, int n, int chunks, double worker_sleep, double caller_sleep,
+                     bool *ok) {
+    long stalls, solo0, solo1;
+    li_threadpool_stats(tp, &stalls, &solo0);
+    for (int i = 0; i < n; i++) {
+        job_reset(j, chunks);
+        j->worker_sleep = worker_sleep;
+        j->caller_sleep = caller_sleep;
+        li_threadpool_run_sized(tp, work, j, 2, chunks);
+        *ok &= job_ok(j);
+    }
+    li_threadpool_stats(tp, &stalls, &solo1);
+    return solo1 - solo0;
+}
+
+static void test_adaptive(void) {
+    job *j = calloc(1, sizeof *j);
+    li_threadpool *tp = li_threadpool_init(2);
+    bool ok = true;
+    long switches, probes, solo;
+    int solo_mode = 0;
+    /* slow workers (10 ms a chunk, the caller 0.1 ms): alone is several
+     * times faster, the caller must settle on it */
+    double t0 = wall();
+    do {
+        run_jobs(tp, j, 1, 10, 10e-3, 1e-4, &ok);
+        li_threadpool_mode_stats(tp, &switches, &probes, &solo_mode);
+    } while (!solo_mode && wall() - t0 < 10);
+    CHECK(solo_mode, "slow workers: the caller runs jobs alone (%ld probes, %ld switches)", probes, switches);
+    solo = run_jobs(tp, j, 100, 10, 10e-3, 1e-4, &ok);
+    li_threadpool_mode_stats(tp, &switches, &probes, &solo_mode);
+    CHECK(solo >= 85 && solo_mode, "slow workers: %ld of the next 100 jobs ran alone (%ld probes, %ld switches)",
+          solo, probes, switches);
+    /* a slow caller (0.5 ms a chunk, the workers fast): the workers win
+     * again, found by a probe (<= 1 s apart) */
+    t0 = wall();
+    do {
+        run_jobs(tp, j, 1, 20, 0, 5e-4, &ok);
+        li_threadpool_mode_stats(tp, &switches, &probes, &solo_mode);
+    } while (solo_mode && wall() - t0 < 10);
+    CHECK(!solo_mode, "slow caller: back to the workers (%ld probes, %ld switches, %.1f s)", probes, switches,
+          wall() - t0);
+    solo = run_jobs(tp, j, 100, 20, 0, 5e-4, &ok);
+    CHECK(solo <= 15, "slow caller: %ld of the next 100 jobs ran alone", solo);
+    CHECK(ok, "every job exact whichever way it ran");
+    li_threadpool_free(tp);
+    free(j);
+}
+
 int main(void) {
     for (int c = 0; c < MAX_CHUNKS; c++) serial[c] = chunk_value(c);
     test_sizes();
     test_stall();
     test_back_to_back();
+    test_adaptive();
     return t_summary("test_threadpool");
 }
