@@ -23,15 +23,16 @@
  * grouped in classes (fn, nth, log2 of the work hint); each class keeps an
  * EWMA of seconds per unit of work in each mode. The mode is global, since
  * one mode's cost depends on the other jobs (workers spinning or parked):
- *  - every job in the running mode updates its class's estimate, and every
- *    WINDOW seconds of jobs the caller compares what they took with what
- *    the other mode's estimates say they would have taken (decayed sums over
- *    windows, stalls being rare and large); the other mode wins only by
- *    MARGIN;
+ *  - every job in the running mode updates its class's estimate, and in
+ *    POOL, every WINDOW seconds of jobs, the caller compares what they took
+ *    with what SOLO's estimates say they would have taken (decayed sums over
+ *    windows, stalls being rare and large); SOLO wins only by MARGIN;
  *  - now and then (every probe_every seconds of wall time, doubling from
  *    PROBE_MIN to PROBE_MAX while probes confirm the mode) a PROBE_SPAN-long
  *    run of jobs goes the other way, refreshing its estimates, and wins if
- *    it beat the running mode's estimates by MARGIN. So probing costs a
+ *    it beat the running mode's estimates by MARGIN (POOL's probes are the
+ *    only way back to the workers; one the next windows prove wrong counts
+ *    as confirming SOLO). So probing costs a
  *    bounded share of the time (PROBE_SPAN / PROBE_MIN at most, about
  *    PROBE_SPAN / PROBE_MAX in steady state), and uncontended, where POOL
  *    wins every comparison, the jobs split as they always did;
@@ -66,6 +67,7 @@
 #define PROBE_SPAN 1e-3         /* seconds of jobs a probe runs the other mode */
 #define PROBE_MIN 32e-3         /* wall seconds between probes, at first */
 #define PROBE_MAX 1.0
+#define MISLED 0.25             /* back to SOLO this soon after a probe chose POOL: the probe misled */
 
 enum { MODE_POOL, MODE_SOLO };
 
@@ -102,6 +104,8 @@ struct li_threadpool {
     double win_t;             /* job seconds in the current window */
     double win_known, win_alt;/* of those, with an estimate in the other mode, and that estimate */
     double dec_known, dec_alt;/* decayed sums of past windows */
+    bool switch_by_probe;     /* the last mode change came from a probe */
+    double switch_t;          /* and happened then */
     long n_stalls, n_solo;    /* counters for li_threadpool_stats */
     long n_switches, n_probes;
 };
@@ -296,14 +300,19 @@ static job_class *class_of(li_threadpool *tp, li_threadpool_fn fn, int nth, int 
 
 static void ewma(double *est, double sample, double w) { *est = *est > 0 ? *est + w * (sample - *est) : sample; }
 
-static void set_mode(li_threadpool *tp, int mode) {
+static void set_mode(li_threadpool *tp, int mode, bool by_probe, double t) {
     if (mode != tp->mode) tp->n_switches++;
     tp->mode = mode;
     tp->win_t = tp->win_known = tp->win_alt = tp->dec_known = tp->dec_alt = 0;
+    tp->switch_by_probe = by_probe;
+    tp->switch_t = t;
 }
 
-/* After a job of the running mode: its estimate, and the window's comparison. */
-static void account_run(li_threadpool *tp, job_class *c, double dt, double units) {
+/* After a job of the running mode: its estimate, and the window's
+ * comparison. Only POOL is left this way: its jobs measure it all the time,
+ * while SOLO's view of POOL comes from probes alone, so only a probe may
+ * bring the workers back. */
+static void account_run(li_threadpool *tp, job_class *c, double dt, double units, double t_end) {
     const int other = !tp->mode;
     ewma(&c->est[tp->mode], dt / units, EWMA_RUN);
     tp->win_t += dt;
@@ -316,7 +325,17 @@ static void account_run(li_threadpool *tp, job_class *c, double dt, double units
     tp->dec_alt = 0.5 * tp->dec_alt + tp->win_alt;
     const bool covered = tp->win_known >= 0.5 * tp->win_t;
     tp->win_t = tp->win_known = tp->win_alt = 0;
-    if (covered && tp->dec_alt * MARGIN < tp->dec_known) set_mode(tp, other);
+    if (tp->mode == MODE_POOL && covered && tp->dec_alt * MARGIN < tp->dec_known) {
+        /* a probe that brought the workers back just now misled us (a
+         * woken worker often runs at once, then shares a core): probe less;
+         * otherwise things changed (contention began): look again soon */
+        if (tp->switch_by_probe && t_end - tp->switch_t < MISLED)
+            tp->probe_every = 2 * tp->probe_every < PROBE_MAX ? 2 * tp->probe_every : PROBE_MAX;
+        else
+            tp->probe_every = PROBE_MIN;
+        set_mode(tp, MODE_SOLO, false, t_end);
+        tp->next_probe = t_end + tp->probe_every;
+    }
 }
 
 /* After a job of a probe (the other mode). */
@@ -330,7 +349,7 @@ static void account_probe(li_threadpool *tp, job_class *c, double dt, double uni
     if (tp->probe_until > 0) return;
     tp->probe_until = 0;
     if (tp->probe_t * MARGIN < tp->probe_alt) {
-        set_mode(tp, other);
+        set_mode(tp, other, true, t_end);
     } else if (tp->probe_every < PROBE_MAX) {
         tp->probe_every = 2 * tp->probe_every < PROBE_MAX ? 2 * tp->probe_every : PROBE_MAX;
     }
@@ -373,7 +392,7 @@ void li_threadpool_run_sized(li_threadpool *tp, li_threadpool_fn fn, void *ctx, 
     if (probing) {
         account_probe(tp, c, t1 - t0, units, t1);
     } else {
-        account_run(tp, c, t1 - t0, units);
+        account_run(tp, c, t1 - t0, units, t1);
         if (stalled && tp->mode == MODE_POOL && c->est[MODE_SOLO] == 0 && tp->probe_until == 0) {
             /* SOLO unmeasured and the workers look slow: find out now */
             tp->n_probes++;
