@@ -106,6 +106,8 @@ struct li_threadpool {
     double dec_known, dec_alt;/* decayed sums of past windows */
     bool switch_by_probe;     /* the last mode change came from a probe */
     double switch_t;          /* and happened then */
+    double (*clock)(void *);  /* the mode choice's clock (NULL: now()), and its argument */
+    void *clock_arg;
     long n_stalls, n_solo;    /* counters for li_threadpool_stats */
     long n_switches, n_probes;
 };
@@ -241,6 +243,13 @@ void li_threadpool_mode_stats(const li_threadpool *tp, long *n_switches, long *n
     *solo = tp->mode == MODE_SOLO;
 }
 
+void li_threadpool_set_clock(li_threadpool *tp, double (*clock)(void *arg), void *arg) {
+    tp->clock = clock;
+    tp->clock_arg = arg;
+}
+
+static double mode_clock(const li_threadpool *tp) { return tp->clock ? tp->clock(tp->clock_arg) : now(); }
+
 static inline bool job_busy(li_threadpool *tp) {
     return (atomic_load_explicit(&tp->job, memory_order_acquire) & ~JOB_CLOSED) != 0;
 }
@@ -369,7 +378,7 @@ void li_threadpool_run_sized(li_threadpool *tp, li_threadpool_fn fn, void *ctx, 
     const int size = work > 0 ? 64 - __builtin_clzll((unsigned long long)work) : 0;
     const double units = work > 0 ? (double)work : 1.0;
     job_class *c = class_of(tp, fn, nth, size);
-    const double t0 = now();
+    const double t0 = mode_clock(tp);
     if (tp->probe_every == 0) { /* the first job */
         tp->probe_every = PROBE_MIN;
         tp->next_probe = t0 + PROBE_MIN;
@@ -388,7 +397,7 @@ void li_threadpool_run_sized(li_threadpool *tp, li_threadpool_fn fn, void *ctx, 
     } else {
         run_pool(tp, fn, ctx, nth, &stalled);
     }
-    const double t1 = now();
+    const double t1 = mode_clock(tp);
     if (probing) {
         account_probe(tp, c, t1 - t0, units, t1);
     } else {

@@ -43,4 +43,10 @@ void li_threadpool_stats(const li_threadpool *tp, long *n_stalls, long *n_solo);
  * *solo: the caller runs jobs alone now. */
 void li_threadpool_mode_stats(const li_threadpool *tp, long *n_switches, long *n_probes, int *solo);
 
+/* For tests: the clock (seconds) the mode choice reads, NULL for
+ * CLOCK_MONOTONIC, so that a test can give each mode a cost that the
+ * machine's load cannot change. Stalls are still timed by the real clock.
+ * Call between jobs. */
+void li_threadpool_set_clock(li_threadpool *tp, double (*clock)(void *arg), void *arg);
+
 #endif

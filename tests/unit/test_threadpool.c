@@ -15,11 +15,16 @@
  *    caller's share whatever the scheduler did);
  *  - thousands of back-to-back jobs with workers going in and out (the
  *    caller's sleep/wake handshake loses no wake-up: the test would hang);
- *  - the mode choice by measured throughput: workers made slow (each chunk
- *    a worker takes sleeps 10 ms, as if it shared its core) and the caller
- *    settles on running jobs alone, probing the workers now and then; then
- *    the caller made slow instead (a chunk it runs sleeps 0.5 ms) and the
- *    pool goes back to the workers; every job exact throughout. */
+ *  - the mode choice by measured throughput, on a clock the test keeps
+ *    (li_threadpool_set_clock: a job lasts as long as the busier side's
+ *    chunks cost, so load changes nothing): workers made slow (10 ms a
+ *    chunk a worker takes, the caller 0.1 ms) and the caller settles on
+ *    running jobs alone, probing the workers now and then; then the caller
+ *    made slow instead (0.5 ms a chunk, the workers 0.01 ms) and the pool
+ *    goes back to the workers; every job exact throughout. In a job handed
+ *    to the workers the caller waits until a worker has taken a chunk
+ *    (slow workers) or every chunk (slow caller), so the costs do not
+ *    depend on who the scheduler ran first. */
 #define _GNU_SOURCE
 #include "cpu/threadpool.h"
 #include "test_util.h"
@@ -44,11 +49,12 @@ typedef struct {
     float out[MAX_CHUNKS];
     bool stall;                     /* the first chunk a worker takes stalls (hold_stalled_chunk) */
     atomic_int stalled;
-    double worker_sleep, caller_sleep; /* seconds slept per chunk by workers / by the caller */
+    double worker_cost, caller_cost; /* test-clock seconds per chunk by workers / by the caller */
+    atomic_int by_caller;
     /* wait_worker: when the job was handed to the workers (tp's solo count
      * still solo_before as the caller enters), the caller takes no chunk
      * until a worker has taken one */
-    bool wait_worker;
+    bool wait_worker, wait_all;     /* wait_all: until the workers have taken every chunk */
     li_threadpool *tp;
     long solo_before;
     atomic_int worker_in;
@@ -113,18 +119,18 @@ static void work(void *ctx, int ith, int nth) {
         li_threadpool_stats(j->tp, &stalls, &solo);
         const double t_guard = wall();
         if (solo == j->solo_before)
-            while (!atomic_load(&j->worker_in) && wall() - t_guard < 10) sleep_s(1e-4);
+            while ((j->wait_all ? atomic_load(&j->next) < j->n_chunks : !atomic_load(&j->worker_in)) &&
+                   wall() - t_guard < 10)
+                sleep_s(1e-4);
     }
     for (;;) {
         const int c = atomic_fetch_add(&j->next, 1);
         if (c >= j->n_chunks) break;
         if (ith > 0) atomic_store(&j->worker_in, 1);
         if (ith > 0 && j->stall && atomic_exchange(&j->stalled, 1) == 0) hold_stalled_chunk(j);
-        if (ith > 0 && j->worker_sleep > 0) sleep_s(j->worker_sleep);
-        if (ith == 0 && j->caller_sleep > 0) sleep_s(j->caller_sleep);
         j->out[c] = chunk_value(c);
         atomic_fetch_add(&j->hits[c], 1);
-        if (ith > 0) atomic_fetch_add(&j->by_worker, 1);
+        atomic_fetch_add(ith > 0 ? &j->by_worker : &j->by_caller, 1);
     }
     if (ith >= 0 && ith < MAX_THREADS) atomic_fetch_sub(&j->in_use[ith], 1);
     if (ith == 0) atomic_store(&j->caller_done, 1);
@@ -228,17 +234,44 @@ static void test_back_to_back(void) {
     free(j);
 }
 
-/* n jobs of `chunks` chunks, sleeping per chunk as given; returns how many
+/* The test's clock: it moves only as jobs "cost", by the busier side of
+ * the job running now (the pool reads it before and after each job). */
+typedef struct {
+    double base;
+    job *cur;
+} test_clock;
+
+static double job_cost(const job *j) {
+    const double caller = j->caller_cost * atomic_load(&j->by_caller);
+    const double workers = j->worker_cost * atomic_load(&j->by_worker);
+    return caller > workers ? caller : workers;
+}
+
+static double clock_read(void *arg) {
+    test_clock *tc = arg;
+    return tc->base + (tc->cur ? job_cost(tc->cur) : 0);
+}
+
+/* n jobs of `chunks` chunks at the given test-clock costs; returns how many
  * ran alone, and ANDs their exactness into *ok. */
-static long run_jobs(li_threadpool *tp, job *j, int n, int chunks, double worker_sleep, double caller_sleep,
-                     bool *ok) {
+static long run_jobs(li_threadpool *tp, test_clock *tc, job *j, int n, int chunks, double worker_cost,
+                     double caller_cost, bool wait_all, bool *ok) {
     long stalls, solo0, solo1;
     li_threadpool_stats(tp, &stalls, &solo0);
     for (int i = 0; i < n; i++) {
+        long s, before;
+        li_threadpool_stats(tp, &s, &before);
         job_reset(j, chunks);
-        j->worker_sleep = worker_sleep;
-        j->caller_sleep = caller_sleep;
+        j->worker_cost = worker_cost;
+        j->caller_cost = caller_cost;
+        j->wait_worker = true;
+        j->wait_all = wait_all;
+        j->tp = tp;
+        j->solo_before = before;
+        tc->cur = j;
         li_threadpool_run_sized(tp, work, j, 2, chunks);
+        tc->base += job_cost(j);
+        tc->cur = NULL;
         *ok &= job_ok(j);
     }
     li_threadpool_stats(tp, &stalls, &solo1);
@@ -248,32 +281,34 @@ static long run_jobs(li_threadpool *tp, job *j, int n, int chunks, double worker
 static void test_adaptive(void) {
     job *j = calloc(1, sizeof *j);
     li_threadpool *tp = li_threadpool_init(2);
+    test_clock tc = {0};
+    li_threadpool_set_clock(tp, clock_read, &tc);
     bool ok = true;
     long switches, probes, solo;
-    int solo_mode = 0;
-    /* slow workers (10 ms a chunk, the caller 0.1 ms): alone is several
-     * times faster, the caller must settle on it */
-    double t0 = wall();
+    int solo_mode = 0, n = 0;
+    /* slow workers: a job handed to them costs >= 10 ms, alone 1 ms; the
+     * caller must settle on alone (bounds in jobs, not seconds: a probe
+     * comes within 1 s of the test clock) */
     do {
-        run_jobs(tp, j, 1, 10, 10e-3, 1e-4, &ok);
+        run_jobs(tp, &tc, j, 1, 10, 10e-3, 1e-4, false, &ok);
         li_threadpool_mode_stats(tp, &switches, &probes, &solo_mode);
-    } while (!solo_mode && wall() - t0 < 10);
-    CHECK(solo_mode, "slow workers: the caller runs jobs alone (%ld probes, %ld switches)", probes, switches);
-    solo = run_jobs(tp, j, 100, 10, 10e-3, 1e-4, &ok);
+    } while (!solo_mode && ++n < 2000);
+    CHECK(solo_mode, "slow workers: the caller runs jobs alone (%ld probes, %ld switches, %d jobs)", probes, switches,
+          n);
+    solo = run_jobs(tp, &tc, j, 100, 10, 10e-3, 1e-4, false, &ok);
     li_threadpool_mode_stats(tp, &switches, &probes, &solo_mode);
-    CHECK(solo >= 85 && solo_mode, "slow workers: %ld of the next 100 jobs ran alone (%ld probes, %ld switches)",
+    CHECK(solo >= 95 && solo_mode, "slow workers: %ld of the next 100 jobs ran alone (%ld probes, %ld switches)",
           solo, probes, switches);
-    /* a slow caller (0.5 ms a chunk, the workers fast): the workers win
-     * again, found by a probe (<= 1 s apart) */
-    t0 = wall();
+    /* a slow caller: alone 10 ms a job, with the workers 0.2 ms; a probe of
+     * the workers (<= 1 s of the test clock, <= 100 jobs alone) wins */
+    n = 0;
     do {
-        run_jobs(tp, j, 1, 20, 0, 5e-4, &ok);
+        run_jobs(tp, &tc, j, 1, 20, 1e-5, 5e-4, true, &ok);
         li_threadpool_mode_stats(tp, &switches, &probes, &solo_mode);
-    } while (solo_mode && wall() - t0 < 10);
-    CHECK(!solo_mode, "slow caller: back to the workers (%ld probes, %ld switches, %.1f s)", probes, switches,
-          wall() - t0);
-    solo = run_jobs(tp, j, 100, 20, 0, 5e-4, &ok);
-    CHECK(solo <= 15, "slow caller: %ld of the next 100 jobs ran alone", solo);
+    } while (solo_mode && ++n < 2000);
+    CHECK(!solo_mode, "slow caller: back to the workers (%ld probes, %ld switches, %d jobs)", probes, switches, n);
+    solo = run_jobs(tp, &tc, j, 100, 20, 1e-5, 5e-4, true, &ok);
+    CHECK(solo <= 5, "slow caller: %ld of the next 100 jobs ran alone", solo);
     CHECK(ok, "every job exact whichever way it ran");
     li_threadpool_free(tp);
     free(j);
