@@ -320,10 +320,10 @@ static void matmul_run(li_cpu *c, const li_weight *const *w, int n_w, const floa
         }
         j.act = c->act;
         atomic_init(&j.next_row, 0);
-        li_threadpool_run(c->tp, matmul_quantize, &j, n >= 8 ? nth : 1);
+        li_threadpool_run_sized(c->tp, matmul_quantize, &j, n >= 8 ? nth : 1, n * j.k);
     }
     matmul_plan(&j, nth);
-    li_threadpool_run(c->tp, matmul_work, &j, (int)LI_MIN((int64_t)nth, j.n_items));
+    li_threadpool_run_sized(c->tp, matmul_work, &j, (int)LI_MIN((int64_t)nth, j.n_items), work);
 }
 
 /* 4-bit group weights this backend packed: A8 when asked for (and the
@@ -557,7 +557,7 @@ static bool cpu_attention_tiles(li_cpu *c, const li_attn_args *a) {
     const int nth = work < 32768 ? 1 : c->n_threads;
     j.n_lanes = (int)LI_MIN((int64_t)LI_MIN(nth, LI_CPU_MAX_LANES), j.total);
     for (int l = 0; l < j.n_lanes; l++) atomic_init(&j.next[l].v, j.total * l / j.n_lanes);
-    li_threadpool_run(c->tp, attn_tile_work, &j, nth);
+    li_threadpool_run_sized(c->tp, attn_tile_work, &j, nth, work);
     return true;
 }
 
@@ -581,7 +581,7 @@ static void cpu_attention(li_backend *be, const li_attn_args *a) {
                   .attn_head = li_kv_is_8bit(a->kv->dtype) ? li_kv8_attn_head_for(c->kern->isa) : c->kern->attn_head};
     atomic_init(&j.next, 0);
     work *= (int64_t)a->n_head * a->head_dim;
-    li_threadpool_run(c->tp, attn_work, &j, work < 32768 ? 1 : c->n_threads);
+    li_threadpool_run_sized(c->tp, attn_work, &j, work < 32768 ? 1 : c->n_threads, work);
 }
 
 typedef struct {
@@ -605,7 +605,7 @@ static void cpu_silu_mul(li_backend *be, float *g, const float *u, int64_t n, in
     li_cpu *c = cpu_of(be);
     silu_job j = {.kern = c->kern, .g = g, .u = u, .n = n, .dim = dim};
     atomic_init(&j.next, 0);
-    li_threadpool_run(c->tp, silu_work, &j, n * dim >= 32768 ? (int)LI_MIN((int64_t)c->n_threads, n) : 1);
+    li_threadpool_run_sized(c->tp, silu_work, &j, n * dim >= 32768 ? (int)LI_MIN((int64_t)c->n_threads, n) : 1, n * dim);
 }
 
 /* ------------------------------------------------------------------------
@@ -657,7 +657,7 @@ static void rows_run(li_cpu *c, void (*rows)(void *, int64_t, int64_t), void *ct
     const int64_t chunk = LI_MAX((n + 4 * nth - 1) / (4 * nth), 1);
     rows_job j = {.rows = rows, .ctx = ctx, .n = n, .chunk = (chunk + align - 1) / align * align};
     atomic_init(&j.next, 0);
-    li_threadpool_run(c->tp, rows_work, &j, nth);
+    li_threadpool_run_sized(c->tp, rows_work, &j, nth, cycles);
 }
 
 typedef struct {

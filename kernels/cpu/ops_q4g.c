@@ -242,7 +242,7 @@ void li_q4g_matmul(const li_q4g_kernels *kern, li_threadpool *tp, int nth, li_q4
         if (j.a8) j.act = s->buf;
         else j.x = s->buf;
         atomic_init(&j.next_row, 0);
-        li_threadpool_run(tp, q4g_prep_work, &j, n >= 8 ? nth : 1);
+        li_threadpool_run_sized(tp, q4g_prep_work, &j, n >= 8 ? nth : 1, n * k);
     }
     /* A16 works in panels of 16 rows, A8 in panels of 8 */
     j.unit_rows = j.a8 ? 8 : LI_PANEL;
@@ -253,5 +253,5 @@ void li_q4g_matmul(const li_q4g_kernels *kern, li_threadpool *tp, int nth, li_q4
     j.n_chunks = (j.units + j.chunk - 1) / j.chunk;
     j.n_items = j.n_chunks * n_tiles;
     atomic_init(&j.next, 0);
-    li_threadpool_run(tp, q4g_work, &j, (int)LI_MIN((int64_t)nth, j.n_items));
+    li_threadpool_run_sized(tp, q4g_work, &j, (int)LI_MIN((int64_t)nth, j.n_items), m * n * k);
 }

@@ -13,15 +13,34 @@
  *
  * Contention (another process on our cores). A worker descheduled in the
  * middle of a chunk holds the job open until the scheduler runs it again,
- * a time slice (milliseconds) at every op it happens in, while the caller
- * spun. So the caller spins only briefly, then sleeps on `done_cv` (its core
- * goes idle, and the kernel may move the stalled worker onto it); the last
- * worker out wakes it. And a job that stalled like that (the wait longer
- * than the caller's own share plus STALL_SLACK) makes the caller run the
- * next jobs alone for a back-off time, doubling while stalls repeat (up to
- * BACKOFF_MAX), then try the workers again; one clean job resets it. Alone
- * is always allowed: job functions take work dynamically, so the results
- * are the same whoever runs which chunk. */
+ * a time slice (milliseconds), while the caller waits; and a worker spinning
+ * between jobs takes a share of the core the caller needs. So the caller
+ * spins only briefly, then sleeps on `done_cv` (its core goes idle, and the
+ * kernel may move the stalled worker onto it); the last worker out wakes it.
+ *
+ * And it picks the faster of two modes by measured throughput: POOL (hand
+ * the job to the workers) or SOLO (run it alone; the workers park). Jobs are
+ * grouped in classes (fn, nth, log2 of the work hint); each class keeps an
+ * EWMA of seconds per unit of work in each mode. The mode is global, since
+ * one mode's cost depends on the other jobs (workers spinning or parked):
+ *  - every job in the running mode updates its class's estimate, and in
+ *    POOL, every WINDOW seconds of jobs, the caller compares what they took
+ *    with what SOLO's estimates say they would have taken (decayed sums over
+ *    windows, stalls being rare and large); SOLO wins only by MARGIN;
+ *  - now and then (every probe_every seconds of wall time, doubling from
+ *    PROBE_MIN to PROBE_MAX while probes confirm the mode) a PROBE_SPAN-long
+ *    run of jobs goes the other way, refreshing its estimates, and wins if
+ *    it beat the running mode's estimates by MARGIN (POOL's probes are the
+ *    only way back to the workers; one the next windows prove wrong counts
+ *    as confirming SOLO). So probing costs a
+ *    bounded share of the time (PROBE_SPAN / PROBE_MIN at most, about
+ *    PROBE_SPAN / PROBE_MAX in steady state), and uncontended, where POOL
+ *    wins every comparison, the jobs split as they always did;
+ *  - a stall while SOLO is still unmeasured for that class starts a probe
+ *    at once.
+ * SOLO is always allowed: job functions take work dynamically and every
+ * chunk is computed whole by one thread, so the results are the same
+ * whoever runs which chunk. */
 #define _GNU_SOURCE
 #include "cpu/threadpool.h"
 
@@ -40,8 +59,23 @@
 #define JOB_CLOSED (1 << 30)
 #define WAIT_SPIN_SECONDS 20e-6 /* the caller's spin for workers still inside, before it sleeps */
 #define STALL_SLACK 50e-6       /* a wait this much longer than the caller's own share is a stall */
-#define BACKOFF_MIN 2e-3        /* alone after a stall, at first */
-#define BACKOFF_MAX 128e-3
+#define N_CLASSES 128           /* job classes, direct-mapped (a collision restarts the class) */
+#define EWMA_RUN 0.125          /* weight of a sample in the running mode */
+#define EWMA_PROBE 0.25         /* weight of a probe's sample (few, so each counts more) */
+#define WINDOW 4e-3             /* seconds of jobs between comparisons in the running mode */
+#define MARGIN 1.1              /* the other mode must be this much faster to take over */
+#define PROBE_SPAN 1e-3         /* seconds of jobs a probe runs the other mode */
+#define PROBE_MIN 32e-3         /* wall seconds between probes, at first */
+#define PROBE_MAX 1.0
+#define MISLED 0.25             /* back to SOLO this soon after a probe chose POOL: the probe misled */
+
+enum { MODE_POOL, MODE_SOLO };
+
+typedef struct {
+    li_threadpool_fn fn;      /* key: fn, nth, size class (fn NULL: empty) */
+    int nth, size;
+    double est[2];            /* seconds per unit of work in MODE_POOL, MODE_SOLO (0: not measured) */
+} job_class;
 
 struct li_threadpool {
     int n_threads;
@@ -60,10 +94,22 @@ struct li_threadpool {
     pthread_mutex_t done_mu;
     pthread_cond_t done_cv;
     atomic_int caller_sleeps; /* set (seq_cst) before the caller's last look at `job` */
-    /* contention back-off, the caller's alone */
-    double solo_until;        /* run jobs alone until this time */
-    double backoff;           /* the next back-off (0: no stall lately) */
+    /* the mode choice (threadpool.c's header), the caller's alone */
+    job_class classes[N_CLASSES];
+    int mode;                 /* MODE_POOL or MODE_SOLO, the running mode */
+    double probe_until;       /* probing the other mode: job seconds left (0: not probing) */
+    double probe_t, probe_alt;/* the probe's job seconds, and the running mode's estimate of them */
+    double next_probe;        /* wall time of the next probe */
+    double probe_every;       /* wall seconds between probes */
+    double win_t;             /* job seconds in the current window */
+    double win_known, win_alt;/* of those, with an estimate in the other mode, and that estimate */
+    double dec_known, dec_alt;/* decayed sums of past windows */
+    bool switch_by_probe;     /* the last mode change came from a probe */
+    double switch_t;          /* and happened then */
+    double (*clock)(void *);  /* the mode choice's clock (NULL: now()), and its argument */
+    void *clock_arg;
     long n_stalls, n_solo;    /* counters for li_threadpool_stats */
+    long n_switches, n_probes;
 };
 
 typedef struct {
@@ -191,6 +237,19 @@ void li_threadpool_stats(const li_threadpool *tp, long *n_stalls, long *n_solo) 
     *n_solo = tp->n_solo;
 }
 
+void li_threadpool_mode_stats(const li_threadpool *tp, long *n_switches, long *n_probes, int *solo) {
+    *n_switches = tp->n_switches;
+    *n_probes = tp->n_probes;
+    *solo = tp->mode == MODE_SOLO;
+}
+
+void li_threadpool_set_clock(li_threadpool *tp, double (*clock)(void *arg), void *arg) {
+    tp->clock = clock;
+    tp->clock_arg = arg;
+}
+
+static double mode_clock(const li_threadpool *tp) { return tp->clock ? tp->clock(tp->clock_arg) : now(); }
+
 static inline bool job_busy(li_threadpool *tp) {
     return (atomic_load_explicit(&tp->job, memory_order_acquire) & ~JOB_CLOSED) != 0;
 }
@@ -211,18 +270,14 @@ static void wait_workers(li_threadpool *tp) {
     }
 }
 
-void li_threadpool_run(li_threadpool *tp, li_threadpool_fn fn, void *ctx, int nth) {
-    if (nth > tp->n_threads) nth = tp->n_threads;
-    if (nth <= 1) {
-        fn(ctx, 0, 1);
-        return;
-    }
+/* ------------------------------------------------------------------------
+ * running a job
+ * ---------------------------------------------------------------------- */
+
+/* Hands the job to the workers too; returns when all of it is done. *stalled:
+ * a worker was off the CPU mid-chunk (the wait outlasted the caller's share). */
+static void run_pool(li_threadpool *tp, li_threadpool_fn fn, void *ctx, int nth, bool *stalled) {
     const double t0 = now();
-    if (t0 < tp->solo_until) { /* backing off after a stall: no hand-off */
-        tp->n_solo++;
-        fn(ctx, 0, nth);
-        return;
-    }
     tp->fn = fn;
     tp->ctx = ctx;
     tp->nth = nth;
@@ -231,20 +286,127 @@ void li_threadpool_run(li_threadpool *tp, li_threadpool_fn fn, void *ctx, int nt
     fn(ctx, 0, nth);
     /* close, then wait for the workers that got in */
     atomic_fetch_or_explicit(&tp->job, JOB_CLOSED, memory_order_relaxed);
-    if (!job_busy(tp)) {
-        tp->backoff = 0;
-        return;
-    }
+    *stalled = false;
+    if (!job_busy(tp)) return;
     const double t1 = now();
     wait_workers(tp);
     const double t2 = now();
     if (t2 - t1 > (t1 - t0) + STALL_SLACK) {
-        /* a worker was off the CPU mid-chunk: go alone for a while */
         tp->n_stalls++;
-        tp->backoff = tp->backoff > 0 ? 2 * tp->backoff : BACKOFF_MIN;
-        if (tp->backoff > BACKOFF_MAX) tp->backoff = BACKOFF_MAX;
-        tp->solo_until = t2 + tp->backoff;
+        *stalled = true;
+    }
+}
+
+static job_class *class_of(li_threadpool *tp, li_threadpool_fn fn, int nth, int size) {
+    uintptr_t h = (uintptr_t)fn;
+    h ^= h >> 17;
+    h = h * 31 + (uintptr_t)nth * 7 + (uintptr_t)size * 131;
+    h ^= h >> 9;
+    job_class *c = &tp->classes[h % N_CLASSES];
+    if (c->fn != fn || c->nth != nth || c->size != size) *c = (job_class){.fn = fn, .nth = nth, .size = size};
+    return c;
+}
+
+static void ewma(double *est, double sample, double w) { *est = *est > 0 ? *est + w * (sample - *est) : sample; }
+
+static void set_mode(li_threadpool *tp, int mode, bool by_probe, double t) {
+    if (mode != tp->mode) tp->n_switches++;
+    tp->mode = mode;
+    tp->win_t = tp->win_known = tp->win_alt = tp->dec_known = tp->dec_alt = 0;
+    tp->switch_by_probe = by_probe;
+    tp->switch_t = t;
+}
+
+/* After a job of the running mode: its estimate, and the window's
+ * comparison. Only POOL is left this way: its jobs measure it all the time,
+ * while SOLO's view of POOL comes from probes alone, so only a probe may
+ * bring the workers back. */
+static void account_run(li_threadpool *tp, job_class *c, double dt, double units, double t_end) {
+    const int other = !tp->mode;
+    ewma(&c->est[tp->mode], dt / units, EWMA_RUN);
+    tp->win_t += dt;
+    if (c->est[other] > 0) {
+        tp->win_known += dt;
+        tp->win_alt += c->est[other] * units;
+    }
+    if (tp->win_t < WINDOW) return;
+    tp->dec_known = 0.5 * tp->dec_known + tp->win_known;
+    tp->dec_alt = 0.5 * tp->dec_alt + tp->win_alt;
+    const bool covered = tp->win_known >= 0.5 * tp->win_t;
+    tp->win_t = tp->win_known = tp->win_alt = 0;
+    if (tp->mode == MODE_POOL && covered && tp->dec_alt * MARGIN < tp->dec_known) {
+        /* a probe that brought the workers back just now misled us (a
+         * woken worker often runs at once, then shares a core): probe less;
+         * otherwise things changed (contention began): look again soon */
+        if (tp->switch_by_probe && t_end - tp->switch_t < MISLED)
+            tp->probe_every = 2 * tp->probe_every < PROBE_MAX ? 2 * tp->probe_every : PROBE_MAX;
+        else
+            tp->probe_every = PROBE_MIN;
+        set_mode(tp, MODE_SOLO, false, t_end);
+        tp->next_probe = t_end + tp->probe_every;
+    }
+}
+
+/* After a job of a probe (the other mode). */
+static void account_probe(li_threadpool *tp, job_class *c, double dt, double units, double t_end) {
+    const int other = !tp->mode;
+    ewma(&c->est[other], dt / units, EWMA_PROBE);
+    tp->probe_t += dt;
+    if (c->est[tp->mode] > 0) tp->probe_alt += c->est[tp->mode] * units;
+    else tp->probe_alt += dt; /* no comparison for this class: neutral */
+    tp->probe_until -= dt;
+    if (tp->probe_until > 0) return;
+    tp->probe_until = 0;
+    if (tp->probe_t * MARGIN < tp->probe_alt) {
+        set_mode(tp, other, true, t_end);
+    } else if (tp->probe_every < PROBE_MAX) {
+        tp->probe_every = 2 * tp->probe_every < PROBE_MAX ? 2 * tp->probe_every : PROBE_MAX;
+    }
+    tp->next_probe = t_end + tp->probe_every;
+}
+
+void li_threadpool_run(li_threadpool *tp, li_threadpool_fn fn, void *ctx, int nth) {
+    li_threadpool_run_sized(tp, fn, ctx, nth, 0);
+}
+
+void li_threadpool_run_sized(li_threadpool *tp, li_threadpool_fn fn, void *ctx, int nth, int64_t work) {
+    if (nth > tp->n_threads) nth = tp->n_threads;
+    if (nth <= 1) {
+        fn(ctx, 0, 1);
+        return;
+    }
+    const int size = work > 0 ? 64 - __builtin_clzll((unsigned long long)work) : 0;
+    const double units = work > 0 ? (double)work : 1.0;
+    job_class *c = class_of(tp, fn, nth, size);
+    const double t0 = mode_clock(tp);
+    if (tp->probe_every == 0) { /* the first job */
+        tp->probe_every = PROBE_MIN;
+        tp->next_probe = t0 + PROBE_MIN;
+    }
+    if (tp->probe_until == 0 && t0 >= tp->next_probe) {
+        tp->n_probes++;
+        tp->probe_until = PROBE_SPAN;
+        tp->probe_t = tp->probe_alt = 0;
+    }
+    const bool probing = tp->probe_until > 0;
+    const int mode = probing ? !tp->mode : tp->mode;
+    bool stalled = false;
+    if (mode == MODE_SOLO) {
+        tp->n_solo++;
+        fn(ctx, 0, nth);
     } else {
-        tp->backoff = 0;
+        run_pool(tp, fn, ctx, nth, &stalled);
+    }
+    const double t1 = mode_clock(tp);
+    if (probing) {
+        account_probe(tp, c, t1 - t0, units, t1);
+    } else {
+        account_run(tp, c, t1 - t0, units, t1);
+        if (stalled && tp->mode == MODE_POOL && c->est[MODE_SOLO] == 0 && tp->probe_until == 0) {
+            /* SOLO unmeasured and the workers look slow: find out now */
+            tp->n_probes++;
+            tp->probe_until = PROBE_SPAN;
+            tp->probe_t = tp->probe_alt = 0;
+        }
     }
 }

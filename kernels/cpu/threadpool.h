@@ -15,6 +15,8 @@
 #ifndef LI_THREADPOOL_H
 #define LI_THREADPOOL_H
 
+#include <stdint.h>
+
 /* fn(ctx, ith, nth): ith in [0, nth), nth the most threads that may join. */
 typedef void (*li_threadpool_fn)(void *ctx, int ith, int nth);
 
@@ -25,12 +27,26 @@ typedef struct li_threadpool li_threadpool;
 li_threadpool *li_threadpool_init(int n_threads);
 void li_threadpool_free(li_threadpool *tp);
 int li_threadpool_size(const li_threadpool *tp);
-/* Runs fn on the caller and up to nth - 1 workers (nth <= size). Right
- * after a job stalled on a worker that was descheduled (another process on
- * the core), the caller runs jobs alone for a while (threadpool.c). */
+/* Runs fn on the caller and up to nth - 1 workers (nth <= size). The
+ * caller may run it alone instead, when that has measured faster (another
+ * process on the cores: threadpool.c). */
 void li_threadpool_run(li_threadpool *tp, li_threadpool_fn fn, void *ctx, int nth);
-/* Jobs that stalled on a descheduled worker, and jobs the caller then ran
- * alone, since init. */
+/* The same, with `work` a rough cost of the job in any unit the caller
+ * keeps the same for that fn (e.g. multiply-adds; <= 0: unknown). Jobs are
+ * timed per unit of work in classes of fn, nth and log2(work), so jobs of
+ * one fn but very different sizes are judged apart. */
+void li_threadpool_run_sized(li_threadpool *tp, li_threadpool_fn fn, void *ctx, int nth, int64_t work);
+/* Jobs that stalled on a descheduled worker, and jobs the caller ran alone
+ * though it had workers, since init. */
 void li_threadpool_stats(const li_threadpool *tp, long *n_stalls, long *n_solo);
+/* Mode changes (workers <-> alone) and probes of the other mode since init;
+ * *solo: the caller runs jobs alone now. */
+void li_threadpool_mode_stats(const li_threadpool *tp, long *n_switches, long *n_probes, int *solo);
+
+/* For tests: the clock (seconds) the mode choice reads, NULL for
+ * CLOCK_MONOTONIC, so that a test can give each mode a cost that the
+ * machine's load cannot change. Stalls are still timed by the real clock.
+ * Call between jobs. */
+void li_threadpool_set_clock(li_threadpool *tp, double (*clock)(void *arg), void *arg);
 
 #endif

@@ -5,10 +5,26 @@
  *    reduction per chunk) are bit-identical to a serial run;
  *  - a worker that stalls mid-chunk (as if descheduled by another process):
  *    run() still returns only once its chunk is written, the stall is
- *    counted, the next jobs run on the caller alone with the same outputs,
- *    and once the back-off is over the workers take chunks again;
+ *    counted, the next job runs on the caller alone (a probe of that mode)
+ *    with the same outputs, and a later job is handed to the workers again.
+ *    Built so that load cannot change the outcome: the pool is fresh (its
+ *    first job goes to the workers), the caller of a job handed to the
+ *    workers waits inside it until a worker has taken a chunk, and the
+ *    stalled worker holds its chunk until the caller sleeps waiting for it,
+ *    then twice as long as the caller took (so the wait outlasts the
+ *    caller's share whatever the scheduler did);
  *  - thousands of back-to-back jobs with workers going in and out (the
- *    caller's sleep/wake handshake loses no wake-up: the test would hang). */
+ *    caller's sleep/wake handshake loses no wake-up: the test would hang);
+ *  - the mode choice by measured throughput, on a clock the test keeps
+ *    (li_threadpool_set_clock: a job lasts as long as the busier side's
+ *    chunks cost, so load changes nothing): workers made slow (10 ms a
+ *    chunk a worker takes, the caller 0.1 ms) and the caller settles on
+ *    running jobs alone, probing the workers now and then; then the caller
+ *    made slow instead (0.5 ms a chunk, the workers 0.01 ms) and the pool
+ *    goes back to the workers; every job exact throughout. In a job handed
+ *    to the workers the caller waits until a worker has taken a chunk
+ *    (slow workers) or every chunk (slow caller), so the costs do not
+ *    depend on who the scheduler ran first. */
 #define _GNU_SOURCE
 #include "cpu/threadpool.h"
 #include "test_util.h"
@@ -17,7 +33,9 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <time.h>
+#include <unistd.h>
 
 #define MAX_CHUNKS 1000
 #define MAX_THREADS 8
@@ -29,13 +47,59 @@ typedef struct {
     atomic_int in_use[MAX_THREADS]; /* threads inside the job per ith */
     atomic_int bad_ith, by_worker;
     float out[MAX_CHUNKS];
-    int stall_ith;                  /* > 0: that worker stalls in its first chunk */
+    bool stall;                     /* the first chunk a worker takes stalls (hold_stalled_chunk) */
     atomic_int stalled;
+    double worker_cost, caller_cost; /* test-clock seconds per chunk by workers / by the caller */
+    atomic_int by_caller;
+    /* wait_worker: when the job was handed to the workers (tp's solo count
+     * still solo_before as the caller enters), the caller takes no chunk
+     * until a worker has taken one */
+    bool wait_worker, wait_all;     /* wait_all: until the workers have taken every chunk */
+    li_threadpool *tp;
+    long solo_before;
+    atomic_int worker_in;
+    atomic_int caller_tid, caller_done;
+    double t_before;                /* just before li_threadpool_run */
 } job;
 
 static void sleep_s(double s) {
     struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
     nanosleep(&ts, NULL);
+}
+
+static double wall(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* The scheduler state letter of thread tid of this process ('R', 'S', ...),
+ * or 0 when /proc cannot tell. */
+static char thread_state(int tid) {
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/self/task/%d/stat", tid);
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    const size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    const char *p = strrchr(buf, ')'); /* the name may hold spaces */
+    return p && p[1] == ' ' ? p[2] : 0;
+}
+
+/* A worker's stalled chunk: held until the caller has left its share and
+ * sleeps in run() waiting for this worker (so run() has read its clock
+ * after the caller's share), then for twice the time since the job began
+ * plus 20 ms. The pool's wait thus outlasts the caller's share by more than
+ * its slack however long the scheduler kept anyone off the CPU. The waits
+ * for the caller are bounded (5 s each) only so that a broken pool fails
+ * the checks instead of hanging. */
+static void hold_stalled_chunk(job *j) {
+    const double t_guard = wall();
+    while (!atomic_load(&j->caller_done) && wall() - t_guard < 5) sleep_s(1e-4);
+    const int tid = atomic_load(&j->caller_tid);
+    while (thread_state(tid) != 'S' && wall() - t_guard < 10) sleep_s(1e-4);
+    sleep_s(2 * (wall() - j->t_before) + 20e-3);
 }
 
 /* An order-sensitive reduction: any change in how a chunk is summed shows. */
@@ -49,19 +113,27 @@ static void work(void *ctx, int ith, int nth) {
     job *j = ctx;
     if (ith < 0 || ith >= nth || ith >= MAX_THREADS || atomic_fetch_add(&j->in_use[ith], 1) != 0)
         atomic_fetch_add(&j->bad_ith, 1);
+    if (ith == 0 && j->wait_worker) {
+        atomic_store(&j->caller_tid, (int)syscall(SYS_gettid));
+        long stalls, solo;
+        li_threadpool_stats(j->tp, &stalls, &solo);
+        const double t_guard = wall();
+        if (solo == j->solo_before)
+            while ((j->wait_all ? atomic_load(&j->next) < j->n_chunks : !atomic_load(&j->worker_in)) &&
+                   wall() - t_guard < 10)
+                sleep_s(1e-4);
+    }
     for (;;) {
         const int c = atomic_fetch_add(&j->next, 1);
         if (c >= j->n_chunks) break;
-        if (ith > 0 && ith == j->stall_ith && atomic_exchange(&j->stalled, 1) == 0) {
-            /* hold this chunk until every other one is taken, then a while more */
-            while (atomic_load(&j->next) < j->n_chunks) sleep_s(1e-4);
-            sleep_s(20e-3);
-        }
+        if (ith > 0) atomic_store(&j->worker_in, 1);
+        if (ith > 0 && j->stall && atomic_exchange(&j->stalled, 1) == 0) hold_stalled_chunk(j);
         j->out[c] = chunk_value(c);
         atomic_fetch_add(&j->hits[c], 1);
-        if (ith > 0) atomic_fetch_add(&j->by_worker, 1);
+        atomic_fetch_add(ith > 0 ? &j->by_worker : &j->by_caller, 1);
     }
     if (ith >= 0 && ith < MAX_THREADS) atomic_fetch_sub(&j->in_use[ith], 1);
+    if (ith == 0) atomic_store(&j->caller_done, 1);
 }
 
 static float serial[MAX_CHUNKS];
@@ -102,46 +174,48 @@ static void test_sizes(void) {
     free(j);
 }
 
+/* One job of 200 chunks on tp, the caller waiting for a worker when the
+ * job goes to the workers; returns whether it ran alone (the solo count
+ * moved), and ANDs its exactness into *ok. */
+static bool run_waiting(li_threadpool *tp, job *j, bool stall, bool *ok) {
+    long stalls, solo;
+    li_threadpool_stats(tp, &stalls, &solo);
+    job_reset(j, 200);
+    j->stall = stall;
+    j->wait_worker = true;
+    j->tp = tp;
+    j->solo_before = solo;
+    j->t_before = wall();
+    li_threadpool_run(tp, work, j, 3);
+    *ok &= job_ok(j); /* a stalled chunk is written when run returns */
+    long s2, o2;
+    li_threadpool_stats(tp, &s2, &o2);
+    return o2 > solo;
+}
+
 static void test_stall(void) {
     job *j = calloc(1, sizeof *j);
-    li_threadpool *tp = li_threadpool_init(3);
-    long stalls = 0, solo = 0;
-    /* a worker holds a chunk 20 ms past the caller's share; retried in case
-     * this machine's load makes the caller's own share slower than that, or
-     * no worker wakes in time to take a chunk */
-    bool stalled = false, solo_seen = false, ok = true;
-    for (int attempt = 0; attempt < 20 && !(stalled && solo_seen); attempt++) {
-        sleep_s(0.2); /* past any back-off */
-        job_reset(j, 200);
-        j->stall_ith = 1;
-        li_threadpool_run(tp, work, j, 3);
-        ok &= job_ok(j); /* the stalled chunk is written when run returns */
-        long s2, o2;
-        li_threadpool_stats(tp, &s2, &o2);
-        stalled = s2 > stalls;
-        stalls = s2;
-        if (!stalled) continue;
-        /* right after a stall: the caller alone, the same outputs */
-        job_reset(j, 200);
-        li_threadpool_run(tp, work, j, 3);
-        ok &= job_ok(j);
-        li_threadpool_stats(tp, &s2, &o2);
-        solo_seen = o2 > solo && atomic_load(&j->by_worker) == 0;
-        solo = o2;
+    li_threadpool *tp = li_threadpool_init(3); /* fresh: its first job goes to the workers */
+    bool ok = true;
+    const bool first_solo = run_waiting(tp, j, true, &ok);
+    long stalls, solo;
+    li_threadpool_stats(tp, &stalls, &solo);
+    CHECK(!first_solo && atomic_load(&j->stalled), "a fresh pool hands its first job to the workers");
+    CHECK(stalls == 1, "a worker stalled mid-chunk is counted (%ld stalls)", stalls);
+    /* a stall, and alone not measured yet for this job: the next job probes it */
+    const bool next_solo = run_waiting(tp, j, false, &ok);
+    CHECK(next_solo && atomic_load(&j->by_worker) == 0, "after a stall the caller runs the next job alone");
+    /* probes of the workers come at most 1 s apart (wall), so within a few
+     * jobs 0.25 s apart one goes to the workers; the bound (10 s of sleeps)
+     * is for a pool that never hands them a job again */
+    int n = 0, by_worker = 0;
+    while (n++ < 40 && by_worker == 0) {
+        sleep_s(0.25);
+        if (!run_waiting(tp, j, false, &ok)) by_worker = atomic_load(&j->by_worker);
     }
+    CHECK(by_worker > 0, "a later job goes to the workers again (job %d after the stall, %d chunks by workers)", n,
+          by_worker);
     CHECK(ok, "jobs with a stalled worker, and those after it, are complete and exact");
-    CHECK(stalled, "a worker stalled mid-chunk is counted (%ld stalls)", stalls);
-    CHECK(solo_seen, "after a stall the caller runs the next job alone (%ld solo jobs)", solo);
-    /* the back-off ends: workers take chunks again */
-    int by_worker = 0;
-    for (int attempt = 0; attempt < 50 && by_worker == 0; attempt++) {
-        sleep_s(0.2);
-        job_reset(j, 1000);
-        li_threadpool_run(tp, work, j, 3);
-        CHECK(job_ok(j), "a job after the back-off");
-        by_worker = atomic_load(&j->by_worker);
-    }
-    CHECK(by_worker > 0, "after the back-off the workers take chunks again (%d)", by_worker);
     li_threadpool_free(tp);
     free(j);
 }
@@ -160,10 +234,91 @@ static void test_back_to_back(void) {
     free(j);
 }
 
+/* The test's clock: it moves only as jobs "cost", by the busier side of
+ * the job running now (the pool reads it before and after each job). */
+typedef struct {
+    double base;
+    job *cur;
+} test_clock;
+
+static double job_cost(const job *j) {
+    const double caller = j->caller_cost * atomic_load(&j->by_caller);
+    const double workers = j->worker_cost * atomic_load(&j->by_worker);
+    return caller > workers ? caller : workers;
+}
+
+static double clock_read(void *arg) {
+    test_clock *tc = arg;
+    return tc->base + (tc->cur ? job_cost(tc->cur) : 0);
+}
+
+/* n jobs of `chunks` chunks at the given test-clock costs; returns how many
+ * ran alone, and ANDs their exactness into *ok. */
+static long run_jobs(li_threadpool *tp, test_clock *tc, job *j, int n, int chunks, double worker_cost,
+                     double caller_cost, bool wait_all, bool *ok) {
+    long stalls, solo0, solo1;
+    li_threadpool_stats(tp, &stalls, &solo0);
+    for (int i = 0; i < n; i++) {
+        long s, before;
+        li_threadpool_stats(tp, &s, &before);
+        job_reset(j, chunks);
+        j->worker_cost = worker_cost;
+        j->caller_cost = caller_cost;
+        j->wait_worker = true;
+        j->wait_all = wait_all;
+        j->tp = tp;
+        j->solo_before = before;
+        tc->cur = j;
+        li_threadpool_run_sized(tp, work, j, 2, chunks);
+        tc->base += job_cost(j);
+        tc->cur = NULL;
+        *ok &= job_ok(j);
+    }
+    li_threadpool_stats(tp, &stalls, &solo1);
+    return solo1 - solo0;
+}
+
+static void test_adaptive(void) {
+    job *j = calloc(1, sizeof *j);
+    li_threadpool *tp = li_threadpool_init(2);
+    test_clock tc = {0};
+    li_threadpool_set_clock(tp, clock_read, &tc);
+    bool ok = true;
+    long switches, probes, solo;
+    int solo_mode = 0, n = 0;
+    /* slow workers: a job handed to them costs >= 10 ms, alone 1 ms; the
+     * caller must settle on alone (bounds in jobs, not seconds: a probe
+     * comes within 1 s of the test clock) */
+    do {
+        run_jobs(tp, &tc, j, 1, 10, 10e-3, 1e-4, false, &ok);
+        li_threadpool_mode_stats(tp, &switches, &probes, &solo_mode);
+    } while (!solo_mode && ++n < 2000);
+    CHECK(solo_mode, "slow workers: the caller runs jobs alone (%ld probes, %ld switches, %d jobs)", probes, switches,
+          n);
+    solo = run_jobs(tp, &tc, j, 100, 10, 10e-3, 1e-4, false, &ok);
+    li_threadpool_mode_stats(tp, &switches, &probes, &solo_mode);
+    CHECK(solo >= 95 && solo_mode, "slow workers: %ld of the next 100 jobs ran alone (%ld probes, %ld switches)",
+          solo, probes, switches);
+    /* a slow caller: alone 10 ms a job, with the workers 0.2 ms; a probe of
+     * the workers (<= 1 s of the test clock, <= 100 jobs alone) wins */
+    n = 0;
+    do {
+        run_jobs(tp, &tc, j, 1, 20, 1e-5, 5e-4, true, &ok);
+        li_threadpool_mode_stats(tp, &switches, &probes, &solo_mode);
+    } while (solo_mode && ++n < 2000);
+    CHECK(!solo_mode, "slow caller: back to the workers (%ld probes, %ld switches, %d jobs)", probes, switches, n);
+    solo = run_jobs(tp, &tc, j, 100, 20, 1e-5, 5e-4, true, &ok);
+    CHECK(solo <= 5, "slow caller: %ld of the next 100 jobs ran alone", solo);
+    CHECK(ok, "every job exact whichever way it ran");
+    li_threadpool_free(tp);
+    free(j);
+}
+
 int main(void) {
     for (int c = 0; c < MAX_CHUNKS; c++) serial[c] = chunk_value(c);
     test_sizes();
     test_stall();
     test_back_to_back();
+    test_adaptive();
     return t_summary("test_threadpool");
 }
