@@ -19,7 +19,7 @@
 local policy = require("luainfer.policy")
 
 local DEFAULT_TTFT_MS, DEFAULT_TPOT_MS = 2000, 200
-local RELAXED_S, ALPHA = 1.0, 0.2        -- slack that lets a decode pause; smoothing
+local RELAXED_S, ALPHA = 1.5, 0.2        -- slack that lets a decode pause; smoothing
 local MIN_STEP, URGENT_TOKENS = 64, 64   -- prompt tokens per step (see 2 and 1)
 local decode_s, last_now, last_decodes = 0.05, 0, false  -- s per step with decodes (measured)
 local relaxed, prompts, decodes, taken, left = {}, false, false, 0, 0  -- the plan being built
