@@ -1,23 +1,21 @@
 -- slo.lua — SLO-aware scheduling: while prompts wait for their first token,
--- decodes ahead of their TPOT objective pause and the steps are prefill
--- (a first token waits for its prompt's last chunk, and on a CPU a decode
--- row costs about two prompt tokens). A decode's slack: the time its last
--- token is due (first_token + slo_tpot_ms * (max_tokens - 1)) - now - one
--- step with decodes (measured) per token to come. Each step serves:
---   1. decodes at risk (slack < RELAXED_S), arrival order, but for one slot
---      kept for a prompt; while there are some, the step takes at most
---      URGENT_TOKENS prompt tokens;
+-- decodes ahead of their TPOT objective pause and the steps are prefill (a
+-- first token waits for its prompt's last chunk; on a CPU a decode row costs
+-- ~2 prompt tokens). A decode's slack: when its last token is due
+-- (first_token + slo_tpot_ms * (max_tokens - 1)) - now - one step with
+-- decodes (measured) per token to come. Each step serves:
+--   1. decodes at risk (slack < RELAXED_S), arrival order, one slot kept for
+--      a prompt; with some, a step takes <= URGENT_TOKENS prompt tokens;
 --   2. prompts, earliest TTFT deadline first (equal objectives: FCFS, the
 --      lowest worst TTFT for a backlog); past MIN_STEP tokens a step ends
 --      with the prompt it finishes, so its first token waits for no other;
 --   3. relaxed decodes, least slack first, only when no prompt can run:
 --      paused, they keep their KV blocks and take no batch slot; their slack
 --      shrinks as they wait, so they come back to (1): no starvation.
--- Short of KV blocks, a request may preempt relaxed decodes only (the most
--- slack first); under pressure queued requests are admitted against their
--- projected blocks. Objectives a request does not give are DEFAULT_*.
+-- Short of KV blocks, only relaxed decodes may be preempted (most slack
+-- first); under pressure queued requests are admitted against projected
+-- blocks. Objectives a request does not give are DEFAULT_*.
 local policy = require("luainfer.policy")
-
 local DEFAULT_TTFT_MS, DEFAULT_TPOT_MS = 2000, 200
 local RELAXED_S, ALPHA = 1.5, 0.2        -- slack that lets a decode pause; smoothing
 local MIN_STEP, URGENT_TOKENS = 64, 64   -- prompt tokens per step (see 2 and 1)
@@ -40,9 +38,8 @@ local opts = { project = true, skip_blocked = true, may_preempt = function(_, v)
 
 return {
   schedule = function(state)
-    local now = state.now
+    local now, urgent, prompt, easy = state.now, {}, {}, {}
     if last_decodes and now > last_now then decode_s = (1 - ALPHA) * decode_s + ALPHA * (now - last_now) end
-    local urgent, prompt, easy = {}, {}, {}
     last_now, relaxed = now, {}
     for _, r in ipairs(state.running) do
       local s = not is_prompt(r) and r.first_token and slack(r, now)
