@@ -214,7 +214,7 @@ local function replay(policy, scale)
     tpot_p50 = pct(tpot, 50), tpot_p90 = pct(tpot, 90), tpot_p99 = pct(tpot, 99),
     queue_p50 = pct(queue, 50), queue_p90 = pct(queue, 90), queue_p99 = pct(queue, 99),
     ttft_max = pct(ttft, 100), tpot_max = pct(tpot, 100), clock = clock,
-    preemptions = s.preemptions, steps = s.steps, policy_ms_per_step = s.steps > 0 and 1e3 * s.time_policy / s.steps or 0,
+    preemptions = s.preemptions, prefix_hit_rate = s.prefix_hit_rate, steps = s.steps, policy_ms_per_step = s.steps > 0 and 1e3 * s.time_policy / s.steps or 0,
     policy_share = s.time_total > 0 and s.time_policy / s.time_total or 0, ttft_ms = ttft, tokens_per_tenant = per_tenant,
     texts = texts,
   }
@@ -241,18 +241,19 @@ table.sort(runs, function(a, b)
   if a.rate_scale ~= b.rate_scale then return a.rate_scale < b.rate_scale end
   return a.index < b.index
 end)
-print(("\n%-14s %5s %8s %8s | %7s %7s %7s | %6s %6s %6s | %6s %6s %6s | %7s %6s | %7s %6s %8s"):format("policy",
+print(("\n%-14s %5s %8s %8s | %7s %7s %7s | %6s %6s %6s | %6s %6s %6s | %7s %6s | %7s %6s %8s %5s"):format("policy",
   "scale", "tok/s", "makespan", "ttft50", "ttft90", "ttft99", "tpot50", "tpot90", "tpot99", "queue50", "q90", "q99",
-  "ttftmax", "tpotmx", "goodput", "preempt", "pol ms/st"))
+  "ttftmax", "tpotmx", "goodput", "preempt", "pol ms/st", "hit"))
 for _, r in ipairs(runs) do
-  print(("%-14s %5.2f %8.1f %7.1fs | %7.0f %7.0f %7.0f | %6.1f %6.1f %6.1f | %6.0f %6.0f %6.0f | %7.0f %6.1f | %6.0f%% %7d %8.3f")
+  print(("%-14s %5.2f %8.1f %7.1fs | %7.0f %7.0f %7.0f | %6.1f %6.1f %6.1f | %6.0f %6.0f %6.0f | %7.0f %6.1f | %6.0f%% %7d %8.3f %4.0f%%")
     :format(r.policy, r.rate_scale, r.throughput, r.makespan_s, r.ttft_p50, r.ttft_p90, r.ttft_p99, r.tpot_p50,
       r.tpot_p90, r.tpot_p99, r.queue_p50, r.queue_p90, r.queue_p99, r.ttft_max, r.tpot_max, 100 * r.goodput,
-      r.preemptions, r.policy_ms_per_step))
+      r.preemptions, r.policy_ms_per_step, 100 * r.prefix_hit_rate))
 end
 print(("(ms on the %s clock%s; queue: arrival to the first step that computed the request; goodput: requests")
   :format(clock, cost and (" of " .. cost_path) or ""))
-print(" with TTFT <= slo_ttft_ms and TPOT <= slo_tpot_ms; one greedy output per request; pol ms/st: wall time)")
+print(" with TTFT <= slo_ttft_ms and TPOT <= slo_tpot_ms; one greedy output per request; pol ms/st: wall time;")
+print(" hit: prompt tokens served by the prefix cache)")
 
 -- a policy decides when, never what: every run's greedy texts are the same
 local same = true

@@ -290,7 +290,7 @@ def test_bench_replay_side_by_side(run_ok, tmp_path):
     png, js = tmp_path / "r.png", tmp_path / "r.json"
     out = bench(run_ok, "replay", str(trace), "--policy", str(REPO / "policies" / "default.lua"), "--policy",
                 str(REPO / "policies" / "lof.lua"), "--rate-scale", "1,2", "--json", str(js), "--plot", str(png))
-    rows = re.findall(r"^(default|lof)\s+([\d.]+)\s+([\d.]+)\s+[\d.]+s \|.*\|\s+(\d+)%\s+(\d+)\s+[\d.]+$", out, re.M)
+    rows = re.findall(r"^(default|lof)\s+([\d.]+)\s+([\d.]+)\s+[\d.]+s \|.*\|\s+(\d+)%\s+(\d+)\s+[\d.]+\s+(\d+)%$", out, re.M)
     assert [(p, s) for p, s, *_ in rows] == [("default", "1.00"), ("lof", "1.00"), ("default", "2.00"),
                                              ("lof", "2.00")], out
     assert "every run's outputs were identical" in out
@@ -301,6 +301,7 @@ def test_bench_replay_side_by_side(run_ok, tmp_path):
         # the third request's TTFT SLO of 0 ms can't be met; the second has the default SLOs
         assert run["goodput"] <= 2 / 3
         assert run["ttft_p50"] <= run["ttft_p90"] <= run["ttft_p99"]
+        assert 0 <= run["prefix_hit_rate"] <= 1
     check_png(png)
 
 

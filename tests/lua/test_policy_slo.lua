@@ -9,6 +9,10 @@
 --  * slo.lua: a decode far ahead of its TPOT objective yields its one
 --    sequence slot to a newcomer with a tight TTFT objective (default.lua
 --    makes it wait);
+--  * slo.lua, on the model clock: while prompts are queued, a decode with
+--    TPOT slack pauses (the step is all prefill), and a step past 64 prompt
+--    tokens ends with the prompt it finishes; default.lua batches the decode
+--    and both prompts in one step; the paused decode still meets its TPOT;
 --  * neither changes a greedy output.
 package.path = arg[0]:match("^(.*)/[^/]*$") .. "/?.lua;" .. package.path
 local H = require("harness")
@@ -128,12 +132,47 @@ for _, case in ipairs({ { policy = "default", overtakes = false }, { policy = "s
   e:close()
 end
 
+-- X decodes with a lax TPOT objective; P1 (>= 64 tokens) and P2 arrive together.
+-- Cost: 1 ms per prompt token, 100 ms per decode row, nothing else, so a
+-- TTFT reads off which rows shared the prompt's step.
+local function toks(seed, n)
+  local t = {}
+  for k = 1, n do t[k] = 1000 + (seed * 7919 + k * 104729) % 30000 end
+  return t
+end
+local function near(x, want) return math.abs(x - want) <= 1e-9 end
+for _, policy in ipairs({ "default", "slo" }) do
+  local e = luainfer.engine{ policy = root .. "/policies/" .. policy .. ".lua", max_num_seqs = 4 }
+  e:set_clock{ a = 0, b = 0.001, c = 0.1, d = 0, start = 0 }
+  local ids = {}
+  ids.X = e:add(req(6, 30, { slo_tpot_ms = 2000 }))
+  for _ = 1, 4 do e:step() end
+  ids.P1 = e:add{ tokens = toks(1, 80), max_tokens = 3, temperature = 0, ignore_eos = true, slo_tpot_ms = 2000 }
+  ids.P2 = e:add{ tokens = toks(2, 20), max_tokens = 3, temperature = 0, ignore_eos = true, slo_tpot_ms = 2000 }
+  e:run()
+  local x, p1, p2 = e:result(ids.X), e:result(ids.P1), e:result(ids.P2)
+  -- default: X's row and both prompts in one step; slo: P1 alone, then P2 alone
+  local want1 = policy == "default" and 0.1 + 0.1 or 0.08
+  local want2 = policy == "default" and want1 or 0.1
+  H.check(near(p1.first_token_time - p1.arrival_time, want1) and near(p2.first_token_time - p2.arrival_time, want2),
+    "%s: TTFTs %.4f / %.4f s, want %.4f / %.4f", policy, p1.first_token_time - p1.arrival_time,
+    p2.first_token_time - p2.arrival_time, want1, want2)
+  local tpot = (x.finish_time - x.first_token_time) / (#x.tokens - 1)
+  H.check(#x.tokens == 30 and tpot <= 2.0, "%s: the decode meets its TPOT objective: %.3f s", policy, tpot)
+  keep(policy .. "3", e, ids)
+  e:close()
+end
+
 -- a policy decides when, never what
 for k, t in pairs(texts.default) do
   H.check(texts.edf[k] == t, "edf: request %s's greedy text is default.lua's", k)
 end
 for k, t in pairs(texts.default2) do
   H.check(texts.slo2[k] == t, "slo: request %s's greedy text is default.lua's", k)
+end
+
+for k, t in pairs(texts.default3) do
+  H.check(texts.slo3[k] == t, "slo: request %s's greedy text is default.lua's (model clock)", k)
 end
 
 H.finish("test_policy_slo")
