@@ -150,12 +150,7 @@ local function proposers_bench(layers, draft)
     end
     e:run()
     local s = e:stats()
-    local toks, n = {}, 0
-    for i = 1, seqs do
-      local r = e:result(ids[i])
-      toks[i] = table.concat(r.tokens, ",")
-      n = n + #r.tokens
-    end
+    local toks, n = bench.outputs(e, ids)
     e:close()
     return { tput = n / s.time_total, drafted = s.spec_drafted, accepted = s.spec_accepted, toks = toks }
   end

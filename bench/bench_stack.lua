@@ -123,12 +123,7 @@ local function run(row)
   end
   e:run()
   local s = e:stats()
-  local toks, n = {}, 0
-  for i = 1, N do
-    local r = e:result(ids[i])
-    toks[i] = table.concat(r.tokens, ",")
-    n = n + #r.tokens
-  end
+  local toks, n = bench.outputs(e, ids)
   e:close()
   return { tput = n / s.time_total, tokens = n, computed = s.tokens_computed, hit = s.prefix_hit_tokens,
            drafted = s.spec_drafted,

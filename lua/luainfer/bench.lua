@@ -188,4 +188,16 @@ function M.finish(opts, results)
   end
 end
 
+-- The outputs of requests IDS of engine E: each one's tokens joined by
+-- commas (to compare runs token for token) and the total token count.
+function M.outputs(e, ids)
+  local toks, n = {}, 0
+  for i, id in ipairs(ids) do
+    local r = e:result(id)
+    toks[i] = table.concat(r.tokens, ",")
+    n = n + #r.tokens
+  end
+  return toks, n
+end
+
 return M
