@@ -2,7 +2,7 @@
 -- a trace on the model clock (bench/traces/step_cost.json).
 --
 --   ./build/luainfer run bench/bench_ttft_bound.lua TRACE [--rate-scale X[,Y...]] [--duration S]
---        [--cost FILE] [--json FILE]
+--        [--cost FILE] [--json FILE] [--plot FILE]
 --
 -- A request's first token needs its whole prompt computed; on the model
 -- clock a prompt of p tokens costs at least b*p + d*p*(p+1)/2 (each position
@@ -20,7 +20,7 @@ local bench = require("luainfer.bench")
 local json = require("luainfer.json")
 
 local opts = bench.options(arg)
-local usage = "usage: luainfer run bench/bench_ttft_bound.lua TRACE [--rate-scale X[,Y...]] [--duration S] [--cost FILE] [--json FILE]"
+local usage = "usage: luainfer run bench/bench_ttft_bound.lua TRACE [--rate-scale X[,Y...]] [--duration S] [--cost FILE] [--json FILE] [--plot FILE]"
 local trace_path, scales, duration, cost_path = nil, { 1 }, math.huge, opts.root .. "/bench/traces/step_cost.json"
 do
   local i = 1
@@ -83,6 +83,7 @@ print(("trace %s: %d requests; cost %s: a %.2f ms, b %.3f ms/token, d %.2e s/con
   cost_path, c.a * 1e3, c.b * 1e3, c.d))
 print(("%6s %8s %10s %14s %s"):format("scale", "requests", "bound ms", "prefill s", "window (requests, arrivals s)"))
 local rows = {}
+local progress = bench.progress(#scales, "ttft bound scales")
 for _, scale in ipairs(scales) do
   local best, bi, bj, m, total = -math.huge, 1, 1, 0, 0
   for i = 1, #reqs do
@@ -96,10 +97,14 @@ for _, scale in ipairs(scales) do
       if lb > best then best, bi, bj = lb, i, j end
     end
   end
-  rows[#rows + 1] = { rate_scale = scale, requests = m, bound_ms = best * 1e3, prefill_s = total, first = bi, last = bj,
+  rows[#rows + 1] = { name = ("scale %g"):format(scale), rate_scale = scale, requests = m, bound_ms = best * 1e3, prefill_s = total, first = bi, last = bj,
                       from_s = reqs[bi].t / scale, to_s = reqs[bj].t / scale }
   print(("%6.2f %8d %10.0f %14.2f %d..%d, %.2f..%.2f"):format(scale, m, best * 1e3, total, bi, bj, reqs[bi].t / scale,
     reqs[bj].t / scale))
+  progress:step()
 end
+progress:done()
 print("(bound: no policy's maximum TTFT is lower; p99 is the maximum up to 100 requests)")
-bench.finish(opts, { bench = "ttft_bound", trace = trace_path, step_cost = cost_path, rows = rows })
+bench.finish(opts, { bench = "ttft_bound", trace = trace_path, step_cost = cost_path, rows = rows,
+                     chart = { label = "name", values = { "bound_ms" }, ylabel = "lower bound on max TTFT (ms)",
+                               title = ("no policy's worst TTFT on %s is lower"):format(trace_path:match("[^/]*$")) } })
