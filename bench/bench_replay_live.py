@@ -32,6 +32,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -233,12 +234,28 @@ def send_http(args, url, reqs, out):
     return time.monotonic() - t0
 
 
+def parse_cpus(text):
+    """A CPU list as taskset -c takes it ("0", "0,2-3") -> a set of ints."""
+    cpus = set()
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        a, b = int(lo), int(hi or lo)
+        if a < 0 or b < a:
+            raise ValueError(part)
+        cpus.update(range(a, b + 1))
+    return cpus
+
+
 def replay(args, trace):
     port = free_port()
     listen = (["--listen", f"127.0.0.1:{port}", "--no-http"] if args.protocol == "rpc"
               else ["--http", f"127.0.0.1:{port}", "--no-rpc"])
     cmd = [args.bin, "serve", args.policy, *listen, "--max-num-seqs",
            str(args.max_num_seqs), "--kv-memory", str(int(args.kv_memory * 1048576))]
+    if args.policy_isolation:
+        cmd += ["--policy-isolation", args.policy_isolation]
+    if args.server_cpus:  # the server (and its threads' default count) on these CPUs only
+        cmd = ["taskset", "-c", args.server_cpus] + cmd
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -299,11 +316,27 @@ def main(argv):
     ap.add_argument("--kv-memory", type=float, default=256, help="MiB")
     ap.add_argument("--bin", default=os.environ.get("LUAINFER_BIN", str(REPO / "build" / "luainfer")))
     ap.add_argument("--request-timeout", type=float, default=600)
+    ap.add_argument("--policy-isolation", choices=("process", "inprocess"),
+                    help="serve's policy isolation (default: serve's, process); the in-process replay runs inprocess")
+    ap.add_argument("--server-cpus", help="run the server on these CPUs (taskset -c LIST): its default thread count follows")
+    ap.add_argument("--client-cpus", help="run this script's clients on these CPUs (e.g. the server's others)")
     ap.add_argument("--compare", help="a `luainfer bench replay --json` file of the same trace, policy and scale")
     results.add_options(ap)
     args = ap.parse_args(argv[1:])
     if args.rate_scale <= 0 or args.duration <= 0 or args.max_num_seqs < 1 or args.kv_memory <= 0:
         sys.exit("--rate-scale, --duration, --kv-memory must be > 0 and --max-num-seqs >= 1")
+    for flag, cpus in (("--server-cpus", args.server_cpus), ("--client-cpus", args.client_cpus)):
+        if cpus is not None:
+            try:
+                cpu_set = parse_cpus(cpus)
+            except ValueError:
+                sys.exit(f"{flag} {cpus!r}: want a CPU list such as 0 or 0,2-3")
+            if not cpu_set <= os.sched_getaffinity(0):
+                sys.exit(f"{flag} {cpus}: CPUs {sorted(cpu_set - os.sched_getaffinity(0))} are not available here")
+    if args.server_cpus and not shutil.which("taskset"):
+        sys.exit("--server-cpus needs taskset (util-linux)")
+    if args.client_cpus:
+        os.sched_setaffinity(0, parse_cpus(args.client_cpus))
     trace = read_trace(args.trace)
     r = replay(args, trace)
     how = "msgpack-RPC, aio-msgpack-rpc" if args.protocol == "rpc" else "HTTP, OpenAI client"
