@@ -41,3 +41,15 @@ def test_bench_replay_live_rpc_against_inprocess(run_ok, luainfer_bin, tmp_path)
     assert got["requests"] == want["requests"] == 3 and got["output_tokens"] == want["output_tokens"] == 12
     assert got["goodput"] <= 2 / 3 and want["goodput"] <= 2 / 3
     assert 0 < got["ttft_p50"] <= got["ttft_p99"] and got["tpot_p50"] > 0  # streamed: a first token was seen
+
+
+@pytest.mark.parametrize("flag,value,want", [("--server-cpus", "x", "want a CPU list"),
+                                             ("--client-cpus", "3-1", "want a CPU list"),
+                                             ("--server-cpus", "4096", "not available here")])
+def test_bench_replay_live_cpu_lists_checked(tmp_path, flag, value, want):
+    """--server-cpus / --client-cpus: a bad list is a one-line error before any server starts."""
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(json.dumps({"t": 0.0, "prompt_len": 4, "max_tokens": 1}) + "\n")
+    r = subprocess.run([sys.executable, str(REPO / "bench" / "bench_replay_live.py"), str(trace), flag, value],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and want in r.stderr and "Traceback" not in r.stderr, r.stderr
