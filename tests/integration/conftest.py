@@ -125,6 +125,32 @@ def run_ok(run_cli):
 # Parity report
 # ---------------------------------------------------------------------------
 @pytest.fixture(scope="session")
+def run_on_pty():
+    """run(cmd, env=None, timeout) -> (exit code, what it wrote to stderr),
+    with stderr on a pseudo-terminal (stdout discarded): what a progress
+    bar draws for a user at a terminal."""
+    import pty
+
+    def run(cmd, env=None, timeout=DEFAULT_TIMEOUT_S):
+        master, slave = pty.openpty()
+        p = subprocess.Popen([str(c) for c in cmd], stdout=subprocess.DEVNULL, stderr=slave, env=env)
+        os.close(slave)
+        out = b""
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # the child closed the terminal
+                break
+            if not chunk:
+                break
+            out += chunk
+        os.close(master)
+        return p.wait(timeout=timeout), out.decode(errors="replace")
+
+    return run
+
+
+@pytest.fixture(scope="session")
 def parity_report():
     """The session's report dict; tests add rows to it (see PARITY_REPORT)."""
     return PARITY_REPORT

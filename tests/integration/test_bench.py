@@ -360,11 +360,10 @@ p:done()
 """
 
 
-def test_progress_bar_on_a_terminal_plain_lines_otherwise(luainfer_bin, tmp_path):
+def test_progress_bar_on_a_terminal_plain_lines_otherwise(luainfer_bin, tmp_path, run_on_pty):
     """luainfer.bench's progress: redrawn in place (\\r, bar, rate, ETA) when
     stderr is a terminal, whole lines when it is not, silent with
     LUAINFER_PROGRESS=0."""
-    import pty
     script = tmp_path / "p.lua"
     script.write_text(PROGRESS_SCRIPT)
     plain = subprocess.run([str(luainfer_bin), "run", str(script)], capture_output=True, text=True, timeout=60)
@@ -374,21 +373,8 @@ def test_progress_bar_on_a_terminal_plain_lines_otherwise(luainfer_bin, tmp_path
     assert re.fullmatch(r"demo \[#{24}\] 4/4  [\d.]+/s  took \d+s", lines[-1]), lines[-1]
     assert re.fullmatch(r"demo \[#{6}-{18}\] 1/4  [\d.]+/s  ETA \S+", lines[0]), lines[0]
 
-    master, slave = pty.openpty()
-    p = subprocess.Popen([str(luainfer_bin), "run", str(script)], stdout=subprocess.DEVNULL, stderr=slave)
-    os.close(slave)
-    out = b""
-    while True:
-        try:
-            chunk = os.read(master, 4096)
-        except OSError:  # the child closed the terminal
-            break
-        if not chunk:
-            break
-        out += chunk
-    os.close(master)
-    assert p.wait(timeout=60) == 0
-    text = out.decode()
+    rc, text = run_on_pty([luainfer_bin, "run", script], timeout=60)
+    assert rc == 0, text[-2000:]
     assert text.count("\r") >= 5 and "\x1b[K" in text and text.endswith("\n"), repr(text)
     assert "4/4" in text and "ETA" in text
 

@@ -8,7 +8,6 @@ LUAINFER_PROGRESS=0. Each command runs at a test's size on the real model.
 model fetch is pip's bar on a terminal and tools/setup.sh's plain lines.)"""
 
 import os
-import pty
 import re
 import subprocess
 
@@ -73,30 +72,11 @@ def test_plain_lines_when_not_a_terminal(luainfer_bin, model_path, inputs, name)
     assert not [l for l in quiet.stderr.splitlines() if any(l.startswith(x + ": ") for x in labels)], quiet.stderr
 
 
-def run_on_terminal(luainfer_bin, args):
-    """The command with stderr on a pseudo-terminal; what it wrote there."""
-    master, slave = pty.openpty()
-    p = subprocess.Popen([str(luainfer_bin), *map(str, args)], stdout=subprocess.DEVNULL, stderr=slave,
-                         env=env_without_progress_override())
-    os.close(slave)
-    out = b""
-    while True:
-        try:
-            chunk = os.read(master, 65536)
-        except OSError:  # the child closed the terminal
-            break
-        if not chunk:
-            break
-        out += chunk
-    os.close(master)
-    assert p.wait(timeout=TIMEOUT_S) == 0, out.decode(errors="replace")[-2000:]
-    return out.decode(errors="replace")
-
-
 @pytest.mark.parametrize("name", NAMES)
-def test_bar_with_rate_and_eta_on_a_terminal(luainfer_bin, model_path, inputs, name):
+def test_bar_with_rate_and_eta_on_a_terminal(luainfer_bin, model_path, inputs, run_on_pty, name):
     _, args, labels = pick(model_path, inputs, name)
-    text = run_on_terminal(luainfer_bin, args)
+    rc, text = run_on_pty([luainfer_bin, *args], env=env_without_progress_override(), timeout=TIMEOUT_S)
+    assert rc == 0, text[-2000:]
     assert "\x1b[K" in text, repr(text[-1000:])
     for label in labels:
         # the final redraw: the full bar, 100%, the rate, the time taken, then a newline
