@@ -39,24 +39,8 @@
 local luainfer = require("luainfer")
 local bench = require("luainfer.bench")
 local opts = bench.options(arg)
-local medusa, medusa_tree, quick
-do -- this bench's own flags, out of the positional arguments
-  local rest, i = {}, 1
-  while arg[i] ~= nil do
-    local a = arg[i]
-    if a == "--medusa" or a == "--medusa-tree" then
-      local v = arg[i + 1]
-      if v == nil or v == "" then error(("%s needs a value"):format(a), 0) end
-      if a == "--medusa" then medusa = v else medusa_tree = v end
-      i = i + 2
-    else
-      if a == "--quick" then quick = true else rest[#rest + 1] = a end
-      i = i + 1
-    end
-  end
-  for k = #arg, 1, -1 do arg[k] = nil end
-  for k, v in ipairs(rest) do arg[k] = v end
-end
+local flags = bench.take_flags(arg, { ["--medusa"] = "value", ["--medusa-tree"] = "value", ["--quick"] = "flag" })
+local medusa, medusa_tree, quick = flags["--medusa"], flags["--medusa-tree"], flags["--quick"]
 local root = (arg[0]:match("^(.*)/bench/") or ".")
 local MAX = tonumber(arg[1]) or 128
 local ROUNDS = tonumber(arg[2]) or 2

@@ -41,24 +41,8 @@
 local luainfer = require("luainfer")
 local bench = require("luainfer.bench")
 local opts = bench.options(arg)
-local N, SEQS = 8, 4
-do -- this bench's own flags, out of the positional arguments
-  local rest, i = {}, 1
-  while arg[i] ~= nil do
-    local a = arg[i]
-    if a == "--requests" or a == "--seqs" then
-      local v = tonumber(arg[i + 1])
-      if not v or v < 1 or v ~= math.floor(v) then error(("%s needs a whole number >= 1"):format(a), 0) end
-      if a == "--requests" then N = v else SEQS = v end
-      i = i + 2
-    else
-      rest[#rest + 1] = a
-      i = i + 1
-    end
-  end
-  for k = #arg, 1, -1 do arg[k] = nil end
-  for k, v in ipairs(rest) do arg[k] = v end
-end
+local flags = bench.take_flags(arg, { ["--requests"] = "count", ["--seqs"] = "count" })  -- this bench's own
+local N, SEQS = flags["--requests"] or 8, flags["--seqs"] or 4
 local MAX = tonumber(arg[1]) or 128
 local ROUNDS = tonumber(arg[2]) or 3
 local W8A8 = arg[3]

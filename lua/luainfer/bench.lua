@@ -24,26 +24,40 @@ local function root_of(script)
   return (script or ""):match("^(.*)/bench/[^/]*$") or (script or ""):match("^(.*)/examples/[^/]*$") or "."
 end
 
--- Pulls the shared options out of arg (in place: positional arguments keep
--- their order and indices 1..n). Returns { json = FILE?, plot = FILE?, root }.
-function M.options(args)
-  local opts, rest, i = { root = root_of(args[0]) }, {}, 1
+-- Pulls the flags SPEC names out of args, in place (positional arguments
+-- keep their order and indices 1..n). SPEC maps a flag to its kind: "flag"
+-- (no value: true), "file" or "value" (a non-empty string), "count" (a
+-- whole number >= 1). Returns { [flag] = value } for those given.
+function M.take_flags(args, spec)
+  local got, rest, i = {}, {}, 1
   while args[i] ~= nil do
     local a = args[i]
-    local key = a == "--json" and "json" or a == "--plot" and "plot" or nil
-    if key then
+    local kind = spec[a]
+    if kind == "flag" then
+      got[a], i = true, i + 1
+    elseif kind then
       local v = args[i + 1]
-      if v == nil or v == "" then error(("%s needs a file name"):format(a), 0) end
-      opts[key] = v
-      i = i + 2
+      if kind == "count" then
+        v = tonumber(v)
+        if not v or v < 1 or v ~= math.floor(v) then error(("%s needs a whole number >= 1"):format(a), 0) end
+      elseif v == nil or v == "" then
+        error(("%s needs %s"):format(a, kind == "file" and "a file name" or "a value"), 0)
+      end
+      got[a], i = v, i + 2
     else
-      rest[#rest + 1] = a
-      i = i + 1
+      rest[#rest + 1], i = a, i + 1
     end
   end
   for k = #args, 1, -1 do args[k] = nil end
   for k, v in ipairs(rest) do args[k] = v end
-  return opts
+  return got
+end
+
+-- Pulls the shared options out of arg (take_flags). Returns
+-- { json = FILE?, plot = FILE?, root }.
+function M.options(args)
+  local f = M.take_flags(args, { ["--json"] = "file", ["--plot"] = "file" })
+  return { root = root_of(args[0]), json = f["--json"], plot = f["--plot"] }
 end
 
 local function write_file(path, text)
