@@ -43,7 +43,8 @@ import results  # bench/results.py: --json, --plot, progress
 ROOT = Path(__file__).resolve().parents[1]
 
 # name -> (quantize arguments, calibration: False, "w8" (SmoothQuant's
-# statistics) or "q4" (GPTQ's / AWQ's X^T X, --q4-samples windows)).
+# statistics; with --gptq also X^T X, over the same --samples windows) or "q4"
+# (GPTQ's / AWQ's X^T X, --q4-samples windows)).
 # The 4-bit methods use group 64: 128 does not divide SmolLM2's 576-wide
 # rows (luainfer quantize refuses it).
 METHODS = {
@@ -56,6 +57,8 @@ METHODS = {
     "w8a8-a0.8": (["--method", "w8a8", "--alpha", "0.8", "--smooth", "all"], "w8"),
     "fp8": (["--method", "fp8"], False),
     "fp8-sq": (["--method", "fp8", "--alpha", "0.5", "--smooth", "all"], "w8"),  # SmoothQuant before FP8
+    "w8a8-gptq": (["--method", "w8a8", "--alpha", "0.5", "--smooth", "all", "--gptq"], "w8"),  # SmoothQuant + GPTQ
+    "fp8-gptq": (["--method", "fp8", "--smooth", "none", "--gptq"], "w8"),  # GPTQ alone (fp8 + --calib would smooth)
     "rtn4": (["--method", "rtn4", "--group", "64"], False),
     "awq": (["--method", "awq", "--group", "64"], "q4"),
     "gptq": (["--method", "gptq", "--group", "64"], "q4"),
@@ -63,7 +66,8 @@ METHODS = {
     "w4a4": (["--method", "w4a4"], False),
 }
 Q4 = ("rtn4", "awq", "gptq", "gptq-ao")  # also scored with --q4-act int8 (A8)
-DEFAULT = "q8_0,q4_0,q4_1,w8a8,w8a8-norm,w8a8-a0,w8a8-a0.8,fp8,fp8-sq,rtn4,awq,gptq,gptq-ao,w4a4"
+DEFAULT = ("q8_0,q4_0,q4_1,w8a8,w8a8-norm,w8a8-a0,w8a8-a0.8,w8a8-gptq,fp8,fp8-sq,fp8-gptq,rtn4,awq,gptq,gptq-ao,"
+           "w4a4")
 
 
 def run(cmd, env=None, timeout=7200):
@@ -94,8 +98,8 @@ def main():
                     help="held-out text (repeatable; default: alice29.txt then asyoulik.txt)")
     ap.add_argument("--calib", default=ROOT / "tests" / "data" / "plrabn12.txt")
     ap.add_argument("--samples", type=int, default=32, help="calibration windows for w8a8")
-    ap.add_argument("--q4-samples", type=int, default=4,
-                    help="calibration windows for awq / gptq (their X^T X costs n_in^2 per token)")
+    ap.add_argument("--q4-samples", type=int, default=32,
+                    help="calibration windows for awq / gptq (4 overfit: GPTQ then loses to RTN4 on held-out text)")
     ap.add_argument("--no-a8", action="store_true", help="skip the A8 (--q4-act int8) rows of the 4-bit methods")
     ap.add_argument("--reuse", action="store_true",
                     help="keep a quantized model already in --work (made with the same options) instead of redoing it")

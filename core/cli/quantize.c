@@ -16,7 +16,7 @@ int li_cmd_quantize(int argc, char **argv) {
     const char *method = NULL, *calib = NULL, *smooth = "all";
     int64_t group = -1, samples = 32, seq_len = 512, threads = 0;
     double alpha = 0.5, damp = 0.01;
-    bool help = false, act_order = false, no_clip = false;
+    bool help = false, act_order = false, no_clip = false, gptq = false;
     li_opt opts[] = {
         {"method", LI_OPT_STR, &method, "f16, bf16, q8_0, q4_0, q4_1, w8a8 (int8 W8A8, SmoothQuant), fp8 (e4m3 W8A8), "
                                         "rtn4, awq, gptq (W4A16) or w4a4 (required)"},
@@ -28,6 +28,8 @@ int li_cmd_quantize(int argc, char **argv) {
         {"alpha", LI_OPT_FLOAT, &alpha, "SmoothQuant migration strength in [0, 1] (default 0.5; 0 = no smoothing)"},
         {"smooth", LI_OPT_STR, &smooth, "which SmoothQuant migrations: all (norms, v->o, up->down), norm (norms only), none (default all)"},
         {"damp", LI_OPT_FLOAT, &damp, "gptq: damping added to diag(H), a fraction of its mean (default 0.01)"},
+        {"gptq", LI_OPT_FLAG, &gptq, "w8a8, fp8: the weights by GPTQ onto the scheme's grid (needs --calib; "
+                                     "after SmoothQuant when it runs)"},
         {"act-order", LI_OPT_FLAG, &act_order, "gptq: quantize columns by decreasing diag(H)"},
         {"no-clip", LI_OPT_FLAG, &no_clip, "awq: skip the clipping search"},
         {"threads", LI_OPT_INT, &threads, "calibration threads (default: all cores)"},
@@ -46,7 +48,8 @@ int li_cmd_quantize(int argc, char **argv) {
     if (n_pos != 2) return li_runtime_fail(&(li_error){LI_EINVAL, "quantize: expected IN.gguf OUT.gguf"});
     li_quant_opts o = {.in = pos[0], .out = pos[1], .group = group < 0 ? 0 : group, .group_set = group != -1,
                        .calib = calib, .samples = samples, .seq_len = seq_len, .alpha = alpha, .threads = threads,
-                       .damp = damp, .act_order = act_order, .no_clip = no_clip};
+                       .damp = damp, .act_order = act_order, .no_clip = no_clip,
+                       .gptq8 = gptq};
     if ((rc = li_qmethod_parse(method, &o.method, &err))) return li_runtime_fail(&err);
     if (!strcmp(smooth, "all")) o.smooth = LI_SMOOTH_ALL;
     else if (!strcmp(smooth, "norm")) o.smooth = LI_SMOOTH_NORM;
@@ -55,14 +58,20 @@ int li_cmd_quantize(int argc, char **argv) {
     if (o.method != LI_QMETHOD_W8A8 && o.method != LI_QMETHOD_FP8) o.smooth = LI_SMOOTH_NONE; /* nothing to smooth */
     if (o.method == LI_QMETHOD_FP8 && !calib) o.smooth = LI_SMOOTH_NONE; /* fp8: smoothing only when asked */
     if (group < -1) return li_runtime_fail(&(li_error){LI_EINVAL, "quantize: --group must be positive (or 0)"});
-    if ((act_order || damp != 0.01) && o.method != LI_QMETHOD_GPTQ)
-        return li_runtime_fail(&(li_error){LI_EINVAL, "quantize: --act-order and --damp apply to --method gptq only"});
+    if (gptq && o.method != LI_QMETHOD_W8A8 && o.method != LI_QMETHOD_FP8)
+        return li_runtime_fail(&(li_error){LI_EINVAL, "quantize: --gptq applies to --method w8a8 and fp8 (gptq is "
+                                                      "its own method for 4-bit)"});
+    if (act_order && o.method != LI_QMETHOD_GPTQ)
+        return li_runtime_fail(&(li_error){LI_EINVAL, "quantize: --act-order applies to --method gptq only"});
+    if (damp != 0.01 && o.method != LI_QMETHOD_GPTQ && !gptq)
+        return li_runtime_fail(&(li_error){LI_EINVAL, "quantize: --damp applies to --method gptq and to --gptq only"});
     if (no_clip && o.method != LI_QMETHOD_AWQ)
         return li_runtime_fail(&(li_error){LI_EINVAL, "quantize: --no-clip applies to --method awq only"});
     if (li_qmethod_needs_calib(&o) && !calib) {
         const bool q4 = li_qmethod_is_q4(o.method);
         li_error e = {LI_EINVAL, ""};
-        snprintf(e.msg, sizeof e.msg, "quantize: --method %s needs --calib FILE%s", method, q4 ? "" : " (or --alpha 0)");
+        snprintf(e.msg, sizeof e.msg, "quantize: --method %s%s needs --calib FILE%s", method, gptq ? " --gptq" : "",
+                 q4 || gptq ? "" : " (or --alpha 0)");
         return li_runtime_fail(&e);
     }
     if ((rc = li_cli_check_output("quantize", o.out, &err))) return li_runtime_fail(&err);

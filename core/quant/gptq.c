@@ -11,6 +11,7 @@
  * thousands of columns and the Cholesky factors of a badly conditioned
  * Hessian lose digits fast in f32. */
 #include "quant/quant4_internal.h"
+#include "types.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -218,30 +219,46 @@ static int diag_key_cmp(const void *pa, const void *pb) {
     return a->i < b->i ? -1 : a->i > b->i;
 }
 
-int li_q4_gptq(const float *w, int64_t n_out, int64_t n_in, const li_q4_calib *c, const li_q4_opts *o,
-               li_q4_result *out, char *why, size_t cap) {
-    if (!c || !c->finished || c->n_in != n_in)
+/* What GPTQ rounds to: `start` is called for each row when column j opens
+ * a group (w: the row's error-updated values from column j on, n of
+ * them), `round` stores the code of x at (r, j) and returns its value. */
+typedef struct gptq_grid {
+    void *ctx;
+    int64_t group;                                                           /* columns per group (n: one) */
+    void (*start)(void *ctx, int64_t r, int64_t j, const double *w, int64_t n);
+    double (*round)(void *ctx, int64_t r, int64_t j, double x);
+} gptq_grid;
+
+/* GPTQ onto any grid: w (n_out, n) in, columns in order (act_order: by
+ * decreasing diag(H), *perm set), codes through g. in_scale (n) or NULL:
+ * the weight is W diag(s) and its input X diag(s)^-1 (SmoothQuant), so
+ * H becomes diag(s)^-1 H diag(s)^-1. */
+static int gptq_core(const float *w, int64_t n_out, int64_t n, const li_q4_calib *c, double damp, bool act_order,
+                     int64_t block_size, const double *in_scale, const gptq_grid *g, double *loss_out,
+                     int32_t **perm, char *why, size_t cap) {
+    if (!c || !c->finished || c->n_in != n)
         return WHY("gptq: calibration statistics of width %lld (%s) for a layer of %lld inputs",
-                   c ? (long long)c->n_in : 0LL, c && c->finished ? "finished" : "not finished", (long long)n_in);
-    if (!(o->damp >= 0.0)) return WHY("gptq: damping %g is negative", o->damp);
-    if (li_q4_result_alloc(out, n_out, n_in, o->group_size, o->symmetric, "gptq", why, cap)) return -1;
-    const int64_t n = n_in, gs = out->group_size ? out->group_size : n;
+                   c ? (long long)c->n_in : 0LL, c && c->finished ? "finished" : "not finished", (long long)n);
+    if (!(damp >= 0.0)) return WHY("gptq: damping %g is negative", damp);
+    const int64_t gs = g->group;
     /* lazy blocks hold whole groups, so a group's weights are up to date
      * when its first column is reached */
-    int64_t bs = o->block_size > 0 ? o->block_size : 128;
-    if (out->group_size) bs = bs < gs ? gs : bs / gs * gs;
+    int64_t bs = block_size > 0 ? block_size : 128;
+    if (gs < n) bs = bs < gs ? gs : bs / gs * gs;
     double *h = malloc((size_t)(n * n) * sizeof(double)), *u = malloc((size_t)(n * n) * sizeof(double));
     double *wd = malloc((size_t)(n_out * n) * sizeof(double)), *err = malloc((size_t)(n_out * bs) * sizeof(double));
     double *tmp = malloc((size_t)n * sizeof(double));
     int32_t *order = malloc((size_t)n * sizeof(int32_t));
-    diag_key *keys = o->act_order ? malloc((size_t)n * sizeof(diag_key)) : NULL;
-    li_q4_group *par = malloc((size_t)n_out * sizeof *par); /* each row's current group */
+    diag_key *keys = act_order ? malloc((size_t)n * sizeof(diag_key)) : NULL;
     int rc = -1;
-    if (!h || !u || !wd || !err || !tmp || !order || !par || (o->act_order && !keys)) {
-        (void)WHY("gptq: out of memory for a %lld x %lld layer", (long long)n_out, (long long)n_in);
+    if (!h || !u || !wd || !err || !tmp || !order || (act_order && !keys)) {
+        (void)WHY("gptq: out of memory for a %lld x %lld layer", (long long)n_out, (long long)n);
         goto done;
     }
     li_q4_calib_hessian(c, h);
+    if (in_scale)
+        for (int64_t i = 0; i < n; i++)
+            for (int64_t j = 0; j < n; j++) h[i * n + j] /= in_scale[i] * in_scale[j];
     /* dead inputs (never nonzero in calibration): the weight cannot matter,
      * so it is 0 and the column gets H = 1 to keep H invertible */
     for (int64_t i = 0; i < n_out; i++)
@@ -253,7 +270,7 @@ int li_q4_gptq(const float *w, int64_t n_out, int64_t n_in, const li_q4_calib *c
             for (int64_t i = 0; i < n_out; i++) wd[i * n + j] = 0.0;
         }
     }
-    if (o->act_order) { /* columns (and H's rows and columns) by decreasing diag(H) */
+    if (act_order) { /* columns (and H's rows and columns) by decreasing diag(H) */
         for (int64_t j = 0; j < n; j++) {
             tmp[j] = h[j * n + j];
             keys[j] = (diag_key){tmp, j};
@@ -271,9 +288,9 @@ int li_q4_gptq(const float *w, int64_t n_out, int64_t n_in, const li_q4_calib *c
     double mean = 0.0;
     for (int64_t j = 0; j < n; j++) mean += h[j * n + j];
     mean /= (double)n;
-    for (int64_t j = 0; j < n; j++) h[j * n + j] += o->damp * mean;
+    for (int64_t j = 0; j < n; j++) h[j * n + j] += damp * mean;
     if (upper_cholesky_of_inverse(h, n, u)) {
-        (void)WHY("gptq: the Hessian is not positive definite after damping %g (raise the damping)", o->damp);
+        (void)WHY("gptq: the Hessian is not positive definite after damping %g (raise the damping)", damp);
         goto done;
     }
 
@@ -283,17 +300,10 @@ int li_q4_gptq(const float *w, int64_t n_out, int64_t n_in, const li_q4_calib *c
         for (int64_t j = i1; j < i2; j++) {
             const double *uj = u + j * n, d = uj[j];
             const bool start = j % gs == 0;
-            const int64_t g = j / gs;
             for (int64_t r = 0; r < n_out; r++) {
                 double *wr = wd + r * n;
-                if (start) {
-                    par[r] = li_q4_group_params(wr + j, gs, 1, o->symmetric);
-                    out->scales[r * out->n_groups + g] = par[r].scale;
-                    if (out->zeros) out->zeros[r * out->n_groups + g] = (float)par[r].zero;
-                }
-                const int q = li_q4_code(wr[j], par[r]);
-                out->codes[r * n + j] = (uint8_t)q;
-                const double e = (wr[j] - li_q4_value(q, par[r])) / d;
+                if (start) g->start(g->ctx, r, j, wr + j, n - j);
+                const double e = (wr[j] - g->round(g->ctx, r, j, wr[j])) / d;
                 loss += 0.5 * e * e;
                 err[r * bs + (j - i1)] = e;
                 for (int64_t t = j + 1; t < i2; t++) wr[t] -= e * uj[t]; /* inside the block: now */
@@ -302,9 +312,9 @@ int li_q4_gptq(const float *w, int64_t n_out, int64_t n_in, const li_q4_calib *c
         if (i2 < n) /* the block's errors into every later column at once (the lazy batch) */
             lazy_update(wd, err, u, n_out, n, bs, i1, i2, nb);
     }
-    out->loss = loss;
-    if (o->act_order) {
-        out->perm = order;
+    *loss_out = loss;
+    if (act_order && perm) {
+        *perm = order;
         order = NULL;
     }
     rc = 0;
@@ -316,7 +326,90 @@ done:
     free(tmp);
     free(order);
     free(keys);
-    free(par);
+    return rc;
+}
+
+/* ---- the 4-bit grid: a group's scale and zero from its updated weights */
+typedef struct q4_grid {
+    li_q4_result *out;
+    li_q4_group *par; /* (n_out) each row's current group */
+    bool symmetric;
+} q4_grid;
+
+static void q4_start(void *ctx, int64_t r, int64_t j, const double *w, int64_t n) {
+    q4_grid *q = ctx;
+    li_q4_result *out = q->out;
+    const int64_t gs = out->group_size ? out->group_size : out->n_in, g = j / gs;
+    (void)n;
+    q->par[r] = li_q4_group_params(w, gs, 1, q->symmetric);
+    out->scales[r * out->n_groups + g] = q->par[r].scale;
+    if (out->zeros) out->zeros[r * out->n_groups + g] = (float)q->par[r].zero;
+}
+
+static double q4_round(void *ctx, int64_t r, int64_t j, double x) {
+    q4_grid *q = ctx;
+    const int c = li_q4_code(x, q->par[r]);
+    q->out->codes[r * q->out->n_in + j] = (uint8_t)c;
+    return li_q4_value(c, q->par[r]);
+}
+
+int li_q4_gptq(const float *w, int64_t n_out, int64_t n_in, const li_q4_calib *c, const li_q4_opts *o,
+               li_q4_result *out, char *why, size_t cap) {
+    if (!c || !c->finished || c->n_in != n_in)
+        return WHY("gptq: calibration statistics of width %lld (%s) for a layer of %lld inputs",
+                   c ? (long long)c->n_in : 0LL, c && c->finished ? "finished" : "not finished", (long long)n_in);
+    if (!(o->damp >= 0.0)) return WHY("gptq: damping %g is negative", o->damp);
+    if (li_q4_result_alloc(out, n_out, n_in, o->group_size, o->symmetric, "gptq", why, cap)) return -1;
+    q4_grid q = {.out = out, .par = malloc((size_t)n_out * sizeof(li_q4_group)), .symmetric = o->symmetric};
+    if (!q.par) {
+        li_q4_result_free(out);
+        return WHY("gptq: out of memory for a %lld x %lld layer", (long long)n_out, (long long)n_in);
+    }
+    const gptq_grid g = {.ctx = &q, .group = out->group_size ? out->group_size : n_in, .start = q4_start,
+                         .round = q4_round};
+    const int rc = gptq_core(w, n_out, n_in, c, o->damp, o->act_order, o->block_size, NULL, &g, &out->loss,
+                             &out->perm, why, cap);
+    free(q.par);
     if (rc) li_q4_result_free(out);
     return rc;
+}
+
+/* ---- the 8-bit grids: one scale per row, from its values before any
+ * feedback (as an RTN weight of the scheme: amax / 127 or amax / 448) */
+typedef struct q8_grid {
+    bool fp8;
+    int64_t n_in;
+    float *scales; /* (n_out) */
+    uint8_t *codes;
+} q8_grid;
+
+static void q8_start(void *ctx, int64_t r, int64_t j, const double *w, int64_t n) {
+    (void)ctx, (void)r, (void)j, (void)w, (void)n; /* the scales are set before the columns run */
+}
+
+static double q8_round(void *ctx, int64_t r, int64_t j, double x) {
+    q8_grid *q = ctx;
+    const float sc = q->scales[r], inv = sc > 0 ? 1.0f / sc : 0.0f;
+    if (q->fp8) {
+        const uint8_t c = li_fp32_to_fp8_e4m3((float)x * inv);
+        q->codes[r * q->n_in + j] = c;
+        return (double)li_fp8_e4m3_to_fp32(c) * sc;
+    }
+    const float c = li_code_round((float)x * inv, -127.0f, 127.0f);
+    q->codes[r * q->n_in + j] = (uint8_t)(int8_t)c;
+    return (double)c * sc;
+}
+
+int li_q8_gptq(const float *w, int64_t n_out, int64_t n_in, const li_q4_calib *c, double damp, bool fp8,
+               const double *in_scale, uint8_t *codes, float *scales, char *why, size_t cap) {
+    const float qmax = fp8 ? 448.0f : 127.0f;
+    for (int64_t r = 0; r < n_out; r++) {
+        float amax = 0.0f;
+        for (int64_t j = 0; j < n_in; j++) amax = fmaxf(amax, fabsf(w[r * n_in + j]));
+        scales[r] = amax / qmax;
+    }
+    q8_grid q = {.fp8 = fp8, .n_in = n_in, .scales = scales, .codes = codes};
+    const gptq_grid g = {.ctx = &q, .group = n_in, .start = q8_start, .round = q8_round};
+    double loss;
+    return gptq_core(w, n_out, n_in, c, damp, false, 128, in_scale, &g, &loss, NULL, why, cap);
 }

@@ -152,6 +152,17 @@ int li_q4_rtn(const float *w, int64_t n_out, int64_t n_in, const li_q4_opts *o, 
 int li_q4_gptq(const float *w, int64_t n_out, int64_t n_in, const li_q4_calib *c, const li_q4_opts *o,
                li_q4_result *out, char *why, size_t cap);
 
+/* GPTQ onto a W8A8 or FP8 weight (per output channel, as the scheme
+ * stores it): row r's scale from its values before any feedback
+ * (scales[r] = max|w| / 127, or / 448 for fp8), then the columns in order,
+ * each rounded (int8: round-half-even, clamped to +-127; fp8: e4m3) and its
+ * error fed back as in li_q4_gptq. in_scale (n_in) or NULL: W is already
+ * W diag(s) for SmoothQuant's s, and its input X diag(s)^-1, so c's X^T X
+ * (of X) is rescaled. codes (n_out, n_in): int8 bytes or e4m3 codes.
+ * 0, or -1 with why (as li_q4_gptq). */
+int li_q8_gptq(const float *w, int64_t n_out, int64_t n_in, const li_q4_calib *c, double damp, bool fp8,
+               const double *in_scale, uint8_t *codes, float *scales, char *why, size_t cap);
+
 /* AWQ (Lin et al. 2023), layer level: s = max(mean|x|, 1e-4)^a per input
  * channel for the o->n_grid exponents a in [0, 1]; each a scores the output
  * error ||(Q(W diag(s)) diag(s)^-1 - W) X^T||^2 / n_rows (through X^T X,

@@ -63,7 +63,7 @@ bool li_qmethod_is_q4(li_qmethod m) {
 }
 
 bool li_qmethod_needs_calib(const li_quant_opts *o) {
-    if (o->method == LI_QMETHOD_AWQ || o->method == LI_QMETHOD_GPTQ) return true;
+    if (o->method == LI_QMETHOD_AWQ || o->method == LI_QMETHOD_GPTQ || o->gptq8) return true;
     return (o->method == LI_QMETHOD_W8A8 || o->method == LI_QMETHOD_FP8) && o->smooth != LI_SMOOTH_NONE &&
            o->alpha > 0;
 }
@@ -114,6 +114,16 @@ static int emit_plain(out_slot *s, const char *name, li_type type, const float *
     return 0;
 }
 
+/* A scheme weight with one scale per output channel from its codes (int8
+ * bytes or e4m3 codes, (m, k)) and scales (m); takes both. */
+static void emit_scheme_codes(out_slot *s, const char *name, uint8_t *codes, float *scales, int64_t m, int64_t k) {
+    char sname[160];
+    snprintf(sname, sizeof sname, "%s.scale", name);
+    slot_add(s, name, LI_TYPE_I8, k, m, codes, (size_t)m * (size_t)k);
+    slot_add(s, sname, LI_TYPE_F32, 1, m, scales, (size_t)m * sizeof(float));
+    s->params = m * k;
+}
+
 /* A scheme weight with one scale per output channel: int8 codes round(w/s),
  * s = amax/127 (W8A8), or e4m3(w/s), s = amax/448 (FP8). */
 static void emit_scheme(out_slot *s, const char *name, li_scheme scheme, const float *f, int64_t m, int64_t k) {
@@ -131,11 +141,7 @@ static void emit_scheme(out_slot *s, const char *name, li_scheme scheme, const f
             q[j] = scheme == LI_SCHEME_W8A8 ? (int8_t)li_code_round(w[j] * inv, -127.0f, 127.0f)
                                             : (int8_t)li_fp32_to_fp8_e4m3(w[j] * inv);
     }
-    char sname[160];
-    snprintf(sname, sizeof sname, "%s.scale", name);
-    slot_add(s, name, LI_TYPE_I8, k, m, codes, (size_t)m * (size_t)k);
-    slot_add(s, sname, LI_TYPE_F32, 1, m, scales, (size_t)m * sizeof(float));
-    s->params = m * k;
+    emit_scheme_codes(s, name, (uint8_t *)codes, scales, m, k);
 }
 
 /* ------------------------------------------------------------------------
@@ -163,18 +169,24 @@ typedef struct layer_f32 {
     float *w[7];       /* wq, wk, wv, wo, w_gate, w_up, w_down: (m, k) each */
     int64_t m[7], k[7];
     float *attn_norm, *ffn_norm; /* (n_embd) */
+    double *in_s[7];   /* SmoothQuant's s per input column of each weight (k), or NULL: not smoothed */
 } layer_f32;
 
 enum { W_Q, W_K, W_V, W_O, W_GATE, W_UP, W_DOWN };
 
+/* The scales go into L->in_s too (the weights' inputs are X diag(s)^-1:
+ * what GPTQ's Hessian must be taken of). */
 static void smooth_layer(layer_f32 *L, const li_hparams *hp, li_calib_amax *am, int l, double alpha, li_smooth mode) {
     const int64_t d = hp->n_embd, ff = hp->n_ff, hd = hp->head_dim;
     double *aw = li_xmalloc((size_t)LI_MAX(d, ff) * sizeof(double));
+    double *s_qkv = li_xmalloc((size_t)d * sizeof(double)), *s_gu = li_xmalloc((size_t)d * sizeof(double));
+    L->in_s[W_Q] = L->in_s[W_K] = L->in_s[W_V] = s_qkv;
+    L->in_s[W_GATE] = L->in_s[W_UP] = s_gu;
     /* q/k/v: the scales into the attention norm */
     const float *ax = li_calib_amax_row(am, l, LI_CALIB_QKV);
     col_amax((float *const[]){L->w[W_Q], L->w[W_K], L->w[W_V]}, (int64_t[]){L->m[W_Q], L->m[W_K], L->m[W_V]}, 3, d, aw);
     for (int64_t j = 0; j < d; j++) {
-        const double s = smooth_scale(ax[j], aw[j], alpha);
+        const double s = s_qkv[j] = smooth_scale(ax[j], aw[j], alpha);
         L->attn_norm[j] = (float)(L->attn_norm[j] / s);
         for (int i = W_Q; i <= W_V; i++)
             for (int64_t r = 0; r < L->m[i]; r++) L->w[i][r * d + j] = (float)(L->w[i][r * d + j] * s);
@@ -183,7 +195,7 @@ static void smooth_layer(layer_f32 *L, const li_hparams *hp, li_calib_amax *am, 
     ax = li_calib_amax_row(am, l, LI_CALIB_GU);
     col_amax((float *const[]){L->w[W_GATE], L->w[W_UP]}, (int64_t[]){L->m[W_GATE], L->m[W_UP]}, 2, d, aw);
     for (int64_t j = 0; j < d; j++) {
-        const double s = smooth_scale(ax[j], aw[j], alpha);
+        const double s = s_gu[j] = smooth_scale(ax[j], aw[j], alpha);
         L->ffn_norm[j] = (float)(L->ffn_norm[j] / s);
         for (int i = W_GATE; i <= W_UP; i++)
             for (int64_t r = 0; r < L->m[i]; r++) L->w[i][r * d + j] = (float)(L->w[i][r * d + j] * s);
@@ -196,6 +208,7 @@ static void smooth_layer(layer_f32 *L, const li_hparams *hp, li_calib_amax *am, 
         const int64_t qd = L->k[W_O];
         ax = li_calib_amax_row(am, l, LI_CALIB_O);
         double *awo = li_xmalloc((size_t)qd * sizeof(double));
+        double *s_o = L->in_s[W_O] = li_xmalloc((size_t)qd * sizeof(double));
         col_amax((float *const[]){L->w[W_O]}, (int64_t[]){L->m[W_O]}, 1, qd, awo);
         for (int kvh = 0; kvh < hp->n_head_kv; kvh++)
             for (int64_t c = 0; c < hd; c++) {
@@ -210,6 +223,7 @@ static void smooth_layer(layer_f32 *L, const li_hparams *hp, li_calib_amax *am, 
                 for (int64_t j = 0; j < d; j++) vrow[j] = (float)(vrow[j] / s);
                 for (int g = 0; g < G; g++) {
                     const int64_t col = (int64_t)(kvh * G + g) * hd + c;
+                    s_o[col] = s;
                     for (int64_t r = 0; r < L->m[W_O]; r++) L->w[W_O][r * qd + col] = (float)(L->w[W_O][r * qd + col] * s);
                 }
             }
@@ -217,8 +231,9 @@ static void smooth_layer(layer_f32 *L, const li_hparams *hp, li_calib_amax *am, 
         /* down_proj: its input silu(gate) * up is linear in up's rows */
         ax = li_calib_amax_row(am, l, LI_CALIB_DOWN);
         col_amax((float *const[]){L->w[W_DOWN]}, (int64_t[]){L->m[W_DOWN]}, 1, ff, aw);
+        double *s_down = L->in_s[W_DOWN] = li_xmalloc((size_t)ff * sizeof(double));
         for (int64_t j = 0; j < ff; j++) {
-            const double s = smooth_scale(ax[j], aw[j], alpha);
+            const double s = s_down[j] = smooth_scale(ax[j], aw[j], alpha);
             float *urow = L->w[W_UP] + j * d;
             for (int64_t c = 0; c < d; c++) urow[c] = (float)(urow[c] / s);
             for (int64_t r = 0; r < L->m[W_DOWN]; r++) L->w[W_DOWN][r * ff + j] = (float)(L->w[W_DOWN][r * ff + j] * s);
@@ -423,6 +438,8 @@ typedef struct q4_job {
     layer_f32 *L;
     const li_q4_opts *qo;
     li_q4_result *res;     /* (7) */
+    uint8_t *codes8[7];    /* w8a8 / fp8 with --gptq: each weight's codes (m, k) and scales (m) */
+    float *scales8[7];
     int task[8], n_task;   /* what to run, in order of decreasing cost */
     atomic_int next;
     int rc[8];
@@ -460,11 +477,58 @@ static int q4_task(q4_job *j, int t, char *why, size_t cap) {
     return awq_stack(q, l, 0, L->w, L->m, L->k, L->attn_norm, j->res, j->qo, why, cap);
 }
 
+/* w8a8 / fp8 with --gptq: weight t onto the scheme's grid by GPTQ, the
+ * Hessian of its (smoothed) input */
+static int q8_task(q4_job *j, int t, char *why, size_t cap) {
+    const layer_f32 *L = j->L;
+    j->codes8[t] = li_xmalloc((size_t)(L->m[t] * L->k[t]));
+    j->scales8[t] = li_xmalloc((size_t)L->m[t] * sizeof(float));
+    return li_q8_gptq(L->w[t], L->m[t], L->k[t], q4cal_of(j->q, j->l, weight_site[t]), j->q->o->damp,
+                      j->q->o->method == LI_QMETHOD_FP8, L->in_s[t], j->codes8[t], j->scales8[t], why, cap);
+}
+
 static void *q4_worker(void *arg) {
     q4_job *j = arg;
+    const bool q8 = !li_qmethod_is_q4(j->q->o->method);
     for (int i; (i = atomic_fetch_add(&j->next, 1)) < j->n_task;)
-        j->rc[i] = q4_task(j, j->task[i], j->why[i], sizeof j->why[i]);
+        j->rc[i] = (q8 ? q8_task : q4_task)(j, j->task[i], j->why[i], sizeof j->why[i]);
     return NULL;
+}
+
+/* Runs j's tasks on up to q->n_threads threads; the first error, naming
+ * the layer. */
+static int q4_run(q4_job *j, li_error *err) {
+    const int nth = (int)LI_MIN((int64_t)j->n_task, j->q->n_threads);
+    pthread_t th[8];
+    int started = 0;
+    for (int i = 1; i < nth; i++)
+        if (!pthread_create(&th[started], NULL, q4_worker, j)) started++;
+    q4_worker(j);
+    for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
+    for (int i = 0; i < j->n_task; i++)
+        if (j->rc[i]) return li_error_set(err, LI_EINVAL, "quantize: layer %d: %s", j->l, j->why[i]);
+    return 0;
+}
+
+static const int gptq_order[7] = {W_DOWN, W_GATE, W_UP, W_Q, W_O, W_K, W_V}; /* by decreasing cost */
+
+/* w8a8 / fp8 with --gptq: the layer's seven weights, emitted */
+static int q8_layer(qctx *q, int l, layer_f32 *L, li_error *err) {
+    q4_job *j = li_xcalloc(1, sizeof *j);
+    *j = (q4_job){.q = q, .l = l, .L = L};
+    atomic_init(&j->next, 0);
+    for (int i = 0; i < 7; i++) j->task[j->n_task++] = gptq_order[i];
+    int rc = q4_run(j, err);
+    static const char *names[7] = {"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"};
+    char name[96];
+    for (int i = 0; i < 7; i++) {
+        snprintf(name, sizeof name, "blk.%d.%s.weight", l, names[i]);
+        if (!rc) emit_scheme_codes(&q->slots[tensor_index(q->m, name)], name, j->codes8[i], j->scales8[i], L->m[i],
+                                   L->k[i]);
+        else free(j->codes8[i]), free(j->scales8[i]);
+    }
+    free(j);
+    return rc;
 }
 
 static int q4_layer(qctx *q, int l, layer_f32 *L, li_error *err) {
@@ -485,19 +549,9 @@ static int q4_layer(qctx *q, int l, layer_f32 *L, li_error *err) {
         j->task[j->n_task++] = 8;
         shared[W_K] = shared[W_V] = shared[W_UP] = true;
     } else {
-        static const int order[7] = {W_DOWN, W_GATE, W_UP, W_Q, W_O, W_K, W_V};
-        for (int i = 0; i < 7; i++) j->task[j->n_task++] = order[i];
+        for (int i = 0; i < 7; i++) j->task[j->n_task++] = gptq_order[i];
     }
-    const int nth = (int)LI_MIN((int64_t)j->n_task, q->n_threads);
-    pthread_t th[8];
-    int started = 0;
-    for (int i = 1; i < nth; i++)
-        if (!pthread_create(&th[started], NULL, q4_worker, j)) started++;
-    q4_worker(j);
-    for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
-    int rc = 0;
-    for (int i = 0; i < j->n_task && !rc; i++)
-        if (j->rc[i]) rc = li_error_set(err, LI_EINVAL, "quantize: layer %d: %s", l, j->why[i]);
+    int rc = q4_run(j, err);
     free(j);
     static const char *names[7] = {"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"};
     char name[96];
@@ -530,7 +584,8 @@ static int do_layer(qctx *q, int l, li_error *err) {
     int rc = 0;
     char name[96];
     if (li_qmethod_is_q4(q->o->method)) rc = q4_layer(q, l, &L, err);
-    for (int i = 0; i < 7 && !rc && !li_qmethod_is_q4(q->o->method); i++) {
+    else if (q->o->gptq8) rc = q8_layer(q, l, &L, err);
+    for (int i = 0; i < 7 && !rc && !li_qmethod_is_q4(q->o->method) && !q->o->gptq8; i++) {
         snprintf(name, sizeof name, "blk.%d.%s.weight", l, names[i]);
         rc = emit_linear(q, &q->slots[tensor_index(q->m, name)], name, L.w[i], L.m[i], L.k[i], err);
     }
@@ -539,6 +594,10 @@ static int do_layer(qctx *q, int l, li_error *err) {
     snprintf(name, sizeof name, "blk.%d.ffn_norm.weight", l);
     if (!rc) emit_f32(&q->slots[tensor_index(q->m, name)], name, L.ffn_norm, hp->n_embd);
     for (int i = 0; i < 7; i++) free(L.w[i]);
+    free(L.in_s[W_Q]); /* q/k/v share one, gate/up another */
+    free(L.in_s[W_GATE]);
+    free(L.in_s[W_O]);
+    free(L.in_s[W_DOWN]);
     free(L.attn_norm);
     free(L.ffn_norm);
     return rc;
@@ -662,25 +721,20 @@ static int write_metadata(qctx *q, li_gguf_writer *w, li_error *err) {
         const li_act_quant act = me == LI_QMETHOD_W4A4 ? LI_ACT_INT4 : li_scheme_info(methods[me].scheme)->act;
         if (!rc) rc = li_gguf_writer_add_str(w, "luainfer.quant.activations", li_act_quant_name(act), err);
     }
-    if (me == LI_QMETHOD_GPTQ) {
+    if (o->gptq8 && !rc) rc = li_gguf_writer_add_bool(w, "luainfer.quant.gptq", true, err);
+    if (me == LI_QMETHOD_GPTQ || o->gptq8) {
         if (!rc) rc = li_gguf_writer_add_f32(w, "luainfer.quant.gptq.damp", (float)o->damp, err);
-        if (!rc) rc = li_gguf_writer_add_bool(w, "luainfer.quant.gptq.act_order", o->act_order, err);
+        if (!rc && !o->gptq8) rc = li_gguf_writer_add_bool(w, "luainfer.quant.gptq.act_order", o->act_order, err);
     }
     if (me == LI_QMETHOD_AWQ && !rc) rc = li_gguf_writer_add_bool(w, "luainfer.quant.awq.clip", !o->no_clip, err);
-    if (q->q4cal) {
-        char *base = strdup(o->calib);
-        if (!base) abort();
-        if (!rc) rc = li_gguf_writer_add_str(w, "luainfer.quant.calib.file", basename(base), err);
-        if (!rc) rc = li_gguf_writer_add_u32(w, "luainfer.quant.calib.samples", (uint32_t)o->samples, err);
-        if (!rc) rc = li_gguf_writer_add_u32(w, "luainfer.quant.calib.seq_len", (uint32_t)o->seq_len, err);
-        free(base);
-    }
     if (q->have_amax) {
         static const char *sm[] = {"none", "norm", "all"};
-        char *base = strdup(o->calib);
-        if (!base) abort();
         if (!rc) rc = li_gguf_writer_add_str(w, "luainfer.quant.smooth", sm[o->smooth], err);
         if (!rc) rc = li_gguf_writer_add_f32(w, "luainfer.quant.alpha", (float)o->alpha, err);
+    }
+    if (q->q4cal || q->have_amax) { /* one calibration text for both statistics */
+        char *base = strdup(o->calib);
+        if (!base) abort();
         if (!rc) rc = li_gguf_writer_add_str(w, "luainfer.quant.calib.file", basename(base), err);
         if (!rc) rc = li_gguf_writer_add_u32(w, "luainfer.quant.calib.samples", (uint32_t)o->samples, err);
         if (!rc) rc = li_gguf_writer_add_u32(w, "luainfer.quant.calib.seq_len", (uint32_t)o->seq_len, err);
@@ -696,7 +750,7 @@ int li_quantize(const li_quant_opts *o, li_error *err) {
         return li_error_set(err, LI_EINVAL, "quantize: --group does not apply to %s (%s)", methods[o->method].name,
                             methods[o->method].scheme == LI_SCHEME_PLAIN ? "its blocks are 32 elements"
                                                                          : "its scales are per output channel");
-    if (!(o->damp > 0 && o->damp < 1) && o->method == LI_QMETHOD_GPTQ)
+    if (!(o->damp > 0 && o->damp < 1) && (o->method == LI_QMETHOD_GPTQ || o->gptq8))
         return li_error_set(err, LI_EINVAL, "quantize: --damp must be in (0, 1), a fraction of the mean Hessian diagonal");
     if (!(o->alpha >= 0 && o->alpha <= 1)) return li_error_set(err, LI_EINVAL, "quantize: --alpha must be in [0, 1]");
     qctx q = {.o = o};
@@ -715,8 +769,10 @@ int li_quantize(const li_quant_opts *o, li_error *err) {
     q.n_threads = o->threads > 0 ? o->threads : LI_MAX(1, sysconf(_SC_NPROCESSORS_ONLN));
     if (grouped && (rc = check_group(q.m, q.group, err))) goto done;
     if (li_qmethod_needs_calib(o)) {
-        rc = li_qmethod_is_q4(o->method) ? calibrate_q4(&q, err) : calibrate(&q, err);
-        if (rc) goto done;
+        const bool smooth = !li_qmethod_is_q4(o->method) && o->smooth != LI_SMOOTH_NONE && o->alpha > 0;
+        if (smooth && (rc = calibrate(&q, err))) goto done;
+        /* X^T X of the unsmoothed inputs: GPTQ rescales it by the smoothing */
+        if ((li_qmethod_is_q4(o->method) || o->gptq8) && (rc = calibrate_q4(&q, err))) goto done;
     }
     li_progress pg;
     li_progress_init(&pg, "quantize", "layers/s", hp->n_layer + 1);

@@ -64,6 +64,7 @@ typedef struct li_quant_opts {
     double damp;            /* GPTQ: damping, a fraction of mean(diag H) (0.01) */
     bool act_order;         /* GPTQ: columns by decreasing diag(H) */
     bool no_clip;           /* AWQ: skip the clipping search */
+    bool gptq8;             /* W8A8, FP8: the weights by GPTQ onto the scheme's grid (else round to nearest) */
 } li_quant_opts;
 
 /* "w8a8" -> LI_QMETHOD_W8A8; unknown names: LI_EINVAL listing the methods */

@@ -219,6 +219,31 @@ def test_scheme_files_described(run_ok, scheme_models, f16_model):
     assert np.array_equal(norm(scheme_models["fp8"]), norm(f16_model))
 
 
+def test_w8a8_gptq(run_cli, run_ok, scheme_models, f16_model, qdir, repo_root):
+    """--gptq: the same smoothing and per-row scales as round to nearest,
+    codes moved by the error feedback (test_quant4_ref.py checks them
+    against a NumPy GPTQ), a file that loads and runs."""
+    out = qdir / "w8a8-gptq.gguf"
+    r = quantize(run_cli, "--method", "w8a8", "--gptq", "--calib", repo_root / CALIB, "--samples", "1",
+                 "--seq-len", "64", f16_model, out)
+    assert r.returncode == 0, r.stderr
+    f = GGUFReader(out).fields
+    assert bool(f["luainfer.quant.gptq"].parts[-1][0]) and "luainfer.quant.gptq.act_order" not in f
+    t_g = {t.name: t for t in GGUFReader(out).tensors}
+    t_r = {t.name: t for t in GGUFReader(scheme_models["w8a8"]).tensors}
+    for name in ("blk.0.attn_q.weight", "blk.7.ffn_down.weight", "blk.29.attn_output.weight"):
+        assert np.array_equal(np.asarray(t_g[name + ".scale"].data), np.asarray(t_r[name + ".scale"].data)), name
+        a = np.asarray(t_g[name].data).astype(np.int16)
+        b = np.asarray(t_r[name].data).astype(np.int16)
+        moved = float((a != b).mean())
+        assert 0.01 < moved < 0.9 and np.abs(a - b).max() <= 127, (name, moved)
+    for key in ("blk.3.attn_norm.weight", "blk.3.ffn_norm.weight"):  # SmoothQuant ran as without --gptq
+        assert np.array_equal(np.asarray(t_g[key].data), np.asarray(t_r[key].data)), key
+    r = run_ok(["generate", "--model", out, "--prompt", "The capital of France is", "--max-tokens", "8",
+                "--temperature", "0"])
+    assert r.stdout.strip()
+
+
 def test_scheme_models_same_tokens_on_every_isa(run_ok, scheme_models):
     """The int8 / fp8 dots are exact, so scalar and AVX2 give the same greedy text."""
     for name, path in scheme_models.items():
