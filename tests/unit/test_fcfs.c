@@ -10,11 +10,15 @@
  *    algorithm is taken many times (so the comparison is not vacuous);
  *  - admission against projected blocks under KV pressure (fixed states, and
  *    in the random ones: projections, earlier preemptions and the running
- *    set's need vary, and the projection changes the plan often). */
+ *    set's need vary, and the projection changes the plan often): the
+ *    projected peak lets in a request that ends before the running one does
+ *    (where the sum of projections would hold it: counted in the random
+ *    states), and past 256 members the sum decides. */
 #include "policy/policy_lua.h"
 #include "test_util.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define MAX_REQS 40
@@ -128,6 +132,8 @@ static void test_fixed(li_policy *p) {
     expect(p, &f, "1:8", "cached prefix");
 }
 
+static bool in_run(const li_plan *pc, int64_t id, int32_t *tok);
+
 /* ---- projected admission ------------------------------------------------------- */
 
 static void test_projected(li_policy *p) {
@@ -185,6 +191,37 @@ static void test_projected(li_policy *p) {
     expect(p, &f, "1:1 3:4 | preempt 2", "a victim's projection returns to the headroom");
     f.r[2].projected_blocks = 2;
     expect(p, &f, "1:1 | preempt 2", "and no more than that");
+}
+
+/* Past FCFS_PEAK_MAX (256) members the sum of projections decides: n running
+ * decodes that need no more blocks and end within 5 steps, and a preempted
+ * request that needs 8 blocks with 5 free. The peak lets it in (they are all
+ * gone long before it needs the eighth block), the sum does not. */
+static void test_peak_cap(li_policy *p) {
+    for (int32_t n = 200; n <= 300; n += 100) {
+        li_req_view *r = calloc((size_t)n + 1, sizeof *r);
+        CHECK(r != NULL, "calloc");
+        if (!r) return;
+        for (int32_t i = 0; i < n; i++)
+            r[i] = (li_req_view){.id = i + 1, .state = LI_REQ_RUNNING, .arrival = i, .tenant = "", .prompt_len = 10,
+                                 .num_tokens = 11, .num_computed = 10, .num_generated = 1, .max_tokens = 6,
+                                 .n_blocks = 1, .spec_acceptance = -1};
+        r[n] = (li_req_view){.id = n + 1, .state = LI_REQ_PREEMPTED, .arrival = n, .tenant = "", .prompt_len = 20,
+                             .num_tokens = 20, .max_tokens = 100, .n_preemptions = 1, .projected_blocks = 8,
+                             .spec_acceptance = -1};
+        const li_step_state st = {.now = 100, .reqs = r, .n_reqs = n + 1, .kv_free_blocks = 5,
+                                  .kv_total_blocks = 1000, .block_size = 16, .max_num_seqs = 400,
+                                  .max_batched_tokens = 1000};
+        char c[8192], l[8192];
+        CHECK(both(p, &st, c, l, sizeof c), "%d running: C and Lua differ:\n  C:   %.200s\n  Lua: %.200s", n, c, l);
+        li_plan pc;
+        li_plan_init(&pc);
+        li_policy_fcfs_plan(&st, &pc);
+        const bool admitted = in_run(&pc, n + 1, NULL);
+        CHECK(admitted == (n < 256), "%d running: the preempted request is %s", n, admitted ? "admitted" : "held");
+        li_plan_free(&pc);
+        free(r);
+    }
 }
 
 /* ---- random states ------------------------------------------------------------- */
@@ -403,6 +440,7 @@ int main(void) {
     test_fixed(p);
     test_projected(p);
     test_random(p);
+    test_peak_cap(p);
     p->ops->free(p);
     return t_summary("test_fcfs");
 }
