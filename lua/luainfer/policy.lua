@@ -88,12 +88,104 @@ end
 -- opts.project = true admits queued requests against projected blocks
 -- (M.fcfs sets it; docs/kv-cache.md, "Admission under pressure"): while the
 -- pool is under pressure (a request is preempted, or a live one was
--- preempted before), a queued request whose projected_blocks exceed the
--- headroom (free blocks less state.kv.running_need, what the running set
--- still needs to reach its ends) does not fit, unless nothing runs yet.
+-- preempted before), a queued request does not fit, unless nothing runs yet,
+-- when it and the members (the running requests not preempted, and the
+-- queued ones admitted before it), each carried to its end at one token a
+-- step, would at some step need more blocks at once than are free
+-- (M.peak_fits). Past PEAK_MAX members the test is the sum of projections:
+-- projected_blocks over the headroom (free blocks less
+-- state.kv.running_need, what the running set still needs to reach its ends).
 -- Returns { run = { {id=, tokens=}, ... }, preempt = { id, ... } }.
+-- ---- the projected peak (core/policy/fcfs.c says the same) ----------------------
+-- A member goes from num_tokens - 1 tokens of KV (a prefill's rest computed
+-- in this step) one token a step to its end, the KV of prompt + max_tokens
+-- - 1 tokens (or less where its projection says: context, pool), then frees
+-- every block it holds. The members' extra blocks rise between finishes and
+-- drop at each, so the peak is at some member's last step.
+local PEAK_MAX = 256
+M.PEAK_MAX = PEAK_MAX
+
+-- base, end (tokens), held (blocks), life (steps to its end, >= 1) and
+-- projected blocks of r.
+function M.peak_of(r, bs)
+  local held, proj = r.blocks, r.projected_blocks or 0
+  local e = min(r.prompt_len + r.max_tokens - 1, (held + proj) * bs)
+  if e < r.num_tokens then e = r.num_tokens end
+  local base = r.num_tokens - 1
+  return base, e, held, e - base, proj
+end
+local peak_of = M.peak_of
+
+-- Blocks a member needs beyond those it holds during step t (finished: it
+-- gives them back, negative); it never returns blocks early, nor takes more
+-- than its projection (so this never holds what the sum of projections admits).
+local function peak_extra(base, e, held, life, proj, t, bs)
+  if t > life then return -held end
+  local need = min(ceil(min(e, base + t) / bs) - held, proj)
+  if need < 0 then return 0 end
+  return need
+end
+
+-- The members: arrays reused from step to step.
+local pk_base, pk_end, pk_held, pk_life, pk_proj, pk_x = {}, {}, {}, {}, {}, {}
+local pk_n = 0
+
+local function peak_clear() pk_n = 0 end
+
+-- Whether request r fits beside the members with `avail` blocks free.
+local function peak_fits(r, bs, avail)
+  local cb, ce, ch, cl, cp = peak_of(r, bs)
+  local xc = peak_extra(cb, ce, ch, cl, cp, cl, bs)
+  for j = 1, pk_n do xc = xc + peak_extra(pk_base[j], pk_end[j], pk_held[j], pk_life[j], pk_proj[j], cl, bs) end
+  if xc > avail then return false end
+  for j = 1, pk_n do
+    if pk_x[j] + peak_extra(cb, ce, ch, cl, cp, pk_life[j], bs) > avail then return false end
+  end
+  return true
+end
+
+-- r joins the members (the caller checks pk_n < PEAK_MAX).
+local function peak_add(r, bs)
+  local cb, ce, ch, cl, cp = peak_of(r, bs)
+  local xc = peak_extra(cb, ce, ch, cl, cp, cl, bs)
+  for j = 1, pk_n do
+    xc = xc + peak_extra(pk_base[j], pk_end[j], pk_held[j], pk_life[j], pk_proj[j], cl, bs)
+    pk_x[j] = pk_x[j] + peak_extra(cb, ce, ch, cl, cp, pk_life[j], bs)
+  end
+  pk_n = pk_n + 1
+  pk_base[pk_n], pk_end[pk_n], pk_held[pk_n], pk_life[pk_n], pk_proj[pk_n], pk_x[pk_n] = cb, ce, ch, cl, cp, xc
+end
+
+-- For a policy of its own: whether `req` can be carried to its end beside
+-- `members` (a list of requests, e.g. state.running) with `avail` free blocks.
+function M.peak_fits(req, members, avail, block_size)
+  peak_clear()
+  for i = 1, min(#members, PEAK_MAX) do peak_add(members[i], block_size) end
+  return peak_fits(req, block_size, avail)
+end
+
 local NO_OPTS = {}
 local function running_may_preempt(req) return req.state == "running" end
+
+-- The members at the first queued request: every running request the plan
+-- does not preempt. Returns the blocks free for them (free now + what the
+-- preempted give back) and whether they are past PEAK_MAX.
+local function peak_build(state, preempt, bs)
+  peak_clear()
+  local avail, over = state.kv.free_blocks, false
+  local rs = state.running or NO_OPTS
+  for k = 1, #rs do
+    local v = rs[k]
+    local gone = false
+    for q = 1, #preempt do
+      if preempt[q] == v.id then gone = true; break end
+    end
+    if gone then avail = avail + v.blocks
+    elseif pk_n == PEAK_MAX then over = true
+    else peak_add(v, bs) end
+  end
+  return avail, over
+end
 
 -- Marks by position in `order`, stamped with a per-call generation so the
 -- arrays are reused from step to step (no garbage, no rehashing).
@@ -120,6 +212,9 @@ function M.greedy(state, order, opts)
   end
   local run, preempt = {}, {}
   local admitting, blocked = true, nil
+  -- the projected peak's members, built at the first queued request under
+  -- pressure; pk_over: past PEAK_MAX members, headroom decides
+  local pk_built, pk_over, pk_avail = false, false, 0
   local n = #order
   gen = gen + 1
   local g = gen
@@ -132,8 +227,16 @@ function M.greedy(state, order, opts)
       local want = min(r.num_tokens - r.num_computed, budget)
       if cap then want = min(want, cap(r)) end
       -- projected: it cannot be carried to its end beside the running set
-      local held = project and not running and want > 0 and (pressure or #preempt > 0)
-        and (r.projected_blocks or 0) > headroom and #run > 0
+      local pressed = project and not running and want > 0 and (pressure or #preempt > 0)
+      if pressed and not pk_built then
+        pk_built = true
+        pk_avail, pk_over = peak_build(state, preempt, bs)
+      end
+      local held = false
+      if pressed and #run > 0 then
+        if not pk_over and pk_n < PEAK_MAX then held = not peak_fits(r, bs, pk_avail)
+        else held = (r.projected_blocks or 0) > headroom end
+      end
       if held then
         if queue_key then
           blocked = blocked or {}
@@ -184,7 +287,12 @@ function M.greedy(state, order, opts)
           budget = budget - want
           seqs = seqs - 1
           free = free - need
-          if not running then headroom = headroom - (r.projected_blocks or 0) end
+          if not running then
+            headroom = headroom - (r.projected_blocks or 0)
+            if pressed then
+              if not pk_over and pk_n < PEAK_MAX then peak_add(r, bs) else pk_over = true end
+            end
+          end
           if on_run then on_run(r, want) end
         end
       end

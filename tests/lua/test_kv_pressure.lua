@@ -5,7 +5,9 @@
 --  * the recompute thrash is gone: tokens computed stay within 1.5x of the
 --    unconstrained run's, for the built-in FCFS (core/policy/fcfs.c),
 --    policies/default.lua in-process and the same file isolated;
---  * the state hands policies projected_blocks and kv.running_need.
+--  * the state hands policies projected_blocks and kv.running_need, and
+--    policy.peak_fits (the projected peak FCFS admits against) says what it
+--    should on a few fixed requests.
 -- Before projected admission the built-in FCFS computed ~4x the tokens here
 -- (requests admitted and resumed that the budget could not carry to the end
 -- preempted each other over and over).
@@ -118,4 +120,20 @@ end }
 ]]
 local _, s = run({ kv_memory = kv, policy_source = src })
 H.check(s.policy_errors == 0, "projected_blocks and kv.running_need as documented (%d policy errors)", s.policy_errors)
+
+-- policy.peak_fits, the projected peak FCFS admits against: a running request
+-- 9 blocks from its end (145 steps) and one that needs 4 and ends after 37
+-- steps need 9 at once at most (7 when the second ends), though their
+-- projections add up to 13
+do
+  local policy = require("luainfer.policy")
+  local running = { { num_tokens = 15, prompt_len = 10, max_tokens = 150, blocks = 1, projected_blocks = 9 } }
+  local short = { num_tokens = 23, prompt_len = 20, max_tokens = 40, blocks = 0, projected_blocks = 4 }
+  local long = { num_tokens = 23, prompt_len = 20, max_tokens = 160, blocks = 0, projected_blocks = 11 }
+  H.check(policy.peak_fits(short, running, 10, 16), "peak_fits: a request that ends first fits in 10 blocks")
+  H.check(not policy.peak_fits(short, running, 8, 16), "peak_fits: not in 8 (the running one alone needs 9)")
+  H.check(not policy.peak_fits(long, running, 10, 16), "peak_fits: one that outlives it does not fit in 10")
+  H.check(policy.peak_fits(long, {}, 11, 16) and not policy.peak_fits(long, {}, 10, 16),
+          "peak_fits: alone, a request needs its projection")
+end
 H.finish("test_kv_pressure")

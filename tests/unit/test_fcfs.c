@@ -10,11 +10,15 @@
  *    algorithm is taken many times (so the comparison is not vacuous);
  *  - admission against projected blocks under KV pressure (fixed states, and
  *    in the random ones: projections, earlier preemptions and the running
- *    set's need vary, and the projection changes the plan often). */
+ *    set's need vary, and the projection changes the plan often): the
+ *    projected peak lets in a request that ends before the running one does
+ *    (where the sum of projections would hold it: counted in the random
+ *    states), and past 256 members the sum decides. */
 #include "policy/policy_lua.h"
 #include "test_util.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define MAX_REQS 40
@@ -76,6 +80,18 @@ static void fx_add(fx *f, int64_t id, li_req_state s, int64_t prompt, int64_t ge
                                          .n_blocks = (int32_t)((computed + 15) / 16), .spec_acceptance = -1};
 }
 
+/* What the engine projects (engine.c: the KV of prompt + max_tokens - 1
+ * tokens) and the running set's sum of it. */
+static void fx_project(fx *f) {
+    f->st.kv_running_need = 0;
+    for (int32_t i = 0; i < f->st.n_reqs; i++) {
+        li_req_view *v = &f->r[i];
+        const int64_t bs = f->st.block_size, end = LI_MAX(v->prompt_len + v->max_tokens - 1, v->num_tokens);
+        v->projected_blocks = (int32_t)LI_MAX(0, (end + bs - 1) / bs - v->n_blocks);
+        if (v->state == LI_REQ_RUNNING) f->st.kv_running_need += v->projected_blocks;
+    }
+}
+
 static void expect(li_policy *p, const fx *f, const char *want, const char *what) {
     char c[4096], l[4096];
     both(p, &f->st, c, l, sizeof c);
@@ -116,25 +132,34 @@ static void test_fixed(li_policy *p) {
     expect(p, &f, "1:8", "cached prefix");
 }
 
+static bool in_run(const li_plan *pc, int64_t id, int32_t *tok);
+
 /* ---- projected admission ------------------------------------------------------- */
 
 static void test_projected(li_policy *p) {
     fx f;
-    /* under pressure (2 is preempted): 2 needs 5 blocks to finish, the
-     * running set 8 of the 10 free: 2 waits, and 3 behind it */
+    /* under pressure (2 is preempted), 10 blocks free. 1 holds 1 block and
+     * needs 6 more by its end (109 tokens of KV, 95 steps on); 2 (22 tokens
+     * of KV to recompute, max_tokens 100) would need 8 and outlive 1, so
+     * both at 1's last step need 14: 2 waits, and 3 behind it */
     fx_init(&f, 10, 8, 128);
     fx_add(&f, 1, LI_REQ_RUNNING, 10, 5, 14);
     fx_add(&f, 2, LI_REQ_PREEMPTED, 20, 3, 0);
     fx_add(&f, 3, LI_REQ_WAITING, 5, 0, 0);
-    f.r[0].projected_blocks = 8;
-    f.r[1].projected_blocks = 5;
-    f.r[2].projected_blocks = 1;
-    f.st.kv_running_need = 8;
+    f.r[1].n_preemptions = 1;
+    fx_project(&f);
     expect(p, &f, "1:1", "a preempted request resumes only when it can finish");
-    f.r[1].projected_blocks = 2; /* now it can: 2 + 8 <= 10, and 3 then has 0 left */
-    expect(p, &f, "1:1 2:23", "a preempted request that can finish resumes");
-    f.r[2].projected_blocks = 0;
-    expect(p, &f, "1:1 2:23 3:5", "the headroom is shared in queue order");
+    /* 1 goes on to 159 tokens (9 more blocks), 2 stops at 59 (4 blocks, 37
+     * steps): the sum of the projections (13) exceeds the 10 free, but the
+     * peak is 9 (1 alone at its end; 7 at 2's last step): 2 resumes */
+    f.r[0].max_tokens = 150;
+    f.r[1].max_tokens = 40;
+    f.r[2].max_tokens = 160;
+    fx_project(&f);
+    expect(p, &f, "1:1 2:23", "a request that finishes before the running one ends resumes beside it");
+    f.r[2].max_tokens = 20; /* 3 ends after 20 steps: 7 at its last step */
+    fx_project(&f);
+    expect(p, &f, "1:1 2:23 3:5", "the peak is shared in queue order");
 
     /* no pressure: admission is optimistic (3 needs more than the headroom) */
     fx_init(&f, 10, 8, 128);
@@ -166,6 +191,37 @@ static void test_projected(li_policy *p) {
     expect(p, &f, "1:1 3:4 | preempt 2", "a victim's projection returns to the headroom");
     f.r[2].projected_blocks = 2;
     expect(p, &f, "1:1 | preempt 2", "and no more than that");
+}
+
+/* Past FCFS_PEAK_MAX (256) members the sum of projections decides: n running
+ * decodes that need no more blocks and end within 5 steps, and a preempted
+ * request that needs 8 blocks with 5 free. The peak lets it in (they are all
+ * gone long before it needs the eighth block), the sum does not. */
+static void test_peak_cap(li_policy *p) {
+    for (int32_t n = 200; n <= 300; n += 100) {
+        li_req_view *r = calloc((size_t)n + 1, sizeof *r);
+        CHECK(r != NULL, "calloc");
+        if (!r) return;
+        for (int32_t i = 0; i < n; i++)
+            r[i] = (li_req_view){.id = i + 1, .state = LI_REQ_RUNNING, .arrival = i, .tenant = "", .prompt_len = 10,
+                                 .num_tokens = 11, .num_computed = 10, .num_generated = 1, .max_tokens = 6,
+                                 .n_blocks = 1, .spec_acceptance = -1};
+        r[n] = (li_req_view){.id = n + 1, .state = LI_REQ_PREEMPTED, .arrival = n, .tenant = "", .prompt_len = 20,
+                             .num_tokens = 20, .max_tokens = 100, .n_preemptions = 1, .projected_blocks = 8,
+                             .spec_acceptance = -1};
+        const li_step_state st = {.now = 100, .reqs = r, .n_reqs = n + 1, .kv_free_blocks = 5,
+                                  .kv_total_blocks = 1000, .block_size = 16, .max_num_seqs = 400,
+                                  .max_batched_tokens = 1000};
+        char c[8192], l[8192];
+        CHECK(both(p, &st, c, l, sizeof c), "%d running: C and Lua differ:\n  C:   %.200s\n  Lua: %.200s", n, c, l);
+        li_plan pc;
+        li_plan_init(&pc);
+        li_policy_fcfs_plan(&st, &pc);
+        const bool admitted = in_run(&pc, n + 1, NULL);
+        CHECK(admitted == (n < 256), "%d running: the preempted request is %s", n, admitted ? "admitted" : "held");
+        li_plan_free(&pc);
+        free(r);
+    }
 }
 
 /* ---- random states ------------------------------------------------------------- */
@@ -276,6 +332,8 @@ static bool projection_mattered(const fx *f) {
 /* Which branches a plan took, read from the state and the plan. */
 typedef struct coverage {
     int victim, self, queue_shrunk, running_shrunk, blocked, budget_out, seqs_out, equal_plans, projected;
+    int peak_let_in; /* under pressure, a queued request admitted beside running ones although the sum
+                      * of projections (its own over the headroom) would have held it */
 } coverage;
 
 static bool in_run(const li_plan *pc, int64_t id, int32_t *tok) {
@@ -315,6 +373,19 @@ static void cover(const fx *f, const li_plan *pc, coverage *c) {
             blocked = true;
     }
     c->blocked += blocked;
+    bool pressure = false, any_running = false;
+    for (int32_t i = 0; i < st->n_reqs; i++) {
+        pressure |= st->reqs[i].state == LI_REQ_PREEMPTED || st->reqs[i].n_preemptions > 0;
+        any_running |= st->reqs[i].state == LI_REQ_RUNNING && in_run(pc, st->reqs[i].id, NULL);
+    }
+    if (pressure && any_running && pc->n_preempt == 0) {
+        const int64_t headroom = (int64_t)st->kv_free_blocks - st->kv_running_need;
+        bool let_in = false;
+        for (int32_t i = 0; i < st->n_reqs; i++)
+            let_in |= st->reqs[i].state != LI_REQ_RUNNING && in_run(pc, st->reqs[i].id, NULL) &&
+                      st->reqs[i].projected_blocks > headroom;
+        c->peak_let_in += let_in;
+    }
     c->budget_out += used == st->max_batched_tokens;
     c->seqs_out += pc->n_run == st->max_num_seqs;
 }
@@ -352,12 +423,14 @@ static void test_random(li_policy *p) {
     }
     CHECK(bad == 0, "%d of %d random states give different plans", bad, N);
     printf("random states: %d equal; victims %d, self-preemptions %d, shrunk prefill %d (running) %d (queued), "
-           "queue blocked %d, token budget spent %d, seqs spent %d, fork children %d, projection mattered %d\n",
+           "queue blocked %d, token budget spent %d, seqs spent %d, fork children %d, projection mattered %d, "
+           "peak let in %d\n",
            cov.equal_plans, cov.victim, cov.self, cov.running_shrunk, cov.queue_shrunk, cov.blocked,
-           cov.budget_out, cov.seqs_out, n_forked, cov.projected);
+           cov.budget_out, cov.seqs_out, n_forked, cov.projected, cov.peak_let_in);
     /* every branch is exercised often enough that a change to it shows */
     CHECK(cov.victim > 20 && cov.self > 20 && cov.running_shrunk > 20 && cov.queue_shrunk > 20 &&
-              cov.blocked > 20 && cov.budget_out > 20 && cov.seqs_out > 20 && n_forked > 20 && cov.projected > 20,
+              cov.blocked > 20 && cov.budget_out > 20 && cov.seqs_out > 20 && n_forked > 20 && cov.projected > 20 &&
+              cov.peak_let_in > 20,
           "random states miss a branch (see the counts above)");
 }
 
@@ -367,6 +440,7 @@ int main(void) {
     test_fixed(p);
     test_projected(p);
     test_random(p);
+    test_peak_cap(p);
     p->ops->free(p);
     return t_summary("test_fcfs");
 }
