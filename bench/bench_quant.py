@@ -58,6 +58,8 @@ METHODS = {
     "fp8": (["--method", "fp8"], False),
     "fp8-sq": (["--method", "fp8", "--alpha", "0.5", "--smooth", "all"], "w8"),  # SmoothQuant before FP8
     "w8a8-gptq": (["--method", "w8a8", "--alpha", "0.5", "--smooth", "all", "--gptq"], "w8"),  # SmoothQuant + GPTQ
+    "w8a8-as": (["--method", "w8a8", "--alpha-search", "--smooth", "all"], "w8"),  # alpha per layer and site
+    "w8a8-as-gptq": (["--method", "w8a8", "--alpha-search", "--smooth", "all", "--gptq"], "w8"),
     "fp8-gptq": (["--method", "fp8", "--smooth", "none", "--gptq"], "w8"),  # GPTQ alone (fp8 + --calib would smooth)
     "rtn4": (["--method", "rtn4", "--group", "64"], False),
     "awq": (["--method", "awq", "--group", "64"], "q4"),
@@ -66,8 +68,8 @@ METHODS = {
     "w4a4": (["--method", "w4a4"], False),
 }
 Q4 = ("rtn4", "awq", "gptq", "gptq-ao")  # also scored with --q4-act int8 (A8)
-DEFAULT = ("q8_0,q4_0,q4_1,w8a8,w8a8-norm,w8a8-a0,w8a8-a0.8,w8a8-gptq,fp8,fp8-sq,fp8-gptq,rtn4,awq,gptq,gptq-ao,"
-           "w4a4")
+DEFAULT = ("q8_0,q4_0,q4_1,w8a8,w8a8-norm,w8a8-a0,w8a8-a0.8,w8a8-gptq,w8a8-as,w8a8-as-gptq,fp8,fp8-sq,fp8-gptq,"
+           "rtn4,awq,gptq,gptq-ao,w4a4")
 
 
 def run(cmd, env=None, timeout=7200):

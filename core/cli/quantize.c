@@ -16,7 +16,7 @@ int li_cmd_quantize(int argc, char **argv) {
     const char *method = NULL, *calib = NULL, *smooth = "all";
     int64_t group = -1, samples = 32, seq_len = 512, threads = 0;
     double alpha = 0.5, damp = 0.01;
-    bool help = false, act_order = false, no_clip = false, gptq = false;
+    bool help = false, act_order = false, no_clip = false, gptq = false, alpha_search = false;
     li_opt opts[] = {
         {"method", LI_OPT_STR, &method, "f16, bf16, q8_0, q4_0, q4_1, w8a8 (int8 W8A8, SmoothQuant), fp8 (e4m3 W8A8), "
                                         "rtn4, awq, gptq (W4A16) or w4a4 (required)"},
@@ -28,6 +28,8 @@ int li_cmd_quantize(int argc, char **argv) {
         {"alpha", LI_OPT_FLOAT, &alpha, "SmoothQuant migration strength in [0, 1] (default 0.5; 0 = no smoothing)"},
         {"smooth", LI_OPT_STR, &smooth, "which SmoothQuant migrations: all (norms, v->o, up->down), norm (norms only), none (default all)"},
         {"damp", LI_OPT_FLOAT, &damp, "gptq: damping added to diag(H), a fraction of its mean (default 0.01)"},
+        {"alpha-search", LI_OPT_FLAG, &alpha_search, "w8a8: SmoothQuant's alpha per layer and site, the one of 0, 0.1, "
+                                                     "..., 1 whose int8 matmul errs least on calibration rows (instead of --alpha)"},
         {"gptq", LI_OPT_FLAG, &gptq, "w8a8, fp8: the weights by GPTQ onto the scheme's grid (needs --calib; "
                                      "after SmoothQuant when it runs)"},
         {"act-order", LI_OPT_FLAG, &act_order, "gptq: quantize columns by decreasing diag(H)"},
@@ -49,7 +51,7 @@ int li_cmd_quantize(int argc, char **argv) {
     li_quant_opts o = {.in = pos[0], .out = pos[1], .group = group < 0 ? 0 : group, .group_set = group != -1,
                        .calib = calib, .samples = samples, .seq_len = seq_len, .alpha = alpha, .threads = threads,
                        .damp = damp, .act_order = act_order, .no_clip = no_clip,
-                       .gptq8 = gptq};
+                       .gptq8 = gptq, .alpha_search = alpha_search};
     if ((rc = li_qmethod_parse(method, &o.method, &err))) return li_runtime_fail(&err);
     if (!strcmp(smooth, "all")) o.smooth = LI_SMOOTH_ALL;
     else if (!strcmp(smooth, "norm")) o.smooth = LI_SMOOTH_NORM;
@@ -61,6 +63,9 @@ int li_cmd_quantize(int argc, char **argv) {
     if (gptq && o.method != LI_QMETHOD_W8A8 && o.method != LI_QMETHOD_FP8)
         return li_runtime_fail(&(li_error){LI_EINVAL, "quantize: --gptq applies to --method w8a8 and fp8 (gptq is "
                                                       "its own method for 4-bit)"});
+    if (alpha_search && (o.method != LI_QMETHOD_W8A8 || o.smooth == LI_SMOOTH_NONE || !(alpha > 0)))
+        return li_runtime_fail(&(li_error){LI_EINVAL, "quantize: --alpha-search applies to --method w8a8 with smoothing "
+                                                      "(not --smooth none or --alpha 0)"});
     if (act_order && o.method != LI_QMETHOD_GPTQ)
         return li_runtime_fail(&(li_error){LI_EINVAL, "quantize: --act-order applies to --method gptq only"});
     if (damp != 0.01 && o.method != LI_QMETHOD_GPTQ && !gptq)

@@ -174,19 +174,127 @@ typedef struct layer_f32 {
 
 enum { W_Q, W_K, W_V, W_O, W_GATE, W_UP, W_DOWN };
 
+/* ---- --alpha-search: alpha per (layer, site) by the int8 matmul's error */
+
+/* Calibration rows kept for the search: every stride-th row a site sees,
+ * up to LI_SQ_ROWS, per (layer, site). */
+#define LI_SQ_ROWS 256
+
+typedef struct sq_rows {
+    li_calib_amax *amax;
+    float *x[LI_CALIB_N_SITES]; /* per site: (n_layer, LI_SQ_ROWS, k[site]) */
+    int64_t *n, *seen;          /* (n_layer * sites) rows kept, rows seen */
+    int64_t stride;
+} sq_rows;
+
+static void sq_collect(void *ctx, int layer, li_calib_site site, const float *x, int64_t n, int64_t k) {
+    sq_rows *sr = ctx;
+    li_calib_amax_collect(sr->amax, layer, site, x, n, k);
+    if (layer < 0 || layer >= sr->amax->n_layer || k != sr->amax->k[site]) return;
+    const int64_t i = (int64_t)layer * LI_CALIB_N_SITES + site;
+    float *dst = sr->x[site] + (int64_t)layer * LI_SQ_ROWS * k;
+    for (int64_t r = 0; r < n && sr->n[i] < LI_SQ_ROWS; r++, sr->seen[i]++)
+        if (sr->seen[i] % sr->stride == 0) memcpy(dst + sr->n[i]++ * k, x + r * k, (size_t)k * sizeof(float));
+}
+
+/* The output error, summed over the kept rows x (nx, k), of the int8
+ * matmul of weights ws (stacked, m_tot rows) smoothed by s: per-row int8
+ * RTN of W diag(s) times per-token int8 of x diag(s)^-1, against x W^T (y,
+ * (nx, m_tot), precomputed). */
+static double sq_error(float *const *ws, const int64_t *rows, int n_w, int64_t k, const double *s, const float *x,
+                       int64_t nx, const double *y, float *wq, float *xq) {
+    int64_t m = 0;
+    for (int i = 0; i < n_w; i++)
+        for (int64_t r = 0; r < rows[i]; r++, m++) {
+            const float *w = ws[i] + r * k;
+            float *o = wq + m * k, amax = 0;
+            for (int64_t j = 0; j < k; j++) amax = fmaxf(amax, fabsf(o[j] = (float)(w[j] * s[j])));
+            const float sc = amax / 127.0f, inv = sc > 0 ? 1.0f / sc : 0.0f;
+            for (int64_t j = 0; j < k; j++) o[j] = li_code_round(o[j] * inv, -127.0f, 127.0f) * sc;
+        }
+    double e = 0;
+    for (int64_t t = 0; t < nx; t++) {
+        float amax = 0;
+        for (int64_t j = 0; j < k; j++) amax = fmaxf(amax, fabsf(xq[j] = (float)(x[t * k + j] / s[j])));
+        const float sc = amax / 127.0f, inv = sc > 0 ? 1.0f / sc : 0.0f;
+        for (int64_t j = 0; j < k; j++) xq[j] = li_code_round(xq[j] * inv, -127.0f, 127.0f) * sc;
+        for (int64_t c = 0; c < m; c++) {
+            const float *wc = wq + c * k;
+            float acc = 0;
+            for (int64_t j = 0; j < k; j++) acc += wc[j] * xq[j];
+            const double d = (double)acc - y[t * m + c];
+            e += d * d;
+        }
+    }
+    return e;
+}
+
+/* The alpha of 0, 0.1, ..., 1 whose scales s_j = smooth_scale(a[j], w[j],
+ * alpha) give the least sq_error (ties: the smaller alpha); s holds them. */
+static double sq_search(float *const *ws, const int64_t *rows, int n_w, int64_t k, const double *a, const double *w,
+                        const float *x, int64_t nx, double *s) {
+    int64_t m = 0;
+    for (int i = 0; i < n_w; i++) m += rows[i];
+    double *y = li_xmalloc((size_t)(nx * m) * sizeof(double));
+    for (int64_t t = 0, c; t < nx; t++) {
+        c = 0;
+        for (int i = 0; i < n_w; i++)
+            for (int64_t r = 0; r < rows[i]; r++, c++) {
+                double acc = 0;
+                for (int64_t j = 0; j < k; j++) acc += (double)ws[i][r * k + j] * x[t * k + j];
+                y[t * m + c] = acc;
+            }
+    }
+    float *wq = li_xmalloc((size_t)(m * k) * sizeof(float)), *xq = li_xmalloc((size_t)k * sizeof(float));
+    double best = INFINITY, best_a = 0;
+    for (int g = 0; g <= 10; g++) {
+        const double al = g / 10.0;
+        for (int64_t j = 0; j < k; j++) s[j] = smooth_scale(a[j], w[j], al);
+        const double e = sq_error(ws, rows, n_w, k, s, x, nx, y, wq, xq);
+        if (e < best) best = e, best_a = al;
+    }
+    free(y);
+    free(wq);
+    free(xq);
+    return best_a;
+}
+
+/* What smooth_layer searches with: the kept rows of every site (NULL:
+ * one alpha for all) and the alphas chosen, (n_layer, sites), for the log. */
+typedef struct sq_search_ctx {
+    const sq_rows *rows;
+    double *chosen;
+} sq_search_ctx;
+
+/* site st's alpha in layer l: searched, or the fixed one */
+static double sq_alpha(const sq_search_ctx *sc, int l, li_calib_site st, float *const *ws, const int64_t *rows,
+                       int n_w, int64_t k, const double *a, const double *w, double alpha, double *scratch) {
+    if (!sc) return alpha;
+    const int64_t i = (int64_t)l * LI_CALIB_N_SITES + st;
+    const float *x = sc->rows->x[st] + (int64_t)l * LI_SQ_ROWS * k;
+    return sc->chosen[i] = sq_search(ws, rows, n_w, k, a, w, x, sc->rows->n[i], scratch);
+}
+
 /* The scales go into L->in_s too (the weights' inputs are X diag(s)^-1:
  * what GPTQ's Hessian must be taken of). */
-static void smooth_layer(layer_f32 *L, const li_hparams *hp, li_calib_amax *am, int l, double alpha, li_smooth mode) {
+static void smooth_layer(layer_f32 *L, const li_hparams *hp, li_calib_amax *am, int l, double alpha, li_smooth mode,
+                         const sq_search_ctx *sc) {
     const int64_t d = hp->n_embd, ff = hp->n_ff, hd = hp->head_dim;
     double *aw = li_xmalloc((size_t)LI_MAX(d, ff) * sizeof(double));
+    double *axd = li_xmalloc((size_t)LI_MAX(LI_MAX(d, ff), L->k[W_O]) * sizeof(double));
+    double *scratch = li_xmalloc((size_t)LI_MAX(LI_MAX(d, ff), L->k[W_O]) * sizeof(double));
+    double al;
     double *s_qkv = li_xmalloc((size_t)d * sizeof(double)), *s_gu = li_xmalloc((size_t)d * sizeof(double));
     L->in_s[W_Q] = L->in_s[W_K] = L->in_s[W_V] = s_qkv;
     L->in_s[W_GATE] = L->in_s[W_UP] = s_gu;
     /* q/k/v: the scales into the attention norm */
     const float *ax = li_calib_amax_row(am, l, LI_CALIB_QKV);
     col_amax((float *const[]){L->w[W_Q], L->w[W_K], L->w[W_V]}, (int64_t[]){L->m[W_Q], L->m[W_K], L->m[W_V]}, 3, d, aw);
+    for (int64_t j = 0; j < d; j++) axd[j] = ax[j];
+    al = sq_alpha(sc, l, LI_CALIB_QKV, (float *const[]){L->w[W_Q], L->w[W_K], L->w[W_V]},
+                  (int64_t[]){L->m[W_Q], L->m[W_K], L->m[W_V]}, 3, d, axd, aw, alpha, scratch);
     for (int64_t j = 0; j < d; j++) {
-        const double s = s_qkv[j] = smooth_scale(ax[j], aw[j], alpha);
+        const double s = s_qkv[j] = smooth_scale(ax[j], aw[j], al);
         L->attn_norm[j] = (float)(L->attn_norm[j] / s);
         for (int i = W_Q; i <= W_V; i++)
             for (int64_t r = 0; r < L->m[i]; r++) L->w[i][r * d + j] = (float)(L->w[i][r * d + j] * s);
@@ -194,8 +302,11 @@ static void smooth_layer(layer_f32 *L, const li_hparams *hp, li_calib_amax *am, 
     /* gate/up: into the FFN norm */
     ax = li_calib_amax_row(am, l, LI_CALIB_GU);
     col_amax((float *const[]){L->w[W_GATE], L->w[W_UP]}, (int64_t[]){L->m[W_GATE], L->m[W_UP]}, 2, d, aw);
+    for (int64_t j = 0; j < d; j++) axd[j] = ax[j];
+    al = sq_alpha(sc, l, LI_CALIB_GU, (float *const[]){L->w[W_GATE], L->w[W_UP]},
+                  (int64_t[]){L->m[W_GATE], L->m[W_UP]}, 2, d, axd, aw, alpha, scratch);
     for (int64_t j = 0; j < d; j++) {
-        const double s = s_gu[j] = smooth_scale(ax[j], aw[j], alpha);
+        const double s = s_gu[j] = smooth_scale(ax[j], aw[j], al);
         L->ffn_norm[j] = (float)(L->ffn_norm[j] / s);
         for (int i = W_GATE; i <= W_UP; i++)
             for (int64_t r = 0; r < L->m[i]; r++) L->w[i][r * d + j] = (float)(L->w[i][r * d + j] * s);
@@ -210,6 +321,8 @@ static void smooth_layer(layer_f32 *L, const li_hparams *hp, li_calib_amax *am, 
         double *awo = li_xmalloc((size_t)qd * sizeof(double));
         double *s_o = L->in_s[W_O] = li_xmalloc((size_t)qd * sizeof(double));
         col_amax((float *const[]){L->w[W_O]}, (int64_t[]){L->m[W_O]}, 1, qd, awo);
+        /* each column reads its kv channel's maxima over the G heads */
+        double *wg = li_xmalloc((size_t)qd * sizeof(double));
         for (int kvh = 0; kvh < hp->n_head_kv; kvh++)
             for (int64_t c = 0; c < hd; c++) {
                 double a = 0, w = 0;
@@ -218,7 +331,14 @@ static void smooth_layer(layer_f32 *L, const li_hparams *hp, li_calib_amax *am, 
                     a = fmax(a, ax[col]);
                     w = fmax(w, awo[col]);
                 }
-                const double s = smooth_scale(a, w, alpha);
+                for (int g = 0; g < G; g++) axd[(int64_t)(kvh * G + g) * hd + c] = a, wg[(int64_t)(kvh * G + g) * hd + c] = w;
+            }
+        al = sq_alpha(sc, l, LI_CALIB_O, (float *const[]){L->w[W_O]}, (int64_t[]){L->m[W_O]}, 1, qd, axd, wg, alpha,
+                      scratch);
+        for (int kvh = 0; kvh < hp->n_head_kv; kvh++)
+            for (int64_t c = 0; c < hd; c++) {
+                const int64_t col0 = (int64_t)(kvh * G) * hd + c;
+                const double s = smooth_scale(axd[col0], wg[col0], al);
                 float *vrow = L->w[W_V] + ((int64_t)kvh * hd + c) * d;
                 for (int64_t j = 0; j < d; j++) vrow[j] = (float)(vrow[j] / s);
                 for (int g = 0; g < G; g++) {
@@ -228,18 +348,24 @@ static void smooth_layer(layer_f32 *L, const li_hparams *hp, li_calib_amax *am, 
                 }
             }
         free(awo);
+        free(wg);
         /* down_proj: its input silu(gate) * up is linear in up's rows */
         ax = li_calib_amax_row(am, l, LI_CALIB_DOWN);
         col_amax((float *const[]){L->w[W_DOWN]}, (int64_t[]){L->m[W_DOWN]}, 1, ff, aw);
+        for (int64_t j = 0; j < ff; j++) axd[j] = ax[j];
+        al = sq_alpha(sc, l, LI_CALIB_DOWN, (float *const[]){L->w[W_DOWN]}, (int64_t[]){L->m[W_DOWN]}, 1, ff, axd, aw,
+                      alpha, scratch);
         double *s_down = L->in_s[W_DOWN] = li_xmalloc((size_t)ff * sizeof(double));
         for (int64_t j = 0; j < ff; j++) {
-            const double s = s_down[j] = smooth_scale(ax[j], aw[j], alpha);
+            const double s = s_down[j] = smooth_scale(ax[j], aw[j], al);
             float *urow = L->w[W_UP] + j * d;
             for (int64_t c = 0; c < d; c++) urow[c] = (float)(urow[c] / s);
             for (int64_t r = 0; r < L->m[W_DOWN]; r++) L->w[W_DOWN][r * ff + j] = (float)(L->w[W_DOWN][r * ff + j] * s);
         }
     }
     free(aw);
+    free(axd);
+    free(scratch);
 }
 
 /* ------------------------------------------------------------------------
@@ -252,6 +378,8 @@ typedef struct qctx {
     out_slot *slots;        /* (n_tensors of the input) */
     li_calib_amax amax;
     bool have_amax;
+    sq_rows sq;             /* --alpha-search: kept calibration rows */
+    sq_search_ctx sq_ctx;
     li_q4_calib *q4cal;     /* (n_layer, LI_CALIB_N_SITES): GPTQ / AWQ statistics, or NULL */
     int64_t group;          /* 4-bit methods: the group size used (0: per channel) */
     int64_t n_threads;      /* 4-bit methods: weights of a layer quantized at once */
@@ -580,7 +708,8 @@ static int do_layer(qctx *q, int l, li_error *err) {
     L.ffn_norm = li_xmalloc((size_t)hp->n_embd * sizeof(float));
     memcpy(L.attn_norm, ML->attn_norm, (size_t)hp->n_embd * sizeof(float));
     memcpy(L.ffn_norm, ML->ffn_norm, (size_t)hp->n_embd * sizeof(float));
-    if (q->have_amax) smooth_layer(&L, hp, &q->amax, l, q->o->alpha, q->o->smooth);
+    if (q->have_amax)
+        smooth_layer(&L, hp, &q->amax, l, q->o->alpha, q->o->smooth, q->o->alpha_search ? &q->sq_ctx : NULL);
     int rc = 0;
     char name[96];
     if (li_qmethod_is_q4(q->o->method)) rc = q4_layer(q, l, &L, err);
@@ -628,7 +757,18 @@ static int calibrate(qctx *q, li_error *err) {
     if (rc) return rc;
     li_calib_amax_init(&q->amax, &rt.model->hp);
     const li_calib_opts co = {.path = q->o->calib, .samples = q->o->samples, .seq_len = q->o->seq_len};
-    rc = li_calib_run(rt.model, &rt.be, &co, li_calib_amax_collect, &q->amax, err);
+    if (q->o->alpha_search) { /* rows spread over every window */
+        const int nl = q->amax.n_layer;
+        q->sq = (sq_rows){.amax = &q->amax, .n = li_xcalloc((size_t)nl * LI_CALIB_N_SITES, sizeof(int64_t)),
+                          .seen = li_xcalloc((size_t)nl * LI_CALIB_N_SITES, sizeof(int64_t)),
+                          .stride = LI_MAX(1, co.samples * co.seq_len / LI_SQ_ROWS)};
+        for (int st = 0; st < LI_CALIB_N_SITES; st++)
+            q->sq.x[st] = li_xmalloc((size_t)nl * LI_SQ_ROWS * (size_t)q->amax.k[st] * sizeof(float));
+        q->sq_ctx = (sq_search_ctx){.rows = &q->sq, .chosen = li_xcalloc((size_t)nl * LI_CALIB_N_SITES, sizeof(double))};
+        rc = li_calib_run(rt.model, &rt.be, &co, sq_collect, &q->sq, err);
+    } else {
+        rc = li_calib_run(rt.model, &rt.be, &co, li_calib_amax_collect, &q->amax, err);
+    }
     li_runtime_close(&rt);
     if (rc) {
         li_calib_amax_free(&q->amax);
@@ -730,7 +870,8 @@ static int write_metadata(qctx *q, li_gguf_writer *w, li_error *err) {
     if (q->have_amax) {
         static const char *sm[] = {"none", "norm", "all"};
         if (!rc) rc = li_gguf_writer_add_str(w, "luainfer.quant.smooth", sm[o->smooth], err);
-        if (!rc) rc = li_gguf_writer_add_f32(w, "luainfer.quant.alpha", (float)o->alpha, err);
+        if (!rc && !o->alpha_search) rc = li_gguf_writer_add_f32(w, "luainfer.quant.alpha", (float)o->alpha, err);
+        if (!rc && o->alpha_search) rc = li_gguf_writer_add_bool(w, "luainfer.quant.alpha_search", true, err);
     }
     if (q->q4cal || q->have_amax) { /* one calibration text for both statistics */
         char *base = strdup(o->calib);
@@ -784,6 +925,17 @@ int li_quantize(const li_quant_opts *o, li_error *err) {
         li_progress_update(&pg, l + 1, what);
         if ((rc = do_layer(&q, l, err))) goto done;
     }
+    if (o->alpha_search && q.have_amax) { /* what the search chose, per site */
+        static const char *sn[LI_CALIB_N_SITES] = {"q/k/v", "o", "gate/up", "down"};
+        for (int st = 0; st < LI_CALIB_N_SITES; st++) {
+            if (st == LI_CALIB_O || st == LI_CALIB_DOWN) { if (o->smooth != LI_SMOOTH_ALL) continue; }
+            char line[400];
+            int len = snprintf(line, sizeof line, "alpha search: %s:", sn[st]);
+            for (int l = 0; l < hp->n_layer && len < (int)sizeof line - 8; l++)
+                len += snprintf(line + len, sizeof line - (size_t)len, " %.1f", q.sq_ctx.chosen[l * LI_CALIB_N_SITES + st]);
+            li_log_info("%s", line);
+        }
+    }
     /* everything else (output_norm, ...): as f32 when it has a to_float, else as it is */
     for (uint64_t i = 0; i < g->n_tensors; i++) {
         const li_gguf_tensor *t = &g->tensors[i];
@@ -819,6 +971,10 @@ done:
         }
     free(q.slots);
     if (q.have_amax) li_calib_amax_free(&q.amax);
+    for (int st = 0; st < LI_CALIB_N_SITES; st++) free(q.sq.x[st]);
+    free(q.sq.n);
+    free(q.sq.seen);
+    free(q.sq_ctx.chosen);
     q4cal_free(&q);
     li_gguf_writer_free(&w);
     li_model_free(q.m);

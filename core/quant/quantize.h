@@ -64,6 +64,7 @@ typedef struct li_quant_opts {
     double damp;            /* GPTQ: damping, a fraction of mean(diag H) (0.01) */
     bool act_order;         /* GPTQ: columns by decreasing diag(H) */
     bool no_clip;           /* AWQ: skip the clipping search */
+    bool alpha_search;      /* W8A8: SmoothQuant's alpha per (layer, site) from 0, 0.1, .., 1 by the int8 matmul's error */
     bool gptq8;             /* W8A8, FP8: the weights by GPTQ onto the scheme's grid (else round to nearest) */
 } li_quant_opts;
 

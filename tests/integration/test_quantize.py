@@ -9,6 +9,8 @@ q8_0 / q4_0 / q4_1 are made from it, as the issue's tables are.
 import hashlib
 import struct
 
+import re
+
 import numpy as np
 import pytest
 
@@ -242,6 +244,39 @@ def test_w8a8_gptq(run_cli, run_ok, scheme_models, f16_model, qdir, repo_root):
     r = run_ok(["generate", "--model", out, "--prompt", "The capital of France is", "--max-tokens", "8",
                 "--temperature", "0"])
     assert r.stdout.strip()
+
+
+def test_w8a8_alpha_search(run_cli, run_ok, scheme_models, f16_model, qdir, repo_root, tmp_path, monkeypatch):
+    """--alpha-search picks an alpha of the grid per layer and site (logged),
+    writes alpha_search instead of alpha, and the file runs."""
+    out = qdir / "w8a8-as.gguf"
+    monkeypatch.setenv("LUAINFER_LOG", "info")
+    r = run_cli(["quantize", "--method", "w8a8", "--alpha-search", "--calib", repo_root / CALIB, "--samples", "1",
+                 "--seq-len", "64", f16_model, out], timeout=600)
+    monkeypatch.delenv("LUAINFER_LOG")
+    assert r.returncode == 0, r.stderr
+    chosen = {}
+    for line in r.stderr.splitlines():
+        m = re.search(r"alpha search: ([a-z/]+): (.*)", line)
+        if m:
+            chosen[m.group(1)] = [float(v) for v in m.group(2).split()]
+    assert set(chosen) == {"q/k/v", "o", "gate/up", "down"}, r.stderr[-2000:]
+    for site, al in chosen.items():
+        assert len(al) == 30 and all(round(a * 10) == a * 10 and 0 <= a <= 1 for a in al), (site, al)
+    f = GGUFReader(out).fields
+    assert bool(f["luainfer.quant.alpha_search"].parts[-1][0]) and "luainfer.quant.alpha" not in f
+    # the same calibration as the fixed-alpha file: the norms differ only where the search left 0.5
+    n_as = np.asarray(next(t for t in GGUFReader(out).tensors if t.name == "blk.0.attn_norm.weight").data)
+    n_05 = np.asarray(next(t for t in GGUFReader(scheme_models["w8a8"]).tensors
+                           if t.name == "blk.0.attn_norm.weight").data)
+    assert np.array_equal(n_as, n_05) == (chosen["q/k/v"][0] == 0.5)
+    r = run_ok(["generate", "--model", out, "--prompt", "The capital of France is", "--max-tokens", "8",
+                "--temperature", "0"])
+    assert r.stdout.strip()
+    for args, needle in ((["--method", "fp8", "--alpha-search"], "--alpha-search applies to --method w8a8"),
+                         (["--method", "w8a8", "--alpha-search", "--alpha", "0"], "not --smooth none or --alpha 0")):
+        r = run_cli(["quantize", *args, "--calib", repo_root / CALIB, f16_model, tmp_path / "x.gguf"])
+        assert r.returncode != 0 and needle in r.stderr, r.stderr
 
 
 def test_scheme_models_same_tokens_on_every_isa(run_ok, scheme_models):
