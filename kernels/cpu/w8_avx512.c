@@ -1,13 +1,23 @@
-/* w8_avx512.c — the W8A8 int8 gemm with AVX-512 VNNI (w8_kernels.h).
- * vpdpbusd multiplies unsigned by signed bytes, so activations go in as
- * a + 128 and the dot is corrected by 128 * sum(w), itself a vpdpbusd of
+/* w8_avx512.c — the W8A8 int8 gemm with AVX-512 VNNI and the FP8 gemm
+ * with AVX-512 BF16 (w8_kernels.h).
+ * int8: vpdpbusd multiplies unsigned by signed bytes, so activations go in
+ * as a + 128 and the dot is corrected by 128 * sum(w), itself a vpdpbusd of
  * the weights with bytes of 128: exact integers, the same bits as the
- * scalar kernel. Activation quantization and fp8 use the AVX2 kernels
- * (every CPU with AVX-512 has AVX2). */
+ * scalar kernel.
+ * fp8: vdpbf16ps, lane i += w[2i+1] a[2i+1], then += w[2i] a[2i], each an
+ * FMA rounded to nearest even (DAZ / FTZ: no operand or sum of e4m3
+ * products is subnormal), is the scalar kernel's order, 32 elements a
+ * block. Weights are widened e4m3 -> bf16 by a 128-entry table (two
+ * vpermt2w) and the sign bit; for more than 4 activation rows 4 weight
+ * rows are widened once into a buffer and read by every row.
+ * Activation quantization uses the AVX2 kernels (every CPU with AVX-512 has
+ * AVX2), as does fp8 on a CPU without AVX512_BF16. */
 #include "util/common.h"
 #include "cpu/w8_kernels.h"
 
+#include <cpuid.h>
 #include <immintrin.h>
+#include <stdlib.h>
 
 static inline int32_t dot_vnni(const int8_t *w, const int8_t *a, int64_t k) {
     const __m512i bias = _mm512_set1_epi8((char)0x80);
@@ -31,10 +41,114 @@ static void gemm_int8_avx512(const int8_t *w, const float *ws, int64_t k, int64_
             y[r * ldy + c] = (float)dot_vnni(w + c * k, a + r * k, k) * (as[r] * ws[c]);
 }
 
+/* ------------------------------------------------------------------------
+ * fp8
+ * ---------------------------------------------------------------------- */
+
+/* CPUID leaf 7 subleaf 1, EAX bit 5 (AVX-512 itself: have_avx512, cpu.c) */
+bool li_w8_have_bf16(void) {
+    unsigned a, b, c, d;
+    return __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a & (1u << 5));
+}
+
+/* bf16 bits of the e4m3 magnitudes 0..127 (li_w8_fp8_widen), 32 a register */
+typedef struct {
+    __m512i t[4];
+} bf16_lut;
+
+static void lut_init(bf16_lut *l) {
+    uint16_t v[128];
+    for (int c = 0; c < 128; c++) {
+        const float f = li_w8_fp8_widen((uint8_t)c);
+        uint32_t u;
+        __builtin_memcpy(&u, &f, 4);
+        v[c] = (uint16_t)(u >> 16);
+    }
+    for (int i = 0; i < 4; i++) l->t[i] = _mm512_loadu_si512(v + 32 * i);
+}
+
+/* 32 e4m3 bytes (the last block: n < 32 of them, zeros after) as bf16 */
+static inline __m512i widen32(const bf16_lut *l, const uint8_t *p, int64_t n) {
+    const __m256i b = n >= 32 ? _mm256_loadu_si256((const __m256i *)p)
+                              : _mm256_maskz_loadu_epi8((__mmask32)((1ull << n) - 1), p);
+    const __m512i x = _mm512_cvtepu8_epi16(b);
+    const __m512i lo = _mm512_permutex2var_epi16(l->t[0], x, l->t[1]); /* index bits 0-5 */
+    const __m512i hi = _mm512_permutex2var_epi16(l->t[2], x, l->t[3]);
+    const __m512i m = _mm512_mask_blend_epi16(_mm512_test_epi16_mask(x, _mm512_set1_epi16(0x40)), lo, hi);
+    return _mm512_ternarylogic_epi32(m, _mm512_slli_epi16(x, 8), _mm512_set1_epi16((short)0x8000), 0xf8); /* m | (s & 0x8000) */
+}
+
+static inline __m512 dp(__m512 acc, __m512i a, __m512i w) {
+    return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)w);
+}
+
+/* the 16 lanes folded 8, 4, 2, 1 (w8_kernels.h) */
+static inline float fold16(__m512 v) {
+    const __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)));
+}
+
+/* NR activation rows x 4 weight rows. wp: the weights' rows (widened in
+ * registers), or wb: 4 rows already widened, stride lda. */
+static inline __attribute__((always_inline)) void block_fp8(const bf16_lut *l, const uint8_t *const wp[4],
+                                                            const uint16_t *wb, int64_t k, const uint16_t *a,
+                                                            int64_t lda, const int nr, __m512 acc[4][4]) {
+    for (int i = 0; i < nr; i++)
+        for (int u = 0; u < 4; u++) acc[i][u] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < k; b += 32) {
+        __m512i vw[4];
+        for (int u = 0; u < 4; u++)
+            vw[u] = wb ? _mm512_load_si512(wb + u * lda + b) : widen32(l, wp[u] + b, k - b);
+        for (int i = 0; i < nr; i++) {
+            const __m512i va = _mm512_loadu_si512(a + i * lda + b);
+            for (int u = 0; u < 4; u++) acc[i][u] = dp(acc[i][u], va, vw[u]);
+        }
+    }
+}
+
+static void gemm_fp8_avx512(const uint8_t *w, const float *ws, int64_t k, int64_t c0, int64_t c1, const uint16_t *a,
+                            const float *as, int64_t r0, int64_t r1, float *y, int64_t ldy) {
+    static int bf16 = -1; /* racy but idempotent */
+    if (bf16 < 0) bf16 = li_w8_have_bf16();
+    if (!bf16) {
+        li_w8_gemm_fp8_avx2(w, ws, k, c0, c1, a, as, r0, r1, y, ldy);
+        return;
+    }
+    bf16_lut l;
+    lut_init(&l);
+    const int64_t lda = LI_W8_FP8_LDA(k);
+    const bool buffered = r1 - r0 > 4;
+    uint16_t *wb = buffered ? li_aligned_alloc((size_t)(4 * lda) * sizeof(uint16_t)) : NULL;
+    for (int64_t c = c0; c < c1; c += 4) {
+        const int nc = (int)LI_MIN((int64_t)4, c1 - c);
+        const uint8_t *wp[4];
+        for (int u = 0; u < 4; u++) wp[u] = w + (c + (u < nc ? u : 0)) * k; /* short block: row c again */
+        if (buffered)
+            for (int u = 0; u < 4; u++)
+                for (int64_t b = 0; b < k; b += 32) _mm512_store_si512(wb + u * lda + b, widen32(&l, wp[u] + b, k - b));
+        for (int64_t r = r0; r < r1; r += 4) {
+            const int nr = (int)LI_MIN((int64_t)4, r1 - r);
+            const uint16_t *ar = a + r * lda;
+            __m512 acc[4][4];
+            switch (nr) { /* constant row counts: the accumulators stay in registers */
+            case 1: block_fp8(&l, wp, wb, k, ar, lda, 1, acc); break;
+            case 2: block_fp8(&l, wp, wb, k, ar, lda, 2, acc); break;
+            case 3: block_fp8(&l, wp, wb, k, ar, lda, 3, acc); break;
+            default: block_fp8(&l, wp, wb, k, ar, lda, 4, acc); break;
+            }
+            for (int i = 0; i < nr; i++)
+                for (int u = 0; u < nc; u++) y[(r + i) * ldy + c + u] = fold16(acc[i][u]) * (as[r + i] * ws[c + u]);
+        }
+    }
+    li_aligned_free(wb);
+}
+
 const li_w8_kernels li_w8_kernels_avx512 = {
     .isa = "avx512",
     .quantize_int8 = li_w8_quantize_int8_avx2,
-    .quantize_fp8 = NULL, /* the scalar encoder */
+    .quantize_fp8 = li_w8_quantize_fp8_avx2,
     .gemm_int8 = gemm_int8_avx512,
-    .gemm_fp8 = li_w8_gemm_fp8_avx2,
+    .gemm_fp8 = gemm_fp8_avx512,
 };
