@@ -51,20 +51,34 @@ bool li_w8_have_bf16(void) {
     return __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a & (1u << 5));
 }
 
-/* bf16 bits of the e4m3 magnitudes 0..127 (li_w8_fp8_widen), 32 a register */
+/* bf16 bits of the e4m3 magnitudes 0..127 as li_w8_fp8_widen reads them
+ * (0-7: m * 2^-9; then (c << 4) + (120 << 7); 127: 480), 32 a register.
+ * Every code runs in tests/unit/test_w8.c, bit for bit with the scalar. */
+static const uint16_t fp8_bf16_tab[128] __attribute__((aligned(64))) = {
+    0x0000, 0x3b00, 0x3b80, 0x3bc0, 0x3c00, 0x3c20, 0x3c40, 0x3c60,
+    0x3c80, 0x3c90, 0x3ca0, 0x3cb0, 0x3cc0, 0x3cd0, 0x3ce0, 0x3cf0,
+    0x3d00, 0x3d10, 0x3d20, 0x3d30, 0x3d40, 0x3d50, 0x3d60, 0x3d70,
+    0x3d80, 0x3d90, 0x3da0, 0x3db0, 0x3dc0, 0x3dd0, 0x3de0, 0x3df0,
+    0x3e00, 0x3e10, 0x3e20, 0x3e30, 0x3e40, 0x3e50, 0x3e60, 0x3e70,
+    0x3e80, 0x3e90, 0x3ea0, 0x3eb0, 0x3ec0, 0x3ed0, 0x3ee0, 0x3ef0,
+    0x3f00, 0x3f10, 0x3f20, 0x3f30, 0x3f40, 0x3f50, 0x3f60, 0x3f70,
+    0x3f80, 0x3f90, 0x3fa0, 0x3fb0, 0x3fc0, 0x3fd0, 0x3fe0, 0x3ff0,
+    0x4000, 0x4010, 0x4020, 0x4030, 0x4040, 0x4050, 0x4060, 0x4070,
+    0x4080, 0x4090, 0x40a0, 0x40b0, 0x40c0, 0x40d0, 0x40e0, 0x40f0,
+    0x4100, 0x4110, 0x4120, 0x4130, 0x4140, 0x4150, 0x4160, 0x4170,
+    0x4180, 0x4190, 0x41a0, 0x41b0, 0x41c0, 0x41d0, 0x41e0, 0x41f0,
+    0x4200, 0x4210, 0x4220, 0x4230, 0x4240, 0x4250, 0x4260, 0x4270,
+    0x4280, 0x4290, 0x42a0, 0x42b0, 0x42c0, 0x42d0, 0x42e0, 0x42f0,
+    0x4300, 0x4310, 0x4320, 0x4330, 0x4340, 0x4350, 0x4360, 0x4370,
+    0x4380, 0x4390, 0x43a0, 0x43b0, 0x43c0, 0x43d0, 0x43e0, 0x43f0,
+};
+
 typedef struct {
     __m512i t[4];
 } bf16_lut;
 
-static void lut_init(bf16_lut *l) {
-    uint16_t v[128];
-    for (int c = 0; c < 128; c++) {
-        const float f = li_w8_fp8_widen((uint8_t)c);
-        uint32_t u;
-        __builtin_memcpy(&u, &f, 4);
-        v[c] = (uint16_t)(u >> 16);
-    }
-    for (int i = 0; i < 4; i++) l->t[i] = _mm512_loadu_si512(v + 32 * i);
+static inline void lut_init(bf16_lut *l) {
+    for (int i = 0; i < 4; i++) l->t[i] = _mm512_load_si512(fp8_bf16_tab + 32 * i);
 }
 
 /* 32 e4m3 bytes (the last block: n < 32 of them, zeros after) as bf16 */
@@ -90,22 +104,38 @@ static inline float fold16(__m512 v) {
     return _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)));
 }
 
-/* NR activation rows x 4 weight rows. wp: the weights' rows (widened in
- * registers), or wb: 4 rows already widened, stride lda. */
+/* NR activation rows x 4 weight rows (nc of them stored), into y. wp: the
+ * weights' rows (widened in registers), or wb: 4 rows already widened,
+ * stride lda. Inlined with a constant nr, so the accumulators stay in
+ * registers. */
 static inline __attribute__((always_inline)) void block_fp8(const bf16_lut *l, const uint8_t *const wp[4],
                                                             const uint16_t *wb, int64_t k, const uint16_t *a,
-                                                            int64_t lda, const int nr, __m512 acc[4][4]) {
+                                                            int64_t lda, const int nr, int nc, const float *as,
+                                                            const float *ws, float *y, int64_t ldy) {
+    __m512 acc[4][4];
+#pragma GCC unroll 4
     for (int i = 0; i < nr; i++)
+#pragma GCC unroll 4
         for (int u = 0; u < 4; u++) acc[i][u] = _mm512_setzero_ps();
     for (int64_t b = 0; b < k; b += 32) {
         __m512i vw[4];
-        for (int u = 0; u < 4; u++)
+#pragma GCC unroll 4
+        for (int u = 0; u < 4; u++) {
+            if (!wb) _mm_prefetch((const char *)(wp[u] + b) + 16 * k, _MM_HINT_T0); /* the rows 4 blocks on */
             vw[u] = wb ? _mm512_load_si512(wb + u * lda + b) : widen32(l, wp[u] + b, k - b);
+        }
+#pragma GCC unroll 4
         for (int i = 0; i < nr; i++) {
             const __m512i va = _mm512_loadu_si512(a + i * lda + b);
+#pragma GCC unroll 4
             for (int u = 0; u < 4; u++) acc[i][u] = dp(acc[i][u], va, vw[u]);
         }
     }
+#pragma GCC unroll 4
+    for (int i = 0; i < nr; i++)
+#pragma GCC unroll 4
+        for (int u = 0; u < 4; u++)
+            if (u < nc) y[i * ldy + u] = fold16(acc[i][u]) * (as[i] * ws[u]);
 }
 
 static void gemm_fp8_avx512(const uint8_t *w, const float *ws, int64_t k, int64_t c0, int64_t c1, const uint16_t *a,
@@ -131,15 +161,21 @@ static void gemm_fp8_avx512(const uint8_t *w, const float *ws, int64_t k, int64_
         for (int64_t r = r0; r < r1; r += 4) {
             const int nr = (int)LI_MIN((int64_t)4, r1 - r);
             const uint16_t *ar = a + r * lda;
-            __m512 acc[4][4];
-            switch (nr) { /* constant row counts: the accumulators stay in registers */
-            case 1: block_fp8(&l, wp, wb, k, ar, lda, 1, acc); break;
-            case 2: block_fp8(&l, wp, wb, k, ar, lda, 2, acc); break;
-            case 3: block_fp8(&l, wp, wb, k, ar, lda, 3, acc); break;
-            default: block_fp8(&l, wp, wb, k, ar, lda, 4, acc); break;
+            float *yr = y + r * ldy + c;
+            /* constant row counts and a constant wb (NULL or not) */
+#define BLOCK(WB, NR) block_fp8(&l, wp, WB, k, ar, lda, NR, nc, as + r, ws + c, yr, ldy)
+            if (buffered) {
+                if (nr == 4) BLOCK(wb, 4);
+                else if (nr == 3) BLOCK(wb, 3);
+                else if (nr == 2) BLOCK(wb, 2);
+                else BLOCK(wb, 1);
+            } else {
+                if (nr == 4) BLOCK(NULL, 4);
+                else if (nr == 3) BLOCK(NULL, 3);
+                else if (nr == 2) BLOCK(NULL, 2);
+                else BLOCK(NULL, 1);
             }
-            for (int i = 0; i < nr; i++)
-                for (int u = 0; u < nc; u++) y[(r + i) * ldy + c + u] = fold16(acc[i][u]) * (as[r + i] * ws[c + u]);
+#undef BLOCK
         }
     }
     li_aligned_free(wb);
