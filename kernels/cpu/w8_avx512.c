@@ -17,6 +17,7 @@
 
 #include <cpuid.h>
 #include <immintrin.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 
 static inline int32_t dot_vnni(const int8_t *w, const int8_t *a, int64_t k) {
@@ -140,9 +141,10 @@ static inline __attribute__((always_inline)) void block_fp8(const bf16_lut *l, c
 
 static void gemm_fp8_avx512(const uint8_t *w, const float *ws, int64_t k, int64_t c0, int64_t c1, const uint16_t *a,
                             const float *as, int64_t r0, int64_t r1, float *y, int64_t ldy) {
-    static int bf16 = -1; /* racy but idempotent */
-    if (bf16 < 0) bf16 = li_w8_have_bf16();
-    if (!bf16) {
+    static atomic_int bf16 = -1; /* CPUID once (a VM exit each time) */
+    int has = atomic_load_explicit(&bf16, memory_order_relaxed);
+    if (has < 0) atomic_store_explicit(&bf16, has = li_w8_have_bf16(), memory_order_relaxed);
+    if (!has) {
         li_w8_gemm_fp8_avx2(w, ws, k, c0, c1, a, as, r0, r1, y, ldy);
         return;
     }
