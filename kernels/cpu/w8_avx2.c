@@ -201,7 +201,8 @@ void li_w8_quantize_fp8_avx2(const float *x, int64_t k, uint16_t *qa, float *s) 
  * fp8 gemm in the order of w8_kernels.h with FMAs: the 16 lanes as two
  * registers (lanes 0-7, 8-15), e4m3 widened in registers (bits << 20,
  * times 2^120), odd then even element of each pair; 2 weight x 2
- * activation rows
+ * activation rows, the weights widened once into a buffer for tiles of
+ * more than 2 rows
  * ---------------------------------------------------------------------- */
 
 static inline __m256 widen_f32(__m256i c) {
@@ -233,42 +234,80 @@ static inline float fold16(__m256 lo, __m256 hi) {
     return _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)));
 }
 
+/* 2 activation rows (a1 may be a0 again) x 2 weight rows into acc. wf: the
+ * 2 rows already widened (per 16 elements: 8 even, 8 odd, stride lda
+ * floats), or NULL: widen w0 / w1 here. Inlined with a constant wf test. */
+static inline __attribute__((always_inline)) void block_fp8_avx2(const uint8_t *w0, const uint8_t *w1, const float *wf,
+                                                                 int64_t k, int64_t lda, const uint16_t *a0,
+                                                                 const uint16_t *a1, __m256 acc[2][2][2]) {
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++) ((__m256 *)acc)[i] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < k; b += 32) {
+        uint8_t t0[32] = {0}, t1[32] = {0}; /* the last block zero-padded */
+        const uint8_t *p0 = w0 + b, *p1 = w1 + b;
+        if (!wf) {
+            _mm_prefetch((const char *)p0 + 16 * k, _MM_HINT_T0); /* the rows 8 blocks on */
+            _mm_prefetch((const char *)p1 + 16 * k, _MM_HINT_T0);
+            if (b + 32 > k) {
+                __builtin_memcpy(t0, p0, (size_t)(k - b));
+                __builtin_memcpy(t1, p1, (size_t)(k - b));
+                p0 = t0, p1 = t1;
+            }
+        }
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; h++) { /* unrolled: acc stays in registers */
+            __m256 we0, wo0, we1, wo1, ae0, ao0, ae1, ao1;
+            if (wf) {
+                const float *f = wf + b + 16 * h;
+                we0 = _mm256_load_ps(f), wo0 = _mm256_load_ps(f + 8);
+                we1 = _mm256_load_ps(f + lda), wo1 = _mm256_load_ps(f + lda + 8);
+            } else {
+                widen_pairs(p0 + 16 * h, &we0, &wo0);
+                widen_pairs(p1 + 16 * h, &we1, &wo1);
+            }
+            act_pairs(a0 + b + 16 * h, &ae0, &ao0);
+            act_pairs(a1 + b + 16 * h, &ae1, &ao1);
+            acc[0][0][h] = _mm256_fmadd_ps(we0, ae0, _mm256_fmadd_ps(wo0, ao0, acc[0][0][h]));
+            acc[0][1][h] = _mm256_fmadd_ps(we1, ae0, _mm256_fmadd_ps(wo1, ao0, acc[0][1][h]));
+            acc[1][0][h] = _mm256_fmadd_ps(we0, ae1, _mm256_fmadd_ps(wo0, ao1, acc[1][0][h]));
+            acc[1][1][h] = _mm256_fmadd_ps(we1, ae1, _mm256_fmadd_ps(wo1, ao1, acc[1][1][h]));
+        }
+    }
+}
+
 void li_w8_gemm_fp8_avx2(const uint8_t *w, const float *ws, int64_t k, int64_t c0, int64_t c1, const uint16_t *a,
                           const float *as, int64_t r0, int64_t r1, float *y, int64_t ldy) {
     const int64_t lda = LI_W8_FP8_LDA(k);
-    for (int64_t r = r0; r < r1; r += 2) {
-        const int nr = r + 2 <= r1 ? 2 : 1;
-        const uint16_t *a0 = a + r * lda, *a1 = nr == 2 ? a0 + lda : a0;
-        for (int64_t c = c0; c < c1; c += 2) {
-            const int nc = c + 2 <= c1 ? 2 : 1;
-            const uint8_t *w0 = w + c * k, *w1 = nc == 2 ? w0 + k : w0;
+    /* more than 2 activation rows: widen each 2 weight rows once */
+    float *wf = r1 - r0 > 2 ? li_aligned_alloc((size_t)(2 * lda) * sizeof(float)) : NULL;
+    for (int64_t c = c0; c < c1; c += 2) {
+        const int nc = c + 2 <= c1 ? 2 : 1;
+        const uint8_t *w0 = w + c * k, *w1 = nc == 2 ? w0 + k : w0;
+        if (wf)
+            for (int u = 0; u < 2; u++)
+                for (int64_t b = 0; b < k; b += 32) {
+                    uint8_t t[32] = {0};
+                    const uint8_t *p = (u ? w1 : w0) + b;
+                    if (b + 32 > k) __builtin_memcpy(t, p, (size_t)(k - b)), p = t;
+                    for (int h = 0; h < 2; h++) {
+                        __m256 e, o;
+                        widen_pairs(p + 16 * h, &e, &o);
+                        _mm256_store_ps(wf + u * lda + b + 16 * h, e);
+                        _mm256_store_ps(wf + u * lda + b + 16 * h + 8, o);
+                    }
+                }
+        for (int64_t r = r0; r < r1; r += 2) {
+            const int nr = r + 2 <= r1 ? 2 : 1;
+            const uint16_t *a0 = a + r * lda, *a1 = nr == 2 ? a0 + lda : a0;
             __m256 acc[2][2][2]; /* [act row][weight row][lanes 0-7, 8-15] */
-            for (int i = 0; i < 8; i++) ((__m256 *)acc)[i] = _mm256_setzero_ps();
-            for (int64_t b = 0; b < k; b += 32) {
-                uint8_t t0[32] = {0}, t1[32] = {0}; /* the last block zero-padded */
-                const uint8_t *p0 = w0 + b, *p1 = w1 + b;
-                if (b + 32 > k) {
-                    __builtin_memcpy(t0, p0, (size_t)(k - b));
-                    __builtin_memcpy(t1, p1, (size_t)(k - b));
-                    p0 = t0, p1 = t1;
-                }
-                for (int h = 0; h < 2; h++) {
-                    __m256 we0, wo0, we1, wo1, ae0, ao0, ae1, ao1;
-                    widen_pairs(p0 + 16 * h, &we0, &wo0);
-                    widen_pairs(p1 + 16 * h, &we1, &wo1);
-                    act_pairs(a0 + b + 16 * h, &ae0, &ao0);
-                    act_pairs(a1 + b + 16 * h, &ae1, &ao1);
-                    acc[0][0][h] = _mm256_fmadd_ps(we0, ae0, _mm256_fmadd_ps(wo0, ao0, acc[0][0][h]));
-                    acc[0][1][h] = _mm256_fmadd_ps(we1, ae0, _mm256_fmadd_ps(wo1, ao0, acc[0][1][h]));
-                    acc[1][0][h] = _mm256_fmadd_ps(we0, ae1, _mm256_fmadd_ps(wo0, ao1, acc[1][0][h]));
-                    acc[1][1][h] = _mm256_fmadd_ps(we1, ae1, _mm256_fmadd_ps(wo1, ao1, acc[1][1][h]));
-                }
-            }
+            if (wf) block_fp8_avx2(w0, w1, wf, k, lda, a0, a1, acc);
+            else block_fp8_avx2(w0, w1, NULL, k, lda, a0, a1, acc);
             for (int i = 0; i < nr; i++)
                 for (int u = 0; u < nc; u++)
                     y[(r + i) * ldy + c + u] = fold16(acc[i][u][0], acc[i][u][1]) * (as[r + i] * ws[c + u]);
         }
     }
+    li_aligned_free(wf);
 }
 
 const li_w8_kernels li_w8_kernels_avx2 = {
