@@ -68,19 +68,9 @@ static void ref_matmul(li_backend *be, const li_weight *w, const float *x, float
             for (int64_t r = 0; r < n; r++) y[r * m + i] = dot_f32(k, x + r * k, wf);
         }
     } else if (li_w8_supported(w)) {
-        /* per-channel W8A8 / FP8: the exact dot of the codes, then the two
-         * scales (w8_kernels.h); the float path below would round it */
-        const bool fp8 = w->scheme == LI_SCHEME_FP8;
-        void *qa = li_xmalloc((size_t)(n * k) * (fp8 ? sizeof(float) : 1));
-        float *sa = li_xmalloc((size_t)n * sizeof(float));
-        for (int64_t r = 0; r < n; r++) {
-            if (fp8) li_w8_kernels_scalar.quantize_fp8(x + r * k, k, (float *)qa + r * k, &sa[r]);
-            else li_w8_kernels_scalar.quantize_int8(x + r * k, k, (int8_t *)qa + r * k, &sa[r]);
-        }
-        if (fp8) li_w8_kernels_scalar.gemm_fp8(w->data, w->scales, k, 0, m, qa, sa, 0, n, y, m);
-        else li_w8_kernels_scalar.gemm_int8(w->data, w->scales, k, 0, m, qa, sa, 0, n, y, m);
-        free(qa);
-        free(sa);
+        /* per-channel W8A8 / FP8: the scalar kernels' dot of the codes (the
+         * one order every ISA keeps), then the two scales (w8_kernels.h) */
+        li_w8_matmul_ref(w, x, y, n);
     } else {
         /* scheme weights: the activations as the scheme quantizes them, each
          * row through li_weight_dequant_row_ref (scales, zeros, permutation) */

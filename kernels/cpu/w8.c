@@ -20,11 +20,28 @@ static void quantize_int8_scalar(const float *x, int64_t k, int8_t *q, float *s)
     *s = sc;
 }
 
-static void quantize_fp8_scalar(const float *x, int64_t k, float *xf, float *s) {
+/* the e4m3 value of code c as bf16 bits (exact: 4-bit significand) */
+static inline uint16_t fp8_bf16(uint8_t c) {
+    const float f = li_w8_fp8_widen(c);
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return (uint16_t)(u >> 16);
+}
+
+static inline float bf16_f32(uint16_t h) {
+    const uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static void quantize_fp8_scalar(const float *x, int64_t k, uint16_t *qa, float *s) {
     float amax = 0.0f;
     for (int64_t j = 0; j < k; j++) amax = fmaxf(amax, fabsf(x[j]));
     const float sc = amax / 448.0f, inv = sc > 0.0f ? 1.0f / sc : 0.0f;
-    for (int64_t j = 0; j < k; j++) xf[j] = li_w8_fp8_widen(li_fp32_to_fp8_e4m3(x[j] * inv));
+    int64_t j = 0;
+    for (; j < k; j++) qa[j] = fp8_bf16(li_fp32_to_fp8_e4m3(x[j] * inv));
+    for (; j < LI_W8_FP8_LDA(k); j++) qa[j] = 0;
     *s = sc;
 }
 
@@ -39,16 +56,29 @@ static void gemm_int8_scalar(const int8_t *w, const float *ws, int64_t k, int64_
         }
 }
 
-static void gemm_fp8_scalar(const uint8_t *w, const float *ws, int64_t k, int64_t c0, int64_t c1, const float *a,
-                            const float *as, int64_t r0, int64_t r1, float *y, int64_t ldy) {
-    for (int64_t r = r0; r < r1; r++)
-        for (int64_t c = c0; c < c1; c++) {
-            const uint8_t *wr = w + c * k;
-            const float *ar = a + r * k;
-            double sum = 0.0; /* exact: see w8_kernels.h */
-            for (int64_t j = 0; j < k; j++) sum += (double)(li_w8_fp8_widen(wr[j]) * ar[j]);
-            y[r * ldy + c] = (float)sum * (as[r] * ws[c]);
+/* The fp8 dot's one order (w8_kernels.h): blocks of 32, pair (2i, 2i+1)
+ * into lane i, odd product first; then the lanes folded 8, 4, 2, 1. The
+ * products are exact, so acc + w * a rounds once, as an FMA does. */
+static float dot_fp8_scalar(const uint8_t *w, const uint16_t *a, int64_t k) {
+    float acc[16] = {0};
+    for (int64_t b = 0; b < k; b += 32)
+        for (int i = 0; i < 16; i++) {
+            const int64_t j = b + 2 * i;
+            const float w1 = j + 1 < k ? li_w8_fp8_widen(w[j + 1]) : 0.0f, w0 = j < k ? li_w8_fp8_widen(w[j]) : 0.0f;
+            acc[i] += w1 * bf16_f32(a[j + 1]);
+            acc[i] += w0 * bf16_f32(a[j]);
         }
+    for (int h = 8; h >= 1; h /= 2)
+        for (int i = 0; i < h; i++) acc[i] += acc[i + h];
+    return acc[0];
+}
+
+static void gemm_fp8_scalar(const uint8_t *w, const float *ws, int64_t k, int64_t c0, int64_t c1, const uint16_t *a,
+                            const float *as, int64_t r0, int64_t r1, float *y, int64_t ldy) {
+    const int64_t lda = LI_W8_FP8_LDA(k);
+    for (int64_t r = r0; r < r1; r++)
+        for (int64_t c = c0; c < c1; c++)
+            y[r * ldy + c] = dot_fp8_scalar(w + c * k, a + r * lda, k) * (as[r] * ws[c]);
 }
 
 const li_w8_kernels li_w8_kernels_scalar = {
@@ -66,7 +96,7 @@ const li_w8_kernels *li_w8_kernels_for(const char *isa) {
 }
 
 bool li_w8_supported(const li_weight *w) {
-    /* k <= 2^16 keeps the fp8 sums exact in f64 (w8_kernels.h) */
+    /* k <= 2^16 keeps the int8 sums inside int32 (w8_kernels.h) */
     return w->group_size == 0 && w->k <= 65536 && !w->zeros && !w->perm && w->scales &&
            ((w->scheme == LI_SCHEME_W8A8 && w->type == LI_KV_TYPE_INT8 && w->act == LI_ACT_INT8) ||
             (w->scheme == LI_SCHEME_FP8 && w->type == LI_KV_TYPE_FP8_E4M3 && w->act == LI_ACT_FP8));
@@ -96,7 +126,7 @@ typedef struct {
     const float *x;
     int64_t n, k;
     bool fp8;
-    void *qa;             /* (n, k) int8 codes or f32 widened e4m3 */
+    void *qa;             /* (n, k) int8 codes or (n, LI_W8_FP8_LDA(k)) bf16 e4m3 values */
     float *sa;            /* (n) activation scales */
     int64_t n_tiles, n_items;
     atomic_long next_row, next_item;
@@ -108,7 +138,7 @@ static void w8_quantize(void *p, int ith, int nth) {
     for (;;) {
         const int64_t r = atomic_fetch_add_explicit(&j->next_row, 1, memory_order_relaxed);
         if (r >= j->n) break;
-        if (j->fp8) (j->kern->quantize_fp8 ? j->kern->quantize_fp8 : quantize_fp8_scalar)(j->x + r * j->k, j->k, (float *)j->qa + r * j->k, &j->sa[r]);
+        if (j->fp8) j->kern->quantize_fp8(j->x + r * j->k, j->k, (uint16_t *)j->qa + r * LI_W8_FP8_LDA(j->k), &j->sa[r]);
         else j->kern->quantize_int8(j->x + r * j->k, j->k, (int8_t *)j->qa + r * j->k, &j->sa[r]);
     }
 }
@@ -159,8 +189,8 @@ void li_w8_matmul_multi(const li_w8_kernels *kern, li_threadpool *tp, int n_thre
         j.n_items += pt->n_chunks * j.n_tiles;
         work += w[i]->m * n * j.k;
     }
-    const size_t elem = j.fp8 ? sizeof(float) : 1;
-    j.qa = li_aligned_alloc((size_t)n * (size_t)j.k * elem + 64);
+    const size_t row = j.fp8 ? (size_t)LI_W8_FP8_LDA(j.k) * sizeof(uint16_t) : (size_t)j.k;
+    j.qa = li_aligned_alloc((size_t)n * row + 64);
     j.sa = li_xmalloc((size_t)n * sizeof(float));
     atomic_init(&j.next_row, 0);
     atomic_init(&j.next_item, 0);
@@ -174,4 +204,20 @@ void li_w8_matmul_multi(const li_w8_kernels *kern, li_threadpool *tp, int n_thre
 void li_w8_matmul(const li_w8_kernels *kern, li_threadpool *tp, int n_threads, const li_weight *w, const float *x,
                   float *y, float *res, int64_t n) {
     li_w8_matmul_multi(kern, tp, n_threads, &w, 1, x, &y, res, n);
+}
+
+void li_w8_matmul_ref(const li_weight *w, const float *x, float *y, int64_t n) {
+    const int64_t k = w->k, m = w->m;
+    const bool fp8 = w->scheme == LI_SCHEME_FP8;
+    const size_t row = fp8 ? (size_t)LI_W8_FP8_LDA(k) * sizeof(uint16_t) : (size_t)k;
+    void *qa = li_xmalloc((size_t)n * row + 1);
+    float *sa = li_xmalloc((size_t)n * sizeof(float) + 1);
+    for (int64_t r = 0; r < n; r++) {
+        if (fp8) quantize_fp8_scalar(x + r * k, k, (uint16_t *)qa + r * LI_W8_FP8_LDA(k), &sa[r]);
+        else quantize_int8_scalar(x + r * k, k, (int8_t *)qa + r * k, &sa[r]);
+    }
+    if (fp8) gemm_fp8_scalar(w->data, w->scales, k, 0, m, qa, sa, 0, n, y, m);
+    else gemm_int8_scalar(w->data, w->scales, k, 0, m, qa, sa, 0, n, y, m);
+    free(qa);
+    free(sa);
 }

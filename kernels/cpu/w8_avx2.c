@@ -144,66 +144,176 @@ static void gemm_int8_avx2(const int8_t *w, const float *ws, int64_t k, int64_t 
 }
 
 /* ------------------------------------------------------------------------
- * fp8 gemm: e4m3 weights widened in registers (bits << 20, times 2^120),
- * exact f32 products, exact f64 sums; 2 weight rows x 2 activation rows
+ * fp8 activation encoder: li_fp32_to_fp8_e4m3 then the e4m3 value as bf16
+ * bits, 8 lanes: RNE to 3 significand bits (normal), to a multiple of 2^-9
+ * below 2^-6 (adding 2^14, whose ulp is 2^-9, rounds there), 448 from 448
+ * up (and inf), 480 (the widened NaN code) for NaN; the sign kept
  * ---------------------------------------------------------------------- */
 
-static inline __m256 widen8(const uint8_t *p) {
-    const __m256i c = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
+static inline __m256i fp8_encode8(__m256 v) {
+    const __m256i bits = _mm256_castps_si256(v);
+    const __m256i sign = _mm256_and_si256(bits, _mm256_set1_epi32((int)0x80000000u));
+    const __m256i ai = _mm256_and_si256(bits, _mm256_set1_epi32(0x7fffffff));
+    const __m256 a = _mm256_castsi256_ps(ai);
+    __m256i u = _mm256_add_epi32(ai, _mm256_set1_epi32(0x7ffff));
+    u = _mm256_add_epi32(u, _mm256_and_si256(_mm256_srli_epi32(ai, 20), _mm256_set1_epi32(1)));
+    __m256 r = _mm256_castsi256_ps(_mm256_and_si256(u, _mm256_set1_epi32((int)0xfff00000u)));
+    const __m256 big = _mm256_set1_ps(0x1p14f);
+    const __m256 sub = _mm256_sub_ps(_mm256_add_ps(a, big), big);
+    r = _mm256_blendv_ps(r, sub, _mm256_cmp_ps(a, _mm256_set1_ps(0x1p-6f), _CMP_LT_OQ));
+    r = _mm256_blendv_ps(r, _mm256_set1_ps(448.0f), _mm256_cmp_ps(a, _mm256_set1_ps(448.0f), _CMP_GE_OQ));
+    r = _mm256_blendv_ps(r, _mm256_set1_ps(480.0f), _mm256_cmp_ps(a, a, _CMP_UNORD_Q));
+    return _mm256_srli_epi32(_mm256_or_si256(_mm256_castps_si256(r), sign), 16);
+}
+
+void li_w8_fp8_encode_avx2(const float *v, int64_t n, uint16_t *out) {
+    int64_t j = 0;
+    for (; j + 16 <= n; j += 16) {
+        const __m256i lo = fp8_encode8(_mm256_loadu_ps(v + j)), hi = fp8_encode8(_mm256_loadu_ps(v + j + 8));
+        const __m256i p = _mm256_permute4x64_epi64(_mm256_packus_epi32(lo, hi), 0xd8);
+        _mm256_storeu_si256((__m256i *)(out + j), p);
+    }
+    for (; j < n; j++) {
+        const float f = li_w8_fp8_widen(li_fp32_to_fp8_e4m3(v[j]));
+        uint32_t u;
+        __builtin_memcpy(&u, &f, 4);
+        out[j] = (uint16_t)(u >> 16);
+    }
+}
+
+void li_w8_quantize_fp8_avx2(const float *x, int64_t k, uint16_t *qa, float *s) {
+    const float amax = amax_avx2(x, k);
+    const float sc = amax / 448.0f, inv = sc > 0.0f ? 1.0f / sc : 0.0f;
+    const __m256 vinv = _mm256_set1_ps(inv);
+    float t[64];
+    for (int64_t j = 0; j < k; j += 64) { /* scale a block, then encode it */
+        const int64_t nb = LI_MIN((int64_t)64, k - j);
+        int64_t i = 0;
+        for (; i + 8 <= nb; i += 8) _mm256_storeu_ps(t + i, _mm256_mul_ps(_mm256_loadu_ps(x + j + i), vinv));
+        for (; i < nb; i++) t[i] = x[j + i] * inv;
+        li_w8_fp8_encode_avx2(t, nb, qa + j);
+    }
+    for (int64_t j = k; j < LI_W8_FP8_LDA(k); j++) qa[j] = 0;
+    *s = sc;
+}
+
+/* ------------------------------------------------------------------------
+ * fp8 gemm in the order of w8_kernels.h with FMAs: the 16 lanes as two
+ * registers (lanes 0-7, 8-15), e4m3 widened in registers (bits << 20,
+ * times 2^120), odd then even element of each pair; 2 weight x 2
+ * activation rows, the weights widened once into a buffer for tiles of
+ * more than 2 rows
+ * ---------------------------------------------------------------------- */
+
+static inline __m256 widen_f32(__m256i c) {
     const __m256i mag = _mm256_slli_epi32(_mm256_and_si256(c, _mm256_set1_epi32(0x7f)), 20);
     const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(c, _mm256_set1_epi32(0x80)), 24);
     const __m256 f = _mm256_mul_ps(_mm256_castsi256_ps(mag), _mm256_set1_ps(0x1p120f));
     return _mm256_or_ps(f, _mm256_castsi256_ps(sign));
 }
 
-static inline __m256d acc_pd(__m256d acc, __m256 prod) {
-    acc = _mm256_add_pd(acc, _mm256_cvtps_pd(_mm256_castps256_ps128(prod)));
-    return _mm256_add_pd(acc, _mm256_cvtps_pd(_mm256_extractf128_ps(prod, 1)));
+/* bytes p[0..16): the even and odd elements of 8 pairs */
+static inline void widen_pairs(const uint8_t *p, __m256 *even, __m256 *odd) {
+    const __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
+    *even = widen_f32(v);
+    *odd = widen_f32(_mm256_srli_epi32(v, 8));
 }
 
-static inline double hsum_pd(__m256d v) {
-    __m128d s = _mm_add_pd(_mm256_castpd256_pd128(v), _mm256_extractf128_pd(v, 1));
-    return _mm_cvtsd_f64(_mm_add_sd(s, _mm_unpackhi_pd(s, s)));
+/* 16 bf16 at p as 8 pairs */
+static inline void act_pairs(const uint16_t *p, __m256 *even, __m256 *odd) {
+    const __m256i v = _mm256_loadu_si256((const __m256i *)p);
+    *even = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+    *odd = _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32((int)0xffff0000u)));
 }
 
-static inline double tail_fp8(const uint8_t *w, const float *a, int64_t j, int64_t k) {
-    double s = 0.0;
-    for (; j < k; j++) s += (double)(li_w8_fp8_widen(w[j]) * a[j]);
-    return s;
+/* lanes lo (0-7) and hi (8-15) folded 8, 4, 2, 1 as w8_kernels.h says */
+static inline float fold16(__m256 lo, __m256 hi) {
+    const __m256 s8 = _mm256_add_ps(lo, hi);
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)));
 }
 
-void li_w8_gemm_fp8_avx2(const uint8_t *w, const float *ws, int64_t k, int64_t c0, int64_t c1, const float *a,
-                          const float *as, int64_t r0, int64_t r1, float *y, int64_t ldy) {
-    const int64_t k8 = k & ~(int64_t)7;
-    for (int64_t r = r0; r < r1; r += 2) {
-        const int nr = r + 2 <= r1 ? 2 : 1;
-        const float *a0 = a + r * k, *a1 = nr == 2 ? a0 + k : a0;
-        for (int64_t c = c0; c < c1; c += 2) {
-            const int nc = c + 2 <= c1 ? 2 : 1;
-            const uint8_t *w0 = w + c * k, *w1 = nc == 2 ? w0 + k : w0;
-            __m256d s00 = _mm256_setzero_pd(), s01 = s00, s10 = s00, s11 = s00;
-            for (int64_t j = 0; j < k8; j += 8) {
-                const __m256 vw0 = widen8(w0 + j), vw1 = widen8(w1 + j);
-                const __m256 va0 = _mm256_loadu_ps(a0 + j), va1 = _mm256_loadu_ps(a1 + j);
-                s00 = acc_pd(s00, _mm256_mul_ps(vw0, va0));
-                s01 = acc_pd(s01, _mm256_mul_ps(vw1, va0));
-                s10 = acc_pd(s10, _mm256_mul_ps(vw0, va1));
-                s11 = acc_pd(s11, _mm256_mul_ps(vw1, va1));
+/* 2 activation rows (a1 may be a0 again) x 2 weight rows into acc. wf: the
+ * 2 rows already widened (per 16 elements: 8 even, 8 odd, stride lda
+ * floats), or NULL: widen w0 / w1 here. Inlined with a constant wf test. */
+static inline __attribute__((always_inline)) void block_fp8_avx2(const uint8_t *w0, const uint8_t *w1, const float *wf,
+                                                                 int64_t k, int64_t lda, const uint16_t *a0,
+                                                                 const uint16_t *a1, __m256 acc[2][2][2]) {
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++) ((__m256 *)acc)[i] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < k; b += 32) {
+        uint8_t t0[32] = {0}, t1[32] = {0}; /* the last block zero-padded */
+        const uint8_t *p0 = w0 + b, *p1 = w1 + b;
+        if (!wf) {
+            _mm_prefetch((const char *)p0 + 16 * k, _MM_HINT_T0); /* the rows 8 blocks on */
+            _mm_prefetch((const char *)p1 + 16 * k, _MM_HINT_T0);
+            if (b + 32 > k) {
+                __builtin_memcpy(t0, p0, (size_t)(k - b));
+                __builtin_memcpy(t1, p1, (size_t)(k - b));
+                p0 = t0, p1 = t1;
             }
-            const __m256d acc[2][2] = {{s00, s01}, {s10, s11}};
-            for (int i = 0; i < nr; i++)
-                for (int u = 0; u < nc; u++) {
-                    const double sum = hsum_pd(acc[i][u]) + tail_fp8(u ? w1 : w0, i ? a1 : a0, k8, k);
-                    y[(r + i) * ldy + c + u] = (float)sum * (as[r + i] * ws[c + u]);
-                }
+        }
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; h++) { /* unrolled: acc stays in registers */
+            __m256 we0, wo0, we1, wo1, ae0, ao0, ae1, ao1;
+            if (wf) {
+                const float *f = wf + b + 16 * h;
+                we0 = _mm256_load_ps(f), wo0 = _mm256_load_ps(f + 8);
+                we1 = _mm256_load_ps(f + lda), wo1 = _mm256_load_ps(f + lda + 8);
+            } else {
+                widen_pairs(p0 + 16 * h, &we0, &wo0);
+                widen_pairs(p1 + 16 * h, &we1, &wo1);
+            }
+            act_pairs(a0 + b + 16 * h, &ae0, &ao0);
+            act_pairs(a1 + b + 16 * h, &ae1, &ao1);
+            acc[0][0][h] = _mm256_fmadd_ps(we0, ae0, _mm256_fmadd_ps(wo0, ao0, acc[0][0][h]));
+            acc[0][1][h] = _mm256_fmadd_ps(we1, ae0, _mm256_fmadd_ps(wo1, ao0, acc[0][1][h]));
+            acc[1][0][h] = _mm256_fmadd_ps(we0, ae1, _mm256_fmadd_ps(wo0, ao1, acc[1][0][h]));
+            acc[1][1][h] = _mm256_fmadd_ps(we1, ae1, _mm256_fmadd_ps(wo1, ao1, acc[1][1][h]));
         }
     }
+}
+
+void li_w8_gemm_fp8_avx2(const uint8_t *w, const float *ws, int64_t k, int64_t c0, int64_t c1, const uint16_t *a,
+                          const float *as, int64_t r0, int64_t r1, float *y, int64_t ldy) {
+    const int64_t lda = LI_W8_FP8_LDA(k);
+    /* more than 2 activation rows: widen each 2 weight rows once */
+    float *wf = r1 - r0 > 2 ? li_aligned_alloc((size_t)(2 * lda) * sizeof(float)) : NULL;
+    for (int64_t c = c0; c < c1; c += 2) {
+        const int nc = c + 2 <= c1 ? 2 : 1;
+        const uint8_t *w0 = w + c * k, *w1 = nc == 2 ? w0 + k : w0;
+        if (wf)
+            for (int u = 0; u < 2; u++)
+                for (int64_t b = 0; b < k; b += 32) {
+                    uint8_t t[32] = {0};
+                    const uint8_t *p = (u ? w1 : w0) + b;
+                    if (b + 32 > k) __builtin_memcpy(t, p, (size_t)(k - b)), p = t;
+                    for (int h = 0; h < 2; h++) {
+                        __m256 e, o;
+                        widen_pairs(p + 16 * h, &e, &o);
+                        _mm256_store_ps(wf + u * lda + b + 16 * h, e);
+                        _mm256_store_ps(wf + u * lda + b + 16 * h + 8, o);
+                    }
+                }
+        for (int64_t r = r0; r < r1; r += 2) {
+            const int nr = r + 2 <= r1 ? 2 : 1;
+            const uint16_t *a0 = a + r * lda, *a1 = nr == 2 ? a0 + lda : a0;
+            __m256 acc[2][2][2]; /* [act row][weight row][lanes 0-7, 8-15] */
+            if (wf) block_fp8_avx2(w0, w1, wf, k, lda, a0, a1, acc);
+            else block_fp8_avx2(w0, w1, NULL, k, lda, a0, a1, acc);
+            for (int i = 0; i < nr; i++)
+                for (int u = 0; u < nc; u++)
+                    y[(r + i) * ldy + c + u] = fold16(acc[i][u][0], acc[i][u][1]) * (as[r + i] * ws[c + u]);
+        }
+    }
+    li_aligned_free(wf);
 }
 
 const li_w8_kernels li_w8_kernels_avx2 = {
     .isa = "avx2",
     .quantize_int8 = li_w8_quantize_int8_avx2,
-    .quantize_fp8 = NULL, /* the scalar encoder (li_w8_matmul): e4m3 rounding has no short SIMD form */
+    .quantize_fp8 = li_w8_quantize_fp8_avx2,
     .gemm_int8 = gemm_int8_avx2,
     .gemm_fp8 = li_w8_gemm_fp8_avx2,
 };

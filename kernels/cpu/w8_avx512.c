@@ -1,13 +1,24 @@
-/* w8_avx512.c — the W8A8 int8 gemm with AVX-512 VNNI (w8_kernels.h).
- * vpdpbusd multiplies unsigned by signed bytes, so activations go in as
- * a + 128 and the dot is corrected by 128 * sum(w), itself a vpdpbusd of
+/* w8_avx512.c — the W8A8 int8 gemm with AVX-512 VNNI and the FP8 gemm
+ * with AVX-512 BF16 (w8_kernels.h).
+ * int8: vpdpbusd multiplies unsigned by signed bytes, so activations go in
+ * as a + 128 and the dot is corrected by 128 * sum(w), itself a vpdpbusd of
  * the weights with bytes of 128: exact integers, the same bits as the
- * scalar kernel. Activation quantization and fp8 use the AVX2 kernels
- * (every CPU with AVX-512 has AVX2). */
+ * scalar kernel.
+ * fp8: vdpbf16ps, lane i += w[2i+1] a[2i+1], then += w[2i] a[2i], each an
+ * FMA rounded to nearest even (DAZ / FTZ: no operand or sum of e4m3
+ * products is subnormal), is the scalar kernel's order, 32 elements a
+ * block. Weights are widened e4m3 -> bf16 by a 128-entry table (two
+ * vpermt2w) and the sign bit; for more than 4 activation rows 4 weight
+ * rows are widened once into a buffer and read by every row.
+ * Activation quantization uses the AVX2 kernels (every CPU with AVX-512 has
+ * AVX2), as does fp8 on a CPU without AVX512_BF16. */
 #include "util/common.h"
 #include "cpu/w8_kernels.h"
 
+#include <cpuid.h>
 #include <immintrin.h>
+#include <stdatomic.h>
+#include <stdlib.h>
 
 static inline int32_t dot_vnni(const int8_t *w, const int8_t *a, int64_t k) {
     const __m512i bias = _mm512_set1_epi8((char)0x80);
@@ -31,10 +42,151 @@ static void gemm_int8_avx512(const int8_t *w, const float *ws, int64_t k, int64_
             y[r * ldy + c] = (float)dot_vnni(w + c * k, a + r * k, k) * (as[r] * ws[c]);
 }
 
+/* ------------------------------------------------------------------------
+ * fp8
+ * ---------------------------------------------------------------------- */
+
+/* CPUID leaf 7 subleaf 1, EAX bit 5 (AVX-512 itself: have_avx512, cpu.c) */
+bool li_w8_have_bf16(void) {
+    unsigned a, b, c, d;
+    return __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a & (1u << 5));
+}
+
+/* bf16 bits of the e4m3 magnitudes 0..127 as li_w8_fp8_widen reads them
+ * (0-7: m * 2^-9; then (c << 4) + (120 << 7); 127: 480), 32 a register.
+ * Every code runs in tests/unit/test_w8.c, bit for bit with the scalar. */
+static const uint16_t fp8_bf16_tab[128] __attribute__((aligned(64))) = {
+    0x0000, 0x3b00, 0x3b80, 0x3bc0, 0x3c00, 0x3c20, 0x3c40, 0x3c60,
+    0x3c80, 0x3c90, 0x3ca0, 0x3cb0, 0x3cc0, 0x3cd0, 0x3ce0, 0x3cf0,
+    0x3d00, 0x3d10, 0x3d20, 0x3d30, 0x3d40, 0x3d50, 0x3d60, 0x3d70,
+    0x3d80, 0x3d90, 0x3da0, 0x3db0, 0x3dc0, 0x3dd0, 0x3de0, 0x3df0,
+    0x3e00, 0x3e10, 0x3e20, 0x3e30, 0x3e40, 0x3e50, 0x3e60, 0x3e70,
+    0x3e80, 0x3e90, 0x3ea0, 0x3eb0, 0x3ec0, 0x3ed0, 0x3ee0, 0x3ef0,
+    0x3f00, 0x3f10, 0x3f20, 0x3f30, 0x3f40, 0x3f50, 0x3f60, 0x3f70,
+    0x3f80, 0x3f90, 0x3fa0, 0x3fb0, 0x3fc0, 0x3fd0, 0x3fe0, 0x3ff0,
+    0x4000, 0x4010, 0x4020, 0x4030, 0x4040, 0x4050, 0x4060, 0x4070,
+    0x4080, 0x4090, 0x40a0, 0x40b0, 0x40c0, 0x40d0, 0x40e0, 0x40f0,
+    0x4100, 0x4110, 0x4120, 0x4130, 0x4140, 0x4150, 0x4160, 0x4170,
+    0x4180, 0x4190, 0x41a0, 0x41b0, 0x41c0, 0x41d0, 0x41e0, 0x41f0,
+    0x4200, 0x4210, 0x4220, 0x4230, 0x4240, 0x4250, 0x4260, 0x4270,
+    0x4280, 0x4290, 0x42a0, 0x42b0, 0x42c0, 0x42d0, 0x42e0, 0x42f0,
+    0x4300, 0x4310, 0x4320, 0x4330, 0x4340, 0x4350, 0x4360, 0x4370,
+    0x4380, 0x4390, 0x43a0, 0x43b0, 0x43c0, 0x43d0, 0x43e0, 0x43f0,
+};
+
+typedef struct {
+    __m512i t[4];
+} bf16_lut;
+
+static inline void lut_init(bf16_lut *l) {
+    for (int i = 0; i < 4; i++) l->t[i] = _mm512_load_si512(fp8_bf16_tab + 32 * i);
+}
+
+/* 32 e4m3 bytes (the last block: n < 32 of them, zeros after) as bf16 */
+static inline __m512i widen32(const bf16_lut *l, const uint8_t *p, int64_t n) {
+    const __m256i b = n >= 32 ? _mm256_loadu_si256((const __m256i *)p)
+                              : _mm256_maskz_loadu_epi8((__mmask32)((1ull << n) - 1), p);
+    const __m512i x = _mm512_cvtepu8_epi16(b);
+    const __m512i lo = _mm512_permutex2var_epi16(l->t[0], x, l->t[1]); /* index bits 0-5 */
+    const __m512i hi = _mm512_permutex2var_epi16(l->t[2], x, l->t[3]);
+    const __m512i m = _mm512_mask_blend_epi16(_mm512_test_epi16_mask(x, _mm512_set1_epi16(0x40)), lo, hi);
+    return _mm512_ternarylogic_epi32(m, _mm512_slli_epi16(x, 8), _mm512_set1_epi16((short)0x8000), 0xf8); /* m | (s & 0x8000) */
+}
+
+static inline __m512 dp(__m512 acc, __m512i a, __m512i w) {
+    return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)w);
+}
+
+/* the 16 lanes folded 8, 4, 2, 1 (w8_kernels.h) */
+static inline float fold16(__m512 v) {
+    const __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)));
+}
+
+/* NR activation rows x 4 weight rows (nc of them stored), into y. wp: the
+ * weights' rows (widened in registers), or wb: 4 rows already widened,
+ * stride lda. Inlined with a constant nr, so the accumulators stay in
+ * registers. */
+static inline __attribute__((always_inline)) void block_fp8(const bf16_lut *l, const uint8_t *const wp[4],
+                                                            const uint16_t *wb, int64_t k, const uint16_t *a,
+                                                            int64_t lda, const int nr, int nc, const float *as,
+                                                            const float *ws, float *y, int64_t ldy) {
+    __m512 acc[4][4];
+#pragma GCC unroll 4
+    for (int i = 0; i < nr; i++)
+#pragma GCC unroll 4
+        for (int u = 0; u < 4; u++) acc[i][u] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < k; b += 32) {
+        __m512i vw[4];
+#pragma GCC unroll 4
+        for (int u = 0; u < 4; u++) {
+            if (!wb) _mm_prefetch((const char *)(wp[u] + b) + 16 * k, _MM_HINT_T0); /* the rows 4 blocks on */
+            vw[u] = wb ? _mm512_load_si512(wb + u * lda + b) : widen32(l, wp[u] + b, k - b);
+        }
+#pragma GCC unroll 4
+        for (int i = 0; i < nr; i++) {
+            const __m512i va = _mm512_loadu_si512(a + i * lda + b);
+#pragma GCC unroll 4
+            for (int u = 0; u < 4; u++) acc[i][u] = dp(acc[i][u], va, vw[u]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < nr; i++)
+#pragma GCC unroll 4
+        for (int u = 0; u < 4; u++)
+            if (u < nc) y[i * ldy + u] = fold16(acc[i][u]) * (as[i] * ws[u]);
+}
+
+static void gemm_fp8_avx512(const uint8_t *w, const float *ws, int64_t k, int64_t c0, int64_t c1, const uint16_t *a,
+                            const float *as, int64_t r0, int64_t r1, float *y, int64_t ldy) {
+    static atomic_int bf16 = -1; /* CPUID once (a VM exit each time) */
+    int has = atomic_load_explicit(&bf16, memory_order_relaxed);
+    if (has < 0) atomic_store_explicit(&bf16, has = li_w8_have_bf16(), memory_order_relaxed);
+    if (!has) {
+        li_w8_gemm_fp8_avx2(w, ws, k, c0, c1, a, as, r0, r1, y, ldy);
+        return;
+    }
+    bf16_lut l;
+    lut_init(&l);
+    const int64_t lda = LI_W8_FP8_LDA(k);
+    const bool buffered = r1 - r0 > 4;
+    uint16_t *wb = buffered ? li_aligned_alloc((size_t)(4 * lda) * sizeof(uint16_t)) : NULL;
+    for (int64_t c = c0; c < c1; c += 4) {
+        const int nc = (int)LI_MIN((int64_t)4, c1 - c);
+        const uint8_t *wp[4];
+        for (int u = 0; u < 4; u++) wp[u] = w + (c + (u < nc ? u : 0)) * k; /* short block: row c again */
+        if (buffered)
+            for (int u = 0; u < 4; u++)
+                for (int64_t b = 0; b < k; b += 32) _mm512_store_si512(wb + u * lda + b, widen32(&l, wp[u] + b, k - b));
+        for (int64_t r = r0; r < r1; r += 4) {
+            const int nr = (int)LI_MIN((int64_t)4, r1 - r);
+            const uint16_t *ar = a + r * lda;
+            float *yr = y + r * ldy + c;
+            /* constant row counts and a constant wb (NULL or not) */
+#define BLOCK(WB, NR) block_fp8(&l, wp, WB, k, ar, lda, NR, nc, as + r, ws + c, yr, ldy)
+            if (buffered) {
+                if (nr == 4) BLOCK(wb, 4);
+                else if (nr == 3) BLOCK(wb, 3);
+                else if (nr == 2) BLOCK(wb, 2);
+                else BLOCK(wb, 1);
+            } else {
+                if (nr == 4) BLOCK(NULL, 4);
+                else if (nr == 3) BLOCK(NULL, 3);
+                else if (nr == 2) BLOCK(NULL, 2);
+                else BLOCK(NULL, 1);
+            }
+#undef BLOCK
+        }
+    }
+    li_aligned_free(wb);
+}
+
 const li_w8_kernels li_w8_kernels_avx512 = {
     .isa = "avx512",
     .quantize_int8 = li_w8_quantize_int8_avx2,
-    .quantize_fp8 = NULL, /* the scalar encoder */
+    .quantize_fp8 = li_w8_quantize_fp8_avx2,
     .gemm_int8 = gemm_int8_avx512,
-    .gemm_fp8 = li_w8_gemm_fp8_avx2,
+    .gemm_fp8 = gemm_fp8_avx512,
 };

@@ -8,36 +8,44 @@
  *
  *   y[r][c] = (float)dot(qa[r], qw[c]) * (sa[r] * sw[c])
  *
- * with the dot computed EXACTLY: int8 in int32 (|sum| <= 127*127*k), e4m3
- * as f32 products (4-bit significands: every product is exact in f32) summed
- * in f64 (each product is an integer multiple of 2^-18 below 2^18, so sums
- * of up to 2^17 of them are exact in f64's 53 bits). Exact sums do not
- * depend on their order, so every ISA, tile shape and thread split gives the
- * same bits: batch invariance (cpu_kernels.h) for free. These differ from
- * the float reference (li_weight_dequant_row_ref, which sums rounded f32
- * products in order) only by that reference's rounding. */
+ * int8: the dot is exact in int32 (|sum| <= 127*127*k < 2^31 for k <= 2^16).
+ * e4m3: every product of two e4m3 values is exact in f32 (4-bit
+ * significands, far from subnormal), so the dot is an f32 sum in ONE FIXED
+ * ORDER, the scalar kernel's (gemm_fp8_scalar), which depends only on k:
+ * blocks of 32 (the last one zero-padded), element pair (2i, 2i+1) of each
+ * block into lane i of 16, each lane adding the odd product, then the even
+ * one (the order of AVX-512 BF16's VDPBF16PS, whose lanes are exact FMAs);
+ * then lanes i + 8, i + 4, i + 2, i + 1 folded pairwise. Every ISA, tile
+ * shape and thread split gives the same bits: batch invariance
+ * (cpu_kernels.h). It differs from the exact dot by f32 rounding only.
+ *
+ * fp8 activations are kept as bf16 bits (e4m3 values are exact in bf16),
+ * LI_W8_FP8_LDA(k) per row, zero past k. */
 #ifndef LI_W8_KERNELS_H
 #define LI_W8_KERNELS_H
 
 #include "backend.h"
 #include "cpu/threadpool.h"
 
+/* bf16 activations per row of k for fp8: k rounded up to a block of 32 */
+#define LI_W8_FP8_LDA(k) (((k) + 31) & ~(int64_t)31)
+
 /* The e4m3 code c as f32 (as li_fp8_e4m3_to_fp32, except that 0x7f/0xff,
  * NaN, never written by the quantizers, read as ±480): the code's low 7
  * bits shifted into an f32's exponent and significand, times 2^120. */
 static inline float li_w8_fp8_widen(uint8_t c);
 
-/* One ISA's kernels. quantize: x (n, k) -> codes (n, k) and scales (n)
- * (fp8: codes are e4m3 bytes, widened to f32 for the gemm in xf (n, k)).
+/* One ISA's kernels. quantize: one row x (k) -> codes and its scale (int8:
+ * k codes; fp8: LI_W8_FP8_LDA(k) bf16 bits of the e4m3 values, zero past k).
  * gemm: y[r * ldy + c] for weight rows [c0, c1) and activation rows
  * [r0, r1), as above. */
 typedef struct li_w8_kernels {
     const char *isa;
     void (*quantize_int8)(const float *x, int64_t k, int8_t *q, float *s);
-    void (*quantize_fp8)(const float *x, int64_t k, float *xf, float *s);
+    void (*quantize_fp8)(const float *x, int64_t k, uint16_t *qa, float *s);
     void (*gemm_int8)(const int8_t *w, const float *ws, int64_t k, int64_t c0, int64_t c1, const int8_t *a,
                       const float *as, int64_t r0, int64_t r1, float *y, int64_t ldy);
-    void (*gemm_fp8)(const uint8_t *w, const float *ws, int64_t k, int64_t c0, int64_t c1, const float *a,
+    void (*gemm_fp8)(const uint8_t *w, const float *ws, int64_t k, int64_t c0, int64_t c1, const uint16_t *a,
                      const float *as, int64_t r0, int64_t r1, float *y, int64_t ldy);
 } li_w8_kernels;
 
@@ -45,10 +53,16 @@ extern const li_w8_kernels li_w8_kernels_scalar;
 extern const li_w8_kernels li_w8_kernels_avx2;
 extern const li_w8_kernels li_w8_kernels_avx512;
 
-/* the AVX2 kernels the AVX-512 table shares (w8_avx2.c) */
+/* the AVX2 kernels the AVX-512 table shares (w8_avx2.c); the fp8 gemm is
+ * the AVX-512 table's on CPUs without AVX512_BF16 */
 void li_w8_quantize_int8_avx2(const float *x, int64_t k, int8_t *q, float *s);
-void li_w8_gemm_fp8_avx2(const uint8_t *w, const float *ws, int64_t k, int64_t c0, int64_t c1, const float *a,
+void li_w8_quantize_fp8_avx2(const float *x, int64_t k, uint16_t *qa, float *s);
+/* out[i] = the bf16 bits of li_fp32_to_fp8_e4m3(v[i])'s value (NaN: 480) */
+void li_w8_fp8_encode_avx2(const float *v, int64_t n, uint16_t *out);
+void li_w8_gemm_fp8_avx2(const uint8_t *w, const float *ws, int64_t k, int64_t c0, int64_t c1, const uint16_t *a,
                          const float *as, int64_t r0, int64_t r1, float *y, int64_t ldy);
+/* true when this CPU runs the AVX-512 table's BF16 fp8 gemm (VDPBF16PS) */
+bool li_w8_have_bf16(void);
 
 /* The kernels for an ISA name ("scalar", "avx2", "avx512"). */
 const li_w8_kernels *li_w8_kernels_for(const char *isa);
@@ -63,6 +77,9 @@ void li_w8_matmul_multi(const li_w8_kernels *kern, li_threadpool *tp, int n_thre
 /* y(n, m) = x(n, k) . W^T (then res += y when res), on up to n_threads of tp */
 void li_w8_matmul(const li_w8_kernels *kern, li_threadpool *tp, int n_threads, const li_weight *w, const float *x,
                   float *y, float *res, int64_t n);
+/* y(n, m) = x(n, k) . W^T with the scalar kernels on this thread (the
+ * reference backend: ops_ref.c) */
+void li_w8_matmul_ref(const li_weight *w, const float *x, float *y, int64_t n);
 
 static inline float li_w8_fp8_widen(uint8_t c) {
     const uint32_t bits = (uint32_t)(c & 0x7f) << 20;
