@@ -20,26 +20,85 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 
-static inline int32_t dot_vnni(const int8_t *w, const int8_t *a, int64_t k) {
+/* int8: a tile of up to 4 weight rows (nc real) x nr activation rows in zmm
+ * accumulators, 64 bytes of k a step (the tail by masked loads: masked
+ * bytes are 0 in both operands, so they add 0). 128 * sum(w) of each
+ * weight row comes from one pass of its own (bias bytes against w). */
+/* the sums of a0..a3's lanes, as 4 int32 (a transpose-add tree: a
+ * quarter of four horizontal reductions' work) */
+static inline __m128i hsum4(__m512i a0, __m512i a1, __m512i a2, __m512i a3) {
+    const __m512i t0 = _mm512_add_epi32(_mm512_unpacklo_epi32(a0, a1), _mm512_unpackhi_epi32(a0, a1));
+    const __m512i t1 = _mm512_add_epi32(_mm512_unpacklo_epi32(a2, a3), _mm512_unpackhi_epi32(a2, a3));
+    const __m512i t = _mm512_add_epi32(_mm512_unpacklo_epi64(t0, t1), _mm512_unpackhi_epi64(t0, t1));
+    const __m256i h = _mm256_add_epi32(_mm512_castsi512_si256(t), _mm512_extracti64x4_epi64(t, 1));
+    return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+}
+
+static inline __attribute__((always_inline)) void tile_int8(const int8_t *const wp[4], const int8_t *a, int64_t k,
+                                                            const int nr, int nc, const int32_t corr[4],
+                                                            const float *as, const float *ws, float *y, int64_t ldy) {
     const __m512i bias = _mm512_set1_epi8((char)0x80);
-    __m512i s = _mm512_setzero_si512(), c = _mm512_setzero_si512();
-    int64_t j = 0;
-    for (; j + 64 <= k; j += 64) {
-        const __m512i va = _mm512_xor_si512(_mm512_loadu_si512(a + j), bias); /* a + 128 as u8 */
-        const __m512i vw = _mm512_loadu_si512(w + j);
-        s = _mm512_dpbusd_epi32(s, va, vw);
-        c = _mm512_dpbusd_epi32(c, bias, vw); /* 128 * w */
+    __m512i acc[4][4];
+#pragma GCC unroll 4
+    for (int i = 0; i < nr; i++)
+#pragma GCC unroll 4
+        for (int u = 0; u < 4; u++) acc[i][u] = _mm512_setzero_si512();
+    for (int64_t j = 0; j < k; j += 64) {
+        const __mmask64 m = k - j >= 64 ? ~(__mmask64)0 : (((__mmask64)1 << (k - j)) - 1);
+        __m512i vw[4];
+#pragma GCC unroll 4
+        for (int u = 0; u < 4; u++) {
+            _mm_prefetch((const char *)(wp[u] + j) + 16 * k, _MM_HINT_T0); /* the rows 4 blocks on */
+            vw[u] = _mm512_maskz_loadu_epi8(m, wp[u] + j);
+        }
+#pragma GCC unroll 4
+        for (int i = 0; i < nr; i++) {
+            const __m512i va = _mm512_xor_si512(_mm512_maskz_loadu_epi8(m, a + i * k + j), bias); /* a + 128 as u8 */
+#pragma GCC unroll 4
+            for (int u = 0; u < 4; u++) acc[i][u] = _mm512_dpbusd_epi32(acc[i][u], va, vw[u]);
+        }
     }
-    int32_t sum = _mm512_reduce_add_epi32(_mm512_sub_epi32(s, c));
-    for (; j < k; j++) sum += (int32_t)w[j] * a[j];
-    return sum;
+    const __m128i vc = _mm_loadu_si128((const __m128i *)corr);
+#pragma GCC unroll 4
+    for (int i = 0; i < nr; i++) {
+        int32_t d[4];
+        _mm_storeu_si128((__m128i *)d, _mm_sub_epi32(hsum4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]), vc));
+        for (int u = 0; u < nc; u++) y[i * ldy + u] = (float)d[u] * (as[i] * ws[u]);
+    }
+}
+
+/* 128 * sum(w) over k: what a + 128 adds to the dot */
+static inline int32_t bias_corr(const int8_t *w, int64_t k) {
+    const __m512i bias = _mm512_set1_epi8((char)0x80);
+    __m512i c = _mm512_setzero_si512();
+    for (int64_t j = 0; j < k; j += 64) {
+        const __mmask64 m = k - j >= 64 ? ~(__mmask64)0 : (((__mmask64)1 << (k - j)) - 1);
+        c = _mm512_dpbusd_epi32(c, bias, _mm512_maskz_loadu_epi8(m, w + j));
+    }
+    return _mm512_reduce_add_epi32(c);
 }
 
 static void gemm_int8_avx512(const int8_t *w, const float *ws, int64_t k, int64_t c0, int64_t c1, const int8_t *a,
                              const float *as, int64_t r0, int64_t r1, float *y, int64_t ldy) {
-    for (int64_t r = r0; r < r1; r++)
-        for (int64_t c = c0; c < c1; c++)
-            y[r * ldy + c] = (float)dot_vnni(w + c * k, a + r * k, k) * (as[r] * ws[c]);
+    for (int64_t c = c0; c < c1; c += 4) {
+        const int nc = (int)LI_MIN(4, c1 - c);
+        const int8_t *wp[4];
+        int32_t corr[4];
+        for (int u = 0; u < 4; u++) {
+            wp[u] = w + (c + (u < nc ? u : 0)) * k; /* a short block repeats row c */
+            corr[u] = u < nc ? bias_corr(wp[u], k) : corr[0];
+        }
+        for (int64_t r = r0; r < r1; r += 4) {
+            const int8_t *ar = a + r * k;
+            float *yr = y + r * ldy + c;
+            switch ((int)LI_MIN(4, r1 - r)) { /* constant row counts keep the accumulators in registers */
+            case 4: tile_int8(wp, ar, k, 4, nc, corr, as + r, ws + c, yr, ldy); break;
+            case 3: tile_int8(wp, ar, k, 3, nc, corr, as + r, ws + c, yr, ldy); break;
+            case 2: tile_int8(wp, ar, k, 2, nc, corr, as + r, ws + c, yr, ldy); break;
+            default: tile_int8(wp, ar, k, 1, nc, corr, as + r, ws + c, yr, ldy); break;
+            }
+        }
+    }
 }
 
 /* ------------------------------------------------------------------------
