@@ -190,15 +190,23 @@ void li_w8_matmul_multi(const li_w8_kernels *kern, li_threadpool *tp, int n_thre
         work += w[i]->m * n * j.k;
     }
     const size_t row = j.fp8 ? (size_t)LI_W8_FP8_LDA(j.k) * sizeof(uint16_t) : (size_t)j.k;
-    j.qa = li_aligned_alloc((size_t)n * row + 64);
-    j.sa = li_xmalloc((size_t)n * sizeof(float));
+    /* the calling thread's scratch, kept between calls: a fresh buffer of a
+     * prefill's size is fresh pages, and their faults cost ~10% of it */
+    static _Thread_local void *scratch;
+    static _Thread_local size_t scratch_cap;
+    const size_t need = (size_t)n * row + 64 + (size_t)n * sizeof(float) + 64;
+    if (need > scratch_cap) {
+        li_aligned_free(scratch);
+        scratch_cap = need + need / 2;
+        scratch = li_aligned_alloc(scratch_cap);
+    }
+    j.qa = scratch;
+    j.sa = (float *)((char *)scratch + ((size_t)n * row + 64 + 63) / 64 * 64);
     atomic_init(&j.next_row, 0);
     atomic_init(&j.next_item, 0);
     const int nth = work < 65536 ? 1 : n_threads; /* tiny products: not worth a wake-up */
     li_threadpool_run_sized(tp, w8_quantize, &j, n >= 8 ? nth : 1, n * j.k);
     li_threadpool_run_sized(tp, w8_work, &j, (int)LI_MIN((int64_t)nth, j.n_items), work);
-    li_aligned_free(j.qa);
-    free(j.sa);
 }
 
 void li_w8_matmul(const li_w8_kernels *kern, li_threadpool *tp, int n_threads, const li_weight *w, const float *x,

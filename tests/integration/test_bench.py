@@ -389,7 +389,10 @@ def test_bench_kv_pressure_outputs_match(run_ok):
     plans, and compute at most 1.5x the unconstrained run's tokens."""
     out = bench(run_ok, "kv_pressure", "4", "8", "2", "250")
     rows = {m.group(1): m.groups()[1:] for m in re.finditer(
-        r"^(\S+(?: \S+)*?)\s+(\d+)\s+(\d+)\s+(\d+)\s+([\d.]+)\s+(\d+)\s+[\d.]+\s+[\d.]+\s+(\d+)\s+(\d+)$", out, re.M)}
+        # run, blocks, computed, kept, x ref, preemptions, then steps, batch,
+        # tok/step, model s, wall s, tok/s (not checked), unfinished, diffs
+        r"^(\S+(?: \S+)*?)\s+(\d+)\s+(\d+)\s+(\d+)\s+([\d.]+)\s+(\d+)\s+\d+(?:\s+[\d.]+){5}\s+(\d+)\s+(\d+)$",
+        out, re.M)}
     assert {"8MiB new seqs 16", "8MiB lua seqs 16", "8MiB old seqs 16", "8MiB old seqs 2"} <= set(rows), out
     for name in ("8MiB new seqs 16", "8MiB lua seqs 16"):
         blocks, computed, kept, ratio, preempt, unfinished, diffs = rows[name]
