@@ -151,22 +151,7 @@ local function same(a, b)
   return bad
 end
 
-local function median(xs)
-  local t = {}
-  for i, x in ipairs(xs) do t[i] = x end
-  table.sort(t)
-  local n = #t
-  if n % 2 == 1 then return t[(n + 1) / 2] end
-  return (t[n / 2] + t[n / 2 + 1]) / 2
-end
-
-local function loadavg()
-  local f = io.open("/proc/loadavg", "r")
-  if not f then return "unknown" end
-  local s = f:read("*l") or ""
-  f:close()
-  return s:match("^(%S+ %S+ %S+)") or s
-end
+local median, loadavg = bench.median, bench.loadavg
 
 -- ---- the configurations, run round-robin --------------------------------------
 local configs = { { name = "unconstrained 512MiB", mib = 512, seqs = SEQS, how = "new" } }

@@ -53,13 +53,7 @@ if W8A8 then
   f:close()
 end
 
-local function loadavg()
-  local f = io.open("/proc/loadavg", "r")
-  if not f then return "unknown" end
-  local s = f:read("*l") or ""
-  f:close()
-  return s:match("^(%S+ %S+ %S+)") or s
-end
+local loadavg = bench.loadavg
 
 -- ---- the workload ----------------------------------------------------------------
 local doc = '{"id": 1042, "name": "Ada Lovelace", "born": 1815, "city": "London", ' ..
@@ -114,13 +108,7 @@ local function run(row)
            accepted = s.spec_accepted, steps = s.steps, toks = toks }
 end
 
-local function median(xs)
-  local s = {}
-  for i, x in ipairs(xs) do s[i] = x end
-  table.sort(s)
-  local m = #s
-  return m % 2 == 1 and s[(m + 1) / 2] or (s[m / 2] + s[m / 2 + 1]) / 2
-end
+local median = bench.median
 
 local load_start = loadavg()
 print(("stacking table: %d requests sharing a system prompt, %d tokens each (greedy), %d at once from row 2, " ..

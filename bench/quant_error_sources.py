@@ -19,7 +19,6 @@ tests/data/alice29.txt; calibration: tests/data/plrabn12.txt, 512-token
 windows starting with BOS, as `luainfer quantize` takes them.
 """
 import argparse
-import json
 import math
 import subprocess
 import sys
@@ -27,9 +26,11 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-from gguf import GGUFReader, quants
+from gguf import GGUFReader
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+from gen_llama_golden import RefLlama  # noqa: E402  (the float64 reference forward)
 LIN = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 SITE = {"attn_q": "qkv", "attn_k": "qkv", "attn_v": "qkv", "attn_output": "o", "ffn_gate": "gu",
         "ffn_up": "gu", "ffn_down": "down"}
@@ -47,32 +48,16 @@ def tokens(model, path, binary):
     return [int(t) for t in out.split()]
 
 
-class Model:
-    def __init__(self, path):
-        r = GGUFReader(str(path))
+class Model(RefLlama):
+    """tools/gen_llama_golden.py's float64 Llama, with hooks on every matmul's input."""
 
-        def meta(k):
-            f = r.fields[k]
-            return f.parts[f.data[0]][0]
-        self.nl, self.nh = int(meta("llama.block_count")), int(meta("llama.attention.head_count"))
-        self.nkv = int(meta("llama.attention.head_count_kv"))
-        self.eps, self.base = float(meta("llama.attention.layer_norm_rms_epsilon")), float(meta("llama.rope.freq_base"))
-        self.w = {t.name: quants.dequantize(t.data, t.tensor_type).astype(np.float64) for t in r.tensors}
-        self.hd = self.w["token_embd.weight"].shape[1] // self.nh
+    def __init__(self, path):
+        super().__init__(str(path))
+        self.nl, self.nh, self.nkv, self.hd = self.n_layer, self.n_head, self.n_head_kv, self.head_dim
+        self.rms, self.rope = self._rms, self._rope
         self.act = None      # fake quantizer of a matmul's input rows, or None
         self.only = None     # with act: only this site's inputs
         self.record = None   # {(layer, site): [rows]} when collecting inputs
-
-    def rms(self, x, g):
-        return x / np.sqrt((x * x).mean(-1, keepdims=True) + self.eps) * g
-
-    def rope(self, x, pos):
-        th = pos[:, None] * self.base ** (-np.arange(0, self.hd, 2) / self.hd)
-        c, s = np.cos(th)[:, None, :], np.sin(th)[:, None, :]
-        o = np.empty_like(x)
-        o[..., 0::2] = x[..., 0::2] * c - x[..., 1::2] * s
-        o[..., 1::2] = x[..., 0::2] * s + x[..., 1::2] * c
-        return o
 
     def mm(self, h, l, name):
         site = SITE[name]

@@ -214,4 +214,25 @@ function M.outputs(e, ids)
   return toks, n
 end
 
+-- The median of the numbers XS (not changed; the mean of the middle two
+-- for an even count).
+function M.median(xs)
+  local t = {}
+  for i, x in ipairs(xs) do t[i] = x end
+  table.sort(t)
+  local n = #t
+  if n % 2 == 1 then return t[(n + 1) / 2] end
+  return (t[n / 2] + t[n / 2 + 1]) / 2
+end
+
+-- The 1, 5 and 15 minute load averages ("unknown" without /proc), for the
+-- header of a benchmark whose wall times depend on the machine's load.
+function M.loadavg()
+  local f = io.open("/proc/loadavg", "r")
+  if not f then return "unknown" end
+  local s = f:read("*l") or ""
+  f:close()
+  return s:match("^(%S+ %S+ %S+)") or s
+end
+
 return M
