@@ -53,42 +53,21 @@ class Model(RefLlama):
 
     def __init__(self, path):
         super().__init__(str(path))
-        self.nl, self.nh, self.nkv, self.hd = self.n_layer, self.n_head, self.n_head_kv, self.head_dim
-        self.rms, self.rope = self._rms, self._rope
         self.act = None      # fake quantizer of a matmul's input rows, or None
         self.only = None     # with act: only this site's inputs
         self.record = None   # {(layer, site): [rows]} when collecting inputs
 
-    def mm(self, h, l, name):
+    def _mm(self, h, l, name):
         site = SITE[name]
         if self.record is not None:
             self.record.setdefault((l, site), []).append(h)
         if self.act and (self.only is None or self.only == site):
             h = self.act(h)
-        return h @ self.w[f"blk.{l}.{name}.weight"].T
+        return super()._mm(h, l, name)
 
     def logits(self, toks):
-        w, T = self.w, len(toks)
-        pos = np.arange(T, dtype=np.float64)
-        mask = np.triu(np.full((T, T), -np.inf), 1)
-        x = w["token_embd.weight"][toks]
-        for l in range(self.nl):
-            p = f"blk.{l}."
-            h = self.rms(x, w[p + "attn_norm.weight"])
-            q = self.rope(self.mm(h, l, "attn_q").reshape(T, self.nh, self.hd), pos)
-            k = self.rope(self.mm(h, l, "attn_k").reshape(T, self.nkv, self.hd), pos)
-            v = self.mm(h, l, "attn_v").reshape(T, self.nkv, self.hd)
-            att = np.empty((T, self.nh, self.hd))
-            for i in range(self.nh):
-                j = i // (self.nh // self.nkv)
-                sc = q[:, i] @ k[:, j].T / math.sqrt(self.hd) + mask
-                sc = np.exp(sc - sc.max(-1, keepdims=True))
-                att[:, i] = (sc / sc.sum(-1, keepdims=True)) @ v[:, j]
-            x = x + self.mm(att.reshape(T, -1), l, "attn_output")
-            h = self.rms(x, w[p + "ffn_norm.weight"])
-            g, u = self.mm(h, l, "ffn_gate"), self.mm(h, l, "ffn_up")
-            x = x + self.mm(g / (1.0 + np.exp(-g)) * u, l, "ffn_down")
-        lg = self.rms(x, w["output_norm.weight"]) @ w["token_embd.weight"].T
+        """(len(toks), n_vocab) log-probabilities"""
+        lg = super().logits(toks)
         lg -= lg.max(-1, keepdims=True)
         return lg - np.log(np.exp(lg).sum(-1, keepdims=True))
 
@@ -138,7 +117,7 @@ def smooth(m, calib, alpha):
     amax = {k: np.abs(np.concatenate(v)).max(0) for k, v in m.record.items()}
     m.record = None
     w = m.w
-    for l in range(m.nl):
+    for l in range(m.n_layer):
         p = f"blk.{l}."
         for grp, norm, site in ((LIN[:3], "attn_norm", "qkv"), (LIN[4:6], "ffn_norm", "gu")):
             aw = np.max([np.abs(w[p + g + ".weight"]).max(0) for g in grp], 0)
@@ -157,7 +136,7 @@ def sources(a, m, ev, calib):
     ppl0, base, _ = score(m, chunks)
     rows = [("f16", ppl0, 0.0)]
     orig = {k: v.copy() for k, v in m.w.items()}
-    names = [f"blk.{l}.{n}.weight" for l in range(m.nl) for n in LIN]
+    names = [f"blk.{l}.{n}.weight" for l in range(m.n_layer) for n in LIN]
 
     def run(label, wq, aq, only=None):
         if wq:

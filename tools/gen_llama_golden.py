@@ -246,6 +246,11 @@ class RefLlama:
         out[..., 1::2] = x0 * s + x1 * c
         return out
 
+    def _mm(self, h, l, name):
+        """h times layer l's weight `name` (attn_q, ..., ffn_down), transposed:
+        the one place a subclass can watch or alter a matmul's input."""
+        return h @ self.w[f"blk.{l}.{name}.weight"].T
+
     def logits(self, tokens):
         """(len(tokens), n_vocab) logits, causal, from an empty cache."""
         w, T = self.w, len(tokens)
@@ -256,20 +261,20 @@ class RefLlama:
         for l in range(self.n_layer):
             p = f"blk.{l}."
             h = self._rms(x, w[p + "attn_norm.weight"])
-            q = self._rope((h @ w[p + "attn_q.weight"].T).reshape(T, nh, hd), pos)
-            k = self._rope((h @ w[p + "attn_k.weight"].T).reshape(T, nkv, hd), pos)
-            v = (h @ w[p + "attn_v.weight"].T).reshape(T, nkv, hd)
+            q = self._rope(self._mm(h, l, "attn_q").reshape(T, nh, hd), pos)
+            k = self._rope(self._mm(h, l, "attn_k").reshape(T, nkv, hd), pos)
+            v = self._mm(h, l, "attn_v").reshape(T, nkv, hd)
             att = np.empty((T, nh, hd))
             for i in range(nh):
                 j = i // (nh // nkv)                      # grouped-query attention
                 sc = q[:, i] @ k[:, j].T / math.sqrt(hd) + mask
                 sc = np.exp(sc - sc.max(-1, keepdims=True))
                 att[:, i] = (sc / sc.sum(-1, keepdims=True)) @ v[:, j]
-            x = x + att.reshape(T, -1) @ w[p + "attn_output.weight"].T
+            x = x + self._mm(att.reshape(T, -1), l, "attn_output")
             h = self._rms(x, w[p + "ffn_norm.weight"])
-            g = h @ w[p + "ffn_gate.weight"].T
-            u = h @ w[p + "ffn_up.weight"].T
-            x = x + (g / (1.0 + np.exp(-g)) * u) @ w[p + "ffn_down.weight"].T
+            g = self._mm(h, l, "ffn_gate")
+            u = self._mm(h, l, "ffn_up")
+            x = x + self._mm(g / (1.0 + np.exp(-g)) * u, l, "ffn_down")
         return self._rms(x, w["output_norm.weight"]) @ self.out.T
 
 

@@ -173,6 +173,8 @@ typedef struct layer_f32 {
 } layer_f32;
 
 enum { W_Q, W_K, W_V, W_O, W_GATE, W_UP, W_DOWN };
+/* blk.N.<name>.weight of each, in that order */
+static const char *const names[7] = {"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"};
 
 /* ---- --alpha-search: alpha per (layer, site) by the int8 matmul's error */
 
@@ -427,7 +429,6 @@ static int check_group(const li_model *m, int64_t group, li_error *err) {
     int64_t g = 0;
     const char *bad = NULL;
     int64_t bad_k = 0;
-    static const char *names[7] = {"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"};
     for (int l = 0; l < m->hp.n_layer; l++) {
         const li_layer *L = &m->layers[l];
         const li_weight *ws[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
@@ -647,7 +648,6 @@ static int q8_layer(qctx *q, int l, layer_f32 *L, li_error *err) {
     atomic_init(&j->next, 0);
     for (int i = 0; i < 7; i++) j->task[j->n_task++] = gptq_order[i];
     int rc = q4_run(j, err);
-    static const char *names[7] = {"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"};
     char name[96];
     for (int i = 0; i < 7; i++) {
         snprintf(name, sizeof name, "blk.%d.%s.weight", l, names[i]);
@@ -681,7 +681,6 @@ static int q4_layer(qctx *q, int l, layer_f32 *L, li_error *err) {
     }
     int rc = q4_run(j, err);
     free(j);
-    static const char *names[7] = {"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"};
     char name[96];
     for (int i = 0; i < 7 && !rc; i++) {
         snprintf(name, sizeof name, "blk.%d.%s.weight", l, names[i]);
@@ -697,7 +696,6 @@ static int do_layer(qctx *q, int l, li_error *err) {
     const li_hparams *hp = &q->m->hp;
     li_layer *ML = &q->m->layers[l];
     const li_weight *ws[7] = {&ML->wq, &ML->wk, &ML->wv, &ML->wo, &ML->w_gate, &ML->w_up, &ML->w_down};
-    static const char *names[7] = {"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"};
     layer_f32 L = {0};
     for (int i = 0; i < 7; i++) {
         L.w[i] = dequant(ws[i]);
