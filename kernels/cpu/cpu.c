@@ -418,7 +418,11 @@ static int cpu_weight_prepare(li_backend *be, li_weight *w) {
                          "reference", c->kern->isa, li_scheme_name(w->scheme), li_type_name(w->type), q4g_why);
             return LI_EUNSUP;
         }
-        return 0; /* the W8A8 / FP8 kernels or the reference read them as they are */
+        if (li_w8_pack(li_w8_kernels_for(c->kern->isa), w) == LI_ENOMEM) { /* int8 panels where the ISA has them */
+            li_log_error("cpu %s: out of memory packing %s weights", c->kern->isa, li_scheme_name(w->scheme));
+            return LI_ENOMEM;
+        }
+        return 0; /* the W8A8 / FP8 kernels (or the reference) read them */
     }
     if (!c->kern->gemm_q_packed || !li_cpu_pack_supported(w->type) || li_cpu_packed_of(w)) return 0;
     if (w->packed) return 0; /* another backend's layout: leave it */
@@ -429,6 +433,7 @@ static int cpu_weight_prepare(li_backend *be, li_weight *w) {
 static void cpu_weight_release(li_backend *be, li_weight *w) {
     li_cpu_pack_free(w);
     li_q4g_pack_free(w);
+    li_w8_pack_free(w);
 }
 
 /* ------------------------------------------------------------------------

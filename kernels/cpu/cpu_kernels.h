@@ -86,6 +86,16 @@ bool li_cpu_pack_supported(li_type t);
 /* Builds w's panels (0, or LI_ENOMEM / LI_EUNSUP); li_cpu_pack_free undoes it. */
 int li_cpu_pack(li_weight *w);
 void li_cpu_pack_free(li_weight *w);
+/* Panel memory from the arena the packed weights share (in the order the
+ * forward pass prepares them, on huge pages: one stream per decode step):
+ * zeroed, 64-byte aligned; *chunk is what li_cpu_arena_free takes back. */
+void *li_cpu_arena_alloc(size_t bytes, void **chunk);
+void li_cpu_arena_free(void *chunk);
+/* Drops the whole pages of [data, data + bytes) from this process when they
+ * lie in a read-only private file mapping (the GGUF: they come back from
+ * the page cache if read again); other memory is left alone. For weights
+ * whose rows a packed copy replaced. */
+void li_cpu_drop_pages(const void *data, size_t bytes);
 /* The panels packed right after p's (the next weight the forward pass
  * uses), as *bytes at *data; *bytes = 0 when none. Only for prefetching. */
 void li_cpu_packed_next(const li_cpu_packed *p, const uint8_t **data, size_t *bytes);

@@ -76,6 +76,7 @@ static arena_chunk *chunk_new(size_t need) {
 
 /* bytes (a multiple of 64) of zeroed memory, 64-byte aligned */
 static void *arena_alloc(size_t bytes, arena_chunk **owner) {
+    bytes = (bytes + 63) & ~(size_t)63;
     pthread_mutex_lock(&arena_mu);
     arena_chunk *c = arena_cur;
     bytes += ARENA_HDR;
@@ -108,6 +109,12 @@ static void arena_free(arena_chunk *c) {
         c->used = 0;
     }
     pthread_mutex_unlock(&arena_mu);
+}
+
+void *li_cpu_arena_alloc(size_t bytes, void **chunk) { return arena_alloc(bytes, (arena_chunk **)chunk); }
+
+void li_cpu_arena_free(void *chunk) {
+    if (chunk) arena_free(chunk);
 }
 
 bool li_cpu_pack_supported(li_type t) {
@@ -189,6 +196,13 @@ static bool in_readonly_file_map(const void *p, size_t n) {
     return ok;
 }
 
+void li_cpu_drop_pages(const void *data, size_t bytes) {
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    const uintptr_t lo = ((uintptr_t)data + page - 1) & ~(page - 1);
+    const uintptr_t hi = ((uintptr_t)data + bytes) & ~(page - 1);
+    if (hi > lo && in_readonly_file_map((const void *)lo, hi - lo)) (void)madvise((void *)lo, hi - lo, MADV_DONTNEED);
+}
+
 /* ------------------------------------------------------------------------
  * prepare / release
  * ---------------------------------------------------------------------- */
@@ -225,11 +239,7 @@ int li_cpu_pack(li_weight *w) {
         if (is_quant(w->type)) pack_panel_q(w, p, pi * LI_PANEL, rows, dst);
         else pack_panel_f(w, p, pi * LI_PANEL, rows, dst);
     }
-    /* the original rows are not read again here: let their pages go */
-    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
-    const uintptr_t lo = ((uintptr_t)w->data + page - 1) & ~(page - 1);
-    const uintptr_t hi = ((uintptr_t)w->data + w->row_bytes * (size_t)w->m) & ~(page - 1);
-    if (hi > lo && in_readonly_file_map((const void *)lo, hi - lo)) (void)madvise((void *)lo, hi - lo, MADV_DONTNEED);
+    li_cpu_drop_pages(w->data, w->row_bytes * (size_t)w->m); /* the original rows are not read again here */
     w->packed = p;
     return 0;
 }

@@ -2,6 +2,7 @@
  * the threaded driver every ISA shares. */
 #include "util/common.h"
 #include "cpu/w8_kernels.h"
+#include "cpu/cpu_kernels.h" /* LI_PANEL, li_cpu_drop_pages */
 
 #include <math.h>
 #include <stdatomic.h>
@@ -95,6 +96,43 @@ const li_w8_kernels *li_w8_kernels_for(const char *isa) {
     return &li_w8_kernels_scalar;
 }
 
+/* ------------------------------------------------------------------------
+ * int8 panels (w8_kernels.h)
+ * ---------------------------------------------------------------------- */
+
+int li_w8_pack(const li_w8_kernels *kern, li_weight *w) {
+    if (!kern->gemm_int8_packed || !li_w8_supported(w) || w->scheme != LI_SCHEME_W8A8 || w->k % 4 || w->packed)
+        return LI_EUNSUP;
+    const int64_t k = w->k, m = w->m, np = (m + LI_PANEL - 1) / LI_PANEL;
+    li_w8_packed *p = calloc(1, sizeof *p);
+    void *chunk = NULL;
+    uint8_t *codes = p ? li_cpu_arena_alloc((size_t)(np * k * LI_PANEL), &chunk) : NULL;
+    if (!codes) {
+        free(p);
+        return LI_ENOMEM;
+    }
+    *p = (li_w8_packed){.magic = LI_W8_MAGIC, .k = k, .m = m, .n_panels = np, .codes = codes, .chunk = chunk};
+    for (int64_t pp = 0; pp < np; pp++)
+        for (int l = 0; l < LI_PANEL; l++) {
+            const int64_t r = pp * LI_PANEL + l;
+            const int8_t *row = (const int8_t *)w->data + r * (int64_t)w->row_bytes;
+            uint8_t *dst = codes + pp * k * LI_PANEL + 4 * l;
+            for (int64_t j = 0; j < k; j++) dst[(j / 4) * 64 + j % 4] = (uint8_t)((r < m ? row[j] : 0) + 128);
+        }
+    li_cpu_drop_pages(w->data, w->row_bytes * (size_t)m); /* the kernels read only the panels now */
+    w->packed = p;
+    return 0;
+}
+
+void li_w8_pack_free(li_weight *w) {
+    li_w8_packed *p = w->packed;
+    if (!p || p->magic != LI_W8_MAGIC) return;
+    p->magic = 0;
+    li_cpu_arena_free(p->chunk);
+    free(p);
+    w->packed = NULL;
+}
+
 bool li_w8_supported(const li_weight *w) {
     /* k <= 2^16 keeps the int8 sums inside int32 (w8_kernels.h) */
     return w->group_size == 0 && w->k <= 65536 && !w->zeros && !w->perm && w->scales &&
@@ -108,6 +146,7 @@ bool li_w8_supported(const li_weight *w) {
  * ---------------------------------------------------------------------- */
 
 #define W8_CHUNK 32
+#define W8_CHUNK_PACKED 64 /* 4 int8 panels: the AVX-512 tile's width */
 #define W8_TILE 64
 #define W8_MAX_PARTS 4
 
@@ -115,8 +154,9 @@ bool li_w8_supported(const li_weight *w) {
  * gate/up) share one activation quantization and one thread hand-off. */
 typedef struct {
     const li_weight *w;
+    const li_w8_packed *pw; /* its int8 panels, or NULL */
     float *y, *res;       /* (n, w->m); res += y when res */
-    int64_t n_chunks, item0;
+    int64_t chunk, n_chunks, item0; /* chunk: weight rows an item */
 } w8_part;
 
 typedef struct {
@@ -128,6 +168,7 @@ typedef struct {
     bool fp8;
     void *qa;             /* (n, k) int8 codes or (n, LI_W8_FP8_LDA(k)) bf16 e4m3 values */
     float *sa;            /* (n) activation scales */
+    int32_t *asum;        /* (n) each row's code sum, when a part is packed; else NULL */
     int64_t n_tiles, n_items;
     atomic_long next_row, next_item;
 } w8_job;
@@ -139,7 +180,15 @@ static void w8_quantize(void *p, int ith, int nth) {
         const int64_t r = atomic_fetch_add_explicit(&j->next_row, 1, memory_order_relaxed);
         if (r >= j->n) break;
         if (j->fp8) j->kern->quantize_fp8(j->x + r * j->k, j->k, (uint16_t *)j->qa + r * LI_W8_FP8_LDA(j->k), &j->sa[r]);
-        else j->kern->quantize_int8(j->x + r * j->k, j->k, (int8_t *)j->qa + r * j->k, &j->sa[r]);
+        else {
+            int8_t *q = (int8_t *)j->qa + r * j->k;
+            j->kern->quantize_int8(j->x + r * j->k, j->k, q, &j->sa[r]);
+            if (j->asum) {
+                int32_t sum = 0;
+                for (int64_t i = 0; i < j->k; i++) sum += q[i];
+                j->asum[r] = sum;
+            }
+        }
     }
 }
 
@@ -155,9 +204,12 @@ static void w8_work(void *p, int ith, int nth) {
         const li_weight *w = pt->w;
         t -= pt->item0;
         /* tile-major: consecutive items share an activation tile */
-        const int64_t m = w->m, c0 = (t % pt->n_chunks) * W8_CHUNK, c1 = LI_MIN(c0 + W8_CHUNK, m);
+        const int64_t m = w->m, c0 = (t % pt->n_chunks) * pt->chunk, c1 = LI_MIN(c0 + pt->chunk, m);
         const int64_t r0 = (t / pt->n_chunks) * W8_TILE, r1 = LI_MIN(r0 + W8_TILE, j->n);
-        if (j->fp8) j->kern->gemm_fp8(w->data, w->scales, j->k, c0, c1, j->qa, j->sa, r0, r1, pt->y, m);
+        if (pt->pw)
+            j->kern->gemm_int8_packed(pt->pw, w->scales, c0 / LI_PANEL, (c1 + LI_PANEL - 1) / LI_PANEL, j->qa, j->asum,
+                                      j->sa, r0, r1, pt->y, m);
+        else if (j->fp8) j->kern->gemm_fp8(w->data, w->scales, j->k, c0, c1, j->qa, j->sa, r0, r1, pt->y, m);
         else j->kern->gemm_int8(w->data, w->scales, j->k, c0, c1, j->qa, j->sa, r0, r1, pt->y, m);
         if (pt->res)
             for (int64_t r = r0; r < r1; r++)
@@ -179,12 +231,17 @@ void li_w8_matmul_multi(const li_w8_kernels *kern, li_threadpool *tp, int n_thre
     w8_job j = {.kern = kern, .x = x, .n = n, .k = w[0]->k, .fp8 = w[0]->scheme == LI_SCHEME_FP8, .n_parts = n_w};
     j.n_tiles = (n + W8_TILE - 1) / W8_TILE;
     int64_t work = 0;
+    bool any_packed = false;
     for (int i = 0; i < n_w; i++) {
         w8_part *pt = &j.part[i];
         pt->w = w[i];
+        pt->pw = kern->gemm_int8_packed ? li_w8_packed_of(w[i]) : NULL;
+        any_packed |= pt->pw != NULL;
         pt->y = y[i];
         pt->res = n_w == 1 ? res : NULL;
-        pt->n_chunks = (w[i]->m + W8_CHUNK - 1) / W8_CHUNK;
+        /* few rows: memory-bound, and twice the items balance 2 threads better */
+        pt->chunk = pt->pw && n >= 16 ? W8_CHUNK_PACKED : W8_CHUNK;
+        pt->n_chunks = (w[i]->m + pt->chunk - 1) / pt->chunk;
         pt->item0 = j.n_items;
         j.n_items += pt->n_chunks * j.n_tiles;
         work += w[i]->m * n * j.k;
@@ -194,7 +251,7 @@ void li_w8_matmul_multi(const li_w8_kernels *kern, li_threadpool *tp, int n_thre
      * prefill's size is fresh pages, and their faults cost ~10% of it */
     static _Thread_local void *scratch;
     static _Thread_local size_t scratch_cap;
-    const size_t need = (size_t)n * row + 64 + (size_t)n * sizeof(float) + 64;
+    const size_t need = (size_t)n * row + 64 + (size_t)n * 2 * sizeof(float) + 64;
     if (need > scratch_cap) {
         li_aligned_free(scratch);
         scratch_cap = need + need / 2;
@@ -202,6 +259,7 @@ void li_w8_matmul_multi(const li_w8_kernels *kern, li_threadpool *tp, int n_thre
     }
     j.qa = scratch;
     j.sa = (float *)((char *)scratch + ((size_t)n * row + 64 + 63) / 64 * 64);
+    j.asum = any_packed ? (int32_t *)(j.sa + n) : NULL;
     atomic_init(&j.next_row, 0);
     atomic_init(&j.next_item, 0);
     const int nth = work < 65536 ? 1 : n_threads; /* tiny products: not worth a wake-up */

@@ -101,6 +101,107 @@ static void gemm_int8_avx512(const int8_t *w, const float *ws, int64_t k, int64_
     }
 }
 
+/* int8 on panels (w8_kernels.h): NP panels x NR activation rows of int32
+ * sums in registers, lane l of a sum = row 16p + l; per 4 codes of k, NP
+ * weight loads and NR broadcast words. Inlined with constant NP and NR. */
+#define W8P_NP 4
+#define W8P_NR 6
+#define W8P_PREFETCH 16384 /* bytes ahead in each panel's stream, on the first pass over it */
+
+/* acc += dot(u8 w, s8 a) per lane. Inline asm ties acc to its register:
+ * with the intrinsic GCC copies each accumulator before the instruction
+ * and spills the copy at every step of the k loop. */
+static inline __m512i dpbusd_r(__m512i acc, __m512i w, __m512i a) {
+    __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(w), "v"(a));
+    return acc;
+}
+
+static inline __attribute__((always_inline)) void tile_int8_packed(const uint8_t *w0, int64_t pstride, const int np,
+                                                                   const int nr, int64_t k, const int8_t *a,
+                                                                   const int32_t *asum, const float *as,
+                                                                   const float *ws, int64_t m, float *y, int64_t ldy,
+                                                                   bool pf) {
+    /* one small array per row, not one [NR][NP] array: GCC keeps
+     * aggregates of up to ~1 KiB in registers, and 24 zmm are 1.5 KiB */
+    __m512i c0[W8P_NP], c1[W8P_NP], c2[W8P_NP], c3[W8P_NP], c4[W8P_NP], c5[W8P_NP];
+#pragma GCC unroll 4
+    for (int p = 0; p < np; p++)
+        c0[p] = c1[p] = c2[p] = c3[p] = c4[p] = c5[p] = _mm512_setzero_si512();
+    for (int64_t j = 0; j < k; j += 4) {
+        __m512i vw[W8P_NP];
+#pragma GCC unroll 4
+        for (int p = 0; p < np; p++) {
+            if (pf) _mm_prefetch((const char *)(w0 + p * pstride + j * 16) + W8P_PREFETCH, _MM_HINT_T0); /* a line a step */
+            vw[p] = _mm512_load_si512(w0 + p * pstride + j * 16);
+        }
+#define ROW(I, C)                                                                                                  \
+    if (I < nr) {                                                                                                  \
+        int32_t word;                                                                                              \
+        __builtin_memcpy(&word, a + I * k + j, 4);                                                                 \
+        const __m512i va = _mm512_set1_epi32(word);                                                                \
+        _Pragma("GCC unroll 4") for (int p = 0; p < np; p++) C[p] = dpbusd_r(C[p], vw[p], va);               \
+    }
+        ROW(0, c0) ROW(1, c1) ROW(2, c2) ROW(3, c3) ROW(4, c4) ROW(5, c5)
+#undef ROW
+    }
+#pragma GCC unroll 4
+    for (int p = 0; p < np; p++) {
+        const int64_t left = m - p * 16;
+        const __mmask16 mask = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
+        const __m512 vs = _mm512_maskz_loadu_ps(mask, ws + p * 16);
+        /* (dot - 128 sum a) * (as * ws): the scalar kernel's operations */
+#define OUT(I, C)                                                                                                  \
+    if (I < nr) {                                                                                                  \
+        const __m512i d = _mm512_sub_epi32(C[p], _mm512_set1_epi32(128 * asum[I]));                              \
+        const __m512 s = _mm512_mul_ps(_mm512_set1_ps(as[I]), vs);                                                 \
+        _mm512_mask_storeu_ps(y + I * ldy + p * 16, mask, _mm512_mul_ps(_mm512_cvtepi32_ps(d), s));                \
+    }
+        OUT(0, c0) OUT(1, c1) OUT(2, c2) OUT(3, c3) OUT(4, c4) OUT(5, c5)
+#undef OUT
+    }
+}
+
+/* rows [r0, r1) against NP panels from pp (np of them real) */
+static inline __attribute__((always_inline)) void rows_int8_packed(const li_w8_packed *w, const float *ws, int64_t pp,
+                                                                   const int np, const int8_t *a, const int32_t *asum,
+                                                                   const float *as, int64_t r0, int64_t r1, float *y,
+                                                                   int64_t ldy) {
+    const int64_t k = w->k, pstride = k * 16, m = w->m - pp * 16;
+    const uint8_t *w0 = w->codes + pp * pstride;
+    const float *wsp = ws + pp * 16;
+    float *yp = y + pp * 16;
+    /* groups of at most W8P_NR rows, as even as possible: a short last
+     * group has too few sums in flight to hide vpdpbusd's latency */
+    const int64_t groups = (r1 - r0 + W8P_NR - 1) / W8P_NR;
+    for (int64_t g = 0, r = r0; g < groups; g++) {
+        const int64_t nr = (r1 - r + (groups - g) - 1) / (groups - g);
+#define T(NR) tile_int8_packed(w0, pstride, np, NR, k, a + r * k, asum + r, as + r, wsp, m, yp + r * ldy, ldy, g == 0)
+        switch (nr) {
+        case 6: T(6); break;
+        case 5: T(5); break;
+        case 4: T(4); break;
+        case 3: T(3); break;
+        case 2: T(2); break;
+        default: T(1); break;
+        }
+#undef T
+        r += nr;
+    }
+}
+
+static void gemm_int8_packed_avx512(const li_w8_packed *w, const float *ws, int64_t p0, int64_t p1, const int8_t *a,
+                                    const int32_t *asum, const float *as, int64_t r0, int64_t r1, float *y,
+                                    int64_t ldy) {
+    int64_t pp = p0;
+    for (; pp + W8P_NP <= p1; pp += W8P_NP) rows_int8_packed(w, ws, pp, W8P_NP, a, asum, as, r0, r1, y, ldy);
+    switch (p1 - pp) {
+    case 3: rows_int8_packed(w, ws, pp, 3, a, asum, as, r0, r1, y, ldy); break;
+    case 2: rows_int8_packed(w, ws, pp, 2, a, asum, as, r0, r1, y, ldy); break;
+    case 1: rows_int8_packed(w, ws, pp, 1, a, asum, as, r0, r1, y, ldy); break;
+    default: break;
+    }
+}
+
 /* ------------------------------------------------------------------------
  * fp8
  * ---------------------------------------------------------------------- */
@@ -248,4 +349,5 @@ const li_w8_kernels li_w8_kernels_avx512 = {
     .quantize_fp8 = li_w8_quantize_fp8_avx2,
     .gemm_int8 = gemm_int8_avx512,
     .gemm_fp8 = gemm_fp8_avx512,
+    .gemm_int8_packed = gemm_int8_packed_avx512,
 };

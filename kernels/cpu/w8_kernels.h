@@ -27,6 +27,29 @@
 #include "backend.h"
 #include "cpu/threadpool.h"
 
+/* ---- packed int8 weights (W8A8, w8.c) ----
+ * weight_prepare copies a W8A8 weight whose k is a multiple of 4 into
+ * panels of LI_PANEL = 16 rows, for ISAs with a packed kernel: one 64-byte
+ * vector holds codes 4j..4j+3 of each of the 16 rows (lane l = row
+ * 16p + l), stored as code + 128 (unsigned), so vpdpbusd takes them as its
+ * unsigned operand and a broadcast word of 4 activation codes as the signed
+ * one, and each lane accumulates its own row: no horizontal sums. The dot is
+ * then sum((w + 128) a) - 128 sum(a), the same exact integer (the int32 sum
+ * wraps, the difference does not: |dot| < 2^31). Rows past m hold code 0. */
+#define LI_W8_MAGIC 0x4c4957385041434bull /* "LIW8PACK" */
+
+typedef struct li_w8_packed {
+    uint64_t magic;
+    int64_t k, m, n_panels; /* k % 4 == 0; n_panels = ceil(m / 16) */
+    uint8_t *codes;         /* (n_panels, k / 4, 64), 64-byte aligned */
+    void *chunk;            /* the arena chunk holding codes (li_cpu_arena_alloc) */
+} li_w8_packed;
+
+static inline const li_w8_packed *li_w8_packed_of(const li_weight *w) {
+    const li_w8_packed *p = w->packed;
+    return p && p->magic == LI_W8_MAGIC ? p : NULL;
+}
+
 /* bf16 activations per row of k for fp8: k rounded up to a block of 32 */
 #define LI_W8_FP8_LDA(k) (((k) + 31) & ~(int64_t)31)
 
@@ -47,6 +70,11 @@ typedef struct li_w8_kernels {
                       const float *as, int64_t r0, int64_t r1, float *y, int64_t ldy);
     void (*gemm_fp8)(const uint8_t *w, const float *ws, int64_t k, int64_t c0, int64_t c1, const uint16_t *a,
                      const float *as, int64_t r0, int64_t r1, float *y, int64_t ldy);
+    /* panels [p0, p1) of a packed int8 weight (ws: its m scales) against
+     * activation rows [r0, r1) (codes k apart, asum: each row's code sum):
+     * y[r * ldy + c] for the rows c < m of those panels. NULL: no packing. */
+    void (*gemm_int8_packed)(const li_w8_packed *w, const float *ws, int64_t p0, int64_t p1, const int8_t *a,
+                             const int32_t *asum, const float *as, int64_t r0, int64_t r1, float *y, int64_t ldy);
 } li_w8_kernels;
 
 extern const li_w8_kernels li_w8_kernels_scalar;
@@ -66,6 +94,11 @@ bool li_w8_have_bf16(void);
 
 /* The kernels for an ISA name ("scalar", "avx2", "avx512"). */
 const li_w8_kernels *li_w8_kernels_for(const char *isa);
+/* Builds w's int8 panels when kern has a packed kernel and w (W8A8, k % 4
+ * == 0) fits: 0, LI_EUNSUP (left unpacked) or LI_ENOMEM. li_w8_pack_free
+ * undoes it (nothing when w holds no int8 panels). */
+int li_w8_pack(const li_w8_kernels *kern, li_weight *w);
+void li_w8_pack_free(li_weight *w);
 /* true when w is a W8A8 / FP8 weight these kernels run (per channel) */
 bool li_w8_supported(const li_weight *w);
 /* true when w[0..n_w) run as one job: all supported, one scheme, one k, n_w <= 4 */
