@@ -20,6 +20,15 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 
+/* acc += the 4-byte dots of unsigned u and signed s, per 32-bit lane
+ * (_mm512_dpbusd_epi32). Inline asm ties acc to its register: with the
+ * intrinsic GCC 12 copies each accumulator before the instruction and
+ * spills the copy at every step of the k loop. */
+static inline __m512i dpbusd_r(__m512i acc, __m512i u, __m512i s) {
+    __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u), "v"(s));
+    return acc;
+}
+
 /* int8: a tile of up to 4 weight rows (nc real) x nr activation rows in zmm
  * accumulators, 64 bytes of k a step (the tail by masked loads: masked
  * bytes are 0 in both operands, so they add 0). 128 * sum(w) of each
@@ -55,7 +64,7 @@ static inline __attribute__((always_inline)) void tile_int8(const int8_t *const 
         for (int i = 0; i < nr; i++) {
             const __m512i va = _mm512_xor_si512(_mm512_maskz_loadu_epi8(m, a + i * k + j), bias); /* a + 128 as u8 */
 #pragma GCC unroll 4
-            for (int u = 0; u < 4; u++) acc[i][u] = _mm512_dpbusd_epi32(acc[i][u], va, vw[u]);
+            for (int u = 0; u < 4; u++) acc[i][u] = dpbusd_r(acc[i][u], va, vw[u]);
         }
     }
     const __m128i vc = _mm_loadu_si128((const __m128i *)corr);
@@ -108,13 +117,6 @@ static void gemm_int8_avx512(const int8_t *w, const float *ws, int64_t k, int64_
 #define W8P_NR 6
 #define W8P_PREFETCH 16384 /* bytes ahead in each panel's stream, on the first pass over it */
 
-/* acc += dot(u8 w, s8 a) per lane. Inline asm ties acc to its register:
- * with the intrinsic GCC copies each accumulator before the instruction
- * and spills the copy at every step of the k loop. */
-static inline __m512i dpbusd_r(__m512i acc, __m512i w, __m512i a) {
-    __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(w), "v"(a));
-    return acc;
-}
 
 static inline __attribute__((always_inline)) void tile_int8_packed(const uint8_t *w0, int64_t pstride, const int np,
                                                                    const int nr, int64_t k, const int8_t *a,
