@@ -398,7 +398,7 @@ def rotation(a, m, ev, calib):
     base = [b.astype(np.float32) for b in base]    # KL only: f32 is plenty, and 20+ chunks fit
     lp0 = m.logits(chunks[0])                      # float64, for the exactness check
     amax_windows, cal = windows(calib, 4), windows(calib[4 * 512:], 2)
-    cal_base = score(m, cal)[1] if "grid" in a.smooth else None
+    cal_base = score(m, cal)[1] if "grid" in a.smooth + a.configs else None
     orig = (dict(m.w), m.out)
     rows = [("—", "", "f16", ppl0, 0.0)]
 
@@ -407,24 +407,29 @@ def rotation(a, m, ev, calib):
         print(f"  {config} {sm} {label}: ppl {p:.4f} KL {kl:.5f}", file=sys.stderr, flush=True)
 
     for config in a.configs.split(","):
+        config, _, smoothings = config.partition(":")     # NAME:S1;S2 overrides --smooth
+        smoothings = smoothings.split(";") if smoothings else a.smooth.split(",")
         transform(m, orig, config, a.seed)
         dev = np.abs(m.logits(chunks[0]) - lp0).max()
         print(f"{config}: float forward, max |log-prob - F16's| on chunk 0: {dev:.2e}",
               file=sys.stderr, flush=True)
-        if config != "none":
+        if config != "none" and a.rows == "full":
             row(config, "", f"float, transformed (max Δ log-prob {dev:.1e})", *scored(m, chunks, base))
         if a.e4m3:
             for label, wq, aq in (("e4m3 weights", q_e4m3, None), ("e4m3 activations", None, q_e4m3),
                                   ("e4m3 both", q_e4m3, q_e4m3)):
                 row(config, "none", label, *scored(m, chunks, base, wq, aq))
         kept = (dict(m.w), dict(m.down_s))
-        amax = calib_amax(m, amax_windows) if set(a.smooth.split(",")) - {"none"} else None
-        for sm in a.smooth.split(","):
+        amax = calib_amax(m, amax_windows) if set(smoothings) - {"none"} else None
+        for sm in smoothings:
             m.w, m.down_s = dict(kept[0]), dict(kept[1])
             if sm == "grid":
                 al = alpha_grid(m, amax, cal, cal_base, [i / 10 for i in range(10)])
                 smooth(m, None, al, amax)
                 sm = "SQ " + "/".join(f"{al[s]:.1f}" for s in ("qkv", "gu", "down"))
+            elif "/" in sm:     # q/k/v / gate-up / down alphas, as a grid run printed them
+                smooth(m, None, dict(zip(("qkv", "gu", "down"), map(float, sm.split("/")))), amax)
+                sm = "SQ " + sm
             elif sm != "none":
                 smooth(m, None, float(sm), amax)
                 sm = "SQ " + sm
@@ -496,9 +501,11 @@ def main():
     ap.add_argument("--chunks", type=int, default=3)
     ap.add_argument("--layers", default="0,15,29")
     ap.add_argument("--bin", default=ROOT / "build" / "luainfer")
-    ap.add_argument("--configs", default=",".join(ROT_CONFIGS), help="rotation: of " + ", ".join(ROT_CONFIGS))
+    ap.add_argument("--configs", default=",".join(ROT_CONFIGS),
+                    help="rotation: of " + ", ".join(ROT_CONFIGS) + "; NAME:S1;S2 sets that one's --smooth")
     ap.add_argument("--smooth", default="none,0.5",
-                    help="rotation: none, an alpha, grid (per site, searched on calibration text)")
+                    help="rotation: none, an alpha, A/B/C (q/k/v, gate-up, down), grid (per site, "
+                         "searched on calibration text)")
     ap.add_argument("--rows", choices=["full", "short"], default="full",
                     help="rotation: the decomposition, or int8 weights and both only")
     ap.add_argument("--e4m3", action="store_true", help="rotation: e4m3 rows too (no smoothing)")
@@ -508,10 +515,15 @@ def main():
     a = ap.parse_args()
     if a.what == "layers" and not a.quantized:
         sys.exit("quant_error_sources: layers needs at least one quantized GGUF")
-    bad = [c for c in a.configs.split(",") if c not in ROT_CONFIGS]
-    bad += [s for s in a.smooth.split(",") if s not in ("none", "grid") and not s.replace(".", "", 1).isdigit()]
+    bad = [c.partition(":")[0] for c in a.configs.split(",") if c.partition(":")[0] not in ROT_CONFIGS]
+    sms = a.smooth.split(",") + [x for c in a.configs.split(",") if ":" in c for x in c.partition(":")[2].split(";")]
+    bad += [s for s in sms if s not in ("none", "grid") and (s.count("/") not in (0, 2) or
+            not all(x.replace(".", "", 1).isdigit() for x in s.split("/")))]
     if bad:
         sys.exit(f"quant_error_sources: unknown --configs / --smooth value {bad[0]!r}")
+    for f in (a.model, a.bin):
+        if not Path(f).is_file():
+            sys.exit(f"quant_error_sources: {f}: no such file")
     ev = tokens(a.model, ROOT / "tests/data/alice29.txt", a.bin)
     calib = tokens(a.model, ROOT / "tests/data/plrabn12.txt", a.bin)
     m = Model(a.model)
