@@ -25,7 +25,7 @@
 -- batches of 1..16 rows at short and long context, single prefills of
 -- 32..256 tokens and mixed steps; each the fastest of ROUNDS (default 3).
 --
---   ./build/luainfer run bench/bench_step_cost.lua --fit-log FILE [--field iter_s|step_s] [--json OUT]
+--   ./build/luainfer run bench/bench_step_cost.lua --fit-log FILE [--field iter_s|step_s] [--match-total] [--json OUT]
 --
 -- fits the same model, with the same fitter, to the steps a live server
 -- logged (`luainfer serve --step-log FILE`, one JSON line per step): by
@@ -135,15 +135,12 @@ end
 -- ---- --fit-log: the same model fitted to a server's own step log ------------------
 if arg[1] == "--fit-log" then
   local json = require("luainfer.json")
+  local flags = bench.take_flags(arg, { ["--field"] = "value", ["--match-total"] = "flag" })
   local path = arg[2]
   if not path or path:sub(1, 2) == "--" then error("--fit-log needs a FILE (written by luainfer serve --step-log)", 0) end
-  local field = "iter_s"
-  if arg[3] == "--field" then
-    field = arg[4]
-    if field ~= "iter_s" and field ~= "step_s" then error(("--field: want iter_s or step_s, got %s"):format(tostring(field)), 0) end
-  elseif arg[3] then
-    error(("--fit-log: unknown argument %s"):format(arg[3]), 0)
-  end
+  local field = flags["--field"] or "iter_s"
+  if field ~= "iter_s" and field ~= "step_s" then error(("--field: want iter_s or step_s, got %s"):format(field), 0) end
+  if arg[3] then error(("--fit-log: unknown argument %s"):format(arg[3]), 0) end
   local f, ferr = io.open(path, "r")
   if not f then error(("--fit-log: cannot read %s"):format(ferr), 0) end
   local xs, ys, n_line = {}, {}, 0
@@ -183,6 +180,20 @@ if arg[1] == "--fit-log" then
     end
     used[j] = not off[j]
   end
+  -- Relative-error weights (1/y^2) lean on the fast steps: with a loaded
+  -- machine's noise (a step now and then twice as long) the fitted clock
+  -- runs short of the logged time in total, so a replay on it is faster
+  -- than the server was. --match-total scales the four coefficients so the
+  -- clock sums to the logged time over the log (the throughput a replay
+  -- on it then assumes), keeping their proportions.
+  local sum_m, sum_y = 0, 0
+  for i, x in ipairs(xs) do
+    sum_m, sum_y = sum_m + c[1] + c[2] * x[2] + c[3] * x[3] + c[4] * x[4], sum_y + ys[i]
+  end
+  local total_ratio = sum_m / sum_y
+  if flags["--match-total"] then
+    for j = 1, 4 do c[j] = c[j] / total_ratio end
+  end
   local errs = {}
   for i, x in ipairs(xs) do
     local m = c[1] + c[2] * x[2] + c[3] * x[3] + c[4] * x[4]
@@ -197,8 +208,11 @@ if arg[1] == "--fit-log" then
     if j > 1 and not used[j] then print(("no step has %s: its coefficient stays 0"):format(name)) end
   end
   print(("relative error: median %.1f%%, p90 %.1f%%, worst %.1f%%"):format(100 * median, 100 * p90, 100 * worst))
+  print(("the fit sums to %.3fx the logged %s (%.2f s)%s"):format(total_ratio, field, sum_y,
+    flags["--match-total"] and ": coefficients scaled by " .. ("%.3f"):format(1 / total_ratio) or ""))
   bench.finish(opts, { bench = "step_cost_fit", a = c[1], b = c[2], c = c[3], d = c[4], steps = #xs,
                        worst_error = worst, median_error = median, p90_error = p90, machine = machine_line(),
+                       total_ratio = total_ratio, match_total = flags["--match-total"] or false, logged_s = sum_y,
                        fitted_to = "server_" .. field, log = path,
                        model = "step s = a + b*prefill_tokens + c*decode_rows + d*context (sum of pos+1)" })
   return

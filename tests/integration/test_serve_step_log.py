@@ -138,3 +138,35 @@ def test_fit_log_missing_file_and_field(run_cli, tmp_path):
     log.write_text("")
     r = fit_log(run_cli, log, "--field", "wall")
     assert r.returncode != 0 and "--field: want iter_s or step_s" in r.stderr, r.stderr
+
+
+def test_fit_log_match_total(run_cli, tmp_path):
+    """Every 10th step twice as long (a loaded machine): the relative-error fit
+    leans on the fast steps and sums to less than the log; --match-total
+    scales it to sum to the logged time exactly, proportions kept."""
+    a, b, c, d = 2.0e-3, 3.0e-4, 4.0e-4, 1.0e-6
+    rng = random.Random(3)
+    rows_x, total = [], 0.0
+    log = tmp_path / "spiky.jsonl"
+    with open(log, "w") as f:
+        for i in range(200):
+            p = rng.choice([0, 0, 32, 128])
+            rows = rng.randint(0 if p else 1, 12)
+            ctx = rng.randint(rows, 3000) + p * (p + 1) / 2
+            y = (a + b * p + c * rows + d * ctx) * (2 if i % 10 == 0 else 1)
+            rows_x.append((p, rows, ctx))
+            total += y
+            f.write(json.dumps({"prefill_tokens": p, "decode_rows": rows, "context": ctx, "iter_s": y}) + "\n")
+    plain, scaled = tmp_path / "plain.json", tmp_path / "scaled.json"
+    assert fit_log(run_cli, log, "--json", plain).returncode == 0
+    r = fit_log(run_cli, log, "--match-total", "--json", scaled)
+    assert r.returncode == 0 and "coefficients scaled by" in r.stdout, r.stdout + r.stderr
+    p_, s_ = json.loads(plain.read_text()), json.loads(scaled.read_text())
+
+    def clock_sum(k):
+        return sum(k["a"] + k["b"] * p + k["c"] * n + k["d"] * x for p, n, x in rows_x)
+
+    assert clock_sum(p_) < total and p_["total_ratio"] == pytest.approx(clock_sum(p_) / total, rel=1e-9)
+    assert clock_sum(s_) == pytest.approx(total, rel=1e-9) and s_["match_total"] is True
+    for k in "abcd":
+        assert s_[k] == pytest.approx(p_[k] / p_["total_ratio"], rel=1e-9)
