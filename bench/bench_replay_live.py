@@ -7,7 +7,7 @@ difference against its --json file.
 
     .venv/bin/python bench/bench_replay_live.py TRACE [--protocol http|rpc] [--policy P.lua]
         [--rate-scale X] [--duration S] [--max-num-seqs N] [--kv-memory MIB] [--bin build/luainfer]
-        [--compare REPLAY.json] [--json OUT]
+        [--compare REPLAY.json] [--json OUT] [--server-cpus LIST] [--client-cpus LIST] [--step-log FILE]
 
 --protocol rpc (default http) serves `--listen 127.0.0.1:PORT --no-http`
 and sends each request as a streamed msgpack-RPC `generate` on a
@@ -254,6 +254,8 @@ def replay(args, trace):
            str(args.max_num_seqs), "--kv-memory", str(int(args.kv_memory * 1048576))]
     if args.policy_isolation:
         cmd += ["--policy-isolation", args.policy_isolation]
+    if args.step_log:  # the server's own step timings, for bench_step_cost.lua --fit-log
+        cmd += ["--step-log", args.step_log]
     if args.server_cpus:  # the server (and its threads' default count) on these CPUs only
         cmd = ["taskset", "-c", args.server_cpus] + cmd
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -319,6 +321,7 @@ def main(argv):
     ap.add_argument("--policy-isolation", choices=("process", "inprocess"),
                     help="serve's policy isolation (default: serve's, process); the in-process replay runs inprocess")
     ap.add_argument("--server-cpus", help="run the server on these CPUs (taskset -c LIST): its default thread count follows")
+    ap.add_argument("--step-log", help="the server appends a JSON line per engine step to this file (serve --step-log)")
     ap.add_argument("--client-cpus", help="run this script's clients on these CPUs (e.g. the server's others)")
     ap.add_argument("--compare", help="a `luainfer bench replay --json` file of the same trace, policy and scale")
     results.add_options(ap)

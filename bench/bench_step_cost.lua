@@ -24,6 +24,15 @@
 -- squares weighted by 1/time (relative error) over designed steps: decode
 -- batches of 1..16 rows at short and long context, single prefills of
 -- 32..256 tokens and mixed steps; each the fastest of ROUNDS (default 3).
+--
+--   ./build/luainfer run bench/bench_step_cost.lua --fit-log FILE [--field iter_s|step_s] [--match-total] [--json OUT]
+--
+-- fits the same model, with the same fitter, to the steps a live server
+-- logged (`luainfer serve --step-log FILE`, one JSON line per step): by
+-- default to iter_s, the whole engine-thread iteration (the step, the
+-- policy's round trip, posting the events, what the loop thread takes
+-- from the core meanwhile), so the model clock of `bench replay --clock
+-- model:OUT` runs at the live server's pace, not a bare engine's.
 local luainfer = require("luainfer")
 local bench = require("luainfer.bench")
 local opts = bench.options(arg)
@@ -74,10 +83,11 @@ local function designed_step(e, decodes, ctx, prefill)
   return x, wall, c1 - c0
 end
 
--- weighted least squares with non-negative coefficients (drop a negative one, refit)
-local function fit(xs, ys)
+-- weighted least squares with non-negative coefficients (drop a negative one, refit);
+-- `off`: coefficients held at 0 from the start (a feature no step has)
+local function fit(xs, ys, off)
   local k, active = #xs[1], {}
-  for j = 1, k do active[j] = true end
+  for j = 1, k do active[j] = not (off and off[j]) end
   while true do
     local idx = {}
     for j = 1, k do if active[j] then idx[#idx + 1] = j end end
@@ -113,6 +123,99 @@ local function fit(xs, ys)
     if not neg then return coef end
     active[neg] = false
   end
+end
+
+local function machine_line()
+  local f = io.popen("uptime; uname -m; grep -m1 'model name' /proc/cpuinfo; nproc")
+  local machine = f and f:read("*a"):gsub("%s+$", ""):gsub("\n", "; ") or "?"
+  if f then f:close() end
+  return machine
+end
+
+-- ---- --fit-log: the same model fitted to a server's own step log ------------------
+if arg[1] == "--fit-log" then
+  local json = require("luainfer.json")
+  local flags = bench.take_flags(arg, { ["--field"] = "value", ["--match-total"] = "flag" })
+  local path = arg[2]
+  if not path or path:sub(1, 2) == "--" then error("--fit-log needs a FILE (written by luainfer serve --step-log)", 0) end
+  local field = flags["--field"] or "iter_s"
+  if field ~= "iter_s" and field ~= "step_s" then error(("--field: want iter_s or step_s, got %s"):format(field), 0) end
+  if arg[3] then error(("--fit-log: unknown argument %s"):format(arg[3]), 0) end
+  local f, ferr = io.open(path, "r")
+  if not f then error(("--fit-log: cannot read %s"):format(ferr), 0) end
+  local xs, ys, n_line = {}, {}, 0
+  for line in f:lines() do
+    n_line = n_line + 1
+    if line:match("%S") then
+      local ok, r, derr = pcall(json.decode, line)
+      if not ok or type(r) ~= "table" then
+        f:close()
+        error(("%s:%d: not a JSON object (%s)"):format(path, n_line, tostring(ok and (derr or r) or r)), 0)
+      end
+      for _, k in ipairs({ "prefill_tokens", "decode_rows", "context", field }) do
+        local v = r[k]
+        if type(v) ~= "number" or v ~= v or v < 0 or v == math.huge then
+          f:close()
+          error(("%s:%d: '%s' must be a number >= 0, got %s"):format(path, n_line, k, tostring(v)), 0)
+        end
+      end
+      -- a zero time cannot carry a relative error (a clock's tick); such a line is skipped
+      if r[field] > 0 and r.prefill_tokens + r.decode_rows > 0 then
+        xs[#xs + 1] = { 1, r.prefill_tokens, r.decode_rows, r.context }
+        ys[#ys + 1] = r[field]
+      end
+    end
+  end
+  f:close()
+  if #xs < 4 then error(("%s: %d usable steps, the fit needs at least 4"):format(path, #xs), 0) end
+  local off, used = {}, {}
+  for j = 2, 4 do
+    off[j] = true
+    for _, x in ipairs(xs) do if x[j] ~= 0 then off[j] = false; break end end
+  end
+  local c = fit(xs, ys, off)
+  for j = 1, 4 do
+    if c[j] ~= c[j] or c[j] == math.huge then
+      error(("%s: the steps do not determine the fit (too few distinct steps)"):format(path), 0)
+    end
+    used[j] = not off[j]
+  end
+  -- Relative-error weights (1/y^2) lean on the fast steps: with a loaded
+  -- machine's noise (a step now and then twice as long) the fitted clock
+  -- runs short of the logged time in total, so a replay on it is faster
+  -- than the server was. --match-total scales the four coefficients so the
+  -- clock sums to the logged time over the log (the throughput a replay
+  -- on it then assumes), keeping their proportions.
+  local sum_m, sum_y = 0, 0
+  for i, x in ipairs(xs) do
+    sum_m, sum_y = sum_m + c[1] + c[2] * x[2] + c[3] * x[3] + c[4] * x[4], sum_y + ys[i]
+  end
+  local total_ratio = sum_m / sum_y
+  if flags["--match-total"] then
+    for j = 1, 4 do c[j] = c[j] / total_ratio end
+  end
+  local errs = {}
+  for i, x in ipairs(xs) do
+    local m = c[1] + c[2] * x[2] + c[3] * x[3] + c[4] * x[4]
+    errs[i] = math.abs(m / ys[i] - 1)
+  end
+  table.sort(errs)
+  local median, worst = errs[math.floor((#errs + 1) / 2)], errs[#errs]
+  local p90 = errs[math.max(1, math.ceil(0.9 * #errs))]
+  print(("step cost (s) = %.3e + %.3e * prefill_tokens + %.3e * decode_rows + %.3e * context"):format(c[1], c[2], c[3], c[4]))
+  print(("fitted to %s of %d logged steps (%s)"):format(field, #xs, path))
+  for j, name in ipairs({ "", "prefill_tokens", "decode_rows", "context" }) do
+    if j > 1 and not used[j] then print(("no step has %s: its coefficient stays 0"):format(name)) end
+  end
+  print(("relative error: median %.1f%%, p90 %.1f%%, worst %.1f%%"):format(100 * median, 100 * p90, 100 * worst))
+  print(("the fit sums to %.3fx the logged %s (%.2f s)%s"):format(total_ratio, field, sum_y,
+    flags["--match-total"] and ": coefficients scaled by " .. ("%.3f"):format(1 / total_ratio) or ""))
+  bench.finish(opts, { bench = "step_cost_fit", a = c[1], b = c[2], c = c[3], d = c[4], steps = #xs,
+                       worst_error = worst, median_error = median, p90_error = p90, machine = machine_line(),
+                       total_ratio = total_ratio, match_total = flags["--match-total"] or false, logged_s = sum_y,
+                       fitted_to = "server_" .. field, log = path,
+                       model = "step s = a + b*prefill_tokens + c*decode_rows + d*context (sum of pos+1)" })
+  return
 end
 
 if arg[1] == "--fit" then
@@ -157,9 +260,7 @@ if arg[1] == "--fit" then
                         wall_s = walls[i] }
   end
   print(("worst relative error %.0f%%"):format(100 * worst))
-  local f = io.popen("uptime; uname -m; grep -m1 'model name' /proc/cpuinfo; nproc")
-  local machine = f and f:read("*a"):gsub("%s+$", ""):gsub("\n", "; ") or "?"
-  if f then f:close() end
+  local machine = machine_line()
   bench.finish(opts, { bench = "step_cost_fit", a = c[1], b = c[2], c = c[3], d = c[4], rounds = rounds,
                        worst_error = worst, machine = machine,
                        fitted_to = use_cpu and "cpu_time_per_thread" or "wall_time", threads = threads, rows = rows,

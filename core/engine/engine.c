@@ -828,19 +828,27 @@ void li_engine_clock_advance(li_engine *e, double t) {
     if (e->mclock_on && t > e->mclock) e->mclock = t;
 }
 
-/* Charges the batch just computed (before its tokens are sampled, so first
- * tokens and finishes are stamped at the step's end, first_scheduled at its
- * start). Only with the model clock: one pass over the step's rows. */
-static void model_clock_step(li_engine *e, int32_t nb) {
-    const li_step_cost *c = &e->mcost;
-    double prefill = 0, decode = 0, ctx = 0;
+/* The batch just computed in the clock's terms: one pass over the step's
+ * rows (before its tokens are sampled: num_computed is still the start). */
+static void step_shape(li_engine *e, int32_t nb) {
+    li_step_shape *s = &e->last_shape;
     for (int32_t i = 0; i < nb; i++) {
         const double n = e->batch_n[i], p0 = (double)e->batch_req[i]->num_computed;
-        if (n == 1) decode++;
-        else prefill += n;
-        ctx += n * p0 + n * (n + 1) / 2; /* positions p0 .. p0+n-1 attend to p+1 each */
+        if (n == 1) s->decode_rows++;
+        else s->prefill_tokens += (int64_t)n;
+        s->context += n * p0 + n * (n + 1) / 2; /* positions p0 .. p0+n-1 attend to p+1 each */
     }
-    e->mclock += c->a + c->b * prefill + c->c * decode + c->d * ctx;
+}
+
+void li_engine_last_step(const li_engine *e, li_step_shape *out) { *out = e->last_shape; }
+
+/* Charges the batch just computed (its shape taken before its tokens are
+ * sampled, so first tokens and finishes are stamped at the step's end,
+ * first_scheduled at its start). Only with the model clock. */
+static void model_clock_step(li_engine *e) {
+    const li_step_cost *c = &e->mcost;
+    const li_step_shape *s = &e->last_shape;
+    e->mclock += c->a + c->b * (double)s->prefill_tokens + c->c * (double)s->decode_rows + c->d * s->context;
     e->mclock += c->policy_scale * (e->st.time_policy - e->mclock_policy);
     e->mclock_policy = e->st.time_policy;
 }
@@ -850,6 +858,7 @@ int li_engine_step(li_engine *e, li_error *err) {
     e->step_no++;
     e->st.steps++;
     e->d_rows = 0;
+    memset(&e->last_shape, 0, sizeof e->last_shape);
     if (!li_engine_has_work(e)) return 0;
     e->in_step = true;
 
@@ -957,7 +966,8 @@ int li_engine_step(li_engine *e, li_error *err) {
         e->d_rows = n_logits;
     }
     const double dtf = li_time_now() - tf;
-    if (e->mclock_on) model_clock_step(e, nb);
+    step_shape(e, nb);
+    if (e->mclock_on) model_clock_step(e);
     e->st.time_forward += dtf;
     li_spec_step_costs(&e->sp, dtf, k);
     if (rc) {

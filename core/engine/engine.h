@@ -207,6 +207,13 @@ void li_engine_set_model_clock(li_engine *e, const li_step_cost *cost, double st
 /* Model clock only: moves it forward to t (an idle wait); earlier t, or a
  * wall clock, leave it. */
 void li_engine_clock_advance(li_engine *e, double t);
+/* The last step's computed batch in the model clock's terms (all zero when
+ * it computed nothing): what serve's --step-log records per step, read-only. */
+typedef struct {
+    int64_t prefill_tokens, decode_rows;
+    double context;
+} li_step_shape;
+void li_engine_last_step(const li_engine *e, li_step_shape *out);
 
 /* ---- the draft runner (internal: for speculative decoding) -------------- */
 /* The draft model, or NULL. */

@@ -112,6 +112,7 @@ struct li_engine {
     double mclock;            /* ... its time, seconds */
     double mclock_policy;     /* ... st.time_policy it has already charged */
     li_step_cost mcost;       /* ... its step cost model */
+    li_step_shape last_shape; /* the last step's batch (li_engine_last_step) */
 };
 
 /* engine.c's helpers the speculation step calls back into */

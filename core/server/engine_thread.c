@@ -28,6 +28,7 @@
 #include "policy/policy_proc.h"
 #include "runtime/policy_open.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -67,6 +68,14 @@ struct li_engine_thread {
     int64_t commands, steps_busy, reloads, reload_errors;
     li_policy_open_opts reload_opts; /* how reloads open a policy (kind, sandbox) */
     li_policy_proc_stats host_past;  /* counters of the isolated hosts of replaced policies */
+    /* --step-log (NULL: off). A step's line is written when its iteration
+     * ends: at the next step's start (less the time this thread slept with
+     * nothing to do in between), or at stop. */
+    FILE *step_log;
+    bool log_pending;                /* a logged step whose iteration still runs */
+    li_step_shape log_shape;
+    int64_t log_step, log_events;
+    double log_t0, log_step_s, log_forward_s, log_policy_s, log_waited;
     /* engine → anyone: the stats snapshot */
     uv_mutex_t snap_mu;
     li_engine_snapshot snap;
@@ -356,11 +365,62 @@ static void publish(li_engine_thread *t) {
     uv_mutex_unlock(&t->snap_mu);
 }
 
+/* ---- --step-log ------------------------------------------------------------------ */
+
+int li_engine_thread_log_open(FILE **out, const char *path, li_error *err) {
+    /* appended, not written whole and renamed: a killed server keeps every
+     * line but the one being written */
+    FILE *f = fopen(path, "a");
+    if (!f) return li_error_set(err, LI_EIO, "--step-log: cannot write %s: %s", path, strerror(errno));
+    setvbuf(f, NULL, _IOLBF, 0);
+    *out = f;
+    return 0;
+}
+
+/* The pending step's iteration ended at `end`: its line goes out now. */
+static void log_write(li_engine_thread *t, double end) {
+    if (!t->log_pending) return;
+    t->log_pending = false;
+    const li_step_shape *s = &t->log_shape;
+    int n = fprintf(t->step_log,
+                    "{\"step\":%lld,\"prefill_tokens\":%lld,\"decode_rows\":%lld,\"context\":%.17g,"
+                    "\"step_s\":%.9g,\"forward_s\":%.9g,\"policy_s\":%.9g,\"iter_s\":%.9g,\"events\":%lld}\n",
+                    (long long)t->log_step, (long long)s->prefill_tokens, (long long)s->decode_rows, s->context,
+                    t->log_step_s, t->log_forward_s, t->log_policy_s, end - t->log_t0 - t->log_waited,
+                    (long long)t->log_events);
+    if (n < 0 || fflush(t->step_log) != 0) {
+        li_log_error("serve: --step-log: write failed (%s): the step log stops here", strerror(errno));
+        fclose(t->step_log);
+        t->step_log = NULL;
+    }
+}
+
+/* After a step (t0: its start, dt: its wall time) and its publish: keeps its
+ * numbers for the line written when the iteration ends. */
+static void log_step(li_engine_thread *t, double t0, double dt, double forward0, double policy0) {
+    li_step_shape sh;
+    li_engine_last_step(t->eng, &sh);
+    if (sh.prefill_tokens == 0 && sh.decode_rows == 0) return; /* computed nothing */
+    const li_engine_stats *st = &t->snap.st;
+    t->log_pending = true;
+    t->log_shape = sh;
+    t->log_step = st->steps;
+    t->log_t0 = t0;
+    t->log_step_s = dt;
+    t->log_forward_s = st->time_forward - forward0;
+    t->log_policy_s = st->time_policy - policy0;
+    t->log_events = t->batch ? t->batch->n : 0;
+}
+
 static void thread_main(void *arg) {
     li_engine_thread *t = arg;
     for (;;) {
         uv_mutex_lock(&t->mu);
-        while (!t->head && !t->quit && !li_engine_has_work(t->eng)) uv_cond_wait(&t->cv, &t->mu);
+        while (!t->head && !t->quit && !li_engine_has_work(t->eng)) {
+            const double w0 = t->step_log ? li_time_now() : 0;
+            uv_cond_wait(&t->cv, &t->mu);
+            if (t->step_log) t->log_waited += li_time_now() - w0; /* idle: no iteration's cost */
+        }
         cmd *list = t->head;
         t->head = t->tail = NULL;
         bool quit = t->quit;
@@ -391,19 +451,28 @@ static void thread_main(void *arg) {
             release_finished(t);
             publish(t);
             flush_events(t);
+            if (t->step_log) log_write(t, li_time_now());
             return;
         }
+        double t0 = 0, dt = -1, forward0 = 0, policy0 = 0;
         if (li_engine_has_work(t->eng)) {
             li_error err = {0};
-            double t0 = li_time_now();
+            t0 = li_time_now();
+            if (t->step_log) {
+                log_write(t, t0);
+                t->log_waited = 0;
+                forward0 = t->snap.st.time_forward; /* this thread's own last publish */
+                policy0 = t->snap.st.time_policy;
+            }
             if (li_engine_step(t->eng, &err) != 0) li_log_error("serve: engine step failed: %s", err.msg);
-            double dt = li_time_now() - t0;
+            dt = li_time_now() - t0;
             li_hist_add(&t->step_time, dt);
             t->busy += dt;
             t->steps_busy++;
         }
         release_finished(t);
         publish(t);
+        if (t->step_log && dt >= 0) log_step(t, t0, dt, forward0, policy0);
         flush_events(t);
     }
 }
@@ -475,11 +544,13 @@ int li_engine_thread_start(li_engine_thread **out, li_server *srv, const li_engi
     int rc = li_engine_init_runners(&t->eng, o->model, o->draft, o->be, &o->cfg, err);
     if (rc) {
         if (o->policy) o->policy->ops->free(o->policy); /* owned from the call on */
+        if (o->step_log) fclose(o->step_log);
         free(t);
         return rc;
     }
     t->policy = o->policy;
     t->reload_opts = o->reload;
+    t->step_log = o->step_log;
     li_engine_set_policy(t->eng, t->policy);
     li_hist_init(&t->step_time, step_buckets, (int)LI_ARRAY_LEN(step_buckets));
     li_hist_init(&t->snap.step_time, step_buckets, (int)LI_ARRAY_LEN(step_buckets));
@@ -516,6 +587,7 @@ void li_engine_thread_stop(li_engine_thread *t) {
     }
     li_engine_free(t->eng);
     if (t->policy) t->policy->ops->free(t->policy);
+    if (t->step_log) fclose(t->step_log);
     uv_mutex_destroy(&t->mu);
     uv_cond_destroy(&t->cv);
     uv_mutex_destroy(&t->snap_mu);

@@ -6,6 +6,8 @@
 #include "runtime/policy_open.h"
 #include "server/server.h"
 
+#include <stdio.h>
+
 /* What the engine thread publishes after each step (under snap_mu). */
 typedef struct li_engine_snapshot {
     li_engine_stats st;
@@ -34,7 +36,14 @@ typedef struct li_engine_thread_opts {
      * path and source are ignored): the server's own isolation mode. A
      * zero kind (LI_POLICY_BUILTIN) means in-process. */
     li_policy_open_opts reload;
+    /* serve --step-log: one JSON line per step that computed something
+     * (li_engine_thread_log_open); owned from now on, closed at stop. NULL: off. */
+    FILE *step_log;
 } li_engine_thread_opts;
+
+/* Opens (appends to) a --step-log file, line-buffered; a clear error when it
+ * cannot be written. */
+int li_engine_thread_log_open(FILE **out, const char *path, li_error *err);
 
 int li_engine_thread_start(li_engine_thread **out, li_server *srv, const li_engine_thread_opts *o, li_error *err);
 /* Queues a prepared request; its events come back through opts.on_events. */

@@ -168,6 +168,7 @@ typedef struct serve_opts {
     bool no_http, no_rpc;
     const char *q4_act;
     const char *device; /* --device: cpu or cuda */
+    const char *step_log; /* --step-log FILE */
 } serve_opts;
 
 /* ---- listeners and the banner ------------------------------------------------- */
@@ -320,6 +321,7 @@ int li_cmd_serve(int argc, char **argv) {
         {"rpc-idle-timeout", LI_OPT_FLOAT, &o.rpc_idle_timeout, "s a msgpack-RPC connection may wait between calls (default 0 = no limit)"},
         {"max-connections-per-ip", LI_OPT_INT, &o.max_per_ip, "open TCP connections per client address (default 0 = no limit)"},
         {"idle-evict-seconds", LI_OPT_FLOAT, &o.evict_idle, "at --max-connections, a new client closes the longest idle connection idle this long (default 2)"},
+        {"step-log", LI_OPT_STR, &o.step_log, "append one JSON line per engine step that computed something to FILE: prefill_tokens, decode_rows, context, step_s, iter_s (the whole engine-thread iteration), forward_s, policy_s; fit with bench/bench_step_cost.lua --fit-log (default: off)"},
         {"help", LI_OPT_FLAG, &o.help, "show this help"},
     };
     const int n_opts = (int)LI_ARRAY_LEN(opts);
@@ -340,6 +342,7 @@ int li_cmd_serve(int argc, char **argv) {
     li_runtime rt = {0};
     bool rt_open = false, loop_open = false;
     li_policy *policy = NULL;
+    FILE *step_log = NULL;
     if ((rc = check_range("max-frame-bytes", o.max_frame, 64, (int64_t)1 << 30, &err)) ||
         (rc = check_range("max-inflight", o.max_inflight, 1, 1 << 20, &err)) ||
         (rc = check_range("max-connections", o.max_connections, 1, 1 << 20, &err)) ||
@@ -397,6 +400,9 @@ int li_cmd_serve(int argc, char **argv) {
                                                                    : "--no-rpc and --listen contradict each other");
         goto done;
     }
+
+    /* before the slow model load: a bad path fails at once */
+    if (o.step_log && (rc = li_engine_thread_log_open(&step_log, o.step_log, &err))) goto done;
 
     /* the policy first: its config table may set engine defaults */
     const char *policy_path = pos[0] ? pos[0] : li_server_default_policy();
@@ -492,13 +498,12 @@ int li_cmd_serve(int argc, char **argv) {
 
     li_engine_thread_opts eo = {
         .model = rt.model, .draft = rt.draft, .be = &rt.be, .cfg = *cfg, .policy = policy, .on_events = li_api_on_events,
-        .reload = {.kind = kind, .lua = {.allow_unsafe = o.policy_unsafe}}};
+        .reload = {.kind = kind, .lua = {.allow_unsafe = o.policy_unsafe}}, .step_log = step_log};
     li_engine_thread *eng;
-    if ((rc = li_engine_thread_start(&eng, &srv, &eo, &err))) {
-        policy = NULL; /* the engine thread owned and freed it */
-        goto done;
-    }
-    policy = NULL;
+    rc = li_engine_thread_start(&eng, &srv, &eo, &err);
+    policy = NULL; /* the engine thread owns them (and freed them on failure) */
+    step_log = NULL;
+    if (rc) goto done;
     {
         li_engine_snapshot snap;
         li_engine_thread_snapshot(eng, &snap);
@@ -545,6 +550,7 @@ done:
         li_loop_close(&srv.loop);
     }
     if (policy) policy->ops->free(policy);
+    if (step_log) fclose(step_log);
     if (rt_open) li_runtime_close(&rt);
     li_server_free(&srv);
     free((void *)o.listen.items);
