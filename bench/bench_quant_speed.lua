@@ -7,6 +7,7 @@
 --
 -- Q4_ACT: f32 (A16, default) or int8 (A8) for 4-bit group weights.
 local luainfer = require("luainfer")
+require("luainfer.bench").options(arg) -- --help
 local root = (arg[0]:match("^(.*)/bench/") or ".")
 local STEPS = tonumber(arg[1]) or 16
 local ROUNDS = tonumber(arg[2]) or 1

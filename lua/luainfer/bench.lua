@@ -53,9 +53,32 @@ function M.take_flags(args, spec)
   return got
 end
 
+-- A program's usage: its header comment (the leading "--" lines).
+local function usage(script)
+  local f = script and io.open(script, "rb")
+  if not f then return ("%s: no usage text\n"):format(tostring(script)) end
+  local out = {}
+  for line in f:lines() do
+    local t = line:match("^%-%- ?(.*)$")
+    if not t then break end
+    out[#out + 1] = t
+  end
+  f:close()
+  return table.concat(out, "\n") .. "\n"
+end
+
 -- Pulls the shared options out of arg (take_flags). Returns
--- { json = FILE?, plot = FILE?, root }.
+-- { json = FILE?, plot = FILE?, root }. --help or -h anywhere prints the
+-- program's header comment and exits: positional arguments are read with
+-- tonumber(arg[i]) or a default, so a flag they do not know would
+-- otherwise start a full run with the defaults.
 function M.options(args)
+  for i = 1, #args do
+    if args[i] == "--help" or args[i] == "-h" then
+      io.stdout:write(usage(args[0]))
+      os.exit(0)
+    end
+  end
   local f = M.take_flags(args, { ["--json"] = "file", ["--plot"] = "file" })
   return { root = root_of(args[0]), json = f["--json"], plot = f["--plot"] }
 end

@@ -53,6 +53,20 @@ def test_bench_list(run_cli):
         assert all(re.search(rf"^  {name} +\S.{{8,}}$", r.stdout, re.M) for name in c), r.stdout
 
 
+def test_bench_program_help_prints_usage_and_runs_nothing(run_cli):
+    """`luainfer bench NAME --help` (or -h anywhere among its arguments)
+    prints the program's header comment and exits 0 without measuring:
+    the programs read positional arguments with defaults, so before this a
+    --help started a full run (bench spec's took minutes)."""
+    for args in (["spec", "--help"], ["batching", "3", "-h"], ["replay", "--help"]):
+        r = run_cli(["bench", *args], timeout=30)
+        assert r.returncode == 0, r.stderr
+        name = args[0]
+        assert r.stdout.startswith(f"bench_{name}.lua"), r.stdout[:200]
+        assert "luainfer" in r.stdout and not re.search(r"^-- ", r.stdout, re.M), r.stdout[:400]
+        assert "[" not in r.stderr, r.stderr  # no progress bar: nothing ran
+
+
 def check_png(path):
     """A PNG that decodes completely (matplotlib's reader, libpng), of a sane
     size, with more than one colour in it."""
