@@ -6,7 +6,7 @@
 --
 --   ./build/luainfer bench replay TRACE [--policy P.lua]... [--rate-scale X[,Y,...]]
 --        [--duration S] [--max-num-seqs N] [--kv-memory MIB] [--clock wall|model[:FILE]]
---        [--policy-time] [--json FILE] [--plot FILE]
+--        [--policy-time] [--goodput-target G] [--json FILE] [--plot FILE]
 --
 -- TRACE is a JSON-lines file (bench/traces/, made by tools/gen_traces.py):
 -- per request the arrival time t (s), the prompt (text, or prompt_len
@@ -17,7 +17,9 @@
 -- engine steps while it has work and sleeps until the next arrival when it
 -- has none. --rate-scale 2 replays twice as fast (twice the load); a comma
 -- list sweeps, and --plot then draws goodput against load beside the TTFT
--- percentiles. Policies (default policies/default.lua) run in turn on the
+-- percentiles. A sweep also prints each policy's maximum load at the SLOs:
+-- the highest rate scale at which, as at every lower scale swept, at least
+-- --goodput-target of the requests (default 0.9) met theirs. Policies (default policies/default.lua) run in turn on the
 -- same trace, in an order that alternates between rate scales.
 --
 -- --clock model[:FILE] (default FILE bench/traces/step_cost.json, fitted by
@@ -35,11 +37,12 @@ local json = require("luainfer.json")
 local opts = bench.options(arg)
 local root = opts.root
 local usage = "usage: luainfer bench replay TRACE [--policy P.lua]... [--rate-scale X[,Y...]] [--duration S] "
-  .. "[--max-num-seqs N] [--kv-memory MIB] [--clock wall|model[:FILE]] [--policy-time] [--json FILE] [--plot FILE]"
+  .. "[--max-num-seqs N] [--kv-memory MIB] [--clock wall|model[:FILE]] [--policy-time] [--goodput-target G] "
+  .. "[--json FILE] [--plot FILE]"
 
 -- ---- arguments ---------------------------------------------------------------
 local trace_path, policies, scales, duration, max_num_seqs, kv_mib = nil, {}, { 1 }, math.huge, 16, 256
-local clock, cost_path, policy_time = "wall", nil, false
+local clock, cost_path, policy_time, goodput_target = "wall", nil, false, 0.9
 do
   local i = 1
   local function value(flag)
@@ -70,6 +73,9 @@ do
       end
       if cost_path == "" then cost_path = nil end
     elseif a == "--policy-time" then policy_time = true; i = i + 1
+    elseif a == "--goodput-target" then
+      goodput_target = number(a, value(a), 0)
+      if goodput_target > 1 then error(("--goodput-target: want a share in [0, 1], got %g"):format(goodput_target), 0) end
     elseif a:sub(1, 2) == "--" then error(("unknown option %s\n%s"):format(a, usage), 0)
     elseif not trace_path then trace_path = a; i = i + 1
     else error(("unexpected argument %q\n%s"):format(a, usage), 0) end
@@ -255,6 +261,30 @@ print(("(ms on the %s clock%s; queue: arrival to the first step that computed th
 print(" with TTFT <= slo_ttft_ms and TPOT <= slo_tpot_ms; one greedy output per request; pol ms/st: wall time;")
 print(" hit: prompt tokens served by the prefix cache)")
 
+-- the load sweep: each policy's highest scale meeting the goodput target at
+-- it and at every lower scale (a scale past the first miss does not count:
+-- a lucky point above an overload is no capacity)
+local max_load
+if #scales > 1 then
+  max_load = {}
+  local line = {}
+  for k, path in ipairs(policies) do
+    local best, name = nil, nil
+    for _, r in ipairs(runs) do
+      if r.index == k then
+        name = r.policy
+        if r.goodput + 1e-12 < goodput_target then break end
+        best = r.rate_scale
+      end
+    end
+    max_load[name or path] = best or false
+    line[#line + 1] = ("%s %s"):format(name or path, best and ("%.2f"):format(best)
+      or ("below %.2f"):format(runs[1].rate_scale))
+  end
+  print(("max load with goodput >= %g%% (of the scales swept): %s"):format(100 * goodput_target,
+    table.concat(line, ", ")))
+end
+
 -- a policy decides when, never what: every run's greedy texts are the same
 local same = true
 for _, r in ipairs(runs) do
@@ -265,5 +295,5 @@ end
 print(same and "every run's outputs were identical" or "OUTPUTS DIFFER between runs")
 for _, r in ipairs(runs) do r.texts = nil end
 bench.finish(opts, { bench = "replay", trace = trace_path, max_num_seqs = max_num_seqs, runs = runs, clock = clock,
-                     step_cost = cost })
+                     step_cost = cost, max_load = max_load, goodput_target = goodput_target })
 if not same then os.exit(1) end

@@ -317,6 +317,12 @@ def test_bench_replay_side_by_side(run_ok, tmp_path):
         assert run["ttft_p50"] <= run["ttft_p90"] <= run["ttft_p99"]
         assert 0 <= run["prefix_hit_rate"] <= 1
     check_png(png)
+    # the sweep's maximum load: no scale reaches 90% here (the third SLO can't be met)
+    assert "max load with goodput >= 90% (of the scales swept): default below 1.00, lof below 1.00" in out, out
+    assert r["max_load"] == {"default": False, "lof": False} and r["goodput_target"] == 0.9
+    out = bench(run_ok, "replay", str(trace), "--rate-scale", "1,2", "--goodput-target", "0", "--json", str(js))
+    assert "max load with goodput >= 0% (of the scales swept): default 2.00" in out, out
+    assert json.loads(js.read_text())["max_load"] == {"default": 2.0}
 
 
 def test_bench_replay_bad_traces(run_cli, tmp_path):
@@ -343,6 +349,10 @@ def test_bench_replay_bad_traces(run_cli, tmp_path):
             p.write_text(text)
         r = run_cli(["bench", "replay", str(p)])
         assert r.returncode != 0 and want[name] in r.stderr, (name, r.stderr)
+    ok = write_trace(tmp_path / "ok.jsonl", [{"t": 0, "prompt": "x", "max_tokens": 2}])
+    for v in ("2", "-0.5", "x"):
+        r = run_cli(["bench", "replay", str(ok), "--goodput-target", v])
+        assert r.returncode != 0 and "--goodput-target" in r.stderr, (v, r.stderr)
     r = run_cli(["bench", "replay", str(tmp_path / "order.jsonl"), "--rate-scale", "0"])
     assert r.returncode != 0 and "--rate-scale: want a number" in r.stderr
     r = run_cli(["bench", "replay", str(tmp_path / "order.jsonl"), "--bogus"])
