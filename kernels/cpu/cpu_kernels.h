@@ -156,6 +156,9 @@ extern const li_cpu_kernels li_cpu_kernels_avx512; /* needs AVX-512 F/BW/VL/DQ/V
 /* ---- pieces of the scalar reference shared with the scalar kernels (ops_ref.c) ---- */
 void li_ref_attn_head(const li_attn_args *a, int64_t i, int h, float *scores);
 void li_ref_silu_mul(float *g, const float *u, int64_t n);
+/* one row of the hadamard op (backend.h): x(dim) <- (x * s) blockdiag(H_block) / sqrt(block);
+ * butterflies of adds and subtracts in a fixed order, so every caller gets the same bits */
+void li_ref_hadamard(float *x, const float *s, int64_t dim, int64_t block);
 /* Element idx of an array stored as F32, F16 or BF16 (a K/V row, a weight row).
  * Callers pass only these three (kv_cache_init and weight_prepare refuse the
  * rest); where dtype is a constant the switch folds away. */
