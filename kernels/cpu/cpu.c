@@ -806,6 +806,7 @@ static void cpu_add(li_backend *be, float *y, const float *x, int64_t n) {
 }
 
 typedef struct {
+    void (*row)(float *x, const float *s, int64_t dim, int64_t block);
     float *x;
     const float *s;
     int64_t dim, block;
@@ -813,12 +814,13 @@ typedef struct {
 
 static void hadamard_rows(void *p, int64_t r0, int64_t r1) {
     const hadamard_ctx *c = p;
-    for (int64_t r = r0; r < r1; r++) li_ref_hadamard(c->x + r * c->dim, c->s, c->dim, c->block);
+    for (int64_t r = r0; r < r1; r++) c->row(c->x + r * c->dim, c->s, c->dim, c->block);
 }
 
-/* the reference's row, rows over the threads for big batches: ~dim * log2(block) adds a row */
+/* the ISA's row (the reference's bits), rows over the threads for big batches: ~dim * log2(block) adds a row */
 static void cpu_hadamard(li_backend *be, float *x, const float *s, int64_t n, int64_t dim, int64_t block) {
-    hadamard_ctx ctx = {.x = x, .s = s, .dim = dim, .block = block};
+    const li_cpu_kernels *k = cpu_of(be)->kern;
+    hadamard_ctx ctx = {.row = k->hadamard ? k->hadamard : li_ref_hadamard, .x = x, .s = s, .dim = dim, .block = block};
     int64_t lg = 0;
     while (((int64_t)1 << lg) < block) lg++;
     rows_run(cpu_of(be), hadamard_rows, &ctx, n, n * dim * (lg + 2), 1);
