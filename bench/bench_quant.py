@@ -61,6 +61,9 @@ METHODS = {
     "w8a8-as": (["--method", "w8a8", "--alpha-search", "--smooth", "all"], "w8"),  # alpha per layer and site
     "w8a8-as-gptq": (["--method", "w8a8", "--alpha-search", "--smooth", "all", "--gptq"], "w8"),
     "fp8-gptq": (["--method", "fp8", "--smooth", "none", "--gptq"], "w8"),  # GPTQ alone (fp8 + --calib would smooth)
+    # QuaRot-style rotation (docs/quant_rotation.md): norms folded, Hadamard Q, online H_128 before down_proj
+    "w8a8-rot": (["--method", "w8a8", "--rotate", "--smooth", "none", "--gptq"], "w8"),
+    "w8a8-rot-rtn": (["--method", "w8a8", "--rotate", "--smooth", "none"], False),
     "rtn4": (["--method", "rtn4", "--group", "64"], False),
     "awq": (["--method", "awq", "--group", "64"], "q4"),
     "gptq": (["--method", "gptq", "--group", "64"], "q4"),

@@ -291,10 +291,24 @@ def rotate(m, Q):
     m.out = m.out @ Q
 
 
-def down_hadamard(m, rng):
-    """down_proj's input h -> h H at run time (m.had), W_down -> W_down H offline."""
+def block_hadamard(n, b, rng):
+    """h -> h diag(s) blockdiag(H_b, ..., H_b) / sqrt(b), s random +-1, b a power of two dividing n:
+    a fast Walsh-Hadamard transform on each block (what the engine's `hadamard` op runs)."""
+    if n % b:
+        raise ValueError(f"block_hadamard: {b} does not divide {n}")
+    hb, s = sylvester(b), rng.choice([-1.0, 1.0], n)
+
+    def apply(h):
+        v = (h * s).reshape(*h.shape[:-1], n // b, b)
+        return (v @ hb).reshape(h.shape) / math.sqrt(b)
+    return apply
+
+
+def down_hadamard(m, rng, block=0):
+    """down_proj's input h -> h H at run time (m.had), W_down -> W_down H offline; block 0: the
+    full H_12 x H_128, else block-diagonal H_block."""
     n = m.w["blk.0.ffn_down.weight"].shape[1]
-    m.had, _ = signed_hadamard(n, rng)
+    m.had = signed_hadamard(n, rng)[0] if not block else block_hadamard(n, block, rng)
     for l in range(m.n_layer):
         p = f"blk.{l}.ffn_down.weight"
         m.w[p] = m.had(m.w[p])
@@ -303,7 +317,7 @@ def down_hadamard(m, rng):
 ROT_CONFIGS = ("none", "fold", "down", "had", "had+down", "orth", "orth+down")
 
 
-def transform(m, orig, config, seed):
+def transform(m, orig, config, seed, down_block=0):
     """m back to orig's weights, then config: none (as `sources`: no fold), fold (norms folded
     only), down (online H only), had / orth (norms folded, Q a randomized Hadamard / a random
     orthogonal), +down (and the online H)."""
@@ -315,7 +329,7 @@ def transform(m, orig, config, seed):
     if q in ("had", "orth"):
         rotate(m, signed_hadamard(m.dim, rng)[1] if q == "had" else random_orthogonal(m.dim, rng))
     if down or q == "down":
-        down_hadamard(m, rng)
+        down_hadamard(m, rng, down_block)
 
 
 def gptq_int8(W, H, damp=0.01, block=128):
@@ -409,7 +423,7 @@ def rotation(a, m, ev, calib):
     for config in a.configs.split(","):
         config, _, smoothings = config.partition(":")     # NAME:S1;S2 overrides --smooth
         smoothings = smoothings.split(";") if smoothings else a.smooth.split(",")
-        transform(m, orig, config, a.seed)
+        transform(m, orig, config, a.seed, a.down_block)
         dev = np.abs(m.logits(chunks[0]) - lp0).max()
         print(f"{config}: float forward, max |log-prob - F16's| on chunk 0: {dev:.2e}",
               file=sys.stderr, flush=True)
@@ -512,6 +526,9 @@ def main():
     ap.add_argument("--seed", type=int, default=0, help="rotation: of the random signs and Q")
     ap.add_argument("--gptq", type=int, default=0, metavar="N",
                     help="rotation: GPTQ int8 weights too, X^T X over N calibration windows")
+    ap.add_argument("--down-block", type=int, default=0, metavar="B",
+                    help="rotation: the online Hadamard block-diagonal, blocks of B (a power of two; 0: "
+                         "the full H_12 x H_128)")
     a = ap.parse_args()
     if a.what == "layers" and not a.quantized:
         sys.exit("quant_error_sources: layers needs at least one quantized GGUF")

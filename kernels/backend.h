@@ -18,7 +18,7 @@ struct li_error; /* util/common.h */
 
 /* Bumped whenever li_backend_ops changes shape: a backend built for another
  * version is refused (li_backend_check, run by every li_buffer_alloc). */
-#define LI_BACKEND_API_VERSION 2
+#define LI_BACKEND_API_VERSION 3
 
 /* A block of backend memory. `data` is the backend's address of byte 0:
  * what ops receive (a device pointer on a device backend). Only where
@@ -150,6 +150,14 @@ typedef struct li_backend_ops {
     void (*silu_mul)(li_backend *be, float *g, const float *u, int64_t n, int64_t dim);
     /* y += x, (n) elements */
     void (*add)(li_backend *be, float *y, const float *x, int64_t n);
+    /* optional (NULL: the backend cannot run rotated models): in place on
+     * each row of x(n, dim), x <- (x * s) blockdiag(H_b, ..., H_b) / sqrt(b)
+     * with s(dim) the signs, H_b Sylvester's Hadamard matrix of order
+     * b = block (a power of two dividing dim): a fast Walsh-Hadamard
+     * transform per block. Rows are independent (batch-invariant); an
+     * orthogonal map, so applying it twice with s = 1 gives x back. The
+     * online Hadamard before down_proj of a rotated model (model.h) */
+    void (*hadamard)(li_backend *be, float *x, const float *s, int64_t n, int64_t dim, int64_t block);
     /* write k, v (n_tokens, n_head_kv, head_dim) into slots slot[i] = block*block_size + offset */
     void (*kv_store)(li_backend *be, const li_kv_layer *kv, const float *k, const float *v,
                      const int64_t *slot, int64_t n_tokens, int n_head_kv, int head_dim);

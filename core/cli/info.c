@@ -129,7 +129,14 @@ int li_cmd_info(int argc, char **argv) {
     const li_kv_dims kvd = {hp->n_layer, hp->n_head_kv, hp->head_dim};
     const size_t f16_bpt = li_kv_bytes_per_token(&kvd, LI_TYPE_F16);
     const size_t budget = (size_t)(budget_gib * 1024.0 * 1024.0 * 1024.0);
-    char b1[32], b2[32];
+    char b1[32], b2[32], rot[160] = "";
+    if (m->rot_block) {
+        uint32_t seed = 0;
+        li_error e2 = {0};
+        li_gguf_get_u32(&m->gguf, LI_ROT_KEY_SEED, &seed, &e2);
+        snprintf(rot, sizeof rot, "hadamard v%d: norms folded, residual Q, online Hadamard before down_proj in "
+                 "blocks of %d (seed %u)", LI_ROT_VERSION, m->rot_block, seed);
+    }
     if (json) {
         cJSON *j = cJSON_CreateObject();
         cJSON_AddStringToObject(j, "path", m->path);
@@ -139,6 +146,12 @@ int li_cmd_info(int argc, char **argv) {
         cJSON_AddNumberToObject(j, "bits_per_weight", bpw);
         cJSON_AddStringToObject(j, "scheme", li_scheme_name(m->quant_scheme));
         if (*qdesc) cJSON_AddStringToObject(j, "quantization", qdesc);
+        if (m->rot_block) {
+            cJSON *r = cJSON_AddObjectToObject(j, "rotation");
+            cJSON_AddStringToObject(r, "method", LI_ROT_METHOD);
+            cJSON_AddNumberToObject(r, "version", LI_ROT_VERSION);
+            cJSON_AddNumberToObject(r, "down_block", m->rot_block);
+        }
         cJSON *h = cJSON_AddObjectToObject(j, "hparams");
         cJSON_AddNumberToObject(h, "n_vocab", hp->n_vocab);
         cJSON_AddNumberToObject(h, "n_ctx_train", hp->n_ctx_train);
@@ -206,6 +219,7 @@ int li_cmd_info(int argc, char **argv) {
         printf("parameters:   %.1f M   file: %s   weights: %.2f bits per weight\n", n_params / 1e6,
                human((double)m->gguf.size, b1, sizeof b1), bpw);
         if (*qdesc) printf("quantization: %s (luainfer quantize)\n", qdesc);
+        if (*rot) printf("rotation:     %s\n", rot);
         printf("vocab %d, context %d, hidden %d, layers %d, heads %d (kv %d, dim %d), ffn %d\n", hp->n_vocab,
                hp->n_ctx_train, hp->n_embd, hp->n_layer, hp->n_head, hp->n_head_kv, hp->head_dim, hp->n_ff);
         printf("rope: %d dims, theta %g; rms eps %g; output %s\n", hp->n_rot, hp->rope_theta, hp->norm_eps,

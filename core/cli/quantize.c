@@ -13,10 +13,10 @@
 #include <unistd.h>
 
 int li_cmd_quantize(int argc, char **argv) {
-    const char *method = NULL, *calib = NULL, *smooth = "all";
-    int64_t group = -1, samples = 32, seq_len = 512, threads = 0;
+    const char *method = NULL, *calib = NULL, *smooth = NULL;
+    int64_t group = -1, samples = 32, seq_len = 512, threads = 0, rot_block = 0, rot_seed = 0;
     double alpha = 0.5, damp = 0.01;
-    bool help = false, act_order = false, no_clip = false, gptq = false, alpha_search = false;
+    bool help = false, act_order = false, no_clip = false, gptq = false, alpha_search = false, rotate = false;
     li_opt opts[] = {
         {"method", LI_OPT_STR, &method, "f16, bf16, q8_0, q4_0, q4_1, w8a8 (int8 W8A8, SmoothQuant), fp8 (e4m3 W8A8), "
                                         "rtn4, awq, gptq (W4A16) or w4a4 (required)"},
@@ -26,7 +26,13 @@ int li_cmd_quantize(int argc, char **argv) {
         {"samples", LI_OPT_INT, &samples, "calibration windows (default 32)"},
         {"seq-len", LI_OPT_INT, &seq_len, "tokens per calibration window (default 512)"},
         {"alpha", LI_OPT_FLOAT, &alpha, "SmoothQuant migration strength in [0, 1] (default 0.5; 0 = no smoothing)"},
-        {"smooth", LI_OPT_STR, &smooth, "which SmoothQuant migrations: all (norms, v->o, up->down), norm (norms only), none (default all)"},
+        {"smooth", LI_OPT_STR, &smooth, "which SmoothQuant migrations: all (norms, v->o, up->down), norm (norms only), none "
+                                        "(default all; none with --rotate)"},
+        {"rotate", LI_OPT_FLAG, &rotate, "w8a8 (f16, bf16): QuaRot-style rotation first (norms folded, a Hadamard on the "
+                                         "residual stream, an online one before down_proj; docs/quant_rotation.md)"},
+        {"rotate-block", LI_OPT_INT, &rot_block, "--rotate: the online Hadamard's block, a power of two dividing n_ff "
+                                                 "(default 128)"},
+        {"rotate-seed", LI_OPT_INT, &rot_seed, "--rotate: seed of the random signs (default 0)"},
         {"damp", LI_OPT_FLOAT, &damp, "gptq: damping added to diag(H), a fraction of its mean (default 0.01)"},
         {"alpha-search", LI_OPT_FLAG, &alpha_search, "w8a8: SmoothQuant's alpha per layer and site, the one of 0, 0.1, "
                                                      "..., 1 whose int8 matmul errs least on calibration rows (instead of --alpha)"},
@@ -51,7 +57,13 @@ int li_cmd_quantize(int argc, char **argv) {
     li_quant_opts o = {.in = pos[0], .out = pos[1], .group = group < 0 ? 0 : group, .group_set = group != -1,
                        .calib = calib, .samples = samples, .seq_len = seq_len, .alpha = alpha, .threads = threads,
                        .damp = damp, .act_order = act_order, .no_clip = no_clip,
-                       .gptq8 = gptq, .alpha_search = alpha_search};
+                       .gptq8 = gptq, .alpha_search = alpha_search, .rotate = rotate, .rot_block = rot_block,
+                       .rot_seed = (uint64_t)rot_seed};
+    if (!smooth) smooth = rotate ? "none" : "all";
+    if ((rot_block || rot_seed) && !rotate)
+        return li_runtime_fail(&(li_error){LI_EINVAL, "quantize: --rotate-block and --rotate-seed apply with --rotate"});
+    if (rot_block < 0 || rot_seed < 0)
+        return li_runtime_fail(&(li_error){LI_EINVAL, "quantize: --rotate-block and --rotate-seed must not be negative"});
     if ((rc = li_qmethod_parse(method, &o.method, &err))) return li_runtime_fail(&err);
     if (!strcmp(smooth, "all")) o.smooth = LI_SMOOTH_ALL;
     else if (!strcmp(smooth, "norm")) o.smooth = LI_SMOOTH_NORM;

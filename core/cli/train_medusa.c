@@ -182,6 +182,8 @@ int li_cmd_train_medusa(int argc, char **argv) {
     size_t n_ids = 0, n_eids = 0, text_len = 0;
     float *E = NULL, *lg = NULL, *H = NULL;
     if ((rc = li_runtime_open(&rt, li_model_default_path(model_path), to.threads, NULL, &err))) goto done;
+    /* heads read the hidden state, which is in the rotated basis there */
+    if ((rc = li_model_refuse_rotated(rt.model, "train-medusa", &err))) goto done;
     li_model *m = rt.model;
     const int64_t d = m->hp.n_embd, V = m->hp.n_vocab, L = to.seq_len;
     const uint64_t vhash = li_tokenizer_vocab_hash(m->tok);

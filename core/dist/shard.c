@@ -41,6 +41,8 @@ int li_shard_plan(const li_model *m, int rank, int size, li_shard *out, li_error
     /* n_ff in whole blocks of every layer's w_down (its k-slice) */
     int64_t unit = 1;
     for (int l = 0; l < hp->n_layer; l++) unit = LI_MAX(unit, block_of(m->layers[l].w_down.type));
+    /* a rotated model's online Hadamard is block-diagonal: a rank's slice holds whole blocks */
+    unit = LI_MAX(unit, (int64_t)m->rot_block);
     if (hp->n_ff % unit || hp->n_ff / unit < size)
         return li_error_set(err, LI_EUNSUP, "tensor parallel: n_ff %d does not split into %d slices of whole %lld-element blocks",
                             hp->n_ff, size, (long long)unit);
@@ -129,6 +131,7 @@ int li_shard_model_init(li_model *view, const li_model *m, int rank, int size, l
         L->w_up = rows_of(&F->w_up, s.ff0, s.n_ff);
         L->wo = cols_of(&F->wo, s.head0 * hd, s.n_head * hd, &own[view->n_shard_copies++]);
         L->w_down = cols_of(&F->w_down, s.ff0, s.n_ff, &own[view->n_shard_copies++]);
+        L->down_had = F->down_had ? F->down_had + s.ff0 : NULL; /* the slice's signs: its blocks are its own */
     }
     return 0;
 }

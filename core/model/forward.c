@@ -312,6 +312,8 @@ int li_forward_run(li_forward *f, const li_model *m, li_backend *be, li_kv_cache
     f->have_logits = false;
     if (b->hidden != LI_HIDDEN_NONE && b->hidden != LI_HIDDEN_PRE_NORM && b->hidden != LI_HIDDEN_POST_NORM)
         return li_error_set(err, LI_EINVAL, "forward: unknown hidden state kind %d", (int)b->hidden);
+    if (m->rot_block && !op->hadamard)
+        return li_error_set(err, LI_EUNSUP, "forward: backend %s has no hadamard op (a rotated model)", op->name);
 
     op->get_rows(be, &m->tok_embd, f->d_tokens, n, f->x);
 
@@ -339,6 +341,8 @@ int li_forward_run(li_forward *f, const li_model *m, li_backend *be, li_kv_cache
         matmul_shared(be, (const li_weight *const[]){&L->w_gate, &L->w_up}, 2, f->h, (float *const[]){f->g, f->u},
                       n);
         op->silu_mul(be, f->g, f->u, n, hp->n_ff);
+        /* rotated: down_proj's weights were made for silu(g)*u in the Hadamard basis */
+        if (L->down_had) op->hadamard(be, f->g, L->down_had, n, hp->n_ff, m->rot_block);
         if (!f->comm) matmul_residual(be, &L->w_down, f->g, f->h, f->x, n);
         else if ((rc = matmul_reduce_residual(f, be, &L->w_down, f->g, f->h, f->x, n, err))) break;
     }

@@ -235,6 +235,34 @@ static int bind_norm(li_model *m, const float **out, const char *name, int64_t n
     return 0;
 }
 
+/* luainfer.rotation.*: the block of the online Hadamard (0: not rotated) */
+static int read_rotation(li_model *m, li_error *err) {
+    li_str s;
+    int rc = li_gguf_get_str(&m->gguf, LI_ROT_KEY_METHOD, &s, err);
+    m->rot_block = 0;
+    if (rc == 1) return 0;
+    if (rc) return rc;
+    if (!li_str_eq(s, LI_ROT_METHOD))
+        return li_error_set(err, LI_EUNSUP, "model: unknown rotation '%.*s' (" LI_ROT_KEY_METHOD ")", (int)s.len, s.ptr);
+    uint32_t v = 0, b = 0;
+    if ((rc = li_gguf_get_u32(&m->gguf, LI_ROT_KEY_VERSION, &v, err)) < 0) return rc;
+    if (v != LI_ROT_VERSION)
+        return li_error_set(err, LI_EUNSUP, "model: " LI_ROT_KEY_VERSION " %u is not supported (this build reads %d)", v,
+                            LI_ROT_VERSION);
+    if ((rc = li_gguf_get_u32(&m->gguf, LI_ROT_KEY_BLOCK, &b, err)) < 0) return rc;
+    if (rc == 1 || b == 0 || (b & (b - 1)) || b > (uint32_t)m->hp.n_ff || m->hp.n_ff % b)
+        return li_error_set(err, LI_EINVAL, "model: " LI_ROT_KEY_BLOCK " %u is not a power of two dividing n_ff %d", b,
+                            m->hp.n_ff);
+    m->rot_block = (int32_t)b;
+    return 0;
+}
+
+int li_model_refuse_rotated(const li_model *m, const char *what, li_error *err) {
+    if (!m->rot_block) return 0;
+    return li_error_set(err, LI_EUNSUP, "%s: %s is a rotated model (luainfer quantize --rotate): its hidden states and "
+                        "channels are in a rotated basis; use the unrotated file", what, m->path ? m->path : "the model");
+}
+
 static int bind_weights(li_model *m, li_error *err) {
     const li_hparams *hp = &m->hp;
     int rc;
@@ -273,6 +301,10 @@ static int bind_weights(li_model *m, li_error *err) {
         BIND_W(w_gate, "ffn_gate", hp->n_embd, hp->n_ff);
         BIND_W(w_up, "ffn_up", hp->n_embd, hp->n_ff);
         BIND_W(w_down, "ffn_down", hp->n_ff, hp->n_embd);
+        if (m->rot_block) {
+            snprintf(name, sizeof name, LI_ROT_SIGNS_FMT, l);
+            if ((rc = bind_norm(m, &L->down_had, name, hp->n_ff, err))) return rc;
+        }
     }
 #undef BIND_W
 #undef BIND_N
@@ -299,7 +331,9 @@ int li_model_load(li_model **out, const char *path, li_error *err) {
         return rc;
     }
     m->path = strdup(path);
-    if ((rc = read_hparams(m, err)) || (rc = read_scheme(m, err)) || (rc = bind_weights(m, err))) goto fail;
+    if ((rc = read_hparams(m, err)) || (rc = read_scheme(m, err)) || (rc = read_rotation(m, err)) ||
+        (rc = bind_weights(m, err)))
+        goto fail;
     if ((rc = li_tokenizer_init(&m->tok, &m->gguf, err))) goto fail;
     if (li_tokenizer_n_vocab(m->tok) != m->hp.n_vocab) {
         rc = li_error_set(err, LI_EINVAL, "model: tokenizer has %d tokens but the embedding has %d rows",
@@ -348,6 +382,9 @@ void li_model_free(li_model *m) {
     } while (0)
 
 int li_model_prepare(li_model *m, li_backend *be, li_error *err) {
+    if (m->rot_block && !be->ops->hadamard)
+        return li_error_set(err, LI_EUNSUP, "model: backend %s has no hadamard op, which a rotated model needs",
+                            be->ops->name);
     if (!be->ops->weight_prepare) return 0;
     int rc = 0;
     const li_weight *bad = NULL;

@@ -34,6 +34,7 @@ typedef struct li_layer {
     const float *ffn_norm;               /* (n_embd) */
     li_weight w_gate, w_up;              /* (n_ff, n_embd) */
     li_weight w_down;                    /* (n_embd, n_ff) */
+    const float *down_had;               /* (n_ff) signs of the online Hadamard before w_down, or NULL: not rotated */
 } li_layer;
 
 typedef struct li_model {
@@ -67,7 +68,25 @@ typedef struct li_model {
      * quantization the scheme allows (W4A4: int4 on the INT4 scheme);
      * LI_ACT_F32: the scheme's own (li_scheme_traits.act) */
     li_act_quant quant_act;
+    /* a rotated model (luainfer quantize --rotate): the residual stream lives
+     * in a rotated basis (so do the hidden states handed out), and down_proj
+     * reads silu(g)*u through the hadamard op in blocks of rot_block, with
+     * each layer's signs (li_layer.down_had); 0: not rotated */
+    int32_t rot_block;
 } li_model;
+
+/* The rotation's metadata keys and tensors (docs/quant_rotation.md). */
+#define LI_ROT_KEY_METHOD "luainfer.rotation.method"   /* "hadamard" */
+#define LI_ROT_KEY_VERSION "luainfer.rotation.version" /* LI_ROT_VERSION */
+#define LI_ROT_KEY_BLOCK "luainfer.rotation.down_block" /* the online Hadamard's block */
+#define LI_ROT_KEY_SEED "luainfer.rotation.seed"       /* of the signs (what wrote them; the loader needs no RNG) */
+#define LI_ROT_METHOD "hadamard"
+#define LI_ROT_VERSION 1
+#define LI_ROT_SIGNS_FMT "blk.%d.ffn_down_had"          /* F32 (n_ff) */
+
+/* A clear one-line LI_EUNSUP when m is rotated: `what` (e.g. "prune") reads
+ * or writes the residual stream's channels, which rotation mixes. */
+int li_model_refuse_rotated(const li_model *m, const char *what, li_error *err);
 
 /* path: a GGUF file, or a Hugging Face Llama directory (config.json,
  * *.safetensors, tokenizer.json; see hf.c). */

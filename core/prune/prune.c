@@ -530,6 +530,10 @@ int li_prune(const li_prune_opts *o, li_error *err) {
     li_runtime rt;
     int rc = li_runtime_open(&rt, o->in, o->threads, "auto", err);
     if (rc) return rc;
+    if ((rc = li_model_refuse_rotated(rt.model, "prune", err))) { /* its channel scores would be of mixed channels */
+        li_runtime_close(&rt);
+        return rc;
+    }
     li_model *m = rt.model;
     const li_hparams *hp = &m->hp;
     calib_set cs = {0};

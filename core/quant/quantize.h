@@ -66,6 +66,10 @@ typedef struct li_quant_opts {
     bool no_clip;           /* AWQ: skip the clipping search */
     bool alpha_search;      /* W8A8: SmoothQuant's alpha per (layer, site) from 0, 0.1, .., 1 by the int8 matmul's error */
     bool gptq8;             /* W8A8, FP8: the weights by GPTQ onto the scheme's grid (else round to nearest) */
+    /* ---- --rotate (rotate.h): the model rotated first, then calibrated and quantized ---- */
+    bool rotate;
+    int64_t rot_block;      /* the online Hadamard's block (0: LI_ROT_DEFAULT_BLOCK) */
+    uint64_t rot_seed;
 } li_quant_opts;
 
 /* "w8a8" -> LI_QMETHOD_W8A8; unknown names: LI_EINVAL listing the methods */
@@ -76,6 +80,8 @@ bool li_qmethod_is_q4(li_qmethod m);
 /* true for the methods that run the model over --calib */
 bool li_qmethod_needs_calib(const li_quant_opts *o);
 
+/* With o->rotate: the rotated F32 model is written beside the output
+ * (OUT.rot.tmp.PID, removed after), then quantized like any input. */
 int li_quantize(const li_quant_opts *o, li_error *err);
 
 #endif

@@ -106,8 +106,11 @@ int li_runtime_open_medusa(li_runtime *rt, const char *path, const char *tree, l
         return li_error_set(err, LI_EINVAL,
                             "medusa: speculation needs batch-invariant kernels; the '%s' backend is not (use another --isa)",
                             rt->be.ops->name);
+    /* heads are trained on an unrotated model's hidden states (train-medusa refuses rotated ones) */
+    int rc = li_model_refuse_rotated(rt->model, "medusa", err);
+    if (rc) return rc;
     li_medusa *h;
-    int rc = li_medusa_load(&h, path, rt->model, err);
+    rc = li_medusa_load(&h, path, rt->model, err);
     if (rc) return rc;
     li_medusa_tree t;
     if ((rc = li_medusa_tree_parse(tree, h->n_heads, &t, err))) {

@@ -223,6 +223,8 @@ int li_train_model_init(li_train_model *tm, const li_model *m, const li_train_se
     memset(tm, 0, sizeof *tm);
     const bool tied = m->output.data == m->tok_embd.data;
     int rc;
+    /* the dense forward here has no online Hadamard: a rotated model would train as another function */
+    if ((rc = li_model_refuse_rotated(m, "train", err))) return rc;
     if ((rc = li_train_layout_init(&tm->L, &m->hp, tied, sel, err))) return rc;
     if ((rc = alloc_params(tm, err))) {
         li_train_layout_free(&tm->L);

@@ -805,6 +805,27 @@ static void cpu_add(li_backend *be, float *y, const float *x, int64_t n) {
     rows_run(cpu_of(be), add_rows, &ctx, n, n / 2, 1); /* memory-bound: only big ones */
 }
 
+typedef struct {
+    void (*row)(float *x, const float *s, int64_t dim, int64_t block);
+    float *x;
+    const float *s;
+    int64_t dim, block;
+} hadamard_ctx;
+
+static void hadamard_rows(void *p, int64_t r0, int64_t r1) {
+    const hadamard_ctx *c = p;
+    for (int64_t r = r0; r < r1; r++) c->row(c->x + r * c->dim, c->s, c->dim, c->block);
+}
+
+/* the ISA's row (the reference's bits), rows over the threads for big batches: ~dim * log2(block) adds a row */
+static void cpu_hadamard(li_backend *be, float *x, const float *s, int64_t n, int64_t dim, int64_t block) {
+    const li_cpu_kernels *k = cpu_of(be)->kern;
+    hadamard_ctx ctx = {.row = k->hadamard ? k->hadamard : li_ref_hadamard, .x = x, .s = s, .dim = dim, .block = block};
+    int64_t lg = 0;
+    while (((int64_t)1 << lg) < block) lg++;
+    rows_run(cpu_of(be), hadamard_rows, &ctx, n, n * dim * (lg + 2), 1);
+}
+
 static void cpu_kv_store(li_backend *be, const li_kv_layer *kv, const float *k, const float *v, const int64_t *slot,
                          int64_t n_tokens, int n_head_kv, int head_dim) {
     if (li_kv_is_8bit(kv->dtype)) { /* FP8 / INT8: quantize with this ISA (same bytes as the reference) */
@@ -830,6 +851,7 @@ static const li_backend_ops cpu_ops = {
     .rope = cpu_rope,
     .silu_mul = cpu_silu_mul,
     .add = cpu_add,
+    .hadamard = cpu_hadamard,
     .kv_store = cpu_kv_store,
     .attention = cpu_attention,
     .weight_prepare = cpu_weight_prepare,

@@ -137,6 +137,8 @@ typedef struct li_cpu_kernels {
      * (each token's cos, then sin), pairs (j, j+half) if neox else (2j,
      * 2j+1): the reference's products and sums. NULL: cpu.c's loop */
     void (*rope_rotate)(float *x, const float *cs, int64_t n, int n_heads, int head_dim, int half, int neox);
+    /* one row of the hadamard op, the reference's bits (li_ref_hadamard). NULL: the reference's */
+    void (*hadamard)(float *x, const float *s, int64_t dim, int64_t block);
 } li_cpu_kernels;
 
 #define LI_ATTN_TILE 8
@@ -156,6 +158,11 @@ extern const li_cpu_kernels li_cpu_kernels_avx512; /* needs AVX-512 F/BW/VL/DQ/V
 /* ---- pieces of the scalar reference shared with the scalar kernels (ops_ref.c) ---- */
 void li_ref_attn_head(const li_attn_args *a, int64_t i, int h, float *scores);
 void li_ref_silu_mul(float *g, const float *u, int64_t n);
+/* one row of the hadamard op (backend.h): x(dim) <- (x * s) blockdiag(H_block) / sqrt(block);
+ * butterflies of adds and subtracts in a fixed order, so every caller gets the same bits */
+void li_ref_hadamard(float *x, const float *s, int64_t dim, int64_t block);
+/* the same in AVX2 (ops_avx2.c; the AVX-512 table uses it too) */
+void li_avx2_hadamard(float *x, const float *s, int64_t dim, int64_t block);
 /* Element idx of an array stored as F32, F16 or BF16 (a K/V row, a weight row).
  * Callers pass only these three (kv_cache_init and weight_prepare refuse the
  * rest); where dtype is a constant the switch folds away. */

@@ -214,6 +214,10 @@ static void ggml_get_rows(li_backend *be, const li_weight *w, const int32_t *ids
 }
 
 static void ggml_add(li_backend *be, float *y, const float *x, int64_t n) { li_backend_ref_ops()->add(be, y, x, n); }
+/* llama.cpp has no such op: the reference's */
+static void ggml_hadamard(li_backend *be, float *x, const float *s, int64_t n, int64_t dim, int64_t block) {
+    li_backend_ref_ops()->hadamard(be, x, s, n, dim, block);
+}
 
 static void ggml_kv_store(li_backend *be, const li_kv_layer *kv, const float *k, const float *v, const int64_t *slot,
                           int64_t n_tokens, int n_head_kv, int head_dim) {
@@ -252,6 +256,7 @@ static const li_backend_ops ggml_ops = {
     .rope = ggml_rope,
     .silu_mul = ggml_silu_mul,
     .add = ggml_add,
+    .hadamard = ggml_hadamard,
     .kv_store = ggml_kv_store,
     .attention = ggml_attention,
     .weight_prepare = ggml_weight_prepare,

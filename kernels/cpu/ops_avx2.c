@@ -373,6 +373,42 @@ static void avx2_silu_mul(float *g, const float *u, int64_t n) {
     if (j < n) li_ref_silu_mul(g + j, u + j, n - j);
 }
 
+/* li_ref_hadamard with 8 lanes: every output is the same add or subtract of
+ * the same pair as there (a + c commutes bit for bit; a - c keeps its order),
+ * the stages 1, 2, 4 inside a register by swapping lanes, the rest between
+ * registers */
+void li_avx2_hadamard(float *x, const float *s, int64_t dim, int64_t block) {
+    if (block < 8 || dim % 8) {
+        li_ref_hadamard(x, s, dim, block);
+        return;
+    }
+    const __m256 scale = _mm256_set1_ps(1.0f / sqrtf((float)block));
+    for (int64_t j = 0; j < dim; j += 8) {
+        __m256 v = _mm256_mul_ps(_mm256_loadu_ps(x + j), _mm256_loadu_ps(s + j));
+        /* h = 1: lanes (0,1) (2,3) ..: lower a + c, upper a - c with a the lower lane */
+        __m256 w = _mm256_permute_ps(v, 0xb1);
+        v = _mm256_blend_ps(_mm256_add_ps(v, w), _mm256_sub_ps(w, v), 0xaa);
+        /* h = 2: lanes (0,2) (1,3) */
+        w = _mm256_permute_ps(v, 0x4e);
+        v = _mm256_blend_ps(_mm256_add_ps(v, w), _mm256_sub_ps(w, v), 0xcc);
+        /* h = 4: the 128-bit halves */
+        w = _mm256_permute2f128_ps(v, v, 0x01);
+        v = _mm256_blend_ps(_mm256_add_ps(v, w), _mm256_sub_ps(w, v), 0xf0);
+        _mm256_storeu_ps(x + j, v);
+    }
+    for (int64_t b0 = 0; b0 < dim; b0 += block) {
+        float *v = x + b0;
+        for (int64_t h = 8; h < block; h *= 2)
+            for (int64_t i = 0; i < block; i += 2 * h)
+                for (int64_t j = i; j < i + h; j += 8) {
+                    const __m256 a = _mm256_loadu_ps(v + j), c = _mm256_loadu_ps(v + j + h);
+                    _mm256_storeu_ps(v + j, _mm256_add_ps(a, c));
+                    _mm256_storeu_ps(v + j + h, _mm256_sub_ps(a, c));
+                }
+        for (int64_t j = 0; j < block; j += 8) _mm256_storeu_ps(v + j, _mm256_mul_ps(_mm256_loadu_ps(v + j), scale));
+    }
+}
+
 const li_cpu_kernels li_cpu_kernels_avx2 = {
     .isa = "avx2",
     .quantize_act = avx2_quantize_act,
@@ -382,4 +418,5 @@ const li_cpu_kernels li_cpu_kernels_avx2 = {
     .gemm_f_packed = avx2_gemm_f_packed,
     .attn_head = avx2_attn_head,
     .silu_mul = avx2_silu_mul,
+    .hadamard = li_avx2_hadamard,
 };

@@ -760,6 +760,7 @@ const li_cpu_kernels li_cpu_kernels_avx512 = {
     .attn_head = avx512_attn_head,
     .attn_tile = avx512_attn_tile,
     .silu_mul = avx512_silu_mul,
+    .hadamard = li_avx2_hadamard, /* memory-light: 8 lanes keep up */
     .rmsnorm = avx512_rmsnorm,
     .rope_rotate = avx512_rope_rotate,
 };

@@ -141,6 +141,28 @@ static void ref_silu_mul(li_backend *be, float *g, const float *u, int64_t n, in
     li_ref_silu_mul(g, u, n * dim);
 }
 
+void li_ref_hadamard(float *x, const float *s, int64_t dim, int64_t block) {
+    const float scale = 1.0f / sqrtf((float)block);
+    for (int64_t j = 0; j < dim; j++) x[j] *= s[j];
+    for (int64_t b0 = 0; b0 < dim; b0 += block) {
+        float *v = x + b0;
+        /* stage h pairs (j, j + h) inside each run of 2h: Sylvester's order, H_b[i][j] = (-1)^popcount(i & j) */
+        for (int64_t h = 1; h < block; h *= 2)
+            for (int64_t i = 0; i < block; i += 2 * h)
+                for (int64_t j = i; j < i + h; j++) {
+                    const float a = v[j], c = v[j + h];
+                    v[j] = a + c;
+                    v[j + h] = a - c;
+                }
+        for (int64_t j = 0; j < block; j++) v[j] *= scale;
+    }
+}
+
+static void ref_hadamard(li_backend *be, float *x, const float *s, int64_t n, int64_t dim, int64_t block) {
+    (void)be;
+    for (int64_t r = 0; r < n; r++) li_ref_hadamard(x + r * dim, s, dim, block);
+}
+
 static void ref_add(li_backend *be, float *y, const float *x, int64_t n) {
     for (int64_t j = 0; j < n; j++) y[j] += x[j];
 }
@@ -232,6 +254,7 @@ static const li_backend_ops ref_ops = {
     .rope = ref_rope,
     .silu_mul = ref_silu_mul,
     .add = ref_add,
+    .hadamard = ref_hadamard,
     .kv_store = ref_kv_store,
     .attention = ref_attention,
     .weight_prepare = NULL,

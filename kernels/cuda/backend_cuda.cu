@@ -549,6 +549,35 @@ static void cu_silu_mul(li_backend *be, float *g, const float *u, int64_t n, int
     CK_LAUNCH("silu_mul");
 }
 
+// a CUDA block per row, the row in shared memory: the reference's butterflies
+// (ops_ref.c li_ref_hadamard), the same adds in the same pairs, so the same bits
+__global__ void k_hadamard(float *x, const float *s, int64_t dim, int64_t block, float scale) {
+    extern __shared__ float v[];
+    float *xr = x + (int64_t)blockIdx.x * dim;
+    for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) v[j] = xr[j] * s[j];
+    __syncthreads();
+    const int64_t half = block / 2;
+    for (int64_t h = 1; h < block; h *= 2) {
+        for (int64_t t = threadIdx.x; t < dim / 2; t += blockDim.x) {
+            const int64_t p = t % half, i = (t / half) * block + (p / h) * 2 * h + p % h;
+            const float a = v[i], c = v[i + h];
+            v[i] = a + c;
+            v[i + h] = a - c;
+        }
+        __syncthreads();
+    }
+    for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) xr[j] = v[j] * scale;
+}
+
+static void cu_hadamard(li_backend *be, float *x, const float *s, int64_t n, int64_t dim, int64_t block) {
+    if (n <= 0) return;
+    li_cuda *c = cu(be);
+    const float *sd = dev_floats(c, s, dim);
+    k_hadamard<<<(unsigned)n, ROW_THREADS, (size_t)dim * sizeof(float), c->st>>>(x, sd, dim, block,
+                                                                              1.0f / sqrtf((float)block));
+    CK_LAUNCH("hadamard");
+}
+
 // ------------------------------------------------------------------------
 // paged KV: store and attention
 // ------------------------------------------------------------------------
@@ -770,6 +799,7 @@ static li_backend_ops make_ops(void) {
     o.rope = cu_rope;
     o.silu_mul = cu_silu_mul;
     o.add = cu_add;
+    o.hadamard = cu_hadamard;
     o.kv_store = cu_kv_store;
     o.attention = cu_attention;
     o.weight_prepare = cu_weight_prepare;

@@ -191,7 +191,9 @@ def scheme_models(run_cli, f16_model, qdir, repo_root):
     outs = {}
     for name, args in (("w8a8", ["--method", "w8a8", "--calib", repo_root / CALIB, "--samples", "1",
                                  "--seq-len", "64"]),
-                       ("fp8", ["--method", "fp8"])):
+                       ("fp8", ["--method", "fp8"]),
+                       # rotated (test_quantize_rotate.py): the online Hadamard in every forward
+                       ("w8a8-rot", ["--method", "w8a8", "--rotate"])):
         out = qdir / f"{name}.gguf"
         r = quantize(run_cli, *args, f16_model, out)
         assert r.returncode == 0, r.stderr
@@ -334,7 +336,7 @@ def test_serve_and_ngram_speculation_exact(scheme_models, typed_models, luainfer
     prompts = ["one two three four five six seven eight nine ten one two three four five six",
                "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):\n"]
     for name, path in (("w8a8", scheme_models["w8a8"]), ("fp8", scheme_models["fp8"]),
-                       ("q4_0", typed_models["q4_0"])):
+                       ("w8a8-rot", scheme_models["w8a8-rot"]), ("q4_0", typed_models["q4_0"])):
         base = Server(luainfer_bin, ["--model", str(path), "--listen", "127.0.0.1:0", "--threads", THREADS,
                                      "--kv-memory", "32M"], 1, tmp_path)
         spec = Server(luainfer_bin, ["--model", str(path), "--listen", "127.0.0.1:0", "--threads", THREADS,

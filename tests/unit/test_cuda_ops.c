@@ -222,6 +222,21 @@ static void test_rowops(void) {
         free(g);
         free(u);
     }
+    /* hadamard: the reference's butterflies, so the same bits; odd row counts, signs from host memory */
+    for (int64_t b = 128; b <= 512; b *= 4) {
+        enum { N = 5, DIM = 1536 };
+        float *x = frand(N * DIM, 3.0f), *s = frand(DIM, 1.0f), got[N * DIM];
+        for (int j = 0; j < DIM; j++) s[j] = s[j] < 0 ? -1.0f : 1.0f;
+        li_buffer bx = up(x, sizeof got);
+        ref.ops->hadamard(&ref, x, s, N, DIM, b);
+        cu.ops->hadamard(&cu, bx.data, s, N, DIM, b);
+        down(&bx, got, sizeof got);
+        report(!memcmp(got, x, sizeof got), "hadamard n=%d dim=%d block=%lld: the reference's bits", N, DIM,
+               (long long)b);
+        li_buffer_free(&cu, &bx);
+        free(x);
+        free(s);
+    }
 }
 
 /* ------------------------------------------------------------------------

@@ -1061,6 +1061,78 @@ static void test_init_and_pool(void) {
            runs * 64);
 }
 
+/* ------------------------------------------------------------------------
+ * hadamard: the reference against the dense matrix in double, every backend
+ * against the reference bit for bit, orthogonality, batch invariance
+ * ---------------------------------------------------------------------- */
+
+static void test_hadamard(li_backend *bes, int n_be) {
+    const li_backend_ops *ref = li_backend_ref_ops();
+    li_backend ref_be = {.ops = ref, .n_threads = 1};
+    /* (rows, dim, block): odd row counts, SmolLM2's n_ff in blocks of 128 and 512, a block of 1, one block */
+    static const int64_t cases[][3] = {{1, 1536, 128}, {7, 1536, 512}, {37, 1536, 128}, {3, 48, 16},
+                                       {5, 12, 1},     {9, 64, 64},     {300, 384, 128}};
+    for (size_t ci = 0; ci < LI_ARRAY_LEN(cases); ci++) {
+        const int64_t n = cases[ci][0], dim = cases[ci][1], b = cases[ci][2], len = n * dim;
+        float *x = li_xmalloc((size_t)len * sizeof(float)), *want = li_xmalloc((size_t)len * sizeof(float));
+        float *got = li_xmalloc((size_t)len * sizeof(float)), *s = li_xmalloc((size_t)dim * sizeof(float));
+        fill(x, len, 4.0f);
+        for (int64_t j = 0; j < dim; j++) s[j] = rng_u32() & 1 ? 1.0f : -1.0f;
+        memcpy(want, x, (size_t)len * sizeof(float));
+        ref->hadamard(&ref_be, want, s, n, dim, b);
+        /* the definition: y_i = sum_j x_j s_j H[j][i] / sqrt(b) within each block, H[j][i] = (-1)^popcount(i & j) */
+        double worst = 0, nx = 0, ny = 0;
+        for (int64_t r = 0; r < n; r++)
+            for (int64_t i = 0; i < dim; i++) {
+                const int64_t b0 = i / b * b;
+                double acc = 0;
+                for (int64_t j = b0; j < b0 + b; j++)
+                    acc += (double)x[r * dim + j] * s[j] * (__builtin_popcountll((uint64_t)((i - b0) & (j - b0))) & 1 ? -1 : 1);
+                acc /= sqrt((double)b);
+                worst = fmax(worst, fabs(acc - want[r * dim + i]));
+                nx += (double)x[r * dim + i] * x[r * dim + i];
+                ny += (double)want[r * dim + i] * want[r * dim + i];
+            }
+        report(worst < 1e-5 * 4 * sqrt((double)b), "hadamard ref n=%lld dim=%lld block=%lld: the dense matrix's "
+               "product (worst abs %.1e), norm kept (%.2e rel)", (long long)n, (long long)dim, (long long)b, worst,
+               fabs(sqrt(ny / nx) - 1));
+        report(fabs(sqrt(ny / nx) - 1) < 1e-5, "hadamard ref n=%lld dim=%lld: orthogonal (||y|| = ||x||)",
+               (long long)n, (long long)dim);
+        for (int be = 0; be < n_be; be++) {
+            memcpy(got, x, (size_t)len * sizeof(float));
+            bes[be].ops->hadamard(&bes[be], got, s, n, dim, b);
+            report(!memcmp(got, want, (size_t)len * sizeof(float)), "hadamard %-6s n=%lld dim=%lld block=%lld: "
+                   "identical to the reference", li_backend_cpu_isa(&bes[be]), (long long)n, (long long)dim,
+                   (long long)b);
+            /* batch invariance: each row alone gives the batch's bits */
+            bool inv = true;
+            for (int64_t r = 0; r < n; r += n > 8 ? n / 5 : 1) {
+                float *row = li_xmalloc((size_t)dim * sizeof(float));
+                memcpy(row, x + r * dim, (size_t)dim * sizeof(float));
+                bes[be].ops->hadamard(&bes[be], row, s, 1, dim, b);
+                inv &= !memcmp(row, want + r * dim, (size_t)dim * sizeof(float));
+                free(row);
+            }
+            report(inv, "hadamard %-6s n=%lld dim=%lld: a row alone has the batch's bits", li_backend_cpu_isa(&bes[be]),
+                   (long long)n, (long long)dim);
+        }
+        /* H_b / sqrt(b) is symmetric and its own inverse: the unsigned transform after the signed one
+         * gives x * s back, to rounding */
+        float *ones = li_xmalloc((size_t)dim * sizeof(float));
+        for (int64_t j = 0; j < dim; j++) ones[j] = 1.0f;
+        ref->hadamard(&ref_be, want, ones, n, dim, b);
+        double back = 0;
+        for (int64_t j = 0; j < len; j++) back = fmax(back, fabs(want[j] - x[j] * s[j % dim]));
+        report(back < 1e-5 * 4 * sqrt((double)b), "hadamard n=%lld dim=%lld block=%lld: applied twice gives x * s "
+               "back (worst %.1e)", (long long)n, (long long)dim, (long long)b, back);
+        free(ones);
+        free(x);
+        free(want);
+        free(got);
+        free(s);
+    }
+}
+
 int main(void) {
     isas_find();
     test_type_table();
@@ -1084,6 +1156,7 @@ int main(void) {
     test_matmul_batch_invariance();
     test_attention_batch_invariance(9, 3, 64); /* SmolLM2's shape */
     test_attention_batch_invariance(8, 1, 72); /* one kv head: a token alone splits its query group */
+    test_hadamard(bes, n_be); /* last: its random draws leave the others' data as it was */
     for (int b = 0; b < n_be; b++) li_backend_cpu_free(&bes[b]);
     return t_summary("kernels");
 }
