@@ -82,22 +82,21 @@ int li_q4g_pack(li_weight *w) {
         }
     }
     free(inv);
-    /* A8 panels of 8 rows, stored order: chunk t of 8 elements, lane l =
-     * row 8p8 + l, byte b = element 8t + b (low nibble), 8t + 4 + b (high) */
+    /* A8 panels of 16 rows, stored order: chunk t of 8 elements, lane l =
+     * row 16p + l, byte b = element 8t + b (low nibble), 8t + 4 + b (high) */
     p->a8_simd = k % 8 == 0 && gs % 8 == 0;
     if (p->a8_simd) {
-        const int64_t np8 = np * 2;
-        p->a8codes = li_aligned_alloc((size_t)(np8 * (k / 8) * 32));
+        p->a8codes = li_aligned_alloc((size_t)(np * (k / 8) * 64));
         if (!p->a8codes) {
             w->packed = p;
             li_q4g_pack_free(w);
             return LI_ENOMEM;
         }
-        for (int64_t p8 = 0; p8 < np8; p8++)
+        for (int64_t pp = 0; pp < np; pp++)
             for (int64_t t = 0; t < k / 8; t++) {
-                uint8_t *dst = p->a8codes + (p8 * (k / 8) + t) * 32;
-                for (int l = 0; l < 8; l++) {
-                    const int64_t r = p8 * 8 + l;
+                uint8_t *dst = p->a8codes + (pp * (k / 8) + t) * 64;
+                for (int l = 0; l < LI_PANEL; l++) {
+                    const int64_t r = pp * LI_PANEL + l;
                     for (int b = 0; b < 4; b++)
                         dst[l * 4 + b] =
                             r < m ? (uint8_t)(code_at(w, r, 8 * t + b) | code_at(w, r, 8 * t + 4 + b) << 4) : 0;
@@ -207,7 +206,7 @@ static void q4g_work(void *ctx, int ith, int nth) {
         const int64_t i0 = (t / j->n_chunks) * j->tile_n, ni = LI_MIN(j->tile_n, j->n - i0);
         float *y = j->y + i0 * m;
         if (j->a8)
-            j->kern->a8(j->w, j->p, u0 * 8, LI_MIN(u1 * 8, m), j->act + (size_t)i0 * j->act_stride, j->act_stride,
+            j->kern->a8(j->w, j->p, u0 * LI_PANEL, LI_MIN(u1 * LI_PANEL, m), j->act + (size_t)i0 * j->act_stride, j->act_stride,
                         ni, y, m);
         else j->kern->a16(j->p, u0, u1, j->x + i0 * j->w->k, j->w->k, ni, y, m);
         if (j->res) { /* the reference's res += y, on the tile still in cache */
@@ -244,8 +243,8 @@ void li_q4g_matmul(const li_q4g_kernels *kern, li_threadpool *tp, int nth, li_q4
         atomic_init(&j.next_row, 0);
         li_threadpool_run_sized(tp, q4g_prep_work, &j, n >= 8 ? nth : 1, n * k);
     }
-    /* A16 works in panels of 16 rows, A8 in panels of 8 */
-    j.unit_rows = j.a8 ? 8 : LI_PANEL;
+    /* both work in panels of 16 rows (AVX2's A8 in halves of 8) */
+    j.unit_rows = LI_PANEL;
     j.units = (m + j.unit_rows - 1) / j.unit_rows;
     j.tile_n = n <= 64 ? n : 64;
     const int64_t n_tiles = (n + j.tile_n - 1) / j.tile_n, want = (int64_t)nth * 8;

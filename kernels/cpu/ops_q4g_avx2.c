@@ -149,7 +149,8 @@ static inline __attribute__((always_inline)) void a8_block(const li_q4g_packed *
                 }
                 #pragma GCC unroll 4
                 for (int a = 0; a < NP; a++) {
-                    const __m256i b = _mm256_loadu_si256((const __m256i *)(p->a8codes + ((p8 + a) * (k / 8) + t) * 32));
+                    const __m256i b = _mm256_loadu_si256(
+                        (const __m256i *)(p->a8codes + ((p8 + a) / 2 * (k / 8) + t) * 64 + (p8 + a) % 2 * 32));
                     const __m256i lo = _mm256_and_si256(b, m4), hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), m4);
                     #pragma GCC unroll 4
                     for (int i = 0; i < NR; i++) {

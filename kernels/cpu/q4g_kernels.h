@@ -31,9 +31,10 @@
  *   sz      (n_panels, n_groups, 32) the 16 rows' scales, then their zeros
  *   izero   (n_panels, n_groups, 16) the zeros as integers (A8)
  *   gidx    (k) the group of input column c (perm: stored position / gs)
- *   a8codes (n_panels * 2, k / 8, 32) A8 panels of 8 rows in stored order:
- *           lane l (4 bytes) of chunk t holds row 8p + l's elements 8t..8t+3
- *           in the low nibbles, 8t+4..8t+7 in the high ones
+ *   a8codes (n_panels, k / 8, 64) A8 panels of 16 rows in stored order:
+ *           lane l (4 bytes) of chunk t holds row 16p + l's elements
+ *           8t..8t+3 in the low nibbles, 8t+4..8t+7 in the high ones (one
+ *           zmm for AVX-512; AVX2 reads the two 32-byte halves, 8 rows each)
  * A8 permutes the activations into stored order instead. */
 #ifndef LI_Q4G_KERNELS_H
 #define LI_Q4G_KERNELS_H
@@ -49,7 +50,7 @@ typedef struct li_q4g_packed {
     float *sz;             /* (n_panels, ng, 32) */
     int32_t *izero;        /* (n_panels, ng, 16) */
     int32_t *gidx;         /* (k) */
-    uint8_t *a8codes;      /* (n_panels * 2, k / 8, 32) A8 panels of 8 rows, or NULL (see ops_q4g.c) */
+    uint8_t *a8codes;      /* (n_panels, k / 8, 64) A8 panels of 16 rows, or NULL (see ops_q4g.c) */
     bool a8_simd;          /* gs and k multiples of 8: a8codes is built, the A8 SIMD kernels apply */
 } li_q4g_packed;
 

@@ -205,6 +205,9 @@ static void test_kernels(void) {
         {LI_SCHEME_INT4, LI_ACT_F32, 320, 21, 0, false},   {LI_SCHEME_INT4, LI_ACT_INT4, 256, 37, 0, false},
         {LI_SCHEME_AWQ, LI_ACT_F32, 130, 19, 26, false},   /* no SIMD A8: k, group not multiples of 64 */
         {LI_SCHEME_GPTQ, LI_ACT_F32, 200, 7, 64, true},    /* a partial last group */
+        /* A8 panels of 16 rows: m not a multiple of 16, k a multiple of 8 but not of 64 */
+        {LI_SCHEME_AWQ, LI_ACT_F32, 168, 53, 32, false},   {LI_SCHEME_INT4, LI_ACT_F32, 232, 67, 0, false},
+        {LI_SCHEME_GPTQ, LI_ACT_F32, 392, 50, 128, true},  {LI_SCHEME_AWQ, LI_ACT_F32, 72, 33, 8, false},
     };
     const int64_t ns[] = {1, 2, 3, 5, 17, 70};
     const char *isas[] = {"scalar", "avx2", "avx512"};
@@ -274,9 +277,14 @@ static void test_kernels(void) {
                         be.ops->matmul(&be, &w, x + i * k, one, 1);
                         inv &= !memcmp(one, a8 + i * m, (size_t)m * sizeof(float));
                     }
+                    static const int64_t small[] = {2, 5, 7}; /* each kernel shape's tails */
+                    for (size_t si = 0; si < LI_ARRAY_LEN(small); si++) {
+                        be.ops->matmul(&be, &w, x, got, small[si]);
+                        inv &= !memcmp(got, a8, (size_t)(small[si] * m) * sizeof(float));
+                    }
                     li_aligned_free(act);
                     report(def && inv && num / den < 1e-3,
-                           "%s, %s x%d: A8 = the definition's bits, batch-invariant, NMSE vs A16 %.2g", what,
+                           "%s, %s x%d: A8 = the definition's bits, batch-invariant (n 1, 2, 5, 7, 70), NMSE vs A16 %.2g", what,
                            li_backend_cpu_isa(&be), nt, num / den);
                     li_backend_cpu_set_q4_act(&be, LI_ACT_F32, &err);
                 }
