@@ -24,7 +24,22 @@
 #include <immintrin.h>
 #include <string.h>
 
-/* NR activation rows against NP panels from pp; NP * NR <= 4. pf: the
+/* acc += the 4-byte dots of unsigned u and signed s per 32-bit lane
+ * (_mm512_dpbusd_epi32). Inline asm ties acc to its register: with the
+ * intrinsic GCC 12 copied every accumulator before each vpdpbusd (84
+ * register moves in this file), as w8_avx512.c found. */
+static inline __m512i dpbusd_r(__m512i acc, __m512i u, __m512i s) {
+    __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u), "v"(s));
+    return acc;
+}
+/* the same with s a 4-byte word in memory broadcast to every lane (no
+ * register for it) */
+static inline __m512i dpbusd_b(__m512i acc, __m512i u, const uint8_t *s) {
+    __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(u), "m"(*(const int32_t *)s));
+    return acc;
+}
+
+/* NR activation rows against NP panels from pp; NP * NR <= 6. pf: the
  * first pass over these panels, which prefetches the next NP panels
  * (the same line of each) as it goes */
 static inline __attribute__((always_inline)) void a8_block(const li_q4g_packed *p, int64_t pp, const int NP,
@@ -33,10 +48,10 @@ static inline __attribute__((always_inline)) void a8_block(const li_q4g_packed *
     const int64_t k = p->k, gs = p->gs, ng = p->ng, kc = k / 8;
     const uint8_t *cd = p->a8codes + pp * kc * 64;
     const __m512i lo4 = _mm512_set1_epi8(0x0f), hi4 = _mm512_set1_epi8((char)0xf0);
-    __m512 acc[4][4];
-    float sx[4];
-    const int32_t *xsum[4];
-#pragma GCC unroll 4
+    __m512 acc[4][6];
+    float sx[6];
+    const int32_t *xsum[6];
+#pragma GCC unroll 6
     for (int i = 0; i < NR; i++) {
         xsum[i] = (const int32_t *)(act + (size_t)i * act_stride + ((k + 3) & ~3));
         memcpy(&sx[i], xsum[i] + ng, sizeof(float));
@@ -45,15 +60,15 @@ static inline __attribute__((always_inline)) void a8_block(const li_q4g_packed *
     }
     for (int64_t g = 0; g < ng; g++) {
         const int64_t t0 = g * gs / 8, t1 = LI_MIN((g + 1) * gs, k) / 8;
-        __m512i sl[4][4], sh[4][4];
+        __m512i sl[4][6], sh[4][6];
 #pragma GCC unroll 4
         for (int a = 0; a < NP; a++)
-#pragma GCC unroll 4
+#pragma GCC unroll 6
             for (int i = 0; i < NR; i++) sl[a][i] = sh[a][i] = _mm512_setzero_si512();
         for (int64_t t = t0; t < t1; t++) {
-            __m512i al[4], ah[4];
-#pragma GCC unroll 4
-            for (int i = 0; i < NR; i++) {
+            __m512i al[6], ah[6]; /* broadcasts shared by the panels (one panel: from memory) */
+#pragma GCC unroll 6
+            for (int i = 0; NP > 1 && i < NR; i++) {
                 int32_t v[2];
                 memcpy(v, act + (size_t)i * act_stride + t * 8, sizeof v);
                 al[i] = _mm512_set1_epi32(v[0]);
@@ -65,10 +80,16 @@ static inline __attribute__((always_inline)) void a8_block(const li_q4g_packed *
                 if (pf) _mm_prefetch((const char *)src + NP * kc * 64, _MM_HINT_T0);
                 const __m512i b = _mm512_load_si512(src);
                 const __m512i lo = _mm512_and_si512(b, lo4), hi = _mm512_and_si512(b, hi4);
-#pragma GCC unroll 4
+#pragma GCC unroll 6
                 for (int i = 0; i < NR; i++) {
-                    sl[a][i] = _mm512_dpbusd_epi32(sl[a][i], lo, al[i]);
-                    sh[a][i] = _mm512_dpbusd_epi32(sh[a][i], hi, ah[i]);
+                    if (NP > 1) {
+                        sl[a][i] = dpbusd_r(sl[a][i], lo, al[i]);
+                        sh[a][i] = dpbusd_r(sh[a][i], hi, ah[i]);
+                    } else {
+                        const uint8_t *ai = act + (size_t)i * act_stride + t * 8;
+                        sl[a][i] = dpbusd_b(sl[a][i], lo, ai);
+                        sh[a][i] = dpbusd_b(sh[a][i], hi, ai + 4);
+                    }
                 }
             }
         }
@@ -76,7 +97,7 @@ static inline __attribute__((always_inline)) void a8_block(const li_q4g_packed *
         for (int a = 0; a < NP; a++) {
             const __m512i z = _mm512_load_si512(p->izero + ((pp + a) * ng + g) * LI_PANEL);
             const __m512 s = _mm512_load_ps(p->sz + ((pp + a) * ng + g) * 32);
-#pragma GCC unroll 4
+#pragma GCC unroll 6
             for (int i = 0; i < NR; i++) {
                 const __m512i d = _mm512_sub_epi32(_mm512_add_epi32(sl[a][i], _mm512_srai_epi32(sh[a][i], 4)),
                                                    _mm512_mullo_epi32(z, _mm512_set1_epi32(xsum[i][g])));
@@ -88,7 +109,7 @@ static inline __attribute__((always_inline)) void a8_block(const li_q4g_packed *
     for (int a = 0; a < NP; a++) {
         const int64_t left = p->m - (pp + a) * LI_PANEL;
         const __mmask16 mask = left >= LI_PANEL ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
-#pragma GCC unroll 4
+#pragma GCC unroll 6
         for (int i = 0; i < NR; i++)
             _mm512_mask_storeu_ps(y + i * ldy + (pp + a) * LI_PANEL, mask,
                                   _mm512_mul_ps(acc[a][i], _mm512_set1_ps(sx[i])));
@@ -124,7 +145,9 @@ static void avx512_a8(const li_weight *w, const li_q4g_packed *p, int64_t r0, in
         const uint8_t *a = act + (size_t)i * act_stride;
         float *yi = y + i * ldy;
         const bool pf = i == 0;
-        switch (LI_MIN(n - i, (int64_t)4)) {
+        switch (LI_MIN(n - i, (int64_t)6)) {
+        case 6: a8_rows(p, q0, q1, 1, a, act_stride, 6, yi, ldy, pf); i += 6; break;
+        case 5: a8_rows(p, q0, q1, 1, a, act_stride, 5, yi, ldy, pf); i += 5; break;
         case 4: a8_rows(p, q0, q1, 1, a, act_stride, 4, yi, ldy, pf); i += 4; break;
         case 3: a8_rows(p, q0, q1, 1, a, act_stride, 3, yi, ldy, pf); i += 3; break;
         case 2: a8_rows(p, q0, q1, 2, a, act_stride, 2, yi, ldy, pf); i += 2; break;
