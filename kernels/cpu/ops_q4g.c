@@ -206,8 +206,8 @@ static void q4g_work(void *ctx, int ith, int nth) {
         const int64_t i0 = (t / j->n_chunks) * j->tile_n, ni = LI_MIN(j->tile_n, j->n - i0);
         float *y = j->y + i0 * m;
         if (j->a8)
-            j->kern->a8(j->w, j->p, u0 * LI_PANEL, LI_MIN(u1 * LI_PANEL, m), j->act + (size_t)i0 * j->act_stride, j->act_stride,
-                        ni, y, m);
+            j->kern->a8(j->w, j->p, u0 * LI_PANEL, LI_MIN(u1 * LI_PANEL, m), j->act + (size_t)i0 * j->act_stride,
+                        j->act_stride, ni, y, m);
         else j->kern->a16(j->p, u0, u1, j->x + i0 * j->w->k, j->w->k, ni, y, m);
         if (j->res) { /* the reference's res += y, on the tile still in cache */
             const int64_t c0 = u0 * j->unit_rows, c1 = LI_MIN(u1 * j->unit_rows, m);

@@ -141,18 +141,23 @@ static void avx512_a8(const li_weight *w, const li_q4g_packed *p, int64_t r0, in
     }
     const int64_t q0 = r0 / LI_PANEL, q1 = (r1 + LI_PANEL - 1) / LI_PANEL;
     /* r1 < m only at a panel boundary (the driver's units are panels) */
-    for (int64_t i = 0; i < n;) {
+    /* groups of at most 6 rows, as even as possible (8 = 4 + 4, not 6 + 2:
+     * a short group keeps too few sums in flight) */
+    const int64_t groups = (n + 5) / 6;
+    for (int64_t gi = 0, i = 0; gi < groups; gi++) {
+        const int64_t nr = (n - i + (groups - gi) - 1) / (groups - gi);
         const uint8_t *a = act + (size_t)i * act_stride;
         float *yi = y + i * ldy;
-        const bool pf = i == 0;
-        switch (LI_MIN(n - i, (int64_t)6)) {
-        case 6: a8_rows(p, q0, q1, 1, a, act_stride, 6, yi, ldy, pf); i += 6; break;
-        case 5: a8_rows(p, q0, q1, 1, a, act_stride, 5, yi, ldy, pf); i += 5; break;
-        case 4: a8_rows(p, q0, q1, 1, a, act_stride, 4, yi, ldy, pf); i += 4; break;
-        case 3: a8_rows(p, q0, q1, 1, a, act_stride, 3, yi, ldy, pf); i += 3; break;
-        case 2: a8_rows(p, q0, q1, 2, a, act_stride, 2, yi, ldy, pf); i += 2; break;
-        default: a8_rows(p, q0, q1, 4, a, act_stride, 1, yi, ldy, pf); i += 1; break;
+        const bool pf = gi == 0;
+        switch (nr) {
+        case 6: a8_rows(p, q0, q1, 1, a, act_stride, 6, yi, ldy, pf); break;
+        case 5: a8_rows(p, q0, q1, 1, a, act_stride, 5, yi, ldy, pf); break;
+        case 4: a8_rows(p, q0, q1, 1, a, act_stride, 4, yi, ldy, pf); break;
+        case 3: a8_rows(p, q0, q1, 1, a, act_stride, 3, yi, ldy, pf); break;
+        case 2: a8_rows(p, q0, q1, 2, a, act_stride, 2, yi, ldy, pf); break;
+        default: a8_rows(p, q0, q1, 4, a, act_stride, 1, yi, ldy, pf); break;
         }
+        i += nr;
     }
 }
 
