@@ -118,4 +118,13 @@ void li_q4g_scratch_free(li_q4g_scratch *s);
 void li_q4g_matmul(const li_q4g_kernels *kern, struct li_threadpool *tp, int nth, li_q4g_scratch *s,
                    const li_weight *w, li_act_quant act, const float *x, float *y, float *res, int64_t n);
 
+/* Weights that share an input as one A8 job (q/k/v, gate/up): one
+ * activation quantization and one dispatch; every output has the bits of
+ * li_q4g_matmul. li_q4g_same_job: true when w[0..n_w) can (A8 asked for,
+ * every one packed with f32 activations, one k, group size and perm). */
+#define LI_Q4G_MAX_PARTS 4
+bool li_q4g_same_job(const li_q4g_kernels *kern, li_act_quant act, const li_weight *const *w, int n_w);
+void li_q4g_matmul_multi(const li_q4g_kernels *kern, struct li_threadpool *tp, int nth, li_q4g_scratch *s,
+                         const li_weight *const *w, int n_w, const float *x, float *const *y, int64_t n);
+
 #endif
