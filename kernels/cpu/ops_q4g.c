@@ -191,7 +191,11 @@ typedef struct {
     size_t act_stride;
     float *res;            /* (n, m) with one part, or NULL */
     int64_t n, tile_n, n_items;
-    atomic_long next_row, next;
+    int n_lanes;           /* the items split into this many contiguous runs */
+    atomic_long next_row;
+    struct {
+        _Alignas(64) atomic_long v; /* a line each */
+    } next[LI_Q4G_MAX_LANES];       /* next item of each lane */
 } q4g_job;
 
 static void q4g_prep_work(void *ctx, int ith, int nth) {
@@ -206,27 +210,39 @@ static void q4g_prep_work(void *ctx, int ith, int nth) {
     }
 }
 
+static void q4g_item(const q4g_job *j, int64_t t) {
+    int pi = 0;
+    while (pi + 1 < j->n_parts && t >= j->part[pi + 1].item0) pi++;
+    const q4g_part *pt = &j->part[pi];
+    const int64_t m = pt->w->m;
+    t -= pt->item0;
+    const int64_t u0 = (t % pt->n_chunks) * pt->chunk, u1 = LI_MIN(u0 + pt->chunk, pt->units);
+    const int64_t i0 = (t / pt->n_chunks) * j->tile_n, ni = LI_MIN(j->tile_n, j->n - i0);
+    float *y = pt->y + i0 * m;
+    if (j->a8)
+        j->kern->a8(pt->w, pt->p, u0 * LI_PANEL, LI_MIN(u1 * LI_PANEL, m), j->act + (size_t)i0 * j->act_stride,
+                    j->act_stride, ni, y, m);
+    else j->kern->a16(pt->p, u0, u1, j->x + i0 * pt->w->k, pt->w->k, ni, y, m);
+    if (j->res) { /* the reference's res += y, on the tile still in cache */
+        const int64_t c0 = u0 * LI_PANEL, c1 = LI_MIN(u1 * LI_PANEL, m);
+        for (int64_t i = 0; i < ni; i++)
+            for (int64_t c = c0; c < c1; c++) j->res[(i0 + i) * m + c] += y[i * m + c];
+    }
+}
+
+/* Thread ith works through lane ith first, front to back, then helps the
+ * others (cpu.c's matmul_work): each thread streams one contiguous run of
+ * panels, which the hardware prefetcher follows. */
 static void q4g_work(void *ctx, int ith, int nth) {
     q4g_job *j = ctx;
-    for (;;) {
-        int64_t t = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
-        if (t >= j->n_items) break;
-        int pi = 0;
-        while (pi + 1 < j->n_parts && t >= j->part[pi + 1].item0) pi++;
-        const q4g_part *pt = &j->part[pi];
-        const int64_t m = pt->w->m;
-        t -= pt->item0;
-        const int64_t u0 = (t % pt->n_chunks) * pt->chunk, u1 = LI_MIN(u0 + pt->chunk, pt->units);
-        const int64_t i0 = (t / pt->n_chunks) * j->tile_n, ni = LI_MIN(j->tile_n, j->n - i0);
-        float *y = pt->y + i0 * m;
-        if (j->a8)
-            j->kern->a8(pt->w, pt->p, u0 * LI_PANEL, LI_MIN(u1 * LI_PANEL, m), j->act + (size_t)i0 * j->act_stride,
-                        j->act_stride, ni, y, m);
-        else j->kern->a16(pt->p, u0, u1, j->x + i0 * pt->w->k, pt->w->k, ni, y, m);
-        if (j->res) { /* the reference's res += y, on the tile still in cache */
-            const int64_t c0 = u0 * LI_PANEL, c1 = LI_MIN(u1 * LI_PANEL, m);
-            for (int64_t i = 0; i < ni; i++)
-                for (int64_t c = c0; c < c1; c++) j->res[(i0 + i) * m + c] += y[i * m + c];
+    const int L = j->n_lanes;
+    for (int d = 0; d < L; d++) {
+        const int lane = (ith + d) % L;
+        const int64_t end = j->n_items * (lane + 1) / L;
+        for (;;) {
+            const int64_t t = atomic_fetch_add_explicit(&j->next[lane].v, 1, memory_order_relaxed);
+            if (t >= end) break;
+            q4g_item(j, t);
         }
     }
 }
@@ -291,7 +307,8 @@ static void q4g_run(const li_q4g_kernels *kern, li_threadpool *tp, int nth, li_q
         pt->item0 = j.n_items;
         j.n_items += pt->n_chunks * n_tiles;
     }
-    atomic_init(&j.next, 0);
+    j.n_lanes = (int)LI_MIN((int64_t)LI_MIN(nth, LI_Q4G_MAX_LANES), j.n_items);
+    for (int l = 0; l < j.n_lanes; l++) atomic_init(&j.next[l].v, j.n_items * l / j.n_lanes);
     li_threadpool_run_sized(tp, q4g_work, &j, (int)LI_MIN((int64_t)nth, j.n_items), work);
 }
 
