@@ -60,6 +60,12 @@ static inline __attribute__((always_inline)) void a8_block(const li_q4g_packed *
     }
     for (int64_t g = 0; g < ng; g++) {
         const int64_t t0 = g * gs / 8, t1 = LI_MIN((g + 1) * gs, k) / 8;
+        if (pf) /* the next panels' scales and zeros of this group: their own streams */
+#pragma GCC unroll 4
+            for (int a = 0; a < NP; a++) {
+                _mm_prefetch((const char *)(p->izero + ((pp + NP + a) * ng + g) * LI_PANEL), _MM_HINT_T0);
+                _mm_prefetch((const char *)(p->sz + ((pp + NP + a) * ng + g) * 32), _MM_HINT_T0);
+            }
         __m512i sl[4][6], sh[4][6];
 #pragma GCC unroll 4
         for (int a = 0; a < NP; a++)
