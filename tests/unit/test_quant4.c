@@ -284,7 +284,9 @@ static void test_kernels(void) {
                     }
                     li_aligned_free(act);
                     report(def && inv && num / den < 1e-3,
-                           "%s, %s x%d: A8 = the definition's bits, batch-invariant (n 1, 2, 5, 7, 8, 13, 70), NMSE vs A16 %.2g", what,
+                           "%s, %s x%d: A8 = the definition's bits, batch-invariant (n 1, 2, 5, 7, 8, 13, 70), "
+                           "NMSE vs A16 %.2g",
+                           what,
                            li_backend_cpu_isa(&be), nt, num / den);
                     li_backend_cpu_set_q4_act(&be, LI_ACT_F32, &err);
                 }
