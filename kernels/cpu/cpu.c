@@ -376,8 +376,13 @@ static void cpu_matmul_add(li_backend *be, const li_weight *w, const float *x, f
 static void cpu_matmul_multi(li_backend *be, const li_weight *const *w, int n_w, const float *x, float *const *y,
                              int64_t n) {
     if (w[0]->scheme != LI_SCHEME_PLAIN && li_w8_same_job(w, n_w)) { /* one activation quantization */
-        li_cpu *c = cpu_of(be);
+        const li_cpu *c = cpu_of(be);
         li_w8_matmul_multi(li_w8_kernels_for(c->kern->isa), c->tp, c->n_threads, w, n_w, x, y, NULL, n);
+        return;
+    }
+    li_cpu *c = cpu_of(be);
+    if (n > 0 && li_q4g_same_job(c->q4g, c->q4_act, w, n_w)) { /* A8: one activation quantization, one dispatch */
+        li_q4g_matmul_multi(c->q4g, c->tp, c->n_threads, &c->q4g_scratch, w, n_w, x, y, n);
         return;
     }
     bool same = n_w <= LI_CPU_MAX_PARTS && n > 0;

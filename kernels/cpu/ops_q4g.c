@@ -82,22 +82,21 @@ int li_q4g_pack(li_weight *w) {
         }
     }
     free(inv);
-    /* A8 panels of 8 rows, stored order: chunk t of 8 elements, lane l =
-     * row 8p8 + l, byte b = element 8t + b (low nibble), 8t + 4 + b (high) */
+    /* A8 panels of 16 rows, stored order: chunk t of 8 elements, lane l =
+     * row 16p + l, byte b = element 8t + b (low nibble), 8t + 4 + b (high) */
     p->a8_simd = k % 8 == 0 && gs % 8 == 0;
     if (p->a8_simd) {
-        const int64_t np8 = np * 2;
-        p->a8codes = li_aligned_alloc((size_t)(np8 * (k / 8) * 32));
+        p->a8codes = li_aligned_alloc((size_t)(np * (k / 8) * 64));
         if (!p->a8codes) {
             w->packed = p;
             li_q4g_pack_free(w);
             return LI_ENOMEM;
         }
-        for (int64_t p8 = 0; p8 < np8; p8++)
+        for (int64_t pp = 0; pp < np; pp++)
             for (int64_t t = 0; t < k / 8; t++) {
-                uint8_t *dst = p->a8codes + (p8 * (k / 8) + t) * 32;
-                for (int l = 0; l < 8; l++) {
-                    const int64_t r = p8 * 8 + l;
+                uint8_t *dst = p->a8codes + (pp * (k / 8) + t) * 64;
+                for (int l = 0; l < LI_PANEL; l++) {
+                    const int64_t r = pp * LI_PANEL + l;
                     for (int b = 0; b < 4; b++)
                         dst[l * 4 + b] =
                             r < m ? (uint8_t)(code_at(w, r, 8 * t + b) | code_at(w, r, 8 * t + 4 + b) << 4) : 0;
@@ -171,18 +170,32 @@ void li_q4g_scratch_free(li_q4g_scratch *s) {
     memset(s, 0, sizeof *s);
 }
 
+/* One weight of a job: its items follow the previous weight's. */
+typedef struct {
+    const li_weight *w;
+    const li_q4g_packed *p;
+    float *y;              /* (n, w->m) */
+    int64_t units, chunk, n_chunks, item0;
+} q4g_part;
+
 typedef struct {
     const li_q4g_kernels *kern;
-    const li_weight *w;
+    q4g_part part[LI_Q4G_MAX_PARTS];
+    int n_parts;
+    const li_weight *w;    /* part 0's: the activation rows follow its k, perm and groups */
     const li_q4g_packed *p;
     bool a8;
     const float *x;        /* (n, k) A16 input (already rounded for W4A4) */
     const float *x_raw;    /* (n, k) A8: the rows to quantize */
     uint8_t *act;          /* (n) A8 rows of act_stride bytes */
     size_t act_stride;
-    float *y, *res;        /* (n, m) */
-    int64_t n, units, unit_rows, chunk, n_chunks, tile_n, n_items;
-    atomic_long next_row, next;
+    float *res;            /* (n, m) with one part, or NULL */
+    int64_t n, tile_n, n_items;
+    int n_lanes;           /* the items split into this many contiguous runs */
+    atomic_long next_row;
+    struct {
+        _Alignas(64) atomic_long v; /* a line each */
+    } next[LI_Q4G_MAX_LANES];       /* next item of each lane */
 } q4g_job;
 
 static void q4g_prep_work(void *ctx, int ith, int nth) {
@@ -197,40 +210,76 @@ static void q4g_prep_work(void *ctx, int ith, int nth) {
     }
 }
 
+static void q4g_item(const q4g_job *j, int64_t t) {
+    int pi = 0;
+    while (pi + 1 < j->n_parts && t >= j->part[pi + 1].item0) pi++;
+    const q4g_part *pt = &j->part[pi];
+    const int64_t m = pt->w->m;
+    t -= pt->item0;
+    const int64_t u0 = (t % pt->n_chunks) * pt->chunk, u1 = LI_MIN(u0 + pt->chunk, pt->units);
+    const int64_t i0 = (t / pt->n_chunks) * j->tile_n, ni = LI_MIN(j->tile_n, j->n - i0);
+    float *y = pt->y + i0 * m;
+    if (j->a8)
+        j->kern->a8(pt->w, pt->p, u0 * LI_PANEL, LI_MIN(u1 * LI_PANEL, m), j->act + (size_t)i0 * j->act_stride,
+                    j->act_stride, ni, y, m);
+    else j->kern->a16(pt->p, u0, u1, j->x + i0 * pt->w->k, pt->w->k, ni, y, m);
+    if (j->res) { /* the reference's res += y, on the tile still in cache */
+        const int64_t c0 = u0 * LI_PANEL, c1 = LI_MIN(u1 * LI_PANEL, m);
+        for (int64_t i = 0; i < ni; i++)
+            for (int64_t c = c0; c < c1; c++) j->res[(i0 + i) * m + c] += y[i * m + c];
+    }
+}
+
+/* Thread ith works through lane ith first, front to back, then helps the
+ * others (cpu.c's matmul_work): each thread streams one contiguous run of
+ * panels, which the hardware prefetcher follows. */
 static void q4g_work(void *ctx, int ith, int nth) {
     q4g_job *j = ctx;
-    const int64_t m = j->w->m;
-    for (;;) {
-        const int64_t t = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
-        if (t >= j->n_items) break;
-        const int64_t u0 = (t % j->n_chunks) * j->chunk, u1 = LI_MIN(u0 + j->chunk, j->units);
-        const int64_t i0 = (t / j->n_chunks) * j->tile_n, ni = LI_MIN(j->tile_n, j->n - i0);
-        float *y = j->y + i0 * m;
-        if (j->a8)
-            j->kern->a8(j->w, j->p, u0 * 8, LI_MIN(u1 * 8, m), j->act + (size_t)i0 * j->act_stride, j->act_stride,
-                        ni, y, m);
-        else j->kern->a16(j->p, u0, u1, j->x + i0 * j->w->k, j->w->k, ni, y, m);
-        if (j->res) { /* the reference's res += y, on the tile still in cache */
-            const int64_t c0 = u0 * j->unit_rows, c1 = LI_MIN(u1 * j->unit_rows, m);
-            for (int64_t i = 0; i < ni; i++)
-                for (int64_t c = c0; c < c1; c++) j->res[(i0 + i) * m + c] += y[i * m + c];
+    const int L = j->n_lanes;
+    for (int d = 0; d < L; d++) {
+        const int lane = (ith + d) % L;
+        const int64_t end = j->n_items * (lane + 1) / L;
+        for (;;) {
+            const int64_t t = atomic_fetch_add_explicit(&j->next[lane].v, 1, memory_order_relaxed);
+            if (t >= end) break;
+            q4g_item(j, t);
         }
     }
 }
 
-void li_q4g_matmul(const li_q4g_kernels *kern, li_threadpool *tp, int nth, li_q4g_scratch *s, const li_weight *w,
-                   li_act_quant act, const float *x, float *y, float *res, int64_t n) {
-    const li_q4g_packed *p = li_q4g_packed_of(w);
-    q4g_job j = {.kern = kern, .w = w, .p = p, .a8 = act == LI_ACT_INT8 && kern->a8, .x = x,
-                 .x_raw = x, .y = y, .res = res, .n = n};
+static bool same_perm(const li_weight *a, const li_weight *b) {
+    if (!a->perm || !b->perm) return a->perm == b->perm;
+    return a->perm == b->perm || !memcmp(a->perm, b->perm, (size_t)a->k * sizeof(int32_t));
+}
+
+bool li_q4g_same_job(const li_q4g_kernels *kern, li_act_quant act, const li_weight *const *w, int n_w) {
+    if (n_w < 1 || n_w > LI_Q4G_MAX_PARTS || act != LI_ACT_INT8 || !kern->a8) return false;
+    const li_q4g_packed *p0 = li_q4g_packed_of(w[0]);
+    if (!p0 || w[0]->act != LI_ACT_F32) return false;
+    for (int i = 1; i < n_w; i++) {
+        const li_q4g_packed *p = li_q4g_packed_of(w[i]);
+        if (!p || w[i]->act != LI_ACT_F32 || w[i]->k != w[0]->k || p->gs != p0->gs || !same_perm(w[i], w[0]))
+            return false;
+    }
+    return true;
+}
+
+static void q4g_run(const li_q4g_kernels *kern, li_threadpool *tp, int nth, li_q4g_scratch *s,
+                    const li_weight *const *w, int n_w, li_act_quant act, const float *x, float *const *y, float *res,
+                    int64_t n) {
+    const li_q4g_packed *p = li_q4g_packed_of(w[0]);
+    q4g_job j = {.kern = kern, .n_parts = n_w, .w = w[0], .p = p, .a8 = act == LI_ACT_INT8 && kern->a8, .x = x,
+                 .x_raw = x, .res = res, .n = n};
     if (!j.a8 && !kern->a16) j.a8 = true; /* cannot happen: the scalar ISA keeps the reference */
-    const int64_t k = w->k, m = w->m;
-    if (m * n * k < 65536) nth = 1; /* tiny products: not worth a wake-up */
+    const int64_t k = w[0]->k;
+    int64_t work = 0;
+    for (int i = 0; i < n_w; i++) work += w[i]->m * n * k;
+    if (work < 65536) nth = 1; /* tiny products: not worth a wake-up */
     size_t need = 0;
     if (j.a8) {
         j.act_stride = li_q4g_act_bytes(k, p->ng);
         need = j.act_stride * (size_t)n;
-    } else if (w->act != LI_ACT_F32) {
+    } else if (w[0]->act != LI_ACT_F32) {
         need = (size_t)(n * k) * sizeof(float);
     }
     if (need > s->cap) {
@@ -244,14 +293,33 @@ void li_q4g_matmul(const li_q4g_kernels *kern, li_threadpool *tp, int nth, li_q4
         atomic_init(&j.next_row, 0);
         li_threadpool_run_sized(tp, q4g_prep_work, &j, n >= 8 ? nth : 1, n * k);
     }
-    /* A16 works in panels of 16 rows, A8 in panels of 8 */
-    j.unit_rows = j.a8 ? 8 : LI_PANEL;
-    j.units = (m + j.unit_rows - 1) / j.unit_rows;
+    /* both work in panels of 16 rows (AVX2's A8 in halves of 8); the
+     * parts' items follow each other, each weight split as if alone */
     j.tile_n = n <= 64 ? n : 64;
     const int64_t n_tiles = (n + j.tile_n - 1) / j.tile_n, want = (int64_t)nth * 8;
-    j.chunk = LI_MAX(LI_MIN((j.units * n_tiles + want - 1) / want, j.units), 1);
-    j.n_chunks = (j.units + j.chunk - 1) / j.chunk;
-    j.n_items = j.n_chunks * n_tiles;
-    atomic_init(&j.next, 0);
-    li_threadpool_run_sized(tp, q4g_work, &j, (int)LI_MIN((int64_t)nth, j.n_items), m * n * k);
+    j.n_items = 0;
+    for (int i = 0; i < n_w; i++) {
+        q4g_part *pt = &j.part[i];
+        *pt = (q4g_part){.w = w[i], .p = li_q4g_packed_of(w[i]), .y = y[i]};
+        pt->units = (w[i]->m + LI_PANEL - 1) / LI_PANEL;
+        int64_t chunk = (pt->units * n_tiles + want - 1) / want;
+        if (n < 4) chunk = (chunk + 1) & ~(int64_t)1; /* the A8 kernels' multi-panel blocks: 1 panel is latency-bound */
+        pt->chunk = LI_MAX(LI_MIN(chunk, pt->units), 1);
+        pt->n_chunks = (pt->units + pt->chunk - 1) / pt->chunk;
+        pt->item0 = j.n_items;
+        j.n_items += pt->n_chunks * n_tiles;
+    }
+    j.n_lanes = (int)LI_MIN((int64_t)LI_MIN(nth, LI_Q4G_MAX_LANES), j.n_items);
+    for (int l = 0; l < j.n_lanes; l++) atomic_init(&j.next[l].v, j.n_items * l / j.n_lanes);
+    li_threadpool_run_sized(tp, q4g_work, &j, (int)LI_MIN((int64_t)nth, j.n_items), work);
+}
+
+void li_q4g_matmul(const li_q4g_kernels *kern, li_threadpool *tp, int nth, li_q4g_scratch *s, const li_weight *w,
+                   li_act_quant act, const float *x, float *y, float *res, int64_t n) {
+    q4g_run(kern, tp, nth, s, &w, 1, act, x, &y, res, n);
+}
+
+void li_q4g_matmul_multi(const li_q4g_kernels *kern, li_threadpool *tp, int nth, li_q4g_scratch *s,
+                         const li_weight *const *w, int n_w, const float *x, float *const *y, int64_t n) {
+    q4g_run(kern, tp, nth, s, w, n_w, LI_ACT_INT8, x, y, NULL, n);
 }

@@ -149,7 +149,8 @@ static inline __attribute__((always_inline)) void a8_block(const li_q4g_packed *
                 }
                 #pragma GCC unroll 4
                 for (int a = 0; a < NP; a++) {
-                    const __m256i b = _mm256_loadu_si256((const __m256i *)(p->a8codes + ((p8 + a) * (k / 8) + t) * 32));
+                    const __m256i b = _mm256_loadu_si256(
+                        (const __m256i *)(p->a8codes + ((p8 + a) / 2 * (k / 8) + t) * 64 + (p8 + a) % 2 * 32));
                     const __m256i lo = _mm256_and_si256(b, m4), hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), m4);
                     #pragma GCC unroll 4
                     for (int i = 0; i < NR; i++) {
@@ -254,8 +255,14 @@ void li_q4g_act_quantize_avx2(const li_weight *w, const li_q4g_packed *p, const 
     int32_t *xsum = (int32_t *)(dst + ((k + 3) & ~3));
     for (int64_t g = 0; g < p->ng; g++) {
         const int64_t j1 = LI_MIN((g + 1) * p->gs, k);
-        int32_t sum = 0;
-        for (int64_t i = g * p->gs; i < j1; i++) sum += q[i];
+        int64_t i = g * p->gs;
+        __m256i vs = _mm256_setzero_si256(); /* 8 codes a step: 15% of A8 decode was this loop scalar */
+        for (; i + 8 <= j1; i += 8)
+            vs = _mm256_add_epi32(vs, _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + i))));
+        const __m128i h = _mm_add_epi32(_mm256_castsi256_si128(vs), _mm256_extracti128_si256(vs, 1));
+        const __m128i h2 = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4e));
+        int32_t sum = _mm_cvtsi128_si32(_mm_add_epi32(h2, _mm_shuffle_epi32(h2, 0xb1)));
+        for (; i < j1; i++) sum += q[i];
         xsum[g] = sum;
     }
     memcpy(xsum + p->ng, &s, sizeof s);

@@ -31,9 +31,10 @@
  *   sz      (n_panels, n_groups, 32) the 16 rows' scales, then their zeros
  *   izero   (n_panels, n_groups, 16) the zeros as integers (A8)
  *   gidx    (k) the group of input column c (perm: stored position / gs)
- *   a8codes (n_panels * 2, k / 8, 32) A8 panels of 8 rows in stored order:
- *           lane l (4 bytes) of chunk t holds row 8p + l's elements 8t..8t+3
- *           in the low nibbles, 8t+4..8t+7 in the high ones
+ *   a8codes (n_panels, k / 8, 64) A8 panels of 16 rows in stored order:
+ *           lane l (4 bytes) of chunk t holds row 16p + l's elements
+ *           8t..8t+3 in the low nibbles, 8t+4..8t+7 in the high ones (one
+ *           zmm for AVX-512; AVX2 reads the two 32-byte halves, 8 rows each)
  * A8 permutes the activations into stored order instead. */
 #ifndef LI_Q4G_KERNELS_H
 #define LI_Q4G_KERNELS_H
@@ -49,7 +50,7 @@ typedef struct li_q4g_packed {
     float *sz;             /* (n_panels, ng, 32) */
     int32_t *izero;        /* (n_panels, ng, 16) */
     int32_t *gidx;         /* (k) */
-    uint8_t *a8codes;      /* (n_panels * 2, k / 8, 32) A8 panels of 8 rows, or NULL (see ops_q4g.c) */
+    uint8_t *a8codes;      /* (n_panels, k / 8, 64) A8 panels of 16 rows, or NULL (see ops_q4g.c) */
     bool a8_simd;          /* gs and k multiples of 8: a8codes is built, the A8 SIMD kernels apply */
 } li_q4g_packed;
 
@@ -116,5 +117,15 @@ void li_q4g_scratch_free(li_q4g_scratch *s);
  * over nth threads of tp. */
 void li_q4g_matmul(const li_q4g_kernels *kern, struct li_threadpool *tp, int nth, li_q4g_scratch *s,
                    const li_weight *w, li_act_quant act, const float *x, float *y, float *res, int64_t n);
+
+/* Weights that share an input as one A8 job (q/k/v, gate/up): one
+ * activation quantization and one dispatch; every output has the bits of
+ * li_q4g_matmul. li_q4g_same_job: true when w[0..n_w) can (A8 asked for,
+ * every one packed with f32 activations, one k, group size and perm). */
+#define LI_Q4G_MAX_PARTS 4
+#define LI_Q4G_MAX_LANES 64 /* threads that each start on a run of their own */
+bool li_q4g_same_job(const li_q4g_kernels *kern, li_act_quant act, const li_weight *const *w, int n_w);
+void li_q4g_matmul_multi(const li_q4g_kernels *kern, struct li_threadpool *tp, int nth, li_q4g_scratch *s,
+                         const li_weight *const *w, int n_w, const float *x, float *const *y, int64_t n);
 
 #endif

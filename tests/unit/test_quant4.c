@@ -205,6 +205,9 @@ static void test_kernels(void) {
         {LI_SCHEME_INT4, LI_ACT_F32, 320, 21, 0, false},   {LI_SCHEME_INT4, LI_ACT_INT4, 256, 37, 0, false},
         {LI_SCHEME_AWQ, LI_ACT_F32, 130, 19, 26, false},   /* no SIMD A8: k, group not multiples of 64 */
         {LI_SCHEME_GPTQ, LI_ACT_F32, 200, 7, 64, true},    /* a partial last group */
+        /* A8 panels of 16 rows: m not a multiple of 16, k a multiple of 8 but not of 64 */
+        {LI_SCHEME_AWQ, LI_ACT_F32, 168, 53, 32, false},   {LI_SCHEME_INT4, LI_ACT_F32, 232, 67, 0, false},
+        {LI_SCHEME_GPTQ, LI_ACT_F32, 392, 50, 128, true},  {LI_SCHEME_AWQ, LI_ACT_F32, 72, 33, 8, false},
     };
     const int64_t ns[] = {1, 2, 3, 5, 17, 70};
     const char *isas[] = {"scalar", "avx2", "avx512"};
@@ -274,9 +277,16 @@ static void test_kernels(void) {
                         be.ops->matmul(&be, &w, x + i * k, one, 1);
                         inv &= !memcmp(one, a8 + i * m, (size_t)m * sizeof(float));
                     }
+                    static const int64_t small[] = {2, 5, 7, 8, 13}; /* each kernel shape and row grouping */
+                    for (size_t si = 0; si < LI_ARRAY_LEN(small); si++) {
+                        be.ops->matmul(&be, &w, x, got, small[si]);
+                        inv &= !memcmp(got, a8, (size_t)(small[si] * m) * sizeof(float));
+                    }
                     li_aligned_free(act);
                     report(def && inv && num / den < 1e-3,
-                           "%s, %s x%d: A8 = the definition's bits, batch-invariant, NMSE vs A16 %.2g", what,
+                           "%s, %s x%d: A8 = the definition's bits, batch-invariant (n 1, 2, 5, 7, 8, 13, 70), "
+                           "NMSE vs A16 %.2g",
+                           what,
                            li_backend_cpu_isa(&be), nt, num / den);
                     li_backend_cpu_set_q4_act(&be, LI_ACT_F32, &err);
                 }
@@ -307,6 +317,75 @@ static void test_kernels(void) {
 /* The AVX2 A8 activation rows are the reference's bytes: odd lengths (the
  * scalar tail), a permutation (the gather), NaN and infinity, values on
  * rounding ties and past the clamp. */
+/* matmul_multi on 4-bit weights with A8: one job for weights that share k,
+ * group size and perm (q/k/v, gate/up), each output the bits of its own
+ * matmul; a weight of another perm or group size falls back one by one. */
+static void test_a8_multi(void) {
+    const kcase sets[][3] = {
+        {{LI_SCHEME_AWQ, LI_ACT_F32, 192, 37, 64, false},
+         {LI_SCHEME_AWQ, LI_ACT_F32, 192, 16, 64, false},
+         {LI_SCHEME_AWQ, LI_ACT_F32, 192, 70, 64, false}},
+        {{LI_SCHEME_GPTQ, LI_ACT_F32, 256, 21, 128, true}, /* perms differ: one by one */
+         {LI_SCHEME_GPTQ, LI_ACT_F32, 256, 33, 128, true},
+         {LI_SCHEME_GPTQ, LI_ACT_F32, 256, 9, 128, true}},
+        {{LI_SCHEME_AWQ, LI_ACT_F32, 256, 21, 64, false}, /* groups differ: one by one */
+         {LI_SCHEME_AWQ, LI_ACT_F32, 256, 33, 32, false},
+         {LI_SCHEME_AWQ, LI_ACT_F32, 256, 9, 64, false}},
+    };
+    const int64_t ns[] = {1, 5, 70};
+    const char *isas[] = {"scalar", "avx2", "avx512"};
+    for (size_t si = 0; si < LI_ARRAY_LEN(sets); si++) {
+        li_weight w0[3];
+        uint8_t *data[3];
+        float *sc[3], *zp[3], *ym[3], *y1[3];
+        int32_t *perm[3];
+        const int64_t k = sets[si][0].k, nmax = 70;
+        for (int i = 0; i < 3; i++) {
+            rng_seed(500 + 10 * si + i);
+            make_weight(&sets[si][i], &w0[i], &data[i], &sc[i], &zp[i], &perm[i]);
+            ym[i] = li_xmalloc((size_t)(nmax * sets[si][i].m) * sizeof(float));
+            y1[i] = li_xmalloc((size_t)(nmax * sets[si][i].m) * sizeof(float));
+        }
+        float *x = li_xmalloc((size_t)(nmax * k) * sizeof(float));
+        for (int64_t i = 0; i < nmax * k; i++) x[i] = rng_f() * (i % 11 == 0 ? 6.0f : 1.0f);
+        for (size_t b = 0; b < LI_ARRAY_LEN(isas); b++)
+            for (int nt = 1; nt <= 2; nt++) {
+                li_backend be;
+                li_error err = {0};
+                if (li_backend_cpu_init(&be, nt, isas[b], &err)) continue;
+                li_weight w[3];
+                const li_weight *wp[3] = {&w[0], &w[1], &w[2]};
+                bool ok = true;
+                for (int i = 0; i < 3; i++) {
+                    w[i] = w0[i];
+                    ok &= be.ops->weight_prepare(&be, &w[i]) == 0;
+                }
+                ok &= li_backend_cpu_set_q4_act(&be, LI_ACT_INT8, &err) == 0;
+                for (size_t ni = 0; ok && ni < LI_ARRAY_LEN(ns); ni++) {
+                    be.ops->matmul_multi(&be, wp, 3, x, ym, ns[ni]);
+                    for (int i = 0; i < 3; i++) {
+                        be.ops->matmul(&be, &w[i], x, y1[i], ns[ni]);
+                        ok &= !memcmp(ym[i], y1[i], (size_t)(ns[ni] * w[i].m) * sizeof(float));
+                    }
+                }
+                report(ok, "A8 matmul_multi, %s, %s x%d: each output = its matmul's bits (n 1, 5, 70)",
+                       si == 0 ? "one job" : si == 1 ? "perms differ" : "groups differ", li_backend_cpu_isa(&be), nt);
+                for (int i = 0; i < 3; i++)
+                    if (be.ops->weight_release) be.ops->weight_release(&be, &w[i]);
+                li_backend_cpu_free(&be);
+            }
+        free(x);
+        for (int i = 0; i < 3; i++) {
+            free(data[i]);
+            free(sc[i]);
+            free(zp[i]);
+            free(perm[i]);
+            free(ym[i]);
+            free(y1[i]);
+        }
+    }
+}
+
 static void test_act_quantize(void) {
     if (!__builtin_cpu_supports("avx2")) {
         printf("SKIP: A8 activation rows on AVX2: this CPU has no AVX2\n");
@@ -357,6 +436,7 @@ int main(void) {
     test_quantizer_errors();
     test_quantizers();
     test_kernels();
+    test_a8_multi();
     test_act_quantize();
     return t_summary("test_quant4");
 }
