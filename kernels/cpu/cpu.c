@@ -130,7 +130,6 @@ static inline void prefetch_l2(const void *p) {
 #endif
 }
 
-#define LI_CPU_MAX_LANES 64
 #define LI_CPU_MAX_PARTS 4
 
 /* One weight of a matmul job. Several weights that read the same input
@@ -156,13 +155,10 @@ typedef struct {
     void *act;             /* (n) packed rows of act_stride bytes */
     size_t act_stride;
     int64_t tile_n, n_items;
-    int n_lanes;           /* the items split into this many contiguous runs */
     const uint8_t *next_data; /* the next weight's panels, to warm up (or NULL) */
     size_t next_bytes;
     atomic_long next_row;  /* next activation row to quantize */
-    struct {
-        _Alignas(64) atomic_long v; /* a line each: threads claim from different lanes at once */
-    } next[LI_CPU_MAX_LANES];       /* next item of each lane */
+    li_cpu_lanes lanes;    /* the items in contiguous runs */
 } matmul_job;
 
 static void matmul_quantize(void *p, int ith, int nth) {
@@ -208,21 +204,13 @@ static void matmul_item(const matmul_job *j, int64_t t) {
         }
 }
 
-/* Thread ith works through lane ith first, front to back, then helps the
- * others: each thread streams one contiguous run of weights (what the
- * hardware prefetcher follows best), and a thread that never shows up only
- * means the others drain its lane. */
+/* Thread ith drains its own lane first (li_cpu_lanes), then the others. */
 static void matmul_work(void *p, int ith, int nth) {
     matmul_job *j = p;
-    const int L = j->n_lanes;
+    const int L = j->lanes.n;
     for (int d = 0; d < L; d++) {
         const int lane = (ith + d) % L;
-        const int64_t end = j->n_items * (lane + 1) / L;
-        for (;;) {
-            const int64_t t = atomic_fetch_add_explicit(&j->next[lane].v, 1, memory_order_relaxed);
-            if (t >= end) break;
-            matmul_item(j, t);
-        }
+        for (int64_t t; (t = li_cpu_lanes_claim(&j->lanes, lane)) >= 0;) matmul_item(j, t);
         /* Decode streams every weight from memory once per token, and the
          * GEMV kernel prefetches only LI_GEMV_PREFETCH bytes ahead of itself:
          * once its own lane is done, a thread warms (into L2) the start of
@@ -253,8 +241,7 @@ static void matmul_plan(matmul_job *j, int nth) {
         pt->item0 = j->n_items;
         j->n_items += pt->n_chunks * n_tn;
     }
-    j->n_lanes = (int)LI_MIN((int64_t)LI_MIN(nth, LI_CPU_MAX_LANES), j->n_items);
-    for (int l = 0; l < j->n_lanes; l++) atomic_init(&j->next[l].v, j->n_items * l / j->n_lanes);
+    li_cpu_lanes_init(&j->lanes, j->n_items, nth);
 }
 
 /* How this backend multiplies a weight: with its kernels (the table's
@@ -475,11 +462,8 @@ typedef struct {
     const int64_t *tile0;  /* (n_tiles + 1) first token of each tile */
     int64_t n_tiles;
     int split;             /* query heads of a group per item: G, or 1 when items are few */
-    int n_lanes;           /* items (tile, kv head, head run) split into contiguous runs */
     int64_t total;
-    struct {
-        _Alignas(64) atomic_long v;
-    } next[LI_CPU_MAX_LANES]; /* next item of each lane */
+    li_cpu_lanes lanes;    /* items (tile, kv head, head run) in contiguous runs */
 } attn_tile_job;
 
 #define ATT_ITEM_PF 256 /* positions of the next item's K and V rows fetched */
@@ -518,13 +502,11 @@ static void attn_tile_item(attn_tile_job *j, int64_t t, float *scratch) {
 /* As matmul_work: lane ith first, front to back, then the others. */
 static void attn_tile_work(void *p, int ith, int nth) {
     attn_tile_job *j = p;
-    const int L = j->n_lanes;
+    const int L = j->lanes.n;
     for (int d = 0; d < L; d++) {
         const int lane = (ith + d) % L;
-        const int64_t end = j->total * (lane + 1) / L;
-        for (;;) {
-            const int64_t t = atomic_fetch_add_explicit(&j->next[lane].v, 1, memory_order_relaxed);
-            if (t >= end) break;
+        const int64_t end = li_cpu_lanes_end(&j->lanes, lane);
+        for (int64_t t; (t = li_cpu_lanes_claim(&j->lanes, lane)) >= 0;) {
             if (t + 1 < end) attn_item_prefetch(j, t + 1);
             attn_tile_item(j, t, j->scratch[ith]);
         }
@@ -565,8 +547,7 @@ static bool cpu_attention_tiles(li_cpu *c, const li_attn_args *a) {
                        .split = split, .total = n_tiles * a->n_head_kv * (G / split)};
     work *= (int64_t)a->n_head * a->head_dim;
     const int nth = work < 32768 ? 1 : c->n_threads;
-    j.n_lanes = (int)LI_MIN((int64_t)LI_MIN(nth, LI_CPU_MAX_LANES), j.total);
-    for (int l = 0; l < j.n_lanes; l++) atomic_init(&j.next[l].v, j.total * l / j.n_lanes);
+    li_cpu_lanes_init(&j.lanes, j.total, nth);
     li_threadpool_run_sized(c->tp, attn_tile_work, &j, nth, work);
     return true;
 }

@@ -59,6 +59,36 @@ static inline int32_t *li_qact_sum(void *row, int64_t k) { return (int32_t *)(li
  * float (F32, F16, BF16): [k][16] elements, lane l = row l.
  * AVX2 reads the same panels as two halves of 8 lanes. */
 #define LI_PANEL 16
+
+/* A job's items split into contiguous runs (lanes), one per thread to start
+ * with: thread ith drains lane ith front to back, then helps with the
+ * others. Each thread so streams one contiguous run of weights (what the
+ * hardware prefetcher follows best), and a thread that never shows up only
+ * means the others drain its lane. */
+#define LI_CPU_MAX_LANES 64
+typedef struct li_cpu_lanes {
+    int n;           /* lanes in use */
+    int64_t n_items;
+    struct {
+        _Alignas(64) atomic_long v; /* a line each: threads claim from different lanes at once */
+    } next[LI_CPU_MAX_LANES];       /* next item of each lane */
+} li_cpu_lanes;
+
+static inline void li_cpu_lanes_init(li_cpu_lanes *l, int64_t n_items, int nth) {
+    l->n_items = n_items;
+    const int64_t n = nth < LI_CPU_MAX_LANES ? nth : LI_CPU_MAX_LANES;
+    l->n = (int)(n < n_items ? n : n_items);
+    for (int i = 0; i < l->n; i++) atomic_init(&l->next[i].v, n_items * i / l->n);
+}
+
+/* one past the last item of lane `lane` */
+static inline int64_t li_cpu_lanes_end(const li_cpu_lanes *l, int lane) { return l->n_items * (lane + 1) / l->n; }
+
+/* the next unclaimed item of lane `lane`, or -1 once it is drained */
+static inline int64_t li_cpu_lanes_claim(li_cpu_lanes *l, int lane) {
+    const int64_t t = atomic_fetch_add_explicit(&l->next[lane].v, 1, memory_order_relaxed);
+    return t < li_cpu_lanes_end(l, lane) ? t : -1;
+}
 /* How far ahead (bytes of panels) the GEMV kernels prefetch their stream:
  * about DRAM latency x one core's streaming rate (4-16 KiB measured alike) */
 #define LI_GEMV_PREFETCH 8192

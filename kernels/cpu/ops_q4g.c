@@ -191,11 +191,8 @@ typedef struct {
     size_t act_stride;
     float *res;            /* (n, m) with one part, or NULL */
     int64_t n, tile_n, n_items;
-    int n_lanes;           /* the items split into this many contiguous runs */
     atomic_long next_row;
-    struct {
-        _Alignas(64) atomic_long v; /* a line each */
-    } next[LI_Q4G_MAX_LANES];       /* next item of each lane */
+    li_cpu_lanes lanes;    /* the items in contiguous runs */
 } q4g_job;
 
 static void q4g_prep_work(void *ctx, int ith, int nth) {
@@ -230,21 +227,11 @@ static void q4g_item(const q4g_job *j, int64_t t) {
     }
 }
 
-/* Thread ith works through lane ith first, front to back, then helps the
- * others (cpu.c's matmul_work): each thread streams one contiguous run of
- * panels, which the hardware prefetcher follows. */
+/* Thread ith drains its own lane of panels first (li_cpu_lanes), then the others. */
 static void q4g_work(void *ctx, int ith, int nth) {
     q4g_job *j = ctx;
-    const int L = j->n_lanes;
-    for (int d = 0; d < L; d++) {
-        const int lane = (ith + d) % L;
-        const int64_t end = j->n_items * (lane + 1) / L;
-        for (;;) {
-            const int64_t t = atomic_fetch_add_explicit(&j->next[lane].v, 1, memory_order_relaxed);
-            if (t >= end) break;
-            q4g_item(j, t);
-        }
-    }
+    for (int d = 0; d < j->lanes.n; d++)
+        for (int64_t t; (t = li_cpu_lanes_claim(&j->lanes, (ith + d) % j->lanes.n)) >= 0;) q4g_item(j, t);
 }
 
 static bool same_perm(const li_weight *a, const li_weight *b) {
@@ -309,8 +296,7 @@ static void q4g_run(const li_q4g_kernels *kern, li_threadpool *tp, int nth, li_q
         pt->item0 = j.n_items;
         j.n_items += pt->n_chunks * n_tiles;
     }
-    j.n_lanes = (int)LI_MIN((int64_t)LI_MIN(nth, LI_Q4G_MAX_LANES), j.n_items);
-    for (int l = 0; l < j.n_lanes; l++) atomic_init(&j.next[l].v, j.n_items * l / j.n_lanes);
+    li_cpu_lanes_init(&j.lanes, j.n_items, nth);
     li_threadpool_run_sized(tp, q4g_work, &j, (int)LI_MIN((int64_t)nth, j.n_items), work);
 }
 

@@ -123,7 +123,6 @@ void li_q4g_matmul(const li_q4g_kernels *kern, struct li_threadpool *tp, int nth
  * li_q4g_matmul. li_q4g_same_job: true when w[0..n_w) can (A8 asked for,
  * every one packed with f32 activations, one k, group size and perm). */
 #define LI_Q4G_MAX_PARTS 4
-#define LI_Q4G_MAX_LANES 64 /* threads that each start on a run of their own */
 bool li_q4g_same_job(const li_q4g_kernels *kern, li_act_quant act, const li_weight *const *w, int n_w);
 void li_q4g_matmul_multi(const li_q4g_kernels *kern, struct li_threadpool *tp, int nth, li_q4g_scratch *s,
                          const li_weight *const *w, int n_w, const float *x, float *const *y, int64_t n);
