@@ -24,9 +24,13 @@
 -- and policies/spec_adaptive.lua (every proposer available), on four
 -- workloads: input-grounded (rewrite a paragraph, edit a JSON object, add
 -- type hints to code) and open-ended (a story); at batch 1 and 4 (four
--- variants of the prompt), greedy and temperature 0.7. Settings alternate
--- within each round; the fastest run of each is kept. Greedy runs assert
--- the tokens of speculation off.
+-- variants of the prompt), greedy and temperature 0.7. Requests stop at
+-- EOS or MAX_TOKENS. Each setting prints the decode rate a client sees
+-- (a request's tokens after its first over its time after its first token,
+-- the mean over the batch) and its ratio to off, the acceptance, and the
+-- end-to-end ratio (all tokens over the run's time, prefill included).
+-- Settings alternate within each round; the fastest run of each is kept.
+-- Greedy runs assert the tokens of speculation off.
 --
 -- --medusa FILE (with proposers) adds Medusa heads (method medusa, the
 -- engine's default tree or --medusa-tree SPEC, up to 16 nodes); --quick
@@ -89,15 +93,21 @@ local settings = { { k = 0 }, { k = 2 }, { k = 4 }, { k = 8 }, { k = 4, always =
 
 -- ---- every proposer (mode `proposers`) ---------------------------------------
 local function chat(u) return "<|im_start|>user\n" .. u .. "<|im_end|>\n<|im_start|>assistant\n" end
-local json_doc = '{"name": "Ada Lovelace", "born": 1815, "city": "London", "fields": ["mathematics", "computing"], ' ..
-  '"notes": "wrote the first published algorithm for a machine"}'
+-- Prompts the model carries out (checked by reading its greedy outputs): it
+-- rewrites the paragraph with its text, prints the JSON object back in the
+-- same layout, writes the functions again with type hints; the story is
+-- open-ended.
+local json_doc = '{\n  "name": "Ada Lovelace",\n  "born": 1815,\n  "city": "London",\n' ..
+  '  "fields": ["mathematics", "computing"],\n  "notes": "wrote the first published algorithm for a machine"\n}'
 local grounded = {
   rewrite = chat("Rewrite this paragraph, fixing only the spelling mistakes:\nThe rivr ran past the old mils and the " ..
     "quiet farms, while the childen counted the boats under a grey sky of late autum. In the evening the lamps " ..
-    "were lit along the bank, and the feryman called the last crossing of the day."),
-  json = chat("Here is a JSON object:\n" .. json_doc .. "\nChange the city to \"Paris\" and output the whole " ..
-    "object again."),
-  code = chat("Add type hints to this Python code and change nothing else:\n" .. code),
+    "were lit along the bank, and the feryman called the last crossing of the day. The next morning the mist lay " ..
+    "thick on the watter, and the first boat left the jetty before the sun had risen over the hils."),
+  json = chat("Here is a JSON object:\n" .. json_doc .. "\nOutput the same JSON object with \"city\" changed to " ..
+    "\"Paris\"."),
+  code = chat("Here is some Python code:\n```python\n" .. code .. "```\nRewrite it with type hints added to every " ..
+    "function."),
   story = chat("Write a short story about a lighthouse keeper who finds a message in a bottle."),
 }
 local kinds = { "rewrite", "json", "code", "story" }
@@ -119,6 +129,7 @@ local function proposers_bench(layers, draft)
                         spec = { method = "medusa", k = 16 } }
   end
   sets[#sets + 1] = { name = "adaptive", cfg = { spec_layers = layers, draft_model = draft, spec_method = "ngram",
+                                                 medusa = medusa, medusa_tree = medusa_tree,
                                                  policy = root .. "/policies/spec_adaptive.lua" } }
   local function one(kind, seqs, temp, set)
     local cfg = { max_num_seqs = seqs, max_batched_tokens = 512, spec_disable_batch = 0 }
@@ -129,19 +140,27 @@ local function proposers_bench(layers, draft)
       local p = seqs == 1 and grounded[kind] or grounded[kind]:gsub("<|im_start|>assistant", ("(variant %d)<|im_start|>assistant"):format(i))
       -- sampled requests ask for their proposer themselves (the engine's
       -- n-gram default drafts greedy requests only)
-      ids[i] = e:add{ prompt = p, max_tokens = MAX, temperature = temp, seed = 7 + i, ignore_eos = true,
+      ids[i] = e:add{ prompt = p, max_tokens = MAX, temperature = temp, seed = 7 + i,
                       speculation = temp > 0 and set.spec or nil }
     end
     e:run()
     local s = e:stats()
     local toks, n = bench.outputs(e, ids)
+    -- the decode rate a client sees (tokens after its first over the time
+    -- after its first), the mean over the requests
+    local dec = 0
+    for _, id in ipairs(ids) do
+      local r = e:result(id)
+      dec = dec + (#r.tokens - 1) / math.max(r.latency - r.ttft, 1e-9) / seqs
+    end
     e:close()
-    return { tput = n / s.time_total, drafted = s.spec_drafted, accepted = s.spec_accepted, toks = toks }
+    return { tput = n / s.time_total, dec = dec, drafted = s.spec_drafted, accepted = s.spec_accepted, toks = toks }
   end
-  print(("speculation by proposer: %d tokens per request, best of %d rounds, tok/s (ratio to off, acceptance)")
+  print(("speculation by proposer: up to %d tokens per request (stopping at EOS), best of %d rounds; decode tok/s " ..
+         "per request after its first token (ratio to off, acceptance) and the end-to-end ratio (prefill included)")
     :format(MAX, ROUNDS))
   local head = {}
-  for i = 2, #sets do head[#head + 1] = ("%-24s"):format(sets[i].name) end
+  for i = 2, #sets do head[#head + 1] = ("%-30s"):format(sets[i].name) end
   print(("%-8s %5s %4s | %9s | %s"):format("workload", "batch", "temp", "off tok/s", table.concat(head, " ")))
   local rows = {}
   local temps, batches = quick and { 0 } or { 0, 0.7 }, quick and { 1 } or { 1, 4 }
@@ -160,19 +179,27 @@ local function proposers_bench(layers, draft)
                   :format(kind, seqs, set.name, i))
               end
             end
-            if not best[si] or r.tput > best[si].tput then best[si] = r end
+            -- the fastest round of each setting, on each measure
+            local b = best[si]
+            if not b then best[si] = { dec = r.dec, tput = r.tput, drafted = r.drafted, accepted = r.accepted,
+                                       toks = r.toks }
+            else
+              if r.dec > b.dec then b.dec, b.drafted, b.accepted = r.dec, r.drafted, r.accepted end
+              b.tput = math.max(b.tput, r.tput)
+            end
           end
         end
         local cols = {}
         for si = 2, #sets do
-          local b = best[si]
+          local b, off = best[si], best[1]
           rows[#rows + 1] = { workload = kind, seqs = seqs, temperature = temp, setting = sets[si].name,
-                              tok_s = b.tput, off_tok_s = best[1].tput, ratio = b.tput / best[1].tput,
+                              tok_s = b.dec, off_tok_s = off.dec, ratio = b.dec / off.dec,
+                              e2e_tok_s = b.tput, off_e2e_tok_s = off.tput, e2e_ratio = b.tput / off.tput,
                               drafted = b.drafted, accepted = b.accepted }
-          cols[#cols + 1] = ("%-24s"):format(("%.1f (%.2fx, %.0f%%)"):format(b.tput, b.tput / best[1].tput,
-                                                                          100 * b.accepted / math.max(b.drafted, 1)))
+          cols[#cols + 1] = ("%-30s"):format(("%.1f (%.2fx, %.0f%%) e2e %.2fx"):format(b.dec, b.dec / off.dec,
+            100 * b.accepted / math.max(b.drafted, 1), b.tput / off.tput))
         end
-        print(("%-8s %5d %4.1f | %9.1f | %s"):format(kind, seqs, temp, best[1].tput, table.concat(cols, " ")))
+        print(("%-8s %5d %4.1f | %9.1f | %s"):format(kind, seqs, temp, best[1].dec, table.concat(cols, " ")))
         io.stdout:flush()
       end
     end

@@ -169,7 +169,7 @@ static void policy_speculate(li_engine *e, int32_t running) {
     for (int m = 0; m < LI_SPEC_N_METHODS; m++) avail[m] = e->sp.prop[m] != NULL;
     const li_spec_state ss = {.methods = names, .available = avail, .n_methods = LI_SPEC_N_METHODS,
                               .batch_size = running, .step_time = e->sp.ema_step, .token_time = e->sp.ema_token,
-                              .draft_time = e->sp.ema_draft};
+                              .draft_time = e->sp.ema_draft, .row_time = e->sp.ema_rows};
     li_step_state st;
     li_engine_gather(e, &st);
     li_error perr = {0};
@@ -535,4 +535,5 @@ void li_spec_step_tree_batch(li_engine *e, const req *r, int64_t row0, int32_t n
 void li_spec_step_costs(li_spec_step *sp, double dt, int64_t n) {
     sp->ema_step = ema(sp->ema_step, dt);
     if (n) sp->ema_token = ema(sp->ema_token, dt / (double)n);
+    if (n >= 1 && n <= LI_SPEC_COST_ROWS) sp->ema_rows[n - 1] = ema(sp->ema_rows[n - 1], dt);
 }

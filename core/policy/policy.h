@@ -116,6 +116,9 @@ typedef struct li_spec_cand {
     int32_t method, k;
 } li_spec_cand;
 
+/* The step costs the speculate hook sees: forward passes of 1..64 tokens */
+#define LI_SPEC_COST_ROWS 64
+
 typedef struct li_spec_state {
     const char *const *methods;  /* (n_methods) names: "ngram", "draft", "layerskip" */
     const bool *available;       /* (n_methods) which this engine can draft with */
@@ -124,6 +127,9 @@ typedef struct li_spec_state {
     double step_time;            /* seconds per step's forward pass (moving average) */
     double token_time;           /* forward seconds per computed token (moving average) */
     const double *draft_time;    /* (n_methods) proposer seconds per draft token (moving average) */
+    /* (LI_SPEC_COST_ROWS) [n - 1]: seconds of a forward pass that computed n
+     * tokens (moving average per n), 0 = no such step yet; NULL = none */
+    const double *row_time;
 } li_spec_state;
 
 typedef struct li_policy li_policy;

@@ -1253,7 +1253,7 @@ typedef struct spec_ctx {
 /* speculate(req, state) per candidate: req.speculation = {method, k, max_k,
  * temperature, acceptance = {name = rate}, drafted = {name = n}}, state.spec
  * = {batch_size, step_time, token_time, draft_time = {name = s},
- * available = {name = bool}}. It returns nothing (the want stands), false
+ * available = {name = bool}, row_time = {[n] = s}}. It returns nothing (the want stands), false
  * or 0 (off), k, or method, k. */
 static int spec_thunk(lua_State *L) {
     spec_ctx *x = lua_touserdata(L, 1);
@@ -1282,6 +1282,13 @@ static int spec_thunk(lua_State *L) {
         lua_setfield(L, -2, ss->methods[m]);
     }
     lua_setfield(L, -2, "available");
+    lua_newtable(L); /* row_time[n]: only the row counts measured */
+    for (int32_t n = 1; ss->row_time && n <= LI_SPEC_COST_ROWS; n++)
+        if (ss->row_time[n - 1] > 0) {
+            lua_pushnumber(L, ss->row_time[n - 1]);
+            lua_rawseti(L, -2, n);
+        }
+    lua_setfield(L, -2, "row_time");
     lua_setfield(L, state, "spec");
     for (int32_t i = 0; i < x->n; i++) {
         li_spec_cand *k = &x->c[i];

@@ -632,7 +632,7 @@ int li_wire_decode_order(const msgpack_object *m, int32_t max, int32_t *order, i
 void li_wire_pack_spec(msgpack_packer *pk, const li_spec_state *ss, const li_spec_cand *c, int32_t n) {
     const int32_t nm = LI_MIN(ss->n_methods, LI_WIRE_MAX_METHODS);
     li_wire_pack_str(pk, "spec");
-    msgpack_pack_map(pk, 6);
+    msgpack_pack_map(pk, 7);
     li_wire_pack_str(pk, "methods");
     msgpack_pack_array(pk, (size_t)nm);
     for (int32_t m = 0; m < nm; m++) li_wire_pack_str(pk, ss->methods[m]);
@@ -648,6 +648,9 @@ void li_wire_pack_spec(msgpack_packer *pk, const li_spec_state *ss, const li_spe
     li_wire_pack_str(pk, "draft_time");
     msgpack_pack_array(pk, (size_t)nm);
     for (int32_t m = 0; m < nm; m++) msgpack_pack_double(pk, ss->draft_time[m]);
+    li_wire_pack_str(pk, "row_time");
+    msgpack_pack_array(pk, LI_SPEC_COST_ROWS);
+    for (int32_t r = 0; r < LI_SPEC_COST_ROWS; r++) msgpack_pack_double(pk, ss->row_time ? ss->row_time[r] : 0);
     li_wire_pack_str(pk, "cands");
     msgpack_pack_array(pk, (size_t)n);
     for (int32_t i = 0; i < n; i++) {
@@ -714,6 +717,11 @@ int li_wire_unpack_spec(const msgpack_object *msg, li_wire_spec *w, li_error *er
         SPEC_BAD("'step_time' and 'token_time' must be numbers >= 0");
     if (!num_array(li_wire_get(sp, "draft_time"), nm, 0, 1e9, w->draft_time))
         SPEC_BAD("'draft_time' must be a list of %d numbers >= 0", nm);
+    /* row_time is optional (absent: no step measured) */
+    const msgpack_object *rt = li_wire_get(sp, "row_time");
+    memset(w->row_time, 0, sizeof w->row_time);
+    if (rt && !num_array(rt, LI_SPEC_COST_ROWS, 0, 1e9, w->row_time))
+        SPEC_BAD("'row_time' must be a list of %d numbers >= 0", LI_SPEC_COST_ROWS);
     if (!cands || cands->type != MSGPACK_OBJECT_ARRAY || cands->via.array.size > LI_WIRE_MAX_REQS)
         SPEC_BAD("'cands' must be a list of at most %d candidates", LI_WIRE_MAX_REQS);
     const int32_t n = (int32_t)cands->via.array.size;
@@ -747,7 +755,7 @@ int li_wire_unpack_spec(const msgpack_object *msg, li_wire_spec *w, li_error *er
     w->n = n;
     w->ss = (li_spec_state){.methods = w->name_ptr, .available = w->avail, .n_methods = nm,
                             .batch_size = (int32_t)bsz, .step_time = step, .token_time = tok,
-                            .draft_time = w->draft_time};
+                            .draft_time = w->draft_time, .row_time = w->row_time};
     return 0;
 }
 

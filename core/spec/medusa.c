@@ -86,13 +86,15 @@ int li_medusa_prepare(li_medusa *h, const li_model *base, li_backend *be, int64_
     h->output = &base->output;
     h->cap = cap;
     const size_t E = (size_t)h->n_embd, row = E * sizeof(float);
-    const size_t rows = 3 * (size_t)cap + (size_t)h->n_heads;
+    /* h (cap rows), every head's t (n_heads x cap: one output matmul reads
+     * the n_vocab x n_embd head once for all of them), ones (cap), biases */
+    const size_t rows = (2 + (size_t)h->n_heads) * (size_t)cap + (size_t)h->n_heads;
     int rc = li_buffer_alloc(be, rows * row, &h->scratch, err);
     if (!rc) rc = li_buffer_alloc(be, (size_t)h->n_heads * (size_t)cap * (size_t)h->n_vocab * sizeof(float), &h->logits, err);
     if (rc) return rc;
     h->d_h = h->scratch.data;
     h->d_t = h->d_h + (size_t)cap * E;
-    h->d_ones = h->d_t + (size_t)cap * E;
+    h->d_ones = h->d_t + (size_t)h->n_heads * (size_t)cap * E;
     h->d_bias = h->d_ones + (size_t)cap * E;
     /* SiLU alone is silu_mul by ones: x * 1.0f is exact */
     float *ones = li_xmalloc((size_t)cap * row);
@@ -122,13 +124,16 @@ const float *li_medusa_run(li_medusa *h, const float *hidden, int64_t n, int32_t
     op->buffer_set(be, &h->scratch, li_buffer_offset(&h->scratch, h->d_h), hidden, (size_t)(n * E) * sizeof(float));
     float *lg = h->logits.data;
     for (int32_t k = 0; k < n_heads; k++) {
-        /* t = W_k h + b_k; t = SiLU(t); t += h (= h + SiLU(...)); logits = output t */
-        op->matmul(be, &h->w[k], h->d_h, h->d_t, n);
-        for (int64_t r = 0; r < n; r++) op->add(be, h->d_t + r * E, h->d_bias + (size_t)k * E, E);
-        op->silu_mul(be, h->d_t, h->d_ones, n, E);
-        op->add(be, h->d_t, h->d_h, n * E);
-        op->matmul(be, h->output, h->d_t, lg + (size_t)k * (size_t)(n * V), n);
+        /* t = W_k h + b_k; t = SiLU(t); t += h (= h + SiLU(...)) */
+        float *t = h->d_t + (size_t)k * (size_t)(n * E);
+        op->matmul(be, &h->w[k], h->d_h, t, n);
+        for (int64_t r = 0; r < n; r++) op->add(be, t + r * E, h->d_bias + (size_t)k * E, E);
+        op->silu_mul(be, t, h->d_ones, n, E);
+        op->add(be, t, h->d_h, n * E);
     }
+    /* logits = output t, every head's rows in one pass over the output
+     * weights (a row's logits do not depend on the batch) */
+    op->matmul(be, h->output, h->d_t, lg, (int64_t)n_heads * n);
     const size_t bytes = (size_t)n_heads * (size_t)(n * V) * sizeof(float);
     if (h->logits.host) { /* head k's rows start at k * n * V */
         op->synchronize(be);

@@ -264,6 +264,27 @@ def test_bench_spec_outputs_match(run_ok, tmp_path):
     check_png(png)
 
 
+def test_bench_spec_proposers(run_ok, model_path, tmp_path):
+    """bench_spec's proposers mode, --quick at 6 tokens, with zero Medusa
+    heads: a row per workload and setting, every greedy run's tokens equal
+    to speculation off (the program asserts it), both ratios as the rates
+    they divide."""
+    heads, js = tmp_path / "zero.gguf", tmp_path / "p.json"
+    subprocess.run([sys.executable, str(REPO / "tools" / "gen_medusa_heads.py"), "--model", str(model_path),
+                    "--out", str(heads), "--heads", "3", "--init", "zero"], check=True, capture_output=True)
+    out = bench(run_ok, "spec", "6", "1", "proposers", "29", "--quick", "--medusa", str(heads), "--json", str(js))
+    assert "every proposer's tokens were identical to speculation off" in out
+    assert re.findall(r"^(rewrite|json|code|story)\s+1\s+0\.0 \|", out, re.M) == ["rewrite", "json", "code", "story"]
+    r = json.loads(js.read_text())
+    assert r["mode"] == "proposers" and len(r["rows"]) == 4 * 4
+    assert {row["setting"] for row in r["rows"]} == {"ngram k8", "layerskip29 k3", "medusa", "adaptive"}
+    for row in r["rows"]:
+        assert row["ratio"] == pytest.approx(row["tok_s"] / row["off_tok_s"])
+        assert row["e2e_ratio"] == pytest.approx(row["e2e_tok_s"] / row["off_e2e_tok_s"])
+        assert 0 <= row["accepted"] <= row["drafted"]
+    assert any(row["drafted"] > 0 for row in r["rows"] if row["setting"] == "ngram k8")
+
+
 def test_bench_builds_table(luainfer_bin, model_path, tmp_path):
     """bench_builds.py with one binary as both builds, one tiny round: the
     table has a row per measurement with positive medians, a ratio and a

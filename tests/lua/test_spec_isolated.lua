@@ -57,6 +57,13 @@ return { speculate = function(req, state)
   assert(type(s.method) == "string" and s.max_k >= 1 and s.acceptance.ngram and s.drafted.layerskip, "req.speculation")
   assert(sp.batch_size >= 1 and sp.step_time >= 0 and sp.draft_time.ngram and sp.available.ngram == true
          and sp.available.draft == false, "state.spec")
+  local rows = 0
+  for n, t in pairs(sp.row_time) do
+    assert(type(n) == "number" and n >= 1 and n <= 64 and n == math.floor(n) and t > 0, "state.spec.row_time entries")
+    rows = rows + 1
+  end
+  -- decode steps of these few requests compute at most 64 rows each
+  assert(rows >= 1 or req.num_generated < 3, "state.spec.row_time holds the decode steps measured so far")
   local n = req.num_generated % 3
   if n == 0 then return false end
   return "ngram", n + 1

@@ -52,6 +52,13 @@ local function check(req, state)
   assert(s.acceptance.ngram and s.acceptance.layerskip and s.drafted.draft, "acceptance / drafted per method")
   assert(sp.batch_size >= 1 and sp.step_time >= 0 and sp.token_time >= 0 and sp.draft_time.layerskip, "state.spec")
   assert(sp.available.ngram == true and sp.available.draft == false, "state.spec.available")
+  local rows = 0
+  for n, t in pairs(sp.row_time) do
+    assert(type(n) == "number" and n >= 1 and n <= 64 and n == math.floor(n) and t > 0, "state.spec.row_time entries")
+    rows = rows + 1
+  end
+  -- decode steps of these few requests compute at most 64 rows each
+  assert(rows >= 1 or req.num_generated < 3, "state.spec.row_time holds the decode steps measured so far")
 end
 ]]
 local function policy(body) return checked .. "return { speculate = function(req, state) check(req, state) " .. body .. " end }" end
@@ -90,9 +97,22 @@ H.check(s_err.policy_errors > 0 and s_err.spec_by.layerskip.drafted > 0,
 -- spec_adaptive.lua: the model, then a run
 local A = dofile(root .. "/policies/spec_adaptive.lua")
 H.check(math.abs(A._expected(0.5, 2) - 1.75) < 1e-12, "E(k=2, a=0.5) = 1.75")
-H.check(A._best_k(0, 0.05, 8) == 0, "acceptance 0: no drafts")
-H.check(A._best_k(0.9, 0.06, 8) >= 4, "acceptance 0.9 at batch 1: long drafts (%d)", A._best_k(0.9, 0.06, 8))
-H.check(A._best_k(0.5, 0.06 * 32, 8) == 0, "acceptance 0.5 at batch 32: no drafts")
+local function lin(c) return function(k) return 1 + k * c end end
+H.check(A._best_k(0, lin(0.05), 8) == 0, "acceptance 0: no drafts")
+H.check(A._best_k(0.9, lin(0.06), 8) >= 4, "acceptance 0.9 at batch 1: long drafts (%d)", A._best_k(0.9, lin(0.06), 8))
+H.check(A._best_k(0.5, lin(0.06 * 32), 8) == 0, "acceptance 0.5 at batch 32: no drafts")
+-- the round's cost from measured steps: 9 rows cost twice 1 row
+local rt = { [1] = 0.004, [9] = 0.008 }
+H.check(math.abs(A._round_cost(rt, 1, 8, 0) - 2) < 1e-12, "C(8) at batch 1 from row_time (%g)", A._round_cost(rt, 1, 8, 0))
+H.check(math.abs(A._round_cost(rt, 1, 8, 0.1) - 2.8) < 1e-12, "plus the proposer's share")
+-- unmeasured: from the largest count below at 0.06 per row (5 rows: from 1)
+H.check(math.abs(A._round_cost(rt, 1, 4, 0) - 1.24) < 1e-12, "C(4) from the prior slope (%g)", A._round_cost(rt, 1, 4, 0))
+-- 10 rows at batch 2, k 4: from 9 rows, over 2 rows (from 1 row)
+H.check(math.abs(A._round_cost(rt, 2, 4, 0) - 0.008 * 1.06 / (0.004 * 1.06)) < 1e-12, "C(4) at batch 2")
+H.check(math.abs(A._round_cost({}, 4, 2, 0) - 1.48) < 1e-12, "nothing measured: the prior model")
+-- measured costs steer k: where 2 rows cost 1.1 and 3 rows cost 2, acceptance 0.8 drafts 1
+H.check(A._best_k(0.8, function(k) return A._round_cost({ [1] = 1, [2] = 1.1, [3] = 2, [4] = 3, [5] = 4 }, 1, k, 0) end,
+                  4) == 1, "a steep measured cost keeps k at 1")
 local ad, s_ad = run{ max_num_seqs = 4, spec_layers = 29, policy = root .. "/policies/spec_adaptive.lua" }
 same(ad, base, "spec_adaptive")
 H.check(s_ad.spec_drafted > 0 and s_ad.policy_errors == 0, "spec_adaptive drafted (%d), no policy errors (%d)",

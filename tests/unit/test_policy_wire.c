@@ -607,6 +607,89 @@ static void test_fake_hosts(void) {
     if (p) p->ops->free(p);
 }
 
+/* A speculate call's row_time (the step costs per row count) survives a
+ * round trip; a call without it reads as nothing measured; a negative
+ * entry is refused. */
+static void spec_roundtrip(const li_spec_state *ss, bool with_rows, double bad, li_wire_spec *w, int *rc,
+                           li_error *e) {
+    static const int64_t dr[1] = {0};
+    static const double acc[1] = {-1};
+    li_spec_cand c = {.id = 5, .want_method = 0, .want_k = 2, .max_k = 4, .acceptance = acc, .drafted = dr};
+    msgpack_sbuffer b;
+    msgpack_sbuffer_init(&b);
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, &b, msgpack_sbuffer_write);
+    if (with_rows && bad == 0) {
+        msgpack_pack_map(&pk, 2);
+        li_wire_pack_spec(&pk, ss, &c, 1);
+    } else { /* by hand: the same fields, row_time left out or broken */
+        msgpack_pack_map(&pk, 2);
+        li_wire_pack_str(&pk, "spec");
+        msgpack_pack_map(&pk, with_rows ? 7 : 6);
+        li_wire_pack_str(&pk, "methods");
+        msgpack_pack_array(&pk, 1);
+        li_wire_pack_str(&pk, "ngram");
+        li_wire_pack_str(&pk, "available");
+        msgpack_pack_array(&pk, 1);
+        msgpack_pack_true(&pk);
+        li_wire_pack_str(&pk, "batch_size");
+        msgpack_pack_int32(&pk, 1);
+        li_wire_pack_str(&pk, "step_time");
+        msgpack_pack_double(&pk, 0.01);
+        li_wire_pack_str(&pk, "token_time");
+        msgpack_pack_double(&pk, 0.01);
+        li_wire_pack_str(&pk, "draft_time");
+        msgpack_pack_array(&pk, 1);
+        msgpack_pack_double(&pk, 0);
+        if (with_rows) {
+            li_wire_pack_str(&pk, "row_time");
+            msgpack_pack_array(&pk, LI_SPEC_COST_ROWS);
+            for (int r = 0; r < LI_SPEC_COST_ROWS; r++) msgpack_pack_double(&pk, r == 3 ? bad : 0);
+        }
+        li_wire_pack_str(&pk, "cands");
+        msgpack_pack_array(&pk, 1);
+        msgpack_pack_array(&pk, 7);
+        msgpack_pack_int64(&pk, 5);
+        msgpack_pack_int32(&pk, 0);
+        msgpack_pack_int32(&pk, 2);
+        msgpack_pack_int32(&pk, 4);
+        msgpack_pack_double(&pk, 0);
+        msgpack_pack_array(&pk, 1);
+        msgpack_pack_double(&pk, -1);
+        msgpack_pack_array(&pk, 1);
+        msgpack_pack_int64(&pk, 0);
+    }
+    msgpack_unpacked u;
+    msgpack_unpacked_init(&u);
+    CHECK(msgpack_unpack_next(&u, b.data, b.size, NULL) == MSGPACK_UNPACK_SUCCESS, "speculate call unpacks");
+    *rc = li_wire_unpack_spec(&u.data, w, e);
+    msgpack_unpacked_destroy(&u);
+    msgpack_sbuffer_destroy(&b);
+}
+
+static void test_spec_row_time(void) {
+    static const char *const names[1] = {"ngram"};
+    const bool av[1] = {true};
+    const double dt[1] = {0};
+    double rows[LI_SPEC_COST_ROWS] = {0};
+    rows[0] = 0.004, rows[8] = 0.0076, rows[LI_SPEC_COST_ROWS - 1] = 0.05;
+    const li_spec_state ss = {.methods = names, .available = av, .n_methods = 1, .batch_size = 1, .step_time = 0.004,
+                              .token_time = 0.004, .draft_time = dt, .row_time = rows};
+    li_wire_spec w = {0};
+    li_error e = {0};
+    int rc;
+    spec_roundtrip(&ss, true, 0, &w, &rc, &e);
+    CHECK(rc == 0 && w.ss.row_time && !memcmp(w.ss.row_time, rows, sizeof rows), "row_time round trips: %s",
+          rc ? e.msg : "");
+    spec_roundtrip(&ss, false, 0, &w, &rc, &e);
+    bool zero = rc == 0 && w.ss.row_time;
+    for (int r = 0; zero && r < LI_SPEC_COST_ROWS; r++) zero = w.ss.row_time[r] == 0;
+    CHECK(zero, "a call without row_time: nothing measured: %s", rc ? e.msg : "");
+    spec_roundtrip(&ss, true, -1, &w, &rc, &e);
+    CHECK(rc != 0 && strstr(e.msg, "row_time"), "a negative row_time is refused: %s", e.msg);
+    li_wire_spec_free(&w);
+}
+
 /* projected_blocks and kv.running_need (added to version 1) survive a round
  * trip; a state from a peer without them reads them as 0. */
 static void test_projection_fields(void) {
@@ -735,6 +818,7 @@ int main(int argc, char **argv) {
     test_start();
     test_replies();
     test_projection_fields();
+    test_spec_row_time();
     test_slo_fields();
 
     char path[] = "/tmp/li_policy_wire_XXXXXX";
