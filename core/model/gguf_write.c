@@ -5,6 +5,7 @@
 #define _GNU_SOURCE
 #include "model/gguf_write.h"
 #include "types.h"
+#include "util/tmpguard.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -271,6 +272,7 @@ int li_gguf_writer_write(const li_gguf_writer *w, const char *path, li_error *er
     char *tmp = NULL;
     if (asprintf(&tmp, "%s.tmp.%ld", path, (long)getpid()) < 0) abort();
     FILE *f = fopen(tmp, "wb");
+    const int guard = f ? li_tmpguard_add(tmp) : -1; /* SIGINT / SIGTERM while writing remove it */
     if (!f) {
         int e = errno;
         free(tmp);
@@ -282,11 +284,9 @@ int li_gguf_writer_write(const li_gguf_writer *w, const char *path, li_error *er
     if (ok && fsync(fileno(f)) != 0) ok = false, e = errno;
     if (fclose(f) != 0 && ok) ok = false, e = errno;
     if (ok && rename(tmp, path) != 0) ok = false, e = errno;
-    if (!ok) {
-        unlink(tmp);
-        free(tmp);
-        return li_error_set(err, LI_EIO, "cannot write '%s': %s", path, strerror(e ? e : EIO));
-    }
+    if (!ok) unlink(tmp);
+    li_tmpguard_release(guard);
     free(tmp);
+    if (!ok) return li_error_set(err, LI_EIO, "cannot write '%s': %s", path, strerror(e ? e : EIO));
     return 0;
 }

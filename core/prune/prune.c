@@ -2,6 +2,7 @@
  * what to remove, the predicted quality and the output file. */
 #define _GNU_SOURCE
 #include "prune/prune.h"
+#include "util/tmpguard.h"
 #include "engine/session.h"
 #include "quant/calib.h"
 #include "runtime/runtime.h"
@@ -10,7 +11,6 @@
 #include <cjson/cJSON.h>
 
 #include <libgen.h>
-#include <signal.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -57,17 +57,6 @@ static int calib_load(calib_set *c, const li_model *m, const li_prune_opts *o, l
     c->seq_len = o->seq_len;
     c->base_lp = li_xmalloc((size_t)o->samples * (size_t)o->seq_len * (size_t)m->hp.n_vocab * sizeof(float));
     return 0;
-}
-
-/* The temporary output while it exists: SIGINT / SIGTERM remove it, then
- * end the process as the signal would (unlink is async-signal-safe). */
-static const char *volatile g_tmp_out;
-
-static void tmp_out_on_signal(int sig) {
-    const char *p = g_tmp_out;
-    if (p) unlink(p);
-    signal(sig, SIG_DFL);
-    raise(sig);
 }
 
 static void calib_free(calib_set *c) {
@@ -543,7 +532,7 @@ int li_prune(const li_prune_opts *o, li_error *err) {
     double *score = NULL;
     uint8_t *drop = NULL;
     char *tmp = NULL;
-    void (*old_int)(int) = SIG_DFL, (*old_term)(int) = SIG_DFL;
+    int guard = -1; /* the temporary output while it exists: SIGINT / SIGTERM remove it */
     li_model *pm = NULL;
     li_prune_params pp;
     int64_t k = 0;
@@ -603,9 +592,7 @@ int li_prune(const li_prune_opts *o, li_error *err) {
     const size_t tl = strlen(o->out) + 32;
     tmp = li_xmalloc(tl);
     snprintf(tmp, tl, "%s.prune.%d", o->out, (int)getpid());
-    g_tmp_out = tmp;
-    old_int = signal(SIGINT, tmp_out_on_signal);
-    old_term = signal(SIGTERM, tmp_out_on_signal);
+    guard = li_tmpguard_add(tmp);
     if ((rc = li_prune_write(m, &plan, li_prune_rank_name(o->rank), tmp, err))) goto done;
     if ((rc = li_model_load(&pm, tmp, err)) || (rc = li_model_prepare(pm, &rt.be, err))) {
         char why[sizeof err->msg];
@@ -635,9 +622,7 @@ done:
     }
     if (tmp) {
         unlink(tmp); /* gone after the rename; removes it on a dry run or an error */
-        signal(SIGINT, old_int);
-        signal(SIGTERM, old_term);
-        g_tmp_out = NULL;
+        li_tmpguard_release(guard);
         free(tmp);
     }
     li_prune_plan_free(&plan);

@@ -10,6 +10,7 @@
 #include "model/model.h"
 #include "runtime/runtime.h"
 #include "util/progress.h"
+#include "util/tmpguard.h"
 
 #include <libgen.h>
 #include <math.h>
@@ -904,13 +905,16 @@ static int quantize_rotated(const li_quant_opts *o, li_error *err) {
     const li_rot_opts ro = {.seed = o->rot_seed, .down_block = o->rot_block ? o->rot_block : LI_ROT_DEFAULT_BLOCK};
     li_log_info("rotate: norms folded, residual Hadamard Q, online Hadamard before down_proj in blocks of %lld "
                 "(seed %llu)", (long long)ro.down_block, (unsigned long long)ro.seed);
+    const int guard = li_tmpguard_add(tmp); /* SIGINT / SIGTERM remove the rotated copy too */
     int rc = li_rotate_model(o->in, tmp, &ro, err);
-    if (rc) return rc;
-    li_quant_opts o2 = *o;
-    o2.in = tmp;
-    o2.rotate = false;
-    rc = li_quantize(&o2, err);
+    if (!rc) {
+        li_quant_opts o2 = *o;
+        o2.in = tmp;
+        o2.rotate = false;
+        rc = li_quantize(&o2, err);
+    }
     unlink(tmp);
+    li_tmpguard_release(guard);
     return rc;
 }
 

@@ -187,3 +187,29 @@ def test_errors(run_cli, models, rdir, repo_root):
              r"medusa: .* is a rotated model")):
         r = run_cli(cmd)
         assert_clean_failure(r, pat)
+
+
+def test_rotate_signal_leaves_no_temporary(luainfer_bin, models, tmp_path):
+    """SIGTERM or SIGINT while `quantize --rotate` works on its rotated copy
+    (a temporary file beside the output, for the whole calibration): the
+    process dies by the signal and leaves neither the copy nor an output."""
+    import signal
+    import subprocess
+    import time
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        out = tmp_path / f"sig{int(sig)}.gguf"
+        p = subprocess.Popen([str(luainfer_bin), "quantize", "--method", "w8a8", "--rotate", "--gptq", "--calib", CALIB,
+                              "--samples", "8", str(models["f16"]), str(out)], stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 120
+        # the rotated copy, written and renamed (not the writer's own temporary)
+        copy = tmp_path / f"{out.name}.rot.tmp.{p.pid}"
+        while not copy.exists() and p.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)  # into the calibration on it
+        assert p.poll() is None, "quantize ended before the signal: " + p.stderr.read()[-2000:]
+        p.send_signal(sig)
+        p.wait(timeout=60)
+        assert p.returncode == -sig, (p.returncode, p.stderr.read()[-2000:])
+        p.stderr.close()
+        assert not list(tmp_path.iterdir()), sorted(x.name for x in tmp_path.iterdir())
