@@ -17,7 +17,7 @@
 -- the best E(k) / C(k), and drafts only when that beats one token per step
 -- by MIN_GAIN. A method never tried is probed with PROBE_K drafts until
 -- PROBE_DRAFTS have been verified, if the request asks for it; the others
--- start from PRIOR. Medusa's nodes are counted as a chain (its tree lists
+-- start from PRIOR acceptance and PRIOR_DRAFT cost. Medusa's nodes are counted as a chain (its tree lists
 -- the top-1 chain first), at most MAX_K.medusa of them. Scheduling is the
 -- engine's built-in FCFS.
 --
@@ -28,6 +28,10 @@ local MIN_GAIN = 1.05  -- below this expected speedup, no drafts
 local PROBE_K = 2
 local PROBE_DRAFTS = 8
 local PRIOR = { ngram = 0.5, draft = 0.3, layerskip = 0.3, medusa = 0.3 }
+-- a model proposer's cost per draft token, as a share of a step, until
+-- measured: a method the request did not ask for is tried only when even
+-- this makes it pay (layer skip runs most of the target per draft)
+local PRIOR_DRAFT = { ngram = 0, draft = 0.3, layerskip = 0.5, medusa = 0.1 }
 local MAX_K = { medusa = 4 }
 local METHODS = { "ngram", "draft", "layerskip", "medusa" }
 
@@ -83,7 +87,8 @@ local function speculate(req, state)
         end
         a = sampled_ngram and 0 or PRIOR[m]
       end
-      local draft = sp.step_time > 0 and (sp.draft_time[m] or 0) / sp.step_time or 0
+      local dt = sp.draft_time[m] or 0
+      local draft = (dt > 0 and sp.step_time > 0) and dt / sp.step_time or PRIOR_DRAFT[m]
       local k, gain = best_k(a, function(kk) return round_cost(rt, b, kk, draft) end,
                              math.min(s.max_k, MAX_K[m] or s.max_k))
       if k > 0 and gain > choice_gain then choice, choice_k, choice_gain = m, k, gain end
