@@ -33,7 +33,8 @@
 -- Greedy runs assert the tokens of speculation off.
 --
 -- --medusa FILE (with proposers) adds Medusa heads (method medusa, the
--- engine's default tree or --medusa-tree SPEC, up to 16 nodes); --quick
+-- engine's default tree or --medusa-tree SPEC, up to 16 nodes; the adaptive
+-- run gets them only without DRAFT: the engine takes one or the other); --quick
 -- keeps batch 1 at temperature 0 only. tools/gen_medusa_heads.py writes
 -- untrained heads (acceptance near 0: a check of the machinery and its
 -- cost), `luainfer train-medusa` trained ones.
@@ -129,7 +130,9 @@ local function proposers_bench(layers, draft)
                         spec = { method = "medusa", k = 16 } }
   end
   sets[#sets + 1] = { name = "adaptive", cfg = { spec_layers = layers, draft_model = draft, spec_method = "ngram",
-                                                 medusa = medusa, medusa_tree = medusa_tree,
+                                                 -- the engine takes heads or a draft model, not both
+                                                 medusa = not draft and medusa or nil,
+                                                 medusa_tree = not draft and medusa_tree or nil,
                                                  policy = root .. "/policies/spec_adaptive.lua" } }
   local function one(kind, seqs, temp, set)
     local cfg = { max_num_seqs = seqs, max_batched_tokens = 512, spec_disable_batch = 0 }
