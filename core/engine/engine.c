@@ -118,6 +118,7 @@ static void preempt(li_engine *e, req *r) {
     li_spec_step_release(e, r);
     release_seq(e, r);
     r->num_computed = 0;
+    r->d_valid = 0;
     r->state = LI_REQ_PREEMPTED;
     r->res.n_preemptions++;
     e->st.preemptions++;
@@ -266,10 +267,6 @@ int li_engine_init_runners(li_engine **out, li_model *m, li_model *draft, li_bac
     e->b_seq = li_xmalloc(T * sizeof(int32_t));
     e->b_rows = li_xmalloc(e->max_rows * sizeof(int32_t));
     e->b_slot = li_xmalloc(T * sizeof(int64_t));
-    if (e->has_draft) {
-        e->d_row_id = li_xmalloc(e->max_rows * sizeof *e->d_row_id);
-        e->d_row_pos = li_xmalloc(e->max_rows * sizeof *e->d_row_pos);
-    }
     *out = e;
     return 0;
 }
@@ -292,8 +289,6 @@ void li_engine_free(li_engine *e) {
     free(e->b_seq);
     free(e->b_rows);
     free(e->b_slot);
-    free(e->d_row_id);
-    free(e->d_row_pos);
     free(e->ev_cand);
     li_spec_step_free(&e->sp);
     li_prefix_cache_free(&e->pc);
@@ -752,6 +747,7 @@ static void fork_samples(li_engine *e, req *parent, const float *logits, int32_t
         c->fork_of = NULL;
         li_kv_seq_fork(&e->tgt.kv, &parent->seq, &c->seq);
         c->num_computed = parent->num_computed;
+        c->d_valid = parent->d_valid; /* the blocks' draft KV comes with them */
         li_prefix_seq_fork(&c->pfx, &parent->pfx);
         c->state = LI_REQ_RUNNING;
         if (c->res.t_first_scheduled < 0) c->res.t_first_scheduled = parent->res.t_first_scheduled;
@@ -857,7 +853,6 @@ int li_engine_step(li_engine *e, li_error *err) {
     double t_start = li_time_now();
     e->step_no++;
     e->st.steps++;
-    e->d_rows = 0;
     memset(&e->last_shape, 0, sizeof e->last_shape);
     if (!li_engine_has_work(e)) return 0;
     e->in_step = true;
@@ -957,14 +952,6 @@ int li_engine_step(li_engine *e, li_error *err) {
     int rc = e->tp ? li_tp_run(e->tp, &b, err) : li_runner_run(&e->tgt, &b, err);
     e->logits = e->tgt.logits;
     e->sp.hidden = !rc && e->sp.prop[LI_SPEC_MEDUSA] ? li_forward_hidden(&e->tgt.fw, e->model) : NULL;
-    /* the draft computes the same batch: its KV stays in step with the target's */
-    if (!rc && e->has_draft && !(rc = li_runner_run(&e->draft, &b, err))) {
-        for (int32_t i = 0; i < n_logits; i++) { /* before sampling forks or finishes anything */
-            e->d_row_id[i] = e->batch_req[e->b_seq[e->b_rows[i]]]->res.id;
-            e->d_row_pos[i] = e->b_pos[e->b_rows[i]];
-        }
-        e->d_rows = n_logits;
-    }
     const double dtf = li_time_now() - tf;
     step_shape(e, nb);
     if (e->mclock_on) model_clock_step(e);
@@ -1038,16 +1025,6 @@ void li_engine_stats_get(const li_engine *e, li_engine_stats *st) {
 
 /* ---- the draft runner (internal) --------------------------------------------- */
 
-li_model *li_engine_draft_model(li_engine *e) { return e->has_draft ? e->draft.model : NULL; }
-
-const float *li_engine_draft_logits(const li_engine *e, int32_t *n_rows) {
-    *n_rows = e->d_rows;
-    return e->d_rows ? e->draft.logits : NULL;
-}
-
-int li_engine_draft_row(const li_engine *e, int32_t row, int64_t *id, int32_t *pos) {
-    if (row < 0 || row >= e->d_rows) return LI_EINVAL;
-    *id = e->d_row_id[row];
-    *pos = e->d_row_pos[row];
-    return 0;
+void li_engine_draft_observe(li_engine *e, li_proposer_observe_fn fn, void *ud) {
+    if (e->sp.prop[LI_SPEC_DRAFT]) li_proposer_model_observe(e->sp.prop[LI_SPEC_DRAFT], fn, ud);
 }

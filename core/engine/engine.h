@@ -143,7 +143,10 @@ typedef struct li_engine_stats {
     int64_t spec_drafted_by[LI_SPEC_N_METHODS];
     int64_t spec_accepted_by[LI_SPEC_N_METHODS];
     int64_t spec_rounds_by[LI_SPEC_N_METHODS]; /* verified draft runs (request-steps) */
-    double time_propose;       /* seconds in proposers (model drafts' forward passes) */
+    double time_propose;       /* seconds in proposers (model drafts' forward passes, the
+                                * draft model's catch-up included) */
+    int64_t draft_sync_tokens; /* positions the draft model computed to catch up with its requests */
+    double time_draft_sync;    /* ... and the seconds it took (part of time_propose) */
     int64_t livelock_steps;    /* steps taken from a policy whose plans made no progress (FCFS ran) */
     int32_t tensor_parallel;   /* ranks of the target (1 without tensor parallelism) */
     double time_allreduce;     /* seconds of time_forward rank 0 spent in all-reduces (0 with one rank) */
@@ -215,15 +218,10 @@ typedef struct {
 } li_step_shape;
 void li_engine_last_step(const li_engine *e, li_step_shape *out);
 
-/* ---- the draft runner (internal: for speculative decoding) -------------- */
-/* The draft model, or NULL. */
-li_model *li_engine_draft_model(li_engine *e);
-/* The draft's (n_rows, n_vocab) logits of the last step's logit rows, in
- * host memory, valid until the next step; NULL (n_rows 0) without a draft
- * or when the step computed none. */
-const float *li_engine_draft_logits(const li_engine *e, int32_t *n_rows);
-/* The request and position (the logits predict position + 1) of row `row`
- * of li_engine_draft_logits; LI_EINVAL out of range. */
-int li_engine_draft_row(const li_engine *e, int32_t row, int64_t *id, int32_t *pos);
+/* ---- the draft runner (internal: for tests) ----------------------------- */
+/* fn sees the logits of every first draft step of the draft model (the
+ * request's last token at its position, over the draft's KV of everything
+ * before it); NULL stops. Nothing without a draft proposer. */
+void li_engine_draft_observe(li_engine *e, li_proposer_observe_fn fn, void *ud);
 
 #endif

@@ -55,6 +55,9 @@ typedef struct li_engine_req {
     /* Medusa: the target's post-norm hidden state that predicted toks[hid_tok] */
     float *hid;               /* (n_embd), or NULL */
     int64_t hid_tok;          /* -1: none */
+    /* the draft model's KV of this request (lazy: computed when it drafts) */
+    int64_t d_valid;          /* positions [0, d_valid) hold the draft's KV of toks */
+    int64_t d_hi;             /* this step's draft steps wrote positions [d_valid, d_hi) */
     bool d_tree;              /* this step's drafts are a tree: d_parent holds it */
     int32_t d_parent[LI_SPEC_MAX_TOKENS]; /* each draft's parent draft, -1 = the last token */
 } li_engine_req;
@@ -64,12 +67,9 @@ struct li_engine {
     li_backend *be;           /* tgt.be */
     li_engine_config cfg;
     li_runner tgt;            /* the target: its KV cache is the block pool */
-    li_runner draft;          /* when has_draft: runs each step's batch over storage following the pool */
+    li_runner draft;          /* when has_draft: the draft model over storage following the pool,
+                               * brought up to date only for requests drafting with it */
     bool has_draft;
-    /* the draft's last step: (d_rows) request id and position of each logit row */
-    int64_t *d_row_id;        /* (max_rows) */
-    int32_t *d_row_pos;       /* (max_rows) */
-    int32_t d_rows;
     li_prefix_cache pc;       /* the prefix-cache manager over tgt.kv */
     li_policy *policy;
     double t0;

@@ -6,9 +6,10 @@
  * refcounts, free list, prefix hashes. The draft's is storage that follows
  * the pool (li_kv_cache_init_follower): the same block ids, so a request's
  * one block table addresses its KV in both, and forks, copy-on-write,
- * preemption, release and prefix-cache hits apply to both at once. Every
- * step the draft runs the target's flat batch (same tokens, positions,
- * slots and block table), which keeps its KV in step with the target's. */
+ * preemption, release and prefix-cache hits apply to both at once. The
+ * draft's KV is lazy: the speculation step computes a request's missing
+ * positions (same tokens, positions and slots as the target's) just before
+ * the request drafts with it, so a draft nobody uses costs nothing. */
 #ifndef LI_RUNNER_H
 #define LI_RUNNER_H
 

@@ -142,6 +142,61 @@ static bool spec_slots(li_engine *e, req *r, int32_t k) {
 
 
 
+/* The draft model's KV is computed only for requests that draft with it,
+ * just before they do: positions [d_valid, n_toks - 1) of the ns seqs of
+ * sreq, batched in passes of the draft runner's capacity over the step's
+ * batch scratch (free until the plan's batch is built), without logits.
+ * The kernels are batch-invariant, so these are the bits a draft running
+ * every step's batch would have written. Shared blocks (forks, prefix
+ * hits) get the same bits from every holder: same tokens, same positions. */
+static int draft_sync(li_engine *e, int32_t ns, li_error *err) {
+    int32_t stride = 1;
+    int64_t todo = 0;
+    for (int32_t i = 0; i < ns; i++) {
+        const req *r = e->sp.sreq[i];
+        stride = LI_MAX(stride, r->seq.n_blocks);
+        todo += LI_MAX(0, r->n_toks - 1 - r->d_valid);
+    }
+    if (!todo) return 0;
+    if ((size_t)ns * (size_t)stride > e->b_tables_cap) {
+        e->b_tables_cap = LI_MAX((size_t)ns * (size_t)stride, 2 * e->b_tables_cap);
+        e->b_tables = li_xrealloc(e->b_tables, e->b_tables_cap * sizeof *e->b_tables);
+    }
+    for (int32_t i = 0; i < ns; i++)
+        memcpy(e->b_tables + (size_t)i * stride, e->sp.sreq[i]->seq.blocks,
+               (size_t)e->sp.sreq[i]->seq.n_blocks * sizeof *e->b_tables);
+    const double t0 = li_time_now();
+    const int64_t cap = e->draft.fw.cap;
+    int64_t n = 0;
+    int rc = 0;
+    for (int32_t i = 0; i < ns && !rc; i++) {
+        const req *r = e->sp.sreq[i];
+        for (int64_t p = r->d_valid; p < r->n_toks - 1 && !rc; p++) {
+            e->b_tokens[n] = r->toks[p];
+            e->b_pos[n] = (int32_t)p;
+            e->b_seq[n] = i;
+            e->b_slot[n] = li_kv_seq_slot(&e->tgt.kv, &r->seq, p);
+            const bool last = i == ns - 1 && p == r->n_toks - 2;
+            if (++n < cap && !last) continue;
+            li_batch b = {.n = n, .tokens = e->b_tokens, .pos = e->b_pos, .seq = e->b_seq, .slot = e->b_slot,
+                          .block_table = e->b_tables, .n_seqs = ns, .bt_stride = stride, .no_logits = true};
+            rc = li_runner_run(&e->draft, &b, err);
+            n = 0;
+        }
+    }
+    /* a seq whose positions are all computed can end the list: flush */
+    if (!rc && n) {
+        li_batch b = {.n = n, .tokens = e->b_tokens, .pos = e->b_pos, .seq = e->b_seq, .slot = e->b_slot,
+                      .block_table = e->b_tables, .n_seqs = ns, .bt_stride = stride, .no_logits = true};
+        rc = li_runner_run(&e->draft, &b, err);
+    }
+    e->st.time_draft_sync += li_time_now() - t0;
+    if (rc) return rc;
+    e->st.draft_sync_tokens += todo;
+    for (int32_t i = 0; i < ns; i++) e->sp.sreq[i]->d_valid = LI_MAX(e->sp.sreq[i]->d_valid, e->sp.sreq[i]->n_toks - 1);
+    return 0;
+}
+
 /* The speculate hook: every request that could draft now, with what it
  * wants, its acceptance per method and the measured costs; the answers are
  * kept for this step (pol_*). */
@@ -239,6 +294,16 @@ void li_spec_step_propose(li_engine *e) {
             e->sp.sreq[ns++] = r;
         }
         if (!ns) continue;
+        if (m == LI_SPEC_DRAFT) {
+            li_error serr = {0};
+            const double t0 = li_time_now();
+            const int src = draft_sync(e, ns, &serr);
+            e->st.time_propose += li_time_now() - t0;
+            if (src) {
+                li_log_warn("speculation: the draft model's catch-up failed, no drafts this step: %s", serr.msg);
+                continue;
+            }
+        }
         /* room for the distributions of sampled drafts, after those of the
          * methods before (kept by offset: the buffer may move) */
         const size_t nv = (size_t)e->model->hp.n_vocab;
@@ -282,6 +347,8 @@ void li_spec_step_propose(li_engine *e) {
             r->d_method = (li_spec_method)m;
             if (!e->sp.sseq[i].has_q) r->d_q = -1;
             r->d_tree = e->sp.sseq[i].parent != NULL;
+            /* the draft steps wrote the KV of the last token and of drafts 0..n-2 */
+            if (m == LI_SPEC_DRAFT) r->d_hi = r->n_toks - 1;
             if (r->d_tree) memcpy(r->d_parent, e->sp.sseq[i].parent, (size_t)n * sizeof *r->d_parent);
         }
     }
@@ -517,6 +584,8 @@ void li_spec_step_verify(li_engine *e, req *r, int32_t m, const float *rows, int
     e->st.spec_drafted_by[r->d_method] += verified;
     e->st.spec_accepted_by[r->d_method] += accepted;
     e->st.spec_rounds_by[r->d_method]++;
+    /* the draft's KV holds what its steps wrote up to the first rejected input */
+    if (r->d_method == LI_SPEC_DRAFT) r->d_valid = LI_MIN(r->d_hi, r->num_computed);
     li_proposer *p = e->sp.prop[r->d_method];
     if (p && p->ops->on_verified) p->ops->on_verified(p, r->res.id, verified, accepted);
 }

@@ -576,6 +576,8 @@ static int l_engine_stats(lua_State *L) {
     SET_NUM("time_forward", s.time_forward);
     SET_NUM("time_total", s.time_total);
     SET_NUM("time_propose", s.time_propose);
+    SET_NUM("draft_sync_tokens", s.draft_sync_tokens);
+    SET_NUM("time_draft_sync", s.time_draft_sync);
     SET_NUM("tensor_parallel", s.tensor_parallel);
     SET_NUM("time_allreduce", s.time_allreduce);
     /* spec_by = { ngram = {drafted, accepted, rounds}, draft = ..., layerskip = ... } */

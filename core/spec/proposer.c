@@ -107,6 +107,8 @@ typedef struct model_prop {
     int32_t *who;        /* (cap) the seq of each batch row */
     int32_t *table;      /* (cap, stride) block tables, grown on demand */
     size_t table_cap;
+    li_proposer_observe_fn observe; /* test hook, or NULL */
+    void *observe_ud;
 } model_prop;
 
 static int model_propose(li_proposer *p, li_spec_seq *seqs, int32_t n, li_error *err) {
@@ -154,6 +156,7 @@ static int model_propose(li_proposer *p, li_spec_seq *seqs, int32_t n, li_error 
         for (int32_t r = 0; r < nb; r++) {
             li_spec_seq *s = &seqs[mp->who[r]];
             const float *row = lg + (size_t)r * nv;
+            if (!j && mp->observe) mp->observe(mp->observe_ud, s->id, mp->pos[r], row);
             int32_t tok;
             if (s->has_q) {
                 float *q = s->q + (size_t)j * nv;
@@ -183,6 +186,12 @@ static void model_free(li_proposer *p) {
 }
 
 static const li_proposer_ops model_ops = {.propose = model_propose, .free = model_free};
+
+void li_proposer_model_observe(li_proposer *p, li_proposer_observe_fn fn, void *ud) {
+    if (p->ops != &model_ops) return;
+    ((model_prop *)p)->observe = fn;
+    ((model_prop *)p)->observe_ud = ud;
+}
 
 int li_proposer_model_new(li_proposer **out, li_spec_method method, const li_model *m, li_backend *be,
                           li_kv_cache *kv, int32_t cap, li_error *err) {

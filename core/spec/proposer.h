@@ -14,9 +14,10 @@
  *   ngram      prompt lookup over the request's own tokens (spec/ngram.c);
  *              deterministic drafts, no KV.
  *   draft      a draft model (same vocabulary) whose KV storage follows the
- *              target's block pool; the engine runs it over every step's
- *              batch, so its KV holds every computed position and the
- *              proposer only runs the k autoregressive draft steps.
+ *              target's block pool; before the call the engine brings its
+ *              KV up to the request's last token (only requests that draft
+ *              with it, only the positions it has not computed: lazy), so
+ *              the proposer only runs the k autoregressive draft steps.
  *   layerskip  the target's first N blocks plus its output norm and head.
  *              Those N layers' KV are exactly the target's own (same
  *              weights, same tokens, batch-invariant kernels), so the
@@ -122,6 +123,12 @@ int li_proposer_medusa_new(li_proposer **out, struct li_medusa *h, const struct 
                            li_error *err);
 
 void li_proposer_free(li_proposer *p);
+
+/* Test hook of a model proposer: fn sees each seq's first draft step, its
+ * last token at position n_toks - 1, and the (n_vocab) logits it gave;
+ * NULL stops. */
+typedef void (*li_proposer_observe_fn)(void *ud, int64_t id, int32_t pos, const float *logits);
+void li_proposer_model_observe(li_proposer *p, li_proposer_observe_fn fn, void *ud);
 
 /* softmax(logits / t) into probs (n), in double, and argmax (ties: lowest
  * id) when t <= 0 (then probs is one-hot). */

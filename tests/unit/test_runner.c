@@ -1,17 +1,21 @@
 /* test_runner.c — an engine with a target and a draft runner.
  *
  * The draft is the real model cut to its first 4 layers (tools/make_draft.py,
- * made next to this test's binary on first use). One engine runs the real
- * model as target and the cut as draft over a mix of requests: different
- * lengths, n = 2 samples of one prompt (copy-on-write of shared blocks), a
- * KV budget small enough to preempt, and a second wave repeating prompts
- * (prefix-cache hits). Checked:
- *  - the target's tokens and the logit bits of every token event equal an
- *    engine without a draft holding the same number of blocks;
- *  - every logit row the draft computed (request, position) equals, bit for
- *    bit, the draft model run alone over that request's tokens: its KV
- *    followed the request through paging, forks, preemption and the prefix
- *    cache;
+ * made next to this test's binary on first use). Engines run the real model
+ * as target over a mix of requests: different lengths, n = 2 samples of one
+ * prompt (copy-on-write of shared blocks), a KV budget small enough to
+ * preempt, and a second wave repeating prompts (prefix-cache hits). Checked:
+ *  - with the draft configured but not drafting, the target's tokens and the
+ *    logit bits of every token event equal an engine without a draft holding
+ *    the same number of blocks, and the draft computes nothing (its KV is
+ *    lazy);
+ *  - drafting with it at temperature 0.8, every first draft step's logits
+ *    (request, position) equal, bit for bit, the draft model run alone over
+ *    that request's tokens: the lazy catch-up and the KV kept from accepted
+ *    drafts followed the request through paging, forks, rejections,
+ *    preemption and the prefix cache;
+ *  - the target as its own draft, greedy: every verified draft is accepted
+ *    and the tokens are the target's alone;
  *  - a draft with another vocabulary is refused; stats count the draft's KV. */
 #include "engine/engine.h"
 #include "engine/runner.h"
@@ -34,11 +38,12 @@ typedef struct {
     const int32_t *prompt[MAX_IDS];
     int32_t toks[MAX_IDS][MAX_TOK];
     int64_t n_toks[MAX_IDS];
-    /* the draft's rows */
+    /* the draft proposer's first-step rows */
     int32_t n_rows;
     int64_t row_id[MAX_ROWS];
     int32_t row_pos[MAX_ROWS];
     float *row_logits;          /* (MAX_ROWS, n_vocab) */
+    int32_t n_vocab;
     li_engine_stats st;
 } run_out;
 
@@ -62,12 +67,14 @@ static void on_event(void *ud, const li_event *ev) {
     o->hash[s] = fnv(o->hash[s], ev->logits, (size_t)ev->n_vocab * sizeof(float));
 }
 
+static float g_temp; /* the run's temperature */
+
 static int add(li_engine *e, run_out *o, const int32_t *prompt, int n_prompt, int n, uint64_t seed) {
     li_error err = {0};
     li_request_params p = {.prompt = prompt, .n_prompt = n_prompt, .max_tokens = MAX_TOK, .ignore_eos = true,
                            .n = n, .on_event = on_event, .ud = o};
     li_sampling_params_default(&p.sampling);
-    p.sampling.temperature = 0.8f;
+    p.sampling.temperature = g_temp;
     p.sampling.seed = seed;
     int64_t id;
     /* the samples' ids follow the first's (engine.h): known before any event */
@@ -85,34 +92,40 @@ static int add(li_engine *e, run_out *o, const int32_t *prompt, int n_prompt, in
     return 0;
 }
 
-static int drain(li_engine *e, run_out *o, int32_t n_vocab) {
+static void on_draft_row(void *ud, int64_t id, int32_t pos, const float *logits) {
+    run_out *o = ud;
+    if (!o->row_logits || o->n_rows == MAX_ROWS) {
+        o->n_rows = MAX_ROWS + 1; /* overflow: fails the check */
+        return;
+    }
+    o->row_id[o->n_rows] = id;
+    o->row_pos[o->n_rows] = pos;
+    memcpy(o->row_logits + (size_t)o->n_rows * o->n_vocab, logits, (size_t)o->n_vocab * sizeof(float));
+    o->n_rows++;
+}
+
+static int drain(li_engine *e) {
     li_error err = {0};
-    for (int guard = 0; li_engine_has_work(e) && guard < 10000; guard++) {
+    for (int guard = 0; li_engine_has_work(e) && guard < 10000; guard++)
         if (li_engine_step(e, &err)) {
             fprintf(stderr, "step: %s\n", err.msg);
             return -1;
         }
-        int32_t n_rows;
-        const float *lg = li_engine_draft_logits(e, &n_rows);
-        for (int32_t r = 0; r < n_rows && o->row_logits; r++) {
-            if (o->n_rows == MAX_ROWS) return -1;
-            if (li_engine_draft_row(e, r, &o->row_id[o->n_rows], &o->row_pos[o->n_rows])) return -1;
-            memcpy(o->row_logits + (size_t)o->n_rows * n_vocab, lg + (size_t)r * n_vocab, (size_t)n_vocab * 4);
-            o->n_rows++;
-        }
-    }
     return 0;
 }
 
 /* The mix: wave 1 all at once (preemption, a fork), wave 2 repeats prompts
- * one at a time (prefix hits). draft == NULL: the target alone. */
-static int run(li_model *m, li_model *draft, li_backend *be, const int32_t *prompt, run_out *o) {
+ * one at a time (prefix hits). draft == NULL: the target alone; spec_k > 0:
+ * requests draft k tokens with the draft model. */
+static int run(li_model *m, li_model *draft, li_backend *be, const int32_t *prompt, int spec_k, run_out *o) {
     li_error err = {0};
     li_engine_config c;
     li_engine_config_default(&c);
     c.block_size = BS;
     c.max_num_seqs = 8;
     c.max_batched_tokens = 32;
+    c.spec_tokens = spec_k;
+    c.spec_method = LI_SPEC_DRAFT;
     /* NB blocks in both engines: the same schedule */
     c.kv_memory = (size_t)NB * BS *
                   (li_runner_kv_bytes_per_token(m, c.kv_dtype) + (draft ? li_runner_kv_bytes_per_token(draft, c.kv_dtype) : 0));
@@ -121,11 +134,12 @@ static int run(li_model *m, li_model *draft, li_backend *be, const int32_t *prom
         fprintf(stderr, "init: %s\n", err.msg);
         return -1;
     }
-    const int32_t nv = m->hp.n_vocab;
+    o->n_vocab = m->hp.n_vocab;
+    li_engine_draft_observe(e, on_draft_row, o);
     int rc = add(e, o, prompt, 40, 1, 1) || add(e, o, prompt + 50, 30, 2, 2) || add(e, o, prompt + 100, 17, 1, 3) ||
-             add(e, o, prompt + 150, 25, 1, 4) || drain(e, o, nv);
+             add(e, o, prompt + 150, 25, 1, 4) || drain(e);
     /* repeats: the first prompt, the forked one */
-    rc = rc || add(e, o, prompt, 40, 1, 5) || drain(e, o, nv) || add(e, o, prompt + 50, 30, 1, 6) || drain(e, o, nv);
+    rc = rc || add(e, o, prompt, 40, 1, 5) || drain(e) || add(e, o, prompt + 50, 30, 1, 6) || drain(e);
     for (int i = 0; !rc && i < o->n_ids; i++) {
         const li_request_result *res = li_engine_result(e, o->id[i]);
         if (!res) {
@@ -138,6 +152,15 @@ static int run(li_model *m, li_model *draft, li_backend *be, const int32_t *prom
     li_engine_stats_get(e, &o->st);
     li_engine_free(e);
     return rc;
+}
+
+/* Two runs gave the same tokens and logit bits for every request. */
+static bool same_output(const run_out *a, const run_out *b) {
+    bool same = a->n_ids == b->n_ids;
+    for (int i = 0; same && i < a->n_ids; i++)
+        same = a->id[i] == b->id[i] && a->n_toks[i] == MAX_TOK && b->n_toks[i] == MAX_TOK &&
+               !memcmp(a->toks[i], b->toks[i], sizeof a->toks[i]) && a->hash[i] == b->hash[i];
+    return same;
 }
 
 /* The draft model alone over request slot i's tokens: every row at the
@@ -220,45 +243,55 @@ int main(int argc, char **argv) {
     d->hp.n_vocab++;
     CHECK(rc == LI_EINVAL && !e && strstr(err.msg, "vocabulary"), "another vocabulary refused: %s", err.msg);
 
-    static run_out plain, both;
-    both.row_logits = li_xmalloc((size_t)MAX_ROWS * nv * sizeof(float));
-    CHECK(run(m, NULL, &cpu, prompt, &plain) == 0, "the target alone");
-    CHECK(run(m, d, &cpu, prompt, &both) == 0, "target + draft");
-    printf("target + draft: %lld steps, %lld preemptions, %lld prefix-hit tokens, %d draft rows, KV %zu + %zu bytes\n",
-           (long long)both.st.steps, (long long)both.st.preemptions, (long long)both.st.prefix_hit_tokens,
-           both.n_rows, both.st.kv_bytes, both.st.kv_draft_bytes);
-    CHECK(both.st.preemptions > 0, "the tiny KV budget preempted (%lld)", (long long)both.st.preemptions);
-    CHECK(both.st.prefix_hit_tokens > 0, "the repeated prompts hit the prefix cache");
-    CHECK(both.st.kv_total_blocks == NB && plain.st.kv_total_blocks == NB, "%d blocks in each", NB);
-    CHECK(both.st.kv_bytes == plain.st.kv_bytes && plain.st.kv_draft_bytes == 0 &&
-              both.st.kv_draft_bytes == (size_t)NB * BS * li_runner_kv_bytes_per_token(d, LI_TYPE_F16),
-          "stats: the target's KV bytes, and the draft's (%zu)", both.st.kv_draft_bytes);
+    /* 1: the draft configured, not drafting: the target's output, and the draft computes nothing */
+    static run_out plain, idle, spec, gplain, self;
+    g_temp = 0.8f;
+    CHECK(run(m, NULL, &cpu, prompt, 0, &plain) == 0, "the target alone");
+    CHECK(run(m, d, &cpu, prompt, 0, &idle) == 0, "target + idle draft");
+    printf("target + idle draft: %lld steps, %lld preemptions, %lld prefix-hit tokens, KV %zu + %zu bytes\n",
+           (long long)idle.st.steps, (long long)idle.st.preemptions, (long long)idle.st.prefix_hit_tokens,
+           idle.st.kv_bytes, idle.st.kv_draft_bytes);
+    CHECK(idle.st.preemptions > 0, "the tiny KV budget preempted (%lld)", (long long)idle.st.preemptions);
+    CHECK(idle.st.prefix_hit_tokens > 0, "the repeated prompts hit the prefix cache");
+    CHECK(idle.st.kv_total_blocks == NB && plain.st.kv_total_blocks == NB, "%d blocks in each", NB);
+    CHECK(idle.st.kv_bytes == plain.st.kv_bytes && plain.st.kv_draft_bytes == 0 &&
+              idle.st.kv_draft_bytes == (size_t)NB * BS * li_runner_kv_bytes_per_token(d, LI_TYPE_F16),
+          "stats: the target's KV bytes, and the draft's (%zu)", idle.st.kv_draft_bytes);
+    CHECK(same_output(&plain, &idle) && plain.st.preemptions == idle.st.preemptions &&
+              plain.st.prefix_hit_tokens == idle.st.prefix_hit_tokens,
+          "the target's tokens and logit bits equal the engine without a draft");
+    CHECK(memcmp(idle.toks[1], idle.toks[2], sizeof idle.toks[1]) != 0, "the two samples of one prompt drew different tokens");
+    CHECK(idle.st.draft_sync_tokens == 0 && idle.st.spec_drafted == 0,
+          "a draft nobody drafts with computes nothing (%lld positions)", (long long)idle.st.draft_sync_tokens);
 
-    /* the target is unchanged by its draft */
-    bool same = plain.n_ids == both.n_ids && plain.st.preemptions == both.st.preemptions &&
-                plain.st.prefix_hit_tokens == both.st.prefix_hit_tokens;
-    for (int i = 0; same && i < plain.n_ids; i++)
-        same = plain.id[i] == both.id[i] && plain.n_toks[i] == MAX_TOK && both.n_toks[i] == MAX_TOK &&
-               !memcmp(plain.toks[i], both.toks[i], sizeof plain.toks[i]) && plain.hash[i] == both.hash[i];
-    CHECK(same, "the target's tokens and logit bits equal the engine without a draft");
-    bool forked_differ = memcmp(both.toks[1], both.toks[2], sizeof both.toks[1]) != 0;
-    CHECK(forked_differ, "the two samples of one prompt drew different tokens");
-
-    /* every row the draft computed equals the draft alone over the same tokens */
+    /* 2: drafting with it, sampled: every first draft step equals the draft alone over the same tokens */
+    spec.row_logits = li_xmalloc((size_t)MAX_ROWS * nv * sizeof(float));
+    CHECK(run(m, d, &cpu, prompt, 3, &spec) == 0, "target + drafting draft");
+    const li_engine_stats *ss = &spec.st;
+    printf("drafting: %lld steps, %lld preemptions, %lld prefix-hit tokens, %lld drafted, %lld accepted, "
+           "%lld positions caught up, %d first draft steps\n",
+           (long long)ss->steps, (long long)ss->preemptions, (long long)ss->prefix_hit_tokens,
+           (long long)ss->spec_drafted, (long long)ss->spec_accepted, (long long)ss->draft_sync_tokens, spec.n_rows);
+    CHECK(ss->preemptions > 0 && ss->prefix_hit_tokens > 0, "drafting: preempted (%lld) and hit the prefix cache (%lld)",
+          (long long)ss->preemptions, (long long)ss->prefix_hit_tokens);
+    CHECK(ss->spec_accepted > 0 && ss->spec_accepted < ss->spec_drafted,
+          "drafts accepted and rejected (%lld of %lld)", (long long)ss->spec_accepted, (long long)ss->spec_drafted);
+    CHECK(ss->draft_sync_tokens > 0 && ss->time_draft_sync > 0 && ss->time_draft_sync <= ss->time_propose,
+          "the catch-up is counted (%lld positions, %.4f s)", (long long)ss->draft_sync_tokens, ss->time_draft_sync);
     float *ref = li_xmalloc((size_t)64 * nv * sizeof(float));
     int checked = 0, bad = 0, differ_from_target = 0, per_id[MAX_IDS] = {0};
-    for (int i = 0; i < both.n_ids; i++) {
-        if (draft_alone(d, &cpu, &both, i, ref)) {
+    for (int i = 0; i < spec.n_ids; i++) {
+        if (draft_alone(d, &cpu, &spec, i, ref)) {
             bad++;
             continue;
         }
-        for (int32_t r = 0; r < both.n_rows; r++) {
-            if (both.row_id[r] != both.id[i]) continue;
-            const int32_t p = both.row_pos[r];
-            const float *got = both.row_logits + (size_t)r * nv;
-            if (p < 0 || p >= both.n_prompt[i] + both.n_toks[i] - 1 || memcmp(got, ref + (size_t)p * nv, (size_t)nv * 4)) {
+        for (int32_t r = 0; r < spec.n_rows && r < MAX_ROWS; r++) {
+            if (spec.row_id[r] != spec.id[i]) continue;
+            const int32_t p = spec.row_pos[r];
+            const float *got = spec.row_logits + (size_t)r * nv;
+            if (p < 0 || p >= spec.n_prompt[i] + spec.n_toks[i] - 1 || memcmp(got, ref + (size_t)p * nv, (size_t)nv * 4)) {
                 if (bad++ < 5) fprintf(stderr, "  request %lld position %d: the draft's logits differ\n",
-                                       (long long)both.id[i], p);
+                                       (long long)spec.id[i], p);
                 continue;
             }
             checked++;
@@ -270,27 +303,41 @@ int main(int argc, char **argv) {
         float *tl = li_xmalloc((size_t)nv * sizeof(float));
         li_runner t;
         CHECK(li_runner_init(&t, m, &cpu, NULL, LI_TYPE_F16, BS, 8, 64, &err) == 0, "%s", err.msg);
-        int32_t tok = both.prompt[0][0], pos = 0, seq = 0, row = 0, table = 0;
+        int32_t tok = spec.prompt[0][0], pos = 0, seq = 0, row = 0, table = 0;
         int64_t slot = 0;
         li_batch b = {.n = 1, .tokens = &tok, .pos = &pos, .seq = &seq, .slot = &slot, .block_table = &table,
                       .n_seqs = 1, .bt_stride = 1, .logit_rows = &row, .n_logits = 1};
         CHECK(li_runner_run(&t, &b, &err) == 0, "%s", err.msg);
         memcpy(tl, t.logits, (size_t)nv * sizeof(float));
-        CHECK(draft_alone(d, &cpu, &both, 0, ref) == 0, "draft alone");
+        CHECK(draft_alone(d, &cpu, &spec, 0, ref) == 0, "draft alone");
         differ_from_target = memcmp(tl, ref, (size_t)nv * 4) != 0;
         li_runner_free(&t);
         free(tl);
     }
     bool every_id = true;
-    for (int i = 0; i < both.n_ids; i++) every_id &= per_id[i] >= MAX_TOK - 1;
-    printf("draft rows: %d checked, %d differ\n", checked, bad);
-    CHECK(bad == 0 && checked == both.n_rows, "every draft row equals the draft alone (%d of %d, %d differ)", checked,
-          both.n_rows, bad);
-    CHECK(every_id, "every request's decode rows came from the draft");
+    for (int i = 0; i < spec.n_ids; i++) every_id &= per_id[i] > 0;
+    printf("first draft steps: %d checked, %d differ\n", checked, bad);
+    CHECK(bad == 0 && checked == spec.n_rows, "every first draft step equals the draft alone (%d of %d, %d differ)",
+          checked, spec.n_rows, bad);
+    CHECK(every_id, "every request drafted with the draft model");
     CHECK(differ_from_target, "the draft's logits are not the target's");
 
+    /* 3: the target as its own draft, greedy: every verified draft is accepted, the tokens are the target's */
+    g_temp = 0;
+    CHECK(run(m, NULL, &cpu, prompt, 0, &gplain) == 0, "the target alone, greedy");
+    CHECK(run(m, m, &cpu, prompt, 3, &self) == 0, "the target drafting for itself");
+    printf("self-drafting: %lld drafted, %lld accepted, %lld preemptions, %lld prefix-hit tokens\n",
+           (long long)self.st.spec_drafted, (long long)self.st.spec_accepted, (long long)self.st.preemptions,
+           (long long)self.st.prefix_hit_tokens);
+    CHECK(self.st.spec_drafted > 0 && self.st.spec_accepted == self.st.spec_drafted,
+          "self-drafting: every verified draft accepted (%lld of %lld)", (long long)self.st.spec_accepted,
+          (long long)self.st.spec_drafted);
+    bool same_toks = gplain.n_ids == self.n_ids;
+    for (int i = 0; same_toks && i < self.n_ids; i++) same_toks = !memcmp(gplain.toks[i], self.toks[i], sizeof self.toks[i]);
+    CHECK(same_toks, "self-drafting gives the target's greedy tokens");
+
     free(ref);
-    free(both.row_logits);
+    free(spec.row_logits);
     li_model_release(d, &cpu);
     li_model_release(m, &cpu);
     li_backend_cpu_free(&cpu);
