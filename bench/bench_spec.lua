@@ -39,14 +39,27 @@
 -- untrained heads (acceptance near 0: a check of the machinery and its
 -- cost), `luainfer train-medusa` trained ones.
 --
+-- --policy FILE[,FILE...] (with proposers) runs each policy file as its own
+-- adaptive setting (named by the file's base name) instead of
+-- policies/spec_adaptive.lua, alternating with the rest: two versions of a
+-- speculation policy side by side in one run.
+--
 -- --json writes every row (workload, batch, temperature, setting, tok/s,
 -- ratio to off, drafted, accepted); --plot draws the speedups over off.
 local luainfer = require("luainfer")
 local bench = require("luainfer.bench")
 local opts = bench.options(arg)
-local flags = bench.take_flags(arg, { ["--medusa"] = "value", ["--medusa-tree"] = "value", ["--quick"] = "flag" })
+local flags = bench.take_flags(arg, { ["--medusa"] = "value", ["--medusa-tree"] = "value", ["--quick"] = "flag",
+                                       ["--policy"] = "value" })
 local medusa, medusa_tree, quick = flags["--medusa"], flags["--medusa-tree"], flags["--quick"]
 local root = (arg[0]:match("^(.*)/bench/") or ".")
+local policies = {}
+for f in (flags["--policy"] or (root .. "/policies/spec_adaptive.lua")):gmatch("[^,]+") do
+  local fh = io.open(f, "r")
+  if not fh then error(("bench spec: --policy %s: cannot open the file"):format(f), 0) end
+  fh:close()
+  policies[#policies + 1] = f
+end
 local MAX = tonumber(arg[1]) or 128
 local ROUNDS = tonumber(arg[2]) or 2
 
@@ -129,11 +142,14 @@ local function proposers_bench(layers, draft)
                                                  spec_tokens = 16 },
                         spec = { method = "medusa", k = 16 } }
   end
-  sets[#sets + 1] = { name = "adaptive", cfg = { spec_layers = layers, draft_model = draft, spec_method = "ngram",
-                                                 -- the engine takes heads or a draft model, not both
-                                                 medusa = not draft and medusa or nil,
-                                                 medusa_tree = not draft and medusa_tree or nil,
-                                                 policy = root .. "/policies/spec_adaptive.lua" } }
+  for _, f in ipairs(policies) do
+    local base = f:match("([^/]+)%.lua$") or f
+    sets[#sets + 1] = { name = base == "spec_adaptive" and #policies == 1 and "adaptive" or base,
+                        cfg = { spec_layers = layers, draft_model = draft, spec_method = "ngram",
+                                -- the engine takes heads or a draft model, not both
+                                medusa = not draft and medusa or nil,
+                                medusa_tree = not draft and medusa_tree or nil, policy = f } }
+  end
   local function one(kind, seqs, temp, set)
     local cfg = { max_num_seqs = seqs, max_batched_tokens = 512, spec_disable_batch = 0 }
     for k, v in pairs(set.cfg) do cfg[k] = v end

@@ -1,5 +1,5 @@
 -- spec_adaptive.lua — speculative decoding chosen per request and per step:
--- the proposer and k from each request's acceptance so far, the batch size
+-- the proposer and k from each request's recent acceptance, the batch size
 -- and the step costs the engine measures, and no drafts when they would
 -- slow the batch down.
 --
@@ -13,20 +13,28 @@
 -- row, optimistic on purpose, so that it gets tried and measured), each
 -- running request assumed to draft the same k, and `draft` the proposer's
 -- measured seconds per draft token over the measured seconds per step (0
--- for n-gram lookup). The policy takes the method and k in [0, max_k] with
--- the best E(k) / C(k), and drafts only when that beats one token per step
--- by MIN_GAIN. A method never tried is probed with PROBE_K drafts until
--- PROBE_DRAFTS have been verified, if the request asks for it; the others
--- start from PRIOR acceptance and PRIOR_DRAFT cost. Medusa's nodes are counted as a chain (its tree lists
--- the top-1 chain first), at most MAX_K.medusa of them. Scheduling is the
--- engine's built-in FCFS.
+-- for n-gram lookup; PRIOR_DRAFT until measured). The policy takes the
+-- method and k in [0, max_k] with the best E(k) / C(k), and drafts only
+-- when that beats one token per step by MIN_GAIN.
+--
+-- a is each request's own recent acceptance per method: its verified and
+-- accepted drafts, older ones fading by FORGET per newer draft (a text
+-- that turns from copying to writing, or back, is followed within a few
+-- rounds), plus PRIOR_WEIGHT drafts at a prior acceptance: PRIOR_WANT for
+-- the method the request would use anyway, PRIOR for the others (n-gram
+-- drafts at temperature > 0 start at 0: deterministic drafts are accepted
+-- with probability p(draft) only). So a method starts at its prior and is
+-- priced from the first round on, with no fixed probing. Medusa's nodes are
+-- counted as a chain (its tree lists the top-1 chain first), at most
+-- MAX_K.medusa of them. Scheduling is the engine's built-in FCFS.
 --
 --   luainfer serve --policy policies/spec_adaptive.lua --spec-layers 8 ...
 
 local PRIOR_ROW = 0.06 -- an unmeasured row count: each row past the largest measured one costs this share of it
 local MIN_GAIN = 1.05  -- below this expected speedup, no drafts
-local PROBE_K = 2
-local PROBE_DRAFTS = 8
+local FORGET = 0.9       -- a verified draft's weight fades by this per newer draft
+local PRIOR_WEIGHT = 4   -- drafts' worth of the prior acceptance
+local PRIOR_WANT = 0.6   -- the method the request would draft with anyway
 local PRIOR = { ngram = 0.5, draft = 0.3, layerskip = 0.3, medusa = 0.3 }
 -- a model proposer's cost per draft token, as a share of a step, until
 -- measured: a method the request did not ask for is tried only when even
@@ -69,6 +77,27 @@ local function best_k(a, cost, max_k)
   return best, gain
 end
 
+-- Per request id: per method, what the engine had counted at the last
+-- call (drafted, accepted) and the faded sums (D, A). Dropped at finish.
+local seen = {}
+
+-- The recent acceptance of method m for request id, from the engine's
+-- running totals; prior p weighs PRIOR_WEIGHT drafts.
+local function recent(id, m, drafted, acceptance, p)
+  local r = seen[id]
+  if not r then r = {}; seen[id] = r end
+  local t = r[m]
+  if not t then t = { d = 0, a = 0, D = 0, A = 0 }; r[m] = t end
+  local acc = drafted > 0 and math.floor(acceptance * drafted + 0.5) or 0
+  local dd, da = drafted - t.d, acc - t.a
+  if dd > 0 then
+    local f = FORGET ^ dd
+    t.D, t.A = t.D * f + dd, t.A * f + math.max(da, 0)
+  end
+  t.d, t.a = drafted, acc
+  return (t.A + p * PRIOR_WEIGHT) / (t.D + PRIOR_WEIGHT)
+end
+
 local function speculate(req, state)
   local s, sp = req.speculation, state.spec
   if s.max_k < 1 then return false end
@@ -76,17 +105,11 @@ local function speculate(req, state)
   local choice, choice_k, choice_gain = nil, 0, MIN_GAIN
   for _, m in ipairs(METHODS) do
     if sp.available[m] then
-      local drafted, a = s.drafted[m] or 0, s.acceptance[m] or -1
-      -- prompt lookup drafts are deterministic: at temperature > 0 they are
-      -- only worth it once measured
-      local sampled_ngram = m == "ngram" and s.temperature > 0
-      if drafted < PROBE_DRAFTS then
-        -- not measured yet: probe the method the request wants
-        if m == s.method and not sampled_ngram then
-          return m, math.min(PROBE_K, s.max_k)
-        end
-        a = sampled_ngram and 0 or PRIOR[m]
-      end
+      local p = m == s.method and s.k > 0 and PRIOR_WANT or PRIOR[m]
+      -- prompt lookup drafts are deterministic: at temperature > 0 they
+      -- are only worth it once measured (a request asking for them)
+      if m == "ngram" and s.temperature > 0 then p = 0 end
+      local a = recent(req.id, m, s.drafted[m] or 0, s.acceptance[m] or -1, p)
       local dt = sp.draft_time[m] or 0
       local draft = (dt > 0 and sp.step_time > 0) and dt / sp.step_time or PRIOR_DRAFT[m]
       local k, gain = best_k(a, function(kk) return round_cost(rt, b, kk, draft) end,
@@ -98,9 +121,13 @@ local function speculate(req, state)
   return choice, choice_k
 end
 
+local function on_finish(req) seen[req.id] = nil end
+
 return {
   speculate = speculate,
+  on_finish = on_finish,
   -- for tests and benchmarks
+  _recent = recent,
   _expected = expected,
   _best_k = best_k,
   _round_cost = round_cost,

@@ -285,6 +285,25 @@ def test_bench_spec_proposers(run_ok, model_path, tmp_path):
     assert any(row["drafted"] > 0 for row in r["rows"] if row["setting"] == "ngram k8")
 
 
+def test_bench_spec_policies_side_by_side(run_ok, luainfer_bin, tmp_path):
+    """--policy A,B runs each policy file as its own setting, named by its
+    base name, in the same table (two versions of a speculation policy side
+    by side); a missing file is a clear error."""
+    pol = (REPO / "policies" / "spec_adaptive.lua").read_text()
+    a, b = tmp_path / "adapt_a.lua", tmp_path / "never.lua"
+    a.write_text(pol)
+    b.write_text("return { speculate = function(req, state) return false end }\n")
+    js = tmp_path / "p.json"
+    out = bench(run_ok, "spec", "6", "1", "proposers", "29", "--quick", "--policy", f"{a},{b}", "--json", str(js))
+    assert "every proposer's tokens were identical to speculation off" in out
+    r = json.loads(js.read_text())
+    assert {row["setting"] for row in r["rows"]} == {"ngram k8", "layerskip29 k3", "adapt_a", "never"}
+    assert all(row["drafted"] == 0 for row in r["rows"] if row["setting"] == "never")
+    missing = subprocess.run([str(luainfer_bin), "bench", "spec", "6", "1", "proposers", "29", "--quick",
+                              "--policy", str(tmp_path / "nope.lua")], capture_output=True, text=True, timeout=60)
+    assert missing.returncode != 0 and "nope.lua: cannot open the file" in missing.stderr
+
+
 def test_bench_builds_table(luainfer_bin, model_path, tmp_path):
     """bench_builds.py with one binary as both builds, one tiny round: the
     table has a row per measurement with positive medians, a ratio and a
