@@ -113,14 +113,30 @@ H.check(math.abs(A._round_cost({}, 4, 2, 0) - 1.48) < 1e-12, "nothing measured: 
 -- measured costs steer k: where 2 rows cost 1.1 and 3 rows cost 2, acceptance 0.8 drafts 1
 H.check(A._best_k(0.8, function(k) return A._round_cost({ [1] = 1, [2] = 1.1, [3] = 2, [4] = 3, [5] = 4 }, 1, k, 0) end,
                   4) == 1, "a steep measured cost keeps k at 1")
--- recent acceptance: the prior first, then the request's own drafts, older ones fading
+-- recent acceptance, per draft: the prior first, then each round's accepted
+-- drafts as successes and its rejection as one failure, older trials fading
+local f = A._FORGET
 H.check(math.abs(A._recent(-1, "ngram", 0, -1, 0.5) - 0.5) < 1e-12, "nothing drafted: the prior")
-local a1 = A._recent(-1, "ngram", 8, 1, 0.5)
-H.check(math.abs(a1 - (8 + 2) / (8 + 4)) < 1e-12, "8 of 8 accepted: (8 + 0.5 * 4) / (8 + 4) (%g)", a1)
--- then 8 rejected: the engine's totals are 8 of 16; the recent estimate weighs the new ones more
-local a2 = A._recent(-1, "ngram", 16, 0.5, 0.5)
-H.check(a2 < 0.5 - 0.1, "8 accepted then 8 rejected: recent acceptance %g, well under the lifetime 0.5", a2)
-H.check(math.abs(A._recent(-1, "ngram", 16, 0.5, 0.5) - a2) < 1e-12, "no new drafts: unchanged")
+-- a round of 8 drafts, 2 accepted then a rejection: 2 successes, 1 failure (not 2 of 8)
+local a1 = A._recent(-1, "ngram", 8, 2 / 8, 0.5)
+local S1, F1 = 2 * f ^ 3 + 2, 2 * f ^ 3 + 1
+H.check(math.abs(a1 - S1 / (S1 + F1)) < 1e-12, "2 accepted, then rejected: %g", a1)
+H.check(a1 > 0.5, "2 accepted before a rejection is better than the prior 0.5 (%g), not 2/8", a1)
+H.check(math.abs(A._recent(-1, "ngram", 8, 2 / 8, 0.5) - a1) < 1e-12, "no new drafts: unchanged")
+-- then rounds of 8 all accepted: towards 1 as the old trials fade
+local d, acc, a = 8, 2, a1
+for _ = 1, 6 do
+  d, acc = d + 8, acc + 8
+  a = A._recent(-1, "ngram", d, acc / d, 0.5)
+end
+H.check(a > 0.95, "six rounds of 8 accepted: %g (lifetime accepted / verified is %g)", a, acc / d)
+local peak = a
+-- then rejections at the first draft: it falls within a few rounds
+for _ = 1, 5 do
+  d = d + 8
+  a = A._recent(-1, "ngram", d, acc / d, 0.5)
+end
+H.check(a < peak - 0.25, "five rounds rejected at once: %g, from %g", a, peak)
 H.check(math.abs(A._recent(-1, "draft", 0, -1, 0.3) - 0.3) < 1e-12, "each method apart")
 local ad, s_ad = run{ max_num_seqs = 4, spec_layers = 29, policy = root .. "/policies/spec_adaptive.lua" }
 same(ad, base, "spec_adaptive")
