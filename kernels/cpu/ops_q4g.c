@@ -31,7 +31,7 @@ void li_q4g_pack_free(li_weight *w) {
     li_aligned_free(p->codes);
     li_aligned_free(p->sz);
     li_aligned_free(p->izero);
-    li_aligned_free(p->a8codes);
+    if (p->a8chunk) li_cpu_arena_free(p->a8chunk);
     free(p->gidx);
     free(p);
     w->packed = NULL;
@@ -82,25 +82,35 @@ int li_q4g_pack(li_weight *w) {
         }
     }
     free(inv);
-    /* A8 panels of 16 rows, stored order: chunk t of 8 elements, lane l =
-     * row 16p + l, byte b = element 8t + b (low nibble), 8t + 4 + b (high) */
+    /* A8 panels of 16 rows, stored order: per group its chunks of 8
+     * elements (lane l = row 16p + l, byte b = element 8t + b in the low
+     * nibble, 8t + 4 + b in the high), then the group's zeros and scales */
     p->a8_simd = k % 8 == 0 && gs % 8 == 0;
     if (p->a8_simd) {
-        p->a8codes = li_aligned_alloc((size_t)(np * (k / 8) * 64));
+        p->a8_gb = (gs / 8) * 64 + 128;
+        p->a8_pb = (k / 8) * 64 + ng * 128;
+        p->a8codes = li_cpu_arena_alloc((size_t)(np * p->a8_pb), &p->a8chunk);
         if (!p->a8codes) {
             w->packed = p;
             li_q4g_pack_free(w);
             return LI_ENOMEM;
         }
         for (int64_t pp = 0; pp < np; pp++)
-            for (int64_t t = 0; t < k / 8; t++) {
-                uint8_t *dst = p->a8codes + (pp * (k / 8) + t) * 64;
-                for (int l = 0; l < LI_PANEL; l++) {
-                    const int64_t r = pp * LI_PANEL + l;
-                    for (int b = 0; b < 4; b++)
-                        dst[l * 4 + b] =
-                            r < m ? (uint8_t)(code_at(w, r, 8 * t + b) | code_at(w, r, 8 * t + 4 + b) << 4) : 0;
+            for (int64_t g = 0; g < ng; g++) {
+                uint8_t *grp = p->a8codes + pp * p->a8_pb + g * p->a8_gb;
+                const int64_t t0 = g * gs / 8, t1 = LI_MIN((g + 1) * gs, k) / 8;
+                for (int64_t t = t0; t < t1; t++) {
+                    uint8_t *dst = grp + (t - t0) * 64;
+                    for (int l = 0; l < LI_PANEL; l++) {
+                        const int64_t r = pp * LI_PANEL + l;
+                        for (int b = 0; b < 4; b++)
+                            dst[l * 4 + b] =
+                                r < m ? (uint8_t)(code_at(w, r, 8 * t + b) | code_at(w, r, 8 * t + 4 + b) << 4) : 0;
+                    }
                 }
+                uint8_t *zs = grp + (t1 - t0) * 64;
+                memcpy(zs, p->izero + (pp * ng + g) * LI_PANEL, 64);
+                memcpy(zs + 64, p->sz + (pp * ng + g) * 32, 64);
             }
     }
     w->packed = p;
