@@ -203,7 +203,18 @@ typedef struct {
     int64_t n, tile_n, n_items;
     atomic_long next_row;
     li_cpu_lanes lanes;    /* the items in contiguous runs */
+    const uint8_t *next_data; /* the arena's next weight after the last part's A8 panels (decode), or NULL */
+    size_t next_bytes;
 } q4g_job;
+
+/* A prefetch into L2 that the compiler keeps (as cpu.c's). */
+static inline void prefetch_l2(const void *p) {
+#if defined(__x86_64__) || defined(__i386__)
+    __asm__ volatile("prefetcht1 %0" : : "m"(*(const char *)p));
+#else
+    __builtin_prefetch(p, 0, 2);
+#endif
+}
 
 static void q4g_prep_work(void *ctx, int ith, int nth) {
     q4g_job *j = ctx;
@@ -240,8 +251,16 @@ static void q4g_item(const q4g_job *j, int64_t t) {
 /* Thread ith drains its own lane of panels first (li_cpu_lanes), then the others. */
 static void q4g_work(void *ctx, int ith, int nth) {
     q4g_job *j = ctx;
-    for (int d = 0; d < j->lanes.n; d++)
-        for (int64_t t; (t = li_cpu_lanes_claim(&j->lanes, (ith + d) % j->lanes.n)) >= 0;) q4g_item(j, t);
+    const int L = j->lanes.n;
+    for (int d = 0; d < L; d++) {
+        for (int64_t t; (t = li_cpu_lanes_claim(&j->lanes, (ith + d) % L)) >= 0;) q4g_item(j, t);
+        /* as cpu.c's matmul: the kernel prefetches only a few panels ahead,
+         * so a thread done with its own lane warms the start of its lane
+         * of the next weight, which would otherwise begin cold */
+        if (d == 0 && j->next_data && ith < L)
+            for (size_t o = 0; o < LI_GEMV_PREFETCH; o += 64)
+                prefetch_l2((const char *)j->next_data + j->next_bytes * (size_t)ith / (size_t)L + o);
+    }
 }
 
 static bool same_perm(const li_weight *a, const li_weight *b) {
@@ -305,6 +324,12 @@ static void q4g_run(const li_q4g_kernels *kern, li_threadpool *tp, int nth, li_q
         pt->n_chunks = (pt->units + pt->chunk - 1) / pt->chunk;
         pt->item0 = j.n_items;
         j.n_items += pt->n_chunks * n_tiles;
+    }
+    const q4g_part *last = &j.part[n_w - 1];
+    if (j.a8 && n <= 8 && last->p->a8codes) { /* memory-bound: warm up the next weight */
+        li_cpu_arena_next(last->p->a8codes, (size_t)(last->p->n_panels * last->p->a8_pb), &j.next_data,
+                          &j.next_bytes);
+        if (!j.next_bytes) j.next_data = NULL;
     }
     li_cpu_lanes_init(&j.lanes, j.n_items, nth);
     li_threadpool_run_sized(tp, q4g_work, &j, (int)LI_MIN((int64_t)nth, j.n_items), work);
