@@ -83,7 +83,8 @@ static inline __attribute__((always_inline)) void a8_block(const li_q4g_packed *
 #pragma GCC unroll 4
             for (int a = 0; a < NP; a++) {
                 const uint8_t *src = grp + a * pb + (t - t0) * 64;
-                if (pf) _mm_prefetch((const char *)src + NP * pb, _MM_HINT_T0);
+                /* to L2: 4 panels ahead is over 48 KiB at k = 1536, more than L1 holds */
+                if (pf) _mm_prefetch((const char *)src + NP * pb, _MM_HINT_T1);
                 const __m512i b = _mm512_load_si512(src);
                 const __m512i lo = _mm512_and_si512(b, lo4), hi = _mm512_and_si512(b, hi4);
 #pragma GCC unroll 6
