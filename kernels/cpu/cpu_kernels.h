@@ -129,6 +129,8 @@ void li_cpu_drop_pages(const void *data, size_t bytes);
 /* The panels packed right after p's (the next weight the forward pass
  * uses), as *bytes at *data; *bytes = 0 when none. Only for prefetching. */
 void li_cpu_packed_next(const li_cpu_packed *p, const uint8_t **data, size_t *bytes);
+/* The same for any arena allocation of `bytes` at data (li_cpu_arena_alloc's). */
+void li_cpu_arena_next(const void *data, size_t bytes, const uint8_t **next, size_t *next_bytes);
 /* Row `row` of a packed weight, dequantized exactly as the type's to_float. */
 void li_cpu_packed_get_row(const li_cpu_packed *p, int64_t row, float *out);
 

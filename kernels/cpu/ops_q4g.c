@@ -31,7 +31,7 @@ void li_q4g_pack_free(li_weight *w) {
     li_aligned_free(p->codes);
     li_aligned_free(p->sz);
     li_aligned_free(p->izero);
-    li_aligned_free(p->a8codes);
+    if (p->a8chunk) li_cpu_arena_free(p->a8chunk);
     free(p->gidx);
     free(p);
     w->packed = NULL;
@@ -82,25 +82,35 @@ int li_q4g_pack(li_weight *w) {
         }
     }
     free(inv);
-    /* A8 panels of 16 rows, stored order: chunk t of 8 elements, lane l =
-     * row 16p + l, byte b = element 8t + b (low nibble), 8t + 4 + b (high) */
+    /* A8 panels of 16 rows, stored order: per group its chunks of 8
+     * elements (lane l = row 16p + l, byte b = element 8t + b in the low
+     * nibble, 8t + 4 + b in the high), then the group's zeros and scales */
     p->a8_simd = k % 8 == 0 && gs % 8 == 0;
     if (p->a8_simd) {
-        p->a8codes = li_aligned_alloc((size_t)(np * (k / 8) * 64));
+        p->a8_gb = (gs / 8) * 64 + 128;
+        p->a8_pb = (k / 8) * 64 + ng * 128;
+        p->a8codes = li_cpu_arena_alloc((size_t)(np * p->a8_pb), &p->a8chunk);
         if (!p->a8codes) {
             w->packed = p;
             li_q4g_pack_free(w);
             return LI_ENOMEM;
         }
         for (int64_t pp = 0; pp < np; pp++)
-            for (int64_t t = 0; t < k / 8; t++) {
-                uint8_t *dst = p->a8codes + (pp * (k / 8) + t) * 64;
-                for (int l = 0; l < LI_PANEL; l++) {
-                    const int64_t r = pp * LI_PANEL + l;
-                    for (int b = 0; b < 4; b++)
-                        dst[l * 4 + b] =
-                            r < m ? (uint8_t)(code_at(w, r, 8 * t + b) | code_at(w, r, 8 * t + 4 + b) << 4) : 0;
+            for (int64_t g = 0; g < ng; g++) {
+                uint8_t *grp = p->a8codes + pp * p->a8_pb + g * p->a8_gb;
+                const int64_t t0 = g * gs / 8, t1 = LI_MIN((g + 1) * gs, k) / 8;
+                for (int64_t t = t0; t < t1; t++) {
+                    uint8_t *dst = grp + (t - t0) * 64;
+                    for (int l = 0; l < LI_PANEL; l++) {
+                        const int64_t r = pp * LI_PANEL + l;
+                        for (int b = 0; b < 4; b++)
+                            dst[l * 4 + b] =
+                                r < m ? (uint8_t)(code_at(w, r, 8 * t + b) | code_at(w, r, 8 * t + 4 + b) << 4) : 0;
+                    }
                 }
+                uint8_t *zs = grp + (t1 - t0) * 64;
+                memcpy(zs, p->izero + (pp * ng + g) * LI_PANEL, 64);
+                memcpy(zs + 64, p->sz + (pp * ng + g) * 32, 64);
             }
     }
     w->packed = p;
@@ -193,7 +203,18 @@ typedef struct {
     int64_t n, tile_n, n_items;
     atomic_long next_row;
     li_cpu_lanes lanes;    /* the items in contiguous runs */
+    const uint8_t *next_data; /* the arena's next weight after the last part's A8 panels (decode), or NULL */
+    size_t next_bytes;
 } q4g_job;
+
+/* A prefetch into L2 that the compiler keeps (as cpu.c's). */
+static inline void prefetch_l2(const void *p) {
+#if defined(__x86_64__) || defined(__i386__)
+    __asm__ volatile("prefetcht1 %0" : : "m"(*(const char *)p));
+#else
+    __builtin_prefetch(p, 0, 2);
+#endif
+}
 
 static void q4g_prep_work(void *ctx, int ith, int nth) {
     q4g_job *j = ctx;
@@ -230,8 +251,16 @@ static void q4g_item(const q4g_job *j, int64_t t) {
 /* Thread ith drains its own lane of panels first (li_cpu_lanes), then the others. */
 static void q4g_work(void *ctx, int ith, int nth) {
     q4g_job *j = ctx;
-    for (int d = 0; d < j->lanes.n; d++)
-        for (int64_t t; (t = li_cpu_lanes_claim(&j->lanes, (ith + d) % j->lanes.n)) >= 0;) q4g_item(j, t);
+    const int L = j->lanes.n;
+    for (int d = 0; d < L; d++) {
+        for (int64_t t; (t = li_cpu_lanes_claim(&j->lanes, (ith + d) % L)) >= 0;) q4g_item(j, t);
+        /* as cpu.c's matmul: the kernel prefetches only a few panels ahead,
+         * so a thread done with its own lane warms the start of its lane
+         * of the next weight, which would otherwise begin cold */
+        if (d == 0 && j->next_data && ith < L)
+            for (size_t o = 0; o < LI_GEMV_PREFETCH; o += 64)
+                prefetch_l2((const char *)j->next_data + j->next_bytes * (size_t)ith / (size_t)L + o);
+    }
 }
 
 static bool same_perm(const li_weight *a, const li_weight *b) {
@@ -295,6 +324,12 @@ static void q4g_run(const li_q4g_kernels *kern, li_threadpool *tp, int nth, li_q
         pt->n_chunks = (pt->units + pt->chunk - 1) / pt->chunk;
         pt->item0 = j.n_items;
         j.n_items += pt->n_chunks * n_tiles;
+    }
+    const q4g_part *last = &j.part[n_w - 1];
+    if (j.a8 && n <= 8 && last->p->a8codes) { /* memory-bound: warm up the next weight */
+        li_cpu_arena_next(last->p->a8codes, (size_t)(last->p->n_panels * last->p->a8_pb), &j.next_data,
+                          &j.next_bytes);
+        if (!j.next_bytes) j.next_data = NULL;
     }
     li_cpu_lanes_init(&j.lanes, j.n_items, nth);
     li_threadpool_run_sized(tp, q4g_work, &j, (int)LI_MIN((int64_t)nth, j.n_items), work);

@@ -150,7 +150,7 @@ static inline __attribute__((always_inline)) void a8_block(const li_q4g_packed *
                 #pragma GCC unroll 4
                 for (int a = 0; a < NP; a++) {
                     const __m256i b = _mm256_loadu_si256(
-                        (const __m256i *)(p->a8codes + ((p8 + a) / 2 * (k / 8) + t) * 64 + (p8 + a) % 2 * 32));
+                        (const __m256i *)(li_q4g_a8_group(p, (p8 + a) / 2, g) + (t - t0) * 64 + (p8 + a) % 2 * 32));
                     const __m256i lo = _mm256_and_si256(b, m4), hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), m4);
                     #pragma GCC unroll 4
                     for (int i = 0; i < NR; i++) {
@@ -167,9 +167,9 @@ static inline __attribute__((always_inline)) void a8_block(const li_q4g_packed *
         }
         #pragma GCC unroll 4
         for (int a = 0; a < NP; a++) {
-            const int64_t pp = (p8 + a) / 2, half = ((p8 + a) % 2) * 8;
-            const __m256i z = _mm256_loadu_si256((const __m256i *)(p->izero + (pp * ng + g) * LI_PANEL + half));
-            const __m256 s = _mm256_loadu_ps(p->sz + (pp * ng + g) * 32 + half);
+            const uint8_t *zs = li_q4g_a8_group(p, (p8 + a) / 2, g) + (t1 - t0) * 64 + ((p8 + a) % 2) * 32;
+            const __m256i z = _mm256_loadu_si256((const __m256i *)zs);
+            const __m256 s = _mm256_loadu_ps((const float *)(zs + 64));
             #pragma GCC unroll 4
             for (int i = 0; i < NR; i++) {
                 const __m256i d = _mm256_sub_epi32(isum[a][i], _mm256_mullo_epi32(z, _mm256_set1_epi32(xsum[i][g])));

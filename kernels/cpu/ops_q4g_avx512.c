@@ -45,8 +45,7 @@ static inline __m512i dpbusd_b(__m512i acc, __m512i u, const uint8_t *s) {
 static inline __attribute__((always_inline)) void a8_block(const li_q4g_packed *p, int64_t pp, const int NP,
                                                            const uint8_t *act, size_t act_stride, const int NR,
                                                            float *y, int64_t ldy, bool pf) {
-    const int64_t k = p->k, gs = p->gs, ng = p->ng, kc = k / 8;
-    const uint8_t *cd = p->a8codes + pp * kc * 64;
+    const int64_t k = p->k, gs = p->gs, ng = p->ng, pb = p->a8_pb;
     const __m512i lo4 = _mm512_set1_epi8(0x0f), hi4 = _mm512_set1_epi8((char)0xf0);
     __m512 acc[4][6];
     float sx[6];
@@ -60,11 +59,12 @@ static inline __attribute__((always_inline)) void a8_block(const li_q4g_packed *
     }
     for (int64_t g = 0; g < ng; g++) {
         const int64_t t0 = g * gs / 8, t1 = LI_MIN((g + 1) * gs, k) / 8;
-        if (pf) /* the next panels' scales and zeros of this group: their own streams */
+        const uint8_t *grp = li_q4g_a8_group(p, pp, g), *zs = grp + (t1 - t0) * 64;
+        if (pf) /* the next panels' zeros and scales of this group (their codes: below) */
 #pragma GCC unroll 4
             for (int a = 0; a < NP; a++) {
-                _mm_prefetch((const char *)(p->izero + ((pp + NP + a) * ng + g) * LI_PANEL), _MM_HINT_T0);
-                _mm_prefetch((const char *)(p->sz + ((pp + NP + a) * ng + g) * 32), _MM_HINT_T0);
+                _mm_prefetch((const char *)zs + (NP + a) * pb, _MM_HINT_T0);
+                _mm_prefetch((const char *)zs + (NP + a) * pb + 64, _MM_HINT_T0);
             }
         __m512i sl[4][6], sh[4][6];
 #pragma GCC unroll 4
@@ -82,8 +82,9 @@ static inline __attribute__((always_inline)) void a8_block(const li_q4g_packed *
             }
 #pragma GCC unroll 4
             for (int a = 0; a < NP; a++) {
-                const uint8_t *src = cd + (a * kc + t) * 64;
-                if (pf) _mm_prefetch((const char *)src + NP * kc * 64, _MM_HINT_T0);
+                const uint8_t *src = grp + a * pb + (t - t0) * 64;
+                /* to L2: 4 panels ahead is over 48 KiB at k = 1536, more than L1 holds */
+                if (pf) _mm_prefetch((const char *)src + NP * pb, _MM_HINT_T1);
                 const __m512i b = _mm512_load_si512(src);
                 const __m512i lo = _mm512_and_si512(b, lo4), hi = _mm512_and_si512(b, hi4);
 #pragma GCC unroll 6
@@ -101,8 +102,8 @@ static inline __attribute__((always_inline)) void a8_block(const li_q4g_packed *
         }
 #pragma GCC unroll 4
         for (int a = 0; a < NP; a++) {
-            const __m512i z = _mm512_load_si512(p->izero + ((pp + a) * ng + g) * LI_PANEL);
-            const __m512 s = _mm512_load_ps(p->sz + ((pp + a) * ng + g) * 32);
+            const __m512i z = _mm512_load_si512(zs + a * pb);
+            const __m512 s = _mm512_load_ps((const float *)(zs + a * pb + 64));
 #pragma GCC unroll 6
             for (int i = 0; i < NR; i++) {
                 const __m512i d = _mm512_sub_epi32(_mm512_add_epi32(sl[a][i], _mm512_srai_epi32(sh[a][i], 4)),

@@ -31,10 +31,17 @@
  *   sz      (n_panels, n_groups, 32) the 16 rows' scales, then their zeros
  *   izero   (n_panels, n_groups, 16) the zeros as integers (A8)
  *   gidx    (k) the group of input column c (perm: stored position / gs)
- *   a8codes (n_panels, k / 8, 64) A8 panels of 16 rows in stored order:
- *           lane l (4 bytes) of chunk t holds row 16p + l's elements
- *           8t..8t+3 in the low nibbles, 8t+4..8t+7 in the high ones (one
- *           zmm for AVX-512; AVX2 reads the two 32-byte halves, 8 rows each)
+ *   a8codes (n_panels, a8_pb) A8 panels of 16 rows in stored order, one
+ *           stream each (decode reads nothing else of the weight): per
+ *           group g its chunks t of 64 bytes, lane l (4 bytes) of a chunk
+ *           holding row 16p + l's elements 8t..8t+3 in the low nibbles,
+ *           8t+4..8t+7 in the high ones (one zmm for AVX-512; AVX2 reads
+ *           the two 32-byte halves, 8 rows each), then 64 bytes of the 16
+ *           rows' integer zeros, then 64 of their scales (the values of
+ *           izero and sz). Group g starts at g * a8_gb (the last one may be
+ *           shorter); the panels lie in the forward-order arena (repack.c)
+ *           like the other packed weights, so one weight's stream runs into
+ *           the next one's.
  * A8 permutes the activations into stored order instead. */
 #ifndef LI_Q4G_KERNELS_H
 #define LI_Q4G_KERNELS_H
@@ -50,9 +57,16 @@ typedef struct li_q4g_packed {
     float *sz;             /* (n_panels, ng, 32) */
     int32_t *izero;        /* (n_panels, ng, 16) */
     int32_t *gidx;         /* (k) */
-    uint8_t *a8codes;      /* (n_panels, k / 8, 64) A8 panels of 16 rows, or NULL (see ops_q4g.c) */
+    uint8_t *a8codes;      /* (n_panels, a8_pb) A8 panels of 16 rows, or NULL (see ops_q4g.c) */
+    void *a8chunk;         /* the arena chunk holding a8codes */
+    int64_t a8_pb, a8_gb;  /* bytes per A8 panel, per full group in it: (gs / 8) * 64 + 128 */
     bool a8_simd;          /* gs and k multiples of 8: a8codes is built, the A8 SIMD kernels apply */
 } li_q4g_packed;
+
+/* Panel pp's group g in a8codes: its code chunks, then zeros, then scales */
+static inline const uint8_t *li_q4g_a8_group(const li_q4g_packed *p, int64_t pp, int64_t g) {
+    return p->a8codes + pp * p->a8_pb + g * p->a8_gb;
+}
 
 static inline const li_q4g_packed *li_q4g_packed_of(const li_weight *w) {
     const li_q4g_packed *p = w->packed;

@@ -253,12 +253,16 @@ void li_cpu_pack_free(li_weight *w) {
     w->packed = NULL;
 }
 
-void li_cpu_packed_next(const li_cpu_packed *p, const uint8_t **data, size_t *bytes) {
+void li_cpu_arena_next(const void *data, size_t bytes, const uint8_t **next, size_t *next_bytes) {
     /* the chunk always has room for the header after the last allocation;
      * with no successor (yet, or any more) it reads 0 */
-    const uint8_t *end = p->data + p->panel_bytes * (size_t)p->n_panels;
-    *bytes = (size_t)__atomic_load_n((const uint64_t *)end, __ATOMIC_RELAXED);
-    *data = end + ARENA_HDR;
+    const uint8_t *end = (const uint8_t *)data + ((bytes + 63) & ~(size_t)63);
+    *next_bytes = (size_t)__atomic_load_n((const uint64_t *)end, __ATOMIC_RELAXED);
+    *next = end + ARENA_HDR;
+}
+
+void li_cpu_packed_next(const li_cpu_packed *p, const uint8_t **data, size_t *bytes) {
+    li_cpu_arena_next(p->data, p->panel_bytes * (size_t)p->n_panels, data, bytes);
 }
 
 /* ------------------------------------------------------------------------

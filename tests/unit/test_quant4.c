@@ -208,6 +208,8 @@ static void test_kernels(void) {
         /* A8 panels of 16 rows: m not a multiple of 16, k a multiple of 8 but not of 64 */
         {LI_SCHEME_AWQ, LI_ACT_F32, 168, 53, 32, false},   {LI_SCHEME_INT4, LI_ACT_F32, 232, 67, 0, false},
         {LI_SCHEME_GPTQ, LI_ACT_F32, 392, 50, 128, true},  {LI_SCHEME_AWQ, LI_ACT_F32, 72, 33, 8, false},
+        /* A8 groups inside the panel stream: a last group of one chunk, 5 full panels (4 + 1 at decode) */
+        {LI_SCHEME_GPTQ, LI_ACT_F32, 328, 80, 64, true},
     };
     const int64_t ns[] = {1, 2, 3, 5, 17, 70};
     const char *isas[] = {"scalar", "avx2", "avx512"};
