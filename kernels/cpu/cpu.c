@@ -120,15 +120,6 @@ static int cpus_online(void) {
  * whatever the tile, so neither n nor the thread split changes a bit of it.
  * ---------------------------------------------------------------------- */
 
-/* A prefetch into L2 that the compiler keeps (GCC may drop a loop of
- * nothing but __builtin_prefetch as a loop without effects). */
-static inline void prefetch_l2(const void *p) {
-#if defined(__x86_64__) || defined(__i386__)
-    __asm__ volatile("prefetcht1 %0" : : "m"(*(const char *)p));
-#else
-    __builtin_prefetch(p, 0, 2);
-#endif
-}
 
 #define LI_CPU_MAX_PARTS 4
 
@@ -217,7 +208,7 @@ static void matmul_work(void *p, int ith, int nth) {
          * its lane of the next weight, which would otherwise begin cold. */
         if (d == 0 && j->next_data && ith < L)
             for (size_t o = 0; o < LI_GEMV_PREFETCH; o += 64)
-                prefetch_l2((const char *)j->next_data + j->next_bytes * (size_t)ith / (size_t)L + o);
+                li_cpu_prefetch_l2((const char *)j->next_data + j->next_bytes * (size_t)ith / (size_t)L + o);
     }
 }
 
@@ -485,8 +476,8 @@ static void attn_item_prefetch(const attn_tile_job *j, int64_t t) {
     for (int64_t p = 0; p < LI_MIN(n_max, (int64_t)ATT_ITEM_PF); p++) {
         const char *k = li_kv_walk_next(&kw), *v = li_kv_walk_next(&vw);
         for (size_t o = 0; o < bytes; o += 64) {
-            prefetch_l2(k + o);
-            prefetch_l2(v + o);
+            li_cpu_prefetch_l2(k + o);
+            li_cpu_prefetch_l2(v + o);
         }
     }
 }

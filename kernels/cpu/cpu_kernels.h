@@ -74,6 +74,16 @@ typedef struct li_cpu_lanes {
     } next[LI_CPU_MAX_LANES];       /* next item of each lane */
 } li_cpu_lanes;
 
+/* A prefetch into L2 that the compiler keeps (GCC may drop a loop of
+ * nothing but __builtin_prefetch as a loop without effects). */
+static inline void li_cpu_prefetch_l2(const void *p) {
+#if defined(__x86_64__) || defined(__i386__)
+    __asm__ volatile("prefetcht1 %0" : : "m"(*(const char *)p));
+#else
+    __builtin_prefetch(p, 0, 2);
+#endif
+}
+
 static inline void li_cpu_lanes_init(li_cpu_lanes *l, int64_t n_items, int nth) {
     l->n_items = n_items;
     const int64_t n = nth < LI_CPU_MAX_LANES ? nth : LI_CPU_MAX_LANES;

@@ -207,14 +207,6 @@ typedef struct {
     size_t next_bytes;
 } q4g_job;
 
-/* A prefetch into L2 that the compiler keeps (as cpu.c's). */
-static inline void prefetch_l2(const void *p) {
-#if defined(__x86_64__) || defined(__i386__)
-    __asm__ volatile("prefetcht1 %0" : : "m"(*(const char *)p));
-#else
-    __builtin_prefetch(p, 0, 2);
-#endif
-}
 
 static void q4g_prep_work(void *ctx, int ith, int nth) {
     q4g_job *j = ctx;
@@ -259,7 +251,7 @@ static void q4g_work(void *ctx, int ith, int nth) {
          * of the next weight, which would otherwise begin cold */
         if (d == 0 && j->next_data && ith < L)
             for (size_t o = 0; o < LI_GEMV_PREFETCH; o += 64)
-                prefetch_l2((const char *)j->next_data + j->next_bytes * (size_t)ith / (size_t)L + o);
+                li_cpu_prefetch_l2((const char *)j->next_data + j->next_bytes * (size_t)ith / (size_t)L + o);
     }
 }
 
