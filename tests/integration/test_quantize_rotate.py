@@ -193,6 +193,7 @@ def test_rotate_signal_leaves_no_temporary(luainfer_bin, models, tmp_path):
     """SIGTERM or SIGINT while `quantize --rotate` works on its rotated copy
     (a temporary file beside the output, for the whole calibration): the
     process dies by the signal and leaves neither the copy nor an output."""
+    import glob
     import signal
     import subprocess
     import time
@@ -209,7 +210,22 @@ def test_rotate_signal_leaves_no_temporary(luainfer_bin, models, tmp_path):
         time.sleep(0.5)  # into the calibration on it
         assert p.poll() is None, "quantize ended before the signal: " + p.stderr.read()[-2000:]
         p.send_signal(sig)
-        p.wait(timeout=60)
+        try:
+            p.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            # seen once under a loaded `make test`: say what the process was doing
+            info = []
+            for f in [f"/proc/{p.pid}/status"] + sorted(glob.glob(f"/proc/{p.pid}/task/*/stat")):
+                try:
+                    text = open(f).read()
+                except OSError:
+                    continue
+                info.append(f + ": " + (" ".join(x for x in text.splitlines() if x.split(":")[0] in
+                                                 ("State", "SigPnd", "ShdPnd", "SigBlk", "SigIgn", "SigCgt"))
+                                        if f.endswith("status") else text.split(")")[-1][:40]))
+            p.kill()
+            p.wait()
+            raise AssertionError(f"quantize still ran 60 s after signal {int(sig)}:\n" + "\n".join(info))
         assert p.returncode == -sig, (p.returncode, p.stderr.read()[-2000:])
         p.stderr.close()
         assert not list(tmp_path.iterdir()), sorted(x.name for x in tmp_path.iterdir())
