@@ -166,34 +166,24 @@ static int draft_sync(li_engine *e, int32_t ns, li_error *err) {
         memcpy(e->b_tables + (size_t)i * stride, e->sp.sreq[i]->seq.blocks,
                (size_t)e->sp.sreq[i]->seq.n_blocks * sizeof *e->b_tables);
     const double t0 = li_time_now();
-    const int64_t cap = e->draft.fw.cap;
-    int64_t n = 0;
+    li_batch b = {.tokens = e->b_tokens, .pos = e->b_pos, .seq = e->b_seq, .slot = e->b_slot,
+                  .block_table = e->b_tables, .n_seqs = ns, .bt_stride = stride, .no_logits = true};
     int rc = 0;
     for (int32_t i = 0; i < ns && !rc; i++) {
         const req *r = e->sp.sreq[i];
         for (int64_t p = r->d_valid; p < r->n_toks - 1 && !rc; p++) {
-            e->b_tokens[n] = r->toks[p];
-            e->b_pos[n] = (int32_t)p;
-            e->b_seq[n] = i;
-            e->b_slot[n] = li_kv_seq_slot(&e->tgt.kv, &r->seq, p);
-            const bool last = i == ns - 1 && p == r->n_toks - 2;
-            if (++n < cap && !last) continue;
-            li_batch b = {.n = n, .tokens = e->b_tokens, .pos = e->b_pos, .seq = e->b_seq, .slot = e->b_slot,
-                          .block_table = e->b_tables, .n_seqs = ns, .bt_stride = stride, .no_logits = true};
-            rc = li_runner_run(&e->draft, &b, err);
-            n = 0;
+            e->b_tokens[b.n] = r->toks[p];
+            e->b_pos[b.n] = (int32_t)p;
+            e->b_seq[b.n] = i;
+            e->b_slot[b.n] = li_kv_seq_slot(&e->tgt.kv, &r->seq, p);
+            if (++b.n == e->draft.fw.cap) rc = li_runner_run(&e->draft, &b, err), b.n = 0;
         }
     }
-    /* a seq whose positions are all computed can end the list: flush */
-    if (!rc && n) {
-        li_batch b = {.n = n, .tokens = e->b_tokens, .pos = e->b_pos, .seq = e->b_seq, .slot = e->b_slot,
-                      .block_table = e->b_tables, .n_seqs = ns, .bt_stride = stride, .no_logits = true};
-        rc = li_runner_run(&e->draft, &b, err);
-    }
+    if (!rc && b.n) rc = li_runner_run(&e->draft, &b, err);
     e->st.time_draft_sync += li_time_now() - t0;
     if (rc) return rc;
     e->st.draft_sync_tokens += todo;
-    for (int32_t i = 0; i < ns; i++) e->sp.sreq[i]->d_valid = LI_MAX(e->sp.sreq[i]->d_valid, e->sp.sreq[i]->n_toks - 1);
+    for (int32_t i = 0; i < ns; i++) e->sp.sreq[i]->d_valid = e->sp.sreq[i]->n_toks - 1;
     return 0;
 }
 

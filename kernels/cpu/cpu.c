@@ -202,13 +202,8 @@ static void matmul_work(void *p, int ith, int nth) {
     for (int d = 0; d < L; d++) {
         const int lane = (ith + d) % L;
         for (int64_t t; (t = li_cpu_lanes_claim(&j->lanes, lane)) >= 0;) matmul_item(j, t);
-        /* Decode streams every weight from memory once per token, and the
-         * GEMV kernel prefetches only LI_GEMV_PREFETCH bytes ahead of itself:
-         * once its own lane is done, a thread warms (into L2) the start of
-         * its lane of the next weight, which would otherwise begin cold. */
-        if (d == 0 && j->next_data && ith < L)
-            for (size_t o = 0; o < LI_GEMV_PREFETCH; o += 64)
-                li_cpu_prefetch_l2((const char *)j->next_data + j->next_bytes * (size_t)ith / (size_t)L + o);
+        /* the GEMV kernel prefetches only LI_GEMV_PREFETCH bytes ahead */
+        if (d == 0) li_cpu_warm_lane(j->next_data, j->next_bytes, ith, L, LI_GEMV_PREFETCH);
     }
 }
 

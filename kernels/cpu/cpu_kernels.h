@@ -84,6 +84,16 @@ static inline void li_cpu_prefetch_l2(const void *p) {
 #endif
 }
 
+/* Decode streams every weight from memory once per token and the kernels
+ * prefetch only a little ahead of themselves: a thread done with its own
+ * lane (of L) warms into L2 the start of its lane of the next weight
+ * (next_bytes at next, li_cpu_arena_next's), which would otherwise begin
+ * cold. */
+static inline void li_cpu_warm_lane(const uint8_t *next, size_t next_bytes, int ith, int L, size_t ahead) {
+    if (!next || ith >= L) return;
+    for (size_t o = 0; o < ahead; o += 64) li_cpu_prefetch_l2((const char *)next + next_bytes * (size_t)ith / (size_t)L + o);
+}
+
 static inline void li_cpu_lanes_init(li_cpu_lanes *l, int64_t n_items, int nth) {
     l->n_items = n_items;
     const int64_t n = nth < LI_CPU_MAX_LANES ? nth : LI_CPU_MAX_LANES;

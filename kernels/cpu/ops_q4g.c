@@ -207,7 +207,6 @@ typedef struct {
     size_t next_bytes;
 } q4g_job;
 
-
 static void q4g_prep_work(void *ctx, int ith, int nth) {
     q4g_job *j = ctx;
     for (;;) {
@@ -246,12 +245,8 @@ static void q4g_work(void *ctx, int ith, int nth) {
     const int L = j->lanes.n;
     for (int d = 0; d < L; d++) {
         for (int64_t t; (t = li_cpu_lanes_claim(&j->lanes, (ith + d) % L)) >= 0;) q4g_item(j, t);
-        /* as cpu.c's matmul: the kernel prefetches only a few panels ahead,
-         * so a thread done with its own lane warms the start of its lane
-         * of the next weight, which would otherwise begin cold */
-        if (d == 0 && j->next_data && ith < L)
-            for (size_t o = 0; o < LI_GEMV_PREFETCH; o += 64)
-                li_cpu_prefetch_l2((const char *)j->next_data + j->next_bytes * (size_t)ith / (size_t)L + o);
+        /* the kernel prefetches only a few panels ahead */
+        if (d == 0) li_cpu_warm_lane(j->next_data, j->next_bytes, ith, L, LI_GEMV_PREFETCH);
     }
 }
 
