@@ -201,7 +201,11 @@ def test_rotate_signal_leaves_no_temporary(luainfer_bin, models, tmp_path):
         out = tmp_path / f"sig{int(sig)}.gguf"
         p = subprocess.Popen([str(luainfer_bin), "quantize", "--method", "w8a8", "--rotate", "--gptq", "--calib", CALIB,
                               "--samples", "8", str(models["f16"]), str(out)], stdout=subprocess.DEVNULL,
-                             stderr=subprocess.PIPE, text=True)
+                             stderr=subprocess.PIPE, text=True,
+                             # a background `make test` (cmd &) ignores SIGINT, and an ignored
+                             # signal is inherited (tmpguard rightly leaves it ignored)
+                             preexec_fn=lambda: (signal.signal(signal.SIGINT, signal.SIG_DFL),
+                                                 signal.signal(signal.SIGTERM, signal.SIG_DFL)))
         deadline = time.monotonic() + 120
         # the rotated copy, written and renamed (not the writer's own temporary)
         copy = tmp_path / f"{out.name}.rot.tmp.{p.pid}"
