@@ -11,6 +11,7 @@
  *                                             sequences in lockstep (2 threads,
  *                                             F16 KV): time per op per step
  *      build/bench_kernels --q4 [threads] [rounds]
+ *      build/bench_kernels --q4-stream [threads] [rounds]
  *                                             4-bit group weights (AWQ layout,
  *                                             group 64) run A16 and A8 against
  *                                             Q4_1, side by side, alternating
@@ -461,6 +462,71 @@ Q4_PORTABLE static int q4_main(int n_threads, int rounds) {
     return 0;
 }
 
+/* --q4-stream: decode (n = 1) as the model meets it, the weights streamed
+ * from memory: a ring of distinct weights of one shape, over 96 MiB of
+ * 4-bit codes in all (three times this machine's L3 and more), one matmul
+ * after the other in the order they were prepared (the arena's, as a
+ * model's layers are). Q4_1 and A8 alternate, a whole pass each. */
+#define Q4_STREAM_BYTES ((size_t)96 << 20)
+
+Q4_PORTABLE static int q4_stream_main(int n_threads, int rounds) {
+    li_error err = {0};
+    if (li_backend_cpu_init(&be, n_threads, "auto", &err)) {
+        fprintf(stderr, "%s\n", err.msg);
+        return 1;
+    }
+    printf("cpu backend: isa %s, %d threads; streamed weights, best of %d alternating passes\n",
+           li_backend_cpu_isa(&be), be.n_threads, rounds);
+    float *x = li_aligned_alloc(8 * 1536 * sizeof(float)), *y = li_aligned_alloc(8 * 1536 * sizeof(float));
+    for (int i = 0; i < 8 * 1536; i++) x[i] = rnd();
+    const int64_t shapes[][2] = {{1536, 576}, {576, 1536}, {576, 576}}; /* (m, k): gate/up, down, q/o */
+    for (size_t s = 0; s < LI_ARRAY_LEN(shapes); s++) {
+        const int64_t m = shapes[s][0], k = shapes[s][1];
+        const int nw = (int)(Q4_STREAM_BYTES / (size_t)(m * k / 2)) + 1;
+        li_weight *q41 = li_xmalloc((size_t)nw * sizeof *q41);
+        q4_weight *q = li_xmalloc((size_t)nw * sizeof *q);
+        for (int i = 0; i < nw; i++) q41[i] = q41_weight_new(k, m);
+        for (int i = 0; i < nw; i++) q4_weight_new(&q[i], k, m);
+        li_backend_cpu_set_q4_act(&be, LI_ACT_INT8, &err);
+        const int64_t ns[] = {1, 2, 3, 8};
+        for (size_t ni = 0; ni < LI_ARRAY_LEN(ns); ni++) {
+            const int64_t n = ns[ni];
+            double t[2] = {1e30, 1e30}; /* Q4_1, A8: ms per matmul */
+            for (int r = 0; r < rounds; r++) {
+                double t0 = li_time_now();
+                for (int i = 0; i < nw; i++) be.ops->matmul(&be, &q41[i], x, y, n);
+                t[0] = fmin(t[0], (li_time_now() - t0) / nw * 1e3);
+                t0 = li_time_now();
+                for (int i = 0; i < nw; i++) be.ops->matmul(&be, &q[i].w, x, y, n);
+                t[1] = fmin(t[1], (li_time_now() - t0) / nw * 1e3);
+            }
+            /* bytes per weight: Q4_1 20 per 32, A8 4-bit codes plus a zero and a scale (8 bytes) per group of 64 */
+            const double b41 = (double)(m * k) * 20 / 32, b8 = (double)(m * k) / 2 + (double)(m * k / 64) * 8;
+            printf("q4 stream m=%-5lld k=%-4lld n=%-2lld x%-4d q4_1 %7.4f ms (%5.1f GB/s)  a8 %7.4f ms (%5.1f GB/s, "
+                   "%.2fx q4_1)\n",
+                   (long long)m, (long long)k, (long long)n, nw, t[0], b41 / t[0] * 1e-6, t[1], b8 / t[1] * 1e-6,
+                   t[0] / t[1]);
+            char name[64];
+            snprintf(name, sizeof name, "stream m%lld k%lld n%lld", (long long)m, (long long)k, (long long)n);
+            cJSON *row = rec(name, "q4_1_ms", t[0]);
+            cJSON_AddNumberToObject(row, "a8_ms", t[1]);
+        }
+        for (int i = 0; i < nw; i++) {
+            be.ops->weight_release(&be, &q41[i]);
+            li_aligned_free((void *)q41[i].data);
+            be.ops->weight_release(&be, &q[i].w);
+            li_aligned_free(q[i].packed);
+            li_q4_result_free(&q[i].r);
+        }
+        free(q41);
+        free(q);
+    }
+    li_aligned_free(x);
+    li_aligned_free(y);
+    li_backend_cpu_free(&be);
+    return 0;
+}
+
 static int kernels_main(int argc, char **argv);
 
 int main(int argc, char **argv) {
@@ -473,6 +539,10 @@ int main(int argc, char **argv) {
         rc = q4_main(argc > 2 ? atoi(argv[2]) : 0, argc > 3 ? atoi(argv[3]) : 5);
         static const char *const v[] = {"q4_1_ms", "a16_ms", "a8_ms"};
         li_bench_results_chart_n(&res, "name", v, 3, "ms per matmul", "4-bit group weights against Q4_1", true);
+    } else if (argc > 1 && !strcmp(argv[1], "--q4-stream")) {
+        rc = q4_stream_main(argc > 2 ? atoi(argv[2]) : 0, argc > 3 ? atoi(argv[3]) : 5);
+        static const char *const v[] = {"q4_1_ms", "a8_ms"};
+        li_bench_results_chart_n(&res, "name", v, 2, "ms per matmul", "4-bit decode from memory against Q4_1", true);
     } else if (argc > 1 && !strcmp(argv[1], "--forward")) {
         rc = forward_main(argc > 2 ? atoi(argv[2]) : 1, argc > 3 ? atoi(argv[3]) : 128);
         li_bench_results_chart(&res, "name", "ms_per_step", "ms per step", "a decode step, op by op", false);

@@ -306,7 +306,7 @@ static void q4g_run(const li_q4g_kernels *kern, li_threadpool *tp, int nth, li_q
         *pt = (q4g_part){.w = w[i], .p = li_q4g_packed_of(w[i]), .y = y[i]};
         pt->units = (w[i]->m + LI_PANEL - 1) / LI_PANEL;
         int64_t chunk = (pt->units * n_tiles + want - 1) / want;
-        if (n < 4) chunk = (chunk + 1) & ~(int64_t)1; /* the A8 kernels' multi-panel blocks: 1 panel is latency-bound */
+        if (n < 4) chunk = (chunk + 1) & ~(int64_t)1; /* AVX2 A8's multi-panel blocks: 1 panel is latency-bound */
         pt->chunk = LI_MAX(LI_MIN(chunk, pt->units), 1);
         pt->n_chunks = (pt->units + pt->chunk - 1) / pt->chunk;
         pt->item0 = j.n_items;
