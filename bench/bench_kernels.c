@@ -11,7 +11,7 @@
  *                                             sequences in lockstep (2 threads,
  *                                             F16 KV): time per op per step
  *      build/bench_kernels --q4 [threads] [rounds]
- *      build/bench_kernels --q4-stream [threads] [rounds]
+ *      build/bench_kernels --q4-stream [threads] [rounds] [isa]
  *                                             4-bit group weights (AWQ layout,
  *                                             group 64) run A16 and A8 against
  *                                             Q4_1, side by side, alternating
@@ -469,9 +469,9 @@ Q4_PORTABLE static int q4_main(int n_threads, int rounds) {
  * model's layers are). Q4_1 and A8 alternate, a whole pass each. */
 #define Q4_STREAM_BYTES ((size_t)96 << 20)
 
-Q4_PORTABLE static int q4_stream_main(int n_threads, int rounds) {
+Q4_PORTABLE static int q4_stream_main(int n_threads, int rounds, const char *isa) {
     li_error err = {0};
-    if (li_backend_cpu_init(&be, n_threads, "auto", &err)) {
+    if (li_backend_cpu_init(&be, n_threads, isa, &err)) {
         fprintf(stderr, "%s\n", err.msg);
         return 1;
     }
@@ -540,7 +540,7 @@ int main(int argc, char **argv) {
         static const char *const v[] = {"q4_1_ms", "a16_ms", "a8_ms"};
         li_bench_results_chart_n(&res, "name", v, 3, "ms per matmul", "4-bit group weights against Q4_1", true);
     } else if (argc > 1 && !strcmp(argv[1], "--q4-stream")) {
-        rc = q4_stream_main(argc > 2 ? atoi(argv[2]) : 0, argc > 3 ? atoi(argv[3]) : 5);
+        rc = q4_stream_main(argc > 2 ? atoi(argv[2]) : 0, argc > 3 ? atoi(argv[3]) : 5, argc > 4 ? argv[4] : "auto");
         static const char *const v[] = {"q4_1_ms", "a8_ms"};
         li_bench_results_chart_n(&res, "name", v, 2, "ms per matmul", "4-bit decode from memory against Q4_1", true);
     } else if (argc > 1 && !strcmp(argv[1], "--forward")) {

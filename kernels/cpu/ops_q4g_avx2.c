@@ -149,8 +149,10 @@ static inline __attribute__((always_inline)) void a8_block(const li_q4g_packed *
                 }
                 #pragma GCC unroll 4
                 for (int a = 0; a < NP; a++) {
-                    const __m256i b = _mm256_loadu_si256(
-                        (const __m256i *)(li_q4g_a8_group(p, (p8 + a) / 2, g) + (t - t0) * 64 + (p8 + a) % 2 * 32));
+                    const uint8_t *src = li_q4g_a8_group(p, (p8 + a) / 2, g) + (t - t0) * 64 + (p8 + a) % 2 * 32;
+                    /* decode streams from memory: run ahead of the hardware prefetcher (a line per 16-row panel) */
+                    if (NR == 1 && (p8 + a) % 2 == 0) _mm_prefetch((const char *)src + LI_GEMV_PREFETCH, _MM_HINT_T0);
+                    const __m256i b = _mm256_loadu_si256((const __m256i *)src);
                     const __m256i lo = _mm256_and_si256(b, m4), hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), m4);
                     #pragma GCC unroll 4
                     for (int i = 0; i < NR; i++) {
