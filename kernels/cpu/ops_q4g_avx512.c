@@ -8,7 +8,7 @@
  * code: no shift) into a sum of their own, which is divided by 16 once per
  * group (exact: every term is a multiple of 16; |sum| <= 240 * 127 * gs / 2
  * fits in int32 for any gs below 2^17); with 4 rows or more they are
- * shifted down instead and share the low ones' sum. vpdpbusd multiplies them (unsigned)
+ * shifted down instead (and at 7-8 rows share the low ones' sum). vpdpbusd multiplies them (unsigned)
  * with a broadcast word of 4 activation codes (signed) and adds the four
  * products. A group's integer sum is then lo + hi / 16 - zero * xsum and
  * the float steps are the reference's: acc = acc + scale * (float)isum,
@@ -34,9 +34,9 @@ static inline __m512i dpbusd_b(__m512i acc, __m512i u, const uint8_t *s) {
     return acc;
 }
 
-/* NR (4..8) rows against panel pp. The high nibbles are shifted down, so
- * both products of a chunk go to one integer sum per row (NR sums hide
- * vpdpbusd's latency; two per row would not fit the 32 registers at 8).
+/* NR (4..8) rows against panel pp. The high nibbles are shifted down; up
+ * to 6 rows sum them apart from the low ones (two vpdpbusd chains per row),
+ * 7 and 8 into the same sum (two per row would not fit the 32 registers).
  * pf: the first pass over this panel, which prefetches ahead of itself */
 static inline __attribute__((always_inline)) void a8_panel(const li_q4g_packed *p, int64_t pp, const uint8_t *act,
                                                              size_t act_stride, const int NR, float *y, int64_t ldy,
@@ -59,9 +59,9 @@ static inline __attribute__((always_inline)) void a8_panel(const li_q4g_packed *
             __asm__ volatile("prefetcht0 %0" : : "m"(*(zs + LI_GEMV_PREFETCH)));
             __asm__ volatile("prefetcht0 %0" : : "m"(*(zs + LI_GEMV_PREFETCH + 64)));
         }
-        __m512i sm[8];
+        __m512i sm[8], sh[8]; /* sh: the high nibbles' own sums, up to 6 rows */
 #pragma GCC unroll 8
-        for (int i = 0; i < NR; i++) sm[i] = _mm512_setzero_si512();
+        for (int i = 0; i < NR; i++) sm[i] = sh[i] = _mm512_setzero_si512();
         for (int64_t t = t0; t < t1; t++) {
             const uint8_t *src = grp + (t - t0) * 64;
             if (pf) __asm__ volatile("prefetcht0 %0" : : "m"(*(src + LI_GEMV_PREFETCH)));
@@ -71,13 +71,15 @@ static inline __attribute__((always_inline)) void a8_panel(const li_q4g_packed *
             for (int i = 0; i < NR; i++) {
                 const uint8_t *ai = act + (size_t)i * act_stride + t * 8;
                 sm[i] = dpbusd_b(sm[i], lo, ai);
-                sm[i] = dpbusd_b(sm[i], hi, ai + 4);
+                if (NR <= 6) sh[i] = dpbusd_b(sh[i], hi, ai + 4);
+                else sm[i] = dpbusd_b(sm[i], hi, ai + 4);
             }
         }
         const __m512i z = _mm512_load_si512(zs);
         const __m512 s = _mm512_load_ps((const float *)(zs + 64));
 #pragma GCC unroll 8
         for (int i = 0; i < NR; i++) {
+            if (NR <= 6) sm[i] = _mm512_add_epi32(sm[i], sh[i]);
             const __m512i d = _mm512_sub_epi32(sm[i], _mm512_mullo_epi32(z, _mm512_set1_epi32(xsum[i][g])));
             acc[i] = _mm512_add_ps(acc[i], _mm512_mul_ps(s, _mm512_cvtepi32_ps(d)));
         }
@@ -178,9 +180,11 @@ static void avx512_a8(const li_weight *w, const li_q4g_packed *p, int64_t r0, in
         else a8_gemv(p, q0, q1, act, act_stride, 3, y, ldy);
         return;
     }
-    /* groups of at most 8 rows, as even as possible (12 = 6 + 6, not 8 + 4);
-     * the first group streams the weights, the others find them in L2 */
-    const int64_t groups = (n + 7) / 8;
+    /* 4-8 rows in one group (one pass over the weights); more in groups of
+     * at most 6, as even as possible (the two sums per row keep vpdpbusd's
+     * latency hidden where the products are compute-bound). The first
+     * group streams the weights, the others find them in L2 */
+    const int64_t groups = n <= 8 ? 1 : (n + 5) / 6;
     for (int64_t gi = 0, i = 0; gi < groups; gi++) {
         const int64_t nr = (n - i + (groups - gi) - 1) / (groups - gi);
         const uint8_t *a = act + (size_t)i * act_stride;
