@@ -11,7 +11,10 @@
 --   3. + prefix caching;
 --   4. + speculation: n-gram (prompt lookup), k 8, at any batch size
 --      (spec_disable_batch 0);
---   5. + W8A8: the same settings on W8A8.gguf (`luainfer quantize --method
+--   5. the same speculation chosen by policies/spec_adaptive.lua (n-gram,
+--      k from acceptance and the measured step costs, off where it would
+--      slow the batch);
+--   6. + W8A8: row 5's settings on W8A8.gguf (`luainfer quantize --method
 --      w8a8` of the model's f16 expansion, docs/quantization.md). Without
 --      the third argument the row is skipped, saying why.
 --
@@ -24,9 +27,9 @@
 -- Each round runs every row once, the starting row rotating from round to
 -- round so no row always runs first; a row's ratio is taken to row 1 of the
 -- same round, and the table shows the median tok/s and the median ratio.
--- Rows 1-4 run one model with batch-invariant kernels, so the program
--- asserts that their tokens are identical; row 5 is another model and only
--- counts the requests whose tokens equal row 4's. The load average (from
+-- Rows 1-5 run one model with batch-invariant kernels, so the program
+-- asserts that their tokens are identical; row 6 is another model and only
+-- counts the requests whose tokens equal row 5's. The load average (from
 -- /proc/loadavg) is printed at the start and the end: wall-clock ratios
 -- taken on a loaded machine are noise.
 --
@@ -78,16 +81,22 @@ end
 
 -- ---- the rows ----------------------------------------------------------------------
 local base = { max_batched_tokens = 512 }
+local root = arg[0]:match("^(.*)/bench/") or "."
+local ADAPTIVE = root .. "/policies/spec_adaptive.lua"
 local rows = {
   { name = "Q4_1 single stream", cfg = { max_num_seqs = 1, prefix_caching = false } },
   { name = "+ continuous batching", cfg = { max_num_seqs = SEQS, prefix_caching = false } },
   { name = "+ prefix caching", cfg = { max_num_seqs = SEQS, prefix_caching = true } },
   { name = "+ speculation (n-gram k8)", cfg = { max_num_seqs = SEQS, prefix_caching = true, spec_tokens = 8,
                                               spec_method = "ngram", spec_disable_batch = 0 } },
+  { name = "+ speculation (adaptive)", cfg = { max_num_seqs = SEQS, prefix_caching = true, spec_tokens = 8,
+                                             spec_method = "ngram", spec_disable_batch = 0, policy = ADAPTIVE } },
 }
+local SAME = #rows -- the rows that run the one model
 if W8A8 then
   rows[#rows + 1] = { name = "+ W8A8", cfg = { max_num_seqs = SEQS, prefix_caching = true, spec_tokens = 8,
-                                               spec_method = "ngram", spec_disable_batch = 0, model = W8A8 } }
+                                               spec_method = "ngram", spec_disable_batch = 0, policy = ADAPTIVE,
+                                               model = W8A8 } }
 end
 
 local function run(row)
@@ -126,7 +135,7 @@ for round = 1, ROUNDS do
     progress:step()
   end
   ref = ref or got[1][1].toks
-  for ri = 1, math.min(4, #rows) do
+  for ri = 1, SAME do
     for i = 1, N do
       assert(got[ri][round].toks[i] == ref[i], ("round %d, %s: request %d's tokens differ from the single stream's")
         :format(round, rows[ri].name, i))
@@ -149,18 +158,18 @@ for ri, row in ipairs(rows) do
   local o = { name = row.name, tok_s = median(tps), ratio = median(ratios), rounds_tok_s = tps, rounds_ratio = ratios,
               computed = last.computed, prefix_hit_tokens = last.hit, drafted = last.drafted, accepted = last.accepted, steps = last.steps,
               tokens = last.tokens }
-  if ri == 5 then
+  if ri > SAME then
     local same = 0
-    for i = 1, N do same = same + (last.toks[i] == got[4][ROUNDS].toks[i] and 1 or 0) end
-    o.same_tokens_as_row4 = same
+    for i = 1, N do same = same + (last.toks[i] == got[SAME][ROUNDS].toks[i] and 1 or 0) end
+    o.same_tokens_as_row5 = same
   end
   out[#out + 1] = o
   print(("%-28s %10.1f %7.2fx %9d %12d %14s %7d%s"):format(row.name, o.tok_s, o.ratio, o.computed, o.prefix_hit_tokens,
     o.drafted > 0 and ("%d/%d (%.0f%%)"):format(o.accepted, o.drafted, 100 * o.accepted / o.drafted) or "-",
-    o.steps, o.same_tokens_as_row4 and ("  (%d of %d requests as row 4)"):format(o.same_tokens_as_row4, N) or ""))
+    o.steps, o.same_tokens_as_row5 and ("  (%d of %d requests as row 5)"):format(o.same_tokens_as_row5, N) or ""))
 end
 print(("rows 1-%d: every request's tokens identical to the single stream's; load average %s at the end")
-  :format(math.min(4, #rows), load_end))
+  :format(SAME, load_end))
 bench.finish(opts, { bench = "stack", requests = N, seqs = SEQS, max_tokens = MAX, rounds = ROUNDS, w8a8 = W8A8,
                      load_start = load_start, load_end = load_end, rows = out,
                      chart = { label = "name", values = { "tok_s" }, ylabel = "tokens/s (median of rounds)",
