@@ -30,6 +30,12 @@
 -- the mean over the batch) and its ratio to off, the acceptance, and the
 -- end-to-end ratio (all tokens over the run's time, prefill included).
 -- Settings alternate within each round; the fastest run of each is kept.
+-- A second table prices every run on one model clock: each forward pass
+-- by its row count at the median cost of that count over the whole
+-- benchmark, plus the run's measured time outside the target's forward
+-- (proposing, the draft's catch-up, the policy), so it compares what the
+-- settings decided without the machine's load in between (--json: each
+-- row's model_ratio).
 -- Greedy runs assert the tokens of speculation off.
 --
 -- --medusa FILE (with proposers) adds Medusa heads (method medusa, the
@@ -150,6 +156,14 @@ local function proposers_bench(layers, draft)
                                 medusa = not draft and medusa or nil,
                                 medusa_tree = not draft and medusa_tree or nil, policy = f } }
   end
+  -- The model clock: every target forward pass of every run is timed by
+  -- its row count (tokens computed in the step); at the end each count's
+  -- cost is the median over the whole benchmark, and a run's modelled time
+  -- is the sum of its steps' costs plus what it spent outside the target's
+  -- forward (proposing, the draft model's catch-up, the policy). Every
+  -- setting is priced from the one table, so the ratios say what the
+  -- decisions cost, not how loaded the machine was during that run.
+  local row_cost = {} -- [n] = { seconds of each forward pass of n rows }
   local function one(kind, seqs, temp, set)
     local cfg = { max_num_seqs = seqs, max_batched_tokens = 512, spec_disable_batch = 0 }
     for k, v in pairs(set.cfg) do cfg[k] = v end
@@ -162,7 +176,21 @@ local function proposers_bench(layers, draft)
       ids[i] = e:add{ prompt = p, max_tokens = MAX, temperature = temp, seed = 7 + i,
                       speculation = temp > 0 and set.spec or nil }
     end
-    e:run()
+    local hist, extra, s0 = {}, 0, e:stats()
+    while e:has_work() do
+      e:step()
+      local s1 = e:stats()
+      local rows = s1.tokens_computed - s0.tokens_computed
+      if rows > 0 then
+        hist[rows] = (hist[rows] or 0) + 1
+        local c = row_cost[rows] or {}
+        c[#c + 1] = s1.time_forward - s0.time_forward
+        row_cost[rows] = c
+      end
+      extra = extra + (s1.time_propose - s0.time_propose) + (s1.time_draft_sync - s0.time_draft_sync) +
+              (s1.time_policy - s0.time_policy)
+      s0 = s1
+    end
     local s = e:stats()
     local toks, n = bench.outputs(e, ids)
     -- the decode rate a client sees (tokens after its first over the time
@@ -173,7 +201,8 @@ local function proposers_bench(layers, draft)
       dec = dec + (#r.tokens - 1) / math.max(r.latency - r.ttft, 1e-9) / seqs
     end
     e:close()
-    return { tput = n / s.time_total, dec = dec, drafted = s.spec_drafted, accepted = s.spec_accepted, toks = toks }
+    return { tput = n / s.time_total, dec = dec, drafted = s.spec_drafted, accepted = s.spec_accepted, toks = toks,
+             model = { hist = hist, extra = extra, tokens = n } }
   end
   print(("speculation by proposer: up to %d tokens per request (stopping at EOS), best of %d rounds; decode tok/s " ..
          "per request after its first token (ratio to off, acceptance) and the end-to-end ratio (prefill included)")
@@ -201,11 +230,13 @@ local function proposers_bench(layers, draft)
             -- the fastest round of each setting, on each measure
             local b = best[si]
             if not b then best[si] = { dec = r.dec, tput = r.tput, drafted = r.drafted, accepted = r.accepted,
-                                       toks = r.toks }
+                                       toks = r.toks, models = {} }
             else
               if r.dec > b.dec then b.dec, b.drafted, b.accepted = r.dec, r.drafted, r.accepted end
               b.tput = math.max(b.tput, r.tput)
             end
+            local bm = best[si].models
+            bm[#bm + 1] = r.model
           end
         end
         local cols = {}
@@ -214,7 +245,8 @@ local function proposers_bench(layers, draft)
           rows[#rows + 1] = { workload = kind, seqs = seqs, temperature = temp, setting = sets[si].name,
                               tok_s = b.dec, off_tok_s = off.dec, ratio = b.dec / off.dec,
                               e2e_tok_s = b.tput, off_e2e_tok_s = off.tput, e2e_ratio = b.tput / off.tput,
-                              drafted = b.drafted, accepted = b.accepted }
+                              drafted = b.drafted, accepted = b.accepted, models = b.models,
+                              off_models = off.models }
           cols[#cols + 1] = ("%-30s"):format(("%.1f (%.2fx, %.0f%%) e2e %.2fx"):format(b.dec, b.dec / off.dec,
             100 * b.accepted / math.max(b.drafted, 1), b.tput / off.tput))
         end
@@ -225,6 +257,41 @@ local function proposers_bench(layers, draft)
   end
   progress:done()
   print("greedy runs: every proposer's tokens were identical to speculation off")
+  -- the model clock's table, then each row's modelled ratio (the median over rounds)
+  local cost = {}
+  for n, c in pairs(row_cost) do cost[n] = bench.median(c) end
+  local function tput(m)
+    local t = m.extra
+    for n, count in pairs(m.hist) do t = t + count * cost[n] end
+    return m.tokens / t
+  end
+  local function model_ratio(r)
+    local off = {}
+    for i, m in ipairs(r.off_models) do off[i] = tput(m) end
+    local off_tput, xs = bench.median(off), {}
+    for i, m in ipairs(r.models) do xs[i] = tput(m) / off_tput end
+    return bench.median(xs)
+  end
+  local shown = {}
+  for _, n in ipairs({ 1, 2, 4, 8, 16, 32, 64 }) do
+    if cost[n] then shown[#shown + 1] = ("%d %.2f ms"):format(n, 1e3 * cost[n]) end
+  end
+  print(("model clock: the median forward pass by rows over the whole run (%s); end-to-end tok/s ratio to off, " ..
+         "median over rounds"):format(table.concat(shown, ", ")))
+  print(("%-8s %5s %4s | %s"):format("workload", "batch", "temp", table.concat(head, " ")))
+  local cols, last = {}, nil
+  for _, r in ipairs(rows) do
+    r.model_ratio = model_ratio(r)
+    local key = ("%-8s %5d %4.1f"):format(r.workload, r.seqs, r.temperature)
+    if last and key ~= last then
+      print(("%s | %s"):format(last, table.concat(cols, " ")))
+      cols = {}
+    end
+    last = key
+    cols[#cols + 1] = ("%-30s"):format(("%.2fx"):format(r.model_ratio))
+    r.models, r.off_models = nil, nil
+  end
+  if last then print(("%s | %s"):format(last, table.concat(cols, " "))) end
   bench.finish(opts, { bench = "spec", mode = "proposers", max_tokens = MAX, rounds = ROUNDS, rows = rows })
 end
 

@@ -274,9 +274,14 @@ def test_bench_spec_proposers(run_ok, model_path, tmp_path):
                     "--out", str(heads), "--heads", "3", "--init", "zero"], check=True, capture_output=True)
     out = bench(run_ok, "spec", "6", "1", "proposers", "29", "--quick", "--medusa", str(heads), "--json", str(js))
     assert "every proposer's tokens were identical to speculation off" in out
-    assert re.findall(r"^(rewrite|json|code|story)\s+1\s+0\.0 \|", out, re.M) == ["rewrite", "json", "code", "story"]
+    kinds = ["rewrite", "json", "code", "story"]
+    assert re.findall(r"^(rewrite|json|code|story)\s+1\s+0\.0 \|\s+[\d.]+ \|", out, re.M) == kinds
+    # the model clock's table: a ratio per setting on every workload's line
+    assert "model clock: the median forward pass by rows" in out
+    assert re.findall(r"^(rewrite|json|code|story)\s+1\s+0\.0 \|(?:\s+[\d.]+x){4}\s*$", out, re.M) == kinds
     r = json.loads(js.read_text())
     assert r["mode"] == "proposers" and len(r["rows"]) == 4 * 4
+    assert all(row["model_ratio"] > 0 for row in r["rows"])
     assert {row["setting"] for row in r["rows"]} == {"ngram k8", "layerskip29 k3", "medusa", "adaptive"}
     for row in r["rows"]:
         assert row["ratio"] == pytest.approx(row["tok_s"] / row["off_tok_s"])
@@ -299,6 +304,11 @@ def test_bench_spec_policies_side_by_side(run_ok, luainfer_bin, tmp_path):
     r = json.loads(js.read_text())
     assert {row["setting"] for row in r["rows"]} == {"ngram k8", "layerskip29 k3", "adapt_a", "never"}
     assert all(row["drafted"] == 0 for row in r["rows"] if row["setting"] == "never")
+    # a policy that never drafts runs off's forward passes: the model clock
+    # prices them the same (wall-clock ratios of such rows swing +-8%)
+    for row in r["rows"]:
+        if row["setting"] == "never":
+            assert row["model_ratio"] == pytest.approx(1.0, rel=0.05), row
     missing = subprocess.run([str(luainfer_bin), "bench", "spec", "6", "1", "proposers", "29", "--quick",
                               "--policy", str(tmp_path / "nope.lua")], capture_output=True, text=True, timeout=60)
     assert missing.returncode != 0 and "nope.lua: cannot open the file" in missing.stderr
