@@ -34,6 +34,22 @@ static inline __m512i dpbusd_b(__m512i acc, __m512i u, const uint8_t *s) {
     return acc;
 }
 
+/* A group's float step, the reference's: acc + scale * (float)(isum - zero * xsum) */
+static inline __m512 group_add(__m512 acc, __m512i isum, __m512i z, __m512 s, int32_t xsum) {
+    return _mm512_add_ps(acc, _mm512_mul_ps(s, _mm512_cvtepi32_ps(_mm512_sub_epi32(
+                                                   isum, _mm512_mullo_epi32(z, _mm512_set1_epi32(xsum))))));
+}
+
+/* y[i][16pp + l] = acc[i] * s_x[i] for the valid rows l of panel pp */
+static inline __attribute__((always_inline)) void store_panel(const li_q4g_packed *p, int64_t pp, const __m512 *acc,
+                                                              const float *sx, const int NR, float *y, int64_t ldy) {
+    const int64_t left = p->m - pp * LI_PANEL;
+    const __mmask16 mask = left >= LI_PANEL ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
+#pragma GCC unroll 8
+    for (int i = 0; i < NR; i++)
+        _mm512_mask_storeu_ps(y + i * ldy + pp * LI_PANEL, mask, _mm512_mul_ps(acc[i], _mm512_set1_ps(sx[i])));
+}
+
 /* NR (4..8) rows against panel pp. The high nibbles are shifted down; up
  * to 6 rows sum them apart from the low ones (two vpdpbusd chains per row),
  * 7 and 8 into the same sum (two per row would not fit the 32 registers).
@@ -78,17 +94,10 @@ static inline __attribute__((always_inline)) void a8_panel(const li_q4g_packed *
         const __m512i z = _mm512_load_si512(zs);
         const __m512 s = _mm512_load_ps((const float *)(zs + 64));
 #pragma GCC unroll 8
-        for (int i = 0; i < NR; i++) {
-            if (NR <= 6) sm[i] = _mm512_add_epi32(sm[i], sh[i]);
-            const __m512i d = _mm512_sub_epi32(sm[i], _mm512_mullo_epi32(z, _mm512_set1_epi32(xsum[i][g])));
-            acc[i] = _mm512_add_ps(acc[i], _mm512_mul_ps(s, _mm512_cvtepi32_ps(d)));
-        }
+        for (int i = 0; i < NR; i++)
+            acc[i] = group_add(acc[i], NR <= 6 ? _mm512_add_epi32(sm[i], sh[i]) : sm[i], z, s, xsum[i][g]);
     }
-    const int64_t left = p->m - pp * LI_PANEL;
-    const __mmask16 mask = left >= LI_PANEL ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
-#pragma GCC unroll 8
-    for (int i = 0; i < NR; i++)
-        _mm512_mask_storeu_ps(y + i * ldy + pp * LI_PANEL, mask, _mm512_mul_ps(acc[i], _mm512_set1_ps(sx[i])));
+    store_panel(p, pp, acc, sx, NR, y, ldy);
 }
 
 /* Decode: NR (1..3) rows against panels [q0, q1), one panel after the
@@ -119,12 +128,14 @@ static inline __attribute__((always_inline)) void a8_gemv(const li_q4g_packed *p
             __m512i l0[3], l1[3], h0[3], h1[3];
 #pragma GCC unroll 3
             for (int i = 0; i < NR; i++) l0[i] = l1[i] = h0[i] = h1[i] = _mm512_setzero_si512();
-            int64_t t = t0;
-            for (; t + 2 <= t1; t += 2) {
+            for (int64_t t = t0; t < t1; t += 2) {
                 const uint8_t *src = grp + (t - t0) * 64;
                 __asm__ volatile("prefetcht0 %0" : : "m"(*(src + LI_GEMV_PREFETCH)));
                 __asm__ volatile("prefetcht0 %0" : : "m"(*(src + LI_GEMV_PREFETCH + 64)));
-                const __m512i b0 = _mm512_load_si512(src), b1 = _mm512_load_si512(src + 64);
+                /* an odd last chunk pairs with zero codes: its products add 0 (the activation
+                 * words read past the group are the next group's or the row's sums, in bounds) */
+                const __m512i b0 = _mm512_load_si512(src),
+                              b1 = t + 1 < t1 ? _mm512_load_si512(src + 64) : _mm512_setzero_si512();
                 const __m512i lo0 = _mm512_and_si512(b0, lo4), hi0 = _mm512_and_si512(b0, hi4);
                 const __m512i lo1 = _mm512_and_si512(b1, lo4), hi1 = _mm512_and_si512(b1, hi4);
 #pragma GCC unroll 3
@@ -136,16 +147,6 @@ static inline __attribute__((always_inline)) void a8_gemv(const li_q4g_packed *p
                     h1[i] = dpbusd_b(h1[i], hi1, ai + 12);
                 }
             }
-            if (t < t1) {
-                const __m512i b0 = _mm512_load_si512(grp + (t - t0) * 64);
-                const __m512i lo0 = _mm512_and_si512(b0, lo4), hi0 = _mm512_and_si512(b0, hi4);
-#pragma GCC unroll 3
-                for (int i = 0; i < NR; i++) {
-                    const uint8_t *ai = act + (size_t)i * as + t * 8;
-                    l0[i] = dpbusd_b(l0[i], lo0, ai);
-                    h0[i] = dpbusd_b(h0[i], hi0, ai + 4);
-                }
-            }
             __asm__ volatile("prefetcht0 %0" : : "m"(*(zs + LI_GEMV_PREFETCH)));
             __asm__ volatile("prefetcht0 %0" : : "m"(*(zs + LI_GEMV_PREFETCH + 64)));
             const __m512i z = _mm512_load_si512(zs);
@@ -153,16 +154,10 @@ static inline __attribute__((always_inline)) void a8_gemv(const li_q4g_packed *p
 #pragma GCC unroll 3
             for (int i = 0; i < NR; i++) {
                 const __m512i sl = _mm512_add_epi32(l0[i], l1[i]), sh = _mm512_add_epi32(h0[i], h1[i]);
-                const __m512i d = _mm512_sub_epi32(_mm512_add_epi32(sl, _mm512_srai_epi32(sh, 4)),
-                                                   _mm512_mullo_epi32(z, _mm512_set1_epi32(xsum[i][g])));
-                acc[i] = _mm512_add_ps(acc[i], _mm512_mul_ps(s, _mm512_cvtepi32_ps(d)));
+                acc[i] = group_add(acc[i], _mm512_add_epi32(sl, _mm512_srai_epi32(sh, 4)), z, s, xsum[i][g]);
             }
         }
-        const int64_t left = p->m - pp * LI_PANEL;
-        const __mmask16 mask = left >= LI_PANEL ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
-#pragma GCC unroll 3
-        for (int i = 0; i < NR; i++)
-            _mm512_mask_storeu_ps(y + i * ldy + pp * LI_PANEL, mask, _mm512_mul_ps(acc[i], _mm512_set1_ps(sx[i])));
+        store_panel(p, pp, acc, sx, NR, y, ldy);
     }
 }
 
