@@ -279,19 +279,18 @@ local function proposers_bench(layers, draft)
   print(("model clock: the median forward pass by rows over the whole run (%s); end-to-end tok/s ratio to off, " ..
          "median over rounds"):format(table.concat(shown, ", ")))
   print(("%-8s %5s %4s | %s"):format("workload", "batch", "temp", table.concat(head, " ")))
-  local cols, last = {}, nil
-  for _, r in ipairs(rows) do
-    r.model_ratio = model_ratio(r)
-    local key = ("%-8s %5d %4.1f"):format(r.workload, r.seqs, r.temperature)
-    if last and key ~= last then
-      print(("%s | %s"):format(last, table.concat(cols, " ")))
-      cols = {}
+  -- rows come #sets - 1 to a line (workload, batch, temperature), as above
+  for g = 1, #rows, #sets - 1 do
+    local cols = {}
+    for i = g, g + #sets - 2 do
+      local r = rows[i]
+      r.model_ratio = model_ratio(r)
+      r.models, r.off_models = nil, nil
+      cols[#cols + 1] = ("%-30s"):format(("%.2fx"):format(r.model_ratio))
     end
-    last = key
-    cols[#cols + 1] = ("%-30s"):format(("%.2fx"):format(r.model_ratio))
-    r.models, r.off_models = nil, nil
+    local r = rows[g]
+    print(("%-8s %5d %4.1f | %s"):format(r.workload, r.seqs, r.temperature, table.concat(cols, " ")))
   end
-  if last then print(("%s | %s"):format(last, table.concat(cols, " "))) end
   bench.finish(opts, { bench = "spec", mode = "proposers", max_tokens = MAX, rounds = ROUNDS, rows = rows })
 end
 

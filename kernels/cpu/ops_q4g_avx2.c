@@ -170,6 +170,10 @@ static inline __attribute__((always_inline)) void a8_block(const li_q4g_packed *
         #pragma GCC unroll 4
         for (int a = 0; a < NP; a++) {
             const uint8_t *zs = li_q4g_a8_group(p, (p8 + a) / 2, g) + (t1 - t0) * 64 + ((p8 + a) % 2) * 32;
+            if (NR == 1 && (p8 + a) % 2 == 0) { /* the stream's zero and scale lines, as its chunks above */
+                _mm_prefetch((const char *)zs + LI_GEMV_PREFETCH, _MM_HINT_T0);
+                _mm_prefetch((const char *)zs + LI_GEMV_PREFETCH + 64, _MM_HINT_T0);
+            }
             const __m256i z = _mm256_loadu_si256((const __m256i *)zs);
             const __m256 s = _mm256_loadu_ps((const float *)(zs + 64));
             #pragma GCC unroll 4
