@@ -169,6 +169,10 @@ typedef struct li_backend_ops {
      * device backend would upload it. weight_release gives it back. */
     int (*weight_prepare)(li_backend *be, li_weight *w);
     void (*weight_release)(li_backend *be, li_weight *w);
+    /* builds now what w's next matmul would otherwise build on first use
+     * (optional: the CPU backend's 4-bit panels for its current mode), so
+     * no request pays for it */
+    void (*weight_warm)(li_backend *be, const li_weight *w);
 } li_backend_ops;
 
 struct li_backend {

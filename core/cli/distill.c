@@ -103,7 +103,7 @@ static void on_step(void *ctx, int step, double loss, double kl, double gnorm) {
 
 int li_cmd_distill(int argc, char **argv) {
     const char *teacher_path = NULL, *student_path = NULL, *train = "norms";
-    int64_t accum = 1;
+    int64_t accum = 1, streams = 16;
     static const li_cli_train_spec spec = {
         .who = "distill", .steps = 20, .lr = 1e-4, .min_seq_len = 2,
         .self_generate_help = "train on N tokens the teacher samples (temperature 1, --seed) instead of --data",
@@ -112,13 +112,15 @@ int li_cmd_distill(int argc, char **argv) {
         .dtype_help = "checkpoint weights: f32 or f16 (default f32)",
         .seed_help = "seed of the LoRA initialization and of --self-generate (default 1)"};
     li_cli_train_opts to;
-    li_opt opts[4 + LI_CLI_TRAIN_N_OPTS] = {
+    li_opt opts[5 + LI_CLI_TRAIN_N_OPTS] = {
         {"teacher", LI_OPT_STR, &teacher_path, "the teacher model (required)"},
         {"student", LI_OPT_STR, &student_path, "the student GGUF; same vocabulary (required)"},
         {"accum", LI_OPT_INT, &accum, "micro-batches accumulated per step (default 1)"},
         {"train", LI_OPT_STR, &train, "what trains: all, norms, layers:A-B, lora:R (default norms)"},
+        {"streams", LI_OPT_INT, &streams,
+         "--self-generate: sequences sampled side by side, 1..256 (default 16; 1: one stream, as before)"},
     };
-    li_cli_train_opts_init(&to, &spec, opts + 4);
+    li_cli_train_opts_init(&to, &spec, opts + 5);
     const int n_opts = (int)LI_ARRAY_LEN(opts);
     li_error err = {0};
     const char *pos[1];
@@ -135,6 +137,8 @@ int li_cmd_distill(int argc, char **argv) {
     if ((rc = li_cli_train_opts_check(&to, &spec, &err))) return li_runtime_fail(&err);
     if (n_pos != 1) return li_runtime_fail(&(li_error){LI_EINVAL, "distill: expected one output file OUT.gguf"});
     if (accum < 1 || accum > 64) return li_runtime_fail(&(li_error){LI_EINVAL, "distill: --accum must be in 1..64"});
+    if (streams < 1 || streams > 256)
+        return li_runtime_fail(&(li_error){LI_EINVAL, "distill: --streams must be in 1..256"});
     const li_ckpt_dtype dtype = to.dtype;
     li_train_select sel;
     if ((rc = li_train_select_parse(train, &sel, &err))) return li_runtime_fail(&err);
@@ -163,7 +167,11 @@ int li_cmd_distill(int argc, char **argv) {
         if ((rc = li_read_file(to.data, (size_t)256 << 20, "training text", &text, &text_len, &err))) goto done;
         if ((rc = li_tokenizer_encode(rt.model->tok, text, text_len, false, false, &ids, &n_ids, &err))) goto done;
     } else {
-        if ((rc = li_train_self_generate(rt.model, &rt.be, to.self_gen, (uint64_t)to.seed, &ids, &err))) goto done;
+        /* side by side the weights are read once per token of all streams */
+        if ((rc = streams == 1 ? li_train_self_generate(rt.model, &rt.be, to.self_gen, (uint64_t)to.seed, &ids, &err)
+                               : li_train_self_generate_n(rt.model, &rt.be, to.self_gen, (uint64_t)to.seed,
+                                                          (int)streams, &ids, &err)))
+            goto done;
         n_ids = (size_t)to.self_gen;
     }
     if ((int64_t)n_ids < to.seq_len + 1) {

@@ -404,6 +404,11 @@ void li_model_release(li_model *m, li_backend *be) {
     if (m->output.data == m->tok_embd.data) m->output.packed = NULL;
 }
 
+void li_model_warm(li_model *m, li_backend *be) {
+    if (!be->ops->weight_warm) return;
+    FOR_EACH_WEIGHT(m, w, be->ops->weight_warm(be, w));
+}
+
 const char *li_model_default_path(const char *explicit_path) {
     if (explicit_path && *explicit_path) return explicit_path;
     const char *env = getenv("LUAINFER_MODEL");

@@ -95,6 +95,9 @@ void li_model_free(li_model *m);
 /* Let the backend repack weights for its kernels (optional). */
 int li_model_prepare(li_model *m, li_backend *be, li_error *err);
 void li_model_release(li_model *m, li_backend *be);
+/* The backend's weight_warm on every weight, in forward order (after the
+ * options that decide how weights run are set: li_runtime_set_q4_act). */
+void li_model_warm(li_model *m, li_backend *be);
 
 /* hf.c: fills m (path set, all else zero) from a Hugging Face directory, and
  * frees what that added; li_model_load / li_model_free call them. */

@@ -57,14 +57,19 @@ int li_runtime_open_device(li_runtime *rt, const char *model_path, int64_t n_thr
 }
 
 int li_runtime_set_q4_act(li_runtime *rt, const char *q4_act, const char *flag, li_error *err) {
-    if (!q4_act || !strcmp(q4_act, "f32")) return 0; /* the backend's default */
-    if (strcmp(q4_act, "int8"))
-        return li_error_set(err, LI_EINVAL, "%s must be f32 (A16) or int8 (A8), got '%s'", flag, q4_act);
-    if (rt->cuda) return li_error_set(err, LI_EUNSUP, "%s int8 runs on the CPU backend only (not on cuda)", flag);
-    if (!strcmp(li_backend_cpu_isa(&rt->be), "ggml"))
-        return li_error_set(err, LI_EUNSUP, "%s int8 needs luainfer's own CPU kernels: --isa ggml does not run 4-bit "
-                            "group weights", flag);
-    return li_backend_cpu_set_q4_act(&rt->be, LI_ACT_INT8, err);
+    if (q4_act && strcmp(q4_act, "f32")) { /* else the backend's default */
+        if (strcmp(q4_act, "int8"))
+            return li_error_set(err, LI_EINVAL, "%s must be f32 (A16) or int8 (A8), got '%s'", flag, q4_act);
+        if (rt->cuda) return li_error_set(err, LI_EUNSUP, "%s int8 runs on the CPU backend only (not on cuda)", flag);
+        if (!strcmp(li_backend_cpu_isa(&rt->be), "ggml"))
+            return li_error_set(err, LI_EUNSUP, "%s int8 needs luainfer's own CPU kernels: --isa ggml does not run "
+                                "4-bit group weights", flag);
+        const int rc = li_backend_cpu_set_q4_act(&rt->be, LI_ACT_INT8, err);
+        if (rc) return rc;
+    }
+    li_model_warm(rt->model, &rt->be); /* the mode's panels now, not in the first request */
+    if (rt->draft) li_model_warm(rt->draft, &rt->be);
+    return 0;
 }
 
 int li_runtime_open_draft(li_runtime *rt, const char *path, li_error *err) {

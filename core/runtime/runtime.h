@@ -55,7 +55,9 @@ int li_runtime_spec_config(struct li_engine_config *cfg, const li_runtime *rt, c
  * NULL or "f32" (A16, the weights' own semantics and the reference's
  * bits), or "int8" (A8: int8 per row on the fly, li_backend_cpu_set_q4_act).
  * `flag` spells the option in messages ("--q4-act" or "q4_act"). int8 on
- * --isa ggml is refused (ggml's kernels do not run these weights). */
+ * --isa ggml is refused (ggml's kernels do not run these weights). Then
+ * the backend builds the mode's weight panels (li_model_warm; the model's
+ * and an open draft's): call it after li_runtime_open_draft. */
 int li_runtime_set_q4_act(li_runtime *rt, const char *q4_act, const char *flag, li_error *err);
 
 /* Prints "luainfer: error: <msg>" to stderr and returns the exit status 1. */

@@ -15,7 +15,8 @@ int li_train_self_generate(li_model *m, li_backend *be, int64_t n, uint64_t seed
  * for all of them, several times faster than one stream on a CPU). Stream
  * j draws from its own generator (seed, j); the output holds each round's
  * segments one after another, stream 0 first, cut at n. n_streams 1 is
- * another stream than li_train_self_generate's (distill keeps that one). */
+ * another stream than li_train_self_generate's (distill --streams 1 keeps
+ * that one). */
 int li_train_self_generate_n(li_model *m, li_backend *be, int64_t n, uint64_t seed, int n_streams, int32_t **out,
                              li_error *err);
 

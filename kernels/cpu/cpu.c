@@ -305,7 +305,7 @@ static void matmul_run(li_cpu *c, const li_weight *const *w, int n_w, const floa
 static bool q4g_matmul(li_cpu *c, const li_weight *w, const float *x, float *y, float *res, int64_t n) {
     if (!li_q4g_packed_of(w)) return false;
     const bool a8 = c->q4_act == LI_ACT_INT8 && w->act == LI_ACT_F32;
-    if (!a8 && !c->q4g->a16) return false;
+    if (!a8 && (!c->q4g->a16 || !li_q4g_ready(w, false))) return false; /* the reference runs it */
     li_q4g_matmul(c->q4g, c->tp, c->n_threads, &c->q4g_scratch, w, a8 ? LI_ACT_INT8 : LI_ACT_F32, x, y, res, n);
     return true;
 }
@@ -406,6 +406,13 @@ static int cpu_weight_prepare(li_backend *be, li_weight *w) {
     if (w->packed) return 0; /* another backend's layout: leave it */
     const int rc = li_cpu_pack(w);
     return rc == LI_EUNSUP ? 0 : rc; /* odd shapes keep the row path */
+}
+
+/* 4-bit group weights keep one panel layout, the mode's (q4g_kernels.h) */
+static void cpu_weight_warm(li_backend *be, const li_weight *w) {
+    const li_cpu *c = cpu_of(be);
+    if (!li_q4g_packed_of(w) || c->q4g == &li_q4g_kernels_scalar) return; /* the reference reads w itself */
+    (void)li_q4g_ready(w, c->q4_act == LI_ACT_INT8 && w->act == LI_ACT_F32);
 }
 
 static void cpu_weight_release(li_backend *be, li_weight *w) {
@@ -828,6 +835,7 @@ static const li_backend_ops cpu_ops = {
     .attention = cpu_attention,
     .weight_prepare = cpu_weight_prepare,
     .weight_release = cpu_weight_release,
+    .weight_warm = cpu_weight_warm,
 };
 
 /* ------------------------------------------------------------------------

@@ -30,91 +30,142 @@ void li_q4g_pack_free(li_weight *w) {
     p->magic = 0;
     li_aligned_free(p->codes);
     li_aligned_free(p->sz);
-    li_aligned_free(p->izero);
     if (p->a8chunk) li_cpu_arena_free(p->a8chunk);
+    pthread_mutex_destroy(&p->mu);
     free(p->gidx);
     free(p);
     w->packed = NULL;
 }
 
+static inline float zero_at(const li_weight *w, int64_t row, int64_t g) {
+    return w->zeros ? w->zeros[row * li_weight_n_groups(w) + g] : li_scheme_info(w->scheme)->zero;
+}
+
 int li_q4g_pack(li_weight *w) {
     const int64_t k = w->k, m = w->m, gs = w->group_size > 0 ? w->group_size : k;
     const int64_t ng = li_weight_n_groups(w), np = (m + LI_PANEL - 1) / LI_PANEL;
+    if (w->zeros) /* the kernels' zero points are codes, as every 4-bit method writes them */
+        for (int64_t i = 0; i < m * ng; i++)
+            if (!(w->zeros[i] == nearbyintf(w->zeros[i]) && w->zeros[i] >= 0.0f && w->zeros[i] <= 15.0f))
+                return LI_EUNSUP;
     li_q4g_packed *p = calloc(1, sizeof *p);
-    if (!p) return LI_ENOMEM;
-    *p = (li_q4g_packed){.magic = LI_Q4G_MAGIC, .k = k, .m = m, .gs = gs, .ng = ng, .n_panels = np};
-    p->codes = li_aligned_alloc((size_t)(np * (k / 2) * LI_PANEL));
-    p->sz = li_aligned_alloc((size_t)(np * ng * 32) * sizeof(float));
-    p->izero = li_aligned_alloc((size_t)(np * ng * LI_PANEL) * sizeof(int32_t));
-    p->gidx = malloc((size_t)k * sizeof(int32_t));
     int32_t *inv = malloc((size_t)k * sizeof(int32_t)); /* input column c is stored at inv[c] */
-    if (!p->codes || !p->sz || !p->izero || !p->gidx || !inv) {
+    if (p) p->gidx = malloc((size_t)k * sizeof(int32_t));
+    if (!p || !p->gidx || !inv) {
+        if (p) free(p->gidx);
+        free(p);
         free(inv);
-        w->packed = p;
-        li_q4g_pack_free(w);
+        return LI_ENOMEM;
+    }
+    *p = (li_q4g_packed){.magic = LI_Q4G_MAGIC, .k = k, .m = m, .gs = gs, .ng = ng, .n_panels = np,
+                         .gidx = p->gidx, .a8_simd = k % 8 == 0 && gs % 8 == 0};
+    pthread_mutex_init(&p->mu, NULL);
+    for (int64_t j = 0; j < k; j++) inv[w->perm ? w->perm[j] : j] = (int32_t)j;
+    for (int64_t c = 0; c < k; c++) p->gidx[c] = (int32_t)(inv[c] / gs);
+    free(inv);
+    w->packed = p;
+    return 0;
+}
+
+/* A16 panels: codes in input order (the permutation undone), then per
+ * group the 16 rows' scales and zeros. */
+static int build_a16(const li_weight *w, li_q4g_packed *p) {
+    const int64_t k = p->k, m = p->m, ng = p->ng, np = p->n_panels;
+    uint8_t *codes = li_aligned_alloc((size_t)(np * (k / 2) * LI_PANEL));
+    float *szs = li_aligned_alloc((size_t)(np * ng * 32) * sizeof(float));
+    int32_t *inv = malloc((size_t)k * sizeof(int32_t));
+    if (!codes || !szs || !inv) {
+        li_aligned_free(codes);
+        li_aligned_free(szs);
+        free(inv);
         return LI_ENOMEM;
     }
     for (int64_t j = 0; j < k; j++) inv[w->perm ? w->perm[j] : j] = (int32_t)j;
-    for (int64_t c = 0; c < k; c++) p->gidx[c] = (int32_t)(inv[c] / gs);
-    const float zero = li_scheme_info(w->scheme)->zero;
-    if (w->zeros) /* the kernels' zero points are codes, as every 4-bit method writes them */
-        for (int64_t i = 0; i < m * ng; i++)
-            if (!(w->zeros[i] == nearbyintf(w->zeros[i]) && w->zeros[i] >= 0.0f && w->zeros[i] <= 15.0f)) {
-                free(inv);
-                w->packed = p;
-                li_q4g_pack_free(w);
-                return LI_EUNSUP;
-            }
     for (int64_t pp = 0; pp < np; pp++) {
-        uint8_t *cd = p->codes + pp * (k / 2) * LI_PANEL;
+        uint8_t *cd = codes + pp * (k / 2) * LI_PANEL;
         for (int l = 0; l < LI_PANEL; l++) {
             const int64_t r = pp * LI_PANEL + l;
             for (int64_t c = 0; c < k; c += 2) /* input columns c, c + 1 */
                 cd[(c / 2) * LI_PANEL + l] =
                     r < m ? (uint8_t)(code_at(w, r, inv[c]) | code_at(w, r, inv[c + 1]) << 4) : 0;
             for (int64_t g = 0; g < ng; g++) {
-                float *sz = p->sz + (pp * ng + g) * 32;
-                const float z = r < m ? (w->zeros ? w->zeros[r * ng + g] : zero) : 0.0f;
+                float *sz = szs + (pp * ng + g) * 32;
                 sz[l] = r < m ? w->scales[r * ng + g] : 0.0f;
-                sz[LI_PANEL + l] = z;
-                p->izero[(pp * ng + g) * LI_PANEL + l] = (int32_t)z;
+                sz[LI_PANEL + l] = r < m ? zero_at(w, r, g) : 0.0f;
             }
         }
     }
     free(inv);
-    /* A8 panels of 16 rows, stored order: per group its chunks of 8
-     * elements (lane l = row 16p + l, byte b = element 8t + b in the low
-     * nibble, 8t + 4 + b in the high), then the group's zeros and scales */
-    p->a8_simd = k % 8 == 0 && gs % 8 == 0;
-    if (p->a8_simd) {
-        p->a8_gb = (gs / 8) * 64 + 128;
-        p->a8_pb = (k / 8) * 64 + ng * 128;
-        p->a8codes = li_cpu_arena_alloc((size_t)(np * p->a8_pb), &p->a8chunk);
-        if (!p->a8codes) {
-            w->packed = p;
-            li_q4g_pack_free(w);
-            return LI_ENOMEM;
-        }
-        for (int64_t pp = 0; pp < np; pp++)
-            for (int64_t g = 0; g < ng; g++) {
-                uint8_t *grp = p->a8codes + pp * p->a8_pb + g * p->a8_gb;
-                const int64_t t0 = g * gs / 8, t1 = LI_MIN((g + 1) * gs, k) / 8;
-                for (int64_t t = t0; t < t1; t++) {
-                    uint8_t *dst = grp + (t - t0) * 64;
-                    for (int l = 0; l < LI_PANEL; l++) {
-                        const int64_t r = pp * LI_PANEL + l;
-                        for (int b = 0; b < 4; b++)
-                            dst[l * 4 + b] =
-                                r < m ? (uint8_t)(code_at(w, r, 8 * t + b) | code_at(w, r, 8 * t + 4 + b) << 4) : 0;
-                    }
-                }
-                uint8_t *zs = grp + (t1 - t0) * 64;
-                memcpy(zs, p->izero + (pp * ng + g) * LI_PANEL, 64);
-                memcpy(zs + 64, p->sz + (pp * ng + g) * 32, 64);
-            }
-    }
-    w->packed = p;
+    p->codes = codes;
+    p->sz = szs;
     return 0;
+}
+
+/* A8 panels of 16 rows, stored order: per group its chunks of 8 elements
+ * (lane l = row 16p + l, byte b = element 8t + b in the low nibble,
+ * 8t + 4 + b in the high), then the group's integer zeros and scales. */
+static int build_a8(const li_weight *w, li_q4g_packed *p) {
+    const int64_t k = p->k, m = p->m, gs = p->gs, ng = p->ng, np = p->n_panels;
+    const int64_t gb = (gs / 8) * 64 + 128, pb = (k / 8) * 64 + ng * 128;
+    void *chunk;
+    uint8_t *a8 = li_cpu_arena_alloc((size_t)(np * pb), &chunk);
+    if (!a8) return LI_ENOMEM;
+    for (int64_t pp = 0; pp < np; pp++)
+        for (int64_t g = 0; g < ng; g++) {
+            uint8_t *grp = a8 + pp * pb + g * gb;
+            const int64_t t0 = g * gs / 8, t1 = LI_MIN((g + 1) * gs, k) / 8;
+            for (int64_t t = t0; t < t1; t++) {
+                uint8_t *dst = grp + (t - t0) * 64;
+                for (int l = 0; l < LI_PANEL; l++) {
+                    const int64_t r = pp * LI_PANEL + l;
+                    for (int b = 0; b < 4; b++)
+                        dst[l * 4 + b] =
+                            r < m ? (uint8_t)(code_at(w, r, 8 * t + b) | code_at(w, r, 8 * t + 4 + b) << 4) : 0;
+                }
+            }
+            int32_t iz[LI_PANEL];
+            float sc[LI_PANEL];
+            for (int l = 0; l < LI_PANEL; l++) {
+                const int64_t r = pp * LI_PANEL + l;
+                iz[l] = r < m ? (int32_t)zero_at(w, r, g) : 0;
+                sc[l] = r < m ? w->scales[r * ng + g] : 0.0f;
+            }
+            uint8_t *zs = grp + (t1 - t0) * 64;
+            memcpy(zs, iz, 64);
+            memcpy(zs + 64, sc, 64);
+        }
+    p->a8_gb = gb;
+    p->a8_pb = pb;
+    p->a8chunk = chunk;
+    p->a8codes = a8;
+    return 0;
+}
+
+bool li_q4g_ready(const li_weight *w, bool a8) {
+    li_q4g_packed *p = w->packed; /* the layouts are built on first use (q4g_kernels.h) */
+    if (!p || p->magic != LI_Q4G_MAGIC) return false;
+    atomic_bool *ready = a8 ? &p->a8_ready : &p->a16_ready;
+    if (atomic_load_explicit(ready, memory_order_acquire)) return true;
+    if (a8 && !p->a8_simd) return false;
+    pthread_mutex_lock(&p->mu);
+    int rc = 0;
+    if (!atomic_load_explicit(ready, memory_order_relaxed)) {
+        rc = a8 ? build_a8(w, p) : build_a16(w, p);
+        if (rc == 0) {
+            atomic_store_explicit(ready, true, memory_order_release);
+            /* the panels hold every code, scale and zero now: drop the GGUF's
+             * pages (the reference faults them back in if it ever runs) */
+            li_cpu_drop_pages(w->data, w->row_bytes * (size_t)w->m);
+            li_cpu_drop_pages(w->scales, (size_t)(p->m * p->ng) * sizeof(float));
+            if (w->zeros) li_cpu_drop_pages(w->zeros, (size_t)(p->m * p->ng) * sizeof(float));
+        } else if (!p->warned) {
+            p->warned = true;
+            li_log_error("cpu: out of memory packing a %lld x %lld 4-bit weight for %s: the scalar reference runs it",
+                         (long long)p->m, (long long)p->k, a8 ? "A8" : "A16");
+        }
+    }
+    pthread_mutex_unlock(&p->mu);
+    return rc == 0;
 }
 
 /* ------------------------------------------------------------------------
@@ -143,15 +194,14 @@ float li_q4g_a8_row_ref(const li_weight *w, const li_q4g_packed *p, int64_t row,
     const int64_t k = w->k, gs = p->gs;
     const int8_t *q = (const int8_t *)act;
     const int32_t *xsum = act_xsum(act, k);
-    const int64_t pp = row / LI_PANEL, l = row % LI_PANEL;
     float acc = 0.0f, sx;
     memcpy(&sx, xsum + p->ng, sizeof sx);
     for (int64_t g = 0; g < p->ng; g++) {
         int32_t isum = 0;
         const int64_t j1 = (g + 1) * gs < k ? (g + 1) * gs : k;
         for (int64_t j = g * gs; j < j1; j++) isum += (int32_t)q[j] * code_at(w, row, j);
-        isum -= p->izero[(pp * p->ng + g) * LI_PANEL + l] * xsum[g];
-        acc = acc + p->sz[(pp * p->ng + g) * 32 + l] * (float)isum;
+        isum -= (int32_t)zero_at(w, row, g) * xsum[g];
+        acc = acc + w->scales[row * p->ng + g] * (float)isum;
     }
     return acc * sx;
 }
@@ -274,6 +324,9 @@ static void q4g_run(const li_q4g_kernels *kern, li_threadpool *tp, int nth, li_q
     q4g_job j = {.kern = kern, .n_parts = n_w, .w = w[0], .p = p, .a8 = act == LI_ACT_INT8 && kern->a8, .x = x,
                  .x_raw = x, .res = res, .n = n};
     if (!j.a8 && !kern->a16) j.a8 = true; /* cannot happen: the scalar ISA keeps the reference */
+    if (j.a8 && kern->a8 != scalar_a8) /* the SIMD kernels read the A8 panels; the reference, w itself */
+        for (int i = 0; i < n_w; i++)
+            if (!li_q4g_ready(w[i], true)) j.kern = kern = &li_q4g_kernels_scalar;
     const int64_t k = w[0]->k;
     int64_t work = 0;
     for (int i = 0; i < n_w; i++) work += w[i]->m * n * k;

@@ -163,7 +163,7 @@ static inline __attribute__((always_inline)) void a8_gemv(const li_q4g_packed *p
 
 static void avx512_a8(const li_weight *w, const li_q4g_packed *p, int64_t r0, int64_t r1, const uint8_t *act,
                       size_t act_stride, int64_t n, float *y, int64_t ldy) {
-    if (!p->a8_simd || r0 % LI_PANEL) {
+    if (!p->a8codes || r0 % LI_PANEL) {
         li_q4g_kernels_scalar.a8(w, p, r0, r1, act, act_stride, n, y, ldy);
         return;
     }

@@ -24,43 +24,51 @@
  *   ops_q4g_avx2.c    A16 panels (AVX2) and A8 rows (AVX2 maddubs)
  *   ops_q4g_avx512.c  A8 rows with AVX-512 VNNI (vpdpbusd)
  *
- * Packed form (w->packed, magic LI_Q4G_MAGIC), built from w at prepare:
- *   codes   (n_panels, k / 2, 16) byte l of pair c/2 = row 16p + l: its code
- *           of input column c in the low nibble, of c + 1 in the high (the
- *           permutation undone: A16 runs in input order)
- *   sz      (n_panels, n_groups, 32) the 16 rows' scales, then their zeros
- *   izero   (n_panels, n_groups, 16) the zeros as integers (A8)
+ * Packed form (w->packed, magic LI_Q4G_MAGIC): li_q4g_pack (at prepare)
+ * checks the zero points and keeps gidx; each mode's panels are built
+ * from w the first time that mode runs (li_q4g_ready), so a model run one
+ * way holds one copy of its codes (then the GGUF's pages are dropped, as
+ * repack.c does):
+ *   codes   A16 (n_panels, k / 2, 16) byte l of pair c/2 = row 16p + l: its
+ *           code of input column c in the low nibble, of c + 1 in the high
+ *           (the permutation undone: A16 runs in input order)
+ *   sz      A16 (n_panels, n_groups, 32) the 16 rows' scales, then zeros
  *   gidx    (k) the group of input column c (perm: stored position / gs)
- *   a8codes (n_panels, a8_pb) A8 panels of 16 rows in stored order, one
+ *   a8codes A8 (n_panels, a8_pb) panels of 16 rows in stored order, one
  *           stream each (decode reads nothing else of the weight): per
  *           group g its chunks t of 64 bytes, lane l (4 bytes) of a chunk
  *           holding row 16p + l's elements 8t..8t+3 in the low nibbles,
  *           8t+4..8t+7 in the high ones (one zmm for AVX-512; AVX2 reads
  *           the two 32-byte halves, 8 rows each), then 64 bytes of the 16
- *           rows' integer zeros, then 64 of their scales (the values of
- *           izero and sz). Group g starts at g * a8_gb (the last one may be
- *           shorter); the panels lie in the forward-order arena (repack.c)
- *           like the other packed weights, so one weight's stream runs into
- *           the next one's.
+ *           rows' zeros as int32, then 64 of their scales. Group g starts
+ *           at g * a8_gb (the last one may be shorter); the panels lie in
+ *           the forward-order arena (repack.c) like the other packed
+ *           weights (built in the first forward pass, so in its order), so
+ *           one weight's stream runs into the next one's.
  * A8 permutes the activations into stored order instead. */
 #ifndef LI_Q4G_KERNELS_H
 #define LI_Q4G_KERNELS_H
 
 #include "cpu/cpu_kernels.h" /* LI_PANEL */
 
+#include <pthread.h>
+#include <stdatomic.h>
+
 #define LI_Q4G_MAGIC 0x4c4951344750414bull /* "LIQ4GPAK" */
 
 typedef struct li_q4g_packed {
     uint64_t magic;
     int64_t k, m, gs, ng, n_panels; /* gs: group size (k when per channel), ng = k / gs */
-    uint8_t *codes;        /* (n_panels, k / 2, 16) */
-    float *sz;             /* (n_panels, ng, 32) */
-    int32_t *izero;        /* (n_panels, ng, 16) */
+    uint8_t *codes;        /* (n_panels, k / 2, 16) A16, once a16_ready */
+    float *sz;             /* (n_panels, ng, 32) A16, once a16_ready */
     int32_t *gidx;         /* (k) */
-    uint8_t *a8codes;      /* (n_panels, a8_pb) A8 panels of 16 rows, or NULL (see ops_q4g.c) */
+    uint8_t *a8codes;      /* (n_panels, a8_pb) A8 panels of 16 rows, once a8_ready */
     void *a8chunk;         /* the arena chunk holding a8codes */
     int64_t a8_pb, a8_gb;  /* bytes per A8 panel, per full group in it: (gs / 8) * 64 + 128 */
-    bool a8_simd;          /* gs and k multiples of 8: a8codes is built, the A8 SIMD kernels apply */
+    bool a8_simd;          /* gs and k multiples of 8: A8 panels can be built, the A8 SIMD kernels apply */
+    atomic_bool a16_ready, a8_ready;
+    pthread_mutex_t mu;    /* builds the panels once, whichever thread asks first */
+    bool warned;           /* an out-of-memory build was logged */
 } li_q4g_packed;
 
 /* Panel pp's group g in a8codes: its code chunks, then zeros, then scales */
@@ -104,11 +112,15 @@ const li_q4g_kernels *li_q4g_kernels_for(const char *isa);
 
 /* true for weights these kernels take: U4 codes of a scheme, k even */
 bool li_q4g_supported(const li_weight *w);
-/* Builds w->packed: 0, LI_ENOMEM, or LI_EUNSUP for zero points that are
- * not integers 0..15 (codes, as GPTQ and AWQ store them: A8's integer
- * sums need them). li_q4g_pack_free undoes it. */
+/* Builds w->packed (no panels yet): 0, LI_ENOMEM, or LI_EUNSUP for zero
+ * points that are not integers 0..15 (codes, as GPTQ and AWQ store them:
+ * A8's integer sums need them). li_q4g_pack_free undoes it. */
 int li_q4g_pack(li_weight *w);
 void li_q4g_pack_free(li_weight *w);
+/* true once the panels of mode a8 (else A16) exist, building them if not
+ * (thread-safe); false when they cannot be (out of memory, logged once;
+ * A8 with k or gs not multiples of 8): the reference runs it then. */
+bool li_q4g_ready(const li_weight *w, bool a8);
 
 /* x (k, input order) -> one A8 activation row (the layout above): the
  * reference (li_act_quant_row_ref's scale and rounding), and the AVX2

@@ -61,10 +61,11 @@ def test_distill_loss_falls_and_checkpoint_loads(run_ok, model_path, student, te
     assert g.stdout.strip(), g.stderr
 
 
-def test_distill_self_generate(run_ok, model_path, student, ddir):
-    out = ddir / "self.gguf"
+@pytest.mark.parametrize("streams", ["1", "16"])
+def test_distill_self_generate(run_ok, model_path, student, ddir, streams):
+    out = ddir / f"self{streams}.gguf"
     args = [a for a in distill(model_path, student, "-", out, "--steps", "2", "--train", "norms",
-                               "--dtype", "f16", "--self-generate", "50")]
+                               "--dtype", "f16", "--self-generate", "50", "--streams", streams)]
     i = args.index("--data")
     del args[i:i + 2]
     r = run_ok(args)
@@ -129,6 +130,7 @@ def test_distill_refuses_other_vocabulary(run_cli, model_path, text, ddir, repo_
     (["--alpha", "1.5"], r"--alpha"),
     (["--seq-len", "1"], r"--seq-len"),
     (["--dtype", "q4_0"], r"--dtype"),
+    (["--streams", "0"], r"--streams must be in 1\.\.256"),
     (["--train", "layers:0-99"], r"blocks 0\.\.29"),
 ])
 def test_distill_bad_options(run_cli, model_path, student, text, ddir, extra, pattern):

@@ -246,6 +246,9 @@ static void test_kernels(void) {
                 li_weight w = w0;
                 const int rc = be.ops->weight_prepare(&be, &w);
                 bool a16 = rc == 0 && li_q4g_packed_of(&w), a16_add = a16;
+                const bool simd = strcmp(li_backend_cpu_isa(&be), "scalar") != 0;
+                /* the panels are built on first use: none at prepare, only the mode that ran after */
+                bool lazy = a16 && !li_q4g_packed_of(&w)->codes && !li_q4g_packed_of(&w)->a8codes;
                 for (size_t ni = 0; a16 && ni < LI_ARRAY_LEN(ns); ni++) {
                     be.ops->matmul(&be, &w, x, got, ns[ni]);
                     a16 = !memcmp(got, want, (size_t)(ns[ni] * m) * sizeof(float));
@@ -258,11 +261,13 @@ static void test_kernels(void) {
                           !memcmp(res, res2, (size_t)(nmax * m) * sizeof(float));
                 report(a16 && a16_add, "%s, %s x%d: A16 matmul and matmul_add = the reference's bits (n 1..70)",
                        what, li_backend_cpu_isa(&be), nt);
+                lazy = lazy && (li_q4g_packed_of(&w)->codes != NULL) == simd && !li_q4g_packed_of(&w)->a8codes;
                 if (kc->act == LI_ACT_F32 && rc == 0) {
                     li_backend_cpu_set_q4_act(&be, LI_ACT_INT8, &err);
                     be.ops->matmul(&be, &w, x, a8, nmax);
                     /* the definition, row by row */
                     const li_q4g_packed *p = li_q4g_packed_of(&w);
+                    lazy = lazy && (p->a8codes != NULL) == (simd && p->a8_simd);
                     uint8_t *act = li_aligned_alloc(li_q4g_act_bytes(k, p->ng));
                     bool def = true, inv = true;
                     double num = 0.0, den = 0.0;
@@ -292,6 +297,8 @@ static void test_kernels(void) {
                            li_backend_cpu_isa(&be), nt, num / den);
                     li_backend_cpu_set_q4_act(&be, LI_ACT_F32, &err);
                 }
+                report(rc != 0 || lazy, "%s, %s x%d: panels built on first use, only the mode's (A16 then A8)", what,
+                       li_backend_cpu_isa(&be), nt);
                 if (be.ops->weight_release) be.ops->weight_release(&be, &w);
                 li_backend_cpu_free(&be);
             }
