@@ -296,7 +296,8 @@ static void matmul_run(li_cpu *c, const li_weight *const *w, int n_w, const floa
         li_threadpool_run_sized(c->tp, matmul_quantize, &j, n >= 8 ? nth : 1, n * j.k);
     }
     matmul_plan(&j, nth);
-    li_threadpool_run_sized(c->tp, matmul_work, &j, (int)LI_MIN((int64_t)nth, j.n_items), work);
+    li_threadpool_run_shaped(c->tp, matmul_work, &j, (int)LI_MIN((int64_t)nth, j.n_items), work,
+                             li_threadpool_rows_shape((int)w[0]->type, n));
 }
 
 /* 4-bit group weights this backend packed: A8 when asked for (and the
@@ -541,7 +542,8 @@ static bool cpu_attention_tiles(li_cpu *c, const li_attn_args *a) {
     work *= (int64_t)a->n_head * a->head_dim;
     const int nth = work < 32768 ? 1 : c->n_threads;
     li_cpu_lanes_init(&j.lanes, j.total, nth);
-    li_threadpool_run_sized(c->tp, attn_tile_work, &j, nth, work);
+    li_threadpool_run_shaped(c->tp, attn_tile_work, &j, nth, work,
+                             li_threadpool_rows_shape(a->kv->dtype, a->n_tokens));
     return true;
 }
 
@@ -565,7 +567,8 @@ static void cpu_attention(li_backend *be, const li_attn_args *a) {
                   .attn_head = li_kv_is_8bit(a->kv->dtype) ? li_kv8_attn_head_for(c->kern->isa) : c->kern->attn_head};
     atomic_init(&j.next, 0);
     work *= (int64_t)a->n_head * a->head_dim;
-    li_threadpool_run_sized(c->tp, attn_work, &j, work < 32768 ? 1 : c->n_threads, work);
+    li_threadpool_run_shaped(c->tp, attn_work, &j, work < 32768 ? 1 : c->n_threads, work,
+                             li_threadpool_rows_shape(a->kv->dtype, a->n_tokens));
 }
 
 typedef struct {
@@ -641,7 +644,8 @@ static void rows_run(li_cpu *c, void (*rows)(void *, int64_t, int64_t), void *ct
     const int64_t chunk = LI_MAX((n + 4 * nth - 1) / (4 * nth), 1);
     rows_job j = {.rows = rows, .ctx = ctx, .n = n, .chunk = (chunk + align - 1) / align * align};
     atomic_init(&j.next, 0);
-    li_threadpool_run_sized(c->tp, rows_work, &j, nth, cycles);
+    /* one job fn for every row op: each op its own class */
+    li_threadpool_run_shaped(c->tp, rows_work, &j, nth, cycles, (int)(((uintptr_t)rows >> 4) & 0xffffff));
 }
 
 typedef struct {

@@ -372,7 +372,8 @@ static void q4g_run(const li_q4g_kernels *kern, li_threadpool *tp, int nth, li_q
         if (!j.next_bytes) j.next_data = NULL;
     }
     li_cpu_lanes_init(&j.lanes, j.n_items, nth);
-    li_threadpool_run_sized(tp, q4g_work, &j, (int)LI_MIN((int64_t)nth, j.n_items), work);
+    li_threadpool_run_shaped(tp, q4g_work, &j, (int)LI_MIN((int64_t)nth, j.n_items), work,
+                             li_threadpool_rows_shape(j.a8, n));
 }
 
 void li_q4g_matmul(const li_q4g_kernels *kern, li_threadpool *tp, int nth, li_q4g_scratch *s, const li_weight *w,

@@ -20,22 +20,32 @@
  *
  * And it picks the faster of two modes by measured throughput: POOL (hand
  * the job to the workers) or SOLO (run it alone; the workers park). Jobs are
- * grouped in classes (fn, nth, log2 of the work hint); each class keeps an
- * EWMA of seconds per unit of work in each mode. The mode is global, since
- * one mode's cost depends on the other jobs (workers spinning or parked):
+ * grouped in classes (fn, nth, log2 of the work hint, the caller's shape:
+ * a GEMV and a GEMM of the same multiply-adds cost 5x apart per unit);
+ * each class keeps an EWMA of seconds per unit of work in each mode, its
+ * first job in a mode left out (cold: pages faulted, caches empty, a parked
+ * worker woken; measured at 20x a warm job). The mode is global, since one
+ * mode's cost depends on the other jobs (workers spinning or parked; a mode
+ * per class was tried: SOLO classes park the workers, every POOL job after
+ * them pays a wake-up, and prefill fell 1.5x):
  *  - every job in the running mode updates its class's estimate, and in
  *    POOL, every WINDOW seconds of jobs, the caller compares what they took
  *    with what SOLO's estimates say they would have taken (decayed sums over
- *    windows, stalls being rare and large); SOLO wins only by MARGIN;
+ *    windows, stalls being rare and large); SOLO wins only by MARGIN_SOLO,
+ *    wider than MARGIN: contention costs time slices (several x), while
+ *    an idle machine's noise made SOLO look up to ~1.4x faster;
  *  - now and then (every probe_every seconds of wall time, doubling from
  *    PROBE_MIN to PROBE_MAX while probes confirm the mode) a PROBE_SPAN-long
  *    run of jobs goes the other way, refreshing its estimates, and wins if
- *    it beat the running mode's estimates by MARGIN (POOL's probes are the
- *    only way back to the workers; one the next windows prove wrong counts
- *    as confirming SOLO). So probing costs a
- *    bounded share of the time (PROBE_SPAN / PROBE_MIN at most, about
- *    PROBE_SPAN / PROBE_MAX in steady state), and uncontended, where POOL
- *    wins every comparison, the jobs split as they always did;
+ *    it beat the running mode's estimates by MARGIN_SOLO / MARGIN (POOL's
+ *    probes are the only way back to the workers; one the next windows prove
+ *    wrong counts as confirming SOLO). A probe waits for PROBE_SPAN of jobs
+ *    in the running mode since the last (else, jobs further apart than the
+ *    interval would all be probes), and one made mostly of classes the
+ *    running mode never timed confirms nothing (no backing off). So probing
+ *    costs a bounded share of the time (PROBE_SPAN / PROBE_MIN at most,
+ *    about PROBE_SPAN / PROBE_MAX in steady state), and uncontended, where
+ *    POOL wins every comparison, the jobs split as they always did;
  *  - a stall while SOLO is still unmeasured for that class starts a probe
  *    at once.
  * SOLO is always allowed: job functions take work dynamically and every
@@ -48,6 +58,7 @@
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
 
@@ -63,7 +74,9 @@
 #define EWMA_RUN 0.125          /* weight of a sample in the running mode */
 #define EWMA_PROBE 0.25         /* weight of a probe's sample (few, so each counts more) */
 #define WINDOW 4e-3             /* seconds of jobs between comparisons in the running mode */
-#define MARGIN 1.1              /* the other mode must be this much faster to take over */
+#define MARGIN 1.1              /* the workers must be this much faster to take over */
+#define MARGIN_SOLO 1.5         /* and alone this much: contention costs more (time slices), while
+                                 * uncontended jobs measured alone up to ~1.4x faster by noise */
 #define PROBE_SPAN 1e-3         /* seconds of jobs a probe runs the other mode */
 #define PROBE_MIN 32e-3         /* wall seconds between probes, at first */
 #define PROBE_MAX 1.0
@@ -72,9 +85,10 @@
 enum { MODE_POOL, MODE_SOLO };
 
 typedef struct {
-    li_threadpool_fn fn;      /* key: fn, nth, size class (fn NULL: empty) */
-    int nth, size;
+    li_threadpool_fn fn;      /* key: fn, nth, size class, shape (fn NULL: empty) */
+    int nth, size, shape;
     double est[2];            /* seconds per unit of work in MODE_POOL, MODE_SOLO (0: not measured) */
+    int n[2];                 /* jobs timed in each mode (the first not counted in est) */
 } job_class;
 
 struct li_threadpool {
@@ -99,6 +113,8 @@ struct li_threadpool {
     int mode;                 /* MODE_POOL or MODE_SOLO, the running mode */
     double probe_until;       /* probing the other mode: job seconds left (0: not probing) */
     double probe_t, probe_alt;/* the probe's job seconds, and the running mode's estimate of them */
+    double probe_known;       /* of probe_t, the seconds of classes the running mode has timed */
+    double run_since;         /* job seconds in the running mode since the last probe */
     double next_probe;        /* wall time of the next probe */
     double probe_every;       /* wall seconds between probes */
     double win_t;             /* job seconds in the current window */
@@ -110,6 +126,7 @@ struct li_threadpool {
     void *clock_arg;
     long n_stalls, n_solo;    /* counters for li_threadpool_stats */
     long n_switches, n_probes;
+    long n_jobs;              /* jobs offered to more than one thread */
 };
 
 typedef struct {
@@ -218,6 +235,9 @@ li_threadpool *li_threadpool_init(int n_threads) {
 }
 
 void li_threadpool_free(li_threadpool *tp) {
+    if (tp && getenv("LI_POOL_STATS")) /* what the mode choice did, for whoever tunes it */
+        fprintf(stderr, "threadpool: %ld jobs, %ld alone, %ld stalls, %ld probes, %ld mode switches\n",
+                tp->n_jobs, tp->n_solo, tp->n_stalls, tp->n_probes, tp->n_switches);
     if (!tp) return;
     atomic_store(&tp->stop, 1);
     publish(tp);
@@ -297,17 +317,30 @@ static void run_pool(li_threadpool *tp, li_threadpool_fn fn, void *ctx, int nth,
     }
 }
 
-static job_class *class_of(li_threadpool *tp, li_threadpool_fn fn, int nth, int size) {
+static job_class *class_of(li_threadpool *tp, li_threadpool_fn fn, int nth, int size, int shape) {
     uintptr_t h = (uintptr_t)fn;
     h ^= h >> 17;
-    h = h * 31 + (uintptr_t)nth * 7 + (uintptr_t)size * 131;
+    h = h * 31 + (uintptr_t)nth * 7 + (uintptr_t)size * 131 + (uintptr_t)(unsigned)shape * 2654435761u;
     h ^= h >> 9;
     job_class *c = &tp->classes[h % N_CLASSES];
-    if (c->fn != fn || c->nth != nth || c->size != size) *c = (job_class){.fn = fn, .nth = nth, .size = size};
+    if (c->fn != fn || c->nth != nth || c->size != size || c->shape != shape)
+        *c = (job_class){.fn = fn, .nth = nth, .size = size, .shape = shape};
     return c;
 }
 
-static void ewma(double *est, double sample, double w) { *est = *est > 0 ? *est + w * (sample - *est) : sample; }
+/* A class's first job in a mode is left out of its estimate: first jobs
+ * are cold (their weights' pages faulted, caches empty, a parked worker
+ * woken) and were measured at 20x a warm job, enough for one probe of the
+ * other mode to look 20x faster and switch every class's mode. */
+#define EST_MIN_JOBS 2
+static void ewma(job_class *c, int mode, double sample, double w) {
+    double *est = &c->est[mode];
+    if (c->n[mode]++ == 0) return;
+    *est = *est > 0 ? *est + w * (sample - *est) : sample;
+}
+
+/* seconds per unit of work of the class in mode, 0 while unknown */
+static double est_of(const job_class *c, int mode) { return c->n[mode] >= EST_MIN_JOBS ? c->est[mode] : 0; }
 
 static void set_mode(li_threadpool *tp, int mode, bool by_probe, double t) {
     if (mode != tp->mode) tp->n_switches++;
@@ -323,18 +356,19 @@ static void set_mode(li_threadpool *tp, int mode, bool by_probe, double t) {
  * bring the workers back. */
 static void account_run(li_threadpool *tp, job_class *c, double dt, double units, double t_end) {
     const int other = !tp->mode;
-    ewma(&c->est[tp->mode], dt / units, EWMA_RUN);
+    ewma(c, tp->mode, dt / units, EWMA_RUN);
     tp->win_t += dt;
-    if (c->est[other] > 0) {
+    tp->run_since += dt;
+    if (est_of(c, other) > 0) {
         tp->win_known += dt;
-        tp->win_alt += c->est[other] * units;
+        tp->win_alt += est_of(c, other) * units;
     }
     if (tp->win_t < WINDOW) return;
     tp->dec_known = 0.5 * tp->dec_known + tp->win_known;
     tp->dec_alt = 0.5 * tp->dec_alt + tp->win_alt;
     const bool covered = tp->win_known >= 0.5 * tp->win_t;
     tp->win_t = tp->win_known = tp->win_alt = 0;
-    if (tp->mode == MODE_POOL && covered && tp->dec_alt * MARGIN < tp->dec_known) {
+    if (tp->mode == MODE_POOL && covered && tp->dec_alt * MARGIN_SOLO < tp->dec_known) {
         /* a probe that brought the workers back just now misled us (a
          * woken worker often runs at once, then shares a core): probe less;
          * otherwise things changed (contention began): look again soon */
@@ -350,16 +384,23 @@ static void account_run(li_threadpool *tp, job_class *c, double dt, double units
 /* After a job of a probe (the other mode). */
 static void account_probe(li_threadpool *tp, job_class *c, double dt, double units, double t_end) {
     const int other = !tp->mode;
-    ewma(&c->est[other], dt / units, EWMA_PROBE);
+    ewma(c, other, dt / units, EWMA_PROBE);
     tp->probe_t += dt;
-    if (c->est[tp->mode] > 0) tp->probe_alt += c->est[tp->mode] * units;
-    else tp->probe_alt += dt; /* no comparison for this class: neutral */
+    if (est_of(c, tp->mode) > 0) {
+        tp->probe_alt += est_of(c, tp->mode) * units;
+        tp->probe_known += dt;
+    } else {
+        tp->probe_alt += dt; /* no comparison for this class: neutral */
+    }
     tp->probe_until -= dt;
     if (tp->probe_until > 0) return;
     tp->probe_until = 0;
-    if (tp->probe_t * MARGIN < tp->probe_alt) {
+    /* a probe made mostly of jobs the running mode never timed (it began
+     * just before them) confirms nothing: no backing off, or a wrong mode
+     * could stand for PROBE_MAX */
+    if (tp->probe_t * (other == MODE_SOLO ? MARGIN_SOLO : MARGIN) < tp->probe_alt) {
         set_mode(tp, other, true, t_end);
-    } else if (tp->probe_every < PROBE_MAX) {
+    } else if (tp->probe_known >= 0.5 * tp->probe_t && tp->probe_every < PROBE_MAX) {
         tp->probe_every = 2 * tp->probe_every < PROBE_MAX ? 2 * tp->probe_every : PROBE_MAX;
     }
     tp->next_probe = t_end + tp->probe_every;
@@ -370,6 +411,10 @@ void li_threadpool_run(li_threadpool *tp, li_threadpool_fn fn, void *ctx, int nt
 }
 
 void li_threadpool_run_sized(li_threadpool *tp, li_threadpool_fn fn, void *ctx, int nth, int64_t work) {
+    li_threadpool_run_shaped(tp, fn, ctx, nth, work, 0);
+}
+
+void li_threadpool_run_shaped(li_threadpool *tp, li_threadpool_fn fn, void *ctx, int nth, int64_t work, int shape) {
     if (nth > tp->n_threads) nth = tp->n_threads;
     if (nth <= 1) {
         fn(ctx, 0, 1);
@@ -377,17 +422,22 @@ void li_threadpool_run_sized(li_threadpool *tp, li_threadpool_fn fn, void *ctx, 
     }
     const int size = work > 0 ? 64 - __builtin_clzll((unsigned long long)work) : 0;
     const double units = work > 0 ? (double)work : 1.0;
-    job_class *c = class_of(tp, fn, nth, size);
+    job_class *c = class_of(tp, fn, nth, size, shape);
     const double t0 = mode_clock(tp);
     if (tp->probe_every == 0) { /* the first job */
         tp->probe_every = PROBE_MIN;
         tp->next_probe = t0 + PROBE_MIN;
     }
-    if (tp->probe_until == 0 && t0 >= tp->next_probe) {
+    /* a probe is due by wall time, but not before the running mode has
+     * had as many job seconds since the last: where jobs come further
+     * apart than the probe interval every job would be a probe, and the
+     * running mode never timed again */
+    if (tp->probe_until == 0 && t0 >= tp->next_probe && tp->run_since >= PROBE_SPAN) {
         tp->n_probes++;
         tp->probe_until = PROBE_SPAN;
-        tp->probe_t = tp->probe_alt = 0;
+        tp->probe_t = tp->probe_alt = tp->probe_known = tp->run_since = 0;
     }
+    tp->n_jobs++;
     const bool probing = tp->probe_until > 0;
     const int mode = probing ? !tp->mode : tp->mode;
     bool stalled = false;
@@ -402,11 +452,11 @@ void li_threadpool_run_sized(li_threadpool *tp, li_threadpool_fn fn, void *ctx, 
         account_probe(tp, c, t1 - t0, units, t1);
     } else {
         account_run(tp, c, t1 - t0, units, t1);
-        if (stalled && tp->mode == MODE_POOL && c->est[MODE_SOLO] == 0 && tp->probe_until == 0) {
+        if (stalled && tp->mode == MODE_POOL && est_of(c, MODE_SOLO) == 0 && tp->probe_until == 0) {
             /* SOLO unmeasured and the workers look slow: find out now */
             tp->n_probes++;
             tp->probe_until = PROBE_SPAN;
-            tp->probe_t = tp->probe_alt = 0;
+            tp->probe_t = tp->probe_alt = tp->probe_known = tp->run_since = 0;
         }
     }
 }

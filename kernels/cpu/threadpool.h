@@ -36,6 +36,20 @@ void li_threadpool_run(li_threadpool *tp, li_threadpool_fn fn, void *ctx, int nt
  * timed per unit of work in classes of fn, nth and log2(work), so jobs of
  * one fn but very different sizes are judged apart. */
 void li_threadpool_run_sized(li_threadpool *tp, li_threadpool_fn fn, void *ctx, int nth, int64_t work);
+/* The same, jobs of one fn and size also judged apart by `shape` when their
+ * cost per unit of work differs: a matmul of one activation row streams its
+ * weights from memory (two threads: ~1.4x one), one of 16 rows with the same
+ * multiply-adds computes (~2x). Timed in one class, the GEMV's cost per
+ * multiply-add reads 5x the GEMM's, and the comparison of the modes mixes
+ * them up (the caller alone then looks faster than it is). */
+void li_threadpool_run_shaped(li_threadpool *tp, li_threadpool_fn fn, void *ctx, int nth, int64_t work, int shape);
+/* The shape of a job over `rows` activation rows of one weight kind (any
+ * small int, e.g. its li_type): the rows in powers of two up to 128. */
+static inline int li_threadpool_rows_shape(int kind, int64_t rows) {
+    int b = 0;
+    while (b < 7 && ((int64_t)2 << b) <= rows) b++;
+    return kind * 8 + b + 1;
+}
 /* Jobs that stalled on a descheduled worker, and jobs the caller ran alone
  * though it had workers, since init. */
 void li_threadpool_stats(const li_threadpool *tp, long *n_stalls, long *n_solo);

@@ -264,7 +264,8 @@ void li_w8_matmul_multi(const li_w8_kernels *kern, li_threadpool *tp, int n_thre
     atomic_init(&j.next_item, 0);
     const int nth = work < 65536 ? 1 : n_threads; /* tiny products: not worth a wake-up */
     li_threadpool_run_sized(tp, w8_quantize, &j, n >= 8 ? nth : 1, n * j.k);
-    li_threadpool_run_sized(tp, w8_work, &j, (int)LI_MIN((int64_t)nth, j.n_items), work);
+    li_threadpool_run_shaped(tp, w8_work, &j, (int)LI_MIN((int64_t)nth, j.n_items), work,
+                             li_threadpool_rows_shape((int)w[0]->type, n));
 }
 
 void li_w8_matmul(const li_w8_kernels *kern, li_threadpool *tp, int n_threads, const li_weight *w, const float *x,
