@@ -333,9 +333,21 @@ static job_class *class_of(li_threadpool *tp, li_threadpool_fn fn, int nth, int 
  * woken) and were measured at 20x a warm job, enough for one probe of the
  * other mode to look 20x faster and switch every class's mode. */
 #define EST_MIN_JOBS 2
+/* A sample counts for at most CLIP times the estimate it updates: one
+ * worker descheduled for a time slice (the host's, on an idle machine)
+ * made a 0.4 ms GEMM read 1.6 ms, and one such window switched every job
+ * to SOLO. Contention slows job after job, and the estimate still grows
+ * geometrically (x1.375 a job at EWMA_RUN). */
+#define CLIP 4.0
+static double clipped(const job_class *c, int mode, double sample) {
+    const double cap = c->n[mode] >= 2 && c->est[mode] > 0 ? CLIP * c->est[mode] : sample;
+    return sample < cap ? sample : cap;
+}
+
 static void ewma(job_class *c, int mode, double sample, double w) {
     double *est = &c->est[mode];
     if (c->n[mode]++ == 0) return;
+    sample = clipped(c, mode, sample);
     *est = *est > 0 ? *est + w * (sample - *est) : sample;
 }
 
@@ -356,6 +368,7 @@ static void set_mode(li_threadpool *tp, int mode, bool by_probe, double t) {
  * bring the workers back. */
 static void account_run(li_threadpool *tp, job_class *c, double dt, double units, double t_end) {
     const int other = !tp->mode;
+    dt = clipped(c, tp->mode, dt / units) * units; /* the window's sums too */
     ewma(c, tp->mode, dt / units, EWMA_RUN);
     tp->win_t += dt;
     tp->run_since += dt;
