@@ -75,7 +75,7 @@ static void avx512_quantize_act(li_type at, const float *x, void *dst, int64_t k
  * The weight panel is unpacked once per block and serves NR activation rows.
  * ---------------------------------------------------------------------- */
 
-#define NR 8         /* activation rows per pass over a panel: 8 x 16 sums in registers */
+#define NR 10        /* activation rows per pass over a panel: 10 x 16 sums in registers */
 
 static inline __m512i bcast32(const int8_t *p) {
     int32_t v;
@@ -98,7 +98,7 @@ static inline __attribute__((always_inline)) void q_panel(li_type t, int nr, int
     const size_t s_off = d_off + (size_t)nb * 4, sum_off = s_off + (size_t)nb * 4;
     const __m512i low4 = _mm512_set1_epi8(0x0f);
     __m512 acc[NR];
-#pragma GCC unroll 8
+#pragma GCC unroll 10
     for (int r = 0; r < nr; r++) acc[r] = _mm512_setzero_ps();
     const size_t step = qsb + 32 * (t == LI_TYPE_Q4_1 ? 2 : 1); /* panel bytes per block */
     for (int64_t b = 0; b < nb; b++) {
@@ -120,7 +120,7 @@ static inline __attribute__((always_inline)) void q_panel(li_type t, int nr, int
         const __m512 dw = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(dd + b * 32)));
         __m512 mw = _mm512_setzero_ps();
         if (t == LI_TYPE_Q4_1) mw = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(mm + b * 32)));
-#pragma GCC unroll 8
+#pragma GCC unroll 10
         for (int r = 0; r < nr; r++) {
             const char *a = act + r * as;
             const int8_t *aq = (const int8_t *)a + b * 32;
@@ -149,11 +149,11 @@ static inline __attribute__((always_inline)) void q_panel(li_type t, int nr, int
             acc[r] = _mm512_add_ps(acc[r], term);
         }
     }
-#pragma GCC unroll 8
+#pragma GCC unroll 10
     for (int r = 0; r < nr; r++) _mm512_mask_storeu_ps(y + r * ldy, mask, acc[r]);
 }
 
-/* rows [r0, r1) of panel p, NR rows per pass (then 4, 3, 2, 1); the first
+/* rows [r0, r1) of panel p, NR rows per pass, then the rest in one; the first
  * pass prefetches the weights ahead of itself when pf */
 static inline __attribute__((always_inline)) void rows_q(li_type t, const li_cpu_packed *w, int64_t p, const char *act,
                                                          size_t as, int64_t r0, int64_t r1, float *y, int64_t ldy,
@@ -164,8 +164,13 @@ static inline __attribute__((always_inline)) void rows_q(li_type t, const li_cpu
     int64_t r = r0;
 #define ROWS_Q(NRR) q_panel(t, NRR, w->k, panel, act + r * as, as, yp + r * ldy, ldy, mask, pf && r == r0)
     for (; r + NR <= r1; r += NR) ROWS_Q(NR);
-    for (; r + 4 <= r1; r += 4) ROWS_Q(4);
-    switch (r1 - r) {
+    switch (r1 - r) { /* the rest in one pass: a verify's 9 rows are one */
+    case 9: ROWS_Q(9); break;
+    case 8: ROWS_Q(8); break;
+    case 7: ROWS_Q(7); break;
+    case 6: ROWS_Q(6); break;
+    case 5: ROWS_Q(5); break;
+    case 4: ROWS_Q(4); break;
     case 3: ROWS_Q(3); break;
     case 2: ROWS_Q(2); break;
     case 1: ROWS_Q(1); break;

@@ -406,7 +406,7 @@ static void test_matmul(li_backend *bes, int n_be) {
                              LI_TYPE_Q8_1};
     const int64_t ks[] = {32, 64, 96, 4096 + 32, 37}; /* 37: float weights only */
     const int64_t ms[] = {1, 3, 17, 257};
-    const int64_t ns[] = {1, 2, 5, 33, 64 + 7};
+    const int64_t ns[] = {1, 2, 5, 9, 11, 33, 64 + 7}; /* 9: one pass of a verify; 11: a pass of 10 and 1 */
     for (size_t ti = 0; ti < LI_ARRAY_LEN(types); ti++) {
         const li_type t = types[ti];
         for (size_t ki = 0; ki < LI_ARRAY_LEN(ks); ki++) {
@@ -482,7 +482,7 @@ static void test_matmul(li_backend *bes, int n_be) {
  * GEMV / register-block / tile / thread-split boundaries. */
 static void test_matmul_batch_invariance(void) {
     const li_type types[] = {LI_TYPE_Q4_0, LI_TYPE_Q4_1, LI_TYPE_Q8_0, LI_TYPE_F32, LI_TYPE_F16, LI_TYPE_BF16};
-    const int64_t ns[] = {1, 2, 3, 4, 5, 7, 17, 64, 450};
+    const int64_t ns[] = {1, 2, 3, 4, 5, 7, 9, 10, 11, 17, 64, 450};
     const int64_t k = 576, m = 1536 / 4 + 7; /* SmolLM2's k; m leaves a partial panel */
     enum { NMAX = 450 };
     float *x = li_xmalloc((size_t)NMAX * k * sizeof(float));
