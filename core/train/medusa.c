@@ -135,7 +135,8 @@ double li_train_medusa_loss_par(struct li_threadpool *tp, const float *logits, c
     j.part_loss = li_xcalloc((size_t)LI_MAX(j.n_jobs, 1), sizeof(double));
     j.part_kl = li_xcalloc((size_t)LI_MAX(j.n_jobs, 1), sizeof(double));
     atomic_store(&j.next, 0);
-    if (tp && j.n_jobs > 1) li_threadpool_run(tp, loss_run, &j, (int)LI_MIN((int64_t)li_threadpool_size(tp), j.n_jobs));
+    if (tp && j.n_jobs > 1)
+        li_threadpool_run_sized(tp, loss_run, &j, (int)LI_MIN((int64_t)li_threadpool_size(tp), j.n_jobs), N * V);
     else loss_run(&j, 0, 1);
     double l = 0, k = 0;
     for (int64_t c = 0; c < j.n_jobs; c++) {

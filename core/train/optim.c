@@ -103,7 +103,8 @@ static void update_run(void *ctx, int ith, int nth) {
 
 static void launch(li_threadpool *tp, li_threadpool_fn fn, opt_job *j) {
     atomic_store(&j->next, 0);
-    if (tp && j->n_chunks > 1) li_threadpool_run(tp, fn, j, (int)LI_MIN((size_t)li_threadpool_size(tp), j->n_chunks));
+    if (tp && j->n_chunks > 1)
+        li_threadpool_run_sized(tp, fn, j, (int)LI_MIN((size_t)li_threadpool_size(tp), j->n_chunks), (int64_t)j->n_chunks);
     else fn(j, 0, 1);
 }
 

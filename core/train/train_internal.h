@@ -6,9 +6,10 @@
 #include "train/train.h"
 
 /* fn(ctx, j) for j in [0, n) on the thread pool tp (NULL: this thread),
- * jobs taken from an atomic counter (train_par.c) */
+ * jobs taken from an atomic counter (train_par.c). `op` tells apart the
+ * ops one fn runs (the pool times each fn and op as its own class) */
 typedef void (*li_train_job_fn)(void *ctx, int64_t j);
-void li_train_par(void *tp, li_train_job_fn fn, void *ctx, int64_t n);
+void li_train_par(void *tp, li_train_job_fn fn, void *ctx, int64_t n, int op);
 
 #define LI_TRAIN_DECLARE(real, S)                                                                                  \
     void li_trop_embed_fwd_##S(const real *E, const int32_t *tok, real *x, int64_t N, int64_t d);                \

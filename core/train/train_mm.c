@@ -223,7 +223,9 @@ static void gemm(li_threadpool *tp, int isa, int64_t M, int64_t N, int64_t K, co
     g.nc = nc;
     g.n_jobs = g.n_mb * ((N + nc - 1) / nc);
     atomic_init(&g.next, 0);
-    if (tp && g.n_jobs > 1) li_threadpool_run(tp, gemm_run, &g, (int)LI_MIN((int64_t)nth, g.n_jobs));
+    if (tp && g.n_jobs > 1) /* timed per multiply-add, skinny products apart */
+        li_threadpool_run_shaped(tp, gemm_run, &g, (int)LI_MIN((int64_t)nth, g.n_jobs), M * N * K,
+                                 li_threadpool_rows_shape(0, LI_MIN(M, N)));
     else gemm_run(&g, 0, 1);
 }
 
@@ -265,7 +267,8 @@ static void acc_run(void *ctx, int ith, int nth) {
 }
 
 static void mm_launch(li_threadpool *tp, li_threadpool_fn fn, mm_job *j) {
-    if (tp && j->n_jobs > 1) li_threadpool_run(tp, fn, j, (int)LI_MIN((int64_t)li_threadpool_size(tp), j->n_jobs));
+    if (tp && j->n_jobs > 1)
+        li_threadpool_run_sized(tp, fn, j, (int)LI_MIN((int64_t)li_threadpool_size(tp), j->n_jobs), j->n_jobs);
     else fn(j, 0, 1);
 }
 

@@ -23,7 +23,7 @@ static void par_run(void *ctx, int ith, int nth) {
     }
 }
 
-void li_train_par(void *tp, li_train_job_fn fn, void *ctx, int64_t n) {
+void li_train_par(void *tp, li_train_job_fn fn, void *ctx, int64_t n, int op) {
     if (n <= 0) return;
     li_threadpool *pool = tp;
     if (!pool || n == 1 || li_threadpool_size(pool) < 2) {
@@ -32,5 +32,8 @@ void li_train_par(void *tp, li_train_job_fn fn, void *ctx, int64_t n) {
     }
     par_ctx p = {.fn = fn, .ctx = ctx, .n = n};
     atomic_init(&p.next, 0);
-    li_threadpool_run(pool, par_run, &p, (int)LI_MIN((int64_t)li_threadpool_size(pool), n));
+    /* every op runs through par_run: its fn and op are the class, its jobs
+     * (of a similar size each) the work */
+    const int shape = (int)((((uintptr_t)fn >> 4) ^ ((uintptr_t)(unsigned)op * 40503u)) & 0xffffff);
+    li_threadpool_run_shaped(pool, par_run, &p, (int)LI_MIN((int64_t)li_threadpool_size(pool), n), n, shape);
 }

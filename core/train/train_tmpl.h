@@ -167,7 +167,7 @@ void TR(li_trop_attn_fwd)(const real *q, const real *k, const real *v, real *P, 
                           int Hkv, int hd, void *tp) {
     TR(att_ctx) c = {.q = q, .k = k, .v = v, .Pw = P, .out = out, .B = B, .T = T, .H = H, .Hkv = Hkv, .hd = hd,
                      .nblk = (T + TR_ATT_ROWS - 1) / TR_ATT_ROWS};
-    li_train_par(tp, TR(att_fwd_job), &c, (int64_t)B * H * c.nblk);
+    li_train_par(tp, TR(att_fwd_job), &c, (int64_t)B * H * c.nblk, 0);
 }
 
 /* rows t of (b, h): dP = dout·V^T, dS = P ⊙ (dP − Σ dP⊙P)·scale kept, dq = dS·K */
@@ -228,8 +228,8 @@ void TR(li_trop_attn_bwd)(const real *q, const real *k, const real *v, const rea
                           real *dk, real *dv, real *dS, int B, int T, int H, int Hkv, int hd, void *tp) {
     TR(att_ctx) c = {.q = q, .k = k, .v = v, .P = P, .dout = dout, .dq = dq, .dk = dk, .dv = dv, .dS = dS,
                      .B = B, .T = T, .H = H, .Hkv = Hkv, .hd = hd, .nblk = (T + TR_ATT_ROWS - 1) / TR_ATT_ROWS};
-    li_train_par(tp, TR(att_dq_job), &c, (int64_t)B * H * c.nblk);
-    li_train_par(tp, TR(att_dkv_job), &c, (int64_t)B * Hkv * c.nblk);
+    li_train_par(tp, TR(att_dq_job), &c, (int64_t)B * H * c.nblk, 0);
+    li_train_par(tp, TR(att_dkv_job), &c, (int64_t)B * Hkv * c.nblk, 0);
 }
 
 /* ==== SwiGLU ============================================================== */
@@ -299,24 +299,24 @@ static int64_t TR(par_row_jobs)(int64_t N) { return (N + TR_PAR_ROWS - 1) / TR_P
 static void TR(rmsnorm_fwd_par)(void *tp, const real *x, const real *w, real *y, real *rstd, int64_t N, int64_t d,
                                 real eps) {
     TR(par_ctx) c = {.op = TR_PAR_NORM, .x = x, .w = w, .y = y, .rstd_out = rstd, .N = N, .d = d, .eps = eps};
-    li_train_par(tp, TR(par_job), &c, TR(par_row_jobs)(N));
+    li_train_par(tp, TR(par_job), &c, TR(par_row_jobs)(N), c.op);
 }
 
 /* li_trop_rmsnorm_bwd's dx, then its dw (when not NULL) */
 static void TR(rmsnorm_bwd_par)(void *tp, const real *x, const real *w, const real *rstd, const real *dy, real *dx,
                                 real *dw, int64_t N, int64_t d) {
     TR(par_ctx) c = {.op = TR_PAR_NORM_DX, .x = x, .w = w, .rstd = rstd, .dy = dy, .dx = dx, .dw = dw, .N = N, .d = d};
-    li_train_par(tp, TR(par_job), &c, TR(par_row_jobs)(N));
+    li_train_par(tp, TR(par_job), &c, TR(par_row_jobs)(N), c.op);
     if (!dw) return;
     c.op = TR_PAR_NORM_DW;
-    li_train_par(tp, TR(par_job), &c, (d + TR_PAR_COLS - 1) / TR_PAR_COLS);
+    li_train_par(tp, TR(par_job), &c, (d + TR_PAR_COLS - 1) / TR_PAR_COLS, c.op);
 }
 
 static void TR(rope_par)(void *tp, real *x, const real *cs, int64_t N, int T, int H, int hd, int n_rot, int neox,
                          int dir) {
     TR(par_ctx) c = {.op = TR_PAR_ROPE, .v = x, .cs = cs, .N = N, .T = T, .H = H, .hd = hd, .n_rot = n_rot,
                      .neox = neox, .dir = dir};
-    li_train_par(tp, TR(par_job), &c, TR(par_row_jobs)(N));
+    li_train_par(tp, TR(par_job), &c, TR(par_row_jobs)(N), c.op);
 }
 
 /* h(N, ff) = silu(g) · u; with dh: dg, du */
@@ -324,7 +324,7 @@ static void TR(swiglu_par)(void *tp, const real *g, const real *u, real *h, cons
                            int64_t N, int64_t ff) {
     TR(par_ctx) c = {.op = dh ? TR_PAR_GLU_BWD : TR_PAR_GLU, .g = g, .u = u, .v = h, .dy = dh, .dg = dg, .du = du,
                      .N = N, .d = ff};
-    li_train_par(tp, TR(par_job), &c, TR(par_row_jobs)(N));
+    li_train_par(tp, TR(par_job), &c, TR(par_row_jobs)(N), c.op);
 }
 
 /* ==== loss ================================================================ */
@@ -412,7 +412,7 @@ static double TR(loss_par)(void *tp, const real *logits, const int32_t *lab, con
     TR(loss_ctx) c = {.logits = logits, .lab = lab, .teacher = teacher, .dlogits = dlogits, .V = V,
                       .alpha = alpha, .temp = temp, .gs = cnt ? gscale / (real)cnt : 0,
                       .row = li_xcalloc((size_t)LI_MAX(N, 1) * 2, sizeof(double))};
-    li_train_par(tp, TR(loss_job), &c, N);
+    li_train_par(tp, TR(loss_job), &c, N, 0);
     double total = 0, kl_sum = 0;
     for (int64_t i = 0; i < N; i++) total += c.row[2 * i], kl_sum += c.row[2 * i + 1];
     free(c.row);
