@@ -91,10 +91,10 @@ static int next_batch(void *ctx, int step, int micro, li_train_batch *b, li_erro
     return 0;
 }
 
-static void on_step(void *ctx, int step, double loss, double kl, double gnorm) {
+static void on_step(void *ctx, int step, double loss, double kl, double gnorm, double lr) {
     dctx *c = ctx;
-    printf("step %d/%d: loss %.4f  kl %.4f  grad-norm %.3f  (%.1f s)\n", step, c->steps, loss, kl, gnorm,
-           li_time_now() - c->t0);
+    printf("step %d/%d: loss %.4f  kl %.4f  grad-norm %.3f  lr %.4g  (%.1f s)\n", step, c->steps, loss, kl, gnorm,
+           lr, li_time_now() - c->t0);
     fflush(stdout);
     li_progress_update(&c->prog, step, NULL);
 }
@@ -207,8 +207,10 @@ int li_cmd_distill(int argc, char **argv) {
            student_path, pos[0], train, (double)tm.L.n_grads / 1e6, (double)tm.L.n_params / 1e6, n_ids,
            to.data ? "text" : "the teacher's samples",
            (long long)c.n_windows, (long long)to.seq_len);
-    printf("loss = %.2f * KL(T = %.2f) * T^2 + %.2f * CE; AdamW lr %g, %lld x %lld x %lld tokens per step\n", to.alpha,
-           to.temperature, 1 - to.alpha, to.lr, (long long)accum, (long long)to.batch, (long long)to.seq_len);
+    printf("loss = %.2f * KL(T = %.2f) * T^2 + %.2f * CE; AdamW lr %g (%s, warmup %d), %lld x %lld x %lld tokens "
+           "per step\n",
+           to.alpha, to.temperature, 1 - to.alpha, to.lr, to.sched_s, to.sched.warmup, (long long)accum,
+           (long long)to.batch, (long long)to.seq_len);
     fflush(stdout);
     struct sigaction sa = {0}, old_sa;
     sa.sa_handler = on_sigint;
@@ -221,7 +223,7 @@ int li_cmd_distill(int argc, char **argv) {
         .loss = {.alpha = (float)to.alpha, .temperature = (float)to.temperature},
         .adamw = {.lr = (float)to.lr, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = (float)to.wd,
                   .clip = (float)to.clip},
-        .tp = tp, .out = pos[0], .src = &student->gguf, .dtype = dtype, .ckpt_every = (int)to.ckpt_every,
+        .sched = to.sched, .tp = tp, .out = pos[0], .src = &student->gguf, .dtype = dtype, .ckpt_every = (int)to.ckpt_every,
         .stop = &stop_flag};
     int done_steps = 0;
     rc = li_train_run(&tm, &o, &done_steps, &err);

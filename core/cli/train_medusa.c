@@ -266,8 +266,10 @@ int li_cmd_train_medusa(int argc, char **argv) {
     printf("train-medusa: %s -> %s, %d heads (%.2fM parameters), %zu tokens of %s (%lld windows of %lld)\n",
            base_name, pos[0], h.K, (double)h.tm.L.n_params / 1e6, n_ids, to.data ? to.data : "the base's samples",
            (long long)n_windows, (long long)L);
-    printf("loss = mean over heads of %.2f * KL(T = %.2f) * T^2 + %.2f * CE; AdamW lr %g, %lld x %lld tokens per step\n",
-           to.alpha, to.temperature, 1 - to.alpha, to.lr, (long long)to.batch, (long long)L);
+    printf("loss = mean over heads of %.2f * KL(T = %.2f) * T^2 + %.2f * CE; AdamW lr %g (%s, warmup %d), %lld x %lld "
+           "tokens per step\n",
+           to.alpha, to.temperature, 1 - to.alpha, to.lr, to.sched_s, to.sched.warmup, (long long)to.batch,
+           (long long)L);
     fflush(stdout);
     struct sigaction sa = {0}, old_sa;
     sa.sa_handler = on_sigint;
@@ -277,7 +279,7 @@ int li_cmd_train_medusa(int argc, char **argv) {
                            .temperature = (float)to.temperature, .data = to.data ? to.data : "self-generate"};
     const li_train_loss_opts lo = {.alpha = (float)to.alpha, .temperature = (float)to.temperature,
                                    .grad_scale = 1.0f / (float)to.batch};
-    const li_adamw_opts ao = {.lr = (float)to.lr, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
+    li_adamw_opts ao = {.lr = (float)to.lr, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
                               .weight_decay = (float)to.wd, .clip = (float)to.clip, .tp = tp};
     li_progress prog;
     li_progress_init(&prog, "train-medusa", "steps/s", to.steps);
@@ -299,6 +301,7 @@ int li_cmd_train_medusa(int argc, char **argv) {
             for (int k = 0; k < h.K; k++) lk[k] += lkj[k] / (double)to.batch;
         }
         double gn = 0;
+        ao.lr = (float)li_train_lr_at(&to.sched, to.lr, (int)step + 1, (int)to.steps);
         if (!rc) rc = li_adamw_step(&opt, &h.tm, &g, &ao, &gn, &err);
         if (rc) {
             if (rc == LI_ERANGE) {
@@ -313,7 +316,7 @@ int li_cmd_train_medusa(int argc, char **argv) {
         step++;
         printf("step %lld/%lld: loss %.4f  heads", (long long)step, (long long)to.steps, loss);
         for (int k = 0; k < h.K; k++) printf(" %.3f", lk[k]);
-        printf("  grad-norm %.3f  (%.1f s)\n", gn, li_time_now() - t0);
+        printf("  grad-norm %.3f  lr %.4g  (%.1f s)\n", gn, (double)ao.lr, li_time_now() - t0);
         fflush(stdout);
         li_progress_update(&prog, step, NULL);
         if (to.ckpt_every > 0 && step % to.ckpt_every == 0 && step < to.steps) {

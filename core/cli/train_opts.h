@@ -9,7 +9,7 @@
 #include "runtime/args.h"
 #include "train/train.h"
 
-#define LI_CLI_TRAIN_N_OPTS 15 /* entries li_cli_train_opts_init writes */
+#define LI_CLI_TRAIN_N_OPTS 17 /* entries li_cli_train_opts_init writes */
 
 /* What differs between the commands: the name that starts messages, the
  * defaults, and the help of the options whose meaning they word apart. */
@@ -22,11 +22,12 @@ typedef struct li_cli_train_spec {
 } li_cli_train_spec;
 
 typedef struct li_cli_train_opts {
-    const char *data, *dtype_s;
-    int64_t steps, seq_len, batch, threads, ckpt_every, seed, self_gen;
+    const char *data, *dtype_s, *sched_s;
+    int64_t steps, seq_len, batch, threads, ckpt_every, seed, self_gen, warmup;
     double alpha, temperature, lr, wd, clip;
     bool help;
     li_ckpt_dtype dtype;       /* --dtype, set by li_cli_train_opts_check */
+    li_lr_schedule sched;      /* --lr-schedule and --warmup, set by li_cli_train_opts_check */
     char steps_help[64], lr_help[64];
 } li_cli_train_opts;
 
@@ -34,7 +35,7 @@ typedef struct li_cli_train_opts {
  * (pointing into o: it must outlive the parse). */
 void li_cli_train_opts_init(li_cli_train_opts *o, const li_cli_train_spec *s, li_opt *opts);
 /* The shared checks after parsing: --data and --self-generate exclusive,
- * every range, --dtype parsed into o->dtype. One line starting with s->who. */
+ * every range, --dtype parsed into o->dtype, the schedule into o->sched. One line starting with s->who. */
 int li_cli_train_opts_check(li_cli_train_opts *o, const li_cli_train_spec *s, li_error *err);
 
 #endif

@@ -58,6 +58,7 @@ int li_train_run(li_train_model *tm, const li_train_run_opts *o, int *steps_done
         double loss = 0, kl = 0, gn = 0;
         li_adamw_opts ao = o->adamw;
         if (!ao.tp) ao.tp = o->tp;
+        ao.lr = (float)li_train_lr_at(&o->sched, o->adamw.lr, step + 1, o->steps);
         if ((rc = li_train_step(tm, &g, &opt, mb, o->n_micro, &o->loss, &ao, &ws, o->tp, &loss, &kl, &gn,
                                 err))) {
             if (rc == LI_ERANGE && o->out) {
@@ -73,7 +74,7 @@ int li_train_run(li_train_model *tm, const li_train_run_opts *o, int *steps_done
         }
         step++;
         if (steps_done) *steps_done = step;
-        if (o->on_step) o->on_step(o->ctx, step, loss, kl, gn);
+        if (o->on_step) o->on_step(o->ctx, step, loss, kl, gn, ao.lr);
         if (o->out && o->ckpt_every > 0 && step % o->ckpt_every == 0 && step < o->steps &&
             (rc = li_train_save(tm, o->src, o->dtype, o->out, err)))
             goto done;

@@ -4,7 +4,7 @@
  * arithmetic is the same whoever runs it, and the norm's partial sums are
  * added in chunk order, so the result does not depend on the threads.
  * Where the training kernels run AVX-512 the update does too
- * (optim_avx512.c). */
+ * (optim_avx512.c). The learning-rate schedules are here too. */
 #include "train/train_internal.h"
 #include "cpu/threadpool.h"
 
@@ -14,6 +14,27 @@
 #include <string.h>
 
 #define CHUNK ((size_t)1 << 16) /* elements per job */
+
+double li_train_lr_at(const li_lr_schedule *s, double lr, int step, int total) {
+    const double s0 = step - 1, w = s->warmup; /* their 0-based step */
+    if (s0 < w) return lr * s0 / (w > 1 ? w : 1);
+    const double span = total - w > 1 ? total - w : 1, progress = (s0 - w) / span;
+    switch (s->kind) {
+    case LI_LR_COSINE: return lr * fmax(0.0, 0.5 * (1.0 + cos(3.14159265358979323846 * progress)));
+    case LI_LR_LINEAR: return lr * fmax(0.0, (total - s0) / span);
+    default: return lr;
+    }
+}
+
+int li_lr_kind_parse(const char *name, li_lr_kind *kind) {
+    static const char *const names[] = {"constant", "cosine", "linear"};
+    for (int i = 0; i < 3; i++)
+        if (!strcmp(name, names[i])) {
+            *kind = (li_lr_kind)i;
+            return 0;
+        }
+    return -1;
+}
 
 int li_adamw_init(li_adamw *a, const li_train_layout *L) {
     memset(a, 0, sizeof *a);

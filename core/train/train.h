@@ -206,17 +206,34 @@ int li_train_step(li_train_model *tm, li_train_grads *g, li_adamw *opt, const li
                   double *loss, double *kl, double *gnorm, li_error *err);
 
 /* A run of steps with checkpoints (loop.c). */
+/* The learning rate by step, as transformers' get_{constant,cosine,linear}
+ * _schedule_with_warmup (step s runs at their lambda(s - 1), since their
+ * scheduler steps after the optimizer): rising linearly from 0 over
+ * `warmup` steps, then held, or decayed to 0 at the last step by a half
+ * cosine or a line. */
+typedef enum { LI_LR_CONSTANT, LI_LR_COSINE, LI_LR_LINEAR } li_lr_kind;
+typedef struct li_lr_schedule {
+    li_lr_kind kind;
+    int warmup;                  /* steps, >= 0 */
+} li_lr_schedule;
+
+/* the rate of step `step` (1-based) of `total` for base rate lr */
+double li_train_lr_at(const li_lr_schedule *s, double lr, int step, int total);
+/* "constant", "cosine", "linear" -> *kind; -1 for any other name */
+int li_lr_kind_parse(const char *name, li_lr_kind *kind);
+
 typedef struct li_train_run_opts {
     int steps;
     int n_micro;                 /* micro-batches per step (>= 1) */
     /* the batch of step s (1-based), micro-batch j: fills b (its arrays
      * stay the callee's until the next call) */
     int (*next_batch)(void *ctx, int step, int micro, li_train_batch *b, li_error *err);
-    /* after each good step (may be NULL) */
-    void (*on_step)(void *ctx, int step, double loss, double kl, double gnorm);
+    /* after each good step (may be NULL), with the rate it ran at */
+    void (*on_step)(void *ctx, int step, double loss, double kl, double gnorm, double lr);
     void *ctx;
     li_train_loss_opts loss;
-    li_adamw_opts adamw;
+    li_adamw_opts adamw;         /* adamw.lr: the base rate of sched */
+    li_lr_schedule sched;        /* {0}: constant, no warmup */
     struct li_threadpool *tp;
     /* checkpoints: every ckpt_every steps (0: only at the end) and when
      * *stop becomes nonzero (a SIGINT handler's flag), to out */

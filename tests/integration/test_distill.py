@@ -14,11 +14,33 @@ import re
 import signal
 import subprocess
 
+import numpy as np
 import pytest
 
 from test_cli_errors import assert_clean_failure
 
 STEP = re.compile(r"^step (\d+)/(\d+): loss ([0-9.]+)\s+kl ([0-9.]+)", re.M)
+LR = re.compile(r"^step (\d+)/\d+: .*  lr ([0-9.e+-]+)  ", re.M)
+
+
+def hf_lr(kind, lr, warmup, total):
+    """The rate of each step: a float64 transcription of transformers'
+    get_{constant,cosine,linear}_schedule_with_warmup lambdas (num_cycles
+    0.5), evaluated at the scheduler's step before each optimizer step."""
+    out = []
+    for s in range(total):
+        if s < warmup:
+            f = s / max(1, warmup)
+        elif kind == "constant":
+            f = 1.0
+        else:
+            progress = (s - warmup) / max(1, total - warmup)
+            if kind == "cosine":
+                f = max(0.0, 0.5 * (1.0 + np.cos(np.pi * 2.0 * 0.5 * progress)))
+            else:
+                f = max(0.0, (total - s) / max(1, total - warmup))
+        out.append(lr * f)
+    return np.array(out, dtype=np.float64)
 
 
 @pytest.fixture(scope="module")
@@ -59,6 +81,17 @@ def test_distill_loss_falls_and_checkpoint_loads(run_ok, model_path, student, te
     g = run_ok(["generate", "--model", out, "--prompt", "Of man's first disobedience", "--max-tokens", "4",
                 "--temperature", "0"])
     assert g.stdout.strip(), g.stderr
+
+
+@pytest.mark.parametrize("kind,warmup", [("cosine", 2), ("linear", 1), ("constant", 3)])
+def test_distill_lr_schedule(run_ok, model_path, student, text, ddir, kind, warmup):
+    r = run_ok(distill(model_path, student, text, ddir / "sched.gguf", "--steps", "7", "--train", "norms",
+                       "--lr-schedule", kind, "--warmup", str(warmup)))
+    got = [(int(s), float(v)) for s, v in LR.findall(r.stdout)]
+    assert [s for s, _ in got] == list(range(1, 8)), r.stdout
+    want = hf_lr(kind, 3e-3, warmup, 7)
+    # printed with 4 significant digits
+    np.testing.assert_allclose([v for _, v in got], want, rtol=1e-3, atol=1e-12, err_msg=r.stdout)
 
 
 @pytest.mark.parametrize("streams", ["1", "16"])
@@ -132,6 +165,8 @@ def test_distill_refuses_other_vocabulary(run_cli, model_path, text, ddir, repo_
     (["--dtype", "q4_0"], r"--dtype"),
     (["--streams", "0"], r"--streams must be in 1\.\.256"),
     (["--train", "layers:0-99"], r"blocks 0\.\.29"),
+    (["--lr-schedule", "exp"], r"--lr-schedule must be constant, cosine or linear"),
+    (["--warmup", "1"], r"--warmup must be in 0\.\.0"),
 ])
 def test_distill_bad_options(run_cli, model_path, student, text, ddir, extra, pattern):
     r = run_cli(distill(model_path, student, text, ddir / "bad.gguf", "--steps", "1", *extra))

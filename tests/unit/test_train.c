@@ -119,8 +119,9 @@ static int next_batch(void *ctx, int step, int micro, li_train_batch *b, li_erro
     return 0;
 }
 
-static void on_step(void *ctx, int step, double loss, double kl, double gnorm) {
+static void on_step(void *ctx, int step, double loss, double kl, double gnorm, double lr) {
     run_ctx *c = ctx;
+    (void)lr;
     if (step == 1) c->first = loss;
     c->last = loss;
 }
