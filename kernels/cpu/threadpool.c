@@ -47,7 +47,10 @@
  *    about PROBE_SPAN / PROBE_MAX in steady state), and uncontended, where
  *    POOL wins every comparison, the jobs split as they always did;
  *  - a stall while SOLO is still unmeasured for that class starts a probe
- *    at once.
+ *    at once;
+ *  - a sample counts for at most CLIP x its class's estimate, in the EWMA
+ *    and in the window's sums: one time slice of the host must not decide,
+ *    while contention, slowing job after job, still does.
  * SOLO is always allowed: job functions take work dynamically and every
  * chunk is computed whole by one thread, so the results are the same
  * whoever runs which chunk. */
