@@ -223,8 +223,8 @@ int li_cmd_distill(int argc, char **argv) {
         .loss = {.alpha = (float)to.alpha, .temperature = (float)to.temperature},
         .adamw = {.lr = (float)to.lr, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = (float)to.wd,
                   .clip = (float)to.clip},
-        .sched = to.sched, .tp = tp, .out = pos[0], .src = &student->gguf, .dtype = dtype, .ckpt_every = (int)to.ckpt_every,
-        .stop = &stop_flag};
+        .sched = to.sched, .tp = tp, .out = pos[0], .src = &student->gguf, .dtype = dtype,
+        .ckpt_every = (int)to.ckpt_every, .stop = &stop_flag};
     int done_steps = 0;
     rc = li_train_run(&tm, &o, &done_steps, &err);
     sigaction(SIGINT, &old_sa, NULL);

@@ -280,7 +280,7 @@ int li_cmd_train_medusa(int argc, char **argv) {
     const li_train_loss_opts lo = {.alpha = (float)to.alpha, .temperature = (float)to.temperature,
                                    .grad_scale = 1.0f / (float)to.batch};
     li_adamw_opts ao = {.lr = (float)to.lr, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
-                              .weight_decay = (float)to.wd, .clip = (float)to.clip, .tp = tp};
+                        .weight_decay = (float)to.wd, .clip = (float)to.clip, .tp = tp};
     li_progress prog;
     li_progress_init(&prog, "train-medusa", "steps/s", to.steps);
     const double t0 = li_time_now();

@@ -5,8 +5,8 @@
 #include <string.h>
 
 void li_cli_train_opts_init(li_cli_train_opts *o, const li_cli_train_spec *s, li_opt *opts) {
-    *o = (li_cli_train_opts){.dtype_s = "f32", .sched_s = "constant", .steps = s->steps, .seq_len = 64, .batch = 1, .seed = 1,
-                             .alpha = 0.5, .temperature = 2.0, .lr = s->lr, .clip = 1.0};
+    *o = (li_cli_train_opts){.dtype_s = "f32", .sched_s = "constant", .steps = s->steps, .seq_len = 64, .batch = 1,
+                             .seed = 1, .alpha = 0.5, .temperature = 2.0, .lr = s->lr, .clip = 1.0};
     snprintf(o->steps_help, sizeof o->steps_help, "optimizer steps (default %lld)", (long long)s->steps);
     snprintf(o->lr_help, sizeof o->lr_help, "AdamW learning rate (default %g)", s->lr);
     const li_opt shared[LI_CLI_TRAIN_N_OPTS] = {
@@ -17,7 +17,8 @@ void li_cli_train_opts_init(li_cli_train_opts *o, const li_cli_train_spec *s, li
         {"steps", LI_OPT_INT, &o->steps, o->steps_help},
         {"lr", LI_OPT_FLOAT, &o->lr, o->lr_help},
         {"lr-schedule", LI_OPT_STR, &o->sched_s,
-         "constant, cosine or linear: after --warmup, the rate held, or decayed to 0 at the last step (default constant)"},
+         "constant, cosine or linear: after --warmup, the rate held, or decayed to 0 at the last step "
+         "(default constant)"},
         {"warmup", LI_OPT_INT, &o->warmup, "steps the rate rises linearly from 0 to --lr (default 0)"},
         {"weight-decay", LI_OPT_FLOAT, &o->wd, "AdamW decoupled weight decay (default 0)"},
         {"clip", LI_OPT_FLOAT, &o->clip, "global gradient-norm clip, 0 = none (default 1)"},
@@ -51,7 +52,8 @@ int li_cli_train_opts_check(li_cli_train_opts *o, const li_cli_train_spec *s, li
     if (li_lr_kind_parse(o->sched_s, &o->sched.kind))
         return li_error_set(err, LI_EINVAL, "%s: --lr-schedule must be constant, cosine or linear", w);
     if (o->warmup < 0 || o->warmup >= o->steps)
-        return li_error_set(err, LI_EINVAL, "%s: --warmup must be in 0..%lld (below --steps)", w, (long long)o->steps - 1);
+        return li_error_set(err, LI_EINVAL, "%s: --warmup must be in 0..%lld (below --steps)", w,
+                            (long long)o->steps - 1);
     o->sched.warmup = (int)o->warmup;
     if (!strcmp(o->dtype_s, "f32")) o->dtype = LI_CKPT_F32;
     else if (!strcmp(o->dtype_s, "f16")) o->dtype = LI_CKPT_F16;

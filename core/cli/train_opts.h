@@ -35,7 +35,8 @@ typedef struct li_cli_train_opts {
  * (pointing into o: it must outlive the parse). */
 void li_cli_train_opts_init(li_cli_train_opts *o, const li_cli_train_spec *s, li_opt *opts);
 /* The shared checks after parsing: --data and --self-generate exclusive,
- * every range, --dtype parsed into o->dtype, the schedule into o->sched. One line starting with s->who. */
+ * every range, --dtype parsed into o->dtype, the schedule into o->sched.
+ * One line starting with s->who. */
 int li_cli_train_opts_check(li_cli_train_opts *o, const li_cli_train_spec *s, li_error *err);
 
 #endif

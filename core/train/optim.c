@@ -28,7 +28,7 @@ double li_train_lr_at(const li_lr_schedule *s, double lr, int step, int total) {
 
 int li_lr_kind_parse(const char *name, li_lr_kind *kind) {
     static const char *const names[] = {"constant", "cosine", "linear"};
-    for (int i = 0; i < 3; i++)
+    for (int i = 0; i < (int)LI_ARRAY_LEN(names); i++)
         if (!strcmp(name, names[i])) {
             *kind = (li_lr_kind)i;
             return 0;
@@ -125,7 +125,8 @@ static void update_run(void *ctx, int ith, int nth) {
 static void launch(li_threadpool *tp, li_threadpool_fn fn, opt_job *j) {
     atomic_store(&j->next, 0);
     if (tp && j->n_chunks > 1)
-        li_threadpool_run_sized(tp, fn, j, (int)LI_MIN((size_t)li_threadpool_size(tp), j->n_chunks), (int64_t)j->n_chunks);
+        li_threadpool_run_sized(tp, fn, j, (int)LI_MIN((size_t)li_threadpool_size(tp), j->n_chunks),
+                                (int64_t)j->n_chunks);
     else fn(j, 0, 1);
 }
 

@@ -205,7 +205,6 @@ int li_train_step(li_train_model *tm, li_train_grads *g, li_adamw *opt, const li
                   const li_train_loss_opts *lo, const li_adamw_opts *ao, li_train_ws *ws, struct li_threadpool *tp,
                   double *loss, double *kl, double *gnorm, li_error *err);
 
-/* A run of steps with checkpoints (loop.c). */
 /* The learning rate by step, as transformers' get_{constant,cosine,linear}
  * _schedule_with_warmup (step s runs at their lambda(s - 1), since their
  * scheduler steps after the optimizer): rising linearly from 0 over
@@ -222,6 +221,7 @@ double li_train_lr_at(const li_lr_schedule *s, double lr, int step, int total);
 /* "constant", "cosine", "linear" -> *kind; -1 for any other name */
 int li_lr_kind_parse(const char *name, li_lr_kind *kind);
 
+/* A run of steps with checkpoints (loop.c). */
 typedef struct li_train_run_opts {
     int steps;
     int n_micro;                 /* micro-batches per step (>= 1) */

@@ -34,6 +34,6 @@ void li_train_par(void *tp, li_train_job_fn fn, void *ctx, int64_t n, int op) {
     atomic_init(&p.next, 0);
     /* every op runs through par_run: its fn and op are the class, its jobs
      * (of a similar size each) the work */
-    const int shape = (int)((((uintptr_t)fn >> 4) ^ ((uintptr_t)(unsigned)op * 40503u)) & 0xffffff);
-    li_threadpool_run_shaped(pool, par_run, &p, (int)LI_MIN((int64_t)li_threadpool_size(pool), n), n, shape);
+    li_threadpool_run_shaped(pool, par_run, &p, (int)LI_MIN((int64_t)li_threadpool_size(pool), n), n,
+                             li_threadpool_fn_shape((uintptr_t)fn, op));
 }

@@ -645,7 +645,7 @@ static void rows_run(li_cpu *c, void (*rows)(void *, int64_t, int64_t), void *ct
     rows_job j = {.rows = rows, .ctx = ctx, .n = n, .chunk = (chunk + align - 1) / align * align};
     atomic_init(&j.next, 0);
     /* one job fn for every row op: each op its own class */
-    li_threadpool_run_shaped(c->tp, rows_work, &j, nth, cycles, (int)(((uintptr_t)rows >> 4) & 0xffffff));
+    li_threadpool_run_shaped(c->tp, rows_work, &j, nth, cycles, li_threadpool_fn_shape((uintptr_t)rows, 0));
 }
 
 typedef struct {

@@ -336,6 +336,9 @@ static job_class *class_of(li_threadpool *tp, li_threadpool_fn fn, int nth, int 
  * woken) and were measured at 20x a warm job, enough for one probe of the
  * other mode to look 20x faster and switch every class's mode. */
 #define EST_MIN_JOBS 2
+/* seconds per unit of work of the class in mode, 0 while unknown */
+static double est_of(const job_class *c, int mode) { return c->n[mode] >= EST_MIN_JOBS ? c->est[mode] : 0; }
+
 /* A sample counts for at most CLIP times the estimate it updates: one
  * worker descheduled for a time slice (the host's, on an idle machine)
  * made a 0.4 ms GEMM read 1.6 ms, and one such window switched every job
@@ -343,7 +346,7 @@ static job_class *class_of(li_threadpool *tp, li_threadpool_fn fn, int nth, int 
  * geometrically (x1.375 a job at EWMA_RUN). */
 #define CLIP 4.0
 static double clipped(const job_class *c, int mode, double sample) {
-    const double cap = c->n[mode] >= 2 && c->est[mode] > 0 ? CLIP * c->est[mode] : sample;
+    const double cap = est_of(c, mode) > 0 ? CLIP * est_of(c, mode) : sample;
     return sample < cap ? sample : cap;
 }
 
@@ -353,9 +356,6 @@ static void ewma(job_class *c, int mode, double sample, double w) {
     sample = clipped(c, mode, sample);
     *est = *est > 0 ? *est + w * (sample - *est) : sample;
 }
-
-/* seconds per unit of work of the class in mode, 0 while unknown */
-static double est_of(const job_class *c, int mode) { return c->n[mode] >= EST_MIN_JOBS ? c->est[mode] : 0; }
 
 static void set_mode(li_threadpool *tp, int mode, bool by_probe, double t) {
     if (mode != tp->mode) tp->n_switches++;

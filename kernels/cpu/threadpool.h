@@ -50,6 +50,11 @@ static inline int li_threadpool_rows_shape(int kind, int64_t rows) {
     while (b < 7 && ((int64_t)2 << b) <= rows) b++;
     return kind * 8 + b + 1;
 }
+/* The shape of jobs that one dispatching fn runs for many inner functions
+ * (a row op, a training op): the inner function's address and an op id. */
+static inline int li_threadpool_fn_shape(uintptr_t inner, int op) {
+    return (int)(((inner >> 4) ^ ((uintptr_t)(unsigned)op * 40503u)) & 0xffffff);
+}
 /* Jobs that stalled on a descheduled worker, and jobs the caller ran alone
  * though it had workers, since init. */
 void li_threadpool_stats(const li_threadpool *tp, long *n_stalls, long *n_solo);
