@@ -370,11 +370,8 @@ typedef struct {
 
 /* RTN4 of random values, group 64 (576 and 1536 are multiples of 64, not
  * of 128), as an AWQ weight prepared for the backend */
-/* This file is built with AVX-512 enabled (the peak probes); what runs
- * on any x86-64 is kept out of it */
-#define Q4_PORTABLE __attribute__((noinline, target("no-avx512f")))
 
-Q4_PORTABLE static void q4_weight_new(q4_weight *q, int64_t k, int64_t m) {
+static void q4_weight_new(q4_weight *q, int64_t k, int64_t m) {
     float *v = li_xmalloc((size_t)(k * m) * sizeof(float));
     for (int64_t i = 0; i < k * m; i++) v[i] = rnd();
     li_q4_opts o;
@@ -395,7 +392,7 @@ Q4_PORTABLE static void q4_weight_new(q4_weight *q, int64_t k, int64_t m) {
 }
 
 /* weight_new, built without AVX-512 */
-Q4_PORTABLE static li_weight q41_weight_new(int64_t k, int64_t m) {
+static li_weight q41_weight_new(int64_t k, int64_t m) {
     li_weight w;
     memset(&w, 0, sizeof w);
     w.type = LI_TYPE_Q4_1;
@@ -414,7 +411,7 @@ Q4_PORTABLE static li_weight q41_weight_new(int64_t k, int64_t m) {
     return w;
 }
 
-Q4_PORTABLE static int q4_main(int n_threads, int rounds) {
+static int q4_main(int n_threads, int rounds) {
     li_error err = {0};
     if (li_backend_cpu_init(&be, n_threads, "auto", &err)) {
         fprintf(stderr, "%s\n", err.msg);
@@ -469,7 +466,7 @@ Q4_PORTABLE static int q4_main(int n_threads, int rounds) {
  * model's layers are). Q4_1 and A8 alternate, a whole pass each. */
 #define Q4_STREAM_BYTES ((size_t)96 << 20)
 
-Q4_PORTABLE static int q4_stream_main(int n_threads, int rounds, const char *isa) {
+static int q4_stream_main(int n_threads, int rounds, const char *isa) {
     li_error err = {0};
     if (li_backend_cpu_init(&be, n_threads, isa, &err)) {
         fprintf(stderr, "%s\n", err.msg);
