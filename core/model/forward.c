@@ -60,10 +60,11 @@ int li_forward_init(li_forward *f, const li_model *m, li_backend *be, int64_t ca
 }
 
 void li_forward_free(li_forward *f) {
-    li_buffer *bufs[] = {&f->scratch, &f->batch, &f->table, &f->logits};
+    li_buffer *bufs[] = {&f->scratch, &f->batch, &f->table, &f->logits, &f->capture};
     for (size_t i = 0; i < LI_ARRAY_LEN(bufs); i++) li_buffer_free(f->be, bufs[i]);
     free(f->logits_host);
     free(f->hidden_host);
+    free(f->capture_host);
     free(f->sel_dst);
     free(f->sel_src);
     free(f->t_seq);
@@ -296,11 +297,39 @@ static int matmul_reduce_residual(li_forward *f, li_backend *be, const li_weight
     return 0;
 }
 
+/* Block capture[i]'s residual stream into column block i of every capture
+ * row: one backend copy of n runs. */
+static void capture_rows(li_forward *f, li_backend *be, int64_t n, int64_t d, int32_t i) {
+    const size_t row = (size_t)d * sizeof(float);
+    for (int64_t r = 0; r < n; r++) {
+        f->sel_dst[r] = ((size_t)r * (size_t)f->capture_width + (size_t)i * (size_t)d) * sizeof(float);
+        f->sel_src[r] = li_buffer_offset(&f->scratch, f->x) + (size_t)r * row;
+    }
+    be->ops->buffer_copy(be, &f->capture, &f->scratch, f->sel_dst, f->sel_src, (int)n, row);
+}
+
 int li_forward_run(li_forward *f, const li_model *m, li_backend *be, li_kv_cache *kv, const li_batch *b,
                    float *logits, li_error *err) {
     const li_hparams *hp = &m->hp;
     const li_backend_ops *op = be->ops;
     if (be != f->be) return li_error_set(err, LI_EINVAL, "forward: run on another backend than its buffers'");
+    if (b->hidden != LI_HIDDEN_NONE && b->hidden != LI_HIDDEN_PRE_NORM && b->hidden != LI_HIDDEN_POST_NORM)
+        return li_error_set(err, LI_EINVAL, "forward: unknown hidden state kind %d", (int)b->hidden);
+    if (m->rot_block && !op->hadamard)
+        return li_error_set(err, LI_EUNSUP, "forward: backend %s has no hadamard op (a rotated model)", op->name);
+    /* captured rows (checked and sized before the upload takes tree blocks) */
+    f->n_captured = 0;
+    int32_t ci = 0; /* the next entry of b->capture */
+    if (b->n_capture) {
+        for (int32_t i = 0; i < b->n_capture; i++)
+            if (!b->capture || b->capture[i] < 0 || b->capture[i] >= hp->n_layer ||
+                (i && b->capture[i] <= b->capture[i - 1]))
+                return li_error_set(err, LI_EINVAL, "forward: capture blocks must be ascending in [0, %d)",
+                                    hp->n_layer);
+        f->capture_width = b->n_capture * (int32_t)hp->n_embd;
+        const int crc = buffer_reserve(be, &f->capture, (size_t)b->n * (size_t)f->capture_width * sizeof(float), err);
+        if (crc) return crc;
+    }
     int rc = batch_upload(f, hp, kv, b, err);
     if (rc) {
         tree_release(f, kv);
@@ -310,10 +339,6 @@ int li_forward_run(li_forward *f, const li_model *m, li_backend *be, li_kv_cache
     f->n_logits = 0;
     f->hidden = NULL;
     f->have_logits = false;
-    if (b->hidden != LI_HIDDEN_NONE && b->hidden != LI_HIDDEN_PRE_NORM && b->hidden != LI_HIDDEN_POST_NORM)
-        return li_error_set(err, LI_EINVAL, "forward: unknown hidden state kind %d", (int)b->hidden);
-    if (m->rot_block && !op->hadamard)
-        return li_error_set(err, LI_EUNSUP, "forward: backend %s has no hadamard op (a rotated model)", op->name);
 
     op->get_rows(be, &m->tok_embd, f->d_tokens, n, f->x);
 
@@ -345,7 +370,9 @@ int li_forward_run(li_forward *f, const li_model *m, li_backend *be, li_kv_cache
         if (L->down_had) op->hadamard(be, f->g, L->down_had, n, hp->n_ff, m->rot_block);
         if (!f->comm) matmul_residual(be, &L->w_down, f->g, f->h, f->x, n);
         else if ((rc = matmul_reduce_residual(f, be, &L->w_down, f->g, f->h, f->x, n, err))) break;
+        if (ci < b->n_capture && b->capture[ci] == l) capture_rows(f, be, n, d, ci++);
     }
+    if (!rc && b->n_capture) f->n_captured = n;
     tree_release(f, kv);
     if (rc) return rc;
     if (b->n_logits <= 0) return 0;
@@ -383,6 +410,15 @@ static float *host_view(li_forward *f, const li_buffer *b, float *p, int64_t wid
 
 float *li_forward_hidden(li_forward *f, const li_model *m) {
     return f->hidden ? host_view(f, &f->scratch, f->hidden, m->hp.n_embd, &f->hidden_host) : NULL;
+}
+
+float *li_forward_captured(li_forward *f) {
+    if (!f->n_captured) return NULL;
+    if (f->capture.host) return f->capture.data;
+    const size_t bytes = (size_t)f->n_captured * (size_t)f->capture_width * sizeof(float);
+    f->capture_host = li_xrealloc(f->capture_host, bytes);
+    f->be->ops->buffer_get(f->be, &f->capture, 0, f->capture_host, bytes);
+    return f->capture_host;
 }
 
 float *li_forward_logits(li_forward *f, const li_model *m) {

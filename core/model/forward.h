@@ -65,6 +65,13 @@ typedef struct li_batch {
      * take scratch blocks from the KV pool for the pass (LI_ENOMEM when
      * none are free). */
     const int32_t *parent;
+    /* (n_capture) block indices, ascending, or NULL: the residual stream
+     * after each of those blocks, for every row, into the forward's
+     * capture rows (n, n_capture * n_embd): row r holds block
+     * capture[0]'s x, then capture[1]'s, ... (an EAGLE draft's input,
+     * spec/eagle.h) */
+    const int32_t *capture;
+    int32_t n_capture;
 } li_batch;
 
 /* Scratch activations for up to `cap` tokens, reused every step; all views
@@ -91,6 +98,10 @@ typedef struct li_forward {
     float *logits_host;                        /* host copy when logits is device memory */
     float *hidden;                             /* (n_logits, n_embd): f->sel or f->h, or NULL */
     float *hidden_host;                        /* host copy when hidden is device memory */
+    li_buffer capture;                         /* (n, n_capture * n_embd) the last run's captured rows */
+    int64_t n_captured;                        /* rows of the last run's capture, 0: none asked */
+    int32_t capture_width;                     /* n_capture * n_embd of the last run */
+    float *capture_host;                       /* host copy when capture is device memory */
     size_t *sel_dst, *sel_src;                 /* (cap) host: byte offsets of the gathered rows */
     /* tree views (host, grown on demand) */
     int32_t *t_seq;                            /* (cap) each token's row of the view table */
@@ -127,5 +138,9 @@ float *li_forward_logits(li_forward *f, const li_model *m);
  * asked for), in host memory as li_forward_logits; NULL when none were
  * asked. Valid until the next run. */
 float *li_forward_hidden(li_forward *f, const li_model *m);
+/* The last run's captured residual rows (n, n_capture * n_embd) in host
+ * memory (li_batch.capture), NULL when none were asked. Valid until the
+ * next run. */
+float *li_forward_captured(li_forward *f);
 
 #endif

@@ -439,3 +439,27 @@ const li_gguf_kv *li_gguf_get_arr(const li_gguf *g, const char *key, li_gguf_vty
     }
     return kv;
 }
+
+bool li_gguf_copy_str(const li_gguf *g, const char *key, char *out, size_t cap) {
+    li_str s;
+    if (cap) out[0] = 0;
+    if (!cap || li_gguf_get_str(g, key, &s, NULL)) return false;
+    const size_t n = s.len < cap - 1 ? (size_t)s.len : cap - 1;
+    memcpy(out, s.ptr, n);
+    out[n] = 0;
+    return true;
+}
+
+bool li_gguf_get_hex64(const li_gguf *g, const char *key, uint64_t *out) {
+    char s[32];
+    if (!li_gguf_copy_str(g, key, s, sizeof s) || strlen(s) != 16) return false;
+    uint64_t v = 0;
+    for (int i = 0; i < 16; i++) {
+        const char c = s[i];
+        const int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+        if (d < 0) return false;
+        v = v << 4 | (uint64_t)d;
+    }
+    *out = v;
+    return true;
+}

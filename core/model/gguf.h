@@ -94,6 +94,13 @@ int li_gguf_get_str(const li_gguf *g, const char *key, li_str *out, li_error *er
 const li_gguf_kv *li_gguf_get_arr(const li_gguf *g, const char *key, li_gguf_vtype elem_type,
                                   li_error *err);
 
+/* A string value as a NUL-terminated copy, truncated to cap; false when
+ * the key is absent or not a string (out is then ""). */
+bool li_gguf_copy_str(const li_gguf *g, const char *key, char *out, size_t cap);
+/* A 64-bit hash written as a string of 16 lowercase hex digits (the
+ * draft and heads files' base.vocab_hash); false when absent or malformed. */
+bool li_gguf_get_hex64(const li_gguf *g, const char *key, uint64_t *out);
+
 const char *li_gguf_vtype_name(li_gguf_vtype t);
 bool li_str_eq(li_str s, const char *c);
 

@@ -4,41 +4,17 @@
 #include <stdio.h>
 #include <string.h>
 
-/* A string value as a NUL-terminated copy (truncated to cap). */
-static bool get_str(const li_gguf *g, const char *key, char *out, size_t cap) {
-    li_str s;
-    if (li_gguf_get_str(g, key, &s, NULL)) return false;
-    const size_t n = s.len < cap - 1 ? (size_t)s.len : cap - 1;
-    memcpy(out, s.ptr, n);
-    out[n] = 0;
-    return true;
-}
-
 static int get_u32(const li_gguf *g, const char *path, const char *key, uint32_t *v, li_error *err) {
     if (li_gguf_get_u32(g, key, v, NULL))
         return li_error_set(err, LI_EINVAL, "medusa: %s: missing or not a u32: '%s'", path, key);
     return 0;
 }
 
-/* 16 lowercase hex digits. */
-static bool parse_hash(const char *s, uint64_t *out) {
-    if (strlen(s) != 16) return false;
-    uint64_t v = 0;
-    for (int i = 0; i < 16; i++) {
-        const char c = s[i];
-        const int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
-        if (d < 0) return false;
-        v = v << 4 | (uint64_t)d;
-    }
-    *out = v;
-    return true;
-}
-
 int li_medusa_file_check(const li_gguf *g, const char *path, const li_medusa_base *base, li_medusa_file *f,
                          li_error *err) {
     *f = (li_medusa_file){0};
     char arch[64] = "", hidden[64] = "", hash[64] = "";
-    if (!get_str(g, "general.architecture", arch, sizeof arch) || strcmp(arch, "medusa"))
+    if (!li_gguf_copy_str(g, "general.architecture", arch, sizeof arch) || strcmp(arch, "medusa"))
         return li_error_set(err, LI_EINVAL,
                             "medusa: %s: general.architecture is '%s', expected 'medusa' (not a heads file)", path, arch);
     uint32_t version, k, n_embd, n_vocab;
@@ -52,11 +28,12 @@ int li_medusa_file_check(const li_gguf *g, const char *path, const li_medusa_bas
     if (k < 1 || k > LI_MEDUSA_FILE_MAX_HEADS)
         return li_error_set(err, LI_EINVAL, "medusa: %s: medusa.n_heads is %u, must be in [1, %d]", path, k,
                             LI_MEDUSA_FILE_MAX_HEADS);
-    if (!get_str(g, "medusa.hidden", hidden, sizeof hidden) || strcmp(hidden, "post_norm"))
+    if (!li_gguf_copy_str(g, "medusa.hidden", hidden, sizeof hidden) || strcmp(hidden, "post_norm"))
         return li_error_set(err, LI_EUNSUP, "medusa: %s: medusa.hidden is '%s', only 'post_norm' is supported", path,
                             hidden);
-    get_str(g, "medusa.base.name", f->base_name, sizeof f->base_name);
-    if (!get_str(g, "medusa.base.vocab_hash", hash, sizeof hash) || !parse_hash(hash, &f->vocab_hash))
+    li_gguf_copy_str(g, "medusa.base.name", f->base_name, sizeof f->base_name);
+    li_gguf_copy_str(g, "medusa.base.vocab_hash", hash, sizeof hash);
+    if (!li_gguf_get_hex64(g, "medusa.base.vocab_hash", &f->vocab_hash))
         return li_error_set(err, LI_EINVAL, "medusa: %s: medusa.base.vocab_hash '%s' is not 16 lowercase hex digits",
                             path, hash);
     char who[160] = ""; /* " 'name'" of the base, when known */
