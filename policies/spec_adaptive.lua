@@ -40,14 +40,14 @@ local MIN_GAIN = 1.05  -- below this expected speedup, no drafts
 local FORGET = 0.9       -- a trial's weight fades by this per newer trial (memory ~10)
 local PRIOR_WEIGHT = 4   -- trials' worth of the prior acceptance
 local PRIOR_WANT = 0.6   -- the method the request would draft with anyway
-local PRIOR = { ngram = 0.5, draft = 0.3, layerskip = 0.3, medusa = 0.3 }
+local PRIOR = { ngram = 0.5, draft = 0.3, layerskip = 0.3, medusa = 0.3, eagle = 0.4 }
 local PRIOR_SAMPLED_NGRAM = 0.3
 -- a model proposer's cost per draft token, as a share of a step, until
 -- measured: a method the request did not ask for is tried only when even
 -- this makes it pay (layer skip runs most of the target per draft)
-local PRIOR_DRAFT = { ngram = 0, draft = 0.3, layerskip = 0.5, medusa = 0.1 }
+local PRIOR_DRAFT = { ngram = 0, draft = 0.3, layerskip = 0.5, medusa = 0.1, eagle = 0.1 }
 local MAX_K = { medusa = 4 }
-local METHODS = { "ngram", "draft", "layerskip", "medusa" }
+local METHODS = { "ngram", "draft", "layerskip", "medusa", "eagle" }
 
 local function expected(a, k)
   if a >= 0.999 then return k + 1 end

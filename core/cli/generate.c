@@ -21,7 +21,7 @@
 #include <time.h>
 
 typedef struct gen_opts {
-    const char *model, *draft, *prompt, *system, *isa, *kv_dtype, *spec_method, *medusa, *medusa_tree;
+    const char *model, *draft, *prompt, *system, *isa, *kv_dtype, *spec_method, *medusa, *medusa_tree, *eagle;
     int64_t spec_k, spec_layers;
     int64_t tensor_parallel;
     bool chat, json, help;
@@ -108,7 +108,8 @@ int li_cmd_generate(int argc, char **argv) {
         {"draft", LI_OPT_STR, &o.draft, "the same as --draft-model"},
         {"medusa", LI_OPT_STR, &o.medusa, "Medusa heads made for the model (luainfer train-medusa): drafts a tree of their top-k, verified in one pass (default: none)"},
         {"medusa-tree", LI_OPT_STR, &o.medusa_tree, "the Medusa tree: paths of candidate ranks, e.g. '0;1;0,0;1,0;0,0,0' (default: a sparse 15-node tree)"},
-        {"spec-method", LI_OPT_STR, &o.spec_method, "speculation proposer: ngram, draft or layerskip (default: layerskip with --spec-layers, draft with a draft model, else ngram)"},
+        {"eagle", LI_OPT_STR, &o.eagle, "an EAGLE draft made for the model (luainfer train-eagle): drafts a chain from the model's own hidden states (default: none)"},
+        {"spec-method", LI_OPT_STR, &o.spec_method, "speculation proposer: ngram, draft, layerskip, medusa or eagle (default: layerskip with --spec-layers, medusa with heads, eagle with an EAGLE draft, draft with a draft model, else ngram)"},
         {"spec-k", LI_OPT_INT, &o.spec_k, "speculation: draft tokens per decode step, 0..16 (default 0 = off)"},
         {"spec-layers", LI_OPT_INT, &o.spec_layers, "layerskip: draft with the model's first N blocks and its head (default 0 = no layerskip)"},
         {"prompt", LI_OPT_STR, &o.prompt, "prompt text (required)"},
@@ -182,6 +183,7 @@ int li_cmd_generate(int argc, char **argv) {
     if ((rc = li_runtime_open_device(&rt, o.model, o.threads, o.isa, o.device, "--device", &err))) return li_runtime_fail(&err);
     if ((o.draft && (rc = li_runtime_open_draft(&rt, o.draft, &err))) ||
         (o.medusa && (rc = li_runtime_open_medusa(&rt, o.medusa, o.medusa_tree, &err))) ||
+        (o.eagle && (rc = li_runtime_open_eagle(&rt, o.eagle, &err))) ||
         (!o.medusa && o.medusa_tree && (rc = li_error_set(&err, LI_EINVAL, "--medusa-tree needs --medusa FILE"))) ||
         (rc = li_runtime_set_q4_act(&rt, o.q4_act, "--q4-act", &err))) {
         li_runtime_close(&rt);

@@ -60,6 +60,7 @@ static void req_free(req *r) {
     li_prefix_seq_free(&r->pfx);
     free(r->top);
     free(r->hid);
+    free(r->eg);
     free(r);
 }
 
@@ -119,6 +120,7 @@ static void preempt(li_engine *e, req *r) {
     release_seq(e, r);
     r->num_computed = 0;
     r->d_valid = 0;
+    r->eg_pos = -1;
     r->state = LI_REQ_PREEMPTED;
     r->res.n_preemptions++;
     e->st.preemptions++;
@@ -162,7 +164,7 @@ int li_engine_init_runners(li_engine **out, li_model *m, li_model *draft, li_bac
         return li_error_set(err, LI_EINVAL, "engine: want 1 <= spec_ngram_min <= spec_ngram_max <= 64, got %d and %d",
                             c.spec_ngram_min, c.spec_ngram_max);
     if ((int)c.spec_method < 0 || c.spec_method >= LI_SPEC_N_METHODS)
-        return li_error_set(err, LI_EINVAL, "engine: spec_method %d is not ngram, draft or layerskip", (int)c.spec_method);
+        return li_error_set(err, LI_EINVAL, "engine: spec_method %d is not ngram, draft, layerskip, medusa or eagle", (int)c.spec_method);
     if (c.spec_layers && (c.spec_layers < 1 || c.spec_layers >= m->hp.n_layer))
         return li_error_set(err, LI_EINVAL, "engine: spec_layers must be in [1, %d] (the model has %d layers), got %d",
                             m->hp.n_layer - 1, m->hp.n_layer, c.spec_layers);
@@ -186,6 +188,8 @@ int li_engine_init_runners(li_engine **out, li_model *m, li_model *draft, li_bac
                             c.tensor_parallel);
     if (c.spec_tokens && c.spec_method == LI_SPEC_MEDUSA && !c.medusa)
         return li_error_set(err, LI_EINVAL, "engine: spec_method 'medusa' needs Medusa heads (--medusa FILE)");
+    if (c.eagle && c.medusa)
+        return li_error_set(err, LI_EUNSUP, "engine: an EAGLE draft with Medusa heads is not supported yet");
     li_medusa_tree mtree = {0};
     if (c.medusa) {
         li_medusa *h = c.medusa;
@@ -207,6 +211,21 @@ int li_engine_init_runners(li_engine **out, li_model *m, li_model *draft, li_bac
             mrc = li_error_set(err, LI_EINVAL, "engine: the Medusa heads are prepared on another backend or for fewer rows");
         if (mrc) return mrc;
     }
+    if (c.eagle) {
+        if (be->ops->batch_variant)
+            return li_error_set(err, LI_EINVAL,
+                                "engine: EAGLE needs batch-invariant kernels; the '%s' backend is not (use another --isa)",
+                                be->ops->name);
+        if (c.tensor_parallel > 1)
+            return li_error_set(err, LI_EUNSUP, "engine: tensor_parallel %d with an EAGLE draft is not supported yet",
+                                c.tensor_parallel);
+        if (c.eagle->f.n_embd != m->hp.n_embd || c.eagle->f.n_vocab != m->hp.n_vocab)
+            return li_error_set(err, LI_EINVAL,
+                                "engine: an EAGLE draft of n_embd %d, n_vocab %d for a model of n_embd %d, n_vocab %d",
+                                c.eagle->f.n_embd, c.eagle->f.n_vocab, m->hp.n_embd, m->hp.n_vocab);
+    }
+    if (c.spec_tokens && c.spec_method == LI_SPEC_EAGLE && !c.eagle)
+        return li_error_set(err, LI_EINVAL, "engine: spec_method 'eagle' needs an EAGLE draft (--eagle FILE)");
     if (c.tensor_parallel > 1 && c.spec_layers)
         return li_error_set(err, LI_EUNSUP, "engine: tensor_parallel %d with layerskip (spec_layers) is not supported yet",
                             c.tensor_parallel);
@@ -216,7 +235,8 @@ int li_engine_init_runners(li_engine **out, li_model *m, li_model *draft, li_bac
     if (!bpt_t) /* not a KV dtype: say which, not that the budget holds nothing */
         return li_error_set(err, LI_EUNSUP, "engine: kv_dtype %s (type %d) is not a KV cache dtype (f32, f16, bf16, fp8 or int8)",
                             li_type_name(c.kv_dtype), (int)c.kv_dtype);
-    const size_t bpt = bpt_t + (draft ? li_runner_kv_bytes_per_token(draft, c.kv_dtype) : 0);
+    const size_t bpt = bpt_t + (draft ? li_runner_kv_bytes_per_token(draft, c.kv_dtype) : 0) +
+                       (c.eagle ? li_runner_kv_bytes_per_token(&c.eagle->m, c.kv_dtype) : 0);
     const size_t per_block = bpt * (size_t)c.block_size;
     const size_t nb = per_block ? c.kv_memory / per_block : 0;
     const int32_t nblocks = nb > INT32_MAX ? INT32_MAX : (int32_t)nb;
@@ -473,6 +493,7 @@ static req *req_new(li_engine *e, const li_request_params *p, int32_t i, li_erro
     r->res.t_first_token = -1;
     r->res.t_first_scheduled = -1;
     r->hid_tok = -1;
+    r->eg_pos = -1;
     sync_result(r);
     return r;
 }
@@ -516,7 +537,7 @@ int li_engine_add(li_engine *e, const li_request_params *p, int64_t *id, li_erro
             return li_error_set(err, LI_EINVAL, "request: speculation k must be in [0, %d], got %d", LI_SPEC_MAX_TOKENS,
                                 p->spec_k);
         if ((int)p->spec_method < 0 || p->spec_method >= LI_SPEC_N_METHODS)
-            return li_error_set(err, LI_EINVAL, "request: speculation method %d is not ngram, draft or layerskip",
+            return li_error_set(err, LI_EINVAL, "request: speculation method %d is not ngram, draft, layerskip, medusa or eagle",
                                 (int)p->spec_method);
         if (p->spec_k && !e->sp.prop[LI_SPEC_NGRAM])
             return li_error_set(err, LI_EINVAL,
@@ -946,13 +967,24 @@ int li_engine_step(li_engine *e, li_error *err) {
     li_batch b = {.n = k, .tokens = e->b_tokens, .pos = e->b_pos, .seq = e->b_seq, .slot = e->b_slot,
                   .block_table = e->b_tables, .n_seqs = nb, .bt_stride = stride, .logit_rows = e->b_rows,
                   .n_logits = n_logits, .parent = any_tree ? e->sp.b_parent : NULL,
-                  .hidden = e->sp.prop[LI_SPEC_MEDUSA] ? LI_HIDDEN_POST_NORM : LI_HIDDEN_NONE};
+                  .hidden = e->sp.prop[LI_SPEC_MEDUSA] ? LI_HIDDEN_POST_NORM : LI_HIDDEN_NONE,
+                  .capture = e->sp.eagle ? e->sp.eagle->f.feature_layer : NULL,
+                  .n_capture = e->sp.eagle ? e->sp.eagle->f.n_features : 0};
     /* 5: forward */
     double tf = li_time_now();
     int rc = e->tp ? li_tp_run(e->tp, &b, err) : li_runner_run(&e->tgt, &b, err);
     e->logits = e->tgt.logits;
     e->sp.hidden = !rc && e->sp.prop[LI_SPEC_MEDUSA] ? li_forward_hidden(&e->tgt.fw, e->model) : NULL;
     const double dtf = li_time_now() - tf;
+    /* EAGLE: the draft over the same rows (its own time: time_draft_sync) */
+    e->sp.captured = !rc && e->sp.eagle ? li_forward_captured(&e->tgt.fw) : NULL;
+    if (e->sp.captured) {
+        li_error eerr = {0};
+        if (li_spec_step_eagle_sync(e, nb, stride, &eerr)) { /* drafts suffer, tokens do not */
+            li_log_warn("speculation: the EAGLE draft's pass failed: %s", eerr.msg);
+            e->sp.captured = NULL;
+        }
+    }
     step_shape(e, nb);
     if (e->mclock_on) model_clock_step(e);
     e->st.time_forward += dtf;
@@ -1027,4 +1059,5 @@ void li_engine_stats_get(const li_engine *e, li_engine_stats *st) {
 
 void li_engine_draft_observe(li_engine *e, li_proposer_observe_fn fn, void *ud) {
     if (e->sp.prop[LI_SPEC_DRAFT]) li_proposer_model_observe(e->sp.prop[LI_SPEC_DRAFT], fn, ud);
+    if (e->sp.prop[LI_SPEC_EAGLE]) li_proposer_model_observe(e->sp.prop[LI_SPEC_EAGLE], fn, ud);
 }

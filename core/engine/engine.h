@@ -56,6 +56,13 @@ typedef struct li_engine_config {
      * NULL = the default */
     struct li_medusa *medusa;
     const char *medusa_tree;
+    /* an EAGLE draft (spec/eagle.h; li_eagle_load against the target),
+     * borrowed, or NULL: method eagle drafts a chain with it. The engine
+     * prepares it on its backend unless it is; its one-layer KV follows the
+     * pool (the budget pays for it) and every target pass captures its
+     * feature blocks and runs the draft over the same rows (docs/eagle.md).
+     * Not with Medusa heads or tensor parallelism yet */
+    struct li_eagle *eagle;
 } li_engine_config;
 
 #define LI_SPEC_MAX_TOKENS LI_SPEC_MAX_DRAFT
@@ -219,9 +226,9 @@ typedef struct {
 void li_engine_last_step(const li_engine *e, li_step_shape *out);
 
 /* ---- the draft runner (internal: for tests) ----------------------------- */
-/* fn sees the logits of every first draft step of the draft model (the
- * request's last token at its position, over the draft's KV of everything
- * before it); NULL stops. Nothing without a draft proposer. */
+/* fn sees the logits of every first draft step of the draft model or the
+ * EAGLE draft (the request's last token at its position, over the draft's
+ * KV of everything before it); NULL stops. Nothing without either. */
 void li_engine_draft_observe(li_engine *e, li_proposer_observe_fn fn, void *ud);
 
 #endif

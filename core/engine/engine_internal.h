@@ -55,6 +55,9 @@ typedef struct li_engine_req {
     /* Medusa: the target's post-norm hidden state that predicted toks[hid_tok] */
     float *hid;               /* (n_embd), or NULL */
     int64_t hid_tok;          /* -1: none */
+    /* EAGLE: the target's captured rows at position eg_pos (in_width), or NULL */
+    float *eg;
+    int64_t eg_pos;           /* -1: none */
     /* the draft model's KV of this request (lazy: computed when it drafts) */
     int64_t d_valid;          /* positions [0, d_valid) hold the draft's KV of toks */
     int64_t d_hi;             /* this step's draft steps wrote positions [d_valid, d_hi) */

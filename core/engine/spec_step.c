@@ -30,6 +30,18 @@ int li_spec_step_init(li_spec_step *sp, li_model *m, li_model *draft, li_backend
                                        c->max_num_seqs, err);
         if (!rc && c->medusa)
             rc = li_proposer_medusa_new(&sp->prop[LI_SPEC_MEDUSA], c->medusa, mtree, c->max_num_seqs, err);
+        if (!rc && c->eagle) {
+            li_eagle *eg = c->eagle;
+            if (!eg->be) rc = li_eagle_prepare(eg, m, be, err);
+            else if (eg->be != be) rc = li_error_set(err, LI_EINVAL, "engine: the EAGLE draft is prepared on another backend");
+            if (!rc) rc = li_runner_init(&sp->eg_run, &eg->m, be, tgt_kv, c->kv_dtype, c->block_size, tgt_kv->num_blocks,
+                                         c->max_batched_tokens, err);
+            if (!rc) rc = li_proposer_eagle_new(&sp->prop[LI_SPEC_EAGLE], eg, be, &sp->eg_run.kv, c->max_num_seqs, err);
+            if (!rc) {
+                sp->eagle = eg;
+                sp->eg_in = li_xmalloc((size_t)c->max_batched_tokens * (size_t)eg->inproj.in_width * sizeof(float));
+            }
+        }
         if (rc) {
             li_spec_step_free(sp);
             return rc;
@@ -59,6 +71,8 @@ int li_spec_step_init(li_spec_step *sp, li_model *m, li_model *draft, li_backend
 
 void li_spec_step_free(li_spec_step *sp) {
     for (int i = 0; i < LI_SPEC_N_METHODS; i++) li_proposer_free(sp->prop[i]);
+    li_runner_free(&sp->eg_run); /* a follower: before the pool */
+    free(sp->eg_in);
     free(sp->sseq);
     free(sp->sreq);
     free(sp->sdraft);
@@ -209,9 +223,9 @@ static void policy_speculate(li_engine *e, int32_t running) {
                                        .drafted = dr, .method = k ? (int32_t)want : -1, .k = LI_MIN(k, max_k)};
     }
     if (!n) return;
-    static const char *const names[LI_SPEC_N_METHODS] = {"ngram", "draft", "layerskip", "medusa"};
+    const char *names[LI_SPEC_N_METHODS];
     bool avail[LI_SPEC_N_METHODS];
-    for (int m = 0; m < LI_SPEC_N_METHODS; m++) avail[m] = e->sp.prop[m] != NULL;
+    for (int m = 0; m < LI_SPEC_N_METHODS; m++) names[m] = li_spec_method_name(m), avail[m] = e->sp.prop[m] != NULL;
     const li_spec_state ss = {.methods = names, .available = avail, .n_methods = LI_SPEC_N_METHODS,
                               .batch_size = running, .step_time = e->sp.ema_step, .token_time = e->sp.ema_token,
                               .draft_time = e->sp.ema_draft, .row_time = e->sp.ema_rows};
@@ -273,13 +287,14 @@ void li_spec_step_propose(li_engine *e) {
             /* Medusa reads the hidden state that predicted the last token */
             const bool tree = m == LI_SPEC_MEDUSA;
             if (tree && r->hid_tok != r->n_toks - 1) continue;
-            if ((m == LI_SPEC_DRAFT || m == LI_SPEC_LAYERSKIP) && !spec_slots(e, r, k)) continue;
+            if ((m == LI_SPEC_DRAFT || m == LI_SPEC_LAYERSKIP || m == LI_SPEC_EAGLE) && !spec_slots(e, r, k)) continue;
             e->sp.sseq[ns] = (li_spec_seq){.id = r->res.id, .toks = r->toks, .n_toks = r->n_toks,
                                         .blocks = r->seq.blocks, .n_blocks = r->seq.n_blocks, .k = k,
                                         .temperature = m == LI_SPEC_NGRAM ? 0 : r->smp.p.temperature,
                                         .uniform = sampler_uniform, .uctx = &r->smp,
                                         .draft = e->sp.sdraft + (size_t)ns * LI_SPEC_MAX_TOKENS,
                                         .hidden = tree ? r->hid : NULL,
+                                        .feature = m == LI_SPEC_EAGLE && r->eg_pos == r->n_toks - 2 ? r->eg : NULL,
                                         .parent = tree ? e->sp.sparent + (size_t)ns * LI_SPEC_MAX_TOKENS : NULL};
             e->sp.sreq[ns++] = r;
         }
@@ -344,6 +359,38 @@ void li_spec_step_propose(li_engine *e) {
     }
 }
 
+/* ---- EAGLE: the draft over the target's rows ---------------------------------------- */
+
+int li_spec_step_eagle_sync(li_engine *e, int32_t nb, int64_t stride, li_error *err) {
+    li_spec_step *sp = &e->sp;
+    if (!sp->eagle || !sp->captured) return 0;
+    const size_t w = (size_t)sp->eagle->inproj.in_width;
+    int64_t k = 0;
+    for (int32_t i = 0; i < nb; i++) {
+        req *r = e->batch_req[i];
+        for (int32_t j = 0; j < e->batch_n[i]; j++, k++) {
+            float *dst = sp->eg_in + (size_t)k * w;
+            if (j) memcpy(dst, sp->captured + (size_t)(k - 1) * w, w * sizeof *dst);
+            else if (r->eg && r->eg_pos == e->b_pos[k] - 1) memcpy(dst, r->eg, w * sizeof *dst);
+            else memset(dst, 0, w * sizeof *dst); /* position 0, a prefix hit, a recompute */
+        }
+        /* the next pass starts after this one's last row (a prefill chunk's
+         * end; a verification keeps the row its last token came from
+         * instead, li_spec_step_keep_hidden) */
+        if (!r->eg) r->eg = li_xmalloc(w * sizeof *r->eg);
+        memcpy(r->eg, sp->captured + (size_t)(k - 1) * w, w * sizeof *r->eg);
+        r->eg_pos = e->b_pos[k - 1];
+    }
+    const double t0 = li_time_now();
+    li_batch b = {.n = k, .tokens = e->b_tokens, .pos = e->b_pos, .seq = e->b_seq, .slot = e->b_slot,
+                  .block_table = e->b_tables, .n_seqs = nb, .bt_stride = stride, .no_logits = true,
+                  .in_hidden = sp->eg_in, .in_width = (int32_t)w};
+    const int rc = li_runner_run(&sp->eg_run, &b, err);
+    e->st.time_draft_sync += li_time_now() - t0;
+    if (!rc) e->st.draft_sync_tokens += k;
+    return rc;
+}
+
 /* ---- speculation: verification ------------------------------------------------------ */
 
 /* The m rows computed for a drafted request: row j's logits give the token
@@ -392,6 +439,13 @@ static int32_t verify_sampled(li_engine *e, req *r, int32_t m, const float *rows
 /* Medusa drafts from the hidden state that predicted a request's last
  * token: row `row` of the step's hidden rows, kept after r took a token. */
 void li_spec_step_keep_hidden(li_engine *e, req *r, int32_t row) {
+    if (e->sp.captured && r->live) { /* EAGLE: the captured rows of that batch row */
+        const int32_t br = e->b_rows[row];
+        const size_t w = (size_t)e->sp.eagle->inproj.in_width;
+        if (!r->eg) r->eg = li_xmalloc(w * sizeof *r->eg);
+        memcpy(r->eg, e->sp.captured + (size_t)br * w, w * sizeof *r->eg);
+        r->eg_pos = e->b_pos[br];
+    }
     if (!e->sp.hidden || !r->live) return;
     const size_t E = (size_t)e->model->hp.n_embd;
     if (!r->hid) r->hid = li_xmalloc(E * sizeof *r->hid);

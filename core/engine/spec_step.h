@@ -12,6 +12,8 @@
 #define LI_SPEC_STEP_H
 
 #include "engine/engine.h"
+#include "engine/runner.h"
+#include "spec/eagle.h"
 #include "spec/medusa.h"
 #include "spec/proposer.h"
 
@@ -45,6 +47,12 @@ typedef struct li_spec_step {
     int32_t *b_parent;           /* (max_batched_tokens) tree parents of the batch, with Medusa */
     int32_t *sparent;            /* (max_num_seqs, LI_SPEC_MAX_TOKENS) proposals' tree parents */
     size_t *mv_off_d, *mv_off_s; /* (2 * n_layer * LI_SPEC_MAX_TOKENS) KV row moves */
+    /* EAGLE (cfg.eagle): the draft over KV following the pool, run after
+     * every target pass over the same rows; the step's captured rows */
+    li_eagle *eagle;             /* borrowed, or NULL */
+    li_runner eg_run;            /* cap max_batched_tokens */
+    const float *captured;       /* (batch rows, in_width) of the step's target pass, or NULL */
+    float *eg_in;                /* (max_batched_tokens, in_width) the sync's in_hidden rows */
 } li_spec_step;
 
 /* The proposers (none on a batch-variant backend, where verification would
@@ -66,8 +74,14 @@ void li_spec_step_tree_batch(li_engine *e, const struct li_engine_req *r, int64_
 /* Step 6: the m rows computed for a drafted request (its first at logit row
  * row0) verify its drafts; the accepted join it, the rest are rolled back. */
 void li_spec_step_verify(li_engine *e, struct li_engine_req *r, int32_t m, const float *rows, int32_t row0);
-/* Medusa drafts from the hidden state that predicted a request's last token:
- * row `row` of the step's hidden rows, kept after r took a token. */
+/* Step 5b, EAGLE: the draft over the target pass's nb requests, the same
+ * rows (tokens, positions, slots of the step's batch, block table rows
+ * `stride` apart), each reading the captured row of the position before it;
+ * a request's first row reads the one it kept. */
+int li_spec_step_eagle_sync(li_engine *e, int32_t nb, int64_t stride, li_error *err);
+/* Medusa drafts from the hidden state that predicted a request's last token,
+ * EAGLE from the captured rows of that position: logit row `row` of the
+ * step, kept after r took a token. */
 void li_spec_step_keep_hidden(li_engine *e, struct li_engine_req *r, int32_t row);
 /* The forward just measured (dt seconds for n tokens): the costs the hook sees. */
 void li_spec_step_costs(li_spec_step *sp, double dt, int64_t n);

@@ -215,7 +215,7 @@ static int l_engine_new(lua_State *L) {
                                         "max_batched_tokens", "max_model_len", "prefix_caching", "threads",
                                         "spec_tokens", "spec_ngram_max", "spec_ngram_min", "spec_disable_batch",
                                         "draft_model", "spec_method", "spec_layers", "tensor_parallel", "q4_act", "medusa",
-                                        "medusa_tree", "device", NULL};
+                                        "medusa_tree", "device", "eagle", NULL};
     check_keys(L, 1, "luainfer.engine", known);
     li_engine_config cfg;
     li_engine_config_default(&cfg);
@@ -223,6 +223,7 @@ static int l_engine_new(lua_State *L) {
     const char *draft = opt_str(L, 1, "draft_model", NULL);
     const char *medusa = opt_str(L, 1, "medusa", NULL);
     const char *medusa_tree = opt_str(L, 1, "medusa_tree", NULL);
+    const char *eagle = opt_str(L, 1, "eagle", NULL);
     const char *isa = opt_str(L, 1, "isa", "auto");
     const char *device = opt_str(L, 1, "device", NULL); /* cpu or cuda */
     const char *q4_act = opt_str(L, 1, "q4_act", NULL);
@@ -258,6 +259,7 @@ static int l_engine_new(lua_State *L) {
     if ((draft && li_runtime_open_draft(&le->rt, draft, &err)) ||
         (medusa && li_runtime_open_medusa(&le->rt, medusa, medusa_tree, &err)) ||
         (!medusa && medusa_tree && li_error_set(&err, LI_EINVAL, "luainfer.engine: medusa_tree needs medusa")) ||
+        (eagle && li_runtime_open_eagle(&le->rt, eagle, &err)) ||
         li_runtime_set_q4_act(&le->rt, q4_act, "q4_act", &err) ||
         li_runtime_spec_config(&cfg, &le->rt, spec_method, cfg.spec_tokens, spec_layers, "spec_", &err)) {
         li_runtime_close(&le->rt);

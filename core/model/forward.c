@@ -32,15 +32,19 @@ int li_forward_init(li_forward *f, const li_model *m, li_backend *be, int64_t ca
     const li_hparams *hp = &m->hp;
     const size_t c = (size_t)cap, fl = sizeof(float);
     const size_t align = LI_MAX(be->ops->alignment, (size_t)64);
+    const size_t in_w = m->inproj ? (size_t)m->inproj->in_width : 0, zw = m->inproj ? 2 * (size_t)hp->n_embd : 0;
     const size_t sb[] = {c * hp->n_embd * fl, c * hp->n_embd * fl, c * hp->n_head * hp->head_dim * fl,
                          c * hp->n_head_kv * hp->head_dim * fl, c * hp->n_head_kv * hp->head_dim * fl,
                          c * hp->n_head * hp->head_dim * fl, c * hp->n_ff * fl, c * hp->n_ff * fl,
-                         c * hp->n_embd * fl};
+                         c * hp->n_embd * fl, c * zw * fl, c * in_w * fl};
     size_t so[LI_ARRAY_LEN(sb)];
     int rc = li_buffer_alloc(be, carve(sb, so, LI_ARRAY_LEN(sb), align), &f->scratch, err);
     if (rc) return rc;
-    float **views[] = {&f->x, &f->h, &f->q, &f->k, &f->v, &f->att, &f->g, &f->u, &f->sel};
+    float **views[] = {&f->x, &f->h, &f->q, &f->k, &f->v, &f->att, &f->g, &f->u, &f->sel, &f->z, &f->in};
     for (size_t i = 0; i < LI_ARRAY_LEN(views); i++) *views[i] = (float *)((char *)f->scratch.data + so[i]);
+    if (!m->inproj) f->z = f->in = NULL;
+    f->sel_dst = li_xmalloc(2 * c * sizeof *f->sel_dst); /* 2 runs per row: an input projection's z */
+    f->sel_src = li_xmalloc(2 * c * sizeof *f->sel_src);
     const size_t bb[] = {c * 4, c * 4, c * 4, c * 8};
     size_t bo[LI_ARRAY_LEN(bb)];
     if ((rc = li_buffer_alloc(be, carve(bb, bo, LI_ARRAY_LEN(bb), align), &f->batch, err))) {
@@ -54,8 +58,6 @@ int li_forward_init(li_forward *f, const li_model *m, li_backend *be, int64_t ca
     f->d_slot = (int64_t *)(d + bo[3]);
     f->be = be;
     f->cap = cap;
-    f->sel_dst = li_xmalloc(c * sizeof *f->sel_dst);
-    f->sel_src = li_xmalloc(c * sizeof *f->sel_src);
     return 0;
 }
 
@@ -211,7 +213,9 @@ static void tree_copy(li_forward *f, li_kv_cache *kv, int l) {
 
 /* Uploads the batch's host arrays (one copy each) and checks what the ops
  * would otherwise index out of bounds with. */
-static int batch_upload(li_forward *f, const li_hparams *hp, li_kv_cache *kv, const li_batch *b, li_error *err) {
+/* n_tokens: the embedding's rows (an EAGLE block's output covers fewer ids
+ * than its input takes) */
+static int batch_upload(li_forward *f, int64_t n_tokens, li_kv_cache *kv, const li_batch *b, li_error *err) {
     li_backend *be = f->be;
     const int64_t n = b->n;
     if (n <= 0 || n > f->cap)
@@ -225,9 +229,9 @@ static int batch_upload(li_forward *f, const li_hparams *hp, li_kv_cache *kv, co
                             (long long)n);
     const int64_t max_pos = b->bt_stride * kv->block_size;
     for (int64_t i = 0; i < n; i++) {
-        if (b->tokens[i] < 0 || b->tokens[i] >= hp->n_vocab)
-            return li_error_set(err, LI_EINVAL, "forward: token id %d out of range [0, %d)", b->tokens[i],
-                                hp->n_vocab);
+        if (b->tokens[i] < 0 || b->tokens[i] >= n_tokens)
+            return li_error_set(err, LI_EINVAL, "forward: token id %d out of range [0, %lld)", b->tokens[i],
+                                (long long)n_tokens);
         if (b->seq[i] < 0 || b->seq[i] >= b->n_seqs || b->pos[i] < 0 || b->pos[i] >= max_pos)
             return li_error_set(err, LI_EINVAL, "forward: token %lld: sequence %d, position %d outside the block table",
                                 (long long)i, b->seq[i], b->pos[i]);
@@ -297,6 +301,41 @@ static int matmul_reduce_residual(li_forward *f, li_backend *be, const li_weight
     return 0;
 }
 
+/* An input projection's rows (li_model_inproj): x = hid (W_fc times the
+ * batch's in_hidden rows, or those rows as they are), and block 0's q/k/v
+ * input z = [rmsnorm(E[token]; norm_e), rmsnorm(hid; norm_h)], the two
+ * halves copied side by side in one backend copy of 2n runs. */
+static int inproj_input(li_forward *f, const li_model *m, li_backend *be, const li_batch *b, li_error *err) {
+    const li_model_inproj *ip = m->inproj;
+    const int64_t n = b->n, d = m->hp.n_embd;
+    if (f->comm) return li_error_set(err, LI_EUNSUP, "forward: an input projection on a tensor-parallel rank");
+    if (!b->in_hidden || (b->in_width != ip->in_width && b->in_width != d))
+        return li_error_set(err, LI_EINVAL, "forward: this block reads in_hidden rows of %d or %lld floats, got %d",
+                            ip->in_width, (long long)d, b->in_hidden ? b->in_width : 0);
+    const li_backend_ops *op = be->ops;
+    const size_t row = (size_t)d * sizeof(float);
+    if (b->in_width == ip->in_width && ip->in_width != d) {
+        op->buffer_set(be, &f->scratch, li_buffer_offset(&f->scratch, f->in), b->in_hidden,
+                       (size_t)n * (size_t)ip->in_width * sizeof(float));
+        op->matmul(be, &ip->fc, f->in, f->x, n);
+    } else {
+        op->buffer_set(be, &f->scratch, li_buffer_offset(&f->scratch, f->x), b->in_hidden, (size_t)n * row);
+    }
+    op->get_rows(be, &m->tok_embd, f->d_tokens, n, f->h);
+    op->rmsnorm(be, f->h, ip->norm_e, f->sel, n, d, m->hp.norm_eps);
+    op->rmsnorm(be, f->x, ip->norm_h, f->h, n, d, m->hp.norm_eps);
+    const size_t z0 = li_buffer_offset(&f->scratch, f->z), a0 = li_buffer_offset(&f->scratch, f->sel),
+                 h0 = li_buffer_offset(&f->scratch, f->h);
+    for (int64_t r = 0; r < n; r++) {
+        f->sel_dst[2 * r] = z0 + (size_t)(2 * r) * row;
+        f->sel_src[2 * r] = a0 + (size_t)r * row;
+        f->sel_dst[2 * r + 1] = z0 + (size_t)(2 * r + 1) * row;
+        f->sel_src[2 * r + 1] = h0 + (size_t)r * row;
+    }
+    op->buffer_copy(be, &f->scratch, &f->scratch, f->sel_dst, f->sel_src, (int)(2 * n), row);
+    return 0;
+}
+
 /* Block capture[i]'s residual stream into column block i of every capture
  * row: one backend copy of n runs. */
 static void capture_rows(li_forward *f, li_backend *be, int64_t n, int64_t d, int32_t i) {
@@ -330,7 +369,7 @@ int li_forward_run(li_forward *f, const li_model *m, li_backend *be, li_kv_cache
         const int crc = buffer_reserve(be, &f->capture, (size_t)b->n * (size_t)f->capture_width * sizeof(float), err);
         if (crc) return crc;
     }
-    int rc = batch_upload(f, hp, kv, b, err);
+    int rc = batch_upload(f, m->inproj ? m->tok_embd.m : hp->n_vocab, kv, b, err);
     if (rc) {
         tree_release(f, kv);
         return rc;
@@ -340,7 +379,14 @@ int li_forward_run(li_forward *f, const li_model *m, li_backend *be, li_kv_cache
     f->hidden = NULL;
     f->have_logits = false;
 
-    op->get_rows(be, &m->tok_embd, f->d_tokens, n, f->x);
+    if (m->inproj) {
+        if ((rc = inproj_input(f, m, be, b, err))) {
+            tree_release(f, kv);
+            return rc;
+        }
+    } else {
+        op->get_rows(be, &m->tok_embd, f->d_tokens, n, f->x);
+    }
 
     li_attn_args aa = {
         .n_tokens = n, .n_head = hp->n_head, .n_head_kv = hp->n_head_kv, .head_dim = hp->head_dim,
@@ -349,9 +395,10 @@ int li_forward_run(li_forward *f, const li_model *m, li_backend *be, li_kv_cache
     };
     for (int l = 0; l < hp->n_layer; l++) {
         const li_layer *L = &m->layers[l];
-        /* attention block */
-        op->rmsnorm(be, f->x, L->attn_norm, f->h, n, d, hp->norm_eps);
-        matmul_shared(be, (const li_weight *const[]){&L->wq, &L->wk, &L->wv}, 3, f->h,
+        /* attention block (an input projection's block 0 reads z, made by inproj_input) */
+        const float *qkv_in = l == 0 && m->inproj ? f->z : f->h;
+        if (qkv_in == f->h) op->rmsnorm(be, f->x, L->attn_norm, f->h, n, d, hp->norm_eps);
+        matmul_shared(be, (const li_weight *const[]){&L->wq, &L->wk, &L->wv}, 3, qkv_in,
                       (float *const[]){f->q, f->k, f->v}, n);
         op->rope(be, f->q, f->d_pos, n, hp->n_head, hp->head_dim, hp->n_rot, hp->rope_theta, hp->rope_neox);
         op->rope(be, f->k, f->d_pos, n, hp->n_head_kv, hp->head_dim, hp->n_rot, hp->rope_theta, hp->rope_neox);

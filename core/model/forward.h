@@ -72,6 +72,11 @@ typedef struct li_batch {
      * spec/eagle.h) */
     const int32_t *capture;
     int32_t n_capture;
+    /* (n, in_width) host rows, for a model with an input projection
+     * (li_model.inproj) and only then: in_width is the projection's (rows
+     * the target captured) or n_embd (the block's own pre-norm outputs) */
+    const float *in_hidden;
+    int32_t in_width;
 } li_batch;
 
 /* Scratch activations for up to `cap` tokens, reused every step; all views
@@ -87,6 +92,8 @@ typedef struct li_forward {
     float *att;   /* (cap, n_head*head_dim) */
     float *g, *u; /* (cap, n_ff) */
     float *sel;   /* (cap, n_embd) rows selected for logits */
+    float *z;     /* (cap, 2 * n_embd) an input projection's q/k/v input, or NULL */
+    float *in;    /* (cap, inproj->in_width) the uploaded in_hidden rows, or NULL */
     /* the uploaded batch: views into one backend buffer */
     li_buffer batch;
     int32_t *d_tokens, *d_pos, *d_seq;         /* (cap) */

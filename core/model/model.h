@@ -37,6 +37,19 @@ typedef struct li_layer {
     const float *down_had;               /* (n_ff) signs of the online Hadamard before w_down, or NULL: not rotated */
 } li_layer;
 
+/* A block that reads another model's hidden states (an EAGLE draft,
+ * spec/eagle.h): each row's hidden input hid is W_fc times the batch's
+ * in_hidden row (in_width wide), or that row itself when it is n_embd wide
+ * (a chain step feeding back the block's own output); the residual stream
+ * starts at hid, and block 0's q/k/v read
+ * z = [rmsnorm(E[token]; norm_e), rmsnorm(hid; norm_h)] (2 * n_embd). */
+typedef struct li_model_inproj {
+    li_weight fc;              /* (n_embd, in_width) */
+    int32_t in_width;          /* the captured features' width: n_features * n_embd */
+    const float *norm_e;       /* (n_embd) */
+    const float *norm_h;       /* (n_embd) */
+} li_model_inproj;
+
 typedef struct li_model {
     li_gguf gguf;
     li_hparams hp;
@@ -73,6 +86,8 @@ typedef struct li_model {
      * reads silu(g)*u through the hadamard op in blocks of rot_block, with
      * each layer's signs (li_layer.down_had); 0: not rotated */
     int32_t rot_block;
+    /* an EAGLE draft block's input projection, or NULL (every loaded model) */
+    const li_model_inproj *inproj;
 } li_model;
 
 /* The rotation's metadata keys and tensors (docs/quant_rotation.md). */

@@ -424,7 +424,7 @@ static int f_model(parse_state *st, const char *name, const msgpack_object *val,
     return 0;
 }
 
-/* speculation = {method = "ngram" | "draft" | "layerskip", k = 0..16}
+/* speculation = {method = "ngram" | "draft" | "layerskip" | "medusa" | "eagle", k = 0..16}
  * (k 0: off; method defaults to ngram), or false: off. The engine checks
  * that the method is available; a policy's speculate hook has the last word. */
 static int f_speculation(parse_state *st, const char *name, const msgpack_object *val, li_gen_params *g,
@@ -443,7 +443,7 @@ static int f_speculation(parse_state *st, const char *name, const msgpack_object
         if (!as_bytes(k, &kp, &kn)) BAD("'speculation' keys must be strings");
         if (kn == 6 && !memcmp(kp, "method", 6)) {
             char m[32];
-            if (!as_bytes(v, &vp, &vn) || vn >= sizeof m) BAD("'speculation.method' must be ngram, draft or layerskip");
+            if (!as_bytes(v, &vp, &vn) || vn >= sizeof m) BAD("'speculation.method' must be ngram, draft, layerskip, medusa or eagle");
             memcpy(m, vp, vn);
             m[vn] = 0;
             li_error e2 = {0};

@@ -3,6 +3,7 @@
 #include "runtime/runtime.h"
 #include "engine/engine.h"
 #include "cuda/cuda_backend.h"
+#include "spec/eagle.h"
 #include "spec/medusa.h"
 
 #include <stdio.h>
@@ -130,7 +131,31 @@ int li_runtime_open_medusa(li_runtime *rt, const char *path, const char *tree, l
     return 0;
 }
 
+int li_runtime_open_eagle(li_runtime *rt, const char *path, li_error *err) {
+    if (!rt->model || !rt->be_ready) return li_error_set(err, LI_EINVAL, "eagle: the model is not open");
+    if (rt->eagle) return li_error_set(err, LI_EINVAL, "eagle: a draft is open already");
+    if (!path || !*path) return li_error_set(err, LI_EINVAL, "eagle: the path is empty");
+    if (rt->medusa) return li_error_set(err, LI_EUNSUP, "eagle: an EAGLE draft with Medusa heads is not supported yet");
+    if (rt->be.ops->batch_variant)
+        return li_error_set(err, LI_EINVAL,
+                            "eagle: speculation needs batch-invariant kernels; the '%s' backend is not (use another --isa)",
+                            rt->be.ops->name);
+    /* the draft reads the residual stream in the basis it was trained on */
+    int rc = li_model_refuse_rotated(rt->model, "eagle", err);
+    if (rc) return rc;
+    li_eagle *eg;
+    if ((rc = li_eagle_load(&eg, path, rt->model, err))) return rc;
+    if ((rc = li_eagle_prepare(eg, rt->model, &rt->be, err))) {
+        li_eagle_free(eg);
+        return rc;
+    }
+    rt->eagle = eg;
+    return 0;
+}
+
 void li_runtime_close(li_runtime *rt) {
+    li_eagle_free(rt->eagle); /* its prepared weights go back to the backend first */
+    rt->eagle = NULL;
     li_medusa_free(rt->medusa); /* its prepared weights go back to the backend first */
     rt->medusa = NULL;
     free(rt->medusa_tree);
@@ -155,7 +180,11 @@ int li_runtime_spec_config(li_engine_config *cfg, const li_runtime *rt, const ch
     if (layers < 0 || layers >= nl)
         return li_error_set(err, LI_EINVAL, "%slayers must be in [1, %d] (the model has %d layers), got %lld", flag,
                             nl - 1, nl, (long long)layers);
-    li_spec_method m = layers > 0 ? LI_SPEC_LAYERSKIP : rt->medusa ? LI_SPEC_MEDUSA : rt->draft ? LI_SPEC_DRAFT : LI_SPEC_NGRAM;
+    li_spec_method m = layers > 0      ? LI_SPEC_LAYERSKIP
+                       : rt->medusa    ? LI_SPEC_MEDUSA
+                       : rt->eagle     ? LI_SPEC_EAGLE
+                       : rt->draft     ? LI_SPEC_DRAFT
+                                       : LI_SPEC_NGRAM;
     char what[32];
     snprintf(what, sizeof what, "%smethod", flag);
     if (method && li_spec_method_parse(method, what, &m, err)) return LI_EINVAL;
@@ -163,9 +192,13 @@ int li_runtime_spec_config(li_engine_config *cfg, const li_runtime *rt, const ch
         return li_error_set(err, LI_EINVAL, "%smethod 'draft' needs a draft model (--draft-model FILE)", flag);
     if (k && m == LI_SPEC_MEDUSA && !rt->medusa)
         return li_error_set(err, LI_EINVAL, "%smethod 'medusa' needs Medusa heads (--medusa FILE)", flag);
+    if (k && m == LI_SPEC_EAGLE && !rt->eagle)
+        return li_error_set(err, LI_EINVAL, "%smethod 'eagle' needs an EAGLE draft (--eagle FILE)", flag);
     if (!k && m == LI_SPEC_MEDUSA) k = LI_SPEC_MAX_TOKENS; /* heads given: on, as large as the tree */
+    if (!k && m == LI_SPEC_EAGLE) k = LI_EAGLE_DEFAULT_K; /* a draft given: on */
     cfg->medusa = rt->medusa;
     cfg->medusa_tree = rt->medusa_tree;
+    cfg->eagle = rt->eagle;
     if (k && m == LI_SPEC_LAYERSKIP && !layers)
         return li_error_set(err, LI_EINVAL, "%smethod 'layerskip' needs %slayers N", flag, flag);
     if (k && rt->be.ops->batch_variant)

@@ -14,6 +14,7 @@ typedef struct li_runtime {
     bool be_ready;
     struct li_medusa *medusa; /* NULL, or Medusa heads checked against model (li_runtime_open_medusa) */
     char *medusa_tree;        /* their tree (li_medusa_tree_parse), NULL = the default */
+    struct li_eagle *eagle;   /* NULL, or an EAGLE draft checked against model (li_runtime_open_eagle) */
     bool cuda;                /* be is the CUDA backend (li_runtime_open_device "cuda") */
 } li_runtime;
 
@@ -37,13 +38,17 @@ int li_runtime_open_draft(li_runtime *rt, const char *path, li_error *err);
  * tree spec (NULL: the default) against them; one-line errors. Not on a
  * batch-variant backend (--isa ggml). li_runtime_close frees them. */
 int li_runtime_open_medusa(li_runtime *rt, const char *path, const char *tree, li_error *err);
+/* Loads an EAGLE draft (spec/eagle.h) made for the model and prepares it on
+ * the runtime's backend; one-line errors. Not on a batch-variant backend
+ * (--isa ggml), nor with Medusa heads open. li_runtime_close frees it. */
+int li_runtime_open_eagle(li_runtime *rt, const char *path, li_error *err);
 /* Frees the draft (if any), the model and the backend. */
 void li_runtime_close(li_runtime *rt);
 
 /* Speculation settings from a command line or a Lua table into cfg, checked
  * against the open runtime (so serve refuses them before it listens):
  * method NULL picks layerskip when layers > 0, else medusa with heads, else
- * draft with a draft model, else ngram; k in [0, 16] (spec_tokens; 0 with
+ * eagle with an EAGLE draft, else draft with a draft model, else ngram; k in [0, 16] (spec_tokens; 0 with
  * medusa chosen: 16, the tree's own size then bounds it); layers in [1, n_layer)
  * or 0 (spec_layers); speculation needs batch-invariant kernels. `flag`
  * says how the options are spelled in messages ("--spec-" or "spec_"). */

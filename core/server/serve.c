@@ -160,7 +160,7 @@ typedef struct serve_opts {
     int64_t tensor_parallel;
     const char *spec_method;
     double drain_seconds, slow_seconds;
-    const char *medusa, *medusa_tree;
+    const char *medusa, *medusa_tree, *eagle;
     bool help, policy_unsafe, no_prefix_cache;
     double header_timeout, body_timeout, idle_timeout, rpc_idle_timeout, evict_idle;
     int64_t max_per_ip;
@@ -278,7 +278,8 @@ int li_cmd_serve(int argc, char **argv) {
         {"draft", LI_OPT_STR, &o.draft, "the same as --draft-model"},
         {"medusa", LI_OPT_STR, &o.medusa, "Medusa heads made for the model (luainfer train-medusa): drafts a tree of their top-k, verified in one pass (default: none)"},
         {"medusa-tree", LI_OPT_STR, &o.medusa_tree, "the Medusa tree: paths of candidate ranks, e.g. '0;1;0,0;1,0;0,0,0' (default: a sparse 15-node tree)"},
-        {"spec-method", LI_OPT_STR, &o.spec_method, "speculation proposer: ngram, draft or layerskip (default: layerskip with --spec-layers, draft with a draft model, else ngram)"},
+        {"eagle", LI_OPT_STR, &o.eagle, "an EAGLE draft made for the model (luainfer train-eagle): drafts a chain from the model's own hidden states (default: none)"},
+        {"spec-method", LI_OPT_STR, &o.spec_method, "speculation proposer: ngram, draft, layerskip, medusa or eagle (default: layerskip with --spec-layers, medusa with heads, eagle with an EAGLE draft, draft with a draft model, else ngram)"},
         {"spec-k", LI_OPT_INT, &o.spec_tokens, "the same as --spec-tokens"},
         {"spec-layers", LI_OPT_INT, &o.spec_layers, "layerskip: draft with the model's first N blocks and its head (default 0 = no layerskip)"},
         {"tensor-parallel", LI_OPT_INT, &o.tensor_parallel, "split the model over N ranks (threads; docs/parallel.md), at most its KV heads (default 1)"},
@@ -418,6 +419,7 @@ int li_cmd_serve(int argc, char **argv) {
     if ((rc = li_runtime_set_q4_act(&rt, o.q4_act, "--q4-act", &err))) goto done;
     if (o.draft && (rc = li_runtime_open_draft(&rt, o.draft, &err))) goto done;
     if (o.medusa && (rc = li_runtime_open_medusa(&rt, o.medusa, o.medusa_tree, &err))) goto done;
+    if (o.eagle && (rc = li_runtime_open_eagle(&rt, o.eagle, &err))) goto done;
     if (!o.medusa && o.medusa_tree) {
         rc = li_error_set(&err, LI_EINVAL, "--medusa-tree needs --medusa FILE");
         goto done;

@@ -2,6 +2,7 @@
  * model (a draft GGUF, or the target's first layers) drafting k tokens
  * autoregressively, batched over the step's speculating requests. */
 #include "spec/proposer.h"
+#include "spec/eagle.h"
 #include "spec/medusa.h"
 #include "spec/ngram.h"
 
@@ -11,7 +12,7 @@
 
 /* ---- methods ------------------------------------------------------------- */
 
-static const char *const method_names[LI_SPEC_N_METHODS] = {"ngram", "draft", "layerskip", "medusa"};
+static const char *const method_names[LI_SPEC_N_METHODS] = {"ngram", "draft", "layerskip", "medusa", "eagle"};
 
 const char *li_spec_method_name(int method) {
     return method >= 0 && method < LI_SPEC_N_METHODS ? method_names[method] : "?";
@@ -23,7 +24,7 @@ int li_spec_method_parse(const char *name, const char *what, li_spec_method *out
             *out = (li_spec_method)i;
             return 0;
         }
-    return li_error_set(err, LI_EINVAL, "%s: unknown speculation method '%s' (ngram, draft, layerskip or medusa)", what,
+    return li_error_set(err, LI_EINVAL, "%s: unknown speculation method '%s' (ngram, draft, layerskip, medusa or eagle)", what,
                         name ? name : "(null)");
 }
 
@@ -109,7 +110,39 @@ typedef struct model_prop {
     size_t table_cap;
     li_proposer_observe_fn observe; /* test hook, or NULL */
     void *observe_ud;
+    /* an EAGLE draft: its rows read in_hidden (step 0: the seq's feature,
+     * then the row's own pre-norm output), its logits the draft vocabulary */
+    const int32_t *vocab;  /* (nv_draft) base ids, or NULL: not EAGLE */
+    int32_t nv_draft, in_width;
+    float *in;             /* (cap, in_width) one step's in_hidden rows */
+    float *hid;            /* (cap, n_embd) each seq's last pre-norm output */
+    float *dist;           /* (nv_draft) a sampled row's distribution */
 } model_prop;
+
+/* Row r of an EAGLE step's in_hidden: seq i's feature (step 0; zeros
+ * without one) or its last output. Returns the width. */
+static int32_t eagle_input(model_prop *mp, const li_spec_seq *s, int32_t i, int32_t j, int32_t r) {
+    const int32_t d = mp->m->hp.n_embd;
+    if (j) {
+        memcpy(mp->in + (size_t)r * d, mp->hid + (size_t)i * d, (size_t)d * sizeof(float));
+        return d;
+    }
+    float *row = mp->in + (size_t)r * mp->in_width;
+    if (s->feature) memcpy(row, s->feature, (size_t)mp->in_width * sizeof(float));
+    else memset(row, 0, (size_t)mp->in_width * sizeof(float));
+    return mp->in_width;
+}
+
+/* An EAGLE row's draft token (a base id) and, sampled, its distribution
+ * over the whole vocabulary (zero outside the draft's). */
+static int32_t eagle_pick(model_prop *mp, li_spec_seq *s, const float *row, int32_t j, int32_t nv) {
+    if (!s->has_q) return mp->vocab[li_spec_draft_dist(row, mp->nv_draft, 0, NULL)];
+    li_spec_draft_dist(row, mp->nv_draft, s->temperature, mp->dist);
+    float *q = s->q + (size_t)j * nv;
+    memset(q, 0, (size_t)nv * sizeof *q);
+    for (int32_t i = 0; i < mp->nv_draft; i++) q[mp->vocab[i]] = mp->dist[i];
+    return draw(q, nv, s->uniform(s->uctx));
+}
 
 static int model_propose(li_proposer *p, li_spec_seq *seqs, int32_t n, li_error *err) {
     model_prop *mp = (model_prop *)p;
@@ -130,7 +163,7 @@ static int model_propose(li_proposer *p, li_spec_seq *seqs, int32_t n, li_error 
     /* draft step j: each seq still drafting feeds its newest token (the
      * request's last for j = 0) at position n_toks - 1 + j */
     for (int32_t j = 0; j < kmax; j++) {
-        int32_t nb = 0;
+        int32_t nb = 0, in_width = 0;
         for (int32_t i = 0; i < n; i++) {
             const li_spec_seq *s = &seqs[i];
             if (s->k <= j || s->n_draft != j) continue;
@@ -141,22 +174,33 @@ static int model_propose(li_proposer *p, li_spec_seq *seqs, int32_t n, li_error 
             mp->slot[nb] = (int64_t)s->blocks[at / bs] * bs + at % bs;
             mp->rows[nb] = nb;
             mp->who[nb] = i;
+            if (mp->vocab) in_width = eagle_input(mp, s, i, j, nb);
             nb++;
         }
         if (!nb) break;
         li_batch b = {.n = nb, .tokens = mp->tokens, .pos = mp->pos, .seq = mp->seq, .slot = mp->slot,
                       .block_table = mp->table, .n_seqs = n, .bt_stride = stride, .logit_rows = mp->rows,
-                      .n_logits = nb};
+                      .n_logits = nb, .in_hidden = mp->vocab ? mp->in : NULL, .in_width = in_width,
+                      .hidden = mp->vocab ? LI_HIDDEN_PRE_NORM : LI_HIDDEN_NONE};
         int rc = li_forward_run(&mp->fw, mp->m, mp->be, mp->kv, &b, NULL, err);
         const float *lg = rc ? NULL : li_forward_logits(&mp->fw, mp->m);
-        if (!lg) {
+        const float *hd = lg && mp->vocab ? li_forward_hidden(&mp->fw, mp->m) : NULL;
+        if (!lg || (mp->vocab && !hd)) {
             for (int32_t i = 0; i < n; i++) seqs[i].n_draft = 0;
             return rc ? rc : li_error_set(err, LI_EINVAL, "draft: the draft step computed no logits");
         }
+        const int32_t nvm = mp->m->hp.n_vocab; /* the draft's logits row (nv_draft for EAGLE) */
         for (int32_t r = 0; r < nb; r++) {
             li_spec_seq *s = &seqs[mp->who[r]];
-            const float *row = lg + (size_t)r * nv;
+            const float *row = lg + (size_t)r * nvm;
             if (!j && mp->observe) mp->observe(mp->observe_ud, s->id, mp->pos[r], row);
+            if (mp->vocab) {
+                const int32_t d = mp->m->hp.n_embd;
+                memcpy(mp->hid + (size_t)mp->who[r] * d, hd + (size_t)r * d, (size_t)d * sizeof(float));
+                s->draft[j] = eagle_pick(mp, s, row, j, nv);
+                s->n_draft = j + 1;
+                continue;
+            }
             int32_t tok;
             if (s->has_q) {
                 float *q = s->q + (size_t)j * nv;
@@ -182,6 +226,9 @@ static void model_free(li_proposer *p) {
     free(mp->slot);
     free(mp->who);
     free(mp->table);
+    free(mp->in);
+    free(mp->hid);
+    free(mp->dist);
     free(mp);
 }
 
@@ -220,6 +267,42 @@ int li_proposer_model_new(li_proposer **out, li_spec_method method, const li_mod
     mp->rows = li_xmalloc(c * sizeof *mp->rows);
     mp->slot = li_xmalloc(c * sizeof *mp->slot);
     mp->who = li_xmalloc(c * sizeof *mp->who);
+    *out = &mp->base;
+    return 0;
+}
+
+int li_proposer_eagle_new(li_proposer **out, li_eagle *eg, li_backend *be, li_kv_cache *kv, int32_t cap,
+                          li_error *err) {
+    *out = NULL;
+    if (!eg->be) return li_error_set(err, LI_EINVAL, "proposer: the EAGLE draft is not prepared");
+    if (cap <= 0) return li_error_set(err, LI_EINVAL, "proposer: capacity must be positive, got %d", cap);
+    if (kv->n_layer < 1 || kv->n_head_kv != eg->m.hp.n_head_kv || kv->head_dim != eg->m.hp.head_dim)
+        return li_error_set(err, LI_EINVAL, "proposer: the KV storage does not fit the EAGLE draft");
+    model_prop *mp = li_xcalloc(1, sizeof *mp);
+    int rc = li_forward_init(&mp->fw, &eg->m, be, cap, err);
+    if (rc) {
+        free(mp);
+        return rc;
+    }
+    mp->m = &eg->m;
+    mp->be = be;
+    mp->kv = kv;
+    mp->cap = cap;
+    mp->vocab = eg->vocab;
+    mp->nv_draft = eg->f.n_draft;
+    mp->in_width = eg->inproj.in_width;
+    /* the proposer's n_vocab is the target's: the size of q */
+    mp->base = (li_proposer){.ops = &model_ops, .method = LI_SPEC_EAGLE, .n_vocab = eg->f.n_vocab};
+    const size_t c = (size_t)cap, d = (size_t)eg->m.hp.n_embd;
+    mp->tokens = li_xmalloc(c * sizeof *mp->tokens);
+    mp->pos = li_xmalloc(c * sizeof *mp->pos);
+    mp->seq = li_xmalloc(c * sizeof *mp->seq);
+    mp->rows = li_xmalloc(c * sizeof *mp->rows);
+    mp->slot = li_xmalloc(c * sizeof *mp->slot);
+    mp->who = li_xmalloc(c * sizeof *mp->who);
+    mp->in = li_xmalloc(c * LI_MAX((size_t)mp->in_width, d) * sizeof *mp->in);
+    mp->hid = li_xmalloc(c * d * sizeof *mp->hid);
+    mp->dist = li_xmalloc((size_t)mp->nv_draft * sizeof *mp->dist);
     *out = &mp->base;
     return 0;
 }

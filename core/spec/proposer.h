@@ -25,6 +25,13 @@
  *              no extra pass over the batch. A draft step writes layers
  *              [0, N) of positions the target then verifies and rewrites
  *              with the same bits, or leaves past the verified end.
+ *   eagle      an EAGLE draft block (spec/eagle.h) whose KV storage follows
+ *              the target's pool and is written by the engine right after
+ *              every target pass (the same rows, fed the target's captured
+ *              hidden states): step 0 reads the request's last token with
+ *              the captured rows of the position before it (seq.feature),
+ *              the next steps feed back the block's own output. Its logits
+ *              cover the draft vocabulary (zero probability outside it).
  *   medusa     Medusa heads (spec/medusa.h) over the target's post-norm
  *              hidden state at the request's last computed position: a
  *              candidate tree (parent[] filled) of their top-k, verified by
@@ -45,10 +52,11 @@ typedef enum li_spec_method {
     LI_SPEC_DRAFT,
     LI_SPEC_LAYERSKIP,
     LI_SPEC_MEDUSA,
+    LI_SPEC_EAGLE,
     LI_SPEC_N_METHODS
 } li_spec_method;
 
-/* "ngram", "draft", "layerskip", "medusa"; "?" out of range. */
+/* "ngram", "draft", "layerskip", "medusa", "eagle"; "?" out of range. */
 const char *li_spec_method_name(int method);
 /* The method a name gives; LI_EINVAL naming the choices otherwise. `what`
  * names the option in the message. */
@@ -76,6 +84,9 @@ typedef struct li_spec_seq {
                                   * toks[n_toks - 1], or NULL (then no drafts) */
     int32_t *parent;             /* (k) caller's, or NULL: out, each draft's tree parent (a draft
                                   * index before it, -1 = a child of the last token) */
+    /* eagle */
+    const float *feature;        /* (in_width) the target's captured rows at position n_toks - 2,
+                                  * or NULL: zeros (a request with no such row: a prefix hit) */
 } li_spec_seq;
 
 #define LI_SPEC_MAX_DRAFT 16
@@ -114,6 +125,14 @@ int li_proposer_model_new(li_proposer **out, li_spec_method method, const li_mod
  * shallow view sharing every weight (nothing to free; m must outlive it). */
 int li_spec_layer_view(li_model *view, const li_model *m, int32_t n_layer, li_error *err);
 
+struct li_eagle;
+/* An EAGLE draft eg (prepared on be, li_eagle_prepare) drafting over kv, a
+ * follower of the target's pool holding eg's KV at every position before
+ * each seq's last token (the engine writes it after every target pass).
+ * cap: seqs per step. eg, be and kv must outlive the proposer. */
+int li_proposer_eagle_new(li_proposer **out, struct li_eagle *eg, li_backend *be, li_kv_cache *kv, int32_t cap,
+                          li_error *err);
+
 struct li_medusa;
 struct li_medusa_tree;
 /* Medusa heads h (prepared on the target's backend, li_medusa_prepare with
@@ -125,8 +144,8 @@ int li_proposer_medusa_new(li_proposer **out, struct li_medusa *h, const struct 
 void li_proposer_free(li_proposer *p);
 
 /* Test hook of a model proposer: fn sees each seq's first draft step, its
- * last token at position n_toks - 1, and the (n_vocab) logits it gave;
- * NULL stops. */
+ * last token at position n_toks - 1, and the logits it gave (n_vocab; an
+ * EAGLE draft's n_draft); NULL stops. */
 typedef void (*li_proposer_observe_fn)(void *ud, int64_t id, int32_t pos, const float *logits);
 void li_proposer_model_observe(li_proposer *p, li_proposer_observe_fn fn, void *ud);
 

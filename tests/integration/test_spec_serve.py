@@ -92,7 +92,7 @@ def test_serve_spec_flags_and_stats(luainfer_bin, run_ok, model_path, tmp_path):
 
 @pytest.mark.parametrize("flags,want", [
     (["--spec-k", "17"], "--spec-tokens must be in [0, 16]"),
-    (["--spec-k", "2", "--spec-method", "eagle"], "unknown speculation method 'eagle'"),
+    (["--spec-k", "2", "--spec-method", "lookahead"], "unknown speculation method 'lookahead'"),
     (["--spec-k", "2", "--spec-layers", "30"], "--spec-layers must be in [1, 29]"),
     (["--spec-k", "2", "--spec-method", "draft"], "needs a draft model"),
     (["--spec-k", "2", "--spec-method", "layerskip"], "needs --spec-layers N"),

@@ -131,7 +131,7 @@ local function refused(cfg, want, label)
           tostring(msg))
 end
 refused({ spec_method = "draft", spec_tokens = 4 }, "needs a draft model", "draft without a draft model")
-refused({ spec_method = "eagle", spec_tokens = 4 }, "unknown speculation method 'eagle'", "unknown method")
+refused({ spec_method = "lookahead", spec_tokens = 4 }, "unknown speculation method 'lookahead'", "unknown method")
 refused({ spec_layers = 30, spec_tokens = 4 }, "spec_layers must be in [1, 29]", "spec_layers = n_layer")
 refused({ spec_layers = 29, spec_tokens = 4, isa = "ggml" }, "batch-invariant", "layerskip with --isa ggml")
 refused({ draft_model = draft, spec_tokens = 4, isa = "ggml" }, "batch-invariant", "draft with --isa ggml")
