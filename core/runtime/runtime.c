@@ -29,12 +29,7 @@ static int device_index(const char *device) {
 
 int li_runtime_open_device(li_runtime *rt, const char *model_path, int64_t n_threads, const char *isa,
                            const char *device, const char *flag, li_error *err) {
-    rt->model = NULL;
-    rt->draft = NULL;
-    rt->medusa = NULL;
-    rt->medusa_tree = NULL;
-    rt->be_ready = false;
-    rt->cuda = false;
+    *rt = (li_runtime){0};
     const int dev = device_index(device);
     if (dev == -2) return li_error_set(err, LI_EINVAL, "%s must be cpu, cuda or cuda:N, got '%s'", flag, device);
     if (n_threads < 0 || n_threads > 1024)
