@@ -47,12 +47,17 @@ typedef struct base_bufs {
     float *emb;      /* (L, n_embd) */
 } base_bufs;
 
-static int base_window(li_session *s, const li_train_eagle *e, const int32_t *tok, int L, base_bufs *b,
-                       li_train_eagle_window *w, li_error *err) {
-    int rc = li_train_eagle_base_window(s, tok, L, e->feat, e->F, b->logits, b->feat, err);
+/* full: the engine's logits over the whole vocabulary (eval's greedy
+ * token), else over V only when V is not everything */
+static int base_window(li_session *s, const li_train_eagle *e, const float *EV, li_threadpool *tp,
+                       const int32_t *tok, int L, bool full, base_bufs *b, li_train_eagle_window *w, li_error *err) {
+    const bool over_v = !full && e->vocab;
+    int rc = li_train_eagle_base_window(s, tok, L, e->feat, e->F, over_v ? EV : NULL, e->n_draft, tp, b->logits,
+                                        b->feat, err);
     if (rc) return rc;
     li_train_eagle_embed(s->model, tok, L, b->emb);
-    *w = (li_train_eagle_window){.L = L, .tok = tok, .emb = b->emb, .feat = b->feat, .base = b->logits};
+    *w = (li_train_eagle_window){.L = L, .tok = tok, .emb = b->emb, .feat = b->feat,
+                                 .base = over_v ? NULL : b->logits, .base_v = over_v ? b->logits : NULL};
     return 0;
 }
 
@@ -77,7 +82,7 @@ static int eval_draft(const li_train_eagle *e, li_session *s, const float *EV, c
         const int32_t *tok = ids + wi * L;
         li_train_eagle_window w;
         li_train_eagle_stats st;
-        if ((rc = base_window(s, e, tok, L, b, &w, err))) break;
+        if ((rc = base_window(s, e, EV, tp, tok, L, true, b, &w, err))) break;
         if ((rc = li_train_eagle_forward_backward(e, NULL, EV, &w, &o, &ws, tp, &st, err))) break;
         li_train_eagle_stats_add(&sum, &st);
         int32_t *top = li_xmalloc((size_t)L * sizeof *top); /* the base's greedy token per position */
@@ -137,7 +142,9 @@ static int parse_features(const char *s, int n_layer, int32_t *feat, int *F, li_
         p = *end ? end + 1 : end;
         if (*end && !*p) return li_error_set(err, LI_EINVAL, "train-eagle: --features '%s': a trailing comma", s);
     }
-    if (!*F) return li_error_set(err, LI_EINVAL, "train-eagle: --features: expected 1..%d block numbers", LI_EAGLE_MAX_FEATURES);
+    if (!*F)
+        return li_error_set(err, LI_EINVAL, "train-eagle: --features: expected 1..%d block numbers",
+                            LI_EAGLE_MAX_FEATURES);
     return 0;
 }
 
@@ -370,7 +377,7 @@ int li_cmd_train_eagle(int argc, char **argv) {
             li_train_eagle_window w;
             li_train_eagle_stats st;
             const double tb = li_time_now();
-            if ((rc = base_window(&s, &e, tok, L, &bb, &w, &err))) break;
+            if ((rc = base_window(&s, &e, EV, tp, tok, L, false, &bb, &w, &err))) break;
             t_base += li_time_now() - tb;
             if ((rc = li_train_eagle_forward_backward(&e, &g, EV, &w, &eo, &ws, tp, &st, &err))) break;
             if (!isfinite(st.loss))

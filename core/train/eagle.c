@@ -246,8 +246,8 @@ int li_train_eagle_forward_backward(const li_train_eagle *e, li_train_grads *g, 
                                 w->tok[i], i, (long long)V);
         ws->labv[i] = e->vmap[w->tok[i]];
     }
-    const float *teacher = w->base;
-    if (e->vocab) { /* the base's logits over V: the KL's p, renormalized over V by its softmax */
+    const float *teacher = w->base_v ? w->base_v : w->base;
+    if (e->vocab && !w->base_v) { /* the base's logits over V: the KL's p, renormalized over V by its softmax */
         for (int p = 0; p < L; p++) {
             const float *src = w->base + (int64_t)p * V;
             float *dst = ws->teacher + (int64_t)p * Vd;
@@ -267,7 +267,8 @@ int li_train_eagle_forward_backward(const li_train_eagle *e, li_train_grads *g, 
 /* ==== the base, frozen ====================================================== */
 
 int li_train_eagle_base_window(li_session *s, const int32_t *tok, int64_t n, const int32_t *feat, int F,
-                               float *logits, float *captured, li_error *err) {
+                               const float *EV, int32_t n_ev, struct li_threadpool *tp, float *logits,
+                               float *captured, li_error *err) {
     li_session_reset(s);
     if (n < 1 || n > s->n_batch || n > s->n_ctx)
         return li_error_set(err, LI_EINVAL, "eagle: a window of %lld tokens in a session of %lld", (long long)n,
@@ -281,11 +282,20 @@ int li_train_eagle_base_window(li_session *s, const int32_t *tok, int64_t n, con
     li_batch b = {.n = n, .tokens = tok, .pos = s->pos, .seq = s->seq_idx, .slot = s->slot,
                   .block_table = s->seq.blocks, .n_seqs = 1, .bt_stride = s->seq.n_blocks,
                   .logit_rows = s->rows, .n_logits = n, .capture = feat, .n_capture = F};
-    int rc = li_forward_run(&s->fw, s->model, s->be, &s->kv, &b, logits, err);
+    if (EV) {
+        b.no_logits = true;
+        b.hidden = LI_HIDDEN_POST_NORM;
+    }
+    int rc = li_forward_run(&s->fw, s->model, s->be, &s->kv, &b, EV ? NULL : logits, err);
     if (rc) return rc;
     const float *c = li_forward_captured(&s->fw);
     if (!c) return li_error_set(err, LI_EINVAL, "eagle: the engine returned no captured rows");
     memcpy(captured, c, (size_t)n * (size_t)F * (size_t)s->model->hp.n_embd * sizeof(float));
+    if (EV) {
+        const float *h = li_forward_hidden(&s->fw, s->model);
+        if (!h) return li_error_set(err, LI_EINVAL, "eagle: the engine returned no hidden states");
+        li_train_mm_nt(tp, h, EV, logits, n, n_ev, s->model->hp.n_embd);
+    }
     s->n_past = n;
     return 0;
 }

@@ -64,7 +64,8 @@ typedef struct li_train_eagle_window {
     const int32_t *tok;   /* (L) the window's tokens */
     const float *emb;     /* (L, n_embd) the base's token embeddings E[tok[i]] */
     const float *feat;    /* (L, F·n_embd) the base's residual streams after the feature blocks */
-    const float *base;    /* (L, n_vocab) the base's logits */
+    const float *base;    /* (L, n_vocab) the base's logits, or NULL with base_v */
+    const float *base_v;  /* (L, n_draft) the base's logits over V already (base_window with EV), or NULL */
 } li_train_eagle_window;
 
 typedef struct li_train_eagle_opts {
@@ -112,11 +113,16 @@ int li_train_eagle_forward_backward(const li_train_eagle *e, li_train_grads *g, 
 /* ==== the base, frozen ==================================================== */
 
 /* One window of n tokens through the engine from position 0 (s: a session
- * with n_ctx and n_batch >= n, reset here): every row's logits (n, n_vocab)
- * and the residual stream after blocks feat[0..F) (n, F·n_embd). */
+ * with n_ctx and n_batch >= n, reset here): every row's logits and the
+ * residual stream after blocks feat[0..F) (n, F·n_embd). EV NULL: the
+ * engine's logits over the whole vocabulary (n, n_vocab). EV (n_ev, n_embd),
+ * the output rows of the draft's vocabulary: the engine stops at the output
+ * norm and the logits over V (n, n_ev) are its post-norm hidden states ·
+ * EV^T in float32 on tp (a sixth of the head's work at |V| 8192 of 49152). */
 struct li_session;
 int li_train_eagle_base_window(struct li_session *s, const int32_t *tok, int64_t n, const int32_t *feat, int F,
-                               float *logits, float *captured, li_error *err);
+                               const float *EV, int32_t n_ev, struct li_threadpool *tp, float *logits,
+                               float *captured, li_error *err);
 /* The base's output rows of vocab (n_draft of them; NULL: all) in float32,
  * (n_draft, n_embd); li_aligned_free it. NULL when out of memory. */
 float *li_train_eagle_output_f32(const li_model *m, const int32_t *vocab, int32_t n_draft);

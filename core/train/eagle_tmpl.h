@@ -158,43 +158,69 @@ void TR(li_trop_chain_attn_bwd)(const real *q, const real *k0, const real *v0, c
     li_train_par(tp, TR(chain_dkv_job), &c, (int64_t)Hkv * c.nblk0, 2);
 }
 
-/* ==== the loss of one row ================================================== */
+/* ==== the loss ============================================================== */
 
-/* Row s (V) of a step against the base's t (V, over the draft's vocabulary)
- * and label lab (an index in V, or -1: outside V, no CE term):
+/* The base's side of the loss, once per position p (a position's row is
+ * read by up to J steps): pt = softmax(t/T) over V, log of its partition
+ * lzt, and its argmax (the lowest index of ties). */
+typedef struct TR(tprep_ctx) {
+    const float *t;     /* (L, V) */
+    real *pt, *lzt;     /* (L, V), (L) */
+    int32_t *at;        /* (L) */
+    int64_t V;
+    real temp;
+} TR(tprep_ctx);
+
+static void TR(tprep_job)(void *ctx, int64_t p) {
+    const TR(tprep_ctx) *c = ctx;
+    const float *t = c->t + p * c->V;
+    real *pt = c->pt + p * c->V;
+    int64_t at = 0;
+    for (int64_t j = 1; j < c->V; j++)
+        if (t[j] > t[at]) at = j;
+    const real mt = (real)t[at] / c->temp;
+    double z = 0;
+    for (int64_t j = 0; j < c->V; j++) z += TR_EXP((real)t[j] / c->temp - mt);
+    const real lz = (real)((double)mt + log(z));
+    for (int64_t j = 0; j < c->V; j++) pt[j] = TR_EXP((real)t[j] / c->temp - lz);
+    c->lzt[p] = lz;
+    c->at[p] = (int32_t)at;
+}
+
+/* Row s (V) of a step against the base's row t (V, over the draft's
+ * vocabulary; pt, lzt, at: its tprep) and label lab (an index in V, or -1:
+ * outside V, no CE term):
  *   α·T²·KL(softmax(t/T) ‖ softmax(s/T)) + (1 − α)·CE(s, lab).
  * ds (may be s itself, or NULL) = w·∂/∂s: α·T·(ps − pt) + (1 − α)·(softmax(s) −
  * onehot). Returns the loss; *kl the KL (no α, no T²); *amax the argmax of s
  * (the lowest index of ties), *agree whether it is t's. Sums in double, as
  * li_trop_loss. */
-static double TR(eagle_loss_row)(const real *s, const float *t, int32_t lab, int64_t V, real alpha, real temp,
-                                 real w, real *ds, double *kl, int32_t *amax, int *agree) {
-    int64_t as = 0, at = 0;
-    for (int64_t j = 1; j < V; j++) {
+static double TR(eagle_loss_row)(const real *s, const float *t, const real *pt, real lzt, int32_t at, int32_t lab,
+                                 int64_t V, real alpha, real temp, real w, real *ds, double *kl, int32_t *amax,
+                                 int *agree) {
+    int64_t as = 0;
+    for (int64_t j = 1; j < V; j++)
         if (s[j] > s[as]) as = j;
-        if (t[j] > t[at]) at = j;
-    }
     *amax = (int32_t)as;
     *agree = as == at;
-    const bool ce = alpha < 1 && lab >= 0;
-    const real ms = s[as], mst = s[as] / temp, mtt = (real)t[at] / temp;
-    double ze = 0, zs = 0, zt = 0;
+    const bool ce = alpha < 1 && lab >= 0, t1 = temp == 1; /* T = 1: softmax(s/T) is CE's softmax */
+    const real ms = s[as], mst = s[as] / temp;
+    double ze = 0, zs = 0;
     for (int64_t j = 0; j < V; j++) {
-        if (ce) ze += TR_EXP(s[j] - ms);
         zs += TR_EXP(s[j] / temp - mst);
-        zt += TR_EXP((real)t[j] / temp - mtt);
+        if (ce && !t1) ze += TR_EXP(s[j] - ms);
     }
-    const double lse = (double)ms + log(ze), lzs = (double)mst + log(zs), lzt = (double)mtt + log(zt);
+    const double lzs = (double)mst + log(zs), lse = ce && !t1 ? (double)ms + log(ze) : lzs;
     const double slab = ce ? (double)s[lab] : 0; /* read before ds overwrites s */
-    const real wkl = w * alpha * temp, wce = w * ((real)1 - alpha), lzs_r = (real)lzs, lzt_r = (real)lzt,
-               lse_r = (real)lse;
+    const real wkl = w * alpha * temp, wce = w * ((real)1 - alpha), lzs_r = (real)lzs, lse_r = (real)lse;
     double k = 0;
     for (int64_t j = 0; j < V; j++) {
-        const real lps = s[j] / temp - lzs_r, lpt = (real)t[j] / temp - lzt_r, pt = TR_EXP(lpt);
-        k += (double)pt * (double)(lpt - lps);
+        const real lps = s[j] / temp - lzs_r, lpt = (real)t[j] / temp - lzt;
+        k += (double)pt[j] * (double)(lpt - lps);
         if (!ds) continue;
-        real gj = wkl * (TR_EXP(lps) - pt);
-        if (ce) gj += wce * TR_EXP(s[j] - lse_r);
+        const real ps = TR_EXP(lps);
+        real gj = wkl * (ps - pt[j]);
+        if (ce) gj += wce * (t1 ? ps : TR_EXP(s[j] - lse_r));
         ds[j] = gj;
     }
     double loss = (double)alpha * temp * temp * k;
@@ -209,6 +235,8 @@ static double TR(eagle_loss_row)(const real *s, const float *t, int32_t lab, int
 typedef struct TR(eloss_ctx) {
     real *logits;       /* (R, V), dlogits in place when grad */
     const float *teacher; /* row r at teacher + r·V */
+    const real *pt, *lzt; /* the teacher rows' tprep, row r at pt + r·V, lzt[r] */
+    const int32_t *at;
     const int32_t *lab; /* (R) */
     int64_t V;
     real alpha, temp, w;
@@ -221,8 +249,9 @@ typedef struct TR(eloss_ctx) {
 static void TR(eloss_job)(void *ctx, int64_t r) {
     const TR(eloss_ctx) *c = ctx;
     real *s = c->logits + r * c->V;
-    c->loss[r] = TR(eagle_loss_row)(s, c->teacher + r * c->V, c->lab[r], c->V, c->alpha, c->temp, c->w,
-                                    c->grad ? s : NULL, &c->kl[r], &c->amax[r], &c->agree[r]);
+    c->loss[r] = TR(eagle_loss_row)(s, c->teacher + r * c->V, c->pt + r * c->V, c->lzt[r], c->at[r], c->lab[r], c->V,
+                                    c->alpha, c->temp, c->w, c->grad ? s : NULL, &c->kl[r], &c->amax[r],
+                                    &c->agree[r]);
 }
 
 /* ==== the draft's passes =================================================== */
@@ -250,6 +279,8 @@ typedef struct TR(eacts) {
     real *P0;        /* (H, n0, n0) step 0's attention */
     real *Pc;        /* (J - 1, H, R, W) the chain steps' */
     real *logits;    /* (R, Vd) one step's logits, then its dlogits in place */
+    real *pt;        /* (L, Vd) softmax(t/T) of the base's rows over V */
+    real *lzt;       /* (L) their log-partitions */
     real *dy;        /* (J, R, d) d(yo) of the loss rows */
     /* backward scratch */
     real *dx;        /* (n0, d) */
@@ -296,6 +327,8 @@ static size_t TR(eacts_carve)(TR(eacts) *a, real *buf, const li_train_eagle_dims
     CARVE(P0, H * n0 * n0);
     CARVE(Pc, (J - 1) * H * R * W);
     CARVE(logits, R * (size_t)D->Vd);
+    CARVE(pt, L * (size_t)D->Vd);
+    CARVE(lzt, L);
     CARVE(dy, J * R * d);
     CARVE(dx, n0 * d);
     CARVE(dnext, n0 * d);
@@ -342,8 +375,13 @@ double TR(li_train_eagle_fb)(const li_train_eagle_dims *D, const size_t *off, co
     st->J = J;
     st->rows = R;
     double *rloss = li_xcalloc((size_t)R, sizeof(double)), *rkl = li_xcalloc((size_t)R, sizeof(double));
-    int32_t *ramax = li_xcalloc((size_t)R, sizeof(int32_t)), *rlab = li_xcalloc((size_t)R, sizeof(int32_t));
+    int32_t *ramax = li_xcalloc((size_t)R, sizeof(int32_t)), *rlab = li_xcalloc((size_t)R, sizeof(int32_t)),
+            *tat = li_xcalloc((size_t)L, sizeof(int32_t));
     int *ragree = li_xcalloc((size_t)R, sizeof(int));
+
+    /* the base's rows over V, softmax(t/T) once per position (rows 1..L-2 are read) */
+    TR(tprep_ctx) tc = {.t = teacher, .pt = a.pt, .lzt = a.lzt, .at = tat, .V = Vd, .temp = temp};
+    li_train_par(tp, TR(tprep_job), &tc, L, 4);
 
     /* ---- forward, step by step ---- */
     for (int s = 0; s < J; s++) {
@@ -387,7 +425,9 @@ double TR(li_train_eagle_fb)(const li_train_eagle_dims *D, const size_t *off, co
         TR_MM_NT(tp, yo + lo * d, EV, a.logits, R, Vd, d);
         for (int r = 0; r < R; r++) rlab[r] = labv[r + 2 + s];
         const double wstep = pow(LI_TRAIN_EAGLE_DECAY, s);
-        TR(eloss_ctx) lc = {.logits = a.logits, .teacher = teacher + (int64_t)(1 + s) * Vd, .lab = rlab, .V = Vd,
+        TR(eloss_ctx) lc = {.logits = a.logits, .teacher = teacher + (int64_t)(1 + s) * Vd,
+                            .pt = a.pt + (int64_t)(1 + s) * Vd, .lzt = a.lzt + 1 + s, .at = tat + 1 + s, .lab = rlab,
+                            .V = Vd,
                             .alpha = alpha, .temp = temp, .w = (real)(gscale * wstep / R), .grad = G != NULL,
                             .loss = rloss, .kl = rkl, .amax = ramax, .agree = ragree};
         li_train_par(tp, TR(eloss_job), &lc, R, 3);
@@ -410,6 +450,7 @@ double TR(li_train_eagle_fb)(const li_train_eagle_dims *D, const size_t *off, co
     free(ramax);
     free(rlab);
     free(ragree);
+    free(tat);
     if (!G) return st->loss;
 
     /* ---- backward, the last step first: a step's keys and x' are read by the steps above it ---- */

@@ -349,7 +349,8 @@ static void test_draft_grad(int neox, int n_rot, double alpha, double T) {
     double lj[LI_TRAIN_EAGLE_MAX_TTT];
     const double lp = plain_loss(&w, alpha, T, lj);
     report(fabs(l0 - lp) < 1e-12 * fabs(lp) && fabs(st.loss_j[2] - lj[2]) < 1e-12 * fabs(lj[2]),
-           "draft loss (neox %d, alpha %.1f, T %.0f) = the plain transcription's: %.12f vs %.12f (steps %.4f %.4f %.4f)",
+           "draft loss (neox %d, alpha %.2f, T %.0f) = the plain transcription's: %.12f vs %.12f (steps %.4f %.4f "
+           "%.4f)",
            neox, alpha, T, l0, lp, st.loss_j[0], st.loss_j[1], st.loss_j[2]);
     for (size_t i = 0; i < w.np; i++) {
         const double p0 = w.P[i];
@@ -375,7 +376,7 @@ static void test_draft_grad(int neox, int n_rot, double alpha, double T) {
     }
     report(all < TOL && worst < 1e-4 && moved,
            "draft gradient vs central differences (L 7, J 3, d 12, 3/1 heads, hd 4, n_rot %d, neox %d, F 2, |V| 11 "
-           "of 17, alpha %.1f, T %.0f): rel err %.1e < %.0e; per tensor%s",
+           "of 17, alpha %.2f, T %.0f): rel err %.1e < %.0e; per tensor%s",
            n_rot, neox, alpha, T, all, TOL, per);
     free(ws);
     free(G);
@@ -572,23 +573,39 @@ static void test_tiny(const char *path) {
     rng_seed(7);
     for (int i = 0; i < NWIN * SEQ; i++) tok[i] = 3 + (int32_t)(rng_u32() % 60); /* repeats: something to learn */
     float *lg = malloc((size_t)NWIN * SEQ * V * sizeof *lg), *lg2 = malloc((size_t)SEQ * V * sizeof *lg2),
-          *cap = malloc((size_t)NWIN * SEQ * F * d * sizeof *cap), *emb = malloc((size_t)NWIN * SEQ * d * sizeof *emb);
-    for (int w = 0; w < NWIN; w++)
-        CHECK(li_train_eagle_base_window(&s, tok + w * SEQ, SEQ, feat, F, lg + (size_t)w * SEQ * V,
-                                         cap + (size_t)w * SEQ * F * d, &err) == 0,
-              "%s", err.msg);
-    li_train_eagle_embed(m, tok, NWIN * SEQ, emb);
-    li_session_reset(&s);
-    CHECK(li_session_eval(&s, tok + SEQ, SEQ, true, lg2, &err) == 0, "%s", err.msg);
-    report(!memcmp(lg + (size_t)SEQ * V, lg2, (size_t)SEQ * V * sizeof *lg),
-           "the base's window: its logits are li_session_eval's bit for bit (with %d feature blocks captured)", F);
-
+          *lgv = malloc((size_t)NWIN * SEQ * 64 * sizeof *lgv), *cap = malloc((size_t)NWIN * SEQ * F * d * sizeof *cap),
+          *cap2 = malloc((size_t)SEQ * F * d * sizeof *cap2), *emb = malloc((size_t)NWIN * SEQ * d * sizeof *emb);
     /* the draft over the 64 most frequent ids of the windows */
     int32_t vocab[64];
     li_train_eagle_vocab_select(tok, NWIN * SEQ, (int32_t)V, 64, vocab);
+    float *EV = li_train_eagle_output_f32(m, vocab, 64);
+    li_threadpool *tp = li_threadpool_init(2);
+    for (int w = 0; w < NWIN; w++) {
+        CHECK(li_train_eagle_base_window(&s, tok + w * SEQ, SEQ, feat, F, NULL, 0, NULL, lg + (size_t)w * SEQ * V,
+                                         cap + (size_t)w * SEQ * F * d, &err) == 0,
+              "%s", err.msg);
+        CHECK(li_train_eagle_base_window(&s, tok + w * SEQ, SEQ, feat, F, EV, 64, tp, lgv + (size_t)w * SEQ * 64,
+                                         cap2, &err) == 0,
+              "%s", err.msg);
+    }
+    li_train_eagle_embed(m, tok, NWIN * SEQ, emb);
+    li_session_reset(&s);
+    CHECK(li_session_eval(&s, tok + SEQ, SEQ, true, lg2, &err) == 0, "%s", err.msg);
+    report(!memcmp(lg + (size_t)SEQ * V, lg2, (size_t)SEQ * V * sizeof *lg) &&
+               !memcmp(cap + (size_t)SEQ * F * d, cap2, (size_t)SEQ * F * d * sizeof *cap2),
+           "the base's window: its logits are li_session_eval's bit for bit (with %d feature blocks captured, the "
+           "same with the head over V)", F);
+    double ev = 0, mv = 0;
+    for (int64_t r = 0; r < NWIN * SEQ; r++)
+        for (int i = 0; i < 64; i++) {
+            ev = fmax(ev, fabs((double)lgv[r * 64 + i] - lg[r * V + vocab[i]]));
+            mv = fmax(mv, fabs((double)lg[r * V + vocab[i]]));
+        }
+    report(ev / mv < 1e-5, "the head over V alone (post-norm hidden · E_V in float32): the engine's logits over V, "
+                           "rel diff %.1e", ev / mv);
+
     li_train_eagle e;
     CHECK(li_train_eagle_init(&e, &m->hp, F, feat, vocab, 64, m->output_norm, 1, &err) == 0, "%s", err.msg);
-    float *EV = li_train_eagle_output_f32(m, vocab, 64);
     li_train_eagle_ws ws;
     CHECK(li_train_eagle_ws_init(&ws, &e, SEQ, 3, &err) == 0, "%s", err.msg);
     li_train_grads g;
@@ -602,7 +619,8 @@ static void test_tiny(const char *path) {
         li_train_eagle_stats sum = {0};
         for (int w = 0; w < NWIN; w++) {
             const li_train_eagle_window win = {.L = SEQ, .tok = tok + w * SEQ, .emb = emb + (size_t)w * SEQ * d,
-                                               .feat = cap + (size_t)w * SEQ * F * d, .base = lg + (size_t)w * SEQ * V};
+                                               .feat = cap + (size_t)w * SEQ * F * d,
+                                               .base_v = lgv + (size_t)w * SEQ * 64};
             li_train_eagle_stats st;
             CHECK(li_train_eagle_forward_backward(&e, &g, EV, &win, &o, &ws, NULL, &st, &err) == 0, "%s", err.msg);
             li_train_eagle_stats_add(&sum, &st);
@@ -681,9 +699,12 @@ static void test_tiny(const char *path) {
     li_train_eagle_ws_free(&ws);
     li_train_eagle_free(&e);
     li_aligned_free(EV);
+    li_threadpool_free(tp);
     free(lg);
     free(lg2);
+    free(lgv);
     free(cap);
+    free(cap2);
     free(emb);
     li_session_free(&s);
     li_runtime_close(&rt);
@@ -695,6 +716,7 @@ int main(void) {
     test_draft_steps();
     test_draft_grad(0, 4, 0.5, 2.0);
     test_draft_grad(1, 2, 1.0, 1.0);
+    test_draft_grad(0, 4, 0.25, 1.0);
     test_f32();
     test_vocab();
     snprintf(dir, sizeof dir, "/tmp/li_test_eagle.XXXXXX");
