@@ -12,8 +12,9 @@
  *   the float path (SIMD kernels, two threads) against the double one, and
  *   the same bits on one and two threads;
  *   the draft vocabulary (frequencies, ties to the lower id, the fill);
- *   on a tiny random GGUF: the base's window, AdamW lowering the loss over 30
- *   steps, the file read back through li_eagle_file_check (F32 bit for bit,
+ *   on a tiny random GGUF: the base's window (and its head over V alone),
+ *   AdamW lowering the loss over 30 steps, a NaN weight stopping the step,
+ *   the file read back through li_eagle_file_check (F32 bit for bit,
  *   F16), and refused for another base or a corrupted key. */
 #define _POSIX_C_SOURCE 200809L
 #include "test_util.h"
@@ -634,6 +635,23 @@ static void test_tiny(const char *path) {
            "%lld/%lld at step 0)",
            first.loss, last.loss, last.loss_j[0], last.loss_j[1], last.loss_j[2], (long long)last.agree_j[0],
            (long long)last.rows);
+
+    /* a NaN in the draft: the loss says so and AdamW refuses the step, the parameters untouched */
+    {
+        float *w0 = li_train_eagle_param(&e, LI_EAGLE_WO), keep = w0[5];
+        float *copy = malloc(e.tm.L.n_params * sizeof *copy);
+        w0[5] = NAN;
+        memcpy(copy, e.tm.params, e.tm.L.n_params * sizeof *copy);
+        const li_train_eagle_window win = {.L = SEQ, .tok = tok, .emb = emb, .feat = cap, .base_v = lgv};
+        li_train_eagle_stats st;
+        li_train_grads_zero(&g);
+        CHECK(li_train_eagle_forward_backward(&e, &g, EV, &win, &o, &ws, NULL, &st, &err) == 0, "%s", err.msg);
+        const int arc = li_adamw_step(&opt, &e.tm, &g, &ao, NULL, &err);
+        report(isnan(st.loss) && arc == LI_ERANGE && !memcmp(copy, e.tm.params, e.tm.L.n_params * sizeof *copy),
+               "a NaN weight: the loss is nan and AdamW refuses the step, nothing moved: %s", err.msg);
+        w0[5] = keep;
+        free(copy);
+    }
 
     /* the file: written, read back through li_eagle_file_check */
     char out[512], bad[512];
