@@ -18,6 +18,7 @@ static void usage(FILE *f) {
             "  quantize     requantize a GGUF: f16, bf16, q8_0, q4_0, q4_1, w8a8 (SmoothQuant), fp8\n"
             "  distill      train a student on a teacher's logits (core/train/: KL at a temperature + CE)\n"
             "  train-medusa train Medusa heads on a frozen base (its own distributions, shifted)\n"
+            "  train-eagle  train an EAGLE-3 draft block on a frozen base (its features, training-time test)\n"
             "  prune        remove layers, KV groups or FFN channels, ranked on calibration text\n"
             "  bench        run a benchmark from bench/ (batching, prefix, policy_overhead, ...)\n"
             "\n'luainfer COMMAND --help' lists a command's options.\n"
@@ -46,6 +47,7 @@ int main(int argc, char **argv) {
         {"quantize", li_cmd_quantize},
         {"distill", li_cmd_distill},
         {"train-medusa", li_cmd_train_medusa},
+        {"train-eagle", li_cmd_train_eagle},
         {"prune", li_cmd_prune},
         {"policy-host", li_cmd_policy_host},
         {"serve", li_cmd_serve},

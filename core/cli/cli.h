@@ -12,6 +12,7 @@ int li_cmd_bench(int argc, char **argv);
 int li_cmd_quantize(int argc, char **argv);
 int li_cmd_distill(int argc, char **argv);
 int li_cmd_train_medusa(int argc, char **argv);
+int li_cmd_train_eagle(int argc, char **argv);
 int li_cmd_prune(int argc, char **argv);
 /* Fails before any work when OUT cannot be written: its folder must exist
  * and be writable, and OUT must not be a folder. `who` starts the message

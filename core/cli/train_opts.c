@@ -1,4 +1,4 @@
-/* train_opts.c — the options distill and train-medusa share (train_opts.h). */
+/* train_opts.c — the options distill, train-medusa and train-eagle share (train_opts.h). */
 #include "cli/train_opts.h"
 
 #include <stdio.h>
@@ -7,21 +7,39 @@
 void li_cli_train_opts_init(li_cli_train_opts *o, const li_cli_train_spec *s, li_opt *opts) {
     *o = (li_cli_train_opts){.dtype_s = "f32", .sched_s = "constant", .steps = s->steps, .seq_len = 64, .batch = 1,
                              .seed = 1, .alpha = 0.5, .temperature = 2.0, .lr = s->lr, .clip = 1.0};
+    if (s->own_defaults) {
+        o->alpha = s->alpha;
+        o->temperature = s->temperature;
+        o->clip = s->clip;
+        o->sched_s = s->sched;
+        o->seq_len = s->seq_len;
+        o->batch = s->batch;
+    }
+    if (s->warmup_cap > 0) o->warmup = INT64_MIN; /* not given: set by li_cli_train_opts_check */
     snprintf(o->steps_help, sizeof o->steps_help, "optimizer steps (default %lld)", (long long)s->steps);
     snprintf(o->lr_help, sizeof o->lr_help, "AdamW learning rate (default %g)", s->lr);
+    snprintf(o->alpha_help, sizeof o->alpha_help, "weight of the KL term in [0, 1] (default %g)", o->alpha);
+    snprintf(o->temp_help, sizeof o->temp_help, "softmax temperature of the KL term (default %g)", o->temperature);
+    snprintf(o->clip_help, sizeof o->clip_help, "global gradient-norm clip, 0 = none (default %g)", o->clip);
+    snprintf(o->sched_help, sizeof o->sched_help,
+             "constant, cosine or linear: after --warmup, the rate held, or decayed to 0 at the last step "
+             "(default %s)", o->sched_s);
+    if (s->warmup_cap > 0)
+        snprintf(o->warmup_help, sizeof o->warmup_help,
+                 "steps the rate rises linearly from 0 to --lr (default %lld, or a tenth of --steps if less)",
+                 (long long)s->warmup_cap);
+    else snprintf(o->warmup_help, sizeof o->warmup_help, "steps the rate rises linearly from 0 to --lr (default 0)");
     const li_opt shared[LI_CLI_TRAIN_N_OPTS] = {
         {"data", LI_OPT_STR, &o->data, "training text (this or --self-generate)"},
         {"self-generate", LI_OPT_INT, &o->self_gen, s->self_generate_help},
-        {"alpha", LI_OPT_FLOAT, &o->alpha, "weight of the KL term in [0, 1] (default 0.5)"},
-        {"temperature", LI_OPT_FLOAT, &o->temperature, "softmax temperature of the KL term (default 2)"},
+        {"alpha", LI_OPT_FLOAT, &o->alpha, o->alpha_help},
+        {"temperature", LI_OPT_FLOAT, &o->temperature, o->temp_help},
         {"steps", LI_OPT_INT, &o->steps, o->steps_help},
         {"lr", LI_OPT_FLOAT, &o->lr, o->lr_help},
-        {"lr-schedule", LI_OPT_STR, &o->sched_s,
-         "constant, cosine or linear: after --warmup, the rate held, or decayed to 0 at the last step "
-         "(default constant)"},
-        {"warmup", LI_OPT_INT, &o->warmup, "steps the rate rises linearly from 0 to --lr (default 0)"},
+        {"lr-schedule", LI_OPT_STR, &o->sched_s, o->sched_help},
+        {"warmup", LI_OPT_INT, &o->warmup, o->warmup_help},
         {"weight-decay", LI_OPT_FLOAT, &o->wd, "AdamW decoupled weight decay (default 0)"},
-        {"clip", LI_OPT_FLOAT, &o->clip, "global gradient-norm clip, 0 = none (default 1)"},
+        {"clip", LI_OPT_FLOAT, &o->clip, o->clip_help},
         {"seq-len", LI_OPT_INT, &o->seq_len, s->seq_len_help},
         {"batch", LI_OPT_INT, &o->batch, s->batch_help},
         {"dtype", LI_OPT_STR, &o->dtype_s, s->dtype_help},
@@ -51,6 +69,7 @@ int li_cli_train_opts_check(li_cli_train_opts *o, const li_cli_train_spec *s, li
     if (o->ckpt_every < 0) return li_error_set(err, LI_EINVAL, "%s: --ckpt-every must be >= 0", w);
     if (li_lr_kind_parse(o->sched_s, &o->sched.kind))
         return li_error_set(err, LI_EINVAL, "%s: --lr-schedule must be constant, cosine or linear", w);
+    if (o->warmup == INT64_MIN && s->warmup_cap > 0) o->warmup = LI_MIN(s->warmup_cap, o->steps / 10);
     if (o->warmup < 0 || o->warmup >= o->steps)
         return li_error_set(err, LI_EINVAL, "%s: --warmup must be in 0..%lld (below --steps)", w,
                             (long long)o->steps - 1);

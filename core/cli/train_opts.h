@@ -1,8 +1,9 @@
-/* train_opts.h — the options `luainfer distill` and `luainfer train-medusa`
- * share: one table of entries (the same names, kinds and help), defaults
- * and range checks, so both commands spell, bound and refuse them alike.
- * Each command adds its own options (distill: --teacher, --student,
- * --accum, --train; train-medusa: --model, --heads, --streams, --eval...). */
+/* train_opts.h — the options `luainfer distill`, `luainfer train-medusa` and
+ * `luainfer train-eagle` share: one table of entries (the same names, kinds
+ * and help), defaults and range checks, so the commands spell, bound and
+ * refuse them alike. Each command adds its own options (distill: --teacher,
+ * --student, --accum, --train; train-medusa: --model, --heads, --streams,
+ * --eval...; train-eagle: --ttt, --draft-vocab, --features...). */
 #ifndef LI_CLI_TRAIN_OPTS_H
 #define LI_CLI_TRAIN_OPTS_H
 
@@ -19,6 +20,13 @@ typedef struct li_cli_train_spec {
     double lr;                 /* default --lr */
     int64_t min_seq_len;       /* --seq-len's lower bound */
     const char *self_generate_help, *seq_len_help, *batch_help, *dtype_help, *seed_help;
+    /* own_defaults: the command's own defaults below instead of the shared
+     * ones (alpha 0.5, T 2, clip 1, constant, no warmup, seq-len 64, batch 1);
+     * warmup_cap > 0: without --warmup, min(warmup_cap, steps / 10) */
+    bool own_defaults;
+    double alpha, temperature, clip;
+    const char *sched;
+    int64_t seq_len, batch, warmup_cap;
 } li_cli_train_spec;
 
 typedef struct li_cli_train_opts {
@@ -28,7 +36,8 @@ typedef struct li_cli_train_opts {
     bool help;
     li_ckpt_dtype dtype;       /* --dtype, set by li_cli_train_opts_check */
     li_lr_schedule sched;      /* --lr-schedule and --warmup, set by li_cli_train_opts_check */
-    char steps_help[64], lr_help[64];
+    char steps_help[64], lr_help[64], alpha_help[80], temp_help[80], clip_help[80], sched_help[192],
+        warmup_help[112];
 } li_cli_train_opts;
 
 /* Defaults into o, and the shared entries into opts[0, LI_CLI_TRAIN_N_OPTS)

@@ -28,6 +28,15 @@ void li_train_par(void *tp, li_train_job_fn fn, void *ctx, int64_t n, int op);
                               void *tp);                                                                         \
     void li_trop_swiglu_fwd_##S(const real *g, const real *u, real *h, int64_t n);                               \
     void li_trop_swiglu_bwd_##S(const real *g, const real *u, const real *dh, real *dg, real *du, int64_t n);    \
+    /* the row-parallel forms (ranges of rows on tp; the serial op's bits) */                                    \
+    void li_trop_rmsnorm_fwd_par_##S(void *tp, const real *x, const real *w, real *y, real *rstd, int64_t N,     \
+                                     int64_t d, real eps);                                                       \
+    void li_trop_rmsnorm_bwd_par_##S(void *tp, const real *x, const real *w, const real *rstd, const real *dy,   \
+                                     real *dx, real *dw, int64_t N, int64_t d);                                  \
+    void li_trop_rope_par_##S(void *tp, real *x, const real *cs, int64_t N, int T, int H, int hd, int n_rot,     \
+                              int neox, int dir);                                                                \
+    void li_trop_swiglu_par_##S(void *tp, const real *g, const real *u, real *h, const real *dh, real *dg,       \
+                                real *du, int64_t N, int64_t ff);                                                \
     double li_trop_loss_##S(const real *logits, const int32_t *lab, const float *teacher, real *dlogits,         \
                             int64_t N, int64_t V, real alpha, real temp, real gscale, double *kl);               \
     size_t li_train_ws_reals_##S(const li_train_layout *L, int B, int T);                                        \

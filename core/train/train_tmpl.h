@@ -253,7 +253,8 @@ void TR(li_trop_swiglu_bwd)(const real *g, const real *u, const real *dh, real *
 /* RMSNorm, RoPE and SwiGLU over ranges of TR_PAR_ROWS rows (RMSNorm's dw
  * over ranges of columns, each summed over all rows in order): every
  * element is computed by the serial op's code in its order, so the bits
- * are the serial op's whatever the thread count. */
+ * are the serial op's whatever the thread count. Exported (li_trop_*_par)
+ * for the EAGLE draft's passes (eagle_tmpl.h). */
 #define TR_PAR_ROWS 16
 #define TR_PAR_COLS 64
 enum { TR_PAR_NORM, TR_PAR_NORM_DX, TR_PAR_NORM_DW, TR_PAR_ROPE, TR_PAR_GLU, TR_PAR_GLU_BWD };
@@ -296,15 +297,15 @@ static void TR(par_job)(void *ctx, int64_t job) {
 
 static int64_t TR(par_row_jobs)(int64_t N) { return (N + TR_PAR_ROWS - 1) / TR_PAR_ROWS; }
 
-static void TR(rmsnorm_fwd_par)(void *tp, const real *x, const real *w, real *y, real *rstd, int64_t N, int64_t d,
-                                real eps) {
+void TR(li_trop_rmsnorm_fwd_par)(void *tp, const real *x, const real *w, real *y, real *rstd, int64_t N,
+                                 int64_t d, real eps) {
     TR(par_ctx) c = {.op = TR_PAR_NORM, .x = x, .w = w, .y = y, .rstd_out = rstd, .N = N, .d = d, .eps = eps};
     li_train_par(tp, TR(par_job), &c, TR(par_row_jobs)(N), c.op);
 }
 
 /* li_trop_rmsnorm_bwd's dx, then its dw (when not NULL) */
-static void TR(rmsnorm_bwd_par)(void *tp, const real *x, const real *w, const real *rstd, const real *dy, real *dx,
-                                real *dw, int64_t N, int64_t d) {
+void TR(li_trop_rmsnorm_bwd_par)(void *tp, const real *x, const real *w, const real *rstd, const real *dy,
+                                 real *dx, real *dw, int64_t N, int64_t d) {
     TR(par_ctx) c = {.op = TR_PAR_NORM_DX, .x = x, .w = w, .rstd = rstd, .dy = dy, .dx = dx, .dw = dw, .N = N, .d = d};
     li_train_par(tp, TR(par_job), &c, TR(par_row_jobs)(N), c.op);
     if (!dw) return;
@@ -312,16 +313,16 @@ static void TR(rmsnorm_bwd_par)(void *tp, const real *x, const real *w, const re
     li_train_par(tp, TR(par_job), &c, (d + TR_PAR_COLS - 1) / TR_PAR_COLS, c.op);
 }
 
-static void TR(rope_par)(void *tp, real *x, const real *cs, int64_t N, int T, int H, int hd, int n_rot, int neox,
-                         int dir) {
+void TR(li_trop_rope_par)(void *tp, real *x, const real *cs, int64_t N, int T, int H, int hd, int n_rot,
+                          int neox, int dir) {
     TR(par_ctx) c = {.op = TR_PAR_ROPE, .v = x, .cs = cs, .N = N, .T = T, .H = H, .hd = hd, .n_rot = n_rot,
                      .neox = neox, .dir = dir};
     li_train_par(tp, TR(par_job), &c, TR(par_row_jobs)(N), c.op);
 }
 
 /* h(N, ff) = silu(g) · u; with dh: dg, du */
-static void TR(swiglu_par)(void *tp, const real *g, const real *u, real *h, const real *dh, real *dg, real *du,
-                           int64_t N, int64_t ff) {
+void TR(li_trop_swiglu_par)(void *tp, const real *g, const real *u, real *h, const real *dh, real *dg,
+                            real *du, int64_t N, int64_t ff) {
     TR(par_ctx) c = {.op = dh ? TR_PAR_GLU_BWD : TR_PAR_GLU, .g = g, .u = u, .v = h, .dy = dh, .dg = dg, .du = du,
                      .N = N, .d = ff};
     li_train_par(tp, TR(par_job), &c, TR(par_row_jobs)(N), c.op);
@@ -564,24 +565,24 @@ double TR(li_train_fb)(const li_train_layout *L, const real *P, real *G, const i
              *xn2 = a.xn2 + l * N * d, *q = a.q + l * N * qd, *k = a.k + l * N * kvd, *v = a.v + l * N * kvd,
              *att = a.att + l * N * qd, *g = a.g + l * N * ff, *u = a.u + l * N * ff, *h = a.h + l * N * ff,
              *Pl = a.P + (int64_t)l * B * H * T * T, *xnext = a.res + (l + 1) * N * d;
-        TR(rmsnorm_fwd_par)(tp, x, PT(l, LI_TL_ATTN_NORM), xn1, a.rstd1 + l * N, N, d, (real)hp->norm_eps);
+        TR(li_trop_rmsnorm_fwd_par)(tp, x, PT(l, LI_TL_ATTN_NORM), xn1, a.rstd1 + l * N, N, d, (real)hp->norm_eps);
         TR(lin_fwd)(L, P, li_train_tensor_index(l, LI_TL_WQ), xn1, q, XA(l, 0), a.ltmp, N, tp);
         TR(lin_fwd)(L, P, li_train_tensor_index(l, LI_TL_WK), xn1, k, XA(l, 1), a.ltmp, N, tp);
         TR(lin_fwd)(L, P, li_train_tensor_index(l, LI_TL_WV), xn1, v, XA(l, 2), a.ltmp, N, tp);
-        TR(rope_par)(tp, q, a.cs, N, T, H, hd, hp->n_rot, hp->rope_neox, 1);
-        TR(rope_par)(tp, k, a.cs, N, T, Hkv, hd, hp->n_rot, hp->rope_neox, 1);
+        TR(li_trop_rope_par)(tp, q, a.cs, N, T, H, hd, hp->n_rot, hp->rope_neox, 1);
+        TR(li_trop_rope_par)(tp, k, a.cs, N, T, Hkv, hd, hp->n_rot, hp->rope_neox, 1);
         TR(li_trop_attn_fwd)(q, k, v, Pl, att, B, T, H, Hkv, hd, tp);
         TR(lin_fwd)(L, P, li_train_tensor_index(l, LI_TL_WO), att, xmid, XA(l, 3), a.ltmp, N, tp);
         for (int64_t i = 0; i < N * d; i++) xmid[i] += x[i];
-        TR(rmsnorm_fwd_par)(tp, xmid, PT(l, LI_TL_FFN_NORM), xn2, a.rstd2 + l * N, N, d, (real)hp->norm_eps);
+        TR(li_trop_rmsnorm_fwd_par)(tp, xmid, PT(l, LI_TL_FFN_NORM), xn2, a.rstd2 + l * N, N, d, (real)hp->norm_eps);
         TR(lin_fwd)(L, P, li_train_tensor_index(l, LI_TL_GATE), xn2, g, XA(l, 4), a.ltmp, N, tp);
         TR(lin_fwd)(L, P, li_train_tensor_index(l, LI_TL_UP), xn2, u, XA(l, 5), a.ltmp, N, tp);
-        TR(swiglu_par)(tp, g, u, h, NULL, NULL, NULL, N, ff);
+        TR(li_trop_swiglu_par)(tp, g, u, h, NULL, NULL, NULL, N, ff);
         TR(lin_fwd)(L, P, li_train_tensor_index(l, LI_TL_DOWN), h, xnext, XA(l, 6), a.ltmp, N, tp);
         for (int64_t i = 0; i < N * d; i++) xnext[i] += xmid[i];
     }
     const real *xlast = a.res + nl * N * d;
-    TR(rmsnorm_fwd_par)(tp, xlast, PT(-1, LI_TT_OUTPUT_NORM), a.xnf, a.rstdf, N, d, (real)hp->norm_eps);
+    TR(li_trop_rmsnorm_fwd_par)(tp, xlast, PT(-1, LI_TT_OUTPUT_NORM), a.xnf, a.rstdf, N, d, (real)hp->norm_eps);
     TR_MM_NT(tp, a.xnf, PT(-1, LI_TT_OUTPUT), a.logits, N, V, d);
     if (logits_out) *logits_out = a.logits;
     const double loss = TR(loss_par)(tp, a.logits, lab, teacher, a.dlogits, N, V, alpha, temp, gscale, kl_out);
@@ -591,7 +592,7 @@ double TR(li_train_fb)(const li_train_layout *L, const real *P, real *G, const i
     memset(a.dxn, 0, (size_t)(N * d) * sizeof(real));
     TR(lin_bwd)(L, P, G, LI_TT_OUTPUT, a.xnf, NULL, a.dlogits, a.dxn, a.tmp, N, tp);
     memset(a.dx, 0, (size_t)(N * d) * sizeof(real));
-    TR(rmsnorm_bwd_par)(tp, xlast, PT(-1, LI_TT_OUTPUT_NORM), a.rstdf, a.dxn, a.dx, GT(-1, LI_TT_OUTPUT_NORM), N, d);
+    TR(li_trop_rmsnorm_bwd_par)(tp, xlast, PT(-1, LI_TT_OUTPUT_NORM), a.rstdf, a.dxn, a.dx, GT(-1, LI_TT_OUTPUT_NORM), N, d);
     for (int l = nl - 1; l >= L->bwd_stop; l--) {
         const real *x = a.res + l * N * d, *xmid = a.xmid + l * N * d, *xn1 = a.xn1 + l * N * d,
                    *xn2 = a.xn2 + l * N * d, *q = a.q + l * N * qd, *k = a.k + l * N * kvd,
@@ -602,26 +603,26 @@ double TR(li_train_fb)(const li_train_layout *L, const real *P, real *G, const i
         /* FFN: res[l+1] = xmid + h·Wd^T, so dx is also d(xmid) */
         memset(a.dh, 0, (size_t)(N * ff) * sizeof(real));
         TR(lin_bwd)(L, P, G, li_train_tensor_index(l, LI_TL_DOWN), h, XA(l, 6), a.dx, a.dh, a.tmp, N, tp);
-        TR(swiglu_par)(tp, g, u, NULL, a.dh, a.dg, a.du, N, ff);
+        TR(li_trop_swiglu_par)(tp, g, u, NULL, a.dh, a.dg, a.du, N, ff);
         memset(a.dxn, 0, (size_t)(N * d) * sizeof(real));
         TR(lin_bwd)(L, P, G, li_train_tensor_index(l, LI_TL_GATE), xn2, XA(l, 4), a.dg, a.dxn, a.tmp, N, tp);
         TR(lin_bwd)(L, P, G, li_train_tensor_index(l, LI_TL_UP), xn2, XA(l, 5), a.du, a.dxn, a.tmp, N, tp);
-        TR(rmsnorm_bwd_par)(tp, xmid, PT(l, LI_TL_FFN_NORM), a.rstd2 + l * N, a.dxn, a.dx, GT(l, LI_TL_FFN_NORM), N, d);
+        TR(li_trop_rmsnorm_bwd_par)(tp, xmid, PT(l, LI_TL_FFN_NORM), a.rstd2 + l * N, a.dxn, a.dx, GT(l, LI_TL_FFN_NORM), N, d);
         /* attention: xmid = x + att·Wo^T */
         memset(a.datt, 0, (size_t)(N * qd) * sizeof(real));
         TR(lin_bwd)(L, P, G, li_train_tensor_index(l, LI_TL_WO), att, XA(l, 3), a.dx, a.datt, a.tmp, N, tp);
         memset(a.dk, 0, (size_t)(N * kvd) * sizeof(real));
         memset(a.dv, 0, (size_t)(N * kvd) * sizeof(real));
         TR(li_trop_attn_bwd)(q, k, v, Pl, a.datt, a.dq, a.dk, a.dv, a.dS, B, T, H, Hkv, hd, tp);
-        TR(rope_par)(tp, a.dq, a.cs, N, T, H, hd, hp->n_rot, hp->rope_neox, -1);
-        TR(rope_par)(tp, a.dk, a.cs, N, T, Hkv, hd, hp->n_rot, hp->rope_neox, -1);
+        TR(li_trop_rope_par)(tp, a.dq, a.cs, N, T, H, hd, hp->n_rot, hp->rope_neox, -1);
+        TR(li_trop_rope_par)(tp, a.dk, a.cs, N, T, Hkv, hd, hp->n_rot, hp->rope_neox, -1);
         memset(a.dxn, 0, (size_t)(N * d) * sizeof(real));
         real *dxn = need_dx || TRAINS(l, LI_TL_ATTN_NORM) ? a.dxn : NULL;
         TR(lin_bwd)(L, P, G, li_train_tensor_index(l, LI_TL_WQ), xn1, XA(l, 0), a.dq, dxn, a.tmp, N, tp);
         TR(lin_bwd)(L, P, G, li_train_tensor_index(l, LI_TL_WK), xn1, XA(l, 1), a.dk, dxn, a.tmp, N, tp);
         TR(lin_bwd)(L, P, G, li_train_tensor_index(l, LI_TL_WV), xn1, XA(l, 2), a.dv, dxn, a.tmp, N, tp);
         if (dxn)
-            TR(rmsnorm_bwd_par)(tp, x, PT(l, LI_TL_ATTN_NORM), a.rstd1 + l * N, a.dxn, a.dx, GT(l, LI_TL_ATTN_NORM), N, d);
+            TR(li_trop_rmsnorm_bwd_par)(tp, x, PT(l, LI_TL_ATTN_NORM), a.rstd1 + l * N, a.dxn, a.dx, GT(l, LI_TL_ATTN_NORM), N, d);
     }
     if (L->bwd_stop == 0 && TRAINS(-1, LI_TT_TOK_EMBD)) TR(li_trop_embed_bwd)(GT(-1, LI_TT_TOK_EMBD), tok, a.dx, N, d);
 #undef PT

@@ -1,5 +1,5 @@
-"""Progress of the long commands (issue 16): `quantize`, `prune`, `distill`
-and `train-medusa` report on stderr through core/util/progress.c. With
+"""Progress of the long commands (issue 16): `quantize`, `prune`, `distill`,
+`train-medusa` and `train-eagle` report on stderr through core/util/progress.c. With
 stderr on a terminal: one line redrawn in place (\\r, a bar, the rate, ETA,
 then "took" and a newline at the end); otherwise plain whole lines (no \\r,
 no escape codes), the last one at 100% with the time taken; nothing with
@@ -37,10 +37,12 @@ def commands(model_path, inputs):
                      "--steps", "3", "--train", "norms", "--threads", "2", d / "student.gguf"], ["distill"]),
         ("train-medusa", ["train-medusa", "--model", model_path, "--data", text, "--seq-len", "16", "--heads", "1",
                           "--steps", "3", "--threads", "2", d / "heads.gguf"], ["train-medusa"]),
+        ("train-eagle", ["train-eagle", "--model", model_path, "--data", text, "--seq-len", "16", "--batch", "1",
+                         "--draft-vocab", "256", "--steps", "3", "--threads", "2", d / "draft.gguf"], ["train-eagle"]),
     ]
 
 
-NAMES = ["quantize", "prune", "distill", "train-medusa"]
+NAMES = ["quantize", "prune", "distill", "train-medusa", "train-eagle"]
 
 
 def pick(model_path, inputs, name):
@@ -82,6 +84,6 @@ def test_bar_with_rate_and_eta_on_a_terminal(luainfer_bin, model_path, inputs, r
         # the final redraw: the full bar, 100%, the rate, the time taken, then a newline
         assert re.search(rf"\r{label} \[#{{30}}\] 100% (\d+)/\1 .*[\d.]+ \w+/s took \S+\x1b\[K\r?\n", text), \
             f"{name}: no final '{label}' bar in {text[-1500:]!r}"
-    if name in ("distill", "train-medusa"):  # a training step takes well over the 0.1 s between redraws
+    if name in ("distill", "train-medusa", "train-eagle"):  # a training step takes well over the 0.1 s between redraws
         assert re.search(rf"\r{labels[0]} \[[#.]{{30}}\] +\d+% \d+/\d+ .*[\d.]+ \w+/s ETA \S+\x1b\[K", text), \
             f"{name}: no bar with an ETA in {text[-1500:]!r}"
