@@ -45,6 +45,11 @@
 -- untrained heads (acceptance near 0: a check of the machinery and its
 -- cost), `luainfer train-medusa` trained ones.
 --
+-- --eagle FILE [--eagle-k K] (with proposers) adds an EAGLE draft (method
+-- eagle, k 3 unless given; `luainfer train-eagle` makes one,
+-- tools/gen_eagle_draft.py an untrained one), also offered to the adaptive
+-- policy when no Medusa heads are.
+--
 -- --policy FILE[,FILE...] (with proposers) runs each policy file as its own
 -- adaptive setting (named by the file's base name) instead of
 -- policies/spec_adaptive.lua, alternating with the rest: two versions of a
@@ -55,9 +60,11 @@
 local luainfer = require("luainfer")
 local bench = require("luainfer.bench")
 local opts = bench.options(arg)
-local flags = bench.take_flags(arg, { ["--medusa"] = "value", ["--medusa-tree"] = "value", ["--quick"] = "flag",
+local flags = bench.take_flags(arg, { ["--medusa"] = "value", ["--medusa-tree"] = "value", ["--eagle"] = "value",
+                                      ["--eagle-k"] = "value", ["--quick"] = "flag",
                                        ["--policy"] = "value" })
 local medusa, medusa_tree, quick = flags["--medusa"], flags["--medusa-tree"], flags["--quick"]
+local eagle, eagle_k = flags["--eagle"], tonumber(flags["--eagle-k"] or "3")
 local root = (arg[0]:match("^(.*)/bench/") or ".")
 local policies = {}
 for f in (flags["--policy"] or (root .. "/policies/spec_adaptive.lua")):gmatch("[^,]+") do
@@ -148,13 +155,20 @@ local function proposers_bench(layers, draft)
                                                  spec_tokens = 16 },
                         spec = { method = "medusa", k = 16 } }
   end
+  if eagle then
+    sets[#sets + 1] = { name = ("eagle k%d"):format(eagle_k), cfg = { eagle = eagle, spec_method = "eagle",
+                                                                    spec_tokens = eagle_k },
+                        spec = { method = "eagle", k = eagle_k } }
+  end
   for _, f in ipairs(policies) do
     local base = f:match("([^/]+)%.lua$") or f
     sets[#sets + 1] = { name = base == "spec_adaptive" and #policies == 1 and "adaptive" or base,
                         cfg = { spec_layers = layers, draft_model = draft, spec_method = "ngram",
                                 -- the engine takes heads or a draft model, not both
                                 medusa = not draft and medusa or nil,
-                                medusa_tree = not draft and medusa_tree or nil, policy = f } }
+                                medusa_tree = not draft and medusa_tree or nil,
+                                -- and an EAGLE draft, not with heads
+                                eagle = not (not draft and medusa) and eagle or nil, policy = f } }
   end
   -- The model clock: every target forward pass of every run is timed by
   -- its row count (tokens computed in the step); at the end each count's

@@ -264,7 +264,7 @@ int li_cmd_train_eagle(int argc, char **argv) {
     } else F = li_train_eagle_default_features(m->hp.n_layer, feat);
     if (eval_path) { /* read it first: a bad path fails before any training */
         if ((rc = li_read_file(eval_path, (size_t)256 << 20, "evaluation text", &text, &text_len, &err))) goto done;
-        rc = li_tokenizer_encode(m->tok, text, text_len, false, false, &eids, &n_eids, &err);
+        rc = li_tokenizer_encode(m->tok, text, text_len, false, true, &eids, &n_eids, &err);
         free(text);
         text = NULL;
         if (rc) goto done;
@@ -280,7 +280,10 @@ int li_cmd_train_eagle(int argc, char **argv) {
     if (train) {
         if (to.data) {
             if ((rc = li_read_file(to.data, (size_t)256 << 20, "training text", &text, &text_len, &err))) goto done;
-            if ((rc = li_tokenizer_encode(m->tok, text, text_len, false, false, &ids, &n_ids, &err))) goto done;
+            /* special tokens as text become their ids: chat transcripts
+             * (tools/gen_chat_data.lua) train the draft on the turns'
+             * real tokens */
+            if ((rc = li_tokenizer_encode(m->tok, text, text_len, false, true, &ids, &n_ids, &err))) goto done;
         } else {
             if ((rc = li_train_self_generate_n(m, &rt.be, to.self_gen, (uint64_t)to.seed, (int)streams, &ids, &err)))
                 goto done;

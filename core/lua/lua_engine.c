@@ -689,6 +689,10 @@ static int l_engine_info(lua_State *L) {
     lua_pushstring(L, li_runtime_isa(&le->rt));
     lua_setfield(L, -2, "isa");
     SET_NUM("threads", le->rt.be.n_threads);
+    if (le->rt.model->chat_template) { /* the GGUF's, for luainfer.chat.format */
+        lua_pushstring(L, le->rt.model->chat_template);
+        lua_setfield(L, -2, "chat_template");
+    }
     return 1;
 }
 
