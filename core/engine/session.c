@@ -78,3 +78,21 @@ int li_session_eval(li_session *s, const int32_t *tokens, int64_t n, bool all_lo
     }
     return 0;
 }
+
+int li_session_window(li_session *s, const int32_t *tokens, int64_t n, const char *who, li_batch *b,
+                      li_error *err) {
+    li_session_reset(s);
+    if (n < 1 || n > s->n_batch || n > s->n_ctx)
+        return li_error_set(err, LI_EINVAL, "%s: a window of %lld tokens in a session of %lld", who, (long long)n,
+                            (long long)LI_MIN(s->n_batch, s->n_ctx));
+    if (li_kv_seq_reserve(&s->kv, &s->seq, n)) return li_error_set(err, LI_ENOMEM, "%s: KV cache exhausted", who);
+    for (int64_t i = 0; i < n; i++) {
+        s->pos[i] = (int32_t)i;
+        s->slot[i] = li_kv_seq_slot(&s->kv, &s->seq, i);
+        s->rows[i] = (int32_t)i;
+    }
+    *b = (li_batch){.n = n, .tokens = tokens, .pos = s->pos, .seq = s->seq_idx, .slot = s->slot,
+                    .block_table = s->seq.blocks, .n_seqs = 1, .bt_stride = s->seq.n_blocks, .logit_rows = s->rows,
+                    .n_logits = n};
+    return 0;
+}

@@ -30,4 +30,11 @@ void li_session_reset(li_session *s);
 int li_session_eval(li_session *s, const int32_t *tokens, int64_t n, bool all_logits, float *logits,
                     li_error *err);
 
+/* Forgets the cached positions and lays out one window of n tokens from
+ * position 0, every row asking for logits: *b is ready to run on s (the
+ * caller sets what else it wants: hidden, capture, no_logits). `who`
+ * prefixes the one-line errors (a window longer than the session, no KV). */
+int li_session_window(li_session *s, const int32_t *tokens, int64_t n, const char *who, li_batch *b,
+                      li_error *err);
+
 #endif

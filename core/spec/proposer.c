@@ -240,22 +240,17 @@ void li_proposer_model_observe(li_proposer *p, li_proposer_observe_fn fn, void *
     ((model_prop *)p)->observe_ud = ud;
 }
 
-int li_proposer_model_new(li_proposer **out, li_spec_method method, const li_model *m, li_backend *be,
-                          li_kv_cache *kv, int32_t cap, li_error *err) {
-    *out = NULL;
-    if (method != LI_SPEC_DRAFT && method != LI_SPEC_LAYERSKIP)
-        return li_error_set(err, LI_EINVAL, "proposer: method %s is not a model", li_spec_method_name(method));
-    if (cap <= 0) return li_error_set(err, LI_EINVAL, "proposer: capacity must be positive, got %d", cap);
-    if (kv->n_layer < m->hp.n_layer || kv->n_head_kv != m->hp.n_head_kv || kv->head_dim != m->hp.head_dim)
-        return li_error_set(err, LI_EINVAL, "proposer: the KV storage (%d layers) does not fit the model (%d layers)",
-                            kv->n_layer, m->hp.n_layer);
+/* A model proposer of m for method over kv, with its forward state and a
+ * draft step's batch for cap seqs. */
+static int model_prop_new(model_prop **out, li_spec_method method, const li_model *m, int32_t n_vocab,
+                          li_backend *be, li_kv_cache *kv, int32_t cap, li_error *err) {
     model_prop *mp = li_xcalloc(1, sizeof *mp);
-    int rc = li_forward_init(&mp->fw, m, be, cap, err);
+    const int rc = li_forward_init(&mp->fw, m, be, cap, err);
     if (rc) {
         free(mp);
         return rc;
     }
-    mp->base = (li_proposer){.ops = &model_ops, .method = method, .n_vocab = m->hp.n_vocab};
+    mp->base = (li_proposer){.ops = &model_ops, .method = method, .n_vocab = n_vocab};
     mp->m = m;
     mp->be = be;
     mp->kv = kv;
@@ -267,6 +262,22 @@ int li_proposer_model_new(li_proposer **out, li_spec_method method, const li_mod
     mp->rows = li_xmalloc(c * sizeof *mp->rows);
     mp->slot = li_xmalloc(c * sizeof *mp->slot);
     mp->who = li_xmalloc(c * sizeof *mp->who);
+    *out = mp;
+    return 0;
+}
+
+int li_proposer_model_new(li_proposer **out, li_spec_method method, const li_model *m, li_backend *be,
+                          li_kv_cache *kv, int32_t cap, li_error *err) {
+    *out = NULL;
+    if (method != LI_SPEC_DRAFT && method != LI_SPEC_LAYERSKIP)
+        return li_error_set(err, LI_EINVAL, "proposer: method %s is not a model", li_spec_method_name(method));
+    if (cap <= 0) return li_error_set(err, LI_EINVAL, "proposer: capacity must be positive, got %d", cap);
+    if (kv->n_layer < m->hp.n_layer || kv->n_head_kv != m->hp.n_head_kv || kv->head_dim != m->hp.head_dim)
+        return li_error_set(err, LI_EINVAL, "proposer: the KV storage (%d layers) does not fit the model (%d layers)",
+                            kv->n_layer, m->hp.n_layer);
+    model_prop *mp;
+    const int rc = model_prop_new(&mp, method, m, m->hp.n_vocab, be, kv, cap, err);
+    if (rc) return rc;
     *out = &mp->base;
     return 0;
 }
@@ -278,28 +289,14 @@ int li_proposer_eagle_new(li_proposer **out, li_eagle *eg, li_backend *be, li_kv
     if (cap <= 0) return li_error_set(err, LI_EINVAL, "proposer: capacity must be positive, got %d", cap);
     if (kv->n_layer < 1 || kv->n_head_kv != eg->m.hp.n_head_kv || kv->head_dim != eg->m.hp.head_dim)
         return li_error_set(err, LI_EINVAL, "proposer: the KV storage does not fit the EAGLE draft");
-    model_prop *mp = li_xcalloc(1, sizeof *mp);
-    int rc = li_forward_init(&mp->fw, &eg->m, be, cap, err);
-    if (rc) {
-        free(mp);
-        return rc;
-    }
-    mp->m = &eg->m;
-    mp->be = be;
-    mp->kv = kv;
-    mp->cap = cap;
+    /* the proposer's n_vocab is the target's: the size of q */
+    model_prop *mp;
+    const int rc = model_prop_new(&mp, LI_SPEC_EAGLE, &eg->m, eg->f.n_vocab, be, kv, cap, err);
+    if (rc) return rc;
     mp->vocab = eg->vocab;
     mp->nv_draft = eg->f.n_draft;
     mp->in_width = eg->inproj.in_width;
-    /* the proposer's n_vocab is the target's: the size of q */
-    mp->base = (li_proposer){.ops = &model_ops, .method = LI_SPEC_EAGLE, .n_vocab = eg->f.n_vocab};
     const size_t c = (size_t)cap, d = (size_t)eg->m.hp.n_embd;
-    mp->tokens = li_xmalloc(c * sizeof *mp->tokens);
-    mp->pos = li_xmalloc(c * sizeof *mp->pos);
-    mp->seq = li_xmalloc(c * sizeof *mp->seq);
-    mp->rows = li_xmalloc(c * sizeof *mp->rows);
-    mp->slot = li_xmalloc(c * sizeof *mp->slot);
-    mp->who = li_xmalloc(c * sizeof *mp->who);
     mp->in = li_xmalloc(c * LI_MAX((size_t)mp->in_width, d) * sizeof *mp->in);
     mp->hid = li_xmalloc(c * d * sizeof *mp->hid);
     mp->dist = li_xmalloc((size_t)mp->nv_draft * sizeof *mp->dist);

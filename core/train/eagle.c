@@ -269,24 +269,16 @@ int li_train_eagle_forward_backward(const li_train_eagle *e, li_train_grads *g, 
 int li_train_eagle_base_window(li_session *s, const int32_t *tok, int64_t n, const int32_t *feat, int F,
                                const float *EV, int32_t n_ev, struct li_threadpool *tp, float *logits,
                                float *captured, li_error *err) {
-    li_session_reset(s);
-    if (n < 1 || n > s->n_batch || n > s->n_ctx)
-        return li_error_set(err, LI_EINVAL, "eagle: a window of %lld tokens in a session of %lld", (long long)n,
-                            (long long)LI_MIN(s->n_batch, s->n_ctx));
-    if (li_kv_seq_reserve(&s->kv, &s->seq, n)) return li_error_set(err, LI_ENOMEM, "eagle: KV cache exhausted");
-    for (int64_t i = 0; i < n; i++) {
-        s->pos[i] = (int32_t)i;
-        s->slot[i] = li_kv_seq_slot(&s->kv, &s->seq, i);
-        s->rows[i] = (int32_t)i;
-    }
-    li_batch b = {.n = n, .tokens = tok, .pos = s->pos, .seq = s->seq_idx, .slot = s->slot,
-                  .block_table = s->seq.blocks, .n_seqs = 1, .bt_stride = s->seq.n_blocks,
-                  .logit_rows = s->rows, .n_logits = n, .capture = feat, .n_capture = F};
+    li_batch b;
+    int rc = li_session_window(s, tok, n, "eagle", &b, err);
+    if (rc) return rc;
+    b.capture = feat;
+    b.n_capture = F;
     if (EV) {
         b.no_logits = true;
         b.hidden = LI_HIDDEN_POST_NORM;
     }
-    int rc = li_forward_run(&s->fw, s->model, s->be, &s->kv, &b, EV ? NULL : logits, err);
+    rc = li_forward_run(&s->fw, s->model, s->be, &s->kv, &b, EV ? NULL : logits, err);
     if (rc) return rc;
     const float *c = li_forward_captured(&s->fw);
     if (!c) return li_error_set(err, LI_EINVAL, "eagle: the engine returned no captured rows");

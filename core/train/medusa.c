@@ -252,20 +252,11 @@ done:
 /* ==== the base, frozen ======================================================= */
 
 int li_train_medusa_base_window(li_session *s, const int32_t *tok, int64_t n, float *logits, float *hidden, li_error *err) {
-    li_session_reset(s);
-    if (n < 1 || n > s->n_batch || n > s->n_ctx)
-        return li_error_set(err, LI_EINVAL, "medusa: a window of %lld tokens in a session of %lld", (long long)n,
-                            (long long)LI_MIN(s->n_batch, s->n_ctx));
-    if (li_kv_seq_reserve(&s->kv, &s->seq, n)) return li_error_set(err, LI_ENOMEM, "medusa: KV cache exhausted");
-    for (int64_t i = 0; i < n; i++) {
-        s->pos[i] = (int32_t)i;
-        s->slot[i] = li_kv_seq_slot(&s->kv, &s->seq, i);
-        s->rows[i] = (int32_t)i;
-    }
-    li_batch b = {.n = n, .tokens = tok, .pos = s->pos, .seq = s->seq_idx, .slot = s->slot,
-                  .block_table = s->seq.blocks, .n_seqs = 1, .bt_stride = s->seq.n_blocks,
-                  .logit_rows = s->rows, .n_logits = n, .hidden = LI_HIDDEN_POST_NORM};
-    int rc = li_forward_run(&s->fw, s->model, s->be, &s->kv, &b, logits, err);
+    li_batch b;
+    int rc = li_session_window(s, tok, n, "medusa", &b, err);
+    if (rc) return rc;
+    b.hidden = LI_HIDDEN_POST_NORM;
+    rc = li_forward_run(&s->fw, s->model, s->be, &s->kv, &b, logits, err);
     if (rc) return rc;
     const float *h = li_forward_hidden(&s->fw, s->model);
     if (!h) return li_error_set(err, LI_EINVAL, "medusa: the engine returned no hidden states");
