@@ -35,25 +35,41 @@ end
 -- A draft for speculation tests: $LUAINFER_TEST_DRAFT, else the real model's
 -- first 4 layers (tools/make_draft.py) in a temp file that finish() removes.
 -- Exits 77 (ctest's skip) with the reason when .venv's Python cannot make it.
-function H.draft_model(name)
-  local draft = os.getenv("LUAINFER_TEST_DRAFT")
-  if draft and draft ~= "" then
-    local f = io.open(draft, "rb")
-    if f then f:close() return draft end -- else ctest's shared draft was not made: make one here
+-- $ENV's file, else what `tool` (a command with %s for the output, run by
+-- .venv's Python from the repository root) makes in a temp file that
+-- finish() removes; exits 77 (ctest's skip) with the reason when it cannot.
+local function test_file(name, env, tool, what)
+  local path = os.getenv(env)
+  if path and path ~= "" then
+    local f = io.open(path, "rb")
+    if f then f:close() return path end -- else ctest's shared file was not made: make one here
   end
   local root = H.repo_root()
   local made = os.tmpname()
-  local cmd = ("'%s/.venv/bin/python' '%s/tools/make_draft.py' '%s/models/SmolLM2-135M-Instruct.Q4_1.gguf' '%s' --layers 4 >/dev/null 2>&1")
-    :format(root, root, root, made)
+  local cmd = ("cd '%s' && '%s/.venv/bin/python' " .. tool .. " >/dev/null 2>&1"):format(root, root, made)
   local ok = os.execute(cmd)
   if ok ~= true and ok ~= 0 then
     os.remove(made)
-    print(name .. ": SKIP: could not make a draft with tools/make_draft.py (no .venv with the gguf package?)")
+    print(("%s: SKIP: could not make %s (no .venv with the gguf package?)"):format(name, what))
     os.exit(77)
   end
   H.temp_files = H.temp_files or {}
   table.insert(H.temp_files, made)
   return made
+end
+
+function H.draft_model(name)
+  return test_file(name, "LUAINFER_TEST_DRAFT",
+                   "tools/make_draft.py models/SmolLM2-135M-Instruct.Q4_1.gguf '%s' --layers 4",
+                   "a draft with tools/make_draft.py")
+end
+
+-- An untrained EAGLE draft over 4096 ids (tools/gen_eagle_draft.py):
+-- $LUAINFER_TEST_EAGLE, else made as H.draft_model makes its draft.
+function H.eagle_draft(name)
+  return test_file(name, "LUAINFER_TEST_EAGLE",
+                   "tools/gen_eagle_draft.py --model models/SmolLM2-135M-Instruct.Q4_1.gguf --out '%s' --vocab 4096",
+                   "an EAGLE draft with tools/gen_eagle_draft.py")
 end
 
 return H

@@ -11,7 +11,8 @@
 --  * drafts were made and some accepted and some rejected, counted per method;
 --  * every block comes back; bad settings are clear errors.
 -- The draft comes from $LUAINFER_TEST_DRAFT, else it is made in a temp file
--- (skipped, exit 77, when .venv's Python cannot run make_draft.py).
+-- (skipped, exit 77, when .venv's Python cannot run make_draft.py); an
+-- untrained EAGLE draft likewise ($LUAINFER_TEST_EAGLE).
 package.path = arg[0]:match("^(.*)/[^/]*$") .. "/?.lua;" .. package.path
 local H = require("harness")
 local luainfer = require("luainfer")
@@ -113,6 +114,13 @@ local dt, dts = run{ max_num_seqs = 8, kv_memory = per_token * 16 * 11, draft_mo
 same(dt, base, "draft k=4, tiny KV budget")
 H.check(dts.preemptions > 0, "draft: the tiny budget forced preemption (%d)", dts.preemptions)
 
+-- an EAGLE draft (untrained: the tokens stay, whatever it drafts), chunked
+local eagle = H.eagle_draft("test_spec_models")
+local eg, egs = run{ max_num_seqs = 8, eagle = eagle, spec_tokens = 3, spec_disable_batch = 0, max_batched_tokens = 24 }
+same(eg, base, "eagle k=3, 24 tokens per step")
+H.check(egs.spec_by.eagle.drafted > 0 and egs.spec_drafted == egs.spec_by.eagle.drafted,
+        "eagle: drafts made (%d), all of them by eagle", egs.spec_by.eagle.drafted)
+
 -- a request's own speculation on an engine that does not speculate by default
 local r, rs = run({ max_num_seqs = 8, spec_layers = 29, spec_disable_batch = 0 }, { method = "layerskip", k = 3 })
 same(r, base, "requests asking {layerskip, 3}")
@@ -135,6 +143,9 @@ refused({ spec_method = "lookahead", spec_tokens = 4 }, "unknown speculation met
 refused({ spec_layers = 30, spec_tokens = 4 }, "spec_layers must be in [1, 29]", "spec_layers = n_layer")
 refused({ spec_layers = 29, spec_tokens = 4, isa = "ggml" }, "batch-invariant", "layerskip with --isa ggml")
 refused({ draft_model = draft, spec_tokens = 4, isa = "ggml" }, "batch-invariant", "draft with --isa ggml")
+refused({ eagle = eagle, isa = "ggml" }, "batch-invariant", "eagle with --isa ggml")
+refused({ eagle = draft }, "not an EAGLE draft", "a draft model given as an EAGLE draft")
+refused({ spec_method = "eagle", spec_tokens = 3 }, "needs an EAGLE draft", "eagle without a draft")
 refused({ spec_tokens = 17 }, "spec_tokens", "k out of range")
 
 local e = luainfer.engine{ max_num_seqs = 2 }
