@@ -87,13 +87,15 @@ end
 
 local e = luainfer.engine{ max_num_seqs = opt.batch }
 local chat = require("luainfer.chat")
+local template = e:info().chat_template
 local tmp = out .. ".tmp"
 local f = assert(io.open(tmp, "w"))
-local ids, texts, done, n_done, n_tok, t0 = {}, {}, {}, 0, 0, os.clock()
+local ids, texts, done, n_done, n_tok = {}, {}, {}, 0, 0
 local next_p = 1
 local function add_more()
   while next_p <= #prompts and (next_p - n_done) <= opt.batch do
-    local text = chat.format(e, { { role = "user", content = prompts[next_p] } })
+    local text = chat.format(template, { { role = "user", content = prompts[next_p] } },
+                             { add_generation_prompt = true })
     texts[next_p] = text
     ids[next_p] = e:add{ prompt = text, max_tokens = opt["max-tokens"], temperature = opt.temperature,
                          seed = opt.seed * 100003 + next_p }
@@ -101,7 +103,7 @@ local function add_more()
   end
 end
 add_more()
-local progress = bench.progress and bench.progress("gen_chat_data", #prompts) or nil
+local progress = bench.progress(#prompts, "gen_chat_data")
 while e:has_work() do
   e:step()
   for j = 1, next_p - 1 do
@@ -114,15 +116,13 @@ while e:has_work() do
         -- the answer closed the way the template closes a turn
         f:write(texts[j], r.text, r.finish_reason == "stop" and "<|im_end|>\n" or "\n")
         e:release(ids[j])
-        if progress then progress(n_done) elseif n_done % 50 == 0 then
-          io.stderr:write(("gen_chat_data: %d/%d answers, %d tokens, %.0f tok/s\n"):format(
-            n_done, #prompts, n_tok, n_tok / math.max(os.clock() - t0, 1e-9)))
-        end
+        progress:step()
       end
     end
   end
   add_more()
 end
+progress:done()
 f:close()
 assert(os.rename(tmp, out))
 io.stderr:write(("gen_chat_data: %d answers, %d tokens -> %s\n"):format(n_done, n_tok, out))
