@@ -84,7 +84,7 @@ static void avx2_quantize_act(li_type at, const float *x, void *dst, int64_t k) 
  * The float steps are the reference's, in its order: bit-identical.
  * ---------------------------------------------------------------------- */
 
-#define NR 2 /* activation rows per pass over a half panel */
+#define NR 4 /* activation rows per pass over a half panel */
 
 static inline __m256i bcast32(const int8_t *p) {
     int32_t v;
@@ -98,43 +98,61 @@ static inline void store_rows(float *y, __m256 v, int rows) {
     else _mm256_maskstore_ps(y, tail_mask(rows), v);
 }
 
-static inline __attribute__((always_inline)) __m256i dot4(li_type t, __m256i acc, __m256i w, __m256i a) {
-    const __m256i ones = _mm256_set1_epi16(1);
-    if (t == LI_TYPE_Q8_0) {
-        const __m256i q = _mm256_xor_si256(w, _mm256_set1_epi8((char)0x80));
-        return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(q), _mm256_sign_epi8(a, q)), ones));
-    }
-    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, a), ones));
-}
-
-/* half h of a panel (lanes 8h..8h+7) x nr activation rows */
+/* Half h of a panel (lanes 8h..8h+7) x nr activation rows. Each 64-byte
+ * chunk of the block is loaded (and its nibbles split) once for all nr rows.
+ * 4-bit weights: each int16 lane of a vpmaddubsw is at most 2 * 15 * 127 =
+ * 3810, so a row's 8 products of the block add up in int16 (<= 30480) and
+ * one vpmaddwd widens them: 9 multiply instructions a block in place of 16,
+ * the same integers. Q8_0 widens after each product. */
 static inline __attribute__((always_inline)) void q_half(li_type t, int nr, int64_t k, const uint8_t *panel, int h,
-                                                         const char *act, size_t as, float *y, int64_t ldy, int rows) {
+                                                         const char *act, size_t as, float *y, int64_t ldy, int rows,
+                                                         bool pf) {
     const int64_t nb = k / 32;
     const size_t qsb = t == LI_TYPE_Q8_0 ? 512 : 256;
     const uint8_t *qs = panel + 32 * h, *dd = panel + nb * qsb + 16 * h, *mm = dd + nb * 32;
     const size_t d_off = li_qact_qs_bytes(k), s_off = d_off + (size_t)nb * 4, sum_off = s_off + (size_t)nb * 4;
-    const __m256i low4 = _mm256_set1_epi8(0x0f);
+    const __m256i low4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
     __m256 acc[NR];
 #pragma GCC unroll 4
     for (int r = 0; r < nr; r++) acc[r] = _mm256_setzero_ps();
     const size_t step = qsb + 32 * (t == LI_TYPE_Q4_1 ? 2 : 1); /* panel bytes per block */
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *q = qs + b * qsb;
-        if (nr == 1 && h == 0) /* GEMV: streaming from memory; run ahead of the hardware prefetcher */
+        if (pf && h == 0) /* the first pass streams from memory: run ahead of the hardware prefetcher */
             for (size_t o = 0; o < step; o += 64)
                 __asm__ volatile("prefetcht0 %0" : : "m"(*(panel + LI_GEMV_PREFETCH + b * step + o)));
-        __m256i w[8];
+        __m256i is[NR]; /* per row: int16 sums (4-bit) or int32 sums (Q8_0) of the block */
         if (t == LI_TYPE_Q8_0) {
+#pragma GCC unroll 4
+            for (int r = 0; r < nr; r++) is[r] = _mm256_setzero_si256();
 #pragma GCC unroll 8
-            for (int c = 0; c < 8; c++) w[c] = _mm256_load_si256((const __m256i *)(q + 64 * c));
+            for (int c = 0; c < 8; c++) {
+                /* stored q+128: back to signed q, its sign moved onto the activation */
+                const __m256i wq = _mm256_xor_si256(_mm256_load_si256((const __m256i *)(q + 64 * c)),
+                                                    _mm256_set1_epi8((char)0x80));
+                const __m256i aw = _mm256_abs_epi8(wq);
+#pragma GCC unroll 4
+                for (int r = 0; r < nr; r++) {
+                    const int8_t *aq = (const int8_t *)(act + r * as) + b * 32;
+                    is[r] = _mm256_add_epi32(
+                        is[r], _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(bcast32(aq + 4 * c), wq)), ones));
+                }
+            }
         } else {
 #pragma GCC unroll 4
             for (int c = 0; c < 4; c++) {
                 const __m256i raw = _mm256_load_si256((const __m256i *)(q + 64 * c));
-                w[2 * c] = _mm256_and_si256(raw, low4);
-                w[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
+                const __m256i lo = _mm256_and_si256(raw, low4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
+#pragma GCC unroll 4
+                for (int r = 0; r < nr; r++) {
+                    const int8_t *aq = (const int8_t *)(act + r * as) + b * 32;
+                    const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, bcast32(aq + 4 * c)),
+                                                       _mm256_maddubs_epi16(hi, bcast32(aq + 16 + 4 * c)));
+                    is[r] = c == 0 ? p : _mm256_add_epi16(is[r], p);
+                }
             }
+#pragma GCC unroll 4
+            for (int r = 0; r < nr; r++) is[r] = _mm256_madd_epi16(is[r], ones);
         }
         const __m256 dw = _mm256_cvtph_ps(_mm_load_si128((const __m128i *)(dd + b * 32)));
         __m256 mw = _mm256_setzero_ps();
@@ -142,30 +160,10 @@ static inline __attribute__((always_inline)) void q_half(li_type t, int nr, int6
 #pragma GCC unroll 4
         for (int r = 0; r < nr; r++) {
             const char *a = act + r * as;
-            const int8_t *aq = (const int8_t *)a + b * 32;
-            const int32_t asum = ((const int32_t *)(a + sum_off))[b];
-            __m256i i0 = t == LI_TYPE_Q4_0 ? _mm256_set1_epi32(-8 * asum) : _mm256_setzero_si256();
-            __m256i i1 = _mm256_setzero_si256();
-            if (t == LI_TYPE_Q8_0) {
-#pragma GCC unroll 4
-                for (int c = 0; c < 8; c += 2) {
-                    i0 = dot4(t, i0, w[c], bcast32(aq + 4 * c));
-                    i1 = dot4(t, i1, w[c + 1], bcast32(aq + 4 * c + 4));
-                }
-            } else {
-                /* 4-bit weights: each int16 lane of a vpmaddubsw is at most
-                 * 2 * 15 * 127 = 3810, so the block's 8 products add up in
-                 * int16 (<= 30480) and one vpmaddwd widens them: 9 multiply
-                 * instructions a block in place of 16, the same integers */
-                __m256i s0 = _mm256_maddubs_epi16(w[0], bcast32(aq)), s1 = _mm256_maddubs_epi16(w[1], bcast32(aq + 16));
-#pragma GCC unroll 3
-                for (int c = 1; c < 4; c++) {
-                    s0 = _mm256_add_epi16(s0, _mm256_maddubs_epi16(w[2 * c], bcast32(aq + 4 * c)));
-                    s1 = _mm256_add_epi16(s1, _mm256_maddubs_epi16(w[2 * c + 1], bcast32(aq + 16 + 4 * c)));
-                }
-                i1 = _mm256_madd_epi16(_mm256_add_epi16(s0, s1), _mm256_set1_epi16(1));
-            }
-            const __m256 isum = _mm256_cvtepi32_ps(_mm256_add_epi32(i0, i1));
+            __m256i i = is[r];
+            if (t == LI_TYPE_Q4_0) i = _mm256_add_epi32(i, _mm256_set1_epi32(-8 * ((const int32_t *)(a + sum_off))[b]));
+            const __m256 isum = _mm256_cvtepi32_ps(i);
+            /* the reference's float steps, in its order */
             const __m256 dwa = _mm256_mul_ps(dw, _mm256_set1_ps(((const float *)(a + d_off))[b]));
             __m256 term = _mm256_mul_ps(dwa, isum);
             if (t == LI_TYPE_Q4_1)
@@ -177,32 +175,46 @@ static inline __attribute__((always_inline)) void q_half(li_type t, int nr, int6
     for (int r = 0; r < nr; r++) store_rows(y + r * ldy, acc[r], rows);
 }
 
-/* rows [r0, r1) of panel p, both halves */
+/* rows [r0, r1) of panel p, both halves, NR rows per pass and the rest in
+ * one; the first pass prefetches the weights ahead of itself when pf */
 static inline __attribute__((always_inline)) void rows_q(li_type t, const li_cpu_packed *w, int64_t p, const char *act,
-                                                         size_t as, int64_t r0, int64_t r1, float *y, int64_t ldy) {
+                                                         size_t as, int64_t r0, int64_t r1, float *y, int64_t ldy,
+                                                         bool pf) {
     const uint8_t *panel = w->data + p * w->panel_bytes;
     for (int h = 0; h < 2; h++) {
         const int rows = (int)LI_MIN((int64_t)8, w->m - p * LI_PANEL - 8 * h);
         if (rows <= 0) break;
         float *yp = y + p * LI_PANEL + 8 * h;
         int64_t r = r0;
-        for (; r + NR <= r1; r += NR) q_half(t, NR, w->k, panel, h, act + r * as, as, yp + r * ldy, ldy, rows);
-        for (; r < r1; r++) q_half(t, 1, w->k, panel, h, act + r * as, as, yp + r * ldy, ldy, rows);
+#define ROWS_Q(NRR) q_half(t, NRR, w->k, panel, h, act + r * as, as, yp + r * ldy, ldy, rows, pf && r == r0)
+        for (; r + NR <= r1; r += NR) ROWS_Q(NR);
+        switch (r1 - r) {
+        case 3: ROWS_Q(3); break;
+        case 2: ROWS_Q(2); break;
+        case 1: ROWS_Q(1); break;
+        default: break;
+        }
+#undef ROWS_Q
     }
 }
 
 #define GEMM_CHUNK_BYTES (256 << 10) /* as ops_avx512.c: panels per sweep of the row groups stay in L2 */
 
 /* panels [p0, p1) x all n rows: each NR-row group sweeps a chunk of panels
- * before the next group, so its activations stay in L1 (ops_avx512.c) */
+ * before the next group, so its activations stay in L1 and the first group
+ * streams the weights that the others find in L2 (ops_avx512.c) */
 static inline __attribute__((always_inline)) void gemm_q_t(li_type t, const li_cpu_packed *w, int64_t p0, int64_t p1,
                                                            const char *act, size_t as, int64_t n, float *y,
                                                            int64_t ldy) {
-    const int64_t chunk = n <= NR ? p1 - p0 : LI_MAX((int64_t)1, (int64_t)(GEMM_CHUNK_BYTES / w->panel_bytes));
+    if (n <= NR) {
+        for (int64_t p = p0; p < p1; p++) rows_q(t, w, p, act, as, 0, n, y, ldy, true);
+        return;
+    }
+    const int64_t chunk = LI_MAX((int64_t)1, (int64_t)(GEMM_CHUNK_BYTES / w->panel_bytes));
     for (int64_t c0 = p0; c0 < p1; c0 += chunk) {
         const int64_t c1 = LI_MIN(c0 + chunk, p1);
         for (int64_t r = 0; r < n; r += NR)
-            for (int64_t p = c0; p < c1; p++) rows_q(t, w, p, act, as, r, LI_MIN(r + NR, n), y, ldy);
+            for (int64_t p = c0; p < c1; p++) rows_q(t, w, p, act, as, r, LI_MIN(r + NR, n), y, ldy, r == 0);
     }
 }
 
