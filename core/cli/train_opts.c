@@ -76,6 +76,7 @@ int li_cli_train_opts_check(li_cli_train_opts *o, const li_cli_train_spec *s, li
     o->sched.warmup = (int)o->warmup;
     if (!strcmp(o->dtype_s, "f32")) o->dtype = LI_CKPT_F32;
     else if (!strcmp(o->dtype_s, "f16")) o->dtype = LI_CKPT_F16;
-    else return li_error_set(err, LI_EINVAL, "%s: --dtype must be f32 or f16", w);
+    else if (s->dtype_q8_0 && !strcmp(o->dtype_s, "q8_0")) o->dtype = LI_CKPT_Q8_0;
+    else return li_error_set(err, LI_EINVAL, "%s: --dtype must be f32%s", w, s->dtype_q8_0 ? ", f16 or q8_0" : " or f16");
     return 0;
 }

@@ -185,7 +185,8 @@ int li_adamw_step(li_adamw *a, li_train_model *tm, const li_train_grads *g, cons
 
 /* ==== checkpoints ========================================================= */
 
-typedef enum { LI_CKPT_F32, LI_CKPT_F16 } li_ckpt_dtype;
+/* LI_CKPT_Q8_0: train-eagle only (a draft runs on every step, its weights read each time) */
+typedef enum { LI_CKPT_F32, LI_CKPT_F16, LI_CKPT_Q8_0 } li_ckpt_dtype;
 
 /* Writes tm as a GGUF at path: src's metadata copied (its tokenizer, chat
  * template, hyper-parameters), general.file_type set, the matrices as F32

@@ -162,7 +162,8 @@ def test_distill_refuses_other_vocabulary(run_cli, model_path, text, ddir, repo_
     (["--train", "heads"], r"unknown parameter set"),
     (["--alpha", "1.5"], r"--alpha"),
     (["--seq-len", "1"], r"--seq-len"),
-    (["--dtype", "q4_0"], r"--dtype"),
+    (["--dtype", "q4_0"], r"--dtype must be f32 or f16"),
+    (["--dtype", "q8_0"], r"--dtype must be f32 or f16"),  # train-eagle only
     (["--streams", "0"], r"--streams must be in 1\.\.256"),
     (["--train", "layers:0-99"], r"blocks 0\.\.29"),
     (["--lr-schedule", "exp"], r"--lr-schedule must be constant, cosine or linear"),
