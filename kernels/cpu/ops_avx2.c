@@ -260,9 +260,40 @@ static inline __attribute__((always_inline)) void f_half(li_type t, int nr, cons
     for (int r = 0; r < nr; r++) store_rows(y + r * ldy + p * LI_PANEL + 8 * h, acc[r], rows);
 }
 
+/* One activation row over np (1 or 2) panels, both halves: f_half with one
+ * row is a single chain of dependent adds (one per 3-4 cycles); 4 chains
+ * side by side keep the adder busy. Each lane's sum is the same sequence. */
+static inline __attribute__((always_inline)) void f_gemv(li_type t, int np, const li_cpu_packed *w, int64_t p,
+                                                         const float *x, float *y) {
+    const size_t es = w->qs_bytes, step = (size_t)LI_PANEL * es;
+    const uint8_t *base = w->data + p * w->panel_bytes;
+    __m256 acc[4];
+#pragma GCC unroll 4
+    for (int c = 0; c < 2 * np; c++) acc[c] = _mm256_setzero_ps();
+    for (int64_t j = 0; j < w->k; j++) {
+        const __m256 xb = _mm256_set1_ps(x[j]);
+#pragma GCC unroll 4
+        for (int c = 0; c < 2 * np; c++) {
+            const __m256 wv = load8(t, base + (size_t)(c >> 1) * w->panel_bytes + (size_t)j * step + 8 * (c & 1) * es);
+            acc[c] = _mm256_add_ps(acc[c], _mm256_mul_ps(wv, xb));
+        }
+    }
+#pragma GCC unroll 4
+    for (int c = 0; c < 2 * np; c++) {
+        const int rows = (int)LI_MIN((int64_t)8, w->m - (p + (c >> 1)) * LI_PANEL - 8 * (c & 1));
+        if (rows > 0) store_rows(y + (p + (c >> 1)) * LI_PANEL + 8 * (c & 1), acc[c], rows);
+    }
+}
+
 static inline __attribute__((always_inline)) void gemm_f_t(li_type t, const li_cpu_packed *w, int64_t p0, int64_t p1,
                                                            const float *x, int64_t ldx, int64_t n, float *y,
                                                            int64_t ldy) {
+    if (n == 1) {
+        int64_t p = p0;
+        for (; p + 2 <= p1; p += 2) f_gemv(t, 2, w, p, x, y);
+        if (p < p1) f_gemv(t, 1, w, p, x, y);
+        return;
+    }
     for (int64_t p = p0; p < p1; p++)
         for (int h = 0; h < 2; h++) {
             const int rows = (int)LI_MIN((int64_t)8, w->m - p * LI_PANEL - 8 * h);
