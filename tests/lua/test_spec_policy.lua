@@ -7,7 +7,8 @@
 --  * a failing hook counts a policy error and the requests' own wants stand;
 --  * the hook sees req.speculation (method, k, max_k, acceptance, drafted)
 --    and state.spec (batch_size, step_time, token_time, draft_time, available);
---  * policies/spec_adaptive.lua: its cost model, and it runs exactly.
+--  * policies/spec_adaptive.lua: its cost model, acceptance by depth, and it
+--    runs exactly.
 package.path = arg[0]:match("^(.*)/[^/]*$") .. "/?.lua;" .. package.path
 local H = require("harness")
 local luainfer = require("luainfer")
@@ -96,48 +97,65 @@ H.check(s_err.policy_errors > 0 and s_err.spec_by.layerskip.drafted > 0,
 
 -- spec_adaptive.lua: the model, then a run
 local A = dofile(root .. "/policies/spec_adaptive.lua")
-H.check(math.abs(A._expected(0.5, 2) - 1.75) < 1e-12, "E(k=2, a=0.5) = 1.75")
-local function lin(c) return function(k) return 1 + k * c end end
-H.check(A._best_k(0, lin(0.05), 8) == 0, "acceptance 0: no drafts")
-H.check(A._best_k(0.9, lin(0.06), 8) >= 4, "acceptance 0.9 at batch 1: long drafts (%d)", A._best_k(0.9, lin(0.06), 8))
-H.check(A._best_k(0.5, lin(0.06 * 32), 8) == 0, "acceptance 0.5 at batch 32: no drafts")
--- the round's cost from measured steps: 9 rows cost twice 1 row
-local rt = { [1] = 0.004, [9] = 0.008 }
-H.check(math.abs(A._round_cost(rt, 1, 8, 0) - 2) < 1e-12, "C(8) at batch 1 from row_time (%g)", A._round_cost(rt, 1, 8, 0))
-H.check(math.abs(A._round_cost(rt, 1, 8, 0.1) - 2.8) < 1e-12, "plus the proposer's share")
--- unmeasured: from the largest count below at 0.06 per row (5 rows: from 1)
-H.check(math.abs(A._round_cost(rt, 1, 4, 0) - 1.24) < 1e-12, "C(4) from the prior slope (%g)", A._round_cost(rt, 1, 4, 0))
--- 10 rows at batch 2, k 4: from 9 rows, over 2 rows (from 1 row)
-H.check(math.abs(A._round_cost(rt, 2, 4, 0) - 0.008 * 1.06 / (0.004 * 1.06)) < 1e-12, "C(4) at batch 2")
-H.check(math.abs(A._round_cost({}, 4, 2, 0) - 1.48) < 1e-12, "nothing measured: the prior model")
--- measured costs steer k: where 2 rows cost 1.1 and 3 rows cost 2, acceptance 0.8 drafts 1
-H.check(A._best_k(0.8, function(k) return A._round_cost({ [1] = 1, [2] = 1.1, [3] = 2, [4] = 3, [5] = 4 }, 1, k, 0) end,
-                  4) == 1, "a steep measured cost keeps k at 1")
--- recent acceptance, per draft: the prior first, then each round's accepted
--- drafts as successes and its rejection as one failure, older trials fading
-local f = A._FORGET
-H.check(math.abs(A._recent(-1, "ngram", 0, -1, 0.5) - 0.5) < 1e-12, "nothing drafted: the prior")
--- a round of 8 drafts, 2 accepted then a rejection: 2 successes, 1 failure (not 2 of 8)
-local a1 = A._recent(-1, "ngram", 8, 2 / 8, 0.5)
-local S1, F1 = 2 * f ^ 3 + 2, 2 * f ^ 3 + 1
-H.check(math.abs(a1 - S1 / (S1 + F1)) < 1e-12, "2 accepted, then rejected: %g", a1)
-H.check(a1 > 0.5, "2 accepted before a rejection is better than the prior 0.5 (%g), not 2/8", a1)
-H.check(math.abs(A._recent(-1, "ngram", 8, 2 / 8, 0.5) - a1) < 1e-12, "no new drafts: unchanged")
--- then rounds of 8 all accepted: towards 1 as the old trials fade
-local d, acc, a = 8, 2, a1
-for _ = 1, 6 do
-  d, acc = d + 8, acc + 8
-  a = A._recent(-1, "ngram", d, acc / d, 0.5)
+local function geo(a, k) return (1 - a ^ (k + 1)) / (1 - a) end
+-- nothing seen: the independent model at the prior
+local e0 = A._expected_by_depth(-2, "ngram", 0.5, 3)
+H.check(math.abs(e0[1] - 1.5) < 1e-12 and math.abs(e0[2] - 1.75) < 1e-12 and math.abs(e0[3] - geo(0.5, 3)) < 1e-12,
+        "no rounds: E(k) of a = 0.5")
+local function flat(p, K) local e = {}; for k = 1, K do e[k] = geo(p, k) end; return e end
+local function lin(c, N) local t = {}; for n = 1, N do t[n] = 1 + (n - 1) * c end; return t end
+-- one request (b = R = Tok = 1): gain E(k) / C(k)
+H.check(A._best_k(flat(0, 8), lin(0.05, 9), 1, 1, 1, 0, 8) == 0, "acceptance 0: no drafts")
+H.check(A._best_k(flat(0.9, 8), lin(0.06, 9), 1, 1, 1, 0, 8) >= 4, "acceptance 0.9 at batch 1: long drafts (%d)",
+        A._best_k(flat(0.9, 8), lin(0.06, 9), 1, 1, 1, 0, 8))
+local k1, g1 = A._best_k(flat(0.8, 4), A._row_estimates({ [1] = 1, [2] = 1.1, [3] = 2, [4] = 3, [5] = 4 }, 5), 1, 1, 1, 0, 4)
+H.check(k1 == 1 and math.abs(g1 - 1.8 / 1.1) < 1e-12, "a steep measured cost keeps k at 1 (%d, gain %g)", k1, g1)
+-- the proposer's share: 8 drafts at 0.1 of a step each
+local _, g8 = A._best_k(flat(0.999, 8), { 1, 1, 1, 1, 1, 1, 1, 1, 1 }, 1, 1, 1, 0.1, 8)
+H.check(math.abs(g8 - geo(0.999, 8) / 1.8) < 1e-9, "plus the proposer's share (%g)", g8)
+-- a step where every row costs the same (compute-bound): at batch 32 drafts at 0.5 never pay
+local t32 = {}; for n = 1, 32 * 9 do t32[n] = n end
+H.check(A._best_k(flat(0.5, 8), t32, 32, 32, 32, 0, 8) == 0, "acceptance 0.5 at batch 32, compute-bound: no drafts")
+-- the step so far: the same drafts gain less once other requests' drafts are in it
+local t4 = A._row_estimates({ [4] = 10, [8] = 17, [12] = 24, [16] = 30, [20] = 37 }, 36)
+local kA, gA = A._best_k(flat(0.95, 8), t4, 4, 4, 4, 0, 8)
+local kB, gB = A._best_k(flat(0.95, 8), t4, 4, 4 + kA, 4 - 1 + geo(0.95, kA), 0, 8)
+H.check(kA > 0 and gB < gA, "the second request's gain %g after the first's k %d (gain %g)", gB, kA, gA)
+-- row estimates: measured, else from the largest count below at 6% a row, else 1 + 6% a row
+local est = A._row_estimates({ [1] = 0.004, [9] = 0.008 }, 12)
+H.check(est[9] == 0.008 and math.abs(est[5] / est[1] - 1.24) < 1e-12 and math.abs(est[12] - 0.008 * 1.18) < 1e-12,
+        "T(n) from row_time (%g, %g)", est[5] / est[1], est[12])
+H.check(math.abs(A._row_estimates({}, 4)[4] - 1.18) < 1e-12, "nothing measured: the prior model")
+-- rounds by depth: 8 drafts, 2 accepted then a rejection reach depths 1-3 and pass 1-2
+A._observe(-1, "ngram", 8, 2 / 8)
+local e1 = A._expected_by_depth(-1, "ngram", 0.5, 4)
+local h1 = (1 + 4 * 0.5) / (1 + 4)
+local h2 = (1 + h1) / 2
+local h3 = (0 + h2) / (1 + 1)
+H.check(math.abs(e1[3] - (1 + h1 + h1 * h2 + h1 * h2 * h3)) < 1e-12, "one round 2 of 8: E(3) %g", e1[3])
+A._observe(-1, "ngram", 8, 2 / 8)
+H.check(A._expected_by_depth(-1, "ngram", 0.5, 4)[3] == e1[3], "no new drafts: unchanged")
+-- copying: half the rounds reject the first draft, the others accept all 8
+local d, acc = 0, 0
+for i = 1, 12 do
+  d = d + 8
+  if i % 2 == 0 then acc = acc + 8 end
+  A._observe(-3, "ngram", d, acc / d)
 end
-H.check(a > 0.95, "six rounds of 8 accepted: %g (lifetime accepted / verified is %g)", a, acc / d)
-local peak = a
--- then rejections at the first draft: it falls within a few rounds
+local ed = A._expected_by_depth(-3, "ngram", 0.5, 8)
+-- the rounds' true mean is 5 tokens (1 or 9); 8 successes to 1 failure per
+-- draft would price it at geo(8/9, 8) = 6.0 if drafts were independent
+H.check(math.abs(ed[8] - 5) < 0.75, "all-or-nothing rounds: E(8) %g by depth (5 in truth, %g independent)", ed[8],
+        geo(8 / 9, 8))
+H.check(ed[8] - ed[1] > 2.5 * (ed[1] - 1), "past the first draft, drafts are priced as nearly sure (%g, %g)", ed[1], ed[8])
+-- then rejections at the first draft: E falls within a few rounds
 for _ = 1, 5 do
   d = d + 8
-  a = A._recent(-1, "ngram", d, acc / d, 0.5)
+  A._observe(-3, "ngram", d, acc / d)
 end
-H.check(a < peak - 0.25, "five rounds rejected at once: %g, from %g", a, peak)
-H.check(math.abs(A._recent(-1, "draft", 0, -1, 0.3) - 0.3) < 1e-12, "each method apart")
+H.check(A._expected_by_depth(-3, "ngram", 0.5, 8)[8] < ed[8] - 1.5, "five rounds rejected at once: E(8) %g from %g",
+        A._expected_by_depth(-3, "ngram", 0.5, 8)[8], ed[8])
+H.check(math.abs(A._expected_by_depth(-1, "draft", 0.3, 1)[1] - 1.3) < 1e-12, "each method apart")
 local ad, s_ad = run{ max_num_seqs = 4, spec_layers = 29, policy = root .. "/policies/spec_adaptive.lua" }
 same(ad, base, "spec_adaptive")
 H.check(s_ad.spec_drafted > 0 and s_ad.policy_errors == 0, "spec_adaptive drafted (%d), no policy errors (%d)",
