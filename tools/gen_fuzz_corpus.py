@@ -305,12 +305,57 @@ def write_safetensors():
         print(f"{os.path.relpath(path, ROOT)}: {len(data)} bytes")
 
 
+def eagle_draft(w):
+    """A tiny EAGLE draft (docs/eagle.md's layout): d 32, 2 heads of 8 (1 KV
+    head), FFN 64, 2 feature blocks of a 4-block base, a vocabulary of 16
+    with a draft vocabulary of 5; fuzz_gguf checks it against its own claims."""
+    d, nh, nkv, hd, ff, nv, feats = 32, 2, 1, 8, 64, 16, [1, 3]
+    for k, v in (("version", 1), ("n_embd", d), ("n_vocab", nv), ("n_head", nh), ("n_head_kv", nkv),
+                 ("head_dim", hd), ("n_ff", ff), ("n_features", len(feats)), ("base.n_layer", 4)):
+        w.add_uint32(f"eagle.{k}", v)
+    for i, f in enumerate(feats):
+        w.add_uint32(f"eagle.feature_layer.{i}", f)
+    w.add_string("eagle.base.name", "fuzz base")
+    w.add_string("eagle.base.vocab_hash", "0123456789abcdef")
+    rng = np.random.default_rng(7)
+    mat = lambda rows, cols: rng.standard_normal((rows, cols)).astype(np.float16)  # noqa: E731
+    ones = lambda: np.ones(d, dtype=np.float32)  # noqa: E731
+    w.add_tensor("eagle.fc.weight", mat(d, len(feats) * d))
+    w.add_tensor("eagle.enorm.weight", ones())
+    w.add_tensor("eagle.hnorm.weight", ones())
+    w.add_tensor("eagle.attn_q.weight", mat(nh * hd, 2 * d))
+    w.add_tensor("eagle.attn_k.weight", mat(nkv * hd, 2 * d))
+    w.add_tensor("eagle.attn_v.weight", mat(nkv * hd, 2 * d))
+    w.add_tensor("eagle.attn_output.weight", mat(d, nh * hd))
+    w.add_tensor("eagle.ffn_norm.weight", ones())
+    w.add_tensor("eagle.ffn_gate.weight", mat(ff, d))
+    w.add_tensor("eagle.ffn_up.weight", mat(ff, d))
+    w.add_tensor("eagle.ffn_down.weight", mat(d, ff))
+    w.add_tensor("eagle.output_norm.weight", ones())
+    w.add_tensor("eagle.vocab", np.array([0, 2, 3, 9, 15], dtype=np.int32))
+
+
+def medusa_heads(w):
+    """Two tiny Medusa heads (n_embd 32, vocabulary 16)."""
+    for k, v in (("version", 1), ("n_heads", 2), ("n_embd", 32), ("n_vocab", 16)):
+        w.add_uint32(f"medusa.{k}", v)
+    w.add_string("medusa.base.name", "fuzz base")
+    w.add_string("medusa.base.vocab_hash", "0123456789abcdef")
+    w.add_string("medusa.hidden", "post_norm")
+    rng = np.random.default_rng(8)
+    for k in range(2):
+        w.add_tensor(f"medusa.{k}.weight", rng.standard_normal((32, 32)).astype(np.float32))
+        w.add_tensor(f"medusa.{k}.bias", np.zeros(32, dtype=np.float32))
+
+
 def main():
     os.makedirs(OUT, exist_ok=True)
     write("minimal.gguf", minimal)
     write("all_types.gguf", all_types)
     write("aligned64.gguf", aligned64)
     write("tokenizer.gguf", tokenizer)
+    write("eagle.gguf", eagle_draft, arch="eagle")
+    write("medusa.gguf", medusa_heads, arch="medusa")
     write_wire()
     write_src()
     write_safetensors()

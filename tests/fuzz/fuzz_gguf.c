@@ -3,9 +3,15 @@
  * Whatever the input, li_gguf_init_from_memory must either fail with
  * LI_EINVAL and a "gguf: ..." message, or succeed with every string, array
  * and tensor range inside the buffer; we touch the first and last byte of
- * each range so the sanitizers catch any that is not. Invariant breaks
- * abort() so the fuzzer records them as crashes. */
+ * each range so the sanitizers catch any that is not. A parsed file then
+ * goes through the EAGLE draft and Medusa heads checks (spec/eagle_file.h,
+ * spec/medusa_file.h) against a base made of the file's own claims, so the
+ * fuzzer reaches their tensor and vocabulary checks: each must fail with a
+ * one-line message or hand back tensors of the right shape. Invariant
+ * breaks abort() so the fuzzer records them as crashes. */
 #include "model/gguf.h"
+#include "spec/eagle_file.h"
+#include "spec/medusa_file.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,6 +41,43 @@ static size_t elem_size(li_gguf_vtype t) {
     case LI_GGUF_UINT64: case LI_GGUF_INT64: case LI_GGUF_FLOAT64: return 8;
     default: return 0;
     }
+}
+
+static int64_t claim(const li_gguf *g, const char *key) {
+    uint64_t v = 0;
+    li_error e;
+    return li_gguf_get_u64(g, key, &v, &e) || v > INT32_MAX ? 0 : (int64_t)v;
+}
+
+static void check_drafts(const li_gguf *g) {
+    li_error err = {0};
+    uint64_t hash = 0;
+    (void)li_gguf_get_hex64(g, "eagle.base.vocab_hash", &hash);
+    const li_eagle_base eb = {.name = NULL, .n_embd = claim(g, "eagle.n_embd"), .n_vocab = claim(g, "eagle.n_vocab"),
+                              .n_layer = claim(g, "eagle.base.n_layer"), .head_dim = claim(g, "eagle.head_dim"),
+                              .vocab_hash = hash};
+    li_eagle_file ef;
+    int rc = li_eagle_file_check(g, "fuzz", &eb, &ef, &err);
+    if (rc && strncmp(err.msg, "eagle: ", 7)) fail("eagle check: message");
+    if (!rc) {
+        for (int t = 0; t < LI_EAGLE_N_TENSORS; t++)
+            if (!ef.t[t] || ef.t[t]->ne[0] < 1) fail("eagle check: tensor");
+        if (ef.n_draft < 1 || ef.n_draft > ef.n_vocab) fail("eagle check: draft vocabulary");
+        for (int32_t i = 0; ef.vocab && i < ef.n_draft; i++)
+            if (ef.vocab[i] < 0 || ef.vocab[i] >= ef.n_vocab || (i && ef.vocab[i] <= ef.vocab[i - 1]))
+                fail("eagle check: vocabulary ids");
+    }
+    hash = 0;
+    (void)li_gguf_get_hex64(g, "medusa.base.vocab_hash", &hash);
+    const li_medusa_base mb = {.name = NULL, .n_embd = claim(g, "medusa.n_embd"),
+                               .n_vocab = claim(g, "medusa.n_vocab"), .vocab_hash = hash};
+    li_medusa_file mf;
+    err = (li_error){0};
+    rc = li_medusa_file_check(g, "fuzz", &mb, &mf, &err);
+    if (rc && strncmp(err.msg, "medusa: ", 8)) fail("medusa check: message");
+    if (!rc)
+        for (int32_t k = 0; k < mf.n_heads; k++)
+            if (!mf.w[k] || !mf.b[k] || mf.w[k]->ne[0] != mf.n_embd) fail("medusa check: head");
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
@@ -100,6 +143,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if ((const uint8_t *)t->data != buf + g.data_offset + t->offset) fail("tensor data pointer");
         touch(buf, size, t->data, t->nbytes, "tensor data");
     }
+    check_drafts(&g);
     li_gguf_free(&g);
     free(buf);
     return 0;

@@ -10,7 +10,11 @@
 --   2. preempted, then waiting requests, in arrival order, are admitted with
 --      chunked prefill while max_num_seqs, max_batched_tokens and the free
 --      KV blocks last. The first one that does not fit stops admission
---      (nobody overtakes the head of the queue).
+--      (nobody overtakes the head of the queue). Under KV pressure (someone
+--      was preempted) a request fits only if it and the running set (and
+--      those admitted before it), each carried to its end, never need more
+--      blocks at once than are free (policy.peak_fits): a preempted request
+--      resumes only when it can finish.
 --
 -- Every hook is optional; this file only schedules. To make a new policy,
 -- copy it and change schedule(); `luainfer serve` reloads it live.
