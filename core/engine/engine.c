@@ -61,6 +61,7 @@ static void req_free(req *r) {
     free(r->top);
     free(r->hid);
     free(r->eg);
+    free(r->e_pend);
     free(r);
 }
 
@@ -121,6 +122,7 @@ static void preempt(li_engine *e, req *r) {
     r->num_computed = 0;
     r->d_valid = 0;
     r->eg_pos = -1;
+    li_spec_step_eagle_reset(r, 0);
     r->state = LI_REQ_PREEMPTED;
     r->res.n_preemptions++;
     e->st.preemptions++;
@@ -341,13 +343,16 @@ static void prefix_acquire(li_engine *e, req *r) {
         li_prefix_acquire(&e->pc, &r->pfx, &r->seq, r->num_computed, r->toks, r->n_toks, r->cache_salt);
     if (hit == 0) return;
     r->num_computed = hit;
+    li_spec_step_eagle_reset(r, hit); /* cached blocks hold their EAGLE KV */
     r->res.cached_tokens = hit;
 }
 
 /* Blocks the step just filled join the cache (all tokens here are verified:
- * speculative tokens must be accepted before they reach this point). */
+ * speculative tokens must be accepted before they reach this point), as far
+ * as an EAGLE draft's KV is complete: a hit must find it there. */
 static void prefix_register(li_engine *e, req *r) {
-    li_prefix_register(&e->pc, &r->pfx, &r->seq, r->num_computed, r->toks, r->cache_salt);
+    const int64_t upto = e->sp.eagle ? LI_MIN(r->num_computed, r->e_done) : r->num_computed;
+    li_prefix_register(&e->pc, &r->pfx, &r->seq, upto, r->toks, r->cache_salt);
 }
 
 /* The prefix cache's eviction order from the policy's evict hook. */
@@ -769,6 +774,7 @@ static void fork_samples(li_engine *e, req *parent, const float *logits, int32_t
         li_kv_seq_fork(&e->tgt.kv, &parent->seq, &c->seq);
         c->num_computed = parent->num_computed;
         c->d_valid = parent->d_valid; /* the blocks' draft KV comes with them */
+        li_spec_step_eagle_fork(e, c, parent);
         li_prefix_seq_fork(&c->pfx, &parent->pfx);
         c->state = LI_REQ_RUNNING;
         if (c->res.t_first_scheduled < 0) c->res.t_first_scheduled = parent->res.t_first_scheduled;
@@ -976,11 +982,11 @@ int li_engine_step(li_engine *e, li_error *err) {
     e->logits = e->tgt.logits;
     e->sp.hidden = !rc && e->sp.prop[LI_SPEC_MEDUSA] ? li_forward_hidden(&e->tgt.fw, e->model) : NULL;
     const double dtf = li_time_now() - tf;
-    /* EAGLE: the draft over the same rows (its own time: time_draft_sync) */
+    /* EAGLE: the rows wait for the draft, or it catches up (time_draft_sync) */
     e->sp.captured = !rc && e->sp.eagle ? li_forward_captured(&e->tgt.fw) : NULL;
     if (e->sp.captured) {
         li_error eerr = {0};
-        if (li_spec_step_eagle_sync(e, nb, stride, &eerr)) { /* drafts suffer, tokens do not */
+        if (li_spec_step_eagle_sync(e, nb, &eerr)) { /* drafts suffer, tokens do not */
             li_log_warn("speculation: the EAGLE draft's pass failed: %s", eerr.msg);
             e->sp.captured = NULL;
         }
@@ -1008,6 +1014,7 @@ int li_engine_step(li_engine *e, li_error *err) {
             continue;
         }
         r->num_computed += e->batch_n[i];
+        li_spec_step_eagle_settle(r);
         prefix_register(e, r);
         if (r->num_computed != r->n_toks) continue;
         const float *lg = e->logits + (size_t)li++ * e->model->hp.n_vocab;

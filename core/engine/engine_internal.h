@@ -58,6 +58,12 @@ typedef struct li_engine_req {
     /* EAGLE: the target's captured rows at position eg_pos (in_width), or NULL */
     float *eg;
     int64_t eg_pos;           /* -1: none */
+    /* EAGLE's KV, caught up lazily (spec_step.c): positions [0, e_done) hold
+     * it; e_pend holds the draft's input rows (in_width each) of positions
+     * [e_done, e_done + e_pend_n), the first num_computed - e_done verified */
+    int64_t e_done, e_hi;     /* e_hi: this step's catch-up wrote [e_done, e_hi) */
+    float *e_pend;            /* (e_pend_cap, in_width), or NULL */
+    int64_t e_pend_n, e_pend_cap;
     /* the draft model's KV of this request (lazy: computed when it drafts) */
     int64_t d_valid;          /* positions [0, d_valid) hold the draft's KV of toks */
     int64_t d_hi;             /* this step's draft steps wrote positions [d_valid, d_hi) */

@@ -39,7 +39,16 @@ int li_spec_step_init(li_spec_step *sp, li_model *m, li_model *draft, li_backend
             if (!rc) rc = li_proposer_eagle_new(&sp->prop[LI_SPEC_EAGLE], eg, be, &sp->eg_run.kv, c->max_num_seqs, err);
             if (!rc) {
                 sp->eagle = eg;
-                sp->eg_in = li_xmalloc((size_t)c->max_batched_tokens * (size_t)eg->inproj.in_width * sizeof(float));
+                const size_t T = (size_t)c->max_batched_tokens, S = (size_t)c->max_num_seqs;
+                sp->eg_in = li_xmalloc(T * (size_t)eg->inproj.in_width * sizeof(float));
+                sp->eg_tok = li_xmalloc(T * sizeof *sp->eg_tok);
+                sp->eg_pos = li_xmalloc(T * sizeof *sp->eg_pos);
+                sp->eg_seq = li_xmalloc(T * sizeof *sp->eg_seq);
+                sp->eg_slot = li_xmalloc(T * sizeof *sp->eg_slot);
+                sp->eg_req = li_xmalloc(S * sizeof *sp->eg_req);
+                sp->eg_end = li_xmalloc(S * sizeof *sp->eg_end);
+                sp->eg_p0 = li_xmalloc(S * sizeof *sp->eg_p0);
+                sp->eg_k0 = li_xmalloc(S * sizeof *sp->eg_k0);
             }
         }
         if (rc) {
@@ -73,6 +82,15 @@ void li_spec_step_free(li_spec_step *sp) {
     for (int i = 0; i < LI_SPEC_N_METHODS; i++) li_proposer_free(sp->prop[i]);
     li_runner_free(&sp->eg_run); /* a follower: before the pool */
     free(sp->eg_in);
+    free(sp->eg_tok);
+    free(sp->eg_pos);
+    free(sp->eg_seq);
+    free(sp->eg_slot);
+    free(sp->eg_tables);
+    free(sp->eg_req);
+    free(sp->eg_end);
+    free(sp->eg_p0);
+    free(sp->eg_k0);
     free(sp->sseq);
     free(sp->sreq);
     free(sp->sdraft);
@@ -154,7 +172,7 @@ static bool spec_slots(li_engine *e, req *r, int32_t k) {
     return li_kv_seq_reserve(&e->tgt.kv, &r->seq, r->n_toks) == 0 && li_kv_seq_cow(&e->tgt.kv, &r->seq, p, p + k) == 0;
 }
 
-
+static int eagle_catchup_drafters(li_engine *e, int32_t ns, li_error *err); /* below */
 
 /* The draft model's KV is computed only for requests that draft with it,
  * just before they do: positions [d_valid, n_toks - 1) of the ns seqs of
@@ -299,13 +317,14 @@ void li_spec_step_propose(li_engine *e) {
             e->sp.sreq[ns++] = r;
         }
         if (!ns) continue;
-        if (m == LI_SPEC_DRAFT) {
+        if (m == LI_SPEC_DRAFT || m == LI_SPEC_EAGLE) {
             li_error serr = {0};
             const double t0 = li_time_now();
-            const int src = draft_sync(e, ns, &serr);
+            const int src = m == LI_SPEC_DRAFT ? draft_sync(e, ns, &serr) : eagle_catchup_drafters(e, ns, &serr);
             e->st.time_propose += li_time_now() - t0;
             if (src) {
-                li_log_warn("speculation: the draft model's catch-up failed, no drafts this step: %s", serr.msg);
+                li_log_warn("speculation: the %s catch-up failed, no drafts this step: %s",
+                            m == LI_SPEC_DRAFT ? "draft model's" : "EAGLE draft's", serr.msg);
                 continue;
             }
         }
@@ -359,36 +378,150 @@ void li_spec_step_propose(li_engine *e) {
     }
 }
 
-/* ---- EAGLE: the draft over the target's rows ---------------------------------------- */
+/* ---- EAGLE: the draft's KV, caught up lazily ------------------------------------------ */
 
-int li_spec_step_eagle_sync(li_engine *e, int32_t nb, int64_t stride, li_error *err) {
+/* The draft's input row of position p of r (in_width floats to dst): the
+ * captured row of position p - 1. Positions before p0 wait in r->e_pend;
+ * from p0 on they are this step's target rows, the first at captured row
+ * k0: it reads the row r kept from its last pass (r->eg), the others the
+ * batch row before. A row nobody has (position 0, the first after a prefix
+ * hit or a recompute, one lost to a failed pass) is zeros. */
+static void eagle_row(const li_spec_step *sp, const req *r, int64_t p, int64_t p0, int64_t k0, size_t w, float *dst) {
+    const float *src = NULL;
+    if (p < p0) src = p - r->e_done < r->e_pend_n ? r->e_pend + (size_t)(p - r->e_done) * w : NULL;
+    else if (p > p0) src = sp->captured + (size_t)(k0 + p - p0 - 1) * w;
+    else if (r->eg && r->eg_pos == p - 1) src = r->eg;
+    if (src) memcpy(dst, src, w * sizeof *dst);
+    else memset(dst, 0, w * sizeof *dst);
+}
+
+/* The draft over positions [e_done, eg_end[i]) of the n requests eg_req
+ * (rows from eg_p0[i] on are this step's, from captured row eg_k0[i]: see
+ * eagle_row), in passes of the runner's capacity, without logits. The
+ * kernels are batch-invariant, so these are the bits a pass right after
+ * every target pass would have written. Sets e_hi. */
+static int eagle_catchup(li_engine *e, int32_t n, li_error *err) {
+    li_spec_step *sp = &e->sp;
+    const size_t w = (size_t)sp->eagle->inproj.in_width;
+    int32_t stride = 1;
+    int64_t todo = 0;
+    for (int32_t i = 0; i < n; i++) {
+        stride = LI_MAX(stride, sp->eg_req[i]->seq.n_blocks);
+        todo += LI_MAX(0, sp->eg_end[i] - sp->eg_req[i]->e_done);
+    }
+    if (!todo) return 0;
+    if ((size_t)n * (size_t)stride > sp->eg_tables_cap) {
+        sp->eg_tables_cap = LI_MAX((size_t)n * (size_t)stride, 2 * sp->eg_tables_cap);
+        sp->eg_tables = li_xrealloc(sp->eg_tables, sp->eg_tables_cap * sizeof *sp->eg_tables);
+    }
+    for (int32_t i = 0; i < n; i++)
+        memcpy(sp->eg_tables + (size_t)i * stride, sp->eg_req[i]->seq.blocks,
+               (size_t)sp->eg_req[i]->seq.n_blocks * sizeof *sp->eg_tables);
+    const double t0 = li_time_now();
+    li_batch b = {.tokens = sp->eg_tok, .pos = sp->eg_pos, .seq = sp->eg_seq, .slot = sp->eg_slot,
+                  .block_table = sp->eg_tables, .n_seqs = n, .bt_stride = stride, .no_logits = true,
+                  .in_hidden = sp->eg_in, .in_width = (int32_t)w};
+    int rc = 0;
+    for (int32_t i = 0; i < n && !rc; i++) {
+        const req *r = sp->eg_req[i];
+        for (int64_t p = r->e_done; p < sp->eg_end[i] && !rc; p++) {
+            sp->eg_tok[b.n] = r->toks[p];
+            sp->eg_pos[b.n] = (int32_t)p;
+            sp->eg_seq[b.n] = i;
+            sp->eg_slot[b.n] = li_kv_seq_slot(&e->tgt.kv, &r->seq, p);
+            eagle_row(sp, r, p, sp->eg_p0[i], sp->eg_k0[i], w, sp->eg_in + (size_t)b.n * w);
+            if (++b.n == sp->eg_run.fw.cap) rc = li_runner_run(&sp->eg_run, &b, err), b.n = 0;
+        }
+    }
+    if (!rc && b.n) rc = li_runner_run(&sp->eg_run, &b, err);
+    e->st.time_draft_sync += li_time_now() - t0;
+    if (rc) return rc;
+    e->st.draft_sync_tokens += todo;
+    for (int32_t i = 0; i < n; i++) sp->eg_req[i]->e_hi = sp->eg_end[i];
+    return 0;
+}
+
+/* Before the ns requests of sreq draft with EAGLE: their verified positions. */
+static int eagle_catchup_drafters(li_engine *e, int32_t ns, li_error *err) {
+    for (int32_t i = 0; i < ns; i++) {
+        e->sp.eg_req[i] = e->sp.sreq[i];
+        e->sp.eg_end[i] = e->sp.eg_p0[i] = e->sp.sreq[i]->num_computed;
+        e->sp.eg_k0[i] = 0;
+    }
+    const int rc = eagle_catchup(e, ns, err);
+    if (!rc)
+        for (int32_t i = 0; i < ns; i++) li_spec_step_eagle_settle(e->sp.sreq[i]);
+    return rc;
+}
+
+static void pend_reserve(req *r, int64_t rows, size_t w) {
+    if (rows <= r->e_pend_cap) return;
+    r->e_pend_cap = LI_MIN(LI_MAX(rows, 2 * r->e_pend_cap), (int64_t)LI_EAGLE_PENDING_MAX + LI_SPEC_MAX_TOKENS + 1);
+    r->e_pend_cap = LI_MAX(r->e_pend_cap, rows);
+    r->e_pend = li_xrealloc(r->e_pend, (size_t)r->e_pend_cap * w * sizeof *r->e_pend);
+}
+
+int li_spec_step_eagle_sync(li_engine *e, int32_t nb, li_error *err) {
     li_spec_step *sp = &e->sp;
     if (!sp->eagle || !sp->captured) return 0;
     const size_t w = (size_t)sp->eagle->inproj.in_width;
+    const bool cached = li_prefix_cache_enabled(&e->pc);
+    const int64_t bs = e->tgt.kv.block_size;
+    int32_t n = 0;
     int64_t k = 0;
+    for (int32_t i = 0; i < nb; k += e->batch_n[i++]) {
+        req *r = e->batch_req[i];
+        const int64_t p0 = r->num_computed, end = p0 + e->batch_n[i];
+        /* a block that would join the prefix cache needs its draft KV first */
+        if ((cached && end / bs > r->e_done / bs) || end - r->e_done > LI_EAGLE_PENDING_MAX) {
+            sp->eg_req[n] = r;
+            sp->eg_end[n] = end;
+            sp->eg_p0[n] = p0; /* the step's rows start here, at captured row k */
+            sp->eg_k0[n++] = k;
+            continue;
+        }
+        pend_reserve(r, end - r->e_done, w);
+        for (int64_t p = r->e_done + r->e_pend_n; p < end; p++) /* the step's rows, after a gap's zeros */
+            eagle_row(sp, r, p, p0, k, w, r->e_pend + (size_t)(p - r->e_done) * w);
+        r->e_pend_n = end - r->e_done;
+    }
+    const int rc = n ? eagle_catchup(e, n, err) : 0;
+    /* the next pass starts after this one's last row (a prefill chunk's end;
+     * a verification keeps the row its last token came from instead,
+     * li_spec_step_keep_hidden) */
+    k = 0;
     for (int32_t i = 0; i < nb; i++) {
         req *r = e->batch_req[i];
-        for (int32_t j = 0; j < e->batch_n[i]; j++, k++) {
-            float *dst = sp->eg_in + (size_t)k * w;
-            if (j) memcpy(dst, sp->captured + (size_t)(k - 1) * w, w * sizeof *dst);
-            else if (r->eg && r->eg_pos == e->b_pos[k] - 1) memcpy(dst, r->eg, w * sizeof *dst);
-            else memset(dst, 0, w * sizeof *dst); /* position 0, a prefix hit, a recompute */
-        }
-        /* the next pass starts after this one's last row (a prefill chunk's
-         * end; a verification keeps the row its last token came from
-         * instead, li_spec_step_keep_hidden) */
+        k += e->batch_n[i];
         if (!r->eg) r->eg = li_xmalloc(w * sizeof *r->eg);
         memcpy(r->eg, sp->captured + (size_t)(k - 1) * w, w * sizeof *r->eg);
         r->eg_pos = e->b_pos[k - 1];
     }
-    const double t0 = li_time_now();
-    li_batch b = {.n = k, .tokens = e->b_tokens, .pos = e->b_pos, .seq = e->b_seq, .slot = e->b_slot,
-                  .block_table = e->b_tables, .n_seqs = nb, .bt_stride = stride, .no_logits = true,
-                  .in_hidden = sp->eg_in, .in_width = (int32_t)w};
-    const int rc = li_runner_run(&sp->eg_run, &b, err);
-    e->st.time_draft_sync += li_time_now() - t0;
-    if (!rc) e->st.draft_sync_tokens += k;
     return rc;
+}
+
+void li_spec_step_eagle_settle(req *r) {
+    if (r->e_hi > r->e_done) {
+        r->e_done = LI_MIN(r->e_hi, r->num_computed);
+        r->e_pend_n = 0;
+    } else {
+        r->e_pend_n = LI_MAX(0, LI_MIN(r->e_pend_n, r->num_computed - r->e_done));
+    }
+    r->e_hi = 0;
+}
+
+void li_spec_step_eagle_reset(req *r, int64_t done) {
+    r->e_done = done;
+    r->e_hi = r->e_pend_n = 0;
+}
+
+void li_spec_step_eagle_fork(const li_engine *e, req *c, const req *parent) {
+    li_spec_step_eagle_reset(c, parent->e_done);
+    if (!e->sp.eagle || !parent->e_pend_n) return;
+    const size_t w = (size_t)e->sp.eagle->inproj.in_width;
+    pend_reserve(c, parent->e_pend_n, w);
+    memcpy(c->e_pend, parent->e_pend, (size_t)parent->e_pend_n * w * sizeof *c->e_pend);
+    c->e_pend_n = parent->e_pend_n;
 }
 
 /* ---- speculation: verification ------------------------------------------------------ */
@@ -632,6 +765,7 @@ void li_spec_step_verify(li_engine *e, req *r, int32_t m, const float *rows, int
     if (r->d_method == LI_SPEC_DRAFT) r->d_valid = LI_MIN(r->d_hi, r->num_computed);
     li_proposer *p = e->sp.prop[r->d_method];
     if (p && p->ops->on_verified) p->ops->on_verified(p, r->res.id, verified, accepted);
+    li_spec_step_eagle_settle(r);
 }
 
 /* ---- the batch and the costs --------------------------------------------------------- */

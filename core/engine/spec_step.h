@@ -17,6 +17,9 @@
 #include "spec/medusa.h"
 #include "spec/proposer.h"
 
+/* Rows of draft input a request keeps waiting before its EAGLE KV catches up. */
+#define LI_EAGLE_PENDING_MAX 64
+
 struct li_engine_req; /* engine_internal.h */
 
 typedef struct li_spec_step {
@@ -47,12 +50,21 @@ typedef struct li_spec_step {
     int32_t *b_parent;           /* (max_batched_tokens) tree parents of the batch, with Medusa */
     int32_t *sparent;            /* (max_num_seqs, LI_SPEC_MAX_TOKENS) proposals' tree parents */
     size_t *mv_off_d, *mv_off_s; /* (2 * n_layer * LI_SPEC_MAX_TOKENS) KV row moves */
-    /* EAGLE (cfg.eagle): the draft over KV following the pool, run after
-     * every target pass over the same rows; the step's captured rows */
+    /* EAGLE (cfg.eagle): the draft over KV following the pool; each target
+     * pass's captured rows wait in their request (e_pend) until it drafts
+     * with EAGLE, a block of its is about to join the prefix cache, or
+     * LI_EAGLE_PENDING_MAX rows wait */
     li_eagle *eagle;             /* borrowed, or NULL */
     li_runner eg_run;            /* cap max_batched_tokens */
     const float *captured;       /* (batch rows, in_width) of the step's target pass, or NULL */
-    float *eg_in;                /* (max_batched_tokens, in_width) the sync's in_hidden rows */
+    float *eg_in;                /* (max_batched_tokens, in_width) a catch-up pass's in_hidden rows */
+    int32_t *eg_tok, *eg_pos, *eg_seq; /* (max_batched_tokens) a catch-up pass's rows */
+    int64_t *eg_slot;            /* (max_batched_tokens) */
+    int32_t *eg_tables;          /* (eg_tables_cap) its block tables */
+    size_t eg_tables_cap;
+    struct li_engine_req **eg_req; /* (max_num_seqs) */
+    int64_t *eg_end, *eg_p0, *eg_k0; /* (max_num_seqs) each one's end position, where the
+                                  * step's rows start and their first captured row */
 } li_spec_step;
 
 /* The proposers (none on a batch-variant backend, where verification would
@@ -74,11 +86,20 @@ void li_spec_step_tree_batch(li_engine *e, const struct li_engine_req *r, int64_
 /* Step 6: the m rows computed for a drafted request (its first at logit row
  * row0) verify its drafts; the accepted join it, the rest are rolled back. */
 void li_spec_step_verify(li_engine *e, struct li_engine_req *r, int32_t m, const float *rows, int32_t row0);
-/* Step 5b, EAGLE: the draft over the target pass's nb requests, the same
- * rows (tokens, positions, slots of the step's batch, block table rows
- * `stride` apart), each reading the captured row of the position before it;
- * a request's first row reads the one it kept. */
-int li_spec_step_eagle_sync(li_engine *e, int32_t nb, int64_t stride, li_error *err);
+/* Step 5b, EAGLE: the target pass's rows of its nb requests join their
+ * pending input rows (each reads the captured row of the position before
+ * it; a request's first row the one it kept); requests that would register
+ * a block in the prefix cache this step, or hold LI_EAGLE_PENDING_MAX rows,
+ * catch up now (e_hi). A failed pass loses drafts, never tokens. */
+int li_spec_step_eagle_sync(li_engine *e, int32_t nb, li_error *err);
+/* After r's num_computed is final for the step: what the catch-up wrote up
+ * to it is done, pending rows past it are dropped. */
+void li_spec_step_eagle_settle(struct li_engine_req *r);
+/* r's EAGLE state after its KV changed hands: none (preempted: done 0),
+ * a prefix hit's (done = num_computed, the cached blocks carry it), or a
+ * fork's (the parent's done and pending rows). */
+void li_spec_step_eagle_reset(struct li_engine_req *r, int64_t done);
+void li_spec_step_eagle_fork(const li_engine *e, struct li_engine_req *c, const struct li_engine_req *parent);
 /* Medusa drafts from the hidden state that predicted a request's last token,
  * EAGLE from the captured rows of that position: logit row `row` of the
  * step, kept after r took a token. */

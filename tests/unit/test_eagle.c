@@ -29,6 +29,7 @@
 #include "spec/eagle.h"
 #include "spec/medusa.h"
 #include "spec/proposer.h"
+#include "policy/policy_lua.h"
 #include "tokenizer/tokenizer.h"
 #include "train/train.h"
 #include "test_util.h"
@@ -646,27 +647,32 @@ static void observe(void *ud, int64_t id, int32_t pos, const float *logits) {
     o->n++;
 }
 
+enum { ALONE_MAX = 128 };
+
 /* The first draft step's logits for a request whose tokens are toks[0..pos]:
  * the target alone over positions [0, pos) capturing its feature blocks,
  * then the draft alone over rows 0..pos reading the capture of the row
- * before (zeros for row 0). */
-static int alone(li_model *m, li_eagle *eg, li_backend *be, li_type kv, const int32_t *toks, int32_t pos, float *lg) {
+ * before (zeros for row 0, and for row zero_at: the first after a prefix
+ * hit; -1 none). */
+static int alone(li_model *m, li_eagle *eg, li_backend *be, li_type kv, const int32_t *toks, int32_t pos,
+                 int32_t zero_at, float *lg) {
     li_error err = {0};
     li_session t, d;
-    if (li_session_init(&t, m, be, 64, kv, 64, &err) || li_session_init(&d, &eg->m, be, 64, kv, 64, &err)) {
+    if (li_session_init(&t, m, be, ALONE_MAX, kv, ALONE_MAX, &err) ||
+        li_session_init(&d, &eg->m, be, ALONE_MAX, kv, ALONE_MAX, &err)) {
         CHECK(0, "sessions: %s", err.msg);
         return -1;
     }
     const int n = pos + 1, W = eg->inproj.in_width;
-    int32_t p[64], rows[64];
-    int64_t st[64], sd[64];
+    int32_t p[ALONE_MAX], rows[ALONE_MAX];
+    int64_t st[ALONE_MAX], sd[ALONE_MAX];
     li_kv_seq_reserve(&t.kv, &t.seq, n);
     li_kv_seq_reserve(&d.kv, &d.seq, n);
     for (int i = 0; i < n; i++) {
         p[i] = i, rows[i] = i;
         st[i] = li_kv_seq_slot(&t.kv, &t.seq, i), sd[i] = li_kv_seq_slot(&d.kv, &d.seq, i);
     }
-    static float in[64 * RD * N_FEAT];
+    static float in[ALONE_MAX * RD * N_FEAT];
     memset(in, 0, sizeof in);
     int rc = 0;
     if (pos > 0) {
@@ -676,6 +682,7 @@ static int alone(li_model *m, li_eagle *eg, li_backend *be, li_type kv, const in
         rc = li_forward_run(&t.fw, m, be, &t.kv, &b, NULL, &err);
         const float *cp = rc ? NULL : li_forward_captured(&t.fw);
         if (cp) memcpy(in + W, cp, sizeof(float) * (size_t)pos * W);
+        if (zero_at > 0 && zero_at <= pos) memset(in + (size_t)zero_at * W, 0, sizeof(float) * (size_t)W);
     }
     li_batch b = {.n = n, .tokens = toks, .pos = p, .seq = d.seq_idx, .slot = sd, .block_table = d.seq.blocks,
                   .n_seqs = 1, .bt_stride = d.seq.n_blocks, .logit_rows = rows + pos, .n_logits = 1,
@@ -685,6 +692,103 @@ static int alone(li_model *m, li_eagle *eg, li_backend *be, li_type kv, const in
     li_session_free(&t);
     li_session_free(&d);
     return rc;
+}
+
+/* Rows wait for the draft (e_pend) until a request drafts with EAGLE, a
+ * block is about to join the prefix cache, or LI_EAGLE_PENDING_MAX wait:
+ * this policy drafts at every third length only, so rows wait steps long. */
+static const char *SOMETIMES = "return { speculate = function(req, s)\n"
+                               "  if req.num_tokens % 3 == 0 then return 'eagle', 3 end\n"
+                               "  return 0 end }";
+/* ... and this one only past 70 tokens: without a prefix cache, rows wait
+ * until LI_EAGLE_PENDING_MAX of them do. */
+static const char *LATE = "return { speculate = function(req, s)\n"
+                          "  if req.num_tokens > 70 then return 'eagle', 3 end\n"
+                          "  return 0 end }";
+
+typedef struct sync_case {
+    const char *what;
+    int32_t mbt;       /* max_batched_tokens */
+    const char *policy; /* SOMETIMES, LATE, or NULL: every step */
+    bool no_cache;     /* prefix caching off */
+    int n_prompt;      /* 0: three prompts of 7, 10, 13 tokens; else two equal ones, the second after the first
+                        * finished (a prefix hit) */
+} sync_case;
+
+static void sync_run(li_model *m, li_backend *be, li_eagle *eg, const sync_case *sc) {
+    li_error err = {0};
+    li_engine_config c;
+    li_engine_config_default(&c);
+    c.eagle = eg;
+    c.spec_method = LI_SPEC_EAGLE;
+    c.spec_tokens = 3;
+    c.spec_disable_batch = 0;
+    c.max_batched_tokens = sc->mbt;
+    c.prefix_caching = !sc->no_cache;
+    li_engine *e = NULL;
+    CHECK(li_engine_init(&e, m, be, &c, &err) == 0, "%s", err.msg);
+    if (!e) return;
+    li_policy *pol = NULL;
+    if (sc->policy) {
+        CHECK(li_policy_lua_open(&pol, "policy.lua", sc->policy, NULL, &err) == 0, "%s", err.msg);
+        li_engine_set_policy(e, pol);
+    }
+    obs_log o = {.nd = eg->f.n_draft};
+    o.lg = malloc(sizeof(float) * OBS_MAX * (size_t)o.nd);
+    li_engine_draft_observe(e, observe, &o);
+    const int nr = sc->n_prompt ? 2 : 3;
+    int32_t prompt[3][ALONE_MAX];
+    int np[3];
+    int64_t ids[3];
+    li_engine_stats st0 = {0};
+    for (int r = 0; r < nr; r++) {
+        np[r] = sc->n_prompt ? sc->n_prompt : 7 + 3 * r;
+        for (int i = 0; i < np[r]; i++) prompt[r][i] = 3 + ((sc->n_prompt ? 0 : r) * 577 + i * 41) % 1990;
+        li_request_params p = {.prompt = prompt[r], .n_prompt = np[r], .max_tokens = sc->policy == LATE ? 80 : 12,
+                               .ignore_eos = true};
+        li_sampling_params_default(&p.sampling);
+        p.sampling.temperature = 0;
+        if (sc->n_prompt && r == 0) p.spec_set = true, p.spec_k = 0; /* the first never drafts: all its rows wait */
+        CHECK(li_engine_add(e, &p, &ids[r], &err) == 0, "%s", err.msg);
+        if (sc->n_prompt) {
+            while (li_engine_has_work(e) && li_engine_step(e, &err) == 0) {}
+            if (r == 0) li_engine_stats_get(e, &st0);
+        }
+    }
+    while (li_engine_has_work(e) && li_engine_step(e, &err) == 0) {}
+    li_engine_stats st;
+    li_engine_stats_get(e, &st);
+    int checked = 0, same = 0;
+    float *want = malloc(sizeof(float) * (size_t)o.nd);
+    for (int i = 0; i < o.n; i++) {
+        int r = 0;
+        while (r < nr && ids[r] != o.id[i]) r++;
+        const li_request_result *res = r < nr ? li_engine_result(e, ids[r]) : NULL;
+        if (!res) continue;
+        int32_t toks[ALONE_MAX];
+        memcpy(toks, prompt[r], sizeof(int32_t) * (size_t)np[r]);
+        memcpy(toks + np[r], res->tokens, sizeof(int32_t) * (size_t)res->n_tokens);
+        if (o.pos[i] >= np[r] + res->n_tokens) continue;
+        if (alone(m, eg, be, c.kv_dtype, toks, o.pos[i], (int32_t)res->cached_tokens, want)) break;
+        checked++;
+        same += !memcmp(want, o.lg + (size_t)i * o.nd, sizeof(float) * (size_t)o.nd);
+    }
+    CHECK(checked >= (sc->policy || sc->n_prompt ? 5 : 10) && same == checked,
+          "%s: %d of %d first draft steps equal the draft run alone over the target's captured rows, bit for bit",
+          sc->what, same, checked);
+    if (sc->n_prompt) {
+        const li_request_result *b = li_engine_result(e, ids[1]);
+        CHECK(b && b->cached_tokens == 32 && st0.spec_drafted == 0 && st0.draft_sync_tokens >= 32,
+              "%s: the first request never drafted, yet its blocks got their draft KV before joining the cache "
+              "(%lld rows), and the second hit them (%lld tokens)",
+              sc->what, (long long)st0.draft_sync_tokens, b ? (long long)b->cached_tokens : -1LL);
+    }
+    printf("eagle sync, %s: %d first drafts checked, %lld rows caught up, %lld drafted\n", sc->what, checked,
+           (long long)st.draft_sync_tokens, (long long)st.spec_drafted);
+    free(want);
+    free(o.lg);
+    li_engine_free(e);
+    if (pol) pol->ops->free(pol);
 }
 
 static void test_sync(li_model *m) {
@@ -697,54 +801,16 @@ static void test_sync(li_model *m) {
     li_eagle *eg = NULL;
     CHECK(li_eagle_load(&eg, rp, m, &err) == 0 && li_eagle_prepare(eg, m, &be, &err) == 0, "%s", err.msg);
     if (!eg) return;
-    for (int mbt = 0; mbt < 2; mbt++) { /* whole prompts, then chunks of 5 (a feature kept across chunks) */
-        li_engine_config c;
-        li_engine_config_default(&c);
-        c.eagle = eg;
-        c.spec_method = LI_SPEC_EAGLE;
-        c.spec_tokens = 3;
-        c.spec_disable_batch = 0;
-        c.max_batched_tokens = mbt ? 5 : 256;
-        li_engine *e = NULL;
-        CHECK(li_engine_init(&e, m, &be, &c, &err) == 0, "%s", err.msg);
-        if (!e) break;
-        obs_log o = {.nd = eg->f.n_draft};
-        o.lg = malloc(sizeof(float) * OBS_MAX * (size_t)o.nd);
-        li_engine_draft_observe(e, observe, &o);
-        int32_t prompt[3][13];
-        int64_t ids[3];
-        for (int r = 0; r < 3; r++) {
-            for (int i = 0; i < 13; i++) prompt[r][i] = 3 + (r * 577 + i * 41) % 1990;
-            li_request_params p = {.prompt = prompt[r], .n_prompt = 7 + 3 * r, .max_tokens = 12, .ignore_eos = true};
-            li_sampling_params_default(&p.sampling);
-            p.sampling.temperature = 0;
-            CHECK(li_engine_add(e, &p, &ids[r], &err) == 0, "%s", err.msg);
-        }
-        while (li_engine_has_work(e) && li_engine_step(e, &err) == 0) {}
-        int checked = 0, same = 0;
-        float *want = malloc(sizeof(float) * (size_t)o.nd);
-        for (int i = 0; i < o.n; i++) {
-            int r = 0;
-            while (r < 3 && ids[r] != o.id[i]) r++;
-            const li_request_result *res = r < 3 ? li_engine_result(e, ids[r]) : NULL;
-            if (!res) continue;
-            int32_t toks[64];
-            const int np = 7 + 3 * r;
-            memcpy(toks, prompt[r], sizeof(int32_t) * (size_t)np);
-            memcpy(toks + np, res->tokens, sizeof(int32_t) * (size_t)res->n_tokens);
-            if (o.pos[i] >= np + res->n_tokens) continue;
-            if (alone(m, eg, &be, c.kv_dtype, toks, o.pos[i], want)) break;
-            checked++;
-            same += !memcmp(want, o.lg + (size_t)i * o.nd, sizeof(float) * (size_t)o.nd);
-        }
-        CHECK(checked >= 10 && same == checked,
-              "max_batched_tokens %d: %d of %d first draft steps equal the draft run alone over the target's "
-              "captured rows, bit for bit",
-              c.max_batched_tokens, same, checked);
-        free(want);
-        free(o.lg);
-        li_engine_free(e);
-    }
+    const sync_case cases[] = {
+        {"whole prompts", 256, NULL, false, 0},
+        {"chunks of 5 (a feature kept across chunks)", 5, NULL, false, 0},
+        {"drafting every third length", 256, SOMETIMES, false, 0},
+        {"drafting every third length, no prefix cache", 256, SOMETIMES, true, 0},
+        {"drafting every third length, chunks of 5, no prefix cache", 5, SOMETIMES, true, 0},
+        {"drafting past 70 tokens, no prefix cache", 256, LATE, true, 0},
+        {"a prefix hit on a request that never drafted", 256, NULL, false, 40},
+    };
+    for (size_t i = 0; i < LI_ARRAY_LEN(cases); i++) sync_run(m, &be, eg, &cases[i]);
     li_eagle_free(eg);
     li_model_release(m, &be);
     li_backend_cpu_free(&be);
