@@ -317,11 +317,13 @@ void li_spec_step_propose(li_engine *e) {
             e->sp.sreq[ns++] = r;
         }
         if (!ns) continue;
+        double t_sync = 0; /* a model's catch-up is part of what its drafts cost */
         if (m == LI_SPEC_DRAFT || m == LI_SPEC_EAGLE) {
             li_error serr = {0};
             const double t0 = li_time_now();
             const int src = m == LI_SPEC_DRAFT ? draft_sync(e, ns, &serr) : eagle_catchup_drafters(e, ns, &serr);
-            e->st.time_propose += li_time_now() - t0;
+            t_sync = li_time_now() - t0;
+            e->st.time_propose += t_sync;
             if (src) {
                 li_log_warn("speculation: the %s catch-up failed, no drafts this step: %s",
                             m == LI_SPEC_DRAFT ? "draft model's" : "EAGLE draft's", serr.msg);
@@ -352,7 +354,7 @@ void li_spec_step_propose(li_engine *e) {
         e->st.time_propose += dt;
         int64_t n_drafts = 0;
         for (int32_t i = 0; i < ns; i++) n_drafts += e->sp.sseq[i].k;
-        if (!rc && n_drafts) e->sp.ema_draft[m] = ema(e->sp.ema_draft[m], dt / (double)n_drafts);
+        if (!rc && n_drafts) e->sp.ema_draft[m] = ema(e->sp.ema_draft[m], (dt + t_sync) / (double)n_drafts);
         if (rc) {
             li_log_warn("speculation: the %s proposer failed, no drafts this step: %s", li_spec_method_name(m), perr.msg);
             continue;
