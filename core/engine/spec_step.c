@@ -483,7 +483,8 @@ int li_spec_step_eagle_sync(li_engine *e, int32_t nb, li_error *err) {
             continue;
         }
         pend_reserve(r, end - r->e_done, w);
-        for (int64_t p = r->e_done + r->e_pend_n; p < end; p++) /* the step's rows, after a gap's zeros */
+        /* the step's rows (after a gap's zeros: rows lost to a failed pass) */
+        for (int64_t p = LI_MIN(p0, r->e_done + r->e_pend_n); p < end; p++)
             eagle_row(sp, r, p, p0, k, w, r->e_pend + (size_t)(p - r->e_done) * w);
         r->e_pend_n = end - r->e_done;
     }
@@ -784,5 +785,9 @@ void li_spec_step_tree_batch(li_engine *e, const req *r, int64_t row0, int32_t n
 void li_spec_step_costs(li_spec_step *sp, double dt, int64_t n) {
     sp->ema_step = ema(sp->ema_step, dt);
     if (n) sp->ema_token = ema(sp->ema_token, dt / (double)n);
-    if (n >= 1 && n <= LI_SPEC_COST_ROWS) sp->ema_rows[n - 1] = ema(sp->ema_rows[n - 1], dt);
+    /* a row count's first pass runs cold (its shapes' first GEMMs, scratch
+     * faulted in) and can read 1.5x: taken as the average, it priced that
+     * count, and every count above it, out of a policy's reach for good */
+    if (n >= 1 && n <= LI_SPEC_COST_ROWS && sp->seen_rows[n - 1]++)
+        sp->ema_rows[n - 1] = ema(sp->ema_rows[n - 1], dt);
 }

@@ -47,6 +47,7 @@ local base = run{ max_num_seqs = 4 }
 
 -- checks what the hook is shown, then answers
 local checked = [[
+local first_step
 local function check(req, state)
   local s, sp = req.speculation, state.spec
   assert(type(s.method) == "string" and type(s.k) == "number" and s.max_k >= 1 and s.max_k <= 16, "req.speculation")
@@ -59,7 +60,11 @@ local function check(req, state)
     rows = rows + 1
   end
   -- decode steps of these few requests compute at most 64 rows each
-  assert(rows >= 1 or req.num_generated < 3, "state.spec.row_time holds the decode steps measured so far")
+  assert(rows >= 1 or req.num_generated < 5, "state.spec.row_time holds the decode steps measured so far")
+  -- a row count's first pass runs cold and is not timed: after the
+  -- prefill and one decode step nothing is measured yet
+  first_step = first_step or state.step
+  assert(state.step > first_step + 1 or rows == 0, "state.spec.row_time before a row count ran twice")
 end
 ]]
 local function policy(body) return checked .. "return { speculate = function(req, state) check(req, state) " .. body .. " end }" end
@@ -126,10 +131,15 @@ local est = A._row_estimates({ [1] = 0.004, [9] = 0.008 }, 12)
 H.check(est[9] == 0.008 and math.abs(est[5] / est[1] - 1.24) < 1e-12 and math.abs(est[12] - 0.008 * 1.18) < 1e-12,
         "T(n) from row_time (%g, %g)", est[5] / est[1], est[12])
 H.check(math.abs(A._row_estimates({}, 4)[4] - 1.18) < 1e-12, "nothing measured: the prior model")
+-- only a larger count measured (a request's first decode step drafted 3): the counts below it in seconds too
+local low = A._row_estimates({ [4] = 0.017 }, 6)
+H.check(math.abs(low[1] - 0.017 / 1.18) < 1e-12 and math.abs(low[6] - 0.017 * 1.12) < 1e-12,
+        "below the smallest measured count: %g %g", low[1], low[6])
 -- rounds by depth: 8 drafts, 2 accepted then a rejection reach depths 1-3 and pass 1-2
 A._observe(-1, "ngram", 8, 2 / 8)
 local e1 = A._expected_by_depth(-1, "ngram", 0.5, 4)
-local h1 = (1 + 4 * 0.5) / (1 + 4)
+local pw = 4 * A._FORGET -- the prior's 4 rounds, faded by the one round
+local h1 = (1 + pw * 0.5) / (1 + pw)
 local h2 = (1 + h1) / 2
 local h3 = (0 + h2) / (1 + 1)
 H.check(math.abs(e1[3] - (1 + h1 + h1 * h2 + h1 * h2 * h3)) < 1e-12, "one round 2 of 8: E(3) %g", e1[3])
@@ -156,6 +166,54 @@ end
 H.check(A._expected_by_depth(-3, "ngram", 0.5, 8)[8] < ed[8] - 1.5, "five rounds rejected at once: E(8) %g from %g",
         A._expected_by_depth(-3, "ngram", 0.5, 8)[8], ed[8])
 H.check(math.abs(A._expected_by_depth(-1, "draft", 0.3, 1)[1] - 1.3) < 1e-12, "each method apart")
+-- one draft a step, every one accepted (copied text): on a steep cost curve
+-- (AVX2: a 9-row pass costs 3x one row) the depths never tried are priced
+-- like deep drafts, so k grows and they get tried
+for i = 1, 10 do A._observe(-4, "ngram", i, 1) end
+local steep = { 1, 1.25, 1.5, 1.78, 2.0, 2.28, 2.52, 2.76, 3.0 }
+local kc = A._best_k(A._expected_by_depth(-4, "ngram", 0.6, 8), steep, 1, 1, 1, 0, 8)
+H.check(kc >= 3, "k = 1 rounds all accepted: k grows (%d)", kc)
+-- the prior fades like a round: 40 rounds all accepted price the first
+-- draft near sure (a prior that stayed at 4 rounds held it below 0.89)
+for i = 1, 40 do A._observe(-5, "ngram", i, 1) end
+local h_sure = A._expected_by_depth(-5, "ngram", 0.6, 1)[1] - 1
+H.check(h_sure > 0.95, "40 rounds accepted: h_1 %g", h_sure)
+-- the step's plan: four requests copying text (E(k) near k + 1) on a
+-- batch-4 cost curve measured on AVX2 (T(4) 9.4 ms, 1.5 ms a row past it)
+-- get the same drafts whatever their order; one copying request among
+-- three that are not gets them alone; a compute-bound batch of 32 at
+-- acceptance 0.5 gets none
+local function curve(N, base, per) local t = {} for n = 1, N do t[n] = base + (n - 4) * per end return t end
+local t4 = A._row_estimates(curve(68, 9.4, 1.5), 68)
+local function plan_of(order, E)
+  local running = {}
+  for i, id in ipairs(order) do
+    running[i] = { id = id }
+    A._cand[id] = { method = "ngram", E = E[id], K = 16, draft = 0 }
+  end
+  return A._plan({ running = running }, #order, t4)
+end
+local copy, cold = flat(0.95, 16), flat(0.1, 16)
+local p1 = plan_of({ 101, 102, 103, 104 }, { [101] = copy, [102] = copy, [103] = copy, [104] = copy })
+local p2 = plan_of({ 104, 103, 102, 101 }, { [101] = copy, [102] = copy, [103] = copy, [104] = copy })
+local lo, hi, n1, n2 = 99, 0, 0, 0
+for id = 101, 104 do lo, hi, n1, n2 = math.min(lo, p1[id]), math.max(hi, p1[id]), n1 + p1[id], n2 + p2[id] end
+-- (a tie goes to the request asked first: the same drafts in all)
+H.check(lo >= 3 and hi - lo <= 1 and n1 == n2,
+        "four copying requests: k %d %d %d %d, reversed %d %d %d %d", p1[101], p1[102], p1[103], p1[104], p2[101],
+        p2[102], p2[103], p2[104])
+local p3 = plan_of({ 101, 102, 103, 104 }, { [101] = cold, [102] = copy, [103] = cold, [104] = cold })
+H.check(p3[102] >= 4 and p3[101] == 0 and p3[103] == 0 and p3[104] == 0, "one copying request drafts alone (%d, %d)",
+        p3[102], p3[101])
+local t32 = A._row_estimates(curve(32 * 17, 50, 1.6), 32 * 17)
+local ids32, E32 = {}, {}
+for i = 1, 32 do ids32[i] = 200 + i; E32[200 + i] = flat(0.5, 16) end
+local running = {}
+for i, id in ipairs(ids32) do running[i] = { id = id }; A._cand[id] = { method = "ngram", E = E32[id], K = 16, draft = 0 } end
+local p32 = A._plan({ running = running }, 32, t32)
+local any = 0
+for _, id in ipairs(ids32) do any = any + p32[id] end
+H.check(any == 0, "batch 32, compute-bound, acceptance 0.5: no drafts (%d)", any)
 local ad, s_ad = run{ max_num_seqs = 4, spec_layers = 29, policy = root .. "/policies/spec_adaptive.lua" }
 same(ad, base, "spec_adaptive")
 H.check(s_ad.spec_drafted > 0 and s_ad.policy_errors == 0, "spec_adaptive drafted (%d), no policy errors (%d)",
