@@ -150,10 +150,10 @@ typedef struct li_engine_stats {
     int64_t spec_drafted_by[LI_SPEC_N_METHODS];
     int64_t spec_accepted_by[LI_SPEC_N_METHODS];
     int64_t spec_rounds_by[LI_SPEC_N_METHODS]; /* verified draft runs (request-steps) */
-    double time_propose;       /* seconds in proposers (model drafts' forward passes, the
-                                * draft model's catch-up included) */
-    int64_t draft_sync_tokens; /* positions the draft model computed to catch up with its requests */
-    double time_draft_sync;    /* ... and the seconds it took (part of time_propose) */
+    double time_propose;       /* seconds in proposers (model drafts' forward passes) */
+    int64_t draft_sync_tokens; /* positions a draft model or EAGLE draft computed to catch up with its
+                                * requests */
+    double time_draft_sync;    /* ... and the seconds it took (apart from time_propose: the two add up) */
     int64_t livelock_steps;    /* steps taken from a policy whose plans made no progress (FCFS ran) */
     int32_t tensor_parallel;   /* ranks of the target (1 without tensor parallelism) */
     double time_allreduce;     /* seconds of time_forward rank 0 spent in all-reduces (0 with one rank) */

@@ -322,8 +322,7 @@ void li_spec_step_propose(li_engine *e) {
             li_error serr = {0};
             const double t0 = li_time_now();
             const int src = m == LI_SPEC_DRAFT ? draft_sync(e, ns, &serr) : eagle_catchup_drafters(e, ns, &serr);
-            t_sync = li_time_now() - t0;
-            e->st.time_propose += t_sync;
+            t_sync = li_time_now() - t0; /* in time_draft_sync, not time_propose */
             if (src) {
                 li_log_warn("speculation: the %s catch-up failed, no drafts this step: %s",
                             m == LI_SPEC_DRAFT ? "draft model's" : "EAGLE draft's", serr.msg);

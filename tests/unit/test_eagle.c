@@ -713,6 +713,7 @@ typedef struct sync_case {
     bool no_cache;     /* prefix caching off */
     int n_prompt;      /* 0: three prompts of 7, 10, 13 tokens; else two equal ones, the second after the first
                         * finished (a prefix hit) */
+    int samples;       /* 2: each prompt two samples, forked from it when its prefill ends */
 } sync_case;
 
 static void sync_run(li_model *m, li_backend *be, li_eagle *eg, const sync_case *sc) {
@@ -745,7 +746,7 @@ static void sync_run(li_model *m, li_backend *be, li_eagle *eg, const sync_case 
         np[r] = sc->n_prompt ? sc->n_prompt : 7 + 3 * r;
         for (int i = 0; i < np[r]; i++) prompt[r][i] = 3 + ((sc->n_prompt ? 0 : r) * 577 + i * 41) % 1990;
         li_request_params p = {.prompt = prompt[r], .n_prompt = np[r], .max_tokens = sc->policy == LATE ? 80 : 12,
-                               .ignore_eos = true};
+                               .ignore_eos = true, .n = sc->samples};
         li_sampling_params_default(&p.sampling);
         p.sampling.temperature = 0;
         if (sc->n_prompt && r == 0) p.spec_set = true, p.spec_k = 0; /* the first never drafts: all its rows wait */
@@ -761,9 +762,9 @@ static void sync_run(li_model *m, li_backend *be, li_eagle *eg, const sync_case 
     int checked = 0, same = 0;
     float *want = malloc(sizeof(float) * (size_t)o.nd);
     for (int i = 0; i < o.n; i++) {
-        int r = 0;
-        while (r < nr && ids[r] != o.id[i]) r++;
-        const li_request_result *res = r < nr ? li_engine_result(e, ids[r]) : NULL;
+        int r = 0; /* the prompt of the request observed (a sample's id follows its prompt's) */
+        while (r < nr && !(o.id[i] >= ids[r] && o.id[i] < ids[r] + LI_MAX(sc->samples, 1))) r++;
+        const li_request_result *res = r < nr ? li_engine_result(e, o.id[i]) : NULL;
         if (!res) continue;
         int32_t toks[ALONE_MAX];
         memcpy(toks, prompt[r], sizeof(int32_t) * (size_t)np[r]);
@@ -802,13 +803,14 @@ static void test_sync(li_model *m) {
     CHECK(li_eagle_load(&eg, rp, m, &err) == 0 && li_eagle_prepare(eg, m, &be, &err) == 0, "%s", err.msg);
     if (!eg) return;
     const sync_case cases[] = {
-        {"whole prompts", 256, NULL, false, 0},
-        {"chunks of 5 (a feature kept across chunks)", 5, NULL, false, 0},
-        {"drafting every third length", 256, SOMETIMES, false, 0},
-        {"drafting every third length, no prefix cache", 256, SOMETIMES, true, 0},
-        {"drafting every third length, chunks of 5, no prefix cache", 5, SOMETIMES, true, 0},
-        {"drafting past 70 tokens, no prefix cache", 256, LATE, true, 0},
-        {"a prefix hit on a request that never drafted", 256, NULL, false, 40},
+        {"whole prompts", 256, NULL, false, 0, 0},
+        {"chunks of 5 (a feature kept across chunks)", 5, NULL, false, 0, 0},
+        {"drafting every third length", 256, SOMETIMES, false, 0, 0},
+        {"drafting every third length, no prefix cache", 256, SOMETIMES, true, 0, 0},
+        {"drafting every third length, chunks of 5, no prefix cache", 5, SOMETIMES, true, 0, 0},
+        {"drafting past 70 tokens, no prefix cache", 256, LATE, true, 0, 0},
+        {"a prefix hit on a request that never drafted", 256, NULL, false, 40, 0},
+        {"two samples of each prompt (forks share the prompt's blocks and its waiting rows)", 256, SOMETIMES, true, 0, 2},
     };
     for (size_t i = 0; i < LI_ARRAY_LEN(cases); i++) sync_run(m, &be, eg, &cases[i]);
     li_eagle_free(eg);
