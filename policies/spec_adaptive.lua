@@ -65,7 +65,7 @@
 local PRIOR_ROW = 0.06 -- an unmeasured row count: each row past the largest measured one costs this share of it
 local MIN_GAIN = 1.05  -- below this expected speedup, no drafts
 local MIN_ROUND = 1.01 -- a planning round must gain this much to grant more
-local LI_MAX_K = 16    -- drafts per request at most (the engine's LI_SPEC_MAX_TOKENS)
+local MAX_DRAFTS = 16  -- drafts per request at most (the engine's LI_SPEC_MAX_TOKENS)
 local FORGET = 0.9       -- a round's weight fades by this per newer round (memory ~10)
 local PRIOR_WEIGHT = 4   -- rounds' worth of the prior acceptance of a first draft
 local DEPTH_PRIOR_WEIGHT = 1 -- rounds' worth of h_(i-1) in h_i
@@ -167,8 +167,9 @@ local cand = {}
 -- while that gains at least MIN_ROUND; the plan stands if the step gains
 -- MIN_GAIN over no drafts. Unlike pricing each request at the margin in
 -- call order (session 16), no request's drafts depend on where it sits in
--- the batch: four requests copying text get about 8 drafts each, not 15
--- for the first two and none for the rest.
+-- the batch: four requests copying text get the same drafts (4-5 each on
+-- an AVX2 cost curve), not 15 for the first two and none for the rest.
+-- Returns each planned id's k, and the plan's rows and tokens.
 local function plan(state, b, est)
   local ids, k = {}, {}
   for _, r in ipairs(state.running or {}) do
@@ -202,18 +203,18 @@ local function plan(state, b, est)
   return k, R, Tok
 end
 
--- this step: its T table up to b * (1 + LI_MAX_K) rows, the plan, and
--- the rows and tokens granted (planned, then to requests the plan did
--- not know, at the margin)
-local st_step, st_b, est, planned, R, Tok = -1, -1, nil, {}, 0, 0
+-- this step: its T table up to b * (1 + MAX_DRAFTS) rows, the plan (each
+-- planned id's k, and the method it was planned with), and the rows and
+-- tokens granted (planned, then to requests the plan did not know, at the
+-- margin)
+local st_step, est, planned, planned_m, R, Tok = -1, nil, {}, {}, 0, 0
 
 local function speculate(req, state)
   local s, sp = req.speculation, state.spec
   if s.max_k < 1 then return false end
   local b, rt = math.max(sp.batch_size, 1), sp.row_time or {}
-  if state.step ~= st_step or b ~= st_b then
-    st_step, st_b, est = state.step, b, row_estimates(rt, b * (1 + LI_MAX_K))
-  end
+  local new_step = state.step ~= st_step
+  if new_step then st_step, est = state.step, row_estimates(rt, b * (1 + MAX_DRAFTS)) end
   -- the methods, each alone at the step's start: the request's best
   local best_m, best_gain, bE, bK, bD = nil, 1, nil, 0, 0
   for _, m in ipairs(METHODS) do
@@ -223,23 +224,24 @@ local function speculate(req, state)
       observe(req.id, m, s.drafted[m] or 0, s.acceptance[m] or -1)
       local dt = sp.draft_time[m] or 0
       local draft = (dt > 0 and sp.step_time > 0) and dt / sp.step_time or PRIOR_DRAFT[m]
-      local K = math.min(s.max_k, MAX_K[m] or s.max_k, LI_MAX_K)
+      local K = math.min(s.max_k, MAX_K[m] or s.max_k, MAX_DRAFTS)
       local E = expected_by_depth(req.id, m, p, K)
       local k, gain = best_k(E, est, b, b, b, draft, K)
       if k > 0 and gain > best_gain then best_m, best_gain, bE, bK, bD = m, gain, E, K, draft end
     end
   end
   cand[req.id] = { method = best_m, E = bE, K = bK, draft = bD }
-  if planned.step ~= state.step then
+  if new_step then
     planned, R, Tok = plan(state, b, est)
-    planned.step = state.step
+    planned_m = {}
+    for id in pairs(planned) do planned_m[id] = cand[id].method end
+  end
+  local k = planned[req.id]
+  if k then -- the plan's word (its method: the one its k was priced for), within what fits now
+    k = math.min(k, s.max_k)
+    return k > 0 and planned_m[req.id] or false, k
   end
   if not best_m then return false end
-  local k = planned[req.id]
-  if k then -- the plan's word, within what fits now
-    k = math.min(k, s.max_k)
-    return k > 0 and best_m or false, k
-  end
   -- a request the plan did not know: its drafts at the step's margin
   local kk, gain = best_k(bE, est, b, R, Tok, bD, bK)
   if kk == 0 or gain < MIN_GAIN then return false end

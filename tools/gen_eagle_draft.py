@@ -27,6 +27,36 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gen_medusa_heads import field_value, vocab_hash  # noqa: E402
 
 
+def add_draft(w, d, nv, n_head, n_kv, head_dim, n_ff, feats, n_layer, base_name, vocab_hash, mat, vocab=None):
+    """The draft's keys and tensors (docs/eagle.md) into GGUFWriter w: mat(rows,
+    cols) makes each matrix in file order (numpy (rows, cols) is GGUF [cols,
+    rows]); norms are ones; vocab() gives the draft vocabulary (ascending int32
+    base ids), called after the matrices; None: the whole vocabulary.
+    gen_fuzz_corpus.py writes its tiny seed through this too."""
+    for k, v in (("version", 1), ("n_embd", d), ("n_vocab", nv), ("n_head", n_head), ("n_head_kv", n_kv),
+                 ("head_dim", head_dim), ("n_ff", n_ff), ("n_features", len(feats)), ("base.n_layer", n_layer)):
+        w.add_uint32(f"eagle.{k}", v)
+    for i, f in enumerate(feats):
+        w.add_uint32(f"eagle.feature_layer.{i}", f)
+    w.add_string("eagle.base.name", base_name)
+    w.add_string("eagle.base.vocab_hash", vocab_hash)
+    ones = lambda: np.ones(d, dtype=np.float32)  # noqa: E731
+    w.add_tensor("eagle.fc.weight", mat(d, len(feats) * d))
+    w.add_tensor("eagle.enorm.weight", ones())
+    w.add_tensor("eagle.hnorm.weight", ones())
+    w.add_tensor("eagle.attn_q.weight", mat(n_head * head_dim, 2 * d))
+    w.add_tensor("eagle.attn_k.weight", mat(n_kv * head_dim, 2 * d))
+    w.add_tensor("eagle.attn_v.weight", mat(n_kv * head_dim, 2 * d))
+    w.add_tensor("eagle.attn_output.weight", mat(d, n_head * head_dim))
+    w.add_tensor("eagle.ffn_norm.weight", ones())
+    w.add_tensor("eagle.ffn_gate.weight", mat(n_ff, d))
+    w.add_tensor("eagle.ffn_up.weight", mat(n_ff, d))
+    w.add_tensor("eagle.ffn_down.weight", mat(d, n_ff))
+    w.add_tensor("eagle.output_norm.weight", ones())
+    if vocab is not None:
+        w.add_tensor("eagle.vocab", vocab())
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", required=True, help="the base GGUF")
@@ -56,31 +86,12 @@ def main():
     rng = np.random.default_rng(a.seed)
     wt = np.float16 if a.dtype == "f16" else np.float32
     mat = lambda rows, cols: (a.scale * rng.standard_normal((rows, cols))).astype(wt)  # noqa: E731
-    ones = lambda: np.ones(d, dtype=np.float32)  # noqa: E731
     tmp = f"{a.out}.tmp.{os.getpid()}"
     w = gguf.GGUFWriter(tmp, "eagle")
-    for k, v in (("version", 1), ("n_embd", d), ("n_vocab", nv), ("n_head", n_head), ("n_head_kv", n_kv),
-                 ("head_dim", head_dim), ("n_ff", n_ff), ("n_features", len(feats)), ("base.n_layer", n_layer)):
-        w.add_uint32(f"eagle.{k}", v)
-    for i, f in enumerate(feats):
-        w.add_uint32(f"eagle.feature_layer.{i}", f)
-    w.add_string("eagle.base.name", field_value(r, "general.name") or os.path.basename(a.model))
-    w.add_string("eagle.base.vocab_hash", a.vocab_hash or f"{h:016x}")
-    # numpy (rows, cols) is GGUF [cols, rows]
-    w.add_tensor("eagle.fc.weight", mat(d, len(feats) * d))
-    w.add_tensor("eagle.enorm.weight", ones())
-    w.add_tensor("eagle.hnorm.weight", ones())
-    w.add_tensor("eagle.attn_q.weight", mat(n_head * head_dim, 2 * d))
-    w.add_tensor("eagle.attn_k.weight", mat(n_kv * head_dim, 2 * d))
-    w.add_tensor("eagle.attn_v.weight", mat(n_kv * head_dim, 2 * d))
-    w.add_tensor("eagle.attn_output.weight", mat(d, n_head * head_dim))
-    w.add_tensor("eagle.ffn_norm.weight", ones())
-    w.add_tensor("eagle.ffn_gate.weight", mat(n_ff, d))
-    w.add_tensor("eagle.ffn_up.weight", mat(n_ff, d))
-    w.add_tensor("eagle.ffn_down.weight", mat(d, n_ff))
-    w.add_tensor("eagle.output_norm.weight", ones())
-    if a.vocab:
-        w.add_tensor("eagle.vocab", np.sort(rng.choice(nv, a.vocab, replace=False)).astype(np.int32))
+    add_draft(w, d=d, nv=nv, n_head=n_head, n_kv=n_kv, head_dim=head_dim, n_ff=n_ff, feats=feats, n_layer=n_layer,
+              base_name=field_value(r, "general.name") or os.path.basename(a.model),
+              vocab_hash=a.vocab_hash or f"{h:016x}", mat=mat,
+              vocab=(lambda: np.sort(rng.choice(nv, a.vocab, replace=False)).astype(np.int32)) if a.vocab else None)
     try:
         w.write_header_to_file()
         w.write_kv_data_to_file()

@@ -29,6 +29,9 @@ import msgpack
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFWriter
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gen_eagle_draft import add_draft  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "tests", "fuzz", "corpus", "fuzz_gguf")
 OUT_WIRE = os.path.join(ROOT, "tests", "fuzz", "corpus", "fuzz_policy_wire")
@@ -306,33 +309,15 @@ def write_safetensors():
 
 
 def eagle_draft(w):
-    """A tiny EAGLE draft (docs/eagle.md's layout): d 32, 2 heads of 8 (1 KV
-    head), FFN 64, 2 feature blocks of a 4-block base, a vocabulary of 16
-    with a draft vocabulary of 5; fuzz_gguf checks it against its own claims."""
-    d, nh, nkv, hd, ff, nv, feats = 32, 2, 1, 8, 64, 16, [1, 3]
-    for k, v in (("version", 1), ("n_embd", d), ("n_vocab", nv), ("n_head", nh), ("n_head_kv", nkv),
-                 ("head_dim", hd), ("n_ff", ff), ("n_features", len(feats)), ("base.n_layer", 4)):
-        w.add_uint32(f"eagle.{k}", v)
-    for i, f in enumerate(feats):
-        w.add_uint32(f"eagle.feature_layer.{i}", f)
-    w.add_string("eagle.base.name", "fuzz base")
-    w.add_string("eagle.base.vocab_hash", "0123456789abcdef")
+    """A tiny EAGLE draft (docs/eagle.md's layout, gen_eagle_draft.add_draft):
+    d 32, 2 heads of 8 (1 KV head), FFN 64, 2 feature blocks of a 4-block
+    base, a vocabulary of 16 with a draft vocabulary of 5; fuzz_gguf checks
+    it against its own claims."""
     rng = np.random.default_rng(7)
-    mat = lambda rows, cols: rng.standard_normal((rows, cols)).astype(np.float16)  # noqa: E731
-    ones = lambda: np.ones(d, dtype=np.float32)  # noqa: E731
-    w.add_tensor("eagle.fc.weight", mat(d, len(feats) * d))
-    w.add_tensor("eagle.enorm.weight", ones())
-    w.add_tensor("eagle.hnorm.weight", ones())
-    w.add_tensor("eagle.attn_q.weight", mat(nh * hd, 2 * d))
-    w.add_tensor("eagle.attn_k.weight", mat(nkv * hd, 2 * d))
-    w.add_tensor("eagle.attn_v.weight", mat(nkv * hd, 2 * d))
-    w.add_tensor("eagle.attn_output.weight", mat(d, nh * hd))
-    w.add_tensor("eagle.ffn_norm.weight", ones())
-    w.add_tensor("eagle.ffn_gate.weight", mat(ff, d))
-    w.add_tensor("eagle.ffn_up.weight", mat(ff, d))
-    w.add_tensor("eagle.ffn_down.weight", mat(d, ff))
-    w.add_tensor("eagle.output_norm.weight", ones())
-    w.add_tensor("eagle.vocab", np.array([0, 2, 3, 9, 15], dtype=np.int32))
+    add_draft(w, d=32, nv=16, n_head=2, n_kv=1, head_dim=8, n_ff=64, feats=[1, 3], n_layer=4, base_name="fuzz base",
+              vocab_hash="0123456789abcdef",
+              mat=lambda rows, cols: rng.standard_normal((rows, cols)).astype(np.float16),
+              vocab=lambda: np.array([0, 2, 3, 9, 15], dtype=np.int32))
 
 
 def medusa_heads(w):

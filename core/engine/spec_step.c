@@ -455,10 +455,11 @@ static int eagle_catchup_drafters(li_engine *e, int32_t ns, li_error *err) {
     return rc;
 }
 
+/* Room for `rows` pending rows of r, doubling up to LI_EAGLE_PENDING_MAX
+ * (more never wait: li_spec_step_eagle_sync catches up first). */
 static void pend_reserve(req *r, int64_t rows, size_t w) {
     if (rows <= r->e_pend_cap) return;
-    r->e_pend_cap = LI_MIN(LI_MAX(rows, 2 * r->e_pend_cap), (int64_t)LI_EAGLE_PENDING_MAX + LI_SPEC_MAX_TOKENS + 1);
-    r->e_pend_cap = LI_MAX(r->e_pend_cap, rows);
+    r->e_pend_cap = LI_MAX(rows, LI_MIN(2 * r->e_pend_cap, (int64_t)LI_EAGLE_PENDING_MAX));
     r->e_pend = li_xrealloc(r->e_pend, (size_t)r->e_pend_cap * w * sizeof *r->e_pend);
 }
 

@@ -16,22 +16,31 @@
 -- the first draft half the time and accept 8 of 8 otherwise: E(8) = 5;
 -- the independent formula at their per-draft acceptance says 7.4.)
 --
--- Drafts are priced at what they add to this step. A step of B requests
--- computes R rows (B, plus the drafts granted to requests asked before
--- this one) expecting Tok tokens; k more drafts for this request give
---     gain(k) = [(Tok - 1 + E(k)) / Tok] / [(T(R + k) + k * draft * T(B)) / T(R)],
--- the step's tokens per second with them over without. T(n) is what a
+-- Drafts are priced by what they do to the step. A step of B requests
+-- computing R rows expects Tok tokens; its speed is
+--     V = Tok / (T(R) + D),
+-- D the proposers' time (k * draft * T(B) a request). T(n) is what a
 -- forward pass of n rows costs (state.spec.row_time: the engine's moving
--- average per row count; a count not measured yet is estimated from the
--- largest measured one below it at PRIOR_ROW per extra row, optimistic on
--- purpose, so that it gets tried and measured) and `draft` the proposer's
--- measured seconds per draft token over the measured seconds per step (0
--- for n-gram lookup; PRIOR_DRAFT until measured). With one request this
--- is E(k) / C(k), C(k) = T(1 + k) / T(1) + k * draft. The policy takes the
--- method and k in [0, max_k] with the best gain, and drafts only when that
--- beats MIN_GAIN. (Session 12's version priced a batch as if every request
--- drafted the same k, T(B(1 + k)) / T(B): too dear where few requests have
--- anything to draft.)
+-- average per row count, a count's first, cold pass not timed; a count not
+-- measured yet is estimated from the largest measured one below it at
+-- PRIOR_ROW per extra row, optimistic on purpose, so that it gets tried and
+-- measured) and `draft` the proposer's measured seconds per draft token
+-- (its catch-up included) over the measured seconds per step (0 for n-gram
+-- lookup; PRIOR_DRAFT until measured).
+--
+-- Each request's method is the one that pays best alone (E(k) / C(k) at the
+-- step's start, C(k) = T(B + k) / T(B) + k * draft). Its k comes from the
+-- step's plan, made at the step's first call for every running request
+-- priced at its last one: from no drafts, each round grants the request
+-- and k that raise V most (by MIN_ROUND at least), and the plan stands if
+-- the step gains MIN_GAIN over no drafts. A request the plan did not know
+-- (its first decode step) is priced at the margin of the plan's rows:
+--     gain(k) = [(Tok - 1 + E(k)) / Tok] / [(T(R + k) + k * draft * T(B)) / T(R)].
+-- With one request all of this is E(k) / C(k). (Session 12's version priced
+-- a batch as if every request drafted the same k, T(B(1 + k)) / T(B): too
+-- dear where few requests have anything to draft; session 16's priced each
+-- request at the margin in call order, so the first requests took the
+-- cheap rows and the last drafted nothing, whatever they would have given.)
 --
 -- The counts are each request's own, from the engine's running totals of
 -- drafted and accepted per method: a round that accepted j drafts and then
@@ -40,7 +49,10 @@
 -- failures and underrate a good proposer). Older rounds fade by FORGET per
 -- newer one (a text that turns from copying to writing, or back, is
 -- followed within a few rounds). h_1 starts from PRIOR_WEIGHT rounds at a
--- prior: PRIOR_WANT for the method the request would use anyway, PRIOR for
+-- prior, which fades like a round (session 16's did not: with rounds
+-- fading to a weight of 10 at most, h_1 could never pass (10 + 4p) / 14,
+-- 0.86 at p = 0.5, and copied text was priced at E(8) = 5 where it gives
+-- 9): PRIOR_WANT for the method the request would use anyway, PRIOR for
 -- the others (n-gram drafts at temperature > 0 start lower, at
 -- PRIOR_SAMPLED_NGRAM: deterministic drafts are accepted with probability
 -- p(draft) only, which copied text still makes high). So a method is
@@ -52,6 +64,8 @@
 
 local PRIOR_ROW = 0.06 -- an unmeasured row count: each row past the largest measured one costs this share of it
 local MIN_GAIN = 1.05  -- below this expected speedup, no drafts
+local MIN_ROUND = 1.01 -- a planning round must gain this much to grant more
+local MAX_DRAFTS = 16  -- drafts per request at most (the engine's LI_SPEC_MAX_TOKENS)
 local FORGET = 0.9       -- a round's weight fades by this per newer round (memory ~10)
 local PRIOR_WEIGHT = 4   -- rounds' worth of the prior acceptance of a first draft
 local DEPTH_PRIOR_WEIGHT = 1 -- rounds' worth of h_(i-1) in h_i
@@ -76,7 +90,7 @@ local function observe(id, m, drafted, acceptance)
   local r = seen[id]
   if not r then r = {}; seen[id] = r end
   local t = r[m]
-  if not t then t = { d = 0, a = 0, reach = {}, pass = {} }; r[m] = t end
+  if not t then t = { d = 0, a = 0, reach = {}, pass = {}, pw = PRIOR_WEIGHT }; r[m] = t end
   local acc = drafted > 0 and math.floor(acceptance * drafted + 0.5) or 0
   local dd, da = drafted - t.d, math.max(acc - t.a, 0)
   if dd > 0 then
@@ -87,6 +101,7 @@ local function observe(id, m, drafted, acceptance)
       if i <= reached then reach[i] = reach[i] + 1 end
       if i <= da then pass[i] = pass[i] + 1 end
     end
+    t.pw = t.pw * FORGET -- the prior fades like a round
   end
   t.d, t.a = drafted, acc
 end
@@ -98,7 +113,7 @@ local function expected_by_depth(id, m, p, K)
   local reach, pass = t and t.reach or {}, t and t.pass or {}
   local e, surv, h = {}, 1, p
   for i = 1, K do
-    local w = i == 1 and PRIOR_WEIGHT or DEPTH_PRIOR_WEIGHT
+    local w = i == 1 and (t and t.pw or PRIOR_WEIGHT) or DEPTH_PRIOR_WEIGHT
     h = ((pass[i] or 0) + w * h) / ((reach[i] or 0) + w)
     surv = surv * h
     e[i] = (e[i - 1] or 1) + surv
@@ -107,17 +122,25 @@ local function expected_by_depth(id, m, p, K)
 end
 
 -- T(n) for n = 1..N: row_time[n] when measured, else the largest measured
--- count below n (at most 64) at PRIOR_ROW per extra row; with nothing
--- measured, 1 + (n - 1) * PRIOR_ROW. One pass, once a step (the policy
--- runs in the interpreter: a sandboxed policy is never compiled).
+-- count below n (at most 64) at PRIOR_ROW per extra row; below the smallest
+-- measured count m, T(m) less PRIOR_ROW of it per row fewer (seconds
+-- throughout: session 16's version filled them with the unit model under
+-- measured seconds, and priced a request's second step at 100x); with
+-- nothing measured, 1 + (n - 1) * PRIOR_ROW. One pass, once a step (the
+-- policy runs in the interpreter: a sandboxed policy is never compiled).
 local function row_estimates(rt, N)
   local est, lo = {}, nil
   for n = 1, N do
     if n > 1 and n - 1 <= 64 and rt[n - 1] then lo = n - 1 end
     est[n] = rt[n] or (lo and rt[lo] * (1 + (n - lo) * PRIOR_ROW))
   end
-  if not est[1] then for n = 1, N do est[n] = est[n] or 1 + (n - 1) * PRIOR_ROW end end
-  for n = 2, N do est[n] = est[n] or est[n - 1] * (1 + PRIOR_ROW) end
+  local m = nil
+  for n = 1, math.min(N, 64) do
+    if rt[n] then m = n; break end
+  end
+  for n = 1, N do
+    est[n] = est[n] or (m and rt[m] / (1 + (m - n) * PRIOR_ROW)) or 1 + (n - 1) * PRIOR_ROW
+  end
   return est
 end
 
@@ -133,19 +156,67 @@ local function best_k(E, est, b, R, Tok, draft, K)
   return best, gain
 end
 
--- this step: its T table up to b * (1 + max_k) rows, the rows granted so far
--- and the tokens they are expected to give (every request of a step shares it)
-local st_step, st_b, st_k, est, R, Tok = -1, -1, -1, nil, 0, 0
+-- Per request id, what its last call priced: the method it would draft
+-- with alone, that method's E(1..K) and proposer share. The plan reads them.
+local cand = {}
+
+-- The step's drafts, planned at its first call for every running request
+-- priced at its last call: starting from none, each round grants the one
+-- request the k that most raises the step's expected tokens per second,
+--     V = Tok / (T(R) + D),  R rows, Tok tokens, D the proposers' time,
+-- while that gains at least MIN_ROUND; the plan stands if the step gains
+-- MIN_GAIN over no drafts. Unlike pricing each request at the margin in
+-- call order (session 16), no request's drafts depend on where it sits in
+-- the batch: four requests copying text get the same drafts (4-5 each on
+-- an AVX2 cost curve), not 15 for the first two and none for the rest.
+-- Returns each planned id's k, and the plan's rows and tokens.
+local function plan(state, b, est)
+  local ids, k = {}, {}
+  for _, r in ipairs(state.running or {}) do
+    local c = cand[r.id]
+    if c and c.method then ids[#ids + 1] = r.id; k[r.id] = 0 end
+  end
+  local R, Tok, D = b, b, 0
+  local V0 = Tok / est[R]
+  local V = V0
+  while true do
+    local bi, bk, bv, bt, bd = nil, 0, V * MIN_ROUND, 0, 0
+    for _, id in ipairs(ids) do
+      local c, k0 = cand[id], k[id]
+      local e0 = k0 > 0 and c.E[k0] or 1
+      for kk = k0 + 1, c.K do
+        local nR = R + kk - k0
+        if nR > #est then break end
+        local nT, nD = Tok + c.E[kk] - e0, D + (kk - k0) * c.draft * est[b]
+        local v = nT / (est[nR] + nD)
+        if v > bv then bi, bk, bv, bt, bd = id, kk, v, nT, nD end
+      end
+    end
+    if not bi then break end
+    R, Tok, D, V = R + bk - k[bi], bt, bd, bv
+    k[bi] = bk
+  end
+  if V < MIN_GAIN * V0 then
+    for id in pairs(k) do k[id] = 0 end
+    return k, b, b
+  end
+  return k, R, Tok
+end
+
+-- this step: its T table up to b * (1 + MAX_DRAFTS) rows, the plan (each
+-- planned id's k, and the method it was planned with), and the rows and
+-- tokens granted (planned, then to requests the plan did not know, at the
+-- margin)
+local st_step, est, planned, planned_m, R, Tok = -1, nil, {}, {}, 0, 0
 
 local function speculate(req, state)
   local s, sp = req.speculation, state.spec
   if s.max_k < 1 then return false end
   local b, rt = math.max(sp.batch_size, 1), sp.row_time or {}
-  if state.step ~= st_step or b ~= st_b or s.max_k > st_k then
-    st_step, st_b, st_k, est = state.step, b, s.max_k, row_estimates(rt, b * (1 + s.max_k))
-    R, Tok = b, b
-  end
-  local choice, choice_k, choice_gain, choice_e = nil, 0, MIN_GAIN, 1
+  local new_step = state.step ~= st_step
+  if new_step then st_step, est = state.step, row_estimates(rt, b * (1 + MAX_DRAFTS)) end
+  -- the methods, each alone at the step's start: the request's best
+  local best_m, best_gain, bE, bK, bD = nil, 1, nil, 0, 0
   for _, m in ipairs(METHODS) do
     if sp.available[m] then
       local p = m == s.method and s.k > 0 and PRIOR_WANT or PRIOR[m]
@@ -153,18 +224,32 @@ local function speculate(req, state)
       observe(req.id, m, s.drafted[m] or 0, s.acceptance[m] or -1)
       local dt = sp.draft_time[m] or 0
       local draft = (dt > 0 and sp.step_time > 0) and dt / sp.step_time or PRIOR_DRAFT[m]
-      local K = math.min(s.max_k, MAX_K[m] or s.max_k)
+      local K = math.min(s.max_k, MAX_K[m] or s.max_k, MAX_DRAFTS)
       local E = expected_by_depth(req.id, m, p, K)
-      local k, gain = best_k(E, est, b, R, Tok, draft, K)
-      if k > 0 and gain > choice_gain then choice, choice_k, choice_gain, choice_e = m, k, gain, E[k] end
+      local k, gain = best_k(E, est, b, b, b, draft, K)
+      if k > 0 and gain > best_gain then best_m, best_gain, bE, bK, bD = m, gain, E, K, draft end
     end
   end
-  if not choice then return false end
-  R, Tok = R + choice_k, Tok - 1 + choice_e
-  return choice, choice_k
+  cand[req.id] = { method = best_m, E = bE, K = bK, draft = bD }
+  if new_step then
+    planned, R, Tok = plan(state, b, est)
+    planned_m = {}
+    for id in pairs(planned) do planned_m[id] = cand[id].method end
+  end
+  local k = planned[req.id]
+  if k then -- the plan's word (its method: the one its k was priced for), within what fits now
+    k = math.min(k, s.max_k)
+    return k > 0 and planned_m[req.id] or false, k
+  end
+  if not best_m then return false end
+  -- a request the plan did not know: its drafts at the step's margin
+  local kk, gain = best_k(bE, est, b, R, Tok, bD, bK)
+  if kk == 0 or gain < MIN_GAIN then return false end
+  R, Tok = R + kk, Tok - 1 + bE[kk]
+  return best_m, kk
 end
 
-local function on_finish(req) seen[req.id] = nil end
+local function on_finish(req) seen[req.id], cand[req.id] = nil, nil end
 
 return {
   speculate = speculate,
@@ -175,4 +260,6 @@ return {
   _expected_by_depth = expected_by_depth,
   _row_estimates = row_estimates,
   _best_k = best_k,
+  _plan = plan,
+  _cand = cand,
 }
