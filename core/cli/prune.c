@@ -14,15 +14,21 @@
 
 int li_cmd_prune(int argc, char **argv) {
     const char *what = NULL, *rank = NULL, *calib = NULL;
-    double ratio = 0;
-    int64_t keep = 0, samples = 4, seq_len = 128, threads = 0;
-    bool dry_run = false, json = false, help = false;
+    double ratio = 0, damp = 0.01;
+    int64_t keep = 0, samples = 4, seq_len = 128, threads = 0, seed = 1;
+    bool dry_run = false, json = false, help = false, refit = false, self_gen = false;
     li_opt opts[] = {
         {"what", LI_OPT_STR, &what, "layers, heads (whole KV groups) or ffn (intermediate channels) (required)"},
         {"ratio", LI_OPT_FLOAT, &ratio, "fraction of the model's parameters to remove, in (0, 1)"},
         {"keep", LI_OPT_INT, &keep, "layers kept, or KV groups / FFN channels kept per layer"},
-        {"rank", LI_OPT_STR, &rank, "bi (block influence, layers), kld (layers, heads) or act (heads, ffn) (default bi / act)"},
-        {"calib", LI_OPT_STR, &calib, "calibration text (required)"},
+        {"rank", LI_OPT_STR, &rank, "bi (block influence, layers), kld (layers, heads), act (heads, ffn) or obs (heads, "
+                                    "ffn: Optimal Brain Surgeon with a least-squares refit) (default bi / act)"},
+        {"refit", LI_OPT_FLAG, &refit, "heads, ffn: refit o_proj / down_proj's kept columns by least squares (obs does)"},
+        {"damp", LI_OPT_FLOAT, &damp, "refit and obs: diagonal damping, a fraction of the mean (default 0.01)"},
+        {"calib", LI_OPT_STR, &calib, "calibration text (this or --self-generate)"},
+        {"self-generate", LI_OPT_FLAG, &self_gen, "calibrate on the model's own samples (--samples x --seq-len tokens, "
+                                                  "temperature 1, --seed) instead of --calib"},
+        {"seed", LI_OPT_INT, &seed, "--self-generate: the sampling seed (default 1)"},
         {"samples", LI_OPT_INT, &samples, "calibration windows (default 4)"},
         {"seq-len", LI_OPT_INT, &seq_len, "tokens per calibration window (default 128)"},
         {"threads", LI_OPT_INT, &threads, "compute threads (default: all cores)"},
@@ -36,13 +42,14 @@ int li_cmd_prune(int argc, char **argv) {
     int n_pos, rc;
     if ((rc = li_args_parse(opts, n_opts, argc, argv, pos, 2, &n_pos, &err))) return li_runtime_fail(&err);
     if (help) {
-        li_args_usage("prune", "--what W (--ratio R | --keep N) [--rank K] --calib FILE IN.gguf OUT.gguf", opts, n_opts);
+        li_args_usage("prune", "--what W (--ratio R | --keep N) [--rank K] (--calib FILE | --self-generate) IN.gguf OUT.gguf", opts, n_opts);
         return 0;
     }
     if (!what) return li_runtime_fail(&(li_error){LI_EINVAL, "prune: --what is required (layers, heads or ffn)"});
     if (n_pos != 2) return li_runtime_fail(&(li_error){LI_EINVAL, "prune: expected IN.gguf OUT.gguf"});
     li_prune_opts o = {.in = pos[0], .out = pos[1], .ratio = ratio, .keep = keep, .calib = calib,
-                       .samples = samples, .seq_len = seq_len, .threads = threads, .dry_run = dry_run, .json = json};
+                       .samples = samples, .seq_len = seq_len, .threads = threads, .dry_run = dry_run, .json = json,
+                       .refit = refit, .damp = damp, .self_generate = self_gen, .seed = (uint64_t)seed};
     if ((rc = li_prune_what_parse(what, &o.what, &err))) return li_runtime_fail(&err);
     if (!rank) o.rank = o.what == LI_PRUNE_LAYERS ? LI_PRUNE_RANK_BI : LI_PRUNE_RANK_ACT;
     else if ((rc = li_prune_rank_parse(rank, &o.rank, &err))) return li_runtime_fail(&err);

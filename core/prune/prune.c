@@ -5,13 +5,17 @@
 #include "util/tmpguard.h"
 #include "engine/session.h"
 #include "quant/calib.h"
+#include "quant/quant4.h"
 #include "runtime/runtime.h"
+#include "tokenizer/tokenizer.h"
+#include "train/selfgen.h"
 #include "util/progress.h"
 
 #include <cjson/cJSON.h>
 
 #include <libgen.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,7 +26,7 @@
  * ---------------------------------------------------------------------- */
 
 static const char *what_names[] = {"layers", "heads", "ffn"};
-static const char *rank_names[] = {"bi", "kld", "act"};
+static const char *rank_names[] = {"bi", "kld", "act", "obs"};
 
 int li_prune_what_parse(const char *s, li_prune_what *out, li_error *err) {
     for (int i = 0; i < 3; i++)
@@ -31,13 +35,13 @@ int li_prune_what_parse(const char *s, li_prune_what *out, li_error *err) {
 }
 
 int li_prune_rank_parse(const char *s, li_prune_rank *out, li_error *err) {
-    for (int i = 0; i < 3; i++)
+    for (int i = 0; i < 4; i++)
         if (s && !strcmp(s, rank_names[i])) return *out = (li_prune_rank)i, 0;
-    return li_error_set(err, LI_EINVAL, "prune: --rank must be bi, kld or act (got '%s')", s ? s : "");
+    return li_error_set(err, LI_EINVAL, "prune: --rank must be bi, kld, act or obs (got '%s')", s ? s : "");
 }
 
 const char *li_prune_what_name(li_prune_what w) { return (unsigned)w < 3 ? what_names[w] : "unknown"; }
-const char *li_prune_rank_name(li_prune_rank r) { return (unsigned)r < 3 ? rank_names[r] : "unknown"; }
+const char *li_prune_rank_name(li_prune_rank r) { return (unsigned)r < 4 ? rank_names[r] : "unknown"; }
 
 /* ------------------------------------------------------------------------
  * the calibration windows and the original's distributions
@@ -49,10 +53,27 @@ typedef struct calib_set {
     float *base_lp;      /* (samples * seq_len, n_vocab) the original's log-probabilities */
 } calib_set;
 
-static int calib_load(calib_set *c, const li_model *m, const li_prune_opts *o, li_error *err) {
-    const li_calib_opts co = {.path = o->calib, .samples = o->samples, .seq_len = o->seq_len};
-    int rc = li_calib_windows(m, &co, "prune", &c->win, err);
-    if (rc) return rc;
+/* The windows: from the calibration text, or (--self-generate) the model's
+ * own samples, each window BOS (when the model adds one) and then the next
+ * seq_len - 1 sampled tokens. */
+static int calib_load(calib_set *c, li_model *m, li_backend *be, const li_prune_opts *o, li_error *err) {
+    int rc;
+    if (o->self_generate) {
+        const bool bos = li_tokenizer_add_bos(m->tok) && li_tokenizer_bos(m->tok) >= 0;
+        const int64_t per = o->seq_len - (bos ? 1 : 0);
+        int32_t *toks;
+        if ((rc = li_train_self_generate_n(m, be, o->samples * per, o->seed, 16, &toks, err))) return rc;
+        c->win = li_xmalloc((size_t)(o->samples * o->seq_len) * sizeof(int32_t));
+        for (int64_t w = 0; w < o->samples; w++) {
+            int32_t *d = c->win + w * o->seq_len;
+            if (bos) *d++ = li_tokenizer_bos(m->tok);
+            memcpy(d, toks + w * per, (size_t)per * sizeof(int32_t));
+        }
+        free(toks);
+    } else {
+        const li_calib_opts co = {.path = o->calib, .samples = o->samples, .seq_len = o->seq_len};
+        if ((rc = li_calib_windows(m, &co, "prune", &c->win, err))) return rc;
+    }
     c->samples = o->samples;
     c->seq_len = o->seq_len;
     c->base_lp = li_xmalloc((size_t)o->samples * (size_t)o->seq_len * (size_t)m->hp.n_vocab * sizeof(float));
@@ -121,6 +142,9 @@ typedef struct capture {
     double *head_sum;     /* (n_layer, n_head_kv) */
     /* ffn: per layer and channel the sum of |silu(g)*u| */
     double *ffn_sum;      /* (n_layer, n_ff) */
+    /* refit / obs: per layer X^T X of o_proj's (heads) or down_proj's (ffn) inputs */
+    li_calib_site gram_site;
+    li_q4_calib *gram;    /* (n_layer), or NULL */
     int64_t rows;         /* tokens seen (layer 0's o_proj or down) */
 } capture;
 
@@ -186,6 +210,7 @@ static void ffn_io(capture *c, int l, const float *x, int64_t n) {
 static void on_input(void *ctx, int l, li_calib_site site, const float *x, int64_t n, int64_t k) {
     capture *c = ctx;
     (void)k;
+    if (c->gram && site == c->gram_site) li_q4_calib_accumulate(&c->gram[l], x, n);
     if (site == LI_CALIB_O && c->heads) heads_io(c, l, x, n);
     else if (site == LI_CALIB_DOWN && c->ffn) ffn_io(c, l, x, n);
 }
@@ -200,7 +225,7 @@ static float *dequant(const li_weight *w) {
  * log-probabilities, and the statistics the ranking asks for. */
 static int calibrate(capture *c, li_model *m, li_backend *be, calib_set *cs, li_error *err) {
     const li_hparams *hp = &m->hp;
-    li_calib_backend_init(&c->cb, be, m, c->heads || c->ffn ? on_input : NULL, c);
+    li_calib_backend_init(&c->cb, be, m, c->heads || c->ffn || c->gram ? on_input : NULL, c);
     c->cb.ops.rmsnorm = cap_rmsnorm;
     c->m = m;
     c->prev = li_xmalloc((size_t)(cs->seq_len * hp->n_embd) * sizeof(float));
@@ -240,6 +265,9 @@ static void capture_free(capture *c, int n_layer) {
     free(c->wo);
     free(c->head_sum);
     free(c->ffn_sum);
+    if (c->gram)
+        for (int l = 0; l < n_layer; l++) li_q4_calib_free(&c->gram[l]);
+    free(c->gram);
 }
 
 /* ------------------------------------------------------------------------
@@ -350,6 +378,107 @@ static void ffn_scores(const li_model *m, const capture *c, double *score) {
 }
 
 /* ------------------------------------------------------------------------
+ * refit and obs (prune_obs.c): one layer per job, the layers on threads
+ * ---------------------------------------------------------------------- */
+
+typedef struct refit_job {
+    const li_model *m;
+    capture *cap;
+    li_prune_what what;
+    bool choose;          /* obs: choose the units; else refit those in drop */
+    int64_t k, width, units;
+    double damp;
+    uint8_t *drop;        /* (n_layer, units) */
+    double *score;        /* (n_layer, units), or NULL */
+    float **refit;        /* (n_layer) out: the kept columns, (d_out, (units - k) * width) */
+    pthread_mutex_t mu;   /* guards next, done, rc, err, pg */
+    int next, done, rc;
+    li_error err;
+    li_progress pg;
+} refit_job;
+
+static int refit_layer(refit_job *j, int l, li_error *err) {
+    const li_weight *wt = j->what == LI_PRUNE_HEADS ? &j->m->layers[l].wo : &j->m->layers[l].w_down;
+    const int64_t d = wt->m, n = wt->k, nk = (j->units - j->k) * j->width;
+    li_q4_calib *g = &j->cap->gram[l];
+    char why[160];
+    if (li_q4_calib_finish(g, why, sizeof why)) return li_error_set(err, LI_EINVAL, "prune: layer %d: %s", l, why);
+    double *w = li_xmalloc((size_t)(d * n) * sizeof(double));
+    float *row = li_xmalloc((size_t)n * sizeof(float));
+    for (int64_t r = 0; r < d; r++) {
+        li_weight_dequant_row_ref(wt, r, row);
+        for (int64_t i = 0; i < n; i++) w[r * n + i] = row[i];
+    }
+    const uint8_t *drop = j->drop + (size_t)l * j->units;
+    int rc = li_prune_obs(w, d, n, g->xtx, j->width, j->k, j->damp, j->choose, j->drop + (size_t)l * j->units,
+                          j->score ? j->score + (size_t)l * j->units : NULL, err);
+    if (!rc) {
+        float *out = li_xmalloc((size_t)(d * nk) * sizeof(float));
+        for (int64_t r = 0; r < d; r++) {
+            int64_t c = 0;
+            for (int64_t u = 0; u < j->units; u++)
+                if (!drop[u])
+                    for (int64_t e = 0; e < j->width; e++) out[r * nk + c++] = (float)w[r * n + u * j->width + e];
+        }
+        j->refit[l] = out;
+    }
+    li_q4_calib_free(g); /* its X^T X was the elimination's scratch */
+    free(w);
+    free(row);
+    return rc;
+}
+
+static void *refit_worker(void *arg) {
+    refit_job *j = arg;
+    for (;;) {
+        pthread_mutex_lock(&j->mu);
+        const int l = j->rc ? j->m->hp.n_layer : j->next++;
+        pthread_mutex_unlock(&j->mu);
+        if (l >= j->m->hp.n_layer) break;
+        li_error e = {0};
+        const int rc = refit_layer(j, l, &e);
+        pthread_mutex_lock(&j->mu);
+        if (rc && !j->rc) j->rc = rc, j->err = e;
+        li_progress_update(&j->pg, ++j->done, "layers");
+        pthread_mutex_unlock(&j->mu);
+    }
+    return NULL;
+}
+
+/* Runs the refit (or obs's choice and refit) of every layer; the result
+ * in *refit_out (n_layer arrays, owned by the caller). */
+static int refit_layers(const li_model *m, capture *cap, const li_prune_opts *o, bool choose, int64_t k,
+                        uint8_t *drop, double *score, float ***refit_out, li_error *err) {
+    const li_hparams *hp = &m->hp;
+    refit_job j = {.m = m, .cap = cap, .what = o->what, .choose = choose, .k = k, .damp = o->damp,
+                   .drop = drop, .score = score};
+    j.units = o->what == LI_PRUNE_HEADS ? hp->n_head_kv : hp->n_ff;
+    j.width = o->what == LI_PRUNE_HEADS ? (int64_t)hp->n_head * hp->head_dim / hp->n_head_kv : 1;
+    j.refit = li_xcalloc((size_t)hp->n_layer, sizeof *j.refit);
+    pthread_mutex_init(&j.mu, NULL);
+    long nt = o->threads > 0 ? (long)o->threads : sysconf(_SC_NPROCESSORS_ONLN);
+    nt = LI_MAX(1L, LI_MIN(nt, (long)hp->n_layer));
+    li_progress_init(&j.pg, choose ? "obs" : "refit", "layers/s", hp->n_layer);
+    pthread_t *th = li_xmalloc((size_t)nt * sizeof *th);
+    long started = 0;
+    for (; started < nt - 1; started++) /* the calling thread is the last worker */
+        if (pthread_create(&th[started], NULL, refit_worker, &j)) break;
+    refit_worker(&j);
+    for (long t = 0; t < started; t++) pthread_join(th[t], NULL);
+    free(th);
+    pthread_mutex_destroy(&j.mu);
+    if (j.rc) {
+        for (int l = 0; l < hp->n_layer; l++) free(j.refit[l]);
+        free(j.refit);
+        *err = j.err;
+        return j.rc;
+    }
+    li_progress_finish(&j.pg);
+    *refit_out = j.refit;
+    return 0;
+}
+
+/* ------------------------------------------------------------------------
  * how many units: from --ratio or --keep
  * ---------------------------------------------------------------------- */
 
@@ -411,6 +540,8 @@ static void print_ranking(FILE *out, const li_model *m, const li_prune_opts *o, 
     const char *how = o->rank == LI_PRUNE_RANK_BI    ? "block influence, 1 - mean cos(in, out)"
                       : o->rank == LI_PRUNE_RANK_KLD && o->what == LI_PRUNE_LAYERS ? "mean KLD with the block skipped"
                       : o->rank == LI_PRUNE_RANK_KLD ? "mean KLD with the group masked"
+                      : o->rank == LI_PRUNE_RANK_OBS ? "OBS: output error with the rest refit, a removed unit's "
+                                                       "at its turn, a kept one's at the end"
                       : o->what == LI_PRUNE_HEADS    ? "mean ||W_o[:, group] att[group]||"
                                                      : "mean |silu(g)u| x ||W_down[:, j]||";
     fprintf(out, "ranking (%s; lowest removed):\n", how);
@@ -498,7 +629,9 @@ static void make_plan(const li_model *m, li_prune_what what, const uint8_t *drop
 }
 
 int li_prune(const li_prune_opts *o, li_error *err) {
-    if (!o->calib) return li_error_set(err, LI_EINVAL, "prune: --calib FILE is required (the calibration text)");
+    if (!o->calib == !o->self_generate)
+        return li_error_set(err, LI_EINVAL, "prune: give one of --calib FILE (the calibration text) and "
+                            "--self-generate (the model's own samples)");
     if (o->ratio != 0 && !(o->ratio > 0 && o->ratio < 1))
         return li_error_set(err, LI_ERANGE, "prune: --ratio must be in (0, 1) (got %g)", o->ratio);
     if ((o->ratio > 0) == (o->keep != 0))
@@ -510,10 +643,18 @@ int li_prune(const li_prune_opts *o, li_error *err) {
                             li_prune_what_name(o->what));
     if (o->rank == LI_PRUNE_RANK_ACT && o->what == LI_PRUNE_LAYERS)
         return li_error_set(err, LI_EINVAL, "prune: --rank act ranks heads and ffn channels; layers rank by bi or kld");
+    if (o->rank == LI_PRUNE_RANK_OBS && o->what == LI_PRUNE_LAYERS)
+        return li_error_set(err, LI_EINVAL, "prune: --rank obs ranks heads and ffn channels (by the refit o_proj / "
+                            "down_proj); layers rank by bi or kld");
+    if (o->refit && o->what == LI_PRUNE_LAYERS)
+        return li_error_set(err, LI_EINVAL, "prune: --refit refits o_proj or down_proj after removing heads or ffn "
+                            "channels; a removed layer leaves no linear to refit");
+    if (!(o->damp >= 0 && o->damp <= 1))
+        return li_error_set(err, LI_ERANGE, "prune: --damp must be in [0, 1] (got %g)", o->damp);
     if (o->rank == LI_PRUNE_RANK_KLD && o->what == LI_PRUNE_FFN)
         return li_error_set(err, LI_EUNSUP, "prune: --rank kld ranks layers and heads (one run per unit: not per FFN "
                             "channel); ffn ranks by act");
-    if (access(o->calib, R_OK) != 0)
+    if (o->calib && access(o->calib, R_OK) != 0)
         return li_error_set(err, LI_EIO, "prune: cannot read calibration file '%s'", o->calib);
 
     li_runtime rt;
@@ -527,7 +668,9 @@ int li_prune(const li_prune_opts *o, li_error *err) {
     const li_hparams *hp = &m->hp;
     calib_set cs = {0};
     capture cap = {.bi = o->rank == LI_PRUNE_RANK_BI, .heads = o->what == LI_PRUNE_HEADS && o->rank == LI_PRUNE_RANK_ACT,
-                   .ffn = o->what == LI_PRUNE_FFN};
+                   .ffn = o->what == LI_PRUNE_FFN && o->rank == LI_PRUNE_RANK_ACT};
+    const bool obs = o->rank == LI_PRUNE_RANK_OBS, refit = obs || o->refit;
+    float **refit_w = NULL;
     li_prune_plan plan = {0};
     double *score = NULL;
     uint8_t *drop = NULL;
@@ -553,7 +696,21 @@ int li_prune(const li_prune_opts *o, li_error *err) {
                           lp_bytes / (double)((size_t)1 << 30));
         goto done;
     }
-    if ((rc = calib_load(&cs, m, o, err))) goto done;
+    if ((rc = calib_load(&cs, m, &rt.be, o, err))) goto done;
+    if (refit) {
+        const int64_t gn = o->what == LI_PRUNE_HEADS ? (int64_t)hp->n_head * hp->head_dim : hp->n_ff;
+        cap.gram_site = o->what == LI_PRUNE_HEADS ? LI_CALIB_O : LI_CALIB_DOWN;
+        cap.gram = li_xcalloc((size_t)hp->n_layer, sizeof *cap.gram);
+        for (int l = 0; l < hp->n_layer && !rc; l++) {
+            char why[160];
+            if (li_q4_calib_init(&cap.gram[l], gn, why, sizeof why))
+                rc = li_error_set(err, LI_ENOMEM, "prune: %s", why);
+        }
+        if (rc) goto done;
+        if (o->samples * o->seq_len < gn)
+            fprintf(out, "note: %lld calibration tokens for %lld-wide inputs: the refit leans on --damp %g; more "
+                    "--samples refit better\n", (long long)(o->samples * o->seq_len), (long long)gn, o->damp);
+    }
     if ((rc = calibrate(&cap, m, &rt.be, &cs, err))) goto done;
 
     const int64_t per_layer_units = o->what == LI_PRUNE_HEADS ? hp->n_head_kv : hp->n_ff;
@@ -566,18 +723,22 @@ int li_prune(const li_prune_opts *o, li_error *err) {
         if ((rc = rank_layers_kld(m, &rt.be, &cs, score, err))) goto done;
     } else if (o->rank == LI_PRUNE_RANK_KLD) {
         if ((rc = rank_heads_kld(m, &rt.be, &cs, score, err))) goto done;
+    } else if (obs) {
+        if ((rc = refit_layers(m, &cap, o, true, k, drop, score, &refit_w, err))) goto done;
     } else if (o->what == LI_PRUNE_HEADS) {
         for (int64_t i = 0; i < n_scores; i++) score[i] = cap.head_sum[i] / (double)cap.rows;
     } else {
         ffn_scores(m, &cap, score);
     }
     if (o->what == LI_PRUNE_LAYERS) li_prune_lowest(score, hp->n_layer, k, drop);
-    else
+    else if (!obs)
         for (int l = 0; l < hp->n_layer; l++) /* per layer: the same count everywhere */
             li_prune_lowest(score + (size_t)l * per_layer_units, per_layer_units, k,
                             drop + (size_t)l * per_layer_units);
+    if (refit && !obs && (rc = refit_layers(m, &cap, o, false, k, drop, NULL, &refit_w, err))) goto done;
     print_ranking(out, m, o, score, drop);
     make_plan(m, o->what, drop, k, &plan);
+    if (refit_w) plan.refit = refit_w, plan.n_refit = hp->n_layer, refit_w = NULL;
     const int64_t removed = o->what == LI_PRUNE_LAYERS ? k * pp.per_layer
                             : o->what == LI_PRUNE_HEADS ? k * pp.per_group * hp->n_layer
                                                         : k * pp.per_channel * hp->n_layer;
@@ -602,8 +763,8 @@ int li_prune(const li_prune_opts *o, li_error *err) {
     }
     kl_stats st;
     if ((rc = eval_kl(pm, &rt.be, &cs, &st, err))) goto done;
-    fprintf(out, "predicted quality on the calibration text (%lld x %lld tokens): mean KLD %.6f, max %.4f, top-1 agreement "
-           "%.2f%%\n", (long long)cs.samples, (long long)cs.seq_len, st.mean, st.max, 100.0 * st.top1);
+    fprintf(out, "predicted quality on the calibration %s (%lld x %lld tokens): mean KLD %.6f, max %.4f, top-1 agreement "
+           "%.2f%%\n", o->self_generate ? "samples" : "text", (long long)cs.samples, (long long)cs.seq_len, st.mean, st.max, 100.0 * st.top1);
     li_model_release(pm, &rt.be);
     li_model_free(pm);
     pm = NULL;
@@ -626,6 +787,9 @@ done:
         free(tmp);
     }
     li_prune_plan_free(&plan);
+    if (refit_w)
+        for (int l = 0; l < hp->n_layer; l++) free(refit_w[l]);
+    free(refit_w);
     free(score);
     free(drop);
     capture_free(&cap, hp->n_layer);

@@ -15,6 +15,13 @@
  *   ffn     intermediate channels, the same number in every layer (scalar
  *           feed_forward_length); ranked per layer by mean over tokens of
  *           |silu(g_j)·u_j| times ||W_down[:, j]|| ("act").
+ *   obs     (heads, ffn) structured Optimal Brain Surgeon (prune_obs.c):
+ *           per layer, greedily the unit whose removal, with the next
+ *           linear's (o_proj's / down_proj's) other columns refit by least
+ *           squares on the calibration inputs, adds the least output error;
+ *           the refit weights are written (F16).
+ * `--refit` gives any heads/ffn ranking the same least-squares refit of
+ * the units it keeps.
  *
  * The model is never modified in place: a block is skipped by running a
  * shallow copy of the model whose layer table leaves it out (no hook in the
@@ -30,7 +37,7 @@
 #include "model/model.h"
 
 typedef enum li_prune_what { LI_PRUNE_LAYERS = 0, LI_PRUNE_HEADS, LI_PRUNE_FFN } li_prune_what;
-typedef enum li_prune_rank { LI_PRUNE_RANK_BI = 0, LI_PRUNE_RANK_KLD, LI_PRUNE_RANK_ACT } li_prune_rank;
+typedef enum li_prune_rank { LI_PRUNE_RANK_BI = 0, LI_PRUNE_RANK_KLD, LI_PRUNE_RANK_ACT, LI_PRUNE_RANK_OBS } li_prune_rank;
 
 typedef struct li_prune_opts {
     const char *in, *out;
@@ -38,9 +45,13 @@ typedef struct li_prune_opts {
     li_prune_rank rank;
     double ratio;            /* fraction of the parameters to remove, in (0, 1); 0: use keep */
     int64_t keep;            /* layers kept / KV groups kept per layer / channels kept per layer */
-    const char *calib;       /* calibration text (required) */
+    const char *calib;       /* calibration text (this or self_generate) */
+    bool self_generate;      /* calibrate on the model's own samples instead (temperature 1, seed) */
+    uint64_t seed;
     int64_t samples, seq_len;
     int64_t threads;
+    bool refit;              /* least-squares refit of o_proj / down_proj's kept columns (implied by obs) */
+    double damp;             /* refit and obs: damping, a fraction of the Hessian's mean diagonal */
     bool dry_run;            /* rank, choose and predict; write nothing */
     bool json;               /* the ranking and the prediction as one JSON object on stdout */
 } li_prune_opts;
@@ -64,6 +75,10 @@ typedef struct li_prune_plan {
     int32_t *keep_group;     /* (n_layer, n_group_keep) ascending per layer, or NULL */
     int64_t n_ff_keep;       /* channels kept per layer (ffn), else n_ff */
     int32_t *keep_ff;        /* (n_layer, n_ff_keep) ascending per layer, or NULL */
+    /* after a refit: per layer the next linear's kept columns, (d_out, n_kept
+     * columns) row-major, written F16 in place of the sliced tensor; NULL: none */
+    float **refit;
+    int32_t n_refit;         /* entries of refit (n_layer) */
 } li_prune_plan;
 
 void li_prune_plan_free(li_prune_plan *p);
@@ -86,6 +101,17 @@ double li_prune_kl_row(const float *base_lp, const float *logits, int64_t n);
 /* The k lowest of scores[0..n) (ties: the lower index first) as a 0/1 mask
  * in drop (n). */
 void li_prune_lowest(const double *scores, int64_t n, int64_t k, uint8_t *drop);
+
+/* Structured OBS on one linear y = W x (prune_obs.c): W (d_out, n)
+ * row-major, h (n, n) the calibration inputs' X^T X (destroyed), units of
+ * `width` adjacent columns. Removes k units (choose: the cheapest each
+ * step; else the units already marked in drop, in index order), refitting
+ * W's other columns by least squares; removed columns end exactly 0.
+ * damp: added to the diagonal as a fraction of its mean. score (units, or
+ * NULL): a removed unit's output error at its turn, a kept one's at the
+ * end. Errors: a non-positive-definite Hessian (raise damp). */
+int li_prune_obs(double *w, int64_t d_out, int64_t n, double *h, int64_t width, int64_t k, double damp, bool choose,
+                 uint8_t *drop, double *score, li_error *err);
 
 /* Parameter counts (weights' elements, the embedding once when tied). */
 typedef struct li_prune_params {

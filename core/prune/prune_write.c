@@ -8,7 +8,9 @@
  * ends on the type's block boundary (heads of 64 columns in 32-element
  * blocks); otherwise each row is dequantized, gathered and requantized to
  * its own type by the type's reference quantizer (the one `luainfer
- * quantize` uses), or written F16 when the type has none. */
+ * quantize` uses), or written F16 when the type has none. A refit (--refit,
+ * --rank obs) replaces those columns' values: written F16, since a second
+ * 4-bit rounding would undo much of what the refit gained. */
 #include "prune/prune.h"
 #include "model/gguf_write.h"
 
@@ -20,6 +22,8 @@ void li_prune_plan_free(li_prune_plan *p) {
     free(p->keep_layer);
     free(p->keep_group);
     free(p->keep_ff);
+    for (int32_t l = 0; l < p->n_refit; l++) free(p->refit[l]);
+    free(p->refit);
     memset(p, 0, sizeof *p);
 }
 
@@ -154,6 +158,7 @@ static int write_metadata(const li_model *m, const li_prune_plan *p, const char 
     if (!rc) rc = li_gguf_writer_add_str(w, "luainfer.prune.what", li_prune_what_name(p->what), err);
     if (!rc) rc = li_gguf_writer_add_str(w, "luainfer.prune.rank", rank, err);
     if (!rc) rc = li_gguf_writer_add_u32(w, "luainfer.prune.source_block_count", (uint32_t)hp->n_layer, err);
+    if (!rc && p->refit) rc = li_gguf_writer_add_str(w, "luainfer.prune.refit", "least-squares", err);
     return rc;
 }
 
@@ -247,7 +252,17 @@ int li_prune_write(const li_model *m, const li_prune_plan *p, const char *rank, 
                 break;
             }
             const int64_t n = keep_index(m, p, l, which, idx);
-            if (cols) {
+            if (cols && p->refit && l < p->n_refit && p->refit[l]) {
+                const li_type_traits *f16 = li_type_get(LI_TYPE_F16);
+                size_t row;
+                li_type_row_size(LI_TYPE_F16, n, &row);
+                data = li_xmalloc(row * (size_t)t->ne[1]);
+                for (int64_t r = 0; r < t->ne[1]; r++)
+                    f16->from_float(p->refit[l] + r * n, (uint8_t *)data + (size_t)r * row, n);
+                type = LI_TYPE_F16;
+                nbytes = row * (size_t)t->ne[1];
+                ne[0] = n;
+            } else if (cols) {
                 if (!(data = slice_cols(t, idx, n, &type, &nbytes, err))) {
                     rc = err->code;
                     break;

@@ -155,6 +155,9 @@ KINDS = {
     "layers": (["--what", "layers", "--keep", "27", "--rank", "bi"], None),
     "layers-kld": (["--what", "layers", "--keep", "29", "--rank", "kld"], None),
     "heads": (["--what", "heads", "--keep", "2"], None),
+    # o_proj refit by least squares (prune_obs.c): the same choice as "heads", and OBS's own
+    "heads-refit": (["--what", "heads", "--keep", "2", "--refit"], None),
+    "heads-obs": (["--what", "heads", "--keep", "2", "--rank", "obs"], None),
     # channels pruned from the heads-pruned file: both slicings in one file
     "heads+ffn": (["--what", "ffn", "--ratio", "0.1"], "heads"),
 }
@@ -189,19 +192,19 @@ def generate(run_ok, model, n=6):
 # ---------------------------------------------------------------------------
 # The files
 # ---------------------------------------------------------------------------
-@pytest.mark.parametrize("kind", ["layers", "heads+ffn"])
+@pytest.mark.parametrize("kind", ["layers", "heads+ffn", "heads-obs"])
 def test_pruned_file_loads_and_matches_numpy(kind, pruned, run_ok, original):
     path, j, _ = pruned(kind)
     info = run_ok(["info", path, "--json"]).json()["hparams"]
     assert info["n_layer"] == j["block_count"]
     assert info["n_head"] == j["head_count"] and info["n_head_kv"] == j["head_count_kv"]
     assert info["n_ff"] == j["feed_forward_length"]
-    want = {"layers": (27, 9, 3, 1536), "heads+ffn": (30, 6, 2, 1536 - 256)}[kind]
+    want = {"layers": (27, 9, 3, 1536), "heads+ffn": (30, 6, 2, 1536 - 256), "heads-obs": (30, 6, 2, 1536)}[kind]
     assert (info["n_layer"], info["n_head"], info["n_head_kv"], info["n_ff"]) == want
 
     m = GGUFModel(path)
     assert (m.n_layer, m.n_head, m.n_kv, m.n_ff, m.head_dim) == (*want, 64)
-    assert m.field("luainfer.prune.what") == kind.split("+")[-1]
+    assert m.field("luainfer.prune.what") == kind.split("+")[-1].split("-")[0]
     # tensors renumbered contiguously, shapes as the counts say
     blocks = {int(n.split(".")[1]) for n in m.t if n.startswith("blk.")}
     assert blocks == set(range(m.n_layer))
@@ -321,6 +324,37 @@ def test_heads_and_ffn_scores(pruned):
     assert j["fraction"] == pytest.approx(j["removed_params"] / j["total_params"])
 
 
+def test_refit_lowers_the_calibration_kl(pruned, original):
+    """--refit keeps the ranking's choice and refits o_proj's kept columns
+    (written F16): the KL on the calibration text must fall; --rank obs
+    chooses by the refit's own error."""
+    _, plain, _ = pruned("heads")
+    path, refit, _ = pruned("heads-refit")
+    assert refit["removed"] == plain["removed"]
+    assert refit["predicted"]["kld_mean"] < 0.9 * plain["predicted"]["kld_mean"], (refit["predicted"], plain["predicted"])
+    m = GGUFModel(path)
+    assert m.field("luainfer.prune.refit") == "least-squares"
+    assert m.t["blk.0.attn_output.weight"].tensor_type == gguf.GGMLQuantizationType.F16
+    # the sliced rows keep their type: only the refit tensor changes
+    assert m.t["blk.0.attn_q.weight"].tensor_type == original.t["blk.0.attn_q.weight"].tensor_type
+    _, obs, err = pruned("heads-obs")
+    assert "ranking (OBS" in err
+    s = np.array(obs["scores"]).reshape(30, 3)
+    assert (s >= 0).all() and len(obs["removed"]) == 30
+    assert obs["predicted"]["kld_mean"] < plain["predicted"]["kld_mean"]
+
+
+def test_self_generated_calibration(run_ok, model_path):
+    """--self-generate: the windows are the model's own samples, the same for
+    the same --seed."""
+    def run(seed):
+        return run_ok(["prune", "--what", "heads", "--keep", "2", "--self-generate", "--seed", str(seed), "--samples",
+                       "2", "--seq-len", "12", "--json", "--dry-run", model_path, "/tmp/unused.gguf"])
+    a, b, c = run(1), run(1), run(2)
+    assert "calibration samples (2 x 12 tokens)" in a.stderr
+    assert a.json()["scores"] == b.json()["scores"] and a.json()["scores"] != c.json()["scores"]
+
+
 def test_dry_run_writes_nothing(run_ok, model_path, tmp_path):
     out = tmp_path / "x.gguf"
     r = run_ok(["prune", "--what", "layers", "--keep", "29", "--calib", CALIB, *SMALL, "--dry-run", model_path, out])
@@ -344,6 +378,10 @@ BAD = [
     (["--what", "ffn", "--keep", "512", "--rank", "kld"], "--rank kld ranks layers and heads"),
     (["--what", "layers", "--keep", "2", "--rank", "act"], "--rank act ranks heads and ffn"),
     (["--what", "layers", "--keep", "2", "--rank", "zzz"], "--rank must be"),
+    (["--what", "layers", "--keep", "2", "--rank", "obs"], "--rank obs ranks heads and ffn"),
+    (["--what", "layers", "--keep", "2", "--refit"], "a removed layer leaves no linear to refit"),
+    (["--what", "layers", "--keep", "29", "--self-generate"], "give one of --calib FILE"),
+    (["--what", "heads", "--keep", "2", "--refit", "--damp", "2"], "--damp must be in [0, 1]"),
     (["--what", "layers", "--keep", "2", "--calib", "/nonexistent/calib.txt"], "calibration file"),
     (["--what", "layers", "--keep", "29", "--samples", "1000"], "at most 4 GiB"),
     (["--what", "layers", "--keep", "29", "--calib", "SHORT"], "is too short: 3 tokens"),

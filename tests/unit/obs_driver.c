@@ -1,0 +1,59 @@
+/* obs_driver.c — runs li_prune_obs (core/prune/prune_obs.c) on a layer read
+ * from a file, for tests/integration/test_prune_obs.py (the NumPy reference).
+ *
+ *   obs_driver IN OUT
+ *
+ * IN: int64 d_out, n, n_rows, width, k, choose; f64 damp; W f32 (d_out, n);
+ * X f32 (n_rows, n); drop u8 (n / width: the units to remove when choose
+ * is 0), little-endian. X^T X is accumulated as prune does
+ * (li_q4_calib_accumulate), in uneven chunks of 7 rows.
+ * OUT: W f64 (d_out, n) after the refit; drop u8 (units); score f64
+ * (units). Exit 1 with a one-line error. */
+#include "prune/prune.h"
+#include "quant/quant4.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+static int fail(const char *msg) {
+    fprintf(stderr, "obs_driver: %s\n", msg);
+    return 1;
+}
+
+int main(int argc, char **argv) {
+    if (argc != 3) return fail("usage: obs_driver IN OUT");
+    FILE *f = fopen(argv[1], "rb");
+    if (!f) return fail("cannot open the input");
+    int64_t h[6];
+    double damp;
+    if (fread(h, sizeof h, 1, f) != 1 || fread(&damp, sizeof damp, 1, f) != 1) return fail("short header");
+    const int64_t d = h[0], n = h[1], rows = h[2], width = h[3], k = h[4];
+    if (d <= 0 || n <= 0 || rows < 0 || width <= 0 || d > 1 << 14 || n > 1 << 14 || rows > 1 << 20)
+        return fail("bad header");
+    const int64_t units = n / width > 0 ? n / width : 1; /* li_prune_obs refuses a partial unit */
+    float *wf = malloc((size_t)(d * n) * sizeof(float)), *x = malloc((size_t)(rows * n + 1) * sizeof(float));
+    uint8_t *drop = malloc((size_t)units);
+    double *w = malloc((size_t)(d * n) * sizeof(double)), *score = malloc((size_t)units * sizeof(double));
+    if (!wf || !x || !drop || !w || !score) return fail("out of memory");
+    if (fread(wf, sizeof(float), (size_t)(d * n), f) != (size_t)(d * n) ||
+        fread(x, sizeof(float), (size_t)(rows * n), f) != (size_t)(rows * n) ||
+        fread(drop, 1, (size_t)units, f) != (size_t)units)
+        return fail("short input");
+    fclose(f);
+    for (int64_t i = 0; i < d * n; i++) w[i] = wf[i];
+    li_q4_calib c;
+    char why[160];
+    if (li_q4_calib_init(&c, n, why, sizeof why)) return fail(why);
+    for (int64_t r = 0; r < rows; r += 7) li_q4_calib_accumulate(&c, x + r * n, rows - r < 7 ? rows - r : 7);
+    if (li_q4_calib_finish(&c, why, sizeof why)) return fail(why);
+    li_error err = {0};
+    if (li_prune_obs(w, d, n, c.xtx, width, k, damp, h[5] != 0, drop, score, &err)) return fail(err.msg);
+    FILE *o = fopen(argv[2], "wb");
+    if (!o || fwrite(w, sizeof(double), (size_t)(d * n), o) != (size_t)(d * n) ||
+        fwrite(drop, 1, (size_t)units, o) != (size_t)units ||
+        fwrite(score, sizeof(double), (size_t)units, o) != (size_t)units || fclose(o))
+        return fail("cannot write the output");
+    li_q4_calib_free(&c);
+    free(wf), free(x), free(drop), free(w), free(score);
+    return 0;
+}
