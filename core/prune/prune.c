@@ -47,10 +47,16 @@ const char *li_prune_rank_name(li_prune_rank r) { return (unsigned)r < 4 ? rank_
  * the calibration windows and the original's distributions
  * ---------------------------------------------------------------------- */
 
+/* The original's distributions are kept for the KL steps (the prediction,
+ * --rank kld) over the first windows that fit in this many bytes; the
+ * statistics (ranking, refit) use every window. */
+#define LI_PRUNE_LP_CAP ((double)((size_t)2 << 30))
+
 typedef struct calib_set {
     int64_t samples, seq_len;
+    int64_t n_eval;      /* the first n_eval windows: the KL steps' */
     int32_t *win;        /* (samples, seq_len) tokens, BOS first when the model adds one */
-    float *base_lp;      /* (samples * seq_len, n_vocab) the original's log-probabilities */
+    float *base_lp;      /* (n_eval * seq_len, n_vocab) the original's log-probabilities */
 } calib_set;
 
 /* The windows: from the calibration text, or (--self-generate) the model's
@@ -76,7 +82,9 @@ static int calib_load(calib_set *c, li_model *m, li_backend *be, const li_prune_
     }
     c->samples = o->samples;
     c->seq_len = o->seq_len;
-    c->base_lp = li_xmalloc((size_t)o->samples * (size_t)o->seq_len * (size_t)m->hp.n_vocab * sizeof(float));
+    const double per = (double)o->seq_len * (double)m->hp.n_vocab * sizeof(float);
+    c->n_eval = LI_MAX((int64_t)1, LI_MIN(o->samples, (int64_t)(LI_PRUNE_LP_CAP / per)));
+    c->base_lp = li_xmalloc((size_t)c->n_eval * (size_t)o->seq_len * (size_t)m->hp.n_vocab * sizeof(float));
     return 0;
 }
 
@@ -99,7 +107,7 @@ static int eval_kl(li_model *m, li_backend *be, const calib_set *c, kl_stats *st
     float *logits = li_xmalloc((size_t)c->seq_len * (size_t)nv * sizeof(float));
     double sum = 0, mx = 0;
     int64_t agree = 0, n = 0;
-    for (int64_t w = 0; w < c->samples && !rc; w++) {
+    for (int64_t w = 0; w < c->n_eval && !rc; w++) {
         li_session_reset(&s);
         if ((rc = li_session_eval(&s, c->win + w * c->seq_len, c->seq_len, true, logits, err))) break;
         for (int64_t t = 0; t < c->seq_len; t++, n++) {
@@ -247,7 +255,7 @@ static int calibrate(capture *c, li_model *m, li_backend *be, calib_set *cs, li_
         li_session_reset(&s);
         c->prev_n = 0;
         if ((rc = li_session_eval(&s, cs->win + w * cs->seq_len, cs->seq_len, true, logits, err))) break;
-        for (int64_t t = 0; t < cs->seq_len; t++)
+        for (int64_t t = 0; t < cs->seq_len && w < cs->n_eval; t++)
             li_prune_log_softmax(logits + (size_t)t * nv, cs->base_lp + ((size_t)(w * cs->seq_len + t)) * nv, nv);
         li_progress_update(&pg, w + 1, "samples");
     }
@@ -688,15 +696,10 @@ int li_prune(const li_prune_opts *o, li_error *err) {
     FILE *out = o->json ? stderr : stdout; /* --json: stdout holds the object alone */
     li_prune_count(m, &pp);
     if ((rc = choose_count(m, o, &pp, &k, err))) goto done;
-    /* the original's distributions stay in memory: (tokens, n_vocab) floats */
-    const double lp_bytes = (double)o->samples * (double)o->seq_len * (double)hp->n_vocab * sizeof(float);
-    if (lp_bytes > (double)((size_t)4 << 30)) {
-        rc = li_error_set(err, LI_ERANGE, "prune: --samples %lld x --seq-len %lld tokens would keep %.1f GiB of "
-                          "log-probabilities (at most 4 GiB)", (long long)o->samples, (long long)o->seq_len,
-                          lp_bytes / (double)((size_t)1 << 30));
-        goto done;
-    }
     if ((rc = calib_load(&cs, m, &rt.be, o, err))) goto done;
+    if (cs.n_eval < cs.samples)
+        fprintf(out, "note: the KL steps use the first %lld of the %lld windows (2 GiB of the original's "
+                "distributions); the statistics use all\n", (long long)cs.n_eval, (long long)cs.samples);
     if (refit) {
         const int64_t gn = o->what == LI_PRUNE_HEADS ? (int64_t)hp->n_head * hp->head_dim : hp->n_ff;
         cap.gram_site = o->what == LI_PRUNE_HEADS ? LI_CALIB_O : LI_CALIB_DOWN;
@@ -764,7 +767,7 @@ int li_prune(const li_prune_opts *o, li_error *err) {
     kl_stats st;
     if ((rc = eval_kl(pm, &rt.be, &cs, &st, err))) goto done;
     fprintf(out, "predicted quality on the calibration %s (%lld x %lld tokens): mean KLD %.6f, max %.4f, top-1 agreement "
-           "%.2f%%\n", o->self_generate ? "samples" : "text", (long long)cs.samples, (long long)cs.seq_len, st.mean, st.max, 100.0 * st.top1);
+           "%.2f%%\n", o->self_generate ? "samples" : "text", (long long)cs.n_eval, (long long)cs.seq_len, st.mean, st.max, 100.0 * st.top1);
     li_model_release(pm, &rt.be);
     li_model_free(pm);
     pm = NULL;

@@ -383,7 +383,7 @@ BAD = [
     (["--what", "layers", "--keep", "29", "--self-generate"], "give one of --calib FILE"),
     (["--what", "heads", "--keep", "2", "--refit", "--damp", "2"], "--damp must be in [0, 1]"),
     (["--what", "layers", "--keep", "2", "--calib", "/nonexistent/calib.txt"], "calibration file"),
-    (["--what", "layers", "--keep", "29", "--samples", "1000"], "at most 4 GiB"),
+    (["--what", "layers", "--keep", "29", "--samples", "100000"], "is too short"),
     (["--what", "layers", "--keep", "29", "--calib", "SHORT"], "is too short: 3 tokens"),
     (["--what", "layers", "--keep", "29", "--calib", "EMPTY"], "is empty"),
 ]
