@@ -107,8 +107,8 @@ int li_prune_obs(double *w, int64_t d_out, int64_t n, double *h, int64_t width, 
         return li_error_set(err, LI_ERANGE, "prune: obs: cannot remove %lld of %lld units", (long long)k,
                             (long long)units);
     /* damping, as GPTQ's: a fraction of the mean diagonal, and a dead input
-     * (never nonzero in the calibration text) gets a unit diagonal so H
-     * stays invertible; its column then costs ||W_j||^2 to remove */
+     * (never nonzero in the calibration text) gets the mean diagonal first
+     * so H stays invertible (its column is then cheap to remove) */
     double mean = 0;
     for (int64_t i = 0; i < n; i++) mean += h[i * n + i];
     mean /= (double)n;
@@ -150,6 +150,11 @@ int li_prune_obs(double *w, int64_t d_out, int64_t n, double *h, int64_t width, 
             }
         } else {
             best = order[step];
+        }
+        if (!rc && best < 0) { /* every cost NaN */
+            free(m), free(tmp), free(a), free(hs), free(order);
+            return li_error_set(err, LI_EINVAL, "prune: obs: no finite removal cost (NaN or Inf in the weights or the "
+                                "calibration activations)");
         }
         if (!rc && unit_inverse(h, n, best * width, width, m)) rc = -1;
         if (rc) break;

@@ -182,3 +182,10 @@ def test_obs_errors(driver, tmp_path, width, k, msg):
     w, x = make_layer(9, 5, 30, 50)  # 30 columns: not whole units of 4
     got, err = run_driver(driver, tmp_path, w, x, width, k, 0.01)
     assert got is None and msg in err, err
+
+
+def test_obs_nan_weights(driver, tmp_path):
+    w, x = make_layer(11, 4, 12, 30)
+    w[:] = np.nan
+    got, err = run_driver(driver, tmp_path, w, x, 1, 3, 0.01)
+    assert got is None and "no finite removal cost" in err, err
