@@ -50,6 +50,12 @@ CONFIGS = {
     "heads-act": [("keep 2 of 3", ["--what", "heads", "--keep", "2"]), ("keep 1 of 3", ["--what", "heads", "--keep", "1"])],
     "heads-kld": [(f"keep {k} of 3", ["--what", "heads", "--rank", "kld", "--keep", str(k)]) for k in (2, 1)],
     "ffn-act": [(f"{p}%", ["--what", "ffn", "--ratio", str(p / 100)]) for p in (10, 20, 30)],
+    # least-squares refit of o_proj / down_proj (prune_obs.c); it wants more calibration tokens than the
+    # rankings do (--samples: the refit's X^T X is n_ff wide)
+    "heads-refit": [(f"keep {k} of 3", ["--what", "heads", "--refit", "--keep", str(k)]) for k in (2, 1)],
+    "heads-obs": [(f"keep {k} of 3", ["--what", "heads", "--rank", "obs", "--keep", str(k)]) for k in (2, 1)],
+    "ffn-refit": [(f"{p}%", ["--what", "ffn", "--refit", "--ratio", str(p / 100)]) for p in (10, 20, 30)],
+    "ffn-obs": [(f"{p}%", ["--what", "ffn", "--rank", "obs", "--ratio", str(p / 100)]) for p in (10, 20, 30)],
 }
 
 

@@ -29,6 +29,16 @@
 #define OBS_HOT
 #endif
 
+/* out (wd) = x (wd) m (wd x wd), m read row by row (contiguous) */
+OBS_HOT static void row_times(const double *x, const double *m, int64_t wd, double *out) {
+    for (int64_t j = 0; j < wd; j++) out[j] = 0.0;
+    for (int64_t i = 0; i < wd; i++) {
+        const double xi = x[i], *mi = m + i * wd;
+        if (xi != 0.0)
+            for (int64_t j = 0; j < wd; j++) out[j] += xi * mi[j];
+    }
+}
+
 /* m = (Hinv_SS)^-1 (w x w) for unit columns [c0, c0 + w) */
 static int unit_inverse(const double *hinv, int64_t n, int64_t c0, int64_t w, double *m) {
     for (int64_t i = 0; i < w; i++)
@@ -42,11 +52,7 @@ static double unit_cost(const double *w, int64_t d_out, int64_t n, int64_t c0, i
     double e = 0;
     for (int64_t r = 0; r < d_out; r++) {
         const double *wr = w + r * n + c0;
-        for (int64_t j = 0; j < wd; j++) {
-            double s = 0;
-            for (int64_t i = 0; i < wd; i++) s += wr[i] * m[i * wd + j];
-            tmp[j] = s;
-        }
+        row_times(wr, m, wd, tmp);
         for (int64_t j = 0; j < wd; j++) e += tmp[j] * wr[j];
     }
     return e;
@@ -58,14 +64,7 @@ static double unit_cost(const double *w, int64_t d_out, int64_t n, int64_t c0, i
 OBS_HOT static void unit_remove(double *w, int64_t d_out, double *hinv, int64_t n, int64_t c0, int64_t wd,
                                 const double *m, double *a, double *hs_copy) {
     /* W -= (W_S m) Hinv[S, :] */
-    for (int64_t r = 0; r < d_out; r++) {
-        const double *wr = w + r * n + c0;
-        for (int64_t j = 0; j < wd; j++) {
-            double s = 0;
-            for (int64_t i = 0; i < wd; i++) s += wr[i] * m[i * wd + j];
-            a[r * wd + j] = s;
-        }
-    }
+    for (int64_t r = 0; r < d_out; r++) row_times(w + r * n + c0, m, wd, a + r * wd);
     for (int64_t r = 0; r < d_out; r++) {
         double *wr = w + r * n;
         for (int64_t j = 0; j < wd; j++) {
@@ -76,14 +75,7 @@ OBS_HOT static void unit_remove(double *w, int64_t d_out, double *hinv, int64_t 
         for (int64_t j = 0; j < wd; j++) wr[c0 + j] = 0.0; /* exactly, not up to rounding */
     }
     /* Hinv -= (Hinv[:, S] m) Hinv[S, :] (Hinv symmetric: Hinv[:, S] = Hinv[S, :]^T) */
-    for (int64_t r = 0; r < n; r++) {
-        const double *hr = hinv + r * n + c0;
-        for (int64_t j = 0; j < wd; j++) {
-            double s = 0;
-            for (int64_t i = 0; i < wd; i++) s += hr[i] * m[i * wd + j];
-            a[r * wd + j] = s;
-        }
-    }
+    for (int64_t r = 0; r < n; r++) row_times(hinv + r * n + c0, m, wd, a + r * wd);
     memcpy(hs_copy, hinv + c0 * n, (size_t)(wd * n) * sizeof(double)); /* rows S change in the loop */
     for (int64_t r = 0; r < n; r++) {
         double *hr = hinv + r * n;

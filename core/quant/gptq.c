@@ -177,21 +177,24 @@ static int upper_cholesky_of_inverse(double *h, int64_t n, double *u) {
  * a^-1 = L^-T L^-1. 0, or -1 when a is not positive definite. */
 int li_q4_spd_inverse(double *a, int64_t n) {
     if (!cholesky_lower(a, n)) return -1;
-    double *col = malloc((size_t)n * sizeof(double));
-    if (!col) abort();
+    double *col = malloc((size_t)n * sizeof(double)), *inv = calloc((size_t)(n * n), sizeof(double));
+    if (!col || !inv) abort();
     invert_lower(a, n, col); /* a = L^-1 (lower) */
-    /* inv[i][j] = sum_k>=max(i,j) Li[k][i] Li[k][j], into col row by row of the upper triangle */
-    for (int64_t i = 0; i < n; i++) {
-        for (int64_t j = i; j < n; j++) {
-            double s = 0.0;
-            for (int64_t k = j; k < n; k++) s += a[k * n + i] * a[k * n + j];
-            col[j] = s;
+    /* inv = L^-T L^-1 = sum over rows k of L^-1 of row_k^T row_k: the lower
+     * triangle, row by row (contiguous), then mirrored */
+    for (int64_t k = 0; k < n; k++) {
+        const double *lk = a + k * n;
+        for (int64_t i = 0; i <= k; i++) {
+            const double v = lk[i];
+            if (v == 0.0) continue;
+            double *ii = inv + i * n;
+            for (int64_t j = 0; j <= i; j++) ii[j] += v * lk[j];
         }
-        for (int64_t j = i; j < n; j++) a[i * n + j] = col[j]; /* row i's upper part: L^-1 rows > i still hold their lower parts */
     }
     for (int64_t i = 0; i < n; i++)
-        for (int64_t j = 0; j < i; j++) a[i * n + j] = a[j * n + i];
+        for (int64_t j = 0; j <= i; j++) a[i * n + j] = a[j * n + i] = inv[i * n + j];
     free(col);
+    free(inv);
     return 0;
 }
 
