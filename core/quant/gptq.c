@@ -141,38 +141,6 @@ static void invert_lower(double *l, int64_t n, double *col) {
     }
 }
 
-/* The upper Cholesky factor of H^-1 (H positive definite, destroyed):
- * H = L L^T, H^-1 = L^-T L^-1, then H^-1 = U^T U. u (n, n). 0, or -1 when
- * H or its inverse is not positive definite. */
-static int upper_cholesky_of_inverse(double *h, int64_t n, double *u) {
-    if (!cholesky_lower(h, n)) return -1;
-    double *col = malloc((size_t)n * sizeof(double));
-    if (!col) abort();
-    invert_lower(h, n, col); /* h = L^-1 (lower) */
-    free(col);
-    /* u = L^-T L^-1: u[i][j] = sum_k>=max(i,j) Li[k][i] Li[k][j]; lower triangle, mirrored */
-    for (int64_t i = 0; i < n; i++)
-        for (int64_t j = 0; j <= i; j++) u[i * n + j] = 0.0;
-    for (int64_t k = 0; k < n; k++) {
-        const double *lk = h + k * n;
-        for (int64_t i = 0; i <= k; i++) {
-            const double v = lk[i];
-            if (v == 0.0) continue;
-            double *ui = u + i * n;
-            for (int64_t j = 0; j <= i; j++) ui[j] += v * lk[j];
-        }
-    }
-    for (int64_t i = 0; i < n; i++)
-        for (int64_t j = i + 1; j < n; j++) u[i * n + j] = u[j * n + i];
-    if (!cholesky_lower(u, n)) return -1;
-    for (int64_t i = 0; i < n; i++) /* U = L2^T */
-        for (int64_t j = i + 1; j < n; j++) {
-            u[i * n + j] = u[j * n + i];
-            u[j * n + i] = 0.0;
-        }
-    return 0;
-}
-
 /* a (n x n, symmetric positive definite) -> a^-1 in place: a = L L^T,
  * a^-1 = L^-T L^-1. 0, or -1 when a is not positive definite. */
 int li_q4_spd_inverse(double *a, int64_t n) {
@@ -195,6 +163,21 @@ int li_q4_spd_inverse(double *a, int64_t n) {
         for (int64_t j = 0; j <= i; j++) a[i * n + j] = a[j * n + i] = inv[i * n + j];
     free(col);
     free(inv);
+    return 0;
+}
+
+/* The upper Cholesky factor of H^-1 (H positive definite, destroyed: it
+ * ends as H^-1): H^-1 = U^T U. u (n, n). 0, or -1 when H or its inverse is
+ * not positive definite. */
+static int upper_cholesky_of_inverse(double *h, int64_t n, double *u) {
+    if (li_q4_spd_inverse(h, n)) return -1;
+    memcpy(u, h, (size_t)(n * n) * sizeof(double));
+    if (!cholesky_lower(u, n)) return -1;
+    for (int64_t i = 0; i < n; i++) /* U = L2^T */
+        for (int64_t j = i + 1; j < n; j++) {
+            u[i * n + j] = u[j * n + i];
+            u[j * n + i] = 0.0;
+        }
     return 0;
 }
 
