@@ -9,9 +9,11 @@ real layouts rather than from noise:
   made with the `msgpack` package: valid starts, plans, admit and evict
   answers, and corrupt ones (truncated frames, wrong types, huge declared
   counts, unknown ids, deep nesting);
-- fuzz_policy_src: policy source text: the shipped policies, the hostile
-  ones of issue 18 (tests/policies/hostile/) and a few small ones that hit
-  every hook and the sandbox's edges.
+- fuzz_policy_src: a few small policies that hit every hook and the
+  sandbox's edges. The shipped policies (policies/) and the hostile ones of
+  issue 18 (tests/policies/hostile/) are seeds too, read where they live:
+  ctest passes both directories (CMakeLists.txt); with libFuzzer, name them
+  after the corpus directory.
 - fuzz_safetensors: small .safetensors files made with the `safetensors`
   package (F32, F16, BF16 through its TensorSpec API, metadata, a scalar, an
   empty tensor, an empty file), so mutations hit real headers.
@@ -271,13 +273,7 @@ return { schedule = function(state) f(10000); return {} end }
 
 def write_src():
     os.makedirs(OUT_SRC, exist_ok=True)
-    seeds = dict(SRC_SEEDS)
-    for d, prefix in ((os.path.join(ROOT, "policies"), ""), (os.path.join(ROOT, "tests", "policies", "hostile"), "hostile_")):
-        for f in sorted(os.listdir(d)):
-            if f.endswith(".lua"):
-                with open(os.path.join(d, f), encoding="utf-8") as fh:
-                    seeds[prefix + f] = fh.read()
-    for name, text in sorted(seeds.items()):
+    for name, text in sorted(SRC_SEEDS.items()):
         path = os.path.join(OUT_SRC, name)
         with open(path, "w", encoding="utf-8") as f:
             f.write(text)
