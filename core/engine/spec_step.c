@@ -788,6 +788,8 @@ void li_spec_step_costs(li_spec_step *sp, double dt, int64_t n) {
     /* a row count's first pass runs cold (its shapes' first GEMMs, scratch
      * faulted in) and can read 1.5x: taken as the average, it priced that
      * count, and every count above it, out of a policy's reach for good */
-    if (n >= 1 && n <= LI_SPEC_COST_ROWS && sp->seen_rows[n - 1]++)
-        sp->ema_rows[n - 1] = ema(sp->ema_rows[n - 1], dt);
+    if (n >= 1 && n <= LI_SPEC_COST_ROWS) {
+        if (sp->seen_rows[n - 1]) sp->ema_rows[n - 1] = ema(sp->ema_rows[n - 1], dt);
+        sp->seen_rows[n - 1] = true;
+    }
 }

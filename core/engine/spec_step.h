@@ -43,7 +43,7 @@ typedef struct li_spec_step {
     int64_t *c_drafted;          /* (max_num_seqs, LI_SPEC_N_METHODS) */
     double ema_step, ema_token, ema_draft[LI_SPEC_N_METHODS];
     double ema_rows[LI_SPEC_COST_ROWS]; /* [n - 1]: a forward pass of n tokens, seconds (0: none yet) */
-    int32_t seen_rows[LI_SPEC_COST_ROWS]; /* [n - 1]: passes of n tokens so far (the first is not timed) */
+    bool seen_rows[LI_SPEC_COST_ROWS]; /* [n - 1]: a pass of n tokens ran (the first is not timed) */
     int64_t hook_errors;
     /* Medusa (cfg.medusa): the tree, the step's hidden rows, tree batches */
     li_medusa_tree mtree;

@@ -398,7 +398,7 @@ typedef struct refit_job {
     double damp;
     uint8_t *drop;        /* (n_layer, units) */
     double *score;        /* (n_layer, units), or NULL */
-    float **refit;        /* (n_layer) out: the kept columns, (d_out, (units - k) * width) */
+    float **refit;        /* (n_layer) out: the refit weight, (d_out, n) (removed columns 0) */
     pthread_mutex_t mu;   /* guards next, done, rc, err, pg */
     int next, done, rc;
     li_error err;
@@ -407,7 +407,7 @@ typedef struct refit_job {
 
 static int refit_layer(refit_job *j, int l, li_error *err) {
     const li_weight *wt = j->what == LI_PRUNE_HEADS ? &j->m->layers[l].wo : &j->m->layers[l].w_down;
-    const int64_t d = wt->m, n = wt->k, nk = (j->units - j->k) * j->width;
+    const int64_t d = wt->m, n = wt->k;
     li_q4_calib *g = &j->cap->gram[l];
     char why[160];
     if (li_q4_calib_finish(g, why, sizeof why)) return li_error_set(err, LI_EINVAL, "prune: layer %d: %s", l, why);
@@ -417,23 +417,19 @@ static int refit_layer(refit_job *j, int l, li_error *err) {
         li_weight_dequant_row_ref(wt, r, row);
         for (int64_t i = 0; i < n; i++) w[r * n + i] = row[i];
     }
-    const uint8_t *drop = j->drop + (size_t)l * j->units;
     int rc = li_prune_obs(w, d, n, g->xtx, j->width, j->k, j->damp, j->choose, j->drop + (size_t)l * j->units,
                           j->score ? j->score + (size_t)l * j->units : NULL, err);
-    if (!rc) {
-        float *out = li_xmalloc((size_t)(d * nk) * sizeof(float));
-        for (int64_t r = 0; r < d; r++) {
-            int64_t c = 0;
-            for (int64_t u = 0; u < j->units; u++)
-                if (!drop[u])
-                    for (int64_t e = 0; e < j->width; e++) out[r * nk + c++] = (float)w[r * n + u * j->width + e];
-        }
-        j->refit[l] = out;
-    }
     li_q4_calib_free(g); /* its X^T X was the elimination's scratch */
-    free(w);
     free(row);
-    return rc;
+    if (rc) {
+        free(w);
+        return rc;
+    }
+    float *out = li_xmalloc((size_t)(d * n) * sizeof(float)); /* every column: the writer gathers the kept */
+    for (int64_t i = 0; i < d * n; i++) out[i] = (float)w[i];
+    j->refit[l] = out;
+    free(w);
+    return 0;
 }
 
 static void *refit_worker(void *arg) {
@@ -646,6 +642,9 @@ int li_prune(const li_prune_opts *o, li_error *err) {
         return li_error_set(err, LI_EINVAL, "prune: give exactly one of --ratio R and --keep N");
     if (o->samples < 1 || o->seq_len < 2)
         return li_error_set(err, LI_EINVAL, "prune: --samples must be >= 1 and --seq-len >= 2");
+    if (o->samples > ((int64_t)1 << 30) / o->seq_len) /* and no product below overflows */
+        return li_error_set(err, LI_ERANGE, "prune: --samples %lld x --seq-len %lld is over 2^30 calibration tokens",
+                            (long long)o->samples, (long long)o->seq_len);
     if (o->rank == LI_PRUNE_RANK_BI && o->what != LI_PRUNE_LAYERS)
         return li_error_set(err, LI_EINVAL, "prune: --rank bi (block influence) ranks layers; %s rank by act",
                             li_prune_what_name(o->what));

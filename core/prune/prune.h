@@ -75,8 +75,9 @@ typedef struct li_prune_plan {
     int32_t *keep_group;     /* (n_layer, n_group_keep) ascending per layer, or NULL */
     int64_t n_ff_keep;       /* channels kept per layer (ffn), else n_ff */
     int32_t *keep_ff;        /* (n_layer, n_ff_keep) ascending per layer, or NULL */
-    /* after a refit: per layer the next linear's kept columns, (d_out, n_kept
-     * columns) row-major, written F16 in place of the sliced tensor; NULL: none */
+    /* after a refit: per layer the next linear's refit weight, (d_out, n)
+     * row-major with its removed columns 0; the writer gathers the kept
+     * columns as for a slice and writes them F16. NULL: none */
     float **refit;
     int32_t n_refit;         /* entries of refit (n_layer) */
 } li_prune_plan;

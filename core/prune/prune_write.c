@@ -256,9 +256,14 @@ int li_prune_write(const li_model *m, const li_prune_plan *p, const char *rank, 
                 const li_type_traits *f16 = li_type_get(LI_TYPE_F16);
                 size_t row;
                 li_type_row_size(LI_TYPE_F16, n, &row);
+                const int64_t k = t->ne[0];
+                float *kept = li_xmalloc((size_t)n * sizeof(float));
                 data = li_xmalloc(row * (size_t)t->ne[1]);
-                for (int64_t r = 0; r < t->ne[1]; r++)
-                    f16->from_float(p->refit[l] + r * n, (uint8_t *)data + (size_t)r * row, n);
+                for (int64_t r = 0; r < t->ne[1]; r++) {
+                    for (int64_t i = 0; i < n; i++) kept[i] = p->refit[l][r * k + idx[i]];
+                    f16->from_float(kept, (uint8_t *)data + (size_t)r * row, n);
+                }
+                free(kept);
                 type = LI_TYPE_F16;
                 nbytes = row * (size_t)t->ne[1];
                 ne[0] = n;

@@ -381,6 +381,7 @@ BAD = [
     (["--what", "layers", "--keep", "2", "--rank", "obs"], "--rank obs ranks heads and ffn"),
     (["--what", "layers", "--keep", "2", "--refit"], "a removed layer leaves no linear to refit"),
     (["--what", "layers", "--keep", "29", "--self-generate"], "give one of --calib FILE"),
+    (["--what", "heads", "--keep", "2", "--samples", "99999999999999"], "over 2^30 calibration tokens"),
     (["--what", "heads", "--keep", "2", "--refit", "--damp", "2"], "--damp must be in [0, 1]"),
     (["--what", "layers", "--keep", "2", "--calib", "/nonexistent/calib.txt"], "calibration file"),
     (["--what", "layers", "--keep", "29", "--samples", "100000"], "is too short"),
