@@ -19,11 +19,19 @@ With three KV groups per layer (SmolLM2-135M), whole groups come in steps of
 6.6% of the parameters and at most two of three can go: the heads rows are
 --keep 2 and --keep 1 (6.6%, 13.2%), 20% and 30% are out of reach.
 
-"after healing" stays "not yet": distillation (issue 15's training part) is
-another helper's module.
+--heal STEPS heals every pruned file with `luainfer distill` against the
+original (one recipe for every row: every parameter trains, STEPS steps of
+one 256-token window, AdamW 3e-4 with a cosine schedule and 10% warmup, the
+seed's loss at alpha 0.9 and T 1, on STEPS x 256 tokens the original samples
+itself, --seed 1, so every row trains on the same tokens) and scores the
+healed file the same way; without it the column says "not run".
 
-  .venv/bin/python bench/bench_prune.py [--chunks N] [--samples N] [--rounds N]
-         [--only layers-bi,heads-act,...] [--docs] [--rows LOG]
+The refit and OBS rows calibrate on --refit-samples windows of 256 tokens
+(the refit's X^T X is n_ff wide and wants thousands of rows); the others on
+--samples windows of 128.
+
+  .venv/bin/python bench/bench_prune.py [--chunks N] [--samples N] [--refit-samples N] [--rounds N]
+         [--heal STEPS] [--only layers-bi,heads-act,...] [--docs] [--rows LOG]
 
 Each finished row is printed to stderr as one JSON line; --rows LOG renders
 such lines again (an interrupted run's rows) without measuring. --docs replaces the table between the bench_prune markers of
@@ -72,6 +80,18 @@ def ppl(binary, model, chunks, ctx, kl_arg):
                                    "--json", *kl_arg]).stdout)
 
 
+def is_refit(args):
+    return "--refit" in args or "obs" in args
+
+
+def heal(binary, teacher, student, out, steps):
+    """the one healing recipe of every row (the module docstring)"""
+    run(binary, ["distill", "--teacher", teacher, "--student", student, "--self-generate", steps * 256 + 1,
+                 "--steps", steps, "--seq-len", 256, "--train", "all", "--lr", "3e-4", "--lr-schedule", "cosine",
+                 "--warmup", max(1, steps // 10), "--alpha", "0.9", "--temperature", "1", "--dtype", "f16",
+                 "--seed", 1, out])
+
+
 def decode_tps(binary, model, tokens):
     j = json.loads(run(binary, ["generate", "--model", model, "--prompt", PROMPT, "--max-tokens", tokens,
                                 "--temperature", "0", "--json"]).stdout)
@@ -86,6 +106,10 @@ def main():
     ap.add_argument("--chunks", type=int, default=2, help="perplexity chunks of --ctx tokens (default 2)")
     ap.add_argument("--ctx", type=int, default=512)
     ap.add_argument("--samples", type=int, default=2, help="calibration windows of 128 tokens (default 2)")
+    ap.add_argument("--refit-samples", type=int, default=32,
+                    help="calibration windows of 256 tokens for the refit and OBS rows (default 32)")
+    ap.add_argument("--heal", type=int, default=0, metavar="STEPS",
+                    help="heal every pruned file by distillation, STEPS steps of 256 tokens (default 0: not run)")
     ap.add_argument("--rounds", type=int, default=2, help="decode rounds per model, alternating (default 2)")
     ap.add_argument("--tokens", type=int, default=48, help="decoded tokens per round (default 48)")
     ap.add_argument("--only", default="", help="comma-separated config names: " + ", ".join(CONFIGS))
@@ -103,14 +127,15 @@ def main():
             base = Path(d) / "base.kld"
             b = ppl(a.bin, a.model, a.chunks, a.ctx, ["--kl-base-out", base])
             head = {"base_ppl": b["perplexity"], "n_scored": b["n_scored"], "chunks": a.chunks, "ctx": a.ctx,
-                    "samples": a.samples}
+                    "samples": a.samples, "refit_samples": a.refit_samples, "heal": a.heal}
             print(json.dumps(head), file=sys.stderr)
             progress = results.Progress(sum(len(CONFIGS[n]) for n in names), "prune configs")
             for name in names:
                 for label, args in CONFIGS[name]:
                     out = Path(d) / "pruned.gguf"
-                    r = run(a.bin, ["prune", *args, "--calib", CALIB, "--samples", a.samples, "--seq-len", 128,
-                                    "--json", a.model, out])
+                    cal = ["--samples", a.refit_samples, "--seq-len", 256] if is_refit(args) else \
+                        ["--samples", a.samples, "--seq-len", 128]
+                    r = run(a.bin, ["prune", *args, "--calib", CALIB, *cal, "--json", a.model, out])
                     pj = json.loads(r.stdout)
                     q = ppl(a.bin, out, a.chunks, a.ctx, ["--kl-base", base])
                     orig, mine = [], []
@@ -121,6 +146,12 @@ def main():
                                  "predicted": pj["predicted"]["kld_mean"], "ppl": q["perplexity"],
                                  "kl": q["kl_mean"], "kl_p99": q["kl_p99"], "top1": q["top1_agree"],
                                  "speed": max(mine) / max(orig)})
+                    if a.heal:
+                        healed = Path(d) / "healed.gguf"
+                        heal(a.bin, a.model, out, healed, a.heal)
+                        h = ppl(a.bin, healed, a.chunks, a.ctx, ["--kl-base", base])
+                        rows[-1].update(heal_kl=h["kl_mean"], heal_ppl=h["perplexity"], heal_top1=h["top1_agree"])
+                        healed.unlink()
                     print(json.dumps(rows[-1]), file=sys.stderr)
                     out.unlink()
                     progress.step()
@@ -129,14 +160,17 @@ def main():
     if head:
         lines += [f"Original: perplexity {head['base_ppl']:.3f} on {head['n_scored']} scored tokens of alice29.txt "
                   f"({head['chunks']} chunks of {head['ctx']}); calibration {head['samples']} x 128 tokens of "
-                  "plrabn12.txt.", ""]
+                  f"plrabn12.txt ({head.get('refit_samples', 32)} x 256 for the refit and OBS rows); healing: "
+                  + (f"{head['heal']} steps of 256 self-generated tokens, every parameter." if head.get("heal")
+                     else "not run."), ""]
     lines += ["| kind / ranking | target | removed | predicted KLD (calib) | PPL | mean KLD | KLD p99 | top-1 | "
-              "decode speed | after healing |",
+              "decode speed | after healing: mean KLD (PPL, top-1) |",
               "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['config']} | {r['label']} | {100 * r['fraction']:.2f}% | {r['predicted']:.4f} | "
                      f"{r['ppl']:.2f} | {r['kl']:.4f} | {r['kl_p99']:.3f} | {100 * r['top1']:.1f}% | "
-                     f"{r['speed']:.2f}x | not yet |")
+                     f"{r['speed']:.2f}x | " + (f"{r['heal_kl']:.4f} ({r['heal_ppl']:.2f}, {100 * r['heal_top1']:.1f}%)"
+                                               if "heal_kl" in r else "not run") + " |")
     table = "\n".join(lines)
     if a.docs:
         p = ROOT / "docs" / "benchmarks.md"
@@ -147,7 +181,8 @@ def main():
     print(table)
     results.finish(a, {"bench": "prune", "head": head,
                        "rows": [dict(r, name=f"{r['config']} {r['label']}") for r in rows],
-                       "chart": {"label": "name", "values": ["kl"], "log": True,
+                       "chart": {"label": "name", "values": ["kl", "heal_kl"] if any("heal_kl" in r for r in rows)
+                                 else ["kl"], "log": True,
                                  "ylabel": "mean KL divergence vs the original (held-out)",
                                  "title": "luainfer prune: KLD by kind, ranking and amount removed"}})
 
