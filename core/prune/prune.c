@@ -12,6 +12,7 @@
 #include "util/progress.h"
 
 #include <cjson/cJSON.h>
+#include <strings.h>
 
 #include <libgen.h>
 #include <math.h>
@@ -38,6 +39,17 @@ int li_prune_rank_parse(const char *s, li_prune_rank *out, li_error *err) {
     for (int i = 0; i < 4; i++)
         if (s && !strcmp(s, rank_names[i])) return *out = (li_prune_rank)i, 0;
     return li_error_set(err, LI_EINVAL, "prune: --rank must be bi, kld, act or obs (got '%s')", s ? s : "");
+}
+
+int li_prune_refit_type_parse(const char *s, uint32_t *out, li_error *err) {
+    static const uint32_t types[] = {LI_TYPE_F16, LI_TYPE_BF16, LI_TYPE_Q8_0, LI_TYPE_Q4_0, LI_TYPE_Q4_1};
+    for (size_t i = 0; s && i < LI_ARRAY_LEN(types); i++)
+        if (!strcasecmp(s, li_type_name(types[i]))) {
+            *out = types[i];
+            return 0;
+        }
+    return li_error_set(err, LI_EINVAL, "prune: --refit-dtype must be f16, bf16, q8_0, q4_0 or q4_1 (got '%s')",
+                        s ? s : "");
 }
 
 const char *li_prune_what_name(li_prune_what w) { return (unsigned)w < 3 ? what_names[w] : "unknown"; }
@@ -656,6 +668,9 @@ int li_prune(const li_prune_opts *o, li_error *err) {
     if (o->refit && o->what == LI_PRUNE_LAYERS)
         return li_error_set(err, LI_EINVAL, "prune: --refit refits o_proj or down_proj after removing heads or ffn "
                             "channels; a removed layer leaves no linear to refit");
+    if (o->refit_type && !o->refit && o->rank != LI_PRUNE_RANK_OBS)
+        return li_error_set(err, LI_EINVAL, "prune: --refit-dtype sets the refit tensor's type; give --refit or "
+                            "--rank obs");
     if (!(o->damp >= 0 && o->damp <= 1))
         return li_error_set(err, LI_ERANGE, "prune: --damp must be in [0, 1] (got %g)", o->damp);
     if (o->rank == LI_PRUNE_RANK_KLD && o->what == LI_PRUNE_FFN)
@@ -740,7 +755,7 @@ int li_prune(const li_prune_opts *o, li_error *err) {
     if (refit && !obs && (rc = refit_layers(m, &cap, o, false, k, drop, NULL, &refit_w, err))) goto done;
     print_ranking(out, m, o, score, drop);
     make_plan(m, o->what, drop, k, &plan);
-    if (refit_w) plan.refit = refit_w, plan.n_refit = hp->n_layer, refit_w = NULL;
+    if (refit_w) plan.refit = refit_w, plan.n_refit = hp->n_layer, plan.refit_type = o->refit_type, refit_w = NULL;
     const int64_t removed = o->what == LI_PRUNE_LAYERS ? k * pp.per_layer
                             : o->what == LI_PRUNE_HEADS ? k * pp.per_group * hp->n_layer
                                                         : k * pp.per_channel * hp->n_layer;

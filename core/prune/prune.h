@@ -52,12 +52,15 @@ typedef struct li_prune_opts {
     int64_t threads;
     bool refit;              /* least-squares refit of o_proj / down_proj's kept columns (implied by obs) */
     double damp;             /* refit and obs: damping, a fraction of the Hessian's mean diagonal */
+    uint32_t refit_type;     /* the refit tensor's type: LI_TYPE_F16 (0 means it), BF16, Q8_0, Q4_0, Q4_1 */
     bool dry_run;            /* rank, choose and predict; write nothing */
     bool json;               /* the ranking and the prediction as one JSON object on stdout */
 } li_prune_opts;
 
 int li_prune_what_parse(const char *s, li_prune_what *out, li_error *err);
 int li_prune_rank_parse(const char *s, li_prune_rank *out, li_error *err);
+/* --refit-dtype: f16, bf16, q8_0, q4_0 or q4_1 (a clear LI_EINVAL otherwise). */
+int li_prune_refit_type_parse(const char *s, uint32_t *out, li_error *err);
 const char *li_prune_what_name(li_prune_what w);
 const char *li_prune_rank_name(li_prune_rank r);
 
@@ -80,6 +83,7 @@ typedef struct li_prune_plan {
      * columns as for a slice and writes them F16. NULL: none */
     float **refit;
     int32_t n_refit;         /* entries of refit (n_layer) */
+    uint32_t refit_type;     /* ... written in this type (0: F16) */
 } li_prune_plan;
 
 void li_prune_plan_free(li_prune_plan *p);

@@ -9,8 +9,9 @@
  * blocks); otherwise each row is dequantized, gathered and requantized to
  * its own type by the type's reference quantizer (the one `luainfer
  * quantize` uses), or written F16 when the type has none. A refit (--refit,
- * --rank obs) replaces those columns' values: written F16, since a second
- * 4-bit rounding would undo much of what the refit gained. */
+ * --rank obs) replaces those columns' values: written in plan->refit_type,
+ * F16 by default (a second 4-bit rounding gives back part of what the refit
+ * gained; Q8_0 costs less of it and reads half the bytes). */
 #include "prune/prune.h"
 #include "model/gguf_write.h"
 
@@ -253,18 +254,23 @@ int li_prune_write(const li_model *m, const li_prune_plan *p, const char *rank, 
             }
             const int64_t n = keep_index(m, p, l, which, idx);
             if (cols && p->refit && l < p->n_refit && p->refit[l]) {
-                const li_type_traits *f16 = li_type_get(LI_TYPE_F16);
+                const uint32_t rt = p->refit_type ? p->refit_type : LI_TYPE_F16;
+                const li_type_traits *otr = li_type_get(rt);
                 size_t row;
-                li_type_row_size(LI_TYPE_F16, n, &row);
+                if (!otr || !otr->from_float || !li_type_row_size(rt, n, &row)) {
+                    rc = li_error_set(err, LI_EINVAL, "prune: '%s' keeps %lld columns, which %s cannot hold in a row",
+                                      name, (long long)n, li_type_name(rt));
+                    break;
+                }
                 const int64_t k = t->ne[0];
                 float *kept = li_xmalloc((size_t)n * sizeof(float));
                 data = li_xmalloc(row * (size_t)t->ne[1]);
                 for (int64_t r = 0; r < t->ne[1]; r++) {
                     for (int64_t i = 0; i < n; i++) kept[i] = p->refit[l][r * k + idx[i]];
-                    f16->from_float(kept, (uint8_t *)data + (size_t)r * row, n);
+                    otr->from_float(kept, (uint8_t *)data + (size_t)r * row, n);
                 }
                 free(kept);
-                type = LI_TYPE_F16;
+                type = rt;
                 nbytes = row * (size_t)t->ne[1];
                 ne[0] = n;
             } else if (cols) {

@@ -157,7 +157,8 @@ KINDS = {
     "heads": (["--what", "heads", "--keep", "2"], None),
     # o_proj refit by least squares (prune_obs.c): the same choice as "heads", and OBS's own
     "heads-refit": (["--what", "heads", "--keep", "2", "--refit"], None),
-    "heads-obs": (["--what", "heads", "--keep", "2", "--rank", "obs"], None),
+    # (its refit o_proj written Q8_0: the numpy check reads it through the gguf package)
+    "heads-obs": (["--what", "heads", "--keep", "2", "--rank", "obs", "--refit-dtype", "q8_0"], None),
     # channels pruned from the heads-pruned file: both slicings in one file
     "heads+ffn": (["--what", "ffn", "--ratio", "0.1"], "heads"),
 }
@@ -337,8 +338,9 @@ def test_refit_lowers_the_calibration_kl(pruned, original):
     assert m.t["blk.0.attn_output.weight"].tensor_type == gguf.GGMLQuantizationType.F16
     # the sliced rows keep their type: only the refit tensor changes
     assert m.t["blk.0.attn_q.weight"].tensor_type == original.t["blk.0.attn_q.weight"].tensor_type
-    _, obs, err = pruned("heads-obs")
+    obs_path, obs, err = pruned("heads-obs")
     assert "ranking (OBS" in err
+    assert GGUFModel(obs_path).t["blk.0.attn_output.weight"].tensor_type == gguf.GGMLQuantizationType.Q8_0
     s = np.array(obs["scores"]).reshape(30, 3)
     assert (s >= 0).all() and len(obs["removed"]) == 30
     assert obs["predicted"]["kld_mean"] < plain["predicted"]["kld_mean"]
@@ -383,6 +385,8 @@ BAD = [
     (["--what", "layers", "--keep", "29", "--self-generate"], "give one of --calib FILE"),
     (["--what", "heads", "--keep", "2", "--samples", "99999999999999"], "over 2^30 calibration tokens"),
     (["--what", "heads", "--keep", "2", "--refit", "--damp", "2"], "--damp must be in [0, 1]"),
+    (["--what", "heads", "--keep", "2", "--refit", "--refit-dtype", "q5_k"], "--refit-dtype must be f16, bf16"),
+    (["--what", "heads", "--keep", "2", "--refit-dtype", "q8_0"], "give --refit or --rank obs"),
     (["--what", "layers", "--keep", "2", "--calib", "/nonexistent/calib.txt"], "calibration file"),
     (["--what", "layers", "--keep", "29", "--samples", "100000"], "is too short"),
     (["--what", "layers", "--keep", "29", "--calib", "SHORT"], "is too short: 3 tokens"),
