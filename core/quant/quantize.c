@@ -201,35 +201,129 @@ static void sq_collect(void *ctx, int layer, li_calib_site site, const float *x,
         if (sr->seen[i] % sr->stride == 0) memcpy(dst + sr->n[i]++ * k, x + r * k, (size_t)k * sizeof(float));
 }
 
+/* dots (4, m8) = 4 rows of xq (4, k) times wt (k, m8), the weights
+ * transposed: each output a float sum over j increasing, the order of a
+ * plain dot product, eight outputs and four rows side by side so the sums
+ * vectorize without being reassociated (no contraction in ISO C). */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(LI_NO_CLONES)
+__attribute__((target_clones("avx2", "default")))
+#endif
+static void sq_dots(const float *wt, int64_t m8, int64_t k, const float *xq, float *dots) {
+    for (int64_t c0 = 0; c0 < m8; c0 += 8) {
+        float a0[8] = {0}, a1[8] = {0}, a2[8] = {0}, a3[8] = {0};
+        for (int64_t j = 0; j < k; j++) {
+            const float *w = wt + j * m8 + c0;
+            const float x0 = xq[j], x1 = xq[k + j], x2 = xq[2 * k + j], x3 = xq[3 * k + j];
+            for (int u = 0; u < 8; u++) {
+                a0[u] += w[u] * x0;
+                a1[u] += w[u] * x1;
+                a2[u] += w[u] * x2;
+                a3[u] += w[u] * x3;
+            }
+        }
+        for (int u = 0; u < 8; u++) {
+            dots[c0 + u] = a0[u];
+            dots[m8 + c0 + u] = a1[u];
+            dots[2 * m8 + c0 + u] = a2[u];
+            dots[3 * m8 + c0 + u] = a3[u];
+        }
+    }
+}
+
+/* The same in double: dots (4, m8) = sum over j increasing of
+ * (double)wt[j][c] * x[u][j] (the unquantized matmul the error is taken
+ * against). */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(LI_NO_CLONES)
+__attribute__((target_clones("avx2", "default")))
+#endif
+static void sq_dots_f64(const float *wt, int64_t m8, int64_t k, const float *x, double *dots) {
+    for (int64_t c0 = 0; c0 < m8; c0 += 4) {
+        double a0[4] = {0}, a1[4] = {0}, a2[4] = {0}, a3[4] = {0};
+        for (int64_t j = 0; j < k; j++) {
+            const float *w = wt + j * m8 + c0;
+            const double x0 = x[j], x1 = x[k + j], x2 = x[2 * k + j], x3 = x[3 * k + j];
+            for (int u = 0; u < 4; u++) {
+                const double wu = w[u];
+                a0[u] += wu * x0;
+                a1[u] += wu * x1;
+                a2[u] += wu * x2;
+                a3[u] += wu * x3;
+            }
+        }
+        for (int u = 0; u < 4; u++) {
+            dots[c0 + u] = a0[u];
+            dots[m8 + c0 + u] = a1[u];
+            dots[2 * m8 + c0 + u] = a2[u];
+            dots[3 * m8 + c0 + u] = a3[u];
+        }
+    }
+}
+
+/* Weight rows wr[0..nr) (nr <= 8) smoothed by s and rounded to int8 per
+ * row (the W8A8 weight grid), into columns c0.. of wt (k, m8), transposed
+ * for sq_dots; buf: 8k floats of scratch. */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(LI_NO_CLONES)
+__attribute__((target_clones("avx2", "default")))
+#endif
+static void sq_wq_block(const float *const *wr, int nr, int64_t k, const double *s, float *buf, float *wt, int64_t m8,
+                        int64_t c0) {
+    for (int u = 0; u < nr; u++) {
+        const float *w = wr[u];
+        float *o = buf + u * k, amax = 0;
+        for (int64_t j = 0; j < k; j++) {
+            const float v = fabsf(o[j] = (float)(w[j] * s[j]));
+            amax = v > amax ? v : amax; /* fmaxf's result (a NaN v leaves amax), without its call */
+        }
+        const float sc = amax / 127.0f, inv = sc > 0 ? 1.0f / sc : 0.0f;
+        for (int64_t j = 0; j < k; j++) o[j] = li_code_round(o[j] * inv, -127.0f, 127.0f) * sc;
+    }
+    for (int64_t j = 0; j < k; j++)
+        for (int u = 0; u < nr; u++) wt[j * m8 + c0 + u] = buf[u * k + j];
+}
+
 /* The output error, summed over the kept rows x (nx, k), of the int8
  * matmul of weights ws (stacked, m_tot rows) smoothed by s: per-row int8
  * RTN of W diag(s) times per-token int8 of x diag(s)^-1, against x W^T (y,
- * (nx, m_tot), precomputed). */
+ * (nx, m_tot), precomputed). wq (8k) and xq (4k): scratch. The sums are
+ * those of plain dot products, each in its order (sq_dots), so the alphas
+ * chosen do not depend on the vector width. */
 static double sq_error(float *const *ws, const int64_t *rows, int n_w, int64_t k, const double *s, const float *x,
                        int64_t nx, const double *y, float *wq, float *xq) {
     int64_t m = 0;
+    for (int i = 0; i < n_w; i++) m += rows[i];
+    const int64_t m8 = (m + 7) / 8 * 8;
+    float *wt = li_xcalloc((size_t)(k * m8), sizeof(float)), *dots = li_xmalloc((size_t)(4 * m8) * sizeof(float));
+    const float *wr[8];
+    int nr = 0;
+    int64_t c0 = 0;
     for (int i = 0; i < n_w; i++)
-        for (int64_t r = 0; r < rows[i]; r++, m++) {
-            const float *w = ws[i] + r * k;
-            float *o = wq + m * k, amax = 0;
-            for (int64_t j = 0; j < k; j++) amax = fmaxf(amax, fabsf(o[j] = (float)(w[j] * s[j])));
-            const float sc = amax / 127.0f, inv = sc > 0 ? 1.0f / sc : 0.0f;
-            for (int64_t j = 0; j < k; j++) o[j] = li_code_round(o[j] * inv, -127.0f, 127.0f) * sc;
+        for (int64_t r = 0; r < rows[i]; r++) {
+            wr[nr++] = ws[i] + r * k;
+            if (nr == 8) sq_wq_block(wr, nr, k, s, wq, wt, m8, c0), c0 += 8, nr = 0;
         }
+    if (nr) sq_wq_block(wr, nr, k, s, wq, wt, m8, c0);
     double e = 0;
-    for (int64_t t = 0; t < nx; t++) {
-        float amax = 0;
-        for (int64_t j = 0; j < k; j++) amax = fmaxf(amax, fabsf(xq[j] = (float)(x[t * k + j] / s[j])));
-        const float sc = amax / 127.0f, inv = sc > 0 ? 1.0f / sc : 0.0f;
-        for (int64_t j = 0; j < k; j++) xq[j] = li_code_round(xq[j] * inv, -127.0f, 127.0f) * sc;
-        for (int64_t c = 0; c < m; c++) {
-            const float *wc = wq + c * k;
-            float acc = 0;
-            for (int64_t j = 0; j < k; j++) acc += wc[j] * xq[j];
-            const double d = (double)acc - y[t * m + c];
-            e += d * d;
+    for (int64_t t0 = 0; t0 < nx; t0 += 4) {
+        const int64_t nt = LI_MIN((int64_t)4, nx - t0);
+        for (int64_t u = 0; u < nt; u++) {
+            float *xu = xq + u * k, amax = 0;
+            for (int64_t j = 0; j < k; j++) {
+                const float v = fabsf(xu[j] = (float)(x[(t0 + u) * k + j] / s[j]));
+                amax = v > amax ? v : amax;
+            }
+            const float sc = amax / 127.0f, inv = sc > 0 ? 1.0f / sc : 0.0f;
+            for (int64_t j = 0; j < k; j++) xu[j] = li_code_round(xu[j] * inv, -127.0f, 127.0f) * sc;
         }
+        for (int64_t u = nt; u < 4; u++) memset(xq + u * k, 0, (size_t)k * sizeof(float));
+        sq_dots(wt, m8, k, xq, dots);
+        for (int64_t u = 0; u < nt; u++)
+            for (int64_t c = 0; c < m; c++) {
+                const double d = (double)dots[u * m8 + c] - y[(t0 + u) * m + c];
+                e += d * d;
+            }
     }
+    free(wt);
+    free(dots);
     return e;
 }
 
@@ -240,16 +334,24 @@ static double sq_search(float *const *ws, const int64_t *rows, int n_w, int64_t 
     int64_t m = 0;
     for (int i = 0; i < n_w; i++) m += rows[i];
     double *y = li_xmalloc((size_t)(nx * m) * sizeof(double));
-    for (int64_t t = 0, c; t < nx; t++) {
-        c = 0;
-        for (int i = 0; i < n_w; i++)
-            for (int64_t r = 0; r < rows[i]; r++, c++) {
-                double acc = 0;
-                for (int64_t j = 0; j < k; j++) acc += (double)ws[i][r * k + j] * x[t * k + j];
-                y[t * m + c] = acc;
-            }
+    {
+        const int64_t m8 = (m + 7) / 8 * 8;
+        float *wt = li_xcalloc((size_t)(k * m8), sizeof(float)), *x4 = li_xcalloc((size_t)(4 * k), sizeof(float));
+        double *d4 = li_xmalloc((size_t)(4 * m8) * sizeof(double));
+        for (int i = 0, c = 0; i < n_w; i++)
+            for (int64_t r = 0; r < rows[i]; r++, c++)
+                for (int64_t j = 0; j < k; j++) wt[j * m8 + c] = ws[i][r * k + j];
+        for (int64_t t0 = 0; t0 < nx; t0 += 4) {
+            const int64_t nt = LI_MIN((int64_t)4, nx - t0);
+            memcpy(x4, x + t0 * k, (size_t)(nt * k) * sizeof(float));
+            sq_dots_f64(wt, m8, k, x4, d4);
+            for (int64_t u = 0; u < nt; u++) memcpy(y + (t0 + u) * m, d4 + u * m8, (size_t)m * sizeof(double));
+        }
+        free(wt);
+        free(x4);
+        free(d4);
     }
-    float *wq = li_xmalloc((size_t)(m * k) * sizeof(float)), *xq = li_xmalloc((size_t)k * sizeof(float));
+    float *wq = li_xmalloc((size_t)(8 * k) * sizeof(float)), *xq = li_xmalloc((size_t)(4 * k) * sizeof(float));
     double best = INFINITY, best_a = 0;
     for (int g = 0; g <= 10; g++) {
         const double al = g / 10.0;
