@@ -201,71 +201,48 @@ static void sq_collect(void *ctx, int layer, li_calib_site site, const float *x,
         if (sr->seen[i] % sr->stride == 0) memcpy(dst + sr->n[i]++ * k, x + r * k, (size_t)k * sizeof(float));
 }
 
-/* dots (4, m8) = 4 rows of xq (4, k) times wt (k, m8), the weights
- * transposed: each output a float sum over j increasing, the order of a
- * plain dot product, eight outputs and four rows side by side so the sums
- * vectorize without being reassociated (no contraction in ISO C). */
+/* The search's loops, built for AVX2 and plain x86-64 (chosen by CPUID)
+ * with the same bits: nothing in them is reassociated, and ISO C fuses no
+ * multiply-add. */
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(LI_NO_CLONES)
-__attribute__((target_clones("avx2", "default")))
+#define SQ_HOT __attribute__((target_clones("avx2", "default")))
+#else
+#define SQ_HOT
 #endif
-static void sq_dots(const float *wt, int64_t m8, int64_t k, const float *xq, float *dots) {
-    for (int64_t c0 = 0; c0 < m8; c0 += 8) {
-        float a0[8] = {0}, a1[8] = {0}, a2[8] = {0}, a3[8] = {0};
-        for (int64_t j = 0; j < k; j++) {
-            const float *w = wt + j * m8 + c0;
-            const float x0 = xq[j], x1 = xq[k + j], x2 = xq[2 * k + j], x3 = xq[3 * k + j];
-            for (int u = 0; u < 8; u++) {
-                a0[u] += w[u] * x0;
-                a1[u] += w[u] * x1;
-                a2[u] += w[u] * x2;
-                a3[u] += w[u] * x3;
-            }
-        }
-        for (int u = 0; u < 8; u++) {
-            dots[c0 + u] = a0[u];
-            dots[m8 + c0 + u] = a1[u];
-            dots[2 * m8 + c0 + u] = a2[u];
-            dots[3 * m8 + c0 + u] = a3[u];
-        }
-    }
-}
 
-/* The same in double: dots (4, m8) = sum over j increasing of
- * (double)wt[j][c] * x[u][j] (the unquantized matmul the error is taken
- * against). */
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(LI_NO_CLONES)
-__attribute__((target_clones("avx2", "default")))
-#endif
-static void sq_dots_f64(const float *wt, int64_t m8, int64_t k, const float *x, double *dots) {
-    for (int64_t c0 = 0; c0 < m8; c0 += 4) {
-        double a0[4] = {0}, a1[4] = {0}, a2[4] = {0}, a3[4] = {0};
-        for (int64_t j = 0; j < k; j++) {
-            const float *w = wt + j * m8 + c0;
-            const double x0 = x[j], x1 = x[k + j], x2 = x[2 * k + j], x3 = x[3 * k + j];
-            for (int u = 0; u < 4; u++) {
-                const double wu = w[u];
-                a0[u] += wu * x0;
-                a1[u] += wu * x1;
-                a2[u] += wu * x2;
-                a3[u] += wu * x3;
-            }
-        }
-        for (int u = 0; u < 4; u++) {
-            dots[c0 + u] = a0[u];
-            dots[m8 + c0 + u] = a1[u];
-            dots[2 * m8 + c0 + u] = a2[u];
-            dots[3 * m8 + c0 + u] = a3[u];
-        }
+/* NAME(wt, m8, k, x, dots): dots (4, m8) = 4 rows of x (4, k) times wt
+ * (k, m8), the weights transposed; each output a sum in REAL over j
+ * increasing, the order of a plain dot product, L outputs and four rows
+ * side by side so the sums vectorize without being reassociated. */
+#define SQ_DOTS(NAME, REAL, L)                                                                                 \
+    SQ_HOT static void NAME(const float *wt, int64_t m8, int64_t k, const float *x, REAL *dots) {            \
+        for (int64_t c0 = 0; c0 < m8; c0 += L) {                                                              \
+            REAL a[4][L] = {{0}};                                                                             \
+            for (int64_t j = 0; j < k; j++) {                                                                 \
+                const float *w = wt + j * m8 + c0;                                                            \
+                const REAL x0 = x[j], x1 = x[k + j], x2 = x[2 * k + j], x3 = x[3 * k + j];                    \
+                for (int u = 0; u < L; u++) {                                                                 \
+                    const REAL wu = w[u];                                                                     \
+                    a[0][u] += wu * x0;                                                                       \
+                    a[1][u] += wu * x1;                                                                       \
+                    a[2][u] += wu * x2;                                                                       \
+                    a[3][u] += wu * x3;                                                                       \
+                }                                                                                             \
+            }                                                                                                 \
+            for (int t = 0; t < 4; t++)                                                                       \
+                for (int u = 0; u < L; u++) dots[t * m8 + c0 + u] = a[t][u];                                  \
+        }                                                                                                     \
     }
-}
+
+/* the quantized matmul's dots, in float as the int8 kernels' reference sums */
+SQ_DOTS(sq_dots, float, 8)
+/* the unquantized matmul the error is taken against, in double */
+SQ_DOTS(sq_dots_f64, double, 4)
 
 /* Weight rows wr[0..nr) (nr <= 8) smoothed by s and rounded to int8 per
  * row (the W8A8 weight grid), into columns c0.. of wt (k, m8), transposed
  * for sq_dots; buf: 8k floats of scratch. */
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(LI_NO_CLONES)
-__attribute__((target_clones("avx2", "default")))
-#endif
-static void sq_wq_block(const float *const *wr, int nr, int64_t k, const double *s, float *buf, float *wt, int64_t m8,
+SQ_HOT static void sq_wq_block(const float *const *wr, int nr, int64_t k, const double *s, float *buf, float *wt, int64_t m8,
                         int64_t c0) {
     for (int u = 0; u < nr; u++) {
         const float *w = wr[u];
