@@ -16,21 +16,17 @@
  * test_prune checks against a direct solve). Everything is double. */
 #include "prune/prune.h"
 #include "quant/quant4.h"
+#include "util/common.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* The eliminations' row updates, built for AVX2 and plain x86-64 as
- * quant/'s dense loops are (CMakeLists.txt vectorizes this file). */
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(LI_NO_CLONES)
-#define OBS_HOT __attribute__((target_clones("avx2", "default")))
-#else
-#define OBS_HOT
-#endif
+/* The eliminations' row updates are built for AVX2 and plain x86-64 as
+ * quant/'s dense loops are (LI_HOT_CLONES; CMakeLists.txt vectorizes this file). */
 
 /* out (wd) = x (wd) m (wd x wd), m read row by row (contiguous) */
-OBS_HOT static void row_times(const double *x, const double *m, int64_t wd, double *out) {
+LI_HOT_CLONES static void row_times(const double *x, const double *m, int64_t wd, double *out) {
     for (int64_t j = 0; j < wd; j++) out[j] = 0.0;
     for (int64_t i = 0; i < wd; i++) {
         const double xi = x[i], *mi = m + i * wd;
@@ -61,7 +57,7 @@ static double unit_cost(const double *w, int64_t d_out, int64_t n, int64_t c0, i
 /* Removes unit columns [c0, c0 + wd) with m = (Hinv_SS)^-1: W and Hinv
  * updated as the file comment says; scratch a (max(d_out, n), wd) and
  * hs_copy (wd, n). */
-OBS_HOT static void unit_remove(double *w, int64_t d_out, double *hinv, int64_t n, int64_t c0, int64_t wd,
+LI_HOT_CLONES static void unit_remove(double *w, int64_t d_out, double *hinv, int64_t n, int64_t c0, int64_t wd,
                                 const double *m, double *a, double *hs_copy) {
     /* W -= (W_S m) Hinv[S, :] */
     for (int64_t r = 0; r < d_out; r++) row_times(w + r * n + c0, m, wd, a + r * wd);

@@ -55,7 +55,7 @@ void li_q4_calib_free(li_q4_calib *c) {
 #define LI_CALIB_TI 64
 #define LI_CALIB_TJ 512
 
-LI_Q4_HOT void li_q4_calib_accumulate(li_q4_calib *c, const float *x, int64_t n_rows) {
+LI_HOT_CLONES void li_q4_calib_accumulate(li_q4_calib *c, const float *x, int64_t n_rows) {
     const int64_t n = c->n_in;
     double *a = malloc((size_t)(LI_CALIB_RUN * n) * sizeof(double));
     if (!a) abort(); /* one run of rows: as li_xmalloc */
@@ -122,7 +122,7 @@ void li_q4_calib_hessian(const li_q4_calib *c, double *h) {
  * l[i][:j] . l[m][:j]); the panel's columns take theirs at once, then the
  * trailing triangle takes the panel's four in one pass over it. c holds
  * the panel's columns contiguous (4n doubles of scratch). */
-LI_Q4_HOT static bool cholesky_lower_c(double *a, int64_t n, double *c) {
+LI_HOT_CLONES static bool cholesky_lower_c(double *a, int64_t n, double *c) {
     for (int64_t j0 = 0; j0 < n; j0 += 4) {
         const int64_t nb = LI_MIN((int64_t)4, n - j0);
         for (int64_t t = 0; t < nb; t++) {
@@ -174,7 +174,7 @@ static bool cholesky_lower(double *a, int64_t n) {
  * X = L^-1 is (e_i - sum_{k<i} l[i][k] X[k][:]) / l[i][i], element j's
  * terms in k increasing from j (forward substitution's order for column
  * j). row: n doubles of scratch (row i of l, which X's row i replaces). */
-LI_Q4_HOT static void invert_lower(double *l, int64_t n, double *row) {
+LI_HOT_CLONES static void invert_lower(double *l, int64_t n, double *row) {
     for (int64_t i = 0; i < n; i++) {
         double *xi = l + i * n;
         memcpy(row, xi, (size_t)(i + 1) * sizeof(double));
@@ -191,7 +191,7 @@ LI_Q4_HOT static void invert_lower(double *l, int64_t n, double *row) {
 
 /* inv (lower triangle) += sum over rows k of X of x_k^T x_k: the product
  * X^T X for X lower, k increasing for every element */
-LI_Q4_HOT static void lower_gram(const double *x, int64_t n, double *inv) {
+LI_HOT_CLONES static void lower_gram(const double *x, int64_t n, double *inv) {
     for (int64_t k = 0; k < n; k++) {
         const double *xk = x + k * n;
         for (int64_t i = 0; i <= k; i++) {
@@ -244,7 +244,7 @@ static int upper_cholesky_of_inverse(double *h, int64_t n, double *u) {
 /* The lazy batch: w[r][k] -= sum_t err[r][t] U[i1 + t][k] for k >= i2,
  * four rows at a time so each row of U is read once per four (the
  * subtractions of one element keep their order: t increasing). */
-LI_Q4_HOT static void lazy_update(double *wd, const double *err, const double *u, int64_t n_out, int64_t n,
+LI_HOT_CLONES static void lazy_update(double *wd, const double *err, const double *u, int64_t n_out, int64_t n,
                                   int64_t bs, int64_t i1, int64_t i2, int64_t nb) {
     int64_t r = 0;
     for (; r + 4 <= n_out; r += 4) {

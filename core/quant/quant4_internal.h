@@ -5,20 +5,13 @@
 #define LI_QUANT4_INTERNAL_H
 
 #include "quant/quant4.h"
+#include "util/common.h"
 
 #include <math.h>
 
-/* The dense loops (X^T X, the quadratic forms, GPTQ's lazy batch) are
- * built twice, for AVX2 and plain x86-64, the one chosen at load time by
- * CPUID (GCC's ifunc clones). Both compute the same bits: ISO C mode
- * contracts no multiply-add into an FMA, and vectorizing these loops
- * changes no element's order of operations (CMakeLists.txt vectorizes
- * core/quant/). */
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(LI_NO_CLONES)
-#define LI_Q4_HOT __attribute__((target_clones("avx2", "default")))
-#else
-#define LI_Q4_HOT
-#endif
+/* The dense loops (X^T X, the quadratic forms, GPTQ's lazy batch and its
+ * factorizations) are LI_HOT_CLONES (util/common.h): AVX2 and plain
+ * x86-64, the same bits. */
 
 /* One group's parameters: the stored f32 scale and the zero point (an
  * integer 0..15; 8 when symmetric). */

@@ -201,21 +201,15 @@ static void sq_collect(void *ctx, int layer, li_calib_site site, const float *x,
         if (sr->seen[i] % sr->stride == 0) memcpy(dst + sr->n[i]++ * k, x + r * k, (size_t)k * sizeof(float));
 }
 
-/* The search's loops, built for AVX2 and plain x86-64 (chosen by CPUID)
- * with the same bits: nothing in them is reassociated, and ISO C fuses no
- * multiply-add. */
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(LI_NO_CLONES)
-#define SQ_HOT __attribute__((target_clones("avx2", "default")))
-#else
-#define SQ_HOT
-#endif
+/* The search's loops are LI_HOT_CLONES (util/common.h): AVX2 and plain
+ * x86-64, the same bits (nothing in them is reassociated). */
 
 /* NAME(wt, m8, k, x, dots): dots (4, m8) = 4 rows of x (4, k) times wt
  * (k, m8), the weights transposed; each output a sum in REAL over j
  * increasing, the order of a plain dot product, L outputs and four rows
  * side by side so the sums vectorize without being reassociated. */
 #define SQ_DOTS(NAME, REAL, L)                                                                                 \
-    SQ_HOT static void NAME(const float *wt, int64_t m8, int64_t k, const float *x, REAL *dots) {            \
+    LI_HOT_CLONES static void NAME(const float *wt, int64_t m8, int64_t k, const float *x, REAL *dots) {            \
         for (int64_t c0 = 0; c0 < m8; c0 += L) {                                                              \
             REAL a[4][L] = {{0}};                                                                             \
             for (int64_t j = 0; j < k; j++) {                                                                 \
@@ -242,8 +236,8 @@ SQ_DOTS(sq_dots_f64, double, 4)
 /* Weight rows wr[0..nr) (nr <= 8) smoothed by s and rounded to int8 per
  * row (the W8A8 weight grid), into columns c0.. of wt (k, m8), transposed
  * for sq_dots; buf: 8k floats of scratch. */
-SQ_HOT static void sq_wq_block(const float *const *wr, int nr, int64_t k, const double *s, float *buf, float *wt, int64_t m8,
-                        int64_t c0) {
+LI_HOT_CLONES static void sq_wq_block(const float *const *wr, int nr, int64_t k, const double *s, float *buf,
+                                      float *wt, int64_t m8, int64_t c0) {
     for (int u = 0; u < nr; u++) {
         const float *w = wr[u];
         float *o = buf + u * k, amax = 0;
@@ -258,49 +252,52 @@ SQ_HOT static void sq_wq_block(const float *const *wr, int nr, int64_t k, const 
         for (int u = 0; u < nr; u++) wt[j * m8 + c0 + u] = buf[u * k + j];
 }
 
+/* The search's scratch for a site of m weight rows of k inputs: the
+ * weights transposed (k, m8), their columns past m zero; 4 rows of dots in
+ * float and in double; 8 weight rows and 4 activation rows of k. */
+typedef struct sq_scratch {
+    int64_t m, m8, k;
+    float *wt, *dots, *wq, *xq;
+    double *dots64;
+} sq_scratch;
+
 /* The output error, summed over the kept rows x (nx, k), of the int8
- * matmul of weights ws (stacked, m_tot rows) smoothed by s: per-row int8
+ * matmul of weights ws (stacked, sc->m rows) smoothed by s: per-row int8
  * RTN of W diag(s) times per-token int8 of x diag(s)^-1, against x W^T (y,
- * (nx, m_tot), precomputed). wq (8k) and xq (4k): scratch. The sums are
- * those of plain dot products, each in its order (sq_dots), so the alphas
- * chosen do not depend on the vector width. */
-static double sq_error(float *const *ws, const int64_t *rows, int n_w, int64_t k, const double *s, const float *x,
-                       int64_t nx, const double *y, float *wq, float *xq) {
-    int64_t m = 0;
-    for (int i = 0; i < n_w; i++) m += rows[i];
-    const int64_t m8 = (m + 7) / 8 * 8;
-    float *wt = li_xcalloc((size_t)(k * m8), sizeof(float)), *dots = li_xmalloc((size_t)(4 * m8) * sizeof(float));
+ * (nx, m), precomputed). The sums are those of plain dot products, each in
+ * its order (sq_dots), so the alphas chosen do not depend on the vector
+ * width. */
+static double sq_error(float *const *ws, const int64_t *rows, int n_w, const double *s, const float *x, int64_t nx,
+                       const double *y, sq_scratch *sc) {
+    const int64_t m = sc->m, m8 = sc->m8, k = sc->k;
     const float *wr[8];
     int nr = 0;
     int64_t c0 = 0;
     for (int i = 0; i < n_w; i++)
         for (int64_t r = 0; r < rows[i]; r++) {
             wr[nr++] = ws[i] + r * k;
-            if (nr == 8) sq_wq_block(wr, nr, k, s, wq, wt, m8, c0), c0 += 8, nr = 0;
+            if (nr == 8) sq_wq_block(wr, nr, k, s, sc->wq, sc->wt, m8, c0), c0 += 8, nr = 0;
         }
-    if (nr) sq_wq_block(wr, nr, k, s, wq, wt, m8, c0);
+    if (nr) sq_wq_block(wr, nr, k, s, sc->wq, sc->wt, m8, c0);
     double e = 0;
     for (int64_t t0 = 0; t0 < nx; t0 += 4) {
         const int64_t nt = LI_MIN((int64_t)4, nx - t0);
         for (int64_t u = 0; u < nt; u++) {
-            float *xu = xq + u * k, amax = 0;
+            float *xu = sc->xq + u * k, amax = 0;
             for (int64_t j = 0; j < k; j++) {
                 const float v = fabsf(xu[j] = (float)(x[(t0 + u) * k + j] / s[j]));
                 amax = v > amax ? v : amax;
             }
-            const float sc = amax / 127.0f, inv = sc > 0 ? 1.0f / sc : 0.0f;
-            for (int64_t j = 0; j < k; j++) xu[j] = li_code_round(xu[j] * inv, -127.0f, 127.0f) * sc;
+            const float scale = amax / 127.0f, inv = scale > 0 ? 1.0f / scale : 0.0f;
+            for (int64_t j = 0; j < k; j++) xu[j] = li_code_round(xu[j] * inv, -127.0f, 127.0f) * scale;
         }
-        for (int64_t u = nt; u < 4; u++) memset(xq + u * k, 0, (size_t)k * sizeof(float));
-        sq_dots(wt, m8, k, xq, dots);
+        sq_dots(sc->wt, m8, k, sc->xq, sc->dots); /* rows past nt: stale, not read */
         for (int64_t u = 0; u < nt; u++)
             for (int64_t c = 0; c < m; c++) {
-                const double d = (double)dots[u * m8 + c] - y[(t0 + u) * m + c];
+                const double d = (double)sc->dots[u * m8 + c] - y[(t0 + u) * m + c];
                 e += d * d;
             }
     }
-    free(wt);
-    free(dots);
     return e;
 }
 
@@ -308,37 +305,38 @@ static double sq_error(float *const *ws, const int64_t *rows, int n_w, int64_t k
  * alpha) give the least sq_error (ties: the smaller alpha); s holds them. */
 static double sq_search(float *const *ws, const int64_t *rows, int n_w, int64_t k, const double *a, const double *w,
                         const float *x, int64_t nx, double *s) {
-    int64_t m = 0;
-    for (int i = 0; i < n_w; i++) m += rows[i];
+    sq_scratch sc = {.k = k};
+    for (int i = 0; i < n_w; i++) sc.m += rows[i];
+    const int64_t m = sc.m, m8 = sc.m8 = (m + 7) / 8 * 8;
+    sc.wt = li_xcalloc((size_t)(k * m8), sizeof(float));
+    sc.dots = li_xmalloc((size_t)(4 * m8) * sizeof(float));
+    sc.dots64 = li_xmalloc((size_t)(4 * m8) * sizeof(double));
+    sc.wq = li_xmalloc((size_t)(8 * k) * sizeof(float));
+    sc.xq = li_xcalloc((size_t)(4 * k), sizeof(float));
+    /* y = x W^T in double, the weights as they are */
     double *y = li_xmalloc((size_t)(nx * m) * sizeof(double));
-    {
-        const int64_t m8 = (m + 7) / 8 * 8;
-        float *wt = li_xcalloc((size_t)(k * m8), sizeof(float)), *x4 = li_xcalloc((size_t)(4 * k), sizeof(float));
-        double *d4 = li_xmalloc((size_t)(4 * m8) * sizeof(double));
-        for (int i = 0, c = 0; i < n_w; i++)
-            for (int64_t r = 0; r < rows[i]; r++, c++)
-                for (int64_t j = 0; j < k; j++) wt[j * m8 + c] = ws[i][r * k + j];
-        for (int64_t t0 = 0; t0 < nx; t0 += 4) {
-            const int64_t nt = LI_MIN((int64_t)4, nx - t0);
-            memcpy(x4, x + t0 * k, (size_t)(nt * k) * sizeof(float));
-            sq_dots_f64(wt, m8, k, x4, d4);
-            for (int64_t u = 0; u < nt; u++) memcpy(y + (t0 + u) * m, d4 + u * m8, (size_t)m * sizeof(double));
-        }
-        free(wt);
-        free(x4);
-        free(d4);
+    for (int i = 0, c = 0; i < n_w; i++)
+        for (int64_t r = 0; r < rows[i]; r++, c++)
+            for (int64_t j = 0; j < k; j++) sc.wt[j * m8 + c] = ws[i][r * k + j];
+    for (int64_t t0 = 0; t0 < nx; t0 += 4) {
+        const int64_t nt = LI_MIN((int64_t)4, nx - t0);
+        memcpy(sc.xq, x + t0 * k, (size_t)(nt * k) * sizeof(float)); /* rows past nt: stale, not read */
+        sq_dots_f64(sc.wt, m8, k, sc.xq, sc.dots64);
+        for (int64_t u = 0; u < nt; u++) memcpy(y + (t0 + u) * m, sc.dots64 + u * m8, (size_t)m * sizeof(double));
     }
-    float *wq = li_xmalloc((size_t)(8 * k) * sizeof(float)), *xq = li_xmalloc((size_t)(4 * k) * sizeof(float));
     double best = INFINITY, best_a = 0;
     for (int g = 0; g <= 10; g++) {
         const double al = g / 10.0;
         for (int64_t j = 0; j < k; j++) s[j] = smooth_scale(a[j], w[j], al);
-        const double e = sq_error(ws, rows, n_w, k, s, x, nx, y, wq, xq);
+        const double e = sq_error(ws, rows, n_w, s, x, nx, y, &sc);
         if (e < best) best = e, best_a = al;
     }
     free(y);
-    free(wq);
-    free(xq);
+    free(sc.wt);
+    free(sc.dots);
+    free(sc.dots64);
+    free(sc.wq);
+    free(sc.xq);
     return best_a;
 }
 

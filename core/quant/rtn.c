@@ -91,7 +91,7 @@ int li_q4_weight_view(const li_q4_result *r, li_scheme scheme, li_act_quant act,
  * element of t sums over a in order, whatever the tiling. */
 #define QF_TILE 256
 
-LI_Q4_HOT void li_q4_quad_forms(const double *g, int64_t ldg, const double *d, int64_t ldd, int64_t m,
+LI_HOT_CLONES void li_q4_quad_forms(const double *g, int64_t ldg, const double *d, int64_t ldd, int64_t m,
                                 int64_t n, double *out) {
     double t[8][QF_TILE];
     for (int64_t r0 = 0; r0 < m; r0 += 8) {

@@ -58,6 +58,17 @@ int li_read_file(const char *path, size_t max_bytes, const char *what, char **ou
 /* Monotonic clock in seconds. */
 double li_time_now(void);
 
+/* Dense double/float loops built twice, for AVX2 and plain x86-64, the one
+ * run chosen at load time by CPUID (GCC's ifunc clones). Both give the same
+ * bits: ISO C mode contracts no multiply-add into an FMA, and vectorizing
+ * changes no element's order of operations (the files using it are built
+ * with -ftree-vectorize, CMakeLists.txt). */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(LI_NO_CLONES)
+#define LI_HOT_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define LI_HOT_CLONES
+#endif
+
 #define LI_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define LI_MAX(a, b) ((a) > (b) ? (a) : (b))
 #define LI_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
