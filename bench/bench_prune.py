@@ -23,15 +23,17 @@ With three KV groups per layer (SmolLM2-135M), whole groups come in steps of
 original (one recipe for every row: every parameter trains, STEPS steps of
 one 256-token window, AdamW 3e-4 with a cosine schedule and 10% warmup, the
 seed's loss at alpha 0.9 and T 1, on STEPS x 256 tokens the original samples
-itself, --seed 1, so every row trains on the same tokens) and scores the
-healed file the same way; without it the column says "not run".
+itself, --seed 1, so every row trains on the same tokens), writes it
+--heal-dtype (distill --dtype: f16 by default, `source` keeps each matrix
+in the pruned file's type) and scores the healed file the same way; without
+it the column says "not run".
 
 The refit and OBS rows calibrate on --refit-samples windows of 256 tokens
 (the refit's X^T X is n_ff wide and wants thousands of rows); the others on
 --samples windows of 128.
 
   .venv/bin/python bench/bench_prune.py [--chunks N] [--samples N] [--refit-samples N] [--rounds N]
-         [--heal STEPS] [--only layers-bi,heads-act,...] [--docs] [--rows LOG]
+         [--heal STEPS] [--heal-dtype f16|source|...] [--only layers-bi,heads-act,...] [--docs] [--rows LOG]
 
 Each finished row is printed to stderr as one JSON line; --rows LOG renders
 such lines again (an interrupted run's rows) without measuring. --docs replaces the table between the bench_prune markers of
@@ -84,11 +86,11 @@ def is_refit(args):
     return "--refit" in args or "obs" in args
 
 
-def heal(binary, teacher, student, out, steps):
+def heal(binary, teacher, student, out, steps, dtype):
     """the one healing recipe of every row (the module docstring)"""
     run(binary, ["distill", "--teacher", teacher, "--student", student, "--self-generate", steps * 256 + 1,
                  "--steps", steps, "--seq-len", 256, "--train", "all", "--lr", "3e-4", "--lr-schedule", "cosine",
-                 "--warmup", max(1, steps // 10), "--alpha", "0.9", "--temperature", "1", "--dtype", "f16",
+                 "--warmup", max(1, steps // 10), "--alpha", "0.9", "--temperature", "1", "--dtype", dtype,
                  "--seed", 1, out])
 
 
@@ -110,6 +112,8 @@ def main():
                     help="calibration windows of 256 tokens for the refit and OBS rows (default 32)")
     ap.add_argument("--heal", type=int, default=0, metavar="STEPS",
                     help="heal every pruned file by distillation, STEPS steps of 256 tokens (default 0: not run)")
+    ap.add_argument("--heal-dtype", default="f16",
+                    help="the healed file's matrices (distill --dtype; default f16; source keeps the pruned file's types)")
     ap.add_argument("--rounds", type=int, default=2, help="decode rounds per model, alternating (default 2)")
     ap.add_argument("--tokens", type=int, default=48, help="decoded tokens per round (default 48)")
     ap.add_argument("--only", default="", help="comma-separated config names: " + ", ".join(CONFIGS))
@@ -127,7 +131,8 @@ def main():
             base = Path(d) / "base.kld"
             b = ppl(a.bin, a.model, a.chunks, a.ctx, ["--kl-base-out", base])
             head = {"base_ppl": b["perplexity"], "n_scored": b["n_scored"], "chunks": a.chunks, "ctx": a.ctx,
-                    "samples": a.samples, "refit_samples": a.refit_samples, "heal": a.heal}
+                    "samples": a.samples, "refit_samples": a.refit_samples, "heal": a.heal,
+                    "heal_dtype": a.heal_dtype}
             print(json.dumps(head), file=sys.stderr)
             progress = results.Progress(sum(len(CONFIGS[n]) for n in names), "prune configs")
             for name in names:
@@ -148,7 +153,7 @@ def main():
                                  "speed": max(mine) / max(orig)})
                     if a.heal:
                         healed = Path(d) / "healed.gguf"
-                        heal(a.bin, a.model, out, healed, a.heal)
+                        heal(a.bin, a.model, out, healed, a.heal, a.heal_dtype)
                         h = ppl(a.bin, healed, a.chunks, a.ctx, ["--kl-base", base])
                         rows[-1].update(heal_kl=h["kl_mean"], heal_ppl=h["perplexity"], heal_top1=h["top1_agree"])
                         healed.unlink()
@@ -161,7 +166,8 @@ def main():
         lines += [f"Original: perplexity {head['base_ppl']:.3f} on {head['n_scored']} scored tokens of alice29.txt "
                   f"({head['chunks']} chunks of {head['ctx']}); calibration {head['samples']} x 128 tokens of "
                   f"plrabn12.txt ({head.get('refit_samples', 32)} x 256 for the refit and OBS rows); healing: "
-                  + (f"{head['heal']} steps of 256 self-generated tokens, every parameter." if head.get("heal")
+                  + (f"{head['heal']} steps of 256 self-generated tokens, every parameter, written "
+                     f"{head.get('heal_dtype', 'f16')}." if head.get("heal")
                      else "not run."), ""]
     lines += ["| kind / ranking | target | removed | predicted KLD (calib) | PPL | mean KLD | KLD p99 | top-1 | "
               "decode speed | after healing: mean KLD (PPL, top-1) |",

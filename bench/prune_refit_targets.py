@@ -13,6 +13,11 @@ float32 NumPy from the gguf package's dequantized weights (no luainfer code):
          the pruned model's residual before it: each layer's refit also
          absorbs, as far as a linear map of its inputs can, the error the
          layers before it left
+  alloc  local, but the same 16,320 channels taken unevenly: each layer's
+         refit error at 1536, 1472, ... 512 kept channels (act order), over
+         the squared norm of its residual stream after the FFN, and channels
+         taken 64 at a time from the layer whose error grows least
+  allocraw  the same with the raw error (no normalization)
 
 Calibration: the first NTOK tokens of tests/data/plrabn12.txt in 256-token
 windows; held-out: 8 windows of 512 tokens of tests/data/alice29.txt, KL
@@ -53,7 +58,7 @@ def tokens(name):
     return np.loadtxt(out, dtype=np.int64)
 
 
-if len(sys.argv) not in (3, 4) or sys.argv[1] not in ("local", "seq", "seqc"):
+if len(sys.argv) not in (3, 4) or sys.argv[1] not in ("local", "seq", "seqc", "alloc", "allocraw"):
     sys.exit(__doc__)
 mode = sys.argv[1]; ntok = int(sys.argv[2]); seq = 256; damp = float(sys.argv[3]) if len(sys.argv) > 3 else 0.01
 r = gguf.GGUFReader(MODEL)
@@ -89,7 +94,40 @@ t0 = time.time()
 xd = emb[mil].astype(np.float32); xp = xd.copy()   # dense and pruned residual streams (nw, seq, D)
 newdown = []
 B = 16
-for l in range(L):
+if mode.startswith('alloc'):
+    # every layer's statistics on the original's stream first (they do not depend on the allocation)
+    stats = []
+    for l in range(L):
+        p = lay[l]
+        Hs = np.zeros((FF, FF)); asum = np.zeros(FF); sig = 0.0
+        for i in range(0, len(mil), B):
+            xdi = xd[i:i+B]
+            md = xdi + attn(xdi, p, seq); ad = ffn_act(md, p); od = md + ad @ p['ffn_down'].T
+            asum += np.abs(ad).reshape(-1, FF).sum(0); sig += float((od.astype(np.float64) ** 2).sum())
+            X = ad.reshape(-1, FF); Hs += (X.T @ X).astype(np.float64)
+            xd[i:i+B] = od
+        wd = p['ffn_down'].astype(np.float64)
+        order = np.argsort(-(asum * np.linalg.norm(wd, axis=0)), kind='stable')
+        lam = damp * np.mean(np.diag(Hs)); total = np.einsum('ij,jk,ik->', wd, Hs, wd)
+        err = {}
+        for k in range(FF, 511, -64):  # min ||W X - W_S X_S||^2 = tr(W H W^T) - tr(C_S (H_SS + lam)^-1 C_S^T), C = W H
+            S = order[:k]; C = wd @ Hs[:, S]
+            err[k] = max(0.0, total - np.einsum('ij,ij->', C, np.linalg.solve(Hs[np.ix_(S, S)] + lam * np.eye(k), C.T).T))
+        stats.append((Hs, order, err, sig, lam))
+        print(f'layer {l} stats {time.time()-t0:.0f}s', file=sys.stderr, flush=True)
+    keep_l = [FF] * L
+    norm_by = [1.0 if mode == 'allocraw' else st[3] for st in stats]
+    for _ in range(L * (FF - keep_n) // 64):
+        cost = [(stats[l][2][keep_l[l] - 64] - stats[l][2][keep_l[l]]) / norm_by[l] if keep_l[l] - 64 in stats[l][2]
+                else np.inf for l in range(L)]
+        keep_l[int(np.argmin(cost))] -= 64
+    print(f'{mode} kept per layer: {keep_l} (sum {sum(keep_l)}, uniform {keep_n * L})')
+    for l in range(L):
+        Hs, order, _, _, lam = stats[l]; wd = lay[l]['ffn_down']
+        keep = np.sort(order[:keep_l[l]]); C = wd.astype(np.float64) @ Hs[:, keep]
+        Wk = np.linalg.solve(Hs[np.ix_(keep, keep)] + lam * np.eye(len(keep)), C.T).T
+        nd = np.zeros_like(wd); nd[:, keep] = Wk.astype(np.float32); newdown.append(nd)
+for l in range(L if not mode.startswith('alloc') else 0):
     p = lay[l]
     Hs = np.zeros((FF, FF)); C = np.zeros((D, FF)); asum = np.zeros(FF)
     for i in range(0, len(mil), B):

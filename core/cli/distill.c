@@ -104,23 +104,29 @@ static void on_step(void *ctx, int step, double loss, double kl, double gnorm, d
 int li_cmd_distill(int argc, char **argv) {
     const char *teacher_path = NULL, *student_path = NULL, *train = "norms";
     int64_t accum = 1, streams = 16;
+    bool qat = false;
     static const li_cli_train_spec spec = {
         .who = "distill", .steps = 20, .lr = 1e-4, .min_seq_len = 2,
         .self_generate_help = "train on N tokens the teacher samples (temperature 1, --seed) instead of --data",
         .seq_len_help = "tokens per sequence (default 64)",
         .batch_help = "sequences per micro-batch (default 1)",
-        .dtype_help = "checkpoint weights: f32 or f16 (default f32)",
+        .dtype_help = "checkpoint matrices: f32, f16, bf16, q8_0, q4_0, q4_1, or source: each in the student file's "
+                      "type, so a healed model keeps its size and speed (default f32)",
+        .dtypes = 1u << LI_CKPT_BF16 | 1u << LI_CKPT_Q8_0 | 1u << LI_CKPT_Q4_0 | 1u << LI_CKPT_Q4_1 | 1u << LI_CKPT_SOURCE,
         .seed_help = "seed of the LoRA initialization and of --self-generate (default 1)"};
     li_cli_train_opts to;
-    li_opt opts[5 + LI_CLI_TRAIN_N_OPTS] = {
+    li_opt opts[6 + LI_CLI_TRAIN_N_OPTS] = {
         {"teacher", LI_OPT_STR, &teacher_path, "the teacher model (required)"},
         {"student", LI_OPT_STR, &student_path, "the student GGUF; same vocabulary (required)"},
         {"accum", LI_OPT_INT, &accum, "micro-batches accumulated per step (default 1)"},
         {"train", LI_OPT_STR, &train, "what trains: all, norms, layers:A-B, lora:R (default norms)"},
         {"streams", LI_OPT_INT, &streams,
          "--self-generate: sequences sampled side by side, 1..256 (default 16; 1: one stream, as before)"},
+        {"qat", LI_OPT_FLAG, &qat,
+         "quantization-aware: train through --dtype's rounding (float32 masters, straight-through gradients), so "
+         "the file holds the weights that were trained"},
     };
-    li_cli_train_opts_init(&to, &spec, opts + 5);
+    li_cli_train_opts_init(&to, &spec, opts + 6);
     const int n_opts = (int)LI_ARRAY_LEN(opts);
     li_error err = {0};
     const char *pos[1];
@@ -189,6 +195,7 @@ int li_cmd_distill(int argc, char **argv) {
         rc = li_error_set(&err, LI_ENOMEM, "distill: cannot start %d threads", n_thr);
         goto done;
     }
+    if (qat && (rc = li_train_qat_init(&tm, &student->gguf, dtype, tp, &err))) goto done;
     const int32_t V = rt.model->hp.n_vocab;
     const size_t BT = (size_t)(to.batch * to.seq_len);
     c = (dctx){.ids = ids, .n_ids = (int64_t)n_ids, .n_windows = ((int64_t)n_ids - 1) / to.seq_len, .B = (int)to.batch,
@@ -203,8 +210,9 @@ int li_cmd_distill(int argc, char **argv) {
             goto done;
         }
     }
-    printf("distill: %s -> %s, train %s: %.1fM of %.1fM parameters, %zu tokens of %s (%lld windows of %lld)\n",
-           student_path, pos[0], train, (double)tm.L.n_grads / 1e6, (double)tm.L.n_params / 1e6, n_ids,
+    printf("distill: %s -> %s, train %s%s: %.1fM of %.1fM parameters, %zu tokens of %s (%lld windows of %lld)\n",
+           student_path, pos[0], train, qat ? " (quantization-aware)" : "", (double)tm.L.n_grads / 1e6,
+           (double)tm.L.n_params / 1e6, n_ids,
            to.data ? "text" : "the teacher's samples",
            (long long)c.n_windows, (long long)to.seq_len);
     printf("loss = %.2f * KL(T = %.2f) * T^2 + %.2f * CE; AdamW lr %g (%s, warmup %d), %lld x %lld x %lld tokens "
@@ -231,7 +239,7 @@ int li_cmd_distill(int argc, char **argv) {
     li_progress_finish(&c.prog);
     if (!rc) {
         if (done_steps < to.steps) printf("interrupted after step %d: checkpoint written to %s\n", done_steps, pos[0]);
-        else printf("wrote %s (%s weights)\n", pos[0], dtype == LI_CKPT_F16 ? "F16" : "F32");
+        else printf("wrote %s (%s weights)\n", pos[0], li_ckpt_dtype_name(dtype));
     }
 done:
     free(c.tok);

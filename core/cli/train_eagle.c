@@ -165,7 +165,7 @@ int li_cmd_train_eagle(int argc, char **argv) {
         .batch_help = "windows per step (default 4)",
         .dtype_help = "draft matrices in the file: f32, f16 or q8_0 (default f32; q8_0 reads a quarter of f32's bytes "
                       "each draft pass)",
-        .dtype_q8_0 = true,
+        .dtypes = 1u << LI_CKPT_Q8_0,
         .seed_help = "seed of the draft's start, of --self-generate and of the window order (default 1)",
         .own_defaults = true, .alpha = 1.0, .temperature = 1.0, .clip = 0.5, .sched = "cosine", .seq_len = 256,
         .batch = 4, .warmup_cap = 50};
@@ -431,7 +431,7 @@ int li_cmd_train_eagle(int argc, char **argv) {
         else
             printf("wrote %s (%s, %lld tokens trained in %.1f s: %.0f tok/s; the base's passes %.1f s, the draft's "
                    "%.1f s)\n",
-                   pos[0], to.dtype == LI_CKPT_Q8_0 ? "Q8_0" : to.dtype == LI_CKPT_F16 ? "F16" : "F32", (long long)(step * to.batch * L), el,
+                   pos[0], li_ckpt_dtype_name(to.dtype), (long long)(step * to.batch * L), el,
                    (double)(step * to.batch * L) / el, t_base, el - t_base);
         fflush(stdout);
         if (eval_path && !stop_flag) rc = eval_draft(&e, &s, EV, eids, (int64_t)n_eids, L, (int)J, &bb, tp, &err);

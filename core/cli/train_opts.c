@@ -74,9 +74,17 @@ int li_cli_train_opts_check(li_cli_train_opts *o, const li_cli_train_spec *s, li
         return li_error_set(err, LI_EINVAL, "%s: --warmup must be in 0..%lld (below --steps)", w,
                             (long long)o->steps - 1);
     o->sched.warmup = (int)o->warmup;
-    if (!strcmp(o->dtype_s, "f32")) o->dtype = LI_CKPT_F32;
-    else if (!strcmp(o->dtype_s, "f16")) o->dtype = LI_CKPT_F16;
-    else if (s->dtype_q8_0 && !strcmp(o->dtype_s, "q8_0")) o->dtype = LI_CKPT_Q8_0;
-    else return li_error_set(err, LI_EINVAL, "%s: --dtype must be f32%s", w, s->dtype_q8_0 ? ", f16 or q8_0" : " or f16");
+    const unsigned ok = s->dtypes | 1u << LI_CKPT_F32 | 1u << LI_CKPT_F16;
+    if (li_ckpt_dtype_parse(o->dtype_s, &o->dtype) || !(ok >> o->dtype & 1)) {
+        char names[96] = "";
+        int n = 0, left = __builtin_popcount(ok);
+        for (int d = 0; d <= LI_CKPT_SOURCE; d++)
+            if (ok >> d & 1) {
+                left--;
+                n += snprintf(names + n, sizeof names - (size_t)n, "%s%s", li_ckpt_dtype_name((li_ckpt_dtype)d),
+                              left > 1 ? ", " : left == 1 ? " or " : "");
+            }
+        return li_error_set(err, LI_EINVAL, "%s: --dtype must be %s (got '%s')", w, names, o->dtype_s);
+    }
     return 0;
 }

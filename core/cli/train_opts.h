@@ -20,7 +20,7 @@ typedef struct li_cli_train_spec {
     double lr;                 /* default --lr */
     int64_t min_seq_len;       /* --seq-len's lower bound */
     const char *self_generate_help, *seq_len_help, *batch_help, *dtype_help, *seed_help;
-    bool dtype_q8_0; /* --dtype q8_0 accepted */
+    unsigned dtypes; /* the --dtype values accepted beyond f32 and f16: bits 1u << LI_CKPT_* */
     /* own_defaults: the command's own defaults below instead of the shared
      * ones (alpha 0.5, T 2, clip 1, constant, no warmup, seq-len 64, batch 1);
      * warmup_cap > 0: without --warmup, min(warmup_cap, steps / 10) */

@@ -1,6 +1,8 @@
 /* ckpt.c — a training model written as a GGUF the engine loads: the
  * source's metadata (hyper-parameters, tokenizer, chat template), the
- * weights as F32 or F16 (norms F32, as llama.cpp writes them), adapters
+ * matrices as F32, F16, BF16, Q8_0, Q4_0, Q4_1 or each in its source type
+ * (norms F32, as llama.cpp writes them), quantized by the types' reference
+ * quantizers (kernels/types.c, the ones `luainfer quantize` uses), adapters
  * merged into their weights. */
 #include "train/train.h"
 #include "model/gguf_write.h"
@@ -8,6 +10,43 @@
 
 #include <stdlib.h>
 #include <string.h>
+
+static const char *const dtype_names[] = {"f32", "f16", "q8_0", "bf16", "q4_0", "q4_1", "source"};
+
+int li_ckpt_dtype_parse(const char *name, li_ckpt_dtype *out) {
+    for (int d = 0; name && d < (int)LI_ARRAY_LEN(dtype_names); d++)
+        if (!strcmp(name, dtype_names[d])) return *out = (li_ckpt_dtype)d, 0;
+    return -1;
+}
+
+const char *li_ckpt_dtype_name(li_ckpt_dtype d) {
+    return (unsigned)d < LI_ARRAY_LEN(dtype_names) ? dtype_names[d] : "unknown";
+}
+
+/* llama.cpp's general.file_type (LLAMA_FTYPE_*) of a fixed dtype */
+static uint32_t file_type(li_ckpt_dtype d) {
+    static const uint32_t ft[] = {[LI_CKPT_F32] = 0, [LI_CKPT_F16] = 1, [LI_CKPT_Q8_0] = 7, [LI_CKPT_BF16] = 32,
+                                  [LI_CKPT_Q4_0] = 2, [LI_CKPT_Q4_1] = 3};
+    return ft[d];
+}
+
+uint32_t li_ckpt_matrix_type(li_ckpt_dtype d, const li_gguf *src, const char *name, int64_t cols) {
+    static const uint32_t fixed[] = {[LI_CKPT_F32] = LI_TYPE_F32, [LI_CKPT_F16] = LI_TYPE_F16,
+                                     [LI_CKPT_Q8_0] = LI_TYPE_Q8_0, [LI_CKPT_BF16] = LI_TYPE_BF16,
+                                     [LI_CKPT_Q4_0] = LI_TYPE_Q4_0, [LI_CKPT_Q4_1] = LI_TYPE_Q4_1};
+    uint32_t t = LI_TYPE_F16;
+    if (d != LI_CKPT_SOURCE) t = fixed[d];
+    else {
+        const li_gguf_tensor *st = li_gguf_find_tensor(src, name);
+        if (st) t = st->type;
+    }
+    const li_type_traits *tr = li_type_get(t);
+    size_t row;
+    if (t == LI_TYPE_F32 || t == LI_TYPE_F16) return t;
+    /* a scaled type (w8a8, fp8, 4-bit schemes) needs its scale tensors: F16 */
+    return tr && tr->from_float && !tr->scaled && tr->kind != LI_KIND_INT && li_type_row_size(t, cols, &row)
+               ? t : LI_TYPE_F16;
+}
 
 static bool skip_key(li_str key) {
     return li_str_eq(key, "general.file_type") || (key.len >= 9 && !memcmp(key.ptr, "luainfer.", 9));
@@ -18,7 +57,8 @@ static float *merged(const li_train_model *tm, int i) {
     const li_train_tensor *t = &tm->L.t[i];
     const size_t n = (size_t)(t->rows * t->cols);
     float *w = li_xmalloc(n * sizeof(float));
-    memcpy(w, tm->params + t->off, n * sizeof(float));
+    /* with QAT, the masters: quantizing them gives the very codes the passes trained */
+    memcpy(w, (tm->master ? tm->master : tm->params) + t->off, n * sizeof(float));
     if (t->lora_a >= 0) {
         const li_train_tensor *A = &tm->L.t[t->lora_a], *B = &tm->L.t[t->lora_b];
         const int64_t r = A->rows;
@@ -39,23 +79,31 @@ int li_train_save(const li_train_model *tm, const li_gguf *src, li_ckpt_dtype dt
     int rc = 0;
     for (uint64_t i = 0; i < src->n_kv && !rc; i++)
         if (!skip_key(src->kv[i].key)) rc = li_gguf_writer_add_kv(&w, &src->kv[i], err);
-    /* llama.cpp's LLAMA_FTYPE_ALL_F32 = 0, MOSTLY_F16 = 1 */
-    if (!rc) rc = li_gguf_writer_add_u32(&w, "general.file_type", dtype == LI_CKPT_F16 ? 1 : 0, err);
+    /* a source-typed file keeps the source's file type (copied when it has one) */
+    if (!rc && dtype != LI_CKPT_SOURCE)
+        rc = li_gguf_writer_add_u32(&w, "general.file_type", file_type(dtype), err);
+    else if (!rc && li_gguf_find_kv(src, "general.file_type"))
+        rc = li_gguf_writer_add_kv(&w, li_gguf_find_kv(src, "general.file_type"), err);
     const li_train_layout *L = &tm->L;
     for (int i = 0; i < LI_TT_N_GLOBAL + LI_TL_N * L->hp.n_layer && !rc; i++) {
         const li_train_tensor *t = &L->t[i];
         if (i == LI_TT_OUTPUT && L->tied) continue;
         float *f = merged(tm, i);
-        const size_t n = (size_t)(t->rows * t->cols);
         const bool norm = t->rows == 1;
         const int64_t ne[2] = {t->cols, t->rows};
-        if (norm || dtype == LI_CKPT_F32) {
-            rc = li_gguf_writer_add_tensor(&w, t->name, LI_TYPE_F32, norm ? 1 : 2, ne, f, n * sizeof(float), err);
+        const uint32_t type = norm ? LI_TYPE_F32 : li_ckpt_matrix_type(dtype, src, t->name, t->cols);
+        if (type == LI_TYPE_F32) {
+            rc = li_gguf_writer_add_tensor(&w, t->name, LI_TYPE_F32, norm ? 1 : 2, ne, f,
+                                           (size_t)(t->rows * t->cols) * sizeof(float), err);
         } else {
-            uint16_t *h = li_xmalloc(n * sizeof(uint16_t));
-            for (size_t j = 0; j < n; j++) h[j] = li_fp32_to_fp16(f[j]);
+            size_t row;
+            li_type_row_size(type, t->cols, &row);
+            uint8_t *q = li_xmalloc(row * (size_t)t->rows);
+            const li_type_traits *tr = li_type_get(type);
+            for (int64_t r = 0; r < t->rows; r++) tr->from_float(f + r * t->cols, q + (size_t)r * row, t->cols);
             free(f);
-            rc = li_gguf_writer_add_tensor(&w, t->name, LI_TYPE_F16, 2, ne, h, n * sizeof(uint16_t), err);
+            f = NULL;
+            rc = li_gguf_writer_add_tensor(&w, t->name, type, 2, ne, q, row * (size_t)t->rows, err);
         }
     }
     if (!rc) rc = li_gguf_writer_write(&w, path, err);

@@ -253,6 +253,8 @@ int li_train_model_init(li_train_model *tm, const li_model *m, const li_train_se
 
 void li_train_model_free(li_train_model *tm) {
     li_aligned_free(tm->params);
+    li_aligned_free(tm->master);
+    free(tm->qat_type);
     li_train_layout_free(&tm->L);
     memset(tm, 0, sizeof *tm);
 }

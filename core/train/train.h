@@ -94,7 +94,11 @@ void li_train_layout_free(li_train_layout *L);
 
 typedef struct li_train_model {
     li_train_layout L;
-    float *params;        /* (L.n_params) float32 master copies */
+    float *params;        /* (L.n_params) float32 master copies; with QAT, what the passes see */
+    /* QAT (qat.c; NULL without): params = dequant(quant(master)) per tensor,
+     * the optimizer updating master */
+    float *master;        /* (L.n_params) */
+    uint32_t *qat_type;   /* (L.n_tensors) the type each tensor is rounded through; LI_TYPE_F32: none */
 } li_train_model;
 
 /* Dequantizes every weight of m (any loadable type or scheme) into float32
@@ -185,15 +189,43 @@ int li_adamw_step(li_adamw *a, li_train_model *tm, const li_train_grads *g, cons
 
 /* ==== checkpoints ========================================================= */
 
-/* LI_CKPT_Q8_0: train-eagle only (a draft runs on every step, its weights read each time) */
-typedef enum { LI_CKPT_F32, LI_CKPT_F16, LI_CKPT_Q8_0 } li_ckpt_dtype;
+/* The checkpoint's matrix type. The quantized ones (distill and
+ * train-eagle) keep a healed model at its source's size and speed:
+ * LI_CKPT_SOURCE writes each matrix in the type the source file has it in
+ * (a Q4_1 model with a Q8_0 embedding stays so); a type without a
+ * quantizer here, or a row its blocks don't divide, is written F16. */
+typedef enum {
+    LI_CKPT_F32, LI_CKPT_F16, LI_CKPT_Q8_0, LI_CKPT_BF16, LI_CKPT_Q4_0, LI_CKPT_Q4_1, LI_CKPT_SOURCE
+} li_ckpt_dtype;
 
-/* Writes tm as a GGUF at path: src's metadata copied (its tokenizer, chat
- * template, hyper-parameters), general.file_type set, the matrices as F32
- * or F16 (norms always F32), adapters merged into their weights
+/* "f32", "f16", ... "source" -> *out; -1 for any other name */
+int li_ckpt_dtype_parse(const char *name, li_ckpt_dtype *out);
+const char *li_ckpt_dtype_name(li_ckpt_dtype d);
+
+/* The type a matrix named `name` of `cols` columns is written in: dtype's,
+ * or (LI_CKPT_SOURCE) src's type for it; F16 where that type has no
+ * reference quantizer or its blocks don't divide a row. */
+uint32_t li_ckpt_matrix_type(li_ckpt_dtype dtype, const li_gguf *src, const char *name, int64_t cols);
+
+/* Writes tm as a GGUF at path (from the QAT masters when there are): src's metadata copied (its tokenizer, chat
+ * template, hyper-parameters), general.file_type set, the matrices in
+ * dtype's type (norms always F32), adapters merged into their weights
  * (W + scale · B·A), a tied head left tied. Temporary file + rename. */
 int li_train_save(const li_train_model *tm, const li_gguf *src, li_ckpt_dtype dtype, const char *path,
                   li_error *err);
+
+/* ==== quantization-aware training (qat.c) ================================= */
+
+/* Keeps float32 masters of every parameter and rounds each matrix through
+ * the type the checkpoint writes it in (li_ckpt_matrix_type), so the
+ * passes train the model the file will hold; li_train_step then updates
+ * the masters (straight-through gradients) and re-rounds. Refuses F32 (no
+ * rounding) and LoRA (its adapters merge only at save). */
+int li_train_qat_init(li_train_model *tm, const li_gguf *src, li_ckpt_dtype dtype, struct li_threadpool *tp,
+                      li_error *err);
+/* params from master: the rounded matrices, the other tensors copied
+ * (trainable_only: only the tensors that train). No-op without QAT. */
+void li_train_qat_refresh(li_train_model *tm, bool trainable_only, struct li_threadpool *tp);
 
 /* ==== the training loop =================================================== */
 

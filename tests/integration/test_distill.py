@@ -83,6 +83,72 @@ def test_distill_loss_falls_and_checkpoint_loads(run_ok, model_path, student, te
     assert g.stdout.strip(), g.stderr
 
 
+@pytest.fixture(scope="module")
+def healed_f32(run_ok, model_path, text, ddir):
+    """One step on the last block's matrices, written f32: the values the
+    quantized checkpoints below must hold after the gguf package's quantizers.
+    The student is the shipped model (Q4_1 matrices, a Q8_0 embedding)."""
+    out = ddir / "heal_f32.gguf"
+    run_ok(distill(model_path, model_path, text, out, *HEAL, "--dtype", "f32"))
+    return out
+
+
+HEAL = ("--steps", "1", "--train", "layers:29-29")
+
+
+@pytest.mark.parametrize("dtype", ["source", "q4_1", "bf16"])
+def test_distill_quantized_checkpoint(run_ok, model_path, text, ddir, healed_f32, dtype):
+    """--dtype source writes each matrix in the student file's type (so a
+    healed model keeps its size and speed), q4_1/bf16 every matrix in that
+    type: byte for byte the gguf package's quantizer of the f32 run's values
+    (training is deterministic), norms f32, general.file_type as llama.cpp
+    numbers it (source: the student's); the file loads and generates."""
+    gguf = pytest.importorskip("gguf", reason="the gguf package (tools/requirements-test.txt) checks the bytes")
+    out = ddir / f"heal_{dtype}.gguf"
+    r = run_ok(distill(model_path, model_path, text, out, *HEAL, "--dtype", dtype))
+    assert f"({dtype} weights)" in r.stdout, r.stdout
+    T = gguf.GGMLQuantizationType
+    ref = {t.name: t for t in gguf.GGUFReader(str(healed_f32)).tensors}
+    src = {t.name: t.tensor_type for t in gguf.GGUFReader(str(model_path)).tensors}
+    got = gguf.GGUFReader(str(out))
+    types = set()
+    for t in got.tensors:
+        w = ref[t.name]
+        if len(w.shape) == 1:
+            assert t.tensor_type == T.F32 and bytes(t.data) == bytes(w.data), t.name
+            continue
+        want = src[t.name] if dtype == "source" else T[dtype.upper()]
+        assert t.tensor_type == want, (t.name, t.tensor_type, want)
+        rows = np.asarray(w.data, dtype=np.float32).reshape(int(w.shape[1]), int(w.shape[0]))
+        assert gguf.quants.quantize(rows, want).tobytes() == bytes(t.data), t.name
+        types.add(want)
+    assert types == ({T.Q4_1, T.Q8_0} if dtype == "source" else {T[dtype.upper()]})
+    ft = got.fields["general.file_type"]
+    assert int(ft.parts[ft.data[0]][0]) == {"source": 3, "q4_1": 3, "bf16": 32}[dtype]
+    if dtype == "source":  # the same size as the student
+        assert abs(out.stat().st_size - model_path.stat().st_size) < 65536
+    g = run_ok(["generate", "--model", out, "--prompt", "Of man's first disobedience", "--max-tokens", "4",
+                "--temperature", "0"])
+    assert g.stdout.strip(), g.stderr
+
+
+def test_distill_qat(run_ok, model_path, text, ddir):
+    """--qat --dtype source: trained through the student's own rounding (the
+    unit test test_train checks the straight-through step and that the file
+    holds the trained weights); here the real model's run writes the
+    student's types and the file generates."""
+    gguf = pytest.importorskip("gguf", reason="the gguf package (tools/requirements-test.txt) reads the types")
+    out = ddir / "heal_qat.gguf"
+    r = run_ok(distill(model_path, model_path, text, out, "--steps", "2", "--train", "layers:28-29", "--dtype",
+                       "source", "--qat"))
+    assert "(quantization-aware)" in r.stdout and len(STEP.findall(r.stdout)) == 2, r.stdout
+    src = {t.name: t.tensor_type for t in gguf.GGUFReader(str(model_path)).tensors}
+    assert {t.name: t.tensor_type for t in gguf.GGUFReader(str(out)).tensors} == src
+    g = run_ok(["generate", "--model", out, "--prompt", "Of man's first disobedience", "--max-tokens", "4",
+                "--temperature", "0"])
+    assert g.stdout.strip(), g.stderr
+
+
 @pytest.mark.parametrize("kind,warmup", [("cosine", 2), ("linear", 1), ("constant", 3)])
 def test_distill_lr_schedule(run_ok, model_path, student, text, ddir, kind, warmup):
     r = run_ok(distill(model_path, student, text, ddir / "sched.gguf", "--steps", "7", "--train", "norms",
@@ -162,9 +228,10 @@ def test_distill_refuses_other_vocabulary(run_cli, model_path, text, ddir, repo_
     (["--train", "heads"], r"unknown parameter set"),
     (["--alpha", "1.5"], r"--alpha"),
     (["--seq-len", "1"], r"--seq-len"),
-    (["--dtype", "q4_0"], r"--dtype must be f32 or f16"),
-    (["--dtype", "q8_0"], r"--dtype must be f32 or f16"),  # train-eagle only
+    (["--dtype", "q6_k"], r"--dtype must be f32, f16, q8_0, bf16, q4_0, q4_1 or source \(got 'q6_k'\)"),
     (["--streams", "0"], r"--streams must be in 1\.\.256"),
+    (["--qat"], r"--qat trains through the checkpoint's rounding: give --dtype"),
+    (["--qat", "--dtype", "q4_1", "--train", "lora:4"], r"--qat does not apply to LoRA"),
     (["--train", "layers:0-99"], r"blocks 0\.\.29"),
     (["--lr-schedule", "exp"], r"--lr-schedule must be constant, cosine or linear"),
     (["--warmup", "1"], r"--warmup must be in 0\.\.0"),
