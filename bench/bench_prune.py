@@ -25,15 +25,15 @@ one 256-token window, AdamW 3e-4 with a cosine schedule and 10% warmup, the
 seed's loss at alpha 0.9 and T 1, on STEPS x 256 tokens the original samples
 itself, --seed 1, so every row trains on the same tokens), writes it
 --heal-dtype (distill --dtype: f16 by default, `source` keeps each matrix
-in the pruned file's type) and scores the healed file the same way; without
-it the column says "not run".
+in the pruned file's type; --heal-qat trains through that rounding) and
+scores the healed file the same way; without it the column says "not run".
 
 The refit and OBS rows calibrate on --refit-samples windows of 256 tokens
 (the refit's X^T X is n_ff wide and wants thousands of rows); the others on
 --samples windows of 128.
 
   .venv/bin/python bench/bench_prune.py [--chunks N] [--samples N] [--refit-samples N] [--rounds N]
-         [--heal STEPS] [--heal-dtype f16|source|...] [--only layers-bi,heads-act,...] [--docs] [--rows LOG]
+         [--heal STEPS] [--heal-dtype f16|source|...] [--heal-qat] [--only layers-bi,heads-act,...] [--docs] [--rows LOG]
 
 Each finished row is printed to stderr as one JSON line; --rows LOG renders
 such lines again (an interrupted run's rows) without measuring. --docs replaces the table between the bench_prune markers of
@@ -86,12 +86,12 @@ def is_refit(args):
     return "--refit" in args or "obs" in args
 
 
-def heal(binary, teacher, student, out, steps, dtype):
+def heal(binary, teacher, student, out, steps, dtype, qat):
     """the one healing recipe of every row (the module docstring)"""
     run(binary, ["distill", "--teacher", teacher, "--student", student, "--self-generate", steps * 256 + 1,
                  "--steps", steps, "--seq-len", 256, "--train", "all", "--lr", "3e-4", "--lr-schedule", "cosine",
                  "--warmup", max(1, steps // 10), "--alpha", "0.9", "--temperature", "1", "--dtype", dtype,
-                 "--seed", 1, out])
+                 "--seed", 1, *(["--qat"] if qat else []), out])
 
 
 def decode_tps(binary, model, tokens):
@@ -114,6 +114,7 @@ def main():
                     help="heal every pruned file by distillation, STEPS steps of 256 tokens (default 0: not run)")
     ap.add_argument("--heal-dtype", default="f16",
                     help="the healed file's matrices (distill --dtype; default f16; source keeps the pruned file's types)")
+    ap.add_argument("--heal-qat", action="store_true", help="heal through --heal-dtype's rounding (distill --qat)")
     ap.add_argument("--rounds", type=int, default=2, help="decode rounds per model, alternating (default 2)")
     ap.add_argument("--tokens", type=int, default=48, help="decoded tokens per round (default 48)")
     ap.add_argument("--only", default="", help="comma-separated config names: " + ", ".join(CONFIGS))
@@ -132,7 +133,7 @@ def main():
             b = ppl(a.bin, a.model, a.chunks, a.ctx, ["--kl-base-out", base])
             head = {"base_ppl": b["perplexity"], "n_scored": b["n_scored"], "chunks": a.chunks, "ctx": a.ctx,
                     "samples": a.samples, "refit_samples": a.refit_samples, "heal": a.heal,
-                    "heal_dtype": a.heal_dtype}
+                    "heal_dtype": a.heal_dtype + (" (--qat)" if a.heal_qat else "")}
             print(json.dumps(head), file=sys.stderr)
             progress = results.Progress(sum(len(CONFIGS[n]) for n in names), "prune configs")
             for name in names:
@@ -153,7 +154,7 @@ def main():
                                  "speed": max(mine) / max(orig)})
                     if a.heal:
                         healed = Path(d) / "healed.gguf"
-                        heal(a.bin, a.model, out, healed, a.heal, a.heal_dtype)
+                        heal(a.bin, a.model, out, healed, a.heal, a.heal_dtype, a.heal_qat)
                         h = ppl(a.bin, healed, a.chunks, a.ctx, ["--kl-base", base])
                         rows[-1].update(heal_kl=h["kl_mean"], heal_ppl=h["perplexity"], heal_top1=h["top1_agree"])
                         healed.unlink()
