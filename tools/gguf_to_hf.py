@@ -92,6 +92,16 @@ def read_gguf(path):
     return r, meta, arch, tensors
 
 
+def n_ff(v):
+    """one width: a config.json's intermediate_size has no per-layer form"""
+    if isinstance(v, (list, tuple)):
+        if len(set(int(x) for x in v)) != 1:
+            fail("the blocks' FFN widths differ (feed_forward_length is a per-layer array): "
+                 "a Hugging Face LlamaConfig has one intermediate_size")
+        v = v[0]
+    return int(v)
+
+
 def hparams(meta, arch):
     def get(key, default=None):
         v = meta.get(f"{arch}.{key}", default)
@@ -105,7 +115,7 @@ def hparams(meta, arch):
         "n_layer": int(get("block_count")),
         "n_head": n_head,
         "n_head_kv": int(get("attention.head_count_kv", n_head)),
-        "n_ff": int(get("feed_forward_length")),
+        "n_ff": n_ff(get("feed_forward_length")),
         "n_ctx": int(get("context_length", 2048)),
         "eps": float(get("attention.layer_norm_rms_epsilon", 1e-5)),
         "theta": float(get("rope.freq_base", 10000.0)),

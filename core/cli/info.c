@@ -161,6 +161,7 @@ int li_cmd_info(int argc, char **argv) {
         cJSON_AddNumberToObject(h, "n_head_kv", hp->n_head_kv);
         cJSON_AddNumberToObject(h, "head_dim", hp->head_dim);
         cJSON_AddNumberToObject(h, "n_ff", hp->n_ff);
+        if (hp->n_ff_layer) cJSON_AddItemToObject(h, "n_ff_layer", cJSON_CreateIntArray(hp->n_ff_layer, hp->n_layer));
         cJSON_AddNumberToObject(h, "n_rot", hp->n_rot);
         cJSON_AddNumberToObject(h, "rope_theta", hp->rope_theta);
         cJSON_AddNumberToObject(h, "norm_eps", hp->norm_eps);
@@ -220,8 +221,11 @@ int li_cmd_info(int argc, char **argv) {
                human((double)m->gguf.size, b1, sizeof b1), bpw);
         if (*qdesc) printf("quantization: %s (luainfer quantize)\n", qdesc);
         if (*rot) printf("rotation:     %s\n", rot);
-        printf("vocab %d, context %d, hidden %d, layers %d, heads %d (kv %d, dim %d), ffn %d\n", hp->n_vocab,
-               hp->n_ctx_train, hp->n_embd, hp->n_layer, hp->n_head, hp->n_head_kv, hp->head_dim, hp->n_ff);
+        printf("vocab %d, context %d, hidden %d, layers %d, heads %d (kv %d, dim %d), ffn %d%s\n", hp->n_vocab,
+               hp->n_ctx_train, hp->n_embd, hp->n_layer, hp->n_head, hp->n_head_kv, hp->head_dim, hp->n_ff,
+               hp->n_ff_layer ? " at most, per block:" : "");
+        for (int l = 0; hp->n_ff_layer && l < hp->n_layer; l++)
+            printf("%s%d%s", l % 10 ? " " : "  ", hp->n_ff_layer[l], l % 10 == 9 || l == hp->n_layer - 1 ? "\n" : "");
         printf("rope: %d dims, theta %g; rms eps %g; output %s\n", hp->n_rot, hp->rope_theta, hp->norm_eps,
                m->output.data == m->tok_embd.data ? "tied to embeddings" : "separate");
         printf("tokenizer: %d tokens, bos %d, eos %d, add_bos %s; chat template: %s\n",

@@ -13,7 +13,7 @@
 #include <unistd.h>
 
 int li_cmd_prune(int argc, char **argv) {
-    const char *what = NULL, *rank = NULL, *calib = NULL, *refit_dtype = NULL;
+    const char *what = NULL, *rank = NULL, *calib = NULL, *refit_dtype = NULL, *ffn_alloc = "uniform";
     double ratio = 0, damp = 0.01;
     int64_t keep = 0, samples = 4, seq_len = 128, threads = 0, seed = 1;
     bool dry_run = false, json = false, help = false, refit = false, self_gen = false;
@@ -26,6 +26,9 @@ int li_cmd_prune(int argc, char **argv) {
         {"refit", LI_OPT_FLAG, &refit, "heads, ffn: refit o_proj / down_proj's kept columns by least squares (obs does)"},
         {"refit-dtype", LI_OPT_STR, &refit_dtype, "refit and obs: the refit tensor's type, f16, bf16, q8_0, q4_0 or "
                                                   "q4_1 (default f16)"},
+        {"ffn-alloc", LI_OPT_STR, &ffn_alloc, "ffn: uniform (the same channel count in every block) or error (each "
+                                              "block's count from its refit error curve; needs --refit) (default "
+                                              "uniform)"},
         {"damp", LI_OPT_FLOAT, &damp, "refit and obs: diagonal damping, a fraction of the mean (default 0.01)"},
         {"calib", LI_OPT_STR, &calib, "calibration text (this or --self-generate)"},
         {"self-generate", LI_OPT_FLAG, &self_gen, "calibrate on the model's own samples (--samples x --seq-len tokens, "
@@ -53,6 +56,11 @@ int li_cmd_prune(int argc, char **argv) {
                        .samples = samples, .seq_len = seq_len, .threads = threads, .dry_run = dry_run, .json = json,
                        .refit = refit, .damp = damp, .self_generate = self_gen, .seed = (uint64_t)seed};
     if ((rc = li_prune_what_parse(what, &o.what, &err))) return li_runtime_fail(&err);
+    if (strcmp(ffn_alloc, "uniform") && strcmp(ffn_alloc, "error")) {
+        li_error_set(&err, LI_EINVAL, "prune: --ffn-alloc must be uniform or error (got '%s')", ffn_alloc);
+        return li_runtime_fail(&err);
+    }
+    o.ffn_alloc = !strcmp(ffn_alloc, "error");
     if (refit_dtype && (rc = li_prune_refit_type_parse(refit_dtype, &o.refit_type, &err))) return li_runtime_fail(&err);
     if (!rank) o.rank = o.what == LI_PRUNE_LAYERS ? LI_PRUNE_RANK_BI : LI_PRUNE_RANK_ACT;
     else if ((rc = li_prune_rank_parse(rank, &o.rank, &err))) return li_runtime_fail(&err);

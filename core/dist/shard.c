@@ -38,6 +38,9 @@ int li_shard_plan(const li_model *m, int rank, int size, li_shard *out, li_error
     out->n_head_kv = (int32_t)n;
     out->head0 = out->head_kv0 * group;
     out->n_head = out->n_head_kv * group;
+    if (hp->n_ff_layer)
+        return li_error_set(err, LI_EUNSUP, "tensor parallel: the blocks' FFN widths differ (a non-uniformly pruned "
+                                            "model); not supported yet");
     /* n_ff in whole blocks of every layer's w_down (its k-slice) */
     int64_t unit = 1;
     for (int l = 0; l < hp->n_layer; l++) unit = LI_MAX(unit, block_of(m->layers[l].w_down.type));

@@ -412,9 +412,10 @@ int li_forward_run(li_forward *f, const li_model *m, li_backend *be, li_kv_cache
         op->rmsnorm(be, f->x, L->ffn_norm, f->h, n, d, hp->norm_eps);
         matmul_shared(be, (const li_weight *const[]){&L->w_gate, &L->w_up}, 2, f->h, (float *const[]){f->g, f->u},
                       n);
-        op->silu_mul(be, f->g, f->u, n, hp->n_ff);
+        const int32_t ff = li_hp_n_ff(hp, l); /* g and u are (n, ff), packed */
+        op->silu_mul(be, f->g, f->u, n, ff);
         /* rotated: down_proj's weights were made for silu(g)*u in the Hadamard basis */
-        if (L->down_had) op->hadamard(be, f->g, L->down_had, n, hp->n_ff, m->rot_block);
+        if (L->down_had) op->hadamard(be, f->g, L->down_had, n, ff, m->rot_block);
         if (!f->comm) matmul_residual(be, &L->w_down, f->g, f->h, f->x, n);
         else if ((rc = matmul_reduce_residual(f, be, &L->w_down, f->g, f->h, f->x, n, err))) break;
         if (ci < b->n_capture && b->capture[ci] == l) capture_rows(f, be, n, d, ci++);

@@ -22,6 +22,42 @@ static int get_u32_req(const li_gguf *g, const char *arch, const char *suffix, i
     return 0;
 }
 
+/* <arch>.feed_forward_length: one u32, or (llama.cpp's n_ff_arr) an array
+ * of n_layer widths; hp->n_ff is the largest, hp->n_ff_layer set (in
+ * m->n_ff_own) only when they differ */
+static int read_n_ff(li_model *m, li_error *err) {
+    li_hparams *hp = &m->hp;
+    char key[128];
+    snprintf(key, sizeof key, "%s.feed_forward_length", hp->arch);
+    const li_gguf_kv *kv = li_gguf_find_kv(&m->gguf, key);
+    if (!kv || kv->type != LI_GGUF_ARRAY) return get_u32_req(&m->gguf, hp->arch, "feed_forward_length", &hp->n_ff, err);
+    const li_gguf_vtype et = kv->v.arr.type;
+    if ((et != LI_GGUF_UINT32 && et != LI_GGUF_INT32) || kv->v.arr.n != (uint64_t)hp->n_layer)
+        return li_error_set(err, LI_EINVAL, "model: %s is an array of %llu entries, not %d 32-bit integers (one per block)",
+                            key, (unsigned long long)kv->v.arr.n, hp->n_layer);
+    int32_t *w = li_xmalloc((size_t)hp->n_layer * sizeof *w);
+    bool same = true;
+    hp->n_ff = 0;
+    for (int l = 0; l < hp->n_layer; l++) {
+        uint32_t v;
+        memcpy(&v, kv->v.arr.data + 4 * (size_t)l, 4);
+        if (v == 0 || v > (1u << 24)) {
+            free(w);
+            return li_error_set(err, LI_EINVAL, "model: %s[%d] = %d is out of range", key, l, (int32_t)v);
+        }
+        w[l] = (int32_t)v;
+        same &= w[l] == w[0];
+        hp->n_ff = LI_MAX(hp->n_ff, w[l]);
+    }
+    if (same) {
+        free(w);
+        return 0;
+    }
+    m->n_ff_own = w;
+    hp->n_ff_layer = w;
+    return 0;
+}
+
 static int get_u32_opt(const li_gguf *g, const char *arch, const char *suffix, int32_t *out,
                        li_error *err) {
     char key[128];
@@ -60,8 +96,7 @@ static int read_hparams(li_model *m, li_error *err) {
     const char *a = hp->arch;
     if ((rc = get_u32_req(g, a, "embedding_length", &hp->n_embd, err)) ||
         (rc = get_u32_req(g, a, "block_count", &hp->n_layer, err)) ||
-        (rc = get_u32_req(g, a, "attention.head_count", &hp->n_head, err)) ||
-        (rc = get_u32_req(g, a, "feed_forward_length", &hp->n_ff, err)))
+        (rc = get_u32_req(g, a, "attention.head_count", &hp->n_head, err)) || (rc = read_n_ff(m, err)))
         return rc;
     hp->n_head_kv = hp->n_head;
     hp->n_ctx_train = 2048;
@@ -250,7 +285,9 @@ static int read_rotation(li_model *m, li_error *err) {
         return li_error_set(err, LI_EUNSUP, "model: " LI_ROT_KEY_VERSION " %u is not supported (this build reads %d)", v,
                             LI_ROT_VERSION);
     if ((rc = li_gguf_get_u32(&m->gguf, LI_ROT_KEY_BLOCK, &b, err)) < 0) return rc;
-    if (rc == 1 || b == 0 || (b & (b - 1)) || b > (uint32_t)m->hp.n_ff || m->hp.n_ff % b)
+    bool divides = true;
+    for (int l = 0; l < m->hp.n_layer && b; l++) divides &= li_hp_n_ff(&m->hp, l) % b == 0;
+    if (rc == 1 || b == 0 || (b & (b - 1)) || b > (uint32_t)m->hp.n_ff || !divides)
         return li_error_set(err, LI_EINVAL, "model: " LI_ROT_KEY_BLOCK " %u is not a power of two dividing n_ff %d", b,
                             m->hp.n_ff);
     m->rot_block = (int32_t)b;
@@ -298,12 +335,13 @@ static int bind_weights(li_model *m, li_error *err) {
         BIND_W(wv, "attn_v", hp->n_embd, kv_dim);
         BIND_W(wo, "attn_output", q_dim, hp->n_embd);
         BIND_N(ffn_norm, "ffn_norm");
-        BIND_W(w_gate, "ffn_gate", hp->n_embd, hp->n_ff);
-        BIND_W(w_up, "ffn_up", hp->n_embd, hp->n_ff);
-        BIND_W(w_down, "ffn_down", hp->n_ff, hp->n_embd);
+        const int32_t ff = li_hp_n_ff(hp, l);
+        BIND_W(w_gate, "ffn_gate", hp->n_embd, ff);
+        BIND_W(w_up, "ffn_up", hp->n_embd, ff);
+        BIND_W(w_down, "ffn_down", ff, hp->n_embd);
         if (m->rot_block) {
             snprintf(name, sizeof name, LI_ROT_SIGNS_FMT, l);
-            if ((rc = bind_norm(m, &L->down_had, name, hp->n_ff, err))) return rc;
+            if ((rc = bind_norm(m, &L->down_had, name, ff, err))) return rc;
         }
     }
 #undef BIND_W
@@ -361,6 +399,7 @@ void li_model_free(li_model *m) {
     for (int i = 0; i < m->n_owned; i++) free(m->owned[i]);
     free(m->owned);
     free(m->layers);
+    free(m->n_ff_own);
     free(m->chat_template);
     free(m->path);
     li_model_free_hf(m);

@@ -19,12 +19,19 @@ typedef struct li_hparams {
     int32_t n_head;
     int32_t n_head_kv;
     int32_t head_dim;    /* n_embd / n_head unless the file says otherwise */
-    int32_t n_ff;        /* FFN inner size */
+    int32_t n_ff;        /* FFN inner size (the largest, when layers differ) */
+    /* (n_layer) each block's FFN width when they differ (feed_forward_length
+     * as an array, as llama.cpp reads it: a non-uniformly pruned model), or
+     * NULL: every block n_ff. Owned by the model; li_hp_n_ff reads it. */
+    const int32_t *n_ff_layer;
     int32_t n_rot;       /* rotary dims per head */
     float rope_theta;
     float norm_eps;
     int rope_neox;       /* 0: adjacent pairs (llama), 1: halves (neox) */
 } li_hparams;
+
+/* block l's FFN width */
+static inline int32_t li_hp_n_ff(const li_hparams *hp, int l) { return hp->n_ff_layer ? hp->n_ff_layer[l] : hp->n_ff; }
 
 typedef struct li_layer {
     const float *attn_norm;              /* (n_embd) */
@@ -61,6 +68,7 @@ typedef struct li_model {
     char *chat_template;       /* tokenizer.chat_template, NUL-terminated, or NULL */
     char *path;
     float **owned;             /* f32 copies of non-F32 norm weights, freed with the model */
+    int32_t *n_ff_own;         /* hp.n_ff_layer's storage, or NULL */
     int n_owned;
     size_t weight_bytes;       /* bytes of all weight tensors */
     /* a file written by `luainfer quantize` with a weight scheme

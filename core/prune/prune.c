@@ -162,6 +162,8 @@ typedef struct capture {
     double *head_sum;     /* (n_layer, n_head_kv) */
     /* ffn: per layer and channel the sum of |silu(g)*u| */
     double *ffn_sum;      /* (n_layer, n_ff) */
+    /* --ffn-alloc: per layer the sum over tokens of ||residual stream after the block||^2 */
+    double *sig;          /* (n_layer), or NULL */
     /* refit / obs: per layer X^T X of o_proj's (heads) or down_proj's (ffn) inputs */
     li_calib_site gram_site;
     li_q4_calib *gram;    /* (n_layer), or NULL */
@@ -180,14 +182,24 @@ static void block_io(capture *c, int l, const float *x, int64_t n) {
     }
 }
 
+/* the residual stream entering block l (l = n_layer: the output norm's input) */
+static void stream_io(capture *c, int l, const float *x, int64_t n) {
+    if (c->bi) block_io(c, l, x, n);
+    if (c->sig && l > 0) {
+        double ss = 0;
+        for (int64_t i = 0; i < n * c->m->hp.n_embd; i++) ss += (double)x[i] * x[i];
+        c->sig[l - 1] += ss;
+    }
+}
+
 static void cap_rmsnorm(li_backend *be, const float *x, const float *w, float *y, int64_t n, int64_t dim, float eps) {
     capture *c = (capture *)be;
-    if (c->bi) {
-        if (w == c->m->output_norm) block_io(c, c->m->hp.n_layer, x, n);
+    if (c->bi || c->sig) {
+        if (w == c->m->output_norm) stream_io(c, c->m->hp.n_layer, x, n);
         else
             for (int l = 0; l < c->m->hp.n_layer; l++)
                 if (w == c->m->layers[l].attn_norm) {
-                    block_io(c, l, x, n);
+                    stream_io(c, l, x, n);
                     break;
                 }
     }
@@ -285,6 +297,7 @@ static void capture_free(capture *c, int n_layer) {
     free(c->wo);
     free(c->head_sum);
     free(c->ffn_sum);
+    free(c->sig);
     if (c->gram)
         for (int l = 0; l < n_layer; l++) li_q4_calib_free(&c->gram[l]);
     free(c->gram);
@@ -429,7 +442,12 @@ static int refit_layer(refit_job *j, int l, li_error *err) {
         li_weight_dequant_row_ref(wt, r, row);
         for (int64_t i = 0; i < n; i++) w[r * n + i] = row[i];
     }
-    int rc = li_prune_obs(w, d, n, g->xtx, j->width, j->k, j->damp, j->choose, j->drop + (size_t)l * j->units,
+    int64_t k = j->k; /* refit: the units this layer drops (--ffn-alloc: its own count) */
+    if (!j->choose) {
+        k = 0;
+        for (int64_t u = 0; u < j->units; u++) k += j->drop[(size_t)l * j->units + u];
+    }
+    int rc = li_prune_obs(w, d, n, g->xtx, j->width, k, j->damp, j->choose, j->drop + (size_t)l * j->units,
                           j->score ? j->score + (size_t)l * j->units : NULL, err);
     li_q4_calib_free(g); /* its X^T X was the elimination's scratch */
     free(row);
@@ -459,6 +477,45 @@ static void *refit_worker(void *arg) {
         pthread_mutex_unlock(&j->mu);
     }
     return NULL;
+}
+
+/* --ffn-alloc: each block's channel count from its refit error curve
+ * (prune_alloc.c), then each block's lowest-scoring channels into drop */
+static int alloc_ffn(const li_model *m, capture *cap, const li_prune_opts *o, const double *score, int64_t k,
+                     uint8_t *drop, int64_t *keep, li_error *err) {
+    const li_hparams *hp = &m->hp;
+    const int nl = hp->n_layer;
+    const int64_t n = hp->n_ff, d = hp->n_embd;
+    double **curve = li_xcalloc((size_t)nl, sizeof *curve);
+    double *w = li_xmalloc((size_t)(d * n) * sizeof *w);
+    float *row = li_xmalloc((size_t)n * sizeof *row);
+    int rc = 0;
+    li_progress pg;
+    li_progress_init(&pg, "ffn-alloc", "layers/s", nl);
+    for (int l = 0; l < nl && !rc; l++) {
+        char why[160];
+        if (li_q4_calib_finish(&cap->gram[l], why, sizeof why)) {
+            rc = li_error_set(err, LI_EINVAL, "prune: layer %d: %s", l, why);
+            break;
+        }
+        for (int64_t r = 0; r < d; r++) {
+            li_weight_dequant_row_ref(&m->layers[l].w_down, r, row);
+            for (int64_t i = 0; i < n; i++) w[r * n + i] = row[i];
+        }
+        curve[l] = li_xmalloc((size_t)(n + 1) * sizeof **curve);
+        rc = li_prune_ffn_curve(cap->gram[l].xtx, w, d, n, score + (size_t)l * n, o->damp, curve[l], err);
+        li_progress_update(&pg, l + 1, "layers");
+    }
+    if (!rc) li_progress_finish(&pg);
+    /* whole 32-channel blocks of down_proj's rows, and a third of the width at least */
+    const int64_t floor = LI_MIN(n - k, (n / 3 + 31) / 32 * 32);
+    if (!rc) rc = li_prune_ffn_allocate((const double *const *)curve, cap->sig, nl, n, 32, floor, k * nl, keep, err);
+    for (int l = 0; l < nl && !rc; l++) li_prune_lowest(score + (size_t)l * n, n, n - keep[l], drop + (size_t)l * n);
+    for (int l = 0; l < nl; l++) free(curve[l]);
+    free(curve);
+    free(w);
+    free(row);
+    return rc;
 }
 
 /* Runs the refit (or obs's choice and refit) of every layer; the result
@@ -607,6 +664,10 @@ static void print_json(const li_prune_opts *o, const li_hparams *hp, const li_pr
     cJSON_AddNumberToObject(j, "head_count", p->n_group_keep * (hp->n_head / hp->n_head_kv));
     cJSON_AddNumberToObject(j, "head_count_kv", p->n_group_keep);
     cJSON_AddNumberToObject(j, "feed_forward_length", (double)p->n_ff_keep);
+    if (p->ff_keep_layer) {
+        cJSON *fl = cJSON_AddArrayToObject(j, "feed_forward_length_per_block");
+        for (int l = 0; l < hp->n_layer; l++) cJSON_AddItemToArray(fl, cJSON_CreateNumber((double)p->ff_keep_layer[l]));
+    }
     cJSON *q = cJSON_AddObjectToObject(j, "predicted");
     cJSON_AddNumberToObject(q, "kld_mean", st->mean);
     cJSON_AddNumberToObject(q, "kld_max", st->max);
@@ -617,8 +678,9 @@ static void print_json(const li_prune_opts *o, const li_hparams *hp, const li_pr
     cJSON_Delete(j);
 }
 
-/* the plan from the drop masks */
-static void make_plan(const li_model *m, li_prune_what what, const uint8_t *drop, int64_t k, li_prune_plan *p) {
+/* the plan from the drop masks (ffn_keep: each block's kept count with --ffn-alloc, else NULL) */
+static void make_plan(const li_model *m, li_prune_what what, const uint8_t *drop, int64_t k, const int64_t *ffn_keep,
+                      li_prune_plan *p) {
     const li_hparams *hp = &m->hp;
     memset(p, 0, sizeof *p);
     p->what = what;
@@ -634,6 +696,19 @@ static void make_plan(const li_model *m, li_prune_what what, const uint8_t *drop
     }
     for (int l = 0; l < hp->n_layer; l++) p->keep_layer[l] = l;
     const int64_t units = what == LI_PRUNE_HEADS ? hp->n_head_kv : hp->n_ff;
+    if (ffn_keep) { /* rows of n_ff, the first ff_keep_layer[l] of row l used */
+        p->ff_keep_layer = li_xmalloc((size_t)hp->n_layer * sizeof *p->ff_keep_layer);
+        p->keep_ff = li_xmalloc((size_t)(hp->n_layer * units) * sizeof(int32_t));
+        p->n_ff_keep = 0;
+        for (int l = 0; l < hp->n_layer; l++) {
+            int64_t n = 0;
+            for (int64_t j = 0; j < units; j++)
+                if (!drop[(size_t)l * units + j]) p->keep_ff[(size_t)l * units + n++] = (int32_t)j;
+            p->ff_keep_layer[l] = ffn_keep[l];
+            p->n_ff_keep = LI_MAX(p->n_ff_keep, n);
+        }
+        return;
+    }
     int32_t *keep = li_xmalloc((size_t)(hp->n_layer * (units - k)) * sizeof(int32_t));
     for (int l = 0; l < hp->n_layer; l++) {
         int64_t n = 0;
@@ -676,6 +751,9 @@ int li_prune(const li_prune_opts *o, li_error *err) {
     if (o->rank == LI_PRUNE_RANK_KLD && o->what == LI_PRUNE_FFN)
         return li_error_set(err, LI_EUNSUP, "prune: --rank kld ranks layers and heads (one run per unit: not per FFN "
                             "channel); ffn ranks by act");
+    if (o->ffn_alloc && (o->what != LI_PRUNE_FFN || o->rank != LI_PRUNE_RANK_ACT || !o->refit))
+        return li_error_set(err, LI_EINVAL, "prune: --ffn-alloc error sizes each block's FFN from the refit's error "
+                            "curve: it needs --what ffn --rank act --refit");
     if (o->calib && access(o->calib, R_OK) != 0)
         return li_error_set(err, LI_EIO, "prune: cannot read calibration file '%s'", o->calib);
 
@@ -685,6 +763,11 @@ int li_prune(const li_prune_opts *o, li_error *err) {
     if ((rc = li_model_refuse_rotated(rt.model, "prune", err))) { /* its channel scores would be of mixed channels */
         li_runtime_close(&rt);
         return rc;
+    }
+    if (rt.model->hp.n_ff_layer) { /* the rankings and the writer take one width */
+        li_runtime_close(&rt);
+        return li_error_set(err, LI_EUNSUP, "prune: %s's blocks have different FFN widths (pruned with --ffn-alloc "
+                                            "error); prune its uniform original instead", o->in);
     }
     li_model *m = rt.model;
     const li_hparams *hp = &m->hp;
@@ -696,6 +779,7 @@ int li_prune(const li_prune_opts *o, li_error *err) {
     li_prune_plan plan = {0};
     double *score = NULL;
     uint8_t *drop = NULL;
+    int64_t *ffn_keep = NULL; /* --ffn-alloc: (n_layer) */
     char *tmp = NULL;
     int guard = -1; /* the temporary output while it exists: SIGINT / SIGTERM remove it */
     li_model *pm = NULL;
@@ -724,6 +808,7 @@ int li_prune(const li_prune_opts *o, li_error *err) {
                 rc = li_error_set(err, LI_ENOMEM, "prune: %s", why);
         }
         if (rc) goto done;
+        if (o->ffn_alloc) cap.sig = li_xcalloc((size_t)hp->n_layer, sizeof *cap.sig);
         if (o->samples * o->seq_len < gn)
             fprintf(out, "note: %lld calibration tokens for %lld-wide inputs: the refit leans on --damp %g; more "
                     "--samples refit better\n", (long long)(o->samples * o->seq_len), (long long)gn, o->damp);
@@ -748,13 +833,16 @@ int li_prune(const li_prune_opts *o, li_error *err) {
         ffn_scores(m, &cap, score);
     }
     if (o->what == LI_PRUNE_LAYERS) li_prune_lowest(score, hp->n_layer, k, drop);
-    else if (!obs)
+    else if (o->ffn_alloc) {
+        ffn_keep = li_xmalloc((size_t)hp->n_layer * sizeof *ffn_keep);
+        if ((rc = alloc_ffn(m, &cap, o, score, k, drop, ffn_keep, err))) goto done;
+    } else if (!obs)
         for (int l = 0; l < hp->n_layer; l++) /* per layer: the same count everywhere */
             li_prune_lowest(score + (size_t)l * per_layer_units, per_layer_units, k,
                             drop + (size_t)l * per_layer_units);
     if (refit && !obs && (rc = refit_layers(m, &cap, o, false, k, drop, NULL, &refit_w, err))) goto done;
     print_ranking(out, m, o, score, drop);
-    make_plan(m, o->what, drop, k, &plan);
+    make_plan(m, o->what, drop, k, ffn_keep, &plan);
     if (refit_w) plan.refit = refit_w, plan.n_refit = hp->n_layer, plan.refit_type = o->refit_type, refit_w = NULL;
     const int64_t removed = o->what == LI_PRUNE_LAYERS ? k * pp.per_layer
                             : o->what == LI_PRUNE_HEADS ? k * pp.per_group * hp->n_layer
@@ -762,8 +850,14 @@ int li_prune(const li_prune_opts *o, li_error *err) {
     fprintf(out, "removing %lld %s: %lld of %lld parameters (%.4f%%)\n", (long long)k,
            o->what == LI_PRUNE_LAYERS ? "layers" : o->what == LI_PRUNE_HEADS ? "KV groups per layer" : "FFN channels per layer",
            (long long)removed, (long long)pp.total, 100.0 * (double)removed / (double)pp.total);
-    fprintf(out, "new shape: block_count %d, head_count %d, head_count_kv %d, feed_forward_length %lld\n", plan.n_layer_keep,
-           plan.n_group_keep * (hp->n_head / hp->n_head_kv), plan.n_group_keep, (long long)plan.n_ff_keep);
+    fprintf(out, "new shape: block_count %d, head_count %d, head_count_kv %d, feed_forward_length %s%lld\n", plan.n_layer_keep,
+           plan.n_group_keep * (hp->n_head / hp->n_head_kv), plan.n_group_keep, plan.ff_keep_layer ? "at most " : "",
+           (long long)plan.n_ff_keep);
+    if (plan.ff_keep_layer) {
+        fprintf(out, "feed_forward_length per block:");
+        for (int l = 0; l < hp->n_layer; l++) fprintf(out, " %lld", (long long)plan.ff_keep_layer[l]);
+        fprintf(out, "\n");
+    }
     fflush(out);
 
     /* the file, loaded back and scored before it takes OUT's name */
@@ -809,6 +903,7 @@ done:
     free(refit_w);
     free(score);
     free(drop);
+    free(ffn_keep);
     capture_free(&cap, hp->n_layer);
     calib_free(&cs);
     li_runtime_close(&rt);

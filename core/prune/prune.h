@@ -13,8 +13,10 @@
  *           contribution to the residual stream, "act"), or by the KL of
  *           the model with that one group masked ("kld");
  *   ffn     intermediate channels, the same number in every layer (scalar
- *           feed_forward_length); ranked per layer by mean over tokens of
- *           |silu(g_j)·u_j| times ||W_down[:, j]|| ("act").
+ *           feed_forward_length), or with --refit --ffn-alloc error a
+ *           number per block (prune_alloc.c; feed_forward_length becomes a
+ *           per-layer array, as llama.cpp reads it); ranked per layer by
+ *           mean over tokens of |silu(g_j)·u_j| times ||W_down[:, j]|| ("act").
  *   obs     (heads, ffn) structured Optimal Brain Surgeon (prune_obs.c):
  *           per layer, greedily the unit whose removal, with the next
  *           linear's (o_proj's / down_proj's) other columns refit by least
@@ -53,6 +55,8 @@ typedef struct li_prune_opts {
     bool refit;              /* least-squares refit of o_proj / down_proj's kept columns (implied by obs) */
     double damp;             /* refit and obs: damping, a fraction of the Hessian's mean diagonal */
     uint32_t refit_type;     /* the refit tensor's type: LI_TYPE_F16 (0 means it), BF16, Q8_0, Q4_0, Q4_1 */
+    bool ffn_alloc;          /* --ffn-alloc error: per-block channel counts from the refit's error curves
+                              * (prune_alloc.c); needs ffn, act and refit */
     bool dry_run;            /* rank, choose and predict; write nothing */
     bool json;               /* the ranking and the prediction as one JSON object on stdout */
 } li_prune_opts;
@@ -76,8 +80,9 @@ typedef struct li_prune_plan {
     int32_t *keep_layer;     /* (n_layer_keep) original block ids, ascending */
     int32_t n_group_keep;    /* KV groups kept per layer (heads), else n_head_kv */
     int32_t *keep_group;     /* (n_layer, n_group_keep) ascending per layer, or NULL */
-    int64_t n_ff_keep;       /* channels kept per layer (ffn), else n_ff */
-    int32_t *keep_ff;        /* (n_layer, n_ff_keep) ascending per layer, or NULL */
+    int64_t n_ff_keep;       /* channels kept per layer (ffn), else n_ff; the most, with ff_keep_layer */
+    int32_t *keep_ff;        /* (n_layer, n_ff_keep) ascending per layer, or NULL; rows of n_ff with ff_keep_layer */
+    int64_t *ff_keep_layer;  /* (n_layer) channels kept by each block when they differ (--ffn-alloc), or NULL */
     /* after a refit: per layer the next linear's refit weight, (d_out, n)
      * row-major with its removed columns 0; the writer gathers the kept
      * columns as for a slice and writes them F16. NULL: none */
@@ -106,6 +111,19 @@ double li_prune_kl_row(const float *base_lp, const float *logits, int64_t n);
 /* The k lowest of scores[0..n) (ties: the lower index first) as a 0/1 mask
  * in drop (n). */
 void li_prune_lowest(const double *scores, int64_t n, int64_t k, uint8_t *drop);
+
+/* --ffn-alloc (prune_alloc.c). The refit error E(k) of keeping block l's
+ * first k channels in score-descending order, for k = 0..n, into curve
+ * (n + 1): xtx (n, n) the down_proj inputs' X^T X (both triangles), w
+ * (d, n) down_proj, damped as li_prune_obs damps. LI_ERANGE when the damped
+ * Gram is not positive definite. */
+int li_prune_ffn_curve(const double *xtx, const double *w, int64_t d, int64_t n, const double *score, double damp,
+                       double *curve, li_error *err);
+/* keep (n_layer) from the curves: `remove` channels taken `unit` at a time
+ * (the last step the remainder) from the block whose curve rises least over
+ * sig[l], no block below floor. */
+int li_prune_ffn_allocate(const double *const *curve, const double *sig, int n_layer, int64_t n, int64_t unit,
+                          int64_t floor, int64_t remove, int64_t *keep, li_error *err);
 
 /* Structured OBS on one linear y = W x (prune_obs.c): W (d_out, n)
  * row-major, h (n, n) the calibration inputs' X^T X (destroyed), units of

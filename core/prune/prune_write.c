@@ -23,6 +23,7 @@ void li_prune_plan_free(li_prune_plan *p) {
     free(p->keep_layer);
     free(p->keep_group);
     free(p->keep_ff);
+    free(p->ff_keep_layer);
     for (int32_t l = 0; l < p->n_refit; l++) free(p->refit[l]);
     free(p->refit);
     memset(p, 0, sizeof *p);
@@ -129,6 +130,16 @@ static int write_metadata(const li_model *m, const li_prune_plan *p, const char 
             rc = li_gguf_writer_add_u32(w, key, (uint32_t)(p->n_group_keep * r), err);
         } else if (key_is(kv->key, a, "attention.head_count_kv")) {
             rc = li_gguf_writer_add_u32(w, key, (uint32_t)p->n_group_keep, err);
+        } else if (key_is(kv->key, a, "feed_forward_length") && p->ff_keep_layer) {
+            /* one width per block: llama.cpp's n_ff_arr form of the key */
+            uint32_t *v = li_xmalloc((size_t)hp->n_layer * sizeof *v);
+            for (int l = 0; l < hp->n_layer; l++) v[l] = (uint32_t)p->ff_keep_layer[l];
+            li_gguf_kv arr = {.key = kv->key, .type = LI_GGUF_ARRAY};
+            arr.v.arr.type = LI_GGUF_UINT32;
+            arr.v.arr.n = (uint64_t)hp->n_layer;
+            arr.v.arr.data = (const uint8_t *)v;
+            rc = li_gguf_writer_add_kv(w, &arr, err);
+            free(v);
         } else if (key_is(kv->key, a, "feed_forward_length")) {
             rc = li_gguf_writer_add_u32(w, key, (uint32_t)p->n_ff_keep, err);
         } else if (p->what == LI_PRUNE_LAYERS && kv->type == LI_GGUF_ARRAY && kv->v.arr.n == (uint64_t)hp->n_layer &&
@@ -194,7 +205,9 @@ static int64_t keep_index(const li_model *m, const li_prune_plan *p, int l, int 
     const int32_t r = hp->n_head / hp->n_head_kv, hd = hp->head_dim;
     int64_t n = 0;
     if (which == 2) { /* ffn channels */
-        for (int64_t j = 0; j < p->n_ff_keep; j++) idx[n++] = p->keep_ff[(size_t)l * p->n_ff_keep + j];
+        const int64_t nk = p->ff_keep_layer ? p->ff_keep_layer[l] : p->n_ff_keep,
+                      stride = p->ff_keep_layer ? hp->n_ff : p->n_ff_keep;
+        for (int64_t j = 0; j < nk; j++) idx[n++] = p->keep_ff[(size_t)l * stride + j];
         return n;
     }
     for (int32_t j = 0; j < p->n_group_keep; j++) {

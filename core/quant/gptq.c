@@ -170,6 +170,8 @@ static bool cholesky_lower(double *a, int64_t n) {
     return ok;
 }
 
+int li_q4_cholesky(double *a, int64_t n) { return cholesky_lower(a, n) ? 0 : -1; }
+
 /* l (lower, invertible) -> l^-1 in place (lower), row by row: row i of
  * X = L^-1 is (e_i - sum_{k<i} l[i][k] X[k][:]) / l[i][i], element j's
  * terms in k increasing from j (forward substitution's order for column

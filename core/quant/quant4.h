@@ -127,6 +127,11 @@ int li_q4_calib_finish(li_q4_calib *c, char *why, size_t cap);
  * h (n_in, n_in). c must be finished. */
 void li_q4_calib_hessian(const li_q4_calib *c, double *h);
 
+/* a (n x n, symmetric positive definite, row-major) -> its lower Cholesky
+ * factor L (a = L L^T; the upper triangle zeroed) in place. 0, or -1 when
+ * a is not positive definite. */
+int li_q4_cholesky(double *a, int64_t n);
+
 /* a (n x n, symmetric positive definite, row-major) -> a^-1 in place.
  * 0, or -1 when a is not positive definite (a is then garbage). */
 int li_q4_spd_inverse(double *a, int64_t n);

@@ -1015,6 +1015,13 @@ int li_quantize(const li_quant_opts *o, li_error *err) {
     }
     const li_hparams *hp = &q.m->hp;
     const li_gguf *g = &q.m->gguf;
+    /* the schemes' per-layer statistics and folds assume one FFN width */
+    if (hp->n_ff_layer && (methods[o->method].scheme != LI_SCHEME_PLAIN || li_qmethod_needs_calib(o))) {
+        li_model_free(q.m);
+        return li_error_set(err, LI_EUNSUP, "quantize: the blocks' FFN widths differ (a non-uniformly pruned model): "
+                                            "only the GGUF block types apply (q8_0, q4_0, q4_1, f16, bf16), not %s",
+                            methods[o->method].name);
+    }
     li_gguf_writer w;
     li_gguf_writer_init(&w);
     q.slots = li_xcalloc((size_t)g->n_tensors, sizeof *q.slots);

@@ -213,6 +213,11 @@ int li_rotate_model(const char *in, const char *out, const li_rot_opts *o, li_er
         goto done;
     }
     const int64_t b = o->down_block;
+    if (hp->n_ff_layer) {
+        rc = li_error_set(err, LI_EUNSUP, "quantize: --rotate: the blocks' FFN widths differ (a non-uniformly pruned "
+                                          "model); not supported");
+        goto done;
+    }
     if (b <= 0 || (b & (b - 1)) || hp->n_ff % b) {
         rc = li_error_set(err, LI_EINVAL, "quantize: --rotate-block %lld is not a power of two dividing n_ff %d",
                           (long long)b, hp->n_ff);

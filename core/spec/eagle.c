@@ -85,6 +85,7 @@ int li_eagle_load(li_eagle **out, const char *path, const li_model *base, li_err
     m->hp.n_head_kv = f->n_head_kv;
     m->hp.head_dim = f->head_dim;
     m->hp.n_ff = f->n_ff;
+    m->hp.n_ff_layer = NULL; /* the draft block's own width, not the base's per-layer ones */
     if (m->hp.n_rot > f->head_dim) m->hp.n_rot = f->head_dim;
     const li_gguf_tensor *const *t = f->t;
     eg->layer = (li_layer){.wq = matrix(t[LI_EAGLE_WQ], "eagle.attn_q"),

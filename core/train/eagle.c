@@ -74,6 +74,7 @@ int li_train_eagle_init(li_train_eagle *e, const li_hparams *hp, int F, const in
             return li_error_set(err, LI_EINVAL, "eagle: draft vocabulary id %d: ids must be ascending in [0, %d)",
                                 vocab[i], hp->n_vocab);
     e->hp = *hp;
+    e->hp.n_ff_layer = NULL; /* the draft block is hp->n_ff wide whatever the base's blocks are */
     e->F = F;
     memcpy(e->feat, feat, (size_t)F * sizeof *feat);
     e->n_draft = vocab ? n_draft : hp->n_vocab;
@@ -85,7 +86,7 @@ int li_train_eagle_init(li_train_eagle *e, const li_hparams *hp, int F, const in
         for (int32_t i = 0; i < n_draft; i++) e->vmap[vocab[i]] = i;
     }
     li_train_layout *L = &e->tm.L;
-    L->hp = *hp;
+    L->hp = e->hp;
     L->n_tensors = LI_EAGLE_N_TENSORS;
     L->t = li_xcalloc(LI_EAGLE_N_TENSORS, sizeof *L->t);
     size_t off = 0;

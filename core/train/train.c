@@ -84,7 +84,7 @@ int li_train_layout_init(li_train_layout *L, const li_hparams *hp, bool tied, co
     L->sel = *sel;
     const int nl = hp->n_layer;
     const int64_t d = hp->n_embd, qd = (int64_t)hp->n_head * hp->head_dim,
-                  kvd = (int64_t)hp->n_head_kv * hp->head_dim, ff = hp->n_ff;
+                  kvd = (int64_t)hp->n_head_kv * hp->head_dim;
     const bool lora = sel->what == LI_TRAIN_LORA;
     L->n_lora = lora ? 7 * nl : 0;
     L->lora_rank = lora ? sel->lora_rank : 0;
@@ -125,6 +125,7 @@ int li_train_layout_init(li_train_layout *L, const li_hparams *hp, bool tied, co
     }
     for (int l = 0; l < nl; l++)
         for (int k = 0; k < LI_TL_N; k++) {
+            const int64_t ff = li_hp_n_ff(hp, l);
             const int64_t rows = k == LI_TL_ATTN_NORM || k == LI_TL_FFN_NORM ? 1
                                  : k == LI_TL_WQ                           ? qd
                                  : k == LI_TL_WK || k == LI_TL_WV          ? kvd

@@ -577,7 +577,7 @@ double TR(li_train_fb)(const li_train_layout *L, const real *P, real *G, const i
         TR(li_trop_rmsnorm_fwd_par)(tp, xmid, PT(l, LI_TL_FFN_NORM), xn2, a.rstd2 + l * N, N, d, (real)hp->norm_eps);
         TR(lin_fwd)(L, P, li_train_tensor_index(l, LI_TL_GATE), xn2, g, XA(l, 4), a.ltmp, N, tp);
         TR(lin_fwd)(L, P, li_train_tensor_index(l, LI_TL_UP), xn2, u, XA(l, 5), a.ltmp, N, tp);
-        TR(li_trop_swiglu_par)(tp, g, u, h, NULL, NULL, NULL, N, ff);
+        TR(li_trop_swiglu_par)(tp, g, u, h, NULL, NULL, NULL, N, li_hp_n_ff(hp, l)); /* (N, block l's width) */
         TR(lin_fwd)(L, P, li_train_tensor_index(l, LI_TL_DOWN), h, xnext, XA(l, 6), a.ltmp, N, tp);
         for (int64_t i = 0; i < N * d; i++) xnext[i] += xmid[i];
     }
@@ -601,9 +601,10 @@ double TR(li_train_fb)(const li_train_layout *L, const real *P, real *G, const i
         /* the gradient of the input stops at the lowest block that trains */
         const bool need_dx = l > L->bwd_stop || TRAINS(-1, LI_TT_TOK_EMBD);
         /* FFN: res[l+1] = xmid + h·Wd^T, so dx is also d(xmid) */
-        memset(a.dh, 0, (size_t)(N * ff) * sizeof(real));
+        const int64_t ffl = li_hp_n_ff(hp, l); /* g, u, h of block l are (N, ffl) in slots of N * ff */
+        memset(a.dh, 0, (size_t)(N * ffl) * sizeof(real));
         TR(lin_bwd)(L, P, G, li_train_tensor_index(l, LI_TL_DOWN), h, XA(l, 6), a.dx, a.dh, a.tmp, N, tp);
-        TR(li_trop_swiglu_par)(tp, g, u, NULL, a.dh, a.dg, a.du, N, ff);
+        TR(li_trop_swiglu_par)(tp, g, u, NULL, a.dh, a.dg, a.du, N, ffl);
         memset(a.dxn, 0, (size_t)(N * d) * sizeof(real));
         TR(lin_bwd)(L, P, G, li_train_tensor_index(l, LI_TL_GATE), xn2, XA(l, 4), a.dg, a.dxn, a.tmp, N, tp);
         TR(lin_bwd)(L, P, G, li_train_tensor_index(l, LI_TL_UP), xn2, XA(l, 5), a.du, a.dxn, a.tmp, N, tp);

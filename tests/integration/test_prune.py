@@ -21,6 +21,9 @@ import ctypes
 import glob
 import hashlib
 import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -58,6 +61,8 @@ class GGUFModel:
             if default is None:
                 raise KeyError(key)
             return default
+        if f.types[0] == gguf.GGUFValueType.ARRAY:  # numbers: per-layer feed_forward_length
+            return [f.parts[i].tolist()[0] for i in f.data]
         v = f.parts[f.data[0]]
         if f.types[0] == gguf.GGUFValueType.STRING:
             return bytes(v).decode()
@@ -161,6 +166,9 @@ KINDS = {
     "heads-obs": (["--what", "heads", "--keep", "2", "--rank", "obs", "--refit-dtype", "q8_0"], None),
     # channels pruned from the heads-pruned file: both slicings in one file
     "heads+ffn": (["--what", "ffn", "--ratio", "0.1"], "heads"),
+    # each block's channel count from its refit error curve (prune_alloc.c): per-layer widths
+    "ffn-alloc": (["--what", "ffn", "--ratio", "0.1", "--refit", "--ffn-alloc", "error", "--refit-dtype", "q8_0",
+                   "--samples", "8", "--seq-len", "128"], None),
 }
 
 
@@ -229,6 +237,58 @@ def test_pruned_file_loads_and_matches_numpy(kind, pruned, run_ok, original):
     assert got["tokens"][:n] == want_tok, f"greedy: luainfer {got['tokens'][:n]}, numpy on the gguf package's read {want_tok}"
     for t, v in got["top_logits"][0]:
         assert abs(logits[0][t] - v) < 0.05 * max(1.0, abs(v)), f"logit of {t}: numpy {logits[0][t]}, luainfer {v}"
+
+
+def test_ffn_alloc_file(pruned, run_ok, run_cli, model_path, tmp_path):
+    """--ffn-alloc error: the blocks keep different channel counts, the same
+    total as the uniform 10% cut; feed_forward_length becomes a per-layer
+    array (llama.cpp's n_ff_arr form); the file loads, `info` shows the
+    widths, and greedy tokens and logits match the float64 NumPy forward on
+    the gguf package's read. Then: it heals (the training module's per-layer
+    widths), and the tools that assume one width refuse it with one line."""
+    path, j, err = pruned("ffn-alloc")
+    per = j["feed_forward_length_per_block"]
+    uniform = 1536 - 256  # what --ratio 0.1 keeps per block uniformly
+    assert len(per) == 30 and sum(per) == 30 * uniform and len(set(per)) > 1, per
+    assert all(p % 32 == 0 and 512 <= p <= 1536 for p in per), per
+    assert "feed_forward_length per block:" in err, err
+    m = GGUFModel(path)
+    assert [int(x) for x in m.n_ff] == per
+    for l in (0, 29):
+        assert list(m.t[f"blk.{l}.ffn_gate.weight"].shape) == [576, per[l]]
+        assert list(m.t[f"blk.{l}.ffn_down.weight"].shape) == [per[l], 576]
+    info = run_ok(["info", path, "--json"]).json()["hparams"]
+    assert info["n_ff"] == max(per) and info["n_ff_layer"] == per
+    assert "at most, per block:" in run_ok(["info", path]).stdout
+    got = generate(run_ok, path, 3)
+    toks = got["tokens"]  # fewer than 3 when the model ends its answer (EOS, id 2, not listed)
+    logits, _ = forward(m, got["prompt_tokens"] + toks[:2], min(3, len(toks) + 1))
+    want = [int(t) for t in np.argmax(logits, axis=-1)]
+    assert toks[:3] == want[:len(toks)] and (len(toks) == 3 or want[len(toks)] == 2), (toks, want)
+    for t, v in got["top_logits"][0]:
+        assert abs(logits[0][t] - v) < 0.05 * max(1.0, abs(v)), f"logit of {t}: numpy {logits[0][t]}, luainfer {v}"
+    healed = tmp_path / "healed.gguf"
+    words = CALIB.read_text(errors="replace").split()
+    text = tmp_path / "t.txt"
+    text.write_text(" ".join(words[:60]))
+    r = run_ok(["distill", "--teacher", model_path, "--student", path, "--data", text, "--seq-len", "24",
+                "--steps", "2", "--train", "layers:28-29", "--dtype", "source", "--qat", "--threads", "2", healed])
+    assert len(re.findall(r"^step \d+/2:", r.stdout, re.M)) == 2, r.stdout
+    assert [int(x) for x in GGUFModel(healed).n_ff] == per
+    assert generate(run_ok, healed, 2)["tokens"]
+    for args, msg in ((["prune", "--what", "layers", "--keep", "29", "--calib", CALIB, path, tmp_path / "o.gguf"],
+                       "have different FFN widths"),
+                      (["quantize", "--method", "w8a8", "--calib", CALIB, path, tmp_path / "o.gguf"],
+                       "FFN widths differ"),
+                      (["generate", "--model", path, "--prompt", "x", "--tensor-parallel", "2"], "FFN widths differ")):
+        r = run_cli(args)
+        assert r.returncode != 0 and msg in r.stderr and len(r.stderr.strip().splitlines()) == 1, (args, r.stderr)
+    r = subprocess.run([sys.executable, str(REPO_ROOT / "tools" / "gguf_to_hf.py"), "--model", str(path),
+                        str(tmp_path / "hf")], capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0 and "a Hugging Face LlamaConfig has one intermediate_size" in r.stderr, r.stderr[-2000:]
+    q = tmp_path / "q8.gguf"
+    run_ok(["quantize", "--method", "q8_0", path, q])  # the GGUF block types are per tensor
+    assert generate(run_ok, q, 2)["tokens"]
 
 
 def test_llama_cpp_loads_the_pruned_file(pruned, run_ok):
@@ -387,6 +447,9 @@ BAD = [
     (["--what", "heads", "--keep", "2", "--refit", "--damp", "2"], "--damp must be in [0, 1]"),
     (["--what", "heads", "--keep", "2", "--refit", "--refit-dtype", "q5_k"], "--refit-dtype must be f16, bf16"),
     (["--what", "heads", "--keep", "2", "--refit-dtype", "q8_0"], "give --refit or --rank obs"),
+    (["--what", "ffn", "--ratio", "0.1", "--ffn-alloc", "error"], "it needs --what ffn --rank act --refit"),
+    (["--what", "heads", "--keep", "2", "--refit", "--ffn-alloc", "error"], "it needs --what ffn --rank act --refit"),
+    (["--what", "ffn", "--ratio", "0.1", "--refit", "--ffn-alloc", "greedy"], "--ffn-alloc must be uniform or error"),
     (["--what", "layers", "--keep", "2", "--calib", "/nonexistent/calib.txt"], "calibration file"),
     (["--what", "layers", "--keep", "29", "--samples", "100000"], "is too short"),
     (["--what", "layers", "--keep", "29", "--calib", "SHORT"], "is too short: 3 tokens"),

@@ -189,3 +189,80 @@ def test_obs_nan_weights(driver, tmp_path):
     w[:] = np.nan
     got, err = run_driver(driver, tmp_path, w, x, 1, 3, 0.01)
     assert got is None and "no finite removal cost" in err, err
+
+
+# ---------------------------------------------------------------------------
+# --ffn-alloc (core/prune/prune_alloc.c): each block's error curve and the
+# greedy allocation, against direct transcriptions
+# ---------------------------------------------------------------------------
+
+def run_curve(driver, tmp_path, w, x, score, damp):
+    d, n = w.shape
+    inp, out = tmp_path / "cin.bin", tmp_path / "cout.bin"
+    with open(inp, "wb") as f:
+        f.write(np.array([d, n, x.shape[0]], "<i8").tobytes() + np.array([damp], "<f8").tobytes())
+        f.write(w.astype("<f4").tobytes() + x.astype("<f4").tobytes() + np.asarray(score, "<f8").tobytes())
+    p = subprocess.run([str(driver), "curve", str(inp), str(out)], capture_output=True, text=True, timeout=60)
+    if p.returncode:
+        return None, p.stderr.strip()
+    return np.frombuffer(out.read_bytes(), "<f8"), ""
+
+
+def test_ffn_curve_is_the_refit_error(driver, tmp_path):
+    """E(k) for every k: keeping the k highest-scoring channels (ties: the
+    lower index) and refitting their columns by a direct least-squares solve
+    on the damped Gram, the error tr((W - W') H (W - W')^T); no Cholesky,
+    no reuse between k, as the formula's derivation would suggest."""
+    w, x = make_layer(13, 9, 37, 60, dead=(5,))  # fewer rows than inputs: only the damping keeps H definite
+    rng = np.random.default_rng(3)
+    score = rng.uniform(0, 1, 37)
+    score[[2, 9]] = score[4]  # ties
+    damp = 0.01
+    got, err = run_curve(driver, tmp_path, w, x, score, damp)
+    assert got is not None, err
+    h = damped_hessian(x, damp)
+    wd = w.astype(np.float64)
+    order = sorted(range(37), key=lambda j: (-score[j], j))
+    want = []
+    for k in range(38):
+        keep = order[:k]
+        wn = np.zeros_like(wd)
+        if k:
+            wn[:, keep] = np.linalg.solve(h[np.ix_(keep, keep)], (wd @ h[:, keep]).T).T
+        e = wd - wn
+        want.append(np.trace(e @ h @ e.T))
+    want = np.array(want)
+    np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-9 * want[0])
+    assert got[-1] == 0 and (np.diff(got) <= 1e-9 * want[0]).all()  # more kept never costs more
+
+
+def test_ffn_allocate_greedy(driver, tmp_path):
+    """The allocation against a transcription of its rule: `unit` channels
+    at a time (the last step the remainder) from the block whose curve rises
+    least over its sig, none below floor, ties to the lower block."""
+    rng = np.random.default_rng(5)
+    nl, n, unit, floor, remove = 5, 40, 8, 12, 70
+    curves = np.cumsum(rng.uniform(0, 1, (nl, n + 1))[:, ::-1], axis=1)[:, ::-1].copy()
+    curves[:, -1] = 0
+    curves[2] *= 50  # a block whose channels all matter
+    sig = rng.uniform(1, 3, nl)
+    inp, out = tmp_path / "ain.bin", tmp_path / "aout.bin"
+    inp.write_bytes(np.array([nl, n, unit, floor, remove], "<i8").tobytes() + sig.astype("<f8").tobytes()
+                    + curves.astype("<f8").tobytes())
+    p = subprocess.run([str(driver), "allocate", str(inp), str(out)], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    got = np.frombuffer(out.read_bytes(), "<i8")
+    keep, left = [n] * nl, remove
+    while left > 0:
+        step = min(unit, left)
+        costs = [(curves[l][keep[l] - step] - curves[l][keep[l]]) / sig[l] if keep[l] - step >= floor else np.inf
+                 for l in range(nl)]
+        best = int(np.argmin(costs))
+        keep[best] -= step
+        left -= step
+    assert list(got) == keep and sum(got) == nl * n - remove and got[2] == n, (list(got), keep)
+    # more than the floors allow: one clear line
+    inp.write_bytes(np.array([nl, n, unit, floor, nl * (n - floor) + 1], "<i8").tobytes()
+                    + sig.astype("<f8").tobytes() + curves.astype("<f8").tobytes())
+    p = subprocess.run([str(driver), "allocate", str(inp), str(out)], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 1 and "cannot go with every block keeping at least 12" in p.stderr, p.stderr

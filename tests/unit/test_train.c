@@ -10,6 +10,10 @@
  *   with the training forward's logits;
  *   QAT (BF16 rounding): the passes see the rounded weights, AdamW steps
  *   the masters with their gradients, the file holds what was trained;
+ *   per-block FFN widths (feed_forward_length as an array): block 1 cut to
+ *   16 of 24 channels gives the uniform model's logits with those channels'
+ *   gate rows zeroed, in the engine and the training forward; bad arrays
+ *   are refused;
  *   NaN stops the run naming the step and keeps the last checkpoint;
  *   an interrupt writes a checkpoint;
  *   bad parameter sets are refused. */
@@ -336,6 +340,106 @@ static void test_qat(const char *base) {
     li_model_free(m);
 }
 
+/* ==== per-block FFN widths ===================================================== */
+
+enum { W_UNIFORM_ZEROED, W_SLICED, W_EQUAL_ARRAY, W_SHORT_ARRAY, W_ZERO_WIDTH, W_FLOAT_ARRAY };
+
+/* base.gguf rewritten: W_SLICED keeps channels 0..15 of block 1 (and
+ * feed_forward_length [24, 16]); W_UNIFORM_ZEROED keeps every channel and
+ * zeroes block 1's gate rows 16..23 instead (silu(0) * u = 0: those
+ * channels add nothing); the others write a trivial or bad
+ * feed_forward_length over the unchanged tensors. */
+static int write_widths(const char *base, int mode, char *out, size_t cap) {
+    li_error err = {0};
+    li_gguf g;
+    CHECK(li_gguf_open(&g, base, &err) == 0, "%s", err.msg);
+    li_gguf_writer w;
+    li_gguf_writer_init(&w);
+    int rc = 0;
+    for (uint64_t i = 0; i < g.n_kv && !rc; i++)
+        if (!li_str_eq(g.kv[i].key, "llama.feed_forward_length")) rc = li_gguf_writer_add_kv(&w, &g.kv[i], &err);
+    static const uint32_t widths[6][3] = {{0}, {24, 16}, {24, 24}, {24, 24, 24}, {24, 0}, {0}};
+    static const float fw[2] = {24, 16};
+    li_gguf_kv arr = {.key = {.ptr = "llama.feed_forward_length", .len = 25}, .type = LI_GGUF_ARRAY};
+    arr.v.arr.type = mode == W_FLOAT_ARRAY ? LI_GGUF_FLOAT32 : LI_GGUF_UINT32;
+    arr.v.arr.n = mode == W_SHORT_ARRAY ? 3 : 2;
+    arr.v.arr.data = mode == W_FLOAT_ARRAY ? (const uint8_t *)fw : (const uint8_t *)widths[mode];
+    if (!rc && mode == W_UNIFORM_ZEROED) rc = li_gguf_writer_add_u32(&w, "llama.feed_forward_length", 24, &err);
+    else if (!rc) rc = li_gguf_writer_add_kv(&w, &arr, &err);
+    for (uint64_t i = 0; i < g.n_tensors && !rc; i++) {
+        const li_gguf_tensor *t = &g.tensors[i];
+        const float *src = t->data; /* li_train_save wrote F32 */
+        int64_t ne[2] = {t->ne[0], t->ne[1]};
+        float *d = li_xmalloc(t->nbytes);
+        memcpy(d, src, t->nbytes);
+        const bool gate = li_str_eq(t->name, "blk.1.ffn_gate.weight"), up = li_str_eq(t->name, "blk.1.ffn_up.weight"),
+                   down = li_str_eq(t->name, "blk.1.ffn_down.weight");
+        if (mode == W_UNIFORM_ZEROED && gate) memset(d + 16 * ne[0], 0, (size_t)(8 * ne[0]) * sizeof(float));
+        if (mode == W_SLICED && (gate || up)) ne[1] = 16; /* the first 16 rows */
+        if (mode == W_SLICED && down) {                    /* the first 16 columns of every row */
+            for (int64_t r = 0; r < ne[1]; r++) memmove(d + r * 16, src + r * ne[0], 16 * sizeof(float));
+            ne[0] = 16;
+        }
+        char name[96];
+        snprintf(name, sizeof name, "%.*s", (int)t->name.len, t->name.ptr);
+        rc = li_gguf_writer_add_tensor(&w, name, LI_TYPE_F32, t->n_dims, ne, d,
+                                       (size_t)(ne[0] * (t->n_dims > 1 ? ne[1] : 1)) * sizeof(float), &err);
+    }
+    static const char *names[] = {"zeroed", "sliced", "equal", "short", "zero", "float"};
+    snprintf(out, cap, "%s/widths_%s.gguf", dir, names[mode]);
+    if (!rc) rc = li_gguf_writer_write(&w, out, &err);
+    li_gguf_writer_free(&w);
+    li_gguf_free(&g);
+    CHECK(rc == 0, "%s", err.msg);
+    return rc;
+}
+
+static void test_ffn_widths(const char *base) {
+    char zp[512], sp[512], p[512];
+    if (write_widths(base, W_UNIFORM_ZEROED, zp, sizeof zp) || write_widths(base, W_SLICED, sp, sizeof sp)) return;
+    li_model *m;
+    li_error err = {0};
+    CHECK(li_model_load(&m, sp, &err) == 0, "%s", err.msg);
+    report(m->hp.n_ff == 24 && m->hp.n_ff_layer && m->hp.n_ff_layer[0] == 24 && m->hp.n_ff_layer[1] == 16 &&
+               li_hp_n_ff(&m->hp, 1) == 16,
+           "feed_forward_length [24, 16]: n_ff 24 (the largest), block 1 16 wide");
+    static float a[SEQ * 2000], b[SEQ * 2000];
+    if (engine_logits(zp, seq_tok, SEQ, a) == 0 && engine_logits(sp, seq_tok, SEQ, b) == 0) {
+        const double e = rel_diff(b, a, SEQ * 2000);
+        report(e < 1e-5, "engine: block 1 cut to 16 channels = the uniform model with channels 16..23 silenced "
+                         "(rel diff %.1e < 1e-5)", e);
+    }
+    li_train_model tm;
+    li_train_select all = {.what = LI_TRAIN_ALL};
+    CHECK(li_train_model_init(&tm, m, &all, 1, &err) == 0, "%s", err.msg);
+    train_logits(&tm, seq_tok, SEQ, b);
+    const double e = rel_diff(b, a, SEQ * 2000);
+    report(e < 1e-5 && tm.L.t[li_train_tensor_index(1, LI_TL_DOWN)].cols == 16,
+           "training forward of the cut model = the same (rel diff %.1e < 1e-5; down_proj 16 columns)", e);
+    li_train_model_free(&tm);
+    li_model_free(m);
+    if (!write_widths(base, W_EQUAL_ARRAY, p, sizeof p)) {
+        CHECK(li_model_load(&m, p, &err) == 0, "%s", err.msg);
+        report(m->hp.n_ff == 24 && !m->hp.n_ff_layer, "an array of equal widths is a uniform model");
+        li_model_free(m);
+    }
+    static const struct {
+        int mode;
+        const char *msg;
+    } bad[] = {
+        {W_SHORT_ARRAY, "an array of 3 entries, not 2"},
+        {W_ZERO_WIDTH, "feed_forward_length[1] = 0 is out of range"},
+        {W_FLOAT_ARRAY, "not 2 32-bit integers"},
+    };
+    for (size_t i = 0; i < LI_ARRAY_LEN(bad); i++) {
+        if (write_widths(base, bad[i].mode, p, sizeof p)) continue;
+        err = (li_error){0};
+        const int rc = li_model_load(&m, p, &err);
+        report(rc != 0 && strstr(err.msg, bad[i].msg), "refused: %s", err.msg);
+        if (!rc) li_model_free(m);
+    }
+}
+
 static void test_nan_and_stop(const char *base) {
     li_model *m;
     li_error err = {0};
@@ -513,6 +617,7 @@ int main(void) {
     test_train_save(base, "all", LI_CKPT_F16, 1e-2, 1e-2f);
     test_train_save(base, "lora:4", LI_CKPT_F32, 1e-5, 2e-2f);
     test_qat(base);
+    test_ffn_widths(base);
     test_nan_and_stop(base);
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
