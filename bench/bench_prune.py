@@ -66,6 +66,9 @@ CONFIGS = {
     "heads-obs": [(f"keep {k} of 3", ["--what", "heads", "--rank", "obs", "--keep", str(k)]) for k in (2, 1)],
     "ffn-refit": [(f"{p}%", ["--what", "ffn", "--refit", "--ratio", str(p / 100)]) for p in (10, 20, 30)],
     "ffn-obs": [(f"{p}%", ["--what", "ffn", "--rank", "obs", "--ratio", str(p / 100)]) for p in (10, 20, 30)],
+    # each block's width from its refit error curve (prune_alloc.c)
+    "ffn-alloc": [(f"{p}%", ["--what", "ffn", "--refit", "--ffn-alloc", "error", "--ratio", str(p / 100)])
+                  for p in (10, 20, 30)],
 }
 
 
