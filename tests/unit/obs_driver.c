@@ -31,6 +31,26 @@ static int fail(const char *msg) {
     return 1;
 }
 
+/* W f32 (d, n) then X f32 (rows, n) from f: W widened to *w (malloc'd), X's
+ * X^T X accumulated as prune does (li_q4_calib_accumulate, in uneven chunks
+ * of 7 rows) into c. NULL on success, else the message. */
+static const char *read_layer(FILE *f, int64_t d, int64_t n, int64_t rows, double **w, li_q4_calib *c) {
+    static char why[160];
+    float *wf = malloc((size_t)(d * n) * sizeof(float)), *x = malloc((size_t)(rows * n + 1) * sizeof(float));
+    *w = malloc((size_t)(d * n) * sizeof(double));
+    if (!wf || !x || !*w) return "out of memory";
+    if (fread(wf, sizeof(float), (size_t)(d * n), f) != (size_t)(d * n) ||
+        fread(x, sizeof(float), (size_t)(rows * n), f) != (size_t)(rows * n))
+        return "short input";
+    for (int64_t i = 0; i < d * n; i++) (*w)[i] = wf[i];
+    const char *bad = NULL;
+    if (li_q4_calib_init(c, n, why, sizeof why)) bad = why;
+    for (int64_t r = 0; r < rows && !bad; r += 7) li_q4_calib_accumulate(c, x + r * n, rows - r < 7 ? rows - r : 7);
+    if (!bad && li_q4_calib_finish(c, why, sizeof why)) bad = why;
+    free(wf), free(x);
+    return bad;
+}
+
 static int curve_main(const char *in, const char *out) {
     FILE *f = fopen(in, "rb");
     if (!f) return fail("cannot open the input");
@@ -39,28 +59,20 @@ static int curve_main(const char *in, const char *out) {
     if (fread(h, sizeof h, 1, f) != 1 || fread(&damp, sizeof damp, 1, f) != 1) return fail("short header");
     const int64_t d = h[0], n = h[1], rows = h[2];
     if (d <= 0 || n <= 0 || rows < 0 || d > 1 << 14 || n > 1 << 14 || rows > 1 << 20) return fail("bad header");
-    float *wf = malloc((size_t)(d * n) * sizeof(float)), *x = malloc((size_t)(rows * n + 1) * sizeof(float));
-    double *w = malloc((size_t)(d * n) * sizeof(double)), *score = malloc((size_t)n * sizeof(double)),
-           *curve = malloc((size_t)(n + 1) * sizeof(double));
-    if (!wf || !x || !w || !score || !curve) return fail("out of memory");
-    if (fread(wf, sizeof(float), (size_t)(d * n), f) != (size_t)(d * n) ||
-        fread(x, sizeof(float), (size_t)(rows * n), f) != (size_t)(rows * n) ||
-        fread(score, sizeof(double), (size_t)n, f) != (size_t)n)
-        return fail("short input");
-    fclose(f);
-    for (int64_t i = 0; i < d * n; i++) w[i] = wf[i];
+    double *w, *score = malloc((size_t)n * sizeof(double)), *curve = malloc((size_t)(n + 1) * sizeof(double));
     li_q4_calib c;
-    char why[160];
-    if (li_q4_calib_init(&c, n, why, sizeof why)) return fail(why);
-    for (int64_t r = 0; r < rows; r += 7) li_q4_calib_accumulate(&c, x + r * n, rows - r < 7 ? rows - r : 7);
-    if (li_q4_calib_finish(&c, why, sizeof why)) return fail(why);
+    const char *bad = read_layer(f, d, n, rows, &w, &c);
+    if (bad) return fail(bad);
+    if (!score || !curve) return fail("out of memory");
+    if (fread(score, sizeof(double), (size_t)n, f) != (size_t)n) return fail("short input");
+    fclose(f);
     li_error err = {0};
     if (li_prune_ffn_curve(c.xtx, w, d, n, score, damp, curve, &err)) return fail(err.msg);
     FILE *o = fopen(out, "wb");
     if (!o || fwrite(curve, sizeof(double), (size_t)(n + 1), o) != (size_t)(n + 1) || fclose(o))
         return fail("cannot write the output");
     li_q4_calib_free(&c);
-    free(wf), free(x), free(w), free(score), free(curve);
+    free(w), free(score), free(curve);
     return 0;
 }
 
@@ -103,21 +115,14 @@ int main(int argc, char **argv) {
     if (d <= 0 || n <= 0 || rows < 0 || width <= 0 || d > 1 << 14 || n > 1 << 14 || rows > 1 << 20)
         return fail("bad header");
     const int64_t units = n / width > 0 ? n / width : 1; /* li_prune_obs refuses a partial unit */
-    float *wf = malloc((size_t)(d * n) * sizeof(float)), *x = malloc((size_t)(rows * n + 1) * sizeof(float));
     uint8_t *drop = malloc((size_t)units);
-    double *w = malloc((size_t)(d * n) * sizeof(double)), *score = malloc((size_t)units * sizeof(double));
-    if (!wf || !x || !drop || !w || !score) return fail("out of memory");
-    if (fread(wf, sizeof(float), (size_t)(d * n), f) != (size_t)(d * n) ||
-        fread(x, sizeof(float), (size_t)(rows * n), f) != (size_t)(rows * n) ||
-        fread(drop, 1, (size_t)units, f) != (size_t)units)
-        return fail("short input");
-    fclose(f);
-    for (int64_t i = 0; i < d * n; i++) w[i] = wf[i];
+    double *w, *score = malloc((size_t)units * sizeof(double));
     li_q4_calib c;
-    char why[160];
-    if (li_q4_calib_init(&c, n, why, sizeof why)) return fail(why);
-    for (int64_t r = 0; r < rows; r += 7) li_q4_calib_accumulate(&c, x + r * n, rows - r < 7 ? rows - r : 7);
-    if (li_q4_calib_finish(&c, why, sizeof why)) return fail(why);
+    const char *bad = read_layer(f, d, n, rows, &w, &c);
+    if (bad) return fail(bad);
+    if (!drop || !score) return fail("out of memory");
+    if (fread(drop, 1, (size_t)units, f) != (size_t)units) return fail("short input");
+    fclose(f);
     li_error err = {0};
     if (li_prune_obs(w, d, n, c.xtx, width, k, damp, h[5] != 0, drop, score, &err)) return fail(err.msg);
     FILE *o = fopen(argv[2], "wb");
@@ -126,6 +131,6 @@ int main(int argc, char **argv) {
         fwrite(score, sizeof(double), (size_t)units, o) != (size_t)units || fclose(o))
         return fail("cannot write the output");
     li_q4_calib_free(&c);
-    free(wf), free(x), free(drop), free(w), free(score);
+    free(drop), free(w), free(score);
     return 0;
 }
