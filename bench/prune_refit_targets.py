@@ -25,7 +25,9 @@ against the unpruned model over positions 256..511 (the second half, as
 `perplexity` scores). Tokens come from `luainfer run` (the engine's
 tokenizer), written next to the output once.
 
-  .venv/bin/python bench/prune_refit_targets.py MODE NTOK [DAMP]
+  .venv/bin/python bench/prune_refit_targets.py MODE NTOK [DAMP] [FLOOR]
+
+(FLOOR: alloc's fewest channels a block keeps, default 512)
 """
 import os
 import subprocess
@@ -58,9 +60,10 @@ def tokens(name):
     return np.loadtxt(out, dtype=np.int64)
 
 
-if len(sys.argv) not in (3, 4) or sys.argv[1] not in ("local", "seq", "seqc", "alloc", "allocraw"):
+if len(sys.argv) not in (3, 4, 5) or sys.argv[1] not in ("local", "seq", "seqc", "alloc", "allocraw"):
     sys.exit(__doc__)
 mode = sys.argv[1]; ntok = int(sys.argv[2]); seq = 256; damp = float(sys.argv[3]) if len(sys.argv) > 3 else 0.01
+floor = int(sys.argv[4]) if len(sys.argv) > 4 else 512
 r = gguf.GGUFReader(MODEL)
 T = {t.name: t for t in r.tensors}
 def W(n):
@@ -110,7 +113,7 @@ if mode.startswith('alloc'):
         order = np.argsort(-(asum * np.linalg.norm(wd, axis=0)), kind='stable')
         lam = damp * np.mean(np.diag(Hs)); total = np.einsum('ij,jk,ik->', wd, Hs, wd)
         err = {}
-        for k in range(FF, 511, -64):  # min ||W X - W_S X_S||^2 = tr(W H W^T) - tr(C_S (H_SS + lam)^-1 C_S^T), C = W H
+        for k in range(FF, floor - 1, -64):  # min ||W X - W_S X_S||^2 = tr(W H W^T) - tr(C_S (H_SS + lam)^-1 C_S^T), C = W H
             S = order[:k]; C = wd @ Hs[:, S]
             err[k] = max(0.0, total - np.einsum('ij,ij->', C, np.linalg.solve(Hs[np.ix_(S, S)] + lam * np.eye(k), C.T).T))
         stats.append((Hs, order, err, sig, lam))
@@ -121,7 +124,7 @@ if mode.startswith('alloc'):
         cost = [(stats[l][2][keep_l[l] - 64] - stats[l][2][keep_l[l]]) / norm_by[l] if keep_l[l] - 64 in stats[l][2]
                 else np.inf for l in range(L)]
         keep_l[int(np.argmin(cost))] -= 64
-    print(f'{mode} kept per layer: {keep_l} (sum {sum(keep_l)}, uniform {keep_n * L})')
+    print(f'{mode} floor {floor} kept per layer: {keep_l} (sum {sum(keep_l)}, uniform {keep_n * L})')
     for l in range(L):
         Hs, order, _, _, lam = stats[l]; wd = lay[l]['ffn_down']
         keep = np.sort(order[:keep_l[l]]); C = wd.astype(np.float64) @ Hs[:, keep]

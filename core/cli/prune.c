@@ -14,7 +14,7 @@
 
 int li_cmd_prune(int argc, char **argv) {
     const char *what = NULL, *rank = NULL, *calib = NULL, *refit_dtype = NULL, *ffn_alloc = "uniform";
-    double ratio = 0, damp = 0.01;
+    double ratio = 0, damp = 0.01, ffn_floor = 0.75;
     int64_t keep = 0, samples = 4, seq_len = 128, threads = 0, seed = 1;
     bool dry_run = false, json = false, help = false, refit = false, self_gen = false;
     li_opt opts[] = {
@@ -29,6 +29,8 @@ int li_cmd_prune(int argc, char **argv) {
         {"ffn-alloc", LI_OPT_STR, &ffn_alloc, "ffn: uniform (the same channel count in every block) or error (each "
                                               "block's count from its refit error curve; needs --refit) (default "
                                               "uniform)"},
+        {"ffn-floor", LI_OPT_FLOAT, &ffn_floor, "--ffn-alloc error: the fewest channels a block keeps, a fraction of "
+                                                "the uniform count in (0, 1] (default 0.75)"},
         {"damp", LI_OPT_FLOAT, &damp, "refit and obs: diagonal damping, a fraction of the mean (default 0.01)"},
         {"calib", LI_OPT_STR, &calib, "calibration text (this or --self-generate)"},
         {"self-generate", LI_OPT_FLAG, &self_gen, "calibrate on the model's own samples (--samples x --seq-len tokens, "
@@ -61,6 +63,7 @@ int li_cmd_prune(int argc, char **argv) {
         return li_runtime_fail(&err);
     }
     o.ffn_alloc = !strcmp(ffn_alloc, "error");
+    o.ffn_floor = ffn_floor;
     if (refit_dtype && (rc = li_prune_refit_type_parse(refit_dtype, &o.refit_type, &err))) return li_runtime_fail(&err);
     if (!rank) o.rank = o.what == LI_PRUNE_LAYERS ? LI_PRUNE_RANK_BI : LI_PRUNE_RANK_ACT;
     else if ((rc = li_prune_rank_parse(rank, &o.rank, &err))) return li_runtime_fail(&err);

@@ -507,8 +507,9 @@ static int alloc_ffn(const li_model *m, capture *cap, const li_prune_opts *o, co
         li_progress_update(&pg, l + 1, "layers");
     }
     if (!rc) li_progress_finish(&pg);
-    /* whole 32-channel blocks of down_proj's rows, and a third of the width at least */
-    const int64_t floor = LI_MIN(n - k, (n / 3 + 31) / 32 * 32);
+    /* whole 32-channel blocks of down_proj's rows; no block below --ffn-floor of the uniform count
+     * (the curves alone over-cut the middle blocks: docs/pruning.md) */
+    const int64_t floor = LI_MAX((int64_t)32, (int64_t)(o->ffn_floor * (double)(n - k)) / 32 * 32);
     if (!rc) rc = li_prune_ffn_allocate((const double *const *)curve, cap->sig, nl, n, 32, floor, k * nl, keep, err);
     for (int l = 0; l < nl && !rc; l++) li_prune_lowest(score + (size_t)l * n, n, n - keep[l], drop + (size_t)l * n);
     for (int l = 0; l < nl; l++) free(curve[l]);
@@ -751,6 +752,8 @@ int li_prune(const li_prune_opts *o, li_error *err) {
     if (o->rank == LI_PRUNE_RANK_KLD && o->what == LI_PRUNE_FFN)
         return li_error_set(err, LI_EUNSUP, "prune: --rank kld ranks layers and heads (one run per unit: not per FFN "
                             "channel); ffn ranks by act");
+    if (o->ffn_alloc && !(o->ffn_floor > 0 && o->ffn_floor <= 1))
+        return li_error_set(err, LI_ERANGE, "prune: --ffn-floor must be in (0, 1] (got %g)", o->ffn_floor);
     if (o->ffn_alloc && (o->what != LI_PRUNE_FFN || o->rank != LI_PRUNE_RANK_ACT || !o->refit))
         return li_error_set(err, LI_EINVAL, "prune: --ffn-alloc error sizes each block's FFN from the refit's error "
                             "curve: it needs --what ffn --rank act --refit");

@@ -57,6 +57,7 @@ typedef struct li_prune_opts {
     uint32_t refit_type;     /* the refit tensor's type: LI_TYPE_F16 (0 means it), BF16, Q8_0, Q4_0, Q4_1 */
     bool ffn_alloc;          /* --ffn-alloc error: per-block channel counts from the refit's error curves
                               * (prune_alloc.c); needs ffn, act and refit */
+    double ffn_floor;        /* ... no block keeping fewer than this fraction of the uniform count, (0, 1] */
     bool dry_run;            /* rank, choose and predict; write nothing */
     bool json;               /* the ranking and the prediction as one JSON object on stdout */
 } li_prune_opts;

@@ -20,8 +20,9 @@
  * The allocation: channels go `unit` at a time from the block whose error,
  * over the squared norm of its residual stream after the block on the
  * same tokens (so blocks weigh by what their error is relative to), grows
- * least, each block keeping at least `floor`, until the uniform cut's count
- * is gone. */
+ * least, each block keeping at least `floor` (prune.c: --ffn-floor times
+ * the uniform count; the curves alone cut the middle blocks too deep),
+ * until the uniform cut's count is gone. */
 #include "prune/prune.h"
 #include "quant/quant4.h"
 

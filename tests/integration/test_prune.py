@@ -250,7 +250,7 @@ def test_ffn_alloc_file(pruned, run_ok, run_cli, model_path, tmp_path):
     per = j["feed_forward_length_per_block"]
     uniform = 1536 - 256  # what --ratio 0.1 keeps per block uniformly
     assert len(per) == 30 and sum(per) == 30 * uniform and len(set(per)) > 1, per
-    assert all(p % 32 == 0 and 512 <= p <= 1536 for p in per), per
+    assert all(p % 32 == 0 and 960 <= p <= 1536 for p in per), per  # --ffn-floor 0.75 of 1280
     assert "feed_forward_length per block:" in err, err
     m = GGUFModel(path)
     assert [int(x) for x in m.n_ff] == per
@@ -450,6 +450,8 @@ BAD = [
     (["--what", "ffn", "--ratio", "0.1", "--ffn-alloc", "error"], "it needs --what ffn --rank act --refit"),
     (["--what", "heads", "--keep", "2", "--refit", "--ffn-alloc", "error"], "it needs --what ffn --rank act --refit"),
     (["--what", "ffn", "--ratio", "0.1", "--refit", "--ffn-alloc", "greedy"], "--ffn-alloc must be uniform or error"),
+    (["--what", "ffn", "--ratio", "0.1", "--refit", "--ffn-alloc", "error", "--ffn-floor", "0"],
+     "--ffn-floor must be in (0, 1]"),
     (["--what", "layers", "--keep", "2", "--calib", "/nonexistent/calib.txt"], "calibration file"),
     (["--what", "layers", "--keep", "29", "--samples", "100000"], "is too short"),
     (["--what", "layers", "--keep", "29", "--calib", "SHORT"], "is too short: 3 tokens"),
