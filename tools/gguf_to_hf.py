@@ -85,6 +85,7 @@ def read_gguf(path):
     arch = meta.get("general.architecture")
     if arch not in ("llama", "mistral", "granite"):
         fail(f"{path}: architecture {arch!r} is not a Llama-family model")
+    n_ff(meta.get(f"{arch}.feed_forward_length", 0))  # refuse per-block widths before dequantizing
     tensors = {}
     for t in r.tensors:
         # dequantize gives numpy shape (rows, k), i.e. the HF (out, in) order
