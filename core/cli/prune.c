@@ -5,6 +5,7 @@
 #include "prune/prune.h"
 
 #include <errno.h>
+#include <math.h>
 #include <libgen.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,7 +15,7 @@
 
 int li_cmd_prune(int argc, char **argv) {
     const char *what = NULL, *rank = NULL, *calib = NULL, *refit_dtype = NULL, *ffn_alloc = "uniform";
-    double ratio = 0, damp = 0.01, ffn_floor = 0.75;
+    double ratio = 0, damp = 0.01, ffn_floor = NAN; /* NAN: not given (0.75 with --ffn-alloc error) */
     int64_t keep = 0, samples = 4, seq_len = 128, threads = 0, seed = 1;
     bool dry_run = false, json = false, help = false, refit = false, self_gen = false;
     li_opt opts[] = {
@@ -63,7 +64,10 @@ int li_cmd_prune(int argc, char **argv) {
         return li_runtime_fail(&err);
     }
     o.ffn_alloc = !strcmp(ffn_alloc, "error");
-    o.ffn_floor = ffn_floor;
+    if (!isnan(ffn_floor) && !o.ffn_alloc)
+        return li_runtime_fail(&(li_error){LI_EINVAL, "prune: --ffn-floor bounds --ffn-alloc error's allocation; "
+                                                      "give --ffn-alloc error"});
+    o.ffn_floor = isnan(ffn_floor) ? 0.75 : ffn_floor;
     if (refit_dtype && (rc = li_prune_refit_type_parse(refit_dtype, &o.refit_type, &err))) return li_runtime_fail(&err);
     if (!rank) o.rank = o.what == LI_PRUNE_LAYERS ? LI_PRUNE_RANK_BI : LI_PRUNE_RANK_ACT;
     else if ((rc = li_prune_rank_parse(rank, &o.rank, &err))) return li_runtime_fail(&err);

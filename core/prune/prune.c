@@ -482,13 +482,14 @@ static void *refit_worker(void *arg) {
 /* --ffn-alloc: each block's channel count from its refit error curve
  * (prune_alloc.c), then each block's lowest-scoring channels into drop */
 static int alloc_ffn(const li_model *m, capture *cap, const li_prune_opts *o, const double *score, int64_t k,
-                     uint8_t *drop, int64_t *keep, li_error *err) {
+                     uint8_t *drop, li_error *err) {
     const li_hparams *hp = &m->hp;
     const int nl = hp->n_layer;
     const int64_t n = hp->n_ff, d = hp->n_embd;
     double **curve = li_xcalloc((size_t)nl, sizeof *curve);
     double *w = li_xmalloc((size_t)(d * n) * sizeof *w);
     float *row = li_xmalloc((size_t)n * sizeof *row);
+    int64_t *keep = li_xmalloc((size_t)nl * sizeof *keep);
     int rc = 0;
     li_progress pg;
     li_progress_init(&pg, "ffn-alloc", "layers/s", nl);
@@ -514,6 +515,7 @@ static int alloc_ffn(const li_model *m, capture *cap, const li_prune_opts *o, co
     for (int l = 0; l < nl && !rc; l++) li_prune_lowest(score + (size_t)l * n, n, n - keep[l], drop + (size_t)l * n);
     for (int l = 0; l < nl; l++) free(curve[l]);
     free(curve);
+    free(keep);
     free(w);
     free(row);
     return rc;
@@ -679,9 +681,8 @@ static void print_json(const li_prune_opts *o, const li_hparams *hp, const li_pr
     cJSON_Delete(j);
 }
 
-/* the plan from the drop masks (ffn_keep: each block's kept count with --ffn-alloc, else NULL) */
-static void make_plan(const li_model *m, li_prune_what what, const uint8_t *drop, int64_t k, const int64_t *ffn_keep,
-                      li_prune_plan *p) {
+/* the plan from the drop masks (ffn blocks may drop different counts: --ffn-alloc) */
+static void make_plan(const li_model *m, li_prune_what what, const uint8_t *drop, int64_t k, li_prune_plan *p) {
     const li_hparams *hp = &m->hp;
     memset(p, 0, sizeof *p);
     p->what = what;
@@ -697,7 +698,13 @@ static void make_plan(const li_model *m, li_prune_what what, const uint8_t *drop
     }
     for (int l = 0; l < hp->n_layer; l++) p->keep_layer[l] = l;
     const int64_t units = what == LI_PRUNE_HEADS ? hp->n_head_kv : hp->n_ff;
-    if (ffn_keep) { /* rows of n_ff, the first ff_keep_layer[l] of row l used */
+    bool uneven = false; /* ffn blocks dropping different counts (--ffn-alloc) */
+    for (int l = 0; l < hp->n_layer && what == LI_PRUNE_FFN; l++) {
+        int64_t c = 0;
+        for (int64_t j = 0; j < units; j++) c += drop[(size_t)l * units + j];
+        uneven |= c != k;
+    }
+    if (uneven) { /* rows of n_ff, the first ff_keep_layer[l] of row l used */
         p->ff_keep_layer = li_xmalloc((size_t)hp->n_layer * sizeof *p->ff_keep_layer);
         p->keep_ff = li_xmalloc((size_t)(hp->n_layer * units) * sizeof(int32_t));
         p->n_ff_keep = 0;
@@ -705,7 +712,7 @@ static void make_plan(const li_model *m, li_prune_what what, const uint8_t *drop
             int64_t n = 0;
             for (int64_t j = 0; j < units; j++)
                 if (!drop[(size_t)l * units + j]) p->keep_ff[(size_t)l * units + n++] = (int32_t)j;
-            p->ff_keep_layer[l] = ffn_keep[l];
+            p->ff_keep_layer[l] = n;
             p->n_ff_keep = LI_MAX(p->n_ff_keep, n);
         }
         return;
@@ -782,7 +789,6 @@ int li_prune(const li_prune_opts *o, li_error *err) {
     li_prune_plan plan = {0};
     double *score = NULL;
     uint8_t *drop = NULL;
-    int64_t *ffn_keep = NULL; /* --ffn-alloc: (n_layer) */
     char *tmp = NULL;
     int guard = -1; /* the temporary output while it exists: SIGINT / SIGTERM remove it */
     li_model *pm = NULL;
@@ -837,21 +843,21 @@ int li_prune(const li_prune_opts *o, li_error *err) {
     }
     if (o->what == LI_PRUNE_LAYERS) li_prune_lowest(score, hp->n_layer, k, drop);
     else if (o->ffn_alloc) {
-        ffn_keep = li_xmalloc((size_t)hp->n_layer * sizeof *ffn_keep);
-        if ((rc = alloc_ffn(m, &cap, o, score, k, drop, ffn_keep, err))) goto done;
+        if ((rc = alloc_ffn(m, &cap, o, score, k, drop, err))) goto done;
     } else if (!obs)
         for (int l = 0; l < hp->n_layer; l++) /* per layer: the same count everywhere */
             li_prune_lowest(score + (size_t)l * per_layer_units, per_layer_units, k,
                             drop + (size_t)l * per_layer_units);
     if (refit && !obs && (rc = refit_layers(m, &cap, o, false, k, drop, NULL, &refit_w, err))) goto done;
     print_ranking(out, m, o, score, drop);
-    make_plan(m, o->what, drop, k, ffn_keep, &plan);
+    make_plan(m, o->what, drop, k, &plan);
     if (refit_w) plan.refit = refit_w, plan.n_refit = hp->n_layer, plan.refit_type = o->refit_type, refit_w = NULL;
     const int64_t removed = o->what == LI_PRUNE_LAYERS ? k * pp.per_layer
                             : o->what == LI_PRUNE_HEADS ? k * pp.per_group * hp->n_layer
                                                         : k * pp.per_channel * hp->n_layer;
     fprintf(out, "removing %lld %s: %lld of %lld parameters (%.4f%%)\n", (long long)k,
-           o->what == LI_PRUNE_LAYERS ? "layers" : o->what == LI_PRUNE_HEADS ? "KV groups per layer" : "FFN channels per layer",
+           o->what == LI_PRUNE_LAYERS ? "layers" : o->what == LI_PRUNE_HEADS ? "KV groups per layer"
+           : plan.ff_keep_layer ? "FFN channels per layer on average" : "FFN channels per layer",
            (long long)removed, (long long)pp.total, 100.0 * (double)removed / (double)pp.total);
     fprintf(out, "new shape: block_count %d, head_count %d, head_count_kv %d, feed_forward_length %s%lld\n", plan.n_layer_keep,
            plan.n_group_keep * (hp->n_head / hp->n_head_kv), plan.n_group_keep, plan.ff_keep_layer ? "at most " : "",
@@ -906,7 +912,6 @@ done:
     free(refit_w);
     free(score);
     free(drop);
-    free(ffn_keep);
     capture_free(&cap, hp->n_layer);
     calib_free(&cs);
     li_runtime_close(&rt);

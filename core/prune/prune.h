@@ -114,7 +114,8 @@ double li_prune_kl_row(const float *base_lp, const float *logits, int64_t n);
 void li_prune_lowest(const double *scores, int64_t n, int64_t k, uint8_t *drop);
 
 /* --ffn-alloc (prune_alloc.c). The refit error E(k) of keeping block l's
- * first k channels in score-descending order, for k = 0..n, into curve
+ * first k channels in score-descending order (the ones li_prune_lowest
+ * keeps), for k = 0..n, into curve
  * (n + 1): xtx (n, n) the down_proj inputs' X^T X (both triangles), w
  * (d, n) down_proj, damped as li_prune_obs damps. LI_ERANGE when the damped
  * Gram is not positive definite. */

@@ -34,11 +34,12 @@ int li_prune_ffn_curve(const double *xtx, const double *w, int64_t d, int64_t n,
                        double *curve, li_error *err) {
     int64_t *order = li_xmalloc((size_t)n * sizeof *order);
     for (int64_t i = 0; i < n; i++) order[i] = i;
-    /* score descending, ties by index (stable) */
+    /* score descending, ties: the higher index first; the kept prefix is then what
+     * li_prune_lowest keeps (it drops the lowest, ties the lower index first) */
     for (int64_t i = 1; i < n; i++) {
         const int64_t v = order[i];
         int64_t j = i;
-        while (j > 0 && score[order[j - 1]] < score[v]) order[j] = order[j - 1], j--;
+        while (j > 0 && score[order[j - 1]] <= score[v]) order[j] = order[j - 1], j--;
         order[j] = v;
     }
     double mean = 0;

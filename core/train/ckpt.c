@@ -11,32 +11,31 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *const dtype_names[] = {"f32", "f16", "q8_0", "bf16", "q4_0", "q4_1", "source"};
+/* per li_ckpt_dtype: its --dtype name, the GGUF type of its matrices and
+ * llama.cpp's general.file_type (LLAMA_FTYPE_*); source: each matrix's own */
+static const struct {
+    const char *name;
+    uint32_t type, file_type;
+} dtypes[] = {
+    [LI_CKPT_F32] = {"f32", LI_TYPE_F32, 0},     [LI_CKPT_F16] = {"f16", LI_TYPE_F16, 1},
+    [LI_CKPT_Q8_0] = {"q8_0", LI_TYPE_Q8_0, 7},  [LI_CKPT_BF16] = {"bf16", LI_TYPE_BF16, 32},
+    [LI_CKPT_Q4_0] = {"q4_0", LI_TYPE_Q4_0, 2},  [LI_CKPT_Q4_1] = {"q4_1", LI_TYPE_Q4_1, 3},
+    [LI_CKPT_SOURCE] = {"source", LI_TYPE_F16, 0},
+};
 
 int li_ckpt_dtype_parse(const char *name, li_ckpt_dtype *out) {
-    for (int d = 0; name && d < (int)LI_ARRAY_LEN(dtype_names); d++)
-        if (!strcmp(name, dtype_names[d])) return *out = (li_ckpt_dtype)d, 0;
+    for (int d = 0; name && d < (int)LI_ARRAY_LEN(dtypes); d++)
+        if (!strcmp(name, dtypes[d].name)) return *out = (li_ckpt_dtype)d, 0;
     return -1;
 }
 
 const char *li_ckpt_dtype_name(li_ckpt_dtype d) {
-    return (unsigned)d < LI_ARRAY_LEN(dtype_names) ? dtype_names[d] : "unknown";
-}
-
-/* llama.cpp's general.file_type (LLAMA_FTYPE_*) of a fixed dtype */
-static uint32_t file_type(li_ckpt_dtype d) {
-    static const uint32_t ft[] = {[LI_CKPT_F32] = 0, [LI_CKPT_F16] = 1, [LI_CKPT_Q8_0] = 7, [LI_CKPT_BF16] = 32,
-                                  [LI_CKPT_Q4_0] = 2, [LI_CKPT_Q4_1] = 3};
-    return ft[d];
+    return (unsigned)d < LI_ARRAY_LEN(dtypes) ? dtypes[d].name : "unknown";
 }
 
 uint32_t li_ckpt_matrix_type(li_ckpt_dtype d, const li_gguf *src, const char *name, int64_t cols) {
-    static const uint32_t fixed[] = {[LI_CKPT_F32] = LI_TYPE_F32, [LI_CKPT_F16] = LI_TYPE_F16,
-                                     [LI_CKPT_Q8_0] = LI_TYPE_Q8_0, [LI_CKPT_BF16] = LI_TYPE_BF16,
-                                     [LI_CKPT_Q4_0] = LI_TYPE_Q4_0, [LI_CKPT_Q4_1] = LI_TYPE_Q4_1};
-    uint32_t t = LI_TYPE_F16;
-    if (d != LI_CKPT_SOURCE) t = fixed[d];
-    else {
+    uint32_t t = dtypes[d].type;
+    if (d == LI_CKPT_SOURCE) {
         const li_gguf_tensor *st = li_gguf_find_tensor(src, name);
         if (st) t = st->type;
     }
@@ -81,7 +80,7 @@ int li_train_save(const li_train_model *tm, const li_gguf *src, li_ckpt_dtype dt
         if (!skip_key(src->kv[i].key)) rc = li_gguf_writer_add_kv(&w, &src->kv[i], err);
     /* a source-typed file keeps the source's file type (copied when it has one) */
     if (!rc && dtype != LI_CKPT_SOURCE)
-        rc = li_gguf_writer_add_u32(&w, "general.file_type", file_type(dtype), err);
+        rc = li_gguf_writer_add_u32(&w, "general.file_type", dtypes[dtype].file_type, err);
     else if (!rc && li_gguf_find_kv(src, "general.file_type"))
         rc = li_gguf_writer_add_kv(&w, li_gguf_find_kv(src, "general.file_type"), err);
     const li_train_layout *L = &tm->L;

@@ -26,13 +26,9 @@ int li_train_step(li_train_model *tm, li_train_grads *g, li_adamw *opt, const li
     }
     if (loss) *loss = sum / n_micro;
     if (kl) *kl = ksum / n_micro;
-    if (!tm->master) return li_adamw_step(opt, tm, g, ao, gnorm, err);
-    /* QAT: the gradients of the rounded weights step the masters (straight through) */
-    float *seen = tm->params;
-    tm->params = tm->master;
     const int rc = li_adamw_step(opt, tm, g, ao, gnorm, err);
-    tm->params = seen;
-    if (!rc) li_train_qat_refresh(tm, true, ao ? ao->tp : tp);
+    /* QAT: AdamW stepped the masters; the passes see them rounded again */
+    if (!rc) li_train_qat_refresh(tm, true, ao->tp ? ao->tp : tp);
     return rc;
 }
 

@@ -104,7 +104,8 @@ static void update_run(void *ctx, int ith, int nth) {
         const long c = atomic_fetch_add(&j->next, 1);
         if ((size_t)c >= j->n_chunks) break;
         const li_train_tensor *t = &j->tm->L.t[j->tix[c]];
-        float *p = j->tm->params + t->off + j->c0[c];
+        /* QAT (qat.c): the gradients of the rounded weights step the float32 masters */
+        float *p = (j->tm->master ? j->tm->master : j->tm->params) + t->off + j->c0[c];
         const float *gr = j->g + t->goff + j->c0[c];
         float *m = j->a->m + t->goff + j->c0[c], *v = j->a->v + t->goff + j->c0[c];
         const size_t n = j->c1[c] - j->c0[c];

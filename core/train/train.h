@@ -180,8 +180,8 @@ int li_adamw_init(li_adamw *a, const li_train_layout *L);
 void li_adamw_free(li_adamw *a);
 /* The global L2 norm of the gradients; NaN/Inf when any is. */
 double li_train_grad_norm(const li_train_grads *g);
-/* One AdamW step of tm's trainable tensors with g (clipped to o->clip
- * first). Returns LI_ERANGE naming the step without touching the
+/* One AdamW step of tm's trainable tensors (their QAT masters when tm has
+ * them) with g (clipped to o->clip first). Returns LI_ERANGE naming the step without touching the
  * parameters when the gradients hold a NaN or Inf. *norm (may be NULL)
  * gets the norm before clipping. */
 int li_adamw_step(li_adamw *a, li_train_model *tm, const li_train_grads *g, const li_adamw_opts *o, double *norm,
@@ -218,8 +218,8 @@ int li_train_save(const li_train_model *tm, const li_gguf *src, li_ckpt_dtype dt
 
 /* Keeps float32 masters of every parameter and rounds each matrix through
  * the type the checkpoint writes it in (li_ckpt_matrix_type), so the
- * passes train the model the file will hold; li_train_step then updates
- * the masters (straight-through gradients) and re-rounds. Refuses F32 (no
+ * passes train the model the file will hold; li_adamw_step then updates
+ * the masters (straight-through gradients) and li_train_step re-rounds. Refuses F32 (no
  * rounding) and LoRA (its adapters merge only at save). */
 int li_train_qat_init(li_train_model *tm, const li_gguf *src, li_ckpt_dtype dtype, struct li_threadpool *tp,
                       li_error *err);

@@ -459,6 +459,7 @@ BAD = [
     (["--what", "ffn", "--ratio", "0.1", "--refit", "--ffn-alloc", "greedy"], "--ffn-alloc must be uniform or error"),
     (["--what", "ffn", "--ratio", "0.1", "--refit", "--ffn-alloc", "error", "--ffn-floor", "0"],
      "--ffn-floor must be in (0, 1]"),
+    (["--what", "ffn", "--ratio", "0.1", "--refit", "--ffn-floor", "0.5"], "give --ffn-alloc error"),
     (["--what", "layers", "--keep", "2", "--calib", "/nonexistent/calib.txt"], "calibration file"),
     (["--what", "layers", "--keep", "29", "--samples", "100000"], "is too short"),
     (["--what", "layers", "--keep", "29", "--calib", "SHORT"], "is too short: 3 tokens"),

@@ -210,7 +210,7 @@ def run_curve(driver, tmp_path, w, x, score, damp):
 
 def test_ffn_curve_is_the_refit_error(driver, tmp_path):
     """E(k) for every k: keeping the k highest-scoring channels (ties: the
-    lower index) and refitting their columns by a direct least-squares solve
+    higher index, as li_prune_lowest keeps them) and refitting their columns by a direct least-squares solve
     on the damped Gram, the error tr((W - W') H (W - W')^T); no Cholesky,
     no reuse between k, as the formula's derivation would suggest."""
     w, x = make_layer(13, 9, 37, 60, dead=(5,))  # fewer rows than inputs: only the damping keeps H definite
@@ -222,7 +222,7 @@ def test_ffn_curve_is_the_refit_error(driver, tmp_path):
     assert got is not None, err
     h = damped_hessian(x, damp)
     wd = w.astype(np.float64)
-    order = sorted(range(37), key=lambda j: (-score[j], j))
+    order = sorted(range(37), key=lambda j: (-score[j], -j))
     want = []
     for k in range(38):
         keep = order[:k]
