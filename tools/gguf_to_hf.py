@@ -83,7 +83,7 @@ def read_gguf(path):
     r = GGUFReader(path)
     meta = {k: f.contents() for k, f in r.fields.items()}
     arch = meta.get("general.architecture")
-    if arch not in ("llama", "mistral", "granite"):
+    if arch not in ("llama", "mistral", "granite", "deci"):
         fail(f"{path}: architecture {arch!r} is not a Llama-family model")
     n_ff(meta.get(f"{arch}.feed_forward_length", 0))  # refuse per-block widths before dequantizing
     tensors = {}
@@ -297,7 +297,7 @@ def build_tokenizer(meta, arch):
          if f"tokenizer.{key}" in meta}
     if meta.get("tokenizer.ggml.model") != "gpt2":
         fail("only byte-level BPE (tokenizer.ggml.model = gpt2) vocabularies are converted")
-    tok, extra = convert_gguf_tokenizer(arch, d)
+    tok, extra = convert_gguf_tokenizer("llama" if arch == "deci" else arch, d)  # deci: llama.cpp's Llama
     pre = meta.get("tokenizer.ggml.pre", "default")
     if pre == "smollm":
         tok.pre_tokenizer = pre_tokenizers.Sequence([

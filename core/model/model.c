@@ -22,22 +22,25 @@ static int get_u32_req(const li_gguf *g, const char *arch, const char *suffix, i
     return 0;
 }
 
-/* <arch>.feed_forward_length: one u32, or (llama.cpp's n_ff_arr) an array
- * of n_layer widths; hp->n_ff is the largest, hp->n_ff_layer set (in
- * m->n_ff_own) only when they differ */
-static int read_n_ff(li_model *m, li_error *err) {
+/* <arch>.SUFFIX as one u32, or (llama.cpp's per-layer form: n_ff_arr,
+ * n_head_arr) an array of n_layer 32-bit integers. *out is the largest
+ * entry; *per (malloc'd) holds them when they differ, else NULL. 1 when the
+ * key is absent. */
+static int read_per_block(li_model *m, const char *suffix, int32_t *out, int32_t **per, li_error *err) {
     li_hparams *hp = &m->hp;
     char key[128];
-    snprintf(key, sizeof key, "%s.feed_forward_length", hp->arch);
+    snprintf(key, sizeof key, "%s.%s", hp->arch, suffix);
+    *per = NULL;
     const li_gguf_kv *kv = li_gguf_find_kv(&m->gguf, key);
-    if (!kv || kv->type != LI_GGUF_ARRAY) return get_u32_req(&m->gguf, hp->arch, "feed_forward_length", &hp->n_ff, err);
+    if (!kv) return 1;
+    if (kv->type != LI_GGUF_ARRAY) return get_u32_req(&m->gguf, hp->arch, suffix, out, err);
     const li_gguf_vtype et = kv->v.arr.type;
     if ((et != LI_GGUF_UINT32 && et != LI_GGUF_INT32) || kv->v.arr.n != (uint64_t)hp->n_layer)
         return li_error_set(err, LI_EINVAL, "model: %s is an array of %llu entries, not %d 32-bit integers (one per block)",
                             key, (unsigned long long)kv->v.arr.n, hp->n_layer);
     int32_t *w = li_xmalloc((size_t)hp->n_layer * sizeof *w);
     bool same = true;
-    hp->n_ff = 0;
+    *out = 0;
     for (int l = 0; l < hp->n_layer; l++) {
         uint32_t v;
         memcpy(&v, kv->v.arr.data + 4 * (size_t)l, 4);
@@ -47,15 +50,37 @@ static int read_n_ff(li_model *m, li_error *err) {
         }
         w[l] = (int32_t)v;
         same &= w[l] == w[0];
-        hp->n_ff = LI_MAX(hp->n_ff, w[l]);
+        *out = LI_MAX(*out, w[l]);
     }
-    if (same) {
-        free(w);
-        return 0;
-    }
-    m->n_ff_own = w;
-    hp->n_ff_layer = w;
+    if (same) free(w);
+    else *per = w;
     return 0;
+}
+
+/* feed_forward_length: hp->n_ff the largest, hp->n_ff_layer set (in
+ * m->n_ff_own) only when the blocks differ */
+static int read_n_ff(li_model *m, li_error *err) {
+    int rc = read_per_block(m, "feed_forward_length", &m->hp.n_ff, &m->n_ff_own, err);
+    if (rc == 1) return get_u32_req(&m->gguf, m->hp.arch, "feed_forward_length", &m->hp.n_ff, err);
+    m->hp.n_ff_layer = m->n_ff_own;
+    return rc;
+}
+
+/* attention.head_count / head_count_kv: one count for every block (an array
+ * of equal entries is that count; different ones are refused) */
+static int read_heads(li_model *m, const char *suffix, int32_t *out, bool required, li_error *err) {
+    int32_t *per;
+    int rc = read_per_block(m, suffix, out, &per, err);
+    if (rc == 1) return required ? get_u32_req(&m->gguf, m->hp.arch, suffix, out, err) : 0;
+    if (rc) return rc;
+    if (per) {
+        int l = 1;
+        while (per[l] == per[0]) l++;
+        rc = li_error_set(err, LI_EUNSUP, "model: %s.%s differs between blocks (%d in block 0, %d in block %d); "
+                          "per-block head counts are not supported yet", m->hp.arch, suffix, per[0], per[l], l);
+        free(per);
+    }
+    return rc;
 }
 
 static int get_u32_opt(const li_gguf *g, const char *arch, const char *suffix, int32_t *out,
@@ -88,22 +113,23 @@ static int read_hparams(li_model *m, li_error *err) {
     if (arch.len >= sizeof hp->arch) return li_error_set(err, LI_EINVAL, "model: architecture name too long");
     memcpy(hp->arch, arch.ptr, arch.len);
     hp->arch[arch.len] = 0;
-    /* Llama-family layouts: same tensors, same math */
-    static const char *supported[] = {"llama", "mistral", "granite"};
+    /* Llama-family layouts: same tensors, same math ("deci": llama.cpp's
+     * Llama with per-block widths, which its "llama" does not read) */
+    static const char *supported[] = {"llama", "mistral", "granite", "deci"};
     bool ok = false;
     for (size_t i = 0; i < LI_ARRAY_LEN(supported); i++) ok |= !strcmp(hp->arch, supported[i]);
     if (!ok) return li_error_set(err, LI_EUNSUP, "model: architecture '%s' is not supported (llama family only)", hp->arch);
     const char *a = hp->arch;
     if ((rc = get_u32_req(g, a, "embedding_length", &hp->n_embd, err)) ||
         (rc = get_u32_req(g, a, "block_count", &hp->n_layer, err)) ||
-        (rc = get_u32_req(g, a, "attention.head_count", &hp->n_head, err)) || (rc = read_n_ff(m, err)))
+        (rc = read_heads(m, "attention.head_count", &hp->n_head, true, err)) || (rc = read_n_ff(m, err)))
         return rc;
     hp->n_head_kv = hp->n_head;
+    if ((rc = read_heads(m, "attention.head_count_kv", &hp->n_head_kv, false, err))) return rc;
     hp->n_ctx_train = 2048;
     hp->rope_theta = 10000.0f;
     hp->norm_eps = 1e-5f;
-    if ((rc = get_u32_opt(g, a, "attention.head_count_kv", &hp->n_head_kv, err)) ||
-        (rc = get_u32_opt(g, a, "context_length", &hp->n_ctx_train, err)) ||
+    if ((rc = get_u32_opt(g, a, "context_length", &hp->n_ctx_train, err)) ||
         (rc = get_f32_opt(g, a, "rope.freq_base", &hp->rope_theta, err)) ||
         (rc = get_f32_opt(g, a, "attention.layer_norm_rms_epsilon", &hp->norm_eps, err)))
         return rc;
@@ -123,7 +149,9 @@ static int read_hparams(li_model *m, li_error *err) {
     if (!(hp->rope_theta > 0) || !(hp->norm_eps > 0))
         return li_error_set(err, LI_EINVAL, "model: rope.freq_base and rms epsilon must be positive");
     li_str st;
-    rc = li_gguf_get_str(g, "llama.rope.scaling.type", &st, err);
+    char sk[64];
+    snprintf(sk, sizeof sk, "%s.rope.scaling.type", a);
+    rc = li_gguf_get_str(g, sk, &st, err);
     if (rc < 0) return rc;
     if (rc == 0 && !li_str_eq(st, "none"))
         return li_error_set(err, LI_EUNSUP, "model: rope scaling '%.*s' is not supported yet", (int)st.len, st.ptr);

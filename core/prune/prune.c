@@ -601,7 +601,7 @@ static int choose_count(const li_model *m, const li_prune_opts *o, const li_prun
 
 static int check_model(const li_model *m, const li_prune_opts *o, li_error *err) {
     if (m->hf) return li_error_set(err, LI_EUNSUP, "prune: '%s' is a Hugging Face directory; prune a GGUF file", o->in);
-    if (strcmp(m->hp.arch, "llama"))
+    if (strcmp(m->hp.arch, "llama") && strcmp(m->hp.arch, "deci"))
         return li_error_set(err, LI_EUNSUP, "prune: '%s' is a '%s' model; prune reads Llama GGUFs only", o->in,
                             m->hp.arch);
     if (m->quant_scheme != LI_SCHEME_PLAIN && o->what != LI_PRUNE_LAYERS)

@@ -117,14 +117,22 @@ static int write_metadata(const li_model *m, const li_prune_plan *p, const char 
     const li_hparams *hp = &m->hp;
     const char *a = hp->arch;
     const size_t al = strlen(a);
+    /* per-block widths: llama.cpp reads them for "deci" (its Llama with
+     * per-layer counts), not for "llama", so the file is written as that */
+    const char *oa = p->ff_keep_layer ? "deci" : a;
     const int32_t r = hp->n_head / hp->n_head_kv;
     int rc = 0;
     for (uint64_t i = 0; i < g->n_kv && !rc; i++) {
         const li_gguf_kv *kv = &g->kv[i];
         if (kv->key.len >= 15 && !memcmp(kv->key.ptr, "luainfer.prune.", 15)) continue; /* a pruned input's */
         char key[160];
-        snprintf(key, sizeof key, "%.*s", (int)LI_MIN(kv->key.len, 159), kv->key.ptr);
-        if (key_is(kv->key, a, "block_count")) {
+        if (kv->key.len > al && !memcmp(kv->key.ptr, a, al) && kv->key.ptr[al] == '.') /* ARCH.rest, renamed */
+            snprintf(key, sizeof key, "%s%.*s", oa, (int)LI_MIN(kv->key.len - al, 150), kv->key.ptr + al);
+        else
+            snprintf(key, sizeof key, "%.*s", (int)LI_MIN(kv->key.len, 159), kv->key.ptr);
+        if (li_str_eq(kv->key, "general.architecture")) {
+            rc = li_gguf_writer_add_str(w, key, oa, err);
+        } else if (key_is(kv->key, a, "block_count")) {
             rc = li_gguf_writer_add_u32(w, key, (uint32_t)p->n_layer_keep, err);
         } else if (key_is(kv->key, a, "attention.head_count")) {
             rc = li_gguf_writer_add_u32(w, key, (uint32_t)(p->n_group_keep * r), err);
@@ -134,7 +142,7 @@ static int write_metadata(const li_model *m, const li_prune_plan *p, const char 
             /* one width per block: llama.cpp's n_ff_arr form of the key */
             uint32_t *v = li_xmalloc((size_t)hp->n_layer * sizeof *v);
             for (int l = 0; l < hp->n_layer; l++) v[l] = (uint32_t)p->ff_keep_layer[l];
-            li_gguf_kv arr = {.key = kv->key, .type = LI_GGUF_ARRAY};
+            li_gguf_kv arr = {.key = {key, strlen(key)}, .type = LI_GGUF_ARRAY};
             arr.v.arr.type = LI_GGUF_UINT32;
             arr.v.arr.n = (uint64_t)hp->n_layer;
             arr.v.arr.data = (const uint8_t *)v;
@@ -151,21 +159,24 @@ static int write_metadata(const li_model *m, const li_prune_plan *p, const char 
             for (int32_t j = 0; j < p->n_layer_keep; j++)
                 memcpy(d + es * (size_t)j, kv->v.arr.data + es * (size_t)p->keep_layer[j], es);
             li_gguf_kv sub = *kv;
+            sub.key = (li_str){key, strlen(key)};
             sub.v.arr.n = (uint64_t)p->n_layer_keep;
             sub.v.arr.data = d;
             rc = li_gguf_writer_add_kv(w, &sub, err);
             free(d);
         } else {
-            rc = li_gguf_writer_add_kv(w, kv, err);
+            li_gguf_kv c = *kv;
+            c.key = (li_str){key, strlen(key)};
+            rc = li_gguf_writer_add_kv(w, &c, err);
         }
     }
     char key[160];
     /* the head size must stay when head_count changes (it defaults to n_embd / head_count) */
-    snprintf(key, sizeof key, "%s.attention.head_count_kv", a);
+    snprintf(key, sizeof key, "%s.attention.head_count_kv", oa);
     if (!rc && !li_gguf_writer_has_kv(w, key)) rc = li_gguf_writer_add_u32(w, key, (uint32_t)p->n_group_keep, err);
-    snprintf(key, sizeof key, "%s.attention.key_length", a);
+    snprintf(key, sizeof key, "%s.attention.key_length", oa);
     if (!rc && !li_gguf_writer_has_kv(w, key)) rc = li_gguf_writer_add_u32(w, key, (uint32_t)hp->head_dim, err);
-    snprintf(key, sizeof key, "%s.attention.value_length", a);
+    snprintf(key, sizeof key, "%s.attention.value_length", oa);
     if (!rc && !li_gguf_writer_has_kv(w, key)) rc = li_gguf_writer_add_u32(w, key, (uint32_t)hp->head_dim, err);
     if (!rc) rc = li_gguf_writer_add_str(w, "luainfer.prune.what", li_prune_what_name(p->what), err);
     if (!rc) rc = li_gguf_writer_add_str(w, "luainfer.prune.rank", rank, err);

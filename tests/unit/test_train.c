@@ -342,7 +342,8 @@ static void test_qat(const char *base) {
 
 /* ==== per-block FFN widths ===================================================== */
 
-enum { W_UNIFORM_ZEROED, W_SLICED, W_EQUAL_ARRAY, W_SHORT_ARRAY, W_ZERO_WIDTH, W_FLOAT_ARRAY };
+enum { W_UNIFORM_ZEROED, W_SLICED, W_EQUAL_ARRAY, W_SHORT_ARRAY, W_ZERO_WIDTH, W_FLOAT_ARRAY, W_DECI, W_HEADS_EQUAL,
+       W_HEADS_DIFF };
 
 /* base.gguf rewritten: W_SLICED keeps channels 0..15 of block 1 (and
  * feed_forward_length [24, 16]); W_UNIFORM_ZEROED keeps every channel and
@@ -356,11 +357,37 @@ static int write_widths(const char *base, int mode, char *out, size_t cap) {
     li_gguf_writer w;
     li_gguf_writer_init(&w);
     int rc = 0;
-    for (uint64_t i = 0; i < g.n_kv && !rc; i++)
-        if (!li_str_eq(g.kv[i].key, "llama.feed_forward_length")) rc = li_gguf_writer_add_kv(&w, &g.kv[i], &err);
-    static const uint32_t widths[6][3] = {{0}, {24, 16}, {24, 24}, {24, 24, 24}, {24, 0}, {0}};
+    /* W_DECI: the sliced file as llama.cpp's "deci" (every llama.* key renamed) */
+    const bool deci = mode == W_DECI;
+    const char *heads = mode == W_HEADS_EQUAL ? "llama.attention.head_count"
+                        : mode == W_HEADS_DIFF ? "llama.attention.head_count_kv" : NULL;
+    uint32_t hv[2] = {0, 0};
+    for (uint64_t i = 0; i < g.n_kv && !rc; i++) {
+        li_gguf_kv kv = g.kv[i];
+        char key[96];
+        if (li_str_eq(kv.key, "llama.feed_forward_length")) continue;
+        if (heads && li_str_eq(kv.key, heads)) { /* [h, h], or [h, h + 1] */
+            hv[0] = hv[1] = (uint32_t)kv.v.u64;
+            hv[1] += mode == W_HEADS_DIFF;
+            kv.type = LI_GGUF_ARRAY;
+            kv.v.arr.type = LI_GGUF_UINT32;
+            kv.v.arr.n = 2;
+            kv.v.arr.data = (const uint8_t *)hv;
+        }
+        if (deci && li_str_eq(kv.key, "general.architecture")) {
+            rc = li_gguf_writer_add_str(&w, "general.architecture", "deci", &err);
+            continue;
+        }
+        if (deci && kv.key.len > 6 && !memcmp(kv.key.ptr, "llama.", 6)) {
+            snprintf(key, sizeof key, "deci.%.*s", (int)kv.key.len - 6, kv.key.ptr + 6);
+            kv.key = (li_str){key, strlen(key)};
+        }
+        rc = li_gguf_writer_add_kv(&w, &kv, &err);
+    }
+    static const uint32_t widths[9][3] = {{0}, {24, 16}, {24, 24}, {24, 24, 24}, {24, 0}, {0}, {24, 16}, {24, 24}, {24, 24}};
     static const float fw[2] = {24, 16};
-    li_gguf_kv arr = {.key = {.ptr = "llama.feed_forward_length", .len = 25}, .type = LI_GGUF_ARRAY};
+    const char *ffk = deci ? "deci.feed_forward_length" : "llama.feed_forward_length";
+    li_gguf_kv arr = {.key = {.ptr = ffk, .len = strlen(ffk)}, .type = LI_GGUF_ARRAY};
     arr.v.arr.type = mode == W_FLOAT_ARRAY ? LI_GGUF_FLOAT32 : LI_GGUF_UINT32;
     arr.v.arr.n = mode == W_SHORT_ARRAY ? 3 : 2;
     arr.v.arr.data = mode == W_FLOAT_ARRAY ? (const uint8_t *)fw : (const uint8_t *)widths[mode];
@@ -375,8 +402,9 @@ static int write_widths(const char *base, int mode, char *out, size_t cap) {
         const bool gate = li_str_eq(t->name, "blk.1.ffn_gate.weight"), up = li_str_eq(t->name, "blk.1.ffn_up.weight"),
                    down = li_str_eq(t->name, "blk.1.ffn_down.weight");
         if (mode == W_UNIFORM_ZEROED && gate) memset(d + 16 * ne[0], 0, (size_t)(8 * ne[0]) * sizeof(float));
-        if (mode == W_SLICED && (gate || up)) ne[1] = 16; /* the first 16 rows */
-        if (mode == W_SLICED && down) {                    /* the first 16 columns of every row */
+        const bool sliced = mode == W_SLICED || mode == W_DECI;
+        if (sliced && (gate || up)) ne[1] = 16; /* the first 16 rows */
+        if (sliced && down) {                    /* the first 16 columns of every row */
             for (int64_t r = 0; r < ne[1]; r++) memmove(d + r * 16, src + r * ne[0], 16 * sizeof(float));
             ne[0] = 16;
         }
@@ -385,7 +413,7 @@ static int write_widths(const char *base, int mode, char *out, size_t cap) {
         rc = li_gguf_writer_add_tensor(&w, name, LI_TYPE_F32, t->n_dims, ne, d,
                                        (size_t)(ne[0] * (t->n_dims > 1 ? ne[1] : 1)) * sizeof(float), &err);
     }
-    static const char *names[] = {"zeroed", "sliced", "equal", "short", "zero", "float"};
+    static const char *names[] = {"zeroed", "sliced", "equal", "short", "zero", "float", "deci", "heads", "headsdiff"};
     snprintf(out, cap, "%s/widths_%s.gguf", dir, names[mode]);
     if (!rc) rc = li_gguf_writer_write(&w, out, &err);
     li_gguf_writer_free(&w);
@@ -418,6 +446,19 @@ static void test_ffn_widths(const char *base) {
            "training forward of the cut model = the same (rel diff %.1e < 1e-5; down_proj 16 columns)", e);
     li_train_model_free(&tm);
     li_model_free(m);
+    if (!write_widths(base, W_DECI, p, sizeof p) && engine_logits(sp, seq_tok, SEQ, b) == 0 &&
+        engine_logits(p, seq_tok, SEQ, a) == 0) {
+        const double d = rel_diff(b, a, SEQ * 2000);
+        CHECK(li_model_load(&m, p, &err) == 0, "%s", err.msg);
+        report(d == 0 && !strcmp(m->hp.arch, "deci") && m->hp.n_ff_layer && m->hp.n_ff_layer[1] == 16,
+               "the same file as llama.cpp's \"deci\" (deci.* keys) loads and gives the same logits (rel diff %.1e)", d);
+        li_model_free(m);
+    }
+    if (!write_widths(base, W_HEADS_EQUAL, p, sizeof p)) {
+        CHECK(li_model_load(&m, p, &err) == 0, "%s", err.msg);
+        report(m->hp.n_head > 0 && m->hp.n_head_kv > 0, "head_count as an array of equal counts is that count");
+        li_model_free(m);
+    }
     if (!write_widths(base, W_EQUAL_ARRAY, p, sizeof p)) {
         CHECK(li_model_load(&m, p, &err) == 0, "%s", err.msg);
         report(m->hp.n_ff == 24 && !m->hp.n_ff_layer, "an array of equal widths is a uniform model");
@@ -430,6 +471,7 @@ static void test_ffn_widths(const char *base) {
         {W_SHORT_ARRAY, "an array of 3 entries, not 2"},
         {W_ZERO_WIDTH, "feed_forward_length[1] = 0 is out of range"},
         {W_FLOAT_ARRAY, "not 2 32-bit integers"},
+        {W_HEADS_DIFF, "per-block head counts are not supported yet"},
     };
     for (size_t i = 0; i < LI_ARRAY_LEN(bad); i++) {
         if (write_widths(base, bad[i].mode, p, sizeof p)) continue;
