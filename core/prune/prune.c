@@ -866,6 +866,7 @@ int li_prune(const li_prune_opts *o, li_error *err) {
         fprintf(out, "feed_forward_length per block:");
         for (int l = 0; l < hp->n_layer; l++) fprintf(out, " %lld", (long long)plan.ff_keep_layer[l]);
         fprintf(out, "\n");
+        fprintf(out, "architecture: deci (llama.cpp reads per-block widths for it, not for llama)\n");
     }
     fflush(out);
 

@@ -251,7 +251,8 @@ def test_ffn_alloc_file(pruned, run_ok, run_cli, model_path, tmp_path):
     uniform = 1536 - 256  # what --ratio 0.1 keeps per block uniformly
     assert len(per) == 30 and sum(per) == 30 * uniform and len(set(per)) > 1, per
     assert all(p % 32 == 0 and 960 <= p <= 1536 for p in per), per  # --ffn-floor 0.75 of 1280
-    assert "feed_forward_length per block:" in err, err
+    assert "feed_forward_length per block:" in err and "architecture: deci" in err, err
+    assert GGUFModel(path).arch == "deci"
     m = GGUFModel(path)
     assert [int(x) for x in m.n_ff] == per
     for l in (0, 29):
