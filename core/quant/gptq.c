@@ -224,18 +224,21 @@ int li_q4_spd_inverse(double *a, int64_t n) {
     return 0;
 }
 
-/* The upper Cholesky factor of H^-1 (H positive definite, destroyed: it
- * ends as H^-1): H^-1 = U^T U. u (n, n). 0, or -1 when H or its inverse is
- * not positive definite. */
+/* The upper Cholesky factor of H^-1 (H positive definite, destroyed): H^-1
+ * = U^T U. With P the reversal of order, P H P = L L^T (L lower), so H =
+ * R R^T for the upper R = P L P, H^-1 = R^-T R^-1, and U = R^-1 = P L^-1 P
+ * (upper, positive diagonal: the factor, which is unique). One Cholesky and
+ * one triangular inverse, half the work of inverting H and factoring the
+ * inverse, and H^-1 is never formed. u (n, n). 0, or -1 when H is not
+ * positive definite. */
 static int upper_cholesky_of_inverse(double *h, int64_t n, double *u) {
-    if (li_q4_spd_inverse(h, n)) return -1;
-    memcpy(u, h, (size_t)(n * n) * sizeof(double));
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t j = 0; j < n; j++) u[i * n + j] = h[(n - 1 - i) * n + (n - 1 - j)];
     if (!cholesky_lower(u, n)) return -1;
-    for (int64_t i = 0; i < n; i++) /* U = L2^T */
-        for (int64_t j = i + 1; j < n; j++) {
-            u[i * n + j] = u[j * n + i];
-            u[j * n + i] = 0.0;
-        }
+    invert_lower(u, n, h); /* h: a row of scratch */
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t j = 0; j < n; j++) h[i * n + j] = u[(n - 1 - i) * n + (n - 1 - j)];
+    memcpy(u, h, (size_t)(n * n) * sizeof(double));
     return 0;
 }
 
