@@ -252,13 +252,12 @@ LI_HOT_CLONES static void sq_wq_block(const float *const *wr, int nr, int64_t k,
         for (int u = 0; u < nr; u++) wt[j * m8 + c0 + u] = buf[u * k + j];
 }
 
-/* The search's scratch for a site of m weight rows of k inputs: the
- * weights transposed (k, m8), their columns past m zero; 4 rows of dots in
- * float and in double; 8 weight rows and 4 activation rows of k. */
+/* A search thread's scratch for a site of m weight rows of k inputs: the
+ * weights transposed (k, m8), their columns past m zero; 4 rows of dots;
+ * 8 weight rows and 4 activation rows of k. */
 typedef struct sq_scratch {
     int64_t m, m8, k;
     float *wt, *dots, *wq, *xq;
-    double *dots64;
 } sq_scratch;
 
 /* The output error, summed over the kept rows x (nx, k), of the int8
@@ -301,42 +300,78 @@ static double sq_error(float *const *ws, const int64_t *rows, int n_w, const dou
     return e;
 }
 
-/* The alpha of 0, 0.1, ..., 1 whose scales s_j = smooth_scale(a[j], w[j],
- * alpha) give the least sq_error (ties: the smaller alpha); s holds them. */
-static double sq_search(float *const *ws, const int64_t *rows, int n_w, int64_t k, const double *a, const double *w,
-                        const float *x, int64_t nx, double *s) {
-    sq_scratch sc = {.k = k};
-    for (int i = 0; i < n_w; i++) sc.m += rows[i];
-    const int64_t m = sc.m, m8 = sc.m8 = (m + 7) / 8 * 8;
+/* One thread of sq_search: the grid's alphas taken in turn, each error
+ * into e[g] (every alpha's error is the same sum whichever thread takes
+ * it, so the choice does not depend on the thread count). */
+typedef struct sq_grid_job {
+    float *const *ws;
+    const int64_t *rows;
+    int n_w;
+    int64_t k, m, nx;
+    const double *a, *w, *y;
+    const float *x;
+    atomic_int next;
+    double e[11];
+} sq_grid_job;
+
+static void *sq_grid_worker(void *arg) {
+    sq_grid_job *j = arg;
+    const int64_t k = j->k, m8 = (j->m + 7) / 8 * 8;
+    sq_scratch sc = {.k = k, .m = j->m, .m8 = m8};
     sc.wt = li_xcalloc((size_t)(k * m8), sizeof(float));
     sc.dots = li_xmalloc((size_t)(4 * m8) * sizeof(float));
-    sc.dots64 = li_xmalloc((size_t)(4 * m8) * sizeof(double));
     sc.wq = li_xmalloc((size_t)(8 * k) * sizeof(float));
     sc.xq = li_xcalloc((size_t)(4 * k), sizeof(float));
+    double *s = li_xmalloc((size_t)k * sizeof(double));
+    for (int g; (g = atomic_fetch_add(&j->next, 1)) <= 10;) {
+        const double al = g / 10.0;
+        for (int64_t i = 0; i < k; i++) s[i] = smooth_scale(j->a[i], j->w[i], al);
+        j->e[g] = sq_error(j->ws, j->rows, j->n_w, s, j->x, j->nx, j->y, &sc);
+    }
+    free(s);
+    free(sc.wt);
+    free(sc.dots);
+    free(sc.wq);
+    free(sc.xq);
+    return NULL;
+}
+
+/* The alpha of 0, 0.1, ..., 1 whose scales s_j = smooth_scale(a[j], w[j],
+ * alpha) give the least sq_error (ties: the smaller alpha), the grid over
+ * up to n_threads threads. */
+static double sq_search(float *const *ws, const int64_t *rows, int n_w, int64_t k, const double *a, const double *w,
+                        const float *x, int64_t nx, int64_t n_threads) {
+    int64_t m = 0;
+    for (int i = 0; i < n_w; i++) m += rows[i];
+    const int64_t m8 = (m + 7) / 8 * 8;
     /* y = x W^T in double, the weights as they are */
+    float *wt = li_xcalloc((size_t)(k * m8), sizeof(float)), *xq = li_xcalloc((size_t)(4 * k), sizeof(float));
+    double *dots64 = li_xmalloc((size_t)(4 * m8) * sizeof(double));
     double *y = li_xmalloc((size_t)(nx * m) * sizeof(double));
     for (int i = 0, c = 0; i < n_w; i++)
         for (int64_t r = 0; r < rows[i]; r++, c++)
-            for (int64_t j = 0; j < k; j++) sc.wt[j * m8 + c] = ws[i][r * k + j];
+            for (int64_t j = 0; j < k; j++) wt[j * m8 + c] = ws[i][r * k + j];
     for (int64_t t0 = 0; t0 < nx; t0 += 4) {
         const int64_t nt = LI_MIN((int64_t)4, nx - t0);
-        memcpy(sc.xq, x + t0 * k, (size_t)(nt * k) * sizeof(float)); /* rows past nt: stale, not read */
-        sq_dots_f64(sc.wt, m8, k, sc.xq, sc.dots64);
-        for (int64_t u = 0; u < nt; u++) memcpy(y + (t0 + u) * m, sc.dots64 + u * m8, (size_t)m * sizeof(double));
+        memcpy(xq, x + t0 * k, (size_t)(nt * k) * sizeof(float)); /* rows past nt: stale, not read */
+        sq_dots_f64(wt, m8, k, xq, dots64);
+        for (int64_t u = 0; u < nt; u++) memcpy(y + (t0 + u) * m, dots64 + u * m8, (size_t)m * sizeof(double));
     }
-    double best = INFINITY, best_a = 0;
-    for (int g = 0; g <= 10; g++) {
-        const double al = g / 10.0;
-        for (int64_t j = 0; j < k; j++) s[j] = smooth_scale(a[j], w[j], al);
-        const double e = sq_error(ws, rows, n_w, s, x, nx, y, &sc);
-        if (e < best) best = e, best_a = al;
-    }
+    free(wt);
+    free(xq);
+    free(dots64);
+    sq_grid_job j = {.ws = ws, .rows = rows, .n_w = n_w, .k = k, .m = m, .nx = nx, .a = a, .w = w, .y = y, .x = x};
+    atomic_init(&j.next, 0);
+    pthread_t th[10];
+    int started = 0;
+    for (int64_t i = 1; i < LI_MIN(n_threads, (int64_t)11); i++)
+        if (!pthread_create(&th[started], NULL, sq_grid_worker, &j)) started++;
+    sq_grid_worker(&j);
+    for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
     free(y);
-    free(sc.wt);
-    free(sc.dots);
-    free(sc.dots64);
-    free(sc.wq);
-    free(sc.xq);
+    double best = INFINITY, best_a = 0;
+    for (int g = 0; g <= 10; g++)
+        if (j.e[g] < best) best = j.e[g], best_a = g / 10.0;
     return best_a;
 }
 
@@ -345,15 +380,16 @@ static double sq_search(float *const *ws, const int64_t *rows, int n_w, int64_t 
 typedef struct sq_search_ctx {
     const sq_rows *rows;
     double *chosen;
+    int64_t n_threads;
 } sq_search_ctx;
 
 /* site st's alpha in layer l: searched, or the fixed one */
 static double sq_alpha(const sq_search_ctx *sc, int l, li_calib_site st, float *const *ws, const int64_t *rows,
-                       int n_w, int64_t k, const double *a, const double *w, double alpha, double *scratch) {
+                       int n_w, int64_t k, const double *a, const double *w, double alpha) {
     if (!sc) return alpha;
     const int64_t i = (int64_t)l * LI_CALIB_N_SITES + st;
     const float *x = sc->rows->x[st] + (int64_t)l * LI_SQ_ROWS * k;
-    return sc->chosen[i] = sq_search(ws, rows, n_w, k, a, w, x, sc->rows->n[i], scratch);
+    return sc->chosen[i] = sq_search(ws, rows, n_w, k, a, w, x, sc->rows->n[i], sc->n_threads);
 }
 
 /* The scales go into L->in_s too (the weights' inputs are X diag(s)^-1:
@@ -363,7 +399,6 @@ static void smooth_layer(layer_f32 *L, const li_hparams *hp, li_calib_amax *am, 
     const int64_t d = hp->n_embd, ff = hp->n_ff, hd = hp->head_dim;
     double *aw = li_xmalloc((size_t)LI_MAX(d, ff) * sizeof(double));
     double *axd = li_xmalloc((size_t)LI_MAX(LI_MAX(d, ff), L->k[W_O]) * sizeof(double));
-    double *scratch = li_xmalloc((size_t)LI_MAX(LI_MAX(d, ff), L->k[W_O]) * sizeof(double));
     double al;
     double *s_qkv = li_xmalloc((size_t)d * sizeof(double)), *s_gu = li_xmalloc((size_t)d * sizeof(double));
     L->in_s[W_Q] = L->in_s[W_K] = L->in_s[W_V] = s_qkv;
@@ -373,7 +408,7 @@ static void smooth_layer(layer_f32 *L, const li_hparams *hp, li_calib_amax *am, 
     col_amax((float *const[]){L->w[W_Q], L->w[W_K], L->w[W_V]}, (int64_t[]){L->m[W_Q], L->m[W_K], L->m[W_V]}, 3, d, aw);
     for (int64_t j = 0; j < d; j++) axd[j] = ax[j];
     al = sq_alpha(sc, l, LI_CALIB_QKV, (float *const[]){L->w[W_Q], L->w[W_K], L->w[W_V]},
-                  (int64_t[]){L->m[W_Q], L->m[W_K], L->m[W_V]}, 3, d, axd, aw, alpha, scratch);
+                  (int64_t[]){L->m[W_Q], L->m[W_K], L->m[W_V]}, 3, d, axd, aw, alpha);
     for (int64_t j = 0; j < d; j++) {
         const double s = s_qkv[j] = smooth_scale(ax[j], aw[j], al);
         L->attn_norm[j] = (float)(L->attn_norm[j] / s);
@@ -385,7 +420,7 @@ static void smooth_layer(layer_f32 *L, const li_hparams *hp, li_calib_amax *am, 
     col_amax((float *const[]){L->w[W_GATE], L->w[W_UP]}, (int64_t[]){L->m[W_GATE], L->m[W_UP]}, 2, d, aw);
     for (int64_t j = 0; j < d; j++) axd[j] = ax[j];
     al = sq_alpha(sc, l, LI_CALIB_GU, (float *const[]){L->w[W_GATE], L->w[W_UP]},
-                  (int64_t[]){L->m[W_GATE], L->m[W_UP]}, 2, d, axd, aw, alpha, scratch);
+                  (int64_t[]){L->m[W_GATE], L->m[W_UP]}, 2, d, axd, aw, alpha);
     for (int64_t j = 0; j < d; j++) {
         const double s = s_gu[j] = smooth_scale(ax[j], aw[j], al);
         L->ffn_norm[j] = (float)(L->ffn_norm[j] / s);
@@ -414,8 +449,7 @@ static void smooth_layer(layer_f32 *L, const li_hparams *hp, li_calib_amax *am, 
                 }
                 for (int g = 0; g < G; g++) axd[(int64_t)(kvh * G + g) * hd + c] = a, wg[(int64_t)(kvh * G + g) * hd + c] = w;
             }
-        al = sq_alpha(sc, l, LI_CALIB_O, (float *const[]){L->w[W_O]}, (int64_t[]){L->m[W_O]}, 1, qd, axd, wg, alpha,
-                      scratch);
+        al = sq_alpha(sc, l, LI_CALIB_O, (float *const[]){L->w[W_O]}, (int64_t[]){L->m[W_O]}, 1, qd, axd, wg, alpha);
         for (int kvh = 0; kvh < hp->n_head_kv; kvh++)
             for (int64_t c = 0; c < hd; c++) {
                 const int64_t col0 = (int64_t)(kvh * G) * hd + c;
@@ -435,7 +469,7 @@ static void smooth_layer(layer_f32 *L, const li_hparams *hp, li_calib_amax *am, 
         col_amax((float *const[]){L->w[W_DOWN]}, (int64_t[]){L->m[W_DOWN]}, 1, ff, aw);
         for (int64_t j = 0; j < ff; j++) axd[j] = ax[j];
         al = sq_alpha(sc, l, LI_CALIB_DOWN, (float *const[]){L->w[W_DOWN]}, (int64_t[]){L->m[W_DOWN]}, 1, ff, axd, aw,
-                      alpha, scratch);
+                      alpha);
         double *s_down = L->in_s[W_DOWN] = li_xmalloc((size_t)ff * sizeof(double));
         for (int64_t j = 0; j < ff; j++) {
             const double s = s_down[j] = smooth_scale(ax[j], aw[j], al);
@@ -446,7 +480,6 @@ static void smooth_layer(layer_f32 *L, const li_hparams *hp, li_calib_amax *am, 
     }
     free(aw);
     free(axd);
-    free(scratch);
 }
 
 /* ------------------------------------------------------------------------
@@ -841,7 +874,8 @@ static int calibrate(qctx *q, li_error *err) {
                           .stride = LI_MAX(1, co.samples * co.seq_len / LI_SQ_ROWS)};
         for (int st = 0; st < LI_CALIB_N_SITES; st++)
             q->sq.x[st] = li_xmalloc((size_t)nl * LI_SQ_ROWS * (size_t)q->amax.k[st] * sizeof(float));
-        q->sq_ctx = (sq_search_ctx){.rows = &q->sq, .chosen = li_xcalloc((size_t)nl * LI_CALIB_N_SITES, sizeof(double))};
+        q->sq_ctx = (sq_search_ctx){.rows = &q->sq, .chosen = li_xcalloc((size_t)nl * LI_CALIB_N_SITES, sizeof(double)),
+                                    .n_threads = q->n_threads};
         rc = li_calib_run(rt.model, &rt.be, &co, sq_collect, &q->sq, err);
     } else {
         rc = li_calib_run(rt.model, &rt.be, &co, li_calib_amax_collect, &q->amax, err);
