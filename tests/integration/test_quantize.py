@@ -250,13 +250,18 @@ def test_w8a8_gptq(run_cli, run_ok, scheme_models, f16_model, qdir, repo_root):
 
 def test_w8a8_alpha_search(run_cli, run_ok, scheme_models, f16_model, qdir, repo_root, tmp_path, monkeypatch):
     """--alpha-search picks an alpha of the grid per layer and site (logged),
-    writes alpha_search instead of alpha, and the file runs."""
+    writes alpha_search instead of alpha, and the file runs. The grid runs
+    over the threads: one thread writes the same bytes as three."""
     out = qdir / "w8a8-as.gguf"
     monkeypatch.setenv("LUAINFER_LOG", "info")
-    r = run_cli(["quantize", "--method", "w8a8", "--alpha-search", "--calib", repo_root / CALIB, "--samples", "1",
-                 "--seq-len", "64", f16_model, out], timeout=600)
+    args = ["quantize", "--method", "w8a8", "--alpha-search", "--calib", repo_root / CALIB, "--samples", "1",
+            "--seq-len", "64", f16_model]
+    r = run_cli([*args, "--threads", "3", out], timeout=600)
     monkeypatch.delenv("LUAINFER_LOG")
     assert r.returncode == 0, r.stderr
+    one = tmp_path / "as1.gguf"
+    run_ok([*args, "--threads", "1", one], timeout=600)
+    assert one.read_bytes() == out.read_bytes(), "--alpha-search depends on the thread count"
     chosen = {}
     for line in r.stderr.splitlines():
         m = re.search(r"alpha search: ([a-z/]+): (.*)", line)
