@@ -431,7 +431,7 @@ int li_cmd_train_eagle(int argc, char **argv) {
         else
             printf("wrote %s (%s, %lld tokens trained in %.1f s: %.0f tok/s; the base's passes %.1f s, the draft's "
                    "%.1f s)\n",
-                   pos[0], to.dtype == LI_CKPT_Q8_0 ? "Q8_0" : to.dtype == LI_CKPT_F16 ? "F16" : "F32", (long long)(step * to.batch * L), el,
+                   pos[0], li_ckpt_dtype_label(to.dtype), (long long)(step * to.batch * L), el,
                    (double)(step * to.batch * L) / el, t_base, el - t_base);
         fflush(stdout);
         if (eval_path && !stop_flag) rc = eval_draft(&e, &s, EV, eids, (int64_t)n_eids, L, (int)J, &bb, tp, &err);

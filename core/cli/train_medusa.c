@@ -334,7 +334,7 @@ int li_cmd_train_medusa(int argc, char **argv) {
         if ((rc = li_train_medusa_save(&h, &meta, dtype, pos[0], &err))) goto done;
         if (step < to.steps) printf("interrupted after step %lld: heads written to %s\n", (long long)step, pos[0]);
         else printf("wrote %s (%d heads, %s, %lld tokens trained in %.1f s)\n", pos[0], h.K,
-                    dtype == LI_CKPT_F16 ? "F16" : "F32", (long long)(step * to.batch * L), li_time_now() - t0);
+                    li_ckpt_dtype_label(dtype), (long long)(step * to.batch * L), li_time_now() - t0);
         fflush(stdout);
         if (eval_path && !stop_flag) rc = eval_heads(&h, &s, E, eids, (int64_t)n_eids, (int)L, tp, &err);
     }

@@ -125,11 +125,15 @@ static int write_metadata(const li_model *m, const li_prune_plan *p, const char 
     for (uint64_t i = 0; i < g->n_kv && !rc; i++) {
         const li_gguf_kv *kv = &g->kv[i];
         if (kv->key.len >= 15 && !memcmp(kv->key.ptr, "luainfer.prune.", 15)) continue; /* a pruned input's */
-        char key[160];
-        if (kv->key.len > al && !memcmp(kv->key.ptr, a, al) && kv->key.ptr[al] == '.') /* ARCH.rest, renamed */
-            snprintf(key, sizeof key, "%s%.*s", oa, (int)LI_MIN(kv->key.len - al, 150), kv->key.ptr + al);
+        char key[256];
+        const bool ours = kv->key.len > al && !memcmp(kv->key.ptr, a, al) && kv->key.ptr[al] == '.';
+        if (kv->key.len - (ours ? al : 0) + strlen(oa) >= sizeof key) /* copied whole or not at all */
+            return li_error_set(err, LI_EINVAL, "prune: metadata key '%.40s...' is %llu bytes long (at most %zu)",
+                                kv->key.ptr, (unsigned long long)kv->key.len, sizeof key - 1 - strlen(oa));
+        if (ours) /* ARCH.rest, renamed */
+            snprintf(key, sizeof key, "%s%.*s", oa, (int)(kv->key.len - al), kv->key.ptr + al);
         else
-            snprintf(key, sizeof key, "%.*s", (int)LI_MIN(kv->key.len, 159), kv->key.ptr);
+            snprintf(key, sizeof key, "%.*s", (int)kv->key.len, kv->key.ptr);
         if (li_str_eq(kv->key, "general.architecture")) {
             rc = li_gguf_writer_add_str(w, key, oa, err);
         } else if (key_is(kv->key, a, "block_count")) {

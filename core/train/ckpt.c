@@ -11,16 +11,17 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* per li_ckpt_dtype: its --dtype name, the GGUF type of its matrices and
- * llama.cpp's general.file_type (LLAMA_FTYPE_*); source: each matrix's own */
+/* per li_ckpt_dtype: its --dtype name, the label the "wrote" lines print,
+ * the GGUF type of its matrices and llama.cpp's general.file_type
+ * (LLAMA_FTYPE_*); source: each matrix's own */
 static const struct {
-    const char *name;
+    const char *name, *label;
     uint32_t type, file_type;
 } dtypes[] = {
-    [LI_CKPT_F32] = {"f32", LI_TYPE_F32, 0},     [LI_CKPT_F16] = {"f16", LI_TYPE_F16, 1},
-    [LI_CKPT_Q8_0] = {"q8_0", LI_TYPE_Q8_0, 7},  [LI_CKPT_BF16] = {"bf16", LI_TYPE_BF16, 32},
-    [LI_CKPT_Q4_0] = {"q4_0", LI_TYPE_Q4_0, 2},  [LI_CKPT_Q4_1] = {"q4_1", LI_TYPE_Q4_1, 3},
-    [LI_CKPT_SOURCE] = {"source", LI_TYPE_F16, 0},
+    [LI_CKPT_F32] = {"f32", "F32", LI_TYPE_F32, 0},       [LI_CKPT_F16] = {"f16", "F16", LI_TYPE_F16, 1},
+    [LI_CKPT_Q8_0] = {"q8_0", "Q8_0", LI_TYPE_Q8_0, 7},   [LI_CKPT_BF16] = {"bf16", "BF16", LI_TYPE_BF16, 32},
+    [LI_CKPT_Q4_0] = {"q4_0", "Q4_0", LI_TYPE_Q4_0, 2},   [LI_CKPT_Q4_1] = {"q4_1", "Q4_1", LI_TYPE_Q4_1, 3},
+    [LI_CKPT_SOURCE] = {"source", "source", LI_TYPE_F16, 0},
 };
 
 int li_ckpt_dtype_parse(const char *name, li_ckpt_dtype *out) {
@@ -31,6 +32,10 @@ int li_ckpt_dtype_parse(const char *name, li_ckpt_dtype *out) {
 
 const char *li_ckpt_dtype_name(li_ckpt_dtype d) {
     return (unsigned)d < LI_ARRAY_LEN(dtypes) ? dtypes[d].name : "unknown";
+}
+
+const char *li_ckpt_dtype_label(li_ckpt_dtype d) {
+    return (unsigned)d < LI_ARRAY_LEN(dtypes) ? dtypes[d].label : "unknown";
 }
 
 uint32_t li_ckpt_matrix_type(li_ckpt_dtype d, const li_gguf *src, const char *name, int64_t cols) {

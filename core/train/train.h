@@ -201,6 +201,8 @@ typedef enum {
 /* "f32", "f16", ... "source" -> *out; -1 for any other name */
 int li_ckpt_dtype_parse(const char *name, li_ckpt_dtype *out);
 const char *li_ckpt_dtype_name(li_ckpt_dtype d);
+/* "F32", "F16", "Q8_0", ...: the type as the "wrote" lines print it */
+const char *li_ckpt_dtype_label(li_ckpt_dtype d);
 
 /* The type a matrix named `name` of `cols` columns is written in: dtype's,
  * or (LI_CKPT_SOURCE) src's type for it; F16 where that type has no
