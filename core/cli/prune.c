@@ -27,9 +27,10 @@ int li_cmd_prune(int argc, char **argv) {
         {"refit", LI_OPT_FLAG, &refit, "heads, ffn: refit o_proj / down_proj's kept columns by least squares (obs does)"},
         {"refit-dtype", LI_OPT_STR, &refit_dtype, "refit and obs: the refit tensor's type, f16, bf16, q8_0, q4_0 or "
                                                   "q4_1 (default f16)"},
-        {"ffn-alloc", LI_OPT_STR, &ffn_alloc, "ffn: uniform (the same channel count in every block) or error (each "
-                                              "block's count from its refit error curve; needs --refit) (default "
-                                              "uniform)"},
+        {"ffn-alloc", LI_OPT_STR, &ffn_alloc, "ffn: uniform (the same channel count in every block), error (each "
+                                              "block's count from its refit error curve) or kl (from each block's "
+                                              "KL, measured cut alone at 4 widths); error and kl need --refit "
+                                              "(default uniform)"},
         {"ffn-floor", LI_OPT_FLOAT, &ffn_floor, "--ffn-alloc error: the fewest channels a block keeps, a fraction of "
                                                 "the uniform count in (0, 1] (default 0.75)"},
         {"damp", LI_OPT_FLOAT, &damp, "refit and obs: diagonal damping, a fraction of the mean (default 0.01)"},
@@ -59,12 +60,13 @@ int li_cmd_prune(int argc, char **argv) {
                        .samples = samples, .seq_len = seq_len, .threads = threads, .dry_run = dry_run, .json = json,
                        .refit = refit, .damp = damp, .self_generate = self_gen, .seed = (uint64_t)seed};
     if ((rc = li_prune_what_parse(what, &o.what, &err))) return li_runtime_fail(&err);
-    if (strcmp(ffn_alloc, "uniform") && strcmp(ffn_alloc, "error")) {
-        li_error_set(&err, LI_EINVAL, "prune: --ffn-alloc must be uniform or error (got '%s')", ffn_alloc);
+    if (!strcmp(ffn_alloc, "error")) o.ffn_alloc = LI_PRUNE_ALLOC_ERROR;
+    else if (!strcmp(ffn_alloc, "kl")) o.ffn_alloc = LI_PRUNE_ALLOC_KL;
+    else if (strcmp(ffn_alloc, "uniform")) {
+        li_error_set(&err, LI_EINVAL, "prune: --ffn-alloc must be uniform, error or kl (got '%s')", ffn_alloc);
         return li_runtime_fail(&err);
     }
-    o.ffn_alloc = !strcmp(ffn_alloc, "error");
-    if (!isnan(ffn_floor) && !o.ffn_alloc)
+    if (!isnan(ffn_floor) && o.ffn_alloc != LI_PRUNE_ALLOC_ERROR)
         return li_runtime_fail(&(li_error){LI_EINVAL, "prune: --ffn-floor bounds --ffn-alloc error's allocation; "
                                                       "give --ffn-alloc error"});
     o.ffn_floor = isnan(ffn_floor) ? 0.75 : ffn_floor;

@@ -521,6 +521,111 @@ static int alloc_ffn(const li_model *m, capture *cap, const li_prune_opts *o, co
     return rc;
 }
 
+/* --ffn-alloc kl: the KL steps of one block's curve use at most this many
+ * calibration windows (the statistics use all): a point costs one forward
+ * over them, and the model gets n_layer x LI_PRUNE_KL_POINTS points. */
+#define LI_PRUNE_KL_WINDOWS 8
+#define LI_PRUNE_KL_POINTS 4
+
+/* --ffn-alloc kl's measurements, for the printout and --json */
+typedef struct kl_points {
+    int n_pts;
+    int64_t removed[LI_PRUNE_KL_POINTS]; /* channels removed at each point, ascending */
+    int64_t windows;                     /* calibration windows the KL steps used */
+    double *kl;                          /* (n_layer, n_pts) mean KLD with that block alone cut */
+} kl_points;
+
+/* --ffn-alloc kl: for every block, the model with only that block cut to a
+ * few widths (its lowest-scoring channels, down_proj refit as --refit does,
+ * the refit run as an f32 weight) against the original's distributions on
+ * the first windows; the measured KL curves then go through the greedy of
+ * --ffn-alloc error (prune_alloc.c). The widths remove 1/2, 1, 3/2 and 2
+ * times the uniform cut's count (whole 32-channel blocks, at least 32 kept). */
+static int alloc_ffn_kl(const li_model *m, li_backend *be, capture *cap, const calib_set *cs, const li_prune_opts *o,
+                        const double *score, int64_t k, uint8_t *drop, kl_points *pts, FILE *out, li_error *err) {
+    const li_hparams *hp = &m->hp;
+    const int nl = hp->n_layer;
+    const int64_t n = hp->n_ff, d = hp->n_embd;
+    int64_t *removed = pts->removed;
+    int n_pts = 0;
+    for (int j = 1; j <= LI_PRUNE_KL_POINTS; j++) {
+        const int64_t r = LI_MIN(n - 32, (int64_t)llround((double)k * j / 2.0 / 32.0) * 32);
+        if (r > 0 && (n_pts == 0 || r > removed[n_pts - 1])) removed[n_pts++] = r;
+    }
+    if (!n_pts) return li_error_set(err, LI_ERANGE, "prune: --ffn-alloc kl: the cut is under 32 channels per block");
+    calib_set sub = *cs; /* the first windows: base_lp's rows come in window order */
+    sub.n_eval = LI_MIN(cs->n_eval, (int64_t)LI_PRUNE_KL_WINDOWS);
+    double **curve = li_xcalloc((size_t)nl, sizeof *curve);
+    double *kl = pts->kl = li_xmalloc((size_t)(nl * n_pts) * sizeof *kl);
+    pts->n_pts = n_pts;
+    pts->windows = sub.n_eval;
+    double *w0 = li_xmalloc((size_t)(d * n) * sizeof *w0), *w = li_xmalloc((size_t)(d * n) * sizeof *w);
+    double *h = li_xmalloc((size_t)(n * n) * sizeof *h);
+    float *row = li_xmalloc((size_t)n * sizeof *row), *wf = li_xmalloc((size_t)(d * n) * sizeof *wf);
+    uint8_t *mask = li_xmalloc((size_t)n);
+    li_layer *layers = li_xmalloc((size_t)nl * sizeof *layers);
+    int64_t *keep = li_xmalloc((size_t)nl * sizeof *keep);
+    int rc = 0;
+    li_progress pg;
+    li_progress_init(&pg, "ffn-alloc", "points/s", (int64_t)nl * n_pts);
+    for (int l = 0; l < nl && !rc; l++) {
+        char why[160];
+        if (li_q4_calib_finish(&cap->gram[l], why, sizeof why)) {
+            rc = li_error_set(err, LI_EINVAL, "prune: layer %d: %s", l, why);
+            break;
+        }
+        for (int64_t r = 0; r < d; r++) {
+            li_weight_dequant_row_ref(&m->layers[l].w_down, r, row);
+            for (int64_t i = 0; i < n; i++) w0[r * n + i] = row[i];
+        }
+        for (int j = 0; j < n_pts && !rc; j++) {
+            li_prune_lowest(score + (size_t)l * n, n, removed[j], mask);
+            memcpy(w, w0, (size_t)(d * n) * sizeof *w);
+            memcpy(h, cap->gram[l].xtx, (size_t)(n * n) * sizeof *h); /* li_prune_obs destroys it */
+            if ((rc = li_prune_obs(w, d, n, h, 1, removed[j], o->damp, false, mask, NULL, err))) break;
+            for (int64_t i = 0; i < d * n; i++) wf[i] = (float)w[i];
+            li_weight wt = {.type = LI_TYPE_F32, .k = n, .m = d, .row_bytes = (size_t)n * sizeof(float), .data = wf,
+                            .name = "ffn_down (--ffn-alloc kl)"};
+            if (be->ops->weight_prepare && be->ops->weight_prepare(be, &wt)) {
+                rc = li_error_set(err, LI_EUNSUP, "prune: --ffn-alloc kl: the '%s' backend cannot run an f32 "
+                                                  "down_proj", be->ops->name);
+                break;
+            }
+            memcpy(layers, m->layers, (size_t)nl * sizeof *layers);
+            layers[l].w_down = wt;
+            li_model mm = *m;
+            mm.layers = layers;
+            kl_stats st;
+            if (!(rc = eval_kl(&mm, be, &sub, &st, err))) kl[l * n_pts + j] = st.mean;
+            if (be->ops->weight_release) be->ops->weight_release(be, &layers[l].w_down);
+            li_progress_update(&pg, (int64_t)l * n_pts + j + 1, "points");
+        }
+        if (rc) break;
+        curve[l] = li_xmalloc((size_t)(n + 1) * sizeof **curve);
+        li_prune_ffn_curve_interp(removed, kl + (size_t)l * n_pts, n_pts, n, curve[l]);
+    }
+    if (!rc) {
+        li_progress_finish(&pg);
+        fprintf(out, "ffn-alloc kl: mean KLD on %lld x %lld tokens with one block cut by", (long long)sub.n_eval,
+                (long long)sub.seq_len);
+        for (int j = 0; j < n_pts; j++) fprintf(out, " %lld", (long long)removed[j]);
+        fprintf(out, " channels:\n");
+        for (int l = 0; l < nl; l++) {
+            fprintf(out, "  block %2d:", l);
+            for (int j = 0; j < n_pts; j++) fprintf(out, " %.5f", kl[l * n_pts + j]);
+            fprintf(out, "\n");
+        }
+        double *ones = li_xmalloc((size_t)nl * sizeof *ones);
+        for (int l = 0; l < nl; l++) ones[l] = 1.0;
+        rc = li_prune_ffn_allocate((const double *const *)curve, ones, nl, n, 32, 32, k * nl, keep, err);
+        free(ones);
+    }
+    for (int l = 0; l < nl && !rc; l++) li_prune_lowest(score + (size_t)l * n, n, n - keep[l], drop + (size_t)l * n);
+    for (int l = 0; l < nl; l++) free(curve[l]);
+    free(curve), free(w0), free(w), free(h), free(row), free(wf), free(mask), free(layers), free(keep);
+    return rc;
+}
+
 /* Runs the refit (or obs's choice and refit) of every layer; the result
  * in *refit_out (n_layer arrays, owned by the caller). */
 static int refit_layers(const li_model *m, capture *cap, const li_prune_opts *o, bool choose, int64_t k,
@@ -651,7 +756,8 @@ static void print_ranking(FILE *out, const li_model *m, const li_prune_opts *o, 
 }
 
 static void print_json(const li_prune_opts *o, const li_hparams *hp, const li_prune_plan *p, const double *score,
-                       const uint8_t *drop, int64_t n_scores, int64_t removed, int64_t total, const kl_stats *st) {
+                       const uint8_t *drop, int64_t n_scores, int64_t removed, int64_t total, const kl_stats *st,
+                       const kl_points *klp) {
     cJSON *j = cJSON_CreateObject();
     cJSON_AddStringToObject(j, "what", li_prune_what_name(o->what));
     cJSON_AddStringToObject(j, "rank", li_prune_rank_name(o->rank));
@@ -670,6 +776,17 @@ static void print_json(const li_prune_opts *o, const li_hparams *hp, const li_pr
     if (p->ff_keep_layer) {
         cJSON *fl = cJSON_AddArrayToObject(j, "feed_forward_length_per_block");
         for (int l = 0; l < hp->n_layer; l++) cJSON_AddItemToArray(fl, cJSON_CreateNumber((double)p->ff_keep_layer[l]));
+    }
+    if (klp) { /* --ffn-alloc kl: the measured points, KL per block */
+        cJSON *a = cJSON_AddObjectToObject(j, "ffn_alloc_kl");
+        cJSON_AddNumberToObject(a, "windows", (double)klp->windows);
+        cJSON *rr = cJSON_AddArrayToObject(a, "removed"), *kk = cJSON_AddArrayToObject(a, "kld");
+        for (int i = 0; i < klp->n_pts; i++) cJSON_AddItemToArray(rr, cJSON_CreateNumber((double)klp->removed[i]));
+        for (int l = 0; l < hp->n_layer; l++) {
+            cJSON *row = cJSON_CreateArray();
+            for (int i = 0; i < klp->n_pts; i++) cJSON_AddItemToArray(row, cJSON_CreateNumber(klp->kl[l * klp->n_pts + i]));
+            cJSON_AddItemToArray(kk, row);
+        }
     }
     cJSON *q = cJSON_AddObjectToObject(j, "predicted");
     cJSON_AddNumberToObject(q, "kld_mean", st->mean);
@@ -759,11 +876,12 @@ int li_prune(const li_prune_opts *o, li_error *err) {
     if (o->rank == LI_PRUNE_RANK_KLD && o->what == LI_PRUNE_FFN)
         return li_error_set(err, LI_EUNSUP, "prune: --rank kld ranks layers and heads (one run per unit: not per FFN "
                             "channel); ffn ranks by act");
-    if (o->ffn_alloc && !(o->ffn_floor > 0 && o->ffn_floor <= 1))
+    if (o->ffn_alloc == LI_PRUNE_ALLOC_ERROR && !(o->ffn_floor > 0 && o->ffn_floor <= 1))
         return li_error_set(err, LI_ERANGE, "prune: --ffn-floor must be in (0, 1] (got %g)", o->ffn_floor);
     if (o->ffn_alloc && (o->what != LI_PRUNE_FFN || o->rank != LI_PRUNE_RANK_ACT || !o->refit))
-        return li_error_set(err, LI_EINVAL, "prune: --ffn-alloc error sizes each block's FFN from the refit's error "
-                            "curve: it needs --what ffn --rank act --refit");
+        return li_error_set(err, LI_EINVAL, "prune: --ffn-alloc %s sizes each block's FFN from the refit's %s: it "
+                            "needs --what ffn --rank act --refit", o->ffn_alloc == LI_PRUNE_ALLOC_KL ? "kl" : "error",
+                            o->ffn_alloc == LI_PRUNE_ALLOC_KL ? "measured KL" : "error curve");
     if (o->calib && access(o->calib, R_OK) != 0)
         return li_error_set(err, LI_EIO, "prune: cannot read calibration file '%s'", o->calib);
 
@@ -793,6 +911,7 @@ int li_prune(const li_prune_opts *o, li_error *err) {
     int guard = -1; /* the temporary output while it exists: SIGINT / SIGTERM remove it */
     li_model *pm = NULL;
     li_prune_params pp;
+    kl_points klp = {0};
     int64_t k = 0;
     if ((rc = check_model(m, o, err))) goto done;
     if (o->seq_len > hp->n_ctx_train) {
@@ -817,7 +936,7 @@ int li_prune(const li_prune_opts *o, li_error *err) {
                 rc = li_error_set(err, LI_ENOMEM, "prune: %s", why);
         }
         if (rc) goto done;
-        if (o->ffn_alloc) cap.sig = li_xcalloc((size_t)hp->n_layer, sizeof *cap.sig);
+        if (o->ffn_alloc == LI_PRUNE_ALLOC_ERROR) cap.sig = li_xcalloc((size_t)hp->n_layer, sizeof *cap.sig);
         if (o->samples * o->seq_len < gn)
             fprintf(out, "note: %lld calibration tokens for %lld-wide inputs: the refit leans on --damp %g; more "
                     "--samples refit better\n", (long long)(o->samples * o->seq_len), (long long)gn, o->damp);
@@ -842,8 +961,10 @@ int li_prune(const li_prune_opts *o, li_error *err) {
         ffn_scores(m, &cap, score);
     }
     if (o->what == LI_PRUNE_LAYERS) li_prune_lowest(score, hp->n_layer, k, drop);
-    else if (o->ffn_alloc) {
+    else if (o->ffn_alloc == LI_PRUNE_ALLOC_ERROR) {
         if ((rc = alloc_ffn(m, &cap, o, score, k, drop, err))) goto done;
+    } else if (o->ffn_alloc == LI_PRUNE_ALLOC_KL) {
+        if ((rc = alloc_ffn_kl(m, &rt.be, &cap, &cs, o, score, k, drop, &klp, out, err))) goto done;
     } else if (!obs)
         for (int l = 0; l < hp->n_layer; l++) /* per layer: the same count everywhere */
             li_prune_lowest(score + (size_t)l * per_layer_units, per_layer_units, k,
@@ -889,7 +1010,7 @@ int li_prune(const li_prune_opts *o, li_error *err) {
     li_model_release(pm, &rt.be);
     li_model_free(pm);
     pm = NULL;
-    if (o->json) print_json(o, hp, &plan, score, drop, n_scores, removed, pp.total, &st);
+    if (o->json) print_json(o, hp, &plan, score, drop, n_scores, removed, pp.total, &st, klp.kl ? &klp : NULL);
     if (o->dry_run) {
         fprintf(out, "dry run: nothing written\n");
     } else if (rename(tmp, o->out) != 0) {
@@ -913,6 +1034,7 @@ done:
     free(refit_w);
     free(score);
     free(drop);
+    free(klp.kl);
     capture_free(&cap, hp->n_layer);
     calib_free(&cs);
     li_runtime_close(&rt);

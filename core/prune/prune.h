@@ -13,7 +13,7 @@
  *           contribution to the residual stream, "act"), or by the KL of
  *           the model with that one group masked ("kld");
  *   ffn     intermediate channels, the same number in every layer (scalar
- *           feed_forward_length), or with --refit --ffn-alloc error a
+ *           feed_forward_length), or with --refit --ffn-alloc error|kl a
  *           number per block (prune_alloc.c; feed_forward_length becomes a
  *           per-layer array, as llama.cpp reads it); ranked per layer by
  *           mean over tokens of |silu(g_j)·u_j| times ||W_down[:, j]|| ("act").
@@ -40,6 +40,9 @@
 
 typedef enum li_prune_what { LI_PRUNE_LAYERS = 0, LI_PRUNE_HEADS, LI_PRUNE_FFN } li_prune_what;
 typedef enum li_prune_rank { LI_PRUNE_RANK_BI = 0, LI_PRUNE_RANK_KLD, LI_PRUNE_RANK_ACT, LI_PRUNE_RANK_OBS } li_prune_rank;
+/* --ffn-alloc: the same count everywhere; per block from the refit's error
+ * curves; per block from KL curves measured on the calibration windows */
+typedef enum li_prune_alloc { LI_PRUNE_ALLOC_UNIFORM = 0, LI_PRUNE_ALLOC_ERROR, LI_PRUNE_ALLOC_KL } li_prune_alloc;
 
 typedef struct li_prune_opts {
     const char *in, *out;
@@ -55,9 +58,9 @@ typedef struct li_prune_opts {
     bool refit;              /* least-squares refit of o_proj / down_proj's kept columns (implied by obs) */
     double damp;             /* refit and obs: damping, a fraction of the Hessian's mean diagonal */
     uint32_t refit_type;     /* the refit tensor's type: LI_TYPE_F16 (0 means it), BF16, Q8_0, Q4_0, Q4_1 */
-    bool ffn_alloc;          /* --ffn-alloc error: per-block channel counts from the refit's error curves
-                              * (prune_alloc.c); needs ffn, act and refit */
-    double ffn_floor;        /* ... no block keeping fewer than this fraction of the uniform count, (0, 1] */
+    li_prune_alloc ffn_alloc; /* --ffn-alloc: per-block channel counts (prune_alloc.c); error and kl need
+                               * ffn, act and refit */
+    double ffn_floor;        /* error: no block keeping fewer than this fraction of the uniform count, (0, 1] */
     bool dry_run;            /* rank, choose and predict; write nothing */
     bool json;               /* the ranking and the prediction as one JSON object on stdout */
 } li_prune_opts;
@@ -121,6 +124,11 @@ void li_prune_lowest(const double *scores, int64_t n, int64_t k, uint8_t *drop);
  * Gram is not positive definite. */
 int li_prune_ffn_curve(const double *xtx, const double *w, int64_t d, int64_t n, const double *score, double damp,
                        double *curve, li_error *err);
+/* --ffn-alloc kl: block l's curve (n + 1, indexed by channels kept) from
+ * n_pts measured points, removed[j] channels (ascending, in (0, n)) costing
+ * kl[j]: 0 at nothing removed, linear between the points, INFINITY past the
+ * last (a block is never cut beyond what was measured). */
+void li_prune_ffn_curve_interp(const int64_t *removed, const double *kl, int n_pts, int64_t n, double *curve);
 /* keep (n_layer) from the curves: `remove` channels taken `unit` at a time
  * (the last step the remainder) from the block whose curve rises least over
  * sig[l], no block below floor. */

@@ -1,4 +1,4 @@
-/* prune_alloc.c — `prune --what ffn --refit --ffn-alloc error`: how many
+/* prune_alloc.c — `prune --what ffn --refit --ffn-alloc error|kl`: how many
  * FFN channels each block keeps, instead of the same count everywhere.
  *
  * Blocks differ in how much of their output their strongest channels carry
@@ -22,7 +22,13 @@
  * same tokens (so blocks weigh by what their error is relative to), grows
  * least, each block keeping at least `floor` (prune.c: --ffn-floor times
  * the uniform count; the curves alone cut the middle blocks too deep),
- * until the uniform cut's count is gone. */
+ * until the uniform cut's count is gone.
+ *
+ * --ffn-alloc kl measures instead of modelling: prune.c cuts one block at a
+ * time to a few widths (its refit included) and takes the KL of the whole
+ * model's distributions on calibration windows; li_prune_ffn_curve_interp
+ * joins the points into the curve the same greedy reads (sig all 1, no
+ * floor: the last measured width is the limit). */
 #include "prune/prune.h"
 #include "quant/quant4.h"
 
@@ -77,6 +83,19 @@ int li_prune_ffn_curve(const double *xtx, const double *w, int64_t d, int64_t n,
     }
     free(y), free(wt), free(h), free(order);
     return 0;
+}
+
+void li_prune_ffn_curve_interp(const int64_t *removed, const double *kl, int n_pts, int64_t n, double *curve) {
+    int64_t r0 = 0;
+    double c0 = 0.0;
+    for (int64_t r = 0; r <= n; r++) curve[n - r] = INFINITY;
+    curve[n] = 0.0;
+    for (int j = 0; j < n_pts; j++) {
+        const int64_t r1 = removed[j];
+        for (int64_t r = r0 + 1; r <= r1 && r <= n; r++)
+            curve[n - r] = c0 + (kl[j] - c0) * (double)(r - r0) / (double)(r1 - r0);
+        r0 = r1, c0 = kl[j];
+    }
 }
 
 int li_prune_ffn_allocate(const double *const *curve, const double *sig, int n_layer, int64_t n, int64_t unit,

@@ -299,6 +299,71 @@ def test_ffn_alloc_file(pruned, run_ok, run_cli, model_path, tmp_path):
     assert generate(run_ok, q, 2)["tokens"]
 
 
+def _greedy_kl(removed, kld, n, remove, unit=32):
+    """--ffn-alloc kl's allocation transcribed: each block's curve is linear
+    between the measured points (0 at nothing removed, none past the last),
+    and `unit` channels go at a time from the block whose KL rises least
+    (ties: the lowest block)."""
+    xs = [0] + list(removed)
+    keep = [n] * len(kld)
+
+    def cost(l, r):
+        return np.inf if r > xs[-1] else float(np.interp(r, xs, [0.0] + list(kld[l])))
+
+    while remove > 0:
+        step = min(unit, remove)
+        c = [cost(l, n - keep[l] + step) - cost(l, n - keep[l]) for l in range(len(kld))]
+        best = int(np.argmin(c))  # the first of equal minima
+        assert np.isfinite(c[best])
+        keep[best] -= step
+        remove -= step
+    return keep
+
+
+def test_ffn_alloc_kl(run_ok, run_cli, model_path, tmp_path):
+    """--ffn-alloc kl on small real-vocabulary models (tools/gen_tiny_llama.py:
+    the shipped model's first blocks, FFN cut to 256). With one block, each
+    measured point is the uniform --refit cut of that many channels, so its
+    KL must be the one that prune predicts for that file (its refit written
+    F16, the point's run f32: within 3%). With three blocks, the widths are
+    the greedy's on the measured curves (transcribed above), the file
+    loads with them, and the flags it needs are checked."""
+    tiny = {}
+    for layers in (1, 3):
+        tiny[layers] = tmp_path / f"tiny{layers}.gguf"
+        subprocess.run([sys.executable, str(REPO_ROOT / "tools" / "gen_tiny_llama.py"), str(model_path),
+                        str(tiny[layers]), "--layers", str(layers), "--ff", "256"], check=True, timeout=300)
+    cal = ["--calib", CALIB, "--samples", "2", "--seq-len", "32"]
+    r = run_ok(["prune", "--what", "ffn", "--keep", "192", "--refit", "--ffn-alloc", "kl", *cal, "--json",
+                "--dry-run", tiny[1], tmp_path / "o1.gguf"])
+    j = r.json()
+    pts = j["ffn_alloc_kl"]
+    assert pts["removed"] == [32, 64, 96, 128] and pts["windows"] == 2, pts
+    assert "ffn-alloc kl: mean KLD on 2 x 32 tokens with one block cut by 32 64 96 128 channels" in r.stderr
+    for rm, got in zip(pts["removed"], pts["kld"][0]):
+        u = run_ok(["prune", "--what", "ffn", "--keep", str(256 - rm), "--refit", *cal, "--json", "--dry-run",
+                    tiny[1], tmp_path / "u.gguf"]).json()["predicted"]["kld_mean"]
+        assert got > 0 and abs(got - u) < 0.03 * u, (rm, got, u)
+    assert not (tmp_path / "o1.gguf").exists()
+
+    out = tmp_path / "o3.gguf"
+    j = run_ok(["prune", "--what", "ffn", "--keep", "192", "--refit", "--ffn-alloc", "kl", *cal, "--json",
+                tiny[3], out]).json()
+    per = j["feed_forward_length_per_block"]
+    pts = j["ffn_alloc_kl"]
+    assert len(pts["kld"]) == 3 and sum(per) == 3 * 192, (per, pts)
+    assert per == _greedy_kl(pts["removed"], pts["kld"], 256, 3 * 64), (per, pts)
+    assert len(set(per)) > 1, per  # this model's blocks differ: the allocation is not the uniform one
+    info = run_ok(["info", out, "--json"]).json()["hparams"]
+    assert info["n_ff_layer"] == per
+    for args, msg in ((["--ffn-alloc", "kl"], "--ffn-alloc kl sizes each block's FFN from the refit's measured KL"),
+                      (["--ffn-alloc", "kl", "--refit", "--ffn-floor", "0.5"], "give --ffn-alloc error"),
+                      (["--ffn-alloc", "mse", "--refit"], "--ffn-alloc must be uniform, error or kl")):
+        r = run_cli(["prune", "--what", "ffn", "--keep", "192", *args, *cal, tiny[3], tmp_path / "bad.gguf"])
+        assert r.returncode != 0 and msg in r.stderr and len(r.stderr.strip().splitlines()) == 1, (args, r.stderr)
+        assert not (tmp_path / "bad.gguf").exists()
+
+
 def test_llama_cpp_loads_the_pruned_file(pruned, run_ok):
     """llama.cpp runs what prune writes. Per-block FFN widths are written as
     its "deci" architecture (its "llama" reads one width and refuses the
