@@ -136,6 +136,7 @@ static inline __attribute__((always_inline)) void q_half(li_type t, int nr, int6
                     const int8_t *aq = (const int8_t *)(act + r * as) + b * 32;
                     is[r] = _mm256_add_epi32(
                         is[r], _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(bcast32(aq + 4 * c), wq)), ones));
+                    __asm__("" : "+x"(is[r])); /* in order, as below */
                 }
             }
         } else {
@@ -149,6 +150,9 @@ static inline __attribute__((always_inline)) void q_half(li_type t, int nr, int6
                     const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, bcast32(aq + 4 * c)),
                                                        _mm256_maddubs_epi16(hi, bcast32(aq + 16 + 4 * c)));
                     is[r] = c == 0 ? p : _mm256_add_epi16(is[r], p);
+                    /* a register here: otherwise GCC reassociates the 4 x nr sums into a tree
+                     * whose partial products do not fit in 16 ymm registers (spills) */
+                    __asm__("" : "+x"(is[r]));
                 }
             }
 #pragma GCC unroll 4
