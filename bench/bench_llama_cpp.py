@@ -23,9 +23,10 @@ llama.cpp build: llama-cpp-python from PyPI, compiled for this CPU:
 script prints llama_print_system_info() so the flags are on record.)
 
 Also printed: the machine's limits, measured by bench/bench_kernels --peak
-(DRAM read bandwidth with all threads, VNNI int8 and f32 FMA peaks), the
-bytes a decoded token reads (all weight tensors once, as packed) against
-that bandwidth, and multiply-adds per second against the VNNI peak.
+(DRAM read bandwidth with all threads, the int8 peak: VNNI, or AVX2's
+vpmaddubsw, and the f32 FMA peak), the bytes a decoded token reads (all
+weight tensors once, as packed) against that bandwidth, and multiply-adds
+per second against the int8 peak.
 
 Usage (from the repository root):
     .venv/bin/python bench/bench_llama_cpp.py [--luainfer build/luainfer]
@@ -300,21 +301,24 @@ def main():
     macs = macs_per_token(args.model)
     bw = lim.get("bw_gbs", float("nan"))
     print()
+    # int8 peak: vpdpbusd zmm with AVX-512 VNNI, vpmaddubsw ymm (the AVX2 kernels' product) otherwise
+    i8 = lim.get("int8_gmacs", float("nan"))
+    i8name = "VNNI" if lim.get("int8_vnni") else "AVX2 vpmaddubsw"
     print(f"machine: DRAM read {bw:.1f} GB/s ({args.threads} threads), "
-          f"VNNI {lim.get('vnni_gmacs', float('nan')):.0f} GMAC/s int8, FMA {lim.get('fma_gflops', float('nan')):.0f} GFLOP/s f32")
+          f"{i8name} {i8:.0f} GMAC/s int8, FMA {lim.get('fma_gflops', float('nan')):.0f} GFLOP/s f32")
     dec = med["decode"]
     kvb = kv_bytes_per_position(args.model) * (16 + args.decode / 2)  # the mean context of the decode run
     tb = wb + kvb
     print(f"decode: {wb / 1e6:.1f} MB of weights + {kvb / 1e6:.1f} MB of F16 KV (mean context) per token x "
           f"{dec:.1f} tok/s = {tb * dec / 1e9:.1f} GB/s ({100 * tb * dec / 1e9 / bw:.0f}% of the measured DRAM bandwidth)")
     print(f"decode: {macs / 1e6:.1f} M multiply-adds per token = {macs * dec / 1e9:.1f} GMAC/s "
-          f"({100 * macs * dec / 1e9 / lim.get('vnni_gmacs', float('nan')):.1f}% of the VNNI peak)")
+          f"({100 * macs * dec / 1e9 / i8:.1f}% of the {i8name} peak)")
     pf = med["prefill"]
     print(f"prefill: {macs * pf / 1e9:.0f} GMAC/s in the matmuls "
-          f"({100 * macs * pf / 1e9 / lim.get('vnni_gmacs', float('nan')):.0f}% of the VNNI peak)")
+          f"({100 * macs * pf / 1e9 / i8:.0f}% of the {i8name} peak)")
     for s in args.seqs:
         t = med[f"batched{s}"]
-        print(f"batched {s}: {macs * t / 1e9:.0f} GMAC/s ({100 * macs * t / 1e9 / lim.get('vnni_gmacs', float('nan')):.0f}% of the VNNI peak)")
+        print(f"batched {s}: {macs * t / 1e9:.0f} GMAC/s ({100 * macs * t / 1e9 / i8:.0f}% of the {i8name} peak)")
     budget = os.path.getsize(args.model) / 2**20 + 256 + 100
     print(f"luainfer peak RSS: {max(rss):.0f} MiB (limit: model file + 256 MiB KV budget + 100 MiB = {budget:.0f} MiB)")
 
