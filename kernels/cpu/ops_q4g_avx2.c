@@ -158,6 +158,9 @@ static inline __attribute__((always_inline)) void a8_block(const li_q4g_packed *
                     for (int i = 0; i < NR; i++) {
                         s16[a][i] = _mm256_add_epi16(s16[a][i], _mm256_maddubs_epi16(lo, al[i]));
                         s16[a][i] = _mm256_add_epi16(s16[a][i], _mm256_maddubs_epi16(hi, ah[i]));
+                        /* in a register, in this order (ops_avx2.c's q_half: reassociated, the
+                         * products spill) */
+                        __asm__("" : "+x"(s16[a][i]));
                     }
                 }
             }
