@@ -479,6 +479,20 @@ static void *refit_worker(void *arg) {
     return NULL;
 }
 
+/* Layer l's down_proj inputs' X^T X made ready (li_q4_calib_finish) and its
+ * weight as doubles into w (n_embd, n_ff); row: n_ff floats of scratch. */
+static int down_layer(const li_model *m, capture *cap, int l, double *w, float *row, li_error *err) {
+    char why[160];
+    if (li_q4_calib_finish(&cap->gram[l], why, sizeof why))
+        return li_error_set(err, LI_EINVAL, "prune: layer %d: %s", l, why);
+    const int64_t d = m->hp.n_embd, n = m->hp.n_ff;
+    for (int64_t r = 0; r < d; r++) {
+        li_weight_dequant_row_ref(&m->layers[l].w_down, r, row);
+        for (int64_t i = 0; i < n; i++) w[r * n + i] = row[i];
+    }
+    return 0;
+}
+
 /* --ffn-alloc: each block's channel count from its refit error curve
  * (prune_alloc.c), then each block's lowest-scoring channels into drop */
 static int alloc_ffn(const li_model *m, capture *cap, const li_prune_opts *o, const double *score, int64_t k,
@@ -494,15 +508,7 @@ static int alloc_ffn(const li_model *m, capture *cap, const li_prune_opts *o, co
     li_progress pg;
     li_progress_init(&pg, "ffn-alloc", "layers/s", nl);
     for (int l = 0; l < nl && !rc; l++) {
-        char why[160];
-        if (li_q4_calib_finish(&cap->gram[l], why, sizeof why)) {
-            rc = li_error_set(err, LI_EINVAL, "prune: layer %d: %s", l, why);
-            break;
-        }
-        for (int64_t r = 0; r < d; r++) {
-            li_weight_dequant_row_ref(&m->layers[l].w_down, r, row);
-            for (int64_t i = 0; i < n; i++) w[r * n + i] = row[i];
-        }
+        if ((rc = down_layer(m, cap, l, w, row, err))) break;
         curve[l] = li_xmalloc((size_t)(n + 1) * sizeof **curve);
         rc = li_prune_ffn_curve(cap->gram[l].xtx, w, d, n, score + (size_t)l * n, o->damp, curve[l], err);
         li_progress_update(&pg, l + 1, "layers");
@@ -569,15 +575,7 @@ static int alloc_ffn_kl(const li_model *m, li_backend *be, capture *cap, const c
     li_progress pg;
     li_progress_init(&pg, "ffn-alloc", "points/s", (int64_t)nl * n_pts);
     for (int l = 0; l < nl && !rc; l++) {
-        char why[160];
-        if (li_q4_calib_finish(&cap->gram[l], why, sizeof why)) {
-            rc = li_error_set(err, LI_EINVAL, "prune: layer %d: %s", l, why);
-            break;
-        }
-        for (int64_t r = 0; r < d; r++) {
-            li_weight_dequant_row_ref(&m->layers[l].w_down, r, row);
-            for (int64_t i = 0; i < n; i++) w0[r * n + i] = row[i];
-        }
+        if ((rc = down_layer(m, cap, l, w0, row, err))) break;
         for (int j = 0; j < n_pts && !rc; j++) {
             li_prune_lowest(score + (size_t)l * n, n, removed[j], mask);
             memcpy(w, w0, (size_t)(d * n) * sizeof *w);
