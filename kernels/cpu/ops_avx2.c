@@ -264,6 +264,33 @@ static inline __attribute__((always_inline)) void f_half(li_type t, int nr, cons
     for (int r = 0; r < nr; r++) store_rows(y + r * ldy + p * LI_PANEL + 8 * h, acc[r], rows);
 }
 
+/* Both halves of panel p x nr activation rows: 2 * nr independent sums (one
+ * half's nr leave the adder waiting on each add's latency), each lane's the
+ * same sequence as f_half's */
+static inline __attribute__((always_inline)) void f_panel(li_type t, int nr, const li_cpu_packed *w, int64_t p,
+                                                          const float *x, int64_t ldx, float *y, int64_t ldy,
+                                                          int rows1) {
+    const size_t es = w->qs_bytes, step = (size_t)LI_PANEL * es;
+    const uint8_t *base = w->data + p * w->panel_bytes;
+    __m256 a0[4], a1[4];
+#pragma GCC unroll 4
+    for (int r = 0; r < nr; r++) a0[r] = a1[r] = _mm256_setzero_ps();
+    for (int64_t j = 0; j < w->k; j++) {
+        const __m256 w0 = load8(t, base + (size_t)j * step), w1 = load8(t, base + (size_t)j * step + 8 * es);
+#pragma GCC unroll 4
+        for (int r = 0; r < nr; r++) {
+            const __m256 xb = _mm256_set1_ps(x[r * ldx + j]);
+            a0[r] = _mm256_add_ps(a0[r], _mm256_mul_ps(w0, xb));
+            a1[r] = _mm256_add_ps(a1[r], _mm256_mul_ps(w1, xb));
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < nr; r++) {
+        store_rows(y + r * ldy + p * LI_PANEL, a0[r], 8);
+        store_rows(y + r * ldy + p * LI_PANEL + 8, a1[r], rows1);
+    }
+}
+
 /* One activation row over np (1 or 2) panels, both halves: f_half with one
  * row is a single chain of dependent adds (one per 3-4 cycles); 4 chains
  * side by side keep the adder busy. Each lane's sum is the same sequence. */
@@ -298,7 +325,19 @@ static inline __attribute__((always_inline)) void gemm_f_t(li_type t, const li_c
         if (p < p1) f_gemv(t, 1, w, p, x, y);
         return;
     }
-    for (int64_t p = p0; p < p1; p++)
+    for (int64_t p = p0; p < p1; p++) {
+        const int rows1 = (int)LI_MIN((int64_t)8, w->m - p * LI_PANEL - 8);
+        if (rows1 > 0) { /* a full first half: both halves at once */
+            int64_t r = 0;
+            for (; r + 4 <= n; r += 4) f_panel(t, 4, w, p, x + r * ldx, ldx, y + r * ldy, ldy, rows1);
+            switch (n - r) {
+            case 3: f_panel(t, 3, w, p, x + r * ldx, ldx, y + r * ldy, ldy, rows1); break;
+            case 2: f_panel(t, 2, w, p, x + r * ldx, ldx, y + r * ldy, ldy, rows1); break;
+            case 1: f_panel(t, 1, w, p, x + r * ldx, ldx, y + r * ldy, ldy, rows1); break;
+            default: break;
+            }
+            continue;
+        }
         for (int h = 0; h < 2; h++) {
             const int rows = (int)LI_MIN((int64_t)8, w->m - p * LI_PANEL - 8 * h);
             if (rows <= 0) break;
@@ -311,6 +350,7 @@ static inline __attribute__((always_inline)) void gemm_f_t(li_type t, const li_c
             default: break;
             }
         }
+    }
 }
 
 static void avx2_gemm_f_packed(const li_cpu_packed *w, int64_t p0, int64_t p1, const float *x, int64_t ldx,
