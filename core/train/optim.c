@@ -3,8 +3,8 @@
  * update and the norm run in fixed chunks on the thread pool: each chunk's
  * arithmetic is the same whoever runs it, and the norm's partial sums are
  * added in chunk order, so the result does not depend on the threads.
- * Where the training kernels run AVX-512 the update does too
- * (optim_avx512.c). The learning-rate schedules are here too. */
+ * Where the training kernels run AVX-512 or AVX2 the update does too
+ * (optim_avx512.c, optim_avx2.c). The learning-rate schedules are here too. */
 #include "train/train_internal.h"
 #include "cpu/threadpool.h"
 
@@ -99,7 +99,7 @@ static void update_run(void *ctx, int ith, int nth) {
     const li_adamw_coef cf = {.clip = j->clip, .b1 = j->o->beta1, .b2 = j->o->beta2, .lr = j->o->lr,
                               .wd = j->o->weight_decay, .step_size = j->step_size, .inv_bc2 = j->inv_bc2,
                               .eps = j->o->eps};
-    const int simd = li_train_isa() == 2;
+    const int isa = li_train_isa();
     for (;;) {
         const long c = atomic_fetch_add(&j->next, 1);
         if ((size_t)c >= j->n_chunks) break;
@@ -109,8 +109,12 @@ static void update_run(void *ctx, int ith, int nth) {
         const float *gr = j->g + t->goff + j->c0[c];
         float *m = j->a->m + t->goff + j->c0[c], *v = j->a->v + t->goff + j->c0[c];
         const size_t n = j->c1[c] - j->c0[c];
-        if (simd) {
+        if (isa == 2) {
             li_adamw_update_avx512(p, gr, m, v, n, &cf);
+            continue;
+        }
+        if (isa == 1) {
+            li_adamw_update_avx2(p, gr, m, v, n, &cf);
             continue;
         }
         for (size_t e = 0; e < n; e++) {

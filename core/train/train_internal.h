@@ -70,11 +70,12 @@ void li_train_mm_kern_avx512(int64_t kc, const float *Ap, const float *Bp, float
 /* The training kernels' ISA (li_train_mm_set_isa): 0 scalar, 1 AVX2, 2 AVX-512 */
 int li_train_isa(void);
 
-/* AdamW's constants for one step, and its AVX-512 update of n elements
- * (optim_avx512.c; the scalar loop is optim.c's) */
+/* AdamW's constants for one step, and its AVX-512 and AVX2 updates of n
+ * elements (optim_avx512.c, optim_avx2.c; the scalar loop is optim.c's) */
 typedef struct li_adamw_coef {
     float clip, b1, b2, lr, wd, step_size, inv_bc2, eps;
 } li_adamw_coef;
 void li_adamw_update_avx512(float *p, const float *g, float *m, float *v, size_t n, const li_adamw_coef *c);
+void li_adamw_update_avx2(float *p, const float *g, float *m, float *v, size_t n, const li_adamw_coef *c);
 
 #endif
