@@ -6,6 +6,7 @@
  * Where the training kernels run AVX-512 or AVX2 the update does too
  * (optim_avx512.c, optim_avx2.c). The learning-rate schedules are here too. */
 #include "train/train_internal.h"
+#include "train/optim_tmpl.h"
 #include "cpu/threadpool.h"
 
 #include <math.h>
@@ -117,13 +118,7 @@ static void update_run(void *ctx, int ith, int nth) {
             li_adamw_update_avx2(p, gr, m, v, n, &cf);
             continue;
         }
-        for (size_t e = 0; e < n; e++) {
-            const float gj = gr[e] * cf.clip;
-            m[e] = cf.b1 * m[e] + (1 - cf.b1) * gj;
-            v[e] = cf.b2 * v[e] + (1 - cf.b2) * gj * gj;
-            p[e] -= cf.lr * cf.wd * p[e];
-            p[e] -= cf.step_size * m[e] / (sqrtf(v[e] * cf.inv_bc2) + cf.eps);
-        }
+        li_adamw_update_scalar(p, gr, m, v, n, &cf);
     }
 }
 
