@@ -110,7 +110,10 @@ void TR(li_trop_rope)(real *x, const real *cs, int64_t N, int T, int H, int hd, 
  * over (b, h, block of query rows), the backward's dk and dv over (b, kv
  * head, block of key rows). Every output element is written by one job
  * with its sums in a fixed order, so the bits do not depend on the
- * thread count. */
+ * thread count. The jobs have AVX2 clones (LI_HOT_CLONES; CMakeLists.txt
+ * vectorizes train_f32.c and train_f64.c): their head_dim-long axpys and
+ * the dots' eight lanes become vectors, each element's operations the
+ * same, so the bits do not depend on the CPU either. */
 #define TR_ATT_ROWS 16
 
 /* Σ a·b over n with eight partial sums added in a fixed tree: one running
@@ -131,7 +134,7 @@ typedef struct TR(att_ctx) {
     int B, T, H, Hkv, hd, nblk;
 } TR(att_ctx);
 
-static void TR(att_fwd_job)(void *ctx, int64_t job) {
+LI_HOT_CLONES static void TR(att_fwd_job)(void *ctx, int64_t job) {
     const TR(att_ctx) *c = ctx;
     const int T = c->T, H = c->H, Hkv = c->Hkv, hd = c->hd, grp = H / Hkv;
     const int bh = (int)(job / c->nblk), b = bh / H, h = bh % H, hk = h / grp;
@@ -171,7 +174,7 @@ void TR(li_trop_attn_fwd)(const real *q, const real *k, const real *v, real *P, 
 }
 
 /* rows t of (b, h): dP = dout·V^T, dS = P ⊙ (dP − Σ dP⊙P)·scale kept, dq = dS·K */
-static void TR(att_dq_job)(void *ctx, int64_t job) {
+LI_HOT_CLONES static void TR(att_dq_job)(void *ctx, int64_t job) {
     const TR(att_ctx) *c = ctx;
     const int T = c->T, H = c->H, Hkv = c->Hkv, hd = c->hd, grp = H / Hkv;
     const int bh = (int)(job / c->nblk), b = bh / H, h = bh % H, hk = h / grp;
@@ -199,7 +202,7 @@ static void TR(att_dq_job)(void *ctx, int64_t job) {
 }
 
 /* key rows s of (b, kv head): dk += Σ_h Σ_t≥s dS·q, dv += Σ_h Σ_t≥s P·dout */
-static void TR(att_dkv_job)(void *ctx, int64_t job) {
+LI_HOT_CLONES static void TR(att_dkv_job)(void *ctx, int64_t job) {
     const TR(att_ctx) *c = ctx;
     const int T = c->T, H = c->H, Hkv = c->Hkv, hd = c->hd, grp = H / Hkv;
     const int bk = (int)(job / c->nblk), b = bk / Hkv, hk = bk % Hkv;
