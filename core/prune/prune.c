@@ -545,7 +545,7 @@ typedef struct kl_points {
  * few widths (its lowest-scoring channels, down_proj refit as --refit does,
  * the refit run as an f32 weight) against the original's distributions on
  * the first windows; the measured KL curves then go through the greedy of
- * --ffn-alloc error (prune_alloc.c). The widths remove 1/2, 1, 3/2 and 2
+ * --ffn-alloc error (prune_alloc.c) unscaled. The widths remove 1/2, 1, 3/2 and 2
  * times the uniform cut's count (whole 32-channel blocks, at least 32 kept). */
 static int alloc_ffn_kl(const li_model *m, li_backend *be, capture *cap, const calib_set *cs, const li_prune_opts *o,
                         const double *score, int64_t k, uint8_t *drop, kl_points *pts, FILE *out, li_error *err) {
@@ -613,10 +613,7 @@ static int alloc_ffn_kl(const li_model *m, li_backend *be, capture *cap, const c
             for (int j = 0; j < n_pts; j++) fprintf(out, " %.5f", kl[l * n_pts + j]);
             fprintf(out, "\n");
         }
-        double *ones = li_xmalloc((size_t)nl * sizeof *ones);
-        for (int l = 0; l < nl; l++) ones[l] = 1.0;
-        rc = li_prune_ffn_allocate((const double *const *)curve, ones, nl, n, 32, 32, k * nl, keep, err);
-        free(ones);
+        rc = li_prune_ffn_allocate((const double *const *)curve, NULL, nl, n, 32, 32, k * nl, keep, err);
     }
     for (int l = 0; l < nl && !rc; l++) li_prune_lowest(score + (size_t)l * n, n, n - keep[l], drop + (size_t)l * n);
     for (int l = 0; l < nl; l++) free(curve[l]);
@@ -638,13 +635,7 @@ static int refit_layers(const li_model *m, capture *cap, const li_prune_opts *o,
     long nt = o->threads > 0 ? (long)o->threads : sysconf(_SC_NPROCESSORS_ONLN);
     nt = LI_MAX(1L, LI_MIN(nt, (long)hp->n_layer));
     li_progress_init(&j.pg, choose ? "obs" : "refit", "layers/s", hp->n_layer);
-    pthread_t *th = li_xmalloc((size_t)nt * sizeof *th);
-    long started = 0;
-    for (; started < nt - 1; started++) /* the calling thread is the last worker */
-        if (pthread_create(&th[started], NULL, refit_worker, &j)) break;
-    refit_worker(&j);
-    for (long t = 0; t < started; t++) pthread_join(th[t], NULL);
-    free(th);
+    li_run_workers(refit_worker, &j, nt);
     pthread_mutex_destroy(&j.mu);
     if (j.rc) {
         for (int l = 0; l < hp->n_layer; l++) free(j.refit[l]);

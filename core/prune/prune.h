@@ -131,7 +131,7 @@ int li_prune_ffn_curve(const double *xtx, const double *w, int64_t d, int64_t n,
 void li_prune_ffn_curve_interp(const int64_t *removed, const double *kl, int n_pts, int64_t n, double *curve);
 /* keep (n_layer) from the curves: `remove` channels taken `unit` at a time
  * (the last step the remainder) from the block whose curve rises least over
- * sig[l], no block below floor. */
+ * sig[l] (sig NULL: the rises as they are), no block below floor. */
 int li_prune_ffn_allocate(const double *const *curve, const double *sig, int n_layer, int64_t n, int64_t unit,
                           int64_t floor, int64_t remove, int64_t *keep, li_error *err);
 

@@ -27,7 +27,7 @@
  * --ffn-alloc kl measures instead of modelling: prune.c cuts one block at a
  * time to a few widths (its refit included) and takes the KL of the whole
  * model's distributions on calibration windows; li_prune_ffn_curve_interp
- * joins the points into the curve the same greedy reads (sig all 1, no
+ * joins the points into the curve the same greedy reads (no sig, no
  * floor: the last measured width is the limit). */
 #include "prune/prune.h"
 #include "quant/quant4.h"
@@ -107,7 +107,7 @@ int li_prune_ffn_allocate(const double *const *curve, const double *sig, int n_l
         double best_c = INFINITY;
         for (int l = 0; l < n_layer; l++) {
             if (keep[l] - step < floor) continue;
-            const double c = (curve[l][keep[l] - step] - curve[l][keep[l]]) / (sig[l] > 0 ? sig[l] : 1.0);
+            const double c = (curve[l][keep[l] - step] - curve[l][keep[l]]) / (sig && sig[l] > 0 ? sig[l] : 1.0);
             if (c < best_c) best_c = c, best = l;
         }
         if (best < 0)

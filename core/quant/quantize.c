@@ -14,7 +14,6 @@
 
 #include <libgen.h>
 #include <math.h>
-#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -300,18 +299,6 @@ static double sq_error(float *const *ws, const int64_t *rows, int n_w, const dou
     return e;
 }
 
-/* fn(arg) on this thread and up to n - 1 more (at most 16 in all); the
- * workers share arg and take tasks from its atomic counter, so the results
- * do not depend on how many start */
-static void run_workers(void *(*fn)(void *), void *arg, int64_t n) {
-    pthread_t th[15];
-    int started = 0;
-    for (int64_t i = 1; i < LI_MIN(n, (int64_t)16); i++)
-        if (!pthread_create(&th[started], NULL, fn, arg)) started++;
-    fn(arg);
-    for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
-}
-
 /* One thread of sq_search: the grid's alphas taken in turn, each error
  * into e[g] (every alpha's error is the same sum whichever thread takes
  * it, so the choice does not depend on the thread count). */
@@ -374,7 +361,7 @@ static double sq_search(float *const *ws, const int64_t *rows, int n_w, int64_t 
     free(dots64);
     sq_grid_job j = {.ws = ws, .rows = rows, .n_w = n_w, .k = k, .m = m, .nx = nx, .a = a, .w = w, .y = y, .x = x};
     atomic_init(&j.next, 0);
-    run_workers(sq_grid_worker, &j, LI_MIN(n_threads, (int64_t)11));
+    li_run_workers(sq_grid_worker, &j, LI_MIN(n_threads, (int64_t)11));
     free(y);
     double best = INFINITY, best_a = 0;
     for (int g = 0; g <= 10; g++)
@@ -746,7 +733,7 @@ static void *q4_worker(void *arg) {
 /* Runs j's tasks on up to q->n_threads threads; the first error, naming
  * the layer. */
 static int q4_run(q4_job *j, li_error *err) {
-    run_workers(q4_worker, j, LI_MIN((int64_t)j->n_task, j->q->n_threads));
+    li_run_workers(q4_worker, j, LI_MIN((int64_t)j->n_task, j->q->n_threads));
     for (int i = 0; i < j->n_task; i++)
         if (j->rc[i]) return li_error_set(err, LI_EINVAL, "quantize: layer %d: %s", j->l, j->why[i]);
     return 0;

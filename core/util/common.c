@@ -8,6 +8,7 @@
 #include <string.h>
 #include <errno.h>
 #include <time.h>
+#include <pthread.h>
 
 int li_error_set(li_error *err, int code, const char *fmt, ...) {
     if (err) {
@@ -114,4 +115,14 @@ int li_read_file(const char *path, size_t max_bytes, const char *what, char **ou
     *out = buf;
     *len = n;
     return 0;
+}
+
+void li_run_workers(void *(*fn)(void *), void *arg, int64_t n) {
+    pthread_t *th = n > 1 ? li_xmalloc((size_t)(n - 1) * sizeof *th) : NULL;
+    int64_t started = 0;
+    for (; started < n - 1; started++)
+        if (pthread_create(&th[started], NULL, fn, arg)) break;
+    fn(arg); /* the calling thread is the last worker */
+    for (int64_t i = 0; i < started; i++) pthread_join(th[i], NULL);
+    free(th);
 }

@@ -58,6 +58,13 @@ int li_read_file(const char *path, size_t max_bytes, const char *what, char **ou
 /* Monotonic clock in seconds. */
 double li_time_now(void);
 
+/* fn(arg) on this thread and on up to n - 1 more started for the call
+ * (fewer when a start fails), joined before it returns. The workers share
+ * arg and take their tasks from it (an atomic counter), so what they
+ * compute must not depend on how many run. The offline tools' (quantize,
+ * prune) per-layer and per-alpha tasks; serving uses the backend's pool. */
+void li_run_workers(void *(*fn)(void *), void *arg, int64_t n);
+
 /* Dense double/float loops built twice, for AVX2 and plain x86-64, the one
  * run chosen at load time by CPUID (GCC's ifunc clones). Both give the same
  * bits: ISO C mode contracts no multiply-add into an FMA, and vectorizing
