@@ -50,6 +50,11 @@
 -- tools/gen_eagle_draft.py an untrained one), also offered to the adaptive
 -- policy when no Medusa heads are.
 --
+-- --eagle-idle N[,N...] (with --eagle) runs the adaptive setting once per
+-- value of the engine's eagle_idle_steps (named "adaptive idleN"; 0: every
+-- request's draft KV computed, the default 16: an idle request's zeroed),
+-- side by side.
+--
 -- --policy FILE[,FILE...] (with proposers) runs each policy file as its own
 -- adaptive setting (named by the file's base name) instead of
 -- policies/spec_adaptive.lua, alternating with the rest: two versions of a
@@ -61,7 +66,7 @@ local luainfer = require("luainfer")
 local bench = require("luainfer.bench")
 local opts = bench.options(arg)
 local flags = bench.take_flags(arg, { ["--medusa"] = "value", ["--medusa-tree"] = "value", ["--eagle"] = "value",
-                                      ["--eagle-k"] = "value", ["--quick"] = "flag",
+                                      ["--eagle-k"] = "value", ["--quick"] = "flag", ["--eagle-idle"] = "value",
                                        ["--policy"] = "value" })
 local medusa, medusa_tree, quick = flags["--medusa"], flags["--medusa-tree"], flags["--quick"]
 local eagle, eagle_k = flags["--eagle"], tonumber(flags["--eagle-k"] or "3")
@@ -73,6 +78,13 @@ for f in (flags["--policy"] or (root .. "/policies/spec_adaptive.lua")):gmatch("
   fh:close()
   policies[#policies + 1] = f
 end
+local idles = {}
+for v in (flags["--eagle-idle"] or ""):gmatch("[^,]+") do
+  local n = tonumber(v)
+  if not n or n < 0 or n % 1 ~= 0 then error(("bench spec: --eagle-idle %s: want whole numbers >= 0"):format(v), 0) end
+  idles[#idles + 1] = n
+end
+if #idles > 0 and not eagle then error("bench spec: --eagle-idle needs --eagle FILE", 0) end
 local MAX = tonumber(arg[1]) or 128
 local ROUNDS = tonumber(arg[2]) or 2
 
@@ -162,13 +174,17 @@ local function proposers_bench(layers, draft)
   end
   for _, f in ipairs(policies) do
     local base = f:match("([^/]+)%.lua$") or f
-    sets[#sets + 1] = { name = base == "spec_adaptive" and #policies == 1 and "adaptive" or base,
-                        cfg = { spec_layers = layers, draft_model = draft, spec_method = "ngram",
-                                -- the engine takes heads or a draft model, not both
-                                medusa = not draft and medusa or nil,
-                                medusa_tree = not draft and medusa_tree or nil,
-                                -- and an EAGLE draft, not with heads
-                                eagle = not (not draft and medusa) and eagle or nil, policy = f } }
+    for _, idle in ipairs(#idles > 0 and idles or { false }) do
+      local name = base == "spec_adaptive" and #policies == 1 and "adaptive" or base
+      sets[#sets + 1] = { name = idle and ("%s idle%d"):format(name, idle) or name,
+                          cfg = { spec_layers = layers, draft_model = draft, spec_method = "ngram",
+                                  -- the engine takes heads or a draft model, not both
+                                  medusa = not draft and medusa or nil,
+                                  medusa_tree = not draft and medusa_tree or nil,
+                                  -- and an EAGLE draft, not with heads
+                                  eagle = not (not draft and medusa) and eagle or nil, policy = f,
+                                  eagle_idle_steps = idle or nil } }
+    end
   end
   -- The model clock: every target forward pass of every run is timed by
   -- its row count (tokens computed in the step); at the end each count's

@@ -27,7 +27,7 @@ void li_engine_config_default(li_engine_config *c) {
         .block_size = 16, .kv_dtype = LI_TYPE_F16, .kv_memory = (size_t)256 << 20,
         .max_num_seqs = 64, .max_batched_tokens = 512, .max_model_len = 0, .prefix_caching = true,
         .spec_tokens = 0, .spec_ngram_max = 4, .spec_ngram_min = 2, .spec_disable_batch = 4,
-        .spec_method = LI_SPEC_NGRAM, .spec_layers = 0, .tensor_parallel = 1,
+        .spec_method = LI_SPEC_NGRAM, .spec_layers = 0, .tensor_parallel = 1, .eagle_idle_steps = 16,
     };
 }
 
@@ -160,6 +160,8 @@ int li_engine_init_runners(li_engine **out, li_model *m, li_model *draft, li_bac
         return li_error_set(err, LI_EINVAL,
                             "engine: speculation needs batch-invariant kernels; the '%s' backend is not (use another --isa)",
                             be->ops->name);
+    if (c.eagle_idle_steps < 0)
+        return li_error_set(err, LI_EINVAL, "engine: eagle_idle_steps must be >= 0, got %d", c.eagle_idle_steps);
     if (c.spec_disable_batch < 0)
         return li_error_set(err, LI_EINVAL, "engine: spec_disable_batch must be >= 0, got %d", c.spec_disable_batch);
     if (c.spec_ngram_min < 1 || c.spec_ngram_max < c.spec_ngram_min || c.spec_ngram_max > 64)
@@ -499,6 +501,7 @@ static req *req_new(li_engine *e, const li_request_params *p, int32_t i, li_erro
     r->res.t_first_scheduled = -1;
     r->hid_tok = -1;
     r->eg_pos = -1;
+    r->e_used = -1; /* set when first scheduled */
     sync_result(r);
     return r;
 }

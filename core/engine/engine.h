@@ -63,6 +63,12 @@ typedef struct li_engine_config {
      * feature blocks and runs the draft over the same rows (docs/eagle.md).
      * Not with Medusa heads or tensor parallelism yet */
     struct li_eagle *eagle;
+    /* EAGLE: a request that has not drafted with the draft for this many
+     * steps (counted from its arrival) stops paying for the draft's KV: the
+     * rows its catch-up would compute are zeroed instead (docs/speculation.md,
+     * "Idle requests"). Drafts later attend to zeros there; tokens are the
+     * same either way. 0 = always compute (default 16) */
+    int32_t eagle_idle_steps;
 } li_engine_config;
 
 #define LI_SPEC_MAX_TOKENS LI_SPEC_MAX_DRAFT
@@ -153,6 +159,8 @@ typedef struct li_engine_stats {
     double time_propose;       /* seconds in proposers (model drafts' forward passes) */
     int64_t draft_sync_tokens; /* positions a draft model or EAGLE draft computed to catch up with its
                                 * requests */
+    int64_t draft_sync_dropped; /* EAGLE positions zeroed instead of computed: rows of requests idle
+                                 * for eagle_idle_steps steps */
     double time_draft_sync;    /* ... and the seconds it took (apart from time_propose: the two add up) */
     int64_t livelock_steps;    /* steps taken from a policy whose plans made no progress (FCFS ran) */
     int32_t tensor_parallel;   /* ranks of the target (1 without tensor parallelism) */

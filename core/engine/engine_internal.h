@@ -62,6 +62,7 @@ typedef struct li_engine_req {
      * it; e_pend holds the draft's input rows (in_width each) of positions
      * [e_done, e_done + e_pend_n), the first num_computed - e_done verified */
     int64_t e_done, e_hi;     /* e_hi: this step's catch-up wrote [e_done, e_hi) */
+    int64_t e_used;           /* the last step it drafted with EAGLE (first scheduled before; -1 not yet) */
     float *e_pend;            /* (e_pend_cap, in_width), or NULL */
     int64_t e_pend_n, e_pend_cap;
     /* the draft model's KV of this request (lazy: computed when it drafts) */

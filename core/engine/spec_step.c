@@ -87,6 +87,7 @@ void li_spec_step_free(li_spec_step *sp) {
     free(sp->eg_seq);
     free(sp->eg_slot);
     free(sp->eg_tables);
+    free(sp->eg_drop);
     free(sp->eg_req);
     free(sp->eg_end);
     free(sp->eg_p0);
@@ -445,6 +446,7 @@ static int eagle_catchup(li_engine *e, int32_t n, li_error *err) {
 /* Before the ns requests of sreq draft with EAGLE: their verified positions. */
 static int eagle_catchup_drafters(li_engine *e, int32_t ns, li_error *err) {
     for (int32_t i = 0; i < ns; i++) {
+        e->sp.sreq[i]->e_used = e->step_no;
         e->sp.eg_req[i] = e->sp.sreq[i];
         e->sp.eg_end[i] = e->sp.eg_p0[i] = e->sp.sreq[i]->num_computed;
         e->sp.eg_k0[i] = 0;
@@ -463,6 +465,26 @@ static void pend_reserve(req *r, int64_t rows, size_t w) {
     r->e_pend = li_xrealloc(r->e_pend, (size_t)r->e_pend_cap * w * sizeof *r->e_pend);
 }
 
+/* r has not drafted with EAGLE for eagle_idle_steps steps: instead of the
+ * draft's pass over [e_done, end), its KV there is zeroed (the same bits
+ * whatever the slots held, so a later draft or a prefix hit on these blocks
+ * sees the same), and the rows are dropped. The catch-up's bookkeeping
+ * (e_hi, then li_spec_step_eagle_settle) is the same. */
+static void eagle_drop(li_engine *e, req *r, int64_t end) {
+    li_spec_step *sp = &e->sp;
+    const int64_t n = end - r->e_done;
+    if (n <= 0) return;
+    if (n > sp->eg_drop_cap) {
+        sp->eg_drop_cap = LI_MAX(n, 2 * sp->eg_drop_cap);
+        sp->eg_drop = li_xrealloc(sp->eg_drop, (size_t)sp->eg_drop_cap * sizeof *sp->eg_drop);
+    }
+    for (int64_t p = r->e_done; p < end; p++) sp->eg_drop[p - r->e_done] = li_kv_seq_slot(&e->tgt.kv, &r->seq, p);
+    li_kv_slots_clear(&sp->eg_run.kv, sp->eg_drop, (int32_t)n);
+    r->e_hi = end;
+    r->e_pend_n = 0;
+    e->st.draft_sync_dropped += n;
+}
+
 int li_spec_step_eagle_sync(li_engine *e, int32_t nb, li_error *err) {
     li_spec_step *sp = &e->sp;
     if (!sp->eagle || !sp->captured) return 0;
@@ -474,8 +496,13 @@ int li_spec_step_eagle_sync(li_engine *e, int32_t nb, li_error *err) {
     for (int32_t i = 0; i < nb; k += e->batch_n[i++]) {
         req *r = e->batch_req[i];
         const int64_t p0 = r->num_computed, end = p0 + e->batch_n[i];
+        if (r->e_used < 0) r->e_used = e->step_no;
         /* a block that would join the prefix cache needs its draft KV first */
         if ((cached && end / bs > r->e_done / bs) || end - r->e_done > LI_EAGLE_PENDING_MAX) {
+            if (e->cfg.eagle_idle_steps && e->step_no - r->e_used >= e->cfg.eagle_idle_steps) {
+                eagle_drop(e, r, end);
+                continue;
+            }
             sp->eg_req[n] = r;
             sp->eg_end[n] = end;
             sp->eg_p0[n] = p0; /* the step's rows start here, at captured row k */

@@ -63,6 +63,8 @@ typedef struct li_spec_step {
     int64_t *eg_slot;            /* (max_batched_tokens) */
     int32_t *eg_tables;          /* (eg_tables_cap) its block tables */
     size_t eg_tables_cap;
+    int64_t *eg_drop;            /* (eg_drop_cap) slots an idle request's drop zeroes */
+    int64_t eg_drop_cap;
     struct li_engine_req **eg_req; /* (max_num_seqs) */
     int64_t *eg_end, *eg_p0, *eg_k0; /* (max_num_seqs) each one's end position, where the
                                   * step's rows start and their first captured row */

@@ -347,6 +347,23 @@ static void storage_block_copy(li_kv_cache *kv, int32_t dst, int32_t src) {
     }
 }
 
+void li_kv_slots_clear(li_kv_cache *kv, const int64_t *slots, int32_t n) {
+    /* a slot is one row of n_head_kv * head_dim elements in each run (layer l,
+     * K or V), its scales one row of n_head_kv floats */
+    const size_t row = (size_t)kv->n_head_kv * kv->head_dim * dtype_bytes(kv->dtype);
+    const size_t run = row * (size_t)kv->num_blocks * (size_t)kv->block_size;
+    const size_t srow = (size_t)kv->n_head_kv * sizeof(float), srun = srow * (size_t)kv->num_blocks * kv->block_size;
+    void *zeros = li_xcalloc(1, LI_MAX(row, srow));
+    for (int r = 0; r < 2 * kv->n_layer; r++)
+        for (int32_t i = 0; i < n; i++) {
+            kv->be->ops->buffer_set(kv->be, &kv->storage_buf, run * (size_t)r + (size_t)slots[i] * row, zeros, row);
+            if (kv->scales)
+                kv->be->ops->buffer_set(kv->be, &kv->scales_buf, srun * (size_t)r + (size_t)slots[i] * srow, zeros,
+                                        srow);
+        }
+    free(zeros);
+}
+
 void li_kv_block_copy(li_kv_cache *kv, int32_t dst, int32_t src) {
     /* a block id addresses the same tokens in the pool's storage and in
      * every follower's: copy-on-write copies it in each */

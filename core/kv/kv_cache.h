@@ -137,6 +137,10 @@ int li_kv_seq_cow(li_kv_cache *kv, li_kv_seq *s, int64_t from, int64_t to);
 /* Copies one block's K/V (and scales) in every layer: one backend copy per
  * storage (the pool's, then each follower's). */
 void li_kv_block_copy(li_kv_cache *kv, int32_t dst, int32_t src);
+/* Zeroes the K/V (and scales) of n slots in every layer of this storage
+ * only (not its followers): positions whose rows were never computed read
+ * as zeros, the same bits whatever held the slot before. */
+void li_kv_slots_clear(li_kv_cache *kv, const int64_t *slots, int32_t n);
 /* Returns every block of the sequence to the pool. */
 void li_kv_seq_release(li_kv_cache *kv, li_kv_seq *s);
 void li_kv_seq_free(li_kv_seq *s);

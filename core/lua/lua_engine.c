@@ -215,7 +215,7 @@ static int l_engine_new(lua_State *L) {
                                         "max_batched_tokens", "max_model_len", "prefix_caching", "threads",
                                         "spec_tokens", "spec_ngram_max", "spec_ngram_min", "spec_disable_batch",
                                         "draft_model", "spec_method", "spec_layers", "tensor_parallel", "q4_act", "medusa",
-                                        "medusa_tree", "device", "eagle", NULL};
+                                        "medusa_tree", "device", "eagle", "eagle_idle_steps", NULL};
     check_keys(L, 1, "luainfer.engine", known);
     li_engine_config cfg;
     li_engine_config_default(&cfg);
@@ -246,6 +246,7 @@ static int l_engine_new(lua_State *L) {
     cfg.spec_ngram_max = (int32_t)opt_int(L, 1, "spec_ngram_max", cfg.spec_ngram_max, 1, 64);
     cfg.spec_ngram_min = (int32_t)opt_int(L, 1, "spec_ngram_min", cfg.spec_ngram_min, 1, 64);
     cfg.spec_disable_batch = (int32_t)opt_int(L, 1, "spec_disable_batch", cfg.spec_disable_batch, 0, 1 << 20);
+    cfg.eagle_idle_steps = (int32_t)opt_int(L, 1, "eagle_idle_steps", cfg.eagle_idle_steps, 0, 1 << 20);
     if (li_kv_dtype_parse(kv_dtype, &cfg.kv_dtype, &err)) return luaL_error(L, "%s", err.msg);
     const char *spec_method = opt_str(L, 1, "spec_method", NULL);
     const int64_t spec_layers = opt_int(L, 1, "spec_layers", 0, 0, 4096);
@@ -579,6 +580,7 @@ static int l_engine_stats(lua_State *L) {
     SET_NUM("time_total", s.time_total);
     SET_NUM("time_propose", s.time_propose);
     SET_NUM("draft_sync_tokens", s.draft_sync_tokens);
+    SET_NUM("draft_sync_dropped", s.draft_sync_dropped);
     SET_NUM("time_draft_sync", s.time_draft_sync);
     SET_NUM("tensor_parallel", s.tensor_parallel);
     SET_NUM("time_allreduce", s.time_allreduce);

@@ -156,7 +156,7 @@ typedef struct serve_opts {
     li_str_list listen, http;
     int64_t block_size, max_num_seqs, max_batched_tokens, threads, max_frame, max_inflight, max_connections,
         max_queued, ctx_size, write_buffer, max_depth, spec_tokens, spec_ngram_max, spec_ngram_min,
-        spec_disable_batch, spec_layers;
+        spec_disable_batch, spec_layers, eagle_idle_steps;
     int64_t tensor_parallel;
     const char *spec_method;
     double drain_seconds, slow_seconds;
@@ -264,6 +264,7 @@ int li_cmd_serve(int argc, char **argv) {
     serve_opts o = {
         .isolation = "process", .isa = "auto", .block_size = -1, .max_num_seqs = -1, .max_batched_tokens = -1,
         .spec_ngram_max = -1, .spec_ngram_min = -1, .spec_disable_batch = -1, .tensor_parallel = 1,
+        .eagle_idle_steps = -1,
         .max_frame = LI_SRV_MAX_FRAME, .max_inflight = LI_SRV_MAX_INFLIGHT, .max_connections = LI_SRV_MAX_CONNECTIONS,
         .max_queued = LI_SRV_MAX_QUEUED,
         .max_depth = LI_SRV_MAX_DEPTH, .write_buffer = LI_SRV_WRITE_BUFFER, .drain_seconds = LI_SRV_DRAIN_SECONDS,
@@ -279,6 +280,7 @@ int li_cmd_serve(int argc, char **argv) {
         {"medusa", LI_OPT_STR, &o.medusa, "Medusa heads made for the model (luainfer train-medusa): drafts a tree of their top-k, verified in one pass (default: none)"},
         {"medusa-tree", LI_OPT_STR, &o.medusa_tree, "the Medusa tree: paths of candidate ranks, e.g. '0;1;0,0;1,0;0,0,0' (default: a sparse 15-node tree)"},
         {"eagle", LI_OPT_STR, &o.eagle, "an EAGLE draft made for the model (luainfer train-eagle): drafts a chain from the model's own hidden states (default: none)"},
+        {"eagle-idle-steps", LI_OPT_INT, &o.eagle_idle_steps, "with --eagle: a request that has not drafted with it for this many steps stops computing its draft KV (zeroed instead); 0 = never (default 16)"},
         {"spec-method", LI_OPT_STR, &o.spec_method, "speculation proposer: ngram, draft, layerskip, medusa or eagle (default: layerskip with --spec-layers, medusa with heads, eagle with an EAGLE draft, draft with a draft model, else ngram)"},
         {"spec-k", LI_OPT_INT, &o.spec_tokens, "the same as --spec-tokens"},
         {"spec-layers", LI_OPT_INT, &o.spec_layers, "layerskip: draft with the model's first N blocks and its head (default 0 = no layerskip)"},
@@ -447,13 +449,15 @@ int li_cmd_serve(int argc, char **argv) {
     if ((rc = check_range("spec-tokens", o.spec_tokens, 0, LI_SPEC_MAX_TOKENS, &err)) ||
         (o.spec_ngram_max != -1 && (rc = check_range("spec-ngram-max", o.spec_ngram_max, 1, 64, &err))) ||
         (o.spec_ngram_min != -1 && (rc = check_range("spec-ngram-min", o.spec_ngram_min, 1, 64, &err))) ||
-        (o.spec_disable_batch != -1 && (rc = check_range("spec-disable-batch", o.spec_disable_batch, 0, 1 << 20, &err))))
+        (o.spec_disable_batch != -1 && (rc = check_range("spec-disable-batch", o.spec_disable_batch, 0, 1 << 20, &err))) ||
+        (o.eagle_idle_steps != -1 && (rc = check_range("eagle-idle-steps", o.eagle_idle_steps, 0, 1 << 20, &err))))
         goto done;
     if ((rc = li_runtime_spec_config(cfg, &rt, o.spec_method, o.spec_tokens, o.spec_layers, "--spec-", &err)))
         goto done;
     if (o.spec_ngram_max != -1) cfg->spec_ngram_max = (int32_t)o.spec_ngram_max;
     if (o.spec_ngram_min != -1) cfg->spec_ngram_min = (int32_t)o.spec_ngram_min;
     if (o.spec_disable_batch != -1) cfg->spec_disable_batch = (int32_t)o.spec_disable_batch;
+    if (o.eagle_idle_steps != -1) cfg->eagle_idle_steps = (int32_t)o.eagle_idle_steps;
     if ((o.block_size != -1 && (rc = check_range("block-size", o.block_size, 1, 1024, &err))) ||
         (o.max_num_seqs != -1 && (rc = check_range("max-num-seqs", o.max_num_seqs, 1, 4096, &err))) ||
         (o.max_batched_tokens != -1 && (rc = check_range("max-batched-tokens", o.max_batched_tokens, 1, 65536, &err))) ||

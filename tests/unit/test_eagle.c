@@ -653,9 +653,10 @@ enum { ALONE_MAX = 128 };
  * the target alone over positions [0, pos) capturing its feature blocks,
  * then the draft alone over rows 0..pos reading the capture of the row
  * before (zeros for row 0, and for row zero_at: the first after a prefix
- * hit; -1 none). */
+ * hit; -1 none). zero_below > 0: the draft's KV of positions [0, zero_below)
+ * is zeroed before row pos runs (what an idle request's drop leaves). */
 static int alone(li_model *m, li_eagle *eg, li_backend *be, li_type kv, const int32_t *toks, int32_t pos,
-                 int32_t zero_at, float *lg) {
+                 int32_t zero_at, int32_t zero_below, float *lg) {
     li_error err = {0};
     li_session t, d;
     if (li_session_init(&t, m, be, ALONE_MAX, kv, ALONE_MAX, &err) ||
@@ -687,6 +688,13 @@ static int alone(li_model *m, li_eagle *eg, li_backend *be, li_type kv, const in
     li_batch b = {.n = n, .tokens = toks, .pos = p, .seq = d.seq_idx, .slot = sd, .block_table = d.seq.blocks,
                   .n_seqs = 1, .bt_stride = d.seq.n_blocks, .logit_rows = rows + pos, .n_logits = 1,
                   .in_hidden = in, .in_width = W};
+    if (!rc && zero_below > 0 && pos > 0) { /* rows [0, pos), the zeros, then row pos (batch-invariant) */
+        li_batch b0 = b;
+        b0.n = pos, b0.logit_rows = NULL, b0.n_logits = 0, b0.no_logits = true;
+        rc = li_forward_run(&d.fw, &eg->m, be, &d.kv, &b0, NULL, &err);
+        li_kv_slots_clear(&d.kv, sd, LI_MIN(zero_below, pos));
+        b.n = 1, b.tokens = toks + pos, b.pos = p + pos, b.slot = sd + pos, b.logit_rows = rows, b.in_hidden = in + (size_t)pos * W;
+    }
     if (!rc) rc = li_forward_run(&d.fw, &eg->m, be, &d.kv, &b, lg, &err);
     CHECK(rc == 0, "alone: %s", err.msg);
     li_session_free(&t);
@@ -714,6 +722,9 @@ typedef struct sync_case {
     int n_prompt;      /* 0: three prompts of 7, 10, 13 tokens; else two equal ones, the second after the first
                         * finished (a prefix hit) */
     int samples;       /* 2: each prompt two samples, forked from it when its prefill ends */
+    int idle;          /* eagle_idle_steps (0: never drop) */
+    int zero_below;    /* idle: each request's draft KV below this position is dropped (zeros); with
+                        * n_prompt, the second request's (the blocks of the hit) */
 } sync_case;
 
 static void sync_run(li_model *m, li_backend *be, li_eagle *eg, const sync_case *sc) {
@@ -726,6 +737,7 @@ static void sync_run(li_model *m, li_backend *be, li_eagle *eg, const sync_case 
     c.spec_disable_batch = 0;
     c.max_batched_tokens = sc->mbt;
     c.prefix_caching = !sc->no_cache;
+    c.eagle_idle_steps = sc->idle;
     li_engine *e = NULL;
     CHECK(li_engine_init(&e, m, be, &c, &err) == 0, "%s", err.msg);
     if (!e) return;
@@ -737,6 +749,19 @@ static void sync_run(li_model *m, li_backend *be, li_eagle *eg, const sync_case 
     obs_log o = {.nd = eg->f.n_draft};
     o.lg = malloc(sizeof(float) * OBS_MAX * (size_t)o.nd);
     li_engine_draft_observe(e, observe, &o);
+    if (sc->idle && sc->no_cache) {
+        /* a request that drafts from its first step leaves real draft KV in the blocks it frees, which
+         * the next requests take again (the free list is a stack): a drop must zero them, not find zeros */
+        int32_t warm[72];
+        for (int i = 0; i < 72; i++) warm[i] = 5 + (i * 37) % 1990;
+        li_request_params p = {.prompt = warm, .n_prompt = 72, .max_tokens = 8, .ignore_eos = true};
+        li_sampling_params_default(&p.sampling);
+        p.sampling.temperature = 0;
+        int64_t wid;
+        CHECK(li_engine_add(e, &p, &wid, &err) == 0, "%s", err.msg);
+        while (li_engine_has_work(e) && li_engine_step(e, &err) == 0) {}
+        o.n = 0;
+    }
     const int nr = sc->n_prompt ? 2 : 3;
     int32_t prompt[3][ALONE_MAX];
     int np[3];
@@ -770,22 +795,31 @@ static void sync_run(li_model *m, li_backend *be, li_eagle *eg, const sync_case 
         memcpy(toks, prompt[r], sizeof(int32_t) * (size_t)np[r]);
         memcpy(toks + np[r], res->tokens, sizeof(int32_t) * (size_t)res->n_tokens);
         if (o.pos[i] >= np[r] + res->n_tokens) continue;
-        if (alone(m, eg, be, c.kv_dtype, toks, o.pos[i], (int32_t)res->cached_tokens, want)) break;
+        if (alone(m, eg, be, c.kv_dtype, toks, o.pos[i], (int32_t)res->cached_tokens, sc->zero_below, want)) break;
         checked++;
         same += !memcmp(want, o.lg + (size_t)i * o.nd, sizeof(float) * (size_t)o.nd);
     }
     CHECK(checked >= (sc->policy || sc->n_prompt ? 5 : 10) && same == checked,
           "%s: %d of %d first draft steps equal the draft run alone over the target's captured rows, bit for bit",
           sc->what, same, checked);
-    if (sc->n_prompt) {
+    if (sc->idle && !sc->n_prompt)
+        CHECK(st.draft_sync_dropped == (int64_t)nr * sc->zero_below,
+              "%s: each request's positions below %d were dropped (%lld dropped, want %lld)", sc->what,
+              sc->zero_below, (long long)st.draft_sync_dropped, (long long)nr * sc->zero_below);
+    if (sc->n_prompt && sc->idle) {
+        const li_request_result *b = li_engine_result(e, ids[1]);
+        CHECK(b && b->cached_tokens == sc->zero_below && st0.draft_sync_dropped >= sc->zero_below,
+              "%s: the first request dropped its rows (%lld) and the second hit %lld tokens of them", sc->what,
+              (long long)st0.draft_sync_dropped, b ? (long long)b->cached_tokens : -1LL);
+    } else if (sc->n_prompt) {
         const li_request_result *b = li_engine_result(e, ids[1]);
         CHECK(b && b->cached_tokens == 32 && st0.spec_drafted == 0 && st0.draft_sync_tokens >= 32,
               "%s: the first request never drafted, yet its blocks got their draft KV before joining the cache "
               "(%lld rows), and the second hit them (%lld tokens)",
               sc->what, (long long)st0.draft_sync_tokens, b ? (long long)b->cached_tokens : -1LL);
     }
-    printf("eagle sync, %s: %d first drafts checked, %lld rows caught up, %lld drafted\n", sc->what, checked,
-           (long long)st.draft_sync_tokens, (long long)st.spec_drafted);
+    printf("eagle sync, %s: %d first drafts checked, %lld rows caught up, %lld dropped, %lld drafted\n", sc->what,
+           checked, (long long)st.draft_sync_tokens, (long long)st.draft_sync_dropped, (long long)st.spec_drafted);
     free(want);
     free(o.lg);
     li_engine_free(e);
@@ -803,14 +837,21 @@ static void test_sync(li_model *m) {
     CHECK(li_eagle_load(&eg, rp, m, &err) == 0 && li_eagle_prepare(eg, m, &be, &err) == 0, "%s", err.msg);
     if (!eg) return;
     const sync_case cases[] = {
-        {"whole prompts", 256, NULL, false, 0, 0},
-        {"chunks of 5 (a feature kept across chunks)", 5, NULL, false, 0, 0},
-        {"drafting every third length", 256, SOMETIMES, false, 0, 0},
-        {"drafting every third length, no prefix cache", 256, SOMETIMES, true, 0, 0},
-        {"drafting every third length, chunks of 5, no prefix cache", 5, SOMETIMES, true, 0, 0},
-        {"drafting past 70 tokens, no prefix cache", 256, LATE, true, 0, 0},
-        {"a prefix hit on a request that never drafted", 256, NULL, false, 40, 0},
-        {"two samples of each prompt (forks share the prompt's blocks and its waiting rows)", 256, SOMETIMES, true, 0, 2},
+        {"whole prompts", 256, NULL, false, 0, 0, 0, 0},
+        {"chunks of 5 (a feature kept across chunks)", 5, NULL, false, 0, 0, 0, 0},
+        {"drafting every third length", 256, SOMETIMES, false, 0, 0, 0, 0},
+        {"drafting every third length, no prefix cache", 256, SOMETIMES, true, 0, 0, 0, 0},
+        {"drafting every third length, chunks of 5, no prefix cache", 5, SOMETIMES, true, 0, 0, 0, 0},
+        {"drafting past 70 tokens, no prefix cache", 256, LATE, true, 0, 0, 0, 0},
+        {"a prefix hit on a request that never drafted", 256, NULL, false, 40, 0, 0, 0},
+        {"two samples of each prompt (forks share the prompt's blocks and its waiting rows)", 256, SOMETIMES, true, 0, 2, 0, 0},
+        /* idle requests: no draft before 71 tokens, so with eagle_idle_steps 2 the catch-ups before are
+         * drops: at 65 pending rows without a prefix cache, at each full block (16) with one */
+        {"drafting past 70 tokens, idle after 2 steps, no prefix cache", 256, LATE, true, 0, 0, 2, 65},
+        {"drafting past 70 tokens, idle after 2 steps", 256, LATE, false, 0, 0, 2, 64},
+        /* chunks of 5: the never-drafting first request is idle from its fourth step, so its prompt's
+         * blocks join the cache with zeros; the second hits them */
+        {"a prefix hit on the blocks an idle request dropped", 5, NULL, false, 40, 0, 2, 32},
     };
     for (size_t i = 0; i < LI_ARRAY_LEN(cases); i++) sync_run(m, &be, eg, &cases[i]);
     li_eagle_free(eg);

@@ -61,6 +61,38 @@ static void check_dtype(li_backend *be, li_type dtype) {
     CHECK(same_block(&pool, b.blocks[1], a.blocks[1]), "the pool's storage copied");
     CHECK(same_block(&fol, b.blocks[1], a.blocks[1]), "the follower's storage copied");
 
+    /* clearing two slots of block 1 (its rows 1 and 2) in the follower: zeros there in K, V and
+     * scales; the rest of the block and the pool's storage as they were */
+    {
+        const int32_t blk = a.blocks[1], spare = li_kv_block_alloc(&pool);
+        li_kv_block_copy(&pool, spare, blk); /* the pool's block before */
+        const int64_t slots[2] = {(int64_t)blk * 4 + 1, (int64_t)blk * 4 + 2};
+        const size_t row = (size_t)fol.n_head_kv * fol.head_dim * (dtype == LI_TYPE_F16 ? 2 : 1);
+        const size_t per = row * 4, ns = 4 * (size_t)fol.n_head_kv;
+        unsigned char kb[128], vb[128];
+        float ks[4] = {0}, vs[4] = {0};
+        memcpy(kb, (char *)fol.layers[0].k + blk * per, per);
+        memcpy(vb, (char *)fol.layers[0].v + blk * per, per);
+        if (fol.scales) {
+            memcpy(ks, fol.layers[0].k_scale + blk * ns, ns * sizeof(float));
+            memcpy(vs, fol.layers[0].v_scale + blk * ns, ns * sizeof(float));
+        }
+        li_kv_slots_clear(&fol, slots, 2);
+        memset(kb + row, 0, 2 * row);
+        memset(vb + row, 0, 2 * row);
+        ks[1] = ks[2] = vs[1] = vs[2] = 0;
+        bool ok = !memcmp(kb, (char *)fol.layers[0].k + blk * per, per) &&
+                  !memcmp(vb, (char *)fol.layers[0].v + blk * per, per);
+        if (fol.scales)
+            ok = ok && !memcmp(ks, fol.layers[0].k_scale + blk * ns, ns * sizeof(float)) &&
+                 !memcmp(vs, fol.layers[0].v_scale + blk * ns, ns * sizeof(float));
+        CHECK(ok && (!fol.scales || ks[0] != 0) && kb[0] != 0, "li_kv_slots_clear zeroed two slots' K, V and scales of the follower, "
+                                              "and nothing else of the block");
+        CHECK(same_block(&pool, spare, blk), "the pool's storage is untouched");
+        li_kv_block_unref(&pool, spare);
+        fill(&fol, blk, 29);
+    }
+
     /* a freed follower no longer follows */
     li_kv_cache_free(&fol);
     CHECK(pool.follower == NULL, "unlinked");
