@@ -264,7 +264,7 @@ int li_cmd_serve(int argc, char **argv) {
     serve_opts o = {
         .isolation = "process", .isa = "auto", .block_size = -1, .max_num_seqs = -1, .max_batched_tokens = -1,
         .spec_ngram_max = -1, .spec_ngram_min = -1, .spec_disable_batch = -1, .tensor_parallel = 1,
-        .eagle_idle_steps = -1,
+        .eagle_idle_steps = INT64_MIN, /* unset: any number given is checked */
         .max_frame = LI_SRV_MAX_FRAME, .max_inflight = LI_SRV_MAX_INFLIGHT, .max_connections = LI_SRV_MAX_CONNECTIONS,
         .max_queued = LI_SRV_MAX_QUEUED,
         .max_depth = LI_SRV_MAX_DEPTH, .write_buffer = LI_SRV_WRITE_BUFFER, .drain_seconds = LI_SRV_DRAIN_SECONDS,
@@ -450,14 +450,14 @@ int li_cmd_serve(int argc, char **argv) {
         (o.spec_ngram_max != -1 && (rc = check_range("spec-ngram-max", o.spec_ngram_max, 1, 64, &err))) ||
         (o.spec_ngram_min != -1 && (rc = check_range("spec-ngram-min", o.spec_ngram_min, 1, 64, &err))) ||
         (o.spec_disable_batch != -1 && (rc = check_range("spec-disable-batch", o.spec_disable_batch, 0, 1 << 20, &err))) ||
-        (o.eagle_idle_steps != -1 && (rc = check_range("eagle-idle-steps", o.eagle_idle_steps, 0, 1 << 20, &err))))
+        (o.eagle_idle_steps != INT64_MIN && (rc = check_range("eagle-idle-steps", o.eagle_idle_steps, 0, 1 << 20, &err))))
         goto done;
     if ((rc = li_runtime_spec_config(cfg, &rt, o.spec_method, o.spec_tokens, o.spec_layers, "--spec-", &err)))
         goto done;
     if (o.spec_ngram_max != -1) cfg->spec_ngram_max = (int32_t)o.spec_ngram_max;
     if (o.spec_ngram_min != -1) cfg->spec_ngram_min = (int32_t)o.spec_ngram_min;
     if (o.spec_disable_batch != -1) cfg->spec_disable_batch = (int32_t)o.spec_disable_batch;
-    if (o.eagle_idle_steps != -1) cfg->eagle_idle_steps = (int32_t)o.eagle_idle_steps;
+    if (o.eagle_idle_steps != INT64_MIN) cfg->eagle_idle_steps = (int32_t)o.eagle_idle_steps;
     if ((o.block_size != -1 && (rc = check_range("block-size", o.block_size, 1, 1024, &err))) ||
         (o.max_num_seqs != -1 && (rc = check_range("max-num-seqs", o.max_num_seqs, 1, 4096, &err))) ||
         (o.max_batched_tokens != -1 && (rc = check_range("max-batched-tokens", o.max_batched_tokens, 1, 65536, &err))) ||

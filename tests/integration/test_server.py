@@ -1062,7 +1062,8 @@ def test_spec_tokens_serve_the_same_text(server, serve_bin, tmp_path):
                PROMPTS[0]]
     for args, why in ((["--spec-tokens", "17"], "--spec-tokens must be in [0, 16]"),
                       (["--spec-tokens", "2", "--spec-ngram-min", "5", "--spec-ngram-max", "3"], "spec_ngram_min"),
-                      (["--spec-disable-batch", "-2"], "--spec-disable-batch")):
+                      (["--spec-disable-batch", "-2"], "--spec-disable-batch"),
+                      (["--eagle-idle-steps", "-1"], "--eagle-idle-steps must be in [0,")):
         r = subprocess.run([str(serve_bin), "serve", "--listen", "127.0.0.1:0", *args], capture_output=True,
                            text=True, timeout=60)
         assert r.returncode != 0 and why in r.stderr, (args, r.stderr)
