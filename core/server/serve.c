@@ -260,11 +260,14 @@ static int check_range(const char *name, int64_t v, int64_t lo, int64_t hi, li_e
     return 0;
 }
 
+/* an integer option not given: any number given, -1 too, is range-checked */
+#define UNSET INT64_MIN
+
 int li_cmd_serve(int argc, char **argv) {
     serve_opts o = {
-        .isolation = "process", .isa = "auto", .block_size = -1, .max_num_seqs = -1, .max_batched_tokens = -1,
-        .spec_ngram_max = -1, .spec_ngram_min = -1, .spec_disable_batch = -1, .tensor_parallel = 1,
-        .eagle_idle_steps = INT64_MIN, /* unset: any number given is checked */
+        .isolation = "process", .isa = "auto", .block_size = UNSET, .max_num_seqs = UNSET,
+        .max_batched_tokens = UNSET, .spec_ngram_max = UNSET, .spec_ngram_min = UNSET, .spec_disable_batch = UNSET,
+        .eagle_idle_steps = UNSET, .tensor_parallel = 1,
         .max_frame = LI_SRV_MAX_FRAME, .max_inflight = LI_SRV_MAX_INFLIGHT, .max_connections = LI_SRV_MAX_CONNECTIONS,
         .max_queued = LI_SRV_MAX_QUEUED,
         .max_depth = LI_SRV_MAX_DEPTH, .write_buffer = LI_SRV_WRITE_BUFFER, .drain_seconds = LI_SRV_DRAIN_SECONDS,
@@ -447,20 +450,20 @@ int li_cmd_serve(int argc, char **argv) {
     if (o.kv_memory && (rc = li_parse_bytes("--kv-memory", o.kv_memory, &cfg->kv_memory, &err))) goto done;
     if (o.no_prefix_cache) cfg->prefix_caching = false;
     if ((rc = check_range("spec-tokens", o.spec_tokens, 0, LI_SPEC_MAX_TOKENS, &err)) ||
-        (o.spec_ngram_max != -1 && (rc = check_range("spec-ngram-max", o.spec_ngram_max, 1, 64, &err))) ||
-        (o.spec_ngram_min != -1 && (rc = check_range("spec-ngram-min", o.spec_ngram_min, 1, 64, &err))) ||
-        (o.spec_disable_batch != -1 && (rc = check_range("spec-disable-batch", o.spec_disable_batch, 0, 1 << 20, &err))) ||
-        (o.eagle_idle_steps != INT64_MIN && (rc = check_range("eagle-idle-steps", o.eagle_idle_steps, 0, 1 << 20, &err))))
+        (o.spec_ngram_max != UNSET && (rc = check_range("spec-ngram-max", o.spec_ngram_max, 1, 64, &err))) ||
+        (o.spec_ngram_min != UNSET && (rc = check_range("spec-ngram-min", o.spec_ngram_min, 1, 64, &err))) ||
+        (o.spec_disable_batch != UNSET && (rc = check_range("spec-disable-batch", o.spec_disable_batch, 0, 1 << 20, &err))) ||
+        (o.eagle_idle_steps != UNSET && (rc = check_range("eagle-idle-steps", o.eagle_idle_steps, 0, 1 << 20, &err))))
         goto done;
     if ((rc = li_runtime_spec_config(cfg, &rt, o.spec_method, o.spec_tokens, o.spec_layers, "--spec-", &err)))
         goto done;
-    if (o.spec_ngram_max != -1) cfg->spec_ngram_max = (int32_t)o.spec_ngram_max;
-    if (o.spec_ngram_min != -1) cfg->spec_ngram_min = (int32_t)o.spec_ngram_min;
-    if (o.spec_disable_batch != -1) cfg->spec_disable_batch = (int32_t)o.spec_disable_batch;
-    if (o.eagle_idle_steps != INT64_MIN) cfg->eagle_idle_steps = (int32_t)o.eagle_idle_steps;
-    if ((o.block_size != -1 && (rc = check_range("block-size", o.block_size, 1, 1024, &err))) ||
-        (o.max_num_seqs != -1 && (rc = check_range("max-num-seqs", o.max_num_seqs, 1, 4096, &err))) ||
-        (o.max_batched_tokens != -1 && (rc = check_range("max-batched-tokens", o.max_batched_tokens, 1, 65536, &err))) ||
+    if (o.spec_ngram_max != UNSET) cfg->spec_ngram_max = (int32_t)o.spec_ngram_max;
+    if (o.spec_ngram_min != UNSET) cfg->spec_ngram_min = (int32_t)o.spec_ngram_min;
+    if (o.spec_disable_batch != UNSET) cfg->spec_disable_batch = (int32_t)o.spec_disable_batch;
+    if (o.eagle_idle_steps != UNSET) cfg->eagle_idle_steps = (int32_t)o.eagle_idle_steps;
+    if ((o.block_size != UNSET && (rc = check_range("block-size", o.block_size, 1, 1024, &err))) ||
+        (o.max_num_seqs != UNSET && (rc = check_range("max-num-seqs", o.max_num_seqs, 1, 4096, &err))) ||
+        (o.max_batched_tokens != UNSET && (rc = check_range("max-batched-tokens", o.max_batched_tokens, 1, 65536, &err))) ||
         (rc = check_range("ctx-size", o.ctx_size, 0, 1 << 20, &err)) ||
         (rc = check_range("tensor-parallel", o.tensor_parallel, 1, 64, &err)))
         goto done;

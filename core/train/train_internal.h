@@ -71,7 +71,8 @@ void li_train_mm_kern_avx512(int64_t kc, const float *Ap, const float *Bp, float
 int li_train_isa(void);
 
 /* AdamW's constants for one step, and its AVX-512 and AVX2 updates of n
- * elements (optim_avx512.c, optim_avx2.c; the scalar loop is optim.c's) */
+ * elements (optim_avx512.c, optim_avx2.c; the scalar loop is optim_tmpl.h's
+ * li_adamw_update_scalar) */
 typedef struct li_adamw_coef {
     float clip, b1, b2, lr, wd, step_size, inv_bc2, eps;
 } li_adamw_coef;

@@ -1063,7 +1063,10 @@ def test_spec_tokens_serve_the_same_text(server, serve_bin, tmp_path):
     for args, why in ((["--spec-tokens", "17"], "--spec-tokens must be in [0, 16]"),
                       (["--spec-tokens", "2", "--spec-ngram-min", "5", "--spec-ngram-max", "3"], "spec_ngram_min"),
                       (["--spec-disable-batch", "-2"], "--spec-disable-batch"),
-                      (["--eagle-idle-steps", "-1"], "--eagle-idle-steps must be in [0,")):
+                      (["--eagle-idle-steps", "-1"], "--eagle-idle-steps must be in [0,"),
+                      # -1 is a number like any other, not "not given"
+                      (["--spec-disable-batch", "-1"], "--spec-disable-batch must be in [0,"),
+                      (["--block-size", "-1"], "--block-size must be in [1,")):
         r = subprocess.run([str(serve_bin), "serve", "--listen", "127.0.0.1:0", *args], capture_output=True,
                            text=True, timeout=60)
         assert r.returncode != 0 and why in r.stderr, (args, r.stderr)
