@@ -6,7 +6,8 @@
  *
  * Built by CMake as build/bench_kernels (x86-64).
  * Run: build/bench_kernels [threads] [isa]     kernels (defaults: all cores, auto)
- *      build/bench_kernels --peak [threads]   machine limits (bench_llama_cpp.py)
+ *      build/bench_kernels --peak [threads] [auto|avx2|avx512]
+ *                                             machine limits (bench_llama_cpp.py)
  *      build/bench_kernels --forward S STEPS  the default model decoding S
  *                                             sequences in lockstep (2 threads,
  *                                             F16 KV): time per op per step
@@ -91,112 +92,91 @@ typedef struct {
     double result;
 } peak_arg;
 
-/* 12 independent chains (more than latency x throughput), named one by
- * one so they live in registers */
+/* Each peak loop: PEAK_REPS independent chains (more than latency x
+ * throughput) of one instruction, named one by one so they live in
+ * registers, each step reading its chain's last result (so nothing is
+ * loop-invariant; the values do not matter), pinned by an empty asm. */
 #define PEAK_REPS 12
-#define PEAK_X12(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11)
+#define PEAK_X12(X, ...)                                                                                       \
+    X(0, __VA_ARGS__) X(1, __VA_ARGS__) X(2, __VA_ARGS__) X(3, __VA_ARGS__) X(4, __VA_ARGS__) X(5, __VA_ARGS__) \
+    X(6, __VA_ARGS__) X(7, __VA_ARGS__) X(8, __VA_ARGS__) X(9, __VA_ARGS__) X(10, __VA_ARGS__) X(11, __VA_ARGS__)
+#define PK_DECL(i, VT, INIT) VT a##i = INIT(i);
+#define PK_STEP(i, STEP) a##i = STEP(a##i);
+#define PK_KEEP(i, CON) __asm__ volatile("" : CON(a##i));
+#define PK_SUM(i, LANE) s += LANE(a##i);
 
-__attribute__((target("avx512f,avx512vnni"))) static double peak_vnni(long iters) {
-    const __m512i w = _mm512_set1_epi8(3), x = _mm512_set1_epi8(5);
-#define PEAK_DECL(i) __m512i a##i = _mm512_set1_epi32(i);
-#define PEAK_DP(i) a##i = _mm512_dpbusd_epi32(a##i, w, x);
-#define PEAK_KEEP(i) __asm__ volatile("" : "+v"(a##i));
-#define PEAK_SUM(i) s += _mm512_reduce_add_epi32(a##i);
-    PEAK_X12(PEAK_DECL)
-    for (long n = 0; n < iters; n++) {
-        PEAK_X12(PEAK_DP)
-        PEAK_X12(PEAK_KEEP)
+/* NAME(iters): the chains of VT set by INIT(i), stepped by STEP (after
+ * CONSTS), kept with constraint CON, their LANE summed into an ST */
+#define PEAK_KERNEL(NAME, TARGET, VT, ST, CONSTS, INIT, STEP, CON, LANE)  \
+    __attribute__((target(TARGET))) static double NAME(long iters) {      \
+        CONSTS                                                            \
+        PEAK_X12(PK_DECL, VT, INIT)                                       \
+        for (long n = 0; n < iters; n++) {                                \
+            PEAK_X12(PK_STEP, STEP)                                       \
+            PEAK_X12(PK_KEEP, CON)                                        \
+        }                                                                 \
+        ST s = 0;                                                         \
+        PEAK_X12(PK_SUM, LANE)                                            \
+        return (double)s;                                                 \
     }
-    int s = 0;
-    PEAK_X12(PEAK_SUM)
-    return (double)s;
-}
 
-__attribute__((target("avx512f,fma"))) static double peak_fma(long iters) {
-    const __m512 m = _mm512_set1_ps(1.0000001f), c = _mm512_set1_ps(1e-7f);
-#define PEAK_FDECL(i) __m512 f##i = _mm512_set1_ps((float)i);
-#define PEAK_FMA(i) f##i = _mm512_fmadd_ps(f##i, m, c);
-#define PEAK_FKEEP(i) __asm__ volatile("" : "+v"(f##i));
-#define PEAK_FSUM(i) s += _mm512_reduce_add_ps(f##i);
-    PEAK_X12(PEAK_FDECL)
-    for (long n = 0; n < iters; n++) {
-        PEAK_X12(PEAK_FMA)
-        PEAK_X12(PEAK_FKEEP)
+/* NAME(b, bytes): streams bytes (4 vectors of W bytes a step) into 4 xors */
+#define PEAK_READ(NAME, TARGET, VT, W, ZERO, LOAD, XOR, LANE)                                           \
+    __attribute__((target(TARGET))) static double NAME(const char *b, size_t bytes) {                   \
+        VT acc0 = ZERO(), acc1 = acc0, acc2 = acc0, acc3 = acc0;                                        \
+        for (size_t i = 0; i + 4 * (W) <= bytes; i += 4 * (W)) {                                        \
+            acc0 = XOR(acc0, LOAD(b + i));                                                              \
+            acc1 = XOR(acc1, LOAD(b + i + (W)));                                                        \
+            acc2 = XOR(acc2, LOAD(b + i + 2 * (W)));                                                    \
+            acc3 = XOR(acc3, LOAD(b + i + 3 * (W)));                                                    \
+        }                                                                                               \
+        return (double)LANE(XOR(XOR(acc0, acc1), XOR(acc2, acc3)));                                     \
     }
-    float s = 0;
-    PEAK_X12(PEAK_FSUM)
-    return (double)s;
-}
 
-__attribute__((target("avx512f"))) static double peak_read(const char *b, size_t bytes) {
-    __m512i acc0 = _mm512_setzero_si512(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
-    for (size_t i = 0; i + 256 <= bytes; i += 256) {
-        acc0 = _mm512_xor_si512(acc0, _mm512_load_si512(b + i));
-        acc1 = _mm512_xor_si512(acc1, _mm512_load_si512(b + i + 64));
-        acc2 = _mm512_xor_si512(acc2, _mm512_load_si512(b + i + 128));
-        acc3 = _mm512_xor_si512(acc3, _mm512_load_si512(b + i + 192));
-    }
-    return (double)_mm512_reduce_add_epi32(_mm512_xor_si512(_mm512_xor_si512(acc0, acc1), _mm512_xor_si512(acc2, acc3)));
-}
+/* AVX-512: vpdpbusd zmm (64 u8 x s8 products into 16 int32), vfmadd zmm */
+#define VNNI_STEP(a) _mm512_dpbusd_epi32(a, w, x)
+#define FMA512_STEP(a) _mm512_fmadd_ps(a, m, c)
+#define LOAD512(p) _mm512_load_si512(p)
+PEAK_KERNEL(peak_vnni, "avx512f,avx512vnni", __m512i, int,
+            const __m512i w = _mm512_set1_epi8(3); const __m512i x = _mm512_set1_epi8(5);, _mm512_set1_epi32,
+            VNNI_STEP, "+v", _mm512_reduce_add_epi32)
+PEAK_KERNEL(peak_fma, "avx512f,fma", __m512, float,
+            const __m512 m = _mm512_set1_ps(1.0000001f); const __m512 c = _mm512_set1_ps(1e-7f);, _mm512_set1_ps,
+            FMA512_STEP, "+v", _mm512_reduce_add_ps)
+PEAK_READ(peak_read, "avx512f", __m512i, 64, _mm512_setzero_si512, LOAD512, _mm512_xor_si512, _mm512_reduce_add_epi32)
 
-/* the AVX2 machine's: vpmaddubsw (32 u8 x s8 products, added in pairs) */
-__attribute__((target("avx2"))) static double peak_maddubs(long iters) {
-    const __m256i x = _mm256_set1_epi8(5);
-    /* each product reads the last one's result (saturating: the values do
-     * not matter), so none of it is loop-invariant */
-#define PEAK_DECL2(i) __m256i a##i = _mm256_set1_epi16(i);
-#define PEAK_MB(i) a##i = _mm256_maddubs_epi16(a##i, x);
-#define PEAK_KEEP2(i) __asm__ volatile("" : "+x"(a##i));
-#define PEAK_SUM2(i) s += _mm256_extract_epi16(a##i, 0);
-    PEAK_X12(PEAK_DECL2)
-    for (long n = 0; n < iters; n++) {
-        PEAK_X12(PEAK_MB)
-        PEAK_X12(PEAK_KEEP2)
-    }
-    int s = 0;
-    PEAK_X12(PEAK_SUM2)
-    return (double)s;
-}
-
-__attribute__((target("avx2,fma"))) static double peak_fma256(long iters) {
-    const __m256 m = _mm256_set1_ps(1.0000001f), c = _mm256_set1_ps(1e-7f);
-#define PEAK_FDECL2(i) __m256 f##i = _mm256_set1_ps((float)i);
-#define PEAK_FMA2(i) f##i = _mm256_fmadd_ps(f##i, m, c);
-#define PEAK_FKEEP2(i) __asm__ volatile("" : "+x"(f##i));
-#define PEAK_FSUM2(i) s += _mm256_cvtss_f32(f##i);
-    PEAK_X12(PEAK_FDECL2)
-    for (long n = 0; n < iters; n++) {
-        PEAK_X12(PEAK_FMA2)
-        PEAK_X12(PEAK_FKEEP2)
-    }
-    float s = 0;
-    PEAK_X12(PEAK_FSUM2)
-    return (double)s;
-}
-
-__attribute__((target("avx2"))) static double peak_read256(const char *b, size_t bytes) {
-    __m256i acc0 = _mm256_setzero_si256(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
-    for (size_t i = 0; i + 128 <= bytes; i += 128) {
-        acc0 = _mm256_xor_si256(acc0, _mm256_load_si256((const __m256i *)(b + i)));
-        acc1 = _mm256_xor_si256(acc1, _mm256_load_si256((const __m256i *)(b + i + 32)));
-        acc2 = _mm256_xor_si256(acc2, _mm256_load_si256((const __m256i *)(b + i + 64)));
-        acc3 = _mm256_xor_si256(acc3, _mm256_load_si256((const __m256i *)(b + i + 96)));
-    }
-    const __m256i x = _mm256_xor_si256(_mm256_xor_si256(acc0, acc1), _mm256_xor_si256(acc2, acc3));
-    return (double)_mm256_extract_epi32(x, 0);
-}
+/* AVX2: vpmaddubsw ymm (32 u8 x s8 products, added in pairs: the AVX2
+ * kernels' product; saturating), vfmadd ymm */
+#define MADDUBS_STEP(a) _mm256_maddubs_epi16(a, x)
+#define FMA256_STEP(a) _mm256_fmadd_ps(a, m, c)
+#define LANE0_EPI16(a) _mm256_extract_epi16(a, 0)
+#define LANE0_EPI32(a) _mm256_extract_epi32(a, 0)
+#define LOAD256(p) _mm256_load_si256((const __m256i *)(p))
+PEAK_KERNEL(peak_maddubs, "avx2", __m256i, int, const __m256i x = _mm256_set1_epi8(5);, _mm256_set1_epi16,
+            MADDUBS_STEP, "+x", LANE0_EPI16)
+PEAK_KERNEL(peak_fma256, "avx2,fma", __m256, float,
+            const __m256 m = _mm256_set1_ps(1.0000001f); const __m256 c = _mm256_set1_ps(1e-7f);, _mm256_set1_ps,
+            FMA256_STEP, "+x", _mm256_cvtss_f32)
+PEAK_READ(peak_read256, "avx2", __m256i, 32, _mm256_setzero_si256, LOAD256, _mm256_xor_si256, LANE0_EPI32)
 
 enum { PEAK_ITERS = 20000000 };
-static bool peak_avx512; /* set once by peak_main */
+
+/* one ISA's loops and what one instruction of each does */
+typedef struct peak_isa {
+    double (*read)(const char *, size_t);
+    double (*int8)(long);
+    double (*fma)(long);
+    double macs, flops; /* per int8 / fma instruction */
+    int vnni;
+} peak_isa;
+static const peak_isa peak_avx512 = {peak_read, peak_vnni, peak_fma, 64, 32, 1},
+                      peak_avx2 = {peak_read256, peak_maddubs, peak_fma256, 32, 16, 0};
+static const peak_isa *peak_on; /* set once by peak_main */
 
 static void *peak_thread(void *p) {
     peak_arg *a = p;
-    if (peak_avx512)
-        a->result = a->kind == 0 ? peak_read(a->buf, a->bytes) : a->kind == 1 ? peak_vnni(PEAK_ITERS) : peak_fma(PEAK_ITERS);
-    else
-        a->result = a->kind == 0   ? peak_read256(a->buf, a->bytes)
-                    : a->kind == 1 ? peak_maddubs(PEAK_ITERS)
-                                   : peak_fma256(PEAK_ITERS);
+    a->result = a->kind == 0 ? peak_on->read(a->buf, a->bytes) : a->kind == 1 ? peak_on->int8(PEAK_ITERS)
+                                                                                : peak_on->fma(PEAK_ITERS);
     return NULL;
 }
 
@@ -223,11 +203,21 @@ static double peak_time(int nt, int kind, const char *buf, size_t bytes) {
     return best;
 }
 
-static int peak_main(int nt) {
+static int peak_main(int nt, const char *isa) {
     __builtin_cpu_init();
-    peak_avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vnni");
-    if (!peak_avx512 && !(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))) {
-        fprintf(stderr, "--peak needs AVX-512 VNNI or AVX2 with FMA\n");
+    const bool has512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vnni");
+    const bool has2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    if (strcmp(isa, "auto") && strcmp(isa, "avx2") && strcmp(isa, "avx512")) {
+        fprintf(stderr, "--peak: isa must be auto, avx2 or avx512 (got '%s')\n", isa);
+        return 1;
+    }
+    peak_on = !strcmp(isa, "avx2") ? (has2 ? &peak_avx2 : NULL)
+              : !strcmp(isa, "avx512") ? (has512 ? &peak_avx512 : NULL)
+              : has512 ? &peak_avx512 : has2 ? &peak_avx2 : NULL;
+    if (!peak_on) {
+        fprintf(stderr, "--peak: this CPU lacks %s\n",
+                !strcmp(isa, "auto") ? "both AVX-512 VNNI and AVX2 with FMA" : !strcmp(isa, "avx2") ? "AVX2 with FMA"
+                                                                                   : "AVX-512 VNNI");
         return 1;
     }
     nt = nt > 0 && nt <= 64 ? nt : 2;
@@ -239,11 +229,10 @@ static int peak_main(int nt) {
     rec("bw_gbs", "value", (double)bytes / tr * 1e-9);
     li_aligned_free(buf);
     const double tv = peak_time(nt, 1, NULL, 0), tf = peak_time(nt, 2, NULL, 0);
-    const double lanes = peak_avx512 ? 64 : 32, flops = peak_avx512 ? 32 : 16; /* per instruction */
-    const double int8 = (double)nt * PEAK_ITERS * PEAK_REPS * lanes / tv * 1e-9;
-    const double fma = (double)nt * PEAK_ITERS * PEAK_REPS * flops / tf * 1e-9;
+    const double int8 = (double)nt * PEAK_ITERS * PEAK_REPS * peak_on->macs / tv * 1e-9;
+    const double fma = (double)nt * PEAK_ITERS * PEAK_REPS * peak_on->flops / tf * 1e-9;
     printf("RESULT int8_gmacs %.1f\n", int8);
-    printf("RESULT int8_vnni %d\n", peak_avx512 ? 1 : 0);
+    printf("RESULT int8_vnni %d\n", peak_on->vnni);
     printf("RESULT fma_gflops %.1f\n", fma);
     rec("int8_gmacs", "value", int8);
     rec("fma_gflops", "value", fma);
@@ -590,7 +579,7 @@ int main(int argc, char **argv) {
     if (li_bench_results_init(&res, "kernels", &argc, argv)) return 2;
     int rc;
     if (argc > 1 && !strcmp(argv[1], "--peak")) {
-        rc = peak_main(argc > 2 ? atoi(argv[2]) : 2);
+        rc = peak_main(argc > 2 ? atoi(argv[2]) : 2, argc > 3 ? argv[3] : "auto");
         li_bench_results_chart(&res, "name", "value", "GB/s, GMAC/s, GFLOP/s", "machine limits", true);
     } else if (argc > 1 && !strcmp(argv[1], "--q4")) {
         rc = q4_main(argc > 2 ? atoi(argv[2]) : 0, argc > 3 ? atoi(argv[3]) : 5);
