@@ -110,9 +110,14 @@ static void finish(li_engine *e, req *r, const char *reason) {
     li_output_finish(r->res.id, reason, r->on_event, r->ud);
 }
 
-/* At the end of a step, or when it ends early: no draft outlives the step. */
+/* At the end of a step, or when it ends early: no draft outlives the step,
+ * nor the blocks taken for drafts past the accepted ones. */
 static void drop_all_drafts(li_engine *e) {
-    for (int32_t i = 0; i < e->n_reqs; i++) li_spec_step_drop(e->reqs[i]);
+    for (int32_t i = 0; i < e->n_reqs; i++) {
+        req *r = e->reqs[i];
+        li_spec_step_drop(r);
+        if (r->seq.n_blocks) li_kv_seq_trim(&e->tgt.kv, &r->seq, r->n_toks);
+    }
 }
 
 static void preempt(li_engine *e, req *r) {

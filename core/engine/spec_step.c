@@ -161,16 +161,48 @@ static int32_t spec_room(const li_engine *e, const req *r, int32_t k) {
     if (!r->live || r->state != LI_REQ_RUNNING || r->fork_of || r->num_computed != r->n_toks - 1 || k <= 0) return 0;
     const int64_t room = LI_MIN(r->max_tokens - (r->n_toks - r->n_prompt), e->cfg.max_model_len - r->n_toks) - 1;
     const int64_t bs = e->tgt.kv.block_size;
-    const int64_t held = LI_MAX((int64_t)r->seq.n_blocks * bs, (r->n_toks + bs - 1) / bs * bs) - r->n_toks;
+    /* the blocks it holds, or the one its next token (position n_toks)
+     * needs anyway, and the step's spare blocks */
+    const int64_t held = (LI_MAX((int64_t)r->seq.n_blocks, r->n_toks / bs + 1) + e->sp.spare) * bs - r->n_toks;
     return (int32_t)LI_MAX(0, LI_MIN(LI_MIN((int64_t)k, room), held));
 }
 
+/* Blocks drafts may take this step past each request's next one: what the
+ * pool can hand out (empty blocks first, then idle cached ones) less a
+ * block for every running request's next token and the blocks of every
+ * waiting request's prompt, so drafts never preempt a request or keep one
+ * waiting. Drafts past the accepted ones give theirs back at the step's
+ * end (li_kv_seq_trim). */
+static void spec_spare(li_engine *e) {
+    const int64_t bs = e->tgt.kv.block_size;
+    int64_t need = 0;
+    for (int32_t i = 0; i < e->n_reqs; i++) {
+        const req *r = e->reqs[i];
+        if (!r->live) continue;
+        if (r->state == LI_REQ_RUNNING) need++;
+        else need += LI_MAX(0, (r->n_toks + bs - 1) / bs - r->seq.n_blocks);
+    }
+    e->sp.spare = LI_MAX(0, (int64_t)li_kv_available(&e->tgt.kv) - need);
+}
+
+/* Slots for positions [0, n): the blocks past the one the next token needs
+ * count against the step's spare. Returns the slots the request holds
+ * (fewer than n when the pool ran short). */
+static int64_t spec_take(li_engine *e, req *r, int64_t n) {
+    li_kv_cache *kv = &e->tgt.kv;
+    const int64_t base = LI_MAX((int64_t)r->seq.n_blocks, r->n_toks / kv->block_size + 1);
+    (void)li_kv_seq_reserve(kv, &r->seq, n); /* on LI_ENOMEM it keeps the blocks it got */
+    e->sp.spare = LI_MAX(0, e->sp.spare - LI_MAX(0, (int64_t)r->seq.n_blocks - base));
+    return (int64_t)r->seq.n_blocks * kv->block_size;
+}
+
 /* A model proposer writes the KV of positions [n_toks - 1, n_toks - 1 + k)
- * now: the block of the last token must be the request's (the plan would
- * take it this step anyway) and private. */
-static bool spec_slots(li_engine *e, req *r, int32_t k) {
+ * now, and verification the next one: their blocks must be the request's
+ * and private. Returns the drafts that fit (0: none). */
+static int32_t spec_slots(li_engine *e, req *r, int32_t k) {
     const int64_t p = r->n_toks - 1;
-    return li_kv_seq_reserve(&e->tgt.kv, &r->seq, r->n_toks) == 0 && li_kv_seq_cow(&e->tgt.kv, &r->seq, p, p + k) == 0;
+    k = (int32_t)LI_MIN((int64_t)k, spec_take(e, r, r->n_toks + k) - r->n_toks);
+    return k > 0 && li_kv_seq_cow(&e->tgt.kv, &r->seq, p, p + k + 1) == 0 ? k : 0;
 }
 
 static int eagle_catchup_drafters(li_engine *e, int32_t ns, li_error *err); /* below */
@@ -286,6 +318,7 @@ void li_spec_step_propose(li_engine *e) {
     int32_t running = 0;
     for (int32_t i = 0; i < e->n_reqs; i++) running += e->reqs[i]->live && e->reqs[i]->state == LI_REQ_RUNNING;
     const bool hook = e->policy && e->policy->has_speculate && e->policy->ops->speculate;
+    spec_spare(e);
     if (hook) policy_speculate(e, running);
     else if (e->cfg.spec_disable_batch && running > e->cfg.spec_disable_batch) return;
     size_t sq_used = 0; /* floats of sq taken this step */
@@ -306,7 +339,8 @@ void li_spec_step_propose(li_engine *e) {
             /* Medusa reads the hidden state that predicted the last token */
             const bool tree = m == LI_SPEC_MEDUSA;
             if (tree && r->hid_tok != r->n_toks - 1) continue;
-            if ((m == LI_SPEC_DRAFT || m == LI_SPEC_LAYERSKIP || m == LI_SPEC_EAGLE) && !spec_slots(e, r, k)) continue;
+            if ((m == LI_SPEC_DRAFT || m == LI_SPEC_LAYERSKIP || m == LI_SPEC_EAGLE) && !(k = spec_slots(e, r, k)))
+                continue;
             e->sp.sseq[ns] = (li_spec_seq){.id = r->res.id, .toks = r->toks, .n_toks = r->n_toks,
                                         .blocks = r->seq.blocks, .n_blocks = r->seq.n_blocks, .k = k,
                                         .temperature = m == LI_SPEC_NGRAM ? 0 : r->smp.p.temperature,
@@ -361,7 +395,9 @@ void li_spec_step_propose(li_engine *e) {
         }
         for (int32_t i = 0; i < ns; i++) {
             req *r = e->sp.sreq[i];
-            const int32_t n = e->sp.sseq[i].n_draft;
+            /* n-gram and Medusa drafts take their slots now (a tree's nodes
+             * list parents first: a cut one keeps its shape) */
+            const int32_t n = (int32_t)LI_MIN((int64_t)e->sp.sseq[i].n_draft, spec_take(e, r, r->n_toks + e->sp.sseq[i].n_draft) - r->n_toks);
             if (n <= 0) continue;
             if (r->n_toks + n > r->cap) {
                 r->cap = r->n_toks + n + 16;

@@ -45,6 +45,8 @@ typedef struct li_spec_step {
     double ema_rows[LI_SPEC_COST_ROWS]; /* [n - 1]: a forward pass of n tokens, seconds (0: none yet) */
     bool seen_rows[LI_SPEC_COST_ROWS]; /* [n - 1]: a pass of n tokens ran (the first is not timed) */
     int64_t hook_errors;
+    int64_t spare;               /* blocks drafts may still take this step past each
+                                  * request's next one (spec_spare) */
     /* Medusa (cfg.medusa): the tree, the step's hidden rows, tree batches */
     li_medusa_tree mtree;
     const float *hidden;         /* (n_logits, n_embd) the step's post-norm hidden rows, or NULL */

@@ -385,6 +385,11 @@ int li_kv_seq_cow(li_kv_cache *kv, li_kv_seq *s, int64_t from, int64_t to) {
     return 0;
 }
 
+void li_kv_seq_trim(li_kv_cache *kv, li_kv_seq *s, int64_t n_tokens) {
+    const int64_t keep = n_tokens > 0 ? (n_tokens + kv->block_size - 1) / kv->block_size : 0;
+    while (s->n_blocks > keep) li_kv_block_unref(kv, s->blocks[--s->n_blocks]);
+}
+
 void li_kv_seq_release(li_kv_cache *kv, li_kv_seq *s) {
     /* release tail first so a later alloc reuses the most recent blocks last */
     for (int32_t i = s->n_blocks - 1; i >= 0; i--) li_kv_block_unref(kv, s->blocks[i]);

@@ -141,6 +141,10 @@ void li_kv_block_copy(li_kv_cache *kv, int32_t dst, int32_t src);
  * only (not its followers): positions whose rows were never computed read
  * as zeros, the same bits whatever held the slot before. */
 void li_kv_slots_clear(li_kv_cache *kv, const int64_t *slots, int32_t n);
+/* Returns the blocks past the first ceil(n_tokens / block_size) to the pool,
+ * last first (a sequence that took room it did not use: speculative drafts
+ * past the accepted ones). */
+void li_kv_seq_trim(li_kv_cache *kv, li_kv_seq *s, int64_t n_tokens);
 /* Returns every block of the sequence to the pool. */
 void li_kv_seq_release(li_kv_cache *kv, li_kv_seq *s);
 void li_kv_seq_free(li_kv_seq *s);

@@ -89,6 +89,65 @@ local tight, ts = run{ max_num_seqs = 32, kv_memory = per_token * 16 * 24, spec_
 same(tight, base, "spec 4, tiny KV budget")
 H.check(ts.preemptions > 0, "the tiny budget forced preemption (%d)", ts.preemptions)
 
+-- Drafts are not cut at block boundaries: a request copying its prompt
+-- drafts its full k every round (up to the room before max_tokens), taking
+-- blocks past its next token's for the step, and gives back what rejected
+-- drafts took: between steps it holds the blocks of its tokens, the last
+-- one's (computed next step) at most.
+local function rounds(e, id, k, max_tokens, each)
+  local s0, P = e:stats(), nil
+  while e:has_work() do
+    local r0 = e:result(id)
+    local g0 = r0 and #r0.tokens or 0
+    e:step()
+    local s, r = e:stats(), e:result(id)
+    P = r.prompt_tokens
+    local d = s.spec_drafted - s0.spec_drafted
+    if d > 0 then each(P + g0, d, math.min(k, max_tokens - g0 - 1)) end
+    if e:has_work() and e:result(id).finish_reason == nil then
+      local T = P + #r.tokens
+      local used, hi, lo = s.kv_total_blocks - s.kv_free_blocks, math.ceil(T / s.block_size), math.ceil((T - 1) / s.block_size)
+      H.check(used >= lo and used <= hi, "between steps the request holds %d blocks for %d tokens (%d-%d)", used, T, lo, hi)
+    end
+    s0 = s
+  end
+end
+do
+  local e = luainfer.engine{ max_num_seqs = 1, spec_tokens = 8, prefix_caching = false }
+  local id = e:add{ prompt = repetitive[3], max_tokens = 60, temperature = 0, ignore_eos = true }
+  local n, cut, crossed = 0, 0, 0
+  rounds(e, id, 8, 60, function(ntoks, d, want)
+    n = n + 1
+    if d < want then cut = cut + 1 end
+    if (ntoks % 16) + d > 16 then crossed = crossed + 1 end
+  end)
+  H.check(n >= 4 and cut == 0, "every round drafted its full k (%d of %d cut)", cut, n)
+  H.check(crossed > 0, "rounds drafted past the block of the next token (%d)", crossed)
+  local s = e:stats()
+  H.check(s.kv_free_blocks == s.kv_total_blocks, "every block returned (%d/%d)", s.kv_free_blocks, s.kv_total_blocks)
+  e:close()
+end
+-- ... but never into blocks a waiting request's prompt needs: with the
+-- pool's free blocks all spoken for, drafts stay in the next token's block
+do
+  local long = {}
+  for i = 1, 150 do long[i] = words[(i * 7) % #words + 1] end
+  local e = luainfer.engine{ max_num_seqs = 1, spec_tokens = 8, prefix_caching = false, kv_memory = per_token * 16 * 12 }
+  H.check(e:stats().kv_total_blocks == 12, "a pool of 12 blocks (%d)", e:stats().kv_total_blocks)
+  local id = e:add{ prompt = repetitive[3], max_tokens = 60, temperature = 0, ignore_eos = true }
+  local wid = e:add{ prompt = table.concat(long, " "), max_tokens = 2, temperature = 0 }
+  local n, over = 0, 0
+  rounds(e, id, 8, 60, function(ntoks, d)
+    n = n + 1
+    if ntoks + d > (math.floor(ntoks / 16) + 1) * 16 then over = over + 1 end
+  end)
+  local pw = e:result(wid).prompt_tokens
+  H.check(pw > 16 * 9 and pw <= 16 * 12, "the waiting prompt needs 10-12 of the 12 blocks (%d tokens)", pw)
+  H.check(n >= 4 and over == 0, "with a prompt waiting, no round drafted past the next token's block (%d of %d)", over, n)
+  H.check(e:stats().preemptions == 0, "no preemption (%d)", e:stats().preemptions)
+  e:close()
+end
+
 -- the default spec_disable_batch (4): drafts only once few requests still run
 local dflt, ds = run{ max_num_seqs = 32, max_batched_tokens = 512, spec_tokens = 4 }
 same(dflt, base, "spec 4, default spec_disable_batch")

@@ -32,6 +32,20 @@ int main(void) {
     CHECK(a.n_blocks == 3 && a.blocks[2] == 5 && kv.n_free == 0, "a took block 5");
     CHECK(li_kv_seq_reserve(&kv, &a, 1000) == LI_ENOMEM, "more than the pool");
 
+    /* trim: blocks past ceil(n / block_size) go back, last first; a shared
+     * one only loses a reference */
+    li_kv_block_ref(&kv, 4);
+    li_kv_seq_trim(&kv, &b, 9);
+    CHECK(b.n_blocks == 3 && kv.n_free == 0, "9 tokens keep 3 blocks");
+    li_kv_seq_trim(&kv, &b, 5);
+    CHECK(b.n_blocks == 2 && kv.refcount[4] == 1 && kv.n_free == 0, "shared block 4 keeps its other holder");
+    li_kv_block_unref(&kv, 4);
+    CHECK(kv.n_free == 1, "block 4 free once its holder lets go");
+    CHECK(li_kv_seq_reserve(&kv, &b, 9) == 0 && b.blocks[2] == 4, "b takes block 4 back");
+    li_kv_seq_trim(&kv, &b, 0);
+    CHECK(b.n_blocks == 0 && kv.n_free == 3, "trim to 0 releases all (free %d)", kv.n_free);
+    CHECK(li_kv_seq_reserve(&kv, &b, 9) == 0 && b.blocks[0] == 2 && b.blocks[2] == 4, "b = [2, 3, 4] again");
+
     /* release: blocks come back; the next allocation reuses the most recently freed */
     li_kv_seq_release(&kv, &b);
     CHECK(kv.n_free == 3 && b.n_blocks == 0, "b released");
