@@ -22,9 +22,8 @@
 -- D the proposers' time (k * draft * T(B) a request). T(n) is what a
 -- forward pass of n rows costs (state.spec.row_time: the engine's moving
 -- average per row count, a count's first, cold pass not timed; a count not
--- measured yet is estimated from the largest measured one below it at
--- PRIOR_ROW per extra row, optimistic on purpose, so that it gets tried and
--- measured) and `draft` the proposer's measured seconds per draft token
+-- measured yet is interpolated between measured ones, or extrapolated past
+-- them at their measured cost per row: row_estimates) and `draft` the proposer's measured seconds per draft token
 -- (its catch-up included) over the measured seconds per step (0 for n-gram
 -- lookup; PRIOR_DRAFT until measured).
 --
@@ -55,8 +54,15 @@
 -- 9): PRIOR_WANT for the method the request would use anyway, PRIOR for
 -- the others (n-gram drafts at temperature > 0 start lower, at
 -- PRIOR_SAMPLED_NGRAM: deterministic drafts are accepted with probability
--- p(draft) only, which copied text still makes high). So a method is
--- priced from its first round on, with no fixed probing. Medusa's nodes are
+-- p(draft) only, which copied text still makes high), each moved towards
+-- what the method's first drafts did for every request lately (rounds of
+-- all requests fading by POP_FORGET, against POP_WEIGHT rounds at the
+-- fixed prior): requests that arrive together to copy the same kind of
+-- text are priced as the ones before them, not as strangers (session 23:
+-- of four requests copying, the plan gave the first one's good record all
+-- the drafts while the other three, priced at the prior, got none and fell
+-- out of step). So a method is priced from its first round on, with no
+-- fixed probing. Medusa's nodes are
 -- counted as a chain (its tree lists the top-1 chain first), at most
 -- MAX_K.medusa of them. Scheduling is the engine's built-in FCFS.
 --
@@ -76,6 +82,8 @@ local PRIOR_SAMPLED_NGRAM = 0.3
 -- measured: a method the request did not ask for is tried only when even
 -- this makes it pay (layer skip runs most of the target per draft)
 local PRIOR_DRAFT = { ngram = 0, draft = 0.3, layerskip = 0.5, medusa = 0.1, eagle = 0.1 }
+local POP_FORGET = 0.95  -- every request's rounds, a method's first drafts: memory ~20 rounds
+local POP_WEIGHT = 2     -- rounds' worth of the fixed prior in the population's
 local MAX_K = { medusa = 4 }
 local METHODS = { "ngram", "draft", "layerskip", "medusa", "eagle" }
 
@@ -83,10 +91,22 @@ local METHODS = { "ngram", "draft", "layerskip", "medusa", "eagle" }
 -- call (drafted d, accepted a) and the faded rounds that reached and passed
 -- each depth (reach[i], pass[i]). Dropped at finish.
 local seen = {}
+-- Per method (n-gram: greedy and sampled apart), every request's rounds:
+-- faded counts of first drafts reached and passed.
+local pop = {}
+
+-- The prior of a method's first draft for a request: p moved towards what
+-- the method's first drafts did for every request lately.
+local function pop_prior(key, p)
+  local q = pop[key]
+  if not q then return p end
+  return (q.pass + POP_WEIGHT * p) / (q.reach + POP_WEIGHT)
+end
 
 -- Takes in method m's round since the last call for request id, from the
--- engine's running totals (the drafts verified and the acceptance so far).
-local function observe(id, m, drafted, acceptance)
+-- engine's running totals (the drafts verified and the acceptance so far);
+-- key names its population (m unless given).
+local function observe(id, m, drafted, acceptance, key)
   local r = seen[id]
   if not r then r = {}; seen[id] = r end
   local t = r[m]
@@ -102,6 +122,9 @@ local function observe(id, m, drafted, acceptance)
       if i <= da then pass[i] = pass[i] + 1 end
     end
     t.pw = t.pw * FORGET -- the prior fades like a round
+    local q = pop[key or m] or { reach = 0, pass = 0 }
+    pop[key or m] = q
+    q.reach, q.pass = q.reach * POP_FORGET + 1, q.pass * POP_FORGET + (da > 0 and 1 or 0)
   end
   t.d, t.a = drafted, acc
 end
@@ -121,26 +144,44 @@ local function expected_by_depth(id, m, p, K)
   return e
 end
 
--- T(n) for n = 1..N: row_time[n] when measured, else the largest measured
--- count below n (at most 64) at PRIOR_ROW per extra row; below the smallest
--- measured count m, T(m) less PRIOR_ROW of it per row fewer (seconds
--- throughout: session 16's version filled them with the unit model under
--- measured seconds, and priced a request's second step at 100x); with
--- nothing measured, 1 + (n - 1) * PRIOR_ROW. One pass, once a step (the
--- policy runs in the interpreter: a sandboxed policy is never compiled).
+-- T(n) for n = 1..N, in seconds: row_time[n] where measured; between two
+-- measured counts, on the line through them; past the largest measured
+-- count m, T(m) plus the measured cost of a row (the least-squares slope
+-- over the measured counts, once they span 4 rows or more) per extra row,
+-- or with less to go on, PRIOR_ROW of T(m) a row; below the smallest
+-- measured count, T(m) less PRIOR_ROW of it per row fewer; with nothing
+-- measured, 1 + (n - 1) * PRIOR_ROW. (Until session 24 a count past the
+-- largest measured one cost PRIOR_ROW of T(m) a row: 0.42 ms a row past 20
+-- rows on Zen 5, where a row costs 0.27 ms, so a batch of four copying
+-- requests was planned at 4-5 drafts each, 20 rows, not 8 each.) One pass,
+-- once a step (the policy runs in the interpreter: a sandboxed policy is
+-- never compiled).
 local function row_estimates(rt, N)
-  local est, lo = {}, nil
-  for n = 1, N do
-    if n > 1 and n - 1 <= 64 and rt[n - 1] then lo = n - 1 end
-    est[n] = rt[n] or (lo and rt[lo] * (1 + (n - lo) * PRIOR_ROW))
-  end
-  local m = nil
+  local ms, sx, sy, sxx, sxy = {}, 0, 0, 0, 0
   for n = 1, math.min(N, 64) do
-    if rt[n] then m = n; break end
+    local t = rt[n]
+    if t then
+      ms[#ms + 1] = n
+      sx, sy, sxx, sxy = sx + n, sy + t, sxx + n * n, sxy + n * t
+    end
   end
-  for n = 1, N do
-    est[n] = est[n] or (m and rt[m] / (1 + (m - n) * PRIOR_ROW)) or 1 + (n - 1) * PRIOR_ROW
+  local est, c = {}, #ms
+  if c == 0 then
+    for n = 1, N do est[n] = 1 + (n - 1) * PRIOR_ROW end
+    return est
   end
+  local m0, m1 = ms[1], ms[c]
+  local slope = PRIOR_ROW * rt[m1]
+  if m1 - m0 >= 4 then slope = math.max(0, (c * sxy - sx * sy) / (c * sxx - sx * sx)) end
+  for n = 1, math.min(m0 - 1, N) do est[n] = rt[m0] / (1 + (m0 - n) * PRIOR_ROW) end
+  for i = 1, c do
+    local a, b = ms[i], ms[i + 1]
+    est[a] = rt[a]
+    if b then
+      for n = a + 1, math.min(b - 1, N) do est[n] = rt[a] + (rt[b] - rt[a]) * (n - a) / (b - a) end
+    end
+  end
+  for n = m1 + 1, N do est[n] = rt[m1] + (n - m1) * slope end
   return est
 end
 
@@ -220,8 +261,10 @@ local function speculate(req, state)
   for _, m in ipairs(METHODS) do
     if sp.available[m] then
       local p = m == s.method and s.k > 0 and PRIOR_WANT or PRIOR[m]
-      if m == "ngram" and s.temperature > 0 then p = PRIOR_SAMPLED_NGRAM end
-      observe(req.id, m, s.drafted[m] or 0, s.acceptance[m] or -1)
+      local key = m
+      if m == "ngram" and s.temperature > 0 then p, key = PRIOR_SAMPLED_NGRAM, "ngram sampled" end
+      p = pop_prior(key, p)
+      observe(req.id, m, s.drafted[m] or 0, s.acceptance[m] or -1, key)
       local dt = sp.draft_time[m] or 0
       local draft = (dt > 0 and sp.step_time > 0) and dt / sp.step_time or PRIOR_DRAFT[m]
       local K = math.min(s.max_k, MAX_K[m] or s.max_k, MAX_DRAFTS)
@@ -256,6 +299,7 @@ return {
   on_finish = on_finish,
   -- for tests and benchmarks
   _observe = observe,
+  _pop_prior = pop_prior,
   _FORGET = FORGET,
   _expected_by_depth = expected_by_depth,
   _row_estimates = row_estimates,

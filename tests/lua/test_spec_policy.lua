@@ -126,10 +126,18 @@ local t4 = A._row_estimates({ [4] = 10, [8] = 17, [12] = 24, [16] = 30, [20] = 3
 local kA, gA = A._best_k(flat(0.95, 8), t4, 4, 4, 4, 0, 8)
 local kB, gB = A._best_k(flat(0.95, 8), t4, 4, 4 + kA, 4 - 1 + geo(0.95, kA), 0, 8)
 H.check(kA > 0 and gB < gA, "the second request's gain %g after the first's k %d (gain %g)", gB, kA, gA)
--- row estimates: measured, else from the largest count below at 6% a row, else 1 + 6% a row
+-- row estimates: measured, on the line between measured counts, past them
+-- at their least-squares cost per row
 local est = A._row_estimates({ [1] = 0.004, [9] = 0.008 }, 12)
-H.check(est[9] == 0.008 and math.abs(est[5] / est[1] - 1.24) < 1e-12 and math.abs(est[12] - 0.008 * 1.18) < 1e-12,
+H.check(est[9] == 0.008 and math.abs(est[5] / est[1] - 1.5) < 1e-12 and math.abs(est[12] - 0.0095) < 1e-12,
         "T(n) from row_time (%g, %g)", est[5] / est[1], est[12])
+local line = A._row_estimates({ [4] = 10, [8] = 14.2, [12] = 17.8, [16] = 22 }, 30)
+H.check(math.abs(line[10] - 16) < 1e-12 and math.abs(line[30] - (22 + 14 * 0.99)) < 1e-9,
+        "past the largest measured count at the fitted cost a row: T(10) %g, T(30) %g (not %g at 6%% of T(16) a row)",
+        line[10], line[30], 22 * (1 + 14 * 0.06))
+local near = A._row_estimates({ [1] = 1, [2] = 1.5 }, 5)
+H.check(math.abs(near[5] - 1.5 * (1 + 3 * 0.06)) < 1e-12, "counts 1 row apart: 6%% of the largest a row past it (%g)",
+        near[5])
 H.check(math.abs(A._row_estimates({}, 4)[4] - 1.18) < 1e-12, "nothing measured: the prior model")
 -- only a larger count measured (a request's first decode step drafted 3): the counts below it in seconds too
 local low = A._row_estimates({ [4] = 0.017 }, 6)
@@ -178,6 +186,16 @@ H.check(kc >= 3, "k = 1 rounds all accepted: k grows (%d)", kc)
 for i = 1, 40 do A._observe(-5, "ngram", i, 1) end
 local h_sure = A._expected_by_depth(-5, "ngram", 0.6, 1)[1] - 1
 H.check(h_sure > 0.95, "40 rounds accepted: h_1 %g", h_sure)
+-- the population: a method's first drafts for every request move each
+-- request's prior (POP_WEIGHT 2 rounds at the fixed prior against rounds
+-- fading by 0.95)
+H.check(A._pop_prior("test pop", 0.3) == 0.3, "no rounds yet: the fixed prior")
+A._observe(-20, "draft", 4, 1, "test pop")
+H.check(math.abs(A._pop_prior("test pop", 0.3) - 1.6 / 3) < 1e-12, "one round passed: %g", A._pop_prior("test pop", 0.3))
+A._observe(-21, "draft", 4, 0, "test pop")
+H.check(math.abs(A._pop_prior("test pop", 0.3) - 1.55 / 3.95) < 1e-12, "then another request's round failed: %g",
+        A._pop_prior("test pop", 0.3))
+H.check(A._pop_prior("test pop sampled", 0.3) == 0.3, "each population apart")
 -- the step's plan: four requests copying text (E(k) near k + 1) on a
 -- batch-4 cost curve measured on AVX2 (T(4) 9.4 ms, 1.5 ms a row past it)
 -- get the same drafts whatever their order; one copying request among
