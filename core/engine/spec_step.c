@@ -5,6 +5,7 @@
  * engine.c to sample and take tokens, so a verified token goes through the
  * same path (penalty window, stop ids, events, limits) as any other. */
 #include "engine/engine_internal.h"
+#include "spec/ngram.h"
 #include "spec/verify.h"
 
 #include <stdlib.h>
@@ -269,9 +270,14 @@ static void policy_speculate(li_engine *e, int32_t running) {
             dr[m] = r->spec_drafted_by[m];
             acc[m] = dr[m] ? (double)r->spec_accepted_by[m] / (double)dr[m] : -1;
         }
+        /* what n-gram lookup would draft now: a policy can send a request
+         * with nothing to copy to another proposer this step */
+        const int32_t ng = li_spec_ngram_draft(r->toks, r->n_toks, e->cfg.spec_ngram_max, e->cfg.spec_ngram_min,
+                                               max_k, e->sp.sdraft);
         e->sp.cands[n++] = (li_spec_cand){.id = r->res.id, .want_method = want, .want_k = LI_MIN(k, max_k),
                                        .max_k = max_k, .temperature = r->smp.p.temperature, .acceptance = acc,
-                                       .drafted = dr, .method = k ? (int32_t)want : -1, .k = LI_MIN(k, max_k)};
+                                       .drafted = dr, .ngram = ng, .method = k ? (int32_t)want : -1,
+                                       .k = LI_MIN(k, max_k)};
     }
     if (!n) return;
     const char *names[LI_SPEC_N_METHODS];

@@ -112,6 +112,8 @@ typedef struct li_spec_cand {
     float temperature;
     const double *acceptance;  /* (n_methods) accepted / drafted so far per method, -1 unknown */
     const int64_t *drafted;    /* (n_methods) drafts verified so far per method */
+    int32_t ngram;             /* the drafts n-gram lookup makes now (0..max_k: its latest
+                                * match's continuation; 0 = no match), -1 = not known */
     /* the policy's answer, preset to the want: a method index (-1 = off) and k */
     int32_t method, k;
 } li_spec_cand;

@@ -654,7 +654,7 @@ void li_wire_pack_spec(msgpack_packer *pk, const li_spec_state *ss, const li_spe
     li_wire_pack_str(pk, "cands");
     msgpack_pack_array(pk, (size_t)n);
     for (int32_t i = 0; i < n; i++) {
-        msgpack_pack_array(pk, 7);
+        msgpack_pack_array(pk, 8);
         msgpack_pack_int64(pk, c[i].id);
         msgpack_pack_int32(pk, c[i].want_method);
         msgpack_pack_int32(pk, c[i].want_k);
@@ -664,6 +664,7 @@ void li_wire_pack_spec(msgpack_packer *pk, const li_spec_state *ss, const li_spe
         for (int32_t m = 0; m < nm; m++) msgpack_pack_double(pk, c[i].acceptance[m]);
         msgpack_pack_array(pk, (size_t)nm);
         for (int32_t m = 0; m < nm; m++) msgpack_pack_int64(pk, c[i].drafted[m]);
+        msgpack_pack_int32(pk, c[i].ngram);
     }
 }
 
@@ -733,8 +734,10 @@ int li_wire_unpack_spec(const msgpack_object *msg, li_wire_spec *w, li_error *er
     }
     for (int32_t i = 0; i < n; i++) {
         const msgpack_object *c = &cands->via.array.ptr[i];
-        if (c->type != MSGPACK_OBJECT_ARRAY || c->via.array.size != 7)
-            SPEC_BAD("candidate %d must be [id, want_method, want_k, max_k, temperature, acceptance, drafted]", i);
+        /* ngram, the eighth field, is optional (absent: not known) */
+        if (c->type != MSGPACK_OBJECT_ARRAY || c->via.array.size < 7 || c->via.array.size > 8)
+            SPEC_BAD("candidate %d must be [id, want_method, want_k, max_k, temperature, acceptance, drafted, ngram]",
+                     i);
         const msgpack_object *f = c->via.array.ptr;
         int64_t id, wm, wk, mk;
         double temp;
@@ -748,9 +751,13 @@ int li_wire_unpack_spec(const msgpack_object *msg, li_wire_spec *w, li_error *er
         if (!num_array(&f[5], nm, -1, 1, acc) || !num_array(&f[6], nm, 0, 9e15, dd))
             SPEC_BAD("candidate %d: acceptance in [-1, 1] and drafted >= 0, one per method", i);
         for (int32_t m = 0; m < nm; m++) dr[m] = (int64_t)dd[m];
+        int64_t ng = -1;
+        if (c->via.array.size == 8 && (!li_wire_int(&f[7], &ng) || ng < -1 || ng > mk))
+            SPEC_BAD("candidate %d: ngram must be an integer in [-1, max_k]", i);
         w->cands[i] = (li_spec_cand){.id = id, .want_method = (int32_t)wm, .want_k = (int32_t)wk,
                                      .max_k = (int32_t)mk, .temperature = (float)temp, .acceptance = acc,
-                                     .drafted = dr, .method = wk ? (int32_t)wm : -1, .k = (int32_t)wk};
+                                     .drafted = dr, .ngram = (int32_t)ng, .method = wk ? (int32_t)wm : -1,
+                                     .k = (int32_t)wk};
     }
     w->n = n;
     w->ss = (li_spec_state){.methods = w->name_ptr, .available = w->avail, .n_methods = nm,

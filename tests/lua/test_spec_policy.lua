@@ -5,7 +5,8 @@
 --  * `false` turns drafts off, whatever the engine and the request ask;
 --  * an unavailable method is refused (plans_trimmed), k is clamped to max_k;
 --  * a failing hook counts a policy error and the requests' own wants stand;
---  * the hook sees req.speculation (method, k, max_k, acceptance, drafted)
+--  * the hook sees req.speculation (method, k, max_k, acceptance, drafted,
+--    ngram: what n-gram lookup drafts now, checked against the drafts made)
 --    and state.spec (batch_size, step_time, token_time, draft_time, available);
 --  * policies/spec_adaptive.lua: its cost model, acceptance by depth, and it
 --    runs exactly.
@@ -52,6 +53,8 @@ local function check(req, state)
   local s, sp = req.speculation, state.spec
   assert(type(s.method) == "string" and type(s.k) == "number" and s.max_k >= 1 and s.max_k <= 16, "req.speculation")
   assert(s.acceptance.ngram and s.acceptance.layerskip and s.drafted.draft, "acceptance / drafted per method")
+  assert(type(s.ngram) == "number" and s.ngram >= 0 and s.ngram <= s.max_k and s.ngram == math.floor(s.ngram),
+         "req.speculation.ngram")
   assert(sp.batch_size >= 1 and sp.step_time >= 0 and sp.token_time >= 0 and sp.draft_time.layerskip, "state.spec")
   assert(sp.available.ngram == true and sp.available.draft == false, "state.spec.available")
   local rows = 0
@@ -91,6 +94,27 @@ local big, s_big = run{ max_num_seqs = 4, spec_tokens = 0, spec_disable_batch = 
 same(big, base, "policy: k above max_k")
 H.check(s_big.spec_by.ngram.drafted > 0 and s_big.plans_trimmed > 0, "k clamped (drafted %d, trimmed %d)",
         s_big.spec_by.ngram.drafted, s_big.plans_trimmed)
+
+-- req.speculation.ngram is what n-gram lookup drafts now: granted exactly
+-- that, the next call sees that many more drafts verified (every request is
+-- scheduled whole here), and nothing when it was 0
+-- (its own row counts vary, so the row_time check above does not apply)
+local exact, s_exact = run{ max_num_seqs = 4, spec_tokens = 0, spec_disable_batch = 0, policy_source = [[
+local last, seen_zero = {}, false
+return { speculate = function(req, state)
+  local s = req.speculation
+  assert(type(s.ngram) == "number" and s.ngram >= 0 and s.ngram <= s.max_k, "req.speculation.ngram")
+  local l = last[req.id]
+  if l then assert(s.drafted.ngram - l.d == l.k, ("ngram said %d, drafted %d"):format(l.k, s.drafted.ngram - l.d)) end
+  last[req.id] = { d = s.drafted.ngram, k = s.ngram }
+  seen_zero = seen_zero or s.ngram == 0
+  assert(req.num_generated < 20 or seen_zero, "some steps have nothing to look up")
+  if s.ngram == 0 then return false end
+  return "ngram", s.ngram
+end }]] }
+same(exact, base, "policy: k = req.speculation.ngram")
+H.check(s_exact.spec_by.ngram.drafted > 0 and s_exact.policy_errors == 0,
+        "ngram foretold the drafts (drafted %d, %d policy errors)", s_exact.spec_by.ngram.drafted, s_exact.policy_errors)
 
 local err, s_err = run({ max_num_seqs = 4, spec_layers = 29, spec_disable_batch = 0,
                          policy_source = "return { speculate = function() error('boom') end }" },
