@@ -55,9 +55,9 @@
 -- the others (n-gram drafts at temperature > 0 start lower, at
 -- PRIOR_SAMPLED_NGRAM: deterministic drafts are accepted with probability
 -- p(draft) only, which copied text still makes high), each moved towards
--- what the method's first drafts did for every request lately (rounds of
--- all requests fading by POP_FORGET, against POP_WEIGHT rounds at the
--- fixed prior): requests that arrive together to copy the same kind of
+-- what the method's first drafts did for the other requests lately (their
+-- last POP_ROUNDS rounds, fading by POP_FORGET, against POP_WEIGHT rounds
+-- at the fixed prior): requests that arrive together to copy the same kind of
 -- text are priced as the ones before them, not as strangers (session 23:
 -- of four requests copying, the plan gave the first one's good record all
 -- the drafts while the other three, priced at the prior, got none and fell
@@ -82,8 +82,9 @@ local PRIOR_SAMPLED_NGRAM = 0.3
 -- measured: a method the request did not ask for is tried only when even
 -- this makes it pay (layer skip runs most of the target per draft)
 local PRIOR_DRAFT = { ngram = 0, draft = 0.3, layerskip = 0.5, medusa = 0.1, eagle = 0.1 }
-local POP_FORGET = 0.95  -- every request's rounds, a method's first drafts: memory ~20 rounds
+local POP_FORGET = 0.95  -- other requests' rounds, a method's first drafts: memory ~20 rounds
 local POP_WEIGHT = 2     -- rounds' worth of the fixed prior in the population's
+local POP_ROUNDS = 32    -- the population's rounds kept per method
 local MAX_K = { medusa = 4 }
 local METHODS = { "ngram", "draft", "layerskip", "medusa", "eagle" }
 
@@ -91,16 +92,26 @@ local METHODS = { "ngram", "draft", "layerskip", "medusa", "eagle" }
 -- call (drafted d, accepted a) and the faded rounds that reached and passed
 -- each depth (reach[i], pass[i]). Dropped at finish.
 local seen = {}
--- Per method (n-gram: greedy and sampled apart), every request's rounds:
--- faded counts of first drafts reached and passed.
+-- Per method (n-gram: greedy and sampled apart), the last POP_ROUNDS
+-- rounds of every request: who drafted, and whether the first draft passed
+-- (a ring: q.n rounds taken in, round j at q[j % POP_ROUNDS + 1]).
 local pop = {}
 
--- The prior of a method's first draft for a request: p moved towards what
--- the method's first drafts did for every request lately.
-local function pop_prior(key, p)
+-- The prior of a method's first draft for request id: p moved towards what
+-- the method's first drafts did lately for the other requests (rounds
+-- fading by POP_FORGET per newer one; the request's own rounds are its
+-- record already, and counted twice they would make a request alone its
+-- own prior).
+local function pop_prior(key, p, id)
   local q = pop[key]
   if not q then return p end
-  return (q.pass + POP_WEIGHT * p) / (q.reach + POP_WEIGHT)
+  local reach, pass, w = 0, 0, 1
+  for j = q.n - 1, math.max(0, q.n - POP_ROUNDS), -1 do
+    local r = q[j % POP_ROUNDS + 1]
+    if r.id ~= id then reach, pass = reach + w, pass + (r.pass and w or 0) end
+    w = w * POP_FORGET
+  end
+  return (pass + POP_WEIGHT * p) / (reach + POP_WEIGHT)
 end
 
 -- Takes in method m's round since the last call for request id, from the
@@ -122,9 +133,10 @@ local function observe(id, m, drafted, acceptance, key)
       if i <= da then pass[i] = pass[i] + 1 end
     end
     t.pw = t.pw * FORGET -- the prior fades like a round
-    local q = pop[key or m] or { reach = 0, pass = 0 }
+    local q = pop[key or m] or { n = 0 }
     pop[key or m] = q
-    q.reach, q.pass = q.reach * POP_FORGET + 1, q.pass * POP_FORGET + (da > 0 and 1 or 0)
+    q[q.n % POP_ROUNDS + 1] = { id = id, pass = da > 0 }
+    q.n = q.n + 1
   end
   t.d, t.a = drafted, acc
 end
@@ -263,7 +275,7 @@ local function speculate(req, state)
       local p = m == s.method and s.k > 0 and PRIOR_WANT or PRIOR[m]
       local key = m
       if m == "ngram" and s.temperature > 0 then p, key = PRIOR_SAMPLED_NGRAM, "ngram sampled" end
-      p = pop_prior(key, p)
+      p = pop_prior(key, p, req.id)
       observe(req.id, m, s.drafted[m] or 0, s.acceptance[m] or -1, key)
       local dt = sp.draft_time[m] or 0
       local draft = (dt > 0 and sp.step_time > 0) and dt / sp.step_time or PRIOR_DRAFT[m]

@@ -210,9 +210,9 @@ H.check(kc >= 3, "k = 1 rounds all accepted: k grows (%d)", kc)
 for i = 1, 40 do A._observe(-5, "ngram", i, 1) end
 local h_sure = A._expected_by_depth(-5, "ngram", 0.6, 1)[1] - 1
 H.check(h_sure > 0.95, "40 rounds accepted: h_1 %g", h_sure)
--- the population: a method's first drafts for every request move each
--- request's prior (POP_WEIGHT 2 rounds at the fixed prior against rounds
--- fading by 0.95)
+-- the population: a method's first drafts for the other requests move
+-- each request's prior (POP_WEIGHT 2 rounds at the fixed prior against
+-- their last 32 rounds, fading by 0.95)
 H.check(A._pop_prior("test pop", 0.3) == 0.3, "no rounds yet: the fixed prior")
 A._observe(-20, "draft", 4, 1, "test pop")
 H.check(math.abs(A._pop_prior("test pop", 0.3) - 1.6 / 3) < 1e-12, "one round passed: %g", A._pop_prior("test pop", 0.3))
@@ -220,6 +220,11 @@ A._observe(-21, "draft", 4, 0, "test pop")
 H.check(math.abs(A._pop_prior("test pop", 0.3) - 1.55 / 3.95) < 1e-12, "then another request's round failed: %g",
         A._pop_prior("test pop", 0.3))
 H.check(A._pop_prior("test pop sampled", 0.3) == 0.3, "each population apart")
+H.check(math.abs(A._pop_prior("test pop", 0.3, -20) - 0.6 / 3) < 1e-12, "a request's own rounds left out: %g",
+        A._pop_prior("test pop", 0.3, -20))
+for i = 1, 40 do A._observe(-22, "draft", 4 * i, 1, "test pop") end
+H.check(math.abs(A._pop_prior("test pop", 0.3, -22) - 0.3) < 1e-12, "32 rounds kept: the others' fell out (%g)",
+        A._pop_prior("test pop", 0.3, -22))
 -- the step's plan: four requests copying text (E(k) near k + 1) on a
 -- batch-4 cost curve measured on AVX2 (T(4) 9.4 ms, 1.5 ms a row past it)
 -- get the same drafts whatever their order; one copying request among
