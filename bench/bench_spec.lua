@@ -88,20 +88,8 @@ if #idles > 0 and not eagle then error("bench spec: --eagle-idle needs --eagle F
 local MAX = tonumber(arg[1]) or 128
 local ROUNDS = tonumber(arg[2]) or 2
 
-local code = [[
-def parse_header(line):
-    key, _, value = line.partition(":")
-    return key.strip().lower(), value.strip()
-
-def parse_headers(lines):
-    headers = {}
-    for line in lines:
-        if not line:
-            break
-        key, value = parse_header(line)
-        headers[key] = value
-    return headers
-]]
+local SW = bench.spec_workloads()
+local code = SW.code
 local passage = "The river ran past the old mills and the quiet farms, while the children counted the boats " ..
   "under a grey sky of late autumn. In the evening the lamps were lit along the bank, and the ferryman " ..
   "called the last crossing of the day."
@@ -131,25 +119,9 @@ local workloads = {
 local settings = { { k = 0 }, { k = 2 }, { k = 4 }, { k = 8 }, { k = 4, always = true } }
 
 -- ---- every proposer (mode `proposers`) ---------------------------------------
-local function chat(u) return "<|im_start|>user\n" .. u .. "<|im_end|>\n<|im_start|>assistant\n" end
--- Prompts the model carries out (checked by reading its greedy outputs): it
--- rewrites the paragraph with its text, prints the JSON object back in the
--- same layout, writes the functions again with type hints; the story is
--- open-ended.
-local json_doc = '{\n  "name": "Ada Lovelace",\n  "born": 1815,\n  "city": "London",\n' ..
-  '  "fields": ["mathematics", "computing"],\n  "notes": "wrote the first published algorithm for a machine"\n}'
-local grounded = {
-  rewrite = chat("Rewrite this paragraph, fixing only the spelling mistakes:\nThe rivr ran past the old mils and the " ..
-    "quiet farms, while the childen counted the boats under a grey sky of late autum. In the evening the lamps " ..
-    "were lit along the bank, and the feryman called the last crossing of the day. The next morning the mist lay " ..
-    "thick on the watter, and the first boat left the jetty before the sun had risen over the hils."),
-  json = chat("Here is a JSON object:\n" .. json_doc .. "\nOutput the same JSON object with \"city\" changed to " ..
-    "\"Paris\"."),
-  code = chat("Here is some Python code:\n```python\n" .. code .. "```\nRewrite it with type hints added to every " ..
-    "function."),
-  story = chat("Write a short story about a lighthouse keeper who finds a message in a bottle."),
-}
-local kinds = { "rewrite", "json", "code", "story" }
+-- the workloads (luainfer.bench's spec_workloads: the prompts and how a
+-- batch's variants differ)
+local grounded, kinds = SW.prompts, SW.kinds
 
 local function proposers_bench(layers, draft)
   local sets = {
@@ -200,7 +172,7 @@ local function proposers_bench(layers, draft)
     local e = luainfer.engine(cfg)
     local ids = {}
     for i = 1, seqs do
-      local p = seqs == 1 and grounded[kind] or grounded[kind]:gsub("<|im_start|>assistant", ("(variant %d)<|im_start|>assistant"):format(i))
+      local p = seqs == 1 and grounded[kind] or SW.variant(grounded[kind], i)
       -- sampled requests ask for their proposer themselves (the engine's
       -- n-gram default drafts greedy requests only)
       ids[i] = e:add{ prompt = p, max_tokens = MAX, temperature = temp, seed = 7 + i,

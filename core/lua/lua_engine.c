@@ -20,6 +20,7 @@
 #include "engine/engine.h"
 #include "lua/lua_env.h"
 #include "request/request.h"
+#include "spec/ngram.h"
 #include "runtime/policy_open.h"
 #include "tokenizer/tokenizer.h"
 #include "util/mp_read.h"
@@ -760,6 +761,36 @@ static const luaL_Reg engine_methods[] = {
     {NULL, NULL},
 };
 
+/* luainfer.ngram_draft(tokens, n_max, n_min, k): the drafts n-gram lookup
+ * makes for a token list (li_spec_ngram_draft, what the engine drafts with),
+ * for tools that replay speculation offline. */
+static int l_ngram_draft(lua_State *L) {
+    luaL_checktype(L, 1, LUA_TTABLE);
+    const lua_Integer nmax = luaL_checkinteger(L, 2), nmin = luaL_checkinteger(L, 3), k = luaL_checkinteger(L, 4);
+    luaL_argcheck(L, nmin >= 1 && nmin <= nmax && nmax <= 64, 3, "want 1 <= n_min <= n_max <= 64");
+    luaL_argcheck(L, k >= 0 && k <= 1024, 4, "want 0 <= k <= 1024");
+    const size_t n = lua_objlen(L, 1);
+    int32_t *toks = malloc((n ? n : 1) * sizeof *toks), out[1024];
+    if (!toks) return luaL_error(L, "ngram_draft: out of memory");
+    for (size_t i = 0; i < n; i++) {
+        lua_rawgeti(L, 1, (int)i + 1);
+        if (!lua_isnumber(L, -1)) {
+            free(toks);
+            return luaL_error(L, "ngram_draft: token %d is not a number", (int)i + 1);
+        }
+        toks[i] = (int32_t)lua_tointeger(L, -1);
+        lua_pop(L, 1);
+    }
+    const int32_t m = li_spec_ngram_draft(toks, (int64_t)n, (int)nmax, (int)nmin, (int32_t)k, out);
+    free(toks);
+    lua_createtable(L, m, 0);
+    for (int32_t i = 0; i < m; i++) {
+        lua_pushinteger(L, out[i]);
+        lua_rawseti(L, -2, i + 1);
+    }
+    return 1;
+}
+
 int li_lua_open_core(lua_State *L) {
     if (luaL_newmetatable(L, ENGINE_MT)) {
         lua_newtable(L);
@@ -772,6 +803,8 @@ int li_lua_open_core(lua_State *L) {
     lua_newtable(L);
     lua_pushcfunction(L, l_engine_new);
     lua_setfield(L, -2, "engine");
+    lua_pushcfunction(L, l_ngram_draft);
+    lua_setfield(L, -2, "ngram_draft");
     lua_pushstring(L, li_model_default_path(NULL));
     lua_setfield(L, -2, "default_model");
     return 1;

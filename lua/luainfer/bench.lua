@@ -258,4 +258,49 @@ function M.loadavg()
   return s:match("^(%S+ %S+ %S+)") or s
 end
 
+-- The workloads of `bench spec ... proposers` (and tools/spec_replay.lua):
+-- prompts the model carries out (checked by reading its greedy outputs): it
+-- rewrites the paragraph with its text, prints the JSON object back in the
+-- same layout, writes the functions again with type hints; the story is
+-- open-ended. kinds: their order; prompts[kind]: the chat prompt;
+-- variant(prompt, i): the i-th of a batch (a line added before the
+-- assistant's turn, so each request writes its own text).
+function M.spec_workloads()
+  local function chat(u) return "<|im_start|>user\n" .. u .. "<|im_end|>\n<|im_start|>assistant\n" end
+  local code = [[
+def parse_header(line):
+    key, _, value = line.partition(":")
+    return key.strip().lower(), value.strip()
+
+def parse_headers(lines):
+    headers = {}
+    for line in lines:
+        if not line:
+            break
+        key, value = parse_header(line)
+        headers[key] = value
+    return headers
+]]
+  local json_doc = '{\n  "name": "Ada Lovelace",\n  "born": 1815,\n  "city": "London",\n' ..
+    '  "fields": ["mathematics", "computing"],\n  "notes": "wrote the first published algorithm for a machine"\n}'
+  return {
+    code = code, -- the functions the code prompt holds (bench spec's copy prompts repeat them)
+    kinds = { "rewrite", "json", "code", "story" },
+    prompts = {
+      rewrite = chat("Rewrite this paragraph, fixing only the spelling mistakes:\nThe rivr ran past the old mils and " ..
+        "the quiet farms, while the childen counted the boats under a grey sky of late autum. In the evening the " ..
+        "lamps were lit along the bank, and the feryman called the last crossing of the day. The next morning the " ..
+        "mist lay thick on the watter, and the first boat left the jetty before the sun had risen over the hils."),
+      json = chat("Here is a JSON object:\n" .. json_doc .. "\nOutput the same JSON object with \"city\" changed " ..
+        "to \"Paris\"."),
+      code = chat("Here is some Python code:\n```python\n" .. code .. "```\nRewrite it with type hints added to " ..
+        "every function."),
+      story = chat("Write a short story about a lighthouse keeper who finds a message in a bottle."),
+    },
+    variant = function(prompt, i)
+      return (prompt:gsub("<|im_start|>assistant", ("(variant %d)<|im_start|>assistant"):format(i)))
+    end,
+  }
+end
+
 return M

@@ -10,6 +10,7 @@ local core = require("luainfer.core")
 
 local M = {
   engine = core.engine,
+  ngram_draft = core.ngram_draft,
   default_model = core.default_model,
   chat = require("luainfer.chat"),
 }

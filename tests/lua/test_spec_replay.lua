@@ -1,0 +1,70 @@
+-- test_spec_replay.lua — tools/spec_replay.lua and luainfer.ngram_draft:
+--  * ngram_draft is the engine's lookup (the latest match, n_max down to
+--    n_min, k caps it) and refuses bad arguments;
+--  * the replay prints every workload at batch 1 and 4, n-gram k8 gains on
+--    the copying workloads and not on the story, and a policy that never
+--    drafts reads 1.00x;
+--  * the same inputs give the same output, byte for byte;
+--  * bad flags exit with the reason.
+package.path = arg[0]:match("^(.*)/[^/]*$") .. "/?.lua;" .. package.path
+local H = require("harness")
+local luainfer = require("luainfer")
+local root = H.repo_root()
+
+local d = luainfer.ngram_draft({ 7, 8, 9, 7, 8 }, 4, 2, 8)
+H.check(#d == 3 and d[1] == 9 and d[2] == 7 and d[3] == 8, "ngram_draft: what followed {7 8} (%d tokens)", #d)
+d = luainfer.ngram_draft({ 5, 6, 1, 5, 6, 2, 5, 6 }, 2, 2, 1)
+H.check(#d == 1 and d[1] == 2, "ngram_draft: the latest match, k caps it (%s)", tostring(d[1]))
+H.check(#luainfer.ngram_draft({ 1, 2, 3, 4 }, 4, 2, 8) == 0, "ngram_draft: no repeat, no draft")
+for _, bad in ipairs({ { { 1, 2 }, 2, 3, 4 }, { { 1, 2 }, 4, 2, -1 }, { { 1, "x" }, 4, 2, 2 }, { 7, 4, 2, 2 } }) do
+  local ok, err = pcall(luainfer.ngram_draft, bad[1], bad[2], bad[3], bad[4])
+  H.check(not ok, "ngram_draft refuses bad arguments: %s", tostring(err))
+end
+
+local exe = io.popen("readlink /proc/$PPID/exe 2>/dev/null")
+local bin = exe:read("*l")
+exe:close()
+if not (bin and bin:match("luainfer$")) then
+  print("SKIP: the replay's runs: cannot find the luainfer binary running this test (/proc/$PPID/exe)")
+  H.finish("test_spec_replay")
+  return
+end
+local never = os.tmpname()
+local f = io.open(never, "w")
+f:write("return { speculate = function() return false end }\n")
+f:close()
+local function replay(flags)
+  local p = io.popen(("cd %q && %q run tools/spec_replay.lua %s 2>&1; echo \"exit $?\""):format(root, bin, flags))
+  local out = p:read("*a")
+  p:close()
+  return out, tonumber(out:match("exit (%d+)%s*$"))
+end
+local flags = ("--tokens 48 --variants 1 --k 8 --policy %s,%s"):format(root .. "/policies/spec_adaptive.lua", never)
+local out, rc = replay(flags)
+H.check(rc == 0, "the replay runs (exit %s): %s", tostring(rc), out:sub(1, 300))
+local rows = {}
+local batch
+for line in out:gmatch("[^\n]+") do
+  batch = line:match("^batch (%d)") or batch
+  local kind, r8, ra, rn = line:match("^(%a+)%s+([%d.]+)x %(%d+%%%)%s+([%d.]+)x %(%d+%%%)%s+([%d.]+)x")
+  if kind and kind ~= "workload" then rows[batch .. kind] = { k8 = tonumber(r8), adaptive = tonumber(ra), never = tonumber(rn) } end
+end
+for _, b in ipairs({ "1", "4" }) do
+  for _, kind in ipairs({ "rewrite", "json", "code", "story" }) do
+    local r = rows[b .. kind]
+    H.check(r and r.k8 > 0 and r.adaptive > 0 and r.never == 1, "batch %s %s: a row, and never drafting reads 1.00x", b, kind)
+  end
+end
+H.check(rows["1rewrite"] and rows["1rewrite"].k8 > 1.5 and rows["1json"].k8 > 1.2,
+        "n-gram k8 gains on copied text (rewrite %.2fx, json %.2fx)", rows["1rewrite"] and rows["1rewrite"].k8 or 0,
+        rows["1json"] and rows["1json"].k8 or 0)
+H.check(rows["1story"] and rows["1story"].k8 < 1.05, "and not on the story (%.2fx)", rows["1story"] and rows["1story"].k8 or 0)
+local again = replay(flags)
+H.check(again == out, "the same inputs, the same output")
+for _, bad in ipairs({ "--k 0", "--batch 2", "--rows 2=1,1=2", "--rows 1=1", "--policy /nonexistent.lua", "--variants x" }) do
+  local o, code = replay(bad)
+  H.check(code == 2 and o:find("spec_replay: ", 1, true), "%s: refused (exit %s): %s", bad, tostring(code),
+          o:match("spec_replay: [^\n]*") or o:sub(1, 200))
+end
+os.remove(never)
+H.finish("test_spec_replay")
