@@ -70,6 +70,8 @@
 
 local PRIOR_ROW = 0.06 -- an unmeasured row count: each row past the largest measured one costs this share of it
 local MIN_GAIN = 1.05  -- below this expected speedup, no drafts
+local BAL_H1 = 0.5      -- a request whose first draft passes this often is planned with the others
+local BAL_SLACK = 0.98  -- the even plan stands unless the greedy one is this much faster
 local MIN_ROUND = 1.01 -- a planning round must gain this much to grant more
 local MAX_DRAFTS = 16  -- drafts per request at most (the engine's LI_SPEC_MAX_TOKENS)
 local FORGET = 0.9       -- a round's weight fades by this per newer round (memory ~10)
@@ -213,25 +215,12 @@ end
 -- with alone, that method's E(1..K) and proposer share. The plan reads them.
 local cand = {}
 
--- The step's drafts, planned at its first call for every running request
--- priced at its last call: starting from none, each round grants the one
--- request the k that most raises the step's expected tokens per second,
+-- Grows a plan (k per id; R rows, Tok tokens, D proposer seconds, V its
+-- speed) round by round: each round grants the one request the k that
+-- most raises the step's expected tokens per second,
 --     V = Tok / (T(R) + D),  R rows, Tok tokens, D the proposers' time,
--- while that gains at least MIN_ROUND; the plan stands if the step gains
--- MIN_GAIN over no drafts. Unlike pricing each request at the margin in
--- call order (session 16), no request's drafts depend on where it sits in
--- the batch: four requests copying text get the same drafts (4-5 each on
--- an AVX2 cost curve), not 15 for the first two and none for the rest.
--- Returns each planned id's k, and the plan's rows and tokens.
-local function plan(state, b, est)
-  local ids, k = {}, {}
-  for _, r in ipairs(state.running or {}) do
-    local c = cand[r.id]
-    if c and c.method then ids[#ids + 1] = r.id; k[r.id] = 0 end
-  end
-  local R, Tok, D = b, b, 0
-  local V0 = Tok / est[R]
-  local V = V0
+-- while that gains at least MIN_ROUND.
+local function grow(ids, k, b, est, R, Tok, D, V)
   while true do
     local bi, bk, bv, bt, bd = nil, 0, V * MIN_ROUND, 0, 0
     for _, id in ipairs(ids) do
@@ -245,9 +234,64 @@ local function plan(state, b, est)
         if v > bv then bi, bk, bv, bt, bd = id, kk, v, nT, nD end
       end
     end
-    if not bi then break end
+    if not bi then return R, Tok, D, V end
     R, Tok, D, V = R + bk - k[bi], bt, bd, bv
     k[bi] = bk
+  end
+end
+
+-- The step's drafts, planned at its first call for every running request
+-- priced at its last call: grown from none, and grown from the same k for
+-- every request likely to pass its first draft (below); the plan stands if
+-- the step gains MIN_GAIN over no drafts. Unlike pricing each request at
+-- the margin in call order (session 16), no request's drafts depend on
+-- where it sits in the batch: four requests copying text get the same
+-- drafts (4-5 each on an AVX2 cost curve), not 15 for the first two and
+-- none for the rest. Returns each planned id's k, and the plan's rows and
+-- tokens.
+local function plan(state, b, est)
+  local ids, k = {}, {}
+  for _, r in ipairs(state.running or {}) do
+    local c = cand[r.id]
+    if c and c.method then ids[#ids + 1] = r.id; k[r.id] = 0 end
+  end
+  local V0 = b / est[b]
+  local R, Tok, D, V = grow(ids, k, b, est, b, b, 0, V0)
+  -- the same k for every request likely to pass its first draft (the k
+  -- that makes the step fastest), then grown; it stands unless the plan
+  -- grown from nothing is faster by more than BAL_SLACK. Where rows are
+  -- cheap up to a point and dearer past it (Zen 5: 0.28 ms a row to 16
+  -- rows, 0.36 past), one request's 12 drafts make the step as fast as
+  -- four requests' 8 each, so the greedy plan gave one request all the
+  -- drafts: the others fell behind, and the batch ended with requests
+  -- running alone (tools/spec_replay.lua, four copying requests: 1.52x
+  -- against 1.74x for n-gram k 8; with the even plan, 1.74x).
+  local good = {}
+  for _, id in ipairs(ids) do if cand[id].E[1] >= BAL_H1 + 1 then good[#good + 1] = id end end
+  if #good > 1 then
+    local bu, bvu = 0, V0
+    for u = 1, MAX_DRAFTS do
+      local r, t, d = b, b, 0
+      for _, id in ipairs(good) do
+        local c = cand[id]
+        local kk = math.min(u, c.K)
+        r, t, d = r + kk, t + c.E[kk] - 1, d + kk * c.draft * est[b]
+      end
+      if r > #est then break end
+      local v = t / (est[r] + d)
+      if v > bvu then bu, bvu = u, v end
+    end
+    if bu > 0 then
+      local k2, r, t, d = {}, b, b, 0
+      for _, id in ipairs(ids) do k2[id] = 0 end
+      for _, id in ipairs(good) do
+        local c = cand[id]
+        k2[id] = math.min(bu, c.K)
+        r, t, d = r + k2[id], t + c.E[k2[id]] - 1, d + k2[id] * c.draft * est[b]
+      end
+      local R2, Tok2, D2, V2 = grow(ids, k2, b, est, r, t, d, t / (est[r] + d))
+      if V2 >= BAL_SLACK * V then k, R, Tok, V = k2, R2, Tok2, V2 end
+    end
   end
   if V < MIN_GAIN * V0 then
     for id in pairs(k) do k[id] = 0 end

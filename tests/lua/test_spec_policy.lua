@@ -252,6 +252,22 @@ H.check(lo >= 3 and hi - lo <= 1 and n1 == n2,
 local p3 = plan_of({ 101, 102, 103, 104 }, { [101] = cold, [102] = copy, [103] = cold, [104] = cold })
 H.check(p3[102] >= 4 and p3[101] == 0 and p3[103] == 0 and p3[104] == 0, "one copying request drafts alone (%d, %d)",
         p3[102], p3[101])
+-- where rows are cheap up to 16 and dearer past them (Zen 5's curve), four
+-- copying requests still get even drafts (3 each here, the fastest even
+-- step): the plan grown from nothing gave one of them 12 and the others
+-- none, a slower step, and the four fell out of step
+local zen = A._row_estimates({ [1] = 1.85, [2] = 2.17, [4] = 2.56, [8] = 3.38, [16] = 5.60, [32] = 11.29 }, 68)
+local sure = flat(0.98, 16)
+local running4 = {}
+for i, id in ipairs({ 111, 112, 113, 114 }) do
+  running4[i] = { id = id }
+  A._cand[id] = { method = "ngram", E = sure, K = 16, draft = 0 }
+end
+local pz = A._plan({ running = running4 }, 4, zen)
+local zlo, zhi = 99, 0
+for id = 111, 114 do zlo, zhi = math.min(zlo, pz[id]), math.max(zhi, pz[id]) end
+H.check(zlo >= 2 and zhi - zlo <= 1, "four copying requests on a kinked curve: k %d %d %d %d", pz[111], pz[112], pz[113],
+        pz[114])
 local t32 = A._row_estimates(curve(32 * 17, 50, 1.6), 32 * 17)
 local ids32, E32 = {}, {}
 for i = 1, 32 do ids32[i] = 200 + i; E32[200 + i] = flat(0.5, 16) end
