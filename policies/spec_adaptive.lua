@@ -78,10 +78,7 @@ local FORGET = 0.9       -- a round's weight fades by this per newer round (memo
 local PRIOR_WEIGHT = 4   -- rounds' worth of the prior acceptance of a first draft
 local DEPTH_PRIOR_WEIGHT = 1 -- rounds' worth of h_(i-1) in h_i
 local PRIOR_WANT = 0.6   -- the method the request would draft with anyway
--- n-gram at 0.6, as a request asking for it: at 0.5 a request's first
--- rounds drafted 2, then 5 (replayed, the rewrite at batch 1: 3.67x where
--- k 16 gives 4.05x; at 0.6, 4.17x, and json, code and the story within 3%)
-local PRIOR = { ngram = 0.6, draft = 0.3, layerskip = 0.3, medusa = 0.3, eagle = 0.4 }
+local PRIOR = { ngram = 0.5, draft = 0.3, layerskip = 0.3, medusa = 0.3, eagle = 0.4 }
 local PRIOR_SAMPLED_NGRAM = 0.3
 -- a model proposer's cost per draft token, as a share of a step, until
 -- measured: a method the request did not ask for is tried only when even

@@ -7,7 +7,7 @@
 -- differ by 10-20%; here the same inputs give the same numbers).
 --
 --   ./build/luainfer run tools/spec_replay.lua [--policy F[,F...]] [--k 4,8,16]
---       [--rows 1=1.85,2=2.17,...] [--tokens N] [--variants N] [--batch 1,4]
+--       [--rows 1=1.85,2=2.17,...] [--tokens N] [--variants N] [--batch 1,4] [--cold]
 --
 -- Workloads: bench spec's proposers workloads (luainfer.bench's
 -- spec_workloads). Batch 1 replays the prompt and its variants 1..N (N = 4
@@ -19,7 +19,9 @@
 -- 24's Zen 5 model clock); the ratio is to no drafts. n-gram lookup is the
 -- engine's own (luainfer.ngram_draft, n 4 down to 2). A policy is called as
 -- the engine calls it, speculate(req, state), with every row count
--- measured (state.spec.row_time: the curve) and n-gram the only proposer;
+-- measured (state.spec.row_time: the curve), or with --cold as a fresh
+-- engine shows them (a count's cost once it has run twice: the engine does
+-- not time a count's first, cold pass), and n-gram the only proposer;
 -- a request's drafts are capped at 16 and at the room before max_tokens.
 -- Not modelled: the proposer's and the policy's own time, prefill, cold
 -- passes, sampling (greedy only).
@@ -27,7 +29,9 @@ local luainfer = require("luainfer")
 local bench = require("luainfer.bench")
 
 local flags = bench.take_flags(arg, { ["--policy"] = "value", ["--k"] = "value", ["--rows"] = "value",
-                                      ["--tokens"] = "value", ["--variants"] = "value", ["--batch"] = "value" })
+                                      ["--tokens"] = "value", ["--variants"] = "value", ["--batch"] = "value",
+                                      ["--cold"] = "flag" })
+local cold = flags["--cold"]
 local root = (arg[0]:match("^(.*)/tools/") or ".")
 local function fail(msg) io.stderr:write("spec_replay: " .. msg .. "\n"); os.exit(2) end
 local function numbers(s, what)
@@ -98,8 +102,11 @@ local function lookup(t, n, k) -- the drafts for the first n tokens of t
 end
 
 -- Replays requests in lockstep (one, or four). choose(i, r, max_k, step,
--- live) -> k. Returns ms, steps, drafted, accepted.
+-- live, row_time) -> k, row_time the costs the engine would show (every
+-- count, or with --cold the counts run twice so far). Returns ms, steps,
+-- drafted, accepted.
 local function replay(set, choose)
+  local shown, runs = cold and {} or row_time, {}
   local st = {}
   for i, x in ipairs(set) do st[i] = { x = x, cur = x.np + 1, dr = 0, ac = 0 } end -- after prefill: one token out
   local ms, steps = 0, 0
@@ -111,11 +118,13 @@ local function replay(set, choose)
     local rows, props = 0, {}
     for _, i in ipairs(live) do
       local r = st[i]
-      local k = choose(i, r, math.min(16, #r.x.t - r.cur), steps, live)
+      local k = choose(i, r, math.min(16, #r.x.t - r.cur), steps, live, shown)
       props[i] = k > 0 and lookup(r.x.t, r.cur, k) or {}
       rows = rows + 1 + #props[i]
     end
     ms = ms + T(rows)
+    runs[rows] = (runs[rows] or 0) + 1
+    if cold and runs[rows] >= 2 and rows <= 64 then shown[rows] = row_time[rows] end
     for _, i in ipairs(live) do
       local r, p = st[i], props[i]
       local a = 0
@@ -132,13 +141,13 @@ local next_id = 0
 local function policy_chooser(P)
   local base = next_id
   next_id = next_id + 16
-  return function(i, r, mk, step, live)
+  return function(i, r, mk, step, live, shown)
     local running = {}
     for _, j in ipairs(live) do running[#running + 1] = { id = base + j } end
     local req = { id = base + i, num_generated = r.cur - r.x.np, speculation = { method = "ngram", k = 0, max_k = mk,
                   temperature = 0, acceptance = { ngram = r.dr > 0 and r.ac / r.dr or -1 }, drafted = { ngram = r.dr },
                   ngram = #lookup(r.x.t, r.cur, mk) } }
-    local state = { step = step, running = running, spec = { batch_size = #live, row_time = row_time,
+    local state = { step = step, running = running, spec = { batch_size = #live, row_time = shown,
                     step_time = row_time[#live], token_time = row_time[1], draft_time = { ngram = 0 },
                     available = { ngram = true } } }
     local m, k = P.speculate(req, state)
@@ -155,7 +164,8 @@ for _, f in ipairs(policies) do names[#names + 1] = f:match("([^/]+)%.lua$") or 
 local curve = {}
 for _, p in ipairs(pts) do curve[#curve + 1] = ("%d %.2f"):format(p[1], p[2]) end
 print(("speculation replayed: greedy texts of up to %d tokens, n-gram lookup; each setting's decode time on the " ..
-       "cost curve (rows ms: %s) over no drafts (acceptance)"):format(MAX, table.concat(curve, ", ")))
+       "cost curve (rows ms: %s) over no drafts (acceptance)%s"):format(MAX, table.concat(curve, ", "),
+       cold and "; the policies see the costs a fresh engine has measured" or ""))
 for _, B in ipairs(batches) do
   print(B == 1 and ("batch 1: geometric mean over the prompt and %d variants"):format(NV)
         or "batch 4: variants 1-4 in lockstep")

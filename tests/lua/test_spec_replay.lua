@@ -61,6 +61,13 @@ H.check(rows["1rewrite"] and rows["1rewrite"].k8 > 1.5 and rows["1json"].k8 > 1.
 H.check(rows["1story"] and rows["1story"].k8 < 1.05, "and not on the story (%.2fx)", rows["1story"] and rows["1story"].k8 or 0)
 local again = replay(flags)
 H.check(again == out, "the same inputs, the same output")
+-- --cold: the policy sees only the row counts run twice so far; never
+-- drafting still reads 1.00x, and a fixed k is the same as without it
+local cold, crc = replay(flags .. " --cold")
+H.check(crc == 0 and cold:find("fresh engine", 1, true), "--cold runs (exit %s)", tostring(crc))
+local ck8, cnever = cold:match("\nrewrite%s+([%d.]+)x %(%d+%%%)%s+[%d.]+x %(%d+%%%)%s+([%d.]+)x")
+H.check(tonumber(ck8) == rows["1rewrite"].k8 and tonumber(cnever) == 1,
+        "--cold: k8 as before (%s), never drafting 1.00x (%s)", tostring(ck8), tostring(cnever))
 for _, bad in ipairs({ "--k 0", "--batch 2", "--rows 2=1,1=2", "--rows 1=1", "--policy /nonexistent.lua", "--variants x" }) do
   local o, code = replay(bad)
   H.check(code == 2 and o:find("spec_replay: ", 1, true), "%s: refused (exit %s): %s", bad, tostring(code),
