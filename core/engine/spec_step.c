@@ -403,7 +403,8 @@ void li_spec_step_propose(li_engine *e) {
             req *r = e->sp.sreq[i];
             /* n-gram and Medusa drafts take their slots now (a tree's nodes
              * list parents first: a cut one keeps its shape) */
-            const int32_t n = (int32_t)LI_MIN((int64_t)e->sp.sseq[i].n_draft, spec_take(e, r, r->n_toks + e->sp.sseq[i].n_draft) - r->n_toks);
+            const int32_t want = e->sp.sseq[i].n_draft;
+            const int32_t n = (int32_t)LI_MIN((int64_t)want, spec_take(e, r, r->n_toks + want) - r->n_toks);
             if (n <= 0) continue;
             if (r->n_toks + n > r->cap) {
                 r->cap = r->n_toks + n + 16;
