@@ -96,7 +96,8 @@ local METHODS = { "ngram", "draft", "layerskip", "medusa", "eagle" }
 local seen = {}
 -- Per method (n-gram: greedy and sampled apart), the last POP_ROUNDS
 -- rounds of every request: who drafted, and whether the first draft passed
--- (a ring: q.n rounds taken in, round j at q[j % POP_ROUNDS + 1]).
+-- (a ring: q.n rounds taken in, round j's at q.id[j % POP_ROUNDS + 1] and
+-- q.pass[...], kept in place: no table per round).
 local pop = {}
 
 -- The prior of a method's first draft for request id: p moved towards what
@@ -109,8 +110,8 @@ local function pop_prior(key, p, id)
   if not q then return p end
   local reach, pass, w = 0, 0, 1
   for j = q.n - 1, math.max(0, q.n - POP_ROUNDS), -1 do
-    local r = q[j % POP_ROUNDS + 1]
-    if r.id ~= id then reach, pass = reach + w, pass + (r.pass and w or 0) end
+    local slot = j % POP_ROUNDS + 1
+    if q.id[slot] ~= id then reach, pass = reach + w, pass + (q.pass[slot] and w or 0) end
     w = w * POP_FORGET
   end
   return (pass + POP_WEIGHT * p) / (reach + POP_WEIGHT)
@@ -135,10 +136,10 @@ local function observe(id, m, drafted, acceptance, key)
       if i <= da then pass[i] = pass[i] + 1 end
     end
     t.pw = t.pw * FORGET -- the prior fades like a round
-    local q = pop[key or m] or { n = 0 }
+    local q = pop[key or m] or { n = 0, id = {}, pass = {} }
     pop[key or m] = q
-    q[q.n % POP_ROUNDS + 1] = { id = id, pass = da > 0 }
-    q.n = q.n + 1
+    local slot = q.n % POP_ROUNDS + 1
+    q.id[slot], q.pass[slot], q.n = id, da > 0, q.n + 1
   end
   t.d, t.a = drafted, acc
 end

@@ -347,21 +347,39 @@ static void storage_block_copy(li_kv_cache *kv, int32_t dst, int32_t src) {
     }
 }
 
+/* Zeroes row `row` bytes at slot slots[0] of each of the runs (one backend
+ * set each), then copies it to the other slots in one backend copy: two
+ * calls per run and one in all, not one per slot and run (a device
+ * backend's set is a transfer from the host). */
+static void rows_clear(li_kv_cache *kv, li_buffer *buf, size_t row, size_t run, int runs, const int64_t *slots,
+                       int32_t n) {
+    void *zeros = li_xcalloc(1, row);
+    for (int r = 0; r < runs; r++)
+        kv->be->ops->buffer_set(kv->be, buf, run * (size_t)r + (size_t)slots[0] * row, zeros, row);
+    free(zeros);
+    if (n < 2) return;
+    const size_t nr = (size_t)runs * (size_t)(n - 1);
+    size_t *d_off = li_xmalloc(2 * nr * sizeof *d_off), *s_off = d_off + nr;
+    for (int r = 0; r < runs; r++)
+        for (int32_t i = 1; i < n; i++) {
+            d_off[(size_t)r * (n - 1) + i - 1] = run * (size_t)r + (size_t)slots[i] * row;
+            s_off[(size_t)r * (n - 1) + i - 1] = run * (size_t)r + (size_t)slots[0] * row;
+        }
+    kv->be->ops->buffer_copy(kv->be, buf, buf, d_off, s_off, (int)nr, row);
+    free(d_off);
+}
+
 void li_kv_slots_clear(li_kv_cache *kv, const int64_t *slots, int32_t n) {
     /* a slot is one row of n_head_kv * head_dim elements in each run (layer l,
      * K or V), its scales one row of n_head_kv floats */
+    if (n <= 0) return;
+    const size_t slots_all = (size_t)kv->num_blocks * (size_t)kv->block_size;
     const size_t row = (size_t)kv->n_head_kv * kv->head_dim * dtype_bytes(kv->dtype);
-    const size_t run = row * (size_t)kv->num_blocks * (size_t)kv->block_size;
-    const size_t srow = (size_t)kv->n_head_kv * sizeof(float), srun = srow * (size_t)kv->num_blocks * kv->block_size;
-    void *zeros = li_xcalloc(1, LI_MAX(row, srow));
-    for (int r = 0; r < 2 * kv->n_layer; r++)
-        for (int32_t i = 0; i < n; i++) {
-            kv->be->ops->buffer_set(kv->be, &kv->storage_buf, run * (size_t)r + (size_t)slots[i] * row, zeros, row);
-            if (kv->scales)
-                kv->be->ops->buffer_set(kv->be, &kv->scales_buf, srun * (size_t)r + (size_t)slots[i] * srow, zeros,
-                                        srow);
-        }
-    free(zeros);
+    rows_clear(kv, &kv->storage_buf, row, row * slots_all, 2 * kv->n_layer, slots, n);
+    if (kv->scales) {
+        const size_t srow = (size_t)kv->n_head_kv * sizeof(float);
+        rows_clear(kv, &kv->scales_buf, srow, srow * slots_all, 2 * kv->n_layer, slots, n);
+    }
 }
 
 void li_kv_block_copy(li_kv_cache *kv, int32_t dst, int32_t src) {
