@@ -4,12 +4,21 @@
 --
 --   ./build/luainfer run tools/gen_chat_data.lua OUT.txt [--prompts N] [--max-tokens N]
 --       [--temperature T] [--seed S] [--batch B] [--offset K]
+--       [--tasks chat|grounded --text FILE --code DIR]
 --
--- Prompts are templates ("Write a short story about %s.", "Explain %s in
--- simple terms.", ...) crossed with topics, taken in a seeded order from
--- --offset on (so several runs add up without repeating); none of them is a
--- prompt of bench/bench_spec.lua (held out: a draft is measured on
--- those). Each conversation is written in the model's chat format (its
+-- --tasks chat (the default): templates ("Write a short story about %s.",
+-- "Explain %s in simple terms.", ...) crossed with topics, taken in a
+-- seeded order from --offset on (so several runs add up without
+-- repeating). --tasks grounded: tasks whose answer draws on the prompt,
+-- as in the chats a served model gets (EAGLE's ShareGPT has them; a draft
+-- trained on stories alone drafts none of a copy): correcting typos put
+-- into a paragraph of --text (blank-line separated; chat markup and
+-- paragraphs under 200 or over 900 bytes skipped), rewording or repeating
+-- one; editing a JSON object made up from the seed (a value changed, a
+-- field added or removed, YAML); annotating, documenting or renaming in
+-- one or two functions of the *.py files under --code. None of them is a
+-- prompt of bench/bench_spec.lua nor holds its texts (held out: a draft
+-- is measured on those; the `held` list below). Each conversation is written in the model's chat format (its
 -- chat template through luainfer.chat, the special tokens as text:
 -- `train-eagle --data` tokenizes them back), one after another. The file is
 -- written to OUT.txt.tmp and renamed at the end; progress goes to stderr.
@@ -23,16 +32,28 @@ if not out or out:sub(1, 2) == "--" then
   os.exit(2)
 end
 local opt = { prompts = 800, ["max-tokens"] = 320, temperature = 0, seed = 1, batch = 32, offset = 0 }
+local sopt = { tasks = "chat", text = false, code = false } -- the options that take a string
 local i = 2
 while i <= #arg do
   local k = arg[i]:match("^%-%-(.+)$")
   local v = tonumber(arg[i + 1] or "")
-  if not k or opt[k] == nil or not v then
+  if k and sopt[k] ~= nil and arg[i + 1] then
+    sopt[k] = arg[i + 1]
+  elseif not k or opt[k] == nil or not v then
     io.stderr:write(("gen_chat_data: unknown option or bad value: %s %s\n"):format(arg[i], arg[i + 1] or ""))
     os.exit(2)
+  else
+    opt[k] = v
   end
-  opt[k] = v
   i = i + 2
+end
+if sopt.tasks ~= "chat" and sopt.tasks ~= "grounded" then
+  io.stderr:write("gen_chat_data: --tasks is chat or grounded, got " .. sopt.tasks .. "\n")
+  os.exit(2)
+end
+if sopt.tasks == "grounded" and (not sopt.text or not sopt.code) then
+  io.stderr:write("gen_chat_data: --tasks grounded needs --text FILE (paragraphs) and --code DIR (*.py files)\n")
+  os.exit(2)
 end
 if opt.prompts < 1 or opt["max-tokens"] < 1 or opt.batch < 1 or opt.temperature < 0 or opt.offset < 0 then
   io.stderr:write("gen_chat_data: --prompts, --max-tokens and --batch must be >= 1, --temperature and --offset >= 0\n")
@@ -66,14 +87,28 @@ local templates = {
   "Give me some interesting facts about %s.", "Write a short essay about %s.", "What should I know about %s?",
   "Write a blog post about %s.",
 }
--- every (template, topic) pair in a seeded order
-local pairs_ = {}
-for _, t in ipairs(topics) do for _, tp in ipairs(templates) do pairs_[#pairs_ + 1] = tp:format(t) end end
 local rng = opt.seed
 local function rand(n) rng = (rng * 1103515245 + 12345) % 2147483648; return rng % n + 1 end
-for j = #pairs_, 2, -1 do local r = rand(j); pairs_[j], pairs_[r] = pairs_[r], pairs_[j] end
--- held out: the prompts bench/bench_spec.lua measures on
-local held = { "lighthouse", "message in a bottle", "JSON object", "Rewrite this paragraph", "type hints" }
+local pairs_ = {}
+if sopt.tasks == "chat" then
+  -- every (template, topic) pair in a seeded order
+  for _, t in ipairs(topics) do for _, tp in ipairs(templates) do pairs_[#pairs_ + 1] = tp:format(t) end end
+  for j = #pairs_, 2, -1 do local r = rand(j); pairs_[j], pairs_[r] = pairs_[r], pairs_[j] end
+else
+  -- the same generator's high bits (its low bits repeat with a short period:
+  -- the chat order above keeps them, so that its files stay the same)
+  local function hrand(n) rng = (rng * 1103515245 + 12345) % 2147483648; return math.floor(rng / 65536) % n + 1 end
+  pairs_ = dofile((arg[0]:match("^(.*)/[^/]+$") or ".") .. "/grounded_tasks.lua")({
+    text = sopt.text, code = sopt.code, n = opt.offset + opt.prompts * 2, rand = hrand, fail = function(msg)
+      io.stderr:write("gen_chat_data: " .. msg .. "\n")
+      os.exit(2)
+    end })
+end
+-- held out: the prompts bench/bench_spec.lua measures on, their texts and
+-- their instructions' wording
+local held = { "lighthouse", "message in a bottle", "Rewrite this paragraph", "type hints", "rivr", "Ada Lovelace",
+               "parse_header", "Output the same JSON object", "Here is a JSON object", "Here is some Python code",
+               "fixing only the spelling" }
 local prompts = {}
 for j = opt.offset + 1, #pairs_ do
   local p, ok = pairs_[j], true

@@ -7,7 +7,7 @@
 -- differ by 10-20%; here the same inputs give the same numbers).
 --
 --   ./build/luainfer run tools/spec_replay.lua [--policy F[,F...]] [--k 4,8,16]
---       [--rows 1=1.85,2=2.17,...] [--tokens N] [--variants N] [--batch 1,4] [--cold]
+--       [--rows 1=1.85,2=2.17,...] [--tokens N] [--variants N] [--batch 1,4] [--cold] [--oracle]
 --
 -- Workloads: bench spec's proposers workloads (luainfer.bench's
 -- spec_workloads). Batch 1 replays the prompt and its variants 1..N (N = 4
@@ -23,6 +23,12 @@
 -- engine shows them (a count's cost once it has run twice: the engine does
 -- not time a count's first, cold pass), and n-gram the only proposer;
 -- a request's drafts are capped at 16 and at the room before max_tokens.
+-- --oracle adds a setting no policy can run: each round drafts exactly
+-- the tokens the text then holds (none where the first would fail). At
+-- batch 1 that is what any n-gram policy could reach on this lookup and
+-- curve; at batch 4 it is not a bound (a request's accepted drafts make
+-- every step dearer while it runs, and gain only as far as they end the
+-- batch sooner).
 -- Not modelled: the proposer's and the policy's own time, prefill, cold
 -- passes, sampling (greedy only).
 local luainfer = require("luainfer")
@@ -30,7 +36,7 @@ local bench = require("luainfer.bench")
 
 local flags = bench.take_flags(arg, { ["--policy"] = "value", ["--k"] = "value", ["--rows"] = "value",
                                       ["--tokens"] = "value", ["--variants"] = "value", ["--batch"] = "value",
-                                      ["--cold"] = "flag" })
+                                      ["--cold"] = "flag", ["--oracle"] = "flag" })
 local cold = flags["--cold"]
 local root = (arg[0]:match("^(.*)/tools/") or ".")
 local function fail(msg) io.stderr:write("spec_replay: " .. msg .. "\n"); os.exit(2) end
@@ -160,6 +166,7 @@ end
 
 local names = {}
 for _, K in ipairs(fixed) do names[#names + 1] = "k" .. K end
+if flags["--oracle"] then names[#names + 1] = "oracle" end
 for _, f in ipairs(policies) do names[#names + 1] = f:match("([^/]+)%.lua$") or f end
 local curve = {}
 for _, p in ipairs(pts) do curve[#curve + 1] = ("%d %.2f"):format(p[1], p[2]) end
@@ -192,6 +199,13 @@ for _, B in ipairs(batches) do
       line[#line + 1] = ("%-22s"):format(("%.2fx (%d%%)"):format(math.exp(lr / #sets), d > 0 and math.floor(100 * a / d + 0.5) or 0))
     end
     for _, K in ipairs(fixed) do measure(function() return function(_, _, mk) return math.min(K, mk) end end) end
+    if flags["--oracle"] then -- k: the run of the lookup's drafts the text holds
+      measure(function() return function(_, r, mk)
+        local p, a = lookup(r.x.t, r.cur, mk), 0
+        while a < #p and p[a + 1] == r.x.t[r.cur + a + 1] do a = a + 1 end
+        return a
+      end end)
+    end
     for _, f in ipairs(policies) do
       measure(function() return policy_chooser(dofile(f)) end)
     end

@@ -181,7 +181,7 @@ int li_cmd_train_eagle(int argc, char **argv) {
         {"eval", LI_OPT_STR, &eval_path, "held-out text: print each step's top-1 agreement and KL with the base"},
         {"eval-tokens", LI_OPT_INT, &eval_tokens, "tokens of --eval to use (default 4096)"},
         {"draft", LI_OPT_STR, &draft_path, "evaluate this draft (with --eval) instead of training"},
-        {"resume", LI_OPT_STR, &resume_path, "start from this draft (its features and vocabulary; fresh AdamW)"},
+        {"resume", LI_OPT_STR, &resume_path, "start from this draft (its features, and its vocabulary unless --draft-vocab; fresh AdamW)"},
     };
     li_cli_train_opts_init(&to, &spec, opts + 9);
     const int n_opts = (int)LI_ARRAY_LEN(opts);
@@ -210,9 +210,9 @@ int li_cmd_train_eagle(int argc, char **argv) {
         if (!to.data && !to.self_gen) FAIL("train-eagle: --data FILE or --self-generate N is required");
         if (n_pos != 1) FAIL("train-eagle: expected one output file OUT.gguf");
     }
-    if ((draft_path || resume_path) && (features_s || draft_vocab >= 0))
-        FAIL("train-eagle: --features and --draft-vocab come from the draft file with --%s",
-             draft_path ? "draft" : "resume");
+    if (draft_path && (features_s || draft_vocab >= 0))
+        FAIL("train-eagle: --features and --draft-vocab come from the draft file with --draft");
+    if (resume_path && features_s) FAIL("train-eagle: --features come from the draft file with --resume");
     if ((rc = li_cli_train_opts_check(&to, &spec, &err))) return li_runtime_fail(&err);
     if (J < 1 || J > LI_TRAIN_EAGLE_MAX_TTT) FAIL("train-eagle: --ttt must be in 1..%d", LI_TRAIN_EAGLE_MAX_TTT);
     if (to.seq_len < J + 2)
@@ -297,15 +297,18 @@ int li_cmd_train_eagle(int argc, char **argv) {
             goto done;
         }
     }
+    /* the draft vocabulary: the most frequent ids of the training tokens (8192 by default, all if fewer);
+     * a resumed draft keeps its own unless --draft-vocab is given */
+    const int64_t nv = draft_vocab < 0 ? LI_MIN((int64_t)8192, V) : draft_vocab;
+    if (train && (!resume_path || draft_vocab >= 0) && nv > 0 && nv < V) {
+        vocab = li_xmalloc((size_t)nv * sizeof *vocab);
+        li_train_eagle_vocab_select(ids, (int64_t)n_ids, (int32_t)V, (int32_t)nv, vocab);
+    }
     if (draft_path || resume_path) {
         if ((rc = li_train_eagle_load(&e, draft_path ? draft_path : resume_path, &m->hp, &eb, &err))) goto done;
+        if (resume_path && draft_vocab >= 0 && (rc = li_train_eagle_set_vocab(&e, vocab, (int32_t)nv, &err)))
+            goto done;
     } else {
-        /* the draft vocabulary: the most frequent ids of the training tokens (8192 by default, all if fewer) */
-        int64_t nv = draft_vocab < 0 ? LI_MIN((int64_t)8192, V) : draft_vocab;
-        if (nv > 0 && nv < V) {
-            vocab = li_xmalloc((size_t)nv * sizeof *vocab);
-            li_train_eagle_vocab_select(ids, (int64_t)n_ids, (int32_t)V, (int32_t)nv, vocab);
-        }
         if ((rc = li_train_eagle_init(&e, &m->hp, F, feat, vocab, (int32_t)nv, m->output_norm, (uint64_t)to.seed,
                                       &err)))
             goto done;

@@ -53,6 +53,38 @@ static double rng_normal(uint64_t *s) {
     return sqrt(-2 * log(u1)) * cos(6.283185307179586 * u2);
 }
 
+static int check_vocab(const li_hparams *hp, const int32_t *vocab, int32_t n_draft, li_error *err) {
+    if (vocab && (n_draft < 1 || n_draft > hp->n_vocab))
+        return li_error_set(err, LI_EINVAL, "eagle: a draft vocabulary of %d ids, the base has %d", n_draft,
+                            hp->n_vocab);
+    for (int32_t i = 0; vocab && i < n_draft; i++)
+        if (vocab[i] < 0 || vocab[i] >= hp->n_vocab || (i && vocab[i] <= vocab[i - 1]))
+            return li_error_set(err, LI_EINVAL, "eagle: draft vocabulary id %d: ids must be ascending in [0, %d)",
+                                vocab[i], hp->n_vocab);
+    return 0;
+}
+
+/* vocab checked; e->hp set */
+static void set_vocab(li_train_eagle *e, const int32_t *vocab, int32_t n_draft) {
+    free(e->vocab);
+    free(e->vmap);
+    e->vocab = NULL;
+    e->n_draft = vocab ? n_draft : e->hp.n_vocab;
+    e->vmap = li_xmalloc((size_t)e->hp.n_vocab * sizeof *e->vmap);
+    for (int32_t i = 0; i < e->hp.n_vocab; i++) e->vmap[i] = vocab ? -1 : i;
+    if (vocab) {
+        e->vocab = li_xmalloc((size_t)n_draft * sizeof *e->vocab);
+        memcpy(e->vocab, vocab, (size_t)n_draft * sizeof *vocab);
+        for (int32_t i = 0; i < n_draft; i++) e->vmap[vocab[i]] = i;
+    }
+}
+
+int li_train_eagle_set_vocab(li_train_eagle *e, const int32_t *vocab, int32_t n_draft, li_error *err) {
+    int rc = check_vocab(&e->hp, vocab, n_draft, err);
+    if (!rc) set_vocab(e, vocab, n_draft);
+    return rc;
+}
+
 int li_train_eagle_init(li_train_eagle *e, const li_hparams *hp, int F, const int32_t *feat, const int32_t *vocab,
                         int32_t n_draft, const float *out_norm, uint64_t seed, li_error *err) {
     memset(e, 0, sizeof *e);
@@ -66,25 +98,13 @@ int li_train_eagle_init(li_train_eagle *e, const li_hparams *hp, int F, const in
         if (feat[i] < 0 || feat[i] >= hp->n_layer || (i && feat[i] <= feat[i - 1]))
             return li_error_set(err, LI_EINVAL, "eagle: feature block %d: blocks must be ascending in [0, %d)",
                                 feat[i], hp->n_layer);
-    if (vocab && (n_draft < 1 || n_draft > hp->n_vocab))
-        return li_error_set(err, LI_EINVAL, "eagle: a draft vocabulary of %d ids, the base has %d", n_draft,
-                            hp->n_vocab);
-    for (int32_t i = 0; vocab && i < n_draft; i++)
-        if (vocab[i] < 0 || vocab[i] >= hp->n_vocab || (i && vocab[i] <= vocab[i - 1]))
-            return li_error_set(err, LI_EINVAL, "eagle: draft vocabulary id %d: ids must be ascending in [0, %d)",
-                                vocab[i], hp->n_vocab);
+    int rc = check_vocab(hp, vocab, n_draft, err);
+    if (rc) return rc;
     e->hp = *hp;
     e->hp.n_ff_layer = NULL; /* the draft block is hp->n_ff wide whatever the base's blocks are */
     e->F = F;
     memcpy(e->feat, feat, (size_t)F * sizeof *feat);
-    e->n_draft = vocab ? n_draft : hp->n_vocab;
-    e->vmap = li_xmalloc((size_t)hp->n_vocab * sizeof *e->vmap);
-    for (int32_t i = 0; i < hp->n_vocab; i++) e->vmap[i] = vocab ? -1 : i;
-    if (vocab) {
-        e->vocab = li_xmalloc((size_t)n_draft * sizeof *e->vocab);
-        memcpy(e->vocab, vocab, (size_t)n_draft * sizeof *vocab);
-        for (int32_t i = 0; i < n_draft; i++) e->vmap[vocab[i]] = i;
-    }
+    set_vocab(e, vocab, n_draft);
     li_train_layout *L = &e->tm.L;
     L->hp = e->hp;
     L->n_tensors = LI_EAGLE_N_TENSORS;

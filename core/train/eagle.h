@@ -44,6 +44,10 @@ typedef struct li_train_eagle {
 int li_train_eagle_init(li_train_eagle *e, const li_hparams *hp, int F, const int32_t *feat, const int32_t *vocab,
                         int32_t n_draft, const float *out_norm, uint64_t seed, li_error *err);
 void li_train_eagle_free(li_train_eagle *e);
+/* Another draft vocabulary for e (as init's vocab, n_draft; copied). No
+ * parameter depends on it: the head is the base's rows of V, frozen, so a
+ * draft resumed over a new V trains on with its block as it was. */
+int li_train_eagle_set_vocab(li_train_eagle *e, const int32_t *vocab, int32_t n_draft, li_error *err);
 static inline float *li_train_eagle_param(const li_train_eagle *e, li_eagle_tensor t) {
     return e->tm.params + e->tm.L.t[t].off;
 }

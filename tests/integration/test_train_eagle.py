@@ -12,6 +12,7 @@ import re
 import signal
 import subprocess
 
+import numpy as np
 import pytest
 
 from test_cli_errors import assert_clean_failure
@@ -155,6 +156,19 @@ def test_train_eagle_resume_self_generate(run_ok, model_path, text, draft, edir)
     assert "features 2,15,29, |V| 512" in r.stdout, r.stdout
     gguf, f = gguf_reader(res)
     assert list({x.name: x for x in f.tensors}["eagle.vocab"].shape) == [512]
+    # --draft-vocab with --resume: a new vocabulary, the block trained on from
+    # the file (a rate too small to move a float32 weight of this size)
+    rv = edir / "revocab.gguf"
+    r = run_ok(train(model_path, text, rv, "--resume", out, "--steps", "1", "--draft-vocab", "64", "--lr", "1e-12"))
+    assert "features 2,15,29, |V| 64" in r.stdout, r.stdout
+    _, fo = gguf_reader(out)
+    _, fr = gguf_reader(rv)
+    to, tr = {x.name: x for x in fo.tensors}, {x.name: x for x in fr.tensors}
+    v = np.asarray(tr["eagle.vocab"].data)
+    assert v.shape == (64,) and np.all(np.diff(v) > 0)
+    for name in ("eagle.fc.weight", "eagle.attn_q.weight", "eagle.ffn_down.weight"):
+        a, b = np.asarray(to[name].data, dtype=np.float64), np.asarray(tr[name].data, dtype=np.float64)
+        assert a.shape == b.shape and np.abs(a - b).max() < 1e-6, name
     # the base's own samples, the whole vocabulary (no eagle.vocab), chosen feature blocks, F16
     sg = edir / "self.gguf"
     r = run_ok(["train-eagle", "--model", model_path, "--self-generate", "64", "--seq-len", "32", "--batch", "1",
@@ -248,5 +262,8 @@ def test_train_eagle_bad_input(run_cli, model_path, text, draft, edir, tmp_path)
     assert_clean_failure(run_cli(["train-eagle", "--model", model_path, edir / "o.gguf"]),
                          r"--data FILE or --self-generate N is required")
     assert_clean_failure(run_cli(["train-eagle", "--model", model_path, "--draft", out]), r"--draft needs --eval")
-    assert_clean_failure(run_cli(train(model_path, text, edir / "o.gguf", "--resume", out, "--draft-vocab", "64")),
-                         r"--features and --draft-vocab come from the draft file with --resume")
+    assert_clean_failure(run_cli(train(model_path, text, edir / "o.gguf", "--resume", out, "--features", "1,2")),
+                         r"--features come from the draft file with --resume")
+    assert_clean_failure(run_cli(["train-eagle", "--model", model_path, "--draft", out, "--eval", text,
+                                  "--draft-vocab", "64"]),
+                         r"--features and --draft-vocab come from the draft file with --draft")

@@ -68,6 +68,22 @@ H.check(crc == 0 and cold:find("fresh engine", 1, true), "--cold runs (exit %s)"
 local ck8, cnever = cold:match("\nrewrite%s+([%d.]+)x %(%d+%%%)%s+[%d.]+x %(%d+%%%)%s+([%d.]+)x")
 H.check(tonumber(ck8) == rows["1rewrite"].k8 and tonumber(cnever) == 1,
         "--cold: k8 as before (%s), never drafting 1.00x (%s)", tostring(ck8), tostring(cnever))
+-- --oracle: every round drafts what the text holds, 100% accepted where it
+-- drafts; at batch 1 at least every fixed k and the adaptive policy
+local orc, orrc = replay(("--tokens 48 --variants 1 --k 4,8 --oracle --policy %s"):format(root .. "/policies/spec_adaptive.lua"))
+H.check(orrc == 0, "--oracle runs (exit %s)", tostring(orrc))
+local n_rows, ob = 0, nil
+for line in orc:gmatch("[^\n]+") do
+  ob = line:match("^batch (%d)") or ob
+  local kind, k4, k8, o, pct, ad = line:match("^(%a+)%s+([%d.]+)x %(%d+%%%)%s+([%d.]+)x %(%d+%%%)%s+([%d.]+)x %((%d+)%%%)%s+([%d.]+)x")
+  if kind then
+    n_rows = n_rows + 1
+    k4, k8, o, ad = tonumber(k4), tonumber(k8), tonumber(o), tonumber(ad)
+    H.check((ob ~= "1" or (o >= k4 and o >= k8 and o >= ad)) and (pct == "100" or pct == "0"),
+            "--oracle batch %s %s: %.2fx at %s%% against k4 %.2fx, k8 %.2fx, adaptive %.2fx", ob, kind, o, pct, k4, k8, ad)
+  end
+end
+H.check(n_rows == 8, "--oracle: 8 rows (%d)", n_rows)
 for _, bad in ipairs({ "--k 0", "--batch 2", "--rows 2=1,1=2", "--rows 1=1", "--policy /nonexistent.lua", "--variants x" }) do
   local o, code = replay(bad)
   H.check(code == 2 and o:find("spec_replay: ", 1, true), "%s: refused (exit %s): %s", bad, tostring(code),

@@ -525,6 +525,29 @@ static void test_vocab(void) {
     const bool d30 = n30 == 3 && f[0] == 2 && f[1] == 15 && f[2] == 29;
     const int n3 = li_train_eagle_default_features(3, f);
     report(d30 && n3 == 2 && f[0] == 1 && f[1] == 2, "default features: 2, 15, 29 of 30 blocks; 1, 2 of 3");
+
+    /* another vocabulary for a draft (--resume --draft-vocab): the map
+     * follows, the parameters stay; bad ids refused, the old V kept */
+    li_error err = {0};
+    li_train_eagle e;
+    const li_hparams hp = small_hp(0, 4);
+    const int32_t feat[2] = {1, 3}, va[4] = {1, 4, 6, 9}, vb[3] = {0, 9, 15}, bad[3] = {0, 9, 9};
+    CHECK(li_train_eagle_init(&e, &hp, 2, feat, va, 4, NULL, 7, &err) == 0, "%s", err.msg);
+    const size_t bytes = e.tm.L.n_params * sizeof(float);
+    float *before = malloc(bytes);
+    memcpy(before, e.tm.params, bytes);
+    const bool set = li_train_eagle_set_vocab(&e, vb, 3, &err) == 0;
+    const bool mapped = e.n_draft == 3 && e.vocab[2] == 15 && e.vmap[0] == 0 && e.vmap[9] == 1 && e.vmap[15] == 2 &&
+                        e.vmap[4] == -1 && e.vmap[1] == -1;
+    const bool same = !memcmp(before, e.tm.params, bytes);
+    const bool refused = li_train_eagle_set_vocab(&e, bad, 3, &err) != 0 && strstr(err.msg, "ascending") &&
+                         e.n_draft == 3 && e.vmap[15] == 2;
+    const bool whole = li_train_eagle_set_vocab(&e, NULL, 0, &err) == 0 && !e.vocab && e.n_draft == hp.n_vocab &&
+                       e.vmap[4] == 4;
+    report(set && mapped && same && refused && whole,
+           "set_vocab: a new V and its map, the parameters unchanged, bad ids refused (old V kept), NULL: all");
+    free(before);
+    li_train_eagle_free(&e);
 }
 
 /* ==== on a tiny GGUF ========================================================== */
