@@ -28,7 +28,16 @@
 -- lookup; PRIOR_DRAFT until measured).
 --
 -- Each request's method is the one that pays best alone (E(k) / C(k) at the
--- step's start, C(k) = T(B + k) / T(B) + k * draft). Its k comes from the
+-- step's start, C(k) = T(B + k) / T(B) + k * draft). Where n-gram is a
+-- request's method and its lookup finds nothing to copy this step
+-- (req.speculation.ngram 0), the best model proposer drafts instead, priced
+-- at the step's margin (until session 25 n-gram kept those steps and drafted
+-- nothing: with an EAGLE draft that passes 37% of its first drafts on a
+-- story, the story ran without drafts, 0.97x where EAGLE k1 gives
+-- 1.1-1.3x). The plan still knows the request as n-gram's: a JSON object
+-- being copied finds nothing every few steps, and dropping it from the next
+-- step's plan each time stalled four such requests (replayed cold: 1.13x
+-- against 1.69x). Its k comes from the
 -- step's plan, made at the step's first call for every running request
 -- priced at its last one: from no drafts, each round grants the request
 -- and k that raise V most (by MIN_ROUND at least), and the plan stands if
@@ -119,35 +128,44 @@ end
 
 -- Takes in method m's round since the last call for request id, from the
 -- engine's running totals (the drafts verified and the acceptance so far);
--- key names its population (m unless given).
-local function observe(id, m, drafted, acceptance, key)
+-- key names its population (m unless given). A model proposer's rounds are
+-- kept apart by what n-gram lookup found when they were drafted (ctx
+-- "copy": the text had something to copy; ""): EAGLE drafts the text
+-- between copies well and a copy badly, so one record for both priced it
+-- for the copies by its record from the preamble. ctx (default "") is the
+-- context of this call's round, taken in at the next call.
+local function observe(id, m, drafted, acceptance, key, ctx)
   local r = seen[id]
   if not r then r = {}; seen[id] = r end
   local t = r[m]
-  if not t then t = { d = 0, a = 0, reach = {}, pass = {}, pw = PRIOR_WEIGHT }; r[m] = t end
+  if not t then t = { d = 0, a = 0, by = {}, ctx = "" }; r[m] = t end
   local acc = drafted > 0 and math.floor(acceptance * drafted + 0.5) or 0
   local dd, da = drafted - t.d, math.max(acc - t.a, 0)
   if dd > 0 then
+    local c = t.by[t.ctx]
+    if not c then c = { reach = {}, pass = {}, pw = PRIOR_WEIGHT }; t.by[t.ctx] = c end
     local reached = math.min(dd, da + 1) -- the round ended on draft da + 1 unless all passed
-    local reach, pass = t.reach, t.pass
+    local reach, pass = c.reach, c.pass
     for i = 1, math.max(#reach, dd) do
       reach[i], pass[i] = (reach[i] or 0) * FORGET, (pass[i] or 0) * FORGET
       if i <= reached then reach[i] = reach[i] + 1 end
       if i <= da then pass[i] = pass[i] + 1 end
     end
-    t.pw = t.pw * FORGET -- the prior fades like a round
-    local q = pop[key or m] or { n = 0, id = {}, pass = {} }
-    pop[key or m] = q
+    c.pw = c.pw * FORGET -- the prior fades like a round
+    local pk = (key or m) .. t.ctx
+    local q = pop[pk] or { n = 0, id = {}, pass = {} }
+    pop[pk] = q
     local slot = q.n % POP_ROUNDS + 1
     q.id[slot], q.pass[slot], q.n = id, da > 0, q.n + 1
   end
-  t.d, t.a = drafted, acc
+  t.d, t.a, t.ctx = drafted, acc, ctx or ""
 end
 
--- E(1..K) for request id and method m from its rounds by depth, p the
--- first draft's prior
-local function expected_by_depth(id, m, p, K)
+-- E(1..K) for request id and method m in context ctx (default "") from its
+-- rounds by depth, p the first draft's prior
+local function expected_by_depth(id, m, p, K, ctx)
   local t = seen[id] and seen[id][m]
+  t = t and t.by[ctx or ""]
   local reach, pass = t and t.reach or {}, t and t.pass or {}
   local e, surv, h = {}, 1, p
   for i = 1, K do
@@ -313,34 +331,48 @@ local function speculate(req, state)
   local b, rt = math.max(sp.batch_size, 1), sp.row_time or {}
   local new_step = state.step ~= st_step
   if new_step then st_step, est = state.step, row_estimates(rt, b * (1 + MAX_DRAFTS)) end
-  -- the methods, each alone at the step's start: the request's best
+  -- the methods, each alone at the step's start: the request's best, and
+  -- the best model proposer (alt: the step's proposer where n-gram lookup
+  -- finds nothing to copy)
   local best_m, best_gain, bE, bK, bD = nil, 1, nil, 0, 0
+  local alt_m, alt_gain, aE, aK, aD = nil, 1, nil, 0, 0
+  local nothing = s.ngram == 0 -- n-gram drafts nothing this step
   for _, m in ipairs(METHODS) do
     if sp.available[m] then
       local p = m == s.method and s.k > 0 and PRIOR_WANT or PRIOR[m]
       local key = m
       if m == "ngram" and s.temperature > 0 then p, key = PRIOR_SAMPLED_NGRAM, "ngram sampled" end
-      p = pop_prior(key, p, req.id)
-      observe(req.id, m, s.drafted[m] or 0, s.acceptance[m] or -1, key)
+      local ctx = (m ~= "ngram" and (s.ngram or 0) > 0) and "copy" or ""
+      p = pop_prior(key .. ctx, p, req.id)
+      observe(req.id, m, s.drafted[m] or 0, s.acceptance[m] or -1, key, ctx)
       local dt = sp.draft_time[m] or 0
       local draft = (dt > 0 and sp.step_time > 0) and dt / sp.step_time or PRIOR_DRAFT[m]
       local K = math.min(s.max_k, MAX_K[m] or s.max_k, MAX_DRAFTS)
-      local E = expected_by_depth(req.id, m, p, K)
+      local E = expected_by_depth(req.id, m, p, K, ctx)
       local k, gain = best_k(E, est, b, b, b, draft, K)
       if k > 0 and gain > best_gain then best_m, best_gain, bE, bK, bD = m, gain, E, K, draft end
+      if m ~= "ngram" and k > 0 and gain > alt_gain then alt_m, alt_gain, aE, aK, aD = m, gain, E, K, draft end
     end
   end
+  -- the plan knows the request by its method for the steps that have a
+  -- copy ahead (n-gram's record), whatever this step's lookup finds
   cand[req.id] = { method = best_m, E = bE, K = bK, draft = bD }
   if new_step then
     planned, R, Tok = plan(state, b, est)
     planned_m = {}
     for id in pairs(planned) do planned_m[id] = cand[id].method end
   end
-  local k = planned[req.id]
-  if k then -- the plan's word (its method: the one its k was priced for), within what fits now
+  local k, m = planned[req.id], planned_m[req.id]
+  if k and not (m == "ngram" and nothing and alt_m) then
+    -- the plan's word (its method: the one its k was priced for), within what fits now
     k = math.min(k, s.max_k)
-    return k > 0 and planned_m[req.id] or false, k
+    return k > 0 and m or false, k
   end
+  if k and k > 0 then -- n-gram planned, nothing to copy: its rows back, the model proposer at the margin
+    R, Tok = R - k, Tok - (bE[k] - 1)
+    planned[req.id] = 0
+  end
+  if best_m == "ngram" and nothing then best_m, bE, bK, bD = alt_m, aE, aK, aD end
   if not best_m then return false end
   -- a request the plan did not know: its drafts at the step's margin
   local kk, gain = best_k(bE, est, b, R, Tok, bD, bK)

@@ -277,6 +277,46 @@ local p32 = A._plan({ running = running }, 32, t32)
 local any = 0
 for _, id in ipairs(ids32) do any = any + p32[id] end
 H.check(any == 0, "batch 32, compute-bound, acceptance 0.5: no drafts (%d)", any)
+-- with nothing to copy (req.speculation.ngram 0) a model proposer takes
+-- the step, though n-gram's record is good; with a copy ahead, n-gram
+do
+  local P = dofile(root .. "/policies/spec_adaptive.lua")
+  local rt = { 1.9e-3, 1.95e-3, 2.1e-3, 2.4e-3, 2.6e-3, 2.8e-3, 3.0e-3, 3.3e-3, 3.5e-3 }
+  local function call(id, step, ngram, drafted, acc)
+    local req = { id = id, speculation = { method = "ngram", k = 8, max_k = 8, temperature = 0, ngram = ngram,
+                  acceptance = { ngram = acc, eagle = -1 }, drafted = { ngram = drafted, eagle = 0 } } }
+    local state = { step = step, running = { { id = id } }, spec = { batch_size = 1, row_time = rt, step_time = 1.9e-3,
+                    token_time = 1.9e-3, draft_time = { ngram = 0, eagle = 1e-4 }, available = { ngram = true, eagle = true } } }
+    return P.speculate(req, state)
+  end
+  -- a record of copies: five rounds of 8 accepted
+  for r = 1, 5 do call(-90, r, 8, 8 * (r - 1), 1) end
+  local m1, k1 = call(-90, 6, 8, 40, 1)
+  local m0 = call(-90, 7, 0, 40, 1)
+  local m3, k3 = call(-90, 8, 3, 40, 1)
+  H.check(m1 == "ngram" and k1 == 8, "a copy ahead: n-gram, k 8 (%s %s)", tostring(m1), tostring(k1))
+  H.check(m0 == "eagle", "nothing to copy: the model proposer (%s)", tostring(m0))
+  H.check(m3 == "ngram" and k3 and k3 >= 3, "3 tokens to copy: n-gram (%s %s)", tostring(m3), tostring(k3))
+  -- EAGLE's record where there was nothing to copy does not price it
+  -- where there is: six first drafts passed between copies, then, with 4
+  -- tokens to copy, n-gram (its own record: half its first drafts passed)
+  local function call2(id, step, ngram, dn, an, de, ae)
+    local req = { id = id, speculation = { method = "ngram", k = 8, max_k = 8, temperature = 0, ngram = ngram,
+                  acceptance = { ngram = dn > 0 and an / dn or -1, eagle = de > 0 and ae / de or -1 },
+                  drafted = { ngram = dn, eagle = de } } }
+    local state = { step = step, running = { { id = id } }, spec = { batch_size = 1, row_time = rt, step_time = 1.9e-3,
+                    token_time = 1.9e-3, draft_time = { ngram = 0, eagle = 1e-4 }, available = { ngram = true, eagle = true } } }
+    return P.speculate(req, state)
+  end
+  local step = 100
+  for r = 1, 4 do step = step + 1; call2(-92, step, 2, 2 * (r - 1), r - 1, 0, 0) end -- n-gram: 1 of 2 each round
+  for r = 1, 6 do step = step + 1; call2(-92, step, 0, 8, 4, r - 1, r - 1) end -- EAGLE between copies: all passed
+  local mc = call2(-92, step + 1, 4, 8, 4, 6, 6)
+  local mf = call2(-92, step + 2, 0, 8, 4, 6, 6)
+  H.check(mc == "ngram" and mf == "eagle", "EAGLE's record apart by context: a copy to n-gram (%s), then no copy to EAGLE (%s)",
+          tostring(mc), tostring(mf))
+end
+
 local ad, s_ad = run{ max_num_seqs = 4, spec_layers = 29, policy = root .. "/policies/spec_adaptive.lua" }
 same(ad, base, "spec_adaptive")
 H.check(s_ad.spec_drafted > 0 and s_ad.policy_errors == 0, "spec_adaptive drafted (%d), no policy errors (%d)",
