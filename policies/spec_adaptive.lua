@@ -323,7 +323,7 @@ end
 -- planned id's k, and the method it was planned with), and the rows and
 -- tokens granted (planned, then to requests the plan did not know, at the
 -- margin)
-local st_step, est, planned, planned_m, R, Tok = -1, nil, {}, {}, 0, 0
+local st_step, est, planned, planned_m, planned_e, R, Tok = -1, nil, {}, {}, {}, 0, 0
 
 local function speculate(req, state)
   local s, sp = req.speculation, state.spec
@@ -359,8 +359,11 @@ local function speculate(req, state)
   cand[req.id] = { method = best_m, E = bE, K = bK, draft = bD }
   if new_step then
     planned, R, Tok = plan(state, b, est)
-    planned_m = {}
-    for id in pairs(planned) do planned_m[id] = cand[id].method end
+    planned_m, planned_e = {}, {}
+    for id, k in pairs(planned) do
+      planned_m[id] = cand[id].method
+      planned_e[id] = k > 0 and cand[id].E[k] or 1
+    end
   end
   local k, m = planned[req.id], planned_m[req.id]
   if k and not (m == "ngram" and nothing and alt_m) then
@@ -369,7 +372,7 @@ local function speculate(req, state)
     return k > 0 and m or false, k
   end
   if k and k > 0 then -- n-gram planned, nothing to copy: its rows back, the model proposer at the margin
-    R, Tok = R - k, Tok - (bE[k] - 1)
+    R, Tok = R - k, Tok - (planned_e[req.id] - 1)
     planned[req.id] = 0
   end
   if best_m == "ngram" and nothing then best_m, bE, bK, bD = alt_m, aE, aK, aD end

@@ -315,6 +315,23 @@ do
   local mf = call2(-92, step + 2, 0, 8, 4, 6, 6)
   H.check(mc == "ngram" and mf == "eagle", "EAGLE's record apart by context: a copy to n-gram (%s), then no copy to EAGLE (%s)",
           tostring(mc), tostring(mf))
+  -- two requests copying, planned n-gram k 8 each; then one finds nothing
+  -- to copy with a single token left (max_k 1): its planned rows go back
+  -- and the call answers (it indexed E[8] of a 1-long E once)
+  local function call3(id, step, ngram, max_k, d)
+    local req = { id = id, speculation = { method = "ngram", k = 8, max_k = max_k, temperature = 0, ngram = ngram,
+                  acceptance = { ngram = d > 0 and 1 or -1, eagle = -1 }, drafted = { ngram = d, eagle = 0 } } }
+    local state = { step = step, running = { { id = -93 }, { id = -94 } }, spec = { batch_size = 2, row_time = rt,
+                    step_time = 1.95e-3, token_time = 1.9e-3, draft_time = { ngram = 0, eagle = 1e-4 },
+                    available = { ngram = true, eagle = true } } }
+    return P.speculate(req, state)
+  end
+  for r = 1, 6 do call3(-93, 200 + r, 8, 8, 8 * (r - 1)); call3(-94, 200 + r, 8, 8, 8 * (r - 1)) end
+  local ma, ka = call3(-93, 207, 8, 8, 48)
+  local ok, mb, kb = pcall(call3, -94, 207, 0, 1, 48)
+  H.check(ma == "ngram" and ka > 1 and ok and (mb == false or mb == "eagle") and (kb or 0) <= 1,
+          "a planned request with nothing to copy and one token left: %s %s, then %s %s %s", tostring(ma), tostring(ka),
+          tostring(ok), tostring(mb), tostring(kb))
 end
 
 local ad, s_ad = run{ max_num_seqs = 4, spec_layers = 29, policy = root .. "/policies/spec_adaptive.lua" }
