@@ -16,19 +16,21 @@
 -- paragraphs under 200 or over 900 bytes skipped), rewording or repeating
 -- one; editing a JSON object made up from the seed (a value changed, a
 -- field added or removed, YAML); annotating, documenting or renaming in
--- one or two functions of the *.py files under --code. None of them is a
--- prompt of bench/bench_spec.lua nor holds its texts (held out: a draft
--- is measured on those; the `held` list below). Each conversation is written in the model's chat format (its
--- chat template through luainfer.chat, the special tokens as text:
--- `train-eagle --data` tokenizes them back), one after another. The file is
--- written to OUT.txt.tmp and renamed at the end; progress goes to stderr.
+-- one or two functions of the *.py files under --code
+-- (tools/grounded_tasks.lua). None of them is a prompt of
+-- bench/bench_spec.lua nor holds its texts (held out: a draft is measured
+-- on those; the `held` list below). Each conversation is written in the
+-- model's chat format (its chat template through luainfer.chat, the
+-- special tokens as text: `train-eagle --data` tokenizes them back), one
+-- after another. The file is written to OUT.txt.tmp and renamed at the
+-- end; progress goes to stderr.
 local luainfer = require("luainfer")
 local bench = require("luainfer.bench")
 
 local out = arg[1]
 if not out or out:sub(1, 2) == "--" then
   io.stderr:write("usage: luainfer run tools/gen_chat_data.lua OUT.txt [--prompts N] [--max-tokens N] " ..
-                  "[--temperature T] [--seed S] [--batch B] [--offset K]\n")
+                  "[--temperature T] [--seed S] [--batch B] [--offset K] [--tasks chat|grounded --text FILE --code DIR]\n")
   os.exit(2)
 end
 local opt = { prompts = 800, ["max-tokens"] = 320, temperature = 0, seed = 1, batch = 32, offset = 0 }
