@@ -32,6 +32,24 @@ function H.repo_root()
   return dir
 end
 
+-- The luainfer binary running this test (/proc/$PPID/exe: `luainfer run`
+-- starts the test's shell commands), or nil.
+function H.luainfer_bin()
+  local exe = io.popen("readlink /proc/$PPID/exe 2>/dev/null")
+  local bin = exe:read("*l")
+  exe:close()
+  return bin and bin:match("luainfer$") and bin or nil
+end
+
+-- Runs `bin run TOOL FLAGS` from the repository root root; returns its
+-- output (stdout and stderr) and exit status.
+function H.run_tool(bin, root, tool, flags)
+  local p = io.popen(("cd %q && %q run %s %s 2>&1; echo \"exit $?\""):format(root, bin, tool, flags))
+  local out = p:read("*a")
+  p:close()
+  return out, tonumber(out:match("exit (%d+)%s*$"))
+end
+
 -- A draft for speculation tests: $LUAINFER_TEST_DRAFT, else the real model's
 -- first 4 layers (tools/make_draft.py) in a temp file that finish() removes.
 -- Exits 77 (ctest's skip) with the reason when .venv's Python cannot make it.

@@ -85,18 +85,11 @@ refused({ text = dir .. "/short.txt", code = dir .. "/code" }, "--text: no parag
 refused({ text = dir .. "/text.txt", code = dir .. "/nothing" }, "--code: no Python function")
 
 -- the command
-local exe = io.popen("readlink /proc/$PPID/exe 2>/dev/null")
-local bin = exe:read("*l")
-exe:close()
-if not (bin and bin:match("luainfer$")) then
+local bin = H.luainfer_bin()
+if not bin then
   print("SKIP: gen_chat_data's runs: cannot find the luainfer binary running this test (/proc/$PPID/exe)")
 else
-  local function run(flags)
-    local p = io.popen(("cd %q && %q run tools/gen_chat_data.lua %s 2>&1; echo \"exit $?\""):format(root, bin, flags))
-    local out = p:read("*a")
-    p:close()
-    return out, tonumber(out:match("exit (%d+)%s*$"))
-  end
+  local function run(flags) return H.run_tool(bin, root, "tools/gen_chat_data.lua", flags) end
   local out, rc = run(dir .. "/x.txt --tasks poems")
   H.check(rc == 2 and out:find("--tasks is chat or grounded", 1, true), "bad --tasks: %s", out)
   out, rc = run(dir .. "/x.txt --tasks grounded --text " .. dir .. "/text.txt")

@@ -123,11 +123,9 @@ print(("agreement: %.1f s CPU"):format(os.clock() - t0))
 
 -- perplexity through the CLI (the binary running this script)
 local no_ppl = has_arg("--no-ppl")
-local exe = not no_ppl and io.popen("readlink /proc/$PPID/exe 2>/dev/null")
-local bin = exe and exe:read("*l")
-if exe then exe:close() end
+local bin = not no_ppl and H.luainfer_bin()
 local root = H.repo_root()
-if bin and bin:match("luainfer$") then
+if bin then
   local function ppl(dt)
     local cmd = ("%q perplexity --file %q --ctx 512 --chunks 3 --kv-dtype %s --json 2>/dev/null"):format(
       bin, root .. "/tests/data/alice_ch1.txt", dt)

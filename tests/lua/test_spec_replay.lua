@@ -21,10 +21,8 @@ for _, bad in ipairs({ { { 1, 2 }, 2, 3, 4 }, { { 1, 2 }, 4, 2, -1 }, { { 1, "x"
   H.check(not ok, "ngram_draft refuses bad arguments: %s", tostring(err))
 end
 
-local exe = io.popen("readlink /proc/$PPID/exe 2>/dev/null")
-local bin = exe:read("*l")
-exe:close()
-if not (bin and bin:match("luainfer$")) then
+local bin = H.luainfer_bin()
+if not bin then
   print("SKIP: the replay's runs: cannot find the luainfer binary running this test (/proc/$PPID/exe)")
   H.finish("test_spec_replay")
   return
@@ -33,12 +31,7 @@ local never = os.tmpname()
 local f = io.open(never, "w")
 f:write("return { speculate = function() return false end }\n")
 f:close()
-local function replay(flags)
-  local p = io.popen(("cd %q && %q run tools/spec_replay.lua %s 2>&1; echo \"exit $?\""):format(root, bin, flags))
-  local out = p:read("*a")
-  p:close()
-  return out, tonumber(out:match("exit (%d+)%s*$"))
-end
+local function replay(flags) return H.run_tool(bin, root, "tools/spec_replay.lua", flags) end
 local flags = ("--tokens 48 --variants 1 --k 8 --policy %s,%s"):format(root .. "/policies/spec_adaptive.lua", never)
 local out, rc = replay(flags)
 H.check(rc == 0, "the replay runs (exit %s): %s", tostring(rc), out:sub(1, 300))
