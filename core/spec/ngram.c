@@ -6,18 +6,31 @@
 
 int32_t li_spec_ngram_draft(const int32_t *toks, int64_t n_toks, int n_max, int n_min, int32_t k, int32_t *out) {
     if (k <= 0) return 0;
-    for (int n = n_max; n >= n_min && n > 0; n--) {
-        if (n >= n_toks) continue;
-        const int32_t *tail = toks + n_toks - n;
-        /* the latest match ending before the tail: its continuation is the
-         * most recent evidence of what follows these n tokens */
-        for (int64_t at = n_toks - n - 1; at >= 0; at--) {
-            if (toks[at] != tail[0] || memcmp(toks + at, tail, (size_t)n * sizeof *toks)) continue;
-            const int64_t from = at + n; /* <= n_toks - 1: at least one token follows */
-            const int64_t m = k < n_toks - from ? k : n_toks - from;
-            memcpy(out, toks + from, (size_t)m * sizeof *out);
-            return (int32_t)m;
+    const int lo = n_min > 1 ? n_min : 1;
+    const int hi = (int64_t)n_max < n_toks - 1 ? n_max : (int)(n_toks - 1); /* an n-gram shorter than the tokens */
+    if (hi < lo) return 0;
+    /* One pass from the end: at each earlier end position j of the tail's
+     * last token, the match's length backwards (at most hi). The first j to
+     * reach a longer match than any before is the latest occurrence of that
+     * n-gram, so the longest n and its latest occurrence come out of one
+     * scan, not one per n (a tail with no match read the tokens n_max -
+     * n_min + 1 times). j <= n_toks - 2 keeps the occurrence before the
+     * tail's own position; it may overlap the tail. */
+    const int32_t *tail = toks + n_toks - 1;
+    int best = lo - 1;
+    int64_t from = -1;
+    for (int64_t j = n_toks - 2; j >= 0; j--) {
+        if (toks[j] != *tail) continue;
+        int len = 1;
+        while (len < hi && len <= j && toks[j - len] == tail[-len]) len++;
+        if (len > best) {
+            best = len;
+            from = j + 1; /* <= n_toks - 1: at least one token follows */
+            if (len == hi) break;
         }
     }
-    return 0;
+    if (from < 0) return 0;
+    const int64_t m = k < n_toks - from ? k : n_toks - from;
+    memcpy(out, toks + from, (size_t)m * sizeof *out);
+    return (int32_t)m;
 }
