@@ -140,7 +140,10 @@ int li_tp_init(li_tp **out, li_model *m, const li_backend *like, int size, li_ru
         if ((rc = li_comm_threads_init(&k->comm, tp->group, r, err))) break;
         k->run->fw.comm = &k->comm;
         if (r > 0) {
-            if (pthread_create(&k->th, NULL, rank_thread, k)) {
+            li_thread_signals_begin();
+            const int bad = pthread_create(&k->th, NULL, rank_thread, k);
+            li_thread_signals_end();
+            if (bad) {
                 rc = li_error_set(err, LI_ENOMEM, "tensor parallel: cannot start rank %d's thread", r);
                 break;
             }

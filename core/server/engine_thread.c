@@ -559,7 +559,10 @@ int li_engine_thread_start(li_engine_thread **out, li_server *srv, const li_engi
     uv_mutex_init(&t->snap_mu);
     publish(t);
     srv->eng = t; /* the callback finds the thread through the server */
-    if ((rc = uv_thread_create(&t->tid, thread_main, t)) != 0) {
+    li_thread_signals_begin();
+    rc = uv_thread_create(&t->tid, thread_main, t);
+    li_thread_signals_end();
+    if (rc != 0) {
         srv->eng = NULL;
         li_engine_thread_stop(t);
         return li_error_set(err, LI_EIO, "serve: cannot start the engine thread: %s", uv_strerror(rc));

@@ -115,7 +115,10 @@ static void watchdog_arm(double seconds) {
         uv_mutex_init(&wd.mu);
         uv_cond_init(&wd.cv);
         wd.deadline = li_time_now() + seconds;
-        if (uv_thread_create(&wd.tid, watchdog_main, NULL) != 0) {
+        li_thread_signals_begin();
+        const int bad = uv_thread_create(&wd.tid, watchdog_main, NULL);
+        li_thread_signals_end();
+        if (bad != 0) {
             li_log_warn("serve: cannot start the stop watchdog");
             return;
         }

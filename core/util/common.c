@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <time.h>
 #include <pthread.h>
+#include <signal.h>
 
 int li_error_set(li_error *err, int code, const char *fmt, ...) {
     if (err) {
@@ -120,9 +121,25 @@ int li_read_file(const char *path, size_t max_bytes, const char *what, char **ou
 void li_run_workers(void *(*fn)(void *), void *arg, int64_t n) {
     pthread_t *th = n > 1 ? li_xmalloc((size_t)(n - 1) * sizeof *th) : NULL;
     int64_t started = 0;
+    li_thread_signals_begin();
     for (; started < n - 1; started++)
         if (pthread_create(&th[started], NULL, fn, arg)) break;
+    li_thread_signals_end();
     fn(arg); /* the calling thread is the last worker */
     for (int64_t i = 0; i < started; i++) pthread_join(th[i], NULL);
     free(th);
+}
+
+static _Thread_local sigset_t g_saved_mask; /* the caller's mask between begin() and end() */
+
+void li_thread_signals_begin(void) {
+    static const int async[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGALRM, SIGCHLD, SIGWINCH};
+    sigset_t set;
+    sigemptyset(&set);
+    for (size_t i = 0; i < sizeof async / sizeof async[0]; i++) sigaddset(&set, async[i]);
+    pthread_sigmask(SIG_BLOCK, &set, &g_saved_mask);
+}
+
+void li_thread_signals_end(void) {
+    pthread_sigmask(SIG_SETMASK, &g_saved_mask, NULL);
 }

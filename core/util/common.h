@@ -65,6 +65,16 @@ double li_time_now(void);
  * prune) per-layer and per-alpha tasks; serving uses the backend's pool. */
 void li_run_workers(void *(*fn)(void *), void *arg, int64_t n);
 
+/* Around the creation of any thread but the main one: begin() blocks the
+ * asynchronous signals (SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1/2, SIGALRM,
+ * SIGCHLD, SIGWINCH) in the calling thread, so the new thread inherits the
+ * mask; end() gives the caller its mask back. A signal sent to the process
+ * (Ctrl-C, kill, libedit re-raising one with kill(0, sig)) then reaches the
+ * main thread, whose blocking read() or poll() it is meant to interrupt,
+ * never a worker that would only set a flag nobody is waiting on. */
+void li_thread_signals_begin(void);
+void li_thread_signals_end(void);
+
 /* Dense double/float loops built twice, for AVX2 and plain x86-64, the one
  * run chosen at load time by CPUID (GCC's ifunc clones). Both give the same
  * bits: ISO C mode contracts no multiply-add into an FMA, and vectorizing

@@ -56,6 +56,7 @@
  * whoever runs which chunk. */
 #define _GNU_SOURCE
 #include "cpu/threadpool.h"
+#include "util/common.h"
 
 #include <pthread.h>
 #include <sched.h>
@@ -224,16 +225,19 @@ li_threadpool *li_threadpool_init(int n_threads) {
     atomic_init(&tp->job, JOB_CLOSED);
     atomic_init(&tp->stop, 0);
     tp->n_threads = 1;
+    li_thread_signals_begin();
     for (int i = 1; i < n_threads; i++) {
         worker_arg *wa = malloc(sizeof *wa);
         if (wa) *wa = (worker_arg){tp, i};
         if (!wa || pthread_create(&tp->threads[i - 1], NULL, worker_main, wa) != 0) {
             free(wa);
+            li_thread_signals_end();
             li_threadpool_free(tp); /* stops and joins the workers started so far */
             return NULL;
         }
         tp->n_threads = i + 1;
     }
+    li_thread_signals_end();
     return tp;
 }
 

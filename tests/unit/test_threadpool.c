@@ -30,12 +30,20 @@
  *    its probes when given its own shape (li_threadpool_run_shaped), and
  *    goes alone in one class with them (the mix-up the shapes prevent);
  *    one job 100x slow among fast ones (a worker held for a time slice)
- *    does not send the next ones alone. */
+ *    does not send the next ones alone;
+ *  - signals: workers (the pool's, li_run_workers') block SIGINT and
+ *    SIGTERM and the caller's own mask is as it was, so a signal sent to the
+ *    process reaches the main thread (a Ctrl-C at the REPL's prompt, which
+ *    libedit re-raises with kill(0, SIGINT), went to a worker and the
+ *    prompt's read() never returned). */
 #define _GNU_SOURCE
 #include "cpu/threadpool.h"
 #include "test_util.h"
+#include "util/common.h"
 
 #include <math.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
@@ -378,6 +386,62 @@ static void test_adaptive(void) {
     free(j);
 }
 
+/* Which threads ran a chunk, and whether SIGINT / SIGTERM were blocked there. */
+typedef struct {
+    pthread_t caller;
+    atomic_int worker_chunks, worker_unblocked, caller_chunks, caller_blocked;
+} mask_job;
+
+static bool signals_blocked(void) {
+    sigset_t cur;
+    pthread_sigmask(SIG_BLOCK, NULL, &cur);
+    return sigismember(&cur, SIGINT) && sigismember(&cur, SIGTERM);
+}
+
+static void mask_chunk(void *ctx, int ith, int nth) {
+    (void)ith, (void)nth;
+    mask_job *m = ctx;
+    if (!pthread_equal(pthread_self(), m->caller)) {
+        atomic_fetch_add(&m->worker_chunks, 1);
+        if (!signals_blocked()) atomic_fetch_add(&m->worker_unblocked, 1);
+        return;
+    }
+    atomic_fetch_add(&m->caller_chunks, 1);
+    if (signals_blocked()) atomic_fetch_add(&m->caller_blocked, 1);
+    /* the caller waits (10 s at most) until a worker has run a chunk, so the
+     * workers' masks are seen whatever the scheduler does */
+    for (int i = 0; i < 100000 && !atomic_load(&m->worker_chunks); i++) {
+        struct timespec ts = {0, 100000};
+        nanosleep(&ts, NULL);
+    }
+}
+
+static void *mask_worker(void *ctx) {
+    mask_job *m = ctx;
+    mask_chunk(m, 0, 1);
+    return NULL;
+}
+
+static void test_signal_masks(void) {
+    CHECK(!signals_blocked(), "the test starts with SIGINT and SIGTERM deliverable");
+    li_threadpool *tp = li_threadpool_init(3); /* fresh: its first job goes to the workers */
+    mask_job m = {.caller = pthread_self()};
+    li_threadpool_run(tp, mask_chunk, &m, 3);
+    CHECK(atomic_load(&m.worker_chunks) >= 1, "a worker ran a chunk (%d)", atomic_load(&m.worker_chunks));
+    CHECK(atomic_load(&m.worker_unblocked) == 0, "the pool's workers block SIGINT and SIGTERM (%d did not)",
+          atomic_load(&m.worker_unblocked));
+    CHECK(atomic_load(&m.caller_blocked) == 0, "the caller's mask is unchanged");
+    li_threadpool_free(tp);
+
+    mask_job w = {.caller = pthread_self()};
+    li_run_workers(mask_worker, &w, 3);
+    CHECK(atomic_load(&w.worker_chunks) == 2 && atomic_load(&w.caller_chunks) == 1,
+          "li_run_workers: 2 threads and the caller (%d, %d)", atomic_load(&w.worker_chunks),
+          atomic_load(&w.caller_chunks));
+    CHECK(atomic_load(&w.worker_unblocked) == 0, "li_run_workers' threads block SIGINT and SIGTERM");
+    CHECK(!signals_blocked(), "the caller's mask is unchanged after both");
+}
+
 int main(void) {
     for (int c = 0; c < MAX_CHUNKS; c++) serial[c] = chunk_value(c);
     test_sizes();
@@ -385,5 +449,6 @@ int main(void) {
     test_back_to_back();
     test_adaptive();
     test_shapes();
+    test_signal_masks();
     return t_summary("test_threadpool");
 }
