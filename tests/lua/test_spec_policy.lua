@@ -225,6 +225,38 @@ H.check(math.abs(A._pop_prior("test pop", 0.3, -20) - 0.6 / 3) < 1e-12, "a reque
 for i = 1, 40 do A._observe(-22, "draft", 4 * i, 1, "test pop") end
 H.check(math.abs(A._pop_prior("test pop", 0.3, -22) - 0.3) < 1e-12, "32 rounds kept: the others' fell out (%g)",
         A._pop_prior("test pop", 0.3, -22))
+-- a method is not priced when its first draft cannot pay: whenever
+-- h_1 / b is at most the cheapest extra row's share of T(b) plus the
+-- draft share, best_k gives no drafts (random records and cost curves,
+-- some with rows that get cheaper; both sides of the bound met)
+do
+  local seed = 12345
+  local function rnd() seed = (seed * 1103515245 + 12345) % 2147483648; return seed / 2147483648 end
+  local skipped, priced, wrong = 0, 0, 0
+  for trial = 1, 3000 do
+    local id = -100 - trial
+    local D, Acc = 0, 0 -- the engine's running totals: a round of d drafts accepts a <= d
+    for _ = 1, math.floor(rnd() * 12) do
+      local d = 1 + math.floor(rnd() * 8)
+      D, Acc = D + d, Acc + math.floor(rnd() ^ 2 * (d + 1))
+      A._observe(id, "eagle", D, Acc / D)
+    end
+    local b = 1 + math.floor(rnd() * 8)
+    local N, t, rt = b * 17, 1 + rnd(), {}
+    for n = 1, N do rt[n] = t; t = t + (rnd() < 0.1 and -0.02 or 1) * (0.01 + rnd() * 0.3) * (rt[1] or t) / 4 end
+    local est = A._row_estimates(rt, N)
+    local p, draft, K = rnd(), rnd() * 0.3, 1 + math.floor(rnd() * 16)
+    local can = A._first_depth(id, "eagle", p) / b + 1e-12 >= A._cheapest_row(est, b) + draft
+    local k = A._best_k(A._expected_by_depth(id, "eagle", p, K), est, b, b, b, draft, K)
+    if can then priced = priced + 1 else skipped = skipped + 1 end
+    if not can and k > 0 then wrong = wrong + 1 end
+    A.on_finish({ id = id })
+  end
+  H.check(wrong == 0 and skipped > 300 and priced > 300,
+          "first drafts that cannot pay: %d skipped, %d priced, %d skipped that best_k would draft", skipped, priced, wrong)
+  H.check(math.abs(A._cheapest_row({ 1, 2, 2.5, 3.5, 3.6, 5 }, 2) - 0.05) < 1e-12, "the cheapest extra row: 0.1 of T(2)")
+end
+
 -- the step's plan: four requests copying text (E(k) near k + 1) on a
 -- batch-4 cost curve measured on AVX2 (T(4) 9.4 ms, 1.5 ms a row past it)
 -- get the same drafts whatever their order; one copying request among
