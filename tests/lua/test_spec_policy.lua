@@ -167,6 +167,17 @@ H.check(math.abs(A._row_estimates({}, 4)[4] - 1.18) < 1e-12, "nothing measured: 
 local low = A._row_estimates({ [4] = 0.017 }, 6)
 H.check(math.abs(low[1] - 0.017 / 1.18) < 1e-12 and math.abs(low[6] - 0.017 * 1.12) < 1e-12,
         "below the smallest measured count: %g %g", low[1], low[6])
+-- counts timed at different times on a shared machine (session 26: T(4)
+-- 3.42 ms while the batch of 4 ran slow, T(5) 2.91 ms from earlier): from
+-- the batch's count, T does not fall with more rows nor rise with fewer
+local stale = A._row_estimates({ [4] = 3.42, [5] = 2.91, [6] = 3.13, [8] = 3.6 }, 9, 4)
+H.check(stale[5] == 3.42 and stale[6] == 3.42 and stale[7] == 3.42 and stale[8] == 3.6,
+        "rows past the batch never cheaper than the batch: %g %g %g %g", stale[5], stale[6], stale[7], stale[8])
+local stale5 = A._row_estimates({ [4] = 3.42, [5] = 2.91, [6] = 3.13 }, 9, 5)
+H.check(stale5[4] == 2.91 and stale5[6] == 3.13, "below the batch never dearer than it: T(4) %g", stale5[4])
+local raw = { 3, 3.1, 3.2, 3.42, 2.91, 3.13, 3.365, 3.6, 3.7 }
+H.check(A._best_k(flat(0.4, 8), raw, 4, 4, 4, 0.1, 8) == 1 and A._best_k(flat(0.4, 8), stale, 4, 4, 4, 0.1, 8) == 0,
+        "a first draft passing 40%% at batch 4 paid on the raw curve, not on the stale one")
 -- rounds by depth: 8 drafts, 2 accepted then a rejection reach depths 1-3 and pass 1-2
 A._observe(-1, "ngram", 8, 2 / 8)
 local e1 = A._expected_by_depth(-1, "ngram", 0.5, 4)
