@@ -29,6 +29,7 @@ typedef struct li_buffer {
     size_t size;    /* bytes */
     bool host;      /* data is ordinary host memory */
     bool wrapped;   /* wraps memory the backend does not own (buffer_free leaves it) */
+    bool mapped;    /* host memory from mmap (freed with munmap) */
 } li_buffer;
 
 /* A weight matrix of m rows of k elements: y = W·x. GGUF weights are
@@ -206,6 +207,7 @@ void li_host_buffer_copy(li_backend *be, li_buffer *dst, const li_buffer *src, c
 void li_host_buffer_clear(li_backend *be, li_buffer *b, uint8_t value);
 void li_host_synchronize(li_backend *be);
 #define LI_HOST_BUFFER_ALIGN 64
+#define LI_HOST_BUFFER_MAP_MIN ((size_t)1 << 20) /* host buffers this large are mmap'd (zero pages, touched lazily) */
 /* The memory entries of an ops table initializer for host backends. */
 #define LI_HOST_BUFFER_OPS                                                                                  \
     .api_version = LI_BACKEND_API_VERSION, .alignment = LI_HOST_BUFFER_ALIGN,                              \

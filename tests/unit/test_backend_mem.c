@@ -13,6 +13,7 @@
 #include "engine/session.h"
 #include "test_util.h"
 
+#include <stdio.h>
 #include <string.h>
 
 /* ------------------------------------------------------------------------
@@ -371,6 +372,54 @@ static int run_engine(li_model *m, li_backend *be, const int32_t *prompt, int64_
     return rc;
 }
 
+/* Resident bytes of this process (/proc/self/statm), or -1. */
+static long long resident_bytes(void) {
+    FILE *f = fopen("/proc/self/statm", "r");
+    long long pages = -1, rss = -1;
+    if (f) {
+        if (fscanf(f, "%lld %lld", &pages, &rss) != 2) rss = -1;
+        fclose(f);
+    }
+    return rss < 0 ? -1 : rss * 4096;
+}
+
+/* Host buffers are zero-filled whatever their size; large ones (a KV cache
+ * sized for the whole context) are mapped and become resident only where
+ * written. Odd sizes on both sides of the mapping threshold. */
+static void test_host_buffers(li_backend *be) {
+    li_error err = {0};
+    const size_t sizes[] = {0, 1, 63, 4097, LI_HOST_BUFFER_MAP_MIN - 1, LI_HOST_BUFFER_MAP_MIN + 65,
+                            ((size_t)96 << 20) + 13};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        li_buffer b;
+        const long long before = resident_bytes();
+        CHECK(li_buffer_alloc(be, sizes[i], &b, &err) == 0 && (sizes[i] == 0 || b.data), "%zu bytes: %s", sizes[i],
+              err.msg);
+        if (!b.data) continue;
+        const long long after = resident_bytes();
+        CHECK(((uintptr_t)b.data % LI_HOST_BUFFER_ALIGN) == 0, "%zu bytes: aligned", sizes[i]);
+        size_t nonzero = 0;
+        for (size_t j = 0; j < sizes[i]; j += 4093) nonzero += ((const unsigned char *)b.data)[j] != 0;
+        if (sizes[i]) nonzero += ((const unsigned char *)b.data)[sizes[i] - 1] != 0;
+        CHECK(nonzero == 0, "%zu bytes: zero-filled (%zu bytes were not)", sizes[i], nonzero);
+        if (sizes[i] > ((size_t)64 << 20)) {
+#if defined(__SANITIZE_ADDRESS__)
+            printf("SKIP: resident size of a large buffer (ASan: host buffers come from malloc, all touched)\n");
+#else
+            CHECK(before > 0 && after - before < (8ll << 20),
+                  "96 MiB allocated: %lld KiB resident more (touched only where written)", (after - before) >> 10);
+#endif
+        }
+        memset(b.data, 0x5a, sizes[i]);
+        be->ops->buffer_clear(be, &b, 0);
+        nonzero = 0;
+        for (size_t j = 0; j < sizes[i]; j++) nonzero += ((const unsigned char *)b.data)[j] != 0;
+        CHECK(nonzero == 0, "%zu bytes: written, then cleared", sizes[i]);
+        li_buffer_free(be, &b);
+        CHECK(!b.data && !b.size && !b.mapped, "%zu bytes: freed and zeroed", sizes[i]);
+    }
+}
+
 int main(void) {
     li_error err = {0};
     li_model *m;
@@ -389,6 +438,7 @@ int main(void) {
           "a backend of another API version is refused: %s", err.msg);
     li_buffer nb;
     CHECK(li_buffer_alloc(&bad, 64, &nb, &err) == LI_EUNSUP && !nb.data, "no buffer from a refused backend");
+    test_host_buffers(&cpu);
 
     /* the reference outputs: the plain CPU backend */
     CHECK(li_model_prepare(m, &cpu, &err) == 0, "%s", err.msg);
