@@ -60,6 +60,15 @@
 -- policies/spec_adaptive.lua, alternating with the rest: two versions of a
 -- speculation policy side by side in one run.
 --
+-- --temps T[,T...] and --batches B[,B...] (with proposers) choose the rows
+-- (default 0,0.7 and 1,4; --quick: 0 and 1).
+--
+-- --seeds N (with proposers) runs each sampled setting (temperature 0.7)
+-- N times over, one batch after another in the same engine, with seeds
+-- 7 + i, 1007 + i, ...: sampled drafts change what each setting draws, so
+-- with one seed a temperature row compares texts as much as settings (the
+-- default, 1, is the benchmark as it was).
+--
 -- --json writes every row (workload, batch, temperature, setting, tok/s,
 -- ratio to off, drafted, accepted); --plot draws the speedups over off.
 local luainfer = require("luainfer")
@@ -67,9 +76,29 @@ local bench = require("luainfer.bench")
 local opts = bench.options(arg)
 local flags = bench.take_flags(arg, { ["--medusa"] = "value", ["--medusa-tree"] = "value", ["--eagle"] = "value",
                                       ["--eagle-k"] = "value", ["--quick"] = "flag", ["--eagle-idle"] = "value",
-                                       ["--policy"] = "value" })
+                                       ["--policy"] = "value", ["--seeds"] = "value", ["--temps"] = "value",
+                                       ["--batches"] = "value" })
 local medusa, medusa_tree, quick = flags["--medusa"], flags["--medusa-tree"], flags["--quick"]
 local eagle, eagle_k = flags["--eagle"], tonumber(flags["--eagle-k"] or "3")
+local SEEDS = tonumber(flags["--seeds"] or "1")
+if not SEEDS or SEEDS < 1 or SEEDS % 1 ~= 0 then
+  error(("bench spec: --seeds %s: want a whole number >= 1"):format(flags["--seeds"]), 0)
+end
+-- a comma-separated list of numbers, each checked by ok
+local function list(flag, default, ok, want)
+  local t = {}
+  for v in (flags[flag] or default):gmatch("[^,]+") do
+    local n = tonumber(v)
+    if not n or not ok(n) then error(("bench spec: %s %s: want %s"):format(flag, v, want), 0) end
+    t[#t + 1] = n
+  end
+  if #t == 0 then error(("bench spec: %s: empty"):format(flag), 0) end
+  return t
+end
+local TEMPS = list("--temps", quick and "0" or "0,0.7", function(n) return n >= 0 and n <= 2 end,
+                   "temperatures in [0, 2]")
+local BATCHES = list("--batches", quick and "1" or "1,4", function(n) return n >= 1 and n <= 8 and n % 1 == 0 end,
+                     "batch sizes 1 to 8")
 local root = (arg[0]:match("^(.*)/bench/") or ".")
 local policies = {}
 for f in (flags["--policy"] or (root .. "/policies/spec_adaptive.lua")):gmatch("[^,]+") do
@@ -170,28 +199,29 @@ local function proposers_bench(layers, draft)
     local cfg = { max_num_seqs = seqs, max_batched_tokens = 512, spec_disable_batch = 0 }
     for k, v in pairs(set.cfg) do cfg[k] = v end
     local e = luainfer.engine(cfg)
-    local ids = {}
-    for i = 1, seqs do
-      local p = seqs == 1 and grounded[kind] or SW.variant(grounded[kind], i)
-      -- sampled requests ask for their proposer themselves (the engine's
-      -- n-gram default drafts greedy requests only)
-      ids[i] = e:add{ prompt = p, max_tokens = MAX, temperature = temp, seed = 7 + i,
-                      speculation = temp > 0 and set.spec or nil }
-    end
-    local hist, extra, s0 = {}, 0, e:stats()
-    while e:has_work() do
-      e:step()
-      local s1 = e:stats()
-      local rows = s1.tokens_computed - s0.tokens_computed
-      if rows > 0 then
-        hist[rows] = (hist[rows] or 0) + 1
-        local c = row_cost[rows] or {}
-        c[#c + 1] = s1.time_forward - s0.time_forward
-        row_cost[rows] = c
+    local ids, hist, extra, s0 = {}, {}, 0, e:stats()
+    for round = 1, temp > 0 and SEEDS or 1 do
+      for i = 1, seqs do
+        local p = seqs == 1 and grounded[kind] or SW.variant(grounded[kind], i)
+        -- sampled requests ask for their proposer themselves (the engine's
+        -- n-gram default drafts greedy requests only)
+        ids[#ids + 1] = e:add{ prompt = p, max_tokens = MAX, temperature = temp, seed = 7 + i + 1000 * (round - 1),
+                               speculation = temp > 0 and set.spec or nil }
       end
-      extra = extra + (s1.time_propose - s0.time_propose) + (s1.time_draft_sync - s0.time_draft_sync) +
-              (s1.time_policy - s0.time_policy)
-      s0 = s1
+      while e:has_work() do
+        e:step()
+        local s1 = e:stats()
+        local rows = s1.tokens_computed - s0.tokens_computed
+        if rows > 0 then
+          hist[rows] = (hist[rows] or 0) + 1
+          local c = row_cost[rows] or {}
+          c[#c + 1] = s1.time_forward - s0.time_forward
+          row_cost[rows] = c
+        end
+        extra = extra + (s1.time_propose - s0.time_propose) + (s1.time_draft_sync - s0.time_draft_sync) +
+                (s1.time_policy - s0.time_policy)
+        s0 = s1
+      end
     end
     local s = e:stats()
     local toks, n = bench.outputs(e, ids)
@@ -200,20 +230,20 @@ local function proposers_bench(layers, draft)
     local dec = 0
     for _, id in ipairs(ids) do
       local r = e:result(id)
-      dec = dec + (#r.tokens - 1) / math.max(r.latency - r.ttft, 1e-9) / seqs
+      dec = dec + (#r.tokens - 1) / math.max(r.latency - r.ttft, 1e-9) / #ids
     end
     e:close()
     return { tput = n / s.time_total, dec = dec, drafted = s.spec_drafted, accepted = s.spec_accepted, toks = toks,
              model = { hist = hist, extra = extra, tokens = n } }
   end
-  print(("speculation by proposer: up to %d tokens per request (stopping at EOS), best of %d rounds; decode tok/s " ..
+  print(("speculation by proposer: up to %d tokens per request (stopping at EOS), best of %d rounds%s; decode tok/s " ..
          "per request after its first token (ratio to off, acceptance) and the end-to-end ratio (prefill included)")
-    :format(MAX, ROUNDS))
+    :format(MAX, ROUNDS, SEEDS > 1 and (", sampled rows over %d seeds a request"):format(SEEDS) or ""))
   local head = {}
   for i = 2, #sets do head[#head + 1] = ("%-30s"):format(sets[i].name) end
   print(("%-8s %5s %4s | %9s | %s"):format("workload", "batch", "temp", "off tok/s", table.concat(head, " ")))
   local rows = {}
-  local temps, batches = quick and { 0 } or { 0, 0.7 }, quick and { 1 } or { 1, 4 }
+  local temps, batches = TEMPS, BATCHES
   local progress = bench.progress(#temps * #batches * #kinds * ROUNDS * #sets, "spec runs")
   for _, temp in ipairs(temps) do
     for _, seqs in ipairs(batches) do
@@ -248,6 +278,7 @@ local function proposers_bench(layers, draft)
                               tok_s = b.dec, off_tok_s = off.dec, ratio = b.dec / off.dec,
                               e2e_tok_s = b.tput, off_e2e_tok_s = off.tput, e2e_ratio = b.tput / off.tput,
                               drafted = b.drafted, accepted = b.accepted, models = b.models,
+                              requests = seqs * (temp > 0 and SEEDS or 1),
                               off_models = off.models }
           cols[#cols + 1] = ("%-30s"):format(("%.1f (%.2fx, %.0f%%) e2e %.2fx"):format(b.dec, b.dec / off.dec,
             100 * b.accepted / math.max(b.drafted, 1), b.tput / off.tput))
@@ -258,7 +289,12 @@ local function proposers_bench(layers, draft)
     end
   end
   progress:done()
-  print("greedy runs: every proposer's tokens were identical to speculation off")
+  for _, t in ipairs(temps) do
+    if t == 0 then
+      print("greedy runs: every proposer's tokens were identical to speculation off")
+      break
+    end
+  end
   -- the model clock's table, then each row's modelled ratio (the median over rounds)
   local cost = {}
   for n, c in pairs(row_cost) do cost[n] = bench.median(c) end
@@ -293,7 +329,8 @@ local function proposers_bench(layers, draft)
     local r = rows[g]
     print(("%-8s %5d %4.1f | %s"):format(r.workload, r.seqs, r.temperature, table.concat(cols, " ")))
   end
-  bench.finish(opts, { bench = "spec", mode = "proposers", max_tokens = MAX, rounds = ROUNDS, rows = rows })
+  bench.finish(opts, { bench = "spec", mode = "proposers", max_tokens = MAX, rounds = ROUNDS, seeds = SEEDS,
+                       rows = rows })
 end
 
 if arg[3] == "proposers" then

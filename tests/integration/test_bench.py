@@ -314,6 +314,28 @@ def test_bench_spec_policies_side_by_side(run_ok, luainfer_bin, tmp_path):
     assert missing.returncode != 0 and "nope.lua: cannot open the file" in missing.stderr
 
 
+def test_bench_spec_sampled_rows_over_seeds(run_ok, luainfer_bin, tmp_path):
+    """--temps/--batches choose the rows and --seeds N runs each sampled
+    setting over N seeds a request (a temperature row otherwise compares
+    the texts each setting happened to draw): 6 tokens, batches 1 and 2 at
+    0.7, two seeds; bad values are clear errors."""
+    never = tmp_path / "never.lua"
+    never.write_text("return { speculate = function(req, state) return false end }\n")
+    js = tmp_path / "s.json"
+    out = bench(run_ok, "spec", "6", "1", "proposers", "29", "--temps", "0.7", "--batches", "1,2", "--seeds", "2",
+                "--policy", str(never), "--json", str(js))
+    assert "sampled rows over 2 seeds a request" in out and "greedy runs" not in out
+    r = json.loads(js.read_text())
+    assert r["seeds"] == 2 and len(r["rows"]) == 4 * 2 * 3
+    assert {(row["seqs"], row["temperature"], row["requests"]) for row in r["rows"]} == {(1, 0.7, 2), (2, 0.7, 4)}
+    assert all(row["drafted"] == 0 for row in r["rows"] if row["setting"] == "never")
+    for flag, value, msg in [("--seeds", "0", "want a whole number >= 1"), ("--temps", "3", "want temperatures in [0, 2]"),
+                             ("--batches", "0", "want batch sizes 1 to 8")]:
+        bad = subprocess.run([str(luainfer_bin), "bench", "spec", "6", "1", "proposers", "29", flag, value],
+                             capture_output=True, text=True, timeout=60)
+        assert bad.returncode != 0 and f"{flag} {value}: {msg}" in bad.stderr, bad.stderr
+
+
 def test_bench_builds_table(luainfer_bin, model_path, tmp_path):
     """bench_builds.py with one binary as both builds, one tiny round: the
     table has a row per measurement with positive medians, a ratio and a
