@@ -163,9 +163,9 @@ int li_cmd_train_eagle(int argc, char **argv) {
         .self_generate_help = "train on N tokens the base samples (temperature 1, --seed) instead of --data",
         .seq_len_help = "tokens per window (default 256)",
         .batch_help = "windows per step (default 4)",
-        .dtype_help = "draft matrices in the file: f32, f16 or q8_0 (default f32; q8_0 reads a quarter of f32's bytes "
-                      "each draft pass)",
-        .dtypes = 1u << LI_CKPT_Q8_0,
+        .dtype_help = "draft matrices in the file: f32, f16, q8_0, q4_0 or q4_1 (default f32; q8_0 reads a quarter of "
+                      "f32's bytes each draft pass, q4_1 a sixth)",
+        .dtypes = 1u << LI_CKPT_Q8_0 | 1u << LI_CKPT_Q4_0 | 1u << LI_CKPT_Q4_1,
         .seed_help = "seed of the draft's start, of --self-generate and of the window order (default 1)",
         .own_defaults = true, .alpha = 1.0, .temperature = 1.0, .clip = 0.5, .sched = "cosine", .seq_len = 256,
         .batch = 4, .warmup_cap = 50};

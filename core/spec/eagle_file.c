@@ -60,9 +60,11 @@ static int check_tensor(const li_gguf *g, const char *path, li_eagle_file *f, li
             return li_error_set(err, LI_EINVAL, "eagle: %s: tensor '%s' is %s [%lld], want f32 [%lld]", path, name,
                                 li_type_name(x->type), (long long)x->ne[0], (long long)cols);
     } else {
-        if (x->type != LI_TYPE_F32 && x->type != LI_TYPE_F16 && x->type != LI_TYPE_BF16 && x->type != LI_TYPE_Q8_0)
-            return li_error_set(err, LI_EUNSUP, "eagle: %s: tensor '%s' has type %s, want f32, f16, bf16 or q8_0",
-                                path, name, li_type_name(x->type));
+        if (x->type != LI_TYPE_F32 && x->type != LI_TYPE_F16 && x->type != LI_TYPE_BF16 && x->type != LI_TYPE_Q8_0 &&
+            x->type != LI_TYPE_Q4_0 && x->type != LI_TYPE_Q4_1)
+            return li_error_set(err, LI_EUNSUP,
+                                "eagle: %s: tensor '%s' has type %s, want f32, f16, bf16, q8_0, q4_0 or q4_1", path,
+                                name, li_type_name(x->type));
         if (x->n_dims != 2 || x->ne[0] != cols || x->ne[1] != rows)
             return li_error_set(err, LI_EINVAL, "eagle: %s: tensor '%s' has shape [%lld, %lld], want [%lld, %lld]",
                                 path, name, (long long)x->ne[0], (long long)(x->n_dims > 1 ? x->ne[1] : 1),

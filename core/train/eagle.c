@@ -364,21 +364,19 @@ int li_train_eagle_save(const li_train_eagle *e, const li_train_eagle_meta *meta
         const size_t n = (size_t)(t->rows * t->cols);
         const bool norm = is_norm((li_eagle_tensor)i);
         const int64_t ne[2] = {t->cols, t->rows};
-        if (norm || dtype == LI_CKPT_F32) {
+        /* a block type (q8_0, q4_0, q4_1) when the rows are whole blocks */
+        const li_type qt = norm ? LI_TYPE_F32 : (li_type)li_ckpt_matrix_type(dtype, NULL, t->name, t->cols);
+        if (qt == LI_TYPE_F32) {
             float *f = li_xmalloc(n * sizeof *f);
             memcpy(f, src, n * sizeof *f);
             rc = li_gguf_writer_add_tensor(&w, t->name, LI_TYPE_F32, norm ? 1 : 2, ne, f, n * sizeof *f, err);
-        } else if (dtype == LI_CKPT_Q8_0) {
-            const li_type_traits *q8 = li_type_get(LI_TYPE_Q8_0);
+        } else if (qt != LI_TYPE_F16) {
+            const li_type_traits *tr = li_type_get(qt);
             size_t rb;
-            if (!li_type_row_size(LI_TYPE_Q8_0, t->cols, &rb)) {
-                rc = li_error_set(err, LI_EINVAL, "eagle: %s: q8_0 needs rows of whole blocks of 32, '%s' has %lld",
-                                  path, t->name, (long long)t->cols);
-                break;
-            }
+            li_type_row_size(qt, t->cols, &rb);
             uint8_t *q = li_xmalloc(rb * (size_t)t->rows);
-            for (int64_t r = 0; r < t->rows; r++) q8->from_float(src + r * t->cols, q + r * rb, t->cols);
-            rc = li_gguf_writer_add_tensor(&w, t->name, LI_TYPE_Q8_0, 2, ne, q, rb * (size_t)t->rows, err);
+            for (int64_t r = 0; r < t->rows; r++) tr->from_float(src + r * t->cols, q + r * rb, t->cols);
+            rc = li_gguf_writer_add_tensor(&w, t->name, qt, 2, ne, q, rb * (size_t)t->rows, err);
         } else {
             uint16_t *h = li_xmalloc(n * sizeof *h);
             for (size_t j = 0; j < n; j++) h[j] = li_fp32_to_fp16(src[j]);
@@ -417,15 +415,21 @@ int li_train_eagle_load(li_train_eagle *e, const char *path, const li_hparams *h
         const size_t n = (size_t)(tt->rows * tt->cols);
         const uint16_t *h = (const uint16_t *)t->data;
         if (t->type == LI_TYPE_F32) memcpy(dst, t->data, n * sizeof(float));
-        else if (t->type == LI_TYPE_Q8_0) { /* --resume from it trains on from its rounded values */
-            size_t rb;
-            li_type_row_size(LI_TYPE_Q8_0, tt->cols, &rb);
-            for (int64_t r = 0; r < tt->rows; r++)
-                li_type_get(LI_TYPE_Q8_0)->to_float((const uint8_t *)t->data + r * rb, dst + r * tt->cols, tt->cols);
-        } else if (t->type == LI_TYPE_F16)
+        else if (t->type == LI_TYPE_F16)
             for (size_t j = 0; j < n; j++) dst[j] = li_fp16_to_fp32(h[j]);
-        else
+        else if (t->type == LI_TYPE_BF16)
             for (size_t j = 0; j < n; j++) dst[j] = li_bf16_to_fp32(h[j]);
+        else { /* a block type (li_eagle_file_check allows q8_0, q4_0, q4_1): --resume trains on from its values */
+            const li_type_traits *tr = li_type_get(t->type);
+            size_t rb;
+            if (!tr || !tr->to_float || !li_type_row_size(t->type, tt->cols, &rb)) {
+                rc = li_error_set(err, LI_EUNSUP, "eagle: %s: tensor '%s' of type %s cannot be read back", path,
+                                  tt->name, li_type_name(t->type));
+                goto done;
+            }
+            for (int64_t r = 0; r < tt->rows; r++)
+                tr->to_float((const uint8_t *)t->data + r * rb, dst + r * tt->cols, tt->cols);
+        }
     }
 done:
     li_gguf_free(&g);

@@ -183,14 +183,16 @@ def test_train_eagle_resume_self_generate(run_ok, model_path, text, draft, edir)
     assert t["eagle.hnorm.weight"].tensor_type == gguf.GGMLQuantizationType.F32
 
 
-def test_train_eagle_q8_0(run_ok, model_path, text, eval_text, draft, edir):
-    """--dtype q8_0: the f32 run's matrices through the gguf package's Q8_0
-    quantizer, byte for byte (norms stay f32); the engine drafts with it and
-    keeps the greedy tokens of no speculation; --draft --eval reads it."""
+@pytest.mark.parametrize("dtype", ["q8_0", "q4_1"])
+def test_train_eagle_block_types(run_ok, model_path, text, eval_text, draft, edir, dtype):
+    """--dtype q8_0 / q4_1: the f32 run's matrices through the gguf
+    package's quantizer of that type, byte for byte (norms stay f32); the
+    engine drafts with it and keeps the greedy tokens of no speculation;
+    --draft --eval reads it."""
     out, _ = draft
-    q8 = edir / "q8.gguf"
-    r = run_ok(train(model_path, text, q8, *TINY, "--dtype", "q8_0"))
-    assert "(Q8_0," in r.stdout, r.stdout
+    q8 = edir / f"{dtype}.gguf"
+    r = run_ok(train(model_path, text, q8, *TINY, "--dtype", dtype))
+    assert f"({dtype.upper()}," in r.stdout, r.stdout
     gguf, f32 = gguf_reader(out)
     _, fq = gguf_reader(q8)
     import numpy as np
@@ -201,9 +203,10 @@ def test_train_eagle_q8_0(run_ok, model_path, text, eval_text, draft, edir):
         if t.name == "eagle.vocab" or w.tensor_type == gguf.GGMLQuantizationType.F32 and len(w.shape) == 1:
             assert bytes(t.data) == bytes(w.data), t.name
             continue
-        assert t.tensor_type == gguf.GGMLQuantizationType.Q8_0, t.name
+        qt = getattr(gguf.GGMLQuantizationType, dtype.upper())
+        assert t.tensor_type == qt, t.name
         rows = np.asarray(w.data, dtype=np.float32).reshape(int(w.shape[1]), int(w.shape[0]))
-        assert gguf.quants.quantize(rows, gguf.GGMLQuantizationType.Q8_0).tobytes() == bytes(t.data), t.name
+        assert gguf.quants.quantize(rows, qt).tobytes() == bytes(t.data), t.name
         n_q8 += 1
     assert n_q8 == 8
     run_ok(["train-eagle", "--model", model_path, "--draft", q8, "--eval", eval_text, "--eval-tokens", "128",
@@ -244,7 +247,7 @@ def test_train_eagle_ctrl_c_writes_draft(luainfer_bin, model_path, text, edir):
     (["--draft-vocab", "60000"], r"--draft-vocab 60000 is larger than the vocabulary \(49152\)"),
     (["--draft-vocab", "-3"], r"--draft-vocab must be >= 0"),
     (["--alpha", "2"], r"--alpha"),
-    (["--dtype", "q4_0"], r"--dtype must be f32, f16 or q8_0"),
+    (["--dtype", "bf16"], r"--dtype must be f32, f16, q8_0, q4_0 or q4_1"),
     (["--self-generate", "10"], r"exclude each other"),
 ])
 def test_train_eagle_bad_options(run_cli, model_path, text, edir, extra, pattern):
