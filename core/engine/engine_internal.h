@@ -60,7 +60,9 @@ typedef struct li_engine_req {
     int64_t eg_pos;           /* -1: none */
     /* EAGLE's KV, caught up lazily (spec_step.c): positions [0, e_done) hold
      * it; e_pend holds the draft's input rows (in_width each) of positions
-     * [e_done, e_done + e_pend_n), the first num_computed - e_done verified */
+     * [e_done, e_done + e_pend_n), the first num_computed - e_done verified.
+     * e_done may pass num_computed by one: a first draft step wrote the
+     * last token's, before the target computed it */
     int64_t e_done, e_hi;     /* e_hi: this step's catch-up wrote [e_done, e_hi) */
     int64_t e_used;           /* the last step it drafted with EAGLE (first scheduled before; -1 not yet) */
     float *e_pend;            /* (e_pend_cap, in_width), or NULL */

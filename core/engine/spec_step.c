@@ -401,6 +401,12 @@ void li_spec_step_propose(li_engine *e) {
         }
         for (int32_t i = 0; i < ns; i++) {
             req *r = e->sp.sreq[i];
+            /* EAGLE's first draft step wrote the draft's KV of the last
+             * token from its final inputs (that token, the target's row
+             * before it): the next catch-up starts after it (a rejected
+             * draft then needs no catch-up pass at all) */
+            if (m == LI_SPEC_EAGLE && e->sp.sseq[i].n_draft > 0 && r->e_done == r->n_toks - 1 && !r->e_pend_n)
+                r->e_done = r->n_toks;
             /* n-gram and Medusa drafts take their slots now (a tree's nodes
              * list parents first: a cut one keeps its shape) */
             const int32_t want = e->sp.sseq[i].n_draft;
@@ -553,8 +559,9 @@ int li_spec_step_eagle_sync(li_engine *e, int32_t nb, li_error *err) {
             continue;
         }
         pend_reserve(r, end - r->e_done, w);
-        /* the step's rows (after a gap's zeros: rows lost to a failed pass) */
-        for (int64_t p = LI_MIN(p0, r->e_done + r->e_pend_n); p < end; p++)
+        /* the step's rows (after a gap's zeros: rows lost to a failed pass;
+         * not the last token's when the first draft step wrote its KV) */
+        for (int64_t p = LI_MAX(r->e_done, LI_MIN(p0, r->e_done + r->e_pend_n)); p < end; p++)
             eagle_row(sp, r, p, p0, k, w, r->e_pend + (size_t)(p - r->e_done) * w);
         r->e_pend_n = end - r->e_done;
     }
