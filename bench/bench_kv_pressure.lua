@@ -45,13 +45,13 @@ local ROUNDS = flags["--rounds"] or 1
 io.stdout:setvbuf("line")
 local root = (arg[0]:match("^(.*)/bench/") or ".")
 local N = tonumber(arg[1]) or 64
-local function list(s, d)
-  local t = {}
-  for x in (s or d):gmatch("[^,]+") do t[#t + 1] = tonumber(x) end
+local function list(s, d, what)
+  local t, msg = bench.number_list(s, d, what, function(n) return n > 0 end, "positive numbers")
+  if not t then error("bench kv-pressure: " .. msg, 0) end
   return t
 end
-local BUDGETS = list(arg[2], "4,8")
-local SWEEP = list(arg[3], "1,2,3,4,6,8")
+local BUDGETS = list(arg[2], "4,8", "BUDGETS_MIB")
+local SWEEP = list(arg[3], "1,2,3,4,6,8", "SWEEP")
 local LIMIT = tonumber(arg[4]) or 120
 local SEQS = 16
 

@@ -84,15 +84,9 @@ local SEEDS = tonumber(flags["--seeds"] or "1")
 if not SEEDS or SEEDS < 1 or SEEDS % 1 ~= 0 then
   error(("bench spec: --seeds %s: want a whole number >= 1"):format(flags["--seeds"]), 0)
 end
--- a comma-separated list of numbers, each checked by ok
 local function list(flag, default, ok, want)
-  local t = {}
-  for v in (flags[flag] or default):gmatch("[^,]+") do
-    local n = tonumber(v)
-    if not n or not ok(n) then error(("bench spec: %s %s: want %s"):format(flag, v, want), 0) end
-    t[#t + 1] = n
-  end
-  if #t == 0 then error(("bench spec: %s: empty"):format(flag), 0) end
+  local t, msg = bench.number_list(flags[flag], default, flag, ok, want)
+  if not t then error("bench spec: " .. msg, 0) end
   return t
 end
 local TEMPS = list("--temps", quick and "0" or "0,0.7", function(n) return n >= 0 and n <= 2 end,
@@ -107,12 +101,8 @@ for f in (flags["--policy"] or (root .. "/policies/spec_adaptive.lua")):gmatch("
   fh:close()
   policies[#policies + 1] = f
 end
-local idles = {}
-for v in (flags["--eagle-idle"] or ""):gmatch("[^,]+") do
-  local n = tonumber(v)
-  if not n or n < 0 or n % 1 ~= 0 then error(("bench spec: --eagle-idle %s: want whole numbers >= 0"):format(v), 0) end
-  idles[#idles + 1] = n
-end
+local idles = flags["--eagle-idle"] and
+  list("--eagle-idle", nil, function(n) return n >= 0 and n % 1 == 0 end, "whole numbers >= 0") or {}
 if #idles > 0 and not eagle then error("bench spec: --eagle-idle needs --eagle FILE", 0) end
 local MAX = tonumber(arg[1]) or 128
 local ROUNDS = tonumber(arg[2]) or 2

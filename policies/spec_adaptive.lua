@@ -173,29 +173,34 @@ local function observe(id, m, drafted, acceptance, key, ctx)
   t.d, t.a, t.ctx = drafted, acc, ctx or ""
 end
 
--- E(1..K) for request id and method m in context ctx (default "") from its
--- rounds by depth, p the first draft's prior
-local function expected_by_depth(id, m, p, K, ctx)
+-- Request id's record of method m in context ctx (default ""), or nil
+local function record(id, m, ctx)
   local t = seen[id] and seen[id][m]
-  t = t and t.by[ctx or ""]
-  local reach, pass = t and t.reach or {}, t and t.pass or {}
-  local e, surv, h = {}, 1, p
-  for i = 1, K do
-    local w = i == 1 and (t and t.pw or PRIOR_WEIGHT) or DEPTH_PRIOR_WEIGHT
-    h = ((pass[i] or 0) + w * h) / ((reach[i] or 0) + w)
-    surv = surv * h
-    e[i] = (e[i - 1] or 1) + surv
-  end
-  return e
+  return t and t.by[ctx or ""]
 end
 
--- h_1 of expected_by_depth alone: what its first draft passes with
+-- h_1: what the first draft passes with, from the record's first depth and
+-- p, the prior, at its fading weight (p itself without a record)
 local function first_depth(id, m, p, ctx)
-  local t = seen[id] and seen[id][m]
-  t = t and t.by[ctx or ""]
+  local t = record(id, m, ctx)
   if not t then return p end
-  local w = t.pw
-  return ((t.pass[1] or 0) + w * p) / ((t.reach[1] or 0) + w)
+  return ((t.pass[1] or 0) + t.pw * p) / ((t.reach[1] or 0) + t.pw)
+end
+
+-- E(1..K) for request id and method m in context ctx from its rounds by
+-- depth: h_1 as above, each deeper h_i from the rounds that reached depth
+-- i and h_(i-1) at DEPTH_PRIOR_WEIGHT
+local function expected_by_depth(id, m, p, K, ctx)
+  local t = record(id, m, ctx)
+  local reach, pass = t and t.reach or {}, t and t.pass or {}
+  local h = first_depth(id, m, p, ctx)
+  local e, surv = { 1 + h }, h
+  for i = 2, K do
+    h = ((pass[i] or 0) + DEPTH_PRIOR_WEIGHT * h) / ((reach[i] or 0) + DEPTH_PRIOR_WEIGHT)
+    surv = surv * h
+    e[i] = e[i - 1] + surv
+  end
+  return e
 end
 
 -- T(n) for n = 1..N, in seconds: row_time[n] where measured; between two

@@ -41,12 +41,8 @@ local cold = flags["--cold"]
 local root = (arg[0]:match("^(.*)/tools/") or ".")
 local function fail(msg) io.stderr:write("spec_replay: " .. msg .. "\n"); os.exit(2) end
 local function numbers(s, what)
-  local t = {}
-  for v in s:gmatch("[^,]+") do
-    local n = tonumber(v)
-    if not n or n < 1 or n % 1 ~= 0 then fail(("%s: want whole numbers >= 1, got %s"):format(what, v)) end
-    t[#t + 1] = n
-  end
+  local t, msg = bench.number_list(s, nil, what, function(n) return n >= 1 and n % 1 == 0 end, "whole numbers >= 1")
+  if not t then fail(msg) end
   return t
 end
 local policies = {}

@@ -225,6 +225,20 @@ function M.finish(opts, results)
   end
 end
 
+-- A comma-separated list of numbers (S, or DEFAULT when S is nil), each
+-- passing OK(n): the list, or nil and "WHAT X: want WANT" for the first
+-- item that is no number or fails OK (or "WHAT: empty").
+function M.number_list(s, default, what, ok, want)
+  local t = {}
+  for v in (s or default):gmatch("[^,]+") do
+    local n = tonumber(v)
+    if not n or not ok(n) then return nil, ("%s %s: want %s"):format(what, v, want) end
+    t[#t + 1] = n
+  end
+  if #t == 0 then return nil, what .. ": empty" end
+  return t
+end
+
 -- The outputs of requests IDS of engine E: each one's tokens joined by
 -- commas (to compare runs token for token) and the total token count.
 function M.outputs(e, ids)
