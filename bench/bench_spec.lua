@@ -55,6 +55,11 @@
 -- request's draft KV computed, the default 16: an idle request's zeroed),
 -- side by side.
 --
+-- --uncalibrated (with proposers) runs each adaptive setting twice: as
+-- the engine runs it (spec_calibrate: the row-cost curve timed before the
+-- first step) and without the calibration ("adaptive uncal": the curve
+-- from the passes run so far, a count's first one untimed), side by side.
+--
 -- --policy FILE[,FILE...] (with proposers) runs each policy file as its own
 -- adaptive setting (named by the file's base name) instead of
 -- policies/spec_adaptive.lua, alternating with the rest: two versions of a
@@ -77,7 +82,7 @@ local opts = bench.options(arg)
 local flags = bench.take_flags(arg, { ["--medusa"] = "value", ["--medusa-tree"] = "value", ["--eagle"] = "value",
                                       ["--eagle-k"] = "value", ["--quick"] = "flag", ["--eagle-idle"] = "value",
                                        ["--policy"] = "value", ["--seeds"] = "value", ["--temps"] = "value",
-                                       ["--batches"] = "value" })
+                                       ["--batches"] = "value", ["--uncalibrated"] = "flag" })
 local medusa, medusa_tree, quick = flags["--medusa"], flags["--medusa-tree"], flags["--quick"]
 local eagle, eagle_k = flags["--eagle"], tonumber(flags["--eagle-k"] or "3")
 local SEEDS = tonumber(flags["--seeds"] or "1")
@@ -166,15 +171,18 @@ local function proposers_bench(layers, draft)
   for _, f in ipairs(policies) do
     local base = f:match("([^/]+)%.lua$") or f
     for _, idle in ipairs(#idles > 0 and idles or { false }) do
-      local name = base == "spec_adaptive" and #policies == 1 and "adaptive" or base
-      sets[#sets + 1] = { name = idle and ("%s idle%d"):format(name, idle) or name,
-                          cfg = { spec_layers = layers, draft_model = draft, spec_method = "ngram",
-                                  -- the engine takes heads or a draft model, not both
-                                  medusa = not draft and medusa or nil,
-                                  medusa_tree = not draft and medusa_tree or nil,
-                                  -- and an EAGLE draft, not with heads
-                                  eagle = not (not draft and medusa) and eagle or nil, policy = f,
-                                  eagle_idle_steps = idle or nil } }
+      for _, cal in ipairs(flags["--uncalibrated"] and { true, false } or { true }) do
+        local name = base == "spec_adaptive" and #policies == 1 and "adaptive" or base
+        name = idle and ("%s idle%d"):format(name, idle) or name
+        sets[#sets + 1] = { name = cal and name or name .. " uncal",
+                            cfg = { spec_layers = layers, draft_model = draft, spec_method = "ngram",
+                                    -- the engine takes heads or a draft model, not both
+                                    medusa = not draft and medusa or nil,
+                                    medusa_tree = not draft and medusa_tree or nil,
+                                    -- and an EAGLE draft, not with heads
+                                    eagle = not (not draft and medusa) and eagle or nil, policy = f,
+                                    eagle_idle_steps = idle or nil, spec_calibrate = cal } }
+      end
     end
   end
   -- The model clock: every target forward pass of every run is timed by

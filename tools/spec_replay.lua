@@ -13,15 +13,21 @@
 -- spec_workloads). Batch 1 replays the prompt and its variants 1..N (N = 4
 -- unless given) one at a time and prints the geometric mean over them;
 -- batch 4 replays variants 1-4 in lockstep, one forward pass a step over
--- every running request's rows. A setting's time is the sum over its steps
+-- every running request's rows (with N >= 8, also 5-8 and every further
+-- group of four, and prints the geometric mean over the groups: one group's
+-- lockstep run turns on a few decisions). The hook sees n-gram lookup's
+-- drafts and match (req.speculation.ngram, ngram_match) as the engine
+-- shows them. A setting's time is the sum over its steps
 -- of T(rows), T the cost curve in ms (--rows: row count = ms pairs, linear
 -- between them and past the last at the last two's slope; default: session
 -- 24's Zen 5 model clock); the ratio is to no drafts. n-gram lookup is the
 -- engine's own (luainfer.ngram_draft, n 4 down to 2). A policy is called as
 -- the engine calls it, speculate(req, state), with every row count
--- measured (state.spec.row_time: the curve), or with --cold as a fresh
--- engine shows them (a count's cost once it has run twice: the engine does
--- not time a count's first, cold pass), and n-gram the only proposer;
+-- measured (state.spec.row_time: the curve, as an engine shows it after
+-- timing the counts up front, spec_calibrate), or with --cold as an engine
+-- without that shows them (a count's cost once it has run twice: the
+-- engine does not time a count's first, cold pass), and n-gram the only
+-- proposer;
 -- a request's drafts are capped at 16 and at the room before max_tokens.
 -- --oracle adds a setting no policy can run: each round drafts exactly
 -- the tokens the text then holds (none where the first would fail). At
@@ -97,7 +103,7 @@ for _, kind in ipairs(SW.kinds) do
 end
 e:close()
 
-local function lookup(t, n, k) -- the drafts for the first n tokens of t
+local function lookup(t, n, k) -- the drafts for the first n tokens of t, and the match they copy from
   local ctx = {}
   for i = 1, n do ctx[i] = t[i] end
   return luainfer.ngram_draft(ctx, 4, 2, k)
@@ -146,9 +152,10 @@ local function policy_chooser(P)
   return function(i, r, mk, step, live, shown)
     local running = {}
     for _, j in ipairs(live) do running[#running + 1] = { id = base + j } end
+    local d, match = lookup(r.x.t, r.cur, mk)
     local req = { id = base + i, num_generated = r.cur - r.x.np, speculation = { method = "ngram", k = 0, max_k = mk,
                   temperature = 0, acceptance = { ngram = r.dr > 0 and r.ac / r.dr or -1 }, drafted = { ngram = r.dr },
-                  ngram = #lookup(r.x.t, r.cur, mk) } }
+                  ngram = #d, ngram_match = match } }
     local state = { step = step, running = running, spec = { batch_size = #live, row_time = shown,
                     step_time = row_time[#live], token_time = row_time[1], draft_time = { ngram = 0 },
                     available = { ngram = true } } }
@@ -171,6 +178,8 @@ print(("speculation replayed: greedy texts of up to %d tokens, n-gram lookup; ea
        cold and "; the policies see the costs a fresh engine has measured" or ""))
 for _, B in ipairs(batches) do
   print(B == 1 and ("batch 1: geometric mean over the prompt and %d variants"):format(NV)
+        or NV >= 8 and ("batch 4: variants 1-4, 5-8, ... to %d, each group in lockstep (geometric mean over the " ..
+                        "groups)"):format(4 * math.floor(NV / 4))
         or "batch 4: variants 1-4 in lockstep")
   local head = { ("%-8s"):format("workload") }
   for _, n in ipairs(names) do head[#head + 1] = ("%-22s"):format(n) end
@@ -180,7 +189,10 @@ for _, B in ipairs(batches) do
     if B == 1 then
       for v = 0, NV do sets[#sets + 1] = { texts[kind][v + 1] } end
     else
-      sets[1] = { texts[kind][2], texts[kind][3], texts[kind][4], texts[kind][5] }
+      for g = 0, math.max(1, math.floor(NV / 4)) - 1 do
+        sets[#sets + 1] = { texts[kind][4 * g + 2], texts[kind][4 * g + 3], texts[kind][4 * g + 4],
+                            texts[kind][4 * g + 5] }
+      end
     end
     local line = { ("%-8s"):format(kind) }
     local function measure(make)

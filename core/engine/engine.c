@@ -28,6 +28,7 @@ void li_engine_config_default(li_engine_config *c) {
         .max_num_seqs = 64, .max_batched_tokens = 512, .max_model_len = 0, .prefix_caching = true,
         .spec_tokens = 0, .spec_ngram_max = 4, .spec_ngram_min = 2, .spec_disable_batch = 4,
         .spec_method = LI_SPEC_NGRAM, .spec_layers = 0, .tensor_parallel = 1, .eagle_idle_steps = 16,
+        .spec_calibrate = true,
     };
 }
 
@@ -328,6 +329,9 @@ void li_engine_free(li_engine *e) {
 
 void li_engine_set_policy(li_engine *e, li_policy *p) {
     e->policy = p;
+    /* the first policy that prices drafts: the curve it prices them on */
+    if (p && p->has_speculate && e->cfg.spec_calibrate && !e->st.calibrated_rows && e->sp.prop[LI_SPEC_NGRAM])
+        li_spec_step_calibrate(e);
     /* a new policy starts with a clean progress record and its own log quota */
     e->pg_policy = false;
     e->pg_idle = e->pg_loss = e->pg_left = 0;
@@ -1002,7 +1006,7 @@ int li_engine_step(li_engine *e, li_error *err) {
     step_shape(e, nb);
     if (e->mclock_on) model_clock_step(e);
     e->st.time_forward += dtf;
-    li_spec_step_costs(&e->sp, dtf, k);
+    li_spec_step_costs(&e->sp, dtf, k, b.no_logits ? 0 : b.n_logits);
     if (rc) {
         drop_all_drafts(e);
         for (int32_t i = 0; i < nb; i++) finish(e, e->batch_req[i], "error");

@@ -69,6 +69,13 @@ typedef struct li_engine_config {
      * "Idle requests"). Drafts later attend to zeros there; tokens are the
      * same either way. 0 = always compute (default 16) */
     int32_t eagle_idle_steps;
+    /* a policy with a speculate hook prices drafts by what forward passes
+     * of each row count cost (li_spec_state.row_time): when such a policy
+     * is set, the engine first times passes of 1 to 64 rows on a scratch
+     * sequence (about 0.1 s on two cores; docs/speculation.md, "The cost
+     * curve"), so its first steps are priced on measured costs, not on a
+     * guess. Default true */
+    bool spec_calibrate;
 } li_engine_config;
 
 #define LI_SPEC_MAX_TOKENS LI_SPEC_MAX_DRAFT
@@ -162,6 +169,8 @@ typedef struct li_engine_stats {
     int64_t draft_sync_dropped; /* EAGLE positions zeroed instead of computed: rows of requests idle
                                  * for eagle_idle_steps steps */
     double time_draft_sync;    /* ... and the seconds it took (apart from time_propose: the two add up) */
+    double time_calibrate;     /* seconds timing the row-cost curve (spec_calibrate) */
+    int32_t calibrated_rows;   /* the largest row count it timed (0: not run) */
     int64_t livelock_steps;    /* steps taken from a policy whose plans made no progress (FCFS ran) */
     int32_t tensor_parallel;   /* ranks of the target (1 without tensor parallelism) */
     double time_allreduce;     /* seconds of time_forward rank 0 spent in all-reduces (0 with one rank) */

@@ -8,6 +8,7 @@
 #include "spec/ngram.h"
 #include "spec/verify.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -253,6 +254,18 @@ static int draft_sync(li_engine *e, int32_t ns, li_error *err) {
     return 0;
 }
 
+/* The row-cost curve the hook sees: the calibrated shape at the machine's
+ * pace where there is one (the relative costs of n and n + k rows come from
+ * one sweep: per-count averages taken at different times and loads
+ * disagreed, and a dearer T(4) than T(5) priced a draft's row below
+ * nothing), each count's own average past it or without one. */
+static const double *row_curve(li_spec_step *sp) {
+    if (!sp->calib_top) return sp->ema_rows;
+    for (int32_t n = 1; n <= LI_SPEC_COST_ROWS; n++)
+        sp->rows_shown[n - 1] = n <= sp->calib_top ? sp->calib[n - 1] * sp->level : sp->ema_rows[n - 1];
+    return sp->rows_shown;
+}
+
 /* The speculate hook: every request that could draft now, with what it
  * wants, its acceptance per method and the measured costs; the answers are
  * kept for this step (pol_*). */
@@ -272,11 +285,12 @@ static void policy_speculate(li_engine *e, int32_t running) {
         }
         /* what n-gram lookup would draft now: a policy can send a request
          * with nothing to copy to another proposer this step */
-        const int32_t ng = li_spec_ngram_draft(r->toks, r->n_toks, e->cfg.spec_ngram_max, e->cfg.spec_ngram_min,
-                                               max_k, e->sp.sdraft);
+        int32_t match;
+        const int32_t ng = li_spec_ngram_lookup(r->toks, r->n_toks, e->cfg.spec_ngram_max, e->cfg.spec_ngram_min,
+                                                max_k, e->sp.sdraft, &match);
         e->sp.cands[n++] = (li_spec_cand){.id = r->res.id, .want_method = want, .want_k = LI_MIN(k, max_k),
                                        .max_k = max_k, .temperature = r->smp.p.temperature, .acceptance = acc,
-                                       .drafted = dr, .ngram = ng, .method = k ? (int32_t)want : -1,
+                                       .drafted = dr, .ngram = ng, .ngram_match = match, .method = k ? (int32_t)want : -1,
                                        .k = LI_MIN(k, max_k)};
     }
     if (!n) return;
@@ -285,7 +299,7 @@ static void policy_speculate(li_engine *e, int32_t running) {
     for (int m = 0; m < LI_SPEC_N_METHODS; m++) names[m] = li_spec_method_name(m), avail[m] = e->sp.prop[m] != NULL;
     const li_spec_state ss = {.methods = names, .available = avail, .n_methods = LI_SPEC_N_METHODS,
                               .batch_size = running, .step_time = e->sp.ema_step, .token_time = e->sp.ema_token,
-                              .draft_time = e->sp.ema_draft, .row_time = e->sp.ema_rows};
+                              .draft_time = e->sp.ema_draft, .row_time = row_curve(&e->sp)};
     li_step_state st;
     li_engine_gather(e, &st);
     li_error perr = {0};
@@ -859,14 +873,93 @@ void li_spec_step_tree_batch(li_engine *e, const req *r, int64_t row0, int32_t n
     }
 }
 
-void li_spec_step_costs(li_spec_step *sp, double dt, int64_t n) {
+void li_spec_step_costs(li_spec_step *sp, double dt, int64_t n, int64_t n_logits) {
     sp->ema_step = ema(sp->ema_step, dt);
     if (n) sp->ema_token = ema(sp->ema_token, dt / (double)n);
     /* a row count's first pass runs cold (its shapes' first GEMMs, scratch
      * faulted in) and can read 1.5x: taken as the average, it priced that
-     * count, and every count above it, out of a policy's reach for good */
-    if (n >= 1 && n <= LI_SPEC_COST_ROWS) {
+     * count, and every count above it, out of a policy's reach for good.
+     * Only passes whose every row takes logits, as a draft's rows do: a
+     * prefill chunk's rows skip the output head (28M of this model's 135M
+     * multiply-adds a row) and priced drafts' rows below their cost */
+    if (n >= 1 && n <= sp->calib_top && n_logits == n) {
+        sp->level = ema(sp->level, dt / sp->calib[n - 1]);
+    } else if (n >= 1 && n <= LI_SPEC_COST_ROWS && n_logits == n) {
         if (sp->seen_rows[n - 1]) sp->ema_rows[n - 1] = ema(sp->ema_rows[n - 1], dt);
         sp->seen_rows[n - 1] = true;
     }
+}
+
+/* ---- the cost curve, timed up front -------------------------------------------------- */
+
+/* The row counts timed: the policy interpolates between them (spec_adaptive's
+ * row_estimates), and the curve bends where the kernels change tiles. */
+static const int32_t calib_rows[] = {1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 48, 64};
+
+void li_spec_step_calibrate(li_engine *e) {
+    li_spec_step *sp = &e->sp;
+    li_kv_cache *kv = &e->tgt.kv;
+    /* empty blocks only: a cached prefix is worth more than a curve */
+    int64_t n_max = LI_MIN((int64_t)LI_SPEC_COST_ROWS, (int64_t)kv->n_free * kv->block_size);
+    n_max = LI_MIN(n_max, LI_MIN((int64_t)e->cfg.max_batched_tokens, (int64_t)e->max_rows));
+    if (n_max < 1) return;
+    li_kv_seq seq;
+    li_kv_seq_init(&seq);
+    if (li_kv_seq_reserve(kv, &seq, n_max)) {
+        li_kv_seq_release(kv, &seq);
+        li_kv_seq_free(&seq);
+        return;
+    }
+    const int32_t n_vocab = e->model->hp.n_vocab;
+    for (int64_t i = 0; i < n_max; i++) {
+        e->b_tokens[i] = (int32_t)((i * 7919 + 11) % n_vocab);
+        e->b_pos[i] = (int32_t)i;
+        e->b_seq[i] = 0;
+        e->b_slot[i] = li_kv_seq_slot(kv, &seq, i);
+        e->b_rows[i] = (int32_t)i;
+    }
+    /* a pass as a step's: every row's logits, the hidden rows Medusa reads,
+     * the rows EAGLE captures */
+    li_batch b = {.tokens = e->b_tokens, .pos = e->b_pos, .seq = e->b_seq, .slot = e->b_slot,
+                  .block_table = seq.blocks, .n_seqs = 1, .bt_stride = seq.n_blocks, .logit_rows = e->b_rows,
+                  .hidden = sp->prop[LI_SPEC_MEDUSA] ? LI_HIDDEN_POST_NORM : LI_HIDDEN_NONE,
+                  .capture = sp->eagle ? sp->eagle->f.feature_layer : NULL,
+                  .n_capture = sp->eagle ? sp->eagle->f.n_features : 0};
+    const double t0 = li_time_now();
+    li_error err = {0};
+    int rc = 0;
+    int32_t top = 0;
+    /* the first pass runs cold (scratch faulted in, weights not in cache):
+     * untimed. Then CALIB_SWEEPS sweeps over the counts, each count's
+     * fastest pass kept: on a shared machine one pass can read 1.3x (a
+     * curve with T(32) above T(48) priced 40 drafts below 30) */
+    enum { CALIB_SWEEPS = 3 };
+    double best[LI_ARRAY_LEN(calib_rows)];
+    for (size_t i = 0; i < LI_ARRAY_LEN(calib_rows); i++) best[i] = HUGE_VAL;
+    for (int sweep = 0; sweep <= CALIB_SWEEPS && !rc; sweep++)
+        for (size_t i = 0; i < LI_ARRAY_LEN(calib_rows) && !rc; i++) {
+            const int64_t n = sweep ? calib_rows[i] : n_max;
+            if (n > n_max) break;
+            b.n = b.n_logits = n;
+            const double t = li_time_now();
+            rc = e->tp ? li_tp_run(e->tp, &b, &err) : li_runner_run(&e->tgt, &b, &err);
+            if (!sweep) break;
+            if (!rc) best[i] = LI_MIN(best[i], li_time_now() - t);
+        }
+    /* linear between the counts timed (a policy interpolates the same way) */
+    for (size_t i = 0; i < LI_ARRAY_LEN(calib_rows) && best[i] < HUGE_VAL; i++) {
+        const int32_t n = calib_rows[i];
+        sp->calib[n - 1] = best[i];
+        for (int32_t m = top + 1; m < n; m++)
+            sp->calib[m - 1] = best[i - 1] + (best[i] - best[i - 1]) * (double)(m - top) / (double)(n - top);
+        top = n;
+    }
+    if (top) sp->calib_top = top, sp->level = 1;
+    li_kv_seq_release(kv, &seq);
+    li_kv_seq_free(&seq);
+    e->st.time_calibrate += li_time_now() - t0;
+    e->st.calibrated_rows = LI_MAX(e->st.calibrated_rows, top);
+    if (rc) li_log_warn("speculation: timing the row-cost curve failed (%d rows timed): %s", top, err.msg);
+    else if (top) li_log_info("speculation: forward passes timed at 1-%d rows, %.3f ms to %.3f ms (%.0f ms)", top,
+                     sp->calib[0] * 1e3, sp->calib[top - 1] * 1e3, (li_time_now() - t0) * 1e3);
 }

@@ -44,6 +44,12 @@ typedef struct li_spec_step {
     double ema_step, ema_token, ema_draft[LI_SPEC_N_METHODS];
     double ema_rows[LI_SPEC_COST_ROWS]; /* [n - 1]: a forward pass of n tokens, seconds (0: none yet) */
     bool seen_rows[LI_SPEC_COST_ROWS]; /* [n - 1]: a pass of n tokens ran (the first is not timed) */
+    /* the calibrated curve (li_spec_step_calibrate): [n - 1] for n <= calib_top,
+     * seconds, linear between the counts timed; the machine's pace since,
+     * the passes' times over it (an average); and what the hook is shown,
+     * calib x level up to calib_top, the averages past it */
+    double calib[LI_SPEC_COST_ROWS], level, rows_shown[LI_SPEC_COST_ROWS];
+    int32_t calib_top;
     int64_t hook_errors;
     int64_t spare;               /* blocks drafts may still take this step past each
                                   * request's next one (spec_spare) */
@@ -109,8 +115,15 @@ void li_spec_step_eagle_fork(const li_engine *e, struct li_engine_req *c, const 
  * EAGLE from the captured rows of that position: logit row `row` of the
  * step, kept after r took a token. */
 void li_spec_step_keep_hidden(li_engine *e, struct li_engine_req *r, int32_t row);
-/* The forward just measured (dt seconds for n tokens): the costs the hook sees. */
-void li_spec_step_costs(li_spec_step *sp, double dt, int64_t n);
+/* The forward just measured (dt seconds for n tokens, n_logits of them
+ * with logits): the costs the hook sees. */
+void li_spec_step_costs(li_spec_step *sp, double dt, int64_t n, int64_t n_logits);
+/* Times forward passes of 1 to 64 rows (every row with logits) on a scratch
+ * sequence of empty blocks, between steps: the row-cost curve a speculate
+ * policy prices drafts with, before its first step (cfg.spec_calibrate).
+ * Fewer rows when fewer blocks are empty; a failed pass is logged and the
+ * curve keeps what was timed. */
+void li_spec_step_calibrate(li_engine *e);
 
 /* Draft tokens leave r's tokens (not verified this step, or r stops). */
 void li_spec_step_drop(struct li_engine_req *r);

@@ -216,7 +216,7 @@ static int l_engine_new(lua_State *L) {
                                         "max_batched_tokens", "max_model_len", "prefix_caching", "threads",
                                         "spec_tokens", "spec_ngram_max", "spec_ngram_min", "spec_disable_batch",
                                         "draft_model", "spec_method", "spec_layers", "tensor_parallel", "q4_act", "medusa",
-                                        "medusa_tree", "device", "eagle", "eagle_idle_steps", NULL};
+                                        "medusa_tree", "device", "eagle", "eagle_idle_steps", "spec_calibrate", NULL};
     check_keys(L, 1, "luainfer.engine", known);
     li_engine_config cfg;
     li_engine_config_default(&cfg);
@@ -248,6 +248,7 @@ static int l_engine_new(lua_State *L) {
     cfg.spec_ngram_min = (int32_t)opt_int(L, 1, "spec_ngram_min", cfg.spec_ngram_min, 1, 64);
     cfg.spec_disable_batch = (int32_t)opt_int(L, 1, "spec_disable_batch", cfg.spec_disable_batch, 0, 1 << 20);
     cfg.eagle_idle_steps = (int32_t)opt_int(L, 1, "eagle_idle_steps", cfg.eagle_idle_steps, 0, 1 << 20);
+    cfg.spec_calibrate = opt_bool(L, 1, "spec_calibrate", cfg.spec_calibrate);
     if (li_kv_dtype_parse(kv_dtype, &cfg.kv_dtype, &err)) return luaL_error(L, "%s", err.msg);
     const char *spec_method = opt_str(L, 1, "spec_method", NULL);
     const int64_t spec_layers = opt_int(L, 1, "spec_layers", 0, 0, 4096);
@@ -583,6 +584,8 @@ static int l_engine_stats(lua_State *L) {
     SET_NUM("draft_sync_tokens", s.draft_sync_tokens);
     SET_NUM("draft_sync_dropped", s.draft_sync_dropped);
     SET_NUM("time_draft_sync", s.time_draft_sync);
+    SET_NUM("time_calibrate", s.time_calibrate);
+    SET_NUM("calibrated_rows", s.calibrated_rows);
     SET_NUM("tensor_parallel", s.tensor_parallel);
     SET_NUM("time_allreduce", s.time_allreduce);
     /* spec_by = { ngram = {drafted, accepted, rounds}, draft = ..., layerskip = ... } */
@@ -762,8 +765,10 @@ static const luaL_Reg engine_methods[] = {
 };
 
 /* luainfer.ngram_draft(tokens, n_max, n_min, k): the drafts n-gram lookup
- * makes for a token list (li_spec_ngram_draft, what the engine drafts with),
- * for tools that replay speculation offline. */
+ * makes for a token list (li_spec_ngram_lookup, what the engine drafts
+ * with), and how many last tokens the copied occurrence matches (a
+ * speculate hook's req.speculation.ngram_match), for tools that replay
+ * speculation offline. */
 static int l_ngram_draft(lua_State *L) {
     luaL_checktype(L, 1, LUA_TTABLE);
     const lua_Integer nmax = luaL_checkinteger(L, 2), nmin = luaL_checkinteger(L, 3), k = luaL_checkinteger(L, 4);
@@ -781,14 +786,16 @@ static int l_ngram_draft(lua_State *L) {
         toks[i] = (int32_t)lua_tointeger(L, -1);
         lua_pop(L, 1);
     }
-    const int32_t m = li_spec_ngram_draft(toks, (int64_t)n, (int)nmax, (int)nmin, (int32_t)k, out);
+    int32_t match;
+    const int32_t m = li_spec_ngram_lookup(toks, (int64_t)n, (int)nmax, (int)nmin, (int32_t)k, out, &match);
     free(toks);
     lua_createtable(L, m, 0);
     for (int32_t i = 0; i < m; i++) {
         lua_pushinteger(L, out[i]);
         lua_rawseti(L, -2, i + 1);
     }
-    return 1;
+    lua_pushinteger(L, match);
+    return 2;
 }
 
 int li_lua_open_core(lua_State *L) {

@@ -114,6 +114,8 @@ typedef struct li_spec_cand {
     const int64_t *drafted;    /* (n_methods) drafts verified so far per method */
     int32_t ngram;             /* the drafts n-gram lookup makes now (0..max_k: its latest
                                 * match's continuation; 0 = no match), -1 = not known */
+    int32_t ngram_match;       /* how many last tokens that match covers (its n-gram, measured
+                                * back to LI_SPEC_NGRAM_MATCH_MAX; 0 = no match), -1 = not known */
     /* the policy's answer, preset to the want: a method index (-1 = off) and k */
     int32_t method, k;
 } li_spec_cand;

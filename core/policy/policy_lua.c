@@ -1251,8 +1251,8 @@ typedef struct spec_ctx {
 } spec_ctx;
 
 /* speculate(req, state) per candidate: req.speculation = {method, k, max_k,
- * temperature, acceptance = {name = rate}, drafted = {name = n}, ngram
- * (absent when not known)}, state.spec
+ * temperature, acceptance = {name = rate}, drafted = {name = n}, ngram,
+ * ngram_match (each absent when not known)}, state.spec
  * = {batch_size, step_time, token_time, draft_time = {name = s},
  * available = {name = bool}, row_time = {[n] = s}}. It returns nothing (the want stands), false
  * or 0 (off), k, or method, k. */
@@ -1300,7 +1300,7 @@ static int spec_thunk(lua_State *L) {
         lua_settop(L, state);
         push_req(L, c, v);
         int req = lua_gettop(L);
-        lua_createtable(L, 0, 7);
+        lua_createtable(L, 0, 8);
         lua_pushstring(L, k->want_method >= 0 && k->want_method < ss->n_methods ? ss->methods[k->want_method] : "ngram");
         lua_setfield(L, -2, "method");
         lua_pushnumber(L, k->want_k);
@@ -1324,6 +1324,10 @@ static int spec_thunk(lua_State *L) {
         if (k->ngram >= 0) {
             lua_pushnumber(L, k->ngram);
             lua_setfield(L, -2, "ngram");
+        }
+        if (k->ngram_match >= 0) {
+            lua_pushnumber(L, k->ngram_match);
+            lua_setfield(L, -2, "ngram_match");
         }
         lua_setfield(L, req, "speculation");
         getref(L, c->ref_hook[H_SPECULATE]);

@@ -654,7 +654,7 @@ void li_wire_pack_spec(msgpack_packer *pk, const li_spec_state *ss, const li_spe
     li_wire_pack_str(pk, "cands");
     msgpack_pack_array(pk, (size_t)n);
     for (int32_t i = 0; i < n; i++) {
-        msgpack_pack_array(pk, 8);
+        msgpack_pack_array(pk, 9);
         msgpack_pack_int64(pk, c[i].id);
         msgpack_pack_int32(pk, c[i].want_method);
         msgpack_pack_int32(pk, c[i].want_k);
@@ -665,6 +665,7 @@ void li_wire_pack_spec(msgpack_packer *pk, const li_spec_state *ss, const li_spe
         msgpack_pack_array(pk, (size_t)nm);
         for (int32_t m = 0; m < nm; m++) msgpack_pack_int64(pk, c[i].drafted[m]);
         msgpack_pack_int32(pk, c[i].ngram);
+        msgpack_pack_int32(pk, c[i].ngram_match);
     }
 }
 
@@ -734,9 +735,11 @@ int li_wire_unpack_spec(const msgpack_object *msg, li_wire_spec *w, li_error *er
     }
     for (int32_t i = 0; i < n; i++) {
         const msgpack_object *c = &cands->via.array.ptr[i];
-        /* ngram, the eighth field, is optional (absent: not known) */
-        if (c->type != MSGPACK_OBJECT_ARRAY || c->via.array.size < 7 || c->via.array.size > 8)
-            SPEC_BAD("candidate %d must be [id, want_method, want_k, max_k, temperature, acceptance, drafted, ngram]",
+        /* ngram and ngram_match, the eighth and ninth fields, are optional
+         * (absent: not known; an older engine sends neither or only ngram) */
+        if (c->type != MSGPACK_OBJECT_ARRAY || c->via.array.size < 7 || c->via.array.size > 9)
+            SPEC_BAD("candidate %d must be [id, want_method, want_k, max_k, temperature, acceptance, drafted, ngram, "
+                     "ngram_match]",
                      i);
         const msgpack_object *f = c->via.array.ptr;
         int64_t id, wm, wk, mk;
@@ -752,11 +755,15 @@ int li_wire_unpack_spec(const msgpack_object *msg, li_wire_spec *w, li_error *er
             SPEC_BAD("candidate %d: acceptance in [-1, 1] and drafted >= 0, one per method", i);
         for (int32_t m = 0; m < nm; m++) dr[m] = (int64_t)dd[m];
         int64_t ng = -1;
-        if (c->via.array.size == 8 && (!li_wire_int(&f[7], &ng) || ng < -1 || ng > mk))
+        if (c->via.array.size >= 8 && (!li_wire_int(&f[7], &ng) || ng < -1 || ng > mk))
             SPEC_BAD("candidate %d: ngram must be an integer in [-1, max_k]", i);
+        int64_t match = -1;
+        if (c->via.array.size == 9 && (!li_wire_int(&f[8], &match) || match < -1 || match > (1 << 20)))
+            SPEC_BAD("candidate %d: ngram_match must be an integer in [-1, 2^20]", i);
         w->cands[i] = (li_spec_cand){.id = id, .want_method = (int32_t)wm, .want_k = (int32_t)wk,
                                      .max_k = (int32_t)mk, .temperature = (float)temp, .acceptance = acc,
-                                     .drafted = dr, .ngram = (int32_t)ng, .method = wk ? (int32_t)wm : -1,
+                                     .drafted = dr, .ngram = (int32_t)ng, .ngram_match = (int32_t)match,
+                                     .method = wk ? (int32_t)wm : -1,
                                      .k = (int32_t)wk};
     }
     w->n = n;

@@ -5,6 +5,12 @@
 #include <string.h>
 
 int32_t li_spec_ngram_draft(const int32_t *toks, int64_t n_toks, int n_max, int n_min, int32_t k, int32_t *out) {
+    return li_spec_ngram_lookup(toks, n_toks, n_max, n_min, k, out, NULL);
+}
+
+int32_t li_spec_ngram_lookup(const int32_t *toks, int64_t n_toks, int n_max, int n_min, int32_t k, int32_t *out,
+                             int32_t *match) {
+    if (match) *match = 0;
     if (k <= 0) return 0;
     const int lo = n_min > 1 ? n_min : 1;
     const int hi = (int64_t)n_max < n_toks - 1 ? n_max : (int)(n_toks - 1); /* an n-gram shorter than the tokens */
@@ -30,6 +36,11 @@ int32_t li_spec_ngram_draft(const int32_t *toks, int64_t n_toks, int n_max, int 
         }
     }
     if (from < 0) return 0;
+    if (match) { /* the same occurrence, measured on past hi */
+        int64_t len = best;
+        while (len < LI_SPEC_NGRAM_MATCH_MAX && len < from && toks[from - 1 - len] == tail[-len]) len++;
+        *match = (int32_t)len;
+    }
     const int64_t m = k < n_toks - from ? k : n_toks - from;
     memcpy(out, toks + from, (size_t)m * sizeof *out);
     return (int32_t)m;

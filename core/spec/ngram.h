@@ -14,4 +14,16 @@
  * tail itself; it may overlap it. */
 int32_t li_spec_ngram_draft(const int32_t *toks, int64_t n_toks, int n_max, int n_min, int32_t k, int32_t *out);
 
+/* The longest suffix li_spec_ngram_draft measures a match by (n_max) is
+ * also where a speculate policy reads how far a copy goes: the match at
+ * the same occurrence, measured back to at most this many tokens. */
+#define LI_SPEC_NGRAM_MATCH_MAX 64
+
+/* li_spec_ngram_draft, and in *match (not NULL) how many of the last tokens
+ * the occurrence it copies from matches, up to LI_SPEC_NGRAM_MATCH_MAX
+ * (>= n_max when the n_max-gram matched; 0 without a match): a copy 40
+ * tokens long goes on more often than a 2-gram that happens to recur. */
+int32_t li_spec_ngram_lookup(const int32_t *toks, int64_t n_toks, int n_max, int n_min, int32_t k, int32_t *out,
+                             int32_t *match);
+
 #endif

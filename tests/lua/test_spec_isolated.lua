@@ -65,7 +65,11 @@ return { speculate = function(req, state)
   -- decode steps of these few requests compute at most 64 rows each (a
   -- row count's first pass is not timed: it shows from its second)
   assert(rows >= 1 or req.num_generated < 8, "state.spec.row_time holds the decode steps measured so far")
-  local n = req.num_generated % 3
+  -- n-gram lookup's match crosses the wire: the answer turns on it, and
+  -- both modes must draft the same
+  assert(type(s.ngram_match) == "number" and s.ngram_match >= 0 and s.ngram_match <= 64 and
+         (s.ngram == 0) == (s.ngram_match == 0), "req.speculation.ngram_match")
+  local n = (req.num_generated + s.ngram_match) % 3
   if n == 0 then return false end
   return "ngram", n + 1
 end }

@@ -1,11 +1,14 @@
-/* test_ngram.c — li_spec_ngram_draft at its edges:
+/* test_ngram.c — li_spec_ngram_draft and li_spec_ngram_lookup at their edges:
  *  - no match, k <= 0, every n >= the token count: no draft;
  *  - a match at the very start (position 0) drafts what follows it;
  *  - the latest earlier occurrence wins over older ones;
  *  - the longest n wins over a later, shorter match; n_min is the floor;
  *  - k caps the draft; the draft stops at the end of the tokens (an
  *    occurrence overlapping the tail drafts the overlap);
- *  - a brute-force reference agrees on random token strings. */
+ *  - the match lookup measures (how many last tokens the copied occurrence
+ *    matches, past n_max, capped);
+ *  - a brute-force reference agrees on random token strings (drafts and
+ *    match lengths). */
 #include "spec/ngram.h"
 #include "test_util.h"
 
@@ -69,8 +72,12 @@ static void test_edges(void) {
     CHECK(draft(run, N(run), 4, 4, 8, out) == 0, "n = 4 == length: no draft");
 }
 
-/* The definition, written the slow way: every (n, at) pair scored. */
-static int32_t reference(const int32_t *t, int64_t len, int nmax, int nmin, int32_t k, int32_t *out) {
+/* The definition, written the slow way: every (n, at) pair scored; *match
+ * the match at the chosen occurrence, extended backwards while the tokens
+ * agree (up to LI_SPEC_NGRAM_MATCH_MAX). */
+static int32_t reference(const int32_t *t, int64_t len, int nmax, int nmin, int32_t k, int32_t *out,
+                         int32_t *match) {
+    *match = 0;
     if (k <= 0) return 0;
     for (int n = nmax; n >= nmin; n--) {
         int64_t best = -1;
@@ -80,6 +87,9 @@ static int32_t reference(const int32_t *t, int64_t len, int nmax, int nmin, int3
             if (eq) best = at;
         }
         if (best < 0) continue;
+        int32_t L = 0;
+        while (L < LI_SPEC_NGRAM_MATCH_MAX && best + n - 1 - L >= 0 && t[best + n - 1 - L] == t[len - 1 - L]) L++;
+        *match = L;
         int32_t m = 0;
         for (int64_t p = best + n; p < len && m < k; p++) out[m++] = t[p];
         return m;
@@ -89,7 +99,7 @@ static int32_t reference(const int32_t *t, int64_t len, int nmax, int nmin, int3
 
 static void test_random(void) {
     rng_seed(12345);
-    int bad = 0;
+    int bad = 0, bad_match = 0;
     for (int it = 0; it < 20000; it++) {
         int32_t t[40], got[32], want[32];
         const int64_t len = rng_u32() % 40;
@@ -97,15 +107,49 @@ static void test_random(void) {
         for (int64_t i = 0; i < len; i++) t[i] = (int32_t)(rng_u32() % (uint32_t)vocab);
         const int nmin = 1 + (int)(rng_u32() % 4), nmax = nmin + (int)(rng_u32() % 4);
         const int32_t k = (int32_t)(rng_u32() % 18);
+        int32_t got2[32], match, want_match;
         const int32_t m = draft(t, len, nmax, nmin, k, got);
-        const int32_t mw = reference(t, len, nmax, nmin, k, want);
+        const int32_t mw = reference(t, len, nmax, nmin, k, want, &want_match);
         if (m != mw || memcmp(got, want, (size_t)m * sizeof *got)) bad++;
+        /* the lookup drafts the same and measures the same match */
+        const int32_t m2 = li_spec_ngram_lookup(t, len, nmax, nmin, k, got2, &match);
+        if (m2 != m || memcmp(got2, got, (size_t)m * sizeof *got) || match != want_match) bad_match++;
     }
     CHECK(bad == 0, "%d of 20000 random cases differ from the reference", bad);
+    CHECK(bad_match == 0, "%d of 20000 random cases: the lookup's draft or match differs", bad_match);
+}
+
+/* How far the copy goes: a 40-token passage seen before matches 40 back
+ * (not n_max), a longer one stops at LI_SPEC_NGRAM_MATCH_MAX, a lone 2-gram
+ * matches 2, no match 0. */
+static void test_match(void) {
+    int32_t t[300], out[16], match = -9;
+    for (int i = 0; i < 40; i++) t[i] = 100 + i;
+    t[40] = 7;
+    for (int i = 0; i < 40; i++) t[41 + i] = 100 + i; /* the passage again, up to its last token */
+    int32_t m = li_spec_ngram_lookup(t, 81, 4, 2, 8, out, &match);
+    CHECK(m == 8 && out[0] == 7 && out[1] == 100 && match == 40, "a 40-token copy: m %d, match %d", m, match);
+    for (int i = 0; i < 100; i++) t[i] = 1000 + i;
+    t[100] = 7;
+    for (int i = 0; i < 100; i++) t[101 + i] = 1000 + i;
+    m = li_spec_ngram_lookup(t, 201, 4, 2, 8, out, &match);
+    CHECK(m == 8 && match == LI_SPEC_NGRAM_MATCH_MAX, "a 100-token copy: match capped at %d, got %d",
+          LI_SPEC_NGRAM_MATCH_MAX, match);
+    const int32_t two[] = {9, 5, 6, 1, 2, 3, 8, 5, 6};
+    m = li_spec_ngram_lookup(two, N(two), 4, 2, 8, out, &match);
+    CHECK(m == 6 && out[0] == 1 && match == 2, "a lone 2-gram: m %d, match %d", m, match);
+    const int32_t none[] = {1, 2, 3, 4};
+    match = -9;
+    CHECK(li_spec_ngram_lookup(none, N(none), 4, 2, 8, out, &match) == 0 && match == 0, "no match: 0, got %d",
+          match);
+    match = -9;
+    CHECK(li_spec_ngram_lookup(two, N(two), 4, 2, 0, out, &match) == 0 && match == 0, "k = 0: match 0, got %d", match);
+    CHECK(li_spec_ngram_lookup(two, N(two), 4, 2, 8, out, NULL) == 6, "match NULL: drafts only");
 }
 
 int main(void) {
     test_edges();
+    test_match();
     test_random();
     return t_summary("test_ngram");
 }

@@ -608,21 +608,22 @@ static void test_fake_hosts(void) {
 }
 
 /* A speculate call's row_time (the step costs per row count) and each
- * candidate's ngram survive a round trip; a call without row_time reads as
- * nothing measured, a candidate without ngram (7 fields: an older peer) as
- * not known; a negative row_time or an ngram past max_k is refused.
- * ngram_field: appended to the hand-packed candidate, or -2 for none. */
-static void spec_roundtrip(const li_spec_state *ss, bool with_rows, double bad, int ngram_field, li_wire_spec *w,
-                           int *rc, li_error *e) {
+ * candidate's ngram and ngram_match survive a round trip; a call without
+ * row_time reads as nothing measured, a candidate without ngram (7 fields:
+ * an older peer) or ngram_match (8) as not known; a negative row_time, an
+ * ngram past max_k or a negative ngram_match is refused. ngram_field,
+ * match_field: appended to the hand-packed candidate, or -2 for none. */
+static void spec_roundtrip(const li_spec_state *ss, bool with_rows, double bad, int ngram_field, int match_field,
+                           li_wire_spec *w, int *rc, li_error *e) {
     static const int64_t dr[1] = {0};
     static const double acc[1] = {-1};
     li_spec_cand c = {.id = 5, .want_method = 0, .want_k = 2, .max_k = 4, .acceptance = acc, .drafted = dr,
-                      .ngram = 3};
+                      .ngram = 3, .ngram_match = 17};
     msgpack_sbuffer b;
     msgpack_sbuffer_init(&b);
     msgpack_packer pk;
     msgpack_packer_init(&pk, &b, msgpack_sbuffer_write);
-    if (with_rows && bad == 0 && ngram_field == -2) {
+    if (with_rows && bad == 0 && ngram_field == -2 && match_field == -2) {
         msgpack_pack_map(&pk, 2);
         li_wire_pack_spec(&pk, ss, &c, 1);
     } else { /* by hand: the same fields, row_time left out or broken */
@@ -651,7 +652,7 @@ static void spec_roundtrip(const li_spec_state *ss, bool with_rows, double bad, 
         }
         li_wire_pack_str(&pk, "cands");
         msgpack_pack_array(&pk, 1);
-        msgpack_pack_array(&pk, ngram_field == -2 ? 7 : 8);
+        msgpack_pack_array(&pk, ngram_field == -2 ? 7 : match_field == -2 ? 8 : 9);
         msgpack_pack_int64(&pk, 5);
         msgpack_pack_int32(&pk, 0);
         msgpack_pack_int32(&pk, 2);
@@ -662,6 +663,7 @@ static void spec_roundtrip(const li_spec_state *ss, bool with_rows, double bad, 
         msgpack_pack_array(&pk, 1);
         msgpack_pack_int64(&pk, 0);
         if (ngram_field != -2) msgpack_pack_int32(&pk, ngram_field);
+        if (ngram_field != -2 && match_field != -2) msgpack_pack_int32(&pk, match_field);
     }
     msgpack_unpacked u;
     msgpack_unpacked_init(&u);
@@ -682,23 +684,32 @@ static void test_spec_row_time(void) {
     li_wire_spec w = {0};
     li_error e = {0};
     int rc;
-    spec_roundtrip(&ss, true, 0, -2, &w, &rc, &e);
+    spec_roundtrip(&ss, true, 0, -2, -2, &w, &rc, &e);
     CHECK(rc == 0 && w.ss.row_time && !memcmp(w.ss.row_time, rows, sizeof rows), "row_time round trips: %s",
           rc ? e.msg : "");
     CHECK(rc == 0 && w.n == 1 && w.cands[0].ngram == 3, "ngram round trips (%d)", rc ? -9 : w.cands[0].ngram);
-    spec_roundtrip(&ss, false, 0, -2, &w, &rc, &e);
+    CHECK(rc == 0 && w.n == 1 && w.cands[0].ngram_match == 17, "ngram_match round trips (%d)",
+          rc ? -9 : w.cands[0].ngram_match);
+    spec_roundtrip(&ss, false, 0, 2, -2, &w, &rc, &e);
+    CHECK(rc == 0 && w.cands[0].ngram == 2 && w.cands[0].ngram_match == -1,
+          "a candidate of 8 fields: ngram_match not known (%d)", rc ? -9 : w.cands[0].ngram_match);
+    spec_roundtrip(&ss, false, 0, 2, 40, &w, &rc, &e);
+    CHECK(rc == 0 && w.cands[0].ngram_match == 40, "9 fields: ngram_match read: %s", rc ? e.msg : "");
+    spec_roundtrip(&ss, false, 0, 2, -5, &w, &rc, &e);
+    CHECK(rc != 0 && strstr(e.msg, "ngram_match"), "ngram_match below -1 refused: %s", e.msg);
+    spec_roundtrip(&ss, false, 0, -2, -2, &w, &rc, &e);
     bool zero = rc == 0 && w.ss.row_time;
     for (int r = 0; zero && r < LI_SPEC_COST_ROWS; r++) zero = w.ss.row_time[r] == 0;
     CHECK(zero, "a call without row_time: nothing measured: %s", rc ? e.msg : "");
     CHECK(rc == 0 && w.n == 1 && w.cands[0].ngram == -1, "a candidate of 7 fields: ngram not known (%d)",
           rc ? -9 : w.cands[0].ngram);
-    spec_roundtrip(&ss, true, -1, -2, &w, &rc, &e);
+    spec_roundtrip(&ss, true, -1, -2, -2, &w, &rc, &e);
     CHECK(rc != 0 && strstr(e.msg, "row_time"), "a negative row_time is refused: %s", e.msg);
-    spec_roundtrip(&ss, false, 0, 4, &w, &rc, &e);
+    spec_roundtrip(&ss, false, 0, 4, -2, &w, &rc, &e);
     CHECK(rc == 0 && w.cands[0].ngram == 4, "ngram = max_k accepted: %s", rc ? e.msg : "");
-    spec_roundtrip(&ss, false, 0, 5, &w, &rc, &e);
+    spec_roundtrip(&ss, false, 0, 5, -2, &w, &rc, &e);
     CHECK(rc != 0 && strstr(e.msg, "ngram"), "ngram past max_k refused: %s", e.msg);
-    spec_roundtrip(&ss, false, 0, -3, &w, &rc, &e);
+    spec_roundtrip(&ss, false, 0, -3, -2, &w, &rc, &e);
     CHECK(rc != 0 && strstr(e.msg, "ngram"), "ngram below -1 refused: %s", e.msg);
     li_wire_spec_free(&w);
 }
