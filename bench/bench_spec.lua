@@ -55,10 +55,10 @@
 -- request's draft KV computed, the default 16: an idle request's zeroed),
 -- side by side.
 --
--- --uncalibrated (with proposers) runs each adaptive setting twice: as
--- the engine runs it (spec_calibrate: the row-cost curve timed before the
--- first step) and without the calibration ("adaptive uncal": the curve
--- from the passes run so far, a count's first one untimed), side by side.
+-- --calibrated (with proposers) runs each adaptive setting twice: as the
+-- engine runs it by default (the row-cost curve from the passes run so
+-- far, a count's first one untimed) and with the curve timed before the
+-- first step (spec_calibrate; named "adaptive cal"), side by side.
 --
 -- --policy FILE[,FILE...] (with proposers) runs each policy file as its own
 -- adaptive setting (named by the file's base name) instead of
@@ -82,7 +82,7 @@ local opts = bench.options(arg)
 local flags = bench.take_flags(arg, { ["--medusa"] = "value", ["--medusa-tree"] = "value", ["--eagle"] = "value",
                                       ["--eagle-k"] = "value", ["--quick"] = "flag", ["--eagle-idle"] = "value",
                                        ["--policy"] = "value", ["--seeds"] = "value", ["--temps"] = "value",
-                                       ["--batches"] = "value", ["--uncalibrated"] = "flag" })
+                                       ["--batches"] = "value", ["--calibrated"] = "flag" })
 local medusa, medusa_tree, quick = flags["--medusa"], flags["--medusa-tree"], flags["--quick"]
 local eagle, eagle_k = flags["--eagle"], tonumber(flags["--eagle-k"] or "3")
 local SEEDS = tonumber(flags["--seeds"] or "1")
@@ -171,10 +171,10 @@ local function proposers_bench(layers, draft)
   for _, f in ipairs(policies) do
     local base = f:match("([^/]+)%.lua$") or f
     for _, idle in ipairs(#idles > 0 and idles or { false }) do
-      for _, cal in ipairs(flags["--uncalibrated"] and { true, false } or { true }) do
+      for _, cal in ipairs(flags["--calibrated"] and { false, true } or { false }) do
         local name = base == "spec_adaptive" and #policies == 1 and "adaptive" or base
         name = idle and ("%s idle%d"):format(name, idle) or name
-        sets[#sets + 1] = { name = cal and name or name .. " uncal",
+        sets[#sets + 1] = { name = cal and name .. " cal" or name,
                             cfg = { spec_layers = layers, draft_model = draft, spec_method = "ngram",
                                     -- the engine takes heads or a draft model, not both
                                     medusa = not draft and medusa or nil,

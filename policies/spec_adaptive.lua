@@ -89,16 +89,6 @@ local DEPTH_PRIOR_WEIGHT = 1 -- rounds' worth of h_(i-1) in h_i
 local PRIOR_WANT = 0.6   -- the method the request would draft with anyway
 local PRIOR = { ngram = 0.5, draft = 0.3, layerskip = 0.3, medusa = 0.3, eagle = 0.4 }
 local PRIOR_SAMPLED_NGRAM = 0.3
--- n-gram lookup whose occurrence matches this many last tokens or more
--- (req.speculation.ngram_match) drafts in its own context, priced from its
--- own record and prior: on the workloads' greedy texts the first draft
--- passed 12-64% after a 2-token match (code 29%, story 12%) and 61-100%
--- after 3 or more (/work/notes/s25/matchlen.lua)
-local LONG_MATCH = 3
-local PRIOR_LONG = { greedy = 0.75, sampled = 0.5 }
--- a first draft is priced this many standard deviations above its mean
--- (below)
-local OPTIMISM = 1
 -- a model proposer's cost per draft token, as a share of a step, until
 -- measured: a method the request did not ask for is tried only when even
 -- this makes it pay (layer skip runs most of the target per draft)
@@ -190,24 +180,11 @@ local function record(id, m, ctx)
 end
 
 -- h_1: what the first draft passes with, from the record's first depth and
--- p, the prior, at its fading weight (p itself without a record, at
--- PRIOR_WEIGHT rounds), plus OPTIMISM standard deviations of that mean over
--- the rounds behind it. A method a request has little record of is priced
--- at what it may well do, and the record then settles it: with every row
--- count's cost measured (the engine times them up front, spec_calibrate),
--- a draft that the prior alone did not pay for was never tried, and where
--- a row costs 14% of a batch-4 step, copying requests that pass 99% of
--- their drafts never drafted (tools/spec_replay.lua: the rewrite at batch
--- 4, 1.00x against n-gram k8's 1.72x). The bonus falls as rounds come in
--- (0.22 at none, 0.09 after ten at h = 0.5).
+-- p, the prior, at its fading weight (p itself without a record)
 local function first_depth(id, m, p, ctx)
   local t = record(id, m, ctx)
-  local n, h = PRIOR_WEIGHT, p
-  if t then
-    n = (t.reach[1] or 0) + t.pw
-    h = ((t.pass[1] or 0) + t.pw * p) / n
-  end
-  return math.min(1, h + OPTIMISM * math.sqrt(h * (1 - h) / (n + 1)))
+  if not t then return p end
+  return ((t.pass[1] or 0) + t.pw * p) / ((t.reach[1] or 0) + t.pw)
 end
 
 -- E(1..K) for request id and method m in context ctx from its rounds by
@@ -420,9 +397,6 @@ local function speculate(req, state)
       local key = m
       if m == "ngram" and s.temperature > 0 then p, key = PRIOR_SAMPLED_NGRAM, "ngram sampled" end
       local ctx = (m ~= "ngram" and (s.ngram or 0) > 0) and "copy" or ""
-      if m == "ngram" and (s.ngram_match or 0) >= LONG_MATCH then
-        ctx, p = "long", math.max(p, PRIOR_LONG[s.temperature > 0 and "sampled" or "greedy"])
-      end
       p = pop_prior(key .. ctx, p, req.id)
       observe(req.id, m, s.drafted[m] or 0, s.acceptance[m] or -1, key, ctx)
       local dt = sp.draft_time[m] or 0
@@ -475,8 +449,6 @@ return {
   _observe = observe,
   _pop_prior = pop_prior,
   _FORGET = FORGET,
-  _OPTIMISM = OPTIMISM,
-  _PRIOR_WEIGHT = PRIOR_WEIGHT,
   _expected_by_depth = expected_by_depth,
   _row_estimates = row_estimates,
   _best_k = best_k,

@@ -28,7 +28,7 @@ void li_engine_config_default(li_engine_config *c) {
         .max_num_seqs = 64, .max_batched_tokens = 512, .max_model_len = 0, .prefix_caching = true,
         .spec_tokens = 0, .spec_ngram_max = 4, .spec_ngram_min = 2, .spec_disable_batch = 4,
         .spec_method = LI_SPEC_NGRAM, .spec_layers = 0, .tensor_parallel = 1, .eagle_idle_steps = 16,
-        .spec_calibrate = true,
+        .spec_calibrate = false,
     };
 }
 

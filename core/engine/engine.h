@@ -64,17 +64,21 @@ typedef struct li_engine_config {
      * Not with Medusa heads or tensor parallelism yet */
     struct li_eagle *eagle;
     /* EAGLE: a request that has not drafted with the draft for this many
-     * steps (counted from its arrival) stops paying for the draft's KV: the
+     * steps (counted from its arrival), or over this many positions past its
+     * prompt (drafts of other proposers make many a step), stops paying for
+     * the draft's KV: the
      * rows its catch-up would compute are zeroed instead (docs/speculation.md,
      * "Idle requests"). Drafts later attend to zeros there; tokens are the
      * same either way. 0 = always compute (default 16) */
     int32_t eagle_idle_steps;
     /* a policy with a speculate hook prices drafts by what forward passes
-     * of each row count cost (li_spec_state.row_time): when such a policy
-     * is set, the engine first times passes of 1 to 64 rows on a scratch
-     * sequence (about 0.1 s on two cores; docs/speculation.md, "The cost
-     * curve"), so its first steps are priced on measured costs, not on a
-     * guess. Default true */
+     * of each row count cost (li_spec_state.row_time): with this, when such
+     * a policy is set, the engine first times passes of 1 to 64 rows on a
+     * scratch sequence (about 0.3 s on two cores; docs/speculation.md, "The
+     * cost curve, timed up front"), so its first steps are priced on
+     * measured costs, not on guesses. Default false: spec_adaptive.lua
+     * measured no faster with it (its first drafts rely on the guesses'
+     * optimism, docs/benchmarks.md, "Session 27") */
     bool spec_calibrate;
 } li_engine_config;
 
@@ -167,7 +171,7 @@ typedef struct li_engine_stats {
     int64_t draft_sync_tokens; /* positions a draft model or EAGLE draft computed to catch up with its
                                 * requests */
     int64_t draft_sync_dropped; /* EAGLE positions zeroed instead of computed: rows of requests idle
-                                 * for eagle_idle_steps steps */
+                                 * for eagle_idle_steps steps or positions */
     double time_draft_sync;    /* ... and the seconds it took (apart from time_propose: the two add up) */
     double time_calibrate;     /* seconds timing the row-cost curve (spec_calibrate) */
     int32_t calibrated_rows;   /* the largest row count it timed (0: not run) */

@@ -65,6 +65,7 @@ typedef struct li_engine_req {
      * last token's, before the target computed it */
     int64_t e_done, e_hi;     /* e_hi: this step's catch-up wrote [e_done, e_hi) */
     int64_t e_used;           /* the last step it drafted with EAGLE (first scheduled before; -1 not yet) */
+    int64_t e_used_pos;       /* the end of that step's rows (its prompt's end before it drafted) */
     float *e_pend;            /* (e_pend_cap, in_width), or NULL */
     int64_t e_pend_n, e_pend_cap;
     /* the draft model's KV of this request (lazy: computed when it drafts) */

@@ -528,7 +528,10 @@ static void pend_reserve(req *r, int64_t rows, size_t w) {
     r->e_pend = li_xrealloc(r->e_pend, (size_t)r->e_pend_cap * w * sizeof *r->e_pend);
 }
 
-/* r has not drafted with EAGLE for eagle_idle_steps steps: instead of the
+/* r has not drafted with EAGLE for eagle_idle_steps steps, or over as many
+ * positions past its prompt (a request copying 16 tokens a step with n-gram
+ * lookup paid the draft's catch-up every step of its short life: 6% of a
+ * batch of four such): instead of the
  * draft's pass over [e_done, end), its KV there is zeroed (the same bits
  * whatever the slots held, so a later draft or a prefix hit on these blocks
  * sees the same), and the rows are dropped. The catch-up's bookkeeping
@@ -559,10 +562,12 @@ int li_spec_step_eagle_sync(li_engine *e, int32_t nb, li_error *err) {
     for (int32_t i = 0; i < nb; k += e->batch_n[i++]) {
         req *r = e->batch_req[i];
         const int64_t p0 = r->num_computed, end = p0 + e->batch_n[i];
-        if (r->e_used < 0) r->e_used = e->step_no;
+        if (r->e_used < 0) r->e_used = e->step_no, r->e_used_pos = r->n_prompt;
+        if (r->e_used == e->step_no) r->e_used_pos = LI_MAX(r->e_used_pos, end); /* idle from the step's end */
         /* a block that would join the prefix cache needs its draft KV first */
         if ((cached && end / bs > r->e_done / bs) || end - r->e_done > LI_EAGLE_PENDING_MAX) {
-            if (e->cfg.eagle_idle_steps && e->step_no - r->e_used >= e->cfg.eagle_idle_steps) {
+            const int32_t idle = e->cfg.eagle_idle_steps;
+            if (idle && (e->step_no - r->e_used >= idle || end - LI_MAX(r->e_used_pos, r->n_prompt) >= idle)) {
                 eagle_drop(e, r, end);
                 continue;
             }

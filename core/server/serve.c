@@ -164,7 +164,7 @@ typedef struct serve_opts {
     const char *spec_method;
     double drain_seconds, slow_seconds;
     const char *medusa, *medusa_tree, *eagle;
-    bool help, policy_unsafe, no_prefix_cache, no_spec_calibrate;
+    bool help, policy_unsafe, no_prefix_cache, spec_calibrate;
     double header_timeout, body_timeout, idle_timeout, rpc_idle_timeout, evict_idle;
     int64_t max_per_ip;
     const char *api_key;
@@ -286,8 +286,8 @@ int li_cmd_serve(int argc, char **argv) {
         {"medusa", LI_OPT_STR, &o.medusa, "Medusa heads made for the model (luainfer train-medusa): drafts a tree of their top-k, verified in one pass (default: none)"},
         {"medusa-tree", LI_OPT_STR, &o.medusa_tree, "the Medusa tree: paths of candidate ranks, e.g. '0;1;0,0;1,0;0,0,0' (default: a sparse 15-node tree)"},
         {"eagle", LI_OPT_STR, &o.eagle, "an EAGLE draft made for the model (luainfer train-eagle): drafts a chain from the model's own hidden states (default: none)"},
-        {"eagle-idle-steps", LI_OPT_INT, &o.eagle_idle_steps, "with --eagle: a request that has not drafted with it for this many steps stops computing its draft KV (zeroed instead); 0 = never (default 16)"},
-        {"no-spec-calibrate", LI_OPT_FLAG, &o.no_spec_calibrate, "do not time forward passes of 1-64 rows when a policy with a speculate hook is set (about 0.1 s; without it the policy's first steps price drafts on a guess)"},
+        {"eagle-idle-steps", LI_OPT_INT, &o.eagle_idle_steps, "with --eagle: a request that has not drafted with it for this many steps (or positions past its prompt) stops computing its draft KV (zeroed instead); 0 = never (default 16)"},
+        {"spec-calibrate", LI_OPT_FLAG, &o.spec_calibrate, "when a policy with a speculate hook is set, first time forward passes of 1-64 rows (about 0.3 s), so it prices its first drafts on measured costs, not guesses (default off)"},
         {"spec-method", LI_OPT_STR, &o.spec_method, "speculation proposer: ngram, draft, layerskip, medusa or eagle (default: layerskip with --spec-layers, medusa with heads, eagle with an EAGLE draft, draft with a draft model, else ngram)"},
         {"spec-k", LI_OPT_INT, &o.spec_tokens, "the same as --spec-tokens"},
         {"spec-layers", LI_OPT_INT, &o.spec_layers, "layerskip: draft with the model's first N blocks and its head (default 0 = no layerskip)"},
@@ -465,7 +465,7 @@ int li_cmd_serve(int argc, char **argv) {
     if (o.spec_ngram_min != UNSET) cfg->spec_ngram_min = (int32_t)o.spec_ngram_min;
     if (o.spec_disable_batch != UNSET) cfg->spec_disable_batch = (int32_t)o.spec_disable_batch;
     if (o.eagle_idle_steps != UNSET) cfg->eagle_idle_steps = (int32_t)o.eagle_idle_steps;
-    if (o.no_spec_calibrate) cfg->spec_calibrate = false;
+    if (o.spec_calibrate) cfg->spec_calibrate = true;
     if ((o.block_size != UNSET && (rc = check_range("block-size", o.block_size, 1, 1024, &err))) ||
         (o.max_num_seqs != UNSET && (rc = check_range("max-num-seqs", o.max_num_seqs, 1, 4096, &err))) ||
         (o.max_batched_tokens != UNSET && (rc = check_range("max-batched-tokens", o.max_batched_tokens, 1, 65536, &err))) ||

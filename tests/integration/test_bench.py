@@ -314,6 +314,18 @@ def test_bench_spec_policies_side_by_side(run_ok, luainfer_bin, tmp_path):
     assert missing.returncode != 0 and "nope.lua: cannot open the file" in missing.stderr
 
 
+def test_bench_spec_calibrated_side_by_side(run_ok, tmp_path):
+    """--calibrated runs each adaptive setting as the engine runs it by
+    default and with the row-cost curve timed up front (spec_calibrate),
+    named "<name> cal", side by side; both keep the tokens of speculation
+    off."""
+    js = tmp_path / "c.json"
+    out = bench(run_ok, "spec", "6", "1", "proposers", "29", "--quick", "--calibrated", "--json", str(js))
+    assert "every proposer's tokens were identical to speculation off" in out
+    r = json.loads(js.read_text())
+    assert {row["setting"] for row in r["rows"]} == {"ngram k8", "layerskip29 k3", "adaptive", "adaptive cal"}
+
+
 def test_bench_spec_sampled_rows_over_seeds(run_ok, luainfer_bin, tmp_path):
     """--temps/--batches choose the rows and --seeds N runs each sampled
     setting over N seeds a request (a temperature row otherwise compares

@@ -12,7 +12,9 @@
 --  * every block comes back; bad settings are clear errors.
 -- The draft comes from $LUAINFER_TEST_DRAFT, else it is made in a temp file
 -- (skipped, exit 77, when .venv's Python cannot run make_draft.py); an
--- untrained EAGLE draft likewise ($LUAINFER_TEST_EAGLE).
+-- untrained EAGLE draft likewise ($LUAINFER_TEST_EAGLE). With one loaded,
+-- a request copying with n-gram lookup stops computing its draft KV after
+-- eagle_idle_steps positions, in fewer steps.
 package.path = arg[0]:match("^(.*)/[^/]*$") .. "/?.lua;" .. package.path
 local H = require("harness")
 local luainfer = require("luainfer")
@@ -120,6 +122,33 @@ local eg, egs = run{ max_num_seqs = 8, eagle = eagle, spec_tokens = 3, spec_disa
 same(eg, base, "eagle k=3, 24 tokens per step")
 H.check(egs.spec_by.eagle.drafted > 0 and egs.spec_drafted == egs.spec_by.eagle.drafted,
         "eagle: drafts made (%d), all of them by eagle", egs.spec_by.eagle.drafted)
+
+-- EAGLE loaded, a request copying with n-gram lookup (more than one
+-- position a step, never an EAGLE draft): past eagle_idle_steps positions
+-- (30 here) its draft KV is zeroed, not computed, though it ran fewer steps
+-- than that; with 0 it is always computed; the tokens are the same either
+-- way
+do
+  local copy = "Repeat this list exactly: apple, banana, cherry, dates, elderberry, fig, grape, kiwi, lemon, mango, " ..
+               "nectarine, orange, papaya, quince. Again: apple, banana,"
+  local function copying(idle)
+    local e = luainfer.engine{ max_num_seqs = 2, eagle = eagle, spec_disable_batch = 0, eagle_idle_steps = idle }
+    local id = e:add{ prompt = copy, max_tokens = 40, temperature = 0, ignore_eos = true,
+                      speculation = { method = "ngram", k = 16 } }
+    e:run()
+    local r, st = e:result(id), e:stats()
+    e:close()
+    return r, st
+  end
+  local r30, s30 = copying(30)
+  local r0, s0 = copying(0)
+  H.check(H.eq_list(r30.tokens, r0.tokens), "the same tokens whether idle rows are dropped or computed")
+  H.check(s30.steps < 30 and s30.draft_sync_dropped > 0, "40 tokens in %d steps (%d drafts accepted): %d positions "
+          .. "dropped as idle (%d computed)", s30.steps, s30.spec_by.ngram.accepted, s30.draft_sync_dropped,
+          s30.draft_sync_tokens)
+  H.check(s0.draft_sync_dropped == 0 and s0.draft_sync_tokens > s30.draft_sync_tokens,
+          "eagle_idle_steps 0: every position computed (%d)", s0.draft_sync_tokens)
+end
 
 -- a request's own speculation on an engine that does not speculate by default
 local r, rs = run({ max_num_seqs = 8, spec_layers = 29, spec_disable_batch = 0 }, { method = "layerskip", k = 3 })
