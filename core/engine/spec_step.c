@@ -290,8 +290,8 @@ static void policy_speculate(li_engine *e, int32_t running) {
                                                 max_k, e->sp.sdraft, &match);
         e->sp.cands[n++] = (li_spec_cand){.id = r->res.id, .want_method = want, .want_k = LI_MIN(k, max_k),
                                        .max_k = max_k, .temperature = r->smp.p.temperature, .acceptance = acc,
-                                       .drafted = dr, .ngram = ng, .ngram_match = match, .method = k ? (int32_t)want : -1,
-                                       .k = LI_MIN(k, max_k)};
+                                       .drafted = dr, .ngram = ng, .ngram_match = match,
+                                       .method = k ? (int32_t)want : -1, .k = LI_MIN(k, max_k)};
     }
     if (!n) return;
     const char *names[LI_SPEC_N_METHODS];
@@ -964,7 +964,9 @@ void li_spec_step_calibrate(li_engine *e) {
     li_kv_seq_free(&seq);
     e->st.time_calibrate += li_time_now() - t0;
     e->st.calibrated_rows = LI_MAX(e->st.calibrated_rows, top);
-    if (rc) li_log_warn("speculation: timing the row-cost curve failed (%d rows timed): %s", top, err.msg);
-    else if (top) li_log_info("speculation: forward passes timed at 1-%d rows, %.3f ms to %.3f ms (%.0f ms)", top,
-                     sp->calib[0] * 1e3, sp->calib[top - 1] * 1e3, (li_time_now() - t0) * 1e3);
+    if (rc)
+        li_log_warn("speculation: timing the row-cost curve failed (%d rows timed): %s", top, err.msg);
+    else if (top)
+        li_log_info("speculation: forward passes timed at 1-%d rows, %.3f ms to %.3f ms (%.0f ms)", top,
+                    sp->calib[0] * 1e3, sp->calib[top - 1] * 1e3, (li_time_now() - t0) * 1e3);
 }

@@ -216,7 +216,8 @@ static int l_engine_new(lua_State *L) {
                                         "max_batched_tokens", "max_model_len", "prefix_caching", "threads",
                                         "spec_tokens", "spec_ngram_max", "spec_ngram_min", "spec_disable_batch",
                                         "draft_model", "spec_method", "spec_layers", "tensor_parallel", "q4_act", "medusa",
-                                        "medusa_tree", "device", "eagle", "eagle_idle_steps", "spec_calibrate", NULL};
+                                        "medusa_tree", "device", "eagle", "eagle_idle_steps", "spec_calibrate",
+                                        NULL};
     check_keys(L, 1, "luainfer.engine", known);
     li_engine_config cfg;
     li_engine_config_default(&cfg);

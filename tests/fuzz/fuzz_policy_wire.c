@@ -133,7 +133,8 @@ static void take_frame(const msgpack_object *m, li_wire_start *start, li_plan *p
             for (int32_t i = 0; i < ws.n; i++) {
                 const li_spec_cand *c = &ws.cands[i];
                 if (c->want_method < -1 || c->want_method >= ws.ss.n_methods || c->max_k < 0 || c->want_k < 0 ||
-                    c->id < 0 || c->id > ID_MAX || c->ngram < -1 || c->ngram > c->max_k)
+                    c->id < 0 || c->id > ID_MAX || c->ngram < -1 || c->ngram > c->max_k || c->ngram_match < -1 ||
+                    c->ngram_match > (1 << 20))
                     fail("speculate candidate out of range");
                 for (int32_t k = 0; k < ws.ss.n_methods; k++)
                     if (!(c->acceptance[k] >= -1 && c->acceptance[k] <= 1) || c->drafted[k] < 0)
