@@ -567,7 +567,7 @@ int li_spec_step_eagle_sync(li_engine *e, int32_t nb, li_error *err) {
         /* a block that would join the prefix cache needs its draft KV first */
         if ((cached && end / bs > r->e_done / bs) || end - r->e_done > LI_EAGLE_PENDING_MAX) {
             const int32_t idle = e->cfg.eagle_idle_steps;
-            if (idle && (e->step_no - r->e_used >= idle || end - LI_MAX(r->e_used_pos, r->n_prompt) >= idle)) {
+            if (idle && (e->step_no - r->e_used >= idle || end - r->e_used_pos >= idle)) {
                 eagle_drop(e, r, end);
                 continue;
             }
