@@ -18,7 +18,7 @@ struct li_error; /* util/common.h */
 
 /* Bumped whenever li_backend_ops changes shape: a backend built for another
  * version is refused (li_backend_check, run by every li_buffer_alloc). */
-#define LI_BACKEND_API_VERSION 3
+#define LI_BACKEND_API_VERSION 4
 
 /* A block of backend memory. `data` is the backend's address of byte 0:
  * what ops receive (a device pointer on a device backend). Only where
@@ -159,7 +159,9 @@ typedef struct li_backend_ops {
      * orthogonal map, so applying it twice with s = 1 gives x back. The
      * online Hadamard before down_proj of a rotated model (model.h) */
     void (*hadamard)(li_backend *be, float *x, const float *s, int64_t n, int64_t dim, int64_t block);
-    /* write k, v (n_tokens, n_head_kv, head_dim) into slots slot[i] = block*block_size + offset */
+    /* write k, v (n_tokens, n_head_kv, head_dim) into slots slot[i] = block*block_size + offset;
+     * a backend with graph ops skips rows with slot[i] < 0 (the rows that
+     * pad a recorded pass's batch to its size) */
     void (*kv_store)(li_backend *be, const li_kv_layer *kv, const float *k, const float *v,
                      const int64_t *slot, int64_t n_tokens, int n_head_kv, int head_dim);
     /* causal paged attention, see li_attn_args */
@@ -174,6 +176,25 @@ typedef struct li_backend_ops {
      * (optional: the CPU backend's 4-bit panels for its current mode), so
      * no request pays for it */
     void (*weight_warm)(li_backend *be, const li_weight *w);
+
+    /* ---- recorded passes (optional, all or none; NULL: every pass issues
+     * its ops) ----
+     * Where issuing an op costs more than a small batch's work (a kernel
+     * launch), the forward records a pass once and replays it
+     * (forward.c, "recorded passes"). graph_begin: the ops issued next are
+     * recorded, not run; nonzero when recording cannot start.
+     * graph_end: stops, returns the recording, or NULL when it failed (the
+     * ops did not run: the caller issues them again). A recording keeps
+     * every argument as it was, pointers and sizes included: the caller
+     * replays it only for the same shapes and buffers, after uploading
+     * new contents into the same device memory. graph_valid: false once
+     * the backend has moved memory a recording reads (its own scratch
+     * grew). */
+    int (*graph_begin)(li_backend *be);
+    void *(*graph_end)(li_backend *be);
+    void (*graph_launch)(li_backend *be, void *g);
+    bool (*graph_valid)(li_backend *be, const void *g);
+    void (*graph_free)(li_backend *be, void *g);
 } li_backend_ops;
 
 struct li_backend {

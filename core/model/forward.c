@@ -58,10 +58,31 @@ int li_forward_init(li_forward *f, const li_model *m, li_backend *be, int64_t ca
     f->d_slot = (int64_t *)(d + bo[3]);
     f->be = be;
     f->cap = cap;
+    const char *env = getenv("LUAINFER_GRAPHS");
+    f->graphs = be->ops->graph_begin && !(env && !strcmp(env, "0"));
     return 0;
 }
 
+static void graphs_drop(li_forward *f) {
+    for (int i = 0; i < LI_FW_GRAPHS; i++) {
+        if (f->graph[i].g) f->be->ops->graph_free(f->be, f->graph[i].g);
+        memset(&f->graph[i], 0, sizeof f->graph[i]);
+    }
+}
+
+void li_forward_set_graphs(li_forward *f, bool on) {
+    if (!on) graphs_drop(f);
+    f->graphs = on && f->be->ops->graph_begin;
+}
+
 void li_forward_free(li_forward *f) {
+    if (f->be) graphs_drop(f);
+    free(f->g_tokens);
+    free(f->g_pos);
+    free(f->g_seq);
+    free(f->g_rows);
+    free(f->g_slot);
+    free(f->g_table);
     li_buffer *bufs[] = {&f->scratch, &f->batch, &f->table, &f->logits, &f->capture};
     for (size_t i = 0; i < LI_ARRAY_LEN(bufs); i++) li_buffer_free(f->be, bufs[i]);
     free(f->logits_host);
@@ -347,43 +368,24 @@ static void capture_rows(li_forward *f, li_backend *be, int64_t n, int64_t d, in
     be->ops->buffer_copy(be, &f->capture, &f->scratch, f->sel_dst, f->sel_src, (int)n, row);
 }
 
-int li_forward_run(li_forward *f, const li_model *m, li_backend *be, li_kv_cache *kv, const li_batch *b,
-                   float *logits, li_error *err) {
+/* The pass's ops, after the batch's upload: the embedding (or an input
+ * projection), every block, and the output rows' norm and logits. Sets
+ * f->n_logits, f->hidden and f->have_logits; issues no host transfer and
+ * allocates nothing but what a recorded pass finds already there
+ * (run_recorded reserves it first). */
+static int issue_pass(li_forward *f, const li_model *m, li_backend *be, li_kv_cache *kv, const li_batch *b,
+                      li_error *err) {
     const li_hparams *hp = &m->hp;
     const li_backend_ops *op = be->ops;
-    if (be != f->be) return li_error_set(err, LI_EINVAL, "forward: run on another backend than its buffers'");
-    if (b->hidden != LI_HIDDEN_NONE && b->hidden != LI_HIDDEN_PRE_NORM && b->hidden != LI_HIDDEN_POST_NORM)
-        return li_error_set(err, LI_EINVAL, "forward: unknown hidden state kind %d", (int)b->hidden);
-    if (m->rot_block && !op->hadamard)
-        return li_error_set(err, LI_EUNSUP, "forward: backend %s has no hadamard op (a rotated model)", op->name);
-    /* captured rows (checked and sized before the upload takes tree blocks) */
-    f->n_captured = 0;
-    int32_t ci = 0; /* the next entry of b->capture */
-    if (b->n_capture) {
-        for (int32_t i = 0; i < b->n_capture; i++)
-            if (!b->capture || b->capture[i] < 0 || b->capture[i] >= hp->n_layer ||
-                (i && b->capture[i] <= b->capture[i - 1]))
-                return li_error_set(err, LI_EINVAL, "forward: capture blocks must be ascending in [0, %d)",
-                                    hp->n_layer);
-        f->capture_width = b->n_capture * (int32_t)hp->n_embd;
-        const int crc = buffer_reserve(be, &f->capture, (size_t)b->n * (size_t)f->capture_width * sizeof(float), err);
-        if (crc) return crc;
-    }
-    int rc = batch_upload(f, m->inproj ? m->tok_embd.m : hp->n_vocab, kv, b, err);
-    if (rc) {
-        tree_release(f, kv);
-        return rc;
-    }
     const int64_t n = b->n, d = hp->n_embd;
+    int rc = 0;
     f->n_logits = 0;
     f->hidden = NULL;
     f->have_logits = false;
+    int32_t ci = 0; /* the next entry of b->capture */
 
     if (m->inproj) {
-        if ((rc = inproj_input(f, m, be, b, err))) {
-            tree_release(f, kv);
-            return rc;
-        }
+        if ((rc = inproj_input(f, m, be, b, err))) return rc;
     } else {
         op->get_rows(be, &m->tok_embd, f->d_tokens, n, f->x);
     }
@@ -407,7 +409,7 @@ int li_forward_run(li_forward *f, const li_model *m, li_backend *be, li_kv_cache
         aa.kv = &kv->layers[l];
         op->attention(be, &aa);
         if (!f->comm) matmul_residual(be, &L->wo, f->att, f->h, f->x, n);
-        else if ((rc = matmul_reduce_residual(f, be, &L->wo, f->att, f->h, f->x, n, err))) break;
+        else if ((rc = matmul_reduce_residual(f, be, &L->wo, f->att, f->h, f->x, n, err))) return rc;
         /* feed-forward block */
         op->rmsnorm(be, f->x, L->ffn_norm, f->h, n, d, hp->norm_eps);
         matmul_shared(be, (const li_weight *const[]){&L->w_gate, &L->w_up}, 2, f->h, (float *const[]){f->g, f->u},
@@ -417,25 +419,31 @@ int li_forward_run(li_forward *f, const li_model *m, li_backend *be, li_kv_cache
         /* rotated: down_proj's weights were made for silu(g)*u in the Hadamard basis */
         if (L->down_had) op->hadamard(be, f->g, L->down_had, n, ff, m->rot_block);
         if (!f->comm) matmul_residual(be, &L->w_down, f->g, f->h, f->x, n);
-        else if ((rc = matmul_reduce_residual(f, be, &L->w_down, f->g, f->h, f->x, n, err))) break;
+        else if ((rc = matmul_reduce_residual(f, be, &L->w_down, f->g, f->h, f->x, n, err))) return rc;
         if (ci < b->n_capture && b->capture[ci] == l) capture_rows(f, be, n, d, ci++);
     }
-    if (!rc && b->n_capture) f->n_captured = n;
-    tree_release(f, kv);
-    if (rc) return rc;
+    if (b->n_capture) f->n_captured = n;
     if (b->n_logits <= 0) return 0;
-    /* gather only the rows that need logits (the vocab matmul is the
-     * largest): one backend copy of n_logits runs */
-    for (int64_t i = 0; i < b->n_logits; i++) {
-        f->sel_dst[i] = li_buffer_offset(&f->scratch, f->sel) + (size_t)i * d * sizeof(float);
-        f->sel_src[i] = li_buffer_offset(&f->scratch, f->x) + (size_t)b->logit_rows[i] * d * sizeof(float);
+    /* the rows that need logits (the vocab matmul is the largest): the first
+     * n_logits rows in order are read where they are; others are gathered,
+     * one backend copy of n_logits runs */
+    bool prefix = true;
+    for (int64_t i = 0; i < b->n_logits && prefix; i++) prefix = b->logit_rows[i] == i;
+    float *sel = f->x;
+    if (!prefix) {
+        for (int64_t i = 0; i < b->n_logits; i++) {
+            f->sel_dst[i] = li_buffer_offset(&f->scratch, f->sel) + (size_t)i * d * sizeof(float);
+            f->sel_src[i] = li_buffer_offset(&f->scratch, f->x) + (size_t)b->logit_rows[i] * d * sizeof(float);
+        }
+        op->buffer_copy(be, &f->scratch, &f->scratch, f->sel_dst, f->sel_src, (int)b->n_logits,
+                        (size_t)d * sizeof(float));
+        sel = f->sel;
     }
-    op->buffer_copy(be, &f->scratch, &f->scratch, f->sel_dst, f->sel_src, (int)b->n_logits, (size_t)d * sizeof(float));
     f->n_logits = b->n_logits;
     /* the hidden states are the rows already there: sel before the norm, h after */
-    if (b->hidden == LI_HIDDEN_PRE_NORM) f->hidden = f->sel;
+    if (b->hidden == LI_HIDDEN_PRE_NORM) f->hidden = sel;
     if (b->no_logits && b->hidden != LI_HIDDEN_POST_NORM) return 0;
-    op->rmsnorm(be, f->sel, m->output_norm, f->h, b->n_logits, d, hp->norm_eps);
+    op->rmsnorm(be, sel, m->output_norm, f->h, b->n_logits, d, hp->norm_eps);
     if (b->hidden == LI_HIDDEN_POST_NORM) f->hidden = f->h;
     if (b->no_logits) return 0;
     const size_t row_bytes = (size_t)hp->n_vocab * sizeof(float);
@@ -443,7 +451,205 @@ int li_forward_run(li_forward *f, const li_model *m, li_backend *be, li_kv_cache
     f->logits_cap = (int64_t)(f->logits.size / row_bytes);
     op->matmul(be, &m->output, f->h, f->logits.data, b->n_logits);
     f->have_logits = true;
-    if (logits) op->buffer_get(be, &f->logits, 0, logits, (size_t)b->n_logits * row_bytes);
+    return 0;
+}
+
+/* ------------------------------------------------------------------------
+ * recorded passes
+ *
+ * Launching a device kernel costs the host microseconds, as long as a small
+ * batch's kernels take to run: a decode step's ~700 launches would bound it
+ * however fast the kernels are. So on a backend with graph ops a plain batch
+ * (no tree, capture, input projection or tensor parallelism; logits for all
+ * rows in order, or none) is padded to a size class, its block table to a
+ * power-of-two stride, and its pass recorded the second time that shape is
+ * seen, then replayed: only the batch's arrays are uploaded each step.
+ * Padding rows read token 0 at position 0 of sequence 0 and store no KV
+ * (slot -1); their outputs are dropped. Rows are independent in every op,
+ * so a padded row changes no other row's bits (a backend whose kernels
+ * change with the row count says batch_variant).
+ * ---------------------------------------------------------------------- */
+
+static const int64_t graph_sizes[] = {1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, LI_FW_GRAPH_MAX_ROWS};
+
+static bool graph_eligible(const li_forward *f, const li_model *m, const li_batch *b) {
+    if (!f->graphs || b->parent || b->n_capture || m->inproj || f->comm || b->in_hidden ||
+        b->n > LI_FW_GRAPH_MAX_ROWS)
+        return false;
+    if (b->n_logits != 0 && b->n_logits != b->n) return false;
+    for (int64_t i = 0; i < b->n_logits; i++)
+        if (b->logit_rows[i] != i) return false;
+    return true;
+}
+
+/* Pads b into f's host arrays (*pb: the padded batch). */
+static void graph_pad(li_forward *f, const li_batch *b, li_batch *pb) {
+    int64_t np = b->n;
+    for (size_t i = 0; i < LI_ARRAY_LEN(graph_sizes); i++)
+        if (graph_sizes[i] >= b->n) {
+            np = graph_sizes[i] <= f->cap ? graph_sizes[i] : b->n;
+            break;
+        }
+    int64_t stride = 4;
+    while (stride < b->bt_stride) stride *= 2;
+    if (!f->g_tokens) {
+        const size_t c = LI_FW_GRAPH_MAX_ROWS;
+        f->g_tokens = li_xmalloc(c * sizeof *f->g_tokens);
+        f->g_pos = li_xmalloc(c * sizeof *f->g_pos);
+        f->g_seq = li_xmalloc(c * sizeof *f->g_seq);
+        f->g_rows = li_xmalloc(c * sizeof *f->g_rows);
+        f->g_slot = li_xmalloc(c * sizeof *f->g_slot);
+        for (size_t i = 0; i < c; i++) f->g_rows[i] = (int32_t)i;
+    }
+    const size_t n = (size_t)b->n;
+    memcpy(f->g_tokens, b->tokens, n * sizeof *f->g_tokens);
+    memcpy(f->g_pos, b->pos, n * sizeof *f->g_pos);
+    memcpy(f->g_seq, b->seq, n * sizeof *f->g_seq);
+    memcpy(f->g_slot, b->slot, n * sizeof *f->g_slot);
+    for (int64_t i = b->n; i < np; i++) {
+        f->g_tokens[i] = 0;
+        f->g_pos[i] = 0;
+        f->g_seq[i] = 0;
+        f->g_slot[i] = -1; /* stores nothing */
+    }
+    const size_t cells = (size_t)b->n_seqs * (size_t)stride;
+    if (cells > f->g_table_cap) {
+        f->g_table_cap = LI_MAX(cells, 2 * f->g_table_cap);
+        f->g_table = li_xrealloc(f->g_table, f->g_table_cap * sizeof *f->g_table);
+    }
+    for (int32_t s = 0; s < b->n_seqs; s++) {
+        int32_t *row = f->g_table + (size_t)s * (size_t)stride;
+        memcpy(row, b->block_table + (size_t)s * (size_t)b->bt_stride, (size_t)b->bt_stride * sizeof *row);
+        memset(row + b->bt_stride, 0, (size_t)(stride - b->bt_stride) * sizeof *row); /* never read */
+    }
+    *pb = *b;
+    pb->n = np;
+    pb->tokens = f->g_tokens;
+    pb->pos = f->g_pos;
+    pb->seq = f->g_seq;
+    pb->slot = f->g_slot;
+    pb->block_table = f->g_table;
+    pb->bt_stride = stride;
+    pb->n_logits = b->n_logits ? np : 0;
+    pb->logit_rows = f->g_rows;
+}
+
+static bool graph_key_eq(const li_fw_graph *e, const li_fw_graph *k) {
+    return e->n == k->n && e->n_logits == k->n_logits && e->bt_stride == k->bt_stride && e->n_seqs == k->n_seqs &&
+           e->hidden == k->hidden && e->no_logits == k->no_logits && e->kv == k->kv && e->kv_k == k->kv_k &&
+           e->table == k->table &&
+           e->logits == k->logits;
+}
+
+/* Runs the padded batch pb (uploaded): replays its recording, records it
+ * (second sighting), or issues its ops (first sighting, failed recording). */
+static int run_recorded(li_forward *f, const li_model *m, li_backend *be, li_kv_cache *kv, const li_batch *pb,
+                        li_error *err) {
+    const li_backend_ops *op = be->ops;
+    /* what the pass allocates, allocated before any recording */
+    if (pb->n_logits && !pb->no_logits) {
+        const size_t row_bytes = (size_t)m->hp.n_vocab * sizeof(float);
+        const int rc = buffer_reserve(be, &f->logits, (size_t)pb->n_logits * row_bytes, err);
+        if (rc) return rc;
+    }
+    const li_fw_graph key = {.n = pb->n, .n_logits = pb->n_logits, .bt_stride = pb->bt_stride, .n_seqs = pb->n_seqs,
+                             .hidden = (int)pb->hidden, .no_logits = pb->no_logits, .kv = kv,
+                             .kv_k = kv->layers[0].k,
+                             .table = f->table.data, .logits = f->logits.data};
+    f->runs++;
+    li_fw_graph *e = NULL, *lru = &f->graph[0];
+    for (int i = 0; i < LI_FW_GRAPHS && !e; i++) {
+        li_fw_graph *c = &f->graph[i];
+        if (c->used_slot && graph_key_eq(c, &key)) e = c;
+        else if (!c->used_slot || (lru->used_slot && c->last < lru->last)) lru = c;
+    }
+    if (e && e->g && !op->graph_valid(be, e->g)) { /* the backend moved memory it reads: record again */
+        op->graph_free(be, e->g);
+        e->g = NULL;
+    }
+    if (!e) { /* first sighting: run the ops, remember the shape */
+        if (lru->g) op->graph_free(be, lru->g);
+        *lru = key;
+        lru->used_slot = true;
+        lru->last = f->runs;
+        return issue_pass(f, m, be, kv, pb, err);
+    }
+    e->last = f->runs;
+    if (e->failed) return issue_pass(f, m, be, kv, pb, err);
+    if (!e->g) {
+        void *g = NULL;
+        int rc = 0;
+        if (op->graph_begin(be) == 0) {
+            rc = issue_pass(f, m, be, kv, pb, err);
+            g = op->graph_end(be);
+        }
+        if (!g || rc) {
+            if (g) op->graph_free(be, g);
+            e->failed = true;
+            li_log_warn("forward: a pass of %lld rows could not be recorded; its ops run each time",
+                        (long long)pb->n);
+            return issue_pass(f, m, be, kv, pb, err);
+        }
+        e->g = g;
+        f->n_recorded++;
+    } else {
+        /* the host-side results issue_pass sets, as it set them recording */
+        f->n_logits = pb->n_logits;
+        f->have_logits = pb->n_logits > 0 && !pb->no_logits;
+        f->hidden = pb->n_logits <= 0                     ? NULL
+                    : pb->hidden == LI_HIDDEN_PRE_NORM   ? f->x
+                    : pb->hidden == LI_HIDDEN_POST_NORM ? f->h
+                                                         : NULL;
+        f->n_replayed++;
+    }
+    op->graph_launch(be, e->g);
+    return 0;
+}
+
+int li_forward_run(li_forward *f, const li_model *m, li_backend *be, li_kv_cache *kv, const li_batch *b,
+                   float *logits, li_error *err) {
+    const li_hparams *hp = &m->hp;
+    const li_backend_ops *op = be->ops;
+    if (be != f->be) return li_error_set(err, LI_EINVAL, "forward: run on another backend than its buffers'");
+    if (b->hidden != LI_HIDDEN_NONE && b->hidden != LI_HIDDEN_PRE_NORM && b->hidden != LI_HIDDEN_POST_NORM)
+        return li_error_set(err, LI_EINVAL, "forward: unknown hidden state kind %d", (int)b->hidden);
+    if (m->rot_block && !op->hadamard)
+        return li_error_set(err, LI_EUNSUP, "forward: backend %s has no hadamard op (a rotated model)", op->name);
+    /* captured rows (checked and sized before the upload takes tree blocks) */
+    f->n_captured = 0;
+    if (b->n_capture) {
+        for (int32_t i = 0; i < b->n_capture; i++)
+            if (!b->capture || b->capture[i] < 0 || b->capture[i] >= hp->n_layer ||
+                (i && b->capture[i] <= b->capture[i - 1]))
+                return li_error_set(err, LI_EINVAL, "forward: capture blocks must be ascending in [0, %d)",
+                                    hp->n_layer);
+        f->capture_width = b->n_capture * (int32_t)hp->n_embd;
+        const int crc = buffer_reserve(be, &f->capture, (size_t)b->n * (size_t)f->capture_width * sizeof(float), err);
+        if (crc) return crc;
+    }
+    const int64_t n_ids = m->inproj ? m->tok_embd.m : hp->n_vocab;
+    int rc;
+    if (graph_eligible(f, m, b)) {
+        li_batch pb;
+        graph_pad(f, b, &pb);
+        if ((rc = batch_upload(f, n_ids, kv, &pb, err)) || (rc = run_recorded(f, m, be, kv, &pb, err))) {
+            f->n_logits = 0;
+            f->hidden = NULL;
+            f->have_logits = false;
+            return rc;
+        }
+        f->n_logits = b->n_logits; /* the padding rows' outputs are dropped */
+    } else {
+        rc = batch_upload(f, n_ids, kv, b, err);
+        if (!rc) rc = issue_pass(f, m, be, kv, b, err);
+        tree_release(f, kv);
+        if (rc) {
+            f->n_captured = 0;
+            return rc;
+        }
+    }
+    if (logits && f->have_logits)
+        op->buffer_get(be, &f->logits, 0, logits, (size_t)f->n_logits * (size_t)hp->n_vocab * sizeof(float));
     return 0;
 }
 

@@ -79,6 +79,21 @@ typedef struct li_batch {
     int32_t in_width;
 } li_batch;
 
+/* A recorded pass (backend graph ops): the shapes and buffers it was
+ * recorded with, which a batch must match to replay it. */
+enum { LI_FW_GRAPHS = 24, LI_FW_GRAPH_MAX_ROWS = 256 };
+typedef struct li_fw_graph {
+    void *g;               /* the recording, or NULL: seen once (the next sighting records) */
+    bool failed;           /* recording failed: this key runs its ops */
+    bool used_slot;
+    int64_t n, n_logits, bt_stride;
+    int32_t n_seqs;
+    int hidden;
+    bool no_logits;
+    const void *kv, *kv_k, *table, *logits; /* the cache, its first K layer, the uploaded table, the logits */
+    uint64_t last;         /* the forward's run count at its last use */
+} li_fw_graph;
+
 /* Scratch activations for up to `cap` tokens, reused every step; all views
  * into one backend buffer. */
 typedef struct li_forward {
@@ -126,6 +141,18 @@ typedef struct li_forward {
      * are all-reduced before each residual add. */
     struct li_comm *comm;
     double t_comm;                             /* seconds inside those all-reduces, summed over runs */
+    /* recorded passes (forward.c): on a backend with graph ops, a plain
+     * batch of up to LI_FW_GRAPH_MAX_ROWS rows is padded to a size class
+     * and its block table to a power-of-two stride; the second time a
+     * shape is seen its ops are recorded, then replayed */
+    bool graphs;                               /* on (default where the backend can; LUAINFER_GRAPHS=0 turns off) */
+    li_fw_graph graph[LI_FW_GRAPHS];
+    uint64_t runs;
+    int64_t n_recorded, n_replayed;            /* recordings made, passes replayed */
+    int32_t *g_tokens, *g_pos, *g_seq, *g_rows; /* (graph rows) the padded batch, host */
+    int64_t *g_slot;
+    int32_t *g_table;                          /* the padded block table, host, grown on demand */
+    size_t g_table_cap;
 } li_forward;
 
 /* be must outlive f. */
@@ -137,6 +164,9 @@ void li_forward_free(li_forward *f);
  * there. */
 int li_forward_run(li_forward *f, const li_model *m, li_backend *be, li_kv_cache *kv, const li_batch *b,
                    float *logits, li_error *err);
+/* Recorded passes on or off (a backend without graph ops: always off).
+ * Off frees the recordings. */
+void li_forward_set_graphs(li_forward *f, bool on);
 /* The last run's (n_logits, n_vocab) logits in host memory: the backend
  * buffer itself when it is host memory, else a copy fetched from it. NULL
  * when the run computed none. */

@@ -22,6 +22,10 @@ int li_backend_check(const li_backend *be, li_error *err) {
     if (!op->buffer_alloc || !op->buffer_free || !op->buffer_set || !op->buffer_get || !op->buffer_copy ||
         !op->buffer_clear || !op->synchronize)
         return li_error_set(err, LI_EUNSUP, "backend %s: no buffer interface", op->name);
+    const int n_graph = !!op->graph_begin + !!op->graph_end + !!op->graph_launch + !!op->graph_valid +
+                        !!op->graph_free;
+    if (n_graph != 0 && n_graph != 5)
+        return li_error_set(err, LI_EUNSUP, "backend %s: %d of the 5 graph ops", op->name, n_graph);
     return 0;
 }
 

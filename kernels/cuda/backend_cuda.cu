@@ -21,6 +21,17 @@
 //              token's positions through the flat block table; F32, F16,
 //              BF16 and 8-bit (FP8 / INT8 with per-(token, head) scales) KV
 //
+//   graphs     graph_begin / graph_end capture the ops issued between them
+//              on the stream (cudaStreamBeginCapture) into an instantiated
+//              graph, replayed by graph_launch (the forward's recorded
+//              passes); anything that would synchronize while capturing
+//              (a scratch buffer growing, a host norm weight changed) ends
+//              the capture first, and graph_end then reports the failure
+//   profile    LUAINFER_CUDA_PROFILE=1 or li_backend_cuda_profile: CUDA
+//              events around each launch, behind a short spin kernel so the
+//              GPU is busy while the host issues it (the events then time
+//              the kernel, not the host's gap); printed per kernel
+//
 // Errors: a CUDA failure inside an op (which returns void) prints the call
 // and the CUDA error, then aborts -- a device fault leaves nothing to
 // continue with. Everything an op cannot do is refused earlier, at init or
@@ -64,16 +75,52 @@ struct cu_hostcopy {
     int64_t n;
 };
 
+// the kernels the profile tells apart
+enum {
+    PK_ACT_QUANT, PK_ACT_Q8, PK_GEMV, PK_GEMV_MULTI, PK_DEQUANT, PK_SGEMM, PK_ADD, PK_GET_ROWS, PK_RMSNORM,
+    PK_ROPE, PK_SILU_MUL, PK_HADAMARD, PK_KV_STORE, PK_ATTENTION, PK_SET, PK_GET, PK_COPY, PK_N
+};
+static const char *const pk_name[PK_N] = {"act_quant", "act_q8", "gemv", "gemv_multi", "dequant", "sgemm",
+                                          "add", "get_rows", "rmsnorm", "rope", "silu_mul", "hadamard",
+                                          "kv_store", "attention", "buffer_set", "buffer_get", "buffer_copy"};
+
+struct cu_prof_pending {
+    cudaEvent_t a, b;
+    int k;
+};
+
+struct cu_profile {
+    bool on;
+    long calls[PK_N];
+    double gpu_ms[PK_N], host_ms[PK_N];
+    cu_prof_pending *pend;
+    int n_pend, cap_pend;
+    cudaEvent_t *pool; // events free for reuse
+    int n_pool, cap_pool;
+    bool print_at_free;
+};
+
 struct li_cuda {
     int device;
     cudaStream_t st;
     cublasHandle_t blas;
+    void *blas_ws;  // cuBLAS's workspace: set once, so a captured SGEMM allocates nothing
     float *wbuf;  // dequantized weight for the cuBLAS path
     size_t wcap;  // floats
     float *xbuf;  // quantized activations of a scheme weight
     size_t xcap;
     cu_hostcopy *copies;
     int n_copies, cap_copies;
+    // graphs: gen counts the times scratch moved (a recording of an older
+    // gen reads freed memory); capturing / cap_broken: see graph_begin
+    uint64_t gen;
+    bool capturing, cap_broken;
+    cu_profile prof;
+};
+
+struct cu_graph {
+    cudaGraphExec_t exec;
+    uint64_t gen;
 };
 
 [[noreturn]] static void cu_die(const char *what, const char *why, const char *file, int line) {
@@ -95,6 +142,7 @@ static struct {
     decltype(&cublasSetMathMode) set_math_mode;
     decltype(&cublasSgemm_v2) sgemm;
     decltype(&cublasGetStatusString) status_string;
+    decltype(&cublasSetWorkspace_v2) set_workspace;
 } blas;
 
 static bool blas_open(void) {
@@ -118,6 +166,7 @@ static bool blas_open(void) {
     SYM(set_math_mode, "cublasSetMathMode")
     SYM(sgemm, "cublasSgemm_v2")
     SYM(status_string, "cublasGetStatusString")
+    SYM(set_workspace, "cublasSetWorkspace_v2")
 #undef SYM
     blas.ok = true;
     return true;
@@ -143,17 +192,113 @@ static unsigned blocks_for(int64_t n, int threads) {
     return (unsigned)(b > 0 ? b : 1);
 }
 
+// Ends a capture under way so the caller may synchronize or allocate: the
+// ops captured so far are dropped (graph_end then returns NULL and the
+// forward issues the whole pass again).
+static void capture_break(li_cuda *c) {
+    if (!c->capturing) return;
+    cudaGraph_t g = nullptr;
+    cudaStreamEndCapture(c->st, &g);
+    if (g) cudaGraphDestroy(g);
+    cudaGetLastError();
+    c->capturing = false;
+    c->cap_broken = true;
+}
+
 // *p holds at least n floats (contents dropped); waits for the stream
-// before freeing what kernels may still read
+// before freeing what kernels may still read. Moving it makes every
+// recording stale (gen).
 static float *reserve(li_cuda *c, float **p, size_t *cap, size_t n) {
     if (n <= *cap) return *p;
     const size_t want = n > 2 * *cap ? n : 2 * *cap;
+    capture_break(c);
     CK(cudaStreamSynchronize(c->st));
     if (*p) CK(cudaFree(*p));
     CK(cudaMalloc((void **)p, want * sizeof(float)));
     *cap = want;
+    c->gen++;
     return *p;
 }
+
+// ---- the profile ----
+
+// spins one thread for `ns` nanoseconds of the GPU's global timer
+__global__ void k_spin(uint64_t ns) {
+    uint64_t t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    do {
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    } while (t - t0 < ns);
+}
+
+static cudaEvent_t prof_event(cu_profile *p) {
+    if (p->n_pool) return p->pool[--p->n_pool];
+    cudaEvent_t e;
+    CK(cudaEventCreate(&e));
+    return e;
+}
+
+// adds the finished pairs' times (the stream has been synchronized)
+static void prof_drain(li_cuda *c) {
+    cu_profile *p = &c->prof;
+    for (int i = 0; i < p->n_pend; i++) {
+        float ms = 0.0f;
+        CK(cudaEventElapsedTime(&ms, p->pend[i].a, p->pend[i].b));
+        p->gpu_ms[p->pend[i].k] += ms;
+        if (p->n_pool + 2 > p->cap_pool) {
+            p->cap_pool = p->cap_pool ? 2 * p->cap_pool : 256;
+            p->pool = (cudaEvent_t *)li_xrealloc(p->pool, (size_t)p->cap_pool * sizeof *p->pool);
+        }
+        p->pool[p->n_pool++] = p->pend[i].a;
+        p->pool[p->n_pool++] = p->pend[i].b;
+    }
+    p->n_pend = 0;
+}
+
+struct prof_mark {
+    cudaEvent_t a;
+    double t0;
+};
+
+// 20 us of spin keeps the GPU busy while the host issues the launch
+static prof_mark prof_begin(li_cuda *c) {
+    cu_profile *p = &c->prof;
+    if (p->n_pend >= 4096) {
+        CK(cudaStreamSynchronize(c->st));
+        prof_drain(c);
+    }
+    k_spin<<<1, 1, 0, c->st>>>(20000);
+    prof_mark m;
+    m.a = prof_event(p);
+    CK(cudaEventRecord(m.a, c->st));
+    m.t0 = li_time_now();
+    return m;
+}
+
+static void prof_end(li_cuda *c, int k, const prof_mark &m) {
+    cu_profile *p = &c->prof;
+    cudaEvent_t b = prof_event(p);
+    CK(cudaEventRecord(b, c->st));
+    p->host_ms[k] += (li_time_now() - m.t0) * 1e3;
+    p->calls[k]++;
+    if (p->n_pend == p->cap_pend) {
+        p->cap_pend = p->cap_pend ? 2 * p->cap_pend : 256;
+        p->pend = (cu_prof_pending *)li_xrealloc(p->pend, (size_t)p->cap_pend * sizeof *p->pend);
+    }
+    p->pend[p->n_pend++] = {m.a, b, k};
+}
+
+// the statements (a launch and its check), timed as kernel k when profiling
+#define PROF(c, k, ...)                                                                                          \
+    do {                                                                                                         \
+        if (!(c)->prof.on) {                                                                                     \
+            __VA_ARGS__;                                                                                         \
+        } else {                                                                                                 \
+            const prof_mark pm_ = prof_begin(c);                                                                 \
+            __VA_ARGS__;                                                                                         \
+            prof_end(c, k, pm_);                                                                                 \
+        }                                                                                                        \
+    } while (0)
 
 // ------------------------------------------------------------------------
 // memory
@@ -183,49 +328,64 @@ static void cu_buffer_free(li_backend *be, li_buffer *b) {
     }
 }
 
+static void cu_synchronize(li_backend *be) {
+    li_cuda *c = cu(be);
+    capture_break(c);
+    CK(cudaStreamSynchronize(c->st));
+    if (c->prof.n_pend) prof_drain(c);
+}
+
 static void cu_buffer_set(li_backend *be, li_buffer *b, size_t off, const void *src, size_t n) {
     // from pageable memory the call returns once src is staged: the caller may reuse it
-    if (n) CK(cudaMemcpyAsync((char *)b->data + off, src, n, cudaMemcpyHostToDevice, cu(be)->st));
+    li_cuda *c = cu(be);
+    capture_break(c); // a host source cannot be captured
+    if (n) PROF(c, PK_SET, CK(cudaMemcpyAsync((char *)b->data + off, src, n, cudaMemcpyHostToDevice, c->st)));
 }
 
 static void cu_buffer_get(li_backend *be, const li_buffer *b, size_t off, void *dst, size_t n) {
     if (!n) return;
-    CK(cudaMemcpyAsync(dst, (const char *)b->data + off, n, cudaMemcpyDeviceToHost, cu(be)->st));
-    CK(cudaStreamSynchronize(cu(be)->st));
+    li_cuda *c = cu(be);
+    capture_break(c);
+    PROF(c, PK_GET, CK(cudaMemcpyAsync(dst, (const char *)b->data + off, n, cudaMemcpyDeviceToHost, c->st)));
+    cu_synchronize(be);
 }
 
 static void cu_buffer_copy(li_backend *be, li_buffer *dst, const li_buffer *src, const size_t *dst_off,
                            const size_t *src_off, int n_runs, size_t n) {
     if (!n) return;
+    li_cuda *c = cu(be);
     for (int i = 0; i < n_runs; i++)
-        CK(cudaMemcpyAsync((char *)dst->data + dst_off[i], (const char *)src->data + src_off[i], n,
-                           cudaMemcpyDeviceToDevice, cu(be)->st));
+        PROF(c, PK_COPY,
+             CK(cudaMemcpyAsync((char *)dst->data + dst_off[i], (const char *)src->data + src_off[i], n,
+                                cudaMemcpyDeviceToDevice, c->st)));
 }
 
 static void cu_buffer_clear(li_backend *be, li_buffer *b, uint8_t value) {
     if (b->size) CK(cudaMemsetAsync(b->data, value, b->size, cu(be)->st));
 }
 
-static void cu_synchronize(li_backend *be) { CK(cudaStreamSynchronize(cu(be)->st)); }
-
 // A float array an op received: device memory as it is, host memory
 // through its device copy (uploaded once, checked against the kept values).
+// The copies are looked up first: the model's norm weights are all host
+// arrays, and a pointer query per op costs the host more than the kernel.
 static const float *dev_floats(li_cuda *c, const float *p, int64_t n) {
-    cudaPointerAttributes at;
-    if (cudaPointerGetAttributes(&at, p) == cudaSuccess &&
-        (at.type == cudaMemoryTypeDevice || at.type == cudaMemoryTypeManaged))
-        return p;
-    cudaGetLastError(); // an unregistered host pointer is not an error to keep
     const size_t bytes = (size_t)n * sizeof(float);
     for (int i = 0; i < c->n_copies; i++) {
         cu_hostcopy *h = &c->copies[i];
         if (h->host != p || h->n != n) continue;
         if (!memcmp(h->keep, p, bytes)) return h->dev;
+        capture_break(c);
         CK(cudaStreamSynchronize(c->st)); // kernels may still read the old values
         memcpy(h->keep, p, bytes);
         CK(cudaMemcpyAsync(h->dev, h->keep, bytes, cudaMemcpyHostToDevice, c->st));
         return h->dev;
     }
+    cudaPointerAttributes at;
+    if (cudaPointerGetAttributes(&at, p) == cudaSuccess &&
+        (at.type == cudaMemoryTypeDevice || at.type == cudaMemoryTypeManaged))
+        return p;
+    cudaGetLastError(); // an unregistered host pointer is not an error to keep
+    capture_break(c);   // an upload follows
     if (c->n_copies == c->cap_copies) {
         c->cap_copies = c->cap_copies ? 2 * c->cap_copies : 64;
         c->copies = (cu_hostcopy *)li_xrealloc(c->copies, (size_t)c->cap_copies * sizeof *c->copies);
@@ -358,14 +518,13 @@ template <int T> __global__ void k_dequant(cu_wview w, const int32_t *ids, int64
     }
 }
 
-// y(n, m) = x(n, k) . W^T for up to GEMV_NB activation rows per blockIdx.y:
-// a warp per output row, lanes stride along k, one weight element read for
-// all the rows of the chunk; f32 sums, a warp reduction at the end.
-template <int T> __global__ void k_gemv(cu_wview w, const float *x, float *y, int64_t n) {
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int64_t r = (int64_t)blockIdx.x * GEMV_WARPS + warp;
-    const int64_t b0 = (int64_t)blockIdx.y * GEMV_NB;
-    if (r >= w.m) return;
+// Row r of y(n, m) = x(n, k) . W^T for the activation rows [b0, b0 + 8) of
+// the chunk: one warp, lanes stride along k, one weight element read for
+// all the chunk's rows; f32 sums, a warp reduction at the end. With res,
+// res += y too (the residual add: the same float added as k_add adds it).
+template <int T>
+__device__ __forceinline__ void gemv_row(const cu_wview &w, int64_t r, const float *x, float *y, float *res,
+                                         int64_t n, int64_t b0, int lane) {
     const int nb = (int)(n - b0 < GEMV_NB ? n - b0 : GEMV_NB);
     const uint8_t *row = w.data + r * w.row_bytes;
     const float *xb = x + b0 * w.k;
@@ -383,8 +542,40 @@ template <int T> __global__ void k_gemv(cu_wview w, const float *x, float *y, in
     for (int b = 0; b < GEMV_NB; b++) {
         float s = acc[b];
         for (int o = 16; o > 0; o >>= 1) s += __shfl_down_sync(0xffffffffu, s, o);
-        if (lane == 0 && b < nb) y[(b0 + b) * w.m + r] = s;
+        if (lane == 0 && b < nb) {
+            y[(b0 + b) * w.m + r] = s;
+            if (res) res[(b0 + b) * w.m + r] += s;
+        }
     }
+}
+
+// y(n, m) = x(n, k) . W^T (and res += y): a warp per output row, a chunk of
+// GEMV_NB activation rows per blockIdx.y
+template <int T> __global__ void k_gemv(cu_wview w, const float *x, float *y, float *res, int64_t n) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int64_t r = (int64_t)blockIdx.x * GEMV_WARPS + warp;
+    if (r >= w.m) return;
+    gemv_row<T>(w, r, x, y, res, n, (int64_t)blockIdx.y * GEMV_NB, lane);
+}
+
+// up to four weights of one type reading the same x (q/k/v, gate/up) in one
+// launch: their rows laid end to end, a warp per row of whichever it is
+enum { MULTI_MAX = 4 };
+struct cu_multi {
+    cu_wview w[MULTI_MAX];
+    float *y[MULTI_MAX];
+    int64_t end[MULTI_MAX]; // rows of weights 0..i, summed
+    int n_w;
+};
+
+template <int T> __global__ void k_gemv_multi(cu_multi mw, const float *x, int64_t n) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    int64_t r = (int64_t)blockIdx.x * GEMV_WARPS + warp;
+    int i = 0;
+    while (i < mw.n_w && r >= mw.end[i]) i++;
+    if (i == mw.n_w) return;
+    if (i) r -= mw.end[i - 1];
+    gemv_row<T>(mw.w[i], r, x, mw.y[i], nullptr, n, (int64_t)blockIdx.y * GEMV_NB, lane);
 }
 
 // out(n, k) = x as the activation quantization leaves it (li_act_quant_row_ref):
@@ -439,60 +630,119 @@ __global__ void k_act_q8(const float *x, float *out, int64_t n_blocks) {
     default: li_type_unreachable("cuda: weight kernel", (uint32_t)(type));    \
     }
 
-static void cu_matmul(li_backend *be, const li_weight *w, const float *x, float *y, int64_t n) {
-    if (n <= 0) return;
-    li_cuda *c = cu(be);
-    const cu_wview v = wview(w);
-    if (w->scheme != LI_SCHEME_PLAIN && w->act != LI_ACT_F32) {
-        float *xq = reserve(c, &c->xbuf, &c->xcap, (size_t)n * (size_t)w->k);
-        k_act_quant<<<(unsigned)n, ROW_THREADS, 0, c->st>>>((int)w->act, x, xq, w->k);
-        CK_LAUNCH("act_quant");
-        x = xq;
-    } else if (w->scheme == LI_SCHEME_PLAIN && w->k % 32 == 0) {
+__global__ void k_add(float *y, const float *x, int64_t n) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        y[i] += x[i];
+}
+
+// How w's kernels read their input: 0 as it is, 1 + act for a scheme's
+// per-row quantization, ACT_Q8 for the CPU's q8 blocks (q4_0, q4_1, q8_0:
+// the weights whose CPU dot takes q8 activations)
+enum { ACT_Q8 = 1000 };
+static int act_kind(const li_weight *w) {
+    if (w->scheme != LI_SCHEME_PLAIN && w->act != LI_ACT_F32) return 1 + (int)w->act;
+    if (w->scheme == LI_SCHEME_PLAIN && w->k % 32 == 0) {
         const li_type at = li_type_vec_dot_type(w->type);
-        if (at == LI_TYPE_Q8_0 || at == LI_TYPE_Q8_1) {
-            const int64_t nb = n * w->k / 32;
-            float *xq = reserve(c, &c->xbuf, &c->xcap, (size_t)n * (size_t)w->k);
-            k_act_q8<<<(unsigned)((nb + 7) / 8), 256, 0, c->st>>>(x, xq, nb);
-            CK_LAUNCH("act_q8");
-            x = xq;
-        }
+        if (at == LI_TYPE_Q8_0 || at == LI_TYPE_Q8_1) return ACT_Q8;
     }
-    if (n <= GEMV_NB * 1) {
-        const dim3 grid((unsigned)((w->m + GEMV_WARPS - 1) / GEMV_WARPS), (unsigned)((n + GEMV_NB - 1) / GEMV_NB));
-#define L_GEMV(T) k_gemv<T><<<grid, GEMV_WARPS * 32, 0, c->st>>>(v, x, y, n)
-        CU_TYPE_SWITCH(w->type, L_GEMV);
+    return 0;
+}
+
+// x(n, k) as w's kernels read it (act_kind): quantized into xbuf, or x
+static const float *act_for(li_cuda *c, const li_weight *w, const float *x, int64_t n) {
+    const int kind = act_kind(w);
+    if (!kind) return x;
+    float *xq = reserve(c, &c->xbuf, &c->xcap, (size_t)n * (size_t)w->k);
+    if (kind == ACT_Q8) {
+        const int64_t nb = n * w->k / 32;
+        PROF(c, PK_ACT_Q8, k_act_q8<<<(unsigned)((nb + 7) / 8), 256, 0, c->st>>>(x, xq, nb); CK_LAUNCH("act_q8"));
+    } else {
+        PROF(c, PK_ACT_QUANT,
+             k_act_quant<<<(unsigned)n, ROW_THREADS, 0, c->st>>>((int)w->act, x, xq, w->k);
+             CK_LAUNCH("act_quant"));
+    }
+    return xq;
+}
+
+// y = xa . W^T (xa already as act_for leaves it), and res += y when res
+static void matmul_one(li_cuda *c, const li_weight *w, const float *xa, float *y, float *res, int64_t n) {
+    const cu_wview v = wview(w);
+    if (n <= GEMV_NB) {
+        const dim3 grid((unsigned)((w->m + GEMV_WARPS - 1) / GEMV_WARPS), 1);
+#define L_GEMV(T) k_gemv<T><<<grid, GEMV_WARPS * 32, 0, c->st>>>(v, xa, y, res, n)
+        PROF(c, PK_GEMV, CU_TYPE_SWITCH(w->type, L_GEMV); CK_LAUNCH("gemv"));
 #undef L_GEMV
-        CK_LAUNCH("gemv");
         return;
     }
     // n > 8: the whole weight dequantized to f32, then one SGEMM. Column-major
     // view: y^T(m, n) = W'(k, m)^T . x^T(k, n), W' the row-major (m, k) copy.
     float *wf = reserve(c, &c->wbuf, &c->wcap, (size_t)w->m * (size_t)w->k);
 #define L_DEQ(T) k_dequant<T><<<blocks_for(w->m * w->k, 256), 256, 0, c->st>>>(v, nullptr, w->m, wf)
-    CU_TYPE_SWITCH(w->type, L_DEQ);
+    PROF(c, PK_DEQUANT, CU_TYPE_SWITCH(w->type, L_DEQ); CK_LAUNCH("dequant"));
 #undef L_DEQ
-    CK_LAUNCH("dequant");
     const float one = 1.0f, zero = 0.0f;
-    CK_BLAS(blas.sgemm(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)w->m, (int)n, (int)w->k, &one, wf, (int)w->k, x,
-                        (int)w->k, &zero, y, (int)w->m));
+    PROF(c, PK_SGEMM,
+         CK_BLAS(blas.sgemm(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)w->m, (int)n, (int)w->k, &one, wf, (int)w->k,
+                            xa, (int)w->k, &zero, y, (int)w->m)));
+    if (res) {
+        const int64_t t = n * w->m;
+        PROF(c, PK_ADD, k_add<<<blocks_for(t, 256), 256, 0, c->st>>>(res, y, t); CK_LAUNCH("add"));
+    }
 }
 
-__global__ void k_add(float *y, const float *x, int64_t n) {
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
-        y[i] += x[i];
+static void cu_matmul(li_backend *be, const li_weight *w, const float *x, float *y, int64_t n) {
+    if (n <= 0) return;
+    li_cuda *c = cu(be);
+    matmul_one(c, w, act_for(c, w, x, n), y, nullptr, n);
 }
 
 static void cu_add(li_backend *be, float *y, const float *x, int64_t n) {
     if (n <= 0) return;
-    k_add<<<blocks_for(n, 256), 256, 0, cu(be)->st>>>(y, x, n);
-    CK_LAUNCH("add");
+    li_cuda *c = cu(be);
+    PROF(c, PK_ADD, k_add<<<blocks_for(n, 256), 256, 0, c->st>>>(y, x, n); CK_LAUNCH("add"));
 }
 
-// the two ops, as the table's contract says (same bits)
+// the GEMV adds y into res as it writes it (the same float k_add would add)
 static void cu_matmul_add(li_backend *be, const li_weight *w, const float *x, float *y, float *res, int64_t n) {
-    cu_matmul(be, w, x, y, n);
-    cu_add(be, res, y, n * w->m);
+    if (n <= 0) return;
+    li_cuda *c = cu(be);
+    matmul_one(c, w, act_for(c, w, x, n), y, res, n);
+}
+
+// weights reading one input: the input quantized once when they read it
+// alike, and one GEMV launch for all when they are also of one type
+static void cu_matmul_multi(li_backend *be, const li_weight *const *w, int n_w, const float *x, float *const *y,
+                            int64_t n) {
+    if (n <= 0 || n_w <= 0) return;
+    li_cuda *c = cu(be);
+    bool alike = true, one_type = n_w <= MULTI_MAX;
+    for (int i = 1; i < n_w; i++) {
+        alike &= act_kind(w[i]) == act_kind(w[0]) && w[i]->k == w[0]->k;
+        one_type &= w[i]->type == w[0]->type;
+    }
+    if (!alike) {
+        for (int i = 0; i < n_w; i++) matmul_one(c, w[i], act_for(c, w[i], x, n), y[i], nullptr, n);
+        return;
+    }
+    const float *xa = act_for(c, w[0], x, n);
+    if (n > GEMV_NB || !one_type) {
+        for (int i = 0; i < n_w; i++) matmul_one(c, w[i], xa, y[i], nullptr, n);
+        return;
+    }
+    cu_multi mw;
+    memset(&mw, 0, sizeof mw);
+    mw.n_w = n_w;
+    int64_t rows = 0;
+    for (int i = 0; i < n_w; i++) {
+        mw.w[i] = wview(w[i]);
+        mw.y[i] = y[i];
+        rows += w[i]->m;
+        mw.end[i] = rows;
+    }
+    const dim3 grid((unsigned)((rows + GEMV_WARPS - 1) / GEMV_WARPS), 1);
+#define L_MULTI(T) k_gemv_multi<T><<<grid, GEMV_WARPS * 32, 0, c->st>>>(mw, xa, n)
+    PROF(c, PK_GEMV_MULTI, CU_TYPE_SWITCH(w[0]->type, L_MULTI); CK_LAUNCH("gemv_multi"));
+#undef L_MULTI
 }
 
 static void cu_get_rows(li_backend *be, const li_weight *w, const int32_t *ids, int64_t n, float *out) {
@@ -500,9 +750,8 @@ static void cu_get_rows(li_backend *be, const li_weight *w, const int32_t *ids, 
     const cu_wview v = wview(w);
     li_cuda *c = cu(be);
 #define L_ROWS(T) k_dequant<T><<<blocks_for(n * w->k, 256), 256, 0, c->st>>>(v, ids, n, out)
-    CU_TYPE_SWITCH(w->type, L_ROWS);
+    PROF(c, PK_GET_ROWS, CU_TYPE_SWITCH(w->type, L_ROWS); CK_LAUNCH("get_rows"));
 #undef L_ROWS
-    CK_LAUNCH("get_rows");
 }
 
 // ------------------------------------------------------------------------
@@ -533,8 +782,7 @@ static void cu_rmsnorm(li_backend *be, const float *x, const float *w, float *y,
     if (n <= 0) return;
     li_cuda *c = cu(be);
     const float *wd = dev_floats(c, w, dim);
-    k_rmsnorm<<<(unsigned)n, ROW_THREADS, 0, c->st>>>(x, wd, y, dim, eps);
-    CK_LAUNCH("rmsnorm");
+    PROF(c, PK_RMSNORM, k_rmsnorm<<<(unsigned)n, ROW_THREADS, 0, c->st>>>(x, wd, y, dim, eps); CK_LAUNCH("rmsnorm"));
 }
 
 // a thread per (token, head, pair)
@@ -560,9 +808,11 @@ static void cu_rope(li_backend *be, float *x, const int32_t *pos, int64_t n, int
                     float theta, int neox) {
     if (n <= 0 || n_rot < 2) return;
     const float ts = powf(theta, -2.0f / (float)n_rot); // on the host: the reference's bits
-    k_rope<<<blocks_for(n * n_heads * (n_rot / 2), 256), 256, 0, cu(be)->st>>>(x, pos, n, n_heads, head_dim, n_rot,
-                                                                               ts, neox);
-    CK_LAUNCH("rope");
+    li_cuda *c = cu(be);
+    PROF(c, PK_ROPE,
+         k_rope<<<blocks_for(n * n_heads * (n_rot / 2), 256), 256, 0, c->st>>>(x, pos, n, n_heads, head_dim, n_rot,
+                                                                                ts, neox);
+         CK_LAUNCH("rope"));
 }
 
 __global__ void k_silu_mul(float *g, const float *u, int64_t n) {
@@ -572,8 +822,8 @@ __global__ void k_silu_mul(float *g, const float *u, int64_t n) {
 
 static void cu_silu_mul(li_backend *be, float *g, const float *u, int64_t n, int64_t dim) {
     if (n * dim <= 0) return;
-    k_silu_mul<<<blocks_for(n * dim, 256), 256, 0, cu(be)->st>>>(g, u, n * dim);
-    CK_LAUNCH("silu_mul");
+    li_cuda *c = cu(be);
+    PROF(c, PK_SILU_MUL, k_silu_mul<<<blocks_for(n * dim, 256), 256, 0, c->st>>>(g, u, n * dim); CK_LAUNCH("silu_mul"));
 }
 
 // a CUDA block per row, the row in shared memory: the reference's butterflies
@@ -600,9 +850,10 @@ static void cu_hadamard(li_backend *be, float *x, const float *s, int64_t n, int
     if (n <= 0) return;
     li_cuda *c = cu(be);
     const float *sd = dev_floats(c, s, dim);
-    k_hadamard<<<(unsigned)n, ROW_THREADS, (size_t)dim * sizeof(float), c->st>>>(x, sd, dim, block,
-                                                                              1.0f / sqrtf((float)block));
-    CK_LAUNCH("hadamard");
+    PROF(c, PK_HADAMARD,
+         k_hadamard<<<(unsigned)n, ROW_THREADS, (size_t)dim * sizeof(float), c->st>>>(x, sd, dim, block,
+                                                                                   1.0f / sqrtf((float)block));
+         CK_LAUNCH("hadamard"));
 }
 
 // ------------------------------------------------------------------------
@@ -623,6 +874,7 @@ __global__ void k_kv_store(void *kd, void *vd, const float *k, const float *v, c
     for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
          idx += (int64_t)gridDim.x * blockDim.x) {
         const int64_t i = idx / row, e = idx % row;
+        if (slot[i] < 0) continue; // a padding row (backend.h)
         const int64_t dst = slot[i] * row + e;
         kv_put<DT>(kd, dst, k[idx]);
         kv_put<DT>(vd, dst, v[idx]);
@@ -637,6 +889,7 @@ __global__ void k_kv8_store(int t, uint8_t *kd, uint8_t *vd, float *ks, float *v
     if (wid >= n_tokens * n_head_kv * 2) return;
     const int which = (int)(wid % 2);
     const int64_t ih = wid / 2, i = ih / n_head_kv;
+    if (slot[i] < 0) return; // a padding row (backend.h): the whole warp
     const int h = (int)(ih % n_head_kv);
     const float *x = (which ? v : k) + ih * D;
     const int64_t e = slot[i] * n_head_kv + h; // (slot, head)
@@ -650,12 +903,8 @@ __global__ void k_kv8_store(int t, uint8_t *kd, uint8_t *vd, float *ks, float *v
     if (lane == 0) (which ? vs : ks)[e] = scale;
 }
 
-static void cu_kv_store(li_backend *be, const li_kv_layer *kv, const float *k, const float *v, const int64_t *slot,
-                        int64_t n_tokens, int n_head_kv, int head_dim) {
-    if (n_tokens <= 0) return;
-    li_cuda *c = cu(be);
-    const int64_t row = (int64_t)n_head_kv * head_dim;
-    const unsigned nb = blocks_for(n_tokens * row, 256);
+static void kv_store_launch(li_cuda *c, const li_kv_layer *kv, const float *k, const float *v, const int64_t *slot,
+                            int64_t n_tokens, int n_head_kv, int head_dim, int64_t row, unsigned nb) {
     switch (kv->dtype) {
     case LI_TYPE_F32: k_kv_store<LI_TYPE_F32><<<nb, 256, 0, c->st>>>(kv->k, kv->v, k, v, slot, n_tokens, row); break;
     case LI_TYPE_F16: k_kv_store<LI_TYPE_F16><<<nb, 256, 0, c->st>>>(kv->k, kv->v, k, v, slot, n_tokens, row); break;
@@ -671,6 +920,15 @@ static void cu_kv_store(li_backend *be, const li_kv_layer *kv, const float *k, c
     default: li_type_unreachable("cuda: kv_store", kv->dtype);
     }
     CK_LAUNCH("kv_store");
+}
+
+static void cu_kv_store(li_backend *be, const li_kv_layer *kv, const float *k, const float *v, const int64_t *slot,
+                        int64_t n_tokens, int n_head_kv, int head_dim) {
+    if (n_tokens <= 0) return;
+    li_cuda *c = cu(be);
+    const int64_t row = (int64_t)n_head_kv * head_dim;
+    const unsigned nb = blocks_for(n_tokens * row, 256);
+    PROF(c, PK_KV_STORE, kv_store_launch(c, kv, k, v, slot, n_tokens, n_head_kv, head_dim, row, nb));
 }
 
 template <int DT> __device__ __forceinline__ float kv_get(const void *base, int64_t idx) {
@@ -759,6 +1017,19 @@ template <int DT> __global__ void __launch_bounds__(ATTN_WARPS * 32) k_attention
     }
 }
 
+static void attention_launch(li_cuda *c, li_type dtype, const cu_attn &p, unsigned grid) {
+    cudaStream_t st = c->st;
+    switch (dtype) {
+    case LI_TYPE_F32: k_attention<LI_TYPE_F32><<<grid, ATTN_WARPS * 32, 0, st>>>(p); break;
+    case LI_TYPE_F16: k_attention<LI_TYPE_F16><<<grid, ATTN_WARPS * 32, 0, st>>>(p); break;
+    case LI_TYPE_BF16: k_attention<LI_TYPE_BF16><<<grid, ATTN_WARPS * 32, 0, st>>>(p); break;
+    case LI_KV_TYPE_FP8_E4M3: k_attention<LI_KV_TYPE_FP8_E4M3><<<grid, ATTN_WARPS * 32, 0, st>>>(p); break;
+    case LI_KV_TYPE_INT8: k_attention<LI_KV_TYPE_INT8><<<grid, ATTN_WARPS * 32, 0, st>>>(p); break;
+    default: li_type_unreachable("cuda: attention", dtype);
+    }
+    CK_LAUNCH("attention");
+}
+
 static void cu_attention(li_backend *be, const li_attn_args *a) {
     if (a->n_tokens <= 0) return;
     if (a->head_dim > ATTN_MAXD || a->n_head_kv <= 0 || a->n_head % a->n_head_kv) {
@@ -784,17 +1055,62 @@ static void cu_attention(li_backend *be, const li_attn_args *a) {
     p.D = a->head_dim;
     p.bs = a->block_size;
     p.scale = a->scale;
-    const unsigned grid = (unsigned)(a->n_tokens * a->n_head);
-    cudaStream_t st = cu(be)->st;
-    switch (kv->dtype) {
-    case LI_TYPE_F32: k_attention<LI_TYPE_F32><<<grid, ATTN_WARPS * 32, 0, st>>>(p); break;
-    case LI_TYPE_F16: k_attention<LI_TYPE_F16><<<grid, ATTN_WARPS * 32, 0, st>>>(p); break;
-    case LI_TYPE_BF16: k_attention<LI_TYPE_BF16><<<grid, ATTN_WARPS * 32, 0, st>>>(p); break;
-    case LI_KV_TYPE_FP8_E4M3: k_attention<LI_KV_TYPE_FP8_E4M3><<<grid, ATTN_WARPS * 32, 0, st>>>(p); break;
-    case LI_KV_TYPE_INT8: k_attention<LI_KV_TYPE_INT8><<<grid, ATTN_WARPS * 32, 0, st>>>(p); break;
-    default: li_type_unreachable("cuda: attention", kv->dtype);
+    li_cuda *c = cu(be);
+    PROF(c, PK_ATTENTION, attention_launch(c, kv->dtype, p, (unsigned)(a->n_tokens * a->n_head)));
+}
+
+// ------------------------------------------------------------------------
+// recorded passes: the stream captured into a graph
+// ------------------------------------------------------------------------
+
+static int cu_graph_begin(li_backend *be) {
+    li_cuda *c = cu(be);
+    if (c->prof.on || c->capturing) return -1; // a profile times each launch
+    c->cap_broken = false;
+    // thread-local: CUDA calls of other threads (another engine) do not end it
+    if (cudaStreamBeginCapture(c->st, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
+        cudaGetLastError();
+        return -1;
     }
-    CK_LAUNCH("attention");
+    c->capturing = true;
+    return 0;
+}
+
+static void *cu_graph_end(li_backend *be) {
+    li_cuda *c = cu(be);
+    if (!c->capturing) { // capture_break ended it: the ops were dropped
+        c->cap_broken = false;
+        return nullptr;
+    }
+    c->capturing = false;
+    cudaGraph_t g = nullptr;
+    if (cudaStreamEndCapture(c->st, &g) != cudaSuccess || !g) {
+        cudaGetLastError();
+        if (g) cudaGraphDestroy(g);
+        return nullptr;
+    }
+    cudaGraphExec_t ex = nullptr;
+    const cudaError_t e = cudaGraphInstantiate(&ex, g, 0);
+    cudaGraphDestroy(g);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        return nullptr;
+    }
+    cu_graph *h = (cu_graph *)li_xmalloc(sizeof *h);
+    h->exec = ex;
+    h->gen = c->gen;
+    return h;
+}
+
+static void cu_graph_launch(li_backend *be, void *g) { CK(cudaGraphLaunch(((cu_graph *)g)->exec, cu(be)->st)); }
+
+static bool cu_graph_valid(li_backend *be, const void *g) { return ((const cu_graph *)g)->gen == cu(be)->gen; }
+
+static void cu_graph_free(li_backend *be, void *g) {
+    cu_graph *h = (cu_graph *)g;
+    CK(cudaStreamSynchronize(cu(be)->st)); // a launch of it may still run
+    CK(cudaGraphExecDestroy(h->exec));
+    free(h);
 }
 
 // ------------------------------------------------------------------------
@@ -819,7 +1135,7 @@ static li_backend_ops make_ops(void) {
     // different orders, and cuBLAS picks its kernels by shape
     o.batch_variant = true;
     o.matmul = cu_matmul;
-    o.matmul_multi = nullptr;
+    o.matmul_multi = cu_matmul_multi;
     o.matmul_add = cu_matmul_add;
     o.get_rows = cu_get_rows;
     o.rmsnorm = cu_rmsnorm;
@@ -831,6 +1147,11 @@ static li_backend_ops make_ops(void) {
     o.attention = cu_attention;
     o.weight_prepare = cu_weight_prepare;
     o.weight_release = cu_weight_release;
+    o.graph_begin = cu_graph_begin;
+    o.graph_end = cu_graph_end;
+    o.graph_launch = cu_graph_launch;
+    o.graph_valid = cu_graph_valid;
+    o.graph_free = cu_graph_free;
     return o;
 }
 
@@ -868,15 +1189,59 @@ extern "C" int li_backend_cuda_init(li_backend *be, int device, li_error *err) {
     }
     blas.set_stream(c->blas, c->st);
     blas.set_math_mode(c->blas, CUBLAS_PEDANTIC_MATH); // FP32 as written: no TF32 in SGEMM
+    // a workspace of its own, so SGEMMs captured into a graph allocate nothing
+    // (32 MiB: what cuBLAS asks for on Hopper)
+    const size_t ws = (size_t)32 << 20;
+    if (cudaMalloc(&c->blas_ws, ws) == cudaSuccess) blas.set_workspace(c->blas, c->blas_ws, ws);
+    else cudaGetLastError();
+    const char *prof = getenv("LUAINFER_CUDA_PROFILE");
+    if (prof && strcmp(prof, "0") && *prof) c->prof.on = c->prof.print_at_free = true;
     be->ops = &cuda_ops;
     be->impl = c;
     return 0;
 }
 
+extern "C" void li_backend_cuda_profile(li_backend *be, bool on) {
+    if (!li_backend_is_cuda(be)) return;
+    li_cuda *c = cu(be);
+    cu_synchronize(be);
+    cu_profile *p = &c->prof;
+    memset(p->calls, 0, sizeof p->calls);
+    memset(p->gpu_ms, 0, sizeof p->gpu_ms);
+    memset(p->host_ms, 0, sizeof p->host_ms);
+    p->on = on;
+}
+
+extern "C" void li_backend_cuda_profile_print(li_backend *be, FILE *out, const char *title) {
+    if (!li_backend_is_cuda(be)) return;
+    li_cuda *c = cu(be);
+    cu_synchronize(be);
+    const cu_profile *p = &c->prof;
+    double gpu = 0, host = 0;
+    long calls = 0;
+    fprintf(out, "%s\n  %-12s %9s %10s %10s %10s %10s\n", title, "kernel", "launches", "gpu ms", "host ms",
+            "gpu us/1", "host us/1");
+    for (int k = 0; k < PK_N; k++) {
+        if (!p->calls[k]) continue;
+        fprintf(out, "  %-12s %9ld %10.3f %10.3f %10.2f %10.2f\n", pk_name[k], p->calls[k], p->gpu_ms[k],
+                p->host_ms[k], 1e3 * p->gpu_ms[k] / (double)p->calls[k], 1e3 * p->host_ms[k] / (double)p->calls[k]);
+        gpu += p->gpu_ms[k];
+        host += p->host_ms[k];
+        calls += p->calls[k];
+    }
+    fprintf(out, "  %-12s %9ld %10.3f %10.3f\n", "total", calls, gpu, host);
+}
+
 extern "C" void li_backend_cuda_free(li_backend *be) {
     li_cuda *c = (li_cuda *)be->impl;
     if (!c) return;
+    if (c->prof.print_at_free) li_backend_cuda_profile_print(be, stderr, "luainfer: cuda profile (LUAINFER_CUDA_PROFILE)");
     cudaStreamSynchronize(c->st);
+    prof_drain(c);
+    for (int i = 0; i < c->prof.n_pool; i++) cudaEventDestroy(c->prof.pool[i]);
+    free(c->prof.pool);
+    free(c->prof.pend);
+    cudaFree(c->blas_ws);
     cudaFree(c->wbuf);
     cudaFree(c->xbuf);
     for (int i = 0; i < c->n_copies; i++) {

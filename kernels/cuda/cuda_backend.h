@@ -11,11 +11,20 @@
 
 #include "backend.h"
 
+#include <stdio.h>
+
 /* 0, or LI_EUNSUP "cuda: no CUDA device (...)" / "cuda: built without CUDA"
  * with nothing to free; device: the CUDA device index. */
 int li_backend_cuda_init(li_backend *be, int device, struct li_error *err);
 void li_backend_cuda_free(li_backend *be);
 /* true when be is a CUDA backend (its ops table is this file's) */
 bool li_backend_is_cuda(const li_backend *be);
+/* Per-kernel timing (CUDA events around each launch, and the host's time
+ * issuing it): on clears the totals and turns recorded passes off while it
+ * lasts (a recording has no events); print writes the table (kernel,
+ * launches, GPU ms, host ms) to out under `title`. LUAINFER_CUDA_PROFILE=1
+ * turns it on at init and prints it at free. No-ops on another backend. */
+void li_backend_cuda_profile(li_backend *be, bool on);
+void li_backend_cuda_profile_print(li_backend *be, FILE *out, const char *title);
 
 #endif

@@ -18,6 +18,17 @@ bool li_backend_is_cuda(const li_backend *be) {
     (void)be;
     return false;
 }
+
+void li_backend_cuda_profile(li_backend *be, bool on) {
+    (void)be;
+    (void)on;
+}
+
+void li_backend_cuda_profile_print(li_backend *be, FILE *out, const char *title) {
+    (void)be;
+    (void)out;
+    (void)title;
+}
 #else
 typedef int li_cuda_stub_unused; /* ISO C: a translation unit is not empty */
 #endif

@@ -8,7 +8,14 @@
  * weight, or one of the model's norm vectors). Run through it: a prefill and
  * decode steps (li_session), and the engine with n > 1 samples
  * (copy-on-write forks of shared blocks) under a KV budget small enough to
- * preempt. The outputs must equal the plain CPU backend's, token for token. */
+ * preempt. The outputs must equal the plain CPU backend's, token for token.
+ *
+ * The recorder also has graph ops, as a device backend would (backend.h):
+ * between graph_begin and graph_end it stores each op's arguments instead
+ * of running it, and graph_launch runs the stored ops. So the runs above
+ * take the forward's recorded passes (padded batches, replays, recordings
+ * made stale) on the CPU, and any host transfer issued while recording is
+ * a violation, as it would fail on a device. */
 #include "engine/engine.h"
 #include "engine/session.h"
 #include "test_util.h"
@@ -36,7 +43,47 @@ static struct {
     int n_weights;
     long allocs, frees, violations, op_calls, kv_copies;
     int n_layer;           /* a KV block copy is 2 * n_layer runs (K, V per layer) */
+    /* graph ops */
+    bool recording;
+    struct rec_graph *cur; /* the recording under way */
+    long gen;              /* recordings of another generation are stale */
+    long recordings, launches, padded_rows, stale_every;
 } g;
+
+/* one op's arguments, as a recording keeps them */
+enum { OP_MATMUL, OP_MULTI, OP_MATMUL_ADD, OP_ROWS, OP_NORM, OP_ROPE, OP_SILU, OP_ADD, OP_HAD, OP_KV, OP_ATTN };
+typedef struct {
+    int kind;
+    const li_weight *w[4];
+    int n_w;
+    const float *x, *nw, *kk, *vv;
+    float *y[4], *io, *res;
+    const int32_t *ids;
+    const int64_t *slot;
+    const li_kv_layer *kv;
+    int64_t n, dim, blk;
+    int i1, i2, i3, i4;
+    float f1;
+    li_attn_args at;
+} rec_op;
+
+typedef struct rec_graph {
+    rec_op *ops;
+    int n, cap;
+    long gen;
+} rec_graph;
+
+/* true while recording: the op is stored, not run */
+static bool record(const rec_op *o) {
+    if (!g.recording) return false;
+    rec_graph *r = g.cur;
+    if (r->n == r->cap) {
+        r->cap = r->cap ? 2 * r->cap : 256;
+        r->ops = realloc(r->ops, (size_t)r->cap * sizeof *r->ops);
+    }
+    r->ops[r->n++] = *o;
+    return true;
+}
 
 static void violation(const char *what, const void *p, size_t n) {
     if (g.violations++ < 10) fprintf(stderr, "  outside backend memory: %s %p (+%zu bytes)\n", what, p, n);
@@ -76,6 +123,7 @@ static void weight_add(const void *p, size_t n, const void *packed) {
 #define F4(n) ((size_t)(n) * 4)
 
 static int r_alloc(li_backend *be, size_t size, li_buffer *out, li_error *err) {
+    if (g.recording) violation("buffer_alloc while recording", NULL, size);
     int rc = g.inner->ops->buffer_alloc(g.inner, size, out, err);
     if (rc) return rc;
     g.allocs++;
@@ -91,6 +139,7 @@ static int r_alloc(li_backend *be, size_t size, li_buffer *out, li_error *err) {
 }
 
 static void r_free(li_backend *be, li_buffer *b) {
+    if (g.recording) violation("buffer_free while recording", b->data, 0);
     for (int i = 0; i < g.n_bufs; i++)
         if (g.bufs[i].lo == b->data && b->data) {
             g.bufs[i] = (range){NULL, 0};
@@ -102,11 +151,13 @@ static void r_free(li_backend *be, li_buffer *b) {
 }
 
 static void r_set(li_backend *be, li_buffer *b, size_t off, const void *src, size_t n) {
+    if (g.recording) violation("buffer_set while recording", b->data, 0);
     buf_check("buffer_set", (const char *)b->data + off, n);
     g.inner->ops->buffer_set(g.inner, b, off, src, n);
 }
 
 static void r_get(li_backend *be, const li_buffer *b, size_t off, void *dst, size_t n) {
+    if (g.recording) violation("buffer_get while recording", b->data, 0);
     buf_check("buffer_get", (const char *)b->data + off, n);
     g.inner->ops->buffer_get(g.inner, b, off, dst, n);
 }
@@ -118,22 +169,28 @@ static void r_copy(li_backend *be, li_buffer *dst, const li_buffer *src, const s
         buf_check("buffer_copy src", (const char *)src->data + soff[i], n);
         if (dst->data == src->data && doff[i] == soff[i]) violation("buffer_copy onto itself", dst->data, n);
     }
+    if (g.recording) violation("buffer_copy while recording (its offsets are the host's)", dst->data, n);
     if (n_runs == 2 * g.n_layer) g.kv_copies++; /* a KV block */
     g.inner->ops->buffer_copy(g.inner, dst, src, doff, soff, n_runs, n);
 }
 
 static void r_clear(li_backend *be, li_buffer *b, uint8_t v) {
+    if (g.recording) violation("buffer_clear while recording", b->data, 0);
     buf_check("buffer_clear", b->data, b->size);
     g.inner->ops->buffer_clear(g.inner, b, v);
 }
 
-static void r_sync(li_backend *be) { g.inner->ops->synchronize(g.inner); }
+static void r_sync(li_backend *be) {
+    if (g.recording) violation("synchronize while recording", NULL, 0);
+    g.inner->ops->synchronize(g.inner);
+}
 
 static void r_matmul(li_backend *be, const li_weight *w, const float *x, float *y, int64_t n) {
     g.op_calls++;
     weight_check("matmul w", w);
     buf_check("matmul x", x, F4(n * w->k));
     buf_check("matmul y", y, F4(n * w->m));
+    if (record(&(rec_op){.kind = OP_MATMUL, .w = {w}, .x = x, .y = {y}, .n = n})) return;
     g.inner->ops->matmul(g.inner, w, x, y, n);
 }
 
@@ -145,6 +202,13 @@ static void r_matmul_multi(li_backend *be, const li_weight *const *w, int n_w, c
         weight_check("matmul_multi w", w[i]);
         buf_check("matmul_multi y", y[i], F4(n * w[i]->m));
     }
+    rec_op o = {.kind = OP_MULTI, .n_w = n_w, .x = x, .n = n};
+    for (int i = 0; i < n_w && i < 4; i++) {
+        o.w[i] = w[i];
+        o.y[i] = y[i];
+    }
+    if (n_w > 4) violation("matmul_multi of more than 4 weights", x, 0);
+    if (record(&o)) return;
     g.inner->ops->matmul_multi(g.inner, w, n_w, x, y, n);
 }
 
@@ -154,6 +218,7 @@ static void r_matmul_add(li_backend *be, const li_weight *w, const float *x, flo
     buf_check("matmul_add x", x, F4(n * w->k));
     buf_check("matmul_add y", y, F4(n * w->m));
     buf_check("matmul_add res", res, F4(n * w->m));
+    if (record(&(rec_op){.kind = OP_MATMUL_ADD, .w = {w}, .x = x, .y = {y}, .res = res, .n = n})) return;
     g.inner->ops->matmul_add(g.inner, w, x, y, res, n);
 }
 
@@ -162,6 +227,7 @@ static void r_get_rows(li_backend *be, const li_weight *w, const int32_t *ids, i
     weight_check("get_rows w", w);
     buf_check("get_rows ids", ids, F4(n));
     buf_check("get_rows out", out, F4(n * w->k));
+    if (record(&(rec_op){.kind = OP_ROWS, .w = {w}, .ids = ids, .n = n, .io = out})) return;
     g.inner->ops->get_rows(g.inner, w, ids, n, out);
 }
 
@@ -170,6 +236,7 @@ static void r_rmsnorm(li_backend *be, const float *x, const float *w, float *y, 
     buf_check("rmsnorm x", x, F4(n * dim));
     buf_check("rmsnorm y", y, F4(n * dim));
     vec_check("rmsnorm w", w, dim);
+    if (record(&(rec_op){.kind = OP_NORM, .x = x, .nw = w, .io = y, .n = n, .dim = dim, .f1 = eps})) return;
     g.inner->ops->rmsnorm(g.inner, x, w, y, n, dim, eps);
 }
 
@@ -178,6 +245,9 @@ static void r_rope(li_backend *be, float *x, const int32_t *pos, int64_t n, int 
     g.op_calls++;
     buf_check("rope x", x, F4(n * n_heads * head_dim));
     buf_check("rope pos", pos, F4(n));
+    if (record(&(rec_op){.kind = OP_ROPE, .io = x, .ids = pos, .n = n, .i1 = n_heads, .i2 = head_dim, .i3 = n_rot,
+                         .f1 = theta, .i4 = neox}))
+        return;
     g.inner->ops->rope(g.inner, x, pos, n, n_heads, head_dim, n_rot, theta, neox);
 }
 
@@ -185,6 +255,7 @@ static void r_silu_mul(li_backend *be, float *gg, const float *u, int64_t n, int
     g.op_calls++;
     buf_check("silu_mul g", gg, F4(n * dim));
     buf_check("silu_mul u", u, F4(n * dim));
+    if (record(&(rec_op){.kind = OP_SILU, .io = gg, .x = u, .n = n, .dim = dim})) return;
     g.inner->ops->silu_mul(g.inner, gg, u, n, dim);
 }
 
@@ -192,6 +263,7 @@ static void r_add(li_backend *be, float *y, const float *x, int64_t n) {
     g.op_calls++;
     buf_check("add y", y, F4(n));
     buf_check("add x", x, F4(n));
+    if (record(&(rec_op){.kind = OP_ADD, .io = y, .x = x, .n = n})) return;
     g.inner->ops->add(g.inner, y, x, n);
 }
 
@@ -208,14 +280,90 @@ static void slot_check(const char *what, const li_kv_layer *kv, int64_t slot, in
     }
 }
 
+/* The rows a graph backend stores: those with a slot (a padded batch's
+ * padding rows come last, slot -1). */
+static void kv_store_rows(const li_kv_layer *kv, const float *k, const float *v, const int64_t *slot, int64_t n,
+                          int nkv, int hd) {
+    int64_t m = 0;
+    while (m < n && slot[m] >= 0) m++;
+    for (int64_t i = m; i < n; i++)
+        if (slot[i] >= 0) violation("a stored row after a padding row", slot + i, 8);
+    g.padded_rows += n - m;
+    if (m) g.inner->ops->kv_store(g.inner, kv, k, v, slot, m, nkv, hd);
+}
+
 static void r_kv_store(li_backend *be, const li_kv_layer *kv, const float *k, const float *v, const int64_t *slot,
                        int64_t n, int nkv, int hd) {
     g.op_calls++;
     buf_check("kv_store k", k, F4(n * nkv * hd));
     buf_check("kv_store v", v, F4(n * nkv * hd));
     buf_check("kv_store slot", slot, (size_t)n * 8);
-    for (int64_t i = 0; i < n; i++) slot_check("kv_store row", kv, slot[i], nkv, hd);
-    g.inner->ops->kv_store(g.inner, kv, k, v, slot, n, nkv, hd);
+    for (int64_t i = 0; i < n; i++)
+        if (slot[i] >= 0) slot_check("kv_store row", kv, slot[i], nkv, hd);
+    if (record(&(rec_op){.kind = OP_KV, .kv = kv, .kk = k, .vv = v, .slot = slot, .n = n, .i1 = nkv, .i2 = hd}))
+        return;
+    kv_store_rows(kv, k, v, slot, n, nkv, hd);
+}
+
+static void r_hadamard(li_backend *be, float *x, const float *sg, int64_t n, int64_t dim, int64_t block) {
+    g.op_calls++;
+    buf_check("hadamard x", x, F4(n * dim));
+    if (record(&(rec_op){.kind = OP_HAD, .io = x, .nw = sg, .n = n, .dim = dim, .blk = block})) return;
+    g.inner->ops->hadamard(g.inner, x, sg, n, dim, block);
+}
+
+/* ---- graph ops ---- */
+
+static int r_graph_begin(li_backend *be) {
+    if (g.recording) violation("graph_begin while recording", NULL, 0);
+    g.cur = calloc(1, sizeof *g.cur);
+    g.cur->gen = g.gen;
+    g.recording = true;
+    return 0;
+}
+
+static void *r_graph_end(li_backend *be) {
+    if (!g.recording) violation("graph_end without graph_begin", NULL, 0);
+    g.recording = false;
+    g.recordings++;
+    rec_graph *r = g.cur;
+    g.cur = NULL;
+    return r;
+}
+
+static void r_graph_launch(li_backend *be, void *gp) {
+    if (g.recording) violation("graph_launch while recording", gp, 0);
+    const rec_graph *r = gp;
+    const li_backend_ops *in = g.inner->ops;
+    li_backend *ib = g.inner;
+    for (int i = 0; i < r->n; i++) {
+        const rec_op *o = &r->ops[i];
+        switch (o->kind) {
+        case OP_MATMUL: in->matmul(ib, o->w[0], o->x, o->y[0], o->n); break;
+        case OP_MULTI: in->matmul_multi(ib, o->w, o->n_w, o->x, o->y, o->n); break;
+        case OP_MATMUL_ADD: in->matmul_add(ib, o->w[0], o->x, o->y[0], o->res, o->n); break;
+        case OP_ROWS: in->get_rows(ib, o->w[0], o->ids, o->n, o->io); break;
+        case OP_NORM: in->rmsnorm(ib, o->x, o->nw, o->io, o->n, o->dim, o->f1); break;
+        case OP_ROPE: in->rope(ib, o->io, o->ids, o->n, o->i1, o->i2, o->i3, o->f1, o->i4); break;
+        case OP_SILU: in->silu_mul(ib, o->io, o->x, o->n, o->dim); break;
+        case OP_ADD: in->add(ib, o->io, o->x, o->n); break;
+        case OP_HAD: in->hadamard(ib, o->io, o->nw, o->n, o->dim, o->blk); break;
+        case OP_KV: kv_store_rows(o->kv, o->kk, o->vv, o->slot, o->n, o->i1, o->i2); break;
+        case OP_ATTN: in->attention(ib, &o->at); break;
+        }
+    }
+    /* every stale_every-th launch makes the recordings so far stale, as a
+     * device backend's grown scratch would */
+    if (g.stale_every && ++g.launches % g.stale_every == 0) g.gen++;
+    else if (!g.stale_every) g.launches++;
+}
+
+static bool r_graph_valid(li_backend *be, const void *gp) { return ((const rec_graph *)gp)->gen == g.gen; }
+
+static void r_graph_free(li_backend *be, void *gp) {
+    rec_graph *r = gp;
+    free(r->ops);
+    free(r);
 }
 
 static void r_attention(li_backend *be, const li_attn_args *a) {
@@ -234,6 +382,7 @@ static void r_attention(li_backend *be, const li_attn_args *a) {
                 slot_check("attention KV block", a->kv, (int64_t)bt[b] * a->block_size + s, a->n_head_kv,
                            a->head_dim);
     }
+    if (record(&(rec_op){.kind = OP_ATTN, .at = *a})) return;
     g.inner->ops->attention(g.inner, a);
 }
 
@@ -274,6 +423,12 @@ static void recorder_init(li_backend *rec, li_backend *inner) {
     rec_ops.attention = r_attention;
     rec_ops.weight_prepare = r_weight_prepare;
     rec_ops.weight_release = r_weight_release;
+    rec_ops.hadamard = inner->ops->hadamard ? r_hadamard : NULL;
+    rec_ops.graph_begin = r_graph_begin;
+    rec_ops.graph_end = r_graph_end;
+    rec_ops.graph_launch = r_graph_launch;
+    rec_ops.graph_valid = r_graph_valid;
+    rec_ops.graph_free = r_graph_free;
     *rec = (li_backend){.ops = &rec_ops, .n_threads = inner->n_threads};
 }
 
@@ -372,6 +527,50 @@ static int run_engine(li_model *m, li_backend *be, const int32_t *prompt, int64_
     return rc;
 }
 
+/* Decode steps of 5 sequences at once, from position 0, straight through
+ * li_forward (5 rows: padded to the size class 6 on a graph backend); the
+ * logits of every step into out (steps, 5, n_vocab). */
+enum { B5 = 5, B5_STEPS = 6 };
+static int run_batch5(li_model *m, li_backend *be, float *out) {
+    li_error err = {0};
+    li_kv_cache kv;
+    li_forward fw;
+    const li_kv_dims dims = li_forward_kv_dims(&m->hp);
+    if (li_kv_cache_init(&kv, be, &dims, LI_TYPE_F16, 4, 32, &err) || li_forward_init(&fw, m, be, 8, &err)) {
+        fprintf(stderr, "%s\n", err.msg);
+        return -1;
+    }
+    li_kv_seq sq[B5];
+    int32_t table[B5 * 4], tok[B5], pos[B5], seq[B5], rows[B5];
+    int64_t slot[B5];
+    for (int s = 0; s < B5; s++) {
+        li_kv_seq_init(&sq[s]);
+        li_kv_seq_reserve(&kv, &sq[s], 16);
+        memcpy(table + 4 * s, sq[s].blocks, (size_t)sq[s].n_blocks * sizeof *table);
+    }
+    int rc = 0;
+    for (int t = 0; !rc && t < B5_STEPS; t++) {
+        for (int s = 0; s < B5; s++) {
+            tok[s] = 100 + 37 * s + 11 * t;
+            pos[s] = t;
+            seq[s] = s;
+            rows[s] = s;
+            slot[s] = li_kv_seq_slot(&kv, &sq[s], t);
+        }
+        li_batch b = {.n = B5, .tokens = tok, .pos = pos, .seq = seq, .slot = slot, .block_table = table,
+                      .n_seqs = B5, .bt_stride = 4, .logit_rows = rows, .n_logits = B5};
+        rc = li_forward_run(&fw, m, be, &kv, &b, out + (size_t)t * B5 * (size_t)m->hp.n_vocab, &err);
+    }
+    if (rc) fprintf(stderr, "%s\n", err.msg);
+    for (int s = 0; s < B5; s++) {
+        li_kv_seq_release(&kv, &sq[s]);
+        li_kv_seq_free(&sq[s]);
+    }
+    li_forward_free(&fw);
+    li_kv_cache_free(&kv);
+    return rc;
+}
+
 /* Resident bytes of this process (/proc/self/statm), or -1. */
 static long long resident_bytes(void) {
     FILE *f = fopen("/proc/self/statm", "r");
@@ -446,6 +645,9 @@ int main(void) {
     CHECK(run_session(m, &cpu, prompt, 30, want, 8) == 0, "session on cpu");
     engine_out ew, eg;
     CHECK(run_engine(m, &cpu, prompt, 30, &ew) == 0, "engine on cpu");
+    const size_t n5 = (size_t)B5_STEPS * B5 * (size_t)m->hp.n_vocab;
+    float *l5_want = malloc(n5 * sizeof(float)), *l5_got = malloc(n5 * sizeof(float));
+    CHECK(run_batch5(m, &cpu, l5_want) == 0, "5 sequences on cpu");
     li_model_release(m, &cpu);
 
     /* the same through the recorder (weights prepared through it) */
@@ -462,6 +664,9 @@ int main(void) {
     CHECK(g.violations == 0, "prefill and decode touched only backend memory (%ld violations)", g.violations);
     CHECK(g.allocs == g.frees, "every buffer freed (%ld of %ld)", g.frees, g.allocs);
     CHECK(!memcmp(want, got, sizeof want), "the same tokens as the plain CPU backend");
+    printf("session: %ld recordings, %ld launches\n", g.recordings, g.launches);
+    CHECK(g.recordings >= 1 && g.launches >= 5, "decode steps replayed a recorded pass (%ld recordings, %ld launches)",
+          g.recordings, g.launches);
 
     const long ops0 = g.op_calls;
     g.violations = 0;
@@ -478,6 +683,33 @@ int main(void) {
         same &= ew.n_toks[k] == MAX_TOK && eg.n_toks[k] == ew.n_toks[k] &&
                 !memcmp(ew.toks[k], eg.toks[k], sizeof(int32_t) * (size_t)ew.n_toks[k]);
     CHECK(same, "the engine's tokens equal the plain CPU backend's");
+    printf("engine: %ld recordings, %ld launches, %ld padding rows\n", g.recordings, g.launches, g.padded_rows);
+
+    const long pad0 = g.padded_rows, launch0 = g.launches;
+    g.violations = 0;
+    CHECK(run_batch5(m, &rec, l5_got) == 0, "5 sequences through the recorder");
+    printf("5 sequences: %ld padding rows, %ld launches\n", g.padded_rows - pad0, g.launches - launch0);
+    CHECK(g.padded_rows - pad0 == (long)B5_STEPS * m->hp.n_layer && g.launches - launch0 == B5_STEPS - 1,
+          "5 rows padded to 6 at every step and layer; recorded at the second step, then replayed");
+    CHECK(!memcmp(l5_want, l5_got, n5 * sizeof(float)) && g.violations == 0,
+          "a padded, replayed batch: the same logits, bit for bit");
+    free(l5_want);
+    free(l5_got);
+
+    /* recordings made stale every third launch: the forward records again */
+    const long rec0 = g.recordings;
+    g.stale_every = 3;
+    engine_out es;
+    g.violations = 0;
+    CHECK(run_engine(m, &rec, prompt, 30, &es) == 0, "engine through the recorder, recordings going stale");
+    printf("stale every 3 launches: %ld recordings, %ld launches, %ld violations\n", g.recordings - rec0, g.launches,
+           g.violations);
+    same = es.preemptions == ew.preemptions;
+    for (int k = 0; k < N_SEQS; k++)
+        same &= es.n_toks[k] == ew.n_toks[k] && !memcmp(ew.toks[k], es.toks[k], sizeof(int32_t) * (size_t)ew.n_toks[k]);
+    CHECK(same && g.violations == 0, "stale recordings: the same tokens (%ld violations)", g.violations);
+    CHECK(g.recordings - rec0 > 5, "stale recordings were recorded again (%ld)", g.recordings - rec0);
+    g.stale_every = 0;
 
     li_model_release(m, &rec);
     li_backend_cpu_free(&cpu);

@@ -24,11 +24,14 @@
  * with the CPU's logit gap between the two tokens (a divergence must be a
  * near tie: gap < 0.5), the prompt logits' NMSE, and the perplexity of
  * the start of tests/data/alice29.txt (about 480 tokens) on both (within
- * 0.5%).
+ * 0.5%). Then recorded passes (CUDA graphs) against the same decode
+ * steps op by op: bit for bit up to 8 rows.
  *
  *   test_cuda_ops                the checks
- *   test_cuda_ops --bench        also decode steps at batch 1, 8, 64 on CUDA
- *                                (tokens/s and ms per step; tools/device_check.sh)
+ *   test_cuda_ops --bench        also decode steps at batch 1, 8, 64, 256 on CUDA,
+ *                                op by op and as recorded passes (tokens/s and ms
+ *                                per step), and a per-kernel profile
+ *                                (tools/device_check.sh)
  *   test_cuda_ops --only GROUP   one group: weights, rowops, attention or model
  *                                (device_check.sh runs each in its own process,
  *                                so an op that aborts hides nothing else) */
@@ -128,6 +131,62 @@ static void check_weight(test_weight *tw, const char *what) {
     cu.ops->weight_release(&cu, &wc);
 }
 
+/* matmul_multi: weights reading one input, each output against the
+ * reference's matmul. One type (one GEMV launch for all), two types that
+ * read the same q8 activations (quantized once), and a float weight beside
+ * a q4_1 one (each its own input). */
+static void test_multi(void) {
+    const struct { li_type t[3]; int64_t m[3]; const char *what; } sets[] = {
+        {{LI_TYPE_Q4_1, LI_TYPE_Q4_1, LI_TYPE_Q4_1}, {131, 45, 93}, "q4_1 x3 (one launch)"},
+        {{LI_TYPE_Q4_1, LI_TYPE_Q8_0, LI_TYPE_Q4_0}, {67, 131, 33}, "q4_1+q8_0+q4_0 (one q8 input)"},
+        {{LI_TYPE_F16, LI_TYPE_Q4_1, LI_TYPE_F32}, {51, 131, 9}, "f16+q4_1+f32 (inputs of their own)"},
+    };
+    const int64_t k = 160;
+    for (size_t si = 0; si < LI_ARRAY_LEN(sets); si++) {
+        test_weight tw[3];
+        li_weight wc[3];
+        const li_weight *wp[3];
+        for (int i = 0; i < 3; i++) {
+            test_weight_make(&tw[i], sets[si].t[i], k, sets[si].m[i], fill_rand);
+            wc[i] = tw[i].w;
+            wc[i].packed = NULL;
+            report(cu.ops->weight_prepare(&cu, &wc[i]) == 0, "multi: prepare %s", li_type_name(sets[si].t[i]));
+            wp[i] = &wc[i];
+        }
+        const int64_t ns[] = {1, 5, 8, 17};
+        for (size_t t = 0; t < LI_ARRAY_LEN(ns); t++) {
+            const int64_t n = ns[t];
+            float *x = frand(n * k, 1.0f);
+            li_buffer bx = up(x, (size_t)(n * k) * 4), by[3];
+            float *yd[3];
+            for (int i = 0; i < 3; i++) {
+                by[i] = up(NULL, (size_t)(n * sets[si].m[i]) * 4);
+                yd[i] = by[i].data;
+            }
+            cu.ops->matmul_multi(&cu, wp, 3, bx.data, yd, n);
+            double worst = 0;
+            for (int i = 0; i < 3; i++) {
+                const int64_t m = sets[si].m[i];
+                float *want = frand(n * m, 0), *got = frand(n * m, 0);
+                ref.ops->matmul(&ref, &tw[i].w, x, want, n);
+                down(&by[i], got, (size_t)(n * m) * 4);
+                const double e = nmse(got, want, n * m);
+                worst = e > worst ? e : worst;
+                free(want);
+                free(got);
+                li_buffer_free(&cu, &by[i]);
+            }
+            report(worst < 5e-4, "matmul_multi %s n=%lld: worst nmse %.2e < 5e-4", sets[si].what, (long long)n, worst);
+            li_buffer_free(&cu, &bx);
+            free(x);
+        }
+        for (int i = 0; i < 3; i++) {
+            cu.ops->weight_release(&cu, &wc[i]);
+            test_weight_free(&tw[i]);
+        }
+    }
+}
+
 static void test_weights(void) {
     const struct { li_type t; int64_t k; } plain[] = {
         {LI_TYPE_F32, 67}, {LI_TYPE_F16, 67}, {LI_TYPE_BF16, 67},
@@ -152,6 +211,7 @@ static void test_weights(void) {
         check_weight(&tw, what);
         test_weight_free(&tw);
     }
+    test_multi();
     /* a GGUF type without a kernel: refused at prepare, never run */
     li_weight q5 = {.type = LI_TYPE_Q5_0, .k = 64, .m = 2};
     li_type_row_size(LI_TYPE_Q5_0, 64, &q5.row_bytes);
@@ -311,6 +371,41 @@ static void kv_batch(li_type dt, const char *what, li_kv_layer *hk, li_kv_layer 
     free(cv);
 }
 
+/* A recorded pass's padding rows (slot -1) store nothing: a step of one
+ * real row and two padding rows leaves the cache as the reference's store
+ * of the real row alone. */
+static void kv_padding(li_type dt, li_kv_layer *hk, li_kv_layer *dk, li_buffer *bk, li_buffer *bv, li_buffer *bks,
+                       li_buffer *bvs, const int32_t *table) {
+    const bool b8 = dt == LI_KV_TYPE_FP8_E4M3 || dt == LI_KV_TYPE_INT8;
+    const int64_t slot[3] = {(int64_t)table[0 * STRIDE + 38 / BS] * BS + 38 % BS, -1, -1};
+    float *k = frand(3 * NKV * HD, 2.0f), *v = frand(3 * NKV * HD, 2.0f);
+    ref.ops->kv_store(&ref, hk, k, v, slot, 1, NKV, HD);
+    li_buffer dkx = up(k, (size_t)(3 * NKV * HD) * 4), dvx = up(v, (size_t)(3 * NKV * HD) * 4), dsl = up(slot, 24);
+    cu.ops->kv_store(&cu, dk, dkx.data, dvx.data, dsl.data, 3, NKV, HD);
+    const size_t bytes = (size_t)NBLK * BS * NKV * HD * elem_size(dt);
+    uint8_t *ck = li_xmalloc(bytes), *cv = li_xmalloc(bytes);
+    down(bk, ck, bytes);
+    down(bv, cv, bytes);
+    bool same = !memcmp(ck, hk->k, bytes) && !memcmp(cv, hk->v, bytes);
+    if (b8) {
+        const size_t sb = (size_t)NBLK * BS * NKV * 4;
+        float *sc = li_xmalloc(sb);
+        down(bks, sc, sb);
+        same = same && !memcmp(sc, hk->k_scale, sb);
+        down(bvs, sc, sb);
+        same = same && !memcmp(sc, hk->v_scale, sb);
+        free(sc);
+    }
+    report(same, "kv_store %s with two padding rows (slot -1): only the real row stored", li_type_name(dt));
+    li_buffer_free(&cu, &dkx);
+    li_buffer_free(&cu, &dvx);
+    li_buffer_free(&cu, &dsl);
+    free(k);
+    free(v);
+    free(ck);
+    free(cv);
+}
+
 static void test_attention(void) {
     const li_type dts[] = {LI_TYPE_F32, LI_TYPE_F16, LI_TYPE_BF16, LI_KV_TYPE_FP8_E4M3, LI_KV_TYPE_INT8};
     /* two sequences, blocks scattered with holes: 37 and 21 tokens; row 1 padded */
@@ -347,6 +442,7 @@ static void test_attention(void) {
         /* a decode step of each sequence after it */
         const int32_t dpos[2] = {37, 21}, dseq[2] = {0, 1};
         kv_batch(dt, "decode", &hk, &dk, &bk, &bv, &bks, &bvs, table, 2, dpos, dseq);
+        kv_padding(dt, &hk, &dk, &bk, &bv, &bks, &bvs, table);
         li_buffer_free(&cu, &bk);
         li_buffer_free(&cu, &bv);
         li_buffer_free(&cu, &bks);
@@ -411,67 +507,167 @@ static int model_run(li_model *m, li_backend *be, const int32_t *prompt, size_t 
     return rc;
 }
 
-static void bench_decode(li_model *m) {
-    const int batches[] = {1, 8, 64};
-    const int ctx = 128, steps = 32;
+/* B sequences decoding together from position ctx: one forward pass a
+ * step (every row with logits), its own KV cache */
+typedef struct {
+    int B, ctx;
+    int64_t stride;
+    li_kv_cache kv;
+    li_forward fw;
+    li_kv_seq *sq;
+    int32_t *table, *tok, *pos, *seq, *rows;
+    int64_t *slot;
+} dec_rig;
+
+static int rig_init(dec_rig *r, li_model *m, int B, int ctx, int steps, li_error *err) {
+    memset(r, 0, sizeof *r);
+    r->B = B;
+    r->ctx = ctx;
+    r->stride = (ctx + steps) / 16 + 1;
+    const li_kv_dims dims = li_forward_kv_dims(&m->hp);
+    if (li_kv_cache_init(&r->kv, &cu, &dims, LI_TYPE_F16, 16, (int32_t)(B * r->stride), err)) return -1;
+    if (li_forward_init(&r->fw, m, &cu, B, err)) {
+        li_kv_cache_free(&r->kv);
+        return -1;
+    }
+    r->sq = li_xcalloc((size_t)B, sizeof *r->sq);
+    r->table = li_xcalloc((size_t)B * (size_t)r->stride, sizeof *r->table);
+    for (int s = 0; s < B; s++) {
+        li_kv_seq_init(&r->sq[s]);
+        li_kv_seq_reserve(&r->kv, &r->sq[s], ctx + steps);
+        memcpy(r->table + (size_t)s * r->stride, r->sq[s].blocks, (size_t)r->sq[s].n_blocks * sizeof *r->table);
+    }
+    r->tok = li_xcalloc((size_t)B, 4);
+    r->pos = li_xcalloc((size_t)B, 4);
+    r->seq = li_xcalloc((size_t)B, 4);
+    r->rows = li_xcalloc((size_t)B, 4);
+    r->slot = li_xcalloc((size_t)B, 8);
+    return 0;
+}
+
+/* step st (position ctx + st; the same position again for st < 0) */
+static int rig_step(dec_rig *r, li_model *m, int st, float *logits, li_error *err) {
+    for (int s = 0; s < r->B; s++) {
+        r->tok[s] = (s * 7 + st + 100) % m->hp.n_vocab;
+        r->pos[s] = r->ctx + (st < 0 ? 0 : st);
+        r->seq[s] = s;
+        r->rows[s] = s;
+        r->slot[s] = li_kv_seq_slot(&r->kv, &r->sq[s], r->pos[s]);
+    }
+    li_batch b = {.n = r->B, .tokens = r->tok, .pos = r->pos, .seq = r->seq, .slot = r->slot,
+                  .block_table = r->table, .n_seqs = r->B, .bt_stride = r->stride, .logit_rows = r->rows,
+                  .n_logits = r->B};
+    return li_forward_run(&r->fw, m, &cu, &r->kv, &b, logits, err);
+}
+
+static void rig_free(dec_rig *r) {
+    for (int s = 0; s < r->B; s++) {
+        li_kv_seq_release(&r->kv, &r->sq[s]);
+        li_kv_seq_free(&r->sq[s]);
+    }
+    free(r->sq);
+    free(r->table);
+    free(r->tok);
+    free(r->pos);
+    free(r->seq);
+    free(r->rows);
+    free(r->slot);
+    li_forward_free(&r->fw);
+    li_kv_cache_free(&r->kv);
+}
+
+/* Recorded passes (CUDA graphs) against the same steps issued op by op:
+ * 3 rows (padded to 4) and 8 give the same bits (every kernel's rows are
+ * independent); 20 rows (padded to 24) go through cuBLAS, whose kernel
+ * may change with the row count: NMSE. */
+static void test_graphs(li_model *m) {
+    enum { STEPS = 6 };
+    const int batches[] = {3, 8, 20};
     for (size_t bi = 0; bi < LI_ARRAY_LEN(batches); bi++) {
         const int B = batches[bi];
         li_error err = {0};
-        li_kv_cache kv;
-        li_forward fw;
-        const li_kv_dims dims = li_forward_kv_dims(&m->hp);
-        const int32_t nblk = (int32_t)(B * ((ctx + steps) / 16 + 1));
-        if (li_kv_cache_init(&kv, &cu, &dims, LI_TYPE_F16, 16, nblk, &err) ||
-            li_forward_init(&fw, m, &cu, B, &err)) {
+        dec_rig e, g;
+        if (rig_init(&e, m, B, 40, STEPS, &err) || rig_init(&g, m, B, 40, STEPS, &err)) {
+            report(false, "graphs: batch %d: %s", B, err.msg);
+            return;
+        }
+        li_forward_set_graphs(&e.fw, false);
+        li_forward_set_graphs(&g.fw, true);
+        const size_t nl = (size_t)B * (size_t)m->hp.n_vocab;
+        float *le = li_xmalloc(nl * sizeof(float)), *lg = li_xmalloc(nl * sizeof(float));
+        bool same = true, ran = true;
+        double worst = 0;
+        for (int st = 0; st < STEPS && ran; st++) {
+            ran = !rig_step(&e, m, st, le, &err) && !rig_step(&g, m, st, lg, &err);
+            same &= !memcmp(le, lg, nl * sizeof(float));
+            const double d = nmse(lg, le, (int64_t)nl);
+            worst = d > worst ? d : worst;
+        }
+        report(ran, "graphs: batch %d ran (%s)", B, ran ? "ok" : err.msg);
+        report(g.fw.n_recorded == 1 && g.fw.n_replayed == STEPS - 2,
+               "graphs: batch %d recorded once at the second step, replayed after (%lld, %lld)", B,
+               (long long)g.fw.n_recorded, (long long)g.fw.n_replayed);
+        if (B <= 8)
+            report(same, "graphs: batch %d, %d steps: the same logits as op by op, bit for bit", B, STEPS);
+        else
+            report(worst < 1e-6, "graphs: batch %d (cuBLAS), %d steps: logits nmse %.2e < 1e-6", B, STEPS, worst);
+        free(le);
+        free(lg);
+        rig_free(&e);
+        rig_free(&g);
+    }
+}
+
+/* Decode steps at batch 1, 8, 64 and 256 (context 128, F16 KV, logits
+ * copied back each step), op by op and replayed, alternating in rounds;
+ * then each kernel's time at batch 1 and 64 (the profile). */
+static void bench_decode(li_model *m) {
+    const int batches[] = {1, 8, 64, 256};
+    const int ctx = 128, steps = 32, rounds = 2;
+    printf("bench: weights %.1f MB read per step\n", (double)m->weight_bytes / 1e6);
+    for (size_t bi = 0; bi < LI_ARRAY_LEN(batches); bi++) {
+        const int B = batches[bi];
+        li_error err = {0};
+        dec_rig r;
+        if (rig_init(&r, m, B, ctx, steps, &err)) {
             printf("bench: batch %d: %s\n", B, err.msg);
             return;
         }
-        li_kv_seq *sq = li_xcalloc((size_t)B, sizeof *sq);
-        const int64_t stride = (ctx + steps) / 16 + 1;
-        int32_t *table = li_xcalloc((size_t)B * (size_t)stride, sizeof *table);
-        for (int s = 0; s < B; s++) {
-            li_kv_seq_init(&sq[s]);
-            li_kv_seq_reserve(&kv, &sq[s], ctx + steps);
-            memcpy(table + (size_t)s * stride, sq[s].blocks, (size_t)sq[s].n_blocks * sizeof *table);
-        }
-        int32_t *tok = li_xcalloc((size_t)B, 4), *pos = li_xcalloc((size_t)B, 4), *seq = li_xcalloc((size_t)B, 4),
-                *rows = li_xcalloc((size_t)B, 4);
-        int64_t *slot = li_xcalloc((size_t)B, 8);
         float *logits = li_xmalloc((size_t)B * (size_t)m->hp.n_vocab * sizeof(float));
-        double t0 = 0;
-        for (int st = -2; st < steps; st++) { /* two warm-up steps */
-            if (st == 0) t0 = li_time_now();
-            for (int s = 0; s < B; s++) {
-                tok[s] = (s * 7 + st + 100) % m->hp.n_vocab;
-                pos[s] = ctx + (st < 0 ? 0 : st);
-                seq[s] = s;
-                rows[s] = s;
-                slot[s] = li_kv_seq_slot(&kv, &sq[s], pos[s]);
+        double best[2] = {1e30, 1e30};
+        for (int round = 0; round < rounds; round++)
+            for (int graphs = 0; graphs < 2; graphs++) {
+                li_forward_set_graphs(&r.fw, graphs);
+                double t0 = 0;
+                int rc = 0;
+                for (int st = -2; st < steps && !rc; st++) { /* two warm-up steps (a recording's first two) */
+                    if (st == 0) t0 = li_time_now();
+                    rc = rig_step(&r, m, st, logits, &err);
+                }
+                const double dt = li_time_now() - t0;
+                if (rc) {
+                    printf("bench: batch %d: %s\n", B, err.msg);
+                    break;
+                }
+                printf("bench: decode batch %3d, context %d, %s: %9.1f tokens/s, %.3f ms per step (%d steps, logits "
+                       "copied back)\n", B, ctx, graphs ? "graphs    " : "op by op  ", (double)B * steps / dt,
+                       dt * 1e3 / steps, steps);
+                best[graphs] = dt < best[graphs] ? dt : best[graphs];
             }
-            li_batch b = {.n = B, .tokens = tok, .pos = pos, .seq = seq, .slot = slot, .block_table = table,
-                          .n_seqs = B, .bt_stride = stride, .logit_rows = rows, .n_logits = B};
-            if (li_forward_run(&fw, m, &cu, &kv, &b, logits, &err)) {
-                printf("bench: batch %d: %s\n", B, err.msg);
-                break;
-            }
+        printf("bench: decode batch %3d: graphs / op by op, best of %d: %.3f / %.3f ms per step (%.2fx); weights at "
+               "%.0f GB/s\n", B, rounds, best[1] * 1e3 / steps, best[0] * 1e3 / steps, best[0] / best[1],
+               (double)m->weight_bytes * steps / best[1] / 1e9);
+        if (B == 1 || B == 64) {
+            li_backend_cuda_profile(&cu, true);
+            li_forward_set_graphs(&r.fw, false);
+            for (int st = 0; st < 8; st++) rig_step(&r, m, st, logits, &err);
+            char title[96];
+            snprintf(title, sizeof title, "bench: profile, batch %d, 8 steps op by op (each launch behind a spin)", B);
+            li_backend_cuda_profile_print(&cu, stdout, title);
+            li_backend_cuda_profile(&cu, false);
         }
-        const double dt = li_time_now() - t0;
-        printf("bench: decode batch %3d, context %d: %8.1f tokens/s, %.3f ms per step (%d steps, logits copied back)\n",
-               B, ctx, (double)B * steps / dt, dt * 1e3 / steps, steps);
-        for (int s = 0; s < B; s++) {
-            li_kv_seq_release(&kv, &sq[s]);
-            li_kv_seq_free(&sq[s]);
-        }
-        free(sq);
-        free(table);
-        free(tok);
-        free(pos);
-        free(seq);
-        free(rows);
-        free(slot);
         free(logits);
-        li_forward_free(&fw);
-        li_kv_cache_free(&kv);
+        rig_free(&r);
     }
 }
 
@@ -546,6 +742,7 @@ static void test_model(bool bench) {
         report(rel < 0.005, "model: perplexity of %zu tokens, cpu %.4f, cuda %.4f: |diff| %.3f%% < 0.5%%", nt, pc, pg,
                100 * rel);
     }
+    if (!rc) test_graphs(m);
     if (!rc && bench) bench_decode(m);
     if (on_cu) li_model_release(m, &cu);
     free(sc);
