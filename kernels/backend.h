@@ -166,6 +166,11 @@ typedef struct li_backend_ops {
                      const int64_t *slot, int64_t n_tokens, int n_head_kv, int head_dim);
     /* causal paged attention, see li_attn_args */
     void (*attention)(li_backend *be, const li_attn_args *a);
+    /* optional (NULL: the host reads the logits): out(n) = the lowest index
+     * of each row of x(n, dim)'s largest value, a NaN never winning (and
+     * row index 0 when no value is a number): sampler.h's greedy rule, for
+     * sampling where the logits live */
+    void (*argmax)(li_backend *be, const float *x, int64_t n, int64_t dim, int32_t *out);
     /* the backend takes a weight into its memory (optional; NULL: it reads
      * the host rows as they are): the CPU backends repack into panels or
      * keep the mmap'd rows (host memory they may wrap, buffer_wrap); a

@@ -49,7 +49,7 @@ static void on_event(void *ud, const li_event *ev) {
         fflush(stdout);
     }
     if (ev->token < 0) return; /* a text flush, not a token */
-    if (g->jtop) {
+    if (g->jtop && ev->logits) {
         li_logits_top(ev->logits, ev->n_vocab, (int32_t)g->top_logits, g->top, false);
         cJSON *row = cJSON_CreateArray();
         for (int64_t i = 0; i < g->top_logits && i < ev->n_vocab; i++) {
@@ -236,6 +236,7 @@ int li_cmd_generate(int argc, char **argv) {
     ec.tensor_parallel = (int32_t)o.tensor_parallel;
     ec.max_batched_tokens = (int32_t)o.batch_size;
     ec.max_model_len = n_ctx;
+    ec.device_sampling = o.top_logits <= 0; /* --top-logits reads every step's logits */
     /* one request's context; a draft's storage needs its share of the budget too */
     size_t bpt = li_kv_bytes_per_token(&(li_kv_dims){m->hp.n_layer, m->hp.n_head_kv, m->hp.head_dim}, kv_dtype);
     if (rt.draft)

@@ -28,7 +28,7 @@ void li_engine_config_default(li_engine_config *c) {
         .max_num_seqs = 64, .max_batched_tokens = 512, .max_model_len = 0, .prefix_caching = true,
         .spec_tokens = 0, .spec_ngram_max = 4, .spec_ngram_min = 2, .spec_disable_batch = 4,
         .spec_method = LI_SPEC_NGRAM, .spec_layers = 0, .tensor_parallel = 1, .eagle_idle_steps = 16,
-        .spec_calibrate = false,
+        .spec_calibrate = false, .device_sampling = true,
     };
 }
 
@@ -296,6 +296,7 @@ int li_engine_init_runners(li_engine **out, li_model *m, li_model *draft, li_bac
     e->b_pos = li_xmalloc(T * sizeof(int32_t));
     e->b_seq = li_xmalloc(T * sizeof(int32_t));
     e->b_rows = li_xmalloc(e->max_rows * sizeof(int32_t));
+    e->b_ids = li_xmalloc(e->max_rows * sizeof(int32_t));
     e->b_slot = li_xmalloc(T * sizeof(int64_t));
     *out = e;
     return 0;
@@ -318,6 +319,7 @@ void li_engine_free(li_engine *e) {
     free(e->b_pos);
     free(e->b_seq);
     free(e->b_rows);
+    free(e->b_ids);
     free(e->b_slot);
     free(e->ev_cand);
     li_spec_step_free(&e->sp);
@@ -795,6 +797,33 @@ static void fork_samples(li_engine *e, req *parent, const float *logits, int32_t
     }
 }
 
+/* r's samples still waiting for its prompt (n > 1) */
+static bool has_forks(const li_engine *e, const req *r) {
+    for (int32_t i = 0; i < e->n_reqs; i++)
+        if (e->reqs[i]->fork_of == r && e->reqs[i]->live) return true;
+    return false;
+}
+
+/* Samples the step on the device when every row allows it (engine.h's
+ * device_sampling): the target's logits are device memory, nothing is
+ * drafted, and each request whose row is sampled draws a plain greedy
+ * token (its min_tokens ban, if any, is set first). Then e->b_ids holds
+ * one id per logit row, and the logits never come back. */
+static bool device_sampled(li_engine *e, int32_t nb, int64_t n_logits) {
+    if (!e->cfg.device_sampling || e->tp || e->logits || n_logits <= 0) return false;
+    for (int32_t i = 0; i < nb; i++) {
+        req *r = e->batch_req[i];
+        if (r->n_draft) return false;
+        if (r->num_computed + e->batch_n[i] != r->n_toks) continue; /* no row sampled */
+        ban_for_min_tokens(r);
+        if (!li_sampler_plain_greedy(&r->smp)) return false;
+    }
+    li_error err = {0};
+    if (li_forward_argmax(&e->tgt.fw, e->model, e->b_ids, &err)) return false; /* the host reads the logits */
+    e->st.tokens_device_sampled += n_logits;
+    return true;
+}
+
 /* ---- the step ------------------------------------------------------------------------ */
 
 /* The progress guarantee: true when the policy gets this step. A policy
@@ -991,7 +1020,7 @@ int li_engine_step(li_engine *e, li_error *err) {
     /* 5: forward */
     double tf = li_time_now();
     int rc = e->tp ? li_tp_run(e->tp, &b, err) : li_runner_run(&e->tgt, &b, err);
-    e->logits = e->tgt.logits;
+    e->logits = e->tgt.logits; /* NULL while device logits stay there (device_sampled) */
     e->sp.hidden = !rc && e->sp.prop[LI_SPEC_MEDUSA] ? li_forward_hidden(&e->tgt.fw, e->model) : NULL;
     const double dtf = li_time_now() - tf;
     /* EAGLE: the rows wait for the draft, or it catches up (time_draft_sync) */
@@ -1015,9 +1044,24 @@ int li_engine_step(li_engine *e, li_error *err) {
     }
     e->st.tokens_computed += k;
     /* 6-7: sample and emit */
+    const bool on_device = device_sampled(e, nb, b.n_logits);
+    if (!on_device && !e->logits && b.n_logits) e->logits = li_runner_logits(&e->tgt);
     int32_t li = 0;
     for (int32_t i = 0; i < nb; i++) {
         req *r = e->batch_req[i];
+        if (on_device) { /* every row is plain greedy: its id came back alone */
+            r->num_computed += e->batch_n[i];
+            li_spec_step_eagle_settle(r);
+            prefix_register(e, r);
+            if (r->num_computed != r->n_toks) continue;
+            const int32_t row = li++;
+            if (r->num_computed == r->n_prompt && has_forks(e, r)) {
+                if (!e->logits) e->logits = li_runner_logits(&e->tgt); /* the samples draw their own */
+                fork_samples(e, r, e->logits + (size_t)row * e->model->hp.n_vocab, row);
+            }
+            li_engine_take_token(e, r, e->b_ids[row], 0.0f, NULL);
+            continue;
+        }
         if (r->n_draft) {
             const int32_t m = e->batch_n[i];
             li_spec_step_verify(e, r, m, e->logits + (size_t)li * e->model->hp.n_vocab, li);

@@ -80,6 +80,12 @@ typedef struct li_engine_config {
      * measured no faster with it (its first drafts rely on the guesses'
      * optimism, docs/benchmarks.md, "Session 27") */
     bool spec_calibrate;
+    /* greedy rows sampled where the logits live: on a device backend with an
+     * argmax op, a step whose every row is plain greedy (no penalties,
+     * bias, ban or logprobs, no drafts) copies back one id a row instead
+     * of the logits (issue 20). Default true; events then carry no logits
+     * (li_event.logits NULL), so a caller reading them turns it off */
+    bool device_sampling;
 } li_engine_config;
 
 #define LI_SPEC_MAX_TOKENS LI_SPEC_MAX_DRAFT
@@ -143,6 +149,7 @@ typedef struct li_request_result {
 typedef struct li_engine_stats {
     int64_t steps;
     int64_t tokens_computed;   /* forward-pass tokens (prefill + decode) */
+    int64_t tokens_device_sampled; /* tokens sampled where the logits live (device_sampling) */
     int64_t tokens_generated;  /* sampled tokens */
     int64_t preemptions;
     int64_t policy_errors;     /* schedule() failed: fallback used */

@@ -18,7 +18,8 @@ typedef struct li_event {
     float logprob;           /* TOKEN: raw logprob of the token */
     const li_token_logprob *top; /* TOKEN: n_logprobs alternatives */
     int32_t n_top;
-    const float *logits;     /* TOKEN: the (n_vocab) logits the token came from; valid during the call */
+    const float *logits;     /* TOKEN: the (n_vocab) logits the token came from; valid during the call;
+                              * NULL when the token was sampled on the device (engine.h device_sampling) */
     int32_t n_vocab;
     const char *text;        /* TOKEN: new text; FINISH: NULL */
     size_t text_len;

@@ -34,6 +34,11 @@ void li_runner_free(li_runner *r) {
 int li_runner_run(li_runner *r, const li_batch *b, li_error *err) {
     r->logits = NULL;
     int rc = li_forward_run(&r->fw, r->model, r->be, &r->kv, b, NULL, err);
-    if (!rc) r->logits = li_forward_logits(&r->fw, r->model);
+    if (!rc && r->fw.logits.host) r->logits = li_forward_logits(&r->fw, r->model);
     return rc;
+}
+
+float *li_runner_logits(li_runner *r) {
+    if (!r->logits) r->logits = li_forward_logits(&r->fw, r->model);
+    return r->logits;
 }

@@ -34,7 +34,11 @@ void li_runner_free(li_runner *r);
 /* KV bytes per token of m's layers in dtype. */
 size_t li_runner_kv_bytes_per_token(const li_model *m, li_type kv_dtype);
 /* Runs the batch on the runner's model over its KV storage; r->logits then
- * holds the (b->n_logits, n_vocab) logits (NULL if none were asked). */
+ * holds the (b->n_logits, n_vocab) logits (NULL if none were asked), or,
+ * when they are device memory, NULL until li_runner_logits copies them
+ * back (a step sampled on the device never does). */
 int li_runner_run(li_runner *r, const li_batch *b, li_error *err);
+/* r->logits, copied back from the device first if need be */
+float *li_runner_logits(li_runner *r);
 
 #endif

@@ -83,7 +83,7 @@ void li_forward_free(li_forward *f) {
     free(f->g_rows);
     free(f->g_slot);
     free(f->g_table);
-    li_buffer *bufs[] = {&f->scratch, &f->batch, &f->table, &f->logits, &f->capture};
+    li_buffer *bufs[] = {&f->scratch, &f->batch, &f->table, &f->logits, &f->capture, &f->ids};
     for (size_t i = 0; i < LI_ARRAY_LEN(bufs); i++) li_buffer_free(f->be, bufs[i]);
     free(f->logits_host);
     free(f->hidden_host);
@@ -673,6 +673,19 @@ float *li_forward_captured(li_forward *f) {
     f->capture_host = li_xrealloc(f->capture_host, bytes);
     f->be->ops->buffer_get(f->be, &f->capture, 0, f->capture_host, bytes);
     return f->capture_host;
+}
+
+int li_forward_argmax(li_forward *f, const li_model *m, int32_t *out, li_error *err) {
+    li_backend *be = f->be;
+    if (!be->ops->argmax || f->logits.host)
+        return li_error_set(err, LI_EUNSUP, "forward: backend %s samples on the host", be->ops->name);
+    if (!f->have_logits) return li_error_set(err, LI_EINVAL, "forward: the last run computed no logits");
+    const size_t bytes = (size_t)f->n_logits * sizeof(int32_t);
+    const int rc = buffer_reserve(be, &f->ids, bytes, err);
+    if (rc) return rc;
+    be->ops->argmax(be, f->logits.data, f->n_logits, m->hp.n_vocab, f->ids.data);
+    be->ops->buffer_get(be, &f->ids, 0, out, bytes);
+    return 0;
 }
 
 float *li_forward_logits(li_forward *f, const li_model *m) {

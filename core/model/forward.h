@@ -115,6 +115,7 @@ typedef struct li_forward {
     int64_t *d_slot;                           /* (cap) */
     li_buffer table;                           /* the uploaded block table, grown on demand */
     li_buffer logits;                          /* (logits_cap, n_vocab), grown on demand */
+    li_buffer ids;                             /* (n_logits) int32: li_forward_argmax's, grown on demand */
     int64_t logits_cap, n_logits;              /* n_logits: the last run's output rows */
     bool have_logits;                          /* the last run computed logits */
     float *logits_host;                        /* host copy when logits is device memory */
@@ -164,6 +165,12 @@ void li_forward_free(li_forward *f);
  * there. */
 int li_forward_run(li_forward *f, const li_model *m, li_backend *be, li_kv_cache *kv, const li_batch *b,
                    float *logits, li_error *err);
+/* The last run's greedy ids, one per logit row, into out (n_logits),
+ * computed where the logits are (backend.h's argmax): only n_logits ids
+ * are copied back. LI_EUNSUP when the logits are host memory or the
+ * backend has no argmax op (the caller reads li_forward_logits), LI_EINVAL
+ * when the last run computed no logits. */
+int li_forward_argmax(li_forward *f, const li_model *m, int32_t *out, li_error *err);
 /* Recorded passes on or off (a backend without graph ops: always off).
  * Off frees the recordings. */
 void li_forward_set_graphs(li_forward *f, bool on);

@@ -156,6 +156,12 @@ static float max_of(const float *x, int32_t n) {
     return r;
 }
 
+bool li_sampler_plain_greedy(const li_sampler *s) {
+    const li_sampling_params *p = &s->p;
+    return p->temperature <= 0 && !penalties_on(p) && !p->n_logit_bias && !s->n_ban && !p->logprob &&
+           p->n_logprobs <= 0;
+}
+
 /* Lowest index holding the largest value (greedy's tie rule). NaN logits
  * never win, as in the candidate loop below. */
 static int32_t argmax_of(const float *x, int32_t n) {

@@ -70,6 +70,10 @@ void li_sampler_free(li_sampler *s);
  * their logits count as -inf after the bias. NULL/0 lifts the ban.
  * Reported logprobs stay raw. */
 void li_sampler_ban(li_sampler *s, const int32_t *ids, int32_t n);
+/* True when the next draw is the bare argmax of the logits: greedy, no
+ * penalties, bias or ban, no logprob asked (what a device can sample
+ * without the logits leaving it; backend.h's argmax). */
+bool li_sampler_plain_greedy(const li_sampler *s);
 /* Records a token (prompt or generated) into the penalty window. */
 void li_sampler_accept(li_sampler *s, int32_t token);
 /* Picks the next token from logits (n_vocab). When top is non-NULL it

@@ -48,6 +48,7 @@ extern "C" {
 #include <cuda_runtime.h>
 #include <cublas_v2.h>
 #include <dlfcn.h>
+#include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -78,11 +79,12 @@ struct cu_hostcopy {
 // the kernels the profile tells apart
 enum {
     PK_ACT_QUANT, PK_ACT_Q8, PK_GEMV, PK_GEMV_MULTI, PK_DEQUANT, PK_SGEMM, PK_ADD, PK_GET_ROWS, PK_RMSNORM,
-    PK_ROPE, PK_SILU_MUL, PK_HADAMARD, PK_KV_STORE, PK_ATTENTION, PK_SET, PK_GET, PK_COPY, PK_N
+    PK_ROPE, PK_SILU_MUL, PK_HADAMARD, PK_KV_STORE, PK_ATTENTION, PK_ARGMAX, PK_SET, PK_GET, PK_COPY, PK_N
 };
 static const char *const pk_name[PK_N] = {"act_quant", "act_q8", "gemv", "gemv_multi", "dequant", "sgemm",
                                           "add", "get_rows", "rmsnorm", "rope", "silu_mul", "hadamard",
-                                          "kv_store", "attention", "buffer_set", "buffer_get", "buffer_copy"};
+                                          "kv_store", "attention", "argmax", "buffer_set", "buffer_get",
+                                          "buffer_copy"};
 
 struct cu_prof_pending {
     cudaEvent_t a, b;
@@ -1060,6 +1062,49 @@ static void cu_attention(li_backend *be, const li_attn_args *a) {
 }
 
 // ------------------------------------------------------------------------
+// greedy sampling where the logits are
+// ------------------------------------------------------------------------
+
+// a beats b: a number beats a NaN, a larger value beats a smaller, and of
+// equal values the lower index (sampler.c's argmax_of)
+__device__ __forceinline__ bool am_better(float av, int ai, float bv, int bi) {
+    if (isnan(av)) return false;
+    if (isnan(bv)) return true;
+    return av > bv || (av == bv && ai < bi);
+}
+
+// a block per row: each thread its stride of the row, then a tree
+__global__ void k_argmax(const float *x, int64_t dim, int32_t *out) {
+    __shared__ float sv[ROW_THREADS];
+    __shared__ int si[ROW_THREADS];
+    const float *row = x + (int64_t)blockIdx.x * dim;
+    float bv = NAN;
+    int bi = INT_MAX;
+    for (int64_t j = threadIdx.x; j < dim; j += blockDim.x)
+        if (am_better(row[j], (int)j, bv, bi)) {
+            bv = row[j];
+            bi = (int)j;
+        }
+    sv[threadIdx.x] = bv;
+    si[threadIdx.x] = bi;
+    __syncthreads();
+    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+        if ((int)threadIdx.x < s && am_better(sv[threadIdx.x + s], si[threadIdx.x + s], sv[threadIdx.x], si[threadIdx.x])) {
+            sv[threadIdx.x] = sv[threadIdx.x + s];
+            si[threadIdx.x] = si[threadIdx.x + s];
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) out[blockIdx.x] = si[0] == INT_MAX ? 0 : si[0]; // no number in the row: 0
+}
+
+static void cu_argmax(li_backend *be, const float *x, int64_t n, int64_t dim, int32_t *out) {
+    if (n <= 0) return;
+    li_cuda *c = cu(be);
+    PROF(c, PK_ARGMAX, k_argmax<<<(unsigned)n, ROW_THREADS, 0, c->st>>>(x, dim, out); CK_LAUNCH("argmax"));
+}
+
+// ------------------------------------------------------------------------
 // recorded passes: the stream captured into a graph
 // ------------------------------------------------------------------------
 
@@ -1145,6 +1190,7 @@ static li_backend_ops make_ops(void) {
     o.hadamard = cu_hadamard;
     o.kv_store = cu_kv_store;
     o.attention = cu_attention;
+    o.argmax = cu_argmax;
     o.weight_prepare = cu_weight_prepare;
     o.weight_release = cu_weight_release;
     o.graph_begin = cu_graph_begin;

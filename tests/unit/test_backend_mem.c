@@ -48,6 +48,7 @@ static struct {
     struct rec_graph *cur; /* the recording under way */
     long gen;              /* recordings of another generation are stale */
     long recordings, launches, padded_rows, stale_every;
+    long argmax_rows;      /* greedy rows sampled through argmax */
 } g;
 
 /* one op's arguments, as a recording keeps them */
@@ -135,6 +136,7 @@ static int r_alloc(li_backend *be, size_t size, li_buffer *out, li_error *err) {
     }
     g.bufs[i] = (range){out->data, size};
     if (i == g.n_bufs) g.n_bufs++;
+    out->host = false; /* as a device's: nothing may read it but through the ops */
     return 0;
 }
 
@@ -144,6 +146,7 @@ static void r_free(li_backend *be, li_buffer *b) {
         if (g.bufs[i].lo == b->data && b->data) {
             g.bufs[i] = (range){NULL, 0};
             g.frees++;
+            b->host = true; /* the inner backend's own */
             g.inner->ops->buffer_free(g.inner, b);
             return;
         }
@@ -312,6 +315,27 @@ static void r_hadamard(li_backend *be, float *x, const float *sg, int64_t n, int
     g.inner->ops->hadamard(g.inner, x, sg, n, dim, block);
 }
 
+/* greedy ids where the logits are (sampler.h's rule, computed here by the
+ * sampler itself over the host memory the buffer really is) */
+static void r_argmax(li_backend *be, const float *x, int64_t n, int64_t dim, int32_t *out) {
+    g.op_calls++;
+    buf_check("argmax x", x, F4(n * dim));
+    buf_check("argmax out", out, F4(n));
+    if (g.recording) violation("argmax while recording", x, 0);
+    li_sampling_params p;
+    li_sampling_params_default(&p);
+    p.temperature = 0;
+    li_sampler s;
+    li_error err = {0};
+    if (li_sampler_init(&s, &p, (int32_t)dim, &err)) {
+        violation("argmax: sampler", x, 0);
+        return;
+    }
+    for (int64_t i = 0; i < n; i++) out[i] = li_sampler_sample(&s, x + i * dim, NULL, NULL);
+    li_sampler_free(&s);
+    g.argmax_rows += n;
+}
+
 /* ---- graph ops ---- */
 
 static int r_graph_begin(li_backend *be) {
@@ -424,6 +448,7 @@ static void recorder_init(li_backend *rec, li_backend *inner) {
     rec_ops.weight_prepare = r_weight_prepare;
     rec_ops.weight_release = r_weight_release;
     rec_ops.hadamard = inner->ops->hadamard ? r_hadamard : NULL;
+    rec_ops.argmax = r_argmax;
     rec_ops.graph_begin = r_graph_begin;
     rec_ops.graph_end = r_graph_end;
     rec_ops.graph_launch = r_graph_launch;
@@ -481,7 +506,9 @@ typedef struct {
 /* The engine under a KV budget of 14 blocks of 8 tokens: four requests of
  * ~30-token prompts and 24 new tokens each, one of them drawing 3 samples
  * (forked blocks, copied on write), cannot all stay resident. */
-static int run_engine(li_model *m, li_backend *be, const int32_t *prompt, int64_t n, engine_out *o) {
+/* greedy: every request greedy (its 3 samples too), one with min_tokens
+ * (its ban keeps its first steps off the device's argmax) */
+static int run_engine(li_model *m, li_backend *be, const int32_t *prompt, int64_t n, engine_out *o, bool greedy) {
     li_error err = {0};
     li_engine_config c;
     li_engine_config_default(&c);
@@ -502,6 +529,8 @@ static int run_engine(li_model *m, li_backend *be, const int32_t *prompt, int64_
                                .n = r == 1 ? N_SAMPLES : 1};
         li_sampling_params_default(&p.sampling);
         p.sampling.seed = 42 + (uint64_t)r;
+        if (greedy) p.sampling.temperature = 0;
+        if (greedy && r == 2) p.min_tokens = 6;
         if (li_engine_add(e, &p, &o->ids[r], &err)) {
             fprintf(stderr, "%s\n", err.msg);
             li_engine_free(e);
@@ -644,7 +673,9 @@ int main(void) {
     int32_t want[8], got[8];
     CHECK(run_session(m, &cpu, prompt, 30, want, 8) == 0, "session on cpu");
     engine_out ew, eg;
-    CHECK(run_engine(m, &cpu, prompt, 30, &ew) == 0, "engine on cpu");
+    CHECK(run_engine(m, &cpu, prompt, 30, &ew, false) == 0, "engine on cpu");
+    engine_out gw, gg;
+    CHECK(run_engine(m, &cpu, prompt, 30, &gw, true) == 0, "greedy engine on cpu");
     const size_t n5 = (size_t)B5_STEPS * B5 * (size_t)m->hp.n_vocab;
     float *l5_want = malloc(n5 * sizeof(float)), *l5_got = malloc(n5 * sizeof(float));
     CHECK(run_batch5(m, &cpu, l5_want) == 0, "5 sequences on cpu");
@@ -670,7 +701,7 @@ int main(void) {
 
     const long ops0 = g.op_calls;
     g.violations = 0;
-    CHECK(run_engine(m, &rec, prompt, 30, &eg) == 0, "engine through the recorder");
+    CHECK(run_engine(m, &rec, prompt, 30, &eg, false) == 0, "engine through the recorder");
     printf("engine: %ld ops, %ld KV block copies, %lld preemptions, %ld violations\n", g.op_calls - ops0,
            g.kv_copies, (long long)eg.preemptions, g.violations);
     CHECK(eg.preemptions > 0, "the tiny KV budget preempted (%lld)", (long long)eg.preemptions);
@@ -684,6 +715,19 @@ int main(void) {
                 !memcmp(ew.toks[k], eg.toks[k], sizeof(int32_t) * (size_t)ew.n_toks[k]);
     CHECK(same, "the engine's tokens equal the plain CPU backend's");
     printf("engine: %ld recordings, %ld launches, %ld padding rows\n", g.recordings, g.launches, g.padded_rows);
+
+    /* greedy: steps whose every row is plain greedy sample through argmax,
+     * the logits never read back */
+    g.violations = 0;
+    g.argmax_rows = 0;
+    CHECK(run_engine(m, &rec, prompt, 30, &gg, true) == 0, "greedy engine through the recorder");
+    printf("greedy engine: %ld rows sampled by argmax, %ld violations\n", g.argmax_rows, g.violations);
+    same = gw.preemptions == gg.preemptions;
+    for (int k = 0; k < N_SEQS; k++)
+        same &= gw.n_toks[k] == MAX_TOK && gg.n_toks[k] == gw.n_toks[k] &&
+                !memcmp(gw.toks[k], gg.toks[k], sizeof(int32_t) * (size_t)gw.n_toks[k]);
+    CHECK(same && g.violations == 0, "greedy rows sampled where the logits are: the CPU's tokens");
+    CHECK(g.argmax_rows > 20, "greedy steps sampled through argmax (%ld rows)", g.argmax_rows);
 
     const long pad0 = g.padded_rows, launch0 = g.launches;
     g.violations = 0;
@@ -701,7 +745,7 @@ int main(void) {
     g.stale_every = 3;
     engine_out es;
     g.violations = 0;
-    CHECK(run_engine(m, &rec, prompt, 30, &es) == 0, "engine through the recorder, recordings going stale");
+    CHECK(run_engine(m, &rec, prompt, 30, &es, false) == 0, "engine through the recorder, recordings going stale");
     printf("stale every 3 launches: %ld recordings, %ld launches, %ld violations\n", g.recordings - rec0, g.launches,
            g.violations);
     same = es.preemptions == ew.preemptions;

@@ -16,6 +16,7 @@
  *         sums; the GPU rounds the activations as those Q8 blocks do, then
  *         sums in f32 in its own order: 1e-7 measured on an H100)
  *   1e-7  every other op (its default): get_rows, rmsnorm, rope, silu_mul, add
+ *   exact argmax's ids (the sampler's greedy rule: ties, NaN, infinities)
  *   exact the KV store's bytes (the conversions are the reference's bits,
  *         cuda_math.h, checked on the CPU by test_cuda_math)
  *
@@ -37,7 +38,9 @@
  *                                so an op that aborts hides nothing else) */
 #include "util/common.h"
 #include "cuda/cuda_backend.h"
+#include "engine/engine.h"
 #include "engine/session.h"
+#include "sample/sampler.h"
 #include "kv/kv_cache.h"
 #include "model/forward.h"
 #include "model/model.h"
@@ -283,6 +286,36 @@ static void test_rowops(void) {
         li_buffer_free(&cu, &bu);
         free(g);
         free(u);
+    }
+    /* argmax: the sampler's greedy id of every row, exactly (ties to the
+     * lowest id, NaN never wins); a vocabulary-sized row and a short one */
+    for (int64_t dim = 3; dim <= 49157; dim += 49154) {
+        enum { N = 7 };
+        float *x = frand(N * dim, 4.0f);
+        x[0 * dim + dim - 1] = x[0 * dim + dim / 2] = 50.0f;      /* a tie: the lower id */
+        x[1 * dim + 0] = NAN;                                      /* a NaN first */
+        x[1 * dim + dim - 1] = 60.0f;
+        for (int64_t j = 0; j < dim; j++) x[2 * dim + j] = NAN;   /* no number: 0 */
+        for (int64_t j = 0; j < dim; j++) x[3 * dim + j] = j % 2 ? -INFINITY : NAN; /* -inf beats NaN: id 1 */
+        x[4 * dim + dim - 1] = INFINITY;
+        for (int64_t j = 0; j < dim; j++) x[5 * dim + j] = 1.0f;  /* all equal: 0 */
+        li_sampling_params sp;
+        li_sampling_params_default(&sp);
+        sp.temperature = 0;
+        li_sampler smp;
+        li_error err = {0};
+        int32_t want[N], got[N];
+        li_sampler_init(&smp, &sp, (int32_t)dim, &err);
+        for (int i = 0; i < N; i++) want[i] = li_sampler_sample(&smp, x + (size_t)i * dim, NULL, NULL);
+        li_sampler_free(&smp);
+        li_buffer bx = up(x, (size_t)(N * dim) * 4), bo = up(NULL, sizeof got);
+        cu.ops->argmax(&cu, bx.data, N, dim, bo.data);
+        down(&bo, got, sizeof got);
+        report(!memcmp(got, want, sizeof got), "argmax n=%d dim=%lld (ties, NaN, -inf, +inf): the sampler's ids", N,
+               (long long)dim);
+        li_buffer_free(&cu, &bx);
+        li_buffer_free(&cu, &bo);
+        free(x);
     }
     /* hadamard: the reference's butterflies, so the same bits; odd row counts, signs from host memory */
     for (int64_t b = 128; b <= 512; b *= 4) {
@@ -618,6 +651,52 @@ static void test_graphs(li_model *m) {
     }
 }
 
+/* The engine on CUDA, greedy: four requests (one with min_tokens, whose
+ * ban keeps it on the host's sampler) with device_sampling on and off: the
+ * same tokens, and the first run sampled most of its tokens on the device. */
+static void test_engine_sampling(li_model *m, const int32_t *prompt, size_t np) {
+    enum { NR = 4, NTOK = 24 };
+    int32_t toks[2][NR][NTOK];
+    int64_t dev[2] = {0, 0};
+    bool ok = true;
+    for (int pass = 0; pass < 2 && ok; pass++) {
+        li_error err = {0};
+        li_engine_config c;
+        li_engine_config_default(&c);
+        c.device_sampling = pass == 0;
+        c.max_num_seqs = NR;
+        li_engine *e;
+        if (li_engine_init(&e, m, &cu, &c, &err)) {
+            report(false, "engine on cuda: %s", err.msg);
+            return;
+        }
+        int64_t ids[NR];
+        for (int r = 0; r < NR && ok; r++) {
+            li_request_params p = {.prompt = prompt, .n_prompt = (int64_t)np - (r % 2), .max_tokens = NTOK,
+                                   .ignore_eos = true, .min_tokens = r == 3 ? 5 : 0};
+            li_sampling_params_default(&p.sampling);
+            p.sampling.temperature = 0;
+            ok = !li_engine_add(e, &p, &ids[r], &err);
+        }
+        for (int guard = 0; ok && li_engine_has_work(e) && guard < 1000; guard++) ok = !li_engine_step(e, &err);
+        for (int r = 0; r < NR && ok; r++) {
+            const li_request_result *res = li_engine_result(e, ids[r]);
+            ok = res && res->n_tokens == NTOK;
+            if (ok) memcpy(toks[pass][r], res->tokens, sizeof toks[pass][r]);
+        }
+        li_engine_stats st;
+        li_engine_stats_get(e, &st);
+        dev[pass] = st.tokens_device_sampled;
+        report(ok, "engine on cuda, device sampling %s: ran (%s)", pass ? "off" : "on", ok ? "ok" : err.msg);
+        li_engine_free(e);
+    }
+    if (!ok) return;
+    report(!memcmp(toks[0], toks[1], sizeof toks[0]), "engine on cuda: greedy tokens sampled on the device equal the "
+           "host sampler's (%d requests x %d)", NR, NTOK);
+    report(dev[0] >= (NR - 1) * (NTOK - 2) && dev[1] == 0, "engine on cuda: %lld tokens sampled on the device "
+           "(device_sampling off: %lld)", (long long)dev[0], (long long)dev[1]);
+}
+
 /* Decode steps at batch 1, 8, 64 and 256 (context 128, F16 KV, logits
  * copied back each step), op by op and replayed, alternating in rounds;
  * then each kernel's time at batch 1 and 64 (the profile). */
@@ -743,6 +822,7 @@ static void test_model(bool bench) {
                100 * rel);
     }
     if (!rc) test_graphs(m);
+    if (!rc) test_engine_sampling(m, pt, np);
     if (!rc && bench) bench_decode(m);
     if (on_cu) li_model_release(m, &cu);
     free(sc);
