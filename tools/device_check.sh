@@ -10,12 +10,16 @@
 # 3. every CUDA test: test_cuda_math (the kernels' per-element math on the
 #    host), test_cuda_ops a group at a time (every CUDA op against the
 #    scalar reference at odd sizes; then the real model's greedy tokens,
-#    logits and perplexity on CUDA vs the CPU backend, and decode steps at
-#    batch 1, 8 and 64: --only model --bench), the NCCL communicator's test;
+#    logits and perplexity on CUDA vs the CPU backend, recorded passes
+#    (CUDA graphs) against op by op, the engine sampling greedy rows on the
+#    device, and decode steps at batch 1, 8, 64 and 256 both ways with a
+#    per-kernel profile: --only model --bench), the NCCL communicator's test;
 # 4. the CLI end to end on both devices: greedy `generate` (tokens compared,
-#    the first divergence shown) and `perplexity` (CUDA within 0.5% of CPU);
-# 5. the CPU tensor-parallel tests on the same build (test_comm, test_tp);
-# 6. the benchmark lines of stage 3, gathered.
+#    the first divergence shown; on cuda also op by op with host sampling,
+#    which must give the same text) and `perplexity` (CUDA within 0.5% of CPU);
+# 5. an nsys profile of a greedy generate, when the machine has nsys;
+# 6. the CPU tensor-parallel tests on the same build (test_comm, test_tp);
+# 7. the benchmark lines of stage 3, gathered.
 # The model (98 MB) is more than one device call carries (64 MiB), and
 # models/ is a link whose target stays behind. So:
 #   tools/device_check.sh --split-model   (here: writes .model_a/ and
@@ -161,6 +165,13 @@ elif [ $gpu -eq 1 ]; then
         run "generate --device $dev" 60 gen $dev
         run "perplexity --device $dev" 90 ppl $dev
     done
+    # the same greedy run with every op issued one by one (no recorded
+    # passes) and the logits copied back (no device sampling): the texts
+    # must be identical, the CUDA graphs and the device's argmax changing no bit
+    gen_plain() { LUAINFER_GRAPHS=0 "$BIN" generate --device cuda --chat --prompt "$PROMPT" --temperature 0 \
+                  --max-tokens 48 --top-logits 1 --json > "$BUILD/gen_cuda_plain.json"; }
+    export -f gen_plain
+    run "generate --device cuda, op by op, host sampling" 60 gen_plain
     run "compare" 20 python3 - "$BUILD" <<'PY'
 import json, sys
 b = sys.argv[1]
@@ -174,17 +185,36 @@ n = next((i for i, (x, y) in enumerate(zip(tc, tg)) if x != y), min(len(tc), len
 print(f"greedy text, cpu:  {tc!r}")
 print(f"greedy text, cuda: {tg!r}")
 print("greedy text: identical" if tc == tg else f"greedy text: first difference at character {n}")
+tp = load("gen_cuda_plain.json").get("text", "")
+same_plain = tp == tg
+print("cuda, graphs + device argmax vs op by op + host sampling: " + ("identical" if same_plain else f"DIFFERENT: {tp!r}"))
 empty = not tc or not tg
 if empty:
     print("greedy text: empty, nothing compared")
 pc, pg = load("ppl_cpu.json")["perplexity"], load("ppl_cuda.json")["perplexity"]
 rel = abs(pg - pc) / pc
 print(f"perplexity (alice29.txt, 2 x 512): cpu {pc:.4f}, cuda {pg:.4f}, |diff| {100 * rel:.3f}% (bound 0.5%)")
-ok = rel < 0.005 and not empty
+ok = rel < 0.005 and not empty and same_plain
 sys.exit(0 if ok else 1)
 PY
 else
     say "SKIP: no CUDA device: greedy generate and perplexity on cuda not run"
+fi
+
+stage "kernel times (nsys, when the machine has it)"
+NSYS="$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)"
+if [ $gpu -eq 1 ] && [ $model_ok -eq 1 ] && [ -n "$NSYS" ]; then
+    # 64 greedy tokens: each kernel's total and mean time, and the API's
+    nsys_run() {
+        "$NSYS" profile --force-overwrite true -t cuda -o "$BUILD/nsys" "$BUILD/luainfer" generate --device cuda \
+            --chat --prompt "Tell me a story about the sea." --temperature 0 --max-tokens 64 > /dev/null &&
+        "$NSYS" stats -q -r cuda_gpu_kern_sum,cuda_api_sum -f csv "$BUILD/nsys.nsys-rep" | head -60
+    }
+    export -f nsys_run
+    export NSYS
+    run "nsys profile of generate --device cuda" 150 nsys_run
+else
+    say "SKIP: nsys not found (or no GPU / model): the per-kernel profile of test_cuda_ops --bench stands in"
 fi
 
 stage "CPU tensor parallel (the sharded pass the GPU ranks will run)"

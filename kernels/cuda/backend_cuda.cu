@@ -57,7 +57,7 @@ extern "C" {
 // state and error handling
 // ------------------------------------------------------------------------
 
-enum { GEMV_NB = 8, GEMV_WARPS = 8, ATTN_WARPS = 4, ATTN_MAXD = 256, ROW_THREADS = 256 };
+enum { GEMV_NB = 8, GEMV_WARPS = 4, ATTN_WARPS = 4, ATTN_MAXD = 256, ROW_THREADS = 256 };
 
 // A prepared weight: its bytes in device memory (w->packed points here).
 struct cu_weight {
@@ -551,13 +551,100 @@ __device__ __forceinline__ void gemv_row(const cu_wview &w, int64_t r, const flo
     }
 }
 
+// The same for the GGUF block types (q4_0, q4_1, q8_0; plain, so no scales
+// or permutation): four lanes a 32-element block, eight blocks a warp at a
+// time, so a row of k = 576 takes 3 trips, not 18 (a decode step's GEMVs
+// are bound by the latency of those trips). A lane reads its block's scale
+// (and min), 4 bytes of nibbles (elements 4s..4s+3 and 16+4s..16+4s+3) or
+// 8 int8 codes (8s..8s+7), and the matching activations as float4s.
+template <int T> struct blk_traits;
+template <> struct blk_traits<LI_TYPE_Q4_0> { static constexpr int bytes = 18; };
+template <> struct blk_traits<LI_TYPE_Q4_1> { static constexpr int bytes = 20; };
+template <> struct blk_traits<LI_TYPE_Q8_0> { static constexpr int bytes = 34; };
+
+template <int T>
+__device__ __forceinline__ void gemv_row_blk(const cu_wview &w, int64_t r, const float *x, float *y, float *res,
+                                             int64_t n, int64_t b0, int lane) {
+    constexpr int BB = blk_traits<T>::bytes;
+    const int nb = (int)(n - b0 < GEMV_NB ? n - b0 : GEMV_NB);
+    const uint8_t *row = w.data + r * w.row_bytes;
+    const int64_t nblk = w.k / 32;
+    const int sub = lane & 3;
+    float acc[GEMV_NB];
+#pragma unroll
+    for (int b = 0; b < GEMV_NB; b++) acc[b] = 0.0f;
+#pragma unroll 2
+    for (int64_t blk = lane >> 2; blk < nblk; blk += 8) {
+        const uint8_t *bp = row + blk * BB;
+        const float d = li_cu_fp16_to_f32(*(const uint16_t *)bp);
+        float wv[8];
+        int64_t o0, o1; // the first element of each run of 4
+        if (T == LI_TYPE_Q8_0) {
+            const uint16_t *qp = (const uint16_t *)(bp + 2 + 8 * sub);
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const uint16_t v = qp[i];
+                wv[2 * i] = (float)(int8_t)(v & 0xff) * d;
+                wv[2 * i + 1] = (float)(int8_t)(v >> 8) * d;
+            }
+            o0 = blk * 32 + 8 * sub;
+            o1 = o0 + 4;
+        } else {
+            uint32_t q;
+            float mn = 0.0f;
+            if (T == LI_TYPE_Q4_1) {
+                q = *(const uint32_t *)(bp + 4 + 4 * sub);
+                mn = li_cu_fp16_to_f32(*(const uint16_t *)(bp + 2));
+            } else {
+                const uint16_t *qp = (const uint16_t *)(bp + 2 + 4 * sub);
+                q = (uint32_t)qp[0] | (uint32_t)qp[1] << 16;
+            }
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int lo = (int)(q >> (8 * i)) & 0x0f, hi = (int)(q >> (8 * i + 4)) & 0x0f;
+                wv[i] = T == LI_TYPE_Q4_1 ? (float)lo * d + mn : (float)(lo - 8) * d;
+                wv[4 + i] = T == LI_TYPE_Q4_1 ? (float)hi * d + mn : (float)(hi - 8) * d;
+            }
+            o0 = blk * 32 + 4 * sub;
+            o1 = o0 + 16;
+        }
+#pragma unroll
+        for (int b = 0; b < GEMV_NB; b++)
+            if (b < nb) {
+                const float *xr = x + (b0 + b) * w.k;
+                const float4 a = *(const float4 *)(xr + o0), c = *(const float4 *)(xr + o1);
+                acc[b] += wv[0] * a.x + wv[1] * a.y + wv[2] * a.z + wv[3] * a.w + wv[4] * c.x + wv[5] * c.y +
+                          wv[6] * c.z + wv[7] * c.w;
+            }
+    }
+#pragma unroll
+    for (int b = 0; b < GEMV_NB; b++) {
+        float s = acc[b];
+        for (int o = 16; o > 0; o >>= 1) s += __shfl_down_sync(0xffffffffu, s, o);
+        if (lane == 0 && b < nb) {
+            y[(b0 + b) * w.m + r] = s;
+            if (res) res[(b0 + b) * w.m + r] += s;
+        }
+    }
+}
+
+// a weight's row: by blocks for the GGUF block types, else element by element
+template <int T>
+__device__ __forceinline__ void gemv_any(const cu_wview &w, int64_t r, const float *x, float *y, float *res,
+                                         int64_t n, int64_t b0, int lane) {
+    if constexpr (T == LI_TYPE_Q4_0 || T == LI_TYPE_Q4_1 || T == LI_TYPE_Q8_0)
+        gemv_row_blk<T>(w, r, x, y, res, n, b0, lane);
+    else
+        gemv_row<T>(w, r, x, y, res, n, b0, lane);
+}
+
 // y(n, m) = x(n, k) . W^T (and res += y): a warp per output row, a chunk of
 // GEMV_NB activation rows per blockIdx.y
 template <int T> __global__ void k_gemv(cu_wview w, const float *x, float *y, float *res, int64_t n) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int64_t r = (int64_t)blockIdx.x * GEMV_WARPS + warp;
     if (r >= w.m) return;
-    gemv_row<T>(w, r, x, y, res, n, (int64_t)blockIdx.y * GEMV_NB, lane);
+    gemv_any<T>(w, r, x, y, res, n, (int64_t)blockIdx.y * GEMV_NB, lane);
 }
 
 // up to four weights of one type reading the same x (q/k/v, gate/up) in one
@@ -577,7 +664,7 @@ template <int T> __global__ void k_gemv_multi(cu_multi mw, const float *x, int64
     while (i < mw.n_w && r >= mw.end[i]) i++;
     if (i == mw.n_w) return;
     if (i) r -= mw.end[i - 1];
-    gemv_row<T>(mw.w[i], r, x, mw.y[i], nullptr, n, (int64_t)blockIdx.y * GEMV_NB, lane);
+    gemv_any<T>(mw.w[i], r, x, mw.y[i], nullptr, n, (int64_t)blockIdx.y * GEMV_NB, lane);
 }
 
 // out(n, k) = x as the activation quantization leaves it (li_act_quant_row_ref):
