@@ -15,7 +15,7 @@
 --                 and only the tokens each request asked for count.
 --
 --   ./build/luainfer run bench/bench_batching.lua [N_REQUESTS] [MAX_NUM_SEQS[,...]] [SPREAD]
---                                                 [--json FILE] [--plot FILE]
+--                                                 [--device cpu|cuda] [--json FILE] [--plot FILE]
 --
 -- A comma list of batch sizes (e.g. 4,8,16,32) runs the comparison at each;
 -- --plot draws throughput against batch size, continuous against static.
@@ -28,6 +28,7 @@
 -- Every run sees the same requests in the same order.
 local luainfer = require("luainfer")
 local bench = require("luainfer.bench")
+local DEVICE = bench.take_flags(arg, { ["--device"] = "value" })["--device"]
 local opts = bench.options(arg)
 local root = opts.root
 local N = tonumber(arg[1]) or 200
@@ -77,7 +78,7 @@ end
 
 local function run(policy, padded)
   local e = luainfer.engine{ policy = root .. "/policies/" .. policy .. ".lua", max_num_seqs = SEQS,
-                             max_batched_tokens = 512, kv_memory = 512 * 1024 * 1024 }
+                             max_batched_tokens = 512, kv_memory = 512 * 1024 * 1024, device = DEVICE }
   local reqs = make_requests()
   local useful = padded and pad(reqs) or {}
   local ids = {}
@@ -101,7 +102,8 @@ local rows = {}
 local progress = bench.progress(3 * #SEQS_LIST, "batching runs")
 for _, seqs in ipairs(SEQS_LIST) do
   SEQS = seqs
-  print(("workload: %d requests, outputs 16..512 tokens (%s), max_num_seqs %d"):format(N, SPREAD, SEQS))
+  print(("workload: %d requests, outputs 16..512 tokens (%s), max_num_seqs %d, device %s")
+    :format(N, SPREAD, SEQS, DEVICE or "cpu"))
   local c = run("default")
   progress:step()
   print(("continuous (default.lua): %d tokens in %.1f s = %.1f tok/s, %d steps, policy %.2f%% of step time")

@@ -217,6 +217,14 @@ else
     say "SKIP: nsys not found (or no GPU / model): the per-kernel profile of test_cuda_ops --bench stands in"
 fi
 
+stage "continuous against static batching on cuda (bench_batching.lua, the chat-shaped spread)"
+if [ $gpu -eq 1 ] && [ $model_ok -eq 1 ]; then
+    run "bench_batching 200 requests, 32 seqs, loguniform, cuda" 180 "$BUILD/luainfer" run bench/bench_batching.lua \
+        200 32 loguniform --device cuda
+else
+    say "SKIP: no GPU or no model"
+fi
+
 stage "CPU tensor parallel (the sharded pass the GPU ranks will run)"
 run "unit/test_comm" 60 "$BUILD/test_comm"
 run "unit/test_tp" 180 "$BUILD/test_tp"
@@ -224,7 +232,7 @@ run "unit/test_tp" 180 "$BUILD/test_tp"
 stage "benchmarks"
 if [ $gpu -eq 1 ]; then
     say "decode steps on CUDA (test_cuda_ops --bench; SmolLM2-135M Q4_1, F16 KV, context 128):"
-    grep "^bench:" "$REPORT" | sed 's/^/   /' > "$BUILD/bench.txt"
+    grep -E "^bench:|^  [a-z_]+ +[0-9]|throughput ratio|^continuous|^static" "$REPORT" | sed 's/^/   /' > "$BUILD/bench.txt"
     cat "$BUILD/bench.txt" | tee -a "$REPORT"
     [ -s "$BUILD/bench.txt" ] || say "   (no benchmark lines: test_cuda_ops stopped before them)"
 else
