@@ -17,7 +17,10 @@
 # 4. the CLI end to end on both devices: greedy `generate` (tokens compared,
 #    the first divergence shown; on cuda also op by op with host sampling,
 #    which must give the same text) and `perplexity` (CUDA within 0.5% of CPU);
-# 5. an nsys profile of a greedy generate, when the machine has nsys;
+# 5. an nsys profile of a greedy generate, when the machine has nsys; the
+#    model quantized there to BF16, W8A8 and FP8, each benchmarked (prefill
+#    TFLOP/s, decode: the tensor-core GEMMs against BF16); continuous
+#    against static batching (bench_batching.lua --device cuda);
 # 6. the CPU tensor-parallel tests on the same build (test_comm, test_tp);
 # 7. the benchmark lines of stage 3, gathered.
 # The model (98 MB) is more than one device call carries (64 MiB), and
@@ -215,6 +218,21 @@ if [ $gpu -eq 1 ] && [ $model_ok -eq 1 ] && [ -n "$NSYS" ]; then
     run "nsys profile of generate --device cuda" 150 nsys_run
 else
     say "SKIP: nsys not found (or no GPU / model): the per-kernel profile of test_cuda_ops --bench stands in"
+fi
+
+stage "BF16, W8A8 and FP8 weights on cuda (quantized here from the model: prefill and decode against BF16)"
+if [ $gpu -eq 1 ] && [ $model_ok -eq 1 ]; then
+    SRC="${LUAINFER_MODEL:-$MODEL_FILE}"
+    for method in bf16 w8a8 fp8; do
+        calib=()
+        [ $method = w8a8 ] && calib=(--calib tests/data/plrabn12.txt --samples 8 --seq-len 256)
+        if run "quantize --method $method" 120 "$BUILD/luainfer" quantize --method $method "${calib[@]}" "$SRC" \
+            "$BUILD/m_$method.gguf"; then
+            run "bench on $method weights" 150 "$BUILD/test_cuda_ops" --only bench --model "$BUILD/m_$method.gguf"
+        fi
+    done
+else
+    say "SKIP: no GPU or no model"
 fi
 
 stage "continuous against static batching on cuda (bench_batching.lua, the chat-shaped spread)"

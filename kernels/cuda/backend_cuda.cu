@@ -44,6 +44,7 @@ extern "C" {
 #include "cuda/cuda_backend.h"
 }
 #include "cuda/cuda_math.h"
+#include "cuda/lt_gemm.h"
 
 #include <cuda_runtime.h>
 #include <cublas_v2.h>
@@ -78,11 +79,12 @@ struct cu_hostcopy {
 
 // the kernels the profile tells apart
 enum {
-    PK_ACT_QUANT, PK_ACT_Q8, PK_GEMV, PK_GEMV_MULTI, PK_DEQUANT, PK_SGEMM, PK_ADD, PK_GET_ROWS, PK_RMSNORM,
+    PK_ACT_QUANT, PK_ACT_Q8, PK_GEMV, PK_GEMV_MULTI, PK_DEQUANT, PK_SGEMM, PK_LT_CODES, PK_LT_GEMM, PK_LT_EPI,
+    PK_ADD, PK_GET_ROWS, PK_RMSNORM,
     PK_ROPE, PK_SILU_MUL, PK_HADAMARD, PK_KV_STORE, PK_ATTENTION, PK_ARGMAX, PK_SET, PK_GET, PK_COPY, PK_N
 };
 static const char *const pk_name[PK_N] = {"act_quant", "act_q8", "gemv", "gemv_multi", "dequant", "sgemm",
-                                          "add", "get_rows", "rmsnorm", "rope", "silu_mul", "hadamard",
+                                          "lt_codes", "lt_gemm", "lt_epilogue", "add", "get_rows", "rmsnorm", "rope", "silu_mul", "hadamard",
                                           "kv_store", "attention", "argmax", "buffer_set", "buffer_get",
                                           "buffer_copy"};
 
@@ -111,6 +113,14 @@ struct li_cuda {
     size_t wcap;  // floats
     float *xbuf;  // quantized activations of a scheme weight
     size_t xcap;
+    // tensor-core GEMMs (lt_gemm.h): the handle (NULL: cuBLASLt did not open),
+    // kinds that failed once (then their weights take the SGEMM path), and
+    // the activations' codes (n, k) with their row scales, and D (n, m)
+    li_lt *lt;
+    bool lt_off[LI_LT_N];
+    char lt_why[200];
+    float *lt_codes, *lt_rows, *lt_d; // bytes in float units
+    size_t lt_codes_cap, lt_rows_cap, lt_d_cap;
     cu_hostcopy *copies;
     int n_copies, cap_copies;
     // graphs: gen counts the times scratch moved (a recording of an older
@@ -779,9 +789,105 @@ static void matmul_one(li_cuda *c, const li_weight *w, const float *xa, float *y
     }
 }
 
+// ---- tensor-core GEMMs above GEMV_NB rows (lt_gemm.h) ----
+
+// The activation rows as the tensor cores take them: W8A8 / FP8, each row's
+// codes and scale exactly as the CPU's w8 kernels quantize it (w8.c:
+// s = amax / 127 or 448, the int8 code rounded to even and clamped, the
+// e4m3 code of x / s); bf16 / f16, each element rounded to nearest even.
+__global__ void k_lt_codes(int kind, const float *x, void *codes, float *rs, int64_t k) {
+    const float *xr = x + (int64_t)blockIdx.x * k;
+    if (kind == LI_LT_BF16 || kind == LI_LT_F16) {
+        uint16_t *o = (uint16_t *)codes + (int64_t)blockIdx.x * k;
+        for (int64_t j = threadIdx.x; j < k; j += blockDim.x)
+            o[j] = kind == LI_LT_BF16 ? li_cu_f32_to_bf16(xr[j]) : li_cu_f32_to_fp16(xr[j]);
+        return;
+    }
+    __shared__ float red[ROW_THREADS];
+    float amax = 0.0f;
+    for (int64_t j = threadIdx.x; j < k; j += blockDim.x) amax = fmaxf(amax, fabsf(xr[j]));
+    red[threadIdx.x] = amax;
+    __syncthreads();
+    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+        if ((int)threadIdx.x < s) red[threadIdx.x] = fmaxf(red[threadIdx.x], red[threadIdx.x + s]);
+        __syncthreads();
+    }
+    const float sc = red[0] / (kind == LI_LT_INT8 ? 127.0f : 448.0f);
+    const float inv = sc > 0.0f ? 1.0f / sc : 0.0f;
+    uint8_t *o = (uint8_t *)codes + (int64_t)blockIdx.x * k;
+    for (int64_t j = threadIdx.x; j < k; j += blockDim.x)
+        o[j] = kind == LI_LT_INT8 ? (uint8_t)(int8_t)li_cu_code_round(xr[j] * inv, -127.0f, 127.0f)
+                                  : li_cu_f32_to_fp8(xr[j] * inv);
+    if (threadIdx.x == 0) rs[blockIdx.x] = sc;
+}
+
+// y(n, m) from D: W8A8 (float)sum * (s_row * s_col), the CPU's expression
+// (w8.c gemm_int8_scalar), so the same bits; FP8 the same with the f32 sums;
+// bf16 / f16 D as it is. res += y when res.
+__global__ void k_lt_epilogue(int kind, const void *d, const float *rs, const float *ws, float *y, float *res,
+                              int64_t n, int64_t m) {
+    const int64_t total = n * m;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t r = i / m, col = i % m;
+        float v;
+        if (kind == LI_LT_INT8) v = (float)((const int32_t *)d)[i] * (rs[r] * ws[col]);
+        else if (kind == LI_LT_FP8) v = ((const float *)d)[i] * (rs[r] * ws[col]);
+        else v = ((const float *)d)[i];
+        y[i] = v;
+        if (res) res[i] += v;
+    }
+}
+
+// the tensor-core kind w takes above GEMV_NB rows, or -1 (the SGEMM path)
+static int lt_kind(const li_cuda *c, const li_weight *w) {
+    if (!c->lt) return -1;
+    const bool per_channel = li_weight_n_groups(w) == 1 && !w->zeros && !w->perm && w->k <= 65536;
+    int kind = -1;
+    if (w->scheme == LI_SCHEME_W8A8 && w->type == LI_KV_TYPE_INT8 && w->act == LI_ACT_INT8 && per_channel)
+        kind = LI_LT_INT8;
+    else if (w->scheme == LI_SCHEME_FP8 && w->type == LI_KV_TYPE_FP8_E4M3 && w->act == LI_ACT_FP8 && per_channel)
+        kind = LI_LT_FP8;
+    else if (w->scheme == LI_SCHEME_PLAIN && w->type == LI_TYPE_BF16) kind = LI_LT_BF16;
+    else if (w->scheme == LI_SCHEME_PLAIN && w->type == LI_TYPE_F16) kind = LI_LT_F16;
+    if (kind < 0 || c->lt_off[kind] || !li_lt_shape_ok((li_lt_kind)kind, w->k)) return -1;
+    return kind;
+}
+
+// y = x . W^T (res += y) on the tensor cores; false (nothing issued but
+// what ran before a failure, whose outputs the caller rewrites) when w
+// cannot go this way, or its kind just failed (said once, then off)
+static bool lt_matmul(li_cuda *c, const li_weight *w, const float *x, float *y, float *res, int64_t n) {
+    const int kind = lt_kind(c, w);
+    if (kind < 0 || n <= GEMV_NB) return false;
+    const int64_t k = w->k, m = w->m;
+    const size_t cb = kind == LI_LT_INT8 || kind == LI_LT_FP8 ? 1 : 2;
+    float *codes = reserve(c, &c->lt_codes, &c->lt_codes_cap, ((size_t)n * (size_t)k * cb + 3) / 4);
+    float *rs = reserve(c, &c->lt_rows, &c->lt_rows_cap, (size_t)n);
+    float *d = reserve(c, &c->lt_d, &c->lt_d_cap, (size_t)n * (size_t)m);
+    PROF(c, PK_LT_CODES,
+         k_lt_codes<<<(unsigned)n, ROW_THREADS, 0, c->st>>>(kind, x, codes, rs, k); CK_LAUNCH("lt_codes"));
+    char why[160];
+    int rc = 0;
+    PROF(c, PK_LT_GEMM,
+         rc = li_lt_matmul(c->lt, c->st, (li_lt_kind)kind, m, n, k, ((const cu_weight *)w->packed)->data, codes, d,
+                           c->blas_ws, c->blas_ws ? (size_t)32 << 20 : 0, why, sizeof why));
+    if (rc) {
+        c->lt_off[kind] = true;
+        snprintf(c->lt_why, sizeof c->lt_why, "%s", why);
+        fprintf(stderr, "luainfer: cuda: %s; those weights take the SGEMM path\n", why);
+        return false;
+    }
+    const float *wsc = kind == LI_LT_INT8 || kind == LI_LT_FP8 ? ((const cu_weight *)w->packed)->scales : nullptr;
+    PROF(c, PK_LT_EPI,
+         k_lt_epilogue<<<blocks_for(n * m, 256), 256, 0, c->st>>>(kind, d, rs, wsc, y, res, n, m);
+         CK_LAUNCH("lt_epilogue"));
+    return true;
+}
+
 static void cu_matmul(li_backend *be, const li_weight *w, const float *x, float *y, int64_t n) {
     if (n <= 0) return;
     li_cuda *c = cu(be);
+    if (lt_matmul(c, w, x, y, nullptr, n)) return;
     matmul_one(c, w, act_for(c, w, x, n), y, nullptr, n);
 }
 
@@ -795,6 +901,7 @@ static void cu_add(li_backend *be, float *y, const float *x, int64_t n) {
 static void cu_matmul_add(li_backend *be, const li_weight *w, const float *x, float *y, float *res, int64_t n) {
     if (n <= 0) return;
     li_cuda *c = cu(be);
+    if (lt_matmul(c, w, x, y, res, n)) return;
     matmul_one(c, w, act_for(c, w, x, n), y, res, n);
 }
 
@@ -804,6 +911,11 @@ static void cu_matmul_multi(li_backend *be, const li_weight *const *w, int n_w, 
                             int64_t n) {
     if (n <= 0 || n_w <= 0) return;
     li_cuda *c = cu(be);
+    if (n > GEMV_NB) { // each weight its own GEMM: on the tensor cores where it can
+        for (int i = 0; i < n_w; i++)
+            if (!lt_matmul(c, w[i], x, y[i], nullptr, n)) matmul_one(c, w[i], act_for(c, w[i], x, n), y[i], nullptr, n);
+        return;
+    }
     bool alike = true, one_type = n_w <= MULTI_MAX;
     for (int i = 1; i < n_w; i++) {
         alike &= act_kind(w[i]) == act_kind(w[0]) && w[i]->k == w[0]->k;
@@ -1327,11 +1439,20 @@ extern "C" int li_backend_cuda_init(li_backend *be, int device, li_error *err) {
     const size_t ws = (size_t)32 << 20;
     if (cudaMalloc(&c->blas_ws, ws) == cudaSuccess) blas.set_workspace(c->blas, c->blas_ws, ws);
     else cudaGetLastError();
+    // the tensor-core GEMMs: without cuBLASLt every weight takes the SGEMM path
+    char why[160];
+    const char *lt_env = getenv("LUAINFER_CUDA_LT");
+    if (lt_env && !strcmp(lt_env, "0")) snprintf(c->lt_why, sizeof c->lt_why, "off (LUAINFER_CUDA_LT=0)");
+    else if (!(c->lt = li_lt_create(why, sizeof why))) snprintf(c->lt_why, sizeof c->lt_why, "%s", why);
     const char *prof = getenv("LUAINFER_CUDA_PROFILE");
     if (prof && strcmp(prof, "0") && *prof) c->prof.on = c->prof.print_at_free = true;
     be->ops = &cuda_ops;
     be->impl = c;
     return 0;
+}
+
+extern "C" const char *li_backend_cuda_lt_note(li_backend *be) {
+    return li_backend_is_cuda(be) ? cu(be)->lt_why : "";
 }
 
 extern "C" void li_backend_cuda_profile(li_backend *be, bool on) {
@@ -1374,6 +1495,10 @@ extern "C" void li_backend_cuda_free(li_backend *be) {
     for (int i = 0; i < c->prof.n_pool; i++) cudaEventDestroy(c->prof.pool[i]);
     free(c->prof.pool);
     free(c->prof.pend);
+    li_lt_destroy(c->lt);
+    cudaFree(c->lt_codes);
+    cudaFree(c->lt_rows);
+    cudaFree(c->lt_d);
     cudaFree(c->blas_ws);
     cudaFree(c->wbuf);
     cudaFree(c->xbuf);

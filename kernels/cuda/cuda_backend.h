@@ -26,5 +26,9 @@ bool li_backend_is_cuda(const li_backend *be);
  * turns it on at init and prints it at free. No-ops on another backend. */
 void li_backend_cuda_profile(li_backend *be, bool on);
 void li_backend_cuda_profile_print(li_backend *be, FILE *out, const char *title);
+/* Why the tensor-core GEMMs (cuBLASLt: W8A8 int8, FP8, BF16 and F16
+ * weights above 8 rows) are off or a kind of them failed and went back to
+ * the SGEMM path, or "" when none did (and on another backend). */
+const char *li_backend_cuda_lt_note(li_backend *be);
 
 #endif

@@ -24,6 +24,11 @@ void li_backend_cuda_profile(li_backend *be, bool on) {
     (void)on;
 }
 
+const char *li_backend_cuda_lt_note(li_backend *be) {
+    (void)be;
+    return "";
+}
+
 void li_backend_cuda_profile_print(li_backend *be, FILE *out, const char *title) {
     (void)be;
     (void)out;

@@ -11,6 +11,8 @@
  *
  * Thresholds, as ggml's test-backend-ops states them (normalized mean
  * squared error, sum (got - want)^2 / sum want^2):
+ *   exact W8A8 above 8 rows with k a multiple of 16 (the int8 tensor cores'
+ *         integer sums, then the CPU's epilogue: the reference's bits)
  *   5e-4  matmul, matmul_add and attention (its mul_mat and flash_attn_ext
  *         bound: the reference multiplies Q8 activations with integer
  *         sums; the GPU rounds the activations as those Q8 blocks do, then
@@ -33,6 +35,9 @@
  *                                op by op and as recorded passes (tokens/s and ms
  *                                per step), and a per-kernel profile
  *                                (tools/device_check.sh)
+ *   test_cuda_ops --only bench [--model FILE]
+ *                                the benchmarks alone (prefill 512 tokens, then
+ *                                decode), on FILE (default: the default model)
  *   test_cuda_ops --only GROUP   one group: weights, rowops, attention or model
  *                                (device_check.sh runs each in its own process,
  *                                so an op that aborts hides nothing else) */
@@ -101,6 +106,15 @@ static void check_weight(test_weight *tw, const char *what) {
         const double e = nmse(got, want, n * m);
         report(e < 5e-4, "%s matmul m=%lld k=%lld n=%lld (%s): nmse %.2e < 5e-4", what, (long long)m, (long long)k,
                (long long)n, n <= 8 ? "gemv" : "cublas", e);
+        /* W8A8 on the int8 tensor cores: the integer sums and the CPU's
+         * epilogue, so the reference's bits (k = 67 is not a multiple of 16:
+         * that weight stays on the SGEMM path, and only its NMSE counts) */
+        if (n > 8 && w->scheme == LI_SCHEME_W8A8 && k % 16 == 0) {
+            const char *note = li_backend_cuda_lt_note(&cu);
+            report(!*note && !memcmp(got, want, (size_t)(n * m) * 4),
+                   "%s matmul n=%lld on the int8 tensor cores: the reference's bits%s%s", what, (long long)n,
+                   *note ? ": " : "", note);
+        }
         /* matmul_add: y and res += y */
         float *res = frand(n * m, 1.0f);
         li_buffer br = up(res, (size_t)(n * m) * 4);
@@ -193,6 +207,7 @@ static void test_multi(void) {
 static void test_weights(void) {
     const struct { li_type t; int64_t k; } plain[] = {
         {LI_TYPE_F32, 67}, {LI_TYPE_F16, 67}, {LI_TYPE_BF16, 67},
+        {LI_TYPE_F16, 160}, {LI_TYPE_BF16, 160}, /* above 8 rows on the tensor cores (cuBLASLt) */
         {LI_TYPE_Q8_0, 160}, {LI_TYPE_Q4_0, 160}, {LI_TYPE_Q4_1, 160},
     };
     for (size_t i = 0; i < LI_ARRAY_LEN(plain); i++) {
@@ -203,6 +218,8 @@ static void test_weights(void) {
     }
     const struct { li_scheme s; int64_t k, gs; bool zeros, perm; } sch[] = {
         {LI_SCHEME_W8A8, 67, 0, false, false}, {LI_SCHEME_FP8, 67, 0, false, false},
+        /* k = 160: above 8 rows on the tensor cores (cuBLASLt int8, fp8) */
+        {LI_SCHEME_W8A8, 160, 0, false, false}, {LI_SCHEME_FP8, 160, 0, false, false},
         {LI_SCHEME_AWQ, 68, 32, true, false},  {LI_SCHEME_GPTQ, 68, 32, true, true},
         {LI_SCHEME_INT4, 68, 0, false, false},
     };
@@ -697,6 +714,69 @@ static void test_engine_sampling(li_model *m, const int32_t *prompt, size_t np) 
            "(device_sampling off: %lld)", (long long)dev[0], (long long)dev[1]);
 }
 
+/* Multiply-adds of one token through every matmul (the output head apart) */
+static double matmul_macs(const li_model *m) {
+    double s = 0;
+    for (int l = 0; l < m->hp.n_layer; l++) {
+        const li_layer *L = &m->layers[l];
+        const li_weight *w[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        for (size_t i = 0; i < LI_ARRAY_LEN(w); i++) s += (double)w[i]->m * (double)w[i]->k;
+    }
+    return s;
+}
+
+/* A 512-token prompt in one pass (one sequence, the last row's logits),
+ * best of 3 after a warm-up: TFLOP/s over the matmuls, the attention and
+ * the head */
+static void bench_prefill(li_model *m) {
+    enum { N = 512 };
+    li_error err = {0};
+    li_kv_cache kv;
+    li_forward fw;
+    const li_kv_dims dims = li_forward_kv_dims(&m->hp);
+    if (li_kv_cache_init(&kv, &cu, &dims, LI_TYPE_F16, 16, N / 16 + 1, &err) || li_forward_init(&fw, m, &cu, N, &err)) {
+        printf("bench: prefill: %s\n", err.msg);
+        return;
+    }
+    li_kv_seq sq;
+    li_kv_seq_init(&sq);
+    li_kv_seq_reserve(&kv, &sq, N);
+    int32_t *tok = li_xmalloc(N * 4), *pos = li_xmalloc(N * 4), *seq = li_xcalloc(N, 4), last = N - 1;
+    int64_t *slot = li_xmalloc(N * 8);
+    for (int i = 0; i < N; i++) {
+        tok[i] = (i * 7919 + 100) % m->hp.n_vocab;
+        pos[i] = i;
+        slot[i] = li_kv_seq_slot(&kv, &sq, i);
+    }
+    li_batch b = {.n = N, .tokens = tok, .pos = pos, .seq = seq, .slot = slot, .block_table = sq.blocks, .n_seqs = 1,
+                  .bt_stride = sq.n_blocks, .logit_rows = &last, .n_logits = 1};
+    float *logits = li_xmalloc((size_t)m->hp.n_vocab * sizeof(float));
+    double best = 1e30;
+    for (int r = 0; r < 4; r++) {
+        const double t0 = li_time_now();
+        if (li_forward_run(&fw, m, &cu, &kv, &b, logits, &err)) {
+            printf("bench: prefill: %s\n", err.msg);
+            break;
+        }
+        const double dt = li_time_now() - t0;
+        if (r) best = dt < best ? dt : best;
+    }
+    const li_hparams *hp = &m->hp;
+    const double flop = 2.0 * N * matmul_macs(m) + 2.0 * (double)hp->n_vocab * hp->n_embd +
+                        4.0 * hp->n_layer * hp->n_head * hp->head_dim * (N * (N + 1) / 2.0);
+    printf("bench: prefill %d tokens, one pass: %.3f ms, %.0f tokens/s, %.2f TFLOP/s\n", N, best * 1e3, N / best,
+           flop / best / 1e12);
+    free(tok);
+    free(pos);
+    free(seq);
+    free(slot);
+    free(logits);
+    li_kv_seq_release(&kv, &sq);
+    li_kv_seq_free(&sq);
+    li_forward_free(&fw);
+    li_kv_cache_free(&kv);
+}
+
 /* Decode steps at batch 1, 8, 64 and 256 (context 128, F16 KV, logits
  * copied back each step), op by op and replayed, alternating in rounds;
  * then each kernel's time at batch 1 and 64 (the profile). */
@@ -748,6 +828,22 @@ static void bench_decode(li_model *m) {
         free(logits);
         rig_free(&r);
     }
+}
+
+/* --only bench: the benchmarks alone, on the model at path (NULL: the
+ * default), e.g. the W8A8, FP8 and BF16 files device_check makes */
+static void bench_only(const char *path) {
+    li_error err = {0};
+    li_model *m;
+    if (li_model_load(&m, li_model_default_path(path), &err) || li_model_prepare(m, &cu, &err)) {
+        report(false, "bench: model %s: %s", path ? path : "(default)", err.msg);
+        return;
+    }
+    printf("bench: model %s\n", path ? path : li_model_default_path(NULL));
+    bench_prefill(m);
+    bench_decode(m);
+    li_model_release(m, &cu);
+    li_model_free(m);
 }
 
 static void test_model(bool bench) {
@@ -823,7 +919,10 @@ static void test_model(bool bench) {
     }
     if (!rc) test_graphs(m);
     if (!rc) test_engine_sampling(m, pt, np);
-    if (!rc && bench) bench_decode(m);
+    if (!rc && bench) {
+        bench_prefill(m);
+        bench_decode(m);
+    }
     if (on_cu) li_model_release(m, &cu);
     free(sc);
     free(sg);
@@ -835,20 +934,22 @@ static void test_model(bool bench) {
 
 int main(int argc, char **argv) {
     bool bench = false;
-    const char *only = NULL;
+    const char *only = NULL, *model = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--bench")) bench = true;
         else if (!strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
+        else if (!strcmp(argv[i], "--model") && i + 1 < argc) model = argv[++i];
         else {
-            fprintf(stderr, "usage: test_cuda_ops [--bench] [--only weights|rowops|attention|model]\n");
+            fprintf(stderr, "usage: test_cuda_ops [--bench] [--only weights|rowops|attention|model|bench] "
+                            "[--model FILE (with --only bench)]\n");
             return 2;
         }
     }
-    const char *groups[] = {"weights", "rowops", "attention", "model"};
+    const char *groups[] = {"weights", "rowops", "attention", "model", "bench"};
     bool known = !only;
     for (size_t g = 0; g < LI_ARRAY_LEN(groups); g++) known = known || !strcmp(only, groups[g]);
     if (!known) {
-        fprintf(stderr, "test_cuda_ops: unknown group '%s' (weights, rowops, attention, model)\n", only);
+        fprintf(stderr, "test_cuda_ops: unknown group '%s' (weights, rowops, attention, model, bench)\n", only);
         return 2;
     }
 #define RUN(g) (!only || !strcmp(only, g))
@@ -863,6 +964,7 @@ int main(int argc, char **argv) {
     if (RUN("rowops")) test_rowops();
     if (RUN("attention")) test_attention();
     if (RUN("model")) test_model(bench);
+    if (only && !strcmp(only, "bench")) bench_only(model); /* only when asked */
     li_backend_cuda_free(&cu);
     return t_summary("test_cuda_ops");
 }
