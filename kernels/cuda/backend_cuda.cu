@@ -119,8 +119,8 @@ struct li_cuda {
     li_lt *lt;
     bool lt_off[LI_LT_N];
     char lt_why[200];
-    float *lt_codes, *lt_rows, *lt_d; // bytes in float units
-    size_t lt_codes_cap, lt_rows_cap, lt_d_cap;
+    float *lt_codes, *lt_rows, *lt_d, *lt_w16; // bytes in float units; lt_w16: a weight dequantized to f16
+    size_t lt_codes_cap, lt_rows_cap, lt_d_cap, lt_w16_cap;
     cu_hostcopy *copies;
     int n_copies, cap_copies;
     // graphs: gen counts the times scratch moved (a recording of an older
@@ -518,15 +518,19 @@ template <int T> __device__ __forceinline__ float wval(const cu_wview &w, const 
     return c;
 }
 
-// out(n, k) = rows ids[i] (or i when ids is NULL) of W as f32, in input-column order
-template <int T> __global__ void k_dequant(cu_wview w, const int32_t *ids, int64_t n, float *out) {
+__device__ __forceinline__ void put_elem(float *o, int64_t i, float v) { o[i] = v; }
+__device__ __forceinline__ void put_elem(uint16_t *o, int64_t i, float v) { o[i] = li_cu_f32_to_fp16(v); }
+
+// out(n, k) = rows ids[i] (or i when ids is NULL) of W as f32 (or f16,
+// rounded to nearest even: the tensor cores' operand), in input-column order
+template <int T, typename O> __global__ void k_dequant(cu_wview w, const int32_t *ids, int64_t n, O *out) {
     const int64_t total = n * w.k;
     for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
          idx += (int64_t)gridDim.x * blockDim.x) {
         const int64_t i = idx / w.k, j = idx % w.k;
         const int64_t r = ids ? (int64_t)ids[i] : i;
         const float v = wval<T>(w, w.data + r * w.row_bytes, r, j);
-        out[i * w.k + (w.perm ? (int64_t)w.perm[j] : j)] = v;
+        put_elem(out, i * w.k + (w.perm ? (int64_t)w.perm[j] : j), v);
     }
 }
 
@@ -776,7 +780,7 @@ static void matmul_one(li_cuda *c, const li_weight *w, const float *xa, float *y
     // n > 8: the whole weight dequantized to f32, then one SGEMM. Column-major
     // view: y^T(m, n) = W'(k, m)^T . x^T(k, n), W' the row-major (m, k) copy.
     float *wf = reserve(c, &c->wbuf, &c->wcap, (size_t)w->m * (size_t)w->k);
-#define L_DEQ(T) k_dequant<T><<<blocks_for(w->m * w->k, 256), 256, 0, c->st>>>(v, nullptr, w->m, wf)
+#define L_DEQ(T) k_dequant<T, float><<<blocks_for(w->m * w->k, 256), 256, 0, c->st>>>(v, nullptr, w->m, wf)
     PROF(c, PK_DEQUANT, CU_TYPE_SWITCH(w->type, L_DEQ); CK_LAUNCH("dequant"));
 #undef L_DEQ
     const float one = 1.0f, zero = 0.0f;
@@ -838,8 +842,12 @@ __global__ void k_lt_epilogue(int kind, const void *d, const float *rs, const fl
     }
 }
 
-// the tensor-core kind w takes above GEMV_NB rows, or -1 (the SGEMM path)
-static int lt_kind(const li_cuda *c, const li_weight *w) {
+// the tensor-core kind w takes above GEMV_NB rows, or -1 (the SGEMM path);
+// *deq: the weight is dequantized to f16 first (the GGUF block types and
+// the 4-bit schemes: their values in f16, their inputs as act_for leaves
+// them, in f16), as vLLM's GGUF path dequantizes above its batch threshold
+static int lt_kind(const li_cuda *c, const li_weight *w, bool *deq) {
+    *deq = false;
     if (!c->lt) return -1;
     const bool per_channel = li_weight_n_groups(w) == 1 && !w->zeros && !w->perm && w->k <= 65536;
     int kind = -1;
@@ -849,6 +857,10 @@ static int lt_kind(const li_cuda *c, const li_weight *w) {
         kind = LI_LT_FP8;
     else if (w->scheme == LI_SCHEME_PLAIN && w->type == LI_TYPE_BF16) kind = LI_LT_BF16;
     else if (w->scheme == LI_SCHEME_PLAIN && w->type == LI_TYPE_F16) kind = LI_LT_F16;
+    else if (w->type != LI_TYPE_F32 && !(w->scheme == LI_SCHEME_W8A8 || w->scheme == LI_SCHEME_FP8)) {
+        kind = LI_LT_F16;
+        *deq = true;
+    }
     if (kind < 0 || c->lt_off[kind] || !li_lt_shape_ok((li_lt_kind)kind, w->k)) return -1;
     return kind;
 }
@@ -857,10 +869,21 @@ static int lt_kind(const li_cuda *c, const li_weight *w) {
 // what ran before a failure, whose outputs the caller rewrites) when w
 // cannot go this way, or its kind just failed (said once, then off)
 static bool lt_matmul(li_cuda *c, const li_weight *w, const float *x, float *y, float *res, int64_t n) {
-    const int kind = lt_kind(c, w);
+    bool deq;
+    const int kind = lt_kind(c, w, &deq);
     if (kind < 0 || n <= GEMV_NB) return false;
     const int64_t k = w->k, m = w->m;
     const size_t cb = kind == LI_LT_INT8 || kind == LI_LT_FP8 ? 1 : 2;
+    const void *a = ((const cu_weight *)w->packed)->data;
+    if (deq) { // the weight in f16, the input as its own kernels read it
+        uint16_t *wh = (uint16_t *)reserve(c, &c->lt_w16, &c->lt_w16_cap, ((size_t)m * (size_t)k * 2 + 3) / 4);
+        const cu_wview v = wview(w);
+#define L_DEQH(T) k_dequant<T, uint16_t><<<blocks_for(m * k, 256), 256, 0, c->st>>>(v, nullptr, m, wh)
+        PROF(c, PK_DEQUANT, CU_TYPE_SWITCH(w->type, L_DEQH); CK_LAUNCH("dequant f16"));
+#undef L_DEQH
+        x = act_for(c, w, x, n);
+        a = wh;
+    }
     float *codes = reserve(c, &c->lt_codes, &c->lt_codes_cap, ((size_t)n * (size_t)k * cb + 3) / 4);
     float *rs = reserve(c, &c->lt_rows, &c->lt_rows_cap, (size_t)n);
     float *d = reserve(c, &c->lt_d, &c->lt_d_cap, (size_t)n * (size_t)m);
@@ -869,8 +892,8 @@ static bool lt_matmul(li_cuda *c, const li_weight *w, const float *x, float *y, 
     char why[160];
     int rc = 0;
     PROF(c, PK_LT_GEMM,
-         rc = li_lt_matmul(c->lt, c->st, (li_lt_kind)kind, m, n, k, ((const cu_weight *)w->packed)->data, codes, d,
-                           c->blas_ws, c->blas_ws ? (size_t)32 << 20 : 0, why, sizeof why));
+         rc = li_lt_matmul(c->lt, c->st, (li_lt_kind)kind, m, n, k, a, codes, d, c->blas_ws,
+                           c->blas_ws ? (size_t)32 << 20 : 0, why, sizeof why));
     if (rc) {
         c->lt_off[kind] = true;
         snprintf(c->lt_why, sizeof c->lt_why, "%s", why);
@@ -950,7 +973,7 @@ static void cu_get_rows(li_backend *be, const li_weight *w, const int32_t *ids, 
     if (n <= 0) return;
     const cu_wview v = wview(w);
     li_cuda *c = cu(be);
-#define L_ROWS(T) k_dequant<T><<<blocks_for(n * w->k, 256), 256, 0, c->st>>>(v, ids, n, out)
+#define L_ROWS(T) k_dequant<T, float><<<blocks_for(n * w->k, 256), 256, 0, c->st>>>(v, ids, n, out)
     PROF(c, PK_GET_ROWS, CU_TYPE_SWITCH(w->type, L_ROWS); CK_LAUNCH("get_rows"));
 #undef L_ROWS
 }
@@ -1499,6 +1522,7 @@ extern "C" void li_backend_cuda_free(li_backend *be) {
     cudaFree(c->lt_codes);
     cudaFree(c->lt_rows);
     cudaFree(c->lt_d);
+    cudaFree(c->lt_w16);
     cudaFree(c->blas_ws);
     cudaFree(c->wbuf);
     cudaFree(c->xbuf);
