@@ -55,6 +55,9 @@
 -- request's draft KV computed, the default 16: an idle request's zeroed),
 -- side by side.
 --
+-- --device cuda runs every engine on the GPU (with LUAINFER_CUDA_INVARIANT=1:
+-- speculation needs its batch-invariant kernels, docs/cuda.md).
+--
 -- --calibrated (with proposers) runs each adaptive setting twice: as the
 -- engine runs it by default (the row-cost curve from the passes run so
 -- far, a count's first one untimed) and with the curve timed before the
@@ -82,7 +85,10 @@ local opts = bench.options(arg)
 local flags = bench.take_flags(arg, { ["--medusa"] = "value", ["--medusa-tree"] = "value", ["--eagle"] = "value",
                                       ["--eagle-k"] = "value", ["--quick"] = "flag", ["--eagle-idle"] = "value",
                                        ["--policy"] = "value", ["--seeds"] = "value", ["--temps"] = "value",
-                                       ["--batches"] = "value", ["--calibrated"] = "flag" })
+                                       ["--batches"] = "value", ["--calibrated"] = "flag", ["--device"] = "value" })
+-- --device cuda: the engines run there (speculation needs its batch-invariant
+-- kernels: LUAINFER_CUDA_INVARIANT=1, docs/cuda.md)
+local DEVICE = flags["--device"]
 local medusa, medusa_tree, quick = flags["--medusa"], flags["--medusa-tree"], flags["--quick"]
 local eagle, eagle_k = flags["--eagle"], tonumber(flags["--eagle-k"] or "3")
 local SEEDS = tonumber(flags["--seeds"] or "1")
@@ -194,7 +200,7 @@ local function proposers_bench(layers, draft)
   -- decisions cost, not how loaded the machine was during that run.
   local row_cost = {} -- [n] = { seconds of each forward pass of n rows }
   local function one(kind, seqs, temp, set)
-    local cfg = { max_num_seqs = seqs, max_batched_tokens = 512, spec_disable_batch = 0 }
+    local cfg = { max_num_seqs = seqs, max_batched_tokens = 512, spec_disable_batch = 0, device = DEVICE }
     for k, v in pairs(set.cfg) do cfg[k] = v end
     local e = luainfer.engine(cfg)
     local ids, hist, extra, s0 = {}, {}, 0, e:stats()
@@ -337,7 +343,7 @@ if arg[3] == "proposers" then
 end
 
 local function run(prompts, seqs, set)
-  local e = luainfer.engine{ max_num_seqs = seqs, max_batched_tokens = 512, spec_tokens = set.k,
+  local e = luainfer.engine{ device = DEVICE, max_num_seqs = seqs, max_batched_tokens = 512, spec_tokens = set.k,
                              spec_disable_batch = set.always and 0 or nil, policy = root .. "/policies/default.lua" }
   local ids = {}
   for i = 1, #prompts do

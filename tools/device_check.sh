@@ -235,6 +235,14 @@ else
     say "SKIP: no GPU or no model"
 fi
 
+stage "speculation on cuda (batch-invariant kernels): bench spec proposers --quick"
+if [ $gpu -eq 1 ] && [ $model_ok -eq 1 ]; then
+    run "bench spec 128 1 proposers --quick --device cuda" 200 env LUAINFER_CUDA_INVARIANT=1 "$BUILD/luainfer" \
+        bench spec 128 1 proposers --quick --device cuda
+else
+    say "SKIP: no GPU or no model"
+fi
+
 stage "continuous against static batching on cuda (bench_batching.lua, the chat-shaped spread)"
 if [ $gpu -eq 1 ] && [ $model_ok -eq 1 ]; then
     run "bench_batching 200 requests, 32 seqs, loguniform, cuda" 180 "$BUILD/luainfer" run bench/bench_batching.lua \

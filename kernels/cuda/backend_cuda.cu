@@ -128,6 +128,10 @@ struct li_cuda {
     uint64_t gen;
     bool capturing, cap_broken;
     cu_profile prof;
+    // batch-invariant (LUAINFER_CUDA_INVARIANT=1): every matmul is the GEMV,
+    // any row count in chunks of GEMV_NB, so a row's bits never depend on
+    // the rows beside it and speculation's verification is exact
+    bool invariant;
 };
 
 struct cu_graph {
@@ -770,8 +774,8 @@ static const float *act_for(li_cuda *c, const li_weight *w, const float *x, int6
 // y = xa . W^T (xa already as act_for leaves it), and res += y when res
 static void matmul_one(li_cuda *c, const li_weight *w, const float *xa, float *y, float *res, int64_t n) {
     const cu_wview v = wview(w);
-    if (n <= GEMV_NB) {
-        const dim3 grid((unsigned)((w->m + GEMV_WARPS - 1) / GEMV_WARPS), 1);
+    if (n <= GEMV_NB || c->invariant) {
+        const dim3 grid((unsigned)((w->m + GEMV_WARPS - 1) / GEMV_WARPS), (unsigned)((n + GEMV_NB - 1) / GEMV_NB));
 #define L_GEMV(T) k_gemv<T><<<grid, GEMV_WARPS * 32, 0, c->st>>>(v, xa, y, res, n)
         PROF(c, PK_GEMV, CU_TYPE_SWITCH(w->type, L_GEMV); CK_LAUNCH("gemv"));
 #undef L_GEMV
@@ -871,7 +875,7 @@ static int lt_kind(const li_cuda *c, const li_weight *w, bool *deq) {
 static bool lt_matmul(li_cuda *c, const li_weight *w, const float *x, float *y, float *res, int64_t n) {
     bool deq;
     const int kind = lt_kind(c, w, &deq);
-    if (kind < 0 || n <= GEMV_NB) return false;
+    if (kind < 0 || n <= GEMV_NB || c->invariant) return false;
     const int64_t k = w->k, m = w->m;
     const size_t cb = kind == LI_LT_INT8 || kind == LI_LT_FP8 ? 1 : 2;
     const void *a = ((const cu_weight *)w->packed)->data;
@@ -934,7 +938,7 @@ static void cu_matmul_multi(li_backend *be, const li_weight *const *w, int n_w, 
                             int64_t n) {
     if (n <= 0 || n_w <= 0) return;
     li_cuda *c = cu(be);
-    if (n > GEMV_NB) { // each weight its own GEMM: on the tensor cores where it can
+    if (n > GEMV_NB && !c->invariant) { // each weight its own GEMM: on the tensor cores where it can
         for (int i = 0; i < n_w; i++)
             if (!lt_matmul(c, w[i], x, y[i], nullptr, n)) matmul_one(c, w[i], act_for(c, w[i], x, n), y[i], nullptr, n);
         return;
@@ -949,7 +953,7 @@ static void cu_matmul_multi(li_backend *be, const li_weight *const *w, int n_w, 
         return;
     }
     const float *xa = act_for(c, w[0], x, n);
-    if (n > GEMV_NB || !one_type) {
+    if (!one_type) {
         for (int i = 0; i < n_w; i++) matmul_one(c, w[i], xa, y[i], nullptr, n);
         return;
     }
@@ -963,7 +967,7 @@ static void cu_matmul_multi(li_backend *be, const li_weight *const *w, int n_w, 
         rows += w[i]->m;
         mw.end[i] = rows;
     }
-    const dim3 grid((unsigned)((rows + GEMV_WARPS - 1) / GEMV_WARPS), 1);
+    const dim3 grid((unsigned)((rows + GEMV_WARPS - 1) / GEMV_WARPS), (unsigned)((n + GEMV_NB - 1) / GEMV_NB));
 #define L_MULTI(T) k_gemv_multi<T><<<grid, GEMV_WARPS * 32, 0, c->st>>>(mw, xa, n)
     PROF(c, PK_GEMV_MULTI, CU_TYPE_SWITCH(w[0]->type, L_MULTI); CK_LAUNCH("gemv_multi"));
 #undef L_MULTI
@@ -1425,7 +1429,19 @@ static li_backend_ops make_ops(void) {
 
 static const li_backend_ops cuda_ops = make_ops();
 
-extern "C" bool li_backend_is_cuda(const li_backend *be) { return be && be->ops == &cuda_ops; }
+// the batch-invariant table: the same ops, every matmul the GEMV
+static li_backend_ops make_invariant_ops(void) {
+    li_backend_ops o = make_ops();
+    o.name = "cuda-invariant";
+    o.batch_variant = false;
+    return o;
+}
+
+static const li_backend_ops cuda_invariant_ops = make_invariant_ops();
+
+extern "C" bool li_backend_is_cuda(const li_backend *be) {
+    return be && (be->ops == &cuda_ops || be->ops == &cuda_invariant_ops);
+}
 
 extern "C" int li_backend_cuda_init(li_backend *be, int device, li_error *err) {
     be->ops = nullptr;
@@ -1469,7 +1485,9 @@ extern "C" int li_backend_cuda_init(li_backend *be, int device, li_error *err) {
     else if (!(c->lt = li_lt_create(why, sizeof why))) snprintf(c->lt_why, sizeof c->lt_why, "%s", why);
     const char *prof = getenv("LUAINFER_CUDA_PROFILE");
     if (prof && strcmp(prof, "0") && *prof) c->prof.on = c->prof.print_at_free = true;
-    be->ops = &cuda_ops;
+    const char *inv = getenv("LUAINFER_CUDA_INVARIANT");
+    c->invariant = inv && *inv && strcmp(inv, "0");
+    be->ops = c->invariant ? &cuda_invariant_ops : &cuda_ops;
     be->impl = c;
     return 0;
 }

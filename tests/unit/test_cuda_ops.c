@@ -41,6 +41,7 @@
  *   test_cuda_ops --only GROUP   one group: weights, rowops, attention or model
  *                                (device_check.sh runs each in its own process,
  *                                so an op that aborts hides nothing else) */
+#define _POSIX_C_SOURCE 200809L /* setenv */
 #include "util/common.h"
 #include "cuda/cuda_backend.h"
 #include "engine/engine.h"
@@ -714,6 +715,95 @@ static void test_engine_sampling(li_model *m, const int32_t *prompt, size_t np) 
            "(device_sampling off: %lld)", (long long)dev[0], (long long)dev[1]);
 }
 
+/* LUAINFER_CUDA_INVARIANT=1: a second CUDA backend whose matmuls are all
+ * the GEMV. Each row of a 40-row product equals the row computed alone,
+ * bit for bit (q4_1 through its block GEMV, w8a8, f16), and the engine's
+ * n-gram speculation on it gives the tokens of no speculation, greedy. The
+ * model moves from cu to it and back (a weight is prepared on one backend
+ * at a time). */
+static void test_invariant(li_model *m) {
+    li_error err = {0};
+    li_backend inv;
+    setenv("LUAINFER_CUDA_INVARIANT", "1", 1);
+    const int rc0 = li_backend_cuda_init(&inv, 0, &err);
+    unsetenv("LUAINFER_CUDA_INVARIANT");
+    report(rc0 == 0 && !inv.ops->batch_variant, "invariant backend: %s", rc0 ? err.msg : inv.ops->name);
+    if (rc0) return;
+    const li_type types[] = {LI_TYPE_Q4_1, LI_TYPE_Q8_0, LI_TYPE_F16};
+    for (size_t ti = 0; ti < LI_ARRAY_LEN(types); ti++) {
+        enum { N = 40, K = 160, M = 131 };
+        test_weight tw;
+        test_weight_make(&tw, types[ti], K, M, fill_rand);
+        li_weight wc = tw.w;
+        wc.packed = NULL;
+        inv.ops->weight_prepare(&inv, &wc);
+        float *x = frand(N * K, 1.0f), *all = frand(N * M, 0), *one = frand(M, 0);
+        li_buffer bx = up(x, sizeof(float) * N * K), by = up(NULL, sizeof(float) * N * M), b1 = up(NULL, sizeof(float) * M);
+        cu.ops->synchronize(&cu); /* the uploads ran on cu's stream, the products run on inv's */
+        inv.ops->matmul(&inv, &wc, bx.data, by.data, N);
+        inv.ops->synchronize(&inv);
+        down(&by, all, sizeof(float) * N * M);
+        bool same = true;
+        for (int r = 0; r < N; r++) {
+            inv.ops->matmul(&inv, &wc, (float *)bx.data + (size_t)r * K, b1.data, 1);
+            inv.ops->synchronize(&inv);
+            down(&b1, one, sizeof(float) * M);
+            same &= !memcmp(one, all + (size_t)r * M, sizeof(float) * M);
+        }
+        report(same, "invariant %s matmul: every row of a %d-row product is the row computed alone, bit for bit",
+               li_type_name(types[ti]), N);
+        li_buffer_free(&cu, &bx);
+        li_buffer_free(&cu, &by);
+        li_buffer_free(&cu, &b1);
+        inv.ops->weight_release(&inv, &wc);
+        test_weight_free(&tw);
+        free(x);
+        free(all);
+        free(one);
+    }
+    /* the engine, n-gram speculation on and off: the same greedy tokens */
+    li_model_release(m, &cu);
+    int rc = li_model_prepare(m, &inv, &err);
+    report(rc == 0, "model on the invariant backend: %s", rc ? err.msg : "prepared");
+    const char *text = "alpha beta gamma delta epsilon zeta alpha beta gamma delta epsilon zeta alpha beta gamma delta";
+    int32_t *pt = NULL;
+    size_t np = 0;
+    if (!rc) rc = li_tokenizer_encode(m->tok, text, strlen(text), true, false, &pt, &np, &err);
+    enum { NTOK = 32 };
+    int32_t toks[2][NTOK];
+    int64_t accepted = 0;
+    for (int spec = 0; spec < 2 && !rc; spec++) {
+        li_engine_config c;
+        li_engine_config_default(&c);
+        c.spec_tokens = spec ? 4 : 0;
+        li_engine *e;
+        if ((rc = li_engine_init(&e, m, &inv, &c, &err))) break;
+        li_request_params p = {.prompt = pt, .n_prompt = (int64_t)np, .max_tokens = NTOK, .ignore_eos = true};
+        li_sampling_params_default(&p.sampling);
+        p.sampling.temperature = 0;
+        int64_t id;
+        rc = li_engine_add(e, &p, &id, &err);
+        for (int guard = 0; !rc && li_engine_has_work(e) && guard < 1000; guard++) rc = li_engine_step(e, &err);
+        const li_request_result *res = rc ? NULL : li_engine_result(e, id);
+        if (res && res->n_tokens == NTOK) memcpy(toks[spec], res->tokens, sizeof toks[spec]);
+        else if (!rc) rc = -1;
+        li_engine_stats st;
+        li_engine_stats_get(e, &st);
+        if (spec) accepted = st.spec_accepted;
+        li_engine_free(e);
+    }
+    report(rc == 0, "invariant backend: the engine ran with and without speculation (%s)", rc ? err.msg : "ok");
+    if (!rc)
+        report(!memcmp(toks[0], toks[1], sizeof toks[0]) && accepted > 0,
+               "invariant backend: n-gram speculation (%lld drafts accepted) gives the tokens of none, greedy",
+               (long long)accepted);
+    free(pt);
+    li_model_release(m, &inv);
+    li_backend_cuda_free(&inv);
+    rc = li_model_prepare(m, &cu, &err);
+    report(rc == 0, "model back on cuda: %s", rc ? err.msg : "prepared");
+}
+
 /* Multiply-adds of one token through every matmul (the output head apart) */
 static double matmul_macs(const li_model *m) {
     double s = 0;
@@ -919,6 +1009,7 @@ static void test_model(bool bench) {
     }
     if (!rc) test_graphs(m);
     if (!rc) test_engine_sampling(m, pt, np);
+    if (!rc) test_invariant(m);
     if (!rc && bench) {
         bench_prefill(m);
         bench_decode(m);
