@@ -132,7 +132,16 @@ struct li_cuda {
     // any row count in chunks of GEMV_NB, so a row's bits never depend on
     // the rows beside it and speculation's verification is exact
     bool invariant;
+    // the q8 blocks of an op's output, made by that op (fuse: rmsnorm,
+    // silu_mul, attention write them into xbuf beside their output): the
+    // next op, when it is a matmul of a q8-reading weight over that output,
+    // skips its k_act_q8 launch. Valid for the next op only (q8_forget).
+    bool fuse;
+    const float *q8_src;
+    int64_t q8_rows, q8_k;
 };
+
+static inline void q8_forget(li_cuda *c) { c->q8_src = nullptr; }
 
 struct cu_graph {
     cudaGraphExec_t exec;
@@ -354,6 +363,7 @@ static void cu_synchronize(li_backend *be) {
 static void cu_buffer_set(li_backend *be, li_buffer *b, size_t off, const void *src, size_t n) {
     // from pageable memory the call returns once src is staged: the caller may reuse it
     li_cuda *c = cu(be);
+    q8_forget(c);
     capture_break(c); // a host source cannot be captured
     if (n) PROF(c, PK_SET, CK(cudaMemcpyAsync((char *)b->data + off, src, n, cudaMemcpyHostToDevice, c->st)));
 }
@@ -361,6 +371,7 @@ static void cu_buffer_set(li_backend *be, li_buffer *b, size_t off, const void *
 static void cu_buffer_get(li_backend *be, const li_buffer *b, size_t off, void *dst, size_t n) {
     if (!n) return;
     li_cuda *c = cu(be);
+    q8_forget(c);
     capture_break(c);
     PROF(c, PK_GET, CK(cudaMemcpyAsync(dst, (const char *)b->data + off, n, cudaMemcpyDeviceToHost, c->st)));
     cu_synchronize(be);
@@ -368,8 +379,9 @@ static void cu_buffer_get(li_backend *be, const li_buffer *b, size_t off, void *
 
 static void cu_buffer_copy(li_backend *be, li_buffer *dst, const li_buffer *src, const size_t *dst_off,
                            const size_t *src_off, int n_runs, size_t n) {
-    if (!n) return;
     li_cuda *c = cu(be);
+    q8_forget(c);
+    if (!n) return;
     for (int i = 0; i < n_runs; i++)
         PROF(c, PK_COPY,
              CK(cudaMemcpyAsync((char *)dst->data + dst_off[i], (const char *)src->data + src_off[i], n,
@@ -377,6 +389,7 @@ static void cu_buffer_copy(li_backend *be, li_buffer *dst, const li_buffer *src,
 }
 
 static void cu_buffer_clear(li_backend *be, li_buffer *b, uint8_t value) {
+    q8_forget(cu(be));
     if (b->size) CK(cudaMemsetAsync(b->data, value, b->size, cu(be)->st));
 }
 
@@ -710,16 +723,21 @@ __global__ void k_act_quant(int act, const float *x, float *out, int64_t k) {
 // activations (types.c's vec_dot_type: q4_0, q4_1, q8_0) then compute the
 // same model on both backends: with float activations, 1.4e-5 of NMSE a
 // matmul added up over 30 layers to 5.7e-3 on the logits (H100, session 27).
-__global__ void k_act_q8(const float *x, float *out, int64_t n_blocks) {
-    const int64_t b = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-    if (b >= n_blocks) return; // a whole warp: its lanes share the block
-    const int lane = threadIdx.x & 31;
-    const float v = x[b * 32 + lane];
+// v, one lane's element of a 32-element block the warp holds, as that q8
+// block stores it (every lane of the warp must call it)
+__device__ __forceinline__ float q8_round_warp(float v) {
     float amax = fabsf(v);
     for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
     const float d = amax / 127.0f;
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    out[b * 32 + lane] = roundf(v * id) * __half2float(__float2half_rn(d));
+    return roundf(v * id) * __half2float(__float2half_rn(d));
+}
+
+__global__ void k_act_q8(const float *x, float *out, int64_t n_blocks) {
+    const int64_t b = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    if (b >= n_blocks) return; // a whole warp: its lanes share the block
+    const int lane = threadIdx.x & 31;
+    out[b * 32 + lane] = q8_round_warp(x[b * 32 + lane]);
 }
 
 // a switch over the weight types with a kernel (li_cu_type_ok), launching KERNEL<T>
@@ -758,7 +776,10 @@ static int act_kind(const li_weight *w) {
 // x(n, k) as w's kernels read it (act_kind): quantized into xbuf, or x
 static const float *act_for(li_cuda *c, const li_weight *w, const float *x, int64_t n) {
     const int kind = act_kind(w);
+    const bool made = c->q8_src == x && c->q8_rows >= n && c->q8_k == w->k;
+    q8_forget(c);
     if (!kind) return x;
+    if (kind == ACT_Q8 && made) return c->xbuf; // the producer wrote them
     float *xq = reserve(c, &c->xbuf, &c->xcap, (size_t)n * (size_t)w->k);
     if (kind == ACT_Q8) {
         const int64_t nb = n * w->k / 32;
@@ -912,32 +933,37 @@ static bool lt_matmul(li_cuda *c, const li_weight *w, const float *x, float *y, 
 }
 
 static void cu_matmul(li_backend *be, const li_weight *w, const float *x, float *y, int64_t n) {
-    if (n <= 0) return;
     li_cuda *c = cu(be);
-    if (lt_matmul(c, w, x, y, nullptr, n)) return;
-    matmul_one(c, w, act_for(c, w, x, n), y, nullptr, n);
+    if (n > 0 && !lt_matmul(c, w, x, y, nullptr, n)) matmul_one(c, w, act_for(c, w, x, n), y, nullptr, n);
+    q8_forget(c);
 }
 
 static void cu_add(li_backend *be, float *y, const float *x, int64_t n) {
-    if (n <= 0) return;
     li_cuda *c = cu(be);
+    q8_forget(c);
+    if (n <= 0) return;
     PROF(c, PK_ADD, k_add<<<blocks_for(n, 256), 256, 0, c->st>>>(y, x, n); CK_LAUNCH("add"));
 }
 
 // the GEMV adds y into res as it writes it (the same float k_add would add)
 static void cu_matmul_add(li_backend *be, const li_weight *w, const float *x, float *y, float *res, int64_t n) {
-    if (n <= 0) return;
     li_cuda *c = cu(be);
-    if (lt_matmul(c, w, x, y, res, n)) return;
-    matmul_one(c, w, act_for(c, w, x, n), y, res, n);
+    if (n > 0 && !lt_matmul(c, w, x, y, res, n)) matmul_one(c, w, act_for(c, w, x, n), y, res, n);
+    q8_forget(c);
 }
 
 // weights reading one input: the input quantized once when they read it
 // alike, and one GEMV launch for all when they are also of one type
+static void multi(li_cuda *c, const li_weight *const *w, int n_w, const float *x, float *const *y, int64_t n);
+
 static void cu_matmul_multi(li_backend *be, const li_weight *const *w, int n_w, const float *x, float *const *y,
                             int64_t n) {
-    if (n <= 0 || n_w <= 0) return;
     li_cuda *c = cu(be);
+    if (n > 0 && n_w > 0) multi(c, w, n_w, x, y, n);
+    q8_forget(c);
+}
+
+static void multi(li_cuda *c, const li_weight *const *w, int n_w, const float *x, float *const *y, int64_t n) {
     if (n > GEMV_NB && !c->invariant) { // each weight its own GEMM: on the tensor cores where it can
         for (int i = 0; i < n_w; i++)
             if (!lt_matmul(c, w[i], x, y[i], nullptr, n)) matmul_one(c, w[i], act_for(c, w[i], x, n), y[i], nullptr, n);
@@ -974,9 +1000,10 @@ static void cu_matmul_multi(li_backend *be, const li_weight *const *w, int n_w, 
 }
 
 static void cu_get_rows(li_backend *be, const li_weight *w, const int32_t *ids, int64_t n, float *out) {
+    li_cuda *c = cu(be);
+    q8_forget(c);
     if (n <= 0) return;
     const cu_wview v = wview(w);
-    li_cuda *c = cu(be);
 #define L_ROWS(T) k_dequant<T, float><<<blocks_for(n * w->k, 256), 256, 0, c->st>>>(v, ids, n, out)
     PROF(c, PK_GET_ROWS, CU_TYPE_SWITCH(w->type, L_ROWS); CK_LAUNCH("get_rows"));
 #undef L_ROWS
@@ -1006,10 +1033,44 @@ __global__ void k_rmsnorm(const float *x, const float *w, float *y, int64_t dim,
     for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) yr[j] = (xr[j] * scale) * w[j];
 }
 
+// the same, also writing the output's q8 blocks (dim % 32 == 0): a warp a block
+__global__ void k_rmsnorm_q8(const float *x, const float *w, float *y, float *q8, int64_t dim, float eps) {
+    __shared__ double red[ROW_THREADS];
+    const float *xr = x + (int64_t)blockIdx.x * dim;
+    float *yr = y + (int64_t)blockIdx.x * dim, *qr = q8 + (int64_t)blockIdx.x * dim;
+    double sum = 0.0;
+    for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) {
+        const float sq = xr[j] * xr[j];
+        sum += (double)sq;
+    }
+    red[threadIdx.x] = sum;
+    __syncthreads();
+    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+        if ((int)threadIdx.x < s) red[threadIdx.x] += red[threadIdx.x + s];
+        __syncthreads();
+    }
+    const float scale = 1.0f / sqrtf((float)(red[0] / (double)dim) + eps);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    for (int64_t b = warp; b < dim / 32; b += blockDim.x / 32) {
+        const int64_t j = b * 32 + lane;
+        const float v = (xr[j] * scale) * w[j];
+        yr[j] = v;
+        qr[j] = q8_round_warp(v);
+    }
+}
+
 static void cu_rmsnorm(li_backend *be, const float *x, const float *w, float *y, int64_t n, int64_t dim, float eps) {
-    if (n <= 0) return;
     li_cuda *c = cu(be);
+    q8_forget(c);
+    if (n <= 0) return;
     const float *wd = dev_floats(c, w, dim);
+    if (c->fuse && dim % 32 == 0) {
+        float *q8 = reserve(c, &c->xbuf, &c->xcap, (size_t)n * (size_t)dim);
+        PROF(c, PK_RMSNORM,
+             k_rmsnorm_q8<<<(unsigned)n, ROW_THREADS, 0, c->st>>>(x, wd, y, q8, dim, eps); CK_LAUNCH("rmsnorm_q8"));
+        c->q8_src = y, c->q8_rows = n, c->q8_k = dim;
+        return;
+    }
     PROF(c, PK_RMSNORM, k_rmsnorm<<<(unsigned)n, ROW_THREADS, 0, c->st>>>(x, wd, y, dim, eps); CK_LAUNCH("rmsnorm"));
 }
 
@@ -1034,9 +1095,10 @@ __global__ void k_rope(float *x, const int32_t *pos, int64_t n, int n_heads, int
 
 static void cu_rope(li_backend *be, float *x, const int32_t *pos, int64_t n, int n_heads, int head_dim, int n_rot,
                     float theta, int neox) {
+    li_cuda *c = cu(be);
+    q8_forget(c);
     if (n <= 0 || n_rot < 2) return;
     const float ts = powf(theta, -2.0f / (float)n_rot); // on the host: the reference's bits
-    li_cuda *c = cu(be);
     PROF(c, PK_ROPE,
          k_rope<<<blocks_for(n * n_heads * (n_rot / 2), 256), 256, 0, c->st>>>(x, pos, n, n_heads, head_dim, n_rot,
                                                                                 ts, neox);
@@ -1048,9 +1110,28 @@ __global__ void k_silu_mul(float *g, const float *u, int64_t n) {
         g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }
 
+// the same, also writing g's q8 blocks: a warp a block of 32 (dim % 32 == 0)
+__global__ void k_silu_mul_q8(float *g, const float *u, float *q8, int64_t n_blocks) {
+    const int64_t b = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    if (b >= n_blocks) return; // a whole warp
+    const int64_t i = b * 32 + threadIdx.x % 32;
+    const float v = g[i] / (1.0f + expf(-g[i])) * u[i];
+    g[i] = v;
+    q8[i] = q8_round_warp(v);
+}
+
 static void cu_silu_mul(li_backend *be, float *g, const float *u, int64_t n, int64_t dim) {
-    if (n * dim <= 0) return;
     li_cuda *c = cu(be);
+    q8_forget(c);
+    if (n * dim <= 0) return;
+    if (c->fuse && dim % 32 == 0) {
+        float *q8 = reserve(c, &c->xbuf, &c->xcap, (size_t)n * (size_t)dim);
+        const int64_t nb = n * dim / 32;
+        PROF(c, PK_SILU_MUL,
+             k_silu_mul_q8<<<(unsigned)((nb + 7) / 8), 256, 0, c->st>>>(g, u, q8, nb); CK_LAUNCH("silu_mul_q8"));
+        c->q8_src = g, c->q8_rows = n, c->q8_k = dim;
+        return;
+    }
     PROF(c, PK_SILU_MUL, k_silu_mul<<<blocks_for(n * dim, 256), 256, 0, c->st>>>(g, u, n * dim); CK_LAUNCH("silu_mul"));
 }
 
@@ -1075,8 +1156,9 @@ __global__ void k_hadamard(float *x, const float *s, int64_t dim, int64_t block,
 }
 
 static void cu_hadamard(li_backend *be, float *x, const float *s, int64_t n, int64_t dim, int64_t block) {
-    if (n <= 0) return;
     li_cuda *c = cu(be);
+    q8_forget(c);
+    if (n <= 0) return;
     const float *sd = dev_floats(c, s, dim);
     PROF(c, PK_HADAMARD,
          k_hadamard<<<(unsigned)n, ROW_THREADS, (size_t)dim * sizeof(float), c->st>>>(x, sd, dim, block,
@@ -1152,8 +1234,9 @@ static void kv_store_launch(li_cuda *c, const li_kv_layer *kv, const float *k, c
 
 static void cu_kv_store(li_backend *be, const li_kv_layer *kv, const float *k, const float *v, const int64_t *slot,
                         int64_t n_tokens, int n_head_kv, int head_dim) {
-    if (n_tokens <= 0) return;
     li_cuda *c = cu(be);
+    q8_forget(c);
+    if (n_tokens <= 0) return;
     const int64_t row = (int64_t)n_head_kv * head_dim;
     const unsigned nb = blocks_for(n_tokens * row, 256);
     PROF(c, PK_KV_STORE, kv_store_launch(c, kv, k, v, slot, n_tokens, n_head_kv, head_dim, row, nb));
@@ -1173,6 +1256,7 @@ struct cu_attn {
     int64_t bt_stride;
     const void *k, *v;
     const float *k_scale, *v_scale; // 8-bit KV only
+    float *q8;                      // or NULL: out's q8 blocks too (D % 32 == 0)
     int n_head, n_head_kv, D, bs;
     float scale;
 };
@@ -1237,11 +1321,12 @@ template <int DT> __global__ void __launch_bounds__(ATTN_WARPS * 32) k_attention
         L += s_l[w] * f[w];
     }
     float *out = a.out + ((int64_t)i * a.n_head + h) * D;
-    for (int d = threadIdx.x; d < D; d += blockDim.x) {
+    for (int d = threadIdx.x; d < D; d += blockDim.x) { // with q8, D % 32 == 0: whole warps
         float o = 0.0f;
 #pragma unroll
         for (int w = 0; w < ATTN_WARPS; w++) o += f[w] * s_acc[w][d];
         out[d] = o / L;
+        if (a.q8) a.q8[((int64_t)i * a.n_head + h) * D + d] = q8_round_warp(o / L);
     }
 }
 
@@ -1259,6 +1344,7 @@ static void attention_launch(li_cuda *c, li_type dtype, const cu_attn &p, unsign
 }
 
 static void cu_attention(li_backend *be, const li_attn_args *a) {
+    q8_forget(cu(be));
     if (a->n_tokens <= 0) return;
     if (a->head_dim > ATTN_MAXD || a->n_head_kv <= 0 || a->n_head % a->n_head_kv) {
         fprintf(stderr, "luainfer: cuda: attention of head_dim %d (at most %d), %d heads over %d kv heads\n",
@@ -1284,7 +1370,11 @@ static void cu_attention(li_backend *be, const li_attn_args *a) {
     p.bs = a->block_size;
     p.scale = a->scale;
     li_cuda *c = cu(be);
+    const bool fuse = c->fuse && a->head_dim % 32 == 0;
+    const int64_t row = (int64_t)a->n_head * a->head_dim;
+    p.q8 = fuse ? reserve(c, &c->xbuf, &c->xcap, (size_t)a->n_tokens * (size_t)row) : nullptr;
     PROF(c, PK_ATTENTION, attention_launch(c, kv->dtype, p, (unsigned)(a->n_tokens * a->n_head)));
+    if (fuse) c->q8_src = a->out, c->q8_rows = a->n_tokens, c->q8_k = row;
 }
 
 // ------------------------------------------------------------------------
@@ -1325,8 +1415,9 @@ __global__ void k_argmax(const float *x, int64_t dim, int32_t *out) {
 }
 
 static void cu_argmax(li_backend *be, const float *x, int64_t n, int64_t dim, int32_t *out) {
-    if (n <= 0) return;
     li_cuda *c = cu(be);
+    q8_forget(c);
+    if (n <= 0) return;
     PROF(c, PK_ARGMAX, k_argmax<<<(unsigned)n, ROW_THREADS, 0, c->st>>>(x, dim, out); CK_LAUNCH("argmax"));
 }
 
@@ -1373,7 +1464,10 @@ static void *cu_graph_end(li_backend *be) {
     return h;
 }
 
-static void cu_graph_launch(li_backend *be, void *g) { CK(cudaGraphLaunch(((cu_graph *)g)->exec, cu(be)->st)); }
+static void cu_graph_launch(li_backend *be, void *g) {
+    q8_forget(cu(be));
+    CK(cudaGraphLaunch(((cu_graph *)g)->exec, cu(be)->st));
+}
 
 static bool cu_graph_valid(li_backend *be, const void *g) { return ((const cu_graph *)g)->gen == cu(be)->gen; }
 
@@ -1485,6 +1579,8 @@ extern "C" int li_backend_cuda_init(li_backend *be, int device, li_error *err) {
     else if (!(c->lt = li_lt_create(why, sizeof why))) snprintf(c->lt_why, sizeof c->lt_why, "%s", why);
     const char *prof = getenv("LUAINFER_CUDA_PROFILE");
     if (prof && strcmp(prof, "0") && *prof) c->prof.on = c->prof.print_at_free = true;
+    const char *fz = getenv("LUAINFER_CUDA_FUSE");
+    c->fuse = !(fz && !strcmp(fz, "0"));
     const char *inv = getenv("LUAINFER_CUDA_INVARIANT");
     c->invariant = inv && *inv && strcmp(inv, "0");
     be->ops = c->invariant ? &cuda_invariant_ops : &cuda_ops;

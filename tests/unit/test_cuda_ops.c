@@ -804,6 +804,37 @@ static void test_invariant(li_model *m) {
     report(rc == 0, "model back on cuda: %s", rc ? err.msg : "prepared");
 }
 
+/* LUAINFER_CUDA_FUSE=0: a backend whose rmsnorm, silu_mul and attention do
+ * not write their outputs' q8 blocks (each matmul then runs k_act_q8).
+ * The same greedy tokens, logits and perplexity as cu's, bit for bit: the
+ * fused kernels round as k_act_q8 does. */
+static void test_fused(li_model *m, const int32_t *pt, size_t np, const int32_t *tt, size_t nt, const int32_t *gg,
+                       const float *sg, double nll_g) {
+    li_error err = {0};
+    li_backend nf;
+    setenv("LUAINFER_CUDA_FUSE", "0", 1);
+    int rc = li_backend_cuda_init(&nf, 0, &err);
+    unsetenv("LUAINFER_CUDA_FUSE");
+    report(rc == 0, "unfused backend: %s", rc ? err.msg : "up");
+    if (rc) return;
+    li_model_release(m, &cu);
+    int32_t g2[GREEDY];
+    float *s2 = li_xmalloc((size_t)GREEDY * (size_t)m->hp.n_vocab * sizeof(float));
+    double nll2 = 0;
+    if (!(rc = li_model_prepare(m, &nf, &err))) rc = model_run(m, &nf, pt, np, tt, nt, g2, s2, &nll2, &err);
+    report(rc == 0, "model on the unfused backend: %s", rc ? err.msg : "ran");
+    if (!rc)
+        report(!memcmp(g2, gg, sizeof g2) && !memcmp(s2, sg, (size_t)GREEDY * (size_t)m->hp.n_vocab * sizeof(float)) &&
+                   nll2 == nll_g,
+               "q8 blocks written by their producers (rmsnorm, silu_mul, attention): the tokens, logits and "
+               "perplexity of k_act_q8, bit for bit");
+    free(s2);
+    li_model_release(m, &nf);
+    li_backend_cuda_free(&nf);
+    rc = li_model_prepare(m, &cu, &err);
+    report(rc == 0, "model back on cuda: %s", rc ? err.msg : "prepared");
+}
+
 /* Multiply-adds of one token through every matmul (the output head apart) */
 static double matmul_macs(const li_model *m) {
     double s = 0;
@@ -1007,6 +1038,7 @@ static void test_model(bool bench) {
         report(rel < 0.005, "model: perplexity of %zu tokens, cpu %.4f, cuda %.4f: |diff| %.3f%% < 0.5%%", nt, pc, pg,
                100 * rel);
     }
+    if (!rc) test_fused(m, pt, np, tt, nt, gg, sg, nll_g);
     if (!rc) test_graphs(m);
     if (!rc) test_engine_sampling(m, pt, np);
     if (!rc) test_invariant(m);
