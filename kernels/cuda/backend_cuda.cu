@@ -886,7 +886,7 @@ static int lt_kind(const li_cuda *c, const li_weight *w, bool *deq) {
         kind = LI_LT_F16;
         *deq = true;
     }
-    if (kind < 0 || c->lt_off[kind] || !li_lt_shape_ok((li_lt_kind)kind, w->k)) return -1;
+    if (kind < 0 || c->lt_off[kind] || !li_lt_shape_ok((li_lt_kind)kind, w->m, w->k)) return -1;
     return kind;
 }
 

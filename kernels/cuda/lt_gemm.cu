@@ -111,7 +111,9 @@ void li_lt_destroy(li_lt *lt) {
 
 static size_t elem_bytes(li_lt_kind kind) { return kind == LI_LT_INT8 || kind == LI_LT_FP8 ? 1 : 2; }
 
-bool li_lt_shape_ok(li_lt_kind kind, int64_t k) { return k > 0 && (k * (int64_t)elem_bytes(kind)) % 16 == 0; }
+bool li_lt_shape_ok(li_lt_kind kind, int64_t m, int64_t k) {
+    return k > 0 && m > 0 && (k * (int64_t)elem_bytes(kind)) % 16 == 0 && m % 16 == 0;
+}
 
 // the operand, output and compute types of a kind
 static void kind_types(li_lt_kind kind, cudaDataType_t *ab, cudaDataType_t *d, cublasComputeType_t *ct,
@@ -160,8 +162,9 @@ static const char *kind_name(li_lt_kind kind) {
 
 int li_lt_matmul(li_lt *lt, cudaStream_t st, li_lt_kind kind, int64_t m, int64_t n, int64_t k, const void *a,
                  const void *b, void *d, void *ws, size_t ws_bytes, char *why, size_t why_len) {
-    if (!li_lt_shape_ok(kind, k)) {
-        snprintf(why, why_len, "cuBLASLt %s: k = %lld is not a multiple of 16 bytes", kind_name(kind), (long long)k);
+    if (!li_lt_shape_ok(kind, m, k)) {
+        snprintf(why, why_len, "cuBLASLt %s: %lld x %lld: rows of k not in 16-byte multiples, or m not a multiple of 16",
+                 kind_name(kind), (long long)m, (long long)k);
         return -1;
     }
     lt_plan *p = nullptr;

@@ -30,7 +30,9 @@ void li_lt_destroy(li_lt *lt);
 // cuBLASLt error): nothing was issued then
 int li_lt_matmul(li_lt *lt, cudaStream_t st, li_lt_kind kind, int64_t m, int64_t n, int64_t k, const void *a,
                  const void *b, void *d, void *ws, size_t ws_bytes, char *why, size_t why_len);
-// the shapes a kind can take: k and the leading dimensions in multiples of 16 bytes
-bool li_lt_shape_ok(li_lt_kind kind, int64_t k);
+// the shapes a kind can take: rows of A and B (k elements) in multiples of
+// 16 bytes, and m a multiple of 16 (int8's "TN" kernels want m % 4, FP8's
+// the output's leading dimension in 16-byte multiples: one rule for all)
+bool li_lt_shape_ok(li_lt_kind kind, int64_t m, int64_t k);
 
 #endif

@@ -5,8 +5,9 @@
  * Skips, saying why (exit 77), in a build without CUDA or on a machine
  * without a device. Sizes are odd on purpose: k = 67 (float and 8-bit
  * codes), 160 (32-element blocks), 68 (4-bit codes, a partial last group),
- * m = 131 rows, n in {1, 3, 8, 17} activation rows (8 is the GEMV's
- * largest batch, 17 goes through cuBLAS), head_dim 64 with 9 query heads
+ * m = 131 rows (144 where the tensor cores' shapes need multiples of 16),
+ * n in {1, 3, 8, 17} activation rows (8 is the GEMV's largest batch, 17
+ * goes through cuBLASLt or cuBLAS), head_dim 64 with 9 query heads
  * over 3 kv heads, block size 16 and block tables with holes.
  *
  * Thresholds, as ggml's test-backend-ops states them (normalized mean
@@ -108,9 +109,10 @@ static void check_weight(test_weight *tw, const char *what) {
         report(e < 5e-4, "%s matmul m=%lld k=%lld n=%lld (%s): nmse %.2e < 5e-4", what, (long long)m, (long long)k,
                (long long)n, n <= 8 ? "gemv" : "cublas", e);
         /* W8A8 on the int8 tensor cores: the integer sums and the CPU's
-         * epilogue, so the reference's bits (k = 67 is not a multiple of 16:
-         * that weight stays on the SGEMM path, and only its NMSE counts) */
-        if (n > 8 && w->scheme == LI_SCHEME_W8A8 && k % 16 == 0) {
+         * epilogue, so the reference's bits (k = 67 and m = 131 are not
+         * multiples of 16: that weight stays on the SGEMM path, and only its
+         * NMSE counts) */
+        if (n > 8 && w->scheme == LI_SCHEME_W8A8 && k % 16 == 0 && m % 16 == 0) {
             const char *note = li_backend_cuda_lt_note(&cu);
             report(!*note && !memcmp(got, want, (size_t)(n * m) * 4),
                    "%s matmul n=%lld on the int8 tensor cores: the reference's bits%s%s", what, (long long)n,
@@ -206,27 +208,31 @@ static void test_multi(void) {
 }
 
 static void test_weights(void) {
-    const struct { li_type t; int64_t k; } plain[] = {
-        {LI_TYPE_F32, 67}, {LI_TYPE_F16, 67}, {LI_TYPE_BF16, 67},
-        {LI_TYPE_F16, 160}, {LI_TYPE_BF16, 160}, /* above 8 rows on the tensor cores (cuBLASLt) */
-        {LI_TYPE_Q8_0, 160}, {LI_TYPE_Q4_0, 160}, {LI_TYPE_Q4_1, 160},
+    /* m = 131: the SGEMM path above 8 rows; m = 144 (and k in 16-byte
+     * multiples): the tensor cores (cuBLASLt), the q4/q8 types dequantized
+     * to f16 for them */
+    const struct { li_type t; int64_t k, m; } plain[] = {
+        {LI_TYPE_F32, 67, 131}, {LI_TYPE_F16, 67, 131}, {LI_TYPE_BF16, 67, 131},
+        {LI_TYPE_F16, 160, 144}, {LI_TYPE_BF16, 160, 144},
+        {LI_TYPE_Q8_0, 160, 131}, {LI_TYPE_Q4_0, 160, 131}, {LI_TYPE_Q4_1, 160, 131},
+        {LI_TYPE_Q8_0, 160, 144}, {LI_TYPE_Q4_1, 160, 144},
     };
     for (size_t i = 0; i < LI_ARRAY_LEN(plain); i++) {
         test_weight tw;
-        test_weight_make(&tw, plain[i].t, plain[i].k, 131, fill_rand);
+        test_weight_make(&tw, plain[i].t, plain[i].k, plain[i].m, fill_rand);
         check_weight(&tw, li_type_name(plain[i].t));
         test_weight_free(&tw);
     }
-    const struct { li_scheme s; int64_t k, gs; bool zeros, perm; } sch[] = {
-        {LI_SCHEME_W8A8, 67, 0, false, false}, {LI_SCHEME_FP8, 67, 0, false, false},
-        /* k = 160: above 8 rows on the tensor cores (cuBLASLt int8, fp8) */
-        {LI_SCHEME_W8A8, 160, 0, false, false}, {LI_SCHEME_FP8, 160, 0, false, false},
-        {LI_SCHEME_AWQ, 68, 32, true, false},  {LI_SCHEME_GPTQ, 68, 32, true, true},
-        {LI_SCHEME_INT4, 68, 0, false, false},
+    const struct { li_scheme s; int64_t k, m, gs; bool zeros, perm; } sch[] = {
+        {LI_SCHEME_W8A8, 67, 131, 0, false, false}, {LI_SCHEME_FP8, 67, 131, 0, false, false},
+        /* above 8 rows on the tensor cores (cuBLASLt int8, fp8; the 4-bit ones dequantized to f16) */
+        {LI_SCHEME_W8A8, 160, 144, 0, false, false}, {LI_SCHEME_FP8, 160, 144, 0, false, false},
+        {LI_SCHEME_AWQ, 68, 131, 32, true, false},  {LI_SCHEME_GPTQ, 68, 131, 32, true, true},
+        {LI_SCHEME_INT4, 68, 131, 0, false, false}, {LI_SCHEME_GPTQ, 160, 144, 32, true, true},
     };
     for (size_t i = 0; i < LI_ARRAY_LEN(sch); i++) {
         test_weight tw;
-        test_weight_scheme(&tw, sch[i].s, sch[i].k, 131, sch[i].gs, sch[i].zeros, sch[i].perm, rng_u32);
+        test_weight_scheme(&tw, sch[i].s, sch[i].k, sch[i].m, sch[i].gs, sch[i].zeros, sch[i].perm, rng_u32);
         char what[64];
         snprintf(what, sizeof what, "%s%s", li_scheme_name(sch[i].s), sch[i].perm ? "+perm" : "");
         check_weight(&tw, what);
