@@ -2,8 +2,10 @@
 # device_check.sh — everything a lent GPU machine should run, in one go
 # (issue 20), writing one report file.
 #
-#   tools/device_check.sh [REPORT]     (default: $OUT/device_report.txt if $OUT
-#                                       is set, else build-cuda/device_report.txt)
+#   tools/device_check.sh [--part tests|bench] [REPORT]
+#                                      (default: both parts; the report
+#                                       $OUT/device_report.txt if $OUT is set,
+#                                       else build-cuda/device_report.txt)
 #
 # 1. the machine: nvidia-smi, nvcc, NCCL;
 # 2. a CUDA build (build-cuda/, LI_CUDA=ON, Release);
@@ -54,6 +56,18 @@ if [ "${1:-}" = "--split-model" ]; then
     exit 0
 fi
 BUILD="$ROOT/build-cuda"
+# --part tests: build, every CUDA test, the CLI on both devices, the CPU
+# tensor parallel; --part bench: build (kept from a --part tests call on the
+# same machine), nsys, the BF16 / W8A8 / FP8 benchmarks, speculation and
+# continuous batching on cuda. Each fits one device call (10 minutes);
+# without --part, both (a 16-core H100: about 9 minutes).
+PART=all
+if [ "${1:-}" = "--part" ]; then
+    PART="${2:-}"
+    shift 2
+    case "$PART" in tests | bench | all) ;; *) echo "device_check: --part tests, bench or all" >&2; exit 2 ;; esac
+fi
+want() { [ "$PART" = all ] || [ "$PART" = "$1" ]; }
 REPORT="${1:-${OUT:+$OUT/device_report.txt}}"
 REPORT="${REPORT:-$BUILD/device_report.txt}"
 mkdir -p "$(dirname "$REPORT")" "$BUILD"
@@ -132,6 +146,7 @@ if ! grep -q "LI_HAVE_CUDA" "$BUILD/compile_commands.json" 2>/dev/null; then
 fi
 run "build" 300 logged "$BUILD/build.log" cmake --build "$BUILD" -j "$JOBS" || status=1
 
+if want tests; then
 stage "CUDA tests"
 # a skip (77) where a GPU is listed means the build or the driver does not see it
 expect_gpu() {
@@ -155,7 +170,9 @@ run "unit/test_cuda_ops --only model --bench" 300 "$BUILD/test_cuda_ops" --only 
 expect_gpu $?
 run "unit/test_comm_nccl" 120 "$BUILD/test_comm_nccl"
 expect_gpu $?
+fi
 
+if want tests; then
 stage "CLI on both devices: greedy generate, perplexity"
 if [ $gpu -eq 1 ] && [ $model_ok -eq 0 ]; then
     say "SKIP: no model: greedy generate and perplexity not run"
@@ -208,7 +225,9 @@ PY
 else
     say "SKIP: no CUDA device: greedy generate and perplexity on cuda not run"
 fi
+fi
 
+if want bench; then
 stage "kernel times (nsys, when the machine has it)"
 NSYS="$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)"
 if [ $gpu -eq 1 ] && [ $model_ok -eq 1 ] && [ -n "$NSYS" ]; then
@@ -224,7 +243,9 @@ if [ $gpu -eq 1 ] && [ $model_ok -eq 1 ] && [ -n "$NSYS" ]; then
 else
     say "SKIP: nsys not found (or no GPU / model): the per-kernel profile of test_cuda_ops --bench stands in"
 fi
+fi
 
+if want bench; then
 stage "BF16, W8A8 and FP8 weights on cuda (quantized here from the model: prefill and decode against BF16)"
 if [ $gpu -eq 1 ] && [ $model_ok -eq 1 ]; then
     SRC="${LUAINFER_MODEL:-$MODEL_FILE}"
@@ -239,7 +260,9 @@ if [ $gpu -eq 1 ] && [ $model_ok -eq 1 ]; then
 else
     say "SKIP: no GPU or no model"
 fi
+fi
 
+if want bench; then
 stage "speculation on cuda (batch-invariant kernels): bench spec proposers --quick"
 if [ $gpu -eq 1 ] && [ $model_ok -eq 1 ]; then
     run "bench spec 128 1 proposers --quick --device cuda" 200 env LUAINFER_CUDA_INVARIANT=1 "$BUILD/luainfer" \
@@ -247,7 +270,9 @@ if [ $gpu -eq 1 ] && [ $model_ok -eq 1 ]; then
 else
     say "SKIP: no GPU or no model"
 fi
+fi
 
+if want bench; then
 stage "continuous against static batching on cuda (bench_batching.lua, the chat-shaped spread)"
 if [ $gpu -eq 1 ] && [ $model_ok -eq 1 ]; then
     run "bench_batching 200 requests, 32 seqs, loguniform, cuda" 180 "$BUILD/luainfer" run bench/bench_batching.lua \
@@ -255,10 +280,13 @@ if [ $gpu -eq 1 ] && [ $model_ok -eq 1 ]; then
 else
     say "SKIP: no GPU or no model"
 fi
+fi
 
+if want tests; then
 stage "CPU tensor parallel (the sharded pass the GPU ranks will run)"
 run "unit/test_comm" 60 "$BUILD/test_comm"
 run "unit/test_tp" 180 "$BUILD/test_tp"
+fi
 
 stage "benchmarks"
 if [ $gpu -eq 1 ]; then
