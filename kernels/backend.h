@@ -147,6 +147,10 @@ typedef struct li_backend_ops {
      * (j, j+n_rot/2) */
     void (*rope)(li_backend *be, float *x, const int32_t *pos, int64_t n, int n_heads, int head_dim,
                  int n_rot, float theta, int neox);
+    /* optional (NULL: rope on q, then on k): both in one call, the same bits
+     * as the two; q (n, n_heads, head_dim), k (n, n_heads_kv, head_dim) */
+    void (*rope_qk)(li_backend *be, float *q, float *k, const int32_t *pos, int64_t n, int n_heads, int n_heads_kv,
+                    int head_dim, int n_rot, float theta, int neox);
     /* g(n, dim) = silu(g) * u */
     void (*silu_mul)(li_backend *be, float *g, const float *u, int64_t n, int64_t dim);
     /* y += x, (n) elements */

@@ -1105,6 +1105,40 @@ static void cu_rope(li_backend *be, float *x, const int32_t *pos, int64_t n, int
          CK_LAUNCH("rope"));
 }
 
+// q's heads, then k's, in one launch: the same per-pair math as k_rope
+__global__ void k_rope_qk(float *q, float *k, const int32_t *pos, int64_t n, int hq, int hk, int head_dim, int n_rot,
+                          float ts, int neox) {
+    const int half = n_rot / 2;
+    const int64_t nq = n * hq * half, total = nq + n * hk * half;
+    for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
+         idx += (int64_t)gridDim.x * blockDim.x) {
+        const bool isq = idx < nq;
+        const int64_t t = isq ? idx : idx - nq;
+        const int heads = isq ? hq : hk;
+        const int j = (int)(t % half);
+        const int64_t ih = t / half, i = ih / heads;
+        float *v = (isq ? q : k) + ih * head_dim;
+        const float angle = li_cu_rope_angle((float)pos[i], ts, j);
+        const float co = cosf(angle), si = sinf(angle);
+        const int i0 = neox ? j : 2 * j, i1 = neox ? j + half : 2 * j + 1;
+        const float x0 = v[i0], x1 = v[i1];
+        v[i0] = x0 * co - x1 * si;
+        v[i1] = x0 * si + x1 * co;
+    }
+}
+
+static void cu_rope_qk(li_backend *be, float *q, float *k, const int32_t *pos, int64_t n, int hq, int hk,
+                       int head_dim, int n_rot, float theta, int neox) {
+    li_cuda *c = cu(be);
+    q8_forget(c);
+    if (n <= 0 || n_rot < 2) return;
+    const float ts = powf(theta, -2.0f / (float)n_rot); // on the host: the reference's bits
+    const int64_t total = n * (hq + hk) * (n_rot / 2);
+    PROF(c, PK_ROPE,
+         k_rope_qk<<<blocks_for(total, 256), 256, 0, c->st>>>(q, k, pos, n, hq, hk, head_dim, n_rot, ts, neox);
+         CK_LAUNCH("rope_qk"));
+}
+
 __global__ void k_silu_mul(float *g, const float *u, int64_t n) {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
         g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
@@ -1505,6 +1539,7 @@ static li_backend_ops make_ops(void) {
     o.get_rows = cu_get_rows;
     o.rmsnorm = cu_rmsnorm;
     o.rope = cu_rope;
+    o.rope_qk = cu_rope_qk;
     o.silu_mul = cu_silu_mul;
     o.add = cu_add;
     o.hadamard = cu_hadamard;

@@ -292,6 +292,32 @@ static void test_rowops(void) {
             li_buffer_free(&cu, &bp);
             free(x);
         }
+    /* rope_qk: q's and k's heads in one launch, the bits of rope on each */
+    for (int neox = 0; neox < 2; neox++) {
+        enum { N = 5, HQ = 9, HK = 3, D = 64 };
+        const int32_t pos[N] = {0, 3, 77, 1023, 4097};
+        float *q = frand(N * HQ * D, 1.0f), *k = frand(N * HK * D, 1.0f), gq[N * HQ * D], gk[N * HK * D];
+        li_buffer bq = up(q, sizeof gq), bk = up(k, sizeof gk), bp = up(pos, sizeof pos);
+        cu.ops->rope(&cu, bq.data, bp.data, N, HQ, D, D, 10000.0f, neox); /* the two ops, on the device */
+        cu.ops->rope(&cu, bk.data, bp.data, N, HK, D, D, 10000.0f, neox);
+        down(&bq, gq, sizeof gq);
+        down(&bk, gk, sizeof gk);
+        li_buffer_free(&cu, &bq);
+        li_buffer_free(&cu, &bk);
+        bq = up(q, sizeof gq);
+        bk = up(k, sizeof gk);
+        cu.ops->rope_qk(&cu, bq.data, bk.data, bp.data, N, HQ, HK, D, D, 10000.0f, neox);
+        float fq[N * HQ * D], fk[N * HK * D];
+        down(&bq, fq, sizeof fq);
+        down(&bk, fk, sizeof fk);
+        report(!memcmp(fq, gq, sizeof fq) && !memcmp(fk, gk, sizeof fk), "rope_qk %s: the bits of rope on q and on k",
+               neox ? "neox" : "adjacent");
+        li_buffer_free(&cu, &bq);
+        li_buffer_free(&cu, &bk);
+        li_buffer_free(&cu, &bp);
+        free(q);
+        free(k);
+    }
     {
         enum { N = 3, DIM = 131 };
         float *g = frand(N * DIM, 4.0f), *u = frand(N * DIM, 1.0f), got[N * DIM];
