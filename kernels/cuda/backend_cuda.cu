@@ -80,13 +80,13 @@ struct cu_hostcopy {
 // the kernels the profile tells apart
 enum {
     PK_ACT_QUANT, PK_ACT_Q8, PK_GEMV, PK_GEMV_MULTI, PK_DEQUANT, PK_SGEMM, PK_LT_CODES, PK_LT_GEMM, PK_LT_EPI,
-    PK_ADD, PK_GET_ROWS, PK_RMSNORM,
-    PK_ROPE, PK_SILU_MUL, PK_HADAMARD, PK_KV_STORE, PK_ATTENTION, PK_ARGMAX, PK_SET, PK_GET, PK_COPY, PK_N
+    PK_ADD, PK_GET_ROWS, PK_RMSNORM, PK_ROPE, PK_SILU_MUL, PK_HADAMARD, PK_KV_STORE, PK_ATTENTION, PK_ARGMAX,
+    PK_SET, PK_GET, PK_COPY, PK_N
 };
-static const char *const pk_name[PK_N] = {"act_quant", "act_q8", "gemv", "gemv_multi", "dequant", "sgemm",
-                                          "lt_codes", "lt_gemm", "lt_epilogue", "add", "get_rows", "rmsnorm", "rope", "silu_mul", "hadamard",
-                                          "kv_store", "attention", "argmax", "buffer_set", "buffer_get",
-                                          "buffer_copy"};
+static const char *const pk_name[PK_N] = {
+    "act_quant", "act_q8", "gemv", "gemv_multi", "dequant", "sgemm", "lt_codes", "lt_gemm", "lt_epilogue", "add",
+    "get_rows", "rmsnorm", "rope", "silu_mul", "hadamard", "kv_store", "attention", "argmax", "buffer_set",
+    "buffer_get", "buffer_copy"};
 
 struct cu_prof_pending {
     cudaEvent_t a, b;
@@ -1439,7 +1439,8 @@ __global__ void k_argmax(const float *x, int64_t dim, int32_t *out) {
     si[threadIdx.x] = bi;
     __syncthreads();
     for (int s = blockDim.x / 2; s > 0; s >>= 1) {
-        if ((int)threadIdx.x < s && am_better(sv[threadIdx.x + s], si[threadIdx.x + s], sv[threadIdx.x], si[threadIdx.x])) {
+        const int t = threadIdx.x;
+        if (t < s && am_better(sv[t + s], si[t + s], sv[t], si[t])) {
             sv[threadIdx.x] = sv[threadIdx.x + s];
             si[threadIdx.x] = si[threadIdx.x + s];
         }
@@ -1661,7 +1662,8 @@ extern "C" void li_backend_cuda_profile_print(li_backend *be, FILE *out, const c
 extern "C" void li_backend_cuda_free(li_backend *be) {
     li_cuda *c = (li_cuda *)be->impl;
     if (!c) return;
-    if (c->prof.print_at_free) li_backend_cuda_profile_print(be, stderr, "luainfer: cuda profile (LUAINFER_CUDA_PROFILE)");
+    if (c->prof.print_at_free)
+        li_backend_cuda_profile_print(be, stderr, "luainfer: cuda profile (LUAINFER_CUDA_PROFILE)");
     cudaStreamSynchronize(c->st);
     prof_drain(c);
     for (int i = 0; i < c->prof.n_pool; i++) cudaEventDestroy(c->prof.pool[i]);

@@ -163,8 +163,8 @@ static const char *kind_name(li_lt_kind kind) {
 int li_lt_matmul(li_lt *lt, cudaStream_t st, li_lt_kind kind, int64_t m, int64_t n, int64_t k, const void *a,
                  const void *b, void *d, void *ws, size_t ws_bytes, char *why, size_t why_len) {
     if (!li_lt_shape_ok(kind, m, k)) {
-        snprintf(why, why_len, "cuBLASLt %s: %lld x %lld: rows of k not in 16-byte multiples, or m not a multiple of 16",
-                 kind_name(kind), (long long)m, (long long)k);
+        snprintf(why, why_len, "cuBLASLt %s: %lld x %lld: rows of k not in 16-byte multiples, or m not a multiple "
+                 "of 16", kind_name(kind), (long long)m, (long long)k);
         return -1;
     }
     lt_plan *p = nullptr;

@@ -770,7 +770,8 @@ static void test_invariant(li_model *m) {
         wc.packed = NULL;
         inv.ops->weight_prepare(&inv, &wc);
         float *x = frand(N * K, 1.0f), *all = frand(N * M, 0), *one = frand(M, 0);
-        li_buffer bx = up(x, sizeof(float) * N * K), by = up(NULL, sizeof(float) * N * M), b1 = up(NULL, sizeof(float) * M);
+        li_buffer bx = up(x, sizeof(float) * N * K), by = up(NULL, sizeof(float) * N * M),
+                  b1 = up(NULL, sizeof(float) * M);
         cu.ops->synchronize(&cu); /* the uploads ran on cu's stream, the products run on inv's */
         inv.ops->matmul(&inv, &wc, bx.data, by.data, N);
         inv.ops->synchronize(&inv);
