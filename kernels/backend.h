@@ -19,6 +19,7 @@ struct li_error; /* util/common.h */
 /* Bumped whenever li_backend_ops changes shape: a backend built for another
  * version is refused (li_backend_check, run by every li_buffer_alloc). */
 #define LI_BACKEND_API_VERSION 4
+#define LI_TOPK_MAX 64 /* the most values a backend's topk returns a row */
 
 /* A block of backend memory. `data` is the backend's address of byte 0:
  * what ops receive (a device pointer on a device backend). Only where
@@ -175,6 +176,12 @@ typedef struct li_backend_ops {
      * row index 0 when no value is a number): sampler.h's greedy rule, for
      * sampling where the logits live */
     void (*argmax)(li_backend *be, const float *x, int64_t n, int64_t dim, int32_t *out);
+    /* optional (NULL: the host reads the logits): each row of x(n, dim)'s
+     * k largest values (k <= LI_TOPK_MAX, k <= dim), sorted by value
+     * descending then id ascending (-0 counts as +0), into vals(n, k) and
+     * ids(n, k); a row holding a NaN gets ids[0] = -1. What the sampler
+     * draws from without the logits (sampler.h li_sampler_sample_cand) */
+    void (*topk)(li_backend *be, const float *x, int64_t n, int64_t dim, int k, float *vals, int32_t *ids);
     /* the backend takes a weight into its memory (optional; NULL: it reads
      * the host rows as they are): the CPU backends repack into panels or
      * keep the mmap'd rows (host memory they may wrap, buffer_wrap); a

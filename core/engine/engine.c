@@ -296,7 +296,8 @@ int li_engine_init_runners(li_engine **out, li_model *m, li_model *draft, li_bac
     e->b_pos = li_xmalloc(T * sizeof(int32_t));
     e->b_seq = li_xmalloc(T * sizeof(int32_t));
     e->b_rows = li_xmalloc(e->max_rows * sizeof(int32_t));
-    e->b_ids = li_xmalloc(e->max_rows * sizeof(int32_t));
+    e->b_ids = li_xmalloc(e->max_rows * LI_TOPK_MAX * sizeof(int32_t));
+    e->b_cvals = li_xmalloc(e->max_rows * LI_TOPK_MAX * sizeof(float));
     e->b_slot = li_xmalloc(T * sizeof(int64_t));
     *out = e;
     return 0;
@@ -320,6 +321,7 @@ void li_engine_free(li_engine *e) {
     free(e->b_seq);
     free(e->b_rows);
     free(e->b_ids);
+    free(e->b_cvals);
     free(e->b_slot);
     free(e->ev_cand);
     li_spec_step_free(&e->sp);
@@ -804,24 +806,30 @@ static bool has_forks(const li_engine *e, const req *r) {
     return false;
 }
 
-/* Samples the step on the device when every row allows it (engine.h's
- * device_sampling): the target's logits are device memory, nothing is
- * drafted, and each request whose row is sampled draws a plain greedy
- * token (its min_tokens ban, if any, is set first). Then e->b_ids holds
- * one id per logit row, and the logits never come back. */
-static bool device_sampled(li_engine *e, int32_t nb, int64_t n_logits) {
-    if (!e->cfg.device_sampling || e->tp || e->logits || n_logits <= 0) return false;
+/* Samples the step where the logits are when every row allows it
+ * (engine.h's device_sampling): the target's logits are device memory,
+ * nothing is drafted, and each request whose row is sampled draws from its
+ * largest logits alone (li_sampler_cand_need: greedy, or top_k below
+ * LI_TOPK_MAX without penalties, bias, a ban or logprobs; its min_tokens
+ * ban, if any, is set first). Returns the candidates a row it fetched into
+ * e->b_cvals / e->b_ids (1: greedy ids alone, by argmax), or 0: the host
+ * reads the logits. */
+static int32_t device_sampled(li_engine *e, int32_t nb, int64_t n_logits) {
+    if (!e->cfg.device_sampling || e->tp || e->logits || n_logits <= 0) return 0;
+    int32_t k = 1;
     for (int32_t i = 0; i < nb; i++) {
         req *r = e->batch_req[i];
-        if (r->n_draft) return false;
+        if (r->n_draft) return 0;
         if (r->num_computed + e->batch_n[i] != r->n_toks) continue; /* no row sampled */
         ban_for_min_tokens(r);
-        if (!li_sampler_plain_greedy(&r->smp)) return false;
+        const int32_t need = li_sampler_cand_need(&r->smp);
+        if (!need || need > LI_TOPK_MAX) return 0;
+        k = LI_MAX(k, need);
     }
     li_error err = {0};
-    if (li_forward_argmax(&e->tgt.fw, e->model, e->b_ids, &err)) return false; /* the host reads the logits */
-    e->st.tokens_device_sampled += n_logits;
-    return true;
+    const int rc = k == 1 ? li_forward_argmax(&e->tgt.fw, e->model, e->b_ids, &err)
+                          : li_forward_topk(&e->tgt.fw, e->model, k, e->b_cvals, e->b_ids, &err);
+    return rc ? 0 : k; /* an error: the host reads the logits */
 }
 
 /* ---- the step ------------------------------------------------------------------------ */
@@ -1044,22 +1052,32 @@ int li_engine_step(li_engine *e, li_error *err) {
     }
     e->st.tokens_computed += k;
     /* 6-7: sample and emit */
-    const bool on_device = device_sampled(e, nb, b.n_logits);
+    const int32_t on_device = device_sampled(e, nb, b.n_logits); /* candidates a row, 0: none */
     if (!on_device && !e->logits && b.n_logits) e->logits = li_runner_logits(&e->tgt);
     int32_t li = 0;
     for (int32_t i = 0; i < nb; i++) {
         req *r = e->batch_req[i];
-        if (on_device) { /* every row is plain greedy: its id came back alone */
+        if (on_device) { /* every row draws from its largest logits, which came back alone */
             r->num_computed += e->batch_n[i];
             li_spec_step_eagle_settle(r);
             prefix_register(e, r);
             if (r->num_computed != r->n_toks) continue;
             const int32_t row = li++;
+            const size_t nv = (size_t)e->model->hp.n_vocab;
             if (r->num_computed == r->n_prompt && has_forks(e, r)) {
                 if (!e->logits) e->logits = li_runner_logits(&e->tgt); /* the samples draw their own */
-                fork_samples(e, r, e->logits + (size_t)row * e->model->hp.n_vocab, row);
+                fork_samples(e, r, e->logits + (size_t)row * nv, row);
             }
-            li_engine_take_token(e, r, e->b_ids[row], 0.0f, NULL);
+            const int32_t tok = on_device == 1 ? e->b_ids[row]
+                                               : li_sampler_sample_cand(&r->smp, e->b_cvals + (size_t)row * on_device,
+                                                                        e->b_ids + (size_t)row * on_device, on_device);
+            if (tok >= 0) {
+                e->st.tokens_device_sampled++;
+                li_engine_take_token(e, r, tok, 0.0f, NULL);
+            } else { /* a tie at its top_k boundary, or a NaN: its logits decide */
+                if (!e->logits) e->logits = li_runner_logits(&e->tgt);
+                li_engine_sample_one(e, r, e->logits + (size_t)row * nv);
+            }
             continue;
         }
         if (r->n_draft) {

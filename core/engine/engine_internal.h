@@ -100,7 +100,8 @@ struct li_engine {
     int32_t *batch_n;         /* (max_num_seqs) tokens per scheduled request */
     int32_t *b_tokens, *b_pos, *b_seq;   /* (max_batched_tokens) */
     int32_t *b_rows;          /* (max_rows) */
-    int32_t *b_ids;           /* (max_rows) greedy ids sampled on the device, when the step was */
+    int32_t *b_ids;           /* (max_rows, LI_TOPK_MAX) the ids the device sampled from, when the step did */
+    float *b_cvals;           /* (max_rows, LI_TOPK_MAX) their logits */
     int64_t *b_slot;
     int32_t *b_tables;        /* (max_num_seqs, b_stride) flat block table of the step */
     size_t b_tables_cap;      /* entries */

@@ -115,7 +115,7 @@ typedef struct li_forward {
     int64_t *d_slot;                           /* (cap) */
     li_buffer table;                           /* the uploaded block table, grown on demand */
     li_buffer logits;                          /* (logits_cap, n_vocab), grown on demand */
-    li_buffer ids;                             /* (n_logits) int32: li_forward_argmax's, grown on demand */
+    li_buffer ids;                             /* li_forward_argmax's ids, li_forward_topk's values and ids */
     int64_t logits_cap, n_logits;              /* n_logits: the last run's output rows */
     bool have_logits;                          /* the last run computed logits */
     float *logits_host;                        /* host copy when logits is device memory */
@@ -171,6 +171,11 @@ int li_forward_run(li_forward *f, const li_model *m, li_backend *be, li_kv_cache
  * backend has no argmax op (the caller reads li_forward_logits), LI_EINVAL
  * when the last run computed no logits. */
 int li_forward_argmax(li_forward *f, const li_model *m, int32_t *out, li_error *err);
+/* The last run's k largest logits a row (k <= LI_TOPK_MAX), sorted by value
+ * descending then id ascending, into vals and ids (n_logits, k), computed
+ * where the logits are (backend.h's topk): only those come back. Errors
+ * as li_forward_argmax's. */
+int li_forward_topk(li_forward *f, const li_model *m, int k, float *vals, int32_t *ids, li_error *err);
 /* Recorded passes on or off (a backend without graph ops: always off).
  * Off frees the recordings. */
 void li_forward_set_graphs(li_forward *f, bool on);

@@ -156,12 +156,6 @@ static float max_of(const float *x, int32_t n) {
     return r;
 }
 
-bool li_sampler_plain_greedy(const li_sampler *s) {
-    const li_sampling_params *p = &s->p;
-    return p->temperature <= 0 && !penalties_on(p) && !p->n_logit_bias && !s->n_ban && !p->logprob &&
-           p->n_logprobs <= 0;
-}
-
 /* Lowest index holding the largest value (greedy's tie rule). NaN logits
  * never win, as in the candidate loop below. */
 static int32_t argmax_of(const float *x, int32_t n) {
@@ -256,6 +250,8 @@ static void probs_one_hot(float *probs, int32_t n_vocab, int32_t id) {
     probs[id] = 1.0f;
 }
 
+static int32_t chain_tail(li_sampler *s, li_token_logprob *c, int32_t n, float mx, const double *u, float *probs);
+
 /* The chain from logits to a token. The draw uses *u when given, else the
  * next seeded uniform (greedy draws none). probs (n_vocab), when non-NULL,
  * receives the distribution the draw was made from; it is the only extra
@@ -316,6 +312,15 @@ static int32_t sample_chain(li_sampler *s, const float *logits, const double *u,
         }
     }
     qsort(c, (size_t)n, sizeof *c, cmp_desc);
+    return chain_tail(s, c, n, mx, u, probs);
+}
+
+/* The chain's end, from the kept candidates c[0, n) sorted by cmp_desc and
+ * the largest logit mx: top-p and min-p on the temperature-1
+ * distribution, then temperature and the draw. */
+static int32_t chain_tail(li_sampler *s, li_token_logprob *c, int32_t n, float mx, const double *u, float *probs) {
+    const li_sampling_params *p = &s->p;
+    const int32_t nv = s->n_vocab;
     /* probabilities at temperature 1 for top-p and min-p */
     double sum = 0;
     for (int32_t i = 0; i < n; i++) sum += exp((double)c[i].logprob - mx);
@@ -353,6 +358,27 @@ static int32_t sample_chain(li_sampler *s, const float *logits, const double *u,
         }
     }
     return chosen;
+}
+
+int32_t li_sampler_cand_need(const li_sampler *s) {
+    const li_sampling_params *p = &s->p;
+    if (penalties_on(p) || p->n_logit_bias || s->n_ban || p->logprob || p->n_logprobs > 0) return 0;
+    if (p->temperature <= 0) return 1;
+    /* one past top_k: a tie there would leave the choice of the kept set to the full logits' selection */
+    return p->top_k > 0 && p->top_k < s->n_vocab ? p->top_k + 1 : 0;
+}
+
+int32_t li_sampler_sample_cand(li_sampler *s, const float *vals, const int32_t *ids, int32_t n) {
+    const int32_t need = li_sampler_cand_need(s);
+    if (!need || n < need || ids[0] < 0) return -1;
+    for (int32_t i = 0; i < need; i++)
+        if (isnan(vals[i])) return -1;
+    if (s->p.temperature <= 0) return ids[0]; /* the lowest id of the largest value: argmax_of's */
+    const int32_t k = s->p.top_k;
+    if (!(vals[k - 1] > vals[k])) return -1; /* a tie at the boundary */
+    if (!s->cand) s->cand = li_xmalloc((size_t)s->n_vocab * sizeof *s->cand);
+    for (int32_t i = 0; i < k; i++) s->cand[i] = (li_token_logprob){ids[i], vals[i]};
+    return chain_tail(s, s->cand, k, vals[0], NULL, NULL);
 }
 
 int32_t li_sampler_sample(li_sampler *s, const float *logits, li_token_logprob *top, float *chosen_logprob) {

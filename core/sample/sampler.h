@@ -70,10 +70,18 @@ void li_sampler_free(li_sampler *s);
  * their logits count as -inf after the bias. NULL/0 lifts the ban.
  * Reported logprobs stay raw. */
 void li_sampler_ban(li_sampler *s, const int32_t *ids, int32_t n);
-/* True when the next draw is the bare argmax of the logits: greedy, no
- * penalties, bias or ban, no logprob asked (what a device can sample
- * without the logits leaving it; backend.h's argmax). */
-bool li_sampler_plain_greedy(const li_sampler *s);
+/* ---- drawing from the largest logits alone (a device's top-k) ----
+ *
+ * li_sampler_cand_need: how many of the largest logits, sorted by value
+ * descending then id ascending, decide the next draw; 0 when the full
+ * logits are needed (penalties, bias, a ban, logprobs, or no top-k). Greedy
+ * needs 1; top_k = K needs K + 1 (the one past the kept set shows it is not
+ * a tie). li_sampler_sample_cand: the token li_sampler_sample would draw
+ * from logits whose n largest are (vals, ids) so sorted, advancing the RNG
+ * as it would; or -1, with the RNG untouched, when they cannot decide it
+ * (too few, a NaN, ids[0] < 0, a tie at top_k): then sample the logits. */
+int32_t li_sampler_cand_need(const li_sampler *s);
+int32_t li_sampler_sample_cand(li_sampler *s, const float *vals, const int32_t *ids, int32_t n);
 /* Records a token (prompt or generated) into the penalty window. */
 void li_sampler_accept(li_sampler *s, int32_t token);
 /* Picks the next token from logits (n_vocab). When top is non-NULL it

@@ -20,7 +20,9 @@
 #include "engine/session.h"
 #include "test_util.h"
 
+#include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* ------------------------------------------------------------------------
@@ -49,6 +51,7 @@ static struct {
     long gen;              /* recordings of another generation are stale */
     long recordings, launches, padded_rows, stale_every;
     long argmax_rows;      /* greedy rows sampled through argmax */
+    long topk_rows;        /* rows whose largest logits topk fetched */
 } g;
 
 /* one op's arguments, as a recording keeps them */
@@ -336,6 +339,43 @@ static void r_argmax(li_backend *be, const float *x, int64_t n, int64_t dim, int
     g.argmax_rows += n;
 }
 
+/* each row's k largest, sorted by value descending then id ascending (a
+ * full sort of the row: the plain reference), NaN rows flagged */
+typedef struct {
+    float v;
+    int32_t id;
+} vid;
+
+static int vid_desc(const void *a, const void *b) {
+    const vid *x = a, *y = b;
+    if (x->v != y->v) return x->v > y->v ? -1 : 1;
+    return (x->id > y->id) - (x->id < y->id);
+}
+
+static void r_topk(li_backend *be, const float *x, int64_t n, int64_t dim, int k, float *vals, int32_t *ids) {
+    g.op_calls++;
+    buf_check("topk x", x, F4(n * dim));
+    buf_check("topk vals", vals, F4(n * k));
+    buf_check("topk ids", ids, F4(n * k));
+    if (g.recording) violation("topk while recording", x, 0);
+    vid *row = malloc((size_t)dim * sizeof *row);
+    for (int64_t i = 0; i < n; i++) {
+        bool nan = false;
+        for (int64_t j = 0; j < dim; j++) {
+            row[j] = (vid){x[i * dim + j], (int32_t)j};
+            nan |= isnan(row[j].v);
+        }
+        qsort(row, (size_t)dim, sizeof *row, vid_desc);
+        for (int j = 0; j < k; j++) {
+            vals[i * k + j] = row[j].v;
+            ids[i * k + j] = row[j].id;
+        }
+        if (nan) ids[i * k] = -1;
+    }
+    free(row);
+    g.topk_rows += n;
+}
+
 /* ---- graph ops ---- */
 
 static int r_graph_begin(li_backend *be) {
@@ -449,6 +489,7 @@ static void recorder_init(li_backend *rec, li_backend *inner) {
     rec_ops.weight_release = r_weight_release;
     rec_ops.hadamard = inner->ops->hadamard ? r_hadamard : NULL;
     rec_ops.argmax = r_argmax;
+    rec_ops.topk = r_topk;
     rec_ops.graph_begin = r_graph_begin;
     rec_ops.graph_end = r_graph_end;
     rec_ops.graph_launch = r_graph_launch;
@@ -506,8 +547,9 @@ typedef struct {
 /* The engine under a KV budget of 14 blocks of 8 tokens: four requests of
  * ~30-token prompts and 24 new tokens each, one of them drawing 3 samples
  * (forked blocks, copied on write), cannot all stay resident. */
-/* greedy: every request greedy (its 3 samples too), one with min_tokens
- * (its ban keeps its first steps off the device's argmax) */
+/* greedy: every request greedy (its 3 samples too) but the last, which
+ * samples at temperature 0.8, top_k 40; one with min_tokens (its ban keeps
+ * its first steps on the logits) */
 static int run_engine(li_model *m, li_backend *be, const int32_t *prompt, int64_t n, engine_out *o, bool greedy) {
     li_error err = {0};
     li_engine_config c;
@@ -531,6 +573,7 @@ static int run_engine(li_model *m, li_backend *be, const int32_t *prompt, int64_
         p.sampling.seed = 42 + (uint64_t)r;
         if (greedy) p.sampling.temperature = 0;
         if (greedy && r == 2) p.min_tokens = 6;
+        if (greedy && r == 3) p.sampling.temperature = 0.8f; /* llama.cpp's defaults, top_k 40: from the candidates */
         if (li_engine_add(e, &p, &o->ids[r], &err)) {
             fprintf(stderr, "%s\n", err.msg);
             li_engine_free(e);
@@ -721,13 +764,15 @@ int main(void) {
     g.violations = 0;
     g.argmax_rows = 0;
     CHECK(run_engine(m, &rec, prompt, 30, &gg, true) == 0, "greedy engine through the recorder");
-    printf("greedy engine: %ld rows sampled by argmax, %ld violations\n", g.argmax_rows, g.violations);
+    printf("greedy engine: %ld rows sampled by argmax, %ld by topk, %ld violations\n", g.argmax_rows, g.topk_rows,
+           g.violations);
     same = gw.preemptions == gg.preemptions;
     for (int k = 0; k < N_SEQS; k++)
         same &= gw.n_toks[k] == MAX_TOK && gg.n_toks[k] == gw.n_toks[k] &&
                 !memcmp(gw.toks[k], gg.toks[k], sizeof(int32_t) * (size_t)gw.n_toks[k]);
     CHECK(same && g.violations == 0, "greedy rows sampled where the logits are: the CPU's tokens");
-    CHECK(g.argmax_rows > 20, "greedy steps sampled through argmax (%ld rows)", g.argmax_rows);
+    CHECK(g.argmax_rows > 10 && g.topk_rows > 20, "steps sampled through argmax (%ld rows) and topk (%ld rows)",
+          g.argmax_rows, g.topk_rows);
 
     const long pad0 = g.padded_rows, launch0 = g.launches;
     g.violations = 0;

@@ -246,8 +246,33 @@ static void test_weights(void) {
 }
 
 /* ------------------------------------------------------------------------
- * rmsnorm, rope, silu_mul, add
+ * rmsnorm, rope, silu_mul, add, argmax, topk
  * ---------------------------------------------------------------------- */
+
+typedef struct {
+    float v;
+    int32_t id;
+} vid;
+
+static int vid_desc(const void *a, const void *b) {
+    const vid *x = a, *y = b;
+    if (x->v != y->v) return x->v > y->v ? -1 : 1; /* -0 == +0: then the id */
+    return (x->id > y->id) - (x->id < y->id);
+}
+
+/* each row's k largest by a full sort (NaN rows are not asked) */
+static void topk_ref(const float *x, int n, int64_t dim, int k, float *vals, int32_t *ids) {
+    vid *row = li_xmalloc((size_t)dim * sizeof *row);
+    for (int i = 0; i < n; i++) {
+        for (int64_t j = 0; j < dim; j++) row[j] = (vid){x[i * dim + j], (int32_t)j};
+        qsort(row, (size_t)dim, sizeof *row, vid_desc);
+        for (int j = 0; j < k; j++) {
+            vals[i * k + j] = row[j].v;
+            ids[i * k + j] = row[j].id;
+        }
+    }
+    free(row);
+}
 
 static void test_rowops(void) {
     {
@@ -366,6 +391,52 @@ static void test_rowops(void) {
         li_buffer_free(&cu, &bx);
         li_buffer_free(&cu, &bo);
         free(x);
+    }
+    /* topk: each row's k largest, sorted by value then id, against a full
+     * sort on the host: random rows, rows on a coarse grid (ties across
+     * the boundary), -0 beside +0, a NaN row (flagged), a short row */
+    {
+        const int64_t dims[] = {49157, 70};
+        const int ks[] = {1, 41, 64};
+        for (size_t di = 0; di < LI_ARRAY_LEN(dims); di++)
+            for (size_t ki = 0; ki < LI_ARRAY_LEN(ks); ki++) {
+                enum { N = 5 };
+                const int64_t dim = dims[di];
+                const int k = ks[ki];
+                float *x = frand(N * dim, 4.0f);
+                for (int64_t j = 0; j < dim; j++) {
+                    x[1 * dim + j] = (float)((j * 7919) % 13) * 0.5f;      /* ties everywhere */
+                    x[3 * dim + j] = j % 3 ? 0.0f : -0.0f;                  /* all zero, signs mixed */
+                }
+                x[2 * dim + dim / 3] = NAN;
+                float *wv = li_xmalloc((size_t)N * k * 4), *gv = li_xmalloc((size_t)N * k * 4);
+                int32_t *wi = li_xmalloc((size_t)N * k * 4), *gi = li_xmalloc((size_t)N * k * 4);
+                topk_ref(x, N, dim, k, wv, wi);
+                li_buffer bx = up(x, (size_t)(N * dim) * 4), bv = up(NULL, (size_t)N * k * 4),
+                          bi = up(NULL, (size_t)N * k * 4);
+                cu.ops->topk(&cu, bx.data, N, dim, k, bv.data, bi.data);
+                down(&bv, gv, (size_t)N * k * 4);
+                down(&bi, gi, (size_t)N * k * 4);
+                bool same = true;
+                for (int i = 0; i < N; i++) {
+                    if (i == 2) { /* the NaN row: flagged, nothing else asked */
+                        same &= gi[i * k] == -1;
+                        continue;
+                    }
+                    for (int j = 0; j < k; j++)
+                        same &= gi[i * k + j] == wi[i * k + j] && gv[i * k + j] == wv[i * k + j];
+                }
+                report(same, "topk k=%d of %lld (ties, -0/+0, a NaN row): the host sort's ids and values", k,
+                       (long long)dim);
+                li_buffer_free(&cu, &bx);
+                li_buffer_free(&cu, &bv);
+                li_buffer_free(&cu, &bi);
+                free(x);
+                free(wv);
+                free(gv);
+                free(wi);
+                free(gi);
+            }
     }
     /* hadamard: the reference's butterflies, so the same bits; odd row counts, signs from host memory */
     for (int64_t b = 128; b <= 512; b *= 4) {
@@ -701,9 +772,11 @@ static void test_graphs(li_model *m) {
     }
 }
 
-/* The engine on CUDA, greedy: four requests (one with min_tokens, whose
- * ban keeps it on the host's sampler) with device_sampling on and off: the
- * same tokens, and the first run sampled most of its tokens on the device. */
+/* The engine on CUDA: four requests, greedy but one (temperature 0.8,
+ * top_k 40: drawn from its 41 largest logits), one with min_tokens (its
+ * ban keeps its first steps on the logits), with device_sampling on and
+ * off: the same tokens, and the first run sampled most of them on the
+ * device. */
 static void test_engine_sampling(li_model *m, const int32_t *prompt, size_t np) {
     enum { NR = 4, NTOK = 24 };
     int32_t toks[2][NR][NTOK];
@@ -725,7 +798,8 @@ static void test_engine_sampling(li_model *m, const int32_t *prompt, size_t np) 
             li_request_params p = {.prompt = prompt, .n_prompt = (int64_t)np - (r % 2), .max_tokens = NTOK,
                                    .ignore_eos = true, .min_tokens = r == 3 ? 5 : 0};
             li_sampling_params_default(&p.sampling);
-            p.sampling.temperature = 0;
+            p.sampling.temperature = r == 2 ? 0.8f : 0.0f; /* r 2: top_k 40, from its 41 largest logits */
+            p.sampling.seed = 5 + (uint64_t)r;
             ok = !li_engine_add(e, &p, &ids[r], &err);
         }
         for (int guard = 0; ok && li_engine_has_work(e) && guard < 1000; guard++) ok = !li_engine_step(e, &err);
@@ -741,8 +815,8 @@ static void test_engine_sampling(li_model *m, const int32_t *prompt, size_t np) 
         li_engine_free(e);
     }
     if (!ok) return;
-    report(!memcmp(toks[0], toks[1], sizeof toks[0]), "engine on cuda: greedy tokens sampled on the device equal the "
-           "host sampler's (%d requests x %d)", NR, NTOK);
+    report(!memcmp(toks[0], toks[1], sizeof toks[0]), "engine on cuda: tokens sampled from the device's argmax and "
+           "top-k equal the host sampler's (%d requests x %d)", NR, NTOK);
     report(dev[0] >= (NR - 1) * (NTOK - 2) && dev[1] == 0, "engine on cuda: %lld tokens sampled on the device "
            "(device_sampling off: %lld)", (long long)dev[0], (long long)dev[1]);
 }

@@ -4,6 +4,7 @@
 #include "test_util.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define NV 50
@@ -13,6 +14,102 @@ static void fill(float *l, int n, unsigned seed) {
         seed = seed * 1103515245u + 12345u;
         l[i] = (float)((seed >> 8) % 2000) / 200.0f - 5.0f;
     }
+}
+
+/* the n largest of l (nv), sorted by value descending then id ascending, as
+ * a device's top-k returns them: a plain reference (insertion into a sorted
+ * list, every element compared) */
+static void largest(const float *l, int nv, int n, float *vals, int32_t *ids) {
+    int have = 0;
+    for (int i = 0; i < nv; i++) {
+        int at = have;
+        while (at > 0 && (l[i] > vals[at - 1])) at--; /* ties: the earlier (lower) id stays first */
+        if (at >= n) continue;
+        for (int j = (have < n ? have : n - 1); j > at; j--) {
+            vals[j] = vals[j - 1];
+            ids[j] = ids[j - 1];
+        }
+        vals[at] = l[i];
+        ids[at] = i;
+        if (have < n) have++;
+    }
+}
+
+/* li_sampler_sample_cand against li_sampler_sample, draw for draw: two
+ * samplers of one seed, one on the full logits, one on the 64 largest
+ * (falling back to the logits when it says it cannot decide). Every other
+ * draw's logits lie on a grid of 0.25 (many ties, some at the top_k
+ * boundary), the others on a fine grid; 2,000 draws a setting. */
+static void test_cand(void) {
+    enum { V = 700, K = 64, DRAWS = 2000 };
+    const struct { float t, top_p, min_p; int32_t top_k; } sets[] = {
+        {0.0f, 1.0f, 0.0f, 40}, {0.7f, 0.95f, 0.05f, 40}, {1.3f, 1.0f, 0.0f, 1},  {1.0f, 0.9f, 0.0f, 63},
+        {0.8f, 1.0f, 0.1f, 10}, {2.0f, 0.5f, 0.0f, 25}, {0.7f, 0.95f, 0.05f, 64}, {0.7f, 0.95f, 0.05f, 0},
+    };
+    float *l = malloc(V * sizeof(float)), vals[K];
+    int32_t ids[K];
+    li_error err = {0};
+    for (size_t si = 0; si < sizeof sets / sizeof sets[0]; si++) {
+        li_sampling_params p;
+        li_sampling_params_default(&p);
+        p.temperature = sets[si].t;
+        p.top_p = sets[si].top_p;
+        p.min_p = sets[si].min_p;
+        p.top_k = sets[si].top_k;
+        p.seed = 1000 + si;
+        li_sampler a, b;
+        CHECK(li_sampler_init(&a, &p, V, &err) == 0 && li_sampler_init(&b, &p, V, &err) == 0, "%s", err.msg);
+        const int32_t need = li_sampler_cand_need(&b);
+        int same = 1, fallbacks = 0;
+        unsigned seed = 77 + (unsigned)si;
+        for (int d = 0; d < DRAWS; d++) {
+            for (int i = 0; i < V; i++) {
+                seed = seed * 1103515245u + 12345u;
+                l[i] = d % 2 ? (float)((seed >> 8) % 64) * 0.25f - 8.0f     /* many ties */
+                             : (float)((seed >> 8) % 65536) / 4096.0f - 8.0f; /* few */
+            }
+            largest(l, V, K, vals, ids);
+            const int32_t want = li_sampler_sample(&a, l, NULL, NULL);
+            int32_t got = li_sampler_sample_cand(&b, vals, ids, K);
+            if (got < 0) {
+                fallbacks++;
+                got = li_sampler_sample(&b, l, NULL, NULL);
+            }
+            same &= got == want;
+        }
+        const bool usable = sets[si].top_k > 0 && sets[si].top_k < K;
+        CHECK(same, "top_k %d, T %.1f, top_p %.2f, min_p %.2f: %d draws from the %d largest (need %d, %d fell back) "
+              "equal the full logits' draws", p.top_k, (double)p.temperature, (double)p.top_p, (double)p.min_p,
+              DRAWS, K, need, fallbacks);
+        if (p.temperature <= 0) CHECK(need == 1 && fallbacks == 0, "greedy: the largest alone, never the logits");
+        else if (usable) CHECK(need == p.top_k + 1 && fallbacks < DRAWS, "top_k %d: candidates used (%d of %d fell back)",
+                               p.top_k, fallbacks, DRAWS);
+        else CHECK(fallbacks == DRAWS, "top_k %d: not decidable from %d candidates, always the logits", p.top_k, K);
+        li_sampler_free(&a);
+        li_sampler_free(&b);
+    }
+    /* what needs the full logits: penalties, bias, logprobs */
+    li_sampling_params p;
+    li_sampling_params_default(&p);
+    li_sampler s;
+    p.repeat_penalty = 1.1f;
+    CHECK(li_sampler_init(&s, &p, V, &err) == 0 && li_sampler_cand_need(&s) == 0, "penalties need the logits");
+    li_sampler_free(&s);
+    li_sampling_params_default(&p);
+    p.n_logprobs = 2;
+    CHECK(li_sampler_init(&s, &p, V, &err) == 0 && li_sampler_cand_need(&s) == 0, "logprobs need the logits");
+    li_sampler_free(&s);
+    /* a NaN among the candidates, or a row flagged (ids[0] < 0): the logits */
+    li_sampling_params_default(&p);
+    CHECK(li_sampler_init(&s, &p, V, &err) == 0, "%s", err.msg);
+    for (int i = 0; i < K; i++) vals[i] = 10.0f - (float)i, ids[i] = i;
+    vals[3] = NAN;
+    CHECK(li_sampler_sample_cand(&s, vals, ids, K) == -1, "a NaN among the candidates: -1");
+    vals[3] = 7.0f;
+    ids[0] = -1;
+    CHECK(li_sampler_sample_cand(&s, vals, ids, K) == -1, "a flagged row: -1");
+    li_sampler_free(&s);
+    free(l);
 }
 
 static li_sampling_params greedy(void) {
@@ -307,5 +404,6 @@ int main(void) {
     p = greedy();
     p.temperature = NAN;
     CHECK(li_sampling_params_validate(&p, &err) != 0, "NaN temperature refused");
+    test_cand();
     return t_summary("sampler");
 }
