@@ -84,5 +84,8 @@ int li_comm_nccl_unique_id(li_comm_nccl_id *id, li_error *err);
 /* Rank `rank` of `size` on CUDA device `device`; in one process the ranks'
  * threads call it concurrently (ncclCommInitRank blocks until all have). */
 int li_comm_nccl_init(li_comm *c, const li_comm_nccl_id *id, int rank, int size, int device, li_error *err);
+/* All `size` ranks of one process at once (ncclCommInitAll, from one
+ * thread): *c[r] is rank r on CUDA device devices[r]. */
+int li_comm_nccl_init_all(li_comm *const *c, int size, const int *devices, li_error *err);
 
 #endif

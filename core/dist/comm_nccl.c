@@ -10,6 +10,7 @@
 const char *li_cuda_nccl_error(void);
 int li_cuda_nccl_unique_id(void *out, size_t cap);
 int li_cuda_nccl_init(void **out, const void *id_bytes, int rank, int size, int device);
+int li_cuda_nccl_init_all(void **out, int size, const int *devices);
 int li_cuda_nccl_all_reduce_sum(void *handle, float *buf, int64_t n);
 int li_cuda_nccl_barrier(void *handle);
 void li_cuda_nccl_abort(void *handle);
@@ -59,6 +60,17 @@ int li_comm_nccl_init(li_comm *c, const li_comm_nccl_id *id, int rank, int size,
     return 0;
 }
 
+int li_comm_nccl_init_all(li_comm *const *c, int size, const int *devices, li_error *err) {
+    for (int r = 0; r < size; r++) memset(c[r], 0, sizeof *c[r]);
+    if (size < 1 || size > LI_COMM_MAX_RANKS)
+        return li_error_set(err, LI_EINVAL, "nccl: a group of %d ranks (1 to %d)", size, LI_COMM_MAX_RANKS);
+    void *h[LI_COMM_MAX_RANKS] = {0};
+    if (li_cuda_nccl_init_all(h, size, devices))
+        return li_error_set(err, LI_EIO, "nccl: %d ranks from device %d: %s", size, devices[0], li_cuda_nccl_error());
+    for (int r = 0; r < size; r++) *c[r] = (li_comm){.ops = &nccl_ops, .rank = r, .size = size, .impl = h[r]};
+    return 0;
+}
+
 #else /* no NCCL in this build */
 
 bool li_comm_nccl_available(void) { return false; }
@@ -71,6 +83,12 @@ int li_comm_nccl_unique_id(li_comm_nccl_id *id, li_error *err) {
 int li_comm_nccl_init(li_comm *c, const li_comm_nccl_id *id, int rank, int size, int device, li_error *err) {
     (void)id, (void)rank, (void)size, (void)device;
     memset(c, 0, sizeof *c);
+    return li_error_set(err, LI_EUNSUP, "nccl: this build has no NCCL (configure with LI_CUDA=ON where NCCL is installed)");
+}
+
+int li_comm_nccl_init_all(li_comm *const *c, int size, const int *devices, li_error *err) {
+    (void)devices;
+    for (int r = 0; r < size; r++) memset(c[r], 0, sizeof *c[r]);
     return li_error_set(err, LI_EUNSUP, "nccl: this build has no NCCL (configure with LI_CUDA=ON where NCCL is installed)");
 }
 

@@ -1,6 +1,7 @@
 /* tp.c — the ranks of a tensor-parallel target (tp.h). Owns: the ranks'
  * backends, shard views, runners, communicators and threads. */
 #include "engine/tp.h"
+#include "cuda/cuda_backend.h"
 #include "dist/comm.h"
 #include "dist/shard.h"
 
@@ -12,7 +13,7 @@ typedef struct tp_rank {
     struct li_tp *tp;
     int r;
     li_backend be;
-    bool be_ready, prepared;
+    bool be_ready, prepared, cuda; /* cuda: be is rank r's GPU, comm NCCL */
     li_model view;     /* shard r of the model */
     li_runner own;     /* ranks >= 1: the runner (rank 0's is the caller's) */
     li_runner *run;
@@ -99,18 +100,40 @@ int li_tp_run(li_tp *tp, const li_batch *b, li_error *err) {
  * init / free
  * ---------------------------------------------------------------------- */
 
+/* the ranks' NCCL communicators, rank r on device dev0 + r, made at once */
+static int nccl_comms(li_tp *tp, int dev0, li_error *err) {
+    li_comm *c[LI_COMM_MAX_RANKS];
+    int dev[LI_COMM_MAX_RANKS];
+    for (int r = 0; r < tp->size; r++) {
+        c[r] = &tp->ranks[r].comm;
+        dev[r] = dev0 + r;
+    }
+    return li_comm_nccl_init_all(c, tp->size, dev, err);
+}
+
 int li_tp_init(li_tp **out, li_model *m, const li_backend *like, int size, li_runner *rank0, li_type kv_dtype,
                int block_size, int32_t num_blocks, int64_t cap, li_error *err) {
     *out = NULL;
     if (size < 2 || size > LI_COMM_MAX_RANKS)
         return li_error_set(err, LI_EINVAL, "tensor parallel: %d ranks (2 to %d; 1 runs without it)", size,
                             LI_COMM_MAX_RANKS);
-    const char *isa = li_backend_cpu_isa(like);
-    if (!strcmp(isa, "none") || strcmp(like->ops->name, "cpu") != 0)
+    /* on GPUs: rank r on device dev0 + r, NCCL between them */
+    const bool cuda = li_backend_is_cuda(like);
+    const int dev0 = cuda ? li_backend_cuda_device(like) : 0;
+    const char *isa = cuda ? "" : li_backend_cpu_isa(like);
+    if (cuda) {
+        const int n_dev = li_backend_cuda_device_count();
+        if (!li_comm_nccl_available())
+            return li_error_set(err, LI_EUNSUP, "tensor parallel on cuda needs NCCL, which this build has not");
+        if (dev0 + size > n_dev)
+            return li_error_set(err, LI_EINVAL, "tensor parallel %d from cuda:%d needs devices %d to %d; this machine "
+                                "has %d", size, dev0, dev0, dev0 + size - 1, n_dev);
+    } else if (!strcmp(isa, "none") || strcmp(like->ops->name, "cpu") != 0) {
         return li_error_set(err, LI_EUNSUP,
-                            "tensor parallel runs on luainfer's own CPU kernels (--isa auto, scalar, avx2, avx512), "
-                            "not on the %s backend yet",
+                            "tensor parallel runs on luainfer's own CPU kernels (--isa auto, scalar, avx2, avx512) "
+                            "or on cuda, not on the %s backend yet",
                             like->ops->name);
+    }
     li_shard s;
     for (int r = 0; r < size; r++) {
         int rc = li_shard_plan(m, r, size, &s, err);
@@ -129,7 +152,9 @@ int li_tp_init(li_tp **out, li_model *m, const li_backend *like, int size, li_ru
         k->tp = tp;
         k->r = r;
         k->run = r == 0 ? rank0 : &k->own;
-        if ((rc = li_backend_cpu_init(&k->be, threads, isa, err))) break;
+        k->cuda = cuda;
+        if ((rc = cuda ? li_backend_cuda_init(&k->be, dev0 + r, err) : li_backend_cpu_init(&k->be, threads, isa, err)))
+            break;
         k->be_ready = true;
         if ((rc = li_shard_model_init(&k->view, m, r, size, err))) break;
         k->prepared = true;
@@ -137,18 +162,20 @@ int li_tp_init(li_tp **out, li_model *m, const li_backend *like, int size, li_ru
         if ((rc = li_runner_init(k->run, &k->view, &k->be, r ? &rank0->kv : NULL, kv_dtype, block_size, num_blocks,
                                  cap, err)))
             break;
-        if ((rc = li_comm_threads_init(&k->comm, tp->group, r, err))) break;
+        if (!cuda && (rc = li_comm_threads_init(&k->comm, tp->group, r, err))) break;
         k->run->fw.comm = &k->comm;
-        if (r > 0) {
-            li_thread_signals_begin();
-            const int bad = pthread_create(&k->th, NULL, rank_thread, k);
-            li_thread_signals_end();
-            if (bad) {
-                rc = li_error_set(err, LI_ENOMEM, "tensor parallel: cannot start rank %d's thread", r);
-                break;
-            }
-            k->started = true;
+    }
+    if (!rc && cuda) rc = nccl_comms(tp, dev0, err);
+    for (int r = 1; !rc && r < size; r++) { /* the workers, once every rank can run */
+        tp_rank *k = &tp->ranks[r];
+        li_thread_signals_begin();
+        const int bad = pthread_create(&k->th, NULL, rank_thread, k);
+        li_thread_signals_end();
+        if (bad) {
+            rc = li_error_set(err, LI_ENOMEM, "tensor parallel: cannot start rank %d's thread", r);
+            break;
         }
+        k->started = true;
     }
     if (rc) {
         li_tp_free(tp);
@@ -173,7 +200,8 @@ void li_tp_free(li_tp *tp) {
             li_model_release(&k->view, &k->be);
             li_shard_model_free(&k->view);
         }
-        if (k->be_ready) li_backend_cpu_free(&k->be);
+        if (k->be_ready && k->cuda) li_backend_cuda_free(&k->be);
+        else if (k->be_ready) li_backend_cpu_free(&k->be);
     }
     li_comm_group_free(tp->group);
     pthread_cond_destroy(&tp->go);

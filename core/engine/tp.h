@@ -4,7 +4,9 @@
  * of its own (its own threads: the engine's backend's thread count split
  * over the ranks, at least one each), a forward state whose communicator
  * is rank r of a threads-as-ranks group (dist/comm.h), and KV storage for
- * its KV heads only. Rank 0's runner is the engine's target runner: its KV
+ * its KV heads only. On cuda (the engine's backend on cuda:D), rank r is
+ * a CUDA backend on device D + r and the communicators are NCCL's, made
+ * together (li_comm_nccl_init_all). Rank 0's runner is the engine's target runner: its KV
  * cache is the block pool; the other ranks' caches follow it
  * (li_kv_cache_init_follower), so the engine's one block table and slot
  * numbering address every rank's storage, and forks, copy-on-write,

@@ -209,7 +209,15 @@ static bool blas_open(void) {
         if (s_ != CUBLAS_STATUS_SUCCESS) cu_die(#call, blas.status_string(s_), __FILE__, __LINE__); \
     } while (0)
 
-static li_cuda *cu(li_backend *be) { return (li_cuda *)be->impl; }
+// Every op starts here: the calling thread's current device becomes the
+// backend's (tensor-parallel ranks each drive their own from their own
+// thread; a launch must go to the current device's stream).
+static li_cuda *cu(li_backend *be) {
+    li_cuda *c = (li_cuda *)be->impl;
+    int d = -1;
+    if (cudaGetDevice(&d) != cudaSuccess || d != c->device) CK(cudaSetDevice(c->device));
+    return c;
+}
 
 static unsigned blocks_for(int64_t n, int threads) {
     int64_t b = (n + threads - 1) / threads;
@@ -1759,6 +1767,19 @@ extern "C" int li_backend_cuda_init(li_backend *be, int device, li_error *err) {
     be->ops = c->invariant ? &cuda_invariant_ops : &cuda_ops;
     be->impl = c;
     return 0;
+}
+
+extern "C" int li_backend_cuda_device(const li_backend *be) {
+    return li_backend_is_cuda(be) ? ((const li_cuda *)be->impl)->device : -1;
+}
+
+extern "C" int li_backend_cuda_device_count(void) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    return n;
 }
 
 extern "C" const char *li_backend_cuda_lt_note(li_backend *be) {

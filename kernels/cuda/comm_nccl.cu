@@ -68,6 +68,43 @@ extern "C" int li_cuda_nccl_init(void **out, const void *id_bytes, int rank, int
     return 0;
 }
 
+// Every rank of a group in this process at once, rank r on devices[r]
+// (ncclCommInitAll: no thread per rank). On failure nothing is left.
+extern "C" int li_cuda_nccl_init_all(void **out, int size, const int *devices) {
+    ncclComm_t comms[64];
+    if (size < 1 || size > 64) {
+        snprintf(g_msg, sizeof g_msg, "a group of %d ranks (1 to 64)", size);
+        return 1;
+    }
+    ncclResult_t r = ncclCommInitAll(comms, size, devices);
+    if (r != ncclSuccess) return fail_nccl("ncclCommInitAll", r);
+    int made = 0;
+    for (; made < size; made++) {
+        li_cuda_nccl *h = (li_cuda_nccl *)calloc(1, sizeof *h);
+        cudaError_t e = h ? cudaSetDevice(devices[made]) : cudaErrorMemoryAllocation;
+        if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&h->stream, cudaStreamNonBlocking);
+        if (e != cudaSuccess) {
+            free(h);
+            fail_cuda("a rank's stream", e);
+            break;
+        }
+        h->comm = comms[made];
+        h->device = devices[made];
+        out[made] = h;
+    }
+    if (made == size) return 0;
+    for (int i = 0; i < size; i++) {
+        if (i < made) {
+            li_cuda_nccl *h = (li_cuda_nccl *)out[i];
+            cudaStreamDestroy(h->stream);
+            free(h);
+            out[i] = nullptr;
+        }
+        ncclCommDestroy(comms[i]);
+    }
+    return 1;
+}
+
 // In place on device memory, then waits: the forward's next op reads buf.
 extern "C" int li_cuda_nccl_all_reduce_sum(void *handle, float *buf, int64_t n) {
     li_cuda_nccl *h = (li_cuda_nccl *)handle;

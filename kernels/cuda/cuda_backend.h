@@ -19,6 +19,10 @@ int li_backend_cuda_init(li_backend *be, int device, struct li_error *err);
 void li_backend_cuda_free(li_backend *be);
 /* true when be is a CUDA backend (its ops table is this file's) */
 bool li_backend_is_cuda(const li_backend *be);
+/* be's CUDA device index (-1 on another backend), and how many devices
+ * this machine has (0 without CUDA) */
+int li_backend_cuda_device(const li_backend *be);
+int li_backend_cuda_device_count(void);
 /* Per-kernel timing (CUDA events around each launch, and the host's time
  * issuing it): on clears the totals and turns recorded passes off while it
  * lasts (a recording has no events); print writes the table (kernel,

@@ -24,6 +24,13 @@ void li_backend_cuda_profile(li_backend *be, bool on) {
     (void)on;
 }
 
+int li_backend_cuda_device(const li_backend *be) {
+    (void)be;
+    return -1;
+}
+
+int li_backend_cuda_device_count(void) { return 0; }
+
 const char *li_backend_cuda_lt_note(li_backend *be) {
     (void)be;
     return "";

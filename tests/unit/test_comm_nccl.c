@@ -24,13 +24,14 @@ typedef struct {
     float host[N], out[N];
     int rc;
     char msg[512];
+    li_comm *pre; /* made already (li_comm_nccl_init_all), or NULL: made here */
 } rank_arg;
 
 static void *rank_main(void *p) {
     rank_arg *a = p;
     li_error err = {0};
-    li_comm c;
-    if ((a->rc = li_comm_nccl_init(&c, a->id, a->rank, a->size, a->rank, &err))) {
+    li_comm own, *cp = a->pre ? a->pre : &own;
+    if (!a->pre && (a->rc = li_comm_nccl_init(&own, a->id, a->rank, a->size, a->rank, &err))) {
         snprintf(a->msg, sizeof a->msg, "%s", err.msg);
         return NULL;
     }
@@ -41,12 +42,12 @@ static void *rank_main(void *p) {
         snprintf(a->msg, sizeof a->msg, "cudaMalloc failed");
     } else {
         cudaMemcpy(d, a->host, sizeof a->host, cudaMemcpyHostToDevice);
-        if (!(a->rc = li_comm_all_reduce_sum(&c, d, N, &err))) a->rc = li_comm_barrier(&c, &err);
+        if (!(a->rc = li_comm_all_reduce_sum(cp, d, N, &err))) a->rc = li_comm_barrier(cp, &err);
         if (a->rc) snprintf(a->msg, sizeof a->msg, "%s", err.msg);
         cudaMemcpy(a->out, d, sizeof a->out, cudaMemcpyDeviceToHost);
         cudaFree(d);
     }
-    li_comm_free(&c);
+    li_comm_free(cp);
     return NULL;
 }
 
@@ -83,6 +84,28 @@ int main(void) {
     }
     report(off == 0 && differ == 0, "all_reduce of %d floats on %d ranks: %lld off the float64 sum, %lld unlike rank 0",
            N, size, (long long)off, (long long)differ);
+
+    /* the same group made at once from one thread (what tensor parallel on
+     * cuda uses), each rank's all-reduce then run from its own thread */
+    li_comm comms[MAX_RANKS], *cp[MAX_RANKS];
+    int devs[MAX_RANKS];
+    for (int r = 0; r < size; r++) cp[r] = &comms[r], devs[r] = r;
+    const int rc = li_comm_nccl_init_all(cp, size, devs, &err);
+    report(rc == 0, "li_comm_nccl_init_all, %d ranks: %s", size, rc ? err.msg : "made");
+    if (!rc) {
+        for (int r = 0; r < size; r++) {
+            args[r].pre = &comms[r];
+            pthread_create(&th[r], NULL, rank_main, &args[r]);
+        }
+        for (int r = 0; r < size; r++) pthread_join(th[r], NULL);
+        bool all = true;
+        for (int r = 0; r < size; r++) all &= args[r].rc == 0;
+        differ = 0;
+        for (int i = 0; i < N; i++)
+            for (int r = 1; r < size; r++) differ += memcmp(&args[r].out[i], &args[0].out[i], sizeof(float)) != 0;
+        report(all && differ == 0, "init_all's communicators: all_reduce and barrier on %d ranks (%lld unlike rank 0)",
+               size, (long long)differ);
+    }
     return t_summary("test_comm_nccl");
 }
 

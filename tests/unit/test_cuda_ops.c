@@ -942,6 +942,48 @@ static void test_fused(li_model *m, const int32_t *pt, size_t np, const int32_t 
     report(rc == 0, "model back on cuda: %s", rc ? err.msg : "prepared");
 }
 
+/* Tensor parallel on GPUs: the engine with tensor_parallel 2 (rank r on
+ * device r, NCCL) against one rank, greedy. The all-reduce sums the
+ * ranks' partial products in its own order, so tokens may part at a near
+ * tie: the first 8 must agree. Needs two devices (a skip says so). */
+static void test_tp_cuda(li_model *m, const int32_t *pt, size_t np) {
+    const int n_dev = li_backend_cuda_device_count();
+    if (n_dev < 2) {
+        printf("SKIP tensor parallel on cuda: needs 2 devices, this machine has %d\n", n_dev);
+        return;
+    }
+    enum { NTOK = 24 };
+    int32_t toks[2][NTOK];
+    bool ok = true;
+    li_error err = {0};
+    for (int tp = 1; tp <= 2 && ok; tp++) {
+        li_engine_config c;
+        li_engine_config_default(&c);
+        c.tensor_parallel = tp;
+        li_engine *e;
+        if (li_engine_init(&e, m, &cu, &c, &err)) {
+            ok = false;
+            break;
+        }
+        li_request_params p = {.prompt = pt, .n_prompt = (int64_t)np, .max_tokens = NTOK, .ignore_eos = true};
+        li_sampling_params_default(&p.sampling);
+        p.sampling.temperature = 0;
+        int64_t id;
+        ok = !li_engine_add(e, &p, &id, &err);
+        for (int guard = 0; ok && li_engine_has_work(e) && guard < 1000; guard++) ok = !li_engine_step(e, &err);
+        const li_request_result *res = ok ? li_engine_result(e, id) : NULL;
+        ok = ok && res && res->n_tokens == NTOK;
+        if (ok) memcpy(toks[tp - 1], res->tokens, sizeof toks[0]);
+        li_engine_free(e);
+    }
+    report(ok, "tensor parallel 2 on cuda: ran (%s)", ok ? "ok" : err.msg);
+    if (!ok) return;
+    int agree = 0;
+    while (agree < NTOK && toks[0][agree] == toks[1][agree]) agree++;
+    report(agree >= 8, "tensor parallel 2 on cuda: greedy tokens agree with one rank for %d of %d (8 at least)", agree,
+           NTOK);
+}
+
 /* Multiply-adds of one token through every matmul (the output head apart) */
 static double matmul_macs(const li_model *m) {
     double s = 0;
@@ -1149,6 +1191,7 @@ static void test_model(bool bench) {
     if (!rc) test_graphs(m);
     if (!rc) test_engine_sampling(m, pt, np);
     if (!rc) test_invariant(m);
+    if (!rc) test_tp_cuda(m, pt, np);
     if (!rc && bench) {
         bench_prefill(m);
         bench_decode(m);
