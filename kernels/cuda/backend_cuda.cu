@@ -1021,11 +1021,10 @@ static void cu_get_rows(li_backend *be, const li_weight *w, const int32_t *ids, 
 // per-row and elementwise ops
 // ------------------------------------------------------------------------
 
-// a block per row; squares summed in double as the reference (ggml) does
-__global__ void k_rmsnorm(const float *x, const float *w, float *y, int64_t dim, float eps) {
+// 1 / rms(xr) with eps, xr a row of dim: the block's squares summed in
+// double, as the reference (ggml) does
+__device__ float rms_scale(const float *xr, int64_t dim, float eps) {
     __shared__ double red[ROW_THREADS];
-    const float *xr = x + (int64_t)blockIdx.x * dim;
-    float *yr = y + (int64_t)blockIdx.x * dim;
     double sum = 0.0;
     for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) {
         const float sq = xr[j] * xr[j];
@@ -1037,27 +1036,22 @@ __global__ void k_rmsnorm(const float *x, const float *w, float *y, int64_t dim,
         if ((int)threadIdx.x < s) red[threadIdx.x] += red[threadIdx.x + s];
         __syncthreads();
     }
-    const float scale = 1.0f / sqrtf((float)(red[0] / (double)dim) + eps);
+    return 1.0f / sqrtf((float)(red[0] / (double)dim) + eps);
+}
+
+// a block per row
+__global__ void k_rmsnorm(const float *x, const float *w, float *y, int64_t dim, float eps) {
+    const float *xr = x + (int64_t)blockIdx.x * dim;
+    float *yr = y + (int64_t)blockIdx.x * dim;
+    const float scale = rms_scale(xr, dim, eps);
     for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) yr[j] = (xr[j] * scale) * w[j];
 }
 
 // the same, also writing the output's q8 blocks (dim % 32 == 0): a warp a block
 __global__ void k_rmsnorm_q8(const float *x, const float *w, float *y, float *q8, int64_t dim, float eps) {
-    __shared__ double red[ROW_THREADS];
     const float *xr = x + (int64_t)blockIdx.x * dim;
     float *yr = y + (int64_t)blockIdx.x * dim, *qr = q8 + (int64_t)blockIdx.x * dim;
-    double sum = 0.0;
-    for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) {
-        const float sq = xr[j] * xr[j];
-        sum += (double)sq;
-    }
-    red[threadIdx.x] = sum;
-    __syncthreads();
-    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
-        if ((int)threadIdx.x < s) red[threadIdx.x] += red[threadIdx.x + s];
-        __syncthreads();
-    }
-    const float scale = 1.0f / sqrtf((float)(red[0] / (double)dim) + eps);
+    const float scale = rms_scale(xr, dim, eps);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     for (int64_t b = warp; b < dim / 32; b += blockDim.x / 32) {
         const int64_t j = b * 32 + lane;

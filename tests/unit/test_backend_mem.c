@@ -339,40 +339,14 @@ static void r_argmax(li_backend *be, const float *x, int64_t n, int64_t dim, int
     g.argmax_rows += n;
 }
 
-/* each row's k largest, sorted by value descending then id ascending (a
- * full sort of the row: the plain reference), NaN rows flagged */
-typedef struct {
-    float v;
-    int32_t id;
-} vid;
-
-static int vid_desc(const void *a, const void *b) {
-    const vid *x = a, *y = b;
-    if (x->v != y->v) return x->v > y->v ? -1 : 1;
-    return (x->id > y->id) - (x->id < y->id);
-}
-
+/* each row's k largest (test_util.h's full sort), NaN rows flagged */
 static void r_topk(li_backend *be, const float *x, int64_t n, int64_t dim, int k, float *vals, int32_t *ids) {
     g.op_calls++;
     buf_check("topk x", x, F4(n * dim));
     buf_check("topk vals", vals, F4(n * k));
     buf_check("topk ids", ids, F4(n * k));
     if (g.recording) violation("topk while recording", x, 0);
-    vid *row = malloc((size_t)dim * sizeof *row);
-    for (int64_t i = 0; i < n; i++) {
-        bool nan = false;
-        for (int64_t j = 0; j < dim; j++) {
-            row[j] = (vid){x[i * dim + j], (int32_t)j};
-            nan |= isnan(row[j].v);
-        }
-        qsort(row, (size_t)dim, sizeof *row, vid_desc);
-        for (int j = 0; j < k; j++) {
-            vals[i * k + j] = row[j].v;
-            ids[i * k + j] = row[j].id;
-        }
-        if (nan) ids[i * k] = -1;
-    }
-    free(row);
+    t_topk_ref(x, n, dim, k, vals, ids);
     g.topk_rows += n;
 }
 

@@ -249,31 +249,6 @@ static void test_weights(void) {
  * rmsnorm, rope, silu_mul, add, argmax, topk
  * ---------------------------------------------------------------------- */
 
-typedef struct {
-    float v;
-    int32_t id;
-} vid;
-
-static int vid_desc(const void *a, const void *b) {
-    const vid *x = a, *y = b;
-    if (x->v != y->v) return x->v > y->v ? -1 : 1; /* -0 == +0: then the id */
-    return (x->id > y->id) - (x->id < y->id);
-}
-
-/* each row's k largest by a full sort (NaN rows are not asked) */
-static void topk_ref(const float *x, int n, int64_t dim, int k, float *vals, int32_t *ids) {
-    vid *row = li_xmalloc((size_t)dim * sizeof *row);
-    for (int i = 0; i < n; i++) {
-        for (int64_t j = 0; j < dim; j++) row[j] = (vid){x[i * dim + j], (int32_t)j};
-        qsort(row, (size_t)dim, sizeof *row, vid_desc);
-        for (int j = 0; j < k; j++) {
-            vals[i * k + j] = row[j].v;
-            ids[i * k + j] = row[j].id;
-        }
-    }
-    free(row);
-}
-
 static void test_rowops(void) {
     {
         enum { N = 3, DIM = 131 };
@@ -411,7 +386,7 @@ static void test_rowops(void) {
                 x[2 * dim + dim / 3] = NAN;
                 float *wv = li_xmalloc((size_t)N * k * 4), *gv = li_xmalloc((size_t)N * k * 4);
                 int32_t *wi = li_xmalloc((size_t)N * k * 4), *gi = li_xmalloc((size_t)N * k * 4);
-                topk_ref(x, N, dim, k, wv, wi);
+                t_topk_ref(x, N, dim, k, wv, wi);
                 li_buffer bx = up(x, (size_t)(N * dim) * 4), bv = up(NULL, (size_t)N * k * 4),
                           bi = up(NULL, (size_t)N * k * 4);
                 cu.ops->topk(&cu, bx.data, N, dim, k, bv.data, bi.data);
@@ -465,6 +440,29 @@ static size_t elem_size(li_type t) {
     return t == LI_TYPE_F32 ? 4 : t == LI_TYPE_F16 || t == LI_TYPE_BF16 ? 2 : 1;
 }
 
+/* the device cache's bytes (and 8-bit scales) equal the host's, all of it
+ * (untouched blocks stay zero on both) */
+static bool kv_same(li_type dt, const li_kv_layer *hk, li_buffer *bk, li_buffer *bv, li_buffer *bks,
+                    li_buffer *bvs) {
+    const size_t bytes = (size_t)NBLK * BS * NKV * HD * elem_size(dt);
+    uint8_t *ck = li_xmalloc(bytes), *cv = li_xmalloc(bytes);
+    down(bk, ck, bytes);
+    down(bv, cv, bytes);
+    bool same = !memcmp(ck, hk->k, bytes) && !memcmp(cv, hk->v, bytes);
+    if (dt == LI_KV_TYPE_FP8_E4M3 || dt == LI_KV_TYPE_INT8) {
+        const size_t sb = (size_t)NBLK * BS * NKV * 4;
+        float *s = li_xmalloc(sb);
+        down(bks, s, sb);
+        same = same && !memcmp(s, hk->k_scale, sb);
+        down(bvs, s, sb);
+        same = same && !memcmp(s, hk->v_scale, sb);
+        free(s);
+    }
+    free(ck);
+    free(cv);
+    return same;
+}
+
 /* one batch through kv_store and attention on both backends */
 static void kv_batch(li_type dt, const char *what, li_kv_layer *hk, li_kv_layer *dk, li_buffer *bk, li_buffer *bv,
                      li_buffer *bks, li_buffer *bvs, const int32_t *table, int64_t n, const int32_t *pos,
@@ -478,21 +476,7 @@ static void kv_batch(li_type dt, const char *what, li_kv_layer *hk, li_kv_layer 
     li_buffer dkx = up(k, (size_t)(n * NKV * HD) * 4), dvx = up(v, (size_t)(n * NKV * HD) * 4);
     li_buffer dsl = up(slot, (size_t)n * 8);
     cu.ops->kv_store(&cu, dk, dkx.data, dvx.data, dsl.data, n, NKV, HD);
-    /* the stored bytes, all of the cache (untouched blocks stay zero on both) */
-    const size_t bytes = (size_t)NBLK * BS * NKV * HD * elem_size(dt);
-    uint8_t *ck = li_xmalloc(bytes), *cv = li_xmalloc(bytes);
-    down(bk, ck, bytes);
-    down(bv, cv, bytes);
-    bool same = !memcmp(ck, hk->k, bytes) && !memcmp(cv, hk->v, bytes);
-    if (b8) {
-        const size_t sb = (size_t)NBLK * BS * NKV * 4;
-        float *s = li_xmalloc(sb);
-        down(bks, s, sb);
-        same = same && !memcmp(s, hk->k_scale, sb);
-        down(bvs, s, sb);
-        same = same && !memcmp(s, hk->v_scale, sb);
-        free(s);
-    }
+    const bool same = kv_same(dt, hk, bk, bv, bks, bvs);
     report(same, "%s kv_store %s n=%lld: the reference's bytes%s", what, li_type_name(dt), (long long)n,
            b8 ? " and scales" : "");
     li_attn_args a = {.n_tokens = n, .n_head = NH, .n_head_kv = NKV, .head_dim = HD, .block_size = BS, .q = q,
@@ -521,8 +505,6 @@ static void kv_batch(li_type dt, const char *what, li_kv_layer *hk, li_kv_layer 
     free(q);
     free(want);
     free(got);
-    free(ck);
-    free(cv);
 }
 
 /* A recorded pass's padding rows (slot -1) store nothing: a step of one
@@ -530,34 +512,18 @@ static void kv_batch(li_type dt, const char *what, li_kv_layer *hk, li_kv_layer 
  * of the real row alone. */
 static void kv_padding(li_type dt, li_kv_layer *hk, li_kv_layer *dk, li_buffer *bk, li_buffer *bv, li_buffer *bks,
                        li_buffer *bvs, const int32_t *table) {
-    const bool b8 = dt == LI_KV_TYPE_FP8_E4M3 || dt == LI_KV_TYPE_INT8;
     const int64_t slot[3] = {(int64_t)table[0 * STRIDE + 38 / BS] * BS + 38 % BS, -1, -1};
     float *k = frand(3 * NKV * HD, 2.0f), *v = frand(3 * NKV * HD, 2.0f);
     ref.ops->kv_store(&ref, hk, k, v, slot, 1, NKV, HD);
     li_buffer dkx = up(k, (size_t)(3 * NKV * HD) * 4), dvx = up(v, (size_t)(3 * NKV * HD) * 4), dsl = up(slot, 24);
     cu.ops->kv_store(&cu, dk, dkx.data, dvx.data, dsl.data, 3, NKV, HD);
-    const size_t bytes = (size_t)NBLK * BS * NKV * HD * elem_size(dt);
-    uint8_t *ck = li_xmalloc(bytes), *cv = li_xmalloc(bytes);
-    down(bk, ck, bytes);
-    down(bv, cv, bytes);
-    bool same = !memcmp(ck, hk->k, bytes) && !memcmp(cv, hk->v, bytes);
-    if (b8) {
-        const size_t sb = (size_t)NBLK * BS * NKV * 4;
-        float *sc = li_xmalloc(sb);
-        down(bks, sc, sb);
-        same = same && !memcmp(sc, hk->k_scale, sb);
-        down(bvs, sc, sb);
-        same = same && !memcmp(sc, hk->v_scale, sb);
-        free(sc);
-    }
-    report(same, "kv_store %s with two padding rows (slot -1): only the real row stored", li_type_name(dt));
+    report(kv_same(dt, hk, bk, bv, bks, bvs), "kv_store %s with two padding rows (slot -1): only the real row stored",
+           li_type_name(dt));
     li_buffer_free(&cu, &dkx);
     li_buffer_free(&cu, &dvx);
     li_buffer_free(&cu, &dsl);
     free(k);
     free(v);
-    free(ck);
-    free(cv);
 }
 
 static void test_attention(void) {

@@ -81,4 +81,36 @@ static inline double nmse(const float *got, const float *want, int64_t n) {
     return ref > 0 ? err / ref : err;
 }
 
+/* each row of x(n, dim)'s k largest, sorted by value descending then id
+ * ascending (-0 == +0), by a full sort: the reference for backend.h's topk;
+ * a row holding a NaN gets ids[0] = -1 */
+typedef struct {
+    float v;
+    int32_t id;
+} t_vid;
+
+static inline int t_vid_desc(const void *a, const void *b) {
+    const t_vid *x = a, *y = b;
+    if (x->v != y->v) return x->v > y->v ? -1 : 1;
+    return (x->id > y->id) - (x->id < y->id);
+}
+
+static inline void t_topk_ref(const float *x, int64_t n, int64_t dim, int k, float *vals, int32_t *ids) {
+    t_vid *row = malloc((size_t)dim * sizeof *row);
+    for (int64_t i = 0; i < n; i++) {
+        bool nan = false;
+        for (int64_t j = 0; j < dim; j++) {
+            row[j] = (t_vid){x[i * dim + j], (int32_t)j};
+            nan |= row[j].v != row[j].v;
+        }
+        if (!nan) qsort(row, (size_t)dim, sizeof *row, t_vid_desc);
+        for (int j = 0; j < k; j++) {
+            vals[i * k + j] = row[j].v;
+            ids[i * k + j] = row[j].id;
+        }
+        if (nan) ids[i * k] = -1;
+    }
+    free(row);
+}
+
 #endif
