@@ -559,6 +559,21 @@ template <int T, typename O> __global__ void k_dequant(cu_wview w, const int32_t
     }
 }
 
+// The warp's sums of a row (each lane's share in acc) reduced and stored
+// (with res, res += y too: the same float k_add would add)
+__device__ __forceinline__ void gemv_store(const float *acc, int nb, int lane, float *y, float *res, int64_t b0,
+                                           int64_t m, int64_t r) {
+#pragma unroll
+    for (int b = 0; b < GEMV_NB; b++) {
+        float s = acc[b];
+        for (int o = 16; o > 0; o >>= 1) s += __shfl_down_sync(0xffffffffu, s, o);
+        if (lane == 0 && b < nb) {
+            y[(b0 + b) * m + r] = s;
+            if (res) res[(b0 + b) * m + r] += s;
+        }
+    }
+}
+
 // Row r of y(n, m) = x(n, k) . W^T for the activation rows [b0, b0 + 8) of
 // the chunk: one warp, lanes stride along k, one weight element read for
 // all the chunk's rows; f32 sums, a warp reduction at the end. With res,
@@ -579,15 +594,7 @@ __device__ __forceinline__ void gemv_row(const cu_wview &w, int64_t r, const flo
         for (int b = 0; b < GEMV_NB; b++)
             if (b < nb) acc[b] += v * xb[b * w.k + xj];
     }
-#pragma unroll
-    for (int b = 0; b < GEMV_NB; b++) {
-        float s = acc[b];
-        for (int o = 16; o > 0; o >>= 1) s += __shfl_down_sync(0xffffffffu, s, o);
-        if (lane == 0 && b < nb) {
-            y[(b0 + b) * w.m + r] = s;
-            if (res) res[(b0 + b) * w.m + r] += s;
-        }
-    }
+    gemv_store(acc, nb, lane, y, res, b0, w.m, r);
 }
 
 // The same for the GGUF block types (q4_0, q4_1, q8_0; plain, so no scales
@@ -656,15 +663,7 @@ __device__ __forceinline__ void gemv_row_blk(const cu_wview &w, int64_t r, const
                           wv[6] * c.z + wv[7] * c.w;
             }
     }
-#pragma unroll
-    for (int b = 0; b < GEMV_NB; b++) {
-        float s = acc[b];
-        for (int o = 16; o > 0; o >>= 1) s += __shfl_down_sync(0xffffffffu, s, o);
-        if (lane == 0 && b < nb) {
-            y[(b0 + b) * w.m + r] = s;
-            if (res) res[(b0 + b) * w.m + r] += s;
-        }
-    }
+    gemv_store(acc, nb, lane, y, res, b0, w.m, r);
 }
 
 // a weight's row: by blocks for the GGUF block types, else element by element
