@@ -65,6 +65,7 @@ struct cu_weight {
     uint8_t *data;          // (m, row_bytes)
     float *scales, *zeros;  // (m, ng) or NULL
     int32_t *perm;          // (k) or NULL
+    uint16_t *f16;          // (m, k) the values in f16 for the tensor cores, kept while the budget allows, or NULL
 };
 
 // A host array of floats an op received (the model's norm weights live in
@@ -117,6 +118,10 @@ struct li_cuda {
     // kinds that failed once (then their weights take the SGEMM path), and
     // the activations' codes (n, k) with their row scales, and D (n, m)
     li_lt *lt;
+    // the weights' f16 copies kept for the tensor cores (cu_weight.f16):
+    // bytes allowed (LUAINFER_CUDA_F16_CACHE_MB, default a quarter of the
+    // device's free memory at init) and used
+    size_t f16_budget, f16_used;
     bool lt_off[LI_LT_N];
     char lt_why[200];
     float *lt_codes, *lt_rows, *lt_d, *lt_w16; // bytes in float units; lt_w16: a weight dequantized to f16
@@ -522,7 +527,12 @@ static int cu_weight_prepare(li_backend *be, li_weight *w) {
 static void cu_weight_release(li_backend *be, li_weight *w) {
     cu_weight *p = (cu_weight *)w->packed;
     if (!p) return;
-    CK(cudaStreamSynchronize(cu(be)->st));
+    li_cuda *c = cu(be);
+    CK(cudaStreamSynchronize(c->st));
+    if (p->f16) {
+        cudaFree(p->f16);
+        c->f16_used -= (size_t)w->m * (size_t)w->k * 2;
+    }
     cudaFree(p->data);
     cudaFree(p->scales);
     cudaFree(p->zeros);
@@ -907,12 +917,21 @@ static bool lt_matmul(li_cuda *c, const li_weight *w, const float *x, float *y, 
     const int64_t k = w->k, m = w->m;
     const size_t cb = kind == LI_LT_INT8 || kind == LI_LT_FP8 ? 1 : 2;
     const void *a = ((const cu_weight *)w->packed)->data;
-    if (deq) { // the weight in f16, the input as its own kernels read it
-        uint16_t *wh = (uint16_t *)reserve(c, &c->lt_w16, &c->lt_w16_cap, ((size_t)m * (size_t)k * 2 + 3) / 4);
-        const cu_wview v = wview(w);
+    if (deq) { // the weight in f16 (kept, or made now), the input as its own kernels read it
+        cu_weight *p = (cu_weight *)w->packed;
+        const size_t hb = (size_t)m * (size_t)k * 2;
+        bool fresh = false;
+        if (!p->f16 && !c->capturing && c->f16_used + hb <= c->f16_budget) {
+            if (cudaMalloc((void **)&p->f16, hb) == cudaSuccess) c->f16_used += hb, fresh = true;
+            else cudaGetLastError(), p->f16 = nullptr;
+        }
+        uint16_t *wh = p->f16 ? p->f16 : (uint16_t *)reserve(c, &c->lt_w16, &c->lt_w16_cap, (hb + 3) / 4);
+        if (!p->f16 || fresh) {
+            const cu_wview v = wview(w);
 #define L_DEQH(T) k_dequant<T, uint16_t><<<blocks_for(m * k, 256), 256, 0, c->st>>>(v, nullptr, m, wh)
-        PROF(c, PK_DEQUANT, CU_TYPE_SWITCH(w->type, L_DEQH); CK_LAUNCH("dequant f16"));
+            PROF(c, PK_DEQUANT, CU_TYPE_SWITCH(w->type, L_DEQH); CK_LAUNCH("dequant f16"));
 #undef L_DEQH
+        }
         x = act_for(c, w, x, n);
         a = wh;
     }
@@ -1753,6 +1772,10 @@ extern "C" int li_backend_cuda_init(li_backend *be, int device, li_error *err) {
     else if (!(c->lt = li_lt_create(why, sizeof why))) snprintf(c->lt_why, sizeof c->lt_why, "%s", why);
     const char *prof = getenv("LUAINFER_CUDA_PROFILE");
     if (prof && strcmp(prof, "0") && *prof) c->prof.on = c->prof.print_at_free = true;
+    const char *fmb = getenv("LUAINFER_CUDA_F16_CACHE_MB");
+    size_t dev_free = 0, dev_total = 0;
+    if (cudaMemGetInfo(&dev_free, &dev_total) != cudaSuccess) cudaGetLastError();
+    c->f16_budget = fmb && *fmb ? (size_t)strtoull(fmb, nullptr, 10) << 20 : dev_free / 4;
     const char *fz = getenv("LUAINFER_CUDA_FUSE");
     c->fuse = !(fz && !strcmp(fz, "0"));
     const char *inv = getenv("LUAINFER_CUDA_INVARIANT");
