@@ -51,7 +51,9 @@ if [ "${1:-}" = "--split-model" ]; then
     head -c "$half" "$MODEL_FILE" > .model_a/part
     tail -c +"$((half + 1))" "$MODEL_FILE" > .model_b/part
     (cd "$(dirname "$MODEL_FILE")" && sha256sum "$(basename "$MODEL_FILE")") | cut -d' ' -f1 > .model_b/sha256
-    ls -l .model_a/part .model_b/part
+    # an EAGLE draft for the speculation bench, when one is named (5 MB)
+    if [ -n "${LUAINFER_EAGLE:-}" ]; then cp "$LUAINFER_EAGLE" .model_b/eagle.gguf || exit 1; fi
+    ls -l .model_a/part .model_b/part .model_b/eagle.gguf 2>/dev/null
     echo "carry .model_a in one device call, then .model_b in the call that runs tools/device_check.sh"
     exit 0
 fi
@@ -265,8 +267,10 @@ fi
 if want bench; then
 stage "speculation on cuda (batch-invariant kernels): bench spec proposers --quick"
 if [ $gpu -eq 1 ] && [ $model_ok -eq 1 ]; then
-    run "bench spec 128 1 proposers --quick --device cuda" 200 env LUAINFER_CUDA_INVARIANT=1 "$BUILD/luainfer" \
-        bench spec 128 1 proposers --quick --device cuda
+    eagle=()
+    [ -r .model_b/eagle.gguf ] && eagle=(--eagle .model_b/eagle.gguf)
+    run "bench spec 128 1 proposers --quick --device cuda ${eagle[*]}" 240 env LUAINFER_CUDA_INVARIANT=1 \
+        "$BUILD/luainfer" bench spec 128 1 proposers --quick --device cuda "${eagle[@]}"
 else
     say "SKIP: no GPU or no model"
 fi
