@@ -1595,7 +1595,7 @@ __global__ void k_topk(const float *x, int64_t dim, int k, float *vals, int32_t 
         }
     }
     __syncthreads();
-    for (int i = t; i < k; i++) {
+    for (int i = t; i < k; i += nt) {
         vals[(int64_t)blockIdx.x * k + i] = c_val[i];
         ids[(int64_t)blockIdx.x * k + i] = i == 0 && s_nan ? -1 : c_id[i];
     }
