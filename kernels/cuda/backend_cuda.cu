@@ -59,6 +59,8 @@ extern "C" {
 // ------------------------------------------------------------------------
 
 enum { GEMV_NB = 8, GEMV_WARPS = 4, ATTN_WARPS = 4, ATTN_MAXD = 256, ROW_THREADS = 256 };
+// attention split by positions: chunks of ATTN_CHUNK, for batches of up to ATTN_SPLIT_TOKENS tokens
+enum { ATTN_CHUNK = 64, ATTN_SPLIT_TOKENS = 64 };
 
 // A prepared weight: its bytes in device memory (w->packed points here).
 struct cu_weight {
@@ -142,6 +144,10 @@ struct li_cuda {
     // next op, when it is a matmul of a q8-reading weight over that output,
     // skips its k_act_q8 launch. Valid for the next op only (q8_forget).
     bool fuse;
+    // attention split by positions (LUAINFER_CUDA_ATTN_SPLIT=0: one block per (token, head))
+    bool attn_split;
+    float *attn_part; // (rows, chunks, head_dim + 2) the chunks' max, sum, accumulator
+    size_t attn_part_cap;
     const float *q8_src;
     int64_t q8_rows, q8_k;
 };
@@ -1318,12 +1324,16 @@ struct cu_attn {
 // One block per (token, head); each warp walks every ATTN_WARPS-th position
 // with its own online softmax (running max m, sum l, accumulator over d in
 // the lanes' registers), and the warps' partial results are merged at the end.
-template <int DT> __global__ void __launch_bounds__(ATTN_WARPS * 32) k_attention(cu_attn a) {
+// Token i, head h over positions [p0, p1): each warp walks every
+// ATTN_WARPS-th position with its own online softmax (running max m, sum l,
+// accumulator over d in the lanes' registers); the warps' results are
+// merged: *M the max, *L the sum, f[w] each warp's weight, and s_acc[w][d]
+// its accumulator, read by the caller as sum_w f[w] * s_acc[w][d].
+template <int DT>
+__device__ __forceinline__ void attn_walk(const cu_attn &a, int64_t i, int h, int64_t p0, int64_t p1, float *M,
+                                          float *L, float *f, float (*s_acc)[ATTN_MAXD]) {
     constexpr int R = ATTN_MAXD / 32;
     __shared__ float s_m[ATTN_WARPS], s_l[ATTN_WARPS];
-    __shared__ float s_acc[ATTN_WARPS][ATTN_MAXD];
-    const int64_t i = blockIdx.x / a.n_head;
-    const int h = (int)(blockIdx.x % a.n_head);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int D = a.D, kvh = h / (a.n_head / a.n_head_kv);
     const float *q = a.q + ((int64_t)i * a.n_head + h) * D;
@@ -1334,10 +1344,9 @@ template <int DT> __global__ void __launch_bounds__(ATTN_WARPS * 32) k_attention
         qr[t] = d < D ? q[d] : 0.0f;
         acc[t] = 0.0f;
     }
-    const int64_t n_pos = (int64_t)a.pos[i] + 1;
     const int32_t *bt = a.bt + (int64_t)a.seq[i] * a.bt_stride;
     float m = -INFINITY, l = 0.0f;
-    for (int64_t p = warp; p < n_pos; p += ATTN_WARPS) {
+    for (int64_t p = p0 + warp; p < p1; p += ATTN_WARPS) {
         const int64_t e = ((int64_t)bt[p / a.bs] * a.bs + p % a.bs) * a.n_head_kv + kvh; // (slot, kv head)
         float s = 0.0f;
 #pragma unroll
@@ -1366,35 +1375,109 @@ template <int DT> __global__ void __launch_bounds__(ATTN_WARPS * 32) k_attention
         if (d < D) s_acc[warp][d] = acc[t];
     }
     __syncthreads();
-    float M = -INFINITY;
-    for (int w = 0; w < ATTN_WARPS; w++) M = fmaxf(M, s_m[w]);
-    float L = 0.0f, f[ATTN_WARPS];
+    float mx = -INFINITY;
+    for (int w = 0; w < ATTN_WARPS; w++) mx = fmaxf(mx, s_m[w]);
+    float sum = 0.0f;
 #pragma unroll
     for (int w = 0; w < ATTN_WARPS; w++) {
-        f[w] = li_cu_merge_weight(s_m[w], s_l[w], M); // a warp with no positions adds nothing
-        L += s_l[w] * f[w];
+        f[w] = li_cu_merge_weight(s_m[w], s_l[w], mx); // a warp with no positions adds nothing
+        sum += s_l[w] * f[w];
     }
-    float *out = a.out + ((int64_t)i * a.n_head + h) * D;
-    for (int d = threadIdx.x; d < D; d += blockDim.x) { // with q8, D % 32 == 0: whole warps
+    *M = mx;
+    *L = sum;
+}
+
+// out's row for (token, head) = o / L, and its q8 blocks when asked (with
+// q8, D % 32 == 0: whole warps reach the shuffles)
+__device__ __forceinline__ void attn_put(const cu_attn &a, int64_t row, int d, float v) {
+    a.out[row * a.D + d] = v;
+    if (a.q8) a.q8[row * a.D + d] = q8_round_warp(v);
+}
+
+// One block per (token, head), all of its positions.
+template <int DT> __global__ void __launch_bounds__(ATTN_WARPS * 32) k_attention(cu_attn a) {
+    __shared__ float s_acc[ATTN_WARPS][ATTN_MAXD];
+    const int64_t i = blockIdx.x / a.n_head;
+    const int h = (int)(blockIdx.x % a.n_head);
+    float M, L, f[ATTN_WARPS];
+    attn_walk<DT>(a, i, h, 0, (int64_t)a.pos[i] + 1, &M, &L, f, s_acc);
+    for (int d = threadIdx.x; d < a.D; d += blockDim.x) {
         float o = 0.0f;
 #pragma unroll
         for (int w = 0; w < ATTN_WARPS; w++) o += f[w] * s_acc[w][d];
-        out[d] = o / L;
-        if (a.q8) a.q8[((int64_t)i * a.n_head + h) * D + d] = q8_round_warp(o / L);
+        attn_put(a, (int64_t)i * a.n_head + h, d, o / L);
     }
 }
 
-static void attention_launch(li_cuda *c, li_type dtype, const cu_attn &p, unsigned grid) {
+// Split by positions (flash-decoding): block (token, head) x chunk c walks
+// positions [c * ATTN_CHUNK, (c + 1) * ATTN_CHUNK) of its token, leaving its
+// max, sum and unnormalized accumulator in part (a chunk past the token's
+// positions leaves max -inf, sum 0); k_attn_merge merges a row's chunks in
+// chunk order. A decode step's few (token, head) blocks then spread over
+// the GPU, each warp a few positions deep.
+template <int DT>
+__global__ void __launch_bounds__(ATTN_WARPS * 32) k_attn_part(cu_attn a, int n_chunks, float *part) {
+    __shared__ float s_acc[ATTN_WARPS][ATTN_MAXD];
+    const int64_t i = blockIdx.x / a.n_head;
+    const int h = (int)(blockIdx.x % a.n_head);
+    const int64_t n_pos = (int64_t)a.pos[i] + 1, p0 = (int64_t)blockIdx.y * ATTN_CHUNK;
+    const int64_t p1 = p0 + ATTN_CHUNK < n_pos ? p0 + ATTN_CHUNK : n_pos;
+    float M, L, f[ATTN_WARPS];
+    attn_walk<DT>(a, i, h, p0, p1, &M, &L, f, s_acc);
+    float *pr = part + ((int64_t)blockIdx.x * n_chunks + blockIdx.y) * (a.D + 2);
+    if (threadIdx.x == 0) {
+        pr[0] = M;
+        pr[1] = L;
+    }
+    for (int d = threadIdx.x; d < a.D; d += blockDim.x) {
+        float o = 0.0f;
+#pragma unroll
+        for (int w = 0; w < ATTN_WARPS; w++) o += f[w] * s_acc[w][d];
+        pr[2 + d] = o;
+    }
+}
+
+__global__ void k_attn_merge(cu_attn a, int n_chunks, const float *part) {
+    const float *pr = part + (int64_t)blockIdx.x * n_chunks * (a.D + 2);
+    float M = -INFINITY;
+    for (int c = 0; c < n_chunks; c++) M = fmaxf(M, pr[c * (a.D + 2)]);
+    float L = 0.0f;
+    for (int c = 0; c < n_chunks; c++) {
+        const float *q = pr + c * (a.D + 2);
+        L += q[1] * li_cu_merge_weight(q[0], q[1], M);
+    }
+    for (int d = threadIdx.x; d < a.D; d += blockDim.x) {
+        float o = 0.0f;
+        for (int c = 0; c < n_chunks; c++) {
+            const float *q = pr + c * (a.D + 2);
+            o += li_cu_merge_weight(q[0], q[1], M) * q[2 + d];
+        }
+        attn_put(a, blockIdx.x, d, o / L);
+    }
+}
+
+// n_chunks 0: one block per (token, head); else k_attn_part over that many
+// chunks into part, then k_attn_merge
+static void attention_launch(li_cuda *c, li_type dtype, const cu_attn &p, unsigned rows, int n_chunks, float *part) {
     cudaStream_t st = c->st;
+    const dim3 grid(rows, n_chunks ? (unsigned)n_chunks : 1u);
+#define L_ATT(DT)                                                                                                   \
+    if (n_chunks) k_attn_part<DT><<<grid, ATTN_WARPS * 32, 0, st>>>(p, n_chunks, part);                            \
+    else k_attention<DT><<<grid, ATTN_WARPS * 32, 0, st>>>(p)
     switch (dtype) {
-    case LI_TYPE_F32: k_attention<LI_TYPE_F32><<<grid, ATTN_WARPS * 32, 0, st>>>(p); break;
-    case LI_TYPE_F16: k_attention<LI_TYPE_F16><<<grid, ATTN_WARPS * 32, 0, st>>>(p); break;
-    case LI_TYPE_BF16: k_attention<LI_TYPE_BF16><<<grid, ATTN_WARPS * 32, 0, st>>>(p); break;
-    case LI_KV_TYPE_FP8_E4M3: k_attention<LI_KV_TYPE_FP8_E4M3><<<grid, ATTN_WARPS * 32, 0, st>>>(p); break;
-    case LI_KV_TYPE_INT8: k_attention<LI_KV_TYPE_INT8><<<grid, ATTN_WARPS * 32, 0, st>>>(p); break;
+    case LI_TYPE_F32: L_ATT(LI_TYPE_F32); break;
+    case LI_TYPE_F16: L_ATT(LI_TYPE_F16); break;
+    case LI_TYPE_BF16: L_ATT(LI_TYPE_BF16); break;
+    case LI_KV_TYPE_FP8_E4M3: L_ATT(LI_KV_TYPE_FP8_E4M3); break;
+    case LI_KV_TYPE_INT8: L_ATT(LI_KV_TYPE_INT8); break;
     default: li_type_unreachable("cuda: attention", dtype);
     }
+#undef L_ATT
     CK_LAUNCH("attention");
+    if (n_chunks) {
+        k_attn_merge<<<rows, ATTN_WARPS * 32, 0, st>>>(p, n_chunks, part);
+        CK_LAUNCH("attention merge");
+    }
 }
 
 static void cu_attention(li_backend *be, const li_attn_args *a) {
@@ -1427,7 +1510,18 @@ static void cu_attention(li_backend *be, const li_attn_args *a) {
     const bool fuse = c->fuse && a->head_dim % 32 == 0;
     const int64_t row = (int64_t)a->n_head * a->head_dim;
     p.q8 = fuse ? reserve(c, &c->xbuf, &c->xcap, (size_t)a->n_tokens * (size_t)row) : nullptr;
-    PROF(c, PK_ATTENTION, attention_launch(c, kv->dtype, p, (unsigned)(a->n_tokens * a->n_head)));
+    // split by positions for a few tokens (decode) when not batch-invariant:
+    // the chunk count comes from the table's width, so it changes with the
+    // batch (the invariant backend keeps one block per (token, head))
+    const int64_t cap = a->bt_stride * a->block_size;
+    const int n_chunks = c->attn_split && !c->invariant && a->n_tokens <= ATTN_SPLIT_TOKENS && cap > ATTN_CHUNK
+                             ? (int)((cap + ATTN_CHUNK - 1) / ATTN_CHUNK)
+                             : 0;
+    const unsigned rows = (unsigned)(a->n_tokens * a->n_head);
+    float *part = n_chunks ? reserve(c, &c->attn_part, &c->attn_part_cap,
+                                     (size_t)rows * (size_t)n_chunks * (size_t)(a->head_dim + 2))
+                           : nullptr;
+    PROF(c, PK_ATTENTION, attention_launch(c, kv->dtype, p, rows, n_chunks, part));
     if (fuse) c->q8_src = a->out, c->q8_rows = a->n_tokens, c->q8_k = row;
 }
 
@@ -1776,6 +1870,8 @@ extern "C" int li_backend_cuda_init(li_backend *be, int device, li_error *err) {
     size_t dev_free = 0, dev_total = 0;
     if (cudaMemGetInfo(&dev_free, &dev_total) != cudaSuccess) cudaGetLastError();
     c->f16_budget = fmb && *fmb ? (size_t)strtoull(fmb, nullptr, 10) << 20 : dev_free / 4;
+    const char *asp = getenv("LUAINFER_CUDA_ATTN_SPLIT");
+    c->attn_split = !(asp && !strcmp(asp, "0"));
     const char *fz = getenv("LUAINFER_CUDA_FUSE");
     c->fuse = !(fz && !strcmp(fz, "0"));
     const char *inv = getenv("LUAINFER_CUDA_INVARIANT");
@@ -1848,6 +1944,7 @@ extern "C" void li_backend_cuda_free(li_backend *be) {
     cudaFree(c->lt_rows);
     cudaFree(c->lt_d);
     cudaFree(c->lt_w16);
+    cudaFree(c->attn_part);
     cudaFree(c->blas_ws);
     cudaFree(c->wbuf);
     cudaFree(c->xbuf);

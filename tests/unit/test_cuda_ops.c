@@ -434,7 +434,7 @@ static void test_rowops(void) {
  * kv_store and paged attention
  * ---------------------------------------------------------------------- */
 
-enum { BS = 16, NBLK = 12, NKV = 3, NH = 9, HD = 64, STRIDE = 3 };
+enum { BS = 16, NBLK = 12, NKV = 3, NH = 9, HD = 64, STRIDE = 6 };
 
 static size_t elem_size(li_type t) {
     return t == LI_TYPE_F32 ? 4 : t == LI_TYPE_F16 || t == LI_TYPE_BF16 ? 2 : 1;
@@ -528,8 +528,11 @@ static void kv_padding(li_type dt, li_kv_layer *hk, li_kv_layer *dk, li_buffer *
 
 static void test_attention(void) {
     const li_type dts[] = {LI_TYPE_F32, LI_TYPE_F16, LI_TYPE_BF16, LI_KV_TYPE_FP8_E4M3, LI_KV_TYPE_INT8};
-    /* two sequences, blocks scattered with holes: 37 and 21 tokens; row 1 padded */
-    const int32_t table[2 * STRIDE] = {7, 2, 9, 4, 11, 0};
+    /* two sequences of up to 96 positions, blocks scattered: a prefill of 80
+     * and 40 tokens (120 > 64: one block per (token, head)), then a decode
+     * step of each (split by positions: 2 chunks of 64, the shorter
+     * sequence's second empty) */
+    const int32_t table[2 * STRIDE] = {7, 2, 9, 1, 3, 5, 4, 11, 0, 6, 8, 10};
     for (size_t t = 0; t < LI_ARRAY_LEN(dts); t++) {
         const li_type dt = dts[t];
         const bool b8 = dt == LI_KV_TYPE_FP8_E4M3 || dt == LI_KV_TYPE_INT8;
@@ -548,19 +551,19 @@ static void test_attention(void) {
             dk.v_scale = bvs.data;
         }
         /* a mixed prefill: both prompts, interleaved */
-        int32_t pos[58], seq[58];
+        int32_t pos[120], seq[120];
         int64_t n = 0;
-        for (int p = 0; p < 37; p++) {
+        for (int p = 0; p < 80; p++) {
             pos[n] = p;
             seq[n++] = 0;
-            if (p < 21) {
+            if (p < 40) {
                 pos[n] = p;
                 seq[n++] = 1;
             }
         }
         kv_batch(dt, "prefill", &hk, &dk, &bk, &bv, &bks, &bvs, table, n, pos, seq);
         /* a decode step of each sequence after it */
-        const int32_t dpos[2] = {37, 21}, dseq[2] = {0, 1};
+        const int32_t dpos[2] = {80, 40}, dseq[2] = {0, 1};
         kv_batch(dt, "decode", &hk, &dk, &bk, &bv, &bks, &bvs, table, 2, dpos, dseq);
         kv_padding(dt, &hk, &dk, &bk, &bv, &bks, &bvs, table);
         li_buffer_free(&cu, &bk);
