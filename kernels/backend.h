@@ -182,6 +182,11 @@ typedef struct li_backend_ops {
      * ids(n, k); a row holding a NaN gets ids[0] = -1. What the sampler
      * draws from without the logits (sampler.h li_sampler_sample_cand) */
     void (*topk)(li_backend *be, const float *x, int64_t n, int64_t dim, int k, float *vals, int32_t *ids);
+    /* optional (with topk: a step asking logprobs then reads the logits):
+     * out(n) = each row's mx + (float)log(sum_j exp((double)x_j - mx)), mx
+     * the row's largest (sampler.h li_sampler_lse; the sum's order is the
+     * backend's own) */
+    void (*lse)(li_backend *be, const float *x, int64_t n, int64_t dim, float *out);
     /* the backend takes a weight into its memory (optional; NULL: it reads
      * the host rows as they are): the CPU backends repack into panels or
      * keep the mmap'd rows (host memory they may wrap, buffer_wrap); a

@@ -298,6 +298,7 @@ int li_engine_init_runners(li_engine **out, li_model *m, li_model *draft, li_bac
     e->b_rows = li_xmalloc(e->max_rows * sizeof(int32_t));
     e->b_ids = li_xmalloc(e->max_rows * LI_TOPK_MAX * sizeof(int32_t));
     e->b_cvals = li_xmalloc(e->max_rows * LI_TOPK_MAX * sizeof(float));
+    e->b_lse = li_xmalloc(e->max_rows * sizeof(float));
     e->b_slot = li_xmalloc(T * sizeof(int64_t));
     *out = e;
     return 0;
@@ -322,6 +323,7 @@ void li_engine_free(li_engine *e) {
     free(e->b_rows);
     free(e->b_ids);
     free(e->b_cvals);
+    free(e->b_lse);
     free(e->b_slot);
     free(e->ev_cand);
     li_spec_step_free(&e->sp);
@@ -817,18 +819,24 @@ static bool has_forks(const li_engine *e, const req *r) {
 static int32_t device_sampled(li_engine *e, int32_t nb, int64_t n_logits) {
     if (!e->cfg.device_sampling || e->tp || e->logits || n_logits <= 0) return 0;
     int32_t k = 1;
+    bool any_lse = false;
     for (int32_t i = 0; i < nb; i++) {
         req *r = e->batch_req[i];
         if (r->n_draft) return 0;
         if (r->num_computed + e->batch_n[i] != r->n_toks) continue; /* no row sampled */
         ban_for_min_tokens(r);
-        const int32_t need = li_sampler_cand_need(&r->smp);
+        bool lse;
+        const int32_t need = li_sampler_cand_need(&r->smp, &lse);
         if (!need || need > LI_TOPK_MAX) return 0;
         k = LI_MAX(k, need);
+        any_lse |= lse;
     }
     li_error err = {0};
-    const int rc = k == 1 ? li_forward_argmax(&e->tgt.fw, e->model, e->b_ids, &err)
-                          : li_forward_topk(&e->tgt.fw, e->model, k, e->b_cvals, e->b_ids, &err);
+    e->b_has_lse = any_lse; /* logprobs asked: topk with each row's lse, even for greedy ids */
+    const int rc = k == 1 && !any_lse
+                       ? li_forward_argmax(&e->tgt.fw, e->model, e->b_ids, &err)
+                       : li_forward_topk(&e->tgt.fw, e->model, k, e->b_cvals, e->b_ids, any_lse ? e->b_lse : NULL,
+                                         &err);
     return rc ? 0 : k; /* an error: the host reads the logits */
 }
 
@@ -1068,12 +1076,16 @@ int li_engine_step(li_engine *e, li_error *err) {
                 if (!e->logits) e->logits = li_runner_logits(&e->tgt); /* the samples draw their own */
                 fork_samples(e, r, e->logits + (size_t)row * nv, row);
             }
-            const int32_t tok = on_device == 1 ? e->b_ids[row]
-                                               : li_sampler_sample_cand(&r->smp, e->b_cvals + (size_t)row * on_device,
-                                                                        e->b_ids + (size_t)row * on_device, on_device);
+            float lp = 0.0f;
+            const int32_t tok = on_device == 1 && !e->b_has_lse
+                                    ? e->b_ids[row]
+                                    : li_sampler_sample_cand(&r->smp, e->b_cvals + (size_t)row * on_device,
+                                                             e->b_ids + (size_t)row * on_device, on_device,
+                                                             e->b_has_lse ? e->b_lse[row] : NAN,
+                                                             r->smp.p.n_logprobs ? r->top : NULL, &lp);
             if (tok >= 0) {
                 e->st.tokens_device_sampled++;
-                li_engine_take_token(e, r, tok, 0.0f, NULL);
+                li_engine_take_token(e, r, tok, lp, NULL);
             } else { /* a tie at its top_k boundary, or a NaN: its logits decide */
                 if (!e->logits) e->logits = li_runner_logits(&e->tgt);
                 li_engine_sample_one(e, r, e->logits + (size_t)row * nv);

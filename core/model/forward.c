@@ -693,21 +693,23 @@ int li_forward_argmax(li_forward *f, const li_model *m, int32_t *out, li_error *
     return 0;
 }
 
-int li_forward_topk(li_forward *f, const li_model *m, int k, float *vals, int32_t *ids, li_error *err) {
+int li_forward_topk(li_forward *f, const li_model *m, int k, float *vals, int32_t *ids, float *lse, li_error *err) {
     li_backend *be = f->be;
-    if (!be->ops->topk || f->logits.host)
+    if (!be->ops->topk || f->logits.host || (lse && !be->ops->lse))
         return li_error_set(err, LI_EUNSUP, "forward: backend %s samples on the host", be->ops->name);
     if (!f->have_logits) return li_error_set(err, LI_EINVAL, "forward: the last run computed no logits");
     if (k < 1 || k > LI_TOPK_MAX || k > m->hp.n_vocab)
         return li_error_set(err, LI_EINVAL, "forward: top-%d of %d logits (at most %d)", k, m->hp.n_vocab, LI_TOPK_MAX);
-    const size_t half = (size_t)f->n_logits * (size_t)k * 4;
-    const int rc = buffer_reserve(be, &f->ids, 2 * half, err);
+    const size_t half = (size_t)f->n_logits * (size_t)k * 4, lb = (size_t)f->n_logits * 4;
+    const int rc = buffer_reserve(be, &f->ids, 2 * half + lb, err);
     if (rc) return rc;
     float *dv = f->ids.data;
     int32_t *di = (int32_t *)((char *)f->ids.data + half);
     be->ops->topk(be, f->logits.data, f->n_logits, m->hp.n_vocab, k, dv, di);
+    if (lse) be->ops->lse(be, f->logits.data, f->n_logits, m->hp.n_vocab, (float *)((char *)f->ids.data + 2 * half));
     be->ops->buffer_get(be, &f->ids, 0, vals, half);
     be->ops->buffer_get(be, &f->ids, half, ids, half);
+    if (lse) be->ops->buffer_get(be, &f->ids, 2 * half, lse, lb);
     return 0;
 }
 

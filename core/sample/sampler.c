@@ -360,26 +360,50 @@ static int32_t chain_tail(li_sampler *s, li_token_logprob *c, int32_t n, float m
     return chosen;
 }
 
-int32_t li_sampler_cand_need(const li_sampler *s) {
+int32_t li_sampler_cand_need(const li_sampler *s, bool *lse) {
     const li_sampling_params *p = &s->p;
-    if (penalties_on(p) || p->n_logit_bias || s->n_ban || p->logprob || p->n_logprobs > 0) return 0;
-    if (p->temperature <= 0) return 1;
-    /* one past top_k: a tie there would leave the choice of the kept set to the full logits' selection */
-    return p->top_k > 0 && p->top_k < s->n_vocab ? p->top_k + 1 : 0;
+    *lse = p->logprob || p->n_logprobs > 0;
+    if (penalties_on(p) || p->n_logit_bias || s->n_ban) return 0;
+    /* greedy: the first; top_k: one past it (a tie there would leave the
+     * choice of the kept set to the full logits' selection) */
+    const int32_t draw = p->temperature <= 0 ? 1 : p->top_k > 0 && p->top_k < s->n_vocab ? p->top_k + 1 : 0;
+    return draw ? LI_MAX(draw, p->n_logprobs) : 0;
 }
 
-int32_t li_sampler_sample_cand(li_sampler *s, const float *vals, const int32_t *ids, int32_t n) {
-    const int32_t need = li_sampler_cand_need(s);
-    if (!need || n < need || ids[0] < 0) return -1;
+int32_t li_sampler_sample_cand(li_sampler *s, const float *vals, const int32_t *ids, int32_t n, float lse,
+                               li_token_logprob *top, float *chosen_logprob) {
+    bool want_lse;
+    const int32_t need = li_sampler_cand_need(s, &want_lse);
+    if (!need || n < need || ids[0] < 0 || (want_lse && isnan(lse))) return -1;
     for (int32_t i = 0; i < need; i++)
         if (isnan(vals[i])) return -1;
-    if (s->p.temperature <= 0) return ids[0]; /* the lowest id of the largest value: argmax_of's */
-    const int32_t k = s->p.top_k;
-    if (!(vals[k - 1] > vals[k])) return -1; /* a tie at the boundary */
-    if (!s->cand) s->cand = li_xmalloc((size_t)s->n_vocab * sizeof *s->cand);
-    for (int32_t i = 0; i < k; i++) s->cand[i] = (li_token_logprob){ids[i], vals[i]};
-    return chain_tail(s, s->cand, k, vals[0], NULL, NULL);
+    int32_t chosen;
+    if (s->p.temperature <= 0) {
+        chosen = ids[0]; /* the lowest id of the largest value: argmax_of's */
+    } else {
+        const int32_t k = s->p.top_k;
+        if (!(vals[k - 1] > vals[k])) return -1; /* a tie at the boundary */
+        if (!s->cand) s->cand = li_xmalloc((size_t)s->n_vocab * sizeof *s->cand);
+        for (int32_t i = 0; i < k; i++) s->cand[i] = (li_token_logprob){ids[i], vals[i]};
+        chosen = chain_tail(s, s->cand, k, vals[0], NULL, NULL);
+    }
+    /* what report_logprobs reports, from the candidates: the top n_logprobs
+     * are the first (logits_top keeps the lower id of equal values, as the
+     * candidates are sorted), the chosen one is among the first `need` */
+    const li_sampling_params *p = &s->p;
+    if (chosen_logprob) *chosen_logprob = 0.0f;
+    if (top && p->n_logprobs > 0)
+        for (int32_t i = 0; i < p->n_logprobs; i++) top[i] = (li_token_logprob){ids[i], vals[i] - lse};
+    if (chosen_logprob && want_lse)
+        for (int32_t i = 0; i < need; i++)
+            if (ids[i] == chosen) {
+                *chosen_logprob = vals[i] - lse;
+                break;
+            }
+    return chosen;
 }
+
+float li_sampler_lse(const float *logits, int32_t n_vocab) { return log_sum_exp(logits, n_vocab); }
 
 int32_t li_sampler_sample(li_sampler *s, const float *logits, li_token_logprob *top, float *chosen_logprob) {
     const int32_t chosen = sample_chain(s, logits, NULL, NULL);

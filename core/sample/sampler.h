@@ -73,15 +73,23 @@ void li_sampler_ban(li_sampler *s, const int32_t *ids, int32_t n);
 /* ---- drawing from the largest logits alone (a device's top-k) ----
  *
  * li_sampler_cand_need: how many of the largest logits, sorted by value
- * descending then id ascending, decide the next draw; 0 when the full
- * logits are needed (penalties, bias, a ban, logprobs, or no top-k). Greedy
- * needs 1; top_k = K needs K + 1 (the one past the kept set shows it is not
- * a tie). li_sampler_sample_cand: the token li_sampler_sample would draw
- * from logits whose n largest are (vals, ids) so sorted, advancing the RNG
- * as it would; or -1, with the RNG untouched, when they cannot decide it
- * (too few, a NaN, ids[0] < 0, a tie at top_k): then sample the logits. */
-int32_t li_sampler_cand_need(const li_sampler *s);
-int32_t li_sampler_sample_cand(li_sampler *s, const float *vals, const int32_t *ids, int32_t n);
+ * descending then id ascending, decide the next draw and what it reports;
+ * 0 when the full logits are needed (penalties, bias, a ban, or no top-k).
+ * Greedy needs 1; top_k = K needs K + 1 (the one past the kept set shows it
+ * is not a tie); logprobs at least n_logprobs, and *lse says they need the
+ * row's log-sum-exp (li_sampler_lse). li_sampler_sample_cand: the token
+ * li_sampler_sample would draw from logits whose n largest are (vals, ids)
+ * so sorted, advancing the RNG as it would, and the logprobs it would
+ * report (top, *chosen_logprob, as li_sampler_sample's) from lse; or -1,
+ * with the RNG untouched, when they cannot decide it (too few, a NaN,
+ * ids[0] < 0, a tie at top_k): then sample the logits. */
+int32_t li_sampler_cand_need(const li_sampler *s, bool *lse);
+int32_t li_sampler_sample_cand(li_sampler *s, const float *vals, const int32_t *ids, int32_t n, float lse,
+                               li_token_logprob *top, float *chosen_logprob);
+/* The normalizer every reported logprob subtracts: max + log(sum(exp(l -
+ * max))), the sum in double in index order (what a device's lse op
+ * computes in its own order). */
+float li_sampler_lse(const float *logits, int32_t n_vocab);
 /* Records a token (prompt or generated) into the penalty window. */
 void li_sampler_accept(li_sampler *s, int32_t token);
 /* Picks the next token from logits (n_vocab). When top is non-NULL it

@@ -1695,6 +1695,39 @@ __global__ void k_topk(const float *x, int64_t dim, int k, float *vals, int32_t 
     }
 }
 
+// each row's log-sum-exp (backend.h lse): the max (a NaN never wins), then
+// the exps in double, summed by a tree: the host's formula, in its own order
+__global__ void k_lse(const float *x, int64_t dim, float *out) {
+    __shared__ float smx[ROW_THREADS];
+    __shared__ double ssum[ROW_THREADS];
+    const float *row = x + (int64_t)blockIdx.x * dim;
+    float mx = -INFINITY;
+    for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) mx = row[j] > mx ? row[j] : mx;
+    smx[threadIdx.x] = mx;
+    __syncthreads();
+    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+        if ((int)threadIdx.x < s && smx[threadIdx.x + s] > smx[threadIdx.x]) smx[threadIdx.x] = smx[threadIdx.x + s];
+        __syncthreads();
+    }
+    mx = smx[0];
+    double sum = 0.0;
+    for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) sum += exp((double)row[j] - mx);
+    ssum[threadIdx.x] = sum;
+    __syncthreads();
+    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+        if ((int)threadIdx.x < s) ssum[threadIdx.x] += ssum[threadIdx.x + s];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) out[blockIdx.x] = mx + (float)log(ssum[0]);
+}
+
+static void cu_lse(li_backend *be, const float *x, int64_t n, int64_t dim, float *out) {
+    li_cuda *c = cu(be);
+    q8_forget(c);
+    if (n <= 0) return;
+    PROF(c, PK_TOPK, k_lse<<<(unsigned)n, ROW_THREADS, 0, c->st>>>(x, dim, out); CK_LAUNCH("lse"));
+}
+
 static void cu_topk(li_backend *be, const float *x, int64_t n, int64_t dim, int k, float *vals, int32_t *ids) {
     li_cuda *c = cu(be);
     q8_forget(c);
@@ -1798,6 +1831,7 @@ static li_backend_ops make_ops(void) {
     o.attention = cu_attention;
     o.argmax = cu_argmax;
     o.topk = cu_topk;
+    o.lse = cu_lse;
     o.weight_prepare = cu_weight_prepare;
     o.weight_release = cu_weight_release;
     o.graph_begin = cu_graph_begin;

@@ -52,6 +52,7 @@ static struct {
     long recordings, launches, padded_rows, stale_every;
     long argmax_rows;      /* greedy rows sampled through argmax */
     long topk_rows;        /* rows whose largest logits topk fetched */
+    long lse_rows;         /* rows whose log-sum-exp lse computed */
 } g;
 
 /* one op's arguments, as a recording keeps them */
@@ -350,6 +351,16 @@ static void r_topk(li_backend *be, const float *x, int64_t n, int64_t dim, int k
     g.topk_rows += n;
 }
 
+/* each row's log-sum-exp: the sampler's own (li_sampler_lse) */
+static void r_lse(li_backend *be, const float *x, int64_t n, int64_t dim, float *out) {
+    g.op_calls++;
+    buf_check("lse x", x, F4(n * dim));
+    buf_check("lse out", out, F4(n));
+    if (g.recording) violation("lse while recording", x, 0);
+    for (int64_t i = 0; i < n; i++) out[i] = li_sampler_lse(x + i * dim, (int32_t)dim);
+    g.lse_rows += n;
+}
+
 /* ---- graph ops ---- */
 
 static int r_graph_begin(li_backend *be) {
@@ -464,6 +475,7 @@ static void recorder_init(li_backend *rec, li_backend *inner) {
     rec_ops.hadamard = inner->ops->hadamard ? r_hadamard : NULL;
     rec_ops.argmax = r_argmax;
     rec_ops.topk = r_topk;
+    rec_ops.lse = r_lse;
     rec_ops.graph_begin = r_graph_begin;
     rec_ops.graph_end = r_graph_end;
     rec_ops.graph_launch = r_graph_launch;
@@ -516,7 +528,21 @@ typedef struct {
     int32_t toks[N_SEQS][MAX_TOK];
     int64_t n_toks[N_SEQS];
     int64_t preemptions;
+    uint64_t lp_hash; /* every token event's logprob and top alternatives, hashed */
+    int64_t lp_events;
 } engine_out;
+
+static void lp_event(void *ud, const li_event *ev) {
+    engine_out *o = ud;
+    if (ev->kind != LI_EVENT_TOKEN || ev->token < 0) return;
+    uint64_t h = o->lp_hash ^ (uint64_t)ev->id;
+    const unsigned char *p = (const unsigned char *)&ev->logprob;
+    for (size_t i = 0; i < sizeof ev->logprob; i++) h = (h ^ p[i]) * 1099511628211ull;
+    p = (const unsigned char *)ev->top;
+    for (size_t i = 0; ev->top && i < (size_t)ev->n_top * sizeof *ev->top; i++) h = (h ^ p[i]) * 1099511628211ull;
+    o->lp_hash = h;
+    o->lp_events++;
+}
 
 /* The engine under a KV budget of 14 blocks of 8 tokens: four requests of
  * ~30-token prompts and 24 new tokens each, one of them drawing 3 samples
@@ -548,6 +574,10 @@ static int run_engine(li_model *m, li_backend *be, const int32_t *prompt, int64_
         if (greedy) p.sampling.temperature = 0;
         if (greedy && r == 2) p.min_tokens = 6;
         if (greedy && r == 3) p.sampling.temperature = 0.8f; /* llama.cpp's defaults, top_k 40: from the candidates */
+        if (greedy && r == 0) p.sampling.n_logprobs = 3;        /* logprobs from the candidates and the row's lse */
+        if (greedy && r == 3) p.sampling.logprob = true;
+        p.on_event = lp_event;
+        p.ud = o;
         if (li_engine_add(e, &p, &o->ids[r], &err)) {
             fprintf(stderr, "%s\n", err.msg);
             li_engine_free(e);
@@ -747,8 +777,12 @@ int main(void) {
         same &= gw.n_toks[k] == MAX_TOK && gg.n_toks[k] == gw.n_toks[k] &&
                 !memcmp(gw.toks[k], gg.toks[k], sizeof(int32_t) * (size_t)gw.n_toks[k]);
     CHECK(same && g.violations == 0, "greedy rows sampled where the logits are: the CPU's tokens");
-    CHECK(g.argmax_rows > 10 && g.topk_rows > 20, "steps sampled through argmax (%ld rows) and topk (%ld rows)",
-          g.argmax_rows, g.topk_rows);
+    CHECK(g.argmax_rows > 10 && g.topk_rows > 20 && g.lse_rows > 10,
+          "steps sampled through argmax (%ld rows) and topk (%ld rows, %ld with their lse)", g.argmax_rows, g.topk_rows,
+          g.lse_rows);
+    CHECK(gg.lp_events == gw.lp_events && gg.lp_hash == gw.lp_hash,
+          "logprobs reported from the candidates and the row's lse: the CPU's, bit for bit (%lld token events)",
+          (long long)gg.lp_events);
 
     const long pad0 = g.padded_rows, launch0 = g.launches;
     g.violations = 0;

@@ -19,7 +19,10 @@
  *         sums; the GPU rounds the activations as those Q8 blocks do, then
  *         sums in f32 in its own order: 1e-7 measured on an H100)
  *   1e-7  every other op (its default): get_rows, rmsnorm, rope, silu_mul, add
- *   exact argmax's ids (the sampler's greedy rule: ties, NaN, infinities)
+ *   exact argmax's ids (the sampler's greedy rule: ties, NaN, infinities),
+ *         topk's values and ids (a host sort)
+ *   1e-6  lse, relative (the sampler's formula, the double sum in the
+ *         device's order: the same float but for a rare last-bit rounding)
  *   exact the KV store's bytes (the conversions are the reference's bits,
  *         cuda_math.h, checked on the CPU by test_cuda_math)
  *
@@ -413,6 +416,30 @@ static void test_rowops(void) {
                 free(gi);
             }
     }
+    /* lse: each row's log-sum-exp against the sampler's (the same formula,
+     * the device's order of the double sum): within 1e-6, and how many
+     * rows land on the same float */
+    {
+        enum { N = 33 };
+        const int64_t dim = 49157;
+        float *x = frand(N * dim, 8.0f), got[N];
+        li_buffer bx = up(x, (size_t)(N * dim) * 4), bo = up(NULL, sizeof got);
+        cu.ops->lse(&cu, bx.data, N, dim, bo.data);
+        down(&bo, got, sizeof got);
+        int same = 0;
+        double worst = 0;
+        for (int i = 0; i < N; i++) {
+            const float want = li_sampler_lse(x + (size_t)i * dim, (int32_t)dim);
+            same += got[i] == want;
+            const double d = fabs((double)got[i] - want) / fmax(1.0, fabs(want));
+            worst = d > worst ? d : worst;
+        }
+        report(worst < 1e-6, "lse of %d rows of %lld: %d the sampler's float exactly, worst relative difference %.2e",
+               N, (long long)dim, same, worst);
+        li_buffer_free(&cu, &bx);
+        li_buffer_free(&cu, &bo);
+        free(x);
+    }
     /* hadamard: the reference's butterflies, so the same bits; odd row counts, signs from host memory */
     for (int64_t b = 128; b <= 512; b *= 4) {
         enum { N = 5, DIM = 1536 };
@@ -768,6 +795,7 @@ static void test_engine_sampling(li_model *m, const int32_t *prompt, size_t np) 
                                    .ignore_eos = true, .min_tokens = r == 3 ? 5 : 0};
             li_sampling_params_default(&p.sampling);
             p.sampling.temperature = r == 2 ? 0.8f : 0.0f; /* r 2: top_k 40, from its 41 largest logits */
+            p.sampling.n_logprobs = r == 1 ? 4 : 0;           /* r 1: logprobs from topk and the row's lse */
             p.sampling.seed = 5 + (uint64_t)r;
             ok = !li_engine_add(e, &p, &ids[r], &err);
         }

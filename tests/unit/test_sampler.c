@@ -42,9 +42,13 @@ static void largest(const float *l, int nv, int n, float *vals, int32_t *ids) {
  * boundary), the others on a fine grid; 2,000 draws a setting. */
 static void test_cand(void) {
     enum { V = 700, K = 64, DRAWS = 2000 };
-    const struct { float t, top_p, min_p; int32_t top_k; } sets[] = {
-        {0.0f, 1.0f, 0.0f, 40}, {0.7f, 0.95f, 0.05f, 40}, {1.3f, 1.0f, 0.0f, 1},  {1.0f, 0.9f, 0.0f, 63},
-        {0.8f, 1.0f, 0.1f, 10}, {2.0f, 0.5f, 0.0f, 25}, {0.7f, 0.95f, 0.05f, 64}, {0.7f, 0.95f, 0.05f, 0},
+    const struct { float t, top_p, min_p; int32_t top_k, n_logprobs; bool logprob; } sets[] = {
+        {0.0f, 1.0f, 0.0f, 40, 0, false}, {0.7f, 0.95f, 0.05f, 40, 0, false}, {1.3f, 1.0f, 0.0f, 1, 0, false},
+        {1.0f, 0.9f, 0.0f, 63, 0, false}, {0.8f, 1.0f, 0.1f, 10, 0, false}, {2.0f, 0.5f, 0.0f, 25, 0, false},
+        {0.7f, 0.95f, 0.05f, 64, 0, false}, {0.7f, 0.95f, 0.05f, 0, 0, false},
+        /* logprobs: the top 5 (or the chosen alone) reported from the candidates and the row's lse */
+        {0.0f, 1.0f, 0.0f, 40, 5, false}, {0.8f, 0.95f, 0.05f, 40, 5, false}, {0.8f, 0.95f, 0.05f, 3, 20, false},
+        {0.8f, 1.0f, 0.0f, 40, 0, true},
     };
     float *l = malloc(V * sizeof(float)), vals[K];
     int32_t ids[K];
@@ -56,11 +60,16 @@ static void test_cand(void) {
         p.top_p = sets[si].top_p;
         p.min_p = sets[si].min_p;
         p.top_k = sets[si].top_k;
+        p.n_logprobs = sets[si].n_logprobs;
+        p.logprob = sets[si].logprob;
         p.seed = 1000 + si;
         li_sampler a, b;
         CHECK(li_sampler_init(&a, &p, V, &err) == 0 && li_sampler_init(&b, &p, V, &err) == 0, "%s", err.msg);
-        const int32_t need = li_sampler_cand_need(&b);
-        int same = 1, fallbacks = 0;
+        bool lse_need;
+        const int32_t need = li_sampler_cand_need(&b, &lse_need);
+        int same = 1, fallbacks = 0, lp_same = 1;
+        li_token_logprob ta[20], tb[20];
+        float la, lb;
         unsigned seed = 77 + (unsigned)si;
         for (int d = 0; d < DRAWS; d++) {
             for (int i = 0; i < V; i++) {
@@ -69,45 +78,52 @@ static void test_cand(void) {
                              : (float)((seed >> 8) % 65536) / 4096.0f - 8.0f; /* few */
             }
             largest(l, V, K, vals, ids);
-            const int32_t want = li_sampler_sample(&a, l, NULL, NULL);
-            int32_t got = li_sampler_sample_cand(&b, vals, ids, K);
+            const int32_t want = li_sampler_sample(&a, l, ta, &la);
+            int32_t got = li_sampler_sample_cand(&b, vals, ids, K, li_sampler_lse(l, V), tb, &lb);
             if (got < 0) {
                 fallbacks++;
-                got = li_sampler_sample(&b, l, NULL, NULL);
+                got = li_sampler_sample(&b, l, tb, &lb);
             }
             same &= got == want;
+            lp_same &= la == lb && !memcmp(ta, tb, (size_t)p.n_logprobs * sizeof *ta);
         }
         const bool usable = sets[si].top_k > 0 && sets[si].top_k < K;
-        CHECK(same, "top_k %d, T %.1f, top_p %.2f, min_p %.2f: %d draws from the %d largest (need %d, %d fell back) "
-              "equal the full logits' draws", p.top_k, (double)p.temperature, (double)p.top_p, (double)p.min_p,
-              DRAWS, K, need, fallbacks);
-        if (p.temperature <= 0) CHECK(need == 1 && fallbacks == 0, "greedy: the largest alone, never the logits");
-        else if (usable) CHECK(need == p.top_k + 1 && fallbacks < DRAWS, "top_k %d: candidates used (%d of %d fell back)",
-                               p.top_k, fallbacks, DRAWS);
+        CHECK(same && lp_same, "top_k %d, T %.1f, top_p %.2f, min_p %.2f, logprobs %d%s: %d draws from the %d largest "
+              "(need %d, %d fell back) equal the full logits' draws and logprobs", p.top_k, (double)p.temperature,
+              (double)p.top_p, (double)p.min_p, p.n_logprobs, p.logprob ? " and the chosen" : "", DRAWS, K, need,
+              fallbacks);
+        CHECK(lse_need == (p.n_logprobs > 0 || p.logprob), "the row's lse asked for exactly when logprobs are");
+        const int32_t draw = p.temperature <= 0 ? 1 : p.top_k + 1;
+        if (p.temperature <= 0) CHECK(need == LI_MAX(1, p.n_logprobs) && fallbacks == 0, "greedy: never the logits");
+        else if (usable) CHECK(need == LI_MAX(draw, p.n_logprobs) && fallbacks < DRAWS,
+                               "top_k %d: candidates used (%d of %d fell back)", p.top_k, fallbacks, DRAWS);
         else CHECK(fallbacks == DRAWS, "top_k %d: not decidable from %d candidates, always the logits", p.top_k, K);
         li_sampler_free(&a);
         li_sampler_free(&b);
     }
-    /* what needs the full logits: penalties, bias, logprobs */
+    /* what needs the full logits: penalties, bias */
     li_sampling_params p;
     li_sampling_params_default(&p);
     li_sampler s;
+    bool lse_need;
     p.repeat_penalty = 1.1f;
-    CHECK(li_sampler_init(&s, &p, V, &err) == 0 && li_sampler_cand_need(&s) == 0, "penalties need the logits");
+    CHECK(li_sampler_init(&s, &p, V, &err) == 0 && li_sampler_cand_need(&s, &lse_need) == 0, "penalties need the logits");
     li_sampler_free(&s);
     li_sampling_params_default(&p);
-    p.n_logprobs = 2;
-    CHECK(li_sampler_init(&s, &p, V, &err) == 0 && li_sampler_cand_need(&s) == 0, "logprobs need the logits");
+    li_logit_bias lb1 = {.id = 3, .bias = 2.0f};
+    p.logit_bias = &lb1;
+    p.n_logit_bias = 1;
+    CHECK(li_sampler_init(&s, &p, V, &err) == 0 && li_sampler_cand_need(&s, &lse_need) == 0, "a bias needs the logits");
     li_sampler_free(&s);
     /* a NaN among the candidates, or a row flagged (ids[0] < 0): the logits */
     li_sampling_params_default(&p);
     CHECK(li_sampler_init(&s, &p, V, &err) == 0, "%s", err.msg);
     for (int i = 0; i < K; i++) vals[i] = 10.0f - (float)i, ids[i] = i;
     vals[3] = NAN;
-    CHECK(li_sampler_sample_cand(&s, vals, ids, K) == -1, "a NaN among the candidates: -1");
+    CHECK(li_sampler_sample_cand(&s, vals, ids, K, 0.0f, NULL, NULL) == -1, "a NaN among the candidates: -1");
     vals[3] = 7.0f;
     ids[0] = -1;
-    CHECK(li_sampler_sample_cand(&s, vals, ids, K) == -1, "a flagged row: -1");
+    CHECK(li_sampler_sample_cand(&s, vals, ids, K, 0.0f, NULL, NULL) == -1, "a flagged row: -1");
     li_sampler_free(&s);
     free(l);
 }
