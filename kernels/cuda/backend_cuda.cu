@@ -1919,6 +1919,24 @@ extern "C" int li_backend_cuda_device(const li_backend *be) {
     return li_backend_is_cuda(be) ? ((const li_cuda *)be->impl)->device : -1;
 }
 
+extern "C" void li_backend_cuda_describe(const li_backend *be, char *out, size_t cap, double *bandwidth) {
+    if (cap) out[0] = 0;
+    *bandwidth = 0;
+    if (!li_backend_is_cuda(be)) return;
+    const int dev = ((const li_cuda *)be->impl)->device;
+    cudaDeviceProp p;
+    if (cudaGetDeviceProperties(&p, dev) != cudaSuccess) {
+        cudaGetLastError();
+        return;
+    }
+    snprintf(out, cap, "%s", p.name);
+    int khz = 0, bits = 0; // double data rate: 2 transfers a clock
+    if (cudaDeviceGetAttribute(&khz, cudaDevAttrMemoryClockRate, dev) == cudaSuccess &&
+        cudaDeviceGetAttribute(&bits, cudaDevAttrGlobalMemoryBusWidth, dev) == cudaSuccess)
+        *bandwidth = 2.0 * (double)khz * 1e3 * (double)bits / 8.0;
+    cudaGetLastError();
+}
+
 extern "C" int li_backend_cuda_device_count(void) {
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess) {

@@ -23,6 +23,9 @@ bool li_backend_is_cuda(const li_backend *be);
  * this machine has (0 without CUDA) */
 int li_backend_cuda_device(const li_backend *be);
 int li_backend_cuda_device_count(void);
+/* the device's name into out (cap bytes; "" on another backend) and its
+ * memory bandwidth in bytes/s as its clock and bus width imply (0 unknown) */
+void li_backend_cuda_describe(const li_backend *be, char *out, size_t cap, double *bandwidth);
 /* Per-kernel timing (CUDA events around each launch, and the host's time
  * issuing it): on clears the totals and turns recorded passes off while it
  * lasts (a recording has no events); print writes the table (kernel,

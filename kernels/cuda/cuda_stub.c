@@ -31,6 +31,12 @@ int li_backend_cuda_device(const li_backend *be) {
 
 int li_backend_cuda_device_count(void) { return 0; }
 
+void li_backend_cuda_describe(const li_backend *be, char *out, size_t cap, double *bandwidth) {
+    (void)be;
+    if (cap) out[0] = 0;
+    *bandwidth = 0;
+}
+
 const char *li_backend_cuda_lt_note(li_backend *be) {
     (void)be;
     return "";

@@ -1050,7 +1050,11 @@ static void bench_prefill(li_model *m) {
 static void bench_decode(li_model *m) {
     const int batches[] = {1, 8, 64, 256};
     const int ctx = 128, steps = 32, rounds = 2;
-    printf("bench: weights %.1f MB read per step\n", (double)m->weight_bytes / 1e6);
+    char name[256];
+    double bw;
+    li_backend_cuda_describe(&cu, name, sizeof name, &bw);
+    printf("bench: %s, memory bandwidth %.2f TB/s (clock x bus width); weights %.1f MB read per step\n", name, bw / 1e12,
+           (double)m->weight_bytes / 1e6);
     for (size_t bi = 0; bi < LI_ARRAY_LEN(batches); bi++) {
         const int B = batches[bi];
         li_error err = {0};
@@ -1080,9 +1084,10 @@ static void bench_decode(li_model *m) {
                        dt * 1e3 / steps, steps);
                 best[graphs] = dt < best[graphs] ? dt : best[graphs];
             }
+        const double gbs = (double)m->weight_bytes * steps / best[1] / 1e9;
         printf("bench: decode batch %3d: graphs / op by op, best of %d: %.3f / %.3f ms per step (%.2fx); weights at "
-               "%.0f GB/s\n", B, rounds, best[1] * 1e3 / steps, best[0] * 1e3 / steps, best[0] / best[1],
-               (double)m->weight_bytes * steps / best[1] / 1e9);
+               "%.0f GB/s, %.1f%% of the memory bandwidth\n", B, rounds, best[1] * 1e3 / steps, best[0] * 1e3 / steps,
+               best[0] / best[1], gbs, bw > 0 ? 100.0 * gbs * 1e9 / bw : 0.0);
         if (B == 1 || B == 64) {
             li_backend_cuda_profile(&cu, true);
             li_forward_set_graphs(&r.fw, false);
