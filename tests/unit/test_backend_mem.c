@@ -638,6 +638,33 @@ static int run_batch5(li_model *m, li_backend *be, float *out) {
         rc = li_forward_run(&fw, m, be, &kv, &b, out + (size_t)t * B5 * (size_t)m->hp.n_vocab, &err);
     }
     if (rc) fprintf(stderr, "%s\n", err.msg);
+    /* sampling where the logits are: on host memory the caller reads them;
+     * k out of [1, LI_TOPK_MAX] is refused; the ids match the logits' argmax */
+    if (!rc) {
+        int32_t ids[B5 * (LI_TOPK_MAX + 1)], am[B5];
+        float vals[B5 * (LI_TOPK_MAX + 1)], lse[B5];
+        li_error e2 = {0};
+        const bool dev = be->ops->topk && !fw.logits.host;
+        if (!dev) {
+            CHECK(li_forward_topk(&fw, m, 4, vals, ids, NULL, &e2) == LI_EUNSUP &&
+                      li_forward_argmax(&fw, m, am, &e2) == LI_EUNSUP,
+                  "host logits: topk and argmax refused (%s)", e2.msg);
+        } else {
+            CHECK(li_forward_topk(&fw, m, 0, vals, ids, NULL, &e2) == LI_EINVAL &&
+                      li_forward_topk(&fw, m, LI_TOPK_MAX + 1, vals, ids, NULL, &e2) == LI_EINVAL,
+                  "topk of 0 or %d logits refused (%s)", LI_TOPK_MAX + 1, e2.msg);
+            CHECK(li_forward_topk(&fw, m, 3, vals, ids, lse, &e2) == 0 && li_forward_argmax(&fw, m, am, &e2) == 0,
+                  "topk, lse and argmax of the last step: %s", e2.msg[0] ? e2.msg : "ran");
+            const float *lg = out + (size_t)(B5_STEPS - 1) * B5 * (size_t)m->hp.n_vocab;
+            bool ok = true;
+            for (int r = 0; r < B5; r++) {
+                const float *row = lg + (size_t)r * m->hp.n_vocab;
+                ok &= ids[r * 3] == am[r] && vals[r * 3] == row[am[r]] && vals[r * 3 + 1] <= vals[r * 3] &&
+                      lse[r] == li_sampler_lse(row, m->hp.n_vocab);
+            }
+            CHECK(ok, "each row's top-3 starts at its argmax, falls, and its lse is the sampler's");
+        }
+    }
     for (int s = 0; s < B5; s++) {
         li_kv_seq_release(&kv, &sq[s]);
         li_kv_seq_free(&sq[s]);
