@@ -722,11 +722,9 @@ template <int T> __global__ void k_gemv_multi(cu_multi mw, const float *x, int64
 }
 
 // out(n, k) = x as the activation quantization leaves it (li_act_quant_row_ref):
-// a block per row, amax by fmaxf (NaNs skipped), then every element
-__global__ void k_act_quant(int act, const float *x, float *out, int64_t k) {
+// the largest |x| of a row of k (fmaxf: NaNs skipped), the block's tree
+__device__ float row_amax(const float *xr, int64_t k) {
     __shared__ float red[ROW_THREADS];
-    const float *xr = x + (int64_t)blockIdx.x * k;
-    float *o = out + (int64_t)blockIdx.x * k;
     float amax = 0.0f;
     for (int64_t j = threadIdx.x; j < k; j += blockDim.x) amax = fmaxf(amax, fabsf(xr[j]));
     red[threadIdx.x] = amax;
@@ -735,7 +733,14 @@ __global__ void k_act_quant(int act, const float *x, float *out, int64_t k) {
         if ((int)threadIdx.x < s) red[threadIdx.x] = fmaxf(red[threadIdx.x], red[threadIdx.x + s]);
         __syncthreads();
     }
-    const float sc = red[0] / li_cu_act_divisor(act);
+    return red[0];
+}
+
+// a block per row, amax by fmaxf (NaNs skipped), then every element
+__global__ void k_act_quant(int act, const float *x, float *out, int64_t k) {
+    const float *xr = x + (int64_t)blockIdx.x * k;
+    float *o = out + (int64_t)blockIdx.x * k;
+    const float sc = row_amax(xr, k) / li_cu_act_divisor(act);
     const float inv = sc > 0.0f ? 1.0f / sc : 0.0f;
     for (int64_t j = threadIdx.x; j < k; j += blockDim.x) o[j] = li_cu_act_value(act, xr[j], sc, inv);
 }
@@ -855,16 +860,7 @@ __global__ void k_lt_codes(int kind, const float *x, void *codes, float *rs, int
             o[j] = kind == LI_LT_BF16 ? li_cu_f32_to_bf16(xr[j]) : li_cu_f32_to_fp16(xr[j]);
         return;
     }
-    __shared__ float red[ROW_THREADS];
-    float amax = 0.0f;
-    for (int64_t j = threadIdx.x; j < k; j += blockDim.x) amax = fmaxf(amax, fabsf(xr[j]));
-    red[threadIdx.x] = amax;
-    __syncthreads();
-    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
-        if ((int)threadIdx.x < s) red[threadIdx.x] = fmaxf(red[threadIdx.x], red[threadIdx.x + s]);
-        __syncthreads();
-    }
-    const float sc = red[0] / (kind == LI_LT_INT8 ? 127.0f : 448.0f);
+    const float sc = row_amax(xr, k) / (kind == LI_LT_INT8 ? 127.0f : 448.0f);
     const float inv = sc > 0.0f ? 1.0f / sc : 0.0f;
     uint8_t *o = (uint8_t *)codes + (int64_t)blockIdx.x * k;
     for (int64_t j = threadIdx.x; j < k; j += blockDim.x)
