@@ -217,7 +217,7 @@ static int l_engine_new(lua_State *L) {
                                         "spec_tokens", "spec_ngram_max", "spec_ngram_min", "spec_disable_batch",
                                         "draft_model", "spec_method", "spec_layers", "tensor_parallel", "q4_act", "medusa",
                                         "medusa_tree", "device", "eagle", "eagle_idle_steps", "spec_calibrate",
-                                        NULL};
+                                        "device_sampling", NULL};
     check_keys(L, 1, "luainfer.engine", known);
     li_engine_config cfg;
     li_engine_config_default(&cfg);
@@ -250,6 +250,7 @@ static int l_engine_new(lua_State *L) {
     cfg.spec_disable_batch = (int32_t)opt_int(L, 1, "spec_disable_batch", cfg.spec_disable_batch, 0, 1 << 20);
     cfg.eagle_idle_steps = (int32_t)opt_int(L, 1, "eagle_idle_steps", cfg.eagle_idle_steps, 0, 1 << 20);
     cfg.spec_calibrate = opt_bool(L, 1, "spec_calibrate", cfg.spec_calibrate);
+    cfg.device_sampling = opt_bool(L, 1, "device_sampling", cfg.device_sampling);
     if (li_kv_dtype_parse(kv_dtype, &cfg.kv_dtype, &err)) return luaL_error(L, "%s", err.msg);
     const char *spec_method = opt_str(L, 1, "spec_method", NULL);
     const int64_t spec_layers = opt_int(L, 1, "spec_layers", 0, 0, 4096);

@@ -60,6 +60,10 @@ end
 
 local s, running = run_all({ max_num_seqs = 32, max_batched_tokens = 512 }, "batched")
 H.check(running > 8, "requests really ran together (max running %d)", running)
+-- the CPU's logits are host memory: nothing is sampled "on the device", whatever the key says
+H.check(s.tokens_device_sampled == 0, "cpu: no token sampled on a device (%d)", s.tokens_device_sampled)
+local ds = run_all({ max_num_seqs = 32, max_batched_tokens = 512, device_sampling = false }, "device_sampling off")
+H.check(ds.tokens_device_sampled == 0, "device_sampling = false accepted")
 
 -- chunked prefill: prompts longer than a step's budget
 run_all({ max_num_seqs = 32, max_batched_tokens = 24 }, "chunked")
