@@ -812,10 +812,11 @@ static bool has_forks(const li_engine *e, const req *r) {
  * (engine.h's device_sampling): the target's logits are device memory,
  * nothing is drafted, and each request whose row is sampled draws from its
  * largest logits alone (li_sampler_cand_need: greedy, or top_k below
- * LI_TOPK_MAX without penalties, bias, a ban or logprobs; its min_tokens
- * ban, if any, is set first). Returns the candidates a row it fetched into
- * e->b_cvals / e->b_ids (1: greedy ids alone, by argmax), or 0: the host
- * reads the logits. */
+ * LI_TOPK_MAX, without penalties, bias or a ban; its min_tokens ban, if
+ * any, is set first). Returns the candidates a row it fetched into
+ * e->b_cvals / e->b_ids (with each row's lse in e->b_lse when logprobs are
+ * asked; 1 without: greedy ids alone, by argmax), or 0: the host reads the
+ * logits. */
 static int32_t device_sampled(li_engine *e, int32_t nb, int64_t n_logits) {
     if (!e->cfg.device_sampling || e->tp || e->logits || n_logits <= 0) return 0;
     int32_t k = 1;
@@ -838,6 +839,29 @@ static int32_t device_sampled(li_engine *e, int32_t nb, int64_t n_logits) {
                        : li_forward_topk(&e->tgt.fw, e->model, k, e->b_cvals, e->b_ids, any_lse ? e->b_lse : NULL,
                                          &err);
     return rc ? 0 : k; /* an error: the host reads the logits */
+}
+
+/* Row `row` of the step's logits, copied back from the device the first
+ * time a step needs them (forks, a row its candidates cannot decide). */
+static const float *step_logits(li_engine *e, int32_t row) {
+    if (!e->logits) e->logits = li_runner_logits(&e->tgt);
+    return e->logits + (size_t)row * (size_t)e->model->hp.n_vocab;
+}
+
+/* r's token from the k candidates device_sampled fetched for `row`; false,
+ * nothing taken, when they cannot decide it (a tie at its top_k boundary,
+ * a NaN): its logits do. */
+static bool take_device_token(li_engine *e, req *r, int32_t row, int32_t k) {
+    float lp = 0.0f;
+    const int32_t tok = k == 1 && !e->b_has_lse
+                            ? e->b_ids[row]
+                            : li_sampler_sample_cand(&r->smp, e->b_cvals + (size_t)row * k, e->b_ids + (size_t)row * k,
+                                                     k, e->b_has_lse ? e->b_lse[row] : NAN,
+                                                     r->smp.p.n_logprobs ? r->top : NULL, &lp);
+    if (tok < 0) return false;
+    e->st.tokens_device_sampled++;
+    li_engine_take_token(e, r, tok, lp, NULL);
+    return true;
 }
 
 /* ---- the step ------------------------------------------------------------------------ */
@@ -1059,39 +1083,12 @@ int li_engine_step(li_engine *e, li_error *err) {
         return rc;
     }
     e->st.tokens_computed += k;
-    /* 6-7: sample and emit */
+    /* 6-7: sample and emit (a step sampled on the device has no drafts) */
     const int32_t on_device = device_sampled(e, nb, b.n_logits); /* candidates a row, 0: none */
     if (!on_device && !e->logits && b.n_logits) e->logits = li_runner_logits(&e->tgt);
     int32_t li = 0;
     for (int32_t i = 0; i < nb; i++) {
         req *r = e->batch_req[i];
-        if (on_device) { /* every row draws from its largest logits, which came back alone */
-            r->num_computed += e->batch_n[i];
-            li_spec_step_eagle_settle(r);
-            prefix_register(e, r);
-            if (r->num_computed != r->n_toks) continue;
-            const int32_t row = li++;
-            const size_t nv = (size_t)e->model->hp.n_vocab;
-            if (r->num_computed == r->n_prompt && has_forks(e, r)) {
-                if (!e->logits) e->logits = li_runner_logits(&e->tgt); /* the samples draw their own */
-                fork_samples(e, r, e->logits + (size_t)row * nv, row);
-            }
-            float lp = 0.0f;
-            const int32_t tok = on_device == 1 && !e->b_has_lse
-                                    ? e->b_ids[row]
-                                    : li_sampler_sample_cand(&r->smp, e->b_cvals + (size_t)row * on_device,
-                                                             e->b_ids + (size_t)row * on_device, on_device,
-                                                             e->b_has_lse ? e->b_lse[row] : NAN,
-                                                             r->smp.p.n_logprobs ? r->top : NULL, &lp);
-            if (tok >= 0) {
-                e->st.tokens_device_sampled++;
-                li_engine_take_token(e, r, tok, lp, NULL);
-            } else { /* a tie at its top_k boundary, or a NaN: its logits decide */
-                if (!e->logits) e->logits = li_runner_logits(&e->tgt);
-                li_engine_sample_one(e, r, e->logits + (size_t)row * nv);
-            }
-            continue;
-        }
         if (r->n_draft) {
             const int32_t m = e->batch_n[i];
             li_spec_step_verify(e, r, m, e->logits + (size_t)li * e->model->hp.n_vocab, li);
@@ -1103,10 +1100,10 @@ int li_engine_step(li_engine *e, li_error *err) {
         li_spec_step_eagle_settle(r);
         prefix_register(e, r);
         if (r->num_computed != r->n_toks) continue;
-        const float *lg = e->logits + (size_t)li++ * e->model->hp.n_vocab;
-        if (r->num_computed == r->n_prompt) fork_samples(e, r, lg, li - 1);
-        li_engine_sample_one(e, r, lg);
-        li_spec_step_keep_hidden(e, r, li - 1);
+        const int32_t row = li++;
+        if (r->num_computed == r->n_prompt && has_forks(e, r)) fork_samples(e, r, step_logits(e, row), row);
+        if (!on_device || !take_device_token(e, r, row, on_device)) li_engine_sample_one(e, r, step_logits(e, row));
+        li_spec_step_keep_hidden(e, r, row);
     }
     drop_all_drafts(e); /* of requests the plan did not run */
     /* 8: cancellations asked for during the step */
