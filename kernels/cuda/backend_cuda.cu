@@ -960,9 +960,15 @@ static bool lt_matmul(li_cuda *c, const li_weight *w, const float *x, float *y, 
     return true;
 }
 
+// y = x . W^T (res += y): on the tensor cores where w can go, else the GEMV
+// or SGEMM over x as w's kernels read it
+static void matmul_any(li_cuda *c, const li_weight *w, const float *x, float *y, float *res, int64_t n) {
+    if (!lt_matmul(c, w, x, y, res, n)) matmul_one(c, w, act_for(c, w, x, n), y, res, n);
+}
+
 static void cu_matmul(li_backend *be, const li_weight *w, const float *x, float *y, int64_t n) {
     li_cuda *c = cu(be);
-    if (n > 0 && !lt_matmul(c, w, x, y, nullptr, n)) matmul_one(c, w, act_for(c, w, x, n), y, nullptr, n);
+    if (n > 0) matmul_any(c, w, x, y, nullptr, n);
     q8_forget(c);
 }
 
@@ -976,7 +982,7 @@ static void cu_add(li_backend *be, float *y, const float *x, int64_t n) {
 // the GEMV adds y into res as it writes it (the same float k_add would add)
 static void cu_matmul_add(li_backend *be, const li_weight *w, const float *x, float *y, float *res, int64_t n) {
     li_cuda *c = cu(be);
-    if (n > 0 && !lt_matmul(c, w, x, y, res, n)) matmul_one(c, w, act_for(c, w, x, n), y, res, n);
+    if (n > 0) matmul_any(c, w, x, y, res, n);
     q8_forget(c);
 }
 
@@ -992,18 +998,13 @@ static void cu_matmul_multi(li_backend *be, const li_weight *const *w, int n_w, 
 }
 
 static void multi(li_cuda *c, const li_weight *const *w, int n_w, const float *x, float *const *y, int64_t n) {
-    if (n > GEMV_NB && !c->invariant) { // each weight its own GEMM: on the tensor cores where it can
-        for (int i = 0; i < n_w; i++)
-            if (!lt_matmul(c, w[i], x, y[i], nullptr, n)) matmul_one(c, w[i], act_for(c, w[i], x, n), y[i], nullptr, n);
-        return;
-    }
     bool alike = true, one_type = n_w <= MULTI_MAX;
     for (int i = 1; i < n_w; i++) {
         alike &= act_kind(w[i]) == act_kind(w[0]) && w[i]->k == w[0]->k;
         one_type &= w[i]->type == w[0]->type;
     }
-    if (!alike) {
-        for (int i = 0; i < n_w; i++) matmul_one(c, w[i], act_for(c, w[i], x, n), y[i], nullptr, n);
+    if (!alike || (n > GEMV_NB && !c->invariant)) { // each weight its own product (GEMMs: the tensor cores')
+        for (int i = 0; i < n_w; i++) matmul_any(c, w[i], x, y[i], nullptr, n);
         return;
     }
     const float *xa = act_for(c, w[0], x, n);
