@@ -1097,38 +1097,7 @@ static void cu_rmsnorm(li_backend *be, const float *x, const float *w, float *y,
     PROF(c, PK_RMSNORM, k_rmsnorm<<<(unsigned)n, ROW_THREADS, 0, c->st>>>(x, wd, y, dim, eps); CK_LAUNCH("rmsnorm"));
 }
 
-// a thread per (token, head, pair)
-__global__ void k_rope(float *x, const int32_t *pos, int64_t n, int n_heads, int head_dim, int n_rot, float ts,
-                       int neox) {
-    const int half = n_rot / 2;
-    const int64_t total = n * n_heads * half;
-    for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
-         idx += (int64_t)gridDim.x * blockDim.x) {
-        const int j = (int)(idx % half);
-        const int64_t ih = idx / half, i = ih / n_heads;
-        float *v = x + ih * head_dim;
-        const float angle = li_cu_rope_angle((float)pos[i], ts, j);
-        const float co = cosf(angle), si = sinf(angle);
-        const int i0 = neox ? j : 2 * j, i1 = neox ? j + half : 2 * j + 1;
-        const float x0 = v[i0], x1 = v[i1];
-        v[i0] = x0 * co - x1 * si;
-        v[i1] = x0 * si + x1 * co;
-    }
-}
-
-static void cu_rope(li_backend *be, float *x, const int32_t *pos, int64_t n, int n_heads, int head_dim, int n_rot,
-                    float theta, int neox) {
-    li_cuda *c = cu(be);
-    q8_forget(c);
-    if (n <= 0 || n_rot < 2) return;
-    const float ts = powf(theta, -2.0f / (float)n_rot); // on the host: the reference's bits
-    PROF(c, PK_ROPE,
-         k_rope<<<blocks_for(n * n_heads * (n_rot / 2), 256), 256, 0, c->st>>>(x, pos, n, n_heads, head_dim, n_rot,
-                                                                                ts, neox);
-         CK_LAUNCH("rope"));
-}
-
-// q's heads, then k's, in one launch: the same per-pair math as k_rope
+// a thread per (token, head, pair): q's heads, then k's (hk = 0: q alone)
 __global__ void k_rope_qk(float *q, float *k, const int32_t *pos, int64_t n, int hq, int hk, int head_dim, int n_rot,
                           float ts, int neox) {
     const int half = n_rot / 2;
@@ -1148,6 +1117,18 @@ __global__ void k_rope_qk(float *q, float *k, const int32_t *pos, int64_t n, int
         v[i0] = x0 * co - x1 * si;
         v[i1] = x0 * si + x1 * co;
     }
+}
+
+static void cu_rope(li_backend *be, float *x, const int32_t *pos, int64_t n, int n_heads, int head_dim, int n_rot,
+                    float theta, int neox) {
+    li_cuda *c = cu(be);
+    q8_forget(c);
+    if (n <= 0 || n_rot < 2) return;
+    const float ts = powf(theta, -2.0f / (float)n_rot); // on the host: the reference's bits
+    PROF(c, PK_ROPE,
+         k_rope_qk<<<blocks_for(n * n_heads * (n_rot / 2), 256), 256, 0, c->st>>>(x, nullptr, pos, n, n_heads, 0,
+                                                                                   head_dim, n_rot, ts, neox);
+         CK_LAUNCH("rope"));
 }
 
 static void cu_rope_qk(li_backend *be, float *q, float *k, const int32_t *pos, int64_t n, int hq, int hk,
