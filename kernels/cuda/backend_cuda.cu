@@ -44,11 +44,11 @@ extern "C" {
 #include "cuda/cuda_backend.h"
 }
 #include "cuda/cuda_math.h"
+#include "cuda/dl_syms.h"
 #include "cuda/lt_gemm.h"
 
 #include <cuda_runtime.h>
 #include <cublas_v2.h>
-#include <dlfcn.h>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
@@ -186,26 +186,14 @@ static bool blas_open(void) {
     blas.tried = true;
     char name[32];
     snprintf(name, sizeof name, "libcublas.so.%d", CUBLAS_VER_MAJOR);
-    void *h = dlopen(name, RTLD_NOW | RTLD_LOCAL);
-    if (!h) {
-        snprintf(blas.why, sizeof blas.why, "%s", dlerror());
-        return false;
-    }
-#define SYM(field, sym)                                                            \
-    if (!(*(void **)&blas.field = dlsym(h, sym))) {                                \
-        snprintf(blas.why, sizeof blas.why, "%s has no %s", name, sym);            \
-        return false;                                                              \
-    }
-    SYM(create, "cublasCreate_v2")
-    SYM(destroy, "cublasDestroy_v2")
-    SYM(set_stream, "cublasSetStream_v2")
-    SYM(set_math_mode, "cublasSetMathMode")
-    SYM(sgemm, "cublasSgemm_v2")
-    SYM(status_string, "cublasGetStatusString")
-    SYM(set_workspace, "cublasSetWorkspace_v2")
-#undef SYM
-    blas.ok = true;
-    return true;
+    const li_dl_sym syms[] = {
+        LI_DL_SYM(blas.create, "cublasCreate_v2"),         LI_DL_SYM(blas.destroy, "cublasDestroy_v2"),
+        LI_DL_SYM(blas.set_stream, "cublasSetStream_v2"),  LI_DL_SYM(blas.set_math_mode, "cublasSetMathMode"),
+        LI_DL_SYM(blas.sgemm, "cublasSgemm_v2"),           LI_DL_SYM(blas.status_string, "cublasGetStatusString"),
+        LI_DL_SYM(blas.set_workspace, "cublasSetWorkspace_v2"),
+    };
+    blas.ok = li_dl_open_syms(name, syms, sizeof syms / sizeof *syms, blas.why, sizeof blas.why);
+    return blas.ok;
 }
 
 #define CK(call)                                                                     \

@@ -1,8 +1,8 @@
 // lt_gemm.cu — tensor-core GEMMs through cuBLASLt (lt_gemm.h).
 #include "cuda/lt_gemm.h"
+#include "cuda/dl_syms.h"
 
 #include <cublasLt.h>
-#include <dlfcn.h>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -30,31 +30,22 @@ static bool lt_open(void) {
     L.tried = true;
     char name[40];
     snprintf(name, sizeof name, "libcublasLt.so.%d", CUBLAS_VER_MAJOR);
-    void *h = dlopen(name, RTLD_NOW | RTLD_LOCAL);
-    if (!h) {
-        snprintf(L.why, sizeof L.why, "%s", dlerror());
-        return false;
-    }
-#define SYM(field, sym)                                                            \
-    if (!(*(void **)&L.field = dlsym(h, sym))) {                                   \
-        snprintf(L.why, sizeof L.why, "%s has no %s", name, sym);                  \
-        return false;                                                              \
-    }
-    SYM(create, "cublasLtCreate")
-    SYM(destroy, "cublasLtDestroy")
-    SYM(desc_create, "cublasLtMatmulDescCreate")
-    SYM(desc_destroy, "cublasLtMatmulDescDestroy")
-    SYM(desc_set, "cublasLtMatmulDescSetAttribute")
-    SYM(layout_create, "cublasLtMatrixLayoutCreate")
-    SYM(layout_destroy, "cublasLtMatrixLayoutDestroy")
-    SYM(pref_create, "cublasLtMatmulPreferenceCreate")
-    SYM(pref_destroy, "cublasLtMatmulPreferenceDestroy")
-    SYM(pref_set, "cublasLtMatmulPreferenceSetAttribute")
-    SYM(heuristic, "cublasLtMatmulAlgoGetHeuristic")
-    SYM(matmul, "cublasLtMatmul")
-#undef SYM
-    L.ok = true;
-    return true;
+    const li_dl_sym syms[] = {
+        LI_DL_SYM(L.create, "cublasLtCreate"),
+        LI_DL_SYM(L.destroy, "cublasLtDestroy"),
+        LI_DL_SYM(L.desc_create, "cublasLtMatmulDescCreate"),
+        LI_DL_SYM(L.desc_destroy, "cublasLtMatmulDescDestroy"),
+        LI_DL_SYM(L.desc_set, "cublasLtMatmulDescSetAttribute"),
+        LI_DL_SYM(L.layout_create, "cublasLtMatrixLayoutCreate"),
+        LI_DL_SYM(L.layout_destroy, "cublasLtMatrixLayoutDestroy"),
+        LI_DL_SYM(L.pref_create, "cublasLtMatmulPreferenceCreate"),
+        LI_DL_SYM(L.pref_destroy, "cublasLtMatmulPreferenceDestroy"),
+        LI_DL_SYM(L.pref_set, "cublasLtMatmulPreferenceSetAttribute"),
+        LI_DL_SYM(L.heuristic, "cublasLtMatmulAlgoGetHeuristic"),
+        LI_DL_SYM(L.matmul, "cublasLtMatmul"),
+    };
+    L.ok = li_dl_open_syms(name, syms, sizeof syms / sizeof *syms, L.why, sizeof L.why);
+    return L.ok;
 }
 
 // One shape's descriptors and algorithm; failed: the heuristic had none
