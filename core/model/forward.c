@@ -83,6 +83,7 @@ void li_forward_free(li_forward *f) {
     free(f->g_rows);
     free(f->g_slot);
     free(f->g_table);
+    free(f->ids_host);
     li_buffer *bufs[] = {&f->scratch, &f->batch, &f->table, &f->logits, &f->capture, &f->ids};
     for (size_t i = 0; i < LI_ARRAY_LEN(bufs); i++) li_buffer_free(f->be, bufs[i]);
     free(f->logits_host);
@@ -368,6 +369,17 @@ static void capture_rows(li_forward *f, li_backend *be, int64_t n, int64_t d, in
     be->ops->buffer_copy(be, &f->capture, &f->scratch, f->sel_dst, f->sel_src, (int)n, row);
 }
 
+/* What a pass over b leaves for its output rows, sel the rows before the
+ * output norm: n_logits, the hidden states (the rows already there: sel
+ * before the norm, h after) and whether logits were made. A replayed pass
+ * sets the same without issuing its ops. */
+static void pass_outputs(li_forward *f, const li_batch *b, float *sel) {
+    const bool any = b->n_logits > 0;
+    f->n_logits = any ? b->n_logits : 0;
+    f->have_logits = any && !b->no_logits;
+    f->hidden = !any ? NULL : b->hidden == LI_HIDDEN_PRE_NORM ? sel : b->hidden == LI_HIDDEN_POST_NORM ? f->h : NULL;
+}
+
 /* The pass's ops, after the batch's upload: the embedding (or an input
  * projection), every block, and the output rows' norm and logits. Sets
  * f->n_logits, f->hidden and f->have_logits; issues no host transfer and
@@ -444,18 +456,15 @@ static int issue_pass(li_forward *f, const li_model *m, li_backend *be, li_kv_ca
                         (size_t)d * sizeof(float));
         sel = f->sel;
     }
-    f->n_logits = b->n_logits;
-    /* the hidden states are the rows already there: sel before the norm, h after */
-    if (b->hidden == LI_HIDDEN_PRE_NORM) f->hidden = sel;
-    if (b->no_logits && b->hidden != LI_HIDDEN_POST_NORM) return 0;
-    op->rmsnorm(be, sel, m->output_norm, f->h, b->n_logits, d, hp->norm_eps);
-    if (b->hidden == LI_HIDDEN_POST_NORM) f->hidden = f->h;
-    if (b->no_logits) return 0;
-    const size_t row_bytes = (size_t)hp->n_vocab * sizeof(float);
-    if ((rc = buffer_reserve(be, &f->logits, (size_t)b->n_logits * row_bytes, err))) return rc;
-    f->logits_cap = (int64_t)(f->logits.size / row_bytes);
-    op->matmul(be, &m->output, f->h, f->logits.data, b->n_logits);
-    f->have_logits = true;
+    if (!(b->no_logits && b->hidden != LI_HIDDEN_POST_NORM))
+        op->rmsnorm(be, sel, m->output_norm, f->h, b->n_logits, d, hp->norm_eps);
+    if (!b->no_logits) {
+        const size_t row_bytes = (size_t)hp->n_vocab * sizeof(float);
+        if ((rc = buffer_reserve(be, &f->logits, (size_t)b->n_logits * row_bytes, err))) return rc;
+        f->logits_cap = (int64_t)(f->logits.size / row_bytes);
+        op->matmul(be, &m->output, f->h, f->logits.data, b->n_logits);
+    }
+    pass_outputs(f, b, sel);
     return 0;
 }
 
@@ -565,8 +574,8 @@ static int run_recorded(li_forward *f, const li_model *m, li_backend *be, li_kv_
     li_fw_graph *e = NULL, *lru = &f->graph[0];
     for (int i = 0; i < LI_FW_GRAPHS && !e; i++) {
         li_fw_graph *c = &f->graph[i];
-        if (c->used_slot && graph_key_eq(c, &key)) e = c;
-        else if (!c->used_slot || (lru->used_slot && c->last < lru->last)) lru = c;
+        if (c->last && graph_key_eq(c, &key)) e = c;
+        else if (lru->last && c->last < lru->last) lru = c; /* an unused slot (last 0) first */
     }
     if (e && e->g && !op->graph_valid(be, e->g)) { /* the backend moved memory it reads: record again */
         op->graph_free(be, e->g);
@@ -575,7 +584,6 @@ static int run_recorded(li_forward *f, const li_model *m, li_backend *be, li_kv_
     if (!e) { /* first sighting: run the ops, remember the shape */
         if (lru->g) op->graph_free(be, lru->g);
         *lru = key;
-        lru->used_slot = true;
         lru->last = f->runs;
         return issue_pass(f, m, be, kv, pb, err);
     }
@@ -598,13 +606,7 @@ static int run_recorded(li_forward *f, const li_model *m, li_backend *be, li_kv_
         e->g = g;
         f->n_recorded++;
     } else {
-        /* the host-side results issue_pass sets, as it set them recording */
-        f->n_logits = pb->n_logits;
-        f->have_logits = pb->n_logits > 0 && !pb->no_logits;
-        f->hidden = pb->n_logits <= 0                     ? NULL
-                    : pb->hidden == LI_HIDDEN_PRE_NORM   ? f->x
-                    : pb->hidden == LI_HIDDEN_POST_NORM ? f->h
-                                                         : NULL;
+        pass_outputs(f, pb, f->x); /* as issue_pass set them recording (its rows in order: x) */
         f->n_replayed++;
     }
     op->graph_launch(be, e->g);
@@ -707,9 +709,16 @@ int li_forward_topk(li_forward *f, const li_model *m, int k, float *vals, int32_
     int32_t *di = (int32_t *)((char *)f->ids.data + half);
     be->ops->topk(be, f->logits.data, f->n_logits, m->hp.n_vocab, k, dv, di);
     if (lse) be->ops->lse(be, f->logits.data, f->n_logits, m->hp.n_vocab, (float *)((char *)f->ids.data + 2 * half));
-    be->ops->buffer_get(be, &f->ids, 0, vals, half);
-    be->ops->buffer_get(be, &f->ids, half, ids, half);
-    if (lse) be->ops->buffer_get(be, &f->ids, 2 * half, lse, lb);
+    /* one transfer (a wait each): values, ids and lse lie end to end */
+    const size_t bytes = 2 * half + (lse ? lb : 0);
+    if (bytes > f->ids_host_cap) {
+        f->ids_host_cap = LI_MAX(bytes, 2 * f->ids_host_cap);
+        f->ids_host = li_xrealloc(f->ids_host, f->ids_host_cap);
+    }
+    be->ops->buffer_get(be, &f->ids, 0, f->ids_host, bytes);
+    memcpy(vals, f->ids_host, half);
+    memcpy(ids, (char *)f->ids_host + half, half);
+    if (lse) memcpy(lse, (char *)f->ids_host + 2 * half, lb);
     return 0;
 }
 

@@ -85,13 +85,12 @@ enum { LI_FW_GRAPHS = 24, LI_FW_GRAPH_MAX_ROWS = 256 };
 typedef struct li_fw_graph {
     void *g;               /* the recording, or NULL: seen once (the next sighting records) */
     bool failed;           /* recording failed: this key runs its ops */
-    bool used_slot;
     int64_t n, n_logits, bt_stride;
     int32_t n_seqs;
     int hidden;
     bool no_logits;
     const void *kv, *kv_k, *table, *logits; /* the cache, its first K layer, the uploaded table, the logits */
-    uint64_t last;         /* the forward's run count at its last use */
+    uint64_t last;         /* the forward's run count at its last use; 0: an unused slot */
 } li_fw_graph;
 
 /* Scratch activations for up to `cap` tokens, reused every step; all views
@@ -115,7 +114,9 @@ typedef struct li_forward {
     int64_t *d_slot;                           /* (cap) */
     li_buffer table;                           /* the uploaded block table, grown on demand */
     li_buffer logits;                          /* (logits_cap, n_vocab), grown on demand */
-    li_buffer ids;                             /* li_forward_argmax's ids, li_forward_topk's values and ids */
+    li_buffer ids;                             /* li_forward_argmax's ids, li_forward_topk's values, ids, lse */
+    void *ids_host;                            /* li_forward_topk's host copy of them, grown on demand */
+    size_t ids_host_cap;
     int64_t logits_cap, n_logits;              /* n_logits: the last run's output rows */
     bool have_logits;                          /* the last run computed logits */
     float *logits_host;                        /* host copy when logits is device memory */
