@@ -131,9 +131,9 @@ struct li_cuda {
     cu_hostcopy *copies;
     int n_copies, cap_copies;
     // graphs: gen counts the times scratch moved (a recording of an older
-    // gen reads freed memory); capturing / cap_broken: see graph_begin
+    // gen reads freed memory); capturing: a stream capture under way
     uint64_t gen;
-    bool capturing, cap_broken;
+    bool capturing;
     cu_profile prof;
     // batch-invariant (LUAINFER_CUDA_INVARIANT=1): every matmul is the GEMV,
     // any row count in chunks of GEMV_NB, so a row's bits never depend on
@@ -234,7 +234,6 @@ static void capture_break(li_cuda *c) {
     if (g) cudaGraphDestroy(g);
     cudaGetLastError();
     c->capturing = false;
-    c->cap_broken = true;
 }
 
 // *p holds at least n floats (contents dropped); waits for the stream
@@ -1712,7 +1711,6 @@ static void cu_topk(li_backend *be, const float *x, int64_t n, int64_t dim, int 
 static int cu_graph_begin(li_backend *be) {
     li_cuda *c = cu(be);
     if (c->prof.on || c->capturing) return -1; // a profile times each launch
-    c->cap_broken = false;
     // thread-local: CUDA calls of other threads (another engine) do not end it
     if (cudaStreamBeginCapture(c->st, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
         cudaGetLastError();
@@ -1724,10 +1722,7 @@ static int cu_graph_begin(li_backend *be) {
 
 static void *cu_graph_end(li_backend *be) {
     li_cuda *c = cu(be);
-    if (!c->capturing) { // capture_break ended it: the ops were dropped
-        c->cap_broken = false;
-        return nullptr;
-    }
+    if (!c->capturing) return nullptr; // capture_break ended it: the ops were dropped
     c->capturing = false;
     cudaGraph_t g = nullptr;
     if (cudaStreamEndCapture(c->st, &g) != cudaSuccess || !g) {
