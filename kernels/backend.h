@@ -128,6 +128,8 @@ typedef struct li_backend_ops {
      * "ggml" backend, like llama.cpp, sums attention differently for 1 and
      * 2+ tokens): speculative verification is then not exact and is refused */
     bool batch_variant;
+/* what a refusal on a batch-variant backend tells the user to do */
+#define LI_BATCH_INVARIANT_HINT "use another --isa, or LUAINFER_CUDA_INVARIANT=1 on cuda"
     /* y(n, m) = x(n, k) · W(m, k)^T */
     void (*matmul)(li_backend *be, const li_weight *w, const float *x, float *y, int64_t n);
     /* optional (NULL: matmul per weight): y[i](n, m_i) = x(n, k) · W[i](m_i, k)^T

@@ -164,7 +164,8 @@ int li_engine_init_runners(li_engine **out, li_model *m, li_model *draft, li_bac
                             c.spec_tokens);
     if (c.spec_tokens && be->ops->batch_variant)
         return li_error_set(err, LI_EINVAL,
-                            "engine: speculation needs batch-invariant kernels; the '%s' backend is not (use another --isa, or LUAINFER_CUDA_INVARIANT=1 on cuda)",
+                            "engine: speculation needs batch-invariant kernels; the '%s' backend is not "
+                            "(" LI_BATCH_INVARIANT_HINT ")",
                             be->ops->name);
     if (c.eagle_idle_steps < 0)
         return li_error_set(err, LI_EINVAL, "engine: eagle_idle_steps must be >= 0, got %d", c.eagle_idle_steps);
@@ -205,7 +206,8 @@ int li_engine_init_runners(li_engine **out, li_model *m, li_model *draft, li_bac
         li_medusa *h = c.medusa;
         if (be->ops->batch_variant)
             return li_error_set(err, LI_EINVAL,
-                                "engine: Medusa needs batch-invariant kernels; the '%s' backend is not (use another --isa, or LUAINFER_CUDA_INVARIANT=1 on cuda)",
+                                "engine: Medusa needs batch-invariant kernels; the '%s' backend is not "
+                                "(" LI_BATCH_INVARIANT_HINT ")",
                                 be->ops->name);
         if (c.tensor_parallel > 1)
             return li_error_set(err, LI_EUNSUP, "engine: tensor_parallel %d with Medusa heads is not supported yet",
@@ -224,7 +226,8 @@ int li_engine_init_runners(li_engine **out, li_model *m, li_model *draft, li_bac
     if (c.eagle) {
         if (be->ops->batch_variant)
             return li_error_set(err, LI_EINVAL,
-                                "engine: EAGLE needs batch-invariant kernels; the '%s' backend is not (use another --isa, or LUAINFER_CUDA_INVARIANT=1 on cuda)",
+                                "engine: EAGLE needs batch-invariant kernels; the '%s' backend is not "
+                                "(" LI_BATCH_INVARIANT_HINT ")",
                                 be->ops->name);
         if (c.tensor_parallel > 1)
             return li_error_set(err, LI_EUNSUP, "engine: tensor_parallel %d with an EAGLE draft is not supported yet",
@@ -564,7 +567,8 @@ int li_engine_add(li_engine *e, const li_request_params *p, int64_t *id, li_erro
                                 (int)p->spec_method);
         if (p->spec_k && !e->sp.prop[LI_SPEC_NGRAM])
             return li_error_set(err, LI_EINVAL,
-                                "request: speculation needs batch-invariant kernels; the '%s' backend is not (use another --isa, or LUAINFER_CUDA_INVARIANT=1 on cuda)",
+                                "request: speculation needs batch-invariant kernels; the '%s' backend is not "
+                                "(" LI_BATCH_INVARIANT_HINT ")",
                                 e->be->ops->name);
         if (p->spec_k && !e->sp.prop[p->spec_method])
             return li_error_set(err, LI_EINVAL, "request: speculation method '%s' is not available on this engine (%s)",

@@ -105,7 +105,8 @@ int li_runtime_open_medusa(li_runtime *rt, const char *path, const char *tree, l
     if (!path || !*path) return li_error_set(err, LI_EINVAL, "medusa: the path is empty");
     if (rt->be.ops->batch_variant)
         return li_error_set(err, LI_EINVAL,
-                            "medusa: speculation needs batch-invariant kernels; the '%s' backend is not (use another --isa, or LUAINFER_CUDA_INVARIANT=1 on cuda)",
+                            "medusa: speculation needs batch-invariant kernels; the '%s' backend is not "
+                            "(" LI_BATCH_INVARIANT_HINT ")",
                             rt->be.ops->name);
     /* heads are trained on an unrotated model's hidden states (train-medusa refuses rotated ones) */
     int rc = li_model_refuse_rotated(rt->model, "medusa", err);
@@ -133,7 +134,8 @@ int li_runtime_open_eagle(li_runtime *rt, const char *path, li_error *err) {
     if (rt->medusa) return li_error_set(err, LI_EUNSUP, "eagle: an EAGLE draft with Medusa heads is not supported yet");
     if (rt->be.ops->batch_variant)
         return li_error_set(err, LI_EINVAL,
-                            "eagle: speculation needs batch-invariant kernels; the '%s' backend is not (use another --isa, or LUAINFER_CUDA_INVARIANT=1 on cuda)",
+                            "eagle: speculation needs batch-invariant kernels; the '%s' backend is not "
+                            "(" LI_BATCH_INVARIANT_HINT ")",
                             rt->be.ops->name);
     /* the draft reads the residual stream in the basis it was trained on */
     int rc = li_model_refuse_rotated(rt->model, "eagle", err);
@@ -198,7 +200,8 @@ int li_runtime_spec_config(li_engine_config *cfg, const li_runtime *rt, const ch
         return li_error_set(err, LI_EINVAL, "%smethod 'layerskip' needs %slayers N", flag, flag);
     if (k && rt->be.ops->batch_variant)
         return li_error_set(err, LI_EINVAL,
-                            "speculation needs batch-invariant kernels; the '%s' backend is not (use another --isa, or LUAINFER_CUDA_INVARIANT=1 on cuda)",
+                            "speculation needs batch-invariant kernels; the '%s' backend is not "
+                            "(" LI_BATCH_INVARIANT_HINT ")",
                             rt->be.ops->name);
     cfg->spec_tokens = (int32_t)k;
     cfg->spec_layers = (int32_t)layers;
