@@ -515,17 +515,29 @@ static void graph_pad(li_forward *f, const li_batch *b, li_batch *pb) {
         f->g_slot = li_xmalloc(c * sizeof *f->g_slot);
         for (size_t i = 0; i < c; i++) f->g_rows[i] = (int32_t)i;
     }
-    const size_t n = (size_t)b->n;
-    memcpy(f->g_tokens, b->tokens, n * sizeof *f->g_tokens);
-    memcpy(f->g_pos, b->pos, n * sizeof *f->g_pos);
-    memcpy(f->g_seq, b->seq, n * sizeof *f->g_seq);
-    memcpy(f->g_slot, b->slot, n * sizeof *f->g_slot);
-    for (int64_t i = b->n; i < np; i++) {
-        f->g_tokens[i] = 0;
-        f->g_pos[i] = 0;
-        f->g_seq[i] = 0;
-        f->g_slot[i] = -1; /* stores nothing */
+    *pb = *b;
+    pb->n = np;
+    pb->bt_stride = stride;
+    pb->n_logits = b->n_logits ? np : 0;
+    pb->logit_rows = f->g_rows;
+    if (np > b->n) { /* the batch's arrays and the padding rows after them */
+        const size_t n = (size_t)b->n;
+        memcpy(f->g_tokens, b->tokens, n * sizeof *f->g_tokens);
+        memcpy(f->g_pos, b->pos, n * sizeof *f->g_pos);
+        memcpy(f->g_seq, b->seq, n * sizeof *f->g_seq);
+        memcpy(f->g_slot, b->slot, n * sizeof *f->g_slot);
+        for (int64_t i = b->n; i < np; i++) {
+            f->g_tokens[i] = 0;
+            f->g_pos[i] = 0;
+            f->g_seq[i] = 0;
+            f->g_slot[i] = -1; /* stores nothing */
+        }
+        pb->tokens = f->g_tokens;
+        pb->pos = f->g_pos;
+        pb->seq = f->g_seq;
+        pb->slot = f->g_slot;
     }
+    if (stride == b->bt_stride) return; /* the table as it is */
     const size_t cells = (size_t)b->n_seqs * (size_t)stride;
     if (cells > f->g_table_cap) {
         f->g_table_cap = LI_MAX(cells, 2 * f->g_table_cap);
@@ -536,16 +548,7 @@ static void graph_pad(li_forward *f, const li_batch *b, li_batch *pb) {
         memcpy(row, b->block_table + (size_t)s * (size_t)b->bt_stride, (size_t)b->bt_stride * sizeof *row);
         memset(row + b->bt_stride, 0, (size_t)(stride - b->bt_stride) * sizeof *row); /* never read */
     }
-    *pb = *b;
-    pb->n = np;
-    pb->tokens = f->g_tokens;
-    pb->pos = f->g_pos;
-    pb->seq = f->g_seq;
-    pb->slot = f->g_slot;
     pb->block_table = f->g_table;
-    pb->bt_stride = stride;
-    pb->n_logits = b->n_logits ? np : 0;
-    pb->logit_rows = f->g_rows;
 }
 
 static bool graph_key_eq(const li_fw_graph *e, const li_fw_graph *k) {
