@@ -812,18 +812,20 @@ static bool has_forks(const li_engine *e, const req *r) {
     return false;
 }
 
-/* Samples the step where the logits are when every row allows it
- * (engine.h's device_sampling): the target's logits are device memory,
- * nothing is drafted, and each request whose row is sampled draws from its
- * largest logits alone (li_sampler_cand_need: greedy, or top_k below
- * LI_TOPK_MAX, without penalties, bias or a ban; its min_tokens ban, if
- * any, is set first). Returns the candidates a row it fetched into
- * e->b_cvals / e->b_ids (with each row's lse in e->b_lse when logprobs are
- * asked; 1 without: greedy ids alone, by argmax), or 0: the host reads the
- * logits. */
+/* Samples the step where the logits are (engine.h's device_sampling):
+ * the target's logits are device memory, nothing is drafted, and a request
+ * whose row is sampled draws from its largest logits alone
+ * (li_sampler_cand_need; its min_tokens ban, if any, is set first). A row
+ * that needs its logits (penalties, bias, a ban), or that its candidates
+ * cannot decide, reads them (step_logits). Returns the candidates a row it
+ * fetched into e->b_cvals / e->b_ids (with each row's lse in e->b_lse when
+ * a row asks for it; 1 without: greedy ids alone, by argmax), or 0: the
+ * host reads every row's logits. */
+_Static_assert(LI_SAMPLER_CAND_WIDE <= LI_TOPK_MAX, "the sampler's widest fetch is a backend's topk");
+
 static int32_t device_sampled(li_engine *e, int32_t nb, int64_t n_logits) {
     if (!e->cfg.device_sampling || e->tp || e->logits || n_logits <= 0) return 0;
-    int32_t k = 1;
+    int32_t k = 0;
     bool any_lse = false;
     for (int32_t i = 0; i < nb; i++) {
         req *r = e->batch_req[i];
@@ -832,10 +834,11 @@ static int32_t device_sampled(li_engine *e, int32_t nb, int64_t n_logits) {
         ban_for_min_tokens(r);
         bool lse;
         const int32_t need = li_sampler_cand_need(&r->smp, &lse);
-        if (!need || need > LI_TOPK_MAX) return 0;
-        k = LI_MAX(k, need);
-        any_lse |= lse;
+        if (need > LI_TOPK_MAX) return 0;
+        k = LI_MAX(k, need); /* need <= n_vocab */
+        any_lse |= need && lse;
     }
+    if (!k) return 0; /* every sampled row needs its logits */
     li_error err = {0};
     e->b_has_lse = any_lse; /* logprobs asked: topk with each row's lse, even for greedy ids */
     const int rc = k == 1 && !any_lse
@@ -845,24 +848,32 @@ static int32_t device_sampled(li_engine *e, int32_t nb, int64_t n_logits) {
     return rc ? 0 : k; /* an error: the host reads the logits */
 }
 
-/* Row `row` of the step's logits, copied back from the device the first
- * time a step needs them (forks, a row its candidates cannot decide). */
+/* Row `row` of the step's logits, copied back from the device when a step
+ * sampled there needs them (forks, a row its candidates cannot decide):
+ * that row alone, or every row once more than LI_ROW_FETCHES did (one
+ * transfer then costs less than many). */
+#define LI_ROW_FETCHES 4
 static const float *step_logits(li_engine *e, int32_t row) {
-    if (!e->logits) e->logits = li_runner_logits(&e->tgt);
-    return e->logits + (size_t)row * (size_t)e->model->hp.n_vocab;
+    if (!e->logits && ++e->row_fetches > LI_ROW_FETCHES) e->logits = li_runner_logits(&e->tgt);
+    return e->logits ? e->logits + (size_t)row * (size_t)e->model->hp.n_vocab : li_runner_logits_row(&e->tgt, row);
 }
 
 /* r's token from the k candidates device_sampled fetched for `row`; false,
  * nothing taken, when they cannot decide it (a tie at its top_k boundary,
  * a NaN): its logits do. */
 static bool take_device_token(li_engine *e, req *r, int32_t row, int32_t k) {
+    bool lse;
+    if (!li_sampler_cand_need(&r->smp, &lse)) return false; /* penalties, bias, a ban: its logits */
     float lp = 0.0f;
     const int32_t tok = k == 1 && !e->b_has_lse
                             ? e->b_ids[row]
                             : li_sampler_sample_cand(&r->smp, e->b_cvals + (size_t)row * k, e->b_ids + (size_t)row * k,
                                                      k, e->b_has_lse ? e->b_lse[row] : NAN,
                                                      r->smp.p.n_logprobs ? r->top : NULL, &lp);
-    if (tok < 0) return false;
+    if (tok < 0) {
+        e->st.tokens_device_undecided++;
+        return false;
+    }
     e->st.tokens_device_sampled++;
     li_engine_take_token(e, r, tok, lp, NULL);
     return true;
@@ -1065,6 +1076,7 @@ int li_engine_step(li_engine *e, li_error *err) {
     double tf = li_time_now();
     int rc = e->tp ? li_tp_run(e->tp, &b, err) : li_runner_run(&e->tgt, &b, err);
     e->logits = e->tgt.logits; /* NULL while device logits stay there (device_sampled) */
+    e->row_fetches = 0;
     e->sp.hidden = !rc && e->sp.prop[LI_SPEC_MEDUSA] ? li_forward_hidden(&e->tgt.fw, e->model) : NULL;
     const double dtf = li_time_now() - tf;
     /* EAGLE: the rows wait for the draft, or it catches up (time_draft_sync) */

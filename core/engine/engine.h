@@ -150,6 +150,7 @@ typedef struct li_engine_stats {
     int64_t steps;
     int64_t tokens_computed;   /* forward-pass tokens (prefill + decode) */
     int64_t tokens_device_sampled; /* tokens sampled where the logits live (device_sampling) */
+    int64_t tokens_device_undecided; /* rows whose fetched candidates could not decide: their logits read back */
     int64_t tokens_generated;  /* sampled tokens */
     int64_t preemptions;
     int64_t policy_errors;     /* schedule() failed: fallback used */

@@ -102,6 +102,7 @@ struct li_engine {
     int32_t *b_rows;          /* (max_rows) */
     int32_t *b_ids;           /* (max_rows, LI_TOPK_MAX) the ids the device sampled from, when the step did */
     float *b_cvals;           /* (max_rows, LI_TOPK_MAX) their logits */
+    int32_t row_fetches;      /* rows of this step's device logits read one by one (step_logits) */
     float *b_lse;             /* (max_rows) each row's log-sum-exp, when b_has_lse (logprobs asked) */
     bool b_has_lse;
     int64_t *b_slot;

@@ -42,3 +42,8 @@ float *li_runner_logits(li_runner *r) {
     if (!r->logits) r->logits = li_forward_logits(&r->fw, r->model);
     return r->logits;
 }
+
+const float *li_runner_logits_row(li_runner *r, int64_t row) {
+    return r->logits ? r->logits + (size_t)row * (size_t)r->model->hp.n_vocab
+                     : li_forward_logits_row(&r->fw, r->model, row);
+}

@@ -40,5 +40,7 @@ size_t li_runner_kv_bytes_per_token(const li_model *m, li_type kv_dtype);
 int li_runner_run(li_runner *r, const li_batch *b, li_error *err);
 /* r->logits, copied back from the device first if need be */
 float *li_runner_logits(li_runner *r);
+/* One row of them (li_forward_logits_row): r->logits' when it is there */
+const float *li_runner_logits_row(li_runner *r, int64_t row);
 
 #endif

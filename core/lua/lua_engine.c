@@ -556,6 +556,7 @@ static int l_engine_stats(lua_State *L) {
     SET_NUM("steps", s.steps);
     SET_NUM("tokens_computed", s.tokens_computed);
     SET_NUM("tokens_device_sampled", s.tokens_device_sampled);
+    SET_NUM("tokens_device_undecided", s.tokens_device_undecided);
     SET_NUM("tokens_generated", s.tokens_generated);
     SET_NUM("preemptions", s.preemptions);
     SET_NUM("policy_errors", s.policy_errors);

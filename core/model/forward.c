@@ -28,6 +28,7 @@ static size_t carve(const size_t *bytes, size_t *off, int n, size_t align) {
 
 int li_forward_init(li_forward *f, const li_model *m, li_backend *be, int64_t cap, li_error *err) {
     memset(f, 0, sizeof *f);
+    f->row_host_at = -1;
     if (cap <= 0) return li_error_set(err, LI_EINVAL, "forward: batch capacity must be positive");
     const li_hparams *hp = &m->hp;
     const size_t c = (size_t)cap, fl = sizeof(float);
@@ -87,6 +88,7 @@ void li_forward_free(li_forward *f) {
     li_buffer *bufs[] = {&f->scratch, &f->batch, &f->table, &f->logits, &f->capture, &f->ids};
     for (size_t i = 0; i < LI_ARRAY_LEN(bufs); i++) li_buffer_free(f->be, bufs[i]);
     free(f->logits_host);
+    free(f->row_host);
     free(f->hidden_host);
     free(f->capture_host);
     free(f->sel_dst);
@@ -625,6 +627,7 @@ int li_forward_run(li_forward *f, const li_model *m, li_backend *be, li_kv_cache
         return li_error_set(err, LI_EINVAL, "forward: unknown hidden state kind %d", (int)b->hidden);
     if (m->rot_block && !op->hadamard)
         return li_error_set(err, LI_EUNSUP, "forward: backend %s has no hadamard op (a rotated model)", op->name);
+    f->row_host_at = -1;
     /* captured rows (checked and sized before the upload takes tree blocks) */
     f->n_captured = 0;
     if (b->n_capture) {
@@ -727,4 +730,17 @@ int li_forward_topk(li_forward *f, const li_model *m, int k, float *vals, int32_
 
 float *li_forward_logits(li_forward *f, const li_model *m) {
     return f->have_logits ? host_view(f, &f->logits, f->logits.data, m->hp.n_vocab, &f->logits_host) : NULL;
+}
+
+const float *li_forward_logits_row(li_forward *f, const li_model *m, int64_t row) {
+    if (!f->have_logits || row < 0 || row >= f->n_logits) return NULL;
+    const size_t nv = (size_t)m->hp.n_vocab;
+    if (f->logits.host) return (const float *)f->logits.data + (size_t)row * nv;
+    if (f->row_host_at != row) {
+        if (!f->row_host) f->row_host = li_xmalloc(nv * sizeof(float));
+        const size_t at = li_buffer_offset(&f->logits, f->logits.data) + (size_t)row * nv * sizeof(float);
+        f->be->ops->buffer_get(f->be, &f->logits, at, f->row_host, nv * sizeof(float));
+        f->row_host_at = row;
+    }
+    return f->row_host;
 }

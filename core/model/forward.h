@@ -120,6 +120,8 @@ typedef struct li_forward {
     int64_t logits_cap, n_logits;              /* n_logits: the last run's output rows */
     bool have_logits;                          /* the last run computed logits */
     float *logits_host;                        /* host copy when logits is device memory */
+    float *row_host;                           /* (n_vocab) one row of them (li_forward_logits_row) */
+    int64_t row_host_at;                       /* the last run's row row_host holds, or -1 */
     float *hidden;                             /* (n_logits, n_embd): f->sel or f->h, or NULL */
     float *hidden_host;                        /* host copy when hidden is device memory */
     li_buffer capture;                         /* (n, n_capture * n_embd) the last run's captured rows */
@@ -185,6 +187,11 @@ void li_forward_set_graphs(li_forward *f, bool on);
  * buffer itself when it is host memory, else a copy fetched from it. NULL
  * when the run computed none. */
 float *li_forward_logits(li_forward *f, const li_model *m);
+/* Row `row` (< n_logits) of them alone: the backend buffer's when it is
+ * host memory, else a one-row copy (valid until the next call for another
+ * row or the next run). For a step sampled on the device whose candidates
+ * could not decide a row. NULL when the run computed none. */
+const float *li_forward_logits_row(li_forward *f, const li_model *m, int64_t row);
 /* The last run's (n_logits, n_embd) hidden states (the kind its batch
  * asked for), in host memory as li_forward_logits; NULL when none were
  * asked. Valid until the next run. */

@@ -315,36 +315,36 @@ static int32_t sample_chain(li_sampler *s, const float *logits, const double *u,
     return chain_tail(s, c, n, mx, u, probs);
 }
 
-/* The chain's end, from the kept candidates c[0, n) sorted by cmp_desc and
- * the largest logit mx: top-p and min-p on the temperature-1
- * distribution, then temperature and the draw. */
-static int32_t chain_tail(li_sampler *s, li_token_logprob *c, int32_t n, float mx, const double *u, float *probs) {
-    const li_sampling_params *p = &s->p;
-    const int32_t nv = s->n_vocab;
-    /* probabilities at temperature 1 for top-p and min-p */
-    double sum = 0;
-    for (int32_t i = 0; i < n; i++) sum += exp((double)c[i].logprob - mx);
+/* top-p on the temperature-1 distribution: the kept count of the n sorted
+ * candidates c, given their sum of exp(l - mx). cum is monotone in sum, so
+ * the cand path below brackets the result by bracketing the sum. */
+static int32_t top_p_cut(const li_sampling_params *p, const li_token_logprob *c, int32_t n, float mx, double sum) {
     if (p->top_p < 1.0f) {
         double cum = 0;
         for (int32_t i = 0; i < n; i++) {
             cum += exp((double)c[i].logprob - mx) / sum;
-            if (cum >= p->top_p) {
-                n = i + 1;
-                break;
-            }
+            if (cum >= p->top_p) return i + 1;
         }
     }
-    if (p->min_p > 0.0f) {
-        float cut = mx + logf(p->min_p);
-        int32_t w = 1;
-        while (w < n && c[w].logprob >= cut) w++;
-        n = w;
-    }
-    /* temperature, then a draw */
+    return n;
+}
+
+/* min-p: the kept count of c[0, n), at least 1 */
+static int32_t min_p_cut(const li_sampling_params *p, const li_token_logprob *c, int32_t n, float mx) {
+    if (!(p->min_p > 0.0f)) return n;
+    const float cut = mx + logf(p->min_p);
+    int32_t w = 1;
+    while (w < n && c[w].logprob >= cut) w++;
+    return w;
+}
+
+/* temperature, then a draw from the kept c[0, n) */
+static int32_t draw_kept(li_sampler *s, const li_token_logprob *c, int32_t n, float mx, const double *u, float *probs) {
+    const li_sampling_params *p = &s->p;
     double z = 0;
     for (int32_t i = 0; i < n; i++) z += exp(((double)c[i].logprob - mx) / p->temperature);
     if (probs) {
-        memset(probs, 0, (size_t)nv * sizeof *probs);
+        memset(probs, 0, (size_t)s->n_vocab * sizeof *probs);
         for (int32_t i = 0; i < n; i++)
             probs[c[i].id] = (float)(exp(((double)c[i].logprob - mx) / p->temperature) / z);
     }
@@ -360,14 +360,128 @@ static int32_t chain_tail(li_sampler *s, li_token_logprob *c, int32_t n, float m
     return chosen;
 }
 
+/* The chain's end, from the kept candidates c[0, n) sorted by cmp_desc and
+ * the largest logit mx: top-p and min-p on the temperature-1
+ * distribution, then temperature and the draw. */
+static int32_t chain_tail(li_sampler *s, li_token_logprob *c, int32_t n, float mx, const double *u, float *probs) {
+    double sum = 0;
+    for (int32_t i = 0; i < n; i++) sum += exp((double)c[i].logprob - mx);
+    n = top_p_cut(&s->p, c, n, mx, sum);
+    n = min_p_cut(&s->p, c, n, mx);
+    return draw_kept(s, c, n, mx, u, probs);
+}
+
 int32_t li_sampler_cand_need(const li_sampler *s, bool *lse) {
     const li_sampling_params *p = &s->p;
     *lse = p->logprob || p->n_logprobs > 0;
     if (penalties_on(p) || p->n_logit_bias || s->n_ban) return 0;
-    /* greedy: the first; top_k: one past it (a tie there would leave the
-     * choice of the kept set to the full logits' selection) */
-    const int32_t draw = p->temperature <= 0 ? 1 : p->top_k > 0 && p->top_k < s->n_vocab ? p->top_k + 1 : 0;
-    return draw ? LI_MAX(draw, p->n_logprobs) : 0;
+    if (p->temperature <= 0) return LI_MAX(1, p->n_logprobs);
+    /* top_k: one past it (a tie there would leave the choice of the kept
+     * set to the full logits' selection) */
+    if (p->top_k > 0 && p->top_k < s->n_vocab && p->top_k < LI_SAMPLER_CAND_WIDE)
+        return LI_MAX(p->top_k + 1, p->n_logprobs);
+    /* a wider kept set: the widest fetch, and the row's lse to bound the rest */
+    *lse = true;
+    return LI_MIN(LI_SAMPLER_CAND_WIDE, s->n_vocab);
+}
+
+/* The draw from the n largest logits when the kept set may reach past them
+ * (top_k off or >= n): what sample_chain would draw, or -1 (the RNG
+ * untouched) when the unseen logits could change it.
+ *
+ * What is known: the candidates, sorted as the full chain sorts its
+ * candidates, so every sum the chain makes over them is the same prefix
+ * sum here; and the row's normalizer, so the unseen logits' mass at
+ * temperature 1, S1 - (the candidates' mass), to the precision of lse's
+ * floats. Each unseen logit is at most vals[n - 1]. When the chain's kept
+ * set lies within the candidates (the 40-nat cut, top-p or min-p ends
+ * there, decided for every sum the unseen mass allows) the draw is exact;
+ * otherwise it is bracketed: the temperature-T sum z between its least and
+ * largest possible values, and the draw is taken when both give the same
+ * token. */
+static int32_t sample_wide(li_sampler *s, const float *vals, const int32_t *ids, int32_t n, float lse) {
+    const li_sampling_params *p = &s->p;
+    const float mx = vals[0];
+    if (!isfinite(mx) || !isfinite(lse)) return -1;
+    const double e_last = exp((double)vals[n - 1] - mx); /* no unseen logit is larger */
+    const bool topk_on = p->top_k > 0 && p->top_k < s->n_vocab;
+    if (topk_on) { /* top-k may have kept other ids of the last value: leave them unseen */
+        const float last = vals[n - 1];
+        while (n > 0 && vals[n - 1] == last) n--;
+        if (n < 1) return -1;
+    }
+    const double n_tail = (double)((topk_on ? p->top_k : s->n_vocab) - n); /* the chain's unseen candidates */
+    if (!s->cand) s->cand = li_xmalloc((size_t)s->n_vocab * sizeof *s->cand);
+    li_token_logprob *c = s->cand;
+    int32_t m = n;
+    if (!topk_on) { /* the chain drops logits 40 T nats below the best first */
+        const float cut = mx - 40.0f * (p->temperature > 1.0f ? p->temperature : 1.0f);
+        while (m > 1 && !(vals[m - 1] >= cut)) m--;
+    }
+    for (int32_t i = 0; i < m; i++) c[i] = (li_token_logprob){ids[i], vals[i]};
+    if (n_tail <= 0 || m < n) return chain_tail(s, c, m, mx, NULL, NULL); /* every kept logit is seen */
+    /* the unseen mass at temperature 1, from lse = mx + log(S1) in floats:
+     * each rounding is within 2^-24 of its value, and 1e-9 covers the double
+     * sums' own order (the device's, the chain's) */
+    double acc1 = 0;
+    for (int32_t i = 0; i < n; i++) acc1 += exp((double)vals[i] - mx);
+    const double ld = (double)lse - mx, dl = 0x1p-23 * (fabs(ld) + fabs((double)lse)) + 1e-9;
+    double t1_hi = LI_MIN(n_tail * e_last, exp(ld + dl) - acc1 * (1 - 1e-9));
+    double t1_lo = topk_on ? 0 : exp(ld - dl) - acc1 * (1 + 1e-9) - (double)s->n_vocab * exp(-40.0);
+    t1_hi = LI_MAX(t1_hi, 0.0), t1_lo = LI_MAX(t1_lo, 0.0);
+    if (t1_lo > t1_hi) return -1; /* lse disagrees with the candidates */
+    /* top-p's cut, for the least and the largest sum the unseen mass allows
+     * (cum falls as the sum grows): the same count, or undecided */
+    bool past = true; /* the kept set reaches past the candidates */
+    int32_t kn = n;
+    if (p->top_p < 1.0f) {
+        const int32_t a = top_p_cut(p, c, n, mx, (acc1 + t1_lo) * (1 - 1e-9));
+        const int32_t b = top_p_cut(p, c, n, mx, (acc1 + t1_hi) * (1 + 1e-9));
+        if (a != b) return -1;
+        if (a < n) past = false, kn = a; /* else cum never reached top_p among the candidates */
+    }
+    const int32_t w = min_p_cut(p, c, kn, mx); /* a candidate below min-p's cut ends the kept set */
+    if (w < kn) past = false;
+    if (!past) return draw_kept(s, c, w, mx, NULL, NULL);
+    /* the kept set is every candidate and some unseen logits. Their mass at
+     * temperature 1: all the unseen mass when nothing truncates; with top-p,
+     * what takes the kept set's mass to top_p of the sum (cum reached it at
+     * the last kept logit, not before); with min-p, no lower bound */
+    double k1_lo = p->top_p >= 1.0f && !topk_on ? t1_lo : 0, k1_hi = t1_hi;
+    if (p->top_p < 1.0f) {
+        k1_lo = LI_MAX(k1_lo, ((double)p->top_p - 1e-9) * (acc1 + t1_lo) * (1 - 1e-9) - acc1);
+        k1_hi = LI_MIN(k1_hi, ((double)p->top_p + 1e-9) * (acc1 + t1_hi) * (1 + 1e-9) + e_last - acc1);
+    }
+    if (p->min_p > 0.0f) k1_lo = 0;
+    k1_lo = LI_MAX(k1_lo, 0.0);
+    if (k1_lo > k1_hi) return -1;
+    /* ... and at temperature T (z's unseen part), each term e^(1/T) for an
+     * e <= e_last: by e_last's power and the power means over n_tail terms */
+    const double it = 1.0 / (double)p->temperature;
+    double tz_lo, tz_hi;
+    if (it >= 1) {
+        tz_hi = k1_hi * pow(e_last, it - 1); /* e^it <= e * e_last^(it - 1) */
+        tz_lo = pow(n_tail, 1 - it) * pow(k1_lo, it);
+    } else {
+        tz_hi = LI_MIN(n_tail * pow(e_last, it), pow(n_tail, 1 - it) * pow(k1_hi, it));
+        tz_lo = k1_lo; /* e^it >= e for e <= 1 */
+    }
+    double zk = 0;
+    for (int32_t i = 0; i < n; i++) zk += exp(((double)vals[i] - mx) / p->temperature);
+    const double z_lo = (zk + tz_lo) * (1 - 1e-9), z_hi = (zk + tz_hi) * (1 + 1e-9);
+    uint64_t rng[4];
+    memcpy(rng, s->rng, sizeof rng);
+    const double u = rng_uniform(rng), r_lo = u * z_lo, r_hi = u * z_hi;
+    double acc = 0;
+    for (int32_t i = 0; i < n; i++) {
+        acc += exp(((double)vals[i] - mx) / p->temperature);
+        if (r_lo < acc) { /* the least z's token: the largest z's too? */
+            if (!(r_hi < acc)) return -1;
+            memcpy(s->rng, rng, sizeof rng);
+            return ids[i];
+        }
+    }
+    return -1; /* the draw lands among the unseen logits */
 }
 
 int32_t li_sampler_sample_cand(li_sampler *s, const float *vals, const int32_t *ids, int32_t n, float lse,
@@ -375,13 +489,17 @@ int32_t li_sampler_sample_cand(li_sampler *s, const float *vals, const int32_t *
     bool want_lse;
     const int32_t need = li_sampler_cand_need(s, &want_lse);
     if (!need || n < need || ids[0] < 0 || (want_lse && isnan(lse))) return -1;
-    for (int32_t i = 0; i < need; i++)
+    for (int32_t i = 0; i < n; i++)
         if (isnan(vals[i])) return -1;
+    const li_sampling_params *p = &s->p;
+    const bool wide = p->temperature > 0 && !(p->top_k > 0 && p->top_k < s->n_vocab && p->top_k < LI_SAMPLER_CAND_WIDE);
     int32_t chosen;
-    if (s->p.temperature <= 0) {
+    if (p->temperature <= 0) {
         chosen = ids[0]; /* the lowest id of the largest value: argmax_of's */
+    } else if (wide) {
+        if ((chosen = sample_wide(s, vals, ids, n, lse)) < 0) return -1;
     } else {
-        const int32_t k = s->p.top_k;
+        const int32_t k = p->top_k;
         if (!(vals[k - 1] > vals[k])) return -1; /* a tie at the boundary */
         if (!s->cand) s->cand = li_xmalloc((size_t)s->n_vocab * sizeof *s->cand);
         for (int32_t i = 0; i < k; i++) s->cand[i] = (li_token_logprob){ids[i], vals[i]};
@@ -389,13 +507,12 @@ int32_t li_sampler_sample_cand(li_sampler *s, const float *vals, const int32_t *
     }
     /* what report_logprobs reports, from the candidates: the top n_logprobs
      * are the first (logits_top keeps the lower id of equal values, as the
-     * candidates are sorted), the chosen one is among the first `need` */
-    const li_sampling_params *p = &s->p;
+     * candidates are sorted), the chosen one is among the candidates */
     if (chosen_logprob) *chosen_logprob = 0.0f;
     if (top && p->n_logprobs > 0)
         for (int32_t i = 0; i < p->n_logprobs; i++) top[i] = (li_token_logprob){ids[i], vals[i] - lse};
-    if (chosen_logprob && want_lse)
-        for (int32_t i = 0; i < need; i++)
+    if (chosen_logprob && (p->logprob || p->n_logprobs > 0))
+        for (int32_t i = 0; i < n; i++)
             if (ids[i] == chosen) {
                 *chosen_logprob = vals[i] - lse;
                 break;

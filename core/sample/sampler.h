@@ -73,16 +73,20 @@ void li_sampler_ban(li_sampler *s, const int32_t *ids, int32_t n);
 /* ---- drawing from the largest logits alone (a device's top-k) ----
  *
  * li_sampler_cand_need: how many of the largest logits, sorted by value
- * descending then id ascending, decide the next draw and what it reports;
- * 0 when the full logits are needed (penalties, bias, a ban, or no top-k).
- * Greedy needs 1; top_k = K needs K + 1 (the one past the kept set shows it
- * is not a tie); logprobs at least n_logprobs, and *lse says they need the
- * row's log-sum-exp (li_sampler_lse). li_sampler_sample_cand: the token
- * li_sampler_sample would draw from logits whose n largest are (vals, ids)
- * so sorted, advancing the RNG as it would, and the logprobs it would
- * report (top, *chosen_logprob, as li_sampler_sample's) from lse; or -1,
- * with the RNG untouched, when they cannot decide it (too few, a NaN,
- * ids[0] < 0, a tie at top_k): then sample the logits. */
+ * descending then id ascending, to fetch for the next draw; 0 when the
+ * full logits are needed (penalties, bias, a ban). Greedy needs 1; top_k =
+ * K below LI_SAMPLER_CAND_WIDE needs K + 1 (the one past the kept set shows
+ * it is not a tie); logprobs at least n_logprobs, and *lse says they need
+ * the row's log-sum-exp (li_sampler_lse). A wider kept set (top_k off or
+ * larger: top-p, min-p or temperature alone) takes the widest fetch and
+ * the lse, which bounds the mass of the logits not fetched.
+ * li_sampler_sample_cand: the token li_sampler_sample would draw from
+ * logits whose n largest are (vals, ids) so sorted, advancing the RNG as it
+ * would, and the logprobs it would report (top, *chosen_logprob, as
+ * li_sampler_sample's) from lse; or -1, with the RNG untouched, when they
+ * cannot decide it (too few, a NaN, ids[0] < 0, a tie at top_k, a draw
+ * that the logits not fetched could change): then sample the logits. */
+#define LI_SAMPLER_CAND_WIDE 64 /* the widest fetch (a backend's LI_TOPK_MAX) */
 int32_t li_sampler_cand_need(const li_sampler *s, bool *lse);
 int32_t li_sampler_sample_cand(li_sampler *s, const float *vals, const int32_t *ids, int32_t n, float lse,
                                li_token_logprob *top, float *chosen_logprob);

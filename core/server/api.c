@@ -783,12 +783,13 @@ void li_api_pack_stats(li_server *srv, msgpack_packer *pk) {
        st->prefix_query_tokens ? (double)st->prefix_hit_tokens / (double)st->prefix_query_tokens : 0.0);
     KV("prefix_evictions", msgpack_pack_int64, st->prefix_evictions);
     li_mp_pack_str(pk, "engine");
-    msgpack_pack_map(pk, 13);
+    msgpack_pack_map(pk, 14);
     KV("steps", msgpack_pack_int64, snap.steps_busy);
     KV("spec_drafted", msgpack_pack_int64, st->spec_drafted);
     KV("spec_accepted", msgpack_pack_int64, st->spec_accepted);
     KV("tokens_computed", msgpack_pack_int64, st->tokens_computed);
     KV("tokens_device_sampled", msgpack_pack_int64, st->tokens_device_sampled);
+    KV("tokens_device_undecided", msgpack_pack_int64, st->tokens_device_undecided);
     KV("tokens_generated", msgpack_pack_int64, st->tokens_generated);
     KV("preemptions", msgpack_pack_int64, st->preemptions);
     KV("requests_finished", msgpack_pack_int64, st->requests_finished);

@@ -1081,7 +1081,10 @@ void li_http_metrics_text(li_server *srv, char **out, size_t *n) {
     prom(&sb, "luainfer_engine_steps_total", "counter", "Engine steps that computed something.", (double)snap.steps_busy);
     prom(&sb, "luainfer_engine_tokens_computed_total", "counter", "Tokens through the forward pass.", (double)st->tokens_computed);
     prom(&sb, "luainfer_engine_tokens_device_sampled_total", "counter",
-         "Greedy tokens sampled on the device (only their ids copied back).", (double)st->tokens_device_sampled);
+         "Tokens sampled on the device (only their largest logits copied back).", (double)st->tokens_device_sampled);
+    prom(&sb, "luainfer_engine_tokens_device_undecided_total", "counter",
+         "Rows whose largest logits could not decide the draw: their logits were copied back.",
+         (double)st->tokens_device_undecided);
     prom(&sb, "luainfer_connections_open", "gauge", "Open client connections.", srv->net.n_conns);
     prom(&sb, "luainfer_connections_refused_total", "counter", "Connections refused (limit or draining).",
          (double)srv->net.connections_refused);

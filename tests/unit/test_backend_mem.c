@@ -53,6 +53,7 @@ static struct {
     long argmax_rows;      /* greedy rows sampled through argmax */
     long topk_rows;        /* rows whose largest logits topk fetched */
     long lse_rows;         /* rows whose log-sum-exp lse computed */
+    long n_vocab, get_rows, get_full; /* logits copied back: one row, or every row of a run */
 } g;
 
 /* one op's arguments, as a recording keeps them */
@@ -167,6 +168,9 @@ static void r_get(li_backend *be, const li_buffer *b, size_t off, void *dst, siz
     if (g.recording) violation("buffer_get while recording", b->data, 0);
     buf_check("buffer_get", (const char *)b->data + off, n);
     g.inner->ops->buffer_get(g.inner, b, off, dst, n);
+    const size_t row = (size_t)g.n_vocab * sizeof(float);
+    if (g.n_vocab && n == row) g.get_rows++;
+    else if (g.n_vocab && n > row && n % row == 0) g.get_full++;
 }
 
 static void r_copy(li_backend *be, li_buffer *dst, const li_buffer *src, const size_t *doff, const size_t *soff,
@@ -527,7 +531,7 @@ typedef struct {
     int64_t ids[N_REQ];
     int32_t toks[N_SEQS][MAX_TOK];
     int64_t n_toks[N_SEQS];
-    int64_t preemptions;
+    int64_t preemptions, dev_sampled, dev_undecided;
     uint64_t lp_hash; /* every token event's logprob and top alternatives, hashed */
     int64_t lp_events;
 } engine_out;
@@ -547,9 +551,10 @@ static void lp_event(void *ud, const li_event *ev) {
 /* The engine under a KV budget of 14 blocks of 8 tokens: four requests of
  * ~30-token prompts and 24 new tokens each, one of them drawing 3 samples
  * (forked blocks, copied on write), cannot all stay resident. */
-/* greedy: every request greedy (its 3 samples too) but the last, which
- * samples at temperature 0.8, top_k 40; one with min_tokens (its ban keeps
- * its first steps on the logits) */
+/* "greedy": request 0 greedy with logprobs, 1 greedy (its 3 samples too), 2
+ * at temperature 1 and top_p 0.9 alone (from the 64 largest and the row's
+ * lse, or its logits), 3 at temperature 0.8, top_k 40 with a repetition
+ * penalty (its rows read their own logits, the others' not) */
 static int run_engine(li_model *m, li_backend *be, const int32_t *prompt, int64_t n, engine_out *o, bool greedy) {
     li_error err = {0};
     li_engine_config c;
@@ -572,9 +577,15 @@ static int run_engine(li_model *m, li_backend *be, const int32_t *prompt, int64_
         li_sampling_params_default(&p.sampling);
         p.sampling.seed = 42 + (uint64_t)r;
         if (greedy) p.sampling.temperature = 0;
-        if (greedy && r == 2) p.min_tokens = 6;
+        if (greedy && r == 2) { /* temperature and top-p alone: the 64 largest and the row's lse, or the logits */
+            p.min_tokens = 6;
+            p.sampling.temperature = 1.0f;
+            p.sampling.top_k = 0;
+            p.sampling.top_p = 0.9f;
+        }
         if (greedy && r == 3) p.sampling.temperature = 0.8f; /* llama.cpp's defaults, top_k 40: from the candidates */
         if (greedy && r == 0) p.sampling.n_logprobs = 3;        /* logprobs from the candidates and the row's lse */
+        if (greedy && r == 3) p.sampling.repeat_penalty = 1.3f; /* its rows read their logits, the others' not */
         if (greedy && r == 3) p.sampling.logprob = true;
         p.on_event = lp_event;
         p.ud = o;
@@ -599,6 +610,8 @@ static int run_engine(li_model *m, li_backend *be, const int32_t *prompt, int64_
     li_engine_stats st;
     li_engine_stats_get(e, &st);
     o->preemptions = st.preemptions;
+    o->dev_sampled = st.tokens_device_sampled;
+    o->dev_undecided = st.tokens_device_undecided;
     li_engine_free(e);
     return rc;
 }
@@ -638,6 +651,21 @@ static int run_batch5(li_model *m, li_backend *be, float *out) {
         rc = li_forward_run(&fw, m, be, &kv, &b, out + (size_t)t * B5 * (size_t)m->hp.n_vocab, &err);
     }
     if (rc) fprintf(stderr, "%s\n", err.msg);
+    /* one row of the last step's logits at a time: what the run returned,
+     * each a single row's transfer from device memory */
+    if (!rc) {
+        const size_t nv = (size_t)m->hp.n_vocab;
+        const float *lg = out + (size_t)(B5_STEPS - 1) * B5 * nv;
+        const long rows0 = g.get_rows;
+        bool ok = li_forward_logits_row(&fw, m, B5) == NULL && li_forward_logits_row(&fw, m, -1) == NULL;
+        for (int r = 4; r >= 0; r -= 3) {
+            const float *row = li_forward_logits_row(&fw, m, r);
+            ok &= row && !memcmp(row, lg + r * nv, nv * sizeof(float)) && row == li_forward_logits_row(&fw, m, r);
+        }
+        CHECK(ok, "li_forward_logits_row: rows 4 and 1 as the run returned them, none past the run's");
+        if (!fw.logits.host) CHECK(g.get_rows - rows0 == 2, "device logits: one row's transfer a row (%ld)",
+                                   g.get_rows - rows0);
+    }
     /* sampling where the logits are: on host memory the caller reads them;
      * k out of [1, LI_TOPK_MAX] is refused; the ids match the logits' argmax */
     if (!rc) {
@@ -762,6 +790,7 @@ int main(void) {
     CHECK(li_model_prepare(m, &rec, &err) == 0, "%s", err.msg);
     register_norms(m);
     g.n_layer = m->hp.n_layer;
+    g.n_vocab = m->hp.n_vocab;
 
     CHECK(run_session(m, &rec, prompt, 30, got, 8) == 0, "session through the recorder");
     printf("prefill + decode: %ld ops, %ld buffers allocated, %ld freed, %ld violations\n", g.op_calls, g.allocs,
@@ -796,9 +825,15 @@ int main(void) {
      * the logits never read back */
     g.violations = 0;
     g.argmax_rows = 0;
+    g.get_rows = g.get_full = 0;
     CHECK(run_engine(m, &rec, prompt, 30, &gg, true) == 0, "greedy engine through the recorder");
-    printf("greedy engine: %ld rows sampled by argmax, %ld by topk, %ld violations\n", g.argmax_rows, g.topk_rows,
-           g.violations);
+    printf("greedy engine: %ld rows sampled by argmax, %ld by topk, %ld violations; %lld tokens from candidates, "
+           "%lld rows undecided; logits read back: %ld single rows, %ld whole runs\n", g.argmax_rows, g.topk_rows,
+           g.violations, (long long)gg.dev_sampled, (long long)gg.dev_undecided, g.get_rows, g.get_full);
+    CHECK(gg.dev_undecided > 0 && gg.dev_sampled > MAX_TOK * 2 && g.get_rows >= MAX_TOK - 2,
+          "rows that need their logits or that the candidates could not decide read them alone (%ld rows for %lld "
+          "undecided and a penalized request), the others sampled from candidates (%lld)", g.get_rows,
+          (long long)gg.dev_undecided, (long long)gg.dev_sampled);
     same = gw.preemptions == gg.preemptions;
     for (int k = 0; k < N_SEQS; k++)
         same &= gw.n_toks[k] == MAX_TOK && gg.n_toks[k] == gw.n_toks[k] &&
