@@ -10,7 +10,8 @@
  * evenly spaced places in TEXT) is continued by `new_tokens` tokens drawn by
  * li_sampler_sample from the full logits. Beside it a second sampler of the
  * same seed draws from the 64 largest logits (a reference top-k) and the
- * row's lse, falling back to the logits when it says it cannot decide.
+ * row's lse (and the raw logits of the ids penalties edit), falling back
+ * to the logits when it says it cannot decide.
  * Prints the share of draws decided from the candidates, beside the share
  * whose token is among them at all (what no use of them can exceed), and
  * checks that
@@ -66,11 +67,18 @@ int main(int argc, char **argv) {
         return li_runtime_fail(&err);
     }
     float *logits = li_xmalloc((size_t)PROMPT * nv * sizeof(float));
-    struct { const char *name; float t, top_p, min_p; int32_t top_k; } sets[] = {
-        {"T 1.0 (OpenAI's default)", 1.0f, 1.0f, 0.0f, 0}, {"T 0.7", 0.7f, 1.0f, 0.0f, 0},
-        {"T 0.7, top_p 0.9", 0.7f, 0.9f, 0.0f, 0},        {"T 1.0, top_p 0.95", 1.0f, 0.95f, 0.0f, 0},
-        {"T 0.8, min_p 0.05", 0.8f, 1.0f, 0.05f, 0},        {"T 1.2, top_p 0.9", 1.2f, 0.9f, 0.0f, 0},
-        {"T 0.8, top_k 100", 0.8f, 1.0f, 0.0f, 100},
+    struct { const char *name; float t, top_p, min_p; int32_t top_k; float rp, pres, freq; } sets[] = {
+        {"T 1.0 (OpenAI's default)", 1.0f, 1.0f, 0.0f, 0, 1, 0, 0},
+        {"T 0.7", 0.7f, 1.0f, 0.0f, 0, 1, 0, 0},
+        {"T 0.7, top_p 0.9", 0.7f, 0.9f, 0.0f, 0, 1, 0, 0},
+        {"T 1.0, top_p 0.95", 1.0f, 0.95f, 0.0f, 0, 1, 0, 0},
+        {"T 0.8, min_p 0.05", 0.8f, 1.0f, 0.05f, 0, 1, 0, 0},
+        {"T 1.2, top_p 0.9", 1.2f, 0.9f, 0.0f, 0, 1, 0, 0},
+        {"T 0.8, top_k 100", 0.8f, 1.0f, 0.0f, 100, 1, 0, 0},
+        {"llama.cpp's defaults", 0.8f, 0.95f, 0.05f, 40, 1, 0, 0},
+        {"  + repeat_penalty 1.1", 0.8f, 0.95f, 0.05f, 40, 1.1f, 0, 0},
+        {"greedy, repeat_penalty 1.2", 0.0f, 1.0f, 0.0f, 0, 1.2f, 0, 0},
+        {"T 0.7, presence/freq 0.5", 0.7f, 1.0f, 0.0f, 0, 1, 0.5f, 0.5f},
     };
     const int n_sets = (int)(sizeof sets / sizeof sets[0]);
     printf("%s: %d prompts of %d tokens, %d new tokens each, the %d largest logits and the lse a row\n", argv[1],
@@ -78,12 +86,13 @@ int main(int argc, char **argv) {
     printf("%-26s %9s %9s %10s %10s\n", "setting", "draws", "decided", "in the 64", "mismatches");
     int bad = 0;
     li_token_logprob cand[K];
-    float vals[K];
-    int32_t ids[K];
+    float vals[K], ev[LI_SAMPLER_EDIT_MAX];
+    int32_t ids[K], eids[LI_SAMPLER_EDIT_MAX];
     for (int si = 0; si < n_sets; si++) {
         li_sampling_params p;
         li_sampling_params_default(&p);
         p.temperature = sets[si].t, p.top_p = sets[si].top_p, p.min_p = sets[si].min_p, p.top_k = sets[si].top_k;
+        p.repeat_penalty = sets[si].rp, p.presence_penalty = sets[si].pres, p.frequency_penalty = sets[si].freq;
         long draws = 0, decided = 0, mismatches = 0, within = 0;
         for (int w = 0; w < windows && !bad; w++) {
             p.seed = 1000u * (uint64_t)si + (uint64_t)w;
@@ -93,15 +102,20 @@ int main(int argc, char **argv) {
             const int32_t *prompt = toks + (n_tok / (size_t)windows) * (size_t)w;
             const float *row = logits + (size_t)(PROMPT - 1) * nv;
             if (li_session_eval(&sess, prompt, PROMPT, true, logits, &err)) return li_runtime_fail(&err);
+            for (int i = 0; i < PROMPT; i++) li_sampler_accept(&a, prompt[i]), li_sampler_accept(&b, prompt[i]);
             for (int t = 0; t < n_new; t++) {
                 const int32_t want = li_sampler_sample(&a, row, NULL, NULL);
                 li_logits_top(row, nv, K, cand, false);
                 for (int i = 0; i < K; i++) vals[i] = cand[i].logprob, ids[i] = cand[i].id;
-                int32_t got = li_sampler_sample_cand(&b, vals, ids, K, li_sampler_lse(row, nv), NULL, NULL);
+                const int32_t ne = li_sampler_edit_ids(&b, eids, LI_SAMPLER_EDIT_MAX);
+                for (int j = 0; j < ne; j++) ev[j] = row[eids[j]];
+                const li_sampler_cands cd = {vals, ids, K, li_sampler_lse(row, nv), eids, ev, LI_MAX(ne, 0)};
+                int32_t got = ne < 0 ? -1 : li_sampler_sample_cand(&b, &cd, NULL, NULL);
                 decided += got >= 0;
                 for (int i = 0; i < K; i++) within += ids[i] == want; /* what any use of the 64 could decide */
                 if (got < 0) got = li_sampler_sample(&b, row, NULL, NULL);
                 mismatches += got != want;
+                li_sampler_accept(&a, want), li_sampler_accept(&b, want);
                 draws++;
                 if (li_session_eval(&sess, &want, 1, false, logits, &err)) return li_runtime_fail(&err);
                 row = logits;

@@ -189,6 +189,11 @@ typedef struct li_backend_ops {
      * the row's largest (sampler.h li_sampler_lse; the sum's order is the
      * backend's own) */
     void (*lse)(li_backend *be, const float *x, int64_t n, int64_t dim, float *out);
+    /* optional (with topk: a row whose sampler edits logits, by bias, a ban
+     * or penalties, then reads its logits): out[i] = x[idx[i]] for i < n,
+     * idx flat indices into x, all three backend memory. The raw logits
+     * of the edited ids (sampler.h li_sampler_edit_ids) */
+    void (*gather)(li_backend *be, const float *x, const int64_t *idx, int64_t n, float *out);
     /* the backend takes a weight into its memory (optional; NULL: it reads
      * the host rows as they are): the CPU backends repack into panels or
      * keep the mmap'd rows (host memory they may wrap, buffer_wrap); a

@@ -302,6 +302,8 @@ int li_engine_init_runners(li_engine **out, li_model *m, li_model *draft, li_bac
     e->b_ids = li_xmalloc(e->max_rows * LI_TOPK_MAX * sizeof(int32_t));
     e->b_cvals = li_xmalloc(e->max_rows * LI_TOPK_MAX * sizeof(float));
     e->b_lse = li_xmalloc(e->max_rows * sizeof(float));
+    e->b_eoff = li_xmalloc(e->max_rows * sizeof(int32_t));
+    e->b_en = li_xmalloc(e->max_rows * sizeof(int32_t));
     e->b_slot = li_xmalloc(T * sizeof(int64_t));
     *out = e;
     return 0;
@@ -327,6 +329,11 @@ void li_engine_free(li_engine *e) {
     free(e->b_ids);
     free(e->b_cvals);
     free(e->b_lse);
+    free(e->b_eoff);
+    free(e->b_en);
+    free(e->b_eids);
+    free(e->b_evals);
+    free(e->b_gidx);
     free(e->b_slot);
     free(e->ev_cand);
     li_spec_step_free(&e->sp);
@@ -825,8 +832,10 @@ _Static_assert(LI_SAMPLER_CAND_WIDE <= LI_TOPK_MAX, "the sampler's widest fetch 
 
 static int32_t device_sampled(li_engine *e, int32_t nb, int64_t n_logits) {
     if (!e->cfg.device_sampling || e->tp || e->logits || n_logits <= 0) return 0;
-    int32_t k = 0;
+    int32_t k = 0, row = 0;
+    int64_t ne = 0; /* edited ids, all rows */
     bool any_lse = false;
+    const bool gathers = li_forward_can_gather(&e->tgt.fw);
     for (int32_t i = 0; i < nb; i++) {
         req *r = e->batch_req[i];
         if (r->n_draft) return 0;
@@ -835,16 +844,30 @@ static int32_t device_sampled(li_engine *e, int32_t nb, int64_t n_logits) {
         bool lse;
         const int32_t need = li_sampler_cand_need(&r->smp, &lse);
         if (need > LI_TOPK_MAX) return 0;
+        if (ne + LI_SAMPLER_EDIT_MAX > e->b_ecap) {
+            e->b_ecap = LI_MAX(2 * e->b_ecap, ne + LI_SAMPLER_EDIT_MAX);
+            e->b_eids = li_xrealloc(e->b_eids, (size_t)e->b_ecap * sizeof *e->b_eids);
+            e->b_evals = li_xrealloc(e->b_evals, (size_t)e->b_ecap * sizeof *e->b_evals);
+            e->b_gidx = li_xrealloc(e->b_gidx, (size_t)e->b_ecap * sizeof *e->b_gidx);
+        }
+        const int32_t n_e = need ? li_sampler_edit_ids(&r->smp, e->b_eids + ne, LI_SAMPLER_EDIT_MAX) : -1;
+        e->b_eoff[row] = (int32_t)ne;
+        e->b_en[row] = n_e > 0 && !gathers ? -1 : n_e; /* no gather op: its logits */
+        for (int32_t j = 0; j < e->b_en[row]; j++)
+            e->b_gidx[ne + j] = (int64_t)row * e->model->hp.n_vocab + e->b_eids[ne + j];
+        ne += LI_MAX(e->b_en[row], 0);
+        row++;
+        if (n_e < 0 || e->b_en[row - 1] < 0) continue;
         k = LI_MAX(k, need); /* need <= n_vocab */
-        any_lse |= need && lse;
+        any_lse |= lse;
     }
     if (!k) return 0; /* every sampled row needs its logits */
     li_error err = {0};
-    e->b_has_lse = any_lse; /* logprobs asked: topk with each row's lse, even for greedy ids */
-    const int rc = k == 1 && !any_lse
+    e->b_has_lse = any_lse; /* topk with each row's lse, even for greedy ids */
+    const int rc = k == 1 && !any_lse && !ne
                        ? li_forward_argmax(&e->tgt.fw, e->model, e->b_ids, &err)
                        : li_forward_topk(&e->tgt.fw, e->model, k, e->b_cvals, e->b_ids, any_lse ? e->b_lse : NULL,
-                                         &err);
+                                         e->b_gidx, ne, e->b_evals, &err);
     return rc ? 0 : k; /* an error: the host reads the logits */
 }
 
@@ -862,14 +885,17 @@ static const float *step_logits(li_engine *e, int32_t row) {
  * nothing taken, when they cannot decide it (a tie at its top_k boundary,
  * a NaN): its logits do. */
 static bool take_device_token(li_engine *e, req *r, int32_t row, int32_t k) {
-    bool lse;
-    if (!li_sampler_cand_need(&r->smp, &lse)) return false; /* penalties, bias, a ban: its logits */
+    const int32_t n_e = e->b_en[row];
+    if (n_e < 0) return false; /* its logits decide (penalties over too many ids, or no gather op) */
     float lp = 0.0f;
-    const int32_t tok = k == 1 && !e->b_has_lse
+    const li_sampler_cands cd = {
+        .vals = e->b_cvals + (size_t)row * k, .ids = e->b_ids + (size_t)row * k, .n = k,
+        .lse = e->b_has_lse ? e->b_lse[row] : NAN, .edit_ids = e->b_eids + e->b_eoff[row],
+        .edit_vals = e->b_evals + e->b_eoff[row], .n_edit = n_e,
+    };
+    const int32_t tok = k == 1 && !e->b_has_lse && !n_e
                             ? e->b_ids[row]
-                            : li_sampler_sample_cand(&r->smp, e->b_cvals + (size_t)row * k, e->b_ids + (size_t)row * k,
-                                                     k, e->b_has_lse ? e->b_lse[row] : NAN,
-                                                     r->smp.p.n_logprobs ? r->top : NULL, &lp);
+                            : li_sampler_sample_cand(&r->smp, &cd, r->smp.p.n_logprobs ? r->top : NULL, &lp);
     if (tok < 0) {
         e->st.tokens_device_undecided++;
         return false;

@@ -104,6 +104,12 @@ struct li_engine {
     float *b_cvals;           /* (max_rows, LI_TOPK_MAX) their logits */
     int32_t row_fetches;      /* rows of this step's device logits read one by one (step_logits) */
     float *b_lse;             /* (max_rows) each row's log-sum-exp, when b_has_lse (logprobs asked) */
+    int32_t *b_eoff, *b_en;   /* (max_rows) each sampled row's edited ids: where in b_eids, how many (-1:
+                                 none fetched, its logits decide) */
+    int32_t *b_eids;          /* (b_ecap) the edited ids of the step's rows, row after row */
+    float *b_evals;           /* (b_ecap) their raw logits, gathered on the device */
+    int64_t *b_gidx;          /* (b_ecap) their flat indices into the step's logits */
+    int64_t b_ecap;
     bool b_has_lse;
     int64_t *b_slot;
     int32_t *b_tables;        /* (max_num_seqs, b_stride) flat block table of the step */

@@ -701,22 +701,39 @@ int li_forward_argmax(li_forward *f, const li_model *m, int32_t *out, li_error *
     return 0;
 }
 
-int li_forward_topk(li_forward *f, const li_model *m, int k, float *vals, int32_t *ids, float *lse, li_error *err) {
+bool li_forward_can_gather(const li_forward *f) { return f->be->ops->gather != NULL; }
+
+int li_forward_topk(li_forward *f, const li_model *m, int k, float *vals, int32_t *ids, float *lse,
+                    const int64_t *gidx, int64_t n_gather, float *gout, li_error *err) {
     li_backend *be = f->be;
-    if (!be->ops->topk || f->logits.host || (lse && !be->ops->lse))
+    if (!be->ops->topk || f->logits.host || (lse && !be->ops->lse) || (n_gather > 0 && !be->ops->gather))
         return li_error_set(err, LI_EUNSUP, "forward: backend %s samples on the host", be->ops->name);
     if (!f->have_logits) return li_error_set(err, LI_EINVAL, "forward: the last run computed no logits");
     if (k < 1 || k > LI_TOPK_MAX || k > m->hp.n_vocab)
         return li_error_set(err, LI_EINVAL, "forward: top-%d of %d logits (at most %d)", k, m->hp.n_vocab, LI_TOPK_MAX);
+    const int64_t cells = f->n_logits * m->hp.n_vocab;
+    for (int64_t i = 0; i < n_gather; i++)
+        if (gidx[i] < 0 || gidx[i] >= cells)
+            return li_error_set(err, LI_EINVAL, "forward: gather index %lld outside %lld logits", (long long)gidx[i],
+                                (long long)cells);
+    if (n_gather < 0) n_gather = 0;
+    /* values, ids, lse and the gathered logits end to end (one transfer
+     * back, a wait each), then the indices */
     const size_t half = (size_t)f->n_logits * (size_t)k * 4, lb = (size_t)f->n_logits * 4;
-    const int rc = buffer_reserve(be, &f->ids, 2 * half + lb, err);
+    const size_t gb = (size_t)n_gather * 4, ib = (size_t)n_gather * 8, at_g = 2 * half + lb;
+    const size_t at_i = (at_g + gb + 7) & ~(size_t)7;
+    const int rc = buffer_reserve(be, &f->ids, at_i + ib, err);
     if (rc) return rc;
     float *dv = f->ids.data;
     int32_t *di = (int32_t *)((char *)f->ids.data + half);
     be->ops->topk(be, f->logits.data, f->n_logits, m->hp.n_vocab, k, dv, di);
     if (lse) be->ops->lse(be, f->logits.data, f->n_logits, m->hp.n_vocab, (float *)((char *)f->ids.data + 2 * half));
-    /* one transfer (a wait each): values, ids and lse lie end to end */
-    const size_t bytes = 2 * half + (lse ? lb : 0);
+    if (n_gather) {
+        be->ops->buffer_set(be, &f->ids, at_i, gidx, ib);
+        be->ops->gather(be, f->logits.data, (const int64_t *)((char *)f->ids.data + at_i), n_gather,
+                        (float *)((char *)f->ids.data + at_g));
+    }
+    const size_t bytes = n_gather ? at_g + gb : 2 * half + (lse ? lb : 0);
     if (bytes > f->ids_host_cap) {
         f->ids_host_cap = LI_MAX(bytes, 2 * f->ids_host_cap);
         f->ids_host = li_xrealloc(f->ids_host, f->ids_host_cap);
@@ -725,6 +742,7 @@ int li_forward_topk(li_forward *f, const li_model *m, int k, float *vals, int32_
     memcpy(vals, f->ids_host, half);
     memcpy(ids, (char *)f->ids_host + half, half);
     if (lse) memcpy(lse, (char *)f->ids_host + 2 * half, lb);
+    if (n_gather) memcpy(gout, (char *)f->ids_host + at_g, gb);
     return 0;
 }
 

@@ -175,11 +175,16 @@ int li_forward_run(li_forward *f, const li_model *m, li_backend *be, li_kv_cache
  * when the last run computed no logits. */
 int li_forward_argmax(li_forward *f, const li_model *m, int32_t *out, li_error *err);
 /* The last run's k largest logits a row (k <= LI_TOPK_MAX), sorted by value
- * descending then id ascending, into vals and ids (n_logits, k), and when
- * lse is not NULL each row's log-sum-exp into it (n_logits: backend.h's
- * lse), computed where the logits are: only those come back. Errors as
- * li_forward_argmax's (LI_EUNSUP also without an lse op when asked). */
-int li_forward_topk(li_forward *f, const li_model *m, int k, float *vals, int32_t *ids, float *lse, li_error *err);
+ * descending then id ascending, into vals and ids (n_logits, k); when lse
+ * is not NULL each row's log-sum-exp into it (n_logits: backend.h's lse);
+ * and the n_gather logits at flat indices gidx (row * n_vocab + id) into
+ * gout: computed where the logits are, only those come back (one
+ * transfer). Errors as li_forward_argmax's (LI_EUNSUP also without an lse
+ * or gather op when asked). */
+int li_forward_topk(li_forward *f, const li_model *m, int k, float *vals, int32_t *ids, float *lse,
+                    const int64_t *gidx, int64_t n_gather, float *gout, li_error *err);
+/* Whether li_forward_topk can gather (the backend has the op) */
+bool li_forward_can_gather(const li_forward *f);
 /* Recorded passes on or off (a backend without graph ops: always off).
  * Off frees the recordings. */
 void li_forward_set_graphs(li_forward *f, bool on);

@@ -142,6 +142,13 @@ void li_sampler_accept(li_sampler *s, int32_t t) {
     if (s->counts[t] < UINT16_MAX) s->counts[t]++;
 }
 
+/* llama.cpp's penalty rule for a logit v of a token seen count times:
+ * divide positive logits, multiply negative ones, then subtract */
+static float penalize(const li_sampling_params *p, uint16_t count, float v) {
+    v = v > 0 ? v / p->repeat_penalty : v * p->repeat_penalty;
+    return v - ((float)count * p->frequency_penalty + p->presence_penalty);
+}
+
 /* Largest value; 16 independent lanes so the compiler vectorizes it (max is
  * exact, so the lane order cannot change the result). */
 static float max_of(const float *x, int32_t n) {
@@ -277,11 +284,7 @@ static int32_t sample_chain(li_sampler *s, const float *logits, const double *u,
     float mx = -INFINITY;
     for (int32_t i = 0; i < nv; i++) {
         float v = pre ? c[i].logprob : logits[i];
-        if (penalties_on(p) && s->counts[i]) {
-            /* llama.cpp's rule: divide positive logits, multiply negative ones */
-            v = v > 0 ? v / p->repeat_penalty : v * p->repeat_penalty;
-            v -= (float)s->counts[i] * p->frequency_penalty + p->presence_penalty;
-        }
+        if (penalties_on(p) && s->counts[i]) v = penalize(p, s->counts[i], v);
         c[i] = (li_token_logprob){i, v};
         if (v > mx) mx = v;
     }
@@ -371,67 +374,92 @@ static int32_t chain_tail(li_sampler *s, li_token_logprob *c, int32_t n, float m
     return draw_kept(s, c, n, mx, u, probs);
 }
 
+/* the most ids the chain may change before a draw: penalty window, bias, ban */
+static int32_t edit_bound(const li_sampler *s) {
+    return (penalties_on(&s->p) ? s->n_recent : 0) + s->p.n_logit_bias + s->n_ban;
+}
+
+static int cmp_i32(const void *a, const void *b) {
+    const int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+int32_t li_sampler_edit_ids(const li_sampler *s, int32_t *out, int32_t cap) {
+    if (edit_bound(s) > cap) return -1;
+    int32_t n = 0;
+    if (penalties_on(&s->p))
+        for (int32_t i = 0; i < s->n_recent; i++) out[n++] = s->recent[(s->head_recent + i) % s->cap_recent];
+    for (int32_t i = 0; i < s->p.n_logit_bias; i++) out[n++] = s->p.logit_bias[i].id;
+    for (int32_t i = 0; i < s->n_ban; i++) out[n++] = s->ban[i];
+    qsort(out, (size_t)n, sizeof *out, cmp_i32);
+    int32_t w = 0;
+    for (int32_t i = 0; i < n; i++)
+        if (!w || out[i] != out[w - 1]) out[w++] = out[i];
+    return w;
+}
+
+/* What the chain makes of id's raw logit before it draws (sample_chain's
+ * steps for one id, in its order and arithmetic) */
+static float edited(const li_sampler *s, int32_t id, float v) {
+    for (int32_t k = 0; k < s->p.n_logit_bias; k++)
+        if (s->p.logit_bias[k].id == id) v += s->p.logit_bias[k].bias;
+    for (int32_t k = 0; k < s->n_ban; k++)
+        if (s->ban[k] == id) v = -INFINITY;
+    if (penalties_on(&s->p) && s->counts[id]) v = penalize(&s->p, s->counts[id], v);
+    return v;
+}
+
 int32_t li_sampler_cand_need(const li_sampler *s, bool *lse) {
     const li_sampling_params *p = &s->p;
     *lse = p->logprob || p->n_logprobs > 0;
-    if (penalties_on(p) || p->n_logit_bias || s->n_ban) return 0;
-    if (p->temperature <= 0) return LI_MAX(1, p->n_logprobs);
+    const int32_t edits = edit_bound(s);
+    if (edits > LI_SAMPLER_EDIT_MAX) return 0;
+    if (p->temperature <= 0 && !edits) return LI_MAX(1, p->n_logprobs);
     /* top_k: one past it (a tie there would leave the choice of the kept
      * set to the full logits' selection) */
-    if (p->top_k > 0 && p->top_k < s->n_vocab && p->top_k < LI_SAMPLER_CAND_WIDE)
+    if (p->temperature > 0 && p->top_k > 0 && p->top_k < s->n_vocab && p->top_k < LI_SAMPLER_CAND_WIDE && !edits)
         return LI_MAX(p->top_k + 1, p->n_logprobs);
-    /* a wider kept set: the widest fetch, and the row's lse to bound the rest */
-    *lse = true;
+    /* a wider kept set, or logits the chain changes: the widest fetch, and
+     * (when sampling wide) the lse to bound the rest */
+    if (p->temperature > 0 && !(p->top_k > 0 && p->top_k < LI_SAMPLER_CAND_WIDE)) *lse = true;
     return LI_MIN(LI_SAMPLER_CAND_WIDE, s->n_vocab);
 }
 
-/* The draw from the n largest logits when the kept set may reach past them
- * (top_k off or >= n): what sample_chain would draw, or -1 (the RNG
- * untouched) when the unseen logits could change it.
+/* The draw from candidates when the kept set may reach past them: what
+ * sample_chain would draw, or -1 (the RNG untouched) when the logits not
+ * seen could change it.
  *
- * What is known: the candidates, sorted as the full chain sorts its
- * candidates, so every sum the chain makes over them is the same prefix
- * sum here; and the row's normalizer, so the unseen logits' mass at
- * temperature 1, S1 - (the candidates' mass), to the precision of lse's
- * floats. Each unseen logit is at most vals[n - 1]. When the chain's kept
- * set lies within the candidates (the 40-nat cut, top-p or min-p ends
- * there, decided for every sum the unseen mass allows) the draw is exact;
- * otherwise it is bracketed: the temperature-T sum z between its least and
- * largest possible values, and the draw is taken when both give the same
- * token. */
-static int32_t sample_wide(li_sampler *s, const float *vals, const int32_t *ids, int32_t n, float lse) {
+ * c[0, n): the largest logits after the chain's edits, sorted as the
+ * chain sorts them and ahead of every other logit in that order, so every
+ * sum the chain makes over them is the same prefix sum here; mx = c[0]'s.
+ * The rest (the tail): at most n_tail of them can be kept, none above
+ * bound, their mass at temperature 1 (exp(l - mx) each) between t1_lo and
+ * t1_hi (from the row's lse). When the chain's kept set lies within c (the
+ * 40-nat cut, top-p or min-p ends there, for every sum the tail allows)
+ * the draw is exact; otherwise it is bracketed: the temperature-T sum z
+ * between its least and largest possible values, and the draw is taken
+ * when both give the same token. */
+static int32_t sample_wide(li_sampler *s, li_token_logprob *c, int32_t n, float bound, double n_tail, double t1_lo,
+                           double t1_hi) {
     const li_sampling_params *p = &s->p;
-    const float mx = vals[0];
-    if (!isfinite(mx) || !isfinite(lse)) return -1;
-    const double e_last = exp((double)vals[n - 1] - mx); /* no unseen logit is larger */
     const bool topk_on = p->top_k > 0 && p->top_k < s->n_vocab;
-    if (topk_on) { /* top-k may have kept other ids of the last value: leave them unseen */
-        const float last = vals[n - 1];
-        while (n > 0 && vals[n - 1] == last) n--;
-        if (n < 1) return -1;
-    }
-    const double n_tail = (double)((topk_on ? p->top_k : s->n_vocab) - n); /* the chain's unseen candidates */
-    if (!s->cand) s->cand = li_xmalloc((size_t)s->n_vocab * sizeof *s->cand);
-    li_token_logprob *c = s->cand;
+    const float mx = c[0].logprob;
     int32_t m = n;
+    bool cut_all = false; /* every tail logit lies below the cut */
     if (!topk_on) { /* the chain drops logits 40 T nats below the best first */
         const float cut = mx - 40.0f * (p->temperature > 1.0f ? p->temperature : 1.0f);
-        while (m > 1 && !(vals[m - 1] >= cut)) m--;
+        while (m > 1 && !(c[m - 1].logprob >= cut)) m--;
+        cut_all = bound < cut;
     }
-    for (int32_t i = 0; i < m; i++) c[i] = (li_token_logprob){ids[i], vals[i]};
-    if (n_tail <= 0 || m < n) return chain_tail(s, c, m, mx, NULL, NULL); /* every kept logit is seen */
-    /* the unseen mass at temperature 1, from lse = mx + log(S1) in floats:
-     * each rounding is within 2^-24 of its value, and 1e-9 covers the double
-     * sums' own order (the device's, the chain's) */
+    if (n_tail <= 0 || m < n || cut_all) return chain_tail(s, c, m, mx, NULL, NULL); /* every kept logit is seen */
+    const double e_last = exp((double)bound - mx);
     double acc1 = 0;
-    for (int32_t i = 0; i < n; i++) acc1 += exp((double)vals[i] - mx);
-    const double ld = (double)lse - mx, dl = 0x1p-23 * (fabs(ld) + fabs((double)lse)) + 1e-9;
-    double t1_hi = LI_MIN(n_tail * e_last, exp(ld + dl) - acc1 * (1 - 1e-9));
-    double t1_lo = topk_on ? 0 : exp(ld - dl) - acc1 * (1 + 1e-9) - (double)s->n_vocab * exp(-40.0);
-    t1_hi = LI_MAX(t1_hi, 0.0), t1_lo = LI_MAX(t1_lo, 0.0);
+    for (int32_t i = 0; i < n; i++) acc1 += exp((double)c[i].logprob - mx);
+    t1_hi = LI_MIN(LI_MAX(t1_hi, 0.0), n_tail * e_last), t1_lo = LI_MAX(t1_lo, 0.0);
+    if (topk_on) t1_lo = 0; /* which of the tail top-k keeps is unknown */
     if (t1_lo > t1_hi) return -1; /* lse disagrees with the candidates */
-    /* top-p's cut, for the least and the largest sum the unseen mass allows
-     * (cum falls as the sum grows): the same count, or undecided */
+    /* top-p's cut, for the least and the largest sum the tail allows (cum
+     * falls as the sum grows): the same count, or undecided */
     bool past = true; /* the kept set reaches past the candidates */
     int32_t kn = n;
     if (p->top_p < 1.0f) {
@@ -443,11 +471,11 @@ static int32_t sample_wide(li_sampler *s, const float *vals, const int32_t *ids,
     const int32_t w = min_p_cut(p, c, kn, mx); /* a candidate below min-p's cut ends the kept set */
     if (w < kn) past = false;
     if (!past) return draw_kept(s, c, w, mx, NULL, NULL);
-    /* the kept set is every candidate and some unseen logits. Their mass at
-     * temperature 1: all the unseen mass when nothing truncates; with top-p,
+    /* the kept set is every candidate and some of the tail. Their mass at
+     * temperature 1: the whole tail's when nothing truncates; with top-p,
      * what takes the kept set's mass to top_p of the sum (cum reached it at
      * the last kept logit, not before); with min-p, no lower bound */
-    double k1_lo = p->top_p >= 1.0f && !topk_on ? t1_lo : 0, k1_hi = t1_hi;
+    double k1_lo = p->top_p >= 1.0f ? t1_lo : 0, k1_hi = t1_hi;
     if (p->top_p < 1.0f) {
         k1_lo = LI_MAX(k1_lo, ((double)p->top_p - 1e-9) * (acc1 + t1_lo) * (1 - 1e-9) - acc1);
         k1_hi = LI_MIN(k1_hi, ((double)p->top_p + 1e-9) * (acc1 + t1_hi) * (1 + 1e-9) + e_last - acc1);
@@ -455,7 +483,7 @@ static int32_t sample_wide(li_sampler *s, const float *vals, const int32_t *ids,
     if (p->min_p > 0.0f) k1_lo = 0;
     k1_lo = LI_MAX(k1_lo, 0.0);
     if (k1_lo > k1_hi) return -1;
-    /* ... and at temperature T (z's unseen part), each term e^(1/T) for an
+    /* ... and at temperature T (z's tail part), each term e^(1/T) for an
      * e <= e_last: by e_last's power and the power means over n_tail terms */
     const double it = 1.0 / (double)p->temperature;
     double tz_lo, tz_hi;
@@ -467,56 +495,133 @@ static int32_t sample_wide(li_sampler *s, const float *vals, const int32_t *ids,
         tz_lo = k1_lo; /* e^it >= e for e <= 1 */
     }
     double zk = 0;
-    for (int32_t i = 0; i < n; i++) zk += exp(((double)vals[i] - mx) / p->temperature);
+    for (int32_t i = 0; i < n; i++) zk += exp(((double)c[i].logprob - mx) / p->temperature);
     const double z_lo = (zk + tz_lo) * (1 - 1e-9), z_hi = (zk + tz_hi) * (1 + 1e-9);
     uint64_t rng[4];
     memcpy(rng, s->rng, sizeof rng);
     const double u = rng_uniform(rng), r_lo = u * z_lo, r_hi = u * z_hi;
     double acc = 0;
     for (int32_t i = 0; i < n; i++) {
-        acc += exp(((double)vals[i] - mx) / p->temperature);
+        acc += exp(((double)c[i].logprob - mx) / p->temperature);
         if (r_lo < acc) { /* the least z's token: the largest z's too? */
             if (!(r_hi < acc)) return -1;
             memcpy(s->rng, rng, sizeof rng);
-            return ids[i];
+            return c[i].id;
         }
     }
-    return -1; /* the draw lands among the unseen logits */
+    return -1; /* the draw lands in the tail */
 }
 
-int32_t li_sampler_sample_cand(li_sampler *s, const float *vals, const int32_t *ids, int32_t n, float lse,
-                               li_token_logprob *top, float *chosen_logprob) {
-    bool want_lse;
-    const int32_t need = li_sampler_cand_need(s, &want_lse);
-    if (!need || n < need || ids[0] < 0 || (want_lse && isnan(lse))) return -1;
-    for (int32_t i = 0; i < n; i++)
-        if (isnan(vals[i])) return -1;
+static bool in_sorted(const int32_t *a, int32_t n, int32_t x) {
+    return n > 0 && bsearch(&x, a, (size_t)n, sizeof *a, cmp_i32) != NULL;
+}
+
+/* The draw from the fetched candidates (sampler.h), or -1 */
+static int32_t sample_from(li_sampler *s, const li_sampler_cands *cd) {
     const li_sampling_params *p = &s->p;
-    const bool wide = p->temperature > 0 && !(p->top_k > 0 && p->top_k < s->n_vocab && p->top_k < LI_SAMPLER_CAND_WIDE);
-    int32_t chosen;
-    if (p->temperature <= 0) {
-        chosen = ids[0]; /* the lowest id of the largest value: argmax_of's */
-    } else if (wide) {
-        if ((chosen = sample_wide(s, vals, ids, n, lse)) < 0) return -1;
-    } else {
+    const float *vals = cd->vals;
+    const int32_t *ids = cd->ids, n = cd->n;
+    /* the ids the chain edits, as the device read them */
+    int32_t eids[LI_SAMPLER_EDIT_MAX];
+    const int32_t ne = edit_bound(s) ? li_sampler_edit_ids(s, eids, LI_SAMPLER_EDIT_MAX) : 0;
+    if (ne < 0 || ne != cd->n_edit || (ne && memcmp(eids, cd->edit_ids, (size_t)ne * sizeof *eids))) return -1;
+    if (p->temperature <= 0 && !ne) return ids[0]; /* the lowest id of the largest value: argmax_of's */
+    const bool topk_small = p->temperature > 0 && p->top_k > 0 && p->top_k < s->n_vocab &&
+                            p->top_k < LI_SAMPLER_CAND_WIDE;
+    if (topk_small && !ne) { /* the kept set is the first top_k: exact, unless the next ties it */
         const int32_t k = p->top_k;
-        if (!(vals[k - 1] > vals[k])) return -1; /* a tie at the boundary */
+        if (!(vals[k - 1] > vals[k])) return -1;
         if (!s->cand) s->cand = li_xmalloc((size_t)s->n_vocab * sizeof *s->cand);
         for (int32_t i = 0; i < k; i++) s->cand[i] = (li_token_logprob){ids[i], vals[i]};
-        chosen = chain_tail(s, s->cand, k, vals[0], NULL, NULL);
+        return chain_tail(s, s->cand, k, vals[0], NULL, NULL);
     }
-    /* what report_logprobs reports, from the candidates: the top n_logprobs
-     * are the first (logits_top keeps the lower id of equal values, as the
-     * candidates are sorted), the chosen one is among the candidates */
+    /* the edited row's largest: every fetched logit the chain leaves as it
+     * is, and the edited ones above theta (no unseen logit is larger than
+     * theta, and one equal to it has a larger id than every fetched one) */
+    const float theta = vals[n - 1];
+    if (!s->cand) s->cand = li_xmalloc((size_t)s->n_vocab * sizeof *s->cand);
+    li_token_logprob *c = s->cand, tail[LI_SAMPLER_EDIT_MAX + LI_SAMPLER_CAND_WIDE];
+    int32_t nc = 0, nt = 0;
+    bool e_at_theta = false;
+    for (int32_t i = 0; i < n; i++)
+        if (!in_sorted(eids, ne, ids[i])) c[nc++] = (li_token_logprob){ids[i], vals[i]};
+    for (int32_t j = 0; j < ne; j++) {
+        const float v = edited(s, eids[j], cd->edit_vals[j]);
+        if (isnan(v)) return -1;
+        if (v > theta) c[nc++] = (li_token_logprob){eids[j], v};
+        else tail[nt++] = (li_token_logprob){eids[j], v}, e_at_theta |= v == theta;
+    }
+    if (ne) qsort(c, (size_t)nc, sizeof *c, cmp_desc);
+    float bound = theta; /* no tail logit is larger */
+    if (e_at_theta) /* an edited id at theta may sort before a fetched one there */
+        while (nc > 0 && c[nc - 1].logprob == theta) tail[nt++] = c[--nc];
+    if (nc < 1) return -1;
+    if (p->temperature <= 0) return c[0].id;
+    const bool topk_on = p->top_k > 0 && p->top_k < s->n_vocab;
+    if (topk_on && p->top_k < nc) { /* the kept set lies among them: exact, unless the next ties it */
+        if (!(c[p->top_k - 1].logprob > c[p->top_k].logprob)) return -1;
+        return chain_tail(s, c, p->top_k, c[0].logprob, NULL, NULL);
+    }
+    if (topk_on) { /* top-k may keep other ids of the last value: to the tail */
+        bound = LI_MAX(bound, c[nc - 1].logprob);
+        const float last = c[nc - 1].logprob;
+        while (nc > 0 && c[nc - 1].logprob == last) tail[nt++] = c[--nc];
+        if (nc < 1) return -1;
+    }
+    const float lse = cd->lse, mxr = vals[0], mx = c[0].logprob;
+    if (!isfinite(mx) || !isfinite(mxr) || !isfinite(lse)) return -1;
+    /* the tail's mass at temperature 1, relative to mx: the unseen logits'
+     * (the row's raw mass S1, from lse = mxr + log(S1) in floats, less
+     * every fetched or edited id's raw mass; each rounding is within 2^-24
+     * of its value, and 1e-9 covers the double sums' own order) and the
+     * known tail's */
+    double known = 0;
+    for (int32_t i = 0; i < n; i++) known += exp((double)vals[i] - mxr);
+    int32_t n_known = n;
+    for (int32_t j = 0; j < ne; j++) {
+        int32_t at = -1;
+        for (int32_t i = 0; i < n && at < 0; i++) at = ids[i] == eids[j] ? i : -1;
+        if (at >= 0 ? vals[at] != cd->edit_vals[j] : !(cd->edit_vals[j] <= theta))
+            return -1; /* the fetched values disagree */
+        if (at < 0) known += exp((double)cd->edit_vals[j] - mxr), n_known++;
+    }
+    const double ld = (double)lse - mxr, dl = 0x1p-23 * (fabs(ld) + fabs((double)lse)) + 1e-9;
+    const double scale = exp((double)mxr - mx);
+    const double n_unseen = (double)s->n_vocab - n_known;
+    double kt = 0;
+    for (int32_t i = 0; i < nt; i++) kt += exp((double)tail[i].logprob - mx);
+    const double u_hi = LI_MIN(n_unseen * exp((double)theta - mx), (exp(ld + dl) - known * (1 - 1e-9)) * scale);
+    const double u_lo = (exp(ld - dl) - known * (1 + 1e-9)) * scale - (double)s->n_vocab * exp(-40.0);
+    const double n_tail = topk_on ? (double)(p->top_k - nc) : n_unseen + nt;
+    return sample_wide(s, c, nc, bound, n_tail, kt * (1 - 1e-9) + LI_MAX(u_lo, 0.0),
+                       kt * (1 + 1e-9) + LI_MAX(u_hi, 0.0));
+}
+
+int32_t li_sampler_sample_cand(li_sampler *s, const li_sampler_cands *cd, li_token_logprob *top,
+                               float *chosen_logprob) {
+    bool want_lse;
+    const int32_t need = li_sampler_cand_need(s, &want_lse);
+    const int32_t n = cd->n;
+    if (!need || n < need || n < 1 || cd->ids[0] < 0 || (want_lse && isnan(cd->lse))) return -1;
+    for (int32_t i = 0; i < n; i++)
+        if (isnan(cd->vals[i])) return -1;
+    const int32_t chosen = sample_from(s, cd);
+    if (chosen < 0) return -1;
+    /* what report_logprobs reports, from the raw candidates: the top
+     * n_logprobs are the first (logits_top keeps the lower id of equal
+     * values, as the candidates are sorted); the chosen one's raw logit is
+     * among the fetched or the edited ones */
+    const li_sampling_params *p = &s->p;
     if (chosen_logprob) *chosen_logprob = 0.0f;
     if (top && p->n_logprobs > 0)
-        for (int32_t i = 0; i < p->n_logprobs; i++) top[i] = (li_token_logprob){ids[i], vals[i] - lse};
-    if (chosen_logprob && (p->logprob || p->n_logprobs > 0))
-        for (int32_t i = 0; i < n; i++)
-            if (ids[i] == chosen) {
-                *chosen_logprob = vals[i] - lse;
-                break;
-            }
+        for (int32_t i = 0; i < p->n_logprobs; i++) top[i] = (li_token_logprob){cd->ids[i], cd->vals[i] - cd->lse};
+    if (chosen_logprob && (p->logprob || p->n_logprobs > 0)) {
+        bool found = false;
+        for (int32_t i = 0; i < n && !found; i++)
+            if (cd->ids[i] == chosen) *chosen_logprob = cd->vals[i] - cd->lse, found = true;
+        for (int32_t j = 0; j < cd->n_edit && !found; j++)
+            if (cd->edit_ids[j] == chosen) *chosen_logprob = cd->edit_vals[j] - cd->lse, found = true;
+    }
     return chosen;
 }
 

@@ -72,24 +72,45 @@ void li_sampler_free(li_sampler *s);
 void li_sampler_ban(li_sampler *s, const int32_t *ids, int32_t n);
 /* ---- drawing from the largest logits alone (a device's top-k) ----
  *
- * li_sampler_cand_need: how many of the largest logits, sorted by value
- * descending then id ascending, to fetch for the next draw; 0 when the
- * full logits are needed (penalties, bias, a ban). Greedy needs 1; top_k =
- * K below LI_SAMPLER_CAND_WIDE needs K + 1 (the one past the kept set shows
- * it is not a tie); logprobs at least n_logprobs, and *lse says they need
- * the row's log-sum-exp (li_sampler_lse). A wider kept set (top_k off or
- * larger: top-p, min-p or temperature alone) takes the widest fetch and
- * the lse, which bounds the mass of the logits not fetched.
+ * A device backend samples where the logits are by fetching each row's
+ * largest few (sorted by value descending then id ascending), its
+ * log-sum-exp, and the raw logits of the ids the chain edits (bias, a
+ * ban, the penalty window): never the whole row, unless these cannot
+ * decide the draw.
+ *
+ * li_sampler_cand_need: how many of the largest to fetch for the next
+ * draw, and in *lse whether the row's lse is needed (li_sampler_lse);
+ * 0 when the full logits are needed (more than LI_SAMPLER_EDIT_MAX edited
+ * ids). Greedy needs 1; top_k = K below LI_SAMPLER_CAND_WIDE needs K + 1
+ * (the one past the kept set shows it is not a tie); logprobs at least
+ * n_logprobs, with the lse. A wider kept set (top_k off or larger:
+ * top-p, min-p or temperature alone) or edited ids take the widest fetch,
+ * a wide kept set the lse too: it bounds the mass of the logits not
+ * fetched.
+ * li_sampler_edit_ids: the ids whose raw logits the fetch must also read,
+ * ascending, each once; their count (0: none), or -1 above cap.
  * li_sampler_sample_cand: the token li_sampler_sample would draw from
- * logits whose n largest are (vals, ids) so sorted, advancing the RNG as it
- * would, and the logprobs it would report (top, *chosen_logprob, as
- * li_sampler_sample's) from lse; or -1, with the RNG untouched, when they
- * cannot decide it (too few, a NaN, ids[0] < 0, a tie at top_k, a draw
- * that the logits not fetched could change): then sample the logits. */
-#define LI_SAMPLER_CAND_WIDE 64 /* the widest fetch (a backend's LI_TOPK_MAX) */
+ * that row, advancing the RNG as it would, and the logprobs it would
+ * report (top, *chosen_logprob, as li_sampler_sample's); or -1, with the
+ * RNG untouched, when the candidates cannot decide it (too few, a NaN,
+ * ids[0] < 0, a tie at top_k, edited ids other than li_sampler_edit_ids',
+ * a draw that the logits not fetched could change): then sample the
+ * logits. */
+#define LI_SAMPLER_CAND_WIDE 64  /* the widest fetch (a backend's LI_TOPK_MAX) */
+#define LI_SAMPLER_EDIT_MAX 256  /* the most edited ids a fetch reads */
+typedef struct li_sampler_cands {
+    const float *vals;       /* (n) the row's n largest raw logits, sorted */
+    const int32_t *ids;      /* (n) their ids */
+    int32_t n;
+    float lse;               /* the row's raw log-sum-exp, NAN when not fetched */
+    const int32_t *edit_ids; /* (n_edit) li_sampler_edit_ids' */
+    const float *edit_vals;  /* (n_edit) their raw logits */
+    int32_t n_edit;
+} li_sampler_cands;
 int32_t li_sampler_cand_need(const li_sampler *s, bool *lse);
-int32_t li_sampler_sample_cand(li_sampler *s, const float *vals, const int32_t *ids, int32_t n, float lse,
-                               li_token_logprob *top, float *chosen_logprob);
+int32_t li_sampler_edit_ids(const li_sampler *s, int32_t *out, int32_t cap);
+int32_t li_sampler_sample_cand(li_sampler *s, const li_sampler_cands *c, li_token_logprob *top,
+                               float *chosen_logprob);
 /* The normalizer every reported logprob subtracts: max + log(sum(exp(l -
  * max))), the sum in double in index order (what a device's lse op
  * computes in its own order). */

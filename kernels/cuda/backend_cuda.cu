@@ -1693,6 +1693,19 @@ static void cu_lse(li_backend *be, const float *x, int64_t n, int64_t dim, float
     PROF(c, PK_TOPK, k_lse<<<(unsigned)n, ROW_THREADS, 0, c->st>>>(x, dim, out); CK_LAUNCH("lse"));
 }
 
+// the raw logits of the ids a sampler edits (backend.h gather)
+__global__ void k_gather(const float *x, const int64_t *idx, int64_t n, float *out) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = x[idx[i]];
+}
+
+static void cu_gather(li_backend *be, const float *x, const int64_t *idx, int64_t n, float *out) {
+    li_cuda *c = cu(be);
+    q8_forget(c);
+    if (n <= 0) return;
+    PROF(c, PK_TOPK, k_gather<<<(unsigned)((n + 255) / 256), 256, 0, c->st>>>(x, idx, n, out); CK_LAUNCH("gather"));
+}
+
 static void cu_topk(li_backend *be, const float *x, int64_t n, int64_t dim, int k, float *vals, int32_t *ids) {
     li_cuda *c = cu(be);
     q8_forget(c);
@@ -1793,6 +1806,7 @@ static li_backend_ops make_ops(void) {
     o.argmax = cu_argmax;
     o.topk = cu_topk;
     o.lse = cu_lse;
+    o.gather = cu_gather;
     o.weight_prepare = cu_weight_prepare;
     o.weight_release = cu_weight_release;
     o.graph_begin = cu_graph_begin;

@@ -54,6 +54,7 @@ static struct {
     long topk_rows;        /* rows whose largest logits topk fetched */
     long lse_rows;         /* rows whose log-sum-exp lse computed */
     long n_vocab, get_rows, get_full; /* logits copied back: one row, or every row of a run */
+    long gathered;                    /* edited ids' logits read by gather */
 } g;
 
 /* one op's arguments, as a recording keeps them */
@@ -355,6 +356,16 @@ static void r_topk(li_backend *be, const float *x, int64_t n, int64_t dim, int k
     g.topk_rows += n;
 }
 
+/* the raw logits at flat indices */
+static void r_gather(li_backend *be, const float *x, const int64_t *idx, int64_t n, float *out) {
+    (void)be;
+    buf_check("gather idx", idx, (size_t)n * sizeof *idx);
+    buf_check("gather out", out, F4(n));
+    if (g.recording) violation("gather while recording", x, 0);
+    for (int64_t i = 0; i < n; i++) out[i] = x[idx[i]];
+    g.gathered += n;
+}
+
 /* each row's log-sum-exp: the sampler's own (li_sampler_lse) */
 static void r_lse(li_backend *be, const float *x, int64_t n, int64_t dim, float *out) {
     g.op_calls++;
@@ -480,6 +491,7 @@ static void recorder_init(li_backend *rec, li_backend *inner) {
     rec_ops.argmax = r_argmax;
     rec_ops.topk = r_topk;
     rec_ops.lse = r_lse;
+    rec_ops.gather = r_gather;
     rec_ops.graph_begin = r_graph_begin;
     rec_ops.graph_end = r_graph_end;
     rec_ops.graph_launch = r_graph_launch;
@@ -554,7 +566,7 @@ static void lp_event(void *ud, const li_event *ev) {
 /* "greedy": request 0 greedy with logprobs, 1 greedy (its 3 samples too), 2
  * at temperature 1 and top_p 0.9 alone (from the 64 largest and the row's
  * lse, or its logits), 3 at temperature 0.8, top_k 40 with a repetition
- * penalty (its rows read their own logits, the others' not) */
+ * penalty (its window's logits gathered beside the candidates) */
 static int run_engine(li_model *m, li_backend *be, const int32_t *prompt, int64_t n, engine_out *o, bool greedy) {
     li_error err = {0};
     li_engine_config c;
@@ -674,15 +686,20 @@ static int run_batch5(li_model *m, li_backend *be, float *out) {
         li_error e2 = {0};
         const bool dev = be->ops->topk && !fw.logits.host;
         if (!dev) {
-            CHECK(li_forward_topk(&fw, m, 4, vals, ids, NULL, &e2) == LI_EUNSUP &&
+            CHECK(li_forward_topk(&fw, m, 4, vals, ids, NULL, NULL, 0, NULL, &e2) == LI_EUNSUP &&
                       li_forward_argmax(&fw, m, am, &e2) == LI_EUNSUP,
                   "host logits: topk and argmax refused (%s)", e2.msg);
         } else {
-            CHECK(li_forward_topk(&fw, m, 0, vals, ids, NULL, &e2) == LI_EINVAL &&
-                      li_forward_topk(&fw, m, LI_TOPK_MAX + 1, vals, ids, NULL, &e2) == LI_EINVAL,
-                  "topk of 0 or %d logits refused (%s)", LI_TOPK_MAX + 1, e2.msg);
-            CHECK(li_forward_topk(&fw, m, 3, vals, ids, lse, &e2) == 0 && li_forward_argmax(&fw, m, am, &e2) == 0,
-                  "topk, lse and argmax of the last step: %s", e2.msg[0] ? e2.msg : "ran");
+            const int64_t nv = m->hp.n_vocab, bad_idx = B5 * nv;
+            float gv[7];
+            CHECK(li_forward_topk(&fw, m, 0, vals, ids, NULL, NULL, 0, NULL, &e2) == LI_EINVAL &&
+                      li_forward_topk(&fw, m, LI_TOPK_MAX + 1, vals, ids, NULL, NULL, 0, NULL, &e2) == LI_EINVAL &&
+                      li_forward_topk(&fw, m, 3, vals, ids, NULL, &bad_idx, 1, gv, &e2) == LI_EINVAL,
+                  "topk of 0 or %d logits, a gather past the logits refused (%s)", LI_TOPK_MAX + 1, e2.msg);
+            const int64_t gidx[7] = {0, nv - 1, nv, 3 * nv + 17, 4 * nv + 5, 2 * nv + 9, 0};
+            CHECK(li_forward_topk(&fw, m, 3, vals, ids, lse, gidx, 7, gv, &e2) == 0 &&
+                      li_forward_argmax(&fw, m, am, &e2) == 0,
+                  "topk, lse, gather and argmax of the last step: %s", e2.msg[0] ? e2.msg : "ran");
             const float *lg = out + (size_t)(B5_STEPS - 1) * B5 * (size_t)m->hp.n_vocab;
             bool ok = true;
             for (int r = 0; r < B5; r++) {
@@ -690,7 +707,9 @@ static int run_batch5(li_model *m, li_backend *be, float *out) {
                 ok &= ids[r * 3] == am[r] && vals[r * 3] == row[am[r]] && vals[r * 3 + 1] <= vals[r * 3] &&
                       lse[r] == li_sampler_lse(row, m->hp.n_vocab);
             }
-            CHECK(ok, "each row's top-3 starts at its argmax, falls, and its lse is the sampler's");
+            for (int i = 0; i < 7; i++) ok &= gv[i] == lg[gidx[i]];
+            CHECK(ok, "each row's top-3 starts at its argmax, falls, its lse is the sampler's, the gathered logits "
+                  "are the run's");
         }
     }
     for (int s = 0; s < B5; s++) {
@@ -825,15 +844,16 @@ int main(void) {
      * the logits never read back */
     g.violations = 0;
     g.argmax_rows = 0;
-    g.get_rows = g.get_full = 0;
+    g.get_rows = g.get_full = g.gathered = 0;
     CHECK(run_engine(m, &rec, prompt, 30, &gg, true) == 0, "greedy engine through the recorder");
     printf("greedy engine: %ld rows sampled by argmax, %ld by topk, %ld violations; %lld tokens from candidates, "
-           "%lld rows undecided; logits read back: %ld single rows, %ld whole runs\n", g.argmax_rows, g.topk_rows,
-           g.violations, (long long)gg.dev_sampled, (long long)gg.dev_undecided, g.get_rows, g.get_full);
-    CHECK(gg.dev_undecided > 0 && gg.dev_sampled > MAX_TOK * 2 && g.get_rows >= MAX_TOK - 2,
-          "rows that need their logits or that the candidates could not decide read them alone (%ld rows for %lld "
-          "undecided and a penalized request), the others sampled from candidates (%lld)", g.get_rows,
-          (long long)gg.dev_undecided, (long long)gg.dev_sampled);
+           "%lld rows undecided; logits read back: %ld single rows, %ld whole runs; %ld gathered\n", g.argmax_rows,
+           g.topk_rows, g.violations, (long long)gg.dev_sampled, (long long)gg.dev_undecided, g.get_rows, g.get_full,
+           g.gathered);
+    CHECK(gg.dev_undecided > 0 && gg.dev_sampled > MAX_TOK * 3 && g.get_rows >= gg.dev_undecided && g.get_full == 0,
+          "rows the candidates could not decide read their logits alone (%ld rows for %lld), the others sampled "
+          "from candidates (%lld)", g.get_rows, (long long)gg.dev_undecided, (long long)gg.dev_sampled);
+    CHECK(g.gathered >= MAX_TOK, "the penalized request's window read by gather (%ld logits)", g.gathered);
     same = gw.preemptions == gg.preemptions;
     for (int k = 0; k < N_SEQS; k++)
         same &= gw.n_toks[k] == MAX_TOK && gg.n_toks[k] == gw.n_toks[k] &&

@@ -35,6 +35,33 @@ static void largest(const float *l, int nv, int n, float *vals, int32_t *ids) {
     }
 }
 
+/* b's draw from the k largest of l (v) and the raw logits of the ids it
+ * edits, as a device's fetch gives them */
+static int32_t draw_cand(li_sampler *b, const float *l, int v, int k, float *vals, int32_t *ids,
+                         li_token_logprob *top, float *lp) {
+    int32_t eids[LI_SAMPLER_EDIT_MAX];
+    float ev[LI_SAMPLER_EDIT_MAX];
+    largest(l, v, k, vals, ids);
+    const int32_t ne = li_sampler_edit_ids(b, eids, LI_SAMPLER_EDIT_MAX);
+    if (ne < 0) return -1;
+    for (int j = 0; j < ne; j++) ev[j] = l[eids[j]];
+    const li_sampler_cands cd = {vals, ids, k, li_sampler_lse(l, v), eids, ev, ne};
+    return li_sampler_sample_cand(b, &cd, top, lp);
+}
+
+/* one draw's logits (v), by family: d % 3 == 0 peaked as a model's (a few
+ * far above the rest, on a grid of 1/16 so the peak has ties too), 1 on a
+ * grid of 0.25 (many ties), 2 flat on a fine grid */
+static void cand_logits(float *l, int v, int d, unsigned *seed) {
+    for (int i = 0; i < v; i++) {
+        *seed = *seed * 1103515245u + 12345u;
+        const double uu = (double)((*seed >> 8) % 65536) / 65536.0;
+        l[i] = d % 3 == 1   ? (float)((*seed >> 8) % 64) * 0.25f - 8.0f
+               : d % 3 == 2 ? (float)((*seed >> 8) % 65536) / 4096.0f - 8.0f
+                            : (float)floor(16 * 24 * pow(uu, 12)) / 16.0f - 6.0f;
+    }
+}
+
 /* li_sampler_sample_cand against li_sampler_sample, draw for draw: two
  * samplers of one seed, one on the full logits, one on the 64 largest
  * (falling back to the logits when it says it cannot decide). The draws'
@@ -80,16 +107,9 @@ static void test_cand(void) {
         float la, lb;
         unsigned seed = 77 + (unsigned)si;
         for (int d = 0; d < DRAWS; d++) {
-            for (int i = 0; i < V; i++) {
-                seed = seed * 1103515245u + 12345u;
-                const double uu = (double)((seed >> 8) % 65536) / 65536.0;
-                l[i] = d % 3 == 1   ? (float)((seed >> 8) % 64) * 0.25f - 8.0f /* many ties */
-                       : d % 3 == 2 ? (float)((seed >> 8) % 65536) / 4096.0f - 8.0f /* few: flat */
-                                    : (float)floor(16 * 24 * pow(uu, 12)) / 16.0f - 6.0f; /* peaked */
-            }
-            largest(l, V, K, vals, ids);
+            cand_logits(l, V, d, &seed);
             const int32_t want = li_sampler_sample(&a, l, ta, &la);
-            int32_t got = li_sampler_sample_cand(&b, vals, ids, K, li_sampler_lse(l, V), tb, &lb);
+            int32_t got = draw_cand(&b, l, V, K, vals, ids, tb, &lb);
             if (got < 0) {
                 fallbacks++;
                 fam[d % 3]++;
@@ -120,30 +140,102 @@ static void test_cand(void) {
         li_sampler_free(&a);
         li_sampler_free(&b);
     }
-    /* what needs the full logits: penalties, bias */
+    /* a NaN among the candidates, or a row flagged (ids[0] < 0): the logits */
     li_sampling_params p;
     li_sampling_params_default(&p);
     li_sampler s;
-    bool lse_need;
-    p.repeat_penalty = 1.1f;
-    CHECK(li_sampler_init(&s, &p, V, &err) == 0 && li_sampler_cand_need(&s, &lse_need) == 0, "penalties need the logits");
-    li_sampler_free(&s);
-    li_sampling_params_default(&p);
-    li_logit_bias lb1 = {.id = 3, .bias = 2.0f};
-    p.logit_bias = &lb1;
-    p.n_logit_bias = 1;
-    CHECK(li_sampler_init(&s, &p, V, &err) == 0 && li_sampler_cand_need(&s, &lse_need) == 0, "a bias needs the logits");
-    li_sampler_free(&s);
-    /* a NaN among the candidates, or a row flagged (ids[0] < 0): the logits */
-    li_sampling_params_default(&p);
     CHECK(li_sampler_init(&s, &p, V, &err) == 0, "%s", err.msg);
     for (int i = 0; i < K; i++) vals[i] = 10.0f - (float)i, ids[i] = i;
     vals[3] = NAN;
-    CHECK(li_sampler_sample_cand(&s, vals, ids, K, 0.0f, NULL, NULL) == -1, "a NaN among the candidates: -1");
+    li_sampler_cands cd = {vals, ids, K, 0.0f, NULL, NULL, 0};
+    CHECK(li_sampler_sample_cand(&s, &cd, NULL, NULL) == -1, "a NaN among the candidates: -1");
     vals[3] = 7.0f;
     ids[0] = -1;
-    CHECK(li_sampler_sample_cand(&s, vals, ids, K, 0.0f, NULL, NULL) == -1, "a flagged row: -1");
+    CHECK(li_sampler_sample_cand(&s, &cd, NULL, NULL) == -1, "a flagged row: -1");
     li_sampler_free(&s);
+    free(l);
+}
+
+/* The same with the chain's edits: penalties over a window of the drawn
+ * tokens (both samplers accept each), logit bias (an id twice, pushes up
+ * and down), a ban; the candidates are the 64 largest raw logits, the row's
+ * lse and the raw logits of li_sampler_edit_ids'. A window past
+ * LI_SAMPLER_EDIT_MAX ids needs the logits; edited ids other than the
+ * sampler's are refused. */
+static void test_cand_edits(void) {
+    enum { V = 700, K = 64, DRAWS = 3000 };
+    const li_logit_bias bias[] = {{650, 9.0f}, {3, -4.0f}, {650, 2.5f}, {17, 14.0f}, {400, -100.0f}, {222, 6.0f}};
+    const int32_t ban[] = {17, 640, 641};
+    const struct { float t, top_p, rp, pres, freq; int32_t top_k, window, n_bias, n_ban, n_logprobs; } sets[] = {
+        {0.0f, 1.0f, 1.3f, 0.0f, 0.0f, 40, 64, 0, 0, 0},    {0.0f, 1.0f, 1.0f, 0.0f, 0.0f, 40, 64, 6, 0, 3},
+        {0.0f, 1.0f, 1.1f, 0.4f, 0.2f, 40, 16, 6, 3, 0},    {0.8f, 0.95f, 1.0f, 0.5f, 0.3f, 40, 64, 0, 0, 0},
+        {0.8f, 1.0f, 1.2f, 0.0f, 0.0f, 10, 32, 6, 0, 2},    {0.7f, 0.9f, 1.2f, 0.0f, 0.0f, 0, 64, 0, 0, 0},
+        {1.0f, 1.0f, 1.0f, 0.0f, 0.0f, 0, 64, 6, 0, 0},     {0.7f, 0.9f, 1.0f, 0.0f, 0.0f, 0, 64, 0, 3, 4},
+        {0.8f, 1.0f, 1.1f, 0.0f, 0.0f, 100, 64, 0, 0, 0},   {1.0f, 0.95f, 1.5f, 1.0f, 1.0f, 0, 200, 6, 3, 0},
+        {0.7f, 1.0f, 0.8f, -0.5f, -0.5f, 0, 64, 0, 0, 0},   {0.0f, 1.0f, 1.2f, 0.0f, 0.0f, 40, 300, 0, 0, 0},
+    };
+    float *l = malloc(V * sizeof(float)), vals[K];
+    int32_t ids[K];
+    li_error err = {0};
+    for (size_t si = 0; si < sizeof sets / sizeof sets[0]; si++) {
+        li_sampling_params p;
+        li_sampling_params_default(&p);
+        p.temperature = sets[si].t, p.top_p = sets[si].top_p, p.top_k = sets[si].top_k, p.min_p = 0.0f;
+        p.repeat_penalty = sets[si].rp, p.presence_penalty = sets[si].pres, p.frequency_penalty = sets[si].freq;
+        p.penalty_last_n = sets[si].window, p.n_logprobs = sets[si].n_logprobs;
+        p.logit_bias = bias, p.n_logit_bias = sets[si].n_bias;
+        p.seed = 2000 + si;
+        li_sampler a, b;
+        CHECK(li_sampler_init(&a, &p, V, &err) == 0 && li_sampler_init(&b, &p, V, &err) == 0, "%s", err.msg);
+        li_sampler_ban(&a, ban, sets[si].n_ban);
+        li_sampler_ban(&b, ban, sets[si].n_ban);
+        int same = 1, lp_same = 1, fallbacks = 0, full_window = 0, fam[3] = {0, 0, 0};
+        li_token_logprob ta[20], tb[20];
+        float la, lb;
+        unsigned seed = 99 + (unsigned)si;
+        for (int d = 0; d < DRAWS; d++) {
+            cand_logits(l, V, d, &seed);
+            bool lse;
+            full_window += li_sampler_cand_need(&b, &lse) == 0;
+            const int32_t want = li_sampler_sample(&a, l, ta, &la);
+            int32_t got = draw_cand(&b, l, V, K, vals, ids, tb, &lb);
+            if (got < 0) {
+                fallbacks++;
+                fam[d % 3]++;
+                got = li_sampler_sample(&b, l, tb, &lb);
+            }
+            same &= got == want;
+            lp_same &= la == lb && !memcmp(ta, tb, (size_t)p.n_logprobs * sizeof *ta);
+            li_sampler_accept(&a, want);
+            li_sampler_accept(&b, want);
+        }
+        CHECK(same && lp_same, "edits (penalty %.1f/%.1f/%.1f over %d, %d biases, %d banned), top_k %d, T %.1f, "
+              "top_p %.2f, logprobs %d: %d draws from the %d largest and the edited ids (%d fell back) equal the full "
+              "logits' draws and logprobs", (double)p.repeat_penalty, (double)p.presence_penalty,
+              (double)p.frequency_penalty, p.penalty_last_n, p.n_logit_bias, sets[si].n_ban, p.top_k,
+              (double)p.temperature, (double)p.top_p, p.n_logprobs, DRAWS, K, fallbacks);
+        if (getenv("LUAINFER_TEST_VERBOSE"))
+            printf("  edits set %zu: fell back on %d peaked, %d tied, %d flat of %d each; %d needed the logits\n", si,
+                   fam[0], fam[1], fam[2], DRAWS / 3, full_window);
+        if (p.penalty_last_n > LI_SAMPLER_EDIT_MAX)
+            CHECK(full_window > 0 && full_window < DRAWS, "a window past %d ids needs the logits once full (%d draws)",
+                  LI_SAMPLER_EDIT_MAX, full_window);
+        else CHECK(fam[0] < DRAWS / 3 / 4 && full_window == 0, "edited rows decided by their candidates: %d of %d "
+                   "peaked rows fell back", fam[0], DRAWS / 3);
+        /* edited ids other than the sampler's: refused */
+        if (p.penalty_last_n <= LI_SAMPLER_EDIT_MAX) {
+            int32_t eids[LI_SAMPLER_EDIT_MAX];
+            float ev[LI_SAMPLER_EDIT_MAX];
+            largest(l, V, K, vals, ids);
+            const int32_t ne = li_sampler_edit_ids(&b, eids, LI_SAMPLER_EDIT_MAX);
+            for (int j = 0; j < ne; j++) ev[j] = l[eids[j]];
+            li_sampler_cands cd = {vals, ids, K, li_sampler_lse(l, V), eids, ev, ne - 1};
+            CHECK(ne >= 1 && li_sampler_sample_cand(&b, &cd, NULL, NULL) == -1, "set %zu: one edited id short of %d: "
+                  "refused", si, ne);
+        }
+        li_sampler_free(&a);
+        li_sampler_free(&b);
+    }
     free(l);
 }
 
@@ -440,5 +532,6 @@ int main(void) {
     p.temperature = NAN;
     CHECK(li_sampling_params_validate(&p, &err) != 0, "NaN temperature refused");
     test_cand();
+    test_cand_edits();
     return t_summary("sampler");
 }
