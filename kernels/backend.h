@@ -18,7 +18,7 @@ struct li_error; /* util/common.h */
 
 /* Bumped whenever li_backend_ops changes shape: a backend built for another
  * version is refused (li_backend_check, run by every li_buffer_alloc). */
-#define LI_BACKEND_API_VERSION 4
+#define LI_BACKEND_API_VERSION 5
 #define LI_TOPK_MAX 64 /* the most values a backend's topk returns a row */
 
 /* A block of backend memory. `data` is the backend's address of byte 0:
@@ -185,10 +185,11 @@ typedef struct li_backend_ops {
      * draws from without the logits (sampler.h li_sampler_sample_cand) */
     void (*topk)(li_backend *be, const float *x, int64_t n, int64_t dim, int k, float *vals, int32_t *ids);
     /* optional (with topk: a step asking logprobs then reads the logits):
-     * out(n) = each row's mx + (float)log(sum_j exp((double)x_j - mx)), mx
-     * the row's largest (sampler.h li_sampler_lse; the sum's order is the
-     * backend's own) */
-    void (*lse)(li_backend *be, const float *x, int64_t n, int64_t dim, float *out);
+     * out(n) = each row's mx + (float)log(sum_j exp(((double)x_j - mx) *
+     * s)), mx the row's largest, s = scale[i] (backend memory, (n)) or 1
+     * when scale is NULL (sampler.h li_sampler_lse_scaled; the sum's order
+     * is the backend's own). At s = 1/T: the mass at temperature T */
+    void (*lse)(li_backend *be, const float *x, int64_t n, int64_t dim, const float *scale, float *out);
     /* optional (with topk: a row whose sampler edits logits, by bias, a ban
      * or penalties, then reads its logits): out[i] = x[idx[i]] for i < n,
      * idx flat indices into x, all three backend memory. The raw logits

@@ -303,6 +303,8 @@ int li_engine_init_runners(li_engine **out, li_model *m, li_model *draft, li_bac
     e->b_cvals = li_xmalloc(e->max_rows * LI_TOPK_MAX * sizeof(float));
     e->b_lse = li_xmalloc(e->max_rows * sizeof(float));
     e->b_eoff = li_xmalloc(e->max_rows * sizeof(int32_t));
+    e->b_scale = li_xmalloc(e->max_rows * sizeof(float));
+    e->b_lse_t = li_xmalloc(e->max_rows * sizeof(float));
     e->b_en = li_xmalloc(e->max_rows * sizeof(int32_t));
     e->b_slot = li_xmalloc(T * sizeof(int64_t));
     *out = e;
@@ -330,6 +332,8 @@ void li_engine_free(li_engine *e) {
     free(e->b_cvals);
     free(e->b_lse);
     free(e->b_eoff);
+    free(e->b_scale);
+    free(e->b_lse_t);
     free(e->b_en);
     free(e->b_eids);
     free(e->b_evals);
@@ -834,7 +838,7 @@ static int32_t device_sampled(li_engine *e, int32_t nb, int64_t n_logits) {
     if (!e->cfg.device_sampling || e->tp || e->logits || n_logits <= 0) return 0;
     int32_t k = 0, row = 0;
     int64_t ne = 0; /* edited ids, all rows */
-    bool any_lse = false;
+    bool any_lse = false, any_scale = false;
     const bool gathers = li_forward_can_gather(&e->tgt.fw);
     for (int32_t i = 0; i < nb; i++) {
         req *r = e->batch_req[i];
@@ -851,6 +855,9 @@ static int32_t device_sampled(li_engine *e, int32_t nb, int64_t n_logits) {
             e->b_gidx = li_xrealloc(e->b_gidx, (size_t)e->b_ecap * sizeof *e->b_gidx);
         }
         const int32_t n_e = need ? li_sampler_edit_ids(&r->smp, e->b_eids + ne, LI_SAMPLER_EDIT_MAX) : -1;
+        const float sc = need ? li_sampler_cand_scale(&r->smp) : 0.0f;
+        e->b_scale[row] = sc > 0 ? sc : 1.0f;
+        any_scale |= sc > 0;
         e->b_eoff[row] = (int32_t)ne;
         e->b_en[row] = n_e > 0 && !gathers ? -1 : n_e; /* no gather op: its logits */
         for (int32_t j = 0; j < e->b_en[row]; j++)
@@ -864,10 +871,14 @@ static int32_t device_sampled(li_engine *e, int32_t nb, int64_t n_logits) {
     if (!k) return 0; /* every sampled row needs its logits */
     li_error err = {0};
     e->b_has_lse = any_lse; /* topk with each row's lse, even for greedy ids */
-    const int rc = k == 1 && !any_lse && !ne
-                       ? li_forward_argmax(&e->tgt.fw, e->model, e->b_ids, &err)
-                       : li_forward_topk(&e->tgt.fw, e->model, k, e->b_cvals, e->b_ids, any_lse ? e->b_lse : NULL,
-                                         e->b_gidx, ne, e->b_evals, &err);
+    e->b_has_lse_t = any_scale;
+    const li_logit_fetch q = {
+        .k = k, .vals = e->b_cvals, .ids = e->b_ids, .lse = any_lse ? e->b_lse : NULL,
+        .lse_scale = any_scale ? e->b_scale : NULL, .lse_t = e->b_lse_t, .gidx = e->b_gidx, .n_gather = ne,
+        .gout = e->b_evals,
+    };
+    const int rc = k == 1 && !any_lse && !ne ? li_forward_argmax(&e->tgt.fw, e->model, e->b_ids, &err)
+                                             : li_forward_topk(&e->tgt.fw, e->model, &q, &err);
     return rc ? 0 : k; /* an error: the host reads the logits */
 }
 
@@ -890,7 +901,8 @@ static bool take_device_token(li_engine *e, req *r, int32_t row, int32_t k) {
     float lp = 0.0f;
     const li_sampler_cands cd = {
         .vals = e->b_cvals + (size_t)row * k, .ids = e->b_ids + (size_t)row * k, .n = k,
-        .lse = e->b_has_lse ? e->b_lse[row] : NAN, .edit_ids = e->b_eids + e->b_eoff[row],
+        .lse = e->b_has_lse ? e->b_lse[row] : NAN, .lse_t = e->b_has_lse_t ? e->b_lse_t[row] : NAN,
+        .edit_ids = e->b_eids + e->b_eoff[row],
         .edit_vals = e->b_evals + e->b_eoff[row], .n_edit = n_e,
     };
     const int32_t tok = k == 1 && !e->b_has_lse && !n_e

@@ -111,6 +111,9 @@ struct li_engine {
     int64_t *b_gidx;          /* (b_ecap) their flat indices into the step's logits */
     int64_t b_ecap;
     bool b_has_lse;
+    float *b_scale;           /* (max_rows) each row's scale (1/T) for its lse at its temperature */
+    float *b_lse_t;           /* (max_rows) that lse, when b_has_lse_t */
+    bool b_has_lse_t;
     int64_t *b_slot;
     int32_t *b_tables;        /* (max_num_seqs, b_stride) flat block table of the step */
     size_t b_tables_cap;      /* entries */

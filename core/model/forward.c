@@ -703,46 +703,51 @@ int li_forward_argmax(li_forward *f, const li_model *m, int32_t *out, li_error *
 
 bool li_forward_can_gather(const li_forward *f) { return f->be->ops->gather != NULL; }
 
-int li_forward_topk(li_forward *f, const li_model *m, int k, float *vals, int32_t *ids, float *lse,
-                    const int64_t *gidx, int64_t n_gather, float *gout, li_error *err) {
+int li_forward_topk(li_forward *f, const li_model *m, const li_logit_fetch *q, li_error *err) {
     li_backend *be = f->be;
-    if (!be->ops->topk || f->logits.host || (lse && !be->ops->lse) || (n_gather > 0 && !be->ops->gather))
+    const bool want_lse = q->lse || q->lse_scale;
+    const int64_t ng = LI_MAX(q->n_gather, 0), nl = f->n_logits;
+    if (!be->ops->topk || f->logits.host || (want_lse && !be->ops->lse) || (ng > 0 && !be->ops->gather))
         return li_error_set(err, LI_EUNSUP, "forward: backend %s samples on the host", be->ops->name);
     if (!f->have_logits) return li_error_set(err, LI_EINVAL, "forward: the last run computed no logits");
+    const int k = q->k;
     if (k < 1 || k > LI_TOPK_MAX || k > m->hp.n_vocab)
         return li_error_set(err, LI_EINVAL, "forward: top-%d of %d logits (at most %d)", k, m->hp.n_vocab, LI_TOPK_MAX);
-    const int64_t cells = f->n_logits * m->hp.n_vocab;
-    for (int64_t i = 0; i < n_gather; i++)
-        if (gidx[i] < 0 || gidx[i] >= cells)
-            return li_error_set(err, LI_EINVAL, "forward: gather index %lld outside %lld logits", (long long)gidx[i],
+    const int64_t cells = nl * m->hp.n_vocab;
+    for (int64_t i = 0; i < ng; i++)
+        if (q->gidx[i] < 0 || q->gidx[i] >= cells)
+            return li_error_set(err, LI_EINVAL, "forward: gather index %lld outside %lld logits", (long long)q->gidx[i],
                                 (long long)cells);
-    if (n_gather < 0) n_gather = 0;
-    /* values, ids, lse and the gathered logits end to end (one transfer
-     * back, a wait each), then the indices */
-    const size_t half = (size_t)f->n_logits * (size_t)k * 4, lb = (size_t)f->n_logits * 4;
-    const size_t gb = (size_t)n_gather * 4, ib = (size_t)n_gather * 8, at_g = 2 * half + lb;
-    const size_t at_i = (at_g + gb + 7) & ~(size_t)7;
-    const int rc = buffer_reserve(be, &f->ids, at_i + ib, err);
+    /* what comes back lies end to end (one transfer, a wait each): values,
+     * ids, lse, lse at scale, the gathered logits; then what goes up: the
+     * scales and the indices */
+    const size_t half = (size_t)nl * (size_t)k * 4, lb = (size_t)nl * 4;
+    const size_t at_l = 2 * half, at_t = at_l + (q->lse ? lb : 0), at_g = at_t + (q->lse_scale ? lb : 0);
+    const size_t back = at_g + (size_t)ng * 4, at_s = back, at_i = (at_s + (q->lse_scale ? lb : 0) + 7) & ~(size_t)7;
+    const int rc = buffer_reserve(be, &f->ids, at_i + (size_t)ng * 8, err);
     if (rc) return rc;
-    float *dv = f->ids.data;
-    int32_t *di = (int32_t *)((char *)f->ids.data + half);
-    be->ops->topk(be, f->logits.data, f->n_logits, m->hp.n_vocab, k, dv, di);
-    if (lse) be->ops->lse(be, f->logits.data, f->n_logits, m->hp.n_vocab, (float *)((char *)f->ids.data + 2 * half));
-    if (n_gather) {
-        be->ops->buffer_set(be, &f->ids, at_i, gidx, ib);
-        be->ops->gather(be, f->logits.data, (const int64_t *)((char *)f->ids.data + at_i), n_gather,
-                        (float *)((char *)f->ids.data + at_g));
+    char *d = f->ids.data;
+    be->ops->topk(be, f->logits.data, nl, m->hp.n_vocab, k, (float *)d, (int32_t *)(d + half));
+    if (q->lse) be->ops->lse(be, f->logits.data, nl, m->hp.n_vocab, NULL, (float *)(d + at_l));
+    if (q->lse_scale) {
+        be->ops->buffer_set(be, &f->ids, at_s, q->lse_scale, lb);
+        be->ops->lse(be, f->logits.data, nl, m->hp.n_vocab, (const float *)(d + at_s), (float *)(d + at_t));
     }
-    const size_t bytes = n_gather ? at_g + gb : 2 * half + (lse ? lb : 0);
-    if (bytes > f->ids_host_cap) {
-        f->ids_host_cap = LI_MAX(bytes, 2 * f->ids_host_cap);
+    if (ng) {
+        be->ops->buffer_set(be, &f->ids, at_i, q->gidx, (size_t)ng * 8);
+        be->ops->gather(be, f->logits.data, (const int64_t *)(d + at_i), ng, (float *)(d + at_g));
+    }
+    if (back > f->ids_host_cap) {
+        f->ids_host_cap = LI_MAX(back, 2 * f->ids_host_cap);
         f->ids_host = li_xrealloc(f->ids_host, f->ids_host_cap);
     }
-    be->ops->buffer_get(be, &f->ids, 0, f->ids_host, bytes);
-    memcpy(vals, f->ids_host, half);
-    memcpy(ids, (char *)f->ids_host + half, half);
-    if (lse) memcpy(lse, (char *)f->ids_host + 2 * half, lb);
-    if (n_gather) memcpy(gout, (char *)f->ids_host + at_g, gb);
+    be->ops->buffer_get(be, &f->ids, 0, f->ids_host, back);
+    const char *h = f->ids_host;
+    memcpy(q->vals, h, half);
+    memcpy(q->ids, h + half, half);
+    if (q->lse) memcpy(q->lse, h + at_l, lb);
+    if (q->lse_scale) memcpy(q->lse_t, h + at_t, lb);
+    if (ng) memcpy(q->gout, h + at_g, (size_t)ng * 4);
     return 0;
 }
 

@@ -174,15 +174,22 @@ int li_forward_run(li_forward *f, const li_model *m, li_backend *be, li_kv_cache
  * backend has no argmax op (the caller reads li_forward_logits), LI_EINVAL
  * when the last run computed no logits. */
 int li_forward_argmax(li_forward *f, const li_model *m, int32_t *out, li_error *err);
-/* The last run's k largest logits a row (k <= LI_TOPK_MAX), sorted by value
- * descending then id ascending, into vals and ids (n_logits, k); when lse
- * is not NULL each row's log-sum-exp into it (n_logits: backend.h's lse);
- * and the n_gather logits at flat indices gidx (row * n_vocab + id) into
- * gout: computed where the logits are, only those come back (one
- * transfer). Errors as li_forward_argmax's (LI_EUNSUP also without an lse
- * or gather op when asked). */
-int li_forward_topk(li_forward *f, const li_model *m, int k, float *vals, int32_t *ids, float *lse,
-                    const int64_t *gidx, int64_t n_gather, float *gout, li_error *err);
+/* What li_forward_topk fetches of the last run's logits, each computed
+ * where they are: only these come back (one transfer). */
+typedef struct li_logit_fetch {
+    int k;                   /* the largest logits a row, 1..LI_TOPK_MAX */
+    float *vals;             /* (n_logits, k) out: sorted by value descending then id ascending */
+    int32_t *ids;            /* (n_logits, k) out */
+    float *lse;              /* (n_logits) out, or NULL: each row's log-sum-exp (backend.h's lse) */
+    const float *lse_scale;  /* (n_logits), or NULL: each row's scale for lse_t */
+    float *lse_t;            /* (n_logits) out with lse_scale: the log-sum-exp at that scale */
+    const int64_t *gidx;     /* (n_gather) flat indices (row * n_vocab + id) */
+    int64_t n_gather;
+    float *gout;             /* (n_gather) out: the logits there */
+} li_logit_fetch;
+/* Errors as li_forward_argmax's (LI_EUNSUP also without an lse or gather
+ * op when asked). */
+int li_forward_topk(li_forward *f, const li_model *m, const li_logit_fetch *q, li_error *err);
 /* Whether li_forward_topk can gather (the backend has the op) */
 bool li_forward_can_gather(const li_forward *f);
 /* Recorded passes on or off (a backend without graph ops: always off).

@@ -425,6 +425,13 @@ int32_t li_sampler_cand_need(const li_sampler *s, bool *lse) {
     return LI_MIN(LI_SAMPLER_CAND_WIDE, s->n_vocab);
 }
 
+float li_sampler_cand_scale(const li_sampler *s) {
+    const li_sampling_params *p = &s->p;
+    const bool small = p->top_k > 0 && p->top_k < s->n_vocab && p->top_k < LI_SAMPLER_CAND_WIDE;
+    if (!(p->temperature > 0) || p->temperature == 1.0f || (small && !edit_bound(s))) return 0;
+    return (float)(1.0 / (double)p->temperature);
+}
+
 /* The draw from candidates when the kept set may reach past them: what
  * sample_chain would draw, or -1 (the RNG untouched) when the logits not
  * seen could change it.
@@ -434,13 +441,14 @@ int32_t li_sampler_cand_need(const li_sampler *s, bool *lse) {
  * sum the chain makes over them is the same prefix sum here; mx = c[0]'s.
  * The rest (the tail): at most n_tail of them can be kept, none above
  * bound, their mass at temperature 1 (exp(l - mx) each) between t1_lo and
- * t1_hi (from the row's lse). When the chain's kept set lies within c (the
+ * t1_hi (from the row's lse), and at temperature T between tt_lo and
+ * tt_hi (from the lse at T; NAN: not known). When the chain's kept set lies within c (the
  * 40-nat cut, top-p or min-p ends there, for every sum the tail allows)
  * the draw is exact; otherwise it is bracketed: the temperature-T sum z
  * between its least and largest possible values, and the draw is taken
  * when both give the same token. */
 static int32_t sample_wide(li_sampler *s, li_token_logprob *c, int32_t n, float bound, double n_tail, double t1_lo,
-                           double t1_hi) {
+                           double t1_hi, double tt_lo, double tt_hi) {
     const li_sampling_params *p = &s->p;
     const bool topk_on = p->top_k > 0 && p->top_k < s->n_vocab;
     const float mx = c[0].logprob;
@@ -455,8 +463,9 @@ static int32_t sample_wide(li_sampler *s, li_token_logprob *c, int32_t n, float 
     const double e_last = exp((double)bound - mx);
     double acc1 = 0;
     for (int32_t i = 0; i < n; i++) acc1 += exp((double)c[i].logprob - mx);
-    t1_hi = LI_MIN(LI_MAX(t1_hi, 0.0), n_tail * e_last), t1_lo = LI_MAX(t1_lo, 0.0);
-    if (topk_on) t1_lo = 0; /* which of the tail top-k keeps is unknown */
+    /* the whole tail's mass (w1), and what of it top-k can keep (t1) */
+    const double w1_lo = LI_MAX(t1_lo, 0.0), w1_hi = LI_MAX(t1_hi, 0.0);
+    t1_hi = LI_MIN(w1_hi, n_tail * e_last), t1_lo = topk_on ? 0 : w1_lo; /* which of the tail top-k keeps: unknown */
     if (t1_lo > t1_hi) return -1; /* lse disagrees with the candidates */
     /* top-p's cut, for the least and the largest sum the tail allows (cum
      * falls as the sum grows): the same count, or undecided */
@@ -493,6 +502,18 @@ static int32_t sample_wide(li_sampler *s, li_token_logprob *c, int32_t n, float 
     } else {
         tz_hi = LI_MIN(n_tail * pow(e_last, it), pow(n_tail, 1 - it) * pow(k1_hi, it));
         tz_lo = k1_lo; /* e^it >= e for e <= 1 */
+    }
+    /* the tail's mass at T, when fetched: all of it is kept when nothing
+     * truncates; else the kept part is the tail's largest logits, whose
+     * share of the mass grows with 1/T (at 1/T >= 1 at least its share at
+     * 1, at 1/T < 1 at most) */
+    if (!isnan(tt_lo) && !isnan(tt_hi)) {
+        tt_lo = LI_MAX(tt_lo, 0.0);
+        tz_hi = LI_MIN(tz_hi, tt_hi);
+        if (p->top_p >= 1.0f && !(p->min_p > 0.0f) && !topk_on) tz_lo = LI_MAX(tz_lo, tt_lo);
+        else if (it >= 1 && w1_hi > 0) tz_lo = LI_MAX(tz_lo, k1_lo / w1_hi * tt_lo);
+        else if (it < 1 && w1_lo > 0) tz_hi = LI_MIN(tz_hi, k1_hi / w1_lo * tt_hi);
+        if (tz_lo > tz_hi) return -1; /* the two lse disagree */
     }
     double zk = 0;
     for (int32_t i = 0; i < n; i++) zk += exp(((double)c[i].logprob - mx) / p->temperature);
@@ -575,15 +596,20 @@ static int32_t sample_from(li_sampler *s, const li_sampler_cands *cd) {
      * every fetched or edited id's raw mass; each rounding is within 2^-24
      * of its value, and 1e-9 covers the double sums' own order) and the
      * known tail's */
-    double known = 0;
-    for (int32_t i = 0; i < n; i++) known += exp((double)vals[i] - mxr);
+    const float sc = li_sampler_cand_scale(s); /* the lse at T's scale, as the device used it */
+    const double it = (double)sc;
+    double known = 0, known_t = 0;
+    for (int32_t i = 0; i < n; i++) known += exp((double)vals[i] - mxr), known_t += exp(((double)vals[i] - mxr) * it);
     int32_t n_known = n;
     for (int32_t j = 0; j < ne; j++) {
         int32_t at = -1;
         for (int32_t i = 0; i < n && at < 0; i++) at = ids[i] == eids[j] ? i : -1;
         if (at >= 0 ? vals[at] != cd->edit_vals[j] : !(cd->edit_vals[j] <= theta))
             return -1; /* the fetched values disagree */
-        if (at < 0) known += exp((double)cd->edit_vals[j] - mxr), n_known++;
+        if (at < 0) {
+            known += exp((double)cd->edit_vals[j] - mxr), n_known++;
+            known_t += exp(((double)cd->edit_vals[j] - mxr) * it);
+        }
     }
     const double ld = (double)lse - mxr, dl = 0x1p-23 * (fabs(ld) + fabs((double)lse)) + 1e-9;
     const double scale = exp((double)mxr - mx);
@@ -593,8 +619,23 @@ static int32_t sample_from(li_sampler *s, const li_sampler_cands *cd) {
     const double u_hi = LI_MIN(n_unseen * exp((double)theta - mx), (exp(ld + dl) - known * (1 - 1e-9)) * scale);
     const double u_lo = (exp(ld - dl) - known * (1 + 1e-9)) * scale - (double)s->n_vocab * exp(-40.0);
     const double n_tail = topk_on ? (double)(p->top_k - nc) : n_unseen + nt;
+    /* the same at temperature T from the lse at T, when fetched. The chain
+     * divides by T where the device multiplied by sc: over the 40 T nats
+     * the chain keeps, their exponents differ by at most rel */
+    double tt_lo = NAN, tt_hi = NAN;
+    if (sc > 0 && isfinite(cd->lse_t)) {
+        const double T = (double)p->temperature, lt = cd->lse_t;
+        const double ldt = lt - mxr, dlt = 0x1p-23 * (fabs(ldt) + fabs(lt)) + 1e-9;
+        const double rel = 40.0 * LI_MAX(T, 1.0) * fabs(it - 1.0 / T) + 1e-9, scale_t = exp(((double)mxr - mx) * it);
+        double ktt = 0;
+        for (int32_t i = 0; i < nt; i++) ktt += exp(((double)tail[i].logprob - mx) / T);
+        const double ut_hi = (exp(ldt + dlt) - known_t * (1 - 1e-9)) * scale_t;
+        const double ut_lo = (exp(ldt - dlt) - known_t * (1 + 1e-9)) * scale_t - (double)s->n_vocab * exp(-39.0);
+        tt_lo = (ktt + LI_MAX(ut_lo, 0.0)) * (1 - 1e-9) * exp(-rel);
+        tt_hi = (ktt + LI_MAX(ut_hi, 0.0)) * (1 + 1e-9) * exp(rel);
+    }
     return sample_wide(s, c, nc, bound, n_tail, kt * (1 - 1e-9) + LI_MAX(u_lo, 0.0),
-                       kt * (1 + 1e-9) + LI_MAX(u_hi, 0.0));
+                       kt * (1 + 1e-9) + LI_MAX(u_hi, 0.0), tt_lo, tt_hi);
 }
 
 int32_t li_sampler_sample_cand(li_sampler *s, const li_sampler_cands *cd, li_token_logprob *top,
@@ -626,6 +667,13 @@ int32_t li_sampler_sample_cand(li_sampler *s, const li_sampler_cands *cd, li_tok
 }
 
 float li_sampler_lse(const float *logits, int32_t n_vocab) { return log_sum_exp(logits, n_vocab); }
+
+float li_sampler_lse_scaled(const float *logits, int32_t n_vocab, double scale) {
+    const float mx = max_of(logits, n_vocab);
+    double sum = 0;
+    for (int32_t i = 0; i < n_vocab; i++) sum += exp(((double)logits[i] - mx) * scale);
+    return mx + (float)log(sum);
+}
 
 int32_t li_sampler_sample(li_sampler *s, const float *logits, li_token_logprob *top, float *chosen_logprob) {
     const int32_t chosen = sample_chain(s, logits, NULL, NULL);

@@ -85,8 +85,8 @@ void li_sampler_ban(li_sampler *s, const int32_t *ids, int32_t n);
  * (the one past the kept set shows it is not a tie); logprobs at least
  * n_logprobs, with the lse. A wider kept set (top_k off or larger:
  * top-p, min-p or temperature alone) or edited ids take the widest fetch,
- * a wide kept set the lse too: it bounds the mass of the logits not
- * fetched.
+ * a wide kept set the lse too (and at T != 1 the lse at T,
+ * li_sampler_cand_scale): they bound the mass of the logits not fetched.
  * li_sampler_edit_ids: the ids whose raw logits the fetch must also read,
  * ascending, each once; their count (0: none), or -1 above cap.
  * li_sampler_sample_cand: the token li_sampler_sample would draw from
@@ -103,18 +103,26 @@ typedef struct li_sampler_cands {
     const int32_t *ids;      /* (n) their ids */
     int32_t n;
     float lse;               /* the row's raw log-sum-exp, NAN when not fetched */
+    float lse_t;             /* at li_sampler_cand_scale's scale, NAN when not fetched */
     const int32_t *edit_ids; /* (n_edit) li_sampler_edit_ids' */
     const float *edit_vals;  /* (n_edit) their raw logits */
     int32_t n_edit;
 } li_sampler_cands;
 int32_t li_sampler_cand_need(const li_sampler *s, bool *lse);
 int32_t li_sampler_edit_ids(const li_sampler *s, int32_t *out, int32_t cap);
+/* 1/T when a wide draw also uses the row's lse at its temperature T
+ * (li_sampler_lse_scaled at that scale: it bounds the unseen logits'
+ * mass at T far closer than lse alone), else 0 */
+float li_sampler_cand_scale(const li_sampler *s);
 int32_t li_sampler_sample_cand(li_sampler *s, const li_sampler_cands *c, li_token_logprob *top,
                                float *chosen_logprob);
 /* The normalizer every reported logprob subtracts: max + log(sum(exp(l -
  * max))), the sum in double in index order (what a device's lse op
  * computes in its own order). */
 float li_sampler_lse(const float *logits, int32_t n_vocab);
+/* The same with each exponent scaled: mx + log(sum(exp((l - mx) * scale)))
+ * (at scale 1/T, the mass at temperature T; at 1, li_sampler_lse's) */
+float li_sampler_lse_scaled(const float *logits, int32_t n_vocab, double scale);
 /* Records a token (prompt or generated) into the penalty window. */
 void li_sampler_accept(li_sampler *s, int32_t token);
 /* Picks the next token from logits (n_vocab). When top is non-NULL it

@@ -1662,7 +1662,7 @@ __global__ void k_topk(const float *x, int64_t dim, int k, float *vals, int32_t 
 
 // each row's log-sum-exp (backend.h lse): the max (a NaN never wins), then
 // the exps in double, summed by a tree: the host's formula, in its own order
-__global__ void k_lse(const float *x, int64_t dim, float *out) {
+__global__ void k_lse(const float *x, int64_t dim, const float *scale, float *out) {
     __shared__ float smx[ROW_THREADS];
     __shared__ double ssum[ROW_THREADS];
     const float *row = x + (int64_t)blockIdx.x * dim;
@@ -1675,8 +1675,9 @@ __global__ void k_lse(const float *x, int64_t dim, float *out) {
         __syncthreads();
     }
     mx = smx[0];
+    const double s = scale ? (double)scale[blockIdx.x] : 1.0;
     double sum = 0.0;
-    for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) sum += exp((double)row[j] - mx);
+    for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) sum += exp(((double)row[j] - mx) * s);
     ssum[threadIdx.x] = sum;
     __syncthreads();
     for (int s = blockDim.x / 2; s > 0; s >>= 1) {
@@ -1686,11 +1687,11 @@ __global__ void k_lse(const float *x, int64_t dim, float *out) {
     if (threadIdx.x == 0) out[blockIdx.x] = mx + (float)log(ssum[0]);
 }
 
-static void cu_lse(li_backend *be, const float *x, int64_t n, int64_t dim, float *out) {
+static void cu_lse(li_backend *be, const float *x, int64_t n, int64_t dim, const float *scale, float *out) {
     li_cuda *c = cu(be);
     q8_forget(c);
     if (n <= 0) return;
-    PROF(c, PK_TOPK, k_lse<<<(unsigned)n, ROW_THREADS, 0, c->st>>>(x, dim, out); CK_LAUNCH("lse"));
+    PROF(c, PK_TOPK, k_lse<<<(unsigned)n, ROW_THREADS, 0, c->st>>>(x, dim, scale, out); CK_LAUNCH("lse"));
 }
 
 // the raw logits of the ids a sampler edits (backend.h gather)

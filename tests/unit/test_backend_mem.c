@@ -55,6 +55,7 @@ static struct {
     long lse_rows;         /* rows whose log-sum-exp lse computed */
     long n_vocab, get_rows, get_full; /* logits copied back: one row, or every row of a run */
     long gathered;                    /* edited ids' logits read by gather */
+    long lse_scaled;                  /* rows whose lse at a temperature lse computed */
 } g;
 
 /* one op's arguments, as a recording keeps them */
@@ -367,13 +368,16 @@ static void r_gather(li_backend *be, const float *x, const int64_t *idx, int64_t
 }
 
 /* each row's log-sum-exp: the sampler's own (li_sampler_lse) */
-static void r_lse(li_backend *be, const float *x, int64_t n, int64_t dim, float *out) {
+static void r_lse(li_backend *be, const float *x, int64_t n, int64_t dim, const float *scale, float *out) {
     g.op_calls++;
     buf_check("lse x", x, F4(n * dim));
     buf_check("lse out", out, F4(n));
+    if (scale) buf_check("lse scale", scale, F4(n));
     if (g.recording) violation("lse while recording", x, 0);
-    for (int64_t i = 0; i < n; i++) out[i] = li_sampler_lse(x + i * dim, (int32_t)dim);
+    for (int64_t i = 0; i < n; i++)
+        out[i] = li_sampler_lse_scaled(x + i * dim, (int32_t)dim, scale ? (double)scale[i] : 1.0);
     g.lse_rows += n;
+    g.lse_scaled += scale ? n : 0;
 }
 
 /* ---- graph ops ---- */
@@ -686,30 +690,36 @@ static int run_batch5(li_model *m, li_backend *be, float *out) {
         li_error e2 = {0};
         const bool dev = be->ops->topk && !fw.logits.host;
         if (!dev) {
-            CHECK(li_forward_topk(&fw, m, 4, vals, ids, NULL, NULL, 0, NULL, &e2) == LI_EUNSUP &&
+            CHECK(li_forward_topk(&fw, m, &(li_logit_fetch){.k = 4, .vals = vals, .ids = ids}, &e2) == LI_EUNSUP &&
                       li_forward_argmax(&fw, m, am, &e2) == LI_EUNSUP,
                   "host logits: topk and argmax refused (%s)", e2.msg);
         } else {
             const int64_t nv = m->hp.n_vocab, bad_idx = B5 * nv;
-            float gv[7];
-            CHECK(li_forward_topk(&fw, m, 0, vals, ids, NULL, NULL, 0, NULL, &e2) == LI_EINVAL &&
-                      li_forward_topk(&fw, m, LI_TOPK_MAX + 1, vals, ids, NULL, NULL, 0, NULL, &e2) == LI_EINVAL &&
-                      li_forward_topk(&fw, m, 3, vals, ids, NULL, &bad_idx, 1, gv, &e2) == LI_EINVAL,
+            float gv[7], sc[B5] = {1.0f / 0.7f, 1.0f, 2.0f, 0.5f, 1.0f / 1.3f}, lse_t[B5];
+            CHECK(li_forward_topk(&fw, m, &(li_logit_fetch){.k = 0, .vals = vals, .ids = ids}, &e2) == LI_EINVAL &&
+                      li_forward_topk(&fw, m, &(li_logit_fetch){.k = LI_TOPK_MAX + 1, .vals = vals, .ids = ids},
+                                      &e2) == LI_EINVAL &&
+                      li_forward_topk(&fw, m,
+                                      &(li_logit_fetch){.k = 3, .vals = vals, .ids = ids, .gidx = &bad_idx,
+                                                        .n_gather = 1, .gout = gv},
+                                      &e2) == LI_EINVAL,
                   "topk of 0 or %d logits, a gather past the logits refused (%s)", LI_TOPK_MAX + 1, e2.msg);
             const int64_t gidx[7] = {0, nv - 1, nv, 3 * nv + 17, 4 * nv + 5, 2 * nv + 9, 0};
-            CHECK(li_forward_topk(&fw, m, 3, vals, ids, lse, gidx, 7, gv, &e2) == 0 &&
-                      li_forward_argmax(&fw, m, am, &e2) == 0,
-                  "topk, lse, gather and argmax of the last step: %s", e2.msg[0] ? e2.msg : "ran");
+            const li_logit_fetch q = {.k = 3, .vals = vals, .ids = ids, .lse = lse, .lse_scale = sc, .lse_t = lse_t,
+                                      .gidx = gidx, .n_gather = 7, .gout = gv};
+            CHECK(li_forward_topk(&fw, m, &q, &e2) == 0 && li_forward_argmax(&fw, m, am, &e2) == 0,
+                  "topk, lse, lse at temperatures, gather and argmax of the last step: %s", e2.msg[0] ? e2.msg : "ran");
             const float *lg = out + (size_t)(B5_STEPS - 1) * B5 * (size_t)m->hp.n_vocab;
             bool ok = true;
             for (int r = 0; r < B5; r++) {
                 const float *row = lg + (size_t)r * m->hp.n_vocab;
                 ok &= ids[r * 3] == am[r] && vals[r * 3] == row[am[r]] && vals[r * 3 + 1] <= vals[r * 3] &&
-                      lse[r] == li_sampler_lse(row, m->hp.n_vocab);
+                      lse[r] == li_sampler_lse(row, m->hp.n_vocab) &&
+                      lse_t[r] == li_sampler_lse_scaled(row, m->hp.n_vocab, sc[r]);
             }
             for (int i = 0; i < 7; i++) ok &= gv[i] == lg[gidx[i]];
-            CHECK(ok, "each row's top-3 starts at its argmax, falls, its lse is the sampler's, the gathered logits "
-                  "are the run's");
+            CHECK(ok, "each row's top-3 starts at its argmax, falls, its lse (and at its temperature) is the "
+                  "sampler's, the gathered logits are the run's");
         }
     }
     for (int s = 0; s < B5; s++) {

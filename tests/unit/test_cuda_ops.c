@@ -418,26 +418,30 @@ static void test_rowops(void) {
     }
     /* lse: each row's log-sum-exp against the sampler's (the same formula,
      * the device's order of the double sum): within 1e-6, and how many
-     * rows land on the same float */
+     * rows land on the same float; then at a scale a row (1/T) */
     {
         enum { N = 33 };
         const int64_t dim = 49157;
-        float *x = frand(N * dim, 8.0f), got[N];
-        li_buffer bx = up(x, (size_t)(N * dim) * 4), bo = up(NULL, sizeof got);
-        cu.ops->lse(&cu, bx.data, N, dim, bo.data);
-        down(&bo, got, sizeof got);
-        int same = 0;
-        double worst = 0;
-        for (int i = 0; i < N; i++) {
-            const float want = li_sampler_lse(x + (size_t)i * dim, (int32_t)dim);
-            same += got[i] == want;
-            const double d = fabs((double)got[i] - want) / fmax(1.0, fabs(want));
-            worst = d > worst ? d : worst;
+        float *x = frand(N * dim, 8.0f), got[N], sc[N];
+        for (int i = 0; i < N; i++) sc[i] = 1.0f / (0.2f + 0.1f * (float)i);
+        li_buffer bx = up(x, (size_t)(N * dim) * 4), bo = up(NULL, sizeof got), bs = up(sc, sizeof sc);
+        for (int pass = 0; pass < 2; pass++) {
+            cu.ops->lse(&cu, bx.data, N, dim, pass ? bs.data : NULL, bo.data);
+            down(&bo, got, sizeof got);
+            int same = 0;
+            double worst = 0;
+            for (int i = 0; i < N; i++) {
+                const float want = li_sampler_lse_scaled(x + (size_t)i * dim, (int32_t)dim, pass ? sc[i] : 1.0);
+                same += got[i] == want;
+                const double d = fabs((double)got[i] - want) / fmax(1.0, fabs(want));
+                worst = d > worst ? d : worst;
+            }
+            report(worst < 1e-6, "lse of %d rows of %lld%s: %d the sampler's float exactly, worst relative "
+                   "difference %.2e", N, (long long)dim, pass ? " at temperatures 0.2-3.4" : "", same, worst);
         }
-        report(worst < 1e-6, "lse of %d rows of %lld: %d the sampler's float exactly, worst relative difference %.2e",
-               N, (long long)dim, same, worst);
         li_buffer_free(&cu, &bx);
         li_buffer_free(&cu, &bo);
+        li_buffer_free(&cu, &bs);
         free(x);
     }
     /* hadamard: the reference's butterflies, so the same bits; odd row counts, signs from host memory */

@@ -45,7 +45,9 @@ static int32_t draw_cand(li_sampler *b, const float *l, int v, int k, float *val
     const int32_t ne = li_sampler_edit_ids(b, eids, LI_SAMPLER_EDIT_MAX);
     if (ne < 0) return -1;
     for (int j = 0; j < ne; j++) ev[j] = l[eids[j]];
-    const li_sampler_cands cd = {vals, ids, k, li_sampler_lse(l, v), eids, ev, ne};
+    const float sc = li_sampler_cand_scale(b);
+    const li_sampler_cands cd = {vals, ids, k, li_sampler_lse(l, v), sc > 0 ? li_sampler_lse_scaled(l, v, sc) : NAN,
+                                 eids, ev, ne};
     return li_sampler_sample_cand(b, &cd, top, lp);
 }
 
@@ -147,7 +149,7 @@ static void test_cand(void) {
     CHECK(li_sampler_init(&s, &p, V, &err) == 0, "%s", err.msg);
     for (int i = 0; i < K; i++) vals[i] = 10.0f - (float)i, ids[i] = i;
     vals[3] = NAN;
-    li_sampler_cands cd = {vals, ids, K, 0.0f, NULL, NULL, 0};
+    li_sampler_cands cd = {vals, ids, K, 0.0f, NAN, NULL, NULL, 0};
     CHECK(li_sampler_sample_cand(&s, &cd, NULL, NULL) == -1, "a NaN among the candidates: -1");
     vals[3] = 7.0f;
     ids[0] = -1;
@@ -229,7 +231,7 @@ static void test_cand_edits(void) {
             largest(l, V, K, vals, ids);
             const int32_t ne = li_sampler_edit_ids(&b, eids, LI_SAMPLER_EDIT_MAX);
             for (int j = 0; j < ne; j++) ev[j] = l[eids[j]];
-            li_sampler_cands cd = {vals, ids, K, li_sampler_lse(l, V), eids, ev, ne - 1};
+            li_sampler_cands cd = {vals, ids, K, li_sampler_lse(l, V), NAN, eids, ev, ne - 1};
             CHECK(ne >= 1 && li_sampler_sample_cand(&b, &cd, NULL, NULL) == -1, "set %zu: one edited id short of %d: "
                   "refused", si, ne);
         }
