@@ -100,17 +100,22 @@ static void test_cand(void) {
         p.n_logprobs = sets[si].n_logprobs;
         p.logprob = sets[si].logprob;
         p.seed = 1000 + si;
-        li_sampler a, b;
-        CHECK(li_sampler_init(&a, &p, V, &err) == 0 && li_sampler_init(&b, &p, V, &err) == 0, "%s", err.msg);
+        li_sampler a, b, f; /* a: the full chain (sample_u sorts every kept logit); f: li_sampler_sample */
+        CHECK(li_sampler_init(&a, &p, V, &err) == 0 && li_sampler_init(&b, &p, V, &err) == 0 &&
+                  li_sampler_init(&f, &p, V, &err) == 0,
+              "%s", err.msg);
         bool lse_need;
         const int32_t need = li_sampler_cand_need(&b, &lse_need);
         int same = 1, fallbacks = 0, lp_same = 1, fam[3] = {0, 0, 0};
-        li_token_logprob ta[20], tb[20];
-        float la, lb;
+        li_token_logprob ta[20], tb[20], tf[20];
+        float la, lb, lf;
+        int fast_same = 1;
         unsigned seed = 77 + (unsigned)si;
         for (int d = 0; d < DRAWS; d++) {
             cand_logits(l, V, d, &seed);
-            const int32_t want = li_sampler_sample(&a, l, ta, &la);
+            const int32_t want = li_sampler_sample_u(&a, l, li_sampler_uniform(&a), NULL, ta, &la);
+            fast_same &= li_sampler_sample(&f, l, tf, &lf) == want && lf == la &&
+                         !memcmp(ta, tf, (size_t)p.n_logprobs * sizeof *ta);
             int32_t got = draw_cand(&b, l, V, K, vals, ids, tb, &lb);
             if (got < 0) {
                 fallbacks++;
@@ -125,6 +130,8 @@ static void test_cand(void) {
               "(need %d, %d fell back) equal the full logits' draws and logprobs", p.top_k, (double)p.temperature,
               (double)p.top_p, (double)p.min_p, p.n_logprobs, p.logprob ? " and the chosen" : "", DRAWS, K, need,
               fallbacks);
+        CHECK(fast_same, "li_sampler_sample (its unsorted path for a wide kept set) draws and reports as the full "
+              "chain, %d draws", DRAWS);
         CHECK(lse_need == (p.n_logprobs > 0 || p.logprob || wide), "the row's lse asked for exactly when logprobs "
               "are, or the candidates may not hold the kept set");
         const int32_t draw = p.temperature <= 0 ? 1 : p.top_k + 1;
@@ -140,6 +147,7 @@ static void test_cand(void) {
                    "wide: the 64 largest and the lse decide most peaked and tied rows, not every flat one (%d of %d "
                    "fell back)", fallbacks, DRAWS);
         li_sampler_free(&a);
+        li_sampler_free(&f);
         li_sampler_free(&b);
     }
     /* a NaN among the candidates, or a row flagged (ids[0] < 0): the logits */
@@ -187,19 +195,25 @@ static void test_cand_edits(void) {
         p.penalty_last_n = sets[si].window, p.n_logprobs = sets[si].n_logprobs;
         p.logit_bias = bias, p.n_logit_bias = sets[si].n_bias;
         p.seed = 2000 + si;
-        li_sampler a, b;
-        CHECK(li_sampler_init(&a, &p, V, &err) == 0 && li_sampler_init(&b, &p, V, &err) == 0, "%s", err.msg);
+        li_sampler a, b, f; /* a: the full chain (sample_u sorts every kept logit); f: li_sampler_sample */
+        CHECK(li_sampler_init(&a, &p, V, &err) == 0 && li_sampler_init(&b, &p, V, &err) == 0 &&
+                  li_sampler_init(&f, &p, V, &err) == 0,
+              "%s", err.msg);
         li_sampler_ban(&a, ban, sets[si].n_ban);
+        li_sampler_ban(&f, ban, sets[si].n_ban);
         li_sampler_ban(&b, ban, sets[si].n_ban);
         int same = 1, lp_same = 1, fallbacks = 0, full_window = 0, fam[3] = {0, 0, 0};
-        li_token_logprob ta[20], tb[20];
-        float la, lb;
+        li_token_logprob ta[20], tb[20], tf[20];
+        float la, lb, lf;
+        int fast_same = 1;
         unsigned seed = 99 + (unsigned)si;
         for (int d = 0; d < DRAWS; d++) {
             cand_logits(l, V, d, &seed);
             bool lse;
             full_window += li_sampler_cand_need(&b, &lse) == 0;
-            const int32_t want = li_sampler_sample(&a, l, ta, &la);
+            const int32_t want = li_sampler_sample_u(&a, l, li_sampler_uniform(&a), NULL, ta, &la);
+            fast_same &= li_sampler_sample(&f, l, tf, &lf) == want && lf == la &&
+                         !memcmp(ta, tf, (size_t)p.n_logprobs * sizeof *ta);
             int32_t got = draw_cand(&b, l, V, K, vals, ids, tb, &lb);
             if (got < 0) {
                 fallbacks++;
@@ -209,6 +223,7 @@ static void test_cand_edits(void) {
             same &= got == want;
             lp_same &= la == lb && !memcmp(ta, tb, (size_t)p.n_logprobs * sizeof *ta);
             li_sampler_accept(&a, want);
+            li_sampler_accept(&f, want);
             li_sampler_accept(&b, want);
         }
         CHECK(same && lp_same, "edits (penalty %.1f/%.1f/%.1f over %d, %d biases, %d banned), top_k %d, T %.1f, "
@@ -216,6 +231,7 @@ static void test_cand_edits(void) {
               "logits' draws and logprobs", (double)p.repeat_penalty, (double)p.presence_penalty,
               (double)p.frequency_penalty, p.penalty_last_n, p.n_logit_bias, sets[si].n_ban, p.top_k,
               (double)p.temperature, (double)p.top_p, p.n_logprobs, DRAWS, K, fallbacks);
+        CHECK(fast_same, "edits set %zu: li_sampler_sample draws and reports as the full chain, %d draws", si, DRAWS);
         if (getenv("LUAINFER_TEST_VERBOSE"))
             printf("  edits set %zu: fell back on %d peaked, %d tied, %d flat of %d each; %d needed the logits\n", si,
                    fam[0], fam[1], fam[2], DRAWS / 3, full_window);
@@ -236,6 +252,7 @@ static void test_cand_edits(void) {
                   "refused", si, ne);
         }
         li_sampler_free(&a);
+        li_sampler_free(&f);
         li_sampler_free(&b);
     }
     free(l);
