@@ -44,6 +44,7 @@ extern "C" {
 #include "cuda/cuda_backend.h"
 }
 #include "cuda/cuda_math.h"
+#include "cuda/attn_tile.h"
 #include "cuda/dl_syms.h"
 #include "cuda/lt_gemm.h"
 
@@ -146,6 +147,9 @@ struct li_cuda {
     bool fuse;
     // attention split by positions (LUAINFER_CUDA_ATTN_SPLIT=0: one block per (token, head))
     bool attn_split;
+    // prefills' attention in tiles of tokens sharing keys through shared
+    // memory (attn_tile.h; LUAINFER_CUDA_ATTN_TILE=0: one block per (token, head))
+    bool attn_tile;
     float *attn_part; // (rows, chunks, head_dim + 2) the chunks' max, sum, accumulator
     size_t attn_part_cap;
     const float *q8_src;
@@ -1421,6 +1425,64 @@ __global__ void k_attn_merge(cu_attn a, int n_chunks, const float *part) {
     }
 }
 
+// A prefill's attention by tiles (attn_tile.h): block (tile of tokens, kv
+// head), the phases with a barrier between them. With q8 (head_dim % 32 ==
+// 0) each warp writes whole rows, so the q8 blocks' shuffles see 32 lanes.
+template <int DT> __global__ void __launch_bounds__(AT_THREADS) k_attn_tile(li_at_args a, float *q8) {
+    __shared__ li_at_shared sh;
+    const int t = threadIdx.x, kvh = blockIdx.y;
+    const int g = a.n_head / a.n_head_kv, qt = AT_ROWS / g;
+    const int64_t t0 = (int64_t)blockIdx.x * qt, t1 = t0 + qt < a.n_tokens ? t0 + qt : a.n_tokens;
+    a.dt = DT;
+    float o[AT_ACC];
+    for (int64_t cur = t0; cur < t1;) {
+        if (t == 0) li_at_segment(&a, &sh, cur, t1);
+        __syncthreads();
+        li_at_load_q(&a, &sh, t, kvh, o);
+        __syncthreads();
+        for (int32_t p0 = 0; p0 <= sh.maxpos; p0 += AT_KEYS) {
+            li_at_load_kv(&a, &sh, t, kvh, p0);
+            __syncthreads();
+            li_at_scores(&a, &sh, t, p0);
+            __syncthreads();
+            li_at_softmax(&a, &sh, t);
+            __syncthreads();
+            li_at_pv(&sh, t, o);
+            __syncthreads();
+        }
+        li_at_finish(&sh, t, o);
+        __syncthreads();
+        if (q8) {
+            const int warp = t / 32, lane = t % 32;
+            for (int r = warp; r < sh.nrow; r += AT_THREADS / 32)
+                for (int d = lane; d < a.D; d += 32) {
+                    const int64_t at = li_at_out_index(&a, &sh, kvh, r, d);
+                    a.out[at] = sh.q[r][d];
+                    q8[at] = q8_round_warp(sh.q[r][d]);
+                }
+        } else {
+            li_at_put(&a, &sh, t, kvh);
+        }
+        const int32_t nrow = sh.nrow;
+        __syncthreads();
+        cur += nrow / g;
+    }
+}
+
+static void attention_tile_launch(li_cuda *c, li_type dtype, const li_at_args &t, float *q8) {
+    const int qt = li_at_tile_tokens(t.n_head, t.n_head_kv);
+    const dim3 grid((unsigned)((t.n_tokens + qt - 1) / qt), (unsigned)t.n_head_kv);
+    switch (dtype) {
+    case LI_TYPE_F32: k_attn_tile<LI_TYPE_F32><<<grid, AT_THREADS, 0, c->st>>>(t, q8); break;
+    case LI_TYPE_F16: k_attn_tile<LI_TYPE_F16><<<grid, AT_THREADS, 0, c->st>>>(t, q8); break;
+    case LI_TYPE_BF16: k_attn_tile<LI_TYPE_BF16><<<grid, AT_THREADS, 0, c->st>>>(t, q8); break;
+    case LI_KV_TYPE_FP8_E4M3: k_attn_tile<LI_KV_TYPE_FP8_E4M3><<<grid, AT_THREADS, 0, c->st>>>(t, q8); break;
+    case LI_KV_TYPE_INT8: k_attn_tile<LI_KV_TYPE_INT8><<<grid, AT_THREADS, 0, c->st>>>(t, q8); break;
+    default: li_type_unreachable("cuda: attention", dtype);
+    }
+    CK_LAUNCH("attention (tiled)");
+}
+
 // n_chunks 0: one block per (token, head); else k_attn_part over that many
 // chunks into part, then k_attn_merge
 static void attention_launch(li_cuda *c, li_type dtype, const cu_attn &p, unsigned rows, int n_chunks, float *part) {
@@ -1483,6 +1545,19 @@ static void cu_attention(li_backend *be, const li_attn_args *a) {
                              ? (int)((cap + ATTN_CHUNK - 1) / ATTN_CHUNK)
                              : 0;
     const unsigned rows = (unsigned)(a->n_tokens * a->n_head);
+    // a prefill's tokens by tiles sharing their keys (not batch-invariant
+    // by the batch's size: the invariant backend keeps one kernel)
+    if (c->attn_tile && !c->invariant && a->n_tokens > ATTN_SPLIT_TOKENS &&
+        li_at_fits(a->n_head, a->n_head_kv, a->head_dim)) {
+        li_at_args t = {};
+        t.q = a->q, t.out = a->out, t.pos = a->pos, t.seq = a->seq, t.bt = a->block_table;
+        t.bt_stride = a->bt_stride, t.n_tokens = a->n_tokens, t.k = kv->k, t.v = kv->v;
+        t.k_scale = p.k_scale, t.v_scale = p.v_scale, t.n_head = a->n_head, t.n_head_kv = a->n_head_kv;
+        t.D = a->head_dim, t.bs = a->block_size, t.dt = (int)kv->dtype, t.scale = a->scale;
+        PROF(c, PK_ATTENTION, attention_tile_launch(c, kv->dtype, t, p.q8));
+        if (fuse) c->q8_src = a->out, c->q8_rows = a->n_tokens, c->q8_k = row;
+        return;
+    }
     float *part = n_chunks ? reserve(c, &c->attn_part, &c->attn_part_cap,
                                      (size_t)rows * (size_t)n_chunks * (size_t)(a->head_dim + 2))
                            : nullptr;
@@ -1882,6 +1957,8 @@ extern "C" int li_backend_cuda_init(li_backend *be, int device, li_error *err) {
     c->f16_budget = fmb && *fmb ? (size_t)strtoull(fmb, nullptr, 10) << 20 : dev_free / 4;
     const char *asp = getenv("LUAINFER_CUDA_ATTN_SPLIT");
     c->attn_split = !(asp && !strcmp(asp, "0"));
+    const char *atl = getenv("LUAINFER_CUDA_ATTN_TILE");
+    c->attn_tile = !(atl && !strcmp(atl, "0"));
     const char *fz = getenv("LUAINFER_CUDA_FUSE");
     c->fuse = !(fz && !strcmp(fz, "0"));
     const char *inv = getenv("LUAINFER_CUDA_INVARIANT");

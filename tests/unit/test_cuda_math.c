@@ -16,8 +16,15 @@
  *   attention     k_attention's walk re-enacted on the host (warps striding
  *                 over positions through the block table, an online softmax
  *                 each, the merge) against the reference op, NMSE < 1e-10,
- *                 for 1, 3 and 4 warps, F16 and INT8 KV */
+ *                 for 1, 3 and 4 warps, F16 and INT8 KV
+ *   tiled         k_attn_tile's phases (attn_tile.h, the code the kernel
+ *                 runs) for every block, each phase for every thread in
+ *                 turn, shared memory poisoned first: a mixed batch (two
+ *                 prefill chunks, decode tokens between, a block table with
+ *                 holes) against the reference op for every KV type and
+ *                 three head shapes, and each token alone: the same bits */
 #include "cuda/cuda_math.h"
+#include "cuda/attn_tile.h"
 #include "cpu/kv_kernels.h"
 #include "test_util.h"
 #include "test_weight.h"
@@ -300,6 +307,118 @@ static void test_attention(void) {
     }
 }
 
+/* k_attn_tile on the host: the phases of attn_tile.h for every block (a
+ * tile of tokens x a kv head), each phase for every thread in turn, as the
+ * barriers between them allow; shared memory poisoned (NaN) first */
+static void attn_tile_emulated(const li_at_args *a) {
+    static li_at_shared sh;
+    static float o[AT_THREADS][AT_ACC];
+    const int g = a->n_head / a->n_head_kv, qt = li_at_tile_tokens(a->n_head, a->n_head_kv);
+    for (int64_t t0 = 0; t0 < a->n_tokens; t0 += qt)
+        for (int kvh = 0; kvh < a->n_head_kv; kvh++) {
+            const int64_t t1 = t0 + qt < a->n_tokens ? t0 + qt : a->n_tokens;
+            for (int64_t cur = t0; cur < t1;) {
+                memset(&sh, 0xff, sizeof sh);
+                li_at_segment(a, &sh, cur, t1);
+                for (int t = 0; t < AT_THREADS; t++) li_at_load_q(a, &sh, t, kvh, o[t]);
+                for (int32_t p0 = 0; p0 <= sh.maxpos; p0 += AT_KEYS) {
+                    for (int t = 0; t < AT_THREADS; t++) li_at_load_kv(a, &sh, t, kvh, p0);
+                    for (int t = 0; t < AT_THREADS; t++) li_at_scores(a, &sh, t, p0);
+                    for (int t = 0; t < AT_THREADS; t++) li_at_softmax(a, &sh, t);
+                    for (int t = 0; t < AT_THREADS; t++) li_at_pv(&sh, t, o[t]);
+                }
+                for (int t = 0; t < AT_THREADS; t++) li_at_finish(&sh, t, o[t]);
+                for (int t = 0; t < AT_THREADS; t++) li_at_put(a, &sh, t, kvh);
+                cur += sh.nrow / g;
+            }
+        }
+}
+
+static void test_attention_tiled(void) {
+    enum { BS = 16, NBLK = 16, STRIDE = 8, N = 150, MAXH = 9, MAXD = 64 };
+    /* three sequences' tables (holes: some blocks unused) */
+    const int32_t table[3 * STRIDE] = {5, 1, 7, 2, 9, 11, 3, 0, 6, 0, 8, 4, 12, 15, 10, 13, 14, 3, 0, 0, 0, 0, 0, 0};
+    int32_t pos[N], seq[N];
+    /* seq 0: a chunk at positions 20..119; seqs 2 and 1: a decode token
+     * each; seq 1: a chunk at 0..46 */
+    for (int i = 0; i < 100; i++) seq[i] = 0, pos[i] = 20 + i;
+    seq[100] = 2, pos[100] = 37;
+    seq[101] = 1, pos[101] = 90;
+    seq[102] = 2, pos[102] = 38;
+    for (int i = 103; i < N; i++) seq[i] = 1, pos[i] = i - 103;
+    const struct { int nh, nkv, d; } shapes[] = {{9, 3, 64}, {4, 1, 40}, {2, 2, 17}};
+    const li_type dts[] = {LI_TYPE_F16, LI_TYPE_BF16, LI_TYPE_F32, LI_KV_TYPE_INT8, LI_KV_TYPE_FP8_E4M3};
+    for (size_t si = 0; si < LI_ARRAY_LEN(shapes); si++)
+        for (size_t ti = 0; ti < LI_ARRAY_LEN(dts); ti++) {
+            const int NH = shapes[si].nh, NKV = shapes[si].nkv, D = shapes[si].d;
+            const li_type dt = dts[ti];
+            const bool b8 = dt == LI_KV_TYPE_INT8 || dt == LI_KV_TYPE_FP8_E4M3;
+            const size_t n = (size_t)NBLK * BS * NKV * D, es = dt == LI_TYPE_F32 ? 4 : b8 ? 1 : 2;
+            li_kv_layer kv = {.dtype = dt, .k = li_xmalloc(n * es), .v = li_xmalloc(n * es)};
+            if (b8) {
+                kv.k_scale = li_xmalloc(n / D * sizeof(float));
+                kv.v_scale = li_xmalloc(n / D * sizeof(float));
+                for (size_t e = 0; e < n / D; e++) {
+                    kv.k_scale[e] = 0.002f + (float)(rng_u32() % 100) / 10000.0f;
+                    kv.v_scale[e] = 0.002f + (float)(rng_u32() % 100) / 10000.0f;
+                }
+            }
+            for (size_t e = 0; e < n; e++) {
+                const float kx = rng_f() * 2.0f, vx = rng_f() * 2.0f;
+                if (dt == LI_KV_TYPE_INT8) {
+                    ((uint8_t *)kv.k)[e] = (uint8_t)(int8_t)(rng_u32() % 255 - 127);
+                    ((uint8_t *)kv.v)[e] = (uint8_t)(int8_t)(rng_u32() % 255 - 127);
+                } else if (dt == LI_KV_TYPE_FP8_E4M3) {
+                    ((uint8_t *)kv.k)[e] = li_cu_f32_to_fp8(kx * 100.0f);
+                    ((uint8_t *)kv.v)[e] = li_cu_f32_to_fp8(vx * 100.0f);
+                } else if (dt == LI_TYPE_F32) {
+                    ((float *)kv.k)[e] = kx;
+                    ((float *)kv.v)[e] = vx;
+                } else if (dt == LI_TYPE_BF16) {
+                    ((uint16_t *)kv.k)[e] = (uint16_t)(f2u(kx) >> 16);
+                    ((uint16_t *)kv.v)[e] = (uint16_t)(f2u(vx) >> 16);
+                } else {
+                    ((uint16_t *)kv.k)[e] = li_fp32_to_fp16(kx);
+                    ((uint16_t *)kv.v)[e] = li_fp32_to_fp16(vx);
+                }
+            }
+            const size_t nq = (size_t)N * NH * D;
+            float *q = li_xmalloc(nq * sizeof(float)), *want = li_xmalloc(nq * sizeof(float));
+            float *got = li_xmalloc(nq * sizeof(float)), one[MAXH * MAXD];
+            for (size_t j = 0; j < nq; j++) q[j] = rng_f();
+            li_attn_args a = {.n_tokens = N, .n_head = NH, .n_head_kv = NKV, .head_dim = D, .block_size = BS,
+                              .q = q, .out = want, .pos = pos, .seq = seq, .block_table = table,
+                              .bt_stride = STRIDE, .kv = &kv, .scale = 1.0f / sqrtf((float)D)};
+            li_backend ref = {.ops = li_backend_ref_ops(), .n_threads = 1};
+            ref.ops->attention(&ref, &a);
+            li_at_args t = {.q = q, .out = got, .pos = pos, .seq = seq, .bt = table, .bt_stride = STRIDE,
+                            .n_tokens = N, .k = kv.k, .v = kv.v, .k_scale = b8 ? kv.k_scale : NULL,
+                            .v_scale = b8 ? kv.v_scale : NULL, .n_head = NH, .n_head_kv = NKV, .D = D, .bs = BS,
+                            .dt = (int)dt, .scale = a.scale};
+            for (size_t j = 0; j < nq; j++) got[j] = NAN;
+            attn_tile_emulated(&t);
+            const double e = nmse(got, want, (int64_t)nq);
+            /* each token alone (a tile of one): the bits it got in the batch */
+            int alone_bad = 0;
+            for (int i = 0; i < N; i += 7) {
+                li_at_args t1 = t;
+                t1.q = q + (size_t)i * NH * D, t1.out = one, t1.pos = pos + i, t1.seq = seq + i, t1.n_tokens = 1;
+                attn_tile_emulated(&t1);
+                alone_bad += memcmp(one, got + (size_t)i * NH * D, (size_t)NH * D * sizeof(float)) != 0;
+            }
+            report(e < 1e-10 && !alone_bad, "tiled attention, %d heads over %d, head_dim %d, %s KV, 150 tokens of "
+                   "three sequences: nmse %.2e < 1e-10; tokens alone: %d of 22 differ", NH, NKV, D, li_type_name(dt),
+                   e, alone_bad);
+            free(kv.k);
+            free(kv.v);
+            free(kv.k_scale);
+            free(kv.v_scale);
+            free(q);
+            free(want);
+            free(got);
+        }
+}
+
 int main(void) {
     test_conversions();
     test_weight_rows();
@@ -307,5 +426,6 @@ int main(void) {
     test_kv8();
     test_rope();
     test_attention();
+    test_attention_tiled();
     return t_summary("test_cuda_math");
 }

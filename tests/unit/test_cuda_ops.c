@@ -560,7 +560,7 @@ static void kv_padding(li_type dt, li_kv_layer *hk, li_kv_layer *dk, li_buffer *
 static void test_attention(void) {
     const li_type dts[] = {LI_TYPE_F32, LI_TYPE_F16, LI_TYPE_BF16, LI_KV_TYPE_FP8_E4M3, LI_KV_TYPE_INT8};
     /* two sequences of up to 96 positions, blocks scattered: a prefill of 80
-     * and 40 tokens (120 > 64: one block per (token, head)), then a decode
+     * and 40 tokens (120 > 64: the tiled kernel, attn_tile.h), then a decode
      * step of each (split by positions: 2 chunks of 64, the shorter
      * sequence's second empty) */
     const int32_t table[2 * STRIDE] = {7, 2, 9, 1, 3, 5, 4, 11, 0, 6, 8, 10};
@@ -593,6 +593,12 @@ static void test_attention(void) {
             }
         }
         kv_batch(dt, "prefill", &hk, &dk, &bk, &bv, &bks, &bvs, table, n, pos, seq);
+        /* the same positions again, each prompt a run (the tiled kernel's
+         * segments: 21-token tiles over 80 and 40 tokens) */
+        n = 0;
+        for (int s = 0; s < 2; s++)
+            for (int p = 0; p < (s ? 40 : 80); p++) pos[n] = p, seq[n++] = s;
+        kv_batch(dt, "prefill by runs", &hk, &dk, &bk, &bv, &bks, &bvs, table, n, pos, seq);
         /* a decode step of each sequence after it */
         const int32_t dpos[2] = {80, 40}, dseq[2] = {0, 1};
         kv_batch(dt, "decode", &hk, &dk, &bk, &bv, &bks, &bvs, table, 2, dpos, dseq);
