@@ -22,7 +22,8 @@
 # 5. an nsys profile of a greedy generate, when the machine has nsys; the
 #    model quantized there to BF16, W8A8 and FP8, each benchmarked (prefill
 #    TFLOP/s, decode: the tensor-core GEMMs against BF16); continuous
-#    against static batching (bench_batching.lua --device cuda);
+#    against static batching (bench_batching.lua --device cuda); sampling
+#    on the device against the logits copied back (bench_sample_where.lua);
 # 6. the CPU tensor-parallel tests on the same build (test_comm, test_tp);
 # 7. the benchmark lines of stage 3, gathered.
 # The model (98 MB) is more than one device call carries (64 MiB), and
@@ -285,6 +286,16 @@ stage "continuous against static batching on cuda (bench_batching.lua, the chat-
 if [ $gpu -eq 1 ] && [ $model_ok -eq 1 ]; then
     run "bench_batching 200 requests, 32 seqs, loguniform, cuda" 180 "$BUILD/luainfer" run bench/bench_batching.lua \
         200 32 loguniform --device cuda
+else
+    say "SKIP: no GPU or no model"
+fi
+fi
+
+if want bench; then
+stage "sampling on the device against every row's logits copied back (bench_sample_where.lua)"
+if [ $gpu -eq 1 ] && [ $model_ok -eq 1 ]; then
+    run "bench_sample_where 64 seqs x 64 tokens, 2 rounds, cuda" 90 "$BUILD/luainfer" run \
+        bench/bench_sample_where.lua 64 64 2 --device cuda
 else
     say "SKIP: no GPU or no model"
 fi
