@@ -99,6 +99,7 @@ int li_sampler_init(li_sampler *s, const li_sampling_params *p, int32_t n_vocab,
      * candidate list at the first non-plain-greedy draw, the counts only
      * with penalties, so a queued request holds neither */
     s->cand = NULL;
+    s->cand2 = NULL;
     s->counts = penalties_on(p) ? li_xcalloc((size_t)n_vocab, sizeof *s->counts) : NULL;
     s->cap_recent = p->penalty_last_n < 0 ? 1024 : p->penalty_last_n;
     s->recent = li_xmalloc((size_t)(s->cap_recent ? s->cap_recent : 1) * sizeof *s->recent);
@@ -107,6 +108,7 @@ int li_sampler_init(li_sampler *s, const li_sampling_params *p, int32_t n_vocab,
 
 void li_sampler_free(li_sampler *s) {
     free(s->cand);
+    free(s->cand2);
     free(s->counts);
     free(s->recent);
     free(s->bias);
@@ -170,6 +172,16 @@ static int32_t argmax_of(const float *x, int32_t n) {
     for (int32_t i = 0; i < n; i++)
         if (x[i] == mx) return i;
     return 0;
+}
+
+/* a float's order as an unsigned key, descending: larger values smaller
+ * keys (-0 as +0) */
+static uint32_t sort_key(float v) {
+    uint32_t u;
+    if (v == 0.0f) v = 0.0f;
+    memcpy(&u, &v, sizeof u);
+    u = u & 0x80000000u ? ~u : u | 0x80000000u; /* ascending */
+    return ~u;
 }
 
 static int cmp_desc(const void *a, const void *b) {
@@ -249,6 +261,25 @@ static void select_top_k(li_token_logprob *c, int32_t n, int32_t k) {
     }
 }
 
+/* c (n, in id order, no NaN) sorted as cmp_desc sorts it (by value
+ * descending, then id: a total order, so the one result), by a stable
+ * radix sort of the values' keys, 11 bits a pass: qsort of a 49k
+ * vocabulary took 8 ms a draw. -0 counts as +0, as cmp_desc's == does. */
+static void sort_desc_radix(li_sampler *s, li_token_logprob *c, int32_t n) {
+    if (!s->cand2) s->cand2 = li_xmalloc((size_t)s->n_vocab * sizeof *s->cand2);
+    li_token_logprob *src = c, *dst = s->cand2;
+    for (int pass = 0; pass < 3; pass++) {
+        int32_t count[2049] = {0};
+        const int shift = 11 * pass;
+        for (int32_t i = 0; i < n; i++) count[1 + ((sort_key(src[i].logprob) >> shift) & 2047)]++;
+        for (int b = 0; b < 2048; b++) count[b + 1] += count[b];
+        for (int32_t i = 0; i < n; i++) dst[count[(sort_key(src[i].logprob) >> shift) & 2047]++] = src[i];
+        li_token_logprob *t = src;
+        src = dst, dst = t;
+    }
+    if (src != c) memcpy(c, src, (size_t)n * sizeof *c); /* three passes: the result is in the scratch */
+}
+
 /* ---- the chain ------------------------------------------------------------ */
 
 /* probs (n_vocab) as a one-hot at `id`: greedy's distribution */
@@ -314,7 +345,8 @@ static int32_t sample_chain(li_sampler *s, const float *logits, const double *u,
             return 0;
         }
     }
-    qsort(c, (size_t)n, sizeof *c, cmp_desc);
+    if (n > 512 && !(p->top_k > 0 && p->top_k < nv)) sort_desc_radix(s, c, n); /* c is in id order */
+    else qsort(c, (size_t)n, sizeof *c, cmp_desc);
     return chain_tail(s, c, n, mx, u, probs);
 }
 

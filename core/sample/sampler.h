@@ -55,6 +55,7 @@ typedef struct li_sampler {
     int32_t n_vocab;
     uint64_t rng[4];       /* xoshiro256** state */
     li_token_logprob *cand;/* (n_vocab) scratch candidates */
+    li_token_logprob *cand2; /* (n_vocab) the radix sort's other half */
     int32_t *recent;       /* ring of the last penalty_last_n tokens */
     int32_t n_recent, cap_recent, head_recent;
     uint16_t *counts;      /* (n_vocab) occurrences inside the window */

@@ -166,6 +166,57 @@ static void test_cand(void) {
     free(l);
 }
 
+/* The full chain's order over a large vocabulary (its radix sort): a row of
+ * ties, -0 beside +0 among them, drawn with given uniforms, against a plain
+ * transcription of the chain (insertion sort by value then id, the sum and
+ * the walk in that order) at temperature 1 with nothing truncating */
+static void test_chain_order(void) {
+    enum { V = 3000 };
+    static float l[V];
+    static int32_t ord[V];
+    unsigned seed = 5;
+    for (int i = 0; i < V; i++) {
+        seed = seed * 1103515245u + 12345u;
+        const int k = (int)((seed >> 8) % 7);
+        l[i] = k == 0 ? -0.0f : k == 1 ? 0.0f : (float)(k - 4) * 0.5f;
+    }
+    /* the reference order */
+    for (int i = 0; i < V; i++) {
+        int at = i;
+        while (at > 0 && l[ord[at - 1]] < l[i]) { /* ties keep the lower id first */
+            ord[at] = ord[at - 1];
+            at--;
+        }
+        ord[at] = i;
+    }
+    li_sampling_params p;
+    li_sampling_params_default(&p);
+    p.temperature = 1.0f, p.top_k = 0, p.top_p = 1.0f, p.min_p = 0.0f;
+    li_sampler s;
+    li_error err = {0};
+    CHECK(li_sampler_init(&s, &p, V, &err) == 0, "%s", err.msg);
+    const float mx = l[ord[0]];
+    double z = 0;
+    for (int i = 0; i < V; i++) z += exp((double)l[ord[i]] - mx);
+    int bad = 0;
+    for (int k = 0; k < 200; k++) {
+        const double u = (k + 0.5) / 200.0;
+        double acc = 0;
+        int32_t want = ord[V - 1];
+        for (int i = 0; i < V; i++) {
+            acc += exp((double)l[ord[i]] - mx);
+            if (u * z < acc) {
+                want = ord[i];
+                break;
+            }
+        }
+        bad += li_sampler_sample_u(&s, l, u, NULL, NULL, NULL) != want;
+    }
+    CHECK(!bad, "the chain's order over %d logits of 7 values (-0 and +0 among them): the reference's draws (%d of "
+          "200 differ)", V, bad);
+    li_sampler_free(&s);
+}
+
 /* The same with the chain's edits: penalties over a window of the drawn
  * tokens (both samplers accept each), logit bias (an id twice, pushes up
  * and down), a ban; the candidates are the 64 largest raw logits, the row's
@@ -552,5 +603,6 @@ int main(void) {
     CHECK(li_sampling_params_validate(&p, &err) != 0, "NaN temperature refused");
     test_cand();
     test_cand_edits();
+    test_chain_order();
     return t_summary("sampler");
 }
