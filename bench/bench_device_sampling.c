@@ -8,7 +8,7 @@
  *
  * For each sampling setting, each of `windows` prompts (64 tokens from
  * evenly spaced places in TEXT) is continued by `new_tokens` tokens drawn by
- * li_sampler_sample from the full logits. Beside it a second sampler of the
+ * the full chain from the full logits (li_sampler_sample_u). Beside it a second sampler of the
  * same seed draws from the 64 largest logits (a reference top-k) and the
  * row's lse (and the raw logits of the ids penalties edit), falling back
  * to the logits when it says it cannot decide.
@@ -104,7 +104,9 @@ int main(int argc, char **argv) {
             if (li_session_eval(&sess, prompt, PROMPT, true, logits, &err)) return li_runtime_fail(&err);
             for (int i = 0; i < PROMPT; i++) li_sampler_accept(&a, prompt[i]), li_sampler_accept(&b, prompt[i]);
             for (int t = 0; t < n_new; t++) {
-                const int32_t want = li_sampler_sample(&a, row, NULL, NULL);
+                /* the full chain (sample_u sorts every kept logit), not li_sampler_sample's own
+                 * candidates: the reference stays independent of the path measured */
+                const int32_t want = li_sampler_sample_u(&a, row, li_sampler_uniform(&a), NULL, NULL, NULL);
                 li_logits_top(row, nv, K, cand, false);
                 for (int i = 0; i < K; i++) vals[i] = cand[i].logprob, ids[i] = cand[i].id;
                 const int32_t ne = li_sampler_edit_ids(&b, eids, LI_SAMPLER_EDIT_MAX);

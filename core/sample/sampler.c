@@ -593,7 +593,9 @@ static int32_t sample_from(li_sampler *s, const li_sampler_cands *cd) {
      * theta, and one equal to it has a larger id than every fetched one) */
     const float theta = vals[n - 1];
     if (!s->cand) s->cand = li_xmalloc((size_t)s->n_vocab * sizeof *s->cand);
-    li_token_logprob *c = s->cand, tail[LI_SAMPLER_EDIT_MAX + LI_SAMPLER_CAND_WIDE];
+    if (!s->cand2) s->cand2 = li_xmalloc((size_t)s->n_vocab * sizeof *s->cand2);
+    if ((int64_t)n + ne > s->n_vocab) return -1; /* c and tail hold at most n + ne entries */
+    li_token_logprob *c = s->cand, *tail = s->cand2;
     int32_t nc = 0, nt = 0;
     bool e_at_theta = false;
     for (int32_t i = 0; i < n; i++)
@@ -675,9 +677,14 @@ int32_t li_sampler_sample_cand(li_sampler *s, const li_sampler_cands *cd, li_tok
     bool want_lse;
     const int32_t need = li_sampler_cand_need(s, &want_lse);
     const int32_t n = cd->n;
-    if (!need || n < need || n < 1 || cd->ids[0] < 0 || (want_lse && isnan(cd->lse))) return -1;
-    for (int32_t i = 0; i < n; i++)
-        if (isnan(cd->vals[i])) return -1;
+    if (!need || n < need || n < 1 || n > s->n_vocab || cd->ids[0] < 0 || (want_lse && isnan(cd->lse))) return -1;
+    /* sorted by value descending, then id ascending, ids in range */
+    for (int32_t i = 0; i < n; i++) {
+        const float v = cd->vals[i];
+        const int32_t id = cd->ids[i];
+        if (isnan(v) || id < 0 || id >= s->n_vocab) return -1;
+        if (i && !(v < cd->vals[i - 1] || (v == cd->vals[i - 1] && id > cd->ids[i - 1]))) return -1;
+    }
     const int32_t chosen = sample_from(s, cd);
     if (chosen < 0) return -1;
     /* what report_logprobs reports, from the raw candidates: the top
