@@ -209,6 +209,50 @@ static void test_rope(void) {
     }
 }
 
+/* a random paged KV layer of n elements (head_dim D) of type dt: codes
+ * across the 8-bit ranges with per-(slot, kv head) scales from scale0 up,
+ * or values in [-2, 2) */
+static li_kv_layer kv_random(li_type dt, size_t n, int D, float scale0) {
+    const bool b8 = dt == LI_KV_TYPE_INT8 || dt == LI_KV_TYPE_FP8_E4M3;
+    const size_t es = dt == LI_TYPE_F32 ? 4 : b8 ? 1 : 2;
+    li_kv_layer kv = {.dtype = dt, .k = li_xmalloc(n * es), .v = li_xmalloc(n * es)};
+    if (b8) {
+        kv.k_scale = li_xmalloc(n / D * sizeof(float));
+        kv.v_scale = li_xmalloc(n / D * sizeof(float));
+        for (size_t e = 0; e < n / D; e++) {
+            kv.k_scale[e] = scale0 * (1.0f + (float)(rng_u32() % 100) / 10.0f);
+            kv.v_scale[e] = scale0 * (1.0f + (float)(rng_u32() % 100) / 10.0f);
+        }
+    }
+    for (size_t e = 0; e < n; e++) {
+        const float kx = rng_f() * 2.0f, vx = rng_f() * 2.0f;
+        if (dt == LI_KV_TYPE_INT8) {
+            ((uint8_t *)kv.k)[e] = (uint8_t)(int8_t)(rng_u32() % 255 - 127);
+            ((uint8_t *)kv.v)[e] = (uint8_t)(int8_t)(rng_u32() % 255 - 127);
+        } else if (dt == LI_KV_TYPE_FP8_E4M3) {
+            ((uint8_t *)kv.k)[e] = li_cu_f32_to_fp8(kx * 100.0f);
+            ((uint8_t *)kv.v)[e] = li_cu_f32_to_fp8(vx * 100.0f);
+        } else if (dt == LI_TYPE_F32) {
+            ((float *)kv.k)[e] = kx;
+            ((float *)kv.v)[e] = vx;
+        } else if (dt == LI_TYPE_BF16) {
+            ((uint16_t *)kv.k)[e] = (uint16_t)(f2u(kx) >> 16);
+            ((uint16_t *)kv.v)[e] = (uint16_t)(f2u(vx) >> 16);
+        } else {
+            ((uint16_t *)kv.k)[e] = li_fp32_to_fp16(kx);
+            ((uint16_t *)kv.v)[e] = li_fp32_to_fp16(vx);
+        }
+    }
+    return kv;
+}
+
+static void kv_free(li_kv_layer *kv) {
+    free(kv->k);
+    free(kv->v);
+    free(kv->k_scale);
+    free(kv->v_scale);
+}
+
 /* k_attention for token i, head h, with nw warps, on the host (lanes become
  * a loop over d; the shuffles' sums become plain sums) */
 static void attn_emulated(const li_attn_args *a, int64_t i, int h, int nw, float *out) {
@@ -262,26 +306,8 @@ static void test_attention(void) {
     const int32_t pos[N] = {0, 2, 40, 20}, seq[N] = {0, 1, 0, 1};
     for (size_t t = 0; t < LI_ARRAY_LEN(dts); t++) {
         const li_type dt = dts[t];
-        const bool b8 = dt == LI_KV_TYPE_INT8;
         const size_t n = (size_t)NBLK * BS * NKV * D;
-        li_kv_layer kv = {.dtype = dt, .k = li_xmalloc(n * 2), .v = li_xmalloc(n * 2)};
-        if (b8) {
-            kv.k_scale = li_xmalloc(n / D * sizeof(float));
-            kv.v_scale = li_xmalloc(n / D * sizeof(float));
-            for (size_t e = 0; e < n / D; e++) {
-                kv.k_scale[e] = 0.01f + (float)(rng_u32() % 100) / 1000.0f;
-                kv.v_scale[e] = 0.01f + (float)(rng_u32() % 100) / 1000.0f;
-            }
-        }
-        for (size_t e = 0; e < n; e++) {
-            if (b8) {
-                ((uint8_t *)kv.k)[e] = (uint8_t)(int8_t)(rng_u32() % 255 - 127);
-                ((uint8_t *)kv.v)[e] = (uint8_t)(int8_t)(rng_u32() % 255 - 127);
-            } else {
-                ((uint16_t *)kv.k)[e] = li_fp32_to_fp16(rng_f() * 2.0f);
-                ((uint16_t *)kv.v)[e] = li_fp32_to_fp16(rng_f() * 2.0f);
-            }
-        }
+        li_kv_layer kv = kv_random(dt, n, D, 0.01f);
         float *q = li_xmalloc((size_t)N * NH * D * sizeof(float)), *want = li_xmalloc((size_t)N * NH * D * sizeof(float));
         float got[N * NH * D];
         for (int j = 0; j < N * NH * D; j++) q[j] = rng_f();
@@ -298,10 +324,7 @@ static void test_attention(void) {
             report(e < 1e-10, "attention walk, %d warps, %s KV, block table with holes: nmse %.2e < 1e-10", warps[wi],
                    li_type_name(dt), e);
         }
-        free(kv.k);
-        free(kv.v);
-        free(kv.k_scale);
-        free(kv.v_scale);
+        kv_free(&kv);
         free(q);
         free(want);
     }
@@ -353,35 +376,7 @@ static void test_attention_tiled(void) {
             const int NH = shapes[si].nh, NKV = shapes[si].nkv, D = shapes[si].d;
             const li_type dt = dts[ti];
             const bool b8 = dt == LI_KV_TYPE_INT8 || dt == LI_KV_TYPE_FP8_E4M3;
-            const size_t n = (size_t)NBLK * BS * NKV * D, es = dt == LI_TYPE_F32 ? 4 : b8 ? 1 : 2;
-            li_kv_layer kv = {.dtype = dt, .k = li_xmalloc(n * es), .v = li_xmalloc(n * es)};
-            if (b8) {
-                kv.k_scale = li_xmalloc(n / D * sizeof(float));
-                kv.v_scale = li_xmalloc(n / D * sizeof(float));
-                for (size_t e = 0; e < n / D; e++) {
-                    kv.k_scale[e] = 0.002f + (float)(rng_u32() % 100) / 10000.0f;
-                    kv.v_scale[e] = 0.002f + (float)(rng_u32() % 100) / 10000.0f;
-                }
-            }
-            for (size_t e = 0; e < n; e++) {
-                const float kx = rng_f() * 2.0f, vx = rng_f() * 2.0f;
-                if (dt == LI_KV_TYPE_INT8) {
-                    ((uint8_t *)kv.k)[e] = (uint8_t)(int8_t)(rng_u32() % 255 - 127);
-                    ((uint8_t *)kv.v)[e] = (uint8_t)(int8_t)(rng_u32() % 255 - 127);
-                } else if (dt == LI_KV_TYPE_FP8_E4M3) {
-                    ((uint8_t *)kv.k)[e] = li_cu_f32_to_fp8(kx * 100.0f);
-                    ((uint8_t *)kv.v)[e] = li_cu_f32_to_fp8(vx * 100.0f);
-                } else if (dt == LI_TYPE_F32) {
-                    ((float *)kv.k)[e] = kx;
-                    ((float *)kv.v)[e] = vx;
-                } else if (dt == LI_TYPE_BF16) {
-                    ((uint16_t *)kv.k)[e] = (uint16_t)(f2u(kx) >> 16);
-                    ((uint16_t *)kv.v)[e] = (uint16_t)(f2u(vx) >> 16);
-                } else {
-                    ((uint16_t *)kv.k)[e] = li_fp32_to_fp16(kx);
-                    ((uint16_t *)kv.v)[e] = li_fp32_to_fp16(vx);
-                }
-            }
+            li_kv_layer kv = kv_random(dt, (size_t)NBLK * BS * NKV * D, D, 0.002f);
             const size_t nq = (size_t)N * NH * D;
             float *q = li_xmalloc(nq * sizeof(float)), *want = li_xmalloc(nq * sizeof(float));
             float *got = li_xmalloc(nq * sizeof(float)), one[MAXH * MAXD];
@@ -409,10 +404,7 @@ static void test_attention_tiled(void) {
             report(e < 1e-10 && !alone_bad, "tiled attention, %d heads over %d, head_dim %d, %s KV, 150 tokens of "
                    "three sequences: nmse %.2e < 1e-10; tokens alone: %d of 22 differ", NH, NKV, D, li_type_name(dt),
                    e, alone_bad);
-            free(kv.k);
-            free(kv.v);
-            free(kv.k_scale);
-            free(kv.v_scale);
+            kv_free(&kv);
             free(q);
             free(want);
             free(got);

@@ -64,6 +64,33 @@ static void cand_logits(float *l, int v, int d, unsigned *seed) {
     }
 }
 
+/* One draw by three samplers of one seed: a by the full chain (sample_u
+ * sorts every kept logit: the reference), f by li_sampler_sample, b from
+ * the k largest of l and the raw logits it edits (its logits when they
+ * cannot decide; d % 3, the logits' family, counts the fallbacks). Returns
+ * a's token. */
+typedef struct {
+    int same, lp_same, fast_same, fallbacks, fam[3];
+} draws3;
+
+static int32_t draw3(li_sampler *a, li_sampler *b, li_sampler *f, const float *l, int v, int k, int d, int n_lp,
+                     draws3 *st) {
+    float vals[LI_SAMPLER_CAND_WIDE], la, lb, lf;
+    int32_t ids[LI_SAMPLER_CAND_WIDE];
+    li_token_logprob ta[20], tb[20], tf[20];
+    const int32_t want = li_sampler_sample_u(a, l, li_sampler_uniform(a), NULL, ta, &la);
+    st->fast_same &= li_sampler_sample(f, l, tf, &lf) == want && lf == la && !memcmp(ta, tf, (size_t)n_lp * sizeof *ta);
+    int32_t got = draw_cand(b, l, v, k, vals, ids, tb, &lb);
+    if (got < 0) {
+        st->fallbacks++;
+        st->fam[d % 3]++;
+        got = li_sampler_sample(b, l, tb, &lb);
+    }
+    st->same &= got == want;
+    st->lp_same &= la == lb && !memcmp(ta, tb, (size_t)n_lp * sizeof *ta);
+    return want;
+}
+
 /* li_sampler_sample_cand against li_sampler_sample, draw for draw: two
  * samplers of one seed, one on the full logits, one on the 64 largest
  * (falling back to the logits when it says it cannot decide). The draws'
@@ -106,25 +133,14 @@ static void test_cand(void) {
               "%s", err.msg);
         bool lse_need;
         const int32_t need = li_sampler_cand_need(&b, &lse_need);
-        int same = 1, fallbacks = 0, lp_same = 1, fam[3] = {0, 0, 0};
-        li_token_logprob ta[20], tb[20], tf[20];
-        float la, lb, lf;
-        int fast_same = 1;
+        draws3 st = {.same = 1, .lp_same = 1, .fast_same = 1};
         unsigned seed = 77 + (unsigned)si;
         for (int d = 0; d < DRAWS; d++) {
             cand_logits(l, V, d, &seed);
-            const int32_t want = li_sampler_sample_u(&a, l, li_sampler_uniform(&a), NULL, ta, &la);
-            fast_same &= li_sampler_sample(&f, l, tf, &lf) == want && lf == la &&
-                         !memcmp(ta, tf, (size_t)p.n_logprobs * sizeof *ta);
-            int32_t got = draw_cand(&b, l, V, K, vals, ids, tb, &lb);
-            if (got < 0) {
-                fallbacks++;
-                fam[d % 3]++;
-                got = li_sampler_sample(&b, l, tb, &lb);
-            }
-            same &= got == want;
-            lp_same &= la == lb && !memcmp(ta, tb, (size_t)p.n_logprobs * sizeof *ta);
+            draw3(&a, &b, &f, l, V, K, d, p.n_logprobs, &st);
         }
+        const int same = st.same, lp_same = st.lp_same, fast_same = st.fast_same, fallbacks = st.fallbacks;
+        const int *fam = st.fam;
         const bool wide = p.temperature > 0 && !(p.top_k > 0 && p.top_k < K);
         CHECK(same && lp_same, "top_k %d, T %.1f, top_p %.2f, min_p %.2f, logprobs %d%s: %d draws from the %d largest "
               "(need %d, %d fell back) equal the full logits' draws and logprobs", p.top_k, (double)p.temperature,
@@ -253,30 +269,20 @@ static void test_cand_edits(void) {
         li_sampler_ban(&a, ban, sets[si].n_ban);
         li_sampler_ban(&f, ban, sets[si].n_ban);
         li_sampler_ban(&b, ban, sets[si].n_ban);
-        int same = 1, lp_same = 1, fallbacks = 0, full_window = 0, fam[3] = {0, 0, 0};
-        li_token_logprob ta[20], tb[20], tf[20];
-        float la, lb, lf;
-        int fast_same = 1;
+        draws3 st = {.same = 1, .lp_same = 1, .fast_same = 1};
+        int full_window = 0;
         unsigned seed = 99 + (unsigned)si;
         for (int d = 0; d < DRAWS; d++) {
             cand_logits(l, V, d, &seed);
             bool lse;
             full_window += li_sampler_cand_need(&b, &lse) == 0;
-            const int32_t want = li_sampler_sample_u(&a, l, li_sampler_uniform(&a), NULL, ta, &la);
-            fast_same &= li_sampler_sample(&f, l, tf, &lf) == want && lf == la &&
-                         !memcmp(ta, tf, (size_t)p.n_logprobs * sizeof *ta);
-            int32_t got = draw_cand(&b, l, V, K, vals, ids, tb, &lb);
-            if (got < 0) {
-                fallbacks++;
-                fam[d % 3]++;
-                got = li_sampler_sample(&b, l, tb, &lb);
-            }
-            same &= got == want;
-            lp_same &= la == lb && !memcmp(ta, tb, (size_t)p.n_logprobs * sizeof *ta);
+            const int32_t want = draw3(&a, &b, &f, l, V, K, d, p.n_logprobs, &st);
             li_sampler_accept(&a, want);
             li_sampler_accept(&f, want);
             li_sampler_accept(&b, want);
         }
+        const int same = st.same, lp_same = st.lp_same, fast_same = st.fast_same, fallbacks = st.fallbacks;
+        const int *fam = st.fam;
         CHECK(same && lp_same, "edits (penalty %.1f/%.1f/%.1f over %d, %d biases, %d banned), top_k %d, T %.1f, "
               "top_p %.2f, logprobs %d: %d draws from the %d largest and the edited ids (%d fell back) equal the full "
               "logits' draws and logprobs", (double)p.repeat_penalty, (double)p.presence_penalty,
