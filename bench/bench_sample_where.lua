@@ -72,4 +72,6 @@ for _, set in ipairs(settings) do
                       decided_pct = 100 * dev / gen, undecided_pct = 100 * und / gen }
 end
 progress:done()
-bench.finish(opts, { bench = "sample_where", n_seqs = N, new_tokens = NEW, device = DEVICE or "cpu", rows = rows })
+bench.finish(opts, { bench = "sample_where", n_seqs = N, new_tokens = NEW, device = DEVICE or "cpu", rows = rows,
+                     chart = { label = "setting", values = { "on_tok_s", "off_tok_s" }, ylabel = "tokens/s",
+                               title = "Sampling where the logits are (on) against copying them back (off)" } })
