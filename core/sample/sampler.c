@@ -732,15 +732,31 @@ static int32_t sample_fast(li_sampler *s, const float *logits) {
     if (ne < 0) return -1;
     if (!s->cand) s->cand = li_xmalloc((size_t)nv * sizeof *s->cand);
     li_token_logprob *c = s->cand;
+    /* the largest by a histogram over the 64 nats below the best: bins of
+     * 1/32 nat counted from the top until HOST_CAND, then the logits of
+     * those bins (a bin's index never grows with the value, so every logit
+     * left out is at most every one kept), sorted. A NaN is in no bin, and
+     * makes the lse NaN: sample_from then declines. */
+    enum { BINS = 2048 };
+    const float mx = max_of(logits, nv), scale = (float)BINS / 64.0f;
+    int32_t hist[BINS] = {0};
     for (int32_t i = 0; i < nv; i++) {
-        if (isnan(logits[i])) return -1; /* the full chain's NaN rule */
-        c[i] = (li_token_logprob){i, logits[i]};
+        const float d = (mx - logits[i]) * scale;
+        if (d < (float)BINS) hist[(int)d]++; /* d >= 0: mx is the largest; NaN fails the test */
     }
-    select_top_k(c, nv, HOST_CAND);
-    qsort(c, HOST_CAND, sizeof *c, cmp_desc);
-    /* the logits above the selection's last value: exactly those, in order */
-    int32_t n = HOST_CAND;
-    while (n > 0 && c[n - 1].logprob == c[HOST_CAND - 1].logprob) n--;
+    int32_t top = 0, got = 0;
+    while (top < BINS - 1 && got + hist[top] < HOST_CAND) got += hist[top++];
+    int32_t m = 0;
+    for (int32_t i = 0; i < nv; i++) {
+        const float d = (mx - logits[i]) * scale;
+        if (d < (float)BINS && (int)d <= top) c[m++] = (li_token_logprob){i, logits[i]};
+    }
+    qsort(c, (size_t)m, sizeof *c, cmp_desc);
+    /* the HOST_CAND largest less those tied with the last: exactly the
+     * logits above it, in order */
+    int32_t n = LI_MIN(m, HOST_CAND);
+    const float last = n ? c[n - 1].logprob : 0.0f;
+    while (n > 0 && c[n - 1].logprob == last) n--;
     if (n < 1) return -1;
     float vals[HOST_CAND];
     int32_t ids[HOST_CAND];
