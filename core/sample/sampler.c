@@ -717,10 +717,10 @@ float li_sampler_lse_scaled(const float *logits, int32_t n_vocab, double scale) 
 /* The chain's draw without sorting the vocabulary, for a kept set top_k
  * does not bound (top-p, min-p, temperature alone: sorting every logit
  * within 40 nats, most of a 49k vocabulary, took 8 ms a draw): the
- * HOST_CAND largest, selected then sorted, and the row's lse (at 1 and at
- * T), through the device's path (sample_from): the same token, or -1 when
- * the rest could change it (then the full chain draws; the RNG is
- * untouched). */
+ * HOST_CAND largest (a histogram, then a sort of those) and the row's lse
+ * (at 1 and at T), through the device's path (sample_from): the same
+ * token, or -1 when the rest could change it (then the full chain draws;
+ * the RNG is untouched). */
 #define HOST_CAND 256
 static int32_t sample_fast(li_sampler *s, const float *logits) {
     const li_sampling_params *p = &s->p;
