@@ -112,8 +112,8 @@ int main(int argc, char **argv) {
                 const int32_t ne = li_sampler_edit_ids(&b, eids, LI_SAMPLER_EDIT_MAX);
                 for (int j = 0; j < ne; j++) ev[j] = row[eids[j]];
                 const float sc = li_sampler_cand_scale(&b);
-                const li_sampler_cands cd = {vals, ids, K, li_sampler_lse(row, nv),
-                                             sc > 0 ? li_sampler_lse_scaled(row, nv, sc) : NAN, eids, ev, LI_MAX(ne, 0)};
+                const float lse_t = sc > 0 ? li_sampler_lse_scaled(row, nv, sc) : NAN;
+                const li_sampler_cands cd = {vals, ids, K, li_sampler_lse(row, nv), lse_t, eids, ev, LI_MAX(ne, 0)};
                 int32_t got = ne < 0 ? -1 : li_sampler_sample_cand(&b, &cd, NULL, NULL);
                 decided += got >= 0;
                 for (int i = 0; i < K; i++) within += ids[i] == want; /* what any use of the 64 could decide */

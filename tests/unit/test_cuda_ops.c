@@ -444,6 +444,26 @@ static void test_rowops(void) {
         li_buffer_free(&cu, &bs);
         free(x);
     }
+    /* gather: the logits at flat indices (first, last, repeated, odd places) */
+    {
+        enum { N = 7, NI = 301 };
+        const int64_t dim = 49157;
+        float *x = frand(N * dim, 8.0f), got[NI];
+        int64_t idx[NI];
+        for (int i = 0; i < NI; i++)
+            idx[i] = i == 0 ? 0 : i == 1 ? N * dim - 1 : ((int64_t)i * 7919 * 104729) % (N * dim);
+        idx[NI - 1] = idx[5];
+        li_buffer bx = up(x, (size_t)(N * dim) * 4), bi = up(idx, sizeof idx), bo = up(NULL, sizeof got);
+        cu.ops->gather(&cu, bx.data, bi.data, NI, bo.data);
+        down(&bo, got, sizeof got);
+        int bad = 0;
+        for (int i = 0; i < NI; i++) bad += memcmp(&got[i], &x[idx[i]], sizeof got[i]) != 0;
+        report(!bad, "gather of %d logits at flat indices: the same bits (%d differ)", NI, bad);
+        li_buffer_free(&cu, &bx);
+        li_buffer_free(&cu, &bi);
+        li_buffer_free(&cu, &bo);
+        free(x);
+    }
     /* hadamard: the reference's butterflies, so the same bits; odd row counts, signs from host memory */
     for (int64_t b = 128; b <= 512; b *= 4) {
         enum { N = 5, DIM = 1536 };
