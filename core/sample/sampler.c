@@ -735,15 +735,17 @@ static int32_t sample_fast(li_sampler *s, const float *logits) {
     /* the largest by a histogram over the 64 nats below the best: bins of
      * 1/32 nat counted from the top until HOST_CAND, then the logits of
      * those bins (a bin's index never grows with the value, so every logit
-     * left out is at most every one kept), sorted. A NaN is in no bin, and
-     * makes the lse NaN: sample_from then declines. */
+     * left out is at most every one kept), sorted. A row with a NaN takes
+     * the full chain. */
     enum { BINS = 2048 };
     const float mx = max_of(logits, nv), scale = (float)BINS / 64.0f;
-    int32_t hist[BINS] = {0};
+    int32_t hist[BINS] = {0}, nan = 0;
     for (int32_t i = 0; i < nv; i++) {
         const float d = (mx - logits[i]) * scale;
         if (d < (float)BINS) hist[(int)d]++; /* d >= 0: mx is the largest; NaN fails the test */
+        nan += isnan(logits[i]);
     }
+    if (nan) return -1; /* the full chain's NaN rule */
     int32_t top = 0, got = 0;
     while (top < BINS - 1 && got + hist[top] < HOST_CAND) got += hist[top++];
     int32_t m = 0;
