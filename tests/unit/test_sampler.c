@@ -231,6 +231,22 @@ static void test_chain_order(void) {
     CHECK(!bad, "the chain's order over %d logits of 7 values (-0 and +0 among them): the reference's draws (%d of "
           "200 differ)", V, bad);
     li_sampler_free(&s);
+    /* NaN logits (never kept by the chain) through li_sampler_sample's own
+     * path: the full chain's draws */
+    li_sampler a, f;
+    CHECK(li_sampler_init(&a, &p, V, &err) == 0 && li_sampler_init(&f, &p, V, &err) == 0, "%s", err.msg);
+    for (int i = 0; i < V; i++) {
+        seed = seed * 1103515245u + 12345u;
+        l[i] = (float)((seed >> 8) % 65536) / 2048.0f - 16.0f;
+    }
+    l[7] = l[1500] = l[2999] = NAN;
+    bad = 0;
+    for (int k = 0; k < 200; k++)
+        bad += li_sampler_sample(&f, l, NULL, NULL) != li_sampler_sample_u(&a, l, li_sampler_uniform(&a), NULL, NULL,
+                                                                           NULL);
+    CHECK(!bad, "a row with NaN logits: li_sampler_sample draws as the full chain (%d of 200 differ)", bad);
+    li_sampler_free(&a);
+    li_sampler_free(&f);
 }
 
 /* The same with the chain's edits: penalties over a window of the drawn
