@@ -826,9 +826,11 @@ static bool has_forks(const li_engine *e, const req *r) {
 /* Samples the step where the logits are (engine.h's device_sampling):
  * the target's logits are device memory, nothing is drafted, and a request
  * whose row is sampled draws from its largest logits alone
- * (li_sampler_cand_need; its min_tokens ban, if any, is set first). A row
- * that needs its logits (penalties, bias, a ban), or that its candidates
- * cannot decide, reads them (step_logits). Returns the candidates a row it
+ * (li_sampler_cand_need; its min_tokens ban, if any, is set first), and
+ * the raw logits of the ids its penalties, bias or ban edit (gathered). A
+ * row that needs its logits (more than LI_SAMPLER_EDIT_MAX edited ids, or
+ * a backend without gather), or that its candidates cannot decide, reads
+ * them (step_logits). Returns the candidates a row it
  * fetched into e->b_cvals / e->b_ids (with each row's lse in e->b_lse when
  * a row asks for it; 1 without: greedy ids alone, by argmax), or 0: the
  * host reads every row's logits. */
@@ -894,7 +896,7 @@ static const float *step_logits(li_engine *e, int32_t row) {
 
 /* r's token from the k candidates device_sampled fetched for `row`; false,
  * nothing taken, when they cannot decide it (a tie at its top_k boundary,
- * a NaN): its logits do. */
+ * a NaN, a draw the logits not fetched could change): its logits do. */
 static bool take_device_token(li_engine *e, req *r, int32_t row, int32_t k) {
     const int32_t n_e = e->b_en[row];
     if (n_e < 0) return false; /* its logits decide (penalties over too many ids, or no gather op) */
