@@ -8,7 +8,7 @@
  * (segments) go in turn. A segment's keys and values come through shared
  * memory AT_KEYS positions at a time, shared by all its rows: scores, an
  * online softmax per row, and the weighted values added to accumulators
- * each thread keeps for 4 rows x 8 columns.
+ * each thread keeps for 4 rows x 8 columns (strided by 8).
  *
  * backend_cuda.cu's k_attn_tile runs these phases with a barrier between
  * them; test_cuda_math runs the very same phases on the CPU, every thread
@@ -46,11 +46,15 @@ typedef struct li_at_args {
     float scale;
 } li_at_args;
 
+/* Rows padded by one word: the rows a warp reads at once (4 apart, or 8
+ * consecutive) then fall in different banks. A thread's keys and columns
+ * are interleaved with its neighbours' (j = 8 jj + lane group, column
+ * 8 cc + lane group) for the same reason. */
 typedef struct li_at_shared {
-    float q[AT_ROWS][AT_MAXD]; /* the segment's queries; at the end its outputs */
-    float k[AT_KEYS][AT_MAXD]; /* the key tile, as f32 codes (scales apart) */
-    float v[AT_KEYS][AT_MAXD];
-    float p[AT_ROWS][AT_KEYS]; /* scores, then weights (times the value scale) */
+    float q[AT_ROWS][AT_MAXD + 1]; /* the segment's queries; at the end its outputs */
+    float k[AT_KEYS][AT_MAXD + 1]; /* the key tile, as f32 codes (scales apart) */
+    float v[AT_KEYS][AT_MAXD + 1];
+    float p[AT_ROWS][AT_KEYS + 1]; /* scores, then weights (times the value scale) */
     float ksc[AT_KEYS], vsc[AT_KEYS];
     float m[AT_ROWS], l[AT_ROWS], corr[AT_ROWS];
     int32_t rpos[AT_ROWS];     /* each row's position, -1 past the segment */
@@ -129,19 +133,34 @@ LI_HD void li_at_load_kv(const li_at_args *a, li_at_shared *sh, int t, int kvh, 
     }
 }
 
-/* every thread: the scores of its 4 rows x 4 keys, -inf where masked */
+/* every thread: the scores of its 4 rows x 4 keys, -inf where masked
+ * (each a dot product over d in order; the 16 share one pass over d) */
 LI_HD void li_at_scores(const li_at_args *a, li_at_shared *sh, int t, int32_t p0) {
     const int rg = t / 8, cg = t % 8, D = a->D;
+    float s[4][4];
+    LI_AT_UNROLL
+    for (int rr = 0; rr < 4; rr++) {
+        LI_AT_UNROLL
+        for (int jj = 0; jj < 4; jj++) s[rr][jj] = 0.0f;
+    }
+    for (int d = 0; d < D; d++) {
+        float qv[4], kv[4];
+        LI_AT_UNROLL
+        for (int i = 0; i < 4; i++) qv[i] = sh->q[rg * 4 + i][d], kv[i] = sh->k[i * 8 + cg][d];
+        LI_AT_UNROLL
+        for (int rr = 0; rr < 4; rr++) {
+            LI_AT_UNROLL
+            for (int jj = 0; jj < 4; jj++) s[rr][jj] += qv[rr] * kv[jj];
+        }
+    }
     LI_AT_UNROLL
     for (int rr = 0; rr < 4; rr++) {
         const int r = rg * 4 + rr;
         LI_AT_UNROLL
         for (int jj = 0; jj < 4; jj++) {
-            const int j = cg * 4 + jj;
-            float s = 0.0f;
-            for (int d = 0; d < D; d++) s += sh->q[r][d] * sh->k[j][d];
-            s = a->k_scale ? s * sh->ksc[j] * a->scale : s * a->scale; /* the reference's order */
-            sh->p[r][j] = sh->rpos[r] >= 0 && p0 + j <= sh->rpos[r] ? s : -INFINITY;
+            const int j = jj * 8 + cg;
+            const float x = a->k_scale ? s[rr][jj] * sh->ksc[j] * a->scale : s[rr][jj] * a->scale; /* the reference's order */
+            sh->p[r][j] = sh->rpos[r] >= 0 && p0 + j <= sh->rpos[r] ? x : -INFINITY;
         }
     }
 }
@@ -170,19 +189,26 @@ LI_HD void li_at_softmax(const li_at_args *a, li_at_shared *sh, int t) {
 }
 
 /* every thread: its 4 rows x 8 columns of accumulator, rescaled, plus the
- * tile's weighted values */
+ * tile's weighted values (each in key order; the 32 share one pass over
+ * the keys) */
 LI_HD void li_at_pv(li_at_shared *sh, int t, float *o) {
     const int rg = t / 8, cg = t % 8;
     LI_AT_UNROLL
     for (int rr = 0; rr < 4; rr++) {
-        const int r = rg * 4 + rr;
-        const float c = sh->corr[r];
+        const float c = sh->corr[rg * 4 + rr];
         LI_AT_UNROLL
-        for (int cc = 0; cc < 8; cc++) {
-            const int col = cg * 8 + cc;
-            float acc = o[rr * 8 + cc] * c;
-            for (int j = 0; j < AT_KEYS; j++) acc += sh->p[r][j] * sh->v[j][col];
-            o[rr * 8 + cc] = acc;
+        for (int cc = 0; cc < 8; cc++) o[rr * 8 + cc] *= c;
+    }
+    for (int j = 0; j < AT_KEYS; j++) {
+        float pv[4], vv[8];
+        LI_AT_UNROLL
+        for (int rr = 0; rr < 4; rr++) pv[rr] = sh->p[rg * 4 + rr][j];
+        LI_AT_UNROLL
+        for (int cc = 0; cc < 8; cc++) vv[cc] = sh->v[j][cc * 8 + cg];
+        LI_AT_UNROLL
+        for (int rr = 0; rr < 4; rr++) {
+            LI_AT_UNROLL
+            for (int cc = 0; cc < 8; cc++) o[rr * 8 + cc] += pv[rr] * vv[cc];
         }
     }
 }
@@ -195,7 +221,7 @@ LI_HD void li_at_finish(li_at_shared *sh, int t, const float *o) {
         const int r = rg * 4 + rr;
         LI_AT_UNROLL
         for (int cc = 0; cc < 8; cc++)
-            sh->q[r][cg * 8 + cc] = r < sh->nrow ? o[rr * 8 + cc] / sh->l[r] : 0.0f;
+            sh->q[r][cc * 8 + cg] = r < sh->nrow ? o[rr * 8 + cc] / sh->l[r] : 0.0f;
     }
 }
 
