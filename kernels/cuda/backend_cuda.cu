@@ -45,6 +45,7 @@ extern "C" {
 }
 #include "cuda/cuda_math.h"
 #include "cuda/attn_tile.h"
+#include "cuda/topk_row.h"
 #include "cuda/dl_syms.h"
 #include "cuda/lt_gemm.h"
 
@@ -1610,129 +1611,32 @@ static void cu_argmax(li_backend *be, const float *x, int64_t n, int64_t dim, in
     PROF(c, PK_ARGMAX, k_argmax<<<(unsigned)n, ROW_THREADS, 0, c->st>>>(x, dim, out); CK_LAUNCH("argmax"));
 }
 
-// Each row's k largest (backend.h topk): a radix select of the k-th largest
-// key, 8 bits a pass over the row (a shared histogram), then the keys above
-// it and enough equal to it, lowest ids first, gathered and sorted. The
-// key orders floats as numbers (-0 taken as +0); a NaN flags the row.
-__device__ __forceinline__ uint32_t tk_key(float f) {
-    const uint32_t u = __float_as_uint(f == 0.0f ? 0.0f : f);
-    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
-
-__device__ __forceinline__ bool tk_before(float av, int ai, float bv, int bi) {
-    return av > bv || (av == bv && ai < bi);
-}
-
+// a row's k largest (backend.h topk): topk_row.h's phases, a barrier
+// between them; a block per row
+static_assert((int)ROW_THREADS <= (int)TK_THREADS && LI_TOPK_MAX <= (int)TK_MAX, "topk_row.h's shared arrays");
 __global__ void k_topk(const float *x, int64_t dim, int k, float *vals, int32_t *ids) {
-    __shared__ uint32_t hist[256];
-    __shared__ uint32_t s_prefix, s_mask;
-    __shared__ int s_rem, s_nan;
-    __shared__ int s_cg[ROW_THREADS], s_ce[ROW_THREADS];
-    __shared__ float c_val[LI_TOPK_MAX];
-    __shared__ int c_id[LI_TOPK_MAX];
+    __shared__ li_tk_shared sh;
     const float *row = x + (int64_t)blockIdx.x * dim;
     const int t = threadIdx.x, nt = blockDim.x;
-    if (t == 0) {
-        s_prefix = 0;
-        s_mask = 0;
-        s_rem = k;
-        s_nan = 0;
-    }
+    if (t == 0) li_tk_init(&sh, k);
     __syncthreads();
     for (int shift = 24; shift >= 0; shift -= 8) {
-        for (int b = t; b < 256; b += nt) hist[b] = 0;
+        li_tk_clear(&sh, t, nt);
         __syncthreads();
-        const uint32_t prefix = s_prefix, mask = s_mask;
-        for (int64_t j = t; j < dim; j += nt) {
-            const float v = row[j];
-            if (isnan(v)) {
-                s_nan = 1;
-                continue;
-            }
-            const uint32_t key = tk_key(v);
-            if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255u], 1u);
-        }
+        li_tk_count(&sh, row, dim, shift, t, nt);
         __syncthreads();
-        if (t == 0) { // the bin holding the k-th largest, from the top
-            uint32_t cum = 0;
-            for (int b = 255; b >= 0; b--) {
-                if (cum + hist[b] >= (uint32_t)s_rem) {
-                    s_prefix |= (uint32_t)b << shift;
-                    s_mask |= 255u << shift;
-                    s_rem -= (int)cum;
-                    break;
-                }
-                cum += hist[b];
-            }
-        }
+        if (t == 0) li_tk_pick(&sh, shift);
         __syncthreads();
     }
-    // the k-th largest key; above it go all, of those equal the first s_rem
-    // in index order: each thread counts, then gathers, its contiguous chunk
-    const uint32_t T = s_prefix;
-    const int take_eq = s_rem, n_gt = k - take_eq;
-    const int64_t per = (dim + nt - 1) / nt, lo = t * per, hi = lo + per < dim ? lo + per : dim;
-    int cg = 0, ce = 0;
-    for (int64_t j = lo; j < hi; j++) {
-        const float v = row[j];
-        if (isnan(v)) continue;
-        const uint32_t key = tk_key(v);
-        cg += key > T;
-        ce += key == T;
-    }
-    s_cg[t] = cg;
-    s_ce[t] = ce;
+    li_tk_tally(&sh, row, dim, t, nt);
     __syncthreads();
-    if (t == 0) { // exclusive scans, in thread (so index) order
-        int a = 0, b = 0;
-        for (int i = 0; i < nt; i++) {
-            const int g = s_cg[i], e = s_ce[i];
-            s_cg[i] = a;
-            s_ce[i] = b;
-            a += g;
-            b += e;
-        }
-    }
+    if (t == 0) li_tk_scan(&sh, nt);
     __syncthreads();
-    int pg = s_cg[t], pe = s_ce[t];
-    for (int64_t j = lo; j < hi; j++) {
-        const float v = row[j];
-        if (isnan(v)) continue;
-        const uint32_t key = tk_key(v);
-        if (key > T) {
-            if (pg < k) { // always, but with a NaN row's broken select
-                c_val[pg] = v;
-                c_id[pg] = (int)j;
-            }
-            pg++;
-        } else if (key == T) {
-            if (pe < take_eq) {
-                c_val[n_gt + pe] = v;
-                c_id[n_gt + pe] = (int)j;
-            }
-            pe++;
-        }
-    }
+    li_tk_gather(&sh, row, dim, k, t, nt);
     __syncthreads();
-    if (t == 0) { // insertion sort of the k: value descending, then id
-        for (int i = 1; i < k; i++) {
-            const float v = c_val[i];
-            const int id = c_id[i];
-            int j = i - 1;
-            while (j >= 0 && tk_before(v, id, c_val[j], c_id[j])) {
-                c_val[j + 1] = c_val[j];
-                c_id[j + 1] = c_id[j];
-                j--;
-            }
-            c_val[j + 1] = v;
-            c_id[j + 1] = id;
-        }
-    }
+    if (t == 0) li_tk_sort(&sh, k);
     __syncthreads();
-    for (int i = t; i < k; i += nt) {
-        vals[(int64_t)blockIdx.x * k + i] = c_val[i];
-        ids[(int64_t)blockIdx.x * k + i] = i == 0 && s_nan ? -1 : c_id[i];
-    }
+    li_tk_store(&sh, k, vals + (int64_t)blockIdx.x * k, ids + (int64_t)blockIdx.x * k, t, nt);
 }
 
 // each row's log-sum-exp (backend.h lse): the max (a NaN never wins), then

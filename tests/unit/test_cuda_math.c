@@ -22,9 +22,14 @@
  *                 turn, shared memory poisoned first: a mixed batch (two
  *                 prefill chunks, decode tokens between, a block table with
  *                 holes) against the reference op for every KV type and
- *                 three head shapes, and each token alone: the same bits */
+ *                 three head shapes, and each token alone: the same bits
+ *   topk          k_topk's phases (topk_row.h) for a row, each phase for
+ *                 every thread in turn, against a full sort: random rows,
+ *                 ties across the boundary, -0 beside +0, a NaN row, rows
+ *                 shorter than the threads, k 1, 41 and 64 */
 #include "cuda/cuda_math.h"
 #include "cuda/attn_tile.h"
+#include "cuda/topk_row.h"
 #include "cpu/kv_kernels.h"
 #include "test_util.h"
 #include "test_weight.h"
@@ -411,6 +416,54 @@ static void test_attention_tiled(void) {
         }
 }
 
+/* k_topk on the host: topk_row.h's phases for one row, each for every
+ * thread in turn (nt threads), shared memory poisoned first */
+static void topk_emulated(const float *row, int64_t dim, int k, int nt, float *vals, int32_t *ids) {
+    static li_tk_shared sh;
+    memset(&sh, 0xff, sizeof sh);
+    li_tk_init(&sh, k);
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        for (int t = 0; t < nt; t++) li_tk_clear(&sh, t, nt);
+        for (int t = 0; t < nt; t++) li_tk_count(&sh, row, dim, shift, t, nt);
+        li_tk_pick(&sh, shift);
+    }
+    for (int t = 0; t < nt; t++) li_tk_tally(&sh, row, dim, t, nt);
+    li_tk_scan(&sh, nt);
+    for (int t = 0; t < nt; t++) li_tk_gather(&sh, row, dim, k, t, nt);
+    li_tk_sort(&sh, k);
+    for (int t = 0; t < nt; t++) li_tk_store(&sh, k, vals, ids, t, nt);
+}
+
+static void test_topk(void) {
+    const int64_t dims[] = {49157, 300, 70};
+    const int ks[] = {1, 41, 64};
+    enum { N = 5 };
+    for (size_t di = 0; di < LI_ARRAY_LEN(dims); di++)
+        for (size_t ki = 0; ki < LI_ARRAY_LEN(ks); ki++) {
+            const int64_t dim = dims[di];
+            const int k = ks[ki];
+            float *x = li_xmalloc((size_t)(N * dim) * sizeof(float));
+            for (int64_t j = 0; j < N * dim; j++) x[j] = rng_f() * 4.0f;
+            for (int64_t j = 0; j < dim; j++) {
+                x[1 * dim + j] = (float)((j * 7919) % 13) * 0.5f; /* ties everywhere */
+                x[3 * dim + j] = j % 3 ? 0.0f : -0.0f;            /* all zero, signs mixed */
+            }
+            x[2 * dim + dim / 3] = NAN;
+            float wv[N * 64], gv[64];
+            int32_t wi[N * 64], gi[64];
+            t_topk_ref(x, N, dim, k, wv, wi);
+            int bad = 0;
+            for (int r = 0; r < N; r++) {
+                topk_emulated(x + r * dim, dim, k, TK_THREADS, gv, gi);
+                if (r == 2) bad += gi[0] != -1; /* the NaN row: flagged */
+                else bad += memcmp(gi, wi + r * k, (size_t)k * 4) || memcmp(gv, wv + r * k, (size_t)k * 4);
+            }
+            report(!bad, "topk k=%d of %lld (ties, -0/+0, a NaN row), %d threads: the full sort's ids and values "
+                   "(%d rows differ)", k, (long long)dim, TK_THREADS, bad);
+            free(x);
+        }
+}
+
 int main(void) {
     test_conversions();
     test_weight_rows();
@@ -419,5 +472,6 @@ int main(void) {
     test_rope();
     test_attention();
     test_attention_tiled();
+    test_topk();
     return t_summary("test_cuda_math");
 }
