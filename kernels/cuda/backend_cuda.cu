@@ -606,71 +606,19 @@ __device__ __forceinline__ void gemv_row(const cu_wview &w, int64_t r, const flo
 }
 
 // The same for the GGUF block types (q4_0, q4_1, q8_0; plain, so no scales
-// or permutation): four lanes a 32-element block, eight blocks a warp at a
-// time, so a row of k = 576 takes 3 trips, not 18 (a decode step's GEMVs
-// are bound by the latency of those trips). A lane reads its block's scale
-// (and min), 4 bytes of nibbles (elements 4s..4s+3 and 16+4s..16+4s+3) or
-// 8 int8 codes (8s..8s+7), and the matching activations as float4s.
-template <int T> struct blk_traits;
-template <> struct blk_traits<LI_TYPE_Q4_0> { static constexpr int bytes = 18; };
-template <> struct blk_traits<LI_TYPE_Q4_1> { static constexpr int bytes = 20; };
-template <> struct blk_traits<LI_TYPE_Q8_0> { static constexpr int bytes = 34; };
-
+// or permutation): a lane's share is cuda_math.h's li_cu_gemv_blk_lane
+// (four lanes a 32-element block, eight blocks a warp at a time, so a row
+// of k = 576 takes 3 trips, not 18: a decode step's GEMVs are bound by the
+// latency of those trips), which test_cuda_math runs on the host too.
+static_assert((int)GEMV_NB == (int)LI_CU_GEMV_NB, "the block GEMV's rows a pass");
 template <int T>
 __device__ __forceinline__ void gemv_row_blk(const cu_wview &w, int64_t r, const float *x, float *y, float *res,
                                              int64_t n, int64_t b0, int lane) {
-    constexpr int BB = blk_traits<T>::bytes;
     const int nb = (int)(n - b0 < GEMV_NB ? n - b0 : GEMV_NB);
-    const uint8_t *row = w.data + r * w.row_bytes;
-    const int64_t nblk = w.k / 32;
-    const int sub = lane & 3;
     float acc[GEMV_NB];
 #pragma unroll
     for (int b = 0; b < GEMV_NB; b++) acc[b] = 0.0f;
-#pragma unroll 2
-    for (int64_t blk = lane >> 2; blk < nblk; blk += 8) {
-        const uint8_t *bp = row + blk * BB;
-        const float d = li_cu_fp16_to_f32(*(const uint16_t *)bp);
-        float wv[8];
-        int64_t o0, o1; // the first element of each run of 4
-        if (T == LI_TYPE_Q8_0) {
-            const uint16_t *qp = (const uint16_t *)(bp + 2 + 8 * sub);
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const uint16_t v = qp[i];
-                wv[2 * i] = (float)(int8_t)(v & 0xff) * d;
-                wv[2 * i + 1] = (float)(int8_t)(v >> 8) * d;
-            }
-            o0 = blk * 32 + 8 * sub;
-            o1 = o0 + 4;
-        } else {
-            uint32_t q;
-            float mn = 0.0f;
-            if (T == LI_TYPE_Q4_1) {
-                q = *(const uint32_t *)(bp + 4 + 4 * sub);
-                mn = li_cu_fp16_to_f32(*(const uint16_t *)(bp + 2));
-            } else {
-                const uint16_t *qp = (const uint16_t *)(bp + 2 + 4 * sub);
-                q = (uint32_t)qp[0] | (uint32_t)qp[1] << 16;
-            }
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const int lo = (int)(q >> (8 * i)) & 0x0f, hi = (int)(q >> (8 * i + 4)) & 0x0f;
-                wv[i] = T == LI_TYPE_Q4_1 ? (float)lo * d + mn : (float)(lo - 8) * d;
-                wv[4 + i] = T == LI_TYPE_Q4_1 ? (float)hi * d + mn : (float)(hi - 8) * d;
-            }
-            o0 = blk * 32 + 4 * sub;
-            o1 = o0 + 16;
-        }
-#pragma unroll
-        for (int b = 0; b < GEMV_NB; b++)
-            if (b < nb) {
-                const float *xr = x + (b0 + b) * w.k;
-                const float4 a = *(const float4 *)(xr + o0), c = *(const float4 *)(xr + o1);
-                acc[b] += wv[0] * a.x + wv[1] * a.y + wv[2] * a.z + wv[3] * a.w + wv[4] * c.x + wv[5] * c.y +
-                          wv[6] * c.z + wv[7] * c.w;
-            }
-    }
+    li_cu_gemv_blk_lane(T, w.data + r * w.row_bytes, w.k, x + b0 * w.k, nb, lane, acc);
     gemv_store(acc, nb, lane, y, res, b0, w.m, r);
 }
 

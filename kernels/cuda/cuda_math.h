@@ -197,4 +197,89 @@ LI_HD float li_cu_rope_angle(float pos, float theta_scale, int j) {
     return a;
 }
 
+/* ---- the GGUF block GEMV (q4_0, q4_1, q8_0): one lane's share ----
+ * A warp takes a weight row; four lanes a 32-element block, eight blocks a
+ * warp at a time. A lane reads its block's scale (and min), 4 bytes of
+ * nibbles (elements 4s..4s+3 and 16+4s..16+4s+3) or 8 int8 codes
+ * (8s..8s+7), s = lane % 4, and the matching activations in runs of 4,
+ * for nb activation rows (x + b * k); acc[b] gets the lane's sums, which
+ * the warp then adds up. */
+LI_HD int li_cu_blk_bytes(int t) { return t == LI_TYPE_Q4_0 ? 18 : t == LI_TYPE_Q4_1 ? 20 : 34; }
+
+enum { LI_CU_GEMV_NB = 8 }; /* activation rows a GEMV pass takes */
+
+#ifdef __CUDA_ARCH__ /* the device pass: loops over constant bounds unrolled, acc in registers */
+#define LI_CU_UNROLL _Pragma("unroll")
+#define LI_CU_UNROLL2 _Pragma("unroll 2")
+#else
+#define LI_CU_UNROLL
+#define LI_CU_UNROLL2
+#endif
+
+/* loads: wide ones on the device (the blocks' alignment allows them: a
+ * q4_1 block's 4-byte nibble runs, 2 bytes elsewhere; activation runs of 4
+ * at 16 bytes), the same little-endian bytes on the host */
+#ifdef __CUDA_ARCH__
+LI_HD uint32_t li_cu_ld16(const uint8_t *p) { return *(const uint16_t *)p; }
+LI_HD uint32_t li_cu_ld32(const uint8_t *p, int aligned4) {
+    return aligned4 ? *(const uint32_t *)p : li_cu_ld16(p) | li_cu_ld16(p + 2) << 16;
+}
+#define LI_CU_LD4(p, a)                                                                                            \
+    do {                                                                                                           \
+        const float4 q4_ = *(const float4 *)(p);                                                                   \
+        a[0] = q4_.x, a[1] = q4_.y, a[2] = q4_.z, a[3] = q4_.w;                                                    \
+    } while (0)
+#else
+LI_HD uint32_t li_cu_ld16(const uint8_t *p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8; }
+LI_HD uint32_t li_cu_ld32(const uint8_t *p, int aligned4) {
+    (void)aligned4;
+    return li_cu_ld16(p) | li_cu_ld16(p + 2) << 16;
+}
+#define LI_CU_LD4(p, a) (a[0] = (p)[0], a[1] = (p)[1], a[2] = (p)[2], a[3] = (p)[3])
+#endif
+
+LI_HD void li_cu_gemv_blk_lane(int t, const uint8_t *row, int64_t k, const float *x, int nb, int lane, float *acc) {
+    const int bb = li_cu_blk_bytes(t), sub = lane & 3;
+    const int64_t nblk = k / 32;
+    LI_CU_UNROLL2
+    for (int64_t blk = lane >> 2; blk < nblk; blk += 8) {
+        const uint8_t *bp = row + blk * bb;
+        const float d = li_cu_fp16_to_f32((uint16_t)li_cu_ld16(bp));
+        float wv[8];
+        int64_t o0, o1; /* the first element of each run of 4 */
+        if (t == LI_TYPE_Q8_0) {
+            const uint8_t *qp = bp + 2 + 8 * sub;
+            LI_CU_UNROLL
+            for (int i = 0; i < 4; i++) {
+                const uint32_t v = li_cu_ld16(qp + 2 * i);
+                wv[2 * i] = (float)(int8_t)(v & 0xff) * d;
+                wv[2 * i + 1] = (float)(int8_t)(v >> 8) * d;
+            }
+            o0 = blk * 32 + 8 * sub;
+            o1 = o0 + 4;
+        } else {
+            const uint32_t q = li_cu_ld32(bp + (t == LI_TYPE_Q4_1 ? 4 : 2) + 4 * sub, t == LI_TYPE_Q4_1);
+            const float mn = t == LI_TYPE_Q4_1 ? li_cu_fp16_to_f32((uint16_t)li_cu_ld16(bp + 2)) : 0.0f;
+            LI_CU_UNROLL
+            for (int i = 0; i < 4; i++) {
+                const int lo = (int)(q >> (8 * i)) & 0x0f, hi = (int)(q >> (8 * i + 4)) & 0x0f;
+                wv[i] = t == LI_TYPE_Q4_1 ? (float)lo * d + mn : (float)(lo - 8) * d;
+                wv[4 + i] = t == LI_TYPE_Q4_1 ? (float)hi * d + mn : (float)(hi - 8) * d;
+            }
+            o0 = blk * 32 + 4 * sub;
+            o1 = o0 + 16;
+        }
+        LI_CU_UNROLL
+        for (int b = 0; b < LI_CU_GEMV_NB; b++)
+            if (b < nb) {
+                const float *xr = x + b * k;
+                float a[4], c[4];
+                LI_CU_LD4(xr + o0, a);
+                LI_CU_LD4(xr + o1, c);
+                acc[b] += wv[0] * a[0] + wv[1] * a[1] + wv[2] * a[2] + wv[3] * a[3] + wv[4] * c[0] + wv[5] * c[1] +
+                          wv[6] * c[2] + wv[7] * c[3];
+            }
+    }
+}
+
 #endif

@@ -26,7 +26,11 @@
  *   topk          k_topk's phases (topk_row.h) for a row, each phase for
  *                 every thread in turn, against a full sort: random rows,
  *                 ties across the boundary, -0 beside +0, a NaN row, rows
- *                 shorter than the threads, k 1, 41 and 64 */
+ *                 shorter than the threads, k 1, 41 and 64
+ *   block GEMV    li_cu_gemv_blk_lane (k_gemv's q4_0 / q4_1 / q8_0 rows)
+ *                 for the 32 lanes of a warp, added up, against the
+ *                 reference dequantization's dot products in double, for
+ *                 1, 3 and 8 activation rows and k of 1 to 37 blocks */
 #include "cuda/cuda_math.h"
 #include "cuda/attn_tile.h"
 #include "cuda/topk_row.h"
@@ -464,6 +468,49 @@ static void test_topk(void) {
         }
 }
 
+static void test_gemv_blk(void) {
+    const li_type types[] = {LI_TYPE_Q4_0, LI_TYPE_Q4_1, LI_TYPE_Q8_0};
+    const int64_t ks[] = {32, 160, 576, 37 * 32};
+    const int nbs[] = {1, 3, 8};
+    enum { M = 9 };
+    for (size_t ti = 0; ti < LI_ARRAY_LEN(types); ti++) {
+        double worst = 0;
+        for (size_t ki = 0; ki < LI_ARRAY_LEN(ks); ki++)
+            for (size_t ni = 0; ni < LI_ARRAY_LEN(nbs); ni++) {
+                const int64_t k = ks[ki];
+                const int nb = nbs[ni];
+                test_weight tw;
+                test_weight_make(&tw, types[ti], k, M, fill_rand);
+                float *x = li_xmalloc((size_t)(nb * k) * sizeof(float)), *wr = li_xmalloc((size_t)k * sizeof(float));
+                for (int64_t j = 0; j < nb * k; j++) x[j] = rng_f() * 2.0f;
+                double err = 0, ref2 = 0;
+                for (int64_t r = 0; r < M; r++) {
+                    float sum[LI_CU_GEMV_NB] = {0};
+                    for (int lane = 0; lane < 32; lane++) {
+                        float acc[LI_CU_GEMV_NB] = {0};
+                        li_cu_gemv_blk_lane((int)types[ti], (const uint8_t *)tw.w.data + r * tw.w.row_bytes, k, x, nb,
+                                            lane, acc);
+                        for (int b = 0; b < nb; b++) sum[b] += acc[b];
+                    }
+                    li_weight_dequant_row_ref(&tw.w, r, wr);
+                    for (int b = 0; b < nb; b++) {
+                        double want = 0;
+                        for (int64_t j = 0; j < k; j++) want += (double)wr[j] * x[b * k + j];
+                        err += (sum[b] - want) * (sum[b] - want);
+                        ref2 += want * want;
+                    }
+                }
+                const double e = err / (ref2 > 0 ? ref2 : 1);
+                worst = e > worst ? e : worst;
+                free(x);
+                free(wr);
+                test_weight_free(&tw);
+            }
+        report(worst < 1e-10, "block GEMV %s, k of 1 to 37 blocks, 1/3/8 rows: the warp's sums against the "
+               "reference's dot products, worst nmse %.2e < 1e-10", li_type_name(types[ti]), worst);
+    }
+}
+
 int main(void) {
     test_conversions();
     test_weight_rows();
@@ -473,5 +520,6 @@ int main(void) {
     test_attention();
     test_attention_tiled();
     test_topk();
+    test_gemv_blk();
     return t_summary("test_cuda_math");
 }
