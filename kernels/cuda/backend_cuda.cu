@@ -696,9 +696,7 @@ __global__ void k_act_quant(int act, const float *x, float *out, int64_t k) {
 __device__ __forceinline__ float q8_round_warp(float v) {
     float amax = fabsf(v);
     for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    const float d = amax / 127.0f;
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    return roundf(v * id) * __half2float(__float2half_rn(d));
+    return li_cu_q8_value(v, amax);
 }
 
 __global__ void k_act_q8(const float *x, float *out, int64_t n_blocks) {

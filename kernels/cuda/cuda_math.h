@@ -197,6 +197,15 @@ LI_HD float li_cu_rope_angle(float pos, float theta_scale, int j) {
     return a;
 }
 
+/* ---- q8 blocks: v as the q8_0 block whose largest |x| is amax stores it,
+ * round(v / d) * fp16(d), d = amax / 127 (li_quantize_row_q8_0_ref,
+ * dequantized, bit for bit): what a GEMV over q8-dot weights reads ---- */
+LI_HD float li_cu_q8_value(float v, float amax) {
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    return (roundf(v * id) + 0.0f) * li_cu_fp16_to_f32(li_cu_f32_to_fp16(d)); /* + 0: an int8 code has no -0 */
+}
+
 /* ---- the GGUF block GEMV (q4_0, q4_1, q8_0): one lane's share ----
  * A warp takes a weight row; four lanes a 32-element block, eight blocks a
  * warp at a time. A lane reads its block's scale (and min), 4 bytes of

@@ -30,7 +30,9 @@
  *   block GEMV    li_cu_gemv_blk_lane (k_gemv's q4_0 / q4_1 / q8_0 rows)
  *                 for the 32 lanes of a warp, added up, against the
  *                 reference dequantization's dot products in double, for
- *                 1, 3 and 8 activation rows and k of 1 to 37 blocks */
+ *                 1, 3 and 8 activation rows and k of 1 to 37 blocks
+ *   q8 blocks     li_cu_q8_value (the fused producers' q8 rounding) against
+ *                 li_quantize_row_q8_0_ref's blocks, dequantized, exactly */
 #include "cuda/cuda_math.h"
 #include "cuda/attn_tile.h"
 #include "cuda/topk_row.h"
@@ -142,6 +144,27 @@ static void test_weight_rows(void) {
     int ok = 0;
     for (size_t i = 0; i < LI_ARRAY_LEN(refused); i++) ok += !li_cu_type_ok(refused[i]);
     report(ok == (int)LI_ARRAY_LEN(refused), "types without a CUDA kernel are refused (li_cu_type_ok)");
+}
+
+/* q8 blocks: li_cu_q8_value (q8_round_warp's arithmetic, given the warp's
+ * amax) against li_quantize_row_q8_0_ref's block, dequantized */
+static void test_q8_blocks(void) {
+    enum { NB = 4000 };
+    int bad = 0;
+    for (int b = 0; b < NB; b++) {
+        float x[32];
+        const float scale = b % 3 == 0 ? 1e-3f : b % 3 == 1 ? 1.0f : 300.0f;
+        for (int j = 0; j < 32; j++) x[j] = b == 0 ? 0.0f : rng_f() * scale;
+        if (b % 7 == 1) x[5] = -x[5] * 4.0f; /* a negative amax */
+        uint8_t blk[34];
+        li_quantize_row_q8_0_ref(x, blk, 32);
+        const float d = li_cu_fp16_to_f32((uint16_t)(blk[0] | blk[1] << 8));
+        float amax = 0.0f;
+        for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[j]));
+        for (int j = 0; j < 32; j++) bad += f2u(li_cu_q8_value(x[j], amax)) != f2u((float)(int8_t)blk[2 + j] * d);
+    }
+    report(!bad, "q8 blocks: li_cu_q8_value is li_quantize_row_q8_0_ref's block dequantized, %d blocks (%d values "
+           "differ)", NB, bad);
 }
 
 static void test_act_quant(void) {
@@ -521,5 +544,6 @@ int main(void) {
     test_attention_tiled();
     test_topk();
     test_gemv_blk();
+    test_q8_blocks();
     return t_summary("test_cuda_math");
 }
