@@ -8,7 +8,7 @@
  *
  * For each sampling setting, each of `windows` prompts (64 tokens from
  * evenly spaced places in TEXT) is continued by `new_tokens` tokens drawn by
- * the full chain from the full logits (li_sampler_sample_u). Beside it a second sampler of the
+ * the full chain (li_sampler_sample_u asking the distribution). Beside it a second sampler of the
  * same seed draws from the 64 largest logits (a reference top-k) and the
  * row's lse (and the raw logits of the ids penalties edit), falling back
  * to the logits when it says it cannot decide.
@@ -66,7 +66,7 @@ int main(int argc, char **argv) {
         li_runtime_close(&rt);
         return li_runtime_fail(&err);
     }
-    float *logits = li_xmalloc((size_t)PROMPT * nv * sizeof(float));
+    float *logits = li_xmalloc((size_t)PROMPT * nv * sizeof(float)), *probs = li_xmalloc((size_t)nv * sizeof(float));
     struct { const char *name; float t, top_p, min_p; int32_t top_k; float rp, pres, freq; } sets[] = {
         {"T 1.0 (OpenAI's default)", 1.0f, 1.0f, 0.0f, 0, 1, 0, 0},
         {"T 0.7", 0.7f, 1.0f, 0.0f, 0, 1, 0, 0},
@@ -104,9 +104,9 @@ int main(int argc, char **argv) {
             if (li_session_eval(&sess, prompt, PROMPT, true, logits, &err)) return li_runtime_fail(&err);
             for (int i = 0; i < PROMPT; i++) li_sampler_accept(&a, prompt[i]), li_sampler_accept(&b, prompt[i]);
             for (int t = 0; t < n_new; t++) {
-                /* the full chain (sample_u sorts every kept logit), not li_sampler_sample's own
-                 * candidates: the reference stays independent of the path measured */
-                const int32_t want = li_sampler_sample_u(&a, row, li_sampler_uniform(&a), NULL, NULL, NULL);
+                /* the full chain (sample_u asking the distribution sorts every kept logit), not
+                 * the candidates li_sampler_sample draws from: the reference stays independent */
+                const int32_t want = li_sampler_sample_u(&a, row, li_sampler_uniform(&a), probs, NULL, NULL);
                 li_logits_top(row, nv, K, cand, false);
                 for (int i = 0; i < K; i++) vals[i] = cand[i].logprob, ids[i] = cand[i].id;
                 const int32_t ne = li_sampler_edit_ids(&b, eids, LI_SAMPLER_EDIT_MAX);
@@ -138,6 +138,7 @@ int main(int argc, char **argv) {
     }
     printf("bytes copied back a row: %d for the candidates and lse, %d for the logits\n", K * 8 + 4, nv * 4);
     free(logits);
+    free(probs);
     free(toks);
     free(text);
     li_session_free(&sess);

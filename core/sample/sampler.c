@@ -77,6 +77,12 @@ static bool penalties_on(const li_sampling_params *p) {
            (p->repeat_penalty != 1.0f || p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f);
 }
 
+/* top-k bounds the kept set (else every logit within 40 T nats is kept) */
+static bool topk_on(const li_sampler *s) { return s->p.top_k > 0 && s->p.top_k < s->n_vocab; }
+
+/* ... to fewer than the widest fetch: the first top_k + 1 decide a draw */
+static bool topk_small(const li_sampler *s) { return topk_on(s) && s->p.top_k < LI_SAMPLER_CAND_WIDE; }
+
 
 int li_sampler_init(li_sampler *s, const li_sampling_params *p, int32_t n_vocab, li_error *err) {
     memset(s, 0, sizeof *s);
@@ -289,11 +295,13 @@ static void probs_one_hot(float *probs, int32_t n_vocab, int32_t id) {
 }
 
 static int32_t chain_tail(li_sampler *s, li_token_logprob *c, int32_t n, float mx, const double *u, float *probs);
+static int32_t sample_fast(li_sampler *s, const float *logits, const double *u);
 
 /* The chain from logits to a token. The draw uses *u when given, else the
  * next seeded uniform (greedy draws none). probs (n_vocab), when non-NULL,
  * receives the distribution the draw was made from; it is the only extra
- * work, and only then. */
+ * work, and only then: without it a kept set top_k does not bound is drawn
+ * from its largest logits first (sample_fast). */
 static int32_t sample_chain(li_sampler *s, const float *logits, const double *u, float *probs) {
     const li_sampling_params *p = &s->p;
     const int32_t nv = s->n_vocab;
@@ -302,6 +310,10 @@ static int32_t sample_chain(li_sampler *s, const float *logits, const double *u,
         const int32_t chosen = argmax_of(logits, nv);
         if (probs) probs_one_hot(probs, nv, chosen);
         return chosen;
+    }
+    if (!probs) {
+        const int32_t chosen = sample_fast(s, logits, u);
+        if (chosen >= 0) return chosen;
     }
     if (!s->cand) s->cand = li_xmalloc((size_t)nv * sizeof *s->cand);
     li_token_logprob *c = s->cand;
@@ -327,7 +339,7 @@ static int32_t sample_chain(li_sampler *s, const float *logits, const double *u,
         return chosen;
     }
     int32_t n = nv;
-    if (p->top_k > 0 && p->top_k < n) {
+    if (topk_on(s)) {
         select_top_k(c, n, p->top_k);
         n = p->top_k;
     } else {
@@ -345,7 +357,7 @@ static int32_t sample_chain(li_sampler *s, const float *logits, const double *u,
             return 0;
         }
     }
-    if (n > 512 && !(p->top_k > 0 && p->top_k < nv)) sort_desc_radix(s, c, n); /* c is in id order */
+    if (n > 512 && !topk_on(s)) sort_desc_radix(s, c, n); /* c is in id order */
     else qsort(c, (size_t)n, sizeof *c, cmp_desc);
     return chain_tail(s, c, n, mx, u, probs);
 }
@@ -449,18 +461,16 @@ int32_t li_sampler_cand_need(const li_sampler *s, bool *lse) {
     if (p->temperature <= 0 && !edits) return LI_MAX(1, p->n_logprobs);
     /* top_k: one past it (a tie there would leave the choice of the kept
      * set to the full logits' selection) */
-    if (p->temperature > 0 && p->top_k > 0 && p->top_k < s->n_vocab && p->top_k < LI_SAMPLER_CAND_WIDE && !edits)
-        return LI_MAX(p->top_k + 1, p->n_logprobs);
+    if (p->temperature > 0 && topk_small(s) && !edits) return LI_MAX(p->top_k + 1, p->n_logprobs);
     /* a wider kept set, or logits the chain changes: the widest fetch, and
      * (when sampling wide) the lse to bound the rest */
-    if (p->temperature > 0 && !(p->top_k > 0 && p->top_k < LI_SAMPLER_CAND_WIDE)) *lse = true;
+    if (p->temperature > 0 && !topk_small(s)) *lse = true;
     return LI_MIN(LI_SAMPLER_CAND_WIDE, s->n_vocab);
 }
 
 float li_sampler_cand_scale(const li_sampler *s) {
     const li_sampling_params *p = &s->p;
-    const bool small = p->top_k > 0 && p->top_k < s->n_vocab && p->top_k < LI_SAMPLER_CAND_WIDE;
-    if (!(p->temperature > 0) || p->temperature == 1.0f || (small && !edit_bound(s))) return 0;
+    if (!(p->temperature > 0) || p->temperature == 1.0f || (topk_small(s) && !edit_bound(s))) return 0;
     return (float)(1.0 / (double)p->temperature);
 }
 
@@ -480,24 +490,24 @@ float li_sampler_cand_scale(const li_sampler *s) {
  * between its least and largest possible values, and the draw is taken
  * when both give the same token. */
 static int32_t sample_wide(li_sampler *s, li_token_logprob *c, int32_t n, float bound, double n_tail, double t1_lo,
-                           double t1_hi, double tt_lo, double tt_hi) {
+                           double t1_hi, double tt_lo, double tt_hi, const double *u) {
     const li_sampling_params *p = &s->p;
-    const bool topk_on = p->top_k > 0 && p->top_k < s->n_vocab;
+    const bool bounded = topk_on(s);
     const float mx = c[0].logprob;
     int32_t m = n;
     bool cut_all = false; /* every tail logit lies below the cut */
-    if (!topk_on) { /* the chain drops logits 40 T nats below the best first */
+    if (!bounded) { /* the chain drops logits 40 T nats below the best first */
         const float cut = mx - 40.0f * (p->temperature > 1.0f ? p->temperature : 1.0f);
         while (m > 1 && !(c[m - 1].logprob >= cut)) m--;
         cut_all = bound < cut;
     }
-    if (n_tail <= 0 || m < n || cut_all) return chain_tail(s, c, m, mx, NULL, NULL); /* every kept logit is seen */
+    if (n_tail <= 0 || m < n || cut_all) return chain_tail(s, c, m, mx, u, NULL); /* every kept logit is seen */
     const double e_last = exp((double)bound - mx);
     double acc1 = 0;
     for (int32_t i = 0; i < n; i++) acc1 += exp((double)c[i].logprob - mx);
     /* the whole tail's mass (w1), and what of it top-k can keep (t1) */
     const double w1_lo = LI_MAX(t1_lo, 0.0), w1_hi = LI_MAX(t1_hi, 0.0);
-    t1_hi = LI_MIN(w1_hi, n_tail * e_last), t1_lo = topk_on ? 0 : w1_lo; /* which of the tail top-k keeps: unknown */
+    t1_hi = LI_MIN(w1_hi, n_tail * e_last), t1_lo = bounded ? 0 : w1_lo; /* which of the tail top-k keeps: unknown */
     if (t1_lo > t1_hi) return -1; /* lse disagrees with the candidates */
     /* top-p's cut, for the least and the largest sum the tail allows (cum
      * falls as the sum grows): the same count, or undecided */
@@ -511,7 +521,7 @@ static int32_t sample_wide(li_sampler *s, li_token_logprob *c, int32_t n, float 
     }
     const int32_t w = min_p_cut(p, c, kn, mx); /* a candidate below min-p's cut ends the kept set */
     if (w < kn) past = false;
-    if (!past) return draw_kept(s, c, w, mx, NULL, NULL);
+    if (!past) return draw_kept(s, c, w, mx, u, NULL);
     /* the kept set is every candidate and some of the tail. Their mass at
      * temperature 1: the whole tail's when nothing truncates; with top-p,
      * what takes the kept set's mass to top_p of the sum (cum reached it at
@@ -542,7 +552,7 @@ static int32_t sample_wide(li_sampler *s, li_token_logprob *c, int32_t n, float 
     if (!isnan(tt_lo) && !isnan(tt_hi)) {
         tt_lo = LI_MAX(tt_lo, 0.0);
         tz_hi = LI_MIN(tz_hi, tt_hi);
-        if (p->top_p >= 1.0f && !(p->min_p > 0.0f) && !topk_on) tz_lo = LI_MAX(tz_lo, tt_lo);
+        if (p->top_p >= 1.0f && !(p->min_p > 0.0f) && !bounded) tz_lo = LI_MAX(tz_lo, tt_lo);
         else if (it >= 1 && w1_hi > 0) tz_lo = LI_MAX(tz_lo, k1_lo / w1_hi * tt_lo);
         else if (it < 1 && w1_lo > 0) tz_hi = LI_MIN(tz_hi, k1_hi / w1_lo * tt_hi);
         if (tz_lo > tz_hi) return -1; /* the two lse disagree */
@@ -550,43 +560,35 @@ static int32_t sample_wide(li_sampler *s, li_token_logprob *c, int32_t n, float 
     double zk = 0;
     for (int32_t i = 0; i < n; i++) zk += exp(((double)c[i].logprob - mx) / p->temperature);
     const double z_lo = (zk + tz_lo) * (1 - 1e-9), z_hi = (zk + tz_hi) * (1 + 1e-9);
-    uint64_t rng[4];
+    uint64_t rng[4]; /* the draw the RNG would give, taken only when it decides */
     memcpy(rng, s->rng, sizeof rng);
-    const double u = rng_uniform(rng), r_lo = u * z_lo, r_hi = u * z_hi;
+    const double uu = u ? *u : rng_uniform(rng), r_lo = uu * z_lo, r_hi = uu * z_hi;
     double acc = 0;
     for (int32_t i = 0; i < n; i++) {
         acc += exp(((double)c[i].logprob - mx) / p->temperature);
         if (r_lo < acc) { /* the least z's token: the largest z's too? */
             if (!(r_hi < acc)) return -1;
-            memcpy(s->rng, rng, sizeof rng);
+            memcpy(s->rng, rng, sizeof rng); /* advanced only when it drew */
             return c[i].id;
         }
     }
     return -1; /* the draw lands in the tail */
 }
 
-static bool in_sorted(const int32_t *a, int32_t n, int32_t x) {
-    return n > 0 && bsearch(&x, a, (size_t)n, sizeof *a, cmp_i32) != NULL;
-}
-
-/* The draw from the fetched candidates (sampler.h), or -1 */
-static int32_t sample_from(li_sampler *s, const li_sampler_cands *cd) {
+/* The draw from the fetched candidates (sampler.h), or -1 (the RNG
+ * untouched); cd's edited ids are the sampler's own (li_sampler_edit_ids:
+ * the caller made sure). The draw uses *u when given, else the RNG. */
+static int32_t sample_from(li_sampler *s, const li_sampler_cands *cd, const double *u) {
     const li_sampling_params *p = &s->p;
     const float *vals = cd->vals;
-    const int32_t *ids = cd->ids, n = cd->n;
-    /* the ids the chain edits, as the device read them */
-    int32_t eids[LI_SAMPLER_EDIT_MAX];
-    const int32_t ne = edit_bound(s) ? li_sampler_edit_ids(s, eids, LI_SAMPLER_EDIT_MAX) : 0;
-    if (ne < 0 || ne != cd->n_edit || (ne && memcmp(eids, cd->edit_ids, (size_t)ne * sizeof *eids))) return -1;
+    const int32_t *ids = cd->ids, n = cd->n, *eids = cd->edit_ids, ne = cd->n_edit;
     if (p->temperature <= 0 && !ne) return ids[0]; /* the lowest id of the largest value: argmax_of's */
-    const bool topk_small = p->temperature > 0 && p->top_k > 0 && p->top_k < s->n_vocab &&
-                            p->top_k < LI_SAMPLER_CAND_WIDE;
-    if (topk_small && !ne) { /* the kept set is the first top_k: exact, unless the next ties it */
+    if (p->temperature > 0 && topk_small(s) && !ne) { /* the kept set is the first top_k: exact, unless the next ties it */
         const int32_t k = p->top_k;
         if (!(vals[k - 1] > vals[k])) return -1;
         if (!s->cand) s->cand = li_xmalloc((size_t)s->n_vocab * sizeof *s->cand);
         for (int32_t i = 0; i < k; i++) s->cand[i] = (li_token_logprob){ids[i], vals[i]};
-        return chain_tail(s, s->cand, k, vals[0], NULL, NULL);
+        return chain_tail(s, s->cand, k, vals[0], u, NULL);
     }
     /* the edited row's largest: every fetched logit the chain leaves as it
      * is, and the edited ones above theta (no unseen logit is larger than
@@ -597,9 +599,16 @@ static int32_t sample_from(li_sampler *s, const li_sampler_cands *cd) {
     if ((int64_t)n + ne > s->n_vocab) return -1; /* c and tail hold at most n + ne entries */
     li_token_logprob *c = s->cand, *tail = s->cand2;
     int32_t nc = 0, nt = 0;
-    bool e_at_theta = false;
-    for (int32_t i = 0; i < n; i++)
-        if (!in_sorted(eids, ne, ids[i])) c[nc++] = (li_token_logprob){ids[i], vals[i]};
+    bool e_at_theta = false, fetched[LI_SAMPLER_EDIT_MAX] = {false}; /* edited ids among the fetched */
+    for (int32_t i = 0; i < n; i++) {
+        const int32_t *e = ne ? bsearch(&ids[i], eids, (size_t)ne, sizeof *eids, cmp_i32) : NULL;
+        if (!e) {
+            c[nc++] = (li_token_logprob){ids[i], vals[i]};
+            continue;
+        }
+        if (vals[i] != cd->edit_vals[e - eids]) return -1; /* the fetched values disagree */
+        fetched[e - eids] = true;
+    }
     for (int32_t j = 0; j < ne; j++) {
         const float v = edited(s, eids[j], cd->edit_vals[j]);
         if (isnan(v)) return -1;
@@ -612,12 +621,12 @@ static int32_t sample_from(li_sampler *s, const li_sampler_cands *cd) {
         while (nc > 0 && c[nc - 1].logprob == theta) tail[nt++] = c[--nc];
     if (nc < 1) return -1;
     if (p->temperature <= 0) return c[0].id;
-    const bool topk_on = p->top_k > 0 && p->top_k < s->n_vocab;
-    if (topk_on && p->top_k < nc) { /* the kept set lies among them: exact, unless the next ties it */
+    const bool bounded = topk_on(s);
+    if (bounded && p->top_k < nc) { /* the kept set lies among them: exact, unless the next ties it */
         if (!(c[p->top_k - 1].logprob > c[p->top_k].logprob)) return -1;
-        return chain_tail(s, c, p->top_k, c[0].logprob, NULL, NULL);
+        return chain_tail(s, c, p->top_k, c[0].logprob, u, NULL);
     }
-    if (topk_on) { /* top-k may keep other ids of the last value: to the tail */
+    if (bounded) { /* top-k may keep other ids of the last value: to the tail */
         bound = LI_MAX(bound, c[nc - 1].logprob);
         const float last = c[nc - 1].logprob;
         while (nc > 0 && c[nc - 1].logprob == last) tail[nt++] = c[--nc];
@@ -631,19 +640,19 @@ static int32_t sample_from(li_sampler *s, const li_sampler_cands *cd) {
      * of its value, and 1e-9 covers the double sums' own order) and the
      * known tail's */
     const float sc = li_sampler_cand_scale(s); /* the lse at T's scale, as the device used it */
+    const bool at_t = sc > 0 && isfinite(cd->lse_t);
     const double it = (double)sc;
     double known = 0, known_t = 0;
-    for (int32_t i = 0; i < n; i++) known += exp((double)vals[i] - mxr), known_t += exp(((double)vals[i] - mxr) * it);
+    for (int32_t i = 0; i < n; i++) {
+        known += exp((double)vals[i] - mxr);
+        if (at_t) known_t += exp(((double)vals[i] - mxr) * it);
+    }
     int32_t n_known = n;
     for (int32_t j = 0; j < ne; j++) {
-        int32_t at = -1;
-        for (int32_t i = 0; i < n && at < 0; i++) at = ids[i] == eids[j] ? i : -1;
-        if (at >= 0 ? vals[at] != cd->edit_vals[j] : !(cd->edit_vals[j] <= theta))
-            return -1; /* the fetched values disagree */
-        if (at < 0) {
-            known += exp((double)cd->edit_vals[j] - mxr), n_known++;
-            known_t += exp(((double)cd->edit_vals[j] - mxr) * it);
-        }
+        if (fetched[j]) continue;
+        if (!(cd->edit_vals[j] <= theta)) return -1; /* a raw logit above theta was not fetched */
+        known += exp((double)cd->edit_vals[j] - mxr), n_known++;
+        if (at_t) known_t += exp(((double)cd->edit_vals[j] - mxr) * it);
     }
     const double ld = (double)lse - mxr, dl = 0x1p-23 * (fabs(ld) + fabs((double)lse)) + 1e-9;
     const double scale = exp((double)mxr - mx);
@@ -652,12 +661,12 @@ static int32_t sample_from(li_sampler *s, const li_sampler_cands *cd) {
     for (int32_t i = 0; i < nt; i++) kt += exp((double)tail[i].logprob - mx);
     const double u_hi = LI_MIN(n_unseen * exp((double)theta - mx), (exp(ld + dl) - known * (1 - 1e-9)) * scale);
     const double u_lo = (exp(ld - dl) - known * (1 + 1e-9)) * scale - (double)s->n_vocab * exp(-40.0);
-    const double n_tail = topk_on ? (double)(p->top_k - nc) : n_unseen + nt;
+    const double n_tail = bounded ? (double)(p->top_k - nc) : n_unseen + nt;
     /* the same at temperature T from the lse at T, when fetched. The chain
      * divides by T where the device multiplied by sc: over the 40 T nats
      * the chain keeps, their exponents differ by at most rel */
     double tt_lo = NAN, tt_hi = NAN;
-    if (sc > 0 && isfinite(cd->lse_t)) {
+    if (at_t) {
         const double T = (double)p->temperature, lt = cd->lse_t;
         const double ldt = lt - mxr, dlt = 0x1p-23 * (fabs(ldt) + fabs(lt)) + 1e-9;
         const double rel = 40.0 * LI_MAX(T, 1.0) * fabs(it - 1.0 / T) + 1e-9, scale_t = exp(((double)mxr - mx) * it);
@@ -669,7 +678,7 @@ static int32_t sample_from(li_sampler *s, const li_sampler_cands *cd) {
         tt_hi = (ktt + LI_MAX(ut_hi, 0.0)) * (1 + 1e-9) * exp(rel);
     }
     return sample_wide(s, c, nc, bound, n_tail, kt * (1 - 1e-9) + LI_MAX(u_lo, 0.0),
-                       kt * (1 + 1e-9) + LI_MAX(u_hi, 0.0), tt_lo, tt_hi);
+                       kt * (1 + 1e-9) + LI_MAX(u_hi, 0.0), tt_lo, tt_hi, u);
 }
 
 int32_t li_sampler_sample_cand(li_sampler *s, const li_sampler_cands *cd, li_token_logprob *top,
@@ -685,7 +694,11 @@ int32_t li_sampler_sample_cand(li_sampler *s, const li_sampler_cands *cd, li_tok
         if (isnan(v) || id < 0 || id >= s->n_vocab) return -1;
         if (i && !(v < cd->vals[i - 1] || (v == cd->vals[i - 1] && id > cd->ids[i - 1]))) return -1;
     }
-    const int32_t chosen = sample_from(s, cd);
+    /* the ids the chain edits, as the device read them */
+    int32_t eids[LI_SAMPLER_EDIT_MAX];
+    const int32_t ne = edit_bound(s) ? li_sampler_edit_ids(s, eids, LI_SAMPLER_EDIT_MAX) : 0;
+    if (ne < 0 || ne != cd->n_edit || (ne && memcmp(eids, cd->edit_ids, (size_t)ne * sizeof *eids))) return -1;
+    const int32_t chosen = sample_from(s, cd, NULL);
     if (chosen < 0) return -1;
     /* what report_logprobs reports, from the raw candidates: the top
      * n_logprobs are the first (logits_top keeps the lower id of equal
@@ -719,13 +732,13 @@ float li_sampler_lse_scaled(const float *logits, int32_t n_vocab, double scale) 
  * within 40 nats, most of a 49k vocabulary, took 8 ms a draw): the
  * HOST_CAND largest (a histogram, then a sort of those) and the row's lse
  * (at 1 and at T), through the device's path (sample_from): the same
- * token, or -1 when the rest could change it (then the full chain draws;
- * the RNG is untouched). */
+ * token, drawn with *u when given, or -1 when the rest could change it
+ * (then the full chain draws; the RNG is untouched). */
 #define HOST_CAND 256
-static int32_t sample_fast(li_sampler *s, const float *logits) {
+static int32_t sample_fast(li_sampler *s, const float *logits, const double *u) {
     const li_sampling_params *p = &s->p;
     const int32_t nv = s->n_vocab;
-    if (!(p->temperature > 0) || (p->top_k > 0 && p->top_k < nv) || nv <= HOST_CAND) return -1;
+    if (!(p->temperature > 0) || topk_on(s) || nv <= HOST_CAND) return -1;
     int32_t eids[LI_SAMPLER_EDIT_MAX];
     float ev[LI_SAMPLER_EDIT_MAX];
     const int32_t ne = edit_bound(s) ? li_sampler_edit_ids(s, eids, LI_SAMPLER_EDIT_MAX) : 0;
@@ -769,12 +782,11 @@ static int32_t sample_fast(li_sampler *s, const float *logits) {
         .vals = vals, .ids = ids, .n = n, .lse = log_sum_exp(logits, nv),
         .lse_t = sc > 0 ? li_sampler_lse_scaled(logits, nv, sc) : NAN, .edit_ids = eids, .edit_vals = ev, .n_edit = ne,
     };
-    return sample_from(s, &cd);
+    return sample_from(s, &cd, u);
 }
 
 int32_t li_sampler_sample(li_sampler *s, const float *logits, li_token_logprob *top, float *chosen_logprob) {
-    int32_t chosen = sample_fast(s, logits);
-    if (chosen < 0) chosen = sample_chain(s, logits, NULL, NULL);
+    const int32_t chosen = sample_chain(s, logits, NULL, NULL);
     report_logprobs(s, logits, chosen, top, chosen_logprob);
     return chosen;
 }

@@ -65,10 +65,11 @@ static void cand_logits(float *l, int v, int d, unsigned *seed) {
 }
 
 /* One draw by three samplers of one seed: a by the full chain (sample_u
- * sorts every kept logit: the reference), f by li_sampler_sample, b from
- * the k largest of l and the raw logits it edits (its logits when they
- * cannot decide; d % 3, the logits' family, counts the fallbacks). Returns
- * a's token. */
+ * with the distribution asked for sorts every kept logit: the reference),
+ * f by li_sampler_sample and by sample_u with a's uniform and no
+ * distribution (their unsorted path), b from the k largest of l and the
+ * raw logits it edits (its logits when they cannot decide; d % 3, the
+ * logits' family, counts the fallbacks). Returns a's token. */
 typedef struct {
     int same, lp_same, fast_same, fallbacks, fam[3];
 } draws3;
@@ -78,7 +79,10 @@ static int32_t draw3(li_sampler *a, li_sampler *b, li_sampler *f, const float *l
     float vals[LI_SAMPLER_CAND_WIDE], la, lb, lf;
     int32_t ids[LI_SAMPLER_CAND_WIDE];
     li_token_logprob ta[20], tb[20], tf[20];
-    const int32_t want = li_sampler_sample_u(a, l, li_sampler_uniform(a), NULL, ta, &la);
+    static float probs[4096];
+    const double u = li_sampler_uniform(a);
+    const int32_t want = li_sampler_sample_u(a, l, u, probs, ta, &la);
+    st->fast_same &= li_sampler_sample_u(f, l, u, NULL, NULL, NULL) == want; /* leaves f's RNG as it was */
     st->fast_same &= li_sampler_sample(f, l, tf, &lf) == want && lf == la && !memcmp(ta, tf, (size_t)n_lp * sizeof *ta);
     int32_t got = draw_cand(b, l, v, k, vals, ids, tb, &lb);
     if (got < 0) {
@@ -188,7 +192,7 @@ static void test_cand(void) {
  * the walk in that order) at temperature 1 with nothing truncating */
 static void test_chain_order(void) {
     enum { V = 3000 };
-    static float l[V];
+    static float l[V], probs[V];
     static int32_t ord[V];
     unsigned seed = 5;
     for (int i = 0; i < V; i++) {
@@ -226,10 +230,11 @@ static void test_chain_order(void) {
                 break;
             }
         }
-        bad += li_sampler_sample_u(&s, l, u, NULL, NULL, NULL) != want;
+        bad += li_sampler_sample_u(&s, l, u, probs, NULL, NULL) != want; /* the full chain */
+        bad += li_sampler_sample_u(&s, l, u, NULL, NULL, NULL) != want;  /* and its unsorted path */
     }
-    CHECK(!bad, "the chain's order over %d logits of 7 values (-0 and +0 among them): the reference's draws (%d of "
-          "200 differ)", V, bad);
+    CHECK(!bad, "the chain's order over %d logits of 7 values (-0 and +0 among them): the reference's draws, with the "
+          "distribution and without (%d of 400 differ)", V, bad);
     li_sampler_free(&s);
     /* NaN logits (never kept by the chain) through li_sampler_sample's own
      * path: the full chain's draws */
@@ -242,7 +247,7 @@ static void test_chain_order(void) {
     l[7] = l[1500] = l[2999] = NAN;
     bad = 0;
     for (int k = 0; k < 200; k++)
-        bad += li_sampler_sample(&f, l, NULL, NULL) != li_sampler_sample_u(&a, l, li_sampler_uniform(&a), NULL, NULL,
+        bad += li_sampler_sample(&f, l, NULL, NULL) != li_sampler_sample_u(&a, l, li_sampler_uniform(&a), probs, NULL,
                                                                            NULL);
     CHECK(!bad, "a row with NaN logits: li_sampler_sample draws as the full chain (%d of 200 differ)", bad);
     li_sampler_free(&a);
