@@ -14,9 +14,12 @@
 //              types without a kernel are refused there (LI_EUNSUP)
 //   matmul     n <= 8: a dequantizing GEMV (a warp per output row, the
 //              weight row read once for up to 8 activation rows, f32 sums);
-//              n > 8: the weight dequantized to an f32 copy, then cuBLAS
-//              SGEMM (plain FP32, no TF32). Scheme activations (int8, fp8,
-//              int4 per row) are quantized first as the reference does.
+//              n > 8: q4_0 / q4_1 / q8_0 on the int8 tensor cores straight
+//              from their blocks (k_mmq, the activations as q8 codes);
+//              W8A8, FP8, BF16, F16 and the other weights (dequantized to
+//              f16) through cuBLASLt; else an f32 copy and cuBLAS SGEMM
+//              (plain FP32, no TF32). Scheme activations (int8, fp8, int4
+//              per row) are quantized first as the reference does.
 //   attention  one thread block per (token, head), online softmax over the
 //              token's positions through the flat block table; F32, F16,
 //              BF16 and 8-bit (FP8 / INT8 with per-(token, head) scales) KV
@@ -85,11 +88,11 @@ struct cu_hostcopy {
 // the kernels the profile tells apart
 enum {
     PK_ACT_QUANT, PK_ACT_Q8, PK_GEMV, PK_GEMV_MULTI, PK_DEQUANT, PK_SGEMM, PK_LT_CODES, PK_LT_GEMM, PK_LT_EPI,
-    PK_ADD, PK_GET_ROWS, PK_RMSNORM, PK_ROPE, PK_SILU_MUL, PK_HADAMARD, PK_KV_STORE, PK_ATTENTION, PK_ARGMAX,
+    PK_ACT_Q8C, PK_MMQ, PK_ADD, PK_GET_ROWS, PK_RMSNORM, PK_ROPE, PK_SILU_MUL, PK_HADAMARD, PK_KV_STORE, PK_ATTENTION, PK_ARGMAX,
     PK_TOPK, PK_SET, PK_GET, PK_COPY, PK_N
 };
 static const char *const pk_name[PK_N] = {
-    "act_quant", "act_q8", "gemv", "gemv_multi", "dequant", "sgemm", "lt_codes", "lt_gemm", "lt_epilogue", "add",
+    "act_quant", "act_q8", "gemv", "gemv_multi", "dequant", "sgemm", "lt_codes", "lt_gemm", "lt_epilogue", "act_q8c", "mmq", "add",
     "get_rows", "rmsnorm", "rope", "silu_mul", "hadamard", "kv_store", "attention", "argmax", "topk",
     "buffer_set", "buffer_get", "buffer_copy"};
 
@@ -155,9 +158,24 @@ struct li_cuda {
     size_t attn_part_cap;
     const float *q8_src;
     int64_t q8_rows, q8_k;
+    // the GGUF block types above GEMV_NB rows on the int8 tensor cores
+    // (k_mmq; LUAINFER_CUDA_MMQ=0: the f16 copy through cuBLASLt), their
+    // input's q8 codes (n, k) and each block's (d, d * sum) (n, k / 32),
+    // made once for the weights of one op that read the same x (mmq_src)
+    bool mmq;
+    float *mmq_x, *mmq_s; // bytes in float units
+    size_t mmq_x_cap, mmq_s_cap;
+    const float *mmq_src;
+    int64_t mmq_rows, mmq_k;
 };
 
-static inline void q8_forget(li_cuda *c) { c->q8_src = nullptr; }
+static inline void q8_forget(li_cuda *c) { c->q8_src = nullptr, c->mmq_src = nullptr; }
+
+// whether an op's output of n rows is worth its q8 blocks beside it: the
+// GEMV reads them; k_mmq (above GEMV_NB rows) reads codes of its own
+static inline bool fuse_rows(const li_cuda *c, int64_t n) {
+    return c->fuse && (n <= GEMV_NB || c->invariant || !c->mmq);
+}
 
 struct cu_graph {
     cudaGraphExec_t exec;
@@ -706,6 +724,100 @@ __global__ void k_act_q8(const float *x, float *out, int64_t n_blocks) {
     out[b * 32 + lane] = q8_round_warp(x[b * 32 + lane]);
 }
 
+// ---- the GGUF block types above GEMV_NB rows: k_mmq (cuda_math.h) ----
+
+// x(n, k) as k_mmq's B: per 32-element block (a warp, as k_act_q8) the q8
+// codes into xq and (d, d * sum(codes)) into xds
+__global__ void k_act_q8c(const float *x, int8_t *xq, float2 *xds, int64_t n_blocks) {
+    const int64_t b = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    if (b >= n_blocks) return; // a whole warp
+    const int lane = threadIdx.x & 31;
+    const float v = x[b * 32 + lane];
+    float amax = fabsf(v);
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const int q = li_cu_q8_code(v, amax);
+    int sum = q;
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    xq[b * 32 + lane] = (int8_t)q;
+    if (lane == 0) {
+        const float dh = li_cu_q8_dh(amax);
+        xds[b] = make_float2(dh, dh * (float)sum);
+    }
+}
+
+// c += A(16 x 32, s8, row) . B(32 x 8, s8, col) in int32: the fragment
+// layouts cuda_math.h describes above li_cu_mmq_word (sm_80 and later)
+__device__ __forceinline__ void mma_s8(int32_t *c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                       uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+                 "{%0, %1, %2, %3};\n"
+                 : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// y(n, m) = x(n, k) . W^T (res += y) for q4_0 / q4_1 / q8_0 blocks. A
+// thread block takes 16 weight rows (blockIdx.x) and MMQ_N activation rows
+// (blockIdx.y); its MMQ_WARPS warps split k by 32-element blocks (a decode
+// step's matmuls are small: k = 576 is 18 blocks, so a warp takes 2 or 3
+// and the step waits on few trips). A warp reads its 16 rows' words and
+// scales of a block once, runs one mma for each 8 activation rows, and adds
+// the int32 sums, scaled, into f32 sums; the warps' sums are then added in
+// shared memory, in warp order. Weight rows past m read row m - 1 and
+// activation rows past n row n - 1; neither is stored.
+enum { MMQ_WARPS = 8, MMQ_N = 64, MMQ_T = MMQ_N / 8 };
+template <int T>
+__global__ void __launch_bounds__(MMQ_WARPS * 32)
+    k_mmq(cu_wview w, const int8_t *xq, const float2 *xds, float *y, float *res, int64_t n) {
+    __shared__ float red[MMQ_WARPS][MMQ_T * 4][32];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, s = lane & 3;
+    const int64_t r0 = (int64_t)blockIdx.x * 16, b0 = (int64_t)blockIdx.y * MMQ_N, nblk = w.k / 32, rem = n - b0;
+    const int tiles = rem >= MMQ_N ? MMQ_T : (int)((rem + 7) / 8);
+    const int bb = li_cu_blk_bytes(T);
+    const uint8_t *wa = w.data + (r0 + g < w.m ? r0 + g : w.m - 1) * w.row_bytes;
+    const uint8_t *wb = w.data + (r0 + g + 8 < w.m ? r0 + g + 8 : w.m - 1) * w.row_bytes;
+    float acc[MMQ_T][4];
+#pragma unroll
+    for (int t = 0; t < MMQ_T; t++) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.0f;
+    for (int64_t blk = warp; blk < nblk; blk += MMQ_WARPS) {
+        const uint8_t *pa = wa + blk * bb, *pb = wb + blk * bb;
+        const uint32_t a0 = li_cu_mmq_word(T, pa, s, 0), a1 = li_cu_mmq_word(T, pb, s, 0);
+        const uint32_t a2 = li_cu_mmq_word(T, pa, s, 1), a3 = li_cu_mmq_word(T, pb, s, 1);
+        float da, ma, db, mb;
+        li_cu_mmq_scale(T, pa, &da, &ma);
+        li_cu_mmq_scale(T, pb, &db, &mb);
+#pragma unroll
+        for (int t = 0; t < MMQ_T; t++) {
+            if (t >= tiles) break; // the same for the whole warp
+            const int64_t cb = b0 + 8 * t, c0 = cb + 2 * s;
+            const int8_t *xb = xq + (cb + g < n ? cb + g : n - 1) * w.k + blk * 32;
+            int32_t c[4] = {0, 0, 0, 0};
+            mma_s8(c, a0, a1, a2, a3, *(const uint32_t *)(xb + 4 * s), *(const uint32_t *)(xb + 16 + 4 * s));
+            const float2 x0 = xds[(c0 < n ? c0 : n - 1) * nblk + blk];
+            const float2 x1 = xds[(c0 + 1 < n ? c0 + 1 : n - 1) * nblk + blk];
+            acc[t][0] += li_cu_mmq_term(da, ma, x0.x, x0.y, c[0]);
+            acc[t][1] += li_cu_mmq_term(da, ma, x1.x, x1.y, c[1]);
+            acc[t][2] += li_cu_mmq_term(db, mb, x0.x, x0.y, c[2]);
+            acc[t][3] += li_cu_mmq_term(db, mb, x1.x, x1.y, c[3]);
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < MMQ_T; t++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) red[warp][t * 4 + i][lane] = acc[t][i];
+    __syncthreads();
+    // thread v adds up value (t * 4 + i, lane) of the warps: C's element i
+    // of tile t in that lane
+    for (int v = threadIdx.x; v < MMQ_T * 4 * 32; v += MMQ_WARPS * 32) {
+        const int ti = v / 32, l = v % 32, t = ti / 4, i = ti % 4;
+        const int64_t row = r0 + (l >> 2) + 8 * (i >> 1), col = b0 + 8 * t + 2 * (l & 3) + (i & 1);
+        if (row >= w.m || col >= n) continue;
+        float sum = 0.0f;
+        for (int wi = 0; wi < MMQ_WARPS; wi++) sum += red[wi][ti][l];
+        y[col * w.m + row] = sum;
+        if (res) res[col * w.m + row] += sum;
+    }
+}
+
 // a switch over the weight types with a kernel (li_cu_type_ok), launching KERNEL<T>
 #define CU_TYPE_SWITCH(type, LAUNCH)                                          \
     switch (type) {                                                           \
@@ -898,10 +1010,37 @@ static bool lt_matmul(li_cuda *c, const li_weight *w, const float *x, float *y, 
     return true;
 }
 
-// y = x . W^T (res += y): on the tensor cores where w can go, else the GEMV
-// or SGEMM over x as w's kernels read it
+// y = x . W^T (res += y) by k_mmq, for the GGUF block types above GEMV_NB
+// rows; false when w does not go this way
+static bool mmq_matmul(li_cuda *c, const li_weight *w, const float *x, float *y, float *res, int64_t n) {
+    if (!c->mmq || n <= GEMV_NB || c->invariant || w->scheme != LI_SCHEME_PLAIN || w->k % 32 ||
+        !(w->type == LI_TYPE_Q4_0 || w->type == LI_TYPE_Q4_1 || w->type == LI_TYPE_Q8_0))
+        return false;
+    const int64_t nb = n * w->k / 32;
+    int8_t *xq = (int8_t *)reserve(c, &c->mmq_x, &c->mmq_x_cap, (size_t)nb * 8);
+    float2 *xds = (float2 *)reserve(c, &c->mmq_s, &c->mmq_s_cap, (size_t)nb * 2);
+    if (!(c->mmq_src == x && c->mmq_rows == n && c->mmq_k == w->k)) {
+        PROF(c, PK_ACT_Q8C, k_act_q8c<<<(unsigned)((nb + 7) / 8), 256, 0, c->st>>>(x, xq, xds, nb);
+             CK_LAUNCH("act_q8c"));
+        c->mmq_src = x, c->mmq_rows = n, c->mmq_k = w->k;
+    }
+    const cu_wview v = wview(w);
+    const dim3 grid((unsigned)((w->m + 15) / 16), (unsigned)((n + MMQ_N - 1) / MMQ_N));
+#define L_MMQ(T) k_mmq<T><<<grid, MMQ_WARPS * 32, 0, c->st>>>(v, xq, xds, y, res, n)
+    switch (w->type) {
+    case LI_TYPE_Q4_0: PROF(c, PK_MMQ, L_MMQ(LI_TYPE_Q4_0); CK_LAUNCH("mmq")); break;
+    case LI_TYPE_Q4_1: PROF(c, PK_MMQ, L_MMQ(LI_TYPE_Q4_1); CK_LAUNCH("mmq")); break;
+    default: PROF(c, PK_MMQ, L_MMQ(LI_TYPE_Q8_0); CK_LAUNCH("mmq")); break;
+    }
+#undef L_MMQ
+    return true;
+}
+
+// y = x . W^T (res += y): k_mmq or the tensor cores where w can go, else
+// the GEMV or SGEMM over x as w's kernels read it
 static void matmul_any(li_cuda *c, const li_weight *w, const float *x, float *y, float *res, int64_t n) {
-    if (!lt_matmul(c, w, x, y, res, n)) matmul_one(c, w, act_for(c, w, x, n), y, res, n);
+    if (!mmq_matmul(c, w, x, y, res, n) && !lt_matmul(c, w, x, y, res, n))
+        matmul_one(c, w, act_for(c, w, x, n), y, res, n);
 }
 
 static void cu_matmul(li_backend *be, const li_weight *w, const float *x, float *y, int64_t n) {
@@ -1025,7 +1164,7 @@ static void cu_rmsnorm(li_backend *be, const float *x, const float *w, float *y,
     q8_forget(c);
     if (n <= 0) return;
     const float *wd = dev_floats(c, w, dim);
-    if (c->fuse && dim % 32 == 0) {
+    if (fuse_rows(c, n) && dim % 32 == 0) {
         float *q8 = reserve(c, &c->xbuf, &c->xcap, (size_t)n * (size_t)dim);
         PROF(c, PK_RMSNORM,
              k_rmsnorm_q8<<<(unsigned)n, ROW_THREADS, 0, c->st>>>(x, wd, y, q8, dim, eps); CK_LAUNCH("rmsnorm_q8"));
@@ -1100,7 +1239,7 @@ static void cu_silu_mul(li_backend *be, float *g, const float *u, int64_t n, int
     li_cuda *c = cu(be);
     q8_forget(c);
     if (n * dim <= 0) return;
-    if (c->fuse && dim % 32 == 0) {
+    if (fuse_rows(c, n) && dim % 32 == 0) {
         float *q8 = reserve(c, &c->xbuf, &c->xcap, (size_t)n * (size_t)dim);
         const int64_t nb = n * dim / 32;
         PROF(c, PK_SILU_MUL,
@@ -1481,7 +1620,7 @@ static void cu_attention(li_backend *be, const li_attn_args *a) {
     p.bs = a->block_size;
     p.scale = a->scale;
     li_cuda *c = cu(be);
-    const bool fuse = c->fuse && a->head_dim % 32 == 0;
+    const bool fuse = fuse_rows(c, a->n_tokens) && a->head_dim % 32 == 0;
     const int64_t row = (int64_t)a->n_head * a->head_dim;
     p.q8 = fuse ? reserve(c, &c->xbuf, &c->xcap, (size_t)a->n_tokens * (size_t)row) : nullptr;
     // split by positions for a few tokens (decode) when not batch-invariant:
@@ -1811,6 +1950,8 @@ extern "C" int li_backend_cuda_init(li_backend *be, int device, li_error *err) {
     c->attn_tile = !(atl && !strcmp(atl, "0"));
     const char *fz = getenv("LUAINFER_CUDA_FUSE");
     c->fuse = !(fz && !strcmp(fz, "0"));
+    const char *mq = getenv("LUAINFER_CUDA_MMQ");
+    c->mmq = !(mq && !strcmp(mq, "0"));
     const char *inv = getenv("LUAINFER_CUDA_INVARIANT");
     c->invariant = inv && *inv && strcmp(inv, "0");
     be->ops = c->invariant ? &cuda_invariant_ops : &cuda_ops;
@@ -1847,6 +1988,14 @@ extern "C" int li_backend_cuda_device_count(void) {
         return 0;
     }
     return n;
+}
+
+extern "C" int li_backend_cuda_set_mmq(li_backend *be, bool on) {
+    if (!li_backend_is_cuda(be)) return -1;
+    li_cuda *c = cu(be);
+    const bool was = c->mmq;
+    if (was != on) c->mmq = on, c->gen++; // recordings of the other path are stale
+    return was;
 }
 
 extern "C" const char *li_backend_cuda_lt_note(li_backend *be) {
@@ -1903,6 +2052,8 @@ extern "C" void li_backend_cuda_free(li_backend *be) {
     cudaFree(c->blas_ws);
     cudaFree(c->wbuf);
     cudaFree(c->xbuf);
+    cudaFree(c->mmq_x);
+    cudaFree(c->mmq_s);
     for (int i = 0; i < c->n_copies; i++) {
         cudaFree(c->copies[i].dev);
         free(c->copies[i].keep);

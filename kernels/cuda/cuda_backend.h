@@ -33,6 +33,11 @@ void li_backend_cuda_describe(const li_backend *be, char *out, size_t cap, doubl
  * turns it on at init and prints it at free. No-ops on another backend. */
 void li_backend_cuda_profile(li_backend *be, bool on);
 void li_backend_cuda_profile_print(li_backend *be, FILE *out, const char *title);
+/* q4_0 / q4_1 / q8_0 weights above 8 rows straight from their blocks on
+ * the int8 tensor cores (on, the default), or dequantized to f16 for
+ * cuBLASLt (off; LUAINFER_CUDA_MMQ=0 at init): the previous setting, -1 on
+ * another backend. Recorded passes of the other setting are re-recorded. */
+int li_backend_cuda_set_mmq(li_backend *be, bool on);
 /* Why the tensor-core GEMMs (cuBLASLt: W8A8 int8, FP8, BF16 and F16
  * weights above 8 rows) are off or a kind of them failed and went back to
  * the SGEMM path, or "" when none did (and on another backend). */

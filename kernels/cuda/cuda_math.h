@@ -206,6 +206,16 @@ LI_HD float li_cu_q8_value(float v, float amax) {
     return (roundf(v * id) + 0.0f) * li_cu_fp16_to_f32(li_cu_f32_to_fp16(d)); /* + 0: an int8 code has no -0 */
 }
 
+/* the same block's int8 code of v (what li_cu_q8_value multiplies; NaN 0)
+ * and its d as stored, fp16 (k_mmq's activations) */
+LI_HD int li_cu_q8_code(float v, float amax) {
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    const float r = roundf(v * id);
+    return r >= 127.0f ? 127 : r <= -127.0f ? -127 : r == r ? (int)r : 0;
+}
+LI_HD float li_cu_q8_dh(float amax) { return li_cu_fp16_to_f32(li_cu_f32_to_fp16(amax / 127.0f)); }
+
 /* ---- the GGUF block GEMV (q4_0, q4_1, q8_0): one lane's share ----
  * A warp takes a weight row; four lanes a 32-element block, eight blocks a
  * warp at a time. A lane reads its block's scale (and min), 4 bytes of
@@ -289,6 +299,39 @@ LI_HD void li_cu_gemv_blk_lane(int t, const uint8_t *row, int64_t k, const float
                           wv[6] * c[2] + wv[7] * c[3];
             }
     }
+}
+
+
+/* ---- the block GEMM on the int8 tensor cores (k_mmq: q4_0, q4_1, q8_0) ----
+ * One mma.m16n8k32 (s8 x s8 -> s32) multiplies a 32-element block of 16
+ * weight rows by the q8 codes of that block of 8 activation rows. In the
+ * PTX ISA's fragment layouts, lane l (g = l / 4, s = l % 4) holds A's
+ * words of weight rows g and g + 8 at elements 4s..4s+3 and 16+4s..16+4s+3,
+ * B's words of activation row g at the same elements, and C's sums of
+ * weight rows g, g + 8 by activation rows 2s, 2s + 1. A block's sums then
+ * take its scales in f32: d_w d_x sum + m_w s_x, s_x = d_x * sum(codes):
+ * the q4_1 . q8_1 dot's two terms (m_w 0 for q4_0 and q8_0). */
+
+/* four bytes' nibbles less 8 each, with no carry between bytes (q4_0's codes) */
+LI_HD uint32_t li_cu_nib_less8(uint32_t nib) { return ((nib | 0x80808080u) - 0x08080808u) ^ 0x80808080u; }
+
+/* the int8 codes of a block's elements 4s..4s+3 (hi: 16+4s..16+4s+3) as one word */
+LI_HD uint32_t li_cu_mmq_word(int t, const uint8_t *bp, int s, int hi) {
+    if (t == LI_TYPE_Q8_0) return li_cu_ld32(bp + 2 + 16 * hi + 4 * s, 0);
+    const uint32_t q = li_cu_ld32(bp + (t == LI_TYPE_Q4_1 ? 4 : 2) + 4 * s, t == LI_TYPE_Q4_1);
+    const uint32_t nib = (hi ? q >> 4 : q) & 0x0f0f0f0fu;
+    return t == LI_TYPE_Q4_0 ? li_cu_nib_less8(nib) : nib;
+}
+
+/* a block's scale and its min (0 but for q4_1) */
+LI_HD void li_cu_mmq_scale(int t, const uint8_t *bp, float *d, float *mn) {
+    *d = li_cu_fp16_to_f32((uint16_t)li_cu_ld16(bp));
+    *mn = t == LI_TYPE_Q4_1 ? li_cu_fp16_to_f32((uint16_t)li_cu_ld16(bp + 2)) : 0.0f;
+}
+
+/* a block's int32 sum as the f32 it adds to its output */
+LI_HD float li_cu_mmq_term(float dw, float mw, float dx, float sx, int32_t sum) {
+    return dw * dx * (float)sum + mw * sx;
 }
 
 #endif

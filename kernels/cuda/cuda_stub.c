@@ -37,6 +37,12 @@ void li_backend_cuda_describe(const li_backend *be, char *out, size_t cap, doubl
     *bandwidth = 0;
 }
 
+int li_backend_cuda_set_mmq(li_backend *be, bool on) {
+    (void)be;
+    (void)on;
+    return -1;
+}
+
 const char *li_backend_cuda_lt_note(li_backend *be) {
     (void)be;
     return "";

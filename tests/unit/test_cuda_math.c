@@ -31,8 +31,15 @@
  *                 for the 32 lanes of a warp, added up, against the
  *                 reference dequantization's dot products in double, for
  *                 1, 3 and 8 activation rows and k of 1 to 37 blocks
- *   q8 blocks     li_cu_q8_value (the fused producers' q8 rounding) against
- *                 li_quantize_row_q8_0_ref's blocks, dequantized, exactly */
+ *   q8 blocks     li_cu_q8_value (the fused producers' q8 rounding) and
+ *                 li_cu_q8_code / li_cu_q8_dh (k_act_q8c's codes) against
+ *                 li_quantize_row_q8_0_ref's blocks, exactly
+ *   block GEMM    k_mmq (q4_0 / q4_1 / q8_0 on the int8 tensor cores)
+ *                 re-enacted: its warps' words, scales and terms from
+ *                 cuda_math.h, each mma emulated from the PTX ISA's
+ *                 fragment tables, the warps' sums added in order; against
+ *                 the reference dequantization's dot products with the q8
+ *                 activations, for partial row groups and activation tiles */
 #include "cuda/cuda_math.h"
 #include "cuda/attn_tile.h"
 #include "cuda/topk_row.h"
@@ -150,7 +157,7 @@ static void test_weight_rows(void) {
  * amax) against li_quantize_row_q8_0_ref's block, dequantized */
 static void test_q8_blocks(void) {
     enum { NB = 4000 };
-    int bad = 0;
+    int bad = 0, bad_code = 0;
     for (int b = 0; b < NB; b++) {
         float x[32];
         const float scale = b % 3 == 0 ? 1e-3f : b % 3 == 1 ? 1.0f : 300.0f;
@@ -162,9 +169,152 @@ static void test_q8_blocks(void) {
         float amax = 0.0f;
         for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[j]));
         for (int j = 0; j < 32; j++) bad += f2u(li_cu_q8_value(x[j], amax)) != f2u((float)(int8_t)blk[2 + j] * d);
+        for (int j = 0; j < 32; j++) bad_code += li_cu_q8_code(x[j], amax) != (int8_t)blk[2 + j];
+        bad_code += f2u(li_cu_q8_dh(amax)) != f2u(d);
     }
     report(!bad, "q8 blocks: li_cu_q8_value is li_quantize_row_q8_0_ref's block dequantized, %d blocks (%d values "
            "differ)", NB, bad);
+    report(!bad_code, "q8 blocks: li_cu_q8_code and li_cu_q8_dh are li_quantize_row_q8_0_ref's codes and d, %d "
+           "blocks (%d differ)", NB, bad_code);
+}
+
+/* mma.m16n8k32 (s8 x s8 -> s32) with the PTX ISA's fragment tables, written
+ * from them apart from cuda_math.h: lane l (g = l / 4, s = l % 4); A (16 x
+ * 32, row) element a_i (byte i % 4 of register i / 4) at row g + 8 when
+ * 4 <= i < 8 or i >= 12 (else g), column 4 s + i % 4, + 16 when i >= 8;
+ * B (32 x 8, col) b_i at row 4 s + i % 4, + 16 when i >= 4, column g; C c_i
+ * at row g, + 8 when i >= 2, column 2 s + i % 2. c += A . B */
+static void mma_emulated(const uint32_t a[32][4], const uint32_t b[32][2], int32_t c[32][4]) {
+    int8_t A[16][32], B[32][8];
+    for (int l = 0; l < 32; l++) {
+        const int g = l >> 2, s = l & 3;
+        for (int i = 0; i < 16; i++) {
+            const int row = g + ((i >= 4 && i < 8) || i >= 12 ? 8 : 0), col = 4 * s + i % 4 + (i >= 8 ? 16 : 0);
+            A[row][col] = (int8_t)(a[l][i / 4] >> (8 * (i % 4)));
+        }
+        for (int i = 0; i < 8; i++) B[4 * s + i % 4 + (i >= 4 ? 16 : 0)][g] = (int8_t)(b[l][i / 4] >> (8 * (i % 4)));
+    }
+    for (int l = 0; l < 32; l++)
+        for (int i = 0; i < 4; i++) {
+            const int row = (l >> 2) + (i >= 2 ? 8 : 0), col = 2 * (l & 3) + i % 2;
+            int32_t sum = 0;
+            for (int kk = 0; kk < 32; kk++) sum += A[row][kk] * B[kk][col];
+            c[l][i] += sum;
+        }
+}
+
+static uint32_t word_at(const int8_t *p) {
+    return (uint32_t)(uint8_t)p[0] | (uint32_t)(uint8_t)p[1] << 8 | (uint32_t)(uint8_t)p[2] << 16 |
+           (uint32_t)(uint8_t)p[3] << 24;
+}
+
+enum { MMQ_WARPS_T = 8, MMQ_N_T = 64 }; /* k_mmq's MMQ_WARPS and MMQ_N */
+
+/* k_mmq's thread block (r0, b0) for every warp and lane, as the kernel
+ * runs it, the mma emulated; y(n, m) */
+static void mmq_block(int t, const uint8_t *wd, int64_t row_bytes, int64_t m, int64_t k, const int8_t *xq,
+                      const float *xds, int64_t n, int64_t r0, int64_t b0, float *y) {
+    const int64_t nblk = k / 32, rem = n - b0;
+    const int tiles = rem >= MMQ_N_T ? MMQ_N_T / 8 : (int)((rem + 7) / 8), bb = li_cu_blk_bytes(t);
+    static float red[MMQ_WARPS_T][MMQ_N_T / 8 * 4][32];
+    for (int warp = 0; warp < MMQ_WARPS_T; warp++) {
+        float acc[32][MMQ_N_T / 8][4] = {{{0}}};
+        for (int64_t blk = warp; blk < nblk; blk += MMQ_WARPS_T)
+            for (int ti = 0; ti < tiles; ti++) {
+                uint32_t a[32][4], b[32][2];
+                int32_t c[32][4] = {{0}};
+                float da[32], ma[32], db[32], mb[32];
+                for (int l = 0; l < 32; l++) {
+                    const int g = l >> 2, s = l & 3;
+                    const uint8_t *pa = wd + (r0 + g < m ? r0 + g : m - 1) * row_bytes + blk * bb;
+                    const uint8_t *pb = wd + (r0 + g + 8 < m ? r0 + g + 8 : m - 1) * row_bytes + blk * bb;
+                    a[l][0] = li_cu_mmq_word(t, pa, s, 0), a[l][1] = li_cu_mmq_word(t, pb, s, 0);
+                    a[l][2] = li_cu_mmq_word(t, pa, s, 1), a[l][3] = li_cu_mmq_word(t, pb, s, 1);
+                    li_cu_mmq_scale(t, pa, &da[l], &ma[l]);
+                    li_cu_mmq_scale(t, pb, &db[l], &mb[l]);
+                    const int64_t cb = b0 + 8 * ti;
+                    const int8_t *xb = xq + (cb + g < n ? cb + g : n - 1) * k + blk * 32;
+                    b[l][0] = word_at(xb + 4 * s), b[l][1] = word_at(xb + 16 + 4 * s);
+                }
+                mma_emulated(a, b, c);
+                for (int l = 0; l < 32; l++) {
+                    const int64_t c0 = b0 + 8 * ti + 2 * (l & 3);
+                    const float *x0 = xds + 2 * ((c0 < n ? c0 : n - 1) * nblk + blk);
+                    const float *x1 = xds + 2 * ((c0 + 1 < n ? c0 + 1 : n - 1) * nblk + blk);
+                    acc[l][ti][0] += li_cu_mmq_term(da[l], ma[l], x0[0], x0[1], c[l][0]);
+                    acc[l][ti][1] += li_cu_mmq_term(da[l], ma[l], x1[0], x1[1], c[l][1]);
+                    acc[l][ti][2] += li_cu_mmq_term(db[l], mb[l], x0[0], x0[1], c[l][2]);
+                    acc[l][ti][3] += li_cu_mmq_term(db[l], mb[l], x1[0], x1[1], c[l][3]);
+                }
+            }
+        for (int l = 0; l < 32; l++)
+            for (int ti = 0; ti < MMQ_N_T / 8; ti++)
+                for (int i = 0; i < 4; i++) red[warp][ti * 4 + i][l] = acc[l][ti][i];
+    }
+    for (int v = 0; v < MMQ_N_T / 8 * 4 * 32; v++) {
+        const int ti = v / 32, l = v % 32, tt = ti / 4, i = ti % 4;
+        const int64_t row = r0 + (l >> 2) + 8 * (i >> 1), col = b0 + 8 * tt + 2 * (l & 3) + (i & 1);
+        if (row >= m || col >= n) continue;
+        float sum = 0.0f;
+        for (int wi = 0; wi < MMQ_WARPS_T; wi++) sum += red[wi][ti][l];
+        y[col * m + row] = sum;
+    }
+}
+
+static void test_mmq(void) {
+    const li_type types[] = {LI_TYPE_Q4_0, LI_TYPE_Q4_1, LI_TYPE_Q8_0};
+    const int64_t ks[] = {32, 96, 576, 37 * 32};
+    const int64_t ns[] = {1, 9, 64, 70};
+    enum { M = 37 };
+    for (size_t ti = 0; ti < LI_ARRAY_LEN(types); ti++) {
+        double worst = 0;
+        int unset = 0;
+        for (size_t ki = 0; ki < LI_ARRAY_LEN(ks); ki++)
+            for (size_t ni = 0; ni < LI_ARRAY_LEN(ns); ni++) {
+                const int64_t k = ks[ki], n = ns[ni], nblk = k / 32;
+                test_weight tw;
+                test_weight_make(&tw, types[ti], k, M, fill_rand);
+                float *x = li_xmalloc((size_t)(n * k) * sizeof(float)), *xd = li_xmalloc((size_t)(n * k) * 4);
+                float *xds = li_xmalloc((size_t)(n * nblk) * 2 * sizeof(float)), *wr = li_xmalloc((size_t)k * 4);
+                float *y = li_xmalloc((size_t)(n * M) * sizeof(float));
+                int8_t *xq = li_xmalloc((size_t)(n * k));
+                for (int64_t j = 0; j < n * k; j++) x[j] = rng_f() * (j % 97 == 0 ? 40.0f : 2.0f);
+                for (int64_t b = 0; b < n * nblk; b++) { /* k_act_q8c's block b; the reference's */
+                    float amax = 0.0f;
+                    int sum = 0;
+                    for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[b * 32 + j]));
+                    for (int j = 0; j < 32; j++) sum += xq[b * 32 + j] = (int8_t)li_cu_q8_code(x[b * 32 + j], amax);
+                    xds[2 * b] = li_cu_q8_dh(amax), xds[2 * b + 1] = xds[2 * b] * (float)sum;
+                    uint8_t blk[34];
+                    li_quantize_row_q8_0_ref(x + b * 32, blk, 32);
+                    const float d = li_cu_fp16_to_f32((uint16_t)(blk[0] | blk[1] << 8));
+                    for (int j = 0; j < 32; j++) xd[b * 32 + j] = (float)(int8_t)blk[2 + j] * d;
+                }
+                for (int64_t i = 0; i < n * M; i++) y[i] = NAN;
+                for (int64_t r0 = 0; r0 < M; r0 += 16)
+                    for (int64_t b0 = 0; b0 < n; b0 += MMQ_N_T)
+                        mmq_block((int)types[ti], (const uint8_t *)tw.w.data, tw.w.row_bytes, M, k, xq, xds, n, r0,
+                                  b0, y);
+                double err = 0, ref2 = 0;
+                for (int64_t r = 0; r < M; r++) {
+                    li_weight_dequant_row_ref(&tw.w, r, wr);
+                    for (int64_t b = 0; b < n; b++) {
+                        double want = 0;
+                        for (int64_t j = 0; j < k; j++) want += (double)wr[j] * xd[b * k + j];
+                        unset += isnan(y[b * M + r]);
+                        err += (y[b * M + r] - want) * (y[b * M + r] - want);
+                        ref2 += want * want;
+                    }
+                }
+                const double e = err / (ref2 > 0 ? ref2 : 1);
+                worst = e > worst || e != e ? e : worst;
+                free(x), free(xd), free(xds), free(wr), free(y), free(xq);
+                test_weight_free(&tw);
+            }
+        report(worst < 1e-10 && !unset, "block GEMM %s (k_mmq, mma emulated), m %d, k of 1 to 37 blocks, 1/9/64/70 "
+               "rows: against the reference's dot products with q8 activations, worst nmse %.2e < 1e-10, %d outputs "
+               "unwritten", li_type_name(types[ti]), M, worst, unset);
+    }
 }
 
 static void test_act_quant(void) {
@@ -545,5 +695,6 @@ int main(void) {
     test_topk();
     test_gemv_blk();
     test_q8_blocks();
+    test_mmq();
     return t_summary("test_cuda_math");
 }

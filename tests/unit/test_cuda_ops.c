@@ -6,8 +6,9 @@
  * without a device. Sizes are odd on purpose: k = 67 (float and 8-bit
  * codes), 160 (32-element blocks), 68 (4-bit codes, a partial last group),
  * m = 131 rows (144 where the tensor cores' shapes need multiples of 16),
- * n in {1, 3, 8, 17} activation rows (8 is the GEMV's largest batch, 17
- * goes through cuBLASLt or cuBLAS), head_dim 64 with 9 query heads
+ * n in {1, 3, 8, 17, 70} activation rows (8 is the GEMV's largest batch;
+ * above it q4_0 / q4_1 / q8_0 take k_mmq, whose activation tiles are 64
+ * rows, the rest cuBLASLt or cuBLAS), head_dim 64 with 9 query heads
  * over 3 kv heads, block size 16 and block tables with holes.
  *
  * Thresholds, as ggml's test-backend-ops states them (normalized mean
@@ -100,9 +101,14 @@ static void check_weight(test_weight *tw, const char *what) {
     const int rc = cu.ops->weight_prepare(&cu, &wc);
     report(rc == 0, "%s: weight_prepare (%d)", what, rc);
     if (rc) return;
-    const int64_t ns[] = {1, 3, 8, 17};
-    for (size_t t = 0; t < LI_ARRAY_LEN(ns); t++) {
-        const int64_t n = ns[t];
+    const int64_t ns[] = {1, 3, 8, 17, 70}; /* 70: k_mmq's two activation tiles, the second partial */
+    /* the GGUF block types above 8 rows both ways: k_mmq, then the f16 copy through cuBLASLt */
+    const bool blocks = w->scheme == LI_SCHEME_PLAIN &&
+                        (w->type == LI_TYPE_Q4_0 || w->type == LI_TYPE_Q4_1 || w->type == LI_TYPE_Q8_0);
+    for (size_t t = 0; t < LI_ARRAY_LEN(ns) + (blocks ? 2 : 0); t++) {
+        const int64_t n = ns[t < LI_ARRAY_LEN(ns) ? t : t - 2];
+        const bool f16 = t >= LI_ARRAY_LEN(ns);
+        li_backend_cuda_set_mmq(&cu, !f16);
         float *x = frand(n * k, 1.0f), *want = frand(n * m, 0), *got = frand(n * m, 0);
         ref.ops->matmul(&ref, w, x, want, n);
         li_buffer bx = up(x, (size_t)(n * k) * 4), by = up(NULL, (size_t)(n * m) * 4);
@@ -110,7 +116,7 @@ static void check_weight(test_weight *tw, const char *what) {
         down(&by, got, (size_t)(n * m) * 4);
         const double e = nmse(got, want, n * m);
         report(e < 5e-4, "%s matmul m=%lld k=%lld n=%lld (%s): nmse %.2e < 5e-4", what, (long long)m, (long long)k,
-               (long long)n, n <= 8 ? "gemv" : "cublas", e);
+               (long long)n, n <= 8 ? "gemv" : !blocks ? "gemm" : f16 ? "f16 copy" : "k_mmq", e);
         /* W8A8 on the int8 tensor cores: the integer sums and the CPU's
          * epilogue, so the reference's bits (k = 67 and m = 131 are not
          * multiples of 16: that weight stays on the SGEMM path, and only its
@@ -128,7 +134,9 @@ static void check_weight(test_weight *tw, const char *what) {
         cu.ops->matmul_add(&cu, &wc, bx.data, by.data, br.data, n);
         down(&br, got, (size_t)(n * m) * 4);
         const double ea = nmse(got, res, n * m);
-        report(ea < 5e-4, "%s matmul_add n=%lld: nmse %.2e < 5e-4", what, (long long)n, ea);
+        report(ea < 5e-4, "%s matmul_add n=%lld%s: nmse %.2e < 5e-4", what, (long long)n, f16 ? " (f16 copy)" : "",
+               ea);
+        li_backend_cuda_set_mmq(&cu, true);
         li_buffer_free(&cu, &bx);
         li_buffer_free(&cu, &by);
         li_buffer_free(&cu, &br);
@@ -1052,21 +1060,27 @@ static void bench_prefill(li_model *m) {
     li_batch b = {.n = N, .tokens = tok, .pos = pos, .seq = seq, .slot = slot, .block_table = sq.blocks, .n_seqs = 1,
                   .bt_stride = sq.n_blocks, .logit_rows = &last, .n_logits = 1};
     float *logits = li_xmalloc((size_t)m->hp.n_vocab * sizeof(float));
-    double best = 1e30;
-    for (int r = 0; r < 4; r++) {
+    /* alternating: the q4/q8 weights by k_mmq (the default), then through
+     * their f16 copies (li_backend_cuda_set_mmq) */
+    double best[2] = {1e30, 1e30};
+    for (int r = 0; r < 8; r++) {
+        li_backend_cuda_set_mmq(&cu, r % 2 == 0);
         const double t0 = li_time_now();
         if (li_forward_run(&fw, m, &cu, &kv, &b, logits, &err)) {
             printf("bench: prefill: %s\n", err.msg);
             break;
         }
         const double dt = li_time_now() - t0;
-        if (r) best = dt < best ? dt : best;
+        if (r >= 2) best[r % 2] = dt < best[r % 2] ? dt : best[r % 2];
     }
+    li_backend_cuda_set_mmq(&cu, true);
     const li_hparams *hp = &m->hp;
     const double flop = 2.0 * N * matmul_macs(m) + 2.0 * (double)hp->n_vocab * hp->n_embd +
                         4.0 * hp->n_layer * hp->n_head * hp->head_dim * (N * (N + 1) / 2.0);
-    printf("bench: prefill %d tokens, one pass: %.3f ms, %.0f tokens/s, %.2f TFLOP/s\n", N, best * 1e3, N / best,
-           flop / best / 1e12);
+    for (int i = 0; i < 2; i++)
+        printf("bench: prefill %d tokens, one pass%s: %.3f ms, %.0f tokens/s, %.2f TFLOP/s\n", N,
+               i ? ", q4/q8 weights through f16 copies" : "", best[i] * 1e3, N / best[i], flop / best[i] / 1e12);
+    printf("bench: prefill: k_mmq / f16 copies, time: %.2f\n", best[0] / best[1]);
     free(tok);
     free(pos);
     free(seq);
@@ -1122,6 +1136,28 @@ static void bench_decode(li_model *m) {
         printf("bench: decode batch %3d: graphs / op by op, best of %d: %.3f / %.3f ms per step (%.2fx); weights at "
                "%.0f GB/s, %.1f%% of the memory bandwidth\n", B, rounds, best[1] * 1e3 / steps, best[0] * 1e3 / steps,
                best[0] / best[1], gbs, bw > 0 ? 100.0 * gbs * 1e9 / bw : 0.0);
+        if (B > 8) { /* the q4/q8 weights by k_mmq and through f16 copies, alternating, recorded passes */
+            double bm[2] = {1e30, 1e30};
+            li_forward_set_graphs(&r.fw, true);
+            for (int round = 0; round < 2 * rounds; round++) {
+                li_backend_cuda_set_mmq(&cu, round % 2 == 0);
+                double t0 = 0;
+                int rc = 0;
+                for (int st = -2; st < steps && !rc; st++) {
+                    if (st == 0) t0 = li_time_now();
+                    rc = rig_step(&r, m, st, logits, &err);
+                }
+                const double dt = li_time_now() - t0;
+                if (rc) {
+                    printf("bench: batch %d: %s\n", B, err.msg);
+                    break;
+                }
+                bm[round % 2] = dt < bm[round % 2] ? dt : bm[round % 2];
+            }
+            li_backend_cuda_set_mmq(&cu, true);
+            printf("bench: decode batch %3d, graphs, q4/q8 weights by k_mmq / through f16 copies: %.3f / %.3f ms per "
+                   "step (%.2fx)\n", B, bm[0] * 1e3 / steps, bm[1] * 1e3 / steps, bm[1] / bm[0]);
+        }
         if (B == 1 || B == 64) {
             li_backend_cuda_profile(&cu, true);
             li_forward_set_graphs(&r.fw, false);
