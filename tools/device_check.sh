@@ -164,10 +164,12 @@ for group in weights rowops attention; do
     run "unit/test_cuda_ops --only $group" 60 "$BUILD/test_cuda_ops" --only $group
     expect_gpu $?
 done
-# the model first with recording, fused q8 blocks and the tensor cores off
-# (session 27's paths): if one of those aborts below, this says the rest held
-run "unit/test_cuda_ops --only model, graphs/fusion/cuBLASLt/split and tiled attention off" 120 env LUAINFER_GRAPHS=0 \
-    LUAINFER_CUDA_FUSE=0 LUAINFER_CUDA_LT=0 LUAINFER_CUDA_ATTN_SPLIT=0 LUAINFER_CUDA_ATTN_TILE=0 \
+# the model first with recording, fused q8 blocks, k_mmq and the tensor
+# cores off (session 27's paths): if one of those aborts below, this says
+# the rest held
+run "unit/test_cuda_ops --only model, graphs/fusion/mmq/cuBLASLt/split and tiled attention off" 120 env \
+    LUAINFER_GRAPHS=0 LUAINFER_CUDA_FUSE=0 LUAINFER_CUDA_MMQ=0 LUAINFER_CUDA_LT=0 LUAINFER_CUDA_ATTN_SPLIT=0 \
+    LUAINFER_CUDA_ATTN_TILE=0 \
     "$BUILD/test_cuda_ops" --only model
 expect_gpu $?
 run "unit/test_cuda_ops --only model" 200 "$BUILD/test_cuda_ops" --only model
