@@ -174,6 +174,14 @@ run "unit/test_cuda_ops --only model, graphs/fusion/mmq/cuBLASLt/split and tiled
 expect_gpu $?
 run "unit/test_cuda_ops --only model" 200 "$BUILD/test_cuda_ops" --only model
 expect_gpu $?
+# programmatic dependent launch (off by default until measured): every
+# kernel waits for the one ahead at its first statement, or races
+run "unit/test_cuda_ops --only weights, programmatic dependent launch" 60 env LUAINFER_CUDA_PDL=1 \
+    "$BUILD/test_cuda_ops" --only weights
+expect_gpu $?
+run "unit/test_cuda_ops --only model, programmatic dependent launch" 200 env LUAINFER_CUDA_PDL=1 \
+    "$BUILD/test_cuda_ops" --only model
+expect_gpu $?
 # the benchmark in a process of its own: a check above that aborts leaves it standing
 run "unit/test_cuda_ops --only bench" 240 "$BUILD/test_cuda_ops" --only bench
 expect_gpu $?

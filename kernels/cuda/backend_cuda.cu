@@ -88,12 +88,12 @@ struct cu_hostcopy {
 // the kernels the profile tells apart
 enum {
     PK_ACT_QUANT, PK_ACT_Q8, PK_GEMV, PK_GEMV_MULTI, PK_DEQUANT, PK_SGEMM, PK_LT_CODES, PK_LT_GEMM, PK_LT_EPI,
-    PK_ACT_Q8C, PK_MMQ, PK_ADD, PK_GET_ROWS, PK_RMSNORM, PK_ROPE, PK_SILU_MUL, PK_HADAMARD, PK_KV_STORE, PK_ATTENTION, PK_ARGMAX,
-    PK_TOPK, PK_SET, PK_GET, PK_COPY, PK_N
+    PK_ACT_Q8C, PK_MMQ, PK_ADD, PK_GET_ROWS, PK_RMSNORM, PK_ROPE, PK_SILU_MUL, PK_HADAMARD, PK_KV_STORE,
+    PK_ATTENTION, PK_ARGMAX, PK_TOPK, PK_SET, PK_GET, PK_COPY, PK_N
 };
 static const char *const pk_name[PK_N] = {
-    "act_quant", "act_q8", "gemv", "gemv_multi", "dequant", "sgemm", "lt_codes", "lt_gemm", "lt_epilogue", "act_q8c", "mmq", "add",
-    "get_rows", "rmsnorm", "rope", "silu_mul", "hadamard", "kv_store", "attention", "argmax", "topk",
+    "act_quant", "act_q8", "gemv", "gemv_multi", "dequant", "sgemm", "lt_codes", "lt_gemm", "lt_epilogue",
+    "act_q8c", "mmq", "add", "get_rows", "rmsnorm", "rope", "silu_mul", "hadamard", "kv_store", "attention", "argmax", "topk",
     "buffer_set", "buffer_get", "buffer_copy"};
 
 struct cu_prof_pending {
@@ -167,9 +167,46 @@ struct li_cuda {
     size_t mmq_x_cap, mmq_s_cap;
     const float *mmq_src;
     int64_t mmq_rows, mmq_k;
+    // programmatic dependent launch (launch, pdl_enter)
+    bool pdl;
 };
 
 static inline void q8_forget(li_cuda *c) { c->q8_src = nullptr, c->mmq_src = nullptr; }
+
+// ---- launches: programmatic dependent launch (sm_90) ----
+//
+// With pdl on (LUAINFER_CUDA_PDL=1, li_backend_cuda_set_pdl), every kernel
+// is launched allowed to start before the kernel ahead of it on the stream
+// has finished: its thread blocks are placed, and wait at their first
+// statement (griddepcontrol.wait: until the grid ahead has completed and
+// its writes are visible), so the launch's latency hides behind the
+// previous kernel's tail. Each kernel lets the next one launch as soon as
+// it has passed its own wait. A kernel that reads or writes anything before
+// pdl_enter would race; every kernel here calls it first. Without pdl the
+// wait returns at once. In a recorded pass the launches become programmatic
+// edges of the graph.
+__device__ __forceinline__ void pdl_enter() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// kern<<<grid, block, smem, c->st>>>(args...), with pdl when it is on
+template <typename... K, typename... A>
+static void launch(li_cuda *c, dim3 grid, dim3 block, size_t smem, void (*kern)(K...), A &&...args) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = c->st;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = c->pdl ? 1 : 0;
+    (void)cudaLaunchKernelEx(&cfg, kern, static_cast<A &&>(args)...); // a failure is the last error: CK_LAUNCH
+}
 
 // whether an op's output of n rows is worth its q8 blocks beside it: the
 // GEMV reads them; k_mmq (above GEMV_NB rows) reads codes of its own
@@ -575,6 +612,7 @@ __device__ __forceinline__ void put_elem(uint16_t *o, int64_t i, float v) { o[i]
 // out(n, k) = rows ids[i] (or i when ids is NULL) of W as f32 (or f16,
 // rounded to nearest even: the tensor cores' operand), in input-column order
 template <int T, typename O> __global__ void k_dequant(cu_wview w, const int32_t *ids, int64_t n, O *out) {
+    pdl_enter();
     const int64_t total = n * w.k;
     for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
          idx += (int64_t)gridDim.x * blockDim.x) {
@@ -653,6 +691,7 @@ __device__ __forceinline__ void gemv_any(const cu_wview &w, int64_t r, const flo
 // y(n, m) = x(n, k) . W^T (and res += y): a warp per output row, a chunk of
 // GEMV_NB activation rows per blockIdx.y
 template <int T> __global__ void k_gemv(cu_wview w, const float *x, float *y, float *res, int64_t n) {
+    pdl_enter();
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int64_t r = (int64_t)blockIdx.x * GEMV_WARPS + warp;
     if (r >= w.m) return;
@@ -670,6 +709,7 @@ struct cu_multi {
 };
 
 template <int T> __global__ void k_gemv_multi(cu_multi mw, const float *x, int64_t n) {
+    pdl_enter();
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     int64_t r = (int64_t)blockIdx.x * GEMV_WARPS + warp;
     int i = 0;
@@ -696,6 +736,7 @@ __device__ float row_amax(const float *xr, int64_t k) {
 
 // a block per row, amax by fmaxf (NaNs skipped), then every element
 __global__ void k_act_quant(int act, const float *x, float *out, int64_t k) {
+    pdl_enter();
     const float *xr = x + (int64_t)blockIdx.x * k;
     float *o = out + (int64_t)blockIdx.x * k;
     const float sc = row_amax(xr, k) / li_cu_act_divisor(act);
@@ -718,6 +759,7 @@ __device__ __forceinline__ float q8_round_warp(float v) {
 }
 
 __global__ void k_act_q8(const float *x, float *out, int64_t n_blocks) {
+    pdl_enter();
     const int64_t b = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     if (b >= n_blocks) return; // a whole warp: its lanes share the block
     const int lane = threadIdx.x & 31;
@@ -729,6 +771,7 @@ __global__ void k_act_q8(const float *x, float *out, int64_t n_blocks) {
 // x(n, k) as k_mmq's B: per 32-element block (a warp, as k_act_q8) the q8
 // codes into xq and (d, d * sum(codes)) into xds
 __global__ void k_act_q8c(const float *x, int8_t *xq, float2 *xds, int64_t n_blocks) {
+    pdl_enter();
     const int64_t b = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     if (b >= n_blocks) return; // a whole warp
     const int lane = threadIdx.x & 31;
@@ -768,6 +811,7 @@ enum { MMQ_WARPS = 8, MMQ_N = 64, MMQ_T = MMQ_N / 8 };
 template <int T>
 __global__ void __launch_bounds__(MMQ_WARPS * 32)
     k_mmq(cu_wview w, const int8_t *xq, const float2 *xds, float *y, float *res, int64_t n) {
+    pdl_enter();
     __shared__ float red[MMQ_WARPS][MMQ_T * 4][32];
     const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, s = lane & 3;
     const int64_t r0 = (int64_t)blockIdx.x * 16, b0 = (int64_t)blockIdx.y * MMQ_N, nblk = w.k / 32, rem = n - b0;
@@ -834,6 +878,7 @@ __global__ void __launch_bounds__(MMQ_WARPS * 32)
     }
 
 __global__ void k_add(float *y, const float *x, int64_t n) {
+    pdl_enter();
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
         y[i] += x[i];
 }
@@ -861,10 +906,10 @@ static const float *act_for(li_cuda *c, const li_weight *w, const float *x, int6
     float *xq = reserve(c, &c->xbuf, &c->xcap, (size_t)n * (size_t)w->k);
     if (kind == ACT_Q8) {
         const int64_t nb = n * w->k / 32;
-        PROF(c, PK_ACT_Q8, k_act_q8<<<(unsigned)((nb + 7) / 8), 256, 0, c->st>>>(x, xq, nb); CK_LAUNCH("act_q8"));
+        PROF(c, PK_ACT_Q8, launch(c, (unsigned)((nb + 7) / 8), 256, 0, k_act_q8, x, xq, nb); CK_LAUNCH("act_q8"));
     } else {
         PROF(c, PK_ACT_QUANT,
-             k_act_quant<<<(unsigned)n, ROW_THREADS, 0, c->st>>>((int)w->act, x, xq, w->k);
+             launch(c, (unsigned)n, ROW_THREADS, 0, k_act_quant, (int)w->act, x, xq, w->k);
              CK_LAUNCH("act_quant"));
     }
     return xq;
@@ -875,7 +920,7 @@ static void matmul_one(li_cuda *c, const li_weight *w, const float *xa, float *y
     const cu_wview v = wview(w);
     if (n <= GEMV_NB || c->invariant) {
         const dim3 grid((unsigned)((w->m + GEMV_WARPS - 1) / GEMV_WARPS), (unsigned)((n + GEMV_NB - 1) / GEMV_NB));
-#define L_GEMV(T) k_gemv<T><<<grid, GEMV_WARPS * 32, 0, c->st>>>(v, xa, y, res, n)
+#define L_GEMV(T) launch(c, grid, GEMV_WARPS * 32, 0, k_gemv<T>, v, xa, y, res, n)
         PROF(c, PK_GEMV, CU_TYPE_SWITCH(w->type, L_GEMV); CK_LAUNCH("gemv"));
 #undef L_GEMV
         return;
@@ -883,7 +928,7 @@ static void matmul_one(li_cuda *c, const li_weight *w, const float *xa, float *y
     // n > 8: the whole weight dequantized to f32, then one SGEMM. Column-major
     // view: y^T(m, n) = W'(k, m)^T . x^T(k, n), W' the row-major (m, k) copy.
     float *wf = reserve(c, &c->wbuf, &c->wcap, (size_t)w->m * (size_t)w->k);
-#define L_DEQ(T) k_dequant<T, float><<<blocks_for(w->m * w->k, 256), 256, 0, c->st>>>(v, nullptr, w->m, wf)
+#define L_DEQ(T) launch(c, blocks_for(w->m * w->k, 256), 256, 0, k_dequant<T, float>, v, nullptr, w->m, wf)
     PROF(c, PK_DEQUANT, CU_TYPE_SWITCH(w->type, L_DEQ); CK_LAUNCH("dequant"));
 #undef L_DEQ
     const float one = 1.0f, zero = 0.0f;
@@ -892,7 +937,7 @@ static void matmul_one(li_cuda *c, const li_weight *w, const float *xa, float *y
                             xa, (int)w->k, &zero, y, (int)w->m)));
     if (res) {
         const int64_t t = n * w->m;
-        PROF(c, PK_ADD, k_add<<<blocks_for(t, 256), 256, 0, c->st>>>(res, y, t); CK_LAUNCH("add"));
+        PROF(c, PK_ADD, launch(c, blocks_for(t, 256), 256, 0, k_add, res, y, t); CK_LAUNCH("add"));
     }
 }
 
@@ -903,6 +948,7 @@ static void matmul_one(li_cuda *c, const li_weight *w, const float *xa, float *y
 // s = amax / 127 or 448, the int8 code rounded to even and clamped, the
 // e4m3 code of x / s); bf16 / f16, each element rounded to nearest even.
 __global__ void k_lt_codes(int kind, const float *x, void *codes, float *rs, int64_t k) {
+    pdl_enter();
     const float *xr = x + (int64_t)blockIdx.x * k;
     if (kind == LI_LT_BF16 || kind == LI_LT_F16) {
         uint16_t *o = (uint16_t *)codes + (int64_t)blockIdx.x * k;
@@ -924,6 +970,7 @@ __global__ void k_lt_codes(int kind, const float *x, void *codes, float *rs, int
 // bf16 / f16 D as it is. res += y when res.
 __global__ void k_lt_epilogue(int kind, const void *d, const float *rs, const float *ws, float *y, float *res,
                               int64_t n, int64_t m) {
+    pdl_enter();
     const int64_t total = n * m;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
         const int64_t r = i / m, col = i % m;
@@ -980,7 +1027,7 @@ static bool lt_matmul(li_cuda *c, const li_weight *w, const float *x, float *y, 
         uint16_t *wh = p->f16 ? p->f16 : (uint16_t *)reserve(c, &c->lt_w16, &c->lt_w16_cap, (hb + 3) / 4);
         if (!p->f16 || fresh) {
             const cu_wview v = wview(w);
-#define L_DEQH(T) k_dequant<T, uint16_t><<<blocks_for(m * k, 256), 256, 0, c->st>>>(v, nullptr, m, wh)
+#define L_DEQH(T) launch(c, blocks_for(m * k, 256), 256, 0, k_dequant<T, uint16_t>, v, nullptr, m, wh)
             PROF(c, PK_DEQUANT, CU_TYPE_SWITCH(w->type, L_DEQH); CK_LAUNCH("dequant f16"));
 #undef L_DEQH
         }
@@ -991,7 +1038,7 @@ static bool lt_matmul(li_cuda *c, const li_weight *w, const float *x, float *y, 
     float *rs = reserve(c, &c->lt_rows, &c->lt_rows_cap, (size_t)n);
     float *d = reserve(c, &c->lt_d, &c->lt_d_cap, (size_t)n * (size_t)m);
     PROF(c, PK_LT_CODES,
-         k_lt_codes<<<(unsigned)n, ROW_THREADS, 0, c->st>>>(kind, x, codes, rs, k); CK_LAUNCH("lt_codes"));
+         launch(c, (unsigned)n, ROW_THREADS, 0, k_lt_codes, kind, x, codes, rs, k); CK_LAUNCH("lt_codes"));
     char why[160];
     int rc = 0;
     PROF(c, PK_LT_GEMM,
@@ -1005,7 +1052,7 @@ static bool lt_matmul(li_cuda *c, const li_weight *w, const float *x, float *y, 
     }
     const float *wsc = kind == LI_LT_INT8 || kind == LI_LT_FP8 ? ((const cu_weight *)w->packed)->scales : nullptr;
     PROF(c, PK_LT_EPI,
-         k_lt_epilogue<<<blocks_for(n * m, 256), 256, 0, c->st>>>(kind, d, rs, wsc, y, res, n, m);
+         launch(c, blocks_for(n * m, 256), 256, 0, k_lt_epilogue, kind, d, rs, wsc, y, res, n, m);
          CK_LAUNCH("lt_epilogue"));
     return true;
 }
@@ -1020,13 +1067,13 @@ static bool mmq_matmul(li_cuda *c, const li_weight *w, const float *x, float *y,
     int8_t *xq = (int8_t *)reserve(c, &c->mmq_x, &c->mmq_x_cap, (size_t)nb * 8);
     float2 *xds = (float2 *)reserve(c, &c->mmq_s, &c->mmq_s_cap, (size_t)nb * 2);
     if (!(c->mmq_src == x && c->mmq_rows == n && c->mmq_k == w->k)) {
-        PROF(c, PK_ACT_Q8C, k_act_q8c<<<(unsigned)((nb + 7) / 8), 256, 0, c->st>>>(x, xq, xds, nb);
+        PROF(c, PK_ACT_Q8C, launch(c, (unsigned)((nb + 7) / 8), 256, 0, k_act_q8c, x, xq, xds, nb);
              CK_LAUNCH("act_q8c"));
         c->mmq_src = x, c->mmq_rows = n, c->mmq_k = w->k;
     }
     const cu_wview v = wview(w);
     const dim3 grid((unsigned)((w->m + 15) / 16), (unsigned)((n + MMQ_N - 1) / MMQ_N));
-#define L_MMQ(T) k_mmq<T><<<grid, MMQ_WARPS * 32, 0, c->st>>>(v, xq, xds, y, res, n)
+#define L_MMQ(T) launch(c, grid, MMQ_WARPS * 32, 0, k_mmq<T>, v, xq, xds, y, res, n)
     switch (w->type) {
     case LI_TYPE_Q4_0: PROF(c, PK_MMQ, L_MMQ(LI_TYPE_Q4_0); CK_LAUNCH("mmq")); break;
     case LI_TYPE_Q4_1: PROF(c, PK_MMQ, L_MMQ(LI_TYPE_Q4_1); CK_LAUNCH("mmq")); break;
@@ -1053,7 +1100,7 @@ static void cu_add(li_backend *be, float *y, const float *x, int64_t n) {
     li_cuda *c = cu(be);
     q8_forget(c);
     if (n <= 0) return;
-    PROF(c, PK_ADD, k_add<<<blocks_for(n, 256), 256, 0, c->st>>>(y, x, n); CK_LAUNCH("add"));
+    PROF(c, PK_ADD, launch(c, blocks_for(n, 256), 256, 0, k_add, y, x, n); CK_LAUNCH("add"));
 }
 
 // the GEMV adds y into res as it writes it (the same float k_add would add)
@@ -1100,7 +1147,7 @@ static void multi(li_cuda *c, const li_weight *const *w, int n_w, const float *x
         mw.end[i] = rows;
     }
     const dim3 grid((unsigned)((rows + GEMV_WARPS - 1) / GEMV_WARPS), (unsigned)((n + GEMV_NB - 1) / GEMV_NB));
-#define L_MULTI(T) k_gemv_multi<T><<<grid, GEMV_WARPS * 32, 0, c->st>>>(mw, xa, n)
+#define L_MULTI(T) launch(c, grid, GEMV_WARPS * 32, 0, k_gemv_multi<T>, mw, xa, n)
     PROF(c, PK_GEMV_MULTI, CU_TYPE_SWITCH(w[0]->type, L_MULTI); CK_LAUNCH("gemv_multi"));
 #undef L_MULTI
 }
@@ -1110,7 +1157,7 @@ static void cu_get_rows(li_backend *be, const li_weight *w, const int32_t *ids, 
     q8_forget(c);
     if (n <= 0) return;
     const cu_wview v = wview(w);
-#define L_ROWS(T) k_dequant<T, float><<<blocks_for(n * w->k, 256), 256, 0, c->st>>>(v, ids, n, out)
+#define L_ROWS(T) launch(c, blocks_for(n * w->k, 256), 256, 0, k_dequant<T, float>, v, ids, n, out)
     PROF(c, PK_GET_ROWS, CU_TYPE_SWITCH(w->type, L_ROWS); CK_LAUNCH("get_rows"));
 #undef L_ROWS
 }
@@ -1139,6 +1186,7 @@ __device__ float rms_scale(const float *xr, int64_t dim, float eps) {
 
 // a block per row
 __global__ void k_rmsnorm(const float *x, const float *w, float *y, int64_t dim, float eps) {
+    pdl_enter();
     const float *xr = x + (int64_t)blockIdx.x * dim;
     float *yr = y + (int64_t)blockIdx.x * dim;
     const float scale = rms_scale(xr, dim, eps);
@@ -1147,6 +1195,7 @@ __global__ void k_rmsnorm(const float *x, const float *w, float *y, int64_t dim,
 
 // the same, also writing the output's q8 blocks (dim % 32 == 0): a warp a block
 __global__ void k_rmsnorm_q8(const float *x, const float *w, float *y, float *q8, int64_t dim, float eps) {
+    pdl_enter();
     const float *xr = x + (int64_t)blockIdx.x * dim;
     float *yr = y + (int64_t)blockIdx.x * dim, *qr = q8 + (int64_t)blockIdx.x * dim;
     const float scale = rms_scale(xr, dim, eps);
@@ -1167,16 +1216,17 @@ static void cu_rmsnorm(li_backend *be, const float *x, const float *w, float *y,
     if (fuse_rows(c, n) && dim % 32 == 0) {
         float *q8 = reserve(c, &c->xbuf, &c->xcap, (size_t)n * (size_t)dim);
         PROF(c, PK_RMSNORM,
-             k_rmsnorm_q8<<<(unsigned)n, ROW_THREADS, 0, c->st>>>(x, wd, y, q8, dim, eps); CK_LAUNCH("rmsnorm_q8"));
+             launch(c, (unsigned)n, ROW_THREADS, 0, k_rmsnorm_q8, x, wd, y, q8, dim, eps); CK_LAUNCH("rmsnorm_q8"));
         c->q8_src = y, c->q8_rows = n, c->q8_k = dim;
         return;
     }
-    PROF(c, PK_RMSNORM, k_rmsnorm<<<(unsigned)n, ROW_THREADS, 0, c->st>>>(x, wd, y, dim, eps); CK_LAUNCH("rmsnorm"));
+    PROF(c, PK_RMSNORM, launch(c, (unsigned)n, ROW_THREADS, 0, k_rmsnorm, x, wd, y, dim, eps); CK_LAUNCH("rmsnorm"));
 }
 
 // a thread per (token, head, pair): q's heads, then k's (hk = 0: q alone)
 __global__ void k_rope_qk(float *q, float *k, const int32_t *pos, int64_t n, int hq, int hk, int head_dim, int n_rot,
                           float ts, int neox) {
+    pdl_enter();
     const int half = n_rot / 2;
     const int64_t nq = n * hq * half, total = nq + n * hk * half;
     for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
@@ -1203,8 +1253,8 @@ static void cu_rope(li_backend *be, float *x, const int32_t *pos, int64_t n, int
     if (n <= 0 || n_rot < 2) return;
     const float ts = powf(theta, -2.0f / (float)n_rot); // on the host: the reference's bits
     PROF(c, PK_ROPE,
-         k_rope_qk<<<blocks_for(n * n_heads * (n_rot / 2), 256), 256, 0, c->st>>>(x, nullptr, pos, n, n_heads, 0,
-                                                                                   head_dim, n_rot, ts, neox);
+         launch(c, blocks_for(n * n_heads * (n_rot / 2), 256), 256, 0, k_rope_qk, x, nullptr, pos, n, n_heads, 0,
+                head_dim, n_rot, ts, neox);
          CK_LAUNCH("rope"));
 }
 
@@ -1216,17 +1266,19 @@ static void cu_rope_qk(li_backend *be, float *q, float *k, const int32_t *pos, i
     const float ts = powf(theta, -2.0f / (float)n_rot); // on the host: the reference's bits
     const int64_t total = n * (hq + hk) * (n_rot / 2);
     PROF(c, PK_ROPE,
-         k_rope_qk<<<blocks_for(total, 256), 256, 0, c->st>>>(q, k, pos, n, hq, hk, head_dim, n_rot, ts, neox);
+         launch(c, blocks_for(total, 256), 256, 0, k_rope_qk, q, k, pos, n, hq, hk, head_dim, n_rot, ts, neox);
          CK_LAUNCH("rope_qk"));
 }
 
 __global__ void k_silu_mul(float *g, const float *u, int64_t n) {
+    pdl_enter();
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
         g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }
 
 // the same, also writing g's q8 blocks: a warp a block of 32 (dim % 32 == 0)
 __global__ void k_silu_mul_q8(float *g, const float *u, float *q8, int64_t n_blocks) {
+    pdl_enter();
     const int64_t b = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     if (b >= n_blocks) return; // a whole warp
     const int64_t i = b * 32 + threadIdx.x % 32;
@@ -1243,16 +1295,17 @@ static void cu_silu_mul(li_backend *be, float *g, const float *u, int64_t n, int
         float *q8 = reserve(c, &c->xbuf, &c->xcap, (size_t)n * (size_t)dim);
         const int64_t nb = n * dim / 32;
         PROF(c, PK_SILU_MUL,
-             k_silu_mul_q8<<<(unsigned)((nb + 7) / 8), 256, 0, c->st>>>(g, u, q8, nb); CK_LAUNCH("silu_mul_q8"));
+             launch(c, (unsigned)((nb + 7) / 8), 256, 0, k_silu_mul_q8, g, u, q8, nb); CK_LAUNCH("silu_mul_q8"));
         c->q8_src = g, c->q8_rows = n, c->q8_k = dim;
         return;
     }
-    PROF(c, PK_SILU_MUL, k_silu_mul<<<blocks_for(n * dim, 256), 256, 0, c->st>>>(g, u, n * dim); CK_LAUNCH("silu_mul"));
+    PROF(c, PK_SILU_MUL, launch(c, blocks_for(n * dim, 256), 256, 0, k_silu_mul, g, u, n * dim); CK_LAUNCH("silu_mul"));
 }
 
 // a CUDA block per row, the row in shared memory: the reference's butterflies
 // (ops_ref.c li_ref_hadamard), the same adds in the same pairs, so the same bits
 __global__ void k_hadamard(float *x, const float *s, int64_t dim, int64_t block, float scale) {
+    pdl_enter();
     extern __shared__ float v[];
     float *xr = x + (int64_t)blockIdx.x * dim;
     for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) v[j] = xr[j] * s[j];
@@ -1276,8 +1329,8 @@ static void cu_hadamard(li_backend *be, float *x, const float *s, int64_t n, int
     if (n <= 0) return;
     const float *sd = dev_floats(c, s, dim);
     PROF(c, PK_HADAMARD,
-         k_hadamard<<<(unsigned)n, ROW_THREADS, (size_t)dim * sizeof(float), c->st>>>(x, sd, dim, block,
-                                                                                   1.0f / sqrtf((float)block));
+         launch(c, (unsigned)n, ROW_THREADS, (size_t)dim * sizeof(float), k_hadamard, x, sd, dim, block,
+                1.0f / sqrtf((float)block));
          CK_LAUNCH("hadamard"));
 }
 
@@ -1295,6 +1348,7 @@ template <int DT> __device__ __forceinline__ void kv_put(void *base, int64_t idx
 template <int DT>
 __global__ void k_kv_store(void *kd, void *vd, const float *k, const float *v, const int64_t *slot, int64_t n_tokens,
                            int64_t row) {
+    pdl_enter();
     const int64_t total = n_tokens * row;
     for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
          idx += (int64_t)gridDim.x * blockDim.x) {
@@ -1309,6 +1363,7 @@ __global__ void k_kv_store(void *kd, void *vd, const float *k, const float *v, c
 // 8-bit KV: a warp per (token, kv head, K or V): amax, scale, codes
 __global__ void k_kv8_store(int t, uint8_t *kd, uint8_t *vd, float *ks, float *vs, const float *k, const float *v,
                             const int64_t *slot, int64_t n_tokens, int n_head_kv, int D) {
+    pdl_enter();
     const int lane = threadIdx.x % 32;
     const int64_t wid = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
     if (wid >= n_tokens * n_head_kv * 2) return;
@@ -1331,15 +1386,14 @@ __global__ void k_kv8_store(int t, uint8_t *kd, uint8_t *vd, float *ks, float *v
 static void kv_store_launch(li_cuda *c, const li_kv_layer *kv, const float *k, const float *v, const int64_t *slot,
                             int64_t n_tokens, int n_head_kv, int head_dim, int64_t row, unsigned nb) {
     switch (kv->dtype) {
-    case LI_TYPE_F32: k_kv_store<LI_TYPE_F32><<<nb, 256, 0, c->st>>>(kv->k, kv->v, k, v, slot, n_tokens, row); break;
-    case LI_TYPE_F16: k_kv_store<LI_TYPE_F16><<<nb, 256, 0, c->st>>>(kv->k, kv->v, k, v, slot, n_tokens, row); break;
-    case LI_TYPE_BF16: k_kv_store<LI_TYPE_BF16><<<nb, 256, 0, c->st>>>(kv->k, kv->v, k, v, slot, n_tokens, row); break;
+    case LI_TYPE_F32: launch(c, nb, 256, 0, k_kv_store<LI_TYPE_F32>, kv->k, kv->v, k, v, slot, n_tokens, row); break;
+    case LI_TYPE_F16: launch(c, nb, 256, 0, k_kv_store<LI_TYPE_F16>, kv->k, kv->v, k, v, slot, n_tokens, row); break;
+    case LI_TYPE_BF16: launch(c, nb, 256, 0, k_kv_store<LI_TYPE_BF16>, kv->k, kv->v, k, v, slot, n_tokens, row); break;
     case LI_KV_TYPE_FP8_E4M3:
     case LI_KV_TYPE_INT8: {
         const int64_t warps = n_tokens * n_head_kv * 2;
-        k_kv8_store<<<(unsigned)((warps * 32 + 255) / 256), 256, 0, c->st>>>(
-            (int)kv->dtype, (uint8_t *)kv->k, (uint8_t *)kv->v, kv->k_scale, kv->v_scale, k, v, slot, n_tokens,
-            n_head_kv, head_dim);
+        launch(c, (unsigned)((warps * 32 + 255) / 256), 256, 0, k_kv8_store, (int)kv->dtype, (uint8_t *)kv->k,
+               (uint8_t *)kv->v, kv->k_scale, kv->v_scale, k, v, slot, n_tokens, n_head_kv, head_dim);
         break;
     }
     default: li_type_unreachable("cuda: kv_store", kv->dtype);
@@ -1451,6 +1505,7 @@ __device__ __forceinline__ void attn_put(const cu_attn &a, int64_t row, int d, f
 
 // One block per (token, head), all of its positions.
 template <int DT> __global__ void __launch_bounds__(ATTN_WARPS * 32) k_attention(cu_attn a) {
+    pdl_enter();
     __shared__ float s_acc[ATTN_WARPS][ATTN_MAXD];
     const int64_t i = blockIdx.x / a.n_head;
     const int h = (int)(blockIdx.x % a.n_head);
@@ -1472,6 +1527,7 @@ template <int DT> __global__ void __launch_bounds__(ATTN_WARPS * 32) k_attention
 // the GPU, each warp a few positions deep.
 template <int DT>
 __global__ void __launch_bounds__(ATTN_WARPS * 32) k_attn_part(cu_attn a, int n_chunks, float *part) {
+    pdl_enter();
     __shared__ float s_acc[ATTN_WARPS][ATTN_MAXD];
     const int64_t i = blockIdx.x / a.n_head;
     const int h = (int)(blockIdx.x % a.n_head);
@@ -1493,6 +1549,7 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) k_attn_part(cu_attn a, int n_
 }
 
 __global__ void k_attn_merge(cu_attn a, int n_chunks, const float *part) {
+    pdl_enter();
     const float *pr = part + (int64_t)blockIdx.x * n_chunks * (a.D + 2);
     float M = -INFINITY;
     for (int c = 0; c < n_chunks; c++) M = fmaxf(M, pr[c * (a.D + 2)]);
@@ -1515,6 +1572,7 @@ __global__ void k_attn_merge(cu_attn a, int n_chunks, const float *part) {
 // head), the phases with a barrier between them. With q8 (head_dim % 32 ==
 // 0) each warp writes whole rows, so the q8 blocks' shuffles see 32 lanes.
 template <int DT> __global__ void __launch_bounds__(AT_THREADS) k_attn_tile(li_at_args a, float *q8) {
+    pdl_enter();
     __shared__ li_at_shared sh;
     const int t = threadIdx.x, kvh = blockIdx.y;
     const int g = a.n_head / a.n_head_kv, qt = AT_ROWS / g;
@@ -1559,11 +1617,11 @@ static void attention_tile_launch(li_cuda *c, li_type dtype, const li_at_args &t
     const int qt = li_at_tile_tokens(t.n_head, t.n_head_kv);
     const dim3 grid((unsigned)((t.n_tokens + qt - 1) / qt), (unsigned)t.n_head_kv);
     switch (dtype) {
-    case LI_TYPE_F32: k_attn_tile<LI_TYPE_F32><<<grid, AT_THREADS, 0, c->st>>>(t, q8); break;
-    case LI_TYPE_F16: k_attn_tile<LI_TYPE_F16><<<grid, AT_THREADS, 0, c->st>>>(t, q8); break;
-    case LI_TYPE_BF16: k_attn_tile<LI_TYPE_BF16><<<grid, AT_THREADS, 0, c->st>>>(t, q8); break;
-    case LI_KV_TYPE_FP8_E4M3: k_attn_tile<LI_KV_TYPE_FP8_E4M3><<<grid, AT_THREADS, 0, c->st>>>(t, q8); break;
-    case LI_KV_TYPE_INT8: k_attn_tile<LI_KV_TYPE_INT8><<<grid, AT_THREADS, 0, c->st>>>(t, q8); break;
+    case LI_TYPE_F32: launch(c, grid, AT_THREADS, 0, k_attn_tile<LI_TYPE_F32>, t, q8); break;
+    case LI_TYPE_F16: launch(c, grid, AT_THREADS, 0, k_attn_tile<LI_TYPE_F16>, t, q8); break;
+    case LI_TYPE_BF16: launch(c, grid, AT_THREADS, 0, k_attn_tile<LI_TYPE_BF16>, t, q8); break;
+    case LI_KV_TYPE_FP8_E4M3: launch(c, grid, AT_THREADS, 0, k_attn_tile<LI_KV_TYPE_FP8_E4M3>, t, q8); break;
+    case LI_KV_TYPE_INT8: launch(c, grid, AT_THREADS, 0, k_attn_tile<LI_KV_TYPE_INT8>, t, q8); break;
     default: li_type_unreachable("cuda: attention", dtype);
     }
     CK_LAUNCH("attention (tiled)");
@@ -1572,11 +1630,10 @@ static void attention_tile_launch(li_cuda *c, li_type dtype, const li_at_args &t
 // n_chunks 0: one block per (token, head); else k_attn_part over that many
 // chunks into part, then k_attn_merge
 static void attention_launch(li_cuda *c, li_type dtype, const cu_attn &p, unsigned rows, int n_chunks, float *part) {
-    cudaStream_t st = c->st;
     const dim3 grid(rows, n_chunks ? (unsigned)n_chunks : 1u);
 #define L_ATT(DT)                                                                                                   \
-    if (n_chunks) k_attn_part<DT><<<grid, ATTN_WARPS * 32, 0, st>>>(p, n_chunks, part);                            \
-    else k_attention<DT><<<grid, ATTN_WARPS * 32, 0, st>>>(p)
+    if (n_chunks) launch(c, grid, ATTN_WARPS * 32, 0, k_attn_part<DT>, p, n_chunks, part);                            \
+    else launch(c, grid, ATTN_WARPS * 32, 0, k_attention<DT>, p)
     switch (dtype) {
     case LI_TYPE_F32: L_ATT(LI_TYPE_F32); break;
     case LI_TYPE_F16: L_ATT(LI_TYPE_F16); break;
@@ -1588,7 +1645,7 @@ static void attention_launch(li_cuda *c, li_type dtype, const cu_attn &p, unsign
 #undef L_ATT
     CK_LAUNCH("attention");
     if (n_chunks) {
-        k_attn_merge<<<rows, ATTN_WARPS * 32, 0, st>>>(p, n_chunks, part);
+        launch(c, rows, ATTN_WARPS * 32, 0, k_attn_merge, p, n_chunks, part);
         CK_LAUNCH("attention merge");
     }
 }
@@ -1665,6 +1722,7 @@ __device__ __forceinline__ bool am_better(float av, int ai, float bv, int bi) {
 
 // a block per row: each thread its stride of the row, then a tree
 __global__ void k_argmax(const float *x, int64_t dim, int32_t *out) {
+    pdl_enter();
     __shared__ float sv[ROW_THREADS];
     __shared__ int si[ROW_THREADS];
     const float *row = x + (int64_t)blockIdx.x * dim;
@@ -1693,13 +1751,14 @@ static void cu_argmax(li_backend *be, const float *x, int64_t n, int64_t dim, in
     li_cuda *c = cu(be);
     q8_forget(c);
     if (n <= 0) return;
-    PROF(c, PK_ARGMAX, k_argmax<<<(unsigned)n, ROW_THREADS, 0, c->st>>>(x, dim, out); CK_LAUNCH("argmax"));
+    PROF(c, PK_ARGMAX, launch(c, (unsigned)n, ROW_THREADS, 0, k_argmax, x, dim, out); CK_LAUNCH("argmax"));
 }
 
 // a row's k largest (backend.h topk): topk_row.h's phases, a barrier
 // between them; a block per row
 static_assert((int)ROW_THREADS <= (int)TK_THREADS && LI_TOPK_MAX <= (int)TK_MAX, "topk_row.h's shared arrays");
 __global__ void k_topk(const float *x, int64_t dim, int k, float *vals, int32_t *ids) {
+    pdl_enter();
     __shared__ li_tk_shared sh;
     const float *row = x + (int64_t)blockIdx.x * dim;
     const int t = threadIdx.x, nt = blockDim.x;
@@ -1727,6 +1786,7 @@ __global__ void k_topk(const float *x, int64_t dim, int k, float *vals, int32_t 
 // each row's log-sum-exp (backend.h lse): the max (a NaN never wins), then
 // the exps in double, summed by a tree: the host's formula, in its own order
 __global__ void k_lse(const float *x, int64_t dim, const float *scale, float *out) {
+    pdl_enter();
     __shared__ float smx[ROW_THREADS];
     __shared__ double ssum[ROW_THREADS];
     const float *row = x + (int64_t)blockIdx.x * dim;
@@ -1755,11 +1815,12 @@ static void cu_lse(li_backend *be, const float *x, int64_t n, int64_t dim, const
     li_cuda *c = cu(be);
     q8_forget(c);
     if (n <= 0) return;
-    PROF(c, PK_TOPK, k_lse<<<(unsigned)n, ROW_THREADS, 0, c->st>>>(x, dim, scale, out); CK_LAUNCH("lse"));
+    PROF(c, PK_TOPK, launch(c, (unsigned)n, ROW_THREADS, 0, k_lse, x, dim, scale, out); CK_LAUNCH("lse"));
 }
 
 // the raw logits of the ids a sampler edits (backend.h gather)
 __global__ void k_gather(const float *x, const int64_t *idx, int64_t n, float *out) {
+    pdl_enter();
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) out[i] = x[idx[i]];
 }
@@ -1768,7 +1829,7 @@ static void cu_gather(li_backend *be, const float *x, const int64_t *idx, int64_
     li_cuda *c = cu(be);
     q8_forget(c);
     if (n <= 0) return;
-    PROF(c, PK_TOPK, k_gather<<<(unsigned)((n + 255) / 256), 256, 0, c->st>>>(x, idx, n, out); CK_LAUNCH("gather"));
+    PROF(c, PK_TOPK, launch(c, (unsigned)((n + 255) / 256), 256, 0, k_gather, x, idx, n, out); CK_LAUNCH("gather"));
 }
 
 static void cu_topk(li_backend *be, const float *x, int64_t n, int64_t dim, int k, float *vals, int32_t *ids) {
@@ -1779,7 +1840,7 @@ static void cu_topk(li_backend *be, const float *x, int64_t n, int64_t dim, int 
         fprintf(stderr, "luainfer: cuda: top-%d of %lld values (at most %d)\n", k, (long long)dim, LI_TOPK_MAX);
         abort();
     }
-    PROF(c, PK_TOPK, k_topk<<<(unsigned)n, ROW_THREADS, 0, c->st>>>(x, dim, k, vals, ids); CK_LAUNCH("topk"));
+    PROF(c, PK_TOPK, launch(c, (unsigned)n, ROW_THREADS, 0, k_topk, x, dim, k, vals, ids); CK_LAUNCH("topk"));
 }
 
 // ------------------------------------------------------------------------
@@ -1950,6 +2011,8 @@ extern "C" int li_backend_cuda_init(li_backend *be, int device, li_error *err) {
     c->attn_tile = !(atl && !strcmp(atl, "0"));
     const char *fz = getenv("LUAINFER_CUDA_FUSE");
     c->fuse = !(fz && !strcmp(fz, "0"));
+    const char *pd = getenv("LUAINFER_CUDA_PDL");
+    c->pdl = pd && *pd && strcmp(pd, "0");
     const char *mq = getenv("LUAINFER_CUDA_MMQ");
     c->mmq = !(mq && !strcmp(mq, "0"));
     const char *inv = getenv("LUAINFER_CUDA_INVARIANT");
@@ -1995,6 +2058,14 @@ extern "C" int li_backend_cuda_set_mmq(li_backend *be, bool on) {
     li_cuda *c = cu(be);
     const bool was = c->mmq;
     if (was != on) c->mmq = on, c->gen++; // recordings of the other path are stale
+    return was;
+}
+
+extern "C" int li_backend_cuda_set_pdl(li_backend *be, bool on) {
+    if (!li_backend_is_cuda(be)) return -1;
+    li_cuda *c = cu(be);
+    const bool was = c->pdl;
+    if (was != on) c->pdl = on, c->gen++; // recordings of the other kind are stale
     return was;
 }
 

@@ -38,6 +38,11 @@ void li_backend_cuda_profile_print(li_backend *be, FILE *out, const char *title)
  * cuBLASLt (off; LUAINFER_CUDA_MMQ=0 at init): the previous setting, -1 on
  * another backend. Recorded passes of the other setting are re-recorded. */
 int li_backend_cuda_set_mmq(li_backend *be, bool on);
+/* Programmatic dependent launch (off by default; LUAINFER_CUDA_PDL=1 at
+ * init): each kernel may be placed before the one ahead of it finishes,
+ * and waits for it at its first statement. The previous setting, -1 on
+ * another backend; recorded passes of the other setting are re-recorded. */
+int li_backend_cuda_set_pdl(li_backend *be, bool on);
 /* Why the tensor-core GEMMs (cuBLASLt: W8A8 int8, FP8, BF16 and F16
  * weights above 8 rows) are off or a kind of them failed and went back to
  * the SGEMM path, or "" when none did (and on another backend). */

@@ -43,6 +43,12 @@ int li_backend_cuda_set_mmq(li_backend *be, bool on) {
     return -1;
 }
 
+int li_backend_cuda_set_pdl(li_backend *be, bool on) {
+    (void)be;
+    (void)on;
+    return -1;
+}
+
 const char *li_backend_cuda_lt_note(li_backend *be) {
     (void)be;
     return "";

@@ -1092,6 +1092,35 @@ static void bench_prefill(li_model *m) {
     li_kv_cache_free(&kv);
 }
 
+/* Decode steps of r at batch B as recorded passes with set(&cu, false) and
+ * set(&cu, true), alternating for `rounds`, best of each; the setting is
+ * left at `dflt` */
+static void bench_setting(dec_rig *r, li_model *m, int B, int steps, int rounds, float *logits,
+                          int (*set)(li_backend *, bool), bool dflt, const char *what) {
+    double best[2] = {1e30, 1e30};
+    li_error err = {0};
+    li_forward_set_graphs(&r->fw, true);
+    for (int round = 0; round < 2 * rounds; round++) {
+        const int on = round % 2;
+        set(&cu, on);
+        double t0 = 0;
+        int rc = 0;
+        for (int st = -2; st < steps && !rc; st++) { /* two warm-up steps: the pass recorded again */
+            if (st == 0) t0 = li_time_now();
+            rc = rig_step(r, m, st, logits, &err);
+        }
+        if (rc) {
+            printf("bench: batch %d, %s: %s\n", B, what, err.msg);
+            break;
+        }
+        const double dt = li_time_now() - t0;
+        best[on] = dt < best[on] ? dt : best[on];
+    }
+    set(&cu, dflt);
+    printf("bench: decode batch %3d, graphs, %s: %.3f / %.3f ms per step (on: %.2fx the speed)\n", B, what,
+           best[0] * 1e3 / steps, best[1] * 1e3 / steps, best[0] / best[1]);
+}
+
 /* Decode steps at batch 1, 8, 64 and 256 (context 128, F16 KV, logits
  * copied back each step), op by op and replayed, alternating in rounds;
  * then each kernel's time at batch 1 and 64 (the profile). */
@@ -1136,28 +1165,12 @@ static void bench_decode(li_model *m) {
         printf("bench: decode batch %3d: graphs / op by op, best of %d: %.3f / %.3f ms per step (%.2fx); weights at "
                "%.0f GB/s, %.1f%% of the memory bandwidth\n", B, rounds, best[1] * 1e3 / steps, best[0] * 1e3 / steps,
                best[0] / best[1], gbs, bw > 0 ? 100.0 * gbs * 1e9 / bw : 0.0);
-        if (B > 8) { /* the q4/q8 weights by k_mmq and through f16 copies, alternating, recorded passes */
-            double bm[2] = {1e30, 1e30};
-            li_forward_set_graphs(&r.fw, true);
-            for (int round = 0; round < 2 * rounds; round++) {
-                li_backend_cuda_set_mmq(&cu, round % 2 == 0);
-                double t0 = 0;
-                int rc = 0;
-                for (int st = -2; st < steps && !rc; st++) {
-                    if (st == 0) t0 = li_time_now();
-                    rc = rig_step(&r, m, st, logits, &err);
-                }
-                const double dt = li_time_now() - t0;
-                if (rc) {
-                    printf("bench: batch %d: %s\n", B, err.msg);
-                    break;
-                }
-                bm[round % 2] = dt < bm[round % 2] ? dt : bm[round % 2];
-            }
-            li_backend_cuda_set_mmq(&cu, true);
-            printf("bench: decode batch %3d, graphs, q4/q8 weights by k_mmq / through f16 copies: %.3f / %.3f ms per "
-                   "step (%.2fx)\n", B, bm[0] * 1e3 / steps, bm[1] * 1e3 / steps, bm[1] / bm[0]);
-        }
+        /* recorded passes, a backend setting off and on, alternating */
+        bench_setting(&r, m, B, steps, 2 * rounds, logits, li_backend_cuda_set_pdl, false,
+                      "programmatic dependent launch off / on");
+        if (B > 8)
+            bench_setting(&r, m, B, steps, 2 * rounds, logits, li_backend_cuda_set_mmq, true,
+                          "q4/q8 weights through f16 copies / by k_mmq");
         if (B == 1 || B == 64) {
             li_backend_cuda_profile(&cu, true);
             li_forward_set_graphs(&r.fw, false);
