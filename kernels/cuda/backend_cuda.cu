@@ -181,9 +181,10 @@ static inline void q8_forget(li_cuda *c) { c->q8_src = nullptr, c->mmq_src = nul
 // statement (griddepcontrol.wait: until the grid ahead has completed and
 // its writes are visible), so the launch's latency hides behind the
 // previous kernel's tail. Each kernel lets the next one launch as soon as
-// it has passed its own wait. A kernel that reads or writes anything before
-// pdl_enter would race; every kernel here calls it first. Without pdl the
-// wait returns at once. In a recorded pass the launches become programmatic
+// it has passed its own wait. A kernel that reads or writes before
+// pdl_enter anything a kernel may write would race: every kernel here calls
+// it first, but for the GEMVs' prefetch of their weight rows (prefetch_row:
+// weights never change during a pass). Without pdl the wait returns at once. In a recorded pass the launches become programmatic
 // edges of the graph.
 __device__ __forceinline__ void pdl_enter() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -690,10 +691,21 @@ __device__ __forceinline__ void gemv_any(const cu_wview &w, int64_t r, const flo
 
 // y(n, m) = x(n, k) . W^T (and res += y): a warp per output row, a chunk of
 // GEMV_NB activation rows per blockIdx.y
+// A warp's weight row into L2 before pdl_enter: the weights never change
+// while a pass runs, so under programmatic dependent launch the row's read
+// overlaps the kernel ahead (a decode step's GEMVs wait on such trips)
+__device__ __forceinline__ void prefetch_row(const cu_wview &w, int64_t r, int lane) {
+    if (r >= w.m) return;
+    const uint8_t *row = w.data + r * w.row_bytes;
+    for (int64_t o = (int64_t)lane * 128; o < w.row_bytes; o += 32 * 128)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(row + o));
+}
+
 template <int T> __global__ void k_gemv(cu_wview w, const float *x, float *y, float *res, int64_t n) {
-    pdl_enter();
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int64_t r = (int64_t)blockIdx.x * GEMV_WARPS + warp;
+    prefetch_row(w, r, lane);
+    pdl_enter();
     if (r >= w.m) return;
     gemv_any<T>(w, r, x, y, res, n, (int64_t)blockIdx.y * GEMV_NB, lane);
 }
@@ -709,13 +721,14 @@ struct cu_multi {
 };
 
 template <int T> __global__ void k_gemv_multi(cu_multi mw, const float *x, int64_t n) {
-    pdl_enter();
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     int64_t r = (int64_t)blockIdx.x * GEMV_WARPS + warp;
     int i = 0;
     while (i < mw.n_w && r >= mw.end[i]) i++;
+    if (i && i < mw.n_w) r -= mw.end[i - 1];
+    if (i < mw.n_w) prefetch_row(mw.w[i], r, lane);
+    pdl_enter();
     if (i == mw.n_w) return;
-    if (i) r -= mw.end[i - 1];
     gemv_any<T>(mw.w[i], r, x, mw.y[i], nullptr, n, (int64_t)blockIdx.y * GEMV_NB, lane);
 }
 
