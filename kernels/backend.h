@@ -18,7 +18,7 @@ struct li_error; /* util/common.h */
 
 /* Bumped whenever li_backend_ops changes shape: a backend built for another
  * version is refused (li_backend_check, run by every li_buffer_alloc). */
-#define LI_BACKEND_API_VERSION 5
+#define LI_BACKEND_API_VERSION 6
 #define LI_TOPK_MAX 64 /* the most values a backend's topk returns a row */
 
 /* A block of backend memory. `data` is the backend's address of byte 0:
@@ -154,6 +154,16 @@ typedef struct li_backend_ops {
      * as the two; q (n, n_heads, head_dim), k (n, n_heads_kv, head_dim) */
     void (*rope_qk)(li_backend *be, float *q, float *k, const int32_t *pos, int64_t n, int n_heads, int n_heads_kv,
                     int head_dim, int n_rot, float theta, int neox);
+    /* optional (NULL: the forward issues rmsnorm, matmul_multi and, with
+     * swiglu, silu_mul): h = rmsnorm(x) over the n_w weights' k with norm
+     * weights nw (host memory, as rmsnorm's), then y[i] = h · W[i]^T
+     * (matmul_multi's rule); with swiglu (n_w == 2, one m) then y[0] =
+     * silu(y[0]) * y[1]. Afterwards h, and y[1] under swiglu, hold no
+     * defined values: a backend may fuse the norm into the products and
+     * write neither (the CUDA GEMV does, a decode step's launches 10 -> 7 a
+     * layer). Results within matmul's bounds of the three ops apart. */
+    void (*norm_matmul)(li_backend *be, const float *x, const float *nw, float eps, float *h,
+                        const li_weight *const *w, int n_w, float *const *y, int64_t n, bool swiglu);
     /* g(n, dim) = silu(g) * u */
     void (*silu_mul)(li_backend *be, float *g, const float *u, int64_t n, int64_t dim);
     /* y += x, (n) elements */

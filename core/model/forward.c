@@ -413,9 +413,14 @@ static int issue_pass(li_forward *f, const li_model *m, li_backend *be, li_kv_ca
         const li_layer *L = &m->layers[l];
         /* attention block (an input projection's block 0 reads z, made by inproj_input) */
         const float *qkv_in = l == 0 && m->inproj ? f->z : f->h;
-        if (qkv_in == f->h) op->rmsnorm(be, f->x, L->attn_norm, f->h, n, d, hp->norm_eps);
-        matmul_shared(be, (const li_weight *const[]){&L->wq, &L->wk, &L->wv}, 3, qkv_in,
-                      (float *const[]){f->q, f->k, f->v}, n);
+        const li_weight *const qkv[] = {&L->wq, &L->wk, &L->wv};
+        float *const qkv_out[] = {f->q, f->k, f->v};
+        if (qkv_in == f->h && op->norm_matmul) {
+            op->norm_matmul(be, f->x, L->attn_norm, hp->norm_eps, f->h, qkv, 3, qkv_out, n, false);
+        } else {
+            if (qkv_in == f->h) op->rmsnorm(be, f->x, L->attn_norm, f->h, n, d, hp->norm_eps);
+            matmul_shared(be, qkv, 3, qkv_in, qkv_out, n);
+        }
         if (op->rope_qk) {
             op->rope_qk(be, f->q, f->k, f->d_pos, n, hp->n_head, hp->n_head_kv, hp->head_dim, hp->n_rot,
                         hp->rope_theta, hp->rope_neox);
@@ -430,11 +435,16 @@ static int issue_pass(li_forward *f, const li_model *m, li_backend *be, li_kv_ca
         if (!f->comm) matmul_residual(be, &L->wo, f->att, f->h, f->x, n);
         else if ((rc = matmul_reduce_residual(f, be, &L->wo, f->att, f->h, f->x, n, err))) return rc;
         /* feed-forward block */
-        op->rmsnorm(be, f->x, L->ffn_norm, f->h, n, d, hp->norm_eps);
-        matmul_shared(be, (const li_weight *const[]){&L->w_gate, &L->w_up}, 2, f->h, (float *const[]){f->g, f->u},
-                      n);
         const int32_t ff = li_hp_n_ff(hp, l); /* g and u are (n, ff), packed */
-        op->silu_mul(be, f->g, f->u, n, ff);
+        const li_weight *const gu[] = {&L->w_gate, &L->w_up};
+        float *const gu_out[] = {f->g, f->u};
+        if (op->norm_matmul) {
+            op->norm_matmul(be, f->x, L->ffn_norm, hp->norm_eps, f->h, gu, 2, gu_out, n, true);
+        } else {
+            op->rmsnorm(be, f->x, L->ffn_norm, f->h, n, d, hp->norm_eps);
+            matmul_shared(be, gu, 2, f->h, gu_out, n);
+            op->silu_mul(be, f->g, f->u, n, ff);
+        }
         /* rotated: down_proj's weights were made for silu(g)*u in the Hadamard basis */
         if (L->down_had) op->hadamard(be, f->g, L->down_had, n, ff, m->rot_block);
         if (!f->comm) matmul_residual(be, &L->w_down, f->g, f->h, f->x, n);

@@ -88,12 +88,12 @@ struct cu_hostcopy {
 // the kernels the profile tells apart
 enum {
     PK_ACT_QUANT, PK_ACT_Q8, PK_GEMV, PK_GEMV_MULTI, PK_DEQUANT, PK_SGEMM, PK_LT_CODES, PK_LT_GEMM, PK_LT_EPI,
-    PK_ACT_Q8C, PK_MMQ, PK_ADD, PK_GET_ROWS, PK_RMSNORM, PK_ROPE, PK_SILU_MUL, PK_HADAMARD, PK_KV_STORE,
+    PK_ACT_Q8C, PK_MMQ, PK_GEMV_NORM, PK_ADD, PK_GET_ROWS, PK_RMSNORM, PK_ROPE, PK_SILU_MUL, PK_HADAMARD, PK_KV_STORE,
     PK_ATTENTION, PK_ARGMAX, PK_TOPK, PK_SET, PK_GET, PK_COPY, PK_N
 };
 static const char *const pk_name[PK_N] = {
     "act_quant", "act_q8", "gemv", "gemv_multi", "dequant", "sgemm", "lt_codes", "lt_gemm", "lt_epilogue",
-    "act_q8c", "mmq", "add", "get_rows", "rmsnorm", "rope", "silu_mul", "hadamard", "kv_store", "attention", "argmax", "topk",
+    "act_q8c", "mmq", "gemv_norm", "add", "get_rows", "rmsnorm", "rope", "silu_mul", "hadamard", "kv_store", "attention", "argmax", "topk",
     "buffer_set", "buffer_get", "buffer_copy"};
 
 struct cu_prof_pending {
@@ -209,10 +209,10 @@ static void launch(li_cuda *c, dim3 grid, dim3 block, size_t smem, void (*kern)(
     (void)cudaLaunchKernelEx(&cfg, kern, static_cast<A &&>(args)...); // a failure is the last error: CK_LAUNCH
 }
 
-// whether an op's output of n rows is worth its q8 blocks beside it: the
-// GEMV reads them; k_mmq (above GEMV_NB rows) reads codes of its own
+// whether an op's output of n rows is worth its q8 blocks beside it: only
+// the f16 copies read them (k_mmq and the GEMV round their input themselves)
 static inline bool fuse_rows(const li_cuda *c, int64_t n) {
-    return c->fuse && (n <= GEMV_NB || c->invariant || !c->mmq);
+    return c->fuse && n > GEMV_NB && !c->invariant && !c->mmq;
 }
 
 struct cu_graph {
@@ -663,11 +663,47 @@ __device__ __forceinline__ void gemv_row(const cu_wview &w, int64_t r, const flo
 }
 
 // The same for the GGUF block types (q4_0, q4_1, q8_0; plain, so no scales
-// or permutation): a lane's share is cuda_math.h's li_cu_gemv_blk_lane
-// (four lanes a 32-element block, eight blocks a warp at a time, so a row
-// of k = 576 takes 3 trips, not 18: a decode step's GEMVs are bound by the
-// latency of those trips), which test_cuda_math runs on the host too.
+// or permutation), by cuda_math.h's lane functions (four lanes a 32-element
+// block, eight blocks a warp at a time, so a row of k = 576 takes 3 trips,
+// not 18: a decode step's GEMVs are bound by the latency of those trips).
+// x comes as it is, or normalized on the way (nw: each row's inv[b] and the
+// norm's weights); each block is rounded to the CPU's q8 block here, its
+// largest |v| shared by the block's four lanes. With w2 (swiglu: the up
+// row beside the gate row), acc2 gets that row's sums. Every lane runs
+// every trip (a block past the row reads the last one, its sums dropped),
+// so the shuffles see the whole warp. test_cuda_math re-enacts this walk.
 static_assert((int)GEMV_NB == (int)LI_CU_GEMV_NB, "the block GEMV's rows a pass");
+template <int T>
+__device__ __forceinline__ void gemv_blk(const uint8_t *row, const uint8_t *row2, int64_t k, const float *xb, int nb,
+                                         const float *nw, const float *inv, int lane, float *acc, float *acc2) {
+    const int sub = lane & 3;
+    const int64_t nblk = k / 32, trips = (nblk + 7) / 8;
+#pragma unroll 2
+    for (int64_t it = 0; it < trips; it++) {
+        const int64_t blk = it * 8 + (lane >> 2);
+        const bool in = blk < nblk;
+        const int64_t bq = in ? blk : nblk - 1;
+        int64_t o0, o1;
+        li_cu_gemv_offs(T, bq, sub, &o0, &o1);
+        float wv[8], wv2[8];
+        li_cu_gemv_wv(T, row, bq, sub, wv);
+        if (row2) li_cu_gemv_wv(T, row2, bq, sub, wv2);
+#pragma unroll
+        for (int b = 0; b < GEMV_NB; b++)
+            if (b < nb) { // the same for the whole warp
+                float xv[8];
+                float amax = li_cu_gemv_xv(xb + b * k, o0, o1, nw, nw ? inv[b] : 1.0f, xv);
+                amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+                amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+                li_cu_gemv_round(xv, amax);
+                if (in) {
+                    acc[b] += li_cu_gemv_dot8(wv, xv);
+                    if (row2) acc2[b] += li_cu_gemv_dot8(wv2, xv);
+                }
+            }
+    }
+}
+
 template <int T>
 __device__ __forceinline__ void gemv_row_blk(const cu_wview &w, int64_t r, const float *x, float *y, float *res,
                                              int64_t n, int64_t b0, int lane) {
@@ -675,7 +711,7 @@ __device__ __forceinline__ void gemv_row_blk(const cu_wview &w, int64_t r, const
     float acc[GEMV_NB];
 #pragma unroll
     for (int b = 0; b < GEMV_NB; b++) acc[b] = 0.0f;
-    li_cu_gemv_blk_lane(T, w.data + r * w.row_bytes, w.k, x + b0 * w.k, nb, lane, acc);
+    gemv_blk<T>(w.data + r * w.row_bytes, nullptr, w.k, x + b0 * w.k, nb, nullptr, nullptr, lane, acc, nullptr);
     gemv_store(acc, nb, lane, y, res, b0, w.m, r);
 }
 
@@ -689,8 +725,6 @@ __device__ __forceinline__ void gemv_any(const cu_wview &w, int64_t r, const flo
         gemv_row<T>(w, r, x, y, res, n, b0, lane);
 }
 
-// y(n, m) = x(n, k) . W^T (and res += y): a warp per output row, a chunk of
-// GEMV_NB activation rows per blockIdx.y
 // A warp's weight row into L2 before pdl_enter: the weights never change
 // while a pass runs, so under programmatic dependent launch the row's read
 // overlaps the kernel ahead (a decode step's GEMVs wait on such trips)
@@ -701,6 +735,8 @@ __device__ __forceinline__ void prefetch_row(const cu_wview &w, int64_t r, int l
         asm volatile("prefetch.global.L2 [%0];" ::"l"(row + o));
 }
 
+// y(n, m) = x(n, k) . W^T (and res += y): a warp per output row, a chunk of
+// GEMV_NB activation rows per blockIdx.y
 template <int T> __global__ void k_gemv(cu_wview w, const float *x, float *y, float *res, int64_t n) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int64_t r = (int64_t)blockIdx.x * GEMV_WARPS + warp;
@@ -730,6 +766,81 @@ template <int T> __global__ void k_gemv_multi(cu_multi mw, const float *x, int64
     pdl_enter();
     if (i == mw.n_w) return;
     gemv_any<T>(mw.w[i], r, x, mw.y[i], nullptr, n, (int64_t)blockIdx.y * GEMV_NB, lane);
+}
+
+// rms_scale's 1 / rms of xr by one warp, in rms_scale's order to the bit:
+// lane l plays its threads l + 32 v (v < ROW_THREADS / 32), each summing
+// its squares in double, then the same tree (the strides of 128, 64, 32
+// inside the lane, 16 to 1 across lanes); every lane gets lane 0's
+__device__ __forceinline__ float rms_scale_warp(const float *xr, int64_t dim, float eps, int lane) {
+    enum { V = ROW_THREADS / 32 };
+    double p[V];
+#pragma unroll
+    for (int v = 0; v < V; v++) {
+        p[v] = 0.0;
+        for (int64_t j = lane + 32 * v; j < dim; j += ROW_THREADS) {
+            const float sq = xr[j] * xr[j];
+            p[v] += (double)sq;
+        }
+    }
+#pragma unroll
+    for (int s = V / 2; s > 0; s >>= 1)
+#pragma unroll
+        for (int v = 0; v < s; v++) p[v] += p[v + s];
+    double t = p[0];
+    for (int o = 16; o > 0; o >>= 1) t += __shfl_down_sync(0xffffffffu, t, o);
+    t = __shfl_sync(0xffffffffu, t, 0);
+    return 1.0f / sqrtf((float)(t / (double)dim) + eps);
+}
+
+// rmsnorm inside the GEMV (norm_matmul; GGUF block types): y_i = rmsnorm(x)
+// . W_i^T for the weights of mw, a warp per output row end to end as in
+// k_gemv_multi; with swiglu (two weights of one m) a warp per row j of
+// both, y_0[j] = silu(gate) * up. Each warp first takes its activation
+// rows' 1 / rms (rms_scale_warp: k_rmsnorm's bits), then normalizes and
+// rounds x block by block on the way: the same values, products and sums
+// as rmsnorm, the GEMVs and silu_mul apart (test_cuda_ops' unfused model
+// compares them bit for bit).
+template <int T>
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+    k_gemv_norm(cu_multi mw, const float *x, const float *nw, float eps, int64_t n, int swiglu) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    int64_t r = (int64_t)blockIdx.x * GEMV_WARPS + warp;
+    int i = 0;
+    if (!swiglu) {
+        while (i < mw.n_w && r >= mw.end[i]) i++;
+        if (i && i < mw.n_w) r -= mw.end[i - 1];
+    } else if (r >= mw.w[0].m) {
+        i = mw.n_w;
+    }
+    if (i < mw.n_w) {
+        prefetch_row(mw.w[i], r, lane);
+        if (swiglu) prefetch_row(mw.w[1], r, lane);
+    }
+    pdl_enter();
+    if (i == mw.n_w) return;
+    const cu_wview w = i == 0 ? mw.w[0] : i == 1 ? mw.w[1] : i == 2 ? mw.w[2] : mw.w[3];
+    float *const yi = i == 0 ? mw.y[0] : i == 1 ? mw.y[1] : i == 2 ? mw.y[2] : mw.y[3];
+    const int64_t k = w.k, b0 = (int64_t)blockIdx.y * GEMV_NB;
+    const int nb = (int)(n - b0 < GEMV_NB ? n - b0 : GEMV_NB);
+    const float *xb = x + b0 * k;
+    float inv[GEMV_NB], acc[GEMV_NB], acc2[GEMV_NB];
+#pragma unroll
+    for (int b = 0; b < GEMV_NB; b++) {
+        acc[b] = acc2[b] = inv[b] = 0.0f;
+        if (b < nb) inv[b] = rms_scale_warp(xb + b * k, k, eps, lane);
+    }
+    gemv_blk<T>(w.data + r * w.row_bytes, swiglu ? mw.w[1].data + r * mw.w[1].row_bytes : nullptr, k, xb, nb, nw,
+                inv, lane, acc, acc2);
+#pragma unroll
+    for (int b = 0; b < GEMV_NB; b++) {
+        float s = acc[b], s2 = acc2[b];
+        for (int o = 16; o > 0; o >>= 1) {
+            s += __shfl_down_sync(0xffffffffu, s, o);
+            s2 += __shfl_down_sync(0xffffffffu, s2, o);
+        }
+        if (lane == 0 && b < nb) yi[(b0 + b) * w.m + r] = swiglu ? li_cu_silu_mul(s, s2) : s;
+    }
 }
 
 // out(n, k) = x as the activation quantization leaves it (li_act_quant_row_ref):
@@ -1096,11 +1207,18 @@ static bool mmq_matmul(li_cuda *c, const li_weight *w, const float *x, float *y,
     return true;
 }
 
+// x as the GEMV over w reads it: the q8-dot weights round it themselves
+// (gemv_blk), the schemes' activations are quantized first (act_for)
+static const float *gemv_input(li_cuda *c, const li_weight *w, const float *x, int64_t n) {
+    return act_kind(w) == ACT_Q8 ? x : act_for(c, w, x, n);
+}
+
 // y = x . W^T (res += y): k_mmq or the tensor cores where w can go, else
 // the GEMV or SGEMM over x as w's kernels read it
 static void matmul_any(li_cuda *c, const li_weight *w, const float *x, float *y, float *res, int64_t n) {
-    if (!mmq_matmul(c, w, x, y, res, n) && !lt_matmul(c, w, x, y, res, n))
-        matmul_one(c, w, act_for(c, w, x, n), y, res, n);
+    if (mmq_matmul(c, w, x, y, res, n) || lt_matmul(c, w, x, y, res, n)) return;
+    const bool gemv = n <= GEMV_NB || c->invariant;
+    matmul_one(c, w, gemv ? gemv_input(c, w, x, n) : act_for(c, w, x, n), y, res, n);
 }
 
 static void cu_matmul(li_backend *be, const li_weight *w, const float *x, float *y, int64_t n) {
@@ -1144,7 +1262,7 @@ static void multi(li_cuda *c, const li_weight *const *w, int n_w, const float *x
         for (int i = 0; i < n_w; i++) matmul_any(c, w[i], x, y[i], nullptr, n);
         return;
     }
-    const float *xa = act_for(c, w[0], x, n);
+    const float *xa = gemv_input(c, w[0], x, n);
     if (!one_type) {
         for (int i = 0; i < n_w; i++) matmul_one(c, w[i], xa, y[i], nullptr, n);
         return;
@@ -1163,6 +1281,53 @@ static void multi(li_cuda *c, const li_weight *const *w, int n_w, const float *x
 #define L_MULTI(T) launch(c, grid, GEMV_WARPS * 32, 0, k_gemv_multi<T>, mw, xa, n)
     PROF(c, PK_GEMV_MULTI, CU_TYPE_SWITCH(w[0]->type, L_MULTI); CK_LAUNCH("gemv_multi"));
 #undef L_MULTI
+}
+
+static void cu_rmsnorm(li_backend *be, const float *x, const float *w, float *y, int64_t n, int64_t dim, float eps);
+static void cu_silu_mul(li_backend *be, float *g, const float *u, int64_t n, int64_t dim);
+
+// h = rmsnorm(x), y_i = h . W_i^T (swiglu: y_0 = silu(y_0) * y_1): one
+// k_gemv_norm launch where the GEMV takes the weights (q4_0 / q4_1 / q8_0
+// of one type and k, at most GEMV_NB rows or the invariant backend, fusion
+// on; neither h nor y_1 is written), else the ops apart
+static void cu_norm_matmul(li_backend *be, const float *x, const float *nw, float eps, float *h,
+                           const li_weight *const *w, int n_w, float *const *y, int64_t n, bool swiglu) {
+    li_cuda *c = cu(be);
+    q8_forget(c);
+    if (n <= 0 || n_w <= 0) return;
+    const int64_t dim = w[0]->k;
+    const li_type t = w[0]->type;
+    bool fused = c->fuse && (n <= GEMV_NB || c->invariant) && n_w <= MULTI_MAX && w[0]->scheme == LI_SCHEME_PLAIN &&
+                 (t == LI_TYPE_Q4_0 || t == LI_TYPE_Q4_1 || t == LI_TYPE_Q8_0) && dim % 32 == 0 &&
+                 (!swiglu || (n_w == 2 && w[1]->m == w[0]->m));
+    for (int i = 1; i < n_w && fused; i++) fused = w[i]->type == t && w[i]->scheme == LI_SCHEME_PLAIN && w[i]->k == dim;
+    if (!fused) {
+        cu_rmsnorm(be, x, nw, h, n, dim, eps);
+        multi(c, w, n_w, h, y, n);
+        q8_forget(c);
+        if (swiglu) cu_silu_mul(be, y[0], y[1], n, w[0]->m);
+        return;
+    }
+    const float *nwd = dev_floats(c, nw, dim);
+    cu_multi mw;
+    memset(&mw, 0, sizeof mw);
+    mw.n_w = n_w;
+    int64_t rows = 0;
+    for (int i = 0; i < n_w; i++) {
+        mw.w[i] = wview(w[i]);
+        mw.y[i] = y[i];
+        rows += w[i]->m;
+        mw.end[i] = rows;
+    }
+    if (swiglu) rows = w[0]->m;
+    const dim3 grid((unsigned)((rows + GEMV_WARPS - 1) / GEMV_WARPS), (unsigned)((n + GEMV_NB - 1) / GEMV_NB));
+#define L_NORM(T) launch(c, grid, GEMV_WARPS * 32, 0, k_gemv_norm<T>, mw, x, nwd, eps, n, (int)swiglu)
+    switch (t) {
+    case LI_TYPE_Q4_0: PROF(c, PK_GEMV_NORM, L_NORM(LI_TYPE_Q4_0); CK_LAUNCH("gemv_norm")); break;
+    case LI_TYPE_Q4_1: PROF(c, PK_GEMV_NORM, L_NORM(LI_TYPE_Q4_1); CK_LAUNCH("gemv_norm")); break;
+    default: PROF(c, PK_GEMV_NORM, L_NORM(LI_TYPE_Q8_0); CK_LAUNCH("gemv_norm")); break;
+    }
+#undef L_NORM
 }
 
 static void cu_get_rows(li_backend *be, const li_weight *w, const int32_t *ids, int64_t n, float *out) {
@@ -1286,7 +1451,7 @@ static void cu_rope_qk(li_backend *be, float *q, float *k, const int32_t *pos, i
 __global__ void k_silu_mul(float *g, const float *u, int64_t n) {
     pdl_enter();
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
-        g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+        g[i] = li_cu_silu_mul(g[i], u[i]);
 }
 
 // the same, also writing g's q8 blocks: a warp a block of 32 (dim % 32 == 0)
@@ -1295,7 +1460,7 @@ __global__ void k_silu_mul_q8(float *g, const float *u, float *q8, int64_t n_blo
     const int64_t b = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     if (b >= n_blocks) return; // a whole warp
     const int64_t i = b * 32 + threadIdx.x % 32;
-    const float v = g[i] / (1.0f + expf(-g[i])) * u[i];
+    const float v = li_cu_silu_mul(g[i], u[i]);
     g[i] = v;
     q8[i] = q8_round_warp(v);
 }
@@ -1938,6 +2103,7 @@ static li_backend_ops make_ops(void) {
     o.rope = cu_rope;
     o.rope_qk = cu_rope_qk;
     o.silu_mul = cu_silu_mul;
+    o.norm_matmul = cu_norm_matmul;
     o.add = cu_add;
     o.hadamard = cu_hadamard;
     o.kv_store = cu_kv_store;

@@ -216,13 +216,19 @@ LI_HD int li_cu_q8_code(float v, float amax) {
 }
 LI_HD float li_cu_q8_dh(float amax) { return li_cu_fp16_to_f32(li_cu_f32_to_fp16(amax / 127.0f)); }
 
-/* ---- the GGUF block GEMV (q4_0, q4_1, q8_0): one lane's share ----
- * A warp takes a weight row; four lanes a 32-element block, eight blocks a
- * warp at a time. A lane reads its block's scale (and min), 4 bytes of
- * nibbles (elements 4s..4s+3 and 16+4s..16+4s+3) or 8 int8 codes
- * (8s..8s+7), s = lane % 4, and the matching activations in runs of 4,
- * for nb activation rows (x + b * k); acc[b] gets the lane's sums, which
- * the warp then adds up. */
+/* ---- the GGUF block GEMV (q4_0, q4_1, q8_0), a lane's share ----
+ * A warp takes a weight row (two under swiglu); four lanes a 32-element
+ * block, eight blocks a warp at a time, so a row of k = 576 takes 3 trips,
+ * not 18. Lane sub s = lane % 4 of a block reads its scale (and min), 4
+ * bytes of nibbles (elements 4s..4s+3 and 16+4s..16+4s+3) or 8 int8 codes
+ * (8s..8s+7), and the matching activations in runs of 4 (li_cu_gemv_offs).
+ * The activations come as they are, or normalized (x * inv * nw[j], the
+ * rmsnorm's expression, inv its row's 1 / rms), and the warp rounds each
+ * block to the CPU's q8 blocks itself: the largest |v| of the four lanes'
+ * eight (two shuffles), then li_cu_q8_value. So no producer writes q8
+ * blocks for a GEMV and rmsnorm and silu can live inside it. The device
+ * kernel (backend_cuda.cu gemv_blk) and test_cuda_math's re-enactment of
+ * its 32 lanes call these in the same order. */
 LI_HD int li_cu_blk_bytes(int t) { return t == LI_TYPE_Q4_0 ? 18 : t == LI_TYPE_Q4_1 ? 20 : 34; }
 
 enum { LI_CU_GEMV_NB = 8 }; /* activation rows a GEMV pass takes */
@@ -257,50 +263,71 @@ LI_HD uint32_t li_cu_ld32(const uint8_t *p, int aligned4) {
 #define LI_CU_LD4(p, a) (a[0] = (p)[0], a[1] = (p)[1], a[2] = (p)[2], a[3] = (p)[3])
 #endif
 
-LI_HD void li_cu_gemv_blk_lane(int t, const uint8_t *row, int64_t k, const float *x, int nb, int lane, float *acc) {
-    const int bb = li_cu_blk_bytes(t), sub = lane & 3;
-    const int64_t nblk = k / 32;
-    LI_CU_UNROLL2
-    for (int64_t blk = lane >> 2; blk < nblk; blk += 8) {
-        const uint8_t *bp = row + blk * bb;
-        const float d = li_cu_fp16_to_f32((uint16_t)li_cu_ld16(bp));
-        float wv[8];
-        int64_t o0, o1; /* the first element of each run of 4 */
-        if (t == LI_TYPE_Q8_0) {
-            const uint8_t *qp = bp + 2 + 8 * sub;
-            LI_CU_UNROLL
-            for (int i = 0; i < 4; i++) {
-                const uint32_t v = li_cu_ld16(qp + 2 * i);
-                wv[2 * i] = (float)(int8_t)(v & 0xff) * d;
-                wv[2 * i + 1] = (float)(int8_t)(v >> 8) * d;
-            }
-            o0 = blk * 32 + 8 * sub;
-            o1 = o0 + 4;
-        } else {
-            const uint32_t q = li_cu_ld32(bp + (t == LI_TYPE_Q4_1 ? 4 : 2) + 4 * sub, t == LI_TYPE_Q4_1);
-            const float mn = t == LI_TYPE_Q4_1 ? li_cu_fp16_to_f32((uint16_t)li_cu_ld16(bp + 2)) : 0.0f;
-            LI_CU_UNROLL
-            for (int i = 0; i < 4; i++) {
-                const int lo = (int)(q >> (8 * i)) & 0x0f, hi = (int)(q >> (8 * i + 4)) & 0x0f;
-                wv[i] = t == LI_TYPE_Q4_1 ? (float)lo * d + mn : (float)(lo - 8) * d;
-                wv[4 + i] = t == LI_TYPE_Q4_1 ? (float)hi * d + mn : (float)(hi - 8) * d;
-            }
-            o0 = blk * 32 + 4 * sub;
-            o1 = o0 + 16;
-        }
+/* the first element of each of the lane's two runs of 4 in block blk */
+LI_HD void li_cu_gemv_offs(int t, int64_t blk, int sub, int64_t *o0, int64_t *o1) {
+    *o0 = blk * 32 + (t == LI_TYPE_Q8_0 ? 8 : 4) * sub;
+    *o1 = *o0 + (t == LI_TYPE_Q8_0 ? 4 : 16);
+}
+
+/* the weight row's 8 values the lane reads in block blk */
+LI_HD void li_cu_gemv_wv(int t, const uint8_t *row, int64_t blk, int sub, float *wv) {
+    const uint8_t *bp = row + blk * li_cu_blk_bytes(t);
+    const float d = li_cu_fp16_to_f32((uint16_t)li_cu_ld16(bp));
+    if (t == LI_TYPE_Q8_0) {
+        const uint8_t *qp = bp + 2 + 8 * sub;
         LI_CU_UNROLL
-        for (int b = 0; b < LI_CU_GEMV_NB; b++)
-            if (b < nb) {
-                const float *xr = x + b * k;
-                float a[4], c[4];
-                LI_CU_LD4(xr + o0, a);
-                LI_CU_LD4(xr + o1, c);
-                acc[b] += wv[0] * a[0] + wv[1] * a[1] + wv[2] * a[2] + wv[3] * a[3] + wv[4] * c[0] + wv[5] * c[1] +
-                          wv[6] * c[2] + wv[7] * c[3];
-            }
+        for (int i = 0; i < 4; i++) {
+            const uint32_t v = li_cu_ld16(qp + 2 * i);
+            wv[2 * i] = (float)(int8_t)(v & 0xff) * d;
+            wv[2 * i + 1] = (float)(int8_t)(v >> 8) * d;
+        }
+        return;
+    }
+    const uint32_t q = li_cu_ld32(bp + (t == LI_TYPE_Q4_1 ? 4 : 2) + 4 * sub, t == LI_TYPE_Q4_1);
+    const float mn = t == LI_TYPE_Q4_1 ? li_cu_fp16_to_f32((uint16_t)li_cu_ld16(bp + 2)) : 0.0f;
+    LI_CU_UNROLL
+    for (int i = 0; i < 4; i++) {
+        const int lo = (int)(q >> (8 * i)) & 0x0f, hi = (int)(q >> (8 * i + 4)) & 0x0f;
+        wv[i] = t == LI_TYPE_Q4_1 ? (float)lo * d + mn : (float)(lo - 8) * d;
+        wv[4 + i] = t == LI_TYPE_Q4_1 ? (float)hi * d + mn : (float)(hi - 8) * d;
     }
 }
 
+/* the lane's 8 activations of row xr (normalized when nw: (x * inv) *
+ * nw[j]); the largest |v| among them (fmaxf: NaNs skipped) */
+LI_HD float li_cu_gemv_xv(const float *xr, int64_t o0, int64_t o1, const float *nw, float inv, float *xv) {
+    LI_CU_LD4(xr + o0, xv);
+    LI_CU_LD4(xr + o1, (xv + 4));
+    if (nw) {
+        float a[4], c[4];
+        LI_CU_LD4(nw + o0, a);
+        LI_CU_LD4(nw + o1, c);
+        LI_CU_UNROLL
+        for (int i = 0; i < 4; i++) {
+            xv[i] = (xv[i] * inv) * a[i];
+            xv[4 + i] = (xv[4 + i] * inv) * c[i];
+        }
+    }
+    float amax = 0.0f;
+    LI_CU_UNROLL
+    for (int i = 0; i < 8; i++) amax = fmaxf(amax, fabsf(xv[i]));
+    return amax;
+}
+
+/* xv as the q8 block whose largest |v| is amax stores it */
+LI_HD void li_cu_gemv_round(float *xv, float amax) {
+    LI_CU_UNROLL
+    for (int i = 0; i < 8; i++) xv[i] = li_cu_q8_value(xv[i], amax);
+}
+
+/* the lane's 8 products, added in one order */
+LI_HD float li_cu_gemv_dot8(const float *wv, const float *xv) {
+    return wv[0] * xv[0] + wv[1] * xv[1] + wv[2] * xv[2] + wv[3] * xv[3] + wv[4] * xv[4] + wv[5] * xv[5] +
+           wv[6] * xv[6] + wv[7] * xv[7];
+}
+
+/* silu(g) * u, as the silu_mul op computes it */
+LI_HD float li_cu_silu_mul(float g, float u) { return g / (1.0f + expf(-g)) * u; }
 
 /* ---- the block GEMM on the int8 tensor cores (k_mmq: q4_0, q4_1, q8_0) ----
  * One mma.m16n8k32 (s8 x s8 -> s32) multiplies a 32-element block of 16

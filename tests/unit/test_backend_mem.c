@@ -56,6 +56,7 @@ static struct {
     long n_vocab, get_rows, get_full; /* logits copied back: one row, or every row of a run */
     long gathered;                    /* edited ids' logits read by gather */
     long lse_scaled;                  /* rows whose lse at a temperature lse computed */
+    long norm_matmuls;                /* the forward's fused norm + matmuls */
 } g;
 
 /* one op's arguments, as a recording keeps them */
@@ -272,6 +273,19 @@ static void r_silu_mul(li_backend *be, float *gg, const float *u, int64_t n, int
     g.inner->ops->silu_mul(g.inner, gg, u, n, dim);
 }
 
+/* norm_matmul as the three ops it stands for, each checked and recorded:
+ * the forward's fused call issues what it promises */
+static void r_norm_matmul(li_backend *be, const float *x, const float *nw, float eps, float *h,
+                          const li_weight *const *w, int n_w, float *const *y, int64_t n, bool swiglu) {
+    g.norm_matmuls++;
+    if (swiglu && (n_w != 2 || w[0]->m != w[1]->m)) violation("norm_matmul swiglu of unequal weights", x, 0);
+    r_rmsnorm(be, x, nw, h, n, w[0]->k, eps);
+    if (g.inner->ops->matmul_multi) r_matmul_multi(be, w, n_w, h, y, n);
+    else
+        for (int i = 0; i < n_w; i++) r_matmul(be, w[i], h, y[i], n);
+    if (swiglu) r_silu_mul(be, y[0], y[1], n, w[0]->m);
+}
+
 static void r_add(li_backend *be, float *y, const float *x, int64_t n) {
     g.op_calls++;
     buf_check("add y", y, F4(n));
@@ -486,6 +500,7 @@ static void recorder_init(li_backend *rec, li_backend *inner) {
     rec_ops.rmsnorm = r_rmsnorm;
     rec_ops.rope = r_rope;
     rec_ops.silu_mul = r_silu_mul;
+    rec_ops.norm_matmul = r_norm_matmul;
     rec_ops.add = r_add;
     rec_ops.kv_store = r_kv_store;
     rec_ops.attention = r_attention;
@@ -827,6 +842,8 @@ int main(void) {
     CHECK(g.op_calls > 100 && g.allocs >= 4, "the session ran through the recorder (%ld ops, %ld buffers)", g.op_calls,
           g.allocs);
     CHECK(g.violations == 0, "prefill and decode touched only backend memory (%ld violations)", g.violations);
+    CHECK(g.norm_matmuls >= 2L * m->hp.n_layer, "the forward asked norm_matmul for both norms of every block (%ld "
+          "calls)", g.norm_matmuls);
     CHECK(g.allocs == g.frees, "every buffer freed (%ld of %ld)", g.frees, g.allocs);
     CHECK(!memcmp(want, got, sizeof want), "the same tokens as the plain CPU backend");
     printf("session: %ld recordings, %ld launches\n", g.recordings, g.launches);

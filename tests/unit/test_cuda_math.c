@@ -27,10 +27,13 @@
  *                 every thread in turn, against a full sort: random rows,
  *                 ties across the boundary, -0 beside +0, a NaN row, rows
  *                 shorter than the threads, k 1, 41 and 64
- *   block GEMV    li_cu_gemv_blk_lane (k_gemv's q4_0 / q4_1 / q8_0 rows)
- *                 for the 32 lanes of a warp, added up, against the
- *                 reference dequantization's dot products in double, for
- *                 1, 3 and 8 activation rows and k of 1 to 37 blocks
+ *   block GEMV    gemv_blk's walk (k_gemv and k_gemv_norm: q4_0 / q4_1 /
+ *                 q8_0 rows, the input rounded to q8 blocks by the warp,
+ *                 rmsnorm and swiglu inside) for the 32 lanes of a warp,
+ *                 from cuda_math.h's lane functions, against the
+ *                 reference's dot products in double with the input
+ *                 rounded by li_quantize_row_q8_0_ref, for 1, 3 and 8
+ *                 activation rows and k of 1 to 37 blocks
  *   q8 blocks     li_cu_q8_value (the fused producers' q8 rounding) and
  *                 li_cu_q8_code / li_cu_q8_dh (k_act_q8c's codes) against
  *                 li_quantize_row_q8_0_ref's blocks, exactly
@@ -641,47 +644,110 @@ static void test_topk(void) {
         }
 }
 
+/* gemv_blk (backend_cuda.cu) for the 32 lanes of a warp, in its order:
+ * every lane's trip, the two shuffles as each group of four lanes' max;
+ * acc[lane][b] (acc2 with row2) */
+static void gemv_warp(int t, const uint8_t *row, const uint8_t *row2, int64_t k, const float *xb, int nb,
+                      const float *nw, const float *inv, float acc[32][LI_CU_GEMV_NB],
+                      float acc2[32][LI_CU_GEMV_NB]) {
+    const int64_t nblk = k / 32, trips = (nblk + 7) / 8;
+    for (int64_t it = 0; it < trips; it++) {
+        float xv[32][LI_CU_GEMV_NB][8], am[32][LI_CU_GEMV_NB], wv[32][8], wv2[32][8];
+        int in[32];
+        for (int l = 0; l < 32; l++) {
+            const int64_t blk = it * 8 + (l >> 2);
+            in[l] = blk < nblk;
+            const int64_t bq = in[l] ? blk : nblk - 1;
+            int64_t o0, o1;
+            li_cu_gemv_offs(t, bq, l & 3, &o0, &o1);
+            li_cu_gemv_wv(t, row, bq, l & 3, wv[l]);
+            if (row2) li_cu_gemv_wv(t, row2, bq, l & 3, wv2[l]);
+            for (int b = 0; b < nb; b++) am[l][b] = li_cu_gemv_xv(xb + b * k, o0, o1, nw, nw ? inv[b] : 1.0f, xv[l][b]);
+        }
+        for (int l = 0; l < 32; l++)
+            for (int b = 0; b < nb; b++) {
+                const int g0 = l & ~3;
+                const float amax = fmaxf(fmaxf(am[g0][b], am[g0 + 1][b]), fmaxf(am[g0 + 2][b], am[g0 + 3][b]));
+                li_cu_gemv_round(xv[l][b], amax);
+                if (in[l]) {
+                    acc[l][b] += li_cu_gemv_dot8(wv[l], xv[l][b]);
+                    if (row2) acc2[l][b] += li_cu_gemv_dot8(wv2[l], xv[l][b]);
+                }
+            }
+    }
+}
+
+/* the block GEMV as k_gemv (x as it is), k_gemv_norm (rmsnorm on the way)
+ * and k_gemv_norm under swiglu (silu(gate) * up), the warp's sums against
+ * the reference: the rows dequantized, x (normalized by the kernel's
+ * expression) rounded by li_quantize_row_q8_0_ref, dot products in double */
 static void test_gemv_blk(void) {
     const li_type types[] = {LI_TYPE_Q4_0, LI_TYPE_Q4_1, LI_TYPE_Q8_0};
     const int64_t ks[] = {32, 160, 576, 37 * 32};
     const int nbs[] = {1, 3, 8};
+    const char *modes[] = {"x as it is", "rmsnorm inside", "rmsnorm and swiglu inside"};
     enum { M = 9 };
-    for (size_t ti = 0; ti < LI_ARRAY_LEN(types); ti++) {
-        double worst = 0;
-        for (size_t ki = 0; ki < LI_ARRAY_LEN(ks); ki++)
-            for (size_t ni = 0; ni < LI_ARRAY_LEN(nbs); ni++) {
-                const int64_t k = ks[ki];
-                const int nb = nbs[ni];
-                test_weight tw;
-                test_weight_make(&tw, types[ti], k, M, fill_rand);
-                float *x = li_xmalloc((size_t)(nb * k) * sizeof(float)), *wr = li_xmalloc((size_t)k * sizeof(float));
-                for (int64_t j = 0; j < nb * k; j++) x[j] = rng_f() * 2.0f;
-                double err = 0, ref2 = 0;
-                for (int64_t r = 0; r < M; r++) {
-                    float sum[LI_CU_GEMV_NB] = {0};
-                    for (int lane = 0; lane < 32; lane++) {
-                        float acc[LI_CU_GEMV_NB] = {0};
-                        li_cu_gemv_blk_lane((int)types[ti], (const uint8_t *)tw.w.data + r * tw.w.row_bytes, k, x, nb,
-                                            lane, acc);
-                        for (int b = 0; b < nb; b++) sum[b] += acc[b];
+    const float eps = 1e-5f;
+    for (int mode = 0; mode < 3; mode++)
+        for (size_t ti = 0; ti < LI_ARRAY_LEN(types); ti++) {
+            double worst = 0;
+            for (size_t ki = 0; ki < LI_ARRAY_LEN(ks); ki++)
+                for (size_t ni = 0; ni < LI_ARRAY_LEN(nbs); ni++) {
+                    const int64_t k = ks[ki];
+                    const int nb = nbs[ni];
+                    test_weight tw, tu;
+                    test_weight_make(&tw, types[ti], k, M, fill_rand);
+                    test_weight_make(&tu, types[ti], k, M, fill_rand);
+                    float *x = li_xmalloc((size_t)(nb * k) * sizeof(float)), *xq = li_xmalloc((size_t)(nb * k) * 4);
+                    float *nw = li_xmalloc((size_t)k * sizeof(float)), *wr = li_xmalloc((size_t)k * sizeof(float));
+                    float *ur = li_xmalloc((size_t)k * sizeof(float)), inv[LI_CU_GEMV_NB] = {0};
+                    for (int64_t j = 0; j < nb * k; j++) x[j] = rng_f() * (j % 53 == 0 ? 30.0f : 2.0f);
+                    for (int64_t j = 0; j < k; j++) nw[j] = 0.5f + rng_f();
+                    for (int b = 0; b < nb; b++) { /* the kernel's 1 / rms, its values, the reference's q8 */
+                        double sum = 0;
+                        for (int64_t j = 0; j < k; j++) sum += (double)(x[b * k + j] * x[b * k + j]);
+                        inv[b] = 1.0f / sqrtf((float)(sum / (double)k) + eps);
+                        for (int64_t j = 0; j < k; j++)
+                            xq[b * k + j] = mode ? (x[b * k + j] * inv[b]) * nw[j] : x[b * k + j];
+                        for (int64_t q = 0; q < k / 32; q++) {
+                            uint8_t blk[34];
+                            li_quantize_row_q8_0_ref(xq + b * k + q * 32, blk, 32);
+                            const float d = li_cu_fp16_to_f32((uint16_t)(blk[0] | blk[1] << 8));
+                            for (int j = 0; j < 32; j++) xq[b * k + q * 32 + j] = (float)(int8_t)blk[2 + j] * d;
+                        }
                     }
-                    li_weight_dequant_row_ref(&tw.w, r, wr);
-                    for (int b = 0; b < nb; b++) {
-                        double want = 0;
-                        for (int64_t j = 0; j < k; j++) want += (double)wr[j] * x[b * k + j];
-                        err += (sum[b] - want) * (sum[b] - want);
-                        ref2 += want * want;
+                    double err = 0, ref2 = 0;
+                    for (int64_t r = 0; r < M; r++) {
+                        float acc[32][LI_CU_GEMV_NB] = {{0}}, acc2[32][LI_CU_GEMV_NB] = {{0}};
+                        gemv_warp((int)types[ti], (const uint8_t *)tw.w.data + r * tw.w.row_bytes,
+                                  mode == 2 ? (const uint8_t *)tu.w.data + r * tu.w.row_bytes : NULL, k, x, nb,
+                                  mode ? nw : NULL, inv, acc, acc2);
+                        li_weight_dequant_row_ref(&tw.w, r, wr);
+                        li_weight_dequant_row_ref(&tu.w, r, ur);
+                        for (int b = 0; b < nb; b++) {
+                            float s = 0, s2 = 0;
+                            for (int l = 0; l < 32; l++) s += acc[l][b], s2 += acc2[l][b];
+                            double g = 0, u = 0;
+                            for (int64_t j = 0; j < k; j++) {
+                                g += (double)wr[j] * xq[b * k + j];
+                                u += (double)ur[j] * xq[b * k + j];
+                            }
+                            const double want = mode == 2 ? g / (1.0 + exp(-g)) * u : g;
+                            const double got = mode == 2 ? (double)li_cu_silu_mul(s, s2) : (double)s;
+                            err += (got - want) * (got - want);
+                            ref2 += want * want;
+                        }
                     }
+                    const double e = err / (ref2 > 0 ? ref2 : 1);
+                    worst = e > worst || e != e ? e : worst;
+                    free(x), free(xq), free(nw), free(wr), free(ur);
+                    test_weight_free(&tw);
+                    test_weight_free(&tu);
                 }
-                const double e = err / (ref2 > 0 ? ref2 : 1);
-                worst = e > worst ? e : worst;
-                free(x);
-                free(wr);
-                test_weight_free(&tw);
-            }
-        report(worst < 1e-10, "block GEMV %s, k of 1 to 37 blocks, 1/3/8 rows: the warp's sums against the "
-               "reference's dot products, worst nmse %.2e < 1e-10", li_type_name(types[ti]), worst);
-    }
+            report(worst < 1e-10, "block GEMV %s, %s, k of 1 to 37 blocks, 1/3/8 rows: the warp's sums against the "
+                   "reference's dot products with q8 inputs, worst nmse %.2e < 1e-10", li_type_name(types[ti]),
+                   modes[mode], worst);
+        }
 }
 
 int main(void) {

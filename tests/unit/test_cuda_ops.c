@@ -218,6 +218,78 @@ static void test_multi(void) {
     }
 }
 
+/* norm_matmul: rmsnorm inside the GEMV (q4_0 / q4_1 / q8_0 of one type, up
+ * to 8 rows), with and without swiglu, against the reference's rmsnorm,
+ * matmul of each weight and silu_mul; 17 rows and an f16 weight take the
+ * ops apart on the device (the same bound) */
+static void test_norm_matmul(void) {
+    const struct { li_type t[3]; int64_t m[3]; int n_w; bool swiglu; const char *what; } sets[] = {
+        {{LI_TYPE_Q4_1, LI_TYPE_Q4_1, LI_TYPE_Q4_1}, {131, 45, 45}, 3, false, "q4_1 x3 (q/k/v)"},
+        {{LI_TYPE_Q4_0, LI_TYPE_Q4_0}, {99, 99}, 2, true, "q4_0 gate/up, swiglu"},
+        {{LI_TYPE_Q8_0, LI_TYPE_Q8_0}, {67, 67}, 2, true, "q8_0 gate/up, swiglu"},
+        {{LI_TYPE_Q4_1, LI_TYPE_Q4_1}, {131, 131}, 2, true, "q4_1 gate/up, swiglu"},
+        {{LI_TYPE_F16, LI_TYPE_F16}, {51, 51}, 2, true, "f16 gate/up, swiglu (the ops apart)"},
+    };
+    const int64_t k = 160, ns[] = {1, 5, 8, 17};
+    const float eps = 1e-5f;
+    for (size_t si = 0; si < LI_ARRAY_LEN(sets); si++) {
+        const int n_w = sets[si].n_w;
+        test_weight tw[3];
+        li_weight wc[3];
+        const li_weight *wp[3];
+        for (int i = 0; i < n_w; i++) {
+            test_weight_make(&tw[i], sets[si].t[i], k, sets[si].m[i], fill_rand);
+            wc[i] = tw[i].w;
+            wc[i].packed = NULL;
+            report(cu.ops->weight_prepare(&cu, &wc[i]) == 0, "norm_matmul: prepare %s", li_type_name(sets[si].t[i]));
+            wp[i] = &wc[i];
+        }
+        float *nw = frand(k, 1.0f);
+        for (int64_t j = 0; j < k; j++) nw[j] += 1.5f;
+        for (size_t t = 0; t < LI_ARRAY_LEN(ns); t++) {
+            const int64_t n = ns[t];
+            float *x = frand(n * k, 3.0f), *h = frand(n * k, 0);
+            ref.ops->rmsnorm(&ref, x, nw, h, n, k, eps);
+            li_buffer bx = up(x, (size_t)(n * k) * 4), bh = up(NULL, (size_t)(n * k) * 4), by[3];
+            float *yd[3];
+            for (int i = 0; i < n_w; i++) {
+                by[i] = up(NULL, (size_t)(n * sets[si].m[i]) * 4);
+                yd[i] = by[i].data;
+            }
+            cu.ops->norm_matmul(&cu, bx.data, nw, eps, bh.data, wp, n_w, yd, n, sets[si].swiglu);
+            float *want[3] = {0};
+            for (int i = 0; i < n_w; i++) {
+                want[i] = frand(n * sets[si].m[i], 0);
+                ref.ops->matmul(&ref, &tw[i].w, h, want[i], n);
+            }
+            if (sets[si].swiglu) ref.ops->silu_mul(&ref, want[0], want[1], n, sets[si].m[0]);
+            double worst = 0;
+            for (int i = 0; i < (sets[si].swiglu ? 1 : n_w); i++) {
+                const int64_t m = sets[si].m[i];
+                float *got = frand(n * m, 0);
+                down(&by[i], got, (size_t)(n * m) * 4);
+                const double e = nmse(got, want[i], n * m);
+                worst = e > worst || e != e ? e : worst;
+                free(got);
+            }
+            report(worst < 5e-4, "norm_matmul %s n=%lld: worst nmse %.2e < 5e-4", sets[si].what, (long long)n, worst);
+            for (int i = 0; i < n_w; i++) {
+                li_buffer_free(&cu, &by[i]);
+                free(want[i]);
+            }
+            li_buffer_free(&cu, &bx);
+            li_buffer_free(&cu, &bh);
+            free(x);
+            free(h);
+        }
+        for (int i = 0; i < n_w; i++) {
+            cu.ops->weight_release(&cu, &wc[i]);
+            test_weight_free(&tw[i]);
+        }
+        free(nw);
+    }
+}
+
 static void test_weights(void) {
     /* m = 131: the SGEMM path above 8 rows; m = 144 (and k in 16-byte
      * multiples): the tensor cores (cuBLASLt), the q4/q8 types dequantized
@@ -250,6 +322,7 @@ static void test_weights(void) {
         test_weight_free(&tw);
     }
     test_multi();
+    test_norm_matmul();
     /* a GGUF type without a kernel: refused at prepare, never run */
     li_weight q5 = {.type = LI_TYPE_Q5_0, .k = 64, .m = 2};
     li_type_row_size(LI_TYPE_Q5_0, 64, &q5.row_bytes);
@@ -950,10 +1023,12 @@ static void test_invariant(li_model *m) {
     report(rc == 0, "model back on cuda: %s", rc ? err.msg : "prepared");
 }
 
-/* LUAINFER_CUDA_FUSE=0: a backend whose rmsnorm, silu_mul and attention do
- * not write their outputs' q8 blocks (each matmul then runs k_act_q8).
- * The same greedy tokens, logits and perplexity as cu's, bit for bit: the
- * fused kernels round as k_act_q8 does. */
+/* LUAINFER_CUDA_FUSE=0: a backend whose norm_matmul issues rmsnorm, the
+ * GEMVs and silu_mul apart (and, above 8 rows with k_mmq off, whose
+ * rmsnorm, silu_mul and attention do not write q8 blocks beside their
+ * outputs). The same greedy tokens, logits and perplexity as cu's, bit for
+ * bit: the fused GEMV sums the norm in rmsnorm's order and rounds as the
+ * GEMV apart does. */
 static void test_fused(li_model *m, const int32_t *pt, size_t np, const int32_t *tt, size_t nt, const int32_t *gg,
                        const float *sg, double nll_g) {
     li_error err = {0};
@@ -972,8 +1047,8 @@ static void test_fused(li_model *m, const int32_t *pt, size_t np, const int32_t 
     if (!rc)
         report(!memcmp(g2, gg, sizeof g2) && !memcmp(s2, sg, (size_t)GREEDY * (size_t)m->hp.n_vocab * sizeof(float)) &&
                    nll2 == nll_g,
-               "q8 blocks written by their producers (rmsnorm, silu_mul, attention): the tokens, logits and "
-               "perplexity of k_act_q8, bit for bit");
+               "rmsnorm and silu inside the GEMV (norm_matmul): the tokens, logits and perplexity of the ops "
+               "apart, bit for bit");
     free(s2);
     li_model_release(m, &nf);
     li_backend_cuda_free(&nf);
