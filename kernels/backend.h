@@ -164,6 +164,12 @@ typedef struct li_backend_ops {
      * layer). Results within matmul's bounds of the three ops apart. */
     void (*norm_matmul)(li_backend *be, const float *x, const float *nw, float eps, float *h,
                         const li_weight *const *w, int n_w, float *const *y, int64_t n, bool swiglu);
+    /* optional (NULL: rope_qk, or rope twice, then kv_store): q and k roped
+     * as rope_qk ropes them, then k (roped) and v stored as kv_store
+     * stores them; the same bits as those ops (one launch on a device) */
+    void (*rope_store)(li_backend *be, float *q, float *k, const float *v, const int32_t *pos, int64_t n,
+                       int n_heads, int n_heads_kv, int head_dim, int n_rot, float theta, int neox,
+                       const li_kv_layer *kv, const int64_t *slot);
     /* g(n, dim) = silu(g) * u */
     void (*silu_mul)(li_backend *be, float *g, const float *u, int64_t n, int64_t dim);
     /* y += x, (n) elements */

@@ -421,14 +421,21 @@ static int issue_pass(li_forward *f, const li_model *m, li_backend *be, li_kv_ca
             if (qkv_in == f->h) op->rmsnorm(be, f->x, L->attn_norm, f->h, n, d, hp->norm_eps);
             matmul_shared(be, qkv, 3, qkv_in, qkv_out, n);
         }
-        if (op->rope_qk) {
-            op->rope_qk(be, f->q, f->k, f->d_pos, n, hp->n_head, hp->n_head_kv, hp->head_dim, hp->n_rot,
-                        hp->rope_theta, hp->rope_neox);
+        if (op->rope_store) {
+            op->rope_store(be, f->q, f->k, f->v, f->d_pos, n, hp->n_head, hp->n_head_kv, hp->head_dim, hp->n_rot,
+                           hp->rope_theta, hp->rope_neox, &kv->layers[l], f->d_slot);
         } else {
-            op->rope(be, f->q, f->d_pos, n, hp->n_head, hp->head_dim, hp->n_rot, hp->rope_theta, hp->rope_neox);
-            op->rope(be, f->k, f->d_pos, n, hp->n_head_kv, hp->head_dim, hp->n_rot, hp->rope_theta, hp->rope_neox);
+            if (op->rope_qk) {
+                op->rope_qk(be, f->q, f->k, f->d_pos, n, hp->n_head, hp->n_head_kv, hp->head_dim, hp->n_rot,
+                            hp->rope_theta, hp->rope_neox);
+            } else {
+                op->rope(be, f->q, f->d_pos, n, hp->n_head, hp->head_dim, hp->n_rot, hp->rope_theta,
+                         hp->rope_neox);
+                op->rope(be, f->k, f->d_pos, n, hp->n_head_kv, hp->head_dim, hp->n_rot, hp->rope_theta,
+                         hp->rope_neox);
+            }
+            op->kv_store(be, &kv->layers[l], f->k, f->v, f->d_slot, n, hp->n_head_kv, hp->head_dim);
         }
-        op->kv_store(be, &kv->layers[l], f->k, f->v, f->d_slot, n, hp->n_head_kv, hp->head_dim);
         if (f->n_runs) tree_copy(f, kv, l);
         aa.kv = &kv->layers[l];
         op->attention(be, &aa);

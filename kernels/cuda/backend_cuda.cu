@@ -88,12 +88,12 @@ struct cu_hostcopy {
 // the kernels the profile tells apart
 enum {
     PK_ACT_QUANT, PK_ACT_Q8, PK_GEMV, PK_GEMV_MULTI, PK_DEQUANT, PK_SGEMM, PK_LT_CODES, PK_LT_GEMM, PK_LT_EPI,
-    PK_ACT_Q8C, PK_MMQ, PK_GEMV_NORM, PK_ADD, PK_GET_ROWS, PK_RMSNORM, PK_ROPE, PK_SILU_MUL, PK_HADAMARD, PK_KV_STORE,
+    PK_ACT_Q8C, PK_MMQ, PK_GEMV_NORM, PK_ROPE_STORE, PK_ADD, PK_GET_ROWS, PK_RMSNORM, PK_ROPE, PK_SILU_MUL, PK_HADAMARD, PK_KV_STORE,
     PK_ATTENTION, PK_ARGMAX, PK_TOPK, PK_SET, PK_GET, PK_COPY, PK_N
 };
 static const char *const pk_name[PK_N] = {
     "act_quant", "act_q8", "gemv", "gemv_multi", "dequant", "sgemm", "lt_codes", "lt_gemm", "lt_epilogue",
-    "act_q8c", "mmq", "gemv_norm", "add", "get_rows", "rmsnorm", "rope", "silu_mul", "hadamard", "kv_store", "attention", "argmax", "topk",
+    "act_q8c", "mmq", "gemv_norm", "rope_store", "add", "get_rows", "rmsnorm", "rope", "silu_mul", "hadamard", "kv_store", "attention", "argmax", "topk",
     "buffer_set", "buffer_get", "buffer_copy"};
 
 struct cu_prof_pending {
@@ -1579,6 +1579,80 @@ static void kv_store_launch(li_cuda *c, const li_kv_layer *kv, const float *k, c
     CK_LAUNCH("kv_store");
 }
 
+// rope_qk and kv_store in one launch (F32 / F16 / BF16 KV): threads for
+// q's pairs, k's pairs (roped in k as rope_qk does, and stored), k's dims
+// past n_rot, and v's elements; each value is the two ops' (the same
+// expressions), so the same bits. Padding rows (slot < 0) store nothing.
+template <int DT>
+__global__ void k_rope_store(float *q, float *k, const float *v, const int32_t *pos, int64_t n, int hq, int hk,
+                             int head_dim, int n_rot, float ts, int neox, void *kd, void *vd, const int64_t *slot) {
+    pdl_enter();
+    const int half = n_rot / 2, tail = head_dim - n_rot;
+    const int64_t row = (int64_t)hk * head_dim, nq = n * hq * half, nk = n * hk * half, nt = n * hk * tail;
+    const int64_t total = nq + nk + nt + n * row;
+    for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
+         idx += (int64_t)gridDim.x * blockDim.x) {
+        if (idx < nq + nk) {
+            const bool isq = idx < nq;
+            const int64_t t = isq ? idx : idx - nq;
+            const int heads = isq ? hq : hk;
+            const int j = (int)(t % half);
+            const int64_t ih = t / half, i = ih / heads;
+            float *hv = (isq ? q : k) + ih * head_dim;
+            const float angle = li_cu_rope_angle((float)pos[i], ts, j);
+            const float co = cosf(angle), si = sinf(angle);
+            const int i0 = neox ? j : 2 * j, i1 = neox ? j + half : 2 * j + 1;
+            const float x0 = hv[i0], x1 = hv[i1];
+            const float y0 = x0 * co - x1 * si, y1 = x0 * si + x1 * co;
+            hv[i0] = y0;
+            hv[i1] = y1;
+            if (!isq && slot[i] >= 0) {
+                const int64_t dst = slot[i] * row + (ih % hk) * head_dim;
+                kv_put<DT>(kd, dst + i0, y0);
+                kv_put<DT>(kd, dst + i1, y1);
+            }
+        } else if (idx < nq + nk + nt) { // k's dims past n_rot: stored as they are
+            const int64_t t = idx - nq - nk, ih = t / tail, i = ih / hk;
+            const int e = n_rot + (int)(t % tail);
+            if (slot[i] >= 0) kv_put<DT>(kd, slot[i] * row + (ih % hk) * head_dim + e, k[ih * head_dim + e]);
+        } else {
+            const int64_t t = idx - nq - nk - nt, i = t / row;
+            if (slot[i] >= 0) kv_put<DT>(vd, slot[i] * row + t % row, v[t]);
+        }
+    }
+}
+
+static void cu_rope_qk(li_backend *be, float *q, float *k, const int32_t *pos, int64_t n, int hq, int hk,
+                       int head_dim, int n_rot, float theta, int neox);
+static void cu_kv_store(li_backend *be, const li_kv_layer *kv, const float *k, const float *v, const int64_t *slot,
+                        int64_t n_tokens, int n_head_kv, int head_dim);
+
+static void cu_rope_store(li_backend *be, float *q, float *k, const float *v, const int32_t *pos, int64_t n, int hq,
+                          int hk, int head_dim, int n_rot, float theta, int neox, const li_kv_layer *kv,
+                          const int64_t *slot) {
+    li_cuda *c = cu(be);
+    q8_forget(c);
+    if (n <= 0) return;
+    const bool wide = kv->dtype == LI_TYPE_F32 || kv->dtype == LI_TYPE_F16 || kv->dtype == LI_TYPE_BF16;
+    if (!c->fuse || !wide || n_rot < 2 || n_rot > head_dim) { // the two ops apart
+        cu_rope_qk(be, q, k, pos, n, hq, hk, head_dim, n_rot, theta, neox);
+        cu_kv_store(be, kv, k, v, slot, n, hk, head_dim);
+        return;
+    }
+    const float ts = powf(theta, -2.0f / (float)n_rot); // on the host: the reference's bits
+    const int64_t total = n * ((int64_t)(hq + hk) * (n_rot / 2) + (int64_t)hk * (head_dim - n_rot) +
+                               (int64_t)hk * head_dim);
+    const unsigned nb = blocks_for(total, 256);
+#define L_RS(DT) launch(c, nb, 256, 0, k_rope_store<DT>, q, k, v, pos, n, hq, hk, head_dim, n_rot, ts, neox, kv->k, \
+                        kv->v, slot)
+    switch (kv->dtype) {
+    case LI_TYPE_F32: PROF(c, PK_ROPE_STORE, L_RS(LI_TYPE_F32); CK_LAUNCH("rope_store")); break;
+    case LI_TYPE_F16: PROF(c, PK_ROPE_STORE, L_RS(LI_TYPE_F16); CK_LAUNCH("rope_store")); break;
+    default: PROF(c, PK_ROPE_STORE, L_RS(LI_TYPE_BF16); CK_LAUNCH("rope_store")); break;
+    }
+#undef L_RS
+}
+
 static void cu_kv_store(li_backend *be, const li_kv_layer *kv, const float *k, const float *v, const int64_t *slot,
                         int64_t n_tokens, int n_head_kv, int head_dim) {
     li_cuda *c = cu(be);
@@ -2104,6 +2178,7 @@ static li_backend_ops make_ops(void) {
     o.rope_qk = cu_rope_qk;
     o.silu_mul = cu_silu_mul;
     o.norm_matmul = cu_norm_matmul;
+    o.rope_store = cu_rope_store;
     o.add = cu_add;
     o.hadamard = cu_hadamard;
     o.kv_store = cu_kv_store;

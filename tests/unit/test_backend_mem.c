@@ -57,6 +57,7 @@ static struct {
     long gathered;                    /* edited ids' logits read by gather */
     long lse_scaled;                  /* rows whose lse at a temperature lse computed */
     long norm_matmuls;                /* the forward's fused norm + matmuls */
+    long rope_stores;                 /* the forward's fused rope + kv_store */
 } g;
 
 /* one op's arguments, as a recording keeps them */
@@ -468,6 +469,16 @@ static void r_attention(li_backend *be, const li_attn_args *a) {
     g.inner->ops->attention(g.inner, a);
 }
 
+/* rope_store as the three ops it stands for (rope on q, on k, kv_store) */
+static void r_rope_store(li_backend *be, float *q, float *k, const float *v, const int32_t *pos, int64_t n, int hq,
+                         int hk, int hd, int n_rot, float theta, int neox, const li_kv_layer *kv,
+                         const int64_t *slot) {
+    g.rope_stores++;
+    r_rope(be, q, pos, n, hq, hd, n_rot, theta, neox);
+    r_rope(be, k, pos, n, hk, hd, n_rot, theta, neox);
+    r_kv_store(be, kv, k, v, slot, n, hk, hd);
+}
+
 static int r_weight_prepare(li_backend *be, li_weight *w) {
     int rc = g.inner->ops->weight_prepare ? g.inner->ops->weight_prepare(g.inner, w) : 0;
     weight_add(w->data, (size_t)w->m * w->row_bytes, w->packed);
@@ -501,6 +512,7 @@ static void recorder_init(li_backend *rec, li_backend *inner) {
     rec_ops.rope = r_rope;
     rec_ops.silu_mul = r_silu_mul;
     rec_ops.norm_matmul = r_norm_matmul;
+    rec_ops.rope_store = r_rope_store;
     rec_ops.add = r_add;
     rec_ops.kv_store = r_kv_store;
     rec_ops.attention = r_attention;
@@ -844,6 +856,7 @@ int main(void) {
     CHECK(g.violations == 0, "prefill and decode touched only backend memory (%ld violations)", g.violations);
     CHECK(g.norm_matmuls >= 2L * m->hp.n_layer, "the forward asked norm_matmul for both norms of every block (%ld "
           "calls)", g.norm_matmuls);
+    CHECK(g.rope_stores >= m->hp.n_layer, "the forward asked rope_store for every block (%ld calls)", g.rope_stores);
     CHECK(g.allocs == g.frees, "every buffer freed (%ld of %ld)", g.frees, g.allocs);
     CHECK(!memcmp(want, got, sizeof want), "the same tokens as the plain CPU backend");
     printf("session: %ld recordings, %ld launches\n", g.recordings, g.launches);

@@ -658,6 +658,43 @@ static void kv_padding(li_type dt, li_kv_layer *hk, li_kv_layer *dk, li_buffer *
     free(v);
 }
 
+/* rope_store: rope on q and k then kv_store, one launch (F32 / F16 / BF16
+ * KV; 8-bit KV takes the two ops apart): q, k and the cache the bits of
+ * the device's rope_qk then kv_store (that store checked against the
+ * reference's above: here the reference stores the rope_qk's k), with
+ * half the dims rotated (the rest stored as they are), both pairings, a
+ * padding row */
+static void kv_rope_store(li_type dt, li_kv_layer *hk, li_kv_layer *dk, li_buffer *bk, li_buffer *bv, li_buffer *bks,
+                          li_buffer *bvs, const int32_t *table) {
+    enum { N = 3 };
+    const int32_t pos[N] = {41, 0, 17};
+    const int64_t slot[N] = {(int64_t)table[0 * STRIDE + 41 / BS] * BS + 41 % BS, -1,
+                             (int64_t)table[1 * STRIDE + 17 / BS] * BS + 17 % BS};
+    const size_t qb = (size_t)(N * NH * HD) * 4, kb = (size_t)(N * NKV * HD) * 4;
+    for (int neox = 0; neox < 2; neox++) {
+        const int n_rot = neox ? HD / 2 : HD;
+        float *q = frand(N * NH * HD, 2.0f), *k = frand(N * NKV * HD, 2.0f), *v = frand(N * NKV * HD, 2.0f);
+        float *q1 = frand(N * NH * HD, 0), *k1 = frand(N * NKV * HD, 0);
+        float *q2 = frand(N * NH * HD, 0), *k2 = frand(N * NKV * HD, 0);
+        li_buffer dq1 = up(q, qb), dk1 = up(k, kb), dq2 = up(q, qb), dk2 = up(k, kb), dvx = up(v, kb);
+        li_buffer dsl = up(slot, sizeof slot), dp = up(pos, sizeof pos);
+        cu.ops->rope_qk(&cu, dq1.data, dk1.data, dp.data, N, NH, NKV, HD, n_rot, 10000.0f, neox);
+        down(&dq1, q1, qb);
+        down(&dk1, k1, kb);
+        ref.ops->kv_store(&ref, hk, k1, v, slot, N, NKV, HD);
+        cu.ops->rope_store(&cu, dq2.data, dk2.data, dvx.data, dp.data, N, NH, NKV, HD, n_rot, 10000.0f, neox, dk,
+                           dsl.data);
+        down(&dq2, q2, qb);
+        down(&dk2, k2, kb);
+        report(!memcmp(q1, q2, qb) && !memcmp(k1, k2, kb) && kv_same(dt, hk, bk, bv, bks, bvs),
+               "rope_store %s, %s, %d of %d dims: q, k and the cache the bits of rope_qk then kv_store",
+               li_type_name(dt), neox ? "neox" : "pairs", n_rot, HD);
+        li_buffer *bufs[] = {&dq1, &dk1, &dq2, &dk2, &dvx, &dsl, &dp};
+        for (size_t i = 0; i < LI_ARRAY_LEN(bufs); i++) li_buffer_free(&cu, bufs[i]);
+        free(q), free(k), free(v), free(q1), free(k1), free(q2), free(k2);
+    }
+}
+
 static void test_attention(void) {
     const li_type dts[] = {LI_TYPE_F32, LI_TYPE_F16, LI_TYPE_BF16, LI_KV_TYPE_FP8_E4M3, LI_KV_TYPE_INT8};
     /* two sequences of up to 96 positions, blocks scattered: a prefill of 80
@@ -704,6 +741,7 @@ static void test_attention(void) {
         const int32_t dpos[2] = {80, 40}, dseq[2] = {0, 1};
         kv_batch(dt, "decode", &hk, &dk, &bk, &bv, &bks, &bvs, table, 2, dpos, dseq);
         kv_padding(dt, &hk, &dk, &bk, &bv, &bks, &bvs, table);
+        kv_rope_store(dt, &hk, &dk, &bk, &bv, &bks, &bvs, table);
         li_buffer_free(&cu, &bk);
         li_buffer_free(&cu, &bv);
         li_buffer_free(&cu, &bks);
