@@ -156,6 +156,8 @@ struct li_cuda {
     bool attn_tile;
     float *attn_part; // (rows, chunks, head_dim + 2) the chunks' max, sum, accumulator
     size_t attn_part_cap;
+    float *attn_ticket; // (rows) unsigned: chunks of the row done, 0 between launches
+    size_t attn_ticket_cap;
     const float *q8_src;
     int64_t q8_rows, q8_k;
     // the GGUF block types above GEMV_NB rows on the int8 tensor cores
@@ -1774,13 +1776,43 @@ template <int DT> __global__ void __launch_bounds__(ATTN_WARPS * 32) k_attention
 // Split by positions (flash-decoding): block (token, head) x chunk c walks
 // positions [c * ATTN_CHUNK, (c + 1) * ATTN_CHUNK) of its token, leaving its
 // max, sum and unnormalized accumulator in part (a chunk past the token's
-// positions leaves max -inf, sum 0); k_attn_merge merges a row's chunks in
-// chunk order. A decode step's few (token, head) blocks then spread over
-// the GPU, each warp a few positions deep.
+// positions leaves max -inf, sum 0); the row's last chunk to finish merges
+// its chunks in chunk order. A decode step's few (token, head) blocks then
+// spread over the GPU, each warp a few positions deep.
+
+// Row `row`'s chunks in part merged into out: the max of their maxes, each
+// chunk's weight exp(m_c - M) (0 for a chunk that saw no position), the
+// sum, then each d. The chunks were written by other blocks of the grid:
+// read through L2 (ld.cg), never from this SM's L1.
+__device__ __forceinline__ void attn_merge_row(const cu_attn &a, int64_t row, int n_chunks, const float *part) {
+    const float *pr = part + row * n_chunks * (a.D + 2);
+    float M = -INFINITY;
+    for (int c = 0; c < n_chunks; c++) M = fmaxf(M, __ldcg(pr + c * (a.D + 2)));
+    float L = 0.0f;
+    for (int c = 0; c < n_chunks; c++) {
+        const float *q = pr + c * (a.D + 2);
+        const float m = __ldcg(q), l = __ldcg(q + 1);
+        L += l * li_cu_merge_weight(m, l, M);
+    }
+    for (int d = threadIdx.x; d < a.D; d += blockDim.x) {
+        float o = 0.0f;
+        for (int c = 0; c < n_chunks; c++) {
+            const float *q = pr + c * (a.D + 2);
+            o += li_cu_merge_weight(__ldcg(q), __ldcg(q + 1), M) * __ldcg(q + 2 + d);
+        }
+        attn_put(a, row, d, o / L);
+    }
+}
+
+// The split walk's chunk; the last of a row's chunks to finish (a ticket
+// per row, taken after the chunk's writes are fenced) merges the row and
+// puts its ticket back to 0, so no merge launch follows.
 template <int DT>
-__global__ void __launch_bounds__(ATTN_WARPS * 32) k_attn_part(cu_attn a, int n_chunks, float *part) {
+__global__ void __launch_bounds__(ATTN_WARPS * 32) k_attn_part(cu_attn a, int n_chunks, float *part,
+                                                               unsigned *ticket) {
     pdl_enter();
     __shared__ float s_acc[ATTN_WARPS][ATTN_MAXD];
+    __shared__ bool last;
     const int64_t i = blockIdx.x / a.n_head;
     const int h = (int)(blockIdx.x % a.n_head);
     const int64_t n_pos = (int64_t)a.pos[i] + 1, p0 = (int64_t)blockIdx.y * ATTN_CHUNK;
@@ -1798,26 +1830,16 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) k_attn_part(cu_attn a, int n_
         for (int w = 0; w < ATTN_WARPS; w++) o += f[w] * s_acc[w][d];
         pr[2 + d] = o;
     }
-}
-
-__global__ void k_attn_merge(cu_attn a, int n_chunks, const float *part) {
-    pdl_enter();
-    const float *pr = part + (int64_t)blockIdx.x * n_chunks * (a.D + 2);
-    float M = -INFINITY;
-    for (int c = 0; c < n_chunks; c++) M = fmaxf(M, pr[c * (a.D + 2)]);
-    float L = 0.0f;
-    for (int c = 0; c < n_chunks; c++) {
-        const float *q = pr + c * (a.D + 2);
-        L += q[1] * li_cu_merge_weight(q[0], q[1], M);
+    __syncthreads(); // every thread's writes of the chunk issued
+    if (threadIdx.x == 0) {
+        __threadfence(); // ... and visible to the grid before the ticket
+        last = atomicAdd(ticket + blockIdx.x, 1u) == (unsigned)n_chunks - 1;
     }
-    for (int d = threadIdx.x; d < a.D; d += blockDim.x) {
-        float o = 0.0f;
-        for (int c = 0; c < n_chunks; c++) {
-            const float *q = pr + c * (a.D + 2);
-            o += li_cu_merge_weight(q[0], q[1], M) * q[2 + d];
-        }
-        attn_put(a, blockIdx.x, d, o / L);
-    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    attn_merge_row(a, blockIdx.x, n_chunks, part);
+    if (threadIdx.x == 0) ticket[blockIdx.x] = 0;
 }
 
 // A prefill's attention by tiles (attn_tile.h): block (tile of tokens, kv
@@ -1880,11 +1902,13 @@ static void attention_tile_launch(li_cuda *c, li_type dtype, const li_at_args &t
 }
 
 // n_chunks 0: one block per (token, head); else k_attn_part over that many
-// chunks into part, then k_attn_merge
-static void attention_launch(li_cuda *c, li_type dtype, const cu_attn &p, unsigned rows, int n_chunks, float *part) {
+// chunks into part, the last chunk of each row merging it (ticket: a zeroed
+// counter per row)
+static void attention_launch(li_cuda *c, li_type dtype, const cu_attn &p, unsigned rows, int n_chunks, float *part,
+                             unsigned *ticket) {
     const dim3 grid(rows, n_chunks ? (unsigned)n_chunks : 1u);
 #define L_ATT(DT)                                                                                                   \
-    if (n_chunks) launch(c, grid, ATTN_WARPS * 32, 0, k_attn_part<DT>, p, n_chunks, part);                            \
+    if (n_chunks) launch(c, grid, ATTN_WARPS * 32, 0, k_attn_part<DT>, p, n_chunks, part, ticket);                    \
     else launch(c, grid, ATTN_WARPS * 32, 0, k_attention<DT>, p)
     switch (dtype) {
     case LI_TYPE_F32: L_ATT(LI_TYPE_F32); break;
@@ -1896,10 +1920,6 @@ static void attention_launch(li_cuda *c, li_type dtype, const cu_attn &p, unsign
     }
 #undef L_ATT
     CK_LAUNCH("attention");
-    if (n_chunks) {
-        launch(c, rows, ATTN_WARPS * 32, 0, k_attn_merge, p, n_chunks, part);
-        CK_LAUNCH("attention merge");
-    }
 }
 
 static void cu_attention(li_backend *be, const li_attn_args *a) {
@@ -1953,10 +1973,16 @@ static void cu_attention(li_backend *be, const li_attn_args *a) {
         if (fuse) c->q8_src = a->out, c->q8_rows = a->n_tokens, c->q8_k = row;
         return;
     }
-    float *part = n_chunks ? reserve(c, &c->attn_part, &c->attn_part_cap,
-                                     (size_t)rows * (size_t)n_chunks * (size_t)(a->head_dim + 2))
-                           : nullptr;
-    PROF(c, PK_ATTENTION, attention_launch(c, kv->dtype, p, rows, n_chunks, part));
+    float *part = nullptr;
+    unsigned *ticket = nullptr;
+    if (n_chunks) {
+        part = reserve(c, &c->attn_part, &c->attn_part_cap, (size_t)rows * (size_t)n_chunks * (size_t)(a->head_dim + 2));
+        const size_t had = c->attn_ticket_cap;
+        ticket = (unsigned *)reserve(c, &c->attn_ticket, &c->attn_ticket_cap, rows);
+        if (c->attn_ticket_cap != had) // fresh memory (outside any capture: reserve ended it)
+            CK(cudaMemsetAsync(ticket, 0, c->attn_ticket_cap * sizeof(float), c->st));
+    }
+    PROF(c, PK_ATTENTION, attention_launch(c, kv->dtype, p, rows, n_chunks, part, ticket));
     if (fuse) c->q8_src = a->out, c->q8_rows = a->n_tokens, c->q8_k = row;
 }
 
@@ -2374,6 +2400,7 @@ extern "C" void li_backend_cuda_free(li_backend *be) {
     cudaFree(c->lt_d);
     cudaFree(c->lt_w16);
     cudaFree(c->attn_part);
+    cudaFree(c->attn_ticket);
     cudaFree(c->blas_ws);
     cudaFree(c->wbuf);
     cudaFree(c->xbuf);
