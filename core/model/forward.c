@@ -475,13 +475,20 @@ static int issue_pass(li_forward *f, const li_model *m, li_backend *be, li_kv_ca
                         (size_t)d * sizeof(float));
         sel = f->sel;
     }
-    if (!(b->no_logits && b->hidden != LI_HIDDEN_POST_NORM))
+    /* the norm inside the head's matmul where the backend fuses them and
+     * nobody reads the normalized rows */
+    const bool fused = op->norm_matmul && !b->no_logits && b->hidden != LI_HIDDEN_POST_NORM;
+    if (!fused && !(b->no_logits && b->hidden != LI_HIDDEN_POST_NORM))
         op->rmsnorm(be, sel, m->output_norm, f->h, b->n_logits, d, hp->norm_eps);
     if (!b->no_logits) {
         const size_t row_bytes = (size_t)hp->n_vocab * sizeof(float);
         if ((rc = buffer_reserve(be, &f->logits, (size_t)b->n_logits * row_bytes, err))) return rc;
         f->logits_cap = (int64_t)(f->logits.size / row_bytes);
-        op->matmul(be, &m->output, f->h, f->logits.data, b->n_logits);
+        if (fused)
+            op->norm_matmul(be, sel, m->output_norm, hp->norm_eps, f->h, (const li_weight *const[]){&m->output}, 1,
+                            (float *const[]){f->logits.data}, b->n_logits, false);
+        else
+            op->matmul(be, &m->output, f->h, f->logits.data, b->n_logits);
     }
     pass_outputs(f, b, sel);
     return 0;
