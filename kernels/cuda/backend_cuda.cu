@@ -1303,14 +1303,14 @@ static void cu_norm_matmul(li_backend *be, const float *x, const float *nw, floa
                  (t == LI_TYPE_Q4_0 || t == LI_TYPE_Q4_1 || t == LI_TYPE_Q8_0) && dim % 32 == 0 &&
                  (!swiglu || (n_w == 2 && w[1]->m == w[0]->m));
     for (int i = 1; i < n_w && fused; i++) fused = w[i]->type == t && w[i]->scheme == LI_SCHEME_PLAIN && w[i]->k == dim;
-    if (!fused) {
+    const float *nwd = fused ? dev_floats(c, nw, dim) : nullptr;
+    if (!fused || (uintptr_t)nwd % 16) { // the ops apart (the lanes read the norm's weights as float4s)
         cu_rmsnorm(be, x, nw, h, n, dim, eps);
         multi(c, w, n_w, h, y, n);
         q8_forget(c);
         if (swiglu) cu_silu_mul(be, y[0], y[1], n, w[0]->m);
         return;
     }
-    const float *nwd = dev_floats(c, nw, dim);
     cu_multi mw;
     memset(&mw, 0, sizeof mw);
     mw.n_w = n_w;
@@ -1589,7 +1589,7 @@ template <int DT>
 __global__ void k_rope_store(float *q, float *k, const float *v, const int32_t *pos, int64_t n, int hq, int hk,
                              int head_dim, int n_rot, float ts, int neox, void *kd, void *vd, const int64_t *slot) {
     pdl_enter();
-    const int half = n_rot / 2, tail = head_dim - n_rot;
+    const int half = n_rot / 2, rot = 2 * half, tail = head_dim - rot; // an odd n_rot's last dim is not rotated
     const int64_t row = (int64_t)hk * head_dim, nq = n * hq * half, nk = n * hk * half, nt = n * hk * tail;
     const int64_t total = nq + nk + nt + n * row;
     for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
@@ -1613,9 +1613,9 @@ __global__ void k_rope_store(float *q, float *k, const float *v, const int32_t *
                 kv_put<DT>(kd, dst + i0, y0);
                 kv_put<DT>(kd, dst + i1, y1);
             }
-        } else if (idx < nq + nk + nt) { // k's dims past n_rot: stored as they are
+        } else if (idx < nq + nk + nt) { // k's dims past the pairs: stored as they are
             const int64_t t = idx - nq - nk, ih = t / tail, i = ih / hk;
-            const int e = n_rot + (int)(t % tail);
+            const int e = rot + (int)(t % tail);
             if (slot[i] >= 0) kv_put<DT>(kd, slot[i] * row + (ih % hk) * head_dim + e, k[ih * head_dim + e]);
         } else {
             const int64_t t = idx - nq - nk - nt, i = t / row;
@@ -1642,7 +1642,7 @@ static void cu_rope_store(li_backend *be, float *q, float *k, const float *v, co
         return;
     }
     const float ts = powf(theta, -2.0f / (float)n_rot); // on the host: the reference's bits
-    const int64_t total = n * ((int64_t)(hq + hk) * (n_rot / 2) + (int64_t)hk * (head_dim - n_rot) +
+    const int64_t total = n * ((int64_t)(hq + hk) * (n_rot / 2) + (int64_t)hk * (head_dim - n_rot / 2 * 2) +
                                (int64_t)hk * head_dim);
     const unsigned nb = blocks_for(total, 256);
 #define L_RS(DT) launch(c, nb, 256, 0, k_rope_store<DT>, q, k, v, pos, n, hq, hk, head_dim, n_rot, ts, neox, kv->k, \
