@@ -144,10 +144,12 @@ struct li_cuda {
     // any row count in chunks of GEMV_NB, so a row's bits never depend on
     // the rows beside it and speculation's verification is exact
     bool invariant;
-    // the q8 blocks of an op's output, made by that op (fuse: rmsnorm,
-    // silu_mul, attention write them into xbuf beside their output): the
-    // next op, when it is a matmul of a q8-reading weight over that output,
-    // skips its k_act_q8 launch. Valid for the next op only (q8_forget).
+    // fusions (LUAINFER_CUDA_FUSE=0: none): norm_matmul's norm inside the
+    // GEMV, or into k_mmq's codes; silu_mul leaving k_mmq's codes of g
+    // (mmq_src); rope_store in one launch; and, for the f16 copies, the q8
+    // blocks of an op's output written beside it by rmsnorm, silu_mul and
+    // attention (q8_src), so the next matmul over that output skips its
+    // k_act_q8. Notes are valid for the next op only (q8_forget).
     bool fuse;
     // attention split by positions (LUAINFER_CUDA_ATTN_SPLIT=0: one block per (token, head))
     bool attn_split;
@@ -896,12 +898,9 @@ __global__ void k_act_q8(const float *x, float *out, int64_t n_blocks) {
 
 // x(n, k) as k_mmq's B: per 32-element block (a warp, as k_act_q8) the q8
 // codes into xq and (d, d * sum(codes)) into xds
-__global__ void k_act_q8c(const float *x, int8_t *xq, float2 *xds, int64_t n_blocks) {
-    pdl_enter();
-    const int64_t b = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-    if (b >= n_blocks) return; // a whole warp
-    const int lane = threadIdx.x & 31;
-    const float v = x[b * 32 + lane];
+// v, one lane's element of block b (32 elements, the whole warp's), into
+// k_mmq's input: the code at xq[b * 32 + lane], (d, d * sum) at xds[b]
+__device__ __forceinline__ void q8c_warp(float v, int8_t *xq, float2 *xds, int64_t b, int lane) {
     float amax = fabsf(v);
     for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
     const int q = li_cu_q8_code(v, amax);
@@ -912,6 +911,14 @@ __global__ void k_act_q8c(const float *x, int8_t *xq, float2 *xds, int64_t n_blo
         const float dh = li_cu_q8_dh(amax);
         xds[b] = make_float2(dh, dh * (float)sum);
     }
+}
+
+__global__ void k_act_q8c(const float *x, int8_t *xq, float2 *xds, int64_t n_blocks) {
+    pdl_enter();
+    const int64_t b = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    if (b >= n_blocks) return; // a whole warp
+    const int lane = threadIdx.x & 31;
+    q8c_warp(x[b * 32 + lane], xq, xds, b, lane);
 }
 
 // c += A(16 x 32, s8, row) . B(32 x 8, s8, col) in int32: the fragment
@@ -933,14 +940,29 @@ __device__ __forceinline__ void mma_s8(int32_t *c, uint32_t a0, uint32_t a1, uin
 // the int32 sums, scaled, into f32 sums; the warps' sums are then added in
 // shared memory, in warp order. Weight rows past m read row m - 1 and
 // activation rows past n row n - 1; neither is stored.
+// Up to MULTI_MAX weights of one type and k reading the same input (q/k/v,
+// gate/up) in one launch: their 16-row tiles end to end (tile_end: tiles
+// of weights 0..i); res with one weight only.
 enum { MMQ_WARPS = 8, MMQ_N = 64, MMQ_T = MMQ_N / 8 };
+struct cu_mmq_set {
+    cu_wview w[MULTI_MAX];
+    float *y[MULTI_MAX];
+    int64_t tile_end[MULTI_MAX];
+    int n_w;
+};
+
 template <int T>
 __global__ void __launch_bounds__(MMQ_WARPS * 32)
-    k_mmq(cu_wview w, const int8_t *xq, const float2 *xds, float *y, float *res, int64_t n) {
+    k_mmq(cu_mmq_set set, const int8_t *xq, const float2 *xds, float *res, int64_t n) {
     pdl_enter();
     __shared__ float red[MMQ_WARPS][MMQ_T * 4][32];
     const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, s = lane & 3;
-    const int64_t r0 = (int64_t)blockIdx.x * 16, b0 = (int64_t)blockIdx.y * MMQ_N, nblk = w.k / 32, rem = n - b0;
+    int i = 0;
+    while (i < set.n_w - 1 && (int64_t)blockIdx.x >= set.tile_end[i]) i++;
+    const cu_wview w = i == 0 ? set.w[0] : i == 1 ? set.w[1] : i == 2 ? set.w[2] : set.w[3];
+    float *const y = i == 0 ? set.y[0] : i == 1 ? set.y[1] : i == 2 ? set.y[2] : set.y[3];
+    const int64_t r0 = ((int64_t)blockIdx.x - (i ? set.tile_end[i - 1] : 0)) * 16;
+    const int64_t b0 = (int64_t)blockIdx.y * MMQ_N, nblk = w.k / 32, rem = n - b0;
     const int tiles = rem >= MMQ_N ? MMQ_T : (int)((rem + 7) / 8);
     const int bb = li_cu_blk_bytes(T);
     const uint8_t *wa = w.data + (r0 + g < w.m ? r0 + g : w.m - 1) * w.row_bytes;
@@ -1183,29 +1205,69 @@ static bool lt_matmul(li_cuda *c, const li_weight *w, const float *x, float *y, 
     return true;
 }
 
-// y = x . W^T (res += y) by k_mmq, for the GGUF block types above GEMV_NB
-// rows; false when w does not go this way
-static bool mmq_matmul(li_cuda *c, const li_weight *w, const float *x, float *y, float *res, int64_t n) {
-    if (!c->mmq || n <= GEMV_NB || c->invariant || w->scheme != LI_SCHEME_PLAIN || w->k % 32 ||
-        !(w->type == LI_TYPE_Q4_0 || w->type == LI_TYPE_Q4_1 || w->type == LI_TYPE_Q8_0))
-        return false;
-    const int64_t nb = n * w->k / 32;
-    int8_t *xq = (int8_t *)reserve(c, &c->mmq_x, &c->mmq_x_cap, (size_t)nb * 8);
-    float2 *xds = (float2 *)reserve(c, &c->mmq_s, &c->mmq_s_cap, (size_t)nb * 2);
-    if (!(c->mmq_src == x && c->mmq_rows == n && c->mmq_k == w->k)) {
-        PROF(c, PK_ACT_Q8C, launch(c, (unsigned)((nb + 7) / 8), 256, 0, k_act_q8c, x, xq, xds, nb);
-             CK_LAUNCH("act_q8c"));
-        c->mmq_src = x, c->mmq_rows = n, c->mmq_k = w->k;
+// whether k_mmq takes w at n rows: the GGUF block types above GEMV_NB rows
+static bool mmq_ok(const li_cuda *c, const li_weight *w, int64_t n) {
+    return c->mmq && n > GEMV_NB && !c->invariant && w->scheme == LI_SCHEME_PLAIN && w->k % 32 == 0 &&
+           (w->type == LI_TYPE_Q4_0 || w->type == LI_TYPE_Q4_1 || w->type == LI_TYPE_Q8_0);
+}
+
+// k_mmq's input buffers for n rows of k: the codes (n, k) and (d, d * sum) (n, k / 32)
+static void mmq_buffers(li_cuda *c, int64_t n, int64_t k, int8_t **xq, float2 **xds) {
+    const int64_t nb = n * k / 32;
+    *xq = (int8_t *)reserve(c, &c->mmq_x, &c->mmq_x_cap, (size_t)nb * 8);
+    *xds = (float2 *)reserve(c, &c->mmq_s, &c->mmq_s_cap, (size_t)nb * 2);
+}
+
+// x's codes for k_mmq: made by k_act_q8c unless the op before left them
+// (mmq_src: a producer's note, or a weight before in this op)
+static void mmq_codes(li_cuda *c, const float *x, int64_t n, int64_t k, int8_t **xq, float2 **xds) {
+    mmq_buffers(c, n, k, xq, xds);
+    if (c->mmq_src == x && c->mmq_rows == n && c->mmq_k == k) return;
+    const int64_t nb = n * k / 32;
+    PROF(c, PK_ACT_Q8C, launch(c, (unsigned)((nb + 7) / 8), 256, 0, k_act_q8c, x, *xq, *xds, nb);
+         CK_LAUNCH("act_q8c"));
+    c->mmq_src = x, c->mmq_rows = n, c->mmq_k = k;
+}
+
+// y_i = codes . W_i^T for n_w (<= MULTI_MAX) weights of one type and k in
+// one k_mmq launch (res += y_0 too, with one weight)
+static void mmq_launch(li_cuda *c, const li_weight *const *w, int n_w, const int8_t *xq, const float2 *xds,
+                       float *const *y, float *res, int64_t n) {
+    cu_mmq_set set;
+    memset(&set, 0, sizeof set);
+    set.n_w = n_w;
+    int64_t tiles = 0;
+    for (int i = 0; i < n_w; i++) {
+        set.w[i] = wview(w[i]);
+        set.y[i] = y[i];
+        tiles += (w[i]->m + 15) / 16;
+        set.tile_end[i] = tiles;
     }
-    const cu_wview v = wview(w);
-    const dim3 grid((unsigned)((w->m + 15) / 16), (unsigned)((n + MMQ_N - 1) / MMQ_N));
-#define L_MMQ(T) launch(c, grid, MMQ_WARPS * 32, 0, k_mmq<T>, v, xq, xds, y, res, n)
-    switch (w->type) {
+    const dim3 grid((unsigned)tiles, (unsigned)((n + MMQ_N - 1) / MMQ_N));
+#define L_MMQ(T) launch(c, grid, MMQ_WARPS * 32, 0, k_mmq<T>, set, xq, xds, n_w == 1 ? res : nullptr, n)
+    switch (w[0]->type) {
     case LI_TYPE_Q4_0: PROF(c, PK_MMQ, L_MMQ(LI_TYPE_Q4_0); CK_LAUNCH("mmq")); break;
     case LI_TYPE_Q4_1: PROF(c, PK_MMQ, L_MMQ(LI_TYPE_Q4_1); CK_LAUNCH("mmq")); break;
     default: PROF(c, PK_MMQ, L_MMQ(LI_TYPE_Q8_0); CK_LAUNCH("mmq")); break;
     }
 #undef L_MMQ
+}
+
+// whether k_mmq takes all n_w weights in one launch: one type and k, each its own
+static bool mmq_all(const li_cuda *c, const li_weight *const *w, int n_w, int64_t n) {
+    if (n_w < 1 || n_w > MULTI_MAX) return false;
+    for (int i = 0; i < n_w; i++)
+        if (!mmq_ok(c, w[i], n) || w[i]->type != w[0]->type || w[i]->k != w[0]->k) return false;
+    return true;
+}
+
+// y = x . W^T (res += y) by k_mmq; false when w does not go this way
+static bool mmq_matmul(li_cuda *c, const li_weight *w, const float *x, float *y, float *res, int64_t n) {
+    if (!mmq_ok(c, w, n)) return false;
+    int8_t *xq;
+    float2 *xds;
+    mmq_codes(c, x, n, w->k, &xq, &xds);
+    mmq_launch(c, &w, 1, xq, xds, &y, res, n);
     return true;
 }
 
@@ -1260,6 +1322,13 @@ static void multi(li_cuda *c, const li_weight *const *w, int n_w, const float *x
         alike &= act_kind(w[i]) == act_kind(w[0]) && w[i]->k == w[0]->k;
         one_type &= w[i]->type == w[0]->type;
     }
+    if (mmq_all(c, w, n_w, n)) { // the input's codes once, one k_mmq launch for all
+        int8_t *xq;
+        float2 *xds;
+        mmq_codes(c, x, n, w[0]->k, &xq, &xds);
+        mmq_launch(c, w, n_w, xq, xds, y, nullptr, n);
+        return;
+    }
     if (!alike || (n > GEMV_NB && !c->invariant)) { // each weight its own product (GEMMs: the tensor cores')
         for (int i = 0; i < n_w; i++) matmul_any(c, w[i], x, y[i], nullptr, n);
         return;
@@ -1283,53 +1352,6 @@ static void multi(li_cuda *c, const li_weight *const *w, int n_w, const float *x
 #define L_MULTI(T) launch(c, grid, GEMV_WARPS * 32, 0, k_gemv_multi<T>, mw, xa, n)
     PROF(c, PK_GEMV_MULTI, CU_TYPE_SWITCH(w[0]->type, L_MULTI); CK_LAUNCH("gemv_multi"));
 #undef L_MULTI
-}
-
-static void cu_rmsnorm(li_backend *be, const float *x, const float *w, float *y, int64_t n, int64_t dim, float eps);
-static void cu_silu_mul(li_backend *be, float *g, const float *u, int64_t n, int64_t dim);
-
-// h = rmsnorm(x), y_i = h . W_i^T (swiglu: y_0 = silu(y_0) * y_1): one
-// k_gemv_norm launch where the GEMV takes the weights (q4_0 / q4_1 / q8_0
-// of one type and k, at most GEMV_NB rows or the invariant backend, fusion
-// on; neither h nor y_1 is written), else the ops apart
-static void cu_norm_matmul(li_backend *be, const float *x, const float *nw, float eps, float *h,
-                           const li_weight *const *w, int n_w, float *const *y, int64_t n, bool swiglu) {
-    li_cuda *c = cu(be);
-    q8_forget(c);
-    if (n <= 0 || n_w <= 0) return;
-    const int64_t dim = w[0]->k;
-    const li_type t = w[0]->type;
-    bool fused = c->fuse && (n <= GEMV_NB || c->invariant) && n_w <= MULTI_MAX && w[0]->scheme == LI_SCHEME_PLAIN &&
-                 (t == LI_TYPE_Q4_0 || t == LI_TYPE_Q4_1 || t == LI_TYPE_Q8_0) && dim % 32 == 0 &&
-                 (!swiglu || (n_w == 2 && w[1]->m == w[0]->m));
-    for (int i = 1; i < n_w && fused; i++) fused = w[i]->type == t && w[i]->scheme == LI_SCHEME_PLAIN && w[i]->k == dim;
-    const float *nwd = fused ? dev_floats(c, nw, dim) : nullptr;
-    if (!fused || (uintptr_t)nwd % 16) { // the ops apart (the lanes read the norm's weights as float4s)
-        cu_rmsnorm(be, x, nw, h, n, dim, eps);
-        multi(c, w, n_w, h, y, n);
-        q8_forget(c);
-        if (swiglu) cu_silu_mul(be, y[0], y[1], n, w[0]->m);
-        return;
-    }
-    cu_multi mw;
-    memset(&mw, 0, sizeof mw);
-    mw.n_w = n_w;
-    int64_t rows = 0;
-    for (int i = 0; i < n_w; i++) {
-        mw.w[i] = wview(w[i]);
-        mw.y[i] = y[i];
-        rows += w[i]->m;
-        mw.end[i] = rows;
-    }
-    if (swiglu) rows = w[0]->m;
-    const dim3 grid((unsigned)((rows + GEMV_WARPS - 1) / GEMV_WARPS), (unsigned)((n + GEMV_NB - 1) / GEMV_NB));
-#define L_NORM(T) launch(c, grid, GEMV_WARPS * 32, 0, k_gemv_norm<T>, mw, x, nwd, eps, n, (int)swiglu)
-    switch (t) {
-    case LI_TYPE_Q4_0: PROF(c, PK_GEMV_NORM, L_NORM(LI_TYPE_Q4_0); CK_LAUNCH("gemv_norm")); break;
-    case LI_TYPE_Q4_1: PROF(c, PK_GEMV_NORM, L_NORM(LI_TYPE_Q4_1); CK_LAUNCH("gemv_norm")); break;
-    default: PROF(c, PK_GEMV_NORM, L_NORM(LI_TYPE_Q8_0); CK_LAUNCH("gemv_norm")); break;
-    }
-#undef L_NORM
 }
 
 static void cu_get_rows(li_backend *be, const li_weight *w, const int32_t *ids, int64_t n, float *out) {
@@ -1467,10 +1489,50 @@ __global__ void k_silu_mul_q8(float *g, const float *u, float *q8, int64_t n_blo
     q8[i] = q8_round_warp(v);
 }
 
+// k_mmq's inputs made by their producers (above GEMV_NB rows, fusion on):
+// rmsnorm into codes (a block per row: rms_scale's bits, then a warp a
+// block of 32), and silu_mul writing g and its codes (a warp a block)
+__global__ void k_act_q8c_norm(const float *x, const float *nw, float eps, int8_t *xq, float2 *xds, int64_t k) {
+    pdl_enter();
+    const float *xr = x + (int64_t)blockIdx.x * k;
+    const float scale = rms_scale(xr, k, eps);
+    const int lane = threadIdx.x & 31;
+    const int64_t nblk = k / 32, b0 = (int64_t)blockIdx.x * nblk;
+    for (int64_t b = threadIdx.x / 32; b < nblk; b += blockDim.x / 32)
+        q8c_warp((xr[b * 32 + lane] * scale) * nw[b * 32 + lane], xq, xds, b0 + b, lane);
+}
+
+__global__ void k_silu_q8c(float *g, const float *u, int8_t *xq, float2 *xds, int64_t n_blocks) {
+    pdl_enter();
+    const int64_t b = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    if (b >= n_blocks) return; // a whole warp
+    const int lane = threadIdx.x & 31;
+    const int64_t i = b * 32 + lane;
+    const float v = li_cu_silu_mul(g[i], u[i]);
+    g[i] = v;
+    q8c_warp(v, xq, xds, b, lane);
+}
+
+// g = silu(g) * u with g's codes beside it; the next op, a k_mmq over g,
+// takes them (the note lives for one op)
+static void silu_codes(li_cuda *c, float *g, const float *u, int64_t n, int64_t dim) {
+    int8_t *xq;
+    float2 *xds;
+    mmq_buffers(c, n, dim, &xq, &xds);
+    const int64_t nb = n * dim / 32;
+    PROF(c, PK_SILU_MUL, launch(c, (unsigned)((nb + 7) / 8), 256, 0, k_silu_q8c, g, u, xq, xds, nb);
+         CK_LAUNCH("silu_q8c"));
+    c->mmq_src = g, c->mmq_rows = n, c->mmq_k = dim;
+}
+
 static void cu_silu_mul(li_backend *be, float *g, const float *u, int64_t n, int64_t dim) {
     li_cuda *c = cu(be);
     q8_forget(c);
     if (n * dim <= 0) return;
+    if (c->fuse && c->mmq && n > GEMV_NB && !c->invariant && dim % 32 == 0) {
+        silu_codes(c, g, u, n, dim);
+        return;
+    }
     if (fuse_rows(c, n) && dim % 32 == 0) {
         float *q8 = reserve(c, &c->xbuf, &c->xcap, (size_t)n * (size_t)dim);
         const int64_t nb = n * dim / 32;
@@ -1480,6 +1542,65 @@ static void cu_silu_mul(li_backend *be, float *g, const float *u, int64_t n, int
         return;
     }
     PROF(c, PK_SILU_MUL, launch(c, blocks_for(n * dim, 256), 256, 0, k_silu_mul, g, u, n * dim); CK_LAUNCH("silu_mul"));
+}
+
+// h = rmsnorm(x), y_i = h . W_i^T (swiglu: y_0 = silu(y_0) * y_1), for
+// q4_0 / q4_1 / q8_0 weights of one type and k with fusion on (neither h
+// nor, under swiglu, y_1 is written): up to GEMV_NB rows (or on the
+// invariant backend) one k_gemv_norm launch; above, the norm straight into
+// k_mmq's codes, one k_mmq launch for all weights, and silu leaving the
+// down projection's codes beside g. Else the ops apart.
+static void cu_norm_matmul(li_backend *be, const float *x, const float *nw, float eps, float *h,
+                           const li_weight *const *w, int n_w, float *const *y, int64_t n, bool swiglu) {
+    li_cuda *c = cu(be);
+    q8_forget(c);
+    if (n <= 0 || n_w <= 0) return;
+    const int64_t dim = w[0]->k;
+    const li_type t = w[0]->type;
+    bool fused = c->fuse && (n <= GEMV_NB || c->invariant) && n_w <= MULTI_MAX && w[0]->scheme == LI_SCHEME_PLAIN &&
+                 (t == LI_TYPE_Q4_0 || t == LI_TYPE_Q4_1 || t == LI_TYPE_Q8_0) && dim % 32 == 0 &&
+                 (!swiglu || (n_w == 2 && w[1]->m == w[0]->m));
+    for (int i = 1; i < n_w && fused; i++) fused = w[i]->type == t && w[i]->scheme == LI_SCHEME_PLAIN && w[i]->k == dim;
+    if (c->fuse && mmq_all(c, w, n_w, n) && (!swiglu || (n_w == 2 && w[1]->m == w[0]->m))) {
+        // above GEMV_NB rows: the norm into k_mmq's codes, one k_mmq launch,
+        // silu writing the down projection's codes beside g
+        int8_t *xq;
+        float2 *xds;
+        mmq_buffers(c, n, dim, &xq, &xds);
+        const float *nwd = dev_floats(c, nw, dim);
+        PROF(c, PK_RMSNORM, launch(c, (unsigned)n, ROW_THREADS, 0, k_act_q8c_norm, x, nwd, eps, xq, xds, dim);
+             CK_LAUNCH("act_q8c_norm"));
+        mmq_launch(c, w, n_w, xq, xds, y, nullptr, n);
+        if (swiglu) silu_codes(c, y[0], y[1], n, w[0]->m);
+        return;
+    }
+    const float *nwd = fused ? dev_floats(c, nw, dim) : nullptr;
+    if (!fused || (uintptr_t)nwd % 16) { // the ops apart (the lanes read the norm's weights as float4s)
+        cu_rmsnorm(be, x, nw, h, n, dim, eps);
+        multi(c, w, n_w, h, y, n);
+        q8_forget(c);
+        if (swiglu) cu_silu_mul(be, y[0], y[1], n, w[0]->m);
+        return;
+    }
+    cu_multi mw;
+    memset(&mw, 0, sizeof mw);
+    mw.n_w = n_w;
+    int64_t rows = 0;
+    for (int i = 0; i < n_w; i++) {
+        mw.w[i] = wview(w[i]);
+        mw.y[i] = y[i];
+        rows += w[i]->m;
+        mw.end[i] = rows;
+    }
+    if (swiglu) rows = w[0]->m;
+    const dim3 grid((unsigned)((rows + GEMV_WARPS - 1) / GEMV_WARPS), (unsigned)((n + GEMV_NB - 1) / GEMV_NB));
+#define L_NORM(T) launch(c, grid, GEMV_WARPS * 32, 0, k_gemv_norm<T>, mw, x, nwd, eps, n, (int)swiglu)
+    switch (t) {
+    case LI_TYPE_Q4_0: PROF(c, PK_GEMV_NORM, L_NORM(LI_TYPE_Q4_0); CK_LAUNCH("gemv_norm")); break;
+    case LI_TYPE_Q4_1: PROF(c, PK_GEMV_NORM, L_NORM(LI_TYPE_Q4_1); CK_LAUNCH("gemv_norm")); break;
+    default: PROF(c, PK_GEMV_NORM, L_NORM(LI_TYPE_Q8_0); CK_LAUNCH("gemv_norm")); break;
+    }
+#undef L_NORM
 }
 
 // a CUDA block per row, the row in shared memory: the reference's butterflies
