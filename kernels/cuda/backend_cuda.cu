@@ -88,12 +88,13 @@ struct cu_hostcopy {
 // the kernels the profile tells apart
 enum {
     PK_ACT_QUANT, PK_ACT_Q8, PK_GEMV, PK_GEMV_MULTI, PK_DEQUANT, PK_SGEMM, PK_LT_CODES, PK_LT_GEMM, PK_LT_EPI,
-    PK_ACT_Q8C, PK_MMQ, PK_GEMV_NORM, PK_ROPE_STORE, PK_ADD, PK_GET_ROWS, PK_RMSNORM, PK_ROPE, PK_SILU_MUL, PK_HADAMARD, PK_KV_STORE,
-    PK_ATTENTION, PK_ARGMAX, PK_TOPK, PK_SET, PK_GET, PK_COPY, PK_N
+    PK_ACT_Q8C, PK_MMQ, PK_GEMV_NORM, PK_ROPE_STORE, PK_ADD, PK_GET_ROWS, PK_RMSNORM, PK_ROPE, PK_SILU_MUL,
+    PK_HADAMARD, PK_KV_STORE, PK_ATTENTION, PK_ARGMAX, PK_TOPK, PK_SET, PK_GET, PK_COPY, PK_N
 };
 static const char *const pk_name[PK_N] = {
     "act_quant", "act_q8", "gemv", "gemv_multi", "dequant", "sgemm", "lt_codes", "lt_gemm", "lt_epilogue",
-    "act_q8c", "mmq", "gemv_norm", "rope_store", "add", "get_rows", "rmsnorm", "rope", "silu_mul", "hadamard", "kv_store", "attention", "argmax", "topk",
+    "act_q8c", "mmq", "gemv_norm", "rope_store", "add", "get_rows", "rmsnorm", "rope", "silu_mul", "hadamard",
+    "kv_store", "attention", "argmax", "topk",
     "buffer_set", "buffer_get", "buffer_copy"};
 
 struct cu_prof_pending {
@@ -188,8 +189,8 @@ static inline void q8_forget(li_cuda *c) { c->q8_src = nullptr, c->mmq_src = nul
 // it has passed its own wait. A kernel that reads or writes before
 // pdl_enter anything a kernel may write would race: every kernel here calls
 // it first, but for the GEMVs' prefetch of their weight rows (prefetch_row:
-// weights never change during a pass). Without pdl the wait returns at once. In a recorded pass the launches become programmatic
-// edges of the graph.
+// weights never change during a pass). Without pdl the wait returns at
+// once. In a recorded pass the launches become programmatic edges.
 __device__ __forceinline__ void pdl_enter() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -939,10 +940,10 @@ __device__ __forceinline__ void mma_s8(int32_t *c, uint32_t a0, uint32_t a1, uin
 // scales of a block once, runs one mma for each 8 activation rows, and adds
 // the int32 sums, scaled, into f32 sums; the warps' sums are then added in
 // shared memory, in warp order. Weight rows past m read row m - 1 and
-// activation rows past n row n - 1; neither is stored.
-// Up to MULTI_MAX weights of one type and k reading the same input (q/k/v,
-// gate/up) in one launch: their 16-row tiles end to end (tile_end: tiles
-// of weights 0..i); res with one weight only.
+// activation rows past n row n - 1; neither is stored. Up to MULTI_MAX
+// weights of one type and k reading the same input (q/k/v, gate/up) go in
+// one launch, their 16-row tiles end to end (tile_end: the tiles of weights
+// 0..i); res with one weight only.
 enum { MMQ_WARPS = 8, MMQ_N = 64, MMQ_T = MMQ_N / 8 };
 struct cu_mmq_set {
     cu_wview w[MULTI_MAX];
@@ -957,11 +958,11 @@ __global__ void __launch_bounds__(MMQ_WARPS * 32)
     pdl_enter();
     __shared__ float red[MMQ_WARPS][MMQ_T * 4][32];
     const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, s = lane & 3;
-    int i = 0;
-    while (i < set.n_w - 1 && (int64_t)blockIdx.x >= set.tile_end[i]) i++;
-    const cu_wview w = i == 0 ? set.w[0] : i == 1 ? set.w[1] : i == 2 ? set.w[2] : set.w[3];
-    float *const y = i == 0 ? set.y[0] : i == 1 ? set.y[1] : i == 2 ? set.y[2] : set.y[3];
-    const int64_t r0 = ((int64_t)blockIdx.x - (i ? set.tile_end[i - 1] : 0)) * 16;
+    int iw = 0; // the weight this block's tile is of
+    while (iw < set.n_w - 1 && (int64_t)blockIdx.x >= set.tile_end[iw]) iw++;
+    const cu_wview w = iw == 0 ? set.w[0] : iw == 1 ? set.w[1] : iw == 2 ? set.w[2] : set.w[3];
+    float *const y = iw == 0 ? set.y[0] : iw == 1 ? set.y[1] : iw == 2 ? set.y[2] : set.y[3];
+    const int64_t r0 = ((int64_t)blockIdx.x - (iw ? set.tile_end[iw - 1] : 0)) * 16;
     const int64_t b0 = (int64_t)blockIdx.y * MMQ_N, nblk = w.k / 32, rem = n - b0;
     const int tiles = rem >= MMQ_N ? MMQ_T : (int)((rem + 7) / 8);
     const int bb = li_cu_blk_bytes(T);
@@ -2097,7 +2098,8 @@ static void cu_attention(li_backend *be, const li_attn_args *a) {
     float *part = nullptr;
     unsigned *ticket = nullptr;
     if (n_chunks) {
-        part = reserve(c, &c->attn_part, &c->attn_part_cap, (size_t)rows * (size_t)n_chunks * (size_t)(a->head_dim + 2));
+        const size_t part_floats = (size_t)rows * (size_t)n_chunks * (size_t)(a->head_dim + 2);
+        part = reserve(c, &c->attn_part, &c->attn_part_cap, part_floats);
         const size_t had = c->attn_ticket_cap;
         ticket = (unsigned *)reserve(c, &c->attn_ticket, &c->attn_ticket_cap, rows);
         if (c->attn_ticket_cap != had) // fresh memory (outside any capture: reserve ended it)
