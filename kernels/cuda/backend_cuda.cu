@@ -720,12 +720,29 @@ __device__ __forceinline__ void gemv_row_blk(const cu_wview &w, int64_t r, const
     gemv_store(acc, nb, lane, y, res, b0, w.m, r);
 }
 
-// a weight's row: by blocks for the GGUF block types, else element by element
+// The other types without a permutation: 8 consecutive elements a lane
+// (cuda_math.h li_cu_gemv8_lane, which test_cuda_math runs on the host)
+template <int T>
+__device__ __forceinline__ void gemv_row8(const cu_wview &w, int64_t r, const float *x, float *y, float *res,
+                                          int64_t n, int64_t b0, int lane) {
+    const int nb = (int)(n - b0 < GEMV_NB ? n - b0 : GEMV_NB);
+    float acc[GEMV_NB];
+#pragma unroll
+    for (int b = 0; b < GEMV_NB; b++) acc[b] = 0.0f;
+    li_cu_gemv8_lane(T, w.data + r * w.row_bytes, w.k, w.scales ? w.scales + r * w.ng : nullptr,
+                     w.zeros ? w.zeros + r * w.ng : nullptr, w.zero, w.gs, x + b0 * w.k, nb, lane, acc);
+    gemv_store(acc, nb, lane, y, res, b0, w.m, r);
+}
+
+// a weight's row: by blocks for the GGUF block types, 8 elements a lane for
+// the others, element by element under a permutation
 template <int T>
 __device__ __forceinline__ void gemv_any(const cu_wview &w, int64_t r, const float *x, float *y, float *res,
                                          int64_t n, int64_t b0, int lane) {
     if constexpr (T == LI_TYPE_Q4_0 || T == LI_TYPE_Q4_1 || T == LI_TYPE_Q8_0)
         gemv_row_blk<T>(w, r, x, y, res, n, b0, lane);
+    else if (!w.perm)
+        gemv_row8<T>(w, r, x, y, res, n, b0, lane);
     else
         gemv_row<T>(w, r, x, y, res, n, b0, lane);
 }

@@ -329,6 +329,41 @@ LI_HD float li_cu_gemv_dot8(const float *wv, const float *xv) {
 /* silu(g) * u, as the silu_mul op computes it */
 LI_HD float li_cu_silu_mul(float g, float u) { return g / (1.0f + expf(-g)) * u; }
 
+/* ---- the GEMV of the other types (f32, f16, bf16; the schemes' int8,
+ * fp8 and u4 codes with their scales and zero points), a lane's share ----
+ * Lane l takes 8 consecutive elements, 256 a warp at a time (a row of 576
+ * in 3 trips, not the 18 of one element a lane), each value as li_cu_elem
+ * and li_cu_scheme_value give it (sc NULL for a plain type), x as it is
+ * (a scheme's activations are quantized before); acc[b] gets the lane's
+ * sums for nb (<= 8) activation rows. A row's tail past a multiple of 8
+ * is read element by element. Not for a permuted input (act-order). */
+LI_HD void li_cu_gemv8_lane(int t, const uint8_t *row, int64_t k, const float *sc, const float *zp, float zero,
+                            int64_t gs, const float *x, int nb, int lane, float *acc) {
+    for (int64_t j0 = (int64_t)lane * 8; j0 < k; j0 += 256) {
+        const int cnt = k - j0 >= 8 ? 8 : (int)(k - j0);
+        float wv[8];
+        LI_CU_UNROLL
+        for (int i = 0; i < 8; i++) {
+            float c = i < cnt ? li_cu_elem(t, row, j0 + i) : 0.0f;
+            if (sc && i < cnt) c = li_cu_scheme_value(c, sc, zp, zero, j0 + i, gs);
+            wv[i] = c;
+        }
+        LI_CU_UNROLL
+        for (int b = 0; b < LI_CU_GEMV_NB; b++)
+            if (b < nb) {
+                const float *xr = x + b * k + j0;
+                float xv[8];
+                if (cnt == 8 && k % 4 == 0) {
+                    LI_CU_LD4(xr, xv);
+                    LI_CU_LD4(xr + 4, (xv + 4));
+                } else {
+                    for (int i = 0; i < 8; i++) xv[i] = i < cnt ? xr[i] : 0.0f;
+                }
+                acc[b] += li_cu_gemv_dot8(wv, xv);
+            }
+    }
+}
+
 /* ---- the block GEMM on the int8 tensor cores (k_mmq: q4_0, q4_1, q8_0) ----
  * One mma.m16n8k32 (s8 x s8 -> s32) multiplies a 32-element block of 16
  * weight rows by the q8 codes of that block of 8 activation rows. In the

@@ -34,6 +34,9 @@
  *                 reference's dot products in double with the input
  *                 rounded by li_quantize_row_q8_0_ref, for 1, 3 and 8
  *                 activation rows and k of 1 to 37 blocks
+ *   GEMV          li_cu_gemv8_lane (k_gemv's rows of f32 / f16 / bf16 and
+ *                 the schemes' codes) for the 32 lanes of a warp against
+ *                 the reference's dot products in double
  *   q8 blocks     li_cu_q8_value (the fused producers' q8 rounding) and
  *                 li_cu_q8_code / li_cu_q8_dh (k_act_q8c's codes) against
  *                 li_quantize_row_q8_0_ref's blocks, exactly
@@ -750,6 +753,67 @@ static void test_gemv_blk(void) {
         }
 }
 
+/* li_cu_gemv8_lane (k_gemv's rows of the other types, no permutation) for
+ * the 32 lanes of a warp, added up, against the reference dequantization's
+ * dot products in double: plain f32 / f16 / bf16 and the schemes' codes
+ * (W8A8, FP8, AWQ with zero points, INT4), k with and without a tail past
+ * a multiple of 8, 1, 3 and 8 activation rows */
+static void test_gemv8(void) {
+    const struct { li_type t; li_scheme s; int64_t gs; bool zeros; } kinds[] = {
+        {LI_TYPE_F32, LI_SCHEME_PLAIN, 0, false},  {LI_TYPE_F16, LI_SCHEME_PLAIN, 0, false},
+        {LI_TYPE_BF16, LI_SCHEME_PLAIN, 0, false}, {LI_TYPE_F32, LI_SCHEME_W8A8, 0, false},
+        {LI_TYPE_F32, LI_SCHEME_FP8, 0, false},    {LI_TYPE_F32, LI_SCHEME_AWQ, 32, true},
+        {LI_TYPE_F32, LI_SCHEME_INT4, 0, false},
+    };
+    const int64_t ks[] = {67, 160, 576, 1000};
+    const int nbs[] = {1, 3, 8};
+    enum { M = 5 };
+    for (size_t ti = 0; ti < LI_ARRAY_LEN(kinds); ti++) {
+        double worst = 0;
+        const char *name = "";
+        for (size_t ki = 0; ki < LI_ARRAY_LEN(ks); ki++)
+            for (size_t ni = 0; ni < LI_ARRAY_LEN(nbs); ni++) {
+                const bool u4 = kinds[ti].s == LI_SCHEME_AWQ || kinds[ti].s == LI_SCHEME_INT4;
+                const int64_t k = ks[ki] + (u4 && ks[ki] % 2 ? 1 : 0); /* u4 rows: an even k */
+                const int nb = nbs[ni];
+                test_weight tw;
+                if (kinds[ti].s == LI_SCHEME_PLAIN) test_weight_make(&tw, kinds[ti].t, k, M, fill_rand);
+                else test_weight_scheme(&tw, kinds[ti].s, k, M, kinds[ti].gs, kinds[ti].zeros, false, rng_u32);
+                const li_weight *w = &tw.w;
+                name = w->scheme == LI_SCHEME_PLAIN ? li_type_name(w->type) : li_scheme_name(w->scheme);
+                const int64_t ng = li_weight_n_groups(w), gs = w->group_size > 0 ? w->group_size : w->k;
+                const float zero = w->scheme != LI_SCHEME_PLAIN ? li_scheme_info(w->scheme)->zero : 0.0f;
+                float *x = li_xmalloc((size_t)(nb * k) * sizeof(float)), *wr = li_xmalloc((size_t)k * sizeof(float));
+                for (int64_t j = 0; j < nb * k; j++) x[j] = rng_f() * 2.0f;
+                double err = 0, ref2 = 0;
+                for (int64_t r = 0; r < M; r++) {
+                    float sum[LI_CU_GEMV_NB] = {0};
+                    for (int lane = 0; lane < 32; lane++) {
+                        float acc[LI_CU_GEMV_NB] = {0};
+                        li_cu_gemv8_lane((int)w->type, (const uint8_t *)w->data + r * w->row_bytes, k,
+                                         w->scheme != LI_SCHEME_PLAIN ? w->scales + r * ng : NULL,
+                                         w->zeros ? w->zeros + r * ng : NULL, zero, gs, x, nb, lane, acc);
+                        for (int b = 0; b < nb; b++) sum[b] += acc[b];
+                    }
+                    li_weight_dequant_row_ref(w, r, wr);
+                    for (int b = 0; b < nb; b++) {
+                        double want = 0;
+                        for (int64_t j = 0; j < k; j++) want += (double)wr[j] * x[b * k + j];
+                        err += (sum[b] - want) * (sum[b] - want);
+                        ref2 += want * want;
+                    }
+                }
+                const double e = err / (ref2 > 0 ? ref2 : 1);
+                worst = e > worst || e != e ? e : worst;
+                free(x);
+                free(wr);
+                test_weight_free(&tw);
+            }
+        report(worst < 1e-10, "GEMV of %s, 8 elements a lane, k of 67 to 1000, 1/3/8 rows: the warp's sums against "
+               "the reference's dot products, worst nmse %.2e < 1e-10", name, worst);
+    }
+}
+
 int main(void) {
     test_conversions();
     test_weight_rows();
@@ -760,6 +824,7 @@ int main(void) {
     test_attention_tiled();
     test_topk();
     test_gemv_blk();
+    test_gemv8();
     test_q8_blocks();
     test_mmq();
     return t_summary("test_cuda_math");
