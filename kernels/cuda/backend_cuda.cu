@@ -1334,6 +1334,21 @@ static void cu_matmul_multi(li_backend *be, const li_weight *const *w, int n_w, 
     q8_forget(c);
 }
 
+// the views of n_w (<= MULTI_MAX) weights and their outputs, rows end to
+// end; their rows in all
+static int64_t multi_views(const li_weight *const *w, int n_w, float *const *y, cu_multi *mw) {
+    memset(mw, 0, sizeof *mw);
+    mw->n_w = n_w;
+    int64_t rows = 0;
+    for (int i = 0; i < n_w; i++) {
+        mw->w[i] = wview(w[i]);
+        mw->y[i] = y[i];
+        rows += w[i]->m;
+        mw->end[i] = rows;
+    }
+    return rows;
+}
+
 static void multi(li_cuda *c, const li_weight *const *w, int n_w, const float *x, float *const *y, int64_t n) {
     bool alike = true, one_type = n_w <= MULTI_MAX;
     for (int i = 1; i < n_w; i++) {
@@ -1357,15 +1372,7 @@ static void multi(li_cuda *c, const li_weight *const *w, int n_w, const float *x
         return;
     }
     cu_multi mw;
-    memset(&mw, 0, sizeof mw);
-    mw.n_w = n_w;
-    int64_t rows = 0;
-    for (int i = 0; i < n_w; i++) {
-        mw.w[i] = wview(w[i]);
-        mw.y[i] = y[i];
-        rows += w[i]->m;
-        mw.end[i] = rows;
-    }
+    const int64_t rows = multi_views(w, n_w, y, &mw);
     const dim3 grid((unsigned)((rows + GEMV_WARPS - 1) / GEMV_WARPS), (unsigned)((n + GEMV_NB - 1) / GEMV_NB));
 #define L_MULTI(T) launch(c, grid, GEMV_WARPS * 32, 0, k_gemv_multi<T>, mw, xa, n)
     PROF(c, PK_GEMV_MULTI, CU_TYPE_SWITCH(w[0]->type, L_MULTI); CK_LAUNCH("gemv_multi"));
@@ -1601,15 +1608,7 @@ static void cu_norm_matmul(li_backend *be, const float *x, const float *nw, floa
         return;
     }
     cu_multi mw;
-    memset(&mw, 0, sizeof mw);
-    mw.n_w = n_w;
-    int64_t rows = 0;
-    for (int i = 0; i < n_w; i++) {
-        mw.w[i] = wview(w[i]);
-        mw.y[i] = y[i];
-        rows += w[i]->m;
-        mw.end[i] = rows;
-    }
+    int64_t rows = multi_views(w, n_w, y, &mw);
     if (swiglu) rows = w[0]->m;
     const dim3 grid((unsigned)((rows + GEMV_WARPS - 1) / GEMV_WARPS), (unsigned)((n + GEMV_NB - 1) / GEMV_NB));
 #define L_NORM(T) launch(c, grid, GEMV_WARPS * 32, 0, k_gemv_norm<T>, mw, x, nwd, eps, n, (int)swiglu)
@@ -1819,6 +1818,8 @@ struct cu_attn {
     const void *k, *v;
     const float *k_scale, *v_scale; // 8-bit KV only
     float *q8;                      // or NULL: out's q8 blocks too (D % 32 == 0)
+    int8_t *xq;                     // or NULL: out's codes for k_mmq too (D % 32 == 0)
+    float2 *xds;
     int n_head, n_head_kv, D, bs;
     float scale;
 };
@@ -1891,9 +1892,12 @@ __device__ __forceinline__ void attn_walk(const cu_attn &a, int64_t i, int h, in
 
 // out's row for (token, head) = o / L, and its q8 blocks when asked (with
 // q8, D % 32 == 0: whole warps reach the shuffles)
+// out's element (row, d), and beside it its q8 block or k_mmq's codes: a
+// warp holds whole blocks of 32 there (D % 32 == 0, every lane calling)
 __device__ __forceinline__ void attn_put(const cu_attn &a, int64_t row, int d, float v) {
     a.out[row * a.D + d] = v;
     if (a.q8) a.q8[row * a.D + d] = q8_round_warp(v);
+    if (a.xq) q8c_warp(v, a.xq, a.xds, (row * a.D + d) / 32, (int)(threadIdx.x & 31));
 }
 
 // One block per (token, head), all of its positions.
@@ -2091,6 +2095,14 @@ static void cu_attention(li_backend *be, const li_attn_args *a) {
     const bool fuse = fuse_rows(c, a->n_tokens) && a->head_dim % 32 == 0;
     const int64_t row = (int64_t)a->n_head * a->head_dim;
     p.q8 = fuse ? reserve(c, &c->xbuf, &c->xcap, (size_t)a->n_tokens * (size_t)row) : nullptr;
+    // above GEMV_NB rows the o projection's k_mmq codes, written beside the
+    // output (not by the tiled kernel: its tiles write rows apart)
+    const bool tiled = c->attn_tile && !c->invariant && a->n_tokens > ATTN_SPLIT_TOKENS &&
+                       li_at_fits(a->n_head, a->n_head_kv, a->head_dim);
+    const bool codes = c->fuse && c->mmq && !c->invariant && a->n_tokens > GEMV_NB && !tiled && a->head_dim % 32 == 0;
+    p.xq = nullptr;
+    p.xds = nullptr;
+    if (codes) mmq_buffers(c, a->n_tokens, row, &p.xq, &p.xds);
     // split by positions for a few tokens (decode) when not batch-invariant:
     // the chunk count comes from the table's width, so it changes with the
     // batch (the invariant backend keeps one block per (token, head))
@@ -2101,8 +2113,7 @@ static void cu_attention(li_backend *be, const li_attn_args *a) {
     const unsigned rows = (unsigned)(a->n_tokens * a->n_head);
     // a prefill's tokens by tiles sharing their keys (not batch-invariant
     // by the batch's size: the invariant backend keeps one kernel)
-    if (c->attn_tile && !c->invariant && a->n_tokens > ATTN_SPLIT_TOKENS &&
-        li_at_fits(a->n_head, a->n_head_kv, a->head_dim)) {
+    if (tiled) {
         li_at_args t = {};
         t.q = a->q, t.out = a->out, t.pos = a->pos, t.seq = a->seq, t.bt = a->block_table;
         t.bt_stride = a->bt_stride, t.n_tokens = a->n_tokens, t.k = kv->k, t.v = kv->v;
@@ -2124,6 +2135,7 @@ static void cu_attention(li_backend *be, const li_attn_args *a) {
     }
     PROF(c, PK_ATTENTION, attention_launch(c, kv->dtype, p, rows, n_chunks, part, ticket));
     if (fuse) c->q8_src = a->out, c->q8_rows = a->n_tokens, c->q8_k = row;
+    if (codes) c->mmq_src = a->out, c->mmq_rows = a->n_tokens, c->mmq_k = row; // the o projection takes them
 }
 
 // ------------------------------------------------------------------------
