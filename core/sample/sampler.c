@@ -197,15 +197,71 @@ static int cmp_desc(const void *a, const void *b) {
     return (x->id > y->id) - (x->id < y->id);
 }
 
+/* exp(x) in double for x <= 0 (a logit less the row's max, times a
+ * scale), 8 at a time in GCC/Clang vector types (each lane's arithmetic is
+ * IEEE's own, so the same bits on every ISA; C11 fuses no multiply-add):
+ * x = k ln2 + r, |r| <= ln2 / 2, e^r by its Taylor series to r^12
+ * (relative error below 2e-16), 2^k by the exponent's bits. Below -708
+ * (k < -1021) a lane is 0: such a term is under 1e-307 of a sum holding
+ * exp(0) = 1. A NaN stays NaN. */
+typedef double li_v8d __attribute__((vector_size(64)));
+typedef int64_t li_v8l __attribute__((vector_size(64)));
+typedef float li_v8f __attribute__((vector_size(32)));
+
+static inline void exp_le0_v8(li_v8d *xp) { /* in place: a vector this wide is not passed by value */
+    const li_v8d x = *xp;
+    const li_v8d zero = {0}, lo = zero - 708.0, shifter = zero + 6755399441055744.0; /* 1.5 * 2^52: t's low bits hold k */
+    const li_v8l under = x < lo;
+    const li_v8d xc = (li_v8d)(((li_v8l)x & ~under) | ((li_v8l)lo & under));
+    const li_v8d t = xc * 1.4426950408889634 + shifter, k = t - shifter;
+    const li_v8d r = (xc - k * 6.93147180369123816490e-01) - k * 1.90821492927058770002e-10;
+    li_v8d p = r * (1.0 / 479001600.0) + 1.0 / 39916800.0;
+    p = p * r + 1.0 / 3628800.0;
+    p = p * r + 1.0 / 362880.0;
+    p = p * r + 1.0 / 40320.0;
+    p = p * r + 1.0 / 5040.0;
+    p = p * r + 1.0 / 720.0;
+    p = p * r + 1.0 / 120.0;
+    p = p * r + 1.0 / 24.0;
+    p = p * r + 1.0 / 6.0;
+    p = p * r + 0.5;
+    p = p * r + 1.0;
+    p = p * r + 1.0;
+    const li_v8l e2k = ((li_v8l)t - 0x4338000000000000 + 1023) << 52; /* k + 1023 in the exponent */
+    *xp = (li_v8d)((li_v8l)(p * (li_v8d)e2k) & ~under);
+}
+
+/* sum over i of exp((logits[i] - mx) * scale), in double: eight partial sums
+ * (index i to lane i % 8, each in index order; the last few lanes of a row
+ * not a multiple of 8 get exp(-inf) = 0), added 0..7 at the end: the same
+ * value on every ISA */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__)
+__attribute__((target_clones("avx512f", "avx2", "default"))) /* the same lanes' arithmetic, wider registers */
+#endif
+static double sum_exp(const float *logits, int32_t n, float mx, double scale) {
+    li_v8d part = {0};
+    for (int32_t i = 0; i < n; i += 8) {
+        li_v8f l;
+        if (i + 8 <= n) memcpy(&l, logits + i, sizeof l);
+        else
+            for (int j = 0; j < 8; j++) l[j] = i + j < n ? logits[i + j] : -INFINITY;
+        li_v8d e = (__builtin_convertvector(l, li_v8d) - (double)mx) * scale;
+        exp_le0_v8(&e);
+        part += e;
+    }
+    double sum = 0;
+    for (int j = 0; j < 8; j++) sum += part[j];
+    return sum;
+}
+
 /* log(sum(exp(logits))), the one normalizer every reported logprob uses, so
  * a token's logprob is the same number wherever it is reported. The max is
- * taken 16 lanes wide; the sum stays in double, in index order, so the value
- * does not depend on the ISA. Only computed when a logprob is asked for. */
+ * taken 16 lanes wide; the sum stays in double in a fixed order (sum_exp),
+ * so the value does not depend on the ISA. Computed when a logprob is asked
+ * for, or when a draw from the largest logits needs the row's mass. */
 static float log_sum_exp(const float *logits, int32_t n_vocab) {
     float mx = max_of(logits, n_vocab);
-    double sum = 0;
-    for (int32_t i = 0; i < n_vocab; i++) sum += exp((double)logits[i] - mx);
-    return mx + (float)log(sum);
+    return mx + (float)log(sum_exp(logits, n_vocab, mx, 1.0));
 }
 
 /* The top n ids by logit (sorted); as logprobs when lse (the normalizer)
@@ -722,9 +778,7 @@ float li_sampler_lse(const float *logits, int32_t n_vocab) { return log_sum_exp(
 
 float li_sampler_lse_scaled(const float *logits, int32_t n_vocab, double scale) {
     const float mx = max_of(logits, n_vocab);
-    double sum = 0;
-    for (int32_t i = 0; i < n_vocab; i++) sum += exp(((double)logits[i] - mx) * scale);
-    return mx + (float)log(sum);
+    return mx + (float)log(sum_exp(logits, n_vocab, mx, scale));
 }
 
 /* The chain's draw without sorting the vocabulary: for a kept set top_k

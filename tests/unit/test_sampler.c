@@ -343,8 +343,39 @@ static li_sampling_params greedy(void) {
     return p;
 }
 
+/* The row's lse (exps by the sampler's own series, summed in double in a
+ * fixed order) against long double sums of libm's expl: within an ulp of
+ * the float, and the same float for nearly every row; at scales 1, 1/0.7
+ * and 1/1.5; rows of peaked, flat, -inf-holding and very wide logits */
+static void test_lse(void) {
+    enum { V = 1003, ROWS = 2000 };
+    float *l = malloc(V * sizeof(float));
+    int exact = 0, off = 0;
+    const double scales[] = {1.0, 1.0 / 0.7, 1.0 / 1.5};
+    for (int r = 0; r < ROWS; r++) {
+        const float spread = r % 4 == 0 ? 2.0f : r % 4 == 1 ? 30.0f : r % 4 == 2 ? 800.0f : 8.0f;
+        for (int i = 0; i < V; i++) l[i] = rng_f() * spread;
+        if (r % 5 == 0) l[r % V] = -INFINITY;
+        for (size_t si = 0; si < sizeof scales / sizeof scales[0]; si++) {
+            const double sc = scales[si];
+            float mx = -INFINITY;
+            for (int i = 0; i < V; i++) mx = l[i] > mx ? l[i] : mx;
+            long double sum = 0;
+            for (int i = 0; i < V; i++) sum += expl(((long double)l[i] - mx) * sc);
+            const float want = mx + (float)logl(sum);
+            const float got = sc == 1.0 ? li_sampler_lse(l, V) : li_sampler_lse_scaled(l, V, sc);
+            exact += got == want;
+            off += got != want && nextafterf(got, want) != want;
+        }
+    }
+    CHECK(!off && exact >= ROWS * 3 * 99 / 100, "lse: %d of %d rows the long double sum's float, the rest an ulp "
+          "from it (%d further)", exact, ROWS * 3, off);
+    free(l);
+}
+
 int main(void) {
     li_error err = {0};
+    test_lse();
     float l[NV];
     fill(l, NV, 7);
     int best = 0;
