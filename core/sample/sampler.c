@@ -352,6 +352,7 @@ static void probs_one_hot(float *probs, int32_t n_vocab, int32_t id) {
 
 static int32_t chain_tail(li_sampler *s, li_token_logprob *c, int32_t n, float mx, const double *u, float *probs);
 static int32_t sample_fast(li_sampler *s, const float *logits, const double *u);
+static int32_t sample_topk_probs(li_sampler *s, const float *logits, const double *u, float *probs);
 
 /* The chain from logits to a token. The draw uses *u when given, else the
  * next seeded uniform (greedy draws none). probs (n_vocab), when non-NULL,
@@ -367,8 +368,12 @@ static int32_t sample_chain(li_sampler *s, const float *logits, const double *u,
         if (probs) probs_one_hot(probs, nv, chosen);
         return chosen;
     }
-    if (!probs) {
+    if (!probs && !s->reference) {
         const int32_t chosen = sample_fast(s, logits, u);
+        if (chosen >= 0) return chosen;
+    }
+    if (probs && !s->reference) { /* a speculative verifier's rows: a top_k's kept set from the largest */
+        const int32_t chosen = sample_topk_probs(s, logits, u, probs);
         if (chosen >= 0) return chosen;
     }
     if (!s->cand) s->cand = li_xmalloc((size_t)nv * sizeof *s->cand);
@@ -781,32 +786,19 @@ float li_sampler_lse_scaled(const float *logits, int32_t n_vocab, double scale) 
     return mx + (float)log(sum_exp(logits, n_vocab, mx, scale));
 }
 
-/* The chain's draw without sorting the vocabulary: for a kept set top_k
- * does not bound (top-p, min-p, temperature alone: sorting every logit
- * within 40 nats, most of a 49k vocabulary, took 8 ms a draw), and for a
- * top_k below HOST_CAND (the quickselect over the vocabulary took 0.3 ms
- * of a 2 ms decode step). The HOST_CAND largest (a histogram, then a sort
- * of those) and, where the draw may need it, the row's lse (at 1 and at
- * T), through the device's path (sample_from): the same token, drawn with
- * *u when given, or -1 when the rest could change it (a tie at top_k's
- * edge, an undecided bracket: then the full chain draws; the RNG is
- * untouched). */
-#define HOST_CAND 256
-static int32_t sample_fast(li_sampler *s, const float *logits, const double *u) {
-    const li_sampling_params *p = &s->p;
+#define HOST_CAND 256 /* the largest a host draw starts from */
+
+/* The HOST_CAND largest logits of a row (no NaN) less those tied with the
+ * last, into s->cand sorted as cmp_desc sorts them: exactly the logits above
+ * the last kept value, in the full chain's order. Their count, or -1 for a
+ * row holding a NaN. By a histogram over the 64 nats below the best: bins
+ * of 1/32 nat counted from the top until HOST_CAND, then the logits of
+ * those bins (a bin's index never grows with the value, so every logit left
+ * out is at most every one kept), sorted. */
+static int32_t host_cands(li_sampler *s, const float *logits) {
     const int32_t nv = s->n_vocab;
-    if (!(p->temperature > 0) || (topk_on(s) && p->top_k >= HOST_CAND) || nv <= HOST_CAND) return -1;
-    int32_t eids[LI_SAMPLER_EDIT_MAX];
-    float ev[LI_SAMPLER_EDIT_MAX];
-    const int32_t ne = edit_bound(s) ? li_sampler_edit_ids(s, eids, LI_SAMPLER_EDIT_MAX) : 0;
-    if (ne < 0) return -1;
     if (!s->cand) s->cand = li_xmalloc((size_t)nv * sizeof *s->cand);
     li_token_logprob *c = s->cand;
-    /* the largest by a histogram over the 64 nats below the best: bins of
-     * 1/32 nat counted from the top until HOST_CAND, then the logits of
-     * those bins (a bin's index never grows with the value, so every logit
-     * left out is at most every one kept), sorted. A row with a NaN takes
-     * the full chain. */
     enum { BINS = 2048 };
     const float mx = max_of(logits, nv), scale = (float)BINS / 64.0f;
     int32_t hist[BINS] = {0}, nan = 0;
@@ -824,12 +816,47 @@ static int32_t sample_fast(li_sampler *s, const float *logits, const double *u) 
         if (d < (float)BINS && (int)d <= top) c[m++] = (li_token_logprob){i, logits[i]};
     }
     qsort(c, (size_t)m, sizeof *c, cmp_desc);
-    /* the HOST_CAND largest less those tied with the last: exactly the
-     * logits above it, in order */
     int32_t n = LI_MIN(m, HOST_CAND);
     const float last = n ? c[n - 1].logprob : 0.0f;
     while (n > 0 && c[n - 1].logprob == last) n--;
+    return n;
+}
+
+/* A draw with its distribution (a speculative verifier's row) for a top_k
+ * below HOST_CAND and nothing edited: the kept set is the first top_k of
+ * the largest, so the chain's tail runs on them (sorting and filling 49k
+ * entries took 0.35 ms a row); -1 when a tie at top_k's edge leaves the set
+ * to the full chain. The same token and distribution as the full chain. */
+static int32_t sample_topk_probs(li_sampler *s, const float *logits, const double *u, float *probs) {
+    const li_sampling_params *p = &s->p;
+    if (!(p->temperature > 0) || !topk_on(s) || p->top_k >= HOST_CAND || s->n_vocab <= HOST_CAND || edit_bound(s))
+        return -1;
+    const int32_t n = host_cands(s, logits), k = p->top_k;
+    if (n <= k || !(s->cand[k - 1].logprob > s->cand[k].logprob)) return -1;
+    return chain_tail(s, s->cand, k, s->cand[0].logprob, u, probs);
+}
+
+/* The chain's draw without sorting the vocabulary: for a kept set top_k
+ * does not bound (top-p, min-p, temperature alone: sorting every logit
+ * within 40 nats, most of a 49k vocabulary, took 8 ms a draw), and for a
+ * top_k below HOST_CAND (the quickselect over the vocabulary took 0.3 ms
+ * of a 2 ms decode step). The HOST_CAND largest (a histogram, then a sort
+ * of those) and, where the draw may need it, the row's lse (at 1 and at
+ * T), through the device's path (sample_from): the same token, drawn with
+ * *u when given, or -1 when the rest could change it (a tie at top_k's
+ * edge, an undecided bracket: then the full chain draws; the RNG is
+ * untouched). */
+static int32_t sample_fast(li_sampler *s, const float *logits, const double *u) {
+    const li_sampling_params *p = &s->p;
+    const int32_t nv = s->n_vocab;
+    if (!(p->temperature > 0) || (topk_on(s) && p->top_k >= HOST_CAND) || nv <= HOST_CAND) return -1;
+    int32_t eids[LI_SAMPLER_EDIT_MAX];
+    float ev[LI_SAMPLER_EDIT_MAX];
+    const int32_t ne = edit_bound(s) ? li_sampler_edit_ids(s, eids, LI_SAMPLER_EDIT_MAX) : 0;
+    if (ne < 0) return -1;
+    const int32_t n = host_cands(s, logits);
     if (n < 1) return -1;
+    const li_token_logprob *c = s->cand;
     float vals[HOST_CAND];
     int32_t ids[HOST_CAND];
     for (int32_t i = 0; i < n; i++) vals[i] = c[i].logprob, ids[i] = c[i].id;

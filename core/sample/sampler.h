@@ -62,6 +62,7 @@ typedef struct li_sampler {
     li_logit_bias *bias;   /* (p.n_logit_bias) owned copy; p.logit_bias points here */
     const int32_t *ban;    /* (n_ban) ids that cannot be drawn now (borrowed; min_tokens) */
     int32_t n_ban;
+    bool reference;        /* every draw by the full chain, never from the largest logits first (tests) */
 } li_sampler;
 
 /* Fails (LI_EINVAL) on invalid params or a logit_bias id outside [0, n_vocab). */

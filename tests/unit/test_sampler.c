@@ -64,10 +64,11 @@ static void cand_logits(float *l, int v, int d, unsigned *seed) {
     }
 }
 
-/* One draw by three samplers of one seed: a by the full chain (sample_u
- * with the distribution asked for sorts every kept logit: the reference),
- * f by li_sampler_sample and by sample_u with a's uniform and no
- * distribution (their unsorted path), b from the k largest of l and the
+/* One draw by three samplers of one seed: a by the full chain (a reference
+ * sampler: sorts every kept logit), f by li_sampler_sample, by sample_u
+ * with a's uniform and no distribution and with it (their paths from the
+ * largest logits: the same token, the same distribution's bits), b from
+ * the k largest of l and the
  * raw logits it edits (its logits when they cannot decide; d % 3, the
  * logits' family, counts the fallbacks). Returns a's token. */
 typedef struct {
@@ -79,10 +80,12 @@ static int32_t draw3(li_sampler *a, li_sampler *b, li_sampler *f, const float *l
     float vals[LI_SAMPLER_CAND_WIDE], la, lb, lf;
     int32_t ids[LI_SAMPLER_CAND_WIDE];
     li_token_logprob ta[20], tb[20], tf[20];
-    static float probs[4096];
+    static float probs[4096], probs_f[4096];
     const double u = li_sampler_uniform(a);
     const int32_t want = li_sampler_sample_u(a, l, u, probs, ta, &la);
     st->fast_same &= li_sampler_sample_u(f, l, u, NULL, NULL, NULL) == want; /* leaves f's RNG as it was */
+    st->fast_same &= li_sampler_sample_u(f, l, u, probs_f, NULL, NULL) == want &&
+                     !memcmp(probs, probs_f, (size_t)v * sizeof *probs);
     st->fast_same &= li_sampler_sample(f, l, tf, &lf) == want && lf == la && !memcmp(ta, tf, (size_t)n_lp * sizeof *ta);
     int32_t got = draw_cand(b, l, v, k, vals, ids, tb, &lb);
     if (got < 0) {
@@ -131,10 +134,11 @@ static void test_cand(void) {
         p.n_logprobs = sets[si].n_logprobs;
         p.logprob = sets[si].logprob;
         p.seed = 1000 + si;
-        li_sampler a, b, f; /* a: the full chain (sample_u sorts every kept logit); f: li_sampler_sample */
+        li_sampler a, b, f; /* a: the full chain (the reference: sorts every kept logit); f: li_sampler_sample */
         CHECK(li_sampler_init(&a, &p, V, &err) == 0 && li_sampler_init(&b, &p, V, &err) == 0 &&
                   li_sampler_init(&f, &p, V, &err) == 0,
               "%s", err.msg);
+        a.reference = true;
         bool lse_need;
         const int32_t need = li_sampler_cand_need(&b, &lse_need);
         draws3 st = {.same = 1, .lp_same = 1, .fast_same = 1};
@@ -150,8 +154,8 @@ static void test_cand(void) {
               "(need %d, %d fell back) equal the full logits' draws and logprobs", p.top_k, (double)p.temperature,
               (double)p.top_p, (double)p.min_p, p.n_logprobs, p.logprob ? " and the chosen" : "", DRAWS, K, need,
               fallbacks);
-        CHECK(fast_same, "li_sampler_sample (its unsorted path for a wide kept set) draws and reports as the full "
-              "chain, %d draws", DRAWS);
+        CHECK(fast_same, "li_sampler_sample and sample_u with and without the distribution (their paths from the "
+              "largest logits) draw, report and distribute as the full chain, %d draws", DRAWS);
         CHECK(lse_need == (p.n_logprobs > 0 || p.logprob || wide), "the row's lse asked for exactly when logprobs "
               "are, or the candidates may not hold the kept set");
         const int32_t draw = p.temperature <= 0 ? 1 : p.top_k + 1;
@@ -215,6 +219,7 @@ static void test_chain_order(void) {
     li_sampler s;
     li_error err = {0};
     CHECK(li_sampler_init(&s, &p, V, &err) == 0, "%s", err.msg);
+    s.reference = true;
     const float mx = l[ord[0]];
     double z = 0;
     for (int i = 0; i < V; i++) z += exp((double)l[ord[i]] - mx);
@@ -231,7 +236,9 @@ static void test_chain_order(void) {
             }
         }
         bad += li_sampler_sample_u(&s, l, u, probs, NULL, NULL) != want; /* the full chain */
-        bad += li_sampler_sample_u(&s, l, u, NULL, NULL, NULL) != want;  /* and its unsorted path */
+        s.reference = false;
+        bad += li_sampler_sample_u(&s, l, u, NULL, NULL, NULL) != want; /* and its unsorted path */
+        s.reference = true;
     }
     CHECK(!bad, "the chain's order over %d logits of 7 values (-0 and +0 among them): the reference's draws, with the "
           "distribution and without (%d of 400 differ)", V, bad);
@@ -240,6 +247,7 @@ static void test_chain_order(void) {
      * path: the full chain's draws */
     li_sampler a, f;
     CHECK(li_sampler_init(&a, &p, V, &err) == 0 && li_sampler_init(&f, &p, V, &err) == 0, "%s", err.msg);
+    a.reference = true;
     for (int i = 0; i < V; i++) {
         seed = seed * 1103515245u + 12345u;
         l[i] = (float)((seed >> 8) % 65536) / 2048.0f - 16.0f;
@@ -283,10 +291,11 @@ static void test_cand_edits(void) {
         p.penalty_last_n = sets[si].window, p.n_logprobs = sets[si].n_logprobs;
         p.logit_bias = bias, p.n_logit_bias = sets[si].n_bias;
         p.seed = 2000 + si;
-        li_sampler a, b, f; /* a: the full chain (sample_u sorts every kept logit); f: li_sampler_sample */
+        li_sampler a, b, f; /* a: the full chain (the reference: sorts every kept logit); f: li_sampler_sample */
         CHECK(li_sampler_init(&a, &p, V, &err) == 0 && li_sampler_init(&b, &p, V, &err) == 0 &&
                   li_sampler_init(&f, &p, V, &err) == 0,
               "%s", err.msg);
+        a.reference = true;
         li_sampler_ban(&a, ban, sets[si].n_ban);
         li_sampler_ban(&f, ban, sets[si].n_ban);
         li_sampler_ban(&b, ban, sets[si].n_ban);
