@@ -210,7 +210,8 @@ typedef float li_v8f __attribute__((vector_size(32)));
 
 static inline void exp_le0_v8(li_v8d *xp) { /* in place: a vector this wide is not passed by value */
     const li_v8d x = *xp;
-    const li_v8d zero = {0}, lo = zero - 708.0, shifter = zero + 6755399441055744.0; /* 1.5 * 2^52: t's low bits hold k */
+    /* shifter: 1.5 * 2^52, so t's low bits hold k */
+    const li_v8d zero = {0}, lo = zero - 708.0, shifter = zero + 6755399441055744.0;
     const li_v8l under = x < lo;
     const li_v8d xc = (li_v8d)(((li_v8l)x & ~under) | ((li_v8l)lo & under));
     const li_v8d t = xc * 1.4426950408889634 + shifter, k = t - shifter;
