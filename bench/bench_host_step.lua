@@ -3,12 +3,14 @@
 -- sampling settings: one request of 32 prompt tokens decoding 128, the
 -- engine's own clocks (stats: time_total less time_forward, per step).
 --
---   ./build/luainfer run bench/bench_host_step.lua [MODEL]
+--   ./build/luainfer run bench/bench_host_step.lua [MODEL] [--json FILE] [--plot FILE]
 --
 -- MODEL defaults to the default model. Compare builds by running each in
--- turn (alternating): the engine's clocks, not the wall, so the noise of
--- the forward pass stays out of "the rest".
+-- turn, alternating (docs/benchmarks.md, "Session 30"): the engine's
+-- clocks, so the forward pass's noise stays out of "the rest".
 local luainfer = require("luainfer")
+local bench = require("luainfer.bench")
+local opts = bench.options(arg)
 local cfg = { threads = 2, max_num_seqs = 4, kv_memory = 256 * 1024 * 1024 }
 if arg[1] then cfg.model = arg[1] end
 local e = luainfer.engine(cfg)
@@ -21,6 +23,8 @@ local sets = {
   { name = "T 1 top_k 40", temperature = 1.0, top_k = 40, top_p = 1.0, min_p = 0.0 },
   { name = "T 1 top_k off (OpenAI's)", temperature = 1.0, top_k = 0, top_p = 1.0, min_p = 0.0 },
 }
+local rows = {}
+local progress = bench.progress(#sets, "settings")
 for _, s in ipairs(sets) do
   local id = e:add{ tokens = prompt, max_tokens = 129, temperature = s.temperature, top_k = s.top_k, top_p = s.top_p,
                     min_p = s.min_p, ignore_eos = true, seed = 7 }
@@ -33,6 +37,15 @@ for _, s in ipairs(sets) do
   end
   local s2 = e:stats()
   local tot, fw = s2.time_total - s1.time_total, s2.time_forward - s1.time_forward
+  local row = { setting = s.name, steps = n, step_us = tot / n * 1e6, forward_us = fw / n * 1e6,
+                rest_us = (tot - fw) / n * 1e6 }
+  rows[#rows + 1] = row
+  progress:step()
   print(("%-52s %3d steps: step %7.1f us, forward %7.1f us, the rest %6.1f us"):format(
-    s.name, n, tot / n * 1e6, fw / n * 1e6, (tot - fw) / n * 1e6))
+    s.name, n, row.step_us, row.forward_us, row.rest_us))
 end
+progress:done()
+e:close()
+bench.finish(opts, { bench = "host_step", rows = rows,
+                     chart = { label = "setting", values = { "rest_us" }, ylabel = "host time a step (us)",
+                               title = "a decode step's time beside its forward pass" } })

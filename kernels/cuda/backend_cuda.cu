@@ -1450,6 +1450,31 @@ static void cu_rmsnorm(li_backend *be, const float *x, const float *w, float *y,
     PROF(c, PK_RMSNORM, launch(c, (unsigned)n, ROW_THREADS, 0, k_rmsnorm, x, wd, y, dim, eps); CK_LAUNCH("rmsnorm"));
 }
 
+// Thread idx's pair (q's heads' pairs first, nq of them, then k's), rotated
+// in place: its token, head row (token * heads + head), dims and values
+struct rope_pair {
+    int64_t tok, ih;
+    int i0, i1;
+    float y0, y1;
+};
+__device__ __forceinline__ void rope_pair_at(float *q, float *k, const int32_t *pos, int64_t idx, int64_t nq, int hq,
+                                             int hk, int head_dim, int half, float ts, int neox, rope_pair *r) {
+    const bool isq = idx < nq;
+    const int64_t t = isq ? idx : idx - nq;
+    const int heads = isq ? hq : hk;
+    const int j = (int)(t % half);
+    r->ih = t / half;
+    r->tok = r->ih / heads;
+    float *v = (isq ? q : k) + r->ih * head_dim;
+    const float angle = li_cu_rope_angle((float)pos[r->tok], ts, j);
+    const float co = cosf(angle), si = sinf(angle);
+    r->i0 = neox ? j : 2 * j, r->i1 = neox ? j + half : 2 * j + 1;
+    const float x0 = v[r->i0], x1 = v[r->i1];
+    r->y0 = x0 * co - x1 * si, r->y1 = x0 * si + x1 * co;
+    v[r->i0] = r->y0;
+    v[r->i1] = r->y1;
+}
+
 // a thread per (token, head, pair): q's heads, then k's (hk = 0: q alone)
 __global__ void k_rope_qk(float *q, float *k, const int32_t *pos, int64_t n, int hq, int hk, int head_dim, int n_rot,
                           float ts, int neox) {
@@ -1458,18 +1483,8 @@ __global__ void k_rope_qk(float *q, float *k, const int32_t *pos, int64_t n, int
     const int64_t nq = n * hq * half, total = nq + n * hk * half;
     for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
          idx += (int64_t)gridDim.x * blockDim.x) {
-        const bool isq = idx < nq;
-        const int64_t t = isq ? idx : idx - nq;
-        const int heads = isq ? hq : hk;
-        const int j = (int)(t % half);
-        const int64_t ih = t / half, i = ih / heads;
-        float *v = (isq ? q : k) + ih * head_dim;
-        const float angle = li_cu_rope_angle((float)pos[i], ts, j);
-        const float co = cosf(angle), si = sinf(angle);
-        const int i0 = neox ? j : 2 * j, i1 = neox ? j + half : 2 * j + 1;
-        const float x0 = v[i0], x1 = v[i1];
-        v[i0] = x0 * co - x1 * si;
-        v[i1] = x0 * si + x1 * co;
+        rope_pair r;
+        rope_pair_at(q, k, pos, idx, nq, hq, hk, head_dim, half, ts, neox, &r);
     }
 }
 
@@ -1733,23 +1748,12 @@ __global__ void k_rope_store(float *q, float *k, const float *v, const int32_t *
     for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
          idx += (int64_t)gridDim.x * blockDim.x) {
         if (idx < nq + nk) {
-            const bool isq = idx < nq;
-            const int64_t t = isq ? idx : idx - nq;
-            const int heads = isq ? hq : hk;
-            const int j = (int)(t % half);
-            const int64_t ih = t / half, i = ih / heads;
-            float *hv = (isq ? q : k) + ih * head_dim;
-            const float angle = li_cu_rope_angle((float)pos[i], ts, j);
-            const float co = cosf(angle), si = sinf(angle);
-            const int i0 = neox ? j : 2 * j, i1 = neox ? j + half : 2 * j + 1;
-            const float x0 = hv[i0], x1 = hv[i1];
-            const float y0 = x0 * co - x1 * si, y1 = x0 * si + x1 * co;
-            hv[i0] = y0;
-            hv[i1] = y1;
-            if (!isq && slot[i] >= 0) {
-                const int64_t dst = slot[i] * row + (ih % hk) * head_dim;
-                kv_put<DT>(kd, dst + i0, y0);
-                kv_put<DT>(kd, dst + i1, y1);
+            rope_pair r;
+            rope_pair_at(q, k, pos, idx, nq, hq, hk, head_dim, half, ts, neox, &r);
+            if (idx >= nq && slot[r.tok] >= 0) {
+                const int64_t dst = slot[r.tok] * row + (r.ih % hk) * head_dim;
+                kv_put<DT>(kd, dst + r.i0, r.y0);
+                kv_put<DT>(kd, dst + r.i1, r.y1);
             }
         } else if (idx < nq + nk + nt) { // k's dims past the pairs: stored as they are
             const int64_t t = idx - nq - nk, ih = t / tail, i = ih / hk;
