@@ -2489,21 +2489,19 @@ extern "C" int li_backend_cuda_device_count(void) {
     return n;
 }
 
-extern "C" int li_backend_cuda_set_mmq(li_backend *be, bool on) {
+// a setting the recorded passes depend on: changed, they are stale; the
+// previous value, -1 on another backend
+static int set_setting(li_backend *be, bool li_cuda::*flag, bool on) {
     if (!li_backend_is_cuda(be)) return -1;
     li_cuda *c = cu(be);
-    const bool was = c->mmq;
-    if (was != on) c->mmq = on, c->gen++; // recordings of the other path are stale
+    const bool was = c->*flag;
+    if (was != on) c->*flag = on, c->gen++;
     return was;
 }
 
-extern "C" int li_backend_cuda_set_pdl(li_backend *be, bool on) {
-    if (!li_backend_is_cuda(be)) return -1;
-    li_cuda *c = cu(be);
-    const bool was = c->pdl;
-    if (was != on) c->pdl = on, c->gen++; // recordings of the other kind are stale
-    return was;
-}
+extern "C" int li_backend_cuda_set_mmq(li_backend *be, bool on) { return set_setting(be, &li_cuda::mmq, on); }
+
+extern "C" int li_backend_cuda_set_pdl(li_backend *be, bool on) { return set_setting(be, &li_cuda::pdl, on); }
 
 extern "C" const char *li_backend_cuda_lt_note(li_backend *be) {
     return li_backend_is_cuda(be) ? cu(be)->lt_why : "";
