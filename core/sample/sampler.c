@@ -369,12 +369,8 @@ static int32_t sample_chain(li_sampler *s, const float *logits, const double *u,
         if (probs) probs_one_hot(probs, nv, chosen);
         return chosen;
     }
-    if (!probs && !s->reference) {
-        const int32_t chosen = sample_fast(s, logits, u);
-        if (chosen >= 0) return chosen;
-    }
-    if (probs && !s->reference) { /* a speculative verifier's rows: a top_k's kept set from the largest */
-        const int32_t chosen = sample_topk_probs(s, logits, u, probs);
+    if (!s->reference) { /* from the largest logits first (with the distribution: a verifier's top_k row) */
+        const int32_t chosen = probs ? sample_topk_probs(s, logits, u, probs) : sample_fast(s, logits, u);
         if (chosen >= 0) return chosen;
     }
     if (!s->cand) s->cand = li_xmalloc((size_t)nv * sizeof *s->cand);

@@ -778,12 +778,19 @@ struct cu_multi {
     int n_w;
 };
 
+// the weight of mw that row r (rows end to end) falls in, r made its own
+// row there; mw.n_w when past the last
+__device__ __forceinline__ int multi_row(const cu_multi &mw, int64_t *r) {
+    int i = 0;
+    while (i < mw.n_w && *r >= mw.end[i]) i++;
+    if (i && i < mw.n_w) *r -= mw.end[i - 1];
+    return i;
+}
+
 template <int T> __global__ void k_gemv_multi(cu_multi mw, const float *x, int64_t n) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     int64_t r = (int64_t)blockIdx.x * GEMV_WARPS + warp;
-    int i = 0;
-    while (i < mw.n_w && r >= mw.end[i]) i++;
-    if (i && i < mw.n_w) r -= mw.end[i - 1];
+    const int i = multi_row(mw, &r);
     if (i < mw.n_w) prefetch_row(mw.w[i], r, lane);
     pdl_enter();
     if (i == mw.n_w) return;
@@ -828,13 +835,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
     k_gemv_norm(cu_multi mw, const float *x, const float *nw, float eps, int64_t n, int swiglu) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     int64_t r = (int64_t)blockIdx.x * GEMV_WARPS + warp;
-    int i = 0;
-    if (!swiglu) {
-        while (i < mw.n_w && r >= mw.end[i]) i++;
-        if (i && i < mw.n_w) r -= mw.end[i - 1];
-    } else if (r >= mw.w[0].m) {
-        i = mw.n_w;
-    }
+    const int i = !swiglu ? multi_row(mw, &r) : r < mw.w[0].m ? 0 : mw.n_w;
     if (i < mw.n_w) {
         prefetch_row(mw.w[i], r, lane);
         if (swiglu) prefetch_row(mw.w[1], r, lane);

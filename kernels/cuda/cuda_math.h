@@ -200,21 +200,25 @@ LI_HD float li_cu_rope_angle(float pos, float theta_scale, int j) {
 /* ---- q8 blocks: v as the q8_0 block whose largest |x| is amax stores it,
  * round(v / d) * fp16(d), d = amax / 127 (li_quantize_row_q8_0_ref,
  * dequantized, bit for bit): what a GEMV over q8-dot weights reads ---- */
-LI_HD float li_cu_q8_value(float v, float amax) {
+/* round(v / d) as a float, d = amax / 127 (0 when amax is) */
+LI_HD float li_cu_q8_round(float v, float amax) {
     const float d = amax / 127.0f;
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    return (roundf(v * id) + 0.0f) * li_cu_fp16_to_f32(li_cu_f32_to_fp16(d)); /* + 0: an int8 code has no -0 */
+    return roundf(v * id);
+}
+/* the block's d as stored, fp16 */
+LI_HD float li_cu_q8_dh(float amax) { return li_cu_fp16_to_f32(li_cu_f32_to_fp16(amax / 127.0f)); }
+
+LI_HD float li_cu_q8_value(float v, float amax) {
+    return (li_cu_q8_round(v, amax) + 0.0f) * li_cu_q8_dh(amax); /* + 0: an int8 code has no -0 */
 }
 
-/* the same block's int8 code of v (what li_cu_q8_value multiplies; NaN 0)
- * and its d as stored, fp16 (k_mmq's activations) */
+/* the same block's int8 code of v (what li_cu_q8_value multiplies; NaN 0):
+ * k_mmq's activations */
 LI_HD int li_cu_q8_code(float v, float amax) {
-    const float d = amax / 127.0f;
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    const float r = roundf(v * id);
+    const float r = li_cu_q8_round(v, amax);
     return r >= 127.0f ? 127 : r <= -127.0f ? -127 : r == r ? (int)r : 0;
 }
-LI_HD float li_cu_q8_dh(float amax) { return li_cu_fp16_to_f32(li_cu_f32_to_fp16(amax / 127.0f)); }
 
 /* ---- the GGUF block GEMV (q4_0, q4_1, q8_0), a lane's share ----
  * A warp takes a weight row (two under swiglu); four lanes a 32-element

@@ -75,6 +75,15 @@ typedef struct {
     int same, lp_same, fast_same, fallbacks, fam[3];
 } draws3;
 
+/* draw3's samplers of one setting: a marked reference (the full chain) */
+static void samplers3(li_sampler *a, li_sampler *b, li_sampler *f, const li_sampling_params *p, int v) {
+    li_error err = {0};
+    CHECK(li_sampler_init(a, p, v, &err) == 0 && li_sampler_init(b, p, v, &err) == 0 &&
+              li_sampler_init(f, p, v, &err) == 0,
+          "%s", err.msg);
+    a->reference = true;
+}
+
 static int32_t draw3(li_sampler *a, li_sampler *b, li_sampler *f, const float *l, int v, int k, int d, int n_lp,
                      draws3 *st) {
     float vals[LI_SAMPLER_CAND_WIDE], la, lb, lf;
@@ -134,11 +143,8 @@ static void test_cand(void) {
         p.n_logprobs = sets[si].n_logprobs;
         p.logprob = sets[si].logprob;
         p.seed = 1000 + si;
-        li_sampler a, b, f; /* a: the full chain (the reference: sorts every kept logit); f: li_sampler_sample */
-        CHECK(li_sampler_init(&a, &p, V, &err) == 0 && li_sampler_init(&b, &p, V, &err) == 0 &&
-                  li_sampler_init(&f, &p, V, &err) == 0,
-              "%s", err.msg);
-        a.reference = true;
+        li_sampler a, b, f;
+        samplers3(&a, &b, &f, &p, V);
         bool lse_need;
         const int32_t need = li_sampler_cand_need(&b, &lse_need);
         draws3 st = {.same = 1, .lp_same = 1, .fast_same = 1};
@@ -282,7 +288,6 @@ static void test_cand_edits(void) {
     };
     float *l = malloc(V * sizeof(float)), vals[K];
     int32_t ids[K];
-    li_error err = {0};
     for (size_t si = 0; si < sizeof sets / sizeof sets[0]; si++) {
         li_sampling_params p;
         li_sampling_params_default(&p);
@@ -291,11 +296,8 @@ static void test_cand_edits(void) {
         p.penalty_last_n = sets[si].window, p.n_logprobs = sets[si].n_logprobs;
         p.logit_bias = bias, p.n_logit_bias = sets[si].n_bias;
         p.seed = 2000 + si;
-        li_sampler a, b, f; /* a: the full chain (the reference: sorts every kept logit); f: li_sampler_sample */
-        CHECK(li_sampler_init(&a, &p, V, &err) == 0 && li_sampler_init(&b, &p, V, &err) == 0 &&
-                  li_sampler_init(&f, &p, V, &err) == 0,
-              "%s", err.msg);
-        a.reference = true;
+        li_sampler a, b, f;
+        samplers3(&a, &b, &f, &p, V);
         li_sampler_ban(&a, ban, sets[si].n_ban);
         li_sampler_ban(&f, ban, sets[si].n_ban);
         li_sampler_ban(&b, ban, sets[si].n_ban);
