@@ -33,7 +33,9 @@
 -- A second table prices every run on one model clock: each forward pass
 -- by its row count at the median cost of that count over the whole
 -- benchmark, plus the run's measured time outside the target's forward
--- (proposing, the draft's catch-up, the policy), so it compares what the
+-- (proposing, the draft's catch-up, the policy, sampling and verification;
+-- until session 31 sampling and verification were left out, which hid
+-- what sampled drafts cost the host), so it compares what the
 -- settings decided without the machine's load in between (--json: each
 -- row's model_ratio).
 -- Greedy runs assert the tokens of speculation off.
@@ -69,7 +71,9 @@
 -- speculation policy side by side in one run.
 --
 -- --temps T[,T...] and --batches B[,B...] (with proposers) choose the rows
--- (default 0,0.7 and 1,4; --quick: 0 and 1).
+-- (default 0,0.7 and 1,4; --quick: 0 and 1); --workloads W[,W...] the
+-- workloads (default: all four). LAYERS 0 leaves layer skip out (its row
+-- and the adaptive policy's offer: at 0.2-0.3x it is most of a run's time).
 --
 -- --seeds N (with proposers) runs each sampled setting (temperature 0.7)
 -- N times over, one batch after another in the same engine, with seeds
@@ -85,7 +89,8 @@ local opts = bench.options(arg)
 local flags = bench.take_flags(arg, { ["--medusa"] = "value", ["--medusa-tree"] = "value", ["--eagle"] = "value",
                                       ["--eagle-k"] = "value", ["--quick"] = "flag", ["--eagle-idle"] = "value",
                                        ["--policy"] = "value", ["--seeds"] = "value", ["--temps"] = "value",
-                                       ["--batches"] = "value", ["--calibrated"] = "flag", ["--device"] = "value" })
+                                       ["--batches"] = "value", ["--calibrated"] = "flag", ["--device"] = "value",
+                                       ["--workloads"] = "value" })
 -- --device cuda: the engines run there (speculation needs its batch-invariant
 -- kernels: LUAINFER_CUDA_INVARIANT=1, docs/cuda.md)
 local DEVICE = flags["--device"]
@@ -152,14 +157,28 @@ local settings = { { k = 0 }, { k = 2 }, { k = 4 }, { k = 8 }, { k = 4, always =
 -- the workloads (luainfer.bench's spec_workloads: the prompts and how a
 -- batch's variants differ)
 local grounded, kinds = SW.prompts, SW.kinds
+if flags["--workloads"] then
+  local want = {}
+  for w in flags["--workloads"]:gmatch("[^,]+") do
+    if not grounded[w] then
+      error(("bench spec: --workloads %s: unknown workload %q (have %s)"):format(flags["--workloads"], w,
+            table.concat(kinds, ", ")), 0)
+    end
+    want[#want + 1] = w
+  end
+  if #want == 0 then error("bench spec: --workloads: name at least one workload", 0) end
+  kinds = want
+end
 
 local function proposers_bench(layers, draft)
   local sets = {
     { name = "off", cfg = {} },
     { name = "ngram k8", cfg = { spec_tokens = 8, spec_method = "ngram" }, spec = { method = "ngram", k = 8 } },
-    { name = ("layerskip%d k3"):format(layers), cfg = { spec_tokens = 3, spec_layers = layers },
-      spec = { method = "layerskip", k = 3 } },
   }
+  if layers > 0 then
+    sets[#sets + 1] = { name = ("layerskip%d k3"):format(layers), cfg = { spec_tokens = 3, spec_layers = layers },
+                        spec = { method = "layerskip", k = 3 } }
+  end
   if draft then
     sets[#sets + 1] = { name = "draft k4", cfg = { spec_tokens = 4, draft_model = draft, spec_method = "draft" },
                         spec = { method = "draft", k = 4 } }
@@ -181,7 +200,7 @@ local function proposers_bench(layers, draft)
         local name = base == "spec_adaptive" and #policies == 1 and "adaptive" or base
         name = idle and ("%s idle%d"):format(name, idle) or name
         sets[#sets + 1] = { name = cal and name .. " cal" or name,
-                            cfg = { spec_layers = layers, draft_model = draft, spec_method = "ngram",
+                            cfg = { spec_layers = layers > 0 and layers or nil, draft_model = draft, spec_method = "ngram",
                                     -- the engine takes heads or a draft model, not both
                                     medusa = not draft and medusa or nil,
                                     medusa_tree = not draft and medusa_tree or nil,
@@ -195,7 +214,8 @@ local function proposers_bench(layers, draft)
   -- its row count (tokens computed in the step); at the end each count's
   -- cost is the median over the whole benchmark, and a run's modelled time
   -- is the sum of its steps' costs plus what it spent outside the target's
-  -- forward (proposing, the draft model's catch-up, the policy). Every
+  -- forward (proposing, the draft model's catch-up, the policy, sampling
+  -- and verifying the rows: everything a step did besides the pass). Every
   -- setting is priced from the one table, so the ratios say what the
   -- decisions cost, not how loaded the machine was during that run.
   local row_cost = {} -- [n] = { seconds of each forward pass of n rows }
@@ -222,8 +242,7 @@ local function proposers_bench(layers, draft)
           c[#c + 1] = s1.time_forward - s0.time_forward
           row_cost[rows] = c
         end
-        extra = extra + (s1.time_propose - s0.time_propose) + (s1.time_draft_sync - s0.time_draft_sync) +
-                (s1.time_policy - s0.time_policy)
+        extra = extra + (s1.time_total - s1.time_forward) - (s0.time_total - s0.time_forward)
         s0 = s1
       end
     end

@@ -391,6 +391,9 @@ local function speculate(req, state)
   local best_m, best_gain, bE, bK, bD = nil, 1, nil, 0, 0
   local alt_m, alt_gain, aE, aK, aD = nil, 1, nil, 0, 0
   local nothing = s.ngram == 0 -- n-gram drafts nothing this step
+  -- a draft's row is also verified on the host: at temperature > 0 its
+  -- whole distribution (about a third of a row's forward pass at batch 4)
+  local vt = sp.verify_time and sp.verify_time[s.temperature > 0 and "sampled" or "greedy"] or 0
   for _, m in ipairs(METHODS) do
     if sp.available[m] then
       local p = m == s.method and s.k > 0 and PRIOR_WANT or PRIOR[m]
@@ -401,6 +404,7 @@ local function speculate(req, state)
       observe(req.id, m, s.drafted[m] or 0, s.acceptance[m] or -1, key, ctx)
       local dt = sp.draft_time[m] or 0
       local draft = (dt > 0 and sp.step_time > 0) and dt / sp.step_time or PRIOR_DRAFT[m]
+      if vt > 0 and sp.step_time > 0 then draft = draft + vt / sp.step_time end
       local K = math.min(s.max_k, MAX_K[m] or s.max_k, MAX_DRAFTS)
       if first_depth(req.id, m, p, ctx) / b + 1e-12 >= row_floor + draft then
         local E = expected_by_depth(req.id, m, p, K, ctx)

@@ -1147,7 +1147,12 @@ int li_engine_step(li_engine *e, li_error *err) {
         req *r = e->batch_req[i];
         if (r->n_draft) {
             const int32_t m = e->batch_n[i];
+            const bool sampled = r->smp.p.temperature > 0;
+            const double tv = li_time_now();
             li_spec_step_verify(e, r, m, e->logits + (size_t)li * e->model->hp.n_vocab, li);
+            const double dtv = li_time_now() - tv;
+            e->st.time_verify += dtv;
+            li_spec_step_verify_cost(&e->sp, sampled, dtv, m);
             li += m;
             if (r->live) prefix_register(e, r);
             continue;

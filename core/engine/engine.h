@@ -182,6 +182,8 @@ typedef struct li_engine_stats {
                                  * for eagle_idle_steps steps or positions */
     double time_draft_sync;    /* ... and the seconds it took (apart from time_propose: the two add up) */
     double time_calibrate;     /* seconds timing the row-cost curve (spec_calibrate) */
+    double time_verify;        /* seconds verifying drafted requests' rows (sampling them, the
+                                * rejection test, taking the tokens) */
     int32_t calibrated_rows;   /* the largest row count it timed (0: not run) */
     int64_t livelock_steps;    /* steps taken from a policy whose plans made no progress (FCFS ran) */
     int32_t tensor_parallel;   /* ranks of the target (1 without tensor parallelism) */

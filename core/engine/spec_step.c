@@ -299,7 +299,8 @@ static void policy_speculate(li_engine *e, int32_t running) {
     for (int m = 0; m < LI_SPEC_N_METHODS; m++) names[m] = li_spec_method_name(m), avail[m] = e->sp.prop[m] != NULL;
     const li_spec_state ss = {.methods = names, .available = avail, .n_methods = LI_SPEC_N_METHODS,
                               .batch_size = running, .step_time = e->sp.ema_step, .token_time = e->sp.ema_token,
-                              .draft_time = e->sp.ema_draft, .row_time = row_curve(&e->sp)};
+                              .draft_time = e->sp.ema_draft, .row_time = row_curve(&e->sp),
+                              .verify_time = e->sp.ema_verify};
     li_step_state st;
     li_engine_gather(e, &st);
     li_error perr = {0};
@@ -637,18 +638,41 @@ void li_spec_step_eagle_fork(const li_engine *e, req *c, const req *parent) {
  * drafts 0..j-1 in the penalty window (they precede it if it is used at
  * all); the window is rebuilt from the tokens kept. m rows verify m - 1
  * drafts (the last row gives the token after them). Returns the accepted. */
+/* Row j's target distribution for li_spec_verify_chain_rows, made when the
+ * verifier reaches it: the sampler sees drafts 0..j - 1 in its penalty
+ * window (accepted as each row is made) and the ban while min_tokens holds.
+ * The rows past a rejection are never made: at temperature > 0 a row is the
+ * whole distribution (0.1 ms at this vocabulary), and with every row made
+ * up front a round of k drafts cost k + 1 of them however early it failed. */
+typedef struct {
+    li_engine *e;
+    req *r;
+    const float *rows;
+    const int32_t *draft;
+    int64_t gen0;
+    int32_t kk;
+} sampled_rows;
+
+static const float *sampled_row(void *ctx, int32_t j) {
+    sampled_rows *c = ctx;
+    const int32_t nv = c->e->model->hp.n_vocab;
+    req *r = c->r;
+    const bool hold = c->gen0 + j < r->min_tokens;
+    float *pj = c->e->sp.vp + (size_t)j * nv;
+    li_sampler_ban(&r->smp, hold ? r->ban : NULL, hold ? r->n_ban : 0);
+    li_sampler_sample_u(&r->smp, c->rows + (size_t)j * nv, 0.5, pj, NULL, NULL);
+    if (j < c->kk) li_sampler_accept(&r->smp, c->draft[j]);
+    return pj;
+}
+
 static int32_t verify_sampled(li_engine *e, req *r, int32_t m, const float *rows, const int32_t *draft,
                               const float *q) {
     const int32_t nv = e->model->hp.n_vocab, kk = m - 1;
     const int64_t p0 = r->num_computed, gen0 = r->n_toks - r->n_prompt;
-    for (int32_t j = 0; j <= kk; j++) {
-        const bool hold = gen0 + j < r->min_tokens;
-        li_sampler_ban(&r->smp, hold ? r->ban : NULL, hold ? r->n_ban : 0);
-        li_sampler_sample_u(&r->smp, rows + (size_t)j * nv, 0.5, e->sp.vp + (size_t)j * nv, NULL, NULL);
-        if (j < kk) li_sampler_accept(&r->smp, draft[j]);
-    }
+    sampled_rows src = {e, r, rows, draft, gen0, kk};
     int32_t next = -1;
-    int32_t a = li_spec_verify_chain(e->sp.vp, q, nv, draft, kk, sampler_uniform, &r->smp, e->sp.vscratch, &next);
+    int32_t a = li_spec_verify_chain_rows(sampled_row, &src, q, nv, draft, kk, sampler_uniform, &r->smp,
+                                          e->sp.vscratch, &next);
     if (a < 0) a = 0, next = li_sampler_sample_u(&r->smp, rows, li_sampler_uniform(&r->smp), NULL, NULL, NULL);
     /* the window as if only the kept tokens had been accepted */
     li_sampler_window_reset(&r->smp, r->toks, r->n_toks);
@@ -893,6 +917,10 @@ void li_spec_step_costs(li_spec_step *sp, double dt, int64_t n, int64_t n_logits
         if (sp->seen_rows[n - 1]) sp->ema_rows[n - 1] = ema(sp->ema_rows[n - 1], dt);
         sp->seen_rows[n - 1] = true;
     }
+}
+
+void li_spec_step_verify_cost(li_spec_step *sp, bool sampled, double dt, int32_t m) {
+    if (m > 0) sp->ema_verify[sampled] = ema(sp->ema_verify[sampled], dt / (double)m);
 }
 
 /* ---- the cost curve, timed up front -------------------------------------------------- */

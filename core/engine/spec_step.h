@@ -43,6 +43,10 @@ typedef struct li_spec_step {
     int64_t *c_drafted;          /* (max_num_seqs, LI_SPEC_N_METHODS) */
     double ema_step, ema_token, ema_draft[LI_SPEC_N_METHODS];
     double ema_rows[LI_SPEC_COST_ROWS]; /* [n - 1]: a forward pass of n tokens, seconds (0: none yet) */
+    /* a drafted request's verification, seconds per row it verifies: [0]
+     * greedy (an argmax a row, until the first miss), [1] sampled (every
+     * row's distribution, then the rejection test); 0 = none yet */
+    double ema_verify[2];
     bool seen_rows[LI_SPEC_COST_ROWS]; /* [n - 1]: a pass of n tokens ran (the first is not timed) */
     /* the calibrated curve (li_spec_step_calibrate): [n - 1] for n <= calib_top,
      * seconds, linear between the counts timed; the machine's pace since,
@@ -118,6 +122,8 @@ void li_spec_step_keep_hidden(li_engine *e, struct li_engine_req *r, int32_t row
 /* The forward just measured (dt seconds for n tokens, n_logits of them
  * with logits): the costs the hook sees. */
 void li_spec_step_costs(li_spec_step *sp, double dt, int64_t n, int64_t n_logits);
+/* One drafted request's verification took dt seconds over m rows. */
+void li_spec_step_verify_cost(li_spec_step *sp, bool sampled, double dt, int32_t m);
 /* Times forward passes of 1 to 64 rows (every row with logits) on a scratch
  * sequence of empty blocks, between steps: the row-cost curve a speculate
  * policy prices drafts with, before its first step (cfg.spec_calibrate).

@@ -589,6 +589,7 @@ static int l_engine_stats(lua_State *L) {
     SET_NUM("draft_sync_dropped", s.draft_sync_dropped);
     SET_NUM("time_draft_sync", s.time_draft_sync);
     SET_NUM("time_calibrate", s.time_calibrate);
+    SET_NUM("time_verify", s.time_verify);
     SET_NUM("calibrated_rows", s.calibrated_rows);
     SET_NUM("tensor_parallel", s.tensor_parallel);
     SET_NUM("time_allreduce", s.time_allreduce);

@@ -134,6 +134,10 @@ typedef struct li_spec_state {
     /* (LI_SPEC_COST_ROWS) [n - 1]: seconds of a forward pass that computed n
      * tokens (moving average per n), 0 = no such step yet; NULL = none */
     const double *row_time;
+    /* (2) seconds of verification per row a drafted request's step
+     * verifies (moving averages): [0] greedy, [1] sampled; 0 = none yet;
+     * NULL = not known */
+    const double *verify_time;
 } li_spec_state;
 
 typedef struct li_policy li_policy;

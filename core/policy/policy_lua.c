@@ -1254,7 +1254,8 @@ typedef struct spec_ctx {
  * temperature, acceptance = {name = rate}, drafted = {name = n}, ngram,
  * ngram_match (each absent when not known)}, state.spec
  * = {batch_size, step_time, token_time, draft_time = {name = s},
- * available = {name = bool}, row_time = {[n] = s}}. It returns nothing (the want stands), false
+ * available = {name = bool}, row_time = {[n] = s}, verify_time = {greedy = s, sampled = s}}
+ * (verify_time's entries absent until measured). It returns nothing (the want stands), false
  * or 0 (off), k, or method, k. */
 static int spec_thunk(lua_State *L) {
     spec_ctx *x = lua_touserdata(L, 1);
@@ -1290,6 +1291,13 @@ static int spec_thunk(lua_State *L) {
             lua_rawseti(L, -2, n);
         }
     lua_setfield(L, -2, "row_time");
+    lua_createtable(L, 0, 2); /* verify_time: a row's verification, greedy and sampled */
+    for (int s = 0; ss->verify_time && s < 2; s++)
+        if (ss->verify_time[s] > 0) {
+            lua_pushnumber(L, ss->verify_time[s]);
+            lua_setfield(L, -2, s ? "sampled" : "greedy");
+        }
+    lua_setfield(L, -2, "verify_time");
     lua_setfield(L, state, "spec");
     for (int32_t i = 0; i < x->n; i++) {
         li_spec_cand *k = &x->c[i];

@@ -632,7 +632,7 @@ int li_wire_decode_order(const msgpack_object *m, int32_t max, int32_t *order, i
 void li_wire_pack_spec(msgpack_packer *pk, const li_spec_state *ss, const li_spec_cand *c, int32_t n) {
     const int32_t nm = LI_MIN(ss->n_methods, LI_WIRE_MAX_METHODS);
     li_wire_pack_str(pk, "spec");
-    msgpack_pack_map(pk, 7);
+    msgpack_pack_map(pk, 8);
     li_wire_pack_str(pk, "methods");
     msgpack_pack_array(pk, (size_t)nm);
     for (int32_t m = 0; m < nm; m++) li_wire_pack_str(pk, ss->methods[m]);
@@ -651,6 +651,9 @@ void li_wire_pack_spec(msgpack_packer *pk, const li_spec_state *ss, const li_spe
     li_wire_pack_str(pk, "row_time");
     msgpack_pack_array(pk, LI_SPEC_COST_ROWS);
     for (int32_t r = 0; r < LI_SPEC_COST_ROWS; r++) msgpack_pack_double(pk, ss->row_time ? ss->row_time[r] : 0);
+    li_wire_pack_str(pk, "verify_time");
+    msgpack_pack_array(pk, 2);
+    for (int s = 0; s < 2; s++) msgpack_pack_double(pk, ss->verify_time ? ss->verify_time[s] : 0);
     li_wire_pack_str(pk, "cands");
     msgpack_pack_array(pk, (size_t)n);
     for (int32_t i = 0; i < n; i++) {
@@ -724,6 +727,11 @@ int li_wire_unpack_spec(const msgpack_object *msg, li_wire_spec *w, li_error *er
     memset(w->row_time, 0, sizeof w->row_time);
     if (rt && !num_array(rt, LI_SPEC_COST_ROWS, 0, 1e9, w->row_time))
         SPEC_BAD("'row_time' must be a list of %d numbers >= 0", LI_SPEC_COST_ROWS);
+    /* verify_time is optional (absent: an older engine; not measured) */
+    const msgpack_object *vt = li_wire_get(sp, "verify_time");
+    memset(w->verify_time, 0, sizeof w->verify_time);
+    if (vt && !num_array(vt, 2, 0, 1e9, w->verify_time))
+        SPEC_BAD("'verify_time' must be a list of 2 numbers >= 0 (greedy, sampled)");
     if (!cands || cands->type != MSGPACK_OBJECT_ARRAY || cands->via.array.size > LI_WIRE_MAX_REQS)
         SPEC_BAD("'cands' must be a list of at most %d candidates", LI_WIRE_MAX_REQS);
     const int32_t n = (int32_t)cands->via.array.size;
@@ -769,7 +777,8 @@ int li_wire_unpack_spec(const msgpack_object *msg, li_wire_spec *w, li_error *er
     w->n = n;
     w->ss = (li_spec_state){.methods = w->name_ptr, .available = w->avail, .n_methods = nm,
                             .batch_size = (int32_t)bsz, .step_time = step, .token_time = tok,
-                            .draft_time = w->draft_time, .row_time = w->row_time};
+                            .draft_time = w->draft_time, .row_time = w->row_time,
+                            .verify_time = w->verify_time};
     return 0;
 }
 

@@ -93,7 +93,8 @@ unsigned li_wire_unpack_hooks(const msgpack_object *o);
 
 /* Packs the two fields of a speculate call after {type, seq}: `spec` =
  * {methods=[name...], available=[bool...], batch_size, step_time,
- * token_time, draft_time=[s...], row_time=[s...] (LI_SPEC_COST_ROWS)} and `cands` = [[id, want_method, want_k,
+ * token_time, draft_time=[s...], row_time=[s...] (LI_SPEC_COST_ROWS), verify_time=[greedy s,
+ * sampled s]} and `cands` = [[id, want_method, want_k,
  * max_k, temperature, [acceptance...], [drafted...]], ...]. */
 void li_wire_pack_spec(msgpack_packer *pk, const li_spec_state *ss, const li_spec_cand *c, int32_t n);
 
@@ -105,6 +106,7 @@ typedef struct li_wire_spec {
     bool avail[LI_WIRE_MAX_METHODS];
     double draft_time[LI_WIRE_MAX_METHODS];
     double row_time[LI_SPEC_COST_ROWS];
+    double verify_time[2];
     li_spec_state ss;
     li_spec_cand *cands;    /* (n) */
     double *acc;            /* (n, n_methods) */

@@ -107,14 +107,34 @@ static double residual_sub(float *out, const float *r, const float *q, double sc
 
 /* ---- chain ----------------------------------------------------------------- */
 
+typedef struct {
+    const float *p;
+    int32_t n_vocab;
+} dense_rows;
+
+static const float *dense_row(void *ctx, int32_t j) {
+    const dense_rows *r = ctx;
+    return r->p + (size_t)j * (size_t)r->n_vocab;
+}
+
 int32_t li_spec_verify_chain(const float *p, const float *q, int32_t n_vocab, const int32_t *d, int32_t k,
                              li_spec_uniform_fn uniform, void *uctx, float *scratch, int32_t *next) {
-    if (!p || n_vocab < 1 || k < 0 || (k > 0 && !d) || !uniform || !scratch || !next) {
+    if (!p) {
+        if (next) *next = -1;
+        return -1;
+    }
+    dense_rows r = {p, n_vocab};
+    return li_spec_verify_chain_rows(dense_row, &r, q, n_vocab, d, k, uniform, uctx, scratch, next);
+}
+
+int32_t li_spec_verify_chain_rows(li_spec_row_fn row, void *rctx, const float *q, int32_t n_vocab, const int32_t *d,
+                                  int32_t k, li_spec_uniform_fn uniform, void *uctx, float *scratch, int32_t *next) {
+    if (!row || n_vocab < 1 || k < 0 || (k > 0 && !d) || !uniform || !scratch || !next) {
         if (next) *next = -1;
         return -1;
     }
     for (int32_t j = 0; j < k; j++) {
-        const float *pj = p + (size_t)j * n_vocab;
+        const float *pj = row(rctx, j);
         const int32_t x = d[j];
         const double px = prob_at(pj, n_vocab, x);
         const double qx = q ? prob_at(q + (size_t)j * n_vocab, n_vocab, x) : 1.0; /* point mass */
@@ -139,7 +159,7 @@ int32_t li_spec_verify_chain(const float *p, const float *q, int32_t n_vocab, co
         return j;
     }
     /* every draft survived: the bonus token comes from p_k */
-    const float *pk = p + (size_t)k * n_vocab;
+    const float *pk = row(rctx, k);
     *next = row_draw(pk, n_vocab, row_sum(pk, n_vocab), uniform(uctx));
     return k;
 }

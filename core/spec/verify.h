@@ -47,6 +47,18 @@ typedef double (*li_spec_uniform_fn)(void *ctx); /* uniform in [0, 1) */
 int32_t li_spec_verify_chain(const float *p, const float *q, int32_t n_vocab, const int32_t *d, int32_t k,
                              li_spec_uniform_fn uniform, void *uctx, float *scratch, int32_t *next);
 
+/* Target row j of a chain, made when the verifier first needs it: rows
+ * 0, 1, ... in order, each at most once, none past the first rejection. */
+typedef const float *(*li_spec_row_fn)(void *ctx, int32_t j);
+
+/* li_spec_verify_chain with p's rows made on demand by row(rctx, j): the
+ * same draws, the same uniforms and the same result, but a chain rejected
+ * at draft j makes rows 0..j only (at temperature > 0 each row is a whole
+ * distribution, a few times the cost of a row's argmax). A NULL row is
+ * a bad argument. */
+int32_t li_spec_verify_chain_rows(li_spec_row_fn row, void *rctx, const float *q, int32_t n_vocab, const int32_t *d,
+                                  int32_t k, li_spec_uniform_fn uniform, void *uctx, float *scratch, int32_t *next);
+
 /* Tree: n candidate nodes in topological order (a parent before its
  * children). token[i] is node i's token, parent[i] its parent node or -1
  * for a child of the root (the last accepted token). Children of one node

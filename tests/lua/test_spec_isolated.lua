@@ -57,6 +57,12 @@ return { speculate = function(req, state)
   assert(type(s.method) == "string" and s.max_k >= 1 and s.acceptance.ngram and s.drafted.layerskip, "req.speculation")
   assert(sp.batch_size >= 1 and sp.step_time >= 0 and sp.draft_time.ngram and sp.available.ngram == true
          and sp.available.draft == false, "state.spec")
+  -- a row's verification is timed once a request's drafts were verified:
+  -- greedy rows only here
+  local verified = 0
+  for _, d in pairs(s.drafted) do verified = verified + d end
+  assert(type(sp.verify_time) == "table" and sp.verify_time.sampled == nil, "state.spec.verify_time")
+  assert(verified == 0 or (sp.verify_time.greedy or 0) > 0, "state.spec.verify_time.greedy after drafts verified")
   local rows = 0
   for n, t in pairs(sp.row_time) do
     assert(type(n) == "number" and n >= 1 and n <= 64 and n == math.floor(n) and t > 0, "state.spec.row_time entries")

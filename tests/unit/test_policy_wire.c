@@ -607,10 +607,10 @@ static void test_fake_hosts(void) {
     if (p) p->ops->free(p);
 }
 
-/* A speculate call's row_time (the step costs per row count) and each
- * candidate's ngram and ngram_match survive a round trip; a call without
- * row_time reads as nothing measured, a candidate without ngram (7 fields:
- * an older peer) or ngram_match (8) as not known; a negative row_time, an
+/* A speculate call's row_time (the step costs per row count), verify_time
+ * and each candidate's ngram and ngram_match survive a round trip; a call
+ * without row_time or verify_time (an older engine) reads as nothing measured, a candidate without ngram (7 fields:
+ * an older peer) or ngram_match (8) as not known; a negative row_time or verify_time, an
  * ngram past max_k or a negative ngram_match is refused. ngram_field,
  * match_field: appended to the hand-packed candidate, or -2 for none. */
 static void spec_roundtrip(const li_spec_state *ss, bool with_rows, double bad, int ngram_field, int match_field,
@@ -679,17 +679,25 @@ static void test_spec_row_time(void) {
     const double dt[1] = {0};
     double rows[LI_SPEC_COST_ROWS] = {0};
     rows[0] = 0.004, rows[8] = 0.0076, rows[LI_SPEC_COST_ROWS - 1] = 0.05;
+    const double vt[2] = {6e-6, 8.5e-5};
     const li_spec_state ss = {.methods = names, .available = av, .n_methods = 1, .batch_size = 1, .step_time = 0.004,
-                              .token_time = 0.004, .draft_time = dt, .row_time = rows};
+                              .token_time = 0.004, .draft_time = dt, .row_time = rows, .verify_time = vt};
     li_wire_spec w = {0};
     li_error e = {0};
     int rc;
     spec_roundtrip(&ss, true, 0, -2, -2, &w, &rc, &e);
     CHECK(rc == 0 && w.ss.row_time && !memcmp(w.ss.row_time, rows, sizeof rows), "row_time round trips: %s",
           rc ? e.msg : "");
+    CHECK(rc == 0 && w.ss.verify_time && w.ss.verify_time[0] == vt[0] && w.ss.verify_time[1] == vt[1],
+          "verify_time round trips: %s", rc ? e.msg : "");
     CHECK(rc == 0 && w.n == 1 && w.cands[0].ngram == 3, "ngram round trips (%d)", rc ? -9 : w.cands[0].ngram);
     CHECK(rc == 0 && w.n == 1 && w.cands[0].ngram_match == 17, "ngram_match round trips (%d)",
           rc ? -9 : w.cands[0].ngram_match);
+    const double vbad[2] = {1e-5, -1};
+    li_spec_state sbad = ss;
+    sbad.verify_time = vbad;
+    spec_roundtrip(&sbad, true, 0, -2, -2, &w, &rc, &e);
+    CHECK(rc != 0 && strstr(e.msg, "verify_time"), "a negative verify_time is refused: %s", rc ? e.msg : "");
     spec_roundtrip(&ss, false, 0, 2, -2, &w, &rc, &e);
     CHECK(rc == 0 && w.cands[0].ngram == 2 && w.cands[0].ngram_match == -1,
           "a candidate of 8 fields: ngram_match not known (%d)", rc ? -9 : w.cands[0].ngram_match);
@@ -701,6 +709,8 @@ static void test_spec_row_time(void) {
     bool zero = rc == 0 && w.ss.row_time;
     for (int r = 0; zero && r < LI_SPEC_COST_ROWS; r++) zero = w.ss.row_time[r] == 0;
     CHECK(zero, "a call without row_time: nothing measured: %s", rc ? e.msg : "");
+    CHECK(rc == 0 && w.ss.verify_time && w.ss.verify_time[0] == 0 && w.ss.verify_time[1] == 0,
+          "a call without verify_time: nothing measured");
     CHECK(rc == 0 && w.n == 1 && w.cands[0].ngram == -1, "a candidate of 7 fields: ngram not known (%d)",
           rc ? -9 : w.cands[0].ngram);
     spec_roundtrip(&ss, true, -1, -2, -2, &w, &rc, &e);

@@ -384,9 +384,58 @@ static void test_lse(void) {
     free(l);
 }
 
+/* The host path's largest logits (host_cands) take the logits within 8
+ * nats of the best, else 16, 32, 64: rows whose 256th largest lies 0.5 to
+ * 80 nats down, and rows with fewer than 256 logits in all 64 nats (most at
+ * -inf or far below), at a vocabulary whose tail is not a multiple of 16
+ * (the vector loops' last partial block), a NaN in that tail: the full
+ * chain's draws and distributions, for llama.cpp's chain and for top_k off. */
+static void test_host_spans(void) {
+    enum { V = 3001 };
+    static float l[V], pa[V], pf[V];
+    static const float spread[] = {0.02f, 0.1f, 0.4f, 1.0f, 3.0f, 8.0f, 30.0f};
+    li_error err = {0};
+    uint32_t seed = 99;
+    for (int setting = 0; setting < 2; setting++) {
+        li_sampling_params p;
+        li_sampling_params_default(&p);
+        p.temperature = 0.7f, p.seed = 5;
+        if (setting) p.top_k = 0, p.top_p = 1.0f, p.min_p = 0.0f;
+        li_sampler a, f;
+        CHECK(li_sampler_init(&a, &p, V, &err) == 0 && li_sampler_init(&f, &p, V, &err) == 0, "%s", err.msg);
+        a.reference = true;
+        int bad = 0, rows = 0;
+        for (int sp = 0; sp < (int)(sizeof spread / sizeof *spread); sp++)
+            for (int shape = 0; shape < 4; shape++)
+                for (int rep = 0; rep < 6; rep++, rows++) {
+                    for (int i = 0; i < V; i++) {
+                        seed = seed * 1103515245u + 12345u;
+                        /* the 256th largest of V uniform draws sits ~ spread * 0.085 * range down */
+                        l[i] = spread[sp] * ((float)((seed >> 8) % 65536) / 256.0f - 128.0f);
+                    }
+                    if (shape == 1) /* a few far above the rest */
+                        for (int j = 0; j < 5; j++) l[(j * 613 + rep) % V] += 40.0f;
+                    if (shape == 2) /* under 256 within 64 nats: the rest at -inf or 100 nats down */
+                        for (int i = 0; i < V; i++)
+                            if (i % 17 != 0) l[i] = i % 2 ? -INFINITY : l[i] - 100.0f - spread[sp] * 300.0f;
+                    if (shape == 3) l[V - 1 - rep % 9] = NAN; /* in the last partial block */
+                    const double u = li_sampler_uniform(&a);
+                    const int32_t want = li_sampler_sample_u(&a, l, u, pa, NULL, NULL);
+                    const int32_t got = li_sampler_sample_u(&f, l, u, pf, NULL, NULL);
+                    bad += got != want || memcmp(pa, pf, sizeof pa) != 0;
+                    (void)li_sampler_uniform(&f);
+                }
+        CHECK(!bad, "host path over %d rows of every spread (%s): the full chain's draws and distributions (%d differ)",
+              rows, setting ? "top_k off" : "llama.cpp's chain", bad);
+        li_sampler_free(&a);
+        li_sampler_free(&f);
+    }
+}
+
 int main(void) {
     li_error err = {0};
     test_lse();
+    test_host_spans();
     float l[NV];
     fill(l, NV, 7);
     int best = 0;
