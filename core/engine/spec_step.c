@@ -631,47 +631,55 @@ void li_spec_step_eagle_fork(const li_engine *e, req *c, const req *parent) {
  * the draft at its place lets the next row count, the first that differs
  * (or a bonus after the last draft) ends the run. The KV of positions past
  * the last accepted input is simply overwritten later. */
-/* Temperature > 0: rejection sampling (li_spec_verify_chain) against the
+/* A sampled verification's target rows (li_spec_row_fn), made when the
+ * verifier reaches them: at temperature > 0 a row is the request's whole
+ * distribution, and with every row made up front a round paid for all of
+ * them however early it failed. tok: the drafts; depth: their tree depths
+ * (NULL for a chain). */
+typedef struct {
+    li_engine *e;
+    req *r;
+    const float *rows;
+    const int32_t *tok, *depth;
+    int64_t gen0;
+    int32_t kk;
+    bool pen; /* penalties on: a tree row's window holds its branch */
+} sampled_rows;
+
+/* Row j (the logits row j of the step's rows for r) into sp.vp's row j,
+ * with the min_tokens ban while it holds at depth dd */
+static const float *sampled_make(sampled_rows *c, int32_t j, int32_t dd) {
+    const int32_t nv = c->e->model->hp.n_vocab;
+    req *r = c->r;
+    const bool hold = c->gen0 + dd < r->min_tokens;
+    float *pj = c->e->sp.vp + (size_t)j * nv;
+    li_sampler_ban(&r->smp, hold ? r->ban : NULL, hold ? r->n_ban : 0);
+    li_sampler_sample_u(&r->smp, c->rows + (size_t)j * nv, 0.5, pj, NULL, NULL);
+    return pj;
+}
+
+/* a chain's row j: drafts 0..j - 1 in the penalty window (accepted as each row is made) */
+static const float *chain_row(void *ctx, int32_t j) {
+    sampled_rows *c = ctx;
+    const float *pj = sampled_make(c, j, j);
+    if (j < c->kk) li_sampler_accept(&c->r->smp, c->tok[j]);
+    return pj;
+}
+
+/* Temperature > 0: rejection sampling (li_spec_verify_chain_rows) against the
  * target's distributions as the sampler makes them (bias, ban, penalties,
  * top-k/p, min-p, temperature: li_sampler_sample_u), with the request's
  * own uniforms, so a seed reproduces its tokens. Row j's distribution sees
  * drafts 0..j-1 in the penalty window (they precede it if it is used at
  * all); the window is rebuilt from the tokens kept. m rows verify m - 1
  * drafts (the last row gives the token after them). Returns the accepted. */
-/* Row j's target distribution for li_spec_verify_chain_rows, made when the
- * verifier reaches it: the sampler sees drafts 0..j - 1 in its penalty
- * window (accepted as each row is made) and the ban while min_tokens holds.
- * The rows past a rejection are never made: at temperature > 0 a row is the
- * whole distribution (0.1 ms at this vocabulary), and with every row made
- * up front a round of k drafts cost k + 1 of them however early it failed. */
-typedef struct {
-    li_engine *e;
-    req *r;
-    const float *rows;
-    const int32_t *draft;
-    int64_t gen0;
-    int32_t kk;
-} sampled_rows;
-
-static const float *sampled_row(void *ctx, int32_t j) {
-    sampled_rows *c = ctx;
-    const int32_t nv = c->e->model->hp.n_vocab;
-    req *r = c->r;
-    const bool hold = c->gen0 + j < r->min_tokens;
-    float *pj = c->e->sp.vp + (size_t)j * nv;
-    li_sampler_ban(&r->smp, hold ? r->ban : NULL, hold ? r->n_ban : 0);
-    li_sampler_sample_u(&r->smp, c->rows + (size_t)j * nv, 0.5, pj, NULL, NULL);
-    if (j < c->kk) li_sampler_accept(&r->smp, c->draft[j]);
-    return pj;
-}
-
 static int32_t verify_sampled(li_engine *e, req *r, int32_t m, const float *rows, const int32_t *draft,
                               const float *q) {
     const int32_t nv = e->model->hp.n_vocab, kk = m - 1;
     const int64_t p0 = r->num_computed, gen0 = r->n_toks - r->n_prompt;
-    sampled_rows src = {e, r, rows, draft, gen0, kk};
+    sampled_rows src = {e, r, rows, draft, NULL, gen0, kk, false};
     int32_t next = -1;
-    int32_t a = li_spec_verify_chain_rows(sampled_row, &src, q, nv, draft, kk, sampler_uniform, &r->smp,
+    int32_t a = li_spec_verify_chain_rows(chain_row, &src, q, nv, draft, kk, sampler_uniform, &r->smp,
                                           e->sp.vscratch, &next);
     if (a < 0) a = 0, next = li_sampler_sample_u(&r->smp, rows, li_sampler_uniform(&r->smp), NULL, NULL, NULL);
     /* the window as if only the kept tokens had been accepted */
@@ -784,6 +792,14 @@ static void tree_window(req *r, const int32_t *tok, int32_t node, int32_t dd) {
     li_sampler_window_reset(&r->smp, r->toks, r->n_toks + dd);
 }
 
+/* a tree's row j (the root's, or node j - 1's): its branch in the penalty window */
+static const float *tree_row(void *ctx, int32_t j) {
+    sampled_rows *c = ctx;
+    const int32_t dd = j ? c->depth[j - 1] : 0;
+    if (c->pen) tree_window(c->r, c->tok, j - 1, dd);
+    return sampled_make(c, j, dd);
+}
+
 /* A tree of m - 1 drafts (m rows: row 0 the last token's, row i + 1 draft
  * i's). Greedy: the target's token at the current node, then the child
  * holding it, exactly what sampling alone gives. Temperature > 0:
@@ -803,16 +819,11 @@ static int32_t verify_tree(li_engine *e, req *r, int32_t m, const float *rows, i
     if (r->smp.p.temperature > 0) {
         const li_sampling_params *sp = &r->smp.p;
         const bool pen = sp->repeat_penalty != 1.0f || sp->presence_penalty != 0 || sp->frequency_penalty != 0;
-        for (int32_t j = 0; j <= n; j++) {
-            const int32_t dd = j ? depth[j - 1] : 0;
-            const bool hold = gen0 + dd < r->min_tokens;
-            li_sampler_ban(&r->smp, hold ? r->ban : NULL, hold ? r->n_ban : 0);
-            if (pen) tree_window(r, tok, j - 1, dd);
-            li_sampler_sample_u(&r->smp, rows + (size_t)j * nv, 0.5, e->sp.vp + (size_t)j * nv, NULL, NULL);
-        }
-        if (pen) li_sampler_window_reset(&r->smp, r->toks, r->n_toks);
+        sampled_rows src = {e, r, rows, tok, depth, gen0, n, pen};
         int32_t next = -1;
-        a = li_spec_verify_tree(e->sp.vp, NULL, nv, tok, r->d_parent, n, sampler_uniform, &r->smp, e->sp.vscratch, path, &next);
+        a = li_spec_verify_tree_rows(tree_row, &src, NULL, nv, tok, r->d_parent, n, sampler_uniform, &r->smp,
+                                     e->sp.vscratch, path, &next);
+        li_sampler_window_reset(&r->smp, r->toks, r->n_toks); /* tree_row's windows: the branches' */
         if (a < 0) a = 0, next = li_sampler_sample_u(&r->smp, rows, li_sampler_uniform(&r->smp), NULL, NULL, NULL);
         for (int32_t j = 0; j <= a; j++) {
             const int32_t t = j < a ? tok[path[j]] : next, ri = j ? path[j - 1] + 1 : 0;

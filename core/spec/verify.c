@@ -178,14 +178,25 @@ static int32_t next_child(const int32_t *parent, int32_t n, int32_t c, int32_t f
 int32_t li_spec_verify_tree(const float *p, const float *q, int32_t n_vocab, const int32_t *token,
                             const int32_t *parent, int32_t n, li_spec_uniform_fn uniform, void *uctx, float *scratch,
                             int32_t *path, int32_t *next) {
-    if (!p || n_vocab < 1 || n < 0 || (n > 0 && (!token || !parent || !path)) || !uniform || !scratch || !next) {
+    if (!p) {
+        if (next) *next = -1;
+        return -1;
+    }
+    dense_rows r = {p, n_vocab};
+    return li_spec_verify_tree_rows(dense_row, &r, q, n_vocab, token, parent, n, uniform, uctx, scratch, path, next);
+}
+
+int32_t li_spec_verify_tree_rows(li_spec_row_fn row, void *rctx, const float *q, int32_t n_vocab,
+                                 const int32_t *token, const int32_t *parent, int32_t n, li_spec_uniform_fn uniform,
+                                 void *uctx, float *scratch, int32_t *path, int32_t *next) {
+    if (!row || n_vocab < 1 || n < 0 || (n > 0 && (!token || !parent || !path)) || !uniform || !scratch || !next) {
         if (next) *next = -1;
         return -1;
     }
     int32_t len = 0;
     int32_t c = -1; /* the node whose children are tried; -1 is the root */
     for (;;) {
-        const float *pc = p + (size_t)(c + 1) * n_vocab;
+        const float *pc = row(rctx, c + 1);
         const float *qc = q ? q + (size_t)(c + 1) * n_vocab : NULL;
         /* the residual r / rs: starts as p (rows sum to 1), lives in scratch
          * once a sampled child is rejected */

@@ -47,8 +47,9 @@ typedef double (*li_spec_uniform_fn)(void *ctx); /* uniform in [0, 1) */
 int32_t li_spec_verify_chain(const float *p, const float *q, int32_t n_vocab, const int32_t *d, int32_t k,
                              li_spec_uniform_fn uniform, void *uctx, float *scratch, int32_t *next);
 
-/* Target row j of a chain, made when the verifier first needs it: rows
- * 0, 1, ... in order, each at most once, none past the first rejection. */
+/* Target row j (as p's row j below), made when a verifier first needs it:
+ * each at most once; a chain asks rows 0, 1, ... in order and none past
+ * the first rejection, a tree the root's and then each accepted node's. */
 typedef const float *(*li_spec_row_fn)(void *ctx, int32_t j);
 
 /* li_spec_verify_chain with p's rows made on demand by row(rctx, j): the
@@ -90,6 +91,14 @@ int32_t li_spec_verify_chain_rows(li_spec_row_fn row, void *rctx, const float *q
 int32_t li_spec_verify_tree(const float *p, const float *q, int32_t n_vocab, const int32_t *token,
                             const int32_t *parent, int32_t n, li_spec_uniform_fn uniform, void *uctx, float *scratch,
                             int32_t *path, int32_t *next);
+
+/* li_spec_verify_tree with p's rows made on demand by row(rctx, j): the
+ * same draws and result, but only the rows of the nodes whose children are
+ * tried (the root and the accepted path: 1 + the return value of them). A
+ * NULL row is a bad argument. */
+int32_t li_spec_verify_tree_rows(li_spec_row_fn row, void *rctx, const float *q, int32_t n_vocab,
+                                 const int32_t *token, const int32_t *parent, int32_t n, li_spec_uniform_fn uniform,
+                                 void *uctx, float *scratch, int32_t *path, int32_t *next);
 
 /* Typical acceptance (Medusa, Cai et al. 2024). NOT LOSSLESS: the emitted
  * tokens are not distributed as the target's samples; it trades exactness

@@ -618,6 +618,78 @@ static double chi2_z(double chi, int df) {
 
 /* ==== 4. the same seed, 5. a small experiment ================================== */
 
+/* The verifiers with rows on demand (li_spec_verify_chain_rows, _tree_rows)
+ * against the dense ones on the same uniforms: the same result, token and
+ * uniforms, and the rows asked for are exactly the ones the rule reads, each
+ * once: a chain's 0..a (0..k when every draft passed), in order; a tree's
+ * root and then each accepted node's. */
+typedef struct {
+    const float *p;
+    int32_t nv, asked[32], n_asked;
+} row_log;
+
+static const float *logged_row(void *ctx, int32_t j) {
+    row_log *l = ctx;
+    if (l->n_asked < 32) l->asked[l->n_asked] = j;
+    l->n_asked++;
+    return l->p + (size_t)j * l->nv;
+}
+
+static void test_rows_on_demand(void) {
+    enum { NV = 6, K = 5 };
+    static const int32_t tpar[K] = {-1, -1, 0, 0, 2};
+    float p[(K + 1) * NV], q[(K + 1) * NV], scratch[2 * NV];
+    int32_t d[K], path[K];
+    urng g, u;
+    urng_seed(&g, 77);
+    int bad_chain = 0, bad_tree = 0, rejected_early = 0;
+    for (int t = 0; t < 4000; t++) {
+        const bool sampled = t & 1;
+        for (int j = 0; j <= K; j++) {
+            double sp = 0, sq = 0;
+            for (int i = 0; i < NV; i++) {
+                p[j * NV + i] = (float)urng_next(&g), q[j * NV + i] = (float)urng_next(&g);
+                sp += p[j * NV + i], sq += q[j * NV + i];
+            }
+            for (int i = 0; i < NV; i++) p[j * NV + i] = (float)(p[j * NV + i] / sp), q[j * NV + i] = (float)(q[j * NV + i] / sq);
+        }
+        for (int j = 0; j < K; j++) d[j] = (int32_t)(urng_next(&g) * NV);
+        /* chain */
+        int32_t next = -1, next2 = -1;
+        urng_seed(&u, (uint64_t)t);
+        const int32_t a = li_spec_verify_chain(p, sampled ? q : NULL, NV, d, K, urng_fn, &u, scratch, &next);
+        const int64_t used = u.n;
+        row_log l = {p, NV, {0}, 0};
+        urng_seed(&u, (uint64_t)t);
+        const int32_t b = li_spec_verify_chain_rows(logged_row, &l, sampled ? q : NULL, NV, d, K, urng_fn, &u, scratch,
+                                                    &next2);
+        bad_chain += a != b || next != next2 || u.n != used || l.n_asked != (a < K ? a + 1 : K + 1);
+        for (int j = 0; j < l.n_asked && j < 32; j++) bad_chain += l.asked[j] != j;
+        rejected_early += a < K - 1;
+        /* tree */
+        urng_seed(&u, (uint64_t)t + 5000);
+        const int32_t c = li_spec_verify_tree(p, sampled ? q : NULL, NV, d, tpar, K, urng_fn, &u, scratch, path, &next);
+        const int64_t used_t = u.n;
+        int32_t path2[K];
+        l.n_asked = 0;
+        urng_seed(&u, (uint64_t)t + 5000);
+        const int32_t e = li_spec_verify_tree_rows(logged_row, &l, sampled ? q : NULL, NV, d, tpar, K, urng_fn, &u,
+                                                   scratch, path2, &next2);
+        bad_tree += c != e || next != next2 || u.n != used_t || l.n_asked != c + 1 || l.asked[0] != 0;
+        for (int j = 0; j < c && j < K; j++) bad_tree += path[j] != path2[j] || l.asked[j + 1] != path[j] + 1;
+    }
+    CHECK(bad_chain == 0 && rejected_early > 100,
+          "chain rows on demand: the dense result, rows 0..a only, in order (%d bad; %d rounds rejected early)",
+          bad_chain, rejected_early);
+    CHECK(bad_tree == 0, "tree rows on demand: the dense result, the root's and the accepted nodes' rows only (%d bad)",
+          bad_tree);
+    row_log l = {p, NV, {0}, 0};
+    int32_t next = 0;
+    CHECK(li_spec_verify_chain_rows(NULL, &l, NULL, NV, d, 1, urng_fn, &u, scratch, &next) == -1 && next == -1 &&
+              li_spec_verify_tree_rows(NULL, &l, NULL, NV, d, tpar, 1, urng_fn, &u, scratch, path, &next) == -1,
+          "a NULL row function is a bad argument");
+}
+
 static void test_seeds(void) {
     exp_result *a = calloc(3, sizeof *a);
     for (int c = 0; c < N_CASES; c++) {
@@ -764,6 +836,7 @@ int main(int argc, char **argv) {
     test_edges();
     test_counts_and_exactness();
     test_seeds();
+    test_rows_on_demand();
     test_small_experiment();
     return t_summary("test_spec_verify");
 }
