@@ -2,6 +2,8 @@
 #include "runtime/args.h"
 #include "cli/cli.h"
 #include "kv/kv_cache.h"
+#include "spec/eagle_file.h"
+#include "spec/medusa_file.h"
 #include "tokenizer/tokenizer.h"
 
 #include <cjson/cJSON.h>
@@ -63,6 +65,157 @@ static int64_t tensor_elems(const li_model *m, const li_gguf_tensor *t) {
     return ne;
 }
 
+/* ---- drafts: an EAGLE draft or Medusa heads file (not a model) ---------------------- */
+
+/* The scalar "<arch>.train.*" keys (how the file was trained) into j, or
+ * printed as "key value" pairs on one line. */
+static void draft_train(const li_gguf *g, const char *arch, cJSON *j) {
+    char pre[32];
+    const int np = snprintf(pre, sizeof pre, "%s.train.", arch);
+    bool any = false;
+    for (uint64_t i = 0; i < g->n_kv; i++) {
+        const li_gguf_kv *kv = &g->kv[i];
+        if (kv->key.len <= (uint64_t)np || memcmp(kv->key.ptr, pre, (size_t)np)) continue;
+        char key[64], val[160];
+        snprintf(key, sizeof key, "%.*s", (int)LI_MIN(kv->key.len - (uint64_t)np, 63), kv->key.ptr + np);
+        switch (kv->type) {
+        case LI_GGUF_UINT8: case LI_GGUF_UINT16: case LI_GGUF_UINT32: case LI_GGUF_UINT64:
+            snprintf(val, sizeof val, "%llu", (unsigned long long)kv->v.u64);
+            if (j) cJSON_AddNumberToObject(j, key, (double)kv->v.u64);
+            break;
+        case LI_GGUF_INT8: case LI_GGUF_INT16: case LI_GGUF_INT32: case LI_GGUF_INT64:
+            snprintf(val, sizeof val, "%lld", (long long)kv->v.i64);
+            if (j) cJSON_AddNumberToObject(j, key, (double)kv->v.i64);
+            break;
+        case LI_GGUF_FLOAT32: case LI_GGUF_FLOAT64: {
+            /* the shortest decimal that reads back as the stored value (an
+             * f32 widened to double prints 0.0005 as 0.00050000002...) */
+            double x = kv->v.f64;
+            for (int p = 6; p <= 17; p++) {
+                snprintf(val, sizeof val, "%.*g", p, kv->v.f64);
+                x = strtod(val, NULL);
+                if (kv->type == LI_GGUF_FLOAT32 ? (float)x == (float)kv->v.f64 : x == kv->v.f64) break;
+            }
+            if (j) cJSON_AddNumberToObject(j, key, x);
+            break;
+        }
+        case LI_GGUF_STRING:
+            snprintf(val, sizeof val, "%.*s", (int)LI_MIN(kv->v.str.len, 120), kv->v.str.ptr);
+            if (j) cJSON_AddStringToObject(j, key, val);
+            break;
+        default:
+            continue; /* arrays and bools: not written by the trainers */
+        }
+        if (!j) printf("%s%s %s", any ? ", " : "training:     ", key, val);
+        any = true;
+    }
+    if (!j && any) printf("\n");
+}
+
+/* `luainfer info` of a draft file: what it is, the base it was made for
+ * (checked against no model here: serve and generate check it at load),
+ * its shape, training and tensors. */
+static int info_draft(const li_gguf *g, const char *path, const char *arch, bool json, bool tensors, li_error *err) {
+    const bool eagle = !strcmp(arch, "eagle");
+    li_eagle_file ef;
+    li_medusa_file mf;
+    const int rc = eagle ? li_eagle_file_check(g, path, NULL, &ef, err) : li_medusa_file_check(g, path, NULL, &mf, err);
+    if (rc) return rc;
+    const char *base_name = eagle ? ef.base_name : mf.base_name;
+    const uint64_t hash = eagle ? ef.vocab_hash : mf.vocab_hash;
+    type_stat st[LI_TYPE_COUNT] = {0};
+    int64_t n_params = 0;
+    for (uint64_t i = 0; i < g->n_tensors; i++) {
+        const li_gguf_tensor *t = &g->tensors[i];
+        const int64_t ne = t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3];
+        if (t->type < LI_TYPE_COUNT) st[t->type].count++, st[t->type].bytes += t->nbytes, st[t->type].elems += ne;
+        if (t->type != LI_TYPE_I32) n_params += ne; /* eagle.vocab holds token ids */
+    }
+    char b1[32], hx[20];
+    snprintf(hx, sizeof hx, "%016llx", (unsigned long long)hash);
+    if (json) {
+        cJSON *j = cJSON_CreateObject();
+        cJSON_AddStringToObject(j, "path", path);
+        cJSON_AddStringToObject(j, "architecture", arch);
+        cJSON_AddNumberToObject(j, "n_params", (double)n_params);
+        cJSON_AddNumberToObject(j, "file_bytes", (double)g->size);
+        cJSON *b = cJSON_AddObjectToObject(j, "base");
+        cJSON_AddStringToObject(b, "name", base_name);
+        cJSON_AddStringToObject(b, "vocab_hash", hx);
+        cJSON_AddNumberToObject(b, "n_embd", eagle ? ef.n_embd : mf.n_embd);
+        cJSON_AddNumberToObject(b, "n_vocab", eagle ? ef.n_vocab : mf.n_vocab);
+        if (eagle) {
+            cJSON_AddNumberToObject(b, "n_layer", ef.base_n_layer);
+            cJSON *d = cJSON_AddObjectToObject(j, "draft");
+            cJSON_AddNumberToObject(d, "n_head", ef.n_head);
+            cJSON_AddNumberToObject(d, "n_head_kv", ef.n_head_kv);
+            cJSON_AddNumberToObject(d, "head_dim", ef.head_dim);
+            cJSON_AddNumberToObject(d, "n_ff", ef.n_ff);
+            cJSON_AddItemToObject(d, "feature_layers", cJSON_CreateIntArray(ef.feature_layer, ef.n_features));
+            cJSON_AddNumberToObject(d, "n_draft_vocab", ef.n_draft);
+        } else {
+            cJSON_AddNumberToObject(j, "n_heads", mf.n_heads);
+        }
+        draft_train(g, arch, cJSON_AddObjectToObject(j, "train"));
+        cJSON *ty = cJSON_AddObjectToObject(j, "tensor_types");
+        for (int t = 0; t < LI_TYPE_COUNT; t++)
+            if (st[t].count) {
+                cJSON *e = cJSON_AddObjectToObject(ty, li_type_name((uint32_t)t));
+                cJSON_AddNumberToObject(e, "count", st[t].count);
+                cJSON_AddNumberToObject(e, "bytes", (double)st[t].bytes);
+            }
+        if (tensors) {
+            cJSON *tl = cJSON_AddArrayToObject(j, "tensors");
+            for (uint64_t i = 0; i < g->n_tensors; i++) {
+                const li_gguf_tensor *t = &g->tensors[i];
+                cJSON *e = cJSON_CreateObject();
+                char name[256];
+                snprintf(name, sizeof name, "%.*s", (int)LI_MIN(t->name.len, 255), t->name.ptr);
+                cJSON_AddStringToObject(e, "name", name);
+                cJSON_AddStringToObject(e, "type", li_type_name(t->type));
+                cJSON *sh = cJSON_AddArrayToObject(e, "shape");
+                for (uint32_t d = 0; d < t->n_dims; d++) cJSON_AddItemToArray(sh, cJSON_CreateNumber((double)t->ne[d]));
+                cJSON_AddNumberToObject(e, "bytes", (double)t->nbytes);
+                cJSON_AddItemToArray(tl, e);
+            }
+        }
+        char *s = cJSON_Print(j);
+        printf("%s\n", s);
+        free(s);
+        cJSON_Delete(j);
+        return 0;
+    }
+    printf("file:         %s\n", path);
+    printf("architecture: %s (%s; use with --%s)\n", arch,
+           eagle ? "an EAGLE draft: one block drafting from the base's hidden states" : "Medusa heads", arch);
+    printf("parameters:   %.2f M   file: %s\n", n_params / 1e6, human((double)g->size, b1, sizeof b1));
+    printf("base:         '%s', vocab hash %s, hidden %d, vocab %d", base_name, hx, eagle ? ef.n_embd : mf.n_embd,
+           eagle ? ef.n_vocab : mf.n_vocab);
+    if (eagle) printf(", layers %d", ef.base_n_layer);
+    printf("\n");
+    if (eagle) {
+        printf("block:        heads %d (kv %d, dim %d), ffn %d; reads the base's blocks", ef.n_head, ef.n_head_kv,
+               ef.head_dim, ef.n_ff);
+        for (int32_t i = 0; i < ef.n_features; i++) printf("%s%d", i ? ", " : " ", ef.feature_layer[i]);
+        printf("\ndraft vocab:  %d of %d tokens%s\n", ef.n_draft, ef.n_vocab, ef.vocab ? "" : " (the whole vocabulary)");
+    } else {
+        printf("heads:        %d (head k drafts the token k + 1 places past the next)\n", mf.n_heads);
+    }
+    draft_train(g, arch, NULL);
+    printf("tensor types:\n");
+    for (int t = 0; t < LI_TYPE_COUNT; t++)
+        if (st[t].count)
+            printf("  %-6s %4d tensors  %12lld %s  %s\n", li_type_name((uint32_t)t), st[t].count,
+                   (long long)st[t].elems, t == LI_TYPE_I32 ? "ids   " : "params", human((double)st[t].bytes, b1, sizeof b1));
+    if (tensors)
+        for (uint64_t i = 0; i < g->n_tensors; i++) {
+            const li_gguf_tensor *t = &g->tensors[i];
+            printf("  %-32.*s %-5s [%lld, %lld] %s\n", (int)LI_MIN(t->name.len, 64), t->name.ptr, li_type_name(t->type),
+                   (long long)t->ne[0], (long long)t->ne[1], human((double)t->nbytes, b1, sizeof b1));
+        }
+    return 0;
+}
+
 int li_cmd_info(int argc, char **argv) {
     const char *model = NULL;
     bool json = false, kv = false, help = false, tensors = false;
@@ -89,8 +242,23 @@ int li_cmd_info(int argc, char **argv) {
     if (n_pos == 1) model = pos[0];
     if (!(budget_gib > 0) || budget_gib > 1 << 20 || block_size <= 0 || block_size > 1024)
         return li_runtime_fail(&(li_error){LI_EINVAL, "info: --kv-memory-gib must be > 0 and --block-size in [1, 1024]"});
+    /* an EAGLE draft or Medusa heads file is described, not loaded as a model */
+    const char *path = li_model_default_path(model);
+    li_gguf g;
+    if (li_gguf_open(&g, path, NULL) == 0) {
+        char arch[32] = "";
+        li_gguf_copy_str(&g, "general.architecture", arch, sizeof arch);
+        if (!strcmp(arch, "eagle") || !strcmp(arch, "medusa")) {
+            if (kv) rc = li_error_set(&err, LI_EINVAL, "info: --kv describes a model's KV cache; %s is %s", path,
+                                      strcmp(arch, "eagle") ? "a Medusa heads file" : "an EAGLE draft");
+            else rc = info_draft(&g, path, arch, json, tensors, &err);
+            li_gguf_free(&g);
+            return rc ? li_runtime_fail(&err) : 0;
+        }
+        li_gguf_free(&g);
+    }
     li_model *m;
-    if ((rc = li_model_load(&m, li_model_default_path(model), &err))) return li_runtime_fail(&err);
+    if ((rc = li_model_load(&m, path, &err))) return li_runtime_fail(&err);
     const li_hparams *hp = &m->hp;
     type_stat st[LI_TYPE_COUNT] = {0};
     int64_t n_params = 0;

@@ -48,6 +48,7 @@ typedef struct li_eagle_file {
     int32_t feature_layer[LI_EAGLE_MAX_FEATURES]; /* ascending blocks of the base */
     char base_name[128];      /* eagle.base.name ("" when absent) */
     uint64_t vocab_hash;      /* eagle.base.vocab_hash */
+    int32_t base_n_layer;     /* eagle.base.n_layer */
     const li_gguf_tensor *t[LI_EAGLE_N_TENSORS];
     const int32_t *vocab;     /* (n_draft) into the mapping, or NULL: the whole vocabulary */
     int32_t n_draft;          /* the draft's vocabulary size (n_vocab without eagle.vocab) */
@@ -63,7 +64,8 @@ typedef struct li_eagle_base {
 } li_eagle_base;
 
 /* Checks the opened file g (named path in messages) against base: one-line
- * errors naming the field and both values. Fills f. */
+ * errors naming the field and both values. Fills f. base NULL: the file
+ * alone (its fields, shapes and vocabulary; `luainfer info`). */
 int li_eagle_file_check(const li_gguf *g, const char *path, const li_eagle_base *base, li_eagle_file *f,
                         li_error *err);
 

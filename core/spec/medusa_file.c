@@ -36,20 +36,22 @@ int li_medusa_file_check(const li_gguf *g, const char *path, const li_medusa_bas
     if (!li_gguf_get_hex64(g, "medusa.base.vocab_hash", &f->vocab_hash))
         return li_error_set(err, LI_EINVAL, "medusa: %s: medusa.base.vocab_hash '%s' is not 16 lowercase hex digits",
                             path, hash);
-    char who[160] = ""; /* " 'name'" of the base, when known */
-    if (base->name) snprintf(who, sizeof who, " '%s'", base->name);
-    if (f->vocab_hash != base->vocab_hash)
-        return li_error_set(err, LI_EINVAL, "medusa: heads made for '%s' (vocab hash %016llx), the model%s has %016llx",
-                            f->base_name, (unsigned long long)f->vocab_hash, who,
-                            (unsigned long long)base->vocab_hash);
-    if ((int64_t)n_embd != base->n_embd || (int64_t)n_vocab != base->n_vocab)
-        return li_error_set(err, LI_EINVAL,
-                            "medusa: heads made for '%s' (n_embd %u, n_vocab %u), the model%s has n_embd %lld, n_vocab %lld",
-                            f->base_name, n_embd, n_vocab, who, (long long)base->n_embd,
-                            (long long)base->n_vocab);
-    if (base->name && strcmp(f->base_name, base->name))
-        li_log_warn("medusa: heads made for '%s', the model is '%s' (same vocabulary and shape: used)", f->base_name,
-                    base->name);
+    if (base) { /* NULL: the file alone (luainfer info) */
+        char who[160] = ""; /* " 'name'" of the base, when known */
+        if (base->name) snprintf(who, sizeof who, " '%s'", base->name);
+        if (f->vocab_hash != base->vocab_hash)
+            return li_error_set(err, LI_EINVAL, "medusa: heads made for '%s' (vocab hash %016llx), the model%s has %016llx",
+                                f->base_name, (unsigned long long)f->vocab_hash, who,
+                                (unsigned long long)base->vocab_hash);
+        if ((int64_t)n_embd != base->n_embd || (int64_t)n_vocab != base->n_vocab)
+            return li_error_set(err, LI_EINVAL,
+                                "medusa: heads made for '%s' (n_embd %u, n_vocab %u), the model%s has n_embd %lld, n_vocab %lld",
+                                f->base_name, n_embd, n_vocab, who, (long long)base->n_embd,
+                                (long long)base->n_vocab);
+        if (base->name && strcmp(f->base_name, base->name))
+            li_log_warn("medusa: heads made for '%s', the model is '%s' (same vocabulary and shape: used)", f->base_name,
+                        base->name);
+    }
     f->n_heads = (int32_t)k;
     f->n_embd = (int32_t)n_embd;
     f->n_vocab = (int32_t)n_vocab;

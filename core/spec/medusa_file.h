@@ -34,7 +34,8 @@ typedef struct li_medusa_base {
 } li_medusa_base;
 
 /* Checks the opened file g (named path in messages) against base: one-line
- * errors naming the field and both values. Fills f. */
+ * errors naming the field and both values. Fills f. base NULL: the file
+ * alone (its fields and shapes; `luainfer info`). */
 int li_medusa_file_check(const li_gguf *g, const char *path, const li_medusa_base *base, li_medusa_file *f,
                          li_error *err);
 

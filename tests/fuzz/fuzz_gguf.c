@@ -59,6 +59,10 @@ static void check_drafts(const li_gguf *g) {
     li_eagle_file ef;
     int rc = li_eagle_file_check(g, "fuzz", &eb, &ef, &err);
     if (rc && strncmp(err.msg, "eagle: ", 7)) fail("eagle check: message");
+    /* the file alone (luainfer info): the base claimed above is the file's own */
+    li_eagle_file ef0;
+    li_error e0 = {0};
+    if ((li_eagle_file_check(g, "fuzz", NULL, &ef0, &e0) != 0) != (rc != 0)) fail("eagle check: without a base");
     if (!rc) {
         for (int t = 0; t < LI_EAGLE_N_TENSORS; t++)
             if (!ef.t[t] || ef.t[t]->ne[0] < 1) fail("eagle check: tensor");
@@ -75,6 +79,9 @@ static void check_drafts(const li_gguf *g) {
     err = (li_error){0};
     rc = li_medusa_file_check(g, "fuzz", &mb, &mf, &err);
     if (rc && strncmp(err.msg, "medusa: ", 8)) fail("medusa check: message");
+    li_medusa_file mf0;
+    e0 = (li_error){0};
+    if ((li_medusa_file_check(g, "fuzz", NULL, &mf0, &e0) != 0) != (rc != 0)) fail("medusa check: without a base");
     if (!rc)
         for (int32_t k = 0; k < mf.n_heads; k++)
             if (!mf.w[k] || !mf.b[k] || mf.w[k]->ne[0] != mf.n_embd) fail("medusa check: head");

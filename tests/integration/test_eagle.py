@@ -106,3 +106,37 @@ def test_eagle_bad_settings(luainfer_bin, model_path, draft, tmp_path, cmd, flag
     assert want in r.stderr and r.stderr.count("\n") == 1, r.stderr
     if "HASH" in want or want.startswith("draft made"):
         assert "0123456789abcdef" in r.stderr
+
+
+def test_info_eagle_draft(luainfer_bin, model_path, tmp_path):
+    """`luainfer info` describes a draft instead of refusing it as a model:
+    what the gguf package reads from the same file (base, shape, features,
+    draft vocabulary, parameters without the vocabulary's ids), and --kv is
+    refused in one line. A draft for another vocabulary is described too
+    (info checks the file alone; generate and serve check it against the
+    model)."""
+    gguf = pytest.importorskip("gguf")
+    path = gen(model_path, tmp_path / "d.gguf", "--vocab", "1000", "--features", "1,7", "--n-ff", "96",
+               "--vocab-hash", "0123456789abcdef")
+    r = subprocess.run([str(luainfer_bin), "info", str(path), "--json"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
+    rd = gguf.GGUFReader(str(path))
+
+    def field(k):
+        f = rd.fields[k]
+        v = f.parts[f.data[0]]
+        return bytes(v).decode() if f.types[0] == gguf.GGUFValueType.STRING else int(v[0])
+
+    assert got["architecture"] == "eagle"
+    assert got["base"] == {"name": field("eagle.base.name"), "vocab_hash": "0123456789abcdef",
+                           "n_embd": field("eagle.n_embd"), "n_vocab": field("eagle.n_vocab"),
+                           "n_layer": field("eagle.base.n_layer")}
+    assert got["draft"]["feature_layers"] == [1, 7] and got["draft"]["n_ff"] == 96
+    assert got["draft"]["n_draft_vocab"] == 1000
+    assert got["n_params"] == sum(int(t.n_elements) for t in rd.tensors if t.name != "eagle.vocab")
+    assert got["file_bytes"] == path.stat().st_size
+    text = subprocess.run([str(luainfer_bin), "info", str(path)], capture_output=True, text=True, timeout=60)
+    assert text.returncode == 0 and "use with --eagle" in text.stdout and "draft vocab:  1000 of" in text.stdout
+    r = subprocess.run([str(luainfer_bin), "info", str(path), "--kv"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "is an EAGLE draft" in r.stderr and r.stderr.count("\n") == 1, r.stderr

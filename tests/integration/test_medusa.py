@@ -109,3 +109,26 @@ def test_medusa_bad_settings(luainfer_bin, model_path, zero_heads, tmp_path, cmd
     assert want in r.stderr and r.stderr.count("\n") == 1, r.stderr
     if flags and flags[0] == "HASH":
         assert "0123456789abcdef" in r.stderr
+
+
+def test_info_medusa_heads(luainfer_bin, zero_heads):
+    """`luainfer info` describes a heads file (it refused it as a model
+    before): the base and head count the gguf package reads from it."""
+    gguf = pytest.importorskip("gguf")
+    r = subprocess.run([str(luainfer_bin), "info", str(zero_heads), "--json", "--tensors"], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
+    rd = gguf.GGUFReader(str(zero_heads))
+
+    def field(k):
+        f = rd.fields[k]
+        v = f.parts[f.data[0]]
+        return bytes(v).decode() if f.types[0] == gguf.GGUFValueType.STRING else int(v[0])
+
+    assert got["architecture"] == "medusa" and got["n_heads"] == field("medusa.n_heads") == 3
+    assert got["base"]["name"] == field("medusa.base.name")
+    assert got["base"]["vocab_hash"] == field("medusa.base.vocab_hash")
+    assert got["base"]["n_embd"] == field("medusa.n_embd")
+    assert sorted(t["name"] for t in got["tensors"]) == sorted(t.name for t in rd.tensors)
+    assert got["n_params"] == sum(int(t.n_elements) for t in rd.tensors)
