@@ -65,6 +65,14 @@ static int64_t tensor_elems(const li_model *m, const li_gguf_tensor *t) {
     return ne;
 }
 
+/* tensor_types' entry of type t in ty: its count and bytes */
+static cJSON *json_type(cJSON *ty, int t, const type_stat *s) {
+    cJSON *e = cJSON_AddObjectToObject(ty, li_type_name((uint32_t)t));
+    cJSON_AddNumberToObject(e, "count", s->count);
+    cJSON_AddNumberToObject(e, "bytes", (double)s->bytes);
+    return e;
+}
+
 /* ---- drafts: an EAGLE draft or Medusa heads file (not a model) ---------------------- */
 
 /* The scalar "<arch>.train.*" keys (how the file was trained) into j, or
@@ -159,11 +167,7 @@ static int info_draft(const li_gguf *g, const char *path, const char *arch, bool
         draft_train(g, arch, cJSON_AddObjectToObject(j, "train"));
         cJSON *ty = cJSON_AddObjectToObject(j, "tensor_types");
         for (int t = 0; t < LI_TYPE_COUNT; t++)
-            if (st[t].count) {
-                cJSON *e = cJSON_AddObjectToObject(ty, li_type_name((uint32_t)t));
-                cJSON_AddNumberToObject(e, "count", st[t].count);
-                cJSON_AddNumberToObject(e, "bytes", (double)st[t].bytes);
-            }
+            if (st[t].count) json_type(ty, t, &st[t]);
         if (tensors) {
             cJSON *tl = cJSON_AddArrayToObject(j, "tensors");
             for (uint64_t i = 0; i < g->n_tensors; i++) {
@@ -336,9 +340,7 @@ int li_cmd_info(int argc, char **argv) {
         cJSON *ty = cJSON_AddObjectToObject(j, "tensor_types");
         for (int t = 0; t < LI_TYPE_COUNT; t++)
             if (st[t].count) {
-                cJSON *e = cJSON_AddObjectToObject(ty, li_type_name((uint32_t)t));
-                cJSON_AddNumberToObject(e, "count", st[t].count);
-                cJSON_AddNumberToObject(e, "bytes", (double)st[t].bytes);
+                cJSON *e = json_type(ty, t, &st[t]);
                 cJSON_AddNumberToObject(e, "bits_per_weight", 8.0 * (double)st[t].bytes / (double)st[t].elems);
                 if (t == LI_TYPE_I8 && m->quant_scheme != LI_SCHEME_PLAIN)
                     cJSON_AddStringToObject(e, "scheme", li_scheme_name(m->quant_scheme));

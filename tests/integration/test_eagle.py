@@ -25,6 +25,7 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gguf_util import gguf_field  # noqa: E402
 from test_server import THREADS, Rpc, Server, http, stream  # noqa: E402
 
 PROMPT = "Write a short poem about the sea and the wind."
@@ -124,9 +125,7 @@ def test_info_eagle_draft(luainfer_bin, model_path, tmp_path):
     rd = gguf.GGUFReader(str(path))
 
     def field(k):
-        f = rd.fields[k]
-        v = f.parts[f.data[0]]
-        return bytes(v).decode() if f.types[0] == gguf.GGUFValueType.STRING else int(v[0])
+        return gguf_field(rd, k)
 
     assert got["architecture"] == "eagle"
     assert got["base"] == {"name": field("eagle.base.name"), "vocab_hash": "0123456789abcdef",

@@ -24,6 +24,7 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gguf_util import gguf_field  # noqa: E402
 from test_server import THREADS, Rpc, Server, http, stream  # noqa: E402
 
 PROMPT = "Repeat this list exactly: apple, banana, cherry, dates, elderberry, fig, grape. Again: apple, banana,"
@@ -122,9 +123,7 @@ def test_info_medusa_heads(luainfer_bin, zero_heads):
     rd = gguf.GGUFReader(str(zero_heads))
 
     def field(k):
-        f = rd.fields[k]
-        v = f.parts[f.data[0]]
-        return bytes(v).decode() if f.types[0] == gguf.GGUFValueType.STRING else int(v[0])
+        return gguf_field(rd, k)
 
     assert got["architecture"] == "medusa" and got["n_heads"] == field("medusa.n_heads") == 3
     assert got["base"]["name"] == field("medusa.base.name")
