@@ -57,6 +57,11 @@
 -- request's draft KV computed, the default 16: an idle request's zeroed),
 -- side by side.
 --
+-- --eagle-lazy (with --eagle) runs each adaptive setting twice: as the
+-- engine runs it by default and with eagle_lazy (a request's draft KV of
+-- its prompt computed at its first EAGLE draft; named "NAME lazy"), side by
+-- side.
+--
 -- --device cuda runs every engine on the GPU (with LUAINFER_CUDA_INVARIANT=1:
 -- speculation needs its batch-invariant kernels, docs/cuda.md).
 --
@@ -90,7 +95,7 @@ local flags = bench.take_flags(arg, { ["--medusa"] = "value", ["--medusa-tree"] 
                                       ["--eagle-k"] = "value", ["--quick"] = "flag", ["--eagle-idle"] = "value",
                                        ["--policy"] = "value", ["--seeds"] = "value", ["--temps"] = "value",
                                        ["--batches"] = "value", ["--calibrated"] = "flag", ["--device"] = "value",
-                                       ["--workloads"] = "value" })
+                                       ["--workloads"] = "value", ["--eagle-lazy"] = "flag" })
 -- --device cuda: the engines run there (speculation needs its batch-invariant
 -- kernels: LUAINFER_CUDA_INVARIANT=1, docs/cuda.md)
 local DEVICE = flags["--device"]
@@ -120,6 +125,7 @@ end
 local idles = flags["--eagle-idle"] and
   list("--eagle-idle", nil, function(n) return n >= 0 and n % 1 == 0 end, "whole numbers >= 0") or {}
 if #idles > 0 and not eagle then error("bench spec: --eagle-idle needs --eagle FILE", 0) end
+if flags["--eagle-lazy"] and not eagle then error("bench spec: --eagle-lazy needs --eagle FILE", 0) end
 local MAX = tonumber(arg[1]) or 128
 local ROUNDS = tonumber(arg[2]) or 2
 
@@ -197,16 +203,19 @@ local function proposers_bench(layers, draft)
     local base = f:match("([^/]+)%.lua$") or f
     for _, idle in ipairs(#idles > 0 and idles or { false }) do
       for _, cal in ipairs(flags["--calibrated"] and { false, true } or { false }) do
-        local name = base == "spec_adaptive" and #policies == 1 and "adaptive" or base
-        name = idle and ("%s idle%d"):format(name, idle) or name
-        sets[#sets + 1] = { name = cal and name .. " cal" or name,
-                            cfg = { spec_layers = layers > 0 and layers or nil, draft_model = draft, spec_method = "ngram",
-                                    -- the engine takes heads or a draft model, not both
-                                    medusa = not draft and medusa or nil,
-                                    medusa_tree = not draft and medusa_tree or nil,
-                                    -- and an EAGLE draft, not with heads
-                                    eagle = not (not draft and medusa) and eagle or nil, policy = f,
-                                    eagle_idle_steps = idle or nil, spec_calibrate = cal } }
+        for _, lazy in ipairs(flags["--eagle-lazy"] and { false, true } or { false }) do
+          local name = base == "spec_adaptive" and #policies == 1 and "adaptive" or base
+          name = idle and ("%s idle%d"):format(name, idle) or name
+          name = (cal and name .. " cal" or name) .. (lazy and " lazy" or "")
+          -- the engine takes heads or a draft model, not both, and an EAGLE draft, not with heads
+          local eg = not (not draft and medusa) and eagle or nil
+          sets[#sets + 1] = { name = name,
+                              cfg = { spec_layers = layers > 0 and layers or nil, draft_model = draft,
+                                      spec_method = "ngram", medusa = not draft and medusa or nil,
+                                      medusa_tree = not draft and medusa_tree or nil, eagle = eg, policy = f,
+                                      eagle_idle_steps = idle or nil, spec_calibrate = cal,
+                                      eagle_lazy = (lazy and eg) and true or nil } }
+        end
       end
     end
   end

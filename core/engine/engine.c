@@ -167,6 +167,8 @@ int li_engine_init_runners(li_engine **out, li_model *m, li_model *draft, li_bac
                             "engine: speculation needs batch-invariant kernels; the '%s' backend is not "
                             "(" LI_BATCH_INVARIANT_HINT ")",
                             be->ops->name);
+    if (c.eagle_lazy && !c.eagle)
+        return li_error_set(err, LI_EINVAL, "engine: eagle_lazy needs an EAGLE draft (eagle)");
     if (c.eagle_idle_steps < 0)
         return li_error_set(err, LI_EINVAL, "engine: eagle_idle_steps must be >= 0, got %d", c.eagle_idle_steps);
     if (c.spec_disable_batch < 0)
@@ -380,9 +382,10 @@ static void prefix_acquire(li_engine *e, req *r) {
 
 /* Blocks the step just filled join the cache (all tokens here are verified:
  * speculative tokens must be accepted before they reach this point), as far
- * as an EAGLE draft's KV is complete: a hit must find it there. */
+ * as an EAGLE draft's KV is complete, or zeroed while it waits (eagle_lazy):
+ * a hit must find the same bits whatever the slots held. */
 static void prefix_register(li_engine *e, req *r) {
-    const int64_t upto = e->sp.eagle ? LI_MIN(r->num_computed, r->e_done) : r->num_computed;
+    const int64_t upto = e->sp.eagle ? LI_MIN(r->num_computed, LI_MAX(r->e_done, r->e_zero)) : r->num_computed;
     li_prefix_register(&e->pc, &r->pfx, &r->seq, upto, r->toks, r->cache_salt);
 }
 
@@ -531,6 +534,7 @@ static req *req_new(li_engine *e, const li_request_params *p, int32_t i, li_erro
     r->hid_tok = -1;
     r->eg_pos = -1;
     r->e_used = -1; /* set when first scheduled */
+    r->e_lazy = e->cfg.eagle_lazy;
     sync_result(r);
     return r;
 }

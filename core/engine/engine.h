@@ -71,6 +71,14 @@ typedef struct li_engine_config {
      * "Idle requests"). Drafts later attend to zeros there; tokens are the
      * same either way. 0 = always compute (default 16) */
     int32_t eagle_idle_steps;
+    /* EAGLE: a request's draft KV of its prompt waits until it first drafts
+     * with EAGLE (up to LI_EAGLE_LAZY_MAX positions; its input rows are kept
+     * until then), so a request that never does, or goes idle first, does
+     * not pay for it. Blocks that join the prefix cache before then hold
+     * zeros in the draft's KV (for good if it never drafts): a later request
+     * hitting them drafts from zeros there. Off by default
+     * (docs/speculation.md, "Idle requests") */
+    bool eagle_lazy;
     /* a policy with a speculate hook prices drafts by what forward passes
      * of each row count cost (li_spec_state.row_time): with this, when such
      * a policy is set, the engine first times passes of 1 to 64 rows on a
@@ -179,7 +187,8 @@ typedef struct li_engine_stats {
     int64_t draft_sync_tokens; /* positions a draft model or EAGLE draft computed to catch up with its
                                 * requests */
     int64_t draft_sync_dropped; /* EAGLE positions zeroed instead of computed: rows of requests idle
-                                 * for eagle_idle_steps steps or positions */
+                                 * for eagle_idle_steps steps or positions, and (eagle_lazy) rows of
+                                 * requests that ended or were preempted before drafting with EAGLE */
     double time_draft_sync;    /* ... and the seconds it took (apart from time_propose: the two add up) */
     double time_calibrate;     /* seconds timing the row-cost curve (spec_calibrate) */
     double time_verify;        /* seconds verifying drafted requests' rows (sampling them, the

@@ -68,6 +68,8 @@ typedef struct li_engine_req {
     int64_t e_used_pos;       /* the end of that step's rows (its prompt's end before it drafted) */
     float *e_pend;            /* (e_pend_cap, in_width), or NULL */
     int64_t e_pend_n, e_pend_cap;
+    bool e_lazy;              /* eagle_lazy and no EAGLE draft yet: rows wait, up to LI_EAGLE_LAZY_MAX */
+    int64_t e_zero;           /* while lazy: the draft's KV of [e_done, e_zero) zeroed for the prefix cache */
     /* the draft model's KV of this request (lazy: computed when it drafts) */
     int64_t d_valid;          /* positions [0, d_valid) hold the draft's KV of toks */
     int64_t d_hi;             /* this step's draft steps wrote positions [d_valid, d_hi) */

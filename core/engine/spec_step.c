@@ -119,6 +119,8 @@ double li_spec_step_acceptance(const req *r) {
 
 /* Proposers that keep per-request state hear when a request lets go of its KV. */
 void li_spec_step_release(li_engine *e, const req *r) {
+    /* eagle_lazy: rows that waited for a draft that never came */
+    if (r->e_lazy) e->st.draft_sync_dropped += LI_MAX(0, LI_MIN(r->e_pend_n, r->num_computed - r->e_done));
     for (int m = 0; m < LI_SPEC_N_METHODS; m++)
         if (e->sp.prop[m] && e->sp.prop[m]->ops->on_release) e->sp.prop[m]->ops->on_release(e->sp.prop[m], r->res.id);
 }
@@ -207,7 +209,7 @@ static int32_t spec_slots(li_engine *e, req *r, int32_t k) {
     return k > 0 && li_kv_seq_cow(&e->tgt.kv, &r->seq, p, p + k + 1) == 0 ? k : 0;
 }
 
-static int eagle_catchup_drafters(li_engine *e, int32_t ns, li_error *err); /* below */
+static int eagle_catchup_drafters(li_engine *e, int32_t ns, bool lazy, li_error *err); /* below */
 
 /* The draft model's KV is computed only for requests that draft with it,
  * just before they do: positions [d_valid, n_toks - 1) of the ns seqs of
@@ -376,8 +378,11 @@ void li_spec_step_propose(li_engine *e) {
         double t_sync = 0; /* a model's catch-up is part of what its drafts cost */
         if (m == LI_SPEC_DRAFT || m == LI_SPEC_EAGLE) {
             li_error serr = {0};
+            /* eagle_lazy: a first draft's catch-up of its prompt, once, out
+             * of what a draft costs (time_draft_sync still counts it) */
+            int src = m == LI_SPEC_EAGLE ? eagle_catchup_drafters(e, ns, true, &serr) : 0;
             const double t0 = li_time_now();
-            const int src = m == LI_SPEC_DRAFT ? draft_sync(e, ns, &serr) : eagle_catchup_drafters(e, ns, &serr);
+            if (!src) src = m == LI_SPEC_DRAFT ? draft_sync(e, ns, &serr) : eagle_catchup_drafters(e, ns, false, &serr);
             t_sync = li_time_now() - t0; /* in time_draft_sync, not time_propose */
             if (src) {
                 li_log_warn("speculation: the %s catch-up failed, no drafts this step: %s",
@@ -507,26 +512,61 @@ static int eagle_catchup(li_engine *e, int32_t n, li_error *err) {
     return 0;
 }
 
-/* Before the ns requests of sreq draft with EAGLE: their verified positions. */
-static int eagle_catchup_drafters(li_engine *e, int32_t ns, li_error *err) {
+/* Before the ns requests of sreq draft with EAGLE: their verified positions
+ * (lazy: only those drafting with it for the first time under eagle_lazy,
+ * whose rows waited since their prompt). */
+static int eagle_catchup_drafters(li_engine *e, int32_t ns, bool lazy, li_error *err) {
+    li_spec_step *sp = &e->sp;
+    int32_t n = 0;
     for (int32_t i = 0; i < ns; i++) {
-        e->sp.sreq[i]->e_used = e->step_no;
-        e->sp.eg_req[i] = e->sp.sreq[i];
-        e->sp.eg_end[i] = e->sp.eg_p0[i] = e->sp.sreq[i]->num_computed;
-        e->sp.eg_k0[i] = 0;
+        req *r = sp->sreq[i];
+        if (lazy && !r->e_lazy) continue;
+        r->e_used = e->step_no;
+        r->e_lazy = false;
+        sp->eg_req[n] = r;
+        sp->eg_end[n] = sp->eg_p0[n] = r->num_computed;
+        sp->eg_k0[n++] = 0;
     }
-    const int rc = eagle_catchup(e, ns, err);
+    const int rc = eagle_catchup(e, n, err);
     if (!rc)
-        for (int32_t i = 0; i < ns; i++) li_spec_step_eagle_settle(e->sp.sreq[i]);
+        for (int32_t i = 0; i < n; i++) li_spec_step_eagle_settle(sp->eg_req[i]);
     return rc;
 }
 
-/* Room for `rows` pending rows of r, doubling up to LI_EAGLE_PENDING_MAX
- * (more never wait: li_spec_step_eagle_sync catches up first). */
-static void pend_reserve(req *r, int64_t rows, size_t w) {
-    if (rows <= r->e_pend_cap) return;
-    r->e_pend_cap = LI_MAX(rows, LI_MIN(2 * r->e_pend_cap, (int64_t)LI_EAGLE_PENDING_MAX));
-    r->e_pend = li_xrealloc(r->e_pend, (size_t)r->e_pend_cap * w * sizeof *r->e_pend);
+/* Room for `rows` pending rows of r, doubling up to max (more never wait:
+ * li_spec_step_eagle_sync catches up first); a buffer grown past max while
+ * the request was lazy shrinks back to it. */
+static void pend_reserve(req *r, int64_t rows, int64_t max, size_t w) {
+    int64_t cap = r->e_pend_cap;
+    if (cap > max && rows <= max) cap = max;
+    else if (rows > cap) cap = LI_MAX(rows, LI_MIN(2 * cap, max));
+    if (cap == r->e_pend_cap) return;
+    r->e_pend_cap = cap;
+    r->e_pend = li_xrealloc(r->e_pend, (size_t)cap * w * sizeof *r->e_pend);
+}
+
+/* The step's rows of r at positions [max(e_done, what waits), end) into
+ * e_pend: its captured rows from batch row k on (the first at p0). */
+static void pend_take(li_spec_step *sp, req *r, int64_t p0, int64_t end, int64_t k, size_t w) {
+    /* (after a gap's zeros: rows lost to a failed pass; not the last token's
+     * when the first draft step wrote its KV) */
+    for (int64_t p = LI_MAX(r->e_done, LI_MIN(p0, r->e_done + r->e_pend_n)); p < end; p++)
+        eagle_row(sp, r, p, p0, k, w, r->e_pend + (size_t)(p - r->e_done) * w);
+    r->e_pend_n = end - r->e_done;
+}
+
+/* Zeros the draft's KV of r's positions [from, end). */
+static void eagle_zero(li_engine *e, req *r, int64_t from, int64_t end) {
+    li_spec_step *sp = &e->sp;
+    const int64_t n = end - from;
+    if (n <= 0) return;
+    if (n > sp->eg_drop_cap) {
+        sp->eg_drop_cap = LI_MAX(n, 2 * sp->eg_drop_cap);
+        sp->eg_drop = li_xrealloc(sp->eg_drop, (size_t)sp->eg_drop_cap * sizeof *sp->eg_drop);
+    }
+    for (int64_t p = from; p < end; p++) sp->eg_drop[p - from] = li_kv_seq_slot(&e->tgt.kv, &r->seq, p);
+    li_kv_slots_clear(&sp->eg_run.kv, sp->eg_drop, (int32_t)n);
+    r->e_zero = LI_MAX(r->e_zero, end);
 }
 
 /* r has not drafted with EAGLE for eagle_idle_steps steps, or over as many
@@ -538,15 +578,9 @@ static void pend_reserve(req *r, int64_t rows, size_t w) {
  * sees the same), and the rows are dropped. The catch-up's bookkeeping
  * (e_hi, then li_spec_step_eagle_settle) is the same. */
 static void eagle_drop(li_engine *e, req *r, int64_t end) {
-    li_spec_step *sp = &e->sp;
     const int64_t n = end - r->e_done;
     if (n <= 0) return;
-    if (n > sp->eg_drop_cap) {
-        sp->eg_drop_cap = LI_MAX(n, 2 * sp->eg_drop_cap);
-        sp->eg_drop = li_xrealloc(sp->eg_drop, (size_t)sp->eg_drop_cap * sizeof *sp->eg_drop);
-    }
-    for (int64_t p = r->e_done; p < end; p++) sp->eg_drop[p - r->e_done] = li_kv_seq_slot(&e->tgt.kv, &r->seq, p);
-    li_kv_slots_clear(&sp->eg_run.kv, sp->eg_drop, (int32_t)n);
+    eagle_zero(e, r, r->e_done, end);
     r->e_hi = end;
     r->e_pend_n = 0;
     e->st.draft_sync_dropped += n;
@@ -565,10 +599,22 @@ int li_spec_step_eagle_sync(li_engine *e, int32_t nb, li_error *err) {
         const int64_t p0 = r->num_computed, end = p0 + e->batch_n[i];
         if (r->e_used < 0) r->e_used = e->step_no, r->e_used_pos = r->n_prompt;
         if (r->e_used == e->step_no) r->e_used_pos = LI_MAX(r->e_used_pos, end); /* idle from the step's end */
+        const int32_t idle = e->cfg.eagle_idle_steps;
+        const bool is_idle = idle && (e->step_no - r->e_used >= idle || end - r->e_used_pos >= idle);
+        if (r->e_lazy && !is_idle && end - r->e_done <= LI_EAGLE_LAZY_MAX) {
+            /* eagle_lazy, no EAGLE draft yet: the rows wait for its first
+             * one; the draft's KV of blocks joining the prefix cache
+             * meanwhile is zeroed (a hit there sees the same bits whatever
+             * the slots held) */
+            pend_reserve(r, end - r->e_done, LI_EAGLE_LAZY_MAX, w);
+            pend_take(sp, r, p0, end, k, w);
+            if (cached && end / bs > r->e_zero / bs) eagle_zero(e, r, LI_MAX(r->e_zero, r->e_done), end);
+            continue;
+        }
+        r->e_lazy = false; /* idle or too long: as without eagle_lazy (catch up or drop what waited) */
         /* a block that would join the prefix cache needs its draft KV first */
         if ((cached && end / bs > r->e_done / bs) || end - r->e_done > LI_EAGLE_PENDING_MAX) {
-            const int32_t idle = e->cfg.eagle_idle_steps;
-            if (idle && (e->step_no - r->e_used >= idle || end - r->e_used_pos >= idle)) {
+            if (is_idle) {
                 eagle_drop(e, r, end);
                 continue;
             }
@@ -578,12 +624,8 @@ int li_spec_step_eagle_sync(li_engine *e, int32_t nb, li_error *err) {
             sp->eg_k0[n++] = k;
             continue;
         }
-        pend_reserve(r, end - r->e_done, w);
-        /* the step's rows (after a gap's zeros: rows lost to a failed pass;
-         * not the last token's when the first draft step wrote its KV) */
-        for (int64_t p = LI_MAX(r->e_done, LI_MIN(p0, r->e_done + r->e_pend_n)); p < end; p++)
-            eagle_row(sp, r, p, p0, k, w, r->e_pend + (size_t)(p - r->e_done) * w);
-        r->e_pend_n = end - r->e_done;
+        pend_reserve(r, end - r->e_done, LI_EAGLE_PENDING_MAX, w);
+        pend_take(sp, r, p0, end, k, w);
     }
     const int rc = n ? eagle_catchup(e, n, err) : 0;
     /* the next pass starts after this one's last row (a prefill chunk's end;
@@ -611,15 +653,16 @@ void li_spec_step_eagle_settle(req *r) {
 }
 
 void li_spec_step_eagle_reset(req *r, int64_t done) {
-    r->e_done = done;
+    r->e_done = r->e_zero = done;
     r->e_hi = r->e_pend_n = 0;
 }
 
 void li_spec_step_eagle_fork(const li_engine *e, req *c, const req *parent) {
     li_spec_step_eagle_reset(c, parent->e_done);
+    c->e_lazy = parent->e_lazy;
     if (!e->sp.eagle || !parent->e_pend_n) return;
     const size_t w = (size_t)e->sp.eagle->inproj.in_width;
-    pend_reserve(c, parent->e_pend_n, w);
+    pend_reserve(c, parent->e_pend_n, parent->e_lazy ? LI_EAGLE_LAZY_MAX : LI_EAGLE_PENDING_MAX, w);
     memcpy(c->e_pend, parent->e_pend, (size_t)parent->e_pend_n * w * sizeof *c->e_pend);
     c->e_pend_n = parent->e_pend_n;
 }

@@ -19,6 +19,10 @@
 
 /* Rows of draft input a request keeps waiting before its EAGLE KV catches up. */
 #define LI_EAGLE_PENDING_MAX 64
+/* eagle_lazy: rows a request that has not drafted with EAGLE keeps waiting
+ * (in_width floats each: 6.75 KiB for SmolLM2's three features); past it
+ * the draft's KV is computed as without eagle_lazy */
+#define LI_EAGLE_LAZY_MAX 512
 
 struct li_engine_req; /* engine_internal.h */
 

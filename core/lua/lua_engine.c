@@ -216,7 +216,7 @@ static int l_engine_new(lua_State *L) {
                                         "max_batched_tokens", "max_model_len", "prefix_caching", "threads",
                                         "spec_tokens", "spec_ngram_max", "spec_ngram_min", "spec_disable_batch",
                                         "draft_model", "spec_method", "spec_layers", "tensor_parallel", "q4_act", "medusa",
-                                        "medusa_tree", "device", "eagle", "eagle_idle_steps", "spec_calibrate",
+                                        "medusa_tree", "device", "eagle", "eagle_idle_steps", "eagle_lazy", "spec_calibrate",
                                         "device_sampling", NULL};
     check_keys(L, 1, "luainfer.engine", known);
     li_engine_config cfg;
@@ -250,6 +250,7 @@ static int l_engine_new(lua_State *L) {
     cfg.spec_disable_batch = (int32_t)opt_int(L, 1, "spec_disable_batch", cfg.spec_disable_batch, 0, 1 << 20);
     cfg.eagle_idle_steps = (int32_t)opt_int(L, 1, "eagle_idle_steps", cfg.eagle_idle_steps, 0, 1 << 20);
     cfg.spec_calibrate = opt_bool(L, 1, "spec_calibrate", cfg.spec_calibrate);
+    cfg.eagle_lazy = opt_bool(L, 1, "eagle_lazy", cfg.eagle_lazy);
     cfg.device_sampling = opt_bool(L, 1, "device_sampling", cfg.device_sampling);
     if (li_kv_dtype_parse(kv_dtype, &cfg.kv_dtype, &err)) return luaL_error(L, "%s", err.msg);
     const char *spec_method = opt_str(L, 1, "spec_method", NULL);

@@ -164,7 +164,7 @@ typedef struct serve_opts {
     const char *spec_method;
     double drain_seconds, slow_seconds;
     const char *medusa, *medusa_tree, *eagle;
-    bool help, policy_unsafe, no_prefix_cache, spec_calibrate;
+    bool help, policy_unsafe, no_prefix_cache, spec_calibrate, eagle_lazy;
     double header_timeout, body_timeout, idle_timeout, rpc_idle_timeout, evict_idle;
     int64_t max_per_ip;
     const char *api_key;
@@ -287,6 +287,7 @@ int li_cmd_serve(int argc, char **argv) {
         {"medusa-tree", LI_OPT_STR, &o.medusa_tree, "the Medusa tree: paths of candidate ranks, e.g. '0;1;0,0;1,0;0,0,0' (default: a sparse 15-node tree)"},
         {"eagle", LI_OPT_STR, &o.eagle, "an EAGLE draft made for the model (luainfer train-eagle): drafts a chain from the model's own hidden states (default: none)"},
         {"eagle-idle-steps", LI_OPT_INT, &o.eagle_idle_steps, "with --eagle: a request that has not drafted with it for this many steps (or positions past its prompt) stops computing its draft KV (zeroed instead); 0 = never (default 16)"},
+        {"eagle-lazy", LI_OPT_FLAG, &o.eagle_lazy, "with --eagle: a request's draft KV of its prompt is computed when it first drafts with EAGLE (up to 512 positions), not at prefill; prefix-cached blocks computed before then hold zeros in the draft's KV (docs/speculation.md, \"Idle requests\"; default off)"},
         {"spec-calibrate", LI_OPT_FLAG, &o.spec_calibrate, "when a policy with a speculate hook is set, first time forward passes of 1-64 rows (about 0.3 s), so it prices its first drafts on measured costs, not guesses (default off)"},
         {"spec-method", LI_OPT_STR, &o.spec_method, "speculation proposer: ngram, draft, layerskip, medusa or eagle (default: layerskip with --spec-layers, medusa with heads, eagle with an EAGLE draft, draft with a draft model, else ngram)"},
         {"spec-k", LI_OPT_INT, &o.spec_tokens, "the same as --spec-tokens"},
@@ -466,6 +467,7 @@ int li_cmd_serve(int argc, char **argv) {
     if (o.spec_disable_batch != UNSET) cfg->spec_disable_batch = (int32_t)o.spec_disable_batch;
     if (o.eagle_idle_steps != UNSET) cfg->eagle_idle_steps = (int32_t)o.eagle_idle_steps;
     if (o.spec_calibrate) cfg->spec_calibrate = true;
+    if (o.eagle_lazy) cfg->eagle_lazy = true;
     if ((o.block_size != UNSET && (rc = check_range("block-size", o.block_size, 1, 1024, &err))) ||
         (o.max_num_seqs != UNSET && (rc = check_range("max-num-seqs", o.max_num_seqs, 1, 4096, &err))) ||
         (o.max_batched_tokens != UNSET && (rc = check_range("max-batched-tokens", o.max_batched_tokens, 1, 65536, &err))) ||

@@ -83,6 +83,7 @@ def test_serve_eagle(luainfer_bin, run_ok, model_path, tmp_path, draft):
     ("serve", ["--tensor-parallel", "2"], "tensor_parallel 2 with an EAGLE draft is not supported yet"),
     ("generate", ["WITHMEDUSA"], "an EAGLE draft with Medusa heads is not supported yet"),
     ("generate", ["NODRAFT", "--spec-method", "eagle", "--spec-k", "3"], "method 'eagle' needs an EAGLE draft"),
+    ("serve", ["NODRAFT", "--eagle-lazy"], "eagle_lazy needs an EAGLE draft"),
 ])
 def test_eagle_bad_settings(luainfer_bin, model_path, draft, tmp_path, cmd, flags, want):
     path = str(draft)

@@ -150,6 +150,44 @@ do
           "eagle_idle_steps 0: every position computed (%d)", s0.draft_sync_tokens)
 end
 
+-- eagle_lazy: a request's draft KV waits for its first EAGLE draft. The
+-- copying request never drafts with EAGLE, so nothing is computed (every
+-- position it computed dropped at its end); an EAGLE request whose prompt
+-- fits (LI_EAGLE_LAZY_MAX, 512) catches it up at its first draft, one
+-- whose prompt does not is caught up as without eagle_lazy; the tokens are
+-- the same throughout
+do
+  local copy = "Repeat this list exactly: apple, banana, cherry, dates, elderberry, fig, grape, kiwi, lemon, mango, " ..
+               "nectarine, orange, papaya, quince. Again: apple, banana,"
+  local long = ("The river ran past the old mills and the quiet farms. "):rep(60)
+  local function go(lazy, prompt, spec)
+    local e = luainfer.engine{ max_num_seqs = 2, eagle = eagle, spec_disable_batch = 0, eagle_idle_steps = 0,
+                               eagle_lazy = lazy, max_batched_tokens = 256 }
+    local id = e:add{ prompt = prompt, max_tokens = 24, temperature = 0, ignore_eos = true, speculation = spec }
+    e:run()
+    local r, st = e:result(id), e:stats()
+    e:close()
+    return r, st
+  end
+  local ng = { method = "ngram", k = 16 }
+  local ra, sa = go(false, copy, ng)
+  local rb, sb = go(true, copy, ng)
+  H.check(H.eq_list(ra.tokens, rb.tokens), "eagle_lazy, n-gram: the same tokens")
+  H.check(sa.draft_sync_tokens > 0 and sb.draft_sync_tokens == 0 and sb.draft_sync_dropped > 0,
+          "eagle_lazy, never an EAGLE draft: no draft KV computed (%d; %d without eagle_lazy), %d positions dropped",
+          sb.draft_sync_tokens, sa.draft_sync_tokens, sb.draft_sync_dropped)
+  local eg3 = { method = "eagle", k = 3 }
+  for _, p in ipairs({ copy, long }) do
+    local r1, s1 = go(false, p, eg3)
+    local r2, s2 = go(true, p, eg3)
+    H.check(H.eq_list(r1.tokens, r2.tokens) and s1.spec_by.eagle.accepted == s2.spec_by.eagle.accepted and
+            s2.draft_sync_dropped == 0 and s2.draft_sync_tokens == s1.draft_sync_tokens,
+            "eagle_lazy, EAGLE from the first step, a %d-token prompt: the same tokens and acceptance (%d, %d), "
+            .. "the same rows caught up (%d, %d), none dropped", r1.prompt_tokens or #p, s1.spec_by.eagle.accepted,
+            s2.spec_by.eagle.accepted, s1.draft_sync_tokens, s2.draft_sync_tokens)
+  end
+end
+
 -- a request's own speculation on an engine that does not speculate by default
 local r, rs = run({ max_num_seqs = 8, spec_layers = 29, spec_disable_batch = 0 }, { method = "layerskip", k = 3 })
 same(r, base, "requests asking {layerskip, 3}")

@@ -725,6 +725,7 @@ typedef struct sync_case {
     int idle;          /* eagle_idle_steps (0: never drop) */
     int zero_below;    /* idle: each request's draft KV below this position is dropped (zeros); with
                         * n_prompt, the second request's (the blocks of the hit) */
+    bool lazy;         /* eagle_lazy */
 } sync_case;
 
 static void sync_run(li_model *m, li_backend *be, li_eagle *eg, const sync_case *sc) {
@@ -738,6 +739,7 @@ static void sync_run(li_model *m, li_backend *be, li_eagle *eg, const sync_case 
     c.max_batched_tokens = sc->mbt;
     c.prefix_caching = !sc->no_cache;
     c.eagle_idle_steps = sc->idle;
+    c.eagle_lazy = sc->lazy;
     li_engine *e = NULL;
     CHECK(li_engine_init(&e, m, be, &c, &err) == 0, "%s", err.msg);
     if (!e) return;
@@ -806,7 +808,19 @@ static void sync_run(li_model *m, li_backend *be, li_eagle *eg, const sync_case 
         CHECK(st.draft_sync_dropped == (int64_t)nr * sc->zero_below,
               "%s: each request's positions below %d were dropped (%lld dropped, want %lld)", sc->what,
               sc->zero_below, (long long)st.draft_sync_dropped, (long long)nr * sc->zero_below);
-    if (sc->n_prompt && sc->idle) {
+    if (sc->n_prompt && sc->lazy) {
+        const li_request_result *a = li_engine_result(e, ids[0]), *b = li_engine_result(e, ids[1]);
+        /* every position the first computed (all but its last token's) waited in vain */
+        CHECK(a && b && b->cached_tokens == sc->zero_below && st0.draft_sync_tokens == 0 &&
+                  st0.draft_sync_dropped == np[0] + a->n_tokens - 1,
+              "%s: the first request never drafted and computed no draft KV (%lld rows; %lld dropped at its end), "
+              "the second hit %lld tokens of zeros",
+              sc->what, (long long)st0.draft_sync_tokens, (long long)st0.draft_sync_dropped,
+              b ? (long long)b->cached_tokens : -1LL);
+    } else if (sc->lazy && !sc->idle) {
+        CHECK(st.draft_sync_dropped == 0, "%s: every request drafted, so nothing waited in vain (%lld dropped)",
+              sc->what, (long long)st.draft_sync_dropped);
+    } else if (sc->n_prompt && sc->idle) {
         const li_request_result *b = li_engine_result(e, ids[1]);
         CHECK(b && b->cached_tokens == sc->zero_below && st0.draft_sync_dropped >= sc->zero_below,
               "%s: the first request dropped its rows (%lld) and the second hit %lld tokens of them", sc->what,
@@ -837,21 +851,32 @@ static void test_sync(li_model *m) {
     CHECK(li_eagle_load(&eg, rp, m, &err) == 0 && li_eagle_prepare(eg, m, &be, &err) == 0, "%s", err.msg);
     if (!eg) return;
     const sync_case cases[] = {
-        {"whole prompts", 256, NULL, false, 0, 0, 0, 0},
-        {"chunks of 5 (a feature kept across chunks)", 5, NULL, false, 0, 0, 0, 0},
-        {"drafting every third length", 256, SOMETIMES, false, 0, 0, 0, 0},
-        {"drafting every third length, no prefix cache", 256, SOMETIMES, true, 0, 0, 0, 0},
-        {"drafting every third length, chunks of 5, no prefix cache", 5, SOMETIMES, true, 0, 0, 0, 0},
-        {"drafting past 70 tokens, no prefix cache", 256, LATE, true, 0, 0, 0, 0},
-        {"a prefix hit on a request that never drafted", 256, NULL, false, 40, 0, 0, 0},
-        {"two samples of each prompt (forks share the prompt's blocks and its waiting rows)", 256, SOMETIMES, true, 0, 2, 0, 0},
+        {"whole prompts", 256, NULL, false, 0, 0, 0, 0, false},
+        {"chunks of 5 (a feature kept across chunks)", 5, NULL, false, 0, 0, 0, 0, false},
+        {"drafting every third length", 256, SOMETIMES, false, 0, 0, 0, 0, false},
+        {"drafting every third length, no prefix cache", 256, SOMETIMES, true, 0, 0, 0, 0, false},
+        {"drafting every third length, chunks of 5, no prefix cache", 5, SOMETIMES, true, 0, 0, 0, 0, false},
+        {"drafting past 70 tokens, no prefix cache", 256, LATE, true, 0, 0, 0, 0, false},
+        {"a prefix hit on a request that never drafted", 256, NULL, false, 40, 0, 0, 0, false},
+        {"two samples of each prompt (forks share the prompt's blocks and its waiting rows)", 256, SOMETIMES, true, 0, 2, 0, 0, false},
         /* idle requests: no draft before 71 tokens, so with eagle_idle_steps 2 the catch-ups before are
          * drops: at 65 pending rows without a prefix cache, at each full block (16) with one */
-        {"drafting past 70 tokens, idle after 2 steps, no prefix cache", 256, LATE, true, 0, 0, 2, 65},
-        {"drafting past 70 tokens, idle after 2 steps", 256, LATE, false, 0, 0, 2, 64},
+        {"drafting past 70 tokens, idle after 2 steps, no prefix cache", 256, LATE, true, 0, 0, 2, 65, false},
+        {"drafting past 70 tokens, idle after 2 steps", 256, LATE, false, 0, 0, 2, 64, false},
         /* chunks of 5: the never-drafting first request is idle from its fourth step, so its prompt's
          * blocks join the cache with zeros; the second hits them */
-        {"a prefix hit on the blocks an idle request dropped", 5, NULL, false, 40, 0, 2, 32},
+        {"a prefix hit on the blocks an idle request dropped", 5, NULL, false, 40, 0, 2, 32, false},
+        /* eagle_lazy: rows wait from the prompt on until a request's first EAGLE draft, past the blocks
+         * joining the prefix cache; the first drafts are the same bits */
+        {"eagle_lazy, drafting from the first step", 256, NULL, false, 0, 0, 0, 0, true},
+        {"eagle_lazy, chunks of 5", 5, NULL, false, 0, 0, 0, 0, true},
+        {"eagle_lazy, drafting every third length", 256, SOMETIMES, false, 0, 0, 0, 0, true},
+        {"eagle_lazy, drafting past 70 tokens", 256, LATE, false, 0, 0, 0, 0, true},
+        {"eagle_lazy, two samples of each prompt", 256, SOMETIMES, false, 0, 2, 0, 0, true},
+        /* the first request never drafts: its blocks join the cache with zeros, which the second hits */
+        {"eagle_lazy, a prefix hit on a request that never drafted", 256, NULL, false, 40, 0, 0, 32, true},
+        /* idle first: as without eagle_lazy */
+        {"eagle_lazy, drafting past 70 tokens, idle after 2 steps", 256, LATE, false, 0, 0, 2, 64, true},
     };
     for (size_t i = 0; i < LI_ARRAY_LEN(cases); i++) sync_run(m, &be, eg, &cases[i]);
     li_eagle_free(eg);
