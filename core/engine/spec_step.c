@@ -660,6 +660,9 @@ void li_spec_step_eagle_reset(req *r, int64_t done) {
 void li_spec_step_eagle_fork(const li_engine *e, req *c, const req *parent) {
     li_spec_step_eagle_reset(c, parent->e_done);
     c->e_lazy = parent->e_lazy;
+    /* a lazy sample zeroes only positions of its own: the ones it shares
+     * may hold the parent's catch-up by then */
+    if (c->e_lazy) c->e_zero = LI_MAX(parent->e_zero, parent->num_computed);
     if (!e->sp.eagle || !parent->e_pend_n) return;
     const size_t w = (size_t)e->sp.eagle->inproj.in_width;
     pend_reserve(c, parent->e_pend_n, parent->e_lazy ? LI_EAGLE_LAZY_MAX : LI_EAGLE_PENDING_MAX, w);

@@ -873,6 +873,7 @@ static void test_sync(li_model *m) {
         {"eagle_lazy, drafting every third length", 256, SOMETIMES, false, 0, 0, 0, 0, true},
         {"eagle_lazy, drafting past 70 tokens", 256, LATE, false, 0, 0, 0, 0, true},
         {"eagle_lazy, two samples of each prompt", 256, SOMETIMES, false, 0, 2, 0, 0, true},
+        {"eagle_lazy, two samples of each prompt drafting past 70 tokens", 256, LATE, false, 0, 2, 0, 0, true},
         /* the first request never drafts: its blocks join the cache with zeros, which the second hits */
         {"eagle_lazy, a prefix hit on a request that never drafted", 256, NULL, false, 40, 0, 0, 32, true},
         /* idle first: as without eagle_lazy */
