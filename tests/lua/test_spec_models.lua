@@ -122,6 +122,16 @@ local eg, egs = run{ max_num_seqs = 8, eagle = eagle, spec_tokens = 3, spec_disa
 same(eg, base, "eagle k=3, 24 tokens per step")
 H.check(egs.spec_by.eagle.drafted > 0 and egs.spec_drafted == egs.spec_by.eagle.drafted,
         "eagle: drafts made (%d), all of them by eagle", egs.spec_by.eagle.drafted)
+-- ... with eagle_lazy (each prompt's draft KV at its first draft step: the
+-- forked sample, the prefix hit and chunked prefill as above), and under a
+-- tiny KV budget (preempted requests recompute, their rows wait again)
+local egl = run{ max_num_seqs = 8, eagle = eagle, eagle_lazy = true, spec_tokens = 3, spec_disable_batch = 0,
+                 max_batched_tokens = 24 }
+same(egl, base, "eagle k=3, eagle_lazy, 24 tokens per step")
+local egt, egts = run{ max_num_seqs = 8, kv_memory = per_token * 16 * 11, eagle = eagle, eagle_lazy = true,
+                       spec_tokens = 3, spec_disable_batch = 0 }
+same(egt, base, "eagle k=3, eagle_lazy, tiny KV budget")
+H.check(egts.preemptions > 0, "eagle_lazy: the tiny budget forced preemption (%d)", egts.preemptions)
 
 -- EAGLE loaded, a request copying with n-gram lookup (more than one
 -- position a step, never an EAGLE draft): past eagle_idle_steps positions
