@@ -76,6 +76,14 @@
 -- MAX_K.medusa of them. Scheduling is the engine's built-in FCFS.
 --
 --   luainfer serve --policy policies/spec_adaptive.lua --spec-layers 8 ...
+--
+-- With an EAGLE draft (--eagle FILE), --eagle-lazy leaves a request's
+-- draft KV of its prompt until it first drafts with EAGLE: the requests
+-- this policy keeps on n-gram lookup or off then never pay for it (2-5% on
+-- the copying workloads and the code edit at batch 4 in bench spec,
+-- docs/benchmarks.md, session 32), at the price docs/speculation.md
+-- gives ("Idle requests": shared prefixes such requests computed keep
+-- zeros in the draft's KV).
 
 local PRIOR_ROW = 0.06 -- an unmeasured row count: each row past the largest measured one costs this share of it
 local MIN_GAIN = 1.05  -- below this expected speedup, no drafts
