@@ -75,7 +75,7 @@
 -- counted as a chain (its tree lists the top-1 chain first), at most
 -- MAX_K.medusa of them. Scheduling is the engine's built-in FCFS.
 --
---   luainfer serve --policy policies/spec_adaptive.lua --spec-layers 8 ...
+--   luainfer serve policies/spec_adaptive.lua --spec-layers 8 ...
 --
 -- With an EAGLE draft (--eagle FILE), --eagle-lazy leaves a request's
 -- draft KV of its prompt until it first drafts with EAGLE: the requests
