@@ -57,7 +57,7 @@ int li_forward_init(li_forward *f, const li_model *m, li_backend *be, int64_t ca
     f->d_pos = (int32_t *)(d + bo[1]);
     f->d_seq = (int32_t *)(d + bo[2]);
     f->d_slot = (int64_t *)(d + bo[3]);
-    f->h_batch = li_xcalloc(1, f->batch.size);
+    if (!f->batch.host) f->h_batch = li_xcalloc(1, f->batch.size); /* a device's: a host mirror */
     f->be = be;
     f->cap = cap;
     const char *env = getenv("LUAINFER_GRAPHS");
@@ -279,15 +279,17 @@ static int batch_upload(li_forward *f, int64_t n_tokens, li_kv_cache *kv, const 
     const size_t bt_bytes = (size_t)n_rows * (size_t)b->bt_stride * sizeof(int32_t);
     if ((rc = buffer_reserve(be, &f->table, bt_bytes, err))) return rc;
     const li_backend_ops *op = be->ops;
-    /* the four arrays at their places in the host mirror, then one copy up
-     * to the slots' end (on a device each copy is a few microseconds of
-     * the host's; the unused tails between the arrays go up too) */
+    /* the four arrays at their places: in host memory directly; for a
+     * device in its host mirror, then one copy up to the slots' end (each
+     * copy is a few microseconds of the host's; the unused tails between
+     * the arrays go up too) */
+    char *dst = f->batch.host ? (char *)f->batch.data : f->h_batch;
     const size_t n4 = (size_t)n * 4, o_slot = li_buffer_offset(&f->batch, f->d_slot);
-    memcpy(f->h_batch + li_buffer_offset(&f->batch, f->d_tokens), b->tokens, n4);
-    memcpy(f->h_batch + li_buffer_offset(&f->batch, f->d_pos), b->pos, n4);
-    memcpy(f->h_batch + li_buffer_offset(&f->batch, f->d_seq), seq, n4);
-    memcpy(f->h_batch + o_slot, b->slot, (size_t)n * 8);
-    op->buffer_set(be, &f->batch, 0, f->h_batch, o_slot + (size_t)n * 8);
+    memcpy(dst + li_buffer_offset(&f->batch, f->d_tokens), b->tokens, n4);
+    memcpy(dst + li_buffer_offset(&f->batch, f->d_pos), b->pos, n4);
+    memcpy(dst + li_buffer_offset(&f->batch, f->d_seq), seq, n4);
+    memcpy(dst + o_slot, b->slot, (size_t)n * 8);
+    if (!f->batch.host) op->buffer_set(be, &f->batch, 0, f->h_batch, o_slot + (size_t)n * 8);
     op->buffer_set(be, &f->table, 0, table, bt_bytes);
     return 0;
 }

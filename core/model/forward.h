@@ -112,7 +112,7 @@ typedef struct li_forward {
     li_buffer batch;
     int32_t *d_tokens, *d_pos, *d_seq;         /* (cap) */
     int64_t *d_slot;                           /* (cap) */
-    char *h_batch; /* the batch buffer's host mirror: its four arrays go up in one copy */
+    char *h_batch; /* a device batch buffer's host mirror (its four arrays go up in one copy); NULL on a host */
     li_buffer table;                           /* the uploaded block table, grown on demand */
     li_buffer logits;                          /* (logits_cap, n_vocab), grown on demand */
     li_buffer ids;                             /* li_forward_argmax's ids, li_forward_topk's values, ids, lse */
