@@ -856,17 +856,19 @@ static int32_t host_cands(li_sampler *s, const float *logits) {
     if (!s->cand) s->cand = li_xmalloc((size_t)nv * sizeof *s->cand);
     li_token_logprob *c = s->cand;
     const float mx = max_of(logits, nv), scale = (float)CAND_BINS / 64.0f;
-    int32_t m = 0;
-    for (int32_t lim = CAND_BINS / 8;; lim *= 2) {
+    int32_t m = 0, lim = CAND_BINS / 8;
+    for (;; lim *= 2) {
         bool nan = false;
         m = cand_take(logits, nv, mx, scale, (float)lim, c, lim == CAND_BINS / 8 ? &nan : NULL);
         if (nan) return -1; /* the full chain's NaN rule */
         if (m >= HOST_CAND || lim == CAND_BINS) break;
     }
-    int32_t hist[CAND_BINS] = {0};
+    /* the span's bins only: every taken logit's bin is below lim */
+    int32_t hist[CAND_BINS];
+    memset(hist, 0, (size_t)lim * sizeof *hist);
     for (int32_t i = 0; i < m; i++) hist[(int)((mx - c[i].logprob) * scale)]++;
     int32_t top = 0, got = 0;
-    while (top < CAND_BINS - 1 && got + hist[top] < HOST_CAND) got += hist[top++];
+    while (top < lim - 1 && got + hist[top] < HOST_CAND) got += hist[top++];
     int32_t kept = 0;
     for (int32_t i = 0; i < m; i++)
         if ((mx - c[i].logprob) * scale < (float)(top + 1)) c[kept++] = c[i];
