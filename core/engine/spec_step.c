@@ -380,7 +380,7 @@ void li_spec_step_propose(li_engine *e) {
             li_error serr = {0};
             /* eagle_lazy: a first draft's catch-up of its prompt, once, out
              * of what a draft costs (time_draft_sync still counts it) */
-            int src = m == LI_SPEC_EAGLE ? eagle_catchup_drafters(e, ns, true, &serr) : 0;
+            int src = m == LI_SPEC_EAGLE && e->cfg.eagle_lazy ? eagle_catchup_drafters(e, ns, true, &serr) : 0;
             const double t0 = li_time_now();
             if (!src) src = m == LI_SPEC_DRAFT ? draft_sync(e, ns, &serr) : eagle_catchup_drafters(e, ns, false, &serr);
             t_sync = li_time_now() - t0; /* in time_draft_sync, not time_propose */
