@@ -73,6 +73,20 @@ static cJSON *json_type(cJSON *ty, int t, const type_stat *s) {
     return e;
 }
 
+/* --tensors' entry of t in tl: its name, type, shape and bytes */
+static cJSON *json_tensor(cJSON *tl, const li_gguf_tensor *t) {
+    cJSON *e = cJSON_CreateObject();
+    char name[256];
+    snprintf(name, sizeof name, "%.*s", (int)LI_MIN(t->name.len, 255), t->name.ptr);
+    cJSON_AddStringToObject(e, "name", name);
+    cJSON_AddStringToObject(e, "type", li_type_name(t->type));
+    cJSON *sh = cJSON_AddArrayToObject(e, "shape");
+    for (uint32_t d = 0; d < t->n_dims; d++) cJSON_AddItemToArray(sh, cJSON_CreateNumber((double)t->ne[d]));
+    cJSON_AddNumberToObject(e, "bytes", (double)t->nbytes);
+    cJSON_AddItemToArray(tl, e);
+    return e;
+}
+
 /* ---- drafts: an EAGLE draft or Medusa heads file (not a model) ---------------------- */
 
 /* The scalar "<arch>.train.*" keys (how the file was trained) into j, or
@@ -170,18 +184,7 @@ static int info_draft(const li_gguf *g, const char *path, const char *arch, bool
             if (st[t].count) json_type(ty, t, &st[t]);
         if (tensors) {
             cJSON *tl = cJSON_AddArrayToObject(j, "tensors");
-            for (uint64_t i = 0; i < g->n_tensors; i++) {
-                const li_gguf_tensor *t = &g->tensors[i];
-                cJSON *e = cJSON_CreateObject();
-                char name[256];
-                snprintf(name, sizeof name, "%.*s", (int)LI_MIN(t->name.len, 255), t->name.ptr);
-                cJSON_AddStringToObject(e, "name", name);
-                cJSON_AddStringToObject(e, "type", li_type_name(t->type));
-                cJSON *sh = cJSON_AddArrayToObject(e, "shape");
-                for (uint32_t d = 0; d < t->n_dims; d++) cJSON_AddItemToArray(sh, cJSON_CreateNumber((double)t->ne[d]));
-                cJSON_AddNumberToObject(e, "bytes", (double)t->nbytes);
-                cJSON_AddItemToArray(tl, e);
-            }
+            for (uint64_t i = 0; i < g->n_tensors; i++) json_tensor(tl, &g->tensors[i]);
         }
         char *s = cJSON_Print(j);
         printf("%s\n", s);
@@ -349,19 +352,11 @@ int li_cmd_info(int argc, char **argv) {
             cJSON *tl = cJSON_AddArrayToObject(j, "tensors");
             for (uint64_t i = 0; i < m->gguf.n_tensors; i++) {
                 const li_gguf_tensor *t = &m->gguf.tensors[i];
-                cJSON *e = cJSON_CreateObject();
-                char name[256];
-                snprintf(name, sizeof name, "%.*s", (int)LI_MIN(t->name.len, 255), t->name.ptr);
-                cJSON_AddStringToObject(e, "name", name);
-                cJSON_AddStringToObject(e, "type", li_type_name(t->type));
+                cJSON *e = json_tensor(tl, t);
                 cJSON_AddStringToObject(e, "scheme", is_companion(m, t) ? "scales" : tensor_scheme(m, t));
                 if (!is_companion(m, t))
                     cJSON_AddNumberToObject(e, "bits_per_weight",
                                             8.0 * (double)(t->nbytes + companion_bytes(m, t)) / (double)tensor_elems(m, t));
-                cJSON *sh = cJSON_AddArrayToObject(e, "shape");
-                for (uint32_t d = 0; d < t->n_dims; d++) cJSON_AddItemToArray(sh, cJSON_CreateNumber((double)t->ne[d]));
-                cJSON_AddNumberToObject(e, "bytes", (double)t->nbytes);
-                cJSON_AddItemToArray(tl, e);
             }
         }
         if (kv) {
