@@ -644,19 +644,13 @@ __device__ __forceinline__ void gemv_store(const float *acc, int nb, int lane, f
     }
 }
 
-// Row r of y(n, m) = x(n, k) . W^T for the activation rows [b0, b0 + 8) of
-// the chunk: one warp, lanes stride along k, one weight element read for
-// all the chunk's rows; f32 sums, a warp reduction at the end. With res,
-// res += y too (the residual add: the same float added as k_add adds it).
+// A weight row's sums for the activation rows xb[0, nb) of a chunk (see
+// gemv_any), element by element: one warp, lanes stride along k, one weight
+// element read for all the chunk's rows, through the permutation when
+// there is one (act-order); f32 sums, reduced across the warp by gemv_store.
 template <int T>
-__device__ __forceinline__ void gemv_row(const cu_wview &w, int64_t r, const float *x, float *y, float *res,
-                                         int64_t n, int64_t b0, int lane) {
-    const int nb = (int)(n - b0 < GEMV_NB ? n - b0 : GEMV_NB);
+__device__ __forceinline__ void gemv_elem(const cu_wview &w, int64_t r, const float *xb, int nb, int lane, float *acc) {
     const uint8_t *row = w.data + r * w.row_bytes;
-    const float *xb = x + b0 * w.k;
-    float acc[GEMV_NB];
-#pragma unroll
-    for (int b = 0; b < GEMV_NB; b++) acc[b] = 0.0f;
     for (int64_t j = lane; j < w.k; j += 32) {
         const float v = wval<T>(w, row, r, j);
         const int64_t xj = w.perm ? (int64_t)w.perm[j] : j;
@@ -664,7 +658,6 @@ __device__ __forceinline__ void gemv_row(const cu_wview &w, int64_t r, const flo
         for (int b = 0; b < GEMV_NB; b++)
             if (b < nb) acc[b] += v * xb[b * w.k + xj];
     }
-    gemv_store(acc, nb, lane, y, res, b0, w.m, r);
 }
 
 // The same for the GGUF block types (q4_0, q4_1, q8_0; plain, so no scales
@@ -709,42 +702,28 @@ __device__ __forceinline__ void gemv_blk(const uint8_t *row, const uint8_t *row2
     }
 }
 
-template <int T>
-__device__ __forceinline__ void gemv_row_blk(const cu_wview &w, int64_t r, const float *x, float *y, float *res,
-                                             int64_t n, int64_t b0, int lane) {
-    const int nb = (int)(n - b0 < GEMV_NB ? n - b0 : GEMV_NB);
-    float acc[GEMV_NB];
-#pragma unroll
-    for (int b = 0; b < GEMV_NB; b++) acc[b] = 0.0f;
-    gemv_blk<T>(w.data + r * w.row_bytes, nullptr, w.k, x + b0 * w.k, nb, nullptr, nullptr, lane, acc, nullptr);
-    gemv_store(acc, nb, lane, y, res, b0, w.m, r);
-}
-
-// The other types without a permutation: 8 consecutive elements a lane
-// (cuda_math.h li_cu_gemv8_lane, which test_cuda_math runs on the host)
-template <int T>
-__device__ __forceinline__ void gemv_row8(const cu_wview &w, int64_t r, const float *x, float *y, float *res,
-                                          int64_t n, int64_t b0, int lane) {
-    const int nb = (int)(n - b0 < GEMV_NB ? n - b0 : GEMV_NB);
-    float acc[GEMV_NB];
-#pragma unroll
-    for (int b = 0; b < GEMV_NB; b++) acc[b] = 0.0f;
-    li_cu_gemv8_lane(T, w.data + r * w.row_bytes, w.k, w.scales ? w.scales + r * w.ng : nullptr,
-                     w.zeros ? w.zeros + r * w.ng : nullptr, w.zero, w.gs, x + b0 * w.k, nb, lane, acc);
-    gemv_store(acc, nb, lane, y, res, b0, w.m, r);
-}
-
-// a weight's row: by blocks for the GGUF block types, 8 elements a lane for
-// the others, element by element under a permutation
+// Row r of y(n, m) = x(n, k) . W^T for the activation rows [b0, b0 + 8) of
+// the chunk, by one warp; with res, res += y too (the residual add: the same
+// float added as k_add adds it). The GGUF block types by blocks (gemv_blk),
+// the others 8 consecutive elements a lane (cuda_math.h li_cu_gemv8_lane,
+// which test_cuda_math runs on the host), element by element under a
+// permutation (gemv_elem).
 template <int T>
 __device__ __forceinline__ void gemv_any(const cu_wview &w, int64_t r, const float *x, float *y, float *res,
                                          int64_t n, int64_t b0, int lane) {
+    const int nb = (int)(n - b0 < GEMV_NB ? n - b0 : GEMV_NB);
+    const float *xb = x + b0 * w.k;
+    float acc[GEMV_NB];
+#pragma unroll
+    for (int b = 0; b < GEMV_NB; b++) acc[b] = 0.0f;
     if constexpr (T == LI_TYPE_Q4_0 || T == LI_TYPE_Q4_1 || T == LI_TYPE_Q8_0)
-        gemv_row_blk<T>(w, r, x, y, res, n, b0, lane);
+        gemv_blk<T>(w.data + r * w.row_bytes, nullptr, w.k, xb, nb, nullptr, nullptr, lane, acc, nullptr);
     else if (!w.perm)
-        gemv_row8<T>(w, r, x, y, res, n, b0, lane);
+        li_cu_gemv8_lane(T, w.data + r * w.row_bytes, w.k, w.scales ? w.scales + r * w.ng : nullptr,
+                         w.zeros ? w.zeros + r * w.ng : nullptr, w.zero, w.gs, xb, nb, lane, acc);
     else
-        gemv_row<T>(w, r, x, y, res, n, b0, lane);
+        gemv_elem<T>(w, r, xb, nb, lane, acc);
+    gemv_store(acc, nb, lane, y, res, b0, w.m, r);
 }
 
 // A warp's weight row into L2 before pdl_enter: the weights never change
