@@ -8,6 +8,8 @@
  * Run: build/bench_kernels [threads] [isa]     kernels (defaults: all cores, auto)
  *      build/bench_kernels --peak [threads] [auto|avx2|avx512]
  *                                             machine limits (bench_llama_cpp.py)
+ *      build/bench_kernels --verify R CTX STEPS  one sequence at context CTX
+ *                                             running R rows a step (a verify)
  *      build/bench_kernels --forward S STEPS  the default model decoding S
  *                                             sequences in lockstep (2 threads,
  *                                             F16 KV): time per op per step
@@ -288,12 +290,20 @@ static void t_kv_store(li_backend *b, const li_kv_layer *kv, const float *k, con
 }
 static void t_attention(li_backend *b, const li_attn_args *a) { OP_TIMED(OP_ATTENTION, op_real->attention(b, a)); }
 
-static int forward_main(int S, int steps) {
-    enum { P0 = 16 }; /* prompt tokens of each sequence */
+/* S sequences with 16-token prompts decode a token each per step; or, with
+ * R > 0 (--verify), one sequence with a P0-token prompt runs R rows at
+ * positions P0..P0+R-1 every step, as a verify of R-1 drafts that are all
+ * rejected (the same slots written again): attention reads P0 positions. */
+static int forward_main(int S, int steps, int P0, int R) {
     li_error err = {0};
     li_model *m;
-    if (S < 1 || S > 512 / P0 || steps < 1) {
-        fprintf(stderr, "--forward S STEPS: 1 <= S <= %d, STEPS >= 1\n", 512 / P0);
+    if (R > 0 ? (R > 64 || P0 < 1 || P0 > 4096) : (S < 1 || S > 512 / P0)) {
+        fprintf(stderr, R > 0 ? "--verify R CTX STEPS: 1 <= R <= 64, 1 <= CTX <= 4096\n"
+                              : "--forward S STEPS: 1 <= S <= 32, STEPS >= 1\n");
+        return 1;
+    }
+    if (steps < 1) {
+        fprintf(stderr, "STEPS >= 1\n");
         return 1;
     }
     if (li_model_load(&m, li_model_default_path(NULL), &err) || li_backend_cpu_init(&be, 2, "auto", &err) ||
@@ -321,66 +331,76 @@ static int forward_main(int S, int steps) {
 
     li_kv_cache kv;
     li_forward fw;
-    const int32_t blocks = (int32_t)(S * ((P0 + steps + 16) / 16 + 1));
+    const int span = R > 0 ? P0 + R : P0 + steps; /* positions each sequence holds */
+    const int32_t blocks = (int32_t)(S * ((span + 16) / 16 + 1));
     const li_kv_dims dims = li_forward_kv_dims(&m->hp);
     if (li_kv_cache_init(&kv, &be, &dims, LI_TYPE_F16, 16, blocks, &err) || li_forward_init(&fw, m, &be, 512, &err)) {
         fprintf(stderr, "%s\n", err.msg);
         return 1;
     }
     li_kv_seq *seqs = li_xcalloc((size_t)S, sizeof *seqs);
-    const int64_t stride = (P0 + steps + 1 + 15) / 16;
+    const int64_t stride = (span + 1 + 15) / 16;
     int32_t *tables = li_xcalloc((size_t)(S * stride), sizeof *tables); /* (S, stride) */
     for (int s = 0; s < S; s++) {
         li_kv_seq_init(&seqs[s]);
-        li_kv_seq_reserve(&kv, &seqs[s], P0 + steps + 1);
+        li_kv_seq_reserve(&kv, &seqs[s], span + 1);
         memcpy(tables + s * stride, seqs[s].blocks, (size_t)stride * sizeof *tables);
     }
     int32_t tok[512], pos[512], sq[512], rows[512];
     int64_t slot[512];
     const int64_t nv = m->hp.n_vocab;
     const float *logits = NULL;
-    int64_t n = 0; /* the prompts, one batch */
-    for (int s = 0; s < S; s++)
-        for (int i = 0; i < P0; i++, n++) {
-            tok[n] = 100 + (i * 7919 + s * 104729) % 40000;
-            pos[n] = i;
-            sq[n] = s;
-            slot[n] = li_kv_seq_slot(&kv, &seqs[s], i);
-            if (i == P0 - 1) rows[s] = (int32_t)n;
+    for (int c0 = 0; c0 < P0; c0 += 512 / S) { /* the prompts, in batches of up to 512 tokens */
+        const int c1 = LI_MIN(P0, c0 + 512 / S);
+        int64_t n = 0;
+        for (int s = 0; s < S; s++)
+            for (int i = c0; i < c1; i++, n++) {
+                tok[n] = 100 + (i * 7919 + s * 104729) % 40000;
+                pos[n] = i;
+                sq[n] = s;
+                slot[n] = li_kv_seq_slot(&kv, &seqs[s], i);
+                if (i == c1 - 1) rows[s] = (int32_t)n;
+            }
+        li_batch b = {.n = n, .tokens = tok, .pos = pos, .seq = sq, .slot = slot, .block_table = tables,
+                      .n_seqs = S, .bt_stride = stride,
+                      .logit_rows = rows, .n_logits = S};
+        if (li_forward_run(&fw, m, &be, &kv, &b, NULL, &err)) {
+            fprintf(stderr, "%s\n", err.msg);
+            return 1;
         }
-    li_batch b = {.n = n, .tokens = tok, .pos = pos, .seq = sq, .slot = slot, .block_table = tables,
-                  .n_seqs = S, .bt_stride = stride,
-                  .logit_rows = rows, .n_logits = S};
-    if (li_forward_run(&fw, m, &be, &kv, &b, NULL, &err)) {
-        fprintf(stderr, "%s\n", err.msg);
-        return 1;
     }
     logits = li_forward_logits(&fw, m);
     memset(op_time, 0, sizeof op_time);
     memset(op_calls, 0, sizeof op_calls);
     double t_fwd = 0;
     for (int st = 0; st < steps; st++) {
-        for (int s = 0; s < S; s++) { /* greedy, outside the timed forward pass */
-            const float *l = logits + s * nv;
+        const int nr = R > 0 ? R : S; /* rows of this step */
+        for (int s = 0; s < nr; s++) { /* greedy, outside the timed forward pass */
+            const float *l = logits + (R > 0 ? 0 : s) * nv;
             int32_t best = 0;
             for (int32_t j = 1; j < nv; j++)
                 if (l[j] > l[best]) best = j;
-            tok[s] = best;
-            pos[s] = P0 + st;
-            sq[s] = s;
-            slot[s] = li_kv_seq_slot(&kv, &seqs[s], P0 + st);
+            tok[s] = R > 0 && s > 0 ? 100 + (s * 7919 + st) % 40000 : best; /* the drafts */
+            const int p = R > 0 ? P0 + s : P0 + st;
+            sq[s] = R > 0 ? 0 : s;
+            pos[s] = p;
+            slot[s] = li_kv_seq_slot(&kv, &seqs[sq[s]], p);
             rows[s] = s;
         }
-        li_batch d = {.n = S, .tokens = tok, .pos = pos, .seq = sq, .slot = slot, .block_table = tables,
-                  .n_seqs = S, .bt_stride = stride,
-                      .logit_rows = rows, .n_logits = S};
+        li_batch d = {.n = nr, .tokens = tok, .pos = pos, .seq = sq, .slot = slot, .block_table = tables,
+                      .n_seqs = R > 0 ? 1 : S, .bt_stride = stride,
+                      .logit_rows = rows, .n_logits = nr};
         const double t0 = li_time_now();
         li_forward_run(&fw, m, &be, &kv, &d, NULL, &err);
         t_fwd += li_time_now() - t0;
         logits = li_forward_logits(&fw, m);
     }
-    printf("decode, %d sequence%s x %d steps (contexts %d..%d): forward %.3f ms per step = %.1f tok/s\n", S,
-           S > 1 ? "s" : "", steps, P0, P0 + steps, t_fwd / steps * 1e3, S * steps / t_fwd);
+    if (R > 0)
+        printf("verify, %d rows at context %d x %d steps: forward %.3f ms per step\n", R, P0, steps,
+               t_fwd / steps * 1e3);
+    else
+        printf("decode, %d sequence%s x %d steps (contexts %d..%d): forward %.3f ms per step = %.1f tok/s\n", S,
+               S > 1 ? "s" : "", steps, P0, P0 + steps, t_fwd / steps * 1e3, S * steps / t_fwd);
     double sum = 0;
     for (int i = 0; i < OP_COUNT; i++) {
         printf("  %-10s %8.3f ms per step (%3ld calls, %8.2f us each)\n", op_names[i], op_time[i] / steps * 1e3,
@@ -391,7 +411,7 @@ static int forward_main(int S, int steps) {
     }
     printf("  %-10s %8.3f ms per step\n", "the rest", (t_fwd - sum) / steps * 1e3);
     rec("the rest", "ms_per_step", (t_fwd - sum) / steps * 1e3);
-    cJSON_AddNumberToObject(res.root, "tok_per_s", S * steps / t_fwd);
+    cJSON_AddNumberToObject(res.root, "tok_per_s", (R > 0 ? R : S) * steps / t_fwd);
     for (int s = 0; s < S; s++) {
         li_kv_seq_release(&kv, &seqs[s]);
         li_kv_seq_free(&seqs[s]);
@@ -590,8 +610,12 @@ int main(int argc, char **argv) {
         static const char *const v[] = {"q4_1_ms", "a8_ms"};
         li_bench_results_chart_n(&res, "name", v, 2, "ms per matmul", "4-bit decode from memory against Q4_1", true);
     } else if (argc > 1 && !strcmp(argv[1], "--forward")) {
-        rc = forward_main(argc > 2 ? atoi(argv[2]) : 1, argc > 3 ? atoi(argv[3]) : 128);
+        rc = forward_main(argc > 2 ? atoi(argv[2]) : 1, argc > 3 ? atoi(argv[3]) : 128, 16, 0);
         li_bench_results_chart(&res, "name", "ms_per_step", "ms per step", "a decode step, op by op", false);
+    } else if (argc > 1 && !strcmp(argv[1], "--verify")) {
+        rc = forward_main(1, argc > 4 ? atoi(argv[4]) : 50, argc > 3 ? atoi(argv[3]) : 256,
+                          argc > 2 ? atoi(argv[2]) : 9);
+        li_bench_results_chart(&res, "name", "ms_per_step", "ms per step", "a verify step, op by op", false);
     } else {
         rc = kernels_main(argc, argv);
         li_bench_results_chart(&res, "name", "ms", "ms", "CPU kernels", true);

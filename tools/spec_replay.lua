@@ -28,7 +28,8 @@
 -- without that shows them (a count's cost once it has run twice: the
 -- engine does not time a count's first, cold pass), and n-gram the only
 -- proposer;
--- a request's drafts are capped at 16 and at the room before max_tokens.
+-- a request's drafts are capped at 16 and at the room before max_tokens,
+-- and cut after an end-of-generation id (as the engine cuts them).
 -- --oracle adds a setting no policy can run: each round drafts exactly
 -- the tokens the text then holds (none where the first would fail). At
 -- batch 1 that is what any n-gram policy could reach on this lookup and
@@ -88,9 +89,13 @@ end
 local row_time = {}
 for n = 1, 64 do row_time[n] = T(n) / 1000 end
 
--- the texts: prompt tokens, then the greedy output
+-- the texts: prompt tokens, then the greedy output, then the end-of-generation
+-- id it stopped on (the result leaves it out; the engine's last step draws it,
+-- and a copy's drafts can reach it: the one the prompt's chat template ends its
+-- turns with, the last such id in the prompt)
 local SW = bench.spec_workloads()
 local e = luainfer.engine{ max_num_seqs = 1 }
+local EOG = e:info().eog_ids -- drafts are cut after one, as the engine cuts them
 local texts = {} -- [kind] = { [v + 1] = { t = tokens, np = prompt tokens } } for v = 0..max(NV, 4)
 for _, kind in ipairs(SW.kinds) do
   texts[kind] = {}
@@ -100,7 +105,17 @@ for _, kind in ipairs(SW.kinds) do
     e:run()
     local t = e:tokenize(prompt)
     local np = #t
-    for _, x in ipairs(e:result(id).tokens) do t[#t + 1] = x end
+    local res = e:result(id)
+    for _, x in ipairs(res.tokens) do t[#t + 1] = x end
+    if res.finish_reason == "stop" then
+      local eog = EOG[1]
+      for i = np, 1, -1 do
+        local hit = false
+        for _, g in ipairs(EOG) do hit = hit or t[i] == g end
+        if hit then eog = t[i]; break end
+      end
+      t[#t + 1] = eog
+    end
     texts[kind][v + 1] = { t = t, np = np }
   end
 end
@@ -109,7 +124,7 @@ e:close()
 local function lookup(t, n, k) -- the drafts for the first n tokens of t, and the match they copy from
   local ctx = {}
   for i = 1, n do ctx[i] = t[i] end
-  return luainfer.ngram_draft(ctx, 4, 2, k)
+  return luainfer.ngram_draft(ctx, 4, 2, k, EOG)
 end
 
 -- Replays requests in lockstep (one, or four). choose(i, r, max_k, step,
@@ -129,7 +144,10 @@ local function replay(set, choose)
     local rows, props = 0, {}
     for _, i in ipairs(live) do
       local r = st[i]
-      local k = choose(i, r, math.min(16, #r.x.t - r.cur), steps, live, shown)
+      -- the room before max_tokens, as the engine caps it (not before the text's end, which
+      -- only the replay knows: capped there, the rounds at the end of a text that ends before
+      -- max_tokens were priced as if the engine knew where its reply would stop)
+      local k = choose(i, r, math.min(16, MAX - (r.cur - r.x.np)), steps, live, shown)
       props[i] = k > 0 and lookup(r.x.t, r.cur, k) or {}
       rows = rows + 1 + #props[i]
     end

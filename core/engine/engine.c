@@ -759,6 +759,10 @@ static bool is_stop_id(const req *r, int32_t tok) {
     return false;
 }
 
+bool li_engine_ends_on(const li_engine *e, const req *r, int32_t tok) {
+    return (!r->ignore_eos && li_tokenizer_is_eog(e->model->tok, tok)) || is_stop_id(r, tok);
+}
+
 /* While min_tokens are not out, the end-of-generation and stop ids cannot
  * be drawn. */
 static void ban_for_min_tokens(req *r) {
@@ -781,7 +785,7 @@ int32_t li_engine_sample_one(li_engine *e, req *r, const float *logits) {
  * penalty window, appended and emitted; length limits end r after it. */
 int32_t li_engine_take_token(li_engine *e, req *r, int32_t tok, float lp, const float *logits) {
     if (r->res.t_first_token < 0) r->res.t_first_token = li_engine_now(e);
-    if ((!r->ignore_eos && li_tokenizer_is_eog(e->model->tok, tok)) || is_stop_id(r, tok)) {
+    if (li_engine_ends_on(e, r, tok)) {
         flush_text(e, r);
         finish(e, r, "stop");
         return -1;

@@ -156,5 +156,8 @@ int32_t li_engine_sample_one(li_engine *e, li_engine_req *r, const float *logits
 /* A token chosen from logits (a draw, or a verifier's) joins r: appended and
  * emitted, or the end of r (-1) when it is an end-of-generation or stop id. */
 int32_t li_engine_take_token(li_engine *e, li_engine_req *r, int32_t tok, float lp, const float *logits);
+/* Whether tok would end r (an end-of-generation id unless ignore_eos, or
+ * one of its stop ids): drafts after it can never be accepted. */
+bool li_engine_ends_on(const li_engine *e, const li_engine_req *r, int32_t tok);
 
 #endif

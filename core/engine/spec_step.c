@@ -268,6 +268,16 @@ static const double *row_curve(li_spec_step *sp) {
     return sp->rows_shown;
 }
 
+/* A chain of n drafts cut after its first token that would end r: if that
+ * one is accepted r ends, if not nothing after it is, so the rows after it
+ * are verified in vain (an n-gram copy runs on past the end of the text it
+ * copies, into the chat template that followed it: up to 15 rows of 16) */
+static int32_t stop_cut(const li_engine *e, const req *r, const int32_t *draft, int32_t n) {
+    for (int32_t j = 0; j < n; j++)
+        if (li_engine_ends_on(e, r, draft[j])) return j + 1;
+    return n;
+}
+
 /* The speculate hook: every request that could draft now, with what it
  * wants, its acceptance per method and the measured costs; the answers are
  * kept for this step (pol_*). */
@@ -288,8 +298,9 @@ static void policy_speculate(li_engine *e, int32_t running) {
         /* what n-gram lookup would draft now: a policy can send a request
          * with nothing to copy to another proposer this step */
         int32_t match;
-        const int32_t ng = li_spec_ngram_lookup(r->toks, r->n_toks, e->cfg.spec_ngram_max, e->cfg.spec_ngram_min,
-                                                max_k, e->sp.sdraft, &match);
+        const int32_t ng = stop_cut(e, r, e->sp.sdraft,
+                                    li_spec_ngram_lookup(r->toks, r->n_toks, e->cfg.spec_ngram_max,
+                                                         e->cfg.spec_ngram_min, max_k, e->sp.sdraft, &match));
         e->sp.cands[n++] = (li_spec_cand){.id = r->res.id, .want_method = want, .want_k = LI_MIN(k, max_k),
                                        .max_k = max_k, .temperature = r->smp.p.temperature, .acceptance = acc,
                                        .drafted = dr, .ngram = ng, .ngram_match = match,
@@ -429,7 +440,8 @@ void li_spec_step_propose(li_engine *e) {
                 r->e_done = r->n_toks;
             /* n-gram and Medusa drafts take their slots now (a tree's nodes
              * list parents first: a cut one keeps its shape) */
-            const int32_t want = e->sp.sseq[i].n_draft;
+            int32_t want = e->sp.sseq[i].n_draft;
+            if (!e->sp.sseq[i].parent) want = stop_cut(e, r, e->sp.sseq[i].draft, want); /* a chain */
             const int32_t n = (int32_t)LI_MIN((int64_t)want, spec_take(e, r, r->n_toks + want) - r->n_toks);
             if (n <= 0) continue;
             if (r->n_toks + n > r->cap) {

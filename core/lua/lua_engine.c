@@ -701,6 +701,14 @@ static int l_engine_info(lua_State *L) {
     lua_pushstring(L, li_runtime_isa(&le->rt));
     lua_setfield(L, -2, "isa");
     SET_NUM("threads", le->rt.be.n_threads);
+    const int32_t *eog = NULL; /* the end-of-generation ids: a reply ends on one unless ignore_eos */
+    const int n_eog = li_tokenizer_eog_ids(le->rt.model->tok, &eog);
+    lua_createtable(L, n_eog, 0);
+    for (int i = 0; i < n_eog; i++) {
+        lua_pushinteger(L, eog[i]);
+        lua_rawseti(L, -2, i + 1);
+    }
+    lua_setfield(L, -2, "eog_ids");
     if (le->rt.model->chat_template) { /* the GGUF's, for luainfer.chat.format */
         lua_pushstring(L, le->rt.model->chat_template);
         lua_setfield(L, -2, "chat_template");
@@ -770,16 +778,18 @@ static const luaL_Reg engine_methods[] = {
     {NULL, NULL},
 };
 
-/* luainfer.ngram_draft(tokens, n_max, n_min, k): the drafts n-gram lookup
- * makes for a token list (li_spec_ngram_lookup, what the engine drafts
- * with), and how many last tokens the copied occurrence matches (a
- * speculate hook's req.speculation.ngram_match), for tools that replay
- * speculation offline. */
+/* luainfer.ngram_draft(tokens, n_max, n_min, k [, stop]): the drafts n-gram
+ * lookup makes for a token list (li_spec_ngram_lookup, what the engine
+ * drafts with), cut after the first of the ids in the table stop (as the
+ * engine cuts a request's drafts after a token that would end it), and how
+ * many last tokens the copied occurrence matches (a speculate hook's
+ * req.speculation.ngram_match), for tools that replay speculation offline. */
 static int l_ngram_draft(lua_State *L) {
     luaL_checktype(L, 1, LUA_TTABLE);
     const lua_Integer nmax = luaL_checkinteger(L, 2), nmin = luaL_checkinteger(L, 3), k = luaL_checkinteger(L, 4);
     luaL_argcheck(L, nmin >= 1 && nmin <= nmax && nmax <= 64, 3, "want 1 <= n_min <= n_max <= 64");
     luaL_argcheck(L, k >= 0 && k <= 1024, 4, "want 0 <= k <= 1024");
+    if (!lua_isnoneornil(L, 5)) luaL_checktype(L, 5, LUA_TTABLE);
     const size_t n = lua_objlen(L, 1);
     int32_t *toks = malloc((n ? n : 1) * sizeof *toks), out[1024];
     if (!toks) return luaL_error(L, "ngram_draft: out of memory");
@@ -793,8 +803,23 @@ static int l_ngram_draft(lua_State *L) {
         lua_pop(L, 1);
     }
     int32_t match;
-    const int32_t m = li_spec_ngram_lookup(toks, (int64_t)n, (int)nmax, (int)nmin, (int32_t)k, out, &match);
+    int32_t m = li_spec_ngram_lookup(toks, (int64_t)n, (int)nmax, (int)nmin, (int32_t)k, out, &match);
     free(toks);
+    if (!lua_isnoneornil(L, 5)) {
+        const size_t ns = lua_objlen(L, 5);
+        for (int32_t j = 0; j < m; j++) {
+            bool stop = false;
+            for (size_t i = 0; i < ns && !stop; i++) {
+                lua_rawgeti(L, 5, (int)i + 1);
+                stop = lua_isnumber(L, -1) && lua_tointeger(L, -1) == out[j];
+                lua_pop(L, 1);
+            }
+            if (stop) {
+                m = j + 1;
+                break;
+            }
+        }
+    }
     lua_createtable(L, m, 0);
     for (int32_t i = 0; i < m; i++) {
         lua_pushinteger(L, out[i]);

@@ -152,6 +152,16 @@ typedef struct {
     li_cpu_lanes lanes;    /* the items in contiguous runs */
 } matmul_job;
 
+/* y += x element by element (the same adds in any order). Blocks of a
+ * fixed 16 let -O2 vectorize them without a runtime alias check: the
+ * residual adds ran scalar, 3% of a verify step. */
+static void add_f32(float *restrict y, const float *restrict x, int64_t n) {
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int l = 0; l < 16; l++) y[i + l] += x[i + l];
+    for (; i < n; i++) y[i] += x[i];
+}
+
 static void matmul_quantize(void *p, int ith, int nth) {
     matmul_job *j = p;
     const int64_t k = j->k;
@@ -188,11 +198,7 @@ static void matmul_item(const matmul_job *j, int64_t t) {
                                          y + u0, w->m);
     }
     if (pt->res) /* the residual add of the reference (res += y), on the tile still in L1 */
-        for (int64_t r = 0; r < nr; r++) {
-            float *dst = pt->res + (r0 + r) * w->m;
-            const float *src = y + r * w->m;
-            for (int64_t c = c0; c < c1; c++) dst[c] += src[c];
-        }
+        for (int64_t r = 0; r < nr; r++) add_f32(pt->res + (r0 + r) * w->m + c0, y + r * w->m + c0, c1 - c0);
 }
 
 /* Thread ith drains its own lane first (li_cpu_lanes), then the others. */
@@ -338,7 +344,7 @@ static void cpu_matmul_add(li_backend *be, const li_weight *w, const float *x, f
     if (matmul_act_type(w) == LI_TYPE_COUNT) {
         if (matmul_path(w) == MM_NONE) matmul_unknown(cpu_of(be), w);
         li_backend_ref_ops()->matmul(be, w, x, y, n);
-        for (int64_t i = 0; i < n * w->m; i++) res[i] += y[i];
+        add_f32(res, y, n * w->m);
         return;
     }
     matmul_run(cpu_of(be), &w, 1, x, &y, res, n);
@@ -780,7 +786,7 @@ typedef struct {
 
 static void add_rows(void *p, int64_t j0, int64_t j1) {
     const add_ctx *c = p;
-    for (int64_t j = j0; j < j1; j++) c->y[j] += c->x[j];
+    add_f32(c->y + j0, c->x + j0, j1 - j0);
 }
 
 static void cpu_add(li_backend *be, float *y, const float *x, int64_t n) {

@@ -148,6 +148,41 @@ do
   e:close()
 end
 
+-- A draft that would end the request ends the round: the rows after it
+-- could never be accepted. Counting "one two ... seven", the model says
+-- " eight", and the first round's copy runs on " nine ten one two three
+-- four five six"; with " four" a stop token it drafts 6 of those 8, and the
+-- output is speculation off's. (With ignore_eos an end-of-generation id in
+-- a copy does not cut it, the request going on past it; nor is a copy
+-- without one cut: above, every round drafted its full k.)
+do
+  local e = luainfer.engine{ max_num_seqs = 1 }
+  local pt, four = e:tokenize(repetitive[3]), nil
+  for _, t in ipairs(pt) do if e:detokenize({ t }) == " four" then four = t end end
+  e:close()
+  H.check(four ~= nil, "' four' is one token of the counting prompt")
+  local req = { prompt = repetitive[3], max_tokens = 30, temperature = 0, ignore_eos = true, stop_token_ids = { four } }
+  local function go(cfg)
+    local eng = luainfer.engine(cfg)
+    local id = eng:add(req)
+    local first
+    while eng:has_work() do
+      eng:step()
+      if not first and eng:stats().spec_drafted > 0 then first = eng:stats().spec_drafted end
+    end
+    local r, st = eng:result(id), eng:stats()
+    eng:close()
+    return r, first, st
+  end
+  local off = go{ max_num_seqs = 1, prefix_caching = false }
+  local on, first, st = go{ max_num_seqs = 1, spec_tokens = 8, prefix_caching = false }
+  H.check(off.finish_reason == "stop" and H.eq_list(on.tokens, off.tokens) and on.finish_reason == off.finish_reason,
+          "a stop token in the copy: the output of speculation off (%d tokens, %s)", #on.tokens, tostring(on.finish_reason))
+  H.check(first == 6, "the first round drafted up to the stop token: 6 of 8 (%s)", tostring(first))
+  H.check(st.spec_accepted < st.spec_drafted, "drafts rejected (' ten') and accepted (%d of %d)", st.spec_accepted,
+          st.spec_drafted)
+end
+
 -- the default spec_disable_batch (4): drafts only once few requests still run
 local dflt, ds = run{ max_num_seqs = 32, max_batched_tokens = 512, spec_tokens = 4 }
 same(dflt, base, "spec 4, default spec_disable_batch")

@@ -1,6 +1,6 @@
 -- test_spec_replay.lua — tools/spec_replay.lua and luainfer.ngram_draft:
 --  * ngram_draft is the engine's lookup (the latest match, n_max down to
---    n_min, k caps it) and refuses bad arguments;
+--    n_min, k caps it, cut after a stop id) and refuses bad arguments;
 --  * the replay prints every workload at batch 1 and 4, n-gram k8 gains on
 --    the copying workloads and not on the story, and a policy that never
 --    drafts reads 1.00x;
@@ -17,6 +17,11 @@ H.check(#d == 3 and d[1] == 9 and d[2] == 7 and d[3] == 8, "ngram_draft: what fo
 d = luainfer.ngram_draft({ 5, 6, 1, 5, 6, 2, 5, 6 }, 2, 2, 1)
 H.check(#d == 1 and d[1] == 2, "ngram_draft: the latest match, k caps it (%s)", tostring(d[1]))
 H.check(#luainfer.ngram_draft({ 1, 2, 3, 4 }, 4, 2, 8) == 0, "ngram_draft: no repeat, no draft")
+d = luainfer.ngram_draft({ 7, 8, 9, 7, 8 }, 4, 2, 8, { 7, 3 })
+H.check(#d == 2 and d[1] == 9 and d[2] == 7, "ngram_draft: cut after a stop id (%d tokens)", #d)
+d = luainfer.ngram_draft({ 7, 8, 9, 7, 8 }, 4, 2, 8, {})
+H.check(#d == 3, "ngram_draft: no stop ids, no cut (%d tokens)", #d)
+H.check(not pcall(luainfer.ngram_draft, { 7, 8, 9, 7, 8 }, 4, 2, 8, 7), "ngram_draft: stop must be a table")
 for _, bad in ipairs({ { { 1, 2 }, 2, 3, 4 }, { { 1, 2 }, 4, 2, -1 }, { { 1, "x" }, 4, 2, 2 }, { 7, 4, 2, 2 } }) do
   local ok, err = pcall(luainfer.ngram_draft, bad[1], bad[2], bad[3], bad[4])
   H.check(not ok, "ngram_draft refuses bad arguments: %s", tostring(err))
