@@ -77,7 +77,10 @@
 -- of four requests copying, the plan gave the first one's good record all
 -- the drafts while the other three, priced at the prior, got none and fell
 -- out of step). So a method is priced from its first round on, with no
--- fixed probing. Medusa's nodes are
+-- fixed probing. A greedy request that does not draft while lookup offers
+-- a copy still gets n-gram rounds: the next token judges the first draft it
+-- would have made (observe_shadow), so a record of failed rounds does not
+-- freeze. Medusa's nodes are
 -- counted as a chain (its tree lists the top-1 chain first), at most
 -- MAX_K.medusa of them. Scheduling is the engine's built-in FCFS.
 --
@@ -193,6 +196,36 @@ local function observe(id, m, drafted, acceptance, key, ctx)
     q.id[slot], q.pass[slot], q.n = id, da > 0, q.n + 1
   end
   t.d, t.a, t.ctx = drafted, acc, ctx or ""
+end
+
+-- A first draft n-gram lookup offered and the request did not draft: the
+-- token that came tells whether it would have passed. The lookup copies the
+-- tokens after the latest earlier occurrence of the request's tail, and
+-- ngram_match measures how far back that occurrence matches; a token equal
+-- to the first draft extends the match, any other ends it. Taken in as a
+-- round that reached depth 1 (fading like one, and in the population), so a
+-- record made of failed rounds is not frozen while nothing is drafted: at
+-- batch 4 a JSON edit's first rounds (short matches at its start) failed,
+-- the honest costs then priced every draft out, and the requests copied 55
+-- steps without drafting while their matches grew to 18 tokens.
+local shadow = {} -- per request id: the greedy lookup's match and drafted count at the last call
+local function observe_shadow(id, key, match, drafted, ngram)
+  local last = shadow[id]
+  shadow[id] = { match = match, drafted = drafted, ngram = ngram }
+  if not last or last.drafted ~= drafted or last.ngram <= 0 or last.match < COPY_MATCH then return end
+  local passed = match > last.match
+  local t = seen[id] and seen[id].ngram
+  if not t then return end
+  local c = t.by[""]
+  if not c then c = { reach = {}, pass = {}, pw = PRIOR_WEIGHT }; t.by[""] = c end
+  for i = 1, #c.reach do c.reach[i], c.pass[i] = c.reach[i] * FORGET, (c.pass[i] or 0) * FORGET end
+  c.reach[1] = (c.reach[1] or 0) + 1
+  c.pass[1] = (c.pass[1] or 0) + (passed and 1 or 0)
+  c.pw = c.pw * FORGET
+  local q = pop[key] or { n = 0, id = {}, pass = {} }
+  pop[key] = q
+  local slot = q.n % POP_ROUNDS + 1
+  q.id[slot], q.pass[slot], q.n = id, passed, q.n + 1
 end
 
 -- Request id's record of method m in context ctx (default ""), or nil
@@ -426,6 +459,9 @@ local function speculate(req, state)
       local ctx = (m ~= "ngram" and (s.ngram or 0) > 0) and "copy" or ""
       p = pop_prior(key .. ctx, p, req.id)
       observe(req.id, m, s.drafted[m] or 0, s.acceptance[m] or -1, key, ctx)
+      if m == "ngram" and s.temperature <= 0 and s.ngram_match then
+        observe_shadow(req.id, key, s.ngram_match, s.drafted[m] or 0, s.ngram or 0)
+      end
       local dt = sp.draft_time[m] or 0
       local draft = (dt > 0 and sp.step_time > 0) and dt / sp.step_time or PRIOR_DRAFT[m]
       if vt > 0 and sp.step_time > 0 then draft = draft + vt / sp.step_time end
@@ -468,13 +504,14 @@ local function speculate(req, state)
   return best_m, kk
 end
 
-local function on_finish(req) seen[req.id], cand[req.id] = nil, nil end
+local function on_finish(req) seen[req.id], cand[req.id], shadow[req.id] = nil, nil, nil end
 
 return {
   speculate = speculate,
   on_finish = on_finish,
   -- for tests and benchmarks
   _observe = observe,
+  _observe_shadow = observe_shadow,
   _pop_prior = pop_prior,
   _FORGET = FORGET,
   _expected_by_depth = expected_by_depth,

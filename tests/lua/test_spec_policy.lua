@@ -249,6 +249,28 @@ H.check(kc >= 3, "k = 1 rounds all accepted: k grows (%d)", kc)
 for i = 1, 40 do A._observe(-5, "ngram", i, 1) end
 local h_sure = A._expected_by_depth(-5, "ngram", 0.6, 1)[1] - 1
 H.check(h_sure > 0.95, "40 rounds accepted: h_1 %g", h_sure)
+-- rounds not drafted: a greedy lookup offering a copy of 5+ tokens while the
+-- request does not draft is a first draft the next token judges (the match
+-- grows: it would have passed; it does not: failed), taken in as a round
+-- that reached depth 1, so a record of failed rounds is not frozen
+do
+  for i = 1, 3 do A._observe(-30, "ngram", i, 0) end -- three first drafts rejected
+  local h0 = A._first_depth(-30, "ngram", 0.5)
+  A._observe_shadow(-30, "test shadow", 6, 3, 16) -- the first call only records the match
+  H.check(A._first_depth(-30, "ngram", 0.5) == h0, "a first shadow call changes nothing")
+  for m = 7, 14 do A._observe_shadow(-30, "test shadow", m, 3, 16) end -- the copy goes on, 8 steps
+  local h1 = A._first_depth(-30, "ngram", 0.5)
+  H.check(h0 < 0.3 and h1 > 0.7, "8 steps of a growing match without drafts: h_1 %g from %g", h1, h0)
+  H.check(A._pop_prior("test shadow", 0.3) > 0.8, "and in the population: %g", A._pop_prior("test shadow", 0.3))
+  A._observe_shadow(-30, "test shadow", 2, 3, 16) -- the copy ended: a failed round
+  H.check(A._first_depth(-30, "ngram", 0.5) < h1, "a match that falls: a failed round (%g)", A._first_depth(-30, "ngram", 0.5))
+  local h2 = A._first_depth(-30, "ngram", 0.5)
+  for m = 3, 4 do A._observe_shadow(-30, "test shadow", m, 3, 16) end -- short matches: no evidence taken
+  H.check(A._first_depth(-30, "ngram", 0.5) == h2, "matches under 5 tokens: unchanged")
+  A._observe_shadow(-30, "test shadow", 9, 3, 16)
+  A._observe_shadow(-30, "test shadow", 10, 4, 16) -- it drafted since: its own round counts, not a shadow
+  H.check(A._first_depth(-30, "ngram", 0.5) == h2, "a step that drafted: no shadow round")
+end
 -- the population: a method's first drafts for the other requests move
 -- each request's prior (POP_WEIGHT 2 rounds at the fixed prior against
 -- their last 32 rounds, fading by 0.95)
