@@ -613,8 +613,12 @@ int main(int argc, char **argv) {
         rc = forward_main(argc > 2 ? atoi(argv[2]) : 1, argc > 3 ? atoi(argv[3]) : 128, 16, 0);
         li_bench_results_chart(&res, "name", "ms_per_step", "ms per step", "a decode step, op by op", false);
     } else if (argc > 1 && !strcmp(argv[1], "--verify")) {
-        rc = forward_main(1, argc > 4 ? atoi(argv[4]) : 50, argc > 3 ? atoi(argv[3]) : 256,
-                          argc > 2 ? atoi(argv[2]) : 9);
+        const int R = argc > 2 ? atoi(argv[2]) : 9;
+        if (R < 1) {
+            fprintf(stderr, "--verify R CTX STEPS: 1 <= R <= 64, 1 <= CTX <= 4096\n");
+            return 1;
+        }
+        rc = forward_main(1, argc > 4 ? atoi(argv[4]) : 50, argc > 3 ? atoi(argv[3]) : 256, R);
         li_bench_results_chart(&res, "name", "ms_per_step", "ms per step", "a verify step, op by op", false);
     } else {
         rc = kernels_main(argc, argv);
@@ -715,37 +719,29 @@ static int kernels_main(int argc, char **argv) {
             }
             int32_t *bt = li_xmalloc((size_t)nblk * sizeof(int32_t));
             for (int i = 0; i < nblk; i++) bt[i] = nblk - 1 - i;
-            const int32_t pos = P - 1, seq = 0;
-            li_attn_args a = {.n_tokens = 1, .n_head = nh, .n_head_kv = nkv, .head_dim = hd, .block_size = bs,
-                              .q = x, .out = y, .pos = &pos, .seq = &seq, .block_table = bt,
-                              .bt_stride = nblk, .kv = &kv,
-                              .scale = 0.125f};
-            double best = 1e30;
-            for (int rep = 0; rep < 20; rep++) {
-                const double t0 = li_time_now();
-                be.ops->attention(&be, &a);
-                best = fmin(best, li_time_now() - t0);
+            /* one decode token at P - 1, then a verify of 8 drafts: 9 tokens, the last at P - 1 */
+            int32_t pos[9], seq[9] = {0};
+            for (int i = 0; i < 9; i++) pos[i] = P - 9 + i;
+            for (int nt = 1; nt <= 9; nt += 8) {
+                li_attn_args a = {.n_tokens = nt, .n_head = nh, .n_head_kv = nkv, .head_dim = hd, .block_size = bs,
+                                  .q = x, .out = y, .pos = pos + 9 - nt, .seq = seq, .block_table = bt,
+                                  .bt_stride = nblk, .kv = &kv, .scale = 0.125f};
+                double best = 1e30;
+                for (int rep = 0; rep < 20; rep++) {
+                    const double t0 = li_time_now();
+                    be.ops->attention(&be, &a);
+                    best = fmin(best, li_time_now() - t0);
+                }
+                char name[64];
+                if (nt == 1) {
+                    printf("attention f16 decode, context %5d: %8.3f ms per layer\n", P, best * 1e3);
+                    snprintf(name, sizeof name, "attention f16 ctx %d", P);
+                } else {
+                    printf("attention f16 verify %d tokens, context %5d: %8.3f ms per layer\n", nt, P, best * 1e3);
+                    snprintf(name, sizeof name, "attention f16 verify%d ctx %d", nt, P);
+                }
+                rec(name, "ms", best * 1e3);
             }
-            printf("attention f16 decode, context %5d: %8.3f ms per layer\n", P, best * 1e3);
-            char name[64];
-            snprintf(name, sizeof name, "attention f16 ctx %d", P);
-            rec(name, "ms", best * 1e3);
-            /* a verify of 8 drafts: 9 tokens of the sequence, the last at P - 1 */
-            int32_t vpos[9], vseq[9] = {0};
-            for (int i = 0; i < 9; i++) vpos[i] = P - 9 + i;
-            li_attn_args av = a;
-            av.n_tokens = 9;
-            av.pos = vpos;
-            av.seq = vseq;
-            double vbest = 1e30;
-            for (int rep = 0; rep < 20; rep++) {
-                const double t0 = li_time_now();
-                be.ops->attention(&be, &av);
-                vbest = fmin(vbest, li_time_now() - t0);
-            }
-            printf("attention f16 verify 9 tokens, context %5d: %8.3f ms per layer\n", P, vbest * 1e3);
-            snprintf(name, sizeof name, "attention f16 verify9 ctx %d", P);
-            rec(name, "ms", vbest * 1e3);
             li_aligned_free(kv.k);
             li_aligned_free(kv.v);
             free(bt);

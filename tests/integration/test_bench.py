@@ -218,6 +218,7 @@ def test_every_long_benchmark_shows_progress():
     ("bench_spec_verify", ["4096", "1"], 6),
     ("bench_train", ["--kernels"], 9),
     ("bench_kernels", ["--forward", "1", "4"], None),
+    ("bench_kernels", ["--verify", "9", "40", "2"], None),
 ])
 def test_c_benchmark_json_and_plot(luainfer_bin, model_path, tmp_path, prog, args, rows):
     """The C benchmark programs take --json FILE and --plot FILE too: the rows
@@ -243,6 +244,17 @@ def test_c_benchmark_json_and_plot(luainfer_bin, model_path, tmp_path, prog, arg
     bad = subprocess.run([str(exe), *args, "--json"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "--json needs a file name" in bad.stderr
     assert not list(tmp_path.glob("*.tmp*"))
+
+
+def test_bench_kernels_verify_bad_arguments(luainfer_bin, model_path):
+    """--verify R CTX STEPS refuses rows, a context or steps out of range with the reason."""
+    exe = Path(luainfer_bin).parent / "bench_kernels"
+    if not exe.is_file():
+        pytest.skip(f"{exe} not built (bench_kernels is x86-64 only)")
+    for args, want in ((["0", "40", "2"], "1 <= R <= 64"), (["9", "5000", "2"], "1 <= CTX <= 4096"),
+                       (["9", "40", "0"], "STEPS >= 1")):
+        r = subprocess.run([str(exe), "--verify", *args], capture_output=True, text=True, timeout=60, cwd=REPO)
+        assert r.returncode == 1 and want in r.stderr, (args, r.stderr)
 
 
 def test_bench_spec_outputs_match(run_ok, tmp_path):
