@@ -109,6 +109,7 @@ local MAX_DRAFTS = 16  -- drafts per request at most (the engine's LI_SPEC_MAX_T
 local FORGET = 0.9       -- a round's weight fades by this per newer round (memory ~10)
 local PRIOR_WEIGHT = 4   -- rounds' worth of the prior acceptance of a first draft
 local DEPTH_PRIOR_WEIGHT = 1 -- rounds' worth of h_(i-1) in h_i
+local UNSEEN_DECAY = 0.85 -- at batch 2+, h_i of a depth the request's rounds never reached: h_(i-1) times this
 local PRIOR_WANT = 0.6   -- the method the request would draft with anyway
 local PRIOR = { ngram = 0.5, draft = 0.3, layerskip = 0.3, medusa = 0.3, eagle = 0.4 }
 local PRIOR_SAMPLED_NGRAM = 0.3
@@ -244,14 +245,20 @@ end
 
 -- E(1..K) for request id and method m in context ctx from its rounds by
 -- depth: h_1 as above, each deeper h_i from the rounds that reached depth
--- i and h_(i-1) at DEPTH_PRIOR_WEIGHT
-local function expected_by_depth(id, m, p, K, ctx)
+-- i and h_(i-1) at DEPTH_PRIOR_WEIGHT. With decay < 1 (batches of 2 or
+-- more: UNSEEN_DECAY), a depth no round of the request has reached takes
+-- h_(i-1) times decay: a long round is priced as an unknown until one
+-- gets there. (Inherited whole, two rounds of 4 and 6 drafts all passed
+-- priced 12 drafts near sure; a code edit copying a function's signature
+-- then drafted 12, 4 and 5 at batch 4 and passed 1, 0 and 0.)
+local function expected_by_depth(id, m, p, K, ctx, decay)
   local t = record(id, m, ctx)
   local reach, pass = t and t.reach or {}, t and t.pass or {}
   local h = first_depth(id, m, p, ctx)
   local e, surv = { 1 + h }, h
   for i = 2, K do
-    h = ((pass[i] or 0) + DEPTH_PRIOR_WEIGHT * h) / ((reach[i] or 0) + DEPTH_PRIOR_WEIGHT)
+    local prior = ((reach[i] or 0) < 0.5 and decay or 1) * h
+    h = ((pass[i] or 0) + DEPTH_PRIOR_WEIGHT * prior) / ((reach[i] or 0) + DEPTH_PRIOR_WEIGHT)
     surv = surv * h
     e[i] = e[i - 1] + surv
   end
@@ -467,7 +474,7 @@ local function speculate(req, state)
       if vt > 0 and sp.step_time > 0 then draft = draft + vt / sp.step_time end
       local K = math.min(s.max_k, MAX_K[m] or s.max_k, MAX_DRAFTS)
       if first_depth(req.id, m, p, ctx) / b + 1e-12 >= row_floor + draft then
-        local E = expected_by_depth(req.id, m, p, K, ctx)
+        local E = expected_by_depth(req.id, m, p, K, ctx, b > 1 and UNSEEN_DECAY or 1)
         local k, gain = best_k(E, est, b, b, b, draft, K)
         if k > 0 and gain > best_gain then best_m, best_gain, bE, bK, bD = m, gain, E, K, draft end
         if m ~= "ngram" and k > 0 and gain > alt_gain then alt_m, alt_gain, aE, aK, aD = m, gain, E, K, draft end

@@ -249,6 +249,17 @@ H.check(kc >= 3, "k = 1 rounds all accepted: k grows (%d)", kc)
 for i = 1, 40 do A._observe(-5, "ngram", i, 1) end
 local h_sure = A._expected_by_depth(-5, "ngram", 0.6, 1)[1] - 1
 H.check(h_sure > 0.95, "40 rounds accepted: h_1 %g", h_sure)
+-- at batch 2+ a depth no round has reached is priced below the one before
+-- it (UNSEEN_DECAY): two rounds of 4 and 6 drafts all passed price depths 1-6
+-- as before, and 12 drafts lower than when depth 7-12 inherited depth 6
+do
+  A._observe(-40, "ngram", 4, 1)
+  A._observe(-40, "ngram", 10, 1)
+  local plain, decayed = A._expected_by_depth(-40, "ngram", 0.5, 12), A._expected_by_depth(-40, "ngram", 0.5, 12, nil, 0.85)
+  H.check(math.abs(plain[6] - decayed[6]) < 1e-12, "reached depths priced as before (E(6) %g, %g)", plain[6], decayed[6])
+  H.check(decayed[12] < plain[12] - 0.5 and decayed[7] < plain[7],
+          "unreached depths priced lower: E(12) %g against %g", decayed[12], plain[12])
+end
 -- rounds not drafted: a greedy lookup offering a copy of 5+ tokens while the
 -- request does not draft is a first draft the next token judges (the match
 -- grows: it would have passed; it does not: failed), taken in as a round
