@@ -90,7 +90,8 @@
 -- The second is the configuration bench spec measured best with an EAGLE
 -- draft (session 32, four runs: +2.0 to +4.8% over the engine's defaults,
 -- the geometric mean over its eight greedy rows, the code edit at batch 4
--- 0.95-0.99x against 0.90-0.92x).
+-- 0.95-0.99x against 0.90-0.92x; session 33, with the depth decay: 0.96-0.98x,
+-- the story at batch 4 0.97x).
 --
 -- With an EAGLE draft (--eagle FILE), --eagle-lazy leaves a request's
 -- draft KV of its prompt until it first drafts with EAGLE: the requests
