@@ -1,6 +1,8 @@
 /* eagle_file.c — the one check of an EAGLE draft file (spec/eagle_file.h). */
 #include "spec/eagle_file.h"
 
+#include "spec/draft_base.h"
+
 #include <stdio.h>
 #include <string.h>
 
@@ -97,7 +99,7 @@ static int check_vocab(const li_gguf *g, const char *path, li_eagle_file *f, li_
 int li_eagle_file_check(const li_gguf *g, const char *path, const li_eagle_base *base, li_eagle_file *f,
                         li_error *err) {
     *f = (li_eagle_file){0};
-    char arch[64] = "", hash[64] = "";
+    char arch[64] = "";
     if (!li_gguf_copy_str(g, "general.architecture", arch, sizeof arch) || strcmp(arch, "eagle"))
         return li_error_set(err, LI_EINVAL,
                             "eagle: %s: general.architecture is '%s', expected 'eagle' (not an EAGLE draft)", path, arch);
@@ -132,18 +134,13 @@ int li_eagle_file_check(const li_gguf *g, const char *path, const li_eagle_base 
                                 f->feature_layer[i], n_layer);
     }
     f->base_n_layer = n_layer;
-    li_gguf_copy_str(g, "eagle.base.name", f->base_name, sizeof f->base_name);
-    li_gguf_copy_str(g, "eagle.base.vocab_hash", hash, sizeof hash);
-    if (!li_gguf_get_hex64(g, "eagle.base.vocab_hash", &f->vocab_hash))
-        return li_error_set(err, LI_EINVAL, "eagle: %s: eagle.base.vocab_hash '%s' is not 16 lowercase hex digits",
-                            path, hash);
-    if (base) { /* NULL: the file alone (luainfer info) */
-        char who[160] = ""; /* " 'name'" of the base, when known */
-        if (base->name) snprintf(who, sizeof who, " '%s'", base->name);
-        if (f->vocab_hash != base->vocab_hash)
-            return li_error_set(err, LI_EINVAL, "eagle: draft made for '%s' (vocab hash %016llx), the model%s has %016llx",
-                                f->base_name, (unsigned long long)f->vocab_hash, who,
-                                (unsigned long long)base->vocab_hash);
+    /* base NULL: the file alone (luainfer info) */
+    const li_draft_model_ref mref = {base ? base->name : NULL, base ? base->vocab_hash : 0};
+    char who[160]; /* " 'name'" of the base, when known */
+    if ((rc = li_draft_base_read(g, path, "eagle", "draft", base ? &mref : NULL, f->base_name, sizeof f->base_name,
+                                 &f->vocab_hash, who, sizeof who, err)))
+        return rc;
+    if (base) {
         if ((int64_t)f->n_embd != base->n_embd || (int64_t)f->n_vocab != base->n_vocab ||
             (int64_t)n_layer != base->n_layer || (int64_t)f->head_dim != base->head_dim)
             return li_error_set(err, LI_EINVAL,
@@ -151,9 +148,7 @@ int li_eagle_file_check(const li_gguf *g, const char *path, const li_eagle_base 
                                 "has n_embd %lld, n_vocab %lld, %lld blocks, head_dim %lld",
                                 f->base_name, f->n_embd, f->n_vocab, n_layer, f->head_dim, who, (long long)base->n_embd,
                                 (long long)base->n_vocab, (long long)base->n_layer, (long long)base->head_dim);
-        if (base->name && strcmp(f->base_name, base->name))
-            li_log_warn("eagle: draft made for '%s', the model is '%s' (same vocabulary and shape: used)", f->base_name,
-                        base->name);
+        li_draft_base_warn_name("eagle", "draft", f->base_name, &mref);
     }
     for (int t = 0; t < LI_EAGLE_N_TENSORS; t++)
         if ((rc = check_tensor(g, path, f, (li_eagle_tensor)t, err))) return rc;

@@ -1,6 +1,8 @@
 /* medusa_file.c — the one check of a Medusa heads file (spec/medusa_file.h). */
 #include "spec/medusa_file.h"
 
+#include "spec/draft_base.h"
+
 #include <stdio.h>
 #include <string.h>
 
@@ -13,7 +15,7 @@ static int get_u32(const li_gguf *g, const char *path, const char *key, uint32_t
 int li_medusa_file_check(const li_gguf *g, const char *path, const li_medusa_base *base, li_medusa_file *f,
                          li_error *err) {
     *f = (li_medusa_file){0};
-    char arch[64] = "", hidden[64] = "", hash[64] = "";
+    char arch[64] = "", hidden[64] = "";
     if (!li_gguf_copy_str(g, "general.architecture", arch, sizeof arch) || strcmp(arch, "medusa"))
         return li_error_set(err, LI_EINVAL,
                             "medusa: %s: general.architecture is '%s', expected 'medusa' (not a heads file)", path, arch);
@@ -31,26 +33,19 @@ int li_medusa_file_check(const li_gguf *g, const char *path, const li_medusa_bas
     if (!li_gguf_copy_str(g, "medusa.hidden", hidden, sizeof hidden) || strcmp(hidden, "post_norm"))
         return li_error_set(err, LI_EUNSUP, "medusa: %s: medusa.hidden is '%s', only 'post_norm' is supported", path,
                             hidden);
-    li_gguf_copy_str(g, "medusa.base.name", f->base_name, sizeof f->base_name);
-    li_gguf_copy_str(g, "medusa.base.vocab_hash", hash, sizeof hash);
-    if (!li_gguf_get_hex64(g, "medusa.base.vocab_hash", &f->vocab_hash))
-        return li_error_set(err, LI_EINVAL, "medusa: %s: medusa.base.vocab_hash '%s' is not 16 lowercase hex digits",
-                            path, hash);
-    if (base) { /* NULL: the file alone (luainfer info) */
-        char who[160] = ""; /* " 'name'" of the base, when known */
-        if (base->name) snprintf(who, sizeof who, " '%s'", base->name);
-        if (f->vocab_hash != base->vocab_hash)
-            return li_error_set(err, LI_EINVAL, "medusa: heads made for '%s' (vocab hash %016llx), the model%s has %016llx",
-                                f->base_name, (unsigned long long)f->vocab_hash, who,
-                                (unsigned long long)base->vocab_hash);
+    /* base NULL: the file alone (luainfer info) */
+    const li_draft_model_ref mref = {base ? base->name : NULL, base ? base->vocab_hash : 0};
+    char who[160]; /* " 'name'" of the base, when known */
+    if ((rc = li_draft_base_read(g, path, "medusa", "heads", base ? &mref : NULL, f->base_name, sizeof f->base_name,
+                                 &f->vocab_hash, who, sizeof who, err)))
+        return rc;
+    if (base) {
         if ((int64_t)n_embd != base->n_embd || (int64_t)n_vocab != base->n_vocab)
             return li_error_set(err, LI_EINVAL,
                                 "medusa: heads made for '%s' (n_embd %u, n_vocab %u), the model%s has n_embd %lld, n_vocab %lld",
                                 f->base_name, n_embd, n_vocab, who, (long long)base->n_embd,
                                 (long long)base->n_vocab);
-        if (base->name && strcmp(f->base_name, base->name))
-            li_log_warn("medusa: heads made for '%s', the model is '%s' (same vocabulary and shape: used)", f->base_name,
-                        base->name);
+        li_draft_base_warn_name("medusa", "heads", f->base_name, &mref);
     }
     f->n_heads = (int32_t)k;
     f->n_embd = (int32_t)n_embd;
