@@ -1004,6 +1004,18 @@ static const int32_t calib_rows[] = {1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32
  * 2.4x one row's, at context 1 2.2x, so drafts were priced too cheap). */
 #define CALIB_CTX 256
 
+/* The batch arrays' first n entries: positions [p, p + n) of the scratch
+ * sequence seq, arbitrary tokens */
+static void calib_fill(li_engine *e, const li_kv_seq *seq, int64_t p, int64_t n) {
+    const int32_t n_vocab = e->model->hp.n_vocab;
+    for (int64_t i = 0; i < n; i++) {
+        e->b_tokens[i] = (int32_t)(((p + i) * 7919 + 11) % n_vocab);
+        e->b_pos[i] = (int32_t)(p + i);
+        e->b_seq[i] = 0;
+        e->b_slot[i] = li_kv_seq_slot(&e->tgt.kv, seq, p + i);
+    }
+}
+
 void li_spec_step_calibrate(li_engine *e) {
     li_spec_step *sp = &e->sp;
     li_kv_cache *kv = &e->tgt.kv;
@@ -1020,30 +1032,19 @@ void li_spec_step_calibrate(li_engine *e) {
         li_kv_seq_free(&seq);
         return;
     }
-    const int32_t n_vocab = e->model->hp.n_vocab;
     const double t0 = li_time_now();
     li_error err = {0};
     int rc = 0;
     /* the context, untimed, in passes of at most T tokens */
     for (int64_t c0 = 0; c0 < p0 && !rc; c0 += T) {
         const int64_t nc = LI_MIN(T, p0 - c0);
-        for (int64_t i = 0; i < nc; i++) {
-            e->b_tokens[i] = (int32_t)(((c0 + i) * 7919 + 11) % n_vocab);
-            e->b_pos[i] = (int32_t)(c0 + i);
-            e->b_seq[i] = 0;
-            e->b_slot[i] = li_kv_seq_slot(kv, &seq, c0 + i);
-        }
+        calib_fill(e, &seq, c0, nc);
         li_batch cb = {.n = nc, .tokens = e->b_tokens, .pos = e->b_pos, .seq = e->b_seq, .slot = e->b_slot,
                        .block_table = seq.blocks, .n_seqs = 1, .bt_stride = seq.n_blocks, .no_logits = true};
         rc = e->tp ? li_tp_run(e->tp, &cb, &err) : li_runner_run(&e->tgt, &cb, &err);
     }
-    for (int64_t i = 0; i < n_max; i++) {
-        e->b_tokens[i] = (int32_t)(((p0 + i) * 7919 + 11) % n_vocab);
-        e->b_pos[i] = (int32_t)(p0 + i);
-        e->b_seq[i] = 0;
-        e->b_slot[i] = li_kv_seq_slot(kv, &seq, p0 + i);
-        e->b_rows[i] = (int32_t)i;
-    }
+    calib_fill(e, &seq, p0, n_max);
+    for (int64_t i = 0; i < n_max; i++) e->b_rows[i] = (int32_t)i;
     /* a pass as a step's: every row's logits, the hidden rows Medusa reads,
      * the rows EAGLE captures */
     li_batch b = {.tokens = e->b_tokens, .pos = e->b_pos, .seq = e->b_seq, .slot = e->b_slot,
