@@ -165,6 +165,26 @@ local function pop_prior(key, p, id)
   return (own[2] + POP_WEIGHT * p) / (own[1] + POP_WEIGHT)
 end
 
+-- A round of dd drafts of which the first da passed into t's record in
+-- context ctx (older rounds and the prior fade by FORGET) and into the
+-- population pk.
+local function take_round(id, t, ctx, pk, dd, da)
+  local c = t.by[ctx]
+  if not c then c = { reach = {}, pass = {}, pw = PRIOR_WEIGHT }; t.by[ctx] = c end
+  local reached = math.min(dd, da + 1) -- the round ended on draft da + 1 unless all passed
+  local reach, pass = c.reach, c.pass
+  for i = 1, math.max(#reach, dd) do
+    reach[i], pass[i] = (reach[i] or 0) * FORGET, (pass[i] or 0) * FORGET
+    if i <= reached then reach[i] = reach[i] + 1 end
+    if i <= da then pass[i] = pass[i] + 1 end
+  end
+  c.pw = c.pw * FORGET -- the prior fades like a round
+  local q = pop[pk] or { n = 0, id = {}, pass = {} }
+  pop[pk] = q
+  local slot = q.n % POP_ROUNDS + 1
+  q.id[slot], q.pass[slot], q.n = id, da > 0, q.n + 1
+end
+
 -- Takes in method m's round since the last call for request id, from the
 -- engine's running totals (the drafts verified and the acceptance so far);
 -- key names its population (m unless given). A model proposer's rounds are
@@ -180,23 +200,7 @@ local function observe(id, m, drafted, acceptance, key, ctx)
   if not t then t = { d = 0, a = 0, by = {}, ctx = "" }; r[m] = t end
   local acc = drafted > 0 and math.floor(acceptance * drafted + 0.5) or 0
   local dd, da = drafted - t.d, math.max(acc - t.a, 0)
-  if dd > 0 then
-    local c = t.by[t.ctx]
-    if not c then c = { reach = {}, pass = {}, pw = PRIOR_WEIGHT }; t.by[t.ctx] = c end
-    local reached = math.min(dd, da + 1) -- the round ended on draft da + 1 unless all passed
-    local reach, pass = c.reach, c.pass
-    for i = 1, math.max(#reach, dd) do
-      reach[i], pass[i] = (reach[i] or 0) * FORGET, (pass[i] or 0) * FORGET
-      if i <= reached then reach[i] = reach[i] + 1 end
-      if i <= da then pass[i] = pass[i] + 1 end
-    end
-    c.pw = c.pw * FORGET -- the prior fades like a round
-    local pk = (key or m) .. t.ctx
-    local q = pop[pk] or { n = 0, id = {}, pass = {} }
-    pop[pk] = q
-    local slot = q.n % POP_ROUNDS + 1
-    q.id[slot], q.pass[slot], q.n = id, da > 0, q.n + 1
-  end
+  if dd > 0 then take_round(id, t, t.ctx, (key or m) .. t.ctx, dd, da) end
   t.d, t.a, t.ctx = drafted, acc, ctx or ""
 end
 
@@ -210,24 +214,15 @@ end
 -- batch 4 a JSON edit's first rounds (short matches at its start) failed,
 -- the honest costs then priced every draft out, and the requests copied 55
 -- steps without drafting while their matches grew to 18 tokens.
-local shadow = {} -- per request id: the greedy lookup's match and drafted count at the last call
+local shadow = {} -- per request id: the greedy lookup's match and drafted count at the last call (kept in place)
 local function observe_shadow(id, key, match, drafted, ngram)
   local last = shadow[id]
-  shadow[id] = { match = match, drafted = drafted, ngram = ngram }
-  if not last or last.drafted ~= drafted or last.ngram <= 0 or last.match < COPY_MATCH then return end
+  if not last then shadow[id] = { match = match, drafted = drafted, ngram = ngram }; return end
+  local take = last.drafted == drafted and last.ngram > 0 and last.match >= COPY_MATCH
   local passed = match > last.match
+  last.match, last.drafted, last.ngram = match, drafted, ngram
   local t = seen[id] and seen[id].ngram
-  if not t then return end
-  local c = t.by[""]
-  if not c then c = { reach = {}, pass = {}, pw = PRIOR_WEIGHT }; t.by[""] = c end
-  for i = 1, #c.reach do c.reach[i], c.pass[i] = c.reach[i] * FORGET, (c.pass[i] or 0) * FORGET end
-  c.reach[1] = (c.reach[1] or 0) + 1
-  c.pass[1] = (c.pass[1] or 0) + (passed and 1 or 0)
-  c.pw = c.pw * FORGET
-  local q = pop[key] or { n = 0, id = {}, pass = {} }
-  pop[key] = q
-  local slot = q.n % POP_ROUNDS + 1
-  q.id[slot], q.pass[slot], q.n = id, passed, q.n + 1
+  if take and t then take_round(id, t, "", key, 1, passed and 1 or 0) end
 end
 
 -- Request id's record of method m in context ctx (default ""), or nil
