@@ -63,6 +63,7 @@ typedef struct lua_core {
     int ref_env, ref_module, ref_hook[H__N];
     int ref_state;      /* the state table handed to hooks */
     int ref_update, ref_one, ref_drop, ref_export; /* the FFI updater's functions */
+    int ref_spec_state, ref_spec_req;
     unsigned hooks;
     li_policy_config config;
     uintptr_t stack_base; /* an address in core_call's frame while a call runs (C stack guard) */
@@ -471,7 +472,7 @@ static void sb_build_env(lua_State *L, const li_policy_lua_opts *o) {
 
 static const char updater_src[] =
     "local ffi, pool, tptr, S, requests, waiting, running, preempted, kv, budget,\n"
-    "      sz_req, off_tenant, off_spec, sz_st, off_mbt, sz_run = ...\n"
+    "      sz_req, off_tenant, off_spec, sz_st, off_mbt, sz_run, sz_cand, off_ngram, sz_ss, off_rows = ...\n"
     "ffi.cdef[[\n"
     "typedef struct li_req_view_ffi {\n"
     "  int64_t id; int32_t state; double arrival; int32_t priority; const char *tenant;\n"
@@ -656,7 +657,75 @@ static const char updater_src[] =
     "  end\n"
     "  return k, np\n"
     "end\n"
-    "return update, one, drop, export\n";
+    "-- speculate: state.spec and each candidate's req.speculation, kept and\n"
+    "-- updated in place (built through the C API every call, they cost ~12 us\n"
+    "-- a step cold: the interned keys' lookups after a forward pass evicted them)\n"
+    "ffi.cdef[[\n"
+    "typedef struct li_spec_cand_ffi {\n"
+    "  int64_t id; int32_t want_method, want_k, max_k; float temperature;\n"
+    "  const double *acceptance; const int64_t *drafted; int32_t ngram, ngram_match; int32_t method, k;\n"
+    "} li_spec_cand_ffi;\n"
+    "typedef struct li_spec_state_ffi {\n"
+    "  const char *const *methods; const bool *available; int32_t n_methods, batch_size;\n"
+    "  double step_time, token_time; const double *draft_time, *row_time, *verify_time;\n"
+    "} li_spec_state_ffi;\n"
+    "]]\n"
+    "if ffi.sizeof('li_spec_cand_ffi') ~= sz_cand or ffi.offsetof('li_spec_cand_ffi', 'ngram') ~= off_ngram\n"
+    "   or ffi.sizeof('li_spec_state_ffi') ~= sz_ss or ffi.offsetof('li_spec_state_ffi', 'row_time') ~= off_rows then\n"
+    "  error('internal: policy.h speculation layouts differ from the FFI mirror in policy_lua.c')\n"
+    "end\n"
+    "local ss_t, cand_t = ffi.typeof('const li_spec_state_ffi *'), ffi.typeof('const li_spec_cand_ffi *')\n"
+    "local mname, mptr, nm = {}, {}, 0 -- method names, re-read only when their pointers change\n"
+    "local sp = { draft_time = {}, available = {}, row_time = {}, verify_time = {} }\n"
+    "local function spec_state(p, rows_max)\n"
+    "  local ss = cast(ss_t, p)\n"
+    "  local dt, av, rt, vt = sp.draft_time, sp.available, sp.row_time, sp.verify_time\n"
+    "  for m = 0, nm - 1 do local k = mname[m]; dt[k] = nil; av[k] = nil end\n"
+    "  nm = ss.n_methods\n"
+    "  for m = 0, nm - 1 do\n"
+    "    local q = ss.methods[m]\n"
+    "    if mptr[m] ~= q then mptr[m] = q; mname[m] = fstring(q) end\n"
+    "    local k = mname[m]\n"
+    "    dt[k] = ss.draft_time[m]\n"
+    "    av[k] = ss.available[m]\n"
+    "  end\n"
+    "  sp.batch_size = ss.batch_size\n"
+    "  sp.step_time = ss.step_time\n"
+    "  sp.token_time = ss.token_time\n"
+    "  local r = ss.row_time\n"
+    "  for n = 1, rows_max do\n"
+    "    local x = r ~= nil and r[n - 1] or 0\n"
+    "    if x > 0 then rt[n] = x else rt[n] = nil end\n"
+    "  end\n"
+    "  local v = ss.verify_time\n"
+    "  local g, z = v ~= nil and v[0] or 0, v ~= nil and v[1] or 0\n"
+    "  if g > 0 then vt.greedy = g else vt.greedy = nil end\n"
+    "  if z > 0 then vt.sampled = z else vt.sampled = nil end\n"
+    "  S.spec = sp\n"
+    "end\n"
+    "local function spec_req(vp, cp)\n"
+    "  local t = one(vp)\n"
+    "  local c = cast(cand_t, cp)\n"
+    "  local s = rawget(t, 'speculation')\n"
+    "  if s == nil then s = { acceptance = {}, drafted = {} }; t.speculation = s end\n"
+    "  local wm = c.want_method\n"
+    "  s.method = (wm >= 0 and wm < nm) and mname[wm] or 'ngram'\n"
+    "  s.k = c.want_k\n"
+    "  s.max_k = c.max_k\n"
+    "  s.temperature = c.temperature\n"
+    "  local acc, dr = s.acceptance, s.drafted\n"
+    "  for m = 0, nm - 1 do\n"
+    "    local k = mname[m]\n"
+    "    acc[k] = c.acceptance[m]\n"
+    "    dr[k] = tonumber(c.drafted[m])\n"
+    "  end\n"
+    "  local x = c.ngram\n"
+    "  if x >= 0 then s.ngram = x else s.ngram = nil end\n"
+    "  x = c.ngram_match\n"
+    "  if x >= 0 then s.ngram_match = x else s.ngram_match = nil end\n"
+    "  return t\n"
+    "end\n"
+    "return update, one, drop, export, spec_state, spec_req\n";
 
 /* Addresses travel to the FFI code as numbers: the trace compiler handles a
  * number -> pointer cast, not a lightuserdata one (x86-64 user addresses
@@ -687,7 +756,13 @@ static void core_make_tables(lua_State *L, lua_core *c) {
     lua_pushnumber(L, (lua_Number)sizeof(li_step_state));
     lua_pushnumber(L, (lua_Number)offsetof(li_step_state, max_batched_tokens));
     lua_pushnumber(L, (lua_Number)sizeof(li_plan_run));
-    lua_call(L, lua_gettop(L) - fn, 4);
+    lua_pushnumber(L, (lua_Number)sizeof(li_spec_cand));
+    lua_pushnumber(L, (lua_Number)offsetof(li_spec_cand, ngram));
+    lua_pushnumber(L, (lua_Number)sizeof(li_spec_state));
+    lua_pushnumber(L, (lua_Number)offsetof(li_spec_state, row_time));
+    lua_call(L, lua_gettop(L) - fn, 6);
+    c->ref_spec_req = mkref(L);
+    c->ref_spec_state = mkref(L);
     c->ref_export = mkref(L);
     c->ref_drop = mkref(L);
     c->ref_one = mkref(L);
@@ -1256,49 +1331,20 @@ typedef struct spec_ctx {
  * = {batch_size, step_time, token_time, draft_time = {name = s},
  * available = {name = bool}, row_time = {[n] = s}, verify_time = {greedy = s, sampled = s}}
  * (verify_time's entries absent until measured). It returns nothing (the want stands), false
- * or 0 (off), k, or method, k. */
+ * or 0 (off), k, or method, k. Both tables are kept and updated in place, as
+ * the request tables are (the FFI updater's spec_state and spec_req). */
 static int spec_thunk(lua_State *L) {
     spec_ctx *x = lua_touserdata(L, 1);
     lua_core *c = x->p->core;
     const li_spec_state *ss = x->ss;
     update_state(L, x->p, x->st);
     luaL_checkstack(L, 16, "speculate");
+    getref(L, c->ref_spec_state);
+    push_addr(L, ss);
+    lua_pushnumber(L, LI_SPEC_COST_ROWS);
+    lua_call(L, 2, 0);
     getref(L, c->ref_state);
     int state = lua_gettop(L);
-    lua_createtable(L, 0, 5);
-    lua_pushnumber(L, ss->batch_size);
-    lua_setfield(L, -2, "batch_size");
-    lua_pushnumber(L, ss->step_time);
-    lua_setfield(L, -2, "step_time");
-    lua_pushnumber(L, ss->token_time);
-    lua_setfield(L, -2, "token_time");
-    lua_createtable(L, 0, ss->n_methods);
-    for (int32_t m = 0; m < ss->n_methods; m++) {
-        lua_pushnumber(L, ss->draft_time[m]);
-        lua_setfield(L, -2, ss->methods[m]);
-    }
-    lua_setfield(L, -2, "draft_time");
-    lua_createtable(L, 0, ss->n_methods);
-    for (int32_t m = 0; m < ss->n_methods; m++) {
-        lua_pushboolean(L, ss->available[m]);
-        lua_setfield(L, -2, ss->methods[m]);
-    }
-    lua_setfield(L, -2, "available");
-    lua_newtable(L); /* row_time[n]: only the row counts measured */
-    for (int32_t n = 1; ss->row_time && n <= LI_SPEC_COST_ROWS; n++)
-        if (ss->row_time[n - 1] > 0) {
-            lua_pushnumber(L, ss->row_time[n - 1]);
-            lua_rawseti(L, -2, n);
-        }
-    lua_setfield(L, -2, "row_time");
-    lua_createtable(L, 0, 2); /* verify_time: a row's verification, greedy and sampled */
-    for (int s = 0; ss->verify_time && s < 2; s++)
-        if (ss->verify_time[s] > 0) {
-            lua_pushnumber(L, ss->verify_time[s]);
-            lua_setfield(L, -2, s ? "sampled" : "greedy");
-        }
-    lua_setfield(L, -2, "verify_time");
-    lua_setfield(L, state, "spec");
     for (int32_t i = 0; i < x->n; i++) {
         li_spec_cand *k = &x->c[i];
         const li_req_view *v = NULL;
@@ -1306,38 +1352,11 @@ static int spec_thunk(lua_State *L) {
             if (x->st->reqs[j].id == k->id) v = &x->st->reqs[j];
         if (!v) continue;
         lua_settop(L, state);
-        push_req(L, c, v);
+        getref(L, c->ref_spec_req);
+        push_addr(L, v);
+        push_addr(L, k);
+        lua_call(L, 2, 1);
         int req = lua_gettop(L);
-        lua_createtable(L, 0, 8);
-        lua_pushstring(L, k->want_method >= 0 && k->want_method < ss->n_methods ? ss->methods[k->want_method] : "ngram");
-        lua_setfield(L, -2, "method");
-        lua_pushnumber(L, k->want_k);
-        lua_setfield(L, -2, "k");
-        lua_pushnumber(L, k->max_k);
-        lua_setfield(L, -2, "max_k");
-        lua_pushnumber(L, k->temperature);
-        lua_setfield(L, -2, "temperature");
-        lua_createtable(L, 0, ss->n_methods);
-        for (int32_t m = 0; m < ss->n_methods; m++) {
-            lua_pushnumber(L, k->acceptance[m]);
-            lua_setfield(L, -2, ss->methods[m]);
-        }
-        lua_setfield(L, -2, "acceptance");
-        lua_createtable(L, 0, ss->n_methods);
-        for (int32_t m = 0; m < ss->n_methods; m++) {
-            lua_pushnumber(L, (lua_Number)k->drafted[m]);
-            lua_setfield(L, -2, ss->methods[m]);
-        }
-        lua_setfield(L, -2, "drafted");
-        if (k->ngram >= 0) {
-            lua_pushnumber(L, k->ngram);
-            lua_setfield(L, -2, "ngram");
-        }
-        if (k->ngram_match >= 0) {
-            lua_pushnumber(L, k->ngram_match);
-            lua_setfield(L, -2, "ngram_match");
-        }
-        lua_setfield(L, req, "speculation");
         getref(L, c->ref_hook[H_SPECULATE]);
         lua_pushvalue(L, req);
         lua_pushvalue(L, state);

@@ -7,6 +7,8 @@
  *  - garbage plans and erroring policies are errors, never crashes;
  *  - hot reload swaps on success and keeps the old policy on failure;
  *  - request tables are the same objects from step to step;
+ *  - the speculate hook sees every field of req.speculation and state.spec,
+ *    kept in place from call to call, absent ones removed;
  *  - a runaway loop is stopped by the instruction budget (interpreter);
  *  - the hostile policies of issue 18 (C-stack recursion, backtracking,
  *    compiled loops, memory in hot loops, oversized plans) are errors;
@@ -612,6 +614,76 @@ static void test_state_reuse(void) {
     p->ops->free(p);
 }
 
+/* ---- speculate: what the hook sees ---------------------------------------- */
+
+/* The policy answers ("eagle", 100 + the mask of the checks that failed) for
+ * request 1, and ("ngram", 200 + mask) for request 2; two calls, the second
+ * with some fields gone, so entries must also be removed from the tables
+ * kept in place. */
+static void test_speculate_fields(void) {
+    li_policy *p = open_src(
+        "local calls, S1, SP1 = 0, nil, nil\n"
+        "return { speculate = function(req, state)\n"
+        "  local s, sp, bad, bit = req.speculation, state.spec, 0, 1\n"
+        "  local function ck(ok) if not ok then bad = bad + bit end; bit = bit * 2 end\n"
+        "  if req.id == 2 then\n"
+        "    ck(s.drafted.ngram == 0 and s.acceptance.ngram == -1 and s.k == 0 and s.method == 'ngram')\n"
+        "    ck(s.ngram == nil and s.ngram_match == nil)\n"
+        "    return 'ngram', 200 + bad\n"
+        "  end\n"
+        "  calls = calls + 1\n"
+        "  ck(s.method == 'eagle' and s.k == 8 and s.max_k == 16 and s.temperature == 0.5)\n"
+        "  ck(s.acceptance.ngram == 0.25 and s.acceptance.eagle == -1 and s.drafted.ngram == 8 and s.drafted.eagle == 0)\n"
+        "  ck(sp.batch_size == 2 and sp.step_time == 0.002 and sp.token_time == 0.001)\n"
+        "  ck(sp.draft_time.eagle == 2e-4 and sp.draft_time.ngram == 0 and sp.available.eagle == true"
+        " and sp.available.draft == false)\n"
+        "  local n = 0 for _ in pairs(sp.row_time) do n = n + 1 end\n"
+        "  if calls == 1 then\n"
+        "    ck(s.ngram == 3 and s.ngram_match == 5)\n"
+        "    ck(n == 2 and sp.row_time[1] == 0.001 and sp.row_time[3] == 0.003)\n"
+        "    ck(sp.verify_time.greedy == 5e-6 and sp.verify_time.sampled == nil)\n"
+        "    S1, SP1 = s, sp\n"
+        "  else\n"
+        "    ck(s.ngram == nil and s.ngram_match == nil)\n"
+        "    ck(n == 2 and sp.row_time[1] == 0.001 and sp.row_time[2] == 0.002 and sp.row_time[3] == nil)\n"
+        "    ck(sp.verify_time.greedy == nil and sp.verify_time.sampled == 1e-5)\n"
+        "    ck(S1 == s and SP1 == sp)\n"
+        "  end\n"
+        "  return 'eagle', 100 + bad\n"
+        "end }",
+        NULL);
+    if (!p) return;
+    static const char *const names[5] = {"ngram", "draft", "layerskip", "medusa", "eagle"};
+    const bool avail[5] = {true, false, false, false, true};
+    const double draft_time[5] = {0, 0, 0, 0, 2e-4};
+    double rows[LI_SPEC_COST_ROWS] = {0.001, 0, 0.003}, verify[2] = {5e-6, 0};
+    const double acc1[5] = {0.25, -1, -1, -1, -1}, acc2[5] = {-1, -1, -1, -1, -1};
+    const int64_t dr1[5] = {8, 0, 0, 0, 0}, dr2[5] = {0};
+    fx f;
+    fx_init(&f, 10, 8, 64);
+    fx_decode(&f, 1, 5, 1);
+    fx_decode(&f, 2, 5, 1);
+    for (int call = 0; call < 2; call++) {
+        li_spec_cand c[2] = {
+            {.id = 1, .want_method = 4, .want_k = 8, .max_k = 16, .temperature = 0.5f, .acceptance = acc1,
+             .drafted = dr1, .ngram = call ? -1 : 3, .ngram_match = call ? -1 : 5, .method = 4, .k = 8},
+            {.id = 2, .want_method = -1, .want_k = 0, .max_k = 16, .temperature = 0, .acceptance = acc2,
+             .drafted = dr2, .ngram = -1, .ngram_match = -1, .method = -1, .k = 0},
+        };
+        if (call) rows[1] = 0.002, rows[2] = 0, verify[0] = 0, verify[1] = 1e-5;
+        const li_spec_state ss = {.methods = names, .available = avail, .n_methods = 5, .batch_size = 2,
+                                  .step_time = 0.002, .token_time = 0.001, .draft_time = draft_time,
+                                  .row_time = rows, .verify_time = verify};
+        li_error err = {0};
+        int rc = p->ops->speculate(p, &f.st, &ss, c, 2, &err);
+        CHECK(rc == 0 && c[0].method == 4 && c[0].k == 100 && c[1].method == 0 && c[1].k == 200,
+              "speculate call %d: req.speculation and state.spec as given, kept in place (rc %d, %s; "
+              "answers %d/%d and %d/%d: k - 100 is the mask of failed checks)",
+              call + 1, rc, err.msg, c[0].method, c[0].k, c[1].method, c[1].k);
+    }
+    p->ops->free(p);
+}
+
 /* ---- runaway loops ----------------------------------------------------------------- */
 
 static void test_runaway(void) {
@@ -769,6 +841,7 @@ int main(void) {
     test_admit_finish();
     test_reload();
     test_state_reuse();
+    test_speculate_fields();
     test_runaway();
     test_hostile();
     bench();
