@@ -2,14 +2,16 @@
  * in-process in its sandbox, as the engine calls it (the C side's state and
  * request tables included), warm and cold.
  *
- *   ./build/bench_spec_hook [POLICY.lua...] [--batch B[,B...]] [--steps N] [--flush MIB] [--json FILE]
+ *   ./build/bench_spec_hook [POLICY.lua...] [--batch B[,B...]] [--steps N] [--flush MIB] [--idle] [--json FILE]
  *
  * Each policy (default: policies/spec_adaptive.lua and a hook that returns
  * false, the marshalling alone) runs STEPS steps (default 1000) of B
  * requests (default 1,4) that could draft with n-gram lookup or an EAGLE
  * draft, on a fixed cost curve; drafts pass at a fixed rate from a fixed
  * seed, so two builds see the same steps and make the same choices (the
- * checksum of the choices is printed: it must agree between builds). Cold:
+ * checksum of the choices is printed: it must agree between builds).
+ * --idle: lookup never finds anything to copy and EAGLE's drafts pass 20%
+ * (a story at batch 4: the policy drafts little or nothing). Cold:
  * before each step FLUSH MiB (default 64) are written, as a forward pass
  * streaming the weights evicts the policy's memory from the caches; the
  * hook then runs from DRAM, which is how it runs in the engine. */
@@ -31,7 +33,7 @@ typedef struct run_result {
 } run_result;
 
 /* STEPS steps of b requests through policy p; flush bytes written before each step */
-static int run(li_policy *p, int b, int steps, volatile char *flush, size_t flush_bytes, run_result *out) {
+static int run(li_policy *p, int b, int steps, bool idle, volatile char *flush, size_t flush_bytes, run_result *out) {
     static const char *const names[5] = {"ngram", "draft", "layerskip", "medusa", "eagle"};
     const bool avail[5] = {true, false, false, false, true};
     const double draft_time[5] = {0, 0, 0, 0, 2e-4}, verify_time[2] = {5e-6, 0};
@@ -49,10 +51,10 @@ static int run(li_policy *p, int b, int steps, volatile char *flush, size_t flus
                                  .num_tokens = 100 + s, .num_computed = 100 + s, .num_generated = s,
                                  .max_tokens = 1 << 30, .spec_acceptance = -1, .first_scheduled = 0, .first_token = 0};
             for (int m = 0; m < 5; m++) acc[i][m] = drafted[i][m] ? (double)accepted[i][m] / (double)drafted[i][m] : -1;
-            /* lookup finds something to copy two steps in three, matches of 0-6 tokens */
+            /* lookup finds something to copy two steps in three, matches of 0-6 tokens (--idle: never) */
             c[i] = (li_spec_cand){.id = i + 1, .want_method = 0, .want_k = 8, .max_k = 16, .temperature = 0,
-                                  .acceptance = acc[i], .drafted = drafted[i], .ngram = s % 3 ? 4 : 0,
-                                  .ngram_match = s % 7, .method = 0, .k = 8};
+                                  .acceptance = acc[i], .drafted = drafted[i], .ngram = !idle && s % 3 ? 4 : 0,
+                                  .ngram_match = idle ? 0 : s % 7, .method = 0, .k = 8};
         }
         const li_step_state st = {.step = s, .now = s * 1e-3, .reqs = v, .n_reqs = b, .kv_free_blocks = 100,
                                   .kv_total_blocks = 200, .block_size = 16, .max_num_seqs = MAX_B,
@@ -71,10 +73,11 @@ static int run(li_policy *p, int b, int steps, volatile char *flush, size_t flus
         }
         for (int i = 0; i < b; i++) {
             if (c[i].method < 0 || c[i].k <= 0) continue;
-            /* n-gram drafts pass 70% each, EAGLE's 40% */
+            /* n-gram drafts pass 70% each, EAGLE's 40% (--idle: 20%) */
             const int m = c[i].method;
+            const unsigned pass = m ? (idle ? 20u : 40u) : 70u;
             int a = 0;
-            while (a < c[i].k && ((rng = rng * 1103515245u + 12345u) >> 16) % 100 < (m ? 40u : 70u)) a++;
+            while (a < c[i].k && ((rng = rng * 1103515245u + 12345u) >> 16) % 100 < pass) a++;
             drafted[i][m] += c[i].k, accepted[i][m] += a, r.rounds++;
             r.sum = r.sum * 31 + (unsigned long long)(m * 64 + c[i].k + 7 * i);
         }
@@ -89,10 +92,13 @@ int main(int argc, char **argv) {
     if (li_bench_results_init(&res, "spec_hook", &argc, argv)) return 2;
     const char *files[16];
     int n_files = 0, steps = 1000, batches[8], n_b = 0;
+    bool idle = false;
     size_t flush_mib = 64;
     for (int i = 1; i < argc; i++) {
         const bool has = i + 1 < argc;
-        if (!strcmp(argv[i], "--steps") && has) {
+        if (!strcmp(argv[i], "--idle")) {
+            idle = true;
+        } else if (!strcmp(argv[i], "--steps") && has) {
             steps = atoi(argv[++i]);
         } else if (!strcmp(argv[i], "--flush") && has) {
             flush_mib = (size_t)atoi(argv[++i]);
@@ -102,7 +108,7 @@ int main(int argc, char **argv) {
                 if (*s != ',') break;
             }
         } else if (argv[i][0] == '-' || n_files == 16) {
-            fprintf(stderr, "usage: bench_spec_hook [POLICY.lua...] [--batch B[,B...]] [--steps N] [--flush MIB] "
+            fprintf(stderr, "usage: bench_spec_hook [POLICY.lua...] [--batch B[,B...]] [--steps N] [--flush MIB] [--idle] "
                             "[--json FILE] [--plot FILE]\n");
             return 2;
         } else {
@@ -124,7 +130,8 @@ int main(int argc, char **argv) {
     const size_t flush_bytes = flush_mib << 20;
     volatile char *flush = flush_bytes ? calloc(flush_bytes, 1) : NULL;
     if (flush_bytes && !flush) return 1;
-    printf("speculate hook, us per step (%d steps; cold: %zu MiB written before each step)\n", steps, flush_mib);
+    printf("speculate hook, us per step (%d steps%s; cold: %zu MiB written before each step)\n", steps,
+           idle ? ", idle: nothing to copy" : "", flush_mib);
     printf("%-32s %5s %10s %10s %8s %18s\n", "policy", "batch", "warm", "cold", "rounds", "choices");
     for (int f = -1; f < n_files; f++) {
         li_policy *p;
@@ -137,9 +144,9 @@ int main(int argc, char **argv) {
         for (int i = 0; i < n_b; i++) {
             run_result warm, cold;
             /* a fresh policy state for each: the same steps, so the same choices */
-            if (run(p, batches[i], steps, flush, 0, &warm)) return 1;
+            if (run(p, batches[i], steps, idle, flush, 0, &warm)) return 1;
             p->ops->reload(p, f < 0 ? "noop" : files[f], f < 0 ? noop_src : NULL, &err);
-            if (run(p, batches[i], steps, flush, flush_bytes, &cold)) return 1;
+            if (run(p, batches[i], steps, idle, flush, flush_bytes, &cold)) return 1;
             p->ops->reload(p, f < 0 ? "noop" : files[f], f < 0 ? noop_src : NULL, &err);
             printf("%-32s %5d %10.1f %10.1f %8ld %018llx\n", name, batches[i], warm.us, cold.us, cold.rounds, cold.sum);
             char label[300];
