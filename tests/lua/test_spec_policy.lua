@@ -260,6 +260,31 @@ do
   H.check(decayed[12] < plain[12] - 0.5 and decayed[7] < plain[7],
           "unreached depths priced lower: E(12) %g against %g", decayed[12], plain[12])
 end
+-- ... except behind a greedy lookup matching 16 tokens or more (a verbatim
+-- copy): four requests copying a paragraph at batch 4, every round of 3
+-- drafts passing, drafted 3 each for 20 steps with the depths past 3
+-- decayed; on a calibrated Zen 5 curve 8 or more each is faster
+do
+  local F = dofile(root .. "/policies/spec_adaptive.lua") -- its own records
+  local rt = { [1] = 2.15e-3, [2] = 2.21e-3, [3] = 2.44e-3, [4] = 2.62e-3, [5] = 2.78e-3, [6] = 3.04e-3, [8] = 3.46e-3,
+               [10] = 4.06e-3, [12] = 5.09e-3, [16] = 5.91e-3, [20] = 7.30e-3, [24] = 8.68e-3, [32] = 11.26e-3,
+               [36] = 12.53e-3, [48] = 16.37e-3, [64] = 21.85e-3 }
+  local function ask(id, match, step)
+    local running = {}
+    for i = 0, 3 do running[#running + 1] = { id = id + i } end
+    local _, k = F.speculate({ id = id, speculation = { method = "ngram", k = 8, max_k = 16, temperature = 0,
+                                                        acceptance = { ngram = 1 }, drafted = { ngram = 30 }, ngram = 16,
+                                                        ngram_match = match } },
+                             { step = step, running = running,
+                               spec = { batch_size = 4, step_time = 2.6e-3, token_time = 1e-3, draft_time = { ngram = 0 },
+                                        available = { ngram = true }, row_time = rt, verify_time = {} } })
+    return k or 0
+  end
+  for _, id in ipairs({ -200, -300 }) do for i = 1, 10 do F._observe(id, "ngram", 3 * i, 1) end end
+  local short, long = ask(-200, 10, 1), ask(-300, 20, 2)
+  H.check(short <= 4 and long >= 8, "rounds of 3 all passed at batch 4: k %d behind a 10-token match, %d behind 20",
+          short, long)
+end
 -- rounds not drafted: a greedy lookup offering a copy of 5+ tokens while the
 -- request does not draft is a first draft the next token judges (the match
 -- grows: it would have passed; it does not: failed), taken in as a round
