@@ -9,8 +9,9 @@
 -- drafts are not independent (a round that copies accepts all of them, one
 -- that does not fails at once), so the policy keeps, per request and
 -- method, how often a round that reached draft i accepted it (h_i, rounds
--- fading by FORGET; a depth not reached yet inherits h_(i-1) at
--- DEPTH_PRIOR_WEIGHT, the first one a prior) and uses
+-- fading by FORGET, a model proposer's by FORGET_MODEL; a depth not
+-- reached yet inherits h_(i-1) at DEPTH_PRIOR_WEIGHT, a model proposer's
+-- at DEPTH_PRIOR_WEIGHT_MODEL, the first one a prior) and uses
 --     E(k) = 1 + sum_{i<=k} h_1 * ... * h_i,
 -- the formula above when one a describes every depth. (Rounds that fail at
 -- the first draft half the time and accept 8 of 8 otherwise: E(8) = 5;
@@ -56,7 +57,8 @@
 -- the rejection were never tested; accepted / verified would count them as
 -- failures and underrate a good proposer). Older rounds fade by FORGET per
 -- newer one (a text that turns from copying to writing, or back, is
--- followed within a few rounds). h_1 starts from PRIOR_WEIGHT rounds at a
+-- followed within a few rounds), a model proposer's by FORGET_MODEL.
+-- h_1 starts from PRIOR_WEIGHT rounds at a
 -- prior, which fades like a round (session 16's did not: with rounds
 -- fading to a weight of 10 at most, h_1 could never pass (10 + 4p) / 14,
 -- 0.86 at p = 0.5, and copied text was priced at E(8) = 5 where it gives
@@ -107,9 +109,11 @@ local BAL_H1 = 0.5      -- a request whose first draft passes this often is plan
 local BAL_SLACK = 0.98  -- the even plan stands unless the greedy one is this much faster
 local MIN_ROUND = 1.01 -- a planning round must gain this much to grant more
 local MAX_DRAFTS = 16  -- drafts per request at most (the engine's LI_SPEC_MAX_TOKENS)
-local FORGET = 0.9       -- a round's weight fades by this per newer round (memory ~10)
+local FORGET = 0.9       -- a round's weight fades by this per newer round (memory ~10) ...
+local FORGET_MODEL = 0.97 -- ... a model proposer's (memory ~33)
 local PRIOR_WEIGHT = 4   -- rounds' worth of the prior acceptance of a first draft
-local DEPTH_PRIOR_WEIGHT = 1 -- rounds' worth of h_(i-1) in h_i
+local DEPTH_PRIOR_WEIGHT = 1 -- rounds' worth of h_(i-1) in h_i ...
+local DEPTH_PRIOR_WEIGHT_MODEL = 4 -- ... for a model proposer
 local UNSEEN_DECAY = 0.85 -- at batch 2+, h_i of a depth the request's rounds never reached: h_(i-1) times this ...
 local LONG_MATCH = 16     -- ... unless a greedy lookup's match is this many tokens or more
 local PRIOR_WANT = 0.6   -- the method the request would draft with anyway
@@ -167,9 +171,16 @@ local function pop_prior(key, p, id)
 end
 
 -- A round of dd drafts of which the first da passed into t's record in
--- context ctx (older rounds and the prior fade by FORGET) and into the
--- population pk.
-local function take_round(id, t, ctx, pk, dd, da)
+-- context ctx (older rounds and the prior fade by forget: FORGET, or
+-- FORGET_MODEL for a model proposer's) and into the population pk.
+-- Whether an n-gram copy goes on changes from one stretch of text to the
+-- next; what a draft model or EAGLE passes depends on the model pair and
+-- the kind of text, and changes slowly: faded over ~10 rounds, a run of
+-- misses in an EAGLE draft that passes 42% overall (its code edit at k 1
+-- has runs of 7) priced it below a row's cost, and then it never drafted
+-- again (nothing new comes into a record while it does not draft).
+local function take_round(id, t, ctx, pk, dd, da, forget)
+  local FORGET = forget or FORGET
   local c = t.by[ctx]
   if not c then c = { reach = {}, pass = {}, pw = PRIOR_WEIGHT }; t.by[ctx] = c end
   local reached = math.min(dd, da + 1) -- the round ended on draft da + 1 unless all passed
@@ -201,7 +212,7 @@ local function observe(id, m, drafted, acceptance, key, ctx)
   if not t then t = { d = 0, a = 0, by = {}, ctx = "" }; r[m] = t end
   local acc = drafted > 0 and math.floor(acceptance * drafted + 0.5) or 0
   local dd, da = drafted - t.d, math.max(acc - t.a, 0)
-  if dd > 0 then take_round(id, t, t.ctx, (key or m) .. t.ctx, dd, da) end
+  if dd > 0 then take_round(id, t, t.ctx, (key or m) .. t.ctx, dd, da, m ~= "ngram" and FORGET_MODEL or FORGET) end
   t.d, t.a, t.ctx = drafted, acc, ctx or ""
 end
 
@@ -242,7 +253,11 @@ end
 
 -- E(1..K) for request id and method m in context ctx from its rounds by
 -- depth: h_1 as above, each deeper h_i from the rounds that reached depth
--- i and h_(i-1) at DEPTH_PRIOR_WEIGHT. With decay < 1 (batches of 2 or
+-- i and h_(i-1) at DEPTH_PRIOR_WEIGHT (n-gram: a copy that passed its first
+-- draft mostly passes the rest, learnt in a round or two) or
+-- DEPTH_PRIOR_WEIGHT_MODEL (a model proposer's later drafts pass less
+-- often than its first: with one round's worth, two lucky rounds priced
+-- chains of 3-4 EAGLE drafts at batch 1 that then mostly failed). With decay < 1 (batches of 2 or
 -- more: UNSEEN_DECAY), a depth no round of the request has reached takes
 -- h_(i-1) times decay: a long round is priced as an unknown until one
 -- gets there. (Inherited whole, two rounds of 4 and 6 drafts all passed
@@ -258,9 +273,10 @@ local function expected_by_depth(id, m, p, K, ctx, decay)
   local reach, pass = t and t.reach or {}, t and t.pass or {}
   local h = first_depth(id, m, p, ctx)
   local e, surv = { 1 + h }, h
+  local dw = m == "ngram" and DEPTH_PRIOR_WEIGHT or DEPTH_PRIOR_WEIGHT_MODEL
   for i = 2, K do
     local prior = ((reach[i] or 0) < 0.5 and decay or 1) * h
-    h = ((pass[i] or 0) + DEPTH_PRIOR_WEIGHT * prior) / ((reach[i] or 0) + DEPTH_PRIOR_WEIGHT)
+    h = ((pass[i] or 0) + dw * prior) / ((reach[i] or 0) + dw)
     surv = surv * h
     e[i] = e[i - 1] + surv
   end

@@ -285,6 +285,32 @@ do
   H.check(short <= 4 and long >= 8, "rounds of 3 all passed at batch 4: k %d behind a 10-token match, %d behind 20",
           short, long)
 end
+-- a model proposer's record fades slower than n-gram's, and its deeper
+-- depths need more rounds: an EAGLE draft passing 4 of 10 first drafts for
+-- 40 rounds, then 6 misses in a row (its code edit at k 1 has runs of 7),
+-- still pays for a row at batch 1 (h_1 > 0.3; faded like n-gram's, 0.25);
+-- two rounds of 2 drafts both passed price its second draft below n-gram's
+do
+  local function rounds(id, m)
+    local d, a = 0, 0
+    for i = 1, 46 do
+      d = d + 1
+      if i <= 40 and i % 5 < 2 then a = a + 1 end
+      A._observe(id, m, d, a / d)
+    end
+  end
+  rounds(-50, "eagle")
+  rounds(-51, "ngram")
+  local he, hn = A._first_depth(-50, "eagle", 0.4), A._first_depth(-51, "ngram", 0.4)
+  H.check(he > 0.3 and hn < 0.27, "40 rounds at 40%%, then 6 misses: h_1 %g for EAGLE, %g for n-gram", he, hn)
+  A._observe(-52, "eagle", 2, 1)
+  A._observe(-52, "eagle", 4, 1)
+  A._observe(-53, "ngram", 2, 1)
+  A._observe(-53, "ngram", 4, 1)
+  local ee, en = A._expected_by_depth(-52, "eagle", 0.4, 2), A._expected_by_depth(-53, "ngram", 0.4, 2)
+  local h2e, h2n = (ee[2] - ee[1]) / (ee[1] - 1), (en[2] - en[1]) / (en[1] - 1)
+  H.check(h2e < h2n - 0.05, "two rounds of 2 passed: h_2 %g for EAGLE, %g for n-gram", h2e, h2n)
+end
 -- rounds not drafted: a greedy lookup offering a copy of 5+ tokens while the
 -- request does not draft is a first draft the next token judges (the match
 -- grows: it would have passed; it does not: failed), taken in as a round
