@@ -619,7 +619,8 @@ static void test_state_reuse(void) {
 /* The policy answers ("eagle", 100 + the mask of the checks that failed) for
  * request 1, and ("ngram", 200 + mask) for request 2; two calls, the second
  * with some fields gone, so entries must also be removed from the tables
- * kept in place. */
+ * kept in place; between them the policy overwrites some of the tables it
+ * was given, which the second call must not see. */
 static void test_speculate_fields(void) {
     li_policy *p = open_src(
         "local calls, S1, SP1 = 0, nil, nil\n"
@@ -643,6 +644,8 @@ static void test_speculate_fields(void) {
         "    ck(n == 2 and sp.row_time[1] == 0.001 and sp.row_time[3] == 0.003)\n"
         "    ck(sp.verify_time.greedy == 5e-6 and sp.verify_time.sampled == nil)\n"
         "    S1, SP1 = s, sp\n"
+        "    s.acceptance, s.ngram, sp.row_time, sp.verify_time, sp.available = 5, 'x', 7, nil, {}\n"
+        "    req.speculation = nil\n"
         "  else\n"
         "    ck(s.ngram == nil and s.ngram_match == nil)\n"
         "    ck(n == 2 and sp.row_time[1] == 0.001 and sp.row_time[2] == 0.002 and sp.row_time[3] == nil)\n"
