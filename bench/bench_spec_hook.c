@@ -87,6 +87,14 @@ static int run(li_policy *p, int b, int steps, bool idle, volatile char *flush, 
     return 0;
 }
 
+/* a fresh state of the same policy */
+static int reload(li_policy *p, const char *path, const char *src) {
+    li_error err = {0};
+    if (!p->ops->reload(p, path, src, &err)) return 0;
+    fprintf(stderr, "bench_spec_hook: %s: reload: %s\n", path, err.msg);
+    return 1;
+}
+
 int main(int argc, char **argv) {
     li_bench_results res;
     if (li_bench_results_init(&res, "spec_hook", &argc, argv)) return 2;
@@ -144,10 +152,10 @@ int main(int argc, char **argv) {
         for (int i = 0; i < n_b; i++) {
             run_result warm, cold;
             /* a fresh policy state for each: the same steps, so the same choices */
-            if (run(p, batches[i], steps, idle, flush, 0, &warm)) return 1;
-            p->ops->reload(p, f < 0 ? "noop" : files[f], f < 0 ? noop_src : NULL, &err);
-            if (run(p, batches[i], steps, idle, flush, flush_bytes, &cold)) return 1;
-            p->ops->reload(p, f < 0 ? "noop" : files[f], f < 0 ? noop_src : NULL, &err);
+            const char *path = f < 0 ? "noop" : files[f], *src = f < 0 ? noop_src : NULL;
+            if (run(p, batches[i], steps, idle, flush, 0, &warm) || reload(p, path, src) ||
+                run(p, batches[i], steps, idle, flush, flush_bytes, &cold) || reload(p, path, src))
+                return 1;
             printf("%-32s %5d %10.1f %10.1f %8ld %018llx\n", name, batches[i], warm.us, cold.us, cold.rounds, cold.sum);
             char label[300];
             snprintf(label, sizeof label, "%s, batch %d", name, batches[i]);
