@@ -180,17 +180,16 @@ end
 -- has runs of 7) priced it below a row's cost, and then it never drafted
 -- again (nothing new comes into a record while it does not draft).
 local function take_round(id, t, ctx, pk, dd, da, forget)
-  local FORGET = forget or FORGET
   local c = t.by[ctx]
   if not c then c = { reach = {}, pass = {}, pw = PRIOR_WEIGHT }; t.by[ctx] = c end
   local reached = math.min(dd, da + 1) -- the round ended on draft da + 1 unless all passed
   local reach, pass = c.reach, c.pass
   for i = 1, math.max(#reach, dd) do
-    reach[i], pass[i] = (reach[i] or 0) * FORGET, (pass[i] or 0) * FORGET
+    reach[i], pass[i] = (reach[i] or 0) * forget, (pass[i] or 0) * forget
     if i <= reached then reach[i] = reach[i] + 1 end
     if i <= da then pass[i] = pass[i] + 1 end
   end
-  c.pw = c.pw * FORGET -- the prior fades like a round
+  c.pw = c.pw * forget -- the prior fades like a round
   local q = pop[pk] or { n = 0, id = {}, pass = {} }
   pop[pk] = q
   local slot = q.n % POP_ROUNDS + 1
@@ -234,7 +233,7 @@ local function observe_shadow(id, key, match, drafted, ngram)
   local passed = match > last.match
   last.match, last.drafted, last.ngram = match, drafted, ngram
   local t = seen[id] and seen[id].ngram
-  if take and t then take_round(id, t, "", key, 1, passed and 1 or 0) end
+  if take and t then take_round(id, t, "", key, 1, passed and 1 or 0, FORGET) end
 end
 
 -- Request id's record of method m in context ctx (default ""), or nil
