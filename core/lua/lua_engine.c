@@ -805,20 +805,15 @@ static int l_ngram_draft(lua_State *L) {
     int32_t match;
     int32_t m = li_spec_ngram_lookup(toks, (int64_t)n, (int)nmax, (int)nmin, (int32_t)k, out, &match);
     free(toks);
-    if (!lua_isnoneornil(L, 5)) {
-        const size_t ns = lua_objlen(L, 5);
-        for (int32_t j = 0; j < m; j++) {
-            bool stop = false;
-            for (size_t i = 0; i < ns && !stop; i++) {
-                lua_rawgeti(L, 5, (int)i + 1);
-                stop = lua_isnumber(L, -1) && lua_tointeger(L, -1) == out[j];
-                lua_pop(L, 1);
-            }
-            if (stop) {
-                m = j + 1;
-                break;
-            }
-        }
+    /* each stop id read once: the drafts end after the first that is one */
+    const size_t ns = lua_isnoneornil(L, 5) ? 0 : lua_objlen(L, 5);
+    for (size_t i = 0; i < ns; i++) {
+        lua_rawgeti(L, 5, (int)i + 1);
+        if (!lua_isnumber(L, -1)) return luaL_error(L, "ngram_draft: stop id %d is not a number", (int)i + 1);
+        const lua_Integer id = lua_tointeger(L, -1);
+        lua_pop(L, 1);
+        for (int32_t j = 0; j + 1 < m; j++)
+            if (out[j] == id) m = j + 1;
     }
     lua_createtable(L, m, 0);
     for (int32_t i = 0; i < m; i++) {
