@@ -652,8 +652,8 @@ static int kernels_main(int argc, char **argv) {
     };
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         li_weight w = weight_new(shapes[s].t, shapes[s].k, shapes[s].m);
-        const int64_t ns[] = {1, 8, 9, 12, 16, 32, 64, 512}; /* 9: a verify of 8 drafts */
-        for (int i = 0; i < 8; i++) {
+        const int64_t ns[] = {1, 8, 9, 10, 11, 12, 16, 32, 64, 512}; /* 9: a verify of 8 drafts */
+        for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++) {
             const int64_t n = ns[i];
             if (n == 512 && shapes[s].m > 4096) continue;
             const int iters = (int)fmax(1, 2e8 / (double)(w.m * w.k * n));

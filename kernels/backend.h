@@ -282,7 +282,8 @@ void li_host_synchronize(li_backend *be);
     .buffer_copy = li_host_buffer_copy, .buffer_clear = li_host_buffer_clear, .synchronize = li_host_synchronize
 
 /* CPU backend: n_threads <= 0 means the cores available. isa: NULL or "auto"
- * picks the best the CPU has (CPUID); "scalar", "avx2", "avx512" force one
+ * picks the best the CPU has (CPUID); "scalar", "avx2", "avx512", "amx"
+ * (AVX-512 with the quantized matmul on AMX tiles, the same bits) force one
  * (an unavailable one is an error); "ggml" computes what llama.cpp's x86 CPU
  * backend computes, bit for bit (cpu/ggml_kernels.h). */
 int li_backend_cpu_init(li_backend *be, int n_threads, const char *isa, struct li_error *err);
@@ -290,7 +291,7 @@ void li_backend_cpu_free(li_backend *be);
 /* The scalar reference ops, single-threaded: what every other path is
  * tested against. */
 const li_backend_ops *li_backend_ref_ops(void);
-/* Name of the ISA level chosen at init ("scalar", "avx2", "avx512", "ggml"). */
+/* Name of the ISA level chosen at init ("scalar", "avx2", "avx512", "amx", "ggml"). */
 const char *li_backend_cpu_isa(const li_backend *be);
 /* How the CPU backend runs 4-bit group weights (AWQ, GPTQ, INT4 with f32
  * activations): LI_ACT_F32 (A16, the default: exactly the weights'

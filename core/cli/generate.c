@@ -136,7 +136,7 @@ int li_cmd_generate(int argc, char **argv) {
         {"batch-size", LI_OPT_INT, &o.batch_size, "prompt tokens per forward pass (default 512)"},
         {"kv-dtype", LI_OPT_STR, &o.kv_dtype, "KV cache dtype: f16, bf16, f32, fp8 (E4M3) or int8; 8-bit ones keep an f32 scale per token and kv head (default f16)"},
         {"q4-act", LI_OPT_STR, &o.q4_act, "4-bit group weights (awq, gptq, rtn4): f32 activations (A16, the reference bits) or int8 (A8, quantized per row on the fly) (default f32)"},
-        {"isa", LI_OPT_STR, &o.isa, "CPU kernels: auto, scalar, avx2, avx512, or ggml (llama.cpp's x86 arithmetic, bit for bit; slower) (default auto)"},
+        {"isa", LI_OPT_STR, &o.isa, "CPU kernels: auto, scalar, avx2, avx512, amx (AVX-512 with AMX tiles for quantized matmul), or ggml (llama.cpp's x86 arithmetic, bit for bit; slower) (default auto)"},
         {"device", LI_OPT_STR, &o.device, "compute device: cpu, or cuda / cuda:N (the CUDA backend, docs/cuda.md) (default cpu)"},
         {"help", LI_OPT_FLAG, &o.help, "show this help"},
     };

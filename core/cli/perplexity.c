@@ -31,7 +31,7 @@ int li_cmd_perplexity(int argc, char **argv) {
         {"threads", LI_OPT_INT, &threads, "compute threads (default: all cores)"},
         {"kv-dtype", LI_OPT_STR, &kv_dtype_s, "KV cache dtype: f16, bf16, f32, fp8 (E4M3) or int8; 8-bit ones keep an f32 scale per token and kv head (default f16)"},
         {"q4-act", LI_OPT_STR, &q4_act, "4-bit group weights (awq, gptq, rtn4): f32 activations (A16, the reference bits) or int8 (A8, quantized per row on the fly) (default f32)"},
-        {"isa", LI_OPT_STR, &isa, "CPU kernels: auto, scalar, avx2, avx512, or ggml (llama.cpp's x86 arithmetic, bit for bit; slower)"},
+        {"isa", LI_OPT_STR, &isa, "CPU kernels: auto, scalar, avx2, avx512, amx (AVX-512 with AMX tiles for quantized matmul), or ggml (llama.cpp's x86 arithmetic, bit for bit; slower)"},
         {"device", LI_OPT_STR, &device, "compute device: cpu, or cuda / cuda:N (the CUDA backend, docs/cuda.md) (default cpu)"},
         {"kl-base-out", LI_OPT_STR, &kl_out, "save this model's distributions at the scored positions (a baseline for --kl-base)"},
         {"kl-base", LI_OPT_STR, &kl_base, "KL divergence, 99th percentile and top-1 agreement against a saved baseline"},

@@ -130,7 +130,7 @@ int li_tp_init(li_tp **out, li_model *m, const li_backend *like, int size, li_ru
                                 "has %d", size, dev0, dev0, dev0 + size - 1, n_dev);
     } else if (!strcmp(isa, "none") || strcmp(like->ops->name, "cpu") != 0) {
         return li_error_set(err, LI_EUNSUP,
-                            "tensor parallel runs on luainfer's own CPU kernels (--isa auto, scalar, avx2, avx512) "
+                            "tensor parallel runs on luainfer's own CPU kernels (--isa auto, scalar, avx2, avx512, amx) "
                             "or on cuda, not on the %s backend yet",
                             like->ops->name);
     }

@@ -306,7 +306,7 @@ int li_cmd_serve(int argc, char **argv) {
         {"ctx-size", LI_OPT_INT, &o.ctx_size, "positions per request (default: the model's, at most 8192)"},
         {"threads", LI_OPT_INT, &o.threads, "compute threads (default: all cores)"},
         {"q4-act", LI_OPT_STR, &o.q4_act, "4-bit group weights (awq, gptq, rtn4): f32 activations (A16, the reference bits) or int8 (A8, quantized per row on the fly) (default f32)"},
-        {"isa", LI_OPT_STR, &o.isa, "CPU kernels: auto, scalar, avx2, avx512, or ggml (llama.cpp's x86 arithmetic, bit for bit; slower) (default auto)"},
+        {"isa", LI_OPT_STR, &o.isa, "CPU kernels: auto, scalar, avx2, avx512, amx (AVX-512 with AMX tiles for quantized matmul), or ggml (llama.cpp's x86 arithmetic, bit for bit; slower) (default auto)"},
         {"device", LI_OPT_STR, &o.device, "compute device: cpu, or cuda / cuda:N (the CUDA backend, docs/cuda.md) (default cpu)"},
         {"policy-isolation", LI_OPT_STR, &o.isolation,
          "process (default: a policy-host child with a 50 ms deadline) or inprocess (trusted policies; see docs/policy-protocol.md)"},

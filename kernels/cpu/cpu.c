@@ -81,7 +81,9 @@ static bool have_avx512(void) {
 static int isa_pick(const char *isa, const li_cpu_kernels **out, li_error *err) {
     __builtin_cpu_init();
     if (!isa || !*isa || !strcmp(isa, "auto")) {
-        *out = have_avx512() ? &li_cpu_kernels_avx512 : have_avx2() ? &li_cpu_kernels_avx2 : &li_cpu_kernels_scalar;
+        *out = have_avx512() ? (li_cpu_amx_usable() ? &li_cpu_kernels_amx : &li_cpu_kernels_avx512)
+               : have_avx2() ? &li_cpu_kernels_avx2
+                             : &li_cpu_kernels_scalar;
         return 0;
     }
     if (!strcmp(isa, "scalar")) {
@@ -100,7 +102,16 @@ static int isa_pick(const char *isa, const li_cpu_kernels **out, li_error *err) 
         *out = &li_cpu_kernels_avx512;
         return 0;
     }
-    return li_error_set(err, LI_EINVAL, "cpu: unknown isa '%s' (expected auto, scalar, avx2, avx512 or ggml)", isa);
+    if (!strcmp(isa, "amx")) {
+        if (!have_avx512() || !li_cpu_amx_usable())
+            return li_error_set(err, LI_EUNSUP,
+                                "cpu: isa 'amx' needs AVX-512 F/BW/VL/DQ/VNNI and AMX-TILE/AMX-INT8 enabled by the OS, "
+                                "which this CPU or kernel lacks");
+        *out = &li_cpu_kernels_amx;
+        return 0;
+    }
+    return li_error_set(err, LI_EINVAL, "cpu: unknown isa '%s' (expected auto, scalar, avx2, avx512, amx or ggml)",
+                        isa);
 }
 
 static int cpus_online(void) {
@@ -321,7 +332,7 @@ static bool q4g_matmul(li_cpu *c, const li_weight *w, const float *x, float *y, 
 static bool w8_run(li_backend *be, const li_weight *w, const float *x, float *y, float *res, int64_t n) {
     if (w->scheme == LI_SCHEME_PLAIN || !li_w8_supported(w)) return false;
     li_cpu *c = cpu_of(be);
-    li_w8_matmul(li_w8_kernels_for(c->kern->isa), c->tp, c->n_threads, w, x, y, res, n);
+    li_w8_matmul(li_w8_kernels_for(c->kern->family), c->tp, c->n_threads, w, x, y, res, n);
     return true;
 }
 
@@ -357,7 +368,7 @@ static void cpu_matmul_multi(li_backend *be, const li_weight *const *w, int n_w,
                              int64_t n) {
     if (w[0]->scheme != LI_SCHEME_PLAIN && li_w8_same_job(w, n_w)) { /* one activation quantization */
         const li_cpu *c = cpu_of(be);
-        li_w8_matmul_multi(li_w8_kernels_for(c->kern->isa), c->tp, c->n_threads, w, n_w, x, y, NULL, n);
+        li_w8_matmul_multi(li_w8_kernels_for(c->kern->family), c->tp, c->n_threads, w, n_w, x, y, NULL, n);
         return;
     }
     li_cpu *c = cpu_of(be);
@@ -403,7 +414,7 @@ static int cpu_weight_prepare(li_backend *be, li_weight *w) {
                          "reference", c->kern->isa, li_scheme_name(w->scheme), li_type_name(w->type), q4g_why);
             return LI_EUNSUP;
         }
-        if (li_w8_pack(li_w8_kernels_for(c->kern->isa), w) == LI_ENOMEM) { /* int8 panels where the ISA has them */
+        if (li_w8_pack(li_w8_kernels_for(c->kern->family), w) == LI_ENOMEM) { /* int8 panels where the ISA has them */
             li_log_error("cpu %s: out of memory packing %s weights", c->kern->isa, li_scheme_name(w->scheme));
             return LI_ENOMEM;
         }
@@ -570,7 +581,7 @@ static void cpu_attention(li_backend *be, const li_attn_args *a) {
         c->scores_cap = cap;
     }
     attn_job j = {.kern = c->kern, .a = a, .scores = c->scores,
-                  .attn_head = li_kv_is_8bit(a->kv->dtype) ? li_kv8_attn_head_for(c->kern->isa) : c->kern->attn_head};
+                  .attn_head = li_kv_is_8bit(a->kv->dtype) ? li_kv8_attn_head_for(c->kern->family) : c->kern->attn_head};
     atomic_init(&j.next, 0);
     work *= (int64_t)a->n_head * a->head_dim;
     li_threadpool_run_shaped(c->tp, attn_work, &j, work < 32768 ? 1 : c->n_threads, work,
@@ -818,10 +829,10 @@ static void cpu_hadamard(li_backend *be, float *x, const float *s, int64_t n, in
 static void cpu_kv_store(li_backend *be, const li_kv_layer *kv, const float *k, const float *v, const int64_t *slot,
                          int64_t n_tokens, int n_head_kv, int head_dim) {
     if (li_kv_is_8bit(kv->dtype)) { /* FP8 / INT8: quantize with this ISA (same bytes as the reference) */
-        li_kv8_store(kv, k, v, slot, n_tokens, n_head_kv, head_dim, li_kv8_head_for(cpu_of(be)->kern->isa));
+        li_kv8_store(kv, k, v, slot, n_tokens, n_head_kv, head_dim, li_kv8_head_for(cpu_of(be)->kern->family));
         return;
     }
-    const li_kv16_row_fn row16 = li_kv16_row_for(cpu_of(be)->kern->isa); /* same bytes as the reference */
+    const li_kv16_row_fn row16 = li_kv16_row_for(cpu_of(be)->kern->family); /* same bytes as the reference */
     if (row16 && (kv->dtype == LI_TYPE_F16 || kv->dtype == LI_TYPE_BF16)) {
         li_kv16_store_rows(kv, k, v, slot, n_tokens, (int64_t)n_head_kv * head_dim, row16);
         return;
@@ -872,7 +883,7 @@ int li_backend_cpu_init(li_backend *be, int n_threads, const char *isa, li_error
         return li_error_set(err, LI_ENOMEM, "cpu: cannot start %d threads", n_threads);
     }
     c->scores = li_xcalloc((size_t)n_threads, sizeof *c->scores);
-    c->q4g = li_q4g_kernels_for(kern->isa);
+    c->q4g = li_q4g_kernels_for(kern->family);
     be->ops = &cpu_ops;
     be->n_threads = n_threads;
     be->impl = c;

@@ -156,6 +156,7 @@ void li_cpu_packed_get_row(const li_cpu_packed *p, int64_t row, float *out);
 
 typedef struct li_cpu_kernels {
     const char *isa;
+    const char *family; /* the ISA name the other kernel sets (w8, q4g, kv8) are chosen by */
     /* x(k) -> one packed activation row; act_type Q8_0 or Q8_1, k % 32 == 0 */
     void (*quantize_act)(li_type act_type, const float *x, void *dst, int64_t k);
     /* Unpacked weights (the scalar ISA, or a weight never prepared):
@@ -206,6 +207,17 @@ bool li_cpu_has_f16c(void);
 extern const li_cpu_kernels li_cpu_kernels_scalar;
 extern const li_cpu_kernels li_cpu_kernels_avx2;   /* needs AVX2, FMA, F16C */
 extern const li_cpu_kernels li_cpu_kernels_avx512; /* needs AVX-512 F/BW/VL/DQ/VNNI, FMA, F16C */
+extern const li_cpu_kernels li_cpu_kernels_amx;    /* AVX-512's, and li_cpu_amx_usable() */
+
+/* AMX-TILE and AMX-INT8 present, enabled by the OS, and granted to this
+ * process (ops_amx.c asks Linux once) */
+bool li_cpu_amx_usable(void);
+/* the AVX-512 quantized GEMM (ops_avx512.c) and the AMX one (ops_amx.c,
+ * which hands single rows to the former): gemm_q_packed's contract */
+void li_avx512_gemm_q_packed(const li_cpu_packed *w, int64_t p0, int64_t p1, const void *act, size_t as, int64_t n,
+                             float *y, int64_t ldy);
+void li_amx_gemm_q_packed(const li_cpu_packed *w, int64_t p0, int64_t p1, const void *act, size_t as, int64_t n,
+                          float *y, int64_t ldy);
 
 /* ---- pieces of the scalar reference shared with the scalar kernels (ops_ref.c) ---- */
 void li_ref_attn_head(const li_attn_args *a, int64_t i, int h, float *scores);

@@ -558,6 +558,7 @@ void li_avx2_hadamard(float *x, const float *s, int64_t dim, int64_t block) {
 
 const li_cpu_kernels li_cpu_kernels_avx2 = {
     .isa = "avx2",
+    .family = "avx2",
     .quantize_act = avx2_quantize_act,
     .gemm_q = NULL, /* unprepared weights: cpu.c uses the scalar kernels */
     .gemm_f = NULL,

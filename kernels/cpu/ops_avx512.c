@@ -203,8 +203,8 @@ static inline __attribute__((always_inline)) void gemm_q_t(li_type t, const li_c
     }
 }
 
-static void avx512_gemm_q_packed(const li_cpu_packed *w, int64_t p0, int64_t p1, const void *act, size_t as,
-                                 int64_t n, float *y, int64_t ldy) {
+void li_avx512_gemm_q_packed(const li_cpu_packed *w, int64_t p0, int64_t p1, const void *act, size_t as, int64_t n,
+                             float *y, int64_t ldy) {
     switch (w->type) {
     case LI_TYPE_Q4_0: gemm_q_t(LI_TYPE_Q4_0, w, p0, p1, act, as, n, y, ldy); break;
     case LI_TYPE_Q4_1: gemm_q_t(LI_TYPE_Q4_1, w, p0, p1, act, as, n, y, ldy); break;
@@ -757,10 +757,28 @@ static void avx512_rope_rotate(float *x, const float *cs, int64_t n, int n_heads
 
 const li_cpu_kernels li_cpu_kernels_avx512 = {
     .isa = "avx512",
+    .family = "avx512",
     .quantize_act = avx512_quantize_act,
     .gemm_q = NULL, /* unprepared weights: cpu.c uses the scalar kernels */
     .gemm_f = NULL,
-    .gemm_q_packed = avx512_gemm_q_packed,
+    .gemm_q_packed = li_avx512_gemm_q_packed,
+    .gemm_f_packed = avx512_gemm_f_packed,
+    .attn_head = avx512_attn_head,
+    .attn_tile = avx512_attn_tile,
+    .silu_mul = avx512_silu_mul,
+    .hadamard = li_avx2_hadamard, /* memory-light: 8 lanes keep up */
+    .rmsnorm = avx512_rmsnorm,
+    .rope_rotate = avx512_rope_rotate,
+};
+
+/* AVX-512 with the quantized GEMM on AMX tiles (ops_amx.c): the same bits */
+const li_cpu_kernels li_cpu_kernels_amx = {
+    .isa = "amx",
+    .family = "avx512",
+    .quantize_act = avx512_quantize_act,
+    .gemm_q = NULL, /* unprepared weights: cpu.c uses the scalar kernels */
+    .gemm_f = NULL,
+    .gemm_q_packed = li_amx_gemm_q_packed, /* ops_amx.c: the rest is AVX-512's */
     .gemm_f_packed = avx512_gemm_f_packed,
     .attn_head = avx512_attn_head,
     .attn_tile = avx512_attn_tile,

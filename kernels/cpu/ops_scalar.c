@@ -105,6 +105,7 @@ static void scalar_gemm_f(li_type wt, int64_t k, const void *w, size_t w_stride,
 
 const li_cpu_kernels li_cpu_kernels_scalar = {
     .isa = "scalar",
+    .family = "scalar",
     .quantize_act = scalar_quantize_act,
     .gemm_q = scalar_gemm_q,
     .gemm_f = scalar_gemm_f,

@@ -338,6 +338,23 @@ def test_isa_ggml_perplexity_is_llama_cpps(ctx, chunks, run_ok, model_path, thre
         f"ctx {ctx}, {chunks} chunks: --isa ggml perplexity {ours['perplexity']!r} vs llama.cpp {want}")
 
 
+def test_isa_amx_is_avx512_bit_for_bit(run_cli, run_ok, model_path, thread_args):
+    """AMX tiles take the integer block dots of the quantized matmuls of 11+
+    rows (prefill here: a 512-token chunk, and each prompt); the float
+    arithmetic is AVX-512's, so logits and perplexity are the same bits."""
+    probe = run_cli(["generate", "--model", model_path, "--isa", "amx", "--prompt", "a", "--max-tokens", "1"])
+    if probe.returncode != 0:
+        pytest.skip(f"--isa amx not on this machine: {probe.stderr.strip()[-200:]}")
+    ppl = [run_ok(["perplexity", "--model", model_path, "--file", REPO_ROOT / PPL["text_file"], "--ctx", "512",
+                   "--chunks", "1", "--json", "--isa", isa] + thread_args).json() for isa in ("avx512", "amx")]
+    assert ppl[0]["perplexity"] == ppl[1]["perplexity"], ppl
+    for case in GREEDY["prompts"][:3]:
+        out = [run_ok(_generate_args(model_path, thread_args, case) + ["--isa", isa]).json()
+               for isa in ("avx512", "amx")]
+        assert out[0]["tokens"] == out[1]["tokens"], case["name"]
+        assert out[0]["top_logits"] == out[1]["top_logits"], case["name"]
+
+
 def test_logits_as_close_to_exact_as_llama_cpp(parity_report):
     """Pooled over every prompt checked above: luainfer's distance from the
     exact logits is about llama.cpp's (see POOLED_REF_MEAN_RATIO)."""

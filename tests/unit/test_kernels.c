@@ -48,7 +48,7 @@ static float f32_from(uint32_t u) {
 }
 
 /* The ISA levels to test: all this CPU has. */
-static const char *isas[3];
+static const char *isas[4];
 static int n_isas;
 
 static void isas_find(void) {
@@ -60,9 +60,12 @@ static void isas_find(void) {
         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
         __builtin_cpu_supports("avx512vnni") && n_isas == 2)
         isas[n_isas++] = "avx512";
+    if (n_isas == 3 && li_cpu_amx_usable()) isas[n_isas++] = "amx";
+    else printf("SKIP isa amx: this CPU (or its kernel) has no usable AMX-TILE/AMX-INT8; its matmul is not tested here\n");
 }
 
 static const li_cpu_kernels *kernels_of(const char *isa) {
+    if (!strcmp(isa, "amx")) return &li_cpu_kernels_amx;
     if (!strcmp(isa, "avx512")) return &li_cpu_kernels_avx512;
     if (!strcmp(isa, "avx2")) return &li_cpu_kernels_avx2;
     return &li_cpu_kernels_scalar;
@@ -412,7 +415,7 @@ static void test_matmul(li_backend *bes, int n_be) {
         for (size_t ki = 0; ki < LI_ARRAY_LEN(ks); ki++) {
             const int64_t k = ks[ki];
             if (k % li_type_get(t)->blck_size) continue;
-            bool exact[3][2] = {{true, true}, {true, true}, {true, true}};
+            bool exact[4][2] = {{true, true}, {true, true}, {true, true}, {true, true}};
             for (size_t mi = 0; mi < LI_ARRAY_LEN(ms); mi++) {
                 const int64_t m = ms[mi];
                 test_weight tw;
@@ -1141,7 +1144,7 @@ int main(void) {
     test_quantize_act();
     test_init_and_pool();
 
-    li_backend bes[3];
+    li_backend bes[4];
     int n_be = 0;
     for (int i = 0; i < n_isas; i++) {
         li_error err = {0};

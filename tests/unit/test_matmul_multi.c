@@ -91,8 +91,8 @@ static bool run_add_case(li_backend *be, li_type type, int64_t k, int64_t m, int
 }
 
 int main(void) {
-    const char *isas[] = {"scalar", "avx2", "avx512"};
-    const int64_t ns[] = {1, 3, 8, 17, 33, 70};
+    const char *isas[] = {"scalar", "avx2", "avx512", "amx"};
+    const int64_t ns[] = {1, 3, 8, 12, 17, 33, 70};
     int tried = 0;
     for (size_t ii = 0; ii < LI_ARRAY_LEN(isas); ii++)
         for (int nt = 1; nt <= 2; nt++) {
