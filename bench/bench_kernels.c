@@ -10,7 +10,8 @@
  *                                             machine limits (bench_llama_cpp.py)
  *      build/bench_kernels --verify R CTX STEPS  one sequence at context CTX
  *                                             running R rows a step (a verify)
- *      build/bench_kernels --forward S STEPS  the default model decoding S
+ *      build/bench_kernels --forward S STEPS  the default model (LUAINFER_MODEL; LI_BENCH_ISA:
+ *                                             the kernels, default auto) decoding S
  *                                             sequences in lockstep (2 threads,
  *                                             F16 KV): time per op per step
  *      build/bench_kernels --q4 [threads] [rounds]
@@ -63,6 +64,20 @@ static li_weight weight_new(li_type t, int64_t k, int64_t m) {
     }
     free(row);
     w.data = data;
+    if (be.ops->weight_prepare) be.ops->weight_prepare(&be, &w);
+    return w;
+}
+
+/* A W8A8 weight (types.h: int8 codes, one f32 scale per row), random codes */
+static li_weight weight_new_w8a8(int64_t k, int64_t m) {
+    li_weight w = {.type = LI_KV_TYPE_INT8, .k = k, .m = m, .scheme = LI_SCHEME_W8A8, .act = LI_ACT_INT8};
+    li_type_row_size(w.type, k, &w.row_bytes);
+    int8_t *codes = li_aligned_alloc(w.row_bytes * (size_t)m);
+    for (int64_t i = 0; i < m * k; i++) codes[i] = (int8_t)((int)(rnd() * 127.0f));
+    float *scales = li_xmalloc((size_t)m * sizeof(float));
+    for (int64_t i = 0; i < m; i++) scales[i] = 0.01f + 0.001f * (float)(i % 7);
+    w.data = codes;
+    w.scales = scales;
     if (be.ops->weight_prepare) be.ops->weight_prepare(&be, &w);
     return w;
 }
@@ -306,7 +321,8 @@ static int forward_main(int S, int steps, int P0, int R) {
         fprintf(stderr, "STEPS >= 1\n");
         return 1;
     }
-    if (li_model_load(&m, li_model_default_path(NULL), &err) || li_backend_cpu_init(&be, 2, "auto", &err) ||
+    const char *isa = getenv("LI_BENCH_ISA"); /* the kernels (default auto), e.g. avx512 against amx */
+    if (li_model_load(&m, li_model_default_path(NULL), &err) || li_backend_cpu_init(&be, 2, isa ? isa : "auto", &err) ||
         li_model_prepare(m, &be, &err)) {
         fprintf(stderr, "%s\n", err.msg);
         return 1;
@@ -649,9 +665,11 @@ static int kernels_main(int argc, char **argv) {
     } shapes[] = {
         {LI_TYPE_Q4_1, 1536, 576}, {LI_TYPE_Q8_0, 1536, 576}, {LI_TYPE_Q4_0, 1536, 576},
         {LI_TYPE_Q8_0, 49152, 576}, {LI_TYPE_F16, 1536, 576}, {LI_TYPE_Q4_1, 576, 1536},
+        {LI_KV_TYPE_INT8, 1536, 576}, /* W8A8 (luainfer quantize --method w8a8) */
     };
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
-        li_weight w = weight_new(shapes[s].t, shapes[s].k, shapes[s].m);
+        li_weight w = shapes[s].t == LI_KV_TYPE_INT8 ? weight_new_w8a8(shapes[s].k, shapes[s].m)
+                                                     : weight_new(shapes[s].t, shapes[s].k, shapes[s].m);
         const int64_t ns[] = {1, 8, 9, 10, 11, 12, 16, 32, 64, 512}; /* 9: a verify of 8 drafts */
         for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++) {
             const int64_t n = ns[i];
@@ -668,6 +686,7 @@ static int kernels_main(int argc, char **argv) {
         }
         be.ops->weight_release(&be, &w);
         li_aligned_free((void *)w.data);
+        free((void *)w.scales);
     }
 
     /* one decode token: every matvec of a 30-layer SmolLM2-135M */

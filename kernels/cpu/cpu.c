@@ -332,7 +332,7 @@ static bool q4g_matmul(li_cpu *c, const li_weight *w, const float *x, float *y, 
 static bool w8_run(li_backend *be, const li_weight *w, const float *x, float *y, float *res, int64_t n) {
     if (w->scheme == LI_SCHEME_PLAIN || !li_w8_supported(w)) return false;
     li_cpu *c = cpu_of(be);
-    li_w8_matmul(li_w8_kernels_for(c->kern->family), c->tp, c->n_threads, w, x, y, res, n);
+    li_w8_matmul(li_w8_kernels_for(c->kern->isa), c->tp, c->n_threads, w, x, y, res, n);
     return true;
 }
 
@@ -368,7 +368,7 @@ static void cpu_matmul_multi(li_backend *be, const li_weight *const *w, int n_w,
                              int64_t n) {
     if (w[0]->scheme != LI_SCHEME_PLAIN && li_w8_same_job(w, n_w)) { /* one activation quantization */
         const li_cpu *c = cpu_of(be);
-        li_w8_matmul_multi(li_w8_kernels_for(c->kern->family), c->tp, c->n_threads, w, n_w, x, y, NULL, n);
+        li_w8_matmul_multi(li_w8_kernels_for(c->kern->isa), c->tp, c->n_threads, w, n_w, x, y, NULL, n);
         return;
     }
     li_cpu *c = cpu_of(be);
@@ -414,7 +414,7 @@ static int cpu_weight_prepare(li_backend *be, li_weight *w) {
                          "reference", c->kern->isa, li_scheme_name(w->scheme), li_type_name(w->type), q4g_why);
             return LI_EUNSUP;
         }
-        if (li_w8_pack(li_w8_kernels_for(c->kern->family), w) == LI_ENOMEM) { /* int8 panels where the ISA has them */
+        if (li_w8_pack(li_w8_kernels_for(c->kern->isa), w) == LI_ENOMEM) { /* int8 panels where the ISA has them */
             li_log_error("cpu %s: out of memory packing %s weights", c->kern->isa, li_scheme_name(w->scheme));
             return LI_ENOMEM;
         }

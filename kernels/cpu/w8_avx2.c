@@ -14,9 +14,17 @@
 
 static float amax_avx2(const float *x, int64_t k) {
     const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-    __m256 acc = _mm256_setzero_ps();
+    /* four chains: one max a step waits out vmaxps's latency (a max is exact in any order) */
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
     int64_t j = 0;
-    for (; j + 8 <= k; j += 8) acc = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(x + j), absmask), acc); /* NaN: acc */
+    for (; j + 32 <= k; j += 32) { /* NaN: the accumulator */
+        a0 = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(x + j), absmask), a0);
+        a1 = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(x + j + 8), absmask), a1);
+        a2 = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(x + j + 16), absmask), a2);
+        a3 = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(x + j + 24), absmask), a3);
+    }
+    __m256 acc = _mm256_max_ps(_mm256_max_ps(a0, a1), _mm256_max_ps(a2, a3));
+    for (; j + 8 <= k; j += 8) acc = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(x + j), absmask), acc);
     float t[8], amax = 0.0f;
     _mm256_storeu_ps(t, acc);
     for (int i = 0; i < 8; i++) amax = fmaxf(amax, t[i]);

@@ -191,9 +191,9 @@ static inline __attribute__((always_inline)) void rows_int8_packed(const li_w8_p
     }
 }
 
-static void gemm_int8_packed_avx512(const li_w8_packed *w, const float *ws, int64_t p0, int64_t p1, const int8_t *a,
-                                    const int32_t *asum, const float *as, int64_t r0, int64_t r1, float *y,
-                                    int64_t ldy) {
+void li_w8_gemm_int8_packed_avx512(const li_w8_packed *w, const float *ws, int64_t p0, int64_t p1, const int8_t *a,
+                                   const int32_t *asum, const float *as, int64_t r0, int64_t r1, float *y,
+                                   int64_t ldy) {
     int64_t pp = p0;
     for (; pp + W8P_NP <= p1; pp += W8P_NP) rows_int8_packed(w, ws, pp, W8P_NP, a, asum, as, r0, r1, y, ldy);
     switch (p1 - pp) {
@@ -351,5 +351,15 @@ const li_w8_kernels li_w8_kernels_avx512 = {
     .quantize_fp8 = li_w8_quantize_fp8_avx2,
     .gemm_int8 = gemm_int8_avx512,
     .gemm_fp8 = gemm_fp8_avx512,
-    .gemm_int8_packed = gemm_int8_packed_avx512,
+    .gemm_int8_packed = li_w8_gemm_int8_packed_avx512,
+};
+
+/* AVX-512's, with the packed int8 gemm on AMX tiles (w8_amx.c: the same bits) */
+const li_w8_kernels li_w8_kernels_amx = {
+    .isa = "amx",
+    .quantize_int8 = li_w8_quantize_int8_avx2,
+    .quantize_fp8 = li_w8_quantize_fp8_avx2,
+    .gemm_int8 = gemm_int8_avx512,
+    .gemm_fp8 = gemm_fp8_avx512,
+    .gemm_int8_packed = li_w8_gemm_int8_packed_amx,
 };

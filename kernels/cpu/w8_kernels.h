@@ -80,6 +80,14 @@ typedef struct li_w8_kernels {
 extern const li_w8_kernels li_w8_kernels_scalar;
 extern const li_w8_kernels li_w8_kernels_avx2;
 extern const li_w8_kernels li_w8_kernels_avx512;
+extern const li_w8_kernels li_w8_kernels_amx; /* AVX-512's; the packed gemm on AMX tiles (w8_amx.c) */
+/* the packed int8 gemms of the two tables (the AMX one hands calls of few
+ * rows to the AVX-512 one) */
+void li_w8_gemm_int8_packed_avx512(const li_w8_packed *w, const float *ws, int64_t p0, int64_t p1, const int8_t *a,
+                                   const int32_t *asum, const float *as, int64_t r0, int64_t r1, float *y,
+                                   int64_t ldy);
+void li_w8_gemm_int8_packed_amx(const li_w8_packed *w, const float *ws, int64_t p0, int64_t p1, const int8_t *a,
+                                const int32_t *asum, const float *as, int64_t r0, int64_t r1, float *y, int64_t ldy);
 
 /* the AVX2 kernels the AVX-512 table shares (w8_avx2.c); the fp8 gemm is
  * the AVX-512 table's on CPUs without AVX512_BF16 */
@@ -92,7 +100,7 @@ void li_w8_gemm_fp8_avx2(const uint8_t *w, const float *ws, int64_t k, int64_t c
 /* true when this CPU runs the AVX-512 table's BF16 fp8 gemm (VDPBF16PS) */
 bool li_w8_have_bf16(void);
 
-/* The kernels for an ISA name ("scalar", "avx2", "avx512"). */
+/* The kernels for an ISA name ("scalar", "avx2", "avx512", "amx"). */
 const li_w8_kernels *li_w8_kernels_for(const char *isa);
 /* Builds w's int8 panels when kern has a packed kernel and w (W8A8, k % 4
  * == 0) fits: 0, LI_EUNSUP (left unpacked) or LI_ENOMEM. li_w8_pack_free

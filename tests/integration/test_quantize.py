@@ -288,13 +288,14 @@ def test_w8a8_alpha_search(run_cli, run_ok, scheme_models, f16_model, qdir, repo
 
 def test_scheme_models_same_tokens_on_every_isa(run_cli, run_ok, scheme_models):
     """int8 dots are exact and the fp8 dot is one fixed-order f32 sum (w8_kernels.h),
-    so scalar, AVX2 and AVX-512 give the same greedy text."""
+    so scalar, AVX2, AVX-512 and AMX give the same greedy text."""
     isas = ["scalar", "avx2"]
-    probe = run_cli(["generate", "--isa", "avx512", "--prompt", "a", "--max-tokens", "1", "--temperature", "0"])
-    if probe.returncode == 0:
-        isas.append("avx512")
-    else:
-        print(f"avx512 not compared: {probe.stderr.strip()[-200:]}")
+    for isa in ("avx512", "amx"):  # amx: the int8 panels on AMX tiles (w8_amx.c)
+        probe = run_cli(["generate", "--isa", isa, "--prompt", "a", "--max-tokens", "1", "--temperature", "0"])
+        if probe.returncode == 0:
+            isas.append(isa)
+        else:
+            print(f"{isa} not compared: {probe.stderr.strip()[-200:]}")
     for name, path in scheme_models.items():
         outs = set()
         for isa in isas:

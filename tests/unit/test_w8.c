@@ -22,6 +22,7 @@
  * One line per check; the last line is the summary. */
 #include "util/common.h"
 #include "backend.h"
+#include "cpu/cpu_kernels.h"
 #include "cpu/w8_kernels.h"
 #include "test_util.h"
 
@@ -29,7 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *isas[3];
+static const char *isas[4];
 static int n_isas;
 
 static void isas_find(void) {
@@ -41,6 +42,8 @@ static void isas_find(void) {
         isas[n_isas++] = "avx512";
     else
         printf("skip: avx512 (this CPU lacks AVX-512 VNNI; the kernel is compiled, not run)\n");
+    if (n_isas == 3 && li_cpu_amx_usable()) isas[n_isas++] = "amx";
+    else printf("skip: amx (no usable AMX-TILE/AMX-INT8 here; its int8 panel gemm is compiled, not run)\n");
 }
 
 /* A scheme weight of m rows of k, quantized per row as `luainfer quantize`
