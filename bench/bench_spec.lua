@@ -62,6 +62,8 @@
 -- its prompt computed at its first EAGLE draft; named "NAME lazy"), side by
 -- side.
 --
+-- --isa NAME (with proposers) runs every engine on those CPU kernels.
+--
 -- --device cuda runs every engine on the GPU (with LUAINFER_CUDA_INVARIANT=1:
 -- speculation needs its batch-invariant kernels, docs/cuda.md).
 --
@@ -95,10 +97,12 @@ local flags = bench.take_flags(arg, { ["--medusa"] = "value", ["--medusa-tree"] 
                                       ["--eagle-k"] = "value", ["--quick"] = "flag", ["--eagle-idle"] = "value",
                                        ["--policy"] = "value", ["--seeds"] = "value", ["--temps"] = "value",
                                        ["--batches"] = "value", ["--calibrated"] = "flag", ["--device"] = "value",
-                                       ["--workloads"] = "value", ["--eagle-lazy"] = "flag" })
+                                       ["--workloads"] = "value", ["--eagle-lazy"] = "flag", ["--isa"] = "value" })
 -- --device cuda: the engines run there (speculation needs its batch-invariant
 -- kernels: LUAINFER_CUDA_INVARIANT=1, docs/cuda.md)
 local DEVICE = flags["--device"]
+-- --isa NAME (with proposers): the CPU kernels of every engine (default auto), e.g. avx512 against amx
+local ISA = flags["--isa"]
 local medusa, medusa_tree, quick = flags["--medusa"], flags["--medusa-tree"], flags["--quick"]
 local eagle, eagle_k = flags["--eagle"], tonumber(flags["--eagle-k"] or "3")
 local SEEDS = tonumber(flags["--seeds"] or "1")
@@ -229,7 +233,7 @@ local function proposers_bench(layers, draft)
   -- decisions cost, not how loaded the machine was during that run.
   local row_cost = {} -- [n] = { seconds of each forward pass of n rows }
   local function one(kind, seqs, temp, set)
-    local cfg = { max_num_seqs = seqs, max_batched_tokens = 512, spec_disable_batch = 0, device = DEVICE }
+    local cfg = { max_num_seqs = seqs, max_batched_tokens = 512, spec_disable_batch = 0, device = DEVICE, isa = ISA }
     for k, v in pairs(set.cfg) do cfg[k] = v end
     local e = luainfer.engine(cfg)
     local ids, hist, extra, s0 = {}, {}, 0, e:stats()
