@@ -14,7 +14,7 @@
  *                                             the kernels, default auto) decoding S
  *                                             sequences in lockstep (2 threads,
  *                                             F16 KV): time per op per step
- *      build/bench_kernels --q4 [threads] [rounds]
+ *      build/bench_kernels --q4 [threads] [rounds] [isa]
  *      build/bench_kernels --q4-stream [threads] [rounds] [isa]
  *                                             4-bit group weights (AWQ layout,
  *                                             group 64) run A16 and A8 against
@@ -496,9 +496,9 @@ static li_weight q41_weight_new(int64_t k, int64_t m) {
     return w;
 }
 
-static int q4_main(int n_threads, int rounds) {
+static int q4_main(int n_threads, int rounds, const char *isa) {
     li_error err = {0};
-    if (li_backend_cpu_init(&be, n_threads, "auto", &err)) {
+    if (li_backend_cpu_init(&be, n_threads, isa, &err)) {
         fprintf(stderr, "%s\n", err.msg);
         return 1;
     }
@@ -512,7 +512,7 @@ static int q4_main(int n_threads, int rounds) {
         li_weight q41 = q41_weight_new(k, m);
         q4_weight q;
         q4_weight_new(&q, k, m);
-        const int64_t ns[] = {1, 8, 64};
+        const int64_t ns[] = {1, 8, 16, 64};
         for (size_t ni = 0; ni < LI_ARRAY_LEN(ns); ni++) {
             const int64_t n = ns[ni];
             const int iters = (int)fmax(1, 5e7 / (double)(m * k * n));
@@ -618,7 +618,7 @@ int main(int argc, char **argv) {
         rc = peak_main(argc > 2 ? atoi(argv[2]) : 2, argc > 3 ? argv[3] : "auto");
         li_bench_results_chart(&res, "name", "value", "GB/s, GMAC/s, GFLOP/s", "machine limits", true);
     } else if (argc > 1 && !strcmp(argv[1], "--q4")) {
-        rc = q4_main(argc > 2 ? atoi(argv[2]) : 0, argc > 3 ? atoi(argv[3]) : 5);
+        rc = q4_main(argc > 2 ? atoi(argv[2]) : 0, argc > 3 ? atoi(argv[3]) : 5, argc > 4 ? argv[4] : "auto");
         static const char *const v[] = {"q4_1_ms", "a16_ms", "a8_ms"};
         li_bench_results_chart_n(&res, "name", v, 3, "ms per matmul", "4-bit group weights against Q4_1", true);
     } else if (argc > 1 && !strcmp(argv[1], "--q4-stream")) {

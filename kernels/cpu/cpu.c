@@ -883,7 +883,7 @@ int li_backend_cpu_init(li_backend *be, int n_threads, const char *isa, li_error
         return li_error_set(err, LI_ENOMEM, "cpu: cannot start %d threads", n_threads);
     }
     c->scores = li_xcalloc((size_t)n_threads, sizeof *c->scores);
-    c->q4g = li_q4g_kernels_for(kern->family);
+    c->q4g = li_q4g_kernels_for(kern->isa);
     be->ops = &cpu_ops;
     be->n_threads = n_threads;
     be->impl = c;

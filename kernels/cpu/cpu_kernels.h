@@ -156,7 +156,7 @@ void li_cpu_packed_get_row(const li_cpu_packed *p, int64_t row, float *out);
 
 typedef struct li_cpu_kernels {
     const char *isa;
-    const char *family; /* the ISA name the kernel sets without an AMX table (q4g, kv8) are chosen by */
+    const char *family; /* the ISA name the kernel sets without an AMX table (kv8, kv16) are chosen by */
     /* x(k) -> one packed activation row; act_type Q8_0 or Q8_1, k % 32 == 0 */
     void (*quantize_act)(li_type act_type, const float *x, void *dst, int64_t k);
     /* Unpacked weights (the scalar ISA, or a weight never prepared):

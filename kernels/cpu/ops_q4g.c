@@ -216,6 +216,7 @@ const li_q4g_kernels li_q4g_kernels_scalar = {.isa = "scalar", .a16 = NULL, .a8 
 
 const li_q4g_kernels *li_q4g_kernels_for(const char *isa) {
     if (!strcmp(isa, "avx2")) return &li_q4g_kernels_avx2;
+    if (!strcmp(isa, "amx")) return &li_q4g_kernels_amx;
     if (!strcmp(isa, "avx512")) return &li_q4g_kernels_avx512;
     if (!strcmp(isa, "scalar")) return &li_q4g_kernels_scalar;
     return NULL;

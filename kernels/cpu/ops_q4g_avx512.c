@@ -161,7 +161,7 @@ static inline __attribute__((always_inline)) void a8_gemv(const li_q4g_packed *p
     }
 }
 
-static void avx512_a8(const li_weight *w, const li_q4g_packed *p, int64_t r0, int64_t r1, const uint8_t *act,
+void li_q4g_a8_avx512(const li_weight *w, const li_q4g_packed *p, int64_t r0, int64_t r1, const uint8_t *act,
                       size_t act_stride, int64_t n, float *y, int64_t ldy) {
     if (!p->a8codes || r0 % LI_PANEL) {
         li_q4g_kernels_scalar.a8(w, p, r0, r1, act, act_stride, n, y, ldy);
@@ -195,5 +195,5 @@ static void avx512_a8(const li_weight *w, const li_q4g_packed *p, int64_t r0, in
         i += nr;
     }
 }
-const li_q4g_kernels li_q4g_kernels_avx512 = {.isa = "avx512", .a16 = li_q4g_a16_avx2, .a8 = avx512_a8,
+const li_q4g_kernels li_q4g_kernels_avx512 = {.isa = "avx512", .a16 = li_q4g_a16_avx2, .a8 = li_q4g_a8_avx512,
                                               .act = li_q4g_act_quantize_avx2};

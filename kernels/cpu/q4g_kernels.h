@@ -23,6 +23,7 @@
  *                     the threaded matmul driver
  *   ops_q4g_avx2.c    A16 panels (AVX2) and A8 rows (AVX2 maddubs)
  *   ops_q4g_avx512.c  A8 rows with AVX-512 VNNI (vpdpbusd)
+ *   ops_q4g_amx.c     A8 on AMX tiles (12+ rows, groups of 64k codes)
  *
  * Packed form (w->packed, magic LI_Q4G_MAGIC): li_q4g_pack (at prepare)
  * checks the zero points and keeps gidx; each mode's panels are built
@@ -104,10 +105,14 @@ typedef struct li_q4g_kernels {
 extern const li_q4g_kernels li_q4g_kernels_scalar; /* A16: NULL (ops_ref.c runs it); A8: the reference */
 extern const li_q4g_kernels li_q4g_kernels_avx2;
 extern const li_q4g_kernels li_q4g_kernels_avx512; /* A16: the AVX2 panels; A8: VNNI */
+extern const li_q4g_kernels li_q4g_kernels_amx;    /* A16: the AVX2 panels; A8: AMX tiles (ops_q4g_amx.c) */
+/* The AVX-512 A8 kernel (the AMX table hands it calls of few rows). */
+void li_q4g_a8_avx512(const li_weight *w, const li_q4g_packed *p, int64_t r0, int64_t r1, const uint8_t *act,
+                      size_t act_stride, int64_t n, float *y, int64_t ldy);
 /* The AVX2 A16 kernel (the AVX-512 table shares it). */
 void li_q4g_a16_avx2(const li_q4g_packed *p, int64_t p0, int64_t p1, const float *x, int64_t ldx, int64_t n,
                      float *y, int64_t ldy);
-/* The table for a CPU ISA name ("scalar", "avx2", "avx512"), or NULL. */
+/* The table for a CPU ISA name ("scalar", "avx2", "avx512", "amx"), or NULL. */
 const li_q4g_kernels *li_q4g_kernels_for(const char *isa);
 
 /* true for weights these kernels take: U4 codes of a scheme, k even */

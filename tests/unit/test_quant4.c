@@ -212,7 +212,7 @@ static void test_kernels(void) {
         {LI_SCHEME_GPTQ, LI_ACT_F32, 328, 80, 64, true},
     };
     const int64_t ns[] = {1, 2, 3, 5, 17, 70};
-    const char *isas[] = {"scalar", "avx2", "avx512"};
+    const char *isas[] = {"scalar", "avx2", "avx512", "amx"};
     li_backend ref_be = {.ops = li_backend_ref_ops()};
     for (size_t ci = 0; ci < LI_ARRAY_LEN(cases); ci++) {
         const kcase *kc = &cases[ci];
@@ -342,7 +342,7 @@ static void test_a8_multi(void) {
          {LI_SCHEME_AWQ, LI_ACT_F32, 256, 9, 64, false}},
     };
     const int64_t ns[] = {1, 5, 70};
-    const char *isas[] = {"scalar", "avx2", "avx512"};
+    const char *isas[] = {"scalar", "avx2", "avx512", "amx"};
     for (size_t si = 0; si < LI_ARRAY_LEN(sets); si++) {
         li_weight w0[3];
         uint8_t *data[3];
