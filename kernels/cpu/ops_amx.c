@@ -22,6 +22,7 @@
 #define _GNU_SOURCE /* syscall() */
 #include "util/common.h"
 #include "cpu/cpu_kernels.h"
+#include "cpu/amx.h"
 
 #include <cpuid.h>
 #include <immintrin.h>
@@ -66,24 +67,9 @@ bool li_cpu_amx_usable(void) {
  *   5, 7 B: a panel's block, 8 x 64 uint8
  * ---------------------------------------------------------------------- */
 
-typedef struct {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} amx_cfg;
-
 static void amx_config(int nr) {
-    amx_cfg c;
-    memset(&c, 0, sizeof c);
-    c.palette = 1;
-    for (int t = 0; t < 4; t++) c.rows[t] = (uint8_t)nr, c.colsb[t] = 64;
-    c.rows[4] = c.rows[6] = (uint8_t)nr;
-    c.colsb[4] = c.colsb[6] = 32;
-    c.rows[5] = c.rows[7] = 8;
-    c.colsb[5] = c.colsb[7] = 64;
-    /* GCC 12 does not see ldtilecfg read c and drops the stores above */
-    __asm__ volatile("" : : "r"(&c) : "memory");
-    _tile_loadconfig(&c);
+    const uint8_t r = (uint8_t)nr;
+    li_amx_config((const uint8_t[8]){r, r, r, r, r, 8, r, 8}, (const uint16_t[8]){64, 64, 64, 64, 32, 64, 32, 64});
 }
 
 #define GROUP 16                     /* activation rows a tile holds */

@@ -755,35 +755,17 @@ static void avx512_rope_rotate(float *x, const float *cs, int64_t n, int n_heads
     }
 }
 
-const li_cpu_kernels li_cpu_kernels_avx512 = {
-    .isa = "avx512",
-    .family = "avx512",
-    .quantize_act = avx512_quantize_act,
-    .gemm_q = NULL, /* unprepared weights: cpu.c uses the scalar kernels */
-    .gemm_f = NULL,
-    .gemm_q_packed = li_avx512_gemm_q_packed,
-    .gemm_f_packed = avx512_gemm_f_packed,
-    .attn_head = avx512_attn_head,
-    .attn_tile = avx512_attn_tile,
-    .silu_mul = avx512_silu_mul,
-    .hadamard = li_avx2_hadamard, /* memory-light: 8 lanes keep up */
-    .rmsnorm = avx512_rmsnorm,
-    .rope_rotate = avx512_rope_rotate,
-};
+/* every kernel but the quantized GEMM, which the AMX table replaces;
+ * unprepared weights (gemm_q / gemm_f NULL) run cpu.c's scalar kernels,
+ * and the hadamard op is memory-light (AVX2's 8 lanes keep up) */
+#define AVX512_SHARED                                                                                           \
+    .family = "avx512", .quantize_act = avx512_quantize_act, .gemm_q = NULL, .gemm_f = NULL,                    \
+    .gemm_f_packed = avx512_gemm_f_packed, .attn_head = avx512_attn_head, .attn_tile = avx512_attn_tile,       \
+    .silu_mul = avx512_silu_mul, .hadamard = li_avx2_hadamard, .rmsnorm = avx512_rmsnorm,                      \
+    .rope_rotate = avx512_rope_rotate
+
+const li_cpu_kernels li_cpu_kernels_avx512 = {.isa = "avx512", .gemm_q_packed = li_avx512_gemm_q_packed,
+                                              AVX512_SHARED};
 
 /* AVX-512 with the quantized GEMM on AMX tiles (ops_amx.c): the same bits */
-const li_cpu_kernels li_cpu_kernels_amx = {
-    .isa = "amx",
-    .family = "avx512",
-    .quantize_act = avx512_quantize_act,
-    .gemm_q = NULL, /* unprepared weights: cpu.c uses the scalar kernels */
-    .gemm_f = NULL,
-    .gemm_q_packed = li_amx_gemm_q_packed, /* ops_amx.c: the rest is AVX-512's */
-    .gemm_f_packed = avx512_gemm_f_packed,
-    .attn_head = avx512_attn_head,
-    .attn_tile = avx512_attn_tile,
-    .silu_mul = avx512_silu_mul,
-    .hadamard = li_avx2_hadamard, /* memory-light: 8 lanes keep up */
-    .rmsnorm = avx512_rmsnorm,
-    .rope_rotate = avx512_rope_rotate,
-};
+const li_cpu_kernels li_cpu_kernels_amx = {.isa = "amx", .gemm_q_packed = li_amx_gemm_q_packed, AVX512_SHARED};

@@ -13,6 +13,7 @@
  * kernel. */
 #include "util/common.h"
 #include "cpu/cpu_kernels.h"
+#include "cpu/amx.h"
 #include "cpu/q4g_kernels.h"
 
 #include <immintrin.h>
@@ -22,24 +23,10 @@
  * weights; a tile of few rows costs what 16 do) */
 #define Q4G_AMX_MIN_ROWS 12
 
-typedef struct {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} amx_cfg;
-
 /* C0, C1: nr x 16 int32; A4: nr x 64; B6, B7: 16 x 64 */
 static void config(int nr) {
-    amx_cfg c;
-    memset(&c, 0, sizeof c);
-    c.palette = 1;
-    c.rows[0] = c.rows[1] = c.rows[4] = (uint8_t)nr;
-    c.colsb[0] = c.colsb[1] = c.colsb[4] = 64;
-    c.rows[6] = c.rows[7] = 16;
-    c.colsb[6] = c.colsb[7] = 64;
-    /* GCC 12 does not see ldtilecfg read c and drops the stores above */
-    __asm__ volatile("" : : "r"(&c) : "memory");
-    _tile_loadconfig(&c);
+    const uint8_t r = (uint8_t)nr;
+    li_amx_config((const uint8_t[8]){r, r, 0, 0, r, 0, 16, 16}, (const uint16_t[8]){64, 64, 0, 0, 64, 0, 64, 64});
 }
 
 /* 8 chunks (64 codes of 16 rows) -> 16 tile lines: chunk c's low nibbles

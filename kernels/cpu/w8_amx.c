@@ -14,6 +14,7 @@
  * x 2 panels, A4/A5 the row groups' codes, B6/B7 the panels' lines. */
 #include "util/common.h"
 #include "cpu/cpu_kernels.h"
+#include "cpu/amx.h"
 #include "cpu/w8_kernels.h"
 
 #include <immintrin.h>
@@ -23,29 +24,11 @@
  * decode is memory-bound, and a tile of a few rows does 16 rows' work */
 #define W8_AMX_MIN_ROWS 4
 
-typedef struct {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} amx_cfg;
-
 /* C0, C1: nr0 rows; C2, C3: nr1 rows (unused when 0); A4: nr0 x 64,
  * A5: nr1 x 64; B6, B7: 16 x 64 */
 static void config(int nr0, int nr1) {
-    amx_cfg c;
-    memset(&c, 0, sizeof c);
-    c.palette = 1;
-    c.rows[0] = c.rows[1] = c.rows[4] = (uint8_t)nr0;
-    c.colsb[0] = c.colsb[1] = c.colsb[4] = 64;
-    if (nr1) {
-        c.rows[2] = c.rows[3] = c.rows[5] = (uint8_t)nr1;
-        c.colsb[2] = c.colsb[3] = c.colsb[5] = 64;
-    }
-    c.rows[6] = c.rows[7] = 16;
-    c.colsb[6] = c.colsb[7] = 64;
-    /* GCC 12 does not see ldtilecfg read c and drops the stores above */
-    __asm__ volatile("" : : "r"(&c) : "memory");
-    _tile_loadconfig(&c);
+    const uint8_t r0 = (uint8_t)nr0, r1 = (uint8_t)nr1;
+    li_amx_config((const uint8_t[8]){r0, r0, r1, r1, r0, r1, 16, 16}, (const uint16_t[8]){64, 64, 64, 64, 64, 64, 64, 64});
 }
 
 /* y for rows [0, nr) of one row group against panel p: C's sums in cs */

@@ -345,21 +345,14 @@ static void gemm_fp8_avx512(const uint8_t *w, const float *ws, int64_t k, int64_
     li_aligned_free(wb);
 }
 
-const li_w8_kernels li_w8_kernels_avx512 = {
-    .isa = "avx512",
-    .quantize_int8 = li_w8_quantize_int8_avx2,
-    .quantize_fp8 = li_w8_quantize_fp8_avx2,
-    .gemm_int8 = gemm_int8_avx512,
-    .gemm_fp8 = gemm_fp8_avx512,
-    .gemm_int8_packed = li_w8_gemm_int8_packed_avx512,
-};
+/* the two tables differ in the packed int8 gemm only */
+#define W8_AVX512_SHARED                                                                                        \
+    .quantize_int8 = li_w8_quantize_int8_avx2, .quantize_fp8 = li_w8_quantize_fp8_avx2,                        \
+    .gemm_int8 = gemm_int8_avx512, .gemm_fp8 = gemm_fp8_avx512
+
+const li_w8_kernels li_w8_kernels_avx512 = {.isa = "avx512", .gemm_int8_packed = li_w8_gemm_int8_packed_avx512,
+                                            W8_AVX512_SHARED};
 
 /* AVX-512's, with the packed int8 gemm on AMX tiles (w8_amx.c: the same bits) */
-const li_w8_kernels li_w8_kernels_amx = {
-    .isa = "amx",
-    .quantize_int8 = li_w8_quantize_int8_avx2,
-    .quantize_fp8 = li_w8_quantize_fp8_avx2,
-    .gemm_int8 = gemm_int8_avx512,
-    .gemm_fp8 = gemm_fp8_avx512,
-    .gemm_int8_packed = li_w8_gemm_int8_packed_amx,
-};
+const li_w8_kernels li_w8_kernels_amx = {.isa = "amx", .gemm_int8_packed = li_w8_gemm_int8_packed_amx,
+                                         W8_AVX512_SHARED};
