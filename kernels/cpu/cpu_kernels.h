@@ -1,7 +1,8 @@
 /* cpu_kernels.h — what the CPU backend (cpu.c) needs from one ISA level.
  *
  * Internal to kernels/cpu: each ISA file (ops_scalar.c, ops_avx2.c,
- * ops_avx512.c) fills one li_cpu_kernels table; cpu.c picks one by CPUID and
+ * ops_avx512.c) fills one li_cpu_kernels table (ops_avx512.c a second one,
+ * "amx", whose quantized GEMM is ops_amx.c's); cpu.c picks one by CPUID and
  * splits the work over threads. Every entry is checked against the scalar
  * reference (ops_ref.c, kernels/types.c) by tests/unit/test_kernels.c.
  *
