@@ -18,7 +18,7 @@
  * What it buys is bounded by that float arithmetic (6 vector operations a
  * row and block, against the AVX-512 kernel's 15 with its 8 vpdpbusd), and
  * the tile loads and stores do not overlap the vector loads: measured
- * 1.1-1.2x at 12-512 rows (docs/benchmarks.md, "AMX"). */
+ * 1.1-1.2x at 12-512 rows (docs/benchmarks.md, session 35). */
 #define _GNU_SOURCE /* syscall() */
 #include "util/common.h"
 #include "cpu/cpu_kernels.h"

@@ -77,7 +77,7 @@ void li_w8_gemm_int8_packed_amx(const li_w8_packed *w, const float *ws, int64_t 
     for (int64_t r = r0; r < r1; r += 32) {
         const int nr0 = (int)LI_MIN((int64_t)16, r1 - r), nr1 = (int)LI_MAX((int64_t)0, LI_MIN((int64_t)16, r1 - r - 16));
         if (nr0 != cfg0 || nr1 != cfg1) config(cfg0 = nr0, cfg1 = nr1);
-        const int8_t *a0 = a + r * k, *a1 = a0 + 16 * k;
+        const int8_t *a0 = a + r * k, *a1 = nr1 ? a0 + 16 * k : a0; /* (a1 unread without a second group) */
         if (tail) { /* zero-padded copies: 0 x anything adds 0 (and nothing past the panels is read) */
             memset(at, 0, sizeof at);
             for (int i = 0; i < nr0 + nr1; i++) memcpy(at[i], a0 + i * k + kfull, (size_t)tail);
