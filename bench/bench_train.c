@@ -15,12 +15,16 @@
  * backward 2·m·k for dX where it is needed and 2·m·k for each trained dW,
  * LoRA's small products left out) and attention's products (causal: about
  * half the T×T scores), so the ratio is what the kernels reach on the work
- * that must be done. The first step is a warm-up and is not timed. */
+ * that must be done. The first step is a warm-up and is not timed. After
+ * the steps it measures the FMA peak too (fma_measured: the kernels' width,
+ * every thread at once, and one alone) and gives the fraction of that. */
 #define _POSIX_C_SOURCE 200809L
 #include "train/train.h"
 #include "cpu/threadpool.h"
 #include "bench/bench_results.h"
 
+#include <immintrin.h>
+#include <pthread.h>
 #include <time.h>
 
 #include <stdio.h>
@@ -101,6 +105,71 @@ static void bench_kernels(li_bench_results *res) {
         }
         free(x), free(W), free(y), free(dx), free(dw);
     }
+}
+
+/* ---- the FMA peak as measured: 12 independent FMA chains per thread (more
+ * than latency x ports on any x86 here), every thread at once. The
+ * nominal peak above assumes 2 FMA ports at the "cpu MHz" clock; a core
+ * with one 512-bit FMA unit, a turbo clock or a busy sibling hyperthread
+ * does something else, and this says what. */
+#define FMA_ITERS 20000000L
+
+/* 12 chains in 12 named registers (an array indexed in the loop stays in
+ * memory: a load and a store around every FMA) */
+#define FMA12(T, SET1, M)                                                                                      \
+    T f0 = SET1(0.f), f1 = SET1(1.f), f2 = SET1(2.f), f3 = SET1(3.f), f4 = SET1(4.f), f5 = SET1(5.f);          \
+    T f6 = SET1(6.f), f7 = SET1(7.f), f8 = SET1(8.f), f9 = SET1(9.f), f10 = SET1(10.f), f11 = SET1(11.f);      \
+    const double t0 = li_time_now();                                                                           \
+    for (long i = 0; i < FMA_ITERS; i++)                                                                       \
+        __asm__ volatile("vfmadd231ps %12, %12, %0\n\tvfmadd231ps %12, %12, %1\n\tvfmadd231ps %12, %12, %2\n\t" \
+                         "vfmadd231ps %12, %12, %3\n\tvfmadd231ps %12, %12, %4\n\tvfmadd231ps %12, %12, %5\n\t"   \
+                         "vfmadd231ps %12, %12, %6\n\tvfmadd231ps %12, %12, %7\n\tvfmadd231ps %12, %12, %8\n\t"   \
+                         "vfmadd231ps %12, %12, %9\n\tvfmadd231ps %12, %12, %10\n\tvfmadd231ps %12, %12, %11"      \
+                         : "+v"(f0), "+v"(f1), "+v"(f2), "+v"(f3), "+v"(f4), "+v"(f5), "+v"(f6), "+v"(f7),     \
+                           "+v"(f8), "+v"(f9), "+v"(f10), "+v"(f11)                                            \
+                         : "v"(M));                                                                            \
+    const double t = li_time_now() - t0;                                                                       \
+    T all = f0 + f1 + f2 + f3 + f4 + f5 + f6 + f7 + f8 + f9 + f10 + f11;                                       \
+    volatile float sink = all[0];                                                                              \
+    (void)sink
+
+__attribute__((target("avx512f"))) static double fma_loop_512(void) {
+    const __m512 m = _mm512_set1_ps(0.999999f);
+    FMA12(__m512, _mm512_set1_ps, m);
+    return 12.0 * FMA_ITERS * 32 / t; /* 16 lanes x 2 flops */
+}
+
+__attribute__((target("avx2,fma"))) static double fma_loop_256(void) {
+    const __m256 m = _mm256_set1_ps(0.999999f);
+    FMA12(__m256, _mm256_set1_ps, m);
+    return 12.0 * FMA_ITERS * 16 / t; /* 8 lanes x 2 flops */
+}
+
+typedef struct {
+    int lanes;
+    double flops;
+} fma_arg;
+
+static void *fma_thread(void *p) {
+    fma_arg *a = p;
+    a->flops = a->lanes == 16 ? fma_loop_512() : fma_loop_256();
+    return NULL;
+}
+
+/* the FLOP/s of `threads` threads running the FMA loop at once */
+static double fma_measured(int threads, int lanes) {
+    pthread_t th[256];
+    fma_arg arg[256];
+    double sum = 0;
+    for (int i = 0; i < threads; i++) {
+        arg[i].lanes = lanes;
+        if (pthread_create(&th[i], NULL, fma_thread, &arg[i])) return 0;
+    }
+    for (int i = 0; i < threads; i++) {
+        pthread_join(th[i], NULL);
+        sum += arg[i].flops;
+    }
+    return sum;
 }
 
 int main(int argc, char **argv) {
@@ -205,6 +274,15 @@ int main(int argc, char **argv) {
     printf("per CPU second: %.1f GFLOP = %.1f%% of one core's peak %.1f GFLOP/s (%.2f CPU s per step)\n",
            flops / fb_cpu / 1e9, 100 * flops / fb_cpu / (peak / threads), peak / threads / 1e9, fb_cpu / steps);
     printf("adamw: %.3f CPU s per step\n", opt_cpu / steps);
+    if (isa > 0) { /* the peak as measured, after the steps (their clock state) */
+        const double m1 = fma_measured(1, lanes), mt = fma_measured(threads, lanes);
+        printf("measured FMA peak (%d lanes): %.1f GFLOP/s on %d thread%s, %.1f on one: matmul+attention = %.1f%% of "
+               "it, %.1f%% per CPU second of one thread's\n",
+               lanes, mt / 1e9, threads, threads > 1 ? "s" : "", m1 / 1e9, 100 * flops / fb_time / mt,
+               100 * flops / fb_cpu / m1);
+        cJSON_AddNumberToObject(res.root, "fma_peak_measured_gflops", mt / 1e9);
+        cJSON_AddNumberToObject(res.root, "fma_peak_measured_one_gflops", m1 / 1e9);
+    }
     cJSON_AddNumberToObject(res.root, "batch", B);
     cJSON_AddNumberToObject(res.root, "seq", T);
     cJSON_AddNumberToObject(res.root, "steps", steps);
