@@ -246,6 +246,29 @@ def test_c_benchmark_json_and_plot(luainfer_bin, model_path, tmp_path, prog, arg
     assert not list(tmp_path.glob("*.tmp*"))
 
 
+def test_bench_train_measures_the_fma_peak(luainfer_bin, model_path, tmp_path):
+    """bench_train gives training's FLOP/s as a fraction of the FMA peak it
+    measures (issue 15: "this machine's measured FMA peak"), not only of the
+    nominal one; the JSON holds the measured peaks."""
+    exe = Path(luainfer_bin).parent / "bench_train"
+    if not exe.is_file():
+        pytest.skip(f"{exe} not built")
+    js = tmp_path / "t.json"
+    r = subprocess.run([str(exe), "--seq", "8", "--steps", "1", "--json", str(js)], capture_output=True, text=True,
+                       timeout=BENCH_TIMEOUT_S, cwd=REPO)
+    assert r.returncode == 0, r.stderr[-2000:]
+    res = json.loads(js.read_text())
+    if "fma_peak_measured_gflops" not in res:  # the scalar kernels: no FMA to measure
+        assert "measured FMA peak" not in r.stdout
+        pytest.skip("the training matmuls run the scalar kernels here: no FMA peak to measure")
+    m = re.search(r"measured FMA peak \((\d+) lanes\): ([\d.]+) GFLOP/s on 2 threads, ([\d.]+) on one: "
+                  r"matmul\+attention = ([\d.]+)% of it", r.stdout)
+    assert m, r.stdout
+    assert float(m.group(2)) == pytest.approx(res["fma_peak_measured_gflops"], rel=1e-3, abs=0.06)
+    assert float(m.group(3)) == pytest.approx(res["fma_peak_measured_one_gflops"], rel=1e-3, abs=0.06)
+    assert res["fma_peak_measured_one_gflops"] > 1 and 0 < float(m.group(4)) < 1000
+
+
 def test_bench_kernels_verify_bad_arguments(luainfer_bin, model_path):
     """--verify R CTX STEPS refuses rows, a context or steps out of range with the reason."""
     exe = Path(luainfer_bin).parent / "bench_kernels"
