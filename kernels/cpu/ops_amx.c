@@ -153,29 +153,19 @@ static inline __attribute__((always_inline)) void panel_group(li_type t, int64_t
         }
         const char *a0 = act + b * 32;
         int32_t(*c)[GROUP][16] = cs[(b / 4) & 1];
-        /* tile numbers must be constants: the four blocks spelled out */
-        _tile_zero(0);
-        _tile_loadd(4, a0, (long)as);
-        _tile_loadd(5, bt[0], 64);
-        _tile_dpbsud(0, 4, 5);
-        if (q > 1) {
-            _tile_zero(1);
-            _tile_loadd(6, a0 + 32, (long)as);
-            _tile_loadd(7, bt[1], 64);
-            _tile_dpbsud(1, 6, 7);
-        }
-        if (q > 2) {
-            _tile_zero(2);
-            _tile_loadd(4, a0 + 64, (long)as);
-            _tile_loadd(5, bt[2], 64);
-            _tile_dpbsud(2, 4, 5);
-        }
-        if (q > 3) {
-            _tile_zero(3);
-            _tile_loadd(6, a0 + 96, (long)as);
-            _tile_loadd(7, bt[3], 64);
-            _tile_dpbsud(3, 6, 7);
-        }
+        /* block J of the four into C tile TC (A, B tiles TA, TB); tile numbers must be constants */
+#define BLOCK_DP(J, TC, TA, TB)                                                                                    \
+    do {                                                                                                           \
+        _tile_zero(TC);                                                                                            \
+        _tile_loadd(TA, a0 + 32 * (J), (long)as);                                                                  \
+        _tile_loadd(TB, bt[J], 64);                                                                                \
+        _tile_dpbsud(TC, TA, TB);                                                                                  \
+    } while (0)
+        BLOCK_DP(0, 0, 4, 5);
+        if (q > 1) BLOCK_DP(1, 1, 6, 7);
+        if (q > 2) BLOCK_DP(2, 2, 4, 5);
+        if (q > 3) BLOCK_DP(3, 3, 6, 7);
+#undef BLOCK_DP
         if (prev >= 0) epilogue(t, dd, mm, act, as, d_off, s_off, sum_off, nr, prev, 4, cs[(prev / 4) & 1], acc);
         _tile_stored(0, c[0], 64);
         if (q > 1) _tile_stored(1, c[1], 64);
