@@ -159,7 +159,7 @@ typedef struct {
     int64_t tile_n, n_items;
     const uint8_t *next_data; /* the next weight's panels, to warm up (or NULL) */
     size_t next_bytes;
-    atomic_long next_row;  /* next activation row to quantize */
+    li_cpu_lanes row_lanes; /* the activation rows to quantize */
     li_cpu_lanes lanes;    /* the items in contiguous runs */
 } matmul_job;
 
@@ -173,14 +173,14 @@ static void add_f32(float *restrict y, const float *restrict x, int64_t n) {
     for (; i < n; i++) y[i] += x[i];
 }
 
+static void matmul_quantize_row(void *p, int64_t r) {
+    const matmul_job *j = p;
+    j->kern->quantize_act(j->at, j->x + r * j->k, (char *)j->act + r * j->act_stride, j->k);
+}
+
 static void matmul_quantize(void *p, int ith, int nth) {
-    matmul_job *j = p;
-    const int64_t k = j->k;
-    for (;;) {
-        const int64_t r = atomic_fetch_add_explicit(&j->next_row, 1, memory_order_relaxed);
-        if (r >= j->n) break;
-        j->kern->quantize_act(j->at, j->x + r * k, (char *)j->act + r * j->act_stride, k);
-    }
+    (void)nth;
+    li_cpu_lanes_run(&((matmul_job *)p)->row_lanes, ith, matmul_quantize_row, p);
 }
 
 static void matmul_item(const matmul_job *j, int64_t t) {
@@ -309,8 +309,9 @@ static void matmul_run(li_cpu *c, const li_weight *const *w, int n_w, const floa
             c->act_cap = need;
         }
         j.act = c->act;
-        atomic_init(&j.next_row, 0);
-        li_threadpool_run_sized(c->tp, matmul_quantize, &j, n >= 8 ? nth : 1, n * j.k);
+        const int qth = (int)LI_MIN(n, (int64_t)(n >= 8 ? nth : 1));
+        li_cpu_lanes_init(&j.row_lanes, n, qth);
+        li_threadpool_run_sized(c->tp, matmul_quantize, &j, qth, n * j.k);
     }
     matmul_plan(&j, nth);
     li_threadpool_run_shaped(c->tp, matmul_work, &j, (int)LI_MIN((int64_t)nth, j.n_items), work,

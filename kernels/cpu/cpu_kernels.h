@@ -85,6 +85,22 @@ static inline void li_cpu_prefetch_l2(const void *p) {
 #endif
 }
 
+/* ... and into L1 */
+static inline void li_cpu_prefetch_l1(const void *p) {
+#if defined(__x86_64__) || defined(__i386__)
+    __asm__ volatile("prefetcht0 %0" : : "m"(*(const char *)p));
+#else
+    __builtin_prefetch(p, 0, 3);
+#endif
+}
+
+/* The lanes of panel p (LI_PANEL rows) that hold one of the m rows, as a
+ * 16-bit mask (an AVX-512 __mmask16) */
+static inline uint16_t li_cpu_panel_mask(int64_t m, int64_t p) {
+    const int64_t left = m - p * LI_PANEL;
+    return left >= LI_PANEL ? (uint16_t)0xffff : (uint16_t)((1u << left) - 1);
+}
+
 /* Decode streams every weight from memory once per token and the kernels
  * prefetch only a little ahead of themselves: a thread done with its own
  * lane (of L) warms into L2 the start of its lane of the next weight
@@ -110,6 +126,16 @@ static inline int64_t li_cpu_lanes_claim(li_cpu_lanes *l, int lane) {
     const int64_t t = atomic_fetch_add_explicit(&l->next[lane].v, 1, memory_order_relaxed);
     return t < li_cpu_lanes_end(l, lane) ? t : -1;
 }
+/* Every item of l, fn(ctx, t) each: thread ith drains its own lane first,
+ * then helps with the others'. (The rows a matmul quantizes go this way
+ * too: one counter shared by the threads cost a contended cache line a
+ * row, most of W8A8's quantization of 512 rows.) */
+static inline void li_cpu_lanes_run(li_cpu_lanes *l, int ith, void (*fn)(void *ctx, int64_t t), void *ctx) {
+    const int L = l->n;
+    for (int d = 0; d < L; d++)
+        for (int64_t t; (t = li_cpu_lanes_claim(l, (ith + d) % L)) >= 0;) fn(ctx, t);
+}
+
 /* How far ahead (bytes of panels) the GEMV kernels prefetch their stream:
  * about DRAM latency x one core's streaming rate (4-16 KiB measured alike) */
 #define LI_GEMV_PREFETCH 8192

@@ -75,12 +75,6 @@ static void amx_config(int nr) {
 #define GROUP 16                     /* activation rows a tile holds */
 #define CHUNK_BYTES (256 << 10)      /* weight panels per sweep of the row groups: they stay in L2 */
 
-static inline __mmask16 panel_mask(int64_t m, int64_t p) {
-    const int64_t left = m - p * LI_PANEL;
-    return left >= LI_PANEL ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
-}
-
-static inline void prefetch_l1(const void *p) { __asm__ volatile("prefetcht0 %0" : : "m"(*(const char *)p)); }
 
 /* The float arithmetic of blocks [b, b + q) for rows [0, nr), their int32
  * sums in cs: each row's terms added to acc[r] in block order */
@@ -136,7 +130,7 @@ static inline __attribute__((always_inline)) void panel_group(li_type t, int64_t
     for (int64_t b = 0; b < nb; b += 4) {
         const int q = nb - b < 4 ? (int)(nb - b) : 4;
         if (pf)
-            for (size_t o = 0; o < step * (size_t)q; o += 64) prefetch_l1(panel + LI_GEMV_PREFETCH + b * step + o);
+            for (size_t o = 0; o < step * (size_t)q; o += 64) li_cpu_prefetch_l1(panel + LI_GEMV_PREFETCH + b * step + o);
         const uint8_t *bt[4] = {0};
         for (int j = 0; j < q; j++) {
             const uint8_t *qs = panel + (b + j) * qsb;
@@ -207,7 +201,7 @@ static inline __attribute__((always_inline)) void gemm_t(li_type t, const li_cpu
             if (nr != cfg) amx_config(cfg = nr);
             for (int64_t p = c0; p < c1; p++)
                 panel_group(t, w->k, w->data + p * w->panel_bytes, act + r * as, as, nr, y + r * ldy + p * LI_PANEL,
-                            ldy, panel_mask(w->m, p), r == 0);
+                            ldy, li_cpu_panel_mask(w->m, p), r == 0);
         }
     }
     if (cfg) _tile_release();
@@ -215,7 +209,7 @@ static inline __attribute__((always_inline)) void gemm_t(li_type t, const li_cpu
 
 void li_amx_gemm_q_packed(const li_cpu_packed *w, int64_t p0, int64_t p1, const void *act, size_t as, int64_t n,
                           float *y, int64_t ldy) {
-    if (n < AMX_MIN_ROWS) {
+    if (n < AMX_MIN_ROWS) { /* one short group: gemm_t would hand it over chunk by chunk */
         li_avx512_gemm_q_packed(w, p0, p1, act, as, n, y, ldy);
         return;
     }

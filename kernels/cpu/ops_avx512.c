@@ -17,13 +17,6 @@
 #include <math.h>
 #include <string.h>
 
-
-
-/* A prefetch the compiler keeps: GCC drops a loop of nothing but
- * __builtin_prefetch (C11 lets it assume such a loop does nothing). */
-static inline void prefetch_l1(const void *p) { __asm__ volatile("prefetcht0 %0" : : "m"(*(const char *)p)); }
-static inline void prefetch_l2(const void *p) { __asm__ volatile("prefetcht1 %0" : : "m"(*(const char *)p)); }
-
 /* roundf() semantics (halves away from zero), which the ggml reference
  * quantizer uses; the FPU's own mode would round halves to even */
 static inline __m512 round_away(__m512 y) {
@@ -83,10 +76,6 @@ static inline __m512i bcast32(const int8_t *p) {
     return _mm512_set1_epi32(v);
 }
 
-static inline __mmask16 panel_mask(int64_t m, int64_t p) {
-    const int64_t left = m - p * LI_PANEL;
-    return left >= LI_PANEL ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
-}
 
 static inline __attribute__((always_inline)) void q_panel(li_type t, int nr, int64_t k, const uint8_t *panel,
                                                           const char *act, size_t as, float *y, int64_t ldy,
@@ -104,7 +93,7 @@ static inline __attribute__((always_inline)) void q_panel(li_type t, int nr, int
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *q = qs + b * qsb;
         if (pf) /* the first pass over this panel: run ahead of the hardware prefetcher */
-            for (size_t o = 0; o < step; o += 64) prefetch_l1(panel + LI_GEMV_PREFETCH + b * step + o);
+            for (size_t o = 0; o < step; o += 64) li_cpu_prefetch_l1(panel + LI_GEMV_PREFETCH + b * step + o);
         __m512i w[8];
         if (t == LI_TYPE_Q8_0) {
 #pragma GCC unroll 8
@@ -159,7 +148,7 @@ static inline __attribute__((always_inline)) void rows_q(li_type t, const li_cpu
                                                          size_t as, int64_t r0, int64_t r1, float *y, int64_t ldy,
                                                          bool pf) {
     const uint8_t *panel = w->data + p * w->panel_bytes;
-    const __mmask16 mask = panel_mask(w->m, p);
+    const __mmask16 mask = li_cpu_panel_mask(w->m, p);
     float *yp = y + p * LI_PANEL;
     int64_t r = r0;
 #define ROWS_Q(NRR) q_panel(t, NRR, w->k, panel, act + r * as, as, yp + r * ldy, ldy, mask, pf && r == r0)
@@ -254,7 +243,7 @@ static inline __attribute__((always_inline)) void f_panels(li_type t, int np, in
     for (int i = 0; i < np; i++)
 #pragma GCC unroll 4
         for (int r = 0; r < nr; r++)
-            _mm512_mask_storeu_ps(y + r * ldy + (p + i) * LI_PANEL, panel_mask(w->m, p + i), acc[i][r]);
+            _mm512_mask_storeu_ps(y + r * ldy + (p + i) * LI_PANEL, li_cpu_panel_mask(w->m, p + i), acc[i][r]);
 }
 
 static inline __attribute__((always_inline)) void gemm_f_t(li_type t, const li_cpu_packed *w, int64_t p0, int64_t p1,
@@ -416,8 +405,8 @@ static inline void kv_prefetch(const char *base, const int32_t *bt, int bs, size
     for (int64_t p = p0; p < p1; p++) {
         const char *r = base + ((size_t)bt[blk] * bs + off) * row;
         for (size_t o = 0; o < bytes; o += 64) {
-            if (l1) prefetch_l1(r + o);
-            else prefetch_l2(r + o);
+            if (l1) li_cpu_prefetch_l1(r + o);
+            else li_cpu_prefetch_l2(r + o);
         }
         if (++off == bs) {
             off = 0;

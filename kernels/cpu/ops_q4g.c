@@ -252,22 +252,23 @@ typedef struct {
     size_t act_stride;
     float *res;            /* (n, m) with one part, or NULL */
     int64_t n, tile_n, n_items;
-    atomic_long next_row;
+    li_cpu_lanes row_lanes; /* the activation rows to prepare */
     li_cpu_lanes lanes;    /* the items in contiguous runs */
     const uint8_t *next_data; /* the arena's next weight after the last part's A8 panels (decode), or NULL */
     size_t next_bytes;
 } q4g_job;
 
+static void q4g_prep_row(void *ctx, int64_t r) {
+    const q4g_job *j = ctx;
+    if (j->a8)
+        (j->kern->act ? j->kern->act : li_q4g_act_quantize)(j->w, j->p, j->x_raw + r * j->w->k,
+                                                            j->act + (size_t)r * j->act_stride);
+    else li_act_quant_row_ref(j->w->act, j->x_raw + r * j->w->k, (float *)j->x + r * j->w->k, j->w->k);
+}
+
 static void q4g_prep_work(void *ctx, int ith, int nth) {
-    q4g_job *j = ctx;
-    for (;;) {
-        const int64_t r = atomic_fetch_add_explicit(&j->next_row, 1, memory_order_relaxed);
-        if (r >= j->n) break;
-        if (j->a8)
-            (j->kern->act ? j->kern->act : li_q4g_act_quantize)(j->w, j->p, j->x_raw + r * j->w->k,
-                                                                j->act + (size_t)r * j->act_stride);
-        else li_act_quant_row_ref(j->w->act, j->x_raw + r * j->w->k, (float *)j->x + r * j->w->k, j->w->k);
-    }
+    (void)nth;
+    li_cpu_lanes_run(&((q4g_job *)ctx)->row_lanes, ith, q4g_prep_row, ctx);
 }
 
 static void q4g_item(const q4g_job *j, int64_t t) {
@@ -347,8 +348,9 @@ static void q4g_run(const li_q4g_kernels *kern, li_threadpool *tp, int nth, li_q
     if (need) {
         if (j.a8) j.act = s->buf;
         else j.x = s->buf;
-        atomic_init(&j.next_row, 0);
-        li_threadpool_run_sized(tp, q4g_prep_work, &j, n >= 8 ? nth : 1, n * k);
+        const int qth = (int)LI_MIN(n, (int64_t)(n >= 8 ? nth : 1));
+        li_cpu_lanes_init(&j.row_lanes, n, qth);
+        li_threadpool_run_sized(tp, q4g_prep_work, &j, qth, n * k);
     }
     /* both work in panels of 16 rows (AVX2's A8 in halves of 8); the
      * parts' items follow each other, each weight split as if alone */

@@ -87,8 +87,7 @@ static void rows_amx(const li_q4g_packed *p, int64_t q0, int64_t q1, const uint8
             }
         }
         for (int h = 0; h < (two ? 2 : 1); h++) {
-            const int64_t left = p->m - (pp + h) * LI_PANEL;
-            const __mmask16 mask = left >= LI_PANEL ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
+            const __mmask16 mask = li_cpu_panel_mask(p->m, pp + h);
             for (int i = 0; i < nr; i++)
                 _mm512_mask_storeu_ps(y + i * ldy + (pp + h) * LI_PANEL, mask,
                                       _mm512_mul_ps(acc[h][i], _mm512_set1_ps(sx[i])));
@@ -99,7 +98,7 @@ static void rows_amx(const li_q4g_packed *p, int64_t q0, int64_t q1, const uint8
 static void amx_a8(const li_weight *w, const li_q4g_packed *p, int64_t r0, int64_t r1, const uint8_t *act,
                    size_t act_stride, int64_t n, float *y, int64_t ldy) {
     /* the tile path needs whole 64-code steps in every group (the last one too) */
-    if (n < Q4G_AMX_MIN_ROWS || !p->a8codes || r0 % LI_PANEL || p->gs % 64 || p->k % p->gs) {
+    if (!p->a8codes || r0 % LI_PANEL || p->gs % 64 || p->k % p->gs) {
         li_q4g_a8_avx512(w, p, r0, r1, act, act_stride, n, y, ldy);
         return;
     }
@@ -107,7 +106,7 @@ static void amx_a8(const li_weight *w, const li_q4g_packed *p, int64_t r0, int64
     int cfg = 0;
     for (int64_t i = 0; i < n; i += 16) {
         const int nr = (int)LI_MIN((int64_t)16, n - i);
-        if (nr < Q4G_AMX_MIN_ROWS) { /* a short last group */
+        if (nr < Q4G_AMX_MIN_ROWS) { /* few rows, or a short last group */
             li_q4g_a8_avx512(w, p, r0, r1, act + (size_t)i * act_stride, act_stride, nr, y + i * ldy, ldy);
             continue;
         }

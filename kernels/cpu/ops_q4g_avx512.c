@@ -43,8 +43,7 @@ static inline __m512 group_add(__m512 acc, __m512i isum, __m512i z, __m512 s, in
 /* y[i][16pp + l] = acc[i] * s_x[i] for the valid rows l of panel pp */
 static inline __attribute__((always_inline)) void store_panel(const li_q4g_packed *p, int64_t pp, const __m512 *acc,
                                                               const float *sx, const int NR, float *y, int64_t ldy) {
-    const int64_t left = p->m - pp * LI_PANEL;
-    const __mmask16 mask = left >= LI_PANEL ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
+    const __mmask16 mask = li_cpu_panel_mask(p->m, pp);
 #pragma GCC unroll 8
     for (int i = 0; i < NR; i++)
         _mm512_mask_storeu_ps(y + i * ldy + pp * LI_PANEL, mask, _mm512_mul_ps(acc[i], _mm512_set1_ps(sx[i])));

@@ -174,9 +174,8 @@ typedef struct {
     float *sa;            /* (n) activation scales */
     int32_t *asum;        /* (n) each row's code sum, when a part is packed; else NULL */
     int64_t n_tiles, n_items;
-    li_cpu_lanes row_lanes; /* the rows to quantize */
-    li_cpu_lanes lanes; /* the items: a contiguous run a thread, then the others' (one shared counter cost
-                         * a contended cache line a claim: 8% of a 512-row W8A8 matmul on AMX) */
+    li_cpu_lanes row_lanes; /* the rows to quantize, and the items (li_cpu_lanes_run) */
+    li_cpu_lanes lanes;
 } w8_job;
 
 /* the sum of k int8 codes: psadbw adds 8 unsigned bytes at a time, so the
@@ -194,7 +193,8 @@ static int32_t sum_codes(const int8_t *q, int64_t k) {
     return (int32_t)s;
 }
 
-static void w8_quantize_row(w8_job *j, int64_t r) {
+static void w8_quantize_row(void *ctx, int64_t r) {
+    w8_job *j = ctx;
     if (j->fp8) {
         j->kern->quantize_fp8(j->x + r * j->k, j->k, (uint16_t *)j->qa + r * LI_W8_FP8_LDA(j->k), &j->sa[r]);
         return;
@@ -204,17 +204,13 @@ static void w8_quantize_row(w8_job *j, int64_t r) {
     if (j->asum) j->asum[r] = sum_codes(q, j->k);
 }
 
-/* rows in lanes, as the items (a counter shared by the threads cost a
- * contended line a row: most of the quantization of a 512-row matmul) */
 static void w8_quantize(void *p, int ith, int nth) {
-    w8_job *j = p;
     (void)nth;
-    const int L = j->row_lanes.n;
-    for (int d = 0; d < L; d++)
-        for (int64_t r; (r = li_cpu_lanes_claim(&j->row_lanes, (ith + d) % L)) >= 0;) w8_quantize_row(j, r);
+    li_cpu_lanes_run(&((w8_job *)p)->row_lanes, ith, w8_quantize_row, p);
 }
 
-static void w8_item(w8_job *j, int64_t t) {
+static void w8_item(void *ctx, int64_t t) {
+    w8_job *j = ctx;
     int pi = 0;
     while (pi + 1 < j->n_parts && t >= j->part[pi + 1].item0) pi++;
     const w8_part *pt = &j->part[pi];
@@ -233,13 +229,9 @@ static void w8_item(w8_job *j, int64_t t) {
             for (int64_t c = c0; c < c1; c++) pt->res[r * m + c] += pt->y[r * m + c];
 }
 
-/* Thread ith drains its own lane first, then helps with the others */
 static void w8_work(void *p, int ith, int nth) {
-    w8_job *j = p;
     (void)nth;
-    const int L = j->lanes.n;
-    for (int d = 0; d < L; d++)
-        for (int64_t t; (t = li_cpu_lanes_claim(&j->lanes, (ith + d) % L)) >= 0;) w8_item(j, t);
+    li_cpu_lanes_run(&((w8_job *)p)->lanes, ith, w8_item, p);
 }
 
 bool li_w8_same_job(const li_weight *const *w, int n_w) {
@@ -286,10 +278,10 @@ void li_w8_matmul_multi(const li_w8_kernels *kern, li_threadpool *tp, int n_thre
     j.sa = (float *)((char *)scratch + ((size_t)n * row + 64 + 63) / 64 * 64);
     j.asum = any_packed ? (int32_t *)(j.sa + n) : NULL;
     const int nth = work < 65536 ? 1 : n_threads; /* tiny products: not worth a wake-up */
-    const int qth = n >= 8 ? nth : 1;
+    const int qth = (int)LI_MIN(n, (int64_t)(n >= 8 ? nth : 1));
     li_cpu_lanes_init(&j.row_lanes, n, qth);
     li_cpu_lanes_init(&j.lanes, j.n_items, (int)LI_MIN((int64_t)nth, j.n_items));
-    li_threadpool_run_sized(tp, w8_quantize, &j, (int)LI_MIN((int64_t)qth, n), n * j.k);
+    li_threadpool_run_sized(tp, w8_quantize, &j, qth, n * j.k);
     li_threadpool_run_shaped(tp, w8_work, &j, (int)LI_MIN((int64_t)nth, j.n_items), work,
                              li_threadpool_rows_shape((int)w[0]->type, n));
 }

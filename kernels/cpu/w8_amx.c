@@ -34,8 +34,7 @@ static void config(int nr0, int nr1) {
 /* y for rows [0, nr) of one row group against panel p: C's sums in cs */
 static inline void out_rows(const int32_t (*cs)[16], int nr, const int32_t *asum, const float *as, const float *ws,
                             int64_t m, int64_t p, float *y, int64_t ldy) {
-    const int64_t left = m - p * 16;
-    const __mmask16 mask = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
+    const __mmask16 mask = li_cpu_panel_mask(m, p);
     const __m512 vs = _mm512_maskz_loadu_ps(mask, ws + p * 16);
     for (int i = 0; i < nr; i++) { /* (dot - 128 sum a) * (as * ws): the scalar kernel's operations */
         const __m512i d = _mm512_sub_epi32(_mm512_load_si512(cs[i]), _mm512_set1_epi32(128 * asum[i]));

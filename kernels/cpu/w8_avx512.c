@@ -13,6 +13,7 @@
  * Activation quantization uses the AVX2 kernels (every CPU with AVX-512 has
  * AVX2), as does fp8 on a CPU without AVX512_BF16. */
 #include "util/common.h"
+#include "cpu/cpu_kernels.h" /* li_cpu_panel_mask */
 #include "cpu/w8_kernels.h"
 
 #include <cpuid.h>
@@ -148,8 +149,7 @@ static inline __attribute__((always_inline)) void tile_int8_packed(const uint8_t
     }
 #pragma GCC unroll 4
     for (int p = 0; p < np; p++) {
-        const int64_t left = m - p * 16;
-        const __mmask16 mask = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
+        const __mmask16 mask = li_cpu_panel_mask(m, p);
         const __m512 vs = _mm512_maskz_loadu_ps(mask, ws + p * 16);
         /* (dot - 128 sum a) * (as * ws): the scalar kernel's operations */
 #define OUT(I, C)                                                                                                  \
