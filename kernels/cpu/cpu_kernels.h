@@ -225,7 +225,8 @@ typedef struct li_cpu_kernels {
 /* floats of scratch attn_tile needs for positions up to max_pos */
 static inline size_t li_attn_tile_scratch(const li_attn_args *a, int64_t max_pos) {
     const size_t nq = (size_t)(a->n_head / a->n_head_kv) * LI_ATTN_TILE;
-    return nq * (((size_t)max_pos + 16) & ~(size_t)15) + nq * 256 + 16;
+    /* the scores (nq, positions), then 16-lane sums of nq queries or 256 transposed K rows of 16 */
+    return nq * (((size_t)max_pos + 16) & ~(size_t)15) + (nq > 16 ? nq : 16) * 256 + 16;
 }
 
 /* CPUID's F16C bit (what __builtin_cpu_supports("f16c") says in GCC) */

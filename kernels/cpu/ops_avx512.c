@@ -401,7 +401,10 @@ static inline __m512 reduce16(const __m512 *a) {
 static inline void kv_prefetch(const char *base, const int32_t *bt, int bs, size_t row, size_t bytes, int64_t p0,
                                int64_t p1, bool l1) {
     if (p0 >= p1) return;
-    int64_t blk = p0 / bs, off = p0 % bs;
+    /* (a power-of-two block size, the usual one, without a division: one
+     * call per 16 positions, and an idiv was ~5% of a verify's attention) */
+    const int sh = (bs & (bs - 1)) ? -1 : __builtin_ctz((unsigned)bs);
+    int64_t blk = sh >= 0 ? p0 >> sh : p0 / bs, off = sh >= 0 ? p0 & (bs - 1) : p0 % bs;
     for (int64_t p = p0; p < p1; p++) {
         const char *r = base + ((size_t)bt[blk] * bs + off) * row;
         for (size_t o = 0; o < bytes; o += 64) {
@@ -467,11 +470,156 @@ attn_scores(li_type t, int ND, int nd, const li_attn_args *a, const char *K, siz
     }
 }
 
+/* ------------------------------------------------------------------------
+ * The same scores with positions in the lanes, for tiles of ATT_NQ_V
+ * queries or more. attn_scores holds a (query, position) pair's 16
+ * head-dim lanes in one register and sums them with shuffles (reduce16:
+ * ~3 shuffles and adds a pair, and the sums pass through memory); here 16
+ * positions' K rows are transposed once for all the tile's queries, lane l
+ * of every pair becomes a register of 16 positions, A_l = q_l k_l + q_(16+l)
+ * k_(16+l) + ... (the same multiply and FMAs in the same order), and the
+ * tree T is 15 vertical adds of those registers in T's own pairing. So each
+ * score has attn_scores' bits, and a token's output does not depend on
+ * which of the two its tile ran (test_kernels: alone, in tiles, reversed).
+ * ---------------------------------------------------------------------- */
+
+#define ATT_NQ_V 6 /* a tile's queries from which the transposes pay (verify, prefill) */
+#define ATT_QG 4   /* queries summed together: 5 of their partial sums live at most, 20 registers */
+
+/* In place: lane j of r[i] <- lane i of r[j] */
+static inline __attribute__((always_inline)) void transpose16(__m512 *r) {
+    __m512 t[16], u[16];
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++) { /* interleave rows 2i, 2i+1 by 32 bits */
+        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) { /* by 64 bits: u[4i + c], 128-bit lane L, holds column 4L + c of rows 4i..4i+3 */
+        const __m512d t0 = _mm512_castps_pd(t[4 * i]), t1 = _mm512_castps_pd(t[4 * i + 1]);
+        const __m512d t2 = _mm512_castps_pd(t[4 * i + 2]), t3 = _mm512_castps_pd(t[4 * i + 3]);
+        u[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(t0, t2));
+        u[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(t0, t2));
+        u[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(t1, t3));
+        u[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(t1, t3));
+    }
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++) { /* the 128-bit lanes: column c + 4L from the four row groups */
+        const __m512 a = _mm512_shuffle_f32x4(u[c], u[4 + c], 0x88), b = _mm512_shuffle_f32x4(u[c], u[4 + c], 0xdd);
+        const __m512 e = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0x88);
+        const __m512 f = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0xdd);
+        r[c] = _mm512_shuffle_f32x4(a, e, 0x88);
+        r[8 + c] = _mm512_shuffle_f32x4(a, e, 0xdd);
+        r[4 + c] = _mm512_shuffle_f32x4(b, f, 0x88);
+        r[12 + c] = _mm512_shuffle_f32x4(b, f, 0xdd);
+    }
+}
+
+/* A[j] = lane l of query j's chunk sums at 16 positions (kt[d]: dimension d
+ * of the 16 K rows): q_l k_l, then FMAs over the chunks in order */
+static inline __attribute__((always_inline)) void lane_dot(int ND, int QG, int l, const __m512 *kt,
+                                                           const float *const *q, __m512 *A) {
+    const __m512 k0 = kt[l];
+#pragma GCC unroll 4
+    for (int j = 0; j < QG; j++) A[j] = _mm512_mul_ps(_mm512_set1_ps(q[j][l]), k0);
+#pragma GCC unroll 16
+    for (int c = 1; c < ND; c++) {
+        const __m512 k = kt[16 * c + l];
+#pragma GCC unroll 4
+        for (int j = 0; j < QG; j++) A[j] = _mm512_fmadd_ps(_mm512_set1_ps(q[j][16 * c + l]), k, A[j]);
+    }
+}
+
+/* out[j][0..15] = scale * T(lanes) of QG queries at the 16 positions of kt:
+ * s1_m = A_m + A_(m+8), s2_m = s1_m + s1_(m+4), s3_m = s2_m + s2_(m+2),
+ * T = s3_0 + s3_1 (reduce16's pairing), lanes taken in that order so at
+ * most 5 partial sums per query are live */
+static inline __attribute__((always_inline)) void scores_v_group(int ND, int QG, const __m512 *kt,
+                                                                 const float *const *q, float *const *out,
+                                                                 __m512 vscale) {
+    __m512 s3[2][ATT_QG];
+#pragma GCC unroll 2
+    for (int m3 = 0; m3 < 2; m3++) {
+        __m512 s2[ATT_QG];
+#pragma GCC unroll 2
+        for (int h2 = 0; h2 < 2; h2++) {
+            __m512 s1[ATT_QG];
+#pragma GCC unroll 2
+            for (int h4 = 0; h4 < 2; h4++) {
+                __m512 x[ATT_QG], y[ATT_QG];
+                const int l = m3 + 2 * h2 + 4 * h4;
+                lane_dot(ND, QG, l, kt, q, x);
+                lane_dot(ND, QG, l + 8, kt, q, y);
+#pragma GCC unroll 4
+                for (int j = 0; j < QG; j++) {
+                    x[j] = _mm512_add_ps(x[j], y[j]);
+                    s1[j] = h4 ? _mm512_add_ps(s1[j], x[j]) : x[j];
+                }
+            }
+#pragma GCC unroll 4
+            for (int j = 0; j < QG; j++) s2[j] = h2 ? _mm512_add_ps(s2[j], s1[j]) : s1[j];
+        }
+#pragma GCC unroll 4
+        for (int j = 0; j < QG; j++) s3[m3][j] = s2[j];
+    }
+#pragma GCC unroll 4
+    for (int j = 0; j < QG; j++) _mm512_store_ps(out[j], _mm512_mul_ps(_mm512_add_ps(s3[0][j], s3[1][j]), vscale));
+}
+
+/* attn_scores for head_dim 16 * ND (ND > 0) with positions in the lanes;
+ * kt: scratch of 16 * ND vectors */
+static inline __attribute__((always_inline)) void
+attn_scores_v(li_type t, int ND, const li_attn_args *a, const char *K, size_t row, const int32_t *bt,
+              const float *const *qp, int nq, int64_t n_max, int64_t ncap, float *S, __m512 *kt) {
+    const int bs = a->block_size;
+    const __m512 vscale = _mm512_set1_ps(a->scale);
+    const size_t bytes = (size_t)a->head_dim * li_kv_elem_size(t);
+    kv_prefetch(K, bt, bs, row, bytes, 0, LI_MIN(n_max, (int64_t)ATT_PF_AHEAD), false);
+    int64_t blk = 0, off = 0; /* position c0 + pp = blk * bs + off */
+    for (int64_t c0 = 0; c0 < n_max; c0 += 16) {
+        const int np = (int)LI_MIN((int64_t)16, n_max - c0);
+        if (c0 + ATT_PF_AHEAD < n_max)
+            kv_prefetch(K, bt, bs, row, bytes, c0 + ATT_PF_AHEAD, LI_MIN(n_max, c0 + ATT_PF_AHEAD + 16), false);
+        kv_prefetch(K, bt, bs, row, bytes, c0 + 16, LI_MIN(n_max, c0 + 32), true);
+        const char *kr[16];
+        for (int pp = 0; pp < np; pp++) {
+            kr[pp] = K + ((size_t)bt[blk] * bs + off) * row;
+            if (++off == bs) {
+                off = 0;
+                blk++;
+            }
+        }
+#pragma GCC unroll 16
+        for (int c = 0; c < ND; c++) {
+            __m512 r[16];
+#pragma GCC unroll 16
+            for (int pp = 0; pp < 16; pp++) r[pp] = pp < np ? load_f(t, kr[pp], 16 * c, 0xffff) : _mm512_setzero_ps();
+            transpose16(r);
+#pragma GCC unroll 16
+            for (int l = 0; l < 16; l++) kt[16 * c + l] = r[l];
+        }
+        int q0 = 0;
+        for (; q0 + ATT_QG <= nq; q0 += ATT_QG) {
+            float *out[ATT_QG];
+            for (int j = 0; j < ATT_QG; j++) out[j] = S + (q0 + j) * ncap + c0;
+            scores_v_group(ND, ATT_QG, kt, qp + q0, out, vscale);
+        }
+        float *out[ATT_QG];
+        for (int j = 0; j < nq - q0; j++) out[j] = S + (q0 + j) * ncap + c0;
+        switch (nq - q0) {
+        case 3: scores_v_group(ND, 3, kt, qp + q0, out, vscale); break;
+        case 2: scores_v_group(ND, 2, kt, qp + q0, out, vscale); break;
+        case 1: scores_v_group(ND, 1, kt, qp + q0, out, vscale); break;
+        default: break;
+        }
+    }
+}
+
 /* For QV queries (e_p of query v at sp[v]): out_v = (sum over its positions
  * [0, npos[v]) of e_p v_p, one FMA per position in order) * inv[v]. */
 static inline __attribute__((always_inline)) void
 attn_pv(li_type t, int ND, int nd, int QV, const li_attn_args *a, const char *V, size_t row, const int32_t *bt,
-        const float *const *sp, const int64_t *npos, __mmask16 dlast, float *const *outp, const float *inv) {
+        const float *const *sp, const int64_t *npos, __mmask16 dlast, float *const *outp, const float *inv, bool pf) {
     const int bs = a->block_size;
     const int n = ND ? ND : nd;
     int64_t lo = INT64_MAX, hi = 0; /* every query needs the positions below lo */
@@ -488,9 +636,11 @@ attn_pv(li_type t, int ND, int nd, int QV, const li_attn_args *a, const char *V,
     const size_t bytes = (size_t)a->head_dim * li_kv_elem_size(t);
     int64_t blk = 0, off = 0; /* p = blk * bs + off */
     for (int64_t p = 0; p < hi; p++) {
-        if (p % 16 == 0 && p + ATT_PF_AHEAD < hi)
-            kv_prefetch(V, bt, bs, row, bytes, p + ATT_PF_AHEAD, LI_MIN(hi, p + ATT_PF_AHEAD + 16), false);
-        if (p % 16 == 0) kv_prefetch(V, bt, bs, row, bytes, p + 16, LI_MIN(hi, p + 32), true);
+        if (pf && p % 16 == 0) {
+            if (p + ATT_PF_AHEAD < hi)
+                kv_prefetch(V, bt, bs, row, bytes, p + ATT_PF_AHEAD, LI_MIN(hi, p + ATT_PF_AHEAD + 16), false);
+            kv_prefetch(V, bt, bs, row, bytes, p + 16, LI_MIN(hi, p + 32), true);
+        }
         const char *vr = V + ((size_t)bt[blk] * bs + off) * row;
         if (++off == bs) {
             off = 0;
@@ -549,7 +699,8 @@ static inline __attribute__((always_inline)) void attn_tile_t(li_type t, int ND,
     kv_prefetch(V, bt, a->block_size, row, (size_t)D * es, 0, LI_MIN(n_max, (int64_t)ATT_PF_AHEAD), false);
     float *S = scratch;                                                         /* (nq, ncap) */
     __m512 *tmp = (__m512 *)(((uintptr_t)(S + nq * ncap) + 63) & ~(uintptr_t)63); /* (nq, 16) */
-    attn_scores(t, ND, nd, a, K, row, bt, qp, nq, n_max, ncap, dlast, S, tmp);
+    if (ND && nq >= ATT_NQ_V) attn_scores_v(t, ND, a, K, row, bt, qp, nq, n_max, ncap, S, tmp);
+    else attn_scores(t, ND, nd, a, K, row, bt, qp, nq, n_max, ncap, dlast, S, tmp);
 
     /* softmax numerators and 1/sum, per query over its own positions */
     float inv[64];
@@ -579,7 +730,7 @@ static inline __attribute__((always_inline)) void attn_tile_t(li_type t, int ND,
     const int QV = ND ? LI_MAX(1, 24 / ND) : 1;
     for (int q0 = 0; q0 < nq;) {
         const int nv = LI_MIN(QV, nq - q0);
-#define ATT_PV(NV) attn_pv(t, ND, nd, NV, a, V, row, bt, sp + q0, npos + q0, dlast, outp + q0, inv + q0)
+#define ATT_PV(NV) attn_pv(t, ND, nd, NV, a, V, row, bt, sp + q0, npos + q0, dlast, outp + q0, inv + q0, q0 == 0)
         switch (ND ? nv : 1) {
         case 6: ATT_PV(6); break;
         case 5: ATT_PV(5); break;

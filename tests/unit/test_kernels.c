@@ -1159,6 +1159,11 @@ int main(void) {
     test_matmul_batch_invariance();
     test_attention_batch_invariance(9, 3, 64); /* SmolLM2's shape */
     test_attention_batch_invariance(8, 1, 72); /* one kv head: a token alone splits its query group */
+    /* head dims of whole 16-lane chunks: a tile of 6+ queries sums its scores
+     * with positions in the lanes (ops_avx512.c attn_scores_v), a token alone
+     * (4 / 2 queries) as 16-lane dots; both must give the same bits */
+    test_attention_batch_invariance(8, 2, 128);
+    test_attention_batch_invariance(4, 2, 256);
     test_hadamard(bes, n_be); /* last: its random draws leave the others' data as it was */
     for (int b = 0; b < n_be; b++) li_backend_cpu_free(&bes[b]);
     return t_summary("kernels");
