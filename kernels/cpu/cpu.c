@@ -40,7 +40,12 @@ typedef struct li_cpu {
     float **scores;        /* (n_threads) attention scratch, scores_cap floats each */
     size_t scores_cap;
     int64_t *tiles;        /* attention tiles: first token of each, tiles_cap entries */
+    int32_t *tile_nch;     /* and their position chunks (LI_ATTN_CHUNK) */
     int64_t tiles_cap;
+    float *attn_part;      /* chunks' partial sums (li_attn_part), attn_part_cap floats */
+    size_t attn_part_cap;
+    atomic_int *attn_done; /* chunks finished per (tile, kv head, head run), attn_done_cap */
+    size_t attn_done_cap;
     /* rope angles of the last batch: every layer's q and k rotate by the
      * same (pos, pair) angles, so they are computed once per forward pass */
     float *rope_cs;        /* (rope_n, 2, rope_half): each token's cos, then sin */
@@ -466,19 +471,39 @@ static void attn_work(void *p, int ith, int nth) {
 /* The tile path (F16/BF16/F32 KV, an ISA with attn_tile): runs of up to
  * LI_ATTN_TILE consecutive batch tokens of one sequence (a prefill chunk;
  * a decode token is a run of one) x kv heads, so K/V rows are read once for
- * all the query heads and tokens that share them. */
+ * all the query heads and tokens that share them; and where some token has
+ * more than LI_ATTN_CHUNK positions, x chunks of positions (li_attn_part),
+ * the last of a group's chunks to finish merging them. */
 typedef struct {
     const li_cpu_kernels *kern;
     const li_attn_args *a;
     float **scratch;
     const int64_t *tile0;  /* (n_tiles + 1) first token of each tile */
+    const int32_t *nch;    /* (n_tiles) chunks of each tile: of its longest token */
     int64_t n_tiles;
     int split;             /* query heads of a group per item: G, or 1 when items are few */
     int64_t total;
-    li_cpu_lanes lanes;    /* items (tile, kv head, head run) in contiguous runs */
+    const li_attn_part *part; /* NULL: no token is chunked */
+    int per_item;          /* chunks per item: 1, or all of them where items are many anyway */
+    atomic_int *done;      /* (n_tiles * kv heads * runs) chunks finished per group */
+    li_cpu_lanes lanes;    /* items (tile, kv head, head run, chunk) in contiguous runs */
 } attn_tile_job;
 
 #define ATT_ITEM_PF 256 /* positions of the next item's K and V rows fetched */
+
+typedef struct {
+    int64_t tile, group; /* group: (tile, kv head, run) */
+    int kvh, g0, chunk;
+} attn_item;
+
+static attn_item attn_item_of(const attn_tile_job *j, int64_t t) {
+    const li_attn_args *a = j->a;
+    const int runs = a->n_head / a->n_head_kv / j->split;
+    const int64_t n_chunk = j->part ? j->part->n_chunk : 1, per = (n_chunk + j->per_item - 1) / j->per_item;
+    const int64_t g = t / per, tile = g / (a->n_head_kv * runs), r = g % (a->n_head_kv * runs);
+    return (attn_item){.tile = tile, .group = g, .kvh = (int)(r / runs), .g0 = (int)(r % runs) * j->split,
+                       .chunk = (int)(t % per) * j->per_item};
+}
 
 /* The first K and V rows item t reads, into L2. In decode every item's
  * cache rows come cold from memory (a whole model's weights streamed through
@@ -487,28 +512,46 @@ typedef struct {
  * current one. */
 static void attn_item_prefetch(const attn_tile_job *j, int64_t t) {
     const li_attn_args *a = j->a;
-    const int runs = a->n_head / a->n_head_kv / j->split;
-    const int64_t tile = t / (a->n_head_kv * runs), i0 = j->tile0[tile], i1 = j->tile0[tile + 1];
-    const int kvh = (int)(t % (a->n_head_kv * runs) / runs);
+    const attn_item it = attn_item_of(j, t);
+    if (it.chunk >= j->nch[it.tile]) return;
+    const int64_t i0 = j->tile0[it.tile], i1 = j->tile0[it.tile + 1];
     int64_t n_max = 0;
     for (int64_t i = i0; i < i1; i++) n_max = LI_MAX(n_max, (int64_t)a->pos[i] + 1);
-    const size_t bytes = (size_t)a->head_dim * li_kv_elem_size(a->kv->dtype);
-    li_kv_walk kw = li_kv_walk_init(a, a->kv->k, i0, kvh), vw = li_kv_walk_init(a, a->kv->v, i0, kvh);
-    for (int64_t p = 0; p < LI_MIN(n_max, (int64_t)ATT_ITEM_PF); p++) {
-        const char *k = li_kv_walk_next(&kw), *v = li_kv_walk_next(&vw);
+    const int64_t lo = j->part ? (int64_t)it.chunk * LI_ATTN_CHUNK : 0;
+    const int64_t hi = LI_MIN(n_max, lo + (j->part ? (int64_t)LI_MIN(LI_ATTN_CHUNK, ATT_ITEM_PF) : ATT_ITEM_PF));
+    const size_t es = li_kv_elem_size(a->kv->dtype), bytes = (size_t)a->head_dim * es;
+    const size_t slot = (size_t)a->n_head_kv * bytes, off = (size_t)it.kvh * bytes;
+    const int32_t *bt = li_attn_blocks(a, i0);
+    const int64_t bs = a->block_size;
+    for (int64_t p = lo, blk = lo / bs, o0 = lo % bs; p < hi; p++) { /* position blk * bs + o0 */
+        const size_t at = ((size_t)bt[blk] * (size_t)bs + (size_t)o0) * slot + off;
         for (size_t o = 0; o < bytes; o += 64) {
-            li_cpu_prefetch_l2(k + o);
-            li_cpu_prefetch_l2(v + o);
+            li_cpu_prefetch_l2((const char *)a->kv->k + at + o);
+            li_cpu_prefetch_l2((const char *)a->kv->v + at + o);
+        }
+        if (++o0 == bs) {
+            o0 = 0;
+            blk++;
         }
     }
 }
 
 static void attn_tile_item(attn_tile_job *j, int64_t t, float *scratch) {
     const li_attn_args *a = j->a;
-    const int runs = a->n_head / a->n_head_kv / j->split;
-    const int64_t tile = t / (a->n_head_kv * runs), r = t % (a->n_head_kv * runs);
-    j->kern->attn_tile(a, j->tile0[tile], (int)(j->tile0[tile + 1] - j->tile0[tile]), (int)(r / runs),
-                       (int)(r % runs) * j->split, j->split, scratch);
+    const attn_item it = attn_item_of(j, t);
+    const int nch = j->nch[it.tile];
+    if (it.chunk >= nch) return; /* past this tile's longest token */
+    const int64_t i0 = j->tile0[it.tile], i1 = j->tile0[it.tile + 1];
+    const int c1 = LI_MIN(nch, it.chunk + j->per_item);
+    for (int c = it.chunk; c < c1; c++) j->kern->attn_tile(a, i0, (int)(i1 - i0), it.kvh, it.g0, j->split, c, j->part, scratch);
+    if (nch == 1) return;
+    /* the group's last chunk: its chunked tokens' outputs (acq_rel: the
+     * other chunks' partial sums are visible here) */
+    if (atomic_fetch_add_explicit(&j->done[it.group], c1 - it.chunk, memory_order_acq_rel) + (c1 - it.chunk) != nch) return;
+    const int G = a->n_head / a->n_head_kv;
+    for (int64_t i = i0; i < i1; i++)
+        if ((int64_t)a->pos[i] + 1 > LI_ATTN_CHUNK)
+            for (int g = it.g0; g < it.g0 + j->split; g++) j->kern->attn_merge(a, j->part, i, it.kvh * G + g);
 }
 
 /* As matmul_work: lane ith first, front to back, then the others. */
@@ -533,7 +576,9 @@ static bool cpu_attention_tiles(li_cpu *c, const li_attn_args *a) {
     if (a->n_tokens + 1 > c->tiles_cap) {
         c->tiles_cap = 2 * (a->n_tokens + 1);
         free(c->tiles);
+        free(c->tile_nch);
         c->tiles = li_xmalloc((size_t)c->tiles_cap * sizeof *c->tiles);
+        c->tile_nch = li_xmalloc((size_t)c->tiles_cap * sizeof *c->tile_nch);
     }
     int64_t n_tiles = 0;
     for (int64_t i = 0; i < a->n_tokens; i++) {
@@ -542,7 +587,18 @@ static bool cpu_attention_tiles(li_cpu *c, const li_attn_args *a) {
         if (i == 0 || a->seq[i] != a->seq[i - 1] || i - c->tiles[n_tiles - 1] >= max_nt) c->tiles[n_tiles++] = i;
     }
     c->tiles[n_tiles] = a->n_tokens;
-    const size_t need = li_attn_tile_scratch(a, max_pos);
+    /* chunks where a token is longer than one and chunks start on block
+     * boundaries (the kernel walks the block table from a chunk's block) */
+    const bool chunked = max_pos + 1 > LI_ATTN_CHUNK && LI_ATTN_CHUNK % a->block_size == 0;
+    const int64_t n_chunk = chunked ? (max_pos + LI_ATTN_CHUNK) / LI_ATTN_CHUNK : 1;
+    int64_t items = 0;
+    for (int64_t t = 0; t < n_tiles; t++) {
+        int64_t n_max = 0;
+        for (int64_t i = c->tiles[t]; i < c->tiles[t + 1]; i++) n_max = LI_MAX(n_max, (int64_t)a->pos[i] + 1);
+        c->tile_nch[t] = chunked ? (int32_t)((n_max + LI_ATTN_CHUNK - 1) / LI_ATTN_CHUNK) : 1;
+        items += c->tile_nch[t];
+    }
+    const size_t need = li_attn_tile_scratch(a, chunked ? LI_ATTN_CHUNK : max_pos);
     if (need > c->scores_cap) {
         const size_t cap = LI_MAX(need, 2 * c->scores_cap);
         for (int t = 0; t < c->n_threads; t++) {
@@ -551,12 +607,33 @@ static bool cpu_attention_tiles(li_cpu *c, const li_attn_args *a) {
         }
         c->scores_cap = cap;
     }
-    /* fewer (tile, kv head) items than threads: split the query groups so
-     * every thread gets a share (the results do not change). Not more
-     * eagerly: a whole group shares each K/V row's load and conversion. */
-    const int split = n_tiles * a->n_head_kv < c->n_threads ? 1 : G;
-    attn_tile_job j = {.kern = c->kern, .a = a, .scratch = c->scores, .tile0 = c->tiles, .n_tiles = n_tiles,
-                       .split = split, .total = n_tiles * a->n_head_kv * (G / split)};
+    /* fewer (tile, kv head, chunk) items than threads: split the query
+     * groups so every thread gets a share (the results do not change). Not
+     * more eagerly: a whole group shares each K/V row's load and conversion. */
+    const int split = items * a->n_head_kv < c->n_threads ? 1 : G;
+    const int64_t groups = n_tiles * a->n_head_kv * (G / split);
+    li_attn_part part = {.n_head = a->n_head, .n_chunk = n_chunk, .stride = (a->head_dim + 2 + 15) & ~15};
+    if (chunked) {
+        const size_t pf = (size_t)a->n_tokens * (size_t)a->n_head * (size_t)n_chunk * (size_t)part.stride;
+        if (pf > c->attn_part_cap) {
+            c->attn_part_cap = LI_MAX(pf, 2 * c->attn_part_cap);
+            li_aligned_free(c->attn_part);
+            c->attn_part = li_aligned_alloc(c->attn_part_cap * sizeof(float));
+        }
+        if ((size_t)groups > c->attn_done_cap) {
+            c->attn_done_cap = LI_MAX((size_t)groups, 2 * c->attn_done_cap);
+            free(c->attn_done);
+            c->attn_done = li_xmalloc(c->attn_done_cap * sizeof *c->attn_done);
+        }
+        for (int64_t g = 0; g < groups; g++) atomic_init(&c->attn_done[g], 0);
+        part.data = c->attn_part;
+    }
+    /* each chunk an item of its own only where (tile, kv head) items are
+     * too few to keep the threads busy: a decode step's */
+    const int per_item = groups >= 2 * c->n_threads ? (int)n_chunk : 1;
+    attn_tile_job j = {.kern = c->kern, .a = a, .scratch = c->scores, .tile0 = c->tiles, .nch = c->tile_nch,
+                       .n_tiles = n_tiles, .split = split, .total = groups * ((n_chunk + per_item - 1) / per_item),
+                       .part = chunked ? &part : NULL, .per_item = per_item, .done = c->attn_done};
     work *= (int64_t)a->n_head * a->head_dim;
     const int nth = work < 32768 ? 1 : c->n_threads;
     li_cpu_lanes_init(&j.lanes, j.total, nth);
@@ -903,6 +980,9 @@ void li_backend_cpu_free(li_backend *be) {
     for (int t = 0; t < c->n_threads; t++) li_aligned_free(c->scores[t]);
     free(c->scores);
     free(c->tiles);
+    free(c->tile_nch);
+    li_aligned_free(c->attn_part);
+    free(c->attn_done);
     free(c->rope_cs);
     free(c->rope_pos);
     li_aligned_free(c->act);

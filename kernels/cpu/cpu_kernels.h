@@ -181,6 +181,8 @@ void li_cpu_arena_next(const void *data, size_t bytes, const uint8_t **next, siz
 /* Row `row` of a packed weight, dequantized exactly as the type's to_float. */
 void li_cpu_packed_get_row(const li_cpu_packed *p, int64_t row, float *out);
 
+typedef struct li_attn_part li_attn_part; /* below, with LI_ATTN_CHUNK */
+
 typedef struct li_cpu_kernels {
     const char *isa;
     const char *family; /* the ISA name the kernel sets without an AMX table (kv8, kv16) are chosen by */
@@ -205,9 +207,16 @@ typedef struct li_cpu_kernels {
     void (*attn_head)(const li_attn_args *a, int64_t i, int h, float *scores);
     /* F16/BF16/F32 KV (optional): tokens [i0, i0+nt) of one sequence
      * (nt <= LI_ATTN_TILE), query heads g0..g0+ng-1 of kv head kvh's group
-     * (nt * ng <= 64). Each (token, head) gets the same bits as alone, in
-     * any tile. scratch: li_attn_tile_scratch() floats, 64-byte aligned */
-    void (*attn_tile)(const li_attn_args *a, int64_t i0, int nt, int kvh, int g0, int ng, float *scratch);
+     * (nt * ng <= 64), positions of chunk `chunk` (part != NULL: see
+     * li_attn_part; NULL: the whole context, chunk 0). Each (token, head)
+     * gets the same bits as alone, in any tile. scratch:
+     * li_attn_tile_scratch() floats, 64-byte aligned */
+    void (*attn_tile)(const li_attn_args *a, int64_t i0, int nt, int kvh, int g0, int ng, int chunk,
+                      const li_attn_part *part, float *scratch);
+    /* with attn_tile: token i, head h, its chunks' partial sums into its
+     * output (li_attn_part): m = max m_c, w_c = exp(m_c - m), out = (sum
+     * w_c o_c) / (sum w_c s_c), in chunk order */
+    void (*attn_merge)(const li_attn_args *a, const li_attn_part *part, int64_t i, int h);
     /* g(n) = silu(g) * u */
     void (*silu_mul)(float *g, const float *u, int64_t n);
     /* rmsnorm of rows x(n, dim) into y with weight w(dim), the reference's
@@ -222,6 +231,27 @@ typedef struct li_cpu_kernels {
 } li_cpu_kernels;
 
 #define LI_ATTN_TILE 8
+
+/* Attention by position chunks. A token of more than LI_ATTN_CHUNK positions
+ * has its softmax taken over chunks of LI_ATTN_CHUNK positions, each a work
+ * item of its own: per (token, head, chunk) the chunk's max score m, its sum
+ * s of e_p = exp(score_p - m) and the unscaled sum of e_p v_p; cpu.c merges
+ * them (li_cpu_attn_merge), in chunk order. A token of LI_ATTN_CHUNK
+ * positions or fewer is one chunk and gets its output at once. Whether a
+ * token is chunked and where its chunks fall depend on its position alone,
+ * so its output does not depend on the batch; chunks let a decode step's
+ * few (token, kv head) items spread over the threads (one token, 3 kv
+ * heads on 2 threads: one thread did two thirds). */
+#define LI_ATTN_CHUNK 128
+struct li_attn_part {
+    float *data;      /* (n_tokens, n_head, n_chunk, stride): D sums, then m and s */
+    int64_t n_head;
+    int64_t n_chunk;  /* chunks of the longest token */
+    int64_t stride;   /* floats per (token, head, chunk): head_dim + 2, to 16 */
+};
+static inline float *li_attn_part_at(const li_attn_part *p, int64_t i, int h, int chunk) {
+    return p->data + (((size_t)i * (size_t)p->n_head + (size_t)h) * (size_t)p->n_chunk + (size_t)chunk) * (size_t)p->stride;
+}
 /* floats of scratch attn_tile needs for positions up to max_pos */
 static inline size_t li_attn_tile_scratch(const li_attn_args *a, int64_t max_pos) {
     const size_t nq = (size_t)(a->n_head / a->n_head_kv) * LI_ATTN_TILE;

@@ -678,23 +678,42 @@ attn_pv(li_type t, int ND, int nd, int QV, const li_attn_args *a, const char *V,
 }
 
 static inline __attribute__((always_inline)) void attn_tile_t(li_type t, int ND, const li_attn_args *a, int64_t i0,
-                                                              int nt, int kvh, int g0, int ng, float *scratch) {
-    const int D = a->head_dim, nd = (D + 15) / 16, G = a->n_head / a->n_head_kv, nq = ng * nt;
+                                                              int nt, int kvh, int g0, int ng, int chunk,
+                                                              const li_attn_part *part, float *scratch) {
+    const int D = a->head_dim, nd = (D + 15) / 16, G = a->n_head / a->n_head_kv;
     const __mmask16 dlast = (D % 16) ? (__mmask16)((1u << (D % 16)) - 1) : (__mmask16)0xffff;
-    const int32_t *bt = li_attn_blocks(a, i0);
+    /* this item's positions [lo, lo + LI_ATTN_CHUNK) (the whole context
+     * without chunks); from here on positions are counted from lo, and the
+     * block table from lo's block */
+    const int64_t lo = part ? (int64_t)chunk * LI_ATTN_CHUNK : 0;
+    const int32_t *bt = li_attn_blocks(a, i0) + lo / a->block_size;
     const size_t es = li_kv_elem_size(t), row = (size_t)a->n_head_kv * D * es; /* bytes per slot */
     const char *K = (const char *)a->kv->k + (size_t)kvh * D * es, *V = (const char *)a->kv->v + (size_t)kvh * D * es;
-    /* query qi: token i0 + qi / ng, head kvh*G + g0 + qi % ng */
+    /* the queries with positions here (token i0 + j / ng, head kvh*G + g0 +
+     * j % ng): a token of LI_ATTN_CHUNK positions or fewer has them all in
+     * chunk 0 and gets its output; a longer one gets this chunk's partial
+     * sums (li_attn_part), merged when its last chunk is done (cpu.c) */
     int64_t npos[64], n_max = 0;
     const float *qp[64];
-    float *outp[64];
-    for (int qi = 0; qi < nq; qi++) {
-        const int64_t i = i0 + qi / ng, h = (int64_t)kvh * G + g0 + qi % ng;
-        npos[qi] = (int64_t)a->pos[i] + 1;
-        n_max = LI_MAX(n_max, npos[qi]);
-        qp[qi] = a->q + (i * a->n_head + h) * D;
-        outp[qi] = a->out + (i * a->n_head + h) * D;
+    float *outp[64], *mp[64];
+    int nq = 0;
+    for (int j = 0; j < ng * nt; j++) {
+        const int64_t i = i0 + j / ng, h = (int64_t)kvh * G + g0 + j % ng, n = (int64_t)a->pos[i] + 1;
+        const bool whole = !part || n <= LI_ATTN_CHUNK;
+        if (whole ? lo > 0 : n <= lo) continue;
+        npos[nq] = whole ? n : LI_MIN(n - lo, (int64_t)LI_ATTN_CHUNK);
+        n_max = LI_MAX(n_max, npos[nq]);
+        qp[nq] = a->q + (i * a->n_head + h) * D;
+        if (whole) {
+            outp[nq] = a->out + (i * a->n_head + h) * D;
+            mp[nq] = NULL;
+        } else {
+            outp[nq] = li_attn_part_at(part, i, (int)h, chunk);
+            mp[nq] = outp[nq] + D;
+        }
+        nq++;
     }
+    if (nq == 0) return;
     const int64_t ncap = (n_max + 15) & ~(int64_t)15;
     kv_prefetch(V, bt, a->block_size, row, (size_t)D * es, 0, LI_MIN(n_max, (int64_t)ATT_PF_AHEAD), false);
     float *S = scratch;                                                         /* (nq, ncap) */
@@ -702,7 +721,8 @@ static inline __attribute__((always_inline)) void attn_tile_t(li_type t, int ND,
     if (ND && nq >= ATT_NQ_V) attn_scores_v(t, ND, a, K, row, bt, qp, nq, n_max, ncap, S, tmp);
     else attn_scores(t, ND, nd, a, K, row, bt, qp, nq, n_max, ncap, dlast, S, tmp);
 
-    /* softmax numerators and 1/sum, per query over its own positions */
+    /* softmax numerators and 1/sum, per query over its own positions (a
+     * partial: its max and sum kept, the sums of e_p v_p left unscaled) */
     float inv[64];
     const float *sp[64];
     for (int qi = 0; qi < nq; qi++) {
@@ -714,7 +734,8 @@ static inline __attribute__((always_inline)) void attn_tile_t(li_type t, int ND,
             const __mmask16 m = n - p >= 16 ? 0xffff : (__mmask16)((1u << (n - p)) - 1);
             vmax = _mm512_mask_max_ps(vmax, m, vmax, _mm512_load_ps(sq + p));
         }
-        const __m512 mx = _mm512_set1_ps(_mm512_reduce_max_ps(vmax));
+        const float mx1 = _mm512_reduce_max_ps(vmax);
+        const __m512 mx = _mm512_set1_ps(mx1);
         __m512 vsum = _mm512_setzero_ps();
         for (int64_t p = 0; p < n; p += 16) {
             const __mmask16 m = n - p >= 16 ? 0xffff : (__mmask16)((1u << (n - p)) - 1);
@@ -722,7 +743,14 @@ static inline __attribute__((always_inline)) void attn_tile_t(li_type t, int ND,
             _mm512_store_ps(sq + p, e);
             vsum = _mm512_add_ps(vsum, e);
         }
-        inv[qi] = 1.0f / hsum512(vsum);
+        const float sum = hsum512(vsum);
+        if (mp[qi]) {
+            mp[qi][0] = mx1;
+            mp[qi][1] = sum;
+            inv[qi] = 1.0f;
+        } else {
+            inv[qi] = 1.0f / sum;
+        }
     }
 
     /* out = sum_p e_p v_p / sum, up to 24 / ND queries per pass over V
@@ -745,22 +773,48 @@ static inline __attribute__((always_inline)) void attn_tile_t(li_type t, int ND,
 }
 
 #define ATTN_TILE_DTYPE(T)                                                                                     \
-    static void attn_tile_##T(const li_attn_args *a, int64_t i0, int nt, int kvh, int g0, int ng, float *scratch) { \
+    static void attn_tile_##T(const li_attn_args *a, int64_t i0, int nt, int kvh, int g0, int ng, int chunk,         \
+                              const li_attn_part *part, float *scratch) {                                          \
         switch (a->head_dim) {                                                                               \
-        case 64: attn_tile_t(LI_TYPE_##T, 4, a, i0, nt, kvh, g0, ng, scratch); break;                       \
-        case 128: attn_tile_t(LI_TYPE_##T, 8, a, i0, nt, kvh, g0, ng, scratch); break;                      \
-        default: attn_tile_t(LI_TYPE_##T, 0, a, i0, nt, kvh, g0, ng, scratch); break;                       \
+        case 64: attn_tile_t(LI_TYPE_##T, 4, a, i0, nt, kvh, g0, ng, chunk, part, scratch); break;           \
+        case 128: attn_tile_t(LI_TYPE_##T, 8, a, i0, nt, kvh, g0, ng, chunk, part, scratch); break;          \
+        default: attn_tile_t(LI_TYPE_##T, 0, a, i0, nt, kvh, g0, ng, chunk, part, scratch); break;           \
         }                                                                                                    \
     }
 ATTN_TILE_DTYPE(F16)
 ATTN_TILE_DTYPE(BF16)
 ATTN_TILE_DTYPE(F32)
 
-static void avx512_attn_tile(const li_attn_args *a, int64_t i0, int nt, int kvh, int g0, int ng, float *scratch) {
+static void avx512_attn_merge(const li_attn_args *a, const li_attn_part *part, int64_t i, int h) {
+    const int D = a->head_dim;
+    const int nc = (int)(((int64_t)a->pos[i] + LI_ATTN_CHUNK) / LI_ATTN_CHUNK);
+    float m = -INFINITY, s = 0.0f;
+    for (int c = 0; c < nc; c++) m = fmaxf(m, li_attn_part_at(part, i, h, c)[D]);
+    float *out = a->out + (i * a->n_head + h) * D;
+    memset(out, 0, (size_t)D * sizeof(float));
+    for (int c = 0; c < nc; c++) {
+        const float *pc = li_attn_part_at(part, i, h, c), w = expf(pc[D] - m);
+        s = fmaf(w, pc[D + 1], s);
+        const __m512 vw = _mm512_set1_ps(w);
+        for (int d = 0; d < D; d += 16) {
+            const __mmask16 mask = D - d >= 16 ? 0xffff : (__mmask16)((1u << (D - d)) - 1);
+            _mm512_mask_storeu_ps(out + d, mask, _mm512_fmadd_ps(vw, _mm512_maskz_loadu_ps(mask, pc + d),
+                                                                 _mm512_maskz_loadu_ps(mask, out + d)));
+        }
+    }
+    const __m512 vinv = _mm512_set1_ps(1.0f / s);
+    for (int d = 0; d < D; d += 16) {
+        const __mmask16 mask = D - d >= 16 ? 0xffff : (__mmask16)((1u << (D - d)) - 1);
+        _mm512_mask_storeu_ps(out + d, mask, _mm512_mul_ps(_mm512_maskz_loadu_ps(mask, out + d), vinv));
+    }
+}
+
+static void avx512_attn_tile(const li_attn_args *a, int64_t i0, int nt, int kvh, int g0, int ng, int chunk,
+                             const li_attn_part *part, float *scratch) {
     switch (a->kv->dtype) {
-    case LI_TYPE_F16: attn_tile_F16(a, i0, nt, kvh, g0, ng, scratch); break;
-    case LI_TYPE_BF16: attn_tile_BF16(a, i0, nt, kvh, g0, ng, scratch); break;
-    case LI_TYPE_F32: attn_tile_F32(a, i0, nt, kvh, g0, ng, scratch); break;
+    case LI_TYPE_F16: attn_tile_F16(a, i0, nt, kvh, g0, ng, chunk, part, scratch); break;
+    case LI_TYPE_BF16: attn_tile_BF16(a, i0, nt, kvh, g0, ng, chunk, part, scratch); break;
+    case LI_TYPE_F32: attn_tile_F32(a, i0, nt, kvh, g0, ng, chunk, part, scratch); break;
     default: li_type_unreachable("cpu avx512: attn_tile", a->kv->dtype); /* cpu.c tiles no 8-bit cache */
     }
 }
@@ -900,7 +954,7 @@ static void avx512_rope_rotate(float *x, const float *cs, int64_t n, int n_heads
  * and the hadamard op is memory-light (AVX2's 8 lanes keep up) */
 #define AVX512_SHARED                                                                                           \
     .family = "avx512", .quantize_act = avx512_quantize_act, .gemm_q = NULL, .gemm_f = NULL,                    \
-    .gemm_f_packed = avx512_gemm_f_packed, .attn_head = avx512_attn_head, .attn_tile = avx512_attn_tile,       \
+    .gemm_f_packed = avx512_gemm_f_packed, .attn_head = avx512_attn_head, .attn_tile = avx512_attn_tile, .attn_merge = avx512_attn_merge, \
     .silu_mul = avx512_silu_mul, .hadamard = li_avx2_hadamard, .rmsnorm = avx512_rmsnorm,                      \
     .rope_rotate = avx512_rope_rotate
 

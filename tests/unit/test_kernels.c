@@ -915,6 +915,98 @@ static void test_kv_store_bits(li_backend *bes, int n_be) {
                "reference bytes");
 }
 
+/* Contexts past LI_ATTN_CHUNK positions: the tile path takes a long
+ * token's softmax by chunks of positions and merges them (cpu_kernels.h).
+ * Tokens on both sides of the chunk boundaries (127..129, 255..257, the
+ * last of 600), in a prefill run that crosses one, and decode tokens of
+ * other sequences: every ISA and thread count against the reference
+ * (nmse), and each token alone, in the batch and in the batch reversed
+ * bit for bit; with blocks of 16 (chunks on block boundaries) and of 48
+ * (not: one pass over the whole context). */
+static void test_attention_long_contexts(void) {
+    const int nh = 9, nkv = 3, D = 64, L = 600;
+    const int block_sizes[] = {16, 48};
+    for (size_t bi = 0; bi < LI_ARRAY_LEN(block_sizes); bi++) {
+        const int bs = block_sizes[bi], nblk = (L + bs - 1) / bs, stride = nblk;
+        /* two sequences of L positions, blocks interleaved in reverse */
+        int32_t *tables = li_xmalloc((size_t)2 * stride * sizeof(int32_t));
+        for (int b = 0; b < nblk; b++) {
+            tables[b] = 2 * (nblk - 1 - b);
+            tables[stride + b] = 2 * b + 1;
+        }
+        const int64_t slots = (int64_t)2 * nblk * bs, row = (int64_t)nkv * D;
+        li_kv_layer kv = {.dtype = LI_TYPE_F16};
+        kv.k = li_aligned_alloc((size_t)slots * row * 2);
+        kv.v = li_aligned_alloc((size_t)slots * row * 2);
+        float *kf = li_xmalloc((size_t)(slots * row) * sizeof(float)), *vf = li_xmalloc((size_t)(slots * row) * sizeof(float));
+        int64_t *slot = li_xmalloc((size_t)slots * sizeof(int64_t));
+        fill(kf, slots * row, 2.0f);
+        fill(vf, slots * row, 1.0f);
+        for (int64_t i = 0; i < slots; i++) slot[i] = i;
+        li_backend_ref_ops()->kv_store(NULL, &kv, kf, vf, slot, slots, nkv, D);
+        int32_t seq[40], pos[40];
+        int64_t n = 0;
+        for (int p = 120; p < 140; p++) { seq[n] = 0; pos[n++] = p; } /* a prefill run across 128 */
+        const int dec[] = {0, 127, 128, 129, 255, 256, 257, 384, 599};
+        for (size_t d = 0; d < LI_ARRAY_LEN(dec); d++) { seq[n] = 1; pos[n++] = dec[d]; }
+        const int64_t len = (int64_t)nh * D;
+        float *q = li_xmalloc((size_t)(n * len) * sizeof(float)), *want = li_xmalloc((size_t)(n * len) * sizeof(float));
+        float *all = li_xmalloc((size_t)(n * len) * sizeof(float)), *one = li_xmalloc((size_t)len * sizeof(float));
+        float *rq = li_xmalloc((size_t)(n * len) * sizeof(float)), *rev = li_xmalloc((size_t)(n * len) * sizeof(float));
+        float *first = li_xmalloc((size_t)(n * len) * sizeof(float));
+        int32_t rseq[40], rpos[40];
+        fill(q, n * len, 1.5f);
+        for (int64_t i = 0; i < n; i++) {
+            rseq[i] = seq[n - 1 - i];
+            rpos[i] = pos[n - 1 - i];
+            memcpy(rq + i * len, q + (n - 1 - i) * len, (size_t)len * sizeof(float));
+        }
+        li_attn_args a = {.n_tokens = n, .n_head = nh, .n_head_kv = nkv, .head_dim = D, .block_size = bs,
+                          .q = q, .out = want, .pos = pos, .seq = seq, .block_table = tables, .bt_stride = stride,
+                          .kv = &kv, .scale = 0.125f};
+        li_backend_ref_ops()->attention(NULL, &a);
+        for (int ii = 0; ii < n_isas; ii++)
+            for (int nt = 1; nt <= 2; nt++) {
+                li_backend be;
+                li_error err = {0};
+                if (li_backend_cpu_init(&be, nt, isas[ii], &err)) continue;
+                a.out = all;
+                be.ops->attention(&be, &a);
+                const double e = nmse(all, want, n * len);
+                int bad = 0;
+                if (nt == 1) memcpy(first, all, (size_t)(n * len) * sizeof(float));
+                else bad += memcmp(first, all, (size_t)(n * len) * sizeof(float)) != 0;
+                for (int64_t i = 0; i < n; i++) {
+                    li_attn_args a1 = a;
+                    a1.n_tokens = 1;
+                    a1.q = q + i * len;
+                    a1.out = one;
+                    a1.pos = pos + i;
+                    a1.seq = seq + i;
+                    be.ops->attention(&be, &a1);
+                    bad += memcmp(one, all + i * len, (size_t)len * sizeof(float)) != 0;
+                }
+                li_attn_args ar = a;
+                ar.q = rq;
+                ar.out = rev;
+                ar.pos = rpos;
+                ar.seq = rseq;
+                be.ops->attention(&be, &ar);
+                for (int64_t i = 0; i < n; i++)
+                    bad += memcmp(rev + i * len, all + (n - 1 - i) * len, (size_t)len * sizeof(float)) != 0;
+                report(e < 1e-9 && bad == 0,
+                       "attention %-6s %d thread%s blocks of %d, contexts to %d: nmse %.1e against the reference; "
+                       "%lld tokens alone, together and reversed agree (%d differ)", isas[ii], nt, nt > 1 ? "s" : " ",
+                       bs, L, e, (long long)n, bad);
+                li_backend_cpu_free(&be);
+            }
+        free(q); free(want); free(all); free(one); free(rq); free(rev); free(first); free(kf); free(vf); free(slot);
+        free(tables);
+        li_aligned_free(kv.k);
+        li_aligned_free(kv.v);
+    }
+}
+
 /* A token's attention output must not depend on the other tokens of the
  * batch: the whole batch (prefill runs share tiles), each token alone, and
  * the batch reversed give the same bits, for every ISA, dtype and thread
@@ -1157,6 +1249,7 @@ int main(void) {
     test_attention(bes, n_be);
     test_kv_store_bits(bes, n_be);
     test_matmul_batch_invariance();
+    test_attention_long_contexts();
     test_attention_batch_invariance(9, 3, 64); /* SmolLM2's shape */
     test_attention_batch_invariance(8, 1, 72); /* one kv head: a token alone splits its query group */
     /* head dims of whole 16-lane chunks: a tile of 6+ queries sums its scores
