@@ -571,8 +571,6 @@ static void attn_tile_work(void *p, int ith, int nth) {
 static bool cpu_attention_tiles(li_cpu *c, const li_attn_args *a) {
     const int G = a->n_head / a->n_head_kv;
     if (!c->kern->attn_tile || li_kv_is_8bit(a->kv->dtype) || G > 64 || a->head_dim > 256) return false;
-    const int max_nt = LI_MIN(LI_ATTN_TILE, 64 / G);
-    int64_t max_pos = 0, work = 0;
     if (a->n_tokens + 1 > c->tiles_cap) {
         c->tiles_cap = 2 * (a->n_tokens + 1);
         free(c->tiles);
@@ -580,23 +578,33 @@ static bool cpu_attention_tiles(li_cpu *c, const li_attn_args *a) {
         c->tiles = li_xmalloc((size_t)c->tiles_cap * sizeof *c->tiles);
         c->tile_nch = li_xmalloc((size_t)c->tiles_cap * sizeof *c->tile_nch);
     }
-    int64_t n_tiles = 0;
+    int64_t max_pos = 0, work = 0;
     for (int64_t i = 0; i < a->n_tokens; i++) {
         max_pos = LI_MAX(max_pos, (int64_t)a->pos[i]);
         work += (int64_t)a->pos[i] + 1;
-        if (i == 0 || a->seq[i] != a->seq[i - 1] || i - c->tiles[n_tiles - 1] >= max_nt) c->tiles[n_tiles++] = i;
     }
-    c->tiles[n_tiles] = a->n_tokens;
     /* chunks where a token is longer than one and chunks start on block
      * boundaries (the kernel walks the block table from a chunk's block) */
     const bool chunked = max_pos + 1 > LI_ATTN_CHUNK && LI_ATTN_CHUNK % a->block_size == 0;
     const int64_t n_chunk = chunked ? (max_pos + LI_ATTN_CHUNK) / LI_ATTN_CHUNK : 1;
-    int64_t items = 0;
-    for (int64_t t = 0; t < n_tiles; t++) {
-        int64_t n_max = 0;
-        for (int64_t i = c->tiles[t]; i < c->tiles[t + 1]; i++) n_max = LI_MAX(n_max, (int64_t)a->pos[i] + 1);
-        c->tile_nch[t] = chunked ? (int32_t)((n_max + LI_ATTN_CHUNK - 1) / LI_ATTN_CHUNK) : 1;
-        items += c->tile_nch[t];
+    /* tiles of up to LI_ATTN_TILE tokens, or of half that where the big ones
+     * would leave the threads fewer than 2 (tile, kv head, chunk) items each
+     * (a verify of 8 drafts at a short context: 8 + 1 tokens, 6 items, not
+     * one tile and 3); any tiling gives the same bits */
+    int64_t n_tiles = 0, items = 0;
+    for (int max_nt = LI_MIN(LI_ATTN_TILE, 64 / G);; max_nt = LI_MAX(1, max_nt / 2)) {
+        n_tiles = 0;
+        for (int64_t i = 0; i < a->n_tokens; i++)
+            if (i == 0 || a->seq[i] != a->seq[i - 1] || i - c->tiles[n_tiles - 1] >= max_nt) c->tiles[n_tiles++] = i;
+        c->tiles[n_tiles] = a->n_tokens;
+        items = 0;
+        for (int64_t t = 0; t < n_tiles; t++) {
+            int64_t n_max = 0;
+            for (int64_t i = c->tiles[t]; i < c->tiles[t + 1]; i++) n_max = LI_MAX(n_max, (int64_t)a->pos[i] + 1);
+            c->tile_nch[t] = chunked ? (int32_t)((n_max + LI_ATTN_CHUNK - 1) / LI_ATTN_CHUNK) : 1;
+            items += c->tile_nch[t];
+        }
+        if (items * a->n_head_kv >= 2 * c->n_threads || max_nt <= LI_ATTN_TILE / 2) break;
     }
     const size_t need = li_attn_tile_scratch(a, chunked ? LI_ATTN_CHUNK : max_pos);
     if (need > c->scores_cap) {

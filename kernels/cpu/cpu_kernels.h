@@ -230,7 +230,7 @@ typedef struct li_cpu_kernels {
     void (*hadamard)(float *x, const float *s, int64_t dim, int64_t block);
 } li_cpu_kernels;
 
-#define LI_ATTN_TILE 8
+#define LI_ATTN_TILE 16
 
 /* Attention by position chunks. A token of more than LI_ATTN_CHUNK positions
  * has its softmax taken over chunks of LI_ATTN_CHUNK positions, each a work
