@@ -915,6 +915,51 @@ static void test_kv_store_bits(li_backend *bes, int n_be) {
                "reference bytes");
 }
 
+/* Every slot of kv (slots of nkv x D) filled with random K and V values
+ * through the reference's store */
+static void kv_fill_slots(li_kv_layer *kv, int64_t slots, int nkv, int D) {
+    const int64_t row = (int64_t)nkv * D;
+    float *kf = li_xmalloc((size_t)(slots * row) * sizeof(float)), *vf = li_xmalloc((size_t)(slots * row) * sizeof(float));
+    int64_t *slot = li_xmalloc((size_t)slots * sizeof(int64_t));
+    fill(kf, slots * row, 2.0f);
+    fill(vf, slots * row, 1.0f);
+    for (int64_t i = 0; i < slots; i++) slot[i] = i;
+    li_backend_ref_ops()->kv_store(NULL, kv, kf, vf, slot, slots, nkv, D);
+    free(kf); free(vf); free(slot);
+}
+
+/* Tokens of a's batch (whose output be just wrote to a->out) whose output
+ * differs, bit for bit, when run alone or in the batch reversed */
+static int attn_alone_reversed_differ(li_backend *be, const li_attn_args *a) {
+    const int64_t n = a->n_tokens, len = (int64_t)a->n_head * a->head_dim;
+    float *one = li_xmalloc((size_t)len * sizeof(float)), *rq = li_xmalloc((size_t)(n * len) * sizeof(float));
+    float *rev = li_xmalloc((size_t)(n * len) * sizeof(float));
+    int32_t *rseq = li_xmalloc((size_t)n * sizeof(int32_t)), *rpos = li_xmalloc((size_t)n * sizeof(int32_t));
+    int bad = 0;
+    for (int64_t i = 0; i < n; i++) {
+        li_attn_args a1 = *a;
+        a1.n_tokens = 1;
+        a1.q = a->q + i * len;
+        a1.out = one;
+        a1.pos = a->pos + i;
+        a1.seq = a->seq + i;
+        be->ops->attention(be, &a1);
+        bad += memcmp(one, a->out + i * len, (size_t)len * sizeof(float)) != 0;
+        rseq[i] = a->seq[n - 1 - i];
+        rpos[i] = a->pos[n - 1 - i];
+        memcpy(rq + i * len, a->q + (n - 1 - i) * len, (size_t)len * sizeof(float));
+    }
+    li_attn_args ar = *a;
+    ar.q = rq;
+    ar.out = rev;
+    ar.pos = rpos;
+    ar.seq = rseq;
+    be->ops->attention(be, &ar);
+    for (int64_t i = 0; i < n; i++) bad += memcmp(rev + i * len, a->out + (n - 1 - i) * len, (size_t)len * sizeof(float)) != 0;
+    free(one); free(rq); free(rev); free(rseq); free(rpos);
+    return bad;
+}
+
 /* Contexts past LI_ATTN_CHUNK positions: the tile path takes a long
  * token's softmax by chunks of positions and merges them (cpu_kernels.h).
  * Tokens on both sides of the chunk boundaries (127..129, 255..257, the
@@ -938,12 +983,7 @@ static void test_attention_long_contexts(void) {
         li_kv_layer kv = {.dtype = LI_TYPE_F16};
         kv.k = li_aligned_alloc((size_t)slots * row * 2);
         kv.v = li_aligned_alloc((size_t)slots * row * 2);
-        float *kf = li_xmalloc((size_t)(slots * row) * sizeof(float)), *vf = li_xmalloc((size_t)(slots * row) * sizeof(float));
-        int64_t *slot = li_xmalloc((size_t)slots * sizeof(int64_t));
-        fill(kf, slots * row, 2.0f);
-        fill(vf, slots * row, 1.0f);
-        for (int64_t i = 0; i < slots; i++) slot[i] = i;
-        li_backend_ref_ops()->kv_store(NULL, &kv, kf, vf, slot, slots, nkv, D);
+        kv_fill_slots(&kv, slots, nkv, D);
         int32_t seq[40], pos[40];
         int64_t n = 0;
         for (int p = 120; p < 140; p++) { seq[n] = 0; pos[n++] = p; } /* a prefill run across 128 */
@@ -951,16 +991,8 @@ static void test_attention_long_contexts(void) {
         for (size_t d = 0; d < LI_ARRAY_LEN(dec); d++) { seq[n] = 1; pos[n++] = dec[d]; }
         const int64_t len = (int64_t)nh * D;
         float *q = li_xmalloc((size_t)(n * len) * sizeof(float)), *want = li_xmalloc((size_t)(n * len) * sizeof(float));
-        float *all = li_xmalloc((size_t)(n * len) * sizeof(float)), *one = li_xmalloc((size_t)len * sizeof(float));
-        float *rq = li_xmalloc((size_t)(n * len) * sizeof(float)), *rev = li_xmalloc((size_t)(n * len) * sizeof(float));
-        float *first = li_xmalloc((size_t)(n * len) * sizeof(float));
-        int32_t rseq[40], rpos[40];
+        float *all = li_xmalloc((size_t)(n * len) * sizeof(float)), *first = li_xmalloc((size_t)(n * len) * sizeof(float));
         fill(q, n * len, 1.5f);
-        for (int64_t i = 0; i < n; i++) {
-            rseq[i] = seq[n - 1 - i];
-            rpos[i] = pos[n - 1 - i];
-            memcpy(rq + i * len, q + (n - 1 - i) * len, (size_t)len * sizeof(float));
-        }
         li_attn_args a = {.n_tokens = n, .n_head = nh, .n_head_kv = nkv, .head_dim = D, .block_size = bs,
                           .q = q, .out = want, .pos = pos, .seq = seq, .block_table = tables, .bt_stride = stride,
                           .kv = &kv, .scale = 0.125f};
@@ -976,31 +1008,14 @@ static void test_attention_long_contexts(void) {
                 int bad = 0;
                 if (nt == 1) memcpy(first, all, (size_t)(n * len) * sizeof(float));
                 else bad += memcmp(first, all, (size_t)(n * len) * sizeof(float)) != 0;
-                for (int64_t i = 0; i < n; i++) {
-                    li_attn_args a1 = a;
-                    a1.n_tokens = 1;
-                    a1.q = q + i * len;
-                    a1.out = one;
-                    a1.pos = pos + i;
-                    a1.seq = seq + i;
-                    be.ops->attention(&be, &a1);
-                    bad += memcmp(one, all + i * len, (size_t)len * sizeof(float)) != 0;
-                }
-                li_attn_args ar = a;
-                ar.q = rq;
-                ar.out = rev;
-                ar.pos = rpos;
-                ar.seq = rseq;
-                be.ops->attention(&be, &ar);
-                for (int64_t i = 0; i < n; i++)
-                    bad += memcmp(rev + i * len, all + (n - 1 - i) * len, (size_t)len * sizeof(float)) != 0;
+                bad += attn_alone_reversed_differ(&be, &a);
                 report(e < 1e-9 && bad == 0,
                        "attention %-6s %d thread%s blocks of %d, contexts to %d: nmse %.1e against the reference; "
                        "%lld tokens alone, together and reversed agree (%d differ)", isas[ii], nt, nt > 1 ? "s" : " ",
                        bs, L, e, (long long)n, bad);
                 li_backend_cpu_free(&be);
             }
-        free(q); free(want); free(all); free(one); free(rq); free(rev); free(first); free(kf); free(vf); free(slot);
+        free(q); free(want); free(all); free(first);
         free(tables);
         li_aligned_free(kv.k);
         li_aligned_free(kv.v);
@@ -1030,24 +1045,12 @@ static void test_attention_batch_invariance(int nh, int nkv, int D) {
         const li_type dt = dtypes[di];
         const size_t kv_bytes = (size_t)num_blocks * block_size * nkv * D * li_kv_elem_size(dt);
         li_kv_layer kv = {.dtype = dt, .k = li_aligned_alloc(kv_bytes), .v = li_aligned_alloc(kv_bytes)};
-        const int64_t row = (int64_t)nkv * D, slots = (int64_t)num_blocks * block_size;
-        float *kf = li_xmalloc((size_t)(slots * row) * sizeof(float)), *vf = li_xmalloc((size_t)(slots * row) * sizeof(float));
-        int64_t *slot = li_xmalloc((size_t)slots * sizeof(int64_t));
-        fill(kf, slots * row, 2.0f);
-        fill(vf, slots * row, 1.0f);
-        for (int64_t i = 0; i < slots; i++) slot[i] = i;
-        li_backend_ref_ops()->kv_store(NULL, &kv, kf, vf, slot, slots, nkv, D);
+        const int64_t slots = (int64_t)num_blocks * block_size;
+        kv_fill_slots(&kv, slots, nkv, D);
         const int64_t len = (int64_t)nh * D;
         float *q = li_xmalloc((size_t)(n * len) * sizeof(float));
-        float *all = li_xmalloc((size_t)(n * len) * sizeof(float)), *one = li_xmalloc((size_t)len * sizeof(float));
-        float *rq = li_xmalloc((size_t)(n * len) * sizeof(float)), *rev = li_xmalloc((size_t)(n * len) * sizeof(float));
-        int32_t rseq[40], rpos[40];
+        float *all = li_xmalloc((size_t)(n * len) * sizeof(float));
         fill(q, n * len, 1.5f);
-        for (int64_t i = 0; i < n; i++) {
-            rseq[i] = seq[n - 1 - i];
-            rpos[i] = pos[n - 1 - i];
-            memcpy(rq + i * len, q + (n - 1 - i) * len, (size_t)len * sizeof(float));
-        }
         float *one_thread = li_xmalloc((size_t)(n * len) * sizeof(float));
         for (int ii = 0; ii < n_isas; ii++)
             for (int nt = 1; nt <= 2; nt++) {
@@ -1062,30 +1065,13 @@ static void test_attention_batch_invariance(int nh, int nkv, int D) {
                 /* and the same bits whatever the thread count */
                 if (nt == 1) memcpy(one_thread, all, (size_t)(n * len) * sizeof(float));
                 else bad += memcmp(one_thread, all, (size_t)(n * len) * sizeof(float)) != 0;
-                for (int64_t i = 0; i < n; i++) {
-                    li_attn_args a1 = a;
-                    a1.n_tokens = 1;
-                    a1.q = q + i * len;
-                    a1.out = one;
-                    a1.pos = pos + i;
-                    a1.seq = seq + i;
-                    be.ops->attention(&be, &a1);
-                    bad += memcmp(one, all + i * len, (size_t)len * sizeof(float)) != 0;
-                }
-                li_attn_args ar = a;
-                ar.q = rq;
-                ar.out = rev;
-                ar.pos = rpos;
-                ar.seq = rseq;
-                be.ops->attention(&be, &ar);
-                for (int64_t i = 0; i < n; i++)
-                    bad += memcmp(rev + i * len, all + (n - 1 - i) * len, (size_t)len * sizeof(float)) != 0;
+                bad += attn_alone_reversed_differ(&be, &a);
                 report(bad == 0, "batch invariance attention %-6s %d thread%s %-4s heads %d/%d dim %d: %lld tokens "
                        "alone, together and reversed agree (%d differ)", isas[ii], nt, nt > 1 ? "s" : " ",
                        li_type_name(dt), nh, nkv, D, (long long)n, bad);
                 li_backend_cpu_free(&be);
             }
-        free(q); free(all); free(one); free(rq); free(rev); free(kf); free(vf); free(slot); free(one_thread);
+        free(q); free(all); free(one_thread);
         li_aligned_free(kv.k);
         li_aligned_free(kv.v);
     }
