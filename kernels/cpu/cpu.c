@@ -483,8 +483,10 @@ typedef struct {
     int64_t n_tiles;
     int split;             /* query heads of a group per item: G, or 1 when items are few */
     int64_t total;
-    const li_attn_part *part; /* NULL: no token is chunked */
+    const li_attn_part *part; /* NULL: no token is chunked; else the batch's (chunks as items of their own) */
     int per_item;          /* chunks per item: 1, or all of them where items are many anyway */
+    float *local;          /* per_item > 1: each thread's partial sums of its item, local_floats each */
+    size_t local_floats;
     atomic_int *done;      /* (n_tiles * kv heads * runs) chunks finished per group */
     li_cpu_lanes lanes;    /* items (tile, kv head, head run, chunk) in contiguous runs */
 } attn_tile_job;
@@ -536,22 +538,36 @@ static void attn_item_prefetch(const attn_tile_job *j, int64_t t) {
     }
 }
 
-static void attn_tile_item(attn_tile_job *j, int64_t t, float *scratch) {
+static void attn_tile_item(attn_tile_job *j, int64_t t, int ith) {
     const li_attn_args *a = j->a;
     const attn_item it = attn_item_of(j, t);
     const int nch = j->nch[it.tile];
     if (it.chunk >= nch) return; /* past this tile's longest token */
     const int64_t i0 = j->tile0[it.tile], i1 = j->tile0[it.tile + 1];
+    const int nt = (int)(i1 - i0), G = a->n_head / a->n_head_kv, h0 = it.kvh * G + it.g0;
+    float *scratch = j->scratch[ith];
+    if (nch == 1) { /* no token of this tile is chunked */
+        j->kern->attn_tile(a, i0, nt, it.kvh, it.g0, j->split, 0, j->part, scratch);
+        return;
+    }
+    li_attn_part local;
+    const li_attn_part *part = j->part;
+    if (j->per_item > 1) { /* all the tile's chunks here: their sums in this thread's own buffer */
+        local = *j->part;
+        local.data = j->local + (size_t)ith * j->local_floats;
+        local.i0 = i0;
+        local.h0 = h0;
+        local.n_head = j->split;
+        part = &local;
+    }
     const int c1 = LI_MIN(nch, it.chunk + j->per_item);
-    for (int c = it.chunk; c < c1; c++) j->kern->attn_tile(a, i0, (int)(i1 - i0), it.kvh, it.g0, j->split, c, j->part, scratch);
-    if (nch == 1) return;
+    for (int c = it.chunk; c < c1; c++) j->kern->attn_tile(a, i0, nt, it.kvh, it.g0, j->split, c, part, scratch);
     /* the group's last chunk: its chunked tokens' outputs (acq_rel: the
      * other chunks' partial sums are visible here) */
-    if (atomic_fetch_add_explicit(&j->done[it.group], c1 - it.chunk, memory_order_acq_rel) + (c1 - it.chunk) != nch) return;
-    const int G = a->n_head / a->n_head_kv;
+    if (j->per_item == 1 && atomic_fetch_add_explicit(&j->done[it.group], 1, memory_order_acq_rel) != nch - 1) return;
     for (int64_t i = i0; i < i1; i++)
         if ((int64_t)a->pos[i] + 1 > LI_ATTN_CHUNK)
-            for (int g = it.g0; g < it.g0 + j->split; g++) j->kern->attn_merge(a, j->part, i, it.kvh * G + g);
+            for (int h = h0; h < h0 + j->split; h++) j->kern->attn_merge(a, part, i, h);
 }
 
 /* As matmul_work: lane ith first, front to back, then the others. */
@@ -563,7 +579,7 @@ static void attn_tile_work(void *p, int ith, int nth) {
         const int64_t end = li_cpu_lanes_end(&j->lanes, lane);
         for (int64_t t; (t = li_cpu_lanes_claim(&j->lanes, lane)) >= 0;) {
             if (t + 1 < end) attn_item_prefetch(j, t + 1);
-            attn_tile_item(j, t, j->scratch[ith]);
+            attn_tile_item(j, t, ith);
         }
     }
 }
@@ -620,28 +636,36 @@ static bool cpu_attention_tiles(li_cpu *c, const li_attn_args *a) {
      * more eagerly: a whole group shares each K/V row's load and conversion. */
     const int split = items * a->n_head_kv < c->n_threads ? 1 : G;
     const int64_t groups = n_tiles * a->n_head_kv * (G / split);
+    /* each chunk an item of its own only where (tile, kv head) items are
+     * too few to keep the threads busy and the batch is one tile's worth (a
+     * decode step's): the batch's partial sums then sit in one buffer, the
+     * last chunk of a group merging them; otherwise an item takes all its
+     * tile's chunks, their sums in its thread's buffer. Either way the
+     * buffers hold at most one tile of tokens, whatever the batch. */
+    const int per_item = groups < 2 * c->n_threads && a->n_tokens <= LI_ATTN_TILE ? 1 : (int)n_chunk;
     li_attn_part part = {.n_head = a->n_head, .n_chunk = n_chunk, .stride = (a->head_dim + 2 + 15) & ~15};
+    const size_t local_floats = (size_t)LI_ATTN_TILE * (size_t)G * (size_t)n_chunk * (size_t)part.stride;
     if (chunked) {
-        const size_t pf = (size_t)a->n_tokens * (size_t)a->n_head * (size_t)n_chunk * (size_t)part.stride;
+        const size_t pf = per_item == 1 ? (size_t)a->n_tokens * (size_t)a->n_head * (size_t)n_chunk * (size_t)part.stride
+                                        : (size_t)c->n_threads * local_floats;
         if (pf > c->attn_part_cap) {
             c->attn_part_cap = LI_MAX(pf, 2 * c->attn_part_cap);
             li_aligned_free(c->attn_part);
             c->attn_part = li_aligned_alloc(c->attn_part_cap * sizeof(float));
         }
-        if ((size_t)groups > c->attn_done_cap) {
+        if (per_item == 1 && (size_t)groups > c->attn_done_cap) {
             c->attn_done_cap = LI_MAX((size_t)groups, 2 * c->attn_done_cap);
             free(c->attn_done);
             c->attn_done = li_xmalloc(c->attn_done_cap * sizeof *c->attn_done);
         }
-        for (int64_t g = 0; g < groups; g++) atomic_init(&c->attn_done[g], 0);
+        if (per_item == 1)
+            for (int64_t g = 0; g < groups; g++) atomic_init(&c->attn_done[g], 0);
         part.data = c->attn_part;
     }
-    /* each chunk an item of its own only where (tile, kv head) items are
-     * too few to keep the threads busy: a decode step's */
-    const int per_item = groups >= 2 * c->n_threads ? (int)n_chunk : 1;
     attn_tile_job j = {.kern = c->kern, .a = a, .scratch = c->scores, .tile0 = c->tiles, .nch = c->tile_nch,
                        .n_tiles = n_tiles, .split = split, .total = groups * ((n_chunk + per_item - 1) / per_item),
-                       .part = chunked ? &part : NULL, .per_item = per_item, .done = c->attn_done};
+                       .part = chunked ? &part : NULL, .per_item = per_item, .local = c->attn_part,
+                       .local_floats = local_floats, .done = c->attn_done};
     work *= (int64_t)a->n_head * a->head_dim;
     const int nth = work < 32768 ? 1 : c->n_threads;
     li_cpu_lanes_init(&j.lanes, j.total, nth);

@@ -244,13 +244,15 @@ typedef struct li_cpu_kernels {
  * heads on 2 threads: one thread did two thirds). */
 #define LI_ATTN_CHUNK 128
 struct li_attn_part {
-    float *data;      /* (n_tokens, n_head, n_chunk, stride): D sums, then m and s */
-    int64_t n_head;
+    float *data;      /* (tokens, n_head, n_chunk, stride): D sums, then m and s */
+    int64_t i0;       /* the first token held */
+    int h0, n_head;   /* the heads held: h0 .. h0 + n_head - 1 */
     int64_t n_chunk;  /* chunks of the longest token */
     int64_t stride;   /* floats per (token, head, chunk): head_dim + 2, to 16 */
 };
 static inline float *li_attn_part_at(const li_attn_part *p, int64_t i, int h, int chunk) {
-    return p->data + (((size_t)i * (size_t)p->n_head + (size_t)h) * (size_t)p->n_chunk + (size_t)chunk) * (size_t)p->stride;
+    return p->data + (((size_t)(i - p->i0) * (size_t)p->n_head + (size_t)(h - p->h0)) * (size_t)p->n_chunk +
+                      (size_t)chunk) * (size_t)p->stride;
 }
 /* floats of scratch attn_tile needs for positions up to max_pos */
 static inline size_t li_attn_tile_scratch(const li_attn_args *a, int64_t max_pos) {

@@ -967,9 +967,11 @@ static int attn_alone_reversed_differ(li_backend *be, const li_attn_args *a) {
  * other sequences: every ISA and thread count against the reference
  * (nmse), and each token alone, in the batch and in the batch reversed
  * bit for bit; with blocks of 16 (chunks on block boundaries) and of 48
- * (not: one pass over the whole context). */
-static void test_attention_long_contexts(void) {
-    const int nh = 9, nkv = 3, D = 64, L = 600;
+ * (not: one pass over the whole context). Alone, a token's chunks are items
+ * of their own (2 threads) or one (1 thread); in the batch one item takes a
+ * tile's chunks: both ways must agree. */
+static void test_attention_long_contexts(int nh, int nkv, int D, li_type dt) {
+    const int L = 600;
     const int block_sizes[] = {16, 48};
     for (size_t bi = 0; bi < LI_ARRAY_LEN(block_sizes); bi++) {
         const int bs = block_sizes[bi], nblk = (L + bs - 1) / bs, stride = nblk;
@@ -980,9 +982,9 @@ static void test_attention_long_contexts(void) {
             tables[stride + b] = 2 * b + 1;
         }
         const int64_t slots = (int64_t)2 * nblk * bs, row = (int64_t)nkv * D;
-        li_kv_layer kv = {.dtype = LI_TYPE_F16};
-        kv.k = li_aligned_alloc((size_t)slots * row * 2);
-        kv.v = li_aligned_alloc((size_t)slots * row * 2);
+        li_kv_layer kv = {.dtype = dt};
+        kv.k = li_aligned_alloc((size_t)slots * row * li_kv_elem_size(dt));
+        kv.v = li_aligned_alloc((size_t)slots * row * li_kv_elem_size(dt));
         kv_fill_slots(&kv, slots, nkv, D);
         int32_t seq[40], pos[40];
         int64_t n = 0;
@@ -1010,9 +1012,9 @@ static void test_attention_long_contexts(void) {
                 else bad += memcmp(first, all, (size_t)(n * len) * sizeof(float)) != 0;
                 bad += attn_alone_reversed_differ(&be, &a);
                 report(e < 1e-9 && bad == 0,
-                       "attention %-6s %d thread%s blocks of %d, contexts to %d: nmse %.1e against the reference; "
-                       "%lld tokens alone, together and reversed agree (%d differ)", isas[ii], nt, nt > 1 ? "s" : " ",
-                       bs, L, e, (long long)n, bad);
+                       "attention %-6s %d thread%s %-4s heads %d/%d dim %d blocks of %d, contexts to %d: nmse %.1e "
+                       "against the reference; %lld tokens alone, together and reversed agree (%d differ)", isas[ii], nt,
+                       nt > 1 ? "s" : " ", li_type_name(dt), nh, nkv, D, bs, L, e, (long long)n, bad);
                 li_backend_cpu_free(&be);
             }
         free(q); free(want); free(all); free(first);
@@ -1235,7 +1237,9 @@ int main(void) {
     test_attention(bes, n_be);
     test_kv_store_bits(bes, n_be);
     test_matmul_batch_invariance();
-    test_attention_long_contexts();
+    test_attention_long_contexts(9, 3, 64, LI_TYPE_F16);  /* SmolLM2's shape */
+    test_attention_long_contexts(8, 2, 128, LI_TYPE_BF16);
+    test_attention_long_contexts(8, 1, 72, LI_TYPE_F32);  /* the generic head size */
     test_attention_batch_invariance(9, 3, 64); /* SmolLM2's shape */
     test_attention_batch_invariance(8, 1, 72); /* one kv head: a token alone splits its query group */
     /* head dims of whole 16-lane chunks: a tile of 6+ queries sums its scores
