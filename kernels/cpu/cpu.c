@@ -40,12 +40,11 @@ typedef struct li_cpu {
     float **scores;        /* (n_threads) attention scratch, scores_cap floats each */
     size_t scores_cap;
     int64_t *tiles;        /* attention tiles: first token of each, tiles_cap entries */
-    int32_t *tile_nch;     /* and their position chunks (LI_ATTN_CHUNK) */
+    int64_t *tile_npos;    /* and the positions of each one's longest token */
     int64_t tiles_cap;
     float *attn_part;      /* chunks' partial sums (li_attn_part), attn_part_cap floats */
     size_t attn_part_cap;
-    atomic_int *attn_done; /* chunks finished per (tile, kv head, head run), attn_done_cap */
-    size_t attn_done_cap;
+    atomic_int *attn_done; /* (2 n_threads) chunks finished per (tile, kv head, head run), where chunks are items */
     /* rope angles of the last batch: every layer's q and k rotate by the
      * same (pos, pair) angles, so they are computed once per forward pass */
     float *rope_cs;        /* (rope_n, 2, rope_half): each token's cos, then sin */
@@ -479,7 +478,8 @@ typedef struct {
     const li_attn_args *a;
     float **scratch;
     const int64_t *tile0;  /* (n_tiles + 1) first token of each tile */
-    const int32_t *nch;    /* (n_tiles) chunks of each tile: of its longest token */
+    const int64_t *npos;   /* (n_tiles) positions of each tile's longest token */
+    bool chunked;          /* some token has more than LI_ATTN_CHUNK positions (and chunks fit the blocks) */
     int64_t n_tiles;
     int split;             /* query heads of a group per item: G, or 1 when items are few */
     int64_t total;
@@ -492,6 +492,11 @@ typedef struct {
 } attn_tile_job;
 
 #define ATT_ITEM_PF 256 /* positions of the next item's K and V rows fetched */
+
+/* chunks of tile `tile`: those of its longest token */
+static int attn_tile_chunks(const attn_tile_job *j, int64_t tile) {
+    return j->chunked ? (int)((j->npos[tile] + LI_ATTN_CHUNK - 1) / LI_ATTN_CHUNK) : 1;
+}
 
 typedef struct {
     int64_t tile, group; /* group: (tile, kv head, run) */
@@ -515,12 +520,11 @@ static attn_item attn_item_of(const attn_tile_job *j, int64_t t) {
 static void attn_item_prefetch(const attn_tile_job *j, int64_t t) {
     const li_attn_args *a = j->a;
     const attn_item it = attn_item_of(j, t);
-    if (it.chunk >= j->nch[it.tile]) return;
-    const int64_t i0 = j->tile0[it.tile], i1 = j->tile0[it.tile + 1];
-    int64_t n_max = 0;
-    for (int64_t i = i0; i < i1; i++) n_max = LI_MAX(n_max, (int64_t)a->pos[i] + 1);
-    const int64_t lo = j->part ? (int64_t)it.chunk * LI_ATTN_CHUNK : 0;
-    const int64_t hi = LI_MIN(n_max, lo + (j->part ? (int64_t)LI_MIN(LI_ATTN_CHUNK, ATT_ITEM_PF) : ATT_ITEM_PF));
+    if (it.chunk >= attn_tile_chunks(j, it.tile)) return;
+    const int64_t i0 = j->tile0[it.tile];
+    /* an item of one chunk reads that chunk's positions; one of a whole tile, its first ATT_ITEM_PF */
+    const int64_t lo = (int64_t)it.chunk * LI_ATTN_CHUNK;
+    const int64_t hi = LI_MIN(j->npos[it.tile], lo + (j->per_item == 1 && j->chunked ? LI_ATTN_CHUNK : ATT_ITEM_PF));
     const size_t es = li_kv_elem_size(a->kv->dtype), bytes = (size_t)a->head_dim * es;
     const size_t slot = (size_t)a->n_head_kv * bytes, off = (size_t)it.kvh * bytes;
     const int32_t *bt = li_attn_blocks(a, i0);
@@ -541,7 +545,7 @@ static void attn_item_prefetch(const attn_tile_job *j, int64_t t) {
 static void attn_tile_item(attn_tile_job *j, int64_t t, int ith) {
     const li_attn_args *a = j->a;
     const attn_item it = attn_item_of(j, t);
-    const int nch = j->nch[it.tile];
+    const int nch = attn_tile_chunks(j, it.tile);
     if (it.chunk >= nch) return; /* past this tile's longest token */
     const int64_t i0 = j->tile0[it.tile], i1 = j->tile0[it.tile + 1];
     const int nt = (int)(i1 - i0), G = a->n_head / a->n_head_kv, h0 = it.kvh * G + it.g0;
@@ -590,9 +594,9 @@ static bool cpu_attention_tiles(li_cpu *c, const li_attn_args *a) {
     if (a->n_tokens + 1 > c->tiles_cap) {
         c->tiles_cap = 2 * (a->n_tokens + 1);
         free(c->tiles);
-        free(c->tile_nch);
+        free(c->tile_npos);
         c->tiles = li_xmalloc((size_t)c->tiles_cap * sizeof *c->tiles);
-        c->tile_nch = li_xmalloc((size_t)c->tiles_cap * sizeof *c->tile_nch);
+        c->tile_npos = li_xmalloc((size_t)c->tiles_cap * sizeof *c->tile_npos);
     }
     int64_t max_pos = 0, work = 0;
     for (int64_t i = 0; i < a->n_tokens; i++) {
@@ -617,8 +621,8 @@ static bool cpu_attention_tiles(li_cpu *c, const li_attn_args *a) {
         for (int64_t t = 0; t < n_tiles; t++) {
             int64_t n_max = 0;
             for (int64_t i = c->tiles[t]; i < c->tiles[t + 1]; i++) n_max = LI_MAX(n_max, (int64_t)a->pos[i] + 1);
-            c->tile_nch[t] = chunked ? (int32_t)((n_max + LI_ATTN_CHUNK - 1) / LI_ATTN_CHUNK) : 1;
-            items += c->tile_nch[t];
+            c->tile_npos[t] = n_max;
+            items += chunked ? (n_max + LI_ATTN_CHUNK - 1) / LI_ATTN_CHUNK : 1;
         }
         if (items * a->n_head_kv >= 2 * c->n_threads || max_nt <= LI_ATTN_TILE / 2) break;
     }
@@ -653,16 +657,12 @@ static bool cpu_attention_tiles(li_cpu *c, const li_attn_args *a) {
             li_aligned_free(c->attn_part);
             c->attn_part = li_aligned_alloc(c->attn_part_cap * sizeof(float));
         }
-        if (per_item == 1 && (size_t)groups > c->attn_done_cap) {
-            c->attn_done_cap = LI_MAX((size_t)groups, 2 * c->attn_done_cap);
-            free(c->attn_done);
-            c->attn_done = li_xmalloc(c->attn_done_cap * sizeof *c->attn_done);
-        }
-        if (per_item == 1)
+        if (per_item == 1) /* groups < 2 n_threads: c->attn_done holds them */
             for (int64_t g = 0; g < groups; g++) atomic_init(&c->attn_done[g], 0);
         part.data = c->attn_part;
     }
-    attn_tile_job j = {.kern = c->kern, .a = a, .scratch = c->scores, .tile0 = c->tiles, .nch = c->tile_nch,
+    attn_tile_job j = {.kern = c->kern, .a = a, .scratch = c->scores, .tile0 = c->tiles, .npos = c->tile_npos,
+                       .chunked = chunked,
                        .n_tiles = n_tiles, .split = split, .total = groups * ((n_chunk + per_item - 1) / per_item),
                        .part = chunked ? &part : NULL, .per_item = per_item, .local = c->attn_part,
                        .local_floats = local_floats, .done = c->attn_done};
@@ -993,6 +993,7 @@ int li_backend_cpu_init(li_backend *be, int n_threads, const char *isa, li_error
         return li_error_set(err, LI_ENOMEM, "cpu: cannot start %d threads", n_threads);
     }
     c->scores = li_xcalloc((size_t)n_threads, sizeof *c->scores);
+    c->attn_done = li_xmalloc((size_t)(2 * n_threads) * sizeof *c->attn_done);
     c->q4g = li_q4g_kernels_for(kern->isa);
     be->ops = &cpu_ops;
     be->n_threads = n_threads;
@@ -1012,7 +1013,7 @@ void li_backend_cpu_free(li_backend *be) {
     for (int t = 0; t < c->n_threads; t++) li_aligned_free(c->scores[t]);
     free(c->scores);
     free(c->tiles);
-    free(c->tile_nch);
+    free(c->tile_npos);
     li_aligned_free(c->attn_part);
     free(c->attn_done);
     free(c->rope_cs);

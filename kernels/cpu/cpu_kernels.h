@@ -235,8 +235,8 @@ typedef struct li_cpu_kernels {
 /* Attention by position chunks. A token of more than LI_ATTN_CHUNK positions
  * has its softmax taken over chunks of LI_ATTN_CHUNK positions, each a work
  * item of its own: per (token, head, chunk) the chunk's max score m, its sum
- * s of e_p = exp(score_p - m) and the unscaled sum of e_p v_p; cpu.c merges
- * them (li_cpu_attn_merge), in chunk order. A token of LI_ATTN_CHUNK
+ * s of e_p = exp(score_p - m) and the unscaled sum of e_p v_p, merged in
+ * chunk order by the kernel table's attn_merge (cpu.c calls it). A token of LI_ATTN_CHUNK
  * positions or fewer is one chunk and gets its output at once. Whether a
  * token is chunked and where its chunks fall depend on its position alone,
  * so its output does not depend on the batch; chunks let a decode step's

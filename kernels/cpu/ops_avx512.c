@@ -301,7 +301,7 @@ static inline __m512 load_f(li_type t, const void *p, int64_t j, __mmask16 mask)
 static inline __attribute__((always_inline)) float kv_dot(li_type t, const float *q, const void *k, int D) {
     __m512 acc = _mm512_setzero_ps();
     for (int d = 0; d < D; d += 16) {
-        const __mmask16 mask = D - d >= 16 ? 0xffff : (__mmask16)((1u << (D - d)) - 1);
+        const __mmask16 mask = tail16(D - d);
         acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mask, q + d), load_f(t, k, d, mask), acc);
     }
     return hsum512(acc);
@@ -310,7 +310,7 @@ static inline __attribute__((always_inline)) float kv_dot(li_type t, const float
 static inline __attribute__((always_inline)) void kv_axpy(li_type t, float *out, float p, const void *v, int D) {
     const __m512 vp = _mm512_set1_ps(p);
     for (int d = 0; d < D; d += 16) {
-        const __mmask16 mask = D - d >= 16 ? 0xffff : (__mmask16)((1u << (D - d)) - 1);
+        const __mmask16 mask = tail16(D - d);
         const __m512 o = _mm512_maskz_loadu_ps(mask, out + d);
         _mm512_mask_storeu_ps(out + d, mask, _mm512_fmadd_ps(vp, load_f(t, v, d, mask), o));
     }
@@ -357,7 +357,7 @@ static inline __attribute__((always_inline)) void attn_head_t(li_type t, const l
     }
     const __m512 vinv = _mm512_set1_ps(inv);
     for (int d = 0; d < D; d += 16) {
-        const __mmask16 mask = D - d >= 16 ? 0xffff : (__mmask16)((1u << (D - d)) - 1);
+        const __mmask16 mask = tail16(D - d);
         _mm512_mask_storeu_ps(out + d, mask, _mm512_mul_ps(_mm512_maskz_loadu_ps(mask, out + d), vinv));
     }
 }
@@ -797,14 +797,14 @@ static void avx512_attn_merge(const li_attn_args *a, const li_attn_part *part, i
         s = fmaf(w, pc[D + 1], s);
         const __m512 vw = _mm512_set1_ps(w);
         for (int d = 0; d < D; d += 16) {
-            const __mmask16 mask = D - d >= 16 ? 0xffff : (__mmask16)((1u << (D - d)) - 1);
+            const __mmask16 mask = tail16(D - d);
             _mm512_mask_storeu_ps(out + d, mask, _mm512_fmadd_ps(vw, _mm512_maskz_loadu_ps(mask, pc + d),
                                                                  _mm512_maskz_loadu_ps(mask, out + d)));
         }
     }
     const __m512 vinv = _mm512_set1_ps(1.0f / s);
     for (int d = 0; d < D; d += 16) {
-        const __mmask16 mask = D - d >= 16 ? 0xffff : (__mmask16)((1u << (D - d)) - 1);
+        const __mmask16 mask = tail16(D - d);
         _mm512_mask_storeu_ps(out + d, mask, _mm512_mul_ps(_mm512_maskz_loadu_ps(mask, out + d), vinv));
     }
 }
