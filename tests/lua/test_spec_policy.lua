@@ -260,7 +260,7 @@ do
   H.check(decayed[12] < plain[12] - 0.5 and decayed[7] < plain[7],
           "unreached depths priced lower: E(12) %g against %g", decayed[12], plain[12])
 end
--- ... except behind a greedy lookup matching 16 tokens or more (a verbatim
+-- ... except behind a greedy lookup matching 12 tokens or more (a verbatim
 -- copy): four requests copying a paragraph at batch 4, every round of 3
 -- drafts passing, drafted 3 each for 20 steps with the depths past 3
 -- decayed; on a calibrated Zen 5 curve 8 or more each is faster
