@@ -293,14 +293,19 @@ static void net_timer_start(li_net *net) {
  * evict_idle_seconds so that clients that just connected are not dropped
  * before they could send. NULL: every connection is busy or new. */
 static li_conn *eviction_victim(li_net *net, const li_conn *except) {
-    double now = li_time_now(), best = -1;
+    const double now = li_time_now();
+    double best = -1;
+    bool best_idle = false;
     li_conn *victim = NULL;
     for (li_conn *c = net->conns; c; c = c->next) {
         if (c == except || c->closing || c->phase == LI_CONN_BUSY) continue;
-        double age = now - c->phase_since;
+        const double age = now - c->phase_since;
         if (age < net->evict_idle_seconds) continue;
-        double score = age + (c->phase == LI_CONN_IDLE ? 1e12 : 0);
-        if (score > best) best = score, victim = c;
+        /* idle before half-sent, then the older: compared apart (age + 1e12
+         * kept a quarter of a millisecond of the age, and a flood accepted
+         * within that lost its oldest first) */
+        const bool idle = c->phase == LI_CONN_IDLE;
+        if (idle != best_idle ? idle : age > best) best = age, best_idle = idle, victim = c;
     }
     return victim;
 }

@@ -155,16 +155,28 @@ def test_flood_of_idle_connections_leaves_room(serve_bin, tmp_path):
     """300 connections that never send a byte (plus some with half a head)
     against --max-connections 256: a new client is still served. Eviction
     is what makes room here (the timeouts are long), so this fails when a
-    full server refuses new clients."""
+    full server refuses new clients. The two newcomers close the two
+    longest idle connections, each told why, before an older one with half
+    a request sent: the connections are opened in that order (the
+    msgpack-RPC ones before the HTTP ones, so that the two listeners'
+    accept order does not matter). Until session 37 the server compared
+    ages offset by 1e12, to a quarter of a millisecond, and a flood accepted
+    within that lost an arbitrary one of its oldest."""
     s = Server(serve_bin, ["--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--threads", THREADS,
                            "--kv-memory", "32M", "--header-timeout", "600", "--body-timeout", "600",
                            "--idle-evict-seconds", "0.5"], 2, tmp_path)
     flood = []
     try:
-        for i in range(300):
-            addr = s.http if i % 2 else s.rpc
-            f = socket.create_connection(hostport(addr))
-            if i % 10 == 1:
+        half = socket.create_connection(hostport(s.http))  # the oldest, but with half a head sent
+        half.sendall(b"GET /health HTTP/1.1\r\nHo")
+        flood.append(half)
+        time.sleep(0.05)
+        rpc = [socket.create_connection(hostport(s.rpc)) for _ in range(150)]
+        flood += rpc
+        time.sleep(0.3)
+        for i in range(149):
+            f = socket.create_connection(hostport(s.http))
+            if i % 5 == 0:
                 f.sendall(b"GET /health HTTP/1.1\r\nHo")  # half a head
             flood.append(f)
         time.sleep(1.0)  # older than --idle-evict-seconds: now they may be closed for newcomers
@@ -176,14 +188,17 @@ def test_flood_of_idle_connections_leaves_room(serve_bin, tmp_path):
         res = r.ok("generate", {"prompt": PROMPTS[0], "max_tokens": 4, "temperature": 0})
         assert res["text"] == c.choices[0].text
         st = r.ok("stats")["connections"]
-        assert st["evicted"] >= 2 and st["open"] <= 256, st
-        # an evicted msgpack-RPC client was told why
-        notes = []
-        for f in flood[:60:2]:
-            got, closed = recv_until_closed(f, 0.01)
-            if got:
-                notes.append(msgpack.unpackb(got))
-        assert any(n[0] == 2 and n[2]["code"] == 503 and "make room" in n[2]["message"] for n in notes), notes
+        assert st["evicted"] == 2 and st["open"] <= 256, st
+        # the two longest idle msgpack-RPC clients were closed and told why
+        for j in (0, 1):
+            got, closed = recv_until_closed(rpc[j], 2)
+            assert closed and got, (j, got, closed)
+            n = msgpack.unpackb(got)
+            assert n[0] == 2 and n[2]["code"] == 503 and "make room" in n[2]["message"], (j, n)
+        # and no other: the next one, and the older half-sent request, are still open
+        for f in (rpc[2], half):
+            got, closed = recv_until_closed(f, 0.05)
+            assert not closed and not got, (got, closed)
     finally:
         for f in flood:
             f.close()
