@@ -479,11 +479,10 @@ typedef struct {
     float **scratch;
     const int64_t *tile0;  /* (n_tiles + 1) first token of each tile */
     const int64_t *npos;   /* (n_tiles) positions of each tile's longest token */
-    bool chunked;          /* some token has more than LI_ATTN_CHUNK positions (and chunks fit the blocks) */
     int64_t n_tiles;
     int split;             /* query heads of a group per item: G, or 1 when items are few */
     int64_t total;
-    const li_attn_part *part; /* NULL: no token is chunked; else the batch's (chunks as items of their own) */
+    const li_attn_part *part; /* NULL: no token is chunked (or chunks do not fit the blocks); else the batch's */
     int per_item;          /* chunks per item: 1, or all of them where items are many anyway */
     float *local;          /* per_item > 1: each thread's partial sums of its item, local_floats each */
     size_t local_floats;
@@ -495,7 +494,7 @@ typedef struct {
 
 /* chunks of tile `tile`: those of its longest token */
 static int attn_tile_chunks(const attn_tile_job *j, int64_t tile) {
-    return j->chunked ? (int)((j->npos[tile] + LI_ATTN_CHUNK - 1) / LI_ATTN_CHUNK) : 1;
+    return j->part ? (int)li_attn_n_chunks(j->npos[tile]) : 1;
 }
 
 typedef struct {
@@ -524,7 +523,7 @@ static void attn_item_prefetch(const attn_tile_job *j, int64_t t) {
     const int64_t i0 = j->tile0[it.tile];
     /* an item of one chunk reads that chunk's positions; one of a whole tile, its first ATT_ITEM_PF */
     const int64_t lo = (int64_t)it.chunk * LI_ATTN_CHUNK;
-    const int64_t hi = LI_MIN(j->npos[it.tile], lo + (j->per_item == 1 && j->chunked ? LI_ATTN_CHUNK : ATT_ITEM_PF));
+    const int64_t hi = LI_MIN(j->npos[it.tile], lo + (j->per_item == 1 && j->part ? LI_ATTN_CHUNK : ATT_ITEM_PF));
     const size_t es = li_kv_elem_size(a->kv->dtype), bytes = (size_t)a->head_dim * es;
     const size_t slot = (size_t)a->n_head_kv * bytes, off = (size_t)it.kvh * bytes;
     const int32_t *bt = li_attn_blocks(a, i0);
@@ -606,7 +605,7 @@ static bool cpu_attention_tiles(li_cpu *c, const li_attn_args *a) {
     /* chunks where a token is longer than one and chunks start on block
      * boundaries (the kernel walks the block table from a chunk's block) */
     const bool chunked = max_pos + 1 > LI_ATTN_CHUNK && LI_ATTN_CHUNK % a->block_size == 0;
-    const int64_t n_chunk = chunked ? (max_pos + LI_ATTN_CHUNK) / LI_ATTN_CHUNK : 1;
+    const int64_t n_chunk = chunked ? li_attn_n_chunks(max_pos + 1) : 1;
     /* tiles of up to LI_ATTN_TILE tokens, or of half that where the big ones
      * would leave the threads fewer than 2 (tile, kv head, chunk) items each
      * (a verify of 8 drafts at a short context: 8 + 1 tokens, 6 items, not
@@ -622,7 +621,7 @@ static bool cpu_attention_tiles(li_cpu *c, const li_attn_args *a) {
             int64_t n_max = 0;
             for (int64_t i = c->tiles[t]; i < c->tiles[t + 1]; i++) n_max = LI_MAX(n_max, (int64_t)a->pos[i] + 1);
             c->tile_npos[t] = n_max;
-            items += chunked ? (n_max + LI_ATTN_CHUNK - 1) / LI_ATTN_CHUNK : 1;
+            items += chunked ? li_attn_n_chunks(n_max) : 1;
         }
         if (items * a->n_head_kv >= 2 * c->n_threads || max_nt <= LI_ATTN_TILE / 2) break;
     }
@@ -662,7 +661,6 @@ static bool cpu_attention_tiles(li_cpu *c, const li_attn_args *a) {
         part.data = c->attn_part;
     }
     attn_tile_job j = {.kern = c->kern, .a = a, .scratch = c->scores, .tile0 = c->tiles, .npos = c->tile_npos,
-                       .chunked = chunked,
                        .n_tiles = n_tiles, .split = split, .total = groups * ((n_chunk + per_item - 1) / per_item),
                        .part = chunked ? &part : NULL, .per_item = per_item, .local = c->attn_part,
                        .local_floats = local_floats, .done = c->attn_done};

@@ -250,6 +250,8 @@ struct li_attn_part {
     int64_t n_chunk;  /* chunks of the longest token */
     int64_t stride;   /* floats per (token, head, chunk): head_dim + 2, to 16 */
 };
+/* chunks of a token with npos positions */
+static inline int64_t li_attn_n_chunks(int64_t npos) { return (npos + LI_ATTN_CHUNK - 1) / LI_ATTN_CHUNK; }
 static inline float *li_attn_part_at(const li_attn_part *p, int64_t i, int h, int chunk) {
     return p->data + (((size_t)(i - p->i0) * (size_t)p->n_head + (size_t)(h - p->h0)) * (size_t)p->n_chunk +
                       (size_t)chunk) * (size_t)p->stride;

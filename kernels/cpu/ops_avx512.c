@@ -787,7 +787,7 @@ ATTN_TILE_DTYPE(F32)
 
 static void avx512_attn_merge(const li_attn_args *a, const li_attn_part *part, int64_t i, int h) {
     const int D = a->head_dim;
-    const int nc = (int)(((int64_t)a->pos[i] + LI_ATTN_CHUNK) / LI_ATTN_CHUNK);
+    const int nc = (int)li_attn_n_chunks((int64_t)a->pos[i] + 1);
     float m = -INFINITY, s = 0.0f;
     for (int c = 0; c < nc; c++) m = fmaxf(m, li_attn_part_at(part, i, h, c)[D]);
     float *out = a->out + (i * a->n_head + h) * D;
