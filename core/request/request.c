@@ -48,6 +48,59 @@ static uint64_t random_seed(void) {
 #define BAD(...) return li_error_set(err, LI_EINVAL, "invalid params: " __VA_ARGS__)
 
 /* ============================================================================
+ * OpenAI fields not served
+ * ========================================================================== */
+
+/* The HTTP routes ignore the fields of OpenAI's API they do not serve: most
+ * change how a reply is delivered or billed (user, store, metadata,
+ * service_tier, prediction, ...). These change what the reply must be; a
+ * request that sets one to anything but its neutral value is refused, so a
+ * client asking for JSON or a tool call is not answered with free text as if
+ * it had not asked (vLLM's structured-output and llama.cpp's grammar fields
+ * too). best_of is checked against n after the loop. */
+static bool is_str(const msgpack_object *v, const char *want) {
+    const char *p;
+    size_t n;
+    return as_bytes(v, &p, &n) && n == strlen(want) && !memcmp(p, want, n);
+}
+
+static int openai_unserved(const char *name, const msgpack_object *v, int64_t *best_of, li_error *err) {
+    if (v->type == MSGPACK_OBJECT_NIL) return 0;
+    if (!strcmp(name, "response_format")) {
+        const msgpack_object *t = v->type == MSGPACK_OBJECT_MAP ? li_mp_read_get(v, "type", true) : NULL;
+        if (t && is_str(t, "text")) return 0;
+        BAD("'response_format' other than {\"type\": \"text\"} is not supported: luainfer does not constrain "
+            "decoding, so the reply would not be sure to follow the format (ask for it in the prompt and check the reply)");
+    }
+    if (!strcmp(name, "tools") || !strcmp(name, "functions")) {
+        if (v->type == MSGPACK_OBJECT_ARRAY && v->via.array.size == 0) return 0;
+        BAD("'%s' is not supported: tool calling is not served (the model would not be shown the tools)", name);
+    }
+    if (!strcmp(name, "tool_choice") || !strcmp(name, "function_call")) {
+        if (is_str(v, "none") || is_str(v, "auto")) return 0;
+        BAD("'%s' is not supported: tool calling is not served", name);
+    }
+    if (!strcmp(name, "echo")) {
+        if (v->type == MSGPACK_OBJECT_BOOLEAN && !v->via.boolean) return 0;
+        BAD("'echo' is not supported: the reply holds the completion only");
+    }
+    if (!strcmp(name, "suffix")) {
+        if (is_str(v, "")) return 0;
+        BAD("'suffix' is not supported: luainfer completes after the prompt only");
+    }
+    if (!strcmp(name, "best_of")) {
+        if (!as_int(v, best_of) || *best_of < 1) BAD("'best_of' must be an integer >= 1");
+        return 0;
+    }
+    static const char *const constrained[] = {"guided_json", "guided_regex", "guided_choice", "guided_grammar",
+                                              "structured_outputs", "grammar", "json_schema"};
+    for (size_t i = 0; i < LI_ARRAY_LEN(constrained); i++)
+        if (!strcmp(name, constrained[i]))
+            BAD("'%s' is not supported: luainfer does not constrain decoding to a grammar, a schema or a pattern", name);
+    return 0;
+}
+
+/* ============================================================================
  * the field table
  * ========================================================================== */
 
@@ -285,6 +338,13 @@ static int f_messages(parse_state *st, const char *name, const msgpack_object *o
             BAD("messages[%u].role must be a string such as \"system\", \"user\" or \"assistant\"", i);
         if (memchr(p, 0, len)) BAD("messages[%u].role cannot hold a NUL character (\\u0000)", i);
         if (!content) BAD("messages[%u].content is required", i);
+        /* an assistant turn's tool calls would be dropped from the prompt */
+        const msgpack_object *calls = li_mp_read_get(m, "tool_calls", true);
+        if (calls && calls->type != MSGPACK_OBJECT_NIL && !(calls->type == MSGPACK_OBJECT_ARRAY && calls->via.array.size == 0))
+            BAD("messages[%u].tool_calls is not supported: tool calling is not served", i);
+        calls = li_mp_read_get(m, "function_call", true);
+        if (calls && calls->type != MSGPACK_OBJECT_NIL)
+            BAD("messages[%u].function_call is not supported: tool calling is not served", i);
         char *text = NULL;
         int rc = parse_content(content, &text, err, i);
         if (rc) return rc;
@@ -468,6 +528,7 @@ static int parse(const msgpack_object *params, const li_req_opts *o, li_gen_para
     set_defaults(g, o);
     parse_state st = {.o = o, .top_logprobs = -1};
     const bool openai = o->profile != LI_REQ_LUAINFER;
+    int64_t best_of = 1;
     if (!params || params->type != MSGPACK_OBJECT_MAP) BAD("want a map of parameters");
     if (params->via.map.size > LI_REQ_MAX_PARAMS) BAD("more than %d parameters", LI_REQ_MAX_PARAMS);
     for (uint32_t i = 0; i < params->via.map.size; i++) {
@@ -493,14 +554,19 @@ static int parse(const msgpack_object *params, const li_req_opts *o, li_gen_para
         if (memchr(k, 0, kn)) BAD("parameter names must not contain NUL");
         const field *f = find_field(name);
         if (!f) {
-            if (openai) continue; /* OpenAI clients send fields we do not serve */
-            BAD("unknown parameter '%s'", name);
+            if (!openai) BAD("unknown parameter '%s'", name);
+            int rc = openai_unserved(name, val, &best_of, err); /* the rest: fields OpenAI clients send */
+            if (rc) return rc;
+            continue;
         }
         if (val->type == MSGPACK_OBJECT_NIL && f->fn != f_prompt && f->fn != f_messages && f->fn != f_tokens)
             continue; /* null = the default */
         int rc = f->type == T_SPECIAL ? f->fn(&st, name, val, g, err) : parse_plain(f, name, val, g, err);
         if (rc) return rc;
     }
+    if (best_of > g->n)
+        BAD("'best_of' (%lld) more than 'n' (%d) is not supported: every sample drawn is returned",
+            (long long)best_of, g->n);
     if (st.logprobs_bool && g->logprobs >= 0 && st.top_logprobs > 0) g->logprobs = (int32_t)st.top_logprobs;
     int given = (g->prompt != NULL) + (g->msgs != NULL) + (g->tokens != NULL);
     if (o->profile == LI_REQ_OPENAI_CHAT && !g->msgs) BAD("'messages' is required");

@@ -147,6 +147,40 @@ def openai_completion(client, model, req):
     return client.completions.create(model=model, extra_body=extra, **kw)
 
 
+def test_openai_fields_that_change_the_reply_are_refused(server):
+    """The openai client's own arguments for JSON mode, tools, echo and suffix
+    get a 400 naming the field (luainfer serves none of them, and must not
+    answer as if they had not been asked); its other extras are still ignored."""
+    openai = pytest.importorskip("openai")
+    _, _, http = server
+    client = openai.OpenAI(base_url=f"http://{http}/v1", api_key="unused", max_retries=0, timeout=60)
+    model = client.models.list().data[0].id
+    msgs = [{"role": "user", "content": "Give me a JSON object."}]
+    tool = {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object", "properties": {}}}}
+    refused = [
+        (lambda: client.chat.completions.create(model=model, messages=msgs, max_tokens=2,
+                                                response_format={"type": "json_object"}), "'response_format'"),
+        (lambda: client.chat.completions.create(model=model, messages=msgs, max_tokens=2, tools=[tool]), "'tools'"),
+        (lambda: client.chat.completions.create(model=model, messages=msgs, max_tokens=2,
+                                                tool_choice="required"), "'tool_choice'"),
+        (lambda: client.completions.create(model=model, prompt="x", max_tokens=2, echo=True), "'echo'"),
+        (lambda: client.completions.create(model=model, prompt="x", max_tokens=2, suffix="end"), "'suffix'"),
+        (lambda: client.completions.create(model=model, prompt="x", max_tokens=2, best_of=3), "'best_of'"),
+    ]
+    for call, field in refused:
+        with pytest.raises(openai.BadRequestError) as e:
+            call()
+        body = e.value.body if isinstance(e.value.body, dict) else {}
+        msg = body.get("error", body).get("message", "")
+        assert field in msg and "not supported" in msg, (field, e.value.body)
+    # the neutral values, and fields that change nothing in the reply, are served
+    r = client.chat.completions.create(model=model, messages=msgs, max_tokens=2, temperature=0,
+                                       response_format={"type": "text"}, user="u1", store=False)
+    assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 2
+    r = client.completions.create(model=model, prompt="x", max_tokens=2, echo=False, best_of=1, temperature=0)
+    assert r.usage.completion_tokens == 2
+
+
 def test_same_request_same_output_on_three_paths(server, luainfer_bin, model_path):
     openai = pytest.importorskip("openai")
     _, rpc, http = server

@@ -272,12 +272,76 @@ static void test_refusals(lua_State *L) {
     lua_pop(L, 1);
 }
 
+/* ---- OpenAI fields that change what the reply must be --------------------------------- */
+
+static void test_openai_unserved(void) {
+    static const struct {
+        li_req_profile prof;
+        const char *json, *want; /* want NULL: accepted (a neutral value, or a field that changes nothing) */
+    } cases[] = {
+        {LI_REQ_OPENAI_CHAT, "{\"response_format\": {\"type\": \"json_object\"}}", "'response_format' other than"},
+        {LI_REQ_OPENAI_CHAT, "{\"response_format\": {\"type\": \"json_schema\", \"json_schema\": {}}}", "'response_format'"},
+        {LI_REQ_OPENAI_CHAT, "{\"response_format\": \"json\"}", "'response_format'"},
+        {LI_REQ_OPENAI_CHAT, "{\"response_format\": {\"type\": \"text\"}}", NULL},
+        {LI_REQ_OPENAI_CHAT, "{\"response_format\": null}", NULL},
+        {LI_REQ_OPENAI_CHAT, "{\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\"}}]}", "'tools' is not supported"},
+        {LI_REQ_OPENAI_CHAT, "{\"tools\": []}", NULL},
+        {LI_REQ_OPENAI_CHAT, "{\"functions\": [{\"name\": \"f\"}]}", "'functions' is not supported"},
+        {LI_REQ_OPENAI_CHAT, "{\"tool_choice\": \"required\"}", "'tool_choice' is not supported"},
+        {LI_REQ_OPENAI_CHAT, "{\"tool_choice\": {\"type\": \"function\"}}", "'tool_choice'"},
+        {LI_REQ_OPENAI_CHAT, "{\"tool_choice\": \"none\"}", NULL},
+        {LI_REQ_OPENAI_CHAT, "{\"guided_json\": {}}", "'guided_json' is not supported"},
+        {LI_REQ_OPENAI_CHAT, "{\"user\": \"u1\", \"store\": false, \"prediction\": {\"type\": \"content\"}}", NULL},
+        {LI_REQ_OPENAI, "{\"prompt\": \"x\", \"echo\": true}", "'echo' is not supported"},
+        {LI_REQ_OPENAI, "{\"prompt\": \"x\", \"echo\": false}", NULL},
+        {LI_REQ_OPENAI, "{\"prompt\": \"x\", \"suffix\": \"end\"}", "'suffix' is not supported"},
+        {LI_REQ_OPENAI, "{\"prompt\": \"x\", \"suffix\": \"\"}", NULL},
+        {LI_REQ_OPENAI, "{\"prompt\": \"x\", \"best_of\": 3, \"n\": 2}", "'best_of' (3) more than 'n' (2)"},
+        {LI_REQ_OPENAI, "{\"best_of\": 2, \"n\": 2, \"prompt\": \"x\"}", NULL},
+        {LI_REQ_OPENAI, "{\"prompt\": \"x\", \"best_of\": 0}", "'best_of' must be an integer >= 1"},
+        {LI_REQ_OPENAI, "{\"prompt\": \"x\", \"grammar\": \"root ::= x\"}", "'grammar' is not supported"},
+    };
+    for (size_t i = 0; i < LI_ARRAY_LEN(cases); i++) {
+        char json[512];
+        const char *body = cases[i].json + 1; /* the case's fields, after a chat's messages */
+        if (cases[i].prof == LI_REQ_OPENAI_CHAT)
+            snprintf(json, sizeof json, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], %s", body);
+        else
+            snprintf(json, sizeof json, "%s", cases[i].json);
+        li_gen_params g;
+        li_error e = {0};
+        int rc = parse_json(json, cases[i].prof, &g, &e);
+        if (cases[i].want)
+            CHECK(rc == LI_EINVAL && strstr(e.msg, cases[i].want) && !strncmp(e.msg, "invalid params: ", 16),
+                  "%s refused: %s", json, e.msg);
+        else {
+            CHECK(rc == 0, "%s accepted: %s", json, e.msg);
+            if (rc == 0) li_gen_params_free(&g);
+        }
+    }
+    /* a past assistant turn's tool calls would be lost from the prompt: refused on every path */
+    li_gen_params g;
+    li_error e = {0};
+    const char *calls = "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}, {\"role\": \"assistant\", "
+                        "\"content\": null, \"tool_calls\": [{\"id\": \"c1\", \"type\": \"function\"}]}]}";
+    CHECK(parse_json(calls, LI_REQ_OPENAI_CHAT, &g, &e) == LI_EINVAL && strstr(e.msg, "messages[1].tool_calls"), "%s", e.msg);
+    CHECK(parse_json(calls, LI_REQ_LUAINFER, &g, &e) == LI_EINVAL && strstr(e.msg, "messages[1].tool_calls"), "%s", e.msg);
+    const char *none = "{\"messages\": [{\"role\": \"assistant\", \"content\": \"ok\", \"tool_calls\": []}]}";
+    CHECK(parse_json(none, LI_REQ_OPENAI_CHAT, &g, &e) == 0, "an empty tool_calls list is accepted: %s", e.msg);
+    li_gen_params_free(&g);
+    /* luainfer's own paths keep refusing every key they do not know, these included */
+    CHECK(parse_json("{\"prompt\": \"x\", \"response_format\": {\"type\": \"text\"}}", LI_REQ_LUAINFER, &g, &e) ==
+              LI_EINVAL && strstr(e.msg, "unknown parameter 'response_format'"),
+          "%s", e.msg);
+}
+
 int main(void) {
     lua_State *L = luaL_newstate();
     luaL_openlibs(L);
     test_same_request(L);
     test_defaults(L);
     test_refusals(L);
+    test_openai_unserved();
     CHECK(lua_gettop(L) == 0, "the Lua stack is balanced (%d)", lua_gettop(L));
     lua_close(L);
     return t_summary("test_request");
