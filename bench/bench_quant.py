@@ -69,10 +69,14 @@ METHODS = {
     "gptq": (["--method", "gptq", "--group", "64"], "q4"),
     "gptq-ao": (["--method", "gptq", "--group", "64", "--act-order"], "q4"),
     "w4a4": (["--method", "w4a4"], False),
+    # the same rotation before the 4-bit methods: GPTQ calibrates on the rotated model
+    "gptq-ao-rot": (["--method", "gptq", "--group", "64", "--act-order", "--rotate"], "q4"),
+    "w4a4-rot": (["--method", "w4a4", "--rotate"], False),
+    "w4a4-rot-gptq": (["--method", "w4a4", "--rotate", "--gptq"], "q4"),  # QuaRot's W4A4 recipe
 }
-Q4 = ("rtn4", "awq", "gptq", "gptq-ao")  # also scored with --q4-act int8 (A8)
+Q4 = ("rtn4", "awq", "gptq", "gptq-ao", "gptq-ao-rot")  # also scored with --q4-act int8 (A8)
 DEFAULT = ("q8_0,q4_0,q4_1,w8a8,w8a8-norm,w8a8-a0,w8a8-a0.8,w8a8-gptq,w8a8-as,w8a8-as-gptq,fp8,fp8-sq,fp8-gptq,"
-           "rtn4,awq,gptq,gptq-ao,w4a4")
+           "rtn4,awq,gptq,gptq-ao,gptq-ao-rot,w4a4,w4a4-rot,w4a4-rot-gptq")
 
 
 def run(cmd, env=None, timeout=7200):

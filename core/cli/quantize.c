@@ -28,15 +28,16 @@ int li_cmd_quantize(int argc, char **argv) {
         {"alpha", LI_OPT_FLOAT, &alpha, "SmoothQuant migration strength in [0, 1] (default 0.5; 0 = no smoothing)"},
         {"smooth", LI_OPT_STR, &smooth, "which SmoothQuant migrations: all (norms, v->o, up->down), norm (norms only), none "
                                         "(default all; none with --rotate)"},
-        {"rotate", LI_OPT_FLAG, &rotate, "w8a8 (f16, bf16): QuaRot-style rotation first (norms folded, a Hadamard on the "
-                                         "residual stream, an online one before down_proj; docs/quant_rotation.md)"},
+        {"rotate", LI_OPT_FLAG, &rotate, "w8a8, the 4-bit methods (f16, bf16): QuaRot-style rotation first (norms "
+                                         "folded, a Hadamard on the residual stream, an online one before down_proj; "
+                                         "docs/quant_rotation.md)"},
         {"rotate-block", LI_OPT_INT, &rot_block, "--rotate: the online Hadamard's block, a power of two dividing n_ff "
                                                  "(default 128)"},
         {"rotate-seed", LI_OPT_INT, &rot_seed, "--rotate: seed of the random signs (default 0)"},
         {"damp", LI_OPT_FLOAT, &damp, "gptq: damping added to diag(H), a fraction of its mean (default 0.01)"},
         {"alpha-search", LI_OPT_FLAG, &alpha_search, "w8a8: SmoothQuant's alpha per layer and site, the one of 0, 0.1, "
                                                      "..., 1 whose int8 matmul errs least on calibration rows (instead of --alpha)"},
-        {"gptq", LI_OPT_FLAG, &gptq, "w8a8, fp8: the weights by GPTQ onto the scheme's grid (needs --calib; "
+        {"gptq", LI_OPT_FLAG, &gptq, "w8a8, fp8, w4a4: the weights by GPTQ onto the scheme's grid (needs --calib; "
                                      "after SmoothQuant when it runs)"},
         {"act-order", LI_OPT_FLAG, &act_order, "gptq: quantize columns by decreasing diag(H)"},
         {"no-clip", LI_OPT_FLAG, &no_clip, "awq: skip the clipping search"},
@@ -72,9 +73,9 @@ int li_cmd_quantize(int argc, char **argv) {
     if (o.method != LI_QMETHOD_W8A8 && o.method != LI_QMETHOD_FP8) o.smooth = LI_SMOOTH_NONE; /* nothing to smooth */
     if (o.method == LI_QMETHOD_FP8 && !calib) o.smooth = LI_SMOOTH_NONE; /* fp8: smoothing only when asked */
     if (group < -1) return li_runtime_fail(&(li_error){LI_EINVAL, "quantize: --group must be positive (or 0)"});
-    if (gptq && o.method != LI_QMETHOD_W8A8 && o.method != LI_QMETHOD_FP8)
-        return li_runtime_fail(&(li_error){LI_EINVAL, "quantize: --gptq applies to --method w8a8 and fp8 (gptq is "
-                                                      "its own method for 4-bit)"});
+    if (gptq && o.method != LI_QMETHOD_W8A8 && o.method != LI_QMETHOD_FP8 && o.method != LI_QMETHOD_W4A4)
+        return li_runtime_fail(&(li_error){LI_EINVAL, "quantize: --gptq applies to --method w8a8, fp8 and w4a4 (gptq "
+                                                      "is its own method for grouped 4-bit)"});
     if (alpha_search && (o.method != LI_QMETHOD_W8A8 || o.smooth == LI_SMOOTH_NONE || !(alpha > 0)))
         return li_runtime_fail(&(li_error){LI_EINVAL, "quantize: --alpha-search applies to --method w8a8 with smoothing "
                                                       "(not --smooth none or --alpha 0)"});

@@ -690,7 +690,18 @@ static int q4_task(q4_job *j, int t, char *why, size_t cap) {
     const int l = j->l;
     switch (q->o->method) {
     case LI_QMETHOD_RTN4: return li_q4_rtn(L->w[t], L->m[t], L->k[t], j->qo, &j->res[t], why, cap);
-    case LI_QMETHOD_W4A4: return li_q4_w4a4(L->w[t], L->m[t], L->k[t], &j->res[t], why, cap);
+    case LI_QMETHOD_W4A4: {
+        if (!q->o->gptq8) return li_q4_w4a4(L->w[t], L->m[t], L->k[t], &j->res[t], why, cap);
+        /* --gptq: the same per-channel symmetric grid, rounded by GPTQ (QuaRot's W4A4 with --rotate) */
+        li_q4_opts qw = *j->qo;
+        qw.group_size = 0;
+        qw.symmetric = true;
+        qw.act_order = false;
+        if (li_q4_gptq(L->w[t], L->m[t], L->k[t], q4cal_of(q, l, weight_site[t]), &qw, &j->res[t], why, cap))
+            return -1;
+        j->res[t].act = LI_ACT_INT4;
+        return 0;
+    }
     case LI_QMETHOD_GPTQ:
         return li_q4_gptq(L->w[t], L->m[t], L->k[t], q4cal_of(q, l, weight_site[t]), j->qo, &j->res[t], why, cap);
     default: break;
@@ -992,9 +1003,9 @@ static int quantize_rotated(const li_quant_opts *o, li_error *err) {
         return li_error_set(err, LI_EUNSUP, "quantize: --rotate does not apply to fp8: e4m3's error is relative to each "
                             "element, and rotation spreads the few large products over all (KL 0.027 -> 0.073 in "
                             "docs/quant_rotation.md)");
-    if (me != LI_QMETHOD_W8A8 && me != LI_QMETHOD_F16 && me != LI_QMETHOD_BF16)
-        return li_error_set(err, LI_EUNSUP, "quantize: --rotate applies to w8a8 (and f16 / bf16, float copies of the "
-                            "rotated model), not %s", methods[me].name);
+    if (me != LI_QMETHOD_W8A8 && me != LI_QMETHOD_F16 && me != LI_QMETHOD_BF16 && !li_qmethod_is_q4(me))
+        return li_error_set(err, LI_EUNSUP, "quantize: --rotate applies to w8a8, the 4-bit methods (rtn4, awq, gptq, "
+                            "w4a4) and f16 / bf16 (float copies of the rotated model), not %s", methods[me].name);
     if (o->smooth != LI_SMOOTH_NONE || o->alpha_search)
         return li_error_set(err, LI_EINVAL, "quantize: --rotate runs without SmoothQuant (--smooth none): up->down "
                             "migration cannot cross the online Hadamard, and smoothing on top does not help");

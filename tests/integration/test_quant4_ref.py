@@ -183,7 +183,7 @@ def gptq_ref(w, x, gs, damp=0.01, act_order=False, B=128, sym=False):
             Q[:, j] = quant(W[:, j], s, z)
             E[:, j - i] = (W[:, j] - (Q[:, j] - z) * s) / Hinv[j, j]
             W[:, j:i + B] -= np.outer(E[:, j - i], Hinv[j, j:i + B])
-        W[:, i + B:] -= E @ Hinv[i:i + B, i + B:]
+        W[:, i + B:] -= E[:, :min(B, d - i)] @ Hinv[i:i + B, i + B:]  # (a last, short block leaves nothing after it)
     return Q, scales, zeros, (perm if act_order else None)
 
 
@@ -334,6 +334,22 @@ def test_gptq_matches_numpy(driver, tmp_path, seed, n_out, n_in, gs, act_order):
     assert e_c == pytest.approx(e_r, rel=1e-3)
     assert c["err"] == pytest.approx(e_c, rel=1e-4) and c["err_rtn"] == pytest.approx(e_rtn, rel=1e-4)
     assert e_c < 0.8 * e_rtn  # GPTQ must beat round-to-nearest clearly
+
+
+@pytest.mark.parametrize("seed,n_out,n_in", [(7, 37, 256), (8, 29, 200)])
+def test_gptq_per_channel_symmetric_matches_numpy(driver, tmp_path, seed, n_out, n_in):
+    """The grid of `quantize --method w4a4 --gptq`: one symmetric scale per row (amax / 7, zero 8) fixed
+    before the feedback, as gptq_ref's group of the whole row."""
+    w, x = make_layer(seed, n_out, n_in, 3 * n_in // 2, n_dead=2)
+    c = run_c(driver, tmp_path, "gptq", w, x, "--group", 0, "--sym")
+    codes, scales, _, _ = gptq_ref(w, x, 0, sym=True)
+    assert c["zeros"] is None and c["perm"] is None and c["scales"].shape == (n_out, 1)
+    diff, sdiff, _ = compare("gptq per channel, symmetric", c, codes, scales, None)
+    assert diff <= codes.size // 1000 and sdiff == 0  # the scale is fixed from the row before any feedback
+    wq = dequant(c["codes"], c["scales"].astype(np.float64), np.full((n_out, 1), 8.0), 0)
+    rtn = rtn_ref(w, 0, sym=True)
+    e_c, e_rtn = output_error(w, wq, x), output_error(w, dequant(*rtn, 0), x)
+    assert e_c < 0.8 * e_rtn, (e_c, e_rtn)
 
 
 def e4m3_decode(codes):

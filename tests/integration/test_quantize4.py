@@ -185,7 +185,9 @@ def test_q4_errors(run_cli, tiny, tmp_path):
     r = run_cli(["quantize", "--method", "awq", "--damp", "0.1", "--group", "64", *CAL, str(tiny), str(out)])
     assert_clean_failure(r, r"--damp applies to --method gptq and to --gptq only")
     r = run_cli(["quantize", "--method", "rtn4", "--gptq", "--group", "64", *CAL, str(tiny), str(out)])
-    assert_clean_failure(r, r"--gptq applies to --method w8a8 and fp8")
+    assert_clean_failure(r, r"--gptq applies to --method w8a8, fp8 and w4a4")
+    r = run_cli(["quantize", "--method", "w4a4", "--gptq", str(tiny), str(out)])
+    assert_clean_failure(r, r"--method w4a4 --gptq needs --calib FILE$")
     r = run_cli(["quantize", "--method", "w8a8", "--gptq", str(tiny), str(out)])
     assert_clean_failure(r, r"--method w8a8 --gptq needs --calib FILE$")
 
