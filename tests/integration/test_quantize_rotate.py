@@ -164,6 +164,15 @@ def test_4bit_gptq_rot(run_cli, run_ok, models, base_kld, rdir):
     assert kl["gptq-rot"] < 0.75 * kl["gptq"], kl
     assert kl["gptq-rot A8"] < 0.75 * kl["gptq"], kl
     assert kl["w4a4-rot-gptq"] < 0.8 * kl["w4a4-rot"] < 0.8 * kl["w4a4"], kl
+    # greedy n-gram speculation gives exactly the non-speculative tokens on them (the online Hadamard is per
+    # row), on a prompt whose continuation the lookup drafts
+    count = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 1, 2, 3,"
+    for name, act in (("gptq-rot", "f32"), ("gptq-rot", "int8"), ("w4a4-rot-gptq", "f32")):
+        gen = ["generate", "--model", out[name], "--prompt", count, "--temperature", "0", "--max-tokens", "24",
+               "--json", "--q4-act", act]
+        want = run_ok(gen).json()["tokens"]
+        got = run_ok([*gen, "--spec-k", "4"]).json()
+        assert got["tokens"] == want and got["speculation"]["drafted"] > 0, (name, act, got["speculation"])
 
 
 def test_tensor_parallel_on_rotated_float(run_ok, run_cli, models, rdir):
