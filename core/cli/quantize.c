@@ -58,7 +58,7 @@ int li_cmd_quantize(int argc, char **argv) {
     li_quant_opts o = {.in = pos[0], .out = pos[1], .group = group < 0 ? 0 : group, .group_set = group != -1,
                        .calib = calib, .samples = samples, .seq_len = seq_len, .alpha = alpha, .threads = threads,
                        .damp = damp, .act_order = act_order, .no_clip = no_clip,
-                       .gptq8 = gptq, .alpha_search = alpha_search, .rotate = rotate, .rot_block = rot_block,
+                       .gptq_grid = gptq, .alpha_search = alpha_search, .rotate = rotate, .rot_block = rot_block,
                        .rot_seed = (uint64_t)rot_seed};
     if (!smooth) smooth = rotate ? "none" : "all";
     if ((rot_block || rot_seed) && !rotate)

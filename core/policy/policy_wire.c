@@ -213,9 +213,8 @@ static const char *const req_keys[RF__N] = {
 };
 
 static int req_key(const msgpack_object *k) {
-    if (k->type != MSGPACK_OBJECT_STR) return -1;
     for (int i = 0; i < RF__N; i++)
-        if (k->via.str.size == strlen(req_keys[i]) && !memcmp(k->via.str.ptr, req_keys[i], k->via.str.size)) return i;
+        if (li_mp_read_str_is(k, false, req_keys[i])) return i;
     return -1;
 }
 

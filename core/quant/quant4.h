@@ -186,9 +186,12 @@ int li_q4_awq(const float *w, int64_t n_out, int64_t n_in, const li_q4_calib *c,
               li_q4_result *out, char *why, size_t cap);
 
 /* W4A4 (the seed's "don't"): per-output-channel symmetric int4 weights
- * (li_q4_rtn with group 0, symmetric), r->act = LI_ACT_INT4: activations
- * quantized per token to int4 (s = amax / 7) at run time, no smoothing. */
-int li_q4_w4a4(const float *w, int64_t n_out, int64_t n_in, li_q4_result *out, char *why, size_t cap);
+ * (group 0, symmetric), r->act = LI_ACT_INT4: activations quantized per
+ * token to int4 (s = amax / 7) at run time, no smoothing. c NULL: the
+ * weights rounded to nearest (li_q4_rtn); else by GPTQ on c with damping
+ * damp (li_q4_gptq, no act-order; `quantize --method w4a4 --gptq`). */
+int li_q4_w4a4(const float *w, int64_t n_out, int64_t n_in, const li_q4_calib *c, double damp, li_q4_result *out,
+               char *why, size_t cap);
 
 /* The output error of a result on calibration c: ||(Wq - W) X^T||^2 /
  * n_rows, Wq = li_q4_result_dequant(r). What tests and the tool compare. */

@@ -64,7 +64,7 @@ bool li_qmethod_is_q4(li_qmethod m) {
 }
 
 bool li_qmethod_needs_calib(const li_quant_opts *o) {
-    if (o->method == LI_QMETHOD_AWQ || o->method == LI_QMETHOD_GPTQ || o->gptq8) return true;
+    if (o->method == LI_QMETHOD_AWQ || o->method == LI_QMETHOD_GPTQ || o->gptq_grid) return true;
     return (o->method == LI_QMETHOD_W8A8 || o->method == LI_QMETHOD_FP8) && o->smooth != LI_SMOOTH_NONE &&
            o->alpha > 0;
 }
@@ -690,18 +690,9 @@ static int q4_task(q4_job *j, int t, char *why, size_t cap) {
     const int l = j->l;
     switch (q->o->method) {
     case LI_QMETHOD_RTN4: return li_q4_rtn(L->w[t], L->m[t], L->k[t], j->qo, &j->res[t], why, cap);
-    case LI_QMETHOD_W4A4: {
-        if (!q->o->gptq8) return li_q4_w4a4(L->w[t], L->m[t], L->k[t], &j->res[t], why, cap);
-        /* --gptq: the same per-channel symmetric grid, rounded by GPTQ (QuaRot's W4A4 with --rotate) */
-        li_q4_opts qw = *j->qo;
-        qw.group_size = 0;
-        qw.symmetric = true;
-        qw.act_order = false;
-        if (li_q4_gptq(L->w[t], L->m[t], L->k[t], q4cal_of(q, l, weight_site[t]), &qw, &j->res[t], why, cap))
-            return -1;
-        j->res[t].act = LI_ACT_INT4;
-        return 0;
-    }
+    case LI_QMETHOD_W4A4: /* --gptq: its grid rounded by GPTQ (QuaRot's W4A4 with --rotate) */
+        return li_q4_w4a4(L->w[t], L->m[t], L->k[t], q->o->gptq_grid ? q4cal_of(q, l, weight_site[t]) : NULL,
+                          q->o->damp, &j->res[t], why, cap);
     case LI_QMETHOD_GPTQ:
         return li_q4_gptq(L->w[t], L->m[t], L->k[t], q4cal_of(q, l, weight_site[t]), j->qo, &j->res[t], why, cap);
     default: break;
@@ -822,8 +813,8 @@ static int do_layer(qctx *q, int l, li_error *err) {
     int rc = 0;
     char name[96];
     if (li_qmethod_is_q4(q->o->method)) rc = q4_layer(q, l, &L, err);
-    else if (q->o->gptq8) rc = q8_layer(q, l, &L, err);
-    for (int i = 0; i < 7 && !rc && !li_qmethod_is_q4(q->o->method) && !q->o->gptq8; i++) {
+    else if (q->o->gptq_grid) rc = q8_layer(q, l, &L, err);
+    for (int i = 0; i < 7 && !rc && !li_qmethod_is_q4(q->o->method) && !q->o->gptq_grid; i++) {
         snprintf(name, sizeof name, "blk.%d.%s.weight", l, names[i]);
         rc = emit_linear(q, &q->slots[tensor_index(q->m, name)], name, L.w[i], L.m[i], L.k[i], err);
     }
@@ -971,10 +962,10 @@ static int write_metadata(qctx *q, li_gguf_writer *w, li_error *err) {
         const li_act_quant act = me == LI_QMETHOD_W4A4 ? LI_ACT_INT4 : li_scheme_info(methods[me].scheme)->act;
         if (!rc) rc = li_gguf_writer_add_str(w, "luainfer.quant.activations", li_act_quant_name(act), err);
     }
-    if (o->gptq8 && !rc) rc = li_gguf_writer_add_bool(w, "luainfer.quant.gptq", true, err);
-    if (me == LI_QMETHOD_GPTQ || o->gptq8) {
+    if (o->gptq_grid && !rc) rc = li_gguf_writer_add_bool(w, "luainfer.quant.gptq", true, err);
+    if (me == LI_QMETHOD_GPTQ || o->gptq_grid) {
         if (!rc) rc = li_gguf_writer_add_f32(w, "luainfer.quant.gptq.damp", (float)o->damp, err);
-        if (!rc && !o->gptq8) rc = li_gguf_writer_add_bool(w, "luainfer.quant.gptq.act_order", o->act_order, err);
+        if (!rc && !o->gptq_grid) rc = li_gguf_writer_add_bool(w, "luainfer.quant.gptq.act_order", o->act_order, err);
     }
     if (me == LI_QMETHOD_AWQ && !rc) rc = li_gguf_writer_add_bool(w, "luainfer.quant.awq.clip", !o->no_clip, err);
     if (q->have_amax) {
@@ -1036,7 +1027,7 @@ int li_quantize(const li_quant_opts *o, li_error *err) {
         return li_error_set(err, LI_EINVAL, "quantize: --group does not apply to %s (%s)", methods[o->method].name,
                             methods[o->method].scheme == LI_SCHEME_PLAIN ? "its blocks are 32 elements"
                                                                          : "its scales are per output channel");
-    if (!(o->damp > 0 && o->damp < 1) && (o->method == LI_QMETHOD_GPTQ || o->gptq8))
+    if (!(o->damp > 0 && o->damp < 1) && (o->method == LI_QMETHOD_GPTQ || o->gptq_grid))
         return li_error_set(err, LI_EINVAL, "quantize: --damp must be in (0, 1), a fraction of the mean Hessian diagonal");
     if (!(o->alpha >= 0 && o->alpha <= 1)) return li_error_set(err, LI_EINVAL, "quantize: --alpha must be in [0, 1]");
     qctx q = {.o = o};
@@ -1065,7 +1056,7 @@ int li_quantize(const li_quant_opts *o, li_error *err) {
         const bool smooth = !li_qmethod_is_q4(o->method) && o->smooth != LI_SMOOTH_NONE && o->alpha > 0;
         if (smooth && (rc = calibrate(&q, err))) goto done;
         /* X^T X of the unsmoothed inputs: GPTQ rescales it by the smoothing */
-        if ((li_qmethod_is_q4(o->method) || o->gptq8) && (rc = calibrate_q4(&q, err))) goto done;
+        if ((li_qmethod_is_q4(o->method) || o->gptq_grid) && (rc = calibrate_q4(&q, err))) goto done;
     }
     li_progress pg;
     li_progress_init(&pg, "quantize", "layers/s", hp->n_layer + 1);

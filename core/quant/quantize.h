@@ -65,7 +65,7 @@ typedef struct li_quant_opts {
     bool act_order;         /* GPTQ: columns by decreasing diag(H) */
     bool no_clip;           /* AWQ: skip the clipping search */
     bool alpha_search;      /* W8A8: SmoothQuant's alpha per (layer, site) from 0, 0.1, .., 1 by the int8 matmul's error */
-    bool gptq8;             /* W8A8, FP8, W4A4: the weights by GPTQ onto the scheme's per-row grid (else round to nearest) */
+    bool gptq_grid;             /* W8A8, FP8, W4A4: the weights by GPTQ onto the scheme's per-row grid (else round to nearest) */
     /* ---- --rotate (rotate.h): the model rotated first, then calibrated and quantized ---- */
     bool rotate;
     int64_t rot_block;      /* the online Hadamard's block (0: LI_ROT_DEFAULT_BLOCK) */

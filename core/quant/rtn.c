@@ -167,12 +167,14 @@ int li_q4_rtn(const float *w, int64_t n_out, int64_t n_in, const li_q4_opts *o, 
     return 0;
 }
 
-int li_q4_w4a4(const float *w, int64_t n_out, int64_t n_in, li_q4_result *out, char *why, size_t cap) {
+int li_q4_w4a4(const float *w, int64_t n_out, int64_t n_in, const li_q4_calib *c, double damp, li_q4_result *out,
+               char *why, size_t cap) {
     li_q4_opts o;
     li_q4_opts_default(&o);
     o.group_size = 0;
     o.symmetric = true;
-    if (li_q4_rtn(w, n_out, n_in, &o, out, why, cap)) return -1;
+    o.damp = damp;
+    if (c ? li_q4_gptq(w, n_out, n_in, c, &o, out, why, cap) : li_q4_rtn(w, n_out, n_in, &o, out, why, cap)) return -1;
     out->act = LI_ACT_INT4;
     return 0;
 }

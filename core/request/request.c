@@ -58,11 +58,7 @@ static uint64_t random_seed(void) {
  * client asking for JSON or a tool call is not answered with free text as if
  * it had not asked (vLLM's structured-output and llama.cpp's grammar fields
  * too). best_of is checked against n after the loop. */
-static bool is_str(const msgpack_object *v, const char *want) {
-    const char *p;
-    size_t n;
-    return as_bytes(v, &p, &n) && n == strlen(want) && !memcmp(p, want, n);
-}
+static bool is_str(const msgpack_object *v, const char *want) { return li_mp_read_str_is(v, true, want); }
 
 static int openai_unserved(const char *name, const msgpack_object *v, int64_t *best_of, li_error *err) {
     if (v->type == MSGPACK_OBJECT_NIL) return 0;

@@ -36,6 +36,12 @@ bool li_mp_read_str(const msgpack_object *o, bool bin_ok, const char **p, size_t
     return false;
 }
 
+bool li_mp_read_str_is(const msgpack_object *o, bool bin_ok, const char *want) {
+    const char *p;
+    size_t n;
+    return li_mp_read_str(o, bin_ok, &p, &n) && n == strlen(want) && !memcmp(p, want, n);
+}
+
 bool li_mp_read_int(const msgpack_object *o, double float_max, int64_t *v) {
     if (!o) return false;
     switch (o->type) {

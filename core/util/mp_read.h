@@ -43,6 +43,8 @@ const msgpack_object *li_mp_read_get(const msgpack_object *map, const char *key,
 /* The bytes of a str (or, with bin_ok, bin) object; n may be NULL. *p is
  * never NULL (an empty string gives ""). */
 bool li_mp_read_str(const msgpack_object *o, bool bin_ok, const char **p, size_t *n);
+/* Whether o is a str (or, with bin_ok, bin) object holding exactly want. */
+bool li_mp_read_str_is(const msgpack_object *o, bool bin_ok, const char *want);
 /* An integer that fits int64_t, or a float with an integral value in
  * [-float_max, float_max] (float_max below 2^63). */
 bool li_mp_read_int(const msgpack_object *o, double float_max, int64_t *v);

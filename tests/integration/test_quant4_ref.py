@@ -338,10 +338,10 @@ def test_gptq_matches_numpy(driver, tmp_path, seed, n_out, n_in, gs, act_order):
 
 @pytest.mark.parametrize("seed,n_out,n_in", [(7, 37, 256), (8, 29, 200)])
 def test_gptq_per_channel_symmetric_matches_numpy(driver, tmp_path, seed, n_out, n_in):
-    """The grid of `quantize --method w4a4 --gptq`: one symmetric scale per row (amax / 7, zero 8) fixed
-    before the feedback, as gptq_ref's group of the whole row."""
+    """li_q4_w4a4 with calibration (`quantize --method w4a4 --gptq`): one symmetric scale per row (amax / 7,
+    zero 8) fixed before the feedback, as gptq_ref's group of the whole row."""
     w, x = make_layer(seed, n_out, n_in, 3 * n_in // 2, n_dead=2)
-    c = run_c(driver, tmp_path, "gptq", w, x, "--group", 0, "--sym")
+    c = run_c(driver, tmp_path, "w4a4-gptq", w, x, "--group", 0, "--sym")  # (the options: the RTN it is compared with)
     codes, scales, _, _ = gptq_ref(w, x, 0, sym=True)
     assert c["zeros"] is None and c["perm"] is None and c["scales"].shape == (n_out, 1)
     diff, sdiff, _ = compare("gptq per channel, symmetric", c, codes, scales, None)

@@ -26,7 +26,7 @@ static int fail(const char *msg) {
 }
 
 int main(int argc, char **argv) {
-    if (argc < 4) return fail("usage: quant4_driver rtn|gptq|awq|w4a4 IN OUT [options]");
+    if (argc < 4) return fail("usage: quant4_driver rtn|gptq|awq|w4a4|w4a4-gptq IN OUT [options]");
     li_q4_opts o;
     li_q4_opts_default(&o);
     int64_t chunk = 7;
@@ -97,7 +97,8 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[1], "rtn")) rc = li_q4_rtn(w, n_out, n_in, &o, &res, why, sizeof why);
     else if (!strcmp(argv[1], "gptq")) rc = li_q4_gptq(w, n_out, n_in, &c, &o, &res, why, sizeof why);
     else if (!strcmp(argv[1], "awq")) rc = li_q4_awq(w, n_out, n_in, &c, &o, &res, why, sizeof why);
-    else if (!strcmp(argv[1], "w4a4")) rc = li_q4_w4a4(w, n_out, n_in, &res, why, sizeof why);
+    else if (!strcmp(argv[1], "w4a4")) rc = li_q4_w4a4(w, n_out, n_in, NULL, 0, &res, why, sizeof why);
+    else if (!strcmp(argv[1], "w4a4-gptq")) rc = li_q4_w4a4(w, n_out, n_in, &c, o.damp, &res, why, sizeof why);
     else return fail("unknown method");
     if (rc) return fail(why);
     if (li_q4_rtn(w, n_out, n_in, &o, &rtn, why, sizeof why)) return fail(why);

@@ -122,7 +122,7 @@ static void test_quantizers(void) {
     li_q4_awq(w, n_out, n_in, &c, &o, &awq, why, sizeof why);
     o.symmetric = true;
     li_q4_rtn(w, n_out, n_in, &o, &sym, why, sizeof why);
-    li_q4_w4a4(w, n_out, n_in, &w4, why, sizeof why);
+    li_q4_w4a4(w, n_out, n_in, NULL, 0, &w4, why, sizeof why);
     const double e_rtn = li_q4_output_error(w, &rtn, &c), e_gptq = li_q4_output_error(w, &gptq, &c),
                  e_ao = li_q4_output_error(w, &gptq_ao, &c), e_awq = li_q4_output_error(w, &awq, &c);
     report(e_gptq < 0.8 * e_rtn && e_ao < 0.8 * e_rtn, "gptq (%.4g, act-order %.4g) < 0.8 x rtn4 (%.4g)", e_gptq, e_ao,
