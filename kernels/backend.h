@@ -66,6 +66,15 @@ int li_weight_check(const li_weight *w, char *why, size_t cap);
  * permutation. For plain weights exactly the type's to_float. The scalar
  * reference every scheme kernel is tested against. */
 void li_weight_dequant_row_ref(const li_weight *w, int64_t row, float *out);
+/* The inverse on w's own grid: row `row` of x (k values, input-column
+ * order) rounded to the nearest codes of w's type under that row's scales,
+ * zero points and permutation, written in w's storage layout to codes
+ * (row_bytes), and their values to out (k, input order; NULL: not wanted).
+ * What quantization-aware training of a scheme file rounds through: the
+ * grid stays the file's, so requantizing a dequantized row gives its codes
+ * back. -1 (nothing written) for a plain weight or a code type without a
+ * quantizer. */
+int li_weight_requant_row_ref(const li_weight *w, int64_t row, const float *x, void *codes, float *out);
 
 /* One layer's paged KV storage. Each block holds block_size token slots;
  * slot layout [block][slot][kv_head][head_dim]. */

@@ -563,3 +563,30 @@ void li_weight_dequant_row_ref(const li_weight *w, int64_t row, float *out) {
         free(q);
     }
 }
+
+int li_weight_requant_row_ref(const li_weight *w, int64_t row, const float *x, void *codes, float *out) {
+    const li_type_traits *t = li_type_info(w->type);
+    if (w->scheme == LI_SCHEME_PLAIN || !t || !t->from_float || !t->to_float) return -1;
+    float *q = malloc((size_t)w->k * sizeof(float));
+    if (!q) abort();
+    const int64_t ng = li_weight_n_groups(w), gs = w->group_size > 0 ? w->group_size : w->k;
+    const float *sc = w->scales + row * ng, *zp = w->zeros ? w->zeros + row * ng : NULL;
+    const float zero = li_scheme_info(w->scheme)->zero;
+    /* stored order: x at each stored column's input column, in code units */
+    for (int64_t j = 0; j < w->k; j++) {
+        const int64_t g = j / gs;
+        const float z = zp ? zp[g] : zero, v = x[w->perm ? w->perm[j] : j];
+        /* a zero group keeps its zero point; no + 0 (it would turn fp8's -0 code into +0) */
+        q[j] = sc[g] == 0.0f ? z : z != 0.0f ? v / sc[g] + z : v / sc[g];
+    }
+    t->from_float(q, codes, w->k);
+    if (out) { /* the codes' values, as li_weight_dequant_row_ref reads them */
+        t->to_float(codes, q, w->k);
+        for (int64_t j = 0; j < w->k; j++) {
+            const int64_t g = j / gs;
+            out[w->perm ? w->perm[j] : j] = (q[j] - (zp ? zp[g] : zero)) * sc[g];
+        }
+    }
+    free(q);
+    return 0;
+}

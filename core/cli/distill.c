@@ -162,8 +162,6 @@ int li_cmd_distill(int argc, char **argv) {
     dctx c = {0};
     if ((rc = li_runtime_open(&rt, teacher_path, to.threads, NULL, &err))) goto done;
     if ((rc = li_model_load(&student, student_path, &err))) goto done;
-    /* the student trains on core/train's dense forward, which has no online Hadamard */
-    if ((rc = li_model_refuse_rotated(student, "distill", &err))) goto done;
     if (student->hf) {
         rc = li_error_set(&err, LI_EINVAL, "distill: the student must be a GGUF file (the checkpoint copies its metadata)");
         goto done;

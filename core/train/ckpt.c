@@ -8,6 +8,7 @@
 #include "model/gguf_write.h"
 #include "types.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -52,8 +53,58 @@ uint32_t li_ckpt_matrix_type(li_ckpt_dtype d, const li_gguf *src, const char *na
                ? t : LI_TYPE_F16;
 }
 
-static bool skip_key(li_str key) {
-    return li_str_eq(key, "general.file_type") || (key.len >= 9 && !memcmp(key.ptr, "luainfer.", 9));
+static bool has_prefix(li_str key, const char *p) { return key.len >= strlen(p) && !memcmp(key.ptr, p, strlen(p)); }
+
+/* luainfer's own keys describe the source's tensors: its weight scheme
+ * stays when some matrix is written in it, its rotation always (the
+ * trained function is the rotated one) */
+static bool skip_key(li_str key, bool scheme, bool rotated) {
+    if (li_str_eq(key, "general.file_type")) return true;
+    if (!has_prefix(key, "luainfer.")) return false;
+    return !(scheme && has_prefix(key, "luainfer.quant.")) && !(rotated && has_prefix(key, "luainfer.rotation."));
+}
+
+const li_weight *li_train_scheme_weight(const li_train_model *tm, li_ckpt_dtype dtype, int i) {
+    if (dtype != LI_CKPT_SOURCE || !tm->src || !tm->src[i]) return NULL;
+    const li_weight *w = tm->src[i];
+    const li_type_traits *tr = li_type_info(w->type);
+    return w->scheme != LI_SCHEME_PLAIN && tr && tr->from_float ? w : NULL;
+}
+
+/* src's tensor `name` copied as it is; absent: nothing (0) */
+static int copy_tensor(li_gguf_writer *w, const li_gguf *src, const char *name, li_error *err) {
+    const li_gguf_tensor *t = li_gguf_find_tensor(src, name);
+    if (!t) return 0;
+    void *b = li_xmalloc(LI_MAX(t->nbytes, (size_t)1));
+    memcpy(b, t->data, t->nbytes);
+    return li_gguf_writer_add_tensor(w, name, t->type, t->n_dims, t->ne, b, t->nbytes, err);
+}
+
+/* Matrix i on its scheme weight g's grid: the codes in the source tensor's
+ * GGUF type and shape, its scales, zero points and permutation copied. A
+ * matrix that did not train is copied byte for byte. */
+static int write_scheme(li_gguf_writer *w, const li_train_model *tm, int i, const li_weight *g, const float *f,
+                        const li_gguf *src, li_error *err) {
+    const li_train_tensor *t = &tm->L.t[i];
+    const li_gguf_tensor *st = li_gguf_find_tensor(src, t->name);
+    if (!st || st->nbytes != g->row_bytes * (size_t)g->m)
+        return li_error_set(err, LI_EINVAL, "train: %s: the source's codes are not where its weight says", t->name);
+    int rc;
+    if (t->goff < 0 && t->lora_a < 0) {
+        rc = copy_tensor(w, src, t->name, err);
+    } else {
+        uint8_t *q = li_xmalloc(st->nbytes);
+        for (int64_t r = 0; r < t->rows; r++)
+            li_weight_requant_row_ref(g, r, f + r * t->cols, q + (size_t)r * g->row_bytes, NULL);
+        rc = li_gguf_writer_add_tensor(w, t->name, st->type, st->n_dims, st->ne, q, st->nbytes, err);
+    }
+    static const char *const companions[] = {".scale", ".zero", ".perm"};
+    for (size_t c = 0; c < LI_ARRAY_LEN(companions) && !rc; c++) {
+        char cn[96];
+        snprintf(cn, sizeof cn, "%s%s", t->name, companions[c]);
+        rc = copy_tensor(w, src, cn, err);
+    }
+    return rc;
 }
 
 /* tensor i's values with its adapter merged: W + scale · B·A (malloc'd) */
@@ -81,14 +132,16 @@ int li_train_save(const li_train_model *tm, const li_gguf *src, li_ckpt_dtype dt
     li_gguf_writer w;
     li_gguf_writer_init(&w);
     int rc = 0;
+    const li_train_layout *L = &tm->L;
+    bool scheme = false;
+    for (int i = 0; i < L->n_tensors; i++) scheme |= li_train_scheme_weight(tm, dtype, i) != NULL;
     for (uint64_t i = 0; i < src->n_kv && !rc; i++)
-        if (!skip_key(src->kv[i].key)) rc = li_gguf_writer_add_kv(&w, &src->kv[i], err);
+        if (!skip_key(src->kv[i].key, scheme, L->rot_block > 0)) rc = li_gguf_writer_add_kv(&w, &src->kv[i], err);
     /* a source-typed file keeps the source's file type (copied when it has one) */
     if (!rc && dtype != LI_CKPT_SOURCE)
         rc = li_gguf_writer_add_u32(&w, "general.file_type", dtypes[dtype].file_type, err);
     else if (!rc && li_gguf_find_kv(src, "general.file_type"))
         rc = li_gguf_writer_add_kv(&w, li_gguf_find_kv(src, "general.file_type"), err);
-    const li_train_layout *L = &tm->L;
     for (int i = 0; i < LI_TT_N_GLOBAL + LI_TL_N * L->hp.n_layer && !rc; i++) {
         const li_train_tensor *t = &L->t[i];
         if (i == LI_TT_OUTPUT && L->tied) continue;
@@ -96,7 +149,11 @@ int li_train_save(const li_train_model *tm, const li_gguf *src, li_ckpt_dtype dt
         const bool norm = t->rows == 1;
         const int64_t ne[2] = {t->cols, t->rows};
         const uint32_t type = norm ? LI_TYPE_F32 : li_ckpt_matrix_type(dtype, src, t->name, t->cols);
-        if (type == LI_TYPE_F32) {
+        const li_weight *g = norm ? NULL : li_train_scheme_weight(tm, dtype, i);
+        if (g) {
+            rc = write_scheme(&w, tm, i, g, f, src, err);
+            free(f);
+        } else if (type == LI_TYPE_F32) {
             rc = li_gguf_writer_add_tensor(&w, t->name, LI_TYPE_F32, norm ? 1 : 2, ne, f,
                                            (size_t)(t->rows * t->cols) * sizeof(float), err);
         } else {
@@ -109,6 +166,12 @@ int li_train_save(const li_train_model *tm, const li_gguf *src, li_ckpt_dtype dt
             f = NULL;
             rc = li_gguf_writer_add_tensor(&w, t->name, type, 2, ne, q, row * (size_t)t->rows, err);
         }
+    }
+    /* a rotated model's signs of the online Hadamard */
+    for (int l = 0; l < L->hp.n_layer && L->rot_block && !rc; l++) {
+        char name[64];
+        snprintf(name, sizeof name, LI_ROT_SIGNS_FMT, l);
+        rc = copy_tensor(&w, src, name, err);
     }
     if (!rc) rc = li_gguf_writer_write(&w, path, err);
     li_gguf_writer_free(&w);

@@ -39,12 +39,17 @@ static void refresh_run(void *ctx, int ith, int nth) {
         if (i >= tm->L.n_tensors) break;
         if (!rounded(tm, (int)i, j->trainable_only)) continue;
         const li_train_tensor *t = &tm->L.t[i];
-        const li_type_traits *tr = li_type_get(tm->qat_type[i]);
+        const li_weight *grid = tm->grid ? tm->grid[i] : NULL;
+        const li_type_traits *tr = li_type_info(tm->qat_type[i]);
         size_t row;
         li_type_row_size(tm->qat_type[i], t->cols, &row);
         if (row > cap) q = li_xrealloc(q, cap = row);
         for (int64_t r = 0; r < t->rows; r++) {
             const size_t o = t->off + (size_t)(r * t->cols);
+            if (grid) { /* a scheme file's matrix: its own scales, zero points, permutation */
+                li_weight_requant_row_ref(grid, r, tm->master + o, q, tm->params + o);
+                continue;
+            }
             tr->from_float(tm->master + o, q, t->cols);
             tr->to_float(q, tm->params + o, t->cols);
         }
@@ -79,9 +84,12 @@ int li_train_qat_init(li_train_model *tm, const li_gguf *src, li_ckpt_dtype dtyp
     if (!tm->master) return li_error_set(err, LI_ENOMEM, "train: no memory for the --qat master copies");
     memcpy(tm->master, tm->params, n * sizeof(float));
     tm->qat_type = li_xmalloc((size_t)tm->L.n_tensors * sizeof *tm->qat_type);
+    if (dtype == LI_CKPT_SOURCE) tm->grid = li_xcalloc((size_t)tm->L.n_tensors, sizeof *tm->grid);
     for (int i = 0; i < tm->L.n_tensors; i++) {
         const li_train_tensor *t = &tm->L.t[i];
-        tm->qat_type[i] = t->rows == 1 ? LI_TYPE_F32 : li_ckpt_matrix_type(dtype, src, t->name, t->cols);
+        const li_weight *g = li_train_scheme_weight(tm, dtype, i);
+        if (g) tm->grid[i] = g;
+        tm->qat_type[i] = t->rows == 1 ? LI_TYPE_F32 : g ? g->type : li_ckpt_matrix_type(dtype, src, t->name, t->cols);
     }
     li_train_qat_refresh(tm, false, tp);
     return 0;

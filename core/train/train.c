@@ -159,6 +159,7 @@ int li_train_layout_init(li_train_layout *L, const li_hparams *hp, bool tied, co
 
 void li_train_layout_free(li_train_layout *L) {
     free(L->t);
+    free(L->down_had);
     memset(L, 0, sizeof *L);
 }
 
@@ -224,27 +225,35 @@ int li_train_model_init(li_train_model *tm, const li_model *m, const li_train_se
     memset(tm, 0, sizeof *tm);
     const bool tied = m->output.data == m->tok_embd.data;
     int rc;
-    /* the dense forward here has no online Hadamard: a rotated model would train as another function */
-    if ((rc = li_model_refuse_rotated(m, "train", err))) return rc;
     if ((rc = li_train_layout_init(&tm->L, &m->hp, tied, sel, err))) return rc;
     if ((rc = alloc_params(tm, err))) {
         li_train_layout_free(&tm->L);
         return rc;
     }
-    const li_train_layout *L = &tm->L;
+    li_train_layout *L = &tm->L;
+    /* a rotated model trains with its online Hadamard (train_tmpl.h) */
+    if (m->rot_block) {
+        const int64_t ff = m->hp.n_ff;
+        L->rot_block = m->rot_block;
+        L->down_had = li_xmalloc((size_t)(m->hp.n_layer * ff) * sizeof(float));
+        for (int l = 0; l < m->hp.n_layer; l++)
+            memcpy(L->down_had + l * ff, m->layers[l].down_had, (size_t)li_hp_n_ff(&m->hp, l) * sizeof(float));
+    }
+    tm->src = li_xcalloc((size_t)L->n_tensors, sizeof *tm->src);
     float *P = tm->params;
     const size_t d = (size_t)m->hp.n_embd;
-    copy_weight(P + L->t[LI_TT_TOK_EMBD].off, &m->tok_embd);
+    copy_weight(P + L->t[LI_TT_TOK_EMBD].off, tm->src[LI_TT_TOK_EMBD] = &m->tok_embd);
     memcpy(P + L->t[LI_TT_OUTPUT_NORM].off, m->output_norm, d * sizeof(float));
-    if (!tied) copy_weight(P + L->t[LI_TT_OUTPUT].off, &m->output);
+    if (!tied) copy_weight(P + L->t[LI_TT_OUTPUT].off, tm->src[LI_TT_OUTPUT] = &m->output);
     for (int l = 0; l < m->hp.n_layer; l++) {
         const li_layer *ly = &m->layers[l];
         const li_weight *w[LI_TL_N] = {NULL, &ly->wq, &ly->wk, &ly->wv, &ly->wo, NULL, &ly->w_gate, &ly->w_up, &ly->w_down};
         for (int k = 0; k < LI_TL_N; k++) {
-            float *dst = P + L->t[li_train_tensor_index(l, k)].off;
+            const int i = li_train_tensor_index(l, k);
+            float *dst = P + L->t[i].off;
             if (k == LI_TL_ATTN_NORM) memcpy(dst, ly->attn_norm, d * sizeof(float));
             else if (k == LI_TL_FFN_NORM) memcpy(dst, ly->ffn_norm, d * sizeof(float));
-            else copy_weight(dst, w[k]);
+            else copy_weight(dst, tm->src[i] = w[k]);
         }
     }
     uint64_t rs = seed ? seed : 0x9e3779b97f4a7c15ull;
@@ -256,6 +265,8 @@ void li_train_model_free(li_train_model *tm) {
     li_aligned_free(tm->params);
     li_aligned_free(tm->master);
     free(tm->qat_type);
+    free(tm->grid);
+    free(tm->src);
     li_train_layout_free(&tm->L);
     memset(tm, 0, sizeof *tm);
 }

@@ -72,6 +72,11 @@ typedef struct li_train_layout {
     float lora_scale;         /* alpha / r */
     int bwd_stop;             /* the backward pass stops below this block (nothing trains there) */
     li_train_select sel;
+    /* a rotated model (luainfer quantize --rotate; li_model.rot_block):
+     * down_proj reads H·diag(s)·h, H orthonormal Hadamard in blocks of
+     * rot_block, s block l's signs; 0 / NULL: not rotated */
+    int32_t rot_block;
+    float *down_had;          /* (n_layer, n_ff) signs, block l's first n_ff(l) used; owned */
 } li_train_layout;
 
 /* Index of tensor `kind` of block `layer` (layer -1: the LI_TT_* globals). */
@@ -99,6 +104,14 @@ typedef struct li_train_model {
      * the optimizer updating master */
     float *master;        /* (L.n_params) */
     uint32_t *qat_type;   /* (L.n_tensors) the type each tensor is rounded through; LI_TYPE_F32: none */
+    const li_weight **grid; /* (L.n_tensors) with --dtype source: the scheme weight whose grid a matrix is
+                             * rounded onto (li_train_scheme_weight), else NULL; NULL array otherwise */
+    /* (L.n_tensors) each matrix's weight in the model it was loaded from
+     * (li_train_model_init; NULL for norms, adapters and random models). A
+     * scheme weight's grid (scales, zero points, permutation) is what --qat
+     * rounds that matrix through and what --dtype source writes it on
+     * (li_weight_requant_row_ref), so the grid stays the file's. */
+    const li_weight **src;
 } li_train_model;
 
 /* Dequantizes every weight of m (any loadable type or scheme) into float32
@@ -208,6 +221,11 @@ const char *li_ckpt_dtype_label(li_ckpt_dtype d);
  * or (LI_CKPT_SOURCE) src's type for it; F16 where that type has no
  * reference quantizer or its blocks don't divide a row. */
 uint32_t li_ckpt_matrix_type(li_ckpt_dtype dtype, const li_gguf *src, const char *name, int64_t cols);
+/* Tensor i's weight scheme to keep: with --dtype source, the student's
+ * scheme weight (W8A8, FP8, AWQ, GPTQ, INT4) that matrix i was loaded from,
+ * written back as codes on its own grid; NULL for plain weights, other
+ * dtypes and random models. */
+const li_weight *li_train_scheme_weight(const li_train_model *tm, li_ckpt_dtype dtype, int i);
 
 /* Writes tm as a GGUF at path (from the QAT masters when there are): src's metadata copied (its tokenizer, chat
  * template, hyper-parameters), general.file_type set, the matrices in

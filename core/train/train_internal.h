@@ -28,6 +28,7 @@ void li_train_par(void *tp, li_train_job_fn fn, void *ctx, int64_t n, int op);
                               void *tp);                                                                         \
     void li_trop_swiglu_fwd_##S(const real *g, const real *u, real *h, int64_t n);                               \
     void li_trop_swiglu_bwd_##S(const real *g, const real *u, const real *dh, real *dg, real *du, int64_t n);    \
+    void li_trop_hadamard_##S(real *x, const float *s, int64_t N, int64_t dim, int64_t block, int dir);         \
     /* the row-parallel forms (ranges of rows on tp; the serial op's bits) */                                    \
     void li_trop_rmsnorm_fwd_par_##S(void *tp, const real *x, const real *w, real *y, real *rstd, int64_t N,     \
                                      int64_t d, real eps);                                                       \
@@ -37,6 +38,8 @@ void li_train_par(void *tp, li_train_job_fn fn, void *ctx, int64_t n, int op);
                               int neox, int dir);                                                                \
     void li_trop_swiglu_par_##S(void *tp, const real *g, const real *u, real *h, const real *dh, real *dg,       \
                                 real *du, int64_t N, int64_t ff);                                                \
+    void li_trop_hadamard_par_##S(void *tp, real *x, const float *s, int64_t N, int64_t dim, int64_t block,     \
+                                  int dir);                                                                      \
     double li_trop_loss_##S(const real *logits, const int32_t *lab, const float *teacher, real *dlogits,         \
                             int64_t N, int64_t V, real alpha, real temp, real gscale, double *kl);               \
     size_t li_train_ws_reals_##S(const li_train_layout *L, int B, int T);                                        \

@@ -251,6 +251,34 @@ void TR(li_trop_swiglu_bwd)(const real *g, const real *u, const real *dh, real *
     }
 }
 
+/* ==== the rotated model's online Hadamard ================================== */
+
+/* Each row of x(N, dim) through y = H·diag(s)·x (dir 1: what the engine's
+ * hadamard op does before a rotated model's down_proj: the signs s, then
+ * the orthonormal Sylvester-Hadamard transform in blocks of `block`), or
+ * its transpose diag(s)·H·dy (dir -1: H is symmetric), the backward pass. */
+void TR(li_trop_hadamard)(real *x, const float *s, int64_t N, int64_t dim, int64_t block, int dir) {
+    const real scale = (real)1 / TR_SQRT((real)block);
+    for (int64_t i = 0; i < N; i++) {
+        real *xr = x + i * dim;
+        if (dir > 0)
+            for (int64_t j = 0; j < dim; j++) xr[j] *= (real)s[j];
+        for (int64_t b0 = 0; b0 < dim; b0 += block) {
+            real *v = xr + b0;
+            for (int64_t h = 1; h < block; h *= 2)
+                for (int64_t a = 0; a < block; a += 2 * h)
+                    for (int64_t j = a; j < a + h; j++) {
+                        const real p = v[j], q = v[j + h];
+                        v[j] = p + q;
+                        v[j + h] = p - q;
+                    }
+            for (int64_t j = 0; j < block; j++) v[j] *= scale;
+        }
+        if (dir < 0)
+            for (int64_t j = 0; j < dim; j++) xr[j] *= (real)s[j];
+    }
+}
+
 /* ==== the O(N·d) ops on the pool ============================================ */
 
 /* RMSNorm, RoPE and SwiGLU over ranges of TR_PAR_ROWS rows (RMSNorm's dw
@@ -260,13 +288,15 @@ void TR(li_trop_swiglu_bwd)(const real *g, const real *u, const real *dh, real *
  * for the EAGLE draft's passes (eagle_tmpl.h). */
 #define TR_PAR_ROWS 16
 #define TR_PAR_COLS 64
-enum { TR_PAR_NORM, TR_PAR_NORM_DX, TR_PAR_NORM_DW, TR_PAR_ROPE, TR_PAR_GLU, TR_PAR_GLU_BWD };
+enum { TR_PAR_NORM, TR_PAR_NORM_DX, TR_PAR_NORM_DW, TR_PAR_ROPE, TR_PAR_GLU, TR_PAR_GLU_BWD, TR_PAR_HAD };
 
 typedef struct TR(par_ctx) {
     int op;
     const real *x, *w, *rstd, *dy, *cs, *g, *u;
     real *y, *rstd_out, *dx, *dw, *v, *dg, *du;
+    const float *sgn; /* TR_PAR_HAD's signs */
     int64_t N, d; /* rows, and the elements per row */
+    int64_t block;
     real eps;
     int T, H, hd, n_rot, neox, dir;
 } TR(par_ctx);
@@ -295,6 +325,7 @@ static void TR(par_job)(void *ctx, int64_t job) {
     case TR_PAR_GLU_BWD:
         TR(li_trop_swiglu_bwd)(c->g + i0 * d, c->u + i0 * d, c->dy + i0 * d, c->dg + i0 * d, c->du + i0 * d, n * d);
         break;
+    case TR_PAR_HAD: TR(li_trop_hadamard)(c->v + i0 * d, c->sgn, n, d, c->block, c->dir); break;
     }
 }
 
@@ -328,6 +359,12 @@ void TR(li_trop_swiglu_par)(void *tp, const real *g, const real *u, real *h, con
                             real *du, int64_t N, int64_t ff) {
     TR(par_ctx) c = {.op = dh ? TR_PAR_GLU_BWD : TR_PAR_GLU, .g = g, .u = u, .v = h, .dy = dh, .dg = dg, .du = du,
                      .N = N, .d = ff};
+    li_train_par(tp, TR(par_job), &c, TR(par_row_jobs)(N), c.op);
+}
+
+/* x(N, dim) through li_trop_hadamard, rows on the pool */
+void TR(li_trop_hadamard_par)(void *tp, real *x, const float *s, int64_t N, int64_t dim, int64_t block, int dir) {
+    TR(par_ctx) c = {.op = TR_PAR_HAD, .v = x, .sgn = s, .N = N, .d = dim, .block = block, .dir = dir};
     li_train_par(tp, TR(par_job), &c, TR(par_row_jobs)(N), c.op);
 }
 
@@ -581,6 +618,8 @@ double TR(li_train_fb)(const li_train_layout *L, const real *P, real *G, const i
         TR(lin_fwd)(L, P, li_train_tensor_index(l, LI_TL_GATE), xn2, g, XA(l, 4), a.ltmp, N, tp);
         TR(lin_fwd)(L, P, li_train_tensor_index(l, LI_TL_UP), xn2, u, XA(l, 5), a.ltmp, N, tp);
         TR(li_trop_swiglu_par)(tp, g, u, h, NULL, NULL, NULL, N, li_hp_n_ff(hp, l)); /* (N, block l's width) */
+        if (L->rot_block) /* a rotated model: down_proj reads H·diag(s)·h */
+            TR(li_trop_hadamard_par)(tp, h, L->down_had + (int64_t)l * ff, N, li_hp_n_ff(hp, l), L->rot_block, 1);
         TR(lin_fwd)(L, P, li_train_tensor_index(l, LI_TL_DOWN), h, xnext, XA(l, 6), a.ltmp, N, tp);
         for (int64_t i = 0; i < N * d; i++) xnext[i] += xmid[i];
     }
@@ -607,6 +646,7 @@ double TR(li_train_fb)(const li_train_layout *L, const real *P, real *G, const i
         const int64_t ffl = li_hp_n_ff(hp, l); /* g, u, h of block l are (N, ffl) in slots of N * ff */
         memset(a.dh, 0, (size_t)(N * ffl) * sizeof(real));
         TR(lin_bwd)(L, P, G, li_train_tensor_index(l, LI_TL_DOWN), h, XA(l, 6), a.dx, a.dh, a.tmp, N, tp);
+        if (L->rot_block) TR(li_trop_hadamard_par)(tp, a.dh, L->down_had + (int64_t)l * ff, N, ffl, L->rot_block, -1);
         TR(li_trop_swiglu_par)(tp, g, u, NULL, a.dh, a.dg, a.du, N, ffl);
         memset(a.dxn, 0, (size_t)(N * d) * sizeof(real));
         TR(lin_bwd)(L, P, G, li_train_tensor_index(l, LI_TL_GATE), xn2, XA(l, 4), a.dg, a.dxn, a.tmp, N, tp);

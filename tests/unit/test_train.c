@@ -22,12 +22,15 @@
 #include "tiny_model.h"
 #include "train/train.h"
 #include "engine/session.h"
+#include "quant/quantize.h"
+#include "quant/rotate.h"
 #include "model/gguf_write.h"
 #include "runtime/runtime.h"
 #include "cpu/threadpool.h"
 
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 static char dir[256];
@@ -143,7 +146,7 @@ static void run_ctx_init(run_ctx *c, li_train_model *tm) {
 
 /* ==== tests ================================================================== */
 
-static void test_engine_match(const char *base) {
+static void test_engine_match(const char *base, const char *what) {
     li_model *m;
     li_error err = {0};
     CHECK(li_model_load(&m, base, &err) == 0, "%s", err.msg);
@@ -154,7 +157,7 @@ static void test_engine_match(const char *base) {
     train_logits(&tm, seq_tok, SEQ, a);
     if (engine_logits(base, seq_tok, SEQ, b) == 0) {
         const double e = rel_diff(a, b, SEQ * 2000);
-        report(e < 1e-5, "training forward = engine forward on the tiny model (rel diff %.1e < 1e-5)", e);
+        report(e < 1e-5, "training forward = engine forward on %s (rel diff %.1e < 1e-5)", what, e);
     }
     li_train_model_free(&tm);
     li_model_free(m);
@@ -422,6 +425,139 @@ static int write_widths(const char *base, int mode, char *out, size_t cap) {
     return rc;
 }
 
+/* bytes of tensor `name` in both files are the same */
+static bool same_tensor(const li_gguf *a, const li_gguf *b, const char *name) {
+    const li_gguf_tensor *x = li_gguf_find_tensor(a, name), *y = li_gguf_find_tensor(b, name);
+    return x && y && x->type == y->type && x->nbytes == y->nbytes && !memcmp(x->data, y->data, x->nbytes);
+}
+
+/* A rotated GPTQ file (act-order, so permuted columns) trains with its
+ * online Hadamard and, with --dtype source, keeps its scheme: QAT rounds
+ * each matrix onto the file's own grid, and the checkpoint holds those
+ * codes beside the file's scales, zero points, permutations and signs. */
+static void test_scheme_qat(const char *base) {
+    char rot[512], q4[512], out[512], frozen[512], wdir[512], wide[512];
+    path_in(rot, sizeof rot, "rot.gguf");
+    path_in(q4, sizeof q4, "rot_gptq.gguf");
+    path_in(out, sizeof out, "rot_gptq_qat.gguf");
+    path_in(frozen, sizeof frozen, "rot_gptq_norms.gguf");
+    li_error err = {0};
+    const li_rot_opts ro = {.seed = 5, .down_block = 8};
+    CHECK(li_rotate_model(base, rot, &ro, &err) == 0, "%s", err.msg);
+    test_engine_match(rot, "the rotated tiny model (online Hadamard before down_proj)");
+    /* rows of 32, so the rotated head's Q8_0 blocks fit */
+    path_in(wdir, sizeof wdir, "wide");
+    CHECK(mkdir(wdir, 0700) == 0, "mkdir %s", wdir);
+    li_hparams hp = tiny_hp();
+    hp.n_embd = 32;
+    hp.n_head = 4;
+    hp.n_ff = 64;
+    if (li_test_tiny_model(&hp, NULL, 4, 3.0f, wdir, wide, sizeof wide)) return;
+    const li_quant_opts qo = {.in = wide, .out = q4, .method = LI_QMETHOD_GPTQ, .group = 8, .group_set = true,
+                              .calib = "tests/data/plrabn12.txt", .samples = 4, .seq_len = 32, .threads = 1,
+                              .damp = 0.01, .act_order = true, .rotate = true, .rot_block = 8, .rot_seed = 5};
+    CHECK(li_quantize(&qo, &err) == 0, "%s", err.msg);
+    li_model *m;
+    CHECK(li_model_load(&m, q4, &err) == 0, "%s", err.msg);
+    li_train_select all = {.what = LI_TRAIN_ALL};
+    li_train_model a;
+    CHECK(li_train_model_init(&a, m, &all, 1, &err) == 0, "%s", err.msg);
+    const size_t n = a.L.n_params;
+    float *p0 = li_xmalloc(n * sizeof(float));
+    memcpy(p0, a.params, n * sizeof(float));
+    /* the engine multiplies the Q8_0 head by Q8_0-rounded activations, the
+     * training forward in f32: the untrained file's gap is the yardstick */
+    static float tl[SEQ * 2000], el[SEQ * 2000];
+    double gap0 = 1;
+    train_logits(&a, seq_tok, SEQ, tl);
+    if (engine_logits(q4, seq_tok, SEQ, el) == 0) gap0 = rel_diff(el, tl, SEQ * 2000);
+    CHECK(li_train_qat_init(&a, &m->gguf, LI_CKPT_SOURCE, NULL, &err) == 0, "%s", err.msg);
+    int n_grid = 0;
+    for (int i = 0; i < a.L.n_tensors; i++) n_grid += a.grid[i] != NULL;
+    report(n_grid == 7 * a.L.hp.n_layer && !memcmp(p0, a.params, n * sizeof(float)),
+           "QAT on a GPTQ file: %d matrices on the file's grids; rounding them again changes no weight", n_grid);
+    run_ctx c;
+    run_ctx_init(&c, &a);
+    li_train_batch mb = {.B = 1, .T = SEQ, .tokens = c.tok, .labels = c.lab};
+    li_train_grads g;
+    li_train_grads_init(&g, &a.L);
+    li_adamw o;
+    li_adamw_init(&o, &a.L);
+    li_train_ws ws;
+    CHECK(li_train_ws_init(&ws, &a.L, 1, SEQ, &err) == 0, "%s", err.msg);
+    const li_adamw_opts ao = {.lr = 3e-2f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .clip = 1.0f};
+    double loss;
+    for (int s = 0; s < 3; s++)
+        CHECK(li_train_step(&a, &g, &o, &mb, 1, NULL, &ao, &ws, NULL, &loss, NULL, NULL, &err) == 0, "%s", err.msg);
+    CHECK(li_train_save(&a, &m->gguf, LI_CKPT_SOURCE, out, &err) == 0, "%s", err.msg);
+    train_logits(&a, seq_tok, SEQ, tl);
+    if (engine_logits(out, seq_tok, SEQ, el) == 0) {
+        const double e = rel_diff(el, tl, SEQ * 2000);
+        report(e < 1.5 * gap0, "QAT checkpoint of the rotated GPTQ file runs: engine vs training logits rel diff "
+               "%.1e (the untrained file's: %.1e, the Q8_0 head's activation rounding)", e, gap0);
+    }
+    li_model *back;
+    if (li_model_load(&back, out, &err) == 0) {
+        /* loaded back, the file's weights are bit for bit what the last step's passes used */
+        li_train_model r;
+        CHECK(li_train_model_init(&r, back, &all, 1, &err) == 0, "%s", err.msg);
+        report(r.L.n_params == n && !memcmp(r.params, a.params, n * sizeof(float)),
+               "QAT checkpoint = the trained weights: all %zu parameters bit-identical when loaded back", n);
+        li_train_model_free(&r);
+        bool kept = back->quant_scheme == LI_SCHEME_GPTQ && back->rot_block == 8 && back->quant_group == 8;
+        int moved = 0;
+        for (int l = 0; l < a.L.hp.n_layer; l++) {
+            char name[96];
+            snprintf(name, sizeof name, LI_ROT_SIGNS_FMT, l);
+            kept &= same_tensor(&m->gguf, &back->gguf, name);
+            static const char *const w[] = {"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"};
+            for (size_t k = 0; k < LI_ARRAY_LEN(w); k++) {
+                snprintf(name, sizeof name, "blk.%d.%s.weight", l, w[k]);
+                moved += !same_tensor(&m->gguf, &back->gguf, name);
+                const li_gguf_tensor *t = li_gguf_find_tensor(&back->gguf, name);
+                kept &= t && t->type == li_gguf_find_tensor(&m->gguf, name)->type;
+                static const char *const comp[] = {".scale", ".zero", ".perm"};
+                for (size_t j = 0; j < 3; j++) {
+                    char cn[128];
+                    snprintf(cn, sizeof cn, "%s%s", name, comp[j]);
+                    kept &= same_tensor(&m->gguf, &back->gguf, cn);
+                }
+            }
+        }
+        report(kept && moved > 0 && back->layers[0].wq.perm,
+               "QAT checkpoint: gptq codes on the source's scales, zero points, permutations and rotation signs "
+               "(all byte-identical), %d of %d matrices' codes moved", moved, 7 * a.L.hp.n_layer);
+        li_model_free(back);
+    } else {
+        report(false, "QAT checkpoint loads: %s", err.msg);
+    }
+    /* norms only, no QAT: every matrix is written back byte for byte */
+    li_train_model b;
+    li_train_select norms = {.what = LI_TRAIN_NORMS};
+    CHECK(li_train_model_init(&b, m, &norms, 1, &err) == 0, "%s", err.msg);
+    CHECK(li_train_save(&b, &m->gguf, LI_CKPT_SOURCE, frozen, &err) == 0, "%s", err.msg);
+    li_model *fb;
+    if (li_model_load(&fb, frozen, &err) == 0) {
+        bool same = fb->quant_scheme == LI_SCHEME_GPTQ;
+        for (uint64_t i = 0; i < m->gguf.n_tensors; i++) {
+            char name[128];
+            snprintf(name, sizeof name, "%.*s", (int)m->gguf.tensors[i].name.len, m->gguf.tensors[i].name.ptr);
+            same &= same_tensor(&m->gguf, &fb->gguf, name);
+        }
+        report(same && fb->gguf.n_tensors == m->gguf.n_tensors,
+               "norms-only checkpoint of the GPTQ file: all %llu tensors byte-identical",
+               (unsigned long long)m->gguf.n_tensors);
+        li_model_free(fb);
+    }
+    li_train_model_free(&b);
+    li_train_ws_free(&ws);
+    li_adamw_free(&o);
+    li_train_grads_free(&g);
+    free(p0);
+    li_train_model_free(&a);
+    li_model_free(m);
+}
+
 static void test_ffn_widths(const char *base) {
     char zp[512], sp[512], p[512];
     if (write_widths(base, W_UNIFORM_ZEROED, zp, sizeof zp) || write_widths(base, W_SLICED, sp, sizeof sp)) return;
@@ -653,12 +789,13 @@ int main(void) {
     test_select();
     test_adamw();
     test_threads_same_bits();
-    test_engine_match(base);
+    test_engine_match(base, "the tiny model");
     test_accumulate(base);
     test_train_save(base, "all", LI_CKPT_F32, 1e-5, 1e-2f);
     test_train_save(base, "all", LI_CKPT_F16, 1e-2, 1e-2f);
     test_train_save(base, "lora:4", LI_CKPT_F32, 1e-5, 2e-2f);
     test_qat(base);
+    test_scheme_qat(base);
     test_ffn_widths(base);
     test_nan_and_stop(base);
     char cmd[600];

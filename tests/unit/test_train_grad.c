@@ -170,6 +170,35 @@ static void test_attn(int H, int Hkv) {
     free(q), free(k), free(v), free(o), free(R), free(P), free(dS), free(dq), free(dk), free(dv), free(ng);
 }
 
+/* the rotated model's Hadamard against its matrix H_b ⊗ I · diag(s),
+ * H_b[i][j] = (-1)^popcount(i & j) / sqrt(b) built here, and its
+ * transpose (dir -1) against that matrix's transpose */
+static void test_hadamard(void) {
+    enum { DIM = 24, BLK = 8, NR = 3 };
+    float s[DIM];
+    double x[NR * DIM], y[NR * DIM], want[NR * DIM];
+    for (int j = 0; j < DIM; j++) s[j] = rng_u32() & 1 ? 1.0f : -1.0f;
+    for (int dir = 1; dir >= -1; dir -= 2) {
+        fill(x, NR * DIM, 1);
+        memcpy(y, x, sizeof x);
+        li_trop_hadamard_f64(y, s, NR, DIM, BLK, dir);
+        for (int r = 0; r < NR; r++)
+            for (int i = 0; i < DIM; i++) {
+                double acc = 0;
+                for (int j = (i / BLK) * BLK; j < (i / BLK + 1) * BLK; j++) {
+                    const double h = (__builtin_popcount((unsigned)((i % BLK) & (j % BLK))) & 1 ? -1.0 : 1.0) / sqrt(BLK);
+                    /* forward: y_i = sum_j H_ij s_j x_j; transpose: y_i = s_i sum_j H_ji x_j */
+                    acc += dir > 0 ? h * s[j] * x[r * DIM + j] : s[i] * h * x[r * DIM + j];
+                }
+                want[r * DIM + i] = acc;
+            }
+        double e = 0;
+        for (int i = 0; i < NR * DIM; i++) e = fmax(e, fabs(y[i] - want[i]));
+        report(e < 1e-12, "hadamard %s (dim %d, blocks of %d) = the explicit matrix: max err %.1e",
+               dir > 0 ? "forward" : "transpose", DIM, BLK, e);
+    }
+}
+
 static void test_swiglu(void) {
     const int64_t n = 13;
     double g[13], u[13], h[13], R[13], dg[13], du[13], ng[13], nu[13];
@@ -251,12 +280,22 @@ static double model_loss(mcase *c, double *G) {
                            NULL, NULL);
 }
 
+/* > 0: the models of mcase_init are rotated (an online Hadamard in blocks
+ * of rot_block before down_proj, random signs; n_ff 12) */
+static int rot_block;
+
 static void mcase_init(mcase *c, int neox, bool tied, const char *sel_s) {
     li_hparams hp = tiny_hp(neox);
+    if (rot_block) hp.n_ff = 12;
     li_train_select sel;
     li_error err = {0};
     CHECK(li_train_select_parse(sel_s, &sel, &err) == 0, "%s", err.msg);
     CHECK(li_train_model_init_random(&c->tm, &hp, tied, &sel, 7, &err) == 0, "%s", err.msg);
+    if (rot_block) {
+        c->tm.L.rot_block = rot_block;
+        c->tm.L.down_had = malloc((size_t)(hp.n_layer * hp.n_ff) * sizeof(float));
+        for (int64_t i = 0; i < (int64_t)hp.n_layer * hp.n_ff; i++) c->tm.L.down_had[i] = rng_u32() & 1 ? 1.0f : -1.0f;
+    }
     c->B = 2;
     c->T = 5;
     c->P = malloc(c->tm.L.n_params * sizeof(double));
@@ -310,8 +349,9 @@ static void test_model(int neox, bool tied, const char *sel_s) {
         if (e > worst) worst = e, worst_name = t->name;
     }
     const double e = rel_err(G, NG, (int64_t)L->n_grads);
-    report(e < TOL && worst < 1e-4, "model %s, %s rope, %s: %zu params, rel err %.2e (worst tensor %s %.2e)",
-           sel_s, neox ? "neox" : "normal", tied ? "tied head" : "own head", L->n_grads, e, worst_name, worst);
+    report(e < TOL && worst < 1e-4, "model %s, %s rope, %s%s: %zu params, rel err %.2e (worst tensor %s %.2e)",
+           sel_s, neox ? "neox" : "normal", tied ? "tied head" : "own head",
+           rot_block ? ", rotated (Hadamard before down_proj)" : "", L->n_grads, e, worst_name, worst);
     free(G);
     free(NG);
     mcase_free(&c);
@@ -410,6 +450,10 @@ int main(void) {
     test_model(0, true, "all");
     test_model(1, false, "all");
     test_model(0, true, "lora:2");
+    test_hadamard();
+    rot_block = 4;
+    test_model(1, false, "all");
+    rot_block = 0;
     test_subset("norms");
     test_subset("layers:1-1");
     test_float_path();

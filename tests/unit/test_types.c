@@ -316,6 +316,71 @@ static void test_schemes(void) {
     if (have_scalar) li_backend_cpu_free(&scalar);
 }
 
+/* li_weight_requant_row_ref: a dequantized row gives its codes back, and
+ * any row's codes are the nearest values the weight's own grid has (a
+ * brute-force search over every code; clamped at the ends) */
+static void test_requant(void) {
+    for (size_t ci = 0; ci < LI_ARRAY_LEN(cases); ci++) {
+        const scheme_case *c = &cases[ci];
+        test_weight tw;
+        test_weight_scheme(&tw, c->scheme, c->k, c->m, c->group_size, c->zeros, c->perm, rand_u32);
+        const li_weight *w = &tw.w;
+        const int64_t k = w->k, gs = w->group_size ? w->group_size : k, ng = (k + gs - 1) / gs;
+        float *row = li_xmalloc((size_t)k * sizeof(float)), *out = li_xmalloc((size_t)k * sizeof(float)),
+              *back = li_xmalloc((size_t)k * sizeof(float));
+        uint8_t *codes = li_xmalloc(w->row_bytes);
+        double *grid = li_xmalloc((size_t)k * sizeof(double));
+        bool same = true, nearest = true, values = true;
+        int rc = 0;
+        for (int64_t r = 0; r < w->m; r++) {
+            li_weight_dequant_row_ref(w, r, row);
+            rc |= li_weight_requant_row_ref(w, r, row, codes, out);
+            same &= !memcmp(codes, (const uint8_t *)w->data + r * w->row_bytes, w->row_bytes) &&
+                    !memcmp(out, row, (size_t)k * sizeof(float));
+            /* moved off the grid by up to a few steps; some far past its ends */
+            for (int64_t i = 0; i < k; i++) row[i] += (float)(rng_f() * (i % 11 == 0 ? 40.0 : 1.5) * tw.scales[r * ng]);
+            rc |= li_weight_requant_row_ref(w, r, row, codes, out);
+            test_weight view = tw;
+            view.w.data = codes;
+            view.w.m = 1;
+            view.w.scales = w->scales + r * ng;
+            view.w.zeros = w->zeros ? w->zeros + r * ng : NULL;
+            dequant_row_d(&view, 0, grid);
+            li_weight_dequant_row_ref(&view.w, 0, back);
+            values &= !memcmp(back, out, (size_t)k * sizeof(float));
+            for (int64_t j = 0; j < k && nearest; j++) { /* stored column j, input column i */
+                const int64_t i = w->perm ? w->perm[j] : j, g = j / gs;
+                const double sc = w->scales[r * ng + g];
+                const double z = w->zeros ? w->zeros[r * ng + g] : w->scheme == LI_SCHEME_INT4 ? 8.0 : 0.0;
+                double best = INFINITY;
+                const int lo = w->type == LI_TYPE_U4 ? 0 : w->type == LI_KV_TYPE_INT8 ? -127 : 0;
+                const int hi = w->type == LI_TYPE_U4 ? 15 : w->type == LI_KV_TYPE_INT8 ? 127 : 255;
+                for (int cc = lo; cc <= hi; cc++) {
+                    if (w->type == LI_KV_TYPE_FP8_E4M3 && (cc & 0x7f) == 0x7f) continue; /* NaN */
+                    const double v = w->type == LI_KV_TYPE_FP8_E4M3 ? fp8_value((uint8_t)cc) : cc;
+                    best = fmin(best, fabs((v - z) * sc - row[i]));
+                }
+                nearest &= fabs(grid[i] - row[i]) <= best + 1e-6 * fabs(sc) * (1.0 + fabs(row[i] / sc));
+            }
+        }
+        report(rc == 0 && same && nearest && values,
+               "%s k=%lld group %lld%s%s: requant gives a dequantized row its codes back; moved rows round to the "
+               "grid's nearest value",
+               li_scheme_name(c->scheme), (long long)k, (long long)c->group_size, c->zeros ? " zeros" : "",
+               c->perm ? " perm" : "");
+        free(grid);
+        free(codes);
+        free(back);
+        free(out);
+        free(row);
+        test_weight_free(&tw);
+    }
+    li_weight plain = {.type = LI_TYPE_F32, .k = 4, .m = 1, .row_bytes = 16};
+    float x[4] = {0}, o[4];
+    uint8_t b[16];
+    report(li_weight_requant_row_ref(&plain, 0, x, b, o) == -1, "requant refuses a plain weight");
+}
+
 static void test_weight_checks(void) {
     test_weight tw;
     char why[160];
@@ -619,6 +684,7 @@ static void test_model_prepare(void) {
 int main(void) {
     test_table();
     test_schemes();
+    test_requant();
     test_weight_checks();
     test_plain();
     test_backend_refusals();
