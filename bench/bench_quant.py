@@ -23,6 +23,11 @@ child's own (os.wait4).
   .venv/bin/python bench/bench_quant.py [--chunks N] [--methods a,b,...]
          [--speed] [--plot bpw_kl.png] [--json out.json]
 
+`gptq-ao-rot-heal` is `gptq-ao-rot`'s file healed by `luainfer distill`
+(HEAL_ARGS: 40 steps on 10,241 tokens the baseline samples, only the RMSNorm
+weights train, written in the file's own scheme), so no held-out text is
+seen in training either.
+
 --chunks 0 scores the whole text. A run prints the tables as Markdown
 (docs/benchmarks.md has one). With --work DIR --reuse a run can be stopped
 and resumed: quantized models and each model's scores (keyed by the model
@@ -74,7 +79,14 @@ METHODS = {
     "w4a4-rot": (["--method", "w4a4", "--rotate"], False),
     "w4a4-rot-gptq": (["--method", "w4a4", "--rotate", "--gptq"], "q4"),  # QuaRot's W4A4 recipe
 }
-Q4 = ("rtn4", "awq", "gptq", "gptq-ao", "gptq-ao-rot")  # also scored with --q4-act int8 (A8)
+# a method's file healed in its own format by distillation on the teacher's (the baseline's) own samples:
+# only the RMSNorm weights train, the codes stay (docs/training.md, "Scheme files and rotated models")
+HEAL = {"gptq-ao-rot-heal": "gptq-ao-rot"}
+HEAL_ARGS = ["--self-generate", "10241", "--steps", "40", "--seq-len", "256", "--train", "norms", "--lr", "1e-3",
+             "--lr-schedule", "cosine", "--warmup", "4", "--alpha", "0.9", "--temperature", "1", "--dtype", "source",
+             "--seed", "1"]
+METHODS.update({h: METHODS[m] for h, m in HEAL.items()})
+Q4 = ("rtn4", "awq", "gptq", "gptq-ao", "gptq-ao-rot", "gptq-ao-rot-heal")  # also scored with --q4-act int8 (A8)
 DEFAULT = ("q8_0,q4_0,q4_1,w8a8,w8a8-norm,w8a8-a0,w8a8-a0.8,w8a8-gptq,w8a8-as,w8a8-as-gptq,fp8,fp8-sq,fp8-gptq,"
            "rtn4,awq,gptq,gptq-ao,gptq-ao-rot,w4a4,w4a4-rot,w4a4-rot-gptq")
 
@@ -184,7 +196,13 @@ def main():
         cal = ["--calib", a.calib, "--samples", n_cal, "--seq-len", a.seq_len] if calib else []
         t = time.time()
         if not (a.reuse and out.exists()):
-            run([luai, "quantize", *args, *cal, *threads, base, out])
+            if m in HEAL:  # the method it heals quantized first (or kept, with --reuse)
+                src = work / f"{HEAL[m]}.gguf"
+                if not (a.reuse and src.exists()):
+                    run([luai, "quantize", *args, *cal, *threads, base, src])
+                run([luai, "distill", "--teacher", base, "--student", src, *HEAL_ARGS, *threads, out])
+            else:
+                run([luai, "quantize", *args, *cal, *threads, base, out])
         qs = time.time() - t
         i = info(out)
         for act in (["f32", "int8"] if m in Q4 and not a.no_a8 else [None]):
