@@ -160,6 +160,7 @@ int li_train_layout_init(li_train_layout *L, const li_hparams *hp, bool tied, co
 void li_train_layout_free(li_train_layout *L) {
     free(L->t);
     free(L->down_had);
+    free(L->act);
     memset(L, 0, sizeof *L);
 }
 
@@ -255,6 +256,12 @@ int li_train_model_init(li_train_model *tm, const li_model *m, const li_train_se
             else if (k == LI_TL_FFN_NORM) memcpy(dst, ly->ffn_norm, d * sizeof(float));
             else copy_weight(dst, tm->src[i] = w[k]);
         }
+    }
+    /* a scheme's activation rounding, where the engine does it */
+    for (int i = 0; i < L->n_tensors; i++) {
+        if (!tm->src[i] || tm->src[i]->act == LI_ACT_F32 || i == LI_TT_TOK_EMBD || i == LI_TT_OUTPUT) continue;
+        if (!L->act) L->act = li_xcalloc((size_t)L->n_tensors, 1);
+        L->act[i] = (uint8_t)tm->src[i]->act;
     }
     uint64_t rs = seed ? seed : 0x9e3779b97f4a7c15ull;
     init_adapters(tm, &rs);

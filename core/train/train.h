@@ -77,6 +77,12 @@ typedef struct li_train_layout {
      * rot_block, s block l's signs; 0 / NULL: not rotated */
     int32_t rot_block;
     float *down_had;          /* (n_layer, n_ff) signs, block l's first n_ff(l) used; owned */
+    /* (n_tensors) the li_act_quant a matrix's input is rounded with before
+     * the product, as the engine runs its scheme (W8A8 int8, FP8 e4m3, W4A4
+     * int4 rows: li_weight.act), or NULL: all f32. The forward rounds the
+     * shared input of q/k/v by q's, of gate/up by gate's; the backward passes
+     * the gradient straight through. Owned. */
+    uint8_t *act;
 } li_train_layout;
 
 /* Index of tensor `kind` of block `layer` (layer -1: the LI_TT_* globals). */

@@ -29,6 +29,8 @@ void li_train_par(void *tp, li_train_job_fn fn, void *ctx, int64_t n, int op);
     void li_trop_swiglu_fwd_##S(const real *g, const real *u, real *h, int64_t n);                               \
     void li_trop_swiglu_bwd_##S(const real *g, const real *u, const real *dh, real *dg, real *du, int64_t n);    \
     void li_trop_hadamard_##S(real *x, const float *s, int64_t N, int64_t dim, int64_t block, int dir);         \
+    void li_trop_act_quant_##S(real *x, int64_t N, int64_t d, int act);                                       \
+    void li_trop_act_quant_par_##S(void *tp, real *x, int64_t N, int64_t d, int act);                          \
     /* the row-parallel forms (ranges of rows on tp; the serial op's bits) */                                    \
     void li_trop_rmsnorm_fwd_par_##S(void *tp, const real *x, const real *w, real *y, real *rstd, int64_t N,     \
                                      int64_t d, real eps);                                                       \

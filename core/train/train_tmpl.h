@@ -279,6 +279,27 @@ void TR(li_trop_hadamard)(real *x, const float *s, int64_t N, int64_t dim, int64
     }
 }
 
+/* ==== a scheme's activation rounding ====================================== */
+
+/* Each row of x(N, d) rounded in place as the engine rounds a scheme
+ * weight's input (li_act_quant_row_ref: per row, int8 / int4 codes or e4m3
+ * of x / s). The backward pass treats it as the identity (straight through). */
+void TR(li_trop_act_quant)(real *x, int64_t N, int64_t d, int act) {
+    if (act == LI_ACT_F32) return;
+    float *f = sizeof(real) == sizeof(float) ? NULL : li_xmalloc((size_t)d * sizeof(float));
+    for (int64_t i = 0; i < N; i++) {
+        real *xr = x + i * d;
+        if (!f) {
+            li_act_quant_row_ref((li_act_quant)act, (float *)xr, (float *)xr, d);
+            continue;
+        }
+        for (int64_t j = 0; j < d; j++) f[j] = (float)xr[j];
+        li_act_quant_row_ref((li_act_quant)act, f, f, d);
+        for (int64_t j = 0; j < d; j++) xr[j] = (real)f[j];
+    }
+    free(f);
+}
+
 /* ==== the O(N·d) ops on the pool ============================================ */
 
 /* RMSNorm, RoPE and SwiGLU over ranges of TR_PAR_ROWS rows (RMSNorm's dw
@@ -288,7 +309,7 @@ void TR(li_trop_hadamard)(real *x, const float *s, int64_t N, int64_t dim, int64
  * for the EAGLE draft's passes (eagle_tmpl.h). */
 #define TR_PAR_ROWS 16
 #define TR_PAR_COLS 64
-enum { TR_PAR_NORM, TR_PAR_NORM_DX, TR_PAR_NORM_DW, TR_PAR_ROPE, TR_PAR_GLU, TR_PAR_GLU_BWD, TR_PAR_HAD };
+enum { TR_PAR_NORM, TR_PAR_NORM_DX, TR_PAR_NORM_DW, TR_PAR_ROPE, TR_PAR_GLU, TR_PAR_GLU_BWD, TR_PAR_HAD, TR_PAR_ACTQ };
 
 typedef struct TR(par_ctx) {
     int op;
@@ -326,6 +347,7 @@ static void TR(par_job)(void *ctx, int64_t job) {
         TR(li_trop_swiglu_bwd)(c->g + i0 * d, c->u + i0 * d, c->dy + i0 * d, c->dg + i0 * d, c->du + i0 * d, n * d);
         break;
     case TR_PAR_HAD: TR(li_trop_hadamard)(c->v + i0 * d, c->sgn, n, d, c->block, c->dir); break;
+    case TR_PAR_ACTQ: TR(li_trop_act_quant)(c->v + i0 * d, n, d, c->dir); break;
     }
 }
 
@@ -365,6 +387,13 @@ void TR(li_trop_swiglu_par)(void *tp, const real *g, const real *u, real *h, con
 /* x(N, dim) through li_trop_hadamard, rows on the pool */
 void TR(li_trop_hadamard_par)(void *tp, real *x, const float *s, int64_t N, int64_t dim, int64_t block, int dir) {
     TR(par_ctx) c = {.op = TR_PAR_HAD, .v = x, .sgn = s, .N = N, .d = dim, .block = block, .dir = dir};
+    li_train_par(tp, TR(par_job), &c, TR(par_row_jobs)(N), c.op);
+}
+
+/* x(N, d) through li_trop_act_quant (act: its li_act_quant), rows on the pool */
+void TR(li_trop_act_quant_par)(void *tp, real *x, int64_t N, int64_t d, int act) {
+    if (act == LI_ACT_F32) return;
+    TR(par_ctx) c = {.op = TR_PAR_ACTQ, .v = x, .N = N, .d = d, .dir = act};
     li_train_par(tp, TR(par_job), &c, TR(par_row_jobs)(N), c.op);
 }
 
@@ -595,6 +624,7 @@ double TR(li_train_fb)(const li_train_layout *L, const real *P, real *G, const i
 #define PT(l, kind) (P + L->t[li_train_tensor_index(l, kind)].off)
 #define GT(l, kind) (L->t[li_train_tensor_index(l, kind)].goff >= 0 ? G + L->t[li_train_tensor_index(l, kind)].goff : NULL)
 #define TRAINS(l, kind) (L->t[li_train_tensor_index(l, kind)].goff >= 0)
+#define ACT(l, kind) (L->act ? (int)L->act[li_train_tensor_index(l, kind)] : LI_ACT_F32)
 #define XA(l, j) (a.xa + ((int64_t)(l) * 7 + (j)) * N * r)
     TR(li_trop_rope_table)(a.cs, T, hp->n_rot, (real)hp->rope_theta);
 
@@ -606,20 +636,24 @@ double TR(li_train_fb)(const li_train_layout *L, const real *P, real *G, const i
              *att = a.att + l * N * qd, *g = a.g + l * N * ff, *u = a.u + l * N * ff, *h = a.h + l * N * ff,
              *Pl = a.P + (int64_t)l * B * H * T * T, *xnext = a.res + (l + 1) * N * d;
         TR(li_trop_rmsnorm_fwd_par)(tp, x, PT(l, LI_TL_ATTN_NORM), xn1, a.rstd1 + l * N, N, d, (real)hp->norm_eps);
+        TR(li_trop_act_quant_par)(tp, xn1, N, d, ACT(l, LI_TL_WQ));
         TR(lin_fwd)(L, P, li_train_tensor_index(l, LI_TL_WQ), xn1, q, XA(l, 0), a.ltmp, N, tp);
         TR(lin_fwd)(L, P, li_train_tensor_index(l, LI_TL_WK), xn1, k, XA(l, 1), a.ltmp, N, tp);
         TR(lin_fwd)(L, P, li_train_tensor_index(l, LI_TL_WV), xn1, v, XA(l, 2), a.ltmp, N, tp);
         TR(li_trop_rope_par)(tp, q, a.cs, N, T, H, hd, hp->n_rot, hp->rope_neox, 1);
         TR(li_trop_rope_par)(tp, k, a.cs, N, T, Hkv, hd, hp->n_rot, hp->rope_neox, 1);
         TR(li_trop_attn_fwd)(q, k, v, Pl, att, B, T, H, Hkv, hd, tp);
+        TR(li_trop_act_quant_par)(tp, att, N, qd, ACT(l, LI_TL_WO));
         TR(lin_fwd)(L, P, li_train_tensor_index(l, LI_TL_WO), att, xmid, XA(l, 3), a.ltmp, N, tp);
         for (int64_t i = 0; i < N * d; i++) xmid[i] += x[i];
         TR(li_trop_rmsnorm_fwd_par)(tp, xmid, PT(l, LI_TL_FFN_NORM), xn2, a.rstd2 + l * N, N, d, (real)hp->norm_eps);
+        TR(li_trop_act_quant_par)(tp, xn2, N, d, ACT(l, LI_TL_GATE));
         TR(lin_fwd)(L, P, li_train_tensor_index(l, LI_TL_GATE), xn2, g, XA(l, 4), a.ltmp, N, tp);
         TR(lin_fwd)(L, P, li_train_tensor_index(l, LI_TL_UP), xn2, u, XA(l, 5), a.ltmp, N, tp);
         TR(li_trop_swiglu_par)(tp, g, u, h, NULL, NULL, NULL, N, li_hp_n_ff(hp, l)); /* (N, block l's width) */
         if (L->rot_block) /* a rotated model: down_proj reads H·diag(s)·h */
             TR(li_trop_hadamard_par)(tp, h, L->down_had + (int64_t)l * ff, N, li_hp_n_ff(hp, l), L->rot_block, 1);
+        TR(li_trop_act_quant_par)(tp, h, N, li_hp_n_ff(hp, l), ACT(l, LI_TL_DOWN));
         TR(lin_fwd)(L, P, li_train_tensor_index(l, LI_TL_DOWN), h, xnext, XA(l, 6), a.ltmp, N, tp);
         for (int64_t i = 0; i < N * d; i++) xnext[i] += xmid[i];
     }
@@ -673,5 +707,6 @@ double TR(li_train_fb)(const li_train_layout *L, const real *P, real *G, const i
 #undef GT
 #undef XA
 #undef TRAINS
+#undef ACT
     return loss;
 }

@@ -435,8 +435,8 @@ static bool same_tensor(const li_gguf *a, const li_gguf *b, const char *name) {
  * online Hadamard and, with --dtype source, keeps its scheme: QAT rounds
  * each matrix onto the file's own grid, and the checkpoint holds those
  * codes beside the file's scales, zero points, permutations and signs. */
-static void test_scheme_qat(const char *base) {
-    char rot[512], q4[512], out[512], frozen[512], wdir[512], wide[512];
+static void test_scheme_qat(const char *base, char *wide, size_t wide_cap) {
+    char rot[512], q4[512], out[512], frozen[512], wdir[512];
     path_in(rot, sizeof rot, "rot.gguf");
     path_in(q4, sizeof q4, "rot_gptq.gguf");
     path_in(out, sizeof out, "rot_gptq_qat.gguf");
@@ -452,7 +452,10 @@ static void test_scheme_qat(const char *base) {
     hp.n_embd = 32;
     hp.n_head = 4;
     hp.n_ff = 64;
-    if (li_test_tiny_model(&hp, NULL, 4, 3.0f, wdir, wide, sizeof wide)) return;
+    if (li_test_tiny_model(&hp, NULL, 4, 3.0f, wdir, wide, wide_cap)) {
+        wide[0] = 0;
+        return;
+    }
     const li_quant_opts qo = {.in = wide, .out = q4, .method = LI_QMETHOD_GPTQ, .group = 8, .group_set = true,
                               .calib = "tests/data/plrabn12.txt", .samples = 4, .seq_len = 32, .threads = 1,
                               .damp = 0.01, .act_order = true, .rotate = true, .rot_block = 8, .rot_seed = 5};
@@ -556,6 +559,74 @@ static void test_scheme_qat(const char *base) {
     free(p0);
     li_train_model_free(&a);
     li_model_free(m);
+}
+
+/* `in` rewritten to `out` with token_embd (the tied head) taken from
+ * `embd` (an F32 file): the scheme files' Q8_0 head multiplies Q8_0-rounded
+ * activations, which would hide what the test below compares */
+static int with_f32_head(const char *in, const char *embd, const char *out) {
+    li_gguf g, e;
+    li_error err = {0};
+    CHECK(li_gguf_open(&g, in, &err) == 0, "%s", err.msg);
+    CHECK(li_gguf_open(&e, embd, &err) == 0, "%s", err.msg);
+    li_gguf_writer w;
+    li_gguf_writer_init(&w);
+    int rc = 0;
+    for (uint64_t i = 0; i < g.n_kv && !rc; i++) rc = li_gguf_writer_add_kv(&w, &g.kv[i], &err);
+    for (uint64_t i = 0; i < g.n_tensors && !rc; i++) {
+        char name[128];
+        snprintf(name, sizeof name, "%.*s", (int)g.tensors[i].name.len, g.tensors[i].name.ptr);
+        const li_gguf_tensor *t = strcmp(name, "token_embd.weight") ? &g.tensors[i] : li_gguf_find_tensor(&e, name);
+        void *b = li_xmalloc(t->nbytes);
+        memcpy(b, t->data, t->nbytes);
+        rc = li_gguf_writer_add_tensor(&w, name, t->type, t->n_dims, t->ne, b, t->nbytes, &err);
+    }
+    if (!rc) rc = li_gguf_writer_write(&w, out, &err);
+    CHECK(rc == 0, "%s", err.msg);
+    li_gguf_writer_free(&w);
+    li_gguf_free(&e);
+    li_gguf_free(&g);
+    return rc;
+}
+
+/* W8A8, FP8 and W4A4 files: the engine rounds each matrix's input (int8,
+ * e4m3, int4 rows); the training forward does the same (li_train_layout.act)
+ * and then gives the engine's logits */
+static void test_act_quant(const char *wide) {
+    static const struct {
+        li_qmethod m;
+        const char *name;
+    } cases[] = {{LI_QMETHOD_W8A8, "w8a8 (int8 rows)"}, {LI_QMETHOD_FP8, "fp8 (e4m3 rows)"},
+                 {LI_QMETHOD_W4A4, "w4a4 (int4 rows)"}};
+    for (size_t c = 0; c < LI_ARRAY_LEN(cases); c++) {
+        char q[512], qf[512];
+        path_in(q, sizeof q, "actq.gguf");
+        path_in(qf, sizeof qf, "actq_f32head.gguf");
+        li_error err = {0};
+        const li_quant_opts qo = {.in = wide, .out = q, .method = cases[c].m, .threads = 1};
+        CHECK(li_quantize(&qo, &err) == 0, "%s", err.msg);
+        if (with_f32_head(q, wide, qf)) continue;
+        li_model *m;
+        CHECK(li_model_load(&m, qf, &err) == 0, "%s", err.msg);
+        li_train_model tm;
+        li_train_select all = {.what = LI_TRAIN_ALL};
+        CHECK(li_train_model_init(&tm, m, &all, 1, &err) == 0, "%s", err.msg);
+        static float a[SEQ * 2000], b[SEQ * 2000];
+        if (engine_logits(qf, seq_tok, SEQ, b) == 0) {
+            train_logits(&tm, seq_tok, SEQ, a);
+            const double e1 = rel_diff(a, b, SEQ * 2000);
+            uint8_t *act = tm.L.act;
+            tm.L.act = NULL; /* the passes without the rounding */
+            train_logits(&tm, seq_tok, SEQ, a);
+            tm.L.act = act;
+            const double e0 = rel_diff(a, b, SEQ * 2000);
+            report(act && e1 < 1e-5 && e0 > 100 * e1,
+                   "%s: training forward = engine forward with the activations rounded (rel diff %.1e; "
+                   "without: %.1e)", cases[c].name, e1, e0);
+        }
+        li_train_model_free(&tm);
+        li_model_free(m);
+    }
 }
 
 static void test_ffn_widths(const char *base) {
@@ -795,7 +866,9 @@ int main(void) {
     test_train_save(base, "all", LI_CKPT_F16, 1e-2, 1e-2f);
     test_train_save(base, "lora:4", LI_CKPT_F32, 1e-5, 2e-2f);
     test_qat(base);
-    test_scheme_qat(base);
+    char wide[512] = "";
+    test_scheme_qat(base, wide, sizeof wide);
+    if (wide[0]) test_act_quant(wide);
     test_ffn_widths(base);
     test_nan_and_stop(base);
     char cmd[600];
