@@ -23,7 +23,8 @@ child's own (os.wait4).
   .venv/bin/python bench/bench_quant.py [--chunks N] [--methods a,b,...]
          [--speed] [--plot bpw_kl.png] [--json out.json]
 
-`gptq-ao-rot-heal` is `gptq-ao-rot`'s file healed by `luainfer distill`
+`gptq-ao-rot-heal` (`w4a4-rot-gptq-heal`) is `gptq-ao-rot`'s (`w4a4-rot-gptq`'s)
+file healed by `luainfer distill`
 (HEAL_ARGS: 40 steps on 10,241 tokens the baseline samples, only the RMSNorm
 weights train, written in the file's own scheme), so no held-out text is
 seen in training either.
@@ -81,7 +82,7 @@ METHODS = {
 }
 # a method's file healed in its own format by distillation on the teacher's (the baseline's) own samples:
 # only the RMSNorm weights train, the codes stay (docs/training.md, "Scheme files and rotated models")
-HEAL = {"gptq-ao-rot-heal": "gptq-ao-rot"}
+HEAL = {"gptq-ao-rot-heal": "gptq-ao-rot", "w4a4-rot-gptq-heal": "w4a4-rot-gptq"}
 HEAL_ARGS = ["--self-generate", "10241", "--steps", "40", "--seq-len", "256", "--train", "norms", "--lr", "1e-3",
              "--lr-schedule", "cosine", "--warmup", "4", "--alpha", "0.9", "--temperature", "1", "--dtype", "source",
              "--seed", "1"]

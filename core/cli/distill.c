@@ -213,6 +213,12 @@ int li_cmd_distill(int argc, char **argv) {
            (double)tm.L.n_params / 1e6, n_ids,
            to.data ? "text" : "the teacher's samples",
            (long long)c.n_windows, (long long)to.seq_len);
+    for (int i = 0; tm.L.act && i < tm.L.n_tensors; i++)
+        if (tm.L.act[i]) { /* one scheme a file: its first rounded matrix says which */
+            printf("the student's matrices read %s-rounded activations, as its scheme runs them\n",
+                   li_act_quant_name(tm.L.act[i]));
+            break;
+        }
     printf("loss = %.2f * KL(T = %.2f) * T^2 + %.2f * CE; AdamW lr %g (%s, warmup %d), %lld x %lld x %lld tokens "
            "per step\n",
            to.alpha, to.temperature, 1 - to.alpha, to.lr, to.sched_s, to.sched.warmup, (long long)accum,
