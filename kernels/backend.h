@@ -70,11 +70,13 @@ void li_weight_dequant_row_ref(const li_weight *w, int64_t row, float *out);
  * order) rounded to the nearest codes of w's type under that row's scales,
  * zero points and permutation, written in w's storage layout to codes
  * (row_bytes), and their values to out (k, input order; NULL: not wanted).
+ * scratch: k floats of the caller's (a training step rounds every row).
  * What quantization-aware training of a scheme file rounds through: the
  * grid stays the file's, so requantizing a dequantized row gives its codes
  * back. -1 (nothing written) for a plain weight or a code type without a
  * quantizer. */
-int li_weight_requant_row_ref(const li_weight *w, int64_t row, const float *x, void *codes, float *out);
+int li_weight_requant_row_ref(const li_weight *w, int64_t row, const float *x, void *codes, float *out,
+                              float *scratch);
 
 /* One layer's paged KV storage. Each block holds block_size token slots;
  * slot layout [block][slot][kv_head][head_dim]. */

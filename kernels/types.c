@@ -539,6 +539,19 @@ int li_weight_check(const li_weight *w, char *why, size_t cap) {
     return 0;
 }
 
+/* Code values q (stored order) of row `row` as values: (q - zero) * scale
+ * per group, each stored column j put at its input column perm[j]. q may be
+ * out when there is no permutation. */
+static void scheme_values(const li_weight *w, int64_t row, const float *q, float *out) {
+    const int64_t ng = li_weight_n_groups(w), gs = w->group_size > 0 ? w->group_size : w->k;
+    const float *sc = w->scales + row * ng, *zp = w->zeros ? w->zeros + row * ng : NULL;
+    const float zero = li_scheme_info(w->scheme)->zero;
+    for (int64_t j = 0; j < w->k; j++) {
+        const int64_t g = j / gs;
+        out[w->perm ? w->perm[j] : j] = (q[j] - (zp ? zp[g] : zero)) * sc[g];
+    }
+}
+
 void li_weight_dequant_row_ref(const li_weight *w, int64_t row, float *out) {
     const li_type_traits *t = li_type_info(w->type);
     const void *src = (const char *)w->data + row * w->row_bytes;
@@ -546,29 +559,17 @@ void li_weight_dequant_row_ref(const li_weight *w, int64_t row, float *out) {
         t->to_float(src, out, w->k);
         return;
     }
-    /* code values in stored order, then (q - zero) * scale per group, then
-     * each stored column j put back at its input column perm[j] */
     float *q = w->perm ? malloc((size_t)w->k * sizeof(float)) : out;
     if (!q) abort(); /* tiny and rare (the reference); like li_xmalloc */
     t->to_float(src, q, w->k);
-    const int64_t ng = li_weight_n_groups(w), gs = w->group_size > 0 ? w->group_size : w->k;
-    const float *sc = w->scales + row * ng, *zp = w->zeros ? w->zeros + row * ng : NULL;
-    const float zero = li_scheme_info(w->scheme)->zero;
-    for (int64_t j = 0; j < w->k; j++) {
-        const int64_t g = j / gs;
-        q[j] = (q[j] - (zp ? zp[g] : zero)) * sc[g];
-    }
-    if (w->perm) {
-        for (int64_t j = 0; j < w->k; j++) out[w->perm[j]] = q[j];
-        free(q);
-    }
+    scheme_values(w, row, q, out);
+    if (q != out) free(q);
 }
 
-int li_weight_requant_row_ref(const li_weight *w, int64_t row, const float *x, void *codes, float *out) {
+int li_weight_requant_row_ref(const li_weight *w, int64_t row, const float *x, void *codes, float *out,
+                              float *scratch) {
     const li_type_traits *t = li_type_info(w->type);
     if (w->scheme == LI_SCHEME_PLAIN || !t || !t->from_float || !t->to_float) return -1;
-    float *q = malloc((size_t)w->k * sizeof(float));
-    if (!q) abort();
     const int64_t ng = li_weight_n_groups(w), gs = w->group_size > 0 ? w->group_size : w->k;
     const float *sc = w->scales + row * ng, *zp = w->zeros ? w->zeros + row * ng : NULL;
     const float zero = li_scheme_info(w->scheme)->zero;
@@ -577,16 +578,12 @@ int li_weight_requant_row_ref(const li_weight *w, int64_t row, const float *x, v
         const int64_t g = j / gs;
         const float z = zp ? zp[g] : zero, v = x[w->perm ? w->perm[j] : j];
         /* a zero group keeps its zero point; no + 0 (it would turn fp8's -0 code into +0) */
-        q[j] = sc[g] == 0.0f ? z : z != 0.0f ? v / sc[g] + z : v / sc[g];
+        scratch[j] = sc[g] == 0.0f ? z : z != 0.0f ? v / sc[g] + z : v / sc[g];
     }
-    t->from_float(q, codes, w->k);
+    t->from_float(scratch, codes, w->k);
     if (out) { /* the codes' values, as li_weight_dequant_row_ref reads them */
-        t->to_float(codes, q, w->k);
-        for (int64_t j = 0; j < w->k; j++) {
-            const int64_t g = j / gs;
-            out[w->perm ? w->perm[j] : j] = (q[j] - (zp ? zp[g] : zero)) * sc[g];
-        }
+        t->to_float(codes, scratch, w->k);
+        scheme_values(w, row, scratch, out);
     }
-    free(q);
     return 0;
 }

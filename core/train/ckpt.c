@@ -94,8 +94,10 @@ static int write_scheme(li_gguf_writer *w, const li_train_model *tm, int i, cons
         rc = copy_tensor(w, src, t->name, err);
     } else {
         uint8_t *q = li_xmalloc(st->nbytes);
+        float *scratch = li_xmalloc((size_t)t->cols * sizeof(float));
         for (int64_t r = 0; r < t->rows; r++)
-            li_weight_requant_row_ref(g, r, f + r * t->cols, q + (size_t)r * g->row_bytes, NULL);
+            li_weight_requant_row_ref(g, r, f + r * t->cols, q + (size_t)r * g->row_bytes, NULL, scratch);
+        free(scratch);
         rc = li_gguf_writer_add_tensor(w, t->name, st->type, st->n_dims, st->ne, q, st->nbytes, err);
     }
     static const char *const companions[] = {".scale", ".zero", ".perm"};

@@ -33,21 +33,24 @@ static void refresh_run(void *ctx, int ith, int nth) {
     qat_job *j = ctx;
     li_train_model *tm = j->tm;
     uint8_t *q = NULL;
-    size_t cap = 0;
+    float *scratch = NULL;
+    size_t cap = 0, scap = 0;
     for (;;) {
         const long i = atomic_fetch_add(&j->next, 1);
         if (i >= tm->L.n_tensors) break;
         if (!rounded(tm, (int)i, j->trainable_only)) continue;
         const li_train_tensor *t = &tm->L.t[i];
-        const li_weight *grid = tm->grid ? tm->grid[i] : NULL;
         const li_type_traits *tr = li_type_info(tm->qat_type[i]);
+        /* a scheme's code type: the matrix rounds onto its file's grid (li_train_qat_init) */
+        const li_weight *grid = tr->scaled ? tm->src[i] : NULL;
         size_t row;
         li_type_row_size(tm->qat_type[i], t->cols, &row);
         if (row > cap) q = li_xrealloc(q, cap = row);
+        if (grid && (size_t)t->cols > scap) scratch = li_xrealloc(scratch, (scap = (size_t)t->cols) * sizeof(float));
         for (int64_t r = 0; r < t->rows; r++) {
             const size_t o = t->off + (size_t)(r * t->cols);
-            if (grid) { /* a scheme file's matrix: its own scales, zero points, permutation */
-                li_weight_requant_row_ref(grid, r, tm->master + o, q, tm->params + o);
+            if (grid) { /* its own scales, zero points, permutation */
+                li_weight_requant_row_ref(grid, r, tm->master + o, q, tm->params + o, scratch);
                 continue;
             }
             tr->from_float(tm->master + o, q, t->cols);
@@ -55,6 +58,7 @@ static void refresh_run(void *ctx, int ith, int nth) {
         }
     }
     free(q);
+    free(scratch);
 }
 
 void li_train_qat_refresh(li_train_model *tm, bool trainable_only, struct li_threadpool *tp) {
@@ -84,11 +88,9 @@ int li_train_qat_init(li_train_model *tm, const li_gguf *src, li_ckpt_dtype dtyp
     if (!tm->master) return li_error_set(err, LI_ENOMEM, "train: no memory for the --qat master copies");
     memcpy(tm->master, tm->params, n * sizeof(float));
     tm->qat_type = li_xmalloc((size_t)tm->L.n_tensors * sizeof *tm->qat_type);
-    if (dtype == LI_CKPT_SOURCE) tm->grid = li_xcalloc((size_t)tm->L.n_tensors, sizeof *tm->grid);
     for (int i = 0; i < tm->L.n_tensors; i++) {
         const li_train_tensor *t = &tm->L.t[i];
         const li_weight *g = li_train_scheme_weight(tm, dtype, i);
-        if (g) tm->grid[i] = g;
         tm->qat_type[i] = t->rows == 1 ? LI_TYPE_F32 : g ? g->type : li_ckpt_matrix_type(dtype, src, t->name, t->cols);
     }
     li_train_qat_refresh(tm, false, tp);

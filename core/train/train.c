@@ -259,7 +259,7 @@ int li_train_model_init(li_train_model *tm, const li_model *m, const li_train_se
     }
     /* a scheme's activation rounding, where the engine does it */
     for (int i = 0; i < L->n_tensors; i++) {
-        if (!tm->src[i] || tm->src[i]->act == LI_ACT_F32 || i == LI_TT_TOK_EMBD || i == LI_TT_OUTPUT) continue;
+        if (!tm->src[i] || tm->src[i]->act == LI_ACT_F32) continue;
         if (!L->act) L->act = li_xcalloc((size_t)L->n_tensors, 1);
         L->act[i] = (uint8_t)tm->src[i]->act;
     }
@@ -272,7 +272,6 @@ void li_train_model_free(li_train_model *tm) {
     li_aligned_free(tm->params);
     li_aligned_free(tm->master);
     free(tm->qat_type);
-    free(tm->grid);
     free(tm->src);
     li_train_layout_free(&tm->L);
     memset(tm, 0, sizeof *tm);

@@ -109,9 +109,8 @@ typedef struct li_train_model {
     /* QAT (qat.c; NULL without): params = dequant(quant(master)) per tensor,
      * the optimizer updating master */
     float *master;        /* (L.n_params) */
-    uint32_t *qat_type;   /* (L.n_tensors) the type each tensor is rounded through; LI_TYPE_F32: none */
-    const li_weight **grid; /* (L.n_tensors) with --dtype source: the scheme weight whose grid a matrix is
-                             * rounded onto (li_train_scheme_weight), else NULL; NULL array otherwise */
+    uint32_t *qat_type;   /* (L.n_tensors) the type each tensor is rounded through; LI_TYPE_F32: none;
+                           * a scheme's code type (scaled): onto src[i]'s grid (li_train_scheme_weight) */
     /* (L.n_tensors) each matrix's weight in the model it was loaded from
      * (li_train_model_init; NULL for norms, adapters and random models). A
      * scheme weight's grid (scales, zero points, permutation) is what --qat

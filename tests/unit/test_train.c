@@ -476,7 +476,7 @@ static void test_scheme_qat(const char *base, char *wide, size_t wide_cap) {
     if (engine_logits(q4, seq_tok, SEQ, el) == 0) gap0 = rel_diff(el, tl, SEQ * 2000);
     CHECK(li_train_qat_init(&a, &m->gguf, LI_CKPT_SOURCE, NULL, &err) == 0, "%s", err.msg);
     int n_grid = 0;
-    for (int i = 0; i < a.L.n_tensors; i++) n_grid += a.grid[i] != NULL;
+    for (int i = 0; i < a.L.n_tensors; i++) n_grid += li_type_info(a.qat_type[i])->scaled && a.src[i];
     report(n_grid == 7 * a.L.hp.n_layer && !memcmp(p0, a.params, n * sizeof(float)),
            "QAT on a GPTQ file: %d matrices on the file's grids; rounding them again changes no weight", n_grid);
     run_ctx c;

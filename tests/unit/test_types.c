@@ -330,16 +330,17 @@ static void test_requant(void) {
               *back = li_xmalloc((size_t)k * sizeof(float));
         uint8_t *codes = li_xmalloc(w->row_bytes);
         double *grid = li_xmalloc((size_t)k * sizeof(double));
+        float *scratch = li_xmalloc((size_t)k * sizeof(float));
         bool same = true, nearest = true, values = true;
         int rc = 0;
         for (int64_t r = 0; r < w->m; r++) {
             li_weight_dequant_row_ref(w, r, row);
-            rc |= li_weight_requant_row_ref(w, r, row, codes, out);
+            rc |= li_weight_requant_row_ref(w, r, row, codes, out, scratch);
             same &= !memcmp(codes, (const uint8_t *)w->data + r * w->row_bytes, w->row_bytes) &&
                     !memcmp(out, row, (size_t)k * sizeof(float));
             /* moved off the grid by up to a few steps; some far past its ends */
             for (int64_t i = 0; i < k; i++) row[i] += (float)(rng_f() * (i % 11 == 0 ? 40.0 : 1.5) * tw.scales[r * ng]);
-            rc |= li_weight_requant_row_ref(w, r, row, codes, out);
+            rc |= li_weight_requant_row_ref(w, r, row, codes, out, scratch);
             test_weight view = tw;
             view.w.data = codes;
             view.w.m = 1;
@@ -369,6 +370,7 @@ static void test_requant(void) {
                li_scheme_name(c->scheme), (long long)k, (long long)c->group_size, c->zeros ? " zeros" : "",
                c->perm ? " perm" : "");
         free(grid);
+        free(scratch);
         free(codes);
         free(back);
         free(out);
@@ -378,7 +380,7 @@ static void test_requant(void) {
     li_weight plain = {.type = LI_TYPE_F32, .k = 4, .m = 1, .row_bytes = 16};
     float x[4] = {0}, o[4];
     uint8_t b[16];
-    report(li_weight_requant_row_ref(&plain, 0, x, b, o) == -1, "requant refuses a plain weight");
+    report(li_weight_requant_row_ref(&plain, 0, x, b, o, x) == -1, "requant refuses a plain weight");
 }
 
 static void test_weight_checks(void) {
