@@ -27,7 +27,8 @@ child's own (os.wait4).
 file healed by `luainfer distill`
 (HEAL_ARGS: 40 steps on 10,241 tokens the baseline samples, only the RMSNorm
 weights train, written in the file's own scheme), so no held-out text is
-seen in training either.
+seen in training either; `gptq-ao-rot-scales` (`w4a4-rot-gptq-scales`) the
+same with the group scales trained too (`--train scales+norms`).
 
 --chunks 0 scores the whole text. A run prints the tables as Markdown
 (docs/benchmarks.md has one). With --work DIR --reuse a run can be stopped
@@ -80,14 +81,18 @@ METHODS = {
     "w4a4-rot": (["--method", "w4a4", "--rotate"], False),
     "w4a4-rot-gptq": (["--method", "w4a4", "--rotate", "--gptq"], "q4"),  # QuaRot's W4A4 recipe
 }
-# a method's file healed in its own format by distillation on the teacher's (the baseline's) own samples:
-# only the RMSNorm weights train, the codes stay (docs/training.md, "Scheme files and rotated models")
-HEAL = {"gptq-ao-rot-heal": "gptq-ao-rot", "w4a4-rot-gptq-heal": "w4a4-rot-gptq"}
-HEAL_ARGS = ["--self-generate", "10241", "--steps", "40", "--seq-len", "256", "--train", "norms", "--lr", "1e-3",
-             "--lr-schedule", "cosine", "--warmup", "4", "--alpha", "0.9", "--temperature", "1", "--dtype", "source",
-             "--seed", "1"]
-METHODS.update({h: METHODS[m] for h, m in HEAL.items()})
-Q4 = ("rtn4", "awq", "gptq", "gptq-ao", "gptq-ao-rot", "gptq-ao-rot-heal")  # also scored with --q4-act int8 (A8)
+# a method's file healed in its own format by distillation on the teacher's (the baseline's) own samples, the
+# codes kept: -heal trains only the RMSNorm weights (docs/training.md, "Scheme files and rotated models"),
+# -scales the group scales (EfficientQAT's end-to-end stage; "Trained scales")
+# (the rates and alphas: each the best of a sweep on 8 chunks, docs/benchmarks.md "Session 40")
+NORMS = ["--train", "norms", "--lr", "1e-3", "--alpha", "0.9"]
+HEAL = {"gptq-ao-rot-heal": ("gptq-ao-rot", NORMS), "w4a4-rot-gptq-heal": ("w4a4-rot-gptq", NORMS),
+        "gptq-ao-rot-scales": ("gptq-ao-rot", ["--train", "scales+norms", "--lr", "3e-4", "--alpha", "1"]),
+        "w4a4-rot-gptq-scales": ("w4a4-rot-gptq", ["--train", "scales+norms", "--lr", "1e-3", "--alpha", "0.9"])}
+HEAL_ARGS = ["--self-generate", "10241", "--steps", "40", "--seq-len", "256", "--lr-schedule", "cosine", "--warmup",
+             "4", "--temperature", "1", "--dtype", "source", "--seed", "1"]
+METHODS.update({h: METHODS[m] for h, (m, _) in HEAL.items()})
+Q4 = ("rtn4", "awq", "gptq", "gptq-ao", "gptq-ao-rot", "gptq-ao-rot-heal", "gptq-ao-rot-scales")  # also scored with --q4-act int8 (A8)
 DEFAULT = ("q8_0,q4_0,q4_1,w8a8,w8a8-norm,w8a8-a0,w8a8-a0.8,w8a8-gptq,w8a8-as,w8a8-as-gptq,fp8,fp8-sq,fp8-gptq,"
            "rtn4,awq,gptq,gptq-ao,gptq-ao-rot,w4a4,w4a4-rot,w4a4-rot-gptq")
 
@@ -198,10 +203,10 @@ def main():
         t = time.time()
         if not (a.reuse and out.exists()):
             if m in HEAL:  # the method it heals quantized first (or kept, with --reuse)
-                src = work / f"{HEAL[m]}.gguf"
+                src = work / f"{HEAL[m][0]}.gguf"
                 if not (a.reuse and src.exists()):
                     run([luai, "quantize", *args, *cal, *threads, base, src])
-                run([luai, "distill", "--teacher", base, "--student", src, *HEAL_ARGS, *threads, out])
+                run([luai, "distill", "--teacher", base, "--student", src, *HEAL_ARGS, *HEAL[m][1], *threads, out])
             else:
                 run([luai, "quantize", *args, *cal, *threads, base, out])
         qs = time.time() - t

@@ -119,7 +119,8 @@ int li_cmd_distill(int argc, char **argv) {
         {"teacher", LI_OPT_STR, &teacher_path, "the teacher model (required)"},
         {"student", LI_OPT_STR, &student_path, "the student GGUF; same vocabulary (required)"},
         {"accum", LI_OPT_INT, &accum, "micro-batches accumulated per step (default 1)"},
-        {"train", LI_OPT_STR, &train, "what trains: all, norms, layers:A-B, lora:R (default norms)"},
+        {"train", LI_OPT_STR, &train, "what trains: all, norms, layers:A-B, lora:R, scales (a scheme file's group scales, its codes "
+                                      "kept), scales+norms (default norms)"},
         {"streams", LI_OPT_INT, &streams,
          "--self-generate: sequences sampled side by side, 1..256 (default 16; 1: one stream, as before)"},
         {"qat", LI_OPT_FLAG, &qat,

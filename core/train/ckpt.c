@@ -80,9 +80,25 @@ static int copy_tensor(li_gguf_writer *w, const li_gguf *src, const char *name, 
     return li_gguf_writer_add_tensor(w, name, t->type, t->n_dims, t->ne, b, t->nbytes, err);
 }
 
+/* the trained scales of matrix i (--train scales) as its source's .scale tensor */
+static int write_scales(li_gguf_writer *w, const li_train_model *tm, int i, const li_gguf *src, li_error *err) {
+    const li_train_tensor *t = &tm->L.t[i], *a = &tm->L.t[t->qscale];
+    char cn[96];
+    snprintf(cn, sizeof cn, "%s.scale", t->name);
+    const li_gguf_tensor *st = li_gguf_find_tensor(src, cn);
+    const size_t n = (size_t)(a->rows * a->cols);
+    if (!st || st->type != LI_TYPE_F32 || st->nbytes != n * sizeof(float))
+        return li_error_set(err, LI_EINVAL, "train: %s: the source's scales are not the f32 (%lld, %lld) its weight "
+                            "reads", cn, (long long)a->rows, (long long)a->cols);
+    float *s = li_xmalloc(n * sizeof(float));
+    memcpy(s, tm->qw[i].scales, n * sizeof(float));
+    return li_gguf_writer_add_tensor(w, cn, st->type, st->n_dims, st->ne, s, st->nbytes, err);
+}
+
 /* Matrix i on its scheme weight g's grid: the codes in the source tensor's
  * GGUF type and shape, its scales, zero points and permutation copied. A
- * matrix that did not train is copied byte for byte. */
+ * matrix that did not train is copied byte for byte; one whose scales
+ * trained (--train scales) keeps its codes and gets its new scales. */
 static int write_scheme(li_gguf_writer *w, const li_train_model *tm, int i, const li_weight *g, const float *f,
                         const li_gguf *src, li_error *err) {
     const li_train_tensor *t = &tm->L.t[i];
@@ -90,7 +106,7 @@ static int write_scheme(li_gguf_writer *w, const li_train_model *tm, int i, cons
     if (!st || st->nbytes != g->row_bytes * (size_t)g->m)
         return li_error_set(err, LI_EINVAL, "train: %s: the source's codes are not where its weight says", t->name);
     int rc;
-    if (t->goff < 0 && t->lora_a < 0) {
+    if ((t->goff < 0 || t->grad_only) && t->lora_a < 0) {
         rc = copy_tensor(w, src, t->name, err);
     } else {
         uint8_t *q = li_xmalloc(st->nbytes);
@@ -104,7 +120,7 @@ static int write_scheme(li_gguf_writer *w, const li_train_model *tm, int i, cons
     for (size_t c = 0; c < LI_ARRAY_LEN(companions) && !rc; c++) {
         char cn[96];
         snprintf(cn, sizeof cn, "%s%s", t->name, companions[c]);
-        rc = copy_tensor(w, src, cn, err);
+        rc = c == 0 && t->qscale >= 0 ? write_scales(w, tm, i, src, err) : copy_tensor(w, src, cn, err);
     }
     return rc;
 }

@@ -26,9 +26,13 @@ int li_train_step(li_train_model *tm, li_train_grads *g, li_adamw *opt, const li
     }
     if (loss) *loss = sum / n_micro;
     if (kl) *kl = ksum / n_micro;
+    /* --train scales: the matrices' dW made into their scales' gradients */
+    li_train_scales_grad(tm, g, ao->tp ? ao->tp : tp);
     const int rc = li_adamw_step(opt, tm, g, ao, gnorm, err);
     /* QAT: AdamW stepped the masters; the passes see them rounded again */
     if (!rc) li_train_qat_refresh(tm, true, ao->tp ? ao->tp : tp);
+    /* trained scales: the matrices' values from their new scales */
+    if (!rc) li_train_scales_refresh(tm, ao->tp ? ao->tp : tp);
     return rc;
 }
 
@@ -46,7 +50,7 @@ int li_train_run(li_train_model *tm, const li_train_run_opts *o, int *steps_done
     int rc = 0;
     if (li_train_grads_init(&g, &tm->L) || li_adamw_init(&opt, &tm->L)) {
         rc = li_error_set(err, LI_ENOMEM, "train: cannot allocate gradients and optimizer state (%zu floats)",
-                          tm->L.n_grads * 3);
+                          tm->L.n_grads * 2 + LI_MAX(tm->L.n_grads, tm->L.n_grads_all));
         goto done;
     }
     int step = 0, last_ckpt = 0;

@@ -130,8 +130,9 @@ static void launch(li_threadpool *tp, li_threadpool_fn fn, opt_job *j) {
     else fn(j, 0, 1);
 }
 
-static double grad_norm(const li_train_grads *g, li_threadpool *tp) {
-    opt_job j = {.g = g->g, .n = g->n, .n_chunks = (g->n + CHUNK - 1) / CHUNK};
+/* the norm of g's first n elements */
+static double grad_norm(const float *g, size_t n, li_threadpool *tp) {
+    opt_job j = {.g = g, .n = n, .n_chunks = (n + CHUNK - 1) / CHUNK};
     j.partial = li_xcalloc(LI_MAX(j.n_chunks, (size_t)1), sizeof *j.partial);
     launch(tp, norm_run, &j);
     double ss = 0;
@@ -140,11 +141,12 @@ static double grad_norm(const li_train_grads *g, li_threadpool *tp) {
     return sqrt(ss); /* NaN or Inf propagate */
 }
 
-double li_train_grad_norm(const li_train_grads *g) { return grad_norm(g, NULL); }
+double li_train_grad_norm(const li_train_grads *g) { return grad_norm(g->g, g->n, NULL); }
 
 int li_adamw_step(li_adamw *a, li_train_model *tm, const li_train_grads *g, const li_adamw_opts *o, double *norm,
                   li_error *err) {
-    const double gn = grad_norm(g, o->tp);
+    /* what the optimizer steps: not the grad_only matrices' dW past n_grads (--train scales) */
+    const double gn = grad_norm(g->g, LI_MIN(g->n, tm->L.n_grads), o->tp);
     if (norm) *norm = gn;
     if (!isfinite(gn))
         return li_error_set(err, LI_ERANGE, "train: step %lld: the gradients hold NaN or Inf (norm %g)",
@@ -156,7 +158,7 @@ int li_adamw_step(li_adamw *a, li_train_model *tm, const li_train_grads *g, cons
     size_t n_chunks = 0;
     for (int i = 0; i < L->n_tensors; i++) {
         const li_train_tensor *t = &L->t[i];
-        if (t->goff >= 0 && !(i == LI_TT_OUTPUT && L->tied))
+        if (t->goff >= 0 && !t->grad_only && !(i == LI_TT_OUTPUT && L->tied))
             n_chunks += ((size_t)(t->rows * t->cols) + CHUNK - 1) / CHUNK;
     }
     opt_job j = {.g = g->g, .tm = tm, .a = a, .o = o, .n_chunks = n_chunks,
@@ -169,7 +171,7 @@ int li_adamw_step(li_adamw *a, li_train_model *tm, const li_train_grads *g, cons
     size_t c = 0;
     for (int i = 0; i < L->n_tensors; i++) {
         const li_train_tensor *t = &L->t[i];
-        if (t->goff < 0 || (i == LI_TT_OUTPUT && L->tied)) continue;
+        if (t->goff < 0 || t->grad_only || (i == LI_TT_OUTPUT && L->tied)) continue;
         const size_t n = (size_t)(t->rows * t->cols);
         for (size_t e = 0; e < n; e += CHUNK, c++) {
             j.tix[c] = i;

@@ -83,6 +83,9 @@ int li_train_qat_init(li_train_model *tm, const li_gguf *src, li_ckpt_dtype dtyp
     if (tm->L.n_lora)
         return li_error_set(err, LI_EINVAL, "train: --qat does not apply to LoRA (the adapters are merged into "
                                             "their weights after training): train all, norms or layers:A-B");
+    if (tm->qw)
+        return li_error_set(err, LI_EINVAL, "train: --train scales keeps every matrix on its file's codes and trains "
+                                            "their scales; --qat does not apply");
     const size_t n = tm->L.n_params;
     tm->master = li_aligned_alloc(n * sizeof(float));
     if (!tm->master) return li_error_set(err, LI_ENOMEM, "train: no memory for the --qat master copies");

@@ -36,6 +36,11 @@ int li_train_select_parse(const char *s, li_train_select *sel, li_error *err) {
         sel->layer_hi = b;
         return 0;
     }
+    if (!strcmp(s, "scales") || !strcmp(s, "scales+norms")) {
+        sel->what = LI_TRAIN_SCALES;
+        sel->with_norms = s[6] == '+';
+        return 0;
+    }
     if (!strncmp(s, "lora:", 5)) {
         sel->what = LI_TRAIN_LORA;
         if (sscanf(s + 5, "%d%c", &a, &tail) != 1 || a < 1 || a > 1024)
@@ -43,7 +48,8 @@ int li_train_select_parse(const char *s, li_train_select *sel, li_error *err) {
         sel->lora_rank = a;
         return 0;
     }
-    return li_error_set(err, LI_EINVAL, "train: unknown parameter set '%s' (all, norms, layers:A-B, lora:R)", s);
+    return li_error_set(err, LI_EINVAL, "train: unknown parameter set '%s' (all, norms, layers:A-B, lora:R, scales, "
+                                        "scales+norms)", s);
 }
 
 /* ==== layout =============================================================== */
@@ -64,6 +70,7 @@ static bool trains(const li_train_select *sel, int layer, int kind) {
     case LI_TRAIN_NORMS: return is_norm(layer, kind);
     case LI_TRAIN_LAYERS: return layer >= sel->layer_lo && layer <= sel->layer_hi;
     case LI_TRAIN_LORA: return false;
+    case LI_TRAIN_SCALES: return sel->with_norms && is_norm(layer, kind); /* the matrices: li_train_scales_layout */
     }
     return false;
 }
@@ -102,7 +109,7 @@ int li_train_layout_init(li_train_layout *L, const li_hparams *hp, bool tied, co
         t_->cols = (c_);                                                       \
         t_->layer = (lyr);                                                     \
         t_->kind = (knd);                                                      \
-        t_->lora_a = t_->lora_b = -1;                                          \
+        t_->lora_a = t_->lora_b = t_->qscale = -1;                             \
         t_->off = off;                                                         \
         off += (size_t)(t_->rows * t_->cols);                                  \
         t_->goff = -1;                                                         \
@@ -198,6 +205,8 @@ int li_train_model_init_random(li_train_model *tm, const li_hparams *hp, bool ti
                                uint64_t seed, li_error *err) {
     memset(tm, 0, sizeof *tm);
     int rc;
+    if (sel->what == LI_TRAIN_SCALES)
+        return li_error_set(err, LI_EINVAL, "train: a random model has no quantization scales to train");
     if ((rc = li_train_layout_init(&tm->L, hp, tied, sel, err))) return rc;
     if ((rc = alloc_params(tm, err))) {
         li_train_layout_free(&tm->L);
@@ -227,11 +236,28 @@ int li_train_model_init(li_train_model *tm, const li_model *m, const li_train_se
     const bool tied = m->output.data == m->tok_embd.data;
     int rc;
     if ((rc = li_train_layout_init(&tm->L, &m->hp, tied, sel, err))) return rc;
+    li_train_layout *L = &tm->L;
+    tm->src = li_xcalloc((size_t)L->n_tensors, sizeof *tm->src);
+    tm->src[LI_TT_TOK_EMBD] = &m->tok_embd;
+    if (!tied) tm->src[LI_TT_OUTPUT] = &m->output;
+    for (int l = 0; l < m->hp.n_layer; l++) {
+        const li_layer *ly = &m->layers[l];
+        const li_weight *w[LI_TL_N] = {NULL, &ly->wq, &ly->wk, &ly->wv, &ly->wo, NULL, &ly->w_gate, &ly->w_up, &ly->w_down};
+        for (int k = 0; k < LI_TL_N; k++) tm->src[li_train_tensor_index(l, k)] = w[k];
+    }
+    if (sel->what == LI_TRAIN_SCALES) {
+        const int n0 = L->n_tensors;
+        if ((rc = li_train_scales_layout(L, tm->src, err))) {
+            li_train_model_free(tm);
+            return rc;
+        }
+        tm->src = li_xrealloc(tm->src, (size_t)L->n_tensors * sizeof *tm->src);
+        for (int i = n0; i < L->n_tensors; i++) tm->src[i] = NULL;
+    }
     if ((rc = alloc_params(tm, err))) {
-        li_train_layout_free(&tm->L);
+        li_train_model_free(tm);
         return rc;
     }
-    li_train_layout *L = &tm->L;
     /* a rotated model trains with its online Hadamard (train_tmpl.h) */
     if (m->rot_block) {
         const int64_t ff = m->hp.n_ff;
@@ -240,23 +266,22 @@ int li_train_model_init(li_train_model *tm, const li_model *m, const li_train_se
         for (int l = 0; l < m->hp.n_layer; l++)
             memcpy(L->down_had + l * ff, m->layers[l].down_had, (size_t)li_hp_n_ff(&m->hp, l) * sizeof(float));
     }
-    tm->src = li_xcalloc((size_t)L->n_tensors, sizeof *tm->src);
     float *P = tm->params;
     const size_t d = (size_t)m->hp.n_embd;
-    copy_weight(P + L->t[LI_TT_TOK_EMBD].off, tm->src[LI_TT_TOK_EMBD] = &m->tok_embd);
+    copy_weight(P + L->t[LI_TT_TOK_EMBD].off, &m->tok_embd);
     memcpy(P + L->t[LI_TT_OUTPUT_NORM].off, m->output_norm, d * sizeof(float));
-    if (!tied) copy_weight(P + L->t[LI_TT_OUTPUT].off, tm->src[LI_TT_OUTPUT] = &m->output);
+    if (!tied) copy_weight(P + L->t[LI_TT_OUTPUT].off, &m->output);
     for (int l = 0; l < m->hp.n_layer; l++) {
         const li_layer *ly = &m->layers[l];
-        const li_weight *w[LI_TL_N] = {NULL, &ly->wq, &ly->wk, &ly->wv, &ly->wo, NULL, &ly->w_gate, &ly->w_up, &ly->w_down};
         for (int k = 0; k < LI_TL_N; k++) {
             const int i = li_train_tensor_index(l, k);
             float *dst = P + L->t[i].off;
             if (k == LI_TL_ATTN_NORM) memcpy(dst, ly->attn_norm, d * sizeof(float));
             else if (k == LI_TL_FFN_NORM) memcpy(dst, ly->ffn_norm, d * sizeof(float));
-            else copy_weight(dst, tm->src[i] = w[k]);
+            else copy_weight(dst, tm->src[i]);
         }
     }
+    if (sel->what == LI_TRAIN_SCALES) li_train_scales_init(tm, NULL);
     /* a scheme's activation rounding, where the engine does it */
     for (int i = 0; i < L->n_tensors; i++) {
         if (!tm->src[i] || tm->src[i]->act == LI_ACT_F32) continue;
@@ -272,6 +297,8 @@ void li_train_model_free(li_train_model *tm) {
     li_aligned_free(tm->params);
     li_aligned_free(tm->master);
     free(tm->qat_type);
+    for (int i = 0; tm->qw && i < tm->L.n_tensors; i++) free((void *)tm->qw[i].scales);
+    free(tm->qw);
     free(tm->src);
     li_train_layout_free(&tm->L);
     memset(tm, 0, sizeof *tm);
@@ -280,7 +307,7 @@ void li_train_model_free(li_train_model *tm) {
 /* ==== gradients, workspace ================================================= */
 
 int li_train_grads_init(li_train_grads *g, const li_train_layout *L) {
-    g->n = L->n_grads;
+    g->n = LI_MAX(L->n_grads, L->n_grads_all);
     g->g = li_aligned_alloc(LI_MAX(g->n, (size_t)1) * sizeof(float));
     if (!g->g) return LI_ENOMEM;
     li_train_grads_zero(g);

@@ -47,17 +47,24 @@ typedef struct li_train_tensor {
     int32_t lora_b;       /* ... and B (rows, r), or -1 */
     int layer;            /* block, or -1 */
     int kind;             /* LI_TT_* (layer -1) or LI_TL_* */
+    /* --train scales (scales.c): a scheme matrix's tensor of relative
+     * group-scale changes (rows, n_groups), or -1 */
+    int32_t qscale;
+    /* its dW is computed (the scales' gradients are made of it) but the
+     * optimizer never steps it; its slots lie past L.n_grads */
+    bool grad_only;
 } li_train_tensor;
 
 /* Which parameters train (li_train_select_parse reads "all", "norms",
- * "layers:A-B", "lora:R"). */
-typedef enum { LI_TRAIN_ALL, LI_TRAIN_NORMS, LI_TRAIN_LAYERS, LI_TRAIN_LORA } li_train_what;
+ * "layers:A-B", "lora:R", "scales", "scales+norms"). */
+typedef enum { LI_TRAIN_ALL, LI_TRAIN_NORMS, LI_TRAIN_LAYERS, LI_TRAIN_LORA, LI_TRAIN_SCALES } li_train_what;
 
 typedef struct li_train_select {
     li_train_what what;
     int layer_lo, layer_hi;  /* LAYERS: blocks lo..hi inclusive */
     int lora_rank;           /* LORA: r */
     float lora_alpha;        /* LORA: the update is (alpha / r) · B·A; 0 means alpha = r */
+    bool with_norms;         /* SCALES: the RMSNorm weights train too ("scales+norms") */
 } li_train_select;
 
 typedef struct li_train_layout {
@@ -66,7 +73,8 @@ typedef struct li_train_layout {
     int n_tensors;            /* LI_TT_N_GLOBAL + LI_TL_N * n_layer + adapters */
     li_train_tensor *t;       /* (n_tensors) */
     size_t n_params;          /* elements of the parameter array */
-    size_t n_grads;           /* elements of the gradient array (trainable only) */
+    size_t n_grads;           /* gradient elements the optimizer steps (trainable tensors only) */
+    size_t n_grads_all;       /* the gradient array: n_grads, then the grad_only matrices' (0: n_grads) */
     int n_lora;               /* adapted weights */
     int lora_rank;
     float lora_scale;         /* alpha / r */
@@ -90,8 +98,9 @@ static inline int li_train_tensor_index(int layer, int kind) {
     return layer < 0 ? kind : LI_TT_N_GLOBAL + LI_TL_N * layer + kind;
 }
 
-/* Parses "all", "norms", "layers:A-B" (or "layers:A"), "lora:R"; a clear
- * LI_EINVAL otherwise. Layer bounds are checked by li_train_layout_init. */
+/* Parses "all", "norms", "layers:A-B" (or "layers:A"), "lora:R", "scales",
+ * "scales+norms"; a clear LI_EINVAL otherwise. Layer bounds are checked by
+ * li_train_layout_init. */
 int li_train_select_parse(const char *s, li_train_select *sel, li_error *err);
 
 /* The layout of a model with hyper-parameters hp (tied: no separate output
@@ -117,6 +126,11 @@ typedef struct li_train_model {
      * rounds that matrix through and what --dtype source writes it on
      * (li_weight_requant_row_ref), so the grid stays the file's. */
     const li_weight **src;
+    /* --train scales (scales.c; NULL without): (L.n_tensors) each scheme
+     * matrix's weight with its current scales, s0 · (1 + a) per group (its
+     * own array; codes, zero points and permutation the source's). params
+     * holds its values; a is the matrix's qscale tensor. */
+    li_weight *qw;
 } li_train_model;
 
 /* Dequantizes every weight of m (any loadable type or scheme) into float32
@@ -251,6 +265,27 @@ int li_train_qat_init(li_train_model *tm, const li_gguf *src, li_ckpt_dtype dtyp
 /* params from master: the rounded matrices, the other tensors copied
  * (trainable_only: only the tensors that train). No-op without QAT. */
 void li_train_qat_refresh(li_train_model *tm, bool trainable_only, struct li_threadpool *tp);
+
+/* ==== trained group scales (scales.c) ===================================== */
+
+/* EfficientQAT's end-to-end stage (Chen et al. 2024, "E2E-QP"): every
+ * scheme matrix (W8A8, FP8, AWQ, GPTQ, RTN4, W4A4) keeps its codes, zero
+ * points and permutation, and its per-group scales train, s = s0 · (1 + a)
+ * with a a parameter tensor starting at 0 (relative, so one learning rate
+ * suits every matrix). dL/da = s0 · sum over the group of (q - z) · dL/dw.
+ * The zero points stay: the packed 4-bit kernels take integer codes. */
+
+/* Appends the qscale tensors of L's scheme matrices (w: (L.n_tensors) the
+ * source weights, NULL where none) and gives each of those matrices
+ * grad_only slots past n_grads. LI_EINVAL when no matrix has a scheme. */
+int li_train_scales_layout(li_train_layout *L, const li_weight *const *w, li_error *err);
+/* tm->qw from tm->src, and params from them (li_train_model_init calls it) */
+void li_train_scales_init(li_train_model *tm, struct li_threadpool *tp);
+/* The current scales from the qscale tensors, and each matrix's values
+ * from them (after every optimizer step). */
+void li_train_scales_refresh(li_train_model *tm, struct li_threadpool *tp);
+/* The qscale tensors' gradients (set, not added) from the matrices' dW in g. */
+void li_train_scales_grad(const li_train_model *tm, li_train_grads *g, struct li_threadpool *tp);
 
 /* ==== the training loop =================================================== */
 

@@ -196,6 +196,29 @@ def test_4bit_gptq_rot(run_cli, run_ok, models, base_kld, rdir):
     # a step this large moves codes (the masters start at their cells' centres, half a step from any other
     # code) and breaks the block: a test of the file, not a healing recipe (docs/benchmarks.md, session 39)
     assert np.isfinite(kl_vs(run_ok, base_kld, healed)["kl_mean"])
+    # its group scales trained instead (--train scales, EfficientQAT's end-to-end stage): every code, zero
+    # point, permutation and sign stays, every scale tensor moves, and the model is as good as before or better
+    scaled = rdir / "gptq-rot-scales.gguf"
+    heal = ["distill", "--teacher", models["f16"], "--student", out["gptq-rot"], "--data", "tests/data/sample.txt",
+            "--steps", "2", "--seq-len", "64", "--train", "scales", "--lr", "3e-4", "--alpha", "0.9",
+            "--temperature", "1", "--dtype", "source"]
+    run_ok([*heal, scaled])
+    dst = GGUFReader(scaled)
+    b = {t.name: t for t in dst.tensors}
+    assert sorted(a) == sorted(b)
+    scales = [n for n in a if n.endswith(".scale")]
+    assert len(scales) == 7 * 30
+    for n in a:
+        same = a[n].tensor_type == b[n].tensor_type and np.array_equal(a[n].data, b[n].data)
+        assert same != (n in scales), n
+    for n in scales:  # moved by a fraction of a percent
+        assert np.max(np.abs(b[n].data / np.where(a[n].data == 0, 1, a[n].data) - 1)) < 0.01, n
+    assert "luainfer.quant.scheme" in dst.fields
+    assert kl_vs(run_ok, base_kld, scaled)["kl_mean"] < 1.05 * kl["gptq-rot"]
+    r = run_cli([*heal, "--qat", rdir / "x.gguf"])
+    assert_clean_failure(r, r"--qat does not apply")
+    r = run_cli([*heal[:4], models["f16"], *heal[5:], rdir / "x.gguf"])
+    assert_clean_failure(r, r"no matrix here has a scheme")
 
 
 def test_tensor_parallel_on_rotated_float(run_ok, run_cli, models, rdir):

@@ -21,6 +21,7 @@
 #include "test_util.h"
 #include "tiny_model.h"
 #include "train/train.h"
+#include "train/train_internal.h"
 #include "engine/session.h"
 #include "quant/quantize.h"
 #include "quant/rotate.h"
@@ -561,6 +562,150 @@ static void test_scheme_qat(const char *base, char *wide, size_t wide_cap) {
     li_model_free(m);
 }
 
+/* the f64 loss (labels only) of tm's current parameters */
+static double loss_f64(const li_train_model *tm, const int32_t *tok, const int32_t *lab, double *P, double *ws,
+                       double *G) {
+    for (size_t i = 0; i < tm->L.n_params; i++) P[i] = tm->params[i];
+    return li_train_fb_f64(&tm->L, P, G, tok, lab, NULL, 1, SEQ, 0.0, 1.0, 1.0, ws, NULL, NULL, NULL);
+}
+
+/* --train scales on a scheme file: its group scales' gradients against
+ * central differences of the loss (f64 passes, the matrices' values from
+ * li_train_scales_refresh), then a few steps whose checkpoint keeps every
+ * code, zero point and permutation and holds the trained scales. */
+static void test_scales(const char *path, const char *what, bool grid_kept) {
+    li_model *m;
+    li_error err = {0};
+    CHECK(li_model_load(&m, path, &err) == 0, "%s", err.msg);
+    li_train_select sel, all = {.what = LI_TRAIN_ALL};
+    CHECK(li_train_select_parse("scales", &sel, &err) == 0, "%s", err.msg);
+    li_train_model tm, ref;
+    CHECK(li_train_model_init(&tm, m, &sel, 1, &err) == 0, "%s", err.msg);
+    CHECK(li_train_model_init(&ref, m, &all, 1, &err) == 0, "%s", err.msg);
+    const li_train_layout *L = &tm.L;
+    int n_sc = 0;
+    size_t n_a = 0;
+    bool same = true;
+    for (int i = 0; i < L->n_tensors; i++) {
+        const li_train_tensor *t = &L->t[i];
+        if (t->qscale < 0) continue;
+        n_sc++;
+        n_a += (size_t)(L->t[t->qscale].rows * L->t[t->qscale].cols);
+        same &= t->grad_only && !memcmp(tm.params + t->off, ref.params + ref.L.t[i].off,
+                                        (size_t)(t->rows * t->cols) * sizeof(float));
+    }
+    report(n_sc == 7 * L->hp.n_layer && L->n_grads == n_a && same,
+           "%s, --train scales: %d matrices' %zu group scales train; their values start bit-identical to the "
+           "file's", what, n_sc, n_a);
+    li_train_model_free(&ref);
+    /* the activation rounding would make the loss a step function of the weights */
+    uint8_t *act = tm.L.act;
+    tm.L.act = NULL;
+    int32_t tok[SEQ], lab[SEQ];
+    for (int i = 0; i < SEQ; i++) tok[i] = seq_tok[i], lab[i] = seq_tok[i + 1];
+    double *P = li_xmalloc(L->n_params * sizeof(double));
+    double *ws = li_xcalloc(li_train_ws_reals_f64(L, 1, SEQ), sizeof(double));
+    double *G = li_xcalloc(L->n_grads_all, sizeof(double));
+    loss_f64(&tm, tok, lab, P, ws, G);
+    li_train_grads g;
+    CHECK(li_train_grads_init(&g, L) == 0, "grads");
+    for (size_t i = 0; i < g.n; i++) g.g[i] = (float)G[i];
+    li_train_scales_grad(&tm, &g, NULL);
+    /* a few groups in every matrix, central differences of a */
+    double worst = 0, gmax = 0;
+    int checked = 0;
+    const double h = 1e-3;
+    for (int i = 0; i < L->n_tensors; i++) {
+        const li_train_tensor *t = &L->t[i];
+        if (t->qscale < 0) continue;
+        const li_train_tensor *a = &L->t[t->qscale];
+        for (int e = 0; e < 3; e++) {
+            const int64_t j = (int64_t)(e * 7919 + i * 31) % (a->rows * a->cols);
+            float *pa = tm.params + a->off + j;
+            *pa = (float)h;
+            li_train_scales_refresh(&tm, NULL);
+            const double lp = loss_f64(&tm, tok, lab, P, ws, NULL);
+            *pa = (float)-h;
+            li_train_scales_refresh(&tm, NULL);
+            const double lm = loss_f64(&tm, tok, lab, P, ws, NULL);
+            *pa = 0;
+            const double num = (lp - lm) / (2 * h), an = g.g[a->goff + j];
+            worst = fmax(worst, fabs(num - an));
+            gmax = fmax(gmax, fabs(num));
+            checked++;
+        }
+    }
+    li_train_scales_refresh(&tm, NULL);
+    report(gmax > 0 && worst < 3e-4 * gmax + 1e-9,
+           "%s: %d group scales' gradients = central differences (max abs diff %.1e, largest gradient %.1e)", what,
+           checked, worst, gmax);
+    tm.L.act = act;
+    /* train a few steps; the checkpoint keeps the codes and holds the scales */
+    li_train_batch mb = {.B = 1, .T = SEQ, .tokens = tok, .labels = lab};
+    li_adamw o;
+    li_adamw_init(&o, L);
+    li_train_ws fws;
+    CHECK(li_train_ws_init(&fws, L, 1, SEQ, &err) == 0, "%s", err.msg);
+    const li_adamw_opts ao = {.lr = 3e-2f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .clip = 1.0f};
+    double l0 = 0, l1 = 0;
+    for (int s = 0; s < 4; s++)
+        CHECK(li_train_step(&tm, &g, &o, &mb, 1, NULL, &ao, &fws, NULL, s ? &l1 : &l0, NULL, NULL, &err) == 0, "%s",
+              err.msg);
+    report(l1 < l0, "%s: the loss falls training only the scales (%.4f -> %.4f)", what, l0, l1);
+    char out[512];
+    path_in(out, sizeof out, "scales.gguf");
+    CHECK(li_train_save(&tm, &m->gguf, LI_CKPT_SOURCE, out, &err) == 0, "%s", err.msg);
+    li_model *back;
+    if (li_model_load(&back, out, &err) == 0) {
+        li_train_model r;
+        CHECK(li_train_model_init(&r, back, &all, 1, &err) == 0, "%s", err.msg);
+        bool eq = true, kept = true;
+        int moved = 0;
+        for (int i = 0; i < L->n_tensors; i++) {
+            const li_train_tensor *t = &L->t[i];
+            if (t->qscale < 0) continue;
+            eq &= !memcmp(r.params + r.L.t[i].off, tm.params + t->off, (size_t)(t->rows * t->cols) * sizeof(float));
+            kept &= same_tensor(&m->gguf, &back->gguf, t->name);
+            char cn[128];
+            snprintf(cn, sizeof cn, "%s.zero", t->name);
+            kept &= !li_gguf_find_tensor(&m->gguf, cn) || same_tensor(&m->gguf, &back->gguf, cn);
+            snprintf(cn, sizeof cn, "%s.perm", t->name);
+            kept &= !li_gguf_find_tensor(&m->gguf, cn) || same_tensor(&m->gguf, &back->gguf, cn);
+            snprintf(cn, sizeof cn, "%s.scale", t->name);
+            moved += !same_tensor(&m->gguf, &back->gguf, cn);
+        }
+        report(eq && kept == grid_kept && moved == n_sc,
+               "%s: the checkpoint loads back to the trained weights bit for bit; codes, zero points and "
+               "permutations byte-identical, all %d scale tensors moved", what, moved);
+        li_train_model_free(&r);
+        li_model_free(back);
+    } else {
+        report(false, "%s: the scales checkpoint loads: %s", what, err.msg);
+    }
+    report(li_train_qat_init(&tm, &m->gguf, LI_CKPT_SOURCE, NULL, &err) == LI_EINVAL && strstr(err.msg, "--qat"),
+           "--qat refused with --train scales: %s", err.msg);
+    li_train_ws_free(&fws);
+    li_adamw_free(&o);
+    li_train_grads_free(&g);
+    free(G);
+    free(ws);
+    free(P);
+    li_train_model_free(&tm);
+    li_model_free(m);
+}
+
+/* a file without a scheme has no scales to train */
+static void test_scales_plain(const char *base) {
+    li_model *m;
+    li_error err = {0};
+    CHECK(li_model_load(&m, base, &err) == 0, "%s", err.msg);
+    li_train_select sel = {.what = LI_TRAIN_SCALES};
+    li_train_model tm;
+    report(li_train_model_init(&tm, m, &sel, 1, &err) == LI_EINVAL && strstr(err.msg, "luainfer quantize"),
+           "--train scales on a plain GGUF refused: %s", err.msg);
+    li_model_free(m);
+}
+
 /* `in` rewritten to `out` with token_embd (the tied head) taken from
  * `embd` (an F32 file): the scheme files' Q8_0 head multiplies Q8_0-rounded
  * activations, which would hide what the test below compares */
@@ -799,7 +944,7 @@ static void test_adamw(void) {
 static void test_select(void) {
     li_train_select s;
     li_error err = {0};
-    const char *bad[] = {"layers:5-2", "layers:x", "lora:0", "lora:3x", "bogus"};
+    const char *bad[] = {"layers:5-2", "layers:x", "lora:0", "lora:3x", "bogus", "scales+", "scales+all"};
     for (size_t i = 0; i < LI_ARRAY_LEN(bad); i++)
         report(li_train_select_parse(bad[i], &s, &err) == LI_EINVAL, "'%s' refused: %s", bad[i], err.msg);
     li_hparams hp = tiny_hp();
@@ -813,6 +958,11 @@ static void test_select(void) {
                L.t[li_train_tensor_index(1, LI_TL_WQ)].goff >= 0,
            "layers:1 trains block 1 only, backward stops at block %d", L.bwd_stop);
     li_train_layout_free(&L);
+    CHECK(li_train_select_parse("scales+norms", &s, &err) == 0, "%s", err.msg);
+    li_train_model tm;
+    report(s.what == LI_TRAIN_SCALES && s.with_norms &&
+               li_train_model_init_random(&tm, &hp, true, &s, 1, &err) == LI_EINVAL,
+           "scales+norms parsed; a random model has no scales to train: %s", err.msg);
 }
 
 /* Forward and backward on 2 threads (RMSNorm, RoPE, SwiGLU, attention, the
@@ -868,7 +1018,18 @@ int main(void) {
     test_qat(base);
     char wide[512] = "";
     test_scheme_qat(base, wide, sizeof wide);
-    if (wide[0]) test_act_quant(wide);
+    if (wide[0]) {
+        test_act_quant(wide);
+        char q[512];
+        path_in(q, sizeof q, "rot_gptq.gguf");
+        test_scales(q, "rotated act-order GPTQ", true);
+        path_in(q, sizeof q, "w8.gguf");
+        li_error err = {0};
+        const li_quant_opts qo = {.in = wide, .out = q, .method = LI_QMETHOD_W8A8, .threads = 1};
+        CHECK(li_quantize(&qo, &err) == 0, "%s", err.msg);
+        test_scales(q, "W8A8 (a scale per row)", true);
+    }
+    test_scales_plain(base);
     test_ffn_widths(base);
     test_nan_and_stop(base);
     char cmd[600];
