@@ -17,6 +17,7 @@ int li_cmd_quantize(int argc, char **argv) {
     int64_t group = -1, samples = 32, seq_len = 512, threads = 0, rot_block = 0, rot_seed = 0;
     double alpha = 0.5, damp = 0.01;
     bool help = false, act_order = false, no_clip = false, gptq = false, alpha_search = false, rotate = false;
+    bool sequential = false;
     li_opt opts[] = {
         {"method", LI_OPT_STR, &method, "f16, bf16, q8_0, q4_0, q4_1, w8a8 (int8 W8A8, SmoothQuant), fp8 (e4m3 W8A8), "
                                         "rtn4, awq, gptq (W4A16) or w4a4 (required)"},
@@ -40,6 +41,8 @@ int li_cmd_quantize(int argc, char **argv) {
         {"gptq", LI_OPT_FLAG, &gptq, "w8a8, fp8, w4a4: the weights by GPTQ onto the scheme's grid (needs --calib; "
                                      "after SmoothQuant when it runs)"},
         {"act-order", LI_OPT_FLAG, &act_order, "gptq: quantize columns by decreasing diag(H)"},
+        {"sequential", LI_OPT_FLAG, &sequential, "gptq: calibrate each block on the inputs the blocks quantized below "
+                                                 "it give (the paper's order; slower: a calibration pass per block)"},
         {"no-clip", LI_OPT_FLAG, &no_clip, "awq: skip the clipping search"},
         {"threads", LI_OPT_INT, &threads, "calibration threads (default: all cores)"},
         {"help", LI_OPT_FLAG, &help, "show this help"},
@@ -57,7 +60,7 @@ int li_cmd_quantize(int argc, char **argv) {
     if (n_pos != 2) return li_runtime_fail(&(li_error){LI_EINVAL, "quantize: expected IN.gguf OUT.gguf"});
     li_quant_opts o = {.in = pos[0], .out = pos[1], .group = group < 0 ? 0 : group, .group_set = group != -1,
                        .calib = calib, .samples = samples, .seq_len = seq_len, .alpha = alpha, .threads = threads,
-                       .damp = damp, .act_order = act_order, .no_clip = no_clip,
+                       .damp = damp, .act_order = act_order, .sequential = sequential, .no_clip = no_clip,
                        .gptq_grid = gptq, .alpha_search = alpha_search, .rotate = rotate, .rot_block = rot_block,
                        .rot_seed = (uint64_t)rot_seed};
     if (!smooth) smooth = rotate ? "none" : "all";
@@ -81,6 +84,8 @@ int li_cmd_quantize(int argc, char **argv) {
                                                       "(not --smooth none or --alpha 0)"});
     if (act_order && o.method != LI_QMETHOD_GPTQ)
         return li_runtime_fail(&(li_error){LI_EINVAL, "quantize: --act-order applies to --method gptq only"});
+    if (sequential && o.method != LI_QMETHOD_GPTQ)
+        return li_runtime_fail(&(li_error){LI_EINVAL, "quantize: --sequential applies to --method gptq only"});
     if (damp != 0.01 && o.method != LI_QMETHOD_GPTQ && !gptq)
         return li_runtime_fail(&(li_error){LI_EINVAL, "quantize: --damp applies to --method gptq and to --gptq only"});
     if (no_clip && o.method != LI_QMETHOD_AWQ)

@@ -28,30 +28,38 @@ static int site_of(const li_model *m, const li_weight *w, li_calib_site *site) {
     return -1;
 }
 
-static void report(calib_backend *c, const li_weight *w, const float *x, int64_t n) {
-    if (!c->fn) return;
+/* hands x to fn; false when w's block is past n_layers (the matmul is skipped) */
+static bool report(calib_backend *c, const li_weight *w, const float *x, int64_t n) {
     li_calib_site site;
     const int l = site_of(c->m, w, &site);
-    if (l >= 0) c->fn(c->ctx, l, site, x, n, w->k);
+    if (c->n_layers > 0 && l >= c->n_layers) return false;
+    if (c->fn && l >= 0) c->fn(c->ctx, l, site, x, n, w->k);
+    return true;
 }
 
 static void cap_matmul(li_backend *be, const li_weight *w, const float *x, float *y, int64_t n) {
     calib_backend *c = (calib_backend *)be;
-    report(c, w, x, n);
-    c->real->matmul(be, w, x, y, n);
+    if (report(c, w, x, n)) c->real->matmul(be, w, x, y, n);
+    else memset(y, 0, (size_t)(n * w->m) * sizeof(float));
 }
 
 static void cap_matmul_multi(li_backend *be, const li_weight *const *w, int n_w, const float *x, float *const *y,
                              int64_t n) {
     calib_backend *c = (calib_backend *)be;
-    report(c, w[0], x, n); /* one input, read by all n_w */
+    if (!report(c, w[0], x, n)) { /* one input, read by all n_w */
+        for (int i = 0; i < n_w; i++) memset(y[i], 0, (size_t)(n * w[i]->m) * sizeof(float));
+        return;
+    }
     if (c->real->matmul_multi) c->real->matmul_multi(be, w, n_w, x, y, n);
     else for (int i = 0; i < n_w; i++) c->real->matmul(be, w[i], x, y[i], n);
 }
 
 static void cap_matmul_add(li_backend *be, const li_weight *w, const float *x, float *y, float *res, int64_t n) {
     calib_backend *c = (calib_backend *)be;
-    report(c, w, x, n);
+    if (!report(c, w, x, n)) { /* y = 0, res unchanged */
+        memset(y, 0, (size_t)(n * w->m) * sizeof(float));
+        return;
+    }
     if (c->real->matmul_add) {
         c->real->matmul_add(be, w, x, y, res, n);
         return;
@@ -116,6 +124,7 @@ int li_calib_run(li_model *m, li_backend *be, const li_calib_opts *o, li_calib_f
     if (rc) return rc;
     calib_backend cb;
     li_calib_backend_init(&cb, be, m, fn, ctx);
+    cb.n_layers = o->n_layers;
     li_session s;
     if ((rc = li_session_init(&s, m, &cb.be, o->seq_len, LI_TYPE_F32, LI_MIN(o->seq_len, 512), err))) {
         free(toks);

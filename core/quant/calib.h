@@ -34,6 +34,10 @@ typedef struct li_calib_opts {
     const char *path;     /* calibration text (UTF-8) */
     int64_t samples;      /* windows of seq_len tokens, consecutive from the start */
     int64_t seq_len;
+    /* > 0: only blocks 0..n_layers-1 multiply; a later block's matmuls
+     * write zeros (GPTQ's sequential calibration needs one block's inputs
+     * and pays only for the blocks below it) */
+    int n_layers;
 } li_calib_opts;
 
 /* The capture backend: the real backend's impl and ops table, with matmul,
@@ -48,6 +52,7 @@ typedef struct li_calib_backend {
     const li_model *m;
     li_calib_fn fn;
     void *ctx;
+    int n_layers;               /* li_calib_opts.n_layers */
 } li_calib_backend;
 
 void li_calib_backend_init(li_calib_backend *cb, const li_backend *real, const li_model *m, li_calib_fn fn, void *ctx);

@@ -491,6 +491,11 @@ typedef struct qctx {
     li_q4_calib *q4cal;     /* (n_layer, LI_CALIB_N_SITES): GPTQ / AWQ statistics, or NULL */
     int64_t group;          /* 4-bit methods: the group size used (0: per channel) */
     int64_t n_threads;      /* 4-bit methods: weights of a layer quantized at once */
+    /* --sequential (GPTQ): the calibration model, its blocks below the one
+     * calibrated replaced by their quantized values (f32, owned here) */
+    li_runtime *seq_rt;
+    int seq_layer;          /* the block whose statistics are collected */
+    float **seq_w;          /* (n_layer * 7) */
 } qctx;
 
 static float *dequant(const li_weight *w) {
@@ -608,6 +613,7 @@ static li_q4_calib *q4cal_of(qctx *q, int l, li_calib_site site) { return &q->q4
 /* an li_calib_fn: the rows into the (layer, site)'s X^T X and sum |x| */
 static void q4cal_collect(void *ctx, int layer, li_calib_site site, const float *x, int64_t n, int64_t k) {
     qctx *q = ctx;
+    if (q->seq_rt && layer != q->seq_layer) return;
     li_q4_calib *c = q4cal_of(q, layer, site);
     if (c->n_in == k) li_q4_calib_accumulate(c, x, n);
 }
@@ -761,6 +767,27 @@ static int q8_layer(qctx *q, int l, layer_f32 *L, li_error *err) {
     return rc;
 }
 
+/* --sequential: block l of the calibration model becomes what it was
+ * quantized to (GPTQ's results in f32, its norms unchanged), so the next
+ * block is calibrated on the inputs the quantized model gives it */
+static int seq_swap(qctx *q, int l, const li_q4_result *res, li_error *err) {
+    li_backend *be = &q->seq_rt->be;
+    li_layer *ML = &q->seq_rt->model->layers[l];
+    li_weight *ws[7] = {&ML->wq, &ML->wk, &ML->wv, &ML->wo, &ML->w_gate, &ML->w_up, &ML->w_down};
+    for (int i = 0; i < 7; i++) {
+        li_weight *w = ws[i];
+        float *f = q->seq_w[l * 7 + i] = li_xmalloc((size_t)(w->m * w->k) * sizeof(float));
+        li_q4_result_dequant(&res[i], f);
+        if (be->ops->weight_release) be->ops->weight_release(be, w);
+        *w = (li_weight){.type = LI_TYPE_F32, .k = w->k, .m = w->m, .row_bytes = (size_t)w->k * sizeof(float),
+                         .data = f, .name = w->name};
+        if (be->ops->weight_prepare && be->ops->weight_prepare(be, w))
+            return li_error_set(err, LI_EUNSUP, "quantize: --sequential: backend %s cannot run layer %d's quantized "
+                                "values as f32 weights", be->ops->name, l);
+    }
+    return 0;
+}
+
 static int q4_layer(qctx *q, int l, layer_f32 *L, li_error *err) {
     const li_quant_opts *o = q->o;
     li_q4_opts qo;
@@ -783,6 +810,7 @@ static int q4_layer(qctx *q, int l, layer_f32 *L, li_error *err) {
     }
     int rc = q4_run(j, err);
     free(j);
+    if (!rc && q->seq_rt) rc = seq_swap(q, l, res, err);
     char name[96];
     for (int i = 0; i < 7 && !rc; i++) {
         snprintf(name, sizeof name, "blk.%d.%s.weight", l, names[i]);
@@ -911,6 +939,8 @@ static int calibrate_q4(qctx *q, li_error *err) {
         for (int st = 0; st < LI_CALIB_N_SITES; st++)
             if (li_q4_calib_init(q4cal_of(q, l, (li_calib_site)st), k[st], why, sizeof why))
                 return li_error_set(err, LI_ENOMEM, "quantize: calibration statistics: %s", why);
+    if (q->o->sequential) /* per block, as it is quantized (seq_calibrate) */
+        return 0;
     li_runtime rt;
     int rc = li_runtime_open(&rt, q->o->in, q->o->threads, "auto", err);
     if (rc) return rc;
@@ -923,6 +953,41 @@ static int calibrate_q4(qctx *q, li_error *err) {
         if (li_q4_calib_finish(&q->q4cal[i], why, sizeof why))
             rc = li_error_set(err, LI_EINVAL, "quantize: calibration: %s", why);
     return rc;
+}
+
+/* --sequential: block l's statistics from the calibration model, whose
+ * blocks below l are already quantized (seq_swap); the blocks above l do
+ * not multiply (li_calib_opts.n_layers) */
+static int seq_calibrate(qctx *q, int l, li_error *err) {
+    if (!q->seq_rt) {
+        q->seq_rt = li_xcalloc(1, sizeof *q->seq_rt);
+        int rc = li_runtime_open(q->seq_rt, q->o->in, q->o->threads, "auto", err);
+        if (rc) {
+            free(q->seq_rt);
+            q->seq_rt = NULL;
+            return rc;
+        }
+        q->seq_w = li_xcalloc((size_t)q->m->hp.n_layer * 7, sizeof *q->seq_w);
+        li_log_info("calibration: %lld windows of %lld tokens per block, through the blocks quantized below it",
+                    (long long)q->o->samples, (long long)q->o->seq_len);
+    }
+    q->seq_layer = l;
+    const li_calib_opts co = {.path = q->o->calib, .samples = q->o->samples, .seq_len = q->o->seq_len,
+                              .n_layers = l + 1};
+    int rc = li_calib_run(q->seq_rt->model, &q->seq_rt->be, &co, q4cal_collect, q, err);
+    char why[160];
+    for (int st = 0; st < LI_CALIB_N_SITES && !rc; st++)
+        if (li_q4_calib_finish(q4cal_of(q, l, (li_calib_site)st), why, sizeof why))
+            rc = li_error_set(err, LI_EINVAL, "quantize: calibration of layer %d: %s", l, why);
+    return rc;
+}
+
+static void seq_free(qctx *q) {
+    if (!q->seq_rt) return;
+    li_runtime_close(q->seq_rt); /* gives the swapped weights back before their memory goes */
+    free(q->seq_rt);
+    for (int i = 0; i < q->m->hp.n_layer * 7; i++) free(q->seq_w[i]);
+    free(q->seq_w);
 }
 
 static void q4cal_free(qctx *q) {
@@ -966,6 +1031,7 @@ static int write_metadata(qctx *q, li_gguf_writer *w, li_error *err) {
     if (me == LI_QMETHOD_GPTQ || o->gptq_grid) {
         if (!rc) rc = li_gguf_writer_add_f32(w, "luainfer.quant.gptq.damp", (float)o->damp, err);
         if (!rc && !o->gptq_grid) rc = li_gguf_writer_add_bool(w, "luainfer.quant.gptq.act_order", o->act_order, err);
+        if (!rc && o->sequential) rc = li_gguf_writer_add_bool(w, "luainfer.quant.gptq.sequential", true, err);
     }
     if (me == LI_QMETHOD_AWQ && !rc) rc = li_gguf_writer_add_bool(w, "luainfer.quant.awq.clip", !o->no_clip, err);
     if (q->have_amax) {
@@ -1030,6 +1096,9 @@ int li_quantize(const li_quant_opts *o, li_error *err) {
     if (!(o->damp > 0 && o->damp < 1) && (o->method == LI_QMETHOD_GPTQ || o->gptq_grid))
         return li_error_set(err, LI_EINVAL, "quantize: --damp must be in (0, 1), a fraction of the mean Hessian diagonal");
     if (!(o->alpha >= 0 && o->alpha <= 1)) return li_error_set(err, LI_EINVAL, "quantize: --alpha must be in [0, 1]");
+    if (o->sequential && o->method != LI_QMETHOD_GPTQ)
+        return li_error_set(err, LI_EINVAL, "quantize: --sequential applies to gptq (each block calibrated on the "
+                                            "inputs of the blocks quantized below it), not %s", methods[o->method].name);
     qctx q = {.o = o};
     int rc = li_model_load(&q.m, o->in, err);
     if (rc) {
@@ -1066,6 +1135,7 @@ int li_quantize(const li_quant_opts *o, li_error *err) {
         char what[32];
         snprintf(what, sizeof what, "layer %d/%d", l + 1, hp->n_layer);
         li_progress_update(&pg, l + 1, what);
+        if (o->sequential && (rc = seq_calibrate(&q, l, err))) goto done;
         if ((rc = do_layer(&q, l, err))) goto done;
     }
     if (o->alpha_search && q.have_amax) { /* what the search chose, per site */
@@ -1118,6 +1188,7 @@ done:
     free(q.sq.n);
     free(q.sq.seen);
     free(q.sq_ctx.chosen);
+    seq_free(&q);
     q4cal_free(&q);
     li_gguf_writer_free(&w);
     li_model_free(q.m);

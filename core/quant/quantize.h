@@ -63,6 +63,10 @@ typedef struct li_quant_opts {
     bool group_set;         /* --group given (0 then means one group per row) */
     double damp;            /* GPTQ: damping, a fraction of mean(diag H) (0.01) */
     bool act_order;         /* GPTQ: columns by decreasing diag(H) */
+    /* GPTQ: each block's X^T X from the model whose blocks below it are
+     * already quantized (the paper's sequential calibration), not from the
+     * float model's inputs */
+    bool sequential;
     bool no_clip;           /* AWQ: skip the clipping search */
     bool alpha_search;      /* W8A8: SmoothQuant's alpha per (layer, site) from 0, 0.1, .., 1 by the int8 matmul's error */
     bool gptq_grid;             /* W8A8, FP8, W4A4: the weights by GPTQ onto the scheme's per-row grid (else round to nearest) */

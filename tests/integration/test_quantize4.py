@@ -170,6 +170,64 @@ def test_q4_deterministic_over_threads(run_cli, q4_models, tiny):
         out.unlink()
 
 
+def gptq_dequant(path, name, m, k):
+    """A GPTQ weight's f32 values (m, k) in input-column order, as li_q4_result_dequant computes them: codes two
+    to a byte (element 2j in the low nibble), (q - zero) * scale per group, stored column j at input column perm[j]."""
+    b = np.frombuffer(raw_tensor(path, name), dtype=np.uint8).reshape(m, k // 2)
+    q = np.empty((m, k), dtype=np.float32)
+    q[:, 0::2], q[:, 1::2] = b & 15, b >> 4
+    s = np.frombuffer(raw_tensor(path, name + ".scale"), dtype="<f4").reshape(m, -1)
+    z = np.frombuffer(raw_tensor(path, name + ".zero"), dtype="<f4").reshape(m, -1)
+    g = np.arange(k) // (k // s.shape[1])
+    w = np.empty((m, k), dtype=np.float32)
+    w[:, np.frombuffer(raw_tensor(path, name + ".perm"), dtype="<i4")] = (q - z[:, g]) * s[:, g]
+    return w
+
+
+def test_q4_sequential(run_cli, q4_models, tiny, tmp_path):
+    """--sequential (GPTQ's own order): block 0 sees the float model's inputs, so its bytes are the plain run's;
+    block 1 is calibrated on what the quantized block 0 gives it, so its bytes are those of a plain run on the
+    model whose block 0 is replaced by its quantized values (in f32, written here from the file's codes)."""
+    seq = tmp_path / "seq.gguf"
+    r = quantize(run_cli, None, *METHODS["gptq_ao"], "--sequential", tiny, seq)
+    assert r.returncode == 0, r.stderr
+    mats = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+    parts = ("", ".scale", ".zero", ".perm")
+    for m in mats:
+        for p in parts:
+            assert raw_tensor(seq, f"blk.0.{m}.weight{p}") == raw_tensor(q4_models["gptq_ao"], f"blk.0.{m}.weight{p}")
+    assert any(raw_tensor(seq, f"blk.1.{m}.weight") != raw_tensor(q4_models["gptq_ao"], f"blk.1.{m}.weight")
+               for m in mats)
+    rd = gguf.GGUFReader(tiny)
+    arch = bytes(rd.fields["general.architecture"].parts[-1]).decode()
+    hybrid = tmp_path / "hybrid.gguf"
+    w = gguf.GGUFWriter(str(hybrid), arch)
+    for name, f in rd.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture":
+            continue
+        vt = f.types[0]
+        w.add_key_value(name, f.contents(), vt, f.types[-1] if vt == gguf.GGUFValueType.ARRAY else None)
+    for t in rd.tensors:
+        if t.name.startswith("blk.0.") and t.name[6:].split(".")[0] in mats:
+            n_in, n_out = (int(x) for x in t.shape)
+            w.add_tensor(t.name, gptq_dequant(seq, t.name, n_out, n_in))
+        else:
+            w.add_tensor(t.name, np.asarray(t.data), raw_shape=list(reversed([int(x) for x in t.shape])),
+                         raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    plain = tmp_path / "plain.gguf"
+    r = quantize(run_cli, None, *METHODS["gptq_ao"], hybrid, plain)
+    assert r.returncode == 0, r.stderr
+    for m in mats:
+        for p in parts:
+            assert raw_tensor(seq, f"blk.1.{m}.weight{p}") == raw_tensor(plain, f"blk.1.{m}.weight{p}"), (m, p)
+    r = quantize(run_cli, None, *METHODS["awq"], "--sequential", tiny, tmp_path / "x.gguf")
+    assert_clean_failure(r, r"--sequential applies to --method gptq only")
+
+
 def test_q4_errors(run_cli, tiny, tmp_path):
     out = tmp_path / "o.gguf"
     r = run_cli(["quantize", "--method", "rtn4", str(tiny), str(out)])  # default group 128
