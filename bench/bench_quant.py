@@ -28,7 +28,8 @@ file healed by `luainfer distill`
 (HEAL_ARGS: 40 steps on 10,241 tokens the baseline samples, only the RMSNorm
 weights train, written in the file's own scheme), so no held-out text is
 seen in training either; `gptq-ao-rot-scales` (`w4a4-rot-gptq-scales`) the
-same with the group scales trained too (`--train scales+norms`).
+same with the group scales trained too (`--train scales+norms`), `fp8-gptq-scales`
+`fp8-gptq`'s per-row scales alone (`--train scales`).
 
 --chunks 0 scores the whole text. A run prints the tables as Markdown
 (docs/benchmarks.md has one). With --work DIR --reuse a run can be stopped
@@ -78,6 +79,8 @@ METHODS = {
     "w4a4": (["--method", "w4a4"], False),
     # the same rotation before the 4-bit methods: GPTQ calibrates on the rotated model
     "gptq-ao-rot": (["--method", "gptq", "--group", "64", "--act-order", "--rotate"], "q4"),
+    # GPTQ's own order: each block calibrated through the blocks quantized below it (a pass per block: slow)
+    "gptq-ao-seq": (["--method", "gptq", "--group", "64", "--act-order", "--sequential"], "q4"),
     "w4a4-rot": (["--method", "w4a4", "--rotate"], False),
     "w4a4-rot-gptq": (["--method", "w4a4", "--rotate", "--gptq"], "q4"),  # QuaRot's W4A4 recipe
 }
@@ -88,11 +91,13 @@ METHODS = {
 NORMS = ["--train", "norms", "--lr", "1e-3", "--alpha", "0.9"]
 HEAL = {"gptq-ao-rot-heal": ("gptq-ao-rot", NORMS), "w4a4-rot-gptq-heal": ("w4a4-rot-gptq", NORMS),
         "gptq-ao-rot-scales": ("gptq-ao-rot", ["--train", "scales+norms", "--lr", "3e-4", "--alpha", "1"]),
-        "w4a4-rot-gptq-scales": ("w4a4-rot-gptq", ["--train", "scales+norms", "--lr", "1e-3", "--alpha", "0.9"])}
+        "w4a4-rot-gptq-scales": ("w4a4-rot-gptq", ["--train", "scales+norms", "--lr", "1e-3", "--alpha", "0.9"]),
+        "fp8-gptq-scales": ("fp8-gptq", ["--train", "scales", "--lr", "3e-4", "--alpha", "1"])}
 HEAL_ARGS = ["--self-generate", "10241", "--steps", "40", "--seq-len", "256", "--lr-schedule", "cosine", "--warmup",
              "4", "--temperature", "1", "--dtype", "source", "--seed", "1"]
 METHODS.update({h: METHODS[m] for h, (m, _) in HEAL.items()})
-Q4 = ("rtn4", "awq", "gptq", "gptq-ao", "gptq-ao-rot", "gptq-ao-rot-heal", "gptq-ao-rot-scales")  # also scored with --q4-act int8 (A8)
+# also scored with --q4-act int8 (A8)
+Q4 = ("rtn4", "awq", "gptq", "gptq-ao", "gptq-ao-seq", "gptq-ao-rot", "gptq-ao-rot-heal", "gptq-ao-rot-scales")
 DEFAULT = ("q8_0,q4_0,q4_1,w8a8,w8a8-norm,w8a8-a0,w8a8-a0.8,w8a8-gptq,w8a8-as,w8a8-as-gptq,fp8,fp8-sq,fp8-gptq,"
            "rtn4,awq,gptq,gptq-ao,gptq-ao-rot,w4a4,w4a4-rot,w4a4-rot-gptq")
 
