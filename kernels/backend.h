@@ -66,6 +66,10 @@ int li_weight_check(const li_weight *w, char *why, size_t cap);
  * permutation. For plain weights exactly the type's to_float. The scalar
  * reference every scheme kernel is tested against. */
 void li_weight_dequant_row_ref(const li_weight *w, int64_t row, float *out);
+/* The same with the caller's scratch (k floats; a permuted scheme weight
+ * decodes its codes there first), for loops over every row of a training
+ * step (core/train/scales.c) that should not allocate per row. */
+void li_weight_dequant_row(const li_weight *w, int64_t row, float *out, float *scratch);
 /* The inverse on w's own grid: row `row` of x (k values, input-column
  * order) rounded to the nearest codes of w's type under that row's scales,
  * zero points and permutation, written in w's storage layout to codes

@@ -552,18 +552,23 @@ static void scheme_values(const li_weight *w, int64_t row, const float *q, float
     }
 }
 
-void li_weight_dequant_row_ref(const li_weight *w, int64_t row, float *out) {
+void li_weight_dequant_row(const li_weight *w, int64_t row, float *out, float *scratch) {
     const li_type_traits *t = li_type_info(w->type);
     const void *src = (const char *)w->data + row * w->row_bytes;
     if (w->scheme == LI_SCHEME_PLAIN) { /* GGUF weights: the blocks say everything */
         t->to_float(src, out, w->k);
         return;
     }
-    float *q = w->perm ? malloc((size_t)w->k * sizeof(float)) : out;
-    if (!q) abort(); /* tiny and rare (the reference); like li_xmalloc */
+    float *q = w->perm ? scratch : out; /* codes in stored order, then placed */
     t->to_float(src, q, w->k);
     scheme_values(w, row, q, out);
-    if (q != out) free(q);
+}
+
+void li_weight_dequant_row_ref(const li_weight *w, int64_t row, float *out) {
+    float *scratch = w->perm ? malloc((size_t)w->k * sizeof(float)) : NULL;
+    if (w->perm && !scratch) abort(); /* tiny and rare (the reference); like li_xmalloc */
+    li_weight_dequant_row(w, row, out, scratch);
+    free(scratch);
 }
 
 int li_weight_requant_row_ref(const li_weight *w, int64_t row, const float *x, void *codes, float *out,

@@ -30,6 +30,7 @@ static int site_of(const li_model *m, const li_weight *w, li_calib_site *site) {
 
 /* hands x to fn; false when w's block is past n_layers (the matmul is skipped) */
 static bool report(calib_backend *c, const li_weight *w, const float *x, int64_t n) {
+    if (!c->fn && c->n_layers <= 0) return true;
     li_calib_site site;
     const int l = site_of(c->m, w, &site);
     if (c->n_layers > 0 && l >= c->n_layers) return false;

@@ -77,43 +77,38 @@ typedef struct scales_job {
     li_train_grads *g;     /* NULL: refresh */
 } scales_job;
 
-/* matrix i's row r: codes as values (stored order) into q */
-static void codes_row(const li_weight *w, int64_t r, float *q) {
-    li_type_info(w->type)->to_float((const char *)w->data + r * w->row_bytes, q, w->k);
-}
-
-/* job j: the j-th matrix with a qscale tensor */
-static int matrix_of(const li_train_layout *L, int64_t j) {
-    for (int i = 0; i < L->n_tensors; i++)
-        if (L->t[i].qscale >= 0 && j-- == 0) return i;
-    return -1;
-}
-
-static void refresh_job(void *ctx, int64_t j) {
+/* job i: tensor i, when it is a matrix with a qscale tensor */
+static void refresh_job(void *ctx, int64_t i) {
     scales_job *c = ctx;
     li_train_model *tm = c->tm;
-    const int i = matrix_of(&tm->L, j);
-    const li_train_tensor *t = &tm->L.t[i], *a = &tm->L.t[t->qscale];
+    const li_train_tensor *t = &tm->L.t[i];
+    if (t->qscale < 0) return;
+    const li_train_tensor *a = &tm->L.t[t->qscale];
     li_weight *w = &tm->qw[i];
     const float *s0 = tm->src[i]->scales, *pa = tm->params + a->off;
     float *s = (float *)w->scales;
     for (int64_t e = 0; e < a->rows * a->cols; e++) s[e] = s0[e] * (1.0f + pa[e]);
-    for (int64_t r = 0; r < t->rows; r++) li_weight_dequant_row_ref(w, r, tm->params + t->off + (size_t)(r * t->cols));
+    float *scratch = li_xmalloc((size_t)w->k * sizeof(float));
+    for (int64_t r = 0; r < t->rows; r++)
+        li_weight_dequant_row(w, r, tm->params + t->off + (size_t)(r * t->cols), scratch);
+    free(scratch);
 }
 
-static void grad_job(void *ctx, int64_t j) {
+static void grad_job(void *ctx, int64_t i) {
     scales_job *c = ctx;
     const li_train_model *tm = c->tm;
-    const int i = matrix_of(&tm->L, j);
-    const li_train_tensor *t = &tm->L.t[i], *a = &tm->L.t[t->qscale];
+    const li_train_tensor *t = &tm->L.t[i];
+    if (t->qscale < 0) return;
+    const li_train_tensor *a = &tm->L.t[t->qscale];
     const li_weight *w = &tm->qw[i];
+    const li_type_traits *tr = li_type_info(w->type);
     const int64_t ng = a->cols, gs = w->group_size > 0 ? w->group_size : w->k;
     const float zero = li_scheme_info(w->scheme)->zero, *s0 = tm->src[i]->scales;
     float *q = li_xmalloc((size_t)w->k * sizeof(float));
     double *acc = li_xmalloc((size_t)ng * sizeof(double));
     for (int64_t r = 0; r < t->rows; r++) {
         const float *dw = c->g->g + t->goff + r * t->cols, *zp = w->zeros ? w->zeros + r * ng : NULL;
-        codes_row(w, r, q);
+        tr->to_float((const char *)w->data + r * w->row_bytes, q, w->k); /* codes, stored order */
         memset(acc, 0, (size_t)ng * sizeof(double));
         for (int64_t e = 0; e < w->k; e++) {
             const int64_t g = e / gs;
@@ -124,12 +119,6 @@ static void grad_job(void *ctx, int64_t j) {
     }
     free(acc);
     free(q);
-}
-
-static int64_t n_scaled(const li_train_layout *L) {
-    int64_t n = 0;
-    for (int i = 0; i < L->n_tensors; i++) n += L->t[i].qscale >= 0;
-    return n;
 }
 
 void li_train_scales_init(li_train_model *tm, struct li_threadpool *tp) {
@@ -153,11 +142,11 @@ void li_train_scales_init(li_train_model *tm, struct li_threadpool *tp) {
 void li_train_scales_refresh(li_train_model *tm, struct li_threadpool *tp) {
     if (!tm->qw) return;
     scales_job c = {.tm = tm};
-    li_train_par(tp, refresh_job, &c, n_scaled(&tm->L), 7);
+    li_train_par(tp, refresh_job, &c, tm->L.n_tensors, 7);
 }
 
 void li_train_scales_grad(const li_train_model *tm, li_train_grads *g, struct li_threadpool *tp) {
     if (!tm->qw) return;
     scales_job c = {.tm = (li_train_model *)tm, .g = g};
-    li_train_par(tp, grad_job, &c, n_scaled(&tm->L), 8);
+    li_train_par(tp, grad_job, &c, tm->L.n_tensors, 8);
 }
