@@ -299,6 +299,11 @@ int li_cmd_generate(int argc, char **argv) {
                 n_prompt, prefill_ms, prefill_ms > 0 ? n_prompt / (prefill_ms / 1e3) : 0, (long long)n_gen,
                 decode_ms, decode_ms > 0 && n_gen > 1 ? (n_gen - 1) / (decode_ms / 1e3) : 0, res->finish_reason);
     }
+    /* the engine logged why (logits without a finite value: NaN or Inf in the model) */
+    if (!strcmp(res->finish_reason, "error")) {
+        li_error_set(&err, LI_EINVAL, "generate: the request ended with an error (the log above says why)");
+        goto done;
+    }
     status = 0;
 done:
     if (status) li_runtime_fail(&err);

@@ -113,7 +113,14 @@ int li_cmd_perplexity(int argc, char **argv) {
             for (int32_t i = 1; i < nv; i++) mx = lg[i] > mx ? lg[i] : mx;
             double sum = 0;
             for (int32_t i = 0; i < nv; i++) sum += exp((double)lg[i] - mx);
-            nll += -((double)lg[toks[c * ctx + j + 1]] - mx - log(sum));
+            const double t = -((double)lg[toks[c * ctx + j + 1]] - mx - log(sum));
+            if (!isfinite(t)) { /* a perplexity of nan (and JSON that no parser reads) says less */
+                li_error_set(&err, LI_EINVAL,
+                             "perplexity: chunk %lld, position %lld: the model's logits hold NaN or Inf (its weights "
+                             "or activations)", (long long)c + 1, (long long)j);
+                goto done;
+            }
+            nll += t;
             scored++;
             if ((kl_out || kl_base) && (rc = li_kld_add(&kld, lg, toks[c * ctx + j + 1], &err))) goto done;
         }

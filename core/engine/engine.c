@@ -770,10 +770,26 @@ static void ban_for_min_tokens(req *r) {
     li_sampler_ban(&r->smp, hold ? r->ban : NULL, hold ? r->n_ban : 0);
 }
 
+/* Ends r with "error" when a row of its logits has no finite maximum
+ * (li_sampler_logits_usable): drawn from, it would give id 0, the
+ * end-of-text token of many vocabularies, and a model whose weights hold
+ * NaN would answer every request with nothing and "stop". */
+void li_engine_fail_logits(li_engine *e, req *r) {
+    li_log_warn("engine: request %lld: the model's logits for position %lld hold no finite value (NaN or Inf in "
+                "its weights or activations); the request ends with finish_reason \"error\"",
+                (long long)r->res.id, (long long)r->n_toks);
+    flush_text(e, r);
+    finish(e, r, "error");
+}
+
 /* Samples r's next token from logits and appends it; returns it, or -1
  * when it ended the request without being appended (end-of-generation or
  * a stop token). */
 int32_t li_engine_sample_one(li_engine *e, req *r, const float *logits) {
+    if (!li_sampler_logits_usable(logits, e->model->hp.n_vocab)) {
+        li_engine_fail_logits(e, r);
+        return -1;
+    }
     float lp = 0;
     ban_for_min_tokens(r);
     int32_t tok = li_sampler_sample(&r->smp, logits, r->smp.p.n_logprobs ? r->top : NULL, &lp);

@@ -153,6 +153,8 @@ void li_engine_gather(li_engine *e, li_step_state *st);
 /* Samples r's next token from logits and appends it; returns it, or -1
  * when it ended the request without being appended. */
 int32_t li_engine_sample_one(li_engine *e, li_engine_req *r, const float *logits);
+/* Ends r with "error": its logits row has no finite value (logged). */
+void li_engine_fail_logits(li_engine *e, li_engine_req *r);
 /* A token chosen from logits (a draw, or a verifier's) joins r: appended and
  * emitted, or the end of r (-1) when it is an end-of-generation or stop id. */
 int32_t li_engine_take_token(li_engine *e, li_engine_req *r, int32_t tok, float lp, const float *logits);

@@ -724,6 +724,23 @@ static const float *chain_row(void *ctx, int32_t j) {
     return pj;
 }
 
+/* Whether each of m rows of logits can be drawn from (li_sampler_logits_usable) */
+static bool rows_usable(const float *rows, int32_t m, int32_t nv) {
+    for (int32_t j = 0; j < m; j++)
+        if (!li_sampler_logits_usable(rows + (size_t)j * nv, nv)) return false;
+    return true;
+}
+
+/* A sampled round with a row that cannot be drawn from (NaN or Inf in the
+ * model) keeps none of its drafts: the token comes from row 0 alone, as
+ * without speculation, and a bad row 0 ends r with "error" there
+ * (li_engine_sample_one). Returns 0, the drafts accepted. */
+static int32_t sample_root_only(li_engine *e, req *r, const float *rows, int64_t p0) {
+    r->num_computed = p0 + 1;
+    li_engine_sample_one(e, r, rows);
+    return 0;
+}
+
 /* Temperature > 0: rejection sampling (li_spec_verify_chain_rows) against the
  * target's distributions as the sampler makes them (bias, ban, penalties,
  * top-k/p, min-p, temperature: li_sampler_sample_u), with the request's
@@ -735,6 +752,7 @@ static int32_t verify_sampled(li_engine *e, req *r, int32_t m, const float *rows
                               const float *q) {
     const int32_t nv = e->model->hp.n_vocab, kk = m - 1;
     const int64_t p0 = r->num_computed, gen0 = r->n_toks - r->n_prompt;
+    if (!rows_usable(rows, m, nv)) return sample_root_only(e, r, rows, p0);
     sampled_rows src = {e, r, rows, draft, NULL, gen0, kk, false};
     int32_t next = -1;
     int32_t a = li_spec_verify_chain_rows(chain_row, &src, q, nv, draft, kk, sampler_uniform, &r->smp,
@@ -874,7 +892,9 @@ static int32_t verify_tree(li_engine *e, req *r, int32_t m, const float *rows, i
     const int64_t P = r->num_computed, gen0 = r->n_toks - r->n_prompt;
     *verified = n;
     *last = 0;
-    if (r->smp.p.temperature > 0) {
+    if (r->smp.p.temperature > 0 && !rows_usable(rows, n + 1, nv)) {
+        a = sample_root_only(e, r, rows, P);
+    } else if (r->smp.p.temperature > 0) {
         const li_sampling_params *sp = &r->smp.p;
         const bool pen = sp->repeat_penalty != 1.0f || sp->presence_penalty != 0 || sp->frequency_penalty != 0;
         sampled_rows src = {e, r, rows, tok, depth, gen0, n, pen};

@@ -174,6 +174,10 @@ static float max_of(const float *x, int32_t n) {
     return r;
 }
 
+bool li_sampler_logits_usable(const float *logits, int32_t n_vocab) {
+    return n_vocab > 0 && isfinite(max_of(logits, n_vocab));
+}
+
 /* Lowest index holding the largest value (greedy's tie rule). NaN logits
  * never win, as in the candidate loop below. */
 static int32_t argmax_of(const float *x, int32_t n) {

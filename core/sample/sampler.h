@@ -125,6 +125,10 @@ float li_sampler_lse(const float *logits, int32_t n_vocab);
 /* The same with each exponent scaled: mx + log(sum(exp((l - mx) * scale)))
  * (at scale 1/T, the mass at temperature T; at 1, li_sampler_lse's) */
 float li_sampler_lse_scaled(const float *logits, int32_t n_vocab, double scale);
+/* Whether a row of logits can be drawn from: its largest value is finite
+ * (a NaN logit alone never wins; a row of NaNs, or one with +Inf, comes
+ * from NaN or Inf in the model's weights or activations). */
+bool li_sampler_logits_usable(const float *logits, int32_t n_vocab);
 /* Records a token (prompt or generated) into the penalty window. */
 void li_sampler_accept(li_sampler *s, int32_t token);
 /* Picks the next token from logits (n_vocab). When top is non-NULL it

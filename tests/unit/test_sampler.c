@@ -200,6 +200,35 @@ static void test_cand(void) {
  * ties, -0 beside +0 among them, drawn with given uniforms, against a plain
  * transcription of the chain (insertion sort by value then id, the sum and
  * the walk in that order) at temperature 1 with nothing truncating */
+/* li_sampler_logits_usable at odd lengths (the 16-lane loop and its tail):
+ * a finite maximum, whatever NaNs lie beside it; not a row of NaNs, -Inf
+ * or +Inf anywhere. */
+static void test_logits_usable(void) {
+    const int32_t sizes[] = {1, 15, 16, 17, 33, 49153};
+    for (size_t si = 0; si < sizeof sizes / sizeof *sizes; si++) {
+        const int32_t n = sizes[si];
+        float *x = malloc((size_t)n * sizeof *x);
+        for (int32_t i = 0; i < n; i++) x[i] = (float)((i * 37) % 101) - 50.0f;
+        CHECK(li_sampler_logits_usable(x, n), "n %d: finite logits", n);
+        for (int32_t at = 0; at < n; at += n > 40 ? 4999 : 1) {
+            const float keep = x[at];
+            x[at] = NAN;
+            CHECK(n == 1 ? !li_sampler_logits_usable(x, n) : li_sampler_logits_usable(x, n),
+                  "n %d: one NaN at %d (usable unless it is the only logit)", n, at);
+            x[at] = INFINITY;
+            CHECK(!li_sampler_logits_usable(x, n), "n %d: +Inf at %d", n, at);
+            x[at] = keep;
+        }
+        for (int32_t i = 0; i < n; i++) x[i] = NAN;
+        CHECK(!li_sampler_logits_usable(x, n), "n %d: every logit NaN", n);
+        for (int32_t i = 0; i < n; i++) x[i] = -INFINITY;
+        CHECK(!li_sampler_logits_usable(x, n), "n %d: every logit -Inf", n);
+        free(x);
+    }
+    float one = 0.0f;
+    CHECK(!li_sampler_logits_usable(&one, 0), "an empty row");
+}
+
 static void test_chain_order(void) {
     enum { V = 3000 };
     static float l[V], probs[V];
@@ -722,5 +751,6 @@ int main(void) {
     test_cand();
     test_cand_edits();
     test_chain_order();
+    test_logits_usable();
     return t_summary("sampler");
 }
