@@ -250,7 +250,7 @@ local function first_depth(id, m, p, ctx)
   return ((t.pass[1] or 0) + t.pw * p) / ((t.reach[1] or 0) + t.pw)
 end
 
--- E(1..K) for request id and method m in context ctx from its rounds by
+-- E(1..K) (into e when given) for request id and method m in context ctx from its rounds by
 -- depth: h_1 as above, each deeper h_i from the rounds that reached depth
 -- i and h_(i-1) at DEPTH_PRIOR_WEIGHT (n-gram: a copy that passed its first
 -- draft mostly passes the rest, learnt in a round or two) or
@@ -271,11 +271,15 @@ end
 -- requests up sooner than 16 did (batch 4 rewrite 1.63-1.69x -> 1.77-1.82x
 -- on this Intel machine's curve; the code edit, whose matches stay under
 -- 12, unchanged; 11 already costs it 2%).
-local function expected_by_depth(id, m, p, K, ctx, decay)
+local none = {}
+local function expected_by_depth(id, m, p, K, ctx, decay, e)
   local t = record(id, m, ctx)
-  local reach, pass = t and t.reach or {}, t and t.pass or {}
+  local reach, pass = t and t.reach or none, t and t.pass or none
   local h = first_depth(id, m, p, ctx)
-  local e, surv = { 1 + h }, h
+  local surv = h
+  e = e or {}
+  for i = #e, K + 1, -1 do e[i] = nil end
+  e[1] = 1 + h
   local dw = m == "ngram" and DEPTH_PRIOR_WEIGHT or DEPTH_PRIOR_WEIGHT_MODEL
   for i = 2, K do
     local prior = ((reach[i] or 0) < 0.5 and decay or 1) * h
@@ -286,7 +290,8 @@ local function expected_by_depth(id, m, p, K, ctx, decay)
   return e
 end
 
--- T(n) for n = 1..N, in seconds: row_time[n] where measured; between two
+-- T(n) for n = 1..N, in seconds (into est when given: the step's table,
+-- kept from step to step): row_time[n] where measured; between two
 -- measured counts, on the line through them; past the largest measured
 -- count m, T(m) plus the measured cost of a row (the least-squares slope
 -- over the measured counts, once they span 4 rows or more) per extra row,
@@ -304,16 +309,20 @@ end
 -- faster, and a dearer T(b) with a cheaper T(b + 1) priced a draft's row
 -- below nothing (session 26, the code edit at batch 4 on a shared machine:
 -- T(4) 3.42 ms, T(5) 2.91 ms, and EAGLE drafted at a "gain" of 1.16).
-local function row_estimates(rt, N, b)
-  local ms, sx, sy, sxx, sxy = {}, 0, 0, 0, 0
+local ms_kept = {}
+local function row_estimates(rt, N, b, est)
+  local ms, c, sx, sy, sxx, sxy = ms_kept, 0, 0, 0, 0, 0
   for n = 1, math.min(N, 64) do
     local t = rt[n]
     if t then
-      ms[#ms + 1] = n
+      c = c + 1
+      ms[c] = n
       sx, sy, sxx, sxy = sx + n, sy + t, sxx + n * n, sxy + n * t
     end
   end
-  local est, c = {}, #ms
+  ms[c + 1] = nil -- the loop below reads one past the last
+  est = est or {}
+  for n = #est, N + 1, -1 do est[n] = nil end
   if c == 0 then
     for n = 1, N do est[n] = 1 + (n - 1) * PRIOR_ROW end
     return est
@@ -351,9 +360,9 @@ end
 -- when the step holds R rows of b requests expecting Tok tokens; 0 and 1
 -- when none beats 1.
 local function best_k(E, est, b, R, Tok, draft, K)
-  local best, gain = 0, 1
+  local best, gain, eb, eR = 0, 1, est[b], est[R]
   for k = 1, math.min(K, #est - R) do
-    local g = ((Tok - 1 + E[k]) / Tok) / ((est[R + k] + k * draft * est[b]) / est[R])
+    local g = ((Tok - 1 + E[k]) / Tok) / ((est[R + k] + k * draft * eb) / eR)
     if g > gain then best, gain = k, g end
   end
   return best, gain
@@ -369,16 +378,17 @@ local cand = {}
 --     V = Tok / (T(R) + D),  R rows, Tok tokens, D the proposers' time,
 -- while that gains at least MIN_ROUND.
 local function grow(ids, k, b, est, R, Tok, D, V)
+  local n_est, eb = #est, est[b] -- (the loop's lookups in locals: the same arithmetic, in the same order)
   while true do
     local bi, bk, bv, bt, bd = nil, 0, V * MIN_ROUND, 0, 0
-    for _, id in ipairs(ids) do
+    for j = 1, #ids do
+      local id = ids[j]
       local c, k0 = cand[id], k[id]
-      local e0 = k0 > 0 and c.E[k0] or 1
-      for kk = k0 + 1, c.K do
-        local nR = R + kk - k0
-        if nR > #est then break end
-        local nT, nD = Tok + c.E[kk] - e0, D + (kk - k0) * c.draft * est[b]
-        local v = nT / (est[nR] + nD)
+      local E, cd = c.E, c.draft
+      local e0 = k0 > 0 and E[k0] or 1
+      for kk = k0 + 1, math.min(c.K, n_est - R + k0) do
+        local nT, nD = Tok + E[kk] - e0, D + (kk - k0) * cd * eb
+        local v = nT / (est[R + kk - k0] + nD)
         if v > bv then bi, bk, bv, bt, bd = id, kk, v, nT, nD end
       end
     end
@@ -452,7 +462,20 @@ end
 -- planned id's k, and the method it was planned with), and the rows and
 -- tokens granted (planned, then to requests the plan did not know, at the
 -- margin)
-local st_step, est, planned, planned_m, planned_e, R, Tok = -1, nil, {}, {}, {}, 0, 0
+local st_step, est, planned, planned_m, planned_e, R, Tok = -1, {}, {}, {}, {}, 0, 0
+-- per request id, per method: its E(1..K) table, rewritten at each call
+-- (a step allocates nothing for them: the hook runs interpreted, where a
+-- table's allocation and collection are a good part of its time)
+local ebuf = {}
+-- key .. ctx, made once (a concatenation makes a string each call)
+local keycat = {}
+local function cat(a, b)
+  local t = keycat[a]
+  if not t then t = {}; keycat[a] = t end
+  local v = t[b]
+  if not v then v = a .. b; t[b] = v end
+  return v
+end
 -- this step's cheapest extra row (cheapest_row): a method whose h_1 / b is
 -- at most this plus its draft share gains nothing alone and is not priced
 -- further (the same choices; at batch 4 with nothing worth drafting the
@@ -465,7 +488,7 @@ local function speculate(req, state)
   local b, rt = math.max(sp.batch_size, 1), sp.row_time or {}
   local new_step = state.step ~= st_step
   if new_step then
-    st_step, est = state.step, row_estimates(rt, b * (1 + MAX_DRAFTS), b)
+    st_step, est = state.step, row_estimates(rt, b * (1 + MAX_DRAFTS), b, est)
     row_floor = cheapest_row(est, b)
   end
   -- the methods, each alone at the step's start: the request's best, and
@@ -485,7 +508,7 @@ local function speculate(req, state)
       if m == "ngram" and s.temperature > 0 then p, key = PRIOR_SAMPLED_NGRAM, "ngram sampled" end
       if m == "ngram" and s.temperature <= 0 and (s.ngram_match or 0) >= COPY_MATCH then p = math.max(p, PRIOR_COPY) end
       local ctx = (m ~= "ngram" and (s.ngram or 0) > 0) and "copy" or ""
-      p = pop_prior(key .. ctx, p, req.id)
+      p = pop_prior(cat(key, ctx), p, req.id)
       observe(req.id, m, s.drafted[m] or 0, s.acceptance[m] or -1, key, ctx)
       if m == "ngram" and s.temperature <= 0 and s.ngram_match then
         observe_shadow(req.id, key, s.ngram_match, s.drafted[m] or 0, s.ngram or 0)
@@ -496,7 +519,10 @@ local function speculate(req, state)
       local K = math.min(s.max_k, MAX_K[m] or s.max_k, MAX_DRAFTS)
       if first_depth(req.id, m, p, ctx) / b + 1e-12 >= row_floor + draft then
         local long = m == "ngram" and s.temperature <= 0 and (s.ngram_match or 0) >= LONG_MATCH
-        local E = expected_by_depth(req.id, m, p, K, ctx, (b > 1 and not long) and UNSEEN_DECAY or 1)
+        local eb = ebuf[req.id]
+        if not eb then eb = {}; ebuf[req.id] = eb end
+        local E = expected_by_depth(req.id, m, p, K, ctx, (b > 1 and not long) and UNSEEN_DECAY or 1, eb[m])
+        eb[m] = E
         local k, gain = best_k(E, est, b, b, b, draft, K)
         if k > 0 and gain > best_gain then best_m, best_gain, bE, bK, bD = m, gain, E, K, draft end
         if m ~= "ngram" and k > 0 and gain > alt_gain then alt_m, alt_gain, aE, aK, aD = m, gain, E, K, draft end
@@ -505,7 +531,9 @@ local function speculate(req, state)
   end
   -- the plan knows the request by its method for the steps that have a
   -- copy ahead (n-gram's record), whatever this step's lookup finds
-  cand[req.id] = { method = best_m, E = bE, K = bK, draft = bD }
+  local c = cand[req.id]
+  if not c then c = {}; cand[req.id] = c end
+  c.method, c.E, c.K, c.draft = best_m, bE, bK, bD
   if new_step then
     planned, R, Tok = plan(state, b, est)
     planned_m, planned_e = {}, {}
@@ -533,7 +561,7 @@ local function speculate(req, state)
   return best_m, kk
 end
 
-local function on_finish(req) seen[req.id], cand[req.id], shadow[req.id] = nil, nil, nil end
+local function on_finish(req) seen[req.id], cand[req.id], shadow[req.id], ebuf[req.id] = nil, nil, nil, nil end
 
 return {
   speculate = speculate,
