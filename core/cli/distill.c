@@ -169,7 +169,7 @@ int li_cmd_distill(int argc, char **argv) {
     }
     if ((rc = check_vocab(rt.model, student, &err))) goto done;
     if (to.data) {
-        if ((rc = li_read_file(to.data, (size_t)256 << 20, "training text", &text, &text_len, &err))) goto done;
+        if ((rc = li_read_text(to.data, (size_t)256 << 20, "training text", &text, &text_len, &err))) goto done;
         if ((rc = li_tokenizer_encode(rt.model->tok, text, text_len, false, false, &ids, &n_ids, &err))) goto done;
     } else {
         /* side by side the weights are read once per token of all streams */

@@ -56,7 +56,7 @@ int li_cmd_perplexity(int argc, char **argv) {
     if ((rc = li_kv_dtype_parse(kv_dtype_s, &kv_dtype, &err))) return li_runtime_fail(&err);
     char *text = NULL;
     size_t len = 0;
-    if ((rc = li_read_file(file, (size_t)1 << 30, "text file", &text, &len, &err))) return li_runtime_fail(&err);
+    if ((rc = li_read_text(file, (size_t)1 << 30, "text file", &text, &len, &err))) return li_runtime_fail(&err);
 
     li_runtime rt;
     if ((rc = li_runtime_open_device(&rt, model, threads, isa, device, "--device", &err))) {

@@ -265,7 +265,7 @@ int li_cmd_train_eagle(int argc, char **argv) {
         if ((rc = parse_features(features_s, m->hp.n_layer, feat, &F, &err))) goto done;
     } else F = li_train_eagle_default_features(m->hp.n_layer, feat);
     if (eval_path) { /* read it first: a bad path fails before any training */
-        if ((rc = li_read_file(eval_path, (size_t)256 << 20, "evaluation text", &text, &text_len, &err))) goto done;
+        if ((rc = li_read_text(eval_path, (size_t)256 << 20, "evaluation text", &text, &text_len, &err))) goto done;
         rc = li_tokenizer_encode(m->tok, text, text_len, false, true, &eids, &n_eids, &err);
         free(text);
         text = NULL;
@@ -281,7 +281,7 @@ int li_cmd_train_eagle(int argc, char **argv) {
                               .head_dim = m->hp.head_dim, .vocab_hash = vhash};
     if (train) {
         if (to.data) {
-            if ((rc = li_read_file(to.data, (size_t)256 << 20, "training text", &text, &text_len, &err))) goto done;
+            if ((rc = li_read_text(to.data, (size_t)256 << 20, "training text", &text, &text_len, &err))) goto done;
             /* special tokens as text become their ids: chat transcripts
              * (tools/gen_chat_data.lua) train the draft on the turns'
              * real tokens */

@@ -188,7 +188,7 @@ int li_cmd_train_medusa(int argc, char **argv) {
     const int64_t d = m->hp.n_embd, V = m->hp.n_vocab, L = to.seq_len;
     const uint64_t vhash = li_tokenizer_vocab_hash(m->tok);
     if (eval_path) { /* read it first: a bad path fails before any training */
-        if ((rc = li_read_file(eval_path, (size_t)256 << 20, "evaluation text", &text, &text_len, &err))) goto done;
+        if ((rc = li_read_text(eval_path, (size_t)256 << 20, "evaluation text", &text, &text_len, &err))) goto done;
         rc = li_tokenizer_encode(m->tok, text, text_len, false, false, &eids, &n_eids, &err);
         free(text);
         text = NULL;
@@ -202,7 +202,7 @@ int li_cmd_train_medusa(int argc, char **argv) {
     }
     if (train) {
         if (to.data) {
-            if ((rc = li_read_file(to.data, (size_t)256 << 20, "training text", &text, &text_len, &err))) goto done;
+            if ((rc = li_read_text(to.data, (size_t)256 << 20, "training text", &text, &text_len, &err))) goto done;
             if ((rc = li_tokenizer_encode(m->tok, text, text_len, false, false, &ids, &n_ids, &err))) goto done;
         } else {
             if ((rc = li_train_self_generate_n(m, &rt.be, to.self_gen, (uint64_t)to.seed, (int)streams, &ids, &err))) goto done;

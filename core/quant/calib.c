@@ -92,7 +92,7 @@ int li_calib_windows(const li_model *m, const li_calib_opts *o, const char *who,
                             (long long)o->seq_len, m->hp.n_ctx_train);
     char *text = NULL;
     size_t len = 0;
-    int rc = li_read_file(o->path, (size_t)1 << 30, "calibration file", &text, &len, err);
+    int rc = li_read_text(o->path, (size_t)1 << 30, "calibration file", &text, &len, err);
     if (rc) return rc;
     if (len == 0) {
         free(text);

@@ -15,12 +15,16 @@ static inline size_t utf8_char_len(const utf8proc_uint8_t *s, size_t n) {
     return len > 0 ? (size_t)len : 0;
 }
 
-bool li_utf8_valid(const char *str, size_t n) {
+size_t li_utf8_valid_len(const char *str, size_t n) {
     const utf8proc_uint8_t *s = (const utf8proc_uint8_t *)str;
-    for (size_t i = 0, k; i < n; i += k)
-        if (!(k = utf8_char_len(s + i, n - i))) return false;
-    return true;
+    size_t i = 0;
+    for (size_t k; i < n; i += k)
+        if (!(k = utf8_char_len(s + i, n - i))) break;
+    return i;
 }
+
+bool li_utf8_valid(const char *str, size_t n) { return li_utf8_valid_len(str, n) == n; }
+
 
 void li_utf8_scrub(char *str, size_t n) {
     utf8proc_uint8_t *s = (utf8proc_uint8_t *)str;

@@ -118,6 +118,31 @@ def test_perplexity_missing_file(run_cli, model_path, tmp_path):
     assert_clean_failure(r, re.escape(missing.name), r"file")
 
 
+def test_text_inputs_binary_directory_latin1(run_cli, run_ok, model_path, tmp_path):
+    """Text read as text (perplexity's --file, a calibration file, distill's
+    --data; util/common.c li_read_text): a file holding a NUL byte is not text
+    (a GGUF given by mistake) and is refused naming the offset; a directory
+    names the system's reason; a Latin-1 file reads, with a warning naming
+    the first byte that is not UTF-8."""
+    binary = tmp_path / "weights.bin"
+    binary.write_bytes(b"GGUF\x03\x00\x00\x00" + bytes(range(256)) * 8)
+    latin1 = tmp_path / "latin1.txt"
+    latin1.write_bytes(PPL_TEXT.read_bytes()[:3000] + "Caf\xe9 cr\xe8me, na\xefve. ".encode("latin-1") * 40)
+    cases = [["perplexity", "--model", model_path, "--ctx", "128", "--chunks", "1", "--file"],
+             ["quantize", "--method", "w8a8", "--samples", "1", "--seq-len", "64", model_path,
+              tmp_path / "q.gguf", "--calib"],
+             ["distill", "--teacher", model_path, "--student", model_path, "--steps", "1", "--seq-len", "64",
+              "--train", "norms", tmp_path / "d.gguf", "--data"]]
+    for args in cases:
+        r = run_cli([*args, binary])
+        assert_clean_failure(r, r"weights\.bin' holds a NUL byte at offset 5: not a text file")
+        r = run_cli([*args, tmp_path])
+        assert_clean_failure(r, r"cannot read .*: Is a directory")
+    r = run_ok(["perplexity", "--model", model_path, "--ctx", "128", "--chunks", "1", "--file", latin1])
+    assert re.search(r"latin1\.txt' is not UTF-8 from byte 3003 \(0xe9\)", r.stderr), r.stderr
+    assert not list(tmp_path.glob("*.gguf*"))
+
+
 def test_perplexity_text_shorter_than_ctx(run_cli, model_path, tmp_path):
     short = tmp_path / "short.txt"
     short.write_text("Just a few words.\n")

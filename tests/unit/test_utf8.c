@@ -47,5 +47,20 @@ int main(void) {
     for (size_t i = 0; i < LI_ARRAY_LEN(cases); i++)
         CHECK(li_utf8_valid(cases[i].s, cases[i].n) == cases[i].ok, "%s: want %s", cases[i].what,
               cases[i].ok ? "valid" : "invalid");
+    /* li_utf8_valid_len: where the first bad sequence starts (a prefix
+     * before it, every case above after it), n when all is valid */
+    for (size_t i = 0; i < LI_ARRAY_LEN(cases); i++) {
+        char buf[32];
+        const size_t pre = 5 + i % 4; /* "caf\xc3\xa9" and ASCII: 5 to 8 bytes */
+        memcpy(buf, "caf\xc3\xa9xyz", pre);
+        memcpy(buf + pre, cases[i].s, cases[i].n);
+        const size_t got = li_utf8_valid_len(buf, pre + cases[i].n);
+        if (cases[i].ok) CHECK(got == pre + cases[i].n, "%s after %zu bytes: all %zu valid, got %zu", cases[i].what,
+                               pre, pre + cases[i].n, got);
+        else CHECK(got >= pre && got < pre + cases[i].n && !li_utf8_valid(buf + got, pre + cases[i].n - got),
+                   "%s after %zu bytes: the valid prefix ends inside it (got %zu)", cases[i].what, pre, got);
+    }
+    CHECK(li_utf8_valid_len("ab\xff" "cd", 5) == 2 && li_utf8_valid_len("\xe2\x82", 2) == 0,
+          "the valid prefix stops at the first bad byte");
     return t_summary("test_utf8");
 }
