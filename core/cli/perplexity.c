@@ -10,6 +10,7 @@
 #include "engine/session.h"
 #include "quant/kld.h"
 #include "tokenizer/tokenizer.h"
+#include "util/utf8.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>

@@ -21,6 +21,7 @@
 #include "train/selfgen.h"
 #include "util/progress.h"
 #include "cpu/threadpool.h"
+#include "util/utf8.h"
 
 #include <libgen.h>
 #include <math.h>

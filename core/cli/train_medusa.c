@@ -20,6 +20,7 @@
 #include "train/selfgen.h"
 #include "util/progress.h"
 #include "cpu/threadpool.h"
+#include "util/utf8.h"
 
 #include <errno.h>
 #include <libgen.h>

@@ -3,6 +3,7 @@
 #include "engine/session.h"
 #include "tokenizer/tokenizer.h"
 #include "util/progress.h"
+#include "util/utf8.h"
 
 #include <math.h>
 #include <stdlib.h>

@@ -1,7 +1,6 @@
 /* common.c — errors, logging, allocation and clock helpers. */
 #define _POSIX_C_SOURCE 200809L
 #include "common.h"
-#include "utf8.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -117,25 +116,6 @@ int li_read_file(const char *path, size_t max_bytes, const char *what, char **ou
     buf[n] = 0;
     *out = buf;
     *len = n;
-    return 0;
-}
-
-int li_read_text(const char *path, size_t max_bytes, const char *what, char **out, size_t *len, li_error *err) {
-    int rc = li_read_file(path, max_bytes, what, out, len, err);
-    if (rc) return rc;
-    const char *nul = memchr(*out, 0, *len);
-    if (nul) {
-        const size_t at = (size_t)(nul - *out);
-        free(*out);
-        *out = NULL;
-        *len = 0;
-        return li_error_set(err, LI_EINVAL, "%s '%s' holds a NUL byte at offset %zu: not a text file", what, path,
-                            at);
-    }
-    const size_t ok = li_utf8_valid_len(*out, *len);
-    if (ok < *len)
-        li_log_warn("%s '%s' is not UTF-8 from byte %zu (0x%02x); its bytes are tokenized as they are", what, path,
-                    ok, (unsigned)(unsigned char)(*out)[ok]);
     return 0;
 }
 

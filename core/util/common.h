@@ -54,12 +54,6 @@ void li_aligned_free(void *p);
  * max_bytes are refused (LI_ERANGE). `what` names the file in messages
  * ("policy file", "text file"). */
 int li_read_file(const char *path, size_t max_bytes, const char *what, char **out, size_t *len, li_error *err);
-/* li_read_file for text read as text (calibration, training, evaluation):
- * a NUL byte is refused (LI_EINVAL, naming its offset: a binary file, a
- * GGUF or an archive given by mistake), and bytes that are not UTF-8 get a
- * warning naming the first one (the tokenizer takes them as they are: a
- * Latin-1 text still reads). */
-int li_read_text(const char *path, size_t max_bytes, const char *what, char **out, size_t *len, li_error *err);
 
 /* Monotonic clock in seconds. */
 double li_time_now(void);

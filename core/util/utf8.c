@@ -1,7 +1,9 @@
-/* utf8.c — li_utf8_valid and li_utf8_scrub share one character step. */
+/* utf8.c — li_utf8_valid and li_utf8_scrub share one character step; li_read_text reads a file as text. */
 #include "util/utf8.h"
 #include "util/common.h"
 
+#include <stdlib.h>
+#include <string.h>
 #include <utf8proc.h>
 
 /* Bytes of the valid UTF-8 character at s (n > 0 bytes left), or 0. NUL
@@ -33,4 +35,23 @@ void li_utf8_scrub(char *str, size_t n) {
         if (k) i += k;
         else s[i++] = '?';
     }
+}
+
+int li_read_text(const char *path, size_t max_bytes, const char *what, char **out, size_t *len, li_error *err) {
+    int rc = li_read_file(path, max_bytes, what, out, len, err);
+    if (rc) return rc;
+    const char *nul = memchr(*out, 0, *len);
+    if (nul) {
+        const size_t at = (size_t)(nul - *out);
+        free(*out);
+        *out = NULL;
+        *len = 0;
+        return li_error_set(err, LI_EINVAL, "%s '%s' holds a NUL byte at offset %zu: not a text file", what, path,
+                            at);
+    }
+    const size_t ok = li_utf8_valid_len(*out, *len);
+    if (ok < *len)
+        li_log_warn("%s '%s' is not UTF-8 from byte %zu (0x%02x); its bytes are tokenized as they are", what, path,
+                    ok, (unsigned)(unsigned char)(*out)[ok]);
+    return 0;
 }

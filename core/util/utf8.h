@@ -3,6 +3,8 @@
 #ifndef LI_UTF8_H
 #define LI_UTF8_H
 
+#include "util/common.h"
+
 #include <stdbool.h>
 #include <stddef.h>
 
@@ -17,5 +19,12 @@ size_t li_utf8_valid_len(const char *s, size_t n);
  * name, a logit_bias key) and may be cut by their buffer; a reply must
  * still be a string every client decodes. */
 void li_utf8_scrub(char *s, size_t n);
+
+/* li_read_file for text read as text (calibration, training, evaluation):
+ * a NUL byte is refused (LI_EINVAL, naming its offset: a binary file, a
+ * GGUF or an archive given by mistake), and bytes that are not UTF-8 get a
+ * warning naming the first one (the tokenizer takes them as they are: a
+ * Latin-1 text still reads). */
+int li_read_text(const char *path, size_t max_bytes, const char *what, char **out, size_t *len, li_error *err);
 
 #endif

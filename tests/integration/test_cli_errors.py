@@ -120,7 +120,7 @@ def test_perplexity_missing_file(run_cli, model_path, tmp_path):
 
 def test_text_inputs_binary_directory_latin1(run_cli, run_ok, model_path, tmp_path):
     """Text read as text (perplexity's --file, a calibration file, distill's
-    --data; util/common.c li_read_text): a file holding a NUL byte is not text
+    --data; util/utf8.c li_read_text): a file holding a NUL byte is not text
     (a GGUF given by mistake) and is refused naming the offset; a directory
     names the system's reason; a Latin-1 file reads, with a warning naming
     the first byte that is not UTF-8."""

@@ -44,6 +44,30 @@ def rewrite(src, dst, change):
     return dst
 
 
+def poisoned(tiny, name, bad):
+    """tiny with NaN input embeddings at the ids in bad, its output head
+    kept apart (output.weight) and sound, so the model still writes them."""
+    def change(n, data, tt):
+        if n != "token_embd.weight":
+            return [(n, data, tt)]
+        p = data.copy()
+        p[list(bad)] = np.nan
+        return [(n, p, tt), ("output.weight", data, tt)]
+    return rewrite(tiny, tiny.with_name(name), change)
+
+
+def proposing(tiny, name, y, z):
+    """A draft whose head is row y = +1000 e_0, row z = -1000 e_0 and every
+    other row 0: its argmax is y or z by the sign of one hidden channel."""
+    def change(n, data, tt):
+        if n != "token_embd.weight":
+            return [(n, data, tt)]
+        head = np.zeros_like(data)
+        head[y, 0], head[z, 0] = 1000, -1000
+        return [(n, data, tt), ("output.weight", head, tt)]
+    return rewrite(tiny, tiny.with_name(name), change)
+
+
 @pytest.fixture(scope="module")
 def tiny(model_path, repo_root, tmp_path_factory):
     out = tmp_path_factory.mktemp("nan") / "tiny.gguf"
@@ -102,19 +126,10 @@ def test_bad_token_embedding_same_tokens_with_speculation(run_cli, run_ok, tiny,
     same tokens and the same end: a row is read only where sampling alone
     would read it."""
     plain = run_ok(gen(tiny, thread_args, "--temperature", "0")).json()
-    seen = set(plain["prompt_tokens"])
-    bad = next((t for i, t in enumerate(plain["tokens"]) if i >= 1 and t not in seen and not seen.add(t)), None)
-    if bad is None:  # every generated id is in the prompt or first: pick by hand
-        pytest.fail(f"no generated token outside the prompt to poison: {plain['tokens']}")
+    bad = next((t for t in plain["tokens"] if t not in plain["prompt_tokens"]), None)
+    assert bad is not None, f"every generated id is in the prompt: {plain}"
     at = plain["tokens"].index(bad)
-
-    def change(name, data, tt):
-        if name != "token_embd.weight":
-            return [(name, data, tt)]
-        poisoned = data.copy()
-        poisoned[bad] = np.nan
-        return [(name, poisoned, tt), ("output.weight", data, tt)]
-    model = rewrite(tiny, tiny.with_name("poisoned.gguf"), change)
+    model = poisoned(tiny, "poisoned.gguf", [bad])
     for extra in ([], ["--spec-k", "4"]):
         r = run_cli(gen(model, thread_args, "--temperature", "0", *extra))
         assert r.returncode == 1, r.describe()
@@ -153,22 +168,7 @@ def test_draft_of_bad_tokens_is_never_read(run_cli, run_ok, tiny, thread_args):
     plain = run_ok(gen(tiny, thread_args, "--temperature", "0")).json()
     used = set(plain["prompt_tokens"]) | set(plain["tokens"])
     y, z = [t for t in range(5000, 5100) if t not in used][:2]
-
-    def target(name, data, tt):
-        if name != "token_embd.weight":
-            return [(name, data, tt)]
-        poisoned = data.copy()
-        poisoned[[y, z]] = np.nan
-        return [(name, poisoned, tt), ("output.weight", data, tt)]
-
-    def draft(name, data, tt):
-        if name != "token_embd.weight":
-            return [(name, data, tt)]
-        head = np.zeros_like(data)
-        head[y, 0], head[z, 0] = 1000, -1000
-        return [(name, data, tt), ("output.weight", head, tt)]
-    tm = rewrite(tiny, tiny.with_name("target_yz.gguf"), target)
-    dm = rewrite(tiny, tiny.with_name("draft_yz.gguf"), draft)
+    tm, dm = poisoned(tiny, "target_yz.gguf", [y, z]), proposing(tiny, "draft_yz.gguf", y, z)
     spec = run_ok(gen(tm, thread_args, "--temperature", "0", "--draft-model", str(dm), "--spec-k", "2")).json()
     assert spec["tokens"] == plain["tokens"] and spec["finish_reason"] == "length"
     assert spec["speculation"]["drafted"] > 0 and spec["speculation"]["accepted"] == 0
@@ -192,22 +192,7 @@ def test_sampled_draft_never_reads_past_a_bad_token(run_cli, run_ok, tiny, threa
     b = plain["tokens"][0]
     used = set(plain["prompt_tokens"]) | set(plain["tokens"])
     z = next(t for t in range(5000, 5100) if t not in used)
-
-    def target(name, data, tt):
-        if name != "token_embd.weight":
-            return [(name, data, tt)]
-        poisoned = data.copy()
-        poisoned[b] = np.nan
-        return [(name, poisoned, tt), ("output.weight", data, tt)]
-
-    def draft(name, data, tt):
-        if name != "token_embd.weight":
-            return [(name, data, tt)]
-        head = np.zeros_like(data)
-        head[b, 0], head[z, 0] = 1000, -1000
-        return [(name, data, tt), ("output.weight", head, tt)]
-    tm = rewrite(tiny, tiny.with_name("target_b.gguf"), target)
-    dm = rewrite(tiny, tiny.with_name("draft_b.gguf"), draft)
+    tm, dm = poisoned(tiny, "target_b.gguf", [b]), proposing(tiny, "draft_b.gguf", b, z)
     ended_on_b = 0
     for seed in range(1, 7):
         r = run_cli(gen(tm, thread_args, "--temperature", "0.7", "--seed", str(seed), "--draft-model", str(dm),
