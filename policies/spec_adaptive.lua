@@ -153,21 +153,27 @@ local function pop_prior(key, p, id)
   -- summed once per request until the ring takes in a round (a step
   -- without rounds, every step of a batch that drafts nothing, reads the
   -- sums of the last one)
+  -- (the sums' tables are kept per key and emptied when the ring moves)
   local c = pop_sums[key]
-  if not c or c.n ~= q.n then c = { n = q.n }; pop_sums[key] = c end
-  local who = id == nil and "none" or id
-  local own = c[who]
-  if not own then
-    local reach, pass, w = 0, 0, 1
-    for j = q.n - 1, math.max(0, q.n - POP_ROUNDS), -1 do
-      local slot = j % POP_ROUNDS + 1
-      if q.id[slot] ~= id then reach, pass = reach + w, pass + (q.pass[slot] and w or 0) end
-      w = w * POP_FORGET
-    end
-    own = { reach, pass }
-    c[who] = own
+  if not c then c = { n = -1, reach = {}, pass = {} }; pop_sums[key] = c end
+  if c.n ~= q.n then
+    c.n = q.n
+    for k in pairs(c.reach) do c.reach[k], c.pass[k] = nil, nil end
   end
-  return (own[2] + POP_WEIGHT * p) / (own[1] + POP_WEIGHT)
+  local who = id == nil and "none" or id
+  local reach = c.reach[who]
+  if not reach then
+    local pass, w, qid, qpass = 0, 1, q.id, q.pass
+    local slot = (q.n - 1) % POP_ROUNDS + 1 -- the newest round's, then back round the ring
+    reach = 0
+    for _ = q.n - 1, math.max(0, q.n - POP_ROUNDS), -1 do
+      if qid[slot] ~= id then reach, pass = reach + w, pass + (qpass[slot] and w or 0) end
+      w = w * POP_FORGET
+      slot = slot == 1 and POP_ROUNDS or slot - 1
+    end
+    c.reach[who], c.pass[who] = reach, pass
+  end
+  return (c.pass[who] + POP_WEIGHT * p) / (reach + POP_WEIGHT)
 end
 
 -- A round of dd drafts of which the first da passed into t's record in
@@ -333,15 +339,21 @@ local function row_estimates(rt, N, b, est)
   for n = 1, math.min(m0 - 1, N) do est[n] = rt[m0] / (1 + (m0 - n) * PRIOR_ROW) end
   for i = 1, c do
     local a, b = ms[i], ms[i + 1]
-    est[a] = rt[a]
-    if b then
-      for n = a + 1, math.min(b - 1, N) do est[n] = rt[a] + (rt[b] - rt[a]) * (n - a) / (b - a) end
+    local ta = rt[a]
+    est[a] = ta
+    if b and b > a + 1 then -- (b <= N: the measured counts are N or fewer)
+      local tb = rt[b]
+      for n = a + 1, b - 1 do est[n] = ta + (tb - ta) * (n - a) / (b - a) end
     end
   end
   for n = m1 + 1, N do est[n] = rt[m1] + (n - m1) * slope end
   b = math.min(b or 1, N)
-  for n = b + 1, N do est[n] = math.max(est[n], est[n - 1]) end
-  for n = b - 1, 1, -1 do est[n] = math.min(est[n], est[n + 1]) end
+  for n = b + 1, N do -- (compares, not math.max / math.min: calls, interpreted)
+    if est[n - 1] > est[n] then est[n] = est[n - 1] end
+  end
+  for n = b - 1, 1, -1 do
+    if est[n + 1] < est[n] then est[n] = est[n + 1] end
+  end
   return est
 end
 
@@ -352,7 +364,10 @@ end
 -- h_1 / b <= floor + draft.
 local function cheapest_row(est, b)
   local f = math.huge
-  for n = b, math.min(#est - 1, b + MAX_DRAFTS - 1) do f = math.min(f, est[n + 1] - est[n]) end
+  for n = b, math.min(#est - 1, b + MAX_DRAFTS - 1) do
+    local d = est[n + 1] - est[n]
+    if d < f then f = d end
+  end
   return f / est[b]
 end
 
