@@ -931,7 +931,9 @@ static bool take_device_token(li_engine *e, req *r, int32_t row, int32_t k) {
         .edit_ids = e->b_eids + e->b_eoff[row],
         .edit_vals = e->b_evals + e->b_eoff[row], .n_edit = n_e,
     };
-    const int32_t tok = k == 1 && !e->b_has_lse && !n_e
+    /* a top value that is not finite goes to the host, whose logits end
+     * the request (li_engine_sample_one): the shortcut would take its id */
+    const int32_t tok = k == 1 && !e->b_has_lse && !n_e && isfinite(cd.vals[0])
                             ? e->b_ids[row]
                             : li_sampler_sample_cand(&r->smp, &cd, r->smp.p.n_logprobs ? r->top : NULL, &lp);
     if (tok < 0) {

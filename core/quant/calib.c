@@ -121,15 +121,16 @@ int li_calib_windows(const li_model *m, const li_calib_opts *o, const char *who,
 }
 
 int li_calib_run(li_model *m, li_backend *be, const li_calib_opts *o, li_calib_fn fn, void *ctx, li_error *err) {
-    int32_t *toks;
-    int rc = li_calib_windows(m, o, "quantize", &toks, err);
+    int32_t *own = NULL;
+    int rc = o->windows ? 0 : li_calib_windows(m, o, "quantize", &own, err);
     if (rc) return rc;
+    const int32_t *toks = o->windows ? o->windows : own;
     calib_backend cb;
     li_calib_backend_init(&cb, be, m, fn, ctx);
     cb.n_layers = o->n_layers;
     li_session s;
     if ((rc = li_session_init(&s, m, &cb.be, o->seq_len, LI_TYPE_F32, LI_MIN(o->seq_len, 512), err))) {
-        free(toks);
+        free(own);
         return rc;
     }
     float *logits = li_xmalloc((size_t)m->hp.n_vocab * sizeof(float));
@@ -146,7 +147,7 @@ int li_calib_run(li_model *m, li_backend *be, const li_calib_opts *o, li_calib_f
     li_session_free(&s);
     free(win);
     free(logits);
-    free(toks);
+    free(own);
     return rc;
 }
 

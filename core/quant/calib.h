@@ -38,6 +38,11 @@ typedef struct li_calib_opts {
      * write zeros (GPTQ's sequential calibration needs one block's inputs
      * and pays only for the blocks below it) */
     int n_layers;
+    /* the samples x seq_len tokens li_calib_windows made from path, or NULL
+     * (li_calib_run reads and tokenizes path): a caller running the same
+     * windows again (GPTQ's sequential calibration, once per block) reads
+     * the file once */
+    const int32_t *windows;
 } li_calib_opts;
 
 /* The capture backend: the real backend's impl and ops table, with matmul,

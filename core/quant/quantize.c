@@ -496,6 +496,7 @@ typedef struct qctx {
     li_runtime *seq_rt;
     int seq_layer;          /* the block whose statistics are collected */
     float **seq_w;          /* (n_layer * 7) */
+    int32_t *seq_win;       /* the calibration windows, tokenized once for every block's pass */
 } qctx;
 
 static float *dequant(const li_weight *w) {
@@ -959,6 +960,7 @@ static int calibrate_q4(qctx *q, li_error *err) {
  * blocks below l are already quantized (seq_swap); the blocks above l do
  * not multiply (li_calib_opts.n_layers) */
 static int seq_calibrate(qctx *q, int l, li_error *err) {
+    li_calib_opts co = {.path = q->o->calib, .samples = q->o->samples, .seq_len = q->o->seq_len, .n_layers = l + 1};
     if (!q->seq_rt) {
         q->seq_rt = li_xcalloc(1, sizeof *q->seq_rt);
         int rc = li_runtime_open(q->seq_rt, q->o->in, q->o->threads, "auto", err);
@@ -968,12 +970,12 @@ static int seq_calibrate(qctx *q, int l, li_error *err) {
             return rc;
         }
         q->seq_w = li_xcalloc((size_t)q->m->hp.n_layer * 7, sizeof *q->seq_w);
+        if ((rc = li_calib_windows(q->seq_rt->model, &co, "quantize", &q->seq_win, err))) return rc;
         li_log_info("calibration: %lld windows of %lld tokens per block, through the blocks quantized below it",
                     (long long)q->o->samples, (long long)q->o->seq_len);
     }
     q->seq_layer = l;
-    const li_calib_opts co = {.path = q->o->calib, .samples = q->o->samples, .seq_len = q->o->seq_len,
-                              .n_layers = l + 1};
+    co.windows = q->seq_win;
     int rc = li_calib_run(q->seq_rt->model, &q->seq_rt->be, &co, q4cal_collect, q, err);
     char why[160];
     for (int st = 0; st < LI_CALIB_N_SITES && !rc; st++)
@@ -988,6 +990,7 @@ static void seq_free(qctx *q) {
     free(q->seq_rt);
     for (int i = 0; i < q->m->hp.n_layer * 7; i++) free(q->seq_w[i]);
     free(q->seq_w);
+    free(q->seq_win);
 }
 
 static void q4cal_free(qctx *q) {

@@ -751,7 +751,11 @@ int32_t li_sampler_sample_cand(li_sampler *s, const li_sampler_cands *cd, li_tok
     bool want_lse;
     const int32_t need = li_sampler_cand_need(s, &want_lse);
     const int32_t n = cd->n;
-    if (!need || n < need || n < 1 || n > s->n_vocab || cd->ids[0] < 0 || (want_lse && isnan(cd->lse))) return -1;
+    /* a top value that is not finite: the row's logits decide (a model gone
+     * NaN or Inf ends the request there, li_sampler_logits_usable) */
+    if (!need || n < need || n < 1 || n > s->n_vocab || cd->ids[0] < 0 || (want_lse && isnan(cd->lse)) ||
+        !isfinite(cd->vals[0]))
+        return -1;
     /* sorted by value descending, then id ascending, ids in range */
     for (int32_t i = 0; i < n; i++) {
         const float v = cd->vals[i];

@@ -193,6 +193,22 @@ static void test_cand(void) {
     ids[0] = -1;
     CHECK(li_sampler_sample_cand(&s, &cd, NULL, NULL) == -1, "a flagged row: -1");
     li_sampler_free(&s);
+    /* a top value that is not finite (a device's argmax over a row of NaN
+     * or Inf), greedy and sampled: the logits decide, not the id */
+    ids[0] = 0;
+    for (int greedy = 0; greedy < 2; greedy++) {
+        li_sampling_params_default(&p);
+        if (greedy) p.temperature = 0;
+        CHECK(li_sampler_init(&s, &p, V, &err) == 0, "%s", err.msg);
+        const float tops[3] = {-INFINITY, INFINITY, NAN};
+        for (int t = 0; t < 3; t++) {
+            vals[0] = tops[t];
+            if (t == 0) for (int i = 1; i < K; i++) vals[i] = -INFINITY;
+            CHECK(li_sampler_sample_cand(&s, &cd, NULL, NULL) == -1, "%s: a top candidate of %g: -1",
+                  greedy ? "greedy" : "sampled", (double)tops[t]);
+        }
+        li_sampler_free(&s);
+    }
     free(l);
 }
 
