@@ -395,7 +395,22 @@ int li_cmd_serve(int argc, char **argv) {
     srv.lim.evict_idle_seconds = o.evict_idle;
     srv.lim.max_connections_per_ip = (int)o.max_per_ip;
     li_server_apply_limits(&srv);
-    srv.admin_token = o.admin_token && *o.admin_token ? o.admin_token : NULL;
+    /* an empty key on the command line is a mistake (--api-key "$KEY" with
+     * KEY unset), not a wish to serve without one: vLLM takes "" as no key,
+     * which would serve the port unguarded while the command says otherwise */
+    {
+        const char *empty = o.api_key && !*o.api_key         ? "--api-key"
+                            : o.auth_token && !*o.auth_token ? "--auth-token"
+                            : o.admin_token && !*o.admin_token ? "--admin-token"
+                                                               : NULL;
+        if (empty) {
+            li_error_set(&err, LI_EINVAL, "%s is empty: give the key, or leave the option out (%s)", empty,
+                         strcmp(empty, "--admin-token") ? "then $LUAINFER_API_KEY is the key, or none"
+                                                        : "then policy.reload and shutdown are refused");
+            goto done;
+        }
+    }
+    srv.admin_token = o.admin_token;
     {
         /* --api-key, its older name --auth-token, then the environment (as vLLM's VLLM_API_KEY) */
         const char *env_key = getenv("LUAINFER_API_KEY");

@@ -124,7 +124,11 @@ def test_listener_flags_move_and_turn_off(serve_bin, tmp_path, run_cli):
     for args, msg in [(["--no-http", "--http", "127.0.0.1:0"], "--no-http and --http"),
                       (["--no-rpc", "--listen", "127.0.0.1:0"], "--no-rpc and --listen"),
                       (["--no-rpc", "--no-http"], "nothing to listen on"),
-                      (["--api-key", "a", "--auth-token", "b"], "one key")]:
+                      (["--api-key", "a", "--auth-token", "b"], "one key"),
+                      # an empty key (a shell variable that was not set) is refused, not taken as none
+                      (["--api-key", ""], "--api-key is empty"),
+                      (["--auth-token", ""], "--auth-token is empty"),
+                      (["--admin-token", ""], "--admin-token is empty")]:
         r = run_cli(["serve", *args, "--kv-memory", "16M"], timeout=120)
         assert r.returncode != 0 and msg in r.stderr, (args, r.stderr[-500:])
 
