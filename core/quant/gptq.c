@@ -172,22 +172,65 @@ static bool cholesky_lower(double *a, int64_t n) {
 
 int li_q4_cholesky(double *a, int64_t n) { return cholesky_lower(a, n) ? 0 : -1; }
 
+/* four doubles as GCC's generic vector (the default clone runs it as SSE2
+ * pairs); loads and stores through memcpy, unaligned */
+typedef double lazy_v4 __attribute__((vector_size(32)));
+#define LAZY_LD(v, p) memcpy(&(v), (p), sizeof(lazy_v4)) /* a macro: a function returning it would change the ABI */
+
 /* l (lower, invertible) -> l^-1 in place (lower), row by row: row i of
  * X = L^-1 is (e_i - sum_{k<i} l[i][k] X[k][:]) / l[i][i], element j's
  * terms in k increasing from j (forward substitution's order for column
- * j). row: n doubles of scratch (row i of l, which X's row i replaces). */
+ * j). Rows go four at a time: the rows above the four, already final, are
+ * read once for all four (the matrix of a 1536-wide layer is 19 MB: read
+ * once per row it was most of a GPTQ run's memory traffic), then the four
+ * take each other's terms in order; every element's terms keep k
+ * increasing, so the bits are the row-at-a-time loop's. row: 4n doubles of
+ * scratch (rows i of l, which X's rows i replace). */
 LI_HOT_CLONES static void invert_lower(double *l, int64_t n, double *row) {
-    for (int64_t i = 0; i < n; i++) {
-        double *xi = l + i * n;
-        memcpy(row, xi, (size_t)(i + 1) * sizeof(double));
-        for (int64_t j = 0; j <= i; j++) xi[j] = i == j ? 1.0 : 0.0;
-        for (int64_t k = 0; k < i; k++) {
-            const double lik = row[k];
-            const double *xk = l + k * n;
-            for (int64_t j = 0; j <= k; j++) xi[j] -= lik * xk[j];
+    for (int64_t i0 = 0; i0 < n; i0 += 4) {
+        const int nb = (int)LI_MIN((int64_t)4, n - i0);
+        for (int t = 0; t < nb; t++) {
+            const int64_t i = i0 + t;
+            double *xi = l + i * n;
+            memcpy(row + t * n, xi, (size_t)(i + 1) * sizeof(double));
+            for (int64_t j = 0; j <= i; j++) xi[j] = i == j ? 1.0 : 0.0;
         }
-        const double d = row[i];
-        for (int64_t j = 0; j <= i; j++) xi[j] = xi[j] / d;
+        if (nb == 4) {
+            double *x0 = l + i0 * n, *x1 = x0 + n, *x2 = x1 + n, *x3 = x2 + n;
+            const double *r0 = row, *r1 = row + n, *r2 = row + 2 * n, *r3 = row + 3 * n;
+            for (int64_t k = 0; k < i0; k++) {
+                const double a0 = r0[k], a1 = r1[k], a2 = r2[k], a3 = r3[k];
+                const double *xk = l + k * n;
+                for (int64_t j = 0; j <= k; j++) {
+                    const double v = xk[j];
+                    x0[j] -= a0 * v;
+                    x1[j] -= a1 * v;
+                    x2[j] -= a2 * v;
+                    x3[j] -= a3 * v;
+                }
+            }
+        } else {
+            for (int t = 0; t < nb; t++) {
+                double *xi = l + (i0 + t) * n;
+                for (int64_t k = 0; k < i0; k++) {
+                    const double lik = row[t * n + k];
+                    const double *xk = l + k * n;
+                    for (int64_t j = 0; j <= k; j++) xi[j] -= lik * xk[j];
+                }
+            }
+        }
+        for (int t = 0; t < nb; t++) { /* the block's own rows, each final before the next reads it */
+            const int64_t i = i0 + t;
+            double *xi = l + i * n;
+            const double *ri = row + t * n;
+            for (int64_t k = i0; k < i; k++) {
+                const double lik = ri[k];
+                const double *xk = l + k * n;
+                for (int64_t j = 0; j <= k; j++) xi[j] -= lik * xk[j];
+            }
+            const double d = ri[i];
+            for (int64_t j = 0; j <= i; j++) xi[j] = xi[j] / d;
+        }
     }
 }
 
@@ -246,23 +289,39 @@ static int upper_cholesky_of_inverse(double *h, int64_t n, double *u) {
  * GPTQ
  * ---------------------------------------------------------------------- */
 
-/* The lazy batch: w[r][k] -= sum_t err[r][t] U[i1 + t][k] for k >= i2,
- * four rows at a time so each row of U is read once per four (the
- * subtractions of one element keep their order: t increasing). */
+/* The lazy batch: w[r][k] -= sum_t err[r][t] U[i1 + t][k] for k >= i2.
+ * Four rows by eight columns stay in registers (GCC's generic vectors: the
+ * default clone runs them as SSE2 pairs) over the block's nb terms
+ * (a row of U read once per four rows, w read and written once per block,
+ * not once per term); each element's subtractions keep their order, t
+ * increasing, so the bits are the plain loop's. */
 LI_HOT_CLONES static void lazy_update(double *wd, const double *err, const double *u, int64_t n_out, int64_t n,
                                   int64_t bs, int64_t i1, int64_t i2, int64_t nb) {
     int64_t r = 0;
     for (; r + 4 <= n_out; r += 4) {
         double *w0 = wd + r * n, *w1 = w0 + n, *w2 = w1 + n, *w3 = w2 + n;
-        for (int64_t t = 0; t < nb; t++) {
-            const double e0 = err[r * bs + t], e1 = err[(r + 1) * bs + t], e2 = err[(r + 2) * bs + t],
-                         e3 = err[(r + 3) * bs + t];
-            const double *ut = u + (i1 + t) * n;
-            for (int64_t k = i2; k < n; k++) {
-                w0[k] -= e0 * ut[k];
-                w1[k] -= e1 * ut[k];
-                w2[k] -= e2 * ut[k];
-                w3[k] -= e3 * ut[k];
+        const double *e0 = err + r * bs, *e1 = e0 + bs, *e2 = e1 + bs, *e3 = e2 + bs;
+        int64_t k = i2;
+        for (; k + 8 <= n; k += 8) {
+            lazy_v4 a0, b0, a1, b1, a2, b2, a3, b3;
+            LAZY_LD(a0, w0 + k), LAZY_LD(b0, w0 + k + 4), LAZY_LD(a1, w1 + k), LAZY_LD(b1, w1 + k + 4);
+            LAZY_LD(a2, w2 + k), LAZY_LD(b2, w2 + k + 4), LAZY_LD(a3, w3 + k), LAZY_LD(b3, w3 + k + 4);
+            for (int64_t t = 0; t < nb; t++) {
+                const double *ut = u + (i1 + t) * n + k;
+                lazy_v4 ua, ub;
+                LAZY_LD(ua, ut), LAZY_LD(ub, ut + 4);
+                const lazy_v4 f0 = {e0[t], e0[t], e0[t], e0[t]}, f1 = {e1[t], e1[t], e1[t], e1[t]};
+                const lazy_v4 f2 = {e2[t], e2[t], e2[t], e2[t]}, f3 = {e3[t], e3[t], e3[t], e3[t]};
+                a0 -= f0 * ua, b0 -= f0 * ub, a1 -= f1 * ua, b1 -= f1 * ub;
+                a2 -= f2 * ua, b2 -= f2 * ub, a3 -= f3 * ua, b3 -= f3 * ub;
+            }
+            memcpy(w0 + k, &a0, 32), memcpy(w0 + k + 4, &b0, 32), memcpy(w1 + k, &a1, 32), memcpy(w1 + k + 4, &b1, 32);
+            memcpy(w2 + k, &a2, 32), memcpy(w2 + k + 4, &b2, 32), memcpy(w3 + k, &a3, 32), memcpy(w3 + k + 4, &b3, 32);
+        }
+        for (; k < n; k++) { /* the last columns, fewer than eight */
+            for (int64_t t = 0; t < nb; t++) {
+                const double ut = u[(i1 + t) * n + k];
+                w0[k] -= e0[t] * ut, w1[k] -= e1[t] * ut, w2[k] -= e2[t] * ut, w3[k] -= e3[t] * ut;
             }
         }
     }
