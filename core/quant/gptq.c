@@ -361,7 +361,7 @@ typedef struct gptq_grid {
  * decreasing diag(H), *perm set), codes through g. in_scale (n) or NULL:
  * the weight is W diag(s) and its input X diag(s)^-1 (SmoothQuant), so
  * H becomes diag(s)^-1 H diag(s)^-1. */
-static int gptq_core(const float *w, int64_t n_out, int64_t n, const li_q4_calib *c, double damp, bool act_order,
+LI_HOT_CLONES static int gptq_core(const float *w, int64_t n_out, int64_t n, const li_q4_calib *c, double damp, bool act_order,
                      int64_t block_size, const double *in_scale, const gptq_grid *g, double *loss_out,
                      int32_t **perm, char *why, size_t cap) {
     if (!c || !c->finished || c->n_in != n)
