@@ -172,11 +172,6 @@ static bool cholesky_lower(double *a, int64_t n) {
 
 int li_q4_cholesky(double *a, int64_t n) { return cholesky_lower(a, n) ? 0 : -1; }
 
-/* four doubles as GCC's generic vector (the default clone runs it as SSE2
- * pairs); loads and stores through memcpy, unaligned */
-typedef double lazy_v4 __attribute__((vector_size(32)));
-#define LAZY_LD(v, p) memcpy(&(v), (p), sizeof(lazy_v4)) /* a macro: a function returning it would change the ABI */
-
 /* l (lower, invertible) -> l^-1 in place (lower), row by row: row i of
  * X = L^-1 is (e_i - sum_{k<i} l[i][k] X[k][:]) / l[i][i], element j's
  * terms in k increasing from j (forward substitution's order for column
@@ -209,21 +204,15 @@ LI_HOT_CLONES static void invert_lower(double *l, int64_t n, double *row) {
                     x3[j] -= a3 * v;
                 }
             }
-        } else {
-            for (int t = 0; t < nb; t++) {
-                double *xi = l + (i0 + t) * n;
-                for (int64_t k = 0; k < i0; k++) {
-                    const double lik = row[t * n + k];
-                    const double *xk = l + k * n;
-                    for (int64_t j = 0; j <= k; j++) xi[j] -= lik * xk[j];
-                }
-            }
         }
-        for (int t = 0; t < nb; t++) { /* the block's own rows, each final before the next reads it */
+        /* the block's own rows, each final before the next reads it (the
+         * last rows, fewer than four, take every k here) */
+        const int64_t k0 = nb == 4 ? i0 : 0;
+        for (int t = 0; t < nb; t++) {
             const int64_t i = i0 + t;
             double *xi = l + i * n;
             const double *ri = row + t * n;
-            for (int64_t k = i0; k < i; k++) {
+            for (int64_t k = k0; k < i; k++) {
                 const double lik = ri[k];
                 const double *xk = l + k * n;
                 for (int64_t j = 0; j <= k; j++) xi[j] -= lik * xk[j];
@@ -289,6 +278,13 @@ static int upper_cholesky_of_inverse(double *h, int64_t n, double *u) {
  * GPTQ
  * ---------------------------------------------------------------------- */
 
+/* four doubles as GCC's generic vector (the default clone runs it as SSE2
+ * pairs), loaded and stored through memcpy, unaligned; macros, as a
+ * function returning one would change the ABI */
+typedef double lazy_v4 __attribute__((vector_size(32)));
+#define LAZY_LD(v, p) memcpy(&(v), (p), sizeof(lazy_v4))
+#define LAZY_ST(p, v) memcpy((p), &(v), sizeof(lazy_v4))
+
 /* The lazy batch: w[r][k] -= sum_t err[r][t] U[i1 + t][k] for k >= i2.
  * Four rows by eight columns stay in registers (GCC's generic vectors: the
  * default clone runs them as SSE2 pairs) over the block's nb terms
@@ -315,8 +311,8 @@ LI_HOT_CLONES static void lazy_update(double *wd, const double *err, const doubl
                 a0 -= f0 * ua, b0 -= f0 * ub, a1 -= f1 * ua, b1 -= f1 * ub;
                 a2 -= f2 * ua, b2 -= f2 * ub, a3 -= f3 * ua, b3 -= f3 * ub;
             }
-            memcpy(w0 + k, &a0, 32), memcpy(w0 + k + 4, &b0, 32), memcpy(w1 + k, &a1, 32), memcpy(w1 + k + 4, &b1, 32);
-            memcpy(w2 + k, &a2, 32), memcpy(w2 + k + 4, &b2, 32), memcpy(w3 + k, &a3, 32), memcpy(w3 + k + 4, &b3, 32);
+            LAZY_ST(w0 + k, a0), LAZY_ST(w0 + k + 4, b0), LAZY_ST(w1 + k, a1), LAZY_ST(w1 + k + 4, b1);
+            LAZY_ST(w2 + k, a2), LAZY_ST(w2 + k + 4, b2), LAZY_ST(w3 + k, a3), LAZY_ST(w3 + k + 4, b3);
         }
         for (; k < n; k++) { /* the last columns, fewer than eight */
             for (int64_t t = 0; t < nb; t++) {
@@ -361,9 +357,9 @@ typedef struct gptq_grid {
  * decreasing diag(H), *perm set), codes through g. in_scale (n) or NULL:
  * the weight is W diag(s) and its input X diag(s)^-1 (SmoothQuant), so
  * H becomes diag(s)^-1 H diag(s)^-1. */
-LI_HOT_CLONES static int gptq_core(const float *w, int64_t n_out, int64_t n, const li_q4_calib *c, double damp, bool act_order,
-                     int64_t block_size, const double *in_scale, const gptq_grid *g, double *loss_out,
-                     int32_t **perm, char *why, size_t cap) {
+LI_HOT_CLONES static int gptq_core(const float *w, int64_t n_out, int64_t n, const li_q4_calib *c, double damp,
+                                   bool act_order, int64_t block_size, const double *in_scale, const gptq_grid *g,
+                                   double *loss_out, int32_t **perm, char *why, size_t cap) {
     if (!c || !c->finished || c->n_in != n)
         return WHY("gptq: calibration statistics of width %lld (%s) for a layer of %lld inputs",
                    c ? (long long)c->n_in : 0LL, c && c->finished ? "finished" : "not finished", (long long)n);
