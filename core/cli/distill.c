@@ -16,10 +16,8 @@
 #include "engine/session.h"
 #include "tokenizer/tokenizer.h"
 #include "train/train.h"
-#include "train/selfgen.h"
 #include "util/progress.h"
 #include "cpu/threadpool.h"
-#include "util/utf8.h"
 
 #include <errno.h>
 #include <math.h>
@@ -157,9 +155,8 @@ int li_cmd_distill(int argc, char **argv) {
     li_train_model tm = {0};
     li_session ts = {0};
     bool ts_ready = false;
-    char *text = NULL;
     int32_t *ids = NULL;
-    size_t n_ids = 0, text_len = 0;
+    size_t n_ids = 0;
     li_threadpool *tp = NULL;
     dctx c = {0};
     if ((rc = li_runtime_open(&rt, teacher_path, to.threads, NULL, &err))) goto done;
@@ -169,22 +166,11 @@ int li_cmd_distill(int argc, char **argv) {
         goto done;
     }
     if ((rc = check_vocab(rt.model, student, &err))) goto done;
-    if (to.data) {
-        if ((rc = li_read_text(to.data, (size_t)256 << 20, "training text", &text, &text_len, &err))) goto done;
-        if ((rc = li_tokenizer_encode(rt.model->tok, text, text_len, false, false, &ids, &n_ids, &err))) goto done;
-    } else {
-        /* side by side the weights are read once per token of all streams */
-        if ((rc = streams == 1 ? li_train_self_generate(rt.model, &rt.be, to.self_gen, (uint64_t)to.seed, &ids, &err)
-                               : li_train_self_generate_n(rt.model, &rt.be, to.self_gen, (uint64_t)to.seed,
-                                                          (int)streams, &ids, &err)))
-            goto done;
-        n_ids = (size_t)to.self_gen;
-    }
-    if ((int64_t)n_ids < to.seq_len + 1) {
-        rc = li_error_set(&err, LI_EINVAL, "distill: %s has %zu tokens, fewer than --seq-len + 1 = %lld",
-                          to.data ? to.data : "--self-generate", n_ids, (long long)to.seq_len + 1);
+    char need[64];
+    snprintf(need, sizeof need, "--seq-len + 1 = %lld", (long long)to.seq_len + 1);
+    if ((rc = li_cli_train_tokens("distill", rt.model, &rt.be, &to, (int)streams, false, to.seq_len + 1, need, &ids,
+                                  &n_ids, &err)))
         goto done;
-    }
     if ((rc = li_train_model_init(&tm, student, &sel, (uint64_t)to.seed, &err))) goto done;
     if (to.alpha > 0) {
         if ((rc = li_session_init(&ts, rt.model, &rt.be, to.seq_len, LI_TYPE_F32, to.seq_len, &err))) goto done;
@@ -255,7 +241,6 @@ done:
     li_train_model_free(&tm);
     if (ts_ready) li_session_free(&ts);
     free(ids);
-    free(text);
     if (student) li_model_free(student);
     li_runtime_close(&rt);
     if (rc) return li_runtime_fail(&err);

@@ -18,10 +18,8 @@
 #include "engine/session.h"
 #include "tokenizer/tokenizer.h"
 #include "train/eagle.h"
-#include "train/selfgen.h"
 #include "util/progress.h"
 #include "cpu/threadpool.h"
-#include "util/utf8.h"
 
 #include <libgen.h>
 #include <math.h>
@@ -233,9 +231,9 @@ int li_cmd_train_eagle(int argc, char **argv) {
     li_adamw opt = {0};
     li_train_eagle_ws ws = {0};
     li_threadpool *tp = NULL;
-    char *text = NULL, *base_name = NULL;
+    char *base_name = NULL;
     int32_t *ids = NULL, *eids = NULL, *order = NULL, *vocab = NULL;
-    size_t n_ids = 0, n_eids = 0, text_len = 0;
+    size_t n_ids = 0, n_eids = 0;
     float *EV = NULL;
     base_bufs bb = {0};
     if ((rc = li_runtime_open(&rt, li_model_default_path(model_path), to.threads, NULL, &err))) goto done;
@@ -265,39 +263,19 @@ int li_cmd_train_eagle(int argc, char **argv) {
     if (features_s) {
         if ((rc = parse_features(features_s, m->hp.n_layer, feat, &F, &err))) goto done;
     } else F = li_train_eagle_default_features(m->hp.n_layer, feat);
-    if (eval_path) { /* read it first: a bad path fails before any training */
-        if ((rc = li_read_text(eval_path, (size_t)256 << 20, "evaluation text", &text, &text_len, &err))) goto done;
-        rc = li_tokenizer_encode(m->tok, text, text_len, false, true, &eids, &n_eids, &err);
-        free(text);
-        text = NULL;
-        if (rc) goto done;
-        if ((int64_t)n_eids > eval_tokens) n_eids = (size_t)eval_tokens;
-        if ((int64_t)n_eids < L) {
-            rc = li_error_set(&err, LI_EINVAL, "train-eagle: %s has %zu tokens, fewer than --seq-len %d", eval_path,
-                              n_eids, L);
-            goto done;
-        }
-    }
+    char need[48];
+    snprintf(need, sizeof need, "--seq-len %d", L);
+    /* the evaluation text first: a bad path fails before any training */
+    if (eval_path && (rc = li_cli_text_tokens("train-eagle", m->tok, eval_path, "evaluation text", true, eval_tokens, L,
+                                              need, &eids, &n_eids, &err)))
+        goto done;
     const li_eagle_base eb = {.name = base_name, .n_embd = d, .n_vocab = V, .n_layer = m->hp.n_layer,
                               .head_dim = m->hp.head_dim, .vocab_hash = vhash};
-    if (train) {
-        if (to.data) {
-            if ((rc = li_read_text(to.data, (size_t)256 << 20, "training text", &text, &text_len, &err))) goto done;
-            /* special tokens as text become their ids: chat transcripts
-             * (tools/gen_chat_data.lua) train the draft on the turns'
-             * real tokens */
-            if ((rc = li_tokenizer_encode(m->tok, text, text_len, false, true, &ids, &n_ids, &err))) goto done;
-        } else {
-            if ((rc = li_train_self_generate_n(m, &rt.be, to.self_gen, (uint64_t)to.seed, (int)streams, &ids, &err)))
-                goto done;
-            n_ids = (size_t)to.self_gen;
-        }
-        if ((int64_t)n_ids < L) {
-            rc = li_error_set(&err, LI_EINVAL, "train-eagle: %s has %zu tokens, fewer than --seq-len %d",
-                              to.data ? to.data : "--self-generate", n_ids, L);
-            goto done;
-        }
-    }
+    /* special tokens as text become their ids: chat transcripts
+     * (tools/gen_chat_data.lua) train the draft on the turns' real tokens */
+    if (train && (rc = li_cli_train_tokens("train-eagle", m, &rt.be, &to, (int)streams, true, L, need, &ids, &n_ids,
+                                           &err)))
+        goto done;
     /* the draft vocabulary: the most frequent ids of the training tokens (8192 by default, all if fewer);
      * a resumed draft keeps its own unless --draft-vocab is given */
     const int64_t nv = draft_vocab < 0 ? LI_MIN((int64_t)8192, V) : draft_vocab;
@@ -455,7 +433,6 @@ done:
     if (s_ready) li_session_free(&s);
     free(ids);
     free(eids);
-    free(text);
     free(base_name);
     li_runtime_close(&rt);
     if (rc) return li_runtime_fail(&err);

@@ -17,10 +17,8 @@
 #include "engine/session.h"
 #include "tokenizer/tokenizer.h"
 #include "train/medusa.h"
-#include "train/selfgen.h"
 #include "util/progress.h"
 #include "cpu/threadpool.h"
-#include "util/utf8.h"
 
 #include <errno.h>
 #include <libgen.h>
@@ -178,9 +176,9 @@ int li_cmd_train_medusa(int argc, char **argv) {
     li_adamw opt = {0};
     li_train_medusa_ws ws = {0};
     li_threadpool *tp = NULL;
-    char *text = NULL, *base_name = NULL;
+    char *base_name = NULL;
     int32_t *ids = NULL, *eids = NULL, *order = NULL;
-    size_t n_ids = 0, n_eids = 0, text_len = 0;
+    size_t n_ids = 0, n_eids = 0;
     float *E = NULL, *lg = NULL, *H = NULL;
     if ((rc = li_runtime_open(&rt, li_model_default_path(model_path), to.threads, NULL, &err))) goto done;
     /* heads read the hidden state, which is in the rotated basis there */
@@ -188,32 +186,15 @@ int li_cmd_train_medusa(int argc, char **argv) {
     li_model *m = rt.model;
     const int64_t d = m->hp.n_embd, V = m->hp.n_vocab, L = to.seq_len;
     const uint64_t vhash = li_tokenizer_vocab_hash(m->tok);
-    if (eval_path) { /* read it first: a bad path fails before any training */
-        if ((rc = li_read_text(eval_path, (size_t)256 << 20, "evaluation text", &text, &text_len, &err))) goto done;
-        rc = li_tokenizer_encode(m->tok, text, text_len, false, false, &eids, &n_eids, &err);
-        free(text);
-        text = NULL;
-        if (rc) goto done;
-        if ((int64_t)n_eids > eval_tokens) n_eids = (size_t)eval_tokens;
-        if ((int64_t)n_eids < L) {
-            rc = li_error_set(&err, LI_EINVAL, "train-medusa: %s has %zu tokens, fewer than --seq-len %lld", eval_path,
-                              n_eids, (long long)L);
-            goto done;
-        }
-    }
+    char need[48];
+    snprintf(need, sizeof need, "--seq-len %lld", (long long)L);
+    /* the evaluation text first: a bad path fails before any training */
+    if (eval_path && (rc = li_cli_text_tokens("train-medusa", m->tok, eval_path, "evaluation text", false, eval_tokens, L,
+                                              need, &eids, &n_eids, &err)))
+        goto done;
     if (train) {
-        if (to.data) {
-            if ((rc = li_read_text(to.data, (size_t)256 << 20, "training text", &text, &text_len, &err))) goto done;
-            if ((rc = li_tokenizer_encode(m->tok, text, text_len, false, false, &ids, &n_ids, &err))) goto done;
-        } else {
-            if ((rc = li_train_self_generate_n(m, &rt.be, to.self_gen, (uint64_t)to.seed, (int)streams, &ids, &err))) goto done;
-            n_ids = (size_t)to.self_gen;
-        }
-        if ((int64_t)n_ids < L) {
-            rc = li_error_set(&err, LI_EINVAL, "train-medusa: %s has %zu tokens, fewer than --seq-len %lld",
-                              to.data ? to.data : "--self-generate", n_ids, (long long)L);
+        if ((rc = li_cli_train_tokens("train-medusa", m, &rt.be, &to, (int)streams, false, L, need, &ids, &n_ids, &err)))
             goto done;
-        }
         if ((rc = li_train_medusa_init(&h, (int)K, d, V, &err))) goto done;
     } else if ((rc = li_train_medusa_load(&h, heads_file, d, V, vhash, &err))) {
         goto done;
@@ -352,7 +333,6 @@ done:
     if (s_ready) li_session_free(&s);
     free(ids);
     free(eids);
-    free(text);
     free(base_name);
     li_runtime_close(&rt);
     if (rc) return li_runtime_fail(&err);

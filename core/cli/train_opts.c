@@ -1,7 +1,11 @@
 /* train_opts.c — the options distill, train-medusa and train-eagle share (train_opts.h). */
 #include "cli/train_opts.h"
+#include "tokenizer/tokenizer.h"
+#include "train/selfgen.h"
+#include "util/utf8.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 void li_cli_train_opts_init(li_cli_train_opts *o, const li_cli_train_spec *s, li_opt *opts) {
@@ -87,4 +91,35 @@ int li_cli_train_opts_check(li_cli_train_opts *o, const li_cli_train_spec *s, li
         return li_error_set(err, LI_EINVAL, "%s: --dtype must be %s (got '%s')", w, names, o->dtype_s);
     }
     return 0;
+}
+
+int li_cli_text_tokens(const char *who, const li_tokenizer *tok, const char *path, const char *what, bool special,
+                       int64_t max, int64_t min, const char *need, int32_t **ids, size_t *n, li_error *err) {
+    char *text = NULL;
+    size_t len = 0;
+    int rc = li_read_text(path, (size_t)256 << 20, what, &text, &len, err);
+    if (rc) return rc;
+    rc = li_tokenizer_encode(tok, text, len, false, special, ids, n, err);
+    free(text);
+    if (rc) return rc;
+    if (max > 0 && (int64_t)*n > max) *n = (size_t)max;
+    if ((int64_t)*n < min) {
+        rc = li_error_set(err, LI_EINVAL, "%s: %s has %zu tokens, fewer than %s", who, path, *n, need);
+        free(*ids);
+        *ids = NULL;
+    }
+    return rc;
+}
+
+int li_cli_train_tokens(const char *who, li_model *m, li_backend *be, const li_cli_train_opts *o, int streams,
+                        bool special, int64_t min, const char *need, int32_t **ids, size_t *n, li_error *err) {
+    if (o->data) return li_cli_text_tokens(who, m->tok, o->data, "training text", special, 0, min, need, ids, n, err);
+    if (o->self_gen < min)
+        return li_error_set(err, LI_EINVAL, "%s: --self-generate %lld tokens, fewer than %s", who,
+                            (long long)o->self_gen, need);
+    /* side by side the weights are read once per token of all streams */
+    const int rc = streams == 1 ? li_train_self_generate(m, be, o->self_gen, (uint64_t)o->seed, ids, err)
+                                : li_train_self_generate_n(m, be, o->self_gen, (uint64_t)o->seed, streams, ids, err);
+    if (!rc) *n = (size_t)o->self_gen;
+    return rc;
 }

@@ -8,6 +8,7 @@
 #define LI_CLI_TRAIN_OPTS_H
 
 #include "runtime/args.h"
+#include "tokenizer/tokenizer.h"
 #include "train/train.h"
 
 #define LI_CLI_TRAIN_N_OPTS 17 /* entries li_cli_train_opts_init writes */
@@ -48,5 +49,18 @@ void li_cli_train_opts_init(li_cli_train_opts *o, const li_cli_train_spec *s, li
  * every range, --dtype parsed into o->dtype, the schedule into o->sched.
  * One line starting with s->who. */
 int li_cli_train_opts_check(li_cli_train_opts *o, const li_cli_train_spec *s, li_error *err);
+
+/* The tokens of the text file path (what: "training text", "evaluation
+ * text"; special: special tokens written as text become their ids), the
+ * first max of them (max <= 0: all), into *ids (the caller frees) and *n.
+ * Fewer than min: "WHO: PATH has N tokens, fewer than NEED" (need, e.g.
+ * "--seq-len 64"). */
+int li_cli_text_tokens(const char *who, const li_tokenizer *tok, const char *path, const char *what, bool special,
+                       int64_t max, int64_t min, const char *need, int32_t **ids, size_t *n, li_error *err);
+/* The training tokens: --data's text (li_cli_text_tokens), or the
+ * --self-generate N tokens m samples (streams side by side; one stream
+ * runs a session), refused before any is sampled when N < min. */
+int li_cli_train_tokens(const char *who, li_model *m, li_backend *be, const li_cli_train_opts *o, int streams,
+                        bool special, int64_t min, const char *need, int32_t **ids, size_t *n, li_error *err);
 
 #endif

@@ -60,7 +60,7 @@ static int rd_str(cursor *c, li_str *s) {
     return 0;
 }
 
-static size_t vtype_size(li_gguf_vtype t) {
+size_t li_gguf_vtype_size(li_gguf_vtype t) {
     switch (t) {
     case LI_GGUF_UINT8: case LI_GGUF_INT8: case LI_GGUF_BOOL: return 1;
     case LI_GGUF_UINT16: case LI_GGUF_INT16: return 2;
@@ -115,7 +115,7 @@ static int parse_kv(cursor *c, li_gguf_kv *kv, uint64_t idx) {
     c->what = "metadata value";
     if (t == LI_GGUF_STRING) return rd_str(c, &kv->v.str);
     if (t != LI_GGUF_ARRAY) {
-        size_t sz = vtype_size(kv->type);
+        size_t sz = li_gguf_vtype_size(kv->type);
         if (need(c, sz)) return LI_EINVAL;
         scalar_decode(kv->type, c->p + c->pos, kv);
         c->pos += sz;
@@ -145,7 +145,7 @@ static int parse_kv(cursor *c, li_gguf_kv *kv, uint64_t idx) {
         return 0;
     }
     size_t bytes;
-    if (li_mul_overflow((size_t)n, vtype_size(kv->v.arr.type), &bytes) || n > SIZE_MAX ||
+    if (li_mul_overflow((size_t)n, li_gguf_vtype_size(kv->v.arr.type), &bytes) || n > SIZE_MAX ||
         need(c, bytes))
         return li_error_set(c->err, LI_EINVAL,
                             "gguf: key '%.*s': array of %llu %s runs past end of file",

@@ -102,6 +102,8 @@ bool li_gguf_copy_str(const li_gguf *g, const char *key, char *out, size_t cap);
 bool li_gguf_get_hex64(const li_gguf *g, const char *key, uint64_t *out);
 
 const char *li_gguf_vtype_name(li_gguf_vtype t);
+/* bytes of one value of a fixed-size type; 0 for string, array and unknown types */
+size_t li_gguf_vtype_size(li_gguf_vtype t);
 bool li_str_eq(li_str s, const char *c);
 
 #endif

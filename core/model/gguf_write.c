@@ -55,29 +55,19 @@ void li_gguf_writer_free(li_gguf_writer *w) {
 
 /* Walks the serialized keys: each kv starts with its key string; the value
  * that follows is skipped by its type. Used for duplicate checks only. */
-static size_t vsize(uint32_t t) {
-    switch (t) {
-    case LI_GGUF_UINT8: case LI_GGUF_INT8: case LI_GGUF_BOOL: return 1;
-    case LI_GGUF_UINT16: case LI_GGUF_INT16: return 2;
-    case LI_GGUF_UINT32: case LI_GGUF_INT32: case LI_GGUF_FLOAT32: return 4;
-    case LI_GGUF_UINT64: case LI_GGUF_INT64: case LI_GGUF_FLOAT64: return 8;
-    default: return 0;
-    }
-}
-
 static size_t skip_value(const uint8_t *p, uint32_t t) {
     if (t == LI_GGUF_STRING) {
         uint64_t n;
         memcpy(&n, p, 8);
         return 8 + (size_t)n;
     }
-    if (t != LI_GGUF_ARRAY) return vsize(t);
+    if (t != LI_GGUF_ARRAY) return li_gguf_vtype_size((li_gguf_vtype)t);
     uint32_t et;
     uint64_t n;
     memcpy(&et, p, 4);
     memcpy(&n, p + 4, 8);
     size_t at = 12;
-    if (et != LI_GGUF_STRING) return at + (size_t)n * vsize(et);
+    if (et != LI_GGUF_STRING) return at + (size_t)n * li_gguf_vtype_size((li_gguf_vtype)et);
     for (uint64_t i = 0; i < n; i++) at += skip_value(p + at, LI_GGUF_STRING);
     return at;
 }
@@ -131,7 +121,7 @@ static void put_scalar(li_gguf_writer *w, uint32_t t, const li_gguf_kv *kv) {
     case LI_GGUF_FLOAT64: memcpy(b, &kv->v.f64, 8); break;
     default: return;
     }
-    put(w, b, vsize(t));
+    put(w, b, li_gguf_vtype_size((li_gguf_vtype)t));
 }
 
 int li_gguf_writer_add_kv(li_gguf_writer *w, const li_gguf_kv *kv, li_error *err) {
@@ -145,7 +135,7 @@ int li_gguf_writer_add_kv(li_gguf_writer *w, const li_gguf_kv *kv, li_error *err
         if (kv->v.arr.type == LI_GGUF_STRING)
             for (uint64_t i = 0; i < kv->v.arr.n; i++) put_str(w, kv->v.arr.strs[i].ptr, kv->v.arr.strs[i].len);
         else
-            put(w, kv->v.arr.data, (size_t)kv->v.arr.n * vsize(kv->v.arr.type)); /* raw little-endian elements */
+            put(w, kv->v.arr.data, (size_t)kv->v.arr.n * li_gguf_vtype_size((li_gguf_vtype)kv->v.arr.type)); /* raw little-endian elements */
     } else {
         put_scalar(w, kv->type, kv);
     }

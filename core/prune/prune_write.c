@@ -95,16 +95,6 @@ static void *slice_cols(const li_gguf_tensor *t, const int64_t *idx, int64_t n, 
  * metadata
  * ---------------------------------------------------------------------- */
 
-static size_t elem_size(li_gguf_vtype t) {
-    switch (t) {
-    case LI_GGUF_UINT8: case LI_GGUF_INT8: case LI_GGUF_BOOL: return 1;
-    case LI_GGUF_UINT16: case LI_GGUF_INT16: return 2;
-    case LI_GGUF_UINT32: case LI_GGUF_INT32: case LI_GGUF_FLOAT32: return 4;
-    case LI_GGUF_UINT64: case LI_GGUF_INT64: case LI_GGUF_FLOAT64: return 8;
-    default: return 0;
-    }
-}
-
 static bool key_is(li_str key, const char *arch, const char *suffix) {
     char k[160];
     snprintf(k, sizeof k, "%s.%s", arch, suffix);
@@ -156,9 +146,9 @@ static int write_metadata(const li_model *m, const li_prune_plan *p, const char 
             rc = li_gguf_writer_add_u32(w, key, (uint32_t)p->n_ff_keep, err);
         } else if (p->what == LI_PRUNE_LAYERS && kv->type == LI_GGUF_ARRAY && kv->v.arr.n == (uint64_t)hp->n_layer &&
                    kv->key.len > al && !memcmp(kv->key.ptr, a, al) && kv->key.ptr[al] == '.' &&
-                   elem_size(kv->v.arr.type)) {
+                   li_gguf_vtype_size(kv->v.arr.type)) {
             /* a per-layer array (llama.cpp's per-layer head counts, ...): the kept layers' entries */
-            const size_t es = elem_size(kv->v.arr.type);
+            const size_t es = li_gguf_vtype_size(kv->v.arr.type);
             uint8_t *d = li_xmalloc(es * (size_t)p->n_layer_keep);
             for (int32_t j = 0; j < p->n_layer_keep; j++)
                 memcpy(d + es * (size_t)j, kv->v.arr.data + es * (size_t)p->keep_layer[j], es);

@@ -52,6 +52,14 @@ void li_train_par(void *tp, li_train_job_fn fn, void *ctx, int64_t n, int op);
 LI_TRAIN_DECLARE(float, f32)
 LI_TRAIN_DECLARE(double, f64)
 
+/* the double instantiations' matmuls (train_f64.c; eagle_f64.c and
+ * medusa_f64.c use them too): y(n, m) = x(n, k) W(m, k)^T, and
+ * C(R, K) += A(R, Lk) B(Lk, K), A's elements sa_r, sa_l apart; plain
+ * loops, one thread */
+void li_train_mm_nt_f64(const double *x, const double *W, double *y, int64_t n, int64_t m, int64_t k);
+void li_train_mm_acc_f64(const double *A, int64_t sa_r, int64_t sa_l, const double *B, double *C, int64_t R,
+                         int64_t Lk, int64_t K);
+
 /* scalar reference matmuls of train_mm.c:
  * mm_nt: the output columns [j0, j1); mm_acc: the block rows [r0, r1) x columns [c0, c1) of C */
 void li_train_mm_nt_ref(const float *x, const float *W, float *y, int64_t n, int64_t m, int64_t k, int64_t j0,

@@ -251,3 +251,9 @@ def test_distill_required_and_output(run_cli, model_path, student, text, tmp_pat
     short = tmp_path / "short.txt"
     short.write_text("Of man's first disobedience")
     assert_clean_failure(run_cli(distill(model_path, student, short, tmp_path / "o.gguf")), r"fewer than --seq-len")
+    # too few samples asked for is refused before any is sampled (and before the student trains)
+    r = run_cli(["distill", "--teacher", model_path, "--student", student, "--self-generate", "24", "--seq-len", "24",
+                 tmp_path / "o.gguf"])
+    assert_clean_failure(r, r"distill: --self-generate 24 tokens, fewer than --seq-len \+ 1 = 25")
+    assert "self-generate:" not in r.stderr and "self-generate:" not in r.stdout
+    assert not (tmp_path / "o.gguf").exists()
