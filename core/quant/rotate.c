@@ -55,7 +55,7 @@ static void fwht_strided(double *v, int64_t len, int64_t stride) {
             }
 }
 
-void li_rot_apply(double *v, const double *s, int64_t n, double *tmp) {
+LI_HOT_CLONES void li_rot_apply(double *v, const double *s, int64_t n, double *tmp) {
     int n12;
     int64_t p2;
     if (li_rot_factor(n, &n12, &p2)) abort(); /* the callers checked n */
@@ -65,16 +65,23 @@ void li_rot_apply(double *v, const double *s, int64_t n, double *tmp) {
     int64_t inner = n / 12; /* the stride of the factor being applied */
     for (int f = 0; f < n12; f++, inner /= 12) {
         const int64_t outer = n / (inner * 12);
-        for (int64_t o = 0; o < outer; o++)
-            for (int64_t in = 0; in < inner; in++) {
-                double *base = v + o * 12 * inner + in;
+        /* row vector times H_12 for each of the inner indices at once (they
+         * are contiguous, so the loop over them vectorizes): element (b, in)
+         * sums its 12 terms a = 0, 1, .. in order from 0, the bits of one
+         * dot product at a time */
+        for (int64_t o = 0; o < outer; o++) {
+            double *base = v + o * 12 * inner;
+            for (int64_t e = 0; e < 12 * inner; e++) tmp[e] = 0;
+            for (int a = 0; a < 12; a++) {
+                const double *x = base + a * inner;
                 for (int b = 0; b < 12; b++) {
-                    double acc = 0; /* row vector times H_12: column b */
-                    for (int a = 0; a < 12; a++) acc += base[a * inner] * paley12[a][b];
-                    tmp[b] = acc;
+                    const double h = paley12[a][b];
+                    double *t = tmp + b * inner;
+                    for (int64_t in = 0; in < inner; in++) t[in] += x[in] * h;
                 }
-                for (int b = 0; b < 12; b++) base[b * inner] = tmp[b];
             }
+            memcpy(base, tmp, (size_t)(12 * inner) * sizeof *tmp);
+        }
     }
     if (p2 > 1)
         for (int64_t o = 0; o < n / p2; o++) fwht_strided(v + o * p2, p2, 1);
