@@ -168,8 +168,8 @@ int li_cmd_distill(int argc, char **argv) {
     if ((rc = check_vocab(rt.model, student, &err))) goto done;
     char need[64];
     snprintf(need, sizeof need, "--seq-len + 1 = %lld", (long long)to.seq_len + 1);
-    if ((rc = li_cli_train_tokens("distill", rt.model, &rt.be, &to, (int)streams, false, to.seq_len + 1, need, &ids,
-                                  &n_ids, &err)))
+    if ((rc = li_cli_train_tokens("distill", rt.model, &rt.be, &to, (int)streams, true, false, to.seq_len + 1, need,
+                                  &ids, &n_ids, &err)))
         goto done;
     if ((rc = li_train_model_init(&tm, student, &sel, (uint64_t)to.seed, &err))) goto done;
     if (to.alpha > 0) {

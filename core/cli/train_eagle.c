@@ -273,8 +273,8 @@ int li_cmd_train_eagle(int argc, char **argv) {
                               .head_dim = m->hp.head_dim, .vocab_hash = vhash};
     /* special tokens as text become their ids: chat transcripts
      * (tools/gen_chat_data.lua) train the draft on the turns' real tokens */
-    if (train && (rc = li_cli_train_tokens("train-eagle", m, &rt.be, &to, (int)streams, true, L, need, &ids, &n_ids,
-                                           &err)))
+    if (train && (rc = li_cli_train_tokens("train-eagle", m, &rt.be, &to, (int)streams, false, true, L, need, &ids,
+                                           &n_ids, &err)))
         goto done;
     /* the draft vocabulary: the most frequent ids of the training tokens (8192 by default, all if fewer);
      * a resumed draft keeps its own unless --draft-vocab is given */

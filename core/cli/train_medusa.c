@@ -193,7 +193,8 @@ int li_cmd_train_medusa(int argc, char **argv) {
                                               need, &eids, &n_eids, &err)))
         goto done;
     if (train) {
-        if ((rc = li_cli_train_tokens("train-medusa", m, &rt.be, &to, (int)streams, false, L, need, &ids, &n_ids, &err)))
+        if ((rc = li_cli_train_tokens("train-medusa", m, &rt.be, &to, (int)streams, false, false, L, need, &ids,
+                                      &n_ids, &err)))
             goto done;
         if ((rc = li_train_medusa_init(&h, (int)K, d, V, &err))) goto done;
     } else if ((rc = li_train_medusa_load(&h, heads_file, d, V, vhash, &err))) {

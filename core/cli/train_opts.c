@@ -112,13 +112,14 @@ int li_cli_text_tokens(const char *who, const li_tokenizer *tok, const char *pat
 }
 
 int li_cli_train_tokens(const char *who, li_model *m, li_backend *be, const li_cli_train_opts *o, int streams,
-                        bool special, int64_t min, const char *need, int32_t **ids, size_t *n, li_error *err) {
+                        bool session1, bool special, int64_t min, const char *need, int32_t **ids, size_t *n,
+                        li_error *err) {
     if (o->data) return li_cli_text_tokens(who, m->tok, o->data, "training text", special, 0, min, need, ids, n, err);
     if (o->self_gen < min)
         return li_error_set(err, LI_EINVAL, "%s: --self-generate %lld tokens, fewer than %s", who,
                             (long long)o->self_gen, need);
     /* side by side the weights are read once per token of all streams */
-    const int rc = streams == 1 ? li_train_self_generate(m, be, o->self_gen, (uint64_t)o->seed, ids, err)
+    const int rc = streams == 1 && session1 ? li_train_self_generate(m, be, o->self_gen, (uint64_t)o->seed, ids, err)
                                 : li_train_self_generate_n(m, be, o->self_gen, (uint64_t)o->seed, streams, ids, err);
     if (!rc) *n = (size_t)o->self_gen;
     return rc;

@@ -58,9 +58,12 @@ int li_cli_train_opts_check(li_cli_train_opts *o, const li_cli_train_spec *s, li
 int li_cli_text_tokens(const char *who, const li_tokenizer *tok, const char *path, const char *what, bool special,
                        int64_t max, int64_t min, const char *need, int32_t **ids, size_t *n, li_error *err);
 /* The training tokens: --data's text (li_cli_text_tokens), or the
- * --self-generate N tokens m samples (streams side by side; one stream
- * runs a session), refused before any is sampled when N < min. */
+ * --self-generate N tokens m samples, streams side by side (stream 0 is
+ * what one stream samples; with session1, one stream runs the older
+ * one-sequence generator instead: distill's --streams 1, its samples as
+ * before streams), refused before any is sampled when N < min. */
 int li_cli_train_tokens(const char *who, li_model *m, li_backend *be, const li_cli_train_opts *o, int streams,
-                        bool special, int64_t min, const char *need, int32_t **ids, size_t *n, li_error *err);
+                        bool session1, bool special, int64_t min, const char *need, int32_t **ids, size_t *n,
+                        li_error *err);
 
 #endif
