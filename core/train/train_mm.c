@@ -61,7 +61,9 @@ int li_train_isa(void) { return mm_isa_get(); }
 /* ==== packed GEMM ========================================================== */
 
 #define KC 256 /* k per pass: an NR-wide B panel (32 KB at NR 32) stays in L1 */
-#define MC 128 /* rows of A per block: MC x KC (128 KB) stays in L2 */
+#define MC 256 /* rows of A per block: MC x KC (256 KB) stays in L2; a step of 256 tokens is one block,
+                 so the weights (B) are packed once a pass, not once per 128 rows (128: 6% slower) */
+#define A_KEEP_FLOATS (2 << 20) /* a thread keeps a row block's packed A over every k pass up to this size */
 #define NC_MAX 512
 
 typedef void (*mm_kern)(int64_t kc, const float *Ap, const float *Bp, float *C, int64_t ldc, int load);
@@ -76,6 +78,7 @@ typedef struct gemm_job {
     int mr, nr;
     mm_kern kern;
     int64_t nc, n_mb, n_jobs;
+    int keep_a;         /* a thread's packed A of a row block serves all its jobs on that block */
     atomic_long next;
 } gemm_job;
 
@@ -128,15 +131,20 @@ static void pack_b(const gemm_job *g, float *Bp, int64_t j0, int64_t nc, int64_t
     }
 }
 
-/* one MC x NC block of C, every k pass */
-static void gemm_block(const gemm_job *g, float *Ap, float *Bp, int64_t i0, int64_t j0) {
+/* one MC x NC block of C, every k pass. With g->keep_a, Ap holds the row
+ * block's A for every pass ((MC + 16) x KC floats each), packed already
+ * when a_ready: a step's tokens are one row block that every column block
+ * of the weights reads, and a thread packs them once, not once per column
+ * block (the same panels either way, so the same bits). */
+static void gemm_block(const gemm_job *g, float *Ap, float *Bp, int64_t i0, int64_t j0, bool a_ready) {
     const int mr = g->mr, nr = g->nr;
     const int64_t mc = LI_MIN(MC, g->M - i0), nc = LI_MIN(g->nc, g->N - j0);
     float tile[16 * 64];
     for (int64_t l0 = 0; l0 < g->K; l0 += KC) {
         const int64_t kc = LI_MIN(KC, g->K - l0);
         const int load = g->acc || l0 > 0;
-        pack_a(g, Ap, i0, mc, l0, kc);
+        float *Al = g->keep_a ? Ap + (l0 / KC) * (MC + 16) * KC : Ap; /* this pass's A */
+        if (!a_ready) pack_a(g, Al, i0, mc, l0, kc);
         pack_b(g, Bp, j0, nc, l0, kc);
         for (int64_t q = 0; q < nc; q += nr) {
             const int cn = (int)LI_MIN((int64_t)nr, nc - q);
@@ -144,13 +152,13 @@ static void gemm_block(const gemm_job *g, float *Ap, float *Bp, int64_t i0, int6
                 const int rn = (int)LI_MIN((int64_t)mr, mc - p);
                 float *c = g->C + (i0 + p) * g->ldc + j0 + q;
                 if (rn == mr && cn == nr) {
-                    g->kern(kc, Ap + p * kc, Bp + q * kc, c, g->ldc, load);
+                    g->kern(kc, Al + p * kc, Bp + q * kc, c, g->ldc, load);
                     continue;
                 }
                 /* edge: through a full tile, only the valid part copied */
                 if (load)
                     for (int r = 0; r < rn; r++) memcpy(tile + r * nr, c + r * g->ldc, (size_t)cn * sizeof(float));
-                g->kern(kc, Ap + p * kc, Bp + q * kc, tile, nr, load);
+                g->kern(kc, Al + p * kc, Bp + q * kc, tile, nr, load);
                 for (int r = 0; r < rn; r++) memcpy(c + r * g->ldc, tile + r * nr, (size_t)cn * sizeof(float));
             }
         }
@@ -194,14 +202,18 @@ static void gemm_run(void *ctx, int ith, int nth) {
     gemm_job *g = ctx;
     float *buf = NULL;
     int id = -1;
+    int64_t have = -1; /* the row block whose A the buffer holds (keep_a) */
     for (;;) {
         const long t = atomic_fetch_add(&g->next, 1);
         if (t >= g->n_jobs) break;
         /* 64-byte aligned panels (the kernels' B loads are whole lines):
-         * A's (MC + 16) x KC, then B's */
-        const size_t na = (size_t)((MC + 16) * KC);
+         * A's (MC + 16) x KC (each k pass's, keep_a), then B's */
+        const size_t na = (size_t)((MC + 16) * KC) * (g->keep_a ? (size_t)((g->K + KC - 1) / KC) : 1);
         if (!buf) buf = slot_get(na + (size_t)((g->nc + 32) * KC), &id);
-        gemm_block(g, buf, buf + na, (t % g->n_mb) * MC, (t / g->n_mb) * g->nc);
+        /* a row block's jobs in a run, so a thread's next job mostly reads the same A */
+        const int64_t n_cb = g->n_jobs / g->n_mb, ib = t / n_cb;
+        gemm_block(g, buf, buf + na, ib * MC, (t % n_cb) * g->nc, g->keep_a && ib == have);
+        have = ib;
     }
     if (buf) slot_put(id, buf);
 }
@@ -222,6 +234,7 @@ static void gemm(li_threadpool *tp, int isa, int64_t M, int64_t N, int64_t K, co
     nc = LI_MIN(NC_MAX, LI_MAX((int64_t)g.nr, (nc + g.nr - 1) / g.nr * g.nr));
     g.nc = nc;
     g.n_jobs = g.n_mb * ((N + nc - 1) / nc);
+    g.keep_a = (MC + 16) * KC * ((K + KC - 1) / KC) <= A_KEEP_FLOATS;
     atomic_init(&g.next, 0);
     if (tp && g.n_jobs > 1) /* timed per multiply-add, skinny products apart */
         li_threadpool_run_shaped(tp, gemm_run, &g, (int)LI_MIN((int64_t)nth, g.n_jobs), M * N * K,

@@ -1,8 +1,9 @@
 /* test_train_mm.c — the packed GEMM of core/train/train_mm.c (the three
  * shapes of training: y = x·W^T, dX = dY·W, dW = dY^T·X) against a double
  * reference at odd sizes that hit every tail: partial MR x NR tiles, more
- * than one k pass (k > 256), more than one row block (rows > 128), narrow
- * column blocks. Each kernel (scalar, AVX2, AVX-512: those the CPU runs)
+ * than one k pass (k > 256), more than one row block (rows > 256), narrow
+ * column blocks, a thread's packed A kept over its column blocks and (k
+ * past 7,000: 28+ passes) packed again each pass. Each kernel (scalar, AVX2, AVX-512: those the CPU runs)
  * within 1e-5 of the scale; the SIMD kernels give the same bits as each
  * other and on 1, 2 and 3 threads (one FMA chain per element). */
 #include "test_util.h"
@@ -93,7 +94,9 @@ int main(void) {
     li_threadpool *tps[3] = {NULL, li_threadpool_init(2), li_threadpool_init(3)};
     test_shape(tps, 7, 37, 45);    /* every tile partial */
     test_shape(tps, 13, 70, 301);  /* two k passes of y and dX, a partial third */
-    test_shape(tps, 131, 33, 17);  /* two row blocks of y; dW's 33 x 17 from k = 131 */
+    test_shape(tps, 131, 33, 17);  /* dW's 33 x 17 from k = 131 */
+    test_shape(tps, 263, 41, 19);  /* two row blocks of y and dX */
+    test_shape(tps, 9, 40, 7781);  /* y's A too long to keep (31 k passes); dX's kept over 31 column blocks */
     test_shape(tps, 64, 520, 96);  /* 64 tokens: full 8 x 32 and 6 x 16 tiles, NC split */
     test_shape(tps, 1, 5, 3);      /* one row */
     li_threadpool_free(tps[1]);
