@@ -9,6 +9,7 @@
  * straight-through estimator). The checkpoint quantizes the masters, so the
  * file holds exactly the weights the last step trained. */
 #include "train/train.h"
+#include "train/train_internal.h"
 #include "cpu/threadpool.h"
 #include "types.h"
 
@@ -43,6 +44,7 @@ static void refresh_run(void *ctx, int ith, int nth) {
         const li_type_traits *tr = li_type_info(tm->qat_type[i]);
         /* a scheme's code type: the matrix rounds onto its file's grid (li_train_qat_init) */
         const li_weight *grid = tr->scaled ? tm->src[i] : NULL;
+        const bool q4_1_fast = tm->qat_type[i] == LI_TYPE_Q4_1 && li_train_isa() >= 1 && t->cols % LI_QK4_1 == 0;
         size_t row;
         li_type_row_size(tm->qat_type[i], t->cols, &row);
         if (row > cap) q = li_xrealloc(q, cap = row);
@@ -51,6 +53,10 @@ static void refresh_run(void *ctx, int ith, int nth) {
             const size_t o = t->off + (size_t)(r * t->cols);
             if (grid) { /* its own scales, zero points, permutation */
                 li_weight_requant_row_ref(grid, r, tm->master + o, q, tm->params + o, scratch);
+                continue;
+            }
+            if (q4_1_fast) { /* the same values, a tenth of the time */
+                li_train_qat_q4_1_row_avx2(tm->master + o, tm->params + o, t->cols);
                 continue;
             }
             tr->from_float(tm->master + o, q, t->cols);

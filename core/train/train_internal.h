@@ -92,4 +92,8 @@ typedef struct li_adamw_coef {
 void li_adamw_update_avx512(float *p, const float *g, float *m, float *v, size_t n, const li_adamw_coef *c);
 void li_adamw_update_avx2(float *p, const float *g, float *m, float *v, size_t n, const li_adamw_coef *c);
 
+/* --qat's round trip of a row through Q4_1 (n a multiple of 32): y = the
+ * reference quantizer's codes dequantized, bit for bit (qat_avx2.c) */
+void li_train_qat_q4_1_row_avx2(const float *x, float *y, int64_t n);
+
 #endif

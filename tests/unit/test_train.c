@@ -247,6 +247,40 @@ static void test_accumulate(const char *base) {
 
 /* QAT through BF16 (the tiny model's rows are too short for Q4/Q8 blocks;
  * the rounding path is the same for every type) */
+/* --qat's AVX2 round trip through Q4_1 gives the reference quantizer's
+ * dequantized values bit for bit: random blocks, a constant block (d 0),
+ * zeros of both signs, a block of one outlier, half steps, a range so
+ * small that 1/d overflows, and a product a fused multiply-add would round
+ * the other way */
+static void test_qat_q4_1_row(void) {
+    if (li_train_isa() < 1) {
+        printf("skip --qat's AVX2 Q4_1 round trip: the CPU lacks AVX2 and FMA\n");
+        return;
+    }
+    enum { N = 32 * 40 };
+    float *x = li_xmalloc(N * sizeof(float)), *want = li_xmalloc(N * sizeof(float)), *got = li_xmalloc(N * sizeof(float));
+    for (int i = 0; i < N; i++) x[i] = rng_f() * (1 + i / 32);
+    for (int j = 0; j < 32; j++) x[32 + j] = 0.25f;                    /* constant: d = 0 */
+    for (int j = 0; j < 32; j++) x[64 + j] = j % 2 ? 0.0f : -0.0f;     /* zeros of both signs */
+    for (int j = 0; j < 32; j++) x[96 + j] = j == 7 ? 1e4f : 0.001f;   /* one outlier */
+    for (int j = 0; j < 32; j++) x[128 + j] = (float)(j % 16) / 15.0f + (j % 3 ? 0.5f / 15.0f : 0.0f); /* half steps */
+    /* 1/d overflows, the minimum -0: the reference's (int8_t) of NaN is 0, and +0 + -0 is +0 */
+    for (int j = 0; j < 32; j++) x[160 + j] = j % 4 ? 1e-38f : -0.0f;
+    /* an element whose (x - min)·(1/d) rounds up to 1/2 (a fused multiply-add would not) */
+    for (int j = 0; j < 32; j++) x[192 + j] = j == 0 ? 0.0f : j == 1 ? 0x1.9a8628p-1f : j == 2 ? 0x1.b5e46cp-6f : 0.4f;
+    const li_type_traits *tr = li_type_info(LI_TYPE_Q4_1);
+    size_t row;
+    li_type_row_size(LI_TYPE_Q4_1, N, &row);
+    uint8_t *q = li_xmalloc(row);
+    tr->from_float(x, q, N);
+    tr->to_float(q, want, N);
+    li_train_qat_q4_1_row_avx2(x, got, N);
+    int bad = 0;
+    for (int i = 0; i < N; i++) bad += memcmp(&want[i], &got[i], sizeof(float)) != 0;
+    report(bad == 0, "--qat's AVX2 Q4_1 round trip: the reference's values bit for bit (%d of %d differ)", bad, N);
+    free(x), free(want), free(got), free(q);
+}
+
 static void test_qat(const char *base) {
     li_model *m;
     li_error err = {0};
@@ -1015,6 +1049,7 @@ int main(void) {
     test_train_save(base, "all", LI_CKPT_F32, 1e-5, 1e-2f);
     test_train_save(base, "all", LI_CKPT_F16, 1e-2, 1e-2f);
     test_train_save(base, "lora:4", LI_CKPT_F32, 1e-5, 2e-2f);
+    test_qat_q4_1_row();
     test_qat(base);
     char wide[512] = "";
     test_scheme_qat(base, wide, sizeof wide);
