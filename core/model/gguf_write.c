@@ -135,7 +135,8 @@ int li_gguf_writer_add_kv(li_gguf_writer *w, const li_gguf_kv *kv, li_error *err
         if (kv->v.arr.type == LI_GGUF_STRING)
             for (uint64_t i = 0; i < kv->v.arr.n; i++) put_str(w, kv->v.arr.strs[i].ptr, kv->v.arr.strs[i].len);
         else
-            put(w, kv->v.arr.data, (size_t)kv->v.arr.n * li_gguf_vtype_size((li_gguf_vtype)kv->v.arr.type)); /* raw little-endian elements */
+            /* raw little-endian elements */
+            put(w, kv->v.arr.data, (size_t)kv->v.arr.n * li_gguf_vtype_size((li_gguf_vtype)kv->v.arr.type));
     } else {
         put_scalar(w, kv->type, kv);
     }

@@ -11,7 +11,6 @@
 #include "train/train_internal.h"
 #include "types.h"
 
-#include <float.h>
 #include <immintrin.h>
 
 static inline float hmin8(__m256 v) {

@@ -77,8 +77,9 @@ typedef struct gemm_job {
     int acc;            /* 1: C += A·B; 0: C = A·B */
     int mr, nr;
     mm_kern kern;
-    int64_t nc, n_mb, n_jobs;
+    int64_t nc, n_mb, n_cb, n_jobs; /* column width; row and column blocks; n_mb x n_cb jobs */
     int keep_a;         /* a thread's packed A of a row block serves all its jobs on that block */
+    size_t na;          /* floats of a thread's A panels: (MC + 16) x KC, each k pass's with keep_a */
     atomic_long next;
 } gemm_job;
 
@@ -206,13 +207,11 @@ static void gemm_run(void *ctx, int ith, int nth) {
     for (;;) {
         const long t = atomic_fetch_add(&g->next, 1);
         if (t >= g->n_jobs) break;
-        /* 64-byte aligned panels (the kernels' B loads are whole lines):
-         * A's (MC + 16) x KC (each k pass's, keep_a), then B's */
-        const size_t na = (size_t)((MC + 16) * KC) * (g->keep_a ? (size_t)((g->K + KC - 1) / KC) : 1);
-        if (!buf) buf = slot_get(na + (size_t)((g->nc + 32) * KC), &id);
+        /* 64-byte aligned panels (the kernels' B loads are whole lines): A's, then B's */
+        if (!buf) buf = slot_get(g->na + (size_t)((g->nc + 32) * KC), &id);
         /* a row block's jobs in a run, so a thread's next job mostly reads the same A */
-        const int64_t n_cb = g->n_jobs / g->n_mb, ib = t / n_cb;
-        gemm_block(g, buf, buf + na, ib * MC, (t % n_cb) * g->nc, g->keep_a && ib == have);
+        const int64_t ib = t / g->n_cb;
+        gemm_block(g, buf, buf + g->na, ib * MC, (t % g->n_cb) * g->nc, g->keep_a && ib == have);
         have = ib;
     }
     if (buf) slot_put(id, buf);
@@ -233,8 +232,11 @@ static void gemm(li_threadpool *tp, int isa, int64_t M, int64_t N, int64_t K, co
     int64_t nc = (N + want - 1) / want;
     nc = LI_MIN(NC_MAX, LI_MAX((int64_t)g.nr, (nc + g.nr - 1) / g.nr * g.nr));
     g.nc = nc;
-    g.n_jobs = g.n_mb * ((N + nc - 1) / nc);
-    g.keep_a = (MC + 16) * KC * ((K + KC - 1) / KC) <= A_KEEP_FLOATS;
+    g.n_cb = (N + nc - 1) / nc;
+    g.n_jobs = g.n_mb * g.n_cb;
+    const int64_t passes = (K + KC - 1) / KC;
+    g.keep_a = (MC + 16) * KC * passes <= A_KEEP_FLOATS;
+    g.na = (size_t)((MC + 16) * KC * (g.keep_a ? passes : 1));
     atomic_init(&g.next, 0);
     if (tp && g.n_jobs > 1) /* timed per multiply-add, skinny products apart */
         li_threadpool_run_shaped(tp, gemm_run, &g, (int)LI_MIN((int64_t)nth, g.n_jobs), M * N * K,
