@@ -45,6 +45,7 @@ static void refresh_run(void *ctx, int ith, int nth) {
         /* a scheme's code type: the matrix rounds onto its file's grid (li_train_qat_init) */
         const li_weight *grid = tr->scaled ? tm->src[i] : NULL;
         const bool q4_1_fast = tm->qat_type[i] == LI_TYPE_Q4_1 && li_train_isa() >= 1 && t->cols % LI_QK4_1 == 0;
+        const bool q8_0_fast = tm->qat_type[i] == LI_TYPE_Q8_0 && li_train_isa() >= 1 && t->cols % LI_QK8_0 == 0;
         size_t row;
         li_type_row_size(tm->qat_type[i], t->cols, &row);
         if (row > cap) q = li_xrealloc(q, cap = row);
@@ -57,6 +58,10 @@ static void refresh_run(void *ctx, int ith, int nth) {
             }
             if (q4_1_fast) { /* the same values, a tenth of the time */
                 li_train_qat_q4_1_row_avx2(tm->master + o, tm->params + o, t->cols);
+                continue;
+            }
+            if (q8_0_fast) {
+                li_train_qat_q8_0_row_avx2(tm->master + o, tm->params + o, t->cols);
                 continue;
             }
             tr->from_float(tm->master + o, q, t->cols);

@@ -1,4 +1,4 @@
-/* qat_avx2.c — --qat's dequant(quant(row)) for Q4_1 with AVX2, 8 floats
+/* qat_avx2.c — --qat's dequant(quant(row)) for Q4_1 and Q8_0 with AVX2, 8 floats
  * at a time (compiled with -mavx2 by the _avx2.c rule; qat.c calls it when
  * the training kernels run AVX2). The values of li_quantize_row_q4_1_ref
  * then Q4_1's to_float (types.c), bit for bit: per block the same scalar
@@ -48,6 +48,39 @@ void li_train_qat_q4_1_row_avx2(const float *x, float *y, int64_t n) {
             __m256i q = _mm256_cvttps_epi32(t);
             q = _mm256_min_epi32(_mm256_srai_epi32(_mm256_slli_epi32(q, 24), 24), fifteen);
             _mm256_storeu_ps(y + 8 * i, _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(q), d16), m16));
+        }
+    }
+}
+
+/* The same for Q8_0 (li_quantize_row_q8_0_ref, then q8_0_to_float): the
+ * block's largest magnitude as fmaxf takes it (a NaN element is passed
+ * over: max_ps returns its second operand, the running maximum, when
+ * either is NaN), d = amax / 127 and 1/d as the reference computes them,
+ * and roundf's halves away from zero without its libm call: the product
+ * truncated, plus one away from zero where the part cut off is a half or
+ * more (v - trunc(v) is exact in float, so 0.49999997 stays below a half,
+ * which floor(|v| + 0.5) would round up). Then the reference's (int8_t)
+ * cast (an infinite or NaN product: 0) and q·d. */
+void li_train_qat_q8_0_row_avx2(const float *x, float *y, int64_t n) {
+    const __m256 sign = _mm256_set1_ps(-0.0f), halfv = _mm256_set1_ps(0.5f), one = _mm256_set1_ps(1.0f);
+    for (int64_t b = 0; b < n / LI_QK8_0; b++, x += LI_QK8_0, y += LI_QK8_0) {
+        __m256 v[LI_QK8_0 / 8];
+        __m256 amax = _mm256_setzero_ps();
+        for (int i = 0; i < LI_QK8_0 / 8; i++) {
+            v[i] = _mm256_loadu_ps(x + 8 * i);
+            amax = _mm256_max_ps(_mm256_andnot_ps(sign, v[i]), amax);
+        }
+        const float d = hmax8(amax) / 127.0f;
+        const float id = d ? 1.0f / d : 0.0f;
+        const __m256 vid = _mm256_set1_ps(id), d16 = _mm256_set1_ps(li_fp16_to_fp32(li_fp32_to_fp16(d)));
+        for (int i = 0; i < LI_QK8_0 / 8; i++) {
+            const __m256 p = _mm256_mul_ps(v[i], vid);
+            const __m256 t = _mm256_round_ps(p, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+            const __m256 up = _mm256_cmp_ps(_mm256_andnot_ps(sign, _mm256_sub_ps(p, t)), halfv, _CMP_GE_OQ);
+            const __m256 r = _mm256_add_ps(t, _mm256_and_ps(up, _mm256_or_ps(_mm256_and_ps(sign, p), one)));
+            __m256i q = _mm256_cvttps_epi32(r);
+            q = _mm256_srai_epi32(_mm256_slli_epi32(q, 24), 24);
+            _mm256_storeu_ps(y + 8 * i, _mm256_mul_ps(_mm256_cvtepi32_ps(q), d16));
         }
     }
 }

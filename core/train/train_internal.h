@@ -95,5 +95,8 @@ void li_adamw_update_avx2(float *p, const float *g, float *m, float *v, size_t n
 /* --qat's round trip of a row through Q4_1 (n a multiple of 32): y = the
  * reference quantizer's codes dequantized, bit for bit (qat_avx2.c) */
 void li_train_qat_q4_1_row_avx2(const float *x, float *y, int64_t n);
+/* ... and through Q8_0 (n a multiple of 32), as li_quantize_row_q8_0_ref
+ * then Q8_0's to_float */
+void li_train_qat_q8_0_row_avx2(const float *x, float *y, int64_t n);
 
 #endif

@@ -281,6 +281,40 @@ static void test_qat_q4_1_row(void) {
     free(x), free(want), free(got), free(q);
 }
 
+/* ... and through Q8_0: random blocks, zeros (d 0), an outlier, products
+ * exactly on a half of both signs (roundf takes them away from zero), the
+ * float just below a half (which floor(|v| + 0.5) would round up), a range
+ * so small that 1/d overflows (the reference's (int8_t) of an infinite
+ * product is 0), and a NaN element, which the reference's fmaxf passes over */
+static void test_qat_q8_0_row(void) {
+    if (li_train_isa() < 1) {
+        printf("skip --qat's AVX2 Q8_0 round trip: the CPU lacks AVX2 and FMA\n");
+        return;
+    }
+    enum { N = 32 * 40 };
+    float *x = li_xmalloc(N * sizeof(float)), *want = li_xmalloc(N * sizeof(float)), *got = li_xmalloc(N * sizeof(float));
+    for (int i = 0; i < N; i++) x[i] = rng_f() * (1 + i / 32);
+    for (int j = 0; j < 32; j++) x[32 + j] = j % 2 ? 0.0f : -0.0f;                      /* d = 0 */
+    for (int j = 0; j < 32; j++) x[64 + j] = j == 5 ? -3e3f : 0.01f * (float)(j - 16); /* one outlier */
+    /* amax 127: d 1, 1/d 1, so each product is the element itself */
+    for (int j = 0; j < 32; j++)
+        x[96 + j] = j == 0 ? 127.0f : j < 16 ? (float)(j - 8) + 0.5f : j == 16 ? 0.49999997f : j == 17 ? -0.49999997f
+                  : j == 18 ? -126.5f : (float)(j - 24) * 1.5f;
+    for (int j = 0; j < 32; j++) x[128 + j] = j % 4 ? 1e-38f : -0.0f;                 /* 1/d overflows */
+    for (int j = 0; j < 32; j++) x[160 + j] = j == 3 ? NAN : 0.5f - 0.03f * (float)j;  /* a NaN */
+    const li_type_traits *tr = li_type_info(LI_TYPE_Q8_0);
+    size_t row;
+    li_type_row_size(LI_TYPE_Q8_0, N, &row);
+    uint8_t *q = li_xmalloc(row);
+    tr->from_float(x, q, N);
+    tr->to_float(q, want, N);
+    li_train_qat_q8_0_row_avx2(x, got, N);
+    int bad = 0;
+    for (int i = 0; i < N; i++) bad += memcmp(&want[i], &got[i], sizeof(float)) != 0;
+    report(bad == 0, "--qat's AVX2 Q8_0 round trip: the reference's values bit for bit (%d of %d differ)", bad, N);
+    free(x), free(want), free(got), free(q);
+}
+
 static void test_qat(const char *base) {
     li_model *m;
     li_error err = {0};
@@ -1050,6 +1084,7 @@ int main(void) {
     test_train_save(base, "all", LI_CKPT_F16, 1e-2, 1e-2f);
     test_train_save(base, "lora:4", LI_CKPT_F32, 1e-5, 2e-2f);
     test_qat_q4_1_row();
+    test_qat_q8_0_row();
     test_qat(base);
     char wide[512] = "";
     test_scheme_qat(base, wide, sizeof wide);
