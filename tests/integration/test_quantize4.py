@@ -160,9 +160,10 @@ def test_q4_files_described(run_ok, q4_models, tiny):
 
 def test_q4_deterministic_over_threads(run_cli, q4_models, tiny):
     """The same bytes again, with one thread instead of all (the weights of a
-    layer are quantized in parallel; AWQ's tasks hand scales between
+    layer are quantized in parallel, and with two threads or more two layers'
+    at once, one layer at a time with one; AWQ's tasks hand scales between
     weights)."""
-    for name in ("awq",):
+    for name in ("awq", "gptq"):
         out = tiny.parent / f"{name}-again.gguf"
         r = run_cli(["quantize", *METHODS[name], "--threads", "1", str(tiny), str(out)], timeout=600)
         assert r.returncode == 0, r.stderr
