@@ -247,6 +247,33 @@ static void test_accumulate(const char *base) {
 
 /* QAT through BF16 (the tiny model's rows are too short for Q4/Q8 blocks;
  * the rounding path is the same for every type) */
+enum { QAT_ROW_N = 32 * 40 };
+
+/* x (QAT_ROW_N values) round-tripped by fast against type ty's reference
+ * quantizer then its to_float, bit for bit; frees x */
+static void qat_row_check(li_type ty, void (*fast)(const float *, float *, int64_t), float *x, const char *name) {
+    enum { N = QAT_ROW_N };
+    float *want = li_xmalloc(N * sizeof(float)), *got = li_xmalloc(N * sizeof(float));
+    const li_type_traits *tr = li_type_info(ty);
+    size_t row;
+    li_type_row_size(ty, N, &row);
+    uint8_t *q = li_xmalloc(row);
+    tr->from_float(x, q, N);
+    tr->to_float(q, want, N);
+    fast(x, got, N);
+    int bad = 0;
+    for (int i = 0; i < N; i++) bad += memcmp(&want[i], &got[i], sizeof(float)) != 0;
+    report(bad == 0, "--qat's AVX2 %s round trip: the reference's values bit for bit (%d of %d differ)", name, bad, N);
+    free(x), free(want), free(got), free(q);
+}
+
+/* random blocks, each a wider range than the one before */
+static float *qat_row_input(void) {
+    float *x = li_xmalloc(QAT_ROW_N * sizeof(float));
+    for (int i = 0; i < QAT_ROW_N; i++) x[i] = rng_f() * (1 + i / 32);
+    return x;
+}
+
 /* --qat's AVX2 round trip through Q4_1 gives the reference quantizer's
  * dequantized values bit for bit: random blocks, a constant block (d 0),
  * zeros of both signs, a block of one outlier, half steps, a range so
@@ -257,9 +284,7 @@ static void test_qat_q4_1_row(void) {
         printf("skip --qat's AVX2 Q4_1 round trip: the CPU lacks AVX2 and FMA\n");
         return;
     }
-    enum { N = 32 * 40 };
-    float *x = li_xmalloc(N * sizeof(float)), *want = li_xmalloc(N * sizeof(float)), *got = li_xmalloc(N * sizeof(float));
-    for (int i = 0; i < N; i++) x[i] = rng_f() * (1 + i / 32);
+    float *x = qat_row_input();
     for (int j = 0; j < 32; j++) x[32 + j] = 0.25f;                    /* constant: d = 0 */
     for (int j = 0; j < 32; j++) x[64 + j] = j % 2 ? 0.0f : -0.0f;     /* zeros of both signs */
     for (int j = 0; j < 32; j++) x[96 + j] = j == 7 ? 1e4f : 0.001f;   /* one outlier */
@@ -268,17 +293,7 @@ static void test_qat_q4_1_row(void) {
     for (int j = 0; j < 32; j++) x[160 + j] = j % 4 ? 1e-38f : -0.0f;
     /* an element whose (x - min)·(1/d) rounds up to 1/2 (a fused multiply-add would not) */
     for (int j = 0; j < 32; j++) x[192 + j] = j == 0 ? 0.0f : j == 1 ? 0x1.9a8628p-1f : j == 2 ? 0x1.b5e46cp-6f : 0.4f;
-    const li_type_traits *tr = li_type_info(LI_TYPE_Q4_1);
-    size_t row;
-    li_type_row_size(LI_TYPE_Q4_1, N, &row);
-    uint8_t *q = li_xmalloc(row);
-    tr->from_float(x, q, N);
-    tr->to_float(q, want, N);
-    li_train_qat_q4_1_row_avx2(x, got, N);
-    int bad = 0;
-    for (int i = 0; i < N; i++) bad += memcmp(&want[i], &got[i], sizeof(float)) != 0;
-    report(bad == 0, "--qat's AVX2 Q4_1 round trip: the reference's values bit for bit (%d of %d differ)", bad, N);
-    free(x), free(want), free(got), free(q);
+    qat_row_check(LI_TYPE_Q4_1, li_train_qat_q4_1_row_avx2, x, "Q4_1");
 }
 
 /* ... and through Q8_0: random blocks, zeros (d 0), an outlier, products
@@ -291,9 +306,7 @@ static void test_qat_q8_0_row(void) {
         printf("skip --qat's AVX2 Q8_0 round trip: the CPU lacks AVX2 and FMA\n");
         return;
     }
-    enum { N = 32 * 40 };
-    float *x = li_xmalloc(N * sizeof(float)), *want = li_xmalloc(N * sizeof(float)), *got = li_xmalloc(N * sizeof(float));
-    for (int i = 0; i < N; i++) x[i] = rng_f() * (1 + i / 32);
+    float *x = qat_row_input();
     for (int j = 0; j < 32; j++) x[32 + j] = j % 2 ? 0.0f : -0.0f;                      /* d = 0 */
     for (int j = 0; j < 32; j++) x[64 + j] = j == 5 ? -3e3f : 0.01f * (float)(j - 16); /* one outlier */
     /* amax 127: d 1, 1/d 1, so each product is the element itself */
@@ -302,17 +315,7 @@ static void test_qat_q8_0_row(void) {
                   : j == 18 ? -126.5f : (float)(j - 24) * 1.5f;
     for (int j = 0; j < 32; j++) x[128 + j] = j % 4 ? 1e-38f : -0.0f;                 /* 1/d overflows */
     for (int j = 0; j < 32; j++) x[160 + j] = j == 3 ? NAN : 0.5f - 0.03f * (float)j;  /* a NaN */
-    const li_type_traits *tr = li_type_info(LI_TYPE_Q8_0);
-    size_t row;
-    li_type_row_size(LI_TYPE_Q8_0, N, &row);
-    uint8_t *q = li_xmalloc(row);
-    tr->from_float(x, q, N);
-    tr->to_float(q, want, N);
-    li_train_qat_q8_0_row_avx2(x, got, N);
-    int bad = 0;
-    for (int i = 0; i < N; i++) bad += memcmp(&want[i], &got[i], sizeof(float)) != 0;
-    report(bad == 0, "--qat's AVX2 Q8_0 round trip: the reference's values bit for bit (%d of %d differ)", bad, N);
-    free(x), free(want), free(got), free(q);
+    qat_row_check(LI_TYPE_Q8_0, li_train_qat_q8_0_row_avx2, x, "Q8_0");
 }
 
 static void test_qat(const char *base) {
