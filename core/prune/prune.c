@@ -10,6 +10,7 @@
 #include "tokenizer/tokenizer.h"
 #include "train/selfgen.h"
 #include "util/progress.h"
+#include "cpu/threadpool.h"
 
 #include <cjson/cJSON.h>
 #include <strings.h>
@@ -167,6 +168,7 @@ typedef struct capture {
     /* refit / obs: per layer X^T X of o_proj's (heads) or down_proj's (ffn) inputs */
     li_calib_site gram_site;
     li_q4_calib *gram;    /* (n_layer), or NULL */
+    struct li_threadpool *gram_tp; /* their accumulation's threads, or NULL */
     int64_t rows;         /* tokens seen (layer 0's o_proj or down) */
 } capture;
 
@@ -301,6 +303,7 @@ static void capture_free(capture *c, int n_layer) {
     if (c->gram)
         for (int l = 0; l < n_layer; l++) li_q4_calib_free(&c->gram[l]);
     free(c->gram);
+    if (c->gram_tp) li_threadpool_free(c->gram_tp);
 }
 
 /* ------------------------------------------------------------------------
@@ -919,10 +922,13 @@ int li_prune(const li_prune_opts *o, li_error *err) {
         const int64_t gn = o->what == LI_PRUNE_HEADS ? (int64_t)hp->n_head * hp->head_dim : hp->n_ff;
         cap.gram_site = o->what == LI_PRUNE_HEADS ? LI_CALIB_O : LI_CALIB_DOWN;
         cap.gram = li_xcalloc((size_t)hp->n_layer, sizeof *cap.gram);
+        const long nt = o->threads > 0 ? (long)o->threads : sysconf(_SC_NPROCESSORS_ONLN);
+        if (nt > 1) cap.gram_tp = li_threadpool_init((int)nt);
         for (int l = 0; l < hp->n_layer && !rc; l++) {
             char why[160];
             if (li_q4_calib_init(&cap.gram[l], gn, why, sizeof why))
                 rc = li_error_set(err, LI_ENOMEM, "prune: %s", why);
+            else cap.gram[l].tp = cap.gram_tp;
         }
         if (rc) goto done;
         if (o->ffn_alloc == LI_PRUNE_ALLOC_ERROR) cap.sig = li_xcalloc((size_t)hp->n_layer, sizeof *cap.sig);

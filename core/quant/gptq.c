@@ -11,9 +11,11 @@
  * thousands of columns and the Cholesky factors of a badly conditioned
  * Hessian lose digits fast in f32. */
 #include "quant/quant4_internal.h"
+#include "cpu/threadpool.h"
 #include "types.h"
 #include "util/common.h"
 
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -55,10 +57,50 @@ void li_q4_calib_free(li_q4_calib *c) {
 #define LI_CALIB_TI 64
 #define LI_CALIB_TJ 512
 
+/* Rows i0 .. i0 + LI_CALIB_TI of the triangle take the run's nr8 rows a */
+LI_HOT_CLONES static void calib_tile(double *xtx, const double *a, int64_t n, int64_t nr8, int64_t i0) {
+    const int64_t i1 = i0 + LI_CALIB_TI < n ? i0 + LI_CALIB_TI : n;
+    for (int64_t j0 = i0; j0 < n; j0 += LI_CALIB_TJ) {
+        const int64_t j1 = j0 + LI_CALIB_TJ < n ? j0 + LI_CALIB_TJ : n;
+        for (int64_t t = 0; t < nr8; t += 8) {
+            const double *a0 = a + t * n, *a1 = a0 + n, *a2 = a1 + n, *a3 = a2 + n, *a4 = a3 + n,
+                         *a5 = a4 + n, *a6 = a5 + n, *a7 = a6 + n;
+            for (int64_t i = i0; i < i1; i++) {
+                const double b0 = a0[i], b1 = a1[i], b2 = a2[i], b3 = a3[i], b4 = a4[i], b5 = a5[i],
+                             b6 = a6[i], b7 = a7[i];
+                double *h = xtx + i * n;
+                for (int64_t j = i > j0 ? i : j0; j < j1; j++)
+                    h[j] += ((b0 * a0[j] + b1 * a1[j]) + (b2 * a2[j] + b3 * a3[j])) +
+                            ((b4 * a4[j] + b5 * a5[j]) + (b6 * a6[j] + b7 * a7[j]));
+            }
+        }
+    }
+}
+
+/* A run's row tiles over threads: each tile is its own rows of the
+ * triangle, so the split changes no element's sum. (In a calibration pass
+ * the accumulation ran on the forward pass's thread alone, between its
+ * matmuls: a fifth of a GPTQ run's CPU time, with the other cores idle.
+ * On a pool, not threads started per run: their stacks' unmapping cost
+ * more in TLB shootdowns than the second core gave.) */
+typedef struct calib_job {
+    double *xtx;
+    const double *a;
+    int64_t n, nr8;
+    atomic_long next; /* the next tile's first row */
+} calib_job;
+
+static void calib_worker(void *arg, int ith, int nth) {
+    (void)ith, (void)nth;
+    calib_job *j = arg;
+    for (int64_t i0; (i0 = atomic_fetch_add(&j->next, LI_CALIB_TI)) < j->n;) calib_tile(j->xtx, j->a, j->n, j->nr8, i0);
+}
+
 LI_HOT_CLONES void li_q4_calib_accumulate(li_q4_calib *c, const float *x, int64_t n_rows) {
     const int64_t n = c->n_in;
     double *a = malloc((size_t)(LI_CALIB_RUN * n) * sizeof(double));
     if (!a) abort(); /* one run of rows: as li_xmalloc */
+    const int64_t n_tiles = (n + LI_CALIB_TI - 1) / LI_CALIB_TI;
     for (int64_t r0 = 0; r0 < n_rows; r0 += LI_CALIB_RUN) {
         const int64_t nr = n_rows - r0 < LI_CALIB_RUN ? n_rows - r0 : LI_CALIB_RUN;
         const int64_t nr8 = (nr + 7) / 8 * 8;
@@ -66,23 +108,15 @@ LI_HOT_CLONES void li_q4_calib_accumulate(li_q4_calib *c, const float *x, int64_
             for (int64_t j = 0; j < n; j++) a[t * n + j] = t < nr ? (double)x[(r0 + t) * n + j] : 0.0;
         for (int64_t t = 0; t < nr; t++)
             for (int64_t j = 0; j < n; j++) c->abs_sum[j] += fabs(a[t * n + j]);
-        for (int64_t i0 = 0; i0 < n; i0 += LI_CALIB_TI) {
-            const int64_t i1 = i0 + LI_CALIB_TI < n ? i0 + LI_CALIB_TI : n;
-            for (int64_t j0 = i0; j0 < n; j0 += LI_CALIB_TJ) {
-                const int64_t j1 = j0 + LI_CALIB_TJ < n ? j0 + LI_CALIB_TJ : n;
-                for (int64_t t = 0; t < nr8; t += 8) {
-                    const double *a0 = a + t * n, *a1 = a0 + n, *a2 = a1 + n, *a3 = a2 + n, *a4 = a3 + n,
-                                 *a5 = a4 + n, *a6 = a5 + n, *a7 = a6 + n;
-                    for (int64_t i = i0; i < i1; i++) {
-                        const double b0 = a0[i], b1 = a1[i], b2 = a2[i], b3 = a3[i], b4 = a4[i], b5 = a5[i],
-                                     b6 = a6[i], b7 = a7[i];
-                        double *h = c->xtx + i * n;
-                        for (int64_t j = i > j0 ? i : j0; j < j1; j++)
-                            h[j] += ((b0 * a0[j] + b1 * a1[j]) + (b2 * a2[j] + b3 * a3[j])) +
-                                    ((b4 * a4[j] + b5 * a5[j]) + (b6 * a6[j] + b7 * a7[j]));
-                    }
-                }
-            }
+        /* threads for runs with work to share: 8 rows of a 64-wide input are
+         * microseconds, less than a thread's start */
+        const int64_t nth = c->tp ? LI_MIN((int64_t)li_threadpool_size(c->tp), n_tiles) : 1;
+        if (nth > 1 && nr8 * n * n >= ((int64_t)1 << 22)) {
+            calib_job j = {.xtx = c->xtx, .a = a, .n = n, .nr8 = nr8};
+            atomic_init(&j.next, 0);
+            li_threadpool_run_sized(c->tp, calib_worker, &j, (int)nth, nr8 * n * n / 2);
+        } else {
+            for (int64_t i0 = 0; i0 < n; i0 += LI_CALIB_TI) calib_tile(c->xtx, a, n, nr8, i0);
         }
     }
     c->n_rows += n_rows;

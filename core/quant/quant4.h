@@ -110,6 +110,7 @@ typedef struct li_q4_calib {
     double *xtx;         /* (n_in, n_in) sum over rows of x x^T (both triangles after finish) */
     double *abs_sum;     /* (n_in) sum over rows of |x| */
     bool finished;
+    struct li_threadpool *tp; /* accumulate's threads (NULL: the caller's alone); the sums do not depend on it */
 } li_q4_calib;
 
 /* n_in (n_in, n_in) doubles: 18 MiB at 1536. 0, or -1 with why. */

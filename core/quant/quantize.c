@@ -11,6 +11,7 @@
 #include "runtime/runtime.h"
 #include "util/progress.h"
 #include "util/tmpguard.h"
+#include "cpu/threadpool.h"
 
 #include <libgen.h>
 #include <math.h>
@@ -494,6 +495,7 @@ typedef struct qctx {
     /* --sequential (GPTQ): the calibration model, its blocks below the one
      * calibrated replaced by their quantized values (f32, owned here) */
     li_runtime *seq_rt;
+    struct li_threadpool *calib_tp; /* calibrate_q4's X^T X accumulation */
     int seq_layer;          /* the block whose statistics are collected */
     float **seq_w;          /* (n_layer * 7) */
     int32_t *seq_win;       /* the calibration windows, tokenized once for every block's pass */
@@ -995,11 +997,14 @@ static int calibrate_q4(qctx *q, li_error *err) {
     const int64_t k[LI_CALIB_N_SITES] = {[LI_CALIB_QKV] = hp->n_embd, [LI_CALIB_O] = q->m->layers[0].wo.k,
                                          [LI_CALIB_GU] = hp->n_embd, [LI_CALIB_DOWN] = hp->n_ff};
     q->q4cal = li_xcalloc((size_t)hp->n_layer * LI_CALIB_N_SITES, sizeof *q->q4cal);
+    /* X^T X accumulates on its own pool, between the forward pass's matmuls (NULL: on the caller) */
+    if (q->n_threads > 1) q->calib_tp = li_threadpool_init(q->n_threads);
     char why[160];
     for (int l = 0; l < hp->n_layer; l++)
         for (int st = 0; st < LI_CALIB_N_SITES; st++)
             if (li_q4_calib_init(q4cal_of(q, l, (li_calib_site)st), k[st], why, sizeof why))
                 return li_error_set(err, LI_ENOMEM, "quantize: calibration statistics: %s", why);
+            else q4cal_of(q, l, (li_calib_site)st)->tp = q->calib_tp;
     if (q->o->sequential) /* per block, as it is quantized (seq_calibrate) */
         return 0;
     li_runtime rt;
@@ -1256,6 +1261,7 @@ done:
     free(q.sq_ctx.chosen);
     seq_free(&q);
     q4cal_free(&q);
+    if (q.calib_tp) li_threadpool_free(q.calib_tp);
     li_gguf_writer_free(&w);
     li_model_free(q.m);
     return rc;

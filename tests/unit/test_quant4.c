@@ -18,6 +18,7 @@
 #include "test_util.h"
 #include "quant/quant4.h"
 #include "cpu/q4g_kernels.h"
+#include "cpu/threadpool.h"
 #include "util/common.h"
 
 #include <math.h>
@@ -111,6 +112,19 @@ static void test_quantizers(void) {
     report(!memcmp(c.xtx, c2.xtx, (size_t)(n_in * n_in) * sizeof(double)) &&
                !memcmp(c.abs_sum, c2.abs_sum, (size_t)n_in * sizeof(double)),
            "calibration streamed in chunks of 40 rows = in one call, bit for bit");
+    { /* accumulated on a pool of 3 (the 256-row run split by row tiles of the triangle; the last 44 rows
+       * on the caller): the same bits */
+        li_q4_calib c3;
+        li_q4_calib_init(&c3, n_in, why, sizeof why);
+        c3.tp = li_threadpool_init(3);
+        li_q4_calib_accumulate(&c3, x, n_rows);
+        li_q4_calib_finish(&c3, why, sizeof why);
+        report(c3.tp && !memcmp(c.xtx, c3.xtx, (size_t)(n_in * n_in) * sizeof(double)) &&
+                   !memcmp(c.abs_sum, c3.abs_sum, (size_t)n_in * sizeof(double)),
+               "calibration accumulated on 3 threads = on one, bit for bit");
+        li_threadpool_free(c3.tp);
+        li_q4_calib_free(&c3);
+    }
     li_q4_opts o;
     li_q4_opts_default(&o);
     li_q4_result rtn, gptq, gptq_ao, awq, sym, w4;
