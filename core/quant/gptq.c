@@ -108,8 +108,8 @@ LI_HOT_CLONES void li_q4_calib_accumulate(li_q4_calib *c, const float *x, int64_
             for (int64_t j = 0; j < n; j++) a[t * n + j] = t < nr ? (double)x[(r0 + t) * n + j] : 0.0;
         for (int64_t t = 0; t < nr; t++)
             for (int64_t j = 0; j < n; j++) c->abs_sum[j] += fabs(a[t * n + j]);
-        /* threads for runs with work to share: 8 rows of a 64-wide input are
-         * microseconds, less than a thread's start */
+        /* the pool for runs with work to share: 8 rows of a 64-wide input
+         * are a microsecond, less than handing a job to the workers */
         const int64_t nth = c->tp ? LI_MIN((int64_t)li_threadpool_size(c->tp), n_tiles) : 1;
         if (nth > 1 && nr8 * n * n >= ((int64_t)1 << 22)) {
             calib_job j = {.xtx = c->xtx, .a = a, .n = n, .nr8 = nr8};
