@@ -302,7 +302,7 @@ int li_cmd_train_eagle(int argc, char **argv) {
     bb.logits = li_xmalloc((size_t)L * (size_t)V * sizeof *bb.logits);
     bb.feat = li_xmalloc((size_t)L * (size_t)e.F * (size_t)d * sizeof *bb.feat);
     bb.emb = li_xmalloc((size_t)L * (size_t)d * sizeof *bb.emb);
-    const int n_thr = to.threads > 0 ? (int)to.threads : (int)LI_MAX(1, sysconf(_SC_NPROCESSORS_ONLN));
+    const int n_thr = li_threads_or_cpus(to.threads);
     if (!(tp = li_threadpool_init(n_thr))) {
         rc = li_error_set(&err, LI_ENOMEM, "train-eagle: cannot start %d threads", n_thr);
         goto done;

@@ -207,7 +207,7 @@ int li_cmd_train_medusa(int argc, char **argv) {
     }
     if ((rc = li_session_init(&s, m, &rt.be, L, LI_TYPE_F32, L, &err))) goto done;
     s_ready = true;
-    const int n_thr = to.threads > 0 ? (int)to.threads : (int)LI_MAX(1, sysconf(_SC_NPROCESSORS_ONLN));
+    const int n_thr = li_threads_or_cpus(to.threads);
     if (!(tp = li_threadpool_init(n_thr))) {
         rc = li_error_set(&err, LI_ENOMEM, "train-medusa: cannot start %d threads", n_thr);
         goto done;

@@ -635,8 +635,7 @@ static int refit_layers(const li_model *m, capture *cap, const li_prune_opts *o,
     j.width = o->what == LI_PRUNE_HEADS ? (int64_t)hp->n_head * hp->head_dim / hp->n_head_kv : 1;
     j.refit = li_xcalloc((size_t)hp->n_layer, sizeof *j.refit);
     pthread_mutex_init(&j.mu, NULL);
-    long nt = o->threads > 0 ? (long)o->threads : sysconf(_SC_NPROCESSORS_ONLN);
-    nt = LI_MAX(1L, LI_MIN(nt, (long)hp->n_layer));
+    const long nt = LI_MIN((long)li_threads_or_cpus(o->threads), (long)hp->n_layer);
     li_progress_init(&j.pg, choose ? "obs" : "refit", "layers/s", hp->n_layer);
     li_run_workers(refit_worker, &j, nt);
     pthread_mutex_destroy(&j.mu);
@@ -922,8 +921,8 @@ int li_prune(const li_prune_opts *o, li_error *err) {
         const int64_t gn = o->what == LI_PRUNE_HEADS ? (int64_t)hp->n_head * hp->head_dim : hp->n_ff;
         cap.gram_site = o->what == LI_PRUNE_HEADS ? LI_CALIB_O : LI_CALIB_DOWN;
         cap.gram = li_xcalloc((size_t)hp->n_layer, sizeof *cap.gram);
-        const long nt = o->threads > 0 ? (long)o->threads : sysconf(_SC_NPROCESSORS_ONLN);
-        if (nt > 1) cap.gram_tp = li_threadpool_init((int)nt);
+        const int nt = li_threads_or_cpus(o->threads);
+        if (nt > 1) cap.gram_tp = li_threadpool_init(nt);
         for (int l = 0; l < hp->n_layer && !rc; l++) {
             char why[160];
             if (li_q4_calib_init(&cap.gram[l], gn, why, sizeof why))

@@ -761,11 +761,10 @@ static void *group_worker(void *arg) {
 /* Runs the tasks of n jobs (consecutive layers) on up to n_threads threads */
 static void group_run(q4_job **jobs, int n, int n_threads) {
     group_job G = {.n_task = 0};
+    for (int g = 0; g < n; g++) G.j[g] = jobs[g];
     for (int k = 0; k < 8; k++)
-        for (int g = 0; g < n; g++) {
-            G.j[g] = jobs[g];
+        for (int g = 0; g < n; g++)
             if (k < jobs[g]->n_task) G.g[G.n_task] = g, G.k[G.n_task++] = k;
-        }
     atomic_init(&G.next, 0);
     if (G.n_task) li_run_workers(group_worker, &G, LI_MIN((int64_t)G.n_task, n_threads));
 }
@@ -1187,7 +1186,7 @@ int li_quantize(const li_quant_opts *o, li_error *err) {
     li_gguf_writer_init(&w);
     q.slots = li_xcalloc((size_t)g->n_tensors, sizeof *q.slots);
     q.group = grouped ? (o->group_set ? o->group : 128) : 0;
-    q.n_threads = o->threads > 0 ? o->threads : LI_MAX(1, sysconf(_SC_NPROCESSORS_ONLN));
+    q.n_threads = li_threads_or_cpus(o->threads);
     if (grouped && (rc = check_group(q.m, q.group, err))) goto done;
     if (li_qmethod_needs_calib(o)) {
         const bool smooth = !li_qmethod_is_q4(o->method) && o->smooth != LI_SMOOTH_NONE && o->alpha > 0;

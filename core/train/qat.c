@@ -29,6 +29,18 @@ static bool rounded(const li_train_model *tm, int i, bool trainable_only) {
     return tm->qat_type[i] != LI_TYPE_F32 && (!trainable_only || t->goff >= 0);
 }
 
+/* The AVX2 round trip of a row of n values through ty (the reference
+ * pair's values bit for bit, a tenth of the time: qat_avx2.c), or NULL
+ * where the reference pair runs: another type, another ISA, a row not
+ * whole blocks */
+typedef void (*qat_row_fn)(const float *x, float *y, int64_t n);
+static qat_row_fn qat_fast_row(li_type ty, int64_t n) {
+    if (li_train_isa() < 1) return NULL;
+    if (ty == LI_TYPE_Q4_1 && n % LI_QK4_1 == 0) return li_train_qat_q4_1_row_avx2;
+    if (ty == LI_TYPE_Q8_0 && n % LI_QK8_0 == 0) return li_train_qat_q8_0_row_avx2;
+    return NULL;
+}
+
 static void refresh_run(void *ctx, int ith, int nth) {
     (void)ith, (void)nth;
     qat_job *j = ctx;
@@ -44,8 +56,7 @@ static void refresh_run(void *ctx, int ith, int nth) {
         const li_type_traits *tr = li_type_info(tm->qat_type[i]);
         /* a scheme's code type: the matrix rounds onto its file's grid (li_train_qat_init) */
         const li_weight *grid = tr->scaled ? tm->src[i] : NULL;
-        const bool q4_1_fast = tm->qat_type[i] == LI_TYPE_Q4_1 && li_train_isa() >= 1 && t->cols % LI_QK4_1 == 0;
-        const bool q8_0_fast = tm->qat_type[i] == LI_TYPE_Q8_0 && li_train_isa() >= 1 && t->cols % LI_QK8_0 == 0;
+        const qat_row_fn fast = qat_fast_row(tm->qat_type[i], t->cols);
         size_t row;
         li_type_row_size(tm->qat_type[i], t->cols, &row);
         if (row > cap) q = li_xrealloc(q, cap = row);
@@ -56,12 +67,8 @@ static void refresh_run(void *ctx, int ith, int nth) {
                 li_weight_requant_row_ref(grid, r, tm->master + o, q, tm->params + o, scratch);
                 continue;
             }
-            if (q4_1_fast) { /* the same values, a tenth of the time */
-                li_train_qat_q4_1_row_avx2(tm->master + o, tm->params + o, t->cols);
-                continue;
-            }
-            if (q8_0_fast) {
-                li_train_qat_q8_0_row_avx2(tm->master + o, tm->params + o, t->cols);
+            if (fast) {
+                fast(tm->master + o, tm->params + o, t->cols);
                 continue;
             }
             tr->from_float(tm->master + o, q, t->cols);

@@ -9,23 +9,10 @@
  * vector min either; their sign cannot change q or the sum q·d + m.)
  * The scalar pair was a tenth of a `distill --qat` step. */
 #include "train/train_internal.h"
+#include "cpu/simd_avx2.h"
 #include "types.h"
 
 #include <immintrin.h>
-
-static inline float hmin8(__m256 v) {
-    __m128 m = _mm_min_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    m = _mm_min_ps(m, _mm_movehl_ps(m, m));
-    m = _mm_min_ss(m, _mm_shuffle_ps(m, m, 1));
-    return _mm_cvtss_f32(m);
-}
-
-static inline float hmax8(__m256 v) {
-    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-    m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
-    return _mm_cvtss_f32(m);
-}
 
 void li_train_qat_q4_1_row_avx2(const float *x, float *y, int64_t n) {
     const __m256 half = _mm256_set1_ps(0.5f);
@@ -35,7 +22,7 @@ void li_train_qat_q4_1_row_avx2(const float *x, float *y, int64_t n) {
         for (int i = 0; i < LI_QK4_1 / 8; i++) v[i] = _mm256_loadu_ps(x + 8 * i);
         __m256 lo = v[0], hi = v[0];
         for (int i = 1; i < LI_QK4_1 / 8; i++) lo = _mm256_min_ps(lo, v[i]), hi = _mm256_max_ps(hi, v[i]);
-        const float min = hmin8(lo), max = hmax8(hi);
+        const float min = hmin256(lo), max = hmax256(hi);
         const float d = (max - min) / 15.0f;
         const float id = d ? 1.0f / d : 0.0f;
         const __m256 vmin = _mm256_set1_ps(min), vid = _mm256_set1_ps(id);
@@ -56,13 +43,10 @@ void li_train_qat_q4_1_row_avx2(const float *x, float *y, int64_t n) {
  * block's largest magnitude as fmaxf takes it (a NaN element is passed
  * over: max_ps returns its second operand, the running maximum, when
  * either is NaN), d = amax / 127 and 1/d as the reference computes them,
- * and roundf's halves away from zero without its libm call: the product
- * truncated, plus one away from zero where the part cut off is a half or
- * more (v - trunc(v) is exact in float, so 0.49999997 stays below a half,
- * which floor(|v| + 0.5) would round up). Then the reference's (int8_t)
- * cast (an infinite or NaN product: 0) and q·d. */
+ * roundf's halves away from zero (round_away256), then the reference's
+ * (int8_t) cast (an infinite or NaN product: 0) and q·d. */
 void li_train_qat_q8_0_row_avx2(const float *x, float *y, int64_t n) {
-    const __m256 sign = _mm256_set1_ps(-0.0f), halfv = _mm256_set1_ps(0.5f), one = _mm256_set1_ps(1.0f);
+    const __m256 sign = _mm256_set1_ps(-0.0f);
     for (int64_t b = 0; b < n / LI_QK8_0; b++, x += LI_QK8_0, y += LI_QK8_0) {
         __m256 v[LI_QK8_0 / 8];
         __m256 amax = _mm256_setzero_ps();
@@ -70,15 +54,11 @@ void li_train_qat_q8_0_row_avx2(const float *x, float *y, int64_t n) {
             v[i] = _mm256_loadu_ps(x + 8 * i);
             amax = _mm256_max_ps(_mm256_andnot_ps(sign, v[i]), amax);
         }
-        const float d = hmax8(amax) / 127.0f;
+        const float d = hmax256(amax) / 127.0f;
         const float id = d ? 1.0f / d : 0.0f;
         const __m256 vid = _mm256_set1_ps(id), d16 = _mm256_set1_ps(li_fp16_to_fp32(li_fp32_to_fp16(d)));
         for (int i = 0; i < LI_QK8_0 / 8; i++) {
-            const __m256 p = _mm256_mul_ps(v[i], vid);
-            const __m256 t = _mm256_round_ps(p, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
-            const __m256 up = _mm256_cmp_ps(_mm256_andnot_ps(sign, _mm256_sub_ps(p, t)), halfv, _CMP_GE_OQ);
-            const __m256 r = _mm256_add_ps(t, _mm256_and_ps(up, _mm256_or_ps(_mm256_and_ps(sign, p), one)));
-            __m256i q = _mm256_cvttps_epi32(r);
+            __m256i q = _mm256_cvttps_epi32(round_away256(_mm256_mul_ps(v[i], vid)));
             q = _mm256_srai_epi32(_mm256_slli_epi32(q, 24), 24);
             _mm256_storeu_ps(y + 8 * i, _mm256_mul_ps(_mm256_cvtepi32_ps(q), d16));
         }

@@ -10,6 +10,7 @@
 #include <time.h>
 #include <pthread.h>
 #include <signal.h>
+#include <unistd.h>
 
 int li_error_set(li_error *err, int code, const char *fmt, ...) {
     if (err) {
@@ -117,6 +118,12 @@ int li_read_file(const char *path, size_t max_bytes, const char *what, char **ou
     *out = buf;
     *len = n;
     return 0;
+}
+
+int li_threads_or_cpus(int64_t threads) {
+    if (threads > 0) return (int)threads;
+    const long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
 }
 
 void li_run_workers(void *(*fn)(void *), void *arg, int64_t n) {

@@ -64,6 +64,9 @@ double li_time_now(void);
  * compute must not depend on how many run. The offline tools' (quantize,
  * prune) per-layer and per-alpha tasks; serving uses the backend's pool. */
 void li_run_workers(void *(*fn)(void *), void *arg, int64_t n);
+/* A --threads option's value: threads when > 0, else the CPUs online
+ * (at least 1) */
+int li_threads_or_cpus(int64_t threads);
 
 /* Around the creation of any thread but the main one: begin() blocks the
  * asynchronous signals (SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1/2, SIGALRM,

@@ -22,14 +22,6 @@ static inline int hsum256_epi32(__m256i v) {
     return _mm_cvtsi128_si32(s);
 }
 
-/* roundf() semantics (halves away from zero), as the ggml reference */
-static inline __m256 round_away(__m256 y) {
-    const __m256 t = _mm256_round_ps(y, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
-    const __m256 absfrac = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), _mm256_sub_ps(y, t));
-    const __m256 up = _mm256_cmp_ps(absfrac, _mm256_set1_ps(0.5f), _CMP_GE_OQ);
-    const __m256 one = _mm256_or_ps(_mm256_set1_ps(1.0f), _mm256_and_ps(y, _mm256_set1_ps(-0.0f)));
-    return _mm256_add_ps(t, _mm256_and_ps(up, one));
-}
 
 
 /* lanes [0, n) set, for tails of fewer than 8 elements */
@@ -56,7 +48,7 @@ static void avx2_quantize_act(li_type at, const float *x, void *dst, int64_t k) 
         const float id = d ? 1.0f / d : 0.0f;
         const __m256 vid = _mm256_set1_ps(id);
         __m256i q[4];
-        for (int l = 0; l < 4; l++) q[l] = _mm256_cvtps_epi32(round_away(_mm256_mul_ps(v[l], vid)));
+        for (int l = 0; l < 4; l++) q[l] = _mm256_cvtps_epi32(round_away256(_mm256_mul_ps(v[l], vid)));
         /* pack 32 x s32 -> 32 x s8; the packs work per 128-bit lane, so put
          * the dwords back in order afterwards */
         const __m256i p16 = _mm256_packs_epi32(q[0], q[1]), p16b = _mm256_packs_epi32(q[2], q[3]);

@@ -19,6 +19,25 @@ static inline float hmax256(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
+static inline float hmin256(__m256 v) {
+    __m128 s = _mm_min_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_min_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_min_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* roundf() semantics (halves away from zero), as the ggml reference: the
+ * value truncated, plus one away from zero where the part cut off is a
+ * half or more (y - trunc(y) is exact, so 0.49999997 stays below a half,
+ * which floor(|y| + 0.5) would round up) */
+static inline __m256 round_away256(__m256 y) {
+    const __m256 t = _mm256_round_ps(y, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+    const __m256 absfrac = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), _mm256_sub_ps(y, t));
+    const __m256 up = _mm256_cmp_ps(absfrac, _mm256_set1_ps(0.5f), _CMP_GE_OQ);
+    const __m256 one = _mm256_or_ps(_mm256_set1_ps(1.0f), _mm256_and_ps(y, _mm256_set1_ps(-0.0f)));
+    return _mm256_add_ps(t, _mm256_and_ps(up, one));
+}
+
 /* exp(x), Cephes-style: 2^n * p(r), |r| <= ln2/2, about 1 ulp; inputs
  * clamped to [-87.3, 88] so 2^n stays a normal (built in the exponent field) */
 static inline __m256 exp256(__m256 x) {
