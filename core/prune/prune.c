@@ -496,27 +496,62 @@ static int down_layer(const li_model *m, capture *cap, int l, double *w, float *
     return 0;
 }
 
+/* --ffn-alloc error's curves, a layer a task on --threads workers (each
+ * layer's curve is its own: the same numbers on any count of threads) */
+typedef struct curve_job {
+    const li_model *m;
+    capture *cap;
+    const double *score;
+    double damp;
+    double **curve;       /* (n_layer) out: (n_ff + 1) each */
+    pthread_mutex_t mu;   /* guards next, done, rc, err, pg */
+    int next, done, rc;
+    li_error err;
+    li_progress pg;
+} curve_job;
+
+static void *curve_worker(void *arg) {
+    curve_job *j = arg;
+    const int64_t d = j->m->hp.n_embd, n = j->m->hp.n_ff;
+    double *w = li_xmalloc((size_t)(d * n) * sizeof *w);
+    float *row = li_xmalloc((size_t)n * sizeof *row);
+    for (;;) {
+        pthread_mutex_lock(&j->mu);
+        const int l = j->rc ? j->m->hp.n_layer : j->next++;
+        pthread_mutex_unlock(&j->mu);
+        if (l >= j->m->hp.n_layer) break;
+        li_error e = {0};
+        int rc = down_layer(j->m, j->cap, l, w, row, &e);
+        if (!rc) rc = li_prune_ffn_curve(j->cap->gram[l].xtx, w, d, n, j->score + (size_t)l * n, j->damp, j->curve[l],
+                                         &e);
+        pthread_mutex_lock(&j->mu);
+        if (rc && !j->rc) j->rc = rc, j->err = e;
+        li_progress_update(&j->pg, ++j->done, "layers");
+        pthread_mutex_unlock(&j->mu);
+    }
+    free(w);
+    free(row);
+    return NULL;
+}
+
 /* --ffn-alloc: each block's channel count from its refit error curve
  * (prune_alloc.c), then each block's lowest-scoring channels into drop */
 static int alloc_ffn(const li_model *m, capture *cap, const li_prune_opts *o, const double *score, int64_t k,
                      uint8_t *drop, li_error *err) {
     const li_hparams *hp = &m->hp;
     const int nl = hp->n_layer;
-    const int64_t n = hp->n_ff, d = hp->n_embd;
+    const int64_t n = hp->n_ff;
     double **curve = li_xcalloc((size_t)nl, sizeof *curve);
-    double *w = li_xmalloc((size_t)(d * n) * sizeof *w);
-    float *row = li_xmalloc((size_t)n * sizeof *row);
+    for (int l = 0; l < nl; l++) curve[l] = li_xmalloc((size_t)(n + 1) * sizeof **curve);
     int64_t *keep = li_xmalloc((size_t)nl * sizeof *keep);
-    int rc = 0;
-    li_progress pg;
-    li_progress_init(&pg, "ffn-alloc", "layers/s", nl);
-    for (int l = 0; l < nl && !rc; l++) {
-        if ((rc = down_layer(m, cap, l, w, row, err))) break;
-        curve[l] = li_xmalloc((size_t)(n + 1) * sizeof **curve);
-        rc = li_prune_ffn_curve(cap->gram[l].xtx, w, d, n, score + (size_t)l * n, o->damp, curve[l], err);
-        li_progress_update(&pg, l + 1, "layers");
-    }
-    if (!rc) li_progress_finish(&pg);
+    curve_job j = {.m = m, .cap = cap, .score = score, .damp = o->damp, .curve = curve};
+    pthread_mutex_init(&j.mu, NULL);
+    li_progress_init(&j.pg, "ffn-alloc", "layers/s", nl);
+    li_run_workers(curve_worker, &j, LI_MIN((long)li_threads_or_cpus(o->threads), (long)nl));
+    pthread_mutex_destroy(&j.mu);
+    int rc = j.rc;
+    if (rc) *err = j.err;
+    else li_progress_finish(&j.pg);
     /* whole 32-channel blocks of down_proj's rows; no block below --ffn-floor of the uniform count
      * (the curves alone over-cut the middle blocks: docs/pruning.md) */
     const int64_t floor = LI_MAX((int64_t)32, (int64_t)(o->ffn_floor * (double)(n - k)) / 32 * 32);
@@ -525,8 +560,6 @@ static int alloc_ffn(const li_model *m, capture *cap, const li_prune_opts *o, co
     for (int l = 0; l < nl; l++) free(curve[l]);
     free(curve);
     free(keep);
-    free(w);
-    free(row);
     return rc;
 }
 

@@ -85,6 +85,50 @@ LI_HOT_CLONES static void unit_remove(double *w, int64_t d_out, double *hinv, in
         for (int64_t j = 0; j < wd; j++) hinv[r * n + c0 + j] = hinv[(c0 + j) * n + r] = 0.0;
 }
 
+/* The given units removed at once: with S their columns (ks of them),
+ * W -= (W_S (Hinv_SS)^-1) Hinv[S, :] is the least-squares refit of the
+ * others (the greedy loop's result in exact arithmetic, where one unit at
+ * a time rewrites all of Hinv for each: k n^2 work and memory traffic
+ * against one ks x ks inverse and a d_out x ks x n product). Eight rows
+ * of W take each row of Hinv[S, :] while it is in cache. */
+LI_HOT_CLONES static int obs_refit_at_once(double *w, int64_t d_out, int64_t n, const double *hinv, int64_t width,
+                                           const uint8_t *drop) {
+    int64_t ks = 0;
+    for (int64_t c = 0; c < n; c++) ks += drop[c / width] != 0;
+    int64_t *cols = li_xmalloc((size_t)LI_MAX(ks, 1) * sizeof *cols);
+    ks = 0;
+    for (int64_t c = 0; c < n; c++)
+        if (drop[c / width]) cols[ks++] = c;
+    double *m = li_xmalloc((size_t)LI_MAX(ks * ks, 1) * sizeof *m);
+    for (int64_t i = 0; i < ks; i++)
+        for (int64_t j = 0; j < ks; j++) m[i * ks + j] = hinv[cols[i] * n + cols[j]];
+    if (li_q4_spd_inverse(m, ks)) {
+        free(cols), free(m);
+        return -1;
+    }
+    double *a = li_xmalloc((size_t)LI_MAX(d_out * ks, 1) * sizeof *a), *ws = li_xmalloc((size_t)LI_MAX(ks, 1) * sizeof *ws);
+    for (int64_t r = 0; r < d_out; r++) { /* A = W_S m, row by row */
+        for (int64_t i = 0; i < ks; i++) ws[i] = w[r * n + cols[i]];
+        row_times(ws, m, ks, a + r * ks);
+    }
+    for (int64_t r0 = 0; r0 < d_out; r0 += 8) {
+        const int64_t nr = LI_MIN((int64_t)8, d_out - r0);
+        for (int64_t i = 0; i < ks; i++) {
+            const double *hs = hinv + cols[i] * n;
+            for (int64_t r = r0; r < r0 + nr; r++) {
+                const double f = a[r * ks + i];
+                double *wr = w + r * n;
+                if (f != 0.0)
+                    for (int64_t c = 0; c < n; c++) wr[c] -= f * hs[c];
+            }
+        }
+    }
+    for (int64_t r = 0; r < d_out; r++) /* exactly, not up to rounding */
+        for (int64_t i = 0; i < ks; i++) w[r * n + cols[i]] = 0.0;
+    free(cols), free(m), free(a), free(ws);
+    return 0;
+}
+
 int li_prune_obs(double *w, int64_t d_out, int64_t n, double *h, int64_t width, int64_t k, double damp, bool choose,
                  uint8_t *drop, double *score, li_error *err) {
     if (width < 1 || n % width || d_out < 1)
@@ -123,6 +167,13 @@ int li_prune_obs(double *w, int64_t d_out, int64_t n, double *h, int64_t width, 
     }
     if (choose) memset(drop, 0, (size_t)units);
     int rc = 0;
+    if (!choose && !score) { /* nothing to choose or score: every unit at once */
+        free(m), free(tmp), free(a), free(hs), free(order);
+        if (obs_refit_at_once(w, d_out, n, h, width, drop))
+            return li_error_set(err, LI_ERANGE, "prune: obs: the inverse Hessian lost positive definiteness (raise "
+                                "--damp)");
+        return 0;
+    }
     for (int64_t step = 0; step < k && !rc; step++) {
         int64_t best = -1;
         double best_e = INFINITY;

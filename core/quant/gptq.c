@@ -150,45 +150,66 @@ void li_q4_calib_hessian(const li_q4_calib *c, double *h) {
  * every step waited on the previous add. */
 
 /* a = L L^T in place (lower triangle; the upper is zeroed). false when a
- * is not positive definite. Right-looking, four columns a panel: once
- * column j is final, every element (i, m) below it subtracts
- * l[i][j] l[m][j], j increasing (the order of the dot product
- * l[i][:j] . l[m][:j]); the panel's columns take theirs at once, then the
- * trailing triangle takes the panel's four in one pass over it. c holds
- * the panel's columns contiguous (4n doubles of scratch). */
+ * is not positive definite. Every element (i, m) subtracts l[i][j] l[m][j]
+ * for j increasing (the order of the dot product l[i][:j] . l[m][:j]),
+ * then takes its square root (i = m) or its division by l[m][m]; those
+ * orders fix the bits, and the loops below keep them.
+ *
+ * Blocked right-looking, CHOL_PANEL columns a panel. The panel's own
+ * columns first, row by row: row i takes the panel's terms for each of
+ * its panel elements in turn (the rows above it in the panel are final by
+ * then). Then the trailing triangle takes the panel's terms, four at a
+ * time in a register, in one pass over each row: the triangle (9 MB for a
+ * 1536-wide layer) is read once a panel, not once every four columns as
+ * it was, when it was most of a GPTQ run's memory traffic. c holds the
+ * panel's columns contiguous (CHOL_PANEL n doubles of scratch). */
+#define CHOL_PANEL 16
+typedef double chol_v4 __attribute__((vector_size(32)));
+#define CHOL_LD(v, p) memcpy(&(v), (p), sizeof(chol_v4))
+#define CHOL_ST(p, v) memcpy((p), &(v), sizeof(chol_v4))
 LI_HOT_CLONES static bool cholesky_lower_c(double *a, int64_t n, double *c) {
-    for (int64_t j0 = 0; j0 < n; j0 += 4) {
-        const int64_t nb = LI_MIN((int64_t)4, n - j0);
-        for (int64_t t = 0; t < nb; t++) {
-            const int64_t j = j0 + t;
-            double *ct = c + t * n;
-            const double d2 = a[j * n + j];
-            if (!(d2 > 0.0)) return false;
-            const double d = sqrt(d2);
-            a[j * n + j] = d;
-            for (int64_t i = j + 1; i < n; i++) ct[i] = a[i * n + j] = a[i * n + j] / d;
-            for (int64_t m = j + 1; m < j0 + nb; m++) /* the panel's later columns */
-                for (int64_t i = m; i < n; i++) a[i * n + m] -= ct[i] * ct[m];
-        }
-        const int64_t m0 = j0 + nb;
-        if (nb == 4) {
-            const double *c0 = c, *c1 = c + n, *c2 = c + 2 * n, *c3 = c + 3 * n;
-            for (int64_t i = m0; i < n; i++) {
-                double *ai = a + i * n;
-                const double l0 = c0[i], l1 = c1[i], l2 = c2[i], l3 = c3[i];
-                for (int64_t m = m0; m <= i; m++) {
-                    double x = ai[m];
-                    x -= l0 * c0[m];
-                    x -= l1 * c1[m];
-                    x -= l2 * c2[m];
-                    x -= l3 * c3[m];
-                    ai[m] = x;
+    for (int64_t j0 = 0; j0 < n; j0 += CHOL_PANEL) {
+        const int64_t nb = LI_MIN((int64_t)CHOL_PANEL, n - j0);
+        for (int64_t i = j0; i < n; i++) {
+            double *ai = a + i * n;
+            const int64_t top = LI_MIN(i, j0 + nb - 1); /* the panel's last column in row i's triangle */
+            for (int64_t m = j0; m <= top; m++) {
+                const double *am = a + m * n; /* row m: final in the panel's columns before m */
+                double x = ai[m];
+                for (int64_t j = j0; j < m; j++) x -= ai[j] * am[j];
+                if (m == i) {
+                    if (!(x > 0.0)) return false;
+                    ai[m] = sqrt(x);
+                } else {
+                    ai[m] = x / am[m];
                 }
             }
-        } else {
-            for (int64_t t = 0; t < nb; t++)
-                for (int64_t i = m0; i < n; i++)
-                    for (int64_t m = m0; m <= i; m++) a[i * n + m] -= c[t * n + i] * c[t * n + m];
+        }
+        const int64_t m0 = j0 + nb;
+        for (int64_t t = 0; t < nb; t++)
+            for (int64_t i = m0; i < n; i++) c[t * n + i] = a[i * n + j0 + t];
+        for (int64_t i = m0; i < n; i++) {
+            double *ai = a + i * n;
+            int64_t m = m0;
+            /* sixteen elements in four registers take all the panel's terms, t increasing */
+            for (; m + 16 <= i + 1; m += 16) {
+                chol_v4 x0, x1, x2, x3;
+                CHOL_LD(x0, ai + m), CHOL_LD(x1, ai + m + 4), CHOL_LD(x2, ai + m + 8), CHOL_LD(x3, ai + m + 12);
+                for (int64_t t = 0; t < nb; t++) {
+                    const double *ct = c + t * n + m;
+                    const double lt = c[t * n + i];
+                    const chol_v4 f = {lt, lt, lt, lt};
+                    chol_v4 u0, u1, u2, u3;
+                    CHOL_LD(u0, ct), CHOL_LD(u1, ct + 4), CHOL_LD(u2, ct + 8), CHOL_LD(u3, ct + 12);
+                    x0 -= f * u0, x1 -= f * u1, x2 -= f * u2, x3 -= f * u3;
+                }
+                CHOL_ST(ai + m, x0), CHOL_ST(ai + m + 4, x1), CHOL_ST(ai + m + 8, x2), CHOL_ST(ai + m + 12, x3);
+            }
+            for (; m <= i; m++) {
+                double x = ai[m];
+                for (int64_t t = 0; t < nb; t++) x -= c[t * n + i] * c[t * n + m];
+                ai[m] = x;
+            }
         }
     }
     for (int64_t i = 0; i < n; i++)
@@ -197,7 +218,7 @@ LI_HOT_CLONES static bool cholesky_lower_c(double *a, int64_t n, double *c) {
 }
 
 static bool cholesky_lower(double *a, int64_t n) {
-    double *c = malloc(4 * (size_t)n * sizeof(double));
+    double *c = malloc(CHOL_PANEL * (size_t)n * sizeof(double));
     if (!c) abort();
     const bool ok = cholesky_lower_c(a, n, c);
     free(c);
@@ -209,44 +230,73 @@ int li_q4_cholesky(double *a, int64_t n) { return cholesky_lower(a, n) ? 0 : -1;
 /* l (lower, invertible) -> l^-1 in place (lower), row by row: row i of
  * X = L^-1 is (e_i - sum_{k<i} l[i][k] X[k][:]) / l[i][i], element j's
  * terms in k increasing from j (forward substitution's order for column
- * j). Rows go four at a time: the rows above the four, already final, are
- * read once for all four (the matrix of a 1536-wide layer is 19 MB: read
- * once per row it was most of a GPTQ run's memory traffic), then the four
- * take each other's terms in order; every element's terms keep k
- * increasing, so the bits are the row-at-a-time loop's. row: 4n doubles of
- * scratch (rows i of l, which X's rows i replace). */
+ * j). Rows go INV_ROWS at a time: the rows above the block, already final,
+ * are read once for the whole block (the matrix of a 1536-wide layer is
+ * 19 MB: read once per row, then once per four rows, it was most of a GPTQ
+ * run's memory traffic), a stripe of INV_COLS columns at a time so the
+ * block's part of the stripe stays in L1; then the block's rows take each
+ * other's terms in order. Every element's terms keep k increasing, so the
+ * bits are the row-at-a-time loop's. row: INV_ROWS n doubles of scratch
+ * (rows i of l, which X's rows i replace). */
+#define INV_ROWS 16
+#define INV_AHEAD 12
 LI_HOT_CLONES static void invert_lower(double *l, int64_t n, double *row) {
-    for (int64_t i0 = 0; i0 < n; i0 += 4) {
-        const int nb = (int)LI_MIN((int64_t)4, n - i0);
+    for (int64_t i0 = 0; i0 < n; i0 += INV_ROWS) {
+        const int nb = (int)LI_MIN((int64_t)INV_ROWS, n - i0);
         for (int t = 0; t < nb; t++) {
             const int64_t i = i0 + t;
             double *xi = l + i * n;
             memcpy(row + t * n, xi, (size_t)(i + 1) * sizeof(double));
             for (int64_t j = 0; j <= i; j++) xi[j] = i == j ? 1.0 : 0.0;
         }
-        if (nb == 4) {
-            double *x0 = l + i0 * n, *x1 = x0 + n, *x2 = x1 + n, *x3 = x2 + n;
-            const double *r0 = row, *r1 = row + n, *r2 = row + 2 * n, *r3 = row + 3 * n;
-            for (int64_t k = 0; k < i0; k++) {
-                const double a0 = r0[k], a1 = r1[k], a2 = r2[k], a3 = r3[k];
-                const double *xk = l + k * n;
-                for (int64_t j = 0; j <= k; j++) {
-                    const double v = xk[j];
-                    x0[j] -= a0 * v;
-                    x1[j] -= a1 * v;
-                    x2[j] -= a2 * v;
-                    x3[j] -= a3 * v;
+        /* the rows above the block: eight columns of four rows in registers take every k's
+         * term; element j's terms start at k = j (X[k][j] is 0 for j > k), so the first
+         * seven k of a chunk go element by element */
+        for (int64_t jv = 0; jv < i0; jv += 8) {
+            const bool whole = jv + 8 <= i0;
+            int t = 0;
+            for (; whole && t + 4 <= nb; t += 4) {
+                double *x0 = l + (i0 + t) * n + jv, *x1 = x0 + n, *x2 = x1 + n, *x3 = x2 + n;
+                const double *r0 = row + t * n, *r1 = r0 + n, *r2 = r1 + n, *r3 = r2 + n;
+                for (int64_t k = jv; k < jv + 7; k++) {
+                    const double *xk = l + k * n + jv;
+                    for (int64_t j = 0; j <= k - jv; j++) {
+                        const double v = xk[j];
+                        x0[j] -= r0[k] * v, x1[j] -= r1[k] * v, x2[j] -= r2[k] * v, x3[j] -= r3[k] * v;
+                    }
+                }
+                chol_v4 a0, b0, a1, b1, a2, b2, a3, b3;
+                CHOL_LD(a0, x0), CHOL_LD(b0, x0 + 4), CHOL_LD(a1, x1), CHOL_LD(b1, x1 + 4);
+                CHOL_LD(a2, x2), CHOL_LD(b2, x2 + 4), CHOL_LD(a3, x3), CHOL_LD(b3, x3 + 4);
+                for (int64_t k = jv + 7; k < i0; k++) {
+                    const double *xk = l + k * n + jv;
+                    __builtin_prefetch(xk + INV_AHEAD * n); /* a new page each k: no hardware prefetch */
+                    chol_v4 va, vb;
+                    CHOL_LD(va, xk), CHOL_LD(vb, xk + 4);
+                    const chol_v4 f0 = {r0[k], r0[k], r0[k], r0[k]}, f1 = {r1[k], r1[k], r1[k], r1[k]};
+                    const chol_v4 f2 = {r2[k], r2[k], r2[k], r2[k]}, f3 = {r3[k], r3[k], r3[k], r3[k]};
+                    a0 -= f0 * va, b0 -= f0 * vb, a1 -= f1 * va, b1 -= f1 * vb;
+                    a2 -= f2 * va, b2 -= f2 * vb, a3 -= f3 * va, b3 -= f3 * vb;
+                }
+                CHOL_ST(x0, a0), CHOL_ST(x0 + 4, b0), CHOL_ST(x1, a1), CHOL_ST(x1 + 4, b1);
+                CHOL_ST(x2, a2), CHOL_ST(x2 + 4, b2), CHOL_ST(x3, a3), CHOL_ST(x3 + 4, b3);
+            }
+            for (; t < nb; t++) { /* the block's last rows, or the last columns */
+                double *xt = l + (i0 + t) * n;
+                const double *rt = row + t * n;
+                const int64_t je = LI_MIN(jv + 8, i0);
+                for (int64_t k = jv; k < i0; k++) {
+                    const double *xk = l + k * n;
+                    for (int64_t j = jv; j < je && j <= k; j++) xt[j] -= rt[k] * xk[j];
                 }
             }
         }
-        /* the block's own rows, each final before the next reads it (the
-         * last rows, fewer than four, take every k here) */
-        const int64_t k0 = nb == 4 ? i0 : 0;
+        /* the block's own rows, each final before the next reads it */
         for (int t = 0; t < nb; t++) {
             const int64_t i = i0 + t;
             double *xi = l + i * n;
             const double *ri = row + t * n;
-            for (int64_t k = k0; k < i; k++) {
+            for (int64_t k = i0; k < i; k++) {
                 const double lik = ri[k];
                 const double *xk = l + k * n;
                 for (int64_t j = 0; j <= k; j++) xi[j] -= lik * xk[j];
@@ -258,15 +308,32 @@ LI_HOT_CLONES static void invert_lower(double *l, int64_t n, double *row) {
 }
 
 /* inv (lower triangle) += sum over rows k of X of x_k^T x_k: the product
- * X^T X for X lower, k increasing for every element */
+ * X^T X for X lower, k increasing for every element. GRAM_ROWS rows of X
+ * a pass over inv's triangle (each row of inv takes their terms four at a
+ * time in a register), not one. */
+#define GRAM_ROWS 16
 LI_HOT_CLONES static void lower_gram(const double *x, int64_t n, double *inv) {
-    for (int64_t k = 0; k < n; k++) {
-        const double *xk = x + k * n;
-        for (int64_t i = 0; i <= k; i++) {
-            const double v = xk[i];
-            if (v == 0.0) continue;
+    for (int64_t k0 = 0; k0 < n; k0 += GRAM_ROWS) {
+        const int64_t k1 = LI_MIN(k0 + GRAM_ROWS, n);
+        for (int64_t i = 0; i < k1; i++) {
             double *ii = inv + i * n;
-            for (int64_t j = 0; j <= i; j++) ii[j] += v * xk[j];
+            int64_t k = LI_MAX(k0, i); /* x_k[i] is 0 for k < i */
+            for (; k + 4 <= k1; k += 4) {
+                const double *x0 = x + k * n, *x1 = x0 + n, *x2 = x1 + n, *x3 = x2 + n;
+                const double v0 = x0[i], v1 = x1[i], v2 = x2[i], v3 = x3[i];
+                for (int64_t j = 0; j <= i; j++) {
+                    double s = ii[j];
+                    s += v0 * x0[j];
+                    s += v1 * x1[j];
+                    s += v2 * x2[j];
+                    s += v3 * x3[j];
+                    ii[j] = s;
+                }
+            }
+            for (; k < k1; k++) {
+                const double *xk = x + k * n, v = xk[i];
+                for (int64_t j = 0; j <= i; j++) ii[j] += v * xk[j];
+            }
         }
     }
 }
@@ -274,7 +341,8 @@ LI_HOT_CLONES static void lower_gram(const double *x, int64_t n, double *inv) {
 /* a (n x n, symmetric positive definite) -> a^-1 in place: a = L L^T,
  * a^-1 = L^-T L^-1. 0, or -1 when a is not positive definite. */
 int li_q4_spd_inverse(double *a, int64_t n) {
-    double *col = malloc(4 * (size_t)n * sizeof(double)), *inv = calloc((size_t)(n * n), sizeof(double));
+    double *col = malloc(LI_MAX(CHOL_PANEL, INV_ROWS) * (size_t)n * sizeof(double));
+    double *inv = calloc((size_t)(n * n), sizeof(double));
     if (!col || !inv) abort();
     if (!cholesky_lower_c(a, n, col)) {
         free(col);
@@ -301,7 +369,7 @@ static int upper_cholesky_of_inverse(double *h, int64_t n, double *u) {
     for (int64_t i = 0; i < n; i++)
         for (int64_t j = 0; j < n; j++) u[i * n + j] = h[(n - 1 - i) * n + (n - 1 - j)];
     if (!cholesky_lower(u, n)) return -1;
-    invert_lower(u, n, h); /* h: a row of scratch */
+    invert_lower(u, n, h); /* h: scratch (n n >= INV_ROWS n doubles, or n < INV_ROWS) */
     for (int64_t i = 0; i < n; i++)
         for (int64_t j = 0; j < n; j++) h[i * n + j] = u[(n - 1 - i) * n + (n - 1 - j)];
     memcpy(u, h, (size_t)(n * n) * sizeof(double));

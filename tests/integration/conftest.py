@@ -4,6 +4,8 @@ Environment:
   LUAINFER_BIN      path of the binary      (default: <repo>/build/luainfer)
   LUAINFER_MODEL    path of the GGUF model  (default: <repo>/models/SmolLM2-135M-Instruct.Q4_1.gguf)
   LUAINFER_THREADS  if set, passed as --threads to generate/perplexity
+  LUAINFER_CLI_LOG  if set, a file each run_cli call appends its seconds and
+                    arguments to (where a slow test spends its time)
 
 Tests that need the binary or the model skip (with the reason) when either is
 missing. The parity tests add rows to PARITY_REPORT; at the end of the session
@@ -14,6 +16,7 @@ build/parity_report.json.
 import json
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -96,12 +99,17 @@ def run_cli(luainfer_bin):
 
     def run(args, timeout=DEFAULT_TIMEOUT_S, stdin=subprocess.DEVNULL):
         args = [str(a) for a in args]
+        t0 = time.monotonic()
         try:
             proc = subprocess.run([str(luainfer_bin)] + args, stdin=stdin,
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                   timeout=timeout, cwd=REPO_ROOT)
         except subprocess.TimeoutExpired:
             pytest.fail(f"luainfer timed out after {timeout}s: {' '.join(args)[:300]}")
+        if os.environ.get("LUAINFER_CLI_LOG"):
+            with open(os.environ["LUAINFER_CLI_LOG"], "a") as f:
+                f.write(f"{time.monotonic() - t0:8.2f} {os.environ.get('PYTEST_CURRENT_TEST', '')}: "
+                        f"{' '.join(args)[:200]}\n")
         return CliResult(args, proc)
 
     return run

@@ -13,6 +13,8 @@
  *               activations), 1 and 2 threads, batch sizes 1..70
  *   A8          every ISA = li_q4g_a8_row_ref's bits, close to A16;
  *               batch-invariant (a row alone = the same row in a batch)
+ *   factors     GPTQ's / OBS's Cholesky and SPD inverse = plain loops'
+ *               bits at sizes across their blocking's edges
  * The float64 NumPy transcriptions of the papers are in
  * tests/integration/test_quant4_ref.py. */
 #include "test_util.h"
@@ -455,11 +457,83 @@ static void test_act_quantize(void) {
     report(ok, "A8 activation rows: AVX2 = the reference's bytes (k 8..576, odd tails, perm, NaN, inf, ties)");
 }
 
+/* ------------------------------------------------------------------------
+ * the factorizations under GPTQ and OBS against their plain loops
+ * ---------------------------------------------------------------------- */
+
+/* a = L L^T, element (i, m) subtracting l[i][j] l[m][j] for j increasing,
+ * then the root or the division: the order gptq.c's blocked loops keep */
+static bool chol_ref(double *a, int64_t n) {
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t m = 0; m <= i; m++) {
+            double x = a[i * n + m];
+            for (int64_t j = 0; j < m; j++) x -= a[i * n + j] * a[m * n + j];
+            if (m == i) {
+                if (!(x > 0.0)) return false;
+                a[i * n + i] = sqrt(x);
+            } else {
+                a[i * n + m] = x / a[m * n + m];
+            }
+        }
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t m = i + 1; m < n; m++) a[i * n + m] = 0.0;
+    return true;
+}
+
+/* a^-1 = L^-T L^-1: forward substitution row by row (element j's terms k
+ * increasing from j), then the sum over k of x_k^T x_k, k increasing */
+static void spd_inverse_ref(double *a, int64_t n) {
+    chol_ref(a, n);
+    double *x = calloc((size_t)(n * n), sizeof *x), *inv = calloc((size_t)(n * n), sizeof *inv);
+    for (int64_t i = 0; i < n; i++) {
+        x[i * n + i] = 1.0;
+        for (int64_t k = 0; k < i; k++)
+            for (int64_t j = 0; j <= k; j++) x[i * n + j] -= a[i * n + k] * x[k * n + j];
+        for (int64_t j = 0; j <= i; j++) x[i * n + j] = x[i * n + j] / a[i * n + i];
+    }
+    for (int64_t k = 0; k < n; k++)
+        for (int64_t i = 0; i <= k; i++)
+            for (int64_t j = 0; j <= i; j++) inv[i * n + j] += x[k * n + i] * x[k * n + j];
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t j = 0; j <= i; j++) a[i * n + j] = a[j * n + i] = inv[i * n + j];
+    free(x), free(inv);
+}
+
+static void test_factorizations(void) {
+    const int64_t sizes[] = {1, 3, 4, 7, 15, 16, 17, 33, 47, 100};
+    bool chol_ok = true, inv_ok = true, refused = true;
+    for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++) {
+        const int64_t n = sizes[s], rows = 2 * n + 3;
+        double *x = malloc((size_t)(rows * n) * sizeof *x), *h = calloc((size_t)(n * n), sizeof *h);
+        double *a = malloc((size_t)(n * n) * sizeof *a), *b = malloc((size_t)(n * n) * sizeof *b);
+        for (int64_t i = 0; i < rows * n; i++) x[i] = randn();
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t i = 0; i < n; i++)
+                for (int64_t j = 0; j < n; j++) h[i * n + j] += x[r * n + i] * x[r * n + j];
+        for (int64_t i = 0; i < n; i++) h[i * n + i] += 0.01;
+        memcpy(a, h, (size_t)(n * n) * sizeof *a), memcpy(b, h, (size_t)(n * n) * sizeof *b);
+        chol_ok &= li_q4_cholesky(a, n) == 0 && chol_ref(b, n) && !memcmp(a, b, (size_t)(n * n) * sizeof *a);
+        memcpy(a, h, (size_t)(n * n) * sizeof *a), memcpy(b, h, (size_t)(n * n) * sizeof *b);
+        inv_ok &= li_q4_spd_inverse(a, n) == 0 && !memcmp(a, (spd_inverse_ref(b, n), b), (size_t)(n * n) * sizeof *a);
+        if (n > 2) { /* indefinite: a negative pivot in the last panel */
+            memcpy(a, h, (size_t)(n * n) * sizeof *a);
+            a[(n - 1) * n + n - 1] = -1.0;
+            refused &= li_q4_cholesky(a, n) == -1 && (memcpy(a, h, (size_t)(n * n) * sizeof *a),
+                                                     a[(n - 1) * n + n - 1] = -1.0, li_q4_spd_inverse(a, n) == -1);
+        }
+        free(x), free(h), free(a), free(b);
+    }
+    report(chol_ok, "cholesky (16-column panels) = the plain loop's bits, n 1..100 across the panel edges");
+    report(inv_ok, "spd inverse (16-row blocks, 8-column register tiles) = the plain loops' bits, n 1..100");
+    report(refused, "an indefinite matrix is refused by both");
+}
+
 int main(void) {
     test_quantizer_errors();
     test_quantizers();
     test_kernels();
     test_a8_multi();
     test_act_quantize();
+    test_factorizations();
     return t_summary("test_quant4");
 }
