@@ -9,6 +9,14 @@
 
 #define NV 50
 
+/* the candidate tests' draws per set: a third under the sanitizers (the
+ * same code paths and checks; the plain build draws them all) */
+#if defined(__SANITIZE_ADDRESS__)
+#define CAND_DRAWS 1002
+#else
+#define CAND_DRAWS 3000
+#endif
+
 static void fill(float *l, int n, unsigned seed) {
     for (int i = 0; i < n; i++) {
         seed = seed * 1103515245u + 12345u;
@@ -117,7 +125,7 @@ static int32_t draw3(li_sampler *a, li_sampler *b, li_sampler *f, const float *l
  * kept set can reach past the 64 (top_k off or larger) bound the rest by
  * the row's lse. */
 static void test_cand(void) {
-    enum { V = 700, K = 64, DRAWS = 3000 };
+    enum { V = 700, K = 64, DRAWS = CAND_DRAWS };
     const struct { float t, top_p, min_p; int32_t top_k, n_logprobs; bool logprob; } sets[] = {
         {0.0f, 1.0f, 0.0f, 40, 0, false}, {0.7f, 0.95f, 0.05f, 40, 0, false}, {1.3f, 1.0f, 0.0f, 1, 0, false},
         {1.0f, 0.9f, 0.0f, 63, 0, false}, {0.8f, 1.0f, 0.1f, 10, 0, false}, {2.0f, 0.5f, 0.0f, 25, 0, false},
@@ -320,7 +328,7 @@ static void test_chain_order(void) {
  * LI_SAMPLER_EDIT_MAX ids needs the logits; edited ids other than the
  * sampler's are refused. */
 static void test_cand_edits(void) {
-    enum { V = 700, K = 64, DRAWS = 3000 };
+    enum { V = 700, K = 64, DRAWS = CAND_DRAWS };
     const li_logit_bias bias[] = {{650, 9.0f}, {3, -4.0f}, {650, 2.5f}, {17, 14.0f}, {400, -100.0f}, {222, 6.0f}};
     const int32_t ban[] = {17, 640, 641};
     const struct { float t, top_p, rp, pres, freq; int32_t top_k, window, n_bias, n_ban, n_logprobs; } sets[] = {
