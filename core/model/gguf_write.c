@@ -272,7 +272,7 @@ int li_gguf_writer_write(const li_gguf_writer *w, const char *path, li_error *er
     bool ok = write_all(w, f);
     int e = ok ? 0 : errno;
     if (fflush(f) != 0 && ok) ok = false, e = errno;
-    if (ok && fsync(fileno(f)) != 0) ok = false, e = errno;
+    if (ok && !w->scratch && fsync(fileno(f)) != 0) ok = false, e = errno;
     if (fclose(f) != 0 && ok) ok = false, e = errno;
     if (ok && rename(tmp, path) != 0) ok = false, e = errno;
     if (!ok) unlink(tmp);

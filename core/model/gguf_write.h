@@ -27,6 +27,7 @@ typedef struct li_gguf_writer {
     li_gguf_wtensor *tensors;
     uint64_t n_tensors, tensors_cap;
     size_t alignment;
+    bool scratch;        /* an intermediate its own process reads and removes: renamed, not fsynced */
 } li_gguf_writer;
 
 void li_gguf_writer_init(li_gguf_writer *w);

@@ -1136,7 +1136,8 @@ static int quantize_rotated(const li_quant_opts *o, li_error *err) {
     char tmp[4096];
     if (snprintf(tmp, sizeof tmp, "%s.rot.tmp.%ld", o->out, (long)getpid()) >= (int)sizeof tmp)
         return li_error_set(err, LI_EINVAL, "quantize: output path too long");
-    const li_rot_opts ro = {.seed = o->rot_seed, .down_block = o->rot_block ? o->rot_block : LI_ROT_DEFAULT_BLOCK};
+    const li_rot_opts ro = {.seed = o->rot_seed, .down_block = o->rot_block ? o->rot_block : LI_ROT_DEFAULT_BLOCK,
+                            .threads = o->threads, .scratch = true};
     li_log_info("rotate: norms folded, residual Hadamard Q, online Hadamard before down_proj in blocks of %lld "
                 "(seed %llu)", (long long)ro.down_block, (unsigned long long)ro.seed);
     const int guard = li_tmpguard_add(tmp); /* SIGINT / SIGTERM remove the rotated copy too */

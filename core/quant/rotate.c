@@ -7,6 +7,7 @@
 #include "model/model.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -55,6 +56,8 @@ static void fwht_strided(double *v, int64_t len, int64_t stride) {
             }
 }
 
+typedef double rot_v4 __attribute__((vector_size(32)));
+
 LI_HOT_CLONES void li_rot_apply(double *v, const double *s, int64_t n, double *tmp) {
     int n12;
     int64_t p2;
@@ -65,21 +68,33 @@ LI_HOT_CLONES void li_rot_apply(double *v, const double *s, int64_t n, double *t
     int64_t inner = n / 12; /* the stride of the factor being applied */
     for (int f = 0; f < n12; f++, inner /= 12) {
         const int64_t outer = n / (inner * 12);
-        /* row vector times H_12 for each of the inner indices at once (they
-         * are contiguous, so the loop over them vectorizes): element (b, in)
-         * sums its 12 terms a = 0, 1, .. in order from 0, the bits of one
-         * dot product at a time */
+        /* row vector times H_12 for each of the inner indices: element
+         * (b, in) sums its 12 terms a = 0, 1, .. in order from 0, the bits of
+         * one dot product at a time */
         for (int64_t o = 0; o < outer; o++) {
             double *base = v + o * 12 * inner;
-            for (int64_t e = 0; e < 12 * inner; e++) tmp[e] = 0;
-            for (int a = 0; a < 12; a++) {
-                const double *x = base + a * inner;
-                for (int b = 0; b < 12; b++) {
-                    const double h = paley12[a][b];
-                    double *t = tmp + b * inner;
-                    for (int64_t in = 0; in < inner; in++) t[in] += x[in] * h;
+            int64_t in = 0;
+            /* four inner indices at a time, the twelve outputs in registers (the factor's 144
+             * products and sums per element, not 144 passes over a scratch row) */
+            for (; in + 4 <= inner; in += 4) {
+                rot_v4 acc[12];
+#pragma GCC unroll 12
+                for (int b = 0; b < 12; b++) acc[b] = (rot_v4){0, 0, 0, 0};
+                for (int a = 0; a < 12; a++) {
+                    rot_v4 x;
+                    memcpy(&x, base + a * inner + in, sizeof x);
+#pragma GCC unroll 12 /* the twelve accumulators stay in registers */
+                    for (int b = 0; b < 12; b++) acc[b] += x * paley12[a][b];
                 }
+#pragma GCC unroll 12
+                for (int b = 0; b < 12; b++) memcpy(tmp + b * inner + in, &acc[b], sizeof acc[b]);
             }
+            for (; in < inner; in++)
+                for (int b = 0; b < 12; b++) {
+                    double t = 0;
+                    for (int a = 0; a < 12; a++) t += base[a * inner + in] * paley12[a][b];
+                    tmp[b * inner + in] = t;
+                }
             memcpy(base, tmp, (size_t)(12 * inner) * sizeof *tmp);
         }
     }
@@ -116,7 +131,7 @@ typedef struct rot_ctx {
     li_model *m;
     li_gguf_writer w;
     double *s_q;      /* (n_embd) Q's signs */
-    double *tmp;      /* (max(n_embd, n_ff)) */
+    int64_t threads;  /* the rotation's workers */
 } rot_ctx;
 
 static double *load_w(const li_weight *w) {
@@ -146,15 +161,53 @@ static int put_ones(rot_ctx *c, const char *name, int64_t n, li_error *err) {
                                      err);
 }
 
+/* Vectors of a tensor rotated on --threads workers, 32 at a time from a
+ * shared counter: rows (reader: row r at d + r n, after diag(g)) or columns
+ * (writer: column r at d + r, n of them k apart, gathered and put back).
+ * Each vector's arithmetic is its own, so the bits are one thread's. */
+typedef struct rot_vecs {
+    double *d;
+    int64_t count, n, k; /* count vectors of n elements; k: the writer's row length */
+    bool columns;
+    const float *g;      /* reader: the norm folded in, or NULL */
+    const double *s;     /* Q's signs (n) */
+    _Atomic int64_t next;
+} rot_vecs;
+
+static void *rot_vecs_worker(void *arg) {
+    rot_vecs *j = arg;
+    double *tmp = li_xmalloc((size_t)j->n * sizeof *tmp), *col = li_xmalloc((size_t)j->n * sizeof *col);
+    for (;;) {
+        const int64_t r0 = atomic_fetch_add(&j->next, 32);
+        if (r0 >= j->count) break;
+        for (int64_t r = r0; r < LI_MIN(r0 + 32, j->count); r++) {
+            if (!j->columns) {
+                double *row = j->d + r * j->n;
+                if (j->g)
+                    for (int64_t e = 0; e < j->n; e++) row[e] *= j->g[e];
+                li_rot_apply(row, j->s, j->n, tmp);
+                continue;
+            }
+            for (int64_t e = 0; e < j->n; e++) col[e] = j->d[e * j->k + r];
+            li_rot_apply(col, j->s, j->n, tmp);
+            for (int64_t e = 0; e < j->n; e++) j->d[e * j->k + r] = col[e];
+        }
+    }
+    free(tmp);
+    free(col);
+    return NULL;
+}
+
+static void rot_vecs_run(rot_ctx *c, rot_vecs *j) {
+    atomic_init(&j->next, 0);
+    li_run_workers(rot_vecs_worker, j, LI_MAX((int64_t)1, LI_MIN(c->threads, (j->count + 31) / 32)));
+}
+
 /* W diag(g) Q, row by row (g NULL: no norm folded): a weight reading the residual stream */
 static int put_reader(rot_ctx *c, const char *name, const li_weight *w, const float *g, li_error *err) {
     double *d = load_w(w);
-    for (int64_t r = 0; r < w->m; r++) {
-        double *row = d + r * w->k;
-        if (g)
-            for (int64_t j = 0; j < w->k; j++) row[j] *= g[j];
-        li_rot_apply(row, c->s_q, w->k, c->tmp);
-    }
+    rot_vecs j = {.d = d, .count = w->m, .n = w->k, .g = g, .s = c->s_q};
+    rot_vecs_run(c, &j);
     const int rc = put_f32(c, name, d, w->k, w->m, err);
     free(d);
     return rc;
@@ -163,17 +216,13 @@ static int put_reader(rot_ctx *c, const char *name, const li_weight *w, const fl
 /* Q^T W, column by column (Q^T u = (u^T Q)^T): a weight writing the residual
  * stream; down_s (n_ff signs) also maps its rows for the online Hadamard */
 static int put_writer(rot_ctx *c, const char *name, const li_weight *w, const double *down_s, li_error *err) {
-    double *d = load_w(w), *col = li_xmalloc((size_t)w->m * sizeof(double));
-    for (int64_t j = 0; j < w->k; j++) {
-        for (int64_t r = 0; r < w->m; r++) col[r] = d[r * w->k + j];
-        li_rot_apply(col, c->s_q, w->m, c->tmp);
-        for (int64_t r = 0; r < w->m; r++) d[r * w->k + j] = col[r];
-    }
+    double *d = load_w(w);
+    rot_vecs j = {.d = d, .count = w->k, .n = w->m, .k = w->k, .columns = true, .s = c->s_q};
+    rot_vecs_run(c, &j);
     if (down_s)
         for (int64_t r = 0; r < w->m; r++) li_rot_block_apply(d + r * w->k, down_s, w->k, c->m->rot_block);
     const int rc = put_f32(c, name, d, w->k, w->m, err);
     free(d);
-    free(col);
     return rc;
 }
 
@@ -206,6 +255,7 @@ int li_rotate_model(const char *in, const char *out, const li_rot_opts *o, li_er
     int n12;
     int64_t p2;
     li_gguf_writer_init(&c.w);
+    c.w.scratch = o->scratch;
     if (m->rot_block) {
         rc = li_error_set(err, LI_EINVAL, "quantize: --rotate: %s is already rotated (%s)", in, LI_ROT_KEY_METHOD);
         goto done;
@@ -233,7 +283,7 @@ int li_rotate_model(const char *in, const char *out, const li_rot_opts *o, li_er
     m->rot_block = (int32_t)b; /* put_writer's block */
     const int64_t d = hp->n_embd, ff = hp->n_ff;
     c.s_q = li_xmalloc((size_t)d * sizeof(double));
-    c.tmp = li_xmalloc((size_t)LI_MAX(d, ff) * sizeof(double));
+    c.threads = li_threads_or_cpus(o->threads);
     double *s_down = li_xmalloc((size_t)hp->n_layer * (size_t)ff * sizeof(double));
     uint64_t st = o->seed;
     draw_signs(&st, c.s_q, d);
@@ -296,7 +346,6 @@ int li_rotate_model(const char *in, const char *out, const li_rot_opts *o, li_er
     free(s_down);
 done:
     free(c.s_q);
-    free(c.tmp);
     li_gguf_writer_free(&c.w);
     li_model_free(m);
     return rc;

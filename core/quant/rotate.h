@@ -27,6 +27,8 @@
 typedef struct li_rot_opts {
     uint64_t seed;
     int64_t down_block; /* a power of two dividing n_ff */
+    int64_t threads;    /* the rotation's workers (<= 0: all cores); the file is the same for any */
+    bool scratch;       /* out is an intermediate the caller reads and removes: not fsynced */
 } li_rot_opts;
 
 /* Writes the rotated F32 model of `in` to `out` (temp + rename). LI_EINVAL /
