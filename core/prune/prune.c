@@ -417,6 +417,44 @@ static void ffn_scores(const li_model *m, const capture *c, double *score) {
  * refit and obs (prune_obs.c): one layer per job, the layers on threads
  * ---------------------------------------------------------------------- */
 
+/* Layers handed to --threads workers one at a time, the first error kept,
+ * one progress line (all guarded by mu) */
+typedef struct layer_queue {
+    pthread_mutex_t mu;
+    int n, next, done, rc;
+    li_error err;
+    li_progress pg;
+} layer_queue;
+
+static void queue_init(layer_queue *q, int n, const char *what) {
+    *q = (layer_queue){.n = n};
+    pthread_mutex_init(&q->mu, NULL);
+    li_progress_init(&q->pg, what, "layers/s", n);
+}
+
+/* the next layer, or -1 when they are all taken or one failed */
+static int queue_take(layer_queue *q) {
+    pthread_mutex_lock(&q->mu);
+    const int l = q->rc ? q->n : q->next++;
+    pthread_mutex_unlock(&q->mu);
+    return l < q->n ? l : -1;
+}
+
+static void queue_done(layer_queue *q, int rc, const li_error *e) {
+    pthread_mutex_lock(&q->mu);
+    if (rc && !q->rc) q->rc = rc, q->err = *e;
+    li_progress_update(&q->pg, ++q->done, "layers");
+    pthread_mutex_unlock(&q->mu);
+}
+
+/* 0, or the first failure (its error into *err); the progress line ends */
+static int queue_finish(layer_queue *q, li_error *err) {
+    pthread_mutex_destroy(&q->mu);
+    if (q->rc) *err = q->err;
+    else li_progress_finish(&q->pg);
+    return q->rc;
+}
+
 typedef struct refit_job {
     const li_model *m;
     capture *cap;
@@ -427,10 +465,7 @@ typedef struct refit_job {
     uint8_t *drop;        /* (n_layer, units) */
     double *score;        /* (n_layer, units), or NULL */
     float **refit;        /* (n_layer) out: the refit weight, (d_out, n) (removed columns 0) */
-    pthread_mutex_t mu;   /* guards next, done, rc, err, pg */
-    int next, done, rc;
-    li_error err;
-    li_progress pg;
+    layer_queue q;
 } refit_job;
 
 static int refit_layer(refit_job *j, int l, li_error *err) {
@@ -467,17 +502,10 @@ static int refit_layer(refit_job *j, int l, li_error *err) {
 
 static void *refit_worker(void *arg) {
     refit_job *j = arg;
-    for (;;) {
-        pthread_mutex_lock(&j->mu);
-        const int l = j->rc ? j->m->hp.n_layer : j->next++;
-        pthread_mutex_unlock(&j->mu);
-        if (l >= j->m->hp.n_layer) break;
+    for (int l; (l = queue_take(&j->q)) >= 0;) {
         li_error e = {0};
         const int rc = refit_layer(j, l, &e);
-        pthread_mutex_lock(&j->mu);
-        if (rc && !j->rc) j->rc = rc, j->err = e;
-        li_progress_update(&j->pg, ++j->done, "layers");
-        pthread_mutex_unlock(&j->mu);
+        queue_done(&j->q, rc, &e);
     }
     return NULL;
 }
@@ -504,10 +532,7 @@ typedef struct curve_job {
     const double *score;
     double damp;
     double **curve;       /* (n_layer) out: (n_ff + 1) each */
-    pthread_mutex_t mu;   /* guards next, done, rc, err, pg */
-    int next, done, rc;
-    li_error err;
-    li_progress pg;
+    layer_queue q;
 } curve_job;
 
 static void *curve_worker(void *arg) {
@@ -515,19 +540,12 @@ static void *curve_worker(void *arg) {
     const int64_t d = j->m->hp.n_embd, n = j->m->hp.n_ff;
     double *w = li_xmalloc((size_t)(d * n) * sizeof *w);
     float *row = li_xmalloc((size_t)n * sizeof *row);
-    for (;;) {
-        pthread_mutex_lock(&j->mu);
-        const int l = j->rc ? j->m->hp.n_layer : j->next++;
-        pthread_mutex_unlock(&j->mu);
-        if (l >= j->m->hp.n_layer) break;
+    for (int l; (l = queue_take(&j->q)) >= 0;) {
         li_error e = {0};
         int rc = down_layer(j->m, j->cap, l, w, row, &e);
         if (!rc) rc = li_prune_ffn_curve(j->cap->gram[l].xtx, w, d, n, j->score + (size_t)l * n, j->damp, j->curve[l],
                                          &e);
-        pthread_mutex_lock(&j->mu);
-        if (rc && !j->rc) j->rc = rc, j->err = e;
-        li_progress_update(&j->pg, ++j->done, "layers");
-        pthread_mutex_unlock(&j->mu);
+        queue_done(&j->q, rc, &e);
     }
     free(w);
     free(row);
@@ -545,13 +563,9 @@ static int alloc_ffn(const li_model *m, capture *cap, const li_prune_opts *o, co
     for (int l = 0; l < nl; l++) curve[l] = li_xmalloc((size_t)(n + 1) * sizeof **curve);
     int64_t *keep = li_xmalloc((size_t)nl * sizeof *keep);
     curve_job j = {.m = m, .cap = cap, .score = score, .damp = o->damp, .curve = curve};
-    pthread_mutex_init(&j.mu, NULL);
-    li_progress_init(&j.pg, "ffn-alloc", "layers/s", nl);
+    queue_init(&j.q, nl, "ffn-alloc");
     li_run_workers(curve_worker, &j, LI_MIN((long)li_threads_or_cpus(o->threads), (long)nl));
-    pthread_mutex_destroy(&j.mu);
-    int rc = j.rc;
-    if (rc) *err = j.err;
-    else li_progress_finish(&j.pg);
+    int rc = queue_finish(&j.q, err);
     /* whole 32-channel blocks of down_proj's rows; no block below --ffn-floor of the uniform count
      * (the curves alone over-cut the middle blocks: docs/pruning.md) */
     const int64_t floor = LI_MAX((int64_t)32, (int64_t)(o->ffn_floor * (double)(n - k)) / 32 * 32);
@@ -667,18 +681,14 @@ static int refit_layers(const li_model *m, capture *cap, const li_prune_opts *o,
     j.units = o->what == LI_PRUNE_HEADS ? hp->n_head_kv : hp->n_ff;
     j.width = o->what == LI_PRUNE_HEADS ? (int64_t)hp->n_head * hp->head_dim / hp->n_head_kv : 1;
     j.refit = li_xcalloc((size_t)hp->n_layer, sizeof *j.refit);
-    pthread_mutex_init(&j.mu, NULL);
-    const long nt = LI_MIN((long)li_threads_or_cpus(o->threads), (long)hp->n_layer);
-    li_progress_init(&j.pg, choose ? "obs" : "refit", "layers/s", hp->n_layer);
-    li_run_workers(refit_worker, &j, nt);
-    pthread_mutex_destroy(&j.mu);
-    if (j.rc) {
+    queue_init(&j.q, hp->n_layer, choose ? "obs" : "refit");
+    li_run_workers(refit_worker, &j, LI_MIN((long)li_threads_or_cpus(o->threads), (long)hp->n_layer));
+    const int rc = queue_finish(&j.q, err);
+    if (rc) {
         for (int l = 0; l < hp->n_layer; l++) free(j.refit[l]);
         free(j.refit);
-        *err = j.err;
-        return j.rc;
+        return rc;
     }
-    li_progress_finish(&j.pg);
     *refit_out = j.refit;
     return 0;
 }

@@ -52,14 +52,7 @@ LI_HOT_CLONES static void curve_product(const double *l, const double *wt, int64
                 const double c0 = l[j * n + i], c1 = l[(j + 1) * n + i], c2 = l[(j + 2) * n + i],
                              c3 = l[(j + 3) * n + i];
                 const double *w0 = wt + j * d, *w1 = w0 + d, *w2 = w1 + d, *w3 = w2 + d;
-                for (int64_t r = 0; r < d; r++) {
-                    double s = yi[r];
-                    s += c0 * w0[r];
-                    s += c1 * w1[r];
-                    s += c2 * w2[r];
-                    s += c3 * w3[r];
-                    yi[r] = s;
-                }
+                li_axpy4_f64(yi, d, w0, w1, w2, w3, c0, c1, c2, c3);
             }
             for (; j < j1; j++) {
                 const double c = l[j * n + i], *wj = wt + j * d;

@@ -164,9 +164,39 @@ void li_q4_calib_hessian(const li_q4_calib *c, double *h) {
  * it was, when it was most of a GPTQ run's memory traffic. c holds the
  * panel's columns contiguous (CHOL_PANEL n doubles of scratch). */
 #define CHOL_PANEL 16
-typedef double chol_v4 __attribute__((vector_size(32)));
-#define CHOL_LD(v, p) memcpy(&(v), (p), sizeof(chol_v4))
-#define CHOL_ST(p, v) memcpy((p), &(v), sizeof(chol_v4))
+
+/* four doubles as GCC's generic vector (the default clone runs it as SSE2
+ * pairs), loaded and stored through memcpy, unaligned; macros, as a
+ * function returning one would change the ABI */
+typedef double dv4 __attribute__((vector_size(32)));
+#define DV4_LD(v, p) memcpy(&(v), (p), sizeof(dv4))
+#define DV4_ST(p, v) memcpy((p), &(v), sizeof(dv4))
+
+/* x_s[0..8) -= sum over t in [t0, t1) of c_s[t] (v + t vs)[0..8), s = 0..3,
+ * t increasing: four rows by eight columns in registers over the terms
+ * (each element's subtractions in the plain loop's order, so its bits).
+ * ahead > 0 prefetches the term that many ahead (rows of a large matrix:
+ * a new page each). Inlined into its caller's ISA clone. */
+static inline __attribute__((always_inline)) void tile4x8_sub(double *x0, double *x1, double *x2, double *x3,
+                                                              const double *c0, const double *c1, const double *c2,
+                                                              const double *c3, const double *v, int64_t vs,
+                                                              int64_t t0, int64_t t1, int64_t ahead) {
+    dv4 a0, b0, a1, b1, a2, b2, a3, b3;
+    DV4_LD(a0, x0), DV4_LD(b0, x0 + 4), DV4_LD(a1, x1), DV4_LD(b1, x1 + 4);
+    DV4_LD(a2, x2), DV4_LD(b2, x2 + 4), DV4_LD(a3, x3), DV4_LD(b3, x3 + 4);
+    for (int64_t t = t0; t < t1; t++) {
+        const double *vt = v + t * vs;
+        if (ahead) __builtin_prefetch(vt + ahead * vs);
+        dv4 va, vb;
+        DV4_LD(va, vt), DV4_LD(vb, vt + 4);
+        const dv4 f0 = {c0[t], c0[t], c0[t], c0[t]}, f1 = {c1[t], c1[t], c1[t], c1[t]};
+        const dv4 f2 = {c2[t], c2[t], c2[t], c2[t]}, f3 = {c3[t], c3[t], c3[t], c3[t]};
+        a0 -= f0 * va, b0 -= f0 * vb, a1 -= f1 * va, b1 -= f1 * vb;
+        a2 -= f2 * va, b2 -= f2 * vb, a3 -= f3 * va, b3 -= f3 * vb;
+    }
+    DV4_ST(x0, a0), DV4_ST(x0 + 4, b0), DV4_ST(x1, a1), DV4_ST(x1 + 4, b1);
+    DV4_ST(x2, a2), DV4_ST(x2 + 4, b2), DV4_ST(x3, a3), DV4_ST(x3 + 4, b3);
+}
 LI_HOT_CLONES static bool cholesky_lower_c(double *a, int64_t n, double *c) {
     for (int64_t j0 = 0; j0 < n; j0 += CHOL_PANEL) {
         const int64_t nb = LI_MIN((int64_t)CHOL_PANEL, n - j0);
@@ -193,17 +223,17 @@ LI_HOT_CLONES static bool cholesky_lower_c(double *a, int64_t n, double *c) {
             int64_t m = m0;
             /* sixteen elements in four registers take all the panel's terms, t increasing */
             for (; m + 16 <= i + 1; m += 16) {
-                chol_v4 x0, x1, x2, x3;
-                CHOL_LD(x0, ai + m), CHOL_LD(x1, ai + m + 4), CHOL_LD(x2, ai + m + 8), CHOL_LD(x3, ai + m + 12);
+                dv4 x0, x1, x2, x3;
+                DV4_LD(x0, ai + m), DV4_LD(x1, ai + m + 4), DV4_LD(x2, ai + m + 8), DV4_LD(x3, ai + m + 12);
                 for (int64_t t = 0; t < nb; t++) {
                     const double *ct = c + t * n + m;
                     const double lt = c[t * n + i];
-                    const chol_v4 f = {lt, lt, lt, lt};
-                    chol_v4 u0, u1, u2, u3;
-                    CHOL_LD(u0, ct), CHOL_LD(u1, ct + 4), CHOL_LD(u2, ct + 8), CHOL_LD(u3, ct + 12);
+                    const dv4 f = {lt, lt, lt, lt};
+                    dv4 u0, u1, u2, u3;
+                    DV4_LD(u0, ct), DV4_LD(u1, ct + 4), DV4_LD(u2, ct + 8), DV4_LD(u3, ct + 12);
                     x0 -= f * u0, x1 -= f * u1, x2 -= f * u2, x3 -= f * u3;
                 }
-                CHOL_ST(ai + m, x0), CHOL_ST(ai + m + 4, x1), CHOL_ST(ai + m + 8, x2), CHOL_ST(ai + m + 12, x3);
+                DV4_ST(ai + m, x0), DV4_ST(ai + m + 4, x1), DV4_ST(ai + m + 8, x2), DV4_ST(ai + m + 12, x3);
             }
             for (; m <= i; m++) {
                 double x = ai[m];
@@ -265,21 +295,7 @@ LI_HOT_CLONES static void invert_lower(double *l, int64_t n, double *row) {
                         x0[j] -= r0[k] * v, x1[j] -= r1[k] * v, x2[j] -= r2[k] * v, x3[j] -= r3[k] * v;
                     }
                 }
-                chol_v4 a0, b0, a1, b1, a2, b2, a3, b3;
-                CHOL_LD(a0, x0), CHOL_LD(b0, x0 + 4), CHOL_LD(a1, x1), CHOL_LD(b1, x1 + 4);
-                CHOL_LD(a2, x2), CHOL_LD(b2, x2 + 4), CHOL_LD(a3, x3), CHOL_LD(b3, x3 + 4);
-                for (int64_t k = jv + 7; k < i0; k++) {
-                    const double *xk = l + k * n + jv;
-                    __builtin_prefetch(xk + INV_AHEAD * n); /* a new page each k: no hardware prefetch */
-                    chol_v4 va, vb;
-                    CHOL_LD(va, xk), CHOL_LD(vb, xk + 4);
-                    const chol_v4 f0 = {r0[k], r0[k], r0[k], r0[k]}, f1 = {r1[k], r1[k], r1[k], r1[k]};
-                    const chol_v4 f2 = {r2[k], r2[k], r2[k], r2[k]}, f3 = {r3[k], r3[k], r3[k], r3[k]};
-                    a0 -= f0 * va, b0 -= f0 * vb, a1 -= f1 * va, b1 -= f1 * vb;
-                    a2 -= f2 * va, b2 -= f2 * vb, a3 -= f3 * va, b3 -= f3 * vb;
-                }
-                CHOL_ST(x0, a0), CHOL_ST(x0 + 4, b0), CHOL_ST(x1, a1), CHOL_ST(x1 + 4, b1);
-                CHOL_ST(x2, a2), CHOL_ST(x2 + 4, b2), CHOL_ST(x3, a3), CHOL_ST(x3 + 4, b3);
+                tile4x8_sub(x0, x1, x2, x3, r0, r1, r2, r3, l + jv, n, jv + 7, i0, INV_AHEAD);
             }
             for (; t < nb; t++) { /* the block's last rows, or the last columns */
                 double *xt = l + (i0 + t) * n;
@@ -321,14 +337,7 @@ LI_HOT_CLONES static void lower_gram(const double *x, int64_t n, double *inv) {
             for (; k + 4 <= k1; k += 4) {
                 const double *x0 = x + k * n, *x1 = x0 + n, *x2 = x1 + n, *x3 = x2 + n;
                 const double v0 = x0[i], v1 = x1[i], v2 = x2[i], v3 = x3[i];
-                for (int64_t j = 0; j <= i; j++) {
-                    double s = ii[j];
-                    s += v0 * x0[j];
-                    s += v1 * x1[j];
-                    s += v2 * x2[j];
-                    s += v3 * x3[j];
-                    ii[j] = s;
-                }
+                li_axpy4_f64(ii, i + 1, x0, x1, x2, x3, v0, v1, v2, v3);
             }
             for (; k < k1; k++) {
                 const double *xk = x + k * n, v = xk[i];
@@ -380,13 +389,6 @@ static int upper_cholesky_of_inverse(double *h, int64_t n, double *u) {
  * GPTQ
  * ---------------------------------------------------------------------- */
 
-/* four doubles as GCC's generic vector (the default clone runs it as SSE2
- * pairs), loaded and stored through memcpy, unaligned; macros, as a
- * function returning one would change the ABI */
-typedef double lazy_v4 __attribute__((vector_size(32)));
-#define LAZY_LD(v, p) memcpy(&(v), (p), sizeof(lazy_v4))
-#define LAZY_ST(p, v) memcpy((p), &(v), sizeof(lazy_v4))
-
 /* The lazy batch: w[r][k] -= sum_t err[r][t] U[i1 + t][k] for k >= i2.
  * Four rows by eight columns stay in registers (GCC's generic vectors: the
  * default clone runs them as SSE2 pairs) over the block's nb terms
@@ -400,22 +402,8 @@ LI_HOT_CLONES static void lazy_update(double *wd, const double *err, const doubl
         double *w0 = wd + r * n, *w1 = w0 + n, *w2 = w1 + n, *w3 = w2 + n;
         const double *e0 = err + r * bs, *e1 = e0 + bs, *e2 = e1 + bs, *e3 = e2 + bs;
         int64_t k = i2;
-        for (; k + 8 <= n; k += 8) {
-            lazy_v4 a0, b0, a1, b1, a2, b2, a3, b3;
-            LAZY_LD(a0, w0 + k), LAZY_LD(b0, w0 + k + 4), LAZY_LD(a1, w1 + k), LAZY_LD(b1, w1 + k + 4);
-            LAZY_LD(a2, w2 + k), LAZY_LD(b2, w2 + k + 4), LAZY_LD(a3, w3 + k), LAZY_LD(b3, w3 + k + 4);
-            for (int64_t t = 0; t < nb; t++) {
-                const double *ut = u + (i1 + t) * n + k;
-                lazy_v4 ua, ub;
-                LAZY_LD(ua, ut), LAZY_LD(ub, ut + 4);
-                const lazy_v4 f0 = {e0[t], e0[t], e0[t], e0[t]}, f1 = {e1[t], e1[t], e1[t], e1[t]};
-                const lazy_v4 f2 = {e2[t], e2[t], e2[t], e2[t]}, f3 = {e3[t], e3[t], e3[t], e3[t]};
-                a0 -= f0 * ua, b0 -= f0 * ub, a1 -= f1 * ua, b1 -= f1 * ub;
-                a2 -= f2 * ua, b2 -= f2 * ub, a3 -= f3 * ua, b3 -= f3 * ub;
-            }
-            LAZY_ST(w0 + k, a0), LAZY_ST(w0 + k + 4, b0), LAZY_ST(w1 + k, a1), LAZY_ST(w1 + k + 4, b1);
-            LAZY_ST(w2 + k, a2), LAZY_ST(w2 + k + 4, b2), LAZY_ST(w3 + k, a3), LAZY_ST(w3 + k + 4, b3);
-        }
+        for (; k + 8 <= n; k += 8)
+            tile4x8_sub(w0 + k, w1 + k, w2 + k, w3 + k, e0, e1, e2, e3, u + i1 * n + k, n, 0, nb, 0);
         for (; k < n; k++) { /* the last columns, fewer than eight */
             for (int64_t t = 0; t < nb; t++) {
                 const double ut = u[(i1 + t) * n + k];

@@ -37,6 +37,23 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* y[0..n) += c0 x0 + c1 x1 + c2 x2 + c3 x3, each element's four terms
+ * added in that order (so a blocked loop keeps its plain loop's bits; no
+ * multiply-add fused in ISO C mode); inlined into the caller's ISA clone.
+ * gptq.c's Gram and prune_alloc.c's curve product take four rows a time. */
+static inline __attribute__((always_inline)) void li_axpy4_f64(double *y, int64_t n, const double *x0, const double *x1,
+                                                               const double *x2, const double *x3, double c0,
+                                                               double c1, double c2, double c3) {
+    for (int64_t r = 0; r < n; r++) {
+        double s = y[r];
+        s += c0 * x0[r];
+        s += c1 * x1[r];
+        s += c2 * x2[r];
+        s += c3 * x3[r];
+        y[r] = s;
+    }
+}
+
 /* ------------------------------------------------------------------------
  * options
  * ---------------------------------------------------------------------- */
