@@ -158,10 +158,9 @@ void li_q4_calib_hessian(const li_q4_calib *c, double *h) {
  * Blocked right-looking, CHOL_PANEL columns a panel. The panel's own
  * columns first, row by row: row i takes the panel's terms for each of
  * its panel elements in turn (the rows above it in the panel are final by
- * then). Then the trailing triangle takes the panel's terms, four at a
- * time in a register, in one pass over each row: the triangle (9 MB for a
- * 1536-wide layer) is read once a panel, not once every four columns as
- * it was, when it was most of a GPTQ run's memory traffic. c holds the
+ * then). Then the trailing triangle takes all the panel's terms in four
+ * rows by eight columns of registers (tile4x8_sub): read and
+ * written once a panel, not once every four columns as it was. c holds the
  * panel's columns contiguous (CHOL_PANEL n doubles of scratch). */
 #define CHOL_PANEL 16
 
@@ -218,26 +217,28 @@ LI_HOT_CLONES static bool cholesky_lower_c(double *a, int64_t n, double *c) {
         const int64_t m0 = j0 + nb;
         for (int64_t t = 0; t < nb; t++)
             for (int64_t i = m0; i < n; i++) c[t * n + i] = a[i * n + j0 + t];
-        for (int64_t i = m0; i < n; i++) {
-            double *ai = a + i * n;
+        /* four rows by eight columns in registers take all the panel's terms, t increasing; a
+         * row's own panel elements (final by now) are its coefficients */
+        int64_t i = m0;
+        for (; i + 4 <= n; i += 4) {
+            double *x0 = a + i * n, *x1 = x0 + n, *x2 = x1 + n, *x3 = x2 + n;
             int64_t m = m0;
-            /* sixteen elements in four registers take all the panel's terms, t increasing */
-            for (; m + 16 <= i + 1; m += 16) {
-                dv4 x0, x1, x2, x3;
-                DV4_LD(x0, ai + m), DV4_LD(x1, ai + m + 4), DV4_LD(x2, ai + m + 8), DV4_LD(x3, ai + m + 12);
-                for (int64_t t = 0; t < nb; t++) {
-                    const double *ct = c + t * n + m;
-                    const double lt = c[t * n + i];
-                    const dv4 f = {lt, lt, lt, lt};
-                    dv4 u0, u1, u2, u3;
-                    DV4_LD(u0, ct), DV4_LD(u1, ct + 4), DV4_LD(u2, ct + 8), DV4_LD(u3, ct + 12);
-                    x0 -= f * u0, x1 -= f * u1, x2 -= f * u2, x3 -= f * u3;
+            for (; m + 8 <= i + 1; m += 8)
+                tile4x8_sub(x0 + m, x1 + m, x2 + m, x3 + m, x0 + j0, x1 + j0, x2 + j0, x3 + j0, c + m, n, 0, nb, 0);
+            for (int s = 0; s < 4; s++) { /* the triangle's edge */
+                double *ai = a + (i + s) * n;
+                for (int64_t mm = m; mm <= i + s; mm++) {
+                    double x = ai[mm];
+                    for (int64_t t = 0; t < nb; t++) x -= ai[j0 + t] * c[t * n + mm];
+                    ai[mm] = x;
                 }
-                DV4_ST(ai + m, x0), DV4_ST(ai + m + 4, x1), DV4_ST(ai + m + 8, x2), DV4_ST(ai + m + 12, x3);
             }
-            for (; m <= i; m++) {
+        }
+        for (; i < n; i++) { /* the last rows, fewer than four */
+            double *ai = a + i * n;
+            for (int64_t m = m0; m <= i; m++) {
                 double x = ai[m];
-                for (int64_t t = 0; t < nb; t++) x -= c[t * n + i] * c[t * n + m];
+                for (int64_t t = 0; t < nb; t++) x -= ai[j0 + t] * c[t * n + m];
                 ai[m] = x;
             }
         }
