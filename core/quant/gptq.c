@@ -262,13 +262,12 @@ int li_q4_cholesky(double *a, int64_t n) { return cholesky_lower(a, n) ? 0 : -1;
  * X = L^-1 is (e_i - sum_{k<i} l[i][k] X[k][:]) / l[i][i], element j's
  * terms in k increasing from j (forward substitution's order for column
  * j). Rows go INV_ROWS at a time: the rows above the block, already final,
- * are read once for the whole block (the matrix of a 1536-wide layer is
- * 19 MB: read once per row, then once per four rows, it was most of a GPTQ
- * run's memory traffic), a stripe of INV_COLS columns at a time so the
- * block's part of the stripe stays in L1; then the block's rows take each
- * other's terms in order. Every element's terms keep k increasing, so the
- * bits are the row-at-a-time loop's. row: INV_ROWS n doubles of scratch
- * (rows i of l, which X's rows i replace). */
+ * give their terms to four of the block's rows by eight columns at a time
+ * in registers (tile4x8_sub; a stripe of eight columns of the rows above
+ * is read from cache by the block's other row groups); then the block's
+ * rows take each other's terms in order. Every element's terms keep k
+ * increasing, so the bits are the row-at-a-time loop's. row: INV_ROWS n
+ * doubles of scratch (rows i of l, which X's rows i replace). */
 #define INV_ROWS 16
 #define INV_AHEAD 12
 LI_HOT_CLONES static void invert_lower(double *l, int64_t n, double *row) {
