@@ -77,7 +77,7 @@ int li_prune_ffn_curve(const double *xtx, const double *w, int64_t d, int64_t n,
     double mean = 0;
     for (int64_t i = 0; i < n; i++) mean += xtx[i * n + i];
     mean /= (double)n;
-    double *h = li_xmalloc((size_t)(n * n) * sizeof *h);
+    double *h = li_aligned_alloc((size_t)(n * n) * sizeof *h); /* 64-byte rows for the factor's vector loads */
     for (int64_t i = 0; i < n; i++) {
         for (int64_t j = 0; j < n; j++) h[i * n + j] = xtx[order[i] * n + order[j]];
         /* li_prune_obs's damping: a dead input gets the mean diagonal first */
@@ -85,12 +85,13 @@ int li_prune_ffn_curve(const double *xtx, const double *w, int64_t d, int64_t n,
         h[i * n + i] += damp * mean;
     }
     if (li_q4_cholesky(h, n)) {
-        free(h), free(order);
+        li_aligned_free(h), free(order);
         return li_error_set(err, LI_ERANGE, "prune: --ffn-alloc: the calibration Hessian is not positive definite "
                                             "(raise --damp)");
     }
     /* Y = L^T W^T, n x d: row j of L adds L[j][i] W[:, order[j]] to row i <= j */
-    double *wt = li_xmalloc((size_t)(n * d) * sizeof *wt), *y = li_xcalloc((size_t)(n * d), sizeof *y);
+    double *wt = li_aligned_alloc((size_t)(n * d) * sizeof *wt), *y = li_aligned_alloc((size_t)(n * d) * sizeof *y);
+    memset(y, 0, (size_t)(n * d) * sizeof *y);
     for (int64_t j = 0; j < n; j++)
         for (int64_t r = 0; r < d; r++) wt[j * d + r] = w[r * n + order[j]];
     curve_product(h, wt, n, d, y);
@@ -100,7 +101,7 @@ int li_prune_ffn_curve(const double *xtx, const double *w, int64_t d, int64_t n,
         for (int64_t r = 0; r < d; r++) s += y[i * d + r] * y[i * d + r];
         curve[i] = curve[i + 1] + s;
     }
-    free(y), free(wt), free(h), free(order);
+    li_aligned_free(y), li_aligned_free(wt), li_aligned_free(h), free(order);
     return 0;
 }
 

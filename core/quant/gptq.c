@@ -10,6 +10,7 @@
  * columns are fixed. Everything is double: the error feedback runs over
  * thousands of columns and the Cholesky factors of a badly conditioned
  * Hessian lose digits fast in f32. */
+#define _POSIX_C_SOURCE 200809L /* posix_memalign */
 #include "quant/quant4_internal.h"
 #include "cpu/threadpool.h"
 #include "types.h"
@@ -26,11 +27,26 @@
  * calibration statistics
  * ---------------------------------------------------------------------- */
 
+/* n doubles 64-byte aligned, or NULL. A large malloc is an mmap 16 bytes
+ * into a page, so every other 32-byte load of a row would straddle two
+ * cache lines: at n = 1536 the SPD inverse ran 17% slower on such a buffer.
+ * Released with free. */
+static double *dalloc(size_t n) {
+    void *p = NULL;
+    return posix_memalign(&p, 64, (n ? n : 1) * sizeof(double)) ? NULL : p;
+}
+
+static double *dzalloc(size_t n) {
+    double *p = dalloc(n);
+    if (p) memset(p, 0, n * sizeof(double));
+    return p;
+}
+
 int li_q4_calib_init(li_q4_calib *c, int64_t n_in, char *why, size_t cap) {
     memset(c, 0, sizeof *c);
     if (n_in <= 0) return WHY("calib: bad input width %lld", (long long)n_in);
     c->n_in = n_in;
-    c->xtx = calloc((size_t)(n_in * n_in), sizeof(double));
+    c->xtx = dzalloc((size_t)(n_in * n_in));
     c->abs_sum = calloc((size_t)n_in, sizeof(double));
     if (!c->xtx || !c->abs_sum) {
         li_q4_calib_free(c);
@@ -249,7 +265,7 @@ LI_HOT_CLONES static bool cholesky_lower_c(double *a, int64_t n, double *c) {
 }
 
 static bool cholesky_lower(double *a, int64_t n) {
-    double *c = malloc(CHOL_PANEL * (size_t)n * sizeof(double));
+    double *c = dalloc(CHOL_PANEL * (size_t)n);
     if (!c) abort();
     const bool ok = cholesky_lower_c(a, n, c);
     free(c);
@@ -350,8 +366,7 @@ LI_HOT_CLONES static void lower_gram(const double *x, int64_t n, double *inv) {
 /* a (n x n, symmetric positive definite) -> a^-1 in place: a = L L^T,
  * a^-1 = L^-T L^-1. 0, or -1 when a is not positive definite. */
 int li_q4_spd_inverse(double *a, int64_t n) {
-    double *col = malloc(LI_MAX(CHOL_PANEL, INV_ROWS) * (size_t)n * sizeof(double));
-    double *inv = calloc((size_t)(n * n), sizeof(double));
+    double *col = dalloc(LI_MAX(CHOL_PANEL, INV_ROWS) * (size_t)n), *inv = dzalloc((size_t)(n * n));
     if (!col || !inv) abort();
     if (!cholesky_lower_c(a, n, col)) {
         free(col);
@@ -459,8 +474,8 @@ LI_HOT_CLONES static int gptq_core(const float *w, int64_t n_out, int64_t n, con
      * when its first column is reached */
     int64_t bs = block_size > 0 ? block_size : 128;
     if (gs < n) bs = bs < gs ? gs : bs / gs * gs;
-    double *h = malloc((size_t)(n * n) * sizeof(double)), *u = malloc((size_t)(n * n) * sizeof(double));
-    double *wd = malloc((size_t)(n_out * n) * sizeof(double)), *err = malloc((size_t)(n_out * bs) * sizeof(double));
+    double *h = dalloc((size_t)(n * n)), *u = dalloc((size_t)(n * n));
+    double *wd = dalloc((size_t)(n_out * n)), *err = malloc((size_t)(n_out * bs) * sizeof(double));
     double *tmp = malloc((size_t)n * sizeof(double));
     int32_t *order = malloc((size_t)n * sizeof(int32_t));
     diag_key *keys = act_order ? malloc((size_t)n * sizeof(diag_key)) : NULL;
