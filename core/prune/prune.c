@@ -474,7 +474,7 @@ static int refit_layer(refit_job *j, int l, li_error *err) {
     li_q4_calib *g = &j->cap->gram[l];
     char why[160];
     if (li_q4_calib_finish(g, why, sizeof why)) return li_error_set(err, LI_EINVAL, "prune: layer %d: %s", l, why);
-    double *w = li_xmalloc((size_t)(d * n) * sizeof(double));
+    double *w = li_aligned_alloc((size_t)(d * n) * sizeof(double)); /* 64-byte rows: the refit's vector loads */
     float *row = li_xmalloc((size_t)n * sizeof(float));
     for (int64_t r = 0; r < d; r++) {
         li_weight_dequant_row_ref(wt, r, row);
@@ -490,13 +490,13 @@ static int refit_layer(refit_job *j, int l, li_error *err) {
     li_q4_calib_free(g); /* its X^T X was the elimination's scratch */
     free(row);
     if (rc) {
-        free(w);
+        li_aligned_free(w);
         return rc;
     }
     float *out = li_xmalloc((size_t)(d * n) * sizeof(float)); /* every column: the writer gathers the kept */
     for (int64_t i = 0; i < d * n; i++) out[i] = (float)w[i];
     j->refit[l] = out;
-    free(w);
+    li_aligned_free(w);
     return 0;
 }
 
@@ -615,8 +615,8 @@ static int alloc_ffn_kl(const li_model *m, li_backend *be, capture *cap, const c
     double *kl = pts->kl = li_xmalloc((size_t)(nl * n_pts) * sizeof *kl);
     pts->n_pts = n_pts;
     pts->windows = sub.n_eval;
-    double *w0 = li_xmalloc((size_t)(d * n) * sizeof *w0), *w = li_xmalloc((size_t)(d * n) * sizeof *w);
-    double *h = li_xmalloc((size_t)(n * n) * sizeof *h);
+    double *w0 = li_xmalloc((size_t)(d * n) * sizeof *w0), *w = li_aligned_alloc((size_t)(d * n) * sizeof *w);
+    double *h = li_aligned_alloc((size_t)(n * n) * sizeof *h); /* 64-byte rows, as the refit's */
     float *row = li_xmalloc((size_t)n * sizeof *row), *wf = li_xmalloc((size_t)(d * n) * sizeof *wf);
     uint8_t *mask = li_xmalloc((size_t)n);
     li_layer *layers = li_xmalloc((size_t)nl * sizeof *layers);
@@ -667,7 +667,8 @@ static int alloc_ffn_kl(const li_model *m, li_backend *be, capture *cap, const c
     }
     for (int l = 0; l < nl && !rc; l++) li_prune_lowest(score + (size_t)l * n, n, n - keep[l], drop + (size_t)l * n);
     for (int l = 0; l < nl; l++) free(curve[l]);
-    free(curve), free(w0), free(w), free(h), free(row), free(wf), free(mask), free(layers), free(keep);
+    free(curve), free(w0), li_aligned_free(w), li_aligned_free(h), free(row), free(wf), free(mask), free(layers),
+        free(keep);
     return rc;
 }
 
