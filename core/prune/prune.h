@@ -138,8 +138,9 @@ int li_prune_ffn_allocate(const double *const *curve, const double *sig, int n_l
 /* Structured OBS on one linear y = W x (prune_obs.c): W (d_out, n)
  * row-major, h (n, n) the calibration inputs' X^T X (destroyed), units of
  * `width` adjacent columns. Removes k units (choose: the cheapest each
- * step; else the units already marked in drop, in index order), refitting
- * W's other columns by least squares; removed columns end exactly 0.
+ * step; else the units already marked in drop: in index order when score
+ * is asked for, else all at once), refitting W's other columns by least
+ * squares; removed columns end exactly 0.
  * damp: added to the diagonal as a fraction of its mean. score (units, or
  * NULL): a removed unit's output error at its turn, a kept one's at the
  * end. Errors: a non-positive-definite Hessian (raise damp). */

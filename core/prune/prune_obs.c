@@ -106,7 +106,8 @@ LI_HOT_CLONES static int obs_refit_at_once(double *w, int64_t d_out, int64_t n, 
         free(cols), free(m);
         return -1;
     }
-    double *a = li_xmalloc((size_t)LI_MAX(d_out * ks, 1) * sizeof *a), *ws = li_xmalloc((size_t)LI_MAX(ks, 1) * sizeof *ws);
+    double *a = li_xmalloc((size_t)LI_MAX(d_out * ks, 1) * sizeof *a);
+    double *ws = li_xmalloc((size_t)LI_MAX(ks, 1) * sizeof *ws);
     for (int64_t r = 0; r < d_out; r++) { /* A = W_S m, row by row */
         for (int64_t i = 0; i < ks; i++) ws[i] = w[r * n + cols[i]];
         row_times(ws, m, ks, a + r * ks);
