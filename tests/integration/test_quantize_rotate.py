@@ -148,9 +148,10 @@ def test_w8a8_rot_gptq_runs(run_cli, run_ok, models, base_kld, rdir, rot_rtn_kl)
 
 def test_4bit_gptq_rot(run_cli, run_ok, models, base_kld, rdir):
     """4-bit GPTQ calibrated on the rotated model, against GPTQ on the unrotated one (the same small
-    calibration, one window of 256: KL 0.23 against 0.50 here on one held-out window, 0.089 against 0.148 with 32 windows of 512),
-    A16 and A8; and W4A4 (the seed's "don't"), rotated with GPTQ weights against rotated RTN ones (1.36
-    against 2.24) and against unrotated RTN (5.73). Each file loads and records what made it."""
+    calibration, one window of 256: KL 0.23 against 0.50 here on one held-out window, 0.089 against 0.148
+    with 32 calibration windows of 512), A16 and A8; and W4A4 (the seed's "don't"), rotated with GPTQ
+    weights against rotated RTN ones (1.36 against 2.24) and against unrotated RTN (5.73). Each file loads
+    and records what made it."""
     cal = ["--calib", CALIB, "--samples", "1", "--seq-len", "256"]
     out = {}
     for name, args in (("gptq", ["--method", "gptq", "--group", "64", *cal]),
