@@ -10,7 +10,6 @@
  * columns are fixed. Everything is double: the error feedback runs over
  * thousands of columns and the Cholesky factors of a badly conditioned
  * Hessian lose digits fast in f32. */
-#define _POSIX_C_SOURCE 200809L /* posix_memalign */
 #include "quant/quant4_internal.h"
 #include "cpu/threadpool.h"
 #include "types.h"
@@ -27,26 +26,17 @@
  * calibration statistics
  * ---------------------------------------------------------------------- */
 
-/* n doubles 64-byte aligned, or NULL. A large malloc is an mmap 16 bytes
- * into a page, so every other 32-byte load of a row would straddle two
- * cache lines: at n = 1536 the SPD inverse ran 17% slower on such a buffer.
- * Released with free. */
-static double *dalloc(size_t n) {
-    void *p = NULL;
-    return posix_memalign(&p, 64, (n ? n : 1) * sizeof(double)) ? NULL : p;
-}
-
-static double *dzalloc(size_t n) {
-    double *p = dalloc(n);
-    if (p) memset(p, 0, n * sizeof(double));
-    return p;
-}
+/* The n x n double buffers are 64-byte aligned (li_aligned_alloc): a large
+ * malloc is an mmap 16 bytes into a page, so every other 32-byte load of a
+ * row would straddle two cache lines (at n = 1536 the SPD inverse ran 17%
+ * slower on such a buffer). */
 
 int li_q4_calib_init(li_q4_calib *c, int64_t n_in, char *why, size_t cap) {
     memset(c, 0, sizeof *c);
     if (n_in <= 0) return WHY("calib: bad input width %lld", (long long)n_in);
     c->n_in = n_in;
-    c->xtx = dzalloc((size_t)(n_in * n_in));
+    c->xtx = li_aligned_try_alloc((size_t)(n_in * n_in) * sizeof(double));
+    if (c->xtx) memset(c->xtx, 0, (size_t)(n_in * n_in) * sizeof(double));
     c->abs_sum = calloc((size_t)n_in, sizeof(double));
     if (!c->xtx || !c->abs_sum) {
         li_q4_calib_free(c);
@@ -57,7 +47,7 @@ int li_q4_calib_init(li_q4_calib *c, int64_t n_in, char *why, size_t cap) {
 
 void li_q4_calib_free(li_q4_calib *c) {
     if (!c) return;
-    free(c->xtx);
+    li_aligned_free(c->xtx);
     free(c->abs_sum);
     memset(c, 0, sizeof *c);
 }
@@ -180,13 +170,6 @@ void li_q4_calib_hessian(const li_q4_calib *c, double *h) {
  * panel's columns contiguous (CHOL_PANEL n doubles of scratch). */
 #define CHOL_PANEL 16
 
-/* four doubles as GCC's generic vector (the default clone runs it as SSE2
- * pairs), loaded and stored through memcpy, unaligned; macros, as a
- * function returning one would change the ABI */
-typedef double dv4 __attribute__((vector_size(32)));
-#define DV4_LD(v, p) memcpy(&(v), (p), sizeof(dv4))
-#define DV4_ST(p, v) memcpy((p), &(v), sizeof(dv4))
-
 /* x_s[0..8) -= sum over t in [t0, t1) of c_s[t] (v + t vs)[0..8), s = 0..3,
  * t increasing: four rows by eight columns in registers over the terms
  * (each element's subtractions in the plain loop's order, so its bits).
@@ -196,22 +179,33 @@ static inline __attribute__((always_inline)) void tile4x8_sub(double *x0, double
                                                               const double *c0, const double *c1, const double *c2,
                                                               const double *c3, const double *v, int64_t vs,
                                                               int64_t t0, int64_t t1, int64_t ahead) {
-    dv4 a0, b0, a1, b1, a2, b2, a3, b3;
-    DV4_LD(a0, x0), DV4_LD(b0, x0 + 4), DV4_LD(a1, x1), DV4_LD(b1, x1 + 4);
-    DV4_LD(a2, x2), DV4_LD(b2, x2 + 4), DV4_LD(a3, x3), DV4_LD(b3, x3 + 4);
+    li_dv4 a0, b0, a1, b1, a2, b2, a3, b3;
+    LI_DV4_LD(a0, x0), LI_DV4_LD(b0, x0 + 4), LI_DV4_LD(a1, x1), LI_DV4_LD(b1, x1 + 4);
+    LI_DV4_LD(a2, x2), LI_DV4_LD(b2, x2 + 4), LI_DV4_LD(a3, x3), LI_DV4_LD(b3, x3 + 4);
     for (int64_t t = t0; t < t1; t++) {
         const double *vt = v + t * vs;
         if (ahead) __builtin_prefetch(vt + ahead * vs);
-        dv4 va, vb;
-        DV4_LD(va, vt), DV4_LD(vb, vt + 4);
-        const dv4 f0 = {c0[t], c0[t], c0[t], c0[t]}, f1 = {c1[t], c1[t], c1[t], c1[t]};
-        const dv4 f2 = {c2[t], c2[t], c2[t], c2[t]}, f3 = {c3[t], c3[t], c3[t], c3[t]};
+        li_dv4 va, vb;
+        LI_DV4_LD(va, vt), LI_DV4_LD(vb, vt + 4);
+        const li_dv4 f0 = {c0[t], c0[t], c0[t], c0[t]}, f1 = {c1[t], c1[t], c1[t], c1[t]};
+        const li_dv4 f2 = {c2[t], c2[t], c2[t], c2[t]}, f3 = {c3[t], c3[t], c3[t], c3[t]};
         a0 -= f0 * va, b0 -= f0 * vb, a1 -= f1 * va, b1 -= f1 * vb;
         a2 -= f2 * va, b2 -= f2 * vb, a3 -= f3 * va, b3 -= f3 * vb;
     }
-    DV4_ST(x0, a0), DV4_ST(x0 + 4, b0), DV4_ST(x1, a1), DV4_ST(x1 + 4, b1);
-    DV4_ST(x2, a2), DV4_ST(x2 + 4, b2), DV4_ST(x3, a3), DV4_ST(x3 + 4, b3);
+    LI_DV4_ST(x0, a0), LI_DV4_ST(x0 + 4, b0), LI_DV4_ST(x1, a1), LI_DV4_ST(x1 + 4, b1);
+    LI_DV4_ST(x2, a2), LI_DV4_ST(x2 + 4, b2), LI_DV4_ST(x3, a3), LI_DV4_ST(x3 + 4, b3);
 }
+/* Row ai's elements m0..m1 take the panel's nb terms one element at a
+ * time (ai's own panel elements, at j0, the coefficients) */
+static inline void panel_terms(double *ai, const double *c, int64_t n, int64_t j0, int64_t nb, int64_t m0,
+                               int64_t m1) {
+    for (int64_t m = m0; m <= m1; m++) {
+        double x = ai[m];
+        for (int64_t t = 0; t < nb; t++) x -= ai[j0 + t] * c[t * n + m];
+        ai[m] = x;
+    }
+}
+
 LI_HOT_CLONES static bool cholesky_lower_c(double *a, int64_t n, double *c) {
     for (int64_t j0 = 0; j0 < n; j0 += CHOL_PANEL) {
         const int64_t nb = LI_MIN((int64_t)CHOL_PANEL, n - j0);
@@ -241,23 +235,9 @@ LI_HOT_CLONES static bool cholesky_lower_c(double *a, int64_t n, double *c) {
             int64_t m = m0;
             for (; m + 8 <= i + 1; m += 8)
                 tile4x8_sub(x0 + m, x1 + m, x2 + m, x3 + m, x0 + j0, x1 + j0, x2 + j0, x3 + j0, c + m, n, 0, nb, 0);
-            for (int s = 0; s < 4; s++) { /* the triangle's edge */
-                double *ai = a + (i + s) * n;
-                for (int64_t mm = m; mm <= i + s; mm++) {
-                    double x = ai[mm];
-                    for (int64_t t = 0; t < nb; t++) x -= ai[j0 + t] * c[t * n + mm];
-                    ai[mm] = x;
-                }
-            }
+            for (int s = 0; s < 4; s++) panel_terms(a + (i + s) * n, c, n, j0, nb, m, i + s); /* the edge */
         }
-        for (; i < n; i++) { /* the last rows, fewer than four */
-            double *ai = a + i * n;
-            for (int64_t m = m0; m <= i; m++) {
-                double x = ai[m];
-                for (int64_t t = 0; t < nb; t++) x -= ai[j0 + t] * c[t * n + m];
-                ai[m] = x;
-            }
-        }
+        for (; i < n; i++) panel_terms(a + i * n, c, n, j0, nb, m0, i); /* the last rows, fewer than four */
     }
     for (int64_t i = 0; i < n; i++)
         for (int64_t m = i + 1; m < n; m++) a[i * n + m] = 0.0;
@@ -265,10 +245,9 @@ LI_HOT_CLONES static bool cholesky_lower_c(double *a, int64_t n, double *c) {
 }
 
 static bool cholesky_lower(double *a, int64_t n) {
-    double *c = dalloc(CHOL_PANEL * (size_t)n);
-    if (!c) abort();
+    double *c = li_aligned_alloc(CHOL_PANEL * (size_t)n * sizeof(double));
     const bool ok = cholesky_lower_c(a, n, c);
-    free(c);
+    li_aligned_free(c);
     return ok;
 }
 
@@ -366,19 +345,20 @@ LI_HOT_CLONES static void lower_gram(const double *x, int64_t n, double *inv) {
 /* a (n x n, symmetric positive definite) -> a^-1 in place: a = L L^T,
  * a^-1 = L^-T L^-1. 0, or -1 when a is not positive definite. */
 int li_q4_spd_inverse(double *a, int64_t n) {
-    double *col = dalloc(LI_MAX(CHOL_PANEL, INV_ROWS) * (size_t)n), *inv = dzalloc((size_t)(n * n));
-    if (!col || !inv) abort();
+    double *col = li_aligned_alloc(LI_MAX(CHOL_PANEL, INV_ROWS) * (size_t)n * sizeof(double));
+    double *inv = li_aligned_alloc((size_t)(n * n) * sizeof(double));
+    memset(inv, 0, (size_t)(n * n) * sizeof(double));
     if (!cholesky_lower_c(a, n, col)) {
-        free(col);
-        free(inv);
+        li_aligned_free(col);
+        li_aligned_free(inv);
         return -1;
     }
     invert_lower(a, n, col); /* a = L^-1 (lower) */
     lower_gram(a, n, inv);   /* the lower triangle of L^-T L^-1, then mirrored */
     for (int64_t i = 0; i < n; i++)
         for (int64_t j = 0; j <= i; j++) a[i * n + j] = a[j * n + i] = inv[i * n + j];
-    free(col);
-    free(inv);
+    li_aligned_free(col);
+    li_aligned_free(inv);
     return 0;
 }
 
@@ -474,8 +454,10 @@ LI_HOT_CLONES static int gptq_core(const float *w, int64_t n_out, int64_t n, con
      * when its first column is reached */
     int64_t bs = block_size > 0 ? block_size : 128;
     if (gs < n) bs = bs < gs ? gs : bs / gs * gs;
-    double *h = dalloc((size_t)(n * n)), *u = dalloc((size_t)(n * n));
-    double *wd = dalloc((size_t)(n_out * n)), *err = malloc((size_t)(n_out * bs) * sizeof(double));
+    double *h = li_aligned_try_alloc((size_t)(n * n) * sizeof(double));
+    double *u = li_aligned_try_alloc((size_t)(n * n) * sizeof(double));
+    double *wd = li_aligned_try_alloc((size_t)(n_out * n) * sizeof(double));
+    double *err = malloc((size_t)(n_out * bs) * sizeof(double));
     double *tmp = malloc((size_t)n * sizeof(double));
     int32_t *order = malloc((size_t)n * sizeof(int32_t));
     diag_key *keys = act_order ? malloc((size_t)n * sizeof(diag_key)) : NULL;
@@ -548,9 +530,9 @@ LI_HOT_CLONES static int gptq_core(const float *w, int64_t n_out, int64_t n, con
     }
     rc = 0;
 done:
-    free(h);
-    free(u);
-    free(wd);
+    li_aligned_free(h);
+    li_aligned_free(u);
+    li_aligned_free(wd);
     free(err);
     free(tmp);
     free(order);

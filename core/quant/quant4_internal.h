@@ -1,6 +1,7 @@
 /* quant4_internal.h — what rtn.c, gptq.c and awq.c share: one group's
- * scale and zero point, and the rounding of one weight to a code. Private
- * to core/quant/. */
+ * scale and zero point, and the rounding of one weight to a code; and the
+ * vector type of quant/'s dense double loops (rotate.c's too). Private to
+ * core/quant/. */
 #ifndef LI_QUANT4_INTERNAL_H
 #define LI_QUANT4_INTERNAL_H
 
@@ -8,10 +9,19 @@
 #include "util/common.h"
 
 #include <math.h>
+#include <string.h>
 
 /* The dense loops (X^T X, the quadratic forms, GPTQ's lazy batch and its
  * factorizations) are LI_HOT_CLONES (util/common.h): AVX2 and plain
  * x86-64, the same bits. */
+
+/* Four doubles as GCC's generic vector for those loops (gptq.c's register
+ * tiles, rotate.c's Hadamard): the default clone runs it as SSE2 pairs.
+ * Loaded and stored through memcpy, unaligned; macros, as a function
+ * returning one would change the ABI. */
+typedef double li_dv4 __attribute__((vector_size(32)));
+#define LI_DV4_LD(v, p) memcpy(&(v), (p), sizeof(li_dv4))
+#define LI_DV4_ST(p, v) memcpy((p), &(v), sizeof(li_dv4))
 
 /* One group's parameters: the stored f32 scale and the zero point (an
  * integer 0..15; 8 when symmetric). */

@@ -3,6 +3,7 @@
  * stream, and which weight gets which side of Q. */
 #define _GNU_SOURCE
 #include "quant/rotate.h"
+#include "quant/quant4_internal.h"
 #include "model/gguf_write.h"
 #include "model/model.h"
 
@@ -56,8 +57,6 @@ static void fwht_strided(double *v, int64_t len, int64_t stride) {
             }
 }
 
-typedef double rot_v4 __attribute__((vector_size(32)));
-
 LI_HOT_CLONES void li_rot_apply(double *v, const double *s, int64_t n, double *tmp) {
     int n12;
     int64_t p2;
@@ -77,17 +76,17 @@ LI_HOT_CLONES void li_rot_apply(double *v, const double *s, int64_t n, double *t
             /* four inner indices at a time, the twelve outputs in registers (the factor's 144
              * products and sums per element, not 144 passes over a scratch row) */
             for (; in + 4 <= inner; in += 4) {
-                rot_v4 acc[12];
+                li_dv4 acc[12];
 #pragma GCC unroll 12
-                for (int b = 0; b < 12; b++) acc[b] = (rot_v4){0, 0, 0, 0};
+                for (int b = 0; b < 12; b++) acc[b] = (li_dv4){0, 0, 0, 0};
                 for (int a = 0; a < 12; a++) {
-                    rot_v4 x;
-                    memcpy(&x, base + a * inner + in, sizeof x);
+                    li_dv4 x;
+                    LI_DV4_LD(x, base + a * inner + in);
 #pragma GCC unroll 12 /* the twelve accumulators stay in registers */
                     for (int b = 0; b < 12; b++) acc[b] += x * paley12[a][b];
                 }
 #pragma GCC unroll 12
-                for (int b = 0; b < 12; b++) memcpy(tmp + b * inner + in, &acc[b], sizeof acc[b]);
+                for (int b = 0; b < 12; b++) LI_DV4_ST(tmp + b * inner + in, acc[b]);
             }
             for (; in < inner; in++)
                 for (int b = 0; b < 12; b++) {

@@ -72,9 +72,14 @@ void *li_xrealloc(void *p, size_t n) {
     return q;
 }
 
-void *li_aligned_alloc(size_t n) {
+void *li_aligned_try_alloc(size_t n) {
     void *p = NULL;
-    if (posix_memalign(&p, 64, n ? n : 64) != 0) oom(n);
+    return posix_memalign(&p, 64, n ? n : 64) != 0 ? NULL : p;
+}
+
+void *li_aligned_alloc(size_t n) {
+    void *p = li_aligned_try_alloc(n);
+    if (!p) oom(n);
     return p;
 }
 

@@ -46,8 +46,10 @@ void li_log(int level, const char *fmt, ...) LI_PRINTF(2, 3);
 void *li_xmalloc(size_t n);
 void *li_xcalloc(size_t n, size_t size);
 void *li_xrealloc(void *p, size_t n);
-/* 64-byte aligned, for SIMD buffers; release with li_aligned_free. */
+/* 64-byte aligned, for SIMD buffers; release with li_aligned_free. The
+ * _try form returns NULL instead of aborting (a size the caller reports). */
 void *li_aligned_alloc(size_t n);
+void *li_aligned_try_alloc(size_t n);
 void li_aligned_free(void *p);
 
 /* Reads a whole file into a NUL-terminated malloc'd buffer; files over

@@ -13,16 +13,12 @@
 #include <math.h>
 #include <string.h>
 
-
-
 static inline int hsum256_epi32(__m256i v) {
     __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
     s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));
     s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1)));
     return _mm_cvtsi128_si32(s);
 }
-
-
 
 /* lanes [0, n) set, for tails of fewer than 8 elements */
 static inline __m256i tail_mask(int64_t n) {

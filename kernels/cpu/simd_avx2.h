@@ -5,26 +5,19 @@
 
 #include <immintrin.h>
 
-static inline float hsum256(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
-static inline float hmax256(__m256 v) {
-    __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_max_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
-static inline float hmin256(__m256 v) {
-    __m128 s = _mm_min_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_min_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_min_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
+/* A vector's eight lanes folded by op (add, max, min): the halves, the
+ * pairs, the last two */
+#define LI_HREDUCE256(name, op)                                                                      \
+    static inline float name(__m256 v) {                                                             \
+        __m128 s = _mm_##op##_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));            \
+        s = _mm_##op##_ps(s, _mm_movehl_ps(s, s));                                                   \
+        s = _mm_##op##_ss(s, _mm_movehdup_ps(s));                                                    \
+        return _mm_cvtss_f32(s);                                                                     \
+    }
+LI_HREDUCE256(hsum256, add)
+LI_HREDUCE256(hmax256, max)
+LI_HREDUCE256(hmin256, min)
+#undef LI_HREDUCE256
 
 /* roundf() semantics (halves away from zero), as the ggml reference: the
  * value truncated, plus one away from zero where the part cut off is a
