@@ -280,6 +280,12 @@ void li_avx512_gemm_q_packed(const li_cpu_packed *w, int64_t p0, int64_t p1, con
                              float *y, int64_t ldy);
 void li_amx_gemm_q_packed(const li_cpu_packed *w, int64_t p0, int64_t p1, const void *act, size_t as, int64_t n,
                           float *y, int64_t ldy);
+/* the AVX-512 attention (attn_avx512.c), shared by the AVX-512 and AMX
+ * tables: attn_head's, attn_tile's and attn_merge's contracts */
+void li_avx512_attn_head(const li_attn_args *a, int64_t i, int h, float *scores);
+void li_avx512_attn_tile(const li_attn_args *a, int64_t i0, int nt, int kvh, int g0, int ng, int chunk,
+                         const li_attn_part *part, float *scratch);
+void li_avx512_attn_merge(const li_attn_args *a, const li_attn_part *part, int64_t i, int h);
 
 /* ---- pieces of the scalar reference shared with the scalar kernels (ops_ref.c) ---- */
 void li_ref_attn_head(const li_attn_args *a, int64_t i, int h, float *scores);
