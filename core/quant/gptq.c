@@ -384,22 +384,22 @@ static int upper_cholesky_of_inverse(double *h, int64_t n, double *u) {
  * GPTQ
  * ---------------------------------------------------------------------- */
 
-/* The lazy batch: w[r][k] -= sum_t err[r][t] U[i1 + t][k] for k >= i2.
- * Four rows by eight columns stay in registers (GCC's generic vectors: the
- * default clone runs them as SSE2 pairs) over the block's nb terms
- * (a row of U read once per four rows, w read and written once per block,
- * not once per term); each element's subtractions keep their order, t
- * increasing, so the bits are the plain loop's. */
+/* The lazy batch: w[r][k] -= sum_{t < nb} err[r][t] U[i1 + t][k] for k in
+ * [k0, k1) (err's rows bs apart). Four rows by eight columns stay in
+ * registers (GCC's generic vectors: the default clone runs them as SSE2
+ * pairs) over the nb terms (a row of U read once per four rows, w read and
+ * written once per batch, not once per term); each element's subtractions
+ * keep their order, t increasing, so the bits are the plain loop's. */
 LI_HOT_CLONES static void lazy_update(double *wd, const double *err, const double *u, int64_t n_out, int64_t n,
-                                  int64_t bs, int64_t i1, int64_t i2, int64_t nb) {
+                                  int64_t bs, int64_t i1, int64_t nb, int64_t k0, int64_t k1) {
     int64_t r = 0;
     for (; r + 4 <= n_out; r += 4) {
         double *w0 = wd + r * n, *w1 = w0 + n, *w2 = w1 + n, *w3 = w2 + n;
         const double *e0 = err + r * bs, *e1 = e0 + bs, *e2 = e1 + bs, *e3 = e2 + bs;
-        int64_t k = i2;
-        for (; k + 8 <= n; k += 8)
+        int64_t k = k0;
+        for (; k + 8 <= k1; k += 8)
             tile4x8_sub(w0 + k, w1 + k, w2 + k, w3 + k, e0, e1, e2, e3, u + i1 * n + k, n, 0, nb, 0);
-        for (; k < n; k++) { /* the last columns, fewer than eight */
+        for (; k < k1; k++) { /* the last columns, fewer than eight */
             for (int64_t t = 0; t < nb; t++) {
                 const double ut = u[(i1 + t) * n + k];
                 w0[k] -= e0[t] * ut, w1[k] -= e1[t] * ut, w2[k] -= e2[t] * ut, w3[k] -= e3[t] * ut;
@@ -410,10 +410,12 @@ LI_HOT_CLONES static void lazy_update(double *wd, const double *err, const doubl
         double *wr = wd + r * n;
         for (int64_t t = 0; t < nb; t++) {
             const double e = err[r * bs + t], *ut = u + (i1 + t) * n;
-            for (int64_t k = i2; k < n; k++) wr[k] -= e * ut[k];
+            for (int64_t k = k0; k < k1; k++) wr[k] -= e * ut[k];
         }
     }
 }
+
+#define GPTQ_SUB 16 /* columns a pass inside a lazy block */
 
 typedef struct {
     const double *d;
@@ -505,23 +507,40 @@ LI_HOT_CLONES static int gptq_core(const float *w, int64_t n_out, int64_t n, con
         goto done;
     }
 
+    /* Inside a lazy block, columns go GPTQ_SUB at a time: a column's error
+     * reaches the rest of its sub-block at once, the rest of the block when
+     * the sub-block is done (the same batch, in registers), so every weight
+     * still takes its terms in column order: the same bits as one column at
+     * a time. A group's first column must open a sub-block (its start reads
+     * the group's values up to date), so sub-blocks are whole blocks where
+     * groups are not a multiple of them. */
+    const int64_t sub = gs >= n || gs % GPTQ_SUB == 0 ? GPTQ_SUB : bs;
     double loss = 0.0;
     for (int64_t i1 = 0; i1 < n; i1 += bs) {
         const int64_t i2 = i1 + bs < n ? i1 + bs : n, nb = i2 - i1;
-        for (int64_t j = i1; j < i2; j++) {
-            const double *uj = u + j * n, d = uj[j];
-            const bool start = j % gs == 0;
-            for (int64_t r = 0; r < n_out; r++) {
-                double *wr = wd + r * n;
-                if (start) g->start(g->ctx, r, j, wr + j, n - j);
-                const double e = (wr[j] - g->round(g->ctx, r, j, wr[j])) / d;
-                loss += 0.5 * e * e;
-                err[r * bs + (j - i1)] = e;
-                for (int64_t t = j + 1; t < i2; t++) wr[t] -= e * uj[t]; /* inside the block: now */
+        for (int64_t s1 = i1; s1 < i2; s1 += sub) {
+            const int64_t s2 = LI_MIN(s1 + sub, i2);
+            for (int64_t j = s1; j < s2; j++) {
+                const double *uj = u + j * n, d = uj[j];
+                const bool start = j % gs == 0;
+                for (int64_t r = 0; r < n_out; r++) {
+                    double *wr = wd + r * n;
+                    if (start) g->start(g->ctx, r, j, wr + j, n - j);
+                    const double e = (wr[j] - g->round(g->ctx, r, j, wr[j])) / d;
+                    err[r * bs + (j - i1)] = e;
+                    for (int64_t t = j + 1; t < s2; t++) wr[t] -= e * uj[t]; /* inside the sub-block: now */
+                }
             }
+            if (s2 < i2) lazy_update(wd, err + (s1 - i1), u, n_out, n, bs, s1, s2 - s1, s2, i2);
         }
+        /* the loss in the order the columns ran (a column's rows in turn) */
+        for (int64_t j = i1; j < i2; j++)
+            for (int64_t r = 0; r < n_out; r++) {
+                const double e = err[r * bs + (j - i1)];
+                loss += 0.5 * e * e;
+            }
         if (i2 < n) /* the block's errors into every later column at once (the lazy batch) */
-            lazy_update(wd, err, u, n_out, n, bs, i1, i2, nb);
+            lazy_update(wd, err, u, n_out, n, bs, i1, nb, i2, n);
     }
     *loss_out = loss;
     if (act_order && perm) {
