@@ -52,21 +52,17 @@ static inline __attribute__((always_inline)) void kv_axpy(li_type t, float *out,
 static inline __attribute__((always_inline)) void attn_head_t(li_type t, const li_attn_args *a, int64_t i, int h,
                                                               float *scores) {
     const int D = a->head_dim, bs = a->block_size;
-    const int kvh = h / (a->n_head / a->n_head_kv);
-    const float *q = a->q + (i * a->n_head + h) * D;
-    float *out = a->out + (i * a->n_head + h) * D;
-    const int64_t n_pos = (int64_t)a->pos[i] + 1;
-    const int32_t *bt = li_attn_blocks(a, i);
-    const size_t es = li_kv_elem_size(t), row = (size_t)a->n_head_kv * D * es; /* bytes per slot */
-    const char *K = (const char *)a->kv->k + (size_t)kvh * D * es, *V = (const char *)a->kv->v + (size_t)kvh * D * es;
+    const li_attn_head hd = li_attn_head_of(a, t, i, h);
+    const int64_t n_pos = hd.n_pos;
+    const size_t row = hd.row;
 
     /* scores, walking the block table block by block (no division per position) */
     float max = -INFINITY;
     for (int64_t p0 = 0, bi = 0; p0 < n_pos; p0 += bs, bi++) {
-        const char *kb = K + (size_t)bt[bi] * bs * row;
+        const char *kb = hd.k + (size_t)hd.bt[bi] * bs * row;
         const int64_t np = LI_MIN((int64_t)bs, n_pos - p0);
         for (int64_t s = 0; s < np; s++) {
-            const float sc = kv_dot(t, q, kb + s * row, D) * a->scale;
+            const float sc = kv_dot(t, hd.q, kb + s * row, D) * a->scale;
             scores[p0 + s] = sc;
             max = sc > max ? sc : max;
         }
@@ -81,17 +77,17 @@ static inline __attribute__((always_inline)) void attn_head_t(li_type t, const l
         vsum = _mm512_add_ps(vsum, _mm512_maskz_mov_ps(mask, e));
     }
     const float inv = 1.0f / hsum512(vsum);
-    /* out = sum_p e_p v_p / sum */
-    memset(out, 0, (size_t)D * sizeof(float));
+    /* hd.out = sum_p e_p v_p / sum */
+    memset(hd.out, 0, (size_t)D * sizeof(float));
     for (int64_t p0 = 0, bi = 0; p0 < n_pos; p0 += bs, bi++) {
-        const char *vb = V + (size_t)bt[bi] * bs * row;
+        const char *vb = hd.v + (size_t)hd.bt[bi] * bs * row;
         const int64_t np = LI_MIN((int64_t)bs, n_pos - p0);
-        for (int64_t s = 0; s < np; s++) kv_axpy(t, out, scores[p0 + s], vb + s * row, D);
+        for (int64_t s = 0; s < np; s++) kv_axpy(t, hd.out, scores[p0 + s], vb + s * row, D);
     }
     const __m512 vinv = _mm512_set1_ps(inv);
     for (int d = 0; d < D; d += 16) {
         const __mmask16 mask = tail16(D - d);
-        _mm512_mask_storeu_ps(out + d, mask, _mm512_mul_ps(_mm512_maskz_loadu_ps(mask, out + d), vinv));
+        _mm512_mask_storeu_ps(hd.out + d, mask, _mm512_mul_ps(_mm512_maskz_loadu_ps(mask, hd.out + d), vinv));
     }
 }
 

@@ -318,6 +318,27 @@ static inline size_t li_kv_elem_size(li_type dtype) {
     default: li_type_unreachable("cpu: kv element size", dtype);
     }
 }
+/* One (token i, query head h) of an attention batch: its query and output
+ * rows, its positions and block table, and its kv head's K and V at slot
+ * 0 (a slot is `row` bytes: every kv head's elements of one position) */
+typedef struct li_attn_head {
+    const float *q;    /* (head_dim) */
+    float *out;        /* (head_dim) */
+    int64_t n_pos;     /* positions 0 .. n_pos - 1 */
+    const int32_t *bt; /* the sequence's block table */
+    size_t es, row;    /* bytes per element, per slot */
+    const char *k, *v;
+} li_attn_head;
+
+static inline li_attn_head li_attn_head_of(const li_attn_args *a, li_type dtype, int64_t i, int h) {
+    const int64_t D = a->head_dim;
+    const size_t es = li_kv_elem_size(dtype), off = (size_t)(h / (a->n_head / a->n_head_kv)) * D * es;
+    return (li_attn_head){.q = a->q + (i * a->n_head + h) * D, .out = a->out + (i * a->n_head + h) * D,
+                          .n_pos = (int64_t)a->pos[i] + 1, .bt = li_attn_blocks(a, i), .es = es,
+                          .row = (size_t)a->n_head_kv * D * es, .k = (const char *)a->kv->k + off,
+                          .v = (const char *)a->kv->v + off};
+}
+
 /* Start of the K or V row for (kv head kvh) at position p of token i's sequence. */
 static inline const void *li_kv_row(const li_attn_args *a, const void *base, int64_t i, int64_t p, int kvh) {
     const int32_t blk = li_attn_blocks(a, i)[p / a->block_size];

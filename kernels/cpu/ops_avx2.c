@@ -427,22 +427,18 @@ static inline __attribute__((always_inline)) void kv_axpy64(li_type t, float *ou
 static inline __attribute__((always_inline)) void attn_head_t(li_type t, const li_attn_args *a, int64_t i, int h,
                                                               float *scores) {
     const int D = a->head_dim, bs = a->block_size;
-    const int kvh = h / (a->n_head / a->n_head_kv);
-    const float *q = a->q + (i * a->n_head + h) * D;
-    float *out = a->out + (i * a->n_head + h) * D;
-    const int64_t n_pos = (int64_t)a->pos[i] + 1;
-    const int32_t *bt = li_attn_blocks(a, i);
-    const size_t es = li_kv_elem_size(t), row = (size_t)a->n_head_kv * D * es; /* bytes per slot */
-    const char *K = (const char *)a->kv->k + (size_t)kvh * D * es, *V = (const char *)a->kv->v + (size_t)kvh * D * es;
+    const li_attn_head hd = li_attn_head_of(a, t, i, h);
+    const int64_t n_pos = hd.n_pos;
+    const size_t row = hd.row;
 
     float max = -INFINITY;
     for (int64_t p0 = 0, bi = 0; p0 < n_pos; p0 += bs, bi++) {
-        const char *kb = K + (size_t)bt[bi] * bs * row;
+        const char *kb = hd.k + (size_t)hd.bt[bi] * bs * row;
         const int64_t np = LI_MIN((int64_t)bs, n_pos - p0);
         int64_t s = 0;
         for (; s + 4 <= np; s += 4) {
             float d4[4];
-            kv_dot4(t, q, kb + s * row, row, D, d4);
+            kv_dot4(t, hd.q, kb + s * row, row, D, d4);
             for (int j = 0; j < 4; j++) {
                 const float sc = d4[j] * a->scale;
                 scores[p0 + s + j] = sc;
@@ -450,7 +446,7 @@ static inline __attribute__((always_inline)) void attn_head_t(li_type t, const l
             }
         }
         for (; s < np; s++) {
-            const float sc = kv_dot(t, q, kb + s * row, D) * a->scale;
+            const float sc = kv_dot(t, hd.q, kb + s * row, D) * a->scale;
             scores[p0 + s] = sc;
             max = sc > max ? sc : max;
         }
@@ -471,17 +467,17 @@ static inline __attribute__((always_inline)) void attn_head_t(li_type t, const l
         sum += tmp[0];
     }
     const float inv = 1.0f / sum;
-    memset(out, 0, (size_t)D * sizeof(float));
+    memset(hd.out, 0, (size_t)D * sizeof(float));
     for (int64_t p0 = 0, bi = 0; p0 < n_pos; p0 += bs, bi++) {
-        const char *vb = V + (size_t)bt[bi] * bs * row;
+        const char *vb = hd.v + (size_t)hd.bt[bi] * bs * row;
         const int64_t np = LI_MIN((int64_t)bs, n_pos - p0);
         int d0 = 0; /* 64 columns at a time in registers, the rest as before */
-        for (; d0 + 64 <= D; d0 += 64) kv_axpy64(t, out + d0, scores + p0, vb + (size_t)d0 * es, row, np);
+        for (; d0 + 64 <= D; d0 += 64) kv_axpy64(t, hd.out + d0, scores + p0, vb + (size_t)d0 * hd.es, row, np);
         if (d0 < D)
             for (int64_t s = 0; s < np; s++)
-                kv_axpy(t, out + d0, scores[p0 + s], vb + s * row + (size_t)d0 * es, D - d0);
+                kv_axpy(t, hd.out + d0, scores[p0 + s], vb + s * row + (size_t)d0 * hd.es, D - d0);
     }
-    for (int d = 0; d < D; d++) out[d] *= inv;
+    for (int d = 0; d < D; d++) hd.out[d] *= inv;
 }
 
 static void avx2_attn_head(const li_attn_args *a, int64_t i, int h, float *scores) {
