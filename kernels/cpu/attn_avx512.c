@@ -77,7 +77,7 @@ static inline __attribute__((always_inline)) void attn_head_t(li_type t, const l
         vsum = _mm512_add_ps(vsum, _mm512_maskz_mov_ps(mask, e));
     }
     const float inv = 1.0f / hsum512(vsum);
-    /* hd.out = sum_p e_p v_p / sum */
+    /* out = sum_p e_p v_p / sum */
     memset(hd.out, 0, (size_t)D * sizeof(float));
     for (int64_t p0 = 0, bi = 0; p0 < n_pos; p0 += bs, bi++) {
         const char *vb = hd.v + (size_t)hd.bt[bi] * bs * row;
@@ -539,7 +539,7 @@ void li_avx512_attn_merge(const li_attn_args *a, const li_attn_part *part, int64
 }
 
 void li_avx512_attn_tile(const li_attn_args *a, int64_t i0, int nt, int kvh, int g0, int ng, int chunk,
-                             const li_attn_part *part, float *scratch) {
+                         const li_attn_part *part, float *scratch) {
     switch (a->kv->dtype) {
     case LI_TYPE_F16: attn_tile_F16(a, i0, nt, kvh, g0, ng, chunk, part, scratch); break;
     case LI_TYPE_BF16: attn_tile_BF16(a, i0, nt, kvh, g0, ng, chunk, part, scratch); break;
